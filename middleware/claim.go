@@ -1,0 +1,303 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/store"
+)
+
+// Defaults for Claim fields left zero.
+const (
+	DefaultClaimWait      = 5 * time.Second
+	DefaultMaxAttempts    = 5
+	DefaultInitialBackoff = 10 * time.Millisecond
+	DefaultMaxBackoff     = time.Second
+)
+
+// ErrProducedMessages is returned (as a permanent error) when a handler
+// under the claim middleware returns messages while no outbox is configured:
+// the router would publish them outside the claim transaction, so a crash
+// between its publish and the commit would emit them for an effect that
+// never happened, and a redelivery would emit them again.
+var ErrProducedMessages = errors.New("claimtx: handler returned messages, but the claim middleware has no outbox to write them to in the claim transaction")
+
+// Claim is the Watermill middleware that gives a handler exactly-once
+// effects in Postgres. For each message it derives the key, opens a
+// transaction, inserts the claim (consumer, key) and:
+//
+//   - claim inserted: runs the handler with the transaction in the message
+//     context (framework.TxFromContext), commits, returns nil (the router
+//     acks) — outcome Applied;
+//   - claim existed: commits without calling the handler, returns nil —
+//     outcome Duplicate;
+//   - handler error or panic: rolls back (claim and effect together) and
+//     returns the error (the router nacks or, in the composed router,
+//     retries then poisons) — outcome Failed.
+//
+// Transient database failures (serialization, deadlock, claim-wait
+// timeout, lost connection) retry the whole transaction with a fresh one,
+// up to MaxAttempts with exponential backoff and jitter.
+//
+// Build it as a struct literal, call Validate, then pass c.Middleware to
+// router.AddMiddleware or handler.AddMiddleware.
+type Claim struct {
+	// Store is the claim store; its pool runs the claim transactions.
+	// Required.
+	Store *store.Store
+	// Consumer names the effect being made idempotent ("loyalty"). Consumers
+	// sharing a table keep separate claims. Required.
+	Consumer string
+	// Key derives the message key. Required; see framework.ParseKeySpec.
+	Key framework.KeyFunc
+	// KeyPolicy validates derived keys. Defaults to a 512-byte limit,
+	// over-long keys refused.
+	KeyPolicy framework.KeyPolicy
+	// Isolation of the claim transaction. SERIALIZABLE works: twins then
+	// fail with 40001 instead of waiting, and the retry sees the claim.
+	// Defaults to READ COMMITTED.
+	Isolation pgx.TxIsoLevel
+	// ClaimWait bounds how long a claim waits behind an uncommitted twin
+	// before the attempt fails transiently and is retried. Keep it above
+	// your handler's normal duration, or twins of slow messages burn
+	// attempts. Defaults to 5s.
+	ClaimWait time.Duration
+	// MaxAttempts bounds transaction attempts for transient failures
+	// (1 disables retrying). Defaults to 5.
+	MaxAttempts int
+	// InitialBackoff is the wait before the second attempt; it doubles each
+	// attempt up to MaxBackoff, with full jitter. Defaults to 10ms.
+	InitialBackoff time.Duration
+	// MaxBackoff caps the wait between attempts. Defaults to 1s.
+	MaxBackoff time.Duration
+	// OnOutcome, when set, is called once per message with what happened.
+	// It runs on the handler goroutine: keep it fast.
+	OnOutcome func(Result)
+	// OnRetry, when set, is called before each retry of a transient failure.
+	OnRetry func(Retry)
+	// Logger receives debug lines for duplicates and retries. Defaults to
+	// no logging.
+	Logger watermill.LoggerAdapter
+}
+
+// Result describes one message's passage through the middleware.
+type Result struct {
+	Consumer string
+	// Key is the claimed key (after KeyPolicy). Empty when the message
+	// could not be keyed. It may be sensitive: avoid logging it verbatim.
+	Key      string
+	Outcome  framework.Outcome
+	Attempts int
+	// Err is the error returned to the router (nil for Applied/Duplicate).
+	Err error
+	// ClaimWait is how long the claim statement took on the last attempt,
+	// including any wait behind a twin.
+	ClaimWait time.Duration
+	// Duration is the whole time spent in the middleware.
+	Duration time.Duration
+	Message  *message.Message
+}
+
+// Retry describes one transient failure that is about to be retried.
+type Retry struct {
+	Consumer string
+	Attempt  int // the attempt that failed, from 1
+	Cause    store.Cause
+	Err      error
+	Delay    time.Duration
+}
+
+// Validate reports the first invalid field as a *framework.ConfigError.
+func (c Claim) Validate() error {
+	switch {
+	case c.Store == nil:
+		return &framework.ConfigError{Field: "Store", Reason: "must not be nil"}
+	case c.Key == nil:
+		return &framework.ConfigError{Field: "Key", Reason: "must not be nil (e.g. framework.ParseKeySpec(\"metadata:event_id\"))"}
+	case c.MaxAttempts < 0:
+		return &framework.ConfigError{Field: "MaxAttempts", Reason: "must not be negative"}
+	case c.ClaimWait < 0:
+		return &framework.ConfigError{Field: "ClaimWait", Reason: "must not be negative"}
+	case c.InitialBackoff < 0 || c.MaxBackoff < 0:
+		return &framework.ConfigError{Field: "InitialBackoff", Reason: "backoffs must not be negative"}
+	case c.KeyPolicy.MaxBytes < 0:
+		return &framework.ConfigError{Field: "KeyPolicy.MaxBytes", Reason: "must not be negative"}
+	}
+	switch c.Isolation {
+	case "", pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:
+	default:
+		return &framework.ConfigError{Field: "Isolation", Reason: fmt.Sprintf("%q is not supported (READ COMMITTED, REPEATABLE READ or SERIALIZABLE)", c.Isolation)}
+	}
+	return store.ValidateConsumer(c.Consumer)
+}
+
+func (c Claim) withDefaults() Claim {
+	if c.Isolation == "" {
+		c.Isolation = pgx.ReadCommitted
+	}
+	if c.ClaimWait == 0 {
+		c.ClaimWait = DefaultClaimWait
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.InitialBackoff == 0 {
+		c.InitialBackoff = DefaultInitialBackoff
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = DefaultMaxBackoff
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}
+
+// Middleware wraps h. If the configuration is invalid every message fails
+// with the Validate error (a nack, never an ack): call Validate first so a
+// misconfiguration stops start-up instead.
+func (c Claim) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	if err := c.Validate(); err != nil {
+		return func(*message.Message) ([]*message.Message, error) { return nil, err }
+	}
+	c = c.withDefaults()
+	txOpts := pgx.TxOptions{IsoLevel: c.Isolation}
+	return func(msg *message.Message) ([]*message.Message, error) {
+		start := time.Now()
+		res := Result{Consumer: c.Consumer, Message: msg}
+		finish := func(out framework.Outcome, err error) ([]*message.Message, error) {
+			res.Outcome, res.Err, res.Duration = out, err, time.Since(start)
+			if c.OnOutcome != nil {
+				c.OnOutcome(res)
+			}
+			return nil, err
+		}
+
+		key, err := c.Key(msg)
+		if err == nil {
+			key, err = c.KeyPolicy.Normalize(key)
+		}
+		if err != nil {
+			// Whatever the extractor returned, the same message will fail
+			// the same way: make sure it is poisoned, not retried.
+			return finish(framework.Failed, framework.Permanent(fmt.Errorf("claimtx: consumer %q: %w", c.Consumer, err)))
+		}
+		res.Key = key
+
+		for attempt := 1; ; attempt++ {
+			res.Attempts = attempt
+			out, err := c.attempt(msg, h, key, txOpts, &res)
+			if err == nil {
+				if out == framework.Duplicate {
+					c.Logger.Debug("claimtx: duplicate delivery acked without running the handler", watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
+				}
+				return finish(out, nil)
+			}
+			cause := store.Classify(err)
+			if !cause.Transient() || msg.Context().Err() != nil {
+				return finish(framework.Failed, err)
+			}
+			if attempt >= c.MaxAttempts {
+				return finish(framework.Failed, fmt.Errorf("claimtx: consumer %q: giving up after %d attempts: %w", c.Consumer, attempt, err))
+			}
+			delay := c.backoff(attempt)
+			if c.OnRetry != nil {
+				c.OnRetry(Retry{Consumer: c.Consumer, Attempt: attempt, Cause: cause, Err: err, Delay: delay})
+			}
+			c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
+			if err := sleep(msg.Context(), delay); err != nil {
+				return finish(framework.Failed, fmt.Errorf("claimtx: consumer %q: retry abandoned: %w", c.Consumer, err))
+			}
+		}
+	}
+}
+
+// attempt runs one claim transaction. Every path that does not commit rolls
+// back, so the claim and the effect always share one fate.
+func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, txOpts pgx.TxOptions, res *Result) (out framework.Outcome, err error) {
+	ctx := msg.Context()
+	tx, err := c.Store.Pool().BeginTx(ctx, txOpts)
+	if err != nil {
+		return "", fmt.Errorf("claimtx: begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			// The message context may be cancelled (shutdown): roll back
+			// regardless so the connection returns to the pool clean.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			_ = tx.Rollback(rctx)
+			cancel()
+		}
+	}()
+
+	claimStart := time.Now()
+	claimed, err := c.Store.ClaimWait(ctx, tx, c.Consumer, key, c.ClaimWait)
+	res.ClaimWait = time.Since(claimStart)
+	if err != nil {
+		return "", err
+	}
+	out = framework.Duplicate
+	if claimed {
+		produced, err := runHandler(msg, h, tx)
+		if err != nil {
+			return "", err
+		}
+		if len(produced) > 0 {
+			return "", framework.Permanent(ErrProducedMessages)
+		}
+		out = framework.Applied
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// Ambiguous: the commit may have happened. Retrying (or the
+		// broker's redelivery) resolves it, because the claim tells the
+		// truth either way.
+		return "", fmt.Errorf("claimtx: commit: %w", err)
+	}
+	committed = true
+	return out, nil
+}
+
+// runHandler calls h with the claim transaction in the message context and
+// converts a panic into *framework.PanicError, so the deferred rollback
+// runs and the router sees an ordinary failure.
+func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx) (produced []*message.Message, err error) {
+	orig := msg.Context()
+	msg.SetContext(framework.WithTx(orig, tx))
+	defer func() {
+		msg.SetContext(orig)
+		if r := recover(); r != nil {
+			produced, err = nil, &framework.PanicError{Value: r, Stack: debug.Stack()}
+		}
+	}()
+	return h(msg)
+}
+
+func (c Claim) backoff(attempt int) time.Duration {
+	d := c.InitialBackoff << (attempt - 1)
+	if d > c.MaxBackoff || d <= 0 {
+		d = c.MaxBackoff
+	}
+	// Full jitter: twins that failed together must not retry together.
+	return time.Duration(rand.Int64N(int64(d)) + 1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

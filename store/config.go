@@ -1,0 +1,67 @@
+package store
+
+import (
+	"fmt"
+	"regexp"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/claimtx/claimtx/framework"
+)
+
+// Defaults for Config fields left empty.
+const (
+	DefaultSchema      = "claimtx"
+	DefaultClaimsTable = "processed_messages"
+)
+
+// identifier is deliberately stricter than Postgres: lower case only, so
+// names never need case-folding rules to be understood, and short enough
+// that derived names (indexes, partitions "<table>_pYYYYMMDD") stay under
+// Postgres's 63-byte limit instead of being silently truncated.
+var (
+	schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+	tableName  = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
+)
+
+// Config names where claimtx keeps its tables. Names are validated against a
+// strict pattern and always quoted, so they can never inject SQL.
+type Config struct {
+	// Schema holds every claimtx table. It is created by Migrate when
+	// missing. Defaults to "claimtx".
+	Schema string `yaml:"schema"`
+	// ClaimsTable is the claim table's name inside Schema. It is fixed by
+	// the first Migrate: renaming it later is a manual migration.
+	// Defaults to "processed_messages".
+	ClaimsTable string `yaml:"claims_table"`
+}
+
+func (c Config) withDefaults() Config {
+	if c.Schema == "" {
+		c.Schema = DefaultSchema
+	}
+	if c.ClaimsTable == "" {
+		c.ClaimsTable = DefaultClaimsTable
+	}
+	return c
+}
+
+// Validate reports the first invalid field as a *framework.ConfigError.
+// Empty fields are valid: they take their defaults.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if !schemaName.MatchString(c.Schema) {
+		return &framework.ConfigError{Field: "Schema", Reason: fmt.Sprintf("%q must match %s", c.Schema, schemaName)}
+	}
+	if !tableName.MatchString(c.ClaimsTable) {
+		return &framework.ConfigError{Field: "ClaimsTable", Reason: fmt.Sprintf("%q must match %s", c.ClaimsTable, tableName)}
+	}
+	return nil
+}
+
+// ident quotes a validated identifier. Validation already rules out quotes;
+// pgx's Sanitize is used anyway so that the quoting is right by construction
+// should the pattern ever be relaxed.
+func ident(parts ...string) string {
+	return pgx.Identifier(parts).Sanitize()
+}

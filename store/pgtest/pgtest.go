@@ -1,0 +1,95 @@
+// Package pgtest gives tests of claimtx, and of applications built on it, an
+// isolated Postgres schema per test so they can run in parallel against one
+// shared server and be rerun without cleaning anything by hand.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultURL is used when TEST_DATABASE_URL is not set.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// URL returns TEST_DATABASE_URL, or DefaultURL.
+func URL() string {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// NewSchema creates an empty schema with a random name and drops it (with
+// everything in it) when the test ends.
+func NewSchema(t testing.TB) string {
+	t.Helper()
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	schema := "t_" + hex.EncodeToString(b[:])
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	exec(ctx, t, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		exec(ctx, t, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	return schema
+}
+
+func exec(ctx context.Context, t testing.TB, sql string) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		t.Fatalf("pgtest: connect %s: %v", redacted(), err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatalf("pgtest: %s: %v", sql, err)
+	}
+}
+
+// Pool returns a pool whose connections use schema as their search_path, so
+// a test's own tables land in its schema, with at most maxConns connections.
+// It is closed when the test ends.
+func Pool(t testing.TB, schema string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(URL())
+	if err != nil {
+		t.Fatalf("pgtest: parse %s: %v", redacted(), err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("pgtest: pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Setup is NewSchema followed by Pool.
+func Setup(t testing.TB, maxConns int32) (*pgxpool.Pool, string) {
+	t.Helper()
+	schema := NewSchema(t)
+	return Pool(t, schema, maxConns), schema
+}
+
+func redacted() string {
+	cfg, err := pgx.ParseConfig(URL())
+	if err != nil {
+		return "TEST_DATABASE_URL (unparsable)"
+	}
+	return cfg.Host + "/" + cfg.Database
+}
