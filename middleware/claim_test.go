@@ -22,7 +22,7 @@ func TestRedeliveryAppliesOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	rec := &outcomes{}
-	h := b.claim(t, "loyalty", rec).Middleware(middleware.TxHandler(credit))
+	h := b.claim(t, "loyalty", rec).Middleware(consume(credit))
 	o := order{OrderID: 9912, CustomerID: 7, TotalCents: 5000}
 
 	_, err := h(newDelivery(t, o))
@@ -51,7 +51,7 @@ func concurrentTwins(t *testing.T, n int, iso pgx.TxIsoLevel) *outcomes {
 		}
 		return credit(ctx, tx, msg)
 	}
-	h := c.Middleware(middleware.TxHandler(slow))
+	h := c.Middleware(consume(slow))
 	o := order{OrderID: 9913, CustomerID: 8, TotalCents: 1000}
 
 	// Warm the pool so every twin starts on its own open connection.
@@ -124,7 +124,7 @@ func TestRollbackHandsOverToWaitingTwin(t *testing.T) {
 	release := make(chan struct{})
 	var firstCall sync.Once
 	errFirst := errors.New("first delivery fails after claiming")
-	h := c.Middleware(middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := c.Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		first := false
 		firstCall.Do(func() { first = true })
 		if err := credit(ctx, tx, msg); err != nil {
@@ -183,7 +183,7 @@ func TestHandlerFailureLeavesNothing(t *testing.T) {
 			c := b.claim(t, "loyalty", rec)
 			o := order{OrderID: 1, CustomerID: 1, TotalCents: 300}
 			fail := true
-			h := c.Middleware(middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+			h := c.Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 				if err := credit(ctx, tx, msg); err != nil {
 					return err
 				}
@@ -217,8 +217,8 @@ func TestTwoConsumersShareTheTable(t *testing.T) {
 	b := setup(t, 4)
 	_, err := b.pool.Exec(context.Background(), "CREATE TABLE analytics (order_id bigint NOT NULL)")
 	require.NoError(t, err)
-	loyalty := b.claim(t, "loyalty", nil).Middleware(middleware.TxHandler(credit))
-	analytics := b.claim(t, "analytics", nil).Middleware(middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	loyalty := b.claim(t, "loyalty", nil).Middleware(consume(credit))
+	analytics := b.claim(t, "analytics", nil).Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		_, err := tx.Exec(ctx, "INSERT INTO analytics VALUES (9912)")
 		return err
 	}))
@@ -249,7 +249,7 @@ func TestClaimWaitTimeoutIsRetried(t *testing.T) {
 	holding := make(chan struct{})
 	release := make(chan struct{})
 	var once sync.Once
-	h := c.Middleware(middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := c.Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		slow := false
 		once.Do(func() { slow = true })
 		if slow {
@@ -301,7 +301,7 @@ func TestClaimWaitGivesUpAfterMaxAttempts(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, claimed)
 
-	_, err = c.Middleware(middleware.TxHandler(credit))(newDelivery(t, o))
+	_, err = c.Middleware(consume(credit))(newDelivery(t, o))
 	require.Error(t, err)
 	require.Equal(t, store.CauseClaimWait, store.Classify(err))
 	require.False(t, framework.IsPermanent(err))
@@ -345,7 +345,7 @@ func TestProducedMessagesAreRefusedUntilOutbox(t *testing.T) {
 
 func TestTxHandlerOutsideMiddleware(t *testing.T) {
 	t.Parallel()
-	_, err := middleware.TxHandler(credit)(newDelivery(t, order{OrderID: 1}))
+	err := middleware.TxHandler(credit)(newDelivery(t, order{OrderID: 1}))
 	require.ErrorIs(t, err, framework.ErrNoClaimTx)
 	require.True(t, framework.IsPermanent(err))
 }
@@ -354,7 +354,7 @@ func TestCancelledContextIsNotRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	rec := &outcomes{}
-	h := b.claim(t, "loyalty", rec).Middleware(middleware.TxHandler(credit))
+	h := b.claim(t, "loyalty", rec).Middleware(consume(credit))
 	msg := newDelivery(t, order{OrderID: 6, CustomerID: 6, TotalCents: 100})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -389,7 +389,7 @@ func TestBadConfiguration(t *testing.T) {
 			require.Equal(t, tc.field, ce.Field)
 			require.Contains(t, err.Error(), tc.field)
 			// Middleware on a bad config must not panic and must not ack.
-			_, err = c.Middleware(middleware.TxHandler(credit))(newDelivery(t, order{OrderID: 1}))
+			_, err = c.Middleware(consume(credit))(newDelivery(t, order{OrderID: 1}))
 			require.ErrorAs(t, err, &ce)
 		})
 	}

@@ -13,15 +13,16 @@ import (
 // effect it makes through tx commits or rolls back with the claim.
 type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) error
 
-// TxHandler adapts fn to a Watermill handler for use under Claim. Run
-// outside the middleware it fails with framework.ErrNoClaimTx (permanent)
-// instead of writing without a claim.
-func TxHandler(fn TxHandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
+// TxHandler adapts fn to a Watermill consumer handler, for
+// router.AddConsumerHandler with Claim.Middleware added to the router or
+// the handler. Run outside the middleware it fails with
+// framework.ErrNoClaimTx (permanent) instead of writing without a claim.
+func TxHandler(fn TxHandlerFunc) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
 		tx, ok := framework.TxFromContext(msg.Context())
 		if !ok {
-			return nil, framework.Permanent(framework.ErrNoClaimTx)
+			return framework.Permanent(framework.ErrNoClaimTx)
 		}
-		return nil, fn(msg.Context(), tx, msg)
+		return fn(msg.Context(), tx, msg)
 	}
 }

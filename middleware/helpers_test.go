@@ -140,3 +140,10 @@ func (b bundle) ledgerRows(t testing.TB, orderID int64) int64 {
 func (b bundle) claims(t testing.TB, consumer string) int64 {
 	return b.scalar(t, fmt.Sprintf("SELECT count(*) FROM %s WHERE consumer = $1", pgx.Identifier{b.schema, "processed_messages"}.Sanitize()), consumer)
 }
+
+// consume turns a typed handler into a HandlerFunc that tests can wrap with
+// Claim.Middleware and call directly, one delivery per call.
+func consume(fn middleware.TxHandlerFunc) message.HandlerFunc {
+	h := middleware.TxHandler(fn)
+	return func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
+}

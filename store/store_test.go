@@ -1,0 +1,252 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/store/pgtest"
+)
+
+func newStore(t *testing.T, maxConns int32) (*store.Store, string) {
+	t.Helper()
+	pool, schema := pgtest.Setup(t, maxConns)
+	st, err := store.New(pool, store.Config{Schema: schema})
+	require.NoError(t, err)
+	return st, schema
+}
+
+func TestMigrateConcurrentAndIdempotent(t *testing.T) {
+	t.Parallel()
+	st, schema := newStore(t, 8)
+	ctx := context.Background()
+	v, err := st.Version(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, v)
+
+	// Eight instances starting at once against the same schema.
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- st.Migrate(ctx)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.NoError(t, st.Migrate(ctx))
+	v, err = st.Version(ctx)
+	require.NoError(t, err)
+	require.Equal(t, store.LatestVersion(), v)
+
+	var n int
+	require.NoError(t, st.Pool().QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.claimtx_migration", pgx.Identifier{schema}.Sanitize())).Scan(&n))
+	require.Equal(t, len(store.Migrations()), n)
+
+	// The seed's table shape and the processed_at index.
+	var cols []string
+	rows, err := st.Pool().Query(ctx, `SELECT column_name || ' ' || data_type || ' ' || is_nullable FROM information_schema.columns
+		WHERE table_schema = $1 AND table_name = 'processed_messages' ORDER BY ordinal_position`, schema)
+	require.NoError(t, err)
+	cols, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"consumer text NO", "message_key text NO", "processed_at timestamp with time zone NO"}, cols)
+	var idx int
+	require.NoError(t, st.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%(processed_at)%'`, schema).Scan(&idx))
+	require.Equal(t, 1, idx)
+
+	require.NoError(t, st.MigrateDown(ctx, 0))
+	v, err = st.Version(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, v)
+	require.Error(t, st.MigrateDown(ctx, -1))
+	require.NoError(t, st.Migrate(ctx))
+}
+
+func TestMigrateTxRollsBackWithCaller(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 2)
+	ctx := context.Background()
+	tx, err := st.Pool().Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.MigrateTx(ctx, tx))
+	require.NoError(t, tx.Rollback(ctx))
+	v, err := st.Version(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, v)
+}
+
+func TestClaim(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 4)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+
+	claimIn := func(key string, commit bool) bool {
+		tx, err := st.Pool().Begin(ctx)
+		require.NoError(t, err)
+		ok, err := st.Claim(ctx, tx, "c", key)
+		require.NoError(t, err)
+		if commit {
+			require.NoError(t, tx.Commit(ctx))
+		} else {
+			require.NoError(t, tx.Rollback(ctx))
+		}
+		return ok
+	}
+	require.True(t, claimIn("k1", false))
+	require.True(t, claimIn("k1", true), "a rolled-back claim leaves nothing behind")
+	require.False(t, claimIn("k1", true))
+	require.True(t, claimIn("k2", true))
+
+	_, err := st.Claim(ctx, nil, "c", "k")
+	require.Error(t, err)
+}
+
+func TestClaimWaitRestoresLockTimeout(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 4)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+	tx, err := st.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	var before, after string
+	require.NoError(t, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&before))
+	ok, err := st.ClaimWait(ctx, tx, "c", "k", 250*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NoError(t, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&after))
+	require.Equal(t, before, after, "the handler must not inherit the claim's lock_timeout")
+}
+
+func TestClaimWaitTimesOutBehindTwin(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 4)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+	holder, err := st.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer holder.Rollback(ctx)
+	ok, err := st.Claim(ctx, holder, "c", "k")
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	tx, err := st.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	start := time.Now()
+	_, err = st.ClaimWait(ctx, tx, "c", "k", 50*time.Millisecond)
+	require.Error(t, err)
+	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
+	require.Equal(t, store.CauseClaimWait, store.Classify(err))
+	require.True(t, store.IsTransient(err))
+}
+
+func TestHostileNamesRejected(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Setup(t, 1)
+	for _, tc := range []struct {
+		field string
+		cfg   store.Config
+	}{
+		{"Schema", store.Config{Schema: `x"; DROP TABLE users; --`}},
+		{"Schema", store.Config{Schema: "Upper"}},
+		{"Schema", store.Config{Schema: "1abc"}},
+		{"ClaimsTable", store.Config{ClaimsTable: "t; drop"}},
+		{"ClaimsTable", store.Config{ClaimsTable: "a_very_long_table_name_that_is_longer_than_forty_eight_bytes"}},
+	} {
+		_, err := store.New(pool, tc.cfg)
+		var ce *framework.ConfigError
+		require.ErrorAs(t, err, &ce, "%+v", tc.cfg)
+		require.Equal(t, tc.field, ce.Field)
+	}
+	_, err := store.New(nil, store.Config{})
+	var ce *framework.ConfigError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "Pool", ce.Field)
+
+	for _, c := range []string{"", "a\x00", string([]byte{0xff})} {
+		require.Error(t, store.ValidateConsumer(c))
+	}
+	require.NoError(t, store.ValidateConsumer("loyalty; DROP TABLE x"), "consumer names are bound parameters, any text is safe")
+}
+
+// A consumer name that looks like SQL is stored as data, never executed.
+func TestHostileConsumerIsData(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 2)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+	hostile := `x'); DROP TABLE processed_messages; --`
+	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		_, err := st.Claim(ctx, tx, hostile, `k'; --`)
+		return err
+	})
+	require.NoError(t, err)
+	tx, err := st.Pool().Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	ok, err := st.Claim(ctx, tx, hostile, `k'; --`)
+	require.NoError(t, err)
+	require.False(t, ok)
+}
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err       error
+		want      store.Cause
+		transient bool
+	}{
+		{nil, store.CauseNone, false},
+		{errors.New("x"), store.CauseNone, false},
+		{&pgconn.PgError{Code: "40001"}, store.CauseSerialization, true},
+		{fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "40P01"}), store.CauseDeadlock, true},
+		{&pgconn.PgError{Code: "55P03"}, store.CauseClaimWait, true},
+		{&pgconn.PgError{Code: "23505"}, store.CauseUniqueViolation, false},
+		{&pgconn.PgError{Code: "08006"}, store.CauseConnection, true},
+		{&pgconn.PgError{Code: "57P01"}, store.CauseConnection, true},
+		{&pgconn.PgError{Code: "42P01"}, store.CauseNone, false},
+		{io.ErrUnexpectedEOF, store.CauseConnection, true},
+		{context.Canceled, store.CauseNone, false},
+		{fmt.Errorf("x: %w", context.DeadlineExceeded), store.CauseNone, false},
+	} {
+		require.Equal(t, tc.want, store.Classify(tc.err), "%v", tc.err)
+		require.Equal(t, tc.transient, store.IsTransient(tc.err), "%v", tc.err)
+		require.NotEmpty(t, tc.want.String())
+	}
+}
+
+// A real dropped connection (the server kills the backend mid-transaction)
+// classifies as a connection failure.
+func TestClassifyRealConnectionLoss(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 3)
+	ctx := context.Background()
+	conn, err := st.Pool().Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var pid int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	_, err = st.Pool().Exec(ctx, "SELECT pg_terminate_backend($1)", pid)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "SELECT 1")
+	require.Error(t, err)
+	require.Equal(t, store.CauseConnection, store.Classify(err), "%T %v", err, err)
+}
