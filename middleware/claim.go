@@ -189,7 +189,7 @@ func (c Claim) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil {
 			// Whatever the extractor returned, the same message will fail
 			// the same way: make sure it is poisoned, not retried.
-			return finish(framework.Failed, framework.Permanent(fmt.Errorf("claimtx: consumer %q: %w", c.Consumer, err)))
+			return finish(framework.Failed, framework.Permanent(err))
 		}
 		res.Key = key
 

@@ -52,7 +52,7 @@ func exec(ctx context.Context, t testing.TB, sql string) {
 	if err != nil {
 		t.Fatalf("pgtest: connect %s: %v", redacted(), err)
 	}
-	defer conn.Close(ctx)
+	defer func() { _ = conn.Close(ctx) }()
 	if _, err := conn.Exec(ctx, sql); err != nil {
 		t.Fatalf("pgtest: %s: %v", sql, err)
 	}

@@ -1,0 +1,60 @@
+# claimtx — run `make help` for the targets.
+GO        ?= go
+PKGS      ?= ./...
+# Tests share one Postgres and one RabbitMQ; each isolates itself by schema,
+# queue and topic, so packages run in parallel.
+TEST_FLAGS ?= -race -count=1 -timeout 20m
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: demo
+demo: ## Run the loyalty consumer on RabbitMQ and Kafka with injected trouble and check every balance (starts kfake if no Kafka listens).
+	$(GO) build -o bin/loyalty ./examples/loyalty
+	$(GO) run ./examples/demo -loyalty bin/loyalty
+
+.PHONY: devkafka
+devkafka: ## Run the dev Kafka broker (kfake) on 127.0.0.1:9092 in the foreground.
+	$(GO) run ./framework/cmd/devkafka
+
+.PHONY: build
+build: ## Compile every package and example.
+	$(GO) build $(PKGS)
+
+.PHONY: test
+test: ## Run all tests with the race detector against the local Postgres, RabbitMQ and in-process Kafka (the CI command).
+	$(GO) test $(TEST_FLAGS) $(PKGS)
+
+.PHONY: test-race
+test-race: test ## Alias of test: the suite always runs with -race.
+
+.PHONY: test-short
+test-short: ## Quick run without the race detector.
+	$(GO) test -count=1 -short $(PKGS)
+
+.PHONY: cover
+cover: ## Statement coverage of the core packages.
+	$(GO) test -count=1 -coverprofile=coverage.txt ./framework/ ./store/ ./middleware/
+	$(GO) tool cover -func=coverage.txt | tail -1
+
+.PHONY: lint
+lint: ## gofmt, go vet, staticcheck and golangci-lint (installed on first use from the Go module proxy).
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
+	$(GO) vet $(PKGS)
+	@command -v staticcheck >/dev/null || $(GO) install honnef.co/go/tools/cmd/staticcheck@latest
+	staticcheck $(PKGS)
+	@command -v golangci-lint >/dev/null || $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@latest
+	golangci-lint run $(PKGS)
+
+FUZZTIME ?= 30s
+.PHONY: fuzz
+fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
+	$(GO) test -run '^$$' -fuzz '^FuzzKeySpec$$' -fuzztime $(FUZZTIME) ./framework/
+	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalNumber$$' -fuzztime $(FUZZTIME) ./framework/
+
+.PHONY: bench
+bench: ## Run the Go benchmarks (middleware CPU/allocations per message).
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./framework/ ./middleware/

@@ -1,0 +1,78 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/middleware"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+type failingPublisher struct{}
+
+func (failingPublisher) Publish(string, ...*message.Message) error { return errors.New("broker down") }
+func (failingPublisher) Close() error                              { return nil }
+
+func TestPoison(t *testing.T) {
+	t.Parallel()
+	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = pubsub.Close() })
+	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
+	require.NoError(t, err)
+
+	var hooked []error
+	p := middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: func(_ *message.Message, err error) { hooked = append(hooked, err) }}
+	require.NoError(t, p.Validate())
+
+	fail := func(err error) message.HandlerFunc {
+		return func(*message.Message) ([]*message.Message, error) { return nil, err }
+	}
+	msg := message.NewMessage("m1", []byte("payload"))
+
+	// Permanent: poisoned with the reason, original acked (nil error).
+	_, err = p.Middleware(fail(framework.Permanent(errors.New("undecodable"))))(msg)
+	require.NoError(t, err)
+	select {
+	case got := <-poisoned:
+		require.Equal(t, "undecodable", got.Metadata.Get(middleware.PoisonReasonKey))
+		require.Equal(t, "true", got.Metadata.Get(middleware.PoisonPermanentKey))
+		require.Equal(t, "undecodable", got.Metadata.Get("reason_poisoned"))
+		require.Equal(t, []byte("payload"), []byte(got.Payload))
+		got.Ack()
+	case <-time.After(5 * time.Second):
+		t.Fatal("no poisoned copy published")
+	}
+	require.Len(t, hooked, 1)
+
+	// Transient database failure: nacked, not poisoned.
+	transient := fmt.Errorf("db down: %w", &pgconn.PgError{Code: "08006"})
+	_, err = p.Middleware(fail(transient))(msg)
+	require.ErrorIs(t, err, transient)
+	require.Len(t, hooked, 1)
+
+	// Success passes through.
+	_, err = p.Middleware(fail(nil))(msg)
+	require.NoError(t, err)
+
+	// Poison topic unreachable: the original is nacked, never acked.
+	bad := middleware.Poison{Publisher: failingPublisher{}, Topic: "x"}
+	_, err = bad.Middleware(fail(framework.Permanent(errors.New("boom"))))(msg)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "broker down")
+
+	// Invalid config: failing messages are nacked with the config error.
+	var ce *framework.ConfigError
+	require.ErrorAs(t, middleware.Poison{Topic: "x"}.Validate(), &ce)
+	require.ErrorAs(t, middleware.Poison{Publisher: pubsub}.Validate(), &ce)
+	_, err = middleware.Poison{}.Middleware(fail(framework.Permanent(errors.New("x"))))(msg)
+	require.ErrorAs(t, err, &ce)
+}
