@@ -1,0 +1,282 @@
+package amqp
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/claimtx/claimtx/brokers/internal/configerror"
+	"github.com/claimtx/claimtx/brokers/internal/secret"
+)
+
+// ConfigError is returned by Validate and the constructors for a field that
+// cannot be used. It is the same type as brokers.ConfigError.
+type ConfigError = configerror.Error
+
+// Defaults. Each Config field's documentation repeats the value.
+const (
+	DefaultURL                      = "amqp://guest:guest@127.0.0.1:5672/" //nolint:gosec // RabbitMQ's stock local account, not a secret
+	DefaultConcurrency              = 4
+	DefaultPrefetch                 = 1
+	DefaultNackDelay                = time.Second
+	DefaultDialTimeout              = 30 * time.Second
+	DefaultReconnectInitialInterval = 500 * time.Millisecond
+	DefaultReconnectMaxInterval     = 10 * time.Second
+	DefaultPublishChannels          = 4
+	DefaultConnectionName           = "claimtx"
+)
+
+// maxConcurrency bounds Concurrency: every unit is an AMQP channel, and
+// RabbitMQ's default channel_max is 2047 per connection.
+const maxConcurrency = 1024
+
+// Config configures the RabbitMQ adapter. The zero value is usable: every
+// zero field takes the default named in its documentation.
+//
+// The topology is fixed on purpose: one durable queue per topic, named exactly
+// like the topic, reached through the default exchange with routing key =
+// topic. A plain producer that publishes to "" with routing key "orders" is
+// therefore consumed by a subscription to topic "orders" with no binding to
+// set up. Fan-out to several consumers is the producer side's topology
+// (an exchange bound to several queues), not this adapter's concern.
+type Config struct {
+	// URL is the AMQP URI (amqp:// or amqps://, credentials and vhost
+	// included). It is redacted whenever the config is printed.
+	// Defaults to "amqp://guest:guest@127.0.0.1:5672/".
+	URL string `yaml:"url"`
+
+	// Concurrency is how many messages one Subscribe call processes at once.
+	// Each Watermill AMQP subscription handles one delivery at a time, so the
+	// adapter opens Concurrency subscriptions (each on its own channel) on
+	// the same queue and merges them into one output channel. RabbitMQ then
+	// spreads deliveries round-robin across them. Defaults to 4.
+	Concurrency int `yaml:"concurrency"`
+
+	// Prefetch is the QoS prefetch count of every subscription channel. A
+	// subscription only ever works on one delivery at a time, so anything
+	// above 1 only parks messages in this process's buffers where other
+	// instances cannot take them, and hands them back (redelivered) on a
+	// crash. Raise it only to hide network latency on high-RTT links.
+	// Defaults to 1.
+	Prefetch int `yaml:"prefetch"`
+
+	// NackDelay is how long a nacked delivery is held before it is handed back
+	// to RabbitMQ. watermill-amqp nacks with requeue=true, and RabbitMQ puts
+	// the message back at the head of the queue at once, so without a delay a
+	// message that keeps failing spins the CPU and floods the logs. While the
+	// delay runs, that one subscription takes no other message. The router's
+	// Retry and Poison middleware make nacks rare (a nack means even the
+	// poison queue could not be written). A negative value disables the
+	// delay. Defaults to 1s.
+	NackDelay time.Duration `yaml:"nack_delay"`
+
+	// DialTimeout bounds the start-up connection attempts. watermill-amqp
+	// fails NewSubscriber/NewPublisher at once when RabbitMQ is not up yet;
+	// this adapter retries with backoff (ReconnectInitialInterval doubling up
+	// to ReconnectMaxInterval) until the connection succeeds, the context
+	// passed to NewSubscriberContext/NewPublisherContext ends, or DialTimeout
+	// has passed. Authentication and vhost errors are not retried. A negative
+	// value means a single attempt. Defaults to 30s.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+
+	// ReconnectInitialInterval is the first wait between connection attempts,
+	// both at start-up and when an established connection drops (the latter
+	// is watermill-amqp's reconnect loop, which retries forever).
+	// Defaults to 500ms.
+	ReconnectInitialInterval time.Duration `yaml:"reconnect_initial_interval"`
+
+	// ReconnectMaxInterval caps the wait between connection attempts.
+	// Defaults to 10s.
+	ReconnectMaxInterval time.Duration `yaml:"reconnect_max_interval"`
+
+	// PublishChannels is the size of the publisher's channel pool. Publisher
+	// confirms are always on (Publish returns only once RabbitMQ has taken
+	// responsibility for the message); without a pool every Publish would open
+	// a channel, put it in confirm mode and close it again. Defaults to 4.
+	PublishChannels int `yaml:"publish_channels"`
+
+	// QueueArguments are passed to every queue declaration, for example
+	// {"x-queue-type": "quorum"} or {"x-dead-letter-exchange": "dlx"}. They
+	// must equal the arguments of an already existing queue, or RabbitMQ
+	// refuses the declaration (PRECONDITION_FAILED) and the subscription
+	// fails. Nested maps are converted to AMQP tables. Defaults to none.
+	QueueArguments map[string]any `yaml:"queue_arguments"`
+
+	// ConnectionName is shown by RabbitMQ (management UI, rabbitmqctl
+	// list_connections client_properties) to tell connections apart.
+	// Defaults to "claimtx".
+	ConnectionName string `yaml:"connection_name"`
+}
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if c.URL == "" {
+		c.URL = DefaultURL
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.Prefetch == 0 {
+		c.Prefetch = DefaultPrefetch
+	}
+	if c.NackDelay == 0 {
+		c.NackDelay = DefaultNackDelay
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.ReconnectInitialInterval == 0 {
+		c.ReconnectInitialInterval = DefaultReconnectInitialInterval
+	}
+	if c.ReconnectMaxInterval == 0 {
+		c.ReconnectMaxInterval = DefaultReconnectMaxInterval
+	}
+	if c.PublishChannels == 0 {
+		c.PublishChannels = DefaultPublishChannels
+	}
+	if c.ConnectionName == "" {
+		c.ConnectionName = DefaultConnectionName
+	}
+	return c
+}
+
+// Validate reports the first field that cannot be used, as a *ConfigError.
+// Zero fields are valid: they take their defaults. Field names are the YAML
+// keys ("url", "concurrency"); brokers.Config.Validate prefixes them with
+// "amqp.".
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+
+	u, err := url.Parse(c.URL)
+	if err != nil {
+		// Never print err: url.Error quotes the whole URL, password included.
+		var uerr *url.Error
+		reason := "not a valid URL"
+		if errors.As(err, &uerr) {
+			reason = "not a valid URL: " + uerr.Err.Error()
+		}
+		return &ConfigError{Field: "url", Reason: reason}
+	}
+	if u.Scheme != "amqp" && u.Scheme != "amqps" {
+		return configerror.New("url", "scheme must be amqp or amqps, got %q", u.Scheme)
+	}
+	if _, err := amqp091.ParseURI(c.URL); err != nil {
+		// Same care as above: only amqp091's own messages are safe to print.
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err
+		}
+		return configerror.New("url", "not a valid AMQP URI %s: %v", secret.RedactURL(c.URL), err)
+	}
+	switch {
+	case c.Concurrency < 0:
+		return configerror.New("concurrency", "must be positive, got %d", c.Concurrency)
+	case c.Concurrency > maxConcurrency:
+		return configerror.New("concurrency", "must be at most %d (one AMQP channel each), got %d", maxConcurrency, c.Concurrency)
+	case c.Prefetch < 0:
+		return configerror.New("prefetch", "must be positive, got %d", c.Prefetch)
+	case c.ReconnectInitialInterval < 0:
+		return configerror.New("reconnect_initial_interval", "must not be negative, got %s", c.ReconnectInitialInterval)
+	case c.ReconnectMaxInterval < c.ReconnectInitialInterval:
+		return configerror.New("reconnect_max_interval", "must be at least reconnect_initial_interval (%s), got %s", c.ReconnectInitialInterval, c.ReconnectMaxInterval)
+	case c.PublishChannels < 0:
+		return configerror.New("publish_channels", "must be positive, got %d", c.PublishChannels)
+	}
+	if _, err := queueArguments(c.QueueArguments); err != nil {
+		return &ConfigError{Field: "queue_arguments", Reason: err.Error(), Err: err}
+	}
+	return nil
+}
+
+// String prints the config with the URL's password redacted.
+func (c Config) String() string {
+	return fmt.Sprintf("{URL:%s Concurrency:%d Prefetch:%d NackDelay:%s DialTimeout:%s ReconnectInitialInterval:%s ReconnectMaxInterval:%s PublishChannels:%d QueueArguments:%v ConnectionName:%q}",
+		secret.RedactURL(c.URL), c.Concurrency, c.Prefetch, c.NackDelay, c.DialTimeout,
+		c.ReconnectInitialInterval, c.ReconnectMaxInterval, c.PublishChannels, c.QueueArguments, c.ConnectionName)
+}
+
+// GoString makes %#v redact too.
+func (c Config) GoString() string { return "amqp.Config" + c.String() }
+
+// watermillConfig maps c (defaults applied) onto watermill-amqp's durable
+// queue topology: default exchange, queue = topic, routing key = topic.
+func (c Config) watermillConfig() (wamqp.Config, error) {
+	args, err := queueArguments(c.QueueArguments)
+	if err != nil {
+		return wamqp.Config{}, err
+	}
+	wc := wamqp.NewDurableQueueConfig(c.URL)
+	wc.Marshaler = Marshaler{}
+	wc.Queue.Arguments = args
+	wc.Consume.Qos = wamqp.QosConfig{PrefetchCount: c.Prefetch}
+	wc.Publish.ConfirmDelivery = true
+	wc.Publish.ChannelPoolSize = c.PublishChannels
+	wc.Connection.Reconnect = &wamqp.ReconnectConfig{
+		BackoffInitialInterval:     c.ReconnectInitialInterval,
+		BackoffRandomizationFactor: 0.5,
+		BackoffMultiplier:          2,
+		BackoffMaxInterval:         c.ReconnectMaxInterval,
+	}
+	props := amqp091.NewConnectionProperties()
+	props.SetClientConnectionName(c.ConnectionName)
+	wc.Connection.AmqpConfig = &amqp091.Config{
+		Properties: props,
+		// One attempt must not outlive the start-up budget: amqp091's own
+		// default is 30s per dial against a black-holed address.
+		Dial: amqp091.DefaultDial(c.attemptTimeout()),
+	}
+	return wc, nil
+}
+
+func (c Config) attemptTimeout() time.Duration {
+	const max = 10 * time.Second
+	if c.DialTimeout > 0 && c.DialTimeout < max {
+		return c.DialTimeout
+	}
+	return max
+}
+
+// queueArguments converts YAML-decoded arguments (nested map[string]any,
+// []any, int) into an amqp091.Table and checks that RabbitMQ can encode it.
+func queueArguments(in map[string]any) (amqp091.Table, error) {
+	if len(in) == 0 {
+		return nil, nil
+	}
+	t := make(amqp091.Table, len(in))
+	for k, v := range in {
+		t[k] = toAMQPValue(v)
+	}
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("cannot be encoded as an AMQP table: %w", err)
+	}
+	return t, nil
+}
+
+func toAMQPValue(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		t := make(amqp091.Table, len(x))
+		for k, e := range x {
+			t[k] = toAMQPValue(e)
+		}
+		return t
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = toAMQPValue(e)
+		}
+		return out
+	case uint:
+		return int64(x)
+	case uint32:
+		return int64(x)
+	case uint64:
+		return int64(x)
+	default:
+		return v
+	}
+}

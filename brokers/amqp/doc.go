@@ -1,0 +1,111 @@
+// Package amqp is claimtx's RabbitMQ adapter: watermill-amqp v3 (on
+// amqp091-go) configured for at-least-once consumption of durable queues,
+// with the sharp edges of that stack filed off.
+//
+//	sub, err := amqp.NewSubscriber(amqp.Config{URL: url, Concurrency: 8}, logger)
+//	msgs, err := sub.Subscribe(ctx, "orders")
+//
+// Most users build it through brokers.NewSubscriber with kind "amqp".
+//
+// # Topology
+//
+// One durable queue per topic, named exactly like the topic, fed by the
+// default exchange with routing key = topic. A producer that knows nothing of
+// Watermill (amqp091-go, pika, the management UI) reaches a subscription to
+// "orders" by publishing to exchange "" with routing key "orders". Subscribe,
+// SubscribeInitialize and the first Publish to a topic declare the queue
+// (RabbitMQ drops a message routed to a queue that does not exist, so the
+// publisher declares it too). Config.QueueArguments is passed on every
+// declaration and must match an existing queue's arguments.
+//
+// Messages are published persistent, with publisher confirms: Publish returns
+// nil only after RabbitMQ confirmed every message. The confirm-mode channels
+// are pooled (Config.PublishChannels).
+//
+// # Concurrency and prefetch
+//
+// A watermill-amqp subscription handles one delivery at a time: it hands a
+// message to its channel and waits for the ack before it takes the next. So
+// Subscribe opens Config.Concurrency subscriptions (one AMQP channel each) on
+// the same queue and merges them into the one channel it returns; RabbitMQ
+// spreads deliveries over them, and up to Concurrency messages are in the
+// handler at once. Order is therefore not kept when Concurrency > 1.
+//
+// Prefetch (QoS) is per channel and defaults to 1, which is exactly what a
+// sequential subscription can use: a higher prefetch only parks messages in
+// this process, invisible to other instances, and hands them back as
+// "redelivered" after a crash.
+//
+// # Nack
+//
+// watermill-amqp nacks with requeue=true (subscriber.go:439), and RabbitMQ
+// puts the message back at the head of the queue at once: a message that
+// keeps failing would spin through the handler as fast as the network allows.
+// This adapter holds a nacked delivery for Config.NackDelay (default 1s)
+// before handing the nack to RabbitMQ; meanwhile that one subscription takes
+// no other message. In claimtx the router's Retry and Poison middleware sit
+// in front of the claim, so a nack only reaches the broker when even the
+// poison queue could not be written, which is an infrastructure problem
+// where waiting and trying again is the right answer.
+//
+// Why not a dead-letter exchange: watermill-amqp's one knob,
+// ConsumeConfig.NoRequeueOnNack, nacks without requeue, which makes RabbitMQ
+// drop the message unless the queue has a dead-letter exchange, and adding
+// x-dead-letter-exchange to an existing queue's arguments makes every
+// redeclaration fail (PRECONDITION_FAILED). A dead-lettered message also waits
+// for an operator to replay it. Requeue with a delay loses nothing and needs
+// no topology. If you want RabbitMQ to bound redeliveries, use a quorum
+// queue with a delivery limit and a dead-letter exchange through
+// QueueArguments ({x-queue-type: quorum, x-delivery-limit: 20,
+// x-dead-letter-exchange: dlx}), and replay the dead-letter queue with this
+// adapter, see below.
+//
+// # Headers and dead-letter replay
+//
+// When RabbitMQ dead-letters a message it adds an x-death header: an array
+// of tables with longs, timestamps and strings. Watermill's DefaultMarshaler
+// rejects any header that is not a string (marshaler.go:90); the delivery is
+// then nacked with requeue and comes straight back: replaying a dead-letter
+// queue through it loops forever. This package's Marshaler accepts every
+// AMQP field type: strings are copied as is, everything else becomes its
+// JSON encoding (an int64 3 is "3", x-death is
+// `[{"count":1,"reason":"rejected",...}]`); Marshaler's documentation has the
+// complete mapping. A value carried as JSON goes back out as that string when
+// the message is republished; RabbitMQ (3.10 verified) replaces a string
+// x-death with its own array if it dead-letters the message again.
+//
+// A message without Watermill's UUID header gets its UUID from the
+// message-id property or a new one. The delivery is described under
+// amqp_* metadata keys (amqp_message_id, amqp_correlation_id,
+// amqp_content_type, amqp_timestamp, amqp_exchange, amqp_routing_key) and
+// _watermill_amqp_redelivered; none of them is republished and none should
+// be a claim key: they change on republish and replay.
+//
+// # Start-up and reconnection
+//
+// watermill-amqp dials once when a subscriber or publisher is created and
+// fails if RabbitMQ is not up yet (connection.go:44). NewSubscriberContext
+// and NewPublisherContext retry with exponential backoff
+// (ReconnectInitialInterval doubling to ReconnectMaxInterval) until they
+// connect, Config.DialTimeout passes, or the context ends, and then return a
+// *DialError with the attempts made and the last error. Refused credentials
+// or vhost (AMQP 403) are returned at once: waiting will not fix them.
+//
+// Once connected, watermill-amqp reconnects by itself, forever, and its
+// subscriptions resume. While it is reconnecting its Publish fails with "not
+// connected" (publisher.go:102): publishers must retry (claimtx's outbox
+// relay does). Subscribe waits for the connection, bounded by DialTimeout.
+// Note that watermill-amqp v3.0.2 replaces its "connected" channel without a
+// lock on reconnect (connection.go:139, read at connection.go:114), which the
+// race detector reports whenever a connection drops under -race. TestReconnect
+// therefore runs only without -race; it closes only its own connections
+// (rabbitmqctl close_connection, matched by Config.ConnectionName), so it
+// does not disturb other tests on the same RabbitMQ.
+//
+// # Closing
+//
+// Close stops every subscription; messages not yet acked go back to their
+// queue (nack with requeue), so a handler that finishes after Close has its
+// effect claimed and the redelivery recorded as a duplicate. Cancelling the
+// Subscribe context does the same for that subscription.
+package amqp

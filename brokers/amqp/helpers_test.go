@@ -1,0 +1,169 @@
+package amqp_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/claimtx/claimtx/brokers/amqp"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// amqpURL is the RabbitMQ every test shares; each test isolates itself by
+// queue name.
+func amqpURL() string {
+	if u := os.Getenv("TEST_AMQP_URL"); u != "" {
+		return u
+	}
+	return amqp.DefaultURL
+}
+
+var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
+
+// uniqueName returns a queue/topic name unique to this test and run, so
+// tests run in parallel and rerun on a dirty broker.
+func uniqueName(t *testing.T) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := unsafeChars.ReplaceAllString(t.Name(), "_")
+	if len(name) > 80 {
+		name = name[len(name)-80:]
+	}
+	return "claimtx-test-" + strings.ToLower(name) + "-" + hex.EncodeToString(b)
+}
+
+// testConfig is a config for the shared RabbitMQ with short timings.
+func testConfig() amqp.Config {
+	return amqp.Config{
+		URL:                      amqpURL(),
+		NackDelay:                -1,
+		DialTimeout:              10 * time.Second,
+		ReconnectInitialInterval: 50 * time.Millisecond,
+		ReconnectMaxInterval:     500 * time.Millisecond,
+		ConnectionName:           "claimtx-brokers-amqp-test",
+	}
+}
+
+// rawChannel opens a plain amqp091 connection, as a non-Watermill producer
+// would, and deletes the given queues when the test ends.
+func rawChannel(t *testing.T) *amqp091.Channel {
+	t.Helper()
+	conn, err := amqp091.Dial(amqpURL())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	return ch
+}
+
+// deleteQueuesAtCleanup removes queues created by a test, whatever its
+// outcome.
+func deleteQueuesAtCleanup(t *testing.T, names ...string) {
+	t.Helper()
+	t.Cleanup(func() {
+		conn, err := amqp091.Dial(amqpURL())
+		if err != nil {
+			t.Logf("cleanup: %v", err)
+			return
+		}
+		defer conn.Close()
+		for _, n := range names {
+			ch, err := conn.Channel()
+			if err != nil {
+				return
+			}
+			_, _ = ch.QueueDelete(n, false, false, false)
+			_ = ch.Close()
+		}
+	})
+}
+
+// queueTracker records every topic a suite touches, to delete its queues.
+type queueTracker struct {
+	mu     sync.Mutex
+	topics map[string]struct{}
+}
+
+func (q *queueTracker) add(topic string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.topics == nil {
+		q.topics = make(map[string]struct{})
+	}
+	q.topics[topic] = struct{}{}
+}
+
+func (q *queueTracker) cleanup(t *testing.T) {
+	q.mu.Lock()
+	names := make([]string, 0, len(q.topics))
+	for n := range q.topics {
+		names = append(names, n)
+	}
+	q.mu.Unlock()
+	conn, err := amqp091.Dial(amqpURL())
+	if err != nil {
+		t.Logf("cleanup: %v", err)
+		return
+	}
+	defer conn.Close()
+	for _, n := range names {
+		ch, err := conn.Channel()
+		if err != nil {
+			return
+		}
+		_, _ = ch.QueueDelete(n, false, false, false)
+		_ = ch.Close()
+	}
+}
+
+type trackingSubscriber struct {
+	*amqp.Subscriber
+	q *queueTracker
+}
+
+func (s trackingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.q.add(topic)
+	return s.Subscriber.Subscribe(ctx, topic)
+}
+
+func (s trackingSubscriber) SubscribeInitialize(topic string) error {
+	s.q.add(topic)
+	return s.Subscriber.SubscribeInitialize(topic)
+}
+
+type trackingPublisher struct {
+	*amqp.Publisher
+	q *queueTracker
+}
+
+func (p trackingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	p.q.add(topic)
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+// receive waits for one message or fails the test.
+func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
+	t.Helper()
+	select {
+	case m, ok := <-ch:
+		require.True(t, ok, "messages channel closed")
+		return m
+	case <-time.After(timeout):
+		t.Fatalf("no message within %s", timeout)
+		return nil
+	}
+}

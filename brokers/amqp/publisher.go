@@ -1,0 +1,109 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Publisher publishes to the default exchange with routing key = topic, with
+// publisher confirms: Publish returns nil only after RabbitMQ confirmed every
+// message. Before the first publish to a topic it declares the durable queue
+// named topic, because RabbitMQ silently drops a message routed to a queue
+// that does not exist yet. It is safe for concurrent use.
+type Publisher struct {
+	cfg  Config
+	wc   wamqp.Config
+	conn *wamqp.ConnectionWrapper
+	pub  *wamqp.Publisher
+
+	declaredMu sync.Mutex
+	declared   map[string]bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ message.Publisher = (*Publisher)(nil)
+
+// NewPublisher is NewPublisherContext with context.Background().
+func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+	return NewPublisherContext(context.Background(), cfg, logger)
+}
+
+// NewPublisherContext validates cfg, connects (retrying like
+// NewSubscriberContext) and opens the confirm-mode channel pool.
+func NewPublisherContext(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	wc, err := cfg.watermillConfig()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := dial(ctx, cfg, wc, logger)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := wamqp.NewPublisherWithConnection(wc, logger, conn)
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("brokers/amqp: create publisher: %w", err)
+	}
+	return &Publisher{cfg: cfg, wc: wc, conn: conn, pub: pub, declared: make(map[string]bool)}, nil
+}
+
+// Publish sends messages to the queue named topic and waits for RabbitMQ's
+// confirms. It fails (and the caller should retry) while the connection is
+// being re-established.
+func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
+	if err := p.declare(topic); err != nil {
+		return err
+	}
+	if err := p.pub.Publish(topic, messages...); err != nil {
+		return fmt.Errorf("brokers/amqp: publish to %q: %w", topic, err)
+	}
+	return nil
+}
+
+func (p *Publisher) declare(topic string) error {
+	p.declaredMu.Lock()
+	defer p.declaredMu.Unlock()
+	if p.declared[topic] {
+		return nil
+	}
+	if p.conn.Closed() {
+		return errors.New("brokers/amqp: publisher closed")
+	}
+	if !p.conn.IsConnected() {
+		return errors.New("brokers/amqp: not connected to RabbitMQ")
+	}
+	ch, err := p.conn.Connection().Channel()
+	if err != nil {
+		return fmt.Errorf("brokers/amqp: open channel to declare queue %q: %w", topic, err)
+	}
+	defer func() { _ = ch.Close() }()
+	q := p.wc.Queue
+	if _, err := ch.QueueDeclare(q.GenerateName(topic), q.Durable, q.AutoDelete, q.Exclusive, q.NoWait, q.Arguments); err != nil {
+		return fmt.Errorf("brokers/amqp: declare queue %q: %w", topic, err)
+	}
+	p.declared[topic] = true
+	return nil
+}
+
+// Close closes the channel pool and the connection. It is idempotent.
+func (p *Publisher) Close() error {
+	p.closeOnce.Do(func() {
+		p.closeErr = errors.Join(p.pub.Close(), p.conn.Close())
+	})
+	return p.closeErr
+}

@@ -1,0 +1,240 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Subscriber consumes from RabbitMQ: Config.Concurrency watermill-amqp
+// subscriptions per Subscribe call, merged into one channel, with a delayed
+// nack. It is safe for concurrent use.
+type Subscriber struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	conn   *wamqp.ConnectionWrapper
+	sub    *wamqp.Subscriber
+
+	// mu orders Subscribe's forwarders.Add before Close's Wait.
+	mu         sync.Mutex
+	closed     bool
+	closing    chan struct{}
+	closeOnce  sync.Once
+	closeErr   error
+	forwarders sync.WaitGroup
+}
+
+var (
+	_ message.Subscriber           = (*Subscriber)(nil)
+	_ message.SubscribeInitializer = (*Subscriber)(nil)
+)
+
+// NewSubscriber is NewSubscriberContext with context.Background(): start-up
+// connection attempts are bounded by cfg.DialTimeout only.
+func NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
+	return NewSubscriberContext(context.Background(), cfg, logger)
+}
+
+// NewSubscriberContext validates cfg, connects to RabbitMQ (retrying until
+// cfg.DialTimeout or ctx ends, see Config.DialTimeout) and returns a
+// Subscriber owning that connection. A nil logger logs nothing.
+func NewSubscriberContext(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	wc, err := cfg.watermillConfig()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := dial(ctx, cfg, wc, logger)
+	if err != nil {
+		return nil, err
+	}
+	sub, err := wamqp.NewSubscriberWithConnection(wc, logger, conn)
+	if err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("brokers/amqp: create subscriber: %w", err)
+	}
+	return &Subscriber{
+		cfg:     cfg,
+		logger:  logger,
+		conn:    conn,
+		sub:     sub,
+		closing: make(chan struct{}),
+	}, nil
+}
+
+// Subscribe declares the durable queue named topic (if missing) and starts
+// Config.Concurrency consumers on it. The returned channel is closed when ctx
+// ends or the Subscriber is closed. Each message must be acked or nacked; a
+// nacked message is returned to the queue after Config.NackDelay.
+//
+// Messages of one Subscribe call are processed up to Concurrency at a time,
+// so their order is not kept when Concurrency > 1.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	select {
+	case <-s.closing:
+		return nil, errors.New("brokers/amqp: subscriber closed")
+	default:
+	}
+	if err := waitConnected(ctx, s.cfg, s.conn); err != nil {
+		return nil, err
+	}
+
+	// inCtx stops the inner subscriptions if we fail half way.
+	inCtx, cancel := context.WithCancel(ctx)
+	ins := make([]<-chan *message.Message, 0, s.cfg.Concurrency)
+	for i := 0; i < s.cfg.Concurrency; i++ {
+		in, err := s.sub.Subscribe(inCtx, topic)
+		if err != nil {
+			cancel()
+			for _, in := range ins {
+				drain(in)
+			}
+			return nil, fmt.Errorf("brokers/amqp: subscribe to %q (consumer %d of %d): %w", topic, i+1, s.cfg.Concurrency, err)
+		}
+		ins = append(ins, in)
+	}
+
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		cancel()
+		for _, in := range ins {
+			drain(in)
+		}
+		return nil, errors.New("brokers/amqp: subscriber closed")
+	}
+	s.forwarders.Add(len(ins))
+	s.mu.Unlock()
+
+	out := make(chan *message.Message)
+	var wg sync.WaitGroup
+	wg.Add(len(ins))
+	for _, in := range ins {
+		go func() {
+			defer s.forwarders.Done()
+			defer wg.Done()
+			s.forward(inCtx, in, out)
+		}()
+	}
+	go func() {
+		wg.Wait()
+		cancel()
+		close(out)
+	}()
+	return out, nil
+}
+
+// forward hands each message of one inner subscription to out through a
+// proxy message, so a nack can be delayed before it reaches watermill-amqp
+// (which would nack with requeue at once). It reads in until it is closed:
+// watermill-amqp's delivery loop blocks sending on it and only stops
+// watching for that when the subscriber closes, so a reader must stay.
+func (s *Subscriber) forward(ctx context.Context, in <-chan *message.Message, out chan<- *message.Message) {
+	for orig := range in {
+		if s.stopped(ctx) {
+			orig.Nack()
+			continue
+		}
+		proxy := message.NewMessage(orig.UUID, orig.Payload)
+		proxy.Metadata = orig.Metadata
+		proxy.SetContext(orig.Context())
+
+		select {
+		case out <- proxy:
+		case <-ctx.Done():
+			orig.Nack()
+			continue
+		case <-s.closing:
+			orig.Nack()
+			continue
+		}
+
+		select {
+		case <-proxy.Acked():
+			orig.Ack()
+		case <-proxy.Nacked():
+			s.nackDelay(ctx)
+			orig.Nack()
+		case <-ctx.Done():
+			// The subscription ends while the handler still runs: hand the
+			// message back; a late ack of the proxy has no effect, and the
+			// redelivery is deduplicated by the claim.
+			orig.Nack()
+		case <-s.closing:
+			orig.Nack()
+		}
+	}
+}
+
+func (s *Subscriber) nackDelay(ctx context.Context) {
+	if s.cfg.NackDelay <= 0 {
+		return
+	}
+	t := time.NewTimer(s.cfg.NackDelay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	case <-s.closing:
+	}
+}
+
+func (s *Subscriber) stopped(ctx context.Context) bool {
+	select {
+	case <-ctx.Done():
+		return true
+	case <-s.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// drain nacks everything left on in until it is closed.
+func drain(in <-chan *message.Message) {
+	go func() {
+		for m := range in {
+			m.Nack()
+		}
+	}()
+}
+
+// SubscribeInitialize declares the durable queue named topic without
+// consuming from it, so messages published before the first Subscribe are
+// kept.
+func (s *Subscriber) SubscribeInitialize(topic string) error {
+	if err := waitConnected(context.Background(), s.cfg, s.conn); err != nil {
+		return err
+	}
+	if err := s.sub.SubscribeInitialize(topic); err != nil {
+		return fmt.Errorf("brokers/amqp: declare queue %q: %w", topic, err)
+	}
+	return nil
+}
+
+// Close stops every subscription (unacked messages go back to their queue),
+// waits for them, and closes the connection. It is idempotent.
+func (s *Subscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		close(s.closing)
+		err := s.sub.Close()
+		s.forwarders.Wait()
+		s.closeErr = errors.Join(err, s.conn.Close())
+	})
+	return s.closeErr
+}

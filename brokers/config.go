@@ -1,0 +1,338 @@
+package brokers
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/claimtx/claimtx/brokers/amqp"
+	"github.com/claimtx/claimtx/brokers/internal/configerror"
+	"github.com/claimtx/claimtx/brokers/kafka"
+)
+
+// ConfigError reports a configuration field that cannot be used. Field is the
+// YAML path ("kafka.brokers"); Error() reads
+//
+//	brokers: config field "kafka.brokers": must not be empty
+//
+// Values are quoted only after redaction, so the message is safe to log.
+// brokers/amqp and brokers/kafka return the same type.
+type ConfigError = configerror.Error
+
+// Built-in kinds.
+const (
+	KindAMQP      = "amqp"
+	KindKafka     = "kafka"
+	KindGoChannel = "gochannel"
+)
+
+// DefaultKind is the kind used when Config.Kind is empty.
+const DefaultKind = KindAMQP
+
+// Config selects and configures a broker adapter. The zero value is usable:
+// Kind defaults to "amqp" and every adapter field to its documented default.
+type Config struct {
+	// Kind names the adapter: "amqp" (RabbitMQ), "kafka", "gochannel"
+	// (in-process, for tests) or a name given to Register.
+	// Defaults to "amqp".
+	Kind string `yaml:"kind"`
+
+	// AMQP configures the "amqp" kind. See brokers/amqp.Config for each
+	// field's default.
+	AMQP amqp.Config `yaml:"amqp"`
+
+	// Kafka configures the "kafka" kind. See brokers/kafka.Config for each
+	// field's default.
+	Kafka kafka.Config `yaml:"kafka"`
+
+	// GoChannel configures the "gochannel" kind.
+	GoChannel GoChannelConfig `yaml:"gochannel"`
+
+	// Options carries settings for user-registered kinds, which read them
+	// in their Factory. The built-in kinds ignore it. Defaults to none.
+	Options map[string]string `yaml:"options"`
+}
+
+// GoChannelConfig configures the in-process "gochannel" kind. Publishers
+// and subscribers built from equal GoChannelConfig values share one
+// process-wide Watermill GoChannel, so a publisher and a subscriber made
+// from the same Config talk to each other. Nothing leaves the process and
+// nothing survives it.
+type GoChannelConfig struct {
+	// Name separates independent in-process brokers: configs that differ
+	// only by Name do not see each other's messages. Defaults to "default".
+	Name string `yaml:"name"`
+
+	// Buffer is the output channel buffer of each subscription.
+	// Defaults to 0 (unbuffered).
+	Buffer int64 `yaml:"buffer"`
+
+	// Persistent keeps every published message in memory and replays it to
+	// subscribers that arrive later, like a durable queue. Memory grows with
+	// every message. Defaults to false: a message published while no one
+	// subscribes to its topic is dropped.
+	Persistent bool `yaml:"persistent"`
+
+	// BlockPublishUntilSubscriberAck makes Publish wait until every
+	// subscriber acked the message. Defaults to false.
+	BlockPublishUntilSubscriberAck bool `yaml:"block_publish_until_subscriber_ack"`
+}
+
+// DefaultConfig returns a Config with every default written out, which is
+// what ConfigFromEnv and LoadConfigFile start from.
+func DefaultConfig() Config {
+	k := kafka.Config{}.WithDefaults()
+	// Derived from SessionTimeout when zero: leaving it zero lets a file or
+	// KAFKA_SESSION_TIMEOUT shorten the session without also having to
+	// shorten the heartbeat.
+	k.HeartbeatInterval = 0
+	return Config{
+		Kind:      DefaultKind,
+		AMQP:      amqp.Config{}.WithDefaults(),
+		Kafka:     k,
+		GoChannel: GoChannelConfig{}.withDefaults(),
+	}
+}
+
+func (g GoChannelConfig) withDefaults() GoChannelConfig {
+	if g.Name == "" {
+		g.Name = "default"
+	}
+	return g
+}
+
+// Validate checks the kind and the configuration of that kind only (an
+// unused adapter's settings are not looked at) and returns a *ConfigError.
+// It never panics.
+func (c Config) Validate() error {
+	kind := c.Kind
+	if kind == "" {
+		kind = DefaultKind
+	}
+	f, ok := lookup(kind)
+	if !ok {
+		return configerror.New("kind", "unknown broker kind %q (registered: %s)", kind, strings.Join(Kinds(), ", "))
+	}
+	if f.Validate == nil {
+		return nil
+	}
+	err := f.Validate(c)
+	if err == nil {
+		return nil
+	}
+	var ce *ConfigError
+	if errors.As(err, &ce) {
+		return err
+	}
+	return &ConfigError{Field: "options", Reason: err.Error(), Err: err}
+}
+
+func validateAMQP(c Config) error {
+	if err := c.AMQP.Validate(); err != nil {
+		return configerror.Prefix("amqp", err)
+	}
+	return nil
+}
+
+func validateKafka(c Config) error {
+	if err := c.Kafka.Validate(); err != nil {
+		return configerror.Prefix("kafka", err)
+	}
+	return nil
+}
+
+func validateGoChannel(c Config) error {
+	if c.GoChannel.Buffer < 0 {
+		return configerror.New("gochannel.buffer", "must not be negative, got %d", c.GoChannel.Buffer)
+	}
+	return nil
+}
+
+// String prints the config with secrets redacted (the AMQP URL's password,
+// the Kafka SASL password). Options values are printed as is: do not put
+// secrets there, or redact them in your Factory.
+func (c Config) String() string {
+	return fmt.Sprintf("{Kind:%q AMQP:%s Kafka:%s GoChannel:%+v Options:%v}", c.Kind, c.AMQP, c.Kafka, c.GoChannel, c.Options)
+}
+
+// GoString makes %#v redact too.
+func (c Config) GoString() string { return "brokers.Config" + c.String() }
+
+// Environment variables read by ConfigFromEnv and LoadConfigFile. See the
+// package documentation for what each one sets.
+const (
+	EnvBroker                = "BROKER"
+	EnvAMQPURL               = "AMQP_URL"
+	EnvConcurrency           = "CONCURRENCY"
+	EnvAMQPPrefetch          = "AMQP_PREFETCH"
+	EnvAMQPNackDelay         = "AMQP_NACK_DELAY"
+	EnvAMQPDialTimeout       = "AMQP_DIAL_TIMEOUT"
+	EnvKafkaBrokers          = "KAFKA_BROKERS"
+	EnvKafkaConsumerGroup    = "KAFKA_CONSUMER_GROUP"
+	EnvKafkaInitialOffset    = "KAFKA_INITIAL_OFFSET"
+	EnvKafkaVersion          = "KAFKA_VERSION"
+	EnvKafkaClientID         = "KAFKA_CLIENT_ID"
+	EnvKafkaSessionTimeout   = "KAFKA_SESSION_TIMEOUT"
+	EnvKafkaRebalanceTimeout = "KAFKA_REBALANCE_TIMEOUT"
+	EnvKafkaNackDelay        = "KAFKA_NACK_DELAY"
+	EnvKafkaDialTimeout      = "KAFKA_DIAL_TIMEOUT"
+	EnvKafkaSASLMechanism    = "KAFKA_SASL_MECHANISM"
+	EnvKafkaSASLUser         = "KAFKA_SASL_USER"
+	EnvKafkaSASLPassword     = "KAFKA_SASL_PASSWORD" //nolint:gosec // the variable's name, not a password
+	EnvKafkaTLS              = "KAFKA_TLS"
+	EnvKafkaTLSCAFile        = "KAFKA_TLS_CA_FILE"
+	EnvKafkaTLSCertFile      = "KAFKA_TLS_CERT_FILE"
+	EnvKafkaTLSKeyFile       = "KAFKA_TLS_KEY_FILE"
+)
+
+// ConfigFromEnv returns DefaultConfig overlaid with the environment
+// variables listed in the package documentation, validated.
+func ConfigFromEnv() (Config, error) {
+	c, err := DefaultConfig().OverlayEnv(os.LookupEnv)
+	if err != nil {
+		return Config{}, err
+	}
+	return c, c.Validate()
+}
+
+// LoadConfigFile reads a YAML file over DefaultConfig, then overlays the
+// environment (so BROKER=kafka switches a file that says amqp), and
+// validates. Unknown YAML keys are errors, so a typo does not silently fall
+// back to a default.
+func LoadConfigFile(path string) (Config, error) {
+	data, err := os.ReadFile(path) //nolint:gosec // reading the file the caller names is the point
+	if err != nil {
+		return Config{}, fmt.Errorf("brokers: read config: %w", err)
+	}
+	c, err := ParseConfig(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("brokers: config file %s: %w", path, err)
+	}
+	c, err = c.OverlayEnv(os.LookupEnv)
+	if err != nil {
+		return Config{}, err
+	}
+	return c, c.Validate()
+}
+
+// ParseConfig decodes YAML over DefaultConfig without looking at the
+// environment and without validating. Durations are written like "500ms".
+func ParseConfig(data []byte) (Config, error) {
+	c := DefaultConfig()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, fmt.Errorf("brokers: parse YAML: %w", err)
+	}
+	return c, nil
+}
+
+// OverlayEnv returns c with every set variable applied, reading variables
+// through lookup (os.LookupEnv when nil; a map in tests). A variable that is
+// set but empty counts as unset. A value that does not parse is a
+// *ConfigError naming the field and the variable. The result is not
+// validated.
+func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
+	if lookup == nil {
+		lookup = os.LookupEnv
+	}
+	get := func(name string) (string, bool) {
+		v, ok := lookup(name)
+		v = strings.TrimSpace(v)
+		return v, ok && v != ""
+	}
+	var firstErr error
+	fail := func(field, name, reason string) {
+		if firstErr == nil {
+			firstErr = configerror.New(field, "environment variable %s: %s", name, reason)
+		}
+	}
+	str := func(name string, dst *string) {
+		if v, ok := get(name); ok {
+			*dst = v
+		}
+	}
+	posInt := func(field, name string, dst *int) {
+		if v, ok := get(name); ok {
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				fail(field, name, fmt.Sprintf("must be a positive integer, got %q", v))
+				return
+			}
+			*dst = n
+		}
+	}
+	dur := func(field, name string, dst *time.Duration) {
+		if v, ok := get(name); ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				fail(field, name, fmt.Sprintf("must be a duration like 500ms or 2s, got %q", v))
+				return
+			}
+			*dst = d
+		}
+	}
+	boolean := func(field, name string, dst *bool) {
+		if v, ok := get(name); ok {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				fail(field, name, fmt.Sprintf("must be true or false, got %q", v))
+				return
+			}
+			*dst = b
+		}
+	}
+
+	str(EnvBroker, &c.Kind)
+
+	if v, ok := get(EnvAMQPURL); ok {
+		c.AMQP.URL = v // never echoed back in errors: it may hold a password
+	}
+	posInt("amqp.concurrency", EnvConcurrency, &c.AMQP.Concurrency)
+	posInt("amqp.prefetch", EnvAMQPPrefetch, &c.AMQP.Prefetch)
+	dur("amqp.nack_delay", EnvAMQPNackDelay, &c.AMQP.NackDelay)
+	dur("amqp.dial_timeout", EnvAMQPDialTimeout, &c.AMQP.DialTimeout)
+
+	if v, ok := get(EnvKafkaBrokers); ok {
+		var list []string
+		for _, b := range strings.Split(v, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				list = append(list, b)
+			}
+		}
+		if len(list) == 0 {
+			fail("kafka.brokers", EnvKafkaBrokers, "must list at least one host:port")
+		} else {
+			c.Kafka.Brokers = list
+		}
+	}
+	str(EnvKafkaConsumerGroup, &c.Kafka.ConsumerGroup)
+	str(EnvKafkaInitialOffset, &c.Kafka.InitialOffset)
+	str(EnvKafkaVersion, &c.Kafka.Version)
+	str(EnvKafkaClientID, &c.Kafka.ClientID)
+	dur("kafka.session_timeout", EnvKafkaSessionTimeout, &c.Kafka.SessionTimeout)
+	dur("kafka.rebalance_timeout", EnvKafkaRebalanceTimeout, &c.Kafka.RebalanceTimeout)
+	dur("kafka.nack_delay", EnvKafkaNackDelay, &c.Kafka.NackDelay)
+	dur("kafka.dial_timeout", EnvKafkaDialTimeout, &c.Kafka.DialTimeout)
+	str(EnvKafkaSASLMechanism, &c.Kafka.SASL.Mechanism)
+	str(EnvKafkaSASLUser, &c.Kafka.SASL.User)
+	if v, ok := get(EnvKafkaSASLPassword); ok {
+		c.Kafka.SASL.Password = v
+	}
+	boolean("kafka.tls.enabled", EnvKafkaTLS, &c.Kafka.TLS.Enabled)
+	str(EnvKafkaTLSCAFile, &c.Kafka.TLS.CAFile)
+	str(EnvKafkaTLSCertFile, &c.Kafka.TLS.CertFile)
+	str(EnvKafkaTLSKeyFile, &c.Kafka.TLS.KeyFile)
+
+	if firstErr != nil {
+		return Config{}, firstErr
+	}
+	return c, nil
+}

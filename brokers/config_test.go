@@ -1,0 +1,287 @@
+package brokers_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/brokers/amqp"
+	"github.com/claimtx/claimtx/brokers/kafka"
+)
+
+func mapEnv(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		v, ok := m[k]
+		return v, ok
+	}
+}
+
+func TestDefaultConfig(t *testing.T) {
+	t.Parallel()
+	c := brokers.DefaultConfig()
+	require.NoError(t, c.Validate())
+	require.Equal(t, "amqp", c.Kind)
+	require.Equal(t, "amqp://guest:guest@127.0.0.1:5672/", c.AMQP.URL)
+	require.Equal(t, 4, c.AMQP.Concurrency)
+	require.Equal(t, []string{"127.0.0.1:9092"}, c.Kafka.Brokers)
+	require.Equal(t, "oldest", c.Kafka.InitialOffset)
+	require.Equal(t, "3.6.0", c.Kafka.Version)
+	require.Equal(t, 100*time.Millisecond, c.Kafka.MaxWaitTime)
+	require.NoError(t, brokers.Config{}.Validate(), "the zero Config is valid")
+}
+
+func TestOverlayEnv(t *testing.T) {
+	t.Parallel()
+	c, err := brokers.DefaultConfig().OverlayEnv(mapEnv(map[string]string{
+		"BROKER":                "kafka",
+		"AMQP_URL":              "amqp://u:p@rabbit:5672/vh",
+		"CONCURRENCY":           "8",
+		"AMQP_NACK_DELAY":       "2s",
+		"KAFKA_BROKERS":         " k1:9092, k2:9093 ,,",
+		"KAFKA_CONSUMER_GROUP":  "orders",
+		"KAFKA_INITIAL_OFFSET":  "newest",
+		"KAFKA_SESSION_TIMEOUT": "1500ms",
+		"KAFKA_SASL_MECHANISM":  "SCRAM-SHA-512",
+		"KAFKA_SASL_USER":       "svc",
+		"KAFKA_SASL_PASSWORD":   "pw",
+		"KAFKA_TLS":             "true",
+		"KAFKA_CLIENT_ID":       "", // empty counts as unset
+		"UNRELATED":             "x",
+	}))
+	require.NoError(t, err)
+	require.NoError(t, c.Validate(), "a shorter session also shortens the derived heartbeat")
+	require.Equal(t, "kafka", c.Kind)
+	require.Equal(t, "amqp://u:p@rabbit:5672/vh", c.AMQP.URL)
+	require.Equal(t, 8, c.AMQP.Concurrency)
+	require.Equal(t, 2*time.Second, c.AMQP.NackDelay)
+	require.Equal(t, []string{"k1:9092", "k2:9093"}, c.Kafka.Brokers)
+	require.Equal(t, "orders", c.Kafka.ConsumerGroup)
+	require.Equal(t, "newest", c.Kafka.InitialOffset)
+	require.Equal(t, 1500*time.Millisecond, c.Kafka.SessionTimeout)
+	require.Equal(t, kafka.SASLConfig{Mechanism: "SCRAM-SHA-512", User: "svc", Password: "pw"}, c.Kafka.SASL)
+	require.True(t, c.Kafka.TLS.Enabled)
+	require.Equal(t, "claimtx", c.Kafka.ClientID)
+}
+
+func TestOverlayEnvBad(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		env   map[string]string
+		field string
+	}{
+		{map[string]string{"CONCURRENCY": "many"}, "amqp.concurrency"},
+		{map[string]string{"CONCURRENCY": "-1"}, "amqp.concurrency"},
+		{map[string]string{"AMQP_NACK_DELAY": "1 minute"}, "amqp.nack_delay"},
+		{map[string]string{"KAFKA_BROKERS": " , "}, "kafka.brokers"},
+		{map[string]string{"KAFKA_TLS": "yes please"}, "kafka.tls.enabled"},
+		{map[string]string{"KAFKA_SESSION_TIMEOUT": "10"}, "kafka.session_timeout"},
+	} {
+		_, err := brokers.DefaultConfig().OverlayEnv(mapEnv(tc.env))
+		var ce *brokers.ConfigError
+		require.ErrorAs(t, err, &ce, "%v", tc.env)
+		require.Equal(t, tc.field, ce.Field)
+		for name := range tc.env {
+			require.Contains(t, err.Error(), name, "the message names the variable")
+		}
+	}
+}
+
+// TestConfigFromEnv uses the real environment, so it cannot run in
+// parallel (t.Setenv).
+func TestConfigFromEnv(t *testing.T) {
+	t.Setenv("BROKER", "kafka")
+	t.Setenv("KAFKA_BROKERS", "127.0.0.1:19092")
+	t.Setenv("KAFKA_CONSUMER_GROUP", "from-env")
+	t.Setenv("CONCURRENCY", "2")
+	c, err := brokers.ConfigFromEnv()
+	require.NoError(t, err)
+	require.Equal(t, "kafka", c.Kind)
+	require.Equal(t, []string{"127.0.0.1:19092"}, c.Kafka.Brokers)
+	require.Equal(t, "from-env", c.Kafka.ConsumerGroup)
+	require.Equal(t, 2, c.AMQP.Concurrency)
+
+	t.Setenv("BROKER", "carrier-pigeon")
+	_, err = brokers.ConfigFromEnv()
+	var ce *brokers.ConfigError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "kind", ce.Field)
+
+	// The file says amqp; the environment wins.
+	path := filepath.Join(t.TempDir(), "brokers.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("kind: amqp\nkafka:\n  consumer_group: from-file\n"), 0o600))
+	t.Setenv("BROKER", "kafka")
+	t.Setenv("KAFKA_CONSUMER_GROUP", "")
+	c, err = brokers.LoadConfigFile(path)
+	require.NoError(t, err)
+	require.Equal(t, "kafka", c.Kind)
+	require.Equal(t, "from-file", c.Kafka.ConsumerGroup)
+}
+
+func TestParseConfig(t *testing.T) {
+	t.Parallel()
+	c, err := brokers.ParseConfig([]byte(`
+kind: kafka
+amqp:
+  url: amqp://app:pw@rabbit:5672/
+  concurrency: 16
+  nack_delay: 250ms
+  queue_arguments:
+    x-queue-type: quorum
+    x-delivery-limit: 5
+kafka:
+  brokers: [a:9092, b:9092]
+  consumer_group: billing
+  session_timeout: 6s
+  rebalance_timeout: 20s
+  sasl:
+    mechanism: PLAIN
+    user: billing
+    password: pw
+  tls:
+    enabled: true
+gochannel:
+  name: tests
+options:
+  region: eu
+`))
+	require.NoError(t, err)
+	require.NoError(t, c.Validate())
+	require.Equal(t, "kafka", c.Kind)
+	require.Equal(t, 16, c.AMQP.Concurrency)
+	require.Equal(t, 250*time.Millisecond, c.AMQP.NackDelay)
+	require.Equal(t, map[string]any{"x-queue-type": "quorum", "x-delivery-limit": 5}, c.AMQP.QueueArguments)
+	require.Equal(t, amqp.DefaultPrefetch, c.AMQP.Prefetch, "unset keys keep their defaults")
+	require.Equal(t, []string{"a:9092", "b:9092"}, c.Kafka.Brokers)
+	require.Equal(t, 6*time.Second, c.Kafka.SessionTimeout)
+	require.Equal(t, 20*time.Second, c.Kafka.RebalanceTimeout)
+	require.Equal(t, "PLAIN", c.Kafka.SASL.Mechanism)
+	require.Equal(t, "tests", c.GoChannel.Name)
+	require.Equal(t, map[string]string{"region": "eu"}, c.Options)
+
+	c, err = brokers.ParseConfig(nil)
+	require.NoError(t, err)
+	require.Equal(t, brokers.DefaultConfig().String(), c.String(), "an empty file is the defaults")
+
+	_, err = brokers.ParseConfig([]byte("kafka:\n  consumer_grup: typo\n"))
+	require.ErrorContains(t, err, "consumer_grup", "unknown keys are rejected")
+	_, err = brokers.ParseConfig([]byte("amqp:\n  nack_delay: soon\n"))
+	require.Error(t, err)
+}
+
+func TestLoadConfigFileErrors(t *testing.T) {
+	t.Parallel()
+	_, err := brokers.LoadConfigFile(filepath.Join(t.TempDir(), "missing.yaml"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	good := []brokers.Config{
+		{},
+		{Kind: "gochannel"},
+		{Kind: "kafka"},
+		{Kind: "amqp", AMQP: amqp.Config{URL: "amqps://u:p@host:5671/vhost", Concurrency: 64, NackDelay: -1, DialTimeout: -1}},
+		{Kind: "kafka", Kafka: kafka.Config{SessionTimeout: time.Second, InitialOffset: "newest", Version: "2.8.1"}},
+		{Kind: "kafka", Kafka: kafka.Config{SASL: kafka.SASLConfig{Mechanism: "PLAIN", User: "u"}}},
+		// An unused adapter's settings are not looked at.
+		{Kind: "amqp", Kafka: kafka.Config{InitialOffset: "sideways"}},
+	}
+	for i, c := range good {
+		require.NoError(t, c.Validate(), "good[%d] %s", i, c)
+	}
+
+	bad := []struct {
+		cfg    brokers.Config
+		field  string
+		reason string
+	}{
+		{brokers.Config{Kind: "nats"}, "kind", "unknown broker kind"},
+		{brokers.Config{AMQP: amqp.Config{URL: "http://host/"}}, "amqp.url", "scheme"},
+		{brokers.Config{AMQP: amqp.Config{URL: "amqp://u:p@host:notaport/"}}, "amqp.url", "not a valid URL"},
+		{brokers.Config{AMQP: amqp.Config{Concurrency: -1}}, "amqp.concurrency", "positive"},
+		{brokers.Config{AMQP: amqp.Config{Concurrency: 5000}}, "amqp.concurrency", "at most"},
+		{brokers.Config{AMQP: amqp.Config{Prefetch: -2}}, "amqp.prefetch", "positive"},
+		{brokers.Config{AMQP: amqp.Config{ReconnectInitialInterval: time.Minute, ReconnectMaxInterval: time.Second}}, "amqp.reconnect_max_interval", "at least"},
+		{brokers.Config{AMQP: amqp.Config{QueueArguments: map[string]any{"x": struct{}{}}}}, "amqp.queue_arguments", "AMQP table"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{Brokers: []string{"nohost"}}}, "kafka.brokers", "host:port"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{Brokers: []string{":9092"}}}, "kafka.brokers", "host:port"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{InitialOffset: "latest"}}, "kafka.initial_offset", "oldest"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{Version: "three"}}, "kafka.version", "Kafka version"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SessionTimeout: time.Second, HeartbeatInterval: 2 * time.Second}}, "kafka.heartbeat_interval", "below session_timeout"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{MaxWaitTime: time.Microsecond}}, "kafka.max_wait_time", "1ms"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: kafka.SASLConfig{Mechanism: "GSSAPI", User: "u"}}}, "kafka.sasl.mechanism", "PLAIN"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: kafka.SASLConfig{Mechanism: "PLAIN"}}}, "kafka.sasl.user", "empty"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: kafka.SASLConfig{Password: "x"}}}, "kafka.sasl.mechanism", "must be set"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: kafka.TLSConfig{CAFile: "ca.pem"}}}, "kafka.tls.enabled", "must be true"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: kafka.TLSConfig{Enabled: true, CertFile: "c.pem"}}}, "kafka.tls.cert_file", "together"},
+		{brokers.Config{Kind: "gochannel", GoChannel: brokers.GoChannelConfig{Buffer: -1}}, "gochannel.buffer", "negative"},
+	}
+	for _, tc := range bad {
+		err := tc.cfg.Validate()
+		var ce *brokers.ConfigError
+		require.ErrorAs(t, err, &ce, "%s", tc.cfg)
+		require.Equal(t, tc.field, ce.Field, "%v", err)
+		require.Contains(t, ce.Reason, tc.reason)
+		require.True(t, strings.HasPrefix(err.Error(), fmt.Sprintf("brokers: config field %q: ", tc.field)), err.Error())
+
+		// The constructors refuse it with the same error, without panicking.
+		_, err = brokers.NewSubscriber(tc.cfg, nil)
+		require.ErrorAs(t, err, &ce)
+		_, err = brokers.NewPublisher(tc.cfg, nil)
+		require.ErrorAs(t, err, &ce)
+	}
+}
+
+// TestConfigErrorMessage pins the format callers and docs quote.
+func TestConfigErrorMessage(t *testing.T) {
+	t.Parallel()
+	err := brokers.Config{Kind: "kafka", Kafka: kafka.Config{Brokers: []string{"x"}}}.Validate()
+	require.EqualError(t, err, `brokers: config field "kafka.brokers": entry 0 ("x") is not host:port`)
+	var target *brokers.ConfigError
+	require.True(t, errors.As(err, &target))
+}
+
+// TestRedaction: passwords never show in String, %v, %+v, %#v or errors.
+func TestRedaction(t *testing.T) {
+	t.Parallel()
+	const amqpPW, saslPW = "amqp-S3cret", "sasl-S3cret"
+	c := brokers.DefaultConfig()
+	c.AMQP.URL = "amqp://app:" + amqpPW + "@rabbit:5672/?auth_password=" + amqpPW
+	c.Kafka.SASL = kafka.SASLConfig{Mechanism: "PLAIN", User: "app", Password: saslPW}
+
+	for _, s := range []string{
+		c.String(), fmt.Sprint(c), fmt.Sprintf("%v", c), fmt.Sprintf("%+v", c), fmt.Sprintf("%#v", c), fmt.Sprintf("%q", c),
+		fmt.Sprint(c.AMQP), fmt.Sprintf("%#v", c.AMQP), fmt.Sprint(c.Kafka), fmt.Sprintf("%#v", c.Kafka),
+		fmt.Sprintf("%+v", c.Kafka.SASL), fmt.Sprintf("%#v", c.Kafka.SASL), fmt.Sprintf("%v", &c),
+	} {
+		require.NotContains(t, s, amqpPW)
+		require.NotContains(t, s, saslPW)
+	}
+	require.Contains(t, c.String(), "amqp://app:xxxxx@rabbit:5672/")
+	require.Contains(t, c.String(), `Password:"xxxxx"`)
+
+	// Validation errors about the URL do not quote the password either,
+	// even when the URL does not parse (url.Error would print it whole).
+	for _, u := range []string{
+		"amqp://app:" + amqpPW + "@rabbit:port/",
+		"amqp://app:" + amqpPW + "@ra bbit/",
+		"http://app:" + amqpPW + "@rabbit/",
+		"amqp://app:" + amqpPW + "@rabbit:5672/?heartbeat=x",
+	} {
+		err := brokers.Config{AMQP: amqp.Config{URL: u}}.Validate()
+		require.Error(t, err, u)
+		require.NotContains(t, err.Error(), amqpPW)
+	}
+	fromEnv, err := brokers.DefaultConfig().OverlayEnv(mapEnv(map[string]string{"AMQP_URL": "amqp://app:" + amqpPW + "@rabbit:x/"}))
+	require.NoError(t, err)
+	err = fromEnv.Validate()
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), amqpPW)
+}

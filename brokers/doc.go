@@ -1,0 +1,143 @@
+// Package brokers builds the Watermill publisher and subscriber that claimtx
+// consumes from and publishes to, chosen by configuration: RabbitMQ
+// ("amqp"), Kafka ("kafka"), an in-process channel for tests ("gochannel"),
+// or an adapter you register by name. Switching brokers is a configuration
+// change, never a code change.
+//
+// # Quick start
+//
+//	cfg, err := brokers.ConfigFromEnv() // BROKER=kafka KAFKA_BROKERS=...
+//	if err != nil {
+//		return err // a *brokers.ConfigError naming the field
+//	}
+//	sub, err := brokers.NewSubscriber(cfg, logger)
+//	...
+//	pub, err := brokers.NewPublisher(cfg, logger)
+//
+// Or from a file, with the environment overriding it:
+//
+//	cfg, err := brokers.LoadConfigFile("claimtx.yaml")
+//
+// # Configuration
+//
+// Config holds the kind and one section per built-in adapter; only the
+// section of the chosen kind is used and validated. Every field has a
+// default (see DefaultConfig, and the "Defaults to" line of each field in
+// brokers/amqp.Config and brokers/kafka.Config), so an empty file or an
+// empty environment gives a working local setup: RabbitMQ at
+// amqp://guest:guest@127.0.0.1:5672/.
+//
+//	kind: kafka            # amqp | kafka | gochannel | a registered name
+//	amqp:
+//	  url: amqp://app:secret@rabbit:5672/
+//	  concurrency: 8
+//	  nack_delay: 1s
+//	  queue_arguments: {x-queue-type: quorum}
+//	kafka:
+//	  brokers: [kafka-1:9092, kafka-2:9092]
+//	  consumer_group: billing
+//	  session_timeout: 10s
+//	  sasl: {mechanism: SCRAM-SHA-512, user: billing, password: secret}
+//	  tls: {enabled: true, ca_file: /etc/ssl/kafka-ca.pem}
+//	gochannel:
+//	  name: tests
+//	options:               # read by user-registered kinds only
+//	  region: eu
+//
+// Unknown keys are errors, so a misspelt key does not silently become a
+// default. Durations are Go durations ("250ms", "10s").
+//
+// # Environment variables
+//
+// ConfigFromEnv starts from DefaultConfig, LoadConfigFile from the file; both
+// then apply these variables (set but empty counts as unset) and validate:
+//
+//	BROKER                   kind                           (default amqp)
+//	AMQP_URL                 amqp.url                       (default amqp://guest:guest@127.0.0.1:5672/)
+//	CONCURRENCY              amqp.concurrency               (default 4; AMQP only, see below)
+//	AMQP_PREFETCH            amqp.prefetch                  (default 1)
+//	AMQP_NACK_DELAY          amqp.nack_delay                (default 1s)
+//	AMQP_DIAL_TIMEOUT        amqp.dial_timeout              (default 30s)
+//	KAFKA_BROKERS            kafka.brokers, comma separated (default 127.0.0.1:9092)
+//	KAFKA_CONSUMER_GROUP     kafka.consumer_group           (default claimtx)
+//	KAFKA_INITIAL_OFFSET     kafka.initial_offset           (default oldest)
+//	KAFKA_VERSION            kafka.version                  (default 3.6.0)
+//	KAFKA_CLIENT_ID          kafka.client_id                (default claimtx)
+//	KAFKA_SESSION_TIMEOUT    kafka.session_timeout          (default 10s)
+//	KAFKA_REBALANCE_TIMEOUT  kafka.rebalance_timeout        (default 60s)
+//	KAFKA_NACK_DELAY         kafka.nack_delay               (default 1s)
+//	KAFKA_DIAL_TIMEOUT       kafka.dial_timeout             (default 30s)
+//	KAFKA_SASL_MECHANISM     kafka.sasl.mechanism           (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)
+//	KAFKA_SASL_USER          kafka.sasl.user
+//	KAFKA_SASL_PASSWORD      kafka.sasl.password
+//	KAFKA_TLS                kafka.tls.enabled              (true/false)
+//	KAFKA_TLS_CA_FILE        kafka.tls.ca_file
+//	KAFKA_TLS_CERT_FILE      kafka.tls.cert_file
+//	KAFKA_TLS_KEY_FILE       kafka.tls.key_file
+//
+// CONCURRENCY is the number of messages one subscription processes at once
+// on RabbitMQ. Kafka has no such knob: watermill-kafka keeps one message in
+// flight per partition, so a consumer's concurrency is the number of
+// partitions it owns. Config.OverlayEnv applies the same variables from any
+// lookup function, which is how tests avoid the process environment.
+//
+// # Errors
+//
+// Every configuration problem is a *ConfigError with the field's YAML path:
+//
+//	brokers: config field "kafka.brokers": entry 0 ("kafka") is not host:port
+//
+// Validate never panics, and NewSubscriber/NewPublisher validate first, so a
+// bad config fails at start-up with that error. Adapter construction errors
+// are wrapped with %w and keep their cause (for example
+// *brokers/amqp.DialError).
+//
+// # Secrets
+//
+// Config.String (and %v, %+v, %#v of Config, amqp.Config, kafka.Config and
+// kafka.SASLConfig) redacts the AMQP URL's password and the Kafka SASL
+// password, so logging the effective configuration at start-up is safe.
+// Validation errors never quote a URL that does not parse (Go's url.Error
+// would print it whole, password included). Config.Options is printed as is:
+// a registered kind that keeps secrets there must redact them itself. The
+// config is not redacted when you marshal it yourself (YAML, JSON).
+//
+// # Registering a kind
+//
+// Register adds an adapter under a name; BROKER=name or kind: name then
+// selects it:
+//
+//	func init() {
+//		err := brokers.Register("nats", brokers.Factory{
+//			NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
+//				return natsSubscriber(c.Options["url"], l)
+//			},
+//			NewPublisher: ...,
+//			Validate: func(c brokers.Config) error { ... }, // optional
+//		})
+//		...
+//	}
+//
+// Names are lower case ([a-z0-9_.-], up to 63 characters). Register returns
+// ErrInvalidKind or ErrKindRegistered instead of panicking; the built-in
+// names are taken.
+//
+// # The gochannel kind
+//
+// "gochannel" is Watermill's in-process GoChannel, for tests and examples.
+// All publishers and subscribers built from equal GoChannelConfig values
+// share one process-wide GoChannel, so a publisher and a subscriber built
+// from the same Config talk to each other; a different Name is a separate
+// broker. The shared instance lives while at least one publisher or
+// subscriber built on it is open and is closed (dropping persisted messages)
+// with the last one. Closing a subscriber ends only its own subscriptions.
+// GoChannel re-sends a nacked message at once, with no delay: fine for tests.
+//
+// # Delivery guarantees, per adapter
+//
+// Both real adapters deliver at least once; claimtx's claim makes the
+// handler's effect happen at most once. What each broker does with an
+// unacked or nacked message, and why, is in the brokers/amqp and
+// brokers/kafka documentation. brokers/kafka/devbroker is an in-process
+// Kafka-protocol broker for development and CI.
+package brokers

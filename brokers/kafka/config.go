@@ -1,0 +1,385 @@
+package kafka
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/claimtx/claimtx/brokers/internal/configerror"
+	"github.com/claimtx/claimtx/brokers/internal/secret"
+)
+
+// ConfigError is returned by Validate and the constructors for a field that
+// cannot be used. It is the same type as brokers.ConfigError.
+type ConfigError = configerror.Error
+
+// Defaults. Each Config field's documentation repeats the value.
+const (
+	DefaultBroker           = "127.0.0.1:9092"
+	DefaultConsumerGroup    = "claimtx"
+	DefaultInitialOffset    = OffsetOldest
+	DefaultVersion          = "3.6.0"
+	DefaultClientID         = "claimtx"
+	DefaultMaxWaitTime      = 100 * time.Millisecond
+	DefaultSessionTimeout   = 10 * time.Second
+	DefaultRebalanceTimeout = 60 * time.Second
+	DefaultCommitInterval   = time.Second
+	DefaultNackDelay        = time.Second
+	DefaultDialTimeout      = 30 * time.Second
+	DefaultReconnectBackoff = time.Second
+)
+
+// InitialOffset values.
+const (
+	OffsetOldest = "oldest"
+	OffsetNewest = "newest"
+)
+
+// SASL mechanisms.
+const (
+	SASLPlain       = "PLAIN"
+	SASLScramSHA256 = "SCRAM-SHA-256"
+	SASLScramSHA512 = "SCRAM-SHA-512"
+)
+
+// Config configures the Kafka adapter. The zero value is usable: every zero
+// field takes the default named in its documentation.
+type Config struct {
+	// Brokers are the bootstrap addresses (host:port).
+	// Defaults to ["127.0.0.1:9092"].
+	Brokers []string `yaml:"brokers"`
+
+	// ConsumerGroup is the consumer group every Subscribe joins. Instances
+	// with the same group share the partitions; each group gets every
+	// message. Defaults to "claimtx".
+	ConsumerGroup string `yaml:"consumer_group"`
+
+	// InitialOffset is where a group starts on a partition it has no
+	// committed offset for: "oldest" (everything retained) or "newest"
+	// (only messages produced after the group joined). "oldest" is the only
+	// choice that loses nothing for a new consumer; claims make the replay
+	// of old messages harmless. Defaults to "oldest".
+	InitialOffset string `yaml:"initial_offset"`
+
+	// Version is the Kafka protocol version Sarama speaks, as "X.Y.Z".
+	// 3.6.0 is verified against kfake and real brokers from 3.6 on; older
+	// clusters need their own version here. Defaults to "3.6.0".
+	Version string `yaml:"version"`
+
+	// ClientID is sent with every request (broker logs, quotas).
+	// Defaults to "claimtx".
+	ClientID string `yaml:"client_id"`
+
+	// MaxWaitTime is how long a fetch waits on the broker for data. It is
+	// also how long Subscriber.Close and offset commits can wait behind an
+	// open fetch, so it is kept short (Sarama's own default is 500ms, and
+	// Sarama warns below 100ms). Defaults to 100ms.
+	MaxWaitTime time.Duration `yaml:"max_wait_time"`
+
+	// SessionTimeout is how long the group coordinator waits without a
+	// heartbeat before it evicts a member and gives its partitions to the
+	// others. Shorter means faster failover after a crash, longer tolerates
+	// longer pauses (GC, overloaded hosts). Brokers enforce
+	// group.min/max.session.timeout.ms (kfake: GroupMinSessionTimeout).
+	// Defaults to 10s.
+	SessionTimeout time.Duration `yaml:"session_timeout"`
+
+	// HeartbeatInterval is how often a member heartbeats; it must be below
+	// SessionTimeout. Defaults to SessionTimeout/3.
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+
+	// RebalanceTimeout is how long the coordinator waits for every member to
+	// rejoin during a rebalance; a member that does not make it is dropped.
+	// It also bounds how long a member finishing its in-flight messages may
+	// delay a rebalance. Tests shorten it. Defaults to 60s.
+	RebalanceTimeout time.Duration `yaml:"rebalance_timeout"`
+
+	// CommitInterval is how often marked (acked) offsets are committed.
+	// After a crash, up to this much acked work is delivered again; the
+	// claim turns those redeliveries into duplicates. Defaults to 1s.
+	CommitInterval time.Duration `yaml:"commit_interval"`
+
+	// NackDelay is how long watermill-kafka waits before it re-sends a nacked
+	// message. Kafka cannot requeue one message: a nack re-sends the same
+	// message in memory, forever, and the partition makes no progress until
+	// it is acked. The router's Retry and Poison middleware bound that; this
+	// only keeps the loop from spinning. A negative value disables the delay.
+	// Defaults to 1s.
+	NackDelay time.Duration `yaml:"nack_delay"`
+
+	// DialTimeout bounds how long NewPublisher and the first Subscribe retry
+	// while no broker is reachable, instead of failing start-up. A negative
+	// value means a single attempt. Defaults to 30s.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+
+	// ReconnectBackoff is the wait between those start-up attempts, and
+	// watermill-kafka's wait before it re-creates a consumer that failed.
+	// Defaults to 1s.
+	ReconnectBackoff time.Duration `yaml:"reconnect_backoff"`
+
+	// TLS enables TLS to the brokers.
+	TLS TLSConfig `yaml:"tls"`
+
+	// SASL enables SASL authentication. Its password is redacted whenever
+	// the config is printed.
+	SASL SASLConfig `yaml:"sasl"`
+}
+
+// TLSConfig is passed to Sarama's Net.TLS.
+type TLSConfig struct {
+	// Enabled turns TLS on. The system roots verify the brokers unless
+	// CAFile is set. Defaults to false.
+	Enabled bool `yaml:"enabled"`
+	// CAFile is a PEM file of CA certificates to trust. Defaults to "".
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the client certificate and key (PEM) for
+	// mutual TLS. Both or neither. Default to "".
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// ServerName overrides the name verified in the brokers' certificates.
+	// Defaults to the host of each broker address.
+	ServerName string `yaml:"server_name"`
+	// InsecureSkipVerify disables certificate verification: anyone on the
+	// path can read and change the traffic. Only for local experiments.
+	// Defaults to false.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+}
+
+// SASLConfig is passed to Sarama's Net.SASL.
+type SASLConfig struct {
+	// Mechanism is "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512"; empty
+	// disables SASL. PLAIN sends the password as is: use it with TLS.
+	// Defaults to "".
+	Mechanism string `yaml:"mechanism"`
+	// User is the SASL user name. Defaults to "".
+	User string `yaml:"user"`
+	// Password is the SASL password. Defaults to "".
+	Password string `yaml:"password"`
+}
+
+// String prints the SASL settings with the password redacted.
+func (s SASLConfig) String() string {
+	return fmt.Sprintf("{Mechanism:%q User:%q Password:%q}", s.Mechanism, s.User, secret.Redact(s.Password))
+}
+
+// GoString makes %#v redact too.
+func (s SASLConfig) GoString() string { return "kafka.SASLConfig" + s.String() }
+
+// WithDefaults returns a copy of c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	if len(c.Brokers) == 0 {
+		c.Brokers = []string{DefaultBroker}
+	}
+	if c.ConsumerGroup == "" {
+		c.ConsumerGroup = DefaultConsumerGroup
+	}
+	if c.InitialOffset == "" {
+		c.InitialOffset = DefaultInitialOffset
+	}
+	if c.Version == "" {
+		c.Version = DefaultVersion
+	}
+	if c.ClientID == "" {
+		c.ClientID = DefaultClientID
+	}
+	if c.MaxWaitTime == 0 {
+		c.MaxWaitTime = DefaultMaxWaitTime
+	}
+	if c.SessionTimeout == 0 {
+		c.SessionTimeout = DefaultSessionTimeout
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = c.SessionTimeout / 3
+	}
+	if c.RebalanceTimeout == 0 {
+		c.RebalanceTimeout = DefaultRebalanceTimeout
+	}
+	if c.CommitInterval == 0 {
+		c.CommitInterval = DefaultCommitInterval
+	}
+	if c.NackDelay == 0 {
+		c.NackDelay = DefaultNackDelay
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultDialTimeout
+	}
+	if c.ReconnectBackoff == 0 {
+		c.ReconnectBackoff = DefaultReconnectBackoff
+	}
+	return c
+}
+
+// Validate reports the first field that cannot be used, as a *ConfigError.
+// Zero fields are valid: they take their defaults. Field names are the YAML
+// keys; brokers.Config.Validate prefixes them with "kafka.".
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	for i, b := range c.Brokers {
+		host, port, err := net.SplitHostPort(strings.TrimSpace(b))
+		if err != nil || host == "" || port == "" {
+			return configerror.New("brokers", "entry %d (%q) is not host:port", i, b)
+		}
+	}
+	if strings.TrimSpace(c.ConsumerGroup) != c.ConsumerGroup {
+		return configerror.New("consumer_group", "must not start or end with spaces, got %q", c.ConsumerGroup)
+	}
+	if c.InitialOffset != OffsetOldest && c.InitialOffset != OffsetNewest {
+		return configerror.New("initial_offset", "must be %q or %q, got %q", OffsetOldest, OffsetNewest, c.InitialOffset)
+	}
+	if _, err := sarama.ParseKafkaVersion(c.Version); err != nil {
+		return &ConfigError{Field: "version", Reason: fmt.Sprintf("not a Kafka version (X.Y.Z): %q", c.Version), Err: err}
+	}
+	switch {
+	case c.MaxWaitTime < time.Millisecond:
+		return configerror.New("max_wait_time", "must be at least 1ms, got %s", c.MaxWaitTime)
+	case c.SessionTimeout < time.Millisecond:
+		return configerror.New("session_timeout", "must be at least 1ms, got %s", c.SessionTimeout)
+	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout:
+		return configerror.New("heartbeat_interval", "must be positive and below session_timeout (%s), got %s", c.SessionTimeout, c.HeartbeatInterval)
+	case c.RebalanceTimeout < time.Millisecond:
+		return configerror.New("rebalance_timeout", "must be at least 1ms, got %s", c.RebalanceTimeout)
+	case c.CommitInterval < time.Millisecond:
+		return configerror.New("commit_interval", "must be at least 1ms, got %s", c.CommitInterval)
+	case c.ReconnectBackoff < 0:
+		return configerror.New("reconnect_backoff", "must not be negative, got %s", c.ReconnectBackoff)
+	}
+	if err := c.TLS.validate(); err != nil {
+		return err
+	}
+	switch c.SASL.Mechanism {
+	case "":
+		if c.SASL.User != "" || c.SASL.Password != "" {
+			return configerror.New("sasl.mechanism", "must be set when sasl.user or sasl.password is")
+		}
+	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
+		if c.SASL.User == "" {
+			return configerror.New("sasl.user", "must not be empty with mechanism %s", c.SASL.Mechanism)
+		}
+	default:
+		return configerror.New("sasl.mechanism", "must be %s, %s or %s, got %q", SASLPlain, SASLScramSHA256, SASLScramSHA512, c.SASL.Mechanism)
+	}
+	return nil
+}
+
+func (t TLSConfig) validate() error {
+	if !t.Enabled {
+		if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" {
+			return configerror.New("tls.enabled", "must be true when TLS files are set")
+		}
+		return nil
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return configerror.New("tls.cert_file", "cert_file and key_file must be set together")
+	}
+	return nil
+}
+
+// String prints the config with the SASL password redacted.
+func (c Config) String() string {
+	return fmt.Sprintf("{Brokers:%v ConsumerGroup:%q InitialOffset:%q Version:%q ClientID:%q MaxWaitTime:%s SessionTimeout:%s HeartbeatInterval:%s RebalanceTimeout:%s CommitInterval:%s NackDelay:%s DialTimeout:%s ReconnectBackoff:%s TLS:%+v SASL:%s}",
+		c.Brokers, c.ConsumerGroup, c.InitialOffset, c.Version, c.ClientID, c.MaxWaitTime, c.SessionTimeout,
+		c.HeartbeatInterval, c.RebalanceTimeout, c.CommitInterval, c.NackDelay, c.DialTimeout, c.ReconnectBackoff,
+		c.TLS, c.SASL)
+}
+
+// GoString makes %#v redact too.
+func (c Config) GoString() string { return "kafka.Config" + c.String() }
+
+// SaramaConfig returns the Sarama configuration c maps to (defaults applied),
+// for tools that talk to the same cluster with Sarama directly.
+func (c Config) SaramaConfig() (*sarama.Config, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	c = c.WithDefaults()
+	version, _ := sarama.ParseKafkaVersion(c.Version)
+
+	sc := sarama.NewConfig()
+	sc.ClientID = c.ClientID
+	sc.Version = version
+
+	sc.Consumer.Return.Errors = true
+	sc.Consumer.MaxWaitTime = c.MaxWaitTime
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	if c.InitialOffset == OffsetNewest {
+		sc.Consumer.Offsets.Initial = sarama.OffsetNewest
+	}
+	sc.Consumer.Offsets.AutoCommit.Enable = true
+	sc.Consumer.Offsets.AutoCommit.Interval = c.CommitInterval
+	sc.Consumer.Group.Session.Timeout = c.SessionTimeout
+	sc.Consumer.Group.Heartbeat.Interval = c.HeartbeatInterval
+	sc.Consumer.Group.Rebalance.Timeout = c.RebalanceTimeout
+
+	// A sync producer that waits for all in-sync replicas; idempotence
+	// keeps Sarama's own retries from writing a message twice.
+	sc.Producer.Return.Successes = true
+	sc.Producer.Return.Errors = true
+	sc.Producer.RequiredAcks = sarama.WaitForAll
+	sc.Producer.Retry.Max = 10
+	if version.IsAtLeast(sarama.V0_11_0_0) {
+		sc.Producer.Idempotent = true
+		sc.Net.MaxOpenRequests = 1
+	}
+
+	if c.TLS.Enabled {
+		tc, err := c.TLS.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		sc.Net.TLS.Enable = true
+		sc.Net.TLS.Config = tc
+	}
+	if c.SASL.Mechanism != "" {
+		sc.Net.SASL.Enable = true
+		sc.Net.SASL.Handshake = true
+		sc.Net.SASL.User = c.SASL.User
+		sc.Net.SASL.Password = c.SASL.Password
+		switch c.SASL.Mechanism {
+		case SASLPlain:
+			sc.Net.SASL.Mechanism = sarama.SASLTypePlaintext
+		case SASLScramSHA256:
+			sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA256
+			sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{sha512: false} }
+		case SASLScramSHA512:
+			sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA512
+			sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{sha512: true} }
+		}
+	}
+	if err := sc.Validate(); err != nil {
+		return nil, &ConfigError{Field: "kafka", Reason: "rejected by Sarama: " + err.Error(), Err: err}
+	}
+	return sc, nil
+}
+
+func (t TLSConfig) tlsConfig() (*tls.Config, error) {
+	tc := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         t.ServerName,
+		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // opt-in, documented as unsafe
+	}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, &ConfigError{Field: "tls.ca_file", Reason: err.Error(), Err: err}
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, configerror.New("tls.ca_file", "no PEM certificate found in %s", t.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, &ConfigError{Field: "tls.cert_file", Reason: err.Error(), Err: err}
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}

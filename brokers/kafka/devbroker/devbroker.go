@@ -1,0 +1,252 @@
+package devbroker
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Defaults. Each Options field's documentation repeats the value.
+const (
+	DefaultAddr                   = "127.0.0.1:9092"
+	DefaultPartitions             = 10
+	DefaultGroupMinSessionTimeout = 100 * time.Millisecond
+	DefaultEvictionMargin         = time.Second
+	DefaultEvictionPollInterval   = 250 * time.Millisecond
+)
+
+// Options configures Start. The zero value is usable.
+type Options struct {
+	// Addr is the host:port to listen on; the host must be an address
+	// clients can reach, because it is what the broker advertises in its
+	// metadata ("0.0.0.0" would be handed to clients as is). Use
+	// "127.0.0.1:0" for a free port and read it back with Broker.Addrs.
+	// Defaults to "127.0.0.1:9092".
+	Addr string
+
+	// DataDir, when set, makes the broker keep topics, records, committed
+	// offsets and group state in this directory (kfake's own persistence)
+	// and reload them on the next Start with the same directory. Empty keeps
+	// everything in memory. Defaults to "".
+	DataDir string
+
+	// GroupMinSessionTimeout is the smallest consumer session timeout the
+	// broker accepts (group.min.session.timeout.ms). Real brokers default to
+	// 6s; the dev broker accepts short ones so tests can fail over fast.
+	// Defaults to 100ms.
+	GroupMinSessionTimeout time.Duration
+
+	// Partitions is the partition count of auto-created topics.
+	// Defaults to 10.
+	Partitions int
+
+	// DisableAutoCreateTopics makes the broker refuse to create topics on
+	// first use (metadata requests and produce). Defaults to false: topics
+	// are created as they are used, like a development Kafka.
+	DisableAutoCreateTopics bool
+
+	// DisableEviction turns off the silent-member eviction described in the
+	// package documentation. Defaults to false.
+	DisableEviction bool
+
+	// EvictionMargin is added to a member's session timeout before the
+	// broker evicts it for silence. Defaults to 1s.
+	EvictionMargin time.Duration
+
+	// EvictionPollInterval is how often group state is checked for silent
+	// members. Defaults to 250ms.
+	EvictionPollInterval time.Duration
+
+	// OnEvict, if set, is called after each eviction (from the broker's
+	// eviction goroutine). Defaults to nil.
+	OnEvict func(Eviction)
+
+	// Logger receives the broker's logs: kfake's warnings and errors, and
+	// one Info line per eviction. kfake's per-connection chatter goes to
+	// Debug. Defaults to discarding everything.
+	Logger *slog.Logger
+}
+
+func (o Options) withDefaults() Options {
+	if o.Addr == "" {
+		o.Addr = DefaultAddr
+	}
+	if o.GroupMinSessionTimeout == 0 {
+		o.GroupMinSessionTimeout = DefaultGroupMinSessionTimeout
+	}
+	if o.Partitions == 0 {
+		o.Partitions = DefaultPartitions
+	}
+	if o.EvictionMargin == 0 {
+		o.EvictionMargin = DefaultEvictionMargin
+	}
+	if o.EvictionPollInterval == 0 {
+		o.EvictionPollInterval = DefaultEvictionPollInterval
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return o
+}
+
+func (o Options) validate() error {
+	host, _, err := net.SplitHostPort(o.Addr)
+	if err != nil {
+		return fmt.Errorf("devbroker: Addr %q is not host:port: %w", o.Addr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return fmt.Errorf("devbroker: Addr %q: the host is advertised to clients, so it must be a reachable address, not a wildcard", o.Addr)
+	}
+	switch {
+	case o.GroupMinSessionTimeout < 0:
+		return fmt.Errorf("devbroker: GroupMinSessionTimeout must not be negative, got %s", o.GroupMinSessionTimeout)
+	case o.Partitions < 0:
+		return fmt.Errorf("devbroker: Partitions must be positive, got %d", o.Partitions)
+	case o.EvictionMargin < 0:
+		return fmt.Errorf("devbroker: EvictionMargin must not be negative, got %s", o.EvictionMargin)
+	case o.EvictionPollInterval < 0:
+		return fmt.Errorf("devbroker: EvictionPollInterval must not be negative, got %s", o.EvictionPollInterval)
+	}
+	return nil
+}
+
+// Broker is a running dev broker.
+type Broker struct {
+	cluster *kfake.Cluster
+	logger  *slog.Logger
+	ev      *evictor
+
+	stop      context.CancelFunc
+	done      chan struct{} // closed when the eviction loop and ctx watcher exit
+	closeOnce sync.Once
+}
+
+// Start starts a single-node Kafka-protocol broker in this process and
+// returns once it accepts connections. It runs until Close is called or ctx
+// ends.
+func Start(ctx context.Context, opts Options) (*Broker, error) {
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+
+	addr := opts.Addr
+	kopts := []kfake.Opt{
+		kfake.NumBrokers(1),
+		kfake.ClusterID("claimtx-devbroker"),
+		// kfake always asks for 127.0.0.1:<port>; we listen where we were told.
+		kfake.ListenFn(func(network, _ string) (net.Listener, error) { return net.Listen(network, addr) }),
+		kfake.GroupMinSessionTimeout(opts.GroupMinSessionTimeout),
+		kfake.DefaultNumPartitions(opts.Partitions),
+		kfake.WithLogger(slogAdapter{opts.Logger}),
+	}
+	if !opts.DisableAutoCreateTopics {
+		kopts = append(kopts, kfake.AllowAutoTopicCreation())
+	}
+	if opts.DataDir != "" {
+		kopts = append(kopts, kfake.DataDir(opts.DataDir))
+	}
+	cluster, err := kfake.NewCluster(kopts...)
+	if err != nil {
+		return nil, fmt.Errorf("devbroker: start on %s: %w", opts.Addr, err)
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	b := &Broker{
+		cluster: cluster,
+		logger:  opts.Logger,
+		stop:    stop,
+		done:    make(chan struct{}),
+	}
+
+	var loops sync.WaitGroup
+	if !opts.DisableEviction {
+		client, err := kgo.NewClient(
+			kgo.SeedBrokers(cluster.ListenAddrs()...),
+			kgo.ClientID("claimtx-devbroker-evictor"),
+		)
+		if err != nil {
+			stop()
+			cluster.Close()
+			return nil, fmt.Errorf("devbroker: eviction client: %w", err)
+		}
+		b.ev = newEvictor(cluster, client, opts)
+		b.ev.observe()
+		loops.Add(1)
+		go func() {
+			defer loops.Done()
+			b.ev.run(runCtx)
+		}()
+	}
+	go func() {
+		loops.Wait()
+		<-runCtx.Done()
+		close(b.done)
+	}()
+	go func() {
+		// ctx ending stops the broker, as documented.
+		<-runCtx.Done()
+		_ = b.Close()
+	}()
+
+	opts.Logger.Info("devbroker started", "addrs", cluster.ListenAddrs(), "data_dir", opts.DataDir)
+	return b, nil
+}
+
+// Addrs returns the addresses the broker listens on (one).
+func (b *Broker) Addrs() []string { return b.cluster.ListenAddrs() }
+
+// Cluster returns the underlying kfake cluster, for tests that want to look
+// at group state (GroupInfo, WaitGroupStable) or inject faults.
+func (b *Broker) Cluster() *kfake.Cluster { return b.cluster }
+
+// Close stops the broker: with a DataDir, it saves its state first. It is
+// idempotent and safe to call from several goroutines.
+func (b *Broker) Close() error {
+	b.closeOnce.Do(func() {
+		b.stop()
+		// The eviction loop must be gone before the cluster closes:
+		// kfake's GroupInfo blocks forever on a closed cluster (its admin
+		// channel has no reader once the run loop exits).
+		<-b.done
+		if b.ev != nil {
+			b.ev.client.Close()
+		}
+		b.cluster.Close()
+		b.logger.Info("devbroker stopped")
+	})
+	return nil
+}
+
+// slogAdapter sends kfake's logs to slog.
+type slogAdapter struct{ l *slog.Logger }
+
+func (a slogAdapter) Logf(level kfake.LogLevel, format string, args ...any) {
+	var l slog.Level
+	switch level {
+	case kfake.LogLevelError:
+		l = slog.LevelError
+	case kfake.LogLevelWarn:
+		l = slog.LevelWarn
+	case kfake.LogLevelInfo:
+		// kfake logs every dropped client connection at Info.
+		l = slog.LevelDebug
+	default:
+		l = slog.LevelDebug - 4
+	}
+	ctx := context.Background()
+	if !a.l.Enabled(ctx, l) {
+		return
+	}
+	a.l.Log(ctx, l, "kfake: "+fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,280 @@
+package devbroker
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Eviction describes one member the broker removed from its group.
+type Eviction struct {
+	Group          string
+	MemberID       string
+	InstanceID     string // empty for dynamic members
+	ClientID       string
+	ClientHost     string
+	State          string        // the group's state when the member was evicted
+	Silent         time.Duration // how long the member had sent nothing
+	SessionTimeout time.Duration // the session timeout it was held to
+}
+
+// fallbackSessionTimeout is used for a member whose join we never saw with
+// its member ID (JoinGroup v0-v3 with an empty ID) in a group whose joins we
+// never saw at all (the broker restarted from its data directory).
+const fallbackSessionTimeout = 45 * time.Second
+
+// evictor implements the remedy for kfake's missing session timer: see the
+// package documentation, "Silent members".
+type evictor struct {
+	cluster *kfake.Cluster
+	client  *kgo.Client
+	opts    Options
+
+	mu     sync.Mutex
+	groups map[string]*groupTrack
+}
+
+type groupTrack struct {
+	classic    bool // we saw a classic JoinGroup for it
+	nextGen    bool // a KIP-848 group: kfake runs its session timers; we keep out
+	maxSession time.Duration
+	members    map[string]*memberTrack
+	lastState  string
+	lastEpoch  int32
+	seenPoll   bool
+}
+
+type memberTrack struct {
+	lastSeen time.Time
+	session  time.Duration
+}
+
+func newEvictor(c *kfake.Cluster, client *kgo.Client, opts Options) *evictor {
+	return &evictor{cluster: c, client: client, opts: opts, groups: make(map[string]*groupTrack)}
+}
+
+// observe registers control functions that record group requests and never
+// handle them (they return handled=false, so kfake processes the request as
+// usual and keeps the function registered).
+func (e *evictor) observe() {
+	keys := []int16{
+		int16(kmsg.JoinGroup), int16(kmsg.SyncGroup), int16(kmsg.Heartbeat),
+		int16(kmsg.LeaveGroup), int16(kmsg.OffsetCommit), int16(kmsg.ConsumerGroupHeartbeat),
+	}
+	for _, k := range keys {
+		e.cluster.ControlKey(k, func(req kmsg.Request) (kmsg.Response, error, bool) {
+			e.record(req, time.Now())
+			return nil, nil, false
+		})
+	}
+}
+
+func (e *evictor) group(name string) *groupTrack {
+	g := e.groups[name]
+	if g == nil {
+		g = &groupTrack{members: make(map[string]*memberTrack)}
+		e.groups[name] = g
+	}
+	return g
+}
+
+func (e *evictor) record(req kmsg.Request, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	seen := func(g *groupTrack, member string) *memberTrack {
+		if member == "" {
+			return nil
+		}
+		m := g.members[member]
+		if m == nil {
+			m = &memberTrack{}
+			g.members[member] = m
+		}
+		m.lastSeen = now
+		return m
+	}
+	switch r := req.(type) {
+	case *kmsg.JoinGroupRequest:
+		g := e.group(r.Group)
+		g.classic = true
+		session := time.Duration(r.SessionTimeoutMillis) * time.Millisecond
+		g.maxSession = max(g.maxSession, session)
+		if m := seen(g, r.MemberID); m != nil {
+			m.session = session
+		}
+	case *kmsg.SyncGroupRequest:
+		seen(e.group(r.Group), r.MemberID)
+	case *kmsg.HeartbeatRequest:
+		seen(e.group(r.Group), r.MemberID)
+	case *kmsg.OffsetCommitRequest:
+		if r.MemberID != "" {
+			seen(e.group(r.Group), r.MemberID)
+		}
+	case *kmsg.LeaveGroupRequest:
+		g := e.group(r.Group)
+		delete(g.members, r.MemberID)
+		for _, m := range r.Members {
+			delete(g.members, m.MemberID)
+		}
+	case *kmsg.ConsumerGroupHeartbeatRequest:
+		e.group(r.Group).nextGen = true
+	}
+}
+
+func (e *evictor) run(ctx context.Context) {
+	t := time.NewTicker(e.opts.EvictionPollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, ev := range e.findSilent(time.Now()) {
+			e.evict(ctx, ev)
+		}
+	}
+}
+
+// findSilent polls every classic group we know and returns the members that
+// have been silent past their session timeout plus the margin.
+//
+// Group states:
+//   - PreparingRebalance: members legitimately wait in JoinGroup without
+//     heartbeating, up to the rebalance timeout, and kfake's rebalance timer
+//     handles members that never rejoin. We do nothing.
+//   - After a rebalance (the generation changed, or the group left
+//     PreparingRebalance) every member gets a fresh session timeout from
+//     that moment: its JoinGroup may have been parked for a long time, and
+//     it needs the JoinGroup response before it can send SyncGroup.
+//   - CompletingRebalance and Stable: a live member sends SyncGroup and then
+//     heartbeats; one that stays silent past its session timeout + margin is
+//     evicted. This is where kfake's gap is: a member whose JoinGroup reply
+//     could not be written (it died while waiting) gets no session timer,
+//     stays a member and keeps the partitions the leader assigned to it.
+func (e *evictor) findSilent(now time.Time) []Eviction {
+	e.mu.Lock()
+	names := make([]string, 0, len(e.groups))
+	for name, g := range e.groups {
+		if g.classic && !g.nextGen {
+			names = append(names, name)
+		}
+	}
+	e.mu.Unlock()
+	sort.Strings(names)
+
+	var out []Eviction
+	for _, name := range names {
+		// GroupInfo runs on kfake's loop; call it without holding e.mu, so
+		// control functions (which run while that loop waits) never block.
+		info := e.cluster.GroupInfo(name)
+
+		e.mu.Lock()
+		g := e.groups[name]
+		if info == nil {
+			delete(e.groups, name)
+			e.mu.Unlock()
+			continue
+		}
+		rebalanced := g.seenPoll && (info.Epoch != g.lastEpoch ||
+			(g.lastState == "PreparingRebalance" && info.State != g.lastState))
+		g.lastState, g.lastEpoch, g.seenPoll = info.State, info.Epoch, true
+
+		present := make(map[string]bool, len(info.Members))
+		for _, m := range info.Members {
+			present[m.MemberID] = true
+			t := g.members[m.MemberID]
+			if t == nil {
+				// A member we never saw by ID: it joined with an empty ID
+				// (JoinGroup v0-v3) or before a restart. Start its clock now.
+				g.members[m.MemberID] = &memberTrack{lastSeen: now}
+				continue
+			}
+			if rebalanced {
+				t.lastSeen = now
+			}
+		}
+		for id := range g.members {
+			if !present[id] {
+				delete(g.members, id)
+			}
+		}
+		if info.State != "CompletingRebalance" && info.State != "Stable" {
+			e.mu.Unlock()
+			continue
+		}
+		for _, m := range info.Members {
+			t := g.members[m.MemberID]
+			session := t.session
+			if session == 0 {
+				session = g.maxSession
+			}
+			if session == 0 {
+				session = fallbackSessionTimeout
+			}
+			silent := now.Sub(t.lastSeen)
+			if silent <= session+e.opts.EvictionMargin {
+				continue
+			}
+			ev := Eviction{
+				Group: name, MemberID: m.MemberID, ClientID: m.ClientID, ClientHost: m.ClientHost,
+				State: info.State, Silent: silent, SessionTimeout: session,
+			}
+			if m.InstanceID != nil {
+				ev.InstanceID = *m.InstanceID
+			}
+			out = append(out, ev)
+			// Do not count it again while the LeaveGroup is in flight.
+			t.lastSeen = now
+		}
+		e.mu.Unlock()
+	}
+	return out
+}
+
+// evict sends a LeaveGroup on the member's behalf, exactly what the member
+// would have sent on a clean shutdown: kfake removes it and rebalances, and
+// the remaining members take over its partitions.
+func (e *evictor) evict(ctx context.Context, ev Eviction) {
+	member := kmsg.NewLeaveGroupRequestMember()
+	member.MemberID = ev.MemberID
+	if ev.InstanceID != "" {
+		member.InstanceID = kmsg.StringPtr(ev.InstanceID)
+	}
+	req := kmsg.NewPtrLeaveGroupRequest()
+	req.Group = ev.Group
+	req.MemberID = ev.MemberID // LeaveGroup v0-v2
+	req.Members = []kmsg.LeaveGroupRequestMember{member}
+
+	reqCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(reqCtx, e.client)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+		for _, m := range resp.Members {
+			if err == nil {
+				err = kerr.ErrorForCode(m.ErrorCode)
+			}
+		}
+	}
+	attrs := []any{
+		"group", ev.Group, "member_id", ev.MemberID, "client_id", ev.ClientID, "client_host", ev.ClientHost,
+		"state", ev.State, "silent", ev.Silent.Round(time.Millisecond), "session_timeout", ev.SessionTimeout,
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			e.opts.Logger.Warn("devbroker: could not evict silent group member", append(attrs, "err", err)...)
+		}
+		return
+	}
+	e.opts.Logger.Info("devbroker: evicted silent group member", attrs...)
+	if e.opts.OnEvict != nil {
+		e.opts.OnEvict(ev)
+	}
+}

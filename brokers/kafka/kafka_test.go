@@ -1,0 +1,340 @@
+package kafka_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/goleak"
+
+	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// Sarama's metrics (go-metrics) start one process-wide meter
+		// goroutine on first use (meter.go:46) and never stop it.
+		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
+	)
+}
+
+var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
+
+// uniqueName returns a topic/group name unique to this test and run.
+func uniqueName(t *testing.T) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := unsafeChars.ReplaceAllString(t.Name(), "_")
+	if len(name) > 80 {
+		name = name[len(name)-80:]
+	}
+	return "claimtx-test-" + strings.ToLower(name) + "-" + hex.EncodeToString(b)
+}
+
+// startBroker starts a dev broker on a free port for one test.
+func startBroker(t *testing.T) *devbroker.Broker {
+	t.Helper()
+	b, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0", Partitions: 4})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	return b
+}
+
+// testConfig is a Kafka config with short group timings against b.
+func testConfig(t *testing.T, b *devbroker.Broker) kafka.Config {
+	return kafka.Config{
+		Brokers:           b.Addrs(),
+		ConsumerGroup:     uniqueName(t),
+		SessionTimeout:    2 * time.Second,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RebalanceTimeout:  3 * time.Second,
+		CommitInterval:    100 * time.Millisecond,
+		NackDelay:         10 * time.Millisecond,
+		DialTimeout:       5 * time.Second,
+		ReconnectBackoff:  100 * time.Millisecond,
+	}
+}
+
+func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
+	t.Helper()
+	select {
+	case m, ok := <-ch:
+		require.True(t, ok, "messages channel closed")
+		return m
+	case <-time.After(timeout):
+		t.Fatalf("no message within %s", timeout)
+		return nil
+	}
+}
+
+// TestPubSubConformance runs Watermill's Pub/Sub suite against the Kafka
+// adapter and the dev broker. Consumer groups are supported; order is not
+// guaranteed across partitions (topics have 4 here); messages persist.
+// ForceShort keeps the suite's 5000-message variants out: every consumer
+// group join on 2 cores costs a rebalance, and the long form takes minutes.
+// TestReconnect needs a broker restart command and is skipped by the suite.
+func TestPubSubConformance(t *testing.T) {
+	t.Parallel()
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	group := cfg.ConsumerGroup
+	logger := watermill.NopLogger{}
+
+	var mu sync.Mutex
+	var closers []io.Closer
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range closers {
+			_ = c.Close()
+		}
+	})
+	build := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+		c := cfg
+		c.ConsumerGroup = group
+		pub, err := kafka.NewPublisher(c, logger)
+		require.NoError(t, err)
+		sub, err := kafka.NewSubscriber(c, logger)
+		require.NoError(t, err)
+		mu.Lock()
+		closers = append(closers, pub, sub)
+		mu.Unlock()
+		return pub, sub
+	}
+	tests.TestPubSub(t,
+		tests.Features{
+			ConsumerGroups:      true,
+			ExactlyOnceDelivery: false,
+			GuaranteedOrder:     false,
+			Persistent:          true,
+			ForceShort:          testing.Short(),
+		},
+		func(t *testing.T) (message.Publisher, message.Subscriber) { return build(t, group) },
+		build,
+	)
+}
+
+// TestPlainProducer: a franz-go producer that knows nothing of Watermill
+// (no UUID header) with an event_id header and a key.
+func TestPlainProducer(t *testing.T) {
+	t.Parallel()
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	topic := uniqueName(t)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.AllowAutoTopicCreation())
+	require.NoError(t, err)
+	defer cl.Close()
+	ts := time.Date(2024, 2, 3, 4, 5, 6, 7_000_000, time.UTC)
+	res := cl.ProduceSync(t.Context(), &kgo.Record{
+		Topic:     topic,
+		Key:       []byte("order-7"),
+		Value:     []byte(`{"order_id":"order-7"}`),
+		Timestamp: ts,
+		Headers:   []kgo.RecordHeader{{Key: "event_id", Value: []byte("evt-7")}},
+	})
+	require.NoError(t, res.FirstErr())
+	rec := res[0].Record
+
+	sub, err := kafka.NewSubscriber(cfg, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, sub.Close()) }()
+	msgs, err := sub.Subscribe(t.Context(), topic)
+	require.NoError(t, err)
+	m := receive(t, msgs, 15*time.Second)
+	require.True(t, m.Ack())
+
+	require.NotEmpty(t, m.UUID)
+	require.Equal(t, `{"order_id":"order-7"}`, string(m.Payload))
+	require.Equal(t, "evt-7", m.Metadata.Get("event_id"))
+	require.Equal(t, "order-7", m.Metadata.Get(kafka.MetadataKey))
+	require.Equal(t, topic, m.Metadata.Get(kafka.MetadataTopic))
+	require.Equal(t, strconv.Itoa(int(rec.Partition)), m.Metadata.Get(kafka.MetadataPartition))
+	require.Equal(t, strconv.FormatInt(rec.Offset, 10), m.Metadata.Get(kafka.MetadataOffset))
+	require.Equal(t, "2024-02-03T04:05:06.007Z", m.Metadata.Get(kafka.MetadataTimestamp))
+}
+
+// TestGroupStartsFromOldest: a consumer group with no committed offset
+// reads what was produced before it existed.
+func TestGroupStartsFromOldest(t *testing.T) {
+	t.Parallel()
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	topic := uniqueName(t)
+
+	pub, err := kafka.NewPublisher(cfg, nil)
+	require.NoError(t, err)
+	want := map[string]bool{}
+	for i := range 5 {
+		m := message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(i)))
+		want[m.UUID] = true
+		require.NoError(t, pub.Publish(topic, m))
+	}
+	require.NoError(t, pub.Close())
+
+	sub, err := kafka.NewSubscriber(cfg, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, sub.Close()) }()
+	msgs, err := sub.Subscribe(t.Context(), topic)
+	require.NoError(t, err)
+	got := map[string]bool{}
+	for len(got) < len(want) {
+		m := receive(t, msgs, 15*time.Second)
+		got[m.UUID] = true
+		m.Ack()
+	}
+	require.Equal(t, want, got)
+}
+
+// TestRoundTripMetadata: what the publisher sends is what the subscriber
+// gets, plus the kafka_* keys; partition_key becomes the record key.
+func TestRoundTripMetadata(t *testing.T) {
+	t.Parallel()
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	topic := uniqueName(t)
+
+	pub, err := kafka.NewPublisher(cfg, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, pub.Close()) }()
+	sent := message.NewMessage("uuid-rt", []byte("body"))
+	sent.Metadata.Set("event_id", "evt-rt")
+	sent.Metadata.Set(kafka.PartitionKeyMetadata, "customer-1")
+	sent.Metadata.Set(kafka.MetadataOffset, "999") // stale delivery metadata is not published
+	before := time.Now().Add(-time.Second)
+	require.NoError(t, pub.Publish(topic, sent))
+
+	sub, err := kafka.NewSubscriber(cfg, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, sub.Close()) }()
+	msgs, err := sub.Subscribe(t.Context(), topic)
+	require.NoError(t, err)
+	m := receive(t, msgs, 15*time.Second)
+	require.True(t, m.Ack())
+
+	require.Equal(t, "uuid-rt", m.UUID)
+	require.Equal(t, "body", string(m.Payload))
+	require.Equal(t, "evt-rt", m.Metadata.Get("event_id"))
+	require.Equal(t, "customer-1", m.Metadata.Get(kafka.PartitionKeyMetadata))
+	require.Equal(t, "customer-1", m.Metadata.Get(kafka.MetadataKey))
+	require.Equal(t, "0", m.Metadata.Get(kafka.MetadataOffset))
+	ts, err := time.Parse(time.RFC3339Nano, m.Metadata.Get(kafka.MetadataTimestamp))
+	require.NoError(t, err)
+	require.True(t, ts.After(before), "record timestamp %s", ts)
+	require.Len(t, m.Metadata, 7)
+}
+
+// TestNackResends: a nacked message comes back (from memory, same offset)
+// after NackDelay.
+func TestNackResends(t *testing.T) {
+	t.Parallel()
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	cfg.NackDelay = 300 * time.Millisecond
+	topic := uniqueName(t)
+
+	pub, err := kafka.NewPublisher(cfg, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, pub.Close()) }()
+	require.NoError(t, pub.Publish(topic, message.NewMessage("n-1", []byte("x"))))
+
+	sub, err := kafka.NewSubscriber(cfg, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, sub.Close()) }()
+	msgs, err := sub.Subscribe(t.Context(), topic)
+	require.NoError(t, err)
+	first := receive(t, msgs, 15*time.Second)
+	nackedAt := time.Now()
+	first.Nack()
+	again := receive(t, msgs, 15*time.Second)
+	require.GreaterOrEqual(t, time.Since(nackedAt), cfg.NackDelay)
+	require.Equal(t, "n-1", again.UUID)
+	require.Equal(t, first.Metadata.Get(kafka.MetadataOffset), again.Metadata.Get(kafka.MetadataOffset))
+	again.Ack()
+}
+
+// TestSASL: SCRAM and PLAIN credentials reach the broker through Sarama.
+func TestSASL(t *testing.T) {
+	t.Parallel()
+	for _, mech := range []string{kafka.SASLPlain, kafka.SASLScramSHA256, kafka.SASLScramSHA512} {
+		t.Run(mech, func(t *testing.T) {
+			t.Parallel()
+			c, err := kfake.NewCluster(
+				kfake.NumBrokers(1),
+				kfake.EnableSASL(),
+				kfake.Superuser(mech, "app", "app-secret"),
+				kfake.AllowAutoTopicCreation(),
+			)
+			require.NoError(t, err)
+			defer c.Close()
+
+			cfg := kafka.Config{
+				Brokers:     c.ListenAddrs(),
+				DialTimeout: -1,
+				SASL:        kafka.SASLConfig{Mechanism: mech, User: "app", Password: "app-secret"},
+			}
+			pub, err := kafka.NewPublisher(cfg, nil)
+			require.NoError(t, err)
+			require.NoError(t, pub.Publish(uniqueName(t), message.NewMessage("s", nil)))
+			require.NoError(t, pub.Close())
+
+			cfg.SASL.Password = "wrong-secret"
+			_, err = kafka.NewPublisher(cfg, nil)
+			require.Error(t, err)
+			require.NotContains(t, err.Error(), "wrong-secret")
+		})
+	}
+}
+
+// TestDialRetry: with no broker, start-up retries until DialTimeout.
+func TestDialRetry(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+
+	cfg := kafka.Config{Brokers: []string{addr}, DialTimeout: 800 * time.Millisecond, ReconnectBackoff: 100 * time.Millisecond}
+	start := time.Now()
+	_, err = kafka.NewPublisher(cfg, nil)
+	require.Error(t, err)
+	require.GreaterOrEqual(t, time.Since(start), cfg.DialTimeout)
+	require.Contains(t, err.Error(), "gave up after")
+	require.ErrorIs(t, err, sarama.ErrOutOfBrokers)
+
+	sub, err := kafka.NewSubscriber(cfg, nil)
+	require.NoError(t, err, "NewSubscriber does not connect")
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	_, err = sub.Subscribe(ctx, "t")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, sub.Close())
+}
+
+// TestSubscribeAfterClose fails at once instead of retrying.
+func TestSubscribeAfterClose(t *testing.T) {
+	t.Parallel()
+	sub, err := kafka.NewSubscriber(kafka.Config{DialTimeout: time.Minute}, nil)
+	require.NoError(t, err)
+	require.NoError(t, sub.Close())
+	start := time.Now()
+	_, err = sub.Subscribe(t.Context(), "t")
+	require.ErrorContains(t, err, "closed")
+	require.Less(t, time.Since(start), time.Second)
+}

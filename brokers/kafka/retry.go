@@ -1,0 +1,56 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+)
+
+// errPermanent marks an error retryStart must not retry.
+type errPermanent struct{ error }
+
+func (e errPermanent) Unwrap() error { return e.error }
+
+// retryStart calls try until it succeeds, ctx ends or cfg.DialTimeout has
+// passed since the first attempt, waiting cfg.ReconnectBackoff in between.
+// An errPermanent from try is returned at once. what names the operation
+// in the error.
+func retryStart(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, what string, try func() error) error {
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		err := try()
+		if err == nil {
+			return nil
+		}
+		var perm errPermanent
+		if errors.As(err, &perm) {
+			return fmt.Errorf("brokers/kafka: %s: %w", what, perm.error)
+		}
+		fail := func(cause error) error {
+			return fmt.Errorf("brokers/kafka: %s at %v: gave up after %d attempt(s) in %s: %w",
+				what, cfg.Brokers, attempt, time.Since(start).Round(time.Millisecond), cause)
+		}
+		// The context is checked before the deadline: a caller that
+		// cancelled wants to see its own error.
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return fail(errors.Join(ctxErr, err))
+		}
+		remaining := cfg.DialTimeout - time.Since(start)
+		if cfg.DialTimeout < 0 || remaining <= 0 {
+			return fail(err)
+		}
+		logger.Info("Kafka not reachable yet, retrying", watermill.LogFields{
+			"operation": what, "attempt": attempt, "err": err.Error(),
+		})
+		t := time.NewTimer(min(cfg.ReconnectBackoff, remaining))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fail(errors.Join(ctx.Err(), err))
+		case <-t.C:
+		}
+	}
+}

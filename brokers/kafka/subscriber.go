@@ -1,0 +1,88 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Subscriber consumes with a Sarama consumer group (Config.ConsumerGroup)
+// through watermill-kafka. Each partition has at most one message in flight;
+// an ack marks its offset, committed every Config.CommitInterval.
+type Subscriber struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+	sub    *wkafka.Subscriber
+	closed atomic.Bool
+}
+
+var errSubscriberClosed = errors.New("subscriber closed")
+
+var _ message.Subscriber = (*Subscriber)(nil)
+
+// NewSubscriber validates cfg and returns a Subscriber. It does not connect:
+// each Subscribe call opens its own client (and retries, see
+// Config.DialTimeout). A nil logger logs nothing.
+func NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
+	sc, err := cfg.SaramaConfig()
+	if err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
+		Brokers:               cfg.Brokers,
+		Unmarshaler:           Marshaler{},
+		OverwriteSaramaConfig: sc,
+		ConsumerGroup:         cfg.ConsumerGroup,
+		NackResendSleep:       sleepSetting(cfg.NackDelay),
+		ReconnectRetrySleep:   sleepSetting(cfg.ReconnectBackoff),
+	}, logger)
+	if err != nil {
+		return nil, fmt.Errorf("brokers/kafka: create subscriber: %w", err)
+	}
+	return &Subscriber{cfg: cfg, logger: logger, sub: sub}, nil
+}
+
+// sleepSetting maps our "negative disables" to watermill-kafka's NoSleep
+// (its zero means "use the default").
+func sleepSetting(d time.Duration) time.Duration {
+	if d <= 0 {
+		return wkafka.NoSleep
+	}
+	return d
+}
+
+// Subscribe joins the consumer group for topic. The first connection is
+// retried until Config.DialTimeout or ctx ends; after that, watermill-kafka
+// re-creates a failed consumer on its own. The channel is closed when ctx
+// ends or the Subscriber is closed.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	var out <-chan *message.Message
+	err := retryStart(ctx, s.cfg, s.logger, fmt.Sprintf("subscribe to %q", topic), func() error {
+		if s.closed.Load() {
+			return errPermanent{errSubscriberClosed}
+		}
+		var err error
+		out, err = s.sub.Subscribe(ctx, topic)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Close leaves the groups and waits for every subscription to stop.
+func (s *Subscriber) Close() error {
+	s.closed.Store(true)
+	return s.sub.Close()
+}

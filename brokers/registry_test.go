@@ -1,0 +1,172 @@
+package brokers_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/brokers"
+)
+
+func uniqueKind(t *testing.T) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return "test-" + hex.EncodeToString(b)
+}
+
+// TestRegisterCustomKind: a user adapter is selected by name, reads its own
+// options and validates them.
+func TestRegisterCustomKind(t *testing.T) {
+	t.Parallel()
+	kind := uniqueKind(t)
+	var gotRegion string
+	shared := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, nil)
+	t.Cleanup(func() { _ = shared.Close() })
+	require.NoError(t, brokers.Register(kind, brokers.Factory{
+		NewSubscriber: func(c brokers.Config, _ watermill.LoggerAdapter) (message.Subscriber, error) {
+			gotRegion = c.Options["region"]
+			return shared, nil
+		},
+		NewPublisher: func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) {
+			return shared, nil
+		},
+		Validate: func(c brokers.Config) error {
+			if c.Options["region"] == "" {
+				return errors.New("region is required")
+			}
+			return nil
+		},
+	}))
+	require.Contains(t, brokers.Kinds(), kind)
+
+	c, err := brokers.DefaultConfig().OverlayEnv(mapEnv(map[string]string{"BROKER": kind}))
+	require.NoError(t, err)
+
+	err = c.Validate()
+	var ce *brokers.ConfigError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "options", ce.Field)
+	require.Contains(t, ce.Reason, "region is required")
+
+	c.Options = map[string]string{"region": "eu"}
+	pub, err := brokers.NewPublisher(c, nil)
+	require.NoError(t, err)
+	sub, err := brokers.NewSubscriber(c, nil)
+	require.NoError(t, err)
+	require.Equal(t, "eu", gotRegion)
+
+	require.NoError(t, pub.Publish("t", message.NewMessage("1", []byte("x"))))
+	msgs, err := sub.Subscribe(t.Context(), "t")
+	require.NoError(t, err)
+	select {
+	case m := <-msgs:
+		require.Equal(t, "1", m.UUID)
+		m.Ack()
+	case <-time.After(5 * time.Second):
+		t.Fatal("no message")
+	}
+}
+
+func TestRegisterErrors(t *testing.T) {
+	t.Parallel()
+	ok := brokers.Factory{
+		NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) { return nil, nil },
+		NewPublisher:  func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) { return nil, nil },
+	}
+	for _, name := range []string{"", "Upper", "has space", "-lead", string(make([]byte, 64))} {
+		require.ErrorIs(t, brokers.Register(name, ok), brokers.ErrInvalidKind, "%q", name)
+	}
+	require.ErrorIs(t, brokers.Register(uniqueKind(t), brokers.Factory{}), brokers.ErrInvalidKind)
+	for _, builtin := range []string{"amqp", "kafka", "gochannel"} {
+		require.ErrorIs(t, brokers.Register(builtin, ok), brokers.ErrKindRegistered)
+	}
+	kind := uniqueKind(t)
+	require.NoError(t, brokers.Register(kind, ok))
+	require.ErrorIs(t, brokers.Register(kind, ok), brokers.ErrKindRegistered)
+}
+
+// TestFactoryErrorWrapped: an adapter's construction error keeps its cause.
+func TestFactoryErrorWrapped(t *testing.T) {
+	t.Parallel()
+	cause := errors.New("boom")
+	kind := uniqueKind(t)
+	require.NoError(t, brokers.Register(kind, brokers.Factory{
+		NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) { return nil, cause },
+		NewPublisher:  func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) { return nil, cause },
+	}))
+	_, err := brokers.NewSubscriber(brokers.Config{Kind: kind}, nil)
+	require.ErrorIs(t, err, cause)
+	require.ErrorContains(t, err, kind)
+	_, err = brokers.NewPublisher(brokers.Config{Kind: kind}, nil)
+	require.ErrorIs(t, err, cause)
+}
+
+// TestGoChannelShared: a publisher and a subscriber built from the same
+// Config talk to each other; another name is another broker.
+func TestGoChannelShared(t *testing.T) {
+	t.Parallel()
+	cfg := brokers.Config{Kind: brokers.KindGoChannel, GoChannel: brokers.GoChannelConfig{Name: uniqueKind(t)}}
+	sub, err := brokers.NewSubscriber(cfg, nil)
+	require.NoError(t, err)
+	other := cfg
+	other.GoChannel.Name += "-other"
+	otherSub, err := brokers.NewSubscriber(other, nil)
+	require.NoError(t, err)
+	defer otherSub.Close()
+
+	msgs, err := sub.Subscribe(t.Context(), "orders")
+	require.NoError(t, err)
+	otherMsgs, err := otherSub.Subscribe(t.Context(), "orders")
+	require.NoError(t, err)
+
+	pub, err := brokers.NewPublisher(cfg, nil)
+	require.NoError(t, err)
+	m := message.NewMessage("m1", []byte("x"))
+	m.Metadata.Set("event_id", "e1")
+	require.NoError(t, pub.Publish("orders", m))
+
+	select {
+	case got := <-msgs:
+		require.Equal(t, "e1", got.Metadata.Get("event_id"))
+		got.Ack()
+	case <-time.After(5 * time.Second):
+		t.Fatal("no message")
+	}
+	select {
+	case got := <-otherMsgs:
+		t.Fatalf("other GoChannel got %s", got.UUID)
+	case <-time.After(50 * time.Millisecond):
+	}
+
+	// Closing the publisher does not stop the subscriber's GoChannel.
+	require.NoError(t, pub.Close())
+	require.Error(t, pub.Publish("orders", m))
+	pub2, err := brokers.NewPublisher(cfg, nil)
+	require.NoError(t, err)
+	require.NoError(t, pub2.Publish("orders", message.NewMessage("m2", nil)))
+	select {
+	case got := <-msgs:
+		require.Equal(t, "m2", got.UUID)
+		got.Ack()
+	case <-time.After(5 * time.Second):
+		t.Fatal("no message after the first publisher closed")
+	}
+
+	// Closing the subscriber ends its subscriptions.
+	require.NoError(t, sub.Close())
+	require.Eventually(t, func() bool {
+		_, open := <-msgs
+		return !open
+	}, 5*time.Second, time.Millisecond)
+	_, err = sub.Subscribe(context.Background(), "orders")
+	require.Error(t, err)
+	require.NoError(t, pub2.Close())
+}

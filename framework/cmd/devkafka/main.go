@@ -1,0 +1,107 @@
+// Command devkafka runs an in-process Kafka-protocol broker for development,
+// demos and CI, where no Kafka server is installed. It is
+// brokers/kafka/devbroker (kfake underneath, plus eviction of group members
+// that died while joining) as a process.
+//
+// Usage:
+//
+//	devkafka [-addr 127.0.0.1:9092] [-data-dir DIR] [-partitions 10]
+//	         [-min-session-timeout 100ms] [-log-level info]
+//
+// -addr defaults to the first address of KAFKA_BROKERS, or 127.0.0.1:9092.
+// -data-dir defaults to DEVKAFKA_DATA_DIR; empty keeps everything in memory.
+// Once the broker accepts connections, devkafka prints exactly one line on
+// standard output,
+//
+//	devkafka listening on 127.0.0.1:9092
+//
+// which scripts can wait for; logs go to standard error. It runs until
+// SIGINT or SIGTERM, then saves its state (with a data directory) and exits
+// with status 0.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// defaultAddr is the first address of KAFKA_BROKERS, so that the broker
+// listens where the services configured by the same environment look.
+func defaultAddr(getenv func(string) string) string {
+	for _, a := range strings.Split(getenv("KAFKA_BROKERS"), ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			return a
+		}
+	}
+	return devbroker.DefaultAddr
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("devkafka", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", defaultAddr(getenv), "host:port to listen on and advertise (default: first of KAFKA_BROKERS)")
+	dataDir := fs.String("data-dir", getenv("DEVKAFKA_DATA_DIR"), "directory to keep topics, offsets and groups in across restarts (default: DEVKAFKA_DATA_DIR; empty: memory only)")
+	partitions := fs.Int("partitions", devbroker.DefaultPartitions, "partitions of auto-created topics")
+	minSession := fs.Duration("min-session-timeout", devbroker.DefaultGroupMinSessionTimeout, "smallest consumer group session timeout accepted")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		_, _ = fmt.Fprintf(stderr, "devkafka: unexpected arguments: %v\n", fs.Args())
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		_, _ = fmt.Fprintf(stderr, "devkafka: -log-level: %v\n", err)
+		return 2
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	b, err := devbroker.Start(ctx, devbroker.Options{
+		Addr:                   *addr,
+		DataDir:                *dataDir,
+		Partitions:             *partitions,
+		GroupMinSessionTimeout: *minSession,
+		Logger:                 logger,
+	})
+	if err != nil {
+		logger.Error("devkafka: cannot start", "err", err)
+		return 1
+	}
+	if _, err := fmt.Fprintf(stdout, "devkafka listening on %s\n", b.Addrs()[0]); err != nil {
+		// Keep serving: the broker works even if nobody reads the ready line.
+		logger.Warn("devkafka: cannot print the ready line", "err", err)
+	}
+
+	<-ctx.Done()
+	logger.Info("devkafka: shutting down")
+	start := time.Now()
+	if err := b.Close(); err != nil {
+		logger.Error("devkafka: close", "err", err)
+		return 1
+	}
+	logger.Info("devkafka: stopped", "took", time.Since(start).Round(time.Millisecond))
+	return 0
+}
