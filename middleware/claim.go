@@ -104,6 +104,10 @@ type Result struct {
 	ClaimWait time.Duration
 	// Duration is the whole time spent in the middleware.
 	Duration time.Duration
+	// FingerprintMismatch is set on a Duplicate whose payload fingerprint
+	// differs from the one stored with the original claim: the same key
+	// for different content is a producer or key-derivation bug.
+	FingerprintMismatch bool
 	Message  *message.Message
 }
 

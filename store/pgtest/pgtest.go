@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net/url"
 	"os"
 	"testing"
 	"time"
@@ -92,4 +93,17 @@ func redacted() string {
 		return "TEST_DATABASE_URL (unparsable)"
 	}
 	return cfg.Host + "/" + cfg.Database
+}
+
+// URLWithSearchPath returns URL() with search_path set to schema, for
+// processes (a consumer under test) that should create their tables there.
+func URLWithSearchPath(schema string) (string, error) {
+	u, err := url.Parse(URL())
+	if err != nil {
+		return "", err
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
 }

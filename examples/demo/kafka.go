@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// kafkaOps publishes like a plain franz-go producer: an event_id header,
+// no Watermill metadata, keyed by event id so copies of an order land on the
+// same partition as the original (as a real producer's retry would).
+type kafkaOps struct {
+	addr, topic string
+	group       string
+	cl          *kgo.Client
+	adm         *kadm.Client
+}
+
+const partitions = 4
+
+func (k *kafkaOps) prepare(ctx context.Context) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.addr), kgo.ProducerLinger(0))
+	if err != nil {
+		return err
+	}
+	k.cl, k.adm = cl, kadm.NewClient(cl)
+	if _, err := k.adm.CreateTopic(ctx, partitions, 1, nil, k.topic); err != nil {
+		return fmt.Errorf("create topic: %w", err)
+	}
+	if _, err := k.adm.CreateTopic(ctx, 1, 1, nil, k.topic+".poison"); err != nil {
+		return fmt.Errorf("create poison topic: %w", err)
+	}
+	return nil
+}
+
+func (k *kafkaOps) publish(ctx context.Context, ds []delivery) error {
+	recs := make([]*kgo.Record, len(ds))
+	for i, d := range ds {
+		recs[i] = &kgo.Record{
+			Topic:   k.topic,
+			Key:     []byte(d.eventID),
+			Value:   d.payload,
+			Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(d.eventID)}},
+		}
+	}
+	return k.cl.ProduceSync(ctx, recs...).FirstErr()
+}
+
+// drained reports that the consumer group's committed offsets reached the
+// end of every partition.
+func (k *kafkaOps) drained(ctx context.Context) (bool, error) {
+	if k.group == "" {
+		return false, fmt.Errorf("kafka group not set")
+	}
+	lags, err := k.adm.Lag(ctx, k.group)
+	if err != nil {
+		return false, err
+	}
+	l, ok := lags[k.group]
+	if !ok || l.Error() != nil {
+		return false, nil
+	}
+	total, seen := int64(0), 0
+	for _, p := range l.Lag[k.topic] {
+		if p.Err != nil || p.Commit.At < 0 {
+			return false, nil
+		}
+		total += p.Lag
+		seen++
+	}
+	return seen == partitions && total == 0, nil
+}
+
+func (k *kafkaOps) poisoned(ctx context.Context) (int, error) {
+	ends, err := k.adm.ListEndOffsets(ctx, k.topic+".poison")
+	if err != nil {
+		return 0, err
+	}
+	n := int64(0)
+	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	return int(n), nil
+}
+
+func (k *kafkaOps) close() {
+	if k.cl != nil {
+		k.cl.Close()
+	}
+}

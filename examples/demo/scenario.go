@@ -1,0 +1,321 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// delivery is one message as a plain (non-Watermill) producer sends it.
+type delivery struct {
+	eventID string
+	payload []byte
+	bad     bool
+}
+
+type order struct {
+	OrderID    int64 `json:"order_id"`
+	CustomerID int64 `json:"customer_id"`
+	TotalCents int64 `json:"total_cents"`
+}
+
+// plan is what gets published and what the database must hold afterwards.
+type plan struct {
+	deliveries     []delivery
+	orders         int
+	bad            int
+	copies, twins  int
+	expectedPoints int64
+}
+
+// makePlan builds n orders, publishes ~30% of them again later as
+// republished copies (a new broker message id, same event), ~10% as twins
+// right behind the original (so consumers process them concurrently), and
+// a handful of messages that cannot be decoded or keyed.
+func makePlan(n int) plan {
+	p := plan{orders: n}
+	var late []delivery
+	for i := 1; i <= n; i++ {
+		o := order{OrderID: int64(i), CustomerID: int64(i%97 + 1), TotalCents: int64(100 + rand.IntN(100_000))}
+		body, _ := json.Marshal(o)
+		d := delivery{eventID: fmt.Sprintf("evt-%d", i), payload: body}
+		p.expectedPoints += o.TotalCents / 100
+		p.deliveries = append(p.deliveries, d)
+		switch r := rand.IntN(100); {
+		case r < 10:
+			p.deliveries = append(p.deliveries, d)
+			p.twins++
+		case r < 40:
+			late = append(late, d)
+			p.copies++
+		}
+	}
+	rand.Shuffle(len(late), func(i, j int) { late[i], late[j] = late[j], late[i] })
+	// Spread the republished copies through the second half of the stream.
+	half := len(p.deliveries) / 2
+	out := append([]delivery(nil), p.deliveries[:half]...)
+	rest := p.deliveries[half:]
+	for i, d := range rest {
+		out = append(out, d)
+		if i < len(late) {
+			out = append(out, late[i])
+		}
+	}
+	if len(late) > len(rest) {
+		out = append(out, late[len(rest):]...)
+	}
+	badPayloads := []string{`{"order_id": `, `not json`, `{"customer_id": 5, "total_cents": 100}`, `{"order_id": [1], "customer_id": 1, "total_cents": 1}`, `{"order_id": 1e999999, "customer_id": 1, "total_cents": 1}`}
+	for i := 0; i < 20; i++ {
+		bd := delivery{eventID: fmt.Sprintf("bad-%d", i), payload: []byte(badPayloads[i%len(badPayloads)]), bad: true}
+		pos := rand.IntN(len(out))
+		out = append(out[:pos], append([]delivery{bd}, out[pos:]...)...)
+		p.bad++
+	}
+	p.deliveries = out
+	return p
+}
+
+// brokerOps is what the demo needs of each broker, beyond the consumer.
+type brokerOps interface {
+	prepare(ctx context.Context) error
+	publish(ctx context.Context, ds []delivery) error
+	drained(ctx context.Context) (bool, error)
+	poisoned(ctx context.Context) (int, error)
+	close()
+}
+
+type report struct {
+	broker                  string
+	orders, deliveries, bad int
+	applied, poisoned       int
+	expectedPts, actualPts  int64
+	lost, doubled           int
+	kills                   int
+	elapsed                 time.Duration
+	err                     error
+}
+
+func (r report) ok() bool {
+	return r.err == nil && r.lost == 0 && r.doubled == 0 && r.applied == r.orders &&
+		r.expectedPts == r.actualPts && r.poisoned >= r.bad
+}
+
+func runBroker(ctx context.Context, o options, kind string) (report, error) {
+	id := runID()
+	schema := fmt.Sprintf("demo_%s_%s", kind, id)
+	topic := fmt.Sprintf("demo-orders-%s-%s", kind, id)
+	rep := report{broker: kind, orders: o.orders}
+	fmt.Printf("== %s: topic %s, schema %s\n", kind, topic, schema)
+
+	pool, err := pgxpool.New(ctx, o.databaseURL)
+	if err != nil {
+		return rep, err
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
+		return rep, err
+	}
+	if !o.keep {
+		defer func() {
+			if _, err := pool.Exec(context.WithoutCancel(ctx), "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+				fmt.Fprintf(os.Stderr, "demo: drop schema %s: %v\n", schema, err)
+			}
+		}()
+	}
+	dbURL, err := withSearchPath(o.databaseURL, schema)
+	if err != nil {
+		return rep, err
+	}
+
+	var ops brokerOps
+	switch kind {
+	case "amqp":
+		ops = &amqpOps{url: o.amqpURL, topic: topic}
+	case "kafka":
+		ops = &kafkaOps{addr: o.kafkaAddr, topic: topic, group: "loyalty-" + id}
+	default:
+		return rep, fmt.Errorf("unknown broker %q", kind)
+	}
+	defer ops.close()
+	if err := ops.prepare(ctx); err != nil {
+		return rep, err
+	}
+
+	env := append(os.Environ(),
+		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+schema, "TOPIC="+topic,
+		"AMQP_URL="+o.amqpURL, "KAFKA_BROKERS="+o.kafkaAddr, "CONCURRENCY=4",
+		"KAFKA_CONSUMER_GROUP=loyalty-"+id)
+	procs := []*proc{}
+	startProc := func(n int) error {
+		p, err := startLoyalty(o.loyalty, env, filepath.Join(o.logDir, fmt.Sprintf("%s-%s-%d.log", kind, id, n)))
+		if err != nil {
+			return err
+		}
+		procs = append(procs, p)
+		return nil
+	}
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}()
+	for i := 0; i < 2; i++ {
+		if err := startProc(i); err != nil {
+			return rep, err
+		}
+	}
+
+	pl := makePlan(o.orders)
+	rep.deliveries, rep.bad = len(pl.deliveries), pl.bad
+	rep.expectedPts = pl.expectedPoints
+	if err := ops.publish(ctx, pl.deliveries); err != nil {
+		return rep, fmt.Errorf("publish: %w", err)
+	}
+	fmt.Printf("   published %d deliveries: %d orders, %d republished copies, %d twins, %d bad\n",
+		len(pl.deliveries), pl.orders, pl.copies, pl.twins, pl.bad)
+
+	deadline := time.Now().Add(o.timeout)
+	ledger := func() (int, error) {
+		var n int
+		err := pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.point_ledger", pgx.Identifier{schema}.Sanitize())).Scan(&n)
+		return n, err
+	}
+	// Kill one consumer with SIGKILL once a third is applied, and restart it.
+	for {
+		n, err := ledger()
+		if err == nil && n >= o.orders/3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return rep, errTimeout
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	procs[0].kill()
+	rep.kills++
+	fmt.Println("   SIGKILLed consumer 0 mid-run; restarting it")
+	if err := startProc(2); err != nil {
+		return rep, err
+	}
+
+	// Drain: every order applied, the bad ones poisoned, nothing left in
+	// the broker for this consumer group/queue.
+	for {
+		n, err1 := ledger()
+		poisoned, err2 := ops.poisoned(ctx)
+		drained, err3 := ops.drained(ctx)
+		if err1 == nil && err2 == nil && err3 == nil && n >= o.orders && poisoned >= pl.bad && drained {
+			break
+		}
+		if time.Now().After(deadline) {
+			rep.err = errTimeout
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Graceful stop lets in-flight duplicates finish, so what we count
+	// below is final.
+	for _, p := range procs {
+		p.stop()
+	}
+
+	q := fmt.Sprintf(`SELECT
+		(SELECT count(DISTINCT order_id) FROM %[1]s.point_ledger),
+		(SELECT count(*) FROM (SELECT order_id FROM %[1]s.point_ledger GROUP BY order_id HAVING count(*) > 1) d),
+		(SELECT coalesce(sum(points), 0) FROM %[1]s.balances)`, pgx.Identifier{schema}.Sanitize())
+	if err := pool.QueryRow(ctx, q).Scan(&rep.applied, &rep.doubled, &rep.actualPts); err != nil {
+		return rep, err
+	}
+	rep.lost = o.orders - rep.applied
+	if rep.poisoned, err = ops.poisoned(ctx); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+func withSearchPath(dbURL, schema string) (string, error) {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return "", fmt.Errorf("DATABASE_URL: %w", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startLoyalty(bin string, env []string, logPath string) (*proc, error) {
+	f, err := os.Create(filepath.Clean(logPath))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin)
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		_ = f.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+func (p *proc) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		p.kill()
+	}
+}
+
+func printTable(rs []report) {
+	fmt.Println()
+	fmt.Printf("%-6s %7s %10s %4s %8s %11s %8s %13s %13s %5s %7s %5s %8s  %s\n",
+		"broker", "orders", "deliveries", "bad", "applied", "duplicates", "poisoned", "expected_pts", "actual_pts", "lost", "doubled", "kills", "time", "result")
+	for _, r := range rs {
+		res := "OK"
+		if !r.ok() {
+			res = "MISMATCH"
+			if r.err != nil {
+				res += " (" + r.err.Error() + ")"
+			}
+		}
+		// Deliveries that were neither applied nor poisoned were absorbed
+		// as duplicates; redeliveries caused by the kill come on top.
+		dups := r.deliveries - r.applied - r.poisoned
+		fmt.Printf("%-6s %7d %10d %4d %8d %11s %8d %13d %13d %5d %7d %5d %8s  %s\n",
+			r.broker, r.orders, r.deliveries, r.bad, r.applied, fmt.Sprintf(">=%d", dups), r.poisoned,
+			r.expectedPts, r.actualPts, r.lost, r.doubled, r.kills, r.elapsed.Round(100*time.Millisecond), res)
+	}
+}

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+var kinds = []string{"amqp", "kafka"}
+
+func orders(from, n int) []order {
+	out := make([]order, n)
+	for i := range out {
+		id := int64(from + i)
+		out[i] = order{OrderID: id, CustomerID: id%7 + 1, TotalCents: 100*id + 37}
+	}
+	return out
+}
+
+// A consumer SIGKILLed after its claim transaction committed and before the
+// broker got the ack: the redelivery must be recognised as a duplicate.
+func TestCrashAfterCommitBeforeAck(t *testing.T) {
+	t.Parallel()
+	for _, kind := range kinds {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, kind)
+			os := orders(1, 5)
+			p := h.start("LOYALTY_CRASH_AFTER_COMMIT=3", "CONCURRENCY=1")
+			h.publish(os...)
+			require.True(t, p.exited(60e9), "the consumer should have killed itself after committing order 3")
+			require.Contains(t, p.out.String(), "SIGKILL after commit")
+			require.Equal(t, 1, h.count("SELECT count(*) FROM point_ledger WHERE order_id = 3"), "order 3 committed before the crash")
+
+			h.start()
+			h.waitApplied(len(os))
+			h.assertExact(os)
+			// The claim of order 3 is the one from before the crash.
+			require.Equal(t, 1, h.count(fmt.Sprintf(`SELECT count(*) FROM %q.processed_messages WHERE message_key = 'order-completed:3'`, h.schema)))
+		})
+	}
+}
+
+func TestGracefulRestart(t *testing.T) {
+	t.Parallel()
+	for _, kind := range kinds {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, kind)
+			os := orders(1, 300)
+			p := h.start()
+			h.publish(os...)
+			h.waitApplied(50)
+			p.stop()
+			require.NoError(t, p.err, "SIGTERM must end the consumer cleanly:\n%s", p.out.String())
+			h.start()
+			h.waitApplied(len(os))
+			h.assertExact(os)
+		})
+	}
+}
+
+// Two competing consumers (one queue / one group), every order published
+// three times with fresh broker ids: exact balances.
+func TestCompetingConsumersWithDuplicates(t *testing.T) {
+	t.Parallel()
+	for _, kind := range kinds {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, kind)
+			os := orders(1, 200)
+			h.start()
+			h.start()
+			h.publish(os...)
+			h.publish(os...)
+			h.publish(os...)
+			h.waitApplied(len(os))
+			// Let the copies drain before judging: every delivery ends up
+			// as applied or duplicate, observed through the claim count.
+			h.waitFor("claims", func() bool {
+				return h.tryCount(fmt.Sprintf(`SELECT count(*) FROM %q.processed_messages`, h.schema)) == len(os)
+			})
+			h.assertExact(os)
+		})
+	}
+}
+
+// Bad messages go to TOPIC.poison with the reason, while good ones keep
+// flowing past them.
+func TestBadMessagesArePoisonedWithReason(t *testing.T) {
+	t.Parallel()
+	for _, kind := range kinds {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, kind)
+			h.start()
+			good := orders(1, 20)
+			h.publish(good[:10]...)
+			bad := map[string]string{
+				"bad-json":    `{"order_id": `,
+				"bad-nokey":   `{"customer_id": 1, "total_cents": 100}`,
+				"bad-type":    `{"order_id": {"x": 1}, "customer_id": 1, "total_cents": 100}`,
+				"bad-missing": `{"order_id": 777, "total_cents": 100}`,
+				"bad-neg":     `{"order_id": 778, "customer_id": 1, "total_cents": -5}`,
+			}
+			var ids []string
+			var payloads [][]byte
+			for id, p := range bad {
+				ids, payloads = append(ids, id), append(payloads, []byte(p))
+			}
+			h.publishRaw(ids, payloads)
+			h.publish(good[10:]...)
+			h.waitApplied(len(good))
+			ps := h.poisoned(len(bad))
+			reasons := map[string]string{}
+			for _, m := range ps {
+				reasons[m.headers["event_id"]] = m.headers["claimtx_poison_reason"]
+				require.Contains(t, bad, m.headers["event_id"])
+				require.Equal(t, bad[m.headers["event_id"]], string(m.body), "the original payload is kept")
+			}
+			require.Contains(t, reasons["bad-json"], "not valid JSON")
+			require.Contains(t, reasons["bad-nokey"], `payload "order_id": field is missing`)
+			require.Contains(t, reasons["bad-type"], "an object")
+			require.Contains(t, reasons["bad-missing"], "customer_id is missing")
+			require.Contains(t, reasons["bad-neg"], "negative")
+			h.assertExact(good)
+		})
+	}
+}
+
+// TestNoCredentialsInLogs runs a consumer with a password in every URL and
+// checks no log line carries it, including on the poison path.
+func TestNoCredentialsInLogs(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Skip("rabbitmqctl not installed")
+	}
+	h := newHarness(t, "amqp")
+	user, amqpPass, pgPass := "claimtx_redact_"+randID(), "AmqpPw-"+randID(), "PgPw-"+randID()
+	run := func(args ...string) {
+		out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
+		require.NoError(t, err, string(out))
+	}
+	run("add_user", user, amqpPass)
+	t.Cleanup(func() { _ = exec.Command("rabbitmqctl", "delete_user", user).Run() })
+	run("set_permissions", "-p", "/", user, ".*", ".*", ".*")
+	h.amqpURL = fmt.Sprintf("amqp://%s:%s@127.0.0.1:5672/", user, amqpPass)
+	// Trust authentication ignores the password, so any will do.
+	h.dbURL = strings.Replace(h.dbURL, "postgres://postgres@", "postgres://postgres:"+pgPass+"@", 1)
+	require.Contains(t, h.dbURL, pgPass)
+
+	p := h.start("KAFKA_SASL_PASSWORD=KafkaPw-unused")
+	good := orders(1, 10)
+	h.publish(good...)
+	h.publishRaw([]string{"bad"}, [][]byte{[]byte("not json")})
+	h.waitApplied(len(good))
+	h.poisoned(1)
+	p.stop()
+	logs := p.out.String()
+	require.NotEmpty(t, logs)
+	for _, secret := range []string{amqpPass, pgPass, "KafkaPw-unused"} {
+		require.NotContains(t, logs, secret)
+	}
+}

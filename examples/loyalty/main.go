@@ -1,0 +1,223 @@
+// Command loyalty is the seed's consumer: it reads OrderCompleted events
+// from RabbitMQ or Kafka and credits loyalty points exactly once per order,
+// however often the broker delivers them. See README.md beside this file.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/framework/consumer"
+	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
+)
+
+const (
+	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	defaultTopic       = "order-completed"
+	defaultKey         = "template:order-completed:{payload.order_id}"
+	consumerName       = "loyalty"
+	defaultMetricsAddr = "127.0.0.1:9464"
+)
+
+// OrderCompleted is the event. Pointers tell a missing field from a zero.
+type OrderCompleted struct {
+	OrderID    *int64 `json:"order_id"`
+	CustomerID *int64 `json:"customer_id"`
+	TotalCents *int64 `json:"total_cents"`
+}
+
+// ErrBadOrder marks an event that cannot be credited, whatever the retries.
+var ErrBadOrder = errors.New("loyalty: bad OrderCompleted event")
+
+func decode(payload []byte) (orderID, customerID, totalCents int64, err error) {
+	var o OrderCompleted
+	if err := json.Unmarshal(payload, &o); err != nil {
+		return 0, 0, 0, framework.Permanent(fmt.Errorf("%w: %w", ErrBadOrder, err))
+	}
+	switch {
+	case o.OrderID == nil:
+		return 0, 0, 0, framework.Permanent(fmt.Errorf("%w: order_id is missing", ErrBadOrder))
+	case o.CustomerID == nil:
+		return 0, 0, 0, framework.Permanent(fmt.Errorf("%w: customer_id is missing", ErrBadOrder))
+	case o.TotalCents == nil:
+		return 0, 0, 0, framework.Permanent(fmt.Errorf("%w: total_cents is missing", ErrBadOrder))
+	case *o.TotalCents < 0:
+		return 0, 0, 0, framework.Permanent(fmt.Errorf("%w: total_cents is negative", ErrBadOrder))
+	}
+	return *o.OrderID, *o.CustomerID, *o.TotalCents, nil
+}
+
+// credit is the effect, run inside the claim transaction: both writes
+// commit with the claim or not at all.
+func credit(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	orderID, customerID, totalCents, err := decode(msg.Payload)
+	if err != nil {
+		return err
+	}
+	points := totalCents / 100
+	if _, err := tx.Exec(ctx, `INSERT INTO balances (customer_id, points) VALUES ($1, $2)
+		ON CONFLICT (customer_id) DO UPDATE SET points = balances.points + EXCLUDED.points`, customerID, points); err != nil {
+		return fmt.Errorf("loyalty: credit balance: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO point_ledger (customer_id, order_id, points) VALUES ($1, $2, $3)`,
+		customerID, orderID, points); err != nil {
+		return fmt.Errorf("loyalty: ledger: %w", err)
+	}
+	return nil
+}
+
+// createTables creates the effect tables in the connection's default
+// schema. Several instances may start at once: CREATE TABLE IF NOT EXISTS
+// alone can still fail on a concurrent create, so an advisory lock
+// serialises them.
+func createTables(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('claimtx-example-loyalty-tables'))"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `
+CREATE TABLE IF NOT EXISTS balances (
+    customer_id bigint PRIMARY KEY,
+    points      bigint NOT NULL
+);
+CREATE TABLE IF NOT EXISTS point_ledger (
+    customer_id bigint      NOT NULL,
+    order_id    bigint      NOT NULL,
+    points      bigint      NOT NULL,
+    created_at  timestamptz DEFAULT now()
+)`)
+		return err
+	})
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func run(ctx context.Context, logger *slog.Logger) error {
+	bcfg, err := brokers.ConfigFromEnv()
+	if err != nil {
+		return err
+	}
+	if os.Getenv("KAFKA_CONSUMER_GROUP") == "" {
+		bcfg.Kafka.ConsumerGroup = consumerName
+	}
+	pool, err := pgxpool.New(ctx, env("DATABASE_URL", defaultDatabaseURL))
+	if err != nil {
+		return &framework.ConfigError{Field: "DATABASE_URL", Reason: "cannot be used", Err: err}
+	}
+	defer pool.Close()
+	if err := createTables(ctx, pool); err != nil {
+		return fmt.Errorf("loyalty: create tables: %w", err)
+	}
+	cfg := consumer.Config{
+		Name:   consumerName,
+		Topic:  env("TOPIC", defaultTopic),
+		Key:    env("KEY", defaultKey),
+		Pool:   pool,
+		Store:  store.Config{Schema: os.Getenv("CLAIMTX_SCHEMA")},
+		Broker: bcfg,
+		Logger: logger,
+	}
+	if v := os.Getenv("HANDLER_RETRIES"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return &framework.ConfigError{Field: "HANDLER_RETRIES", Reason: "not a number"}
+		}
+		cfg.HandlerRetries = n
+	}
+	if v := os.Getenv("LOYALTY_CRASH_AFTER_COMMIT"); v != "" {
+		// Fault injection for the kill tests: die by SIGKILL after the
+		// claim transaction of this order committed and before the router
+		// acks, the window a crash-after-commit test must hit exactly.
+		crashOrder, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return &framework.ConfigError{Field: "LOYALTY_CRASH_AFTER_COMMIT", Reason: "not an order id"}
+		}
+		cfg.OnOutcome = func(r middleware.Result) {
+			if r.Outcome != framework.Applied {
+				return
+			}
+			if id, _, _, err := decode(r.Message.Payload); err == nil && id == crashOrder {
+				logger.Warn("loyalty: fault injection: SIGKILL after commit, before ack", "order_id", id)
+				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				select {} // never ack
+			}
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Registerer = reg
+	c, err := consumer.New(ctx, cfg, credit)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }()
+	if addr := env("METRICS_ADDR", defaultMetricsAddr); addr != "off" {
+		stopHTTP := serveMetrics(logger, addr, reg, c.Health())
+		defer stopHTTP()
+	}
+	go func() {
+		select {
+		case <-c.Running():
+			logger.Info("loyalty: consuming", "broker", bcfg.Kind, "topic", cfg.Topic, "poison_topic", cfg.Topic+consumer.DefaultPoisonSuffix)
+		case <-ctx.Done():
+		}
+	}()
+	return c.Run(ctx)
+}
+
+// serveMetrics serves /metrics and /healthz. A busy address (a sibling
+// instance on the same host) is logged and skipped: metrics must not stop
+// the consumer from crediting points.
+func serveMetrics(logger *slog.Logger, addr string, reg *prometheus.Registry, health http.Handler) (stop func()) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		logger.Warn("loyalty: metrics endpoint disabled", "addr", addr, "err", err)
+		return func() {}
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/healthz", health)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	logger.Info("loyalty: serving /metrics and /healthz", "addr", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}
+}
+
+func main() {
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, logger); err != nil {
+		logger.Error("loyalty: stopped", "err", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,313 @@
+// Package consumer is claimtx's composition root: from one Config it builds
+// the broker subscriber and publisher, the Postgres store (migrated), and a
+// Watermill router running
+//
+//	Recoverer -> Poison -> Retry -> Claim -> your handler
+//
+// so that an application is a handler and a configuration. Switching
+// RabbitMQ and Kafka is a change of Config.Broker.Kind (BROKER=amqp|kafka),
+// never of code.
+//
+// Use the parts directly (brokers, store, middleware) when you need a
+// different router layout; this package only wires them.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmetrics "github.com/ThreeDotsLabs/watermill/components/metrics"
+	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/framework/observe"
+	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultHandlerRetries       = 3
+	DefaultRetryInitialInterval = 100 * time.Millisecond
+	DefaultPoisonSuffix         = ".poison"
+)
+
+// Config describes one claimtx consumer.
+type Config struct {
+	// Name is the consumer name stored with every claim ("loyalty").
+	// Required.
+	Name string
+	// Topic is consumed: a RabbitMQ durable queue of that name, or a Kafka
+	// topic. Required.
+	Topic string
+	// Key is a key spec resolved with framework.ParseKeySpec, such as
+	// "template:order-completed:{payload.order_id}". Ignored when KeyFunc
+	// is set; one of the two is required.
+	Key string
+	// KeyFunc derives keys in code. Defaults to the parsed Key.
+	KeyFunc framework.KeyFunc
+	// KeyPolicy validates keys. Defaults to framework.KeyPolicy{}.
+	KeyPolicy framework.KeyPolicy
+
+	// Pool runs the claim transactions. Defaults to a pool opened from
+	// DatabaseURL (and closed by Close).
+	Pool *pgxpool.Pool
+	// DatabaseURL is used when Pool is nil.
+	DatabaseURL string
+	// Store names claimtx's schema and tables. Defaults to store.Config{}.
+	Store store.Config
+	// Broker selects and configures the broker. Defaults to brokers'
+	// defaults (RabbitMQ on localhost).
+	Broker brokers.Config
+
+	// Isolation, ClaimWait and MaxAttempts configure the claim middleware;
+	// see middleware.Claim for their defaults.
+	Isolation   pgx.TxIsoLevel
+	ClaimWait   time.Duration
+	MaxAttempts int
+
+	// HandlerRetries bounds how often a failing message is retried in
+	// process (Watermill's Retry, exponential backoff) before it is
+	// poisoned. Permanent errors are never retried. Defaults to 3.
+	HandlerRetries int
+	// RetryInitialInterval is the first backoff of HandlerRetries.
+	// Defaults to 100ms.
+	RetryInitialInterval time.Duration
+	// PoisonTopic receives messages that cannot be processed, with the
+	// reason in metadata. Defaults to Topic + ".poison".
+	PoisonTopic string
+
+	// OnOutcome is called once per message (including Poisoned).
+	OnOutcome func(middleware.Result)
+	// Registerer, when set, receives claimtx's metrics (observe.NewMetrics)
+	// and Watermill's router metrics. Defaults to no metrics.
+	Registerer prometheus.Registerer
+	// Tracer starts a span per claim transaction, continuing the
+	// producer's trace. Defaults to otel.Tracer("claimtx"), a no-op until
+	// an OpenTelemetry SDK is installed globally.
+	Tracer trace.Tracer
+	// Logger receives the router's and claimtx's logs. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Topic == "":
+		return &framework.ConfigError{Field: "Topic", Reason: "must not be empty"}
+	case c.KeyFunc == nil && c.Key == "":
+		return &framework.ConfigError{Field: "Key", Reason: "set Key (a spec such as metadata:event_id) or KeyFunc"}
+	case c.Pool == nil && c.DatabaseURL == "":
+		return &framework.ConfigError{Field: "DatabaseURL", Reason: "set DatabaseURL or Pool"}
+	case c.HandlerRetries < 0:
+		return &framework.ConfigError{Field: "HandlerRetries", Reason: "must not be negative"}
+	}
+	if err := store.ValidateConsumer(c.Name); err != nil {
+		var ce *framework.ConfigError
+		if errors.As(err, &ce) {
+			ce.Field = "Name"
+		}
+		return err
+	}
+	if err := c.Store.Validate(); err != nil {
+		return err
+	}
+	return c.Broker.Validate()
+}
+
+// Consumer is a running (or runnable) claimtx consumer.
+type Consumer struct {
+	cfg       Config
+	pool      *pgxpool.Pool
+	ownsPool  bool
+	store     *store.Store
+	sub       message.Subscriber
+	pub       message.Publisher
+	router    *message.Router
+	health    observe.Health
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// New validates cfg, connects, migrates claimtx's schema and builds the
+// router around handler. It does not consume until Run.
+func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Consumer, error) {
+	if handler == nil {
+		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.PoisonTopic == "" {
+		cfg.PoisonTopic = cfg.Topic + DefaultPoisonSuffix
+	}
+	if cfg.HandlerRetries == 0 {
+		cfg.HandlerRetries = DefaultHandlerRetries
+	}
+	if cfg.RetryInitialInterval == 0 {
+		cfg.RetryInitialInterval = DefaultRetryInitialInterval
+	}
+	keyFunc := cfg.KeyFunc
+	if keyFunc == nil {
+		kf, err := framework.ParseKeySpec(cfg.Key)
+		if err != nil {
+			return nil, err
+		}
+		keyFunc = kf
+	}
+
+	c := &Consumer{cfg: cfg, pool: cfg.Pool}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = c.Close()
+		}
+	}()
+	if c.pool == nil {
+		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+		if err != nil {
+			// pgx's parse errors already redact the password.
+			return nil, &framework.ConfigError{Field: "DatabaseURL", Reason: "cannot be used", Err: err}
+		}
+		c.pool, c.ownsPool = pool, true
+	}
+	st, err := store.New(c.pool, cfg.Store)
+	if err != nil {
+		return nil, err
+	}
+	c.store = st
+	if err := st.Migrate(ctx); err != nil {
+		return nil, err
+	}
+
+	wlog := watermill.NewSlogLogger(cfg.Logger)
+	if c.sub, err = brokers.NewSubscriber(cfg.Broker, wlog); err != nil {
+		return nil, err
+	}
+	if c.pub, err = brokers.NewPublisher(cfg.Broker, wlog); err != nil {
+		return nil, err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
+	if err != nil {
+		return nil, fmt.Errorf("claimtx: router: %w", err)
+	}
+	c.router = router
+
+	var metrics *observe.Metrics
+	if cfg.Registerer != nil {
+		if metrics, err = observe.NewMetrics(cfg.Registerer); err != nil {
+			return nil, err
+		}
+		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, "", "").AddPrometheusRouterMetrics(router)
+	}
+	tracing := observe.Tracing{Tracer: cfg.Tracer}
+	report := func(r middleware.Result) {
+		if metrics != nil {
+			metrics.OnOutcome(r)
+		}
+		tracing.OnOutcome(r)
+		if cfg.OnOutcome != nil {
+			cfg.OnOutcome(r)
+		}
+	}
+	var onRetry func(middleware.Retry)
+	if metrics != nil {
+		onRetry = metrics.OnRetry
+	}
+	claim := middleware.Claim{
+		Store: st, Consumer: cfg.Name, Key: keyFunc, KeyPolicy: cfg.KeyPolicy,
+		Isolation: cfg.Isolation, ClaimWait: cfg.ClaimWait, MaxAttempts: cfg.MaxAttempts,
+		OnOutcome: report, OnRetry: onRetry, Logger: wlog,
+	}
+	if err := claim.Validate(); err != nil {
+		return nil, err
+	}
+	poison := middleware.Poison{
+		Publisher: c.pub,
+		Topic:     cfg.PoisonTopic,
+		OnPoison: func(msg *message.Message, err error) {
+			cfg.Logger.Warn("claimtx: message poisoned", "consumer", cfg.Name, "topic", cfg.Topic,
+				"poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "reason", err.Error())
+			report(middleware.Result{Consumer: cfg.Name, Outcome: framework.Poisoned, Err: err, Message: msg})
+		},
+	}
+	retry := wmw.Retry{
+		MaxRetries:      cfg.HandlerRetries,
+		InitialInterval: cfg.RetryInitialInterval,
+		MaxInterval:     10 * cfg.RetryInitialInterval,
+		Multiplier:      2,
+		ShouldRetry:     func(p wmw.RetryParams) bool { return !framework.IsPermanent(p.Err) },
+		Logger:          wlog,
+	}
+	router.AddMiddleware(wmw.Recoverer, poison.Middleware, retry.Middleware)
+	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, c.sub, middleware.TxHandler(handler))
+	h.AddMiddleware(tracing.Middleware, claim.Middleware)
+	c.health = observe.Health{Store: st, Broker: observe.SubscriberConnected(c.sub)}
+	ok = true
+	return c, nil
+}
+
+// Run consumes until ctx is cancelled or Close is called, then returns
+// after in-flight messages finished (or the router's close timeout).
+func (c *Consumer) Run(ctx context.Context) error {
+	err := c.router.Run(ctx)
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("claimtx: router: %w", err)
+	}
+	return nil
+}
+
+// Running is closed once the router consumes.
+func (c *Consumer) Running() chan struct{} { return c.router.Running() }
+
+// Health returns the readiness check (database, migrations and, where the
+// broker client reports it, the broker connection) as an http.Handler.
+func (c *Consumer) Health() observe.Health { return c.health }
+
+// Store returns the consumer's store.
+func (c *Consumer) Store() *store.Store { return c.store }
+
+// Pool returns the pool the claim transactions run on.
+func (c *Consumer) Pool() *pgxpool.Pool { return c.pool }
+
+// Publisher returns the publisher used for poisoned messages, built from
+// the same broker configuration.
+func (c *Consumer) Publisher() message.Publisher { return c.pub }
+
+// Close stops the router and releases the broker clients and, if it opened
+// it, the pool.
+func (c *Consumer) Close() error {
+	c.closeOnce.Do(func() { c.closeErr = c.close() })
+	return c.closeErr
+}
+
+func (c *Consumer) close() error {
+	var errs []error
+	if c.router != nil {
+		errs = append(errs, c.router.Close())
+	}
+	if c.sub != nil {
+		errs = append(errs, c.sub.Close())
+	}
+	if c.pub != nil {
+		errs = append(errs, c.pub.Close())
+	}
+	if c.ownsPool && c.pool != nil {
+		c.pool.Close()
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,170 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/framework/consumer"
+	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/store/pgtest"
+)
+
+type recorder struct {
+	mu  sync.Mutex
+	got map[framework.Outcome]int
+}
+
+func (r *recorder) on(res middleware.Result) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.got[res.Outcome]++
+}
+
+func (r *recorder) n(o framework.Outcome) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.got[o]
+}
+
+// TestComposedRouter runs the whole chain (Recoverer -> Poison -> Retry ->
+// Claim -> handler) over the in-process broker: good messages apply once
+// however often they are published, bad ones land in the poison topic with
+// the reason, and a failing handler is retried then poisoned.
+func TestComposedRouter(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Setup(t, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
+	require.NoError(t, err)
+
+	bcfg := brokers.DefaultConfig()
+	bcfg.Kind = brokers.KindGoChannel
+	bcfg.GoChannel.Name = schema
+	bcfg.GoChannel.Persistent = true
+	rec := &recorder{got: map[framework.Outcome]int{}}
+	c, err := consumer.New(ctx, consumer.Config{
+		Name: "effects", Topic: "orders", Key: "json:order_id", Pool: pool,
+		Store: store.Config{Schema: schema}, Broker: bcfg,
+		RetryInitialInterval: time.Millisecond, OnOutcome: rec.on,
+		Logger: slog.New(slog.DiscardHandler),
+	}, func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		var o struct {
+			OrderID int64 `json:"order_id"`
+			Fail    bool  `json:"fail"`
+		}
+		if err := json.Unmarshal(msg.Payload, &o); err != nil {
+			return framework.Permanent(err)
+		}
+		if o.Fail {
+			return errors.New("handler keeps failing")
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO effects VALUES ($1)", o.OrderID)
+		return err
+	})
+	require.NoError(t, err)
+	defer c.Close()
+
+	pub, err := brokers.NewPublisher(bcfg, watermill.NopLogger{})
+	require.NoError(t, err)
+	defer pub.Close()
+	sub, err := brokers.NewSubscriber(bcfg, watermill.NopLogger{})
+	require.NoError(t, err)
+	defer sub.Close()
+	poisoned, err := sub.Subscribe(ctx, "orders.poison")
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	<-c.Running()
+
+	publish := func(payload string) {
+		require.NoError(t, pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte(payload))))
+	}
+	published := 0
+	for i := 1; i <= 20; i++ {
+		for copies := 0; copies < 1+i%3; copies++ {
+			publish(fmt.Sprintf(`{"order_id": %d}`, i))
+			published++
+		}
+	}
+	publish(`{"no_order_id": 1}`)
+	publish(`{"order_id": 99, "fail": true}`)
+
+	reasons := map[string]bool{}
+	for len(reasons) < 2 {
+		select {
+		case m := <-poisoned:
+			reasons[m.Metadata.Get(middleware.PoisonReasonKey)] = true
+			m.Ack()
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d poisoned messages arrived: %v", len(reasons), reasons)
+		}
+	}
+	var sawKey, sawHandler bool
+	for r := range reasons {
+		sawKey = sawKey || strings.Contains(r, `payload "order_id"`)
+		sawHandler = sawHandler || strings.Contains(r, "handler keeps failing")
+	}
+	require.True(t, sawKey, "%v", reasons)
+	require.True(t, sawHandler, "%v", reasons)
+
+	require.Eventually(t, func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, "SELECT count(*) FROM effects").Scan(&n)
+		return n == 20 && rec.n(framework.Applied) == 20 && rec.n(framework.Duplicate) == published-20
+	}, 10*time.Second, 10*time.Millisecond)
+	var distinct int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(DISTINCT order_id) FROM effects").Scan(&distinct))
+	require.Equal(t, 20, distinct)
+	require.Equal(t, 2, rec.n(framework.Poisoned))
+
+	cancel()
+	require.NoError(t, <-done)
+}
+
+func TestConfigErrorsNameTheField(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Setup(t, 1)
+	good := consumer.Config{Name: "c", Topic: "t", Key: "metadata:event_id", Pool: pool,
+		Broker: brokers.Config{Kind: brokers.KindGoChannel}}
+	h := func(context.Context, pgx.Tx, *message.Message) error { return nil }
+	for _, tc := range []struct {
+		field  string
+		mutate func(*consumer.Config)
+	}{
+		{"Name", func(c *consumer.Config) { c.Name = "" }},
+		{"Topic", func(c *consumer.Config) { c.Topic = "" }},
+		{"Key", func(c *consumer.Config) { c.Key = "" }},
+		{"key", func(c *consumer.Config) { c.Key = "nosuch:x" }},
+		{"DatabaseURL", func(c *consumer.Config) { c.Pool = nil }},
+		{"DatabaseURL", func(c *consumer.Config) { c.Pool = nil; c.DatabaseURL = "postgres://u:secret@[::1" }},
+		{"HandlerRetries", func(c *consumer.Config) { c.HandlerRetries = -1 }},
+		{"Schema", func(c *consumer.Config) { c.Store.Schema = "bad;name" }},
+	} {
+		cfg := good
+		tc.mutate(&cfg)
+		_, err := consumer.New(context.Background(), cfg, h)
+		var ce *framework.ConfigError
+		require.ErrorAs(t, err, &ce, tc.field)
+		require.Equal(t, tc.field, ce.Field)
+		require.NotContains(t, err.Error(), "secret")
+	}
+	_, err := consumer.New(context.Background(), good, nil)
+	require.Error(t, err)
+}
