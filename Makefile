@@ -25,8 +25,20 @@ build: ## Compile every package and example.
 	$(GO) build $(PKGS)
 
 .PHONY: test
-test: ## Run all tests with the race detector against the local Postgres, RabbitMQ and in-process Kafka (the CI command).
+test: test-parallel test-disruptive ## Run every test against the local Postgres, RabbitMQ and in-process Kafka (the CI command).
+
+.PHONY: test-parallel
+test-parallel: ## The main suite, with -race; packages run in parallel, each test isolated by schema, queue and topic.
 	$(GO) test $(TEST_FLAGS) $(PKGS)
+
+# Tests that close every broker connection or restart a server would break
+# tests running beside them: they are behind the "disruptive" build tag and
+# run one package at a time, after the parallel suite. TestReconnect closes
+# only its own connections but cannot run under -race (a data race inside
+# watermill-amqp's reconnect, see brokers/amqp/doc.go).
+.PHONY: test-disruptive
+test-disruptive: ## Tests that disconnect or restart shared servers, run serially.
+	$(GO) test -count=1 -p 1 -tags disruptive -run 'Disruptive|TestReconnect' ./brokers/... ./examples/...
 
 .PHONY: test-race
 test-race: test ## Alias of test: the suite always runs with -race.
@@ -54,6 +66,7 @@ FUZZTIME ?= 30s
 fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
 	$(GO) test -run '^$$' -fuzz '^FuzzKeySpec$$' -fuzztime $(FUZZTIME) ./framework/
 	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalNumber$$' -fuzztime $(FUZZTIME) ./framework/
+	$(GO) test -run '^$$' -fuzz '^FuzzHeaderValueToString$$' -fuzztime $(FUZZTIME) ./brokers/amqp/
 
 .PHONY: bench
 bench: ## Run the Go benchmarks (middleware CPU/allocations per message).

@@ -7,6 +7,8 @@ package configerror
 import (
 	"errors"
 	"fmt"
+
+	"github.com/claimtx/claimtx/framework"
 )
 
 // Error reports a configuration field that cannot be used. Field is the
@@ -27,6 +29,18 @@ func (e *Error) Error() string {
 
 // Unwrap returns the underlying cause.
 func (e *Error) Unwrap() error { return e.Err }
+
+// As lets errors.As match *framework.ConfigError too, so callers of the
+// composition root branch on one configuration error type whichever layer
+// refused the value. The cause is not carried over: it may quote a secret.
+func (e *Error) As(target any) bool {
+	t, ok := target.(**framework.ConfigError)
+	if !ok {
+		return false
+	}
+	*t = &framework.ConfigError{Field: e.Field, Reason: e.Reason}
+	return true
+}
 
 // New returns an *Error for field with a formatted reason.
 func New(field, format string, args ...any) *Error {
