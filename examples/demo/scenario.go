@@ -153,7 +153,7 @@ func runBroker(ctx context.Context, o options, kind string) (report, error) {
 
 	env := append(os.Environ(),
 		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+schema, "TOPIC="+topic,
-		"AMQP_URL="+o.amqpURL, "KAFKA_BROKERS="+o.kafkaAddr, "CONCURRENCY=4",
+		"AMQP_URL="+o.amqpURL, "KAFKA_BROKERS="+o.kafkaAddr, "CONCURRENCY=4", "METRICS_ADDR=127.0.0.1:0",
 		"KAFKA_CONSUMER_GROUP=loyalty-"+id)
 	procs := []*proc{}
 	startProc := func(n int) error {
