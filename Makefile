@@ -68,6 +68,8 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
 	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalNumber$$' -fuzztime $(FUZZTIME) ./framework/
 	$(GO) test -run '^$$' -fuzz '^FuzzHeaderValueToString$$' -fuzztime $(FUZZTIME) ./brokers/amqp/
 
+BENCH_N ?= 3000
 .PHONY: bench
-bench: ## Run the Go benchmarks (middleware CPU/allocations per message).
-	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./framework/ ./middleware/
+bench: ## Side-by-side throughput (raw pgx / router / router+claimtx) on RabbitMQ and Kafka, written to docs/benchmarks.md; then Go micro-benchmarks.
+	$(GO) run ./framework/cmd/bench -n $(BENCH_N) -concurrency 1,4,16 -brokers amqp,kafka -write docs/benchmarks.md
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./framework/

@@ -1,0 +1,238 @@
+// Command bench measures what claimtx costs, side by side in one run, for
+// RabbitMQ and Kafka at several concurrencies:
+//
+//	(a) raw:      a pgx loop doing claim + effect per message, no broker
+//	(b) router:   the same effect through a Watermill router + broker, no claim
+//	(c) claimtx:  the same through router + broker + the claim middleware
+//
+// and prints msgs/s, p50 and p99 of the per-message handling time, and the
+// ratios c/b and c/a. With -write it also writes docs/benchmarks.md.
+//
+//	make bench
+//	go run ./framework/cmd/bench -n 3000 -concurrency 1,4,16 -brokers amqp,kafka
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+)
+
+type options struct {
+	n           int
+	concurrency []int
+	brokers     []string
+	databaseURL string
+	amqpURL     string
+	write       string
+}
+
+func main() {
+	var o options
+	var conc, brokerList string
+	flag.IntVar(&o.n, "n", 3000, "messages per measurement")
+	flag.StringVar(&conc, "concurrency", "1,4,16", "concurrency levels")
+	flag.StringVar(&brokerList, "brokers", "amqp,kafka", "brokers")
+	flag.StringVar(&o.write, "write", "", "write the results as Markdown to this file (e.g. docs/benchmarks.md)")
+	flag.Parse()
+	for _, c := range strings.Split(conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "bench: bad -concurrency %q\n", conc)
+			os.Exit(2)
+		}
+		o.concurrency = append(o.concurrency, n)
+	}
+	o.brokers = strings.Split(brokerList, ",")
+	o.databaseURL = envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	o.amqpURL = envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	if err := run(context.Background(), o); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func envOr(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}
+
+type row struct {
+	broker      string
+	concurrency int
+	raw         result
+	router      result
+	claim       result
+}
+
+type result struct {
+	n       int
+	elapsed time.Duration
+	lat     []time.Duration
+}
+
+func (r result) rate() float64 { return float64(r.n) / r.elapsed.Seconds() }
+
+func (r result) pct(p float64) time.Duration {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), r.lat...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(p * float64(len(s)-1))
+	return s[i]
+}
+
+func run(ctx context.Context, o options) error {
+	start := time.Now()
+	pool, err := pgxpool.New(ctx, o.databaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	var kafkaAddr string
+	for _, b := range o.brokers {
+		if b == "kafka" {
+			br, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				return err
+			}
+			defer func() { _ = br.Close() }()
+			kafkaAddr = br.Addrs()[0]
+		}
+	}
+
+	raws := map[int]result{}
+	var rows []row
+	for _, c := range o.concurrency {
+		env, err := newEnv(ctx, o.databaseURL, c)
+		if err != nil {
+			return err
+		}
+		r, err := runRaw(ctx, env, o.n, c)
+		env.close(ctx, pool)
+		if err != nil {
+			return fmt.Errorf("raw c=%d: %w", c, err)
+		}
+		raws[c] = r
+		fmt.Fprintf(os.Stderr, "raw      c=%-2d %8.0f msg/s\n", c, r.rate())
+	}
+	for _, b := range o.brokers {
+		for _, c := range o.concurrency {
+			rw := row{broker: b, concurrency: c, raw: raws[c]}
+			for _, withClaim := range []bool{false, true} {
+				env, err := newEnv(ctx, o.databaseURL, c)
+				if err != nil {
+					return err
+				}
+				r, err := runRouter(ctx, env, routerRun{broker: b, n: o.n, concurrency: c, claim: withClaim, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr})
+				env.close(ctx, pool)
+				if err != nil {
+					return fmt.Errorf("%s c=%d claim=%v: %w", b, c, withClaim, err)
+				}
+				if withClaim {
+					rw.claim = r
+				} else {
+					rw.router = r
+				}
+				fmt.Fprintf(os.Stderr, "%-6s c=%-2d claim=%-5v %8.0f msg/s\n", b, c, withClaim, r.rate())
+			}
+			rows = append(rows, rw)
+		}
+	}
+	table := render(rows)
+	fmt.Print(table)
+	if o.write != "" {
+		return writeDoc(o, table, time.Since(start))
+	}
+	return nil
+}
+
+func render(rows []row) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| broker | conc | (a) raw msg/s | (b) router msg/s | (c) claimtx msg/s | (c) p50 | (c) p99 | (b) p99 | c/b | c/a |\n")
+	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %.2f | %.2f |\n",
+			r.broker, r.concurrency, r.raw.rate(), r.router.rate(), r.claim.rate(),
+			r.claim.pct(0.5).Round(10*time.Microsecond), r.claim.pct(0.99).Round(10*time.Microsecond),
+			r.router.pct(0.99).Round(10*time.Microsecond),
+			r.claim.rate()/r.router.rate(), r.claim.rate()/r.raw.rate())
+	}
+	return b.String()
+}
+
+func machine() string {
+	out := func(name string, args ...string) string {
+		b, err := exec.Command(name, args...).Output()
+		if err != nil {
+			return "?"
+		}
+		return strings.TrimSpace(string(b))
+	}
+	mem := "?"
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		mem = strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1] + " kB"
+	}
+	cpu := "?"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				cpu = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	return fmt.Sprintf("%d cores (%s), %s RAM, %s, %s, %s", runtime.NumCPU(), cpu, mem, runtime.Version(),
+		out("psql", "--version"), "RabbitMQ "+out("rabbitmqctl", "version"))
+}
+
+func writeDoc(o options, table string, took time.Duration) error {
+	f, err := os.Create(o.write)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = f.Close() }()
+	w := io.Writer(f)
+	fmt.Fprintf(w, "# Benchmarks\n\nMeasured by `make bench` (`go run ./framework/cmd/bench -n %d -concurrency %s -brokers %s -write %s`) on %s.\n\n",
+		o.n, joinInts(o.concurrency), strings.Join(o.brokers, ","), o.write, time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(w, "Machine: %s. Postgres and RabbitMQ with their Debian defaults on loopback; Kafka is the in-process kfake dev broker.\n\n", machine())
+	fmt.Fprintf(w, "%s\n", table)
+	fmt.Fprintf(w, `Columns:
+- **(a) raw**: one goroutine per unit of concurrency, each looping BEGIN; claim INSERT; UPDATE balance; INSERT ledger; COMMIT with pgx. No broker. The upper bound for one transaction per message.
+- **(b) router**: messages pre-published to a fresh queue/topic, consumed by a Watermill router over the broker adapter, the handler doing the same effect in its own transaction, without a claim: an at-least-once consumer.
+- **(c) claimtx**: as (b) with the claim middleware (claim + effect in one transaction).
+- p50/p99: time spent in the handler chain per message (from the router calling the outermost middleware to its return).
+- c/b: what claimtx costs over an at-least-once consumer doing the same effect (target >= 0.85); c/a: how close claimtx through a broker gets to the raw database limit (target >= 0.8).
+
+Concurrency is the RabbitMQ subscription count (each watermill-amqp subscription is sequential) or the number of Kafka partitions (one message in flight per partition).
+
+The whole run took %s.
+`, took.Round(time.Second))
+	return nil
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+

@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/middleware"
+)
+
+type routerRun struct {
+	broker      string
+	n           int
+	concurrency int
+	claim       bool
+	amqpURL     string
+	kafkaAddr   string
+}
+
+func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
+	if err := prepublish(ctx, e, r); err != nil {
+		return result{}, fmt.Errorf("publish: %w", err)
+	}
+	if r.broker == "amqp" {
+		defer deleteQueue(r.amqpURL, e.topic)
+	}
+	cfg := brokers.DefaultConfig()
+	cfg.Kind = r.broker
+	cfg.AMQP.URL = r.amqpURL
+	cfg.AMQP.Concurrency = r.concurrency
+	cfg.Kafka.Brokers = []string{r.kafkaAddr}
+	cfg.Kafka.ConsumerGroup = "bench-" + e.topic
+	logger := watermill.NopLogger{}
+	sub, err := brokers.NewSubscriber(cfg, logger)
+	if err != nil {
+		return result{}, err
+	}
+	defer func() { _ = sub.Close() }()
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	if err != nil {
+		return result{}, err
+	}
+
+	lat := make([]time.Duration, r.n)
+	var done atomic.Int64
+	var firstStart atomic.Int64
+	finished := make(chan struct{})
+	var finishOnce sync.Once
+	var failed atomic.Value
+	measure := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			t0 := time.Now()
+			firstStart.CompareAndSwap(0, t0.UnixNano())
+			out, err := h(msg)
+			if err != nil {
+				failed.Store(err)
+				return out, err
+			}
+			i := done.Add(1)
+			if int(i) <= r.n {
+				lat[i-1] = time.Since(t0)
+			}
+			if int(i) == r.n {
+				finishOnce.Do(func() { close(finished) })
+			}
+			return out, nil
+		}
+	}
+
+	var handler message.NoPublishHandlerFunc
+	if r.claim {
+		handler = middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+			o, err := decode(msg)
+			if err != nil {
+				return framework.Permanent(err)
+			}
+			return effect(ctx, tx, o)
+		})
+	} else {
+		handler = func(msg *message.Message) error {
+			o, err := decode(msg)
+			if err != nil {
+				return err
+			}
+			return pgx.BeginFunc(msg.Context(), e.pool, func(tx pgx.Tx) error { return effect(msg.Context(), tx, o) })
+		}
+	}
+	router.AddMiddleware(measure)
+	h := router.AddConsumerHandler("bench", e.topic, sub, handler)
+	if r.claim {
+		key, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
+		if err != nil {
+			return result{}, err
+		}
+		claim := middleware.Claim{Store: e.store, Consumer: "bench", Key: key}
+		if err := claim.Validate(); err != nil {
+			return result{}, err
+		}
+		h.AddMiddleware(claim.Middleware)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- router.Run(rctx) }()
+	select {
+	case <-finished:
+	case err := <-runErr:
+		return result{}, fmt.Errorf("router stopped: %w", err)
+	case <-time.After(5 * time.Minute):
+		return result{}, errors.New("timed out")
+	}
+	end := time.Now()
+	cancel()
+	<-runErr
+	if err, ok := failed.Load().(error); ok {
+		return result{}, err
+	}
+	return result{n: r.n, elapsed: end.Sub(time.Unix(0, firstStart.Load())), lat: lat}, nil
+}
+
+func prepublish(ctx context.Context, e *env, r routerRun) error {
+	switch r.broker {
+	case "amqp":
+		conn, err := amqp.Dial(r.amqpURL)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = conn.Close() }()
+		ch, err := conn.Channel()
+		if err != nil {
+			return err
+		}
+		if _, err := ch.QueueDeclare(e.topic, true, false, false, false, nil); err != nil {
+			return err
+		}
+		if err := ch.Confirm(false); err != nil {
+			return err
+		}
+		confirms := ch.NotifyPublish(make(chan amqp.Confirmation, r.n))
+		for i := 0; i < r.n; i++ {
+			o := orderN(i)
+			if err := ch.PublishWithContext(ctx, "", e.topic, false, false, amqp.Publishing{
+				DeliveryMode: amqp.Persistent, Body: payload(o),
+				Headers: amqp.Table{"event_id": fmt.Sprintf("evt-%d", o.OrderID)},
+			}); err != nil {
+				return err
+			}
+		}
+		for i := 0; i < r.n; i++ {
+			if c := <-confirms; !c.Ack {
+				return errors.New("publish nacked")
+			}
+		}
+		return nil
+	case "kafka":
+		cl, err := kgo.NewClient(kgo.SeedBrokers(r.kafkaAddr), kgo.ProducerLinger(0))
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		if _, err := kadm.NewClient(cl).CreateTopic(ctx, int32(r.concurrency), 1, nil, e.topic); err != nil {
+			return err
+		}
+		recs := make([]*kgo.Record, r.n)
+		for i := range recs {
+			o := orderN(i)
+			recs[i] = &kgo.Record{Topic: e.topic, Key: []byte(fmt.Sprint(o.OrderID)), Value: payload(o),
+				Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(fmt.Sprintf("evt-%d", o.OrderID))}}}
+		}
+		return cl.ProduceSync(ctx, recs...).FirstErr()
+	}
+	return fmt.Errorf("unknown broker %q", r.broker)
+}
+
+func deleteQueue(url, name string) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return
+	}
+	defer func() { _ = conn.Close() }()
+	if ch, err := conn.Channel(); err == nil {
+		_, _ = ch.QueueDelete(name, false, false, false)
+	}
+}
