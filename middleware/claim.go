@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -25,11 +28,38 @@ const (
 )
 
 // ErrProducedMessages is returned (as a permanent error) when a handler
-// under the claim middleware returns messages while no outbox is configured:
-// the router would publish them outside the claim transaction, so a crash
-// between its publish and the commit would emit them for an effect that
-// never happened, and a redelivery would emit them again.
-var ErrProducedMessages = errors.New("claimtx: handler returned messages, but the claim middleware has no outbox to write them to in the claim transaction")
+// under the claim middleware returns messages while no outbox is configured
+// (Claim.OutboxTopic is empty): the router would publish them outside the
+// claim transaction, so a crash between its publish and the commit would
+// emit them for an effect that never happened, and a redelivery would emit
+// them again.
+var ErrProducedMessages = errors.New("claimtx: handler returned messages, but the claim middleware has no outbox to write them to in the claim transaction (set Claim.OutboxTopic)")
+
+// OutboxTopicMetadata, set on a message the handler returns, names the
+// topic it is enqueued for instead of Claim.OutboxTopic. It is removed from
+// the stored message.
+const OutboxTopicMetadata = "claimtx_outbox_topic"
+
+// ClaimMode selects what records that a message's effect was applied.
+type ClaimMode string
+
+const (
+	// ModeClaimTable records each applied (consumer, key) in claimtx's
+	// claim table, in the same transaction as the effect. It works for any
+	// effect, at the cost of one small row per message, which retention
+	// eventually deletes: a duplicate arriving after its claim was deleted
+	// cannot be recognised.
+	ModeClaimTable ClaimMode = "claim_table"
+	// ModeNaturalKey uses the effect's own unique constraint as the claim;
+	// no claim-table row is written. The handler writes its effect with a
+	// guarded statement (INSERT … ON CONFLICT (order_id) DO NOTHING
+	// RETURNING …) and returns framework.ErrAlreadyApplied when the
+	// statement found the effect present. Outcomes, hooks, retries and the
+	// wait behind a concurrent twin (on the constraint's uncommitted entry)
+	// are those of ModeClaimTable. The constraint lives as long as the
+	// business row, so such claims never expire: the choice for money.
+	ModeNaturalKey ClaimMode = "natural_key"
+)
 
 // Claim is the Watermill middleware that gives a handler exactly-once
 // effects in Postgres. For each message it derives the key, opens a
@@ -42,7 +72,15 @@ var ErrProducedMessages = errors.New("claimtx: handler returned messages, but th
 //     outcome Duplicate;
 //   - handler error or panic: rolls back (claim and effect together) and
 //     returns the error (the router nacks or, in the composed router,
-//     retries then poisons) — outcome Failed.
+//     retries then poisons) — outcome Failed;
+//   - handler returned framework.ErrAlreadyApplied: rolls back, returns nil
+//     — outcome Duplicate (see ModeNaturalKey).
+//
+// Messages the handler returns are written to the outbox in the claim
+// transaction when OutboxTopic is set, and published by a relay (package
+// store/outbox) after the commit; without OutboxTopic they fail the message
+// with ErrProducedMessages. The middleware never returns messages to the
+// router.
 //
 // Transient database failures (serialization, deadlock, claim-wait
 // timeout, lost connection) retry the whole transaction with a fresh one,
@@ -57,8 +95,23 @@ type Claim struct {
 	// Consumer names the effect being made idempotent ("loyalty"). Consumers
 	// sharing a table keep separate claims. Required.
 	Consumer string
-	// Key derives the message key. Required; see framework.ParseKeySpec.
+	// Key derives the message key. Required in ModeClaimTable; see
+	// framework.ParseKeySpec. In ModeNaturalKey it is optional: when set,
+	// the key is validated (invalid keys are permanent failures) and
+	// reported in Result.Key, nothing more.
 	Key framework.KeyFunc
+	// Mode selects the claim: a claim-table row, or the effect's own unique
+	// constraint. Defaults to ModeClaimTable.
+	Mode ClaimMode
+	// OutboxTopic enables the outbox for messages the handler returns:
+	// each is written to Store's outbox table in the claim transaction,
+	// addressed to the topic in its OutboxTopicMetadata metadata or else to
+	// OutboxTopic, and a relay publishes it after the commit with a stable
+	// store.IdempotencyKeyMetadata. A rolled-back or duplicate delivery
+	// enqueues nothing. Handlers can also call Store.Enqueue with the claim
+	// transaction directly. Defaults to "": returned messages fail the
+	// message with ErrProducedMessages.
+	OutboxTopic string
 	// KeyPolicy validates derived keys. Defaults to a 512-byte limit,
 	// over-long keys refused.
 	KeyPolicy framework.KeyPolicy
@@ -69,7 +122,9 @@ type Claim struct {
 	// ClaimWait bounds how long a claim waits behind an uncommitted twin
 	// before the attempt fails transiently and is retried. Keep it above
 	// your handler's normal duration, or twins of slow messages burn
-	// attempts. Defaults to 5s.
+	// attempts. In ModeNaturalKey the claim is the handler's own statement,
+	// so ClaimWait is the lock_timeout of the whole transaction (SET
+	// LOCAL): it bounds every lock wait of the handler. Defaults to 5s.
 	ClaimWait time.Duration
 	// MaxAttempts bounds transaction attempts for transient failures
 	// (1 disables retrying). Defaults to 5.
@@ -100,15 +155,19 @@ type Result struct {
 	// Err is the error returned to the router (nil for Applied/Duplicate).
 	Err error
 	// ClaimWait is how long the claim statement took on the last attempt,
-	// including any wait behind a twin.
+	// including any wait behind a twin. Zero in ModeNaturalKey, where the
+	// claim is part of the handler.
 	ClaimWait time.Duration
+	// Enqueued counts the messages the handler returned that were written
+	// to the outbox (0 unless Applied).
+	Enqueued int
 	// Duration is the whole time spent in the middleware.
 	Duration time.Duration
 	// FingerprintMismatch is set on a Duplicate whose payload fingerprint
 	// differs from the one stored with the original claim: the same key
 	// for different content is a producer or key-derivation bug.
 	FingerprintMismatch bool
-	Message  *message.Message
+	Message             *message.Message
 }
 
 // Retry describes one transient failure that is about to be retried.
@@ -125,8 +184,14 @@ func (c Claim) Validate() error {
 	switch {
 	case c.Store == nil:
 		return &framework.ConfigError{Field: "Store", Reason: "must not be nil"}
-	case c.Key == nil:
+	case c.Key == nil && c.Mode != ModeNaturalKey:
 		return &framework.ConfigError{Field: "Key", Reason: "must not be nil (e.g. framework.ParseKeySpec(\"metadata:event_id\"))"}
+	case c.Mode != "" && c.Mode != ModeClaimTable && c.Mode != ModeNaturalKey:
+		return &framework.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%q is not a mode (%q or %q)", c.Mode, ModeClaimTable, ModeNaturalKey)}
+	case len(c.OutboxTopic) > store.MaxTopicBytes:
+		return &framework.ConfigError{Field: "OutboxTopic", Reason: fmt.Sprintf("is %d bytes, longer than %d", len(c.OutboxTopic), store.MaxTopicBytes)}
+	case !utf8.ValidString(c.OutboxTopic) || strings.IndexByte(c.OutboxTopic, 0) >= 0:
+		return &framework.ConfigError{Field: "OutboxTopic", Reason: "must be valid UTF-8 without NUL bytes"}
 	case c.MaxAttempts < 0:
 		return &framework.ConfigError{Field: "MaxAttempts", Reason: "must not be negative"}
 	case c.ClaimWait < 0:
@@ -147,6 +212,9 @@ func (c Claim) Validate() error {
 func (c Claim) withDefaults() Claim {
 	if c.Isolation == "" {
 		c.Isolation = pgx.ReadCommitted
+	}
+	if c.Mode == "" {
+		c.Mode = ModeClaimTable
 	}
 	if c.ClaimWait == 0 {
 		c.ClaimWait = DefaultClaimWait
@@ -186,10 +254,7 @@ func (c Claim) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, err
 		}
 
-		key, err := c.Key(msg)
-		if err == nil {
-			key, err = c.KeyPolicy.Normalize(key)
-		}
+		key, err := c.key(msg)
 		if err != nil {
 			// Whatever the extractor returned, the same message will fail
 			// the same way: make sure it is poisoned, not retried.
@@ -225,6 +290,19 @@ func (c Claim) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
+// key derives and validates the message key; "" in ModeNaturalKey without
+// a Key.
+func (c Claim) key(msg *message.Message) (string, error) {
+	if c.Key == nil {
+		return "", nil
+	}
+	key, err := c.Key(msg)
+	if err != nil {
+		return "", err
+	}
+	return c.KeyPolicy.Normalize(key)
+}
+
 // attempt runs one claim transaction. Every path that does not commit rolls
 // back, so the claim and the effect always share one fate.
 func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, txOpts pgx.TxOptions, res *Result) (out framework.Outcome, err error) {
@@ -244,20 +322,41 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 		}
 	}()
 
-	claimStart := time.Now()
-	claimed, err := c.Store.ClaimWait(ctx, tx, c.Consumer, key, c.ClaimWait)
-	res.ClaimWait = time.Since(claimStart)
-	if err != nil {
-		return "", err
+	res.ClaimWait, res.Enqueued = 0, 0
+	claimed := true
+	if c.Mode == ModeNaturalKey {
+		// The claim is the handler's guarded INSERT: bound its wait behind
+		// a twin's uncommitted entry like the claim table's.
+		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", lockTimeout(c.ClaimWait)); err != nil {
+			return "", fmt.Errorf("claimtx: set lock_timeout: %w", err)
+		}
+	} else {
+		claimStart := time.Now()
+		claimed, err = c.Store.ClaimWait(ctx, tx, c.Consumer, key, c.ClaimWait)
+		res.ClaimWait = time.Since(claimStart)
+		if err != nil {
+			return "", err
+		}
 	}
 	out = framework.Duplicate
 	if claimed {
 		produced, err := runHandler(msg, h, tx)
+		if errors.Is(err, framework.ErrAlreadyApplied) {
+			// The effect is already there. Roll back (deferred) whatever
+			// else this delivery wrote, and ack.
+			return framework.Duplicate, nil
+		}
 		if err != nil {
 			return "", err
 		}
 		if len(produced) > 0 {
-			return "", framework.Permanent(ErrProducedMessages)
+			if c.OutboxTopic == "" {
+				return "", framework.Permanent(ErrProducedMessages)
+			}
+			if err := c.enqueue(ctx, tx, produced); err != nil {
+				return "", err
+			}
+			res.Enqueued = len(produced)
 		}
 		out = framework.Applied
 	}
@@ -269,6 +368,39 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 	}
 	committed = true
 	return out, nil
+}
+
+// enqueue writes the handler's returned messages to the outbox in tx.
+func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Message) error {
+	out := make([]store.OutboxMessage, len(produced))
+	for i, m := range produced {
+		if m == nil {
+			return framework.Permanent(fmt.Errorf("%w: handler returned a nil message at index %d", store.ErrInvalidOutboxMessage, i))
+		}
+		topic := c.OutboxTopic
+		cp := message.NewMessage(m.UUID, m.Payload)
+		for k, v := range m.Metadata {
+			if k == OutboxTopicMetadata {
+				if v != "" {
+					topic = v
+				}
+				continue
+			}
+			cp.Metadata.Set(k, v)
+		}
+		out[i] = store.OutboxMessage{Topic: topic, Message: cp}
+	}
+	return c.Store.EnqueueMessages(ctx, tx, out...)
+}
+
+// lockTimeout renders d for set_config('lock_timeout', …): whole
+// milliseconds, at least 1 (0 would mean "wait forever").
+func lockTimeout(d time.Duration) string {
+	ms := d.Milliseconds()
+	if ms < 1 {
+		ms = 1
+	}
+	return strconv.FormatInt(ms, 10) + "ms"
 }
 
 // runHandler calls h with the claim transaction in the message context and

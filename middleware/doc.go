@@ -33,10 +33,22 @@
 //
 // It does not ack or nack itself: the router does, from the returned error.
 // It does not make effects outside Postgres exactly-once: an HTTP call made
-// from the handler can happen again when the transaction rolls back. Until
-// claimtx's outbox is configured, a handler that returns messages under the
-// claim fails with ErrProducedMessages instead of letting the router publish
-// them outside the transaction.
+// from the handler can happen again when the transaction rolls back. Write
+// a message to the outbox instead (Store.Enqueue, or return it with
+// Claim.OutboxTopic set): it commits with the claim and a relay (package
+// store/outbox) delivers it afterwards with a stable idempotency key.
+// Without OutboxTopic, a handler that returns messages under the claim
+// fails with ErrProducedMessages instead of letting the router publish them
+// outside the transaction.
+//
+// # Natural-key claims
+//
+// With Mode: ModeNaturalKey no claim row is written: the handler's own
+// guarded statement (INSERT … ON CONFLICT (order_id) DO NOTHING) is the
+// claim, and the handler returns framework.ErrAlreadyApplied when it found
+// the effect present. Outcomes, hooks and retries are those of the claim
+// table; such claims never expire. docs/effects.md compares the claim
+// table, natural keys, versioned upserts and the outbox.
 //
 // Unlike Watermill's own Deduplicator (an in-memory, time-limited set of
 // payload hashes, recorded before the handler runs), the claim commits

@@ -13,6 +13,7 @@ import (
 const (
 	DefaultSchema      = "claimtx"
 	DefaultClaimsTable = "processed_messages"
+	DefaultOutboxTable = "outbox"
 )
 
 // identifier is deliberately stricter than Postgres: lower case only, so
@@ -34,6 +35,10 @@ type Config struct {
 	// the first Migrate: renaming it later is a manual migration.
 	// Defaults to "processed_messages".
 	ClaimsTable string `yaml:"claims_table"`
+	// OutboxTable is the transactional outbox's table inside Schema (see
+	// Store.Enqueue and package store/outbox). Like ClaimsTable it is fixed
+	// by the first Migrate. Defaults to "outbox".
+	OutboxTable string `yaml:"outbox_table"`
 }
 
 func (c Config) withDefaults() Config {
@@ -42,6 +47,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ClaimsTable == "" {
 		c.ClaimsTable = DefaultClaimsTable
+	}
+	if c.OutboxTable == "" {
+		c.OutboxTable = DefaultOutboxTable
 	}
 	return c
 }
@@ -55,6 +63,12 @@ func (c Config) Validate() error {
 	}
 	if !tableName.MatchString(c.ClaimsTable) {
 		return &framework.ConfigError{Field: "ClaimsTable", Reason: fmt.Sprintf("%q must match %s", c.ClaimsTable, tableName)}
+	}
+	if !tableName.MatchString(c.OutboxTable) {
+		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q must match %s", c.OutboxTable, tableName)}
+	}
+	if c.OutboxTable == c.ClaimsTable {
+		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q is also the ClaimsTable", c.OutboxTable)}
 	}
 	return nil
 }

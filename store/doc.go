@@ -37,6 +37,24 @@
 // unique violation (23505) and everything else are not. This is the only
 // place in claimtx that reads SQLSTATE codes.
 //
+// # Natural keys and versioned upserts
+//
+// An effect whose table has a unique key per effect needs no claim row:
+// its INSERT … ON CONFLICT DO NOTHING is the claim (middleware
+// ModeNaturalKey). State that the producer versions needs no claim at all:
+// VersionedUpsert writes it with ON CONFLICT … DO UPDATE … WHERE
+// t.version < EXCLUDED.version, so duplicates and reordering are harmless.
+//
+// # Outbox
+//
+// Enqueue writes messages in the caller's transaction to the outbox table
+// (migration 002, default "outbox" in Schema); they exist if and only if
+// that transaction commits. Package store/outbox relays them to a broker:
+// ClaimOutbox locks a batch with FOR UPDATE SKIP LOCKED, MarkOutboxSent
+// records a confirmed publish, DeleteSentOutbox cleans up. Every relayed
+// message carries IdempotencyKeyMetadata, the same on every resend.
+// docs/effects.md compares the four approaches.
+//
 // # Tests
 //
 // Package pgtest gives each test its own schema on a shared server.

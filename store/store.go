@@ -24,6 +24,7 @@ type Store struct {
 	names *strings.Replacer
 
 	claimSQL string
+	outbox   outboxSQL
 }
 
 // New validates cfg and returns a Store using pool. It does not touch the
@@ -41,7 +42,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		"{schema}", ident(cfg.Schema),
 		"{claims}", ident(cfg.ClaimsTable),
 		"{claims_processed_at_idx}", ident(cfg.ClaimsTable+"_processed_at_idx"),
+		"{outbox}", ident(cfg.OutboxTable),
+		"{outbox_pending_idx}", ident(cfg.OutboxTable+"_pending_idx"),
+		"{outbox_sent_idx}", ident(cfg.OutboxTable+"_sent_idx"),
 	)
+	s.initOutboxSQL()
 	s.claimSQL = s.render("INSERT INTO {schema}.{claims} (consumer, message_key) VALUES ($1, $2) ON CONFLICT DO NOTHING")
 	return s, nil
 }

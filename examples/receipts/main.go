@@ -1,0 +1,208 @@
+// Command receipts is the seed's step 6: an effect that leaves the
+// database (sending a receipt e-mail through an external provider) made
+// exactly-once with a transactional outbox and the provider's idempotency
+// key. See README.md beside this file.
+//
+//	OrderCompleted ──> orders consumer ──(claim tx: request row + outbox row)
+//	                                                       │
+//	               relay ──(publish, then mark sent)<──────┘
+//	                 │
+//	                 └──> send-receipt ──> sender consumer ──(HTTP, Idempotency-Key)──> provider
+//
+// Each role is a subcommand so that each can be killed and restarted on its
+// own:
+//
+//	receipts provider   the e-mail provider (a stand-in honouring Idempotency-Key)
+//	receipts orders     consumes OrderCompleted, enqueues send_receipt
+//	receipts relay      publishes the outbox
+//	receipts sender     consumes send_receipt, calls the provider
+//	receipts all        orders, relay and sender in one process
+//	receipts publish    publishes OrderCompleted events (-n, -from, -times)
+//	receipts report     prints what every table holds
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/store"
+)
+
+// Defaults of the environment variables in README.md.
+const (
+	defaultDatabaseURL   = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	defaultOrdersTopic   = "receipts.order-completed"
+	defaultReceiptsTopic = "receipts.send-receipt"
+	defaultProviderAddr  = "127.0.0.1:8089"
+)
+
+// Fault injection (RECEIPTS_CRASH) for the kill-and-replay walkthrough.
+const (
+	// crashAfterPublish: the relay SIGKILLs itself once the broker
+	// confirmed its first Publish, before marking the rows sent.
+	crashAfterPublish = "after-publish"
+	// crashAfterCall: the sender SIGKILLs itself once the provider
+	// accepted its first receipt, before its claim transaction commits.
+	crashAfterCall = "after-call"
+)
+
+// settings is the environment, read once.
+type settings struct {
+	databaseURL   string
+	schema        string
+	ordersTopic   string
+	receiptsTopic string
+	providerAddr  string
+	providerURL   string
+	crash         string
+	broker        brokers.Config
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func loadSettings() (settings, error) {
+	s := settings{
+		databaseURL:   env("DATABASE_URL", defaultDatabaseURL),
+		schema:        os.Getenv("CLAIMTX_SCHEMA"),
+		ordersTopic:   env("ORDERS_TOPIC", defaultOrdersTopic),
+		receiptsTopic: env("RECEIPTS_TOPIC", defaultReceiptsTopic),
+		providerAddr:  env("PROVIDER_ADDR", defaultProviderAddr),
+		crash:         os.Getenv("RECEIPTS_CRASH"),
+	}
+	s.providerURL = env("PROVIDER_URL", "http://"+s.providerAddr)
+	switch s.crash {
+	case "", crashAfterPublish, crashAfterCall:
+	default:
+		return s, &framework.ConfigError{Field: "RECEIPTS_CRASH", Reason: fmt.Sprintf("%q is neither %q nor %q", s.crash, crashAfterPublish, crashAfterCall)}
+	}
+	var err error
+	if path := os.Getenv("BROKER_CONFIG"); path != "" {
+		s.broker, err = brokers.LoadConfigFile(path)
+	} else {
+		s.broker, err = brokers.ConfigFromEnv()
+	}
+	return s, err
+}
+
+// storeConfig names claimtx's schema; the example's own tables live in the
+// connection's search_path.
+func (s settings) storeConfig() store.Config { return store.Config{Schema: s.schema} }
+
+// brokerFor returns the broker configuration of one consumer: with Kafka,
+// each consumer is its own group unless KAFKA_CONSUMER_GROUP says otherwise.
+func (s settings) brokerFor(consumer string) brokers.Config {
+	b := s.broker
+	if os.Getenv(brokers.EnvKafkaConsumerGroup) == "" {
+		b.Kafka.ConsumerGroup = consumer
+	}
+	return b
+}
+
+// connect opens the pool and creates the example's tables. Several
+// processes may start at once: an advisory lock serialises the creates.
+func connect(ctx context.Context, s settings) (*pgxpool.Pool, error) {
+	pool, err := pgxpool.New(ctx, s.databaseURL)
+	if err != nil {
+		return nil, &framework.ConfigError{Field: "DATABASE_URL", Reason: "cannot be used", Err: err}
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('claimtx-example-receipts-tables'))"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `
+-- The orders consumer's effect: one receipt request per order.
+CREATE TABLE IF NOT EXISTS receipt_requests (
+    order_id     bigint      PRIMARY KEY,
+    email        text        NOT NULL,
+    requested_at timestamptz NOT NULL DEFAULT now()
+);
+-- The sender consumer's effect: the provider's answer, per order.
+CREATE TABLE IF NOT EXISTS receipts_sent (
+    order_id            bigint      PRIMARY KEY,
+    provider_receipt_id text        NOT NULL,
+    idempotency_key     text        NOT NULL,
+    sent_at             timestamptz NOT NULL DEFAULT now()
+);
+-- The provider's own database (a stand-in for the real provider's):
+-- one row per Idempotency-Key, i.e. per e-mail actually sent, and how
+-- many requests carried that key.
+CREATE TABLE IF NOT EXISTS provider_receipts (
+    idempotency_key text        PRIMARY KEY,
+    receipt_id      text        NOT NULL,
+    body_sha256     text        NOT NULL,
+    order_id        bigint      NOT NULL,
+    email           text        NOT NULL,
+    requests        integer     NOT NULL DEFAULT 1,
+    created_at      timestamptz NOT NULL DEFAULT now()
+)`)
+		return err
+	})
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("receipts: create tables: %w", err)
+	}
+	return pool, nil
+}
+
+// crashNow is the fault injection: die like a power cut, with no deferred
+// function, rollback or ack.
+func crashNow(logger *slog.Logger, what string) {
+	logger.Warn("receipts: fault injection: SIGKILL", "after", what)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {}
+}
+
+const usage = `usage: receipts <provider|orders|relay|sender|all|publish|report> [flags]
+see examples/receipts/README.md`
+
+func run(ctx context.Context, logger *slog.Logger, args []string) error {
+	if len(args) == 0 {
+		return errors.New(usage)
+	}
+	s, err := loadSettings()
+	if err != nil {
+		return err
+	}
+	switch args[0] {
+	case "provider":
+		return runProvider(ctx, logger, s)
+	case "orders":
+		return runOrders(ctx, logger, s)
+	case "relay":
+		return runRelay(ctx, logger, s)
+	case "sender":
+		return runSender(ctx, logger, s)
+	case "all":
+		return runAll(ctx, logger, s)
+	case "publish":
+		return runPublish(ctx, logger, s, args[1:])
+	case "report":
+		return runReport(ctx, s, os.Stdout)
+	}
+	return fmt.Errorf("unknown command %q\n%s", args[0], usage)
+}
+
+func main() {
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, logger, os.Args[1:]); err != nil {
+		logger.Error("receipts: stopped", "err", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,265 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/framework/consumer"
+	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/store/outbox"
+)
+
+// Consumer names, stored with their claims.
+const (
+	ordersConsumer = "receipts-orders"
+	senderConsumer = "receipts-sender"
+)
+
+// OrderCompleted is the event the orders consumer reads.
+type OrderCompleted struct {
+	OrderID    int64  `json:"order_id"`
+	CustomerID int64  `json:"customer_id"`
+	Email      string `json:"email"`
+	TotalCents int64  `json:"total_cents"`
+}
+
+// logOutcome logs every message's outcome: what the walkthrough in
+// README.md (and the test) reads to see duplicates being dropped.
+func logOutcome(logger *slog.Logger) func(middleware.Result) {
+	return func(r middleware.Result) {
+		logger.Info("receipts: message", "consumer", r.Consumer, "outcome", string(r.Outcome), "attempts", r.Attempts)
+	}
+}
+
+// requestReceipt is the orders consumer's effect, in its claim
+// transaction: a receipt_requests row and a send_receipt message in the
+// outbox. Both commit with the claim or not at all, so each order produces
+// exactly one send_receipt row however often OrderCompleted is delivered.
+// No e-mail is sent here: the external call happens later, once, in the
+// sender.
+func requestReceipt(st *store.Store, receiptsTopic string) middleware.TxHandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		var o OrderCompleted
+		if err := json.Unmarshal(msg.Payload, &o); err != nil {
+			return framework.Permanent(fmt.Errorf("receipts: undecodable OrderCompleted: %w", err))
+		}
+		if o.OrderID == 0 || o.Email == "" {
+			return framework.Permanent(errors.New("receipts: OrderCompleted needs order_id and email"))
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO receipt_requests (order_id, email) VALUES ($1, $2)", o.OrderID, o.Email); err != nil {
+			return fmt.Errorf("receipts: record request: %w", err)
+		}
+		body, err := json.Marshal(Receipt{OrderID: o.OrderID, Email: o.Email, TotalCents: o.TotalCents})
+		if err != nil {
+			return framework.Permanent(err)
+		}
+		out := message.NewMessage(watermill.NewUUID(), body)
+		out.Metadata.Set("kind", "send_receipt")
+		return st.Enqueue(ctx, tx, receiptsTopic, out)
+	}
+}
+
+// sendReceipt is the sender consumer's effect. It is keyed by the relay's
+// claimtx_idempotency_key, so the relay's resends are duplicates that never
+// reach the provider. The call itself cannot be rolled back: if the sender
+// dies after the provider accepted the e-mail and before this transaction
+// commits, the redelivery calls again with the same Idempotency-Key, and
+// the provider answers with the stored receipt instead of sending twice.
+func sendReceipt(client *http.Client, providerURL string, crash bool, logger *slog.Logger) middleware.TxHandlerFunc {
+	var crashed atomic.Bool
+	return func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		var rc Receipt
+		if err := json.Unmarshal(msg.Payload, &rc); err != nil {
+			return framework.Permanent(fmt.Errorf("receipts: undecodable send_receipt: %w", err))
+		}
+		key := msg.Metadata.Get(store.IdempotencyKeyMetadata)
+		receiptID, err := callProvider(ctx, client, providerURL, key, msg.Payload)
+		if err != nil {
+			return err
+		}
+		if crash && crashed.CompareAndSwap(false, true) {
+			crashNow(logger, "the provider accepted the receipt, before the sender's commit")
+		}
+		_, err = tx.Exec(ctx, "INSERT INTO receipts_sent (order_id, provider_receipt_id, idempotency_key) VALUES ($1, $2, $3)",
+			rc.OrderID, receiptID, key)
+		if err != nil {
+			return fmt.Errorf("receipts: record sent receipt: %w", err)
+		}
+		return nil
+	}
+}
+
+// callProvider POSTs the receipt with the idempotency key and returns the
+// provider's receipt id. Client errors other than 408/429 are permanent:
+// resending the same request cannot fix them.
+func callProvider(ctx context.Context, client *http.Client, providerURL, key string, body []byte) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, providerURL+receiptsPath, bytes.NewReader(body))
+	if err != nil {
+		return "", framework.Permanent(fmt.Errorf("receipts: provider request: %w", err))
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(idempotencyKeyHeader, key)
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("receipts: provider: %w", err)
+	}
+	defer func() { _ = resp.Body.Close() }() // fully read below; nothing to report
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	if err != nil {
+		return "", fmt.Errorf("receipts: provider response: %w", err)
+	}
+	switch {
+	case resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusCreated:
+	case resp.StatusCode >= 400 && resp.StatusCode < 500 && resp.StatusCode != http.StatusRequestTimeout && resp.StatusCode != http.StatusTooManyRequests:
+		return "", framework.Permanent(fmt.Errorf("receipts: provider refused the receipt: %s: %s", resp.Status, bytes.TrimSpace(data)))
+	default:
+		return "", fmt.Errorf("receipts: provider: %s", resp.Status)
+	}
+	var out receiptResponse
+	if err := json.Unmarshal(data, &out); err != nil || out.ReceiptID == "" {
+		return "", fmt.Errorf("receipts: provider answered %s without a receipt id", resp.Status)
+	}
+	return out.ReceiptID, nil
+}
+
+func runOrders(ctx context.Context, logger *slog.Logger, s settings) error {
+	pool, err := connect(ctx, s)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	st, err := store.New(pool, s.storeConfig())
+	if err != nil {
+		return err
+	}
+	c, err := consumer.New(ctx, consumer.Config{
+		Name:      ordersConsumer,
+		Topic:     s.ordersTopic,
+		Key:       "template:order-completed:{payload.order_id}",
+		Pool:      pool,
+		Store:     s.storeConfig(),
+		Broker:    s.brokerFor(ordersConsumer),
+		OnOutcome: logOutcome(logger),
+		Logger:    logger,
+	}, requestReceipt(st, s.receiptsTopic))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }()
+	logger.Info("receipts: orders consumer running", "topic", s.ordersTopic, "enqueues_to", s.receiptsTopic)
+	return c.Run(ctx)
+}
+
+func runSender(ctx context.Context, logger *slog.Logger, s settings) error {
+	pool, err := connect(ctx, s)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	client := &http.Client{Timeout: 10 * time.Second}
+	c, err := consumer.New(ctx, consumer.Config{
+		Name:      senderConsumer,
+		Topic:     s.receiptsTopic,
+		Key:       "metadata:" + store.IdempotencyKeyMetadata,
+		Pool:      pool,
+		Store:     s.storeConfig(),
+		Broker:    s.brokerFor(senderConsumer),
+		OnOutcome: logOutcome(logger),
+		Logger:    logger,
+	}, sendReceipt(client, s.providerURL, s.crash == crashAfterCall, logger))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }()
+	logger.Info("receipts: sender consumer running", "topic", s.receiptsTopic, "provider", s.providerURL)
+	return c.Run(ctx)
+}
+
+// crashingPublisher SIGKILLs the process once the broker confirmed a
+// Publish: the relay has published but not yet marked the rows.
+type crashingPublisher struct {
+	message.Publisher
+	logger *slog.Logger
+}
+
+func (p crashingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.Publisher.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	crashNow(p.logger, fmt.Sprintf("publishing %d message(s), before marking them sent", len(msgs)))
+	return nil
+}
+
+func runRelay(ctx context.Context, logger *slog.Logger, s settings) error {
+	pool, err := connect(ctx, s)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	st, err := store.New(pool, s.storeConfig())
+	if err != nil {
+		return err
+	}
+	if err := st.Migrate(ctx); err != nil {
+		return err
+	}
+	wlog := watermill.NewSlogLogger(logger)
+	pub, err := brokers.NewPublisher(s.broker, wlog)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = pub.Close() }()
+	if s.crash == crashAfterPublish {
+		pub = crashingPublisher{Publisher: pub, logger: logger}
+	}
+	relay, err := outbox.New(st, pub, outbox.Config{
+		Logger: wlog,
+		OnBatch: func(b outbox.Batch) {
+			if b.Published > 0 {
+				logger.Info("receipts: relayed", "published", b.Published)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	logger.Info("receipts: relay running", "broker", s.broker.Kind)
+	return relay.Run(ctx)
+}
+
+// runAll runs the orders consumer, the relay and the sender in one process;
+// the first to fail stops the others.
+func runAll(ctx context.Context, logger *slog.Logger, s settings) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	roles := []func(context.Context, *slog.Logger, settings) error{runOrders, runRelay, runSender}
+	errs := make([]error, len(roles))
+	var wg sync.WaitGroup
+	for i, role := range roles {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if errs[i] = role(ctx, logger, s); errs[i] != nil {
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

@@ -1,0 +1,181 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
+)
+
+func (b bundle) outboxRows(t testing.TB) []store.OutboxRow {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx)
+	rows, err := b.store.ClaimOutbox(ctx, tx, 1000)
+	require.NoError(t, err)
+	return rows
+}
+
+// receipt is what the loyalty handler of these tests returns: a message for
+// the receipts service, keyed by the order.
+func receipt(orderID int64, md map[string]string) *message.Message {
+	m := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"order_id":%d}`, orderID)))
+	for k, v := range md {
+		m.Metadata.Set(k, v)
+	}
+	return m
+}
+
+func TestReturnedMessagesAreEnqueuedInTheClaimTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	rec := &outcomes{}
+	c := b.claim(t, "loyalty", rec)
+	c.OutboxTopic = "send-receipt"
+	require.NoError(t, c.Validate())
+	h := c.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		tx, ok := framework.TxFromContext(msg.Context())
+		require.True(t, ok)
+		if err := credit(msg.Context(), tx, msg); err != nil {
+			return nil, err
+		}
+		return []*message.Message{
+			receipt(5, map[string]string{"kind": "send_receipt"}),
+			receipt(5, map[string]string{middleware.OutboxTopicMetadata: "audit"}),
+		}, nil
+	})
+	o := order{OrderID: 5, CustomerID: 5, TotalCents: 500}
+	produced, err := h(newDelivery(t, o))
+	require.NoError(t, err)
+	require.Empty(t, produced, "the router must never publish them itself")
+	// The redelivery is a duplicate: the handler does not run, nothing more
+	// is enqueued.
+	_, err = h(newDelivery(t, o))
+	require.NoError(t, err)
+
+	require.Equal(t, []framework.Outcome{framework.Applied, framework.Duplicate}, []framework.Outcome{rec.results[0].Outcome, rec.results[1].Outcome})
+	require.Equal(t, 2, rec.results[0].Enqueued)
+	require.Equal(t, 0, rec.results[1].Enqueued)
+	rows := b.outboxRows(t)
+	require.Len(t, rows, 2)
+	require.Equal(t, "send-receipt", rows[0].Topic)
+	require.Equal(t, map[string]string{"kind": "send_receipt"}, rows[0].Metadata)
+	require.Equal(t, `{"order_id":5}`, string(rows[0].Payload))
+	require.Equal(t, "audit", rows[1].Topic)
+	require.Empty(t, rows[1].Metadata, "the topic override is not kept in the message")
+	require.NotEqual(t, rows[0].IdempotencyKey, rows[1].IdempotencyKey)
+}
+
+// Whatever ends a delivery without a commit leaves no outbox row: the
+// message exists if and only if the effect does.
+func TestRolledBackDeliveryLeavesNoOutboxRow(t *testing.T) {
+	t.Parallel()
+	errBoom := errors.New("boom")
+	for _, tc := range []struct {
+		name    string
+		outcome framework.Outcome
+		after   func() error // runs after the handler enqueued
+	}{
+		{"error", framework.Failed, func() error { return errBoom }},
+		{"panic", framework.Failed, func() error { panic("boom") }},
+		{"permanent", framework.Failed, func() error { return framework.Permanent(errBoom) }},
+		{"already applied", framework.Duplicate, func() error { return framework.ErrAlreadyApplied }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 2)
+			rec := &outcomes{}
+			c := b.claim(t, "loyalty", rec)
+			c.OutboxTopic = "send-receipt"
+			h := c.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+				tx, _ := framework.TxFromContext(msg.Context())
+				if err := credit(msg.Context(), tx, msg); err != nil {
+					return nil, err
+				}
+				// Both ways of producing: Enqueue in the handler, and
+				// returned messages.
+				if err := b.store.Enqueue(msg.Context(), tx, "direct", receipt(6, nil)); err != nil {
+					return nil, err
+				}
+				return []*message.Message{receipt(6, nil)}, tc.after()
+			})
+			_, err := h(newDelivery(t, order{OrderID: 6, CustomerID: 6, TotalCents: 600}))
+			if tc.outcome == framework.Failed {
+				require.Error(t, err)
+			} else {
+				require.NoError(t, err)
+			}
+			require.Equal(t, tc.outcome, rec.results[0].Outcome)
+			require.Empty(t, b.outboxRows(t))
+			require.Equal(t, int64(0), b.ledgerRows(t, 6))
+			require.Equal(t, int64(0), b.claims(t, "loyalty"))
+		})
+	}
+}
+
+func TestEnqueueFromTxHandler(t *testing.T) {
+	t.Parallel()
+	b := naturalSetup(t, 2)
+	c := b.natural(t, nil)
+	h := c.Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		if err := creditOnce(ctx, tx, msg); err != nil {
+			return err // ErrAlreadyApplied: nothing enqueued either
+		}
+		return b.store.Enqueue(ctx, tx, "send-receipt", receipt(7, nil))
+	}))
+	for i := 0; i < 3; i++ {
+		_, err := h(newDelivery(t, order{OrderID: 7, CustomerID: 7, TotalCents: 700}))
+		require.NoError(t, err)
+	}
+	rows := b.outboxRows(t)
+	require.Len(t, rows, 1)
+	require.Equal(t, "send-receipt", rows[0].Topic)
+}
+
+func TestInvalidReturnedMessageIsPermanent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	c := b.claim(t, "loyalty", nil)
+	c.OutboxTopic = "send-receipt"
+	for _, produced := range [][]*message.Message{
+		{nil},
+		{receipt(8, map[string]string{"bad": "nul\x00"})},
+		{receipt(8, map[string]string{middleware.OutboxTopicMetadata: strings.Repeat("t", 300)})},
+	} {
+		h := c.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			tx, _ := framework.TxFromContext(msg.Context())
+			if err := credit(msg.Context(), tx, msg); err != nil {
+				return nil, err
+			}
+			return produced, nil
+		})
+		_, err := h(newDelivery(t, order{OrderID: 8, CustomerID: 8, TotalCents: 800}))
+		require.ErrorIs(t, err, store.ErrInvalidOutboxMessage)
+		require.True(t, framework.IsPermanent(err))
+		require.Equal(t, int64(0), b.ledgerRows(t, 8))
+	}
+}
+
+func TestOutboxTopicConfiguration(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	for _, topic := range []string{strings.Repeat("t", store.MaxTopicBytes+1), "a\x00b", string([]byte{0xff})} {
+		c := b.claim(t, "loyalty", nil)
+		c.OutboxTopic = topic
+		var ce *framework.ConfigError
+		require.ErrorAs(t, c.Validate(), &ce)
+		require.Equal(t, "OutboxTopic", ce.Field)
+	}
+}

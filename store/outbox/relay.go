@@ -1,0 +1,423 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/store"
+)
+
+// Defaults for Config fields left zero.
+const (
+	DefaultBatchSize       = 100
+	DefaultPollInterval    = time.Second
+	DefaultInitialBackoff  = 100 * time.Millisecond
+	DefaultMaxBackoff      = 10 * time.Second
+	DefaultRetention       = 24 * time.Hour
+	DefaultCleanupInterval = time.Minute
+	DefaultCleanupBatch    = 10_000
+)
+
+// cleanupPause separates cleanup batches, so a large backlog of sent rows
+// is deleted as a trickle of short transactions rather than one burst.
+const cleanupPause = 10 * time.Millisecond
+
+// markTimeout bounds marking published rows once the relay's context is
+// cancelled (graceful shutdown): long enough for one UPDATE and COMMIT,
+// short enough not to hold up a shutdown when the database is gone.
+const markTimeout = 5 * time.Second
+
+// Config tunes a Relay. The zero value is usable.
+type Config struct {
+	// BatchSize is how many rows one relay transaction claims, publishes
+	// and marks. Larger batches mean fewer round trips, longer-held row
+	// locks, and more resends when a relay dies mid-batch. Defaults to 100.
+	BatchSize int
+	// PollInterval is how often an idle relay looks for rows anyway. It
+	// normally wakes on the notification Enqueue sends at commit; polling
+	// covers notifications missed while its listening connection was down,
+	// and rows written by other means. Defaults to 1s.
+	PollInterval time.Duration
+	// DisableListen turns LISTEN/NOTIFY off: the relay only polls, and
+	// holds no extra connection. Defaults to false (listen on a dedicated
+	// connection opened with the pool's configuration, outside the pool).
+	DisableListen bool
+	// InitialBackoff is the wait after a failed batch (broker or database
+	// down); it doubles on each consecutive failure up to MaxBackoff, with
+	// jitter, and resets after a success. Defaults to 100ms.
+	InitialBackoff time.Duration
+	// MaxBackoff caps the wait between failed batches. Defaults to 10s.
+	MaxBackoff time.Duration
+	// Retention is how long sent rows are kept (for audits, debugging and
+	// manual replays) before cleanup deletes them. Retention does not affect
+	// deduplication: downstream consumers dedup on their own claims.
+	// Defaults to 24h.
+	Retention time.Duration
+	// CleanupInterval is how often Run deletes sent rows older than
+	// Retention. Several relays may clean at once: they skip each other's
+	// rows. A negative value disables cleanup in this relay (run Cleanup
+	// yourself). Defaults to 1m.
+	CleanupInterval time.Duration
+	// CleanupBatch is how many rows one cleanup statement deletes; cleanup
+	// repeats until a batch deletes fewer. Defaults to 10000.
+	CleanupBatch int
+	// OnBatch, when set, is called after every batch transaction with what
+	// happened. It runs on the relay goroutine: keep it fast.
+	OnBatch func(Batch)
+	// Logger receives failures and cleanup results. Defaults to no logging.
+	Logger watermill.LoggerAdapter
+}
+
+// Batch describes one relay transaction.
+type Batch struct {
+	// Claimed rows were locked by this relay.
+	Claimed int
+	// Published rows were accepted by the publisher. Unless Err is a
+	// marking failure, they are now marked sent.
+	Published int
+	// Err is the publish or database error that ended the batch, if any.
+	// Rows not marked stay pending and are retried.
+	Err      error
+	Duration time.Duration
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.BatchSize < 0:
+		return &framework.ConfigError{Field: "BatchSize", Reason: "must not be negative"}
+	case c.PollInterval < 0:
+		return &framework.ConfigError{Field: "PollInterval", Reason: "must not be negative"}
+	case c.InitialBackoff < 0:
+		return &framework.ConfigError{Field: "InitialBackoff", Reason: "must not be negative"}
+	case c.MaxBackoff < 0:
+		return &framework.ConfigError{Field: "MaxBackoff", Reason: "must not be negative"}
+	case c.Retention < 0:
+		return &framework.ConfigError{Field: "Retention", Reason: "must not be negative"}
+	case c.CleanupBatch < 0:
+		return &framework.ConfigError{Field: "CleanupBatch", Reason: "must not be negative"}
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.InitialBackoff == 0 {
+		c.InitialBackoff = DefaultInitialBackoff
+	}
+	if c.MaxBackoff == 0 {
+		c.MaxBackoff = DefaultMaxBackoff
+	}
+	if c.MaxBackoff < c.InitialBackoff {
+		c.MaxBackoff = c.InitialBackoff
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.CleanupInterval == 0 {
+		c.CleanupInterval = DefaultCleanupInterval
+	}
+	if c.CleanupBatch == 0 {
+		c.CleanupBatch = DefaultCleanupBatch
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}
+
+// Relay publishes the outbox of one Store through a Watermill publisher.
+// Run any number of relays, in any processes: they share the backlog and
+// never publish the same row at the same time.
+type Relay struct {
+	st  *store.Store
+	pub message.Publisher
+	cfg Config
+}
+
+// New validates its arguments and returns a Relay. It does not touch the
+// database or the broker until Run or RelayBatch. The publisher should
+// return from Publish only once the broker has taken responsibility for
+// the messages (brokers' RabbitMQ publisher waits for confirms, the Kafka
+// one is a synchronous producer); with a fire-and-forget publisher, rows
+// are marked sent for messages the broker may still lose.
+func New(st *store.Store, pub message.Publisher, cfg Config) (*Relay, error) {
+	if st == nil {
+		return nil, &framework.ConfigError{Field: "Store", Reason: "must not be nil"}
+	}
+	if pub == nil {
+		return nil, &framework.ConfigError{Field: "Publisher", Reason: "must not be nil"}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Relay{st: st, pub: pub, cfg: cfg.withDefaults()}, nil
+}
+
+// Run relays until ctx is cancelled, then returns nil after the batch in
+// flight ended. Failures (broker or database down) are retried with
+// backoff, never returned: a relay outlives outages. Rows stay pending
+// until published.
+func (r *Relay) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	if !r.cfg.DisableListen {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.listen(ctx, wake)
+		}()
+	}
+	defer wg.Wait()
+
+	failures := 0
+	var nextCleanup time.Time
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if r.cfg.CleanupInterval > 0 && !time.Now().Before(nextCleanup) {
+			if _, err := r.Cleanup(ctx); err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Error("claimtx relay: cleanup of sent outbox rows failed", err, nil)
+			}
+			nextCleanup = time.Now().Add(r.cfg.CleanupInterval)
+		}
+		b := r.RelayBatch(ctx)
+		if b.Err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			failures++
+			delay := r.backoff(failures)
+			r.cfg.Logger.Error("claimtx relay: batch failed, rows stay pending", b.Err, watermill.LogFields{
+				"claimed": b.Claimed, "published": b.Published, "failures": failures, "retry_in": delay})
+			if err := sleep(ctx, delay); err != nil {
+				return nil
+			}
+			continue
+		}
+		failures = 0
+		if b.Claimed == r.cfg.BatchSize {
+			continue // more may be waiting
+		}
+		if !r.idle(ctx, wake) {
+			return nil
+		}
+	}
+}
+
+// idle waits for a notification or the next poll; false when ctx ended.
+func (r *Relay) idle(ctx context.Context, wake <-chan struct{}) bool {
+	poll := time.NewTimer(r.cfg.PollInterval)
+	defer poll.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-wake:
+	case <-poll.C:
+	}
+	return true
+}
+
+// RelayBatch runs one relay transaction: claim up to BatchSize pending rows
+// (FOR UPDATE SKIP LOCKED), publish them in id order, consecutive rows of
+// one topic in one Publish call, mark the published rows sent, commit.
+//
+// On a publish error it marks what was published before, records the
+// failure on the rows of the failed call and commits: the failed rows and
+// everything after them stay pending, in order. If the relay dies between
+// a Publish and the commit, the marks are lost with the transaction and
+// those rows are published again: at least once, never lost. If ctx is
+// cancelled, no further Publish is started and what was published is still
+// marked (graceful shutdown causes no resends).
+func (r *Relay) RelayBatch(ctx context.Context) Batch {
+	start := time.Now()
+	b := Batch{}
+	b.Err = r.relayBatch(ctx, &b)
+	b.Duration = time.Since(start)
+	if r.cfg.OnBatch != nil {
+		r.cfg.OnBatch(b)
+	}
+	return b
+}
+
+func (r *Relay) relayBatch(ctx context.Context, b *Batch) (err error) {
+	tx, err := r.st.Pool().Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("claimtx relay: begin: %w", err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+			_ = tx.Rollback(rctx)
+			cancel()
+		}
+	}()
+	rows, err := r.st.ClaimOutbox(ctx, tx, r.cfg.BatchSize)
+	if err != nil {
+		return err
+	}
+	b.Claimed = len(rows)
+	if len(rows) == 0 {
+		return nil // the deferred rollback ends the read-only transaction
+	}
+
+	var publishErr error
+	var failed []int64
+	for i := 0; i < len(rows); {
+		if ctx.Err() != nil {
+			publishErr = ctx.Err()
+			break
+		}
+		j := i + 1
+		for j < len(rows) && rows[j].Topic == rows[i].Topic {
+			j++
+		}
+		msgs := make([]*message.Message, 0, j-i)
+		for _, row := range rows[i:j] {
+			msgs = append(msgs, row.Message())
+		}
+		if err := r.pub.Publish(rows[i].Topic, msgs...); err != nil {
+			publishErr = fmt.Errorf("claimtx relay: publish %d message(s) to %q: %w", j-i, rows[i].Topic, err)
+			failed = ids(rows[i:j])
+			break
+		}
+		b.Published = j
+		i = j
+	}
+
+	// What was published is marked even when ctx was cancelled meanwhile:
+	// a graceful stop must not cause resends. A crash loses the marks with
+	// the transaction, which is what at-least-once means.
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	defer cancel()
+	if err := r.st.MarkOutboxSent(mctx, tx, ids(rows[:b.Published])); err != nil {
+		return errors.Join(publishErr, err)
+	}
+	if err := r.st.MarkOutboxFailed(mctx, tx, failed, publishErr); err != nil {
+		return errors.Join(publishErr, err)
+	}
+	if err := tx.Commit(mctx); err != nil {
+		return errors.Join(publishErr, fmt.Errorf("claimtx relay: commit: %w", err))
+	}
+	committed = true
+	return publishErr
+}
+
+// Cleanup deletes sent rows older than Retention in batches of
+// CleanupBatch until none are left, and returns how many it deleted.
+func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		n, err := r.st.DeleteSentOutbox(ctx, r.cfg.Retention, r.cfg.CleanupBatch)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < int64(r.cfg.CleanupBatch) {
+			if total > 0 {
+				r.cfg.Logger.Info("claimtx relay: deleted sent outbox rows", watermill.LogFields{"rows": total, "retention": r.cfg.Retention})
+			}
+			return total, nil
+		}
+		if err := sleep(ctx, cleanupPause); err != nil {
+			return total, err
+		}
+	}
+}
+
+// listen keeps a LISTEN connection open and signals wake for every
+// notification about this relay's outbox. Errors (the database restarts)
+// are retried after PollInterval; polling covers the gap.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx, wake)
+		if ctx.Err() != nil {
+			return
+		}
+		r.cfg.Logger.Info("claimtx relay: LISTEN connection lost, polling until it is back", watermill.LogFields{"err": err.Error()})
+		if sleep(ctx, r.cfg.PollInterval) != nil {
+			return
+		}
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
+	conn, err := pgx.ConnectConfig(ctx, r.st.Pool().Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("claimtx relay: listen: connect: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = conn.Close(cctx)
+		cancel()
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{store.OutboxChannel}.Sanitize()); err != nil {
+		return fmt.Errorf("claimtx relay: listen: %w", err)
+	}
+	// Rows committed while no connection listened were not announced.
+	signal(wake)
+	want := r.st.OutboxNotifyPayload()
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return fmt.Errorf("claimtx relay: wait for notification: %w", err)
+		}
+		if n.Payload == want {
+			signal(wake)
+		}
+	}
+}
+
+func signal(wake chan<- struct{}) {
+	select {
+	case wake <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+}
+
+func ids(rows []store.OutboxRow) []int64 {
+	out := make([]int64, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func (r *Relay) backoff(failures int) time.Duration {
+	d := r.cfg.InitialBackoff
+	for i := 1; i < failures && d < r.cfg.MaxBackoff; i++ {
+		d *= 2
+	}
+	if d > r.cfg.MaxBackoff {
+		d = r.cfg.MaxBackoff
+	}
+	// Half jitter: relays failing together (the broker went down) spread
+	// out, and the wait never collapses to nothing.
+	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

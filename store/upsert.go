@@ -1,0 +1,149 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/claimtx/claimtx/framework"
+)
+
+// Execer runs one statement: a pgx.Tx, *pgxpool.Pool or *pgx.Conn.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// DefaultVersionColumn is VersionedUpsertConfig.Version when left empty.
+const DefaultVersionColumn = "version"
+
+// VersionedUpsertConfig describes a last-writer-wins projection table.
+// Every name is validated like claimtx's own (lower case, ^[a-z_][a-z0-9_]*$,
+// at most 63 bytes) and always quoted, so a configuration can never inject
+// SQL; tables with upper-case or otherwise exotic names need a view.
+type VersionedUpsertConfig struct {
+	// Schema qualifies Table. Defaults to "" (the connection's search_path).
+	Schema string
+	// Table is the projection table. Required.
+	Table string
+	// Key lists the columns of the table's primary key or of a unique
+	// constraint: the identity of one projected entity. Required.
+	Key []string
+	// Version is the column holding the producer's version or sequence
+	// number of the entity's state. A write applies only when its version
+	// is strictly greater than the stored one. Defaults to "version".
+	Version string
+	// Columns are the other columns written (the projected state). They
+	// are inserted, and replaced on a newer version. Defaults to none.
+	Columns []string
+}
+
+// VersionedUpsert writes state rows that tolerate duplicates and
+// reordering without any claim: an older or equal version never overwrites
+// a newer one, so delivering versions 3, 1, 2, 3, 2 in any order, at any
+// concurrency, leaves version 3. It builds, once,
+//
+//	INSERT INTO t AS t (key…, version, columns…) VALUES ($1, …)
+//	ON CONFLICT (key…) DO UPDATE SET version = EXCLUDED.version, columns… = EXCLUDED.columns…
+//	WHERE t.version < EXCLUDED.version
+//
+// Use it for state (a customer's current address, an order's status), never
+// for increments: "add 10 points" applied twice is wrong whatever the
+// version says. It is safe for concurrent use.
+type VersionedUpsert struct {
+	sql   string
+	nargs int
+}
+
+// NewVersionedUpsert validates cfg and builds the statement. Errors are
+// *framework.ConfigError naming the field.
+func NewVersionedUpsert(cfg VersionedUpsertConfig) (*VersionedUpsert, error) {
+	if cfg.Version == "" {
+		cfg.Version = DefaultVersionColumn
+	}
+	if cfg.Schema != "" && !schemaName.MatchString(cfg.Schema) {
+		return nil, &framework.ConfigError{Field: "Schema", Reason: fmt.Sprintf("%q must match %s", cfg.Schema, schemaName)}
+	}
+	if !schemaName.MatchString(cfg.Table) {
+		return nil, &framework.ConfigError{Field: "Table", Reason: fmt.Sprintf("%q must match %s", cfg.Table, schemaName)}
+	}
+	if len(cfg.Key) == 0 {
+		return nil, &framework.ConfigError{Field: "Key", Reason: "must name at least one column"}
+	}
+	seen := map[string]string{}
+	check := func(field, col string) error {
+		if !schemaName.MatchString(col) {
+			return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("column %q must match %s", col, schemaName)}
+		}
+		if prev, dup := seen[col]; dup {
+			return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("column %q is also in %s", col, prev)}
+		}
+		seen[col] = field
+		return nil
+	}
+	for _, c := range cfg.Key {
+		if err := check("Key", c); err != nil {
+			return nil, err
+		}
+	}
+	if err := check("Version", cfg.Version); err != nil {
+		return nil, err
+	}
+	for _, c := range cfg.Columns {
+		if err := check("Columns", c); err != nil {
+			return nil, err
+		}
+	}
+
+	table := ident(cfg.Table)
+	if cfg.Schema != "" {
+		table = ident(cfg.Schema, cfg.Table)
+	}
+	all := append(append(append([]string{}, cfg.Key...), cfg.Version), cfg.Columns...)
+	cols := make([]string, len(all))
+	params := make([]string, len(all))
+	for i, c := range all {
+		cols[i] = ident(c)
+		params[i] = fmt.Sprintf("$%d", i+1)
+	}
+	keys := make([]string, len(cfg.Key))
+	for i, c := range cfg.Key {
+		keys[i] = ident(c)
+	}
+	sets := make([]string, 0, 1+len(cfg.Columns))
+	for _, c := range append([]string{cfg.Version}, cfg.Columns...) {
+		sets = append(sets, fmt.Sprintf("%s = EXCLUDED.%s", ident(c), ident(c)))
+	}
+	v := ident(cfg.Version)
+	sql := fmt.Sprintf("INSERT INTO %s AS t (%s) VALUES (%s) ON CONFLICT (%s) DO UPDATE SET %s WHERE t.%s < EXCLUDED.%s",
+		table, strings.Join(cols, ", "), strings.Join(params, ", "), strings.Join(keys, ", "),
+		strings.Join(sets, ", "), v, v)
+	return &VersionedUpsert{sql: sql, nargs: len(all)}, nil
+}
+
+// SQL returns the statement, for logs and reviews.
+func (u *VersionedUpsert) SQL() string { return u.sql }
+
+// Exec writes one entity's state through db (a transaction, the pool, a
+// connection). args are the values in configuration order: Key columns,
+// then Version, then Columns. It reports whether the row was inserted or
+// updated; false means the stored version was already at least as new (a
+// duplicate or a late, older event), which is not an error.
+//
+// Under the claim middleware's natural-key mode a handler can return
+// framework.AppliedOrDuplicate(applied) to count stale writes as duplicates.
+func (u *VersionedUpsert) Exec(ctx context.Context, db Execer, args ...any) (applied bool, err error) {
+	if db == nil {
+		return false, errors.New("claimtx: versioned upsert needs a transaction, pool or connection")
+	}
+	if len(args) != u.nargs {
+		return false, framework.Permanent(fmt.Errorf("claimtx: versioned upsert takes %d values (key columns, version, columns), got %d", u.nargs, len(args)))
+	}
+	tag, err := db.Exec(ctx, u.sql, args...)
+	if err != nil {
+		return false, fmt.Errorf("claimtx: versioned upsert: %w", err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
