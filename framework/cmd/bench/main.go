@@ -235,4 +235,3 @@ func joinInts(xs []int) string {
 	}
 	return strings.Join(s, ",")
 }
-

@@ -1,0 +1,176 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/middleware"
+)
+
+func batchOf(t *testing.T, orders ...order) []*message.Message {
+	msgs := make([]*message.Message, len(orders))
+	for i, o := range orders {
+		msgs[i] = newDelivery(t, o)
+	}
+	return msgs
+}
+
+func (b bundle) batch(t *testing.T, rec *outcomes) middleware.Batch {
+	return middleware.Batch{Claim: b.claim(t, "loyalty", rec)}
+}
+
+func TestBatchRedeliveryAndInBatchDuplicates(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	rec := &outcomes{}
+	bt := b.batch(t, rec)
+	o1 := order{OrderID: 1, CustomerID: 1, TotalCents: 100}
+	o2 := order{OrderID: 2, CustomerID: 1, TotalCents: 200}
+	o3 := order{OrderID: 3, CustomerID: 2, TotalCents: 300}
+
+	errs := bt.Process(context.Background(), batchOf(t, o1, o2, o1, o3, o2), credit)
+	require.Equal(t, []error{nil, nil, nil, nil, nil}, errs)
+	require.Equal(t, 3, rec.count(framework.Applied))
+	require.Equal(t, 2, rec.count(framework.Duplicate))
+
+	// The whole batch redelivered after a lost ack: all duplicates.
+	errs = bt.Process(context.Background(), batchOf(t, o3, o2, o1), credit)
+	require.Equal(t, []error{nil, nil, nil}, errs)
+	require.Equal(t, 3, rec.count(framework.Applied))
+	require.Equal(t, 5, rec.count(framework.Duplicate))
+	require.Equal(t, int64(3), b.balance(t, 1))
+	require.Equal(t, int64(3), b.balance(t, 2))
+	for _, id := range []int64{1, 2, 3} {
+		require.Equal(t, int64(1), b.ledgerRows(t, id))
+	}
+}
+
+func TestBatchIsolatesFailingMessages(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	rec := &outcomes{}
+	bt := b.batch(t, rec)
+	var orders []order
+	for i := int64(1); i <= 10; i++ {
+		orders = append(orders, order{OrderID: i, CustomerID: i % 3, TotalCents: 100 * i})
+	}
+	boom := errors.New("order 4 is rejected")
+	h := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		if err := credit(ctx, tx, msg); err != nil {
+			return err
+		}
+		switch msg.Metadata.Get("event_id") {
+		case "evt-4":
+			return boom
+		case "evt-7":
+			panic("order 7 panics")
+		}
+		return nil
+	}
+	msgs := batchOf(t, orders...)
+	msgs[8].Payload = []byte(`{"no": "order id"}`)
+	errs := bt.Process(context.Background(), msgs, h)
+	for i, err := range errs {
+		switch i {
+		case 3:
+			require.ErrorIs(t, err, boom)
+		case 6:
+			var pe *framework.PanicError
+			require.ErrorAs(t, err, &pe)
+		case 8:
+			require.ErrorIs(t, err, framework.ErrInvalidKey)
+			require.True(t, framework.IsPermanent(err))
+		default:
+			require.NoError(t, err, "message %d", i)
+		}
+	}
+	require.Equal(t, 7, rec.count(framework.Applied))
+	require.Equal(t, 3, rec.count(framework.Failed))
+	require.Equal(t, int64(7), b.claims(t, "loyalty"), "failed messages leave no claim")
+	require.Equal(t, int64(0), b.ledgerRows(t, 4))
+	require.Equal(t, int64(0), b.ledgerRows(t, 7))
+
+	// Redelivered alone once fixed, they apply.
+	errs = bt.Process(context.Background(), batchOf(t, orders[3], orders[6]), credit)
+	require.Equal(t, []error{nil, nil}, errs)
+	require.Equal(t, int64(1), b.ledgerRows(t, 4))
+	require.Equal(t, int64(1), b.ledgerRows(t, 7))
+}
+
+// Eight batches over overlapping keys, concurrently, with effects that
+// touch shared balance rows in arbitrary order: every order exactly once.
+func TestBatchConcurrentOverlappingBatches(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 10)
+	rec := &outcomes{}
+	bt := b.batch(t, rec)
+	bt.MaxAttempts = 20
+	const orders = 60
+	var wg sync.WaitGroup
+	errCh := make(chan error, 8*orders)
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var os []order
+			for i := 0; i < orders; i++ {
+				id := int64((i*7+w*13)%orders + 1) // each batch a different order
+				os = append(os, order{OrderID: id, CustomerID: id % 5, TotalCents: 100})
+			}
+			for _, err := range bt.Process(context.Background(), batchOf(t, os...), credit) {
+				errCh <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errCh)
+	for err := range errCh {
+		require.NoError(t, err)
+	}
+	require.Equal(t, orders, rec.count(framework.Applied))
+	require.Equal(t, 7*orders, rec.count(framework.Duplicate))
+	require.Equal(t, int64(orders), b.scalar(t, "SELECT count(*) FROM point_ledger"))
+	require.Equal(t, int64(orders), b.scalar(t, "SELECT sum(points) FROM balances"))
+}
+
+// A batch whose key is held by an uncommitted twin waits; when the twin
+// rolls back, the batch takes over and applies.
+func TestBatchRollbackHandOver(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	rec := &outcomes{}
+	bt := b.batch(t, rec)
+	ctx := context.Background()
+	holder, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	ok, err := b.store.Claim(ctx, holder, "loyalty", "order-completed:2")
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	done := make(chan []error, 1)
+	go func() {
+		done <- bt.Process(ctx, batchOf(t, order{OrderID: 1, CustomerID: 1, TotalCents: 100}, order{OrderID: 2, CustomerID: 1, TotalCents: 100}), credit)
+	}()
+	require.Eventually(t, func() bool {
+		return b.scalar(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, b.schema) == 1
+	}, 10*time.Second, 5*time.Millisecond, "the batch must wait on the held key")
+	require.NoError(t, holder.Rollback(ctx))
+	require.Equal(t, []error{nil, nil}, <-done)
+	require.Equal(t, 2, rec.count(framework.Applied))
+	require.Equal(t, int64(2), b.balance(t, 1))
+}
+
+func TestBatchBadConfig(t *testing.T) {
+	t.Parallel()
+	errs := middleware.Batch{}.Process(context.Background(), batchOf(t, order{OrderID: 1}), credit)
+	var ce *framework.ConfigError
+	require.ErrorAs(t, errs[0], &ce)
+}
