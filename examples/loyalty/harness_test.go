@@ -6,11 +6,17 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -106,14 +112,8 @@ func newHarness(t *testing.T, kind string) *harness {
 		conn, err := amqp.Dial(h.amqpURL)
 		require.NoError(t, err)
 		h.amqpConn = conn
-		t.Cleanup(func() {
-			if ch, err := conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(h.topic, false, false, false)
-				_, _ = ch.QueueDelete(h.topic+".poison", false, false, false)
-				_ = ch.Close()
-			}
-			_ = conn.Close()
-		})
+		h.deleteQueuesAtCleanup(h.topic, h.topic+".poison")
+		t.Cleanup(func() { _ = h.amqpConn.Close() })
 		ch, err := conn.Channel()
 		require.NoError(t, err)
 		_, err = ch.QueueDeclare(h.topic, true, false, false, false, nil)
@@ -198,6 +198,16 @@ func (p *proc) stop() {
 	}
 }
 
+// running reports, without waiting, whether the process is still alive.
+func (p *proc) running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
 func (p *proc) exited(d time.Duration) bool {
 	select {
 	case <-p.done:
@@ -222,21 +232,124 @@ func (h *harness) publishRaw(eventIDs []string, payloads [][]byte) {
 		}
 		require.NoError(h.t, h.kcl.ProduceSync(ctx, recs...).FirstErr())
 	case "amqp":
-		ch, err := h.amqpConn.Channel()
-		require.NoError(h.t, err)
-		defer func() { _ = ch.Close() }()
-		require.NoError(h.t, ch.Confirm(false))
-		confirms := ch.NotifyPublish(make(chan amqp.Confirmation, len(payloads)))
-		for i, p := range payloads {
-			require.NoError(h.t, ch.PublishWithContext(ctx, "", h.topic, false, false, amqp.Publishing{
-				DeliveryMode: amqp.Persistent, MessageId: randID(), Body: p,
-				Headers: amqp.Table{"event_id": eventIDs[i]},
-			}))
-		}
-		for range payloads {
-			require.True(h.t, (<-confirms).Ack)
+		h.publishAMQP(h.topic, eventIDs, payloads)
+	}
+}
+
+// publishAMQP publishes to the default exchange with routing key queue,
+// with publisher confirms.
+func (h *harness) publishAMQP(queue string, eventIDs []string, payloads [][]byte) {
+	h.t.Helper()
+	require.NoError(h.t, h.tryPublishAMQP(queue, eventIDs, payloads))
+}
+
+// tryPublishAMQP is publishAMQP returning the error, for tests that publish
+// while the server drops connections (and publish again on error).
+func (h *harness) tryPublishAMQP(queue string, eventIDs []string, payloads [][]byte) error {
+	h.t.Helper()
+	ch, err := h.amqp().Channel()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ch.Close() }()
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, len(payloads)))
+	for i, p := range payloads {
+		if err := ch.PublishWithContext(context.Background(), "", queue, false, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, MessageId: randID(), Body: p,
+			Headers: amqp.Table{"event_id": eventIDs[i]},
+		}); err != nil {
+			return err
 		}
 	}
+	for range payloads {
+		select {
+		case c, ok := <-confirms:
+			if !ok || !c.Ack {
+				return fmt.Errorf("publish to %s: not confirmed (channel closed: %t)", queue, !ok)
+			}
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("publish to %s: no confirm within 30s", queue)
+		}
+	}
+	return nil
+}
+
+// amqp returns the test's own RabbitMQ connection, dialled again if the
+// server closed it (the disruptive tests close every connection).
+func (h *harness) amqp() *amqp.Connection {
+	h.t.Helper()
+	if h.amqpConn != nil && !h.amqpConn.IsClosed() {
+		return h.amqpConn
+	}
+	var conn *amqp.Connection
+	require.Eventually(h.t, func() bool {
+		var err error
+		conn, err = amqp.Dial(h.amqpURL)
+		return err == nil
+	}, 30*time.Second, 100*time.Millisecond, "dial RabbitMQ again")
+	h.amqpConn = conn
+	return conn
+}
+
+// deleteQueuesAtCleanup deletes queues when the test ends, on a connection
+// of its own (the test's may have been closed by then).
+func (h *harness) deleteQueuesAtCleanup(queues ...string) {
+	h.t.Cleanup(func() {
+		conn, err := amqp.Dial(h.amqpURL)
+		if err != nil {
+			h.t.Logf("cannot delete queues %v: %v", queues, err)
+			return
+		}
+		defer func() { _ = conn.Close() }()
+		for _, q := range queues {
+			ch, err := conn.Channel()
+			if err != nil {
+				return
+			}
+			_, _ = ch.QueueDelete(q, false, false, false)
+			_ = ch.Close()
+		}
+	})
+}
+
+// queueDepth returns the ready messages of an AMQP queue, 0 if it does not
+// exist.
+func (h *harness) queueDepth(queue string) int {
+	h.t.Helper()
+	ch, err := h.amqp().Channel()
+	require.NoError(h.t, err)
+	defer func() { _ = ch.Close() }()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	var aerr *amqp.Error
+	if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+		return 0
+	}
+	require.NoError(h.t, err)
+	return q.Messages
+}
+
+// queueStats asks rabbitmqctl for a queue's ready and unacknowledged
+// message counts (AMQP itself only reports the ready ones).
+func queueStats(t *testing.T, queue string) (ready, unacked int) {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", "list_queues", "--quiet", "--no-table-headers",
+		"name", "messages_ready", "messages_unacknowledged").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == queue {
+			ready, err = strconv.Atoi(f[1])
+			require.NoError(t, err)
+			unacked, err = strconv.Atoi(f[2])
+			require.NoError(t, err)
+			return ready, unacked
+		}
+	}
+	require.Failf(t, "queue not listed", "%s not in rabbitmqctl list_queues:\n%s", queue, out)
+	return 0, 0
 }
 
 func (h *harness) publish(orders ...order) {
@@ -358,3 +471,53 @@ type poisonedMsg struct {
 	headers map[string]string
 }
 
+// waitLog waits until the consumer's output contains substr.
+func (p *proc) waitLog(t *testing.T, substr string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Contains(p.out.String(), substr) },
+		60*time.Second, 20*time.Millisecond, "consumer output never contained %q", substr)
+}
+
+var metricsAddrRE = regexp.MustCompile(`msg="loyalty: serving /metrics and /healthz" addr=(\S+)`)
+
+// metricsURL is the consumer's /metrics endpoint, read from its start-up
+// log (the tests bind 127.0.0.1:0).
+func (p *proc) metricsURL(t *testing.T) string {
+	t.Helper()
+	var addr string
+	require.Eventually(t, func() bool {
+		m := metricsAddrRE.FindStringSubmatch(p.out.String())
+		if m == nil {
+			return false
+		}
+		addr = m[1]
+		return true
+	}, 60*time.Second, 20*time.Millisecond, "consumer never logged its metrics address")
+	return "http://" + addr + "/metrics"
+}
+
+// outcomes scrapes claimtx_messages_total by outcome from the consumer's
+// /metrics (summed over the other labels).
+func (p *proc) outcomes(t *testing.T) map[string]int {
+	t.Helper()
+	resp, err := http.Get(p.metricsURL(t))
+	require.NoError(t, err)
+	defer func() { _ = resp.Body.Close() }()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	out := map[string]int{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, "claimtx_messages_total{") {
+			continue
+		}
+		m := outcomeRE.FindStringSubmatch(line)
+		require.NotNil(t, m, "unexpected metric line %q", line)
+		v, err := strconv.ParseFloat(m[2], 64)
+		require.NoError(t, err)
+		out[m[1]] += int(v)
+	}
+	return out
+}
+
+var outcomeRE = regexp.MustCompile(`outcome="([a-z_]+)".*\} (\S+)$`)

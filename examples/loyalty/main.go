@@ -149,6 +149,19 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		}
 		cfg.HandlerRetries = n
 	}
+	// Every outcome is logged at debug level (LOG_LEVEL=debug) with its
+	// order id, so tests can tell which order was applied and which
+	// delivery was recognised as a duplicate.
+	onOutcome := []func(middleware.Result){func(r middleware.Result) {
+		if !logger.Enabled(ctx, slog.LevelDebug) {
+			return
+		}
+		id, _, _, err := decode(r.Message.Payload)
+		if err != nil {
+			id = -1
+		}
+		logger.Debug("loyalty: outcome", "order_id", id, "outcome", string(r.Outcome), "attempts", r.Attempts, "claim_wait", r.ClaimWait)
+	}}
 	if v := os.Getenv("LOYALTY_CRASH_AFTER_COMMIT"); v != "" {
 		// Fault injection for the kill tests: die by SIGKILL after the
 		// claim transaction of this order committed and before the router
@@ -157,7 +170,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		if err != nil {
 			return &framework.ConfigError{Field: "LOYALTY_CRASH_AFTER_COMMIT", Reason: "not an order id"}
 		}
-		cfg.OnOutcome = func(r middleware.Result) {
+		onOutcome = append(onOutcome, func(r middleware.Result) {
 			if r.Outcome != framework.Applied {
 				return
 			}
@@ -166,12 +179,21 @@ func run(ctx context.Context, logger *slog.Logger) error {
 				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 				select {} // never ack
 			}
+		})
+	}
+	cfg.OnOutcome = func(r middleware.Result) {
+		for _, f := range onOutcome {
+			f(r)
 		}
+	}
+	handler, err := withHandlerDelay(logger, credit)
+	if err != nil {
+		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	cfg.Registerer = reg
-	c, err := consumer.New(ctx, cfg, credit)
+	c, err := consumer.New(ctx, cfg, handler)
 	if err != nil {
 		return err
 	}
@@ -212,8 +234,66 @@ func serveMetrics(logger *slog.Logger, addr string, reg *prometheus.Registry, he
 	}
 }
 
+// withHandlerDelay is fault injection for the rebalance and overlap tests:
+// LOYALTY_HANDLER_DELAY=<duration> makes the handler sleep after its writes,
+// inside the claim transaction (claim row inserted, nothing committed), for
+// the order LOYALTY_HANDLER_DELAY_ORDER or, when that is unset, for every
+// order. The sleep ends early if the message's context ends.
+func withHandlerDelay(logger *slog.Logger, h middleware.TxHandlerFunc) (middleware.TxHandlerFunc, error) {
+	v := os.Getenv("LOYALTY_HANDLER_DELAY")
+	if v == "" {
+		return h, nil
+	}
+	delay, err := time.ParseDuration(v)
+	if err != nil || delay < 0 {
+		return nil, &framework.ConfigError{Field: "LOYALTY_HANDLER_DELAY", Reason: "not a non-negative duration"}
+	}
+	only, all := int64(0), true
+	if v := os.Getenv("LOYALTY_HANDLER_DELAY_ORDER"); v != "" {
+		if only, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return nil, &framework.ConfigError{Field: "LOYALTY_HANDLER_DELAY_ORDER", Reason: "not an order id"}
+		}
+		all = false
+	}
+	return func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		if err := h(ctx, tx, msg); err != nil {
+			return err
+		}
+		id, _, _, err := decode(msg.Payload)
+		if err != nil || (!all && id != only) {
+			return err
+		}
+		logger.Warn("loyalty: fault injection: holding the claim transaction open", "order_id", id, "delay", delay)
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			logger.Warn("loyalty: fault injection: committing the held claim transaction", "order_id", id)
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}, nil
+}
+
+// logLevel reads LOG_LEVEL (debug, info, warn, error; default info).
+func logLevel() (slog.Level, error) {
+	var l slog.Level
+	if v := os.Getenv("LOG_LEVEL"); v != "" {
+		if err := l.UnmarshalText([]byte(v)); err != nil {
+			return l, &framework.ConfigError{Field: "LOG_LEVEL", Reason: "not a level (debug, info, warn, error)"}
+		}
+	}
+	return l, nil
+}
+
 func main() {
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	level, levelErr := logLevel()
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if levelErr != nil {
+		logger.Error("loyalty: stopped", "err", levelErr)
+		os.Exit(1)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, logger); err != nil {

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestKafkaRebalanceWhileHandlerHoldsClaim: member A of the group holds
+// order 5's claim transaction open (LOYALTY_HANDLER_DELAY: claim row and
+// effect written, not committed) when member B joins. The rebalance cannot
+// finish while A's ConsumeClaim waits for its handler, so the broker drops A
+// from the group after the rebalance timeout and B takes every partition,
+// reading order 5 again from the last committed offset. B's claim INSERT must
+// then wait on A's uncommitted row (observed in pg_locks through
+// pg_blocking_pids), and when A commits, B records a duplicate: order 5 is
+// credited exactly once and every balance is exact. (B's wait is longer
+// than its 5s claim wait, so B usually retries the claim transaction once:
+// a transient claim_wait failure, not a poison.)
+func TestKafkaRebalanceWhileHandlerHoldsClaim(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "kafka")
+	all := orders(1, 30)
+	const held = 5
+
+	a := h.start("LOG_LEVEL=debug", "LOYALTY_HANDLER_DELAY=10s", fmt.Sprintf("LOYALTY_HANDLER_DELAY_ORDER=%d", held))
+	h.publish(all[:20]...)
+	a.waitLog(t, fmt.Sprintf(`msg="loyalty: fault injection: holding the claim transaction open" order_id=%d`, held))
+	holdStart := time.Now()
+	b := h.start("LOG_LEVEL=debug")
+
+	// The overlap: B's claim of the held order waits behind A's open
+	// transaction, which is idle in transaction (sleeping in the handler).
+	h.waitFor("B's claim to wait on A's uncommitted claim row", func() bool {
+		return h.tryCount(`
+SELECT count(*)
+FROM pg_stat_activity w
+JOIN pg_stat_activity blocker ON blocker.pid = ANY (pg_blocking_pids(w.pid))
+WHERE w.wait_event_type = 'Lock'
+  AND w.query LIKE '%' || $1 || '%processed_messages%'
+  AND blocker.state = 'idle in transaction'`, h.schema) > 0
+	})
+	t.Logf("B blocked on A's claim %s after A began holding it", time.Since(holdStart).Round(time.Millisecond))
+	require.Zero(t, h.count("SELECT count(*) FROM point_ledger WHERE order_id = $1", held),
+		"order %d is not committed while A holds it", held)
+
+	// A commits, B finds the claim and acks a duplicate.
+	a.waitLog(t, fmt.Sprintf(`msg="loyalty: fault injection: committing the held claim transaction" order_id=%d`, held))
+	b.waitLog(t, fmt.Sprintf(`msg="loyalty: outcome" order_id=%d outcome=duplicate`, held))
+	require.Contains(t, a.out.String(), fmt.Sprintf(`msg="loyalty: outcome" order_id=%d outcome=applied`, held))
+	require.NotContains(t, b.out.String(), fmt.Sprintf(`order_id=%d outcome=applied`, held))
+
+	// The group goes on with both members.
+	h.publish(all[20:]...)
+	h.waitApplied(len(all))
+	h.waitFor("every claim", func() bool {
+		return h.tryCount(fmt.Sprintf(`SELECT count(*) FROM %q.processed_messages`, h.schema)) == len(all)
+	})
+	require.Equal(t, 1, h.count("SELECT count(*) FROM point_ledger WHERE order_id = $1", held))
+	h.assertExact(all)
+	for _, p := range []*proc{a, b} {
+		got := p.outcomes(t)
+		require.Zero(t, got["failed"]+got["poisoned"], "outcomes: %v", got)
+	}
+	require.True(t, a.running(), "A is still running")
+	require.True(t, b.running(), "B is still running")
+}
