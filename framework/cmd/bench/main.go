@@ -78,6 +78,7 @@ type row struct {
 	raw         result
 	router      result
 	claim       result
+	batch       result
 }
 
 type result struct {
@@ -153,6 +154,17 @@ func run(ctx context.Context, o options) error {
 				}
 				fmt.Fprintf(os.Stderr, "%-6s c=%-2d claim=%-5v %8.0f msg/s\n", b, c, withClaim, r.rate())
 			}
+			env, err := newEnv(ctx, o.databaseURL, c)
+			if err != nil {
+				return err
+			}
+			r, err := runBatch(ctx, env, routerRun{broker: b, n: o.n, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr, workers: c})
+			env.close(ctx, pool)
+			if err != nil {
+				return fmt.Errorf("%s c=%d batch: %w", b, c, err)
+			}
+			rw.batch = r
+			fmt.Fprintf(os.Stderr, "%-6s c=%-2d batch       %8.0f msg/s\n", b, c, r.rate())
 			rows = append(rows, rw)
 		}
 	}
@@ -166,14 +178,14 @@ func run(ctx context.Context, o options) error {
 
 func render(rows []row) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| broker | conc | (a) raw msg/s | (b) router msg/s | (c) claimtx msg/s | (c) p50 | (c) p99 | (b) p99 | c/b | c/a |\n")
-	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| broker | conc | (a) raw msg/s | (b) router msg/s | (c) claimtx msg/s | (c) p50 | (c) p99 | (b) p99 | c/b | c/a | (d) batch msg/s | d/c |\n")
+	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %.2f | %.2f |\n",
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %.2f | %.2f | %.0f | %.1f |\n",
 			r.broker, r.concurrency, r.raw.rate(), r.router.rate(), r.claim.rate(),
 			r.claim.pct(0.5).Round(10*time.Microsecond), r.claim.pct(0.99).Round(10*time.Microsecond),
 			r.router.pct(0.99).Round(10*time.Microsecond),
-			r.claim.rate()/r.router.rate(), r.claim.rate()/r.raw.rate())
+			r.claim.rate()/r.router.rate(), r.claim.rate()/r.raw.rate(), r.batch.rate(), r.batch.rate()/r.claim.rate())
 	}
 	return b.String()
 }
@@ -219,7 +231,8 @@ func writeDoc(o options, table string, took time.Duration) error {
 - **(b) router**: messages pre-published to a fresh queue/topic, consumed by a Watermill router over the broker adapter, the handler doing the same effect in its own transaction, without a claim: an at-least-once consumer.
 - **(c) claimtx**: as (b) with the claim middleware (claim + effect in one transaction).
 - p50/p99: time spent in the handler chain per message (from the router calling the outermost middleware to its return).
-- c/b: what claimtx costs over an at-least-once consumer doing the same effect (target >= 0.85); c/a: how close claimtx through a broker gets to the raw database limit (target >= 0.8).
+- **(d) batch**: claim + effect through consumer.RunBatch and middleware.Batch: up to 128 messages per transaction (one claim statement, one commit), with as many batch workers as the concurrency. RabbitMQ holds 128 unacked messages (128 subscriptions); Kafka one per partition (128 partitions).
+- c/b: what claimtx costs over an at-least-once consumer doing the same effect (target >= 0.85); c/a: how close claimtx through a broker gets to the raw database limit (target >= 0.8); d/c: batch mode over per-message mode at the same concurrency (target >= 5).
 
 Concurrency is the RabbitMQ subscription count (each watermill-amqp subscription is sequential) or the number of Kafka partitions (one message in flight per partition).
 

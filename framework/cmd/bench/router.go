@@ -17,6 +17,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -27,6 +28,7 @@ type routerRun struct {
 	claim       bool
 	amqpURL     string
 	kafkaAddr   string
+	workers     int
 }
 
 func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
@@ -194,3 +196,77 @@ func deleteQueue(url, name string) {
 		_, _ = ch.QueueDelete(name, false, false, false)
 	}
 }
+
+// runBatch is mode (d): the same claim + effect through consumer.RunBatch,
+// one transaction per batch. RabbitMQ holds up to batchWindow unacked
+// messages (that many subscriptions); Kafka one per partition, so its topic
+// gets batchWindow partitions.
+func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
+	r.concurrency = batchWindow
+	if err := prepublish(ctx, e, r); err != nil {
+		return result{}, fmt.Errorf("publish: %w", err)
+	}
+	if r.broker == "amqp" {
+		defer deleteQueue(r.amqpURL, e.topic)
+	}
+	cfg := brokers.DefaultConfig()
+	cfg.Kind = r.broker
+	cfg.AMQP.URL = r.amqpURL
+	cfg.AMQP.Concurrency = batchWindow
+	cfg.Kafka.Brokers = []string{r.kafkaAddr}
+	cfg.Kafka.ConsumerGroup = "bench-" + e.topic
+	sub, err := brokers.NewSubscriber(cfg, watermill.NopLogger{})
+	if err != nil {
+		return result{}, err
+	}
+	defer func() { _ = sub.Close() }()
+	key, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
+	if err != nil {
+		return result{}, err
+	}
+	var done atomic.Int64
+	var firstStart atomic.Int64
+	lat := make([]time.Duration, r.n)
+	finished := make(chan struct{})
+	var once sync.Once
+	bt := middleware.Batch{Claim: middleware.Claim{Store: e.store, Consumer: "bench", Key: key,
+		OnOutcome: func(res middleware.Result) {
+			if res.Outcome != framework.Applied && res.Outcome != framework.Duplicate {
+				return
+			}
+			i := done.Add(1)
+			if int(i) <= r.n {
+				lat[i-1] = res.Duration
+			}
+			if int(i) == r.n {
+				once.Do(func() { close(finished) })
+			}
+		}}}
+	handler := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		firstStart.CompareAndSwap(0, time.Now().UnixNano())
+		o, err := decode(msg)
+		if err != nil {
+			return framework.Permanent(err)
+		}
+		return effect(ctx, tx, o)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- consumer.RunBatch(rctx, sub, e.topic, bt, handler, consumer.BatchOptions{MaxSize: batchWindow, Workers: r.workers})
+	}()
+	select {
+	case <-finished:
+	case err := <-runErr:
+		return result{}, fmt.Errorf("batch consumer stopped: %w", err)
+	case <-time.After(5 * time.Minute):
+		return result{}, errors.New("timed out")
+	}
+	end := time.Now()
+	cancel()
+	<-runErr
+	return result{n: r.n, elapsed: end.Sub(time.Unix(0, firstStart.Load())), lat: lat}, nil
+}
+
+const batchWindow = 128
