@@ -36,8 +36,10 @@ test-parallel: ## The main suite, with -race; packages run in parallel, each tes
 # run one package at a time, after the parallel suite. TestReconnect closes
 # only its own connections but cannot run under -race (a data race inside
 # watermill-amqp's reconnect, see brokers/amqp/doc.go).
+# TestChaosDisruptive (examples/chaos) is `make chaos-ci` as a test: it
+# restarts Postgres and closes every RabbitMQ connection, so it runs here.
 .PHONY: test-disruptive
-test-disruptive: ## Tests that disconnect or restart shared servers, run serially.
+test-disruptive: ## Tests that disconnect or restart shared servers, run serially (includes the CI chaos run).
 	$(GO) test -count=1 -p 1 -tags disruptive -run 'Disruptive|TestReconnect' ./brokers/... ./examples/...
 
 .PHONY: test-race
@@ -67,9 +69,31 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
 	$(GO) test -run '^$$' -fuzz '^FuzzKeySpec$$' -fuzztime $(FUZZTIME) ./framework/
 	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalNumber$$' -fuzztime $(FUZZTIME) ./framework/
 	$(GO) test -run '^$$' -fuzz '^FuzzHeaderValueToString$$' -fuzztime $(FUZZTIME) ./brokers/amqp/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./brokers/
+	$(GO) test -run '^$$' -fuzz '^FuzzOverlayEnv$$' -fuzztime $(FUZZTIME) ./brokers/
 
 BENCH_N ?= 3000
 .PHONY: bench
 bench: ## Side-by-side throughput (raw pgx / router / router+claimtx) on RabbitMQ and Kafka, written to docs/benchmarks.md; then Go micro-benchmarks.
 	$(GO) run ./framework/cmd/bench -n $(BENCH_N) -concurrency 1,4,16 -brokers amqp,kafka -write docs/benchmarks.md
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./framework/
+
+BENCH_ROWS ?= 10000000
+.PHONY: bench-retention
+bench-retention: ## Retention at scale (several minutes, own schemas, dropped after): COPY BENCH_ROWS claims, cleanup rate, claim p99 during cleanup, partition drop, claim throughput full vs empty.
+	BENCH_ROWS=$(BENCH_ROWS) $(GO) test -tags benchretention -run '^TestRetentionAtScale$$' -count=1 -timeout 90m -v ./store/
+
+# The chaos run restarts the shared Postgres and closes every RabbitMQ
+# connection on the host: run it alone (not beside `make test`).
+CHAOS_FLAGS ?=
+.PHONY: chaos
+chaos: ## Chaos run per broker: 20,000 orders, >= 15 SIGKILLs, a Postgres restart, a broker disruption; checks exactly-once (restarts Postgres: run alone).
+	$(GO) build -o bin/loyalty ./examples/loyalty
+	$(GO) build -o bin/devkafka ./framework/cmd/devkafka
+	$(GO) run ./examples/chaos -loyalty bin/loyalty -devkafka bin/devkafka $(CHAOS_FLAGS)
+
+.PHONY: chaos-ci
+chaos-ci: ## The short chaos run (2,000 orders, >= 3 SIGKILLs per broker, under 2 minutes); `make test` runs it as TestChaosDisruptive.
+	$(GO) build -o bin/loyalty ./examples/loyalty
+	$(GO) build -o bin/devkafka ./framework/cmd/devkafka
+	$(GO) run ./examples/chaos -loyalty bin/loyalty -devkafka bin/devkafka -orders 2000 -bad 5 -kills 3 -timeout 100s $(CHAOS_FLAGS)

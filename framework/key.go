@@ -174,6 +174,12 @@ func decodePayload(payload []byte) (any, error) {
 	if len(bytes.TrimSpace(payload)) == 0 {
 		return nil, errors.New("payload is empty")
 	}
+	// encoding/json silently replaces invalid UTF-8 with U+FFFD, so
+	// "a\xffb" and "a\xfeb" would key the same and the second event would
+	// be acked as a duplicate of the first. JSON must be UTF-8 (RFC 8259).
+	if !utf8.Valid(payload) {
+		return nil, errors.New("payload is not valid UTF-8")
+	}
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.UseNumber()
 	var doc any

@@ -21,8 +21,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	wmetrics "github.com/ThreeDotsLabs/watermill/components/metrics"
+	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -88,6 +88,18 @@ type Config struct {
 	// reason in metadata. Defaults to Topic + ".poison".
 	PoisonTopic string
 
+	// HandlerTimeout bounds one attempt at a message: the claim
+	// transaction with its claim wait, handler, commit and transient
+	// retries. When it passes, the attempt's context ends, the transaction
+	// rolls back, and the message fails with a *HandlerTimeoutError
+	// (errors.Is ErrHandlerTimeout); Retry tries it again with a fresh
+	// deadline, then Poison dead-letters it with the reason. The handler
+	// must honour its context (every call on the claim's pgx.Tx does): Go
+	// cannot stop code that ignores it. Keep it above ClaimWait, or twins
+	// waiting behind a slow original time out. See timeout.go. Defaults to
+	// 0: no timeout.
+	HandlerTimeout time.Duration
+
 	// OnOutcome is called once per message (including Poisoned).
 	OnOutcome func(middleware.Result)
 	// Registerer, when set, receives claimtx's metrics (observe.NewMetrics)
@@ -112,6 +124,8 @@ func (c Config) validate() error {
 		return &framework.ConfigError{Field: "DatabaseURL", Reason: "set DatabaseURL or Pool"}
 	case c.HandlerRetries < 0:
 		return &framework.ConfigError{Field: "HandlerRetries", Reason: "must not be negative"}
+	case c.HandlerTimeout < 0:
+		return &framework.ConfigError{Field: "HandlerTimeout", Reason: "must not be negative"}
 	}
 	if err := store.ValidateConsumer(c.Name); err != nil {
 		var ce *framework.ConfigError
@@ -255,7 +269,8 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Co
 	}
 	router.AddMiddleware(wmw.Recoverer, poison.Middleware, retry.Middleware)
 	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, c.sub, middleware.TxHandler(handler))
-	h.AddMiddleware(tracing.Middleware, claim.Middleware)
+	// HandlerTimeout sits inside Retry, so each retry gets a fresh deadline.
+	h.AddMiddleware(handlerTimeout(cfg.HandlerTimeout), tracing.Middleware, claim.Middleware)
 	c.health = observe.Health{Store: st, Broker: observe.SubscriberConnected(c.sub)}
 	ok = true
 	return c, nil

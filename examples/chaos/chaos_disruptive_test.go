@@ -1,0 +1,113 @@
+//go:build disruptive
+
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/store/pgtest"
+)
+
+// TestChaosDisruptive is `make chaos-ci` as a test: 2,000 orders per
+// broker, at least 3 SIGKILLs, one Postgres restart, one broker disruption
+// (every RabbitMQ connection closed; the dev Kafka broker restarted on its
+// data directory). It restarts the shared Postgres, so it only runs under
+// the disruptive tag, serially, after the parallel suite (make
+// test-disruptive).
+func TestChaosDisruptive(t *testing.T) {
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Skip("rabbitmqctl not installed")
+	}
+	bin := t.TempDir()
+	build := func(out, pkg string) string {
+		path := filepath.Join(bin, out)
+		cmd := exec.Command("go", "build", "-o", path, pkg)
+		cmd.Dir = "../.."
+		b, err := cmd.CombinedOutput()
+		require.NoError(t, err, "go build %s: %s", pkg, b)
+		return path
+	}
+	o := defaults()
+	o.loyalty = build("loyalty", "./examples/loyalty")
+	o.devkafka = build("devkafka", "./framework/cmd/devkafka")
+	o.orders, o.bad, o.minKills = 2000, 5, 3
+	o.timeout = 100 * time.Second
+	o.databaseURL = pgtest.URL()
+	o.logDir = t.TempDir()
+	var out syncBuffer
+	o.out = &out
+	// Whatever happens, leave Postgres running for whoever comes next.
+	t.Cleanup(func() { ensurePostgres(t) })
+
+	start := time.Now()
+	reports, err := run(context.Background(), o)
+	t.Logf("chaos output (%s):\n%s", time.Since(start).Round(time.Second), out.String())
+	require.NoError(t, err)
+	require.Len(t, reports, 2)
+	for _, r := range reports {
+		if !r.ok() {
+			dumpLogs(t, o.logDir)
+		}
+		require.True(t, r.ok(), r.summary())
+		require.Zero(t, r.lost)
+		require.Zero(t, r.doubled)
+		require.Zero(t, r.stuck)
+		require.Equal(t, r.orders, r.ledgerRows)
+		require.Equal(t, r.expectedPts, r.gotPts)
+		require.GreaterOrEqual(t, r.kills, 3)
+		require.Equal(t, 1, r.pgRestarts)
+		require.Equal(t, 1, r.brokerDisruptions)
+	}
+	require.Less(t, time.Since(start), 2*time.Minute, "the CI chaos run must stay under 2 minutes")
+}
+
+// ensurePostgres starts the cluster if a failed run left it down.
+func ensurePostgres(t *testing.T) {
+	if exec.Command("pg_ctlcluster", "15", "main", "status").Run() == nil {
+		return
+	}
+	out, err := exec.Command("pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "start").CombinedOutput()
+	if err != nil {
+		t.Errorf("Postgres is down and could not be started: %v: %s", err, out)
+	}
+}
+
+func dumpLogs(t *testing.T, dir string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		if len(b) > 4000 {
+			b = b[len(b)-4000:]
+		}
+		t.Logf("--- %s (tail):\n%s", e.Name(), b)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,268 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// partitions of the chaos topic: two per consumer process.
+const partitions = 6
+
+// kafkaOps runs the dev Kafka broker (framework/cmd/devkafka) as a
+// subprocess with a data directory, so the chaos run can stop and start it
+// on the same address, and publishes like a plain franz-go producer: an
+// event_id header, keyed by event id so copies of an order land on the
+// partition of the original.
+type kafkaOps struct {
+	topic, group string
+	broker       *devKafka
+	cl           *kgo.Client
+	adm          *kadm.Client
+}
+
+func (k *kafkaOps) name() string { return "kafka" }
+
+func (k *kafkaOps) prepare(ctx context.Context) error {
+	if err := k.broker.start(ctx); err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.broker.addr), kgo.ProducerLinger(0),
+		kgo.RetryTimeout(time.Minute), kgo.RecordDeliveryTimeout(2*time.Minute))
+	if err != nil {
+		return err
+	}
+	k.cl, k.adm = cl, kadm.NewClient(cl)
+	if _, err := k.adm.CreateTopic(ctx, partitions, 1, nil, k.topic); err != nil {
+		return fmt.Errorf("create topic: %w", err)
+	}
+	if _, err := k.adm.CreateTopic(ctx, 1, 1, nil, k.topic+".poison"); err != nil {
+		return fmt.Errorf("create poison topic: %w", err)
+	}
+	return nil
+}
+
+// publish produces ds; franz-go retries through a broker restart by itself.
+func (k *kafkaOps) publish(ctx context.Context, ds []delivery) (int, error) {
+	recs := make([]*kgo.Record, len(ds))
+	for i, d := range ds {
+		recs[i] = &kgo.Record{
+			Topic:   k.topic,
+			Key:     []byte(d.eventID),
+			Value:   d.payload,
+			Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(d.eventID)}},
+		}
+	}
+	if err := k.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		return 0, fmt.Errorf("produce: %w", err)
+	}
+	return len(ds), nil
+}
+
+// lag sums, over the topic's partitions, what the group has not committed.
+func (k *kafkaOps) lag(ctx context.Context) (int64, bool, error) {
+	lags, err := k.adm.Lag(ctx, k.group)
+	if err != nil {
+		return 0, false, err
+	}
+	l, ok := lags[k.group]
+	if !ok {
+		return 0, false, errors.New("group not described")
+	}
+	if err := l.Error(); err != nil {
+		return 0, false, err
+	}
+	var total int64
+	seen := 0
+	for _, p := range l.Lag[k.topic] {
+		if p.End.Err != nil {
+			return 0, false, p.End.Err
+		}
+		seen++
+		if p.Commit.At < 0 {
+			total += p.End.Offset
+			continue
+		}
+		total += p.End.Offset - p.Commit.At
+	}
+	return total, seen == partitions, nil
+}
+
+// drained: the group's committed offsets reached the end of every partition.
+func (k *kafkaOps) drained(ctx context.Context) (bool, error) {
+	n, complete, err := k.lag(ctx)
+	return err == nil && complete && n == 0, err
+}
+
+func (k *kafkaOps) remaining(ctx context.Context) (int, error) {
+	n, complete, err := k.lag(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if !complete {
+		return 0, errors.New("the group has no offsets for some partitions")
+	}
+	return int(n), nil
+}
+
+func (k *kafkaOps) poisonedCount(ctx context.Context) (int, error) {
+	ends, err := k.adm.ListEndOffsets(ctx, k.topic+".poison")
+	if err != nil {
+		return 0, err
+	}
+	n := int64(0)
+	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
+	return int(n), nil
+}
+
+// poisonedIDs reads the poison topic from the start and returns each
+// record's event_id header.
+func (k *kafkaOps) poisonedIDs(ctx context.Context) ([]string, error) {
+	want, err := k.poisonedCount(ctx)
+	if err != nil || want == 0 {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.broker.addr), kgo.ConsumeTopics(k.topic+".poison"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var ids []string
+	for len(ids) < want {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			return ids, fmt.Errorf("read poison topic: %d of %d records: %w", len(ids), want, err)
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			id := ""
+			for _, h := range r.Headers {
+				if h.Key == "event_id" {
+					id = string(h.Value)
+				}
+			}
+			ids = append(ids, id)
+		})
+	}
+	return ids, nil
+}
+
+// disrupt stops the broker (it saves its data directory) and starts it
+// again on the same address.
+func (k *kafkaOps) disrupt(ctx context.Context) (string, error) {
+	start := time.Now()
+	if err := k.broker.stop(); err != nil {
+		return "", err
+	}
+	if err := k.broker.start(ctx); err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("devkafka stopped and started with -data-dir (down %s)", time.Since(start).Round(time.Millisecond)), nil
+}
+
+func (k *kafkaOps) close() {
+	if k.cl != nil {
+		k.cl.Close()
+	}
+	_ = k.broker.stop()
+}
+
+// devKafka is one framework/cmd/devkafka process; start and stop may
+// alternate any number of times, always on the same address and data
+// directory.
+type devKafka struct {
+	bin, addr, dataDir, logPath string
+	cmd                         *exec.Cmd
+	done                        chan struct{}
+	logFile                     *os.File
+}
+
+// freeAddr returns a loopback address nobody listens on right now.
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := ln.Addr().String()
+	return addr, ln.Close()
+}
+
+func (d *devKafka) start(ctx context.Context) error {
+	f, err := os.OpenFile(filepath.Clean(d.logPath), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(d.bin, "-addr", d.addr, "-data-dir", d.dataDir, "-partitions", fmt.Sprint(partitions)) //nolint:gosec // the binary the operator named
+	cmd.Stderr = f
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("start devkafka: %w", err)
+	}
+	d.cmd, d.logFile, d.done = cmd, f, make(chan struct{})
+	ready := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		signalled := false
+		for sc.Scan() {
+			if !signalled && strings.HasPrefix(sc.Text(), "devkafka listening on ") {
+				ready <- nil
+				signalled = true
+			}
+		}
+		if !signalled {
+			ready <- errors.New("devkafka exited before it listened (see " + d.logPath + ")")
+		}
+	}()
+	go func(done chan struct{}) {
+		_ = cmd.Wait()
+		_ = f.Close()
+		close(done)
+	}(d.done)
+	select {
+	case err := <-ready:
+		return err
+	case <-time.After(30 * time.Second):
+		return errors.New("devkafka did not listen within 30s")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (d *devKafka) stop() error {
+	if d.cmd == nil {
+		return nil
+	}
+	defer func() { d.cmd = nil }()
+	select {
+	case <-d.done:
+		return nil
+	default:
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+		return nil
+	case <-time.After(30 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.done
+		return errors.New("devkafka did not stop within 30s of SIGTERM; killed")
+	}
+}

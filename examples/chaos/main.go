@@ -1,0 +1,198 @@
+// Command chaos runs the loyalty example under sustained trouble and checks
+// that every order was still credited exactly once. For RabbitMQ and for
+// Kafka (the dev broker, framework/cmd/devkafka, run as a subprocess with a
+// data directory) it:
+//
+//   - publishes -orders OrderCompleted events, ~30% of them delivered 1-3
+//     extra times (half of those copies with a fresh broker message id,
+//     a quarter right behind their original), plus -bad undecodable ones,
+//     spread over the chaos phase;
+//   - runs -consumers loyalty processes and SIGKILLs a random one every
+//     1-3 s (at least -kills times), restarting it at once;
+//   - restarts Postgres once (-pg-restart) after a third of the kills;
+//   - after two thirds, closes every RabbitMQ connection
+//     (rabbitmqctl close_all_connections) or stops and restarts the dev
+//     Kafka broker on the same address and data directory;
+//   - restarts, like a supervisor, any consumer that exits by itself, and
+//     counts it;
+//   - waits for the drain, stops the consumers gracefully and checks: one
+//     ledger row per order, the sum of balances as expected, nothing lost,
+//     nothing doubled, nothing left in the queue / uncommitted in the group,
+//     every bad message (and nothing else) in the poison destination.
+//
+// It prints one summary line per broker and exits non-zero if any check
+// fails.
+//
+//	make chaos      # 20,000 orders, >= 15 kills per broker
+//	make chaos-ci   # 2,000 orders, >= 3 kills per broker
+//	go run ./examples/chaos -loyalty bin/loyalty -devkafka bin/devkafka -orders 20000 -kills 15
+//
+// It restarts the shared Postgres and disconnects every RabbitMQ client on
+// the host: never run it beside other tests (see DESIGN.md, "Testing on
+// shared servers").
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// DefaultPGRestart is the command that restarts the local Postgres.
+const DefaultPGRestart = "pg_ctlcluster --skip-systemctl-redirect 15 main restart"
+
+type options struct {
+	loyalty, devkafka string
+	orders, bad       int
+	consumers         int
+	minKills          int
+	killMin, killMax  time.Duration
+	publishOver       time.Duration
+	brokers           []string
+	pgRestart         string
+	amqpDisrupt       string
+	databaseURL       string
+	amqpURL           string
+	timeout           time.Duration
+	logDir            string
+	keep              bool
+	seed              uint64
+	out               io.Writer
+}
+
+func (o options) logf(format string, args ...any) {
+	_, _ = fmt.Fprintf(o.out, format+"\n", args...)
+}
+
+// defaults are the full run's sizes; chaos-ci and the disruptive test
+// shrink orders and kills.
+func defaults() options {
+	return options{
+		loyalty:     "bin/loyalty",
+		devkafka:    "bin/devkafka",
+		orders:      20000,
+		bad:         20,
+		consumers:   3,
+		minKills:    15,
+		killMin:     time.Second,
+		killMax:     3 * time.Second,
+		brokers:     []string{"amqp", "kafka"},
+		pgRestart:   DefaultPGRestart,
+		amqpDisrupt: "all",
+		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
+		amqpURL:     envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		timeout:     4 * time.Minute,
+		logDir:      ".run/chaos",
+		out:         os.Stdout,
+	}
+}
+
+func main() {
+	o := defaults()
+	var brokerList string
+	flag.StringVar(&o.loyalty, "loyalty", o.loyalty, "path of the built examples/loyalty binary")
+	flag.StringVar(&o.devkafka, "devkafka", o.devkafka, "path of the built framework/cmd/devkafka binary")
+	flag.IntVar(&o.orders, "orders", o.orders, "distinct orders per broker")
+	flag.IntVar(&o.bad, "bad", o.bad, "undecodable messages per broker (must be poisoned)")
+	flag.IntVar(&o.consumers, "consumers", o.consumers, "loyalty processes per broker")
+	flag.IntVar(&o.minKills, "kills", o.minKills, "at least this many SIGKILLs per broker")
+	flag.DurationVar(&o.publishOver, "publish-over", 0, "spread publishing over this long (default: 2s per kill)")
+	flag.StringVar(&brokerList, "brokers", strings.Join(o.brokers, ","), "brokers to run, comma separated")
+	flag.StringVar(&o.pgRestart, "pg-restart", o.pgRestart, `command restarting Postgres once mid-run ("" to skip)`)
+	flag.StringVar(&o.amqpDisrupt, "amqp-disrupt", o.amqpDisrupt, `RabbitMQ disruption: "all" (rabbitmqctl close_all_connections) or "own" (only this run's consumers' connections)`)
+	flag.DurationVar(&o.timeout, "timeout", o.timeout, "give up on a broker after this long")
+	flag.StringVar(&o.logDir, "logs", o.logDir, "directory for the consumers' and the broker's logs")
+	flag.BoolVar(&o.keep, "keep", false, "keep the schemas and queues for inspection")
+	flag.Uint64Var(&o.seed, "seed", 0, "seed of the plan and the victims (0: random)")
+	flag.Parse()
+	o.brokers = strings.Split(brokerList, ",")
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	reports, err := run(ctx, o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(2)
+	}
+	ok := true
+	for _, r := range reports {
+		ok = ok && r.ok()
+	}
+	if !ok {
+		fmt.Println("RESULT: FAIL")
+		os.Exit(1)
+	}
+	fmt.Println("RESULT: OK — every order credited exactly once on every broker, through every kill and restart")
+}
+
+// run checks the options and runs each broker in turn; it returns an
+// error only when the run could not be set up.
+func run(ctx context.Context, o options) ([]report, error) {
+	if o.seed == 0 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		for _, c := range b {
+			o.seed = o.seed<<8 | uint64(c)
+		}
+	}
+	if o.publishOver == 0 {
+		o.publishOver = time.Duration(o.minKills) * (o.killMin + o.killMax) / 2
+	}
+	switch {
+	case o.orders <= 0 || o.bad < 0 || o.consumers <= 0 || o.minKills < 0:
+		return nil, fmt.Errorf("-orders and -consumers must be positive, -bad and -kills not negative")
+	case o.amqpDisrupt != "all" && o.amqpDisrupt != "own":
+		return nil, fmt.Errorf(`-amqp-disrupt must be "all" or "own", got %q`, o.amqpDisrupt)
+	case o.killMin <= 0 || o.killMax < o.killMin:
+		return nil, fmt.Errorf("kill interval [%s, %s] is not valid", o.killMin, o.killMax)
+	}
+	for _, b := range o.brokers {
+		bin := o.loyalty
+		if b == "kafka" {
+			if _, err := os.Stat(o.devkafka); err != nil {
+				return nil, fmt.Errorf("devkafka binary %s: %w (run `make chaos`, which builds it)", o.devkafka, err)
+			}
+		} else if b != "amqp" {
+			return nil, fmt.Errorf("unknown broker %q (amqp, kafka)", b)
+		}
+		if _, err := os.Stat(bin); err != nil {
+			return nil, fmt.Errorf("loyalty binary %s: %w (run `make chaos`, which builds it)", bin, err)
+		}
+	}
+	if err := os.MkdirAll(o.logDir, 0o750); err != nil {
+		return nil, err
+	}
+	o.logf("chaos: seed %d, %d orders (+%d bad) per broker, %d consumers, >= %d SIGKILLs every %s-%s, Postgres restart: %q",
+		o.seed, o.orders, o.bad, o.consumers, o.minKills, o.killMin, o.killMax, o.pgRestart)
+	var reports []report
+	for _, b := range o.brokers {
+		r := runBroker(ctx, o, b)
+		o.logf("%s", r.summary())
+		reports = append(reports, r)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return reports, nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func runID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

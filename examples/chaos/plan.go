@@ -1,0 +1,102 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sort"
+)
+
+// delivery is one message as a plain (non-Watermill) producer sends it.
+type delivery struct {
+	eventID string
+	payload []byte
+	// brokerID is the AMQP message-id. A producer retry re-sends with the
+	// same one, a republish (replay tool, dead-letter shovel) with a fresh
+	// one; claimtx must not care either way. Kafka gives every copy a new
+	// offset regardless.
+	brokerID string
+	bad      bool
+}
+
+type order struct {
+	OrderID    int64 `json:"order_id"`
+	CustomerID int64 `json:"customer_id"`
+	TotalCents int64 `json:"total_cents"`
+}
+
+// plan is what gets published and what the database must hold afterwards.
+type plan struct {
+	deliveries     []delivery
+	orders         int
+	bad            int
+	redelivered    int // orders sent more than once
+	extraCopies    int // copies beyond the first, in total
+	freshIDs       int // copies with a new broker message id
+	twins          int // copies right behind their original (processed concurrently)
+	expectedPoints int64
+}
+
+// badPayloads cannot be keyed or decoded: the consumer must poison them and
+// keep going. Their keys must not collide with a real order's: a payload
+// keyed like order 7 would (rightly) be acked as a duplicate of it.
+var badPayloads = []string{
+	`{"order_id": `,
+	`not json`,
+	`{"customer_id": 5, "total_cents": 100}`,
+	`{"order_id": [1], "customer_id": 1, "total_cents": 1}`,
+	`{"order_id": -7, "customer_id": 1, "total_cents": -1}`,
+}
+
+// makePlan builds n orders; about 30% of them are delivered 1-3 extra
+// times, half of those copies with a fresh broker id. A quarter of the
+// copies follow their original at once (twins, processed concurrently by
+// competing consumers), the rest come at a random later point of the
+// stream, as a republish would. bad undecodable messages are mixed in.
+func makePlan(n, bad int, rng *rand.Rand) plan {
+	p := plan{orders: n, bad: bad}
+	type placed struct {
+		at float64
+		d  delivery
+	}
+	all := make([]placed, 0, n+n/2+bad)
+	for i := 1; i <= n; i++ {
+		o := order{OrderID: int64(i), CustomerID: int64(i%211 + 1), TotalCents: int64(100 + rng.IntN(100_000))}
+		body, _ := json.Marshal(o) // a struct of int64s always marshals
+		d := delivery{eventID: fmt.Sprintf("evt-%d", i), payload: body, brokerID: fmt.Sprintf("msg-%d-0", i)}
+		p.expectedPoints += o.TotalCents / 100
+		at := float64(i)
+		all = append(all, placed{at, d})
+		if rng.IntN(100) >= 30 {
+			continue
+		}
+		p.redelivered++
+		copies := 1 + rng.IntN(3)
+		for c := 1; c <= copies; c++ {
+			cp := d
+			if rng.IntN(2) == 0 {
+				cp.brokerID = fmt.Sprintf("msg-%d-%d", i, c)
+				p.freshIDs++
+			}
+			cat := at + float64(c)*1e-3
+			if rng.IntN(4) == 0 {
+				p.twins++
+			} else {
+				cat = at + rng.Float64()*float64(n-i+1)
+			}
+			all = append(all, placed{cat, cp})
+			p.extraCopies++
+		}
+	}
+	for i := 0; i < bad; i++ {
+		d := delivery{eventID: fmt.Sprintf("bad-%d", i), payload: []byte(badPayloads[i%len(badPayloads)]),
+			brokerID: fmt.Sprintf("bad-%d", i), bad: true}
+		all = append(all, placed{rng.Float64() * float64(n), d})
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].at < all[j].at })
+	p.deliveries = make([]delivery, len(all))
+	for i, pl := range all {
+		p.deliveries[i] = pl.d
+	}
+	return p
+}

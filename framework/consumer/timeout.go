@@ -1,0 +1,59 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// ErrHandlerTimeout is matched (errors.Is) by the error of a message attempt
+// that outlived Config.HandlerTimeout.
+var ErrHandlerTimeout = errors.New("claimtx: handler timed out")
+
+// HandlerTimeoutError reports a message attempt cut off by
+// Config.HandlerTimeout. It matches ErrHandlerTimeout and unwraps to what
+// the attempt returned once its context ended (usually an error wrapping
+// context.DeadlineExceeded). It is not permanent: Retry tries the message
+// again with a fresh deadline before Poison dead-letters it.
+type HandlerTimeoutError struct {
+	Timeout time.Duration
+	Err     error
+}
+
+func (e *HandlerTimeoutError) Error() string {
+	return fmt.Sprintf("claimtx: handler did not finish within %s: %v", e.Timeout, e.Err)
+}
+
+func (e *HandlerTimeoutError) Unwrap() error { return e.Err }
+
+// Is lets errors.Is(err, ErrHandlerTimeout) match.
+func (e *HandlerTimeoutError) Is(target error) bool { return target == ErrHandlerTimeout }
+
+// handlerTimeout gives each attempt at a message a deadline of d (none when
+// d is 0). Unlike Watermill's middleware.Timeout it restores the message's
+// own context afterwards, so the next retry does not inherit an expired one,
+// and it names the cause of the failure.
+func handlerTimeout(d time.Duration) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		if d <= 0 {
+			return h
+		}
+		return func(msg *message.Message) ([]*message.Message, error) {
+			orig := msg.Context()
+			ctx, cancel := context.WithTimeout(orig, d)
+			msg.SetContext(ctx)
+			defer func() {
+				cancel()
+				msg.SetContext(orig)
+			}()
+			out, err := h(msg)
+			if err != nil && orig.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return out, &HandlerTimeoutError{Timeout: d, Err: err}
+			}
+			return out, err
+		}
+	}
+}
