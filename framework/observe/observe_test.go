@@ -206,7 +206,7 @@ func TestTraceContinuesAcrossTheBroker(t *testing.T) {
 	require.Equal(t, trace.SpanKindConsumer, claimSpan.SpanKind())
 	attrs := map[string]string{}
 	for _, a := range claimSpan.Attributes() {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	require.Equal(t, "applied", attrs["claimtx.outcome"])
 	require.Equal(t, "loyalty", attrs["claimtx.consumer"])

@@ -16,7 +16,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -191,13 +190,14 @@ func render(rows []row) string {
 }
 
 func machine() string {
-	out := func(name string, args ...string) string {
-		b, err := exec.Command(name, args...).Output()
+	trim := func(b []byte, err error) string {
 		if err != nil {
 			return "?"
 		}
 		return strings.TrimSpace(string(b))
 	}
+	psql := trim(exec.Command("psql", "--version").Output())
+	rabbit := trim(exec.Command("rabbitmqctl", "version").Output())
 	mem := "?"
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
 		mem = strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1] + " kB"
@@ -212,16 +212,11 @@ func machine() string {
 		}
 	}
 	return fmt.Sprintf("%d cores (%s), %s RAM, %s, %s, %s", runtime.NumCPU(), cpu, mem, runtime.Version(),
-		out("psql", "--version"), "RabbitMQ "+out("rabbitmqctl", "version"))
+		psql, "RabbitMQ "+rabbit)
 }
 
 func writeDoc(o options, table string, took time.Duration) error {
-	f, err := os.Create(o.write)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = f.Close() }()
-	w := io.Writer(f)
+	w := &strings.Builder{}
 	fmt.Fprintf(w, "# Benchmarks\n\nMeasured by `make bench` (`go run ./framework/cmd/bench -n %d -concurrency %s -brokers %s -write %s`) on %s.\n\n",
 		o.n, joinInts(o.concurrency), strings.Join(o.brokers, ","), o.write, time.Now().UTC().Format("2006-01-02"))
 	fmt.Fprintf(w, "Machine: %s. Postgres and RabbitMQ with their Debian defaults on loopback; Kafka is the in-process kfake dev broker.\n\n", machine())
@@ -238,7 +233,7 @@ Concurrency is the RabbitMQ subscription count (each watermill-amqp subscription
 
 The whole run took %s.
 `, took.Round(time.Second))
-	return nil
+	return os.WriteFile(o.write, []byte(w.String()), 0o600)
 }
 
 func joinInts(xs []int) string {

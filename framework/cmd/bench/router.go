@@ -125,7 +125,9 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 	}
 	end := time.Now()
 	cancel()
-	<-runErr
+	if err := <-runErr; err != nil {
+		return result{}, fmt.Errorf("router: %w", err)
+	}
 	if err, ok := failed.Load().(error); ok {
 		return result{}, err
 	}
@@ -265,7 +267,9 @@ func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
 	}
 	end := time.Now()
 	cancel()
-	<-runErr
+	if err := <-runErr; err != nil {
+		return result{}, fmt.Errorf("batch consumer: %w", err)
+	}
 	return result{n: r.n, elapsed: end.Sub(time.Unix(0, firstStart.Load())), lat: lat}, nil
 }
 
