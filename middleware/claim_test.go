@@ -409,3 +409,25 @@ func ExampleClaim() {
 	fmt.Println(claim.Validate())
 	// Output: claimtx: config field "Store": must not be nil
 }
+
+func TestFingerprintMismatchDetected(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	rec := &outcomes{}
+	c := b.claim(t, "loyalty", rec)
+	c.Fingerprint = true
+	h := c.Middleware(consume(credit))
+	o := order{OrderID: 500, CustomerID: 5, TotalCents: 1000}
+	for _, cents := range []int64{1000, 1000, 9999} {
+		o.TotalCents = cents
+		_, err := h(newDelivery(t, o))
+		require.NoError(t, err)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Equal(t, framework.Applied, rec.results[0].Outcome)
+	require.False(t, rec.results[1].FingerprintMismatch, "an identical redelivery is a plain duplicate")
+	require.Equal(t, framework.Duplicate, rec.results[2].Outcome)
+	require.True(t, rec.results[2].FingerprintMismatch, "same key, different payload")
+	require.Equal(t, int64(10), b.balance(t, 5), "the first payload's effect stands")
+}

@@ -106,3 +106,15 @@ func Classify(err error) Cause {
 
 // IsTransient reports whether Classify(err) is a transient cause.
 func IsTransient(err error) bool { return Classify(err).Transient() }
+
+// sqlState returns the SQLSTATE of err, or "" when err carries none. It
+// lives here so that SQLSTATE codes are read in this file only; retention
+// and partition code use it to translate their few specific codes into
+// claimtx errors.
+func sqlState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}

@@ -65,6 +65,9 @@ func loadMigrations(fsys fs.FS) ([]Migration, error) {
 			m = &Migration{Version: v, Name: label}
 			byVersion[v] = m
 		}
+		if m.Name != label {
+			return nil, fmt.Errorf("migration version %d is used by both %q and %q", v, m.Name, label)
+		}
 		if dir == "up" {
 			m.up = string(body)
 		} else {
@@ -116,6 +119,13 @@ func (s *Store) Migrate(ctx context.Context) error {
 // MigrateTx is Migrate inside the caller's transaction, for applications
 // that run their own migrations in one transaction with claimtx's.
 func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
+	// The common case at start-up is "nothing to do". Check it with reads
+	// only: Postgres checks CREATE privileges before IF NOT EXISTS, so the
+	// DDL path would make a least-privilege consumer role (no CREATE) fail
+	// to start against an up-to-date schema.
+	if v, err := s.versionIn(ctx, tx); err == nil && v == LatestVersion() {
+		return nil
+	}
 	applied, err := s.lockAndReadVersions(ctx, tx)
 	if err != nil {
 		return err
@@ -165,15 +175,19 @@ func (s *Store) MigrateDown(ctx context.Context, target int) error {
 // when the schema does not exist). Health checks compare it with
 // LatestVersion.
 func (s *Store) Version(ctx context.Context) (int, error) {
+	return s.versionIn(ctx, s.pool)
+}
+
+func (s *Store) versionIn(ctx context.Context, db querier) (int, error) {
 	var exists bool
-	if err := s.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", s.render("{schema}.claimtx_migration")).Scan(&exists); err != nil {
+	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", s.render("{schema}.claimtx_migration")).Scan(&exists); err != nil {
 		return 0, fmt.Errorf("claimtx: read migration version: %w", err)
 	}
 	if !exists {
 		return 0, nil
 	}
 	var v int
-	if err := s.pool.QueryRow(ctx, s.render("SELECT coalesce(max(version), 0) FROM {schema}.claimtx_migration")).Scan(&v); err != nil {
+	if err := db.QueryRow(ctx, s.render("SELECT coalesce(max(version), 0) FROM {schema}.claimtx_migration")).Scan(&v); err != nil {
 		return 0, fmt.Errorf("claimtx: read migration version: %w", err)
 	}
 	return v, nil

@@ -24,6 +24,7 @@ type Store struct {
 	names *strings.Replacer
 
 	claimSQL string
+	claims   claimStatements
 	outbox   outboxSQL
 }
 
@@ -47,6 +48,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		"{outbox_sent_idx}", ident(cfg.OutboxTable+"_sent_idx"),
 	)
 	s.initOutboxSQL()
+	s.initClaimSQL()
 	s.claimSQL = s.render("INSERT INTO {schema}.{claims} (consumer, message_key) VALUES ($1, $2) ON CONFLICT DO NOTHING")
 	return s, nil
 }

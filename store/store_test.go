@@ -7,6 +7,7 @@ import (
 	"io"
 	"sync"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -65,7 +66,9 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	require.NoError(t, err)
 	cols, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"consumer text NO", "message_key text NO", "processed_at timestamp with time zone NO"}, cols)
+	// The seed's three columns, plus the optional payload fingerprint
+	// (migration 003), NULL unless Claim.Fingerprint is on.
+	require.Equal(t, []string{"consumer text NO", "message_key text NO", "processed_at timestamp with time zone NO", "payload_hash bytea YES"}, cols)
 	var idx int
 	require.NoError(t, st.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%(processed_at)%'`, schema).Scan(&idx))
 	require.Equal(t, 1, idx)
@@ -249,4 +252,43 @@ func TestClassifyRealConnectionLoss(t *testing.T) {
 	_, err = conn.Exec(ctx, "SELECT 1")
 	require.Error(t, err)
 	require.Equal(t, store.CauseConnection, store.Classify(err), "%T %v", err, err)
+}
+
+func TestClaimWithFingerprint(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 2)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+	claim := func(r store.ClaimRequest) store.ClaimResult {
+		var res store.ClaimResult
+		require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+			var err error
+			res, err = st.ClaimWith(ctx, tx, r)
+			return err
+		}))
+		return res
+	}
+	h1, h2 := []byte{1, 2, 3}, []byte{9, 9, 9}
+	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", PayloadHash: h1, Wait: time.Second}))
+	require.Equal(t, store.ClaimResult{}, claim(store.ClaimRequest{Consumer: "c", Key: "k", PayloadHash: h1}))
+	require.Equal(t, store.ClaimResult{FingerprintMismatch: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", PayloadHash: h2, Wait: time.Second}))
+	require.Equal(t, store.ClaimResult{}, claim(store.ClaimRequest{Consumer: "c", Key: "k"}), "no hash given: nothing compared")
+	// A claim recorded without a fingerprint never mismatches.
+	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "old"}))
+	require.Equal(t, store.ClaimResult{}, claim(store.ClaimRequest{Consumer: "c", Key: "old", PayloadHash: h2}))
+	_, err := st.ClaimWith(ctx, nil, store.ClaimRequest{})
+	require.Error(t, err)
+}
+
+func TestDuplicateMigrationVersionRefused(t *testing.T) {
+	t.Parallel()
+	_, err := store.LoadMigrationsForTest(fstest.MapFS{
+		"migrations/001_a.up.sql": {Data: []byte("SELECT 1")},
+		"migrations/001_b.up.sql": {Data: []byte("SELECT 2")},
+	})
+	require.ErrorContains(t, err, "used by both")
+	_, err = store.LoadMigrationsForTest(fstest.MapFS{"migrations/002_a.up.sql": {Data: []byte("SELECT 1")}})
+	require.ErrorContains(t, err, "without gaps")
+	_, err = store.LoadMigrationsForTest(fstest.MapFS{"migrations/x.sql": {Data: []byte("")}})
+	require.Error(t, err)
 }

@@ -91,6 +91,12 @@ func credit(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 // alone can still fail on a concurrent create, so an advisory lock
 // serialises them.
 func createTables(ctx context.Context, pool *pgxpool.Pool) error {
+	// Reads first: a consumer role without CREATE must start against tables
+	// an operator created (Postgres checks CREATE before IF NOT EXISTS).
+	var present bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass('balances') IS NOT NULL AND to_regclass('point_ledger') IS NOT NULL").Scan(&present); err == nil && present {
+		return nil
+	}
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('claimtx-example-loyalty-tables'))"); err != nil {
 			return err

@@ -76,6 +76,14 @@ type Config struct {
 	Isolation   pgx.TxIsoLevel
 	ClaimWait   time.Duration
 	MaxAttempts int
+	// Mode, OutboxTopic, Fingerprint and EventTime are passed to the claim
+	// middleware unchanged; see middleware.Claim. Defaults: claim-table
+	// mode, no outbox (returned messages are an error), no fingerprint, no
+	// event time (unpartitioned claims).
+	Mode        middleware.ClaimMode
+	OutboxTopic string
+	Fingerprint bool
+	EventTime   framework.TimeFunc
 
 	// HandlerRetries bounds how often a failing message is retried in
 	// process (Watermill's Retry, exponential backoff) before it is
@@ -118,7 +126,7 @@ func (c Config) validate() error {
 	switch {
 	case c.Topic == "":
 		return &framework.ConfigError{Field: "Topic", Reason: "must not be empty"}
-	case c.KeyFunc == nil && c.Key == "":
+	case c.KeyFunc == nil && c.Key == "" && c.Mode != middleware.ModeNaturalKey:
 		return &framework.ConfigError{Field: "Key", Reason: "set Key (a spec such as metadata:event_id) or KeyFunc"}
 	case c.Pool == nil && c.DatabaseURL == "":
 		return &framework.ConfigError{Field: "DatabaseURL", Reason: "set DatabaseURL or Pool"}
@@ -176,7 +184,7 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Co
 		cfg.RetryInitialInterval = DefaultRetryInitialInterval
 	}
 	keyFunc := cfg.KeyFunc
-	if keyFunc == nil {
+	if keyFunc == nil && cfg.Key != "" {
 		kf, err := framework.ParseKeySpec(cfg.Key)
 		if err != nil {
 			return nil, err
@@ -245,6 +253,7 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Co
 	claim := middleware.Claim{
 		Store: st, Consumer: cfg.Name, Key: keyFunc, KeyPolicy: cfg.KeyPolicy,
 		Isolation: cfg.Isolation, ClaimWait: cfg.ClaimWait, MaxAttempts: cfg.MaxAttempts,
+		Mode: cfg.Mode, OutboxTopic: cfg.OutboxTopic, Fingerprint: cfg.Fingerprint, EventTime: cfg.EventTime,
 		OnOutcome: report, OnRetry: onRetry, Logger: wlog,
 	}
 	if err := claim.Validate(); err != nil {

@@ -1,0 +1,580 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/store"
+)
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitFail  = 1
+	exitUsage = 2
+)
+
+const usage = `claimtx: operator CLI for the claimtx claim table
+
+Usage:
+  claimtx migrate                      create or upgrade claimtx's schema
+  claimtx cleanup [flags]              delete claims older than the retention window, in batches
+  claimtx partitions list              list the partitions of a partitioned claim table
+  claimtx partitions enable [flags]    convert the claim table to event-day partitions
+  claimtx partitions create-ahead      create missing day partitions through today + --ahead
+  claimtx partitions drop-expired      drop day partitions past the retention window
+  claimtx stats [--json]               claims per consumer, table and index size
+
+Every command takes:
+  --database-url URL   Postgres connection string (env DATABASE_URL)
+  --schema NAME        claimtx schema (env CLAIMTX_SCHEMA, default claimtx)
+  --table NAME         claim table (env CLAIMTX_TABLE, default processed_messages)
+
+Durations accept Go syntax (36h, 90m) and days (30d, 1d12h).
+Run "claimtx COMMAND -h" for a command's flags.
+`
+
+// usageError is bad input: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+// env is the process environment, injected so tests can run in parallel.
+type env func(string) string
+
+// runEnv is run with an explicit context and environment.
+func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) int {
+	if len(args) == 0 {
+		printTo(stderr, usage)
+		return exitUsage
+	}
+	cmd, rest := args[0], args[1:]
+	var err error
+	switch cmd {
+	case "help", "-h", "--help":
+		printTo(stdout, usage)
+		return exitOK
+	case "migrate":
+		err = cmdMigrate(ctx, rest, stdout, stderr, getenv)
+	case "cleanup":
+		err = cmdCleanup(ctx, rest, stdout, stderr, getenv)
+	case "partitions":
+		err = cmdPartitions(ctx, rest, stdout, stderr, getenv)
+	case "stats":
+		err = cmdStats(ctx, rest, stdout, stderr, getenv)
+	default:
+		printf(stderr, "claimtx: unknown command %q\n\n%s", cmd, usage)
+		return exitUsage
+	}
+	return report(err, stderr)
+}
+
+// report prints err (already redacted by the command) and maps it to an
+// exit status.
+func report(err error, stderr io.Writer) int {
+	if err == nil {
+		return exitOK
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	printlnTo(stderr, "claimtx:", err)
+	var ue *usageError
+	var ce *framework.ConfigError
+	if errors.As(err, &ue) || errors.As(err, &ce) {
+		return exitUsage
+	}
+	return exitFail
+}
+
+// common holds the connection flags every command takes.
+type common struct {
+	databaseURL, schema, table string
+	getenv                     env
+}
+
+func newFlags(name string, stderr io.Writer, getenv env) (*flag.FlagSet, *common) {
+	fs := flag.NewFlagSet("claimtx "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := &common{getenv: getenv}
+	fs.StringVar(&c.databaseURL, "database-url", getenv("DATABASE_URL"), "Postgres connection string (env DATABASE_URL)")
+	fs.StringVar(&c.schema, "schema", getenv("CLAIMTX_SCHEMA"), "claimtx schema (env CLAIMTX_SCHEMA; default claimtx)")
+	fs.StringVar(&c.table, "table", getenv("CLAIMTX_TABLE"), "claim table (env CLAIMTX_TABLE; default processed_messages)")
+	return fs, c
+}
+
+// parse parses args and refuses positional leftovers.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{msg: err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return &usageError{msg: fmt.Sprintf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))}
+	}
+	return nil
+}
+
+// connect validates the names, opens a small pool and returns the store
+// and a close function. Errors never contain the password.
+func (c *common) connect(ctx context.Context) (*store.Store, func(), error) {
+	cfg := store.Config{Schema: c.schema, ClaimsTable: c.table}
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	if c.databaseURL == "" {
+		return nil, nil, &usageError{msg: "no database: set DATABASE_URL or pass --database-url"}
+	}
+	pcfg, err := pgxpool.ParseConfig(c.databaseURL)
+	if err != nil {
+		return nil, nil, &usageError{msg: c.redact(fmt.Sprintf("invalid database URL: %v", err))}
+	}
+	pcfg.MaxConns = 2 // a leader connection and one for everything else
+	pcfg.ConnConfig.RuntimeParams["application_name"] = "claimtx-cli"
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, nil, errors.New(c.redact(fmt.Sprintf("connect: %v", err)))
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, nil, errors.New(c.redact(fmt.Sprintf("connect to %s: %v", target(pcfg), err)))
+	}
+	st, err := store.New(pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return st, pool.Close, nil
+}
+
+// fail wraps a command's error, removing the password from its text while
+// keeping the sentinel errors matchable.
+func (c *common) fail(what string, err error) error {
+	var ce *framework.ConfigError
+	if errors.As(err, &ce) {
+		return err
+	}
+	return &redactedError{msg: c.redact(what + ": " + err.Error()), err: err}
+}
+
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
+var keywordPassword = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)`)
+
+// redact removes every spelling of the connection string's password from
+// s. pgx already redacts its own parse errors; this is the second belt,
+// for every message the CLI prints.
+func (c *common) redact(s string) string {
+	var secrets []string
+	if u, err := url.Parse(c.databaseURL); err == nil && u.User != nil {
+		if p, ok := u.User.Password(); ok {
+			secrets = append(secrets, p, url.QueryEscape(p), url.PathEscape(p))
+		}
+		if p := u.Query().Get("password"); p != "" {
+			secrets = append(secrets, p, url.QueryEscape(p))
+		}
+	}
+	for _, m := range keywordPassword.FindAllStringSubmatch(c.databaseURL, -1) {
+		secrets = append(secrets, strings.Trim(m[1], "'"), m[1])
+	}
+	if cfg, err := pgx.ParseConfig(c.databaseURL); err == nil && cfg.Password != "" {
+		secrets = append(secrets, cfg.Password)
+	}
+	for _, p := range secrets {
+		if len(p) >= 1 {
+			s = strings.ReplaceAll(s, p, "xxxxx")
+		}
+	}
+	return s
+}
+
+// target names the database without credentials.
+func target(cfg *pgxpool.Config) string {
+	cc := cfg.ConnConfig
+	return fmt.Sprintf("%s@%s:%d/%s", cc.User, cc.Host, cc.Port, cc.Database)
+}
+
+func tableName(st *store.Store) string {
+	return st.Config().Schema + "." + st.Config().ClaimsTable
+}
+
+func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
+	fs, c := newFlags("migrate", stderr, getenv)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	st, closePool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closePool()
+	before, err := st.Version(ctx)
+	if err != nil {
+		return c.fail("migrate", err)
+	}
+	if err := st.Migrate(ctx); err != nil {
+		return c.fail("migrate", err)
+	}
+	printf(stdout, "migrated schema %s to version %d (was %d)\n", st.Config().Schema, store.LatestVersion(), before)
+	return nil
+}
+
+func cmdCleanup(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
+	fs, c := newFlags("cleanup", stderr, getenv)
+	var cfg store.RetentionConfig
+	window := durationValue{d: store.DefaultRetention}
+	minWindow := durationValue{d: store.DefaultMinRetention}
+	fs.Var(&window, "window", "keep claims processed within this window (default 30d)")
+	fs.Var(&minWindow, "min-window", "refuse windows below this unless --force (default 7d)")
+	fs.BoolVar(&cfg.Force, "force", false, "accept a window below --min-window: duplicates older than it will be applied again")
+	fs.IntVar(&cfg.BatchSize, "batch-size", store.DefaultBatchSize, "rows in the first batch; later batches adapt")
+	fs.IntVar(&cfg.MinBatchSize, "min-batch-size", 0, "smallest adaptive batch (default 500)")
+	fs.IntVar(&cfg.MaxBatchSize, "max-batch-size", 0, "largest adaptive batch (default 50000)")
+	fs.DurationVar(&cfg.TargetBatchDuration, "target-batch-duration", store.DefaultTargetBatchDuration, "adapt batch sizes toward this duration")
+	fs.DurationVar(&cfg.Pause, "pause", store.DefaultBatchPause, "pause between batches (negative: none)")
+	fs.DurationVar(&cfg.BatchTimeout, "batch-timeout", store.DefaultBatchTimeout, "statement timeout of one batch")
+	fs.BoolVar(&cfg.DryRun, "dry-run", false, "count what would be deleted, delete nothing")
+	fs.BoolVar(&cfg.Vacuum, "vacuum", false, "VACUUM (ANALYZE) the table afterwards")
+	mode := fs.String("progress", "auto", "progress display: auto (a bar on a terminal, log lines otherwise), bar, log or none")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg.Window, cfg.MinWindow = window.d, minWindow.d
+	switch *mode {
+	case "auto":
+		*mode = "log"
+		if isTerminal(stdout) {
+			*mode = "bar"
+		}
+	case "bar", "log", "none":
+	default:
+		return &usageError{msg: fmt.Sprintf("--progress %q: want auto, bar, log or none", *mode)}
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	st, closePool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closePool()
+
+	if cfg.DryRun {
+		res, err := st.Cleanup(ctx, cfg)
+		if err != nil {
+			return c.cleanupError(err)
+		}
+		oldest := "none"
+		if !res.Oldest.IsZero() {
+			oldest = res.Oldest.UTC().Format(time.RFC3339)
+		}
+		printf(stdout, "dry run: %d claims in %s processed before %s would be deleted (oldest %s)\n",
+			res.WouldDelete, tableName(st), res.Horizon.UTC().Format(time.RFC3339), oldest)
+		return nil
+	}
+	pp := &progressPrinter{w: stdout, mode: *mode, now: time.Now}
+	cfg.OnProgress = pp.update
+	res, err := st.Cleanup(ctx, cfg)
+	pp.finish()
+	if errors.Is(err, store.ErrNotLeader) {
+		printf(stdout, "not leader: another cleaner holds the retention lock on %s; nothing done\n", tableName(st))
+		return nil
+	}
+	summary := fmt.Sprintf("%d claims processed before %s deleted from %s in %d batches, %s (%s claims/s)",
+		res.Deleted, res.Horizon.UTC().Format(time.RFC3339), tableName(st), res.Batches, res.Duration.Round(time.Millisecond), formatRate(res.Deleted, res.Duration))
+	if err != nil {
+		if ctx.Err() != nil {
+			printlnTo(stdout, "interrupted:", summary+"; run again to resume")
+		}
+		return c.cleanupError(err)
+	}
+	if res.Vacuumed {
+		summary += ", then vacuumed"
+	}
+	printlnTo(stdout, summary)
+	return nil
+}
+
+func (c *common) cleanupError(err error) error {
+	switch {
+	case errors.Is(err, store.ErrPartitioned):
+		return c.fail("cleanup", fmt.Errorf("%w; use `claimtx partitions drop-expired`", err))
+	case errors.Is(err, store.ErrNoClaimTable):
+		return c.fail("cleanup", fmt.Errorf("%w; run `claimtx migrate`", err))
+	}
+	return c.fail("cleanup", err)
+}
+
+func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return &usageError{msg: "partitions: want a subcommand: list, enable, create-ahead or drop-expired"}
+	}
+	sub, rest := args[0], args[1:]
+	fs, c := newFlags("partitions "+sub, stderr, getenv)
+	var cfg store.PartitionConfig
+	retention := durationValue{d: store.DefaultRetention}
+	minRetention := durationValue{d: store.DefaultMinRetention}
+	var prepareOnly bool
+	switch sub {
+	case "list":
+	case "enable", "create-ahead", "drop-expired":
+		fs.Var(&retention, "retention", "claim retention by event time (default 30d)")
+		fs.Var(&minRetention, "min-retention", "refuse a retention below this unless --force (default 7d)")
+		fs.BoolVar(&cfg.Force, "force", false, "accept a retention below --min-retention")
+		fs.IntVar(&cfg.Ahead, "ahead", store.DefaultPartitionsAhead, "create partitions through today + this many days (UTC)")
+		fs.DurationVar(&cfg.LockWait, "lock-wait", store.DefaultPartitionLockWait, "give up (and retry) a lock wait that would block claims after this")
+		if sub == "enable" {
+			fs.BoolVar(&prepareOnly, "prepare-only", false, "only add event_day and build the indexes online, for a rolling switch to ClaimAt")
+		} else {
+			fs.BoolVar(&cfg.DryRun, "dry-run", false, "report, change nothing")
+		}
+	default:
+		return &usageError{msg: fmt.Sprintf("partitions: unknown subcommand %q (want list, enable, create-ahead or drop-expired)", sub)}
+	}
+	if err := parse(fs, rest); err != nil {
+		return err
+	}
+	cfg.Retention, cfg.MinRetention = retention.d, minRetention.d
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	st, closePool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closePool()
+
+	notLeader := func(err error) bool {
+		if errors.Is(err, store.ErrNotLeader) {
+			printf(stdout, "not leader: another process holds the retention lock on %s; nothing done\n", tableName(st))
+			return true
+		}
+		return false
+	}
+	switch sub {
+	case "list":
+		parts, err := st.Partitions(ctx)
+		if err != nil {
+			return c.fail("partitions list", err)
+		}
+		printPartitions(stdout, parts)
+	case "enable":
+		if prepareOnly {
+			err := st.PreparePartitioning(ctx, cfg)
+			if notLeader(err) {
+				return nil
+			}
+			if err != nil {
+				return c.fail("partitions enable --prepare-only", err)
+			}
+			printf(stdout, "prepared %s: event_day added and indexes built; switch consumers to event-time claims, then run `claimtx partitions enable`\n", tableName(st))
+			return nil
+		}
+		res, err := st.EnablePartitioning(ctx, cfg)
+		if notLeader(err) {
+			return nil
+		}
+		if err != nil {
+			return c.fail("partitions enable", err)
+		}
+		switch {
+		case res.AlreadyPartitioned:
+			printf(stdout, "%s is already partitioned; created %d missing day partitions\n", tableName(st), len(res.Created))
+		case res.Legacy:
+			printf(stdout, "%s is now partitioned by event day: existing claims kept as %s_legacy (event days before %s), %d day partitions created\n",
+				tableName(st), st.Config().ClaimsTable, res.Boundary.Format(time.DateOnly), len(res.Created))
+		default:
+			printf(stdout, "%s is now partitioned by event day: %d day partitions created\n", tableName(st), len(res.Created))
+		}
+	case "create-ahead":
+		created, err := st.CreatePartitionsAhead(ctx, cfg)
+		if notLeader(err) {
+			return nil
+		}
+		if err != nil {
+			return c.fail("partitions create-ahead", err)
+		}
+		verb := "created"
+		if cfg.DryRun {
+			verb = "would create"
+		}
+		printf(stdout, "%s %d partitions\n", verb, len(created))
+		printPartitions(stdout, created)
+	case "drop-expired":
+		start := time.Now()
+		dropped, err := st.DropExpiredPartitions(ctx, cfg)
+		if notLeader(err) {
+			return nil
+		}
+		if err != nil {
+			return c.fail("partitions drop-expired", err)
+		}
+		verb := "dropped"
+		if cfg.DryRun {
+			verb = "would drop"
+		}
+		printf(stdout, "%s %d partitions past the %s retention in %s\n", verb, len(dropped), formatDuration(cfg.Retention), time.Since(start).Round(time.Millisecond))
+		printPartitions(stdout, dropped)
+	}
+	return nil
+}
+
+func printPartitions(w io.Writer, parts []store.Partition) {
+	if len(parts) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	printlnTo(tw, "NAME\tEVENT DAYS\tROWS (EST.)\tSIZE")
+	for _, p := range parts {
+		from := "…"
+		if !p.From.IsZero() {
+			from = p.From.Format(time.DateOnly)
+		}
+		days := from + " .. " + p.To.AddDate(0, 0, -1).Format(time.DateOnly)
+		if p.From.AddDate(0, 0, 1).Equal(p.To) {
+			days = from
+		}
+		if p.DetachPending {
+			days += " (detach pending)"
+		}
+		printf(tw, "%s\t%s\t%d\t%s\n", p.Name, days, p.EstimatedRows, formatBytes(p.Bytes))
+	}
+	_ = tw.Flush()
+}
+
+func cmdStats(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
+	fs, c := newFlags("stats", stderr, getenv)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	st, closePool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closePool()
+	s, err := st.Stats(ctx)
+	if err != nil {
+		return c.fail("stats", err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(s)
+	}
+	layout := "plain"
+	if s.Partitioned {
+		layout = fmt.Sprintf("partitioned by event day, %d partitions", s.Partitions)
+	}
+	printf(stdout, "claim table %s (%s)\n", tableName(st), layout)
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	printlnTo(tw, "CONSUMER\tCLAIMS\tOLDEST\tNEWEST")
+	for _, cs := range s.Consumers {
+		printf(tw, "%s\t%d\t%s\t%s\n", cs.Consumer, cs.Claims, cs.Oldest.UTC().Format(time.RFC3339), cs.Newest.UTC().Format(time.RFC3339))
+	}
+	_ = tw.Flush()
+	perClaim := "n/a"
+	if s.Claims > 0 {
+		perClaim = fmt.Sprintf("%.0f B", s.BytesPerClaim)
+	}
+	printf(stdout, "total %d claims; table %s, indexes %s; ~%s per claim (indexes and free space included)\n",
+		s.Claims, formatBytes(s.TableBytes), formatBytes(s.IndexBytes), perClaim)
+	return nil
+}
+
+// durationValue is a flag accepting Go durations and whole days ("30d",
+// "1d12h"), because retention windows are thought of in days.
+type durationValue struct{ d time.Duration }
+
+var daysPrefix = regexp.MustCompile(`^(\d+)d(.*)$`)
+
+func (v *durationValue) String() string { return formatDuration(v.d) }
+
+func (v *durationValue) Set(s string) error {
+	d, err := parseDuration(s)
+	if err != nil {
+		return err
+	}
+	v.d = d
+	return nil
+}
+
+func parseDuration(s string) (time.Duration, error) {
+	s = strings.TrimSpace(s)
+	var d time.Duration
+	if m := daysPrefix.FindStringSubmatch(s); m != nil {
+		days, err := strconv.Atoi(m[1])
+		if err != nil || days > 100*365 {
+			return 0, fmt.Errorf("%q: too many days", s)
+		}
+		d = time.Duration(days) * 24 * time.Hour
+		s = m[2]
+		if s == "" {
+			return d, nil
+		}
+	}
+	rest, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a duration (e.g. 30d, 36h, 1d12h)", s)
+	}
+	return d + rest, nil
+}
+
+func formatDuration(d time.Duration) string {
+	const day = 24 * time.Hour
+	if d > 0 && d%day == 0 {
+		return fmt.Sprintf("%dd", d/day)
+	}
+	return d.String()
+}
+
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func formatRate(n int64, d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	return strconv.FormatInt(int64(float64(n)/d.Seconds()), 10)
+}
+
+// printf, printlnTo and printTo write the CLI's output. A failed write (a
+// closed pipe) cannot be reported anywhere better than the exit status the
+// command already has, so it is ignored here, once.
+func printf(w io.Writer, format string, a ...any) { _, _ = fmt.Fprintf(w, format, a...) }
+
+func printlnTo(w io.Writer, a ...any) { _, _ = fmt.Fprintln(w, a...) }
+
+func printTo(w io.Writer, a ...any) { _, _ = fmt.Fprint(w, a...) }

@@ -1,0 +1,39 @@
+// Command claimtx is the operator CLI for claimtx's claim table: schema
+// migrations, retention cleanup, partition maintenance and statistics.
+//
+//	claimtx migrate
+//	claimtx cleanup [--window 30d] [--dry-run] [--batch-size 5000] …
+//	claimtx partitions list | enable [--prepare-only] | create-ahead | drop-expired [--dry-run]
+//	claimtx stats [--json]
+//
+// The database comes from --database-url or DATABASE_URL, the schema from
+// --schema or CLAIMTX_SCHEMA (default "claimtx"), the table from --table or
+// CLAIMTX_TABLE (default "processed_messages"). Every command that deletes
+// or drops takes the table's retention leader lock: run it from cron on
+// every instance, and all but one report "not leader" and exit 0.
+//
+// Exit status: 0 on success (and when not leader), 1 when the operation
+// failed, 2 on bad input (unknown command, bad flag, a retention window
+// below the minimum). Interrupting a cleanup (Ctrl-C, SIGTERM) stops after
+// the current batch; run it again to resume.
+package main
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes one command line and returns the exit status. Signals
+// interrupt the command through its context.
+func run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return runEnv(ctx, args, stdout, stderr, os.Getenv)
+}

@@ -1,0 +1,288 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/store/pgtest"
+)
+
+// cli runs the command line in-process against its own schema.
+type cli struct {
+	t      *testing.T
+	schema string
+	env    map[string]string
+}
+
+func newCLI(t *testing.T) *cli {
+	t.Helper()
+	return &cli{t: t, schema: pgtest.NewSchema(t), env: map[string]string{"DATABASE_URL": pgtest.URL()}}
+}
+
+func (c *cli) run(args ...string) (code int, stdout, stderr string) {
+	c.t.Helper()
+	env := map[string]string{"CLAIMTX_SCHEMA": c.schema}
+	for k, v := range c.env {
+		env[k] = v
+	}
+	var out, errOut bytes.Buffer
+	code = runEnv(context.Background(), args, &out, &errOut, func(k string) string { return env[k] })
+	return code, out.String(), errOut.String()
+}
+
+func (c *cli) ok(args ...string) string {
+	c.t.Helper()
+	code, out, errOut := c.run(args...)
+	require.Equal(c.t, exitOK, code, "claimtx %v\nstdout: %s\nstderr: %s", args, out, errOut)
+	return out
+}
+
+func (c *cli) store() *store.Store {
+	c.t.Helper()
+	st, err := store.New(pgtest.Pool(c.t, c.schema, 4), store.Config{Schema: c.schema})
+	require.NoError(c.t, err)
+	return st
+}
+
+func (c *cli) exec(sql string, args ...any) {
+	c.t.Helper()
+	_, err := pgtest.Pool(c.t, c.schema, 1).Exec(context.Background(), sql, args...)
+	require.NoError(c.t, err)
+}
+
+func TestCLIMigrateStatsCleanup(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	out := c.ok("migrate")
+	require.Contains(t, out, fmt.Sprintf("migrated schema %s to version %d (was 0)", c.schema, store.LatestVersion()))
+	require.Contains(t, c.ok("migrate"), fmt.Sprintf("(was %d)", store.LatestVersion()))
+
+	table := pgx.Identifier{c.schema, "processed_messages"}.Sanitize()
+	c.exec(`INSERT INTO ` + table + ` (consumer, message_key, processed_at)
+SELECT CASE WHEN g % 2 = 0 THEN 'loyalty' ELSE 'analytics' END, 'k' || g, now() - (g || ' days')::interval FROM generate_series(1, 60) g`)
+
+	out = c.ok("stats")
+	require.Contains(t, out, "plain")
+	require.Regexp(t, `analytics\s+30\s`, out)
+	require.Regexp(t, `loyalty\s+30\s`, out)
+	require.Contains(t, out, "total 60 claims")
+	require.Contains(t, out, "per claim")
+
+	var js store.Stats
+	require.NoError(t, json.Unmarshal([]byte(c.ok("stats", "--json")), &js))
+	require.EqualValues(t, 60, js.Claims)
+
+	// Days 30..60 are outside a 30-day window (day 30 by a hair).
+	out = c.ok("cleanup", "--dry-run")
+	require.Contains(t, out, "dry run: 31 claims")
+	out = c.ok("cleanup", "--window", "30d", "--batch-size", "4", "--min-batch-size", "4", "--max-batch-size", "4", "--pause", "-1ns", "--progress", "log", "--vacuum")
+	require.Contains(t, out, "cleanup: ~")
+	require.Contains(t, out, "31 claims processed before")
+	require.Contains(t, out, "in 9 batches")
+	require.Contains(t, out, "then vacuumed")
+	require.Contains(t, c.ok("stats"), "total 29 claims")
+
+	// --window in hours works, and a bar can be forced.
+	out = c.ok("cleanup", "--window", "480h", "--progress", "bar", "--pause", "-1ns")
+	require.Contains(t, out, "\r")
+	require.Contains(t, out, "ETA")
+	require.Contains(t, out, "10 claims processed before")
+	require.Contains(t, c.ok("stats"), "total 19 claims")
+}
+
+func TestCLIBadInput(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "Usage:"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+		{[]string{"cleanup", "--window", "1d"}, "below the minimum"},
+		{[]string{"cleanup", "--window", "thirty days"}, "not a duration"},
+		{[]string{"cleanup", "--batch-size", "-5"}, "BatchSize"},
+		{[]string{"cleanup", "--progress", "sparkles"}, "--progress"},
+		{[]string{"cleanup", "extra"}, `unexpected argument "extra"`},
+		{[]string{"cleanup", "--no-such-flag"}, "no-such-flag"},
+		{[]string{"partitions"}, "want a subcommand"},
+		{[]string{"partitions", "shuffle"}, `unknown subcommand "shuffle"`},
+		{[]string{"partitions", "drop-expired", "--retention", "2d"}, "below the minimum"},
+		{[]string{"partitions", "create-ahead", "--ahead", "-1"}, "Ahead"},
+		{[]string{"stats", "--schema", "Bad-Name"}, `"Schema"`},
+		{[]string{"stats", "--table", "x;drop"}, `"ClaimsTable"`},
+	} {
+		code, out, errOut := c.run(tc.args...)
+		require.Equal(t, exitUsage, code, "%v: %s %s", tc.args, out, errOut)
+		require.Contains(t, errOut, tc.want, "%v", tc.args)
+	}
+
+	c.env = map[string]string{}
+	code, _, errOut := c.run("stats")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "DATABASE_URL")
+
+	code, out, _ := c.run("help")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "Usage:")
+	code, _, _ = c.run("cleanup", "-h")
+	require.Equal(t, exitOK, code)
+}
+
+// The password never reaches the output, whatever form the connection
+// string takes and whichever step fails.
+func TestCLINeverPrintsThePassword(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cr3t-Pw"
+	c := newCLI(t)
+	for _, dsn := range []string{
+		"postgres://alice:" + secret + "@127.0.0.1:1/db?sslmode=disable&connect_timeout=2", // refused
+		"postgres://alice:" + secret + "@127.0.0.1:notaport/db",                            // unparsable
+		"host=127.0.0.1 port=1 user=alice password=" + secret + " dbname=db sslmode=disable connect_timeout=2",
+		"host=127.0.0.1 port=1 user=alice password='" + secret + "' dbname=db sslmode=disable connect_timeout=2",
+		"postgres://127.0.0.1:1/db?user=alice&password=" + secret + "&sslmode=disable&connect_timeout=2",
+		"postgres://alice:" + secret + "@127.0.0.1:1/db?sslmode=bogus",
+	} {
+		c.env = map[string]string{"DATABASE_URL": dsn}
+		for _, args := range [][]string{{"stats"}, {"migrate"}, {"cleanup", "--dry-run"}, {"partitions", "list"}} {
+			code, out, errOut := c.run(args...)
+			require.NotEqual(t, exitOK, code, "%v with %s", args, dsn)
+			require.NotContains(t, out+errOut, secret, "%v", args)
+			require.NotEmpty(t, errOut)
+		}
+	}
+	// A wrong password against the real server: authentication may not be
+	// required there (trust), but the message must still not echo it.
+	c.env = map[string]string{"DATABASE_URL": strings.Replace(pgtest.URL(), "postgres@", "postgres:"+secret+"@", 1)}
+	code, out, errOut := c.run("cleanup", "--dry-run")
+	require.NotContains(t, out+errOut, secret)
+	require.Equal(t, exitFail, code, "no claim table yet: %s", errOut)
+	require.Contains(t, errOut, "claimtx migrate")
+}
+
+func TestCLIPartitions(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	c.ok("migrate")
+	code, _, errOut := c.run("partitions", "list")
+	require.Equal(t, exitFail, code)
+	require.Contains(t, errOut, "not partitioned")
+
+	out := c.ok("partitions", "enable", "--ahead", "3")
+	require.Contains(t, out, "now partitioned by event day: 34 day partitions created")
+	require.Contains(t, c.ok("partitions", "enable", "--ahead", "3"), "already partitioned; created 0")
+	out = c.ok("partitions", "list")
+	require.Contains(t, out, "NAME")
+	require.Equal(t, 34, strings.Count(out, "processed_messages_p"), out)
+
+	out = c.ok("partitions", "create-ahead", "--ahead", "5", "--dry-run")
+	require.Contains(t, out, "would create 2 partitions")
+	out = c.ok("partitions", "create-ahead", "--ahead", "5")
+	require.Contains(t, out, "created 2 partitions")
+	require.Contains(t, c.ok("partitions", "create-ahead", "--ahead", "5"), "created 0 partitions")
+
+	out = c.ok("partitions", "drop-expired", "--retention", "10d", "--dry-run")
+	require.Contains(t, out, "would drop 20 partitions past the 10d retention")
+	out = c.ok("partitions", "drop-expired", "--retention", "10d")
+	require.Contains(t, out, "dropped 20 partitions")
+	require.Contains(t, c.ok("partitions", "drop-expired", "--retention", "10d"), "dropped 0 partitions")
+	require.Contains(t, c.ok("stats"), "partitioned by event day, 16 partitions")
+
+	code, _, errOut = c.run("cleanup")
+	require.Equal(t, exitFail, code)
+	require.Contains(t, errOut, "partitions drop-expired")
+}
+
+func TestCLIPrepareThenEnable(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	c.ok("migrate")
+	c.exec(`INSERT INTO ` + pgx.Identifier{c.schema, "processed_messages"}.Sanitize() + ` (consumer, message_key) VALUES ('c', 'k')`)
+	require.Contains(t, c.ok("partitions", "enable", "--prepare-only"), "switch consumers")
+	out := c.ok("partitions", "enable", "--ahead", "2")
+	require.Contains(t, out, "existing claims kept as processed_messages_legacy")
+	require.Contains(t, out, "1 day partitions created")
+}
+
+// A second cleaner started while the first runs reports "not leader" and
+// succeeds without doing anything, as every instance's cron job but one
+// should.
+func TestCLINotLeader(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	c.ok("migrate")
+	c.exec(`INSERT INTO ` + pgx.Identifier{c.schema, "processed_messages"}.Sanitize() + ` (consumer, message_key, processed_at)
+SELECT 'c', 'k' || g, now() - interval '40 days' FROM generate_series(1, 20) g`)
+	st := c.store()
+	var code int
+	var out string
+	_, err := st.Cleanup(context.Background(), store.RetentionConfig{BatchSize: 5, MinBatchSize: 5, MaxBatchSize: 5, Pause: -1,
+		OnProgress: func(p store.CleanupProgress) {
+			if p.Batch == 1 {
+				code, out, _ = c.run("cleanup")
+			}
+		}})
+	require.NoError(t, err)
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "not leader")
+
+	// The same for partition maintenance.
+	c.ok("partitions", "enable")
+	st2 := c.store()
+	_, err = st2.Cleanup(context.Background(), store.RetentionConfig{DryRun: true})
+	require.ErrorIs(t, err, store.ErrPartitioned)
+}
+
+func TestProgressPrinter(t *testing.T) {
+	t.Parallel()
+	now := time.Unix(0, 0)
+	var buf bytes.Buffer
+	p := &progressPrinter{w: &buf, mode: "bar", now: func() time.Time { return now }}
+	p.update(store.CleanupProgress{Estimated: 1000})
+	p.update(store.CleanupProgress{Batch: 1, Deleted: 250, BatchRows: 250, Estimated: 1000, Elapsed: time.Second})
+	now = now.Add(time.Second)
+	p.update(store.CleanupProgress{Batch: 2, Deleted: 500, BatchRows: 250, Estimated: 1000, Elapsed: 2 * time.Second})
+	p.update(store.CleanupProgress{Batch: 3, Deleted: 500, BatchRows: 0, Estimated: 1000, Elapsed: 2 * time.Second})
+	p.finish()
+	out := buf.String()
+	require.Contains(t, out, "[###############...............]  50%  500/~1000 claims  250/s  ETA 2s")
+	require.Contains(t, out, "100%")
+	require.NotContains(t, out, "25%", "redraws are throttled")
+	require.True(t, strings.HasSuffix(out, "\n"))
+
+	buf.Reset()
+	p = &progressPrinter{w: &buf, mode: "log", now: func() time.Time { return now }}
+	for i := 1; i <= 10; i++ {
+		p.update(store.CleanupProgress{Batch: i, Deleted: int64(i * 10), BatchRows: 10, Estimated: 100, Elapsed: time.Duration(i) * time.Second})
+	}
+	require.Equal(t, 1, strings.Count(buf.String(), "\n"), "log lines are throttled: %s", buf.String())
+
+	require.False(t, isTerminal(&buf))
+}
+
+func TestParseDuration(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]time.Duration{
+		"30d": 30 * 24 * time.Hour, "1d12h": 36 * time.Hour, "36h": 36 * time.Hour, "90m": 90 * time.Minute, " 7d ": 7 * 24 * time.Hour,
+	} {
+		got, err := parseDuration(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"", "d", "30 days", "1dd", "99999999d", "-3d"} {
+		_, err := parseDuration(in)
+		require.Error(t, err, in)
+	}
+	require.Equal(t, "30d", formatDuration(30*24*time.Hour))
+	require.Equal(t, "1.5 KiB", formatBytes(1536))
+	require.Equal(t, "12 B", formatBytes(12))
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/claimtx/claimtx/store"
+)
+
+// Progress redraw intervals: a bar may redraw often, a log should stay
+// readable (and small) over an hour-long cleanup.
+const (
+	barInterval = 100 * time.Millisecond
+	logInterval = 5 * time.Second
+	barWidth    = 30
+)
+
+// isTerminal reports whether w is a character device (an interactive
+// terminal). golang.org/x/term is not a dependency of claimtx; the mode
+// bit is all a progress bar needs to know.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// progressPrinter renders store.CleanupProgress as a redrawn bar with rate
+// and ETA (mode "bar"), as throttled log lines ("log"), or not at all.
+type progressPrinter struct {
+	w      io.Writer
+	mode   string
+	now    func() time.Time
+	last   time.Time
+	drawn  bool
+	latest store.CleanupProgress
+}
+
+func (p *progressPrinter) update(pr store.CleanupProgress) {
+	p.latest = pr
+	if p.mode == "none" {
+		return
+	}
+	interval := logInterval
+	if p.mode == "bar" {
+		interval = barInterval
+	}
+	now := p.now()
+	if pr.Batch != 0 && pr.BatchRows != 0 && now.Sub(p.last) < interval {
+		return
+	}
+	p.last = now
+	p.draw(pr)
+}
+
+func (p *progressPrinter) draw(pr store.CleanupProgress) {
+	rate := 0.0
+	if s := pr.Elapsed.Seconds(); s > 0 {
+		rate = float64(pr.Deleted) / s
+	}
+	eta := "?"
+	if left := pr.Estimated - pr.Deleted; rate > 0 && left > 0 {
+		eta = time.Duration(float64(left) / rate * float64(time.Second)).Round(time.Second).String()
+	} else if pr.Batch > 0 && pr.BatchRows == 0 {
+		eta = "0s"
+	}
+	switch p.mode {
+	case "bar":
+		frac := 0.0
+		if pr.Estimated > 0 {
+			frac = min(float64(pr.Deleted)/float64(pr.Estimated), 1)
+		}
+		if pr.Batch > 0 && pr.BatchRows == 0 {
+			frac = 1
+		}
+		full := int(frac * barWidth)
+		printf(p.w, "\r\033[K[%s%s] %3.0f%%  %d/~%d claims  %.0f/s  ETA %s",
+			strings.Repeat("#", full), strings.Repeat(".", barWidth-full), frac*100, pr.Deleted, pr.Estimated, rate, eta)
+		p.drawn = true
+	case "log":
+		if pr.Batch == 0 {
+			printf(p.w, "cleanup: ~%d claims processed before %s to delete, first batch %d rows\n",
+				pr.Estimated, pr.Horizon.UTC().Format(time.RFC3339), pr.NextBatchSize)
+			return
+		}
+		printf(p.w, "cleanup: %d of ~%d claims deleted in %d batches, %.0f claims/s, last batch %d rows in %s, next %d, ETA %s\n",
+			pr.Deleted, pr.Estimated, pr.Batch, rate, pr.BatchRows, pr.BatchDuration.Round(time.Millisecond), pr.NextBatchSize, eta)
+	}
+}
+
+// finish ends the bar's line so the summary starts on its own.
+func (p *progressPrinter) finish() {
+	if p.mode == "bar" && p.drawn {
+		p.draw(p.latest)
+		printlnTo(p.w)
+	}
+}

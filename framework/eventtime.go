@@ -1,0 +1,339 @@
+package framework
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/big"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// TimeFunc reads the producer's event time of a message: when the event
+// happened, as fixed by the producer, never when this copy was delivered.
+// Like a KeyFunc it must return the same value on every redelivery,
+// republish and dead-letter replay, because two things depend on it:
+//
+//   - the expiry guard compares it with the retention horizon to refuse
+//     messages whose claim may already be gone;
+//   - in partitioned mode it picks the claim's partition (its UTC day), so
+//     twins always meet in the same partition and conflict there.
+//
+// A TimeFunc that cannot read a time returns an error matching
+// ErrInvalidEventTime (use *EventTimeError); such messages are poisoned,
+// not retried.
+type TimeFunc func(*message.Message) (time.Time, error)
+
+// ErrInvalidEventTime is matched by every error that means "this message
+// has no usable event time": the field is missing, empty, or not a time.
+// It is permanent: redelivering the same message cannot fix it.
+var ErrInvalidEventTime = errors.New("claimtx: invalid event time")
+
+// EventTimeError explains why a message's event time could not be read. It
+// matches ErrInvalidEventTime and is permanent.
+type EventTimeError struct {
+	// Source names where the time was looked for, e.g. `metadata "event_time"`.
+	Source string
+	// Reason is a short, human-readable explanation.
+	Reason string
+}
+
+func (e *EventTimeError) Error() string {
+	return fmt.Sprintf("claimtx: invalid event time from %s: %s", e.Source, e.Reason)
+}
+
+// Is lets errors.Is(err, ErrInvalidEventTime) match.
+func (e *EventTimeError) Is(target error) bool { return target == ErrInvalidEventTime }
+
+// Permanent reports true: the same message yields the same error.
+func (e *EventTimeError) Permanent() bool { return true }
+
+// KafkaTimestampMetadata is the metadata key under which claimtx's Kafka
+// adapter (brokers/kafka.MetadataTimestamp) exposes the record timestamp.
+// It is repeated here because this package must not import a broker.
+const KafkaTimestampMetadata = "kafka_timestamp"
+
+// Event times at or before minEventTime (Unix 0 is what an unset field
+// becomes) or after maxEventTime are refused: they are producer bugs, and
+// the bounds keep every accepted time representable as a Postgres date.
+var (
+	minEventTime = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
+	maxEventTime = time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)
+)
+
+// EventTimeFromMetadata reads the event time from one metadata field (an
+// AMQP header, a Kafka record header). See ParseEventTime for the accepted
+// forms.
+func EventTimeFromMetadata(field string) (TimeFunc, error) {
+	if field == "" {
+		return nil, &ConfigError{Field: "event_time", Reason: "metadata field name is empty"}
+	}
+	src := fmt.Sprintf("metadata %q", field)
+	return func(msg *message.Message) (time.Time, error) {
+		v, ok := msg.Metadata[field]
+		if !ok {
+			return time.Time{}, &EventTimeError{Source: src, Reason: "field is missing"}
+		}
+		t, err := ParseEventTime(v)
+		if err != nil {
+			return time.Time{}, &EventTimeError{Source: src, Reason: err.Error()}
+		}
+		return t, nil
+	}, nil
+}
+
+// EventTimeFromJSON reads the event time from a field of the JSON payload,
+// addressed by a dotted path as in FromJSON ("occurred_at",
+// "meta.created"). The field is an RFC 3339 string or a Unix time number
+// (see ParseEventTime).
+func EventTimeFromJSON(path string) (TimeFunc, error) {
+	segs, err := parsePath(path)
+	if err != nil {
+		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("JSON path %q is invalid", path), Err: err}
+	}
+	src := fmt.Sprintf("payload %q", path)
+	return func(msg *message.Message) (time.Time, error) {
+		doc, err := decodePayload(msg.Payload)
+		if err != nil {
+			return time.Time{}, &EventTimeError{Source: src, Reason: err.Error()}
+		}
+		v, reason := descendJSON(doc, segs)
+		if reason != "" {
+			return time.Time{}, &EventTimeError{Source: src, Reason: reason}
+		}
+		var t time.Time
+		switch v := v.(type) {
+		case string:
+			t, err = ParseEventTime(v)
+		case json.Number:
+			t, err = parseUnixNumber(string(v))
+		default:
+			return time.Time{}, &EventTimeError{Source: src, Reason: fmt.Sprintf("field is %s, want an RFC 3339 string or a Unix time number", jsonType(v))}
+		}
+		if err != nil {
+			return time.Time{}, &EventTimeError{Source: src, Reason: err.Error()}
+		}
+		return t, nil
+	}, nil
+}
+
+// EventTimeFromKafka reads the Kafka record timestamp that claimtx's Kafka
+// adapter puts in metadata (KafkaTimestampMetadata). The only argument
+// accepted is "timestamp" (spec "kafka:timestamp"). The record timestamp is
+// the producer's create time unless the topic uses LogAppendTime, in which
+// case it is the broker's append time of the first write: stable across
+// redeliveries either way, but a republish to another topic gets a new one.
+func EventTimeFromKafka(arg string) (TimeFunc, error) {
+	if arg != "" && arg != "timestamp" {
+		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("kafka event time %q is not supported (use kafka:timestamp)", arg)}
+	}
+	return EventTimeFromMetadata(KafkaTimestampMetadata)
+}
+
+// ParseEventTime parses the textual forms producers use for event times:
+//
+//   - RFC 3339, with or without fractional seconds and with any offset
+//     ("2024-05-01T10:00:00Z", "2024-05-01T12:00:00.5+02:00");
+//   - a Unix time as a decimal integer, whose unit is inferred from its
+//     magnitude: below 1e11 seconds, below 1e14 milliseconds, below 1e17
+//     microseconds, else nanoseconds (so any time from 1973 to 5138 is
+//     read in the unit it was written in);
+//   - a Unix time in seconds with a fraction ("1714557600.25").
+//
+// The result is in UTC. Times up to Unix 0 (1970-01-01, what an unset
+// field becomes) or after 9999 are refused. The inference is
+// deterministic, so a redelivery always yields the same time.
+func ParseEventTime(s string) (time.Time, error) {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return time.Time{}, errors.New("field is empty")
+	}
+	if c := s[0]; c >= '0' && c <= '9' && !strings.ContainsAny(s, "-:T") {
+		return parseUnixNumber(s)
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is neither RFC 3339 nor a Unix time", s)
+	}
+	return checkEventTime(t.UTC())
+}
+
+// parseUnixNumber reads a JSON number or a digit string as a Unix time.
+func parseUnixNumber(s string) (time.Time, error) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		if n < 0 {
+			return time.Time{}, fmt.Errorf("unix time %s is negative", s)
+		}
+		var t time.Time
+		switch {
+		case n < 1e11:
+			t = time.Unix(n, 0)
+		case n < 1e14:
+			t = time.UnixMilli(n)
+		case n < 1e17:
+			t = time.UnixMicro(n)
+		default:
+			t = time.Unix(0, n)
+		}
+		return checkEventTime(t.UTC())
+	}
+	// Fractional (or exponent) forms are seconds. big.Rat keeps every digit
+	// so that the same text always gives the same nanosecond.
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		// big.Rat would expand 1e999999999 into a gigabyte of digits.
+		exp, err := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+"))
+		if err != nil || exp > 30 || exp < -30 {
+			return time.Time{}, fmt.Errorf("%q is not a Unix time", s)
+		}
+	}
+	var r big.Rat
+	if _, ok := r.SetString(s); !ok {
+		return time.Time{}, fmt.Errorf("%q is not a Unix time", s)
+	}
+	if r.Sign() < 0 {
+		return time.Time{}, fmt.Errorf("unix time %s is negative", s)
+	}
+	f, _ := r.Float64()
+	if f >= 1e11 || math.IsInf(f, 0) {
+		return time.Time{}, fmt.Errorf("fractional unix time %s must be in seconds", s)
+	}
+	ns := new(big.Rat).Mul(&r, big.NewRat(1e9, 1))
+	q := new(big.Int).Quo(ns.Num(), ns.Denom())
+	return checkEventTime(time.Unix(0, q.Int64()).UTC())
+}
+
+func checkEventTime(t time.Time) (time.Time, error) {
+	if !t.After(minEventTime) || t.After(maxEventTime) {
+		return time.Time{}, fmt.Errorf("%s is outside 1970..9999", t.Format(time.RFC3339Nano))
+	}
+	return t, nil
+}
+
+// descendJSON follows segs into doc and returns the value found, or a
+// reason why there is none.
+func descendJSON(doc any, segs []string) (any, string) {
+	cur := doc
+	for _, s := range segs {
+		switch v := cur.(type) {
+		case map[string]any:
+			next, ok := v[s]
+			if !ok {
+				return nil, "field is missing"
+			}
+			cur = next
+		case []any:
+			i, err := strconv.Atoi(s)
+			if err != nil || i < 0 || i >= len(v) {
+				return nil, fmt.Sprintf("no element %q in array of %d", s, len(v))
+			}
+			cur = v[i]
+		default:
+			return nil, fmt.Sprintf("cannot descend into %s at %q", jsonType(cur), s)
+		}
+	}
+	return cur, ""
+}
+
+// TimeFactory builds a TimeFunc from the argument part of an event-time
+// spec ("event_time" in "metadata:event_time"). It returns a *ConfigError
+// for an argument it cannot use.
+type TimeFactory func(arg string) (TimeFunc, error)
+
+// TimeRegistry maps event-time extractor names to factories so that
+// configuration can choose one by a spec string such as
+// "metadata:event_time", "json:occurred_at" or "kafka:timestamp". It is
+// safe for concurrent use.
+type TimeRegistry struct {
+	mu        sync.RWMutex
+	factories map[string]TimeFactory
+}
+
+var builtinTimeExtractors = map[string]TimeFactory{
+	"metadata": EventTimeFromMetadata,
+	"json":     EventTimeFromJSON,
+	"kafka":    EventTimeFromKafka,
+}
+
+// NewTimeRegistry returns a registry holding the built-in extractors
+// metadata, json and kafka.
+func NewTimeRegistry() *TimeRegistry {
+	r := &TimeRegistry{factories: make(map[string]TimeFactory, len(builtinTimeExtractors))}
+	for n, f := range builtinTimeExtractors {
+		r.factories[n] = f
+	}
+	return r
+}
+
+// Register adds a named extractor. Names follow the key registry's rules;
+// registering a name twice is an error.
+func (r *TimeRegistry) Register(name string, f TimeFactory) error {
+	if !extractorName.MatchString(name) {
+		return &ConfigError{Field: "name", Reason: fmt.Sprintf("event time extractor name %q must match %s", name, extractorName)}
+	}
+	if f == nil {
+		return &ConfigError{Field: "factory", Reason: fmt.Sprintf("event time extractor %q has a nil factory", name)}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.factories[name]; dup {
+		return &ConfigError{Field: "name", Reason: fmt.Sprintf("event time extractor %q is already registered", name)}
+	}
+	r.factories[name] = f
+	return nil
+}
+
+// Parse turns a spec "NAME" or "NAME:ARG" into a TimeFunc.
+func (r *TimeRegistry) Parse(spec string) (TimeFunc, error) {
+	name, arg, _ := strings.Cut(strings.TrimSpace(spec), ":")
+	if name == "" {
+		return nil, &ConfigError{Field: "event_time", Reason: "event time spec is empty (e.g. metadata:event_time, json:occurred_at, kafka:timestamp)"}
+	}
+	r.mu.RLock()
+	f, ok := r.factories[name]
+	r.mu.RUnlock()
+	if !ok {
+		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("unknown event time extractor %q in spec %q (known: %s)", name, spec, strings.Join(r.Names(), ", "))}
+	}
+	tf, err := f(arg)
+	if err != nil {
+		return nil, err
+	}
+	if tf == nil {
+		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("extractor %q returned a nil TimeFunc for %q", name, arg)}
+	}
+	return tf, nil
+}
+
+// Names lists the registered extractor names, sorted.
+func (r *TimeRegistry) Names() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	names := make([]string, 0, len(r.factories))
+	for n := range r.factories {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// DefaultTimes is the registry used by RegisterTimeExtractor and
+// ParseTimeSpec.
+var DefaultTimes = NewTimeRegistry()
+
+// RegisterTimeExtractor adds a named event-time extractor to DefaultTimes.
+func RegisterTimeExtractor(name string, f TimeFactory) error {
+	return DefaultTimes.Register(name, f)
+}
+
+// ParseTimeSpec resolves an event-time spec against DefaultTimes:
+// "metadata:event_time", "json:occurred_at", "kafka:timestamp" or a
+// registered name.
+func ParseTimeSpec(spec string) (TimeFunc, error) {
+	return DefaultTimes.Parse(spec)
+}

@@ -1,0 +1,103 @@
+package middleware
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/store"
+)
+
+// ExpiryGuard refuses messages too old to be deduplicated. Claims are kept
+// for a retention window (store.Cleanup, store.DropExpiredPartitions);
+// a message whose event time is older than now minus that window may have
+// had its claim deleted, so the claim can no longer say whether its effect
+// was applied. Applying it could apply it twice; acking it could lose it.
+// The guard does neither: it returns a permanent error matching
+// framework.ErrExpired (a *framework.ExpiredError with the times), so the
+// Poison middleware routes the message to the dead-letter destination with
+// the reason, for a person to decide (outcome framework.Expired).
+//
+// Put it before Claim, after Poison:
+//
+//	Recoverer -> Poison -> Retry -> ExpiryGuard -> Claim -> handler
+//
+// (Retry never retries a permanent error.) The guard is consistent with
+// cleanup because a message is always processed after it was produced:
+// its claim's processed_at is no older than its event time, so a message
+// inside the window by event time still has its claim. Keep Retention no
+// longer than the cleanup window, minus the largest producer clock skew
+// you expect (an event time from a clock running fast looks younger than
+// the message is).
+type ExpiryGuard struct {
+	// Retention is the claim retention window, the same value given to
+	// cleanup or partition maintenance. Defaults to
+	// store.DefaultRetention (30 days).
+	Retention time.Duration
+	// EventTime reads the producer's event time of a message
+	// (framework.ParseTimeSpec("metadata:event_time"), "json:occurred_at",
+	// "kafka:timestamp"). Required. A message without a readable event
+	// time fails with a permanent error matching
+	// framework.ErrInvalidEventTime and is poisoned too: it cannot be
+	// checked either.
+	EventTime framework.TimeFunc
+	// AllowExpired applies expired messages anyway, after calling
+	// OnExpired. Sharp edge: an expired message whose claim was already
+	// deleted is applied a second time; use it only to replay a dead-letter
+	// queue on purpose, after checking the effects did not happen.
+	// Defaults to false.
+	AllowExpired bool
+	// OnExpired, when set, is called for every expired message, whether
+	// refused or (AllowExpired) applied, on the handler goroutine: count
+	// it (outcome framework.Expired), log it.
+	OnExpired func(msg *message.Message, err *framework.ExpiredError)
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// Validate reports the first invalid field as a *framework.ConfigError.
+func (g ExpiryGuard) Validate() error {
+	switch {
+	case g.EventTime == nil:
+		return &framework.ConfigError{Field: "EventTime", Reason: "must not be nil (e.g. framework.ParseTimeSpec(\"metadata:event_time\"))"}
+	case g.Retention < 0:
+		return &framework.ConfigError{Field: "Retention", Reason: "must not be negative"}
+	}
+	return nil
+}
+
+// Middleware wraps h. With an invalid configuration every message fails
+// with the Validate error (a nack, never an ack): call Validate first.
+func (g ExpiryGuard) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	if err := g.Validate(); err != nil {
+		return func(*message.Message) ([]*message.Message, error) { return nil, err }
+	}
+	if g.Retention == 0 {
+		g.Retention = store.DefaultRetention
+	}
+	if g.Now == nil {
+		g.Now = time.Now
+	}
+	return func(msg *message.Message) ([]*message.Message, error) {
+		at, err := g.EventTime(msg)
+		if err != nil {
+			// Whatever the extractor returned, the same message fails the
+			// same way: poison it, never retry it.
+			return nil, framework.Permanent(fmt.Errorf("claimtx: expiry guard: %w", err))
+		}
+		horizon := g.Now().Add(-g.Retention)
+		if !at.Before(horizon) {
+			return h(msg)
+		}
+		expired := &framework.ExpiredError{EventTime: at, Horizon: horizon, Retention: g.Retention}
+		if g.OnExpired != nil {
+			g.OnExpired(msg, expired)
+		}
+		if g.AllowExpired {
+			return h(msg)
+		}
+		return nil, expired
+	}
+}

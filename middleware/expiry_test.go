@@ -1,0 +1,176 @@
+package middleware_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/middleware"
+)
+
+// guarded is the chain of the composed router around the loyalty handler,
+// with the expiry guard before the claim:
+// Poison -> ExpiryGuard -> Claim -> credit.
+type guarded struct {
+	b        bundle
+	handler  message.HandlerFunc
+	poisoned <-chan *message.Message
+	mu       sync.Mutex
+	expired  []*framework.ExpiredError
+}
+
+func newGuarded(t *testing.T, allowExpired bool, now time.Time) *guarded {
+	t.Helper()
+	g := &guarded{b: setup(t, 4)}
+	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = pubsub.Close() })
+	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
+	require.NoError(t, err)
+	g.poisoned = poisoned
+
+	eventTime, err := framework.ParseTimeSpec("metadata:event_time")
+	require.NoError(t, err)
+	guard := middleware.ExpiryGuard{
+		Retention:    30 * 24 * time.Hour,
+		EventTime:    eventTime,
+		AllowExpired: allowExpired,
+		OnExpired: func(_ *message.Message, err *framework.ExpiredError) {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			g.expired = append(g.expired, err)
+		},
+		Now: func() time.Time { return now },
+	}
+	require.NoError(t, guard.Validate())
+	poison := middleware.Poison{Publisher: pubsub, Topic: "orders.poison"}
+	require.NoError(t, poison.Validate())
+	claim := g.b.claim(t, "loyalty", nil)
+	g.handler = poison.Middleware(guard.Middleware(claim.Middleware(consume(credit))))
+	return g
+}
+
+func (g *guarded) expiredCount() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.expired)
+}
+
+func deliveryAt(t *testing.T, o order, at time.Time) *message.Message {
+	msg := newDelivery(t, o)
+	msg.Metadata.Set("event_time", at.Format(time.RFC3339Nano))
+	return msg
+}
+
+// A dead-letter replay of a 40-day-old event under a 30-day retention: its
+// claim may be gone, so it is poisoned with the reason, never applied.
+func TestExpiryGuardPoisonsOldReplay(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2024, 6, 10, 12, 0, 0, 0, time.UTC)
+	g := newGuarded(t, false, now)
+	o := order{OrderID: 9912, CustomerID: 7, TotalCents: 5000}
+
+	_, err := g.handler(deliveryAt(t, o, now.AddDate(0, 0, -40)))
+	require.NoError(t, err, "poisoned and acked")
+	select {
+	case got := <-g.poisoned:
+		reason := got.Metadata.Get(middleware.PoisonReasonKey)
+		require.Contains(t, reason, "message expired")
+		require.Contains(t, reason, "2024-05-01T12:00:00Z", "the event time")
+		require.Contains(t, reason, "2024-05-11T12:00:00Z", "the horizon")
+		require.Contains(t, reason, "retention 30d")
+		require.Equal(t, "true", got.Metadata.Get(middleware.PoisonPermanentKey))
+		require.Equal(t, "evt-9912", got.Metadata.Get("event_id"))
+		got.Ack()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the expired message was not poisoned")
+	}
+	require.EqualValues(t, 0, g.b.balance(t, 7), "not applied")
+	require.EqualValues(t, 0, g.b.claims(t, "loyalty"), "not even claimed")
+	require.Equal(t, 1, g.expiredCount())
+	require.ErrorIs(t, g.expired[0], framework.ErrExpired)
+
+	// Inside the window (29 days, and the exact horizon): applied once.
+	for i, at := range []time.Time{now.AddDate(0, 0, -29), now.AddDate(0, 0, -30)} {
+		o := order{OrderID: int64(100 + i), CustomerID: 8, TotalCents: 1000}
+		for range 2 {
+			_, err := g.handler(deliveryAt(t, o, at))
+			require.NoError(t, err)
+		}
+		require.EqualValues(t, 1, g.b.ledgerRows(t, o.OrderID))
+	}
+	require.EqualValues(t, 20, g.b.balance(t, 8))
+	require.Equal(t, 1, g.expiredCount())
+
+	// No event time: it cannot be checked either, so it is poisoned.
+	_, err = g.handler(newDelivery(t, order{OrderID: 5, CustomerID: 9, TotalCents: 100}))
+	require.NoError(t, err)
+	select {
+	case got := <-g.poisoned:
+		require.Contains(t, got.Metadata.Get(middleware.PoisonReasonKey), "invalid event time")
+		got.Ack()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the message without event time was not poisoned")
+	}
+	require.EqualValues(t, 0, g.b.balance(t, 9))
+}
+
+func TestExpiryGuardAllowExpired(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	g := newGuarded(t, true, now)
+	o := order{OrderID: 1, CustomerID: 3, TotalCents: 700}
+	_, err := g.handler(deliveryAt(t, o, now.AddDate(0, 0, -40)))
+	require.NoError(t, err)
+	require.EqualValues(t, 7, g.b.balance(t, 3), "applied on purpose")
+	require.Equal(t, 1, g.expiredCount(), "and reported")
+	select {
+	case <-g.poisoned:
+		t.Fatal("an allowed expired message must not be poisoned")
+	default:
+	}
+}
+
+func TestExpiryGuardErrorsWithoutPoison(t *testing.T) {
+	t.Parallel()
+	eventTime, err := framework.ParseTimeSpec("metadata:event_time")
+	require.NoError(t, err)
+	ran := false
+	h := func(*message.Message) ([]*message.Message, error) { ran = true; return nil, nil }
+	guard := middleware.ExpiryGuard{EventTime: eventTime} // default 30 days, real clock
+	msg := message.NewMessage("1", nil)
+	msg.Metadata.Set("event_time", time.Now().AddDate(0, 0, -31).Format(time.RFC3339))
+	_, err = guard.Middleware(h)(msg)
+	require.ErrorIs(t, err, framework.ErrExpired)
+	require.True(t, framework.IsPermanent(err))
+	require.False(t, ran)
+	msg.Metadata.Set("event_time", time.Now().AddDate(0, 0, -29).Format(time.RFC3339))
+	_, err = guard.Middleware(h)(msg)
+	require.NoError(t, err)
+	require.True(t, ran)
+	msg.Metadata.Set("event_time", "garbage")
+	_, err = guard.Middleware(h)(msg)
+	require.ErrorIs(t, err, framework.ErrInvalidEventTime)
+	require.True(t, framework.IsPermanent(err))
+
+	var ce *framework.ConfigError
+	require.ErrorAs(t, middleware.ExpiryGuard{}.Validate(), &ce)
+	require.Equal(t, "EventTime", ce.Field)
+	require.ErrorAs(t, middleware.ExpiryGuard{EventTime: eventTime, Retention: -1}.Validate(), &ce)
+	require.Equal(t, "Retention", ce.Field)
+	_, err = middleware.ExpiryGuard{}.Middleware(h)(msg)
+	require.ErrorAs(t, err, &ce)
+}
+
+// The kafka:timestamp spec reads the key the Kafka adapter writes.
+func TestKafkaTimestampKeyMatchesAdapter(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, kafka.MetadataTimestamp, framework.KafkaTimestampMetadata)
+}

@@ -1,0 +1,51 @@
+package middleware_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/store"
+)
+
+// With the claim table partitioned by event day, the middleware claims in
+// the partition of the message's own event time, so a redelivery processed
+// on another day still meets its twin.
+func TestPartitionedClaimsByEventTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	ctx := context.Background()
+	_, err := b.store.EnablePartitioning(ctx, store.PartitionConfig{})
+	require.NoError(t, err)
+	rec := &outcomes{}
+	c := b.claim(t, "loyalty", rec)
+	c.EventTime, err = framework.ParseTimeSpec("metadata:event_time")
+	require.NoError(t, err)
+	c.Fingerprint = true
+	h := c.Middleware(consume(credit))
+
+	// An event from two days ago, delivered now and redelivered later:
+	// the processing time differs, the event day does not.
+	eventTime := time.Now().UTC().Add(-48 * time.Hour).Format(time.RFC3339Nano)
+	o := order{OrderID: 42, CustomerID: 4, TotalCents: 4200}
+	for i := 0; i < 2; i++ {
+		msg := newDelivery(t, o)
+		msg.Metadata.Set("event_time", eventTime)
+		_, err := h(msg)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, rec.count(framework.Applied))
+	require.Equal(t, 1, rec.count(framework.Duplicate))
+	require.Equal(t, int64(42), b.balance(t, 4))
+	var day time.Time
+	require.NoError(t, b.pool.QueryRow(ctx, "SELECT event_day FROM "+b.schema+".processed_messages").Scan(&day))
+	require.Equal(t, store.EventDay(time.Now().Add(-48*time.Hour)), day.UTC())
+
+	// No event time: the message cannot be placed, permanently.
+	_, err = h(newDelivery(t, order{OrderID: 43, CustomerID: 4, TotalCents: 100}))
+	require.ErrorIs(t, err, framework.ErrInvalidEventTime)
+	require.True(t, framework.IsPermanent(err))
+}

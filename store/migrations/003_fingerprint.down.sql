@@ -1,0 +1,1 @@
+ALTER TABLE {schema}.{claims} DROP COLUMN IF EXISTS payload_hash;

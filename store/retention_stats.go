@@ -1,0 +1,86 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ConsumerStats describes one consumer's claims.
+type ConsumerStats struct {
+	Consumer string
+	Claims   int64
+	// Oldest and Newest are the earliest and latest processed_at.
+	Oldest, Newest time.Time
+}
+
+// Stats describes the claim table, for sizing and retention decisions.
+type Stats struct {
+	// Partitioned is true when the table is partitioned by event day.
+	Partitioned bool
+	// Partitions counts the partitions (0 for a plain table).
+	Partitions int
+	// Consumers holds per-consumer counts, ordered by consumer name.
+	Consumers []ConsumerStats
+	// Claims is the total number of claims.
+	Claims int64
+	// TableBytes is the size of the rows (heap and TOAST, all partitions);
+	// IndexBytes the size of every index on them.
+	TableBytes, IndexBytes int64
+	// BytesPerClaim is (TableBytes+IndexBytes)/Claims, what a claim costs
+	// on disk including dead space not yet reused: multiply by your
+	// message rate and retention window to size the table.
+	BytesPerClaim float64
+}
+
+// Stats reads per-consumer claim counts and the table's size. The counts
+// scan the whole table (every partition): run it from the operator CLI,
+// not from a health check.
+func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	kind, err := s.claimTableKind(ctx, s.pool)
+	if err != nil {
+		return st, err
+	}
+	if kind == "" {
+		return st, ErrNoClaimTable
+	}
+	st.Partitioned = kind == "p"
+	rows, err := s.pool.Query(ctx, s.render(`SELECT consumer, count(*), min(processed_at), max(processed_at)
+FROM {schema}.{claims} GROUP BY consumer ORDER BY consumer`))
+	if err != nil {
+		return st, fmt.Errorf("claimtx: stats: %w", err)
+	}
+	st.Consumers, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (ConsumerStats, error) {
+		var c ConsumerStats
+		err := row.Scan(&c.Consumer, &c.Claims, &c.Oldest, &c.Newest)
+		return c, err
+	})
+	if err != nil {
+		return st, fmt.Errorf("claimtx: stats: %w", err)
+	}
+	for _, c := range st.Consumers {
+		st.Claims += c.Claims
+	}
+	// pg_partition_tree lists nothing for a plain table: size the table
+	// itself then.
+	err = s.pool.QueryRow(ctx, `WITH leaves AS (
+    SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf
+    UNION ALL
+    SELECT $1::regclass WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree($1::regclass))
+)
+SELECT coalesce(sum(pg_table_size(relid)), 0)::bigint, coalesce(sum(pg_indexes_size(relid)), 0)::bigint, count(*)
+FROM leaves`, s.render("{schema}.{claims}")).Scan(&st.TableBytes, &st.IndexBytes, &st.Partitions)
+	if err != nil {
+		return st, fmt.Errorf("claimtx: stats: table size: %w", err)
+	}
+	if !st.Partitioned {
+		st.Partitions = 0
+	}
+	if st.Claims > 0 {
+		st.BytesPerClaim = float64(st.TableBytes+st.IndexBytes) / float64(st.Claims)
+	}
+	return st, nil
+}

@@ -1,0 +1,296 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/store"
+)
+
+// fixedBatches makes Cleanup use exactly n rows per batch and no pause, so
+// tests can reason about batch counts.
+func fixedBatches(n int) store.RetentionConfig {
+	return store.RetentionConfig{BatchSize: n, MinBatchSize: n, MaxBatchSize: n, Pause: -1}
+}
+
+// insertAged inserts n claims for consumer processed at now() + offset
+// (an SQL interval such as '-30 days -1 second').
+func insertAged(t *testing.T, st *store.Store, consumer, prefix string, n int, offset string) {
+	t.Helper()
+	_, err := st.Pool().Exec(context.Background(), fmt.Sprintf(
+		`INSERT INTO %s (consumer, message_key, processed_at)
+		 SELECT $1, $2 || g, now() + $3::interval FROM generate_series(1, $4) g`, claimsTable(st)), consumer, prefix, offset, n)
+	require.NoError(t, err)
+}
+
+func claimsTable(st *store.Store) string {
+	return pgx.Identifier{st.Config().Schema, st.Config().ClaimsTable}.Sanitize()
+}
+
+func countWhere(t *testing.T, st *store.Store, where string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, st.Pool().QueryRow(context.Background(), "SELECT count(*) FROM "+claimsTable(st)+" WHERE "+where, args...).Scan(&n))
+	return n
+}
+
+func TestCleanupBoundaries(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 4)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+
+	// Outside the 30-day window: just outside, far outside, and 23 rows
+	// sharing one timestamp so that ties straddle batch boundaries.
+	insertAged(t, st, "loyalty", "just-out-", 5, "-30 days -1 second")
+	insertAged(t, st, "loyalty", "tie-", 23, "-45 days")
+	insertAged(t, st, "analytics", "far-out-", 9, "-400 days")
+	// Inside: just inside, and recent.
+	insertAged(t, st, "loyalty", "just-in-", 6, "-30 days +1 minute")
+	insertAged(t, st, "loyalty", "recent-", 4, "-1 second")
+
+	var seen []store.CleanupProgress
+	cfg := fixedBatches(7)
+	cfg.OnProgress = func(p store.CleanupProgress) { seen = append(seen, p) }
+	res, err := st.Cleanup(ctx, cfg)
+	require.NoError(t, err)
+	require.EqualValues(t, 37, res.Deleted)
+	require.GreaterOrEqual(t, res.Batches, 6, "37 rows in batches of 7, then an empty batch")
+	require.EqualValues(t, 0, countWhere(t, st, "message_key LIKE 'just-out-%' OR message_key LIKE 'tie-%' OR message_key LIKE 'far-out-%'"))
+	require.EqualValues(t, 10, countWhere(t, st, "true"), "claims inside the window are never touched")
+	require.EqualValues(t, 6, countWhere(t, st, "message_key LIKE 'just-in-%'"))
+	require.WithinDuration(t, time.Now().Add(-store.DefaultRetention), res.Horizon, time.Minute)
+
+	require.NotEmpty(t, seen)
+	require.Equal(t, 0, seen[0].Batch)
+	require.Positive(t, seen[0].Estimated)
+	last := seen[len(seen)-1]
+	require.EqualValues(t, 37, last.Deleted)
+	require.Equal(t, res.Batches, last.Batch)
+	require.EqualValues(t, 0, last.BatchRows)
+
+	// Nothing left: a second run deletes nothing.
+	res, err = st.Cleanup(ctx, fixedBatches(7))
+	require.NoError(t, err)
+	require.EqualValues(t, 0, res.Deleted)
+	require.Equal(t, 1, res.Batches)
+}
+
+func TestCleanupAdaptiveBatchesAndVacuum(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 2)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+	insertAged(t, st, "c", "old-", 3000, "-60 days")
+	insertAged(t, st, "c", "new-", 10, "-1 day")
+	var sizes []int
+	res, err := st.Cleanup(ctx, store.RetentionConfig{
+		BatchSize: 100, MinBatchSize: 50, MaxBatchSize: 800,
+		TargetBatchDuration: time.Hour, // every batch is "too fast": sizes double up to the cap
+		Pause:               -1,
+		Vacuum:              true,
+		OnProgress:          func(p store.CleanupProgress) { sizes = append(sizes, p.NextBatchSize) },
+	})
+	require.NoError(t, err)
+	require.EqualValues(t, 3000, res.Deleted)
+	require.True(t, res.Vacuumed)
+	require.Equal(t, []int{100, 200, 400, 800, 800, 800}, sizes[:6])
+	require.EqualValues(t, 10, countWhere(t, st, "true"))
+}
+
+func TestCleanupSettingsDoNotLeak(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 1) // one connection: the cleaner's is the one we inspect
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+	insertAged(t, st, "c", "old-", 20, "-60 days")
+	_, err := st.Cleanup(ctx, fixedBatches(5))
+	require.NoError(t, err)
+	var timeout, syncCommit string
+	require.NoError(t, st.Pool().QueryRow(ctx, "SELECT current_setting('statement_timeout'), current_setting('synchronous_commit')").Scan(&timeout, &syncCommit))
+	require.Equal(t, "0", timeout)
+	require.Equal(t, "on", syncCommit)
+	var held int
+	require.NoError(t, st.Pool().QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").Scan(&held))
+	require.Zero(t, held, "the leader lock is released with the run")
+}
+
+func TestCleanupMinimumWindow(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 2)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+	insertAged(t, st, "c", "two-days-", 3, "-2 days")
+
+	var ce *framework.ConfigError
+	_, err := st.Cleanup(ctx, store.RetentionConfig{Window: 24 * time.Hour})
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "Window", ce.Field)
+	require.Contains(t, ce.Reason, "below the minimum")
+	require.EqualValues(t, 3, countWhere(t, st, "true"), "a refused run deletes nothing")
+
+	// A lower minimum, or Force, lets a short window through.
+	res, err := st.Cleanup(ctx, store.RetentionConfig{Window: 3 * 24 * time.Hour, MinWindow: 3 * 24 * time.Hour, Pause: -1})
+	require.NoError(t, err)
+	require.EqualValues(t, 0, res.Deleted)
+	res, err = st.Cleanup(ctx, store.RetentionConfig{Window: 24 * time.Hour, Force: true, Pause: -1})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, res.Deleted)
+
+	for _, tc := range []struct {
+		field string
+		cfg   store.RetentionConfig
+	}{
+		{"Window", store.RetentionConfig{Window: -time.Hour}},
+		{"MinWindow", store.RetentionConfig{MinWindow: -time.Hour}},
+		{"BatchSize", store.RetentionConfig{BatchSize: -1}},
+		{"MinBatchSize", store.RetentionConfig{MinBatchSize: 10, MaxBatchSize: 5, BatchSize: 7}},
+		{"BatchSize", store.RetentionConfig{BatchSize: 10, MaxBatchSize: 5, MinBatchSize: 1}},
+		{"TargetBatchDuration", store.RetentionConfig{TargetBatchDuration: -1}},
+		{"BatchTimeout", store.RetentionConfig{BatchTimeout: -1}},
+	} {
+		err := tc.cfg.Validate()
+		require.ErrorAs(t, err, &ce, "%+v", tc.cfg)
+		require.Equal(t, tc.field, ce.Field, "%+v", tc.cfg)
+	}
+	require.NoError(t, store.RetentionConfig{}.Validate())
+	require.NoError(t, store.RetentionConfig{BatchSize: 100000}.Validate(), "a large first batch raises the default cap")
+}
+
+func TestCleanupDryRun(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 2)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+	insertAged(t, st, "c", "old-", 12, "-31 days")
+	insertAged(t, st, "c", "older-", 3, "-90 days")
+	insertAged(t, st, "c", "new-", 4, "-29 days")
+
+	res, err := st.Cleanup(ctx, store.RetentionConfig{DryRun: true})
+	require.NoError(t, err)
+	require.True(t, res.DryRun)
+	require.EqualValues(t, 15, res.WouldDelete)
+	require.EqualValues(t, 0, res.Deleted)
+	require.WithinDuration(t, time.Now().AddDate(0, 0, -90), res.Oldest, time.Minute)
+	require.EqualValues(t, 19, countWhere(t, st, "true"), "a dry run deletes nothing")
+}
+
+// Two cleaners at once: the second finds the first holding the leader lock
+// and reports ErrNotLeader without touching anything; once the first is
+// done the lock is free again.
+func TestCleanupLeaderExclusive(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 4)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+	insertAged(t, st, "c", "old-", 40, "-60 days")
+
+	var secondErr error
+	var secondRes store.CleanupResult
+	cfg := fixedBatches(10)
+	cfg.OnProgress = func(p store.CleanupProgress) {
+		if p.Batch == 1 { // the first cleaner is mid-run and holds the lock
+			secondRes, secondErr = st.Cleanup(ctx, fixedBatches(10))
+		}
+	}
+	res, err := st.Cleanup(ctx, cfg)
+	require.NoError(t, err)
+	require.EqualValues(t, 40, res.Deleted, "the leader deleted everything")
+	require.ErrorIs(t, secondErr, store.ErrNotLeader)
+	require.EqualValues(t, 0, secondRes.Deleted)
+
+	// Another store value on the same table (another instance) is
+	// excluded the same way: the lock lives in Postgres.
+	other, err := store.New(st.Pool(), st.Config())
+	require.NoError(t, err)
+	cfg.OnProgress = func(p store.CleanupProgress) {
+		if p.Batch == 0 {
+			_, secondErr = other.Cleanup(ctx, fixedBatches(10))
+		}
+	}
+	_, err = st.Cleanup(ctx, cfg)
+	require.NoError(t, err)
+	require.ErrorIs(t, secondErr, store.ErrNotLeader)
+
+	_, err = other.Cleanup(ctx, fixedBatches(10))
+	require.NoError(t, err, "the lock is released when the leader finishes")
+}
+
+func TestCleanupInterruptAndResume(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 4)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+	insertAged(t, st, "c", "old-", 100, "-60 days")
+	insertAged(t, st, "c", "new-", 5, "-1 hour")
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cfg := fixedBatches(10)
+	cfg.OnProgress = func(p store.CleanupProgress) {
+		if p.Batch == 3 {
+			cancel() // an operator's Ctrl-C, a deploy, a deadline
+		}
+	}
+	res, err := st.Cleanup(runCtx, cfg)
+	require.ErrorIs(t, err, context.Canceled)
+	require.EqualValues(t, 30, res.Deleted)
+	require.EqualValues(t, 75, countWhere(t, st, "true"))
+
+	// Resume: a new run continues with what is left.
+	res, err = st.Cleanup(ctx, fixedBatches(10))
+	require.NoError(t, err)
+	require.EqualValues(t, 70, res.Deleted)
+	require.EqualValues(t, 5, countWhere(t, st, "true"))
+	require.EqualValues(t, 5, countWhere(t, st, "message_key LIKE 'new-%'"))
+}
+
+func TestCleanupTableStates(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 2)
+	ctx := context.Background()
+	_, err := st.Cleanup(ctx, store.RetentionConfig{})
+	require.ErrorIs(t, err, store.ErrNoClaimTable)
+	_, err = st.Stats(ctx)
+	require.ErrorIs(t, err, store.ErrNoClaimTable)
+
+	require.NoError(t, st.Migrate(ctx))
+	_, err = st.EnablePartitioning(ctx, store.PartitionConfig{})
+	require.NoError(t, err)
+	_, err = st.Cleanup(ctx, store.RetentionConfig{})
+	require.ErrorIs(t, err, store.ErrPartitioned)
+}
+
+func TestStats(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 2)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+	insertAged(t, st, "loyalty", "a-", 30, "-3 days")
+	insertAged(t, st, "loyalty", "b-", 20, "-1 hour")
+	insertAged(t, st, "analytics", "a-", 7, "-10 days")
+
+	s, err := st.Stats(ctx)
+	require.NoError(t, err)
+	require.False(t, s.Partitioned)
+	require.Zero(t, s.Partitions)
+	require.EqualValues(t, 57, s.Claims)
+	require.Len(t, s.Consumers, 2)
+	require.Equal(t, "analytics", s.Consumers[0].Consumer)
+	require.EqualValues(t, 7, s.Consumers[0].Claims)
+	require.Equal(t, "loyalty", s.Consumers[1].Consumer)
+	require.EqualValues(t, 50, s.Consumers[1].Claims)
+	require.WithinDuration(t, time.Now().AddDate(0, 0, -3), s.Consumers[1].Oldest, time.Minute)
+	require.WithinDuration(t, time.Now().Add(-time.Hour), s.Consumers[1].Newest, time.Minute)
+	require.Positive(t, s.TableBytes)
+	require.Positive(t, s.IndexBytes)
+	require.Greater(t, s.BytesPerClaim, 0.0)
+	require.False(t, errors.Is(err, store.ErrNotLeader))
+}
