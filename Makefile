@@ -38,9 +38,11 @@ test-parallel: ## The main suite, with -race; packages run in parallel, each tes
 # watermill-amqp's reconnect, see brokers/amqp/doc.go).
 # TestChaosDisruptive (examples/chaos) is `make chaos-ci` as a test: it
 # restarts Postgres and closes every RabbitMQ connection, so it runs here.
+# Only the packages that have such tests, so every line of the run reports tests that ran.
+DISRUPTIVE_PKGS ?= ./brokers/amqp/ ./examples/chaos/ ./examples/loyalty/
 .PHONY: test-disruptive
 test-disruptive: ## Tests that disconnect or restart shared servers, run serially (includes the CI chaos run).
-	$(GO) test -count=1 -p 1 -tags disruptive -run 'Disruptive|TestReconnect' ./brokers/... ./examples/...
+	$(GO) test -count=1 -p 1 -tags disruptive -run 'Disruptive|TestReconnect' $(DISRUPTIVE_PKGS)
 
 .PHONY: test-race
 test-race: test ## Alias of test: the suite always runs with -race.
