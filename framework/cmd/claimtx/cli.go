@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -111,10 +112,19 @@ func newFlags(name string, stderr io.Writer, getenv env) (*flag.FlagSet, *common
 	fs := flag.NewFlagSet("claimtx "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	c := &common{getenv: getenv}
-	fs.StringVar(&c.databaseURL, "database-url", getenv("DATABASE_URL"), "Postgres connection string (env DATABASE_URL)")
-	fs.StringVar(&c.schema, "schema", getenv("CLAIMTX_SCHEMA"), "claimtx schema (env CLAIMTX_SCHEMA; default claimtx)")
-	fs.StringVar(&c.table, "table", getenv("CLAIMTX_TABLE"), "claim table (env CLAIMTX_TABLE; default processed_messages)")
+	// The environment is read after parsing, not used as flag defaults:
+	// -h and flag errors print defaults, and DATABASE_URL holds a password.
+	fs.StringVar(&c.databaseURL, "database-url", "", "Postgres connection string (env DATABASE_URL)")
+	fs.StringVar(&c.schema, "schema", "", "claimtx schema (env CLAIMTX_SCHEMA; default claimtx)")
+	fs.StringVar(&c.table, "table", "", "claim table (env CLAIMTX_TABLE; default processed_messages)")
 	return fs, c
+}
+
+// fromEnv fills the connection settings not given as flags.
+func (c *common) fromEnv() {
+	c.databaseURL = cmp.Or(c.databaseURL, c.getenv("DATABASE_URL"))
+	c.schema = cmp.Or(c.schema, c.getenv("CLAIMTX_SCHEMA"))
+	c.table = cmp.Or(c.table, c.getenv("CLAIMTX_TABLE"))
 }
 
 // parse parses args and refuses positional leftovers.
@@ -134,6 +144,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 // connect validates the names, opens a small pool and returns the store
 // and a close function. Errors never contain the password.
 func (c *common) connect(ctx context.Context) (*store.Store, func(), error) {
+	c.fromEnv()
 	cfg := store.Config{Schema: c.schema, ClaimsTable: c.table}
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err

@@ -160,6 +160,14 @@ func TestCLINeverPrintsThePassword(t *testing.T) {
 			require.NotEmpty(t, errOut)
 		}
 	}
+	// Flag defaults printed by -h and by flag errors never show it.
+	c.env = map[string]string{"DATABASE_URL": "postgres://alice:" + secret + "@127.0.0.1:1/db"}
+	for _, args := range [][]string{{"cleanup", "-h"}, {"stats", "--bogus"}, {"partitions", "list", "-h"}} {
+		_, out, errOut := c.run(args...)
+		require.Contains(t, errOut, "database-url", "%v", args)
+		require.NotContains(t, out+errOut, secret, "%v", args)
+	}
+
 	// A wrong password against the real server: authentication may not be
 	// required there (trust), but the message must still not echo it.
 	c.env = map[string]string{"DATABASE_URL": strings.Replace(pgtest.URL(), "postgres@", "postgres:"+secret+"@", 1)}
