@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"math"
 	"math/big"
-	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -250,77 +248,30 @@ type TimeFactory func(arg string) (TimeFunc, error)
 // "metadata:event_time", "json:occurred_at" or "kafka:timestamp". It is
 // safe for concurrent use.
 type TimeRegistry struct {
-	mu        sync.RWMutex
-	factories map[string]TimeFactory
-}
-
-var builtinTimeExtractors = map[string]TimeFactory{
-	"metadata": EventTimeFromMetadata,
-	"json":     EventTimeFromJSON,
-	"kafka":    EventTimeFromKafka,
+	reg *specRegistry[TimeFunc]
 }
 
 // NewTimeRegistry returns a registry holding the built-in extractors
 // metadata, json and kafka.
 func NewTimeRegistry() *TimeRegistry {
-	r := &TimeRegistry{factories: make(map[string]TimeFactory, len(builtinTimeExtractors))}
-	for n, f := range builtinTimeExtractors {
-		r.factories[n] = f
-	}
-	return r
+	return &TimeRegistry{reg: newSpecRegistry(map[string]func(string) (TimeFunc, error){
+		"metadata": EventTimeFromMetadata,
+		"json":     EventTimeFromJSON,
+		"kafka":    EventTimeFromKafka,
+	}, "event time extractor", "event time extractor", "event time spec", "event_time", "metadata:event_time, json:occurred_at, kafka:timestamp")}
 }
 
 // Register adds a named extractor. Names follow the key registry's rules;
 // registering a name twice is an error.
-func (r *TimeRegistry) Register(name string, f TimeFactory) error {
-	if !extractorName.MatchString(name) {
-		return &ConfigError{Field: "name", Reason: fmt.Sprintf("event time extractor name %q must match %s", name, extractorName)}
-	}
-	if f == nil {
-		return &ConfigError{Field: "factory", Reason: fmt.Sprintf("event time extractor %q has a nil factory", name)}
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, dup := r.factories[name]; dup {
-		return &ConfigError{Field: "name", Reason: fmt.Sprintf("event time extractor %q is already registered", name)}
-	}
-	r.factories[name] = f
-	return nil
-}
+func (r *TimeRegistry) Register(name string, f TimeFactory) error { return r.reg.register(name, f) }
 
 // Parse turns a spec "NAME" or "NAME:ARG" into a TimeFunc.
 func (r *TimeRegistry) Parse(spec string) (TimeFunc, error) {
-	name, arg, _ := strings.Cut(strings.TrimSpace(spec), ":")
-	if name == "" {
-		return nil, &ConfigError{Field: "event_time", Reason: "event time spec is empty (e.g. metadata:event_time, json:occurred_at, kafka:timestamp)"}
-	}
-	r.mu.RLock()
-	f, ok := r.factories[name]
-	r.mu.RUnlock()
-	if !ok {
-		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("unknown event time extractor %q in spec %q (known: %s)", name, spec, strings.Join(r.Names(), ", "))}
-	}
-	tf, err := f(arg)
-	if err != nil {
-		return nil, err
-	}
-	if tf == nil {
-		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("extractor %q returned a nil TimeFunc for %q", name, arg)}
-	}
-	return tf, nil
+	return r.reg.parse(spec, func(f TimeFunc) bool { return f == nil })
 }
 
 // Names lists the registered extractor names, sorted.
-func (r *TimeRegistry) Names() []string {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	names := make([]string, 0, len(r.factories))
-	for n := range r.factories {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func (r *TimeRegistry) Names() []string { return r.reg.names() }
 
 // DefaultTimes is the registry used by RegisterTimeExtractor and
 // ParseTimeSpec.
