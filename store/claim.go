@@ -113,3 +113,16 @@ func (s *Store) ClaimWith(ctx context.Context, tx pgx.Tx, r ClaimRequest) (Claim
 	res.FingerprintMismatch = stored != nil && !bytes.Equal(stored, r.PayloadHash)
 	return res, nil
 }
+
+// ClaimsByEventDay reports whether the claim table carries an event day
+// (after PreparePartitioning or EnablePartitioning): claims must then say
+// the message's event time (ClaimRequest.EventTime, ClaimAt).
+func (s *Store) ClaimsByEventDay(ctx context.Context) (bool, error) {
+	var ok bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
+		WHERE table_schema = $1 AND table_name = $2 AND column_name = 'event_day')`, s.cfg.Schema, s.cfg.ClaimsTable).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("claimtx: inspect claim table: %w", err)
+	}
+	return ok, nil
+}

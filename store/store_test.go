@@ -70,7 +70,14 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	// (migration 003), NULL unless Claim.Fingerprint is on.
 	require.Equal(t, []string{"consumer text NO", "message_key text NO", "processed_at timestamp with time zone NO", "payload_hash bytea YES"}, cols)
 	var idx int
-	require.NoError(t, st.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE '%(processed_at)%'`, schema).Scan(&idx))
+	// Catalog joins rather than pg_indexes: that view renders every
+	// index's definition, and other tests drop tables concurrently
+	// ("could not open relation with OID").
+	require.NoError(t, st.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_index x
+		JOIN pg_class t ON t.oid = x.indrelid
+		JOIN pg_namespace n ON n.oid = t.relnamespace
+		JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = x.indkey[0]
+		WHERE n.nspname = $1 AND t.relname = 'processed_messages' AND x.indnatts = 1 AND a.attname = 'processed_at'`, schema).Scan(&idx))
 	require.Equal(t, 1, idx)
 
 	require.NoError(t, st.MigrateDown(ctx, 0))

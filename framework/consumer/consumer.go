@@ -76,14 +76,23 @@ type Config struct {
 	Isolation   pgx.TxIsoLevel
 	ClaimWait   time.Duration
 	MaxAttempts int
-	// Mode, OutboxTopic, Fingerprint and EventTime are passed to the claim
-	// middleware unchanged; see middleware.Claim. Defaults: claim-table
-	// mode, no outbox (returned messages are an error), no fingerprint, no
-	// event time (unpartitioned claims).
+	// Mode, OutboxTopic and Fingerprint are passed to the claim middleware
+	// unchanged; see middleware.Claim. EventTime feeds the expiry guard
+	// (see Retention) and, when the claim table is partitioned by event day
+	// (store.PreparePartitioning), the claim. Defaults: claim-table mode,
+	// no outbox (returned messages are an error), no fingerprint, no event
+	// time.
 	Mode        middleware.ClaimMode
 	OutboxTopic string
 	Fingerprint bool
 	EventTime   framework.TimeFunc
+	// Retention, with EventTime, puts a middleware.ExpiryGuard before the
+	// claim: a message whose event time is older than Retention can no
+	// longer be checked against a claim that cleanup may have removed, so
+	// it is poisoned with outcome Expired instead of applied. Use the
+	// window given to cleanup or partition maintenance. Defaults to 0: no
+	// guard.
+	Retention time.Duration
 
 	// HandlerRetries bounds how often a failing message is retried in
 	// process (Watermill's Retry, exponential backoff) before it is
@@ -250,10 +259,23 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Co
 	if metrics != nil {
 		onRetry = metrics.OnRetry
 	}
+	// Claims carry the event day only when the table is prepared for (or
+	// converted to) partitions by event day; EventTime alone may just feed
+	// the expiry guard. Restart consumers after PreparePartitioning.
+	var claimEventTime framework.TimeFunc
+	if cfg.EventTime != nil {
+		byDay, err := st.ClaimsByEventDay(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if byDay {
+			claimEventTime = cfg.EventTime
+		}
+	}
 	claim := middleware.Claim{
 		Store: st, Consumer: cfg.Name, Key: keyFunc, KeyPolicy: cfg.KeyPolicy,
 		Isolation: cfg.Isolation, ClaimWait: cfg.ClaimWait, MaxAttempts: cfg.MaxAttempts,
-		Mode: cfg.Mode, OutboxTopic: cfg.OutboxTopic, Fingerprint: cfg.Fingerprint, EventTime: cfg.EventTime,
+		Mode: cfg.Mode, OutboxTopic: cfg.OutboxTopic, Fingerprint: cfg.Fingerprint, EventTime: claimEventTime,
 		OnOutcome: report, OnRetry: onRetry, Logger: wlog,
 	}
 	if err := claim.Validate(); err != nil {
@@ -265,7 +287,11 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Co
 		OnPoison: func(msg *message.Message, err error) {
 			cfg.Logger.Warn("claimtx: message poisoned", "consumer", cfg.Name, "topic", cfg.Topic,
 				"poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "reason", err.Error())
-			report(middleware.Result{Consumer: cfg.Name, Outcome: framework.Poisoned, Err: err, Message: msg})
+			out := framework.Poisoned
+			if errors.Is(err, framework.ErrExpired) {
+				out = framework.Expired
+			}
+			report(middleware.Result{Consumer: cfg.Name, Outcome: out, Err: err, Message: msg})
 		},
 	}
 	retry := wmw.Retry{
@@ -279,6 +305,18 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Co
 	router.AddMiddleware(wmw.Recoverer, poison.Middleware, retry.Middleware)
 	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, c.sub, middleware.TxHandler(handler))
 	// HandlerTimeout sits inside Retry, so each retry gets a fresh deadline.
+	if cfg.Retention > 0 {
+		if cfg.EventTime == nil {
+			return nil, &framework.ConfigError{Field: "EventTime", Reason: "Retention needs EventTime to tell a message's age"}
+		}
+		guard := middleware.ExpiryGuard{Retention: cfg.Retention, EventTime: cfg.EventTime}
+		if err := guard.Validate(); err != nil {
+			return nil, err
+		}
+		// Before the timeout and the claim: an expired message never
+		// opens a transaction.
+		h.AddMiddleware(guard.Middleware)
+	}
 	h.AddMiddleware(handlerTimeout(cfg.HandlerTimeout), tracing.Middleware, claim.Middleware)
 	c.health = observe.Health{Store: st, Broker: observe.SubscriberConnected(c.sub)}
 	ok = true

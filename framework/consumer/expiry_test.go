@@ -1,0 +1,96 @@
+package consumer_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/framework/consumer"
+	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/store/pgtest"
+)
+
+// A replay of a 40-day-old event under 30-day retention is poisoned with
+// outcome Expired and not applied; a current one is applied.
+func TestExpiredReplayIsPoisoned(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Setup(t, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err := pool.Exec(ctx, "CREATE TABLE effects (k text NOT NULL)")
+	require.NoError(t, err)
+	bcfg := brokers.DefaultConfig()
+	bcfg.Kind = brokers.KindGoChannel
+	bcfg.GoChannel.Name = schema
+	bcfg.GoChannel.Persistent = true
+	eventTime, err := framework.ParseTimeSpec("metadata:event_time")
+	require.NoError(t, err)
+	rec := &recorder{got: map[framework.Outcome]int{}}
+	c, err := consumer.New(ctx, consumer.Config{
+		Name: "exp", Topic: "orders", Key: "metadata:event_id", Pool: pool, Store: store.Config{Schema: schema},
+		Broker: bcfg, EventTime: eventTime, Retention: 30 * 24 * time.Hour, OnOutcome: rec.on,
+		Logger: slog.New(slog.DiscardHandler),
+	}, func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		_, err := tx.Exec(ctx, "INSERT INTO effects VALUES ($1)", msg.Metadata.Get("event_id"))
+		return err
+	})
+	require.NoError(t, err)
+	defer c.Close()
+	sub, err := brokers.NewSubscriber(bcfg, watermill.NopLogger{})
+	require.NoError(t, err)
+	defer sub.Close()
+	poisoned, err := sub.Subscribe(ctx, "orders.poison")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	<-c.Running()
+
+	pub, err := brokers.NewPublisher(bcfg, watermill.NopLogger{})
+	require.NoError(t, err)
+	defer pub.Close()
+	old := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	old.Metadata.Set("event_id", "old")
+	old.Metadata.Set("event_time", time.Now().Add(-40*24*time.Hour).UTC().Format(time.RFC3339))
+	fresh := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	fresh.Metadata.Set("event_id", "fresh")
+	fresh.Metadata.Set("event_time", time.Now().UTC().Format(time.RFC3339))
+	require.NoError(t, pub.Publish("orders", old, fresh))
+
+	select {
+	case m := <-poisoned:
+		require.Equal(t, "old", m.Metadata.Get("event_id"))
+		require.Contains(t, m.Metadata.Get(middleware.PoisonReasonKey), "expired")
+		m.Ack()
+	case <-time.After(10 * time.Second):
+		t.Fatal("expired message not poisoned")
+	}
+	require.Eventually(t, func() bool { return rec.n(framework.Applied) == 1 && rec.n(framework.Expired) == 1 }, 10*time.Second, 10*time.Millisecond, "%v", rec.snapshot())
+	require.Zero(t, rec.n(framework.Poisoned))
+	var keys []string
+	rows, err := pool.Query(ctx, "SELECT k FROM effects")
+	require.NoError(t, err)
+	keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"fresh"}, keys)
+	cancel()
+	require.NoError(t, <-done)
+}
+
+func (r *recorder) snapshot() map[framework.Outcome]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[framework.Outcome]int{}
+	for k, v := range r.got {
+		out[k] = v
+	}
+	return out
+}
