@@ -81,11 +81,10 @@ func (s *Store) ClaimWith(ctx context.Context, tx pgx.Tx, r ClaimRequest) (Claim
 	sql := s.claims.insert[d][h]
 
 	var res ClaimResult
+	var err error
 	if r.Wait <= 0 {
-		tag, err := tx.Exec(ctx, sql, args...)
-		if err != nil {
-			return res, fmt.Errorf("claimtx: claim: %w", err)
-		}
+		var tag pgconn.CommandTag
+		tag, err = tx.Exec(ctx, sql, args...)
 		res.New = tag.RowsAffected() == 1
 	} else {
 		b := &pgx.Batch{}
@@ -95,9 +94,13 @@ func (s *Store) ClaimWith(ctx context.Context, tx pgx.Tx, r ClaimRequest) (Claim
 			return nil
 		})
 		b.Queue("SET LOCAL lock_timeout TO DEFAULT")
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
-			return res, fmt.Errorf("claimtx: claim: %w", err)
+		err = tx.SendBatch(ctx, b).Close()
+	}
+	if err != nil {
+		if d == 1 {
+			return res, eventDayClaimError(day.Time, err)
 		}
+		return res, fmt.Errorf("claimtx: claim: %w", err)
 	}
 	if res.New || r.PayloadHash == nil {
 		return res, nil

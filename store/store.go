@@ -2,15 +2,12 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
@@ -23,9 +20,8 @@ type Store struct {
 	cfg   Config
 	names *strings.Replacer
 
-	claimSQL string
-	claims   claimStatements
-	outbox   outboxSQL
+	claims claimStatements
+	outbox outboxSQL
 }
 
 // New validates cfg and returns a Store using pool. It does not touch the
@@ -49,7 +45,6 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	)
 	s.initOutboxSQL()
 	s.initClaimSQL()
-	s.claimSQL = s.render("INSERT INTO {schema}.{claims} (consumer, message_key) VALUES ($1, $2) ON CONFLICT DO NOTHING")
 	return s, nil
 }
 
@@ -97,31 +92,6 @@ func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer, key string) (boo
 // connection's startup parameters; a lock_timeout changed with SET in
 // AfterConnect is not restored.
 func (s *Store) ClaimWait(ctx context.Context, tx pgx.Tx, consumer, key string, wait time.Duration) (bool, error) {
-	if tx == nil {
-		return false, errors.New("claimtx: Claim needs a transaction")
-	}
-	if wait <= 0 {
-		tag, err := tx.Exec(ctx, s.claimSQL, consumer, key)
-		if err != nil {
-			return false, fmt.Errorf("claimtx: claim: %w", err)
-		}
-		return tag.RowsAffected() == 1, nil
-	}
-	ms := wait.Milliseconds()
-	if ms < 1 {
-		ms = 1
-	}
-	b := &pgx.Batch{}
-	b.Queue("SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(ms, 10)+"ms")
-	claim := b.Queue(s.claimSQL, consumer, key)
-	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
-	var claimed bool
-	claim.Exec(func(tag pgconn.CommandTag) error {
-		claimed = tag.RowsAffected() == 1
-		return nil
-	})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return false, fmt.Errorf("claimtx: claim: %w", err)
-	}
-	return claimed, nil
+	res, err := s.ClaimWith(ctx, tx, ClaimRequest{Consumer: consumer, Key: key, Wait: wait})
+	return res.New, err
 }
