@@ -39,18 +39,7 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error
 // NewPublisherContext validates cfg, connects (retrying like
 // NewSubscriberContext) and opens the confirm-mode channel pool.
 func NewPublisherContext(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	cfg = cfg.WithDefaults()
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
-	wc, err := cfg.watermillConfig()
-	if err != nil {
-		return nil, err
-	}
-	conn, err := dial(ctx, cfg, wc, logger)
+	cfg, wc, conn, logger, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return nil, err
 	}

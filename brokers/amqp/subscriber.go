@@ -45,18 +45,7 @@ func NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (*Subscriber, err
 // cfg.DialTimeout or ctx ends, see Config.DialTimeout) and returns a
 // Subscriber owning that connection. A nil logger logs nothing.
 func NewSubscriberContext(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	cfg = cfg.WithDefaults()
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
-	wc, err := cfg.watermillConfig()
-	if err != nil {
-		return nil, err
-	}
-	conn, err := dial(ctx, cfg, wc, logger)
+	cfg, wc, conn, logger, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return nil, err
 	}
