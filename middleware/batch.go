@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"time"
@@ -22,10 +23,13 @@ import (
 // The guarantees are those of Claim, per message: a redelivered or
 // concurrent twin is a duplicate, a failed message leaves neither claim nor
 // effect, a crash between commit and ack turns the redelivery into a
-// duplicate. A failing message does not sink its neighbours: each handler
-// call runs under a savepoint; if any fails, the transaction is rolled back
-// and redone without the failed messages (their claims would otherwise
-// stay in the batch's transaction), so the others still commit.
+// duplicate. A failing message does not sink its neighbours. The first
+// pass runs without savepoints (they cost a round trip each); when a
+// handler fails, the transaction is rolled back and redone with each
+// message (Process) or each half of the set, recursively (ProcessSet),
+// under a savepoint, which finds every failing message in one more pass;
+// a last pass then commits the others without them (a failed message's
+// claim must not commit).
 //
 // Batch reuses Claim's fields for the store, consumer, key, key policy,
 // isolation, claim wait, attempts, backoff and hooks.
@@ -36,17 +40,66 @@ type Batch struct {
 // BatchHandlerFunc applies one message's effect through tx.
 type BatchHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) error
 
+// SetHandlerFunc applies the effects of several messages at once through
+// tx, set-wise (one UPDATE … FROM unnest(…) for all of them, say), which is
+// what makes batches fast: a per-message handler pays a round trip per
+// statement per message. msgs are the newly claimed messages in key order.
+// It must lock shared rows in a deterministic order (ORDER BY … FOR UPDATE
+// first, or statements whose plan visits rows in key order) or concurrent
+// batches deadlock; deadlocks are retried, but they cost the whole batch.
+// An error fails the whole set: ProcessSet then bisects it under
+// savepoints to find the messages that fail alone.
+type SetHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
+
 // Process runs msgs through one claim transaction (retried whole on
-// transient failures) and returns one error per message, in order: nil
-// means applied or duplicate (ack), an error means nack, or poison when
-// framework.IsPermanent.
+// transient failures) with h called once per newly claimed message, and
+// returns one error per message, in order: nil means applied or duplicate
+// (ack), an error means nack, or poison when framework.IsPermanent.
 func (b Batch) Process(ctx context.Context, msgs []*message.Message, h BatchHandlerFunc) []error {
+	if h == nil {
+		return allErr(len(msgs), &framework.ConfigError{Field: "handler", Reason: "must not be nil"})
+	}
+	return b.process(ctx, msgs, perMessage(h))
+}
+
+// ProcessSet is Process with a handler called once for all newly claimed
+// messages of the batch.
+func (b Batch) ProcessSet(ctx context.Context, msgs []*message.Message, h SetHandlerFunc) []error {
+	if h == nil {
+		return allErr(len(msgs), &framework.ConfigError{Field: "handler", Reason: "must not be nil"})
+	}
+	return b.process(ctx, msgs, setWise(h))
+}
+
+func allErr(n int, err error) []error {
+	errs := make([]error, n)
+	for i := range errs {
+		errs[i] = err
+	}
+	return errs
+}
+
+// applier applies the effects of the messages at idx (in key order). fast
+// runs without savepoints and reports the failures it can attribute to a
+// message; errIsolate when it cannot. isolate finds every failing message
+// with savepoints and leaves the others applied.
+type applier interface {
+	fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error
+	isolate(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error
+}
+
+var (
+	// errRetryWithout asks for another pass without the messages whose
+	// handlers just failed.
+	errRetryWithout = errors.New("claimtx: batch pass had handler failures")
+	// errIsolate asks for another pass that isolates failures.
+	errIsolate = errors.New("claimtx: batch failed, isolating the failing messages")
+)
+
+func (b Batch) process(ctx context.Context, msgs []*message.Message, a applier) []error {
 	errs := make([]error, len(msgs))
 	if err := b.Validate(); err != nil {
-		for i := range errs {
-			errs[i] = err
-		}
-		return errs
+		return allErr(len(msgs), err)
 	}
 	c := b.withDefaults()
 	start := time.Now()
@@ -54,7 +107,7 @@ func (b Batch) Process(ctx context.Context, msgs []*message.Message, h BatchHand
 	keys := make([]string, len(msgs))
 	// leader[key] is the first message with that key; later ones in the
 	// same batch share its fate as duplicates (or failures).
-	leader := map[string]int{}
+	leader := make(map[string]int, len(msgs))
 	for i, m := range msgs {
 		results[i] = Result{Consumer: c.Consumer, Message: m}
 		k, err := c.Key(m)
@@ -73,16 +126,23 @@ func (b Batch) Process(ctx context.Context, msgs []*message.Message, h BatchHand
 
 	failed := map[int]error{} // handler failures, excluded from the next pass
 	var claimed map[string]bool
-	attempt, transient := 0, 0
+	attempt, transient, isolating := 0, 0, false
 	for {
 		attempt++
 		var err error
-		claimed, err = c.batchAttempt(ctx, msgs, keys, leader, failed, h)
+		claimed, err = c.batchAttempt(ctx, msgs, leader, failed, a, isolating)
 		if err == nil {
 			break
 		}
-		if errRetryWithout == err { //nolint:errorlint // internal sentinel, never wrapped
-			continue // new handler failures were recorded: redo without them
+		switch err { //nolint:errorlint // internal sentinels, never wrapped
+		case errRetryWithout:
+			// After a fast pass, isolate the rest in one more pass; after
+			// an isolating pass, the survivors are known to succeed.
+			isolating = !isolating
+			continue
+		case errIsolate:
+			isolating = true
+			continue
 		}
 		cause := store.Classify(err)
 		transient++
@@ -127,12 +187,8 @@ func (b Batch) Process(ctx context.Context, msgs []*message.Message, h BatchHand
 	return errs
 }
 
-// errRetryWithout asks Process for another pass without the messages whose
-// handlers just failed.
-var errRetryWithout = fmt.Errorf("claimtx: batch pass had handler failures")
-
-func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, keys []string, leader map[string]int, failed map[int]error, h BatchHandlerFunc) (map[string]bool, error) {
-	var want []string
+func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, failed map[int]error, a applier, isolating bool) (map[string]bool, error) {
+	want := make([]string, 0, len(leader))
 	for k, i := range leader {
 		if failed[i] == nil {
 			want = append(want, k)
@@ -150,45 +206,29 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, keys [
 			cancel()
 		}
 	}()
-	if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(1, c.ClaimWait.Milliseconds()))); err != nil {
-		return nil, err
-	}
-	newKeys, err := c.Store.ClaimBatch(ctx, tx, c.Consumer, want)
+	newKeys, err := c.Store.ClaimBatchWait(ctx, tx, c.Consumer, want, c.ClaimWait)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT"); err != nil {
-		return nil, err
-	}
 	claimed := make(map[string]bool, len(newKeys))
-	newFailure := false
-	// newKeys is sorted: effects are applied in key order.
-	for _, k := range newKeys {
+	idx := make([]int, len(newKeys)) // newKeys is sorted: effects run in key order
+	for j, k := range newKeys {
 		claimed[k] = true
-		i := leader[k]
-		if _, err := tx.Exec(ctx, "SAVEPOINT claimtx_msg"); err != nil {
-			return nil, err
-		}
-		if err := runBatchHandler(ctx, tx, msgs[i], h); err != nil {
-			if store.Classify(err).Transient() {
-				// Not this message's fault: a deadlock with another batch, a
-				// serialization failure, a lost connection. Retry the whole
-				// batch, this message included.
-				return nil, err
-			}
-			if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT claimtx_msg"); rerr != nil {
-				return nil, rerr
-			}
-			failed[i] = err
-			newFailure = true
-			continue
-		}
-		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT claimtx_msg"); err != nil {
-			return nil, err
-		}
+		idx[j] = leader[k]
 	}
-	if newFailure {
-		return nil, errRetryWithout
+	if len(idx) > 0 {
+		before := len(failed)
+		if isolating {
+			err = a.isolate(ctx, tx, msgs, idx, failed)
+		} else {
+			err = a.fast(ctx, tx, msgs, idx, failed)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if len(failed) > before {
+			return nil, errRetryWithout
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("claimtx: commit: %w", err)
@@ -197,11 +237,111 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, keys [
 	return claimed, nil
 }
 
-func runBatchHandler(ctx context.Context, tx pgx.Tx, msg *message.Message, h BatchHandlerFunc) (err error) {
+type perMessage BatchHandlerFunc
+
+func (h perMessage) fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
+	for _, i := range idx {
+		if err := guard(func() error { return h(framework.WithTx(ctx, tx), tx, msgs[i]) }); err != nil {
+			if store.Classify(err).Transient() {
+				// Not this message's fault: a deadlock with another batch, a
+				// serialization failure, a lost connection. Retry the whole
+				// batch, this message included.
+				return err
+			}
+			failed[i] = err
+			return nil
+		}
+	}
+	return nil
+}
+
+func (h perMessage) isolate(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
+	for _, i := range idx {
+		err := underSavepoint(ctx, tx, func() error {
+			return h(framework.WithTx(ctx, tx), tx, msgs[i])
+		})
+		if err != nil {
+			if store.Classify(err).Transient() {
+				return err
+			}
+			failed[i] = err
+		}
+	}
+	return nil
+}
+
+type setWise SetHandlerFunc
+
+func (h setWise) call(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int) error {
+	set := make([]*message.Message, len(idx))
+	for j, i := range idx {
+		set[j] = msgs[i]
+	}
+	return guard(func() error { return h(framework.WithTx(ctx, tx), tx, set) })
+}
+
+func (h setWise) fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
+	err := h.call(ctx, tx, msgs, idx)
+	switch {
+	case err == nil:
+		return nil
+	case store.Classify(err).Transient():
+		return err
+	case len(idx) == 1:
+		failed[idx[0]] = err
+		return nil
+	}
+	return errIsolate
+}
+
+// isolate bisects: a set that fails is rolled back to its savepoint and
+// each half tried on its own, down to single messages.
+func (h setWise) isolate(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
+	err := underSavepoint(ctx, tx, func() error { return h.call(ctx, tx, msgs, idx) })
+	switch {
+	case err == nil:
+		return nil
+	case store.Classify(err).Transient():
+		return err
+	case len(idx) == 1:
+		failed[idx[0]] = err
+		return nil
+	}
+	mid := len(idx) / 2
+	if err := h.isolate(ctx, tx, msgs, idx[:mid], failed); err != nil {
+		return err
+	}
+	return h.isolate(ctx, tx, msgs, idx[mid:], failed)
+}
+
+// underSavepoint runs f under a savepoint: released when f succeeds,
+// rolled back to (and released) when it fails, so the transaction goes on
+// without f's writes. A savepoint error itself is returned as transient
+// for the whole batch only if Classify says so; otherwise it is f's.
+func underSavepoint(ctx context.Context, tx pgx.Tx, f func() error) error {
+	if _, err := tx.Exec(ctx, "SAVEPOINT claimtx_batch"); err != nil {
+		return err
+	}
+	if err := guard(f); err != nil {
+		if store.Classify(err).Transient() {
+			return err
+		}
+		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT claimtx_batch; RELEASE SAVEPOINT claimtx_batch"); rerr != nil {
+			return rerr
+		}
+		return err
+	}
+	_, err := tx.Exec(ctx, "RELEASE SAVEPOINT claimtx_batch")
+	return err
+}
+
+// guard turns a handler panic into a PanicError, a permanent failure of
+// that message.
+func guard(f func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = &framework.PanicError{Value: r, Stack: debug.Stack()}
 		}
 	}()
-	return h(framework.WithTx(ctx, tx), tx, msg)
+	return f()
 }

@@ -27,8 +27,54 @@ func (b bundle) batch(t *testing.T, rec *outcomes) middleware.Batch {
 	return middleware.Batch{Claim: b.claim(t, "loyalty", rec)}
 }
 
+// batchMode runs a batch through Process (credit per message) or
+// ProcessSet (creditSet); check, when set, then runs for each message and
+// may fail or panic.
+type batchMode struct {
+	name string
+	run  func(bt middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error
+}
+
+var batchModes = []batchMode{
+	{"per-message", func(bt middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error {
+		return bt.Process(ctx, msgs, func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+			if err := credit(ctx, tx, msg); err != nil || check == nil {
+				return err
+			}
+			return check(msg)
+		})
+	}},
+	{"set", func(bt middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error {
+		return bt.ProcessSet(ctx, msgs, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+			if err := creditSet(ctx, tx, msgs); err != nil || check == nil {
+				return err
+			}
+			for _, msg := range msgs {
+				if err := check(msg); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}},
+}
+
+// forEachBatchMode runs test in parallel subtests, one per batchMode.
+func forEachBatchMode(t *testing.T, test func(t *testing.T, run func(bt middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error)) {
+	for _, m := range batchModes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, m.run)
+		})
+	}
+}
+
 func TestBatchRedeliveryAndInBatchDuplicates(t *testing.T) {
 	t.Parallel()
+	forEachBatchMode(t, testBatchRedeliveryAndInBatchDuplicates)
+}
+
+func testBatchRedeliveryAndInBatchDuplicates(t *testing.T, run func(middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
 	b := setup(t, 4)
 	rec := &outcomes{}
 	bt := b.batch(t, rec)
@@ -36,13 +82,13 @@ func TestBatchRedeliveryAndInBatchDuplicates(t *testing.T) {
 	o2 := order{OrderID: 2, CustomerID: 1, TotalCents: 200}
 	o3 := order{OrderID: 3, CustomerID: 2, TotalCents: 300}
 
-	errs := bt.Process(context.Background(), batchOf(t, o1, o2, o1, o3, o2), credit)
+	errs := run(bt, context.Background(), batchOf(t, o1, o2, o1, o3, o2), nil)
 	require.Equal(t, []error{nil, nil, nil, nil, nil}, errs)
 	require.Equal(t, 3, rec.count(framework.Applied))
 	require.Equal(t, 2, rec.count(framework.Duplicate))
 
 	// The whole batch redelivered after a lost ack: all duplicates.
-	errs = bt.Process(context.Background(), batchOf(t, o3, o2, o1), credit)
+	errs = run(bt, context.Background(), batchOf(t, o3, o2, o1), nil)
 	require.Equal(t, []error{nil, nil, nil}, errs)
 	require.Equal(t, 3, rec.count(framework.Applied))
 	require.Equal(t, 5, rec.count(framework.Duplicate))
@@ -55,6 +101,10 @@ func TestBatchRedeliveryAndInBatchDuplicates(t *testing.T) {
 
 func TestBatchIsolatesFailingMessages(t *testing.T) {
 	t.Parallel()
+	forEachBatchMode(t, testBatchIsolatesFailingMessages)
+}
+
+func testBatchIsolatesFailingMessages(t *testing.T, run func(middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
 	b := setup(t, 4)
 	rec := &outcomes{}
 	bt := b.batch(t, rec)
@@ -63,10 +113,7 @@ func TestBatchIsolatesFailingMessages(t *testing.T) {
 		orders = append(orders, order{OrderID: i, CustomerID: i % 3, TotalCents: 100 * i})
 	}
 	boom := errors.New("order 4 is rejected")
-	h := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-		if err := credit(ctx, tx, msg); err != nil {
-			return err
-		}
+	check := func(msg *message.Message) error {
 		switch msg.Metadata.Get("event_id") {
 		case "evt-4":
 			return boom
@@ -77,7 +124,7 @@ func TestBatchIsolatesFailingMessages(t *testing.T) {
 	}
 	msgs := batchOf(t, orders...)
 	msgs[8].Payload = []byte(`{"no": "order id"}`)
-	errs := bt.Process(context.Background(), msgs, h)
+	errs := run(bt, context.Background(), msgs, check)
 	for i, err := range errs {
 		switch i {
 		case 3:
@@ -99,7 +146,7 @@ func TestBatchIsolatesFailingMessages(t *testing.T) {
 	require.Equal(t, int64(0), b.ledgerRows(t, 7))
 
 	// Redelivered alone once fixed, they apply.
-	errs = bt.Process(context.Background(), batchOf(t, orders[3], orders[6]), credit)
+	errs = run(bt, context.Background(), batchOf(t, orders[3], orders[6]), nil)
 	require.Equal(t, []error{nil, nil}, errs)
 	require.Equal(t, int64(1), b.ledgerRows(t, 4))
 	require.Equal(t, int64(1), b.ledgerRows(t, 7))
@@ -109,6 +156,10 @@ func TestBatchIsolatesFailingMessages(t *testing.T) {
 // touch shared balance rows in arbitrary order: every order exactly once.
 func TestBatchConcurrentOverlappingBatches(t *testing.T) {
 	t.Parallel()
+	forEachBatchMode(t, testBatchConcurrentOverlappingBatches)
+}
+
+func testBatchConcurrentOverlappingBatches(t *testing.T, run func(middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
 	b := setup(t, 10)
 	rec := &outcomes{}
 	bt := b.batch(t, rec)
@@ -125,7 +176,7 @@ func TestBatchConcurrentOverlappingBatches(t *testing.T) {
 				id := int64((i*7+w*13)%orders + 1) // each batch a different order
 				os = append(os, order{OrderID: id, CustomerID: id % 5, TotalCents: 100})
 			}
-			for _, err := range bt.Process(context.Background(), batchOf(t, os...), credit) {
+			for _, err := range run(bt, context.Background(), batchOf(t, os...), nil) {
 				errCh <- err
 			}
 		}()
@@ -145,6 +196,10 @@ func TestBatchConcurrentOverlappingBatches(t *testing.T) {
 // rolls back, the batch takes over and applies.
 func TestBatchRollbackHandOver(t *testing.T) {
 	t.Parallel()
+	forEachBatchMode(t, testBatchRollbackHandOver)
+}
+
+func testBatchRollbackHandOver(t *testing.T, run func(middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
 	b := setup(t, 4)
 	rec := &outcomes{}
 	bt := b.batch(t, rec)
@@ -157,7 +212,7 @@ func TestBatchRollbackHandOver(t *testing.T) {
 
 	done := make(chan []error, 1)
 	go func() {
-		done <- bt.Process(ctx, batchOf(t, order{OrderID: 1, CustomerID: 1, TotalCents: 100}, order{OrderID: 2, CustomerID: 1, TotalCents: 100}), credit)
+		done <- run(bt, ctx, batchOf(t, order{OrderID: 1, CustomerID: 1, TotalCents: 100}, order{OrderID: 2, CustomerID: 1, TotalCents: 100}), nil)
 	}()
 	require.Eventually(t, func() bool {
 		return b.scalar(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, b.schema) == 1
@@ -170,7 +225,71 @@ func TestBatchRollbackHandOver(t *testing.T) {
 
 func TestBatchBadConfig(t *testing.T) {
 	t.Parallel()
-	errs := middleware.Batch{}.Process(context.Background(), batchOf(t, order{OrderID: 1}), credit)
 	var ce *framework.ConfigError
+	errs := middleware.Batch{}.Process(context.Background(), batchOf(t, order{OrderID: 1}), credit)
 	require.ErrorAs(t, errs[0], &ce)
+	errs = middleware.Batch{}.ProcessSet(context.Background(), batchOf(t, order{OrderID: 1}), creditSet)
+	require.ErrorAs(t, errs[0], &ce)
+	b := setup(t, 2)
+	errs = b.batch(t, nil).ProcessSet(context.Background(), batchOf(t, order{OrderID: 1}), nil)
+	require.ErrorAs(t, errs[0], &ce)
+	require.Equal(t, "handler", ce.Field)
+}
+
+// The fast path: a clean batch calls the set handler once and commits once;
+// a batch with one failing message among 16 still applies the other 15,
+// isolating it in about log2(16) savepointed halves.
+func TestBatchSetHandlerCalls(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	rec := &outcomes{}
+	bt := b.batch(t, rec)
+	var sizes []int
+	boom := errors.New("rejected")
+	var orders []order
+	for i := int64(1); i <= 16; i++ {
+		orders = append(orders, order{OrderID: i, CustomerID: i % 4, TotalCents: 100})
+	}
+	h := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+		sizes = append(sizes, len(msgs))
+		if err := creditSet(ctx, tx, msgs); err != nil {
+			return err
+		}
+		for _, m := range msgs {
+			if m.Metadata.Get("event_id") == "evt-21" {
+				return boom
+			}
+		}
+		return nil
+	}
+	errs := bt.ProcessSet(context.Background(), batchOf(t, orders...), h)
+	require.Equal(t, make([]error, 16), errs)
+	require.Equal(t, []int{16}, sizes, "one call for a clean batch")
+
+	sizes = nil
+	for i := range orders {
+		orders[i].OrderID += 16 // 17..32, order 21 fails
+	}
+	errs = bt.ProcessSet(context.Background(), batchOf(t, orders...), h)
+	for i, err := range errs {
+		if orders[i].OrderID == 21 {
+			require.ErrorIs(t, err, boom)
+		} else {
+			require.NoError(t, err, "order %d", orders[i].OrderID)
+		}
+	}
+	// fast pass (16), bisection 16→8→4→2→1 plus each clean sibling (8,4,2,1),
+	// then the commit pass without the failure (15).
+	require.Equal(t, 16+16+8+8+4+4+2+2+1+1+15, sum(sizes), "calls: %v", sizes)
+	require.Equal(t, int64(31), b.claims(t, "loyalty"))
+	require.Equal(t, int64(0), b.ledgerRows(t, 21))
+	require.Equal(t, int64(31), b.scalar(t, "SELECT count(*) FROM point_ledger"))
+}
+
+func sum(xs []int) int {
+	n := 0
+	for _, x := range xs {
+		n += x
+	}
+	return n
 }

@@ -74,6 +74,32 @@ func credit(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 	return err
 }
 
+// creditSetSQL is credit for many orders in one statement: the ledger rows
+// and the balance increments, the balances inserted or locked in
+// customer order so concurrent batches queue instead of deadlocking.
+const creditSetSQL = `WITH o AS (
+	SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS o(customer_id, order_id, points)
+), ledger AS (
+	INSERT INTO point_ledger (customer_id, order_id, points) SELECT customer_id, order_id, points FROM o
+)
+INSERT INTO balances (customer_id, points)
+SELECT customer_id, sum(points) FROM o GROUP BY customer_id ORDER BY customer_id
+ON CONFLICT (customer_id) DO UPDATE SET points = balances.points + EXCLUDED.points`
+
+// creditSet is the set-wise credit: one round trip for all of msgs.
+func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+	var customers, orders, points []int64
+	for _, msg := range msgs {
+		var o order
+		if err := json.Unmarshal(msg.Payload, &o); err != nil {
+			return framework.Permanent(err)
+		}
+		customers, orders, points = append(customers, o.CustomerID), append(orders, o.OrderID), append(points, o.TotalCents/100)
+	}
+	_, err := tx.Exec(ctx, creditSetSQL, customers, orders, points)
+	return err
+}
+
 func keyFunc(t testing.TB) framework.KeyFunc {
 	t.Helper()
 	kf, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -17,23 +19,43 @@ import (
 // The rows are inserted in key order, so two batches with overlapping keys
 // lock them in the same order and wait for each other instead of
 // deadlocking. A concurrent uncommitted claim of one of the keys makes the
-// statement wait for that transaction, as Claim does (bound it with a
-// lock_timeout, e.g. through ClaimBatchWait).
+// statement wait for that transaction, as Claim does (bound it with
+// ClaimBatchWait).
 func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, consumer string, keys []string) ([]string, error) {
+	return s.ClaimBatchWait(ctx, tx, consumer, keys, 0)
+}
+
+// ClaimBatchWait is ClaimBatch with the statement's wait behind
+// uncommitted twins bounded by wait (lock_timeout, SQLSTATE 55P03 when it
+// expires: transient, retry the transaction). As with ClaimWith, the
+// timeout is set, used and reset in one round trip, so it does not bound
+// the effects that follow. wait <= 0 waits as long as the twin runs.
+func (s *Store) ClaimBatchWait(ctx context.Context, tx pgx.Tx, consumer string, keys []string, wait time.Duration) ([]string, error) {
 	if tx == nil {
 		return nil, errors.New("claimtx: ClaimBatch needs a transaction")
 	}
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
-	rows, err := tx.Query(ctx, s.render(`INSERT INTO {schema}.{claims} (consumer, message_key)
-SELECT $1, k FROM unnest($2::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i
-ON CONFLICT DO NOTHING RETURNING message_key`), consumer, sorted)
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: claim batch: %w", err)
+	claimed := make([]string, 0, len(sorted))
+	b := &pgx.Batch{}
+	if wait > 0 {
+		b.Queue("SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms")
 	}
-	claimed, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
+	b.Queue(s.claims.batch, consumer, sorted).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var k string
+			if err := rows.Scan(&k); err != nil {
+				return err
+			}
+			claimed = append(claimed, k)
+		}
+		return rows.Err()
+	})
+	if wait > 0 {
+		b.Queue("SET LOCAL lock_timeout TO DEFAULT")
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("claimtx: claim batch: %w", err)
 	}
 	slices.Sort(claimed)

@@ -44,6 +44,7 @@ type ClaimResult struct {
 type claimStatements struct {
 	insert [2][2]string // [eventDay][payloadHash]
 	hash   [2]string    // select payload_hash [eventDay]
+	batch  string       // ClaimBatch's multi-row insert
 }
 
 func (s *Store) initClaimSQL() {
@@ -58,6 +59,9 @@ func (s *Store) initClaimSQL() {
 	}
 	s.claims.hash[0] = s.render("SELECT payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2")
 	s.claims.hash[1] = s.render("SELECT payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2 AND event_day = $3")
+	s.claims.batch = s.render(`INSERT INTO {schema}.{claims} (consumer, message_key)
+SELECT $1, k FROM unnest($2::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i
+ON CONFLICT DO NOTHING RETURNING message_key`)
 }
 
 // ClaimWith inserts the claim described by r in tx. See Claim for the

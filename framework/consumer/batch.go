@@ -28,19 +28,40 @@ type BatchOptions struct {
 }
 
 // RunBatch consumes topic from sub in batches until ctx ends: each batch is
-// applied by b in one claim transaction, then every message is acked
-// (applied or duplicate), poisoned (permanent failure) or nacked.
+// applied by b in one claim transaction, h called once per newly claimed
+// message, then every message is acked (applied or duplicate), poisoned
+// (permanent failure) or nacked.
 //
 // How large batches get depends on how many unacked messages the broker
-// lets the subscriber hold: with RabbitMQ, the number of subscriptions
-// (brokers amqp Concurrency) times the prefetch; with watermill-kafka, one
-// message per partition. Size the subscriber for the batch.
+// lets the subscriber hold. Set the adapter's Window (brokers amqp and
+// kafka Config.Window) to at least Workers × MaxSize; without it,
+// RabbitMQ holds one message per subscription (Concurrency) and
+// watermill-kafka one per partition.
 func RunBatch(ctx context.Context, sub message.Subscriber, topic string, b middleware.Batch, h middleware.BatchHandlerFunc, opts BatchOptions) error {
-	if err := b.Validate(); err != nil {
-		return err
-	}
 	if h == nil {
 		return &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	return runBatches(ctx, sub, topic, b, opts, func(ctx context.Context, msgs []*message.Message) []error {
+		return b.Process(ctx, msgs, h)
+	})
+}
+
+// RunBatchSet is RunBatch with a handler that applies all newly claimed
+// messages of a batch at once (middleware.SetHandlerFunc): the fast way,
+// since a per-message handler pays its statements' round trips for every
+// message.
+func RunBatchSet(ctx context.Context, sub message.Subscriber, topic string, b middleware.Batch, h middleware.SetHandlerFunc, opts BatchOptions) error {
+	if h == nil {
+		return &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	return runBatches(ctx, sub, topic, b, opts, func(ctx context.Context, msgs []*message.Message) []error {
+		return b.ProcessSet(ctx, msgs, h)
+	})
+}
+
+func runBatches(ctx context.Context, sub message.Subscriber, topic string, b middleware.Batch, opts BatchOptions, process func(context.Context, []*message.Message) []error) error {
+	if err := b.Validate(); err != nil {
+		return err
 	}
 	if opts.MaxSize <= 0 {
 		opts.MaxSize = 100
@@ -69,7 +90,7 @@ func RunBatch(ctx context.Context, sub message.Subscriber, topic string, b middl
 			for {
 				batch, ok := collect(ctx, ch, opts.MaxSize, opts.MaxWait)
 				if len(batch) > 0 {
-					settle(batch, b.Process(ctx, batch, h), poison, opts.Poison)
+					settle(batch, process(ctx, batch), poison, opts.Poison)
 				}
 				if !ok {
 					return

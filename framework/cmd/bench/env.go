@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -95,6 +96,32 @@ func effect(ctx context.Context, tx pgx.Tx, o order) error {
 		return err
 	}
 	_, err := tx.Exec(ctx, `INSERT INTO point_ledger (customer_id, order_id, points) VALUES ($1, $2, $3)`, o.CustomerID, o.OrderID, points)
+	return err
+}
+
+// effectSet is effect for many orders in one statement, the form a batch
+// handler takes: ledger rows and balance increments set-wise, balances
+// inserted or locked in customer order so concurrent batches queue on a
+// shared customer instead of deadlocking.
+func effectSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+	customers := make([]int64, len(msgs))
+	orders := make([]int64, len(msgs))
+	points := make([]int64, len(msgs))
+	for i, msg := range msgs {
+		o, err := decode(msg)
+		if err != nil {
+			return framework.Permanent(err)
+		}
+		customers[i], orders[i], points[i] = o.CustomerID, o.OrderID, o.TotalCents/100
+	}
+	_, err := tx.Exec(ctx, `WITH o AS (
+	SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS o(customer_id, order_id, points)
+), ledger AS (
+	INSERT INTO point_ledger (customer_id, order_id, points) SELECT customer_id, order_id, points FROM o
+)
+INSERT INTO balances (customer_id, points)
+SELECT customer_id, sum(points) FROM o GROUP BY customer_id ORDER BY customer_id
+ON CONFLICT (customer_id) DO UPDATE SET points = balances.points + EXCLUDED.points`, customers, orders, points)
 	return err
 }
 

@@ -37,6 +37,7 @@ type options struct {
 	databaseURL string
 	amqpURL     string
 	write       string
+	modes       map[string]bool
 }
 
 func main() {
@@ -46,7 +47,16 @@ func main() {
 	flag.StringVar(&conc, "concurrency", "1,4,16", "concurrency levels")
 	flag.StringVar(&brokerList, "brokers", "amqp,kafka", "brokers")
 	flag.StringVar(&o.write, "write", "", "write the results as Markdown to this file (e.g. docs/benchmarks.md)")
+	modes := flag.String("modes", "raw,router,claim,batch", "modes to measure (a subset, for quick looks; -write needs all)")
 	flag.Parse()
+	o.modes = map[string]bool{}
+	for _, m := range strings.Split(*modes, ",") {
+		o.modes[strings.TrimSpace(m)] = true
+	}
+	if o.write != "" && len(o.modes) < 4 {
+		fmt.Fprintln(os.Stderr, "bench: -write needs every mode")
+		os.Exit(2)
+	}
 	for _, c := range strings.Split(conc, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(c))
 		if err != nil || n < 1 {
@@ -84,6 +94,14 @@ type result struct {
 	n       int
 	elapsed time.Duration
 	lat     []time.Duration
+	batches int // handler calls in batch mode
+}
+
+func (r result) avgBatch() float64 {
+	if r.batches == 0 {
+		return 0
+	}
+	return float64(r.n) / float64(r.batches)
 }
 
 func (r result) rate() float64 { return float64(r.n) / r.elapsed.Seconds() }
@@ -121,6 +139,9 @@ func run(ctx context.Context, o options) error {
 	raws := map[int]result{}
 	var rows []row
 	for _, c := range o.concurrency {
+		if !o.modes["raw"] {
+			break
+		}
 		env, err := newEnv(ctx, o.databaseURL, c)
 		if err != nil {
 			return err
@@ -137,6 +158,9 @@ func run(ctx context.Context, o options) error {
 		for _, c := range o.concurrency {
 			rw := row{broker: b, concurrency: c, raw: raws[c]}
 			for _, withClaim := range []bool{false, true} {
+				if !o.modes[map[bool]string{false: "router", true: "claim"}[withClaim]] {
+					continue
+				}
 				env, err := newEnv(ctx, o.databaseURL, c)
 				if err != nil {
 					return err
@@ -153,6 +177,10 @@ func run(ctx context.Context, o options) error {
 				}
 				fmt.Fprintf(os.Stderr, "%-6s c=%-2d claim=%-5v %8.0f msg/s\n", b, c, withClaim, r.rate())
 			}
+			if !o.modes["batch"] {
+				rows = append(rows, rw)
+				continue
+			}
 			env, err := newEnv(ctx, o.databaseURL, c)
 			if err != nil {
 				return err
@@ -163,7 +191,7 @@ func run(ctx context.Context, o options) error {
 				return fmt.Errorf("%s c=%d batch: %w", b, c, err)
 			}
 			rw.batch = r
-			fmt.Fprintf(os.Stderr, "%-6s c=%-2d batch       %8.0f msg/s\n", b, c, r.rate())
+			fmt.Fprintf(os.Stderr, "%-6s c=%-2d batch       %8.0f msg/s (avg batch %.1f)\n", b, c, r.rate(), r.avgBatch())
 			rows = append(rows, rw)
 		}
 	}

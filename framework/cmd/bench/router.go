@@ -244,19 +244,17 @@ func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
 				once.Do(func() { close(finished) })
 			}
 		}}}
-	handler := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	var calls atomic.Int64
+	handler := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 		firstStart.CompareAndSwap(0, time.Now().UnixNano())
-		o, err := decode(msg)
-		if err != nil {
-			return framework.Permanent(err)
-		}
-		return effect(ctx, tx, o)
+		calls.Add(1)
+		return effectSet(ctx, tx, msgs)
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	runErr := make(chan error, 1)
 	go func() {
-		runErr <- consumer.RunBatch(rctx, sub, e.topic, bt, handler, consumer.BatchOptions{MaxSize: batchWindow, Workers: r.workers})
+		runErr <- consumer.RunBatchSet(rctx, sub, e.topic, bt, handler, consumer.BatchOptions{MaxSize: batchWindow, Workers: r.workers})
 	}()
 	select {
 	case <-finished:
@@ -270,7 +268,7 @@ func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
 	if err := <-runErr; err != nil {
 		return result{}, fmt.Errorf("batch consumer: %w", err)
 	}
-	return result{n: r.n, elapsed: end.Sub(time.Unix(0, firstStart.Load())), lat: lat}, nil
+	return result{n: r.n, elapsed: end.Sub(time.Unix(0, firstStart.Load())), lat: lat, batches: int(calls.Load())}, nil
 }
 
 const batchWindow = 128
