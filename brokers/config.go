@@ -172,6 +172,7 @@ const (
 	EnvAMQPURL               = "AMQP_URL"
 	EnvConcurrency           = "CONCURRENCY"
 	EnvAMQPPrefetch          = "AMQP_PREFETCH"
+	EnvAMQPWindow            = "AMQP_WINDOW"
 	EnvAMQPNackDelay         = "AMQP_NACK_DELAY"
 	EnvAMQPDialTimeout       = "AMQP_DIAL_TIMEOUT"
 	EnvKafkaBrokers          = "KAFKA_BROKERS"
@@ -297,6 +298,7 @@ func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	}
 	posInt("amqp.concurrency", EnvConcurrency, &c.AMQP.Concurrency)
 	posInt("amqp.prefetch", EnvAMQPPrefetch, &c.AMQP.Prefetch)
+	posInt("amqp.window", EnvAMQPWindow, &c.AMQP.Window)
 	dur("amqp.nack_delay", EnvAMQPNackDelay, &c.AMQP.NackDelay)
 	dur("amqp.dial_timeout", EnvAMQPDialTimeout, &c.AMQP.DialTimeout)
 

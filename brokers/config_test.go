@@ -44,6 +44,7 @@ func TestOverlayEnv(t *testing.T) {
 		"AMQP_URL":              "amqp://u:p@rabbit:5672/vh",
 		"CONCURRENCY":           "8",
 		"AMQP_NACK_DELAY":       "2s",
+		"AMQP_WINDOW":           "512",
 		"KAFKA_BROKERS":         " k1:9092, k2:9093 ,,",
 		"KAFKA_CONSUMER_GROUP":  "orders",
 		"KAFKA_INITIAL_OFFSET":  "newest",
@@ -61,6 +62,7 @@ func TestOverlayEnv(t *testing.T) {
 	require.Equal(t, "amqp://u:p@rabbit:5672/vh", c.AMQP.URL)
 	require.Equal(t, 8, c.AMQP.Concurrency)
 	require.Equal(t, 2*time.Second, c.AMQP.NackDelay)
+	require.Equal(t, 512, c.AMQP.Window)
 	require.Equal(t, []string{"k1:9092", "k2:9093"}, c.Kafka.Brokers)
 	require.Equal(t, "orders", c.Kafka.ConsumerGroup)
 	require.Equal(t, "newest", c.Kafka.InitialOffset)
@@ -208,6 +210,7 @@ func TestValidate(t *testing.T) {
 		{brokers.Config{AMQP: amqp.Config{Concurrency: -1}}, "amqp.concurrency", "positive"},
 		{brokers.Config{AMQP: amqp.Config{Concurrency: 5000}}, "amqp.concurrency", "at most"},
 		{brokers.Config{AMQP: amqp.Config{Prefetch: -2}}, "amqp.prefetch", "positive"},
+		{brokers.Config{AMQP: amqp.Config{Window: 70000}}, "amqp.window", "65535"},
 		{brokers.Config{AMQP: amqp.Config{ReconnectInitialInterval: time.Minute, ReconnectMaxInterval: time.Second}}, "amqp.reconnect_max_interval", "at least"},
 		{brokers.Config{AMQP: amqp.Config{QueueArguments: map[string]any{"x": struct{}{}}}}, "amqp.queue_arguments", "AMQP table"},
 		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{Brokers: []string{"nohost"}}}, "kafka.brokers", "host:port"},

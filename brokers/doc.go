@@ -56,6 +56,7 @@
 //	AMQP_URL                 amqp.url                       (default amqp://guest:guest@127.0.0.1:5672/)
 //	CONCURRENCY              amqp.concurrency               (default 4; AMQP only, see below)
 //	AMQP_PREFETCH            amqp.prefetch                  (default 1)
+//	AMQP_WINDOW              amqp.window                    (default 0: one message per subscription)
 //	AMQP_NACK_DELAY          amqp.nack_delay                (default 1s)
 //	AMQP_DIAL_TIMEOUT        amqp.dial_timeout              (default 30s)
 //	KAFKA_BROKERS            kafka.brokers, comma separated (default 127.0.0.1:9092)

@@ -30,6 +30,9 @@ import (
 //     does on purpose). The full suite, except under -short.
 //   - Concurrency 4 (the default): without the ordering features, in the
 //     suite's short form, to cover the merged channels and the proxy ack.
+//   - Window 16: the window mode, likewise without the ordering features
+//     (it forwards the next message before the previous one is acked, and a
+//     nacked message is requeued behind those already delivered), short form.
 //
 // There are no consumer groups (one queue per topic is the design).
 // TestReconnect needs a broker restart command and is skipped by the suite:
@@ -38,7 +41,9 @@ func TestPubSubConformance(t *testing.T) {
 	t.Parallel()
 	t.Run("concurrency1", func(t *testing.T) {
 		t.Parallel()
-		runSuite(t, 1, tests.Features{
+		cfg := testConfig()
+		cfg.Concurrency = 1
+		runSuite(t, cfg, tests.Features{
 			GuaranteedOrder:                     true,
 			GuaranteedOrderWithSingleSubscriber: true,
 			Persistent:                          true,
@@ -47,16 +52,22 @@ func TestPubSubConformance(t *testing.T) {
 	})
 	t.Run("concurrency4", func(t *testing.T) {
 		t.Parallel()
-		runSuite(t, 4, tests.Features{Persistent: true, ForceShort: true})
+		cfg := testConfig()
+		cfg.Concurrency = 4
+		runSuite(t, cfg, tests.Features{Persistent: true, ForceShort: true})
+	})
+	t.Run("window16", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig()
+		cfg.Window = 16
+		runSuite(t, cfg, tests.Features{Persistent: true, ForceShort: true})
 	})
 }
 
-func runSuite(t *testing.T, concurrency int, features tests.Features) {
+func runSuite(t *testing.T, cfg amqp.Config, features tests.Features) {
 	var q queueTracker
 	t.Cleanup(func() { q.cleanup(t) })
 
-	cfg := testConfig()
-	cfg.Concurrency = concurrency
 	logger := watermill.NopLogger{}
 	// The suite closes one subscriber before using it
 	// (test_pubsub.go:458 "defer require.NoError(t, sub.Close())" evaluates

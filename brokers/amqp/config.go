@@ -34,6 +34,11 @@ const (
 // RabbitMQ's default channel_max is 2047 per connection.
 const maxConcurrency = 1024
 
+// MaxWindow bounds Window: it becomes the channel's QoS prefetch count, a
+// 16-bit field in AMQP 0-9-1 (amqp091's Channel.Qos takes an int and
+// truncates it to uint16 without a word).
+const MaxWindow = 65535
+
 // Config configures the RabbitMQ adapter. The zero value is usable: every
 // zero field takes the default named in its documentation.
 //
@@ -53,22 +58,38 @@ type Config struct {
 	// Each Watermill AMQP subscription handles one delivery at a time, so the
 	// adapter opens Concurrency subscriptions (each on its own channel) on
 	// the same queue and merges them into one output channel. RabbitMQ then
-	// spreads deliveries round-robin across them. Defaults to 4.
+	// spreads deliveries round-robin across them. Not used when Window > 0.
+	// Defaults to 4.
 	Concurrency int `yaml:"concurrency"`
 
 	// Prefetch is the QoS prefetch count of every subscription channel. A
 	// subscription only ever works on one delivery at a time, so anything
 	// above 1 only parks messages in this process's buffers where other
 	// instances cannot take them, and hands them back (redelivered) on a
-	// crash. Raise it only to hide network latency on high-RTT links.
-	// Defaults to 1.
+	// crash. Raise it only to hide network latency on high-RTT links. Not
+	// used when Window > 0. Defaults to 1.
 	Prefetch int `yaml:"prefetch"`
+
+	// Window, when > 0, makes each Subscribe call consume with ONE amqp091
+	// consumer on its own channel with QoS prefetch = Window, and forward
+	// deliveries without waiting for earlier ones to be acked, so up to
+	// Window messages are in flight at once (for consumer.RunBatch, set it
+	// to workers × batch size). Concurrency and Prefetch are then not used.
+	// Each delivery is acked on the channel it came from; a nacked one keeps
+	// its place in the window while NackDelay runs, without holding up the
+	// others. When the channel or the connection is lost, its unacked
+	// deliveries go back to the queue (late acks of them have no effect) and
+	// the consumer resumes on a new channel once reconnected. At most 65535
+	// (the prefetch count is 16 bits). 0 (the default) keeps the
+	// per-subscription mode.
+	Window int `yaml:"window"`
 
 	// NackDelay is how long a nacked delivery is held before it is handed back
 	// to RabbitMQ. watermill-amqp nacks with requeue=true, and RabbitMQ puts
 	// the message back at the head of the queue at once, so without a delay a
 	// message that keeps failing spins the CPU and floods the logs. While the
-	// delay runs, that one subscription takes no other message. The router's
+	// delay runs, that one subscription takes no other message (with Window,
+	// only that message's window slot stays taken). The router's
 	// Retry and Poison middleware make nacks rare (a nack means even the
 	// poison queue could not be written). A negative value disables the
 	// delay. Defaults to 1s.
@@ -179,6 +200,10 @@ func (c Config) Validate() error {
 		return configerror.New("concurrency", "must be at most %d (one AMQP channel each), got %d", maxConcurrency, c.Concurrency)
 	case c.Prefetch < 0:
 		return configerror.New("prefetch", "must be positive, got %d", c.Prefetch)
+	case c.Window < 0:
+		return configerror.New("window", "must not be negative (0 disables the window mode), got %d", c.Window)
+	case c.Window > MaxWindow:
+		return configerror.New("window", "must be at most %d (the AMQP prefetch count is 16 bits), got %d", MaxWindow, c.Window)
 	case c.ReconnectInitialInterval < 0:
 		return configerror.New("reconnect_initial_interval", "must not be negative, got %s", c.ReconnectInitialInterval)
 	case c.ReconnectMaxInterval < c.ReconnectInitialInterval:
@@ -194,8 +219,8 @@ func (c Config) Validate() error {
 
 // String prints the config with the URL's password redacted.
 func (c Config) String() string {
-	return fmt.Sprintf("{URL:%s Concurrency:%d Prefetch:%d NackDelay:%s DialTimeout:%s ReconnectInitialInterval:%s ReconnectMaxInterval:%s PublishChannels:%d QueueArguments:%v ConnectionName:%q}",
-		secret.RedactURL(c.URL), c.Concurrency, c.Prefetch, c.NackDelay, c.DialTimeout,
+	return fmt.Sprintf("{URL:%s Concurrency:%d Prefetch:%d Window:%d NackDelay:%s DialTimeout:%s ReconnectInitialInterval:%s ReconnectMaxInterval:%s PublishChannels:%d QueueArguments:%v ConnectionName:%q}",
+		secret.RedactURL(c.URL), c.Concurrency, c.Prefetch, c.Window, c.NackDelay, c.DialTimeout,
 		c.ReconnectInitialInterval, c.ReconnectMaxInterval, c.PublishChannels, c.QueueArguments, c.ConnectionName)
 }
 

@@ -36,6 +36,28 @@
 // this process, invisible to other instances, and hands them back as
 // "redelivered" after a crash.
 //
+// # Window mode
+//
+// A batch consumer (framework/consumer.RunBatch) can only gather as many
+// messages as are unacked at once, and Concurrency subscriptions give at
+// most Concurrency of them, refilled one ack at a time. With Config.Window
+// > 0, Subscribe instead starts ONE amqp091 consumer on its own channel
+// with QoS prefetch = Window and forwards each delivery without waiting for
+// the previous ones to be acked: up to Window messages are in flight (set it
+// to workers × batch size). Concurrency and Prefetch are not used then.
+//
+// The queue is declared by watermill-amqp's own code, exactly as in the
+// per-subscription mode, and deliveries go through the same Marshaler, so
+// both modes consume the same queue and yield the same metadata. Every
+// message is acked on the channel its delivery came from (delivery tags are
+// per channel). A nack is held for NackDelay without holding up the other
+// messages: only its window slot stays taken. When the channel or the
+// connection is lost, its unacked deliveries go back to the queue, late
+// acks of them have no effect, and the consumer resumes on a new channel
+// once watermill-amqp has reconnected (retrying with the Reconnect*
+// backoff). Cancelling the context or Close sends the acks already given,
+// then closes the channel: everything still unacked goes back to the queue.
+//
 // # Nack
 //
 // watermill-amqp nacks with requeue=true (subscriber.go:439), and RabbitMQ

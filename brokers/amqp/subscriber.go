@@ -14,9 +14,11 @@ import (
 
 // Subscriber consumes from RabbitMQ: Config.Concurrency watermill-amqp
 // subscriptions per Subscribe call, merged into one channel, with a delayed
-// nack. It is safe for concurrent use.
+// nack; or, with Config.Window > 0, one consumer per Subscribe call with up
+// to Window messages in flight (window.go). It is safe for concurrent use.
 type Subscriber struct {
 	cfg    Config
+	wc     wamqp.Config // sub's config; the window mode consumes like it
 	logger watermill.LoggerAdapter
 	conn   *wamqp.ConnectionWrapper
 	sub    *wamqp.Subscriber
@@ -56,6 +58,7 @@ func NewSubscriberContext(ctx context.Context, cfg Config, logger watermill.Logg
 	}
 	return &Subscriber{
 		cfg:     cfg,
+		wc:      wc,
 		logger:  logger,
 		conn:    conn,
 		sub:     sub,
@@ -70,6 +73,9 @@ func NewSubscriberContext(ctx context.Context, cfg Config, logger watermill.Logg
 //
 // Messages of one Subscribe call are processed up to Concurrency at a time,
 // so their order is not kept when Concurrency > 1.
+//
+// With Config.Window > 0 it starts one consumer instead, which keeps up to
+// Window messages in flight (see Config.Window).
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	select {
 	case <-s.closing:
@@ -78,6 +84,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	if err := waitConnected(ctx, s.cfg, s.conn); err != nil {
 		return nil, err
+	}
+	if s.cfg.Window > 0 {
+		return s.subscribeWindow(ctx, topic)
 	}
 
 	// inCtx stops the inner subscriptions if we fail half way.
