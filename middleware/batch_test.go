@@ -23,7 +23,7 @@ func batchOf(t *testing.T, orders ...order) []*message.Message {
 	return msgs
 }
 
-func (b bundle) batch(t *testing.T, rec *outcomes) middleware.Batch {
+func (b bundle) batch(t testing.TB, rec *outcomes) middleware.Batch {
 	return middleware.Batch{Claim: b.claim(t, "loyalty", rec)}
 }
 

@@ -27,7 +27,7 @@ type bundle struct {
 	schema string
 }
 
-func setup(t *testing.T, maxConns int32) bundle {
+func setup(t testing.TB, maxConns int32) bundle {
 	t.Helper()
 	pool, schema := pgtest.Setup(t, maxConns)
 	st, err := store.New(pool, store.Config{Schema: schema})

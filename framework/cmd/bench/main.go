@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -47,6 +48,9 @@ func main() {
 	flag.StringVar(&conc, "concurrency", "1,4,16", "concurrency levels")
 	flag.StringVar(&brokerList, "brokers", "amqp,kafka", "brokers")
 	flag.StringVar(&o.write, "write", "", "write the results as Markdown to this file (e.g. docs/benchmarks.md)")
+	memory := flag.Int("memory", 0, "instead of the table: feed this many messages through a claimtx consumer over RabbitMQ and sample its memory")
+	memoryMode := flag.String("memory-mode", "message", "the consumer for -memory: message (router + claim middleware) or batch (RunBatchSet)")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	modes := flag.String("modes", "raw,router,claim,batch", "modes to measure (a subset, for quick looks; -write needs all)")
 	flag.Parse()
 	o.modes = map[string]bool{}
@@ -68,7 +72,26 @@ func main() {
 	o.brokers = strings.Split(brokerList, ",")
 	o.databaseURL = envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
 	o.amqpURL = envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if *memory > 0 {
+		if err := memoryRun(context.Background(), o, *memoryMode, *memory); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if err := run(context.Background(), o); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -114,6 +137,26 @@ func (r result) pct(p float64) time.Duration {
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	i := int(p * float64(len(s)-1))
 	return s[i]
+}
+
+func memoryRun(ctx context.Context, o options, mode string, n int) error {
+	pool, err := pgxpool.New(ctx, o.databaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	c := o.concurrency[len(o.concurrency)-1]
+	env, err := newEnv(ctx, o.databaseURL, c)
+	if err != nil {
+		return err
+	}
+	defer env.close(ctx, pool)
+	samples, took, err := runMemory(ctx, env, o.amqpURL, mode, n, c)
+	if err != nil {
+		return err
+	}
+	fmt.Print(renderMemory(mode, samples, took))
+	return nil
 }
 
 func run(ctx context.Context, o options) error {
