@@ -201,9 +201,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	committed := false
 	defer func() {
 		if !committed {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_ = tx.Rollback(rctx)
-			cancel()
+			rollback(ctx, tx)
 		}
 	}()
 	newKeys, err := c.Store.ClaimBatchWait(ctx, tx, c.Consumer, want, c.ClaimWait)

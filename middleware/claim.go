@@ -173,9 +173,10 @@ type Result struct {
 	Attempts int
 	// Err is the error returned to the router (nil for Applied/Duplicate).
 	Err error
-	// ClaimWait is how long the claim statement took on the last attempt,
-	// including any wait behind a twin. Zero in ModeNaturalKey, where the
-	// claim is part of the handler.
+	// ClaimWait is how long BEGIN and the claim took on the last attempt
+	// (one round trip), including the wait for a pool connection and any
+	// wait behind a twin. Zero in ModeNaturalKey, where the claim is part
+	// of the handler.
 	ClaimWait time.Duration
 	// Enqueued counts the messages the handler returned that were written
 	// to the outbox (0 unless Applied).
@@ -326,28 +327,21 @@ func (c Claim) key(msg *message.Message) (string, error) {
 // back, so the claim and the effect always share one fate.
 func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, txOpts pgx.TxOptions, res *Result) (out framework.Outcome, err error) {
 	ctx := msg.Context()
-	tx, err := c.Store.Pool().BeginTx(ctx, txOpts)
-	if err != nil {
-		return "", fmt.Errorf("claimtx: begin: %w", err)
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			// The message context may be cancelled (shutdown): roll back
-			// regardless so the connection returns to the pool clean.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			_ = tx.Rollback(rctx)
-			cancel()
-		}
-	}()
-
 	res.ClaimWait, res.Enqueued = 0, 0
 	claimed := true
+	var tx pgx.Tx
 	if c.Mode == ModeNaturalKey {
 		// The claim is the handler's guarded INSERT: bound its wait behind
-		// a twin's uncommitted entry like the claim table's.
-		if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", lockTimeout(c.ClaimWait)); err != nil {
-			return "", fmt.Errorf("claimtx: set lock_timeout: %w", err)
+		// a twin's uncommitted entry like the claim table's, set in the
+		// same round trip as BEGIN.
+		b := &pgx.Batch{}
+		b.BeginTx(txOpts)
+		b.Queue("SELECT set_config('lock_timeout', $1, true)", lockTimeout(c.ClaimWait))
+		br := c.Store.Pool().SendBatch(ctx, b)
+		tx = br.Tx()
+		if err := br.Close(); err != nil {
+			rollback(ctx, tx)
+			return "", fmt.Errorf("claimtx: begin: %w", err)
 		}
 	} else {
 		req := store.ClaimRequest{Consumer: c.Consumer, Key: key, Wait: c.ClaimWait}
@@ -363,7 +357,9 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 			req.PayloadHash = sum[:fingerprintBytes]
 		}
 		claimStart := time.Now()
-		cr, err := c.Store.ClaimWith(ctx, tx, req)
+		var cr store.ClaimResult
+		// BEGIN and the claim in one round trip.
+		tx, cr, err = c.Store.BeginClaim(ctx, txOpts, req)
 		res.ClaimWait = time.Since(claimStart)
 		if err != nil {
 			return "", err
@@ -375,6 +371,14 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 				watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
 		}
 	}
+	committed := false
+	defer func() {
+		if !committed {
+			// The message context may be cancelled (shutdown): roll back
+			// regardless so the connection returns to the pool clean.
+			rollback(ctx, tx)
+		}
+	}()
 	out = framework.Duplicate
 	if claimed {
 		produced, err := runHandler(msg, h, tx)
@@ -405,6 +409,14 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 	}
 	committed = true
 	return out, nil
+}
+
+// rollback ends tx without its changes, even when ctx is already done, so
+// the connection goes back to the pool clean.
+func rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(rctx)
 }
 
 // enqueue writes the handler's returned messages to the outbox in tx.

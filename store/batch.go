@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -39,22 +38,18 @@ func (s *Store) ClaimBatchWait(ctx context.Context, tx pgx.Tx, consumer string, 
 	sorted = slices.Compact(sorted)
 	claimed := make([]string, 0, len(sorted))
 	b := &pgx.Batch{}
-	if wait > 0 {
-		b.Queue("SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms")
-	}
-	b.Queue(s.claims.batch, consumer, sorted).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			var k string
-			if err := rows.Scan(&k); err != nil {
-				return err
+	queueBounded(b, wait, func() {
+		b.Queue(s.claims.batch, consumer, sorted).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var k string
+				if err := rows.Scan(&k); err != nil {
+					return err
+				}
+				claimed = append(claimed, k)
 			}
-			claimed = append(claimed, k)
-		}
-		return rows.Err()
+			return rows.Err()
+		})
 	})
-	if wait > 0 {
-		b.Queue("SET LOCAL lock_timeout TO DEFAULT")
-	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("claimtx: claim batch: %w", err)
 	}

@@ -72,53 +72,131 @@ func (s *Store) ClaimWith(ctx context.Context, tx pgx.Tx, r ClaimRequest) (Claim
 	if tx == nil {
 		return ClaimResult{}, errors.New("claimtx: Claim needs a transaction")
 	}
-	args := []any{r.Consumer, r.Key}
-	d, h := 0, 0
-	var day pgtype.Date
-	if !r.EventTime.IsZero() {
-		day = pgtype.Date{Time: EventDay(r.EventTime), Valid: true}
-		args, d = append(args, day), 1
-	}
-	if r.PayloadHash != nil {
-		args, h = append(args, r.PayloadHash), 1
-	}
-	sql := s.claims.insert[d][h]
-
 	var res ClaimResult
+	q := s.prepareClaim(r, &res)
 	var err error
 	if r.Wait <= 0 {
 		var tag pgconn.CommandTag
-		tag, err = tx.Exec(ctx, sql, args...)
+		tag, err = tx.Exec(ctx, q.sql, q.args...)
 		res.New = tag.RowsAffected() == 1
 	} else {
 		b := &pgx.Batch{}
-		b.Queue("SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(max(r.Wait.Milliseconds(), 1), 10)+"ms")
-		b.Queue(sql, args...).Exec(func(tag pgconn.CommandTag) error {
-			res.New = tag.RowsAffected() == 1
-			return nil
-		})
-		b.Queue("SET LOCAL lock_timeout TO DEFAULT")
+		q.queue(b)
 		err = tx.SendBatch(ctx, b).Close()
 	}
 	if err != nil {
-		if d == 1 {
-			return res, eventDayClaimError(day.Time, err)
-		}
-		return res, fmt.Errorf("claimtx: claim: %w", err)
+		return res, q.wrap(err)
 	}
-	if res.New || r.PayloadHash == nil {
-		return res, nil
+	return res, s.checkFingerprint(ctx, tx, q, &res)
+}
+
+// BeginClaim begins a transaction on a connection from the pool and makes
+// the claim described by r in it, in one round trip: BEGIN, the
+// lock_timeout, the claim and the reset go out as one pipelined batch
+// (pgx's Batch.BeginTx), where BeginTx followed by ClaimWith takes two.
+// For a transaction per message that is one round trip of four or five.
+//
+// On success the caller owns tx, with the claim in it, and must Commit or
+// Rollback it whatever res says. On error there is no transaction to end.
+func (s *Store) BeginClaim(ctx context.Context, opts pgx.TxOptions, r ClaimRequest) (tx pgx.Tx, res ClaimResult, err error) {
+	q := s.prepareClaim(r, &res)
+	b := &pgx.Batch{}
+	b.BeginTx(opts)
+	q.queue(b)
+	br := s.pool.SendBatch(ctx, b)
+	tx = br.Tx()
+	if err := br.Close(); err != nil {
+		// A claim that failed (lock_timeout, a missing partition) leaves
+		// the transaction open and aborted; a failed BEGIN leaves it
+		// closed, and Rollback then only returns the connection.
+		rollback(ctx, tx)
+		return nil, res, q.wrap(err)
 	}
-	hargs := []any{r.Consumer, r.Key}
-	if d == 1 {
-		hargs = append(hargs, day)
+	if err := s.checkFingerprint(ctx, tx, q, &res); err != nil {
+		rollback(ctx, tx)
+		return nil, res, err
+	}
+	return tx, res, nil
+}
+
+func rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = tx.Rollback(rctx)
+}
+
+// claimQuery is one claim statement with its arguments, ready to queue.
+type claimQuery struct {
+	sql  string
+	args []any
+	r    ClaimRequest
+	d    int // 1 when the claim carries an event day
+	day  pgtype.Date
+	res  *ClaimResult
+}
+
+func (s *Store) prepareClaim(r ClaimRequest, res *ClaimResult) claimQuery {
+	q := claimQuery{args: []any{r.Consumer, r.Key}, r: r, res: res}
+	h := 0
+	if !r.EventTime.IsZero() {
+		q.day = pgtype.Date{Time: EventDay(r.EventTime), Valid: true}
+		q.args, q.d = append(q.args, q.day), 1
+	}
+	if r.PayloadHash != nil {
+		q.args, h = append(q.args, r.PayloadHash), 1
+	}
+	q.sql = s.claims.insert[q.d][h]
+	return q
+}
+
+// queue adds the claim to b, between setting and resetting lock_timeout
+// when the request bounds its wait: the timeout then covers the claim
+// only, not the effects that follow in the transaction.
+func (q claimQuery) queue(b *pgx.Batch) {
+	queueBounded(b, q.r.Wait, func() {
+		b.Queue(q.sql, q.args...).Exec(func(tag pgconn.CommandTag) error {
+			q.res.New = tag.RowsAffected() == 1
+			return nil
+		})
+	})
+}
+
+// queueBounded queues what queue adds to b between setting lock_timeout
+// to wait and resetting it (nothing around it when wait <= 0), so the
+// timeout bounds those statements only.
+func queueBounded(b *pgx.Batch, wait time.Duration, queue func()) {
+	if wait <= 0 {
+		queue()
+		return
+	}
+	b.Queue("SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms")
+	queue()
+	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
+}
+
+func (q claimQuery) wrap(err error) error {
+	if q.d == 1 {
+		return eventDayClaimError(q.day.Time, err)
+	}
+	return fmt.Errorf("claimtx: claim: %w", err)
+}
+
+// checkFingerprint compares, for a duplicate, the stored payload hash with
+// the request's.
+func (s *Store) checkFingerprint(ctx context.Context, tx pgx.Tx, q claimQuery, res *ClaimResult) error {
+	if res.New || q.r.PayloadHash == nil {
+		return nil
+	}
+	hargs := []any{q.r.Consumer, q.r.Key}
+	if q.d == 1 {
+		hargs = append(hargs, q.day)
 	}
 	var stored []byte
-	if err := tx.QueryRow(ctx, s.claims.hash[d], hargs...).Scan(&stored); err != nil {
-		return res, fmt.Errorf("claimtx: read claim fingerprint: %w", err)
+	if err := tx.QueryRow(ctx, s.claims.hash[q.d], hargs...).Scan(&stored); err != nil {
+		return fmt.Errorf("claimtx: read claim fingerprint: %w", err)
 	}
-	res.FingerprintMismatch = stored != nil && !bytes.Equal(stored, r.PayloadHash)
-	return res, nil
+	res.FingerprintMismatch = stored != nil && !bytes.Equal(stored, q.r.PayloadHash)
+	return nil
 }
 
 // ClaimsByEventDay reports whether the claim table carries an event day

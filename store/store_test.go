@@ -299,3 +299,61 @@ func TestDuplicateMigrationVersionRefused(t *testing.T) {
 	_, err = store.LoadMigrationsForTest(fstest.MapFS{"migrations/x.sql": {Data: []byte("")}})
 	require.Error(t, err)
 }
+
+// BeginClaim: BEGIN and the claim in one batch, the same results as
+// ClaimWith, the transaction's options applied, the claim's lock_timeout
+// gone for the effects, and every failure giving the connection back.
+func TestBeginClaim(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 2)
+	ctx := context.Background()
+	require.NoError(t, st.Migrate(ctx))
+	h1, h2 := []byte{1, 2, 3}, []byte{9, 9, 9}
+	claim := func(r store.ClaimRequest, commit bool) store.ClaimResult {
+		t.Helper()
+		tx, res, err := st.BeginClaim(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, r)
+		require.NoError(t, err)
+		var iso, lockTimeout string
+		require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation'), current_setting('lock_timeout')").Scan(&iso, &lockTimeout))
+		require.Equal(t, "repeatable read", iso)
+		require.Equal(t, "0", lockTimeout, "the handler must not inherit the claim's lock_timeout")
+		if commit {
+			require.NoError(t, tx.Commit(ctx))
+		} else {
+			require.NoError(t, tx.Rollback(ctx))
+		}
+		return res
+	}
+	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", Wait: time.Second, PayloadHash: h1}, false))
+	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", Wait: time.Second, PayloadHash: h1}, true),
+		"a rolled-back claim leaves nothing behind")
+	require.Equal(t, store.ClaimResult{}, claim(store.ClaimRequest{Consumer: "c", Key: "k", PayloadHash: h1}, true))
+	require.Equal(t, store.ClaimResult{FingerprintMismatch: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", Wait: time.Second, PayloadHash: h2}, true))
+
+	// Behind an uncommitted twin: the lock_timeout error, and the
+	// connection back in the pool (2 connections: a leak would block the
+	// next Acquire).
+	holder, err := st.Pool().Begin(ctx)
+	require.NoError(t, err)
+	ok, err := st.Claim(ctx, holder, "c", "held")
+	require.NoError(t, err)
+	require.True(t, ok)
+	for i := 0; i < 3; i++ {
+		_, _, err = st.BeginClaim(ctx, pgx.TxOptions{}, store.ClaimRequest{Consumer: "c", Key: "held", Wait: 20 * time.Millisecond})
+		require.Equal(t, store.CauseClaimWait, store.Classify(err))
+	}
+	require.Equal(t, int32(1), st.Pool().Stat().AcquiredConns(), "only the holder's connection is out")
+	require.NoError(t, holder.Rollback(ctx))
+
+	// A claim by event day on the plain table fails with its typed error.
+	_, _, err = st.BeginClaim(ctx, pgx.TxOptions{}, store.ClaimRequest{Consumer: "c", Key: "d", EventTime: time.Now()})
+	require.Error(t, err)
+	require.Equal(t, int32(0), st.Pool().Stat().AcquiredConns())
+
+	// A cancelled context: no transaction, no connection kept.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, _, err = st.BeginClaim(cctx, pgx.TxOptions{}, store.ClaimRequest{Consumer: "c", Key: "x"})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, int32(0), st.Pool().Stat().AcquiredConns())
+}
