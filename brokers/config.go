@@ -183,6 +183,7 @@ const (
 	EnvKafkaSessionTimeout   = "KAFKA_SESSION_TIMEOUT"
 	EnvKafkaRebalanceTimeout = "KAFKA_REBALANCE_TIMEOUT"
 	EnvKafkaNackDelay        = "KAFKA_NACK_DELAY"
+	EnvKafkaWindow           = "KAFKA_WINDOW"
 	EnvKafkaDialTimeout      = "KAFKA_DIAL_TIMEOUT"
 	EnvKafkaSASLMechanism    = "KAFKA_SASL_MECHANISM"
 	EnvKafkaSASLUser         = "KAFKA_SASL_USER"
@@ -322,6 +323,7 @@ func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	dur("kafka.session_timeout", EnvKafkaSessionTimeout, &c.Kafka.SessionTimeout)
 	dur("kafka.rebalance_timeout", EnvKafkaRebalanceTimeout, &c.Kafka.RebalanceTimeout)
 	dur("kafka.nack_delay", EnvKafkaNackDelay, &c.Kafka.NackDelay)
+	posInt("kafka.window", EnvKafkaWindow, &c.Kafka.Window)
 	dur("kafka.dial_timeout", EnvKafkaDialTimeout, &c.Kafka.DialTimeout)
 	str(EnvKafkaSASLMechanism, &c.Kafka.SASL.Mechanism)
 	str(EnvKafkaSASLUser, &c.Kafka.SASL.User)

@@ -45,6 +45,7 @@ func TestOverlayEnv(t *testing.T) {
 		"CONCURRENCY":           "8",
 		"AMQP_NACK_DELAY":       "2s",
 		"AMQP_WINDOW":           "512",
+		"KAFKA_WINDOW":          "64",
 		"KAFKA_BROKERS":         " k1:9092, k2:9093 ,,",
 		"KAFKA_CONSUMER_GROUP":  "orders",
 		"KAFKA_INITIAL_OFFSET":  "newest",
@@ -63,6 +64,7 @@ func TestOverlayEnv(t *testing.T) {
 	require.Equal(t, 8, c.AMQP.Concurrency)
 	require.Equal(t, 2*time.Second, c.AMQP.NackDelay)
 	require.Equal(t, 512, c.AMQP.Window)
+	require.Equal(t, 64, c.Kafka.Window)
 	require.Equal(t, []string{"k1:9092", "k2:9093"}, c.Kafka.Brokers)
 	require.Equal(t, "orders", c.Kafka.ConsumerGroup)
 	require.Equal(t, "newest", c.Kafka.InitialOffset)
@@ -211,6 +213,7 @@ func TestValidate(t *testing.T) {
 		{brokers.Config{AMQP: amqp.Config{Concurrency: 5000}}, "amqp.concurrency", "at most"},
 		{brokers.Config{AMQP: amqp.Config{Prefetch: -2}}, "amqp.prefetch", "positive"},
 		{brokers.Config{AMQP: amqp.Config{Window: 70000}}, "amqp.window", "65535"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{Window: -1}}, "kafka.window", "negative"},
 		{brokers.Config{AMQP: amqp.Config{ReconnectInitialInterval: time.Minute, ReconnectMaxInterval: time.Second}}, "amqp.reconnect_max_interval", "at least"},
 		{brokers.Config{AMQP: amqp.Config{QueueArguments: map[string]any{"x": struct{}{}}}}, "amqp.queue_arguments", "AMQP table"},
 		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{Brokers: []string{"nohost"}}}, "kafka.brokers", "host:port"},

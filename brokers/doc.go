@@ -67,6 +67,7 @@
 //	KAFKA_SESSION_TIMEOUT    kafka.session_timeout          (default 10s)
 //	KAFKA_REBALANCE_TIMEOUT  kafka.rebalance_timeout        (default 60s)
 //	KAFKA_NACK_DELAY         kafka.nack_delay               (default 1s)
+//	KAFKA_WINDOW             kafka.window                   (default 0: one message per partition)
 //	KAFKA_DIAL_TIMEOUT       kafka.dial_timeout             (default 30s)
 //	KAFKA_SASL_MECHANISM     kafka.sasl.mechanism           (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)
 //	KAFKA_SASL_USER          kafka.sasl.user

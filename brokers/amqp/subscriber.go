@@ -169,10 +169,22 @@ func (s *Subscriber) forward(ctx context.Context, in <-chan *message.Message, ou
 			// The subscription ends while the handler still runs: hand the
 			// message back; a late ack of the proxy has no effect, and the
 			// redelivery is deduplicated by the claim.
-			orig.Nack()
+			settleOnStop(proxy, orig)
 		case <-s.closing:
-			orig.Nack()
+			settleOnStop(proxy, orig)
 		}
+	}
+}
+
+// settleOnStop hands orig back unless its proxy was acked already: select
+// picks at random among ready cases, so an ack that raced the stop would
+// otherwise become a needless redelivery.
+func settleOnStop(proxy, orig *message.Message) {
+	select {
+	case <-proxy.Acked():
+		orig.Ack()
+	default:
+		orig.Nack()
 	}
 }
 

@@ -111,7 +111,22 @@ type Config struct {
 	// it is acked. The router's Retry and Poison middleware bound that; this
 	// only keeps the loop from spinning. A negative value disables the delay.
 	// Defaults to 1s.
+	//
+	// With Window > 0 the nacked message is re-sent as a fresh copy after
+	// this delay, and only its window slot waits: later messages go on.
 	NackDelay time.Duration `yaml:"nack_delay"`
+
+	// Window, when > 0, makes Subscribe consume through its own Sarama
+	// consumer-group handler that forwards up to Window messages per
+	// partition without waiting for earlier ones to be acked (for
+	// consumer.RunBatch: set it to at least the batch size). An ack marks
+	// the offset only once every earlier message of that partition is acked
+	// (the committed offset never passes an unacked message); a nack re-sends
+	// a fresh copy of that message after NackDelay while later messages go
+	// on. Messages of one partition are then handed out in order but may be
+	// acked out of order. 0 (the default) keeps watermill-kafka's
+	// one-at-a-time mode.
+	Window int `yaml:"window"`
 
 	// DialTimeout bounds how long NewPublisher and the first Subscribe retry
 	// while no broker is reachable, instead of failing start-up. A negative
@@ -119,7 +134,8 @@ type Config struct {
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 
 	// ReconnectBackoff is the wait between those start-up attempts, and
-	// watermill-kafka's wait before it re-creates a consumer that failed.
+	// watermill-kafka's wait before it re-creates a consumer that failed
+	// (with Window, before a failed group session is joined again).
 	// Defaults to 1s.
 	ReconnectBackoff time.Duration `yaml:"reconnect_backoff"`
 
@@ -248,6 +264,8 @@ func (c Config) Validate() error {
 		return configerror.New("commit_interval", "must be at least 1ms, got %s", c.CommitInterval)
 	case c.ReconnectBackoff < 0:
 		return configerror.New("reconnect_backoff", "must not be negative, got %s", c.ReconnectBackoff)
+	case c.Window < 0:
+		return configerror.New("window", "must not be negative (0 disables the window mode), got %d", c.Window)
 	}
 	if err := c.TLS.validate(); err != nil {
 		return err
@@ -282,9 +300,9 @@ func (t TLSConfig) validate() error {
 
 // String prints the config with the SASL password redacted.
 func (c Config) String() string {
-	return fmt.Sprintf("{Brokers:%v ConsumerGroup:%q InitialOffset:%q Version:%q ClientID:%q MaxWaitTime:%s SessionTimeout:%s HeartbeatInterval:%s RebalanceTimeout:%s CommitInterval:%s NackDelay:%s DialTimeout:%s ReconnectBackoff:%s TLS:%+v SASL:%s}",
+	return fmt.Sprintf("{Brokers:%v ConsumerGroup:%q InitialOffset:%q Version:%q ClientID:%q MaxWaitTime:%s SessionTimeout:%s HeartbeatInterval:%s RebalanceTimeout:%s CommitInterval:%s NackDelay:%s Window:%d DialTimeout:%s ReconnectBackoff:%s TLS:%+v SASL:%s}",
 		c.Brokers, c.ConsumerGroup, c.InitialOffset, c.Version, c.ClientID, c.MaxWaitTime, c.SessionTimeout,
-		c.HeartbeatInterval, c.RebalanceTimeout, c.CommitInterval, c.NackDelay, c.DialTimeout, c.ReconnectBackoff,
+		c.HeartbeatInterval, c.RebalanceTimeout, c.CommitInterval, c.NackDelay, c.Window, c.DialTimeout, c.ReconnectBackoff,
 		c.TLS, c.SASL)
 }
 

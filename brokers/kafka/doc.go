@@ -13,10 +13,11 @@
 // # Delivery
 //
 // Every Subscribe joins Config.ConsumerGroup. Within a partition one message
-// is in flight at a time; partitions are consumed in parallel, so a
-// consumer's concurrency is the number of partitions it owns. Ordering holds
-// per partition: publish with a partition_key metadata entry (see
-// PartitionKeyMetadata) to keep one entity's messages in order.
+// is in flight at a time (unless Config.Window is set, see Window mode);
+// partitions are consumed in parallel, so a consumer's concurrency is the
+// number of partitions it owns. Ordering holds per partition: publish with
+// a partition_key metadata entry (see PartitionKeyMetadata) to keep one
+// entity's messages in order.
 //
 // An ack marks the offset; marked offsets are committed every
 // Config.CommitInterval (and when the group session ends). After a crash,
@@ -34,6 +35,28 @@
 // On a rebalance, the old owner of a partition may still be processing its
 // last message while the new owner starts on the same one: the claim's row
 // lock serialises them, and the loser records a duplicate.
+//
+// # Window mode
+//
+// One message per partition caps a batch consumer (consumer.RunBatch) at the
+// number of partitions it owns. With Config.Window > 0, Subscribe runs its
+// own Sarama consumer-group handler instead of watermill-kafka's, with the
+// same Sarama configuration, start-up retry and Marshaler (so metadata is
+// identical), and forwards up to Window messages per partition before any is
+// acked. Messages of a partition are handed out in order and may be acked in
+// any order: an ack marks an offset only once every earlier message of the
+// partition is acked, so the committed offset never passes an unacked
+// message, and a long-unacked message holds the commit back (a restart
+// redelivers everything after it; the claim makes that harmless). A nack
+// re-sends a fresh copy (same UUID, payload and metadata) after NackDelay;
+// its window slot stays taken, later messages go on. On a rebalance, ctx end
+// or Close, the handler returns at once instead of waiting for outstanding
+// acks: acks that come later are not marked (the partition may belong to
+// another member by then), and those messages are delivered again from the
+// committed offset. A message's context is cancelled once it is acked (or
+// the subscription ends), not when its session ends, so work in progress may
+// finish. watermill-kafka's context helpers (MessagePartitionFromCtx and the
+// like) are not set in this mode; use the kafka_* metadata.
 //
 // # Plain producers and metadata
 //

@@ -91,8 +91,21 @@ func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *m
 // TestReconnect needs a broker restart command and is skipped by the suite.
 func TestPubSubConformance(t *testing.T) {
 	t.Parallel()
+	runConformance(t, 0)
+}
+
+// TestPubSubConformanceWindow runs the same suite in window mode (see
+// Config.Window). Its TestNoAck (no second message before the first is
+// acked) is skipped because order is not guaranteed across partitions.
+func TestPubSubConformanceWindow(t *testing.T) {
+	t.Parallel()
+	runConformance(t, 16)
+}
+
+func runConformance(t *testing.T, window int) {
 	b := startBroker(t)
 	cfg := testConfig(t, b)
+	cfg.Window = window
 	group := cfg.ConsumerGroup
 	logger := watermill.NopLogger{}
 

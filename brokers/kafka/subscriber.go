@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -14,12 +16,22 @@ import (
 
 // Subscriber consumes with a Sarama consumer group (Config.ConsumerGroup)
 // through watermill-kafka. Each partition has at most one message in flight;
-// an ack marks its offset, committed every Config.CommitInterval.
+// an ack marks its offset, committed every Config.CommitInterval. With
+// Config.Window > 0 it consumes through its own consumer-group handler
+// instead, with up to Window messages in flight per partition (window.go).
 type Subscriber struct {
 	cfg    Config
+	sc     *sarama.Config
 	logger watermill.LoggerAdapter
 	sub    *wkafka.Subscriber
 	closed atomic.Bool
+
+	// Window mode: closing ends every window subscription; mu orders
+	// windowWG.Add in Subscribe against Close's Wait.
+	mu        sync.Mutex
+	closing   chan struct{}
+	closeOnce sync.Once
+	windowWG  sync.WaitGroup
 }
 
 var errSubscriberClosed = errors.New("subscriber closed")
@@ -49,7 +61,7 @@ func NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (*Subscriber, err
 	if err != nil {
 		return nil, fmt.Errorf("brokers/kafka: create subscriber: %w", err)
 	}
-	return &Subscriber{cfg: cfg, logger: logger, sub: sub}, nil
+	return &Subscriber{cfg: cfg, sc: sc, logger: logger, sub: sub, closing: make(chan struct{})}, nil
 }
 
 // sleepSetting maps our "negative disables" to watermill-kafka's NoSleep
@@ -63,9 +75,13 @@ func sleepSetting(d time.Duration) time.Duration {
 
 // Subscribe joins the consumer group for topic. The first connection is
 // retried until Config.DialTimeout or ctx ends; after that, watermill-kafka
-// re-creates a failed consumer on its own. The channel is closed when ctx
+// re-creates a failed consumer on its own (in window mode, the group is
+// joined again every Config.ReconnectBackoff). The channel is closed when ctx
 // ends or the Subscriber is closed.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if s.cfg.Window > 0 {
+		return s.subscribeWindow(ctx, topic)
+	}
 	var out <-chan *message.Message
 	err := retryStart(ctx, s.cfg, s.logger, fmt.Sprintf("subscribe to %q", topic), func() error {
 		if s.closed.Load() {
@@ -81,8 +97,14 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return out, nil
 }
 
-// Close leaves the groups and waits for every subscription to stop.
+// Close leaves the groups and waits for every subscription to stop. It is
+// idempotent.
 func (s *Subscriber) Close() error {
+	s.mu.Lock()
 	s.closed.Store(true)
-	return s.sub.Close()
+	s.mu.Unlock()
+	s.closeOnce.Do(func() { close(s.closing) })
+	err := s.sub.Close()
+	s.windowWG.Wait()
+	return err
 }

@@ -1,0 +1,450 @@
+package kafka_test
+
+import (
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+)
+
+// createTopic creates a topic with the given partition count (auto-created
+// topics get the broker's default) and returns its name.
+func createTopic(t *testing.T, b *devbroker.Broker, partitions int32) string {
+	t.Helper()
+	topic := uniqueName(t)
+	adm := newAdmin(t, b)
+	res, err := adm.CreateTopic(t.Context(), partitions, 1, nil, topic)
+	require.NoError(t, err)
+	require.NoError(t, res.Err)
+	return topic
+}
+
+func newAdmin(t *testing.T, b *devbroker.Broker) *kadm.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...))
+	require.NoError(t, err)
+	t.Cleanup(cl.Close)
+	return kadm.NewClient(cl)
+}
+
+// produce publishes n messages with payloads "0".."n-1" in order.
+func produce(t *testing.T, cfg kafka.Config, topic string, n int) {
+	t.Helper()
+	pub, err := kafka.NewPublisher(cfg, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, pub.Close()) }()
+	for i := range n {
+		require.NoError(t, pub.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(i)))))
+	}
+}
+
+// committed returns the group's committed offset for topic/partition, or -1
+// when there is none.
+func committed(t *testing.T, adm *kadm.Client, group, topic string, partition int32) int64 {
+	t.Helper()
+	offs, err := adm.FetchOffsets(t.Context(), group)
+	require.NoError(t, err)
+	o, ok := offs.Lookup(topic, partition)
+	if !ok {
+		return -1
+	}
+	require.NoError(t, o.Err)
+	return o.At
+}
+
+// awaitCommitted polls until the committed offset is want.
+func awaitCommitted(t *testing.T, adm *kadm.Client, group, topic string, partition int32, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		got := committed(t, adm, group, topic, partition)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("committed offset of %s/%d is %d, want %d", topic, partition, got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// requireNone asserts that no message arrives within wait.
+func requireNone(t *testing.T, ch <-chan *message.Message, wait time.Duration) {
+	t.Helper()
+	select {
+	case m, ok := <-ch:
+		if ok {
+			t.Fatalf("unexpected message %s (offset %s)", m.Payload, m.Metadata.Get(kafka.MetadataOffset))
+		}
+		t.Fatal("messages channel closed")
+	case <-time.After(wait):
+	}
+}
+
+// subscribe returns a subscriber and its subscription to topic. The caller
+// closes it with a defer: in a t.Cleanup it would be closed after
+// t.Context() ended, which stops the dev broker (see startBroker), and its
+// last offset commit would retry against a dead broker.
+func subscribe(t *testing.T, cfg kafka.Config, topic string) (*kafka.Subscriber, <-chan *message.Message) {
+	t.Helper()
+	sub, err := kafka.NewSubscriber(cfg, nil)
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(t.Context(), topic)
+	if err != nil {
+		_ = sub.Close()
+	}
+	require.NoError(t, err)
+	return sub, msgs
+}
+
+func closeSub(t *testing.T, sub *kafka.Subscriber) {
+	t.Helper()
+	require.NoError(t, sub.Close())
+}
+
+// TestWindowHoldsWindow: up to Window messages of one partition are handed
+// out unacked, not one more; acking them lets the rest through, each once
+// and in order.
+func TestWindowHoldsWindow(t *testing.T) {
+	t.Parallel()
+	const n = 5
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	cfg.Window = n
+	topic := createTopic(t, b, 1)
+	produce(t, cfg, topic, 3*n)
+
+	sub, msgs := subscribe(t, cfg, topic)
+	defer closeSub(t, sub)
+	var held []*message.Message
+	for range n {
+		held = append(held, receive(t, msgs, 15*time.Second))
+	}
+	requireNone(t, msgs, 300*time.Millisecond)
+
+	got := make([]string, 0, 3*n)
+	for _, m := range held {
+		got = append(got, string(m.Payload))
+		require.True(t, m.Ack())
+	}
+	for len(got) < 3*n {
+		m := receive(t, msgs, 15*time.Second)
+		got = append(got, string(m.Payload))
+		require.True(t, m.Ack())
+	}
+	want := make([]string, 3*n)
+	for i := range want {
+		want[i] = strconv.Itoa(i)
+	}
+	require.Equal(t, want, got, "each message once, in partition order")
+	requireNone(t, msgs, 300*time.Millisecond)
+}
+
+// TestWindowOutOfOrderAcks: the committed offset does not pass an unacked
+// message, however many later ones are acked.
+func TestWindowOutOfOrderAcks(t *testing.T) {
+	t.Parallel()
+	const n = 5
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	cfg.Window = n
+	topic := createTopic(t, b, 1)
+	produce(t, cfg, topic, n)
+	adm := newAdmin(t, b)
+
+	sub, msgs := subscribe(t, cfg, topic)
+	defer closeSub(t, sub)
+	var held []*message.Message
+	for i := range n {
+		m := receive(t, msgs, 15*time.Second)
+		require.Equal(t, strconv.Itoa(i), m.Metadata.Get(kafka.MetadataOffset))
+		held = append(held, m)
+	}
+	for _, m := range held[1:] {
+		require.True(t, m.Ack())
+	}
+	// Several commit intervals: the offset must stay at or before message 0.
+	until := time.Now().Add(8 * cfg.CommitInterval)
+	for time.Now().Before(until) {
+		got := committed(t, adm, cfg.ConsumerGroup, topic, 0)
+		require.LessOrEqual(t, got, int64(0), "committed offset passed the unacked message 0")
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	require.True(t, held[0].Ack())
+	awaitCommitted(t, adm, cfg.ConsumerGroup, topic, 0, n)
+}
+
+// TestWindowNack: a nacked message comes back as a new copy after NackDelay
+// while the messages behind it keep flowing.
+func TestWindowNack(t *testing.T) {
+	t.Parallel()
+	const n = 4
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	cfg.Window = n
+	cfg.NackDelay = time.Second
+	topic := createTopic(t, b, 1)
+	produce(t, cfg, topic, n+2)
+	adm := newAdmin(t, b)
+
+	sub, msgs := subscribe(t, cfg, topic)
+	defer closeSub(t, sub)
+	first := receive(t, msgs, 15*time.Second)
+	require.Equal(t, "0", string(first.Payload))
+	nackedAt := time.Now()
+	require.True(t, first.Nack())
+
+	// Messages 1..n+1 arrive while message 0 waits out its delay: 1..n-1
+	// fill the rest of the window, their acks make room for n and n+1.
+	for i := 1; i <= n+1; i++ {
+		m := receive(t, msgs, 15*time.Second)
+		require.Equal(t, strconv.Itoa(i), string(m.Payload))
+		require.True(t, m.Ack())
+	}
+	require.Less(t, time.Since(nackedAt), cfg.NackDelay, "later messages were held up by the nack")
+	require.Equal(t, int64(-1), committed(t, adm, cfg.ConsumerGroup, topic, 0), "nothing committed past the nacked message")
+
+	again := receive(t, msgs, 15*time.Second)
+	require.GreaterOrEqual(t, time.Since(nackedAt), cfg.NackDelay)
+	require.NotSame(t, first, again)
+	require.Equal(t, first.UUID, again.UUID)
+	require.Equal(t, first.Payload, again.Payload)
+	require.Equal(t, first.Metadata, again.Metadata)
+	require.NoError(t, again.Context().Err())
+	require.True(t, again.Ack(), "the copy can be acked")
+	awaitCommitted(t, adm, cfg.ConsumerGroup, topic, 0, n+2)
+}
+
+// TestWindowRestart: after Close, a new member of the group starts at the
+// first message that was not acked; the unacked ones are not lost.
+func TestWindowRestart(t *testing.T) {
+	t.Parallel()
+	const n = 5
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	cfg.Window = n
+	topic := createTopic(t, b, 1)
+	produce(t, cfg, topic, 2*n)
+	adm := newAdmin(t, b)
+
+	sub1, err := kafka.NewSubscriber(cfg, nil)
+	require.NoError(t, err)
+	defer closeSub(t, sub1) // Close is idempotent
+	msgs1, err := sub1.Subscribe(t.Context(), topic)
+	require.NoError(t, err)
+	var held []*message.Message
+	for range n {
+		held = append(held, receive(t, msgs1, 15*time.Second))
+	}
+	// Ack 0, 1, 2 and 4: the prefix ends at 3.
+	for _, i := range []int{0, 1, 2, 4} {
+		require.True(t, held[i].Ack())
+	}
+	awaitCommitted(t, adm, cfg.ConsumerGroup, topic, 0, 3)
+	start := time.Now()
+	require.NoError(t, sub1.Close(), "Close does not wait for the unacked messages")
+	require.Less(t, time.Since(start), cfg.RebalanceTimeout)
+	_, open := <-msgs1
+	require.False(t, open, "channel closed by Close")
+	require.True(t, held[3].Ack(), "a late ack is harmless")
+	require.Equal(t, int64(3), committed(t, adm, cfg.ConsumerGroup, topic, 0), "a late ack is not committed")
+
+	sub2, msgs2 := subscribe(t, cfg, topic)
+	defer closeSub(t, sub2)
+	first := receive(t, msgs2, 15*time.Second)
+	require.Equal(t, "3", first.Metadata.Get(kafka.MetadataOffset))
+	got := []string{string(first.Payload)}
+	require.True(t, first.Ack())
+	for len(got) < 2*n-3 {
+		m := receive(t, msgs2, 15*time.Second)
+		got = append(got, string(m.Payload))
+		require.True(t, m.Ack())
+	}
+	require.Equal(t, []string{"3", "4", "5", "6", "7", "8", "9"}, got)
+	awaitCommitted(t, adm, cfg.ConsumerGroup, topic, 0, 2*n)
+}
+
+// TestWindowMetadataMatchesDefault: both modes turn the same record into the
+// same message.
+func TestWindowMetadataMatchesDefault(t *testing.T) {
+	t.Parallel()
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	topic := uniqueName(t)
+
+	pub, err := kafka.NewPublisher(cfg, nil)
+	require.NoError(t, err)
+	sent := message.NewMessage("uuid-win", []byte("body"))
+	sent.Metadata.Set("event_id", "evt-win")
+	sent.Metadata.Set(kafka.PartitionKeyMetadata, "customer-9")
+	require.NoError(t, pub.Publish(topic, sent))
+	require.NoError(t, pub.Close())
+
+	consume := func(c kafka.Config) *message.Message {
+		sub, msgs := subscribe(t, c, topic)
+		defer closeSub(t, sub)
+		m := receive(t, msgs, 15*time.Second)
+		require.True(t, m.Ack())
+		return m
+	}
+	def := consume(cfg)
+	wcfg := cfg
+	wcfg.ConsumerGroup = cfg.ConsumerGroup + "-window"
+	wcfg.Window = 3
+	win := consume(wcfg)
+
+	require.Equal(t, def.UUID, win.UUID)
+	require.Equal(t, def.Payload, win.Payload)
+	require.Equal(t, def.Metadata, win.Metadata)
+	require.Equal(t, "customer-9", win.Metadata.Get(kafka.MetadataKey))
+	require.NotEmpty(t, win.Metadata.Get(kafka.MetadataTimestamp))
+	require.Len(t, win.Metadata, 7)
+}
+
+// TestWindowRebalance: a member that holds unacked messages and has more
+// waiting to be handed out lets a rebalance through at once; the acks it
+// gets after its session ended are harmless, and the group still consumes
+// and commits every message (redeliveries allowed).
+func TestWindowRebalance(t *testing.T) {
+	t.Parallel()
+	const total = 40
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	cfg.Window = 4
+	topic := createTopic(t, b, 4)
+	produce(t, cfg, topic, total)
+	adm := newAdmin(t, b)
+
+	var mu sync.Mutex
+	seen := map[string]int{}
+	record := func(m *message.Message) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[string(m.Payload)]++
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() {
+		close(done)
+		wg.Wait()
+	}()
+	consume := func(ch <-chan *message.Message, first chan<- struct{}) {
+		wg.Go(func() {
+			for {
+				select {
+				case m, ok := <-ch:
+					if !ok {
+						return
+					}
+					record(m)
+					m.Ack()
+					if first != nil {
+						close(first)
+						first = nil
+					}
+				case <-done:
+					return
+				}
+			}
+		})
+	}
+
+	// Member 1 holds three messages unacked; its handler is blocked
+	// handing out the next ones, which nobody reads yet.
+	sub1, msgs1 := subscribe(t, cfg, topic)
+	defer closeSub(t, sub1)
+	var late []*message.Message
+	for range 3 {
+		m := receive(t, msgs1, 15*time.Second)
+		record(m)
+		late = append(late, m)
+	}
+
+	// Member 2 joins. The rebalance completes only once member 1 has
+	// rejoined, which it can only do once its ConsumeClaims returned.
+	joined := time.Now()
+	sub2, msgs2 := subscribe(t, cfg, topic)
+	defer closeSub(t, sub2)
+	first := make(chan struct{})
+	consume(msgs2, first)
+	select {
+	case <-first:
+	case <-time.After(15 * time.Second):
+		t.Fatal("member 2 received nothing")
+	}
+	require.Less(t, time.Since(joined), cfg.RebalanceTimeout, "the rebalance waited for member 1")
+
+	// The held messages belong to member 1's first session, which is
+	// over: acking them now marks nothing; they are delivered again. Their
+	// contexts outlive the session (work on them may finish) and end with
+	// the ack.
+	for _, m := range late {
+		require.NoError(t, m.Context().Err())
+		require.True(t, m.Ack())
+	}
+	for _, m := range late {
+		select {
+		case <-m.Context().Done():
+		case <-time.After(15 * time.Second):
+			t.Fatal("message context not cancelled after the ack")
+		}
+	}
+	consume(msgs1, nil)
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		n := len(seen)
+		mu.Unlock()
+		if n == total {
+			break
+		}
+		require.False(t, time.Now().After(deadline), "received %d of %d distinct messages", n, total)
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Every partition's committed offset reaches its end.
+	for {
+		offs, err := adm.FetchOffsets(t.Context(), cfg.ConsumerGroup)
+		require.NoError(t, err)
+		ends, err := adm.ListEndOffsets(t.Context(), topic)
+		require.NoError(t, err)
+		ok := true
+		ends.Each(func(e kadm.ListedOffset) {
+			o, found := offs.Lookup(topic, e.Partition)
+			if e.Offset > 0 && (!found || o.At != e.Offset) {
+				ok = false
+			}
+		})
+		if ok {
+			break
+		}
+		require.False(t, time.Now().After(deadline), "committed offsets %v do not reach the end offsets %v", offs, ends)
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestWindowConfig: a negative window is refused, and the window is printed.
+func TestWindowConfig(t *testing.T) {
+	t.Parallel()
+	err := kafka.Config{Window: -1}.Validate()
+	var ce *kafka.ConfigError
+	require.True(t, errors.As(err, &ce), "got %v", err)
+	require.Equal(t, "window", ce.Field)
+	_, err = kafka.NewSubscriber(kafka.Config{Window: -1}, nil)
+	require.True(t, errors.As(err, &ce), "got %v", err)
+	require.Equal(t, "window", ce.Field)
+
+	require.NoError(t, kafka.Config{Window: 100}.Validate())
+	require.Contains(t, kafka.Config{Window: 100}.String(), "Window:100")
+}
