@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,8 +15,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/middleware"
@@ -22,11 +28,32 @@ import (
 	"github.com/claimtx/claimtx/store/pgtest"
 )
 
-// TestRunBatchOverRabbitMQ: batches of up to 50 from 64 subscriptions on a
-// real queue, every order published twice, a few undecodable ones: each
-// order applied once, the bad ones poisoned, nothing left unacked.
-func TestRunBatchOverRabbitMQ(t *testing.T) {
+// TestRunBatch: batches of up to 50 from a real broker, every order
+// published twice, one undecodable message: each order applied once, the
+// bad one poisoned, nothing left unacked. Over RabbitMQ's per-subscription
+// mode with a per-message handler, and over both brokers' window mode
+// with a set-wise handler, where batches must actually fill up.
+func TestRunBatch(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		broker   string
+		window   int
+		setWise  bool
+		minBatch int // the largest batch seen must reach this
+	}{
+		{name: "amqp-subscriptions", broker: brokers.KindAMQP},
+		{name: "amqp-window-set", broker: brokers.KindAMQP, window: 256, setWise: true, minBatch: 10},
+		{name: "kafka-window-set", broker: brokers.KindKafka, window: 256, setWise: true, minBatch: 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testRunBatch(t, tc.broker, tc.window, tc.setWise, tc.minBatch)
+		})
+	}
+}
+
+func testRunBatch(t *testing.T, broker string, window int, setWise bool, minBatch int) {
 	pool, schema := pgtest.Setup(t, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -40,7 +67,23 @@ func TestRunBatchOverRabbitMQ(t *testing.T) {
 	_, _ = rand.Read(b[:])
 	topic := "batch-test-" + hex.EncodeToString(b[:])
 	cfg := brokers.DefaultConfig()
+	cfg.Kind = broker
 	cfg.AMQP.Concurrency = 64
+	cfg.AMQP.Window = window
+	if broker == brokers.KindKafka {
+		br, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		defer br.Close()
+		cl, err := kgo.NewClient(kgo.SeedBrokers(br.Addrs()...))
+		require.NoError(t, err)
+		_, err = kadm.NewClient(cl).CreateTopic(ctx, 2, 1, nil, topic)
+		require.NoError(t, err)
+		_, err = kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, topic+".poison")
+		require.NoError(t, err)
+		cl.Close()
+		cfg.Kafka = kafka.Config{Brokers: br.Addrs(), ConsumerGroup: "batch-" + topic, Window: window,
+			SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second}
+	}
 	logger := watermill.NopLogger{}
 	sub, err := brokers.NewSubscriber(cfg, logger)
 	require.NoError(t, err)
@@ -48,7 +91,10 @@ func TestRunBatchOverRabbitMQ(t *testing.T) {
 	pub, err := brokers.NewPublisher(cfg, logger)
 	require.NoError(t, err)
 	defer pub.Close()
-	poisonSub, err := brokers.NewSubscriber(brokers.Config{Kind: brokers.KindAMQP, AMQP: cfg.AMQP}, logger)
+	poisonCfg := cfg
+	poisonCfg.AMQP.Window, poisonCfg.Kafka.Window = 0, 0
+	poisonCfg.Kafka.ConsumerGroup += "-poison"
+	poisonSub, err := brokers.NewSubscriber(poisonCfg, logger)
 	require.NoError(t, err)
 	defer poisonSub.Close()
 	poisoned, err := poisonSub.Subscribe(ctx, topic+".poison")
@@ -58,23 +104,17 @@ func TestRunBatchOverRabbitMQ(t *testing.T) {
 	require.NoError(t, err)
 	rec := &recorder{got: map[framework.Outcome]int{}}
 	bt := middleware.Batch{Claim: middleware.Claim{Store: st, Consumer: "batch", Key: key, OnOutcome: rec.on}}
-	handler := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	decode := func(msg *message.Message) (int64, error) {
 		var o struct {
 			OrderID int64 `json:"order_id"`
 		}
 		if err := json.Unmarshal(msg.Payload, &o); err != nil {
-			return framework.Permanent(err)
+			return 0, framework.Permanent(err)
 		}
-		_, err := tx.Exec(ctx, "INSERT INTO effects VALUES ($1)", o.OrderID)
-		return err
+		return o.OrderID, nil
 	}
-	done := make(chan error, 1)
-	go func() {
-		done <- consumer.RunBatch(ctx, sub, topic, bt, handler, consumer.BatchOptions{
-			MaxSize: 50, Workers: 2, Poison: middleware.Poison{Publisher: pub, Topic: topic + ".poison"},
-		})
-	}()
-
+	// Everything is queued before the consumer starts, so a window lets
+	// batches fill up.
 	const orders = 300
 	var msgs []*message.Message
 	for copy := 0; copy < 2; copy++ {
@@ -84,6 +124,41 @@ func TestRunBatchOverRabbitMQ(t *testing.T) {
 	}
 	msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(`{"order_id": `)))
 	require.NoError(t, pub.Publish(topic, msgs...))
+
+	var maxBatch atomic.Int64
+	opts := consumer.BatchOptions{MaxSize: 50, Workers: 2, Poison: middleware.Poison{Publisher: pub, Topic: topic + ".poison"}}
+	done := make(chan error, 1)
+	go func() {
+		if setWise {
+			done <- consumer.RunBatchSet(ctx, sub, topic, bt, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+				for n := int64(len(msgs)); ; {
+					m := maxBatch.Load()
+					if n <= m || maxBatch.CompareAndSwap(m, n) {
+						break
+					}
+				}
+				ids := make([]int64, len(msgs))
+				for i, msg := range msgs {
+					id, err := decode(msg)
+					if err != nil {
+						return err
+					}
+					ids[i] = id
+				}
+				_, err := tx.Exec(ctx, "INSERT INTO effects SELECT unnest($1::bigint[])", ids)
+				return err
+			}, opts)
+			return
+		}
+		done <- consumer.RunBatch(ctx, sub, topic, bt, func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+			id, err := decode(msg)
+			if err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, "INSERT INTO effects VALUES ($1)", id)
+			return err
+		}, opts)
+	}()
 
 	select {
 	case m := <-poisoned:
@@ -99,6 +174,7 @@ func TestRunBatchOverRabbitMQ(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), count(DISTINCT order_id) FROM effects").Scan(&n, &distinct))
 	require.Equal(t, orders, n)
 	require.Equal(t, orders, distinct)
+	require.GreaterOrEqual(t, int(maxBatch.Load()), minBatch, "the window must let batches fill up")
 	cancel()
 	require.NoError(t, <-done)
 }
