@@ -76,9 +76,15 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
 
 BENCH_N ?= 3000
 .PHONY: bench
-bench: ## Side-by-side throughput (raw pgx / router / router+claimtx) on RabbitMQ and Kafka, written to docs/benchmarks.md; then Go micro-benchmarks.
-	$(GO) run ./framework/cmd/bench -n $(BENCH_N) -concurrency 1,4,16 -brokers amqp,kafka -write docs/benchmarks.md
-	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./framework/
+bench: ## Side-by-side throughput (raw pgx / router / router+claimtx / batch) on RabbitMQ and Kafka, written to docs/benchmarks.md; then Go micro-benchmarks of the middleware's own cost.
+	$(GO) run ./framework/cmd/bench -n $(BENCH_N) -reps 3 -concurrency 1,4,16 -brokers amqp,kafka -write docs/benchmarks.md
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./framework/ ./middleware/
+
+MEMORY_N ?= 1000000
+.PHONY: bench-memory
+bench-memory: ## Consumer memory over MEMORY_N messages through RabbitMQ, batch and per-message consumers (per-message takes several minutes per million).
+	$(GO) run ./framework/cmd/bench -memory $(MEMORY_N) -memory-mode batch -concurrency 4
+	$(GO) run ./framework/cmd/bench -memory $(MEMORY_N) -memory-mode message -concurrency 16
 
 BENCH_ROWS ?= 10000000
 .PHONY: bench-retention

@@ -17,9 +17,11 @@ type BatchOptions struct {
 	// MaxSize bounds a batch. Defaults to 100.
 	MaxSize int
 	// MaxWait is how long a batch waits for more messages after its first
-	// one. Defaults to 5ms.
+	// one before it is handed to a free worker; while every worker is busy
+	// it keeps growing up to MaxSize. Defaults to 5ms.
 	MaxWait time.Duration
-	// Workers is the number of batches in flight at once. Defaults to 1.
+	// Workers is the number of batch transactions in flight at once.
+	// Defaults to 1.
 	Workers int
 	// Poison, when its Publisher is set, receives messages that failed
 	// permanently (with the reason, as middleware.Poison does); they are
@@ -82,19 +84,23 @@ func runBatches(ctx context.Context, sub message.Subscriber, topic string, b mid
 	if err != nil {
 		return err
 	}
+	// One collector fills batches and hands each to whichever worker is
+	// free: while every worker is busy the batch in hand keeps growing up
+	// to MaxSize, so batches are large exactly when the consumer is
+	// loaded. (Workers collecting on their own split the stream between
+	// them and end up with Workers small batches instead.)
+	batches := make(chan []*message.Message)
+	go func() {
+		defer close(batches)
+		gather(ctx, ch, opts.MaxSize, opts.MaxWait, batches)
+	}()
 	var wg sync.WaitGroup
 	for w := 0; w < opts.Workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				batch, ok := collect(ctx, ch, opts.MaxSize, opts.MaxWait)
-				if len(batch) > 0 {
-					settle(batch, process(ctx, batch), poison, opts.Poison)
-				}
-				if !ok {
-					return
-				}
+			for batch := range batches {
+				settle(batch, process(ctx, batch), poison, opts.Poison)
 			}
 		}()
 	}
@@ -105,34 +111,58 @@ func runBatches(ctx context.Context, sub message.Subscriber, topic string, b mid
 	return nil
 }
 
-// collect blocks for one message, then takes more until max or wait.
-func collect(ctx context.Context, ch <-chan *message.Message, max int, wait time.Duration) ([]*message.Message, bool) {
+// gather reads ch into batches for out until ch closes or ctx ends. A
+// batch is offered to the workers once it is full or wait has passed since
+// its first message; until a worker takes it, it keeps growing up to max.
+// Messages in hand when ctx ends are nacked (they go back to the broker).
+func gather(ctx context.Context, ch <-chan *message.Message, max int, wait time.Duration, out chan<- []*message.Message) {
 	var batch []*message.Message
-	select {
-	case m, ok := <-ch:
-		if !ok {
-			return nil, false
-		}
-		batch = append(batch, m)
-	case <-ctx.Done():
-		return nil, false
-	}
+	ripe := false // wait has passed since the batch's first message
 	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for len(batch) < max {
+	timer.Stop()
+	defer func() {
+		timer.Stop()
+		for _, m := range batch {
+			m.Nack()
+		}
+	}()
+	for {
+		in := ch
+		var offer chan<- []*message.Message
+		var expire <-chan time.Time
+		switch {
+		case len(batch) >= max:
+			in, offer = nil, out
+		case ripe:
+			offer = out
+		case len(batch) > 0:
+			expire = timer.C
+		}
 		select {
-		case m, ok := <-ch:
+		case m, ok := <-in:
 			if !ok {
-				return batch, false
+				if len(batch) > 0 {
+					select {
+					case out <- batch:
+						batch = nil
+					case <-ctx.Done():
+					}
+				}
+				return
+			}
+			if len(batch) == 0 {
+				timer.Reset(wait)
 			}
 			batch = append(batch, m)
-		case <-timer.C:
-			return batch, true
+		case offer <- batch:
+			batch, ripe = nil, false
+			timer.Stop()
+		case <-expire:
+			ripe = true
 		case <-ctx.Done():
-			return batch, false
+			return
 		}
 	}
-	return batch, true
 }
 
 func settle(batch []*message.Message, errs []error, poison bool, p middleware.Poison) {

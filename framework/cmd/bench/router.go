@@ -199,12 +199,14 @@ func deleteQueue(url, name string) {
 	}
 }
 
-// runBatch is mode (d): the same claim + effect through consumer.RunBatch,
-// one transaction per batch. RabbitMQ holds up to batchWindow unacked
-// messages (that many subscriptions); Kafka one per partition, so its topic
-// gets batchWindow partitions.
+// runBatch is mode (d): the same claim + effect through consumer.RunBatchSet
+// with a set-wise effect, one transaction per batch of up to batchWindow
+// messages, r.workers batches at once. The brokers' windows let the
+// subscriber hold enough unacked messages to fill them: RabbitMQ one
+// consumer with prefetch workers × batchWindow, Kafka batchWindow per
+// partition over as many partitions as per-message mode has.
 func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
-	r.concurrency = batchWindow
+	r.concurrency = r.workers
 	if err := prepublish(ctx, e, r); err != nil {
 		return result{}, fmt.Errorf("publish: %w", err)
 	}
@@ -214,9 +216,10 @@ func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
 	cfg := brokers.DefaultConfig()
 	cfg.Kind = r.broker
 	cfg.AMQP.URL = r.amqpURL
-	cfg.AMQP.Concurrency = batchWindow
+	cfg.AMQP.Window = r.workers * batchWindow
 	cfg.Kafka.Brokers = []string{r.kafkaAddr}
 	cfg.Kafka.ConsumerGroup = "bench-" + e.topic
+	cfg.Kafka.Window = batchWindow
 	sub, err := brokers.NewSubscriber(cfg, watermill.NopLogger{})
 	if err != nil {
 		return result{}, err
