@@ -249,6 +249,21 @@ func jsonType(v any) string {
 	return fmt.Sprintf("%T", v)
 }
 
+// plainInteger reports whether s is a JSON integer in canonical form:
+// digits, an optional minus sign, no leading zero, not "-0".
+func plainInteger(s string) bool {
+	d := strings.TrimPrefix(s, "-")
+	if d == "" || (d[0] == '0' && (len(d) > 1 || len(s) > 1)) {
+		return false
+	}
+	for i := 0; i < len(d); i++ {
+		if d[i] < '0' || d[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
 // maxExponent bounds the exponent of JSON numbers used as keys: big.Rat
 // would otherwise expand 1e999999999 into a gigabyte of digits.
 const maxExponent = 400
@@ -257,6 +272,11 @@ const maxExponent = 400
 // value gives the same key: integers without fraction or exponent (9912),
 // other values as the shortest exact decimal (0.5, -12.25).
 func canonicalNumber(s string) (string, error) {
+	if plainInteger(s) {
+		// Already canonical (JSON forbids leading zeros), and the common
+		// case: skip big.Rat's allocations.
+		return s, nil
+	}
 	if i := strings.IndexAny(s, "eE"); i >= 0 {
 		exp, err := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+"))
 		if err != nil || exp > maxExponent || exp < -maxExponent {

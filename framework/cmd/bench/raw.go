@@ -8,10 +8,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // runRaw is the database limit: claim + effect per message in one pgx
-// transaction, with no broker and no Watermill.
+// transaction, with no broker and no Watermill, written the fastest way
+// pgx allows: BEGIN and the claim INSERT in one pipelined batch (no
+// lock_timeout around it), then the effect, then COMMIT.
 func runRaw(ctx context.Context, e *env, n, concurrency int) (result, error) {
 	lat := make([]time.Duration, n)
 	var next atomic.Int64
@@ -30,13 +33,7 @@ func runRaw(ctx context.Context, e *env, n, concurrency int) (result, error) {
 				}
 				t0 := time.Now()
 				o := orderN(i)
-				err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-					claimed, err := e.store.Claim(ctx, tx, "bench", fmt.Sprintf("order-completed:%d", o.OrderID))
-					if err != nil || !claimed {
-						return err
-					}
-					return effect(ctx, tx, o)
-				})
+				err := rawClaimEffect(ctx, e, o)
 				if err != nil {
 					errOnce.Do(func() { firstErr = err })
 					return
@@ -47,4 +44,27 @@ func runRaw(ctx context.Context, e *env, n, concurrency int) (result, error) {
 	}
 	wg.Wait()
 	return result{n: n, elapsed: time.Since(start), lat: lat}, firstErr
+}
+
+func rawClaimEffect(ctx context.Context, e *env, o order) error {
+	claimed := false
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(`INSERT INTO processed_messages (consumer, message_key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		"bench", fmt.Sprintf("order-completed:%d", o.OrderID)).Exec(func(tag pgconn.CommandTag) error {
+		claimed = tag.RowsAffected() == 1
+		return nil
+	})
+	br := e.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := br.Close(); err != nil {
+		return err
+	}
+	if claimed {
+		if err := effect(ctx, tx, o); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
 }
