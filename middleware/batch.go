@@ -279,31 +279,33 @@ func (h setWise) call(ctx context.Context, tx pgx.Tx, msgs []*message.Message, i
 }
 
 func (h setWise) fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
-	err := h.call(ctx, tx, msgs, idx)
-	switch {
-	case err == nil:
-		return nil
-	case store.Classify(err).Transient():
+	if done, err := settled(h.call(ctx, tx, msgs, idx), idx, failed); done {
 		return err
-	case len(idx) == 1:
-		failed[idx[0]] = err
-		return nil
 	}
 	return errIsolate
+}
+
+// settled says whether the outcome err of a set handler call over idx
+// needs no bisection: success, a transient failure (returned, for the
+// whole batch to retry) or the failure of a single message (recorded).
+func settled(err error, idx []int, failed map[int]error) (bool, error) {
+	switch {
+	case err == nil:
+		return true, nil
+	case store.Classify(err).Transient():
+		return true, err
+	case len(idx) == 1:
+		failed[idx[0]] = err
+		return true, nil
+	}
+	return false, nil
 }
 
 // isolate bisects: a set that fails is rolled back to its savepoint and
 // each half tried on its own, down to single messages.
 func (h setWise) isolate(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
-	err := underSavepoint(ctx, tx, func() error { return h.call(ctx, tx, msgs, idx) })
-	switch {
-	case err == nil:
-		return nil
-	case store.Classify(err).Transient():
+	if done, err := settled(underSavepoint(ctx, tx, func() error { return h.call(ctx, tx, msgs, idx) }), idx, failed); done {
 		return err
-	case len(idx) == 1:
-		failed[idx[0]] = err
-		return nil
 	}
 	mid := len(idx) / 2
 	if err := h.isolate(ctx, tx, msgs, idx[:mid], failed); err != nil {

@@ -64,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"consumer", "cause"}),
 		claimWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    MetricClaimWait,
-			Help:    "Time the claim statement took, including any wait behind an uncommitted twin.",
+			Help:    "Time BEGIN and the claim statement took (one round trip), including any wait for a pool connection or behind an uncommitted twin.",
 			Buckets: waitBuckets,
 		}, []string{"consumer"}),
 		transaction: prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -332,8 +332,17 @@ Concurrency is the RabbitMQ subscription count (each watermill-amqp subscription
 
 The whole run took %s.
 `, o.reps, took.Round(time.Second))
+	// The hand-written analysis after the generated part survives a rerun.
+	if old, err := os.ReadFile(o.write); err == nil {
+		if i := strings.Index(string(old), keptMarker); i >= 0 {
+			fmt.Fprintf(w, "\n%s", old[i:])
+		}
+	}
 	return os.WriteFile(o.write, []byte(w.String()), 0o600)
 }
+
+// keptMarker starts the part of docs/benchmarks.md that -write keeps.
+const keptMarker = "## Reading these numbers"
 
 func joinInts(xs []int) string {
 	s := make([]string, len(xs))
