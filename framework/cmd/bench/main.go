@@ -320,7 +320,7 @@ func writeDoc(o options, table string, took time.Duration) error {
 	fmt.Fprintf(w, "Machine: %s. Postgres and RabbitMQ with their Debian defaults on loopback; Kafka is the in-process kfake dev broker.\n\n", machine())
 	fmt.Fprintf(w, "%s\n", table)
 	fmt.Fprintf(w, `Columns:
-- **(a) raw**: one goroutine per unit of concurrency, each looping BEGIN; claim INSERT; UPDATE balance; INSERT ledger; COMMIT with pgx. No broker. The upper bound for one transaction per message.
+- **(a) raw**: one goroutine per unit of concurrency, each looping [BEGIN; claim INSERT] (one pipelined batch, pgx Batch.BeginTx); upsert balance; INSERT ledger; COMMIT with pgx. No broker, no lock_timeout. The upper bound for one transaction per message.
 - **(b) router**: messages pre-published to a fresh queue/topic, consumed by a Watermill router over the broker adapter, the handler doing the same effect in its own transaction, without a claim: an at-least-once consumer.
 - **(c) claimtx**: as (b) with the claim middleware (claim + effect in one transaction).
 - p50/p99: time spent in the handler chain per message (from the router calling the outermost middleware to its return).
