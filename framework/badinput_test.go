@@ -29,3 +29,41 @@ func TestPayloadKeyRefusesInvalidUTF8(t *testing.T) {
 		require.Contains(t, k, "a\uFFFDb")
 	}
 }
+
+// A \u escape of half a surrogate pair is valid JSON syntax, but
+// encoding/json decodes it to U+FFFD, so "a\ud800b" and "a\udfffb" would
+// share a key: refused like invalid UTF-8. Proper pairs and escaped
+// backslashes key as before.
+func TestPayloadKeyRefusesLoneSurrogates(t *testing.T) {
+	t.Parallel()
+	kf, err := framework.ParseKeySpec("json:id")
+	require.NoError(t, err)
+	for _, payload := range []string{
+		`{"id": "a\ud800b"}`,
+		`{"id": "a\udfffb"}`,
+		`{"id": "\ud800\u0041"}`,
+		`{"id": "\udc00\ud800"}`,
+		`{"id": "x", "note": "\ud800"}`,
+		`{"\udbff": 1, "id": "x"}`,
+		`{"id": "\ud800`,
+	} {
+		_, err := kf(msgWith(payload, nil))
+		require.ErrorIs(t, err, framework.ErrInvalidKey, payload)
+		require.True(t, framework.IsPermanent(err))
+		if payload != `{"id": "\ud800` {
+			require.ErrorContains(t, err, "unpaired UTF-16 surrogate", payload)
+		}
+	}
+	for payload, want := range map[string]string{
+		`{"id": "\ud83d\ude00"}`:         "\U0001F600",
+		`{"id": "\uD83D\uDE00x"}`:        "\U0001F600x",
+		`{"id": "\\ud800"}`:              `\ud800`,
+		`{"id": "\"\ud83d\ude00\\\\"}`:   "\"\U0001F600\\\\",
+		`{"id": "\u00e9", "n": "\\\""}`:  "\u00e9",
+		`{"id": "a", "note": "\\udfff"}`: "a",
+	} {
+		k, err := kf(msgWith(payload, nil))
+		require.NoError(t, err, payload)
+		require.Equal(t, want, k, payload)
+	}
+}

@@ -24,6 +24,8 @@ func FuzzKeySpec(f *testing.F) {
 		{"template:{{}}{payload.n}", `{"n": 1e400}`, ""},
 		{"json:n", `{"n": 1E-400}`, ""},
 		{"json:n", "{\"n\": \"a\x00b\"}", ""},
+		{"json:n", `{"n": "a\ud800b"}`, ""},
+		{"template:{payload.n}", `{"n": "\ud83d\ude00\\ud800"}`, ""},
 	}
 	for _, s := range seeds {
 		f.Add(s.spec, s.payload, s.md)
@@ -49,6 +51,14 @@ func FuzzKeySpec(f *testing.F) {
 				t.Fatalf("key error is not a permanent ErrInvalidKey: %v", err1)
 			}
 			return
+		}
+		// U+FFFD in a key must come from the input, never from a decoder
+		// replacing what it could not read: that would give two different
+		// events one key.
+		const fffd = "\uFFFD" // its UTF-8 bytes; ContainsRune(RuneError) would also match invalid bytes
+		if strings.Contains(k1, fffd) && !strings.Contains(payload, fffd) && !strings.Contains(md, fffd) &&
+			!strings.Contains(strings.ToLower(payload), `\ufffd`) {
+			t.Fatalf("key %q has a U+FFFD the input did not", k1)
 		}
 		k, err := policy.Normalize(k1)
 		if err != nil {

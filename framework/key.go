@@ -180,6 +180,11 @@ func decodePayload(payload []byte) (any, error) {
 	if !utf8.Valid(payload) {
 		return nil, errors.New("payload is not valid UTF-8")
 	}
+	// The same replacement happens to a \u escape of half a UTF-16
+	// surrogate pair: "a\ud800b" and "a\udfffb" would key the same.
+	if off, ok := loneSurrogate(payload); ok {
+		return nil, fmt.Errorf("payload has an unpaired UTF-16 surrogate escape at byte %d", off)
+	}
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.UseNumber()
 	var doc any
@@ -190,6 +195,73 @@ func decodePayload(payload []byte) (any, error) {
 		return nil, errors.New("payload has trailing data after the JSON value")
 	}
 	return doc, nil
+}
+
+// loneSurrogate finds a \uD800-\uDFFF escape inside a JSON string that is
+// not a high surrogate followed at once by an escaped low one, and returns
+// its offset. It reads escapes only inside strings and does not validate
+// anything else (the decoder does).
+func loneSurrogate(p []byte) (int, bool) {
+	inString := false
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		if !inString {
+			if c == '"' {
+				inString = true
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = false
+		case '\\':
+			if i+1 >= len(p) {
+				return 0, false // truncated: the decoder reports it
+			}
+			if p[i+1] != 'u' {
+				i++ // skip the escaped character (it may be a quote)
+				continue
+			}
+			r, ok := hex4(p, i+2)
+			if !ok {
+				return 0, false // malformed: the decoder reports it
+			}
+			switch {
+			case r >= 0xD800 && r <= 0xDBFF: // high: a low escape must follow
+				if lo, ok := hex4(p, i+8); ok && i+7 < len(p) && p[i+6] == '\\' && p[i+7] == 'u' && lo >= 0xDC00 && lo <= 0xDFFF {
+					i += 11
+					continue
+				}
+				return i, true
+			case r >= 0xDC00 && r <= 0xDFFF: // low without a high before it
+				return i, true
+			}
+			i += 5
+		}
+	}
+	return 0, false
+}
+
+// hex4 reads four hex digits at p[i:].
+func hex4(p []byte, i int) (rune, bool) {
+	if i < 0 || i+4 > len(p) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range p[i : i+4] {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c-'a') + 10
+		case c >= 'A' && c <= 'F':
+			r |= rune(c-'A') + 10
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 func lookupJSON(doc any, segs []string, src string) (string, error) {
