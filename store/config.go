@@ -2,6 +2,7 @@ package store
 
 import (
 	"fmt"
+	"strings"
 	"regexp"
 
 	"github.com/jackc/pgx/v5"
@@ -60,6 +61,12 @@ func (c Config) Validate() error {
 	c = c.withDefaults()
 	if !schemaName.MatchString(c.Schema) {
 		return &framework.ConfigError{Field: "Schema", Reason: fmt.Sprintf("%q must match %s", c.Schema, schemaName)}
+	}
+	if strings.HasPrefix(c.Schema, "pg_") || c.Schema == "information_schema" {
+		// Postgres reserves these: CREATE SCHEMA pg_x fails at the first
+		// Migrate, and pg_catalog / information_schema must not hold our
+		// tables.
+		return &framework.ConfigError{Field: "Schema", Reason: fmt.Sprintf("%q is reserved by Postgres (pg_* and information_schema)", c.Schema)}
 	}
 	if !tableName.MatchString(c.ClaimsTable) {
 		return &framework.ConfigError{Field: "ClaimsTable", Reason: fmt.Sprintf("%q must match %s", c.ClaimsTable, tableName)}

@@ -178,6 +178,9 @@ func TestHostileNamesRejected(t *testing.T) {
 		{"Schema", store.Config{Schema: `x"; DROP TABLE users; --`}},
 		{"Schema", store.Config{Schema: "Upper"}},
 		{"Schema", store.Config{Schema: "1abc"}},
+		{"Schema", store.Config{Schema: "pg_catalog"}},
+		{"Schema", store.Config{Schema: "pg_claims"}},
+		{"Schema", store.Config{Schema: "information_schema"}},
 		{"ClaimsTable", store.Config{ClaimsTable: "t; drop"}},
 		{"ClaimsTable", store.Config{ClaimsTable: "a_very_long_table_name_that_is_longer_than_forty_eight_bytes"}},
 	} {
