@@ -32,6 +32,9 @@ func TestMain(m *testing.M) {
 		// end asynchronously after Close.
 		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
 		goleak.IgnoreAnyFunction("github.com/rabbitmq/amqp091-go.(*Connection).heartbeater"),
+		// Sarama's metrics registry starts one process-wide meter ticker
+		// that is never stopped.
+		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
 	)
 }
 

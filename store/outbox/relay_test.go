@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/outbox"
@@ -47,14 +50,34 @@ func (b *batches) count(pred func(outbox.Batch) bool) int {
 func all(outbox.Batch) bool { return true }
 
 // The relay publishes through a broker adapter chosen by configuration
-// (the in-process gochannel kind here), every message carries the stable
-// idempotency key, and an idle relay is woken by NOTIFY: polling is set to
-// an hour, so nothing else could wake it.
+// (gochannel, RabbitMQ, Kafka), every message carries the stable
+// idempotency key and its metadata, and an idle relay is woken by NOTIFY:
+// polling is set to an hour, so nothing else could wake it.
 func TestRelayPublishesThroughBrokerOnNotify(t *testing.T) {
 	t.Parallel()
+	for _, kind := range []string{brokers.KindGoChannel, brokers.KindAMQP, brokers.KindKafka} {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			testRelayThroughBroker(t, kind)
+		})
+	}
+}
+
+func testRelayThroughBroker(t *testing.T, kind string) {
 	e := setup(t, 6)
 	topic := "send-receipt-" + watermill.NewShortUUID()
-	bcfg := brokers.Config{Kind: brokers.KindGoChannel, GoChannel: brokers.GoChannelConfig{Name: t.Name()}}
+	var bcfg brokers.Config
+	switch kind {
+	case brokers.KindGoChannel:
+		bcfg = brokers.Config{Kind: brokers.KindGoChannel, GoChannel: brokers.GoChannelConfig{Name: t.Name()}}
+	case brokers.KindAMQP:
+		bcfg = amqpBrokers()
+	case brokers.KindKafka:
+		br, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		defer br.Close()
+		bcfg = brokers.Config{Kind: brokers.KindKafka, Kafka: kafka.Config{Brokers: br.Addrs(), ConsumerGroup: "relay-" + topic}}
+	}
 	logger := watermill.NopLogger{}
 	pub, err := brokers.NewPublisher(bcfg, logger)
 	require.NoError(t, err)
