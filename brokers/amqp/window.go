@@ -79,6 +79,7 @@ type window struct {
 // settle a delivery of a newer one.
 type generation struct {
 	ch         *amqp091.Channel
+	acks       *acker
 	deliveries <-chan amqp091.Delivery
 	// ending is closed when the generation stops: each settle goroutine
 	// then passes on an ack that already happened and returns.
@@ -94,6 +95,7 @@ type generation struct {
 func (g *generation) close() {
 	close(g.ending)
 	g.settling.Wait()
+	g.acks.close()
 	_ = g.ch.Close() // fails when the channel or connection is already gone
 }
 
@@ -126,7 +128,7 @@ func (w *window) open() (*generation, error) {
 		return nil, fmt.Errorf("consume from %q: %w", w.queue, err)
 	}
 	w.s.logger.Info("Started window consumer", w.logFields.Add(watermill.LogFields{"consumer_tag": tag}))
-	return &generation{ch: ch, deliveries: deliveries, ending: make(chan struct{})}, nil
+	return &generation{ch: ch, acks: newAcker(ch), deliveries: deliveries, ending: make(chan struct{})}, nil
 }
 
 // run consumes until w.ctx ends, replacing the channel whenever it is lost,
@@ -209,6 +211,7 @@ func (w *window) consume(gen *generation) (stop bool) {
 		mctx, cancel := context.WithCancel(w.ctx)
 		msg.SetContext(mctx)
 
+		gen.acks.delivered(d.DeliveryTag)
 		select {
 		case w.out <- msg:
 		case <-w.ctx.Done():
@@ -224,14 +227,15 @@ func (w *window) consume(gen *generation) (stop bool) {
 	}
 }
 
-// settle waits for msg's Ack or Nack and passes it on to d's channel. A
-// nack is held for NackDelay first (only this message's window slot stays
-// taken meanwhile). Errors are ignored: they mean the channel is gone, and
+// settle waits for msg's Ack or Nack and passes it on to d's channel: an
+// ack through the generation's acker, which coalesces acks; a nack is held
+// for NackDelay first (only this message's window slot stays taken
+// meanwhile). Errors are ignored: they mean the channel is gone, and
 // RabbitMQ redelivers whatever it had not been told (claims dedupe).
 func (w *window) settle(gen *generation, d amqp091.Delivery, msg *message.Message) {
 	select {
 	case <-msg.Acked():
-		_ = d.Ack(false)
+		gen.acks.ack(d.DeliveryTag)
 	case <-msg.Nacked():
 		if delay := w.s.cfg.NackDelay; delay > 0 {
 			t := time.NewTimer(delay)
@@ -243,12 +247,13 @@ func (w *window) settle(gen *generation, d amqp091.Delivery, msg *message.Messag
 			}
 		}
 		_ = d.Nack(false, true)
+		gen.acks.settled(d.DeliveryTag)
 	case <-gen.ending:
 		// An ack given before the generation ended still counts, even when
 		// this goroutine had not seen it yet (select picks at random).
 		select {
 		case <-msg.Acked():
-			_ = d.Ack(false)
+			gen.acks.ack(d.DeliveryTag)
 		default:
 		}
 	}
