@@ -18,12 +18,21 @@ type fakeBroker struct {
 	unacked  map[uint64]bool // at the broker: delivered, not acked or nacked
 	appAcked map[uint64]bool // what the application acked
 	frames   int
+	sendHook func() // runs during the next Ack, as if acks arrived meanwhile
 }
 
 func (b *fakeBroker) Ack(tag uint64, multiple bool) error {
+	if h := b.sendHook; h != nil {
+		h()
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.frames++
+	if !b.unacked[tag] {
+		// RabbitMQ closes the channel: PRECONDITION_FAILED, unknown
+		// delivery tag (a double ack, or a multiple ack overtaken).
+		b.t.Errorf("ack(%d, multiple=%v) of a delivery the broker no longer holds", tag, multiple)
+	}
 	for t := range b.unacked {
 		if t == tag || (multiple && t < tag) {
 			if !b.appAcked[t] {
@@ -60,31 +69,36 @@ func newFakeBroker(t *testing.T) *fakeBroker {
 	return &fakeBroker{t: t, unacked: map[uint64]bool{}, appAcked: map[uint64]bool{}}
 }
 
-func TestAckerCoalescesContiguousAcks(t *testing.T) {
+func TestAckerCoalescesFromTheFront(t *testing.T) {
 	b := newFakeBroker(t)
 	a := newAcker(b)
-	for tag := uint64(1); tag <= 5; tag++ {
+	for tag := uint64(1); tag <= 6; tag++ {
 		b.deliver(a, tag)
 	}
-	for _, tag := range []uint64{3, 1, 2} {
-		b.appAck(a, tag)
-	}
-	a.flush()
-	require.Equal(t, 1, b.frames, "one multiple ack for 1..3")
-	require.Equal(t, map[uint64]bool{4: true, 5: true}, b.unacked)
+	b.appAck(a, 2)
+	require.Zero(t, b.frames, "2 is behind 1, still in progress: held")
+	b.appAck(a, 1)
+	require.Equal(t, 1, b.frames, "1 and 2 in one multiple ack, at once")
+	require.Equal(t, map[uint64]bool{3: true, 4: true, 5: true, 6: true}, b.unacked)
 
-	// 5 acked while 4 is in progress: sent alone, not held.
-	b.appAck(a, 5)
-	a.flush()
-	require.Equal(t, 2, b.frames)
-	require.Equal(t, map[uint64]bool{4: true}, b.unacked)
 	b.appAck(a, 4)
-	a.close()
-	require.Empty(t, b.unacked, "close sends what was acked")
-	b.deliver(a, 6)
+	a.holdOver() // what the hold timer does
+	require.Equal(t, 2, b.frames, "4 sent alone once the hold is over")
+	require.Equal(t, map[uint64]bool{3: true, 5: true, 6: true}, b.unacked)
+
+	b.appAck(a, 3)
+	require.Equal(t, 3, b.frames)
+	require.Equal(t, map[uint64]bool{5: true, 6: true}, b.unacked)
+
+	b.nack(a, 5)
 	b.appAck(a, 6)
-	a.flush()
-	require.Equal(t, map[uint64]bool{6: true}, b.unacked, "nothing is sent after close")
+	require.Equal(t, 4, b.frames)
+	require.Empty(t, b.unacked)
+
+	a.close()
+	b.deliver(a, 7)
+	b.appAck(a, 7)
+	require.Equal(t, map[uint64]bool{7: true}, b.unacked, "nothing is sent after close")
 }
 
 // A nacked delivery in the middle does not stop the acks around it, and
@@ -111,8 +125,8 @@ func TestAckerRandomized(t *testing.T) {
 					i := rng.IntN(len(open))
 					b.nack(a, open[i])
 					open = append(open[:i], open[i+1:]...)
-				default:
-					a.flush()
+				case r == 9:
+					a.holdOver()
 				}
 			}
 			a.close()
@@ -124,4 +138,32 @@ func TestAckerRandomized(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Many goroutines acking at once, as a batch consumer's settle
+// goroutines do: every ack reaches the broker, none too early.
+func TestAckerConcurrent(t *testing.T) {
+	b := newFakeBroker(t)
+	a := newAcker(b)
+	const n = 2000
+	for tag := uint64(1); tag <= n; tag++ {
+		b.deliver(a, tag)
+	}
+	perm := rand.Perm(n)
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				b.appAck(a, uint64(perm[i]+1))
+			}
+		}()
+	}
+	wg.Wait()
+	a.close() // sends what the hold timer has not sent yet
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	require.Empty(t, b.unacked)
+	t.Logf("%d acks in %d frames", n, b.frames)
 }

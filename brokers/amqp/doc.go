@@ -50,11 +50,12 @@
 // per-subscription mode, and deliveries go through the same Marshaler, so
 // both modes consume the same queue and yield the same metadata. Every
 // message is acked on the channel its delivery came from (delivery tags are
-// per channel). Acks are coalesced: within a millisecond, the acked
-// deliveries below the lowest one still in progress go out as one AMQP
-// "multiple" ack, and any acked delivery behind one still in progress is
-// acked alone, so a batch costs one ack frame instead of one per message
-// and no ack waits behind a slow message. A nack is held for NackDelay without holding up the other
+// per channel). Acks are coalesced: an ack that leaves the oldest
+// deliveries all acked goes out at once as one AMQP "multiple" ack over
+// them, acks arriving while it is written join the next frame, and an ack
+// behind a delivery still in progress is sent alone after at most 500µs,
+// so a batch costs a few ack frames instead of one per message and no ack
+// waits behind a slow message. A nack is held for NackDelay without holding up the other
 // messages: only its window slot stays taken. When the channel or the
 // connection is lost, its unacked deliveries go back to the queue, late
 // acks of them have no effect, and the consumer resumes on a new channel
