@@ -32,9 +32,28 @@ import (
 // claim must not commit).
 //
 // Batch reuses Claim's fields for the store, consumer, key, key policy,
-// isolation, claim wait, attempts, backoff and hooks.
+// isolation, claim wait, attempts, backoff and hooks. The claim-table mode
+// is the only one: Mode, OutboxTopic, Fingerprint and EventTime are
+// refused by Validate rather than ignored.
 type Batch struct {
 	Claim
+}
+
+// Validate reports the first field Batch cannot use as a
+// *framework.ConfigError.
+func (b Batch) Validate() error {
+	const why = "not supported in batch mode"
+	switch {
+	case b.Mode != "" && b.Mode != ModeClaimTable:
+		return &framework.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%q is %s (claim table only)", b.Mode, why)}
+	case b.OutboxTopic != "":
+		return &framework.ConfigError{Field: "OutboxTopic", Reason: why + ": enqueue with Store.Enqueue in the handler"}
+	case b.Fingerprint:
+		return &framework.ConfigError{Field: "Fingerprint", Reason: why}
+	case b.EventTime != nil:
+		return &framework.ConfigError{Field: "EventTime", Reason: why + ": batches claim in a table not partitioned by event day"}
+	}
+	return b.Claim.Validate()
 }
 
 // BatchHandlerFunc applies one message's effect through tx.

@@ -234,6 +234,25 @@ func TestBatchBadConfig(t *testing.T) {
 	errs = b.batch(t, nil).ProcessSet(context.Background(), batchOf(t, order{OrderID: 1}), nil)
 	require.ErrorAs(t, errs[0], &ce)
 	require.Equal(t, "handler", ce.Field)
+
+	// Claim options batches do not implement are refused, not ignored.
+	for field, edit := range map[string]func(*middleware.Batch){
+		"Mode":        func(bt *middleware.Batch) { bt.Mode = middleware.ModeNaturalKey },
+		"OutboxTopic": func(bt *middleware.Batch) { bt.OutboxTopic = "receipts" },
+		"Fingerprint": func(bt *middleware.Batch) { bt.Fingerprint = true },
+		"EventTime": func(bt *middleware.Batch) {
+			bt.EventTime = func(*message.Message) (time.Time, error) { return time.Now(), nil }
+		},
+	} {
+		bt := b.batch(t, nil)
+		edit(&bt)
+		err := bt.Validate()
+		require.ErrorAs(t, err, &ce, field)
+		require.Equal(t, field, ce.Field)
+		errs = bt.ProcessSet(context.Background(), batchOf(t, order{OrderID: 1}), creditSet)
+		require.ErrorAs(t, errs[0], &ce, field)
+	}
+	require.Equal(t, int64(0), b.claims(t, "loyalty"))
 }
 
 // The fast path: a clean batch calls the set handler once and commits once;
