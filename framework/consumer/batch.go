@@ -29,6 +29,80 @@ type BatchOptions struct {
 	Poison middleware.Poison
 }
 
+// BatchConsumer is the batch counterpart of Consumer, built by NewBatch
+// from the same Config: the same store, broker clients, poison topic and
+// metrics, with batches of messages applied by a set-wise handler.
+type BatchConsumer struct {
+	*parts
+	batch   middleware.Batch
+	handler middleware.SetHandlerFunc
+	opts    BatchOptions
+}
+
+// NewBatch validates cfg, connects and migrates like New, for a consumer
+// that applies batches of up to opts.MaxSize messages in one claim
+// transaction each (see RunBatchSet). opts.Poison defaults to cfg's poison
+// topic on cfg's broker. Size the broker's window for it (cfg.Broker's
+// AMQP.Window / Kafka.Window: at least Workers × MaxSize).
+//
+// The Config fields of per-message features batches do not have are
+// refused with a ConfigError naming them: Mode (natural key),
+// OutboxTopic, Fingerprint, EventTime, Retention, HandlerTimeout and
+// Tracer. HandlerRetries does not apply: transient failures retry the
+// whole batch up to MaxAttempts, permanent ones are poisoned.
+func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (_ *BatchConsumer, err error) {
+	if handler == nil {
+		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	const why = "not supported by the batch consumer"
+	switch {
+	case cfg.Retention != 0:
+		return nil, &framework.ConfigError{Field: "Retention", Reason: why}
+	case cfg.HandlerTimeout != 0:
+		return nil, &framework.ConfigError{Field: "HandlerTimeout", Reason: why}
+	case cfg.Tracer != nil:
+		return nil, &framework.ConfigError{Field: "Tracer", Reason: why}
+	case cfg.EventTime != nil:
+		return nil, &framework.ConfigError{Field: "EventTime", Reason: why}
+	}
+	bt := middleware.Batch{Claim: middleware.Claim{Mode: cfg.Mode, OutboxTopic: cfg.OutboxTopic, Fingerprint: cfg.Fingerprint}}
+	if err := bt.Validate(); err != nil {
+		var ce *framework.ConfigError
+		if errors.As(err, &ce) && ce.Field != "Store" { // Store is set by open
+			return nil, err
+		}
+	}
+	p, err := open(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = p.Close()
+		}
+	}()
+	byDay, err := p.store.ClaimsByEventDay(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if byDay {
+		return nil, &framework.ConfigError{Field: "Store", Reason: "the claim table is partitioned by event day, which the batch consumer does not claim by"}
+	}
+	bt = middleware.Batch{Claim: p.claim}
+	if err := bt.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Poison.Publisher == nil {
+		opts.Poison = p.poison()
+	}
+	return &BatchConsumer{parts: p, batch: bt, handler: handler, opts: opts}, nil
+}
+
+// Run consumes in batches until ctx is cancelled; see RunBatchSet.
+func (c *BatchConsumer) Run(ctx context.Context) error {
+	return RunBatchSet(ctx, c.sub, c.cfg.Topic, c.batch, c.handler, c.opts)
+}
+
 // RunBatch consumes topic from sub in batches until ctx ends: each batch is
 // applied by b in one claim transaction, h called once per newly claimed
 // message, then every message is acked (applied or duplicate), poisoned

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -23,6 +24,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
+	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/pgtest"
@@ -177,4 +179,121 @@ func testRunBatch(t *testing.T, broker string, window int, setWise bool, minBatc
 	require.GreaterOrEqual(t, int(maxBatch.Load()), minBatch, "the window must let batches fill up")
 	cancel()
 	require.NoError(t, <-done)
+}
+
+// NewBatch builds the batch consumer from the same Config as New: over
+// RabbitMQ's window, orders published twice apply once, an undecodable one
+// is poisoned on the Config's poison topic, and the outcomes reach the
+// metrics.
+func TestNewBatch(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Setup(t, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
+	require.NoError(t, err)
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	topic := "newbatch-" + hex.EncodeToString(b[:])
+	bcfg := brokers.DefaultConfig()
+	bcfg.AMQP.Window = 256
+	reg := prometheus.NewRegistry()
+	rec := &recorder{got: map[framework.Outcome]int{}}
+	cfg := consumer.Config{
+		Name: "batch", Topic: topic, Key: "json:order_id", Pool: pool,
+		Store: store.Config{Schema: schema}, Broker: bcfg, Registerer: reg, OnOutcome: rec.on,
+		Logger: slog.New(slog.DiscardHandler),
+	}
+	c, err := consumer.NewBatch(ctx, cfg, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+		ids := make([]int64, len(msgs))
+		for i, msg := range msgs {
+			var o struct {
+				OrderID int64 `json:"order_id"`
+			}
+			if err := json.Unmarshal(msg.Payload, &o); err != nil {
+				return framework.Permanent(err)
+			}
+			ids[i] = o.OrderID
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO effects SELECT unnest($1::bigint[])", ids)
+		return err
+	}, consumer.BatchOptions{MaxSize: 64, Workers: 2})
+	require.NoError(t, err)
+	defer c.Close()
+
+	poisonCfg := bcfg
+	poisonCfg.AMQP.Window = 0
+	poisonSub, err := brokers.NewSubscriber(poisonCfg, watermill.NopLogger{})
+	require.NoError(t, err)
+	defer poisonSub.Close()
+	poisoned, err := poisonSub.Subscribe(ctx, topic+consumer.DefaultPoisonSuffix)
+	require.NoError(t, err)
+
+	const orders = 200
+	var msgs []*message.Message
+	for copy := 0; copy < 2; copy++ {
+		for i := 1; i <= orders; i++ {
+			msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"order_id": %d}`, i))))
+		}
+	}
+	msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(`not json`)))
+	require.NoError(t, c.Publisher().Publish(topic, msgs...))
+
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	select {
+	case m := <-poisoned:
+		require.Contains(t, m.Metadata.Get(middleware.PoisonReasonKey), "not valid JSON")
+		m.Ack()
+	case <-time.After(30 * time.Second):
+		t.Fatal("bad message not poisoned")
+	}
+	require.Eventually(t, func() bool {
+		return rec.n(framework.Applied) == orders && rec.n(framework.Duplicate) == orders && rec.n(framework.Poisoned) == 1
+	}, 60*time.Second, 20*time.Millisecond)
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(DISTINCT order_id) FROM effects WHERE true HAVING count(*) = count(DISTINCT order_id)").Scan(&n))
+	require.Equal(t, orders, n, "each order applied once")
+	require.Equal(t, float64(orders), outcomeCount(t, reg, "applied"))
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, c.Close())
+
+	// What batches do not have is refused before anything connects.
+	bad := cfg
+	bad.Pool, bad.DatabaseURL = nil, "postgres://nobody@127.0.0.1:1/none"
+	for field, edit := range map[string]func(*consumer.Config){
+		"Retention":      func(c *consumer.Config) { c.Retention = time.Hour },
+		"HandlerTimeout": func(c *consumer.Config) { c.HandlerTimeout = time.Second },
+		"Mode":           func(c *consumer.Config) { c.Mode = middleware.ModeNaturalKey },
+		"OutboxTopic":    func(c *consumer.Config) { c.OutboxTopic = "out" },
+		"Fingerprint":    func(c *consumer.Config) { c.Fingerprint = true },
+	} {
+		c := bad
+		edit(&c)
+		_, err := consumer.NewBatch(ctx, c, func(context.Context, pgx.Tx, []*message.Message) error { return nil }, consumer.BatchOptions{})
+		var ce *framework.ConfigError
+		require.ErrorAs(t, err, &ce, field)
+		require.Equal(t, field, ce.Field)
+	}
+}
+
+// outcomeCount reads claimtx_messages_total{outcome=…} from reg.
+func outcomeCount(t *testing.T, reg *prometheus.Registry, outcome string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != observe.MetricMessages {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -159,24 +159,33 @@ func (c Config) validate() error {
 
 // Consumer is a running (or runnable) claimtx consumer.
 type Consumer struct {
+	*parts
+	router *message.Router
+}
+
+// parts is what New and NewBatch build alike from a Config: the pool, the
+// migrated store, the broker clients, the outcome reporting and the claim.
+type parts struct {
 	cfg       Config
 	pool      *pgxpool.Pool
 	ownsPool  bool
 	store     *store.Store
 	sub       message.Subscriber
 	pub       message.Publisher
-	router    *message.Router
+	wlog      watermill.LoggerAdapter
+	metrics   *observe.Metrics
+	report    func(middleware.Result)
+	claim     middleware.Claim
 	health    observe.Health
 	closeOnce sync.Once
 	closeErr  error
+	closeMore func() error // the router, for New
 }
 
-// New validates cfg, connects, migrates claimtx's schema and builds the
-// router around handler. It does not consume until Run.
-func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Consumer, error) {
-	if handler == nil {
-		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
-	}
+// open validates cfg, applies its defaults, connects, migrates, and builds
+// the claim (without EventTime, which New adds when the table claims by
+// event day). On error everything opened is closed again.
+func open(ctx context.Context, cfg Config) (*parts, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -201,54 +210,44 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Co
 		keyFunc = kf
 	}
 
-	c := &Consumer{cfg: cfg, pool: cfg.Pool}
+	p := &parts{cfg: cfg, pool: cfg.Pool}
 	ok := false
 	defer func() {
 		if !ok {
-			_ = c.Close()
+			_ = p.Close()
 		}
 	}()
-	if c.pool == nil {
+	if p.pool == nil {
 		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 		if err != nil {
 			// pgx's parse errors already redact the password.
 			return nil, &framework.ConfigError{Field: "DatabaseURL", Reason: "cannot be used", Err: err}
 		}
-		c.pool, c.ownsPool = pool, true
+		p.pool, p.ownsPool = pool, true
 	}
-	st, err := store.New(c.pool, cfg.Store)
-	if err != nil {
+	var err error
+	if p.store, err = store.New(p.pool, cfg.Store); err != nil {
 		return nil, err
 	}
-	c.store = st
-	if err := st.Migrate(ctx); err != nil {
+	if err := p.store.Migrate(ctx); err != nil {
 		return nil, err
 	}
-
-	wlog := watermill.NewSlogLogger(cfg.Logger)
-	if c.sub, err = brokers.NewSubscriber(cfg.Broker, wlog); err != nil {
+	p.wlog = watermill.NewSlogLogger(cfg.Logger)
+	if p.sub, err = brokers.NewSubscriber(cfg.Broker, p.wlog); err != nil {
 		return nil, err
 	}
-	if c.pub, err = brokers.NewPublisher(cfg.Broker, wlog); err != nil {
+	if p.pub, err = brokers.NewPublisher(cfg.Broker, p.wlog); err != nil {
 		return nil, err
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, wlog)
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: router: %w", err)
-	}
-	c.router = router
-
-	var metrics *observe.Metrics
 	if cfg.Registerer != nil {
-		if metrics, err = observe.NewMetrics(cfg.Registerer); err != nil {
+		if p.metrics, err = observe.NewMetrics(cfg.Registerer); err != nil {
 			return nil, err
 		}
-		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, "", "").AddPrometheusRouterMetrics(router)
 	}
 	tracing := observe.Tracing{Tracer: cfg.Tracer}
-	report := func(r middleware.Result) {
-		if metrics != nil {
-			metrics.OnOutcome(r)
+	p.report = func(r middleware.Result) {
+		if p.metrics != nil {
+			p.metrics.OnOutcome(r)
 		}
 		tracing.OnOutcome(r)
 		if cfg.OnOutcome != nil {
@@ -256,33 +255,26 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Co
 		}
 	}
 	var onRetry func(middleware.Retry)
-	if metrics != nil {
-		onRetry = metrics.OnRetry
+	if p.metrics != nil {
+		onRetry = p.metrics.OnRetry
 	}
-	// Claims carry the event day only when the table is prepared for (or
-	// converted to) partitions by event day; EventTime alone may just feed
-	// the expiry guard. Restart consumers after PreparePartitioning.
-	var claimEventTime framework.TimeFunc
-	if cfg.EventTime != nil {
-		byDay, err := st.ClaimsByEventDay(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if byDay {
-			claimEventTime = cfg.EventTime
-		}
-	}
-	claim := middleware.Claim{
-		Store: st, Consumer: cfg.Name, Key: keyFunc, KeyPolicy: cfg.KeyPolicy,
+	p.claim = middleware.Claim{
+		Store: p.store, Consumer: cfg.Name, Key: keyFunc, KeyPolicy: cfg.KeyPolicy,
 		Isolation: cfg.Isolation, ClaimWait: cfg.ClaimWait, MaxAttempts: cfg.MaxAttempts,
-		Mode: cfg.Mode, OutboxTopic: cfg.OutboxTopic, Fingerprint: cfg.Fingerprint, EventTime: claimEventTime,
-		OnOutcome: report, OnRetry: onRetry, Logger: wlog,
+		Mode: cfg.Mode, OutboxTopic: cfg.OutboxTopic, Fingerprint: cfg.Fingerprint,
+		OnOutcome: p.report, OnRetry: onRetry, Logger: p.wlog,
 	}
-	if err := claim.Validate(); err != nil {
-		return nil, err
-	}
-	poison := middleware.Poison{
-		Publisher: c.pub,
+	p.health = observe.Health{Store: p.store, Broker: observe.SubscriberConnected(p.sub)}
+	ok = true
+	return p, nil
+}
+
+// poison is the Poison middleware for cfg.PoisonTopic, logging and
+// reporting each poisoned message.
+func (p *parts) poison() middleware.Poison {
+	cfg := p.cfg
+	return middleware.Poison{
+		Publisher: p.pub,
 		Topic:     cfg.PoisonTopic,
 		OnPoison: func(msg *message.Message, err error) {
 			cfg.Logger.Warn("claimtx: message poisoned", "consumer", cfg.Name, "topic", cfg.Topic,
@@ -291,19 +283,63 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Co
 			if errors.Is(err, framework.ErrExpired) {
 				out = framework.Expired
 			}
-			report(middleware.Result{Consumer: cfg.Name, Outcome: out, Err: err, Message: msg})
+			p.report(middleware.Result{Consumer: cfg.Name, Outcome: out, Err: err, Message: msg})
 		},
 	}
+}
+
+// New validates cfg, connects, migrates claimtx's schema and builds the
+// router around handler. It does not consume until Run.
+func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *Consumer, err error) {
+	if handler == nil {
+		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	p, err := open(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = p.Close()
+		}
+	}()
+	cfg = p.cfg
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, p.wlog)
+	if err != nil {
+		return nil, fmt.Errorf("claimtx: router: %w", err)
+	}
+	c := &Consumer{parts: p, router: router}
+	p.closeMore = router.Close
+	if cfg.Registerer != nil {
+		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, "", "").AddPrometheusRouterMetrics(router)
+	}
+	// Claims carry the event day only when the table is prepared for (or
+	// converted to) partitions by event day; EventTime alone may just feed
+	// the expiry guard. Restart consumers after PreparePartitioning.
+	claim := p.claim
+	if cfg.EventTime != nil {
+		byDay, err := p.store.ClaimsByEventDay(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if byDay {
+			claim.EventTime = cfg.EventTime
+		}
+	}
+	if err := claim.Validate(); err != nil {
+		return nil, err
+	}
+	poison := p.poison()
 	retry := wmw.Retry{
 		MaxRetries:      cfg.HandlerRetries,
 		InitialInterval: cfg.RetryInitialInterval,
 		MaxInterval:     10 * cfg.RetryInitialInterval,
 		Multiplier:      2,
 		ShouldRetry:     func(p wmw.RetryParams) bool { return !framework.IsPermanent(p.Err) },
-		Logger:          wlog,
+		Logger:          p.wlog,
 	}
 	router.AddMiddleware(wmw.Recoverer, poison.Middleware, retry.Middleware)
-	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, c.sub, middleware.TxHandler(handler))
+	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, p.sub, middleware.TxHandler(handler))
 	// HandlerTimeout sits inside Retry, so each retry gets a fresh deadline.
 	if cfg.Retention > 0 {
 		if cfg.EventTime == nil {
@@ -317,9 +353,8 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Co
 		// opens a transaction.
 		h.AddMiddleware(guard.Middleware)
 	}
+	tracing := observe.Tracing{Tracer: cfg.Tracer}
 	h.AddMiddleware(handlerTimeout(cfg.HandlerTimeout), tracing.Middleware, claim.Middleware)
-	c.health = observe.Health{Store: st, Broker: observe.SubscriberConnected(c.sub)}
-	ok = true
 	return c, nil
 }
 
@@ -338,38 +373,38 @@ func (c *Consumer) Running() chan struct{} { return c.router.Running() }
 
 // Health returns the readiness check (database, migrations and, where the
 // broker client reports it, the broker connection) as an http.Handler.
-func (c *Consumer) Health() observe.Health { return c.health }
+func (p *parts) Health() observe.Health { return p.health }
 
 // Store returns the consumer's store.
-func (c *Consumer) Store() *store.Store { return c.store }
+func (p *parts) Store() *store.Store { return p.store }
 
 // Pool returns the pool the claim transactions run on.
-func (c *Consumer) Pool() *pgxpool.Pool { return c.pool }
+func (p *parts) Pool() *pgxpool.Pool { return p.pool }
 
 // Publisher returns the publisher used for poisoned messages, built from
 // the same broker configuration.
-func (c *Consumer) Publisher() message.Publisher { return c.pub }
+func (p *parts) Publisher() message.Publisher { return p.pub }
 
-// Close stops the router and releases the broker clients and, if it opened
+// Close stops consuming and releases the broker clients and, if it opened
 // it, the pool.
-func (c *Consumer) Close() error {
-	c.closeOnce.Do(func() { c.closeErr = c.close() })
-	return c.closeErr
+func (p *parts) Close() error {
+	p.closeOnce.Do(func() { p.closeErr = p.close() })
+	return p.closeErr
 }
 
-func (c *Consumer) close() error {
+func (p *parts) close() error {
 	var errs []error
-	if c.router != nil {
-		errs = append(errs, c.router.Close())
+	if p.closeMore != nil {
+		errs = append(errs, p.closeMore())
 	}
-	if c.sub != nil {
-		errs = append(errs, c.sub.Close())
+	if p.sub != nil {
+		errs = append(errs, p.sub.Close())
 	}
-	if c.pub != nil {
-		errs = append(errs, c.pub.Close())
+	if p.pub != nil {
+		errs = append(errs, p.pub.Close())
 	}
-	if c.ownsPool && c.pool != nil {
-		c.pool.Close()
+	if p.ownsPool && p.pool != nil {
+		p.pool.Close()
 	}
 	return errors.Join(errs...)
 }
