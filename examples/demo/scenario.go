@@ -110,12 +110,16 @@ func (r report) ok() bool {
 		r.expectedPts == r.actualPts && r.poisoned >= r.bad
 }
 
-func runBroker(ctx context.Context, o options, kind string) (report, error) {
+func runBroker(ctx context.Context, o options, kind string, batch bool) (report, error) {
 	id := runID()
 	schema := fmt.Sprintf("demo_%s_%s", kind, id)
 	topic := fmt.Sprintf("demo-orders-%s-%s", kind, id)
-	rep := report{broker: kind, orders: o.orders}
-	fmt.Printf("== %s: topic %s, schema %s\n", kind, topic, schema)
+	label := kind
+	if batch {
+		label += "-batch"
+	}
+	rep := report{broker: label, orders: o.orders}
+	fmt.Printf("== %s: topic %s, schema %s\n", label, topic, schema)
 
 	pool, err := pgxpool.New(ctx, o.databaseURL)
 	if err != nil {
@@ -155,6 +159,9 @@ func runBroker(ctx context.Context, o options, kind string) (report, error) {
 		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+schema, "TOPIC="+topic,
 		"AMQP_URL="+o.amqpURL, "KAFKA_BROKERS="+o.kafkaAddr, "CONCURRENCY=4", "METRICS_ADDR=127.0.0.1:0",
 		"KAFKA_CONSUMER_GROUP=loyalty-"+id)
+	if batch {
+		env = append(env, "BATCH_SIZE=64", "BATCH_WORKERS=2")
+	}
 	procs := []*proc{}
 	startProc := func(n int) error {
 		p, err := startLoyalty(o.loyalty, env, filepath.Join(o.logDir, fmt.Sprintf("%s-%s-%d.log", kind, id, n)))
@@ -301,7 +308,7 @@ func (p *proc) stop() {
 
 func printTable(rs []report) {
 	fmt.Println()
-	fmt.Printf("%-6s %7s %10s %4s %8s %11s %8s %13s %13s %5s %7s %5s %8s  %s\n",
+	fmt.Printf("%-11s %7s %10s %4s %8s %11s %8s %13s %13s %5s %7s %5s %8s  %s\n",
 		"broker", "orders", "deliveries", "bad", "applied", "duplicates", "poisoned", "expected_pts", "actual_pts", "lost", "doubled", "kills", "time", "result")
 	for _, r := range rs {
 		res := "OK"
@@ -314,7 +321,7 @@ func printTable(rs []report) {
 		// Deliveries that were neither applied nor poisoned were absorbed
 		// as duplicates; redeliveries caused by the kill come on top.
 		dups := r.deliveries - r.applied - r.poisoned
-		fmt.Printf("%-6s %7d %10d %4d %8d %11s %8d %13d %13d %5d %7d %5d %8s  %s\n",
+		fmt.Printf("%-11s %7d %10d %4d %8d %11s %8d %13d %13d %5d %7d %5d %8s  %s\n",
 			r.broker, r.orders, r.deliveries, r.bad, r.applied, fmt.Sprintf(">=%d", dups), r.poisoned,
 			r.expectedPts, r.actualPts, r.lost, r.doubled, r.kills, r.elapsed.Round(100*time.Millisecond), res)
 	}

@@ -68,6 +68,32 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	}
 }
 
+// The same crash in batch mode: the whole batch holding order 3 committed,
+// none of it was acked; after the restart order 3 (and its batch-mates)
+// come again as duplicates and every order is credited once.
+func TestBatchCrashAfterCommitBeforeAck(t *testing.T) {
+	t.Parallel()
+	for _, kind := range kinds {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, kind)
+			os := orders(1, 60)
+			h.publish(os...)
+			p := h.start("LOYALTY_CRASH_AFTER_COMMIT=3", "BATCH_SIZE=16", "BATCH_WORKERS=1")
+			require.True(t, p.exited(60e9), "the consumer should have killed itself after committing order 3")
+			require.Contains(t, p.out.String(), "SIGKILL after commit")
+			require.Contains(t, p.out.String(), "consuming in batches")
+			require.Equal(t, 1, h.count("SELECT count(*) FROM point_ledger WHERE order_id = 3"), "order 3 committed before the crash")
+
+			p2 := h.start("LOG_LEVEL=debug", "BATCH_SIZE=16")
+			h.waitApplied(len(os))
+			p2.waitLog(t, `msg="loyalty: outcome" order_id=3 outcome=duplicate`)
+			require.NotContains(t, p2.out.String(), `order_id=3 outcome=applied`)
+			h.assertExact(os)
+		})
+	}
+}
+
 func TestGracefulRestart(t *testing.T) {
 	t.Parallel()
 	for _, kind := range kinds {

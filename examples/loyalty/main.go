@@ -86,6 +86,39 @@ func credit(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 	return nil
 }
 
+// creditSetSQL credits many orders in one statement, for batch mode: the
+// ledger rows, and the balance increments summed per customer and applied
+// in customer order, so concurrent batches queue on a shared customer
+// instead of deadlocking.
+const creditSetSQL = `WITH o AS (
+	SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS o(customer_id, order_id, points)
+), ledger AS (
+	INSERT INTO point_ledger (customer_id, order_id, points) SELECT customer_id, order_id, points FROM o
+)
+INSERT INTO balances (customer_id, points)
+SELECT customer_id, sum(points) FROM o GROUP BY customer_id ORDER BY customer_id
+ON CONFLICT (customer_id) DO UPDATE SET points = balances.points + EXCLUDED.points`
+
+// creditSet is credit for a batch (BATCH_SIZE > 0): the newly claimed
+// messages of one claim transaction at once. A bad event fails the set;
+// the batch isolates it by bisection and it is poisoned alone.
+func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+	customers := make([]int64, len(msgs))
+	orders := make([]int64, len(msgs))
+	points := make([]int64, len(msgs))
+	for i, msg := range msgs {
+		orderID, customerID, totalCents, err := decode(msg.Payload)
+		if err != nil {
+			return err
+		}
+		customers[i], orders[i], points[i] = customerID, orderID, totalCents/100
+	}
+	if _, err := tx.Exec(ctx, creditSetSQL, customers, orders, points); err != nil {
+		return fmt.Errorf("loyalty: credit batch: %w", err)
+	}
+	return nil
+}
+
 // createTables creates the effect tables in the connection's default
 // schema. Several instances may start at once: CREATE TABLE IF NOT EXISTS
 // alone can still fail on a concurrent create, so an advisory lock
@@ -192,13 +225,20 @@ func run(ctx context.Context, logger *slog.Logger) error {
 			f(r)
 		}
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Registerer = reg
+	batch, err := batchOptions()
+	if err != nil {
+		return err
+	}
+	if batch.MaxSize > 0 {
+		return runBatch(ctx, logger, cfg, batch, reg)
+	}
 	handler, err := withHandlerDelay(logger, credit)
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg.Registerer = reg
 	c, err := consumer.New(ctx, cfg, handler)
 	if err != nil {
 		return err
@@ -211,10 +251,57 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	go func() {
 		select {
 		case <-c.Running():
-			logger.Info("loyalty: consuming", "broker", bcfg.Kind, "topic", cfg.Topic, "poison_topic", cfg.Topic+consumer.DefaultPoisonSuffix)
+			logger.Info("loyalty: consuming", "broker", cfg.Broker.Kind, "topic", cfg.Topic, "poison_topic", cfg.Topic+consumer.DefaultPoisonSuffix)
 		case <-ctx.Done():
 		}
 	}()
+	return c.Run(ctx)
+}
+
+// batchOptions reads BATCH_SIZE (0, the default: one transaction per
+// message) and BATCH_WORKERS (default 2).
+func batchOptions() (consumer.BatchOptions, error) {
+	var o consumer.BatchOptions
+	for _, f := range []struct {
+		name string
+		dst  *int
+	}{{"BATCH_SIZE", &o.MaxSize}, {"BATCH_WORKERS", &o.Workers}} {
+		if v := os.Getenv(f.name); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return o, &framework.ConfigError{Field: f.name, Reason: "not a non-negative number"}
+			}
+			*f.dst = n
+		}
+	}
+	if o.Workers == 0 {
+		o.Workers = 2
+	}
+	return o, nil
+}
+
+// runBatch consumes in batches (consumer.NewBatch). Without a window set
+// in the environment (AMQP_WINDOW / KAFKA_WINDOW), it sets the window to
+// workers × batch size, what the batches need to fill up.
+func runBatch(ctx context.Context, logger *slog.Logger, cfg consumer.Config, opts consumer.BatchOptions, reg *prometheus.Registry) error {
+	window := opts.Workers * opts.MaxSize
+	if cfg.Broker.AMQP.Window == 0 {
+		cfg.Broker.AMQP.Window = window
+	}
+	if cfg.Broker.Kafka.Window == 0 {
+		cfg.Broker.Kafka.Window = window
+	}
+	c, err := consumer.NewBatch(ctx, cfg, creditSet, opts)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }()
+	if addr := env("METRICS_ADDR", defaultMetricsAddr); addr != "off" {
+		stopHTTP := serveMetrics(logger, addr, reg, c.Health())
+		defer stopHTTP()
+	}
+	logger.Info("loyalty: consuming in batches", "broker", cfg.Broker.Kind, "topic", cfg.Topic,
+		"batch_size", opts.MaxSize, "workers", opts.Workers, "poison_topic", cfg.Topic+consumer.DefaultPoisonSuffix)
 	return c.Run(ctx)
 }
 
