@@ -2,8 +2,8 @@ package store
 
 import (
 	"fmt"
-	"strings"
 	"regexp"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
