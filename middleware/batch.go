@@ -153,13 +153,13 @@ func (b Batch) process(ctx context.Context, msgs []*message.Message, a applier) 
 		if err == nil {
 			break
 		}
-		switch err { //nolint:errorlint // internal sentinels, never wrapped
-		case errRetryWithout:
+		if errors.Is(err, errRetryWithout) {
 			// After a fast pass, isolate the rest in one more pass; after
 			// an isolating pass, the survivors are known to succeed.
 			isolating = !isolating
 			continue
-		case errIsolate:
+		}
+		if errors.Is(err, errIsolate) {
 			isolating = true
 			continue
 		}

@@ -86,11 +86,11 @@ func credit(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 	return nil
 }
 
-// creditSetSQL credits many orders in one statement, for batch mode: the
+// applyOrdersSQL credits many orders in one statement, for batch mode: the
 // ledger rows, and the balance increments summed per customer and applied
 // in customer order, so concurrent batches queue on a shared customer
 // instead of deadlocking.
-const creditSetSQL = `WITH o AS (
+const applyOrdersSQL = `WITH o AS (
 	SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS o(customer_id, order_id, points)
 ), ledger AS (
 	INSERT INTO point_ledger (customer_id, order_id, points) SELECT customer_id, order_id, points FROM o
@@ -113,7 +113,7 @@ func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 		}
 		customers[i], orders[i], points[i] = customerID, orderID, totalCents/100
 	}
-	if _, err := tx.Exec(ctx, creditSetSQL, customers, orders, points); err != nil {
+	if _, err := tx.Exec(ctx, applyOrdersSQL, customers, orders, points); err != nil {
 		return fmt.Errorf("loyalty: credit batch: %w", err)
 	}
 	return nil
