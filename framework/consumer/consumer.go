@@ -8,6 +8,10 @@
 // RabbitMQ and Kafka is a change of Config.Broker.Kind (BROKER=amqp|kafka),
 // never of code.
 //
+// NewBatch builds, from the same Config, a consumer that applies batches of
+// messages in one claim transaction each (see RunBatchSet and
+// docs/batch.md).
+//
 // Use the parts directly (brokers, store, middleware) when you need a
 // different router layout; this package only wires them.
 package consumer
