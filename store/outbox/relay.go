@@ -25,7 +25,12 @@ const (
 	DefaultRetention       = 24 * time.Hour
 	DefaultCleanupInterval = time.Minute
 	DefaultCleanupBatch    = 10_000
+	DefaultPublishTimeout  = 30 * time.Second
 )
+
+// ErrPublishTimeout is the failure recorded on rows whose Publish call did
+// not return within Config.PublishTimeout.
+var ErrPublishTimeout = errors.New("claimtx relay: publish timed out")
 
 // cleanupPause separates cleanup batches, so a large backlog of sent rows
 // is deleted as a trickle of short transactions rather than one burst.
@@ -70,6 +75,15 @@ type Config struct {
 	// CleanupBatch is how many rows one cleanup statement deletes; cleanup
 	// repeats until a batch deletes fewer. Defaults to 10000.
 	CleanupBatch int
+	// PublishTimeout bounds one Publish call. Watermill's Publish takes no
+	// context, so a broker that accepts the connection but never confirms
+	// would otherwise hold the batch, its row locks and the relay forever.
+	// When it expires the rows stay pending with ErrPublishTimeout
+	// recorded and are published again later; the abandoned call may
+	// still complete, which is one more resend for downstream to drop by
+	// the idempotency key. A negative value disables the bound.
+	// Defaults to 30s.
+	PublishTimeout time.Duration
 	// OnBatch, when set, is called after every batch transaction with what
 	// happened. It runs on the relay goroutine: keep it fast.
 	OnBatch func(Batch)
@@ -132,6 +146,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CleanupBatch == 0 {
 		c.CleanupBatch = DefaultCleanupBatch
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -291,7 +308,7 @@ func (r *Relay) relayBatch(ctx context.Context, b *Batch) (err error) {
 		for _, row := range rows[i:j] {
 			msgs = append(msgs, row.Message())
 		}
-		if err := r.pub.Publish(rows[i].Topic, msgs...); err != nil {
+		if err := r.publish(rows[i].Topic, msgs); err != nil {
 			publishErr = fmt.Errorf("claimtx relay: publish %d message(s) to %q: %w", j-i, rows[i].Topic, err)
 			failed = ids(rows[i:j])
 			break
@@ -316,6 +333,24 @@ func (r *Relay) relayBatch(ctx context.Context, b *Batch) (err error) {
 	}
 	committed = true
 	return publishErr
+}
+
+// publish calls Publish, bounded by PublishTimeout. A call that times out
+// is left to finish on its own goroutine.
+func (r *Relay) publish(topic string, msgs []*message.Message) error {
+	if r.cfg.PublishTimeout < 0 {
+		return r.pub.Publish(topic, msgs...)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.pub.Publish(topic, msgs...) }()
+	t := time.NewTimer(r.cfg.PublishTimeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return fmt.Errorf("%w after %s", ErrPublishTimeout, r.cfg.PublishTimeout)
+	}
 }
 
 // Cleanup deletes sent rows older than Retention in batches of

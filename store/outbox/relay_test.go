@@ -167,6 +167,52 @@ func TestRelayStopsAtFirstFailedPublish(t *testing.T) {
 	e.requireEachEffectOnce(t, 5)
 }
 
+// A Publish that never returns (the broker took the connection but never
+// confirms) fails the batch after PublishTimeout instead of holding it and
+// its row locks forever. The abandoned call completing later is one more
+// resend, dropped downstream by the idempotency key.
+func TestRelayPublishTimeout(t *testing.T) {
+	t.Parallel()
+	e := setup(t, 4)
+	e.enqueue(t, "t", "m", 3)
+	pub := newApplyingPublisher(e.downstream)
+	release := make(chan struct{})
+	var hang atomic.Bool
+	hang.Store(true)
+	pub.fail = func(string) error {
+		if hang.Load() {
+			<-release
+		}
+		return nil
+	}
+	relay, err := outbox.New(e.st, pub, outbox.Config{PublishTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+
+	start := time.Now()
+	b := relay.RelayBatch(context.Background())
+	require.ErrorIs(t, b.Err, outbox.ErrPublishTimeout)
+	require.Less(t, time.Since(start), 10*time.Second)
+	require.Equal(t, 3, b.Claimed)
+	require.Zero(t, b.Published)
+	require.Equal(t, int64(3), e.stats(t).Pending)
+	require.Equal(t, int64(3), e.scalar(t, "SELECT count(*) FROM outbox WHERE last_error LIKE '%publish timed out%' AND attempts = 1"))
+
+	// The hung call completes after all: its messages arrive downstream.
+	hang.Store(false)
+	close(release)
+	eventually(t, func() bool { return e.rec.count(framework.Applied) == 3 })
+	// The rows were still pending, so the next batch sends them again.
+	b = relay.RelayBatch(context.Background())
+	require.NoError(t, b.Err)
+	require.Equal(t, 3, b.Published)
+	require.Equal(t, int64(3), e.stats(t).Sent)
+	e.requireEachEffectOnce(t, 3)
+	require.Equal(t, 3, e.rec.count(framework.Duplicate), "the resends were dropped by the idempotency key")
+
+	_, err = outbox.New(e.st, pub, outbox.Config{PublishTimeout: -1})
+	require.NoError(t, err, "a negative timeout disables the bound")
+}
+
 // The broker goes down while relaying: Publish fails, rows stay pending
 // with the failure recorded, the relay backs off and resumes by itself
 // when the broker is back. Nothing is lost, nothing applied twice.
