@@ -27,6 +27,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
+	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -232,29 +233,42 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	var c interface {
+		Run(context.Context) error
+		Health() observe.Health
+		Close() error
+	}
 	if batch.MaxSize > 0 {
-		return runBatch(ctx, logger, cfg, batch, reg)
-	}
-	handler, err := withHandlerDelay(logger, credit)
-	if err != nil {
-		return err
-	}
-	c, err := consumer.New(ctx, cfg, handler)
-	if err != nil {
-		return err
+		bc, err := newBatch(ctx, cfg, batch)
+		if err != nil {
+			return err
+		}
+		c = bc
+		logger.Info("loyalty: consuming in batches", "broker", cfg.Broker.Kind, "topic", cfg.Topic,
+			"batch_size", batch.MaxSize, "workers", batch.Workers, "poison_topic", cfg.Topic+consumer.DefaultPoisonSuffix)
+	} else {
+		handler, err := withHandlerDelay(logger, credit)
+		if err != nil {
+			return err
+		}
+		mc, err := consumer.New(ctx, cfg, handler)
+		if err != nil {
+			return err
+		}
+		c = mc
+		go func() {
+			select {
+			case <-mc.Running():
+				logger.Info("loyalty: consuming", "broker", cfg.Broker.Kind, "topic", cfg.Topic, "poison_topic", cfg.Topic+consumer.DefaultPoisonSuffix)
+			case <-ctx.Done():
+			}
+		}()
 	}
 	defer func() { _ = c.Close() }()
 	if addr := env("METRICS_ADDR", defaultMetricsAddr); addr != "off" {
 		stopHTTP := serveMetrics(logger, addr, reg, c.Health())
 		defer stopHTTP()
 	}
-	go func() {
-		select {
-		case <-c.Running():
-			logger.Info("loyalty: consuming", "broker", cfg.Broker.Kind, "topic", cfg.Topic, "poison_topic", cfg.Topic+consumer.DefaultPoisonSuffix)
-		case <-ctx.Done():
-		}
-	}()
 	return c.Run(ctx)
 }
 
@@ -280,10 +294,10 @@ func batchOptions() (consumer.BatchOptions, error) {
 	return o, nil
 }
 
-// runBatch consumes in batches (consumer.NewBatch). Without a window set
-// in the environment (AMQP_WINDOW / KAFKA_WINDOW), it sets the window to
+// newBatch builds the batch consumer (consumer.NewBatch). Without a window
+// set in the environment (AMQP_WINDOW / KAFKA_WINDOW), it sets the window to
 // workers × batch size, what the batches need to fill up.
-func runBatch(ctx context.Context, logger *slog.Logger, cfg consumer.Config, opts consumer.BatchOptions, reg *prometheus.Registry) error {
+func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptions) (*consumer.BatchConsumer, error) {
 	window := opts.Workers * opts.MaxSize
 	if cfg.Broker.AMQP.Window == 0 {
 		cfg.Broker.AMQP.Window = window
@@ -291,18 +305,7 @@ func runBatch(ctx context.Context, logger *slog.Logger, cfg consumer.Config, opt
 	if cfg.Broker.Kafka.Window == 0 {
 		cfg.Broker.Kafka.Window = window
 	}
-	c, err := consumer.NewBatch(ctx, cfg, creditSet, opts)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = c.Close() }()
-	if addr := env("METRICS_ADDR", defaultMetricsAddr); addr != "off" {
-		stopHTTP := serveMetrics(logger, addr, reg, c.Health())
-		defer stopHTTP()
-	}
-	logger.Info("loyalty: consuming in batches", "broker", cfg.Broker.Kind, "topic", cfg.Topic,
-		"batch_size", opts.MaxSize, "workers", opts.Workers, "poison_topic", cfg.Topic+consumer.DefaultPoisonSuffix)
-	return c.Run(ctx)
+	return consumer.NewBatch(ctx, cfg, creditSet, opts)
 }
 
 // serveMetrics serves /metrics and /healthz. A busy address (a sibling
