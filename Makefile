@@ -101,6 +101,10 @@ chaos: ## Chaos run per broker: 20,000 orders, >= 15 SIGKILLs, a Postgres restar
 	$(GO) build -o bin/devkafka ./framework/cmd/devkafka
 	$(GO) run ./examples/chaos -loyalty bin/loyalty -devkafka bin/devkafka $(CHAOS_FLAGS)
 
+.PHONY: chaos-batch
+chaos-batch: ## make chaos with the consumers in batch mode (BATCH_SIZE=64, 2 workers; restarts Postgres: run alone).
+	BATCH_SIZE=64 BATCH_WORKERS=2 $(MAKE) chaos
+
 .PHONY: chaos-ci
 chaos-ci: ## The short chaos run (2,000 orders, >= 3 SIGKILLs per broker, under 2 minutes); `make test` runs it as TestChaosDisruptive.
 	$(GO) build -o bin/loyalty ./examples/loyalty
