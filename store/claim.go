@@ -203,8 +203,12 @@ func (s *Store) checkFingerprint(ctx context.Context, tx pgx.Tx, q claimQuery, r
 // (after PreparePartitioning or EnablePartitioning): claims must then say
 // the message's event time (ClaimRequest.EventTime, ClaimAt).
 func (s *Store) ClaimsByEventDay(ctx context.Context) (bool, error) {
+	return s.hasEventDay(ctx, s.pool)
+}
+
+func (s *Store) hasEventDay(ctx context.Context, q querier) (bool, error) {
 	var ok bool
-	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
 		WHERE table_schema = $1 AND table_name = $2 AND column_name = 'event_day')`, s.cfg.Schema, s.cfg.ClaimsTable).Scan(&ok)
 	if err != nil {
 		return false, fmt.Errorf("claimtx: inspect claim table: %w", err)

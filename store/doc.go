@@ -27,7 +27,8 @@
 // run in one transaction under an advisory lock, and idempotent: every
 // instance of a service may call Migrate at start-up. MigrateTx runs them in
 // your own transaction. Schema and table names are validated against
-// ^[a-z_][a-z0-9_]*$ and always quoted.
+// ^[a-z_][a-z0-9_]*$ (schemas at most 63 bytes, tables 48, so that derived
+// index and partition names fit Postgres's limit) and always quoted.
 //
 // # Errors
 //

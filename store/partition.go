@@ -182,9 +182,6 @@ func (s *Store) Partitioned(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if kind == "" {
-		return false, ErrNoClaimTable
-	}
 	return kind == "p", nil
 }
 
@@ -201,15 +198,8 @@ var partitionBound = regexp.MustCompile(`^FOR VALUES FROM \((MINVALUE|'(\d{4}-\d
 
 // Partitions lists the claim table's partitions, oldest first.
 func (s *Store) Partitions(ctx context.Context) ([]Partition, error) {
-	kind, err := s.claimTableKind(ctx, s.pool)
-	if err != nil {
+	if err := s.requirePartitioned(ctx, s.pool); err != nil {
 		return nil, err
-	}
-	switch kind {
-	case "":
-		return nil, ErrNoClaimTable
-	case "r":
-		return nil, ErrNotPartitioned
 	}
 	return s.partitions(ctx, s.pool)
 }
@@ -302,23 +292,16 @@ func (s *Store) PreparePartitioning(ctx context.Context, cfg PartitionConfig) er
 	}
 	defer release()
 	kind, err := s.claimTableKind(ctx, conn)
-	if err != nil {
+	if err != nil || kind == "p" {
 		return err
-	}
-	switch kind {
-	case "":
-		return ErrNoClaimTable
-	case "p":
-		return nil
 	}
 	return s.prepare(ctx, conn, cfg)
 }
 
 func (s *Store) prepare(ctx context.Context, conn *pgxpool.Conn, cfg PartitionConfig) error {
-	var hasColumn bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
-WHERE table_schema = $1 AND table_name = $2 AND column_name = 'event_day')`, s.cfg.Schema, s.cfg.ClaimsTable).Scan(&hasColumn); err != nil {
-		return fmt.Errorf("claimtx: prepare partitioning: %w", err)
+	hasColumn, err := s.hasEventDay(ctx, conn)
+	if err != nil {
+		return err
 	}
 	if !hasColumn {
 		err := s.ddlTx(ctx, conn, cfg, func(tx pgx.Tx) error {
@@ -399,10 +382,7 @@ func (s *Store) EnablePartitioning(ctx context.Context, cfg PartitionConfig) (Pa
 	if err != nil {
 		return res, err
 	}
-	switch kind {
-	case "":
-		return res, ErrNoClaimTable
-	case "p":
+	if kind == "p" {
 		res.AlreadyPartitioned = true
 		res.Created, err = s.createAhead(ctx, conn, cfg)
 		return res, err
@@ -519,10 +499,7 @@ func (s *Store) requirePartitioned(ctx context.Context, q querier) error {
 	if err != nil {
 		return err
 	}
-	switch kind {
-	case "":
-		return ErrNoClaimTable
-	case "r":
+	if kind == "r" {
 		return ErrNotPartitioned
 	}
 	return nil
@@ -546,16 +523,9 @@ func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg Partiti
 		return false
 	}
 	lower := horizonDay
-	if len(parts) > 0 {
-		oldest := parts[0].From
-		for _, p := range parts {
-			if p.From.Before(oldest) {
-				oldest = p.From
-			}
-		}
-		if oldest.After(lower) {
-			lower = oldest
-		}
+	// Partition ranges never overlap, so the first by To is the oldest.
+	if len(parts) > 0 && parts[0].From.After(lower) {
+		lower = parts[0].From
 	}
 	var created []Partition
 	for day := lower; !day.After(today.AddDate(0, 0, cfg.Ahead)); day = day.AddDate(0, 0, 1) {

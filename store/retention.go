@@ -243,10 +243,7 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult
 	if err != nil {
 		return res, err
 	}
-	switch kind {
-	case "":
-		return res, ErrNoClaimTable
-	case "p":
+	if kind == "p" {
 		return res, ErrPartitioned
 	}
 	if err := s.pool.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", cfg.Window.Microseconds()).Scan(&res.Horizon); err != nil {
@@ -450,13 +447,14 @@ type querier interface {
 }
 
 // claimTableKind returns the claim table's pg_class.relkind: "r" for a
-// plain table, "p" for a partitioned one, "" when it does not exist.
+// plain table, "p" for a partitioned one. A missing table is
+// ErrNoClaimTable: no caller can do anything with it but refuse.
 func (s *Store) claimTableKind(ctx context.Context, q querier) (string, error) {
 	var kind string
 	err := q.QueryRow(ctx, `SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relname = $2`, s.cfg.Schema, s.cfg.ClaimsTable).Scan(&kind)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil
+		return "", ErrNoClaimTable
 	}
 	if err != nil {
 		return "", fmt.Errorf("claimtx: inspect claim table: %w", err)

@@ -44,9 +44,6 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	if err != nil {
 		return st, err
 	}
-	if kind == "" {
-		return st, ErrNoClaimTable
-	}
 	st.Partitioned = kind == "p"
 	rows, err := s.pool.Query(ctx, s.render(`SELECT consumer, count(*), min(processed_at), max(processed_at)
 FROM {schema}.{claims} GROUP BY consumer ORDER BY consumer`))
