@@ -13,9 +13,8 @@ import (
 
 func TestClaimBatch(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t, 2)
+	st := migrated(t, 2)
 	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
 	batch := func(keys ...string) []string {
 		var got []string
 		require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
@@ -34,9 +33,8 @@ func TestClaimBatch(t *testing.T) {
 
 func TestClaimsByEventDay(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t, 2)
+	st := migrated(t, 2)
 	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
 	byDay, err := st.ClaimsByEventDay(ctx)
 	require.NoError(t, err)
 	require.False(t, byDay)
@@ -46,15 +44,7 @@ func TestClaimsByEventDay(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, byDay)
 
-	claim := func(r store.ClaimRequest) store.ClaimResult {
-		var res store.ClaimResult
-		require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-			var err error
-			res, err = st.ClaimWith(ctx, tx, r)
-			return err
-		}))
-		return res
-	}
+	claim := func(r store.ClaimRequest) store.ClaimResult { return claimWith(t, st, r) }
 	// An hour into yesterday (UTC), so a minute later is the same event day.
 	at := store.EventDay(time.Now().Add(-24 * time.Hour)).Add(time.Hour)
 	h1, h2 := []byte{1}, []byte{2}

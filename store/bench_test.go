@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/pgtest"
@@ -50,17 +49,9 @@ CREATE TABLE point_ledger (customer_id bigint NOT NULL, order_id bigint NOT NULL
 	}{
 		{"effect", func(int64) (pgx.Tx, error) { return pool.Begin(ctx) }},
 		{"claim", func(i int64) (pgx.Tx, error) {
-			b := &pgx.Batch{}
-			b.BeginTx(pgx.TxOptions{})
-			b.Queue(`INSERT INTO processed_messages (consumer, message_key) VALUES ('bench', $1) ON CONFLICT DO NOTHING`,
-				"order-completed:"+strconv.FormatInt(i, 10)).Exec(func(pgconn.CommandTag) error { return nil })
-			br := pool.SendBatch(ctx, b)
-			tx := br.Tx()
-			if err := br.Close(); err != nil {
-				_ = tx.Rollback(ctx)
-				return nil, err
-			}
-			return tx, nil
+			tx, _, err := st.BeginClaim(ctx, pgx.TxOptions{}, store.ClaimRequest{
+				Consumer: "bench", Key: "order-completed:" + strconv.FormatInt(i, 10)})
+			return tx, err
 		}},
 		{"claim-wait", func(i int64) (pgx.Tx, error) {
 			tx, _, err := st.BeginClaim(ctx, pgx.TxOptions{}, store.ClaimRequest{

@@ -16,13 +16,6 @@ import (
 	"github.com/claimtx/claimtx/store/pgtest"
 )
 
-func migrated(t *testing.T, maxConns int32) *store.Store {
-	t.Helper()
-	st, _ := newStore(t, maxConns)
-	require.NoError(t, st.Migrate(context.Background()))
-	return st
-}
-
 func msg(uuid, payload string, md map[string]string) *message.Message {
 	m := message.NewMessage(uuid, []byte(payload))
 	for k, v := range md {

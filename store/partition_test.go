@@ -44,9 +44,8 @@ func claimAt(t *testing.T, st *store.Store, consumer, key string, at time.Time) 
 
 func partitionedStore(t *testing.T, maxConns int32, cfg store.PartitionConfig) (*store.Store, store.PartitioningResult) {
 	t.Helper()
-	st, _ := newStore(t, maxConns)
+	st := migrated(t, maxConns)
 	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
 	_, err := st.Pool().Exec(ctx, "CREATE TABLE ledger (consumer text, message_key text)")
 	require.NoError(t, err)
 	res, err := st.EnablePartitioning(ctx, cfg)
@@ -289,9 +288,8 @@ func TestPartitionConfigAndStates(t *testing.T) {
 // before the switch.
 func TestMigratePlainTableToPartitioned(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t, 4)
+	st := migrated(t, 4)
 	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
 	_, err := st.Pool().Exec(ctx, "CREATE TABLE ledger (consumer text, message_key text)")
 	require.NoError(t, err)
 	today := dbToday(t, st)
@@ -413,9 +411,8 @@ func TestMigratePlainTableToPartitioned(t *testing.T) {
 // moved instead: the legacy partition is re-attached with an old one.
 func TestLegacyPartitionExpires(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t, 4)
+	st := migrated(t, 4)
 	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
 	insertAged(t, st, "c", "old-", 5, "-50 days")
 	res, err := st.EnablePartitioning(ctx, store.PartitionConfig{Ahead: 3})
 	require.NoError(t, err)

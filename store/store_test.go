@@ -27,6 +27,27 @@ func newStore(t *testing.T, maxConns int32) (*store.Store, string) {
 	return st, schema
 }
 
+// claimWith makes the claim r in a transaction of its own and commits it.
+func claimWith(t *testing.T, st *store.Store, r store.ClaimRequest) store.ClaimResult {
+	t.Helper()
+	ctx := context.Background()
+	var res store.ClaimResult
+	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		var err error
+		res, err = st.ClaimWith(ctx, tx, r)
+		return err
+	}))
+	return res
+}
+
+// migrated is newStore with the migrations applied.
+func migrated(t *testing.T, maxConns int32) *store.Store {
+	t.Helper()
+	st, _ := newStore(t, maxConns)
+	require.NoError(t, st.Migrate(context.Background()))
+	return st
+}
+
 func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	t.Parallel()
 	st, schema := newStore(t, 8)
@@ -103,9 +124,8 @@ func TestMigrateTxRollsBackWithCaller(t *testing.T) {
 
 func TestClaim(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t, 4)
+	st := migrated(t, 4)
 	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
 
 	claimIn := func(key string, commit bool) bool {
 		tx, err := st.Pool().Begin(ctx)
@@ -130,9 +150,8 @@ func TestClaim(t *testing.T) {
 
 func TestClaimWaitRestoresLockTimeout(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t, 4)
+	st := migrated(t, 4)
 	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
 	tx, err := st.Pool().Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
@@ -147,9 +166,8 @@ func TestClaimWaitRestoresLockTimeout(t *testing.T) {
 
 func TestClaimWaitTimesOutBehindTwin(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t, 4)
+	st := migrated(t, 4)
 	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
 	holder, err := st.Pool().Begin(ctx)
 	require.NoError(t, err)
 	defer holder.Rollback(ctx)
@@ -203,9 +221,8 @@ func TestHostileNamesRejected(t *testing.T) {
 // A consumer name that looks like SQL is stored as data, never executed.
 func TestHostileConsumerIsData(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t, 2)
+	st := migrated(t, 2)
 	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
 	hostile := `x'); DROP TABLE processed_messages; --`
 	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 		_, err := st.Claim(ctx, tx, hostile, `k'; --`)
@@ -266,18 +283,9 @@ func TestClassifyRealConnectionLoss(t *testing.T) {
 
 func TestClaimWithFingerprint(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t, 2)
+	st := migrated(t, 2)
 	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
-	claim := func(r store.ClaimRequest) store.ClaimResult {
-		var res store.ClaimResult
-		require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-			var err error
-			res, err = st.ClaimWith(ctx, tx, r)
-			return err
-		}))
-		return res
-	}
+	claim := func(r store.ClaimRequest) store.ClaimResult { return claimWith(t, st, r) }
 	h1, h2 := []byte{1, 2, 3}, []byte{9, 9, 9}
 	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", PayloadHash: h1, Wait: time.Second}))
 	require.Equal(t, store.ClaimResult{}, claim(store.ClaimRequest{Consumer: "c", Key: "k", PayloadHash: h1}))
@@ -308,9 +316,8 @@ func TestDuplicateMigrationVersionRefused(t *testing.T) {
 // gone for the effects, and every failure giving the connection back.
 func TestBeginClaim(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t, 2)
+	st := migrated(t, 2)
 	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
 	h1, h2 := []byte{1, 2, 3}, []byte{9, 9, 9}
 	claim := func(r store.ClaimRequest, commit bool) store.ClaimResult {
 		t.Helper()
