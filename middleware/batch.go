@@ -165,22 +165,24 @@ func (b Batch) process(ctx context.Context, msgs []*message.Message, a applier) 
 		}
 		cause := store.Classify(err)
 		transient++
-		if !cause.Transient() || ctx.Err() != nil || transient >= c.MaxAttempts {
-			for i := range msgs {
-				if errs[i] == nil {
-					errs[i] = fmt.Errorf("claimtx: batch of %d: %w", len(msgs), err)
-				}
+		if cause.Transient() && ctx.Err() == nil && transient < c.MaxAttempts {
+			delay := c.backoff(transient)
+			if c.OnRetry != nil {
+				c.OnRetry(Retry{Consumer: c.Consumer, Attempt: transient, Cause: cause, Err: err, Delay: delay})
 			}
-			claimed = nil
-			break
+			serr := sleep(ctx, delay)
+			if serr == nil {
+				continue
+			}
+			err = fmt.Errorf("retry abandoned: %w", serr)
 		}
-		delay := c.backoff(transient)
-		if c.OnRetry != nil {
-			c.OnRetry(Retry{Consumer: c.Consumer, Attempt: transient, Cause: cause, Err: err, Delay: delay})
+		// Nothing committed: every message fails (nack or poison).
+		for i := range msgs {
+			if errs[i] == nil {
+				errs[i] = fmt.Errorf("claimtx: batch of %d: %w", len(msgs), err)
+			}
 		}
-		if sleep(ctx, delay) != nil {
-			break
-		}
+		break
 	}
 
 	for i := range msgs {
@@ -192,8 +194,6 @@ func (b Batch) process(ctx context.Context, msgs []*message.Message, a applier) 
 		case failed[leader[keys[i]]] != nil:
 			errs[i] = failed[leader[keys[i]]]
 			r.Outcome, r.Err = framework.Failed, errs[i]
-		case claimed == nil:
-			r.Outcome = framework.Failed
 		case leader[keys[i]] == i && claimed[keys[i]]:
 			r.Outcome = framework.Applied
 		default:

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
@@ -311,4 +312,32 @@ func sum(xs []int) int {
 		n += x
 	}
 	return n
+}
+
+// A batch abandoned during the backoff before a retry (shutdown) has
+// applied nothing: every message must come back failed, to be nacked, not
+// acked as if it had been applied.
+func TestBatchRetryAbandonedFailsEveryMessage(t *testing.T) {
+	t.Parallel()
+	forEachBatchMode(t, testBatchRetryAbandonedFailsEveryMessage)
+}
+
+func testBatchRetryAbandonedFailsEveryMessage(t *testing.T, run func(middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
+	b := setup(t, 2)
+	rec := &outcomes{}
+	bt := b.batch(t, rec)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	bt.InitialBackoff = time.Hour // only the cancellation ends the wait
+	bt.OnRetry = func(middleware.Retry) { cancel() }
+	deadlock := &pgconn.PgError{Code: "40P01", Message: "deadlock detected"}
+	errs := run(bt, ctx, batchOf(t, order{OrderID: 1, CustomerID: 1, TotalCents: 100}, order{OrderID: 2, CustomerID: 1, TotalCents: 100}),
+		func(*message.Message) error { return deadlock })
+	require.Len(t, errs, 2)
+	for i, err := range errs {
+		require.ErrorIs(t, err, context.Canceled, "message %d", i)
+		require.False(t, framework.IsPermanent(err), "message %d", i)
+	}
+	require.Equal(t, 2, rec.count(framework.Failed))
+	require.Equal(t, int64(0), b.claims(t, "loyalty"))
 }
