@@ -265,24 +265,9 @@ func hex4(p []byte, i int) (rune, bool) {
 }
 
 func lookupJSON(doc any, segs []string, src string) (string, error) {
-	cur := doc
-	for _, s := range segs {
-		switch v := cur.(type) {
-		case map[string]any:
-			next, ok := v[s]
-			if !ok {
-				return "", &KeyError{Source: src, Reason: "field is missing"}
-			}
-			cur = next
-		case []any:
-			i, err := strconv.Atoi(s)
-			if err != nil || i < 0 || i >= len(v) {
-				return "", &KeyError{Source: src, Reason: fmt.Sprintf("no element %q in array of %d", s, len(v))}
-			}
-			cur = v[i]
-		default:
-			return "", &KeyError{Source: src, Reason: fmt.Sprintf("cannot descend into %s at %q", jsonType(cur), s)}
-		}
+	cur, reason := descendJSON(doc, segs)
+	if reason != "" {
+		return "", &KeyError{Source: src, Reason: reason}
 	}
 	switch v := cur.(type) {
 	case string:
