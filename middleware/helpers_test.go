@@ -173,3 +173,48 @@ func consume(fn middleware.TxHandlerFunc) message.HandlerFunc {
 	h := middleware.TxHandler(fn)
 	return func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
 }
+
+// deliverTwins delivers n copies of one order to h at once, each on its own
+// open connection, and checks that exactly one applied and no error
+// reached the router.
+func deliverTwins(t *testing.T, b bundle, h message.HandlerFunc, rec *outcomes, n int) {
+	t.Helper()
+	o := order{OrderID: 9913, CustomerID: 8, TotalCents: 1000}
+	warm(t, b.pool, n)
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := h(newDelivery(t, o))
+			errs <- err
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err, "no error may surface to the router")
+	}
+	require.Equal(t, 1, rec.count(framework.Applied))
+	require.Equal(t, n-1, rec.count(framework.Duplicate))
+	require.Equal(t, int64(10), b.balance(t, 8))
+	require.Equal(t, int64(1), b.ledgerRows(t, 9913))
+}
+
+// warm opens n connections so that every twin starts on its own.
+func warm(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	conns := make([]*pgxpool.Conn, 0, n)
+	for i := 0; i < n; i++ {
+		c, err := pool.Acquire(context.Background())
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+}

@@ -5,13 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
@@ -107,47 +105,8 @@ func naturalTwins(t *testing.T, b bundle, n int, iso pgx.TxIsoLevel) *outcomes {
 		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.05)")
 		return err
 	}
-	h := c.Middleware(consume(slow))
-	o := order{OrderID: 9913, CustomerID: 8, TotalCents: 1000}
-	warm(t, b.pool, n)
-
-	start := make(chan struct{})
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			_, err := h(newDelivery(t, o))
-			errs <- err
-		}()
-	}
-	close(start)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err, "no error may surface to the router")
-	}
-	require.Equal(t, 1, rec.count(framework.Applied))
-	require.Equal(t, n-1, rec.count(framework.Duplicate))
-	require.Equal(t, int64(10), b.balance(t, 8))
-	require.Equal(t, int64(1), b.ledgerRows(t, 9913))
+	deliverTwins(t, b, c.Middleware(consume(slow)), rec, n)
 	return rec
-}
-
-// warm opens n connections so that every twin starts on its own.
-func warm(t *testing.T, pool *pgxpool.Pool, n int) {
-	t.Helper()
-	conns := make([]*pgxpool.Conn, 0, n)
-	for i := 0; i < n; i++ {
-		c, err := pool.Acquire(context.Background())
-		require.NoError(t, err)
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		c.Release()
-	}
 }
 
 func TestNaturalKeyConcurrentTwins8(t *testing.T) {

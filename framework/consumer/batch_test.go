@@ -2,10 +2,7 @@ package consumer_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -65,9 +62,7 @@ func testRunBatch(t *testing.T, broker string, window int, setWise bool, minBatc
 	_, err = pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
 	require.NoError(t, err)
 
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	topic := "batch-test-" + hex.EncodeToString(b[:])
+	topic := "batch-test-" + randHex()
 	cfg := brokers.DefaultConfig()
 	cfg.Kind = broker
 	cfg.AMQP.Concurrency = 64
@@ -118,14 +113,7 @@ func testRunBatch(t *testing.T, broker string, window int, setWise bool, minBatc
 	// Everything is queued before the consumer starts, so a window lets
 	// batches fill up.
 	const orders = 300
-	var msgs []*message.Message
-	for copy := 0; copy < 2; copy++ {
-		for i := 1; i <= orders; i++ {
-			msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"order_id": %d}`, i))))
-		}
-	}
-	msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(`{"order_id": `)))
-	require.NoError(t, pub.Publish(topic, msgs...))
+	require.NoError(t, pub.Publish(topic, ordersTwice(orders, `{"order_id": `)...))
 
 	var maxBatch atomic.Int64
 	opts := consumer.BatchOptions{MaxSize: 50, Workers: 2, Poison: middleware.Poison{Publisher: pub, Topic: topic + ".poison"}}
@@ -162,13 +150,8 @@ func testRunBatch(t *testing.T, broker string, window int, setWise bool, minBatc
 		}, opts)
 	}()
 
-	select {
-	case m := <-poisoned:
-		require.Contains(t, m.Metadata.Get(middleware.PoisonReasonKey), "not valid JSON")
-		m.Ack()
-	case <-time.After(30 * time.Second):
-		t.Fatal("bad message not poisoned")
-	}
+	m := awaitPoisoned(t, poisoned, 30*time.Second, "bad message not poisoned")
+	require.Contains(t, m.Metadata.Get(middleware.PoisonReasonKey), "not valid JSON")
 	require.Eventually(t, func() bool {
 		return rec.n(framework.Applied) == orders && rec.n(framework.Duplicate) == orders
 	}, 60*time.Second, 20*time.Millisecond)
@@ -192,9 +175,7 @@ func TestNewBatch(t *testing.T) {
 	defer cancel()
 	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
 	require.NoError(t, err)
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	topic := "newbatch-" + hex.EncodeToString(b[:])
+	topic := "newbatch-" + randHex()
 	bcfg := brokers.DefaultConfig()
 	bcfg.AMQP.Window = 256
 	reg := prometheus.NewRegistry()
@@ -230,24 +211,12 @@ func TestNewBatch(t *testing.T) {
 	require.NoError(t, err)
 
 	const orders = 200
-	var msgs []*message.Message
-	for copy := 0; copy < 2; copy++ {
-		for i := 1; i <= orders; i++ {
-			msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"order_id": %d}`, i))))
-		}
-	}
-	msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(`not json`)))
-	require.NoError(t, c.Publisher().Publish(topic, msgs...))
+	require.NoError(t, c.Publisher().Publish(topic, ordersTwice(orders, `not json`)...))
 
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	select {
-	case m := <-poisoned:
-		require.Contains(t, m.Metadata.Get(middleware.PoisonReasonKey), "not valid JSON")
-		m.Ack()
-	case <-time.After(30 * time.Second):
-		t.Fatal("bad message not poisoned")
-	}
+	m := awaitPoisoned(t, poisoned, 30*time.Second, "bad message not poisoned")
+	require.Contains(t, m.Metadata.Get(middleware.PoisonReasonKey), "not valid JSON")
 	require.Eventually(t, func() bool {
 		return rec.n(framework.Applied) == orders && rec.n(framework.Duplicate) == orders && rec.n(framework.Poisoned) == 1
 	}, 60*time.Second, 20*time.Millisecond)

@@ -41,6 +41,42 @@ func (r *recorder) n(o framework.Outcome) int {
 	return r.got[o]
 }
 
+// goChannel is an in-process broker private to the test's schema that
+// keeps what is published before anyone subscribes.
+func goChannel(schema string) brokers.Config {
+	bcfg := brokers.DefaultConfig()
+	bcfg.Kind = brokers.KindGoChannel
+	bcfg.GoChannel.Name = schema
+	bcfg.GoChannel.Persistent = true
+	return bcfg
+}
+
+// awaitPoisoned returns the next message on poisoned, acked, or fails the
+// test with failure after wait.
+func awaitPoisoned(t *testing.T, poisoned <-chan *message.Message, wait time.Duration, failure string) *message.Message {
+	t.Helper()
+	select {
+	case m := <-poisoned:
+		m.Ack()
+		return m
+	case <-time.After(wait):
+		t.Fatal(failure)
+		return nil
+	}
+}
+
+// ordersTwice is n orders ({"order_id": i}), each published twice, and one
+// message with the payload bad.
+func ordersTwice(n int, bad string) []*message.Message {
+	var msgs []*message.Message
+	for range 2 {
+		for i := 1; i <= n; i++ {
+			msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"order_id": %d}`, i))))
+		}
+	}
+	return append(msgs, message.NewMessage(watermill.NewUUID(), []byte(bad)))
+}
+
 // TestComposedRouter runs the whole chain (Recoverer -> Poison -> Retry ->
 // Claim -> handler) over the in-process broker: good messages apply once
 // however often they are published, bad ones land in the poison topic with
@@ -53,10 +89,7 @@ func TestComposedRouter(t *testing.T) {
 	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
 	require.NoError(t, err)
 
-	bcfg := brokers.DefaultConfig()
-	bcfg.Kind = brokers.KindGoChannel
-	bcfg.GoChannel.Name = schema
-	bcfg.GoChannel.Persistent = true
+	bcfg := goChannel(schema)
 	rec := &recorder{got: map[framework.Outcome]int{}}
 	c, err := consumer.New(ctx, consumer.Config{
 		Name: "effects", Topic: "orders", Key: "json:order_id", Pool: pool,
@@ -108,13 +141,8 @@ func TestComposedRouter(t *testing.T) {
 
 	reasons := map[string]bool{}
 	for len(reasons) < 2 {
-		select {
-		case m := <-poisoned:
-			reasons[m.Metadata.Get(middleware.PoisonReasonKey)] = true
-			m.Ack()
-		case <-time.After(10 * time.Second):
-			t.Fatalf("only %d poisoned messages arrived: %v", len(reasons), reasons)
-		}
+		m := awaitPoisoned(t, poisoned, 10*time.Second, fmt.Sprintf("only %d poisoned messages arrived: %v", len(reasons), reasons))
+		reasons[m.Metadata.Get(middleware.PoisonReasonKey)] = true
 	}
 	var sawKey, sawHandler bool
 	for r := range reasons {

@@ -28,10 +28,7 @@ func TestExpiredReplayIsPoisoned(t *testing.T) {
 	defer cancel()
 	_, err := pool.Exec(ctx, "CREATE TABLE effects (k text NOT NULL)")
 	require.NoError(t, err)
-	bcfg := brokers.DefaultConfig()
-	bcfg.Kind = brokers.KindGoChannel
-	bcfg.GoChannel.Name = schema
-	bcfg.GoChannel.Persistent = true
+	bcfg := goChannel(schema)
 	eventTime, err := framework.ParseTimeSpec("metadata:event_time")
 	require.NoError(t, err)
 	rec := &recorder{got: map[framework.Outcome]int{}}
@@ -65,14 +62,9 @@ func TestExpiredReplayIsPoisoned(t *testing.T) {
 	fresh.Metadata.Set("event_time", time.Now().UTC().Format(time.RFC3339))
 	require.NoError(t, pub.Publish("orders", old, fresh))
 
-	select {
-	case m := <-poisoned:
-		require.Equal(t, "old", m.Metadata.Get("event_id"))
-		require.Contains(t, m.Metadata.Get(middleware.PoisonReasonKey), "expired")
-		m.Ack()
-	case <-time.After(10 * time.Second):
-		t.Fatal("expired message not poisoned")
-	}
+	m := awaitPoisoned(t, poisoned, 10*time.Second, "expired message not poisoned")
+	require.Equal(t, "old", m.Metadata.Get("event_id"))
+	require.Contains(t, m.Metadata.Get(middleware.PoisonReasonKey), "expired")
 	require.Eventually(t, func() bool { return rec.n(framework.Applied) == 1 && rec.n(framework.Expired) == 1 }, 10*time.Second, 10*time.Millisecond, "%v", rec.snapshot())
 	require.Zero(t, rec.n(framework.Poisoned))
 	var keys []string

@@ -72,7 +72,7 @@ func TestHostileConsumerNameAndKeyAreData(t *testing.T) {
 
 	name := `loyalty'); DROP TABLE effects; --`
 	key := `k'); DELETE FROM effects; --`
-	bcfg := brokers.Config{Kind: brokers.KindGoChannel, GoChannel: brokers.GoChannelConfig{Name: schema, Persistent: true}}
+	bcfg := goChannel(schema)
 	applied := make(chan struct{}, 2)
 	c, err := consumer.New(ctx, consumer.Config{Name: name, Topic: "orders", Key: "metadata:event_id", Pool: pool,
 		Store: store.Config{Schema: schema}, Broker: bcfg, Logger: slog.New(slog.DiscardHandler)},
