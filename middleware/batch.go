@@ -213,9 +213,10 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 			want = append(want, k)
 		}
 	}
-	tx, err := c.Store.Pool().BeginTx(ctx, pgx.TxOptions{IsoLevel: c.Isolation})
+	// BEGIN and the claim in one round trip.
+	tx, newKeys, err := c.Store.BeginClaimBatch(ctx, pgx.TxOptions{IsoLevel: c.Isolation}, c.Consumer, want, c.ClaimWait)
 	if err != nil {
-		return nil, fmt.Errorf("claimtx: begin: %w", err)
+		return nil, err
 	}
 	committed := false
 	defer func() {
@@ -223,10 +224,6 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 			rollback(ctx, tx)
 		}
 	}()
-	newKeys, err := c.Store.ClaimBatchWait(ctx, tx, c.Consumer, want, c.ClaimWait)
-	if err != nil {
-		return nil, err
-	}
 	claimed := make(map[string]bool, len(newKeys))
 	idx := make([]int, len(newKeys)) // newKeys is sorted: effects run in key order
 	for j, k := range newKeys {

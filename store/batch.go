@@ -33,11 +33,41 @@ func (s *Store) ClaimBatchWait(ctx context.Context, tx pgx.Tx, consumer string, 
 	if tx == nil {
 		return nil, errors.New("claimtx: ClaimBatch needs a transaction")
 	}
+	b := &pgx.Batch{}
+	claimed := s.queueClaimBatch(b, consumer, keys, wait)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("claimtx: claim batch: %w", err)
+	}
+	slices.Sort(*claimed)
+	return *claimed, nil
+}
+
+// BeginClaimBatch is BeginClaim for ClaimBatchWait: it begins a transaction
+// on a connection from the pool and claims keys in it, in one round trip.
+// On success the caller owns tx and must Commit or Rollback it; on error
+// there is no transaction to end.
+func (s *Store) BeginClaimBatch(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, wait time.Duration) (pgx.Tx, []string, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(opts)
+	claimed := s.queueClaimBatch(b, consumer, keys, wait)
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		rollback(ctx, tx)
+		return nil, nil, fmt.Errorf("claimtx: claim batch: %w", err)
+	}
+	slices.Sort(*claimed)
+	return tx, *claimed, nil
+}
+
+// queueClaimBatch queues the claim of keys (sorted and deduplicated, so
+// overlapping batches lock in the same order) bounded by wait; the claimed
+// keys are collected in the returned slice when the batch is read.
+func (s *Store) queueClaimBatch(b *pgx.Batch, consumer string, keys []string, wait time.Duration) *[]string {
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
 	claimed := make([]string, 0, len(sorted))
-	b := &pgx.Batch{}
 	queueBounded(b, wait, func() {
 		b.Queue(s.claims.batch, consumer, sorted).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
@@ -50,9 +80,5 @@ func (s *Store) ClaimBatchWait(ctx context.Context, tx pgx.Tx, consumer string, 
 			return rows.Err()
 		})
 	})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("claimtx: claim batch: %w", err)
-	}
-	slices.Sort(claimed)
-	return claimed, nil
+	return &claimed
 }

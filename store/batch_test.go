@@ -31,6 +31,34 @@ func TestClaimBatch(t *testing.T) {
 	require.Error(t, err)
 }
 
+// BeginClaimBatch: the same claims as ClaimBatchWait, in a transaction it
+// begins in the same round trip with the given options; a claim that
+// fails (behind an uncommitted twin, past its wait) leaves no transaction
+// and gives the connection back.
+func TestBeginClaimBatch(t *testing.T) {
+	t.Parallel()
+	st := migrated(t, 2)
+	ctx := context.Background()
+	tx, got, err := st.BeginClaimBatch(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, "c", []string{"b", "a", "b"}, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a", "b"}, got)
+	var iso, lockTimeout string
+	require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation'), current_setting('lock_timeout')").Scan(&iso, &lockTimeout))
+	require.Equal(t, "repeatable read", iso)
+	require.Equal(t, "0", lockTimeout, "the effects must not inherit the claim's lock_timeout")
+
+	// Behind the uncommitted claim of "a": the wait expires.
+	_, _, err = st.BeginClaimBatch(ctx, pgx.TxOptions{}, "c", []string{"a", "c"}, 20*time.Millisecond)
+	require.Equal(t, store.CauseClaimWait, store.Classify(err))
+	require.Equal(t, int32(1), st.Pool().Stat().AcquiredConns(), "only the first transaction's connection is out")
+	require.NoError(t, tx.Commit(ctx))
+
+	tx, got, err = st.BeginClaimBatch(ctx, pgx.TxOptions{}, "c", []string{"a", "c"}, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []string{"c"}, got, "a is a duplicate now")
+	require.NoError(t, tx.Rollback(ctx))
+}
+
 func TestClaimsByEventDay(t *testing.T) {
 	t.Parallel()
 	st := migrated(t, 2)
