@@ -107,9 +107,7 @@ func TestPlainProducer(t *testing.T) {
 	topic := uniqueName(t)
 	deleteQueuesAtCleanup(t, topic)
 
-	sub, err := amqp.NewSubscriber(testConfig(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, testConfig())
 	require.NoError(t, sub.SubscribeInitialize(topic))
 
 	ch := rawChannel(t)
@@ -174,9 +172,7 @@ func TestDeadLetterReplay(t *testing.T) {
 	require.Error(t, err, "watermill's DefaultMarshaler rejects x-death: that is the requeue loop this adapter avoids")
 	require.NoError(t, dead.Nack(false, true)) // back into dlq for the subscriber
 
-	sub, err := amqp.NewSubscriber(testConfig(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, testConfig())
 	msgs, err := sub.Subscribe(t.Context(), dlq)
 	require.NoError(t, err)
 
@@ -200,9 +196,7 @@ func TestNonStringHeaders(t *testing.T) {
 	topic := uniqueName(t)
 	deleteQueuesAtCleanup(t, topic)
 
-	sub, err := amqp.NewSubscriber(testConfig(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, testConfig())
 	require.NoError(t, sub.SubscribeInitialize(topic))
 
 	when := time.Date(2023, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -259,11 +253,7 @@ func requireQueueDrained(t *testing.T, ch *amqp091.Channel, queue string, msgs <
 		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 		return err == nil && q.Messages == 0
 	}, 5*time.Second, 20*time.Millisecond)
-	select {
-	case m := <-msgs:
-		t.Fatalf("message %s delivered again", m.UUID)
-	case <-time.After(200 * time.Millisecond):
-	}
+	requireNothingMore(t, msgs, 200*time.Millisecond, "delivered again")
 }
 
 // TestConcurrency: with Concurrency N, N messages are in the handler at the
@@ -283,9 +273,7 @@ func TestConcurrency(t *testing.T) {
 		require.NoError(t, pub.Publish(topic, message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "%d", i))))
 	}
 
-	sub, err := amqp.NewSubscriber(cfg, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, cfg)
 	msgs, err := sub.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
 
@@ -293,11 +281,7 @@ func TestConcurrency(t *testing.T) {
 	for range n {
 		held = append(held, receive(t, msgs, 10*time.Second))
 	}
-	select {
-	case m := <-msgs:
-		t.Fatalf("message %s arrived while %d are unacked; concurrency is %d", m.UUID, n, n)
-	case <-time.After(300 * time.Millisecond):
-	}
+	requireNothingMore(t, msgs, 300*time.Millisecond, fmt.Sprintf("%d are unacked and the concurrency is %d", n, n))
 	for _, m := range held {
 		m.Ack()
 	}
@@ -321,9 +305,7 @@ func TestNackDelay(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, pub.Close()) })
 	require.NoError(t, pub.Publish(topic, message.NewMessage("m-1", []byte("x"))))
 
-	sub, err := amqp.NewSubscriber(cfg, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, cfg)
 	msgs, err := sub.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
 
@@ -354,9 +336,7 @@ func TestPublishBeforeSubscribe(t *testing.T) {
 	require.NoError(t, pub.Close())
 	require.Error(t, pub.Publish(topic, msg), "publish after close")
 
-	sub, err := amqp.NewSubscriber(testConfig(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, testConfig())
 	msgs, err := sub.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
 	m := receive(t, msgs, 10*time.Second)
@@ -380,9 +360,7 @@ func TestSubscribeContextCancel(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, pub.Close()) })
 	require.NoError(t, pub.Publish(topic, message.NewMessage("keep-me", []byte("x"))))
 
-	sub, err := amqp.NewSubscriber(cfg, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, cfg)
 	ctx, cancel := context.WithCancel(t.Context())
 	msgs, err := sub.Subscribe(ctx, topic)
 	require.NoError(t, err)

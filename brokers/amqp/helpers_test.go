@@ -74,22 +74,26 @@ func rawChannel(t *testing.T) *amqp091.Channel {
 // outcome.
 func deleteQueuesAtCleanup(t *testing.T, names ...string) {
 	t.Helper()
-	t.Cleanup(func() {
-		conn, err := amqp091.Dial(amqpURL())
+	t.Cleanup(func() { deleteQueues(t, names) })
+}
+
+// deleteQueues deletes the named queues, each on a channel of its own: one
+// failed deletion closes its channel, not the others'.
+func deleteQueues(t *testing.T, names []string) {
+	conn, err := amqp091.Dial(amqpURL())
+	if err != nil {
+		t.Logf("cleanup: %v", err)
+		return
+	}
+	defer conn.Close()
+	for _, n := range names {
+		ch, err := conn.Channel()
 		if err != nil {
-			t.Logf("cleanup: %v", err)
 			return
 		}
-		defer conn.Close()
-		for _, n := range names {
-			ch, err := conn.Channel()
-			if err != nil {
-				return
-			}
-			_, _ = ch.QueueDelete(n, false, false, false)
-			_ = ch.Close()
-		}
-	})
+		_, _ = ch.QueueDelete(n, false, false, false)
+		_ = ch.Close()
+	}
 }
 
 // queueTracker records every topic a suite touches, to delete its queues.
@@ -114,20 +118,7 @@ func (q *queueTracker) cleanup(t *testing.T) {
 		names = append(names, n)
 	}
 	q.mu.Unlock()
-	conn, err := amqp091.Dial(amqpURL())
-	if err != nil {
-		t.Logf("cleanup: %v", err)
-		return
-	}
-	defer conn.Close()
-	for _, n := range names {
-		ch, err := conn.Channel()
-		if err != nil {
-			return
-		}
-		_, _ = ch.QueueDelete(n, false, false, false)
-		_ = ch.Close()
-	}
+	deleteQueues(t, names)
 }
 
 type trackingSubscriber struct {
@@ -153,6 +144,28 @@ type trackingPublisher struct {
 func (p trackingPublisher) Publish(topic string, msgs ...*message.Message) error {
 	p.q.add(topic)
 	return p.Publisher.Publish(topic, msgs...)
+}
+
+// newSubscriber returns a Subscriber closed (and checked) when the test ends.
+func newSubscriber(t *testing.T, cfg amqp.Config) *amqp.Subscriber {
+	t.Helper()
+	sub, err := amqp.NewSubscriber(cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	return sub
+}
+
+// receiveAcked receives n messages, acks each, and returns their payloads,
+// sorted.
+func receiveAcked(t *testing.T, msgs <-chan *message.Message, n int) []string {
+	t.Helper()
+	got := make([]*message.Message, 0, n)
+	for range n {
+		m := receive(t, msgs, 10*time.Second)
+		require.True(t, m.Ack())
+		got = append(got, m)
+	}
+	return payloadsOf(got)
 }
 
 // receive waits for one message or fails the test.

@@ -13,6 +13,19 @@ import (
 	"github.com/claimtx/claimtx/brokers/amqp"
 )
 
+// skipUnlessReconnectable skips a test that drops connections with
+// closeConnectionsNamed when it cannot run: under -race (see TestReconnect)
+// or without rabbitmqctl.
+func skipUnlessReconnectable(t *testing.T) {
+	t.Helper()
+	if raceEnabled && os.Getenv("CLAIMTX_RECONNECT_UNDER_RACE") == "" {
+		t.Skip("watermill-amqp's reconnect path is racy (connection.go:139 vs :114); run without -race")
+	}
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		t.Skip("rabbitmqctl not available")
+	}
+}
+
 // closeConnectionsNamed makes RabbitMQ close the connections whose
 // connection_name is name, and only those, so the test does not disturb
 // the other tests sharing the broker.
@@ -44,12 +57,7 @@ func closeConnectionsNamed(t *testing.T, name string) int {
 //
 //	go test -count=1 -run TestReconnect ./brokers/amqp/
 func TestReconnect(t *testing.T) {
-	if raceEnabled && os.Getenv("CLAIMTX_RECONNECT_UNDER_RACE") == "" {
-		t.Skip("watermill-amqp's reconnect path is racy (connection.go:139 vs :114); run without -race")
-	}
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		t.Skip("rabbitmqctl not available")
-	}
+	skipUnlessReconnectable(t)
 	t.Parallel()
 	topic := uniqueName(t)
 	deleteQueuesAtCleanup(t, topic)
@@ -60,9 +68,7 @@ func TestReconnect(t *testing.T) {
 	pub, err := amqp.NewPublisher(cfg, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pub.Close()) })
-	sub, err := amqp.NewSubscriber(cfg, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, cfg)
 	msgs, err := sub.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
 

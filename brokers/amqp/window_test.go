@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
-	"os/exec"
 	"sort"
 	"testing"
 	"time"
@@ -84,9 +82,7 @@ func TestWindow(t *testing.T) {
 	deleteQueuesAtCleanup(t, topic)
 	want := publishPayloads(t, topic, numbered("w", 3*n)...)
 
-	sub, err := amqp.NewSubscriber(windowConfig(n), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, windowConfig(n))
 	msgs, err := sub.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
 
@@ -118,9 +114,7 @@ func TestWindowNack(t *testing.T) {
 
 	cfg := windowConfig(2)
 	cfg.NackDelay = delay
-	sub, err := amqp.NewSubscriber(cfg, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, cfg)
 	msgs, err := sub.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
 
@@ -133,14 +127,9 @@ func TestWindowNack(t *testing.T) {
 
 	// With "bad" held for the delay, one slot of two is left: the six
 	// others pass through it, one at a time, before the delay ends.
-	var got []*message.Message
-	for range len(want) {
-		m := receive(t, msgs, 10*time.Second)
-		require.True(t, m.Ack())
-		got = append(got, m)
-	}
+	got := receiveAcked(t, msgs, len(want))
 	require.Less(t, time.Since(nackedAt), delay, "the other messages waited for the nack delay")
-	require.Equal(t, want, payloadsOf(got))
+	require.Equal(t, want, got)
 
 	again := receive(t, msgs, 10*time.Second)
 	require.GreaterOrEqual(t, time.Since(nackedAt), delay)
@@ -178,18 +167,10 @@ func TestWindowCloseReturnsUnacked(t *testing.T) {
 	_, err = sub.Subscribe(t.Context(), topic)
 	require.Error(t, err, "subscribe after close")
 
-	sub2, err := amqp.NewSubscriber(windowConfig(10), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub2.Close()) })
+	sub2 := newSubscriber(t, windowConfig(10))
 	msgs2, err := sub2.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
-	var got []*message.Message
-	for range len(want) {
-		m := receive(t, msgs2, 10*time.Second)
-		require.True(t, m.Ack())
-		got = append(got, m)
-	}
-	require.Equal(t, want, payloadsOf(got))
+	require.Equal(t, want, receiveAcked(t, msgs2, len(want)))
 	requireQueueDrained(t, rawChannel(t), topic, msgs2)
 }
 
@@ -201,9 +182,7 @@ func TestWindowContextCancel(t *testing.T) {
 	deleteQueuesAtCleanup(t, topic)
 	want := publishPayloads(t, topic, numbered("x", 4)...)
 
-	sub, err := amqp.NewSubscriber(windowConfig(8), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, windowConfig(8))
 	ctx, cancel := context.WithCancel(t.Context())
 	msgs, err := sub.Subscribe(ctx, topic)
 	require.NoError(t, err)
@@ -216,13 +195,7 @@ func TestWindowContextCancel(t *testing.T) {
 
 	msgs, err = sub.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
-	var got []*message.Message
-	for range len(want) {
-		m := receive(t, msgs, 10*time.Second)
-		require.True(t, m.Ack())
-		got = append(got, m)
-	}
-	require.Equal(t, want, payloadsOf(got))
+	require.Equal(t, want, receiveAcked(t, msgs, len(want)))
 }
 
 // TestWindowMetadataMatchesDefault: the same published message gives the
@@ -341,16 +314,12 @@ func TestWindowSharesQueueArguments(t *testing.T) {
 	deleteQueuesAtCleanup(t, topic)
 	cfg := testConfig()
 	cfg.QueueArguments = map[string]any{"x-max-priority": 5}
-	def, err := amqp.NewSubscriber(cfg, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, def.Close()) })
+	def := newSubscriber(t, cfg)
 	require.NoError(t, def.SubscribeInitialize(topic))
 
 	wcfg := cfg
 	wcfg.Window = 4
-	win, err := amqp.NewSubscriber(wcfg, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, win.Close()) })
+	win := newSubscriber(t, wcfg)
 	msgs, err := win.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
 	publishPayloadsWith(t, cfg, topic, "shared")
@@ -358,9 +327,7 @@ func TestWindowSharesQueueArguments(t *testing.T) {
 
 	bad := testConfig() // no arguments: RabbitMQ refuses the redeclaration
 	bad.Window = 4
-	other, err := amqp.NewSubscriber(bad, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, other.Close()) })
+	other := newSubscriber(t, bad)
 	_, err = other.Subscribe(t.Context(), topic)
 	var aerr *amqp091.Error
 	require.ErrorAs(t, err, &aerr)
@@ -376,9 +343,7 @@ func TestWindowQueueDeleted(t *testing.T) {
 	deleteQueuesAtCleanup(t, topic)
 	publishPayloads(t, topic, "before")
 
-	sub, err := amqp.NewSubscriber(windowConfig(4), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, windowConfig(4))
 	msgs, err := sub.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
 	before := receive(t, msgs, 10*time.Second)
@@ -391,13 +356,7 @@ func TestWindowQueueDeleted(t *testing.T) {
 	requireConsumers(t, topic, 1)
 
 	want := publishPayloads(t, topic, numbered("after", 3)...)
-	var got []*message.Message
-	for range len(want) {
-		m := receive(t, msgs, 10*time.Second)
-		require.True(t, m.Ack())
-		got = append(got, m)
-	}
-	require.Equal(t, want, payloadsOf(got))
+	require.Equal(t, want, receiveAcked(t, msgs, len(want)))
 }
 
 // requireConsumers waits until queue exists with n consumers. A passive
@@ -423,12 +382,7 @@ func requireConsumers(t *testing.T, queue string, n int) {
 // old copy has no effect there) and consumption goes on. Skipped under
 // -race like TestReconnect (watermill-amqp's reconnect path is racy).
 func TestWindowReconnect(t *testing.T) {
-	if raceEnabled && os.Getenv("CLAIMTX_RECONNECT_UNDER_RACE") == "" {
-		t.Skip("watermill-amqp's reconnect path is racy (connection.go:139 vs :114); run without -race")
-	}
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		t.Skip("rabbitmqctl not available")
-	}
+	skipUnlessReconnectable(t)
 	t.Parallel()
 	topic := uniqueName(t)
 	deleteQueuesAtCleanup(t, topic)
@@ -436,9 +390,7 @@ func TestWindowReconnect(t *testing.T) {
 
 	cfg := windowConfig(1)
 	cfg.ConnectionName = uniqueName(t)
-	sub, err := amqp.NewSubscriber(cfg, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	sub := newSubscriber(t, cfg)
 	msgs, err := sub.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
 
