@@ -71,6 +71,15 @@ func testConfig(t *testing.T, b *devbroker.Broker) kafka.Config {
 	}
 }
 
+// publish publishes msgs to topic in order with a publisher of its own.
+func publish(t *testing.T, cfg kafka.Config, topic string, msgs ...*message.Message) {
+	t.Helper()
+	pub, err := kafka.NewPublisher(cfg, nil)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, pub.Close()) }()
+	require.NoError(t, pub.Publish(topic, msgs...))
+}
+
 func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
 	t.Helper()
 	select {
@@ -165,11 +174,8 @@ func TestPlainProducer(t *testing.T) {
 	require.NoError(t, res.FirstErr())
 	rec := res[0].Record
 
-	sub, err := kafka.NewSubscriber(cfg, nil)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, sub.Close()) }()
-	msgs, err := sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	sub, msgs := subscribe(t, cfg, topic)
+	defer closeSub(t, sub)
 	m := receive(t, msgs, 15*time.Second)
 	require.True(t, m.Ack())
 
@@ -191,21 +197,17 @@ func TestGroupStartsFromOldest(t *testing.T) {
 	cfg := testConfig(t, b)
 	topic := uniqueName(t)
 
-	pub, err := kafka.NewPublisher(cfg, nil)
-	require.NoError(t, err)
 	want := map[string]bool{}
+	var sent []*message.Message
 	for i := range 5 {
 		m := message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(i)))
 		want[m.UUID] = true
-		require.NoError(t, pub.Publish(topic, m))
+		sent = append(sent, m)
 	}
-	require.NoError(t, pub.Close())
+	publish(t, cfg, topic, sent...)
 
-	sub, err := kafka.NewSubscriber(cfg, nil)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, sub.Close()) }()
-	msgs, err := sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	sub, msgs := subscribe(t, cfg, topic)
+	defer closeSub(t, sub)
 	got := map[string]bool{}
 	for len(got) < len(want) {
 		m := receive(t, msgs, 15*time.Second)
@@ -223,21 +225,15 @@ func TestRoundTripMetadata(t *testing.T) {
 	cfg := testConfig(t, b)
 	topic := uniqueName(t)
 
-	pub, err := kafka.NewPublisher(cfg, nil)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, pub.Close()) }()
 	sent := message.NewMessage("uuid-rt", []byte("body"))
 	sent.Metadata.Set("event_id", "evt-rt")
 	sent.Metadata.Set(kafka.PartitionKeyMetadata, "customer-1")
 	sent.Metadata.Set(kafka.MetadataOffset, "999") // stale delivery metadata is not published
 	before := time.Now().Add(-time.Second)
-	require.NoError(t, pub.Publish(topic, sent))
+	publish(t, cfg, topic, sent)
 
-	sub, err := kafka.NewSubscriber(cfg, nil)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, sub.Close()) }()
-	msgs, err := sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	sub, msgs := subscribe(t, cfg, topic)
+	defer closeSub(t, sub)
 	m := receive(t, msgs, 15*time.Second)
 	require.True(t, m.Ack())
 
@@ -262,16 +258,10 @@ func TestNackResends(t *testing.T) {
 	cfg.NackDelay = 300 * time.Millisecond
 	topic := uniqueName(t)
 
-	pub, err := kafka.NewPublisher(cfg, nil)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, pub.Close()) }()
-	require.NoError(t, pub.Publish(topic, message.NewMessage("n-1", []byte("x"))))
+	publish(t, cfg, topic, message.NewMessage("n-1", []byte("x")))
 
-	sub, err := kafka.NewSubscriber(cfg, nil)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, sub.Close()) }()
-	msgs, err := sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	sub, msgs := subscribe(t, cfg, topic)
+	defer closeSub(t, sub)
 	first := receive(t, msgs, 15*time.Second)
 	nackedAt := time.Now()
 	first.Nack()

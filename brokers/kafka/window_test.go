@@ -40,12 +40,11 @@ func newAdmin(t *testing.T, b *devbroker.Broker) *kadm.Client {
 // produce publishes n messages with payloads "0".."n-1" in order.
 func produce(t *testing.T, cfg kafka.Config, topic string, n int) {
 	t.Helper()
-	pub, err := kafka.NewPublisher(cfg, nil)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, pub.Close()) }()
-	for i := range n {
-		require.NoError(t, pub.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(i)))))
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(i)))
 	}
+	publish(t, cfg, topic, msgs...)
 }
 
 // committed returns the group's committed offset for topic/partition, or -1
@@ -238,11 +237,8 @@ func TestWindowRestart(t *testing.T) {
 	produce(t, cfg, topic, 2*n)
 	adm := newAdmin(t, b)
 
-	sub1, err := kafka.NewSubscriber(cfg, nil)
-	require.NoError(t, err)
+	sub1, msgs1 := subscribe(t, cfg, topic)
 	defer closeSub(t, sub1) // Close is idempotent
-	msgs1, err := sub1.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
 	var held []*message.Message
 	for range n {
 		held = append(held, receive(t, msgs1, 15*time.Second))
@@ -283,13 +279,10 @@ func TestWindowMetadataMatchesDefault(t *testing.T) {
 	cfg := testConfig(t, b)
 	topic := uniqueName(t)
 
-	pub, err := kafka.NewPublisher(cfg, nil)
-	require.NoError(t, err)
 	sent := message.NewMessage("uuid-win", []byte("body"))
 	sent.Metadata.Set("event_id", "evt-win")
 	sent.Metadata.Set(kafka.PartitionKeyMetadata, "customer-9")
-	require.NoError(t, pub.Publish(topic, sent))
-	require.NoError(t, pub.Close())
+	publish(t, cfg, topic, sent)
 
 	consume := func(c kafka.Config) *message.Message {
 		sub, msgs := subscribe(t, c, topic)
