@@ -209,8 +209,30 @@ func TestRelayPublishTimeout(t *testing.T) {
 	e.requireEachEffectOnce(t, 3)
 	require.Equal(t, 3, e.rec.count(framework.Duplicate), "the resends were dropped by the idempotency key")
 
-	_, err = outbox.New(e.st, pub, outbox.Config{PublishTimeout: -1})
+	// A negative timeout disables the bound: a Publish that returns only
+	// once the test releases it (well after it started) still completes
+	// the batch; a bound, even a tiny one, would have failed it first.
+	e.enqueue(t, "t", "slow", 1)
+	entered, release2 := make(chan struct{}), make(chan struct{})
+	pub.fail = func(string) error {
+		close(entered)
+		<-release2
+		return nil
+	}
+	unbounded, err := outbox.New(e.st, pub, outbox.Config{PublishTimeout: -1})
 	require.NoError(t, err, "a negative timeout disables the bound")
+	done := make(chan outbox.Batch, 1)
+	go func() { done <- unbounded.RelayBatch(context.Background()) }()
+	<-entered
+	select {
+	case b := <-done:
+		t.Fatalf("the batch ended while Publish was still running: %+v", b)
+	default:
+	}
+	close(release2)
+	b = <-done
+	require.NoError(t, b.Err)
+	require.Equal(t, 1, b.Published)
 }
 
 // The broker goes down while relaying: Publish fails, rows stay pending
