@@ -15,6 +15,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/claimtx/claimtx/examples/internal/orderfeed"
 )
 
 // partitions of the chaos topic: two per consumer process.
@@ -22,9 +24,8 @@ const partitions = 6
 
 // kafkaOps runs the dev Kafka broker (framework/cmd/devkafka) as a
 // subprocess with a data directory, so the chaos run can stop and start it
-// on the same address, and publishes like a plain franz-go producer: an
-// event_id header, keyed by event id so copies of an order land on the
-// partition of the original.
+// on the same address, and publishes like a plain franz-go producer
+// (orderfeed.KafkaRecord).
 type kafkaOps struct {
 	topic, group string
 	broker       *devKafka
@@ -57,12 +58,7 @@ func (k *kafkaOps) prepare(ctx context.Context) error {
 func (k *kafkaOps) publish(ctx context.Context, ds []delivery) (int, error) {
 	recs := make([]*kgo.Record, len(ds))
 	for i, d := range ds {
-		recs[i] = &kgo.Record{
-			Topic:   k.topic,
-			Key:     []byte(d.eventID),
-			Value:   d.payload,
-			Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(d.eventID)}},
-		}
+		recs[i] = orderfeed.KafkaRecord(k.topic, d.eventID, d.payload)
 	}
 	if err := k.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return 0, fmt.Errorf("produce: %w", err)
@@ -117,13 +113,7 @@ func (k *kafkaOps) remaining(ctx context.Context) (int, error) {
 }
 
 func (k *kafkaOps) poisonedCount(ctx context.Context) (int, error) {
-	ends, err := k.adm.ListEndOffsets(ctx, k.topic+".poison")
-	if err != nil {
-		return 0, err
-	}
-	n := int64(0)
-	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
-	return int(n), nil
+	return orderfeed.KafkaTopicSize(ctx, k.adm, k.topic+".poison")
 }
 
 // poisonedIDs reads the poison topic from the start and returns each

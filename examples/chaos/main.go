@@ -35,7 +35,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
@@ -44,6 +43,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/claimtx/claimtx/examples/internal/orderfeed"
 )
 
 // DefaultPGRestart is the command that restarts the local Postgres.
@@ -87,8 +88,8 @@ func defaults() options {
 		brokers:     []string{"amqp", "kafka"},
 		pgRestart:   DefaultPGRestart,
 		amqpDisrupt: "all",
-		databaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
-		amqpURL:     envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		databaseURL: orderfeed.EnvOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
+		amqpURL:     orderfeed.EnvOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		timeout:     4 * time.Minute,
 		logDir:      ".run/chaos",
 		out:         os.Stdout,
@@ -182,17 +183,4 @@ func run(ctx context.Context, o options) ([]report, error) {
 		}
 	}
 	return reports, nil
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-func runID() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/examples/internal/orderfeed"
 )
 
 // brokerOps is what the runner needs of a broker besides the consumers.
@@ -91,7 +92,7 @@ func runBroker(ctx context.Context, o options, kind string) (rep report) {
 }
 
 func runScenario(ctx context.Context, o options, kind string, rep *report) error {
-	id := runID()
+	id := orderfeed.RunID()
 	schema := fmt.Sprintf("chaos_%s_%s", kind, id)
 	topic := fmt.Sprintf("chaos-orders-%s-%s", kind, id)
 	group := "loyalty-chaos-" + id
@@ -120,7 +121,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 			}
 		}()
 	}
-	dbURL, err := withSearchPath(o.databaseURL, schema)
+	dbURL, err := orderfeed.WithSearchPath(o.databaseURL, schema)
 	if err != nil {
 		return err
 	}
@@ -288,14 +289,11 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 
 	vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer vcancel()
-	q := fmt.Sprintf(`SELECT
-		(SELECT count(DISTINCT order_id) FROM %[1]s.point_ledger),
-		(SELECT count(*) FROM %[1]s.point_ledger),
-		(SELECT count(*) FROM (SELECT order_id FROM %[1]s.point_ledger GROUP BY order_id HAVING count(*) > 1) d),
-		(SELECT coalesce(sum(points), 0) FROM %[1]s.balances)`, pgx.Identifier{schema}.Sanitize())
-	if err := pool.QueryRow(vctx, q).Scan(&rep.applied, &rep.ledgerRows, &rep.doubled, &rep.gotPts); err != nil {
+	tally, err := orderfeed.Count(vctx, pool, schema)
+	if err != nil {
 		return err
 	}
+	rep.applied, rep.ledgerRows, rep.doubled, rep.gotPts = tally.Applied, tally.LedgerRows, tally.Doubled, tally.Points
 	rep.lost = o.orders - rep.applied
 	if rep.stuck, err = ops.remaining(vctx); err != nil {
 		return fmt.Errorf("count remaining messages: %w", err)
@@ -337,17 +335,6 @@ func waitPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 			return fmt.Errorf("postgres did not come back: %w", err)
 		}
 	}
-}
-
-func withSearchPath(dbURL, schema string) (string, error) {
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		return "", errors.New("DATABASE_URL does not parse")
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String(), nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

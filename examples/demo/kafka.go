@@ -6,11 +6,11 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/claimtx/claimtx/examples/internal/orderfeed"
 )
 
-// kafkaOps publishes like a plain franz-go producer: an event_id header,
-// no Watermill metadata, keyed by event id so copies of an order land on the
-// same partition as the original (as a real producer's retry would).
+// kafkaOps publishes like a plain franz-go producer (orderfeed.KafkaRecord).
 type kafkaOps struct {
 	addr, topic string
 	group       string
@@ -38,12 +38,7 @@ func (k *kafkaOps) prepare(ctx context.Context) error {
 func (k *kafkaOps) publish(ctx context.Context, ds []delivery) error {
 	recs := make([]*kgo.Record, len(ds))
 	for i, d := range ds {
-		recs[i] = &kgo.Record{
-			Topic:   k.topic,
-			Key:     []byte(d.eventID),
-			Value:   d.payload,
-			Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(d.eventID)}},
-		}
+		recs[i] = orderfeed.KafkaRecord(k.topic, d.eventID, d.payload)
 	}
 	return k.cl.ProduceSync(ctx, recs...).FirstErr()
 }
@@ -74,13 +69,7 @@ func (k *kafkaOps) drained(ctx context.Context) (bool, error) {
 }
 
 func (k *kafkaOps) poisoned(ctx context.Context) (int, error) {
-	ends, err := k.adm.ListEndOffsets(ctx, k.topic+".poison")
-	if err != nil {
-		return 0, err
-	}
-	n := int64(0)
-	ends.Each(func(o kadm.ListedOffset) { n += o.Offset })
-	return int(n), nil
+	return orderfeed.KafkaTopicSize(ctx, k.adm, k.topic+".poison")
 }
 
 func (k *kafkaOps) close() {

@@ -14,8 +14,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,6 +26,7 @@ import (
 	"time"
 
 	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+	"github.com/claimtx/claimtx/examples/internal/orderfeed"
 )
 
 type options struct {
@@ -56,9 +55,9 @@ func main() {
 	flag.Parse()
 	o.brokers = strings.Split(brokerList, ",")
 	o.modes = strings.Split(*modeList, ",")
-	o.databaseURL = envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-	o.amqpURL = envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-	o.kafkaAddr = strings.Split(envOr("KAFKA_BROKERS", "127.0.0.1:9092"), ",")[0]
+	o.databaseURL = orderfeed.EnvOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	o.amqpURL = orderfeed.EnvOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	o.kafkaAddr = strings.Split(orderfeed.EnvOr("KAFKA_BROKERS", "127.0.0.1:9092"), ",")[0]
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -122,19 +121,6 @@ func listening(addr string) bool {
 	}
 	_ = c.Close()
 	return true
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-func runID() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }
 
 var errTimeout = errors.New("timed out waiting for the consumers to drain")

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/examples/internal/orderfeed"
 )
 
 // delivery is one message as a plain (non-Watermill) producer sends it.
@@ -21,12 +22,6 @@ type delivery struct {
 	eventID string
 	payload []byte
 	bad     bool
-}
-
-type order struct {
-	OrderID    int64 `json:"order_id"`
-	CustomerID int64 `json:"customer_id"`
-	TotalCents int64 `json:"total_cents"`
 }
 
 // plan is what gets published and what the database must hold afterwards.
@@ -46,7 +41,7 @@ func makePlan(n int) plan {
 	p := plan{orders: n}
 	var late []delivery
 	for i := 1; i <= n; i++ {
-		o := order{OrderID: int64(i), CustomerID: int64(i%97 + 1), TotalCents: int64(100 + rand.IntN(100_000))}
+		o := orderfeed.Order{OrderID: int64(i), CustomerID: int64(i%97 + 1), TotalCents: int64(100 + rand.IntN(100_000))}
 		body, _ := json.Marshal(o)
 		d := delivery{eventID: fmt.Sprintf("evt-%d", i), payload: body}
 		p.expectedPoints += o.TotalCents / 100
@@ -111,7 +106,7 @@ func (r report) ok() bool {
 }
 
 func runBroker(ctx context.Context, o options, kind string, batch bool) (report, error) {
-	id := runID()
+	id := orderfeed.RunID()
 	schema := fmt.Sprintf("demo_%s_%s", kind, id)
 	topic := fmt.Sprintf("demo-orders-%s-%s", kind, id)
 	label := kind
@@ -136,7 +131,7 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 			}
 		}()
 	}
-	dbURL, err := withSearchPath(o.databaseURL, schema)
+	dbURL, err := orderfeed.WithSearchPath(o.databaseURL, schema)
 	if err != nil {
 		return rep, err
 	}
@@ -236,29 +231,16 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 		p.stop()
 	}
 
-	q := fmt.Sprintf(`SELECT
-		(SELECT count(DISTINCT order_id) FROM %[1]s.point_ledger),
-		(SELECT count(*) FROM (SELECT order_id FROM %[1]s.point_ledger GROUP BY order_id HAVING count(*) > 1) d),
-		(SELECT coalesce(sum(points), 0) FROM %[1]s.balances)`, pgx.Identifier{schema}.Sanitize())
-	if err := pool.QueryRow(ctx, q).Scan(&rep.applied, &rep.doubled, &rep.actualPts); err != nil {
+	tally, err := orderfeed.Count(ctx, pool, schema)
+	if err != nil {
 		return rep, err
 	}
+	rep.applied, rep.doubled, rep.actualPts = tally.Applied, tally.Doubled, tally.Points
 	rep.lost = o.orders - rep.applied
 	if rep.poisoned, err = ops.poisoned(ctx); err != nil {
 		return rep, err
 	}
 	return rep, nil
-}
-
-func withSearchPath(dbURL, schema string) (string, error) {
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		return "", fmt.Errorf("DATABASE_URL: %w", err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String(), nil
 }
 
 type proc struct {

@@ -29,6 +29,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+	"github.com/claimtx/claimtx/examples/internal/orderfeed"
 	"github.com/claimtx/claimtx/store/pgtest"
 )
 
@@ -227,8 +228,7 @@ func (h *harness) publishRaw(eventIDs []string, payloads [][]byte) {
 	case "kafka":
 		recs := make([]*kgo.Record, len(payloads))
 		for i, p := range payloads {
-			recs[i] = &kgo.Record{Topic: h.topic, Key: []byte(eventIDs[i]), Value: p,
-				Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(eventIDs[i])}}}
+			recs[i] = orderfeed.KafkaRecord(h.topic, eventIDs[i], p)
 		}
 		require.NoError(h.t, h.kcl.ProduceSync(ctx, recs...).FirstErr())
 	case "amqp":
@@ -422,14 +422,14 @@ func (h *harness) poisoned(min int) []poisonedMsg {
 	deadline := time.Now().Add(60 * time.Second)
 	switch h.kind {
 	case "amqp":
-		ch, err := h.amqpConn.Channel()
+		ch, err := h.amqp().Channel()
 		require.NoError(h.t, err)
 		defer func() { _ = ch.Close() }()
 		for len(out) < min && time.Now().Before(deadline) {
 			d, ok, err := ch.Get(h.topic+".poison", true)
 			if err != nil {
 				// Not declared yet: the consumer declares it on first poison.
-				ch, err = h.amqpConn.Channel()
+				ch, err = h.amqp().Channel()
 				require.NoError(h.t, err)
 				time.Sleep(50 * time.Millisecond)
 				continue
