@@ -12,6 +12,19 @@ import (
 
 var kinds = []string{"amqp", "kafka"}
 
+// forEachKind runs f in parallel subtests, one per broker, each with a
+// harness of its own.
+func forEachKind(t *testing.T, f func(t *testing.T, h *harness)) {
+	t.Helper()
+	t.Parallel()
+	for _, kind := range kinds {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			f(t, newHarness(t, kind))
+		})
+	}
+}
+
 func orders(from, n int) []order {
 	out := make([]order, n)
 	for i := range out {
@@ -27,158 +40,139 @@ func orders(from, n int) []order {
 // again and its outcome was "duplicate" (log and /metrics), while the orders
 // not committed before the crash were applied.
 func TestCrashAfterCommitBeforeAck(t *testing.T) {
-	t.Parallel()
-	for _, kind := range kinds {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t, kind)
-			os := orders(1, 5)
-			p := h.start("LOYALTY_CRASH_AFTER_COMMIT=3", "CONCURRENCY=1")
-			h.publish(os...)
-			require.True(t, p.exited(60e9), "the consumer should have killed itself after committing order 3")
-			require.Contains(t, p.out.String(), "SIGKILL after commit")
-			require.Equal(t, 1, h.count("SELECT count(*) FROM point_ledger WHERE order_id = 3"), "order 3 committed before the crash")
-			// Kafka runs its 3 partitions in parallel, so orders of other
-			// partitions may have committed before the crash too.
-			committed := h.count("SELECT count(*) FROM point_ledger")
+	forEachKind(t, func(t *testing.T, h *harness) {
+		os := orders(1, 5)
+		p := h.start("LOYALTY_CRASH_AFTER_COMMIT=3", "CONCURRENCY=1")
+		h.publish(os...)
+		require.True(t, p.exited(60e9), "the consumer should have killed itself after committing order 3")
+		require.Contains(t, p.out.String(), "SIGKILL after commit")
+		require.Equal(t, 1, h.count("SELECT count(*) FROM point_ledger WHERE order_id = 3"), "order 3 committed before the crash")
+		// Kafka runs its 3 partitions in parallel, so orders of other
+		// partitions may have committed before the crash too.
+		committed := h.count("SELECT count(*) FROM point_ledger")
 
-			p2 := h.start("LOG_LEVEL=debug")
-			h.waitApplied(len(os))
-			// The redelivery of order 3 reached the claim and was acked as a
-			// duplicate without running the handler.
-			p2.waitLog(t, `msg="loyalty: outcome" order_id=3 outcome=duplicate`)
-			require.Contains(t, p2.out.String(), "claimtx: duplicate delivery acked without running the handler")
-			require.NotContains(t, p2.out.String(), `order_id=3 outcome=applied`)
-			var got map[string]int
-			require.Eventually(t, func() bool {
-				got = p2.outcomes(t)
-				return got["applied"] == len(os)-committed
-			}, 30*time.Second, 20*time.Millisecond, "applied after restart")
-			require.GreaterOrEqual(t, got["duplicate"], 1, "outcomes: %v", got)
-			if kind == "amqp" {
-				// One delivery in flight (CONCURRENCY=1, prefetch 1): only
-				// order 3 was unacked when the consumer died.
-				require.Equal(t, 1, got["duplicate"], "outcomes: %v", got)
-			}
-			require.Zero(t, got["failed"]+got["poisoned"], "outcomes: %v", got)
-			h.assertExact(os)
-			// The claim of order 3 is the one from before the crash.
-			require.Equal(t, 1, h.count(fmt.Sprintf(`SELECT count(*) FROM %q.processed_messages WHERE message_key = 'order-completed:3'`, h.schema)))
-		})
-	}
+		p2 := h.start("LOG_LEVEL=debug")
+		h.waitApplied(len(os))
+		// The redelivery of order 3 reached the claim and was acked as a
+		// duplicate without running the handler.
+		p2.waitLog(t, `msg="loyalty: outcome" order_id=3 outcome=duplicate`)
+		require.Contains(t, p2.out.String(), "claimtx: duplicate delivery acked without running the handler")
+		require.NotContains(t, p2.out.String(), `order_id=3 outcome=applied`)
+		var got map[string]int
+		require.Eventually(t, func() bool {
+			got = p2.outcomes(t)
+			return got["applied"] == len(os)-committed
+		}, 30*time.Second, 20*time.Millisecond, "applied after restart")
+		require.GreaterOrEqual(t, got["duplicate"], 1, "outcomes: %v", got)
+		if h.kind == "amqp" {
+			// One delivery in flight (CONCURRENCY=1, prefetch 1): only
+			// order 3 was unacked when the consumer died.
+			require.Equal(t, 1, got["duplicate"], "outcomes: %v", got)
+		}
+		require.Zero(t, got["failed"]+got["poisoned"], "outcomes: %v", got)
+		h.assertExact(os)
+		// The claim of order 3 is the one from before the crash.
+		require.Equal(t, 1, h.count(fmt.Sprintf(`SELECT count(*) FROM %q.processed_messages WHERE message_key = 'order-completed:3'`, h.schema)))
+	})
 }
 
 // The same crash in batch mode: the whole batch holding order 3 committed,
 // none of it was acked; after the restart order 3 (and its batch-mates)
 // come again as duplicates and every order is credited once.
 func TestBatchCrashAfterCommitBeforeAck(t *testing.T) {
-	t.Parallel()
-	for _, kind := range kinds {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t, kind)
-			os := orders(1, 60)
-			h.publish(os...)
-			p := h.start("LOYALTY_CRASH_AFTER_COMMIT=3", "BATCH_SIZE=16", "BATCH_WORKERS=1")
-			require.True(t, p.exited(60e9), "the consumer should have killed itself after committing order 3")
-			require.Contains(t, p.out.String(), "SIGKILL after commit")
-			require.Contains(t, p.out.String(), "consuming in batches")
-			require.Equal(t, 1, h.count("SELECT count(*) FROM point_ledger WHERE order_id = 3"), "order 3 committed before the crash")
+	forEachKind(t, func(t *testing.T, h *harness) {
+		os := orders(1, 60)
+		h.publish(os...)
+		p := h.start("LOYALTY_CRASH_AFTER_COMMIT=3", "BATCH_SIZE=16", "BATCH_WORKERS=1")
+		require.True(t, p.exited(60e9), "the consumer should have killed itself after committing order 3")
+		require.Contains(t, p.out.String(), "SIGKILL after commit")
+		require.Contains(t, p.out.String(), "consuming in batches")
+		require.Equal(t, 1, h.count("SELECT count(*) FROM point_ledger WHERE order_id = 3"), "order 3 committed before the crash")
 
-			p2 := h.start("LOG_LEVEL=debug", "BATCH_SIZE=16")
-			h.waitApplied(len(os))
-			p2.waitLog(t, `msg="loyalty: outcome" order_id=3 outcome=duplicate`)
-			require.NotContains(t, p2.out.String(), `order_id=3 outcome=applied`)
-			h.assertExact(os)
-		})
-	}
+		p2 := h.start("LOG_LEVEL=debug", "BATCH_SIZE=16")
+		h.waitApplied(len(os))
+		p2.waitLog(t, `msg="loyalty: outcome" order_id=3 outcome=duplicate`)
+		require.NotContains(t, p2.out.String(), `order_id=3 outcome=applied`)
+		h.assertExact(os)
+
+		// The handler delay wraps the per-message handler only: with
+		// batches it is refused, not silently ignored.
+		p3 := h.start("BATCH_SIZE=16", "LOYALTY_HANDLER_DELAY=1s")
+		require.True(t, p3.exited(30e9), "a refused configuration must stop the consumer")
+		require.Contains(t, p3.out.String(), "LOYALTY_HANDLER_DELAY")
+	})
 }
 
 func TestGracefulRestart(t *testing.T) {
-	t.Parallel()
-	for _, kind := range kinds {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t, kind)
-			os := orders(1, 300)
-			p := h.start()
-			h.publish(os...)
-			h.waitApplied(50)
-			p.stop()
-			require.NoError(t, p.err, "SIGTERM must end the consumer cleanly:\n%s", p.out.String())
-			h.start()
-			h.waitApplied(len(os))
-			h.assertExact(os)
-		})
-	}
+	forEachKind(t, func(t *testing.T, h *harness) {
+		os := orders(1, 300)
+		p := h.start()
+		h.publish(os...)
+		h.waitApplied(50)
+		p.stop()
+		require.NoError(t, p.err, "SIGTERM must end the consumer cleanly:\n%s", p.out.String())
+		h.start()
+		h.waitApplied(len(os))
+		h.assertExact(os)
+	})
 }
 
 // Two competing consumers (one queue / one group), every order published
 // three times with fresh broker ids: exact balances.
 func TestCompetingConsumersWithDuplicates(t *testing.T) {
-	t.Parallel()
-	for _, kind := range kinds {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t, kind)
-			os := orders(1, 200)
-			h.start()
-			h.start()
-			h.publish(os...)
-			h.publish(os...)
-			h.publish(os...)
-			h.waitApplied(len(os))
-			// Let the copies drain before judging: every delivery ends up
-			// as applied or duplicate, observed through the claim count.
-			h.waitFor("claims", func() bool {
-				return h.tryCount(fmt.Sprintf(`SELECT count(*) FROM %q.processed_messages`, h.schema)) == len(os)
-			})
-			h.assertExact(os)
+	forEachKind(t, func(t *testing.T, h *harness) {
+		os := orders(1, 200)
+		h.start()
+		h.start()
+		h.publish(os...)
+		h.publish(os...)
+		h.publish(os...)
+		h.waitApplied(len(os))
+		// Let the copies drain before judging: every delivery ends up
+		// as applied or duplicate, observed through the claim count.
+		h.waitFor("claims", func() bool {
+			return h.tryCount(fmt.Sprintf(`SELECT count(*) FROM %q.processed_messages`, h.schema)) == len(os)
 		})
-	}
+		h.assertExact(os)
+	})
 }
 
 // Bad messages go to TOPIC.poison with the reason, while good ones keep
 // flowing past them.
 func TestBadMessagesArePoisonedWithReason(t *testing.T) {
-	t.Parallel()
-	for _, kind := range kinds {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			h := newHarness(t, kind)
-			h.start()
-			good := orders(1, 20)
-			h.publish(good[:10]...)
-			bad := map[string]string{
-				"bad-json":    `{"order_id": `,
-				"bad-nokey":   `{"customer_id": 1, "total_cents": 100}`,
-				"bad-type":    `{"order_id": {"x": 1}, "customer_id": 1, "total_cents": 100}`,
-				"bad-missing": `{"order_id": 777, "total_cents": 100}`,
-				"bad-neg":     `{"order_id": 778, "customer_id": 1, "total_cents": -5}`,
-			}
-			var ids []string
-			var payloads [][]byte
-			for id, p := range bad {
-				ids, payloads = append(ids, id), append(payloads, []byte(p))
-			}
-			h.publishRaw(ids, payloads)
-			h.publish(good[10:]...)
-			h.waitApplied(len(good))
-			ps := h.poisoned(len(bad))
-			reasons := map[string]string{}
-			for _, m := range ps {
-				reasons[m.headers["event_id"]] = m.headers["claimtx_poison_reason"]
-				require.Contains(t, bad, m.headers["event_id"])
-				require.Equal(t, bad[m.headers["event_id"]], string(m.body), "the original payload is kept")
-			}
-			require.Contains(t, reasons["bad-json"], "not valid JSON")
-			require.Contains(t, reasons["bad-nokey"], `payload "order_id": field is missing`)
-			require.Contains(t, reasons["bad-type"], "an object")
-			require.Contains(t, reasons["bad-missing"], "customer_id is missing")
-			require.Contains(t, reasons["bad-neg"], "negative")
-			h.assertExact(good)
-		})
-	}
+	forEachKind(t, func(t *testing.T, h *harness) {
+		h.start()
+		good := orders(1, 20)
+		h.publish(good[:10]...)
+		bad := map[string]string{
+			"bad-json":    `{"order_id": `,
+			"bad-nokey":   `{"customer_id": 1, "total_cents": 100}`,
+			"bad-type":    `{"order_id": {"x": 1}, "customer_id": 1, "total_cents": 100}`,
+			"bad-missing": `{"order_id": 777, "total_cents": 100}`,
+			"bad-neg":     `{"order_id": 778, "customer_id": 1, "total_cents": -5}`,
+		}
+		var ids []string
+		var payloads [][]byte
+		for id, p := range bad {
+			ids, payloads = append(ids, id), append(payloads, []byte(p))
+		}
+		h.publishRaw(ids, payloads)
+		h.publish(good[10:]...)
+		h.waitApplied(len(good))
+		ps := h.poisoned(len(bad))
+		reasons := map[string]string{}
+		for _, m := range ps {
+			reasons[m.headers["event_id"]] = m.headers["claimtx_poison_reason"]
+			require.Contains(t, bad, m.headers["event_id"])
+			require.Equal(t, bad[m.headers["event_id"]], string(m.body), "the original payload is kept")
+		}
+		require.Contains(t, reasons["bad-json"], "not valid JSON")
+		require.Contains(t, reasons["bad-nokey"], `payload "order_id": field is missing`)
+		require.Contains(t, reasons["bad-type"], "an object")
+		require.Contains(t, reasons["bad-missing"], "customer_id is missing")
+		require.Contains(t, reasons["bad-neg"], "negative")
+		h.assertExact(good)
+	})
 }
 
 // TestNoCredentialsInLogs runs a consumer with a password in every URL and

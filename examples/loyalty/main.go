@@ -239,6 +239,10 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		Close() error
 	}
 	if batch.MaxSize > 0 {
+		if os.Getenv("LOYALTY_HANDLER_DELAY") != "" {
+			// The delay wraps the per-message handler; batches would ignore it.
+			return &framework.ConfigError{Field: "LOYALTY_HANDLER_DELAY", Reason: "not supported with BATCH_SIZE"}
+		}
 		bc, err := newBatch(ctx, cfg, batch)
 		if err != nil {
 			return err
