@@ -31,6 +31,12 @@ const (
 // catches what is left. By default transient database failures (the
 // database is down) are not poisoned but nacked, so a database outage does
 // not dead-letter every message in flight.
+//
+// Interrupted work is never poisoned, whatever ShouldPoison says: when the
+// message's context has ended (the router or the subscription is shutting
+// down, a rolling deploy's SIGTERM), the failure says nothing about the
+// message, so the error is returned and the router nacks it; the broker
+// redelivers it to a consumer that is not stopping.
 type Poison struct {
 	// Publisher publishes the poisoned copies. Required.
 	Publisher message.Publisher
@@ -71,7 +77,7 @@ func (p Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 	return func(msg *message.Message) ([]*message.Message, error) {
 		out, err := h(msg)
-		if err == nil || !should(err) {
+		if err == nil || msg.Context().Err() != nil || !should(err) {
 			return out, err
 		}
 		if cfgErr != nil {

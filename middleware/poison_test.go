@@ -76,3 +76,30 @@ func TestPoison(t *testing.T) {
 	_, err = middleware.Poison{}.Middleware(fail(framework.Permanent(errors.New("x"))))(msg)
 	require.ErrorAs(t, err, &ce)
 }
+
+// A rolling deploy cancels the message contexts of the work in flight. The
+// failure that follows says nothing about the message: it must go back to
+// the broker (the error is returned, the router nacks), never to the poison
+// topic, whatever the error looks like (Watermill's Retry returns the
+// context's cause, "terminated signal received", which is no transient
+// database failure).
+func TestPoisonNeverDeadLettersInterruptedWork(t *testing.T) {
+	t.Parallel()
+	var published int
+	p := middleware.Poison{Publisher: countingPublisher{&published}, Topic: "orders.poison"}
+	require.NoError(t, p.Validate())
+	for _, cause := range []error{context.Canceled, errors.New("terminated signal received"), framework.Permanent(errors.New("undecodable"))} {
+		msg := message.NewMessage("m1", []byte("payload"))
+		ctx, cancel := context.WithCancelCause(context.Background())
+		msg.SetContext(ctx)
+		cancel(errors.New("terminated signal received"))
+		_, err := p.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, cause })(msg)
+		require.ErrorIs(t, err, cause, "an interrupted message must be nacked")
+	}
+	require.Zero(t, published, "interrupted work was poisoned")
+}
+
+type countingPublisher struct{ n *int }
+
+func (p countingPublisher) Publish(string, ...*message.Message) error { *p.n++; return nil }
+func (countingPublisher) Close() error                                { return nil }

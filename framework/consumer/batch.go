@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
 )
 
 // BatchOptions configures RunBatch.
@@ -23,10 +25,23 @@ type BatchOptions struct {
 	// Workers is the number of batch transactions in flight at once.
 	// Defaults to 1.
 	Workers int
-	// Poison, when its Publisher is set, receives messages that failed
-	// permanently (with the reason, as middleware.Poison does); they are
-	// then acked. Without it they are nacked.
+	// Poison, when its Publisher is set, receives the messages that cannot
+	// be processed (with the reason, as middleware.Poison does): permanent
+	// failures at once, handler errors and panics once HandlerRetries are
+	// spent; they are then acked. Without it they are nacked.
 	Poison middleware.Poison
+	// HandlerRetries and RetryInitialInterval are Config's: a message
+	// whose handler failed (an error or a panic, not a permanent or a
+	// transient database failure) is retried in process, with its batch's
+	// other failures, that many times with exponential backoff before it
+	// is poisoned. Defaults: DefaultHandlerRetries, 100ms.
+	HandlerRetries       int
+	RetryInitialInterval time.Duration
+	// DrainTimeout is Config.DrainTimeout: when ctx ends, no new batch
+	// starts and the batches in flight get this long to commit and be
+	// acked; the rest is cancelled and nacked, never poisoned. Defaults
+	// to DefaultDrainTimeout.
+	DrainTimeout time.Duration
 }
 
 // BatchConsumer is the batch counterpart of Consumer, built by NewBatch
@@ -48,8 +63,11 @@ type BatchConsumer struct {
 // The Config fields of per-message features batches do not have are
 // refused with a ConfigError naming them: Mode (natural key),
 // OutboxTopic, Fingerprint, EventTime, Retention, HandlerTimeout and
-// Tracer. HandlerRetries does not apply: transient failures retry the
-// whole batch up to MaxAttempts, permanent ones are poisoned.
+// Tracer. Failures follow the per-message policy: transient ones retry the
+// whole batch up to MaxAttempts and are then nacked, permanent ones are
+// poisoned, handler errors and panics are retried HandlerRetries times and
+// then poisoned; cfg.HandlerRetries, RetryInitialInterval and DrainTimeout
+// fill opts' zero fields.
 func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (_ *BatchConsumer, err error) {
 	if handler == nil {
 		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
@@ -95,12 +113,25 @@ func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	if opts.Poison.Publisher == nil {
 		opts.Poison = p.poison()
 	}
+	cfg = p.cfg
+	if opts.HandlerRetries == 0 {
+		opts.HandlerRetries = cfg.HandlerRetries
+	}
+	if opts.RetryInitialInterval == 0 {
+		opts.RetryInitialInterval = cfg.RetryInitialInterval
+	}
+	if opts.DrainTimeout == 0 {
+		opts.DrainTimeout = cfg.DrainTimeout
+	}
 	return &BatchConsumer{parts: p, batch: bt, handler: handler, opts: opts}, nil
 }
 
-// Run consumes in batches until ctx is cancelled; see RunBatchSet.
+// Run consumes in batches until ctx is cancelled or Close is called, then
+// shuts down gracefully (see BatchOptions.DrainTimeout); see RunBatchSet.
 func (c *BatchConsumer) Run(ctx context.Context) error {
-	return RunBatchSet(ctx, c.sub, c.cfg.Topic, c.batch, c.handler, c.opts)
+	return c.run(ctx, func(ctx context.Context) error {
+		return RunBatchSet(ctx, c.sub, c.cfg.Topic, c.batch, c.handler, c.opts)
+	})
 }
 
 // RunBatch consumes topic from sub in batches until ctx ends: each batch is
@@ -139,6 +170,14 @@ func runBatches(ctx context.Context, sub message.Subscriber, topic string, b mid
 	if err := b.Validate(); err != nil {
 		return err
 	}
+	switch {
+	case opts.HandlerRetries < 0:
+		return &framework.ConfigError{Field: "HandlerRetries", Reason: "must not be negative"}
+	case opts.RetryInitialInterval < 0:
+		return &framework.ConfigError{Field: "RetryInitialInterval", Reason: "must not be negative"}
+	case opts.DrainTimeout < 0:
+		return &framework.ConfigError{Field: "DrainTimeout", Reason: "must not be negative"}
+	}
 	if opts.MaxSize <= 0 {
 		opts.MaxSize = 100
 	}
@@ -148,13 +187,25 @@ func runBatches(ctx context.Context, sub message.Subscriber, topic string, b mid
 	if opts.Workers <= 0 {
 		opts.Workers = 1
 	}
-	poison := opts.Poison.Publisher != nil
-	if poison {
+	if opts.HandlerRetries == 0 {
+		opts.HandlerRetries = DefaultHandlerRetries
+	}
+	if opts.RetryInitialInterval == 0 {
+		opts.RetryInitialInterval = DefaultRetryInitialInterval
+	}
+	if opts.DrainTimeout == 0 {
+		opts.DrainTimeout = DefaultDrainTimeout
+	}
+	if opts.Poison.Publisher != nil {
 		if err := opts.Poison.Validate(); err != nil {
 			return err
 		}
 	}
-	ch, err := sub.Subscribe(ctx, topic)
+	// The subscription outlives ctx: while the batches in flight drain,
+	// their acks must still reach the broker.
+	subCtx, endSubscription := context.WithCancel(context.WithoutCancel(ctx))
+	defer endSubscription()
+	ch, err := sub.Subscribe(subCtx, topic)
 	if err != nil {
 		return err
 	}
@@ -162,27 +213,56 @@ func runBatches(ctx context.Context, sub message.Subscriber, topic string, b mid
 	// free: while every worker is busy the batch in hand keeps growing up
 	// to MaxSize, so batches are large exactly when the consumer is
 	// loaded. (Workers collecting on their own split the stream between
-	// them and end up with Workers small batches instead.)
+	// them and end up with Workers small batches instead.) It stops
+	// taking messages when ctx ends.
 	batches := make(chan []*message.Message)
 	go func() {
 		defer close(batches)
 		gather(ctx, ch, opts.MaxSize, opts.MaxWait, batches)
 	}()
+	d := newDrainer()
+	s := settler{opts: opts, process: process}
 	var wg sync.WaitGroup
 	for w := 0; w < opts.Workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for batch := range batches {
-				settle(batch, process(ctx, batch), poison, opts.Poison)
+				if !d.enter() {
+					nackAll(batch)
+					continue
+				}
+				// Work runs on a context that only the drain timeout
+				// cancels, so a shutdown lets it commit.
+				work, cancel := d.context(context.WithoutCancel(ctx))
+				s.settle(work, batch, process(work, batch))
+				cancel()
+				d.leave()
 			}
 		}()
 	}
-	wg.Wait()
+	stopped := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(stopped)
+	}()
+	select {
+	case <-stopped: // the subscription ended by itself
+	case <-ctx.Done():
+		d.drain(opts.DrainTimeout, slog.Default())
+	}
+	endSubscription()
+	<-stopped
 	if err := ctx.Err(); err != nil && !errors.Is(err, context.Canceled) {
 		return err
 	}
 	return nil
+}
+
+func nackAll(msgs []*message.Message) {
+	for _, m := range msgs {
+		m.Nack()
+	}
 }
 
 // gather reads ch into batches for out until ch closes or ctx ends. A
@@ -239,22 +319,71 @@ func gather(ctx context.Context, ch <-chan *message.Message, max int, wait time.
 	}
 }
 
-func settle(batch []*message.Message, errs []error, poison bool, p middleware.Poison) {
-	for i, m := range batch {
-		err := errs[i]
-		switch {
-		case err == nil:
-			m.Ack()
-		case poison && framework.IsPermanent(err):
-			// Reuse the poison middleware's copy-with-reason logic.
-			_, perr := p.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, err })(m)
-			if perr != nil {
-				m.Nack()
-			} else {
+// settler applies the failure policy both consumer modes share to the
+// results of a batch: applied and duplicate messages are acked; permanent
+// failures are poisoned; handler errors and panics are retried in process
+// (as Watermill's Retry does per message) and poisoned once
+// HandlerRetries are spent; transient database failures, which the batch
+// already retried MaxAttempts times, and work interrupted by shutdown are
+// nacked, never poisoned.
+type settler struct {
+	opts    BatchOptions
+	process func(context.Context, []*message.Message) []error
+}
+
+func (s settler) settle(ctx context.Context, batch []*message.Message, errs []error) {
+	delay := s.opts.RetryInitialInterval
+	for retry := 0; ; retry++ {
+		var again []*message.Message
+		for i, m := range batch {
+			err := errs[i]
+			switch {
+			case err == nil:
 				m.Ack()
+			case ctx.Err() != nil || !framework.IsPermanent(err) && store.IsTransient(err):
+				m.Nack()
+			case retryable(err) && retry < s.opts.HandlerRetries:
+				again = append(again, m)
+			default:
+				s.poison(m, err)
 			}
-		default:
-			m.Nack()
 		}
+		if len(again) == 0 {
+			return
+		}
+		if sleepCtx(ctx, delay) != nil {
+			nackAll(again)
+			return
+		}
+		delay = min(2*delay, 10*s.opts.RetryInitialInterval)
+		batch, errs = again, s.process(ctx, again)
+	}
+}
+
+// poison dead-letters m with the reason and acks it, or nacks it when no
+// poison destination is configured or the copy could not be published.
+func (s settler) poison(m *message.Message, err error) {
+	if s.opts.Poison.Publisher == nil {
+		m.Nack()
+		return
+	}
+	// The poison middleware's copy-with-reason logic, on the message's
+	// own context (a live one: interrupted work never gets here).
+	_, perr := s.opts.Poison.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, err })(m)
+	if perr != nil {
+		m.Nack()
+	} else {
+		m.Ack()
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }

@@ -98,13 +98,24 @@ type Config struct {
 	// guard.
 	Retention time.Duration
 
-	// HandlerRetries bounds how often a failing message is retried in
-	// process (Watermill's Retry, exponential backoff) before it is
-	// poisoned. Permanent errors are never retried. Defaults to 3.
+	// HandlerRetries bounds how often a message whose handler failed (an
+	// error, a panic, a HandlerTimeout) is retried in process, with
+	// exponential backoff, before it is poisoned; in both modes alike.
+	// Permanent errors are poisoned without a retry. Transient database
+	// failures are not retried here: the claim already retried them
+	// (MaxAttempts), and the message is nacked. Defaults to 3.
 	HandlerRetries int
 	// RetryInitialInterval is the first backoff of HandlerRetries.
 	// Defaults to 100ms.
 	RetryInitialInterval time.Duration
+	// DrainTimeout bounds a graceful shutdown (the context given to Run
+	// ends, or Close is called): no new message starts, the messages in
+	// flight get this long to commit and be acked, then whatever has not
+	// finished is cancelled, rolls back and goes back to the broker
+	// (nacked). Work cut short is never poisoned. Keep it below your
+	// orchestrator's grace period (Kubernetes: 30 s) minus a few seconds.
+	// Defaults to DefaultDrainTimeout (20 s).
+	DrainTimeout time.Duration
 	// PoisonTopic receives messages that cannot be processed, with the
 	// reason in metadata. Defaults to Topic + ".poison".
 	PoisonTopic string
@@ -147,6 +158,10 @@ func (c Config) validate() error {
 		return &framework.ConfigError{Field: "HandlerRetries", Reason: "must not be negative"}
 	case c.HandlerTimeout < 0:
 		return &framework.ConfigError{Field: "HandlerTimeout", Reason: "must not be negative"}
+	case c.DrainTimeout < 0:
+		return &framework.ConfigError{Field: "DrainTimeout", Reason: "must not be negative"}
+	case c.RetryInitialInterval < 0:
+		return &framework.ConfigError{Field: "RetryInitialInterval", Reason: "must not be negative"}
 	}
 	if err := store.ValidateConsumer(c.Name); err != nil {
 		var ce *framework.ConfigError
@@ -164,7 +179,8 @@ func (c Config) validate() error {
 // Consumer is a running (or runnable) claimtx consumer.
 type Consumer struct {
 	*parts
-	router *message.Router
+	router  *message.Router
+	drainer *drainer
 }
 
 // parts is what New and NewBatch build alike from a Config: the pool, the
@@ -184,6 +200,13 @@ type parts struct {
 	closeOnce sync.Once
 	closeErr  error
 	closeMore func() error // the router, for New
+
+	// stop asks a running Run to shut down gracefully (Close does);
+	// stopped is closed when Run has returned.
+	stop, stopped chan struct{}
+	stopOnce      sync.Once
+	ran           bool
+	runMu         sync.Mutex
 }
 
 // open validates cfg, applies its defaults, connects, migrates, and builds
@@ -205,6 +228,9 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if cfg.RetryInitialInterval == 0 {
 		cfg.RetryInitialInterval = DefaultRetryInitialInterval
 	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
 	keyFunc := cfg.KeyFunc
 	if keyFunc == nil && cfg.Key != "" {
 		kf, err := framework.ParseKeySpec(cfg.Key)
@@ -214,7 +240,7 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		keyFunc = kf
 	}
 
-	p := &parts{cfg: cfg, pool: cfg.Pool}
+	p := &parts{cfg: cfg, pool: cfg.Pool, stop: make(chan struct{}), stopped: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
@@ -312,7 +338,7 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: router: %w", err)
 	}
-	c := &Consumer{parts: p, router: router}
+	c := &Consumer{parts: p, router: router, drainer: newDrainer()}
 	p.closeMore = router.Close
 	if cfg.Registerer != nil {
 		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, "", "").AddPrometheusRouterMetrics(router)
@@ -339,10 +365,13 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 		InitialInterval: cfg.RetryInitialInterval,
 		MaxInterval:     10 * cfg.RetryInitialInterval,
 		Multiplier:      2,
-		ShouldRetry:     func(p wmw.RetryParams) bool { return !framework.IsPermanent(p.Err) },
+		ShouldRetry:     func(p wmw.RetryParams) bool { return retryable(p.Err) },
 		Logger:          p.wlog,
 	}
-	router.AddMiddleware(wmw.Recoverer, poison.Middleware, retry.Middleware)
+	// The drainer goes first: a message held back at shutdown must not
+	// reach Poison, and cancelling the in-flight ones at the drain timeout
+	// is what Poison recognises as an interruption.
+	router.AddMiddleware(c.drainer.middleware, wmw.Recoverer, poison.Middleware, retry.Middleware)
 	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, p.sub, middleware.TxHandler(handler))
 	// HandlerTimeout sits inside Retry, so each retry gets a fresh deadline.
 	if cfg.Retention > 0 {
@@ -362,14 +391,49 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 	return c, nil
 }
 
-// Run consumes until ctx is cancelled or Close is called, then returns
-// after in-flight messages finished (or the router's close timeout).
+// Run consumes until ctx is cancelled or Close is called, then shuts down
+// gracefully: no new message starts, the ones in flight get
+// Config.DrainTimeout to commit and be acked, the rest is cancelled and
+// nacked (see Config.DrainTimeout). It returns once that is done.
 func (c *Consumer) Run(ctx context.Context) error {
-	err := c.router.Run(ctx)
-	if err != nil && !errors.Is(err, context.Canceled) {
-		return fmt.Errorf("claimtx: router: %w", err)
+	return c.run(ctx, c.consume)
+}
+
+// consume runs the router until ctx ends, then drains. The router, and
+// with it the broker subscriptions, runs on a context of its own: they must
+// stay open while the in-flight messages drain, so that their acks still
+// reach the broker.
+func (c *Consumer) consume(ctx context.Context) error {
+	runCtx, endSubscriptions := context.WithCancel(context.WithoutCancel(ctx))
+	defer endSubscriptions()
+	done := make(chan error, 1)
+	go func() { done <- c.router.Run(runCtx) }()
+	select {
+	case err := <-done:
+		// Stopped by itself: every subscription ended.
+		c.drainer.release()
+		return wrapRunErr(err)
+	case <-ctx.Done():
 	}
-	return nil
+	c.drainer.drain(c.cfg.DrainTimeout, c.cfg.Logger)
+	// The subscriptions end first, so what was held back goes back to the
+	// broker without coming round to this consumer again.
+	endSubscriptions()
+	c.drainer.release()
+	cerr := c.router.Close()
+	err := <-done
+	if err == nil {
+		err = cerr
+	}
+	return wrapRunErr(err)
+}
+
+// retryable says whether a failed message is worth another attempt in
+// process: not when it is permanent (it is poisoned at once), and not when
+// it is a transient database failure, which the claim already retried
+// MaxAttempts times (retrying here again would multiply them).
+func retryable(err error) bool {
+	return !framework.IsPermanent(err) && !store.IsTransient(err)
 }
 
 // Running is closed once the router consumes.
@@ -396,8 +460,46 @@ func (p *parts) Close() error {
 	return p.closeErr
 }
 
+// run is Run for both modes: it runs body once, with a context that also
+// ends when Close is called, and records that it returned.
+func (p *parts) run(ctx context.Context, body func(context.Context) error) error {
+	p.runMu.Lock()
+	if p.ran {
+		p.runMu.Unlock()
+		return errors.New("claimtx: Run called twice")
+	}
+	p.ran = true
+	p.runMu.Unlock()
+	defer close(p.stopped)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return body(ctx)
+}
+
+func wrapRunErr(err error) error {
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("claimtx: router: %w", err)
+	}
+	return nil
+}
+
 func (p *parts) close() error {
 	var errs []error
+	// A running consumer shuts down gracefully first.
+	p.stopOnce.Do(func() { close(p.stop) })
+	p.runMu.Lock()
+	ran := p.ran
+	p.runMu.Unlock()
+	if ran {
+		<-p.stopped
+	}
 	if p.closeMore != nil {
 		errs = append(errs, p.closeMore())
 	}

@@ -1,0 +1,142 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// DefaultDrainTimeout is how long a shutdown lets in-flight messages finish
+// when Config.DrainTimeout is zero. It leaves room, inside Kubernetes'
+// default 30 s termination grace period, for the rollbacks of whatever is
+// cut off and for closing the broker clients.
+const DefaultDrainTimeout = 20 * time.Second
+
+// abortGrace bounds the wait for interrupted work to return once its
+// context was cancelled: rollbacks are bounded (5 s) and every call on the
+// claim's pgx.Tx honours its context, but a handler that ignores its
+// context cannot be stopped, and shutdown must still end.
+const abortGrace = 10 * time.Second
+
+// errShuttingDown is what a message that arrived after shutdown began
+// returns, unprocessed, so the router nacks it.
+var errShuttingDown = errors.New("claimtx: consumer shutting down, message handed back to the broker")
+
+// drainer implements the shutdown semantics shared by both consumer
+// modes. Once shutdown begins, no new message starts; the messages in
+// flight get up to the drain timeout to commit (and be acked, since the
+// broker subscriptions stay open until then); whatever has not finished
+// by then has its context cancelled, rolls back and is nacked. Work cut
+// short is never poisoned: the poison middleware and the batch settler
+// both treat a message whose context ended as interrupted.
+type drainer struct {
+	mu       sync.Mutex
+	stopping bool
+	inflight int
+	idle     chan struct{} // closed when stopping and inflight reaches 0
+
+	abortCtx context.Context // cancelled when the drain timeout passes
+	abort    context.CancelFunc
+	released chan struct{} // closed when held arrivals may return
+	relOnce  sync.Once
+}
+
+func newDrainer() *drainer {
+	d := &drainer{idle: make(chan struct{}), released: make(chan struct{})}
+	d.abortCtx, d.abort = context.WithCancel(context.Background())
+	return d
+}
+
+// enter admits one unit of work, or reports false once shutdown began.
+func (d *drainer) enter() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopping {
+		return false
+	}
+	d.inflight++
+	return true
+}
+
+func (d *drainer) leave() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.inflight--
+	if d.stopping && d.inflight == 0 {
+		close(d.idle)
+	}
+}
+
+// context returns ctx, also cancelled when the drain times out.
+func (d *drainer) context(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(d.abortCtx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// middleware admits each message through the drainer. It goes first in
+// the chain, so a message held back at shutdown never reaches Poison.
+func (d *drainer) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if !d.enter() {
+			// Hold it, unprocessed, until the subscriptions have ended:
+			// returning at once would nack it into a requeue loop with
+			// this still-subscribed consumer.
+			<-d.released
+			return nil, errShuttingDown
+		}
+		defer d.leave()
+		orig := msg.Context()
+		ctx, cancel := d.context(orig)
+		msg.SetContext(ctx)
+		defer func() {
+			cancel()
+			msg.SetContext(orig)
+		}()
+		return h(msg)
+	}
+}
+
+// drain stops admitting work and waits for the work in flight, at most
+// timeout before cancelling it and abortGrace after that.
+func (d *drainer) drain(timeout time.Duration, logger *slog.Logger) {
+	d.mu.Lock()
+	if !d.stopping {
+		d.stopping = true
+		if d.inflight == 0 {
+			close(d.idle)
+		}
+	}
+	n := d.inflight
+	d.mu.Unlock()
+	if n > 0 {
+		logger.Info("claimtx: draining in-flight messages", "in_flight", n, "drain_timeout", timeout)
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-d.idle:
+		return
+	case <-t.C:
+	}
+	d.mu.Lock()
+	n = d.inflight
+	d.mu.Unlock()
+	logger.Warn("claimtx: drain timeout passed, cancelling in-flight messages (they roll back and go back to the broker)", "in_flight", n, "drain_timeout", timeout)
+	d.abort()
+	t.Reset(abortGrace)
+	select {
+	case <-d.idle:
+	case <-t.C:
+		logger.Error("claimtx: in-flight messages ignored cancellation; shutting down without them (they were not acked and will be redelivered)", "grace", abortGrace)
+	}
+}
+
+// release lets held-back arrivals return (to be nacked).
+func (d *drainer) release() {
+	d.relOnce.Do(func() { close(d.released) })
+}
