@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -174,28 +175,54 @@ func consume(fn middleware.TxHandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
 }
 
-// deliverTwins delivers n copies of one order to h at once, each on its own
-// open connection, and checks that exactly one applied and no error
-// reached the router.
-func deliverTwins(t *testing.T, b bundle, h message.HandlerFunc, rec *outcomes, n int) {
+// deliverTwins delivers n copies of one order to wrap(effect) at once, each
+// on its own open connection, and checks that exactly one applied and no
+// error reached the router.
+//
+// The twins must really meet on the uncommitted claim, or these tests would
+// pass just as well if the deliveries ran one after another. So the first
+// effect to run (the winner's: it holds the claim, or in natural-key mode
+// the guarded row it just inserted) keeps its transaction open until
+// Postgres shows the n-1 other twins waiting on a lock its backend holds,
+// and the test fails if that never happens within twinOverlapTimeout. A
+// sequential run cannot pass: when the first delivery's effect runs, no
+// other twin exists yet to wait behind it.
+func deliverTwins(t *testing.T, b bundle, wrap func(message.HandlerFunc) message.HandlerFunc, effect middleware.TxHandlerFunc, rec *outcomes, n int) {
 	t.Helper()
 	o := order{OrderID: 9913, CustomerID: 8, TotalCents: 1000}
 	warm(t, b.pool, n)
+	var gate overlapGate
+	h := wrap(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		if err := effect(ctx, tx, msg); err != nil {
+			return err
+		}
+		return gate.await(ctx, tx, n-1)
+	}))
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = newDelivery(t, o)
+	}
 	start := make(chan struct{})
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
+	for _, msg := range msgs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-start
-			_, err := h(newDelivery(t, o))
+			_, err := h(msg)
 			errs <- err
 		}()
 	}
 	close(start)
 	wg.Wait()
 	close(errs)
+	gate.mu.Lock()
+	entered, waiting, gateErr := gate.entered, gate.waiting, gate.err
+	gate.mu.Unlock()
+	require.True(t, entered, "no twin's effect ran")
+	require.NoError(t, gateErr, "the twins did not overlap: %d of %d were seen waiting behind the winner", waiting, n-1)
+	require.Equal(t, n-1, waiting, "twins waiting behind the winner")
 	for err := range errs {
 		require.NoError(t, err, "no error may surface to the router")
 	}
@@ -203,6 +230,74 @@ func deliverTwins(t *testing.T, b bundle, h message.HandlerFunc, rec *outcomes, 
 	require.Equal(t, n-1, rec.count(framework.Duplicate))
 	require.Equal(t, int64(10), b.balance(t, 8))
 	require.Equal(t, int64(1), b.ledgerRows(t, 9913))
+}
+
+// twinOverlapTimeout bounds how long the winner waits for its twins to
+// queue behind it: long enough for 64 goroutines to reach a loaded shared
+// server, short enough to fail a broken run promptly. Twins that give up
+// their lock wait meanwhile (ClaimWait) are retried and queue again.
+const twinOverlapTimeout = 30 * time.Second
+
+// blockedBehindMeSQL counts the backends waiting on a lock held by this
+// backend, directly or behind another such waiter (a waiter queued behind
+// a first one on a tuple lock is blocked by that waiter, not by the
+// holder). Only backends that wait on some lock are examined, so the poll
+// stays cheap on a shared server. pg_locks, unlike pg_stat_activity, is
+// not cached for the rest of the transaction, so each poll sees the
+// present.
+const blockedBehindMeSQL = `WITH RECURSIVE waiting AS (
+	SELECT DISTINCT pid FROM pg_locks WHERE NOT granted AND pid IS NOT NULL
+), behind(pid) AS (
+	SELECT pid FROM waiting WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))
+	UNION
+	SELECT w.pid FROM waiting w JOIN behind b ON b.pid = ANY(pg_blocking_pids(w.pid))
+)
+SELECT count(*) FROM behind`
+
+// overlapGate holds the first effect that reaches it until the given
+// number of twins wait behind its transaction; later effects pass through
+// (a retried winner must not wait for twins that already settled).
+type overlapGate struct {
+	mu      sync.Mutex
+	entered bool
+	waiting int
+	err     error
+}
+
+func (g *overlapGate) await(ctx context.Context, tx pgx.Tx, want int) error {
+	g.mu.Lock()
+	first := !g.entered
+	g.entered = true
+	g.mu.Unlock()
+	if !first {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, twinOverlapTimeout)
+	defer cancel()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	var seen int
+	for {
+		err := tx.QueryRow(ctx, blockedBehindMeSQL).Scan(&seen)
+		if err == nil && seen < want {
+			select {
+			case <-tick.C:
+				continue
+			case <-ctx.Done():
+			}
+		}
+		if ctx.Err() != nil {
+			err = fmt.Errorf("after %v only %d of %d twins waited behind the winner: %w", twinOverlapTimeout, seen, want, ctx.Err())
+		}
+		g.mu.Lock()
+		g.waiting, g.err = seen, err
+		g.mu.Unlock()
+		if err != nil {
+			// Permanent: a retry would pass the gate without proving anything.
+			return framework.Permanent(err)
+		}
+		return nil
+	}
 }
 
 // warm opens n connections so that every twin starts on its own.

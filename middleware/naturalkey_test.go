@@ -97,15 +97,7 @@ func naturalTwins(t *testing.T, b bundle, n int, iso pgx.TxIsoLevel) *outcomes {
 	c := b.natural(t, rec)
 	c.Isolation = iso
 	c.MaxAttempts = 10
-	// Widen the window in which twins overlap on the uncommitted entry.
-	slow := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-		if err := creditOnce(ctx, tx, msg); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, "SELECT pg_sleep(0.05)")
-		return err
-	}
-	deliverTwins(t, b, c.Middleware(consume(slow)), rec, n)
+	deliverTwins(t, b, c.Middleware, creditOnce, rec, n)
 	return rec
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store/pgtest"
 )
 
@@ -24,9 +25,7 @@ import (
 // the disruptive tag, serially, after the parallel suite (make
 // test-disruptive).
 func TestChaosDisruptive(t *testing.T) {
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		t.Skip("rabbitmqctl not installed")
-	}
+	testenv.RequireTool(t, "rabbitmqctl")
 	bin := t.TempDir()
 	build := func(out, pkg string) string {
 		path := filepath.Join(bin, out)

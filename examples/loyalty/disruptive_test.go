@@ -11,6 +11,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // Tests in this file disturb every client of the shared RabbitMQ: they run
@@ -24,9 +26,7 @@ import (
 // deliveries in flight when the connection dropped come back and are either
 // applied or recognised as duplicates: exact balances, nothing lost.
 func TestDisruptiveRabbitMQClosesAllConnections(t *testing.T) {
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		t.Skip("rabbitmqctl not installed")
-	}
+	testenv.RequireTool(t, "rabbitmqctl")
 	h := newHarness(t, "amqp")
 	// Nothing on the server is changed for good, but make sure RabbitMQ
 	// takes connections again before the next test, pass or fail.

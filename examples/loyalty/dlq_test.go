@@ -4,13 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // TestRabbitMQDeadLetterReplay replays a real RabbitMQ dead-letter queue into
@@ -26,9 +27,7 @@ import (
 // so the test also proves the replay keeps the producer's headers usable.
 func TestRabbitMQDeadLetterReplay(t *testing.T) {
 	t.Parallel()
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		t.Skip("rabbitmqctl not installed")
-	}
+	testenv.RequireTool(t, "rabbitmqctl")
 	h := newHarness(t, "amqp")
 	src, dlq := h.topic+".src", h.topic+".dlq"
 	h.deleteQueuesAtCleanup(src, dlq)

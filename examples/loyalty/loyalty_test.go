@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 var kinds = []string{"amqp", "kafka"}
@@ -179,9 +181,7 @@ func TestBadMessagesArePoisonedWithReason(t *testing.T) {
 // checks no log line carries it, including on the poison path.
 func TestNoCredentialsInLogs(t *testing.T) {
 	t.Parallel()
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		t.Skip("rabbitmqctl not installed")
-	}
+	testenv.RequireTool(t, "rabbitmqctl")
 	h := newHarness(t, "amqp")
 	user, amqpPass, pgPass := "claimtx_redact_"+randID(), "AmqpPw-"+randID(), "PgPw-"+randID()
 	run := func(args ...string) {

@@ -29,6 +29,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // requireNoSecrets fails if any of the texts shows any of the secrets.
@@ -110,9 +112,7 @@ func TestNoCredentialsInErrors(t *testing.T) {
 // without them.
 func TestNoCredentialsInMetrics(t *testing.T) {
 	t.Parallel()
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		t.Skip("rabbitmqctl not installed")
-	}
+	testenv.RequireTool(t, "rabbitmqctl")
 	h := newHarness(t, "amqp")
 	user, amqpPass, pgPass := "claimtx_metrics_"+randID(), "AmqpPw-"+randID(), "PgPw-"+randID()
 	rabbitUser(t, user, amqpPass)
@@ -229,7 +229,7 @@ func TestPostgresSSLMode(t *testing.T) {
 	var ssl string
 	require.NoError(t, h.pool.QueryRow(context.Background(), "SHOW ssl").Scan(&ssl))
 	if ssl != "on" {
-		t.Skip("the Postgres server has ssl = off")
+		testenv.SkipOrFail(t, "the Postgres server has ssl = off")
 	}
 	app := "loyalty_tls_" + randID()
 	u, err := url.Parse(h.dbURL)

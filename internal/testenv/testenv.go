@@ -1,0 +1,45 @@
+// Package testenv decides what a test does when the machine lacks something
+// it needs (a command-line tool, a server setting). On a developer's machine
+// the test skips, saying what is missing; under CI it fails, because the CI
+// machine is set up to provide everything the suite uses (rabbitmqctl ships
+// with the rabbitmq-server package it runs, its Postgres has ssl = on), so a
+// missing piece there is a broken machine, and a skip would let the suite
+// pass with the tests it exists for never run.
+package testenv
+
+import (
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+)
+
+// CI reports whether the tests run under continuous integration: the CI
+// environment variable is set to a true value (CI=true on every common CI
+// service; .ci/run runs under it).
+func CI() bool {
+	ci, err := strconv.ParseBool(os.Getenv("CI"))
+	return err == nil && ci
+}
+
+// SkipOrFail skips the test with the given reason, or fails it under CI
+// (see the package comment).
+func SkipOrFail(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if CI() {
+		t.Fatalf("testenv: CI must not skip this test: "+format, args...)
+		return
+	}
+	t.Skipf(format, args...)
+}
+
+// RequireTool returns the path of the named command, or skips the test
+// when it is not installed (fails it under CI).
+func RequireTool(t testing.TB, name string) string {
+	t.Helper()
+	path, err := exec.LookPath(name)
+	if err != nil {
+		SkipOrFail(t, "%s not installed (%v)", name, err)
+	}
+	return path
+}
