@@ -130,7 +130,10 @@ func sigtermRollingRestarts(t *testing.T, h *harness, nValid int) {
 	assert.Empty(t, blamed, "%d poisoned messages blame the shutdown", len(blamed))
 	// A second copy of a bad message means it was poisoned and the ack of
 	// the original did not reach the broker before the process exited: the
-	// shutdown did not let that in-flight message finish.
+	// shutdown did not let that in-flight message finish. (Seen in batch
+	// mode on both brokers: the subscription closes when the signal
+	// cancels its context, so acks given after that are lost; the README's
+	// at-least-once poisoning is for crashes, not for SIGTERM.)
 	assert.Empty(t, twice, "injected bad messages poisoned more than once")
 	assert.Equal(t, len(bad), len(ps), "messages in the poison destination")
 
@@ -226,11 +229,11 @@ WHERE application_name = $1 AND wait_event_type = 'Lock' AND $2 = ANY (pg_blocki
 	// Keep the transaction blocked into the shutdown until the consumer
 	// abandons it (or exits), at most shutdownHold; then let it go, so a
 	// consumer that drains its in-flight work can commit it.
-	held := waitUntil(shutdownHold, func() bool { return blocked() == 0 || !p.running() })
+	abandoned := waitUntil(shutdownHold, func() bool { return blocked() == 0 || !p.running() })
 	release()
 	exited := p.exited(exitBound - time.Since(sent))
 	t.Logf("round %d: SIGTERM with %d/%d applied, %d claim transactions blocked in flight; abandoned by the consumer: %t; exit after %s",
-		round, applied, nValid, inFlight, held, time.Since(sent).Round(time.Millisecond))
+		round, applied, nValid, inFlight, abandoned, time.Since(sent).Round(time.Millisecond))
 	require.True(t, exited, "round %d: the consumer did not exit within %s of SIGTERM", round, exitBound)
 	require.NoError(t, p.err, "round %d: SIGTERM must end the consumer with status 0:\n%s", round, p.out.String())
 }
