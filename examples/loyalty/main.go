@@ -189,6 +189,15 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		}
 		cfg.HandlerRetries = n
 	}
+	if v := os.Getenv("DRAIN_TIMEOUT"); v != "" {
+		// How long SIGTERM lets the messages in flight commit before they
+		// are cancelled and handed back to the broker.
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return &framework.ConfigError{Field: "DRAIN_TIMEOUT", Reason: "not a positive duration"}
+		}
+		cfg.DrainTimeout = d
+	}
 	// Every outcome is logged at debug level (LOG_LEVEL=debug) with its
 	// order id, so tests can tell which order was applied and which
 	// delivery was recognised as a duplicate.

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"regexp"
 	"sort"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -25,13 +26,13 @@ import (
 // order is credited exactly once; every SIGTERM ends the process by itself
 // with status 0.
 //
-// "Certainly in flight" is made, not hoped for: after the consumer has
-// applied some orders, the test locks the balances table (EXCLUSIVE: reads
-// go on, writes wait), waits until one of this process's claim transactions
-// is blocked on that lock (pg_stat_activity, by the process's own
-// application_name), and only then sends SIGTERM. The lock is held until the
-// consumer gives up the blocked statement or for shutdownHold into the
-// shutdown, then released so a draining consumer can commit.
+// "Certainly in flight" is made, not hoped for: before the consumer starts,
+// the test locks the balances table (EXCLUSIVE: reads go on, writes wait),
+// waits until one of this process's claim transactions is blocked on that
+// lock (pg_stat_activity, by the process's own application_name), and only
+// then sends SIGTERM. The lock is held until the consumer says it drains
+// (or gives up the blocked statement), at most shutdownHold into the
+// shutdown, then released: the drained work must commit.
 func TestSIGTERMMidWorkPoisonsOnlyBadMessages(t *testing.T) {
 	t.Parallel()
 	modes := []struct {
@@ -178,27 +179,23 @@ func (h *harness) dbURLNamed(t *testing.T, app string) string {
 	return u.String()
 }
 
-// sigtermMidWork starts a consumer, lets it apply some orders, blocks its
-// claim transactions on a table lock, sends SIGTERM while one is blocked
-// and requires a clean exit within exitBound.
+// sigtermMidWork blocks the consumer's claim transactions on a table lock
+// taken before it starts, sends SIGTERM while one is blocked, lets the
+// transaction go once the consumer says it is draining, and requires a
+// clean exit within exitBound with the work that was in flight committed.
 func (h *harness) sigtermMidWork(t *testing.T, round, nValid int) {
 	t.Helper()
 	ctx := context.Background()
 	app := fmt.Sprintf("loyalty-shutdown-%d", round)
 	before := max(h.tryCount("SELECT count(DISTINCT order_id) FROM point_ledger"), 0)
-	p := h.start("DATABASE_URL=" + h.dbURLNamed(t, app))
+	require.Less(t, before, nValid, "round %d: all orders applied before the round; publish more", round)
 
-	// Mid-work: this instance applied some orders, and not all of them.
-	var applied int
-	require.Eventually(t, func() bool {
-		applied = h.tryCount("SELECT count(DISTINCT order_id) FROM point_ledger")
-		return applied > before || !p.running()
-	}, 60*time.Second, 5*time.Millisecond, "round %d: the consumer applied nothing", round)
-	require.True(t, p.running(), "round %d: the consumer exited:\n%s", round, p.out.String())
-	require.Less(t, applied, nValid, "round %d: all orders applied before the SIGTERM; publish more", round)
-
-	// In flight: a claim transaction of this instance waits on our lock.
-	lockCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	// In flight: a claim transaction of this instance waits on our lock,
+	// taken before it starts, so it cannot race through the backlog. (The
+	// tables must exist to be locked: the consumer's own start-up code
+	// creates them.)
+	require.NoError(t, createTables(ctx, h.pool))
+	lockCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
 	tx, err := h.pool.Begin(lockCtx)
 	require.NoError(t, err)
@@ -218,24 +215,28 @@ func (h *harness) sigtermMidWork(t *testing.T, round, nValid int) {
 		return h.tryCount(`SELECT count(*) FROM pg_stat_activity
 WHERE application_name = $1 AND wait_event_type = 'Lock' AND $2 = ANY (pg_blocking_pids(pid))`, app, lockPID)
 	}
+	p := h.start("DATABASE_URL=" + h.dbURLNamed(t, app))
 	var inFlight int
-	require.Eventually(t, func() bool { inFlight = blocked(); return inFlight > 0 },
-		30*time.Second, 5*time.Millisecond, "round %d: no claim transaction of the consumer blocked on the lock", round)
-	applied = h.count("SELECT count(DISTINCT order_id) FROM point_ledger")
-	require.Less(t, applied, nValid, "round %d", round)
+	require.Eventually(t, func() bool { inFlight = blocked(); return inFlight > 0 || !p.running() },
+		60*time.Second, 5*time.Millisecond, "round %d: no claim transaction of the consumer blocked on the lock", round)
+	require.True(t, p.running(), "round %d: the consumer exited:\n%s", round, p.out.String())
 
 	sent := time.Now()
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	// Keep the transaction blocked into the shutdown until the consumer
-	// abandons it (or exits), at most shutdownHold; then let it go, so a
-	// consumer that drains its in-flight work can commit it.
-	abandoned := waitUntil(shutdownHold, func() bool { return blocked() == 0 || !p.running() })
+	// says it drains (or abandons the transaction, or exits), at most
+	// shutdownHold; then let it go, so a draining consumer can commit it.
+	draining := waitUntil(shutdownHold, func() bool {
+		return strings.Contains(p.out.String(), "draining in-flight messages") || blocked() == 0 || !p.running()
+	})
 	release()
 	exited := p.exited(exitBound - time.Since(sent))
-	t.Logf("round %d: SIGTERM with %d/%d applied, %d claim transactions blocked in flight; abandoned by the consumer: %t; exit after %s",
-		round, applied, nValid, inFlight, abandoned, time.Since(sent).Round(time.Millisecond))
+	applied := h.count("SELECT count(DISTINCT order_id) FROM point_ledger")
+	t.Logf("round %d: SIGTERM with %d claim transactions blocked in flight; drain seen: %t; exit after %s; applied %d -> %d of %d",
+		round, inFlight, draining, time.Since(sent).Round(time.Millisecond), before, applied, nValid)
 	require.True(t, exited, "round %d: the consumer did not exit within %s of SIGTERM", round, exitBound)
 	require.NoError(t, p.err, "round %d: SIGTERM must end the consumer with status 0:\n%s", round, p.out.String())
+	require.Greater(t, applied, before, "round %d: the work in flight at SIGTERM was not allowed to commit", round)
 }
 
 // waitUntil polls cond until it holds or d has passed, and reports which.

@@ -42,6 +42,8 @@ type BatchOptions struct {
 	// acked; the rest is cancelled and nacked, never poisoned. Defaults
 	// to DefaultDrainTimeout.
 	DrainTimeout time.Duration
+
+	logger *slog.Logger // Config.Logger, set by NewBatch
 }
 
 // BatchConsumer is the batch counterpart of Consumer, built by NewBatch
@@ -123,6 +125,7 @@ func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	if opts.DrainTimeout == 0 {
 		opts.DrainTimeout = cfg.DrainTimeout
 	}
+	opts.logger = cfg.Logger
 	return &BatchConsumer{parts: p, batch: bt, handler: handler, opts: opts}, nil
 }
 
@@ -249,7 +252,11 @@ func runBatches(ctx context.Context, sub message.Subscriber, topic string, b mid
 	select {
 	case <-stopped: // the subscription ended by itself
 	case <-ctx.Done():
-		d.drain(opts.DrainTimeout, slog.Default())
+		logger := opts.logger
+		if logger == nil {
+			logger = slog.Default()
+		}
+		d.drain(opts.DrainTimeout, logger)
 	}
 	endSubscription()
 	<-stopped
