@@ -62,7 +62,12 @@ const (
 // read from it ("kafka:timestamp") survives a republish through this
 // adapter; without one the producer stamps the time of the publish. A
 // topic configured with LogAppendTime replaces it with the broker's time
-// anyway, and Config.Version below 0.10 sends no timestamp at all.
+// anyway, and Config.Version below 0.10 sends no timestamp at all. Mind
+// that the destination's time-based retention then counts from the
+// original time (an old poison copy may be deleted sooner than a fresh
+// one would), and that a cluster with message.timestamp.before.max.ms
+// (message.timestamp.difference.max.ms before Kafka 3.6) set rejects
+// copies older than that limit.
 type Marshaler struct{}
 
 var _ wkafka.MarshalerUnmarshaler = Marshaler{}
