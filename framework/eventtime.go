@@ -125,8 +125,13 @@ func EventTimeFromJSON(path string) (TimeFunc, error) {
 // adapter puts in metadata (KafkaTimestampMetadata). The only argument
 // accepted is "timestamp" (spec "kafka:timestamp"). The record timestamp is
 // the producer's create time unless the topic uses LogAppendTime, in which
-// case it is the broker's append time of the first write: stable across
-// redeliveries either way, but a republish to another topic gets a new one.
+// case it is the broker's append time: stable across redeliveries of one
+// record either way. It belongs to the record, not the event: claimtx's
+// Kafka publisher copies it onto the records it republishes (poison copies,
+// relays), but a LogAppendTime topic or any other producer stamps a copy
+// anew. That is why middleware.Claim refuses it for routing claims into
+// event-day partitions unless AllowBrokerEventTime is set; prefer a field
+// the producer wrote (metadata:, json:).
 func EventTimeFromKafka(arg string) (TimeFunc, error) {
 	if arg != "" && arg != "timestamp" {
 		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("kafka event time %q is not supported (use kafka:timestamp)", arg)}

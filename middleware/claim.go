@@ -146,6 +146,19 @@ type Claim struct {
 	// without a usable event time fails permanently (poisoned). Defaults to
 	// nil: the plain, unpartitioned claim table.
 	EventTime framework.TimeFunc
+	// AllowBrokerEventTime lets EventTime read a time assigned to each
+	// copy of a message rather than fixed by its producer, such as the
+	// Kafka record timestamp ("kafka:timestamp"); Validate refuses such an
+	// EventTime otherwise (it tells by calling EventTime once on a probe
+	// message carrying only a record timestamp). Sharp edge: claimtx's
+	// Kafka publisher keeps the
+	// record timestamp when it republishes (poison copies, relays), but a
+	// topic with LogAppendTime, a mirror or replay tool, or any other
+	// producer stamps a new one: the copy's claim then goes to another
+	// day's partition, finds no twin there, and the effect is applied
+	// twice. Set it only when every path a message can take keeps the
+	// timestamp. Defaults to false.
+	AllowBrokerEventTime bool
 	// Fingerprint stores a hash of the payload with each claim and, for a
 	// duplicate, compares it with the stored one: a mismatch (same key,
 	// different content) is a producer or key-derivation bug, reported in
@@ -220,6 +233,8 @@ func (c Claim) Validate() error {
 		return &framework.ConfigError{Field: "InitialBackoff", Reason: "backoffs must not be negative"}
 	case c.KeyPolicy.MaxBytes < 0:
 		return &framework.ConfigError{Field: "KeyPolicy.MaxBytes", Reason: "must not be negative"}
+	case c.EventTime != nil && c.Mode != ModeNaturalKey && !c.AllowBrokerEventTime && readsBrokerTime(c.EventTime):
+		return &framework.ConfigError{Field: "EventTime", Reason: brokerEventTimeRisk}
 	}
 	switch c.Isolation {
 	case "", pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:

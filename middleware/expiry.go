@@ -41,7 +41,12 @@ type ExpiryGuard struct {
 	// "kafka:timestamp"). Required. A message without a readable event
 	// time fails with a permanent error matching
 	// framework.ErrInvalidEventTime and is poisoned too: it cannot be
-	// checked either.
+	// checked either. Prefer a time the producer wrote: "kafka:timestamp"
+	// is accepted, but a copy restamped on the way (a LogAppendTime topic,
+	// a producer other than claimtx's Kafka publisher) looks young, so an
+	// expired replay whose claim is gone is applied again instead of
+	// refused. Claim, which routes partitions by the same time, refuses it
+	// without Claim.AllowBrokerEventTime.
 	EventTime framework.TimeFunc
 	// AllowExpired applies expired messages anyway, after calling
 	// OnExpired. Sharp edge: an expired message whose claim was already

@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -48,4 +50,57 @@ func TestPartitionedClaimsByEventTime(t *testing.T) {
 	_, err = h(newDelivery(t, order{OrderID: 43, CustomerID: 4, TotalCents: 100}))
 	require.ErrorIs(t, err, framework.ErrInvalidEventTime)
 	require.True(t, framework.IsPermanent(err))
+}
+
+// Routing claims by a time that each copy of a message gets anew (the
+// Kafka record timestamp, the clock) can put a republished copy in another
+// day's partition, where it meets no twin: Validate refuses it, whichever
+// way it is read, unless AllowBrokerEventTime says the risk is accepted.
+func TestBrokerEventTimeRefusedForPartitionRouting(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	spec := func(s string) framework.TimeFunc {
+		f, err := framework.ParseTimeSpec(s)
+		require.NoError(t, err)
+		return f
+	}
+	kafkaTS := spec("kafka:timestamp")
+	fallback := func(msg *message.Message) (time.Time, error) {
+		if at, err := spec("metadata:event_time")(msg); err == nil {
+			return at, nil
+		}
+		return kafkaTS(msg)
+	}
+	for name, f := range map[string]framework.TimeFunc{
+		"kafka:timestamp":          kafkaTS,
+		"metadata:kafka_timestamp": spec("metadata:kafka_timestamp"),
+		"fallback to kafka":        fallback,
+		"clock":                    func(*message.Message) (time.Time, error) { return time.Now(), nil },
+	} {
+		c := b.claim(t, "loyalty", nil)
+		c.EventTime = f
+		var ce *framework.ConfigError
+		require.ErrorAs(t, c.Validate(), &ce, name)
+		require.Equal(t, "EventTime", ce.Field, name)
+		require.Contains(t, ce.Reason, "applied twice", name)
+		require.Contains(t, ce.Reason, "AllowBrokerEventTime", name)
+		// The opt-in is the only way past it.
+		c.AllowBrokerEventTime = true
+		require.NoError(t, c.Validate(), name)
+	}
+	for name, f := range map[string]framework.TimeFunc{
+		"metadata:event_time": spec("metadata:event_time"),
+		"json:occurred_at":    spec("json:occurred_at"),
+		"panics on the probe": func(msg *message.Message) (time.Time, error) {
+			_ = msg.Payload[0]
+			return time.Time{}, nil
+		},
+	} {
+		c := b.claim(t, "loyalty", nil)
+		c.EventTime = f
+		require.NoError(t, c.Validate(), name)
+	}
+	// The natural-key mode routes nothing by event time.
+	c := middleware.Claim{Store: b.store, Consumer: "loyalty", Mode: middleware.ModeNaturalKey, EventTime: kafkaTS}
+	require.NoError(t, c.Validate())
 }

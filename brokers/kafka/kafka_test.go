@@ -189,6 +189,42 @@ func TestPlainProducer(t *testing.T) {
 	require.Equal(t, "2024-02-03T04:05:06.007Z", m.Metadata.Get(kafka.MetadataTimestamp))
 }
 
+// TestRepublishKeepsTimestamp: a record with a producer-set timestamp,
+// consumed and republished through the adapter's publisher as Poison and
+// the outbox relay do (a Copy with its metadata), arrives with the same
+// timestamp, so an event time read from it ("kafka:timestamp") does not
+// move to the day of the republish.
+func TestRepublishKeepsTimestamp(t *testing.T) {
+	t.Parallel()
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	topic, again := uniqueName(t), uniqueName(t)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.AllowAutoTopicCreation())
+	require.NoError(t, err)
+	defer cl.Close()
+	ts := time.Date(2024, 2, 3, 4, 5, 6, 7_000_000, time.UTC)
+	require.NoError(t, cl.ProduceSync(t.Context(), &kgo.Record{
+		Topic: topic, Value: []byte("body"), Timestamp: ts,
+		Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte("evt-ts")}},
+	}).FirstErr())
+
+	sub, msgs := subscribe(t, cfg, topic)
+	defer closeSub(t, sub)
+	first := receive(t, msgs, 15*time.Second)
+	require.True(t, first.Ack())
+	require.Equal(t, "2024-02-03T04:05:06.007Z", first.Metadata.Get(kafka.MetadataTimestamp))
+
+	publish(t, cfg, again, first.Copy())
+	sub2, msgs2 := subscribe(t, cfg, again)
+	defer closeSub(t, sub2)
+	copied := receive(t, msgs2, 15*time.Second)
+	require.True(t, copied.Ack())
+	require.Equal(t, "evt-ts", copied.Metadata.Get("event_id"))
+	require.Equal(t, again, copied.Metadata.Get(kafka.MetadataTopic))
+	require.Equal(t, first.Metadata.Get(kafka.MetadataTimestamp), copied.Metadata.Get(kafka.MetadataTimestamp))
+}
+
 // TestGroupStartsFromOldest: a consumer group with no committed offset
 // reads what was produced before it existed.
 func TestGroupStartsFromOldest(t *testing.T) {

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -28,7 +29,10 @@ const (
 	// broker append time when the topic uses LogAppendTime), RFC 3339 with
 	// nanoseconds in UTC; absent when the record has none. It is stable
 	// across redeliveries of the same record, which is what a
-	// retention rule based on event time needs.
+	// retention rule based on event time needs. Unlike the other kafka_*
+	// keys it is also read by Marshal: a copy published with it (a poison
+	// copy, a relayed or replayed message) keeps the original record's
+	// timestamp instead of getting the time of the republish.
 	MetadataTimestamp = "kafka_timestamp"
 
 	// PartitionKeyMetadata is the metadata key Marshal uses as the record
@@ -53,7 +57,17 @@ const (
 //
 // Marshal publishes every metadata entry as a header except the kafka_*
 // keys, adds the UUID header, and uses the partition_key entry, if any, as
-// the record key.
+// the record key. A kafka_timestamp entry becomes the record timestamp
+// (rounded down to the millisecond, Kafka's unit), so that an event time
+// read from it ("kafka:timestamp") survives a republish through this
+// adapter; without one the producer stamps the time of the publish. A
+// topic configured with LogAppendTime replaces it with the broker's time
+// anyway, and Config.Version below 0.10 sends no timestamp at all. Mind
+// that the destination's time-based retention then counts from the
+// original time (an old poison copy may be deleted sooner than a fresh
+// one would), and that a cluster with message.timestamp.before.max.ms
+// (message.timestamp.difference.max.ms before Kafka 3.6) set rejects
+// copies older than that limit.
 type Marshaler struct{}
 
 var _ wkafka.MarshalerUnmarshaler = Marshaler{}
@@ -76,7 +90,31 @@ func (Marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMe
 	if key, ok := msg.Metadata[PartitionKeyMetadata]; ok {
 		pm.Key = sarama.StringEncoder(key)
 	}
+	if v, ok := msg.Metadata[MetadataTimestamp]; ok {
+		ts, err := parseTimestamp(v)
+		if err != nil {
+			// Publishing it with a new timestamp instead would silently
+			// move its event day; a value Unmarshal wrote always parses.
+			return nil, fmt.Errorf("brokers/kafka: message %s: metadata %s: %w", msg.UUID, MetadataTimestamp, err)
+		}
+		pm.Timestamp = ts
+	}
 	return pm, nil
+}
+
+// parseTimestamp reads a kafka_timestamp value back into a record
+// timestamp, accepting what Unmarshal writes and nothing Kafka cannot
+// carry: Sarama takes a zero time for "stamp it now", and a time before
+// 1970 would be sent as a negative, i.e. missing, timestamp.
+func parseTimestamp(v string) (time.Time, error) {
+	ts, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("not an RFC 3339 time: %w", err)
+	}
+	if ts.UnixMilli() < 0 {
+		return time.Time{}, fmt.Errorf("%s is before 1970, which Kafka cannot carry", v)
+	}
+	return ts, nil
 }
 
 // Unmarshal implements watermill-kafka's Unmarshaler.

@@ -90,6 +90,16 @@ type Config struct {
 	OutboxTopic string
 	Fingerprint bool
 	EventTime   framework.TimeFunc
+	// AllowBrokerEventTime lets a partitioned claim table route by an
+	// EventTime the broker or publishing client assigns to each copy, such
+	// as "kafka:timestamp"; New refuses one otherwise. See
+	// middleware.Claim.AllowBrokerEventTime for what it risks. The expiry
+	// guard (Retention) accepts such a time without it, because the guard
+	// is better than none, but it shares the weakness: a copy stamped anew
+	// looks young, so a replay older than Retention whose claim cleanup
+	// already removed is applied again instead of poisoned as expired.
+	// Defaults to false.
+	AllowBrokerEventTime bool
 	// Retention, with EventTime, puts a middleware.ExpiryGuard before the
 	// claim: a message whose event time is older than Retention can no
 	// longer be checked against a claim that cleanup may have removed, so
@@ -354,6 +364,7 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 		}
 		if byDay {
 			claim.EventTime = cfg.EventTime
+			claim.AllowBrokerEventTime = cfg.AllowBrokerEventTime
 		}
 	}
 	if err := claim.Validate(); err != nil {

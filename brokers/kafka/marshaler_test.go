@@ -1,0 +1,42 @@
+package kafka_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/brokers/kafka"
+)
+
+// Marshal turns the kafka_timestamp metadata that Unmarshal writes back
+// into the record timestamp, so a copy keeps its event time; without it
+// the timestamp is left for the producer to stamp; a value it cannot carry
+// fails the publish rather than silently changing the event day.
+func TestMarshalKeepsRecordTimestamp(t *testing.T) {
+	t.Parallel()
+	ts := time.Date(2024, 2, 3, 4, 5, 6, 7_000_000, time.UTC)
+	consumed, err := kafka.Marshaler{}.Unmarshal(&sarama.ConsumerMessage{Topic: "a", Value: []byte("x"), Timestamp: ts})
+	require.NoError(t, err)
+	require.Equal(t, "2024-02-03T04:05:06.007Z", consumed.Metadata.Get(kafka.MetadataTimestamp))
+
+	pm, err := kafka.Marshaler{}.Marshal("b", consumed.Copy())
+	require.NoError(t, err)
+	require.True(t, pm.Timestamp.Equal(ts), "record timestamp %s", pm.Timestamp)
+	for _, h := range pm.Headers {
+		require.NotEqual(t, kafka.MetadataTimestamp, string(h.Key), "kafka_* metadata is never a header")
+	}
+
+	pm, err = kafka.Marshaler{}.Marshal("b", message.NewMessage("fresh", nil))
+	require.NoError(t, err)
+	require.True(t, pm.Timestamp.IsZero(), "a new message is stamped by the producer")
+
+	for _, bad := range []string{"", "yesterday", "1706933106007", "1969-12-31T23:59:59Z"} {
+		m := message.NewMessage("bad", nil)
+		m.Metadata.Set(kafka.MetadataTimestamp, bad)
+		_, err := kafka.Marshaler{}.Marshal("b", m)
+		require.ErrorContains(t, err, kafka.MetadataTimestamp, "value %q", bad)
+	}
+}
