@@ -91,13 +91,15 @@ func (Marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMe
 		pm.Key = sarama.StringEncoder(key)
 	}
 	if v, ok := msg.Metadata[MetadataTimestamp]; ok {
-		ts, err := parseTimestamp(v)
-		if err != nil {
-			// Publishing it with a new timestamp instead would silently
-			// move its event day; a value Unmarshal wrote always parses.
-			return nil, fmt.Errorf("brokers/kafka: message %s: metadata %s: %w", msg.UUID, MetadataTimestamp, err)
+		// A value Unmarshal wrote always parses. Anything else came from
+		// elsewhere (a RabbitMQ header relayed to Kafka, say) and was never
+		// a record's time, so there is no original day to keep: the record
+		// gets the publish time. Failing the publish instead would turn one
+		// odd header into a poison copy or an outbox row that can never be
+		// published.
+		if ts, err := parseTimestamp(v); err == nil {
+			pm.Timestamp = ts
 		}
-		pm.Timestamp = ts
 	}
 	return pm, nil
 }
