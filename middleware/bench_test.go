@@ -29,7 +29,7 @@ var benchOrderSeq int64
 // BenchmarkClaimPerMessage measures what the middleware adds to one claim
 // transaction, against real Postgres: "pgx" is the same work written by
 // hand (the store's BEGIN+claim round trip, the effect, COMMIT), "middleware" is
-// Claim.Middleware around TxHandler(credit). The difference in ns/op and
+// the NewClaim middleware around TxHandler(credit). The difference in ns/op and
 // allocs/op between the two, measured in the same run, is the
 // middleware's own cost per message (key derivation and validation,
 // result bookkeeping, the transaction in the message context).
@@ -56,7 +56,7 @@ func BenchmarkClaimPerMessage(b *testing.B) {
 	})
 	claim := bu.claim(b, "middleware", nil)
 	txh := middleware.TxHandler(credit)
-	h := claim.Middleware(func(msg *message.Message) ([]*message.Message, error) { return nil, txh(msg) })
+	h := install(b, middleware.NewClaim, claim)(func(msg *message.Message) ([]*message.Message, error) { return nil, txh(msg) })
 	b.Run("middleware", func(b *testing.B) {
 		msgs := benchOrders(b, b.N)
 		b.ReportAllocs()

@@ -91,8 +91,9 @@ const (
 // timeout, lost connection) retry the whole transaction with a fresh one,
 // up to MaxAttempts with exponential backoff and jitter.
 //
-// Build it as a struct literal, call Validate, then pass c.Middleware to
-// router.AddMiddleware or handler.AddMiddleware.
+// Build it as a struct literal and pass it to NewClaim, which validates it
+// and returns the middleware for router.AddMiddleware or
+// handler.AddMiddleware.
 type Claim struct {
 	// Store is the claim store; its pool runs the claim transactions.
 	// Required.
@@ -269,13 +270,17 @@ func (c Claim) withDefaults() Claim {
 	return c
 }
 
-// Middleware wraps h. If the configuration is invalid every message fails
-// with the Validate error (a nack, never an ack): call Validate first so a
-// misconfiguration stops start-up instead.
-func (c Claim) Middleware(h message.HandlerFunc) message.HandlerFunc {
+// NewClaim validates c and returns its middleware. A configuration error
+// is returned here, so a claim that would fail every message (a hot
+// redelivery loop) cannot be installed.
+func NewClaim(c Claim) (message.HandlerMiddleware, error) {
 	if err := c.Validate(); err != nil {
-		return func(*message.Message) ([]*message.Message, error) { return nil, err }
+		return nil, err
 	}
+	return c.middleware, nil
+}
+
+func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 	c = c.withDefaults()
 	txOpts := pgx.TxOptions{IsoLevel: c.Isolation}
 	return func(msg *message.Message) ([]*message.Message, error) {

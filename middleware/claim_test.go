@@ -21,7 +21,7 @@ func TestRedeliveryAppliesOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	rec := &outcomes{}
-	h := b.claim(t, "loyalty", rec).Middleware(consume(credit))
+	h := install(t, middleware.NewClaim, b.claim(t, "loyalty", rec))(consume(credit))
 	o := order{OrderID: 9912, CustomerID: 7, TotalCents: 5000}
 
 	_, err := h(newDelivery(t, o))
@@ -42,7 +42,7 @@ func concurrentTwins(t *testing.T, n int, iso pgx.TxIsoLevel) *outcomes {
 	rec := &outcomes{}
 	c := b.claim(t, "loyalty", rec)
 	c.Isolation = iso
-	deliverTwins(t, b, c.Middleware, credit, rec, n)
+	deliverTwins(t, b, install(t, middleware.NewClaim, c), credit, rec, n)
 	return rec
 }
 
@@ -80,7 +80,7 @@ func TestRollbackHandsOverToWaitingTwin(t *testing.T) {
 	release := make(chan struct{})
 	var firstCall sync.Once
 	errFirst := errors.New("first delivery fails after claiming")
-	h := c.Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		first := false
 		firstCall.Do(func() { first = true })
 		if err := credit(ctx, tx, msg); err != nil {
@@ -139,7 +139,7 @@ func TestHandlerFailureLeavesNothing(t *testing.T) {
 			c := b.claim(t, "loyalty", rec)
 			o := order{OrderID: 1, CustomerID: 1, TotalCents: 300}
 			fail := true
-			h := c.Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+			h := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 				if err := credit(ctx, tx, msg); err != nil {
 					return err
 				}
@@ -173,8 +173,8 @@ func TestTwoConsumersShareTheTable(t *testing.T) {
 	b := setup(t, 4)
 	_, err := b.pool.Exec(context.Background(), "CREATE TABLE analytics (order_id bigint NOT NULL)")
 	require.NoError(t, err)
-	loyalty := b.claim(t, "loyalty", nil).Middleware(consume(credit))
-	analytics := b.claim(t, "analytics", nil).Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	loyalty := install(t, middleware.NewClaim, b.claim(t, "loyalty", nil))(consume(credit))
+	analytics := install(t, middleware.NewClaim, b.claim(t, "analytics", nil))(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		_, err := tx.Exec(ctx, "INSERT INTO analytics VALUES (9912)")
 		return err
 	}))
@@ -205,7 +205,7 @@ func TestClaimWaitTimeoutIsRetried(t *testing.T) {
 	holding := make(chan struct{})
 	release := make(chan struct{})
 	var once sync.Once
-	h := c.Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		slow := false
 		once.Do(func() { slow = true })
 		if slow {
@@ -257,7 +257,7 @@ func TestClaimWaitGivesUpAfterMaxAttempts(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, claimed)
 
-	_, err = c.Middleware(consume(credit))(newDelivery(t, o))
+	_, err = install(t, middleware.NewClaim, c)(consume(credit))(newDelivery(t, o))
 	require.Error(t, err)
 	require.Equal(t, store.CauseClaimWait, store.Classify(err))
 	require.False(t, framework.IsPermanent(err))
@@ -268,7 +268,7 @@ func TestInvalidKeyIsPermanent(t *testing.T) {
 	b := setup(t, 2)
 	rec := &outcomes{}
 	called := false
-	h := b.claim(t, "loyalty", rec).Middleware(func(*message.Message) ([]*message.Message, error) {
+	h := install(t, middleware.NewClaim, b.claim(t, "loyalty", rec))(func(*message.Message) ([]*message.Message, error) {
 		called = true
 		return nil, nil
 	})
@@ -284,7 +284,7 @@ func TestInvalidKeyIsPermanent(t *testing.T) {
 func TestProducedMessagesAreRefusedUntilOutbox(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
-	h := b.claim(t, "loyalty", nil).Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	h := install(t, middleware.NewClaim, b.claim(t, "loyalty", nil))(func(msg *message.Message) ([]*message.Message, error) {
 		tx, ok := framework.TxFromContext(msg.Context())
 		require.True(t, ok)
 		if err := credit(msg.Context(), tx, msg); err != nil {
@@ -310,7 +310,7 @@ func TestCancelledContextIsNotRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	rec := &outcomes{}
-	h := b.claim(t, "loyalty", rec).Middleware(consume(credit))
+	h := install(t, middleware.NewClaim, b.claim(t, "loyalty", rec))(consume(credit))
 	msg := newDelivery(t, order{OrderID: 6, CustomerID: 6, TotalCents: 100})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -344,9 +344,13 @@ func TestBadConfiguration(t *testing.T) {
 			require.ErrorAs(t, err, &ce)
 			require.Equal(t, tc.field, ce.Field)
 			require.Contains(t, err.Error(), tc.field)
-			// Middleware on a bad config must not panic and must not ack.
-			_, err = c.Middleware(consume(credit))(newDelivery(t, order{OrderID: 1}))
+			// A bad config cannot be installed: NewClaim refuses it
+			// rather than returning a middleware that nacks every
+			// message into a hot redelivery loop.
+			mw, err := middleware.NewClaim(c)
 			require.ErrorAs(t, err, &ce)
+			require.Equal(t, tc.field, ce.Field)
+			require.Nil(t, mw)
 		})
 	}
 	_, err := framework.ParseKeySpec("nosuch:thing")
@@ -361,9 +365,9 @@ func ExampleClaim() {
 	// wiring only.
 	var st *store.Store // store.New(pool, store.Config{})
 	key, _ := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
-	claim := middleware.Claim{Store: st, Consumer: "loyalty", Key: key}
-	fmt.Println(claim.Validate())
-	// Output: claimtx: config field "Store": must not be nil
+	claim, err := middleware.NewClaim(middleware.Claim{Store: st, Consumer: "loyalty", Key: key})
+	fmt.Println(claim == nil, err)
+	// Output: true claimtx: config field "Store": must not be nil
 }
 
 func TestFingerprintMismatchDetected(t *testing.T) {
@@ -372,7 +376,7 @@ func TestFingerprintMismatchDetected(t *testing.T) {
 	rec := &outcomes{}
 	c := b.claim(t, "loyalty", rec)
 	c.Fingerprint = true
-	h := c.Middleware(consume(credit))
+	h := install(t, middleware.NewClaim, c)(consume(credit))
 	o := order{OrderID: 500, CustomerID: 5, TotalCents: 1000}
 	for _, cents := range []int64{1000, 1000, 9999} {
 		o.TotalCents = cents

@@ -17,17 +17,20 @@
 //
 // # Wiring
 //
-//	claim := middleware.Claim{Store: st, Consumer: "loyalty", Key: key}
-//	if err := claim.Validate(); err != nil { return err }
+//	claim, err := middleware.NewClaim(middleware.Claim{Store: st, Consumer: "loyalty", Key: key})
+//	if err != nil { return err } // a bad configuration cannot be installed
 //	h := router.AddConsumerHandler("loyalty", "orders", sub,
 //		middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 //			_, err := tx.Exec(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", …)
 //			return err
 //		}))
-//	h.AddMiddleware(claim.Middleware)
+//	h.AddMiddleware(claim)
 //
 // Watermill runs middleware in the order they were added, router-level and
-// handler-level alike; put Recoverer, Poison and Retry before the claim.
+// handler-level alike; put Recoverer, Poison (NewPoison) and Retry before
+// the claim. NewClaim, NewPoison and NewExpiryGuard return the
+// configuration error instead of a middleware, so a broken one cannot be
+// installed.
 //
 // # What the middleware does not do
 //

@@ -73,12 +73,17 @@ func (g ExpiryGuard) Validate() error {
 	return nil
 }
 
-// Middleware wraps h. With an invalid configuration every message fails
-// with the Validate error (a nack, never an ack): call Validate first.
-func (g ExpiryGuard) Middleware(h message.HandlerFunc) message.HandlerFunc {
+// NewExpiryGuard validates g and returns its middleware. A configuration
+// error is returned here, so a guard that would fail every message (a hot
+// redelivery loop) cannot be installed.
+func NewExpiryGuard(g ExpiryGuard) (message.HandlerMiddleware, error) {
 	if err := g.Validate(); err != nil {
-		return func(*message.Message) ([]*message.Message, error) { return nil, err }
+		return nil, err
 	}
+	return g.middleware, nil
+}
+
+func (g ExpiryGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
 	if g.Retention == 0 {
 		g.Retention = store.DefaultRetention
 	}

@@ -53,7 +53,7 @@ func newGuarded(t *testing.T, allowExpired bool, now time.Time) *guarded {
 	poison := middleware.Poison{Publisher: pubsub, Topic: "orders.poison"}
 	require.NoError(t, poison.Validate())
 	claim := g.b.claim(t, "loyalty", nil)
-	g.handler = poison.Middleware(guard.Middleware(claim.Middleware(consume(credit))))
+	g.handler = install(t, middleware.NewPoison, poison)(install(t, middleware.NewExpiryGuard, guard)(install(t, middleware.NewClaim, claim)(consume(credit))))
 	return g
 }
 
@@ -147,16 +147,16 @@ func TestExpiryGuardErrorsWithoutPoison(t *testing.T) {
 	guard := middleware.ExpiryGuard{EventTime: eventTime} // default 30 days, real clock
 	msg := message.NewMessage("1", nil)
 	msg.Metadata.Set("event_time", time.Now().AddDate(0, 0, -31).Format(time.RFC3339))
-	_, err = guard.Middleware(h)(msg)
+	_, err = install(t, middleware.NewExpiryGuard, guard)(h)(msg)
 	require.ErrorIs(t, err, framework.ErrExpired)
 	require.True(t, framework.IsPermanent(err))
 	require.False(t, ran)
 	msg.Metadata.Set("event_time", time.Now().AddDate(0, 0, -29).Format(time.RFC3339))
-	_, err = guard.Middleware(h)(msg)
+	_, err = install(t, middleware.NewExpiryGuard, guard)(h)(msg)
 	require.NoError(t, err)
 	require.True(t, ran)
 	msg.Metadata.Set("event_time", "garbage")
-	_, err = guard.Middleware(h)(msg)
+	_, err = install(t, middleware.NewExpiryGuard, guard)(h)(msg)
 	require.ErrorIs(t, err, framework.ErrInvalidEventTime)
 	require.True(t, framework.IsPermanent(err))
 
@@ -165,8 +165,9 @@ func TestExpiryGuardErrorsWithoutPoison(t *testing.T) {
 	require.Equal(t, "EventTime", ce.Field)
 	require.ErrorAs(t, middleware.ExpiryGuard{EventTime: eventTime, Retention: -1}.Validate(), &ce)
 	require.Equal(t, "Retention", ce.Field)
-	_, err = middleware.ExpiryGuard{}.Middleware(h)(msg)
-	require.ErrorAs(t, err, &ce)
+	mw, err := middleware.NewExpiryGuard(middleware.ExpiryGuard{})
+	require.ErrorAs(t, err, &ce, "a broken guard must not be installable")
+	require.Nil(t, mw)
 }
 
 // The kafka:timestamp spec reads the key the Kafka adapter writes.

@@ -14,7 +14,7 @@ import (
 type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) error
 
 // TxHandler adapts fn to a Watermill consumer handler, for
-// router.AddConsumerHandler with Claim.Middleware added to the router or
+// router.AddConsumerHandler with the claim middleware (NewClaim) added to the router or
 // the handler. Run outside the middleware it fails with
 // framework.ErrNoClaimTx (permanent) instead of writing without a claim.
 func TxHandler(fn TxHandlerFunc) message.NoPublishHandlerFunc {

@@ -169,7 +169,7 @@ func (b bundle) claims(t testing.TB, consumer string) int64 {
 }
 
 // consume turns a typed handler into a HandlerFunc that tests can wrap with
-// Claim.Middleware and call directly, one delivery per call.
+// the NewClaim middleware and call directly, one delivery per call.
 func consume(fn middleware.TxHandlerFunc) message.HandlerFunc {
 	h := middleware.TxHandler(fn)
 	return func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
@@ -312,4 +312,13 @@ func warm(t *testing.T, pool *pgxpool.Pool, n int) {
 	for _, c := range conns {
 		c.Release()
 	}
+}
+
+// install builds a middleware through its constructor, failing the test on
+// a configuration error.
+func install[C any](t testing.TB, build func(C) (message.HandlerMiddleware, error), c C) message.HandlerMiddleware {
+	t.Helper()
+	mw, err := build(c)
+	require.NoError(t, err)
+	return mw
 }

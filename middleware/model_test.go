@@ -39,7 +39,7 @@ func TestModelExactlyOnce(t *testing.T) {
 		c := middleware.Claim{Store: b.store, Consumer: consumer, Key: kf}
 		var mu sync.Mutex
 		failing := map[string]string{} // key -> "error" | "panic" for its next attempt
-		h := c.Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		h := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 			k := msg.Metadata.Get("event_id")
 			if _, err := tx.Exec(ctx, "INSERT INTO effects VALUES ($1, $2)", consumer, k); err != nil {
 				return err

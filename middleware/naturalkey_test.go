@@ -69,7 +69,7 @@ func TestNaturalKeyRedeliveryAppliesOnce(t *testing.T) {
 	t.Parallel()
 	b := naturalSetup(t, 4)
 	rec := &outcomes{}
-	h := b.natural(t, rec).Middleware(consume(creditOnce))
+	h := install(t, middleware.NewClaim, b.natural(t, rec))(consume(creditOnce))
 	o := order{OrderID: 9912, CustomerID: 7, TotalCents: 5000}
 
 	for i := 0; i < 3; i++ {
@@ -97,7 +97,7 @@ func naturalTwins(t *testing.T, b bundle, n int, iso pgx.TxIsoLevel) *outcomes {
 	c := b.natural(t, rec)
 	c.Isolation = iso
 	c.MaxAttempts = 10
-	deliverTwins(t, b, c.Middleware, creditOnce, rec, n)
+	deliverTwins(t, b, install(t, middleware.NewClaim, c), creditOnce, rec, n)
 	return rec
 }
 
@@ -144,7 +144,7 @@ func TestNaturalKeyClaimWaitIsBoundedAndRetried(t *testing.T) {
 	_, err = holder.Exec(ctx, "INSERT INTO point_ledger (customer_id, order_id, points) VALUES (3, 78, 9)")
 	require.NoError(t, err)
 
-	h := c.Middleware(consume(creditOnce))
+	h := install(t, middleware.NewClaim, c)(consume(creditOnce))
 	_, err = h(newDelivery(t, o))
 	require.Error(t, err)
 	require.Equal(t, store.CauseClaimWait, store.Classify(err))
@@ -180,7 +180,7 @@ func TestAlreadyAppliedRollsBackTheDelivery(t *testing.T) {
 			rec := &outcomes{}
 			c := b.claim(t, "loyalty", rec)
 			c.Mode = mode
-			h := c.Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+			h := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 				if _, err := tx.Exec(ctx, "INSERT INTO audit VALUES (1)"); err != nil {
 					return err
 				}
@@ -209,7 +209,7 @@ func TestNaturalKeyHandlerFailureLeavesNothing(t *testing.T) {
 	b := naturalSetup(t, 2)
 	rec := &outcomes{}
 	fail := true
-	h := b.natural(t, rec).Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := install(t, middleware.NewClaim, b.natural(t, rec))(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		if err := creditOnce(ctx, tx, msg); err != nil {
 			return err
 		}
@@ -237,7 +237,7 @@ func TestNaturalKeyInvalidKeyIsPermanent(t *testing.T) {
 	c.Key = keyFunc(t)
 	msg := newDelivery(t, order{})
 	msg.Payload = []byte(`{"customer_id": 1}`)
-	_, err := c.Middleware(consume(creditOnce))(msg)
+	_, err := install(t, middleware.NewClaim, c)(consume(creditOnce))(msg)
 	require.ErrorIs(t, err, framework.ErrInvalidKey)
 	require.True(t, framework.IsPermanent(err))
 }

@@ -45,7 +45,7 @@ func TestReturnedMessagesAreEnqueuedInTheClaimTx(t *testing.T) {
 	c := b.claim(t, "loyalty", rec)
 	c.OutboxTopic = "send-receipt"
 	require.NoError(t, c.Validate())
-	h := c.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	h := install(t, middleware.NewClaim, c)(func(msg *message.Message) ([]*message.Message, error) {
 		tx, ok := framework.TxFromContext(msg.Context())
 		require.True(t, ok)
 		if err := credit(msg.Context(), tx, msg); err != nil {
@@ -99,7 +99,7 @@ func TestRolledBackDeliveryLeavesNoOutboxRow(t *testing.T) {
 			rec := &outcomes{}
 			c := b.claim(t, "loyalty", rec)
 			c.OutboxTopic = "send-receipt"
-			h := c.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+			h := install(t, middleware.NewClaim, c)(func(msg *message.Message) ([]*message.Message, error) {
 				tx, _ := framework.TxFromContext(msg.Context())
 				if err := credit(msg.Context(), tx, msg); err != nil {
 					return nil, err
@@ -129,7 +129,7 @@ func TestEnqueueFromTxHandler(t *testing.T) {
 	t.Parallel()
 	b := naturalSetup(t, 2)
 	c := b.natural(t, nil)
-	h := c.Middleware(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		if err := creditOnce(ctx, tx, msg); err != nil {
 			return err // ErrAlreadyApplied: nothing enqueued either
 		}
@@ -154,7 +154,7 @@ func TestInvalidReturnedMessageIsPermanent(t *testing.T) {
 		{receipt(8, map[string]string{"bad": "nul\x00"})},
 		{receipt(8, map[string]string{middleware.OutboxTopicMetadata: strings.Repeat("t", 300)})},
 	} {
-		h := c.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		h := install(t, middleware.NewClaim, c)(func(msg *message.Message) ([]*message.Message, error) {
 			tx, _ := framework.TxFromContext(msg.Context())
 			if err := credit(msg.Context(), tx, msg); err != nil {
 				return nil, err

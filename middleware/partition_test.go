@@ -27,7 +27,7 @@ func TestPartitionedClaimsByEventTime(t *testing.T) {
 	c.EventTime, err = framework.ParseTimeSpec("metadata:event_time")
 	require.NoError(t, err)
 	c.Fingerprint = true
-	h := c.Middleware(consume(credit))
+	h := install(t, middleware.NewClaim, c)(consume(credit))
 
 	// An event from two days ago, delivered now and redelivered later:
 	// the processing time differs, the event day does not.

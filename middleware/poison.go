@@ -67,10 +67,17 @@ func (p Poison) Validate() error {
 	return nil
 }
 
-// Middleware wraps h. With an invalid configuration every failing message
-// is nacked with the Validate error.
-func (p Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	cfgErr := p.Validate()
+// NewPoison validates p and returns its middleware. A configuration error
+// is returned here, so a poison route that cannot publish (every failing
+// message nacked forever) cannot be installed.
+func NewPoison(p Poison) (message.HandlerMiddleware, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return p.middleware, nil
+}
+
+func (p Poison) middleware(h message.HandlerFunc) message.HandlerFunc {
 	should := p.ShouldPoison
 	if should == nil {
 		should = DefaultShouldPoison
@@ -79,9 +86,6 @@ func (p Poison) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		out, err := h(msg)
 		if err == nil || msg.Context().Err() != nil || !should(err) {
 			return out, err
-		}
-		if cfgErr != nil {
-			return nil, errors.Join(err, cfgErr)
 		}
 		cp := msg.Copy()
 		reason := err.Error()

@@ -39,7 +39,7 @@ func TestPoison(t *testing.T) {
 	msg := message.NewMessage("m1", []byte("payload"))
 
 	// Permanent: poisoned with the reason, original acked (nil error).
-	_, err = p.Middleware(fail(framework.Permanent(errors.New("undecodable"))))(msg)
+	_, err = install(t, middleware.NewPoison, p)(fail(framework.Permanent(errors.New("undecodable"))))(msg)
 	require.NoError(t, err)
 	select {
 	case got := <-poisoned:
@@ -55,26 +55,28 @@ func TestPoison(t *testing.T) {
 
 	// Transient database failure: nacked, not poisoned.
 	transient := fmt.Errorf("db down: %w", &pgconn.PgError{Code: "08006"})
-	_, err = p.Middleware(fail(transient))(msg)
+	_, err = install(t, middleware.NewPoison, p)(fail(transient))(msg)
 	require.ErrorIs(t, err, transient)
 	require.Len(t, hooked, 1)
 
 	// Success passes through.
-	_, err = p.Middleware(fail(nil))(msg)
+	_, err = install(t, middleware.NewPoison, p)(fail(nil))(msg)
 	require.NoError(t, err)
 
 	// Poison topic unreachable: the original is nacked, never acked.
 	bad := middleware.Poison{Publisher: failingPublisher{}, Topic: "x"}
-	_, err = bad.Middleware(fail(framework.Permanent(errors.New("boom"))))(msg)
+	_, err = install(t, middleware.NewPoison, bad)(fail(framework.Permanent(errors.New("boom"))))(msg)
 	require.Error(t, err)
 	require.Contains(t, err.Error(), "broker down")
 
-	// Invalid config: failing messages are nacked with the config error.
+	// Invalid config: refused by the constructor, so a poison route that
+	// would nack every failing message forever cannot be installed.
 	var ce *framework.ConfigError
 	require.ErrorAs(t, middleware.Poison{Topic: "x"}.Validate(), &ce)
 	require.ErrorAs(t, middleware.Poison{Publisher: pubsub}.Validate(), &ce)
-	_, err = middleware.Poison{}.Middleware(fail(framework.Permanent(errors.New("x"))))(msg)
+	mw, err := middleware.NewPoison(middleware.Poison{})
 	require.ErrorAs(t, err, &ce)
+	require.Nil(t, mw)
 }
 
 // A rolling deploy cancels the message contexts of the work in flight. The
@@ -93,7 +95,7 @@ func TestPoisonNeverDeadLettersInterruptedWork(t *testing.T) {
 		ctx, cancel := context.WithCancelCause(context.Background())
 		msg.SetContext(ctx)
 		cancel(errors.New("terminated signal received"))
-		_, err := p.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, cause })(msg)
+		_, err := install(t, middleware.NewPoison, p)(func(*message.Message) ([]*message.Message, error) { return nil, cause })(msg)
 		require.ErrorIs(t, err, cause, "an interrupted message must be nacked")
 	}
 	require.Zero(t, published, "interrupted work was poisoned")

@@ -46,7 +46,7 @@ func TestCommitThenLostAck(t *testing.T) {
 	router.AddMiddleware(loseFirstAck)
 	// The README's idiom: a typed handler, the claim as handler middleware.
 	h := router.AddConsumerHandler("loyalty", "orders", pubsub, middleware.TxHandler(credit))
-	h.AddMiddleware(claim.Middleware)
+	h.AddMiddleware(install(t, middleware.NewClaim, claim))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

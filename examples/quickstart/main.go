@@ -45,11 +45,19 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	claim := middleware.Claim{Store: st, Consumer: "loyalty", Key: key}
-	if err := claim.Validate(); err != nil {
+	claim, err := middleware.NewClaim(middleware.Claim{Store: st, Consumer: "loyalty", Key: key})
+	if err != nil { // a bad configuration stops here, never in a redelivery loop
 		return err
 	}
 	sub, err := brokers.NewSubscriber(brokers.DefaultConfig(), watermill.NopLogger{}) // or any Watermill subscriber
+	if err != nil {
+		return err
+	}
+	pub, err := brokers.NewPublisher(brokers.DefaultConfig(), watermill.NopLogger{}) // or any Watermill publisher
+	if err != nil {
+		return err
+	}
+	poison, err := middleware.NewPoison(middleware.Poison{Publisher: pub, Topic: "order-completed.poison"})
 	if err != nil {
 		return err
 	}
@@ -64,12 +72,12 @@ func run(ctx context.Context) error {
 				TotalCents int64 `json:"total_cents"`
 			}
 			if err := json.Unmarshal(msg.Payload, &o); err != nil {
-				return framework.Permanent(err) // never retried; poisoned by the composed router
+				return framework.Permanent(err) // never retried: poisoned with the reason
 			}
 			_, err := tx.Exec(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", o.TotalCents/100, o.CustomerID)
 			return err // runs only for the first delivery of each order; commits with the claim
 		}))
-	h.AddMiddleware(claim.Middleware)
+	h.AddMiddleware(poison, claim) // a message that cannot be applied goes to order-completed.poison
 	return router.Run(ctx)
 	// --- end of quick start ---
 }

@@ -199,9 +199,17 @@ func runBatches(ctx context.Context, sub message.Subscriber, topic string, b mid
 	if opts.DrainTimeout == 0 {
 		opts.DrainTimeout = DefaultDrainTimeout
 	}
+	s := settler{opts: opts, process: process}
 	if opts.Poison.Publisher != nil {
-		if err := opts.Poison.Validate(); err != nil {
+		mw, err := middleware.NewPoison(opts.Poison)
+		if err != nil {
 			return err
+		}
+		// The poison middleware's copy-with-reason logic, around a handler
+		// that returns the message's error.
+		s.poison = func(m *message.Message, err error) error {
+			_, perr := mw(func(*message.Message) ([]*message.Message, error) { return nil, err })(m)
+			return perr
 		}
 	}
 	// The subscription outlives ctx: while the batches in flight drain,
@@ -224,7 +232,6 @@ func runBatches(ctx context.Context, sub message.Subscriber, topic string, b mid
 		gather(ctx, ch, opts.MaxSize, opts.MaxWait, batches)
 	}()
 	d := newDrainer()
-	s := settler{opts: opts, process: process}
 	var wg sync.WaitGroup
 	for w := 0; w < opts.Workers; w++ {
 		wg.Add(1)
@@ -336,6 +343,9 @@ func gather(ctx context.Context, ch <-chan *message.Message, max int, wait time.
 type settler struct {
 	opts    BatchOptions
 	process func(context.Context, []*message.Message) []error
+	// poison publishes a copy of the message with the reason; nil when no
+	// poison destination is configured.
+	poison func(*message.Message, error) error
 }
 
 func (s settler) settle(ctx context.Context, batch []*message.Message, errs []error) {
@@ -352,7 +362,7 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 			case retryable(err) && retry < s.opts.HandlerRetries:
 				again = append(again, m)
 			default:
-				s.poison(m, err)
+				s.deadLetter(m, err)
 			}
 		}
 		if len(again) == 0 {
@@ -367,21 +377,14 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 	}
 }
 
-// poison dead-letters m with the reason and acks it, or nacks it when no
+// deadLetter poisons m with the reason and acks it, or nacks it when no
 // poison destination is configured or the copy could not be published.
-func (s settler) poison(m *message.Message, err error) {
-	if s.opts.Poison.Publisher == nil {
+func (s settler) deadLetter(m *message.Message, err error) {
+	if s.poison == nil || s.poison(m, err) != nil {
 		m.Nack()
 		return
 	}
-	// The poison middleware's copy-with-reason logic, on the message's
-	// own context (a live one: interrupted work never gets here).
-	_, perr := s.opts.Poison.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, err })(m)
-	if perr != nil {
-		m.Nack()
-	} else {
-		m.Ack()
-	}
+	m.Ack()
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

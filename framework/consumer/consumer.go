@@ -367,10 +367,14 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 			claim.AllowBrokerEventTime = cfg.AllowBrokerEventTime
 		}
 	}
-	if err := claim.Validate(); err != nil {
+	claimMW, err := middleware.NewClaim(claim)
+	if err != nil {
 		return nil, err
 	}
-	poison := p.poison()
+	poisonMW, err := middleware.NewPoison(p.poison())
+	if err != nil {
+		return nil, err
+	}
 	retry := wmw.Retry{
 		MaxRetries:      cfg.HandlerRetries,
 		InitialInterval: cfg.RetryInitialInterval,
@@ -382,23 +386,23 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 	// The drainer goes first: a message held back at shutdown must not
 	// reach Poison, and cancelling the in-flight ones at the drain timeout
 	// is what Poison recognises as an interruption.
-	router.AddMiddleware(c.drainer.middleware, wmw.Recoverer, poison.Middleware, retry.Middleware)
+	router.AddMiddleware(c.drainer.middleware, wmw.Recoverer, poisonMW, retry.Middleware)
 	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, p.sub, middleware.TxHandler(handler))
 	// HandlerTimeout sits inside Retry, so each retry gets a fresh deadline.
 	if cfg.Retention > 0 {
 		if cfg.EventTime == nil {
 			return nil, &framework.ConfigError{Field: "EventTime", Reason: "Retention needs EventTime to tell a message's age"}
 		}
-		guard := middleware.ExpiryGuard{Retention: cfg.Retention, EventTime: cfg.EventTime}
-		if err := guard.Validate(); err != nil {
+		guard, err := middleware.NewExpiryGuard(middleware.ExpiryGuard{Retention: cfg.Retention, EventTime: cfg.EventTime})
+		if err != nil {
 			return nil, err
 		}
 		// Before the timeout and the claim: an expired message never
 		// opens a transaction.
-		h.AddMiddleware(guard.Middleware)
+		h.AddMiddleware(guard)
 	}
 	tracing := observe.Tracing{Tracer: cfg.Tracer}
-	h.AddMiddleware(handlerTimeout(cfg.HandlerTimeout), tracing.Middleware, claim.Middleware)
+	h.AddMiddleware(handlerTimeout(cfg.HandlerTimeout), tracing.Middleware, claimMW)
 	return c, nil
 }
 

@@ -69,7 +69,7 @@ func TestMetricsUnderConcurrentTwins(t *testing.T) {
 	key, err := framework.ParseKeySpec("metadata:event_id")
 	require.NoError(t, err)
 	c := middleware.Claim{Store: st, Consumer: "loyalty", Key: key, OnOutcome: m.OnOutcome, OnRetry: m.OnRetry}
-	h := c.Middleware(effect)
+	h := install(t, middleware.NewClaim, c)(effect)
 	var wg sync.WaitGroup
 	for i := 0; i < 8; i++ {
 		wg.Add(1)
@@ -173,7 +173,7 @@ func TestTraceContinuesAcrossTheBroker(t *testing.T) {
 		once.Do(func() { close(done) })
 		return err
 	})
-	h.AddMiddleware(tracing.Middleware, claim.Middleware)
+	h.AddMiddleware(tracing.Middleware, install(t, middleware.NewClaim, claim))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = router.Run(ctx) }()
@@ -290,4 +290,13 @@ func TestDashboardQueriesRegisteredMetrics(t *testing.T) {
 		}
 	}
 	require.Positive(t, queried)
+}
+
+// install builds a middleware through its constructor, failing the test on
+// a configuration error.
+func install[C any](t testing.TB, build func(C) (message.HandlerMiddleware, error), c C) message.HandlerMiddleware {
+	t.Helper()
+	mw, err := build(c)
+	require.NoError(t, err)
+	return mw
 }

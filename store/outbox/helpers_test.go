@@ -74,7 +74,7 @@ func setupIn(t *testing.T, pool *pgxpool.Pool, schema string) env {
 		_, err := tx.Exec(ctx, "INSERT INTO effects (k, payload) VALUES ($1, $2)", msg.Metadata.Get(store.IdempotencyKeyMetadata), string(msg.Payload))
 		return err
 	})
-	h := claim.Middleware(func(msg *message.Message) ([]*message.Message, error) { return nil, effect(msg) })
+	h := install(t, middleware.NewClaim, claim)(func(msg *message.Message) ([]*message.Message, error) { return nil, effect(msg) })
 	return env{pool: pool, st: st, schema: schema, rec: rec, downstream: h}
 }
 
@@ -242,4 +242,13 @@ func runRelay(t *testing.T, run func(context.Context) error) (stop func()) {
 func eventually(t *testing.T, cond func() bool, msgAndArgs ...any) {
 	t.Helper()
 	require.Eventually(t, cond, 30*time.Second, 5*time.Millisecond, msgAndArgs...)
+}
+
+// install builds a middleware through its constructor, failing the test on
+// a configuration error.
+func install[C any](t testing.TB, build func(C) (message.HandlerMiddleware, error), c C) message.HandlerMiddleware {
+	t.Helper()
+	mw, err := build(c)
+	require.NoError(t, err)
+	return mw
 }

@@ -97,7 +97,11 @@ func runMemory(ctx context.Context, e *env, amqpURL, mode string, n, concurrency
 			}
 			return effect(ctx, tx, o)
 		}))
-		h.AddMiddleware(claim.Middleware)
+		mw, err := middleware.NewClaim(claim)
+		if err != nil {
+			return nil, 0, err
+		}
+		h.AddMiddleware(mw)
 		go func() { runErr <- router.Run(rctx) }()
 	default:
 		return nil, 0, fmt.Errorf("unknown memory mode %q", mode)

@@ -107,10 +107,11 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 			return result{}, err
 		}
 		claim := middleware.Claim{Store: e.store, Consumer: "bench", Key: key}
-		if err := claim.Validate(); err != nil {
+		mw, err := middleware.NewClaim(claim)
+		if err != nil {
 			return result{}, err
 		}
-		h.AddMiddleware(claim.Middleware)
+		h.AddMiddleware(mw)
 	}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
