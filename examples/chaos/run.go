@@ -268,6 +268,11 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	// until each reached its minimum; restart Postgres after a third of
 	// these steps and disrupt the broker after two thirds, and keep going
 	// until the publisher is done too.
+	ledgerRows := func(ctx context.Context) (int, error) {
+		var n int
+		err := pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.point_ledger", pgx.Identifier{schema}.Sanitize())).Scan(&n)
+		return n, err
+	}
 	steps := o.minKills + o.minTerms
 	pgAt, brokerAt := max(1, steps/3), max(2, 2*steps/3)
 	chaosErr := func() error {
@@ -289,16 +294,23 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 			term := rng.IntN(max(needKills, 0)+max(needTerms, 0)+2) < max(needTerms, 0)+1
 			if term {
 				// A rolling restart that meets an idle consumer proves
-				// little: once the victim consumes, wait (a few seconds at
-				// most) until the broker holds messages not yet consumed,
-				// so the SIGTERM lands while work is in flight.
+				// little: once the victim consumes, wait (3 s at most)
+				// until the consumers are at work (the ledger grows, or
+				// the broker holds a backlog), so the SIGTERM lands while
+				// messages are in flight.
 				busy := func() error {
-					busyBy := time.Now().Add(5 * time.Second)
-					for time.Now().Before(busyBy) {
+					by, prev := time.Now().Add(3*time.Second), -1
+					for time.Now().Before(by) {
 						if drained, err := ops.drained(runCtx); err == nil && !drained {
 							return nil
 						}
-						if err := sleepCtx(runCtx, 20*time.Millisecond); err != nil {
+						if n, err := ledgerRows(runCtx); err == nil {
+							if prev >= 0 && n > prev {
+								return nil
+							}
+							prev = n
+						}
+						if err := sleepCtx(runCtx, 25*time.Millisecond); err != nil {
 							return err
 						}
 					}
