@@ -261,6 +261,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 				return
 			}
 		}
+		o.logf("   [%s] published all %d deliveries", elapsed(), len(pl.deliveries))
 	}()
 
 	// Chaos: every 1-3 s, SIGKILL a random consumer or give one a rolling
