@@ -305,26 +305,36 @@ func (s *supervisor) stop(grace time.Duration) {
 		return
 	}
 	s.stopping = true
-	var procs []*proc
-	for _, p := range s.slots {
-		if p == nil {
-			continue
+	live := func() []*proc {
+		var procs []*proc
+		for _, p := range s.slots {
+			if p == nil {
+				continue
+			}
+			select {
+			case <-p.done:
+				continue
+			default:
+			}
+			procs = append(procs, p)
 		}
-		select {
-		case <-p.done:
-			continue
-		default:
-		}
-		p.signalled = syscall.SIGTERM
-		procs = append(procs, p)
+		return procs
 	}
+	procs := live()
 	s.mu.Unlock()
 	// A replacement started a moment ago may not have installed its
 	// signal handler yet, and would die of the SIGTERM itself: give each
-	// the time to start consuming first, as the rolling restarts do.
+	// the time to start consuming first, as the rolling restarts do. One
+	// that exits meanwhile stays a crash.
 	for _, p := range procs {
 		_ = awaitReady(context.Background(), p, grace)
 	}
+	s.mu.Lock()
+	procs = live()
+	for _, p := range procs {
+		p.signalled = syscall.SIGTERM
+	}
+	s.mu.Unlock()
 	for _, p := range procs {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	}
