@@ -128,7 +128,7 @@ func main() {
 	flag.StringVar(&o.amqpDisrupt, "amqp-disrupt", o.amqpDisrupt, `RabbitMQ disruption: "all" (rabbitmqctl close_all_connections) or "own" (only this run's consumers' connections)`)
 	flag.DurationVar(&o.timeout, "timeout", o.timeout, "give up on a broker after this long")
 	flag.StringVar(&o.logDir, "logs", o.logDir, "directory for the consumers' and the broker's logs")
-	flag.BoolVar(&o.keep, "keep", false, "keep the schemas and queues for inspection")
+	flag.BoolVar(&o.keep, "keep", false, "keep the databases and queues for inspection")
 	flag.Uint64Var(&o.seed, "seed", 0, "seed of the plan and the victims (0: random)")
 	flag.Parse()
 	o.brokers = strings.Split(brokerList, ",")
