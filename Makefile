@@ -96,7 +96,7 @@ bench-retention: ## Retention at scale (several minutes, own schemas, dropped af
 # connection on the host: run it alone (not beside `make test`).
 CHAOS_FLAGS ?=
 .PHONY: chaos
-chaos: ## Chaos run per broker: 20,000 orders, >= 15 SIGKILLs, a Postgres restart, a broker disruption; checks exactly-once (restarts Postgres: run alone).
+chaos: ## Chaos run per broker: 20,000 orders, 3 consumers cold-started at once on a fresh database, >= 15 SIGKILLs and >= 15 SIGTERM rolling restarts, a Postgres restart, a broker disruption; fails unless lost, doubled, wrongly_poisoned and crashes are 0 (restarts Postgres: run alone).
 	$(GO) build -o bin/loyalty ./examples/loyalty
 	$(GO) build -o bin/devkafka ./framework/cmd/devkafka
 	$(GO) run ./examples/chaos -loyalty bin/loyalty -devkafka bin/devkafka $(CHAOS_FLAGS)
@@ -106,7 +106,7 @@ chaos-batch: ## make chaos with the consumers in batch mode (BATCH_SIZE=64, 2 wo
 	BATCH_SIZE=64 BATCH_WORKERS=2 $(MAKE) chaos
 
 .PHONY: chaos-ci
-chaos-ci: ## The short chaos run (2,000 orders, >= 3 SIGKILLs per broker, under 2 minutes); `make test` runs it as TestChaosDisruptive.
+chaos-ci: ## The short chaos run (2,000 orders, >= 3 SIGKILLs and >= 3 SIGTERMs per broker, under 2 minutes); `make test` runs it as TestChaosDisruptive.
 	$(GO) build -o bin/loyalty ./examples/loyalty
 	$(GO) build -o bin/devkafka ./framework/cmd/devkafka
-	$(GO) run ./examples/chaos -loyalty bin/loyalty -devkafka bin/devkafka -orders 2000 -bad 5 -kills 3 -timeout 100s $(CHAOS_FLAGS)
+	$(GO) run ./examples/chaos -loyalty bin/loyalty -devkafka bin/devkafka -orders 2000 -bad 5 -kills 3 -terms 3 -timeout 100s $(CHAOS_FLAGS)

@@ -163,14 +163,15 @@ func (a *amqpOps) poisonedCount(context.Context) (int, error) {
 	return n, err
 }
 
-// poisonedIDs drains the poison queue and returns each message's event_id.
-func (a *amqpOps) poisonedIDs(context.Context) ([]string, error) {
+// poisoned drains the poison queue and returns each message's event_id
+// and poison reason.
+func (a *amqpOps) poisoned(context.Context) ([]poisonedMsg, error) {
 	ch, err := a.channel()
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = ch.Close() }()
-	var ids []string
+	var ids []poisonedMsg
 	for {
 		d, ok, err := ch.Get(a.topic+".poison", true)
 		if err != nil {
@@ -183,7 +184,7 @@ func (a *amqpOps) poisonedIDs(context.Context) ([]string, error) {
 		if !ok {
 			return ids, nil
 		}
-		ids = append(ids, fmt.Sprint(d.Headers["event_id"]))
+		ids = append(ids, poisonedMsg{eventID: fmt.Sprint(d.Headers["event_id"]), reason: fmt.Sprint(d.Headers[poisonReasonKey])})
 	}
 }
 

@@ -19,9 +19,11 @@ import (
 )
 
 // TestChaosDisruptive is `make chaos-ci` as a test: 2,000 orders per
-// broker, at least 3 SIGKILLs, one Postgres restart, one broker disruption
-// (every RabbitMQ connection closed; the dev Kafka broker restarted on its
-// data directory). It restarts the shared Postgres, so it only runs under
+// broker, 3 consumers started at once on a fresh database, at least 3
+// SIGKILLs and 3 SIGTERM rolling restarts, one Postgres restart, one
+// broker disruption (every RabbitMQ connection closed; the dev Kafka
+// broker restarted on its data directory). BATCH_SIZE in the environment
+// runs the consumers in batch mode, as make chaos-batch does. It restarts the shared Postgres, so it only runs under
 // the disruptive tag, serially, after the parallel suite (make
 // test-disruptive).
 func TestChaosDisruptive(t *testing.T) {
@@ -38,7 +40,7 @@ func TestChaosDisruptive(t *testing.T) {
 	o := defaults()
 	o.loyalty = build("loyalty", "./examples/loyalty")
 	o.devkafka = build("devkafka", "./framework/cmd/devkafka")
-	o.orders, o.bad, o.minKills = 2000, 5, 3
+	o.orders, o.bad, o.minKills, o.minTerms = 2000, 5, 3, 3
 	o.timeout = 100 * time.Second
 	o.databaseURL = pgtest.URL()
 	o.logDir = t.TempDir()
@@ -59,10 +61,15 @@ func TestChaosDisruptive(t *testing.T) {
 		require.True(t, r.ok(), r.summary())
 		require.Zero(t, r.lost)
 		require.Zero(t, r.doubled)
+		require.Zero(t, r.misPoisoned, "valid orders in the poison destination")
+		require.Zero(t, r.crashes, "consumers that exited by themselves or non-zero after SIGTERM")
+		require.Zero(t, r.hung, "consumers that did not exit after SIGTERM")
 		require.Zero(t, r.stuck)
+		require.Equal(t, r.bad, r.badPoisoned)
 		require.Equal(t, r.orders, r.ledgerRows)
 		require.Equal(t, r.expectedPts, r.gotPts)
 		require.GreaterOrEqual(t, r.kills, 3)
+		require.GreaterOrEqual(t, r.terms, 3)
 		require.Equal(t, 1, r.pgRestarts)
 		require.Equal(t, 1, r.brokerDisruptions)
 	}

@@ -116,9 +116,9 @@ func (k *kafkaOps) poisonedCount(ctx context.Context) (int, error) {
 	return orderfeed.KafkaTopicSize(ctx, k.adm, k.topic+".poison")
 }
 
-// poisonedIDs reads the poison topic from the start and returns each
-// record's event_id header.
-func (k *kafkaOps) poisonedIDs(ctx context.Context) ([]string, error) {
+// poisoned reads the poison topic from the start and returns each
+// record's event_id and poison reason headers.
+func (k *kafkaOps) poisoned(ctx context.Context) ([]poisonedMsg, error) {
 	want, err := k.poisonedCount(ctx)
 	if err != nil || want == 0 {
 		return nil, err
@@ -131,20 +131,23 @@ func (k *kafkaOps) poisonedIDs(ctx context.Context) ([]string, error) {
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	var ids []string
+	var ids []poisonedMsg
 	for len(ids) < want {
 		fs := cl.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
 			return ids, fmt.Errorf("read poison topic: %d of %d records: %w", len(ids), want, err)
 		}
 		fs.EachRecord(func(r *kgo.Record) {
-			id := ""
+			var m poisonedMsg
 			for _, h := range r.Headers {
-				if h.Key == "event_id" {
-					id = string(h.Value)
+				switch h.Key {
+				case "event_id":
+					m.eventID = string(h.Value)
+				case poisonReasonKey:
+					m.reason = string(h.Value)
 				}
 			}
-			ids = append(ids, id)
+			ids = append(ids, m)
 		})
 	}
 	return ids, nil

@@ -7,25 +7,36 @@
 //     extra times (half of those copies with a fresh broker message id,
 //     a quarter right behind their original), plus -bad undecodable ones,
 //     spread over the chaos phase;
-//   - runs -consumers loyalty processes and SIGKILLs a random one every
-//     1-3 s (at least -kills times), restarting it at once;
-//   - restarts Postgres once (-pg-restart) after a third of the kills;
+//   - creates a fresh database per broker (dropped afterwards unless
+//     -keep) and starts all -consumers loyalty processes at once on it, so
+//     they race each other through the start-up DDL as replicas of a new
+//     deployment do;
+//   - every 1-3 s either SIGKILLs a random consumer and restarts it at
+//     once (at least -kills times), or gives one a rolling restart (at
+//     least -terms times): SIGTERM once it consumes, wait for it to exit
+//     by itself (a hung shutdown if it takes longer than -term-timeout:
+//     then SIGKILL), start a replacement;
+//   - restarts Postgres once (-pg-restart) after a third of these steps;
 //   - after two thirds, closes every RabbitMQ connection
 //     (rabbitmqctl close_all_connections) or stops and restarts the dev
 //     Kafka broker on the same address and data directory;
 //   - restarts, like a supervisor, any consumer that exits by itself, and
-//     counts it;
+//     counts it as a crash, as it does an exit other than 0 after SIGTERM;
 //   - waits for the drain, stops the consumers gracefully and checks: one
 //     ledger row per order, the sum of balances as expected, nothing lost,
 //     nothing doubled, nothing left in the queue / uncommitted in the group,
-//     every bad message (and nothing else) in the poison destination.
+//     every bad message and nothing else in the poison destination (a
+//     valid order there is wrongly poisoned), no crash, no hung shutdown.
+//
+// The consumers run per message, or in batches when BATCH_SIZE (and
+// BATCH_WORKERS) are set in the environment: it is passed through.
 //
 // It prints one summary line per broker and exits non-zero if any check
 // fails.
 //
-//	make chaos      # 20,000 orders, >= 15 kills per broker
-//	make chaos-ci   # 2,000 orders, >= 3 kills per broker
-//	go run ./examples/chaos -loyalty bin/loyalty -devkafka bin/devkafka -orders 20000 -kills 15
+//	make chaos      # 20,000 orders, >= 15 SIGKILLs and >= 15 SIGTERMs per broker
+//	make chaos-ci   # 2,000 orders, >= 3 SIGKILLs and >= 3 SIGTERMs per broker
+//	go run ./examples/chaos -loyalty bin/loyalty -devkafka bin/devkafka -orders 20000 -kills 15 -terms 15
 //
 // It restarts the shared Postgres and disconnects every RabbitMQ client on
 // the host: never run it beside other tests (see DESIGN.md, "Testing on
@@ -55,6 +66,8 @@ type options struct {
 	orders, bad       int
 	consumers         int
 	minKills          int
+	minTerms          int
+	termTimeout       time.Duration
 	killMin, killMax  time.Duration
 	publishOver       time.Duration
 	brokers           []string
@@ -74,7 +87,7 @@ func (o options) logf(format string, args ...any) {
 }
 
 // defaults are the full run's sizes; chaos-ci and the disruptive test
-// shrink orders and kills.
+// shrink orders, kills and terms.
 func defaults() options {
 	return options{
 		loyalty:     "bin/loyalty",
@@ -83,6 +96,8 @@ func defaults() options {
 		bad:         20,
 		consumers:   3,
 		minKills:    15,
+		minTerms:    15,
+		termTimeout: time.Minute,
 		killMin:     time.Second,
 		killMax:     3 * time.Second,
 		brokers:     []string{"amqp", "kafka"},
@@ -105,13 +120,15 @@ func main() {
 	flag.IntVar(&o.bad, "bad", o.bad, "undecodable messages per broker (must be poisoned)")
 	flag.IntVar(&o.consumers, "consumers", o.consumers, "loyalty processes per broker")
 	flag.IntVar(&o.minKills, "kills", o.minKills, "at least this many SIGKILLs per broker")
-	flag.DurationVar(&o.publishOver, "publish-over", 0, "spread publishing over this long (default: 2s per kill)")
+	flag.IntVar(&o.minTerms, "terms", o.minTerms, "at least this many SIGTERM rolling restarts per broker")
+	flag.DurationVar(&o.termTimeout, "term-timeout", o.termTimeout, "a consumer still running this long after SIGTERM is a hung shutdown (then SIGKILLed)")
+	flag.DurationVar(&o.publishOver, "publish-over", 0, "spread publishing over this long (default: 2s per SIGKILL or SIGTERM)")
 	flag.StringVar(&brokerList, "brokers", strings.Join(o.brokers, ","), "brokers to run, comma separated")
 	flag.StringVar(&o.pgRestart, "pg-restart", o.pgRestart, `command restarting Postgres once mid-run ("" to skip)`)
 	flag.StringVar(&o.amqpDisrupt, "amqp-disrupt", o.amqpDisrupt, `RabbitMQ disruption: "all" (rabbitmqctl close_all_connections) or "own" (only this run's consumers' connections)`)
 	flag.DurationVar(&o.timeout, "timeout", o.timeout, "give up on a broker after this long")
 	flag.StringVar(&o.logDir, "logs", o.logDir, "directory for the consumers' and the broker's logs")
-	flag.BoolVar(&o.keep, "keep", false, "keep the schemas and queues for inspection")
+	flag.BoolVar(&o.keep, "keep", false, "keep the databases and queues for inspection")
 	flag.Uint64Var(&o.seed, "seed", 0, "seed of the plan and the victims (0: random)")
 	flag.Parse()
 	o.brokers = strings.Split(brokerList, ",")
@@ -131,7 +148,7 @@ func main() {
 		fmt.Println("RESULT: FAIL")
 		os.Exit(1)
 	}
-	fmt.Println("RESULT: OK — every order credited exactly once on every broker, through every kill and restart")
+	fmt.Println("RESULT: OK — every order credited exactly once on every broker, through every kill and restart, nothing wrongly poisoned, no crash")
 }
 
 // run checks the options and runs each broker in turn; it returns an
@@ -145,11 +162,13 @@ func run(ctx context.Context, o options) ([]report, error) {
 		}
 	}
 	if o.publishOver == 0 {
-		o.publishOver = time.Duration(o.minKills) * (o.killMin + o.killMax) / 2
+		o.publishOver = time.Duration(o.minKills+o.minTerms) * (o.killMin + o.killMax) / 2
 	}
 	switch {
-	case o.orders <= 0 || o.bad < 0 || o.consumers <= 0 || o.minKills < 0:
-		return nil, fmt.Errorf("-orders and -consumers must be positive, -bad and -kills not negative")
+	case o.orders <= 0 || o.bad < 0 || o.consumers <= 0 || o.minKills < 0 || o.minTerms < 0:
+		return nil, fmt.Errorf("-orders and -consumers must be positive, -bad, -kills and -terms not negative")
+	case o.termTimeout <= 0:
+		return nil, fmt.Errorf("-term-timeout must be positive")
 	case o.amqpDisrupt != "all" && o.amqpDisrupt != "own":
 		return nil, fmt.Errorf(`-amqp-disrupt must be "all" or "own", got %q`, o.amqpDisrupt)
 	case o.killMin <= 0 || o.killMax < o.killMin:
@@ -171,8 +190,8 @@ func run(ctx context.Context, o options) ([]report, error) {
 	if err := os.MkdirAll(o.logDir, 0o750); err != nil {
 		return nil, err
 	}
-	o.logf("chaos: seed %d, %d orders (+%d bad) per broker, %d consumers, >= %d SIGKILLs every %s-%s, Postgres restart: %q",
-		o.seed, o.orders, o.bad, o.consumers, o.minKills, o.killMin, o.killMax, o.pgRestart)
+	o.logf("chaos: seed %d, %d orders (+%d bad) per broker, %d consumers (%s), >= %d SIGKILLs and >= %d SIGTERMs (hung after %s) every %s-%s, Postgres restart: %q",
+		o.seed, o.orders, o.bad, o.consumers, consumerMode(), o.minKills, o.minTerms, o.termTimeout, o.killMin, o.killMax, o.pgRestart)
 	var reports []report
 	for _, b := range o.brokers {
 		r := runBroker(ctx, o, b)

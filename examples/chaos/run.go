@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/examples/internal/orderfeed"
+	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
 )
 
 // brokerOps is what the runner needs of a broker besides the consumers.
@@ -28,14 +32,21 @@ type brokerOps interface {
 	drained(ctx context.Context) (bool, error)
 	remaining(ctx context.Context) (int, error)
 	poisonedCount(ctx context.Context) (int, error)
-	poisonedIDs(ctx context.Context) ([]string, error)
+	poisoned(ctx context.Context) ([]poisonedMsg, error)
 	disrupt(ctx context.Context) (string, error)
 	close()
 }
 
+// poisonedMsg is one message of the poison destination.
+type poisonedMsg struct{ eventID, reason string }
+
+// poisonReasonKey is the header middleware.Poison puts the reason in.
+const poisonReasonKey = middleware.PoisonReasonKey
+
 // report is the outcome of one broker's chaos run.
 type report struct {
 	broker                string
+	mode                  string
 	orders, bad           int
 	published             int // deliveries sent, producer retries included
 	planned               int
@@ -44,12 +55,14 @@ type report struct {
 	applied, ledgerRows   int
 	lost, doubled, stuck  int
 	poisoned, misPoisoned int
+	badPoisoned           int // distinct injected bad messages found in the poison destination
 	expectedPts, gotPts   int64
-	kills, unexpected     int
+	kills, terms          int
+	crashes, hung         int
 	consumerStarts        int
 	pgRestarts            int
 	brokerDisruptions     int
-	minKills              int
+	minKills, minTerms    int
 	wantPGRestart         bool
 	elapsed, drain        time.Duration
 	err                   error
@@ -57,12 +70,14 @@ type report struct {
 
 func (r report) ok() bool {
 	return r.err == nil && r.applied == r.orders && r.ledgerRows == r.orders && r.lost == 0 &&
-		r.doubled == 0 && r.stuck == 0 && r.expectedPts == r.gotPts && r.poisoned >= r.bad &&
-		r.misPoisoned == 0 && r.kills >= r.minKills && r.brokerDisruptions == 1 &&
+		r.doubled == 0 && r.stuck == 0 && r.expectedPts == r.gotPts && r.badPoisoned == r.bad &&
+		r.misPoisoned == 0 && r.crashes == 0 && r.hung == 0 &&
+		r.kills >= r.minKills && r.terms >= r.minTerms && r.brokerDisruptions == 1 &&
 		(!r.wantPGRestart || r.pgRestarts == 1)
 }
 
-// summary is the one line printed per broker.
+// summary is the one line printed per broker. The verdict fields come
+// first: lost, doubled, wrongly_poisoned and crashes must all be 0.
 func (r report) summary() string {
 	res := "OK"
 	if !r.ok() {
@@ -71,19 +86,31 @@ func (r report) summary() string {
 			res += " (" + r.err.Error() + ")"
 		}
 	}
-	return fmt.Sprintf("chaos %-5s %s: orders=%d deliveries=%d (redelivered=%d extra_copies=%d fresh_ids=%d twins=%d bad=%d) "+
-		"applied=%d ledger_rows=%d lost=%d doubled=%d stuck=%d poisoned=%d wrongly_poisoned=%d points=%d/%d "+
-		"sigkills=%d consumer_exits_restarted=%d pg_restarts=%d broker_disruptions=%d elapsed=%s drain=%s",
-		r.broker, res, r.orders, r.published, r.redelivered, r.copies, r.freshIDs, r.twins, r.bad,
-		r.applied, r.ledgerRows, r.lost, r.doubled, r.stuck, r.poisoned, r.misPoisoned, r.gotPts, r.expectedPts,
-		r.kills, r.unexpected, r.pgRestarts, r.brokerDisruptions,
+	return fmt.Sprintf("chaos %-5s %s: lost=%d doubled=%d wrongly_poisoned=%d crashes=%d hung_shutdowns=%d stuck=%d mode=%s "+
+		"orders=%d deliveries=%d (redelivered=%d extra_copies=%d fresh_ids=%d twins=%d bad=%d) "+
+		"applied=%d ledger_rows=%d poisoned=%d bad_poisoned=%d/%d points=%d/%d "+
+		"sigkills=%d sigterms=%d consumer_starts=%d pg_restarts=%d broker_disruptions=%d elapsed=%s drain=%s",
+		r.broker, res, r.lost, r.doubled, r.misPoisoned, r.crashes, r.hung, r.stuck, r.mode,
+		r.orders, r.published, r.redelivered, r.copies, r.freshIDs, r.twins, r.bad,
+		r.applied, r.ledgerRows, r.poisoned, r.badPoisoned, r.bad, r.gotPts, r.expectedPts,
+		r.kills, r.terms, r.consumerStarts, r.pgRestarts, r.brokerDisruptions,
 		r.elapsed.Round(100*time.Millisecond), r.drain.Round(100*time.Millisecond))
+}
+
+// consumerMode names the loyalty mode the environment selects: batch
+// when BATCH_SIZE > 0 (make chaos-batch), per message otherwise.
+func consumerMode() string {
+	if n, err := strconv.Atoi(os.Getenv("BATCH_SIZE")); err == nil && n > 0 {
+		return fmt.Sprintf("batch(size=%d,workers=%s)", n, orderfeed.EnvOr("BATCH_WORKERS", "2"))
+	}
+	return "per-message"
 }
 
 // runBroker runs the whole scenario against one broker.
 func runBroker(ctx context.Context, o options, kind string) (rep report) {
 	start := time.Now()
-	rep = report{broker: kind, orders: o.orders, bad: o.bad, minKills: o.minKills, wantPGRestart: o.pgRestart != ""}
+	rep = report{broker: kind, mode: consumerMode(), orders: o.orders, bad: o.bad,
+		minKills: o.minKills, minTerms: o.minTerms, wantPGRestart: o.pgRestart != ""}
 	defer func() { rep.elapsed = time.Since(start) }()
 	if err := runScenario(ctx, o, kind, &rep); err != nil {
 		rep.err = err
@@ -91,38 +118,68 @@ func runBroker(ctx context.Context, o options, kind string) (rep report) {
 	return rep
 }
 
+// freshDatabase creates an empty database for one broker's run and
+// returns its URL and the function that drops it. A fresh database, not a
+// schema: the loyalty tables live in the connection's default schema and
+// the claim store in its own, and a real cold start finds neither.
+func freshDatabase(ctx context.Context, o options, name string) (string, func(), error) {
+	admin, err := pgxpool.New(ctx, o.databaseURL)
+	if err != nil {
+		return "", nil, err
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		admin.Close()
+		return "", nil, fmt.Errorf("create database %s: %w", name, err)
+	}
+	u, err := url.Parse(o.databaseURL)
+	if err != nil {
+		admin.Close()
+		// The error would quote the URL, password included.
+		return "", nil, errors.New("DATABASE_URL does not parse")
+	}
+	u.Path = "/" + name
+	drop := func() {
+		defer admin.Close()
+		if o.keep {
+			o.logf("   kept database %s", name)
+			return
+		}
+		// The database goes even if Postgres is still coming back from
+		// its restart; FORCE ends a straggler's session.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		_ = waitPostgres(dctx, admin)
+		if _, err := admin.Exec(dctx, "DROP DATABASE "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			o.logf("   drop database %s: %v", name, err)
+		}
+	}
+	return u.String(), drop, nil
+}
+
 func runScenario(ctx context.Context, o options, kind string, rep *report) error {
 	id := orderfeed.RunID()
-	schema := fmt.Sprintf("chaos_%s_%s", kind, id)
+	dbName := fmt.Sprintf("chaos_%s_%s", kind, id)
 	topic := fmt.Sprintf("chaos-orders-%s-%s", kind, id)
 	group := "loyalty-chaos-" + id
 	rng := rand.New(rand.NewPCG(o.seed, uint64(len(kind)))) //nolint:gosec // reproducible chaos, not secrets
-	o.logf("== %s: topic %s, schema %s, logs %s", kind, topic, schema, o.logDir)
+	o.logf("== %s (%s): topic %s, fresh database %s, logs %s", kind, rep.mode, topic, dbName, o.logDir)
 	start := time.Now()
 	elapsed := func() string { return time.Since(start).Round(100 * time.Millisecond).String() }
 
-	pool, err := pgxpool.New(ctx, o.databaseURL)
+	dbURL, dropDB, err := freshDatabase(ctx, o, dbName)
+	if err != nil {
+		return err
+	}
+	defer dropDB()
+	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		return err
-	}
-	if !o.keep {
-		defer func() {
-			// The schema goes even if Postgres is still coming back from
-			// its restart.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-			defer cancel()
-			_ = waitPostgres(dctx, pool)
-			if _, err := pool.Exec(dctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-				o.logf("   drop schema %s: %v", schema, err)
-			}
-		}()
-	}
-	dbURL, err := orderfeed.WithSearchPath(o.databaseURL, schema)
-	if err != nil {
+	// The loyalty tables land in the default schema of the consumers'
+	// connections, which is ours too.
+	var schema string
+	if err := pool.QueryRow(ctx, "SELECT current_schema()").Scan(&schema); err != nil {
 		return err
 	}
 
@@ -155,17 +212,20 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	}
 
 	env := append(os.Environ(),
-		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+schema, "TOPIC="+topic,
+		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+store.DefaultSchema, "TOPIC="+topic,
 		"AMQP_URL="+o.amqpURL, "KAFKA_BROKERS="+kafkaAddr, "KAFKA_CONSUMER_GROUP="+group,
 		// Short sessions: a SIGKILLed member's partitions move on within
 		// seconds (and the dev broker evicts members killed mid-join).
 		"KAFKA_SESSION_TIMEOUT=3s", "KAFKA_REBALANCE_TIMEOUT=3s",
 		"CONCURRENCY=4", "METRICS_ADDR=127.0.0.1:0")
 	sup = newSupervisor(o.loyalty, env, o.logDir, fmt.Sprintf("%s-%s", kind, id), o.consumers, o.logf)
-	defer sup.stop(20 * time.Second)
+	defer sup.stop(o.termTimeout)
+	// Cold start: every consumer at once on the empty database, before
+	// anything migrated it. A consumer that fails here is a crash.
 	if err := sup.startAll(); err != nil {
 		return err
 	}
+	o.logf("   [%s] cold start: %d consumers started at once on the empty database", elapsed(), o.consumers)
 
 	pl := makePlan(o.orders, o.bad, rng)
 	rep.planned, rep.redelivered, rep.copies, rep.freshIDs, rep.twins = len(pl.deliveries), pl.redelivered, pl.extraCopies, pl.freshIDs, pl.twins
@@ -176,8 +236,9 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	runCtx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 
-	// Publish in chunks spread over the chaos phase, so kills, the
-	// Postgres restart and the broker disruption all hit a busy system.
+	// Publish in chunks spread over the chaos phase, so kills, rolling
+	// restarts, the Postgres restart and the broker disruption all hit a
+	// busy system.
 	var pubWG sync.WaitGroup
 	var pubErr error
 	pubDone := make(chan struct{})
@@ -200,33 +261,85 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 				return
 			}
 		}
+		o.logf("   [%s] published all %d deliveries", elapsed(), len(pl.deliveries))
 	}()
 
-	// Chaos: SIGKILL a random consumer every 1-3 s and restart it; restart
-	// Postgres after a third of the kills and disrupt the broker after two
-	// thirds, and keep going until the publisher is done too.
-	pgAt, brokerAt := max(1, o.minKills/3), max(2, 2*o.minKills/3)
+	// Chaos: every 1-3 s, SIGKILL a random consumer or give one a rolling
+	// restart (SIGTERM, wait for its own exit, replace it), mixed at random
+	// until each reached its minimum; restart Postgres after a third of
+	// these steps and disrupt the broker after two thirds, and keep going
+	// until the publisher is done too.
+	ledgerRows := func(ctx context.Context) (int, error) {
+		var n int
+		err := pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.point_ledger", pgx.Identifier{schema}.Sanitize())).Scan(&n)
+		return n, err
+	}
+	steps := o.minKills + o.minTerms
+	pgAt, brokerAt := max(1, steps/3), max(2, 2*steps/3)
 	chaosErr := func() error {
 		for {
-			kills := sup.stats().kills
+			st := sup.stats()
 			select {
 			case <-pubDone:
-				if kills >= o.minKills && (o.pgRestart == "" || rep.pgRestarts > 0) && rep.brokerDisruptions > 0 {
+				if st.kills >= o.minKills && st.terms >= o.minTerms && (o.pgRestart == "" || rep.pgRestarts > 0) && rep.brokerDisruptions > 0 {
 					return nil
 				}
 			default:
 			}
 			wait := o.killMin + rand.N(o.killMax-o.killMin+1) //nolint:gosec // timing jitter
 			if err := sleepCtx(runCtx, wait); err != nil {
-				return fmt.Errorf("chaos phase: %w (kills so far %d)", err, kills)
+				return fmt.Errorf("chaos phase: %w (SIGKILLs so far %d, SIGTERMs %d)", err, st.kills, st.terms)
 			}
 			victim := rng.IntN(o.consumers)
-			if err := sup.kill(victim); err != nil {
-				return err
+			needKills, needTerms := o.minKills-st.kills, o.minTerms-st.terms
+			term := rng.IntN(max(needKills, 0)+max(needTerms, 0)+2) < max(needTerms, 0)+1
+			if term {
+				// A rolling restart that meets an idle consumer proves
+				// little: once the victim consumes, wait (3 s at most)
+				// until the consumers are at work (the ledger grows, or
+				// the broker holds a backlog), so the SIGTERM lands while
+				// messages are in flight.
+				busy := func() error {
+					by, prev := time.Now().Add(3*time.Second), -1
+					for time.Now().Before(by) {
+						if drained, err := ops.drained(runCtx); err == nil && !drained {
+							return nil
+						}
+						if n, err := ledgerRows(runCtx); err == nil {
+							if prev >= 0 && n > prev {
+								return nil
+							}
+							prev = n
+						}
+						if err := sleepCtx(runCtx, 25*time.Millisecond); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				took, hung, done, err := sup.terminate(runCtx, victim, o.termTimeout, busy)
+				if err != nil {
+					return fmt.Errorf("chaos phase: rolling restart: %w", err)
+				}
+				if done {
+					how := "exited by itself"
+					if hung {
+						how = "did NOT exit (hung shutdown), SIGKILLed"
+					}
+					o.logf("   [%s] SIGTERM consumer %d (rolling restart %d): %s after %s, replaced",
+						elapsed(), victim, sup.stats().terms, how, took.Round(time.Millisecond))
+				}
+			} else {
+				done, err := sup.kill(victim)
+				if err != nil {
+					return err
+				}
+				if done {
+					o.logf("   [%s] SIGKILL consumer %d (kill %d), restarted", elapsed(), victim, sup.stats().kills)
+				}
 			}
-			kills = sup.stats().kills
-			o.logf("   [%s] SIGKILL consumer %d (kill %d), restarted", elapsed(), victim, kills)
-			if o.pgRestart != "" && rep.pgRestarts == 0 && kills >= pgAt {
+			st = sup.stats()
+			if o.pgRestart != "" && rep.pgRestarts == 0 && st.kills+st.terms >= pgAt {
 				took, err := restartPostgres(runCtx, o.pgRestart, pool)
 				if err != nil {
 					return err
@@ -234,7 +347,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 				rep.pgRestarts++
 				o.logf("   [%s] restarted Postgres (%s, back after %s)", elapsed(), o.pgRestart, took.Round(time.Millisecond))
 			}
-			if rep.brokerDisruptions == 0 && kills >= brokerAt {
+			if rep.brokerDisruptions == 0 && st.kills+st.terms >= brokerAt {
 				what, err := ops.disrupt(runCtx)
 				if err != nil {
 					return err
@@ -254,8 +367,8 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		return fmt.Errorf("publish: %w", pubErr)
 	}
 	st := sup.stats()
-	rep.kills, rep.unexpected, rep.consumerStarts = st.kills, st.unexpected, st.started
-	o.logf("   chaos over: %d SIGKILLs, %d consumer exits restarted by the supervisor; draining", st.kills, st.unexpected)
+	o.logf("   chaos over: %d SIGKILLs, %d SIGTERM rolling restarts, %d crashes, %d hung shutdowns so far; draining",
+		st.kills, st.terms, st.crashes, st.hung)
 
 	// Drain: every order applied, every bad message poisoned, nothing left
 	// for the group/queue.
@@ -281,9 +394,11 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	}
 	rep.drain = time.Since(drainStart)
 	// Graceful stop lets in-flight duplicates finish (and Kafka commit),
-	// so what is counted below is final.
-	sup.stop(20 * time.Second)
-	if st := sup.stats(); st.startErr != nil {
+	// so what is counted below is final. Its exits count like any other.
+	sup.stop(o.termTimeout)
+	st = sup.stats()
+	rep.kills, rep.terms, rep.crashes, rep.hung, rep.consumerStarts = st.kills, st.terms, st.crashes, st.hung, st.started
+	if st.startErr != nil {
 		return fmt.Errorf("supervisor: %w", st.startErr)
 	}
 
@@ -298,15 +413,24 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	if rep.stuck, err = ops.remaining(vctx); err != nil {
 		return fmt.Errorf("count remaining messages: %w", err)
 	}
-	ids, err := ops.poisonedIDs(vctx)
+	msgs, err := ops.poisoned(vctx)
 	if err != nil {
 		return fmt.Errorf("read poisoned messages: %w", err)
 	}
-	rep.poisoned = len(ids)
-	for _, id := range ids {
-		if !strings.HasPrefix(id, "bad-") {
-			rep.misPoisoned++
+	rep.poisoned = len(msgs)
+	bad := map[string]bool{}
+	wrongReasons := map[string]int{}
+	for _, m := range msgs {
+		if strings.HasPrefix(m.eventID, "bad-") {
+			bad[m.eventID] = true
+			continue
 		}
+		rep.misPoisoned++
+		wrongReasons[m.reason]++
+	}
+	rep.badPoisoned = len(bad)
+	for reason, n := range wrongReasons {
+		o.logf("   WRONGLY POISONED: %d valid orders, reason %q", n, reason)
 	}
 	return drainErr
 }

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,16 +14,26 @@ import (
 
 // proc is one loyalty consumer process.
 type proc struct {
-	cmd    *exec.Cmd
-	done   chan struct{}
-	killed bool // set (under the supervisor's lock) before the runner kills or stops it
-	err    error
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{}
+	// signalled is the signal the runner sent it (SIGKILL or SIGTERM), set
+	// under the supervisor's lock before sending; 0 while nobody asked it
+	// to stop. It tells an exit we caused from one the consumer chose.
+	signalled syscall.Signal
+	// hung is set (under the lock, before the SIGKILL) when it did not
+	// exit within the timeout after SIGTERM.
+	hung bool
+	err  error
 }
 
 // supervisor keeps n loyalty consumers running, as systemd or Kubernetes
-// would: a consumer that exits by itself (it gave up, or crashed) is
-// restarted after a short backoff and counted. The chaos runner's own
-// kills are counted separately.
+// would: a consumer that exits by itself (it gave up, crashed, or failed
+// to start) is restarted after a short backoff and counted as a crash. The
+// runner's own SIGKILLs and SIGTERM rolling restarts are counted apart;
+// a consumer that exits non-zero after our SIGTERM is a crash too (a
+// graceful stop ends with status 0), and one that does not exit within
+// the timeout is a hung shutdown.
 type supervisor struct {
 	bin     string
 	env     []string
@@ -29,30 +41,48 @@ type supervisor struct {
 	logBase string
 	logf    func(format string, args ...any)
 
-	mu         sync.Mutex
-	slots      []*proc
-	stopping   bool
-	started    int
-	kills      int
-	unexpected int
-	startErr   error
-	wg         sync.WaitGroup
+	mu       sync.Mutex
+	slots    []*proc
+	stopping bool
+	started  int
+	kills    int
+	terms    int
+	crashes  int
+	hung     int
+	startErr error
+	wg       sync.WaitGroup
 }
 
 // restartBackoff is how long the supervisor waits before restarting a
 // consumer that exited by itself.
 const restartBackoff = 500 * time.Millisecond
 
+// readyMark is what loyalty logs once it consumes, in both modes (after
+// its tables and the claim store's migrations exist).
+var readyMark = []byte("loyalty: consuming")
+
 func newSupervisor(bin string, env []string, logDir, logBase string, n int, logf func(string, ...any)) *supervisor {
 	return &supervisor{bin: bin, env: env, logDir: logDir, logBase: logBase, slots: make([]*proc, n), logf: logf}
 }
 
-// startAll starts every slot.
+// startAll starts every slot at once: the cold start of a deploy, where
+// every replica runs its start-up DDL against the same empty database at
+// the same moment. The commands are prepared first so the starts follow
+// each other within microseconds instead of behind each other's file
+// creation.
 func (s *supervisor) startAll() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	starts := make([]func() error, len(s.slots))
 	for i := range s.slots {
-		if err := s.startLocked(i); err != nil {
+		start, err := s.prepareLocked(i)
+		if err != nil {
+			return err
+		}
+		starts[i] = start
+	}
+	for _, start := range starts {
+		if err := start(); err != nil {
 			return err
 		}
 	}
@@ -60,41 +90,70 @@ func (s *supervisor) startAll() error {
 }
 
 func (s *supervisor) startLocked(i int) error {
+	start, err := s.prepareLocked(i)
+	if err != nil {
+		return err
+	}
+	return start()
+}
+
+// prepareLocked builds consumer i's command and log file and returns the
+// function that starts it (to be called with the lock held).
+func (s *supervisor) prepareLocked(i int) (func() error, error) {
 	s.started++
 	logPath := filepath.Join(s.logDir, fmt.Sprintf("%s-c%d-%03d.log", s.logBase, i, s.started))
 	f, err := os.Create(filepath.Clean(logPath))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cmd := exec.Command(s.bin) //nolint:gosec // the loyalty binary the operator named
 	cmd.Env = s.env
 	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("start consumer: %w", err)
-	}
-	p := &proc{cmd: cmd, done: make(chan struct{})}
-	s.slots[i] = p
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		p.err = cmd.Wait()
-		_ = f.Close()
-		close(p.done)
-		s.exited(i, p, logPath)
-	}()
-	return nil
+	return func() error {
+		if err := cmd.Start(); err != nil {
+			_ = f.Close()
+			return fmt.Errorf("start consumer: %w", err)
+		}
+		p := &proc{cmd: cmd, logPath: logPath, done: make(chan struct{})}
+		s.slots[i] = p
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			p.err = cmd.Wait()
+			_ = f.Close()
+			close(p.done)
+			s.exited(i, p)
+		}()
+		return nil
+	}, nil
 }
 
-// exited restarts a consumer that ended without being asked to.
-func (s *supervisor) exited(i int, p *proc, logPath string) {
+// exited classifies an exit: our SIGKILL is expected, a zero status
+// after our SIGTERM is a graceful stop, a hung shutdown is counted by
+// terminate; anything else is a crash. A consumer that ended by itself is
+// restarted, as a supervisor would.
+func (s *supervisor) exited(i int, p *proc) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if p.killed || s.stopping || s.slots[i] != p {
+	switch {
+	case p.signalled == syscall.SIGKILL || p.hung:
+		return
+	case p.signalled == syscall.SIGTERM:
+		if p.err != nil {
+			s.crashes++
+			s.logf("   CRASH: consumer %d exited with %v after SIGTERM instead of 0 (log %s)", i, p.err, p.logPath)
+		}
 		return
 	}
-	s.unexpected++
-	s.logf("   consumer %d exited by itself (%v, log %s); restarting it", i, p.err, logPath)
+	s.crashes++
+	status := "status 0"
+	if p.err != nil {
+		status = p.err.Error()
+	}
+	s.logf("   CRASH: consumer %d exited by itself (%s, log %s)%s", i, status, p.logPath, lastLine(p.logPath))
+	if s.stopping || s.slots[i] != p {
+		return
+	}
 	time.AfterFunc(restartBackoff, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -107,56 +166,195 @@ func (s *supervisor) exited(i int, p *proc, logPath string) {
 	})
 }
 
-// kill sends SIGKILL to consumer i, waits for it to die, and starts a new
-// one in its place.
-func (s *supervisor) kill(i int) error {
-	s.mu.Lock()
-	p := s.slots[i]
-	if s.stopping || p == nil {
-		s.mu.Unlock()
-		return nil
+// lastLine returns the last line of a log, for the crash message.
+func lastLine(path string) string {
+	b, err := os.ReadFile(filepath.Clean(path))
+	if err != nil {
+		return ""
 	}
-	p.killed = true
-	s.mu.Unlock()
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
+	b = bytes.TrimRight(b, "\n")
+	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+		b = b[i+1:]
+	}
+	if len(b) == 0 {
+		return ""
+	}
+	return ": " + string(b)
+}
+
+// claim marks consumer i as signalled by us and returns it (nil when the
+// supervisor is stopping, the slot is empty, holds another process than
+// want (when given) or one that already exited: an exit of its own must
+// stay a crash).
+func (s *supervisor) claim(i int, sig syscall.Signal, want *proc) *proc {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.kills++
+	p := s.slots[i]
+	if s.stopping || p == nil || (want != nil && p != want) {
+		return nil
+	}
+	select {
+	case <-p.done:
+		return nil
+	default:
+	}
+	p.signalled = sig
+	return p
+}
+
+// replace counts a finished kill or termination and starts consumer i's
+// replacement.
+func (s *supervisor) replace(i int, p *proc, count *int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	*count++
 	if s.stopping || s.slots[i] != p {
 		return nil
 	}
 	return s.startLocked(i)
 }
 
-// stop ends every consumer with SIGTERM (SIGKILL after grace), so in-flight
-// messages finish and Kafka offsets are committed before anything is
-// counted.
-func (s *supervisor) stop(grace time.Duration) {
+// kill sends SIGKILL to consumer i, waits for it to die, and starts a new
+// one in its place. It reports false when there was no live consumer to
+// kill (it had just exited by itself).
+func (s *supervisor) kill(i int) (bool, error) {
+	p := s.claim(i, syscall.SIGKILL, nil)
+	if p == nil {
+		return false, nil
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+	return true, s.replace(i, p, &s.kills)
+}
+
+// terminate is one step of a rolling restart: once consumer i consumes
+// (a rolling deploy replaces an instance that is ready, not one still
+// starting) and before returned, it gets SIGTERM and is given timeout to
+// exit by itself; if it does not, that is a hung shutdown, and it is
+// SIGKILLed. Then a replacement starts. It returns how long the shutdown
+// took, and ok false when there was no live consumer i to stop.
+func (s *supervisor) terminate(ctx context.Context, i int, timeout time.Duration, before func() error) (took time.Duration, hung, ok bool, err error) {
 	s.mu.Lock()
-	s.stopping = true
-	procs := append([]*proc(nil), s.slots...)
-	for _, p := range procs {
-		if p != nil {
-			p.killed = true
-		}
-	}
+	p := s.slots[i]
 	s.mu.Unlock()
-	for _, p := range procs {
-		if p != nil {
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		}
+	if p == nil {
+		return 0, false, false, nil
 	}
-	for _, p := range procs {
-		if p == nil {
-			continue
+	if err := awaitReady(ctx, p, timeout); err != nil {
+		return 0, false, false, err
+	}
+	if err := before(); err != nil {
+		return 0, false, false, err
+	}
+	if p = s.claim(i, syscall.SIGTERM, p); p == nil {
+		return 0, false, false, nil
+	}
+	start := time.Now()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-p.done:
+	case <-t.C:
+		hung = true
+		s.markHung(fmt.Sprintf("consumer %d", i), p, timeout)
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+	}
+	took = time.Since(start)
+	return took, hung, true, s.replace(i, p, &s.terms)
+}
+
+func (s *supervisor) markHung(who string, p *proc, timeout time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p.hung = true
+	s.hung++
+	s.logf("   HUNG SHUTDOWN: %s still running %s after SIGTERM; SIGKILL (log %s)", who, timeout, p.logPath)
+}
+
+// awaitReady polls p's log until it says it consumes, p exits (its exit
+// is a crash, counted when it happens), or timeout passes (then the
+// SIGTERM goes to a consumer still starting, which must stop cleanly too).
+func awaitReady(ctx context.Context, p *proc, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(filepath.Clean(p.logPath)); err == nil && bytes.Contains(b, readyMark) {
+			return nil
 		}
 		select {
 		case <-p.done:
-		case <-time.After(grace):
-			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-			<-p.done
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
 		}
+	}
+	return nil
+}
+
+// stop ends every consumer with SIGTERM, the way a deploy's final scale
+// down does, so in-flight messages finish and Kafka offsets are committed
+// before anything is counted. An exit other than 0 is a crash, one that
+// takes longer than grace a hung shutdown. Calling it again waits only.
+func (s *supervisor) stop(grace time.Duration) {
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		s.wg.Wait()
+		return
+	}
+	s.stopping = true
+	live := func() []*proc {
+		var procs []*proc
+		for _, p := range s.slots {
+			if p == nil {
+				continue
+			}
+			select {
+			case <-p.done:
+				continue
+			default:
+			}
+			procs = append(procs, p)
+		}
+		return procs
+	}
+	procs := live()
+	s.mu.Unlock()
+	// A replacement started a moment ago may not have installed its
+	// signal handler yet, and would die of the SIGTERM itself: give each
+	// the time to start consuming first, as the rolling restarts do. One
+	// that exits meanwhile stays a crash.
+	for _, p := range procs {
+		_ = awaitReady(context.Background(), p, grace)
+	}
+	s.mu.Lock()
+	procs = live()
+	for _, p := range procs {
+		p.signalled = syscall.SIGTERM
+	}
+	s.mu.Unlock()
+	for _, p := range procs {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	deadline := time.NewTimer(grace)
+	defer deadline.Stop()
+	for i, p := range procs {
+		select {
+		case <-p.done:
+		case <-deadline.C:
+			// Every later one is past the deadline too.
+			for _, q := range procs[i:] {
+				select {
+				case <-q.done:
+				default:
+					s.markHung("at the final stop, a consumer", q, grace)
+					_ = q.cmd.Process.Signal(syscall.SIGKILL)
+				}
+			}
+		}
+		<-p.done
 	}
 	s.wg.Wait()
 }
@@ -175,12 +373,12 @@ func (s *supervisor) pids() []int {
 }
 
 type supervisorStats struct {
-	kills, unexpected, started int
-	startErr                   error
+	kills, terms, crashes, hung, started int
+	startErr                             error
 }
 
 func (s *supervisor) stats() supervisorStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return supervisorStats{kills: s.kills, unexpected: s.unexpected, started: s.started, startErr: s.startErr}
+	return supervisorStats{kills: s.kills, terms: s.terms, crashes: s.crashes, hung: s.hung, started: s.started, startErr: s.startErr}
 }
