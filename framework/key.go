@@ -83,6 +83,14 @@ func Prefix(prefix string, f KeyFunc) (KeyFunc, error) {
 // is produced without error, e.g. an event_id header when the producer sets
 // one, else the order_id from the payload. When all fail, the error matches
 // ErrInvalidKey and lists every reason.
+//
+// Each source keys in its own namespace, for event_id "3" on one message and
+// order_id 3 on another are different events: a key from the first KeyFunc
+// is returned as it is, unless it starts with '\'; a key k from the KeyFunc
+// at index i ≥ 1, or a first key that starts with '\', is returned as
+// `\i:k` (e.g. `\1:3`). Unmarked keys never start with '\' and marked ones
+// name their source, so no two sources can give the same key, while keys of
+// the first (preferred) source stay as they were before namespacing.
 func FirstNonEmpty(fs ...KeyFunc) (KeyFunc, error) {
 	if len(fs) == 0 {
 		return nil, &ConfigError{Field: "key", Reason: "FirstNonEmpty needs at least one KeyFunc"}
@@ -94,10 +102,10 @@ func FirstNonEmpty(fs ...KeyFunc) (KeyFunc, error) {
 	}
 	return func(msg *message.Message) (string, error) {
 		reasons := make([]string, 0, len(fs))
-		for _, f := range fs {
+		for i, f := range fs {
 			k, err := f(msg)
 			if err == nil && k != "" {
-				return k, nil
+				return sourceKey(i, k), nil
 			}
 			if err != nil {
 				// A non-key error (a bug in a user extractor, say) must not be
@@ -110,6 +118,18 @@ func FirstNonEmpty(fs ...KeyFunc) (KeyFunc, error) {
 		}
 		return "", &KeyError{Reason: "no extractor produced a key: " + strings.Join(reasons, "; ")}
 	}, nil
+}
+
+// sourceMark starts the key FirstNonEmpty took from any source but the
+// first, followed by the source's index and ':'.
+const sourceMark = '\\'
+
+// sourceKey namespaces key k from FirstNonEmpty source i (see FirstNonEmpty).
+func sourceKey(i int, k string) string {
+	if i == 0 && k[0] != sourceMark {
+		return k
+	}
+	return string(sourceMark) + strconv.Itoa(i) + ":" + k
 }
 
 // DefaultMaxKeyBytes is KeyPolicy.MaxBytes when left zero.
