@@ -2,9 +2,12 @@ package framework_test
 
 import (
 	"errors"
+	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
@@ -70,4 +73,66 @@ func TestPayloadLimits(t *testing.T) {
 	big := `{"id": 1, "pad": "` + strings.Repeat("x", 4<<20) + `"}`
 	_, err = kf(msgWith(big, nil))
 	requireKeyRefusal(t, err, "larger than the limit")
+}
+
+// allocPerCall is the heap bytes one call of f allocates, averaged: a
+// deterministic measure of work, unlike wall-clock time on a shared machine.
+func allocPerCall(f func()) float64 {
+	const runs = 20
+	f() // warm up
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for i := 0; i < runs; i++ {
+		f()
+	}
+	runtime.ReadMemStats(&after)
+	return float64(after.TotalAlloc-before.TotalAlloc) / runs
+}
+
+// Key derivation is linear in its input: ten times the input costs about
+// ten times the work, for every shape that reaches a key. Measured in bytes
+// allocated (the old number rendering allocated a fresh rendering of every
+// candidate precision: quadratic), with a generous bound. Not parallel, so
+// that no other test allocates meanwhile.
+func TestKeyDerivationLinear(t *testing.T) {
+	tmpl, err := framework.ParseKeySpec("template:o:{payload.order_id}")
+	require.NoError(t, err)
+	meta, err := framework.ParseKeySpec("template:{metadata.a}:{metadata.b}")
+	require.NoError(t, err)
+	cases := []struct {
+		name  string
+		kf    framework.KeyFunc
+		input func(n int) *message.Message // n ≈ size of the input in bytes
+	}{
+		{"number", tmpl, func(n int) *message.Message {
+			// Under the number limit, so it is canonicalised, not refused.
+			return msgWith(`{"order_id": -0.`+strings.Repeat("1234567890", n/10)+`e-3}`, nil)
+		}},
+		{"strings", tmpl, func(n int) *message.Message {
+			return msgWith(fill(`{"order_id": "A-17", "s": [`, `]}`, n, func(int) string { return `"x\"y\u00e9z"` }), nil)
+		}},
+		{"nested", tmpl, func(n int) *message.Message {
+			tree := strings.Repeat(`{"a": [`, 30) + `1` + strings.Repeat(`]}`, 30)
+			return msgWith(fill(`{"order_id": 7, "t": [`, `]}`, n, func(int) string { return tree }), nil)
+		}},
+		{"fields", tmpl, func(n int) *message.Message {
+			return msgWith(fill(`{"order_id": 7, `, `}`, n, func(i int) string { return fmt.Sprintf(`"f%d": %d.5`, i, i) }), nil)
+		}},
+		{"escaped metadata", meta, func(n int) *message.Message {
+			return msgWith("", map[string]string{"a": strings.Repeat(`a:\`, n/3), "b": "e"})
+		}},
+	}
+	for _, tc := range cases {
+		work := func(n int) float64 {
+			m := tc.input(n)
+			_, err := tc.kf(m)
+			require.NoError(t, err, tc.name)
+			return allocPerCall(func() { _, _ = tc.kf(m) })
+		}
+		w1, w10 := work(45), work(450)
+		if tc.name != "number" {
+			w1, w10 = work(10_000), work(100_000)
+		}
+		require.Less(t, w10/w1, 25.0, "%s: 10x input costs %.0fx the work (%.0f vs %.0f bytes allocated)", tc.name, w10/w1, w10, w1)
+	}
 }
