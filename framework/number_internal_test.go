@@ -3,6 +3,7 @@ package framework
 import (
 	"math/big"
 	"math/rand/v2"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -114,4 +115,34 @@ func TestCanonicalNumberMatchesRat(t *testing.T) {
 			t.Fatalf("canonicalNumber(%q) = %q, %v; big.Rat says %q, %v", s, got, err, want, ok)
 		}
 	}
+}
+
+// jsonNumber is RFC 8259's number grammar: the only spellings the decoder
+// hands to canonicalNumber.
+var jsonNumber = regexp.MustCompile(`^-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?$`)
+
+// FuzzCanonicalNumberOracle: on every JSON number (with a bounded exponent,
+// so that the oracle stays fast) the linear rendering agrees with big.Rat.
+func FuzzCanonicalNumberOracle(f *testing.F) {
+	for _, s := range []string{"9912", "-0.50", "9.912e+03", "1E-40", "0.000100e2", "-0", "12.5e-1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if len(s) > 64 || !jsonNumber.MatchString(s) {
+			return
+		}
+		got, err := canonicalNumber(s)
+		if i := strings.IndexAny(s, "eE"); i >= 0 {
+			if e, aerr := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+")); aerr != nil || e > maxExponent || e < -maxExponent {
+				if err == nil {
+					t.Fatalf("canonicalNumber(%q) = %q, want an exponent error", s, got)
+				}
+				return
+			}
+		}
+		want, _ := ratCanonical(s)
+		if err != nil || got != want {
+			t.Fatalf("canonicalNumber(%q) = %q, %v; big.Rat says %q", s, got, err, want)
+		}
+	})
 }
