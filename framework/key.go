@@ -48,6 +48,12 @@ func FromMetadata(field string) (KeyFunc, error) {
 // they are; numbers are rendered canonically so that 9912, 9912.0 and
 // 9.912e+03 all give "9912"; booleans give "true"/"false". Objects, arrays
 // and null are refused.
+//
+// The cost is linear in the payload, and bounded: a payload over 4 MiB or
+// nested deeper than 64 levels, or a number longer than 512 bytes (it could
+// never be a valid key), is refused with a *KeyError before the work it
+// would cost, so the message is poisoned with the reason instead of holding
+// the consumer.
 func FromJSON(path string) (KeyFunc, error) {
 	segs, err := parsePath(path)
 	if err != nil {
