@@ -136,3 +136,29 @@ func TestKeyDerivationLinear(t *testing.T) {
 		require.Less(t, w10/w1, 25.0, "%s: 10x input costs %.0fx the work (%.0f vs %.0f bytes allocated)", tc.name, w10/w1, w10, w1)
 	}
 }
+
+// An event time read as a Unix number went through big.Rat whatever its
+// length: quadratic, 2.3 s for a million fraction digits. No Unix time needs
+// more than 64 bytes (nanoseconds need 20 digits), so a longer one is
+// refused from its length.
+func TestEventTimeNumberRefusedByLength(t *testing.T) {
+	t.Parallel()
+	long := "1714557600." + strings.Repeat("7", 100_000)
+	for _, tc := range []struct{ spec, payload, md string }{
+		{"json:occurred_at", `{"occurred_at": ` + long + `}`, ""},
+		{"metadata:event_time", `{}`, long},
+	} {
+		tf, err := framework.ParseTimeSpec(tc.spec)
+		require.NoError(t, err)
+		_, err = tf(msgWith(tc.payload, map[string]string{"event_time": tc.md}))
+		require.ErrorIs(t, err, framework.ErrInvalidEventTime, tc.spec)
+		require.True(t, framework.IsPermanent(err))
+		require.ErrorContains(t, err, "longer than the limit")
+	}
+	// Full nanosecond precision still parses.
+	tf, err := framework.ParseTimeSpec("json:occurred_at")
+	require.NoError(t, err)
+	at, err := tf(msgWith(`{"occurred_at": 1714557600.123456789}`, nil))
+	require.NoError(t, err)
+	require.Equal(t, int64(1714557600123456789), at.UnixNano())
+}
