@@ -411,7 +411,6 @@ func canonicalNumber(s string) (string, error) {
 		// case: no allocation.
 		return s, nil
 	}
-	malformed := fmt.Errorf("malformed number %q", s)
 	rest := s
 	neg := strings.HasPrefix(rest, "-")
 	if neg {
@@ -431,7 +430,7 @@ func canonicalNumber(s string) (string, error) {
 	}
 	intPart, frac, hasPoint := strings.Cut(mant, ".")
 	if intPart == "" || (hasPoint && frac == "") || !allDigits(intPart) || !allDigits(frac) {
-		return "", malformed
+		return "", fmt.Errorf("malformed number %q", s)
 	}
 	// value = digits × 10^exp, digits without leading or trailing zeros.
 	digits := strings.TrimLeft(intPart+frac, "0")
