@@ -20,6 +20,12 @@
 // rendered canonically (9912, 9912.0 and 9.912e+03 all give "9912"), so a
 // producer that changes its JSON encoder does not change keys.
 //
+// Distinct values never share a key: templates escape their separators
+// inside values and refuse adjacent placeholders, and FirstNonEmpty
+// namespaces its sources (see Template and FirstNonEmpty). Deriving a key
+// costs time linear in the payload, and JSON lookups bound the payload's
+// size and nesting (see FromJSON).
+//
 // KeyPolicy validates derived keys: empty keys, invalid UTF-8, NUL bytes and
 // keys over 512 bytes are refused with a *KeyError matching ErrInvalidKey,
 // or, with HashOverlong, long keys are replaced by their SHA-256.

@@ -167,8 +167,17 @@ func ParseEventTime(s string) (time.Time, error) {
 	return checkEventTime(t.UTC())
 }
 
+// maxUnixNumberBytes bounds the text of a Unix time number. Nanosecond
+// precision needs 20 digits; the bound leaves room for zeros and an
+// exponent, and keeps a hostile number away from big.Rat, whose cost grows
+// with the square of the digits (a million took seconds).
+const maxUnixNumberBytes = 64
+
 // parseUnixNumber reads a JSON number or a digit string as a Unix time.
 func parseUnixNumber(s string) (time.Time, error) {
+	if len(s) > maxUnixNumberBytes {
+		return time.Time{}, fmt.Errorf("unix time number is %d bytes, longer than the limit of %d", len(s), maxUnixNumberBytes)
+	}
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
 		if n < 0 {
 			return time.Time{}, fmt.Errorf("unix time %s is negative", s)

@@ -26,6 +26,10 @@ func FuzzKeySpec(f *testing.F) {
 		{"json:n", "{\"n\": \"a\x00b\"}", ""},
 		{"json:n", `{"n": "a\ud800b"}`, ""},
 		{"template:{payload.n}", `{"n": "\ud83d\ude00\\ud800"}`, ""},
+		{"json:n", `{"n": 0.` + strings.Repeat("7", 600) + `}`, ""},
+		{"json:n", `{"n": 1, "d": ` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}`, ""},
+		{"template:{metadata.event_id}:{payload.n}", `{"n": "x"}`, `a:b\`},
+		{"template:{payload.a}{payload.b}", `{"a": 1, "b": 23}`, ""},
 	}
 	for _, s := range seeds {
 		f.Add(s.spec, s.payload, s.md)
@@ -94,6 +98,34 @@ func FuzzCanonicalNumber(f *testing.F) {
 			if got != plain {
 				t.Fatalf("%s keyed as %q, want %q", v, got, plain)
 			}
+		}
+	})
+}
+
+// FuzzTemplateInjective: for any separator a template accepts, two
+// different pairs of values never give one key.
+func FuzzTemplateInjective(f *testing.F) {
+	f.Add(":", "a:b", "c", "a", "b:c")
+	f.Add("/", `a\`, "b", "a", `\b`)
+	f.Add("é-", "xé", "y", "x", "éy")
+	f.Add("{{", "x{", "y", "x", "{y")
+	f.Fuzz(func(t *testing.T, sep, a1, a2, b1, b2 string) {
+		kf, err := framework.Template("p:{metadata.a}" + sep + "{metadata.b}:s")
+		if err != nil {
+			var ce *framework.ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("template error is not a ConfigError: %v", err)
+			}
+			return
+		}
+		key := func(a, b string) (string, bool) {
+			k, err := kf(msgWith("", map[string]string{"a": a, "b": b}))
+			return k, err == nil
+		}
+		ka, okA := key(a1, a2)
+		kb, okB := key(b1, b2)
+		if okA && okB && (a1 != b1 || a2 != b2) && ka == kb {
+			t.Fatalf("separator %q: (%q, %q) and (%q, %q) both give key %q", sep, a1, a2, b1, b2, ka)
 		}
 	})
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/big"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -49,6 +48,12 @@ func FromMetadata(field string) (KeyFunc, error) {
 // they are; numbers are rendered canonically so that 9912, 9912.0 and
 // 9.912e+03 all give "9912"; booleans give "true"/"false". Objects, arrays
 // and null are refused.
+//
+// The cost is linear in the payload, and bounded: a payload over 4 MiB or
+// nested deeper than 64 levels, or a number longer than 512 bytes (it could
+// never be a valid key), is refused with a *KeyError before the work it
+// would cost, so the message is poisoned with the reason instead of holding
+// the consumer.
 func FromJSON(path string) (KeyFunc, error) {
 	segs, err := parsePath(path)
 	if err != nil {
@@ -84,6 +89,14 @@ func Prefix(prefix string, f KeyFunc) (KeyFunc, error) {
 // is produced without error, e.g. an event_id header when the producer sets
 // one, else the order_id from the payload. When all fail, the error matches
 // ErrInvalidKey and lists every reason.
+//
+// Each source keys in its own namespace, for event_id "3" on one message and
+// order_id 3 on another are different events: a key from the first KeyFunc
+// is returned as it is, unless it starts with '\'; a key k from the KeyFunc
+// at index i ≥ 1, or a first key that starts with '\', is returned as
+// `\i:k` (e.g. `\1:3`). Unmarked keys never start with '\' and marked ones
+// name their source, so no two sources can give the same key, while keys of
+// the first (preferred) source stay as they were before namespacing.
 func FirstNonEmpty(fs ...KeyFunc) (KeyFunc, error) {
 	if len(fs) == 0 {
 		return nil, &ConfigError{Field: "key", Reason: "FirstNonEmpty needs at least one KeyFunc"}
@@ -95,10 +108,10 @@ func FirstNonEmpty(fs ...KeyFunc) (KeyFunc, error) {
 	}
 	return func(msg *message.Message) (string, error) {
 		reasons := make([]string, 0, len(fs))
-		for _, f := range fs {
+		for i, f := range fs {
 			k, err := f(msg)
 			if err == nil && k != "" {
-				return k, nil
+				return sourceKey(i, k), nil
 			}
 			if err != nil {
 				// A non-key error (a bug in a user extractor, say) must not be
@@ -111,6 +124,18 @@ func FirstNonEmpty(fs ...KeyFunc) (KeyFunc, error) {
 		}
 		return "", &KeyError{Reason: "no extractor produced a key: " + strings.Join(reasons, "; ")}
 	}, nil
+}
+
+// sourceMark starts the key FirstNonEmpty took from any source but the
+// first, followed by the source's index and ':'.
+const sourceMark = '\\'
+
+// sourceKey namespaces key k from FirstNonEmpty source i (see FirstNonEmpty).
+func sourceKey(i int, k string) string {
+	if i == 0 && k[0] != sourceMark {
+		return k
+	}
+	return string(sourceMark) + strconv.Itoa(i) + ":" + k
 }
 
 // DefaultMaxKeyBytes is KeyPolicy.MaxBytes when left zero.
@@ -170,7 +195,29 @@ func parsePath(path string) ([]string, error) {
 	return segs, nil
 }
 
+// Limits of JSON key lookups. The whole payload is decoded to find a field
+// (and checked, so that a malformed payload is refused rather than keyed),
+// which costs time and memory linear in its size; these bound both so that
+// one hostile message cannot hold a consumer, or in batch mode every
+// message behind it. A payload over a limit cannot be keyed and is poisoned
+// with the reason.
+const (
+	// maxPayloadBytes is 4 MiB: four times Kafka's default maximum record
+	// and forty times an ordinary large RabbitMQ message. Larger payloads
+	// should be keyed by metadata, which costs nothing per payload byte.
+	maxPayloadBytes = 4 << 20
+	// maxPayloadDepth is the deepest nesting of arrays and objects accepted.
+	// Events are rarely nested ten deep; encoding/json alone would accept
+	// 10,000 levels, each a recursive call and an allocation.
+	maxPayloadDepth = 64
+)
+
 func decodePayload(payload []byte) (any, error) {
+	// First, from the length alone: nothing below runs on a payload that
+	// is too large.
+	if len(payload) > maxPayloadBytes {
+		return nil, fmt.Errorf("payload is %d bytes, larger than the limit of %d for JSON key lookups", len(payload), maxPayloadBytes)
+	}
 	if len(bytes.TrimSpace(payload)) == 0 {
 		return nil, errors.New("payload is empty")
 	}
@@ -180,10 +227,8 @@ func decodePayload(payload []byte) (any, error) {
 	if !utf8.Valid(payload) {
 		return nil, errors.New("payload is not valid UTF-8")
 	}
-	// The same replacement happens to a \u escape of half a UTF-16
-	// surrogate pair: "a\ud800b" and "a\udfffb" would key the same.
-	if off, ok := loneSurrogate(payload); ok {
-		return nil, fmt.Errorf("payload has an unpaired UTF-16 surrogate escape at byte %d", off)
+	if err := scanPayload(payload); err != nil {
+		return nil, err
 	}
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	dec.UseNumber()
@@ -197,17 +242,31 @@ func decodePayload(payload []byte) (any, error) {
 	return doc, nil
 }
 
-// loneSurrogate finds a \uD800-\uDFFF escape inside a JSON string that is
-// not a high surrogate followed at once by an escaped low one, and returns
-// its offset. It reads escapes only inside strings and does not validate
-// anything else (the decoder does).
-func loneSurrogate(p []byte) (int, bool) {
+// scanPayload makes one pass over the payload, before the decoder, and
+// refuses what the decoder would accept but must not be keyed:
+//   - nesting deeper than maxPayloadDepth;
+//   - a \uD800-\uDFFF escape inside a string that is not a high surrogate
+//     followed at once by an escaped low one: encoding/json decodes it to
+//     U+FFFD, so "a\ud800b" and "a\udfffb" would share a key.
+//
+// It validates nothing else (the decoder does), so on malformed input it
+// may stop early or count brackets oddly; either way the payload is refused.
+func scanPayload(p []byte) error {
 	inString := false
+	depth := 0
 	for i := 0; i < len(p); i++ {
 		c := p[i]
 		if !inString {
-			if c == '"' {
+			switch c {
+			case '"':
 				inString = true
+			case '[', '{':
+				depth++
+				if depth > maxPayloadDepth {
+					return fmt.Errorf("payload nests deeper than %d levels (at byte %d)", maxPayloadDepth, i)
+				}
+			case ']', '}':
+				depth--
 			}
 			continue
 		}
@@ -216,7 +275,7 @@ func loneSurrogate(p []byte) (int, bool) {
 			inString = false
 		case '\\':
 			if i+1 >= len(p) {
-				return 0, false // truncated: the decoder reports it
+				return nil // truncated: the decoder reports it
 			}
 			if p[i+1] != 'u' {
 				i++ // skip the escaped character (it may be a quote)
@@ -224,7 +283,7 @@ func loneSurrogate(p []byte) (int, bool) {
 			}
 			r, ok := hex4(p, i+2)
 			if !ok {
-				return 0, false // malformed: the decoder reports it
+				return nil // malformed: the decoder reports it
 			}
 			switch {
 			case r >= 0xD800 && r <= 0xDBFF: // high: a low escape must follow
@@ -232,14 +291,18 @@ func loneSurrogate(p []byte) (int, bool) {
 					i += 11
 					continue
 				}
-				return i, true
+				return unpairedSurrogate(i)
 			case r >= 0xDC00 && r <= 0xDFFF: // low without a high before it
-				return i, true
+				return unpairedSurrogate(i)
 			}
 			i += 5
 		}
 	}
-	return 0, false
+	return nil
+}
+
+func unpairedSurrogate(off int) error {
+	return fmt.Errorf("payload has an unpaired UTF-16 surrogate escape at byte %d", off)
 }
 
 // hex4 reads four hex digits at p[i:].
@@ -321,41 +384,89 @@ func plainInteger(s string) bool {
 	return true
 }
 
-// maxExponent bounds the exponent of JSON numbers used as keys: big.Rat
-// would otherwise expand 1e999999999 into a gigabyte of digits.
+// maxExponent bounds the exponent of JSON numbers used as keys: 1e999999999
+// would otherwise expand into a gigabyte of digits.
 const maxExponent = 400
+
+// maxNumberBytes bounds the text of a JSON number used in a key. A longer
+// number cannot make a valid key under the default KeyPolicy (its canonical
+// form keeps every significant digit), so it is refused from its length
+// alone, before any work on its digits. It is fixed rather than taken from
+// the consumer's KeyPolicy because a KeyFunc does not see the policy; a
+// numeric identifier of more than 512 digits is not an identifier.
+const maxNumberBytes = DefaultMaxKeyBytes
 
 // canonicalNumber renders a JSON number so that every spelling of the same
 // value gives the same key: integers without fraction or exponent (9912),
-// other values as the shortest exact decimal (0.5, -12.25).
+// other values as the shortest exact decimal (0.5, -12.25). It works on the
+// decimal digits as text, in time linear in len(s) plus the exponent (both
+// bounded), instead of through big.Rat, whose search for the shortest exact
+// rendering cost time super-linear in the digits.
 func canonicalNumber(s string) (string, error) {
+	if len(s) > maxNumberBytes {
+		return "", fmt.Errorf("number is %d bytes, longer than the limit of %d", len(s), maxNumberBytes)
+	}
 	if plainInteger(s) {
 		// Already canonical (JSON forbids leading zeros), and the common
-		// case: skip big.Rat's allocations.
+		// case: no allocation.
 		return s, nil
 	}
-	if i := strings.IndexAny(s, "eE"); i >= 0 {
-		exp, err := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+"))
+	rest := s
+	neg := strings.HasPrefix(rest, "-")
+	if neg {
+		rest = rest[1:]
+	}
+	mant, expText, hasExp := strings.Cut(rest, "e")
+	if !hasExp {
+		mant, expText, hasExp = strings.Cut(rest, "E")
+	}
+	exp := 0
+	if hasExp {
+		var err error
+		exp, err = strconv.Atoi(strings.TrimPrefix(expText, "+"))
 		if err != nil || exp > maxExponent || exp < -maxExponent {
 			return "", fmt.Errorf("number %q has an exponent outside ±%d", s, maxExponent)
 		}
 	}
-	var r big.Rat
-	if _, ok := r.SetString(s); !ok {
+	intPart, frac, hasPoint := strings.Cut(mant, ".")
+	if intPart == "" || (hasPoint && frac == "") || !allDigits(intPart) || !allDigits(frac) {
 		return "", fmt.Errorf("malformed number %q", s)
 	}
-	if r.IsInt() {
-		return r.Num().String(), nil
+	// value = digits × 10^exp, digits without leading or trailing zeros.
+	digits := strings.TrimLeft(intPart+frac, "0")
+	exp -= len(frac)
+	trimmed := strings.TrimRight(digits, "0")
+	exp += len(digits) - len(trimmed)
+	digits = trimmed
+	if digits == "" {
+		return "0", nil // -0, 0.0, 0e5: one value, one key
 	}
-	// The JSON text was a finite decimal, so the value is exact in base ten:
-	// find the number of fraction digits that represents it exactly.
-	for prec := 1; prec <= len(s)+maxExponent; prec++ {
-		out := r.FloatString(prec)
-		var back big.Rat
-		back.SetString(out)
-		if back.Cmp(&r) == 0 {
-			return out, nil
+	var b strings.Builder
+	if neg {
+		b.WriteByte('-')
+	}
+	switch point := len(digits) + exp; {
+	case exp >= 0: // an integer
+		b.Grow(len(digits) + exp)
+		b.WriteString(digits)
+		b.WriteString(strings.Repeat("0", exp))
+	case point > 0:
+		b.WriteString(digits[:point])
+		b.WriteByte('.')
+		b.WriteString(digits[point:])
+	default:
+		b.WriteString("0.")
+		b.WriteString(strings.Repeat("0", -point))
+		b.WriteString(digits)
+	}
+	return b.String(), nil
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
 		}
 	}
-	return r.FloatString(len(s) + maxExponent), nil
+	return true
 }

@@ -114,7 +114,9 @@ func TestCompose(t *testing.T) {
 	require.Equal(t, "order:e", k)
 	k, err = pref(msgWith(`{"order_id": 3}`, nil))
 	require.NoError(t, err)
-	require.Equal(t, "order:3", k)
+	// The fallback source is namespaced, so it cannot collide with an
+	// event_id "3" (see TestFirstNonEmptyNamespacesSources).
+	require.Equal(t, `order:\1:3`, k)
 	_, err = pref(msgWith(`{}`, nil))
 	require.ErrorIs(t, err, framework.ErrInvalidKey)
 	require.Contains(t, err.Error(), `metadata "event_id"`)
