@@ -124,7 +124,9 @@ func NewDatabase(t testing.TB) string {
 	defer cancel()
 	exec(ctx, t, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		// Generous: a drop cancelled half-way leaves an invalid database
+		// behind, and a loaded shared server can take a while to drop one.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		exec(ctx, t, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 	})
