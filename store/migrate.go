@@ -245,7 +245,9 @@ func (s *Store) underMigrationLock(ctx context.Context, fn func(pgx.Tx) error) e
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", s.migrationLockKey()); err != nil {
 		// A lock wait interrupted by ctx may still have been granted:
 		// a connection in that doubt must not go back to the pool.
-		_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = conn.Conn().Close(cctx)
+		cancel()
 		return fmt.Errorf("claimtx: migration lock: %w", err)
 	}
 	defer func() {

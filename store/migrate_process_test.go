@@ -175,3 +175,48 @@ func versionOf(t *testing.T, dbURL string) (int, error) {
 	}
 	return st.Version(context.Background())
 }
+
+// TestMigrateLockWaitCancelled: a start-up interrupted while it queues for
+// the migration lock (a replica stopped during a deploy) returns, leaves
+// no lock behind in the pool, and the next Migrate succeeds.
+func TestMigrateLockWaitCancelled(t *testing.T) {
+	t.Parallel()
+	st, _ := newStore(t, 2)
+	ctx := context.Background()
+	holder, err := st.Pool().Acquire(ctx)
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_lock($1)", st.MigrationLockKeyForTest())
+	require.NoError(t, err)
+
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- st.Migrate(wctx) }()
+	// Cancel only once Migrate is queued behind the holder.
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := holder.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND ((classid::bigint << 32) | objid::bigint) = $1`, st.MigrationLockKeyForTest()).Scan(&waiting)
+		return err == nil && waiting == 1
+	}, 30*time.Second, 10*time.Millisecond, "Migrate never queued for the lock")
+	cancel()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Migrate did not return after its context was cancelled")
+	}
+
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_unlock($1)", st.MigrationLockKeyForTest())
+	require.NoError(t, err)
+	holder.Release()
+	require.NoError(t, st.Migrate(ctx))
+	v, err := st.Version(ctx)
+	require.NoError(t, err)
+	require.Equal(t, store.LatestVersion(), v)
+	var held int
+	require.NoError(t, st.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND ((classid::bigint << 32) | objid::bigint) = $1`, st.MigrationLockKeyForTest()).Scan(&held))
+	require.Zero(t, held, "migration lock still held after Migrate returned")
+}

@@ -39,7 +39,9 @@ func CreateTables(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl st
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lock); err != nil {
 		// A lock wait interrupted by ctx may still have been granted: a
 		// connection in that doubt must not go back to the pool.
-		_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = conn.Conn().Close(cctx)
+		cancel()
 		return fmt.Errorf("advisory lock %q: %w", lock, err)
 	}
 	defer func() {
