@@ -25,8 +25,8 @@
 // with an index on processed_at. Migrations are embedded, numbered
 // (migrations/NNN_name.up.sql / .down.sql), recorded in claimtx_migration,
 // run in one transaction under an advisory lock, and idempotent: every
-// instance of a service may call Migrate at start-up. MigrateTx runs them in
-// your own transaction. Schema and table names are validated against
+// instance of a service may call Migrate at start-up, all at once on an
+// empty database. MigrateTx runs them in your own transaction. Schema and table names are validated against
 // ^[a-z_][a-z0-9_]*$ (schemas at most 63 bytes, tables 48, so that derived
 // index and partition names fit Postgres's limit) and always quoted.
 //

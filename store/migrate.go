@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -108,25 +109,63 @@ func (s *Store) migrationLockKey() int64 {
 }
 
 // Migrate brings the schema to LatestVersion. It is idempotent and safe to
-// call from several instances starting at once: a transaction-scoped
+// call from several processes starting at once on an empty database: an
 // advisory lock per schema serialises them, and each migration runs in the
 // same transaction as its bookkeeping, so a crash leaves either all or none
 // of it.
+//
+// The lock is a session lock taken on a dedicated connection before the
+// migrating transaction begins, not a transaction lock inside it. Postgres
+// applies other sessions' catalog changes to a backend's caches when a
+// transaction starts, not when an advisory lock is granted: a transaction
+// that began (or a connection that looked the schema up) before another
+// instance committed the schema would still "know" the schema is missing
+// after the lock, and its CREATE SCHEMA IF NOT EXISTS would collide
+// (duplicate key in pg_namespace_nspname_index). Beginning the transaction
+// after the lock makes it see everything its predecessors committed.
 func (s *Store) Migrate(ctx context.Context) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return s.MigrateTx(ctx, tx) })
+	// The common case at start-up is "nothing to do". Check it with reads
+	// only, in statements of their own before any lock: Postgres checks
+	// CREATE privileges before IF NOT EXISTS, so the DDL path would make a
+	// least-privilege consumer role (no CREATE) fail to start against an
+	// up-to-date schema, and replicas need not queue on the lock to learn
+	// it. A failed read just means "migrate".
+	if v, err := s.Version(ctx); err == nil && v == LatestVersion() {
+		return nil
+	}
+	return s.underMigrationLock(ctx, func(tx pgx.Tx) error { return s.migrateLocked(ctx, tx) })
 }
 
 // MigrateTx is Migrate inside the caller's transaction, for applications
-// that run their own migrations in one transaction with claimtx's.
+// that run their own migrations in one transaction with claimtx's. It takes
+// the advisory lock (a transaction lock) as its first statement; make it
+// the first statement of a fresh transaction too. Postgres applies catalog
+// changes committed by others only at transaction start, so if several
+// processes may migrate an empty database at once, a transaction that
+// began before another one's migration committed can fail with a unique
+// violation on a catalog index and must be retried in a new transaction;
+// Migrate has no such window.
 func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
-	// The common case at start-up is "nothing to do". Check it with reads
-	// only: Postgres checks CREATE privileges before IF NOT EXISTS, so the
-	// DDL path would make a least-privilege consumer role (no CREATE) fail
-	// to start against an up-to-date schema.
-	if v, err := s.versionIn(ctx, tx); err == nil && v == LatestVersion() {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.migrationLockKey()); err != nil {
+		return fmt.Errorf("claimtx: migration lock: %w", err)
+	}
+	return s.migrateLocked(ctx, tx)
+}
+
+// migrateLocked applies the missing migrations in tx; the caller holds the
+// migration lock.
+func (s *Store) migrateLocked(ctx context.Context, tx pgx.Tx) error {
+	// Another instance may have migrated while this one waited for the
+	// lock, and MigrateTx has no read path before it: read again, so an
+	// up-to-date schema still needs no CREATE privilege.
+	v, err := s.versionIn(ctx, tx)
+	if err != nil {
+		return err
+	}
+	if v == LatestVersion() {
 		return nil
 	}
-	applied, err := s.lockAndReadVersions(ctx, tx)
+	applied, err := s.ensureAndReadVersions(ctx, tx)
 	if err != nil {
 		return err
 	}
@@ -150,8 +189,8 @@ func (s *Store) MigrateDown(ctx context.Context, target int) error {
 	if target < 0 {
 		return fmt.Errorf("claimtx: MigrateDown target %d is negative", target)
 	}
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		applied, err := s.lockAndReadVersions(ctx, tx)
+	return s.underMigrationLock(ctx, func(tx pgx.Tx) error {
+		applied, err := s.ensureAndReadVersions(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -193,10 +232,41 @@ func (s *Store) versionIn(ctx context.Context, db querier) (int, error) {
 	return v, nil
 }
 
-func (s *Store) lockAndReadVersions(ctx context.Context, tx pgx.Tx) (map[int]bool, error) {
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", s.migrationLockKey()); err != nil {
-		return nil, fmt.Errorf("claimtx: migration lock: %w", err)
+// underMigrationLock runs fn in a transaction that begins after this
+// session holds the migration lock (see Migrate for why the order matters),
+// on a connection of its own, and releases the lock after the transaction
+// ended.
+func (s *Store) underMigrationLock(ctx context.Context, fn func(pgx.Tx) error) error {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("claimtx: migration: acquire connection: %w", err)
 	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", s.migrationLockKey()); err != nil {
+		// A lock wait interrupted by ctx may still have been granted:
+		// a connection in that doubt must not go back to the pool.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = conn.Conn().Close(cctx)
+		cancel()
+		return fmt.Errorf("claimtx: migration lock: %w", err)
+	}
+	defer func() {
+		// ctx may be cancelled (that may be why fn failed); unlocking must
+		// still happen.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", s.migrationLockKey()); err != nil {
+			// Ending the session releases the lock.
+			_ = conn.Conn().Close(uctx)
+		}
+	}()
+	return pgx.BeginFunc(ctx, conn, fn)
+}
+
+// ensureAndReadVersions creates the schema and the bookkeeping table if
+// missing and returns the applied versions. The caller holds the migration
+// lock: CREATE … IF NOT EXISTS is not safe against a concurrent create.
+func (s *Store) ensureAndReadVersions(ctx context.Context, tx pgx.Tx) (map[int]bool, error) {
 	if _, err := tx.Exec(ctx, s.render(`CREATE SCHEMA IF NOT EXISTS {schema};
 CREATE TABLE IF NOT EXISTS {schema}.claimtx_migration (
     version    integer     PRIMARY KEY,

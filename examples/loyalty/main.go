@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/examples/internal/startup"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/framework/observe"
@@ -121,21 +122,13 @@ func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 }
 
 // createTables creates the effect tables in the connection's default
-// schema. Several instances may start at once: CREATE TABLE IF NOT EXISTS
-// alone can still fail on a concurrent create, so an advisory lock
-// serialises them.
+// schema. Several instances may start at once, on an empty database too:
+// startup.CreateTables serialises them and runs no DDL when the tables are
+// there (a consumer role without CREATE must start against tables an
+// operator created).
 func createTables(ctx context.Context, pool *pgxpool.Pool) error {
-	// Reads first: a consumer role without CREATE must start against tables
-	// an operator created (Postgres checks CREATE before IF NOT EXISTS).
-	var present bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass('balances') IS NOT NULL AND to_regclass('point_ledger') IS NOT NULL").Scan(&present); err == nil && present {
-		return nil
-	}
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('claimtx-example-loyalty-tables'))"); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `
+	return startup.CreateTables(ctx, pool, "claimtx-example-loyalty-tables",
+		"SELECT to_regclass('balances') IS NOT NULL AND to_regclass('point_ledger') IS NOT NULL", `
 CREATE TABLE IF NOT EXISTS balances (
     customer_id bigint PRIMARY KEY,
     points      bigint NOT NULL
@@ -146,8 +139,6 @@ CREATE TABLE IF NOT EXISTS point_ledger (
     points      bigint      NOT NULL,
     created_at  timestamptz DEFAULT now()
 )`)
-		return err
-	})
 }
 
 func env(name, def string) string {

@@ -30,10 +30,10 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/examples/internal/startup"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
 )
@@ -114,17 +114,15 @@ func (s settings) brokerFor(consumer string) brokers.Config {
 }
 
 // connect opens the pool and creates the example's tables. Several
-// processes may start at once: an advisory lock serialises the creates.
+// processes may start at once, on an empty database too: see
+// startup.CreateTables.
 func connect(ctx context.Context, s settings) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.New(ctx, s.databaseURL)
 	if err != nil {
 		return nil, &framework.ConfigError{Field: "DATABASE_URL", Reason: "cannot be used", Err: err}
 	}
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('claimtx-example-receipts-tables'))"); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `
+	err = startup.CreateTables(ctx, pool, "claimtx-example-receipts-tables",
+		"SELECT to_regclass('receipt_requests') IS NOT NULL AND to_regclass('receipts_sent') IS NOT NULL AND to_regclass('provider_receipts') IS NOT NULL", `
 -- The orders consumer's effect: one receipt request per order.
 CREATE TABLE IF NOT EXISTS receipt_requests (
     order_id     bigint      PRIMARY KEY,
@@ -150,8 +148,6 @@ CREATE TABLE IF NOT EXISTS provider_receipts (
     requests        integer     NOT NULL DEFAULT 1,
     created_at      timestamptz NOT NULL DEFAULT now()
 )`)
-		return err
-	})
 	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("receipts: create tables: %w", err)

@@ -107,3 +107,33 @@ func URLWithSearchPath(schema string) (string, error) {
 	u.RawQuery = q.Encode()
 	return u.String(), nil
 }
+
+// NewDatabase creates an empty database with a random name and returns its
+// URL; the database is dropped (its sessions terminated) when the test
+// ends. Start-up tests need it: a fresh schema inside a shared database is
+// not the empty database a first deploy meets (claimtx's default schema,
+// public's tables and the catalog caches of other sessions differ).
+func NewDatabase(t testing.TB) string {
+	t.Helper()
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	name := "t_db_" + hex.EncodeToString(b[:])
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	exec(ctx, t, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	t.Cleanup(func() {
+		// Generous: a drop cancelled half-way leaves an invalid database
+		// behind, and a loaded shared server can take a while to drop one.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		exec(ctx, t, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	})
+	u, err := url.Parse(URL())
+	if err != nil {
+		t.Fatalf("pgtest: parse %s: %v", redacted(), err)
+	}
+	u.Path = "/" + name
+	return u.String()
+}

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/store/pgtest"
+)
+
+// TestColdStartProcesses starts several loyalty processes at once on an
+// empty database, as the replicas of a first deploy do, over many rounds
+// and in both modes: every one must get to consuming and stop cleanly on
+// SIGTERM. Separate processes matter: each has its own pool, hence its own
+// backends and catalog caches, and the start-up DDL (the example's tables,
+// claimtx's migrations) races across them.
+func TestColdStartProcesses(t *testing.T) {
+	const rounds, procs = 16, 3
+	failures := 0
+	for round := range rounds {
+		batchSize := "0"
+		if round%2 == 1 {
+			batchSize = "8"
+		}
+		failures += coldStartRound(t, round, procs, batchSize)
+	}
+	t.Logf("%d of %d loyalty processes failed", failures, rounds*procs)
+	require.Zero(t, failures, "processes that failed to start or stop cleanly")
+}
+
+// coldStartRound runs one round on a new database and a new queue and
+// returns how many processes failed.
+func coldStartRound(t *testing.T, round, procs int, batchSize string) int {
+	t.Helper()
+	dbURL := pgtest.NewDatabase(t)
+	topic := "loyalty-coldstart-" + randID()
+	(&harness{t: t, amqpURL: amqpURL}).deleteQueuesAtCleanup(topic, topic+".poison")
+	env := append(os.Environ(),
+		"BROKER=amqp", "AMQP_URL="+amqpURL, "TOPIC="+topic, "DATABASE_URL="+dbURL,
+		"CLAIMTX_SCHEMA=", // the default schema, absent on a new database
+		"METRICS_ADDR=off", "BATCH_SIZE="+batchSize, "LOG_LEVEL=info")
+	ps := make([]*proc, procs)
+	for i := range ps {
+		cmd := exec.Command(loyaltyBin)
+		cmd.Env = env
+		p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
+		cmd.Stdout, cmd.Stderr = p.out, p.out
+		require.NoError(t, cmd.Start())
+		go func() {
+			p.err = cmd.Wait()
+			close(p.done)
+		}()
+		t.Cleanup(p.stop)
+		ps[i] = p
+	}
+	failed := 0
+	started := make([]bool, procs)
+	for i, p := range ps {
+		if err := awaitConsumingOrExit(p, 60*time.Second); err != nil {
+			failed++
+			t.Errorf("round %d (BATCH_SIZE=%s), process %d: %v\n%s", round, batchSize, i, err, p.out.String())
+			continue
+		}
+		started[i] = true
+	}
+	for _, p := range ps {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for i, p := range ps {
+		if !p.exited(30 * time.Second) {
+			p.kill()
+		}
+		if started[i] && p.err != nil {
+			failed++
+			t.Errorf("round %d (BATCH_SIZE=%s), process %d: did not stop cleanly on SIGTERM: %v\n%s", round, batchSize, i, p.err, p.out.String())
+		}
+	}
+	return failed
+}
+
+// awaitConsumingOrExit waits until the process logs that it consumes, or
+// exits (an error), whichever comes first.
+func awaitConsumingOrExit(p *proc, within time.Duration) error {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(within)
+	for {
+		if strings.Contains(p.out.String(), "loyalty: consuming") {
+			return nil
+		}
+		select {
+		case <-p.done:
+			if strings.Contains(p.out.String(), "loyalty: consuming") {
+				return nil
+			}
+			return fmt.Errorf("exited before consuming: %v", p.err)
+		case <-deadline:
+			return fmt.Errorf("not consuming within %s", within)
+		case <-tick.C:
+		}
+	}
+}
