@@ -11,16 +11,19 @@ import (
 )
 
 // DefaultDrainTimeout is how long a shutdown lets in-flight messages finish
-// when Config.DrainTimeout is zero. It leaves room, inside Kubernetes'
-// default 30 s termination grace period, for the rollbacks of whatever is
-// cut off and for closing the broker clients.
-const DefaultDrainTimeout = 20 * time.Second
+// when Config.DrainTimeout is zero. With abortGrace and routerCloseTimeout
+// it stays inside Kubernetes' default 30 s termination grace period.
+const DefaultDrainTimeout = 15 * time.Second
 
 // abortGrace bounds the wait for interrupted work to return once its
 // context was cancelled: rollbacks are bounded (5 s) and every call on the
 // claim's pgx.Tx honours its context, but a handler that ignores its
 // context cannot be stopped, and shutdown must still end.
-const abortGrace = 10 * time.Second
+const abortGrace = 5 * time.Second
+
+// routerCloseTimeout bounds the wait for the subscriptions to end after
+// the drain.
+const routerCloseTimeout = 5 * time.Second
 
 // errShuttingDown is what a message that arrived after shutdown began
 // returns, unprocessed, so the router nacks it.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -425,4 +426,48 @@ func perMessage(h middleware.TxHandlerFunc) middleware.SetHandlerFunc {
 		}
 		return nil
 	}
+}
+
+// stuckSubscriber delivers nothing and never ends its subscriptions: a
+// Kafka client blocked on a dead broker connection until its read timeout
+// behaves like this at shutdown.
+type stuckSubscriber struct{}
+
+func (s stuckSubscriber) Subscribe(context.Context, string) (<-chan *message.Message, error) {
+	return make(chan *message.Message), nil
+}
+
+func (s stuckSubscriber) Close() error { return nil }
+
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(string, ...*message.Message) error { return nil }
+func (nopPublisher) Close() error                              { return nil }
+
+// A subscription that does not end in time must not turn a graceful
+// shutdown into a failure (exit status 1 in the loyalty example): every
+// message has been settled or handed back by then.
+func TestShutdownWithAStuckSubscription(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Setup(t, 2)
+	kind := "stuck" + randHex()[:8]
+	require.NoError(t, brokers.Register(kind, brokers.Factory{
+		NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) {
+			return stuckSubscriber{}, nil
+		},
+		NewPublisher: func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) {
+			return nopPublisher{}, nil
+		},
+	}))
+	bcfg := brokers.DefaultConfig()
+	bcfg.Kind = kind
+	c, err := consumer.New(t.Context(), consumer.Config{
+		Name: "stuck", Topic: "orders", Key: "metadata:event_id", Pool: pool,
+		Store: store.Config{Schema: schema}, Broker: bcfg, Logger: slog.New(slog.DiscardHandler),
+	}, func(context.Context, pgx.Tx, *message.Message) error { return nil })
+	require.NoError(t, err)
+	cancel, wait := start(c)
+	<-c.Running()
+	cancel()
+	require.NoError(t, wait(), "a slow-closing subscription failed the shutdown")
 }
