@@ -99,7 +99,7 @@ func awaitConsumingOrExit(p *proc, within time.Duration) error {
 			if strings.Contains(p.out.String(), "loyalty: consuming") {
 				return nil
 			}
-			return fmt.Errorf("exited before consuming: %v", p.err)
+			return fmt.Errorf("exited before consuming: %w", p.err)
 		case <-deadline:
 			return fmt.Errorf("not consuming within %s", within)
 		case <-tick.C:
