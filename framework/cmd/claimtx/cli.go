@@ -106,6 +106,7 @@ func report(err error, stderr io.Writer) int {
 type common struct {
 	databaseURL, schema, table string
 	getenv                     env
+	pool                       *pgxpool.Pool
 }
 
 func newFlags(name string, stderr io.Writer, getenv env) (*flag.FlagSet, *common) {
@@ -171,6 +172,7 @@ func (c *common) connect(ctx context.Context) (*store.Store, func(), error) {
 		pool.Close()
 		return nil, nil, err
 	}
+	c.pool = pool
 	return st, pool.Close, nil
 }
 
@@ -306,7 +308,12 @@ func cmdCleanup(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		return nil
 	}
 	pp := &progressPrinter{w: stdout, mode: *mode, now: time.Now}
-	cfg.OnProgress = pp.update
+	cfg.OnProgress = func(pr store.CleanupProgress) {
+		if pr.Batch == 0 && pp.mode != "none" {
+			pp.total, pp.counted = c.countExpired(ctx, st, pr.Horizon)
+		}
+		pp.update(pr)
+	}
 	res, err := st.Cleanup(ctx, cfg)
 	pp.finish()
 	if errors.Is(err, store.ErrNotLeader) {
@@ -336,6 +343,37 @@ func (c *common) cleanupError(err error) error {
 		return c.fail("cleanup", fmt.Errorf("%w; run `claimtx migrate`", err))
 	}
 	return c.fail("cleanup", err)
+}
+
+// countBudget bounds the count that gives the cleanup progress its total.
+const countBudget = 2 * time.Second
+
+// countExpired counts the claims processed before horizon, exactly, if that
+// takes less than countBudget; ok is false otherwise. The planner's
+// estimate, which the progress once used, comes from statistics that still
+// include the rows an earlier cleanup deleted until the next ANALYZE (2.7x
+// too many in the test), and pg_class.reltuples has the same lag; an
+// exact count is cheap on the processed_at index for the tables a progress
+// total matters least on, and where it is not, no total is better than a
+// false one. New claims cannot fall below a horizon in the past, and the
+// retention lock keeps other cleaners out, so the count stays right.
+func (c *common) countExpired(ctx context.Context, st *store.Store, horizon time.Time) (n int64, ok bool) {
+	ctx, cancel := context.WithTimeout(ctx, countBudget+time.Second)
+	defer cancel()
+	tx, err := c.pool.Begin(ctx)
+	if err != nil {
+		return 0, false
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	// A server-side timeout leaves the connection usable for the batches.
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", countBudget.Milliseconds())); err != nil {
+		return 0, false
+	}
+	table := pgx.Identifier{st.Config().Schema, st.Config().ClaimsTable}.Sanitize()
+	if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE processed_at < $1", horizon).Scan(&n); err != nil {
+		return 0, false
+	}
+	return n, true
 }
 
 func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
