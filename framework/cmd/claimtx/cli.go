@@ -247,8 +247,13 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	if err != nil {
 		return c.fail("migrate", err)
 	}
+	// Migrate runs even when up to date: it is the one that knows.
 	if err := st.Migrate(ctx); err != nil {
 		return c.fail("migrate", err)
+	}
+	if before == store.LatestVersion() {
+		printf(stdout, "schema %s is already at version %d, the latest; nothing to do\n", st.Config().Schema, before)
+		return nil
 	}
 	printf(stdout, "migrated schema %s to version %d (was %d)\n", st.Config().Schema, store.LatestVersion(), before)
 	return nil
