@@ -93,13 +93,27 @@ func report(err error, stderr io.Writer) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
-	printlnTo(stderr, "claimtx:", err)
+	printlnTo(stderr, oncePrefixed(err.Error()))
 	var ue *usageError
 	var ce *framework.ConfigError
 	if errors.As(err, &ue) || errors.As(err, &ce) {
 		return exitUsage
 	}
 	return exitFail
+}
+
+// oncePrefixed puts "claimtx: " in front of msg exactly once. The store's
+// errors carry that prefix themselves (they are read in application logs,
+// where it says which library spoke); wrapped by the CLI it would repeat,
+// once per layer.
+func oncePrefixed(msg string) string {
+	for {
+		trimmed := strings.ReplaceAll(strings.TrimPrefix(msg, "claimtx: "), ": claimtx: ", ": ")
+		if trimmed == msg {
+			return "claimtx: " + msg
+		}
+		msg = trimmed
+	}
 }
 
 // common holds the connection flags every command takes.
@@ -177,14 +191,33 @@ func (c *common) connect(ctx context.Context) (*store.Store, func(), error) {
 }
 
 // fail wraps a command's error, removing the password from its text while
-// keeping the sentinel errors matchable.
-func (c *common) fail(what string, err error) error {
+// keeping the sentinel errors matchable. A missing claim table is named,
+// with the schema when that is what is missing, and the CLI's remedy
+// (the store's own text advises the Go API).
+func (c *common) fail(ctx context.Context, what string, err error) error {
 	var ce *framework.ConfigError
 	if errors.As(err, &ce) {
 		return err
 	}
+	if errors.Is(err, store.ErrNoClaimTable) {
+		return &redactedError{msg: c.redact(what + ": " + c.missingTable(ctx)), err: err}
+	}
 	return &redactedError{msg: c.redact(what + ": " + err.Error()), err: err}
 }
+
+// missingTable says which of schema and claim table is missing.
+func (c *common) missingTable(ctx context.Context) string {
+	name := c.schemaName() + "." + c.tableName()
+	var schemaExists bool
+	err := c.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", c.schemaName()).Scan(&schemaExists)
+	if err == nil && !schemaExists {
+		return fmt.Sprintf("schema %q does not exist, so neither does the claim table %s: run `claimtx migrate` to create both, or pass the --schema it was created with (env CLAIMTX_SCHEMA)", c.schemaName(), name)
+	}
+	return fmt.Sprintf("claim table %s does not exist: run `claimtx migrate` to create it, or pass the --schema and --table it was created with (env CLAIMTX_SCHEMA, CLAIMTX_TABLE)", name)
+}
+
+func (c *common) schemaName() string { return cmp.Or(c.schema, store.DefaultSchema) }
+func (c *common) tableName() string  { return cmp.Or(c.table, store.DefaultClaimsTable) }
 
 type redactedError struct {
 	msg string
@@ -245,11 +278,11 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	defer closePool()
 	before, err := st.Version(ctx)
 	if err != nil {
-		return c.fail("migrate", err)
+		return c.fail(ctx, "migrate", err)
 	}
 	// Migrate runs even when up to date: it is the one that knows.
 	if err := st.Migrate(ctx); err != nil {
-		return c.fail("migrate", err)
+		return c.fail(ctx, "migrate", err)
 	}
 	if before == store.LatestVersion() {
 		printf(stdout, "schema %s is already at version %d, the latest; nothing to do\n", st.Config().Schema, before)
@@ -280,6 +313,9 @@ func cmdCleanup(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		return err
 	}
 	cfg.Window, cfg.MinWindow = window.d, minWindow.d
+	if err := belowMinimum("cleanup", "window", &window, "min-window", &minWindow, cfg.Force); err != nil {
+		return err
+	}
 	switch *mode {
 	case "auto":
 		*mode = "log"
@@ -302,7 +338,7 @@ func cmdCleanup(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	if cfg.DryRun {
 		res, err := st.Cleanup(ctx, cfg)
 		if err != nil {
-			return c.cleanupError(err)
+			return c.cleanupError(ctx, err)
 		}
 		oldest := "none"
 		if !res.Oldest.IsZero() {
@@ -331,7 +367,7 @@ func cmdCleanup(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		if ctx.Err() != nil {
 			printlnTo(stdout, "interrupted:", summary+"; run again to resume")
 		}
-		return c.cleanupError(err)
+		return c.cleanupError(ctx, err)
 	}
 	if res.Vacuumed {
 		summary += ", then vacuumed"
@@ -340,14 +376,11 @@ func cmdCleanup(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	return nil
 }
 
-func (c *common) cleanupError(err error) error {
-	switch {
-	case errors.Is(err, store.ErrPartitioned):
-		return c.fail("cleanup", fmt.Errorf("%w; use `claimtx partitions drop-expired`", err))
-	case errors.Is(err, store.ErrNoClaimTable):
-		return c.fail("cleanup", fmt.Errorf("%w; run `claimtx migrate`", err))
+func (c *common) cleanupError(ctx context.Context, err error) error {
+	if errors.Is(err, store.ErrPartitioned) {
+		return c.fail(ctx, "cleanup", fmt.Errorf("%w; use `claimtx partitions drop-expired`", err))
 	}
-	return c.fail("cleanup", err)
+	return c.fail(ctx, "cleanup", err)
 }
 
 // countBudget bounds the count that gives the cleanup progress its total.
@@ -411,6 +444,9 @@ func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer,
 		return err
 	}
 	cfg.Retention, cfg.MinRetention = retention.d, minRetention.d
+	if err := belowMinimum("partitions "+sub, "retention", &retention, "min-retention", &minRetention, cfg.Force); err != nil {
+		return err
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -431,7 +467,7 @@ func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer,
 	case "list":
 		parts, err := st.Partitions(ctx)
 		if err != nil {
-			return c.fail("partitions list", err)
+			return c.fail(ctx, "partitions list", err)
 		}
 		printPartitions(stdout, parts)
 	case "enable":
@@ -441,7 +477,7 @@ func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer,
 				return nil
 			}
 			if err != nil {
-				return c.fail("partitions enable --prepare-only", err)
+				return c.fail(ctx, "partitions enable --prepare-only", err)
 			}
 			printf(stdout, "prepared %s: event_day added and indexes built; switch consumers to event-time claims, then run `claimtx partitions enable`\n", tableName(st))
 			return nil
@@ -451,7 +487,7 @@ func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer,
 			return nil
 		}
 		if err != nil {
-			return c.fail("partitions enable", err)
+			return c.fail(ctx, "partitions enable", err)
 		}
 		switch {
 		case res.AlreadyPartitioned:
@@ -468,7 +504,7 @@ func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer,
 			return nil
 		}
 		if err != nil {
-			return c.fail("partitions create-ahead", err)
+			return c.fail(ctx, "partitions create-ahead", err)
 		}
 		verb := "created"
 		if cfg.DryRun {
@@ -483,13 +519,13 @@ func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer,
 			return nil
 		}
 		if err != nil {
-			return c.fail("partitions drop-expired", err)
+			return c.fail(ctx, "partitions drop-expired", err)
 		}
 		verb := "dropped"
 		if cfg.DryRun {
 			verb = "would drop"
 		}
-		printf(stdout, "%s %d partitions past the %s retention in %s\n", verb, len(dropped), formatDuration(cfg.Retention), time.Since(start).Round(time.Millisecond))
+		printf(stdout, "%s %d partitions past the %s retention in %s\n", verb, len(dropped), retention.String(), time.Since(start).Round(time.Millisecond))
 		printPartitions(stdout, dropped)
 	}
 	return nil
@@ -531,7 +567,7 @@ func cmdStats(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 	defer closePool()
 	s, err := st.Stats(ctx)
 	if err != nil {
-		return c.fail("stats", err)
+		return c.fail(ctx, "stats", err)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -559,20 +595,41 @@ func cmdStats(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 }
 
 // durationValue is a flag accepting Go durations and whole days ("30d",
-// "1d12h"), because retention windows are thought of in days.
-type durationValue struct{ d time.Duration }
+// "1d12h"), because retention windows are thought of in days. It prints
+// what the user typed: "3d" read back as "72h0m0s" looks like another value.
+type durationValue struct {
+	d     time.Duration
+	typed string
+}
 
 var daysPrefix = regexp.MustCompile(`^(\d+)d(.*)$`)
 
-func (v *durationValue) String() string { return formatDuration(v.d) }
+func (v *durationValue) String() string {
+	if v.typed != "" {
+		return v.typed
+	}
+	return formatDuration(v.d)
+}
 
 func (v *durationValue) Set(s string) error {
 	d, err := parseDuration(s)
 	if err != nil {
 		return err
 	}
-	v.d = d
+	v.d, v.typed = d, strings.TrimSpace(s)
 	return nil
+}
+
+// belowMinimum refuses a retention below its minimum unless forced, in the
+// flags' own terms. The store checks the same (and is the guard for Go
+// callers), but speaks of fields and time.Duration values.
+func belowMinimum(cmd, name string, v *durationValue, minName string, minimum *durationValue, force bool) error {
+	if v.d >= minimum.d || force {
+		return nil
+	}
+	return &usageError{msg: fmt.Sprintf(
+		"%s: --%s %s is below --%s %s: claims younger than a replay can arrive would be deleted, and those duplicates applied again; pass --force if you mean it",
+		cmd, name, v, minName, minimum)}
 }
 
 func parseDuration(s string) (time.Duration, error) {

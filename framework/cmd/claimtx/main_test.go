@@ -108,7 +108,7 @@ func TestCLIBadInput(t *testing.T) {
 	}{
 		{nil, "Usage:"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
-		{[]string{"cleanup", "--window", "1d"}, "below the minimum"},
+		{[]string{"cleanup", "--window", "1d"}, "--window 1d is below --min-window 7d"},
 		{[]string{"cleanup", "--window", "thirty days"}, "not a duration"},
 		{[]string{"cleanup", "--batch-size", "-5"}, "BatchSize"},
 		{[]string{"cleanup", "--progress", "sparkles"}, "--progress"},
@@ -116,7 +116,7 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"cleanup", "--no-such-flag"}, "no-such-flag"},
 		{[]string{"partitions"}, "want a subcommand"},
 		{[]string{"partitions", "shuffle"}, `unknown subcommand "shuffle"`},
-		{[]string{"partitions", "drop-expired", "--retention", "2d"}, "below the minimum"},
+		{[]string{"partitions", "drop-expired", "--retention", "2d"}, "--retention 2d is below --min-retention 7d"},
 		{[]string{"partitions", "create-ahead", "--ahead", "-1"}, "Ahead"},
 		{[]string{"stats", "--schema", "Bad-Name"}, `"Schema"`},
 		{[]string{"stats", "--table", "x;drop"}, `"ClaimsTable"`},
@@ -310,6 +310,51 @@ func TestParseDuration(t *testing.T) {
 	require.Equal(t, "30d", formatDuration(30*24*time.Hour))
 	require.Equal(t, "1.5 KiB", formatBytes(1536))
 	require.Equal(t, "12 B", formatBytes(12))
+}
+
+// Issue 13, item 6: what an operator reads. Each case failed before the
+// CLI polish; together they pin the messages down.
+
+// An error is prefixed once, and a missing table or schema is named.
+func TestCLIErrorsNameWhatIsMissing(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	for _, args := range [][]string{{"cleanup"}, {"cleanup", "--dry-run"}, {"stats"}, {"partitions", "list"}, {"partitions", "drop-expired"}, {"partitions", "create-ahead"}} {
+		code, _, errOut := c.run(args...)
+		require.Equal(t, exitFail, code, "%v: %s", args, errOut)
+		require.Equal(t, 1, strings.Count(errOut, "claimtx:"), "%v: one prefix: %s", args, errOut)
+		require.Contains(t, errOut, c.schema+".processed_messages does not exist", "%v", args)
+		require.Contains(t, errOut, "claimtx migrate", "%v", args)
+		require.NotContains(t, errOut, "Migrate first", "%v: the Go API's advice is not the CLI's", args)
+	}
+	// A schema that does not exist is named as such.
+	c.env["CLAIMTX_SCHEMA"] = "no_such_schema_cli"
+	code, _, errOut := c.run("stats", "--schema", "no_such_schema_cli")
+	require.Equal(t, exitFail, code)
+	require.Contains(t, errOut, `schema "no_such_schema_cli" does not exist`)
+}
+
+// Durations keep the unit the user typed, and the way out names --force.
+func TestCLIDurationsAsTyped(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	code, _, errOut := c.run("cleanup", "--window", "3d")
+	require.Equal(t, exitUsage, code)
+	require.Equal(t, 1, strings.Count(errOut, "claimtx"), errOut)
+	require.Contains(t, errOut, "--window 3d is below --min-window 7d")
+	require.Contains(t, errOut, "--force")
+	require.NotContains(t, errOut, "72h")
+	require.NotContains(t, errOut, "force it")
+
+	code, _, errOut = c.run("partitions", "drop-expired", "--retention", "36h", "--min-retention", "2d")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "--retention 36h is below --min-retention 2d")
+	require.Contains(t, errOut, "--force")
+
+	c.ok("migrate")
+	c.ok("partitions", "enable", "--ahead", "1")
+	require.Contains(t, c.ok("partitions", "drop-expired", "--retention", "240h", "--dry-run"), "past the 240h retention")
+	require.Contains(t, c.ok("partitions", "drop-expired", "--dry-run"), "past the 30d retention")
 }
 
 // A migrate that changes nothing says so.
