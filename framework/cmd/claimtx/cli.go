@@ -70,13 +70,13 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		printTo(stdout, usage)
 		return exitOK
 	case "migrate":
-		err = cmdMigrate(ctx, rest, stdout, stderr, getenv)
+		err = cmdMigrate(ctx, rest, stdout, getenv)
 	case "cleanup":
-		err = cmdCleanup(ctx, rest, stdout, stderr, getenv)
+		err = cmdCleanup(ctx, rest, stdout, getenv)
 	case "partitions":
-		err = cmdPartitions(ctx, rest, stdout, stderr, getenv)
+		err = cmdPartitions(ctx, rest, stdout, getenv)
 	case "stats":
-		err = cmdStats(ctx, rest, stdout, stderr, getenv)
+		err = cmdStats(ctx, rest, stdout, getenv)
 	default:
 		printf(stderr, "claimtx: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
@@ -116,17 +116,24 @@ func oncePrefixed(msg string) string {
 	}
 }
 
-// common holds the connection flags every command takes.
+// common holds the connection flags every command takes, and the pool once
+// connected.
 type common struct {
 	databaseURL, schema, table string
 	getenv                     env
+	stdout                     io.Writer
 	pool                       *pgxpool.Pool
 }
 
-func newFlags(name string, stderr io.Writer, getenv env) (*flag.FlagSet, *common) {
-	fs := flag.NewFlagSet("claimtx "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	c := &common{getenv: getenv}
+// newFlags returns the flag set of one (sub)command, name being what
+// follows "claimtx", with the connection flags. Package flag neither prints
+// nor exits: it would print the usage around every error, and the error
+// again after it; parse and printHelp do the printing.
+func newFlags(name string, stdout io.Writer, getenv env) (*flag.FlagSet, *common) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	c := &common{getenv: getenv, stdout: stdout}
 	// The environment is read after parsing, not used as flag defaults:
 	// -h and flag errors print defaults, and DATABASE_URL holds a password.
 	fs.StringVar(&c.databaseURL, "database-url", "", "Postgres connection string (env DATABASE_URL)")
@@ -142,18 +149,55 @@ func (c *common) fromEnv() {
 	c.table = cmp.Or(c.table, c.getenv("CLAIMTX_TABLE"))
 }
 
-// parse parses args and refuses positional leftovers.
-func parse(fs *flag.FlagSet, args []string) error {
+// parse parses args and refuses positional leftovers. Help asked for (-h)
+// goes to stdout, so it can be paged; a bad flag is one line and a pointer
+// to the help, not the whole help around the error.
+func (c *common) parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			printHelp(c.stdout, fs)
 			return err
 		}
-		return &usageError{msg: err.Error()}
+		return &usageError{msg: fmt.Sprintf("%s: %v\nrun `claimtx %s -h` for its flags", fs.Name(), err, fs.Name())}
 	}
 	if fs.NArg() > 0 {
-		return &usageError{msg: fmt.Sprintf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))}
+		return &usageError{msg: fmt.Sprintf("%s: unexpected argument %q\nrun `claimtx %s -h` for its flags", fs.Name(), fs.Arg(0), fs.Name())}
 	}
 	return nil
+}
+
+// synopses are the one-line descriptions of the commands' help.
+var synopses = map[string]string{
+	"migrate":                 "Create or upgrade claimtx's schema; safe to run on every host at deploy.",
+	"cleanup":                 "Delete claims older than the retention window, in batches. Interrupt it to stop after the current batch; run it again to resume.",
+	"stats":                   "Claims per consumer, table and index size.",
+	"partitions list":         "List the partitions of a partitioned claim table.",
+	"partitions enable":       "Convert the claim table to event-day partitions (existing claims are kept as one legacy partition).",
+	"partitions create-ahead": "Create missing day partitions through today + --ahead days (UTC).",
+	"partitions drop-expired": "Drop day partitions past the retention window.",
+}
+
+// printHelp prints a command's usage and its flags. It is the only place
+// defaults are printed: a flag's help text never repeats its default.
+func printHelp(w io.Writer, fs *flag.FlagSet) {
+	printf(w, "Usage: claimtx %s [flags]\n\n%s\n\nFlags:\n", fs.Name(), synopses[fs.Name()])
+	fs.VisitAll(func(f *flag.Flag) {
+		arg, text := flag.UnquoteUsage(f)
+		switch f.Value.(type) {
+		case *durationValue:
+			arg = "duration"
+		}
+		line := "  --" + f.Name
+		if arg != "" {
+			line += " " + strings.ToUpper(arg)
+		}
+		switch f.DefValue {
+		case "", "0", "0s", "false":
+		default:
+			text += " (default " + f.DefValue + ")"
+		}
+		printf(w, "%s\n      %s\n", line, text)
+	})
 }
 
 // connect validates the names, opens a small pool and returns the store
@@ -266,9 +310,9 @@ func tableName(st *store.Store) string {
 	return st.Config().Schema + "." + st.Config().ClaimsTable
 }
 
-func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
-	fs, c := newFlags("migrate", stderr, getenv)
-	if err := parse(fs, args); err != nil {
+func cmdMigrate(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+	fs, c := newFlags("migrate", stdout, getenv)
+	if err := c.parse(fs, args); err != nil {
 		return err
 	}
 	st, closePool, err := c.connect(ctx)
@@ -292,30 +336,29 @@ func cmdMigrate(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 	return nil
 }
 
-func cmdCleanup(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
-	fs, c := newFlags("cleanup", stderr, getenv)
+func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+	fs, c := newFlags("cleanup", stdout, getenv)
 	var cfg store.RetentionConfig
 	window := durationValue{d: store.DefaultRetention}
 	minWindow := durationValue{d: store.DefaultMinRetention}
-	fs.Var(&window, "window", "keep claims processed within this window (default 30d)")
-	fs.Var(&minWindow, "min-window", "refuse windows below this unless --force (default 7d)")
+	fs.Var(&window, "window", "keep claims processed within this window")
+	fs.Var(&minWindow, "min-window", "refuse windows below this unless --force")
 	fs.BoolVar(&cfg.Force, "force", false, "accept a window below --min-window: duplicates older than it will be applied again")
 	fs.IntVar(&cfg.BatchSize, "batch-size", store.DefaultBatchSize, "rows in the first batch; later batches adapt")
-	fs.IntVar(&cfg.MinBatchSize, "min-batch-size", 0, "smallest adaptive batch (default 500)")
-	fs.IntVar(&cfg.MaxBatchSize, "max-batch-size", 0, "largest adaptive batch (default 50000)")
+	// 0 lets the store derive these from --batch-size, so the help states
+	// the default in words, not as a flag default.
+	fs.IntVar(&cfg.MinBatchSize, "min-batch-size", 0, fmt.Sprintf("smallest adaptive batch (default %d, or --batch-size if smaller)", store.DefaultMinBatchSize))
+	fs.IntVar(&cfg.MaxBatchSize, "max-batch-size", 0, fmt.Sprintf("largest adaptive batch (default %d, or --batch-size if larger)", store.DefaultMaxBatchSize))
 	fs.DurationVar(&cfg.TargetBatchDuration, "target-batch-duration", store.DefaultTargetBatchDuration, "adapt batch sizes toward this duration")
 	fs.DurationVar(&cfg.Pause, "pause", store.DefaultBatchPause, "pause between batches (negative: none)")
 	fs.DurationVar(&cfg.BatchTimeout, "batch-timeout", store.DefaultBatchTimeout, "statement timeout of one batch")
 	fs.BoolVar(&cfg.DryRun, "dry-run", false, "count what would be deleted, delete nothing")
 	fs.BoolVar(&cfg.Vacuum, "vacuum", false, "VACUUM (ANALYZE) the table afterwards")
 	mode := fs.String("progress", "auto", "progress display: auto (a bar on a terminal, log lines otherwise), bar, log or none")
-	if err := parse(fs, args); err != nil {
+	if err := c.parse(fs, args); err != nil {
 		return err
 	}
 	cfg.Window, cfg.MinWindow = window.d, minWindow.d
-	if err := belowMinimum("cleanup", "window", &window, "min-window", &minWindow, cfg.Force); err != nil {
-		return err
-	}
 	switch *mode {
 	case "auto":
 		*mode = "log"
@@ -324,7 +367,10 @@ func cmdCleanup(ctx context.Context, args []string, stdout, stderr io.Writer, ge
 		}
 	case "bar", "log", "none":
 	default:
-		return &usageError{msg: fmt.Sprintf("--progress %q: want auto, bar, log or none", *mode)}
+		return &usageError{msg: fmt.Sprintf("cleanup: --progress %q: want auto, bar, log or none", *mode)}
+	}
+	if err := belowMinimum("cleanup", "window", &window, "min-window", &minWindow, cfg.Force); err != nil {
+		return err
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -414,37 +460,67 @@ func (c *common) countExpired(ctx context.Context, st *store.Store, horizon time
 	return n, true
 }
 
-func cmdPartitions(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
+const partitionsUsage = `Usage: claimtx partitions SUBCOMMAND [flags]
+
+  list           list the partitions of a partitioned claim table
+  enable         convert the claim table to event-day partitions
+  create-ahead   create missing day partitions through today + --ahead
+  drop-expired   drop day partitions past the retention window
+
+Run "claimtx partitions SUBCOMMAND -h" for a subcommand's flags.
+`
+
+func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		printTo(stdout, partitionsUsage)
+		return flag.ErrHelp
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return &usageError{msg: "partitions: want a subcommand: list, enable, create-ahead or drop-expired"}
+		return &usageError{msg: "partitions: want a subcommand: list, enable, create-ahead or drop-expired\nrun `claimtx partitions -h` for them"}
 	}
 	sub, rest := args[0], args[1:]
-	fs, c := newFlags("partitions "+sub, stderr, getenv)
+	fs, c := newFlags("partitions "+sub, stdout, getenv)
 	var cfg store.PartitionConfig
 	retention := durationValue{d: store.DefaultRetention}
 	minRetention := durationValue{d: store.DefaultMinRetention}
 	var prepareOnly bool
+	// Each subcommand has only the flags it reads: one it ignores would be
+	// accepted silently, and its help would describe another command.
+	retentionFlags := func() {
+		fs.Var(&retention, "retention", "claim retention by event time")
+		fs.Var(&minRetention, "min-retention", "refuse a retention below this unless --force")
+		fs.BoolVar(&cfg.Force, "force", false, "accept a retention below --min-retention: duplicates older than it will be applied again")
+	}
+	aheadFlag := func() {
+		fs.IntVar(&cfg.Ahead, "ahead", store.DefaultPartitionsAhead, "create partitions through today + this many days (UTC)")
+	}
+	lockWaitFlag := func() {
+		fs.DurationVar(&cfg.LockWait, "lock-wait", store.DefaultPartitionLockWait, "give up (and retry) a lock wait that would block claims after this")
+	}
 	switch sub {
 	case "list":
-	case "enable", "create-ahead", "drop-expired":
-		fs.Var(&retention, "retention", "claim retention by event time (default 30d)")
-		fs.Var(&minRetention, "min-retention", "refuse a retention below this unless --force (default 7d)")
-		fs.BoolVar(&cfg.Force, "force", false, "accept a retention below --min-retention")
-		fs.IntVar(&cfg.Ahead, "ahead", store.DefaultPartitionsAhead, "create partitions through today + this many days (UTC)")
-		fs.DurationVar(&cfg.LockWait, "lock-wait", store.DefaultPartitionLockWait, "give up (and retry) a lock wait that would block claims after this")
-		if sub == "enable" {
-			fs.BoolVar(&prepareOnly, "prepare-only", false, "only add event_day and build the indexes online, for a rolling switch to ClaimAt")
-		} else {
-			fs.BoolVar(&cfg.DryRun, "dry-run", false, "report, change nothing")
-		}
+	case "enable":
+		retentionFlags()
+		aheadFlag()
+		lockWaitFlag()
+		fs.BoolVar(&prepareOnly, "prepare-only", false, "only add event_day and build the indexes online, for a rolling switch to ClaimAt")
+	case "create-ahead":
+		retentionFlags()
+		aheadFlag()
+		lockWaitFlag()
+		fs.BoolVar(&cfg.DryRun, "dry-run", false, "list the partitions that would be created, create none")
+	case "drop-expired":
+		retentionFlags()
+		lockWaitFlag()
+		fs.BoolVar(&cfg.DryRun, "dry-run", false, "list the partitions that would be dropped, drop none")
 	default:
 		return &usageError{msg: fmt.Sprintf("partitions: unknown subcommand %q (want list, enable, create-ahead or drop-expired)", sub)}
 	}
-	if err := parse(fs, rest); err != nil {
+	if err := c.parse(fs, rest); err != nil {
 		return err
 	}
 	cfg.Retention, cfg.MinRetention = retention.d, minRetention.d
-	if err := belowMinimum("partitions "+sub, "retention", &retention, "min-retention", &minRetention, cfg.Force); err != nil {
+	if err := belowMinimum(fs.Name(), "retention", &retention, "min-retention", &minRetention, cfg.Force); err != nil {
 		return err
 	}
 	if err := cfg.Validate(); err != nil {
@@ -554,10 +630,10 @@ func printPartitions(w io.Writer, parts []store.Partition) {
 	_ = tw.Flush()
 }
 
-func cmdStats(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
-	fs, c := newFlags("stats", stderr, getenv)
+func cmdStats(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+	fs, c := newFlags("stats", stdout, getenv)
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := parse(fs, args); err != nil {
+	if err := c.parse(fs, args); err != nil {
 		return err
 	}
 	st, closePool, err := c.connect(ctx)

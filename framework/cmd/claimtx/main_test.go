@@ -160,11 +160,13 @@ func TestCLINeverPrintsThePassword(t *testing.T) {
 			require.NotEmpty(t, errOut)
 		}
 	}
-	// Flag defaults printed by -h and by flag errors never show it.
+	// Flag defaults printed by -h, and flag errors, never show it.
 	c.env = map[string]string{"DATABASE_URL": "postgres://alice:" + secret + "@127.0.0.1:1/db"}
 	for _, args := range [][]string{{"cleanup", "-h"}, {"stats", "--bogus"}, {"partitions", "list", "-h"}} {
 		_, out, errOut := c.run(args...)
-		require.Contains(t, errOut, "database-url", "%v", args)
+		if args[len(args)-1] == "-h" {
+			require.Contains(t, out, "database-url", "%v", args)
+		}
 		require.NotContains(t, out+errOut, secret, "%v", args)
 	}
 
@@ -355,6 +357,61 @@ func TestCLIDurationsAsTyped(t *testing.T) {
 	c.ok("partitions", "enable", "--ahead", "1")
 	require.Contains(t, c.ok("partitions", "drop-expired", "--retention", "240h", "--dry-run"), "past the 240h retention")
 	require.Contains(t, c.ok("partitions", "drop-expired", "--dry-run"), "past the 30d retention")
+}
+
+// A wrong flag is reported once, with a pointer to -h instead of the whole
+// usage around it.
+func TestCLIWrongFlagOnce(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	for _, args := range [][]string{{"cleanup", "--no-such-flag"}, {"partitions", "list", "--window", "3d"}, {"migrate", "--bogus=1"}} {
+		code, out, errOut := c.run(args...)
+		require.Equal(t, exitUsage, code, "%v", args)
+		require.Empty(t, out)
+		require.Equal(t, 1, strings.Count(errOut, "not defined"), "%v: %s", args, errOut)
+		require.Equal(t, 1, strings.Count(errOut, "claimtx:"), "%v: %s", args, errOut)
+		require.Contains(t, errOut, "-h` for its flags", "%v", args)
+		require.Len(t, strings.Split(strings.TrimSpace(errOut), "\n"), 2, "%v: the error and a hint, no usage: %s", args, errOut)
+	}
+}
+
+// Help lists each command's own flags, each default once.
+func TestCLIHelp(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	help := map[string]string{}
+	for _, cmd := range [][]string{{"migrate"}, {"cleanup"}, {"stats"}, {"partitions", "list"}, {"partitions", "enable"}, {"partitions", "create-ahead"}, {"partitions", "drop-expired"}} {
+		code, out, errOut := c.run(append(cmd, "-h")...)
+		require.Equal(t, exitOK, code, "%v", cmd)
+		require.Empty(t, errOut, "%v: help asked for goes to stdout", cmd)
+		require.Contains(t, out, "claimtx "+strings.Join(cmd, " "), "%v", cmd)
+		require.Contains(t, out, "--database-url", "%v", cmd)
+		for _, line := range strings.Split(out, "\n") {
+			require.LessOrEqual(t, strings.Count(line, "default"), 1, "%v: %q", cmd, line)
+		}
+		help[strings.Join(cmd, " ")] = out
+	}
+	require.Contains(t, help["cleanup"], "(default 30d)")
+	require.Contains(t, help["cleanup"], "(default 500, or --batch-size if smaller)")
+	// The adaptive bounds still follow a small --batch-size.
+	c.ok("migrate")
+	require.Contains(t, c.ok("cleanup", "--batch-size", "100", "--dry-run"), "dry run: 0 claims")
+	require.NotContains(t, help["partitions drop-expired"], "--ahead")
+	require.NotContains(t, help["partitions drop-expired"], "--prepare-only")
+	require.NotContains(t, help["partitions list"], "--retention")
+	require.Contains(t, help["partitions create-ahead"], "--ahead")
+	require.Contains(t, help["partitions enable"], "--prepare-only")
+
+	code, out, _ := c.run("partitions", "-h")
+	require.Equal(t, exitOK, code)
+	require.Contains(t, out, "drop-expired")
+
+	// Flags of another subcommand are refused, not silently ignored.
+	for _, args := range [][]string{{"partitions", "drop-expired", "--ahead", "99"}, {"partitions", "list", "--dry-run"}, {"partitions", "create-ahead", "--prepare-only"}} {
+		code, _, errOut := c.run(args...)
+		require.Equal(t, exitUsage, code, "%v: %s", args, errOut)
+		require.Contains(t, errOut, "not defined", "%v", args)
+	}
 }
 
 // A migrate that changes nothing says so.
