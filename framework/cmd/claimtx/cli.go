@@ -243,8 +243,15 @@ func (c *common) fail(ctx context.Context, what string, err error) error {
 	if errors.As(err, &ce) {
 		return err
 	}
-	if errors.Is(err, store.ErrNoClaimTable) {
+	// The store's texts for these name neither the table nor a command.
+	name := c.schemaName() + "." + c.tableName()
+	switch {
+	case errors.Is(err, store.ErrNoClaimTable):
 		return &redactedError{msg: c.redact(what + ": " + c.missingTable(ctx)), err: err}
+	case errors.Is(err, store.ErrNotPartitioned):
+		return &redactedError{msg: c.redact(fmt.Sprintf("%s: claim table %s is not partitioned: run `claimtx partitions enable` first, or keep it plain and use `claimtx cleanup`", what, name)), err: err}
+	case errors.Is(err, store.ErrPartitioned):
+		return &redactedError{msg: c.redact(fmt.Sprintf("%s: claim table %s is partitioned: retention drops whole day partitions, not rows; use `claimtx partitions drop-expired`", what, name)), err: err}
 	}
 	return &redactedError{msg: c.redact(what + ": " + err.Error()), err: err}
 }
@@ -384,7 +391,7 @@ func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env
 	if cfg.DryRun {
 		res, err := st.Cleanup(ctx, cfg)
 		if err != nil {
-			return c.cleanupError(ctx, err)
+			return c.fail(ctx, "cleanup", err)
 		}
 		oldest := "none"
 		if !res.Oldest.IsZero() {
@@ -413,20 +420,13 @@ func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env
 		if ctx.Err() != nil {
 			printlnTo(stdout, "interrupted:", summary+"; run again to resume")
 		}
-		return c.cleanupError(ctx, err)
+		return c.fail(ctx, "cleanup", err)
 	}
 	if res.Vacuumed {
 		summary += ", then vacuumed"
 	}
 	printlnTo(stdout, summary)
 	return nil
-}
-
-func (c *common) cleanupError(ctx context.Context, err error) error {
-	if errors.Is(err, store.ErrPartitioned) {
-		return c.fail(ctx, "cleanup", fmt.Errorf("%w; use `claimtx partitions drop-expired`", err))
-	}
-	return c.fail(ctx, "cleanup", err)
 }
 
 // countBudget bounds the count that gives the cleanup progress its total.

@@ -336,6 +336,28 @@ func TestCLIErrorsNameWhatIsMissing(t *testing.T) {
 	require.Contains(t, errOut, `schema "no_such_schema_cli" does not exist`)
 }
 
+// The wrong table layout is named too, with the command that fits it
+// rather than the Go API's.
+func TestCLIErrorsNameTheLayout(t *testing.T) {
+	t.Parallel()
+	c := newCLI(t)
+	c.ok("migrate")
+	table := c.schema + ".processed_messages"
+	for _, args := range [][]string{{"partitions", "list"}, {"partitions", "drop-expired"}, {"partitions", "create-ahead"}} {
+		code, _, errOut := c.run(args...)
+		require.Equal(t, exitFail, code, "%v", args)
+		require.Contains(t, errOut, "claim table "+table+" is not partitioned", "%v", args)
+		require.Contains(t, errOut, "claimtx partitions enable", "%v", args)
+		require.Equal(t, 1, strings.Count(errOut, "claimtx:"), "%v: %s", args, errOut)
+	}
+	c.ok("partitions", "enable", "--ahead", "1")
+	code, _, errOut := c.run("cleanup")
+	require.Equal(t, exitFail, code)
+	require.Contains(t, errOut, "claim table "+table+" is partitioned")
+	require.Contains(t, errOut, "claimtx partitions drop-expired")
+	require.NotContains(t, errOut, "DropExpiredPartitions")
+}
+
 // Durations keep the unit the user typed, and the way out names --force.
 func TestCLIDurationsAsTyped(t *testing.T) {
 	t.Parallel()
