@@ -3,7 +3,7 @@
 //
 //	claimtx migrate
 //	claimtx cleanup [--window 30d] [--dry-run] [--batch-size 5000] …
-//	claimtx partitions list | enable [--prepare-only] | create-ahead | drop-expired [--dry-run]
+//	claimtx partitions list | enable [--prepare-only] | create-ahead [--ahead 7] | drop-expired [--dry-run]
 //	claimtx stats [--json]
 //
 // The database comes from --database-url or DATABASE_URL, the schema from
@@ -11,6 +11,9 @@
 // CLAIMTX_TABLE (default "processed_messages"). Every command that deletes
 // or drops takes the table's retention leader lock: run it from cron on
 // every instance, and all but one report "not leader" and exit 0.
+//
+// "claimtx COMMAND -h" prints a command's own flags on stdout; a command
+// refuses another command's flags.
 //
 // Exit status: 0 on success (and when not leader), 1 when the operation
 // failed, 2 on bad input (unknown command, bad flag, a retention window

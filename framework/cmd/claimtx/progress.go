@@ -31,13 +31,20 @@ func isTerminal(w io.Writer) bool {
 
 // progressPrinter renders store.CleanupProgress as a redrawn bar with rate
 // and ETA (mode "bar"), as throttled log lines ("log"), or not at all.
+// With no counted total it shows a spinner, the count and the rate, and no
+// percentage or ETA: store.CleanupProgress.Estimated is the planner's guess,
+// which was 2-3x off on a table cleaned before, so it is not shown.
 type progressPrinter struct {
 	w      io.Writer
 	mode   string
 	now    func() time.Time
 	last   time.Time
 	drawn  bool
+	frames int
 	latest store.CleanupProgress
+	// total is the exact number of claims to delete, when counted.
+	total   int64
+	counted bool
 }
 
 func (p *progressPrinter) update(pr store.CleanupProgress) {
@@ -62,33 +69,62 @@ func (p *progressPrinter) draw(pr store.CleanupProgress) {
 	if s := pr.Elapsed.Seconds(); s > 0 {
 		rate = float64(pr.Deleted) / s
 	}
+	done := pr.Batch > 0 && pr.BatchRows == 0
+	if !p.counted {
+		p.drawUncounted(pr, rate, done)
+		return
+	}
 	eta := "?"
-	if left := pr.Estimated - pr.Deleted; rate > 0 && left > 0 {
+	if left := p.total - pr.Deleted; rate > 0 && left > 0 {
 		eta = time.Duration(float64(left) / rate * float64(time.Second)).Round(time.Second).String()
-	} else if pr.Batch > 0 && pr.BatchRows == 0 {
+	} else if done {
 		eta = "0s"
 	}
 	switch p.mode {
 	case "bar":
-		frac := 0.0
-		if pr.Estimated > 0 {
-			frac = min(float64(pr.Deleted)/float64(pr.Estimated), 1)
+		frac := 1.0
+		if p.total > 0 {
+			frac = min(float64(pr.Deleted)/float64(p.total), 1)
 		}
-		if pr.Batch > 0 && pr.BatchRows == 0 {
+		if done {
 			frac = 1
 		}
 		full := int(frac * barWidth)
-		printf(p.w, "\r\033[K[%s%s] %3.0f%%  %d/~%d claims  %.0f/s  ETA %s",
-			strings.Repeat("#", full), strings.Repeat(".", barWidth-full), frac*100, pr.Deleted, pr.Estimated, rate, eta)
+		printf(p.w, "\r\033[K[%s%s] %3.0f%%  %d/%d claims  %.0f/s  ETA %s",
+			strings.Repeat("#", full), strings.Repeat(".", barWidth-full), frac*100, pr.Deleted, p.total, rate, eta)
 		p.drawn = true
 	case "log":
 		if pr.Batch == 0 {
-			printf(p.w, "cleanup: ~%d claims processed before %s to delete, first batch %d rows\n",
-				pr.Estimated, pr.Horizon.UTC().Format(time.RFC3339), pr.NextBatchSize)
+			printf(p.w, "cleanup: %d claims processed before %s to delete, first batch %d rows\n",
+				p.total, pr.Horizon.UTC().Format(time.RFC3339), pr.NextBatchSize)
 			return
 		}
-		printf(p.w, "cleanup: %d of ~%d claims deleted in %d batches, %.0f claims/s, last batch %d rows in %s, next %d, ETA %s\n",
-			pr.Deleted, pr.Estimated, pr.Batch, rate, pr.BatchRows, pr.BatchDuration.Round(time.Millisecond), pr.NextBatchSize, eta)
+		printf(p.w, "cleanup: %d of %d claims deleted in %d batches, %.0f claims/s, last batch %d rows in %s, next %d, ETA %s\n",
+			pr.Deleted, p.total, pr.Batch, rate, pr.BatchRows, pr.BatchDuration.Round(time.Millisecond), pr.NextBatchSize, eta)
+	}
+}
+
+// drawUncounted shows what is known when the total is not: a spinner (so a
+// slow batch does not look like a hang), the count and the rate.
+func (p *progressPrinter) drawUncounted(pr store.CleanupProgress, rate float64, done bool) {
+	switch p.mode {
+	case "bar":
+		spin := "|/-\\"[p.frames%4]
+		if done {
+			spin = ' '
+		}
+		p.frames++
+		printf(p.w, "\r\033[K%c %d claims deleted in %d batches  %.0f/s  %s elapsed",
+			spin, pr.Deleted, pr.Batch, rate, pr.Elapsed.Round(time.Second))
+		p.drawn = true
+	case "log":
+		if pr.Batch == 0 {
+			printf(p.w, "cleanup: deleting the claims processed before %s (too many to count in %s: no total), first batch %d rows\n",
+				pr.Horizon.UTC().Format(time.RFC3339), countBudget, pr.NextBatchSize)
+			return
+		}
+		printf(p.w, "cleanup: %d claims deleted in %d batches, %.0f claims/s, last batch %d rows in %s, next %d\n",
+			pr.Deleted, pr.Batch, rate, pr.BatchRows, pr.BatchDuration.Round(time.Millisecond), pr.NextBatchSize)
 	}
 }
 
