@@ -11,6 +11,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log"
 	"log/slog"
 	"os"
@@ -87,7 +88,6 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer pub.Close()
 	poison, err := middleware.NewPoison(middleware.Poison{Publisher: pub, Topic: topic + ".poison"})
 	if err != nil {
 		return err
@@ -112,6 +112,7 @@ func run(ctx context.Context) error {
 			return err // runs once per order; commits with the claim
 		}))
 	h.AddMiddleware(poison, claim) // what cannot be applied goes to <topic>.poison, with the reason
-	return router.Run(ctx)         // until SIGINT or SIGTERM, then drains and returns nil
+	err = router.Run(ctx)          // until SIGINT or SIGTERM, then drains and returns nil
+	return errors.Join(err, pub.Close())
 	// --- end of quick start ---
 }

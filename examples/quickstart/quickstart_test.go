@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,21 +29,37 @@ const (
 	endMarker   = "\t// --- end of quick start ---\n"
 )
 
+var update = flag.Bool("update", false, "rewrite README.md's quick start from main.go")
+
 // TestReadmeIsQuickstart fails when the README's quick start and this
 // program differ: the README's first Go block after "## Quick start" must be
 // the region of main.go between the two marker comments, byte for byte,
-// with one leading tab removed from each line.
+// with one leading tab removed from each line. After editing main.go,
+//
+//	go test ./examples/quickstart -run Readme -update
+//
+// copies the region into README.md.
 func TestReadmeIsQuickstart(t *testing.T) {
 	src, err := os.ReadFile("main.go")
 	require.NoError(t, err)
 	want := snippetOf(t, string(src))
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	readmePath := filepath.Join("..", "..", "README.md")
+	readme, err := os.ReadFile(readmePath)
 	require.NoError(t, err)
 	got := readmeBlock(t, string(readme))
-	if got != want {
-		t.Fatalf("README.md's quick start differs from examples/quickstart/main.go (first difference at line %d);\n"+
-			"replace the README's Go block with:\n```go\n%s```", firstDiffLine(got, want), want)
+	if got == want {
+		return
 	}
+	if *update {
+		// got is unique enough: the first occurrence is the quick start's.
+		updated := strings.Replace(string(readme), "```go\n"+got+"```\n", "```go\n"+want+"```\n", 1)
+		require.NoError(t, os.WriteFile(readmePath, []byte(updated), 0o644)) //nolint:gosec // README.md is world-readable
+		t.Logf("updated %s", readmePath)
+		return
+	}
+	t.Fatalf("README.md's quick start differs from examples/quickstart/main.go (first difference at line %d);\n"+
+		"run go test ./examples/quickstart -run Readme -update, or replace the README's Go block with:\n```go\n%s```",
+		firstDiffLine(got, want), want)
 }
 
 // snippetOf returns the marked region of src, each line less one tab.
@@ -105,7 +122,11 @@ func randID() string {
 // forever), and SIGTERM must stop the program with status 0.
 func TestQuickstartRuns(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "quickstart")
-	build := exec.Command("go", "build", "-o", bin, ".")
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, ".")...)
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 
