@@ -19,12 +19,20 @@
 //
 //	claim, err := middleware.NewClaim(middleware.Claim{Store: st, Consumer: "loyalty", Key: key})
 //	if err != nil { return err } // a bad configuration cannot be installed
+//	poison, err := middleware.NewPoison(middleware.Poison{Publisher: pub, Topic: "orders.poison"})
+//	if err != nil { return err }
 //	h := router.AddConsumerHandler("loyalty", "orders", sub,
 //		middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-//			_, err := tx.Exec(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", …)
+//			_, err := tx.Exec(ctx, "INSERT INTO balances … ON CONFLICT (customer_id) DO UPDATE …", …)
 //			return err
 //		}))
-//	h.AddMiddleware(claim)
+//	h.AddMiddleware(poison, claim)
+//
+// Without a poison route, a message that can never be applied (a payload
+// with no key, a framework.Permanent error) is nacked and redelivered
+// forever. Make the effect an upsert, or fail when it touches no row: an
+// UPDATE of a missing row changes nothing, and the claim still commits.
+// examples/quickstart (the README's quick start) is this, complete.
 //
 // Watermill runs middleware in the order they were added, router-level and
 // handler-level alike; put Recoverer, Poison (NewPoison) and Retry before

@@ -1,13 +1,22 @@
-// Command quickstart is the README's quick start, compiled so it cannot rot.
+// Command quickstart is the README's quick start, compiled and run by
+// quickstart_test.go so it cannot rot: the region between the two marker
+// comments in run is the README's Go block, byte for byte (less one tab).
 // It consumes order-completed from RabbitMQ and credits points exactly once.
+//
+// The environment overrides the defaults written in the snippet: TOPIC,
+// DATABASE_URL, CLAIMTX_SCHEMA, and the broker variables of
+// brokers.ConfigFromEnv (AMQP_URL, BROKER, …).
 package main
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log"
+	"log/slog"
 	"os"
 	"os/signal"
+	"syscall"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -21,20 +30,36 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	// SIGTERM is what an orchestrator sends; Ctrl-C is SIGINT.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx); err != nil {
 		log.Fatal(err)
 	}
 }
 
+// getenv returns the environment variable name, or def when it is unset.
+func getenv(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
 func run(ctx context.Context) error {
 	// --- quick start (README.md) ---
-	pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:5432/postgres")
+	topic := getenv("TOPIC", "order-completed") // getenv: os.Getenv with a default
+	pool, err := pgxpool.New(ctx, getenv("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
 	if err != nil {
 		return err
 	}
-	st, err := store.New(pool, store.Config{}) // schema "claimtx"
+	defer pool.Close()
+	// The effect's table; a real service creates it in its own migrations.
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS balances (
+		customer_id bigint PRIMARY KEY, points bigint NOT NULL)`); err != nil {
+		return err
+	}
+	st, err := store.New(pool, store.Config{Schema: getenv("CLAIMTX_SCHEMA", "claimtx")})
 	if err != nil {
 		return err
 	}
@@ -49,23 +74,30 @@ func run(ctx context.Context) error {
 	if err != nil { // a bad configuration stops here, never in a redelivery loop
 		return err
 	}
-	sub, err := brokers.NewSubscriber(brokers.DefaultConfig(), watermill.NopLogger{}) // or any Watermill subscriber
+
+	logger := watermill.NewSlogLogger(slog.Default())
+	brokerCfg, err := brokers.ConfigFromEnv() // RabbitMQ on 127.0.0.1 unless AMQP_URL or BROKER say otherwise
 	if err != nil {
 		return err
 	}
-	pub, err := brokers.NewPublisher(brokers.DefaultConfig(), watermill.NopLogger{}) // or any Watermill publisher
+	sub, err := brokers.NewSubscriber(brokerCfg, logger) // or any Watermill subscriber
 	if err != nil {
 		return err
 	}
-	poison, err := middleware.NewPoison(middleware.Poison{Publisher: pub, Topic: "order-completed.poison"})
+	pub, err := brokers.NewPublisher(brokerCfg, logger) // or any Watermill publisher
 	if err != nil {
 		return err
 	}
-	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	poison, err := middleware.NewPoison(middleware.Poison{Publisher: pub, Topic: topic + ".poison"})
 	if err != nil {
 		return err
 	}
-	h := router.AddConsumerHandler("loyalty", "order-completed", sub,
+
+	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	if err != nil {
+		return err
+	}
+	h := router.AddConsumerHandler("loyalty", topic, sub,
 		middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 			var o struct {
 				CustomerID int64 `json:"customer_id"`
@@ -74,10 +106,13 @@ func run(ctx context.Context) error {
 			if err := json.Unmarshal(msg.Payload, &o); err != nil {
 				return framework.Permanent(err) // never retried: poisoned with the reason
 			}
-			_, err := tx.Exec(ctx, "UPDATE balances SET points = points + $1 WHERE customer_id = $2", o.TotalCents/100, o.CustomerID)
-			return err // runs only for the first delivery of each order; commits with the claim
+			_, err := tx.Exec(ctx, `INSERT INTO balances (customer_id, points) VALUES ($1, $2)
+				ON CONFLICT (customer_id) DO UPDATE SET points = balances.points + EXCLUDED.points`,
+				o.CustomerID, o.TotalCents/100)
+			return err // runs once per order; commits with the claim
 		}))
-	h.AddMiddleware(poison, claim) // a message that cannot be applied goes to order-completed.poison
-	return router.Run(ctx)
+	h.AddMiddleware(poison, claim) // what cannot be applied goes to <topic>.poison, with the reason
+	err = router.Run(ctx)          // until SIGINT or SIGTERM, then drains and returns nil
+	return errors.Join(err, pub.Close())
 	// --- end of quick start ---
 }
