@@ -300,8 +300,12 @@ func (t TLSConfig) validate() error {
 		}
 		return nil
 	}
-	if (t.CertFile == "") != (t.KeyFile == "") {
+	// Name the one that is missing: that is the one the user has to set.
+	if t.CertFile == "" && t.KeyFile != "" {
 		return configerror.New("tls.cert_file", "cert_file and key_file must be set together")
+	}
+	if t.CertFile != "" && t.KeyFile == "" {
+		return configerror.New("tls.key_file", "cert_file and key_file must be set together")
 	}
 	return nil
 }
