@@ -89,6 +89,11 @@ func FuzzParseConfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := brokers.ParseConfig(data)
 		if err != nil {
+			// A refused value names its YAML path; a syntax error has none.
+			var ce *brokers.ConfigError
+			if errors.As(err, &ce) && ce.Field == "" {
+				t.Fatalf("YAML error with an empty field: %v", err)
+			}
 			return
 		}
 		verr := c.Validate()

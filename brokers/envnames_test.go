@@ -146,3 +146,23 @@ func TestKafkaSubscriberNeedsGroup(t *testing.T) {
 	require.NoError(t, err, "NewSubscriber does not connect")
 	require.NoError(t, sub.Close())
 }
+
+// TestYAMLErrorsNameThePath: a value the decoder refuses, or an unknown
+// key, is a *ConfigError with the YAML path, like a Validate error.
+func TestYAMLErrorsNameThePath(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ yaml, field string }{
+		{"amqp:\n  nack_delay: soon\n", "amqp.nack_delay"},
+		{"amqp:\n  url: amqp://x/\n  concurrency: many\n", "amqp.concurrency"},
+		{"kafka:\n  consumer_grup: typo\n", "kafka.consumer_grup"},
+		{"kafka:\n  tls:\n    enabled: maybe\n", "kafka.tls.enabled"},
+		{"kafka:\n  brokers:\n    - a:9092\n    - [b]\n", "kafka.brokers"},
+		{"kind: [1, 2]\n", "kind"},
+	} {
+		_, err := brokers.ParseConfig([]byte(tc.yaml))
+		var ce *brokers.ConfigError
+		require.ErrorAs(t, err, &ce, "%q", tc.yaml)
+		require.Equal(t, tc.field, ce.Field, "%q: %v", tc.yaml, err)
+		require.Contains(t, ce.Reason, "line ")
+	}
+}
