@@ -1,6 +1,7 @@
 package brokers
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -19,6 +20,10 @@ func NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (message.Subscrib
 	}
 	sub, err := f.NewSubscriber(cfg, logger)
 	if err != nil {
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			return nil, err // already says "brokers: config field …"
+		}
 		return nil, fmt.Errorf("brokers: %s subscriber: %w", kind, err)
 	}
 	return sub, nil
@@ -36,6 +41,10 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (message.Publisher
 	}
 	pub, err := f.NewPublisher(cfg, logger)
 	if err != nil {
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("brokers: %s publisher: %w", kind, err)
 	}
 	return pub, nil

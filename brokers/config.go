@@ -17,10 +17,13 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka"
 )
 
-// ConfigError reports a configuration field that cannot be used. Field is the
-// YAML path ("kafka.brokers"); Error() reads
+// ConfigError reports a configuration field that cannot be used. Field is
+// what the user set: the environment variable when the value came from one
+// (OverlayEnv, ConfigFromEnv), otherwise the YAML path ("kafka.brokers").
+// Error() reads
 //
 //	brokers: config field "kafka.brokers": must not be empty
+//	brokers: environment variable KAFKA_BROKERS: entry 0 ("x") is not host:port
 //
 // Values are quoted only after redaction, so the message is safe to log.
 // brokers/amqp and brokers/kafka return the same type.
@@ -58,6 +61,80 @@ type Config struct {
 	// Options carries settings for user-registered kinds, which read them
 	// in their Factory. The built-in kinds ignore it. Defaults to none.
 	Options map[string]string `yaml:"options"`
+
+	// env remembers which fields OverlayEnv set, so that errors name the
+	// variable the user wrote instead of a YAML path they never saw.
+	env envSource
+}
+
+// envSource is where a Config's values came from.
+type envSource struct {
+	// set maps the YAML path of each field OverlayEnv set to its variable.
+	// Shared between copies of a Config: OverlayEnv replaces it, never
+	// writes to it.
+	set map[string]string
+	// only is true for ConfigFromEnv: there is no file, so even a field
+	// left at its default (a missing KAFKA_CONSUMER_GROUP) is one the user
+	// sets through its variable.
+	only bool
+}
+
+// envVars maps the YAML path of each field an environment variable sets to
+// that variable. OverlayEnv and error naming both read it.
+var envVars = map[string]string{
+	"kind":                    EnvBroker,
+	"amqp.url":                EnvAMQPURL,
+	"amqp.concurrency":        EnvConcurrency,
+	"amqp.prefetch":           EnvAMQPPrefetch,
+	"amqp.window":             EnvAMQPWindow,
+	"amqp.nack_delay":         EnvAMQPNackDelay,
+	"amqp.dial_timeout":       EnvAMQPDialTimeout,
+	"kafka.brokers":           EnvKafkaBrokers,
+	"kafka.consumer_group":    EnvKafkaConsumerGroup,
+	"kafka.initial_offset":    EnvKafkaInitialOffset,
+	"kafka.version":           EnvKafkaVersion,
+	"kafka.client_id":         EnvKafkaClientID,
+	"kafka.session_timeout":   EnvKafkaSessionTimeout,
+	"kafka.rebalance_timeout": EnvKafkaRebalanceTimeout,
+	"kafka.nack_delay":        EnvKafkaNackDelay,
+	"kafka.window":            EnvKafkaWindow,
+	"kafka.dial_timeout":      EnvKafkaDialTimeout,
+	"kafka.sasl.mechanism":    EnvKafkaSASLMechanism,
+	"kafka.sasl.user":         EnvKafkaSASLUser,
+	"kafka.sasl.password":     EnvKafkaSASLPassword,
+	"kafka.tls.enabled":       EnvKafkaTLS,
+	"kafka.tls.ca_file":       EnvKafkaTLSCAFile,
+	"kafka.tls.cert_file":     EnvKafkaTLSCertFile,
+	"kafka.tls.key_file":      EnvKafkaTLSKeyFile,
+}
+
+// envField is envVars inverted: the YAML path each variable sets.
+var envField = func() map[string]string {
+	m := make(map[string]string, len(envVars))
+	for field, name := range envVars {
+		m[name] = field
+	}
+	return m
+}()
+
+// named returns err with its Field replaced by the environment variable the
+// value came from, when it came from one (see envSource). Other errors, and
+// fields set in code or a file, are returned unchanged.
+func (c Config) named(err error) error {
+	var ce *ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	name, ok := c.env.set[ce.Field]
+	if !ok && c.env.only {
+		name, ok = envVars[ce.Field]
+	}
+	if !ok {
+		return err
+	}
+	out := *ce
+	out.Field = name
+	return &out
 }
 
 // GoChannelConfig configures the in-process "gochannel" kind. Publishers
@@ -118,7 +195,7 @@ func (c Config) Validate() error {
 	}
 	f, ok := lookup(kind)
 	if !ok {
-		return configerror.New("kind", "unknown broker kind %q (registered: %s)", kind, strings.Join(Kinds(), ", "))
+		return c.named(configerror.New("kind", "unknown broker kind %q (registered: %s)", kind, strings.Join(Kinds(), ", ")))
 	}
 	if f.Validate == nil {
 		return nil
@@ -129,7 +206,7 @@ func (c Config) Validate() error {
 	}
 	var ce *ConfigError
 	if errors.As(err, &ce) {
-		return err
+		return c.named(err)
 	}
 	return &ConfigError{Field: "options", Reason: err.Error(), Err: err}
 }
@@ -201,6 +278,7 @@ func ConfigFromEnv() (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
+	c.env.only = true
 	return c, c.Validate()
 }
 
@@ -231,29 +309,103 @@ func ParseConfig(data []byte) (Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		if ce := yamlFieldError(data, err); ce != nil {
+			return Config{}, ce
+		}
 		return Config{}, fmt.Errorf("brokers: parse YAML: %w", err)
 	}
 	return c, nil
 }
 
+// yamlFieldError turns a decode error about one value ("line 3: cannot
+// unmarshal !!str `soon` into time.Duration", or an unknown key) into a
+// *ConfigError whose Field is that value's YAML path, so a file's mistake is
+// named like a Validate one. yaml.v3 reports only a line, so the path is
+// the key found on that line. It returns nil for syntax errors, which have
+// no field to name.
+func yamlFieldError(data []byte, err error) *ConfigError {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) || len(te.Errors) == 0 {
+		return nil
+	}
+	msg := te.Errors[0]
+	var line int
+	if _, serr := fmt.Sscanf(msg, "line %d:", &line); serr != nil {
+		return nil
+	}
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil {
+		return nil
+	}
+	paths := map[int]string{}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, path)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				p := n.Content[i].Value
+				if path != "" {
+					p = path + "." + p
+				}
+				if _, seen := paths[n.Content[i].Line]; !seen {
+					paths[n.Content[i].Line] = p
+				}
+				walk(n.Content[i+1], p)
+			}
+		case yaml.SequenceNode:
+			for _, c := range n.Content {
+				if _, seen := paths[c.Line]; !seen && path != "" {
+					paths[c.Line] = path
+				}
+				walk(c, path)
+			}
+		case yaml.ScalarNode, yaml.AliasNode:
+			if _, seen := paths[n.Line]; !seen && path != "" {
+				paths[n.Line] = path
+			}
+		}
+	}
+	walk(&root, "")
+	field, ok := paths[line]
+	if !ok {
+		return nil
+	}
+	reason := strings.TrimSpace(strings.TrimPrefix(msg, fmt.Sprintf("line %d:", line)))
+	return &ConfigError{Field: field, Reason: fmt.Sprintf("%s (line %d)", reason, line), Err: err}
+}
+
 // OverlayEnv returns c with every set variable applied, reading variables
 // through lookup (os.LookupEnv when nil; a map in tests). A variable that is
 // set but empty counts as unset. A value that does not parse is a
-// *ConfigError naming the field and the variable. The result is not
-// validated.
+// *ConfigError whose Field is the variable. The result is not validated;
+// when it is, errors about a field a variable set name the variable too.
 func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	if lookup == nil {
 		lookup = os.LookupEnv
 	}
+	// Each variable found is recorded as the source of its field, so that
+	// Validate names the variable rather than the YAML path.
+	set := make(map[string]string, len(c.env.set)+len(envVars))
+	for field, name := range c.env.set {
+		set[field] = name
+	}
 	get := func(name string) (string, bool) {
 		v, ok := lookup(name)
 		v = strings.TrimSpace(v)
-		return v, ok && v != ""
+		if !ok || v == "" {
+			return "", false
+		}
+		set[envField[name]] = name
+		return v, true
 	}
 	var firstErr error
-	fail := func(field, name, reason string) {
+	fail := func(name, reason string) {
 		if firstErr == nil {
-			firstErr = configerror.New(field, "environment variable %s: %s", name, reason)
+			firstErr = configerror.New(name, "%s", reason)
 		}
 	}
 	str := func(name string, dst *string) {
@@ -261,31 +413,31 @@ func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
 			*dst = v
 		}
 	}
-	posInt := func(field, name string, dst *int) {
+	posInt := func(name string, dst *int) {
 		if v, ok := get(name); ok {
 			n, err := strconv.Atoi(v)
 			if err != nil || n <= 0 {
-				fail(field, name, fmt.Sprintf("must be a positive integer, got %q", v))
+				fail(name, fmt.Sprintf("must be a positive integer, got %q", v))
 				return
 			}
 			*dst = n
 		}
 	}
-	dur := func(field, name string, dst *time.Duration) {
+	dur := func(name string, dst *time.Duration) {
 		if v, ok := get(name); ok {
 			d, err := time.ParseDuration(v)
 			if err != nil {
-				fail(field, name, fmt.Sprintf("must be a duration like 500ms or 2s, got %q", v))
+				fail(name, fmt.Sprintf("must be a duration like 500ms or 2s, got %q", v))
 				return
 			}
 			*dst = d
 		}
 	}
-	boolean := func(field, name string, dst *bool) {
+	boolean := func(name string, dst *bool) {
 		if v, ok := get(name); ok {
 			b, err := strconv.ParseBool(v)
 			if err != nil {
-				fail(field, name, fmt.Sprintf("must be true or false, got %q", v))
+				fail(name, fmt.Sprintf("must be true or false, got %q", v))
 				return
 			}
 			*dst = b
@@ -297,11 +449,11 @@ func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	if v, ok := get(EnvAMQPURL); ok {
 		c.AMQP.URL = v // never echoed back in errors: it may hold a password
 	}
-	posInt("amqp.concurrency", EnvConcurrency, &c.AMQP.Concurrency)
-	posInt("amqp.prefetch", EnvAMQPPrefetch, &c.AMQP.Prefetch)
-	posInt("amqp.window", EnvAMQPWindow, &c.AMQP.Window)
-	dur("amqp.nack_delay", EnvAMQPNackDelay, &c.AMQP.NackDelay)
-	dur("amqp.dial_timeout", EnvAMQPDialTimeout, &c.AMQP.DialTimeout)
+	posInt(EnvConcurrency, &c.AMQP.Concurrency)
+	posInt(EnvAMQPPrefetch, &c.AMQP.Prefetch)
+	posInt(EnvAMQPWindow, &c.AMQP.Window)
+	dur(EnvAMQPNackDelay, &c.AMQP.NackDelay)
+	dur(EnvAMQPDialTimeout, &c.AMQP.DialTimeout)
 
 	if v, ok := get(EnvKafkaBrokers); ok {
 		var list []string
@@ -311,7 +463,7 @@ func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
 			}
 		}
 		if len(list) == 0 {
-			fail("kafka.brokers", EnvKafkaBrokers, "must list at least one host:port")
+			fail(EnvKafkaBrokers, "must list at least one host:port")
 		} else {
 			c.Kafka.Brokers = list
 		}
@@ -320,17 +472,17 @@ func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	str(EnvKafkaInitialOffset, &c.Kafka.InitialOffset)
 	str(EnvKafkaVersion, &c.Kafka.Version)
 	str(EnvKafkaClientID, &c.Kafka.ClientID)
-	dur("kafka.session_timeout", EnvKafkaSessionTimeout, &c.Kafka.SessionTimeout)
-	dur("kafka.rebalance_timeout", EnvKafkaRebalanceTimeout, &c.Kafka.RebalanceTimeout)
-	dur("kafka.nack_delay", EnvKafkaNackDelay, &c.Kafka.NackDelay)
-	posInt("kafka.window", EnvKafkaWindow, &c.Kafka.Window)
-	dur("kafka.dial_timeout", EnvKafkaDialTimeout, &c.Kafka.DialTimeout)
+	dur(EnvKafkaSessionTimeout, &c.Kafka.SessionTimeout)
+	dur(EnvKafkaRebalanceTimeout, &c.Kafka.RebalanceTimeout)
+	dur(EnvKafkaNackDelay, &c.Kafka.NackDelay)
+	posInt(EnvKafkaWindow, &c.Kafka.Window)
+	dur(EnvKafkaDialTimeout, &c.Kafka.DialTimeout)
 	str(EnvKafkaSASLMechanism, &c.Kafka.SASL.Mechanism)
 	str(EnvKafkaSASLUser, &c.Kafka.SASL.User)
 	if v, ok := get(EnvKafkaSASLPassword); ok {
 		c.Kafka.SASL.Password = v
 	}
-	boolean("kafka.tls.enabled", EnvKafkaTLS, &c.Kafka.TLS.Enabled)
+	boolean(EnvKafkaTLS, &c.Kafka.TLS.Enabled)
 	str(EnvKafkaTLSCAFile, &c.Kafka.TLS.CAFile)
 	str(EnvKafkaTLSCertFile, &c.Kafka.TLS.CertFile)
 	str(EnvKafkaTLSKeyFile, &c.Kafka.TLS.KeyFile)
@@ -338,5 +490,6 @@ func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	if firstErr != nil {
 		return Config{}, firstErr
 	}
+	c.env.set = set
 	return c, nil
 }

@@ -89,6 +89,11 @@ func FuzzParseConfig(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := brokers.ParseConfig(data)
 		if err != nil {
+			// A refused value names its YAML path; a syntax error has none.
+			var ce *brokers.ConfigError
+			if errors.As(err, &ce) && ce.Field == "" {
+				t.Fatalf("YAML error with an empty field: %v", err)
+			}
 			return
 		}
 		verr := c.Validate()
@@ -121,7 +126,7 @@ func FuzzParseConfig(f *testing.F) {
 }
 
 // FuzzOverlayEnv applies arbitrary environment values. Properties: no
-// panic; a bad value is a *ConfigError naming the field and the variable;
+// panic; a bad value is a *ConfigError whose Field is the variable;
 // the AMQP URL's password and the SASL password never show in the config's
 // printed forms or in any error.
 func FuzzOverlayEnv(f *testing.F) {
@@ -154,7 +159,11 @@ func FuzzOverlayEnv(f *testing.F) {
 		c, err := brokers.DefaultConfig().OverlayEnv(mapEnv(env))
 		if err != nil {
 			checkConfigError(t, err)
-			if !strings.Contains(err.Error(), "environment variable ") {
+			var ce *brokers.ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("not a *ConfigError: %v", err)
+			}
+			if _, set := env[ce.Field]; !set || !strings.Contains(err.Error(), "environment variable "+ce.Field) {
 				t.Fatalf("the error does not name the variable: %v", err)
 			}
 			checkNoSecret(t, brokers.Config{}, err)

@@ -60,7 +60,7 @@
 //	AMQP_NACK_DELAY          amqp.nack_delay                (default 1s)
 //	AMQP_DIAL_TIMEOUT        amqp.dial_timeout              (default 30s)
 //	KAFKA_BROKERS            kafka.brokers, comma separated (default 127.0.0.1:9092)
-//	KAFKA_CONSUMER_GROUP     kafka.consumer_group           (default claimtx)
+//	KAFKA_CONSUMER_GROUP     kafka.consumer_group           (no default; required to subscribe)
 //	KAFKA_INITIAL_OFFSET     kafka.initial_offset           (default oldest)
 //	KAFKA_VERSION            kafka.version                  (default 3.6.0)
 //	KAFKA_CLIENT_ID          kafka.client_id                (default claimtx)
@@ -85,9 +85,18 @@
 //
 // # Errors
 //
-// Every configuration problem is a *ConfigError with the field's YAML path:
+// Every configuration problem is a *ConfigError naming what the user set:
+// the environment variable when the value came from one (and, with
+// ConfigFromEnv, the variable to set for a required field left empty),
+// otherwise the field's YAML path (also for values the YAML decoder refuses):
 //
+//	brokers: environment variable KAFKA_BROKERS: entry 0 ("kafka") is not host:port
 //	brokers: config field "kafka.brokers": entry 0 ("kafka") is not host:port
+//
+// There is no default Kafka consumer group: a shared one would make two
+// services on one topic split its partitions. NewSubscriber refuses an
+// empty kafka.consumer_group; framework/consumer sets it to the consumer's
+// Name.
 //
 // Validate never panics, and NewSubscriber/NewPublisher validate first, so a
 // bad config fails at start-up with that error. Adapter construction errors

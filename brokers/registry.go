@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/brokers/amqp"
+	"github.com/claimtx/claimtx/brokers/internal/configerror"
 	"github.com/claimtx/claimtx/brokers/kafka"
 )
 
@@ -58,10 +59,20 @@ var registry = struct {
 	},
 	KindKafka: {
 		NewSubscriber: func(c Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
-			return kafka.NewSubscriber(c.Kafka, l)
+			sub, err := kafka.NewSubscriber(c.Kafka, l)
+			if err != nil {
+				// A missing consumer group is only found here: publishers
+				// do not need one. Name it like Validate names the rest.
+				return nil, c.named(configerror.Prefix("kafka", err))
+			}
+			return sub, nil
 		},
 		NewPublisher: func(c Config, l watermill.LoggerAdapter) (message.Publisher, error) {
-			return kafka.NewPublisher(c.Kafka, l)
+			pub, err := kafka.NewPublisher(c.Kafka, l)
+			if err != nil {
+				return nil, c.named(configerror.Prefix("kafka", err)) // e.g. an unreadable KAFKA_TLS_CA_FILE
+			}
+			return pub, nil
 		},
 		Validate: validateKafka,
 	},

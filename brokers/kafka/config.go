@@ -22,7 +22,6 @@ type ConfigError = configerror.Error
 // Defaults. Each Config field's documentation repeats the value.
 const (
 	DefaultBroker           = "127.0.0.1:9092"
-	DefaultConsumerGroup    = "claimtx"
 	DefaultInitialOffset    = OffsetOldest
 	DefaultVersion          = "3.6.0"
 	DefaultClientID         = "claimtx"
@@ -57,7 +56,10 @@ type Config struct {
 
 	// ConsumerGroup is the consumer group every Subscribe joins. Instances
 	// with the same group share the partitions; each group gets every
-	// message. Defaults to "claimtx".
+	// message. Required by NewSubscriber (publishers ignore it); there is
+	// no default, because a shared one would make two different services
+	// on the same topic split its partitions, each missing the other's
+	// half. framework/consumer defaults it to the consumer's Name.
 	ConsumerGroup string `yaml:"consumer_group"`
 
 	// InitialOffset is where a group starts on a partition it has no
@@ -192,9 +194,6 @@ func (c Config) WithDefaults() Config {
 	if len(c.Brokers) == 0 {
 		c.Brokers = []string{DefaultBroker}
 	}
-	if c.ConsumerGroup == "" {
-		c.ConsumerGroup = DefaultConsumerGroup
-	}
 	if c.InitialOffset == "" {
 		c.InitialOffset = DefaultInitialOffset
 	}
@@ -285,6 +284,15 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// validateSubscriber checks what only a subscriber needs, so a publisher
+// can still be built from a Config without a group.
+func (c Config) validateSubscriber() error {
+	if c.ConsumerGroup == "" {
+		return configerror.New("consumer_group", "must not be empty for a subscriber: set KAFKA_CONSUMER_GROUP or kafka.consumer_group to a group of this service's own (framework/consumer defaults it to the consumer's Name)")
+	}
+	return nil
+}
+
 func (t TLSConfig) validate() error {
 	if !t.Enabled {
 		if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" {
@@ -292,8 +300,12 @@ func (t TLSConfig) validate() error {
 		}
 		return nil
 	}
-	if (t.CertFile == "") != (t.KeyFile == "") {
+	// Name the one that is missing: that is the one the user has to set.
+	if t.CertFile == "" && t.KeyFile != "" {
 		return configerror.New("tls.cert_file", "cert_file and key_file must be set together")
+	}
+	if t.CertFile != "" && t.KeyFile == "" {
+		return configerror.New("tls.key_file", "cert_file and key_file must be set together")
 	}
 	return nil
 }

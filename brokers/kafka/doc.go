@@ -12,7 +12,8 @@
 //
 // # Delivery
 //
-// Every Subscribe joins Config.ConsumerGroup. Within a partition one message
+// Every Subscribe joins Config.ConsumerGroup (required, no default: two
+// services sharing a group would split the topic). Within a partition one message
 // is in flight at a time (unless Config.Window is set, see Window mode);
 // partitions are consumed in parallel, so a consumer's concurrency is the
 // number of partitions it owns. Ordering holds per partition: publish with

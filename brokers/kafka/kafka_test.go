@@ -349,7 +349,7 @@ func TestDialRetry(t *testing.T) {
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())
 
-	cfg := kafka.Config{Brokers: []string{addr}, DialTimeout: 800 * time.Millisecond, ReconnectBackoff: 100 * time.Millisecond}
+	cfg := kafka.Config{Brokers: []string{addr}, ConsumerGroup: "g", DialTimeout: 800 * time.Millisecond, ReconnectBackoff: 100 * time.Millisecond}
 	start := time.Now()
 	_, err = kafka.NewPublisher(cfg, nil)
 	require.Error(t, err)
@@ -369,7 +369,7 @@ func TestDialRetry(t *testing.T) {
 // TestSubscribeAfterClose fails at once instead of retrying.
 func TestSubscribeAfterClose(t *testing.T) {
 	t.Parallel()
-	sub, err := kafka.NewSubscriber(kafka.Config{DialTimeout: time.Minute}, nil)
+	sub, err := kafka.NewSubscriber(kafka.Config{ConsumerGroup: "g", DialTimeout: time.Minute}, nil)
 	require.NoError(t, err)
 	require.NoError(t, sub.Close())
 	start := time.Now()

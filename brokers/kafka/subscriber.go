@@ -46,6 +46,9 @@ func NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (*Subscriber, err
 	if err != nil {
 		return nil, err
 	}
+	if err := cfg.validateSubscriber(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.WithDefaults()
 	if logger == nil {
 		logger = watermill.NopLogger{}

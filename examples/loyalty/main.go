@@ -149,34 +149,33 @@ func env(name, def string) string {
 }
 
 func run(ctx context.Context, logger *slog.Logger) error {
+	// The Kafka consumer group defaults to the consumer's Name, "loyalty",
+	// unless KAFKA_CONSUMER_GROUP is set (framework/consumer).
 	bcfg, err := brokers.ConfigFromEnv()
 	if err != nil {
 		return err
 	}
-	if os.Getenv("KAFKA_CONSUMER_GROUP") == "" {
-		bcfg.Kafka.ConsumerGroup = consumerName
+	key, storeCfg := env("KEY", defaultKey), store.Config{Schema: os.Getenv("CLAIMTX_SCHEMA")}
+	// Checked before connecting, so a typo fails at once, and reported
+	// under the variable the user set rather than consumer.Config's field.
+	if _, err := framework.ParseKeySpec(key); err != nil {
+		return envNamed(err)
 	}
-	pool, err := pgxpool.New(ctx, env("DATABASE_URL", defaultDatabaseURL))
-	if err != nil {
-		return &framework.ConfigError{Field: "DATABASE_URL", Reason: "cannot be used", Err: err}
-	}
-	defer pool.Close()
-	if err := createTables(ctx, pool); err != nil {
-		return fmt.Errorf("loyalty: create tables: %w", err)
+	if err := storeCfg.Validate(); err != nil {
+		return envNamed(err)
 	}
 	cfg := consumer.Config{
 		Name:   consumerName,
 		Topic:  env("TOPIC", defaultTopic),
-		Key:    env("KEY", defaultKey),
-		Pool:   pool,
-		Store:  store.Config{Schema: os.Getenv("CLAIMTX_SCHEMA")},
+		Key:    key,
+		Store:  storeCfg,
 		Broker: bcfg,
 		Logger: logger,
 	}
 	if v := os.Getenv("HANDLER_RETRIES"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil {
-			return &framework.ConfigError{Field: "HANDLER_RETRIES", Reason: "not a number"}
+		if err != nil || n < 0 {
+			return &framework.ConfigError{Field: "HANDLER_RETRIES", Reason: "not a non-negative number"}
 		}
 		cfg.HandlerRetries = n
 	}
@@ -188,6 +187,17 @@ func run(ctx context.Context, logger *slog.Logger) error {
 			return &framework.ConfigError{Field: "DRAIN_TIMEOUT", Reason: "not a positive duration"}
 		}
 		cfg.DrainTimeout = d
+	}
+	// The database is opened once the variables read so far are known to
+	// be good: a typo is reported at once, not after a connection attempt.
+	pool, err := pgxpool.New(ctx, env("DATABASE_URL", defaultDatabaseURL))
+	if err != nil {
+		return &framework.ConfigError{Field: "DATABASE_URL", Reason: "cannot be used", Err: err}
+	}
+	defer pool.Close()
+	cfg.Pool = pool
+	if err := createTables(ctx, pool); err != nil {
+		return fmt.Errorf("loyalty: create tables: %w", err)
 	}
 	// Every outcome is logged at debug level (LOG_LEVEL=debug) with its
 	// order id, so tests can tell which order was applied and which
@@ -245,7 +255,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		}
 		bc, err := newBatch(ctx, cfg, batch)
 		if err != nil {
-			return err
+			return envNamed(err)
 		}
 		c = bc
 		logger.Info("loyalty: consuming in batches", "broker", cfg.Broker.Kind, "topic", cfg.Topic,
@@ -257,7 +267,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		}
 		mc, err := consumer.New(ctx, cfg, handler)
 		if err != nil {
-			return err
+			return envNamed(err)
 		}
 		c = mc
 		go func() {
@@ -274,6 +284,28 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		defer stopHTTP()
 	}
 	return c.Run(ctx)
+}
+
+// envFields maps the consumer.Config and store.Config fields run sets from
+// the environment to their variables.
+var envFields = map[string]string{
+	"Topic": "TOPIC", "Key": "KEY", "key": "KEY", "Schema": "CLAIMTX_SCHEMA",
+	"HandlerRetries": "HANDLER_RETRIES", "DrainTimeout": "DRAIN_TIMEOUT",
+}
+
+// envNamed renames a *framework.ConfigError about one of envFields to the
+// variable, because the operator set KEY, not consumer.Config.Key. Broker
+// errors already name their variables (brokers.ConfigFromEnv).
+func envNamed(err error) error {
+	var ce *framework.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	name, ok := envFields[ce.Field]
+	if !ok {
+		return err
+	}
+	return &framework.ConfigError{Field: name, Reason: ce.Reason, Err: ce.Err}
 }
 
 // batchOptions reads BATCH_SIZE (0, the default: one transaction per

@@ -241,6 +241,9 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = DefaultDrainTimeout
 	}
+	if cfg.Broker.Kafka.ConsumerGroup == "" {
+		cfg.Broker.Kafka.ConsumerGroup = cfg.Name // one group per consumer: services on one topic each see all of it
+	}
 	keyFunc := cfg.KeyFunc
 	if keyFunc == nil && cfg.Key != "" {
 		kf, err := framework.ParseKeySpec(cfg.Key)

@@ -11,9 +11,10 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Error reports a configuration field that cannot be used. Field is the
-// field's path as written in YAML ("kafka.brokers", "amqp.concurrency"),
-// Reason says what is wrong with it. Neither ever contains a secret: reasons
+// Error reports a configuration field that cannot be used. Field is what
+// the user set: the environment variable ("KAFKA_BROKERS") when the value
+// came from one, otherwise the field's path as written in YAML
+// ("kafka.brokers", "amqp.concurrency"). Reason says what is wrong with it. Neither ever contains a secret: reasons
 // quote values only after redaction.
 type Error struct {
 	Field  string
@@ -24,7 +25,25 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
+	if isEnvName(e.Field) {
+		return fmt.Sprintf("brokers: environment variable %s: %s", e.Field, e.Reason)
+	}
 	return fmt.Sprintf("brokers: config field %q: %s", e.Field, e.Reason)
+}
+
+// isEnvName tells an environment variable from a YAML path: YAML keys are
+// lower case, the variables upper case, so the message can say which one
+// the user has to change.
+func isEnvName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if (r < 'A' || r > 'Z') && (r < '0' || r > '9') && r != '_' {
+			return false
+		}
+	}
+	return true
 }
 
 // Unwrap returns the underlying cause.
