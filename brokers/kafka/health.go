@@ -47,8 +47,8 @@ func (s *Subscriber) IsConnected() bool {
 	return s.conn.ok
 }
 
-// probe asks every broker of addrs at once and reports whether one answered.
-// Each attempt is bounded by probeTimeout (dial, TLS, SASL and the request).
+// probe asks every broker of addrs at once and reports whether one answered
+// within probeTimeout.
 func probe(sc *sarama.Config, addrs []string) bool {
 	conf := *sc // shallow copy: only the timeouts below differ
 	conf.Net.DialTimeout = probeTimeout
@@ -71,9 +71,19 @@ func probe(sc *sarama.Config, addrs []string) bool {
 			answers <- err == nil
 		}()
 	}
+	// Each step above has its own timeout, but dial, TLS, SASL and the
+	// request add up: bound the whole answer, so /healthz answers inside
+	// its budget. Attempts still running finish on their own timeouts.
+	deadline := time.NewTimer(probeTimeout)
+	defer deadline.Stop()
 	for range addrs {
-		if <-answers {
-			return true
+		select {
+		case ok := <-answers:
+			if ok {
+				return true
+			}
+		case <-deadline.C:
+			return false
 		}
 	}
 	return false
