@@ -30,9 +30,9 @@ type connState struct {
 // Why a probe: watermill-kafka keeps its Sarama client and consumer group to
 // itself, so their connection state cannot be read; and a plain TCP dial
 // would call a broker that rejects our credentials healthy. The answer is
-// cached for two seconds, so a probe costs one short-lived connection per
-// two seconds whatever the scrape rate, and a change is seen within about
-// three seconds.
+// cached for two seconds, so readiness costs one short-lived connection per
+// seed broker every two seconds whatever the scrape rate, and a change is
+// seen within about three seconds.
 func (s *Subscriber) IsConnected() bool {
 	if s.closed.Load() {
 		return false
