@@ -33,14 +33,15 @@ test-parallel: ## The main suite, with -race; packages run in parallel, each tes
 
 # Tests that close every broker connection or restart a server would break
 # tests running beside them: they are behind the "disruptive" build tag and
-# run one package at a time, after the parallel suite. TestReconnect and
-# TestWindowReconnect close only their own connections but cannot run under
-# -race (a data race inside watermill-amqp's reconnect, see
-# brokers/amqp/doc.go), so they run here, without it.
+# run one package at a time, after the parallel suite. TestReconnect,
+# TestWindowReconnect and TestHealthReconnectAMQP (framework/observe) close
+# only their own connections but cannot run under -race (a data race inside
+# watermill-amqp's reconnect, see brokers/amqp/doc.go), so they run here,
+# without it.
 # TestChaosDisruptive (examples/chaos) is `make chaos-ci` as a test: it
 # restarts Postgres and closes every RabbitMQ connection, so it runs here.
 # Only the packages that have such tests, so every line of the run reports tests that ran.
-DISRUPTIVE_PKGS ?= ./brokers/amqp/ ./examples/chaos/ ./examples/loyalty/
+DISRUPTIVE_PKGS ?= ./brokers/amqp/ ./examples/chaos/ ./examples/loyalty/ ./framework/observe/
 .PHONY: test-disruptive
 test-disruptive: ## Tests that disconnect or restart shared servers, run serially (includes the CI chaos run).
 	$(GO) test -count=1 -p 1 -tags disruptive -run 'Disruptive|Reconnect' $(DISRUPTIVE_PKGS)

@@ -250,6 +250,12 @@ func (c Config) watermillConfig() (wamqp.Config, error) {
 	props.SetClientConnectionName(c.ConnectionName)
 	wc.Connection.AmqpConfig = &amqp091.Config{
 		Properties: props,
+		// amqp091.Dial's default. With a Config, zero means the server's
+		// value (RabbitMQ: 60s), and a connection lost without a close
+		// (network partition, host gone) is noticed after three missed
+		// heartbeats: 30s here instead of 3 minutes, during which
+		// Subscriber.IsConnected, and readiness, would still say "up".
+		Heartbeat: 10 * time.Second,
 		// One attempt must not outlive the start-up budget: amqp091's own
 		// default is 30s per dial against a black-holed address.
 		Dial: amqp091.DefaultDial(c.attemptTimeout()),

@@ -124,10 +124,14 @@
 // relay does). Subscribe waits for the connection, bounded by DialTimeout.
 // Note that watermill-amqp v3.0.2 replaces its "connected" channel without a
 // lock on reconnect (connection.go:139, read at connection.go:114), which the
-// race detector reports whenever a connection drops under -race. TestReconnect
-// therefore runs only without -race; it closes only its own connections
-// (rabbitmqctl close_connection, matched by Config.ConnectionName), so it
-// does not disturb other tests on the same RabbitMQ.
+// race detector reports whenever a connection drops under -race; the same
+// read happens in Subscriber.IsConnected, so a readiness probe during a
+// reconnect is reported too. TestReconnect therefore runs only without -race;
+// it closes only its own connections (rabbitmqctl close_connection, matched
+// by Config.ConnectionName), so it does not disturb other tests on the same
+// RabbitMQ. framework/observe's TestHealthReconnectAMQP, for the same reason,
+// runs without -race and cuts only its own connection (through a TCP proxy
+// it owns).
 //
 // # Closing
 //

@@ -248,3 +248,21 @@ func (s *Subscriber) Close() error {
 	})
 	return s.closeErr
 }
+
+// IsConnected reports whether the subscriber's RabbitMQ connection is up:
+// false from the moment RabbitMQ or the network drops it until
+// watermill-amqp's reconnect succeeds, and after Close.
+// observe.SubscriberConnected uses it for readiness.
+//
+// It reads watermill-amqp's connection state, which that library's
+// reconnect writes without synchronisation (see the package doc), so a
+// readiness probe during a reconnect is reported by -race as is
+// waitConnected.
+func (s *Subscriber) IsConnected() bool {
+	select {
+	case <-s.closing:
+		return false
+	default:
+	}
+	return s.conn.IsConnected() && !s.conn.Closed()
+}

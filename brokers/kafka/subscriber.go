@@ -25,6 +25,7 @@ type Subscriber struct {
 	logger watermill.LoggerAdapter
 	sub    *wkafka.Subscriber
 	closed atomic.Bool
+	conn   connState // IsConnected's cached probe (health.go)
 
 	// Window mode: closing ends every window subscription; mu orders
 	// windowWG.Add in Subscribe against Close's Wait.

@@ -62,6 +62,11 @@ func requireEndpointsClean(t *testing.T, p *proc, secrets ...string) {
 	requireNoSecrets(t, "/metrics", body, secrets...)
 	health := scrape(t, strings.TrimSuffix(metrics, "/metrics")+"/healthz")
 	require.NotEmpty(t, health)
+	// Ready, broker included: the broker check must work through the same
+	// TLS and credentials as the consumer (the Kafka probe opens its own
+	// connection with them).
+	require.Contains(t, health, `"broker":"ok"`, health)
+	require.Contains(t, health, `"ready":true`, health)
 	requireNoSecrets(t, "/healthz", health, secrets...)
 }
 

@@ -102,11 +102,25 @@ func (h Health) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(rep)
 }
 
-// SubscriberConnected checks a subscriber that reports its connection
-// state (watermill-amqp's does, through IsConnected). For others it
-// returns nil: use DialCheck instead.
+// ConnectionReporter is the optional interface a subscriber implements to
+// take part in readiness: IsConnected reports whether its broker connection
+// is up right now. It must be safe to call concurrently with the
+// subscriber's own work and answer quickly (well inside Health.Timeout),
+// since /healthz calls it on every request.
+//
+// claimtx's RabbitMQ and Kafka subscribers implement it (brokers/amqp,
+// brokers/kafka), as does watermill-amqp's subscriber. A user-registered
+// adapter implements it too to be checked; one that does not is not.
+type ConnectionReporter interface {
+	IsConnected() bool
+}
+
+// SubscriberConnected returns the readiness check of a subscriber that
+// implements ConnectionReporter, found by type assertion. For any other
+// subscriber it returns nil (no broker check): use DialCheck, or a check of
+// your own, instead.
 func SubscriberConnected(sub any) func(context.Context) error {
-	c, ok := sub.(interface{ IsConnected() bool })
+	c, ok := sub.(ConnectionReporter)
 	if !ok {
 		return nil
 	}
@@ -119,8 +133,9 @@ func SubscriberConnected(sub any) func(context.Context) error {
 }
 
 // DialCheck reports ready when at least one of addrs accepts a TCP
-// connection: a coarse check for brokers whose clients do not expose their
-// connection state (Kafka through Sarama).
+// connection: a coarse check for brokers whose subscribers do not implement
+// ConnectionReporter. It cannot tell a broker that would reject the
+// subscriber's credentials from a healthy one.
 func DialCheck(addrs ...string) func(context.Context) error {
 	return func(ctx context.Context) error {
 		var d net.Dialer
