@@ -309,7 +309,6 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		Isolation: cfg.Isolation, ClaimWait: cfg.ClaimWait, MaxAttempts: cfg.MaxAttempts,
 		Mode: cfg.Mode, OutboxTopic: cfg.OutboxTopic, Fingerprint: cfg.Fingerprint,
 		OnRetry: onRetry, Logger: p.wlog, // OnOutcome: a ledger's, set by New or NewBatch
-
 	}
 	p.health = observe.Health{Store: p.store, Broker: observe.SubscriberConnected(p.sub)}
 	ok = true
