@@ -167,8 +167,12 @@ type Claim struct {
 	// claim and one extra query per duplicate. The duplicate is still acked:
 	// the claim, not the payload, decides. Defaults to false.
 	Fingerprint bool
-	// OnOutcome, when set, is called once per message with what happened.
-	// It runs on the handler goroutine: keep it fast.
+	// OnOutcome, when set, is called once per pass through the middleware
+	// with what happened. A Retry above it runs it again for the same
+	// message, and a Poison route above it may dead-letter a Failed pass:
+	// to count messages, report at settlement as framework/consumer does
+	// (docs/observability.md). It runs on the handler goroutine: keep it
+	// fast.
 	OnOutcome func(Result)
 	// OnRetry, when set, is called before each retry of a transient failure.
 	OnRetry func(Retry)

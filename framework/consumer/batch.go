@@ -44,6 +44,10 @@ type BatchOptions struct {
 	DrainTimeout time.Duration
 
 	logger *slog.Logger // Config.Logger, set by NewBatch
+	// settled, set by NewBatch, is told of every message of a processed
+	// batch once it is acked (nil) or nacked (the error), for the one
+	// outcome per message.
+	settled func(*message.Message, error)
 }
 
 // BatchConsumer is the batch counterpart of Consumer, built by NewBatch
@@ -108,13 +112,25 @@ func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	if byDay {
 		return nil, &framework.ConfigError{Field: "Store", Reason: "the claim table is partitioned by event day, which the batch consumer does not claim by"}
 	}
+	l := p.newLedger("") // no router: batch messages carry no handler name
 	bt = middleware.Batch{Claim: p.claim}
+	bt.OnOutcome = l.claimed
 	if err := bt.Validate(); err != nil {
 		return nil, err
 	}
 	if opts.Poison.Publisher == nil {
-		opts.Poison = p.poison()
+		opts.Poison = p.poison(l)
+	} else {
+		// The caller's poison route: its copies are outcomes too.
+		onPoison := opts.Poison.OnPoison
+		opts.Poison.OnPoison = func(msg *message.Message, err error) {
+			if onPoison != nil {
+				onPoison(msg, err)
+			}
+			l.poisoned(msg, err)
+		}
 	}
+	opts.settled = l.settle
 	cfg = p.cfg
 	if opts.HandlerRetries == 0 {
 		opts.HandlerRetries = cfg.HandlerRetries
@@ -357,19 +373,24 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 			switch {
 			case err == nil:
 				m.Ack()
+				s.done(m, nil)
 			case ctx.Err() != nil || !framework.IsPermanent(err) && store.IsTransient(err):
 				m.Nack()
+				s.done(m, err)
 			case retryable(err) && retry < s.opts.HandlerRetries:
 				again = append(again, m)
 			default:
-				s.deadLetter(m, err)
+				s.done(m, s.deadLetter(m, err))
 			}
 		}
 		if len(again) == 0 {
 			return
 		}
-		if sleepCtx(ctx, delay) != nil {
-			nackAll(again)
+		if err := sleepCtx(ctx, delay); err != nil {
+			for _, m := range again {
+				m.Nack()
+				s.done(m, err)
+			}
 			return
 		}
 		delay = min(2*delay, 10*s.opts.RetryInitialInterval)
@@ -377,14 +398,27 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 	}
 }
 
-// deadLetter poisons m with the reason and acks it, or nacks it when no
-// poison destination is configured or the copy could not be published.
-func (s settler) deadLetter(m *message.Message, err error) {
-	if s.poison == nil || s.poison(m, err) != nil {
+// deadLetter poisons m with the reason and acks it (nil), or nacks it
+// when no poison destination is configured or the copy could not be
+// published, and returns why.
+func (s settler) deadLetter(m *message.Message, err error) error {
+	if s.poison == nil {
 		m.Nack()
-		return
+		return err
+	}
+	if perr := s.poison(m, err); perr != nil {
+		m.Nack()
+		return perr
 	}
 	m.Ack()
+	return nil
+}
+
+// done reports that m was acked (err nil) or nacked.
+func (s settler) done(m *message.Message, err error) {
+	if s.opts.settled != nil {
+		s.opts.settled(m, err)
+	}
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

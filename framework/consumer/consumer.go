@@ -142,7 +142,13 @@ type Config struct {
 	// 0: no timeout.
 	HandlerTimeout time.Duration
 
-	// OnOutcome is called once per message (including Poisoned).
+	// OnOutcome is called once per message, when it is acked or nacked,
+	// with its final outcome: Applied or Duplicate (acked after the
+	// commit), Poisoned or Expired (acked after a copy went to the poison
+	// topic) or Failed (nacked; it comes back). In-process retries are not
+	// outcomes: the Result is the last attempt's, and they are counted in
+	// claimtx_retries_total{cause="handler"}. Messages handed back
+	// unprocessed at shutdown are not reported.
 	OnOutcome func(middleware.Result)
 	// Registerer, when set, receives claimtx's metrics (observe.NewMetrics)
 	// and Watermill's router metrics. Defaults to no metrics.
@@ -287,12 +293,12 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 			return nil, err
 		}
 	}
-	tracing := observe.Tracing{Tracer: cfg.Tracer}
+	// One Result per message, from the ledger (outcomes.go); spans,
+	// which are per attempt, are annotated by the claim's hook in New.
 	p.report = func(r middleware.Result) {
 		if p.metrics != nil {
 			p.metrics.OnOutcome(r)
 		}
-		tracing.OnOutcome(r)
 		if cfg.OnOutcome != nil {
 			cfg.OnOutcome(r)
 		}
@@ -305,16 +311,17 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		Store: p.store, Consumer: cfg.Name, Key: keyFunc, KeyPolicy: cfg.KeyPolicy,
 		Isolation: cfg.Isolation, ClaimWait: cfg.ClaimWait, MaxAttempts: cfg.MaxAttempts,
 		Mode: cfg.Mode, OutboxTopic: cfg.OutboxTopic, Fingerprint: cfg.Fingerprint,
-		OnOutcome: p.report, OnRetry: onRetry, Logger: p.wlog,
+		OnRetry: onRetry, Logger: p.wlog, // OnOutcome: a ledger's, set by New or NewBatch
 	}
 	p.health = observe.Health{Store: p.store, Broker: observe.SubscriberConnected(p.sub)}
 	ok = true
 	return p, nil
 }
 
-// poison is the Poison middleware for cfg.PoisonTopic, logging and
-// reporting each poisoned message.
-func (p *parts) poison() middleware.Poison {
+// poison is the Poison middleware for cfg.PoisonTopic, logging each
+// poisoned message and telling l, which reports it once the original is
+// acked.
+func (p *parts) poison(l *ledger) middleware.Poison {
 	cfg := p.cfg
 	return middleware.Poison{
 		Publisher: p.pub,
@@ -322,11 +329,7 @@ func (p *parts) poison() middleware.Poison {
 		OnPoison: func(msg *message.Message, err error) {
 			cfg.Logger.Warn("claimtx: message poisoned", "consumer", cfg.Name, "topic", cfg.Topic,
 				"poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "reason", err.Error())
-			out := framework.Poisoned
-			if errors.Is(err, framework.ErrExpired) {
-				out = framework.Expired
-			}
-			p.report(middleware.Result{Consumer: cfg.Name, Outcome: out, Err: err, Message: msg})
+			l.poisoned(msg, err)
 		},
 	}
 }
@@ -356,12 +359,22 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 	c := &Consumer{parts: p, router: router, drainer: newDrainer()}
 	p.closeMore = router.Close
 	if cfg.Registerer != nil {
-		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, "", "").AddPrometheusRouterMetrics(router)
+		// Under claimtx's prefix, like claimtx's own metrics, rather than
+		// Watermill's bare handler_execution_time_seconds, which another
+		// router in the process would collide with.
+		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, observe.Namespace, "").AddPrometheusRouterMetrics(router)
 	}
 	// Claims carry the event day only when the table is prepared for (or
 	// converted to) partitions by event day; EventTime alone may just feed
 	// the expiry guard. Restart consumers after PreparePartitioning.
 	claim := p.claim
+	// The handler is registered under cfg.Name (AddConsumerHandler below).
+	l := p.newLedger(cfg.Name)
+	tracing := observe.Tracing{Tracer: cfg.Tracer}
+	claim.OnOutcome = func(r middleware.Result) {
+		tracing.OnOutcome(r) // the attempt's span
+		l.claimed(r)
+	}
 	if cfg.EventTime != nil {
 		byDay, err := p.store.ClaimsByEventDay(ctx)
 		if err != nil {
@@ -376,7 +389,7 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 	if err != nil {
 		return nil, err
 	}
-	poisonMW, err := middleware.NewPoison(p.poison())
+	poisonMW, err := middleware.NewPoison(p.poison(l))
 	if err != nil {
 		return nil, err
 	}
@@ -390,8 +403,9 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 	}
 	// The drainer goes first: a message held back at shutdown must not
 	// reach Poison, and cancelling the in-flight ones at the drain timeout
-	// is what Poison recognises as an interruption.
-	router.AddMiddleware(c.drainer.middleware, wmw.Recoverer, poisonMW, retry.Middleware)
+	// is what Poison recognises as an interruption. The ledger settles
+	// what comes out of Recoverer: exactly what the router acks or nacks.
+	router.AddMiddleware(c.drainer.middleware, l.middleware, wmw.Recoverer, poisonMW, retry.Middleware)
 	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, p.sub, middleware.TxHandler(handler))
 	// HandlerTimeout sits inside Retry, so each retry gets a fresh deadline.
 	if cfg.Retention > 0 {
@@ -406,7 +420,6 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 		// opens a transaction.
 		h.AddMiddleware(guard)
 	}
-	tracing := observe.Tracing{Tracer: cfg.Tracer}
 	h.AddMiddleware(handlerTimeout(cfg.HandlerTimeout), tracing.Middleware, claimMW)
 	return c, nil
 }

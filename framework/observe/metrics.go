@@ -8,6 +8,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
 )
 
 // Metric names. They are exported so dashboards and alerts can be checked
@@ -18,6 +19,28 @@ const (
 	MetricRetries             = "claimtx_retries_total"
 	MetricClaimWait           = "claimtx_claim_wait_seconds"
 	MetricTransaction         = "claimtx_transaction_seconds"
+)
+
+// Namespace prefixes every metric claimtx registers, Watermill's router
+// metrics included when framework/consumer registers them
+// (claimtx_handler_execution_time_seconds, …), so that one prefix finds
+// them all and they cannot collide with another router's in the process.
+const Namespace = "claimtx"
+
+// RetryCauseHandler is the claimtx_retries_total cause of an in-process
+// retry of a message whose handler failed (consumer.Config.HandlerRetries);
+// the other causes are store.Cause labels of transient database failures.
+const RetryCauseHandler = "handler"
+
+// outcomes and retryCauses are the label values InitConsumer creates
+// ahead of their first event.
+var (
+	outcomes = []framework.Outcome{framework.Applied, framework.Duplicate, framework.Failed, framework.Poisoned, framework.Expired}
+	// Only transient causes are retried; see store.Cause.Transient.
+	retryCauses = []string{
+		store.CauseSerialization.String(), store.CauseDeadlock.String(),
+		store.CauseClaimWait.String(), store.CauseConnection.String(), RetryCauseHandler,
+	}
 )
 
 // Metrics records claimtx's outcomes in Prometheus. Labels are the consumer
@@ -52,7 +75,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricMessages,
-			Help: "Messages handled by the claim middleware, by outcome (applied, duplicate, failed, poisoned, expired).",
+			Help: "Messages settled (acked or nacked), one final outcome each: applied, duplicate, failed (nacked), poisoned or expired (dead-lettered).",
 		}, []string{"consumer", "handler", "outcome"}),
 		mismatch: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricFingerprintMismatch,
@@ -60,7 +83,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"consumer", "handler"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricRetries,
-			Help: "Transient failures of the claim transaction that were retried, by cause (serialization, deadlock, claim_wait, connection).",
+			Help: "Retries by cause: transient failures of the claim transaction (serialization, deadlock, claim_wait, connection) and in-process retries of failed handlers (handler).",
 		}, []string{"consumer", "cause"}),
 		claimWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    MetricClaimWait,
@@ -81,8 +104,30 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// OnOutcome records one Result; use it as middleware.Claim.OnOutcome (and
-// for poisoned/expired results reported by the composition root).
+// InitConsumer creates the series of one consumer (and Watermill handler
+// name; "" in batch mode) at zero: every outcome, every retry cause, the
+// fingerprint mismatches and the histograms. A counter vector exports a
+// series only once it has a label set, so without this a dashboard shows
+// "no data" instead of 0 until the first event, and rate() over a series
+// that appears mid-window misses its first increment. framework/consumer
+// calls it when a consumer is built.
+func (m *Metrics) InitConsumer(consumer, handler string) {
+	for _, o := range outcomes {
+		m.messages.WithLabelValues(consumer, handler, string(o))
+	}
+	for _, o := range []framework.Outcome{framework.Applied, framework.Duplicate, framework.Failed} {
+		m.transaction.WithLabelValues(consumer, string(o))
+	}
+	for _, c := range retryCauses {
+		m.retries.WithLabelValues(consumer, c)
+	}
+	m.mismatch.WithLabelValues(consumer, handler)
+	m.claimWait.WithLabelValues(consumer)
+}
+
+// OnOutcome records one Result; call it once per settled message (see
+// docs/observability.md: the claim middleware's own OnOutcome fires once
+// per pass, which in-process retries repeat).
 func (m *Metrics) OnOutcome(r middleware.Result) {
 	handler := ""
 	if r.Message != nil {
@@ -106,6 +151,12 @@ func (m *Metrics) OnOutcome(r middleware.Result) {
 // middleware.Claim.OnRetry.
 func (m *Metrics) OnRetry(r middleware.Retry) {
 	m.retries.WithLabelValues(r.Consumer, r.Cause.String()).Inc()
+}
+
+// OnHandlerRetry records one in-process retry of a message whose handler
+// failed, as cause RetryCauseHandler.
+func (m *Metrics) OnHandlerRetry(consumer string) {
+	m.retries.WithLabelValues(consumer, RetryCauseHandler).Inc()
 }
 
 // Names lists every metric name NewMetrics registers.

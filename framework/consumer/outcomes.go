@@ -1,0 +1,141 @@
+package consumer
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/middleware"
+)
+
+// ledger reports one outcome per delivery, when it is settled (acked or
+// nacked), in both consumer modes.
+//
+// The claim reports every pass through it, and a delivery can pass several
+// times: in-process retries of a failed handler (Retry, the batch settler)
+// run the claim again, and the last failure is then poisoned. Counting
+// each pass made claimtx_messages_total count attempts plus dead letters
+// (one rejected message was both failed and poisoned), while dashboards
+// divide by it as a count of messages. So the claim's results only go to
+// the ledger, which keeps the last one per delivery, counts each further
+// pass as a handler retry, and reports when the delivery is settled:
+//
+//   - acked after the claim committed: that pass's Applied or Duplicate;
+//   - acked after a copy went to the poison topic: Poisoned, or Expired
+//     when the reason was the message's age;
+//   - nacked: Failed, with the error the router or settler acted on.
+//
+// Deliveries handed back unprocessed at shutdown never reach it and are
+// not counted: nothing was attempted.
+type ledger struct {
+	consumer string
+	// report receives the one Result per delivery (metrics, Config.OnOutcome).
+	report func(middleware.Result)
+	// retried is told of every pass after a delivery's first.
+	retried func()
+
+	mu   sync.Mutex
+	open map[*message.Message]*entry
+}
+
+// entry is what is known of one delivery in flight. Retries reuse the
+// *message.Message; a redelivery by the broker is a new one.
+type entry struct {
+	last    middleware.Result // the claim's latest pass
+	passes  int
+	verdict framework.Outcome // Poisoned or Expired once a copy was published
+	reason  error
+}
+
+func newLedger(consumer string, report func(middleware.Result), retried func()) *ledger {
+	return &ledger{consumer: consumer, report: report, retried: retried, open: map[*message.Message]*entry{}}
+}
+
+func (l *ledger) entry(msg *message.Message) *entry {
+	e := l.open[msg]
+	if e == nil {
+		e = &entry{}
+		l.open[msg] = e
+	}
+	return e
+}
+
+// claimed records one pass of the claim; use it as the claim's OnOutcome.
+func (l *ledger) claimed(r middleware.Result) {
+	if r.Message == nil {
+		return
+	}
+	l.mu.Lock()
+	e := l.entry(r.Message)
+	e.last = r
+	e.passes++
+	again := e.passes > 1
+	l.mu.Unlock()
+	if again && l.retried != nil {
+		l.retried()
+	}
+}
+
+// poisoned records that a copy of msg was published to the poison topic
+// because of err; use it in Poison.OnPoison.
+func (l *ledger) poisoned(msg *message.Message, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.entry(msg)
+	e.verdict, e.reason = framework.Poisoned, err
+	if errors.Is(err, framework.ErrExpired) {
+		e.verdict = framework.Expired
+	}
+}
+
+// settle reports msg's one outcome: err is nil when it is acked, the
+// error it is nacked with otherwise.
+func (l *ledger) settle(msg *message.Message, err error) {
+	l.mu.Lock()
+	e := l.open[msg]
+	delete(l.open, msg)
+	l.mu.Unlock()
+	r := middleware.Result{Consumer: l.consumer, Message: msg}
+	if e != nil && e.passes > 0 {
+		r = e.last // key, attempts and timings of the last pass
+	}
+	switch {
+	case err != nil:
+		r.Outcome, r.Err = framework.Failed, err
+	case e != nil && e.verdict != "":
+		r.Outcome, r.Err = e.verdict, e.reason
+	case e != nil && e.passes > 0 && r.Err == nil:
+		// Applied or Duplicate, as the claim reported it.
+	default:
+		// Acked with neither a commit nor a poisoned copy: not a path
+		// of this package's chains. Reporting an outcome would be a guess.
+		return
+	}
+	l.report(r)
+}
+
+// middleware settles each delivery of the per-message router. It sits
+// outside Recoverer and Poison, so it sees what the router acts on: a nil
+// error is acked, any other nacked.
+func (l *ledger) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		out, err := h(msg)
+		l.settle(msg, err)
+		return out, err
+	}
+}
+
+// newLedger returns the ledger of p's consumer: it reports to the metrics
+// and Config.OnOutcome, and counts handler retries. handler is the
+// Watermill handler name the consumer's messages carry ("" in batch mode,
+// which has no router), for the metrics' series to exist from the start.
+func (p *parts) newLedger(handler string) *ledger {
+	var retried func()
+	if p.metrics != nil {
+		p.metrics.InitConsumer(p.cfg.Name, handler)
+		retried = func() { p.metrics.OnHandlerRetry(p.cfg.Name) }
+	}
+	return newLedger(p.cfg.Name, p.report, retried)
+}

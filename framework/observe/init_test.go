@@ -1,0 +1,45 @@
+package observe_test
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/framework/observe"
+)
+
+// A series that does not exist reads as "no data" on a dashboard, not 0:
+// InitConsumer must create every outcome and retry cause up front, and
+// every metric NewMetrics registers must then be exported.
+func TestInitConsumerExportsZeroSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := observe.NewMetrics(reg)
+	require.NoError(t, err)
+	m.InitConsumer("loyalty", "loyalty")
+
+	n, err := testutil.GatherAndCount(reg)
+	require.NoError(t, err)
+	// 5 outcomes + 5 retry causes + 1 mismatch + 1 claim wait + 3
+	// transaction outcomes.
+	require.Equal(t, 15, n)
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	var names, causes []string
+	for _, mf := range mfs {
+		names = append(names, mf.GetName())
+		if mf.GetName() != observe.MetricRetries {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			for _, l := range s.GetLabel() {
+				if l.GetName() == "cause" {
+					causes = append(causes, l.GetValue())
+				}
+			}
+		}
+	}
+	require.ElementsMatch(t, observe.Names(), names)
+	require.ElementsMatch(t, []string{"serialization", "deadlock", "claim_wait", "connection", observe.RetryCauseHandler}, causes)
+}
