@@ -161,9 +161,6 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		return &framework.ConfigError{Field: "DATABASE_URL", Reason: "cannot be used", Err: err}
 	}
 	defer pool.Close()
-	if err := createTables(ctx, pool); err != nil {
-		return fmt.Errorf("loyalty: create tables: %w", err)
-	}
 	cfg := consumer.Config{
 		Name:   consumerName,
 		Topic:  env("TOPIC", defaultTopic),
@@ -188,6 +185,23 @@ func run(ctx context.Context, logger *slog.Logger) error {
 			return &framework.ConfigError{Field: "DRAIN_TIMEOUT", Reason: "not a positive duration"}
 		}
 		cfg.DrainTimeout = d
+	}
+	if v := os.Getenv("STARTUP_TIMEOUT"); v != "" {
+		// How long start-up waits for each dependency (PostgreSQL, the
+		// broker) before it fails with the last error; negative: one try.
+		d, err := time.ParseDuration(v)
+		if err != nil || d == 0 {
+			return &framework.ConfigError{Field: "STARTUP_TIMEOUT", Reason: "not a non-zero duration"}
+		}
+		cfg.StartupTimeout = d
+	}
+	// The effect tables wait for the database under the consumer's own
+	// start-up policy (consumer.Config.StartupTimeout); a failure names
+	// PostgreSQL, the step and the real cause.
+	if err := cfg.AwaitDatabase(ctx, "create the loyalty tables", func(ctx context.Context) error {
+		return createTables(ctx, pool)
+	}); err != nil {
+		return err
 	}
 	// Every outcome is logged at debug level (LOG_LEVEL=debug) with its
 	// order id, so tests can tell which order was applied and which
