@@ -198,7 +198,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	// The effect tables wait for the database under the consumer's own
 	// start-up policy (consumer.Config.StartupTimeout); a failure names
 	// PostgreSQL, the step and the real cause.
-	if err := cfg.AwaitDatabase(ctx, "create the loyalty tables", func(ctx context.Context) error {
+	if err := cfg.AwaitDatabase(ctx, pool, "create the loyalty tables", func(ctx context.Context) error {
 		return createTables(ctx, pool)
 	}); err != nil {
 		return err

@@ -290,7 +290,7 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	}
 	// Start-up policy (startup.go): wait for PostgreSQL up to
 	// StartupTimeout, never retry an authentication failure.
-	if err := cfg.AwaitDatabase(ctx, "migrate claimtx's schema", p.store.Migrate); err != nil {
+	if err := cfg.AwaitDatabase(ctx, p.pool, "migrate claimtx's schema", p.store.Migrate); err != nil {
 		return nil, err
 	}
 	// Warn lets the brokers' start-up loops log what they wait for at WARN.

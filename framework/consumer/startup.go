@@ -14,6 +14,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
 )
@@ -57,21 +58,29 @@ func (c Config) startupTimeout() time.Duration {
 }
 
 // AwaitDatabase runs try under the start-up policy New applies to its own
-// database work (store.Migrate): an error that says PostgreSQL is not
-// reachable yet or is starting or shutting down (a failover, 57P03) is
-// retried with backoff until Config.StartupTimeout (default 30 s) has
-// passed, each wait logged at WARN with the last error; an authentication
-// failure (28P01, 28000) returns at once as a *framework.AuthError
-// (errors.Is framework.ErrAuthentication); any other error returns at once.
-// Failures are *StartupError naming step and the real cause. Use it for an
-// application's own start-up DDL, so it waits for the database as the
-// consumer does.
-func (c Config) AwaitDatabase(ctx context.Context, step string, try func(context.Context) error) error {
+// database work (store.Migrate): each attempt first pings pool, bounded by
+// the start-up deadline, then runs try with ctx (the work itself is not
+// cut short by the deadline: a long migration may take longer). An error
+// that says PostgreSQL is not reachable yet or is starting or shutting
+// down (a failover, 57P03) is retried with backoff until
+// Config.StartupTimeout (default 30 s) has passed, each wait logged at WARN
+// with the last error; an authentication failure (28P01, 28000) returns at
+// once as a *framework.AuthError (errors.Is framework.ErrAuthentication);
+// any other error returns at once. Failures are *StartupError naming step
+// and the real cause. try must be safe to run again after a failure (DDL
+// in a transaction, IF NOT EXISTS). Use it for an application's own
+// start-up DDL, so it waits for the database as the consumer does.
+func (c Config) AwaitDatabase(ctx context.Context, pool *pgxpool.Pool, step string, try func(context.Context) error) error {
 	logger := c.Logger
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return await(ctx, logger, c.startupTimeout(), "PostgreSQL", step, classifyPostgres, try)
+	return await(ctx, logger, c.startupTimeout(), "PostgreSQL", step, classifyPostgres, func(actx context.Context) error {
+		if err := pool.Ping(actx); err != nil {
+			return err
+		}
+		return try(ctx)
+	})
 }
 
 // await calls try until it succeeds, classify says its error is not worth
