@@ -121,3 +121,26 @@ type PanicError struct {
 func (e *PanicError) Error() string {
 	return fmt.Sprintf("claimtx: handler panicked: %v", e.Value)
 }
+
+// ErrAuthentication is matched (errors.Is) by every start-up error that
+// means a dependency refused the credentials: PostgreSQL 28P01/28000,
+// RabbitMQ 403 ACCESS_REFUSED, a Kafka SASL authentication failure.
+// Waiting cannot fix such an error, so start-up does not retry it.
+var ErrAuthentication = errors.New("claimtx: authentication failed")
+
+// AuthError reports that Dependency ("PostgreSQL", "RabbitMQ", "Kafka")
+// refused the credentials. It matches ErrAuthentication. Err is the
+// dependency's own error; no layer puts a password into it.
+type AuthError struct {
+	Dependency string
+	Err        error
+}
+
+func (e *AuthError) Error() string {
+	return fmt.Sprintf("claimtx: %s refused the credentials (authentication failed, not retried): %v", e.Dependency, e.Err)
+}
+
+func (e *AuthError) Unwrap() error { return e.Err }
+
+// Is reports whether target is ErrAuthentication.
+func (e *AuthError) Is(target error) bool { return target == ErrAuthentication }

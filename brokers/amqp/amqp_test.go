@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers/amqp"
+	"github.com/claimtx/claimtx/framework"
 )
 
 // TestPubSubConformance runs Watermill's Pub/Sub suite against the adapter
@@ -465,6 +466,8 @@ func TestAuthFailureNotRetried(t *testing.T) {
 	var aerr *amqp091.Error
 	require.ErrorAs(t, err, &aerr)
 	require.Equal(t, amqp091.AccessRefused, aerr.Code)
+	require.ErrorIs(t, err, framework.ErrAuthentication)
+	require.Contains(t, err.Error(), "RabbitMQ refused the credentials (authentication failed")
 }
 
 type countingLogger struct{ n *atomic.Int32 }

@@ -11,6 +11,8 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/claimtx/claimtx/brokers/internal/secret"
+	"github.com/claimtx/claimtx/brokers/internal/warnlog"
+	"github.com/claimtx/claimtx/framework"
 )
 
 // DialError is returned when the start-up connection attempts give up.
@@ -46,11 +48,16 @@ func dial(ctx context.Context, cfg Config, wc wamqp.Config, logger watermill.Log
 		if err == nil {
 			return conn, nil
 		}
-		if permanentDialError(err) || cfg.DialTimeout < 0 {
+		if permanentDialError(err) {
+			// Waiting cannot fix refused credentials: name it, at once.
+			return nil, &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start),
+				Err: &framework.AuthError{Dependency: "RabbitMQ", Err: err}}
+		}
+		if cfg.DialTimeout < 0 {
 			return nil, &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start), Err: err}
 		}
-		logger.Info("RabbitMQ not reachable yet, retrying", watermill.LogFields{
-			"url": redacted, "attempt": attempt, "retry_in": wait.String(), "err": err.Error(),
+		warnlog.Log(logger, "RabbitMQ not reachable yet, retrying", watermill.LogFields{
+			"dependency": "RabbitMQ", "url": redacted, "attempt": attempt, "retry_in": wait.String(), "err": err.Error(),
 		})
 		t := time.NewTimer(wait)
 		select {

@@ -42,33 +42,18 @@ func (s *Subscriber) IsConnected() bool {
 	if !s.conn.at.IsZero() && time.Since(s.conn.at) < probeTTL {
 		return s.conn.ok
 	}
-	s.conn.ok = probe(s.sc, s.cfg.Brokers)
+	s.conn.ok = probeAny(s.sc, s.cfg.Brokers)
 	s.conn.at = time.Now()
 	return s.conn.ok
 }
 
-// probe asks every broker of addrs at once and reports whether one answered
-// within probeTimeout.
-func probe(sc *sarama.Config, addrs []string) bool {
-	conf := *sc // shallow copy: only the timeouts below differ
-	conf.Net.DialTimeout = probeTimeout
-	conf.Net.ReadTimeout = probeTimeout
-	conf.Net.WriteTimeout = probeTimeout
-	conf.ApiVersionsRequest = false // we send one ourselves
-
+// probeAny asks every broker of addrs at once and reports whether one
+// answered within probeTimeout.
+func probeAny(sc *sarama.Config, addrs []string) bool {
 	answers := make(chan bool, len(addrs)) // buffered: late attempts never block
 	for _, addr := range addrs {
 		go func() {
-			b := sarama.NewBroker(addr)
-			if err := b.Open(&conf); err != nil {
-				answers <- false
-				return
-			}
-			// Open connects in the background; the request waits for it and
-			// fails if the dial or the SASL handshake did.
-			_, err := b.ApiVersions(&sarama.ApiVersionsRequest{})
-			_ = b.Close()
-			answers <- err == nil
+			answers <- probeBroker(addr, sc, sc.Net.SASL.Enable, probeTimeout) == nil
 		}()
 	}
 	// Each step above has its own timeout, but dial, TLS, SASL and the

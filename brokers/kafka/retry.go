@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 )
 
 // errPermanent marks an error retryStart must not retry.
@@ -33,6 +35,10 @@ func retryStart(ctx context.Context, cfg Config, logger watermill.LoggerAdapter,
 			return fmt.Errorf("brokers/kafka: %s at %v: gave up after %d attempt(s) in %s: %w",
 				what, cfg.Brokers, attempt, time.Since(start).Round(time.Millisecond), cause)
 		}
+		if authErr := authError(cfg, err); authErr != nil {
+			// Waiting cannot fix refused credentials: name it, at once.
+			return fmt.Errorf("brokers/kafka: %s at %v: %w", what, cfg.Brokers, authErr)
+		}
 		// The context is checked before the deadline: a caller that
 		// cancelled wants to see its own error.
 		if ctxErr := ctx.Err(); ctxErr != nil {
@@ -42,8 +48,8 @@ func retryStart(ctx context.Context, cfg Config, logger watermill.LoggerAdapter,
 		if cfg.DialTimeout < 0 || remaining <= 0 {
 			return fail(err)
 		}
-		logger.Info("Kafka not reachable yet, retrying", watermill.LogFields{
-			"operation": what, "attempt": attempt, "err": err.Error(),
+		warnlog.Log(logger, "Kafka not reachable yet, retrying", watermill.LogFields{
+			"dependency": "Kafka", "brokers": cfg.Brokers, "operation": what, "attempt": attempt, "err": err.Error(),
 		})
 		t := time.NewTimer(min(cfg.ReconnectBackoff, remaining))
 		select {

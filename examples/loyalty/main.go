@@ -188,6 +188,15 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		}
 		cfg.DrainTimeout = d
 	}
+	if v := os.Getenv("STARTUP_TIMEOUT"); v != "" {
+		// How long start-up waits for each dependency (PostgreSQL, the
+		// broker) before it fails with the last error; negative: one try.
+		d, err := time.ParseDuration(v)
+		if err != nil || d == 0 {
+			return &framework.ConfigError{Field: "STARTUP_TIMEOUT", Reason: "not a non-zero duration"}
+		}
+		cfg.StartupTimeout = d
+	}
 	// The database is opened once the variables read so far are known to
 	// be good: a typo is reported at once, not after a connection attempt.
 	pool, err := pgxpool.New(ctx, env("DATABASE_URL", defaultDatabaseURL))
@@ -196,8 +205,13 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	}
 	defer pool.Close()
 	cfg.Pool = pool
-	if err := createTables(ctx, pool); err != nil {
-		return fmt.Errorf("loyalty: create tables: %w", err)
+	// The effect tables wait for the database under the consumer's own
+	// start-up policy (consumer.Config.StartupTimeout); a failure names
+	// PostgreSQL, the step and the real cause.
+	if err := cfg.AwaitDatabase(ctx, pool, "create the loyalty tables", func(ctx context.Context) error {
+		return createTables(ctx, pool)
+	}); err != nil {
+		return err
 	}
 	// Every outcome is logged at debug level (LOG_LEVEL=debug) with its
 	// order id, so tests can tell which order was applied and which

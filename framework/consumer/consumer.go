@@ -130,6 +130,20 @@ type Config struct {
 	// reason in metadata. Defaults to Topic + ".poison".
 	PoisonTopic string
 
+	// StartupTimeout bounds how long New and NewBatch wait for each
+	// dependency at start-up: PostgreSQL (connecting and migrating) and,
+	// when set, the broker (it then replaces Broker.AMQP.DialTimeout and
+	// Broker.Kafka.DialTimeout). A dependency not reachable yet, or
+	// starting or shutting down (a failover), is retried with backoff and
+	// each wait is logged at WARN with the dependency and its last error;
+	// when the time is up, start-up fails with that error. Authentication
+	// failures are never retried: they fail at once with an error matching
+	// framework.ErrAuthentication. Negative: one attempt. Defaults to
+	// DefaultStartupTimeout (30 s) for the database; left zero, the broker
+	// keeps its own DialTimeout (default also 30 s). See
+	// docs/operations.md.
+	StartupTimeout time.Duration
+
 	// HandlerTimeout bounds one attempt at a message: the claim
 	// transaction with its claim wait, handler, commit and transient
 	// retries. When it passes, the attempt's context ends, the transaction
@@ -250,6 +264,11 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if cfg.Broker.Kafka.ConsumerGroup == "" {
 		cfg.Broker.Kafka.ConsumerGroup = cfg.Name // one group per consumer: services on one topic each see all of it
 	}
+	// One start-up bound for every dependency (see StartupTimeout).
+	if cfg.StartupTimeout != 0 {
+		cfg.Broker.AMQP.DialTimeout = cfg.StartupTimeout
+		cfg.Broker.Kafka.DialTimeout = cfg.StartupTimeout
+	}
 	keyFunc := cfg.KeyFunc
 	if keyFunc == nil && cfg.Key != "" {
 		kf, err := framework.ParseKeySpec(cfg.Key)
@@ -278,10 +297,13 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if p.store, err = store.New(p.pool, cfg.Store); err != nil {
 		return nil, err
 	}
-	if err := p.store.Migrate(ctx); err != nil {
+	// Start-up policy (startup.go): wait for PostgreSQL up to
+	// StartupTimeout, never retry an authentication failure.
+	if err := cfg.AwaitDatabase(ctx, p.pool, "migrate claimtx's schema", p.store.Migrate); err != nil {
 		return nil, err
 	}
-	p.wlog = watermill.NewSlogLogger(cfg.Logger)
+	// Warn lets the brokers' start-up loops log what they wait for at WARN.
+	p.wlog = newSlogAdapter(cfg.Logger)
 	if p.sub, err = brokers.NewSubscriber(cfg.Broker, p.wlog); err != nil {
 		return nil, err
 	}

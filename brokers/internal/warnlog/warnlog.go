@@ -1,0 +1,20 @@
+// Package warnlog logs at WARN through a watermill.LoggerAdapter, which has
+// no warning level of its own: a logger with a Warn method (the one
+// framework/consumer passes) gets the message at WARN, any other at INFO.
+package warnlog
+
+import "github.com/ThreeDotsLabs/watermill"
+
+// Warner is the optional method Log looks for.
+type Warner interface {
+	Warn(msg string, fields watermill.LogFields)
+}
+
+// Log logs msg at WARN when logger can, at INFO otherwise.
+func Log(logger watermill.LoggerAdapter, msg string, fields watermill.LogFields) {
+	if w, ok := logger.(Warner); ok {
+		w.Warn(msg, fields)
+		return
+	}
+	logger.Info(msg, fields)
+}
