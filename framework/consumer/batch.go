@@ -372,15 +372,15 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 			err := errs[i]
 			switch {
 			case err == nil:
-				m.Ack()
 				s.done(m, nil)
+				m.Ack()
 			case ctx.Err() != nil || !framework.IsPermanent(err) && store.IsTransient(err):
-				m.Nack()
 				s.done(m, err)
+				m.Nack()
 			case retryable(err) && retry < s.opts.HandlerRetries:
 				again = append(again, m)
 			default:
-				s.done(m, s.deadLetter(m, err))
+				s.deadLetter(m, err)
 			}
 		}
 		if len(again) == 0 {
@@ -388,8 +388,8 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 		}
 		if err := sleepCtx(ctx, delay); err != nil {
 			for _, m := range again {
-				m.Nack()
 				s.done(m, err)
+				m.Nack()
 			}
 			return
 		}
@@ -398,23 +398,24 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 	}
 }
 
-// deadLetter poisons m with the reason and acks it (nil), or nacks it
-// when no poison destination is configured or the copy could not be
-// published, and returns why.
-func (s settler) deadLetter(m *message.Message, err error) error {
-	if s.poison == nil {
-		m.Nack()
-		return err
+// deadLetter poisons m with the reason and acks it, or nacks it when no
+// poison destination is configured or the copy could not be published.
+func (s settler) deadLetter(m *message.Message, err error) {
+	if s.poison != nil {
+		if err = s.poison(m, err); err == nil {
+			s.done(m, nil)
+			m.Ack()
+			return
+		}
 	}
-	if perr := s.poison(m, err); perr != nil {
-		m.Nack()
-		return perr
-	}
-	m.Ack()
-	return nil
+	s.done(m, err)
+	m.Nack()
 }
 
-// done reports that m was acked (err nil) or nacked.
+// done reports that m is about to be acked (err nil) or nacked. Before,
+// not after: like the per-message router, which acks once the middleware
+// chain returned, so a crash between the report and the ack is a
+// redelivery, never an ack without its report.
 func (s settler) done(m *message.Message, err error) {
 	if s.opts.settled != nil {
 		s.opts.settled(m, err)
