@@ -58,6 +58,14 @@ cover: ## Statement coverage of the core packages.
 	$(GO) test -count=1 -coverprofile=coverage.txt ./framework/ ./store/ ./middleware/
 	$(GO) tool cover -func=coverage.txt | tail -1
 
+.PHONY: api
+api: ## Rewrite the golden files of the exported surface (docs/api/*.txt) after an intended API change.
+	$(GO) run ./internal/apisurface/cmd/apisurface -write docs/api
+
+.PHONY: api-count
+api-count: ## Count the exported identifiers per library package (names, methods, fields).
+	$(GO) run ./internal/apisurface/cmd/apisurface -count
+
 .PHONY: lint
 lint: ## gofmt, go vet, staticcheck and golangci-lint (installed on first use from the Go module proxy).
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
