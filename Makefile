@@ -67,13 +67,14 @@ api-count: ## Count the exported identifiers per library package (names, methods
 	$(GO) run ./internal/apisurface/cmd/apisurface -count
 
 .PHONY: lint
-lint: ## gofmt, go vet, staticcheck and golangci-lint (installed on first use from the Go module proxy).
+lint: ## gofmt, go vet, staticcheck, golangci-lint (installed on first use from the Go module proxy) and the exported surface against docs/api.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
 	$(GO) vet $(PKGS)
 	@command -v staticcheck >/dev/null || $(GO) install honnef.co/go/tools/cmd/staticcheck@latest
 	staticcheck $(PKGS)
 	@command -v golangci-lint >/dev/null || $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@latest
 	golangci-lint run $(PKGS)
+	$(GO) run ./internal/apisurface/cmd/apisurface -check docs/api
 
 FUZZTIME ?= 30s
 .PHONY: fuzz

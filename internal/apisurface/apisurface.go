@@ -315,7 +315,7 @@ func Write(pkgs []Package, dir string) error {
 		}
 	}
 	for _, p := range pkgs {
-		if err := os.WriteFile(filepath.Join(dir, p.GoldenFile()), []byte(strings.Join(p.Lines, "\n")+"\n"), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, p.GoldenFile()), []byte(strings.Join(p.Lines, "\n")+"\n"), 0o600); err != nil { // git records 0644 whatever the local mode
 			return err
 		}
 	}
@@ -331,7 +331,7 @@ func Check(pkgs []Package, dir string) error {
 	}
 	golden := map[string][]string{}
 	for _, name := range files {
-		data, err := os.ReadFile(name)
+		data, err := os.ReadFile(name) //nolint:gosec // the golden files the caller names
 		if err != nil {
 			return err
 		}
@@ -353,7 +353,7 @@ func Check(pkgs []Package, dir string) error {
 	}
 	if b.Len() > 0 {
 		return fmt.Errorf("the exported surface differs from the golden files in %s (- golden, + code);\n"+
-			"if the change is intended, run `make api` and commit the result:\n%s", dir, b.String())
+			"if the change is intended, run `make api` and commit the result:\n%s", dir, strings.TrimSuffix(b.String(), "\n"))
 	}
 	return nil
 }
