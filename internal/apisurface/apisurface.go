@@ -20,6 +20,7 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	pathpkg "path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -95,7 +96,10 @@ func Load(dir string) ([]Package, error) {
 			return nil, err
 		}
 		p := describe(tp)
-		p.Rel = strings.TrimPrefix(l.ImportPath, l.Module.Path+"/")
+		p.Rel = strings.TrimPrefix(strings.TrimPrefix(l.ImportPath, l.Module.Path), "/")
+		if p.Rel == "" {
+			p.Rel = pathpkg.Base(l.ImportPath) // a package at the module root: claimtx.txt
+		}
 		pkgs = append(pkgs, p)
 	}
 	slices.SortFunc(pkgs, func(a, b Package) int { return strings.Compare(a.Path, b.Path) })
@@ -103,10 +107,10 @@ func Load(dir string) ([]Package, error) {
 }
 
 func isLibrary(module, path, name string) bool {
-	if name == "main" || !strings.HasPrefix(path, module+"/") {
-		return false // the module root holds no package today; list it here if it ever does
+	if name == "main" {
+		return false
 	}
-	for _, elem := range strings.Split(strings.TrimPrefix(path, module+"/"), "/") {
+	for _, elem := range strings.Split(strings.TrimPrefix(path, module), "/") {
 		if elem == "internal" || elem == "examples" || elem == "cmd" {
 			return false
 		}
