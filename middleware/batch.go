@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -170,7 +171,7 @@ func (b Batch) process(ctx context.Context, msgs []*message.Message, a applier) 
 			if c.OnRetry != nil {
 				c.OnRetry(Retry{Consumer: c.Consumer, Attempt: transient, Cause: cause, Err: err, Delay: delay})
 			}
-			serr := sleep(ctx, delay)
+			serr := timing.Sleep(ctx, delay)
 			if serr == nil {
 				continue
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -327,7 +328,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 				c.OnRetry(Retry{Consumer: c.Consumer, Attempt: attempt, Cause: cause, Err: err, Delay: delay})
 			}
 			c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
-			if err := sleep(msg.Context(), delay); err != nil {
+			if err := timing.Sleep(msg.Context(), delay); err != nil {
 				return finish(framework.Failed, fmt.Errorf("claimtx: consumer %q: retry abandoned: %w", c.Consumer, err))
 			}
 		}
@@ -498,15 +499,4 @@ func (c Claim) backoff(attempt int) time.Duration {
 	}
 	// Full jitter: twins that failed together must not retry together.
 	return time.Duration(rand.Int64N(int64(d)) + 1)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/timing"
 )
 
 // Partitioned mode
@@ -662,7 +663,7 @@ func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg PartitionConf
 		if err == nil || Classify(err) != CauseClaimWait || attempt >= cfg.LockTries {
 			return err
 		}
-		if perr := pause(ctx, time.Duration(attempt)*partitionLockRetryInterval); perr != nil {
+		if perr := timing.Sleep(ctx, time.Duration(attempt)*partitionLockRetryInterval); perr != nil {
 			return errors.Join(err, perr)
 		}
 	}
