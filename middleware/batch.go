@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pgtx"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
 )
@@ -222,7 +223,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	committed := false
 	defer func() {
 		if !committed {
-			rollback(ctx, tx)
+			pgtx.Rollback(ctx, tx)
 		}
 	}()
 	claimed := make(map[string]bool, len(newKeys))

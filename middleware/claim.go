@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -17,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pgtx"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
 )
@@ -359,14 +359,8 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 		// The claim is the handler's guarded INSERT: bound its wait behind
 		// a twin's uncommitted entry like the claim table's, set in the
 		// same round trip as BEGIN.
-		b := &pgx.Batch{}
-		b.BeginTx(txOpts)
-		b.Queue("SELECT set_config('lock_timeout', $1, true)", lockTimeout(c.ClaimWait))
-		br := c.Store.Pool().SendBatch(ctx, b)
-		tx = br.Tx()
-		if err := br.Close(); err != nil {
-			rollback(ctx, tx)
-			return "", fmt.Errorf("claimtx: begin: %w", err)
+		if tx, err = c.Store.BeginNaturalKey(ctx, txOpts, c.ClaimWait); err != nil {
+			return "", err
 		}
 	} else {
 		req := store.ClaimRequest{Consumer: c.Consumer, Key: key, Wait: c.ClaimWait}
@@ -401,7 +395,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 		if !committed {
 			// The message context may be cancelled (shutdown): roll back
 			// regardless so the connection returns to the pool clean.
-			rollback(ctx, tx)
+			pgtx.Rollback(ctx, tx)
 		}
 	}()
 	out = framework.Duplicate
@@ -436,14 +430,6 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 	return out, nil
 }
 
-// rollback ends tx without its changes, even when ctx is already done, so
-// the connection goes back to the pool clean.
-func rollback(ctx context.Context, tx pgx.Tx) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = tx.Rollback(rctx)
-}
-
 // enqueue writes the handler's returned messages to the outbox in tx.
 func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Message) error {
 	out := make([]store.OutboxMessage, len(produced))
@@ -465,16 +451,6 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 		out[i] = store.OutboxMessage{Topic: topic, Message: cp}
 	}
 	return c.Store.EnqueueMessages(ctx, tx, out...)
-}
-
-// lockTimeout renders d for set_config('lock_timeout', …): whole
-// milliseconds, at least 1 (0 would mean "wait forever").
-func lockTimeout(d time.Duration) string {
-	ms := d.Milliseconds()
-	if ms < 1 {
-		ms = 1
-	}
-	return strconv.FormatInt(ms, 10) + "ms"
 }
 
 // runHandler calls h with the claim transaction in the message context and

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -651,7 +650,7 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 // statement queued for ACCESS EXCLUSIVE blocks every claim queued behind
 // it, so it must give up quickly rather than wait out a long transaction.
 func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg PartitionConfig, fn func(pgx.Tx) error) error {
-	wait := strconv.FormatInt(max(cfg.LockWait.Milliseconds(), 1), 10) + "ms"
+	wait := lockTimeout(cfg.LockWait)
 	var err error
 	for attempt := 1; ; attempt++ {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
