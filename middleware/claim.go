@@ -197,8 +197,9 @@ type Result struct {
 	// wait behind a twin. Zero in ModeNaturalKey, where the claim is part
 	// of the handler.
 	ClaimWait time.Duration
-	// Enqueued counts the messages the handler returned that were written
-	// to the outbox (0 unless Applied).
+	// Enqueued counts the messages the handler returned that the attempt
+	// that committed wrote to the outbox (0 unless Applied, even when a
+	// failed attempt had written some before its commit failed).
 	Enqueued int
 	// Duration is the whole time spent in the middleware.
 	Duration time.Duration
@@ -293,6 +294,11 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		res := Result{Consumer: c.Consumer, Message: msg}
 		finish := func(out framework.Outcome, err error) ([]*message.Message, error) {
 			res.Outcome, res.Err, res.Duration = out, err, time.Since(start)
+			if out != framework.Applied {
+				// The last attempt may have enqueued before its commit
+				// failed: Enqueued reports a committed attempt only.
+				res.Enqueued = 0
+			}
 			if c.OnOutcome != nil {
 				c.OnOutcome(res)
 			}
