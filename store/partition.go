@@ -15,24 +15,6 @@ import (
 	"github.com/claimtx/claimtx/internal/timing"
 )
 
-// Partitioned mode
-//
-// A unique constraint on a partitioned table must include the partition
-// key. Partitioning claims by processed_at would therefore make the
-// primary key (consumer, message_key, processed_at): a redelivery processed
-// on another day would land in another partition, meet no conflict and be
-// applied twice. claimtx partitions by event_day instead, the UTC day of
-// the producer's event time, which every redelivery carries unchanged, so
-// twins always meet in the same partition and the primary key
-// (consumer, message_key, event_day) is as strong as (consumer, message_key).
-//
-// Retention then drops whole days: a day whose every event time is older
-// than the retention horizon is detached (CONCURRENTLY, so claims are never
-// blocked) and dropped, which costs the same for ten rows or ten million.
-// A message for a dropped day finds no partition and fails with
-// ErrNoPartition instead of being applied again; middleware.ExpiryGuard
-// turns the same condition into a clean "expired" before the claim.
-
 // Defaults for PartitionConfig fields left zero.
 const (
 	DefaultPartitionsAhead     = 7
