@@ -1,8 +1,11 @@
 // Package framework is claimtx's leaf vocabulary: how a message becomes a
 // deduplication key, what can happen to a message (Outcome), how a handler
-// reaches the claim transaction, and the errors callers branch on. It
-// imports neither the pgx pool nor any broker, so every other package,
-// and your own code, can depend on it freely.
+// reaches the claim transaction, and the errors callers branch on. Its only
+// dependencies outside the standard library are Watermill's message
+// package (a KeyFunc reads a *message.Message) and pgx, for the pgx.Tx type
+// a handler receives (TxFromContext); it imports no pgx pool, no other
+// claimtx package and no broker client, so every other package, and your
+// own code, can depend on it freely.
 //
 // # Keys
 //

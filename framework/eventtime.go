@@ -227,31 +227,6 @@ func checkEventTime(t time.Time) (time.Time, error) {
 	return t, nil
 }
 
-// descendJSON follows segs into doc and returns the value found, or a
-// reason why there is none.
-func descendJSON(doc any, segs []string) (any, string) {
-	cur := doc
-	for _, s := range segs {
-		switch v := cur.(type) {
-		case map[string]any:
-			next, ok := v[s]
-			if !ok {
-				return nil, "field is missing"
-			}
-			cur = next
-		case []any:
-			i, err := strconv.Atoi(s)
-			if err != nil || i < 0 || i >= len(v) {
-				return nil, fmt.Sprintf("no element %q in array of %d", s, len(v))
-			}
-			cur = v[i]
-		default:
-			return nil, fmt.Sprintf("cannot descend into %s at %q", jsonType(cur), s)
-		}
-	}
-	return cur, ""
-}
-
 // TimeFactory builds a TimeFunc from the argument part of an event-time
 // spec ("event_time" in "metadata:event_time"). It returns a *ConfigError
 // for an argument it cannot use.

@@ -327,6 +327,32 @@ func hex4(p []byte, i int) (rune, bool) {
 	return r, true
 }
 
+// descendJSON follows segs into doc and returns the value found, or a
+// reason why there is none. FromJSON (via lookupJSON) and
+// EventTimeFromJSON both read payload fields through it.
+func descendJSON(doc any, segs []string) (any, string) {
+	cur := doc
+	for _, s := range segs {
+		switch v := cur.(type) {
+		case map[string]any:
+			next, ok := v[s]
+			if !ok {
+				return nil, "field is missing"
+			}
+			cur = next
+		case []any:
+			i, err := strconv.Atoi(s)
+			if err != nil || i < 0 || i >= len(v) {
+				return nil, fmt.Sprintf("no element %q in array of %d", s, len(v))
+			}
+			cur = v[i]
+		default:
+			return nil, fmt.Sprintf("cannot descend into %s at %q", jsonType(cur), s)
+		}
+	}
+	return cur, ""
+}
+
 func lookupJSON(doc any, segs []string, src string) (string, error) {
 	cur, reason := descendJSON(doc, segs)
 	if reason != "" {

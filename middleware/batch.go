@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pgtx"
+	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -170,7 +172,7 @@ func (b Batch) process(ctx context.Context, msgs []*message.Message, a applier) 
 			if c.OnRetry != nil {
 				c.OnRetry(Retry{Consumer: c.Consumer, Attempt: transient, Cause: cause, Err: err, Delay: delay})
 			}
-			serr := sleep(ctx, delay)
+			serr := timing.Sleep(ctx, delay)
 			if serr == nil {
 				continue
 			}
@@ -221,7 +223,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	committed := false
 	defer func() {
 		if !committed {
-			rollback(ctx, tx)
+			pgtx.Rollback(ctx, tx)
 		}
 	}()
 	claimed := make(map[string]bool, len(newKeys))

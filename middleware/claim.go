@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -17,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pgtx"
+	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -196,8 +197,9 @@ type Result struct {
 	// wait behind a twin. Zero in ModeNaturalKey, where the claim is part
 	// of the handler.
 	ClaimWait time.Duration
-	// Enqueued counts the messages the handler returned that were written
-	// to the outbox (0 unless Applied).
+	// Enqueued counts the messages the handler returned that the attempt
+	// that committed wrote to the outbox (0 unless Applied, even when a
+	// failed attempt had written some before its commit failed).
 	Enqueued int
 	// Duration is the whole time spent in the middleware.
 	Duration time.Duration
@@ -292,6 +294,11 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		res := Result{Consumer: c.Consumer, Message: msg}
 		finish := func(out framework.Outcome, err error) ([]*message.Message, error) {
 			res.Outcome, res.Err, res.Duration = out, err, time.Since(start)
+			if out != framework.Applied {
+				// The last attempt may have enqueued before its commit
+				// failed: Enqueued reports a committed attempt only.
+				res.Enqueued = 0
+			}
 			if c.OnOutcome != nil {
 				c.OnOutcome(res)
 			}
@@ -327,7 +334,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 				c.OnRetry(Retry{Consumer: c.Consumer, Attempt: attempt, Cause: cause, Err: err, Delay: delay})
 			}
 			c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
-			if err := sleep(msg.Context(), delay); err != nil {
+			if err := timing.Sleep(msg.Context(), delay); err != nil {
 				return finish(framework.Failed, fmt.Errorf("claimtx: consumer %q: retry abandoned: %w", c.Consumer, err))
 			}
 		}
@@ -358,14 +365,8 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 		// The claim is the handler's guarded INSERT: bound its wait behind
 		// a twin's uncommitted entry like the claim table's, set in the
 		// same round trip as BEGIN.
-		b := &pgx.Batch{}
-		b.BeginTx(txOpts)
-		b.Queue("SELECT set_config('lock_timeout', $1, true)", lockTimeout(c.ClaimWait))
-		br := c.Store.Pool().SendBatch(ctx, b)
-		tx = br.Tx()
-		if err := br.Close(); err != nil {
-			rollback(ctx, tx)
-			return "", fmt.Errorf("claimtx: begin: %w", err)
+		if tx, err = c.Store.BeginNaturalKey(ctx, txOpts, c.ClaimWait); err != nil {
+			return "", err
 		}
 	} else {
 		req := store.ClaimRequest{Consumer: c.Consumer, Key: key, Wait: c.ClaimWait}
@@ -400,7 +401,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 		if !committed {
 			// The message context may be cancelled (shutdown): roll back
 			// regardless so the connection returns to the pool clean.
-			rollback(ctx, tx)
+			pgtx.Rollback(ctx, tx)
 		}
 	}()
 	out = framework.Duplicate
@@ -435,14 +436,6 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 	return out, nil
 }
 
-// rollback ends tx without its changes, even when ctx is already done, so
-// the connection goes back to the pool clean.
-func rollback(ctx context.Context, tx pgx.Tx) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = tx.Rollback(rctx)
-}
-
 // enqueue writes the handler's returned messages to the outbox in tx.
 func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Message) error {
 	out := make([]store.OutboxMessage, len(produced))
@@ -464,16 +457,6 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 		out[i] = store.OutboxMessage{Topic: topic, Message: cp}
 	}
 	return c.Store.EnqueueMessages(ctx, tx, out...)
-}
-
-// lockTimeout renders d for set_config('lock_timeout', …): whole
-// milliseconds, at least 1 (0 would mean "wait forever").
-func lockTimeout(d time.Duration) string {
-	ms := d.Milliseconds()
-	if ms < 1 {
-		ms = 1
-	}
-	return strconv.FormatInt(ms, 10) + "ms"
 }
 
 // runHandler calls h with the claim transaction in the message context and
@@ -498,15 +481,4 @@ func (c Claim) backoff(attempt int) time.Duration {
 	}
 	// Full jitter: twins that failed together must not retry together.
 	return time.Duration(rand.Int64N(int64(d)) + 1)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -78,20 +78,27 @@ func TestReturnedMessagesAreEnqueuedInTheClaimTx(t *testing.T) {
 	require.NotEqual(t, rows[0].IdempotencyKey, rows[1].IdempotencyKey)
 }
 
-// Whatever ends a delivery without a commit leaves no outbox row: the
-// message exists if and only if the effect does.
+// Whatever ends a delivery without a commit (a failed COMMIT included)
+// leaves no outbox row, and a Result that counts none: the message exists
+// if and only if the effect does.
 func TestRolledBackDeliveryLeavesNoOutboxRow(t *testing.T) {
 	t.Parallel()
 	errBoom := errors.New("boom")
 	for _, tc := range []struct {
 		name    string
 		outcome framework.Outcome
-		after   func() error // runs after the handler enqueued
+		after   func(context.Context, pgx.Tx) error // runs after the handler enqueued
 	}{
-		{"error", framework.Failed, func() error { return errBoom }},
-		{"panic", framework.Failed, func() error { panic("boom") }},
-		{"permanent", framework.Failed, func() error { return framework.Permanent(errBoom) }},
-		{"already applied", framework.Duplicate, func() error { return framework.ErrAlreadyApplied }},
+		{"error", framework.Failed, func(context.Context, pgx.Tx) error { return errBoom }},
+		{"panic", framework.Failed, func(context.Context, pgx.Tx) error { panic("boom") }},
+		{"permanent", framework.Failed, func(context.Context, pgx.Tx) error { return framework.Permanent(errBoom) }},
+		{"already applied", framework.Duplicate, func(context.Context, pgx.Tx) error { return framework.ErrAlreadyApplied }},
+		{"commit fails", framework.Failed, func(ctx context.Context, tx pgx.Tx) error {
+			// A deferred unique constraint: every statement succeeds, COMMIT fails.
+			_, err := tx.Exec(ctx, `CREATE TEMP TABLE commit_fails (id int UNIQUE DEFERRABLE INITIALLY DEFERRED) ON COMMIT DROP;
+				INSERT INTO commit_fails VALUES (1), (1)`)
+			return err
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -109,7 +116,7 @@ func TestRolledBackDeliveryLeavesNoOutboxRow(t *testing.T) {
 				if err := b.store.Enqueue(msg.Context(), tx, "direct", receipt(6, nil)); err != nil {
 					return nil, err
 				}
-				return []*message.Message{receipt(6, nil)}, tc.after()
+				return []*message.Message{receipt(6, nil)}, tc.after(msg.Context(), tx)
 			})
 			_, err := h(newDelivery(t, order{OrderID: 6, CustomerID: 6, TotalCents: 600}))
 			if tc.outcome == framework.Failed {
@@ -118,6 +125,7 @@ func TestRolledBackDeliveryLeavesNoOutboxRow(t *testing.T) {
 				require.NoError(t, err)
 			}
 			require.Equal(t, tc.outcome, rec.results[0].Outcome)
+			require.Zero(t, rec.results[0].Enqueued, "Enqueued is 0 unless Applied")
 			require.Empty(t, b.outboxRows(t))
 			require.Equal(t, int64(0), b.ledgerRows(t, 6))
 			require.Equal(t, int64(0), b.claims(t, "loyalty"))

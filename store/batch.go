@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/claimtx/claimtx/internal/pgtx"
 )
 
 // ClaimBatch claims many keys of one consumer in one statement and returns
@@ -53,7 +55,7 @@ func (s *Store) BeginClaimBatch(ctx context.Context, opts pgx.TxOptions, consume
 	br := s.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
-		rollback(ctx, tx)
+		pgtx.Rollback(ctx, tx)
 		return nil, nil, fmt.Errorf("claimtx: claim batch: %w", err)
 	}
 	slices.Sort(*claimed)

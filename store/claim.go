@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/claimtx/claimtx/internal/pgtx"
 )
 
 // ClaimRequest is one claim with every option. Claim, ClaimWait and
@@ -109,20 +111,42 @@ func (s *Store) BeginClaim(ctx context.Context, opts pgx.TxOptions, r ClaimReque
 		// A claim that failed (lock_timeout, a missing partition) leaves
 		// the transaction open and aborted; a failed BEGIN leaves it
 		// closed, and Rollback then only returns the connection.
-		rollback(ctx, tx)
+		pgtx.Rollback(ctx, tx)
 		return nil, res, q.wrap(err)
 	}
 	if err := s.checkFingerprint(ctx, tx, q, &res); err != nil {
-		rollback(ctx, tx)
+		pgtx.Rollback(ctx, tx)
 		return nil, res, err
 	}
 	return tx, res, nil
 }
 
-func rollback(ctx context.Context, tx pgx.Tx) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = tx.Rollback(rctx)
+// BeginNaturalKey begins a transaction on a connection from the pool for a
+// natural-key claim, where the claim is the effect's own guarded INSERT:
+// BEGIN and a lock_timeout of wait for the whole transaction go out in one
+// round trip, so the guarded INSERT waits at most wait behind a twin's
+// uncommitted row (the error then classifies as CauseClaimWait). wait <= 0
+// sets no timeout. On success the caller owns tx and must Commit or
+// Rollback it; on error there is no transaction to end.
+func (s *Store) BeginNaturalKey(ctx context.Context, opts pgx.TxOptions, wait time.Duration) (pgx.Tx, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(opts)
+	if wait > 0 {
+		b.Queue("SELECT set_config('lock_timeout', $1, true)", lockTimeout(wait))
+	}
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		pgtx.Rollback(ctx, tx)
+		return nil, fmt.Errorf("claimtx: begin: %w", err)
+	}
+	return tx, nil
+}
+
+// lockTimeout renders d for set_config('lock_timeout', …): whole
+// milliseconds, at least 1 (0 would mean "wait forever").
+func lockTimeout(d time.Duration) string {
+	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
 }
 
 // claimQuery is one claim statement with its arguments, ready to queue.
@@ -169,7 +193,7 @@ func queueBounded(b *pgx.Batch, wait time.Duration, queue func()) {
 		queue()
 		return
 	}
-	b.Queue("SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(max(wait.Milliseconds(), 1), 10)+"ms")
+	b.Queue("SELECT set_config('lock_timeout', $1, true)", lockTimeout(wait))
 	queue()
 	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
 }

@@ -6,32 +6,14 @@ import (
 	"fmt"
 	"regexp"
 	"sort"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/timing"
 )
-
-// Partitioned mode
-//
-// A unique constraint on a partitioned table must include the partition
-// key. Partitioning claims by processed_at would therefore make the
-// primary key (consumer, message_key, processed_at): a redelivery processed
-// on another day would land in another partition, meet no conflict and be
-// applied twice. claimtx partitions by event_day instead, the UTC day of
-// the producer's event time, which every redelivery carries unchanged, so
-// twins always meet in the same partition and the primary key
-// (consumer, message_key, event_day) is as strong as (consumer, message_key).
-//
-// Retention then drops whole days: a day whose every event time is older
-// than the retention horizon is detached (CONCURRENTLY, so claims are never
-// blocked) and dropped, which costs the same for ten rows or ten million.
-// A message for a dropped day finds no partition and fails with
-// ErrNoPartition instead of being applied again; middleware.ExpiryGuard
-// turns the same condition into a clean "expired" before the claim.
 
 // Defaults for PartitionConfig fields left zero.
 const (
@@ -650,7 +632,7 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 // statement queued for ACCESS EXCLUSIVE blocks every claim queued behind
 // it, so it must give up quickly rather than wait out a long transaction.
 func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg PartitionConfig, fn func(pgx.Tx) error) error {
-	wait := strconv.FormatInt(max(cfg.LockWait.Milliseconds(), 1), 10) + "ms"
+	wait := lockTimeout(cfg.LockWait)
 	var err error
 	for attempt := 1; ; attempt++ {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -662,7 +644,7 @@ func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg PartitionConf
 		if err == nil || Classify(err) != CauseClaimWait || attempt >= cfg.LockTries {
 			return err
 		}
-		if perr := pause(ctx, time.Duration(attempt)*partitionLockRetryInterval); perr != nil {
+		if perr := timing.Sleep(ctx, time.Duration(attempt)*partitionLockRetryInterval); perr != nil {
 			return errors.Join(err, perr)
 		}
 	}

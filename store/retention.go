@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/timing"
 )
 
 // Defaults for RetentionConfig and PartitionConfig fields left zero.
@@ -336,7 +337,7 @@ SELECT count(*), max(processed_at) FROM deleted`)
 			break
 		}
 		if n == int64(asked) && cfg.Pause > 0 {
-			if err := pause(ctx, cfg.Pause); err != nil {
+			if err := timing.Sleep(ctx, cfg.Pause); err != nil {
 				res.Duration = time.Since(start)
 				return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
 			}
@@ -361,17 +362,6 @@ func nextBatchSize(size int, took time.Duration, cfg RetentionConfig) int {
 	ideal := float64(size) * float64(cfg.TargetBatchDuration) / float64(took)
 	ideal = min(max(ideal, float64(size)/2), float64(size)*2)
 	return min(max(int(ideal), cfg.MinBatchSize), cfg.MaxBatchSize)
-}
-
-func pause(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // estimateBelow asks the planner how many claims are older than horizon:

@@ -367,3 +367,26 @@ func TestBeginClaim(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, int32(0), st.Pool().Stat().AcquiredConns())
 }
+
+// BeginNaturalKey: BEGIN with the transaction's options and a lock_timeout
+// for the whole transaction (whole milliseconds, at least 1), none for
+// wait <= 0, and a failed BEGIN giving the connection back.
+func TestBeginNaturalKey(t *testing.T) {
+	t.Parallel()
+	st := migrated(t, 2)
+	ctx := context.Background()
+	for wait, want := range map[time.Duration]string{time.Second: "1s", 1500 * time.Millisecond: "1500ms", time.Microsecond: "1ms", 0: "0"} {
+		tx, err := st.BeginNaturalKey(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, wait)
+		require.NoError(t, err)
+		var iso, lockTimeout string
+		require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation'), current_setting('lock_timeout')").Scan(&iso, &lockTimeout))
+		require.Equal(t, "repeatable read", iso)
+		require.Equal(t, want, lockTimeout, "wait %v", wait)
+		require.NoError(t, tx.Rollback(ctx))
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err := st.BeginNaturalKey(cctx, pgx.TxOptions{}, time.Second)
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, int32(0), st.Pool().Stat().AcquiredConns())
+}

@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/claimtx/claimtx/internal/timing"
 )
 
 // amqpOps publishes like a plain amqp091 producer (default exchange,
@@ -79,7 +81,7 @@ func (a *amqpOps) publish(ctx context.Context, ds []delivery) (int, error) {
 			return sent, nil
 		}
 		lastErr = err
-		if err := sleepCtx(ctx, retryDelay(attempt)); err != nil {
+		if err := timing.Sleep(ctx, retryDelay(attempt)); err != nil {
 			return sent, err
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/examples/internal/orderfeed"
+	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -256,7 +257,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 				pubErr = err
 				return
 			}
-			if err := sleepCtx(runCtx, pace); err != nil {
+			if err := timing.Sleep(runCtx, pace); err != nil {
 				pubErr = err
 				return
 			}
@@ -287,7 +288,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 			default:
 			}
 			wait := o.killMin + rand.N(o.killMax-o.killMin+1) //nolint:gosec // timing jitter
-			if err := sleepCtx(runCtx, wait); err != nil {
+			if err := timing.Sleep(runCtx, wait); err != nil {
 				return fmt.Errorf("chaos phase: %w (SIGKILLs so far %d, SIGTERMs %d)", err, st.kills, st.terms)
 			}
 			victim := rng.IntN(o.consumers)
@@ -311,7 +312,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 							}
 							prev = n
 						}
-						if err := sleepCtx(runCtx, 25*time.Millisecond); err != nil {
+						if err := timing.Sleep(runCtx, 25*time.Millisecond); err != nil {
 							return err
 						}
 					}
@@ -386,7 +387,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		if err1 == nil && err2 == nil && err3 == nil && n >= o.orders && poisoned >= o.bad && drained {
 			break
 		}
-		if err := sleepCtx(runCtx, 200*time.Millisecond); err != nil {
+		if err := timing.Sleep(runCtx, 200*time.Millisecond); err != nil {
 			drainErr = fmt.Errorf("drain: %w (applied %d of %d, poisoned %d of %d, drained %v; last errors: %w)",
 				errTimeout, n, o.orders, poisoned, o.bad, drained, errors.Join(err1, err2, err3))
 			break
@@ -455,20 +456,9 @@ func waitPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 		if _, err := pool.Exec(ctx, "SELECT 1"); err == nil {
 			return nil
 		}
-		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+		if err := timing.Sleep(ctx, 100*time.Millisecond); err != nil {
 			return fmt.Errorf("postgres did not come back: %w", err)
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -386,7 +387,7 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 		if len(again) == 0 {
 			return
 		}
-		if err := sleepCtx(ctx, delay); err != nil {
+		if err := timing.Sleep(ctx, delay); err != nil {
 			for _, m := range again {
 				s.done(m, err)
 				m.Nack()
@@ -419,16 +420,5 @@ func (s settler) deadLetter(m *message.Message, err error) {
 func (s settler) done(m *message.Message, err error) {
 	if s.opts.settled != nil {
 		s.opts.settled(m, err)
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -221,7 +222,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			delay := r.backoff(failures)
 			r.cfg.Logger.Error("claimtx relay: batch failed, rows stay pending", b.Err, watermill.LogFields{
 				"claimed": b.Claimed, "published": b.Published, "failures": failures, "retry_in": delay})
-			if err := sleep(ctx, delay); err != nil {
+			if err := timing.Sleep(ctx, delay); err != nil {
 				return nil
 			}
 			continue
@@ -369,7 +370,7 @@ func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 			}
 			return total, nil
 		}
-		if err := sleep(ctx, cleanupPause); err != nil {
+		if err := timing.Sleep(ctx, cleanupPause); err != nil {
 			return total, err
 		}
 	}
@@ -385,7 +386,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 			return
 		}
 		r.cfg.Logger.Info("claimtx relay: LISTEN connection lost, polling until it is back", watermill.LogFields{"err": err.Error()})
-		if sleep(ctx, r.cfg.PollInterval) != nil {
+		if timing.Sleep(ctx, r.cfg.PollInterval) != nil {
 			return
 		}
 	}
@@ -444,15 +445,4 @@ func (r *Relay) backoff(failures int) time.Duration {
 	// Half jitter: relays failing together (the broker went down) spread
 	// out, and the wait never collapses to nothing.
 	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

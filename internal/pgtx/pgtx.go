@@ -1,0 +1,24 @@
+// Package pgtx holds what store and middleware both do to a pgx
+// transaction they own, so the two cannot drift apart.
+package pgtx
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// rollbackTimeout bounds Rollback: long enough for a live server, short
+// enough that a dead one does not hold the caller.
+const rollbackTimeout = 5 * time.Second
+
+// Rollback ends tx without its changes, even when ctx is already done (a
+// shutdown cancelled the message), so the connection goes back to the pool
+// clean; the wait is bounded by rollbackTimeout. Its error is dropped: a
+// failed rollback closes the connection, which ends the transaction too.
+func Rollback(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	_ = tx.Rollback(rctx)
+}
