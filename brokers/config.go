@@ -82,30 +82,30 @@ type envSource struct {
 // envVars maps the YAML path of each field an environment variable sets to
 // that variable. OverlayEnv and error naming both read it.
 var envVars = map[string]string{
-	"kind":                    EnvBroker,
-	"amqp.url":                EnvAMQPURL,
-	"amqp.concurrency":        EnvConcurrency,
-	"amqp.prefetch":           EnvAMQPPrefetch,
-	"amqp.window":             EnvAMQPWindow,
-	"amqp.nack_delay":         EnvAMQPNackDelay,
-	"amqp.dial_timeout":       EnvAMQPDialTimeout,
-	"kafka.brokers":           EnvKafkaBrokers,
-	"kafka.consumer_group":    EnvKafkaConsumerGroup,
-	"kafka.initial_offset":    EnvKafkaInitialOffset,
-	"kafka.version":           EnvKafkaVersion,
-	"kafka.client_id":         EnvKafkaClientID,
-	"kafka.session_timeout":   EnvKafkaSessionTimeout,
-	"kafka.rebalance_timeout": EnvKafkaRebalanceTimeout,
-	"kafka.nack_delay":        EnvKafkaNackDelay,
-	"kafka.window":            EnvKafkaWindow,
-	"kafka.dial_timeout":      EnvKafkaDialTimeout,
-	"kafka.sasl.mechanism":    EnvKafkaSASLMechanism,
-	"kafka.sasl.user":         EnvKafkaSASLUser,
-	"kafka.sasl.password":     EnvKafkaSASLPassword,
-	"kafka.tls.enabled":       EnvKafkaTLS,
-	"kafka.tls.ca_file":       EnvKafkaTLSCAFile,
-	"kafka.tls.cert_file":     EnvKafkaTLSCertFile,
-	"kafka.tls.key_file":      EnvKafkaTLSKeyFile,
+	"kind":                    envBroker,
+	"amqp.url":                envAMQPURL,
+	"amqp.concurrency":        envConcurrency,
+	"amqp.prefetch":           envAMQPPrefetch,
+	"amqp.window":             envAMQPWindow,
+	"amqp.nack_delay":         envAMQPNackDelay,
+	"amqp.dial_timeout":       envAMQPDialTimeout,
+	"kafka.brokers":           envKafkaBrokers,
+	"kafka.consumer_group":    envKafkaConsumerGroup,
+	"kafka.initial_offset":    envKafkaInitialOffset,
+	"kafka.version":           envKafkaVersion,
+	"kafka.client_id":         envKafkaClientID,
+	"kafka.session_timeout":   envKafkaSessionTimeout,
+	"kafka.rebalance_timeout": envKafkaRebalanceTimeout,
+	"kafka.nack_delay":        envKafkaNackDelay,
+	"kafka.window":            envKafkaWindow,
+	"kafka.dial_timeout":      envKafkaDialTimeout,
+	"kafka.sasl.mechanism":    envKafkaSASLMechanism,
+	"kafka.sasl.user":         envKafkaSASLUser,
+	"kafka.sasl.password":     envKafkaSASLPassword,
+	"kafka.tls.enabled":       envKafkaTLS,
+	"kafka.tls.ca_file":       envKafkaTLSCAFile,
+	"kafka.tls.cert_file":     envKafkaTLSCertFile,
+	"kafka.tls.key_file":      envKafkaTLSKeyFile,
 }
 
 // envField is envVars inverted: the YAML path each variable sets.
@@ -245,30 +245,30 @@ func (c Config) GoString() string { return "brokers.Config" + c.String() }
 // Environment variables read by ConfigFromEnv and LoadConfigFile. See the
 // package documentation for what each one sets.
 const (
-	EnvBroker                = "BROKER"
-	EnvAMQPURL               = "AMQP_URL"
-	EnvConcurrency           = "CONCURRENCY"
-	EnvAMQPPrefetch          = "AMQP_PREFETCH"
-	EnvAMQPWindow            = "AMQP_WINDOW"
-	EnvAMQPNackDelay         = "AMQP_NACK_DELAY"
-	EnvAMQPDialTimeout       = "AMQP_DIAL_TIMEOUT"
-	EnvKafkaBrokers          = "KAFKA_BROKERS"
-	EnvKafkaConsumerGroup    = "KAFKA_CONSUMER_GROUP"
-	EnvKafkaInitialOffset    = "KAFKA_INITIAL_OFFSET"
-	EnvKafkaVersion          = "KAFKA_VERSION"
-	EnvKafkaClientID         = "KAFKA_CLIENT_ID"
-	EnvKafkaSessionTimeout   = "KAFKA_SESSION_TIMEOUT"
-	EnvKafkaRebalanceTimeout = "KAFKA_REBALANCE_TIMEOUT"
-	EnvKafkaNackDelay        = "KAFKA_NACK_DELAY"
-	EnvKafkaWindow           = "KAFKA_WINDOW"
-	EnvKafkaDialTimeout      = "KAFKA_DIAL_TIMEOUT"
-	EnvKafkaSASLMechanism    = "KAFKA_SASL_MECHANISM"
-	EnvKafkaSASLUser         = "KAFKA_SASL_USER"
-	EnvKafkaSASLPassword     = "KAFKA_SASL_PASSWORD" //nolint:gosec // the variable's name, not a password
-	EnvKafkaTLS              = "KAFKA_TLS"
-	EnvKafkaTLSCAFile        = "KAFKA_TLS_CA_FILE"
-	EnvKafkaTLSCertFile      = "KAFKA_TLS_CERT_FILE"
-	EnvKafkaTLSKeyFile       = "KAFKA_TLS_KEY_FILE"
+	envBroker                = "BROKER"
+	envAMQPURL               = "AMQP_URL"
+	envConcurrency           = "CONCURRENCY"
+	envAMQPPrefetch          = "AMQP_PREFETCH"
+	envAMQPWindow            = "AMQP_WINDOW"
+	envAMQPNackDelay         = "AMQP_NACK_DELAY"
+	envAMQPDialTimeout       = "AMQP_DIAL_TIMEOUT"
+	envKafkaBrokers          = "KAFKA_BROKERS"
+	envKafkaConsumerGroup    = "KAFKA_CONSUMER_GROUP"
+	envKafkaInitialOffset    = "KAFKA_INITIAL_OFFSET"
+	envKafkaVersion          = "KAFKA_VERSION"
+	envKafkaClientID         = "KAFKA_CLIENT_ID"
+	envKafkaSessionTimeout   = "KAFKA_SESSION_TIMEOUT"
+	envKafkaRebalanceTimeout = "KAFKA_REBALANCE_TIMEOUT"
+	envKafkaNackDelay        = "KAFKA_NACK_DELAY"
+	envKafkaWindow           = "KAFKA_WINDOW"
+	envKafkaDialTimeout      = "KAFKA_DIAL_TIMEOUT"
+	envKafkaSASLMechanism    = "KAFKA_SASL_MECHANISM"
+	envKafkaSASLUser         = "KAFKA_SASL_USER"
+	envKafkaSASLPassword     = "KAFKA_SASL_PASSWORD" //nolint:gosec // the variable's name, not a password
+	envKafkaTLS              = "KAFKA_TLS"
+	envKafkaTLSCAFile        = "KAFKA_TLS_CA_FILE"
+	envKafkaTLSCertFile      = "KAFKA_TLS_CERT_FILE"
+	envKafkaTLSKeyFile       = "KAFKA_TLS_KEY_FILE"
 )
 
 // ConfigFromEnv returns DefaultConfig overlaid with the environment
@@ -444,18 +444,18 @@ func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
 		}
 	}
 
-	str(EnvBroker, &c.Kind)
+	str(envBroker, &c.Kind)
 
-	if v, ok := get(EnvAMQPURL); ok {
+	if v, ok := get(envAMQPURL); ok {
 		c.AMQP.URL = v // never echoed back in errors: it may hold a password
 	}
-	posInt(EnvConcurrency, &c.AMQP.Concurrency)
-	posInt(EnvAMQPPrefetch, &c.AMQP.Prefetch)
-	posInt(EnvAMQPWindow, &c.AMQP.Window)
-	dur(EnvAMQPNackDelay, &c.AMQP.NackDelay)
-	dur(EnvAMQPDialTimeout, &c.AMQP.DialTimeout)
+	posInt(envConcurrency, &c.AMQP.Concurrency)
+	posInt(envAMQPPrefetch, &c.AMQP.Prefetch)
+	posInt(envAMQPWindow, &c.AMQP.Window)
+	dur(envAMQPNackDelay, &c.AMQP.NackDelay)
+	dur(envAMQPDialTimeout, &c.AMQP.DialTimeout)
 
-	if v, ok := get(EnvKafkaBrokers); ok {
+	if v, ok := get(envKafkaBrokers); ok {
 		var list []string
 		for _, b := range strings.Split(v, ",") {
 			if b = strings.TrimSpace(b); b != "" {
@@ -463,29 +463,29 @@ func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
 			}
 		}
 		if len(list) == 0 {
-			fail(EnvKafkaBrokers, "must list at least one host:port")
+			fail(envKafkaBrokers, "must list at least one host:port")
 		} else {
 			c.Kafka.Brokers = list
 		}
 	}
-	str(EnvKafkaConsumerGroup, &c.Kafka.ConsumerGroup)
-	str(EnvKafkaInitialOffset, &c.Kafka.InitialOffset)
-	str(EnvKafkaVersion, &c.Kafka.Version)
-	str(EnvKafkaClientID, &c.Kafka.ClientID)
-	dur(EnvKafkaSessionTimeout, &c.Kafka.SessionTimeout)
-	dur(EnvKafkaRebalanceTimeout, &c.Kafka.RebalanceTimeout)
-	dur(EnvKafkaNackDelay, &c.Kafka.NackDelay)
-	posInt(EnvKafkaWindow, &c.Kafka.Window)
-	dur(EnvKafkaDialTimeout, &c.Kafka.DialTimeout)
-	str(EnvKafkaSASLMechanism, &c.Kafka.SASL.Mechanism)
-	str(EnvKafkaSASLUser, &c.Kafka.SASL.User)
-	if v, ok := get(EnvKafkaSASLPassword); ok {
+	str(envKafkaConsumerGroup, &c.Kafka.ConsumerGroup)
+	str(envKafkaInitialOffset, &c.Kafka.InitialOffset)
+	str(envKafkaVersion, &c.Kafka.Version)
+	str(envKafkaClientID, &c.Kafka.ClientID)
+	dur(envKafkaSessionTimeout, &c.Kafka.SessionTimeout)
+	dur(envKafkaRebalanceTimeout, &c.Kafka.RebalanceTimeout)
+	dur(envKafkaNackDelay, &c.Kafka.NackDelay)
+	posInt(envKafkaWindow, &c.Kafka.Window)
+	dur(envKafkaDialTimeout, &c.Kafka.DialTimeout)
+	str(envKafkaSASLMechanism, &c.Kafka.SASL.Mechanism)
+	str(envKafkaSASLUser, &c.Kafka.SASL.User)
+	if v, ok := get(envKafkaSASLPassword); ok {
 		c.Kafka.SASL.Password = v
 	}
-	boolean(EnvKafkaTLS, &c.Kafka.TLS.Enabled)
-	str(EnvKafkaTLSCAFile, &c.Kafka.TLS.CAFile)
-	str(EnvKafkaTLSCertFile, &c.Kafka.TLS.CertFile)
-	str(EnvKafkaTLSKeyFile, &c.Kafka.TLS.KeyFile)
+	boolean(envKafkaTLS, &c.Kafka.TLS.Enabled)
+	str(envKafkaTLSCAFile, &c.Kafka.TLS.CAFile)
+	str(envKafkaTLSCertFile, &c.Kafka.TLS.CertFile)
+	str(envKafkaTLSKeyFile, &c.Kafka.TLS.KeyFile)
 
 	if firstErr != nil {
 		return Config{}, firstErr

@@ -150,11 +150,11 @@ func FuzzOverlayEnv(f *testing.F) {
 			return
 		}
 		env := map[string]string{
-			brokers.EnvBroker: broker, brokers.EnvAMQPURL: withPassword(amqpURL), brokers.EnvConcurrency: concurrency,
-			brokers.EnvAMQPNackDelay: nackDelay, brokers.EnvKafkaBrokers: kafkaBrokers,
-			brokers.EnvKafkaSessionTimeout: session, brokers.EnvKafkaTLS: tls,
-			brokers.EnvKafkaSASLMechanism: mech, brokers.EnvKafkaSASLUser: user,
-			brokers.EnvKafkaSASLPassword: secretMarker,
+			"BROKER": broker, "AMQP_URL": withPassword(amqpURL), "CONCURRENCY": concurrency,
+			"AMQP_NACK_DELAY": nackDelay, "KAFKA_BROKERS": kafkaBrokers,
+			"KAFKA_SESSION_TIMEOUT": session, "KAFKA_TLS": tls,
+			"KAFKA_SASL_MECHANISM": mech, "KAFKA_SASL_USER": user,
+			"KAFKA_SASL_PASSWORD": secretMarker,
 		}
 		c, err := brokers.DefaultConfig().OverlayEnv(mapEnv(env))
 		if err != nil {

@@ -14,14 +14,14 @@ import (
 
 // allEnv is every variable ConfigFromEnv reads.
 var allEnv = []string{
-	brokers.EnvBroker, brokers.EnvAMQPURL, brokers.EnvConcurrency, brokers.EnvAMQPPrefetch,
-	brokers.EnvAMQPWindow, brokers.EnvAMQPNackDelay, brokers.EnvAMQPDialTimeout,
-	brokers.EnvKafkaBrokers, brokers.EnvKafkaConsumerGroup, brokers.EnvKafkaInitialOffset,
-	brokers.EnvKafkaVersion, brokers.EnvKafkaClientID, brokers.EnvKafkaSessionTimeout,
-	brokers.EnvKafkaRebalanceTimeout, brokers.EnvKafkaNackDelay, brokers.EnvKafkaWindow,
-	brokers.EnvKafkaDialTimeout, brokers.EnvKafkaSASLMechanism, brokers.EnvKafkaSASLUser,
-	brokers.EnvKafkaSASLPassword, brokers.EnvKafkaTLS, brokers.EnvKafkaTLSCAFile,
-	brokers.EnvKafkaTLSCertFile, brokers.EnvKafkaTLSKeyFile,
+	"BROKER", "AMQP_URL", "CONCURRENCY", "AMQP_PREFETCH",
+	"AMQP_WINDOW", "AMQP_NACK_DELAY", "AMQP_DIAL_TIMEOUT",
+	"KAFKA_BROKERS", "KAFKA_CONSUMER_GROUP", "KAFKA_INITIAL_OFFSET",
+	"KAFKA_VERSION", "KAFKA_CLIENT_ID", "KAFKA_SESSION_TIMEOUT",
+	"KAFKA_REBALANCE_TIMEOUT", "KAFKA_NACK_DELAY", "KAFKA_WINDOW",
+	"KAFKA_DIAL_TIMEOUT", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USER",
+	"KAFKA_SASL_PASSWORD", "KAFKA_TLS", "KAFKA_TLS_CA_FILE",
+	"KAFKA_TLS_CERT_FILE", "KAFKA_TLS_KEY_FILE",
 }
 
 // clearEnv unsets (sets empty, which counts as unset) every variable, so
@@ -112,12 +112,12 @@ func TestFileErrorsNameTheYAMLPath(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "kafka.brokers", ce.Field)
 
-	t.Setenv(brokers.EnvKafkaBrokers, "k:9092")
+	t.Setenv("KAFKA_BROKERS", "k:9092")
 	_, err = brokers.LoadConfigFile(path)
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "kafka.initial_offset", ce.Field, "the file's value, so its path")
 
-	t.Setenv(brokers.EnvKafkaBrokers, "alsonohost")
+	t.Setenv("KAFKA_BROKERS", "alsonohost")
 	_, err = brokers.LoadConfigFile(path)
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "KAFKA_BROKERS", ce.Field, "the variable's value, so the variable")
@@ -138,7 +138,7 @@ func TestKafkaSubscriberNeedsGroup(t *testing.T) {
 	var ce *brokers.ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "kafka.consumer_group", ce.Field)
-	require.Contains(t, ce.Reason, brokers.EnvKafkaConsumerGroup)
+	require.Contains(t, ce.Reason, "KAFKA_CONSUMER_GROUP")
 	require.Equal(t, "", brokers.DefaultConfig().Kafka.ConsumerGroup, "no shared default")
 
 	cfg.Kafka.ConsumerGroup = "billing"

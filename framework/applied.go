@@ -27,17 +27,3 @@ import "errors"
 // rolls back with everything else, so the next delivery runs the handler
 // again and gets the same answer.
 var ErrAlreadyApplied = errors.New("claimtx: effect already applied")
-
-// AppliedOrDuplicate returns nil when applied is true and ErrAlreadyApplied
-// otherwise, for handlers that learn from a row count or a RETURNING clause
-// whether their guarded statement took effect:
-//
-//	tag, err := tx.Exec(ctx, "INSERT … ON CONFLICT (order_id) DO NOTHING", …)
-//	if err != nil { return err }
-//	return framework.AppliedOrDuplicate(tag.RowsAffected() == 1)
-func AppliedOrDuplicate(applied bool) error {
-	if applied {
-		return nil
-	}
-	return ErrAlreadyApplied
-}

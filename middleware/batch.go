@@ -13,6 +13,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pgtx"
 	"github.com/claimtx/claimtx/internal/timing"
+	"github.com/claimtx/claimtx/internal/txctx"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -257,7 +258,7 @@ type perMessage BatchHandlerFunc
 
 func (h perMessage) fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
 	for _, i := range idx {
-		if err := guard(func() error { return h(framework.WithTx(ctx, tx), tx, msgs[i]) }); err != nil {
+		if err := guard(func() error { return h(txctx.With(ctx, tx), tx, msgs[i]) }); err != nil {
 			if store.Classify(err).Transient() {
 				// Not this message's fault: a deadlock with another batch, a
 				// serialization failure, a lost connection. Retry the whole
@@ -274,7 +275,7 @@ func (h perMessage) fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message
 func (h perMessage) isolate(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
 	for _, i := range idx {
 		err := underSavepoint(ctx, tx, func() error {
-			return h(framework.WithTx(ctx, tx), tx, msgs[i])
+			return h(txctx.With(ctx, tx), tx, msgs[i])
 		})
 		if err != nil {
 			if store.Classify(err).Transient() {
@@ -293,7 +294,7 @@ func (h setWise) call(ctx context.Context, tx pgx.Tx, msgs []*message.Message, i
 	for j, i := range idx {
 		set[j] = msgs[i]
 	}
-	return guard(func() error { return h(framework.WithTx(ctx, tx), tx, set) })
+	return guard(func() error { return h(txctx.With(ctx, tx), tx, set) })
 }
 
 func (h setWise) fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {

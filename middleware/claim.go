@@ -16,8 +16,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/internal/pgtx"
 	"github.com/claimtx/claimtx/internal/timing"
+	"github.com/claimtx/claimtx/internal/txctx"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -248,7 +250,7 @@ func (c Claim) Validate() error {
 	default:
 		return &framework.ConfigError{Field: "Isolation", Reason: fmt.Sprintf("%q is not supported (READ COMMITTED, REPEATABLE READ or SERIALIZABLE)", c.Isolation)}
 	}
-	return store.ValidateConsumer(c.Consumer)
+	return consumername.Validate("Consumer", c.Consumer)
 }
 
 func (c Claim) withDefaults() Claim {
@@ -464,7 +466,7 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 // runs and the router sees an ordinary failure.
 func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx) (produced []*message.Message, err error) {
 	orig := msg.Context()
-	msg.SetContext(framework.WithTx(orig, tx))
+	msg.SetContext(txctx.With(orig, tx))
 	defer func() {
 		msg.SetContext(orig)
 		if r := recover(); r != nil {

@@ -52,7 +52,10 @@ func creditOnce(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 	if err := tx.QueryRow(ctx, creditOnceSQL, o.CustomerID, o.OrderID, o.TotalCents/100).Scan(&inserted); err != nil {
 		return err
 	}
-	return framework.AppliedOrDuplicate(inserted == 1)
+	if inserted == 0 {
+		return framework.ErrAlreadyApplied
+	}
+	return nil
 }
 
 func (b bundle) natural(t testing.TB, rec *outcomes) middleware.Claim {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/outboxnotify"
 )
 
 // IdempotencyKeyMetadata is the metadata key every relayed message carries:
@@ -29,8 +30,8 @@ import (
 const IdempotencyKeyMetadata = "claimtx_idempotency_key"
 
 // OutboxChannel is the LISTEN/NOTIFY channel Enqueue notifies on commit,
-// with OutboxNotifyPayload as payload, so relays wake at once instead of
-// waiting for their next poll.
+// with the outbox's "schema.table" as payload, so relays wake at once
+// instead of waiting for their next poll.
 const OutboxChannel = "claimtx_outbox"
 
 // MaxTopicBytes bounds outbox topic names. Brokers have their own limits
@@ -120,13 +121,9 @@ FOR UPDATE SKIP LOCKED`),
 FROM {schema}.{outbox}`),
 		// Relays of other schemas listening on the same database ignore
 		// notifications whose payload is not theirs.
-		notifyPayload: s.cfg.Schema + "." + s.cfg.OutboxTable,
+		notifyPayload: outboxnotify.Payload(s.cfg.Schema, s.cfg.OutboxTable),
 	}
 }
-
-// OutboxNotifyPayload is the payload of the notifications Enqueue sends on
-// OutboxChannel for this Store's outbox.
-func (s *Store) OutboxNotifyPayload() string { return s.outbox.notifyPayload }
 
 // Enqueue writes msgs to the outbox in tx, addressed to topic. They are
 // published by a relay (package store/outbox) only after tx commits, and

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/outboxnotify"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/pgtest"
 )
@@ -227,7 +228,7 @@ func TestEnqueueNotifiesAtCommit(t *testing.T) {
 	for {
 		n, err := conn.WaitForNotification(wctx)
 		require.NoError(t, err)
-		if n.Payload == st.OutboxNotifyPayload() {
+		if n.Payload == outboxnotify.Payload(st.Config().Schema, st.Config().OutboxTable) {
 			break
 		}
 	}

@@ -2,10 +2,8 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -56,20 +54,6 @@ func (s *Store) Config() Config { return s.cfg }
 
 // MaxConsumerBytes bounds consumer names; they are stored in every claim.
 const MaxConsumerBytes = 200
-
-// ValidateConsumer checks a consumer name. Names are bound as parameters,
-// never spliced into SQL, so this is about sane data, not injection.
-func ValidateConsumer(consumer string) error {
-	switch {
-	case consumer == "":
-		return &framework.ConfigError{Field: "Consumer", Reason: "must not be empty"}
-	case len(consumer) > MaxConsumerBytes:
-		return &framework.ConfigError{Field: "Consumer", Reason: fmt.Sprintf("is %d bytes, longer than %d", len(consumer), MaxConsumerBytes)}
-	case !utf8.ValidString(consumer) || strings.IndexByte(consumer, 0) >= 0:
-		return &framework.ConfigError{Field: "Consumer", Reason: "must be valid UTF-8 without NUL bytes"}
-	}
-	return nil
-}
 
 // Claim inserts the claim (consumer, key) in tx and reports whether it was
 // new. false means an earlier transaction committed the same claim: the

@@ -133,7 +133,8 @@ func (u *VersionedUpsert) SQL() string { return u.sql }
 // duplicate or a late, older event), which is not an error.
 //
 // Under the claim middleware's natural-key mode a handler can return
-// framework.AppliedOrDuplicate(applied) to count stale writes as duplicates.
+// framework.ErrAlreadyApplied when applied is false to count stale writes as
+// duplicates.
 func (u *VersionedUpsert) Exec(ctx context.Context, db Execer, args ...any) (applied bool, err error) {
 	if db == nil {
 		return false, errors.New("claimtx: versioned upsert needs a transaction, pool or connection")

@@ -107,7 +107,7 @@ func (s settings) storeConfig() store.Config { return store.Config{Schema: s.sch
 // each consumer is its own group unless KAFKA_CONSUMER_GROUP says otherwise.
 func (s settings) brokerFor(consumer string) brokers.Config {
 	b := s.broker
-	if os.Getenv(brokers.EnvKafkaConsumerGroup) == "" {
+	if os.Getenv("KAFKA_CONSUMER_GROUP") == "" {
 		b.Kafka.ConsumerGroup = consumer
 	}
 	return b

@@ -36,6 +36,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
+	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -193,11 +194,7 @@ func (c Config) validate() error {
 	case c.RetryInitialInterval < 0:
 		return &framework.ConfigError{Field: "RetryInitialInterval", Reason: "must not be negative"}
 	}
-	if err := store.ValidateConsumer(c.Name); err != nil {
-		var ce *framework.ConfigError
-		if errors.As(err, &ce) {
-			ce.Field = "Name"
-		}
+	if err := consumername.Validate("Name", c.Name); err != nil {
 		return err
 	}
 	if err := c.Store.Validate(); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/outboxnotify"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
 )
@@ -407,7 +408,8 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 	}
 	// Rows committed while no connection listened were not announced.
 	signal(wake)
-	want := r.st.OutboxNotifyPayload()
+	cfg := r.st.Config()
+	want := outboxnotify.Payload(cfg.Schema, cfg.OutboxTable)
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {

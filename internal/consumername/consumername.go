@@ -1,0 +1,27 @@
+// Package consumername checks consumer names, for the claim middleware and
+// framework/consumer alike.
+package consumername
+
+import (
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/store"
+)
+
+// Validate checks a consumer name; field is the name of the configuration
+// field it came from. Names are bound as parameters, never spliced into SQL,
+// so this is about sane data, not injection.
+func Validate(field, consumer string) error {
+	switch {
+	case consumer == "":
+		return &framework.ConfigError{Field: field, Reason: "must not be empty"}
+	case len(consumer) > store.MaxConsumerBytes:
+		return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("is %d bytes, longer than %d", len(consumer), store.MaxConsumerBytes)}
+	case !utf8.ValidString(consumer) || strings.IndexByte(consumer, 0) >= 0:
+		return &framework.ConfigError{Field: field, Reason: "must be valid UTF-8 without NUL bytes"}
+	}
+	return nil
+}

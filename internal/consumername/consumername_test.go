@@ -1,0 +1,25 @@
+package consumername_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/consumername"
+	"github.com/claimtx/claimtx/store"
+)
+
+func TestValidate(t *testing.T) {
+	t.Parallel()
+	for _, c := range []string{"", "a\x00", string([]byte{0xff}), strings.Repeat("a", store.MaxConsumerBytes+1)} {
+		err := consumername.Validate("Name", c)
+		var ce *framework.ConfigError
+		require.True(t, errors.As(err, &ce), "%q: %v", c, err)
+		require.Equal(t, "Name", ce.Field)
+	}
+	require.NoError(t, consumername.Validate("Consumer", strings.Repeat("a", store.MaxConsumerBytes)))
+	require.NoError(t, consumername.Validate("Consumer", "loyalty; DROP TABLE x"), "consumer names are bound parameters, any text is safe")
+}
