@@ -14,6 +14,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
 )
 
 func batchOf(t *testing.T, orders ...order) []*message.Message {
@@ -207,9 +208,9 @@ func testBatchRollbackHandOver(t *testing.T, run func(middleware.Batch, context.
 	ctx := context.Background()
 	holder, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
-	ok, err := b.store.Claim(ctx, holder, "loyalty", "order-completed:2")
+	held, err := b.store.Claim(ctx, holder, store.ClaimRequest{Consumer: "loyalty", Key: "order-completed:2"})
 	require.NoError(t, err)
-	require.True(t, ok)
+	require.True(t, held.New)
 
 	done := make(chan []error, 1)
 	go func() {

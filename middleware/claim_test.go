@@ -253,9 +253,9 @@ func TestClaimWaitGivesUpAfterMaxAttempts(t *testing.T) {
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	claimed, err := b.store.Claim(ctx, tx, "loyalty", "order-completed:78")
+	claimed, err := b.store.Claim(ctx, tx, store.ClaimRequest{Consumer: "loyalty", Key: "order-completed:78"})
 	require.NoError(t, err)
-	require.True(t, claimed)
+	require.True(t, claimed.New)
 
 	_, err = install(t, middleware.NewClaim, c)(consume(credit))(newDelivery(t, o))
 	require.Error(t, err)

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -12,40 +11,21 @@ import (
 	"github.com/claimtx/claimtx/internal/pgtx"
 )
 
-// ClaimBatch claims many keys of one consumer in one statement and returns
-// the keys that were new (claimed by this transaction), sorted. Keys
-// already claimed by committed transactions are left out: their messages
-// are duplicates. Duplicate keys in the input are claimed once.
+// BeginClaimBatch begins a transaction on a connection from the pool and
+// claims many keys of one consumer in it with one statement, in one round
+// trip. It returns the keys that were new (claimed by this transaction),
+// sorted. Keys already claimed by committed transactions are left out:
+// their messages are duplicates. Duplicate keys in the input are claimed
+// once.
 //
 // The rows are inserted in key order, so two batches with overlapping keys
 // lock them in the same order and wait for each other instead of
 // deadlocking. A concurrent uncommitted claim of one of the keys makes the
-// statement wait for that transaction, as Claim does (bound it with
-// ClaimBatchWait).
-func (s *Store) ClaimBatch(ctx context.Context, tx pgx.Tx, consumer string, keys []string) ([]string, error) {
-	return s.ClaimBatchWait(ctx, tx, consumer, keys, 0)
-}
-
-// ClaimBatchWait is ClaimBatch with the statement's wait behind
-// uncommitted twins bounded by wait (lock_timeout, SQLSTATE 55P03 when it
-// expires: transient, retry the transaction). As with ClaimWith, the
-// timeout is set, used and reset in one round trip, so it does not bound
-// the effects that follow. wait <= 0 waits as long as the twin runs.
-func (s *Store) ClaimBatchWait(ctx context.Context, tx pgx.Tx, consumer string, keys []string, wait time.Duration) ([]string, error) {
-	if tx == nil {
-		return nil, errors.New("claimtx: ClaimBatch needs a transaction")
-	}
-	b := &pgx.Batch{}
-	claimed := s.queueClaimBatch(b, consumer, keys, wait)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return nil, fmt.Errorf("claimtx: claim batch: %w", err)
-	}
-	slices.Sort(*claimed)
-	return *claimed, nil
-}
-
-// BeginClaimBatch is BeginClaim for ClaimBatchWait: it begins a transaction
-// on a connection from the pool and claims keys in it, in one round trip.
+// statement wait for that transaction, at most wait when wait > 0
+// (lock_timeout, SQLSTATE 55P03 when it expires: CauseClaimWait, transient,
+// retry). As with Claim, the timeout is set, used and reset in the same
+// round trip, so it does not bound the effects that follow.
+//
 // On success the caller owns tx and must Commit or Rollback it; on error
 // there is no transaction to end.
 func (s *Store) BeginClaimBatch(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, wait time.Duration) (pgx.Tx, []string, error) {

@@ -16,23 +16,18 @@ func TestClaimBatch(t *testing.T) {
 	st := migrated(t, 2)
 	ctx := context.Background()
 	batch := func(keys ...string) []string {
-		var got []string
-		require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-			var err error
-			got, err = st.ClaimBatch(ctx, tx, "c", keys)
-			return err
-		}))
+		tx, got, err := st.BeginClaimBatch(ctx, pgx.TxOptions{}, "c", keys, 0)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
 		return got
 	}
 	require.Equal(t, []string{"a", "b", "c"}, batch("c", "a", "b", "a"), "new keys, sorted, in-batch duplicates once")
 	require.Equal(t, []string{"d"}, batch("b", "d", "a"), "only the new key")
 	require.Empty(t, batch("a", "d"))
-	_, err := st.ClaimBatch(ctx, nil, "c", []string{"x"})
-	require.Error(t, err)
 }
 
-// BeginClaimBatch: the same claims as ClaimBatchWait, in a transaction it
-// begins in the same round trip with the given options; a claim that
+// BeginClaimBatch: the claims in a transaction it begins in the same
+// round trip with the given options; a claim that
 // fails (behind an uncommitted twin, past its wait) leaves no transaction
 // and gives the connection back.
 func TestBeginClaimBatch(t *testing.T) {

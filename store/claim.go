@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,8 +16,8 @@ import (
 	"github.com/claimtx/claimtx/internal/pgtx"
 )
 
-// ClaimRequest is one claim with every option. Claim, ClaimWait and
-// ClaimAt are shorthands for the common cases.
+// ClaimRequest is one claim: the consumer, the message key, and the
+// options. Only Consumer and Key are required.
 type ClaimRequest struct {
 	Consumer string
 	Key      string
@@ -24,7 +25,11 @@ type ClaimRequest struct {
 	Wait time.Duration
 	// EventTime places the claim in the partition of the message's event
 	// day (partitioned mode only; see EnablePartitioning). Zero for the
-	// plain table.
+	// plain table. It must be the producer's event time of the message,
+	// read the same way on every delivery (framework.TimeFunc), so that
+	// twins land in the same partition and conflict there. When no
+	// partition accepts the day, the claim fails with ErrNoPartition: the
+	// message is expired or too far in the future, and must not be applied.
 	EventTime time.Time
 	// PayloadHash is stored with a new claim and, for a duplicate,
 	// compared with the stored one. Nil records nothing and compares
@@ -32,7 +37,7 @@ type ClaimRequest struct {
 	PayloadHash []byte
 }
 
-// ClaimResult says what ClaimWith found.
+// ClaimResult says what a claim found.
 type ClaimResult struct {
 	// New is true when this transaction inserted the claim.
 	New bool
@@ -41,36 +46,72 @@ type ClaimResult struct {
 	FingerprintMismatch bool
 }
 
-// claimStatements holds the INSERT for each combination of optional
-// columns, rendered once.
+// claimShape says which optional columns a claim carries.
+type claimShape struct {
+	eventDay    bool // ClaimRequest.EventTime is set
+	payloadHash bool // ClaimRequest.PayloadHash is set
+}
+
+// claimShapes lists every shape, to render their statements once.
+var claimShapes = []claimShape{{false, false}, {false, true}, {true, false}, {true, true}}
+
+// insertSQL is the claim INSERT for the shape, with {schema} and {claims}
+// still to render: consumer and message_key, then event_day and
+// payload_hash when the shape has them, as $1, $2, ….
+func (sh claimShape) insertSQL() string {
+	cols := []string{"consumer", "message_key"}
+	if sh.eventDay {
+		cols = append(cols, "event_day")
+	}
+	if sh.payloadHash {
+		cols = append(cols, "payload_hash")
+	}
+	params := make([]string, len(cols))
+	for i := range params {
+		params[i] = "$" + strconv.Itoa(i+1)
+	}
+	return "INSERT INTO {schema}.{claims} (" + strings.Join(cols, ", ") + ") VALUES (" + strings.Join(params, ", ") + ") ON CONFLICT DO NOTHING"
+}
+
+// claimStatements holds the claim statements, rendered once.
 type claimStatements struct {
-	insert [2][2]string // [eventDay][payloadHash]
-	hash   [2]string    // select payload_hash [eventDay]
-	batch  string       // ClaimBatch's multi-row insert
+	insert    map[claimShape]string
+	hash      string // the stored payload hash of a claim without event day
+	hashByDay string // the same, with the event day
+	batch     string // BeginClaimBatch's multi-row insert
 }
 
 func (s *Store) initClaimSQL() {
-	cols := [2][2]string{
-		{"(consumer, message_key) VALUES ($1, $2)", "(consumer, message_key, payload_hash) VALUES ($1, $2, $3)"},
-		{"(consumer, message_key, event_day) VALUES ($1, $2, $3)", "(consumer, message_key, event_day, payload_hash) VALUES ($1, $2, $3, $4)"},
+	s.claims.insert = make(map[claimShape]string, len(claimShapes))
+	for _, sh := range claimShapes {
+		s.claims.insert[sh] = s.render(sh.insertSQL())
 	}
-	for d := 0; d < 2; d++ {
-		for h := 0; h < 2; h++ {
-			s.claims.insert[d][h] = s.render("INSERT INTO {schema}.{claims} " + cols[d][h] + " ON CONFLICT DO NOTHING")
-		}
-	}
-	s.claims.hash[0] = s.render("SELECT payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2")
-	s.claims.hash[1] = s.render("SELECT payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2 AND event_day = $3")
+	s.claims.hash = s.render("SELECT payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2")
+	s.claims.hashByDay = s.render("SELECT payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2 AND event_day = $3")
 	s.claims.batch = s.render(`INSERT INTO {schema}.{claims} (consumer, message_key)
 SELECT $1, k FROM unnest($2::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i
 ON CONFLICT DO NOTHING RETURNING message_key`)
 }
 
-// ClaimWith inserts the claim described by r in tx. See Claim for the
-// semantics; the lock_timeout is set and reset around the claim in one
-// round trip when r.Wait > 0. Comparing fingerprints costs one more query,
-// and only for duplicates.
-func (s *Store) ClaimWith(ctx context.Context, tx pgx.Tx, r ClaimRequest) (ClaimResult, error) {
+// Claim inserts the claim described by r in tx, a transaction of the
+// caller's, and reports in res.New whether it was new. New false means an
+// earlier transaction committed the same claim: the caller must not apply
+// the effect. If a concurrent transaction holds the same uncommitted
+// claim, Claim waits until it ends, at most r.Wait when r.Wait > 0: on its
+// commit New is false, on its rollback true; past r.Wait the error
+// classifies as CauseClaimWait and tx is aborted (retry with a fresh one).
+// Like every claim error it aborts tx.
+//
+// The lock_timeout is set and reset around the claim in the same round
+// trip (a pipelined batch), so the caller's own statements keep the
+// session's default lock_timeout. Reset means the default from the server
+// or the connection's startup parameters; a lock_timeout changed with SET
+// in AfterConnect is not restored. Comparing fingerprints costs one more
+// query, and only for duplicates.
+//
+// The claim is only durable if tx commits; that is the point. BeginClaim
+// does the same in a transaction it begins, one round trip fewer.
+func (s *Store) Claim(ctx context.Context, tx pgx.Tx, r ClaimRequest) (ClaimResult, error) {
 	if tx == nil {
 		return ClaimResult{}, errors.New("claimtx: Claim needs a transaction")
 	}
@@ -95,7 +136,7 @@ func (s *Store) ClaimWith(ctx context.Context, tx pgx.Tx, r ClaimRequest) (Claim
 // BeginClaim begins a transaction on a connection from the pool and makes
 // the claim described by r in it, in one round trip: BEGIN, the
 // lock_timeout, the claim and the reset go out as one pipelined batch
-// (pgx's Batch.BeginTx), where BeginTx followed by ClaimWith takes two.
+// (pgx's Batch.BeginTx), where BeginTx followed by Claim takes two.
 // For a transaction per message that is one round trip of four or five.
 //
 // On success the caller owns tx, with the claim in it, and must Commit or
@@ -151,25 +192,25 @@ func lockTimeout(d time.Duration) string {
 
 // claimQuery is one claim statement with its arguments, ready to queue.
 type claimQuery struct {
-	sql  string
-	args []any
-	r    ClaimRequest
-	d    int // 1 when the claim carries an event day
-	day  pgtype.Date
-	res  *ClaimResult
+	sql   string
+	args  []any
+	r     ClaimRequest
+	shape claimShape
+	day   pgtype.Date // when shape.eventDay
+	res   *ClaimResult
 }
 
 func (s *Store) prepareClaim(r ClaimRequest, res *ClaimResult) claimQuery {
 	q := claimQuery{args: []any{r.Consumer, r.Key}, r: r, res: res}
-	h := 0
-	if !r.EventTime.IsZero() {
+	q.shape = claimShape{eventDay: !r.EventTime.IsZero(), payloadHash: r.PayloadHash != nil}
+	if q.shape.eventDay {
 		q.day = pgtype.Date{Time: EventDay(r.EventTime), Valid: true}
-		q.args, q.d = append(q.args, q.day), 1
+		q.args = append(q.args, q.day)
 	}
-	if r.PayloadHash != nil {
-		q.args, h = append(q.args, r.PayloadHash), 1
+	if q.shape.payloadHash {
+		q.args = append(q.args, r.PayloadHash)
 	}
-	q.sql = s.claims.insert[q.d][h]
+	q.sql = s.claims.insert[q.shape]
 	return q
 }
 
@@ -199,7 +240,7 @@ func queueBounded(b *pgx.Batch, wait time.Duration, queue func()) {
 }
 
 func (q claimQuery) wrap(err error) error {
-	if q.d == 1 {
+	if q.shape.eventDay {
 		return eventDayClaimError(q.day.Time, err)
 	}
 	return fmt.Errorf("claimtx: claim: %w", err)
@@ -211,12 +252,12 @@ func (s *Store) checkFingerprint(ctx context.Context, tx pgx.Tx, q claimQuery, r
 	if res.New || q.r.PayloadHash == nil {
 		return nil
 	}
-	hargs := []any{q.r.Consumer, q.r.Key}
-	if q.d == 1 {
-		hargs = append(hargs, q.day)
+	sql, hargs := s.claims.hash, []any{q.r.Consumer, q.r.Key}
+	if q.shape.eventDay {
+		sql, hargs = s.claims.hashByDay, append(hargs, q.day)
 	}
 	var stored []byte
-	if err := tx.QueryRow(ctx, s.claims.hash[q.d], hargs...).Scan(&stored); err != nil {
+	if err := tx.QueryRow(ctx, sql, hargs...).Scan(&stored); err != nil {
 		return fmt.Errorf("claimtx: read claim fingerprint: %w", err)
 	}
 	res.FingerprintMismatch = stored != nil && !bytes.Equal(stored, q.r.PayloadHash)
@@ -225,7 +266,7 @@ func (s *Store) checkFingerprint(ctx context.Context, tx pgx.Tx, q claimQuery, r
 
 // ClaimsByEventDay reports whether the claim table carries an event day
 // (after PreparePartitioning or EnablePartitioning): claims must then say
-// the message's event time (ClaimRequest.EventTime, ClaimAt).
+// the message's event time (ClaimRequest.EventTime).
 func (s *Store) ClaimsByEventDay(ctx context.Context) (bool, error) {
 	return s.hasEventDay(ctx, s.pool)
 }
@@ -238,4 +279,16 @@ func (s *Store) hasEventDay(ctx context.Context, q querier) (bool, error) {
 		return false, fmt.Errorf("claimtx: inspect claim table: %w", err)
 	}
 	return ok, nil
+}
+
+// eventDayClaimError explains the two ways a claim by event day fails for
+// the table's shape rather than for the database's state.
+func eventDayClaimError(day time.Time, err error) error {
+	switch sqlState(err) {
+	case "23514": // check_violation: no partition for the key, or the legacy boundary
+		return fmt.Errorf("claimtx: claim at event day %s: %w: %w", day.Format(time.DateOnly), ErrNoPartition, err)
+	case "42703": // undefined_column
+		return fmt.Errorf("claimtx: claim at event day %s: the claim table has no event_day column (run PreparePartitioning or `claimtx partitions enable`): %w", day.Format(time.DateOnly), err)
+	}
+	return fmt.Errorf("claimtx: claim: %w", err)
 }

@@ -25,9 +25,9 @@
 //	if res.New { /* apply the effect in tx */ }
 //	err = tx.Commit(ctx)
 //
-// BeginClaimBatch does the same for many keys at once (middleware.Batch).
-// In a transaction of your own, Claim, ClaimWait, ClaimAt and ClaimWith
-// insert the claim; ClaimBatch and ClaimBatchWait insert many.
+// BeginClaimBatch does the same for many keys at once (middleware.Batch),
+// and BeginNaturalKey begins the transaction for a natural-key claim. In a
+// transaction of your own, Claim(ctx, tx, ClaimRequest) inserts the claim.
 //
 // A concurrent transaction claiming the same key blocks on the uncommitted
 // row until the first ends: on commit it sees the conflict (res.New is
@@ -108,7 +108,7 @@
 // unchanged, so twins always meet in the same partition and the primary
 // key (consumer, message_key, event_day) is as strong as
 // (consumer, message_key). Claims then say the event time
-// (ClaimRequest.EventTime, ClaimAt).
+// (ClaimRequest.EventTime).
 //
 // Retention then drops whole days: a day whose every event time is older
 // than the retention horizon is detached (CONCURRENTLY, so claims are never

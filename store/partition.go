@@ -28,8 +28,8 @@ const (
 
 // Errors of the partition API, matched with errors.Is.
 var (
-	// ErrNoPartition is returned by ClaimAt when no partition accepts the
-	// message's event day: the day is older than the retention horizon and
+	// ErrNoPartition is returned by a claim with ClaimRequest.EventTime
+	// when no partition accepts the message's event day: the day is older than the retention horizon and
 	// was dropped (the message is expired), or lies further in the future
 	// than partitions were created (producer clock, or maintenance not
 	// running). The message must not be applied without its claim.
@@ -250,12 +250,13 @@ func (s *Store) days(ctx context.Context, q querier, retention time.Duration) (t
 }
 
 // PreparePartitioning runs the online first half of EnablePartitioning on
-// a plain claim table, for a rolling switch of consumers to ClaimAt:
+// a plain claim table, for a rolling switch of consumers to event-time
+// claims (ClaimRequest.EventTime):
 //
 //  1. it adds event_day date NOT NULL DEFAULT '-infinity' (metadata only,
-//     no rewrite): rows written by Claim get -infinity, rows written by
-//     ClaimAt their day, so both kinds of consumer work from here on and
-//     still deduplicate against each other on (consumer, message_key);
+//     no rewrite): rows claimed without an event time get -infinity,
+//     rows claimed with one their day, so both kinds of consumer work
+//     from here on and still deduplicate against each other on (consumer, message_key);
 //  2. it builds, CONCURRENTLY (claims keep flowing), the unique indexes
 //     the legacy partition will need: (consumer, message_key) and
 //     (consumer, message_key, event_day).
@@ -324,8 +325,8 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname
 
 // EnablePartitioning converts the claim table to partitioned mode, range
 // partitioned by event_day, with primary key (consumer, message_key,
-// event_day); consumers must then claim with ClaimAt (Claim fails: it
-// supplies no event day). It is an explicit opt-in rather than a
+// event_day); consumers must then claim with ClaimRequest.EventTime (a
+// claim without it fails: it supplies no event day). It is an explicit opt-in rather than a
 // migration because it changes what every consumer must send, and because
 // converting a large table is an operation to schedule.
 //
@@ -411,8 +412,8 @@ func (s *Store) EnablePartitioning(ctx context.Context, cfg PartitionConfig) (Pa
 			// migrations) and its defaults; not the CHECK constraints.
 			s.render("CREATE TABLE {schema}.{claims} (LIKE "+s.qualified(s.legacyName())+" INCLUDING DEFAULTS, CONSTRAINT "+
 				ident(s.cfg.ClaimsTable+"_pkey")+" PRIMARY KEY (consumer, message_key, event_day)) PARTITION BY RANGE (event_day)"),
-			// No default: a claim without an event day (Claim instead of
-			// ClaimAt) must fail, not land in some partition.
+			// No default: a claim without an event day (no
+			// ClaimRequest.EventTime) must fail, not land in some partition.
 			s.render("ALTER TABLE {schema}.{claims} ALTER COLUMN event_day DROP DEFAULT"),
 			s.render("COMMENT ON TABLE {schema}.{claims} IS 'claimtx claims, range partitioned by event_day: the UTC day of the producer''s event time'"),
 		)

@@ -32,7 +32,7 @@ func claimAt(t *testing.T, st *store.Store, consumer, key string, at time.Time) 
 	var claimed bool
 	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 		var err error
-		claimed, err = st.ClaimAt(ctx, tx, consumer, key, at, time.Second)
+		claimed, err = claimKeyAt(ctx, st, tx, consumer, key, at, time.Second)
 		if err != nil || !claimed {
 			return err
 		}
@@ -129,26 +129,24 @@ func TestPartitionTwinsAcrossDayBoundary(t *testing.T) {
 
 	// A plain claim cannot be placed: it has no event day.
 	err = pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-		_, err := st.Claim(ctx, tx, "loyalty", "k")
+		_, err := claimKey(ctx, st, tx, "loyalty", "k", 0)
 		return err
 	})
 	require.Error(t, err)
 
-	// ClaimAt's wait bound works as ClaimWait's.
+	// An event-time claim's wait is bounded as a plain one's.
 	holder, err := st.Pool().Begin(ctx)
 	require.NoError(t, err)
 	defer holder.Rollback(ctx)
-	ok, err := st.ClaimAt(ctx, holder, "loyalty", "held", event, 0)
+	ok, err := claimKeyAt(ctx, st, holder, "loyalty", "held", event, 0)
 	require.NoError(t, err)
 	require.True(t, ok)
 	tx, err := st.Pool().Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	_, err = st.ClaimAt(ctx, tx, "loyalty", "held", event, 50*time.Millisecond)
+	_, err = claimKeyAt(ctx, st, tx, "loyalty", "held", event, 50*time.Millisecond)
 	require.Equal(t, store.CauseClaimWait, store.Classify(err))
-	_, err = st.ClaimAt(ctx, nil, "loyalty", "k", event, 0)
-	require.Error(t, err)
-	_, err = st.ClaimAt(ctx, holder, "loyalty", "k", time.Time{}, 0)
+	_, err = claimKeyAt(ctx, st, nil, "loyalty", "k", event, 0)
 	require.Error(t, err)
 }
 
@@ -284,7 +282,7 @@ func TestPartitionConfigAndStates(t *testing.T) {
 
 // Converting a plain claim table that already holds claims: nothing is
 // copied, every existing claim keeps deduplicating (even those written
-// without an event day), and consumers can move from Claim to ClaimAt
+// without an event day), and consumers can move from plain claims to event-time claims
 // before the switch.
 func TestMigratePlainTableToPartitioned(t *testing.T) {
 	t.Parallel()
@@ -299,7 +297,7 @@ func TestMigratePlainTableToPartitioned(t *testing.T) {
 		var ok bool
 		err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 			var err error
-			ok, err = st.Claim(ctx, tx, "loyalty", key)
+			ok, err = claimKey(ctx, st, tx, "loyalty", key, 0)
 			return err
 		})
 		return ok, err
@@ -309,7 +307,7 @@ func TestMigratePlainTableToPartitioned(t *testing.T) {
 	require.True(t, ok)
 	insertAged(t, st, "loyalty", "k-ancient-", 3, "-40 days")
 
-	// Before preparing, ClaimAt says what is missing.
+	// Before preparing, an event-time claim says what is missing.
 	_, err = claimAt(t, st, "loyalty", "k-x", now)
 	require.ErrorContains(t, err, "event_day")
 

@@ -219,9 +219,9 @@ func runClaimers(t *testing.T, st *store.Store, workers int, partitioned bool, s
 				err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 					var err error
 					if partitioned {
-						_, err = st.ClaimAt(ctx, tx, "live", key, t0, 5*time.Second)
+						_, err = claimKeyAt(ctx, st, tx, "live", key, t0, 5*time.Second)
 					} else {
-						_, err = st.ClaimWait(ctx, tx, "live", key, 5*time.Second)
+						_, err = claimKey(ctx, st, tx, "live", key, 5*time.Second)
 					}
 					return err
 				})

@@ -1,11 +1,8 @@
 package store
 
 import (
-	"context"
 	"strings"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
@@ -54,28 +51,3 @@ func (s *Store) Config() Config { return s.cfg }
 
 // MaxConsumerBytes bounds consumer names; they are stored in every claim.
 const MaxConsumerBytes = 200
-
-// Claim inserts the claim (consumer, key) in tx and reports whether it was
-// new. false means an earlier transaction committed the same claim: the
-// caller must not apply the effect. If a concurrent transaction holds the
-// same uncommitted claim, Claim blocks until it ends (see ClaimWait to bound
-// that wait): on its commit Claim returns false, on its rollback true.
-//
-// The claim is only durable if tx commits; that is the point.
-func (s *Store) Claim(ctx context.Context, tx pgx.Tx, consumer, key string) (bool, error) {
-	return s.ClaimWait(ctx, tx, consumer, key, 0)
-}
-
-// ClaimWait is Claim with the wait behind a concurrent twin bounded by wait
-// (0: unbounded). When the bound is hit, the error classifies as
-// CauseClaimWait, and the transaction is aborted: retry with a fresh one.
-//
-// The lock_timeout is set and reset around the claim in the same round trip
-// (a pipelined batch), so the handler's own statements keep the session's
-// default lock_timeout. Reset means the default from the server or the
-// connection's startup parameters; a lock_timeout changed with SET in
-// AfterConnect is not restored.
-func (s *Store) ClaimWait(ctx context.Context, tx pgx.Tx, consumer, key string, wait time.Duration) (bool, error) {
-	res, err := s.ClaimWith(ctx, tx, ClaimRequest{Consumer: consumer, Key: key, Wait: wait})
-	return res.New, err
-}

@@ -34,10 +34,23 @@ func claimWith(t *testing.T, st *store.Store, r store.ClaimRequest) store.ClaimR
 	var res store.ClaimResult
 	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 		var err error
-		res, err = st.ClaimWith(ctx, tx, r)
+		res, err = st.Claim(ctx, tx, r)
 		return err
 	}))
 	return res
+}
+
+// claimKey claims (consumer, key) in tx with Store.Claim, its wait bounded
+// by wait, and reports whether the claim was new.
+func claimKey(ctx context.Context, st *store.Store, tx pgx.Tx, consumer, key string, wait time.Duration) (bool, error) {
+	res, err := st.Claim(ctx, tx, store.ClaimRequest{Consumer: consumer, Key: key, Wait: wait})
+	return res.New, err
+}
+
+// claimKeyAt is claimKey with the event time at (partitioned mode).
+func claimKeyAt(ctx context.Context, st *store.Store, tx pgx.Tx, consumer, key string, at time.Time, wait time.Duration) (bool, error) {
+	res, err := st.Claim(ctx, tx, store.ClaimRequest{Consumer: consumer, Key: key, EventTime: at, Wait: wait})
+	return res.New, err
 }
 
 // migrated is newStore with the migrations applied.
@@ -130,7 +143,7 @@ func TestClaim(t *testing.T) {
 	claimIn := func(key string, commit bool) bool {
 		tx, err := st.Pool().Begin(ctx)
 		require.NoError(t, err)
-		ok, err := st.Claim(ctx, tx, "c", key)
+		ok, err := claimKey(ctx, st, tx, "c", key, 0)
 		require.NoError(t, err)
 		if commit {
 			require.NoError(t, tx.Commit(ctx))
@@ -144,7 +157,7 @@ func TestClaim(t *testing.T) {
 	require.False(t, claimIn("k1", true))
 	require.True(t, claimIn("k2", true))
 
-	_, err := st.Claim(ctx, nil, "c", "k")
+	_, err := claimKey(ctx, st, nil, "c", "k", 0)
 	require.Error(t, err)
 }
 
@@ -157,7 +170,7 @@ func TestClaimWaitRestoresLockTimeout(t *testing.T) {
 	defer tx.Rollback(ctx)
 	var before, after string
 	require.NoError(t, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&before))
-	ok, err := st.ClaimWait(ctx, tx, "c", "k", 250*time.Millisecond)
+	ok, err := claimKey(ctx, st, tx, "c", "k", 250*time.Millisecond)
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.NoError(t, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&after))
@@ -171,7 +184,7 @@ func TestClaimWaitTimesOutBehindTwin(t *testing.T) {
 	holder, err := st.Pool().Begin(ctx)
 	require.NoError(t, err)
 	defer holder.Rollback(ctx)
-	ok, err := st.Claim(ctx, holder, "c", "k")
+	ok, err := claimKey(ctx, st, holder, "c", "k", 0)
 	require.NoError(t, err)
 	require.True(t, ok)
 
@@ -179,7 +192,7 @@ func TestClaimWaitTimesOutBehindTwin(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	start := time.Now()
-	_, err = st.ClaimWait(ctx, tx, "c", "k", 50*time.Millisecond)
+	_, err = claimKey(ctx, st, tx, "c", "k", 50*time.Millisecond)
 	require.Error(t, err)
 	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
 	require.Equal(t, store.CauseClaimWait, store.Classify(err))
@@ -221,14 +234,14 @@ func TestHostileConsumerIsData(t *testing.T) {
 	ctx := context.Background()
 	hostile := `x'); DROP TABLE processed_messages; --`
 	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-		_, err := st.Claim(ctx, tx, hostile, `k'; --`)
+		_, err := claimKey(ctx, st, tx, hostile, `k'; --`, 0)
 		return err
 	})
 	require.NoError(t, err)
 	tx, err := st.Pool().Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	ok, err := st.Claim(ctx, tx, hostile, `k'; --`)
+	ok, err := claimKey(ctx, st, tx, hostile, `k'; --`, 0)
 	require.NoError(t, err)
 	require.False(t, ok)
 }
@@ -277,7 +290,7 @@ func TestClassifyRealConnectionLoss(t *testing.T) {
 	require.Equal(t, store.CauseConnection, store.Classify(err), "%T %v", err, err)
 }
 
-func TestClaimWithFingerprint(t *testing.T) {
+func TestClaimFingerprint(t *testing.T) {
 	t.Parallel()
 	st := migrated(t, 2)
 	ctx := context.Background()
@@ -290,8 +303,8 @@ func TestClaimWithFingerprint(t *testing.T) {
 	// A claim recorded without a fingerprint never mismatches.
 	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "old"}))
 	require.Equal(t, store.ClaimResult{}, claim(store.ClaimRequest{Consumer: "c", Key: "old", PayloadHash: h2}))
-	_, err := st.ClaimWith(ctx, nil, store.ClaimRequest{})
-	require.Error(t, err)
+	_, err := st.Claim(ctx, nil, store.ClaimRequest{})
+	require.Error(t, err, 0)
 }
 
 func TestDuplicateMigrationVersionRefused(t *testing.T) {
@@ -308,7 +321,7 @@ func TestDuplicateMigrationVersionRefused(t *testing.T) {
 }
 
 // BeginClaim: BEGIN and the claim in one batch, the same results as
-// ClaimWith, the transaction's options applied, the claim's lock_timeout
+// Claim, the transaction's options applied, the claim's lock_timeout
 // gone for the effects, and every failure giving the connection back.
 func TestBeginClaim(t *testing.T) {
 	t.Parallel()
@@ -341,7 +354,7 @@ func TestBeginClaim(t *testing.T) {
 	// next Acquire).
 	holder, err := st.Pool().Begin(ctx)
 	require.NoError(t, err)
-	ok, err := st.Claim(ctx, holder, "c", "held")
+	ok, err := claimKey(ctx, st, holder, "c", "held", 0)
 	require.NoError(t, err)
 	require.True(t, ok)
 	for i := 0; i < 3; i++ {

@@ -503,7 +503,7 @@ func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv 
 		retentionFlags()
 		aheadFlag()
 		lockWaitFlag()
-		fs.BoolVar(&prepareOnly, "prepare-only", false, "only add event_day and build the indexes online, for a rolling switch to ClaimAt")
+		fs.BoolVar(&prepareOnly, "prepare-only", false, "only add event_day and build the indexes online, for a rolling switch to event-time claims")
 	case "create-ahead":
 		retentionFlags()
 		aheadFlag()
