@@ -1,5 +1,6 @@
-// Package testenv decides what a test does when the machine lacks something
-// it needs (a command-line tool, a server setting). On a developer's machine
+// Package testenv holds what the suite's tests share about their
+// environment. Mostly it decides what a test does when the machine lacks
+// something it needs (a command-line tool, a server setting). On a developer's machine
 // the test skips, saying what is missing; under CI it fails, because the CI
 // machine is set up to provide everything the suite uses (rabbitmqctl ships
 // with the rabbitmq-server package it runs, its Postgres has ssl = on), so a
@@ -8,11 +9,32 @@
 package testenv
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"strconv"
+	"sync"
 	"testing"
 )
+
+// Output collects a subprocess's stdout and stderr while it runs (two
+// pipes writing at once) and can be read meanwhile.
+type Output struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.Write(p)
+}
+
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.buf.String()
+}
 
 // CI reports whether the tests run under continuous integration: the CI
 // environment variable is set to a true value (CI=true on every common CI
