@@ -40,7 +40,14 @@ type pgProxy struct {
 
 func newPGProxy(t *testing.T, mode pgMode) *pgProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return listenPGProxy(t, "127.0.0.1:0", mode)
+}
+
+// listenPGProxy is newPGProxy on a given address (one a consumer is
+// already dialling, for a database that comes up late).
+func listenPGProxy(t *testing.T, addr string, mode pgMode) *pgProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
 	p := &pgProxy{t: t, ln: ln}
 	p.mode.Store(int32(mode))
@@ -171,20 +178,7 @@ func TestStartupWaitsForDatabaseNotUpYet(t *testing.T) {
 	u.Host = addr
 	p := h.start("DATABASE_URL="+u.String(), "STARTUP_TIMEOUT=60s")
 	p.waitLog(t, "waiting for dependency")
-	ln, err = net.Listen("tcp", addr)
-	require.NoError(t, err)
-	proxy := &pgProxy{t: t, ln: ln}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			proxy.track(c)
-			go proxy.serve(c)
-		}
-	}()
+	listenPGProxy(t, addr, pgForward)
 	h.publish(order{OrderID: 2, CustomerID: 8, TotalCents: 500})
 	h.waitApplied(1)
 }
