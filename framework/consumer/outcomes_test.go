@@ -17,7 +17,6 @@ import (
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
 )
 
 // claimtx_messages_total is a count of messages: dashboards divide by it.
@@ -30,11 +29,7 @@ func TestOneOutcomePerMessage(t *testing.T) {
 }
 
 func testOneOutcomePerMessage(t *testing.T, kind, mode string) {
-	pool, schema := pgtest.Setup(t, 8)
-	_, err := pool.Exec(t.Context(), "CREATE TABLE effects (order_id bigint NOT NULL)")
-	require.NoError(t, err)
-	topic := "outcomes-" + mode + "-" + randHex()
-	rb := newRawBroker(t, kind, topic)
+	pool, schema, topic, rb := effectsFixture(t, kind, "outcomes-"+mode)
 	h := newPolicyHandler()
 	reg := prometheus.NewRegistry()
 	var mu sync.Mutex
@@ -57,7 +52,7 @@ func testOneOutcomePerMessage(t *testing.T, kind, mode string) {
 	for _, o := range []framework.Outcome{framework.Applied, framework.Duplicate, framework.Failed, framework.Poisoned, framework.Expired} {
 		require.Contains(t, before, observe.MetricMessages+`{outcome="`+string(o)+`"}`)
 	}
-	for _, cause := range []string{"serialization", "deadlock", "claim_wait", "connection", observe.RetryCauseHandler} {
+	for _, cause := range []string{"serialization", "deadlock", "claim_wait", "connection", "handler"} {
 		require.Contains(t, before, observe.MetricRetries+`{cause="`+cause+`"}`)
 	}
 	require.Contains(t, before, observe.MetricFingerprintMismatch+`{}`)

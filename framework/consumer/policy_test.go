@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 
@@ -184,12 +185,19 @@ func TestFailurePolicySameInBothModes(t *testing.T) {
 	forEachBrokerAndMode(t, testFailurePolicy)
 }
 
-func testFailurePolicy(t *testing.T, kind, mode string) {
-	pool, schema := pgtest.Setup(t, 8)
+// effectsFixture is what each broker × mode test starts from: its own
+// schema with an effects table, and its own topic on a plain broker client.
+func effectsFixture(t *testing.T, kind, prefix string) (pool *pgxpool.Pool, schema, topic string, rb *rawBroker) {
+	t.Helper()
+	pool, schema = pgtest.Setup(t, 8)
 	_, err := pool.Exec(t.Context(), "CREATE TABLE effects (order_id bigint NOT NULL)")
 	require.NoError(t, err)
-	topic := "policy-" + mode + "-" + randHex()
-	rb := newRawBroker(t, kind, topic)
+	topic = prefix + "-" + randHex()
+	return pool, schema, topic, newRawBroker(t, kind, topic)
+}
+
+func testFailurePolicy(t *testing.T, kind, mode string) {
+	pool, schema, topic, rb := effectsFixture(t, kind, "policy-"+mode)
 	h := newPolicyHandler()
 	c := newModeConsumer(t, mode, consumer.Config{
 		Name: "policy", Topic: topic, Key: "metadata:event_id", Pool: pool,
@@ -312,11 +320,7 @@ func TestShutdownDrainsInFlightWork(t *testing.T) {
 // restart every order is applied exactly once.
 func testShutdown(t *testing.T, kind, mode string, cutOff bool) {
 	const n = 6
-	pool, schema := pgtest.Setup(t, 8)
-	_, err := pool.Exec(t.Context(), "CREATE TABLE effects (order_id bigint NOT NULL)")
-	require.NoError(t, err)
-	topic := "shutdown-" + mode + "-" + randHex()
-	rb := newRawBroker(t, kind, topic)
+	pool, schema, topic, rb := effectsFixture(t, kind, "shutdown-"+mode)
 
 	entered, release := make(chan struct{}), make(chan struct{})
 	var enterOnce sync.Once

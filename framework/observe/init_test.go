@@ -41,5 +41,5 @@ func TestInitConsumerExportsZeroSeries(t *testing.T) {
 		}
 	}
 	require.ElementsMatch(t, observe.Names(), names)
-	require.ElementsMatch(t, []string{"serialization", "deadlock", "claim_wait", "connection", observe.RetryCauseHandler}, causes)
+	require.ElementsMatch(t, []string{"serialization", "deadlock", "claim_wait", "connection", "handler"}, causes)
 }

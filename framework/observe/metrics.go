@@ -27,10 +27,10 @@ const (
 // them all and they cannot collide with another router's in the process.
 const Namespace = "claimtx"
 
-// RetryCauseHandler is the claimtx_retries_total cause of an in-process
+// retryCauseHandler is the claimtx_retries_total cause of an in-process
 // retry of a message whose handler failed (consumer.Config.HandlerRetries);
 // the other causes are store.Cause labels of transient database failures.
-const RetryCauseHandler = "handler"
+const retryCauseHandler = "handler"
 
 // outcomes and retryCauses are the label values InitConsumer creates
 // ahead of their first event.
@@ -39,7 +39,7 @@ var (
 	// Only transient causes are retried; see store.Cause.Transient.
 	retryCauses = []string{
 		store.CauseSerialization.String(), store.CauseDeadlock.String(),
-		store.CauseClaimWait.String(), store.CauseConnection.String(), RetryCauseHandler,
+		store.CauseClaimWait.String(), store.CauseConnection.String(), retryCauseHandler,
 	}
 )
 
@@ -154,9 +154,9 @@ func (m *Metrics) OnRetry(r middleware.Retry) {
 }
 
 // OnHandlerRetry records one in-process retry of a message whose handler
-// failed, as cause RetryCauseHandler.
+// failed, as cause retryCauseHandler.
 func (m *Metrics) OnHandlerRetry(consumer string) {
-	m.retries.WithLabelValues(consumer, RetryCauseHandler).Inc()
+	m.retries.WithLabelValues(consumer, retryCauseHandler).Inc()
 }
 
 // Names lists every metric name NewMetrics registers.
