@@ -246,16 +246,27 @@ func TestStartupRabbitMQWrongPassword(t *testing.T) {
 	h := newHarness(t, "amqp")
 	bad := strings.Replace(amqpURL, "guest:guest@", "guest:wrong-pw-42@", 1)
 	require.NotEqual(t, amqpURL, bad)
+	out := requireRefusedAtOnce(t, h, 15*time.Second, "RabbitMQ", "wrong-pw-42",
+		"AMQP_URL="+bad, "STARTUP_TIMEOUT=60s", "METRICS_ADDR=off")
+	require.Contains(t, out, "403")
+}
+
+// requireRefusedAtOnce starts the consumer with env, requires it to exit
+// non-zero within bound (far below STARTUP_TIMEOUT: no retries) naming
+// dependency's refusal as authentication, never as "not reachable", and
+// without the secret; it returns the output.
+func requireRefusedAtOnce(t *testing.T, h *harness, bound time.Duration, dependency, secret string, env ...string) string {
+	t.Helper()
 	start := time.Now()
-	p := h.start("AMQP_URL="+bad, "STARTUP_TIMEOUT=60s", "METRICS_ADDR=off")
-	require.True(t, p.exited(15*time.Second), "still running:\n%s", p.out.String())
+	p := h.start(env...)
+	require.True(t, p.exited(bound), "still running:\n%s", p.out.String())
 	t.Logf("exited after %s", time.Since(start).Round(time.Millisecond))
 	require.Error(t, p.err)
 	out := p.out.String()
-	require.Contains(t, out, "RabbitMQ refused the credentials (authentication failed")
-	require.Contains(t, out, "403")
-	require.NotContains(t, out, "wrong-pw-42")
+	require.Contains(t, out, dependency+" refused the credentials (authentication failed")
 	require.NotContains(t, out, "not reachable yet")
+	require.NotContains(t, out, secret)
+	return out
 }
 
 // TestStartupKafkaWrongSASLPassword: a Kafka broker (the test's own kfake)
@@ -273,14 +284,7 @@ func TestStartupKafkaWrongSASLPassword(t *testing.T) {
 	require.NoError(t, err)
 	h := &harness{t: t, kind: "kafka", dbURL: dbURL, schema: schema, topic: "loyalty-startup-" + randID(),
 		kafkaAddr: c.ListenAddrs()[0], group: "loyalty-startup-" + randID()}
-	start := time.Now()
-	p := h.start("STARTUP_TIMEOUT=60s", "METRICS_ADDR=off", "KAFKA_SASL_MECHANISM=SCRAM-SHA-256",
+	requireRefusedAtOnce(t, h, 20*time.Second, "Kafka", "wrong-secret-42",
+		"STARTUP_TIMEOUT=60s", "METRICS_ADDR=off", "KAFKA_SASL_MECHANISM=SCRAM-SHA-256",
 		"KAFKA_SASL_USER=loyalty", "KAFKA_SASL_PASSWORD=wrong-secret-42")
-	require.True(t, p.exited(20*time.Second), "still running:\n%s", p.out.String())
-	t.Logf("exited after %s", time.Since(start).Round(time.Millisecond))
-	require.Error(t, p.err)
-	out := p.out.String()
-	require.Contains(t, out, "Kafka refused the credentials (authentication failed")
-	require.NotContains(t, out, "not reachable yet")
-	require.NotContains(t, out, "wrong-secret-42")
 }
