@@ -17,7 +17,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // bundle is what each test gets: its own schema holding claimtx's tables and

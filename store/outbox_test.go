@@ -14,7 +14,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/outboxnotify"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 func msg(uuid, payload string, md map[string]string) *message.Message {

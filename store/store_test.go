@@ -16,7 +16,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 func newStore(t *testing.T, maxConns int32) (*store.Store, string) {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // proj is the projection of the versioned-upsert tests: a customer's

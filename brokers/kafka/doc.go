@@ -104,7 +104,7 @@
 //
 // # Development broker
 //
-// brokers/kafka/devbroker runs a Kafka-protocol broker in process (kfake),
+// internal/devbroker runs a Kafka-protocol broker in process (kfake),
 // for tests, demos and CI without a Kafka installation;
 // framework/cmd/devkafka runs it as a program. Use short group timeouts
 // against it in tests (SessionTimeout 1-3s, RebalanceTimeout a few seconds):

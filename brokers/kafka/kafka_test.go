@@ -23,7 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 func TestMain(m *testing.M) {

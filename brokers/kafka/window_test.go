@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 // createTopic creates a topic with the given partition count (auto-created

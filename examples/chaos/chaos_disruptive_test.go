@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/internal/testenv"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // TestChaosDisruptive is `make chaos-ci` as a test: 2,000 orders per

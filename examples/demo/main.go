@@ -25,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/examples/internal/orderfeed"
 )
 

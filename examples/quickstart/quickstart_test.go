@@ -20,7 +20,7 @@ import (
 
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 const (

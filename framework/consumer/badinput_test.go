@@ -23,12 +23,12 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // errBadOrder is the handler's decode failure, marked permanent.

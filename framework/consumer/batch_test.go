@@ -18,13 +18,13 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // TestRunBatch: batches of up to 50 from a real broker, every order

@@ -15,11 +15,11 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // With claims partitioned by event day and the event time read from the

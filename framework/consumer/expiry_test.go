@@ -16,7 +16,7 @@ import (
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // A replay of a 40-day-old event under 30-day retention is poisoned with

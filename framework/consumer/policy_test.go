@@ -22,7 +22,7 @@ import (
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // The failure policy is one policy for both consumer modes. Each

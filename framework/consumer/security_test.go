@@ -16,7 +16,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // TestHostileIdentifiersRefused: schema and table names are spliced into

@@ -16,7 +16,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework/observe"
 )
 

@@ -18,7 +18,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 func TestMain(m *testing.M) {

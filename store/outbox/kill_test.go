@@ -18,7 +18,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/outbox"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // Environment of the relay subprocess.

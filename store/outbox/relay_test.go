@@ -17,7 +17,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/outbox"

@@ -28,7 +28,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 type options struct {

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/store/pgtest"
+	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // cli runs the command line in-process against its own schema.

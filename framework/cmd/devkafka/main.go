@@ -1,6 +1,6 @@
 // Command devkafka runs an in-process Kafka-protocol broker for development,
 // demos and CI, where no Kafka server is installed. It is
-// brokers/kafka/devbroker (kfake underneath, plus eviction of group members
+// internal/devbroker (kfake underneath, plus eviction of group members
 // that died while joining) as a process.
 //
 // Usage:
@@ -33,7 +33,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/claimtx/claimtx/brokers/kafka/devbroker"
+	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 func main() {
