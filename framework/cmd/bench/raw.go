@@ -33,8 +33,7 @@ func runRaw(ctx context.Context, e *env, n, concurrency int) (result, error) {
 				}
 				t0 := time.Now()
 				o := orderN(i)
-				err := rawClaimEffect(ctx, e, o)
-				if err != nil {
+				if _, err := rawClaimEffect(ctx, e, o); err != nil {
 					errOnce.Do(func() { firstErr = err })
 					return
 				}
@@ -46,8 +45,10 @@ func runRaw(ctx context.Context, e *env, n, concurrency int) (result, error) {
 	return result{n: n, elapsed: time.Since(start), lat: lat}, firstErr
 }
 
-func rawClaimEffect(ctx context.Context, e *env, o order) error {
-	claimed := false
+// rawClaimEffect claims o and, when the claim row was inserted, applies its
+// effect, in one transaction; claimed is false for a duplicate (the claim
+// row existed: no effect, the transaction commits nothing).
+func rawClaimEffect(ctx context.Context, e *env, o order) (claimed bool, err error) {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
 	b.Queue(`INSERT INTO processed_messages (consumer, message_key) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
@@ -59,12 +60,15 @@ func rawClaimEffect(ctx context.Context, e *env, o order) error {
 	tx := br.Tx()
 	defer func() { _ = tx.Rollback(ctx) }()
 	if err := br.Close(); err != nil {
-		return err
+		return false, err
 	}
 	if claimed {
 		if err := effect(ctx, tx, o); err != nil {
-			return err
+			return false, err
 		}
 	}
-	return tx.Commit(ctx)
+	if err := tx.Commit(ctx); err != nil {
+		return false, err
+	}
+	return claimed, nil
 }
