@@ -4,9 +4,12 @@
 //	(a) raw:      a pgx loop doing claim + effect per message, no broker
 //	(b) router:   the same effect through a Watermill router + broker, no claim
 //	(c) claimtx:  the same through router + broker + the claim middleware
+//	(d) batch:    claim + a set-wise effect per batch (consumer.RunBatchSet)
+//	(h) hand:     (c)'s claim + effect written by hand on the broker's own
+//	              client (amqp091-go, franz-go), no Watermill, no claimtx
 //
 // and prints msgs/s, p50 and p99 of the per-message handling time, and the
-// ratios c/b and c/a. With -write it also writes docs/benchmarks.md.
+// ratios between them. With -write it also writes docs/benchmarks.md.
 //
 //	make bench
 //	go run ./framework/cmd/bench -n 3000 -concurrency 1,4,16 -brokers amqp,kafka
@@ -21,6 +24,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -53,13 +57,18 @@ func main() {
 	memory := flag.Int("memory", 0, "instead of the table: feed this many messages through a claimtx consumer over RabbitMQ and sample its memory")
 	memoryMode := flag.String("memory-mode", "message", "the consumer for -memory: message (router + claim middleware) or batch (RunBatchSet)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	modes := flag.String("modes", "raw,router,claim,batch", "modes to measure (a subset, for quick looks; -write needs all)")
+	modes := flag.String("modes", strings.Join(allModes, ","), "modes to measure (a subset, for quick looks; -write needs all)")
 	flag.Parse()
 	o.modes = map[string]bool{}
 	for _, m := range strings.Split(*modes, ",") {
-		o.modes[strings.TrimSpace(m)] = true
+		m = strings.TrimSpace(m)
+		if !slices.Contains(allModes, m) {
+			fmt.Fprintf(os.Stderr, "bench: unknown mode %q in -modes (known: %s)\n", m, strings.Join(allModes, ","))
+			os.Exit(2)
+		}
+		o.modes[m] = true
 	}
-	if o.write != "" && len(o.modes) < 4 {
+	if o.write != "" && len(o.modes) < len(allModes) {
 		fmt.Fprintln(os.Stderr, "bench: -write needs every mode")
 		os.Exit(2)
 	}
@@ -99,6 +108,9 @@ func main() {
 	}
 }
 
+// allModes are the -modes, in the order one row's runs interleave.
+var allModes = []string{"raw", "router", "claim", "batch", "hand"}
+
 func envOr(k, d string) string {
 	if v := os.Getenv(k); v != "" {
 		return v
@@ -113,6 +125,7 @@ type row struct {
 	router      result
 	claim       result
 	batch       result
+	hand        result
 }
 
 type result struct {
@@ -202,8 +215,8 @@ func run(ctx context.Context, o options) error {
 	}
 
 	// Each measurement runs o.reps times, the modes of one row interleaved
-	// (raw, router, claimtx, batch, raw, router, …) so a disturbance hits
-	// them alike; the table shows the median run of each.
+	// (raw, router, claimtx, batch, hand, raw, router, …) so a disturbance
+	// hits them alike; the table shows the median run of each.
 	measure := func(label string, f func(env *env) (result, error), c int) (result, error) {
 		env, err := newEnv(ctx, o.databaseURL, c)
 		if err != nil {
@@ -225,7 +238,7 @@ func run(ctx context.Context, o options) error {
 	var rows []row
 	for _, b := range o.brokers {
 		for _, c := range o.concurrency {
-			var routers, claims, batches []result
+			var routers, claims, batches, hands []result
 			for rep := 0; rep < o.reps; rep++ {
 				if o.modes["raw"] && len(raws[c]) < o.reps {
 					r, err := measure(fmt.Sprintf("raw c=%d", c), func(env *env) (result, error) { return runRaw(ctx, env, o.n, c) }, c)
@@ -260,8 +273,17 @@ func run(ctx context.Context, o options) error {
 					}
 					batches = append(batches, r)
 				}
+				if o.modes["hand"] {
+					r, err := measure(fmt.Sprintf("%s c=%d hand", b, c), func(env *env) (result, error) {
+						return runHand(ctx, env, routerRun{broker: b, n: o.n, concurrency: c, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr})
+					}, c)
+					if err != nil {
+						return err
+					}
+					hands = append(hands, r)
+				}
 			}
-			rows = append(rows, row{broker: b, concurrency: c, raw: median(raws[c]), router: median(routers), claim: median(claims), batch: median(batches)})
+			rows = append(rows, row{broker: b, concurrency: c, raw: median(raws[c]), router: median(routers), claim: median(claims), batch: median(batches), hand: median(hands)})
 		}
 	}
 	table := render(rows)
@@ -274,15 +296,16 @@ func run(ctx context.Context, o options) error {
 
 func render(rows []row) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| broker | conc | (a) raw msg/s | (b) router msg/s | (c) claimtx msg/s | (c) p50 | (c) p99 | (b) p99 | c/b | c/a | b/a | (d) batch msg/s | (d) avg batch | d/c |\n")
-	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| broker | conc | (a) raw msg/s | (b) router msg/s | (c) claimtx msg/s | (c) p50 | (c) p99 | (b) p99 | c/b | c/a | b/a | (d) batch msg/s | (d) avg batch | d/c | (h) msg/s | (h) p99 | c/h | d/h |\n")
+	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %.2f | %.2f | %.2f | %.0f | %.0f | %.1f |\n",
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %.2f | %.2f | %.2f | %.0f | %.0f | %.1f | %.0f | %s | %.2f | %.1f |\n",
 			r.broker, r.concurrency, r.raw.rate(), r.router.rate(), r.claim.rate(),
 			r.claim.pct(0.5).Round(10*time.Microsecond), r.claim.pct(0.99).Round(10*time.Microsecond),
 			r.router.pct(0.99).Round(10*time.Microsecond),
 			r.claim.rate()/r.router.rate(), r.claim.rate()/r.raw.rate(), r.router.rate()/r.raw.rate(),
-			r.batch.rate(), r.batch.avgBatch(), r.batch.rate()/r.claim.rate())
+			r.batch.rate(), r.batch.avgBatch(), r.batch.rate()/r.claim.rate(),
+			r.hand.rate(), r.hand.pct(0.99).Round(10*time.Microsecond), r.claim.rate()/r.hand.rate(), r.batch.rate()/r.hand.rate())
 	}
 	return b.String()
 }
@@ -325,10 +348,11 @@ func writeDoc(o options, table string, took time.Duration) error {
 - **(c) claimtx**: as (b) with the claim middleware (claim + effect in one transaction).
 - p50/p99: time spent in the handler chain per message (from the router calling the outermost middleware to its return).
 - **(d) batch**: claim + effect through consumer.RunBatchSet with the same effect written set-wise (one statement for the ledger rows and balance increments of the whole batch): up to 128 messages per transaction (one claim statement, one commit), as many batch workers as the concurrency, 5x as many messages as the other modes so the runs last long enough. The brokers' windows hold the messages: RabbitMQ one consumer with prefetch = 128 x workers (AMQP_WINDOW), Kafka 128 unacked per partition (KAFKA_WINDOW) over as many partitions as the concurrency. "avg batch" is messages per handler call.
-- c/b: what claimtx costs over an at-least-once consumer doing the same effect (target >= 0.85); c/a: how close claimtx through a broker gets to the raw database limit (target >= 0.8); b/a: the same for the consumer without claimtx, which bounds c/a (c/a = c/b x b/a); d/c: batch mode over per-message mode at the same concurrency (target >= 5).
-- Every figure is the median of %d runs; the modes of one row run interleaved (a, b, c, d, a, b, …).
+- **(h) hand-written**: what a user would write without Watermill and claimtx for (c)'s guarantee, on the broker's own client: per message, decode, then one transaction [BEGIN; claim INSERT ... ON CONFLICT DO NOTHING] (one pipelined batch, as (a), no lock_timeout); upsert balance; INSERT ledger; COMMIT, the effect skipped when the claim row already existed (a duplicate, acked all the same); acked only after the commit. RabbitMQ: amqp091-go, one connection, one channel and consumer per unit of concurrency with QoS prefetch 1 (as the adapter's subscriptions in (b)/(c)), each channel's deliveries handled in order by one goroutine, manual acks. Kafka: a franz-go (kgo) consumer group with one goroutine per assigned partition handling its records in order; each record is marked for commit (MarkCommitRecords) after its transaction committed and the marks are committed every second (AutoCommitMarks, the adapter's commit interval), on revoke and at the end. Pre-published and timed like (b)/(c); p99 is the decode and transaction per message, without the ack. Each run checks it applied every message once (n claims, n ledger rows, the balances' sum) and left nothing unacked (queue empty after its channels closed) or uncommitted (the group's offsets at each partition's end).
+- c/b: what claimtx costs over an at-least-once consumer doing the same effect (target >= 0.85); c/a: how close claimtx through a broker gets to the raw database limit (target >= 0.8); b/a: the same for the consumer without claimtx, which bounds c/a (c/a = c/b x b/a); d/c: batch mode over per-message mode at the same concurrency (target >= 5); c/h: claimtx per message over the same guarantee written by hand (target >= 0.9); d/h: batch mode over the hand-written per-message consumer (target >= 3).
+- Every figure is the median of %d runs; the modes of one row run interleaved (a, b, c, d, h, a, b, …).
 
-Concurrency is the RabbitMQ subscription count (each watermill-amqp subscription is sequential) or the number of Kafka partitions (one message in flight per partition).
+Concurrency is the RabbitMQ subscription count (each watermill-amqp subscription is sequential; (h): the channel count) or the number of Kafka partitions (one message in flight per partition).
 
 The whole run took %s.
 `, o.reps, took.Round(time.Second))
