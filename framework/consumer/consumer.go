@@ -138,8 +138,8 @@ type Config struct {
 	// starting or shutting down (a failover), is retried with backoff and
 	// each wait is logged at WARN with the dependency and its last error;
 	// when the time is up, start-up fails with that error. Authentication
-	// failures are never retried: they fail at once with an error matching
-	// framework.ErrAuthentication. Negative: one attempt. Defaults to
+	// failures are never retried: they fail at once with a
+	// *framework.AuthError. Negative: one attempt. Defaults to
 	// DefaultStartupTimeout (30 s) for the database; left zero, the broker
 	// keeps its own DialTimeout (default also 30 s). See
 	// docs/operations.md.

@@ -16,8 +16,8 @@ import (
 
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework/observe"
+	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 // healthz answers one /healthz request from h, as a probe would.

@@ -24,9 +24,9 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
+	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 func newStore(t *testing.T, maxConns int32) *store.Store {
