@@ -56,9 +56,11 @@ type Config struct {
 	// Topic is consumed: a RabbitMQ durable queue of that name, or a Kafka
 	// topic. Required.
 	Topic string
-	// Key is a key spec resolved with framework.ParseKeySpec, such as
-	// "template:order-completed:{payload.order_id}". Ignored when KeyFunc
-	// is set; one of the two is required.
+	// Key is a key spec resolved with framework.ParseKeySpec (built-in
+	// extractors), such as "template:order-completed:{payload.order_id}".
+	// Ignored when KeyFunc is set; one of the two is required. For an
+	// extractor of your own, parse its spec with your framework.Registry
+	// and set KeyFunc.
 	Key string
 	// KeyFunc derives keys in code. Defaults to the parsed Key.
 	KeyFunc framework.KeyFunc
