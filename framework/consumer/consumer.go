@@ -383,7 +383,7 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 		// Under claimtx's prefix, like claimtx's own metrics, rather than
 		// Watermill's bare handler_execution_time_seconds, which another
 		// router in the process would collide with.
-		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, observe.Namespace, "").AddPrometheusRouterMetrics(router)
+		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, "claimtx", "").AddPrometheusRouterMetrics(router)
 	}
 	// Claims carry the event day only when the table is prepared for (or
 	// converted to) partitions by event day; EventTime alone may just feed

@@ -216,6 +216,6 @@ func (p *proxy) stop() {
 // The project's subscribers take part in readiness by implementing the
 // optional interface; a compile error here means one stopped doing so.
 var (
-	_ observe.ConnectionReporter = (*amqp.Subscriber)(nil)
-	_ observe.ConnectionReporter = (*kafka.Subscriber)(nil)
+	_ interface{ IsConnected() bool } = (*amqp.Subscriber)(nil)
+	_ interface{ IsConnected() bool } = (*kafka.Subscriber)(nil)
 )
