@@ -137,8 +137,9 @@ type KeyPolicy struct {
 	HashOverlong bool
 }
 
-// Normalize returns the key to claim, or a *KeyError when the key is empty, not valid UTF-8, contains a NUL byte
-// (Postgres text cannot store it) or is too long.
+// Normalize returns the key to claim, or a *KeyError when the key is
+// empty, not valid UTF-8, contains a NUL byte (Postgres text cannot store
+// it) or is too long.
 func (p KeyPolicy) Normalize(key string) (string, error) {
 	maxBytes := p.MaxBytes
 	if maxBytes <= 0 {
