@@ -19,7 +19,7 @@ func TestPayloadKeyRefusesInvalidUTF8(t *testing.T) {
 		require.NoError(t, err)
 		for _, payload := range []string{"{\"id\": \"a\xffb\"}", "{\"id\": \"a\xfeb\"}", "{\"id\": 1, \"note\": \"\xc3\"}"} {
 			_, err := kf(msgWith(payload, nil))
-			require.ErrorIs(t, err, framework.ErrInvalidKey, "%s %q", spec, payload)
+			require.ErrorAs(t, err, new(*framework.KeyError), "%s %q", spec, payload)
 			require.ErrorContains(t, err, "not valid UTF-8")
 			require.True(t, framework.IsPermanent(err))
 		}
@@ -48,7 +48,7 @@ func TestPayloadKeyRefusesLoneSurrogates(t *testing.T) {
 		`{"id": "\ud800`,
 	} {
 		_, err := kf(msgWith(payload, nil))
-		require.ErrorIs(t, err, framework.ErrInvalidKey, payload)
+		require.ErrorAs(t, err, new(*framework.KeyError), payload)
 		require.True(t, framework.IsPermanent(err))
 		if payload != `{"id": "\ud800` {
 			require.ErrorContains(t, err, "unpaired UTF-16 surrogate", payload)

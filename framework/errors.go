@@ -5,25 +5,18 @@ import (
 	"fmt"
 )
 
-// Sentinel errors callers branch on with errors.Is.
-var (
-	// ErrInvalidKey is matched by every error that means "this message cannot be
-	// keyed": a missing field, a value of the wrong type, or a key that fails
-	// validation (empty, not UTF-8, contains NUL, too long). Such errors are
-	// permanent: redelivering the same message cannot fix them.
-	ErrInvalidKey = errors.New("claimtx: invalid message key")
+// ErrNoClaimTx is returned by TxFromContext users (and the typed handler
+// adapter) when a handler runs outside the claim middleware, so it has no
+// transaction to write through. It is permanent: it is a wiring bug.
+var ErrNoClaimTx = errors.New("claimtx: no claim transaction in context (handler not wrapped by the claim middleware)")
 
-	// ErrNoClaimTx is returned by TxFromContext users (and the typed handler
-	// adapter) when a handler runs outside the claim middleware, so it has no
-	// transaction to write through. It is permanent: it is a wiring bug.
-	ErrNoClaimTx = errors.New("claimtx: no claim transaction in context (handler not wrapped by the claim middleware)")
-)
-
-// permanent is implemented by errors that must not be retried. It is an
-// interface rather than one concrete type so that typed errors such as
-// *KeyError can be permanent and still be matched by their own type.
+// permanent is implemented by this package's errors that must not be
+// retried (*PermanentError, *KeyError, *EventTimeError, *ExpiredError). It
+// is an interface rather than one concrete type so that typed errors can be
+// permanent and still be matched by their own type; the method is
+// unexported because the set is closed: others mark errors with Permanent.
 type permanent interface {
-	Permanent() bool
+	permanent()
 }
 
 // PermanentError marks an error that retrying cannot fix (undecodable payload,
@@ -42,8 +35,7 @@ func (e *PermanentError) Error() string {
 
 func (e *PermanentError) Unwrap() error { return e.Err }
 
-// Permanent reports true.
-func (e *PermanentError) Permanent() bool { return true }
+func (e *PermanentError) permanent() {}
 
 // Permanent wraps err so that IsPermanent reports true for it and for every
 // error that wraps it. Permanent(nil) returns nil so it can wrap a call's
@@ -62,11 +54,13 @@ func Permanent(err error) error {
 // permanent.
 func IsPermanent(err error) bool {
 	var p permanent
-	return errors.As(err, &p) && p.Permanent()
+	return errors.As(err, &p)
 }
 
-// KeyError explains why a message could not be keyed. It matches
-// ErrInvalidKey and is permanent.
+// KeyError explains why a message cannot be keyed: a missing field, a
+// value of the wrong type, or a key that fails validation (empty, not
+// UTF-8, contains NUL, too long). It is permanent: redelivering the same
+// message cannot fix it. Branch on it with errors.As.
 type KeyError struct {
 	// Source names where the key was looked for, e.g. `metadata "event_id"`
 	// or `payload "order.id"`; empty for validation of an already derived key.
@@ -82,11 +76,7 @@ func (e *KeyError) Error() string {
 	return fmt.Sprintf("claimtx: invalid message key from %s: %s", e.Source, e.Reason)
 }
 
-// Is lets errors.Is(err, ErrInvalidKey) match.
-func (e *KeyError) Is(target error) bool { return target == ErrInvalidKey }
-
-// Permanent reports true: the same message yields the same key error.
-func (e *KeyError) Permanent() bool { return true }
+func (e *KeyError) permanent() {}
 
 // ConfigError names the configuration field that is wrong. Constructors and
 // Validate methods across claimtx return it instead of panicking.
@@ -122,15 +112,12 @@ func (e *PanicError) Error() string {
 	return fmt.Sprintf("claimtx: handler panicked: %v", e.Value)
 }
 
-// ErrAuthentication is matched (errors.Is) by every start-up error that
-// means a dependency refused the credentials: PostgreSQL 28P01/28000,
-// RabbitMQ 403 ACCESS_REFUSED, a Kafka SASL authentication failure.
-// Waiting cannot fix such an error, so start-up does not retry it.
-var ErrAuthentication = errors.New("claimtx: authentication failed")
-
 // AuthError reports that Dependency ("PostgreSQL", "RabbitMQ", "Kafka")
-// refused the credentials. It matches ErrAuthentication. Err is the
-// dependency's own error; no layer puts a password into it.
+// refused the credentials: PostgreSQL 28P01/28000, RabbitMQ 403
+// ACCESS_REFUSED, a Kafka SASL authentication failure. Every start-up error
+// that means this wraps one (branch with errors.As). Waiting cannot fix
+// it, so start-up does not retry it. Err is the dependency's own error; no
+// layer puts a password into it.
 type AuthError struct {
 	Dependency string
 	Err        error
@@ -141,6 +128,3 @@ func (e *AuthError) Error() string {
 }
 
 func (e *AuthError) Unwrap() error { return e.Err }
-
-// Is reports whether target is ErrAuthentication.
-func (e *AuthError) Is(target error) bool { return target == ErrAuthentication }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/internal/brokermeta"
 )
 
 // TimeFunc reads the producer's event time of a message: when the event
@@ -23,18 +25,14 @@ import (
 //   - in partitioned mode it picks the claim's partition (its UTC day), so
 //     twins always meet in the same partition and conflict there.
 //
-// A TimeFunc that cannot read a time returns an error matching
-// ErrInvalidEventTime (use *EventTimeError); such messages are poisoned,
-// not retried.
+// Time specs (ParseTimeSpec, Registry.ParseTime) build the usual ones. A
+// TimeFunc that cannot read a time returns an *EventTimeError; such
+// messages are poisoned, not retried.
 type TimeFunc func(*message.Message) (time.Time, error)
 
-// ErrInvalidEventTime is matched by every error that means "this message
-// has no usable event time": the field is missing, empty, or not a time.
-// It is permanent: redelivering the same message cannot fix it.
-var ErrInvalidEventTime = errors.New("claimtx: invalid event time")
-
-// EventTimeError explains why a message's event time could not be read. It
-// matches ErrInvalidEventTime and is permanent.
+// EventTimeError explains why a message's event time could not be read:
+// the field is missing, empty, or not a time. It is permanent: redelivering
+// the same message cannot fix it.
 type EventTimeError struct {
 	// Source names where the time was looked for, e.g. `metadata "event_time"`.
 	Source string
@@ -46,16 +44,7 @@ func (e *EventTimeError) Error() string {
 	return fmt.Sprintf("claimtx: invalid event time from %s: %s", e.Source, e.Reason)
 }
 
-// Is lets errors.Is(err, ErrInvalidEventTime) match.
-func (e *EventTimeError) Is(target error) bool { return target == ErrInvalidEventTime }
-
-// Permanent reports true: the same message yields the same error.
-func (e *EventTimeError) Permanent() bool { return true }
-
-// KafkaTimestampMetadata is the metadata key under which claimtx's Kafka
-// adapter (brokers/kafka.MetadataTimestamp) exposes the record timestamp.
-// It is repeated here because this package must not import a broker.
-const KafkaTimestampMetadata = "kafka_timestamp"
+func (e *EventTimeError) permanent() {}
 
 // Event times at or before minEventTime (Unix 0 is what an unset field
 // becomes) or after maxEventTime are refused: they are producer bugs, and
@@ -65,10 +54,10 @@ var (
 	maxEventTime = time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)
 )
 
-// EventTimeFromMetadata reads the event time from one metadata field (an
-// AMQP header, a Kafka record header). See ParseEventTime for the accepted
-// forms.
-func EventTimeFromMetadata(field string) (TimeFunc, error) {
+// timeFromMetadata reads the event time from one metadata field (an AMQP
+// header, a Kafka record header): spec "metadata:NAME". See parseEventTime
+// for the accepted forms.
+func timeFromMetadata(field string) (TimeFunc, error) {
 	if field == "" {
 		return nil, &ConfigError{Field: "event_time", Reason: "metadata field name is empty"}
 	}
@@ -78,7 +67,7 @@ func EventTimeFromMetadata(field string) (TimeFunc, error) {
 		if !ok {
 			return time.Time{}, &EventTimeError{Source: src, Reason: "field is missing"}
 		}
-		t, err := ParseEventTime(v)
+		t, err := parseEventTime(v)
 		if err != nil {
 			return time.Time{}, &EventTimeError{Source: src, Reason: err.Error()}
 		}
@@ -86,11 +75,11 @@ func EventTimeFromMetadata(field string) (TimeFunc, error) {
 	}, nil
 }
 
-// EventTimeFromJSON reads the event time from a field of the JSON payload,
-// addressed by a dotted path as in FromJSON ("occurred_at",
-// "meta.created"). The field is an RFC 3339 string or a Unix time number
-// (see ParseEventTime).
-func EventTimeFromJSON(path string) (TimeFunc, error) {
+// timeFromJSON reads the event time from a field of the JSON payload,
+// addressed by a dotted path as in json: key specs ("occurred_at",
+// "meta.created"): spec "json:PATH". The field is an RFC 3339 string or a
+// Unix time number (see parseEventTime).
+func timeFromJSON(path string) (TimeFunc, error) {
 	segs, err := parsePath(path)
 	if err != nil {
 		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("JSON path %q is invalid", path), Err: err}
@@ -108,7 +97,7 @@ func EventTimeFromJSON(path string) (TimeFunc, error) {
 		var t time.Time
 		switch v := v.(type) {
 		case string:
-			t, err = ParseEventTime(v)
+			t, err = parseEventTime(v)
 		case json.Number:
 			t, err = parseUnixNumber(string(v))
 		default:
@@ -121,9 +110,9 @@ func EventTimeFromJSON(path string) (TimeFunc, error) {
 	}, nil
 }
 
-// EventTimeFromKafka reads the Kafka record timestamp that claimtx's Kafka
-// adapter puts in metadata (KafkaTimestampMetadata). The only argument
-// accepted is "timestamp" (spec "kafka:timestamp"). The record timestamp is
+// timeFromKafka reads the Kafka record timestamp that claimtx's Kafka
+// adapter puts in metadata (brokers/kafka.MetadataTimestamp). The only
+// argument accepted is "timestamp" (spec "kafka:timestamp"). The record timestamp is
 // the producer's create time unless the topic uses LogAppendTime, in which
 // case it is the broker's append time: stable across redeliveries of one
 // record either way. It belongs to the record, not the event: claimtx's
@@ -132,14 +121,14 @@ func EventTimeFromJSON(path string) (TimeFunc, error) {
 // anew. That is why middleware.Claim refuses it for routing claims into
 // event-day partitions unless AllowBrokerEventTime is set; prefer a field
 // the producer wrote (metadata:, json:).
-func EventTimeFromKafka(arg string) (TimeFunc, error) {
+func timeFromKafka(arg string) (TimeFunc, error) {
 	if arg != "" && arg != "timestamp" {
 		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("kafka event time %q is not supported (use kafka:timestamp)", arg)}
 	}
-	return EventTimeFromMetadata(KafkaTimestampMetadata)
+	return timeFromMetadata(brokermeta.KafkaTimestamp)
 }
 
-// ParseEventTime parses the textual forms producers use for event times:
+// parseEventTime parses the textual forms producers use for event times:
 //
 //   - RFC 3339, with or without fractional seconds and with any offset
 //     ("2024-05-01T10:00:00Z", "2024-05-01T12:00:00.5+02:00");
@@ -152,7 +141,7 @@ func EventTimeFromKafka(arg string) (TimeFunc, error) {
 // The result is in UTC. Times up to Unix 0 (1970-01-01, what an unset
 // field becomes) or after 9999 are refused. The inference is
 // deterministic, so a redelivery always yields the same time.
-func ParseEventTime(s string) (time.Time, error) {
+func parseEventTime(s string) (time.Time, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return time.Time{}, errors.New("field is empty")
@@ -225,55 +214,4 @@ func checkEventTime(t time.Time) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%s is outside 1970..9999", t.Format(time.RFC3339Nano))
 	}
 	return t, nil
-}
-
-// TimeFactory builds a TimeFunc from the argument part of an event-time
-// spec ("event_time" in "metadata:event_time"). It returns a *ConfigError
-// for an argument it cannot use.
-type TimeFactory func(arg string) (TimeFunc, error)
-
-// TimeRegistry maps event-time extractor names to factories so that
-// configuration can choose one by a spec string such as
-// "metadata:event_time", "json:occurred_at" or "kafka:timestamp". It is
-// safe for concurrent use.
-type TimeRegistry struct {
-	reg *specRegistry[TimeFunc]
-}
-
-// NewTimeRegistry returns a registry holding the built-in extractors
-// metadata, json and kafka.
-func NewTimeRegistry() *TimeRegistry {
-	return &TimeRegistry{reg: newSpecRegistry(map[string]func(string) (TimeFunc, error){
-		"metadata": EventTimeFromMetadata,
-		"json":     EventTimeFromJSON,
-		"kafka":    EventTimeFromKafka,
-	}, "event time extractor", "event time extractor", "event time spec", "event_time", "metadata:event_time, json:occurred_at, kafka:timestamp")}
-}
-
-// Register adds a named extractor. Names follow the key registry's rules;
-// registering a name twice is an error.
-func (r *TimeRegistry) Register(name string, f TimeFactory) error { return r.reg.register(name, f) }
-
-// Parse turns a spec "NAME" or "NAME:ARG" into a TimeFunc.
-func (r *TimeRegistry) Parse(spec string) (TimeFunc, error) {
-	return r.reg.parse(spec, func(f TimeFunc) bool { return f == nil })
-}
-
-// Names lists the registered extractor names, sorted.
-func (r *TimeRegistry) Names() []string { return r.reg.names() }
-
-// DefaultTimes is the registry used by RegisterTimeExtractor and
-// ParseTimeSpec.
-var DefaultTimes = NewTimeRegistry()
-
-// RegisterTimeExtractor adds a named event-time extractor to DefaultTimes.
-func RegisterTimeExtractor(name string, f TimeFactory) error {
-	return DefaultTimes.Register(name, f)
-}
-
-// ParseTimeSpec resolves an event-time spec against DefaultTimes:
-// "metadata:event_time", "json:occurred_at", "kafka:timestamp" or a
-// registered name.
-func ParseTimeSpec(spec string) (TimeFunc, error) {
-	return DefaultTimes.Parse(spec)
 }

@@ -1,22 +1,17 @@
 package framework
 
 import (
-	"errors"
 	"fmt"
 	"time"
 )
 
-// ErrExpired is matched by every error that means "this message is older
-// than the claim retention horizon". Its claim may already have been
-// deleted, so whether its effect was applied can no longer be checked:
-// applying it could apply it twice, dropping it could lose it. Such a
-// message is routed to the poison/dead-letter destination with the reason
-// (outcome Expired) for a person to decide. It is permanent: time only
-// makes it older.
-var ErrExpired = errors.New("claimtx: message expired")
-
-// ExpiredError says which message time was checked against which horizon.
-// It matches ErrExpired and is permanent.
+// ExpiredError means "this message is older than the claim retention
+// horizon", and says which message time was checked against which horizon.
+// Its claim may already have been deleted, so whether its effect was
+// applied can no longer be checked: applying it could apply it twice,
+// dropping it could lose it. Such a message is routed to the
+// poison/dead-letter destination with the reason (outcome Expired) for a
+// person to decide. It is permanent: time only makes it older.
 type ExpiredError struct {
 	// EventTime is the producer's event time read from the message.
 	EventTime time.Time
@@ -32,11 +27,7 @@ func (e *ExpiredError) Error() string {
 		e.EventTime.UTC().Format(time.RFC3339), e.Horizon.UTC().Format(time.RFC3339), formatRetention(e.Retention))
 }
 
-// Is lets errors.Is(err, ErrExpired) match.
-func (e *ExpiredError) Is(target error) bool { return target == ErrExpired }
-
-// Permanent reports true: a redelivery is older still.
-func (e *ExpiredError) Permanent() bool { return true }
+func (e *ExpiredError) permanent() {}
 
 // formatRetention prints whole days as "30d" (how operators think of
 // retention windows) and anything else as a Go duration.

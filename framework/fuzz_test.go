@@ -30,6 +30,8 @@ func FuzzKeySpec(f *testing.F) {
 		{"json:n", `{"n": 1, "d": ` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}`, ""},
 		{"template:{metadata.event_id}:{payload.n}", `{"n": "x"}`, `a:b\`},
 		{"template:{payload.a}{payload.b}", `{"a": 1, "b": 23}`, ""},
+		{"first:metadata:event_id|json:order_id", `{"order_id": 3}`, ""},
+		{"first:metadata:event_id|template:o:{payload.n}", `{"n": 1}`, `\1:3`},
 	}
 	for _, s := range seeds {
 		f.Add(s.spec, s.payload, s.md)
@@ -51,8 +53,8 @@ func FuzzKeySpec(f *testing.F) {
 			t.Fatalf("not deterministic: %q/%v vs %q/%v", k1, err1, k2, err2)
 		}
 		if err1 != nil {
-			if !errors.Is(err1, framework.ErrInvalidKey) || !framework.IsPermanent(err1) {
-				t.Fatalf("key error is not a permanent ErrInvalidKey: %v", err1)
+			if !errors.As(err1, new(*framework.KeyError)) || !framework.IsPermanent(err1) {
+				t.Fatalf("key error is not a permanent *KeyError: %v", err1)
 			}
 			return
 		}
@@ -66,12 +68,12 @@ func FuzzKeySpec(f *testing.F) {
 		}
 		k, err := policy.Normalize(k1)
 		if err != nil {
-			if !errors.Is(err, framework.ErrInvalidKey) {
+			if !errors.As(err, new(*framework.KeyError)) {
 				t.Fatalf("policy error: %v", err)
 			}
 			return
 		}
-		if k == "" || !utf8.ValidString(k) || strings.IndexByte(k, 0) >= 0 || len(k) > framework.DefaultMaxKeyBytes {
+		if k == "" || !utf8.ValidString(k) || strings.IndexByte(k, 0) >= 0 || len(k) > 512 { // KeyPolicy.MaxBytes defaults to 512
 			t.Fatalf("policy let through %q", k)
 		}
 	})
@@ -83,7 +85,7 @@ func FuzzCanonicalNumber(f *testing.F) {
 	f.Add(int64(9912), uint8(0))
 	f.Add(int64(-5), uint8(3))
 	f.Add(int64(0), uint8(1))
-	kf, err := framework.FromJSON("n")
+	kf, err := framework.ParseKeySpec("json:n")
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -110,7 +112,7 @@ func FuzzTemplateInjective(f *testing.F) {
 	f.Add("é-", "xé", "y", "x", "éy")
 	f.Add("{{", "x{", "y", "x", "{y")
 	f.Fuzz(func(t *testing.T, sep, a1, a2, b1, b2 string) {
-		kf, err := framework.Template("p:{metadata.a}" + sep + "{metadata.b}:s")
+		kf, err := framework.ParseKeySpec("template:p:{metadata.a}" + sep + "{metadata.b}:s")
 		if err != nil {
 			var ce *framework.ConfigError
 			if !errors.As(err, &ce) {

@@ -191,19 +191,11 @@ func decodeTemplateKey(g genTemplate, key string) []string {
 	return append(vals, last)
 }
 
-// FirstNonEmpty: distinct (source, value) pairs give distinct keys, and the
+// first:: distinct (source, value) pairs give distinct keys, and the
 // first source's keys without the mark are unchanged.
 func TestFirstNonEmptyInjectiveProperty(t *testing.T) {
 	t.Parallel()
-	var fs []framework.KeyFunc
-	for i := 0; i < 3; i++ {
-		f, err := framework.FromMetadata(fmt.Sprintf("s%d", i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		fs = append(fs, f)
-	}
-	first, err := framework.FirstNonEmpty(fs...)
+	first, err := framework.ParseKeySpec("first:metadata:s0|metadata:s1|metadata:s2")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,15 +53,11 @@ func TestTemplateAdjacentPlaceholdersRefused(t *testing.T) {
 	require.Equal(t, `x\{{y`, k1)
 }
 
-// FirstNonEmpty used to give event_id "3" and, for a message without one,
-// order_id 3 the same key.
+// first: (FirstNonEmpty before) used to give event_id "3" and, for a
+// message without one, order_id 3 the same key.
 func TestFirstNonEmptyNamespacesSources(t *testing.T) {
 	t.Parallel()
-	ev, err := framework.FromMetadata("event_id")
-	require.NoError(t, err)
-	oid, err := framework.FromJSON("order_id")
-	require.NoError(t, err)
-	first, err := framework.FirstNonEmpty(ev, oid)
+	first, err := framework.ParseKeySpec("first:metadata:event_id|json:order_id")
 	require.NoError(t, err)
 	key := func(payload string, md map[string]string) string {
 		k, err := first(msgWith(payload, md))

@@ -20,13 +20,15 @@ import (
 // event yields the same key. Never derive it from broker delivery ids,
 // offsets or the Watermill UUID: those change on republish.
 //
-// A KeyFunc that cannot key a message returns an error matching
-// ErrInvalidKey (use *KeyError); such messages are poisoned, not retried.
+// Key specs (ParseKeySpec, Registry.ParseKey) build the usual ones; write a
+// KeyFunc, and register it on a Registry, only for what specs cannot say.
+// A KeyFunc that cannot key a message returns a *KeyError; such messages
+// are poisoned, not retried.
 type KeyFunc func(*message.Message) (string, error)
 
-// FromMetadata keys messages by one metadata field (for AMQP, a header; for
-// Kafka, a record header), e.g. FromMetadata("event_id").
-func FromMetadata(field string) (KeyFunc, error) {
+// fromMetadata keys messages by one metadata field (for AMQP, a header; for
+// Kafka, a record header): spec "metadata:NAME".
+func fromMetadata(field string) (KeyFunc, error) {
 	if field == "" {
 		return nil, &ConfigError{Field: "key", Reason: "metadata field name is empty"}
 	}
@@ -43,18 +45,18 @@ func FromMetadata(field string) (KeyFunc, error) {
 	}, nil
 }
 
-// FromJSON keys messages by a field of their JSON payload, addressed by a
-// dotted path ("order_id", "order.id", "items.0.sku"). Strings are used as
-// they are; numbers are rendered canonically so that 9912, 9912.0 and
-// 9.912e+03 all give "9912"; booleans give "true"/"false". Objects, arrays
-// and null are refused.
+// fromJSON keys messages by a field of their JSON payload, addressed by a
+// dotted path ("order_id", "order.id", "items.0.sku"): spec "json:PATH".
+// Strings are used as they are; numbers are rendered canonically so that
+// 9912, 9912.0 and 9.912e+03 all give "9912"; booleans give
+// "true"/"false". Objects, arrays and null are refused.
 //
 // The cost is linear in the payload, and bounded: a payload over 4 MiB or
 // nested deeper than 64 levels, or a number longer than 512 bytes (it could
 // never be a valid key), is refused with a *KeyError before the work it
 // would cost, so the message is poisoned with the reason instead of holding
 // the consumer.
-func FromJSON(path string) (KeyFunc, error) {
+func fromJSON(path string) (KeyFunc, error) {
 	segs, err := parsePath(path)
 	if err != nil {
 		return nil, err
@@ -69,26 +71,10 @@ func FromJSON(path string) (KeyFunc, error) {
 	}, nil
 }
 
-// Prefix prepends a fixed namespace to another KeyFunc's key, e.g.
-// Prefix("order-completed:", k) so that keys of different event types can
-// never collide within one consumer.
-func Prefix(prefix string, f KeyFunc) (KeyFunc, error) {
-	if f == nil {
-		return nil, &ConfigError{Field: "key", Reason: "Prefix needs a non-nil KeyFunc"}
-	}
-	return func(msg *message.Message) (string, error) {
-		k, err := f(msg)
-		if err != nil {
-			return "", err
-		}
-		return prefix + k, nil
-	}, nil
-}
-
-// FirstNonEmpty tries each KeyFunc in order and returns the first key that
-// is produced without error, e.g. an event_id header when the producer sets
-// one, else the order_id from the payload. When all fail, the error matches
-// ErrInvalidKey and lists every reason.
+// firstNonEmpty tries each KeyFunc in order and returns the first key that
+// is produced without error: spec "first:SPEC|SPEC...", e.g. an event_id
+// header when the producer sets one, else the order_id from the payload.
+// When all fail, the error is a *KeyError listing every reason.
 //
 // Each source keys in its own namespace, for event_id "3" on one message and
 // order_id 3 on another are different events: a key from the first KeyFunc
@@ -97,15 +83,8 @@ func Prefix(prefix string, f KeyFunc) (KeyFunc, error) {
 // `\i:k` (e.g. `\1:3`). Unmarked keys never start with '\' and marked ones
 // name their source, so no two sources can give the same key, while keys of
 // the first (preferred) source stay as they were before namespacing.
-func FirstNonEmpty(fs ...KeyFunc) (KeyFunc, error) {
-	if len(fs) == 0 {
-		return nil, &ConfigError{Field: "key", Reason: "FirstNonEmpty needs at least one KeyFunc"}
-	}
-	for i, f := range fs {
-		if f == nil {
-			return nil, &ConfigError{Field: "key", Reason: fmt.Sprintf("FirstNonEmpty: KeyFunc %d is nil", i)}
-		}
-	}
+// Registry.parseFirst hands it at least one KeyFunc, none nil.
+func firstNonEmpty(fs ...KeyFunc) KeyFunc {
 	return func(msg *message.Message) (string, error) {
 		reasons := make([]string, 0, len(fs))
 		for i, f := range fs {
@@ -116,21 +95,22 @@ func FirstNonEmpty(fs ...KeyFunc) (KeyFunc, error) {
 			if err != nil {
 				// A non-key error (a bug in a user extractor, say) must not be
 				// masked as "no key": report it as is.
-				if !errors.Is(err, ErrInvalidKey) {
+				var ke *KeyError
+				if !errors.As(err, &ke) {
 					return "", err
 				}
 				reasons = append(reasons, err.Error())
 			}
 		}
 		return "", &KeyError{Reason: "no extractor produced a key: " + strings.Join(reasons, "; ")}
-	}, nil
+	}
 }
 
-// sourceMark starts the key FirstNonEmpty took from any source but the
+// sourceMark starts the key firstNonEmpty took from any source but the
 // first, followed by the source's index and ':'.
 const sourceMark = '\\'
 
-// sourceKey namespaces key k from FirstNonEmpty source i (see FirstNonEmpty).
+// sourceKey namespaces key k from firstNonEmpty source i (see firstNonEmpty).
 func sourceKey(i int, k string) string {
 	if i == 0 && k[0] != sourceMark {
 		return k
@@ -138,8 +118,8 @@ func sourceKey(i int, k string) string {
 	return string(sourceMark) + strconv.Itoa(i) + ":" + k
 }
 
-// DefaultMaxKeyBytes is KeyPolicy.MaxBytes when left zero.
-const DefaultMaxKeyBytes = 512
+// maxKeyBytes is KeyPolicy.MaxBytes when left zero.
+const maxKeyBytes = 512
 
 // hashedKeyPrefix marks a key that KeyPolicy replaced by its digest.
 const hashedKeyPrefix = "sha256:"
@@ -148,7 +128,7 @@ const hashedKeyPrefix = "sha256:"
 type KeyPolicy struct {
 	// MaxBytes is the longest key accepted, in bytes. Postgres btree entries
 	// are limited (~2.7 kB) and every byte of the key is stored once per
-	// claim, so keep this small. Defaults to 512.
+	// claim, so keep this small. Defaults to 512 (when zero).
 	MaxBytes int
 	// HashOverlong replaces keys longer than MaxBytes by "sha256:" and the
 	// hex SHA-256 of the key (71 bytes) instead of refusing them. Use it for
@@ -157,13 +137,13 @@ type KeyPolicy struct {
 	HashOverlong bool
 }
 
-// Normalize returns the key to claim, or a *KeyError (matching
-// ErrInvalidKey) when the key is empty, not valid UTF-8, contains a NUL byte
-// (Postgres text cannot store it) or is too long.
+// Normalize returns the key to claim, or a *KeyError when the key is
+// empty, not valid UTF-8, contains a NUL byte (Postgres text cannot store
+// it) or is too long.
 func (p KeyPolicy) Normalize(key string) (string, error) {
 	maxBytes := p.MaxBytes
 	if maxBytes <= 0 {
-		maxBytes = DefaultMaxKeyBytes
+		maxBytes = maxKeyBytes
 	}
 	switch {
 	case key == "":
@@ -328,8 +308,8 @@ func hex4(p []byte, i int) (rune, bool) {
 }
 
 // descendJSON follows segs into doc and returns the value found, or a
-// reason why there is none. FromJSON (via lookupJSON) and
-// EventTimeFromJSON both read payload fields through it.
+// reason why there is none. fromJSON (via lookupJSON) and
+// timeFromJSON both read payload fields through it.
 func descendJSON(doc any, segs []string) (any, string) {
 	cur := doc
 	for _, s := range segs {
@@ -420,7 +400,7 @@ const maxExponent = 400
 // alone, before any work on its digits. It is fixed rather than taken from
 // the consumer's KeyPolicy because a KeyFunc does not see the policy; a
 // numeric identifier of more than 512 digits is not an identifier.
-const maxNumberBytes = DefaultMaxKeyBytes
+const maxNumberBytes = maxKeyBytes
 
 // canonicalNumber renders a JSON number so that every spelling of the same
 // value gives the same key: integers without fraction or exponent (9912),

@@ -2,6 +2,7 @@ package framework_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -78,7 +79,7 @@ func TestKeySpecs(t *testing.T) {
 			kf, err := framework.ParseKeySpec(tc.spec)
 			require.NoError(t, err)
 			_, err = kf(msgWith(tc.payload, tc.md))
-			require.ErrorIs(t, err, framework.ErrInvalidKey)
+			require.ErrorAs(t, err, new(*framework.KeyError))
 			require.True(t, framework.IsPermanent(err))
 			require.Contains(t, err.Error(), tc.reason)
 		})
@@ -98,43 +99,42 @@ func TestKeySpecs(t *testing.T) {
 	}
 }
 
-func TestCompose(t *testing.T) {
+func TestFirstSpec(t *testing.T) {
 	t.Parallel()
-	ev, err := framework.FromMetadata("event_id")
+	first, err := framework.ParseKeySpec("first:metadata:event_id|json:order_id")
 	require.NoError(t, err)
-	oid, err := framework.FromJSON("order_id")
+	k, err := first(msgWith(`{"order_id": 3}`, map[string]string{"event_id": "e"}))
 	require.NoError(t, err)
-	first, err := framework.FirstNonEmpty(ev, oid)
-	require.NoError(t, err)
-	pref, err := framework.Prefix("order:", first)
-	require.NoError(t, err)
-
-	k, err := pref(msgWith(`{"order_id": 3}`, map[string]string{"event_id": "e"}))
-	require.NoError(t, err)
-	require.Equal(t, "order:e", k)
-	k, err = pref(msgWith(`{"order_id": 3}`, nil))
+	require.Equal(t, "e", k)
+	k, err = first(msgWith(`{"order_id": 3}`, nil))
 	require.NoError(t, err)
 	// The fallback source is namespaced, so it cannot collide with an
 	// event_id "3" (see TestFirstNonEmptyNamespacesSources).
-	require.Equal(t, `order:\1:3`, k)
-	_, err = pref(msgWith(`{}`, nil))
-	require.ErrorIs(t, err, framework.ErrInvalidKey)
+	require.Equal(t, `\1:3`, k)
+	_, err = first(msgWith(`{}`, nil))
+	require.ErrorAs(t, err, new(*framework.KeyError))
+	require.True(t, framework.IsPermanent(err))
 	require.Contains(t, err.Error(), `metadata "event_id"`)
 	require.Contains(t, err.Error(), `payload "order_id"`)
 
-	// A non-key error from a user extractor is not masked as "no key".
+	// Alternatives are resolved by the registry that parses the spec, and
+	// a non-key error from a user extractor is not masked as "no key".
 	boom := errors.New("boom")
-	f2, err := framework.FirstNonEmpty(func(*message.Message) (string, error) { return "", boom }, oid)
+	r := framework.NewRegistry()
+	require.NoError(t, r.RegisterKey("boom", func(string) (framework.KeyFunc, error) {
+		return func(*message.Message) (string, error) { return "", boom }, nil
+	}))
+	f2, err := r.ParseKey("first: boom | json:order_id")
 	require.NoError(t, err)
 	_, err = f2(msgWith(`{"order_id": 3}`, nil))
 	require.ErrorIs(t, err, boom)
 
-	_, err = framework.FirstNonEmpty()
-	require.Error(t, err)
-	_, err = framework.FirstNonEmpty(nil)
-	require.Error(t, err)
-	_, err = framework.Prefix("x", nil)
-	require.Error(t, err)
+	for _, bad := range []string{"first:", "first", "first:json:a|", "first:|json:a", "first:json:a||json:b", "first:first:json:a|json:b", "first:json:a|boom"} {
+		_, err = framework.ParseKeySpec(bad)
+		var ce *framework.ConfigError
+		require.ErrorAs(t, err, &ce, bad)
+		require.Equal(t, "key", ce.Field, bad)
+	}
 }
 
 func TestKeyPolicy(t *testing.T) {
@@ -142,7 +142,7 @@ func TestKeyPolicy(t *testing.T) {
 	p := framework.KeyPolicy{}
 	for _, bad := range []string{"", "a\x00b", string([]byte{0xff, 0xfe}), strings.Repeat("k", 513)} {
 		_, err := p.Normalize(bad)
-		require.ErrorIs(t, err, framework.ErrInvalidKey, "%q", bad)
+		require.ErrorAs(t, err, new(*framework.KeyError), "%q", bad)
 		require.True(t, framework.IsPermanent(err))
 	}
 	k, err := p.Normalize(strings.Repeat("k", 512))
@@ -168,40 +168,66 @@ func TestKeyPolicy(t *testing.T) {
 
 func TestRegistry(t *testing.T) {
 	t.Parallel()
-	r := framework.NewKeyRegistry()
-	require.NoError(t, r.Register("tenant-event", func(arg string) (framework.KeyFunc, error) {
-		return framework.Template("{metadata.tenant}/" + arg + "/{metadata.event_id}")
+	r := framework.NewRegistry()
+	require.NoError(t, r.RegisterKey("tenant-event", func(arg string) (framework.KeyFunc, error) {
+		return framework.ParseKeySpec("template:{metadata.tenant}/" + arg + "/{metadata.event_id}")
 	}))
-	kf, err := r.Parse("tenant-event:orders")
+	kf, err := r.ParseKey("tenant-event:orders")
 	require.NoError(t, err)
 	k, err := kf(msgWith("", map[string]string{"tenant": "t1", "event_id": "e1"}))
 	require.NoError(t, err)
 	require.Equal(t, "t1/orders/e1", k)
 
 	var ce *framework.ConfigError
-	require.ErrorAs(t, r.Register("tenant-event", func(string) (framework.KeyFunc, error) { return nil, nil }), &ce)
-	require.ErrorAs(t, r.Register("metadata", func(string) (framework.KeyFunc, error) { return nil, nil }), &ce)
-	require.ErrorAs(t, r.Register("Bad Name", func(string) (framework.KeyFunc, error) { return nil, nil }), &ce)
-	require.ErrorAs(t, r.Register("nilfactory", nil), &ce)
-	require.NoError(t, r.Register("nilfunc", func(string) (framework.KeyFunc, error) { return nil, nil }))
-	_, err = r.Parse("nilfunc")
+	require.ErrorAs(t, r.RegisterKey("tenant-event", func(string) (framework.KeyFunc, error) { return nil, nil }), &ce)
+	require.ErrorAs(t, r.RegisterKey("metadata", func(string) (framework.KeyFunc, error) { return nil, nil }), &ce)
+	require.ErrorAs(t, r.RegisterKey("first", func(string) (framework.KeyFunc, error) { return nil, nil }), &ce)
+	require.ErrorAs(t, r.RegisterKey("Bad Name", func(string) (framework.KeyFunc, error) { return nil, nil }), &ce)
+	require.ErrorAs(t, r.RegisterKey("nilfactory", nil), &ce)
+	require.NoError(t, r.RegisterKey("nilfunc", func(string) (framework.KeyFunc, error) { return nil, nil }))
+	_, err = r.ParseKey("nilfunc")
 	require.ErrorAs(t, err, &ce)
-	require.Contains(t, r.Names(), "json")
+
+	// Unknown names are listed with the registry's own, custom ones too.
+	_, err = r.ParseKey("nosuch:x")
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "key", ce.Field)
+	require.Contains(t, ce.Reason, "known: first, json, metadata, nilfunc, template, tenant-event)")
+
+	// Registries are independent, and the package-level parser knows only
+	// the built-ins: registering cannot change what a spec means elsewhere.
+	_, err = framework.NewRegistry().ParseKey("tenant-event:orders")
+	require.ErrorAs(t, err, &ce)
+	_, err = framework.ParseKeySpec("tenant-event:orders")
+	require.ErrorAs(t, err, &ce)
+	require.Contains(t, ce.Reason, "known: first, json, metadata, template)")
+
+	// The zero value is usable, with the built-ins.
+	var zero framework.Registry
+	_, err = zero.ParseKey("json:order_id")
+	require.NoError(t, err)
+	require.NoError(t, zero.RegisterKey("mine", func(string) (framework.KeyFunc, error) { return kf, nil }))
 }
 
-func TestRegisterKeyFuncDefault(t *testing.T) {
+// Registering and parsing may run at once (a plugin registering while a
+// config reloads).
+func TestRegistryConcurrent(t *testing.T) {
 	t.Parallel()
-	require.NoError(t, framework.RegisterKeyFunc("test-constant-uuid-free", func(m *message.Message) (string, error) {
-		return "k-" + m.Metadata.Get("n"), nil
-	}))
-	kf, err := framework.ParseKeySpec("test-constant-uuid-free")
-	require.NoError(t, err)
-	k, err := kf(msgWith("", map[string]string{"n": "1"}))
-	require.NoError(t, err)
-	require.Equal(t, "k-1", k)
-	_, err = framework.ParseKeySpec("test-constant-uuid-free:arg")
-	require.Error(t, err)
-	require.Error(t, framework.RegisterKeyFunc("x-nil", nil))
+	r := framework.NewRegistry()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 50; i++ {
+			_, _ = r.ParseKey("nosuch")
+			_, _ = r.ParseTime("json:at")
+		}
+	}()
+	for i := 0; i < 50; i++ {
+		name := "x" + strings.Repeat("a", i%10) + string(rune('a'+i%26))
+		_ = r.RegisterKey(name, func(string) (framework.KeyFunc, error) { return nil, nil })
+		_ = r.RegisterTime(name, func(string) (framework.TimeFunc, error) { return nil, nil })
+	}
+	<-done
 }
 
 func TestErrors(t *testing.T) {
@@ -220,4 +246,11 @@ func TestErrors(t *testing.T) {
 	require.Contains(t, ce.Error(), `"X"`)
 	require.Contains(t, (&framework.PanicError{Value: 3}).Error(), "3")
 	require.Contains(t, (&framework.KeyError{Reason: "r"}).Error(), "r")
+	// The typed errors are permanent by construction; AuthError is not a
+	// message's fault and ConfigError is not about a message.
+	require.True(t, framework.IsPermanent(fmt.Errorf("wrapped: %w", &framework.KeyError{})))
+	require.True(t, framework.IsPermanent(&framework.EventTimeError{}))
+	require.True(t, framework.IsPermanent(&framework.ExpiredError{}))
+	require.False(t, framework.IsPermanent(&framework.AuthError{Err: base}))
+	require.False(t, framework.IsPermanent(ce))
 }

@@ -8,14 +8,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// Template builds a KeyFunc from text with placeholders, so that one spec can
-// namespace and combine fields:
+// fromTemplate builds a KeyFunc from text with placeholders (spec
+// "template:TEXT"), so that one spec can namespace and combine fields:
 //
 //	order-completed:{payload.order_id}
 //	{metadata.tenant}:{metadata.event_id}
 //
 // {payload.PATH} reads a JSON payload field by dotted path (rendered as
-// FromJSON does), {metadata.NAME} a metadata field. "{{" and "}}" stand for
+// json: does), {metadata.NAME} a metadata field. "{{" and "}}" stand for
 // literal braces. Every placeholder must resolve to a non-empty value, or the
 // message cannot be keyed. A template without placeholders is refused: it
 // would give every message the same key.
@@ -34,7 +34,7 @@ import (
 // Values containing neither character, and the last placeholder's value
 // whatever it contains, are written as they are, so such keys are the same
 // as before escaping was introduced.
-func Template(tmpl string) (KeyFunc, error) {
+func fromTemplate(tmpl string) (KeyFunc, error) {
 	parts, err := parseTemplate(tmpl)
 	if err != nil {
 		return nil, err
@@ -200,7 +200,7 @@ func parseTemplate(tmpl string) ([]templatePart, error) {
 		return nil, bad("no placeholder: every message would get the same key")
 	}
 	// Injectivity: every placeholder followed by another needs a separator,
-	// whose first character its values escape (see Template).
+	// whose first character its values escape (see fromTemplate).
 	last := -1
 	for i, p := range parts {
 		if p.kind != partLiteral {

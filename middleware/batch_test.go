@@ -135,7 +135,7 @@ func testBatchIsolatesFailingMessages(t *testing.T, run func(middleware.Batch, c
 			var pe *framework.PanicError
 			require.ErrorAs(t, err, &pe)
 		case 8:
-			require.ErrorIs(t, err, framework.ErrInvalidKey)
+			require.ErrorAs(t, err, new(*framework.KeyError))
 			require.True(t, framework.IsPermanent(err))
 		default:
 			require.NoError(t, err, "message %d", i)

@@ -275,7 +275,7 @@ func TestInvalidKeyIsPermanent(t *testing.T) {
 	msg := newDelivery(t, order{})
 	msg.Payload = []byte(`{"customer_id": 1}`)
 	_, err := h(msg)
-	require.ErrorIs(t, err, framework.ErrInvalidKey)
+	require.ErrorAs(t, err, new(*framework.KeyError))
 	require.True(t, framework.IsPermanent(err))
 	require.False(t, called)
 	require.Equal(t, framework.Failed, rec.results[0].Outcome)

@@ -4,6 +4,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/brokermeta"
 )
 
 // brokerEventTimeRisk is why Claim.Validate refuses an EventTime that
@@ -30,7 +31,7 @@ func readsBrokerTime(f framework.TimeFunc) (broker bool) {
 		}
 	}()
 	probe := message.NewMessage("claimtx-event-time-probe", nil)
-	probe.Metadata.Set(framework.KafkaTimestampMetadata, "2001-02-03T04:05:06.789Z")
+	probe.Metadata.Set(brokermeta.KafkaTimestamp, "2001-02-03T04:05:06.789Z")
 	_, err := f(probe)
 	return err == nil
 }

@@ -15,10 +15,10 @@ import (
 // a message whose event time is older than now minus that window may have
 // had its claim deleted, so the claim can no longer say whether its effect
 // was applied. Applying it could apply it twice; acking it could lose it.
-// The guard does neither: it returns a permanent error matching
-// framework.ErrExpired (a *framework.ExpiredError with the times), so the
-// Poison middleware routes the message to the dead-letter destination with
-// the reason, for a person to decide (outcome framework.Expired).
+// The guard does neither: it returns a permanent *framework.ExpiredError
+// (with the times), so the Poison middleware routes the message to the
+// dead-letter destination with the reason, for a person to decide
+// (outcome framework.Expired).
 //
 // Put it before Claim, after Poison:
 //
@@ -39,9 +39,9 @@ type ExpiryGuard struct {
 	// EventTime reads the producer's event time of a message
 	// (framework.ParseTimeSpec("metadata:event_time"), "json:occurred_at",
 	// "kafka:timestamp"). Required. A message without a readable event
-	// time fails with a permanent error matching
-	// framework.ErrInvalidEventTime and is poisoned too: it cannot be
-	// checked either. Prefer a time the producer wrote: "kafka:timestamp"
+	// time fails with a permanent *framework.EventTimeError and is
+	// poisoned too: it cannot be checked either. Prefer a time the
+	// producer wrote: "kafka:timestamp"
 	// is accepted, but a copy restamped on the way (a LogAppendTime topic,
 	// a producer other than claimtx's Kafka publisher) looks young, so an
 	// expired replay whose claim is gone is applied again instead of

@@ -13,6 +13,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/brokermeta"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -95,7 +96,7 @@ func TestExpiryGuardPoisonsOldReplay(t *testing.T) {
 	require.EqualValues(t, 0, g.b.balance(t, 7), "not applied")
 	require.EqualValues(t, 0, g.b.claims(t, "loyalty"), "not even claimed")
 	require.Equal(t, 1, g.expiredCount())
-	require.ErrorIs(t, g.expired[0], framework.ErrExpired)
+	require.ErrorAs(t, g.expired[0], new(*framework.ExpiredError))
 
 	// Inside the window (29 days, and the exact horizon): applied once.
 	for i, at := range []time.Time{now.AddDate(0, 0, -29), now.AddDate(0, 0, -30)} {
@@ -148,7 +149,7 @@ func TestExpiryGuardErrorsWithoutPoison(t *testing.T) {
 	msg := message.NewMessage("1", nil)
 	msg.Metadata.Set("event_time", time.Now().AddDate(0, 0, -31).Format(time.RFC3339))
 	_, err = install(t, middleware.NewExpiryGuard, guard)(h)(msg)
-	require.ErrorIs(t, err, framework.ErrExpired)
+	require.ErrorAs(t, err, new(*framework.ExpiredError))
 	require.True(t, framework.IsPermanent(err))
 	require.False(t, ran)
 	msg.Metadata.Set("event_time", time.Now().AddDate(0, 0, -29).Format(time.RFC3339))
@@ -157,7 +158,7 @@ func TestExpiryGuardErrorsWithoutPoison(t *testing.T) {
 	require.True(t, ran)
 	msg.Metadata.Set("event_time", "garbage")
 	_, err = install(t, middleware.NewExpiryGuard, guard)(h)(msg)
-	require.ErrorIs(t, err, framework.ErrInvalidEventTime)
+	require.ErrorAs(t, err, new(*framework.EventTimeError))
 	require.True(t, framework.IsPermanent(err))
 
 	var ce *framework.ConfigError
@@ -173,5 +174,5 @@ func TestExpiryGuardErrorsWithoutPoison(t *testing.T) {
 // The kafka:timestamp spec reads the key the Kafka adapter writes.
 func TestKafkaTimestampKeyMatchesAdapter(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, kafka.MetadataTimestamp, framework.KafkaTimestampMetadata)
+	require.Equal(t, kafka.MetadataTimestamp, brokermeta.KafkaTimestamp)
 }

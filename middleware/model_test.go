@@ -28,7 +28,7 @@ func TestModelExactlyOnce(t *testing.T) {
 	ctx := context.Background()
 	_, err := b.pool.Exec(ctx, "CREATE TABLE effects (consumer text NOT NULL, k text NOT NULL)")
 	require.NoError(t, err)
-	kf, err := framework.FromMetadata("event_id")
+	kf, err := framework.ParseKeySpec("metadata:event_id")
 	require.NoError(t, err)
 
 	iteration := 0

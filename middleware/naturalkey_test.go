@@ -241,7 +241,7 @@ func TestNaturalKeyInvalidKeyIsPermanent(t *testing.T) {
 	msg := newDelivery(t, order{})
 	msg.Payload = []byte(`{"customer_id": 1}`)
 	_, err := install(t, middleware.NewClaim, c)(consume(creditOnce))(msg)
-	require.ErrorIs(t, err, framework.ErrInvalidKey)
+	require.ErrorAs(t, err, new(*framework.KeyError))
 	require.True(t, framework.IsPermanent(err))
 }
 

@@ -48,7 +48,7 @@ func TestPartitionedClaimsByEventTime(t *testing.T) {
 
 	// No event time: the message cannot be placed, permanently.
 	_, err = h(newDelivery(t, order{OrderID: 43, CustomerID: 4, TotalCents: 100}))
-	require.ErrorIs(t, err, framework.ErrInvalidEventTime)
+	require.ErrorAs(t, err, new(*framework.EventTimeError))
 	require.True(t, framework.IsPermanent(err))
 }
 

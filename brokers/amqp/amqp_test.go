@@ -466,7 +466,7 @@ func TestAuthFailureNotRetried(t *testing.T) {
 	var aerr *amqp091.Error
 	require.ErrorAs(t, err, &aerr)
 	require.Equal(t, amqp091.AccessRefused, aerr.Code)
-	require.ErrorIs(t, err, framework.ErrAuthentication)
+	require.ErrorAs(t, err, new(*framework.AuthError))
 	require.Contains(t, err.Error(), "RabbitMQ refused the credentials (authentication failed")
 }
 

@@ -29,7 +29,7 @@ func (l retryLogger) With(watermill.LogFields) watermill.LoggerAdapter { return 
 
 // TestSASLRefusedIsAuthentication: a broker refusing the SASL credentials
 // (kfake closes the connection, which Sarama reports as EOF, like a network
-// fault) fails start-up at once with framework.ErrAuthentication, instead
+// fault) fails start-up at once with a *framework.AuthError, instead
 // of being retried for DialTimeout as "not reachable".
 func TestSASLRefusedIsAuthentication(t *testing.T) {
 	t.Parallel()
@@ -54,7 +54,7 @@ func TestSASLRefusedIsAuthentication(t *testing.T) {
 				start := time.Now()
 				_, err = kafka.NewPublisher(cfg, retryLogger{retries: &retries})
 				require.Error(t, err)
-				require.ErrorIs(t, err, framework.ErrAuthentication)
+				require.ErrorAs(t, err, new(*framework.AuthError))
 				var ae *framework.AuthError
 				require.ErrorAs(t, err, &ae)
 				require.Equal(t, "Kafka", ae.Dependency)
@@ -80,7 +80,7 @@ func TestUnreachableIsNotAuthentication(t *testing.T) {
 	var retries atomic.Int32
 	_, err = kafka.NewPublisher(cfg, retryLogger{retries: &retries})
 	require.Error(t, err)
-	require.NotErrorIs(t, err, framework.ErrAuthentication)
+	require.NotErrorAs(t, err, new(*framework.AuthError))
 	require.Contains(t, err.Error(), "gave up after")
 	require.Positive(t, retries.Load())
 }

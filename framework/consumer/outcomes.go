@@ -85,7 +85,7 @@ func (l *ledger) poisoned(msg *message.Message, err error) {
 	defer l.mu.Unlock()
 	e := l.entry(msg)
 	e.verdict, e.reason = framework.Poisoned, err
-	if errors.Is(err, framework.ErrExpired) {
+	if errors.As(err, new(*framework.ExpiredError)) {
 		e.verdict = framework.Expired
 	}
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -50,12 +49,12 @@ func testOneOutcomePerMessage(t *testing.T, kind, mode string) {
 	// Every series exists, at zero, before the first message.
 	before := gather(t, reg)
 	for _, o := range []framework.Outcome{framework.Applied, framework.Duplicate, framework.Failed, framework.Poisoned, framework.Expired} {
-		require.Contains(t, before, observe.MetricMessages+`{outcome="`+string(o)+`"}`)
+		require.Contains(t, before, `claimtx_messages_total{outcome="`+string(o)+`"}`)
 	}
 	for _, cause := range []string{"serialization", "deadlock", "claim_wait", "connection", "handler"} {
-		require.Contains(t, before, observe.MetricRetries+`{cause="`+cause+`"}`)
+		require.Contains(t, before, `claimtx_retries_total{cause="`+cause+`"}`)
 	}
-	require.Contains(t, before, observe.MetricFingerprintMismatch+`{}`)
+	require.Contains(t, before, `claimtx_fingerprint_mismatch_total{}`)
 
 	_, stop := start(c)
 	defer func() { require.NoError(t, stop()) }()
@@ -74,7 +73,7 @@ func testOneOutcomePerMessage(t *testing.T, kind, mode string) {
 			require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM effects").Scan(&n))
 			sum := 0
 			for k, v := range gather(t, reg) {
-				if strings.HasPrefix(k, observe.MetricMessages+"{") {
+				if strings.HasPrefix(k, "claimtx_messages_total{") {
 					sum += int(v)
 				}
 			}
@@ -94,7 +93,7 @@ func testOneOutcomePerMessage(t *testing.T, kind, mode string) {
 	require.NoError(t, stop())
 
 	got := gather(t, reg)
-	count := func(o framework.Outcome) int { return int(got[observe.MetricMessages+`{outcome="`+string(o)+`"}`]) }
+	count := func(o framework.Outcome) int { return int(got[`claimtx_messages_total{outcome="`+string(o)+`"}`]) }
 	want := map[framework.Outcome]int{
 		framework.Applied: 3, framework.Duplicate: 2, framework.Poisoned: 2, framework.Failed: 2, framework.Expired: 0,
 	}
@@ -106,9 +105,9 @@ func testOneOutcomePerMessage(t *testing.T, kind, mode string) {
 		require.Equal(t, n, hooked[o], "Config.OnOutcome calls with outcome %q", o)
 	}
 	mu.Unlock()
-	require.Equal(t, float64(policyHandlerRetries), got[observe.MetricRetries+`{cause="handler"}`], "handler retries")
+	require.Equal(t, float64(policyHandlerRetries), got[`claimtx_retries_total{cause="handler"}`], "handler retries")
 	// One claim retry in each of the two failed deliveries.
-	require.Equal(t, float64(2), got[observe.MetricRetries+`{cause="serialization"}`], "claim retries")
+	require.Equal(t, float64(2), got[`claimtx_retries_total{cause="serialization"}`], "claim retries")
 
 	if mode == "message" {
 		// Watermill's router metrics carry claimtx's prefix too.
@@ -117,7 +116,7 @@ func testOneOutcomePerMessage(t *testing.T, kind, mode string) {
 		require.NoError(t, err)
 		for _, mf := range mfs {
 			names = append(names, mf.GetName())
-			require.True(t, strings.HasPrefix(mf.GetName(), observe.Namespace+"_"), "unprefixed metric %s", mf.GetName())
+			require.True(t, strings.HasPrefix(mf.GetName(), "claimtx_"), "unprefixed metric %s", mf.GetName())
 		}
 		require.Contains(t, names, "claimtx_handler_execution_time_seconds")
 	}

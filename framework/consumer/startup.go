@@ -65,7 +65,7 @@ func (c Config) startupTimeout() time.Duration {
 // down (a failover, 57P03) is retried with backoff until
 // Config.StartupTimeout (default 30 s) has passed, each wait logged at WARN
 // with the last error; an authentication failure (28P01, 28000) returns at
-// once as a *framework.AuthError (errors.Is framework.ErrAuthentication);
+// once as a *framework.AuthError;
 // any other error returns at once. Failures are *StartupError naming step
 // and the real cause. try must be safe to run again after a failure (DDL
 // in a transaction, IF NOT EXISTS). Use it for an application's own

@@ -37,7 +37,7 @@ func TestClassifyPostgres(t *testing.T) {
 	} {
 		retry, err := classifyPostgres(tc.err)
 		require.Equal(t, tc.retry, retry, "%v", tc.err)
-		require.Equal(t, tc.auth, errors.Is(err, framework.ErrAuthentication), "%v", tc.err)
+		require.Equal(t, tc.auth, errors.As(err, new(*framework.AuthError)), "%v", tc.err)
 		require.ErrorIs(t, err, tc.err)
 	}
 }
@@ -75,7 +75,7 @@ func TestAwaitAuthNotRetried(t *testing.T) {
 		attempts.Add(1)
 		return &pgconn.PgError{Code: "28P01"}
 	})
-	require.ErrorIs(t, err, framework.ErrAuthentication)
+	require.ErrorAs(t, err, new(*framework.AuthError))
 	require.Equal(t, int32(1), attempts.Load())
 }
 

@@ -16,8 +16,8 @@ import (
 
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework/observe"
+	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 // healthz answers one /healthz request from h, as a probe would.
@@ -216,6 +216,6 @@ func (p *proxy) stop() {
 // The project's subscribers take part in readiness by implementing the
 // optional interface; a compile error here means one stopped doing so.
 var (
-	_ observe.ConnectionReporter = (*amqp.Subscriber)(nil)
-	_ observe.ConnectionReporter = (*kafka.Subscriber)(nil)
+	_ interface{ IsConnected() bool } = (*amqp.Subscriber)(nil)
+	_ interface{ IsConnected() bool } = (*kafka.Subscriber)(nil)
 )

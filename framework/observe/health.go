@@ -5,10 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/store"
 )
@@ -20,7 +21,7 @@ type Health struct {
 	// Store is checked for reachability and migration version. Required.
 	Store *store.Store
 	// Broker reports whether the broker connection is up; nil skips the
-	// check. See SubscriberConnected and DialCheck.
+	// check. See SubscriberConnected.
 	Broker func(context.Context) error
 	// Timeout bounds each check. Defaults to 2s.
 	Timeout time.Duration
@@ -102,25 +103,22 @@ func (h Health) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(rep)
 }
 
-// ConnectionReporter is the optional interface a subscriber implements to
-// take part in readiness: IsConnected reports whether its broker connection
-// is up right now. It must be safe to call concurrently with the
-// subscriber's own work and answer quickly (well inside Health.Timeout),
-// since /healthz calls it on every request.
-//
-// claimtx's RabbitMQ and Kafka subscribers implement it (brokers/amqp,
-// brokers/kafka), as does watermill-amqp's subscriber. A user-registered
-// adapter implements it too to be checked; one that does not is not.
-type ConnectionReporter interface {
+// connectionReporter is the optional interface SubscriberConnected looks
+// for; unexported because any subscriber with the method has it.
+type connectionReporter interface {
 	IsConnected() bool
 }
 
-// SubscriberConnected returns the readiness check of a subscriber that
-// implements ConnectionReporter, found by type assertion. For any other
-// subscriber it returns nil (no broker check): use DialCheck, or a check of
-// your own, instead.
-func SubscriberConnected(sub any) func(context.Context) error {
-	c, ok := sub.(ConnectionReporter)
+// SubscriberConnected returns the readiness check of a subscriber that has
+// a method IsConnected() bool, which reports whether its broker connection
+// is up right now; it must be cheap and safe to call concurrently, since
+// /healthz calls it on every request. claimtx's RabbitMQ and Kafka
+// subscribers (brokers/amqp, brokers/kafka) and watermill-amqp's have it;
+// a user-registered adapter adds it to be checked. For any other
+// subscriber it returns nil (no broker check): set Health.Broker to a check
+// of your own instead.
+func SubscriberConnected(sub message.Subscriber) func(context.Context) error {
+	c, ok := sub.(connectionReporter)
 	if !ok {
 		return nil
 	}
@@ -129,25 +127,5 @@ func SubscriberConnected(sub any) func(context.Context) error {
 			return errors.New("broker connection is down")
 		}
 		return nil
-	}
-}
-
-// DialCheck reports ready when at least one of addrs accepts a TCP
-// connection: a coarse check for brokers whose subscribers do not implement
-// ConnectionReporter. It cannot tell a broker that would reject the
-// subscriber's credentials from a healthy one.
-func DialCheck(addrs ...string) func(context.Context) error {
-	return func(ctx context.Context) error {
-		var d net.Dialer
-		var errs []error
-		for _, a := range addrs {
-			c, err := d.DialContext(ctx, "tcp", a)
-			if err == nil {
-				_ = c.Close()
-				return nil
-			}
-			errs = append(errs, err)
-		}
-		return fmt.Errorf("no broker reachable: %w", errors.Join(errs...))
 	}
 }

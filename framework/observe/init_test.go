@@ -29,7 +29,7 @@ func TestInitConsumerExportsZeroSeries(t *testing.T) {
 	var names, causes []string
 	for _, mf := range mfs {
 		names = append(names, mf.GetName())
-		if mf.GetName() != observe.MetricRetries {
+		if mf.GetName() != "claimtx_retries_total" {
 			continue
 		}
 		for _, s := range mf.GetMetric() {

@@ -11,21 +11,22 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// Metric names. They are exported so dashboards and alerts can be checked
-// against what the library really registers (the dashboard test does).
+// Metric names, listed in the package documentation and
+// docs/observability.md; the dashboard test checks
+// docs/grafana-dashboard.json against them.
 const (
-	MetricMessages            = "claimtx_messages_total"
-	MetricFingerprintMismatch = "claimtx_fingerprint_mismatch_total"
-	MetricRetries             = "claimtx_retries_total"
-	MetricClaimWait           = "claimtx_claim_wait_seconds"
-	MetricTransaction         = "claimtx_transaction_seconds"
+	metricMessages            = namespace + "_messages_total"
+	metricFingerprintMismatch = namespace + "_fingerprint_mismatch_total"
+	metricRetries             = namespace + "_retries_total"
+	metricClaimWait           = namespace + "_claim_wait_seconds"
+	metricTransaction         = namespace + "_transaction_seconds"
 )
 
-// Namespace prefixes every metric claimtx registers, Watermill's router
+// namespace prefixes every metric claimtx registers, Watermill's router
 // metrics included when framework/consumer registers them
 // (claimtx_handler_execution_time_seconds, …), so that one prefix finds
 // them all and they cannot collide with another router's in the process.
-const Namespace = "claimtx"
+const namespace = "claimtx"
 
 // retryCauseHandler is the claimtx_retries_total cause of an in-process
 // retry of a message whose handler failed (consumer.Config.HandlerRetries);
@@ -74,24 +75,24 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	waitBuckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
 	m := &Metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricMessages,
+			Name: metricMessages,
 			Help: "Messages settled (acked or nacked), one final outcome each: applied, duplicate, failed (nacked), poisoned or expired (dead-lettered).",
 		}, []string{"consumer", "handler", "outcome"}),
 		mismatch: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricFingerprintMismatch,
+			Name: metricFingerprintMismatch,
 			Help: "Duplicates whose payload fingerprint differs from the original's: a producer or key-derivation bug.",
 		}, []string{"consumer", "handler"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricRetries,
+			Name: metricRetries,
 			Help: "Retries by cause: transient failures of the claim transaction (serialization, deadlock, claim_wait, connection) and in-process retries of failed handlers (handler).",
 		}, []string{"consumer", "cause"}),
 		claimWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    MetricClaimWait,
+			Name:    metricClaimWait,
 			Help:    "Time BEGIN and the claim statement took (one round trip), including any wait for a pool connection or behind an uncommitted twin.",
 			Buckets: waitBuckets,
 		}, []string{"consumer"}),
 		transaction: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    MetricTransaction,
+			Name:    metricTransaction,
 			Help:    "Time from key derivation to commit or rollback, retries included.",
 			Buckets: prometheus.DefBuckets,
 		}, []string{"consumer", "outcome"}),
@@ -159,7 +160,7 @@ func (m *Metrics) OnHandlerRetry(consumer string) {
 	m.retries.WithLabelValues(consumer, retryCauseHandler).Inc()
 }
 
-// Names lists every metric name NewMetrics registers.
-func Names() []string {
-	return []string{MetricMessages, MetricFingerprintMismatch, MetricRetries, MetricClaimWait, MetricTransaction}
+// names lists every metric name NewMetrics registers.
+func names() []string {
+	return []string{metricMessages, metricFingerprintMismatch, metricRetries, metricClaimWait, metricTransaction}
 }

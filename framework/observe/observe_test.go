@@ -24,9 +24,9 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
+	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 func newStore(t *testing.T, maxConns int32) *store.Store {
@@ -83,16 +83,16 @@ func TestMetricsUnderConcurrentTwins(t *testing.T) {
 	m.OnRetry(middleware.Retry{Consumer: "loyalty", Cause: store.CauseSerialization})
 
 	val := func(outcome string) float64 {
-		return testutil.ToFloat64(mustCounter(t, reg, observe.MetricMessages, map[string]string{"consumer": "loyalty", "outcome": outcome}))
+		return testutil.ToFloat64(mustCounter(t, reg, "claimtx_messages_total", map[string]string{"consumer": "loyalty", "outcome": outcome}))
 	}
 	require.Equal(t, 1.0, val("applied"))
 	require.Equal(t, 7.0, val("duplicate"))
-	require.Equal(t, 8, histogramCount(t, reg, observe.MetricClaimWait))
-	require.Equal(t, 8, histogramCount(t, reg, observe.MetricTransaction))
-	require.Equal(t, 1.0, testutil.ToFloat64(mustCounter(t, reg, observe.MetricRetries, map[string]string{"consumer": "loyalty", "cause": "serialization"})))
+	require.Equal(t, 8, histogramCount(t, reg, "claimtx_claim_wait_seconds"))
+	require.Equal(t, 8, histogramCount(t, reg, "claimtx_transaction_seconds"))
+	require.Equal(t, 1.0, testutil.ToFloat64(mustCounter(t, reg, "claimtx_retries_total", map[string]string{"consumer": "loyalty", "cause": "serialization"})))
 
 	m.OnOutcome(middleware.Result{Consumer: "loyalty", Outcome: framework.Duplicate, FingerprintMismatch: true, Message: delivery("k")})
-	require.Equal(t, 1.0, testutil.ToFloat64(mustCounter(t, reg, observe.MetricFingerprintMismatch, map[string]string{"consumer": "loyalty"})))
+	require.Equal(t, 1.0, testutil.ToFloat64(mustCounter(t, reg, "claimtx_fingerprint_mismatch_total", map[string]string{"consumer": "loyalty"})))
 	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
 	require.Empty(t, problems)
@@ -229,11 +229,11 @@ func TestHealth(t *testing.T) {
 	require.Equal(t, map[string]string{"database": "ok", "migrations": "ok", "broker": "ok"}, rep.Checks)
 
 	// Broker down.
-	down := observe.Health{Store: st, Broker: observe.DialCheck("127.0.0.1:1")}
+	down := observe.Health{Store: st, Broker: observe.SubscriberConnected(connected(false))}
 	rr = httptest.NewRecorder()
 	down.ServeHTTP(rr, httptest.NewRequest(http.MethodGet, "/healthz", nil))
 	require.Equal(t, http.StatusServiceUnavailable, rr.Code)
-	require.Contains(t, rr.Body.String(), "no broker reachable")
+	require.Contains(t, rr.Body.String(), "broker connection is down")
 
 	// Migrations behind.
 	require.NoError(t, st.MigrateDown(context.Background(), 0))
@@ -242,14 +242,27 @@ func TestHealth(t *testing.T) {
 	require.Contains(t, rep.Checks["migrations"], "needs")
 	require.Equal(t, "ok", rep.Checks["database"])
 
-	require.Nil(t, observe.SubscriberConnected(struct{}{}))
+	require.Nil(t, observe.SubscriberConnected(subscriber{}))
 	require.NoError(t, observe.SubscriberConnected(connected(true))(context.Background()))
 	require.Error(t, observe.SubscriberConnected(connected(false))(context.Background()))
 	require.False(t, observe.Health{}.Check(context.Background()).Ready)
 }
 
+// subscriber is a message.Subscriber that does not report its connection.
+type subscriber struct{}
+
+func (subscriber) Subscribe(context.Context, string) (<-chan *message.Message, error) {
+	return nil, nil
+}
+func (subscriber) Close() error { return nil }
+
+// connected is a subscriber that does.
 type connected bool
 
+func (connected) Subscribe(context.Context, string) (<-chan *message.Message, error) {
+	return nil, nil
+}
+func (connected) Close() error        { return nil }
 func (c connected) IsConnected() bool { return bool(c) }
 
 // TestDashboardQueriesRegisteredMetrics parses the Grafana dashboard and

@@ -14,15 +14,16 @@ import (
 	"github.com/claimtx/claimtx/middleware"
 )
 
-// Span attribute keys.
+// Span attribute keys, listed in the package documentation and
+// docs/observability.md.
 const (
-	AttrConsumer = attribute.Key("claimtx.consumer")
-	AttrOutcome  = attribute.Key("claimtx.outcome")
-	AttrAttempts = attribute.Key("claimtx.attempts")
-	// AttrKeyHash is a SHA-256 prefix of the key: enough to correlate
+	attrConsumer = attribute.Key("claimtx.consumer")
+	attrOutcome  = attribute.Key("claimtx.outcome")
+	attrAttempts = attribute.Key("claimtx.attempts")
+	// attrKeyHash is a SHA-256 prefix of the key: enough to correlate
 	// deliveries of one event across spans without exporting the key,
 	// which may carry business identifiers.
-	AttrKeyHash = attribute.Key("claimtx.key_hash")
+	attrKeyHash = attribute.Key("claimtx.key_hash")
 )
 
 // Tracing puts an OpenTelemetry span around each message's claim
@@ -90,15 +91,16 @@ func (t Tracing) OnOutcome(r middleware.Result) {
 	if !span.IsRecording() {
 		return
 	}
-	attrs := []attribute.KeyValue{AttrConsumer.String(r.Consumer), AttrOutcome.String(string(r.Outcome)), AttrAttempts.Int(r.Attempts)}
+	attrs := []attribute.KeyValue{attrConsumer.String(r.Consumer), attrOutcome.String(string(r.Outcome)), attrAttempts.Int(r.Attempts)}
 	if r.Key != "" {
-		attrs = append(attrs, AttrKeyHash.String(KeyHash(r.Key)))
+		attrs = append(attrs, attrKeyHash.String(keyHash(r.Key)))
 	}
 	span.SetAttributes(attrs...)
 }
 
-// KeyHash is the hash of a key as it appears in spans and logs.
-func KeyHash(key string) string {
+// keyHash is the hash of a key as it appears in spans: the hex of the
+// first 8 bytes of its SHA-256.
+func keyHash(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:8])
 }
