@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -84,7 +85,7 @@ func (h Health) migrations(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if want := store.LatestVersion(); v != want {
+	if want := migrate.Latest(); v != want {
 		return fmt.Errorf("schema at migration %d, this build needs %d", v, want)
 	}
 	return nil
