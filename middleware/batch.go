@@ -11,10 +11,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/internal/pgtx"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/internal/txctx"
-	"github.com/claimtx/claimtx/store"
 )
 
 // Batch applies many messages in one claim transaction: one statement
@@ -166,12 +167,12 @@ func (b Batch) process(ctx context.Context, msgs []*message.Message, a applier) 
 			isolating = true
 			continue
 		}
-		cause := store.Classify(err)
+		cause := pgerr.Classify(err)
 		transient++
 		if cause.Transient() && ctx.Err() == nil && transient < c.MaxAttempts {
 			delay := c.backoff(transient)
 			if c.OnRetry != nil {
-				c.OnRetry(Retry{Consumer: c.Consumer, Attempt: transient, Cause: cause, Err: err, Delay: delay})
+				c.OnRetry(Retry{Consumer: c.Consumer, Attempt: transient, Cause: cause.String(), Err: err, Delay: delay})
 			}
 			serr := timing.Sleep(ctx, delay)
 			if serr == nil {
@@ -217,7 +218,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 		}
 	}
 	// BEGIN and the claim in one round trip.
-	tx, newKeys, err := c.Store.BeginClaimBatch(ctx, pgx.TxOptions{IsoLevel: c.Isolation}, c.Consumer, want, c.ClaimWait)
+	tx, newKeys, err := claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable).BeginBatch(ctx, c.Store.Pool(), pgx.TxOptions{IsoLevel: c.Isolation}, c.Consumer, want, c.ClaimWait)
 	if err != nil {
 		return nil, err
 	}
@@ -259,7 +260,7 @@ type perMessage BatchHandlerFunc
 func (h perMessage) fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
 	for _, i := range idx {
 		if err := guard(func() error { return h(txctx.With(ctx, tx), tx, msgs[i]) }); err != nil {
-			if store.Classify(err).Transient() {
+			if pgerr.Classify(err).Transient() {
 				// Not this message's fault: a deadlock with another batch, a
 				// serialization failure, a lost connection. Retry the whole
 				// batch, this message included.
@@ -278,7 +279,7 @@ func (h perMessage) isolate(ctx context.Context, tx pgx.Tx, msgs []*message.Mess
 			return h(txctx.With(ctx, tx), tx, msgs[i])
 		})
 		if err != nil {
-			if store.Classify(err).Transient() {
+			if pgerr.Classify(err).Transient() {
 				return err
 			}
 			failed[i] = err
@@ -311,7 +312,7 @@ func settled(err error, idx []int, failed map[int]error) (bool, error) {
 	switch {
 	case err == nil:
 		return true, nil
-	case store.Classify(err).Transient():
+	case pgerr.Classify(err).Transient():
 		return true, err
 	case len(idx) == 1:
 		failed[idx[0]] = err
@@ -342,7 +343,7 @@ func underSavepoint(ctx context.Context, tx pgx.Tx, f func() error) error {
 		return err
 	}
 	if err := guard(f); err != nil {
-		if store.Classify(err).Transient() {
+		if pgerr.Classify(err).Transient() {
 			return err
 		}
 		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT claimtx_batch; RELEASE SAVEPOINT claimtx_batch"); rerr != nil {

@@ -8,8 +8,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 // benchOrders makes n deliveries of orders never used before in this
@@ -41,8 +41,8 @@ func BenchmarkClaimPerMessage(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		for _, msg := range msgs {
-			tx, _, err := bu.store.BeginClaim(ctx, pgx.TxOptions{}, store.ClaimRequest{
-				Consumer: "pgx", Key: "order-completed:" + msg.Metadata.Get("event_id"), Wait: middleware.DefaultClaimWait,
+			tx, _, err := claimsql.For(bu.store.Config().Schema, bu.store.Config().ClaimsTable).Begin(ctx, bu.store.Pool(), pgx.TxOptions{}, claimsql.Request{
+				Consumer: "pgx", Key: "order-completed:" + msg.Metadata.Get("event_id"), MaxClaimWait: middleware.DefaultClaimWait,
 			})
 			if err == nil {
 				if err = credit(ctx, tx, msg); err == nil {

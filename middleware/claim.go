@@ -16,7 +16,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/consumername"
+	"github.com/claimtx/claimtx/internal/outboxsql"
+	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/internal/pgtx"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/internal/txctx"
@@ -215,8 +218,8 @@ type Result struct {
 // Retry describes one transient failure that is about to be retried.
 type Retry struct {
 	Consumer string
-	Attempt  int // the attempt that failed, from 1
-	Cause    store.Cause
+	Attempt  int    // the attempt that failed, from 1
+	Cause    string // "serialization", "deadlock", "claim_wait" or "connection"
 	Err      error
 	Delay    time.Duration
 }
@@ -230,8 +233,8 @@ func (c Claim) Validate() error {
 		return &framework.ConfigError{Field: "Key", Reason: "must not be nil (e.g. framework.ParseKeySpec(\"metadata:event_id\"))"}
 	case c.Mode != "" && c.Mode != ModeClaimTable && c.Mode != ModeNaturalKey:
 		return &framework.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%q is not a mode (%q or %q)", c.Mode, ModeClaimTable, ModeNaturalKey)}
-	case len(c.OutboxTopic) > store.MaxTopicBytes:
-		return &framework.ConfigError{Field: "OutboxTopic", Reason: fmt.Sprintf("is %d bytes, longer than %d", len(c.OutboxTopic), store.MaxTopicBytes)}
+	case len(c.OutboxTopic) > outboxsql.MaxTopicBytes:
+		return &framework.ConfigError{Field: "OutboxTopic", Reason: fmt.Sprintf("is %d bytes, longer than %d", len(c.OutboxTopic), outboxsql.MaxTopicBytes)}
 	case !utf8.ValidString(c.OutboxTopic) || strings.IndexByte(c.OutboxTopic, 0) >= 0:
 		return &framework.ConfigError{Field: "OutboxTopic", Reason: "must be valid UTF-8 without NUL bytes"}
 	case c.MaxAttempts < 0:
@@ -324,7 +327,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 				}
 				return finish(out, nil)
 			}
-			cause := store.Classify(err)
+			cause := pgerr.Classify(err)
 			if !cause.Transient() || msg.Context().Err() != nil {
 				return finish(framework.Failed, err)
 			}
@@ -333,7 +336,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 			delay := c.backoff(attempt)
 			if c.OnRetry != nil {
-				c.OnRetry(Retry{Consumer: c.Consumer, Attempt: attempt, Cause: cause, Err: err, Delay: delay})
+				c.OnRetry(Retry{Consumer: c.Consumer, Attempt: attempt, Cause: cause.String(), Err: err, Delay: delay})
 			}
 			c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
 			if err := timing.Sleep(msg.Context(), delay); err != nil {
@@ -367,11 +370,11 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 		// The claim is the handler's guarded INSERT: bound its wait behind
 		// a twin's uncommitted entry like the claim table's, set in the
 		// same round trip as BEGIN.
-		if tx, err = c.Store.BeginNaturalKey(ctx, txOpts, c.ClaimWait); err != nil {
+		if tx, err = claimsql.BeginNaturalKey(ctx, c.Store.Pool(), txOpts, c.ClaimWait); err != nil {
 			return "", err
 		}
 	} else {
-		req := store.ClaimRequest{Consumer: c.Consumer, Key: key, Wait: c.ClaimWait}
+		req := claimsql.Request{Consumer: c.Consumer, Key: key, MaxClaimWait: c.ClaimWait}
 		if c.EventTime != nil {
 			at, err := c.EventTime(msg)
 			if err != nil {
@@ -384,9 +387,9 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 			req.PayloadHash = sum[:fingerprintBytes]
 		}
 		claimStart := time.Now()
-		var cr store.ClaimResult
+		var cr claimsql.Result
 		// BEGIN and the claim in one round trip.
-		tx, cr, err = c.Store.BeginClaim(ctx, txOpts, req)
+		tx, cr, err = claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable).Begin(ctx, c.Store.Pool(), txOpts, req)
 		res.ClaimWait = time.Since(claimStart)
 		if err != nil {
 			return "", err
@@ -438,9 +441,12 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 	return out, nil
 }
 
-// enqueue writes the handler's returned messages to the outbox in tx.
+// enqueue writes the handler's returned messages to the outbox in tx, one
+// Enqueue per run of messages with the same topic, so the rows keep the
+// order the handler returned them in.
 func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Message) error {
-	out := make([]store.OutboxMessage, len(produced))
+	var run []*message.Message
+	runTopic := ""
 	for i, m := range produced {
 		if m == nil {
 			return framework.Permanent(fmt.Errorf("%w: handler returned a nil message at index %d", store.ErrInvalidOutboxMessage, i))
@@ -456,9 +462,15 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 			}
 			cp.Metadata.Set(k, v)
 		}
-		out[i] = store.OutboxMessage{Topic: topic, Message: cp}
+		if len(run) > 0 && topic != runTopic {
+			if err := c.Store.Enqueue(ctx, tx, runTopic, run...); err != nil {
+				return err
+			}
+			run = nil
+		}
+		run, runTopic = append(run, cp), topic
 	}
-	return c.Store.EnqueueMessages(ctx, tx, out...)
+	return c.Store.Enqueue(ctx, tx, runTopic, run...)
 }
 
 // runHandler calls h with the claim transaction in the message context and

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -65,7 +66,7 @@ func TestSerializableTwinsRetryTransparently(t *testing.T) {
 	defer rec.mu.Unlock()
 	require.NotEmpty(t, rec.retries, "expected serialization failures to be retried")
 	for _, r := range rec.retries {
-		require.Equal(t, store.CauseSerialization, r.Cause, "retry cause: %v", r.Err)
+		require.Equal(t, "serialization", r.Cause, "retry cause: %v", r.Err)
 	}
 }
 
@@ -233,7 +234,7 @@ func TestClaimWaitTimeoutIsRetried(t *testing.T) {
 	require.NoError(t, <-t2)
 
 	rec.mu.Lock()
-	require.Equal(t, store.CauseClaimWait, rec.retries[0].Cause)
+	require.Equal(t, "claim_wait", rec.retries[0].Cause)
 	rec.mu.Unlock()
 	require.Equal(t, 1, rec.count(framework.Applied))
 	require.Equal(t, 1, rec.count(framework.Duplicate))
@@ -259,7 +260,7 @@ func TestClaimWaitGivesUpAfterMaxAttempts(t *testing.T) {
 
 	_, err = install(t, middleware.NewClaim, c)(consume(credit))(newDelivery(t, o))
 	require.Error(t, err)
-	require.Equal(t, store.CauseClaimWait, store.Classify(err))
+	require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
 	require.False(t, framework.IsPermanent(err))
 }
 

@@ -7,7 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/internal/storedefault"
 )
 
 // ExpiryGuard refuses messages too old to be deduplicated. Claims are kept
@@ -33,8 +33,8 @@ import (
 // the message is).
 type ExpiryGuard struct {
 	// Retention is the claim retention window, the same value given to
-	// cleanup or partition maintenance. Defaults to
-	// store.DefaultRetention (30 days).
+	// cleanup or partition maintenance (store.RetentionConfig.Retention).
+	// Defaults to 30 days, the same default.
 	Retention time.Duration
 	// EventTime reads the producer's event time of a message
 	// (framework.ParseTimeSpec("metadata:event_time"), "json:occurred_at",
@@ -85,7 +85,7 @@ func NewExpiryGuard(g ExpiryGuard) (message.HandlerMiddleware, error) {
 
 func (g ExpiryGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
 	if g.Retention == 0 {
-		g.Retention = store.DefaultRetention
+		g.Retention = storedefault.Retention
 	}
 	if g.Now == nil {
 		g.Now = time.Now

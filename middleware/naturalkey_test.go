@@ -13,8 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 // naturalSetup is setup with the seed's step 4: the ledger row itself is
@@ -125,7 +125,7 @@ func TestNaturalKeySerializableTwinsRetryTransparently(t *testing.T) {
 	defer rec.mu.Unlock()
 	require.NotEmpty(t, rec.retries, "expected serialization failures to be retried")
 	for _, r := range rec.retries {
-		require.Equal(t, store.CauseSerialization, r.Cause, "retry cause: %v", r.Err)
+		require.Equal(t, "serialization", r.Cause, "retry cause: %v", r.Err)
 	}
 }
 
@@ -150,7 +150,7 @@ func TestNaturalKeyClaimWaitIsBoundedAndRetried(t *testing.T) {
 	h := install(t, middleware.NewClaim, c)(consume(creditOnce))
 	_, err = h(newDelivery(t, o))
 	require.Error(t, err)
-	require.Equal(t, store.CauseClaimWait, store.Classify(err))
+	require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
 	require.False(t, framework.IsPermanent(err))
 	require.Len(t, rec.retries, 2)
 	require.Equal(t, framework.Failed, rec.results[0].Outcome)

@@ -13,17 +13,19 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/outboxsql"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
 
-func (b bundle) outboxRows(t testing.TB) []store.OutboxRow {
+func (b bundle) outboxRows(t testing.TB) []outboxsql.Row {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := b.pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	rows, err := b.store.ClaimOutbox(ctx, tx, 1000)
+	cfg := b.store.Config()
+	rows, err := outboxsql.For(cfg.Schema, cfg.OutboxTable).LockPending(ctx, tx, 1000)
 	require.NoError(t, err)
 	return rows
 }
@@ -179,7 +181,7 @@ func TestInvalidReturnedMessageIsPermanent(t *testing.T) {
 func TestOutboxTopicConfiguration(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	for _, topic := range []string{strings.Repeat("t", store.MaxTopicBytes+1), "a\x00b", string([]byte{0xff})} {
+	for _, topic := range []string{strings.Repeat("t", outboxsql.MaxTopicBytes+1), "a\x00b", string([]byte{0xff})} {
 		c := b.claim(t, "loyalty", nil)
 		c.OutboxTopic = topic
 		var ce *framework.ConfigError

@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -16,7 +18,7 @@ func TestClaimBatch(t *testing.T) {
 	st := migrated(t, 2)
 	ctx := context.Background()
 	batch := func(keys ...string) []string {
-		tx, got, err := st.BeginClaimBatch(ctx, pgx.TxOptions{}, "c", keys, 0)
+		tx, got, err := st.BeginClaimBatchForTest(ctx, pgx.TxOptions{}, "c", keys, 0)
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit(ctx))
 		return got
@@ -34,7 +36,7 @@ func TestBeginClaimBatch(t *testing.T) {
 	t.Parallel()
 	st := migrated(t, 2)
 	ctx := context.Background()
-	tx, got, err := st.BeginClaimBatch(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, "c", []string{"b", "a", "b"}, time.Second)
+	tx, got, err := st.BeginClaimBatchForTest(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, "c", []string{"b", "a", "b"}, time.Second)
 	require.NoError(t, err)
 	require.Equal(t, []string{"a", "b"}, got)
 	var iso, lockTimeout string
@@ -43,12 +45,12 @@ func TestBeginClaimBatch(t *testing.T) {
 	require.Equal(t, "0", lockTimeout, "the effects must not inherit the claim's lock_timeout")
 
 	// Behind the uncommitted claim of "a": the wait expires.
-	_, _, err = st.BeginClaimBatch(ctx, pgx.TxOptions{}, "c", []string{"a", "c"}, 20*time.Millisecond)
-	require.Equal(t, store.CauseClaimWait, store.Classify(err))
+	_, _, err = st.BeginClaimBatchForTest(ctx, pgx.TxOptions{}, "c", []string{"a", "c"}, 20*time.Millisecond)
+	require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
 	require.Equal(t, int32(1), st.Pool().Stat().AcquiredConns(), "only the first transaction's connection is out")
 	require.NoError(t, tx.Commit(ctx))
 
-	tx, got, err = st.BeginClaimBatch(ctx, pgx.TxOptions{}, "c", []string{"a", "c"}, time.Second)
+	tx, got, err = st.BeginClaimBatchForTest(ctx, pgx.TxOptions{}, "c", []string{"a", "c"}, time.Second)
 	require.NoError(t, err)
 	require.Equal(t, []string{"c"}, got, "a is a duplicate now")
 	require.NoError(t, tx.Rollback(ctx))
@@ -61,7 +63,7 @@ func TestClaimsByEventDay(t *testing.T) {
 	byDay, err := st.ClaimsByEventDay(ctx)
 	require.NoError(t, err)
 	require.False(t, byDay)
-	_, err = st.EnablePartitioning(ctx, store.PartitionConfig{})
+	_, err = st.EnablePartitioning(ctx, store.RetentionConfig{})
 	require.NoError(t, err)
 	byDay, err = st.ClaimsByEventDay(ctx)
 	require.NoError(t, err)
@@ -69,9 +71,9 @@ func TestClaimsByEventDay(t *testing.T) {
 
 	claim := func(r store.ClaimRequest) store.ClaimResult { return claimWith(t, st, r) }
 	// An hour into yesterday (UTC), so a minute later is the same event day.
-	at := store.EventDay(time.Now().Add(-24 * time.Hour)).Add(time.Hour)
+	at := claimsql.EventDay(time.Now().Add(-24 * time.Hour)).Add(time.Hour)
 	h1, h2 := []byte{1}, []byte{2}
 	require.True(t, claim(store.ClaimRequest{Consumer: "c", Key: "k", EventTime: at, PayloadHash: h1}).New)
-	require.Equal(t, store.ClaimResult{FingerprintMismatch: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", EventTime: at, PayloadHash: h2, Wait: time.Second}))
+	require.Equal(t, store.ClaimResult{FingerprintMismatch: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", EventTime: at, PayloadHash: h2, MaxClaimWait: time.Second}))
 	require.Equal(t, store.ClaimResult{}, claim(store.ClaimRequest{Consumer: "c", Key: "k", EventTime: at.Add(time.Minute)}))
 }

@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/store"
 )
 
 // BenchmarkClaimCost measures what the claim adds to a transaction per
@@ -49,13 +49,13 @@ CREATE TABLE point_ledger (customer_id bigint NOT NULL, order_id bigint NOT NULL
 	}{
 		{"effect", func(int64) (pgx.Tx, error) { return pool.Begin(ctx) }},
 		{"claim", func(i int64) (pgx.Tx, error) {
-			tx, _, err := st.BeginClaim(ctx, pgx.TxOptions{}, store.ClaimRequest{
+			tx, _, err := st.BeginClaimForTest(ctx, pgx.TxOptions{}, store.ClaimRequest{
 				Consumer: "bench", Key: "order-completed:" + strconv.FormatInt(i, 10)})
 			return tx, err
 		}},
 		{"claim-wait", func(i int64) (pgx.Tx, error) {
-			tx, _, err := st.BeginClaim(ctx, pgx.TxOptions{}, store.ClaimRequest{
-				Consumer: "bench", Key: "order-completed:w" + strconv.FormatInt(i, 10), Wait: 5 * time.Second})
+			tx, _, err := st.BeginClaimForTest(ctx, pgx.TxOptions{}, store.ClaimRequest{
+				Consumer: "bench", Key: "order-completed:w" + strconv.FormatInt(i, 10), MaxClaimWait: 5 * time.Second})
 			return tx, err
 		}},
 	}

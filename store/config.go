@@ -5,16 +5,9 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/claimtx/claimtx/framework"
-)
-
-// Defaults for Config fields left empty.
-const (
-	DefaultSchema      = "claimtx"
-	DefaultClaimsTable = "processed_messages"
-	DefaultOutboxTable = "outbox"
+	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/storedefault"
 )
 
 // identifier is deliberately stricter than Postgres: lower case only, so
@@ -44,13 +37,13 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.Schema == "" {
-		c.Schema = DefaultSchema
+		c.Schema = storedefault.Schema
 	}
 	if c.ClaimsTable == "" {
-		c.ClaimsTable = DefaultClaimsTable
+		c.ClaimsTable = storedefault.ClaimsTable
 	}
 	if c.OutboxTable == "" {
-		c.OutboxTable = DefaultOutboxTable
+		c.OutboxTable = storedefault.OutboxTable
 	}
 	return c
 }
@@ -80,9 +73,5 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// ident quotes a validated identifier. Validation already rules out quotes;
-// pgx's Sanitize is used anyway so that the quoting is right by construction
-// should the pattern ever be relaxed.
-func ident(parts ...string) string {
-	return pgx.Identifier(parts).Sanitize()
-}
+// ident quotes a validated identifier.
+func ident(parts ...string) string { return sqlnames.Ident(parts...) }

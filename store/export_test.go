@@ -1,9 +1,55 @@
 package store
 
-import "io/fs"
+import (
+	"context"
+	"time"
 
-// LoadMigrationsForTest exposes the loader's checks to black-box tests.
-func LoadMigrationsForTest(fsys fs.FS) ([]Migration, error) { return loadMigrations(fsys) }
+	"github.com/jackc/pgx/v5"
+
+	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/migrate"
+	"github.com/claimtx/claimtx/internal/outboxsql"
+)
+
+// The plumbing below is what the middleware, the relay and the tools reach
+// through internal packages; the black-box tests reach it through the
+// Store they built.
 
 // MigrationLockKeyForTest is the advisory lock key Migrate takes.
-func (s *Store) MigrationLockKeyForTest() int64 { return s.migrationLockKey() }
+func (s *Store) MigrationLockKeyForTest() int64 { return migrate.LockKey(s.cfg.Schema) }
+
+// MigrateDownForTest reverts the migrations above target.
+func (s *Store) MigrateDownForTest(ctx context.Context, target int) error {
+	return migrate.Down(ctx, s.pool, s.names, target)
+}
+
+// BeginClaimForTest begins a transaction with the claim r in it, as the
+// claim middleware does.
+func (s *Store) BeginClaimForTest(ctx context.Context, opts pgx.TxOptions, r ClaimRequest) (pgx.Tx, ClaimResult, error) {
+	tx, res, err := s.claims.Begin(ctx, s.pool, opts, claimsql.Request(r))
+	return tx, ClaimResult(res), err
+}
+
+// BeginClaimBatchForTest begins a transaction claiming keys, as the batch
+// middleware does.
+func (s *Store) BeginClaimBatchForTest(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration) (pgx.Tx, []string, error) {
+	return s.claims.BeginBatch(ctx, s.pool, opts, consumer, keys, maxClaimWait)
+}
+
+// BeginNaturalKeyForTest begins a natural-key transaction, as the claim
+// middleware does in ModeNaturalKey.
+func (s *Store) BeginNaturalKeyForTest(ctx context.Context, opts pgx.TxOptions, maxClaimWait time.Duration) (pgx.Tx, error) {
+	return claimsql.BeginNaturalKey(ctx, s.pool, opts, maxClaimWait)
+}
+
+// OutboxForTest returns the relay's statements for the Store's outbox.
+func (s *Store) OutboxForTest() *outboxsql.Statements { return s.outbox }
+
+// PartitionedForTest reports whether the claim table is partitioned.
+func (s *Store) PartitionedForTest(ctx context.Context) (bool, error) {
+	kind, err := s.claimTableKind(ctx, s.pool)
+	return kind == "p", err
+}
+
+// SQLForTest returns the upsert's statement.
+func (u *VersionedUpsert) SQLForTest() string { return u.sql }

@@ -16,8 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/store"
 )
 
 // Environment of a child process of TestMigrateColdStartProcesses.
@@ -58,7 +59,7 @@ func TestMigrateColdStartProcesses(t *testing.T) {
 		}
 		v, err := versionOf(t, dbURL)
 		require.NoError(t, err)
-		require.Equal(t, store.LatestVersion(), v, "round %d: schema version after the cold start", round)
+		require.Equal(t, migrate.Latest(), v, "round %d: schema version after the cold start", round)
 	}
 	t.Logf("%d of %d migrate processes failed", failures, rounds*procs)
 }
@@ -213,7 +214,7 @@ func TestMigrateLockWaitCancelled(t *testing.T) {
 	require.NoError(t, st.Migrate(ctx))
 	v, err := st.Version(ctx)
 	require.NoError(t, err)
-	require.Equal(t, store.LatestVersion(), v)
+	require.Equal(t, migrate.Latest(), v)
 	var held int
 	require.NoError(t, st.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks
 		WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())

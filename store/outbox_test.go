@@ -13,8 +13,9 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/outboxnotify"
-	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/internal/outboxsql"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/store"
 )
 
 func msg(uuid, payload string, md map[string]string) *message.Message {
@@ -49,7 +50,7 @@ func TestEnqueueCommitsWithTheTransaction(t *testing.T) {
 		); err != nil {
 			return err
 		}
-		return st.EnqueueMessages(ctx, tx, store.OutboxMessage{Topic: "audit", Message: msg("", "x", nil)})
+		return st.Enqueue(ctx, tx, "audit", msg("", "x", nil))
 	}))
 	stats, err = st.OutboxStats(ctx)
 	require.NoError(t, err)
@@ -59,7 +60,7 @@ func TestEnqueueCommitsWithTheTransaction(t *testing.T) {
 	tx, err := st.Pool().Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
-	rows, err := st.ClaimOutbox(ctx, tx, 10)
+	rows, err := st.OutboxForTest().LockPending(ctx, tx, 10)
 	require.NoError(t, err)
 	require.Len(t, rows, 3)
 	require.Equal(t, []string{"receipts", "receipts", "audit"}, []string{rows[0].Topic, rows[1].Topic, rows[2].Topic})
@@ -91,7 +92,7 @@ func TestEnqueueRefusesWhatNoBrokerTakes(t *testing.T) {
 		m     *message.Message
 	}{
 		{"empty topic", "", msg("u", "", nil)},
-		{"long topic", strings.Repeat("t", store.MaxTopicBytes+1), msg("u", "", nil)},
+		{"long topic", strings.Repeat("t", outboxsql.MaxTopicBytes+1), msg("u", "", nil)},
 		{"NUL topic", "a\x00b", msg("u", "", nil)},
 		{"nil message", "t", nil},
 		{"NUL metadata", "t", msg("u", "", map[string]string{"k": "a\x00"})},
@@ -112,7 +113,7 @@ func TestEnqueueRefusesWhatNoBrokerTakes(t *testing.T) {
 
 // Two relay transactions never hold the same row: the second skips what
 // the first locked instead of waiting for it.
-func TestClaimOutboxSkipsLockedRows(t *testing.T) {
+func TestLockPendingSkipsLockedRows(t *testing.T) {
 	t.Parallel()
 	st := migrated(t, 4)
 	ctx := context.Background()
@@ -131,28 +132,28 @@ func TestClaimOutboxSkipsLockedRows(t *testing.T) {
 	require.NoError(t, err)
 	defer tx2.Rollback(ctx)
 
-	a, err := st.ClaimOutbox(ctx, tx1, 3)
+	a, err := st.OutboxForTest().LockPending(ctx, tx1, 3)
 	require.NoError(t, err)
-	b, err := st.ClaimOutbox(ctx, tx2, 10)
+	b, err := st.OutboxForTest().LockPending(ctx, tx2, 10)
 	require.NoError(t, err)
 	require.Len(t, a, 3)
 	require.Len(t, b, 2)
 	require.Greater(t, b[0].ID, a[2].ID)
 
 	// tx1 marks its rows sent; tx2 records a failed publish of one row.
-	require.NoError(t, st.MarkOutboxSent(ctx, tx1, []int64{a[0].ID, a[1].ID, a[2].ID}))
-	require.NoError(t, st.MarkOutboxFailed(ctx, tx1, nil, nil))
+	require.NoError(t, st.OutboxForTest().MarkSent(ctx, tx1, []int64{a[0].ID, a[1].ID, a[2].ID}))
+	require.NoError(t, st.OutboxForTest().MarkFailed(ctx, tx1, nil, nil))
 	require.NoError(t, tx1.Commit(ctx))
-	require.NoError(t, st.MarkOutboxFailed(ctx, tx2, []int64{b[0].ID}, errors.New("broker down")))
+	require.NoError(t, st.OutboxForTest().MarkFailed(ctx, tx2, []int64{b[0].ID}, errors.New("broker down")))
 	require.NoError(t, tx2.Commit(ctx))
 
 	stats, err := st.OutboxStats(ctx)
 	require.NoError(t, err)
 	require.Equal(t, store.OutboxStats{Pending: 2, Sent: 3, Failing: 1, OldestPending: stats.OldestPending}, stats)
 
-	_, err = st.ClaimOutbox(ctx, tx2, 0)
+	_, err = st.OutboxForTest().LockPending(ctx, tx2, 0)
 	require.Error(t, err)
-	_, err = st.ClaimOutbox(ctx, nil, 1)
+	_, err = st.OutboxForTest().LockPending(ctx, nil, 1)
 	require.Error(t, err)
 }
 
@@ -168,7 +169,7 @@ func TestDeleteSentOutboxInBatches(t *testing.T) {
 		return st.Enqueue(ctx, tx, "t", ms...)
 	}))
 	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-		rows, err := st.ClaimOutbox(ctx, tx, 20)
+		rows, err := st.OutboxForTest().LockPending(ctx, tx, 20)
 		if err != nil {
 			return err
 		}
@@ -176,17 +177,17 @@ func TestDeleteSentOutboxInBatches(t *testing.T) {
 		for i, r := range rows {
 			ids[i] = r.ID
 		}
-		return st.MarkOutboxSent(ctx, tx, ids)
+		return st.OutboxForTest().MarkSent(ctx, tx, ids)
 	}))
 
 	// Not old enough yet.
-	n, err := st.DeleteSentOutbox(ctx, time.Hour, 100)
+	n, err := st.OutboxForTest().DeleteSent(ctx, st.Pool(), time.Hour, 100)
 	require.NoError(t, err)
 	require.Zero(t, n)
 
 	var total int64
 	for {
-		n, err := st.DeleteSentOutbox(ctx, 0, 8)
+		n, err := st.OutboxForTest().DeleteSent(ctx, st.Pool(), 0, 8)
 		require.NoError(t, err)
 		total += n
 		if n < 8 {
@@ -198,7 +199,7 @@ func TestDeleteSentOutboxInBatches(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(5), stats.Pending, "pending rows are never cleaned up")
 	require.Zero(t, stats.Sent)
-	_, err = st.DeleteSentOutbox(ctx, 0, 0)
+	_, err = st.OutboxForTest().DeleteSent(ctx, st.Pool(), 0, 0)
 	require.Error(t, err)
 }
 
@@ -211,7 +212,7 @@ func TestEnqueueNotifiesAtCommit(t *testing.T) {
 	conn, err := pgx.Connect(ctx, pgtest.URL())
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "LISTEN "+store.OutboxChannel)
+	_, err = conn.Exec(ctx, "LISTEN "+outboxnotify.Channel)
 	require.NoError(t, err)
 
 	tx, err := st.Pool().Begin(ctx)

@@ -11,15 +11,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/internal/timing"
 )
 
-// Defaults for PartitionConfig fields left zero.
 const (
-	DefaultPartitionsAhead     = 7
-	DefaultPartitionLockWait   = 2 * time.Second
-	DefaultPartitionLockTries  = 5
 	partitionDayLayout         = "20060102"
 	legacyBoundaryDaysAhead    = 2
 	maxPartitionsAhead         = 366
@@ -33,99 +30,22 @@ var (
 	// was dropped (the message is expired), or lies further in the future
 	// than partitions were created (producer clock, or maintenance not
 	// running). The message must not be applied without its claim.
-	ErrNoPartition = errors.New("claimtx: no claim partition for the message's event day")
+	ErrNoPartition = claimsql.ErrNoPartition
 	// ErrNotPartitioned is returned by partition maintenance on a plain
 	// claim table (see EnablePartitioning).
 	ErrNotPartitioned = errors.New("claimtx: the claim table is not partitioned (enable partitioning first)")
 )
 
-// PartitionConfig configures partitioned mode and its maintenance. Build it
-// as a literal; zero fields take their defaults.
-type PartitionConfig struct {
-	// Retention is how long claims are kept, measured on event time: a day
-	// partition is dropped once all its event times are older than now
-	// minus Retention. Use the same value for the ExpiryGuard, for every
-	// maintenance call and for creation, or a day could be dropped and
-	// later re-created empty. Defaults to 30 days.
-	Retention time.Duration
-	// MinRetention is the smallest Retention accepted without Force.
-	// Defaults to 7 days.
-	MinRetention time.Duration
-	// Force accepts a Retention below MinRetention. Sharp edge: duplicates
-	// of messages older than the retention will be refused as expired, and
-	// any consumer without an ExpiryGuard will fail on them. Defaults to
-	// false.
-	Force bool
-	// Ahead is how many days after today (UTC) get a partition, so that
-	// maintenance can skip runs and producers' clocks can run a little
-	// fast. Run maintenance at least every Ahead days. Defaults to 7.
-	Ahead int
-	// LockWait bounds each wait for a lock that would block claims while
-	// queued (ACCESS EXCLUSIVE during the conversion): past it the DDL
-	// gives up and retries, instead of stalling every consumer behind a
-	// long transaction. Defaults to 2s.
-	LockWait time.Duration
-	// LockTries is how many times such DDL is attempted. Defaults to 5.
-	LockTries int
-	// DryRun makes CreatePartitionsAhead and DropExpiredPartitions report
-	// what they would do without doing it. Defaults to false.
-	DryRun bool
-}
-
-func (c PartitionConfig) withDefaults() PartitionConfig {
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.MinRetention == 0 {
-		c.MinRetention = DefaultMinRetention
-	}
-	if c.Ahead == 0 {
-		c.Ahead = DefaultPartitionsAhead
-	}
-	if c.LockWait == 0 {
-		c.LockWait = DefaultPartitionLockWait
-	}
-	if c.LockTries == 0 {
-		c.LockTries = DefaultPartitionLockTries
-	}
-	return c
-}
-
-// Validate reports the first invalid field as a *framework.ConfigError.
-func (c PartitionConfig) Validate() error {
-	switch {
-	case c.Retention < 0:
-		return &framework.ConfigError{Field: "Retention", Reason: "must not be negative"}
-	case c.MinRetention < 0:
-		return &framework.ConfigError{Field: "MinRetention", Reason: "must not be negative"}
-	case c.Ahead < 0 || c.Ahead > maxPartitionsAhead:
-		return &framework.ConfigError{Field: "Ahead", Reason: fmt.Sprintf("%d is outside 0..%d days", c.Ahead, maxPartitionsAhead)}
-	case c.LockWait < 0:
-		return &framework.ConfigError{Field: "LockWait", Reason: "must not be negative"}
-	case c.LockTries < 0:
-		return &framework.ConfigError{Field: "LockTries", Reason: "must not be negative"}
-	}
-	c = c.withDefaults()
-	if err := checkWindow("Retention", c.Retention, c.MinRetention, c.Force); err != nil {
-		return err
-	}
-	if c.Retention < 24*time.Hour {
-		return &framework.ConfigError{Field: "Retention", Reason: fmt.Sprintf("%s is shorter than one day, the partition granularity", c.Retention)}
-	}
-	return nil
-}
-
 // Partition is one partition of the claim table.
 type Partition struct {
 	Name string
-	// From is the first event day it holds; zero for the legacy partition,
+	// From is the first event day it holds; zero for the legacy partition
+	// (the table's rows before the conversion, see EnablePartitioning),
 	// which holds every day before To.
 	From time.Time
-	// To is the first event day it no longer holds.
+	// To is the first event day it no longer holds (zero for a legacy
+	// partition found detached but not dropped).
 	To time.Time
-	// Legacy marks the partition made from the table's rows before the
-	// conversion (see EnablePartitioning).
-	Legacy bool
 	// DetachPending is true when a concurrent detach was interrupted; the
 	// next DropExpiredPartitions finishes it.
 	DetachPending bool
@@ -150,23 +70,6 @@ type PartitioningResult struct {
 	Created []Partition
 }
 
-// EventDay returns the UTC day of an event time: the partition key. UTC,
-// never local time, so every consumer, whatever its time zone, computes
-// the same day for the same message.
-func EventDay(t time.Time) time.Time {
-	y, m, d := t.UTC().Date()
-	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
-}
-
-// Partitioned reports whether the claim table is partitioned by event day.
-func (s *Store) Partitioned(ctx context.Context) (bool, error) {
-	kind, err := s.claimTableKind(ctx, s.pool)
-	if err != nil {
-		return false, err
-	}
-	return kind == "p", nil
-}
-
 func (s *Store) legacyName() string { return s.cfg.ClaimsTable + "_legacy" }
 
 func (s *Store) dayName(day time.Time) string {
@@ -174,7 +77,7 @@ func (s *Store) dayName(day time.Time) string {
 }
 
 // qualified quotes schema.name for one of claimtx's derived relations.
-func (s *Store) qualified(name string) string { return ident(s.cfg.Schema, name) }
+func (s *Store) qualified(name string) string { return s.names.Qualified(name) }
 
 var partitionBound = regexp.MustCompile(`^FOR VALUES FROM \((MINVALUE|'(\d{4}-\d{2}-\d{2})')\) TO \('(\d{4}-\d{2}-\d{2})'\)$`)
 
@@ -225,7 +128,6 @@ WHERE i.inhparent = $1::regclass`, s.render("{schema}.{claims}"))
 			if p.To, err = time.Parse(time.DateOnly, m[3]); err != nil {
 				return p, err
 			}
-			p.Legacy = m[1] == "MINVALUE"
 			return p, nil
 		})
 		return err
@@ -264,8 +166,8 @@ func (s *Store) days(ctx context.Context, q querier, retention time.Duration) (t
 // It is idempotent and resumable: an index left invalid by an interrupted
 // build is dropped and rebuilt. Until EnablePartitioning runs, every claim
 // maintains two more indexes: do not linger in between.
-func (s *Store) PreparePartitioning(ctx context.Context, cfg PartitionConfig) error {
-	if err := cfg.Validate(); err != nil {
+func (s *Store) PreparePartitioning(ctx context.Context, cfg RetentionConfig) error {
+	if err := cfg.validatePartitioned(); err != nil {
 		return err
 	}
 	cfg = cfg.withDefaults()
@@ -281,7 +183,7 @@ func (s *Store) PreparePartitioning(ctx context.Context, cfg PartitionConfig) er
 	return s.prepare(ctx, conn, cfg)
 }
 
-func (s *Store) prepare(ctx context.Context, conn *pgxpool.Conn, cfg PartitionConfig) error {
+func (s *Store) prepare(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) error {
 	hasColumn, err := s.hasEventDay(ctx, conn)
 	if err != nil {
 		return err
@@ -350,9 +252,9 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname
 // views and foreign keys that name the old table follow it to
 // <table>_legacy: re-create them. It is idempotent: on a partitioned table
 // it only creates missing days.
-func (s *Store) EnablePartitioning(ctx context.Context, cfg PartitionConfig) (PartitioningResult, error) {
+func (s *Store) EnablePartitioning(ctx context.Context, cfg RetentionConfig) (PartitioningResult, error) {
 	var res PartitioningResult
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validatePartitioned(); err != nil {
 		return res, err
 	}
 	cfg = cfg.withDefaults()
@@ -461,8 +363,8 @@ func (s *Store) EnablePartitioning(ctx context.Context, cfg PartitionConfig) (Pa
 // Each day is created as a standalone table and then attached, which
 // takes only a SHARE UPDATE EXCLUSIVE lock on the claim table: claims keep
 // flowing (CREATE TABLE … PARTITION OF would take ACCESS EXCLUSIVE).
-func (s *Store) CreatePartitionsAhead(ctx context.Context, cfg PartitionConfig) ([]Partition, error) {
-	if err := cfg.Validate(); err != nil {
+func (s *Store) CreatePartitionsAhead(ctx context.Context, cfg RetentionConfig) ([]Partition, error) {
+	if err := cfg.validatePartitioned(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
@@ -488,7 +390,7 @@ func (s *Store) requirePartitioned(ctx context.Context, q querier) error {
 	return nil
 }
 
-func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg PartitionConfig) ([]Partition, error) {
+func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) ([]Partition, error) {
 	today, horizonDay, err := s.days(ctx, conn, cfg.Retention)
 	if err != nil {
 		return nil, err
@@ -554,8 +456,8 @@ func (s *Store) createDay(ctx context.Context, tx pgx.Tx, day time.Time) (Partit
 // CONCURRENTLY (claims on other days are never blocked) and then dropped:
 // O(1) whatever its size, no dead rows, no vacuum. An interrupted detach is
 // finished, and a partition detached but not yet dropped is dropped.
-func (s *Store) DropExpiredPartitions(ctx context.Context, cfg PartitionConfig) ([]Partition, error) {
-	if err := cfg.Validate(); err != nil {
+func (s *Store) DropExpiredPartitions(ctx context.Context, cfg RetentionConfig) ([]Partition, error) {
+	if err := cfg.validatePartitioned(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
@@ -607,8 +509,8 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 		return dropped, fmt.Errorf("claimtx: find detached partitions: %w", err)
 	}
 	for _, name := range orphans {
-		p := Partition{Name: name, Legacy: name == s.legacyName()}
-		if !p.Legacy {
+		p := Partition{Name: name}
+		if name != s.legacyName() {
 			day, err := time.Parse(partitionDayLayout, name[len(s.cfg.ClaimsTable)+2:])
 			if err != nil {
 				continue
@@ -632,8 +534,8 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 // retrying up to LockTries times when a lock wait times out. A DDL
 // statement queued for ACCESS EXCLUSIVE blocks every claim queued behind
 // it, so it must give up quickly rather than wait out a long transaction.
-func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg PartitionConfig, fn func(pgx.Tx) error) error {
-	wait := lockTimeout(cfg.LockWait)
+func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig, fn func(pgx.Tx) error) error {
+	wait := claimsql.LockTimeout(cfg.LockWait)
 	var err error
 	for attempt := 1; ; attempt++ {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -642,7 +544,7 @@ func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg PartitionConf
 			}
 			return fn(tx)
 		})
-		if err == nil || Classify(err) != CauseClaimWait || attempt >= cfg.LockTries {
+		if err == nil || pgerr.Classify(err) != pgerr.ClaimWait || attempt >= cfg.LockTries {
 			return err
 		}
 		if perr := timing.Sleep(ctx, time.Duration(attempt)*partitionLockRetryInterval); perr != nil {

@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -42,7 +44,7 @@ func claimAt(t *testing.T, st *store.Store, consumer, key string, at time.Time) 
 	return claimed, err
 }
 
-func partitionedStore(t *testing.T, maxConns int32, cfg store.PartitionConfig) (*store.Store, store.PartitioningResult) {
+func partitionedStore(t *testing.T, maxConns int32, cfg store.RetentionConfig) (*store.Store, store.PartitioningResult) {
 	t.Helper()
 	st := migrated(t, maxConns)
 	ctx := context.Background()
@@ -65,7 +67,7 @@ func ledger(t *testing.T, st *store.Store, key string) int64 {
 // midnight, a dead-letter replay next week) must meet its claim.
 func TestPartitionTwinsAcrossDayBoundary(t *testing.T) {
 	t.Parallel()
-	st, res := partitionedStore(t, 10, store.PartitionConfig{})
+	st, res := partitionedStore(t, 10, store.RetentionConfig{})
 	require.False(t, res.Legacy, "an empty table needs no legacy partition")
 	ctx := context.Background()
 	today := dbToday(t, st)
@@ -145,14 +147,14 @@ func TestPartitionTwinsAcrossDayBoundary(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	_, err = claimKeyAt(ctx, st, tx, "loyalty", "held", event, 50*time.Millisecond)
-	require.Equal(t, store.CauseClaimWait, store.Classify(err))
+	require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
 	_, err = claimKeyAt(ctx, st, nil, "loyalty", "k", event, 0)
 	require.Error(t, err)
 }
 
 func TestPartitionCreateAheadAndDropExpired(t *testing.T) {
 	t.Parallel()
-	st, res := partitionedStore(t, 4, store.PartitionConfig{Ahead: 3})
+	st, res := partitionedStore(t, 4, store.RetentionConfig{Ahead: 3})
 	ctx := context.Background()
 	today := dbToday(t, st)
 
@@ -165,7 +167,7 @@ func TestPartitionCreateAheadAndDropExpired(t *testing.T) {
 	require.Equal(t, today.AddDate(0, 0, -30), parts[0].From)
 	require.Equal(t, today.AddDate(0, 0, 4), parts[len(parts)-1].To)
 	for i, p := range parts {
-		require.False(t, p.Legacy)
+		require.False(t, p.From.IsZero(), "a day partition, not the legacy one")
 		require.Equal(t, p.From.AddDate(0, 0, 1), p.To)
 		if i > 0 {
 			require.Equal(t, parts[i-1].To, p.From, "contiguous")
@@ -175,15 +177,15 @@ func TestPartitionCreateAheadAndDropExpired(t *testing.T) {
 
 	// Create ahead: only the missing days, idempotently; a dry run only
 	// reports.
-	created, err := st.CreatePartitionsAhead(ctx, store.PartitionConfig{Ahead: 5, DryRun: true})
+	created, err := st.CreatePartitionsAhead(ctx, store.RetentionConfig{Ahead: 5, DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, created, 2)
-	created, err = st.CreatePartitionsAhead(ctx, store.PartitionConfig{Ahead: 5})
+	created, err = st.CreatePartitionsAhead(ctx, store.RetentionConfig{Ahead: 5})
 	require.NoError(t, err)
 	require.Len(t, created, 2)
 	require.Equal(t, today.AddDate(0, 0, 4), created[0].From)
 	require.Equal(t, today.AddDate(0, 0, 5), created[1].From)
-	created, err = st.CreatePartitionsAhead(ctx, store.PartitionConfig{Ahead: 5})
+	created, err = st.CreatePartitionsAhead(ctx, store.RetentionConfig{Ahead: 5})
 	require.NoError(t, err)
 	require.Empty(t, created)
 
@@ -198,8 +200,8 @@ func TestPartitionCreateAheadAndDropExpired(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrNoPartition)
 
 	// Drop with a 10-day retention: every day before today - 10.
-	drop := store.PartitionConfig{Retention: 10 * 24 * time.Hour}
-	dropped, err := st.DropExpiredPartitions(ctx, store.PartitionConfig{Retention: drop.Retention, DryRun: true})
+	drop := store.RetentionConfig{Retention: 10 * 24 * time.Hour}
+	dropped, err := st.DropExpiredPartitions(ctx, store.RetentionConfig{Retention: drop.Retention, DryRun: true})
 	require.NoError(t, err)
 	require.Len(t, dropped, 20)
 	require.EqualValues(t, 4, countWhere(t, st, "true"), "a dry run drops nothing")
@@ -223,7 +225,7 @@ func TestPartitionCreateAheadAndDropExpired(t *testing.T) {
 	require.False(t, ok)
 
 	// Creating with a longer retention never re-creates dropped days.
-	created, err = st.CreatePartitionsAhead(ctx, store.PartitionConfig{Ahead: 5})
+	created, err = st.CreatePartitionsAhead(ctx, store.RetentionConfig{Ahead: 5})
 	require.NoError(t, err)
 	require.Empty(t, created)
 
@@ -231,7 +233,7 @@ func TestPartitionCreateAheadAndDropExpired(t *testing.T) {
 	name := parts[0].Name
 	_, err = st.Pool().Exec(ctx, "ALTER TABLE "+claimsTable(st)+" DETACH PARTITION "+pgx.Identifier{st.Config().Schema, name}.Sanitize())
 	require.NoError(t, err)
-	dropped, err = st.DropExpiredPartitions(ctx, store.PartitionConfig{Retention: 9 * 24 * time.Hour})
+	dropped, err = st.DropExpiredPartitions(ctx, store.RetentionConfig{Retention: 9 * 24 * time.Hour})
 	require.NoError(t, err)
 	require.Len(t, dropped, 1)
 	require.Equal(t, name, dropped[0].Name)
@@ -246,38 +248,45 @@ func TestPartitionConfigAndStates(t *testing.T) {
 	var ce *framework.ConfigError
 	for _, tc := range []struct {
 		field string
-		cfg   store.PartitionConfig
+		cfg   store.RetentionConfig
 	}{
-		{"Retention", store.PartitionConfig{Retention: 24 * time.Hour}},
-		{"Retention", store.PartitionConfig{Retention: 12 * time.Hour, Force: true}},
-		{"Retention", store.PartitionConfig{Retention: -1}},
-		{"MinRetention", store.PartitionConfig{MinRetention: -1}},
-		{"Ahead", store.PartitionConfig{Ahead: -1}},
-		{"Ahead", store.PartitionConfig{Ahead: 1000}},
-		{"LockWait", store.PartitionConfig{LockWait: -1}},
-		{"LockTries", store.PartitionConfig{LockTries: -1}},
+		{"Retention", store.RetentionConfig{Retention: 24 * time.Hour}},
+		{"Retention", store.RetentionConfig{Retention: -1}},
+		{"MinRetention", store.RetentionConfig{MinRetention: -1}},
+		{"Ahead", store.RetentionConfig{Ahead: -1}},
+		{"Ahead", store.RetentionConfig{Ahead: 1000}},
+		{"LockWait", store.RetentionConfig{LockWait: -1}},
+		{"LockTries", store.RetentionConfig{LockTries: -1}},
 	} {
 		require.ErrorAs(t, tc.cfg.Validate(), &ce, "%+v", tc.cfg)
 		require.Equal(t, tc.field, ce.Field, "%+v", tc.cfg)
 	}
-	require.NoError(t, store.PartitionConfig{Retention: 2 * 24 * time.Hour, Force: true}.Validate())
+	require.NoError(t, store.RetentionConfig{Retention: 2 * 24 * time.Hour, Force: true}.Validate())
 
 	st, _ := newStore(t, 2)
 	ctx := context.Background()
-	_, err := st.Partitioned(ctx)
+	_, err := st.PartitionedForTest(ctx)
 	require.ErrorIs(t, err, store.ErrNoClaimTable)
-	_, err = st.EnablePartitioning(ctx, store.PartitionConfig{})
+	_, err = st.EnablePartitioning(ctx, store.RetentionConfig{})
 	require.ErrorIs(t, err, store.ErrNoClaimTable)
 	require.NoError(t, st.Migrate(ctx))
 	_, err = st.Partitions(ctx)
 	require.ErrorIs(t, err, store.ErrNotPartitioned)
-	_, err = st.CreatePartitionsAhead(ctx, store.PartitionConfig{})
+	_, err = st.CreatePartitionsAhead(ctx, store.RetentionConfig{})
 	require.ErrorIs(t, err, store.ErrNotPartitioned)
-	_, err = st.DropExpiredPartitions(ctx, store.PartitionConfig{})
+	_, err = st.DropExpiredPartitions(ctx, store.RetentionConfig{})
 	require.ErrorIs(t, err, store.ErrNotPartitioned)
-	_, err = st.EnablePartitioning(ctx, store.PartitionConfig{Retention: time.Hour})
+	_, err = st.EnablePartitioning(ctx, store.RetentionConfig{Retention: time.Hour})
 	require.ErrorAs(t, err, &ce)
-	require.Equal(t, store.EventDay(time.Date(2024, 5, 1, 23, 30, 0, 0, time.FixedZone("x", -3600))), time.Date(2024, 5, 2, 0, 0, 0, 0, time.UTC))
+	// Shorter than a day is a valid retention for Cleanup, forced, but
+	// not for partitions, which drop whole days.
+	short := store.RetentionConfig{Retention: 12 * time.Hour, Force: true}
+	require.NoError(t, short.Validate())
+	_, err = st.EnablePartitioning(ctx, short)
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "Retention", ce.Field)
+	require.Contains(t, ce.Reason, "one day")
+	require.Equal(t, claimsql.EventDay(time.Date(2024, 5, 1, 23, 30, 0, 0, time.FixedZone("x", -3600))), time.Date(2024, 5, 2, 0, 0, 0, 0, time.UTC))
 }
 
 // Converting a plain claim table that already holds claims: nothing is
@@ -312,8 +321,8 @@ func TestMigratePlainTableToPartitioned(t *testing.T) {
 	require.ErrorContains(t, err, "event_day")
 
 	// Prepared: old and new consumers both work and see each other.
-	require.NoError(t, st.PreparePartitioning(ctx, store.PartitionConfig{}))
-	require.NoError(t, st.PreparePartitioning(ctx, store.PartitionConfig{}), "idempotent")
+	require.NoError(t, st.PreparePartitioning(ctx, store.RetentionConfig{}))
+	require.NoError(t, st.PreparePartitioning(ctx, store.RetentionConfig{}), "idempotent")
 	ok, err = plainClaim("k-mid")
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -326,17 +335,17 @@ func TestMigratePlainTableToPartitioned(t *testing.T) {
 	ok, err = plainClaim("k-new")
 	require.NoError(t, err)
 	require.False(t, ok)
-	partitioned, err := st.Partitioned(ctx)
+	partitioned, err := st.PartitionedForTest(ctx)
 	require.NoError(t, err)
 	require.False(t, partitioned)
 
-	res, err := st.EnablePartitioning(ctx, store.PartitionConfig{Ahead: 3})
+	res, err := st.EnablePartitioning(ctx, store.RetentionConfig{Ahead: 3})
 	require.NoError(t, err)
 	require.False(t, res.AlreadyPartitioned)
 	require.True(t, res.Legacy)
 	require.Equal(t, today.AddDate(0, 0, 2), res.Boundary)
 	require.Len(t, res.Created, 2, "day partitions from the boundary through today + 3")
-	partitioned, err = st.Partitioned(ctx)
+	partitioned, err = st.PartitionedForTest(ctx)
 	require.NoError(t, err)
 	require.True(t, partitioned)
 	require.EqualValues(t, 6, countWhere(t, st, "true"), "every claim kept, none copied")
@@ -344,7 +353,6 @@ func TestMigratePlainTableToPartitioned(t *testing.T) {
 	parts, err := st.Partitions(ctx)
 	require.NoError(t, err)
 	require.Len(t, parts, 3)
-	require.True(t, parts[0].Legacy)
 	require.Equal(t, st.Config().ClaimsTable+"_legacy", parts[0].Name)
 	require.True(t, parts[0].From.IsZero())
 	require.Equal(t, res.Boundary, parts[0].To)
@@ -389,11 +397,11 @@ func TestMigratePlainTableToPartitioned(t *testing.T) {
 	require.Error(t, err)
 
 	// Idempotent; the legacy partition stays until its boundary expires.
-	again, err := st.EnablePartitioning(ctx, store.PartitionConfig{Ahead: 3})
+	again, err := st.EnablePartitioning(ctx, store.RetentionConfig{Ahead: 3})
 	require.NoError(t, err)
 	require.True(t, again.AlreadyPartitioned)
 	require.Empty(t, again.Created)
-	dropped, err := st.DropExpiredPartitions(ctx, store.PartitionConfig{})
+	dropped, err := st.DropExpiredPartitions(ctx, store.RetentionConfig{})
 	require.NoError(t, err)
 	require.Empty(t, dropped)
 
@@ -412,7 +420,7 @@ func TestLegacyPartitionExpires(t *testing.T) {
 	st := migrated(t, 4)
 	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 5, "-50 days")
-	res, err := st.EnablePartitioning(ctx, store.PartitionConfig{Ahead: 3})
+	res, err := st.EnablePartitioning(ctx, store.RetentionConfig{Ahead: 3})
 	require.NoError(t, err)
 	require.True(t, res.Legacy)
 	legacy := pgx.Identifier{st.Config().Schema, st.Config().ClaimsTable + "_legacy"}.Sanitize()
@@ -422,10 +430,10 @@ ALTER TABLE %[1]s ATTACH PARTITION %[2]s FOR VALUES FROM (MINVALUE) TO ((now() -
 		claimsTable(st), legacy, pgx.Identifier{st.Config().ClaimsTable + "_legacy_bound"}.Sanitize()))
 	require.NoError(t, err)
 
-	dropped, err := st.DropExpiredPartitions(ctx, store.PartitionConfig{})
+	dropped, err := st.DropExpiredPartitions(ctx, store.RetentionConfig{})
 	require.NoError(t, err)
 	require.Len(t, dropped, 1)
-	require.True(t, dropped[0].Legacy)
+	require.True(t, dropped[0].From.IsZero(), "the legacy partition")
 	require.EqualValues(t, 0, countWhere(t, st, "true"))
 	parts, err := st.Partitions(ctx)
 	require.NoError(t, err)

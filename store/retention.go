@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -14,25 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/internal/timing"
-)
-
-// Defaults for RetentionConfig and PartitionConfig fields left zero.
-const (
-	// DefaultRetention keeps claims 30 days: redeliveries arrive within
-	// minutes, dead-letter triage and replays within days to a couple of
-	// weeks (see docs/operations.md for choosing it).
-	DefaultRetention = 30 * 24 * time.Hour
-	// DefaultMinRetention refuses windows under 7 days unless forced: a
-	// shorter window re-opens the door to duplicates from ordinary
-	// dead-letter replays.
-	DefaultMinRetention        = 7 * 24 * time.Hour
-	DefaultBatchSize           = 5000
-	DefaultMinBatchSize        = 500
-	DefaultMaxBatchSize        = 50000
-	DefaultTargetBatchDuration = 250 * time.Millisecond
-	DefaultBatchPause          = 100 * time.Millisecond
-	DefaultBatchTimeout        = time.Minute
 )
 
 // Errors of the retention API, matched with errors.Is.
@@ -50,32 +32,50 @@ var (
 	ErrNoClaimTable = errors.New("claimtx: the claim table does not exist (run Migrate first)")
 )
 
-// RetentionConfig configures Cleanup. Build it as a literal; zero fields
-// take their defaults.
+// RetentionConfig says how long claims are kept, and how the store gets
+// rid of older ones: Cleanup deletes them, in batches, from a plain claim
+// table; on a table partitioned by event day (EnablePartitioning),
+// CreatePartitionsAhead and DropExpiredPartitions maintain the day
+// partitions and drop expired days whole. Build it as a literal; zero
+// fields take their defaults. Use one value for every call, and the same
+// Retention for middleware.ExpiryGuard.
 type RetentionConfig struct {
-	// Window is how long a claim is kept after it was processed. A
-	// duplicate arriving later than this after the original is applied
-	// again, so it must exceed every redelivery and replay delay you
-	// tolerate; pair it with middleware.ExpiryGuard using the same window.
-	// Defaults to 30 days.
-	Window time.Duration
-	// MinWindow is the smallest Window accepted without Force, a guard
-	// against a typo ("30h" for "30d") silently deleting a month of
+	// Retention is how long a claim is kept. A duplicate arriving later
+	// than this after the original is applied again (plain table) or
+	// refused as expired (partitioned table), so it must exceed every
+	// redelivery and replay delay you tolerate. Cleanup measures it from
+	// the claim's processing time; partitioned mode from the message's
+	// event time, dropping a day partition once all its event times are
+	// older than now minus Retention (which must then be at least a day,
+	// the partition granularity). Defaults to 30 days.
+	Retention time.Duration
+	// MinRetention is the smallest Retention accepted without Force, a
+	// guard against a typo ("30h" for "30d") silently deleting a month of
 	// claims. Defaults to 7 days.
-	MinWindow time.Duration
-	// Force accepts a Window below MinWindow. Sharp edge: every claim older
-	// than the window is deleted, and duplicates of those messages will be
-	// applied again. Defaults to false.
+	MinRetention time.Duration
+	// Force accepts a Retention below MinRetention. Sharp edge: every
+	// claim older than the retention is deleted, and duplicates of those
+	// messages will be applied again (or, partitioned, refused as expired:
+	// any consumer without an ExpiryGuard fails on them). Defaults to
+	// false.
 	Force bool
-	// BatchSize is the number of rows the first batch deletes. Later
+	// DryRun deletes, creates and drops nothing: Cleanup counts the claims
+	// it would delete (and takes no lock), CreatePartitionsAhead and
+	// DropExpiredPartitions list the partitions they would create or drop.
+	// Defaults to false.
+	DryRun bool
+
+	// BatchSize is the number of rows Cleanup's first batch deletes. Later
 	// batches adapt toward TargetBatchDuration within
 	// [MinBatchSize, MaxBatchSize]; set all three equal for a fixed size.
 	// Defaults to 5000.
 	BatchSize int
-	// MinBatchSize bounds adaptive sizing from below. Defaults to 500.
+	// MinBatchSize bounds adaptive sizing from below. Defaults to 500, or
+	// BatchSize if smaller.
 	MinBatchSize int
 	// MaxBatchSize bounds adaptive sizing from above: a batch holds its
-	// row locks and WAL until it commits. Defaults to 50000.
+	// row locks and WAL until it commits. Defaults to 50000, or BatchSize
+	// if larger.
 	MaxBatchSize int
 	// TargetBatchDuration is how long one batch should take. Short batches
 	// keep locks, WAL bursts and replication lag small; the batch size is
@@ -88,16 +88,26 @@ type RetentionConfig struct {
 	// BatchTimeout bounds one batch statement (statement_timeout), so a
 	// pathological plan cannot hold locks for long. Defaults to 1 minute.
 	BatchTimeout time.Duration
-	// DryRun counts the rows that would be deleted and deletes nothing. It
-	// takes no lock. Defaults to false.
-	DryRun bool
-	// Vacuum runs VACUUM (ANALYZE) on the claim table after a run that
+	// Vacuum runs VACUUM (ANALYZE) on the claim table after a Cleanup that
 	// deleted rows, for servers where autovacuum is off or too slow to
 	// keep up. Defaults to false (leave it to autovacuum).
 	Vacuum bool
 	// OnProgress, when set, is called on the cleaning goroutine once
-	// before the first batch (Batch 0) and after every batch.
+	// before Cleanup's first batch (Batch 0) and after every batch.
 	OnProgress func(CleanupProgress)
+
+	// Ahead is how many days after today (UTC) get a partition, so that
+	// maintenance can skip runs and producers' clocks can run a little
+	// fast. Run maintenance at least every Ahead days. At most 366.
+	// Defaults to 7.
+	Ahead int
+	// LockWait bounds each wait of partition DDL for a lock that would
+	// block claims while queued (ACCESS EXCLUSIVE during the conversion):
+	// past it the DDL gives up and retries, instead of stalling every
+	// consumer behind a long transaction. Defaults to 2s.
+	LockWait time.Duration
+	// LockTries is how many times such DDL is attempted. Defaults to 5.
+	LockTries int
 }
 
 // CleanupProgress reports a running Cleanup.
@@ -106,9 +116,6 @@ type CleanupProgress struct {
 	Batch int
 	// Deleted is the number of rows deleted so far in this run.
 	Deleted int64
-	// Estimated is the planner's estimate, taken at the start, of the rows
-	// older than the horizon: good for a progress bar, not for accounting.
-	Estimated int64
 	// BatchRows and BatchDuration describe the last batch.
 	BatchRows     int64
 	BatchDuration time.Duration
@@ -129,9 +136,9 @@ type CleanupResult struct {
 	Deleted int64
 	// Batches is the number of delete statements run.
 	Batches int
-	// DryRun is true when nothing was deleted on purpose; WouldDelete and
-	// Oldest are only set then.
-	DryRun      bool
+	// WouldDelete and Oldest are set by a DryRun only: the number of
+	// claims processed before Horizon, and the oldest processed_at among
+	// them (zero when none).
 	WouldDelete int64
 	Oldest      time.Time
 	// Duration is the wall time of the run.
@@ -141,39 +148,51 @@ type CleanupResult struct {
 }
 
 func (c RetentionConfig) withDefaults() RetentionConfig {
-	if c.Window == 0 {
-		c.Window = DefaultRetention
+	if c.Retention == 0 {
+		c.Retention = storedefault.Retention
 	}
-	if c.MinWindow == 0 {
-		c.MinWindow = DefaultMinRetention
+	if c.MinRetention == 0 {
+		c.MinRetention = storedefault.MinRetention
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
+		c.BatchSize = storedefault.BatchSize
 	}
 	if c.MinBatchSize == 0 {
-		c.MinBatchSize = min(DefaultMinBatchSize, c.BatchSize)
+		c.MinBatchSize = min(storedefault.MinBatchSize, c.BatchSize)
 	}
 	if c.MaxBatchSize == 0 {
-		c.MaxBatchSize = max(DefaultMaxBatchSize, c.BatchSize)
+		c.MaxBatchSize = max(storedefault.MaxBatchSize, c.BatchSize)
 	}
 	if c.TargetBatchDuration == 0 {
-		c.TargetBatchDuration = DefaultTargetBatchDuration
+		c.TargetBatchDuration = storedefault.TargetBatchDuration
 	}
 	if c.Pause == 0 {
-		c.Pause = DefaultBatchPause
+		c.Pause = storedefault.BatchPause
 	}
 	if c.BatchTimeout == 0 {
-		c.BatchTimeout = DefaultBatchTimeout
+		c.BatchTimeout = storedefault.BatchTimeout
+	}
+	if c.Ahead == 0 {
+		c.Ahead = storedefault.PartitionsAhead
+	}
+	if c.LockWait == 0 {
+		c.LockWait = storedefault.PartitionLockWait
+	}
+	if c.LockTries == 0 {
+		c.LockTries = storedefault.PartitionLockTries
 	}
 	return c
 }
 
 // Validate reports the first invalid field as a *framework.ConfigError.
+// Cleanup and the partition methods validate their configuration
+// themselves; Validate is for checking one before there is a Store to
+// call (the claimtx CLI refuses bad flags before connecting).
 func (c RetentionConfig) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    time.Duration
-	}{{"Window", c.Window}, {"MinWindow", c.MinWindow}, {"TargetBatchDuration", c.TargetBatchDuration}, {"BatchTimeout", c.BatchTimeout}} {
+	}{{"Retention", c.Retention}, {"MinRetention", c.MinRetention}, {"TargetBatchDuration", c.TargetBatchDuration}, {"BatchTimeout", c.BatchTimeout}, {"LockWait", c.LockWait}} {
 		if f.v < 0 {
 			return &framework.ConfigError{Field: f.name, Reason: "must not be negative"}
 		}
@@ -181,14 +200,19 @@ func (c RetentionConfig) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    int
-	}{{"BatchSize", c.BatchSize}, {"MinBatchSize", c.MinBatchSize}, {"MaxBatchSize", c.MaxBatchSize}} {
+	}{{"BatchSize", c.BatchSize}, {"MinBatchSize", c.MinBatchSize}, {"MaxBatchSize", c.MaxBatchSize}, {"LockTries", c.LockTries}} {
 		if f.v < 0 {
 			return &framework.ConfigError{Field: f.name, Reason: "must not be negative"}
 		}
 	}
+	if c.Ahead < 0 || c.Ahead > maxPartitionsAhead {
+		return &framework.ConfigError{Field: "Ahead", Reason: fmt.Sprintf("%d is outside 0..%d days", c.Ahead, maxPartitionsAhead)}
+	}
 	c = c.withDefaults()
-	if err := checkWindow("Window", c.Window, c.MinWindow, c.Force); err != nil {
-		return err
+	if c.Retention < c.MinRetention && !c.Force {
+		return &framework.ConfigError{Field: "Retention", Reason: fmt.Sprintf(
+			"%s is below the minimum of %s: claims younger than a replay can arrive would be deleted and those duplicates applied again (force it if you mean it)",
+			c.Retention, c.MinRetention)}
 	}
 	switch {
 	case c.MinBatchSize > c.MaxBatchSize:
@@ -199,17 +223,19 @@ func (c RetentionConfig) Validate() error {
 	return nil
 }
 
-// checkWindow refuses retention windows below the minimum unless forced.
-func checkWindow(field string, window, minimum time.Duration, force bool) error {
-	if window < minimum && !force {
-		return &framework.ConfigError{Field: field, Reason: fmt.Sprintf(
-			"%s is below the minimum of %s: claims younger than a replay can arrive would be deleted and those duplicates applied again (force it if you mean it)",
-			window, minimum)}
+// validatePartitioned is Validate for the partition methods, whose
+// retention drops whole days: one shorter than a day cannot be honoured.
+func (c RetentionConfig) validatePartitioned() error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	if r := c.withDefaults().Retention; r < 24*time.Hour {
+		return &framework.ConfigError{Field: "Retention", Reason: fmt.Sprintf("%s is shorter than one day, the partition granularity", r)}
 	}
 	return nil
 }
 
-// Cleanup deletes claims processed before now minus cfg.Window, in small
+// Cleanup deletes claims processed before now minus cfg.Retention, in small
 // batches, until none are left. Why it is shaped like this:
 //
 //   - One leader: a session-level advisory lock, taken with a try-lock on a
@@ -238,7 +264,7 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult
 	}
 	cfg = cfg.withDefaults()
 	start := time.Now()
-	res := CleanupResult{DryRun: cfg.DryRun}
+	var res CleanupResult
 
 	kind, err := s.claimTableKind(ctx, s.pool)
 	if err != nil {
@@ -247,7 +273,7 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult
 	if kind == "p" {
 		return res, ErrPartitioned
 	}
-	if err := s.pool.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", cfg.Window.Microseconds()).Scan(&res.Horizon); err != nil {
+	if err := s.pool.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", cfg.Retention.Microseconds()).Scan(&res.Horizon); err != nil {
 		return res, fmt.Errorf("claimtx: cleanup horizon: %w", err)
 	}
 
@@ -268,11 +294,7 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult
 	}
 	defer release()
 
-	estimated, err := s.estimateBelow(ctx, conn, res.Horizon)
-	if err != nil {
-		return res, err
-	}
-	progress := CleanupProgress{Estimated: estimated, NextBatchSize: cfg.BatchSize, Horizon: res.Horizon}
+	progress := CleanupProgress{NextBatchSize: cfg.BatchSize, Horizon: res.Horizon}
 	report := func() {
 		if cfg.OnProgress != nil {
 			progress.Elapsed = time.Since(start)
@@ -362,27 +384,6 @@ func nextBatchSize(size int, took time.Duration, cfg RetentionConfig) int {
 	ideal := float64(size) * float64(cfg.TargetBatchDuration) / float64(took)
 	ideal = min(max(ideal, float64(size)/2), float64(size)*2)
 	return min(max(int(ideal), cfg.MinBatchSize), cfg.MaxBatchSize)
-}
-
-// estimateBelow asks the planner how many claims are older than horizon:
-// instant, where an exact count would scan millions of index entries.
-func (s *Store) estimateBelow(ctx context.Context, conn *pgxpool.Conn, horizon time.Time) (int64, error) {
-	var plan []struct {
-		Plan struct {
-			Rows float64 `json:"Plan Rows"`
-		} `json:"Plan"`
-	}
-	var text string
-	if err := conn.QueryRow(ctx, s.render("EXPLAIN (FORMAT JSON) SELECT 1 FROM {schema}.{claims} WHERE processed_at < $1"), horizon).Scan(&text); err != nil {
-		return 0, fmt.Errorf("claimtx: estimate expired claims: %w", err)
-	}
-	if err := json.Unmarshal([]byte(text), &plan); err != nil {
-		return 0, fmt.Errorf("claimtx: estimate expired claims: %w", err)
-	}
-	if len(plan) == 0 {
-		return 0, nil
-	}
-	return int64(plan[0].Plan.Rows), nil
 }
 
 // retentionLockKey identifies the retention leader of one claim table.

@@ -32,8 +32,11 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/store"
 )
 
 func envInt(name string, def int) int {
@@ -95,7 +98,7 @@ func (r *claimRows) Next() bool {
 	event := processed.Add(-time.Duration(h%5000) * time.Millisecond)
 	r.row = []any{benchConsumers[r.i%len(benchConsumers)], "evt-" + hex.EncodeToString(b[:]), processed}
 	if r.partitioned {
-		r.row = append(r.row, pgtype.Date{Time: store.EventDay(event), Valid: true})
+		r.row = append(r.row, pgtype.Date{Time: claimsql.EventDay(event), Valid: true})
 	}
 	r.i++
 	return true
@@ -173,7 +176,7 @@ func postmasterStart(t *testing.T) time.Time {
 }
 
 // restarted is a connection failure caused by the server going away.
-func restarted(err error) bool { return store.Classify(err) == store.CauseConnection }
+func restarted(err error) bool { return pgerr.Classify(err) == pgerr.Connection }
 
 // resilient runs fn until it succeeds, re-running it after a server restart
 // (at most 5 times), and returns how many restarts interrupted it.
@@ -423,7 +426,7 @@ func TestRetentionAtScale(t *testing.T) {
 		layout = "heap shuffled"
 	}
 	say("cleanup (%s; batches toward %s, %s pause): %d claims in %s = %.0f rows/s wall, %d batches, batch size %d..%d, %d restarts survived",
-		layout, cmp.Or(ccfg.TargetBatchDuration, store.DefaultTargetBatchDuration), cmp.Or(ccfg.Pause, store.DefaultBatchPause), total.Deleted, total.Duration.Round(time.Second), float64(total.Deleted)/total.Duration.Seconds(), batches, minSize, maxSize, restarts)
+		layout, cmp.Or(ccfg.TargetBatchDuration, storedefault.TargetBatchDuration), cmp.Or(ccfg.Pause, storedefault.BatchPause), total.Deleted, total.Duration.Round(time.Second), float64(total.Deleted)/total.Duration.Seconds(), batches, minSize, maxSize, restarts)
 	say("plain, during cleanup:       %s", during)
 	say("=> claim p99 during cleanup / without: %.2fx (target <= 2x)", float64(during.percentile(0.99))/float64(wFull.percentile(0.99)))
 	if os.Getenv("BENCH_PARTITIONED") == "0" {
@@ -433,12 +436,12 @@ func TestRetentionAtScale(t *testing.T) {
 	// 3. Partitioned table: 10M claims over 60 event days.
 	pEmpty := benchStore(t, workers)
 	resilient(t, "enable partitioning", func() error {
-		_, err := pEmpty.EnablePartitioning(ctx, store.PartitionConfig{})
+		_, err := pEmpty.EnablePartitioning(ctx, store.RetentionConfig{})
 		return err
 	})
 	pFull := benchStore(t, workers)
 	resilient(t, "enable partitioning", func() error {
-		_, err := pFull.EnablePartitioning(ctx, store.PartitionConfig{Retention: 61 * 24 * time.Hour})
+		_, err := pFull.EnablePartitioning(ctx, store.RetentionConfig{Retention: 61 * 24 * time.Hour})
 		return err
 	})
 	ptbl := pgx.Identifier{pFull.Config().Schema, pFull.Config().ClaimsTable}.Sanitize()
@@ -469,7 +472,7 @@ func TestRetentionAtScale(t *testing.T) {
 	var dropTook time.Duration
 	restarts = resilient(t, "drop expired", func() error {
 		start := time.Now()
-		d, err := pFull.DropExpiredPartitions(ctx, store.PartitionConfig{})
+		d, err := pFull.DropExpiredPartitions(ctx, store.RetentionConfig{})
 		dropTook += time.Since(start)
 		dropped = append(dropped, d...)
 		return err

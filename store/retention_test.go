@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -64,11 +65,11 @@ func TestCleanupBoundaries(t *testing.T) {
 	require.EqualValues(t, 0, countWhere(t, st, "message_key LIKE 'just-out-%' OR message_key LIKE 'tie-%' OR message_key LIKE 'far-out-%'"))
 	require.EqualValues(t, 10, countWhere(t, st, "true"), "claims inside the window are never touched")
 	require.EqualValues(t, 6, countWhere(t, st, "message_key LIKE 'just-in-%'"))
-	require.WithinDuration(t, time.Now().Add(-store.DefaultRetention), res.Horizon, time.Minute)
+	require.WithinDuration(t, time.Now().Add(-storedefault.Retention), res.Horizon, time.Minute)
 
 	require.NotEmpty(t, seen)
 	require.Equal(t, 0, seen[0].Batch)
-	require.Positive(t, seen[0].Estimated)
+	require.Equal(t, res.Horizon, seen[0].Horizon)
 	last := seen[len(seen)-1]
 	require.EqualValues(t, 37, last.Deleted)
 	require.Equal(t, res.Batches, last.Batch)
@@ -118,24 +119,24 @@ func TestCleanupSettingsDoNotLeak(t *testing.T) {
 	require.Zero(t, held, "the leader lock is released with the run")
 }
 
-func TestCleanupMinimumWindow(t *testing.T) {
+func TestCleanupMinimumRetention(t *testing.T) {
 	t.Parallel()
 	st := migrated(t, 2)
 	ctx := context.Background()
 	insertAged(t, st, "c", "two-days-", 3, "-2 days")
 
 	var ce *framework.ConfigError
-	_, err := st.Cleanup(ctx, store.RetentionConfig{Window: 24 * time.Hour})
+	_, err := st.Cleanup(ctx, store.RetentionConfig{Retention: 24 * time.Hour})
 	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "Window", ce.Field)
+	require.Equal(t, "Retention", ce.Field)
 	require.Contains(t, ce.Reason, "below the minimum")
 	require.EqualValues(t, 3, countWhere(t, st, "true"), "a refused run deletes nothing")
 
-	// A lower minimum, or Force, lets a short window through.
-	res, err := st.Cleanup(ctx, store.RetentionConfig{Window: 3 * 24 * time.Hour, MinWindow: 3 * 24 * time.Hour, Pause: -1})
+	// A lower minimum, or Force, lets a short retention through.
+	res, err := st.Cleanup(ctx, store.RetentionConfig{Retention: 3 * 24 * time.Hour, MinRetention: 3 * 24 * time.Hour, Pause: -1})
 	require.NoError(t, err)
 	require.EqualValues(t, 0, res.Deleted)
-	res, err = st.Cleanup(ctx, store.RetentionConfig{Window: 24 * time.Hour, Force: true, Pause: -1})
+	res, err = st.Cleanup(ctx, store.RetentionConfig{Retention: 24 * time.Hour, Force: true, Pause: -1})
 	require.NoError(t, err)
 	require.EqualValues(t, 3, res.Deleted)
 
@@ -143,8 +144,8 @@ func TestCleanupMinimumWindow(t *testing.T) {
 		field string
 		cfg   store.RetentionConfig
 	}{
-		{"Window", store.RetentionConfig{Window: -time.Hour}},
-		{"MinWindow", store.RetentionConfig{MinWindow: -time.Hour}},
+		{"Retention", store.RetentionConfig{Retention: -time.Hour}},
+		{"MinRetention", store.RetentionConfig{MinRetention: -time.Hour}},
 		{"BatchSize", store.RetentionConfig{BatchSize: -1}},
 		{"MinBatchSize", store.RetentionConfig{MinBatchSize: 10, MaxBatchSize: 5, BatchSize: 7}},
 		{"BatchSize", store.RetentionConfig{BatchSize: 10, MaxBatchSize: 5, MinBatchSize: 1}},
@@ -169,7 +170,6 @@ func TestCleanupDryRun(t *testing.T) {
 
 	res, err := st.Cleanup(ctx, store.RetentionConfig{DryRun: true})
 	require.NoError(t, err)
-	require.True(t, res.DryRun)
 	require.EqualValues(t, 15, res.WouldDelete)
 	require.EqualValues(t, 0, res.Deleted)
 	require.WithinDuration(t, time.Now().AddDate(0, 0, -90), res.Oldest, time.Minute)
@@ -254,7 +254,7 @@ func TestCleanupTableStates(t *testing.T) {
 	require.ErrorIs(t, err, store.ErrNoClaimTable)
 
 	require.NoError(t, st.Migrate(ctx))
-	_, err = st.EnablePartitioning(ctx, store.PartitionConfig{})
+	_, err = st.EnablePartitioning(ctx, store.RetentionConfig{})
 	require.NoError(t, err)
 	_, err = st.Cleanup(ctx, store.RetentionConfig{})
 	require.ErrorIs(t, err, store.ErrPartitioned)

@@ -1,11 +1,12 @@
 package store
 
 import (
-	"strings"
-
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/outboxsql"
+	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
 // Store is claimtx's Postgres layer. It is safe for concurrent use; it holds
@@ -13,10 +14,10 @@ import (
 type Store struct {
 	pool  *pgxpool.Pool
 	cfg   Config
-	names *strings.Replacer
+	names *sqlnames.Names
 
-	claims claimStatements
-	outbox outboxSQL
+	claims *claimsql.Statements
+	outbox *outboxsql.Statements
 }
 
 // New validates cfg and returns a Store using pool. It does not touch the
@@ -29,18 +30,13 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Store{pool: pool, cfg: cfg}
-	s.names = strings.NewReplacer(
-		"{schema}", ident(cfg.Schema),
-		"{claims}", ident(cfg.ClaimsTable),
-		"{claims_processed_at_idx}", ident(cfg.ClaimsTable+"_processed_at_idx"),
-		"{outbox}", ident(cfg.OutboxTable),
-		"{outbox_pending_idx}", ident(cfg.OutboxTable+"_pending_idx"),
-		"{outbox_sent_idx}", ident(cfg.OutboxTable+"_sent_idx"),
-	)
-	s.initOutboxSQL()
-	s.initClaimSQL()
-	return s, nil
+	return &Store{
+		pool:   pool,
+		cfg:    cfg,
+		names:  sqlnames.New(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable),
+		claims: claimsql.For(cfg.Schema, cfg.ClaimsTable),
+		outbox: outboxsql.For(cfg.Schema, cfg.OutboxTable),
+	}, nil
 }
 
 // Pool returns the pool the Store was built with.
@@ -49,5 +45,5 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 // Config returns the effective configuration (defaults applied).
 func (s *Store) Config() Config { return s.cfg }
 
-// MaxConsumerBytes bounds consumer names; they are stored in every claim.
-const MaxConsumerBytes = 200
+// render substitutes the configured, quoted identifiers into sql.
+func (s *Store) render(sql string) string { return s.names.Render(sql) }

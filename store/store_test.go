@@ -7,7 +7,6 @@ import (
 	"io"
 	"sync"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,8 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/internal/migrate"
+	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/store"
 )
 
 func newStore(t *testing.T, maxConns int32) (*store.Store, string) {
@@ -43,13 +44,13 @@ func claimWith(t *testing.T, st *store.Store, r store.ClaimRequest) store.ClaimR
 // claimKey claims (consumer, key) in tx with Store.Claim, its wait bounded
 // by wait, and reports whether the claim was new.
 func claimKey(ctx context.Context, st *store.Store, tx pgx.Tx, consumer, key string, wait time.Duration) (bool, error) {
-	res, err := st.Claim(ctx, tx, store.ClaimRequest{Consumer: consumer, Key: key, Wait: wait})
+	res, err := st.Claim(ctx, tx, store.ClaimRequest{Consumer: consumer, Key: key, MaxClaimWait: wait})
 	return res.New, err
 }
 
 // claimKeyAt is claimKey with the event time at (partitioned mode).
 func claimKeyAt(ctx context.Context, st *store.Store, tx pgx.Tx, consumer, key string, at time.Time, wait time.Duration) (bool, error) {
-	res, err := st.Claim(ctx, tx, store.ClaimRequest{Consumer: consumer, Key: key, EventTime: at, Wait: wait})
+	res, err := st.Claim(ctx, tx, store.ClaimRequest{Consumer: consumer, Key: key, EventTime: at, MaxClaimWait: wait})
 	return res.New, err
 }
 
@@ -87,11 +88,11 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	require.NoError(t, st.Migrate(ctx))
 	v, err = st.Version(ctx)
 	require.NoError(t, err)
-	require.Equal(t, store.LatestVersion(), v)
+	require.Equal(t, migrate.Latest(), v)
 
 	var n int
 	require.NoError(t, st.Pool().QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.claimtx_migration", pgx.Identifier{schema}.Sanitize())).Scan(&n))
-	require.Equal(t, len(store.Migrations()), n)
+	require.Equal(t, migrate.Latest(), n, "one row per migration: versions run 1..Latest without gaps")
 
 	// The seed's table shape and the processed_at index.
 	var cols []string
@@ -114,11 +115,11 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 		WHERE n.nspname = $1 AND t.relname = 'processed_messages' AND x.indnatts = 1 AND a.attname = 'processed_at'`, schema).Scan(&idx))
 	require.Equal(t, 1, idx)
 
-	require.NoError(t, st.MigrateDown(ctx, 0))
+	require.NoError(t, st.MigrateDownForTest(ctx, 0))
 	v, err = st.Version(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 0, v)
-	require.Error(t, st.MigrateDown(ctx, -1))
+	require.Error(t, st.MigrateDownForTest(ctx, -1))
 	require.NoError(t, st.Migrate(ctx))
 }
 
@@ -195,7 +196,7 @@ func TestClaimWaitTimesOutBehindTwin(t *testing.T) {
 	_, err = claimKey(ctx, st, tx, "c", "k", 50*time.Millisecond)
 	require.Error(t, err)
 	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
-	require.Equal(t, store.CauseClaimWait, store.Classify(err))
+	require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
 	require.True(t, store.IsTransient(err))
 }
 
@@ -246,30 +247,20 @@ func TestHostileConsumerIsData(t *testing.T) {
 	require.False(t, ok)
 }
 
-func TestClassify(t *testing.T) {
+// IsTransient is the retry decision users see: the transient causes only.
+func TestIsTransient(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		err       error
-		want      store.Cause
-		transient bool
-	}{
-		{nil, store.CauseNone, false},
-		{errors.New("x"), store.CauseNone, false},
-		{&pgconn.PgError{Code: "40001"}, store.CauseSerialization, true},
-		{fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "40P01"}), store.CauseDeadlock, true},
-		{&pgconn.PgError{Code: "55P03"}, store.CauseClaimWait, true},
-		{&pgconn.PgError{Code: "23505"}, store.CauseUniqueViolation, false},
-		{&pgconn.PgError{Code: "08006"}, store.CauseConnection, true},
-		{&pgconn.PgError{Code: "57P01"}, store.CauseConnection, true},
-		{&pgconn.PgError{Code: "42P01"}, store.CauseNone, false},
-		{io.ErrUnexpectedEOF, store.CauseConnection, true},
-		{context.Canceled, store.CauseNone, false},
-		{fmt.Errorf("x: %w", context.DeadlineExceeded), store.CauseNone, false},
+	for err, want := range map[error]bool{
+		&pgconn.PgError{Code: "40001"}:                      true,
+		fmt.Errorf("x: %w", &pgconn.PgError{Code: "55P03"}): true,
+		io.ErrUnexpectedEOF:                                 true,
+		&pgconn.PgError{Code: "23505"}:                      false,
+		errors.New("x"):                                     false,
+		fmt.Errorf("x: %w", context.Canceled):               false,
 	} {
-		require.Equal(t, tc.want, store.Classify(tc.err), "%v", tc.err)
-		require.Equal(t, tc.transient, store.IsTransient(tc.err), "%v", tc.err)
-		require.NotEmpty(t, tc.want.String())
+		require.Equal(t, want, store.IsTransient(err), "%v", err)
 	}
+	require.False(t, store.IsTransient(nil))
 }
 
 // A real dropped connection (the server kills the backend mid-transaction)
@@ -287,7 +278,7 @@ func TestClassifyRealConnectionLoss(t *testing.T) {
 	require.NoError(t, err)
 	_, err = conn.Exec(ctx, "SELECT 1")
 	require.Error(t, err)
-	require.Equal(t, store.CauseConnection, store.Classify(err), "%T %v", err, err)
+	require.Equal(t, pgerr.Connection, pgerr.Classify(err), "%T %v", err, err)
 }
 
 func TestClaimFingerprint(t *testing.T) {
@@ -296,9 +287,9 @@ func TestClaimFingerprint(t *testing.T) {
 	ctx := context.Background()
 	claim := func(r store.ClaimRequest) store.ClaimResult { return claimWith(t, st, r) }
 	h1, h2 := []byte{1, 2, 3}, []byte{9, 9, 9}
-	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", PayloadHash: h1, Wait: time.Second}))
+	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", PayloadHash: h1, MaxClaimWait: time.Second}))
 	require.Equal(t, store.ClaimResult{}, claim(store.ClaimRequest{Consumer: "c", Key: "k", PayloadHash: h1}))
-	require.Equal(t, store.ClaimResult{FingerprintMismatch: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", PayloadHash: h2, Wait: time.Second}))
+	require.Equal(t, store.ClaimResult{FingerprintMismatch: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", PayloadHash: h2, MaxClaimWait: time.Second}))
 	require.Equal(t, store.ClaimResult{}, claim(store.ClaimRequest{Consumer: "c", Key: "k"}), "no hash given: nothing compared")
 	// A claim recorded without a fingerprint never mismatches.
 	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "old"}))
@@ -307,20 +298,7 @@ func TestClaimFingerprint(t *testing.T) {
 	require.Error(t, err, 0)
 }
 
-func TestDuplicateMigrationVersionRefused(t *testing.T) {
-	t.Parallel()
-	_, err := store.LoadMigrationsForTest(fstest.MapFS{
-		"migrations/001_a.up.sql": {Data: []byte("SELECT 1")},
-		"migrations/001_b.up.sql": {Data: []byte("SELECT 2")},
-	})
-	require.ErrorContains(t, err, "used by both")
-	_, err = store.LoadMigrationsForTest(fstest.MapFS{"migrations/002_a.up.sql": {Data: []byte("SELECT 1")}})
-	require.ErrorContains(t, err, "without gaps")
-	_, err = store.LoadMigrationsForTest(fstest.MapFS{"migrations/x.sql": {Data: []byte("")}})
-	require.Error(t, err)
-}
-
-// BeginClaim: BEGIN and the claim in one batch, the same results as
+// Beginning with a claim (the middleware's way): BEGIN and the claim in one batch, the same results as
 // Claim, the transaction's options applied, the claim's lock_timeout
 // gone for the effects, and every failure giving the connection back.
 func TestBeginClaim(t *testing.T) {
@@ -330,7 +308,7 @@ func TestBeginClaim(t *testing.T) {
 	h1, h2 := []byte{1, 2, 3}, []byte{9, 9, 9}
 	claim := func(r store.ClaimRequest, commit bool) store.ClaimResult {
 		t.Helper()
-		tx, res, err := st.BeginClaim(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, r)
+		tx, res, err := st.BeginClaimForTest(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, r)
 		require.NoError(t, err)
 		var iso, lockTimeout string
 		require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation'), current_setting('lock_timeout')").Scan(&iso, &lockTimeout))
@@ -343,11 +321,11 @@ func TestBeginClaim(t *testing.T) {
 		}
 		return res
 	}
-	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", Wait: time.Second, PayloadHash: h1}, false))
-	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", Wait: time.Second, PayloadHash: h1}, true),
+	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", MaxClaimWait: time.Second, PayloadHash: h1}, false))
+	require.Equal(t, store.ClaimResult{New: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", MaxClaimWait: time.Second, PayloadHash: h1}, true),
 		"a rolled-back claim leaves nothing behind")
 	require.Equal(t, store.ClaimResult{}, claim(store.ClaimRequest{Consumer: "c", Key: "k", PayloadHash: h1}, true))
-	require.Equal(t, store.ClaimResult{FingerprintMismatch: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", Wait: time.Second, PayloadHash: h2}, true))
+	require.Equal(t, store.ClaimResult{FingerprintMismatch: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", MaxClaimWait: time.Second, PayloadHash: h2}, true))
 
 	// Behind an uncommitted twin: the lock_timeout error, and the
 	// connection back in the pool (2 connections: a leak would block the
@@ -358,26 +336,26 @@ func TestBeginClaim(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	for i := 0; i < 3; i++ {
-		_, _, err = st.BeginClaim(ctx, pgx.TxOptions{}, store.ClaimRequest{Consumer: "c", Key: "held", Wait: 20 * time.Millisecond})
-		require.Equal(t, store.CauseClaimWait, store.Classify(err))
+		_, _, err = st.BeginClaimForTest(ctx, pgx.TxOptions{}, store.ClaimRequest{Consumer: "c", Key: "held", MaxClaimWait: 20 * time.Millisecond})
+		require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
 	}
 	require.Equal(t, int32(1), st.Pool().Stat().AcquiredConns(), "only the holder's connection is out")
 	require.NoError(t, holder.Rollback(ctx))
 
 	// A claim by event day on the plain table fails with its typed error.
-	_, _, err = st.BeginClaim(ctx, pgx.TxOptions{}, store.ClaimRequest{Consumer: "c", Key: "d", EventTime: time.Now()})
+	_, _, err = st.BeginClaimForTest(ctx, pgx.TxOptions{}, store.ClaimRequest{Consumer: "c", Key: "d", EventTime: time.Now()})
 	require.Error(t, err)
 	require.Equal(t, int32(0), st.Pool().Stat().AcquiredConns())
 
 	// A cancelled context: no transaction, no connection kept.
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	_, _, err = st.BeginClaim(cctx, pgx.TxOptions{}, store.ClaimRequest{Consumer: "c", Key: "x"})
+	_, _, err = st.BeginClaimForTest(cctx, pgx.TxOptions{}, store.ClaimRequest{Consumer: "c", Key: "x"})
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, int32(0), st.Pool().Stat().AcquiredConns())
 }
 
-// BeginNaturalKey: BEGIN with the transaction's options and a lock_timeout
+// Beginning a natural-key transaction: BEGIN with the transaction's options and a lock_timeout
 // for the whole transaction (whole milliseconds, at least 1), none for
 // wait <= 0, and a failed BEGIN giving the connection back.
 func TestBeginNaturalKey(t *testing.T) {
@@ -385,7 +363,7 @@ func TestBeginNaturalKey(t *testing.T) {
 	st := migrated(t, 2)
 	ctx := context.Background()
 	for wait, want := range map[time.Duration]string{time.Second: "1s", 1500 * time.Millisecond: "1500ms", time.Microsecond: "1ms", 0: "0"} {
-		tx, err := st.BeginNaturalKey(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, wait)
+		tx, err := st.BeginNaturalKeyForTest(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, wait)
 		require.NoError(t, err)
 		var iso, lockTimeout string
 		require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation'), current_setting('lock_timeout')").Scan(&iso, &lockTimeout))
@@ -395,7 +373,7 @@ func TestBeginNaturalKey(t *testing.T) {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	_, err := st.BeginNaturalKey(cctx, pgx.TxOptions{}, time.Second)
+	_, err := st.BeginNaturalKeyForTest(cctx, pgx.TxOptions{}, time.Second)
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, int32(0), st.Pool().Stat().AcquiredConns())
 }

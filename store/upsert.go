@@ -16,8 +16,8 @@ type Execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
 
-// DefaultVersionColumn is VersionedUpsertConfig.Version when left empty.
-const DefaultVersionColumn = "version"
+// defaultVersionColumn is VersionedUpsertConfig.Version when left empty.
+const defaultVersionColumn = "version"
 
 // VersionedUpsertConfig describes a last-writer-wins projection table.
 // Every name is validated like claimtx's own (lower case, ^[a-z_][a-z0-9_]*$,
@@ -61,7 +61,7 @@ type VersionedUpsert struct {
 // *framework.ConfigError naming the field.
 func NewVersionedUpsert(cfg VersionedUpsertConfig) (*VersionedUpsert, error) {
 	if cfg.Version == "" {
-		cfg.Version = DefaultVersionColumn
+		cfg.Version = defaultVersionColumn
 	}
 	if cfg.Schema != "" && !schemaName.MatchString(cfg.Schema) {
 		return nil, &framework.ConfigError{Field: "Schema", Reason: fmt.Sprintf("%q must match %s", cfg.Schema, schemaName)}
@@ -122,9 +122,6 @@ func NewVersionedUpsert(cfg VersionedUpsertConfig) (*VersionedUpsert, error) {
 		strings.Join(sets, ", "), v, v)
 	return &VersionedUpsert{sql: sql, nargs: len(all)}, nil
 }
-
-// SQL returns the statement, for logs and reviews.
-func (u *VersionedUpsert) SQL() string { return u.sql }
 
 // Exec writes one entity's state through db (a transaction, the pool, a
 // connection). args are the values in configuration order: Key columns,

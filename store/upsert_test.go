@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/store"
 )
 
 // proj is the projection of the versioned-upsert tests: a customer's
@@ -129,7 +129,7 @@ func TestVersionedUpsertConfig(t *testing.T) {
 	t.Parallel()
 	up, err := store.NewVersionedUpsert(store.VersionedUpsertConfig{Table: "t", Key: []string{"a", "b"}, Version: "seq", Columns: []string{"c"}})
 	require.NoError(t, err)
-	require.Equal(t, `INSERT INTO "t" AS t ("a", "b", "seq", "c") VALUES ($1, $2, $3, $4) ON CONFLICT ("a", "b") DO UPDATE SET "seq" = EXCLUDED."seq", "c" = EXCLUDED."c" WHERE t."seq" < EXCLUDED."seq"`, up.SQL())
+	require.Equal(t, `INSERT INTO "t" AS t ("a", "b", "seq", "c") VALUES ($1, $2, $3, $4) ON CONFLICT ("a", "b") DO UPDATE SET "seq" = EXCLUDED."seq", "c" = EXCLUDED."c" WHERE t."seq" < EXCLUDED."seq"`, up.SQLForTest())
 	_, err = up.Exec(context.Background(), nil, 1, 2, 3, 4)
 	require.Error(t, err)
 
@@ -163,6 +163,12 @@ func TestVersionedUpsertArgCount(t *testing.T) {
 }
 
 func ExampleNewVersionedUpsert() {
+	// A projection customer_address(customer_id PRIMARY KEY, version,
+	// city). The upsert's statement is
+	//
+	//	INSERT INTO "customer_address" AS t ("customer_id", "version", "city") VALUES ($1, $2, $3)
+	//	ON CONFLICT ("customer_id") DO UPDATE SET "version" = EXCLUDED."version", "city" = EXCLUDED."city"
+	//	WHERE t."version" < EXCLUDED."version"
 	up, err := store.NewVersionedUpsert(store.VersionedUpsertConfig{
 		Table: "customer_address", Key: []string{"customer_id"}, Columns: []string{"city"},
 	})
@@ -170,10 +176,16 @@ func ExampleNewVersionedUpsert() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println(up.SQL())
+	// A handler runs it in the message's transaction, values in
+	// configuration order (key, version, columns):
+	//
+	//	applied, err := up.Exec(ctx, tx, customerID, version, city)
+	fmt.Println("built:", up != nil)
+
+	// Names are checked, never spliced into SQL as given.
 	_, err = store.NewVersionedUpsert(store.VersionedUpsertConfig{Table: "Customer", Key: []string{"id"}})
 	fmt.Println(err)
 	// Output:
-	// INSERT INTO "customer_address" AS t ("customer_id", "version", "city") VALUES ($1, $2, $3) ON CONFLICT ("customer_id") DO UPDATE SET "version" = EXCLUDED."version", "city" = EXCLUDED."city" WHERE t."version" < EXCLUDED."version"
+	// built: true
 	// claimtx: config field "Table": "Customer" must match ^[a-z_][a-z0-9_]{0,62}$
 }

@@ -18,9 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/examples/internal/orderfeed"
+	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 // brokerOps is what the runner needs of a broker besides the consumers.
@@ -213,7 +213,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	}
 
 	env := append(os.Environ(),
-		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+store.DefaultSchema, "TOPIC="+topic,
+		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+storedefault.Schema, "TOPIC="+topic,
 		"AMQP_URL="+o.amqpURL, "KAFKA_BROKERS="+kafkaAddr, "KAFKA_CONSUMER_GROUP="+group,
 		// Short sessions: a SIGKILLed member's partitions move on within
 		// seconds (and the dev broker evicts members killed mid-join).

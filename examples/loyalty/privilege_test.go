@@ -130,7 +130,7 @@ GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRol
 	// The cleanup role runs retention: it deletes claims, and nothing else.
 	clean, err := store.New(cleanupPool, store.Config{Schema: h.schema})
 	require.NoError(t, err)
-	res, err := clean.Cleanup(ctx, store.RetentionConfig{Window: time.Millisecond, Force: true, Pause: -1})
+	res, err := clean.Cleanup(ctx, store.RetentionConfig{Retention: time.Millisecond, Force: true, Pause: -1})
 	require.NoError(t, err)
 	require.EqualValues(t, len(ords), res.Deleted)
 	require.Zero(t, h.count(fmt.Sprintf("SELECT count(*) FROM %s.processed_messages", schema)))

@@ -15,11 +15,12 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/store"
 )
 
 // With claims partitioned by event day and the event time read from the
@@ -38,7 +39,7 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 	st, err := store.New(pool, store.Config{Schema: schema})
 	require.NoError(t, err)
 	require.NoError(t, st.Migrate(ctx))
-	_, err = st.EnablePartitioning(ctx, store.PartitionConfig{})
+	_, err = st.EnablePartitioning(ctx, store.RetentionConfig{})
 	require.NoError(t, err)
 
 	br, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
@@ -117,7 +118,7 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 	require.NoError(t, err)
 	days, err = pgx.CollectRows(rows, pgx.RowTo[time.Time])
 	require.NoError(t, err)
-	require.Equal(t, []time.Time{store.EventDay(eventAt)}, utc(days))
+	require.Equal(t, []time.Time{claimsql.EventDay(eventAt)}, utc(days))
 
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -85,7 +86,7 @@ func (h Health) migrations(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if want := store.LatestVersion(); v != want {
+	if want := migrate.Latest(); v != want {
 		return fmt.Errorf("schema at migration %d, this build needs %d", v, want)
 	}
 	return nil

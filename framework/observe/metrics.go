@@ -7,8 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 // Metric names, listed in the package documentation and
@@ -30,17 +30,17 @@ const namespace = "claimtx"
 
 // retryCauseHandler is the claimtx_retries_total cause of an in-process
 // retry of a message whose handler failed (consumer.Config.HandlerRetries);
-// the other causes are store.Cause labels of transient database failures.
+// the other causes label transient database failures (middleware.Retry.Cause).
 const retryCauseHandler = "handler"
 
 // outcomes and retryCauses are the label values InitConsumer creates
 // ahead of their first event.
 var (
 	outcomes = []framework.Outcome{framework.Applied, framework.Duplicate, framework.Failed, framework.Poisoned, framework.Expired}
-	// Only transient causes are retried; see store.Cause.Transient.
+	// Only transient causes are retried (store.IsTransient).
 	retryCauses = []string{
-		store.CauseSerialization.String(), store.CauseDeadlock.String(),
-		store.CauseClaimWait.String(), store.CauseConnection.String(), retryCauseHandler,
+		pgerr.Serialization.String(), pgerr.Deadlock.String(),
+		pgerr.ClaimWait.String(), pgerr.Connection.String(), retryCauseHandler,
 	}
 )
 
@@ -151,7 +151,7 @@ func (m *Metrics) OnOutcome(r middleware.Result) {
 // OnRetry records one retried transient failure; use it as
 // middleware.Claim.OnRetry.
 func (m *Metrics) OnRetry(r middleware.Retry) {
-	m.retries.WithLabelValues(r.Consumer, r.Cause.String()).Inc()
+	m.retries.WithLabelValues(r.Consumer, r.Cause).Inc()
 }
 
 // OnHandlerRetry records one in-process retry of a message whose handler

@@ -24,7 +24,9 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
+	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -80,7 +82,7 @@ func TestMetricsUnderConcurrentTwins(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	m.OnRetry(middleware.Retry{Consumer: "loyalty", Cause: store.CauseSerialization})
+	m.OnRetry(middleware.Retry{Consumer: "loyalty", Cause: "serialization"})
 
 	val := func(outcome string) float64 {
 		return testutil.ToFloat64(mustCounter(t, reg, "claimtx_messages_total", map[string]string{"consumer": "loyalty", "outcome": outcome}))
@@ -236,7 +238,7 @@ func TestHealth(t *testing.T) {
 	require.Contains(t, rr.Body.String(), "broker connection is down")
 
 	// Migrations behind.
-	require.NoError(t, st.MigrateDown(context.Background(), 0))
+	require.NoError(t, migrate.Down(context.Background(), st.Pool(), sqlnames.New(st.Config().Schema, st.Config().ClaimsTable, st.Config().OutboxTable), 0))
 	rep = observe.Health{Store: st}.Check(context.Background())
 	require.False(t, rep.Ready)
 	require.Contains(t, rep.Checks["migrations"], "needs")

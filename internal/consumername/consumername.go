@@ -8,8 +8,10 @@ import (
 	"unicode/utf8"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/store"
 )
+
+// MaxBytes bounds consumer names; they are stored in every claim.
+const MaxBytes = 200
 
 // Validate checks a consumer name; field is the name of the configuration
 // field it came from. Names are bound as parameters, never spliced into SQL,
@@ -18,8 +20,8 @@ func Validate(field, consumer string) error {
 	switch {
 	case consumer == "":
 		return &framework.ConfigError{Field: field, Reason: "must not be empty"}
-	case len(consumer) > store.MaxConsumerBytes:
-		return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("is %d bytes, longer than %d", len(consumer), store.MaxConsumerBytes)}
+	case len(consumer) > MaxBytes:
+		return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("is %d bytes, longer than %d", len(consumer), MaxBytes)}
 	case !utf8.ValidString(consumer) || strings.IndexByte(consumer, 0) >= 0:
 		return &framework.ConfigError{Field: field, Reason: "must be valid UTF-8 without NUL bytes"}
 	}

@@ -9,17 +9,16 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/consumername"
-	"github.com/claimtx/claimtx/store"
 )
 
 func TestValidate(t *testing.T) {
 	t.Parallel()
-	for _, c := range []string{"", "a\x00", string([]byte{0xff}), strings.Repeat("a", store.MaxConsumerBytes+1)} {
+	for _, c := range []string{"", "a\x00", string([]byte{0xff}), strings.Repeat("a", consumername.MaxBytes+1)} {
 		err := consumername.Validate("Name", c)
 		var ce *framework.ConfigError
 		require.True(t, errors.As(err, &ce), "%q: %v", c, err)
 		require.Equal(t, "Name", ce.Field)
 	}
-	require.NoError(t, consumername.Validate("Consumer", strings.Repeat("a", store.MaxConsumerBytes)))
+	require.NoError(t, consumername.Validate("Consumer", strings.Repeat("a", consumername.MaxBytes)))
 	require.NoError(t, consumername.Validate("Consumer", "loyalty; DROP TABLE x"), "consumer names are bound parameters, any text is safe")
 }

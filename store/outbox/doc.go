@@ -48,10 +48,12 @@
 //
 // # Wake-ups, failures, cleanup
 //
-// Enqueue sends a NOTIFY on store.OutboxChannel at commit; each Relay
-// listens on a dedicated connection and polls every PollInterval as a
-// fallback. A failed Publish (broker down) records attempts and last_error
+// Enqueue sends a NOTIFY on the channel claimtx_outbox at commit; each
+// Relay listens on a dedicated connection and polls every PollInterval as
+// a fallback. A failed Publish (broker down) records attempts and last_error
 // on the row, leaves it pending and backs off; the relay resumes where it
 // stopped once the broker is back. Sent rows are kept for Retention and
 // deleted in batches by Cleanup, which Run calls every CleanupInterval.
+// OnBatch reports every relay transaction (rows locked and published, the
+// error, the duration), for logs and metrics.
 package outbox

@@ -14,21 +14,26 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/outboxnotify"
+	"github.com/claimtx/claimtx/internal/outboxsql"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
 )
 
-// Defaults for Config fields left zero.
+// Defaults for Config fields left zero, stated in the fields' docs.
 const (
-	DefaultBatchSize       = 100
-	DefaultPollInterval    = time.Second
-	DefaultInitialBackoff  = 100 * time.Millisecond
-	DefaultMaxBackoff      = 10 * time.Second
-	DefaultRetention       = 24 * time.Hour
-	DefaultCleanupInterval = time.Minute
-	DefaultCleanupBatch    = 10_000
-	DefaultPublishTimeout  = 30 * time.Second
+	defaultBatchSize       = 100
+	defaultPollInterval    = time.Second
+	defaultInitialBackoff  = 100 * time.Millisecond
+	defaultMaxBackoff      = 10 * time.Second
+	defaultRetention       = 24 * time.Hour
+	defaultCleanupInterval = time.Minute
+	defaultPublishTimeout  = 30 * time.Second
 )
+
+// cleanupBatch is how many sent rows one cleanup statement deletes;
+// cleanup repeats until a statement deletes fewer. Small enough to keep
+// locks and WAL bursts short, large enough to keep up with any relay.
+const cleanupBatch = 10_000
 
 // ErrPublishTimeout is the failure recorded on rows whose Publish call did
 // not return within Config.PublishTimeout.
@@ -45,7 +50,7 @@ const markTimeout = 5 * time.Second
 
 // Config tunes a Relay. The zero value is usable.
 type Config struct {
-	// BatchSize is how many rows one relay transaction claims, publishes
+	// BatchSize is how many rows one relay transaction locks, publishes
 	// and marks. Larger batches mean fewer round trips, longer-held row
 	// locks, and more resends when a relay dies mid-batch. Defaults to 100.
 	BatchSize int
@@ -70,13 +75,11 @@ type Config struct {
 	// Defaults to 24h.
 	Retention time.Duration
 	// CleanupInterval is how often Run deletes sent rows older than
-	// Retention. Several relays may clean at once: they skip each other's
-	// rows. A negative value disables cleanup in this relay (run Cleanup
-	// yourself). Defaults to 1m.
+	// Retention, in statements of 10,000 rows until none are left. Several
+	// relays may clean at once: they skip each other's rows. A negative
+	// value disables cleanup in this relay (run Cleanup yourself).
+	// Defaults to 1m.
 	CleanupInterval time.Duration
-	// CleanupBatch is how many rows one cleanup statement deletes; cleanup
-	// repeats until a batch deletes fewer. Defaults to 10000.
-	CleanupBatch int
 	// PublishTimeout bounds one Publish call. Watermill's Publish takes no
 	// context, so a broker that accepts the connection but never confirms
 	// would otherwise hold the batch, its row locks and the relay forever.
@@ -95,8 +98,8 @@ type Config struct {
 
 // Batch describes one relay transaction.
 type Batch struct {
-	// Claimed rows were locked by this relay.
-	Claimed int
+	// Locked rows were pending and locked by this relay's transaction.
+	Locked int
 	// Published rows were accepted by the publisher. Unless Err is a
 	// marking failure, they are now marked sent.
 	Published int
@@ -118,39 +121,34 @@ func (c Config) validate() error {
 		return &framework.ConfigError{Field: "MaxBackoff", Reason: "must not be negative"}
 	case c.Retention < 0:
 		return &framework.ConfigError{Field: "Retention", Reason: "must not be negative"}
-	case c.CleanupBatch < 0:
-		return &framework.ConfigError{Field: "CleanupBatch", Reason: "must not be negative"}
 	}
 	return nil
 }
 
 func (c Config) withDefaults() Config {
 	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
+		c.BatchSize = defaultBatchSize
 	}
 	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
+		c.PollInterval = defaultPollInterval
 	}
 	if c.InitialBackoff == 0 {
-		c.InitialBackoff = DefaultInitialBackoff
+		c.InitialBackoff = defaultInitialBackoff
 	}
 	if c.MaxBackoff == 0 {
-		c.MaxBackoff = DefaultMaxBackoff
+		c.MaxBackoff = defaultMaxBackoff
 	}
 	if c.MaxBackoff < c.InitialBackoff {
 		c.MaxBackoff = c.InitialBackoff
 	}
 	if c.Retention == 0 {
-		c.Retention = DefaultRetention
+		c.Retention = defaultRetention
 	}
 	if c.CleanupInterval == 0 {
-		c.CleanupInterval = DefaultCleanupInterval
-	}
-	if c.CleanupBatch == 0 {
-		c.CleanupBatch = DefaultCleanupBatch
+		c.CleanupInterval = defaultCleanupInterval
 	}
 	if c.PublishTimeout == 0 {
-		c.PublishTimeout = DefaultPublishTimeout
+		c.PublishTimeout = defaultPublishTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -162,13 +160,16 @@ func (c Config) withDefaults() Config {
 // Run any number of relays, in any processes: they share the backlog and
 // never publish the same row at the same time.
 type Relay struct {
-	st  *store.Store
-	pub message.Publisher
-	cfg Config
+	st     *store.Store
+	outbox *outboxsql.Statements
+	pub    message.Publisher
+	cfg    Config
+	// cleanupBatch is the constant cleanupBatch; tests make it smaller.
+	cleanupBatch int
 }
 
 // New validates its arguments and returns a Relay. It does not touch the
-// database or the broker until Run or RelayBatch. The publisher should
+// database or the broker until Run. The publisher should
 // return from Publish only once the broker has taken responsibility for
 // the messages (brokers' RabbitMQ publisher waits for confirms, the Kafka
 // one is a synchronous producer); with a fire-and-forget publisher, rows
@@ -183,7 +184,14 @@ func New(st *store.Store, pub message.Publisher, cfg Config) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Relay{st: st, pub: pub, cfg: cfg.withDefaults()}, nil
+	sc := st.Config()
+	return &Relay{
+		st:           st,
+		outbox:       outboxsql.For(sc.Schema, sc.OutboxTable),
+		pub:          pub,
+		cfg:          cfg.withDefaults(),
+		cleanupBatch: cleanupBatch,
+	}, nil
 }
 
 // Run relays until ctx is cancelled, then returns nil after the batch in
@@ -214,7 +222,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 			nextCleanup = time.Now().Add(r.cfg.CleanupInterval)
 		}
-		b := r.RelayBatch(ctx)
+		b := r.relayBatch(ctx)
 		if b.Err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -222,14 +230,14 @@ func (r *Relay) Run(ctx context.Context) error {
 			failures++
 			delay := r.backoff(failures)
 			r.cfg.Logger.Error("claimtx relay: batch failed, rows stay pending", b.Err, watermill.LogFields{
-				"claimed": b.Claimed, "published": b.Published, "failures": failures, "retry_in": delay})
+				"locked": b.Locked, "published": b.Published, "failures": failures, "retry_in": delay})
 			if err := timing.Sleep(ctx, delay); err != nil {
 				return nil
 			}
 			continue
 		}
 		failures = 0
-		if b.Claimed == r.cfg.BatchSize {
+		if b.Locked == r.cfg.BatchSize {
 			continue // more may be waiting
 		}
 		if !r.idle(ctx, wake) {
@@ -251,7 +259,7 @@ func (r *Relay) idle(ctx context.Context, wake <-chan struct{}) bool {
 	return true
 }
 
-// RelayBatch runs one relay transaction: claim up to BatchSize pending rows
+// relayBatch runs one relay transaction: lock up to BatchSize pending rows
 // (FOR UPDATE SKIP LOCKED), publish them in id order, consecutive rows of
 // one topic in one Publish call, mark the published rows sent, commit.
 //
@@ -262,10 +270,10 @@ func (r *Relay) idle(ctx context.Context, wake <-chan struct{}) bool {
 // those rows are published again: at least once, never lost. If ctx is
 // cancelled, no further Publish is started and what was published is still
 // marked (graceful shutdown causes no resends).
-func (r *Relay) RelayBatch(ctx context.Context) Batch {
+func (r *Relay) relayBatch(ctx context.Context) Batch {
 	start := time.Now()
 	b := Batch{}
-	b.Err = r.relayBatch(ctx, &b)
+	b.Err = r.publishBatch(ctx, &b)
 	b.Duration = time.Since(start)
 	if r.cfg.OnBatch != nil {
 		r.cfg.OnBatch(b)
@@ -273,7 +281,7 @@ func (r *Relay) RelayBatch(ctx context.Context) Batch {
 	return b
 }
 
-func (r *Relay) relayBatch(ctx context.Context, b *Batch) (err error) {
+func (r *Relay) publishBatch(ctx context.Context, b *Batch) (err error) {
 	tx, err := r.st.Pool().Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("claimtx relay: begin: %w", err)
@@ -286,11 +294,11 @@ func (r *Relay) relayBatch(ctx context.Context, b *Batch) (err error) {
 			cancel()
 		}
 	}()
-	rows, err := r.st.ClaimOutbox(ctx, tx, r.cfg.BatchSize)
+	rows, err := r.outbox.LockPending(ctx, tx, r.cfg.BatchSize)
 	if err != nil {
 		return err
 	}
-	b.Claimed = len(rows)
+	b.Locked = len(rows)
 	if len(rows) == 0 {
 		return nil // the deferred rollback ends the read-only transaction
 	}
@@ -324,10 +332,10 @@ func (r *Relay) relayBatch(ctx context.Context, b *Batch) (err error) {
 	// the transaction, which is what at-least-once means.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
 	defer cancel()
-	if err := r.st.MarkOutboxSent(mctx, tx, ids(rows[:b.Published])); err != nil {
+	if err := r.outbox.MarkSent(mctx, tx, ids(rows[:b.Published])); err != nil {
 		return errors.Join(publishErr, err)
 	}
-	if err := r.st.MarkOutboxFailed(mctx, tx, failed, publishErr); err != nil {
+	if err := r.outbox.MarkFailed(mctx, tx, failed, publishErr); err != nil {
 		return errors.Join(publishErr, err)
 	}
 	if err := tx.Commit(mctx); err != nil {
@@ -355,17 +363,18 @@ func (r *Relay) publish(topic string, msgs []*message.Message) error {
 	}
 }
 
-// Cleanup deletes sent rows older than Retention in batches of
-// CleanupBatch until none are left, and returns how many it deleted.
+// Cleanup deletes sent rows older than Retention, in statements of 10,000
+// rows until none are left, and returns how many it deleted. Run calls it
+// every CleanupInterval.
 func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 	var total int64
 	for {
-		n, err := r.st.DeleteSentOutbox(ctx, r.cfg.Retention, r.cfg.CleanupBatch)
+		n, err := r.outbox.DeleteSent(ctx, r.st.Pool(), r.cfg.Retention, r.cleanupBatch)
 		total += n
 		if err != nil {
 			return total, err
 		}
-		if n < int64(r.cfg.CleanupBatch) {
+		if n < int64(r.cleanupBatch) {
 			if total > 0 {
 				r.cfg.Logger.Info("claimtx relay: deleted sent outbox rows", watermill.LogFields{"rows": total, "retention": r.cfg.Retention})
 			}
@@ -403,7 +412,7 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 		_ = conn.Close(cctx)
 		cancel()
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{store.OutboxChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outboxnotify.Channel}.Sanitize()); err != nil {
 		return fmt.Errorf("claimtx relay: listen: %w", err)
 	}
 	// Rows committed while no connection listened were not announced.
@@ -428,7 +437,7 @@ func signal(wake chan<- struct{}) {
 	}
 }
 
-func ids(rows []store.OutboxRow) []int64 {
+func ids(rows []outboxsql.Row) []int64 {
 	out := make([]int64, len(rows))
 	for i, r := range rows {
 		out[i] = r.ID

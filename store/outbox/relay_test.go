@@ -17,8 +17,8 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/outbox"
 )
@@ -148,9 +148,9 @@ func TestRelayStopsAtFirstFailedPublish(t *testing.T) {
 	relay, err := outbox.New(e.st, pub, outbox.Config{})
 	require.NoError(t, err)
 
-	b := relay.RelayBatch(context.Background())
+	b := relay.RelayBatchForTest(context.Background())
 	require.ErrorContains(t, b.Err, "broker refused topic b")
-	require.Equal(t, 5, b.Claimed)
+	require.Equal(t, 5, b.Locked)
 	require.Equal(t, 2, b.Published)
 	s := e.stats(t)
 	require.Equal(t, int64(2), s.Sent)
@@ -159,7 +159,7 @@ func TestRelayStopsAtFirstFailedPublish(t *testing.T) {
 	require.Equal(t, int64(2), e.scalar(t, "SELECT count(*) FROM outbox WHERE last_error LIKE '%broker refused topic b%' AND attempts = 1"))
 
 	failB.Store(false)
-	b = relay.RelayBatch(context.Background())
+	b = relay.RelayBatchForTest(context.Background())
 	require.NoError(t, b.Err)
 	require.Equal(t, 3, b.Published)
 	require.Equal(t, []string{"a1-0", "a1-1", "b1-0", "b1-1", "a2-0"}, pub.order, "one relay publishes in id order")
@@ -189,10 +189,10 @@ func TestRelayPublishTimeout(t *testing.T) {
 	require.NoError(t, err)
 
 	start := time.Now()
-	b := relay.RelayBatch(context.Background())
+	b := relay.RelayBatchForTest(context.Background())
 	require.ErrorIs(t, b.Err, outbox.ErrPublishTimeout)
 	require.Less(t, time.Since(start), 10*time.Second)
-	require.Equal(t, 3, b.Claimed)
+	require.Equal(t, 3, b.Locked)
 	require.Zero(t, b.Published)
 	require.Equal(t, int64(3), e.stats(t).Pending)
 	require.Equal(t, int64(3), e.scalar(t, "SELECT count(*) FROM outbox WHERE last_error LIKE '%publish timed out%' AND attempts = 1"))
@@ -202,7 +202,7 @@ func TestRelayPublishTimeout(t *testing.T) {
 	close(release)
 	eventually(t, func() bool { return e.rec.count(framework.Applied) == 3 })
 	// The rows were still pending, so the next batch sends them again.
-	b = relay.RelayBatch(context.Background())
+	b = relay.RelayBatchForTest(context.Background())
 	require.NoError(t, b.Err)
 	require.Equal(t, 3, b.Published)
 	require.Equal(t, int64(3), e.stats(t).Sent)
@@ -222,7 +222,7 @@ func TestRelayPublishTimeout(t *testing.T) {
 	unbounded, err := outbox.New(e.st, pub, outbox.Config{PublishTimeout: -1})
 	require.NoError(t, err, "a negative timeout disables the bound")
 	done := make(chan outbox.Batch, 1)
-	go func() { done <- unbounded.RelayBatch(context.Background()) }()
+	go func() { done <- unbounded.RelayBatchForTest(context.Background()) }()
 	<-entered
 	select {
 	case b := <-done:
@@ -292,7 +292,7 @@ func TestRelayCrashAfterPublishResendIsDuplicate(t *testing.T) {
 	relay, err := outbox.New(e.st, pub, outbox.Config{BatchSize: 10})
 	require.NoError(t, err)
 
-	b := relay.RelayBatch(context.Background())
+	b := relay.RelayBatchForTest(context.Background())
 	require.Error(t, b.Err, "marking must fail: the session is gone")
 	require.Equal(t, 10, b.Published)
 	require.Equal(t, int64(30), e.stats(t).Pending, "no mark survived the crash")
@@ -300,7 +300,7 @@ func TestRelayCrashAfterPublishResendIsDuplicate(t *testing.T) {
 
 	// A relay started afterwards (the restarted process) drains the outbox.
 	for e.stats(t).Pending > 0 {
-		require.NoError(t, relay.RelayBatch(context.Background()).Err)
+		require.NoError(t, relay.RelayBatchForTest(context.Background()).Err)
 	}
 	published, overlaps := pub.snapshot()
 	require.Zero(t, overlaps)
@@ -352,7 +352,7 @@ func TestRelayGracefulStopMarksWhatWasPublished(t *testing.T) {
 	require.Equal(t, int64(3), s.Pending, "topic b was not started")
 	require.Zero(t, s.Failing, "a shutdown is not a publish failure")
 
-	require.NoError(t, relay.RelayBatch(context.Background()).Err)
+	require.NoError(t, relay.RelayBatchForTest(context.Background()).Err)
 	published, _ := pub.snapshot()
 	for k, n := range published {
 		require.Equal(t, 1, n, "key %s", k)
@@ -399,9 +399,10 @@ func TestRelayCleanupDeletesOldSentRows(t *testing.T) {
 	e := setup(t, 4)
 	e.enqueue(t, "t", "m", 25)
 	pub := newApplyingPublisher(e.downstream)
-	relay, err := outbox.New(e.st, pub, outbox.Config{BatchSize: 20, Retention: time.Millisecond, CleanupBatch: 7})
+	relay, err := outbox.New(e.st, pub, outbox.Config{BatchSize: 20, Retention: time.Millisecond})
 	require.NoError(t, err)
-	require.NoError(t, relay.RelayBatch(context.Background()).Err)
+	relay.SetCleanupBatchForTest(7)
+	require.NoError(t, relay.RelayBatchForTest(context.Background()).Err)
 	require.Equal(t, int64(20), e.stats(t).Sent)
 
 	var deleted int64
@@ -417,7 +418,7 @@ func TestRelayCleanupDeletesOldSentRows(t *testing.T) {
 
 	kept, err := outbox.New(e.st, pub, outbox.Config{}) // 24h retention
 	require.NoError(t, err)
-	require.NoError(t, kept.RelayBatch(context.Background()).Err)
+	require.NoError(t, kept.RelayBatchForTest(context.Background()).Err)
 	n, err := kept.Cleanup(context.Background())
 	require.NoError(t, err)
 	require.Zero(t, n)
@@ -441,7 +442,6 @@ func TestRelayConfiguration(t *testing.T) {
 		{"InitialBackoff", e.st, pub, outbox.Config{InitialBackoff: -1}},
 		{"MaxBackoff", e.st, pub, outbox.Config{MaxBackoff: -1}},
 		{"Retention", e.st, pub, outbox.Config{Retention: -time.Hour}},
-		{"CleanupBatch", e.st, pub, outbox.Config{CleanupBatch: -5}},
 	} {
 		_, err := outbox.New(tc.st, tc.pub, tc.cfg)
 		var ce *framework.ConfigError

@@ -11,8 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/store"
 )
 
 // envMigrateChild makes TestMigrateProcessChild run `claimtx migrate`.
@@ -44,7 +45,7 @@ func TestMigrateColdStartProcesses(t *testing.T) {
 				t.Errorf("round %d, process %d: %v\n%s", round, i, err, outs[i])
 			}
 		}
-		require.Equal(t, store.LatestVersion(), versionAt(t, dbURL), "round %d: schema version after the cold start", round)
+		require.Equal(t, migrate.Latest(), versionAt(t, dbURL), "round %d: schema version after the cold start", round)
 	}
 	t.Logf("%d of %d `claimtx migrate` processes failed", failures, rounds*procs)
 }

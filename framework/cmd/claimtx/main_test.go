@@ -12,8 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/store"
 )
 
 // cli runs the command line in-process against its own schema.
@@ -63,7 +64,7 @@ func TestCLIMigrateStatsCleanup(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
 	out := c.ok("migrate")
-	require.Contains(t, out, fmt.Sprintf("migrated schema %s to version %d (was 0)", c.schema, store.LatestVersion()))
+	require.Contains(t, out, fmt.Sprintf("migrated schema %s to version %d (was 0)", c.schema, migrate.Latest()))
 	require.Contains(t, c.ok("migrate"), "already at version")
 
 	table := pgx.Identifier{c.schema, "processed_messages"}.Sanitize()
@@ -257,11 +258,11 @@ func TestProgressPrinter(t *testing.T) {
 	now := time.Unix(0, 0)
 	var buf bytes.Buffer
 	p := &progressPrinter{w: &buf, mode: "bar", now: func() time.Time { return now }, total: 1000, counted: true}
-	p.update(store.CleanupProgress{Estimated: 1000})
-	p.update(store.CleanupProgress{Batch: 1, Deleted: 250, BatchRows: 250, Estimated: 1000, Elapsed: time.Second})
+	p.update(store.CleanupProgress{})
+	p.update(store.CleanupProgress{Batch: 1, Deleted: 250, BatchRows: 250, Elapsed: time.Second})
 	now = now.Add(time.Second)
-	p.update(store.CleanupProgress{Batch: 2, Deleted: 500, BatchRows: 250, Estimated: 1000, Elapsed: 2 * time.Second})
-	p.update(store.CleanupProgress{Batch: 3, Deleted: 500, BatchRows: 0, Estimated: 1000, Elapsed: 2 * time.Second})
+	p.update(store.CleanupProgress{Batch: 2, Deleted: 500, BatchRows: 250, Elapsed: 2 * time.Second})
+	p.update(store.CleanupProgress{Batch: 3, Deleted: 500, BatchRows: 0, Elapsed: 2 * time.Second})
 	p.finish()
 	out := buf.String()
 	require.Contains(t, out, "[###############...............]  50%  500/1000 claims  250/s  ETA 2s")
@@ -272,18 +273,18 @@ func TestProgressPrinter(t *testing.T) {
 	buf.Reset()
 	p = &progressPrinter{w: &buf, mode: "log", now: func() time.Time { return now }, total: 100, counted: true}
 	for i := 1; i <= 10; i++ {
-		p.update(store.CleanupProgress{Batch: i, Deleted: int64(i * 10), BatchRows: 10, Estimated: 100, Elapsed: time.Duration(i) * time.Second})
+		p.update(store.CleanupProgress{Batch: i, Deleted: int64(i * 10), BatchRows: 10, Elapsed: time.Duration(i) * time.Second})
 	}
 	require.Equal(t, 1, strings.Count(buf.String(), "\n"), "log lines are throttled: %s", buf.String())
 
 	// Not counted (too many to count in the budget): no percentage and no
-	// ETA, though the planner's estimate is there; a spinner shows life.
+	// ETA; a spinner shows life.
 	for _, mode := range []string{"bar", "log"} {
 		buf.Reset()
 		p = &progressPrinter{w: &buf, mode: mode, now: func() time.Time { return now }}
-		p.update(store.CleanupProgress{Estimated: 1000})
+		p.update(store.CleanupProgress{})
 		now = now.Add(time.Minute)
-		p.update(store.CleanupProgress{Batch: 1, Deleted: 250, BatchRows: 250, Estimated: 1000, Elapsed: time.Second})
+		p.update(store.CleanupProgress{Batch: 1, Deleted: 250, BatchRows: 250, Elapsed: time.Second})
 		p.finish()
 		out = buf.String()
 		require.NotContains(t, out, "%", mode)
@@ -442,7 +443,7 @@ func TestCLIMigrateUpToDate(t *testing.T) {
 	c := newCLI(t)
 	c.ok("migrate")
 	out := c.ok("migrate")
-	require.Contains(t, out, fmt.Sprintf("schema %s is already at version %d, the latest; nothing to do", c.schema, store.LatestVersion()))
+	require.Contains(t, out, fmt.Sprintf("schema %s is already at version %d, the latest; nothing to do", c.schema, migrate.Latest()))
 	require.NotContains(t, out, "migrated")
 }
 

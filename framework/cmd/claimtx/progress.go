@@ -32,8 +32,8 @@ func isTerminal(w io.Writer) bool {
 // progressPrinter renders store.CleanupProgress as a redrawn bar with rate
 // and ETA (mode "bar"), as throttled log lines ("log"), or not at all.
 // With no counted total it shows a spinner, the count and the rate, and no
-// percentage or ETA: store.CleanupProgress.Estimated is the planner's guess,
-// which was 2-3x off on a table cleaned before, so it is not shown.
+// percentage or ETA: the planner's estimate was 2-3x off on a table cleaned
+// before, so no total is better than that one.
 type progressPrinter struct {
 	w      io.Writer
 	mode   string

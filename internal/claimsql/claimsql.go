@@ -1,0 +1,336 @@
+// Package claimsql holds the claim statements and the transactions that
+// begin with a claim. Store.Claim (a claim in the caller's transaction) and
+// the claim middleware (which begins the transaction and claims in one
+// round trip) share it, so there is one claim SQL whoever claims.
+package claimsql
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/internal/pgerr"
+	"github.com/claimtx/claimtx/internal/pgtx"
+	"github.com/claimtx/claimtx/internal/sqlnames"
+)
+
+// ErrNoPartition is store.ErrNoPartition (see there): a claim by event day
+// that no partition accepts.
+var ErrNoPartition = errors.New("claimtx: no claim partition for the message's event day")
+
+// Request is store.ClaimRequest, field for field, so that one converts to
+// the other (see there for the fields).
+type Request struct {
+	Consumer     string
+	Key          string
+	MaxClaimWait time.Duration
+	EventTime    time.Time
+	PayloadHash  []byte
+}
+
+// Result is store.ClaimResult, field for field.
+type Result struct {
+	New                 bool
+	FingerprintMismatch bool
+}
+
+// shape says which optional columns a claim carries.
+type shape struct {
+	eventDay    bool // Request.EventTime is set
+	payloadHash bool // Request.PayloadHash is set
+}
+
+// shapes lists every shape, to render their statements once.
+var shapes = []shape{{false, false}, {false, true}, {true, false}, {true, true}}
+
+// insertSQL is the claim INSERT for the shape, with {schema} and {claims}
+// still to render: consumer and message_key, then event_day and
+// payload_hash when the shape has them, as $1, $2, ….
+func (sh shape) insertSQL() string {
+	cols := []string{"consumer", "message_key"}
+	if sh.eventDay {
+		cols = append(cols, "event_day")
+	}
+	if sh.payloadHash {
+		cols = append(cols, "payload_hash")
+	}
+	params := make([]string, len(cols))
+	for i := range params {
+		params[i] = "$" + strconv.Itoa(i+1)
+	}
+	return "INSERT INTO {schema}.{claims} (" + strings.Join(cols, ", ") + ") VALUES (" + strings.Join(params, ", ") + ") ON CONFLICT DO NOTHING"
+}
+
+// Statements are the claim statements of one claim table, rendered once.
+type Statements struct {
+	insert    map[shape]string
+	hash      string // the stored payload hash of a claim without event day
+	hashByDay string // the same, with the event day
+	batch     string // BeginBatch's multi-row insert
+}
+
+type table struct{ schema, claims string }
+
+// cache holds the Statements per claim table: the middleware asks for them
+// per message, and rendering them is not free.
+var cache sync.Map // table -> *Statements
+
+// For returns the statements of the claim table claims in schema, names
+// that store.Config validated.
+func For(schema, claims string) *Statements {
+	key := table{schema, claims}
+	if s, ok := cache.Load(key); ok {
+		return s.(*Statements)
+	}
+	n := sqlnames.New(schema, claims, "")
+	s := &Statements{insert: make(map[shape]string, len(shapes))}
+	for _, sh := range shapes {
+		s.insert[sh] = n.Render(sh.insertSQL())
+	}
+	s.hash = n.Render("SELECT payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2")
+	s.hashByDay = n.Render("SELECT payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2 AND event_day = $3")
+	s.batch = n.Render(`INSERT INTO {schema}.{claims} (consumer, message_key)
+SELECT $1, k FROM unnest($2::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i
+ON CONFLICT DO NOTHING RETURNING message_key`)
+	actual, _ := cache.LoadOrStore(key, s)
+	return actual.(*Statements)
+}
+
+// Claim inserts the claim r in tx; see store.Store.Claim.
+func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, error) {
+	if tx == nil {
+		return Result{}, errors.New("claimtx: Claim needs a transaction")
+	}
+	var res Result
+	q := s.prepare(r, &res)
+	var err error
+	if r.MaxClaimWait <= 0 {
+		var tag pgconn.CommandTag
+		tag, err = tx.Exec(ctx, q.sql, q.args...)
+		res.New = tag.RowsAffected() == 1
+	} else {
+		b := &pgx.Batch{}
+		q.queue(b)
+		err = tx.SendBatch(ctx, b).Close()
+	}
+	if err != nil {
+		return res, q.wrap(err)
+	}
+	return res, s.checkFingerprint(ctx, tx, q, &res)
+}
+
+// Begin begins a transaction on a connection from pool and makes the claim
+// r in it, in one round trip: BEGIN, the lock_timeout, the claim and the
+// reset go out as one pipelined batch (pgx's Batch.BeginTx), where BeginTx
+// followed by Claim takes two. For a transaction per message that is one
+// round trip of four or five.
+//
+// On success the caller owns tx, with the claim in it, and must Commit or
+// Rollback it whatever res says. On error there is no transaction to end.
+func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request) (tx pgx.Tx, res Result, err error) {
+	q := s.prepare(r, &res)
+	b := &pgx.Batch{}
+	b.BeginTx(opts)
+	q.queue(b)
+	br := pool.SendBatch(ctx, b)
+	tx = br.Tx()
+	if err := br.Close(); err != nil {
+		// A claim that failed (lock_timeout, a missing partition) leaves
+		// the transaction open and aborted; a failed BEGIN leaves it
+		// closed, and Rollback then only returns the connection.
+		pgtx.Rollback(ctx, tx)
+		return nil, res, q.wrap(err)
+	}
+	if err := s.checkFingerprint(ctx, tx, q, &res); err != nil {
+		pgtx.Rollback(ctx, tx)
+		return nil, res, err
+	}
+	return tx, res, nil
+}
+
+// BeginBatch begins a transaction on a connection from pool and claims
+// many keys of one consumer in it with one statement, in one round trip.
+// It returns the keys that were new (claimed by this transaction), sorted.
+// Keys already claimed by committed transactions are left out: their
+// messages are duplicates. Duplicate keys in the input are claimed once.
+//
+// The rows are inserted in key order, so two batches with overlapping keys
+// lock them in the same order and wait for each other instead of
+// deadlocking. A concurrent uncommitted claim of one of the keys makes the
+// statement wait for that transaction, at most maxClaimWait when it is
+// positive (lock_timeout, SQLSTATE 55P03 when it expires: pgerr.ClaimWait,
+// transient, retry). As with Claim, the timeout is set, used and reset in
+// the same round trip, so it does not bound the effects that follow.
+//
+// On success the caller owns tx and must Commit or Rollback it; on error
+// there is no transaction to end.
+func (s *Statements) BeginBatch(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration) (pgx.Tx, []string, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(opts)
+	claimed := s.queueBatch(b, consumer, keys, maxClaimWait)
+	br := pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		pgtx.Rollback(ctx, tx)
+		return nil, nil, fmt.Errorf("claimtx: claim batch: %w", err)
+	}
+	slices.Sort(*claimed)
+	return tx, *claimed, nil
+}
+
+// queueBatch queues the claim of keys (sorted and deduplicated, so
+// overlapping batches lock in the same order) bounded by maxClaimWait; the
+// claimed keys are collected in the returned slice when the batch is read.
+func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, maxClaimWait time.Duration) *[]string {
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	claimed := make([]string, 0, len(sorted))
+	queueBounded(b, maxClaimWait, func() {
+		b.Queue(s.batch, consumer, sorted).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var k string
+				if err := rows.Scan(&k); err != nil {
+					return err
+				}
+				claimed = append(claimed, k)
+			}
+			return rows.Err()
+		})
+	})
+	return &claimed
+}
+
+// BeginNaturalKey begins a transaction on a connection from pool for a
+// natural-key claim, where the claim is the effect's own guarded INSERT:
+// BEGIN and a lock_timeout of maxClaimWait for the whole transaction go out
+// in one round trip, so the guarded INSERT waits at most maxClaimWait
+// behind a twin's uncommitted row (the error then classifies as
+// pgerr.ClaimWait). maxClaimWait <= 0 sets no timeout. On success the
+// caller owns tx and must Commit or Rollback it; on error there is no
+// transaction to end.
+func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, maxClaimWait time.Duration) (pgx.Tx, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(opts)
+	if maxClaimWait > 0 {
+		b.Queue("SELECT set_config('lock_timeout', $1, true)", LockTimeout(maxClaimWait))
+	}
+	br := pool.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		pgtx.Rollback(ctx, tx)
+		return nil, fmt.Errorf("claimtx: begin: %w", err)
+	}
+	return tx, nil
+}
+
+// LockTimeout renders d for set_config('lock_timeout', …): whole
+// milliseconds, at least 1 (0 would mean "wait forever").
+func LockTimeout(d time.Duration) string {
+	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
+}
+
+// EventDay returns the UTC day of an event time: the partition key. UTC,
+// never local time, so every consumer, whatever its time zone, computes
+// the same day for the same message.
+func EventDay(t time.Time) time.Time {
+	y, m, d := t.UTC().Date()
+	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+}
+
+// query is one claim statement with its arguments, ready to queue.
+type query struct {
+	sql   string
+	args  []any
+	r     Request
+	shape shape
+	day   pgtype.Date // when shape.eventDay
+	res   *Result
+}
+
+func (s *Statements) prepare(r Request, res *Result) query {
+	q := query{args: []any{r.Consumer, r.Key}, r: r, res: res}
+	q.shape = shape{eventDay: !r.EventTime.IsZero(), payloadHash: r.PayloadHash != nil}
+	if q.shape.eventDay {
+		q.day = pgtype.Date{Time: EventDay(r.EventTime), Valid: true}
+		q.args = append(q.args, q.day)
+	}
+	if q.shape.payloadHash {
+		q.args = append(q.args, r.PayloadHash)
+	}
+	q.sql = s.insert[q.shape]
+	return q
+}
+
+// queue adds the claim to b, between setting and resetting lock_timeout
+// when the request bounds its wait: the timeout then covers the claim
+// only, not the effects that follow in the transaction.
+func (q query) queue(b *pgx.Batch) {
+	queueBounded(b, q.r.MaxClaimWait, func() {
+		b.Queue(q.sql, q.args...).Exec(func(tag pgconn.CommandTag) error {
+			q.res.New = tag.RowsAffected() == 1
+			return nil
+		})
+	})
+}
+
+// queueBounded queues what queue adds to b between setting lock_timeout
+// to wait and resetting it (nothing around it when wait <= 0), so the
+// timeout bounds those statements only.
+func queueBounded(b *pgx.Batch, wait time.Duration, queue func()) {
+	if wait <= 0 {
+		queue()
+		return
+	}
+	b.Queue("SELECT set_config('lock_timeout', $1, true)", LockTimeout(wait))
+	queue()
+	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
+}
+
+func (q query) wrap(err error) error {
+	if q.shape.eventDay {
+		return eventDayClaimError(q.day.Time, err)
+	}
+	return fmt.Errorf("claimtx: claim: %w", err)
+}
+
+// checkFingerprint compares, for a duplicate, the stored payload hash with
+// the request's.
+func (s *Statements) checkFingerprint(ctx context.Context, tx pgx.Tx, q query, res *Result) error {
+	if res.New || q.r.PayloadHash == nil {
+		return nil
+	}
+	sql, hargs := s.hash, []any{q.r.Consumer, q.r.Key}
+	if q.shape.eventDay {
+		sql, hargs = s.hashByDay, append(hargs, q.day)
+	}
+	var stored []byte
+	if err := tx.QueryRow(ctx, sql, hargs...).Scan(&stored); err != nil {
+		return fmt.Errorf("claimtx: read claim fingerprint: %w", err)
+	}
+	res.FingerprintMismatch = stored != nil && !bytes.Equal(stored, q.r.PayloadHash)
+	return nil
+}
+
+// eventDayClaimError explains the two ways a claim by event day fails for
+// the table's shape rather than for the database's state.
+func eventDayClaimError(day time.Time, err error) error {
+	switch pgerr.SQLState(err) {
+	case "23514": // check_violation: no partition for the key, or the legacy boundary
+		return fmt.Errorf("claimtx: claim at event day %s: %w: %w", day.Format(time.DateOnly), ErrNoPartition, err)
+	case "42703": // undefined_column
+		return fmt.Errorf("claimtx: claim at event day %s: the claim table has no event_day column (run PreparePartitioning or `claimtx partitions enable`): %w", day.Format(time.DateOnly), err)
+	}
+	return fmt.Errorf("claimtx: claim: %w", err)
+}

@@ -1,0 +1,286 @@
+// Package migrate holds claimtx's schema migrations and runs them: up for
+// Store.Migrate and Store.MigrateTx, down and the list of migrations for
+// the tests and tools of this repository. Migrations are embedded,
+// numbered (migrations/NNN_name.up.sql / .down.sql, like river's),
+// recorded in <schema>.claimtx_migration and run under an advisory lock
+// per schema.
+package migrate
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/internal/sqlnames"
+)
+
+//go:embed migrations/*.sql
+var migrationFS embed.FS
+
+// Migration is one embedded, numbered schema change.
+type Migration struct {
+	Version int
+	Name    string
+	up      string
+	down    string
+}
+
+// migrations parses the embedded files once.
+var migrations = mustLoad()
+
+func mustLoad() []Migration {
+	ms, err := Load(migrationFS)
+	if err != nil {
+		// The files are compiled in: a bad name is a build-time bug of
+		// claimtx itself, caught by every test run, never a user input.
+		panic(err)
+	}
+	return ms
+}
+
+// Load parses the migrations under fsys's "migrations" directory and
+// checks their names: versions 1..n without gaps, one name per version,
+// an up file for each.
+func Load(fsys fs.FS) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	byVersion := map[int]*Migration{}
+	for _, e := range entries {
+		name := e.Name()
+		base, dir, ok := strings.Cut(strings.TrimSuffix(name, ".sql"), ".")
+		if !ok || (dir != "up" && dir != "down") {
+			return nil, fmt.Errorf("migration %q: want NNN_name.up.sql or NNN_name.down.sql", name)
+		}
+		num, label, _ := strings.Cut(base, "_")
+		v, err := strconv.Atoi(num)
+		if err != nil || v <= 0 {
+			return nil, fmt.Errorf("migration %q: bad version", name)
+		}
+		body, err := fs.ReadFile(fsys, path.Join("migrations", name))
+		if err != nil {
+			return nil, err
+		}
+		m := byVersion[v]
+		if m == nil {
+			m = &Migration{Version: v, Name: label}
+			byVersion[v] = m
+		}
+		if m.Name != label {
+			return nil, fmt.Errorf("migration version %d is used by both %q and %q", v, m.Name, label)
+		}
+		if dir == "up" {
+			m.up = string(body)
+		} else {
+			m.down = string(body)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		if m.up == "" {
+			return nil, fmt.Errorf("migration %d has no up file", m.Version)
+		}
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	for i, m := range out {
+		if m.Version != i+1 {
+			return nil, fmt.Errorf("migration versions must be 1..n without gaps, found %d at position %d", m.Version, i+1)
+		}
+	}
+	return out, nil
+}
+
+// Latest is the version Up brings a schema to.
+func Latest() int { return migrations[len(migrations)-1].Version }
+
+// LockKey is the advisory lock key that serialises migrations of schema.
+func LockKey(schema string) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("claimtx:migrate:" + schema)) // hash writes never fail
+	return int64(h.Sum64())
+}
+
+// Up brings the schema to Latest; see Store.Migrate, which it implements.
+//
+// The lock is a session lock taken on a dedicated connection before the
+// migrating transaction begins, not a transaction lock inside it. Postgres
+// applies other sessions' catalog changes to a backend's caches when a
+// transaction starts, not when an advisory lock is granted: a transaction
+// that began (or a connection that looked the schema up) before another
+// instance committed the schema would still "know" the schema is missing
+// after the lock, and its CREATE SCHEMA IF NOT EXISTS would collide
+// (duplicate key in pg_namespace_nspname_index). Beginning the transaction
+// after the lock makes it see everything its predecessors committed.
+func Up(ctx context.Context, pool *pgxpool.Pool, n *sqlnames.Names) error {
+	// The common case at start-up is "nothing to do". Check it with reads
+	// only, in statements of their own before any lock: Postgres checks
+	// CREATE privileges before IF NOT EXISTS, so the DDL path would make a
+	// least-privilege consumer role (no CREATE) fail to start against an
+	// up-to-date schema, and replicas need not queue on the lock to learn
+	// it. A failed read just means "migrate".
+	if v, err := Version(ctx, pool, n); err == nil && v == Latest() {
+		return nil
+	}
+	return underLock(ctx, pool, n, func(tx pgx.Tx) error { return upLocked(ctx, tx, n) })
+}
+
+// UpTx is Up inside the caller's transaction; see Store.MigrateTx. It
+// takes the advisory lock (a transaction lock) as its first statement.
+func UpTx(ctx context.Context, tx pgx.Tx, n *sqlnames.Names) error {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(n.Schema)); err != nil {
+		return fmt.Errorf("claimtx: migration lock: %w", err)
+	}
+	return upLocked(ctx, tx, n)
+}
+
+// upLocked applies the missing migrations in tx; the caller holds the
+// migration lock.
+func upLocked(ctx context.Context, tx pgx.Tx, n *sqlnames.Names) error {
+	// Another instance may have migrated while this one waited for the
+	// lock, and UpTx has no read path before it: read again, so an
+	// up-to-date schema still needs no CREATE privilege.
+	v, err := Version(ctx, tx, n)
+	if err != nil {
+		return err
+	}
+	if v == Latest() {
+		return nil
+	}
+	applied, err := ensureAndReadVersions(ctx, tx, n)
+	if err != nil {
+		return err
+	}
+	for _, m := range migrations {
+		if applied[m.Version] {
+			continue
+		}
+		if _, err := tx.Exec(ctx, n.Render(m.up)); err != nil {
+			return fmt.Errorf("claimtx: migration %03d_%s: %w", m.Version, m.Name, err)
+		}
+		if _, err := tx.Exec(ctx, n.Render("INSERT INTO {schema}.claimtx_migration (version, name) VALUES ($1, $2)"), m.Version, m.Name); err != nil {
+			return fmt.Errorf("claimtx: record migration %d: %w", m.Version, err)
+		}
+	}
+	return nil
+}
+
+// Down reverts migrations above version target (0 removes every claimtx
+// table, and the claims with them: there is no undo), under the same lock
+// as Up.
+func Down(ctx context.Context, pool *pgxpool.Pool, n *sqlnames.Names, target int) error {
+	if target < 0 {
+		return fmt.Errorf("claimtx: migrate down: target %d is negative", target)
+	}
+	return underLock(ctx, pool, n, func(tx pgx.Tx) error {
+		applied, err := ensureAndReadVersions(ctx, tx, n)
+		if err != nil {
+			return err
+		}
+		for i := len(migrations) - 1; i >= 0; i-- {
+			m := migrations[i]
+			if m.Version <= target || !applied[m.Version] {
+				continue
+			}
+			if _, err := tx.Exec(ctx, n.Render(m.down)); err != nil {
+				return fmt.Errorf("claimtx: migration %03d_%s down: %w", m.Version, m.Name, err)
+			}
+			if _, err := tx.Exec(ctx, n.Render("DELETE FROM {schema}.claimtx_migration WHERE version = $1"), m.Version); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Querier runs a query returning one row: a pool, a connection or a
+// transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Version returns the highest applied migration (0 when none, including
+// when the schema does not exist).
+func Version(ctx context.Context, db Querier, n *sqlnames.Names) (int, error) {
+	var exists bool
+	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", n.Render("{schema}.claimtx_migration")).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("claimtx: read migration version: %w", err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int
+	if err := db.QueryRow(ctx, n.Render("SELECT coalesce(max(version), 0) FROM {schema}.claimtx_migration")).Scan(&v); err != nil {
+		return 0, fmt.Errorf("claimtx: read migration version: %w", err)
+	}
+	return v, nil
+}
+
+// underLock runs fn in a transaction that begins after this session holds
+// the migration lock (see Up for why the order matters), on a connection
+// of its own, and releases the lock after the transaction ended.
+func underLock(ctx context.Context, pool *pgxpool.Pool, n *sqlnames.Names, fn func(pgx.Tx) error) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("claimtx: migration: acquire connection: %w", err)
+	}
+	defer conn.Release()
+	key := LockKey(n.Schema)
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+		// A lock wait interrupted by ctx may still have been granted:
+		// a connection in that doubt must not go back to the pool.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = conn.Conn().Close(cctx)
+		cancel()
+		return fmt.Errorf("claimtx: migration lock: %w", err)
+	}
+	defer func() {
+		// ctx may be cancelled (that may be why fn failed); unlocking must
+		// still happen.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", key); err != nil {
+			// Ending the session releases the lock.
+			_ = conn.Conn().Close(uctx)
+		}
+	}()
+	return pgx.BeginFunc(ctx, conn, fn)
+}
+
+// ensureAndReadVersions creates the schema and the bookkeeping table if
+// missing and returns the applied versions. The caller holds the migration
+// lock: CREATE … IF NOT EXISTS is not safe against a concurrent create.
+func ensureAndReadVersions(ctx context.Context, tx pgx.Tx, n *sqlnames.Names) (map[int]bool, error) {
+	if _, err := tx.Exec(ctx, n.Render(`CREATE SCHEMA IF NOT EXISTS {schema};
+CREATE TABLE IF NOT EXISTS {schema}.claimtx_migration (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`)); err != nil {
+		return nil, fmt.Errorf("claimtx: create migration table: %w", err)
+	}
+	rows, err := tx.Query(ctx, n.Render("SELECT version FROM {schema}.claimtx_migration"))
+	if err != nil {
+		return nil, fmt.Errorf("claimtx: read migrations: %w", err)
+	}
+	versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil, fmt.Errorf("claimtx: read migrations: %w", err)
+	}
+	applied := make(map[int]bool, len(versions))
+	for _, v := range versions {
+		applied[v] = true
+	}
+	return applied, nil
+}

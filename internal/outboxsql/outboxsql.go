@@ -1,0 +1,209 @@
+// Package outboxsql holds the outbox statements: the insert behind
+// Store.Enqueue and what the relay (store/outbox) runs on the outbox
+// table: lock pending rows, mark them sent or failed, delete sent ones.
+// None of it is API: users enqueue with Store.Enqueue and relay with
+// package store/outbox.
+package outboxsql
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/claimtx/claimtx/internal/outboxnotify"
+	"github.com/claimtx/claimtx/internal/sqlnames"
+)
+
+// MaxTopicBytes bounds outbox topic names. Brokers have their own limits
+// (RabbitMQ queue names: 255 bytes; Kafka topics: 249).
+const MaxTopicBytes = 255
+
+// IdempotencyKeyMetadata is store.IdempotencyKeyMetadata (see there).
+const IdempotencyKeyMetadata = "claimtx_idempotency_key"
+
+// Row is a pending outbox row as a relay locks it.
+type Row struct {
+	ID             int64
+	Topic          string
+	UUID           string
+	IdempotencyKey string
+	Payload        []byte
+	Metadata       map[string]string
+	// Attempts counts earlier failed publishes of this row.
+	Attempts  int
+	CreatedAt time.Time
+}
+
+// Message returns the Watermill message to publish: the stored UUID,
+// payload and metadata, plus IdempotencyKeyMetadata. Each call returns a
+// new message, as Watermill wants one per Publish.
+func (r Row) Message() *message.Message {
+	msg := message.NewMessage(r.UUID, r.Payload)
+	for k, v := range r.Metadata {
+		msg.Metadata.Set(k, v)
+	}
+	msg.Metadata.Set(IdempotencyKeyMetadata, r.IdempotencyKey)
+	return msg
+}
+
+// Stats is store.OutboxStats, field for field.
+type Stats struct {
+	Pending       int64
+	Sent          int64
+	OldestPending time.Duration
+	Failing       int64
+}
+
+// Statements are the statements of one outbox table, rendered once.
+type Statements struct {
+	insert, lock, markSent, markFailed, deleteSent, stats string
+	notifyPayload                                         string
+}
+
+// For returns the statements of the outbox table outbox in schema, names
+// that store.Config validated.
+func For(schema, outbox string) *Statements {
+	n := sqlnames.New(schema, "", outbox)
+	return &Statements{
+		insert: n.Render(`INSERT INTO {schema}.{outbox} (topic, uuid, idempotency_key, payload, metadata)
+SELECT t, u, k, p, m::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]) WITH ORDINALITY AS x(t, u, k, p, m, n)
+ORDER BY n`),
+		lock: n.Render(`SELECT id, topic, uuid, idempotency_key, payload, metadata, attempts, created_at
+FROM {schema}.{outbox}
+WHERE sent_at IS NULL
+ORDER BY id
+LIMIT $1
+FOR UPDATE SKIP LOCKED`),
+		markSent:   n.Render(`UPDATE {schema}.{outbox} SET sent_at = now() WHERE id = ANY($1) AND sent_at IS NULL`),
+		markFailed: n.Render(`UPDATE {schema}.{outbox} SET attempts = attempts + 1, last_error = $2 WHERE id = ANY($1) AND sent_at IS NULL`),
+		deleteSent: n.Render(`DELETE FROM {schema}.{outbox} WHERE id IN (
+    SELECT id FROM {schema}.{outbox}
+    WHERE sent_at < now() - $1 * interval '1 millisecond'
+    ORDER BY sent_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED)`),
+		stats: n.Render(`SELECT count(*) FILTER (WHERE sent_at IS NULL),
+       count(*) FILTER (WHERE sent_at IS NOT NULL),
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE sent_at IS NULL)), 0)::float8,
+       count(*) FILTER (WHERE sent_at IS NULL AND attempts > 0)
+FROM {schema}.{outbox}`),
+		// Relays of other schemas listening on the same database ignore
+		// notifications whose payload is not theirs.
+		notifyPayload: outboxnotify.Payload(schema, outbox),
+	}
+}
+
+// Insert writes rows to the outbox in tx, one element of each slice per
+// row, in order, and notifies the relays (delivered at commit), in one
+// round trip. The caller validated the values.
+func (s *Statements) Insert(ctx context.Context, tx pgx.Tx, topics, uuids, keys []string, payloads [][]byte, metadata []string) error {
+	b := &pgx.Batch{}
+	b.Queue(s.insert, topics, uuids, keys, payloads, metadata)
+	b.Queue("SELECT pg_notify($1, $2)", outboxnotify.Channel, s.notifyPayload)
+	return tx.SendBatch(ctx, b).Close()
+}
+
+// LockPending locks up to limit pending rows, oldest first, in tx and
+// returns them. Rows locked by another transaction (another relay) are
+// skipped, not waited for (FOR UPDATE SKIP LOCKED), so several relays share
+// the backlog and never hold the same row at once. The locks last until tx
+// ends: publish the rows, MarkSent them, commit. If the relay dies first,
+// the locks vanish with its connection and the rows are locked again by
+// the next relay: published at least once.
+func (s *Statements) LockPending(ctx context.Context, tx pgx.Tx, limit int) ([]Row, error) {
+	if tx == nil {
+		return nil, errors.New("claimtx: locking outbox rows needs a transaction")
+	}
+	if limit <= 0 {
+		return nil, fmt.Errorf("claimtx: outbox row limit %d must be positive", limit)
+	}
+	rows, err := tx.Query(ctx, s.lock, limit)
+	if err != nil {
+		return nil, fmt.Errorf("claimtx: lock pending outbox rows: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Row, error) {
+		var r Row
+		err := row.Scan(&r.ID, &r.Topic, &r.UUID, &r.IdempotencyKey, &r.Payload, &r.Metadata, &r.Attempts, &r.CreatedAt)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claimtx: lock pending outbox rows: %w", err)
+	}
+	return out, nil
+}
+
+// MarkSent records in tx that the rows were published. Call it only after
+// Publish returned nil for every one of them.
+func (s *Statements) MarkSent(ctx context.Context, tx pgx.Tx, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, s.markSent, ids); err != nil {
+		return fmt.Errorf("claimtx: mark %d outbox row(s) sent: %w", len(ids), err)
+	}
+	return nil
+}
+
+// MarkFailed records a failed publish of the rows (attempts + 1 and the
+// error text); they stay pending.
+func (s *Statements) MarkFailed(ctx context.Context, tx pgx.Tx, ids []int64, cause error) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	text := "unknown error"
+	if cause != nil {
+		text = strings.ToValidUTF8(strings.ReplaceAll(cause.Error(), "\x00", ""), "?")
+	}
+	if _, err := tx.Exec(ctx, s.markFailed, ids, text); err != nil {
+		return fmt.Errorf("claimtx: record outbox failure: %w", err)
+	}
+	return nil
+}
+
+// Execer runs one statement: a pool, a connection or a transaction.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// DeleteSent deletes up to limit rows sent more than olderThan ago (by the
+// database's clock) and returns how many it deleted. Rows locked by a
+// concurrent cleanup are skipped, so cleanups running in several relays do
+// not wait on each other. Call it repeatedly until it returns less than
+// limit; small batches keep locks and WAL bursts short.
+func (s *Statements) DeleteSent(ctx context.Context, db Execer, olderThan time.Duration, limit int) (int64, error) {
+	if limit <= 0 {
+		return 0, fmt.Errorf("claimtx: outbox cleanup limit %d must be positive", limit)
+	}
+	if olderThan < 0 {
+		olderThan = 0
+	}
+	tag, err := db.Exec(ctx, s.deleteSent, olderThan.Milliseconds(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("claimtx: delete sent outbox rows: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Querier runs a query returning one row: a pool, a connection or a
+// transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ReadStats counts the outbox's rows; see store.Store.OutboxStats.
+func (s *Statements) ReadStats(ctx context.Context, db Querier) (Stats, error) {
+	var st Stats
+	var oldest float64
+	if err := db.QueryRow(ctx, s.stats).Scan(&st.Pending, &st.Sent, &oldest, &st.Failing); err != nil {
+		return Stats{}, fmt.Errorf("claimtx: outbox stats: %w", err)
+	}
+	st.OldestPending = time.Duration(oldest * float64(time.Second))
+	return st, nil
+}

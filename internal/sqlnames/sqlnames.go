@@ -1,0 +1,51 @@
+// Package sqlnames renders claimtx's table names into SQL. The store, the
+// claim and outbox statements (internal/claimsql, internal/outboxsql) and
+// the migrations (internal/migrate) share it, so every statement names the
+// tables the same way whoever runs it.
+package sqlnames
+
+import (
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Names are the schema and table names of one store. store.Config
+// validates them (a strict lower-case pattern); they are quoted anyway.
+type Names struct {
+	Schema, Claims, Outbox string
+	r                      *strings.Replacer
+}
+
+// New returns the names of the claim table claims and the outbox table
+// outbox in schema. A package that needs only one of the tables passes ""
+// for the other and must not render statements naming it.
+func New(schema, claims, outbox string) *Names {
+	return &Names{
+		Schema: schema, Claims: claims, Outbox: outbox,
+		r: strings.NewReplacer(
+			"{schema}", Ident(schema),
+			"{claims}", Ident(claims),
+			"{claims_processed_at_idx}", Ident(claims+"_processed_at_idx"),
+			"{outbox}", Ident(outbox),
+			"{outbox_pending_idx}", Ident(outbox+"_pending_idx"),
+			"{outbox_sent_idx}", Ident(outbox+"_sent_idx"),
+		),
+	}
+}
+
+// Render substitutes the quoted names for the placeholders {schema},
+// {claims}, {claims_processed_at_idx}, {outbox}, {outbox_pending_idx} and
+// {outbox_sent_idx} in sql.
+func (n *Names) Render(sql string) string { return n.r.Replace(sql) }
+
+// Qualified quotes schema.name for one of claimtx's derived relations
+// (partitions, indexes).
+func (n *Names) Qualified(name string) string { return Ident(n.Schema, name) }
+
+// Ident quotes an identifier. Validation already rules out quotes; pgx's
+// Sanitize is used anyway so that the quoting is right by construction
+// should the pattern ever be relaxed.
+func Ident(parts ...string) string {
+	return pgx.Identifier(parts).Sanitize()
+}
