@@ -53,8 +53,9 @@ func (e *EventTimeError) Is(target error) bool { return target == ErrInvalidEven
 func (e *EventTimeError) Permanent() bool { return true }
 
 // KafkaTimestampMetadata is the metadata key under which claimtx's Kafka
-// adapter (brokers/kafka.MetadataTimestamp) exposes the record timestamp.
-// It is repeated here because this package must not import a broker.
+// adapter (brokers/kafka) exposes the record timestamp. It is repeated
+// here because this package must not import a broker; brokers/kafka's
+// tests check that both agree.
 const KafkaTimestampMetadata = "kafka_timestamp"
 
 // Event times at or before minEventTime (Unix 0 is what an unset field
