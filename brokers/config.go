@@ -386,7 +386,9 @@ func yamlFieldError(data []byte, err error) *framework.ConfigError {
 	}
 	walk(&root, "")
 	field, ok := paths[line]
-	if !ok {
+	if !ok || field == "" {
+		// An empty key ("": 1) has no path to name: report the decoder's
+		// message as a parse error.
 		return nil
 	}
 	reason := strings.TrimSpace(strings.TrimPrefix(msg, fmt.Sprintf("line %d:", line)))
