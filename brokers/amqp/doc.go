@@ -50,7 +50,7 @@
 // to workers × batch size). Concurrency and Prefetch are not used then.
 //
 // The queue is declared by watermill-amqp's own code, exactly as in the
-// per-subscription mode, and deliveries go through the same Marshaler, so
+// per-subscription mode, and deliveries go through the same conversion, so
 // both modes consume the same queue and yield the same metadata. Every
 // message is acked on the channel its delivery came from (delivery tags are
 // per channel). Acks are coalesced: an ack that leaves the oldest

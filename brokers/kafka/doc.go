@@ -45,9 +45,9 @@
 // One message per partition caps a batch consumer (consumer.RunBatch) at the
 // number of partitions it owns. With Config.Window > 0, Subscribe runs its
 // own Sarama consumer-group handler instead of watermill-kafka's, with the
-// same Sarama configuration, start-up retry and Marshaler (so metadata is
-// identical), and forwards up to Window messages per partition before any is
-// acked. Messages of a partition are handed out in order and may be acked in
+// same Sarama configuration, start-up retry and record conversion (so
+// metadata is identical), and forwards up to Window messages per partition
+// before any is acked. Messages of a partition are handed out in order and may be acked in
 // any order: an ack marks an offset only once every earlier message of the
 // partition is acked, so the committed offset never passes an unacked
 // message, and a long-unacked message holds the commit back (a restart
