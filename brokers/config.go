@@ -13,21 +13,10 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/claimtx/claimtx/brokers/amqp"
-	"github.com/claimtx/claimtx/brokers/internal/configerror"
+	"github.com/claimtx/claimtx/brokers/internal/defaults"
 	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/framework"
 )
-
-// ConfigError reports a configuration field that cannot be used. Field is
-// what the user set: the environment variable when the value came from one
-// (OverlayEnv, ConfigFromEnv), otherwise the YAML path ("kafka.brokers").
-// Error() reads
-//
-//	brokers: config field "kafka.brokers": must not be empty
-//	brokers: environment variable KAFKA_BROKERS: entry 0 ("x") is not host:port
-//
-// Values are quoted only after redaction, so the message is safe to log.
-// brokers/amqp and brokers/kafka return the same type.
-type ConfigError = configerror.Error
 
 // Built-in kinds.
 const (
@@ -36,14 +25,14 @@ const (
 	KindGoChannel = "gochannel"
 )
 
-// DefaultKind is the kind used when Config.Kind is empty.
-const DefaultKind = KindAMQP
+// defaultKind is the kind of a Config whose Kind is empty.
+const defaultKind = KindAMQP
 
 // Config selects and configures a broker adapter. The zero value is usable:
 // Kind defaults to "amqp" and every adapter field to its documented default.
 type Config struct {
 	// Kind names the adapter: "amqp" (RabbitMQ), "kafka", "gochannel"
-	// (in-process, for tests) or a name given to Register.
+	// (in-process, for tests) or a kind registered with a Registry.
 	// Defaults to "amqp".
 	Kind string `yaml:"kind"`
 
@@ -62,15 +51,23 @@ type Config struct {
 	// in their Factory. The built-in kinds ignore it. Defaults to none.
 	Options map[string]string `yaml:"options"`
 
-	// env remembers which fields OverlayEnv set, so that errors name the
+	// env remembers which fields overlayEnv set, so that errors name the
 	// variable the user wrote instead of a YAML path they never saw.
 	env envSource
 }
 
+// kind is c.Kind with its default applied.
+func (c Config) kind() string {
+	if c.Kind == "" {
+		return defaultKind
+	}
+	return c.Kind
+}
+
 // envSource is where a Config's values came from.
 type envSource struct {
-	// set maps the YAML path of each field OverlayEnv set to its variable.
-	// Shared between copies of a Config: OverlayEnv replaces it, never
+	// set maps the YAML path of each field overlayEnv set to its variable.
+	// Shared between copies of a Config: overlayEnv replaces it, never
 	// writes to it.
 	set map[string]string
 	// only is true for ConfigFromEnv: there is no file, so even a field
@@ -80,7 +77,7 @@ type envSource struct {
 }
 
 // envVars maps the YAML path of each field an environment variable sets to
-// that variable. OverlayEnv and error naming both read it.
+// that variable. overlayEnv and error naming both read it.
 var envVars = map[string]string{
 	"kind":                    envBroker,
 	"amqp.url":                envAMQPURL,
@@ -121,7 +118,7 @@ var envField = func() map[string]string {
 // value came from, when it came from one (see envSource). Other errors, and
 // fields set in code or a file, are returned unchanged.
 func (c Config) named(err error) error {
-	var ce *ConfigError
+	var ce *framework.ConfigError
 	if !errors.As(err, &ce) {
 		return err
 	}
@@ -162,17 +159,18 @@ type GoChannelConfig struct {
 	BlockPublishUntilSubscriberAck bool `yaml:"block_publish_until_subscriber_ack"`
 }
 
-// DefaultConfig returns a Config with every default written out, which is
-// what ConfigFromEnv and LoadConfigFile start from.
-func DefaultConfig() Config {
-	k := kafka.Config{}.WithDefaults()
+// defaultConfig returns a Config with every default written out, which is
+// what ConfigFromEnv and LoadConfigFile start from, so the effective
+// configuration they return (and print) shows every value.
+func defaultConfig() Config {
+	k := defaults.Apply(kafka.Config{})
 	// Derived from SessionTimeout when zero: leaving it zero lets a file or
 	// KAFKA_SESSION_TIMEOUT shorten the session without also having to
 	// shorten the heartbeat.
 	k.HeartbeatInterval = 0
 	return Config{
-		Kind:      DefaultKind,
-		AMQP:      amqp.Config{}.WithDefaults(),
+		Kind:      defaultKind,
+		AMQP:      defaults.Apply(amqp.Config{}),
 		Kafka:     k,
 		GoChannel: GoChannelConfig{}.withDefaults(),
 	}
@@ -185,18 +183,31 @@ func (g GoChannelConfig) withDefaults() GoChannelConfig {
 	return g
 }
 
-// Validate checks the kind and the configuration of that kind only (an
-// unused adapter's settings are not looked at) and returns a *ConfigError.
-// It never panics.
+// Validate checks the configuration of a built-in kind (only that kind's
+// section: an unused adapter's settings are not looked at) and returns a
+// *framework.ConfigError naming the field. Any other kind is only checked
+// to be a well-formed name: whether it exists, and its settings, are for
+// the Registry that builds it (Registry.NewSubscriber and NewPublisher
+// check both). It never panics.
 func (c Config) Validate() error {
-	kind := c.Kind
-	if kind == "" {
-		kind = DefaultKind
+	kind := c.kind()
+	if f, ok := builtinKinds[kind]; ok {
+		return c.validateWith(kind, f)
 	}
-	f, ok := lookup(kind)
-	if !ok {
-		return c.named(configerror.New("kind", "unknown broker kind %q (registered: %s)", kind, strings.Join(Kinds(), ", ")))
+	if !kindPattern.MatchString(kind) {
+		return c.named(&framework.ConfigError{
+			Field:  "kind",
+			Reason: fmt.Sprintf("%q is not a broker kind (built in: %s, %s, %s; a registered kind is lower case letters, digits, '_', '-', '.')", kind, KindAMQP, KindKafka, KindGoChannel),
+			Err:    ErrInvalidKind,
+		})
 	}
+	return nil
+}
+
+// validateWith runs f.Validate, the checks of kind, on c. An error that is
+// not a *framework.ConfigError is reported as field "options", where
+// registered kinds keep their settings.
+func (c Config) validateWith(kind string, f Factory) error {
 	if f.Validate == nil {
 		return nil
 	}
@@ -204,30 +215,30 @@ func (c Config) Validate() error {
 	if err == nil {
 		return nil
 	}
-	var ce *ConfigError
+	var ce *framework.ConfigError
 	if errors.As(err, &ce) {
 		return c.named(err)
 	}
-	return &ConfigError{Field: "options", Reason: err.Error(), Err: err}
+	return &framework.ConfigError{Field: "options", Reason: fmt.Sprintf("refused by broker kind %q", kind), Err: err}
 }
 
 func validateAMQP(c Config) error {
 	if err := c.AMQP.Validate(); err != nil {
-		return configerror.Prefix("amqp", err)
+		return prefixField("amqp", err)
 	}
 	return nil
 }
 
 func validateKafka(c Config) error {
 	if err := c.Kafka.Validate(); err != nil {
-		return configerror.Prefix("kafka", err)
+		return prefixField("kafka", err)
 	}
 	return nil
 }
 
 func validateGoChannel(c Config) error {
 	if c.GoChannel.Buffer < 0 {
-		return configerror.New("gochannel.buffer", "must not be negative, got %d", c.GoChannel.Buffer)
+		return &framework.ConfigError{Field: "gochannel.buffer", Reason: fmt.Sprintf("must not be negative, got %d", c.GoChannel.Buffer)}
 	}
 	return nil
 }
@@ -271,10 +282,12 @@ const (
 	envKafkaTLSKeyFile       = "KAFKA_TLS_KEY_FILE"
 )
 
-// ConfigFromEnv returns DefaultConfig overlaid with the environment
-// variables listed in the package documentation, validated.
+// ConfigFromEnv returns the defaults overlaid with the environment
+// variables listed in the package documentation, validated (see
+// Config.Validate: a kind that is not built in is checked when a Registry
+// builds it). Every field of the result holds its effective value.
 func ConfigFromEnv() (Config, error) {
-	c, err := DefaultConfig().OverlayEnv(os.LookupEnv)
+	c, err := defaultConfig().overlayEnv(os.LookupEnv)
 	if err != nil {
 		return Config{}, err
 	}
@@ -282,30 +295,31 @@ func ConfigFromEnv() (Config, error) {
 	return c, c.Validate()
 }
 
-// LoadConfigFile reads a YAML file over DefaultConfig, then overlays the
-// environment (so BROKER=kafka switches a file that says amqp), and
-// validates. Unknown YAML keys are errors, so a typo does not silently fall
-// back to a default.
+// LoadConfigFile reads a YAML file over the defaults, then overlays the
+// environment variables ConfigFromEnv reads (so BROKER=kafka switches a
+// file that says amqp), and validates like ConfigFromEnv. Unknown YAML keys
+// are errors, so a typo does not silently fall back to a default.
+// Durations are written like "500ms".
 func LoadConfigFile(path string) (Config, error) {
 	data, err := os.ReadFile(path) //nolint:gosec // reading the file the caller names is the point
 	if err != nil {
 		return Config{}, fmt.Errorf("brokers: read config: %w", err)
 	}
-	c, err := ParseConfig(data)
+	c, err := parseConfig(data)
 	if err != nil {
 		return Config{}, fmt.Errorf("brokers: config file %s: %w", path, err)
 	}
-	c, err = c.OverlayEnv(os.LookupEnv)
+	c, err = c.overlayEnv(os.LookupEnv)
 	if err != nil {
 		return Config{}, err
 	}
 	return c, c.Validate()
 }
 
-// ParseConfig decodes YAML over DefaultConfig without looking at the
-// environment and without validating. Durations are written like "500ms".
-func ParseConfig(data []byte) (Config, error) {
-	c := DefaultConfig()
+// parseConfig decodes YAML over defaultConfig without looking at the
+// environment and without validating.
+func parseConfig(data []byte) (Config, error) {
+	c := defaultConfig()
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
@@ -319,11 +333,12 @@ func ParseConfig(data []byte) (Config, error) {
 
 // yamlFieldError turns a decode error about one value ("line 3: cannot
 // unmarshal !!str `soon` into time.Duration", or an unknown key) into a
-// *ConfigError whose Field is that value's YAML path, so a file's mistake is
-// named like a Validate one. yaml.v3 reports only a line, so the path is
-// the key found on that line. It returns nil for syntax errors, which have
-// no field to name.
-func yamlFieldError(data []byte, err error) *ConfigError {
+// *framework.ConfigError whose Field is that value's YAML path, so a file's
+// mistake is named like a Validate one. yaml.v3 reports only a line, so the
+// path is the key found on that line. It returns nil for syntax errors,
+// which have no field to name. The decoder's message is the Reason, not
+// the Err: its Error() repeats every problem of the document.
+func yamlFieldError(data []byte, err error) *framework.ConfigError {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) || len(te.Errors) == 0 {
 		return nil
@@ -371,19 +386,22 @@ func yamlFieldError(data []byte, err error) *ConfigError {
 	}
 	walk(&root, "")
 	field, ok := paths[line]
-	if !ok {
+	if !ok || field == "" {
+		// An empty key ("": 1) has no path to name: report the decoder's
+		// message as a parse error.
 		return nil
 	}
 	reason := strings.TrimSpace(strings.TrimPrefix(msg, fmt.Sprintf("line %d:", line)))
-	return &ConfigError{Field: field, Reason: fmt.Sprintf("%s (line %d)", reason, line), Err: err}
+	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("%s (line %d)", reason, line)}
 }
 
-// OverlayEnv returns c with every set variable applied, reading variables
+// overlayEnv returns c with every set variable applied, reading variables
 // through lookup (os.LookupEnv when nil; a map in tests). A variable that is
 // set but empty counts as unset. A value that does not parse is a
-// *ConfigError whose Field is the variable. The result is not validated;
-// when it is, errors about a field a variable set name the variable too.
-func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
+// *framework.ConfigError whose Field is the variable. The result is not
+// validated; when it is, errors about a field a variable set name the
+// variable too.
+func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	if lookup == nil {
 		lookup = os.LookupEnv
 	}
@@ -405,7 +423,7 @@ func (c Config) OverlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	var firstErr error
 	fail := func(name, reason string) {
 		if firstErr == nil {
-			firstErr = configerror.New(name, "%s", reason)
+			firstErr = &framework.ConfigError{Field: name, Reason: reason}
 		}
 	}
 	str := func(name string, dst *string) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
 )
 
 // secretMarker stands for a password. The fuzz targets put it where
@@ -52,22 +53,34 @@ func checkConfigError(t *testing.T, err error) {
 	if err == nil {
 		return
 	}
-	var ce *brokers.ConfigError
+	var ce *framework.ConfigError
 	if !errors.As(err, &ce) || ce.Field == "" {
-		t.Fatalf("not a *ConfigError with a field: %T %v", err, err)
+		t.Fatalf("not a *framework.ConfigError with a field: %T %v", err, err)
 	}
 }
 
-// saramaSafe: building the Sarama configuration never dials, but it reads
-// the TLS files, and a fuzzed path such as /dev/zero would never end.
+// saramaSafe: building a Kafka subscriber builds the Sarama configuration
+// and never dials, but it reads the TLS files, and a fuzzed path such as
+// /dev/zero would never end.
 func saramaSafe(c brokers.Config, verr error) bool {
 	t := c.Kafka.TLS
 	return c.Kind == brokers.KindKafka && verr == nil && t.CAFile == "" && t.CertFile == "" && t.KeyFile == ""
 }
 
+// buildKafkaSubscriber builds (and closes) the subscriber of c, which maps
+// c onto Sarama's configuration and has Sarama validate it, and returns
+// the error.
+func buildKafkaSubscriber(c brokers.Config) error {
+	sub, err := brokers.NewSubscriber(c, nil)
+	if err == nil {
+		err = sub.Close()
+	}
+	return err
+}
+
 // FuzzParseConfig decodes arbitrary YAML. Properties: no panic in
 // ParseConfig, Validate, String, or building the Sarama configuration;
-// Validate fails only with a *ConfigError naming a field; and with
+// Validate fails only with a *framework.ConfigError naming a field; and with
 // passwords set in the parsed config, nothing printed or returned shows
 // them.
 func FuzzParseConfig(f *testing.F) {
@@ -90,7 +103,7 @@ func FuzzParseConfig(f *testing.F) {
 		c, err := brokers.ParseConfig(data)
 		if err != nil {
 			// A refused value names its YAML path; a syntax error has none.
-			var ce *brokers.ConfigError
+			var ce *framework.ConfigError
 			if errors.As(err, &ce) && ce.Field == "" {
 				t.Fatalf("YAML error with an empty field: %v", err)
 			}
@@ -99,8 +112,7 @@ func FuzzParseConfig(f *testing.F) {
 		verr := c.Validate()
 		checkConfigError(t, verr)
 		if saramaSafe(c, verr) {
-			_, serr := c.Kafka.SaramaConfig()
-			checkConfigError(t, serr)
+			checkConfigError(t, buildKafkaSubscriber(c))
 		}
 
 		c.AMQP.URL = withPassword(c.AMQP.URL)
@@ -119,14 +131,14 @@ func FuzzParseConfig(f *testing.F) {
 		checkConfigError(t, verr)
 		var serr error
 		if saramaSafe(c, verr) {
-			_, serr = c.Kafka.SaramaConfig()
+			serr = buildKafkaSubscriber(c)
 		}
 		checkNoSecret(t, c, verr, serr, c.AMQP.Validate(), c.Kafka.Validate())
 	})
 }
 
 // FuzzOverlayEnv applies arbitrary environment values. Properties: no
-// panic; a bad value is a *ConfigError whose Field is the variable;
+// panic; a bad value is a *framework.ConfigError whose Field is the variable;
 // the AMQP URL's password and the SASL password never show in the config's
 // printed forms or in any error.
 func FuzzOverlayEnv(f *testing.F) {
@@ -159,11 +171,11 @@ func FuzzOverlayEnv(f *testing.F) {
 		c, err := brokers.DefaultConfig().OverlayEnv(mapEnv(env))
 		if err != nil {
 			checkConfigError(t, err)
-			var ce *brokers.ConfigError
+			var ce *framework.ConfigError
 			if !errors.As(err, &ce) {
-				t.Fatalf("not a *ConfigError: %v", err)
+				t.Fatalf("not a *framework.ConfigError: %v", err)
 			}
-			if _, set := env[ce.Field]; !set || !strings.Contains(err.Error(), "environment variable "+ce.Field) {
+			if _, set := env[ce.Field]; !set || !strings.Contains(err.Error(), fmt.Sprintf("config field %q", ce.Field)) {
 				t.Fatalf("the error does not name the variable: %v", err)
 			}
 			checkNoSecret(t, brokers.Config{}, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/framework"
 )
 
 func mapEnv(m map[string]string) func(string) (string, bool) {
@@ -88,10 +89,10 @@ func TestOverlayEnvBad(t *testing.T) {
 		{map[string]string{"KAFKA_SESSION_TIMEOUT": "10"}, "KAFKA_SESSION_TIMEOUT"},
 	} {
 		_, err := brokers.DefaultConfig().OverlayEnv(mapEnv(tc.env))
-		var ce *brokers.ConfigError
+		var ce *framework.ConfigError
 		require.ErrorAs(t, err, &ce, "%v", tc.env)
 		require.Equal(t, tc.field, ce.Field)
-		require.True(t, strings.HasPrefix(err.Error(), "brokers: environment variable "+tc.field+": "), err.Error())
+		require.True(t, strings.HasPrefix(err.Error(), fmt.Sprintf("claimtx: config field %q: ", tc.field)), err.Error())
 		require.NotContains(t, err.Error(), ".", "names the variable only, not also the YAML path: %v", err)
 	}
 }
@@ -110,11 +111,22 @@ func TestConfigFromEnv(t *testing.T) {
 	require.Equal(t, "from-env", c.Kafka.ConsumerGroup)
 	require.Equal(t, 2, c.AMQP.Concurrency)
 
-	t.Setenv("BROKER", "carrier-pigeon")
+	// A kind no Registry could know is refused at once; a well-formed one
+	// only by the Registry that does not know it, naming the variable.
+	t.Setenv("BROKER", "Carrier Pigeon")
 	_, err = brokers.ConfigFromEnv()
-	var ce *brokers.ConfigError
+	var ce *framework.ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "BROKER", ce.Field)
+	require.ErrorIs(t, err, brokers.ErrInvalidKind)
+	t.Setenv("BROKER", "carrier-pigeon")
+	c, err = brokers.ConfigFromEnv()
+	require.NoError(t, err)
+	_, err = brokers.NewSubscriber(c, nil)
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "BROKER", ce.Field)
+	require.ErrorIs(t, err, brokers.ErrInvalidKind)
+	require.ErrorContains(t, err, "amqp, gochannel, kafka", "the error lists the kinds there are")
 
 	// The file says amqp; the environment wins.
 	path := filepath.Join(t.TempDir(), "brokers.yaml")
@@ -160,7 +172,7 @@ options:
 	require.Equal(t, 16, c.AMQP.Concurrency)
 	require.Equal(t, 250*time.Millisecond, c.AMQP.NackDelay)
 	require.Equal(t, map[string]any{"x-queue-type": "quorum", "x-delivery-limit": 5}, c.AMQP.QueueArguments)
-	require.Equal(t, amqp.DefaultPrefetch, c.AMQP.Prefetch, "unset keys keep their defaults")
+	require.Equal(t, 1, c.AMQP.Prefetch, "unset keys keep their defaults")
 	require.Equal(t, []string{"a:9092", "b:9092"}, c.Kafka.Brokers)
 	require.Equal(t, 6*time.Second, c.Kafka.SessionTimeout)
 	require.Equal(t, 20*time.Second, c.Kafka.RebalanceTimeout)
@@ -205,7 +217,7 @@ func TestValidate(t *testing.T) {
 		field  string
 		reason string
 	}{
-		{brokers.Config{Kind: "nats"}, "kind", "unknown broker kind"},
+		{brokers.Config{Kind: "NATS"}, "kind", "not a broker kind"},
 		{brokers.Config{AMQP: amqp.Config{URL: "http://host/"}}, "amqp.url", "scheme"},
 		{brokers.Config{AMQP: amqp.Config{URL: "amqp://u:p@host:notaport/"}}, "amqp.url", "not a valid URL"},
 		{brokers.Config{AMQP: amqp.Config{Concurrency: -1}}, "amqp.concurrency", "positive"},
@@ -231,11 +243,11 @@ func TestValidate(t *testing.T) {
 	}
 	for _, tc := range bad {
 		err := tc.cfg.Validate()
-		var ce *brokers.ConfigError
+		var ce *framework.ConfigError
 		require.ErrorAs(t, err, &ce, "%s", tc.cfg)
 		require.Equal(t, tc.field, ce.Field, "%v", err)
 		require.Contains(t, ce.Reason, tc.reason)
-		require.True(t, strings.HasPrefix(err.Error(), fmt.Sprintf("brokers: config field %q: ", tc.field)), err.Error())
+		require.True(t, strings.HasPrefix(err.Error(), fmt.Sprintf("claimtx: config field %q: ", tc.field)), err.Error())
 
 		// The constructors refuse it with the same error, without panicking.
 		_, err = brokers.NewSubscriber(tc.cfg, nil)
@@ -243,14 +255,31 @@ func TestValidate(t *testing.T) {
 		_, err = brokers.NewPublisher(tc.cfg, nil)
 		require.ErrorAs(t, err, &ce)
 	}
+
+	// A kind that is not built in may be registered with some Registry:
+	// Validate cannot tell, the Registry that builds it can.
+	unknown := brokers.Config{Kind: "nats"}
+	require.NoError(t, unknown.Validate())
+	for _, build := range []func() error{
+		func() error { _, err := brokers.NewSubscriber(unknown, nil); return err },
+		func() error { _, err := brokers.NewPublisher(unknown, nil); return err },
+		func() error { _, err := brokers.NewRegistry().NewSubscriber(unknown, nil); return err },
+	} {
+		err := build()
+		var ce *framework.ConfigError
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, "kind", ce.Field)
+		require.Contains(t, ce.Reason, `unknown broker kind "nats"`)
+		require.ErrorIs(t, err, brokers.ErrInvalidKind)
+	}
 }
 
 // TestConfigErrorMessage pins the format callers and docs quote.
 func TestConfigErrorMessage(t *testing.T) {
 	t.Parallel()
 	err := brokers.Config{Kind: "kafka", Kafka: kafka.Config{Brokers: []string{"x"}}}.Validate()
-	require.EqualError(t, err, `brokers: config field "kafka.brokers": entry 0 ("x") is not host:port`)
-	var target *brokers.ConfigError
+	require.EqualError(t, err, `claimtx: config field "kafka.brokers": entry 0 ("x") is not host:port`)
+	var target *framework.ConfigError
 	require.True(t, errors.As(err, &target))
 }
 

@@ -1,14 +1,14 @@
 // Package brokers builds the Watermill publisher and subscriber that claimtx
 // consumes from and publishes to, chosen by configuration: RabbitMQ
 // ("amqp"), Kafka ("kafka"), an in-process channel for tests ("gochannel"),
-// or an adapter you register by name. Switching brokers is a configuration
-// change, never a code change.
+// or an adapter of your own registered by name with a Registry. Switching
+// brokers is a configuration change, never a code change.
 //
 // # Quick start
 //
 //	cfg, err := brokers.ConfigFromEnv() // BROKER=kafka KAFKA_BROKERS=...
 //	if err != nil {
-//		return err // a *brokers.ConfigError naming the field
+//		return err // a *framework.ConfigError naming the variable
 //	}
 //	sub, err := brokers.NewSubscriber(cfg, logger)
 //	...
@@ -22,10 +22,12 @@
 //
 // Config holds the kind and one section per built-in adapter; only the
 // section of the chosen kind is used and validated. Every field has a
-// default (see DefaultConfig, and the "Defaults to" line of each field in
-// brokers/amqp.Config and brokers/kafka.Config), so an empty file or an
-// empty environment gives a working local setup: RabbitMQ at
-// amqp://guest:guest@127.0.0.1:5672/.
+// default (the "Defaults to" line of each field of Config, GoChannelConfig,
+// brokers/amqp.Config and brokers/kafka.Config), so the zero Config, an
+// empty file and an empty environment all give a working local setup:
+// RabbitMQ at amqp://guest:guest@127.0.0.1:5672/. ConfigFromEnv and
+// LoadConfigFile write the defaults out, so the Config they return shows
+// every effective value.
 //
 //	kind: kafka            # amqp | kafka | gochannel | a registered name
 //	amqp:
@@ -49,7 +51,7 @@
 //
 // # Environment variables
 //
-// ConfigFromEnv starts from DefaultConfig, LoadConfigFile from the file; both
+// ConfigFromEnv starts from the defaults, LoadConfigFile from the file; both
 // then apply these variables (set but empty counts as unset) and validate:
 //
 //	BROKER                   kind                           (default amqp)
@@ -80,18 +82,19 @@
 // CONCURRENCY is the number of messages one subscription processes at once
 // on RabbitMQ. Kafka has no such knob: watermill-kafka keeps one message in
 // flight per partition, so a consumer's concurrency is the number of
-// partitions it owns. Config.OverlayEnv applies the same variables from any
-// lookup function, which is how tests avoid the process environment.
+// partitions it owns (unless kafka.window is set).
 //
 // # Errors
 //
-// Every configuration problem is a *ConfigError naming what the user set:
-// the environment variable when the value came from one (and, with
-// ConfigFromEnv, the variable to set for a required field left empty),
-// otherwise the field's YAML path (also for values the YAML decoder refuses):
+// Every configuration problem is a *framework.ConfigError (package
+// github.com/claimtx/claimtx/framework, the one configuration error type of
+// claimtx) whose Field is what the user set: the environment variable when
+// the value came from one (and, with ConfigFromEnv, the variable to set for
+// a required field left empty), otherwise the field's YAML path (also for
+// values the YAML decoder refuses):
 //
-//	brokers: environment variable KAFKA_BROKERS: entry 0 ("kafka") is not host:port
-//	brokers: config field "kafka.brokers": entry 0 ("kafka") is not host:port
+//	claimtx: config field "KAFKA_BROKERS": entry 0 ("kafka") is not host:port
+//	claimtx: config field "kafka.brokers": entry 0 ("kafka") is not host:port
 //
 // There is no default Kafka consumer group: a shared one would make two
 // services on one topic split its partitions. NewSubscriber refuses an
@@ -103,6 +106,16 @@
 // are wrapped with %w and keep their cause (for example
 // *brokers/amqp.DialError).
 //
+// Config.Validate checks a built-in kind completely. A kind that is not
+// built in is only checked to be a well-formed name, because whether it
+// exists depends on the Registry that builds it: Registry.NewSubscriber and
+// Registry.NewPublisher refuse a kind they do not know with a
+// *framework.ConfigError (Field "kind", or BROKER) that matches
+// ErrInvalidKind and lists the kinds they have, and run the kind's own
+// Factory.Validate before building. So a misspelt BROKER ("kafak") passes
+// ConfigFromEnv and fails when the broker is built; one that cannot be a
+// kind name ("Kafka") fails at once.
+//
 // # Secrets
 //
 // Config.String (and %v, %+v, %#v of Config, amqp.Config, kafka.Config and
@@ -113,25 +126,35 @@
 // a registered kind that keeps secrets there must redact them itself. The
 // config is not redacted when you marshal it yourself (YAML, JSON).
 //
-// # Registering a kind
+// # Adapters of your own
 //
-// Register adds an adapter under a name; BROKER=name or kind: name then
-// selects it:
+// Any Watermill publisher and subscriber can be selected by configuration.
+// Describe how to build them in a Factory, register it under a name with a
+// Registry, and build through that Registry; BROKER=name or kind: name then
+// selects it, and the adapter reads its settings from Config.Options
+// (options: in YAML):
 //
-//	func init() {
-//		err := brokers.Register("nats", brokers.Factory{
-//			NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
-//				return natsSubscriber(c.Options["url"], l)
-//			},
-//			NewPublisher: ...,
-//			Validate: func(c brokers.Config) error { ... }, // optional
-//		})
-//		...
-//	}
+//	reg := brokers.NewRegistry() // knows amqp, kafka and gochannel
+//	err := reg.Register("nats", brokers.Factory{
+//		NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
+//			return natsSubscriber(c.Options["url"], l)
+//		},
+//		NewPublisher: func(c brokers.Config, l watermill.LoggerAdapter) (message.Publisher, error) {
+//			return natsPublisher(c.Options["url"], l)
+//		},
+//		Validate: func(c brokers.Config) error { ... }, // optional
+//	})
+//	...
+//	sub, err := reg.NewSubscriber(cfg, logger)
 //
-// Names are lower case ([a-z0-9_.-], up to 63 characters). Register returns
-// ErrInvalidKind or ErrKindRegistered instead of panicking; the built-in
-// names are taken.
+// Names are lower case ([a-z0-9_.-], up to 63 characters). Register refuses
+// a malformed name or an incomplete Factory (ErrInvalidKind) and a name
+// that is taken, the built-in ones included (ErrKindRegistered), instead
+// of panicking. The package-level NewSubscriber and NewPublisher use a
+// registry of the built-in kinds that nothing can add to, so one part of a
+// program cannot change what another part's configuration selects: pass
+// your Registry to the code that builds brokers. The Registry example
+// shows a complete adapter.
 //
 // # The gochannel kind
 //
@@ -151,4 +174,15 @@
 // unacked or nacked message, and why, is in the brokers/amqp and
 // brokers/kafka documentation. internal/devbroker is an in-process
 // Kafka-protocol broker for development and CI.
+//
+// # Metadata
+//
+// Headers arrive as metadata of the same name. The real adapters add what
+// describes the delivery, under names that key and event-time specs use as
+// strings: amqp_message_id, amqp_correlation_id, amqp_content_type,
+// amqp_timestamp, amqp_exchange, amqp_routing_key and
+// _watermill_amqp_redelivered on RabbitMQ; kafka_topic, kafka_partition,
+// kafka_offset, kafka_key and kafka_timestamp on Kafka. Each adapter's
+// documentation says what they hold. None is published again and none
+// makes a good claim key: they change when a message is republished.
 package brokers

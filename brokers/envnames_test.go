@@ -1,6 +1,7 @@
 package brokers_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -46,7 +47,8 @@ func TestEnvErrorsNameTheVariable(t *testing.T) {
 		// subscriber: ConfigFromEnv accepts it, brokers.NewSubscriber refuses.
 		subscriber bool
 	}{
-		{env: []string{"BROKER=nats"}, field: "BROKER"},
+		{env: []string{"BROKER=NATS"}, field: "BROKER"},
+		{env: []string{"BROKER=nats"}, field: "BROKER", subscriber: true},
 		{env: []string{"AMQP_URL=http://rabbit/"}, field: "AMQP_URL"},
 		{env: []string{"AMQP_URL=amqp://u:p@rabbit:notaport/"}, field: "AMQP_URL"},
 		{env: []string{"CONCURRENCY=abc"}, field: "CONCURRENCY"},
@@ -88,15 +90,10 @@ func TestEnvErrorsNameTheVariable(t *testing.T) {
 				require.NoError(t, err)
 				_, err = brokers.NewSubscriber(c, nil)
 			}
-			var ce *brokers.ConfigError
+			var ce *framework.ConfigError
 			require.ErrorAs(t, err, &ce)
 			require.Equal(t, tc.field, ce.Field, "%v", err)
-			require.True(t, strings.HasPrefix(err.Error(), "brokers: environment variable "+tc.field+": "), err.Error())
-
-			// Callers that match the framework's type see the same name.
-			var fe *framework.ConfigError
-			require.ErrorAs(t, err, &fe)
-			require.Equal(t, tc.field, fe.Field)
+			require.True(t, strings.HasPrefix(err.Error(), fmt.Sprintf("claimtx: config field %q: ", tc.field)), err.Error())
 		})
 	}
 }
@@ -108,7 +105,7 @@ func TestFileErrorsNameTheYAMLPath(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "brokers.yaml")
 	require.NoError(t, os.WriteFile(path, []byte("kind: kafka\nkafka:\n  brokers: [nohost]\n  initial_offset: latest\n"), 0o600))
 	_, err := brokers.LoadConfigFile(path)
-	var ce *brokers.ConfigError
+	var ce *framework.ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "kafka.brokers", ce.Field)
 
@@ -135,7 +132,7 @@ func TestKafkaSubscriberNeedsGroup(t *testing.T) {
 	t.Parallel()
 	cfg := brokers.Config{Kind: brokers.KindKafka}
 	_, err := brokers.NewSubscriber(cfg, nil)
-	var ce *brokers.ConfigError
+	var ce *framework.ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "kafka.consumer_group", ce.Field)
 	require.Contains(t, ce.Reason, "KAFKA_CONSUMER_GROUP")
@@ -160,7 +157,7 @@ func TestYAMLErrorsNameThePath(t *testing.T) {
 		{"kind: [1, 2]\n", "kind"},
 	} {
 		_, err := brokers.ParseConfig([]byte(tc.yaml))
-		var ce *brokers.ConfigError
+		var ce *framework.ConfigError
 		require.ErrorAs(t, err, &ce, "%q", tc.yaml)
 		require.Equal(t, tc.field, ce.Field, "%q: %v", tc.yaml, err)
 		require.Contains(t, ce.Reason, "line ")

@@ -1,18 +1,20 @@
 package brokers
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/brokers/amqp"
-	"github.com/claimtx/claimtx/brokers/internal/configerror"
 	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/framework"
 )
 
 // Factory builds the publisher and subscriber of one broker kind from the
@@ -27,50 +29,53 @@ type Factory struct {
 	NewPublisher func(cfg Config, logger watermill.LoggerAdapter) (message.Publisher, error)
 
 	// Validate checks the parts of Config this kind uses. Optional.
-	// Returning a *ConfigError lets it name the field; any other error is
-	// reported as field "options".
+	// Returning a *framework.ConfigError lets it name the field; any other
+	// error is reported as field "options".
 	Validate func(cfg Config) error
 }
 
 // Registry errors, matched with errors.Is.
 var (
-	// ErrInvalidKind is returned by Register for an empty or malformed name
-	// or an incomplete Factory.
+	// ErrInvalidKind is matched by the error for a kind name that is
+	// malformed or that a Registry does not know, and for an incomplete
+	// Factory. Those errors are *framework.ConfigError values naming the
+	// field ("kind", or BROKER when the kind came from the environment).
 	ErrInvalidKind = errors.New("brokers: invalid broker kind")
-	// ErrKindRegistered is returned by Register for a name that is taken
-	// (the built-in kinds included).
+	// ErrKindRegistered is returned by Registry.Register for a name that is
+	// taken (the built-in kinds included).
 	ErrKindRegistered = errors.New("brokers: broker kind already registered")
 )
 
+// kindPattern is what a kind name looks like: it is written in YAML and in
+// BROKER, so it stays short, lower case and free of spaces.
 var kindPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
-var registry = struct {
-	sync.RWMutex
-	m map[string]Factory
-}{m: map[string]Factory{
+// builtinKinds are known to every Registry. The map is never written to,
+// so it needs no lock.
+var builtinKinds = map[string]Factory{
 	KindAMQP: {
 		NewSubscriber: func(c Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
-			return amqp.NewSubscriber(c.AMQP, l)
+			return amqp.NewSubscriber(context.Background(), c.AMQP, l)
 		},
 		NewPublisher: func(c Config, l watermill.LoggerAdapter) (message.Publisher, error) {
-			return amqp.NewPublisher(c.AMQP, l)
+			return amqp.NewPublisher(context.Background(), c.AMQP, l)
 		},
 		Validate: validateAMQP,
 	},
 	KindKafka: {
 		NewSubscriber: func(c Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
-			sub, err := kafka.NewSubscriber(c.Kafka, l)
+			sub, err := kafka.NewSubscriber(context.Background(), c.Kafka, l)
 			if err != nil {
 				// A missing consumer group is only found here: publishers
 				// do not need one. Name it like Validate names the rest.
-				return nil, c.named(configerror.Prefix("kafka", err))
+				return nil, c.named(prefixField("kafka", err))
 			}
 			return sub, nil
 		},
 		NewPublisher: func(c Config, l watermill.LoggerAdapter) (message.Publisher, error) {
-			pub, err := kafka.NewPublisher(c.Kafka, l)
+			pub, err := kafka.NewPublisher(context.Background(), c.Kafka, l)
 			if err != nil {
-				return nil, c.named(configerror.Prefix("kafka", err)) // e.g. an unreadable KAFKA_TLS_CA_FILE
+				return nil, c.named(prefixField("kafka", err)) // e.g. an unreadable KAFKA_TLS_CA_FILE
 			}
 			return pub, nil
 		},
@@ -81,44 +86,149 @@ var registry = struct {
 		NewPublisher:  newGoChannelPublisher,
 		Validate:      validateGoChannel,
 	},
-}}
+}
 
-// Register makes a broker kind available by name, so that Config.Kind (and
-// BROKER=name) selects it. Names are lower case letters, digits, '_', '-'
-// and '.', at most 63 characters. It returns ErrInvalidKind or
-// ErrKindRegistered (wrapped) instead of panicking; call it from an init
-// function or before building a Config that uses it.
-func Register(kind string, f Factory) error {
+// Registry maps broker kinds to the Factory that builds them, so that
+// Config.Kind (and BROKER=name) can select an adapter of your own. Every
+// Registry knows the built-in kinds; Register adds more. A Registry is safe
+// for concurrent use. The zero Registry is ready to use, like NewRegistry's.
+//
+// The package-level NewSubscriber and NewPublisher use a Registry that
+// knows the built-in kinds only and that nothing can add to, so no part of
+// a program changes what another part's Config selects.
+type Registry struct {
+	mu    sync.RWMutex
+	kinds map[string]Factory // registered kinds; the built-in ones are in builtinKinds
+}
+
+// NewRegistry returns a Registry that knows the built-in kinds: "amqp",
+// "kafka" and "gochannel".
+func NewRegistry() *Registry {
+	return &Registry{}
+}
+
+// Register makes a broker kind available by name. Names are lower case
+// letters, digits, '_', '-' and '.', at most 63 characters. A malformed
+// name or a Factory without NewSubscriber or NewPublisher is a
+// *framework.ConfigError matching ErrInvalidKind; a name that is taken
+// (the built-in ones included) is refused with ErrKindRegistered. It never
+// panics.
+func (r *Registry) Register(kind string, f Factory) error {
 	if !kindPattern.MatchString(kind) {
-		return fmt.Errorf("%w %q: want lower case letters, digits, '_', '-', '.' (1-63 characters)", ErrInvalidKind, kind)
+		return &framework.ConfigError{Field: "kind", Reason: fmt.Sprintf("%q is not a broker kind name: want lower case letters, digits, '_', '-', '.' (1-63 characters)", kind), Err: ErrInvalidKind}
 	}
 	if f.NewSubscriber == nil || f.NewPublisher == nil {
-		return fmt.Errorf("%w %q: Factory.NewSubscriber and Factory.NewPublisher are required", ErrInvalidKind, kind)
+		return &framework.ConfigError{Field: "Factory", Reason: fmt.Sprintf("kind %q: NewSubscriber and NewPublisher are required", kind), Err: ErrInvalidKind}
 	}
-	registry.Lock()
-	defer registry.Unlock()
-	if _, ok := registry.m[kind]; ok {
+	if _, ok := builtinKinds[kind]; ok {
+		return fmt.Errorf("%w: %q is built in", ErrKindRegistered, kind)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.kinds[kind]; ok {
 		return fmt.Errorf("%w: %q", ErrKindRegistered, kind)
 	}
-	registry.m[kind] = f
+	if r.kinds == nil {
+		r.kinds = make(map[string]Factory)
+	}
+	r.kinds[kind] = f
 	return nil
 }
 
-// Kinds returns the registered kind names, sorted.
-func Kinds() []string {
-	registry.RLock()
-	defer registry.RUnlock()
-	out := make([]string, 0, len(registry.m))
-	for k := range registry.m {
+// NewSubscriber validates cfg (Config.Validate, then the kind's own
+// Factory.Validate) and builds the subscriber of cfg.Kind. A nil logger
+// logs nothing. A configuration error is a *framework.ConfigError; a kind
+// r does not know also matches ErrInvalidKind. Other construction errors
+// name the kind and wrap the adapter's error.
+func (r *Registry) NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (message.Subscriber, error) {
+	f, kind, err := r.factory(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	sub, err := f.NewSubscriber(cfg, logger)
+	if err != nil {
+		var ce *framework.ConfigError
+		if errors.As(err, &ce) {
+			return nil, err // already names the field
+		}
+		return nil, fmt.Errorf("brokers: %s subscriber: %w", kind, err)
+	}
+	return sub, nil
+}
+
+// NewPublisher validates cfg like NewSubscriber and builds the publisher
+// of cfg.Kind. Errors are as for NewSubscriber.
+func (r *Registry) NewPublisher(cfg Config, logger watermill.LoggerAdapter) (message.Publisher, error) {
+	f, kind, err := r.factory(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
+	pub, err := f.NewPublisher(cfg, logger)
+	if err != nil {
+		var ce *framework.ConfigError
+		if errors.As(err, &ce) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("brokers: %s publisher: %w", kind, err)
+	}
+	return pub, nil
+}
+
+// factory validates cfg and returns the Factory of its kind.
+func (r *Registry) factory(cfg Config) (Factory, string, error) {
+	if err := cfg.Validate(); err != nil {
+		return Factory{}, "", err
+	}
+	kind := cfg.kind()
+	if f, ok := builtinKinds[kind]; ok {
+		return f, kind, nil // Validate ran its checks
+	}
+	r.mu.RLock()
+	f, ok := r.kinds[kind]
+	r.mu.RUnlock()
+	if !ok {
+		return Factory{}, "", cfg.named(&framework.ConfigError{
+			Field:  "kind",
+			Reason: fmt.Sprintf("unknown broker kind %q (known: %s)", kind, strings.Join(r.names(), ", ")),
+			Err:    ErrInvalidKind,
+		})
+	}
+	if err := cfg.validateWith(kind, f); err != nil {
+		return Factory{}, "", err
+	}
+	return f, kind, nil
+}
+
+// names returns the kinds r knows, sorted, for error messages.
+func (r *Registry) names() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	out := make([]string, 0, len(builtinKinds)+len(r.kinds))
+	for k := range builtinKinds {
+		out = append(out, k)
+	}
+	for k := range r.kinds {
 		out = append(out, k)
 	}
 	sort.Strings(out)
 	return out
 }
 
-func lookup(kind string) (Factory, bool) {
-	registry.RLock()
-	defer registry.RUnlock()
-	f, ok := registry.m[kind]
-	return f, ok
+// prefixField returns a copy of err's *framework.ConfigError whose Field is
+// prefixed with prefix and a dot, so an adapter's "brokers" becomes
+// "kafka.brokers", the YAML path. Other errors are returned unchanged.
+func prefixField(prefix string, err error) error {
+	var ce *framework.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	out := *ce
+	out.Field = prefix + "." + ce.Field
+	return &out
 }

@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
 )
 
 func uniqueKind(t *testing.T) string {
@@ -30,7 +33,8 @@ func TestRegisterCustomKind(t *testing.T) {
 	var gotRegion string
 	shared := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, nil)
 	t.Cleanup(func() { _ = shared.Close() })
-	require.NoError(t, brokers.Register(kind, brokers.Factory{
+	reg := brokers.NewRegistry()
+	require.NoError(t, reg.Register(kind, brokers.Factory{
 		NewSubscriber: func(c brokers.Config, _ watermill.LoggerAdapter) (message.Subscriber, error) {
 			gotRegion = c.Options["region"]
 			return shared, nil
@@ -45,21 +49,28 @@ func TestRegisterCustomKind(t *testing.T) {
 			return nil
 		},
 	}))
-	require.Contains(t, brokers.Kinds(), kind)
 
 	c, err := brokers.DefaultConfig().OverlayEnv(mapEnv(map[string]string{"BROKER": kind}))
 	require.NoError(t, err)
+	require.NoError(t, c.Validate(), "Validate leaves a kind it does not know to the Registry")
 
-	err = c.Validate()
-	var ce *brokers.ConfigError
+	// The Registry runs the kind's own Validate before building.
+	_, err = reg.NewPublisher(c, nil)
+	var ce *framework.ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "options", ce.Field)
-	require.Contains(t, ce.Reason, "region is required")
+	require.ErrorContains(t, err, "region is required")
 
+	// The package-level functions know the built-in kinds only.
 	c.Options = map[string]string{"region": "eu"}
-	pub, err := brokers.NewPublisher(c, nil)
+	_, err = brokers.NewPublisher(c, nil)
+	require.ErrorIs(t, err, brokers.ErrInvalidKind)
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "BROKER", ce.Field, "named by the variable it came from")
+
+	pub, err := reg.NewPublisher(c, nil)
 	require.NoError(t, err)
-	sub, err := brokers.NewSubscriber(c, nil)
+	sub, err := reg.NewSubscriber(c, nil)
 	require.NoError(t, err)
 	require.Equal(t, "eu", gotRegion)
 
@@ -81,16 +92,52 @@ func TestRegisterErrors(t *testing.T) {
 		NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) { return nil, nil },
 		NewPublisher:  func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) { return nil, nil },
 	}
+	reg := brokers.NewRegistry()
 	for _, name := range []string{"", "Upper", "has space", "-lead", string(make([]byte, 64))} {
-		require.ErrorIs(t, brokers.Register(name, ok), brokers.ErrInvalidKind, "%q", name)
+		err := reg.Register(name, ok)
+		require.ErrorIs(t, err, brokers.ErrInvalidKind, "%q", name)
+		var ce *framework.ConfigError
+		require.ErrorAs(t, err, &ce, "%q", name)
+		require.Equal(t, "kind", ce.Field)
 	}
-	require.ErrorIs(t, brokers.Register(uniqueKind(t), brokers.Factory{}), brokers.ErrInvalidKind)
+	require.ErrorIs(t, reg.Register(uniqueKind(t), brokers.Factory{}), brokers.ErrInvalidKind)
 	for _, builtin := range []string{"amqp", "kafka", "gochannel"} {
-		require.ErrorIs(t, brokers.Register(builtin, ok), brokers.ErrKindRegistered)
+		require.ErrorIs(t, reg.Register(builtin, ok), brokers.ErrKindRegistered)
 	}
 	kind := uniqueKind(t)
-	require.NoError(t, brokers.Register(kind, ok))
-	require.ErrorIs(t, brokers.Register(kind, ok), brokers.ErrKindRegistered)
+	require.NoError(t, reg.Register(kind, ok))
+	require.ErrorIs(t, reg.Register(kind, ok), brokers.ErrKindRegistered)
+
+	// Registries are independent: another one may use the same name.
+	require.NoError(t, brokers.NewRegistry().Register(kind, ok))
+	var zero brokers.Registry
+	require.NoError(t, zero.Register(kind, ok), "the zero Registry is usable")
+	require.ErrorIs(t, zero.Register("amqp", ok), brokers.ErrKindRegistered, "and knows the built-in kinds")
+}
+
+// TestRegistryConcurrent: registering and building at once is safe (run
+// with -race).
+func TestRegistryConcurrent(t *testing.T) {
+	t.Parallel()
+	reg := brokers.NewRegistry()
+	ok := brokers.Factory{
+		NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) { return nil, nil },
+		NewPublisher:  func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) { return nil, nil },
+	}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			kind := fmt.Sprintf("k%d", i)
+			if err := reg.Register(kind, ok); err != nil {
+				t.Error(err)
+			}
+			if _, err := reg.NewPublisher(brokers.Config{Kind: kind}, nil); err != nil {
+				t.Error(err)
+			}
+			_, _ = reg.NewSubscriber(brokers.Config{Kind: "unknown"}, nil) // reads while others write
+		})
+	}
+	wg.Wait()
 }
 
 // TestFactoryErrorWrapped: an adapter's construction error keeps its cause.
@@ -98,14 +145,15 @@ func TestFactoryErrorWrapped(t *testing.T) {
 	t.Parallel()
 	cause := errors.New("boom")
 	kind := uniqueKind(t)
-	require.NoError(t, brokers.Register(kind, brokers.Factory{
+	reg := brokers.NewRegistry()
+	require.NoError(t, reg.Register(kind, brokers.Factory{
 		NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) { return nil, cause },
 		NewPublisher:  func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) { return nil, cause },
 	}))
-	_, err := brokers.NewSubscriber(brokers.Config{Kind: kind}, nil)
+	_, err := reg.NewSubscriber(brokers.Config{Kind: kind}, nil)
 	require.ErrorIs(t, err, cause)
 	require.ErrorContains(t, err, kind)
-	_, err = brokers.NewPublisher(brokers.Config{Kind: kind}, nil)
+	_, err = reg.NewPublisher(brokers.Config{Kind: kind}, nil)
 	require.ErrorIs(t, err, cause)
 }
 

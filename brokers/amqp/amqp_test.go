@@ -88,9 +88,9 @@ func runSuite(t *testing.T, cfg amqp.Config, features tests.Features) {
 	}
 	tests.TestPubSub(t, features,
 		func(t *testing.T) (message.Publisher, message.Subscriber) {
-			pub, err := amqp.NewPublisher(cfg, logger)
+			pub, err := amqp.NewPublisher(context.Background(), cfg, logger)
 			require.NoError(t, err)
-			sub, err := amqp.NewSubscriber(cfg, logger)
+			sub, err := amqp.NewSubscriber(context.Background(), cfg, logger)
 			require.NoError(t, err)
 			mu.Lock()
 			closers = append(closers, pub, sub)
@@ -267,7 +267,7 @@ func TestConcurrency(t *testing.T) {
 
 	cfg := testConfig()
 	cfg.Concurrency = n
-	pub, err := amqp.NewPublisher(cfg, nil)
+	pub, err := amqp.NewPublisher(context.Background(), cfg, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pub.Close()) })
 	for i := range n + 2 {
@@ -301,7 +301,7 @@ func TestNackDelay(t *testing.T) {
 	cfg := testConfig()
 	cfg.Concurrency = 1
 	cfg.NackDelay = delay
-	pub, err := amqp.NewPublisher(cfg, nil)
+	pub, err := amqp.NewPublisher(context.Background(), cfg, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pub.Close()) })
 	require.NoError(t, pub.Publish(topic, message.NewMessage("m-1", []byte("x"))))
@@ -328,7 +328,7 @@ func TestPublishBeforeSubscribe(t *testing.T) {
 	topic := uniqueName(t)
 	deleteQueuesAtCleanup(t, topic)
 
-	pub, err := amqp.NewPublisher(testConfig(), nil)
+	pub, err := amqp.NewPublisher(context.Background(), testConfig(), nil)
 	require.NoError(t, err)
 	msg := message.NewMessage("uuid-1", []byte("early"))
 	msg.Metadata.Set("event_id", "evt-early")
@@ -356,7 +356,7 @@ func TestSubscribeContextCancel(t *testing.T) {
 	deleteQueuesAtCleanup(t, topic)
 	cfg := testConfig()
 
-	pub, err := amqp.NewPublisher(cfg, nil)
+	pub, err := amqp.NewPublisher(context.Background(), cfg, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pub.Close()) })
 	require.NoError(t, pub.Publish(topic, message.NewMessage("keep-me", []byte("x"))))
@@ -397,7 +397,7 @@ func TestDialRetryGivesUp(t *testing.T) {
 	cfg.DialTimeout = 700 * time.Millisecond
 
 	start := time.Now()
-	_, err := amqp.NewSubscriber(cfg, nil)
+	_, err := amqp.NewSubscriber(context.Background(), cfg, nil)
 	require.Error(t, err)
 	require.GreaterOrEqual(t, time.Since(start), cfg.DialTimeout)
 	var de *amqp.DialError
@@ -407,7 +407,7 @@ func TestDialRetryGivesUp(t *testing.T) {
 	require.Contains(t, err.Error(), "guest:xxxxx@")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 
-	_, err = amqp.NewPublisher(cfg, nil)
+	_, err = amqp.NewPublisher(context.Background(), cfg, nil)
 	require.ErrorAs(t, err, &de)
 }
 
@@ -427,7 +427,7 @@ func TestDialRetryWaitsForBroker(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		sub, err := amqp.NewSubscriber(cfg, countingLogger{&attempts})
+		sub, err := amqp.NewSubscriber(context.Background(), cfg, countingLogger{&attempts})
 		done <- result{sub, err}
 	}()
 	require.Eventually(t, func() bool { return attempts.Load() >= 2 }, 10*time.Second, 10*time.Millisecond)
@@ -447,7 +447,7 @@ func TestDialContextCancel(t *testing.T) {
 	cfg.DialTimeout = time.Minute
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
-	_, err := amqp.NewSubscriberContext(ctx, cfg, nil)
+	_, err := amqp.NewSubscriber(ctx, cfg, nil)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
@@ -458,7 +458,7 @@ func TestAuthFailureNotRetried(t *testing.T) {
 	cfg := testConfig()
 	cfg.URL = strings.Replace(amqpURL(), "guest:guest@", "guest:wrong-pw@", 1)
 	require.NotEqual(t, amqpURL(), cfg.URL)
-	_, err := amqp.NewSubscriber(cfg, nil)
+	_, err := amqp.NewSubscriber(context.Background(), cfg, nil)
 	var de *amqp.DialError
 	require.ErrorAs(t, err, &de)
 	require.Equal(t, 1, de.Attempts)

@@ -9,35 +9,32 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/claimtx/claimtx/brokers/internal/configerror"
+	"github.com/claimtx/claimtx/brokers/internal/defaults"
 	"github.com/claimtx/claimtx/brokers/internal/secret"
+	"github.com/claimtx/claimtx/framework"
 )
-
-// ConfigError is returned by Validate and the constructors for a field that
-// cannot be used. It is the same type as brokers.ConfigError.
-type ConfigError = configerror.Error
 
 // Defaults. Each Config field's documentation repeats the value.
 const (
-	DefaultURL                      = "amqp://guest:guest@127.0.0.1:5672/" //nolint:gosec // RabbitMQ's stock local account, not a secret
-	DefaultConcurrency              = 4
-	DefaultPrefetch                 = 1
-	DefaultNackDelay                = time.Second
-	DefaultDialTimeout              = 30 * time.Second
-	DefaultReconnectInitialInterval = 500 * time.Millisecond
-	DefaultReconnectMaxInterval     = 10 * time.Second
-	DefaultPublishChannels          = 4
-	DefaultConnectionName           = "claimtx"
+	defaultURL                      = "amqp://guest:guest@127.0.0.1:5672/" //nolint:gosec // RabbitMQ's stock local account, not a secret
+	defaultConcurrency              = 4
+	defaultPrefetch                 = 1
+	defaultNackDelay                = time.Second
+	defaultDialTimeout              = 30 * time.Second
+	defaultReconnectInitialInterval = 500 * time.Millisecond
+	defaultReconnectMaxInterval     = 10 * time.Second
+	defaultPublishChannels          = 4
+	defaultConnectionName           = "claimtx"
 )
 
 // maxConcurrency bounds Concurrency: every unit is an AMQP channel, and
 // RabbitMQ's default channel_max is 2047 per connection.
 const maxConcurrency = 1024
 
-// MaxWindow bounds Window: it becomes the channel's QoS prefetch count, a
+// maxWindow bounds Window: it becomes the channel's QoS prefetch count, a
 // 16-bit field in AMQP 0-9-1 (amqp091's Channel.Qos takes an int and
 // truncates it to uint16 without a word).
-const MaxWindow = 65535
+const maxWindow = 65535
 
 // Config configures the RabbitMQ adapter. The zero value is usable: every
 // zero field takes the default named in its documentation.
@@ -99,7 +96,7 @@ type Config struct {
 	// fails NewSubscriber/NewPublisher at once when RabbitMQ is not up yet;
 	// this adapter retries with backoff (ReconnectInitialInterval doubling up
 	// to ReconnectMaxInterval) until the connection succeeds, the context
-	// passed to NewSubscriberContext/NewPublisherContext ends, or DialTimeout
+	// passed to NewSubscriber/NewPublisher ends, or DialTimeout
 	// has passed. Authentication and vhost errors are not retried. A negative
 	// value means a single attempt. Defaults to 30s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
@@ -133,44 +130,49 @@ type Config struct {
 	ConnectionName string `yaml:"connection_name"`
 }
 
-// WithDefaults returns a copy of c with every zero field set to its default.
-func (c Config) WithDefaults() Config {
+// Package brokers writes the defaults out in the Config it builds.
+func init() { defaults.Register(Config.withDefaults) }
+
+// withDefaults returns a copy of c with every zero field set to its
+// default, as documented on each field.
+func (c Config) withDefaults() Config {
 	if c.URL == "" {
-		c.URL = DefaultURL
+		c.URL = defaultURL
 	}
 	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
+		c.Concurrency = defaultConcurrency
 	}
 	if c.Prefetch == 0 {
-		c.Prefetch = DefaultPrefetch
+		c.Prefetch = defaultPrefetch
 	}
 	if c.NackDelay == 0 {
-		c.NackDelay = DefaultNackDelay
+		c.NackDelay = defaultNackDelay
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	if c.ReconnectInitialInterval == 0 {
-		c.ReconnectInitialInterval = DefaultReconnectInitialInterval
+		c.ReconnectInitialInterval = defaultReconnectInitialInterval
 	}
 	if c.ReconnectMaxInterval == 0 {
-		c.ReconnectMaxInterval = DefaultReconnectMaxInterval
+		c.ReconnectMaxInterval = defaultReconnectMaxInterval
 	}
 	if c.PublishChannels == 0 {
-		c.PublishChannels = DefaultPublishChannels
+		c.PublishChannels = defaultPublishChannels
 	}
 	if c.ConnectionName == "" {
-		c.ConnectionName = DefaultConnectionName
+		c.ConnectionName = defaultConnectionName
 	}
 	return c
 }
 
-// Validate reports the first field that cannot be used, as a *ConfigError.
+// Validate reports the first field that cannot be used, as a
+// *framework.ConfigError.
 // Zero fields are valid: they take their defaults. Field names are the YAML
 // keys ("url", "concurrency"); brokers.Config.Validate prefixes them with
 // "amqp.".
 func (c Config) Validate() error {
-	c = c.WithDefaults()
+	c = c.withDefaults()
 
 	u, err := url.Parse(c.URL)
 	if err != nil {
@@ -180,10 +182,10 @@ func (c Config) Validate() error {
 		if errors.As(err, &uerr) {
 			reason = "not a valid URL: " + uerr.Err.Error()
 		}
-		return &ConfigError{Field: "url", Reason: reason}
+		return &framework.ConfigError{Field: "url", Reason: reason}
 	}
 	if u.Scheme != "amqp" && u.Scheme != "amqps" {
-		return configerror.New("url", "scheme must be amqp or amqps, got %q", u.Scheme)
+		return configErr("url", "scheme must be amqp or amqps, got %q", u.Scheme)
 	}
 	if _, err := amqp091.ParseURI(c.URL); err != nil {
 		// Same care as above: only amqp091's own messages are safe to print.
@@ -191,30 +193,36 @@ func (c Config) Validate() error {
 		if errors.As(err, &uerr) {
 			err = uerr.Err
 		}
-		return configerror.New("url", "not a valid AMQP URI %s: %v", secret.RedactURL(c.URL), err)
+		return configErr("url", "not a valid AMQP URI %s: %v", secret.RedactURL(c.URL), err)
 	}
 	switch {
 	case c.Concurrency < 0:
-		return configerror.New("concurrency", "must be positive, got %d", c.Concurrency)
+		return configErr("concurrency", "must be positive, got %d", c.Concurrency)
 	case c.Concurrency > maxConcurrency:
-		return configerror.New("concurrency", "must be at most %d (one AMQP channel each), got %d", maxConcurrency, c.Concurrency)
+		return configErr("concurrency", "must be at most %d (one AMQP channel each), got %d", maxConcurrency, c.Concurrency)
 	case c.Prefetch < 0:
-		return configerror.New("prefetch", "must be positive, got %d", c.Prefetch)
+		return configErr("prefetch", "must be positive, got %d", c.Prefetch)
 	case c.Window < 0:
-		return configerror.New("window", "must not be negative (0 disables the window mode), got %d", c.Window)
-	case c.Window > MaxWindow:
-		return configerror.New("window", "must be at most %d (the AMQP prefetch count is 16 bits), got %d", MaxWindow, c.Window)
+		return configErr("window", "must not be negative (0 disables the window mode), got %d", c.Window)
+	case c.Window > maxWindow:
+		return configErr("window", "must be at most %d (the AMQP prefetch count is 16 bits), got %d", maxWindow, c.Window)
 	case c.ReconnectInitialInterval < 0:
-		return configerror.New("reconnect_initial_interval", "must not be negative, got %s", c.ReconnectInitialInterval)
+		return configErr("reconnect_initial_interval", "must not be negative, got %s", c.ReconnectInitialInterval)
 	case c.ReconnectMaxInterval < c.ReconnectInitialInterval:
-		return configerror.New("reconnect_max_interval", "must be at least reconnect_initial_interval (%s), got %s", c.ReconnectInitialInterval, c.ReconnectMaxInterval)
+		return configErr("reconnect_max_interval", "must be at least reconnect_initial_interval (%s), got %s", c.ReconnectInitialInterval, c.ReconnectMaxInterval)
 	case c.PublishChannels < 0:
-		return configerror.New("publish_channels", "must be positive, got %d", c.PublishChannels)
+		return configErr("publish_channels", "must be positive, got %d", c.PublishChannels)
 	}
 	if _, err := queueArguments(c.QueueArguments); err != nil {
-		return &ConfigError{Field: "queue_arguments", Reason: err.Error(), Err: err}
+		return &framework.ConfigError{Field: "queue_arguments", Reason: "cannot be encoded as an AMQP table", Err: err}
 	}
 	return nil
+}
+
+// configErr is a *framework.ConfigError for field (its YAML key) with a
+// formatted reason.
+func configErr(field, format string, args ...any) *framework.ConfigError {
+	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // String prints the config with the URL's password redacted.
@@ -235,7 +243,7 @@ func (c Config) watermillConfig() (wamqp.Config, error) {
 		return wamqp.Config{}, err
 	}
 	wc := wamqp.NewDurableQueueConfig(c.URL)
-	wc.Marshaler = Marshaler{}
+	wc.Marshaler = marshaler{}
 	wc.Queue.Arguments = args
 	wc.Consume.Qos = wamqp.QosConfig{PrefetchCount: c.Prefetch}
 	wc.Publish.ConfirmDelivery = true
@@ -282,7 +290,7 @@ func queueArguments(in map[string]any) (amqp091.Table, error) {
 		t[k] = toAMQPValue(v)
 	}
 	if err := t.Validate(); err != nil {
-		return nil, fmt.Errorf("cannot be encoded as an AMQP table: %w", err)
+		return nil, err
 	}
 	return t, nil
 }

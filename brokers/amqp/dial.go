@@ -105,14 +105,14 @@ func waitConnected(ctx context.Context, cfg Config, conn *wamqp.ConnectionWrappe
 	return nil
 }
 
-// connect is the start-up both NewSubscriberContext and
-// NewPublisherContext share: validate, apply defaults, derive
-// watermill-amqp's config and dial with retries.
+// connect is the start-up both NewSubscriber and NewPublisher share:
+// validate, apply defaults, derive watermill-amqp's config and dial with
+// retries.
 func connect(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (Config, wamqp.Config, *wamqp.ConnectionWrapper, watermill.LoggerAdapter, error) {
 	if err := cfg.Validate(); err != nil {
 		return cfg, wamqp.Config{}, nil, nil, err
 	}
-	cfg = cfg.WithDefaults()
+	cfg = cfg.withDefaults()
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}

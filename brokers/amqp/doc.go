@@ -2,10 +2,13 @@
 // amqp091-go) configured for at-least-once consumption of durable queues,
 // with the sharp edges of that stack filed off.
 //
-//	sub, err := amqp.NewSubscriber(amqp.Config{URL: url, Concurrency: 8}, logger)
+//	sub, err := amqp.NewSubscriber(ctx, amqp.Config{URL: url, Concurrency: 8}, logger)
 //	msgs, err := sub.Subscribe(ctx, "orders")
 //
-// Most users build it through brokers.NewSubscriber with kind "amqp".
+// Most users build it through brokers.NewSubscriber with kind "amqp". Every
+// Config field documents its default; an invalid Config is a
+// *framework.ConfigError naming the field by its YAML key ("url",
+// "window").
 //
 // # Topology
 //
@@ -47,7 +50,7 @@
 // to workers × batch size). Concurrency and Prefetch are not used then.
 //
 // The queue is declared by watermill-amqp's own code, exactly as in the
-// per-subscription mode, and deliveries go through the same Marshaler, so
+// per-subscription mode, and deliveries go through the same conversion, so
 // both modes consume the same queue and yield the same metadata. Every
 // message is acked on the channel its delivery came from (delivery tags are
 // per channel). Acks are coalesced: an ack that leaves the oldest
@@ -93,28 +96,56 @@
 // of tables with longs, timestamps and strings. Watermill's DefaultMarshaler
 // rejects any header that is not a string (marshaler.go:90); the delivery is
 // then nacked with requeue and comes straight back: replaying a dead-letter
-// queue through it loops forever. This package's Marshaler accepts every
-// AMQP field type: strings are copied as is, everything else becomes its
-// JSON encoding (an int64 3 is "3", x-death is
-// `[{"count":1,"reason":"rejected",...}]`); Marshaler's documentation has the
-// complete mapping. A value carried as JSON goes back out as that string when
-// the message is republished; RabbitMQ (3.10 verified) replaces a string
-// x-death with its own array if it dead-letters the message again.
+// queue through it loops forever. This adapter accepts every AMQP field
+// type. Each header becomes the metadata entry of the same name:
 //
-// A message without Watermill's UUID header gets its UUID from the
-// message-id property or a new one. The delivery is described under
-// amqp_* metadata keys (amqp_message_id, amqp_correlation_id,
-// amqp_content_type, amqp_timestamp, amqp_exchange, amqp_routing_key) and
-// _watermill_amqp_redelivered; none of them is republished and none should
-// be a claim key: they change on republish and replay.
+//   - string: copied as is.
+//   - []byte (AMQP byte array): copied as is when it is valid UTF-8,
+//     otherwise JSON-encoded (a quoted base64 string).
+//   - anything else (bool, integers, floats, Decimal, timestamp, void,
+//     nested tables and arrays such as x-death): its JSON encoding, so
+//     json.Unmarshal of the entry gives the value back. Within JSON, tables
+//     are objects, arrays are arrays, timestamps are RFC 3339 strings,
+//     []byte is base64, Decimal is {"scale":s,"value":v}, and the floats
+//     NaN, +Inf and -Inf, which JSON cannot hold, are the strings "NaN",
+//     "+Inf", "-Inf". An int64 header 3 becomes "3", a bool "true", and
+//     x-death `[{"count":1,"reason":"rejected",...}]`.
+//
+// A value carried as JSON goes back out as that string when the message is
+// republished (publishing does not guess types back); RabbitMQ (3.10
+// verified) replaces a string x-death with its own array if it
+// dead-letters the message again.
+//
+// # Metadata
+//
+// A message's UUID comes from the "_watermill_message_uuid" header (shared
+// with watermill-amqp), then from the message-id property, and is generated
+// when neither is set (a plain producer). The adapter adds these entries,
+// which key and event-time specs can read by name ("metadata:amqp_timestamp"),
+// without overwriting a header of the same name:
+//
+//	amqp_message_id              the message-id property
+//	amqp_correlation_id          the correlation-id property
+//	amqp_content_type            the content-type property
+//	amqp_timestamp               the timestamp property, RFC 3339, UTC; absent when unset
+//	amqp_exchange                the exchange it was published to ("" = the default exchange)
+//	amqp_routing_key             the routing key it was published with
+//	_watermill_amqp_redelivered  "true" when RabbitMQ flags the delivery as redelivered
+//
+// They describe one delivery, so none of them is published again (a copy
+// of a consumed message's metadata does not carry them along), and none
+// should be a claim key: they change on republish and replay. Publishing
+// sends every other metadata entry as a string header, the UUID in the
+// UUID header and as the message-id property, and marks the message
+// persistent.
 //
 // # Start-up and reconnection
 //
 // watermill-amqp dials once when a subscriber or publisher is created and
-// fails if RabbitMQ is not up yet (connection.go:44). NewSubscriberContext
-// and NewPublisherContext retry with exponential backoff
+// fails if RabbitMQ is not up yet (connection.go:44). NewSubscriber and
+// NewPublisher retry with exponential backoff
 // (ReconnectInitialInterval doubling to ReconnectMaxInterval) until they
-// connect, Config.DialTimeout passes, or the context ends, and then return a
+// connect, Config.DialTimeout passes, or their context ends, and then return a
 // *DialError with the attempts made and the last error. Refused credentials
 // or vhost (AMQP 403) are returned at once: waiting will not fix them.
 //

@@ -29,7 +29,7 @@ func amqpURL() string {
 	if u := os.Getenv("TEST_AMQP_URL"); u != "" {
 		return u
 	}
-	return amqp.DefaultURL
+	return "amqp://guest:guest@127.0.0.1:5672/" // the adapter's default
 }
 
 var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
@@ -149,7 +149,7 @@ func (p trackingPublisher) Publish(topic string, msgs ...*message.Message) error
 // newSubscriber returns a Subscriber closed (and checked) when the test ends.
 func newSubscriber(t *testing.T, cfg amqp.Config) *amqp.Subscriber {
 	t.Helper()
-	sub, err := amqp.NewSubscriber(cfg, nil)
+	sub, err := amqp.NewSubscriber(context.Background(), cfg, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, sub.Close()) })
 	return sub

@@ -22,20 +22,20 @@ import (
 // claimtx never derives a claim key from them by default: they change on
 // republish and on dead-letter replay.
 const (
-	// UUIDHeader is the header carrying the Watermill message UUID, shared with
+	// uuidHeader is the header carrying the Watermill message UUID, shared with
 	// watermill-amqp so either side can read the other's messages.
-	UUIDHeader = wamqp.DefaultMessageUUIDHeaderKey
+	uuidHeader = wamqp.DefaultMessageUUIDHeaderKey
 
-	MetadataMessageID     = "amqp_message_id"     // the message-id property
-	MetadataCorrelationID = "amqp_correlation_id" // the correlation-id property
-	MetadataContentType   = "amqp_content_type"   // the content-type property
-	MetadataTimestamp     = "amqp_timestamp"      // the timestamp property, RFC 3339 (UTC); absent when unset
-	MetadataExchange      = "amqp_exchange"       // the exchange the message was published to ("" = default)
-	MetadataRoutingKey    = "amqp_routing_key"    // the routing key it was published with
+	metadataMessageID     = "amqp_message_id"     // the message-id property
+	metadataCorrelationID = "amqp_correlation_id" // the correlation-id property
+	metadataContentType   = "amqp_content_type"   // the content-type property
+	metadataTimestamp     = "amqp_timestamp"      // the timestamp property, RFC 3339 (UTC); absent when unset
+	metadataExchange      = "amqp_exchange"       // the exchange the message was published to ("" = default)
+	metadataRoutingKey    = "amqp_routing_key"    // the routing key it was published with
 
-	// MetadataRedelivered is set to "true" by watermill-amqp when RabbitMQ
+	// metadataRedelivered is set to "true" by watermill-amqp when RabbitMQ
 	// flags the delivery as redelivered.
-	MetadataRedelivered = wamqp.MetadataRedeliveredKey
+	metadataRedelivered = wamqp.MetadataRedeliveredKey
 
 	// reservedPrefix marks keys that Marshal drops.
 	reservedPrefix = "amqp_"
@@ -44,51 +44,25 @@ const (
 // errClosedDelivery is what Unmarshal returns for the zero amqp091.Delivery.
 var errClosedDelivery = errors.New("brokers/amqp: zero delivery (consumer channel closed)")
 
-// Marshaler converts between Watermill messages and AMQP messages. Unlike
-// watermill-amqp's DefaultMarshaler it accepts any AMQP header type, so
-// messages from plain producers and from dead-letter queues are consumed
-// instead of being nacked and requeued forever.
-//
-// Header to metadata mapping (Unmarshal):
-//
-//   - string: copied as is.
-//   - []byte (AMQP byte array): copied as is when it is valid UTF-8, otherwise
-//     JSON-encoded (a quoted base64 string).
-//   - anything else (bool, integers, floats, Decimal, timestamp, void, nested
-//     tables and arrays such as RabbitMQ's x-death): its JSON encoding, so
-//     json.Unmarshal(metadata[key]) gives the value back. Within JSON, tables
-//     are objects, arrays are arrays, timestamps are RFC 3339 strings, []byte
-//     is base64, Decimal is {"scale":s,"value":v}, and the floats NaN, +Inf
-//     and -Inf, which JSON cannot hold, are the strings "NaN", "+Inf", "-Inf".
-//     Example: an int64 header 3 becomes "3", a bool becomes "true", and
-//     x-death becomes `[{"count":1,"exchange":"",...}]`.
-//
-// The UUID comes from the "_watermill_message_uuid" header, then from the
-// message-id property, and is generated when neither is set (a plain
-// producer). The message properties message-id, correlation-id, content-type
-// and timestamp, and the exchange and routing key, are added under the
-// amqp_* keys above without overwriting a header of the same name.
-//
-// Marshal publishes every metadata entry as a string header except the
-// amqp_* keys and the redelivered flag (they describe the delivery that
-// was consumed, not the new message), sets the UUID header and the
-// message-id property to the message UUID, and marks the message
-// persistent. A value that Unmarshal JSON-encoded goes back out as that JSON
-// string: Marshal does not guess types back.
-type Marshaler struct{}
+// marshaler converts between Watermill messages and AMQP messages, as the
+// package documentation ("Headers and dead-letter replay", "Metadata")
+// describes. Unlike watermill-amqp's DefaultMarshaler it accepts any AMQP
+// header type, so messages from plain producers and from dead-letter
+// queues are consumed instead of being nacked and requeued forever.
+type marshaler struct{}
 
-var _ wamqp.Marshaler = Marshaler{}
+var _ wamqp.Marshaler = marshaler{}
 
 // Marshal implements watermill-amqp's Marshaler.
-func (Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
+func (marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 	headers := make(amqp091.Table, len(msg.Metadata)+1)
 	for k, v := range msg.Metadata {
-		if strings.HasPrefix(k, reservedPrefix) || k == MetadataRedelivered || k == UUIDHeader {
+		if strings.HasPrefix(k, reservedPrefix) || k == metadataRedelivered || k == uuidHeader {
 			continue
 		}
 		headers[k] = v
 	}
-	headers[UUIDHeader] = msg.UUID
+	headers[uuidHeader] = msg.UUID
 	return amqp091.Publishing{
 		Headers:      headers,
 		MessageId:    msg.UUID,
@@ -101,11 +75,11 @@ func (Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 // Delivery: watermill-amqp reads from the delivery channel after amqp091 has
 // closed it (its select does not check for a closed channel), and without this
 // check an empty message would reach the handler.
-func (Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
+func (marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 	if d.Acknowledger == nil {
 		return nil, errClosedDelivery
 	}
-	uuid := headerString(d.Headers[UUIDHeader])
+	uuid := headerString(d.Headers[uuidHeader])
 	if uuid == "" {
 		uuid = d.MessageId
 	}
@@ -115,10 +89,10 @@ func (Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 	msg := message.NewMessage(uuid, d.Body)
 	msg.Metadata = make(message.Metadata, len(d.Headers)+4)
 	for k, v := range d.Headers {
-		if k == UUIDHeader {
+		if k == uuidHeader {
 			continue
 		}
-		msg.Metadata[k] = HeaderValueToString(v)
+		msg.Metadata[k] = headerValueToString(v)
 	}
 	setIfAbsent := func(k, v string) {
 		if _, ok := msg.Metadata[k]; !ok {
@@ -126,19 +100,19 @@ func (Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 		}
 	}
 	if d.MessageId != "" {
-		setIfAbsent(MetadataMessageID, d.MessageId)
+		setIfAbsent(metadataMessageID, d.MessageId)
 	}
 	if d.CorrelationId != "" {
-		setIfAbsent(MetadataCorrelationID, d.CorrelationId)
+		setIfAbsent(metadataCorrelationID, d.CorrelationId)
 	}
 	if d.ContentType != "" {
-		setIfAbsent(MetadataContentType, d.ContentType)
+		setIfAbsent(metadataContentType, d.ContentType)
 	}
 	if !d.Timestamp.IsZero() {
-		setIfAbsent(MetadataTimestamp, d.Timestamp.UTC().Format(time.RFC3339Nano))
+		setIfAbsent(metadataTimestamp, d.Timestamp.UTC().Format(time.RFC3339Nano))
 	}
-	setIfAbsent(MetadataExchange, d.Exchange)
-	setIfAbsent(MetadataRoutingKey, d.RoutingKey)
+	setIfAbsent(metadataExchange, d.Exchange)
+	setIfAbsent(metadataRoutingKey, d.RoutingKey)
 	return msg, nil
 }
 
@@ -153,9 +127,10 @@ func headerString(v any) string {
 	}
 }
 
-// HeaderValueToString converts one AMQP header value to its metadata string,
-// following the mapping documented on Marshaler. It never fails.
-func HeaderValueToString(v any) string {
+// headerValueToString converts one AMQP header value to its metadata
+// string, following the mapping in the package documentation. It never
+// fails.
+func headerValueToString(v any) string {
 	switch x := v.(type) {
 	case string:
 		return x

@@ -50,6 +50,31 @@ func TestMarshalerRoundTrip(t *testing.T) {
 	}, got.Metadata)
 }
 
+// TestMetadataNames pins the names users write as strings in key specs
+// and the package documentation lists.
+func TestMetadataNames(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, map[string]string{
+		"uuid":           "_watermill_message_uuid",
+		"message id":     "amqp_message_id",
+		"correlation id": "amqp_correlation_id",
+		"content type":   "amqp_content_type",
+		"timestamp":      "amqp_timestamp",
+		"exchange":       "amqp_exchange",
+		"routing key":    "amqp_routing_key",
+		"redelivered":    "_watermill_amqp_redelivered",
+	}, map[string]string{
+		"uuid":           amqp.UUIDHeader,
+		"message id":     amqp.MetadataMessageID,
+		"correlation id": amqp.MetadataCorrelationID,
+		"content type":   amqp.MetadataContentType,
+		"timestamp":      amqp.MetadataTimestamp,
+		"exchange":       amqp.MetadataExchange,
+		"routing key":    amqp.MetadataRoutingKey,
+		"redelivered":    amqp.MetadataRedelivered,
+	})
+}
+
 func TestMarshalerUUIDSources(t *testing.T) {
 	t.Parallel()
 	m := amqp.Marshaler{}

@@ -31,14 +31,11 @@ type Publisher struct {
 
 var _ message.Publisher = (*Publisher)(nil)
 
-// NewPublisher is NewPublisherContext with context.Background().
-func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
-	return NewPublisherContext(context.Background(), cfg, logger)
-}
-
-// NewPublisherContext validates cfg, connects (retrying like
-// NewSubscriberContext) and opens the confirm-mode channel pool.
-func NewPublisherContext(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+// NewPublisher validates cfg, connects (retrying like NewSubscriber, until
+// cfg.DialTimeout passes or ctx ends) and opens the confirm-mode channel
+// pool. A nil logger logs nothing. An invalid cfg is a
+// *framework.ConfigError; giving up on the connection is a *DialError.
+func NewPublisher(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
 	cfg, wc, conn, logger, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return nil, err

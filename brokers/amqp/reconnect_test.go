@@ -1,6 +1,7 @@
 package amqp_test
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"strings"
@@ -66,7 +67,7 @@ func TestReconnect(t *testing.T) {
 	cfg.Concurrency = 2
 	cfg.ConnectionName = uniqueName(t)
 
-	pub, err := amqp.NewPublisher(cfg, nil)
+	pub, err := amqp.NewPublisher(context.Background(), cfg, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, pub.Close()) })
 	sub := newSubscriber(t, cfg)

@@ -37,16 +37,12 @@ var (
 	_ message.SubscribeInitializer = (*Subscriber)(nil)
 )
 
-// NewSubscriber is NewSubscriberContext with context.Background(): start-up
-// connection attempts are bounded by cfg.DialTimeout only.
-func NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
-	return NewSubscriberContext(context.Background(), cfg, logger)
-}
-
-// NewSubscriberContext validates cfg, connects to RabbitMQ (retrying until
-// cfg.DialTimeout or ctx ends, see Config.DialTimeout) and returns a
-// Subscriber owning that connection. A nil logger logs nothing.
-func NewSubscriberContext(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
+// NewSubscriber validates cfg, connects to RabbitMQ (retrying until
+// cfg.DialTimeout passes or ctx ends, see Config.DialTimeout) and returns a
+// Subscriber owning that connection. ctx bounds the start-up only, not the
+// Subscriber's life. A nil logger logs nothing. An invalid cfg is a
+// *framework.ConfigError; giving up on the connection is a *DialError.
+func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
 	cfg, wc, conn, logger, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return nil, err

@@ -193,7 +193,7 @@ func (w *window) consume(gen *generation) (stop bool) {
 			}
 			d = dd
 		}
-		msg, err := Marshaler{}.Unmarshal(d)
+		msg, err := marshaler{}.Unmarshal(d)
 		if err != nil {
 			// Unreachable with a real delivery (Unmarshal only refuses the
 			// zero Delivery); nack rather than leave it unacked.
@@ -204,7 +204,7 @@ func (w *window) consume(gen *generation) (stop bool) {
 		// What watermill-amqp adds after Unmarshal in the per-subscription
 		// mode, so both modes yield the same metadata.
 		if d.Redelivered {
-			msg.Metadata.Set(MetadataRedelivered, "true")
+			msg.Metadata.Set(metadataRedelivered, "true")
 		}
 		// Like watermill-amqp: the message's context ends once it is
 		// settled or the subscription ends.

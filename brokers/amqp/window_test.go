@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers/amqp"
+	"github.com/claimtx/claimtx/framework"
 )
 
 // windowConfig is testConfig in the window mode.
@@ -32,7 +33,7 @@ func publishPayloads(t *testing.T, topic string, payloads ...string) []string {
 
 func publishPayloadsWith(t *testing.T, cfg amqp.Config, topic string, payloads ...string) []string {
 	t.Helper()
-	pub, err := amqp.NewPublisher(cfg, nil)
+	pub, err := amqp.NewPublisher(context.Background(), cfg, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, pub.Close()) }()
 	for _, p := range payloads {
@@ -149,7 +150,7 @@ func TestWindowCloseReturnsUnacked(t *testing.T) {
 	deleteQueuesAtCleanup(t, topic)
 	want := publishPayloads(t, topic, numbered("c", 6)...)
 
-	sub, err := amqp.NewSubscriber(windowConfig(10), nil)
+	sub, err := amqp.NewSubscriber(context.Background(), windowConfig(10), nil)
 	require.NoError(t, err)
 	msgs, err := sub.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
@@ -238,7 +239,7 @@ func TestWindowMetadataMatchesDefault(t *testing.T) {
 				_, err := ch.QueueDeclare(topic, true, false, false, false, nil)
 				require.NoError(t, err)
 				require.NoError(t, ch.PublishWithContext(t.Context(), "", topic, false, false, p))
-				sub, err := amqp.NewSubscriber(cfg, nil)
+				sub, err := amqp.NewSubscriber(context.Background(), cfg, nil)
 				require.NoError(t, err)
 				defer func() { require.NoError(t, sub.Close()) }()
 				msgs, err := sub.Subscribe(t.Context(), topic)
@@ -279,7 +280,7 @@ func TestWindowMetadataMatchesDefault(t *testing.T) {
 	}
 }
 
-// TestWindowConfig: Window must be in [0, MaxWindow]; a bad value is a
+// TestWindowConfig: Window must be in [0, maxWindow]; a bad value is a
 // ConfigError naming "window", returned before any connection attempt.
 func TestWindowConfig(t *testing.T) {
 	t.Parallel()
@@ -287,10 +288,10 @@ func TestWindowConfig(t *testing.T) {
 		cfg := testConfig()
 		cfg.Window = w
 		err := cfg.Validate()
-		var ce *amqp.ConfigError
+		var ce *framework.ConfigError
 		require.ErrorAs(t, err, &ce, "window %d", w)
 		require.Equal(t, "window", ce.Field)
-		_, err = amqp.NewSubscriber(cfg, nil)
+		_, err = amqp.NewSubscriber(context.Background(), cfg, nil)
 		require.ErrorAs(t, err, &ce, "NewSubscriber validates: window %d", w)
 		require.Equal(t, "window", ce.Field)
 	}

@@ -32,7 +32,7 @@ func authError(cfg Config, err error) error {
 	if cfg.SASL.Mechanism == "" {
 		return nil
 	}
-	sc, serr := cfg.SaramaConfig()
+	sc, serr := cfg.saramaConfig()
 	if serr != nil {
 		return nil
 	}

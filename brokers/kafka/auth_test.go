@@ -1,6 +1,7 @@
 package kafka_test
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -52,7 +53,7 @@ func TestSASLRefusedIsAuthentication(t *testing.T) {
 				}
 				var retries atomic.Int32
 				start := time.Now()
-				_, err = kafka.NewPublisher(cfg, retryLogger{retries: &retries})
+				_, err = kafka.NewPublisher(context.Background(), cfg, retryLogger{retries: &retries})
 				require.Error(t, err)
 				require.ErrorAs(t, err, new(*framework.AuthError))
 				var ae *framework.AuthError
@@ -78,7 +79,7 @@ func TestUnreachableIsNotAuthentication(t *testing.T) {
 	cfg := kafka.Config{Brokers: addrs, DialTimeout: 3 * time.Second, ReconnectBackoff: 100 * time.Millisecond,
 		SASL: kafka.SASLConfig{Mechanism: kafka.SASLPlain, User: "app", Password: "app-secret"}}
 	var retries atomic.Int32
-	_, err = kafka.NewPublisher(cfg, retryLogger{retries: &retries})
+	_, err = kafka.NewPublisher(context.Background(), cfg, retryLogger{retries: &retries})
 	require.Error(t, err)
 	require.NotErrorAs(t, err, new(*framework.AuthError))
 	require.Contains(t, err.Error(), "gave up after")

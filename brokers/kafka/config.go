@@ -11,27 +11,24 @@ import (
 
 	"github.com/IBM/sarama"
 
-	"github.com/claimtx/claimtx/brokers/internal/configerror"
+	"github.com/claimtx/claimtx/brokers/internal/defaults"
 	"github.com/claimtx/claimtx/brokers/internal/secret"
+	"github.com/claimtx/claimtx/framework"
 )
-
-// ConfigError is returned by Validate and the constructors for a field that
-// cannot be used. It is the same type as brokers.ConfigError.
-type ConfigError = configerror.Error
 
 // Defaults. Each Config field's documentation repeats the value.
 const (
-	DefaultBroker           = "127.0.0.1:9092"
-	DefaultInitialOffset    = OffsetOldest
-	DefaultVersion          = "3.6.0"
-	DefaultClientID         = "claimtx"
-	DefaultMaxWaitTime      = 100 * time.Millisecond
-	DefaultSessionTimeout   = 10 * time.Second
-	DefaultRebalanceTimeout = 60 * time.Second
-	DefaultCommitInterval   = time.Second
-	DefaultNackDelay        = time.Second
-	DefaultDialTimeout      = 30 * time.Second
-	DefaultReconnectBackoff = time.Second
+	defaultBroker           = "127.0.0.1:9092"
+	defaultInitialOffset    = OffsetOldest
+	defaultVersion          = "3.6.0"
+	defaultClientID         = "claimtx"
+	defaultMaxWaitTime      = 100 * time.Millisecond
+	defaultSessionTimeout   = 10 * time.Second
+	defaultRebalanceTimeout = 60 * time.Second
+	defaultCommitInterval   = time.Second
+	defaultNackDelay        = time.Second
+	defaultDialTimeout      = 30 * time.Second
+	defaultReconnectBackoff = time.Second
 )
 
 // InitialOffset values.
@@ -189,82 +186,87 @@ func (s SASLConfig) String() string {
 // GoString makes %#v redact too.
 func (s SASLConfig) GoString() string { return "kafka.SASLConfig" + s.String() }
 
-// WithDefaults returns a copy of c with every zero field set to its default.
-func (c Config) WithDefaults() Config {
+// Package brokers writes the defaults out in the Config it builds.
+func init() { defaults.Register(Config.withDefaults) }
+
+// withDefaults returns a copy of c with every zero field set to its
+// default, as documented on each field.
+func (c Config) withDefaults() Config {
 	if len(c.Brokers) == 0 {
-		c.Brokers = []string{DefaultBroker}
+		c.Brokers = []string{defaultBroker}
 	}
 	if c.InitialOffset == "" {
-		c.InitialOffset = DefaultInitialOffset
+		c.InitialOffset = defaultInitialOffset
 	}
 	if c.Version == "" {
-		c.Version = DefaultVersion
+		c.Version = defaultVersion
 	}
 	if c.ClientID == "" {
-		c.ClientID = DefaultClientID
+		c.ClientID = defaultClientID
 	}
 	if c.MaxWaitTime == 0 {
-		c.MaxWaitTime = DefaultMaxWaitTime
+		c.MaxWaitTime = defaultMaxWaitTime
 	}
 	if c.SessionTimeout == 0 {
-		c.SessionTimeout = DefaultSessionTimeout
+		c.SessionTimeout = defaultSessionTimeout
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = c.SessionTimeout / 3
 	}
 	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = DefaultRebalanceTimeout
+		c.RebalanceTimeout = defaultRebalanceTimeout
 	}
 	if c.CommitInterval == 0 {
-		c.CommitInterval = DefaultCommitInterval
+		c.CommitInterval = defaultCommitInterval
 	}
 	if c.NackDelay == 0 {
-		c.NackDelay = DefaultNackDelay
+		c.NackDelay = defaultNackDelay
 	}
 	if c.DialTimeout == 0 {
-		c.DialTimeout = DefaultDialTimeout
+		c.DialTimeout = defaultDialTimeout
 	}
 	if c.ReconnectBackoff == 0 {
-		c.ReconnectBackoff = DefaultReconnectBackoff
+		c.ReconnectBackoff = defaultReconnectBackoff
 	}
 	return c
 }
 
-// Validate reports the first field that cannot be used, as a *ConfigError.
+// Validate reports the first field that cannot be used, as a
+// *framework.ConfigError.
 // Zero fields are valid: they take their defaults. Field names are the YAML
 // keys; brokers.Config.Validate prefixes them with "kafka.".
 func (c Config) Validate() error {
-	c = c.WithDefaults()
+	c = c.withDefaults()
 	for i, b := range c.Brokers {
 		host, port, err := net.SplitHostPort(strings.TrimSpace(b))
 		if err != nil || host == "" || port == "" {
-			return configerror.New("brokers", "entry %d (%q) is not host:port", i, b)
+			return configErr("brokers", "entry %d (%q) is not host:port", i, b)
 		}
 	}
 	if strings.TrimSpace(c.ConsumerGroup) != c.ConsumerGroup {
-		return configerror.New("consumer_group", "must not start or end with spaces, got %q", c.ConsumerGroup)
+		return configErr("consumer_group", "must not start or end with spaces, got %q", c.ConsumerGroup)
 	}
 	if c.InitialOffset != OffsetOldest && c.InitialOffset != OffsetNewest {
-		return configerror.New("initial_offset", "must be %q or %q, got %q", OffsetOldest, OffsetNewest, c.InitialOffset)
+		return configErr("initial_offset", "must be %q or %q, got %q", OffsetOldest, OffsetNewest, c.InitialOffset)
 	}
 	if _, err := sarama.ParseKafkaVersion(c.Version); err != nil {
-		return &ConfigError{Field: "version", Reason: fmt.Sprintf("not a Kafka version (X.Y.Z): %q", c.Version), Err: err}
+		return &framework.ConfigError{Field: "version", Reason: "not a Kafka version (X.Y.Z)", Err: err}
 	}
 	switch {
 	case c.MaxWaitTime < time.Millisecond:
-		return configerror.New("max_wait_time", "must be at least 1ms, got %s", c.MaxWaitTime)
+		return configErr("max_wait_time", "must be at least 1ms, got %s", c.MaxWaitTime)
 	case c.SessionTimeout < time.Millisecond:
-		return configerror.New("session_timeout", "must be at least 1ms, got %s", c.SessionTimeout)
+		return configErr("session_timeout", "must be at least 1ms, got %s", c.SessionTimeout)
 	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout:
-		return configerror.New("heartbeat_interval", "must be positive and below session_timeout (%s), got %s", c.SessionTimeout, c.HeartbeatInterval)
+		return configErr("heartbeat_interval", "must be positive and below session_timeout (%s), got %s", c.SessionTimeout, c.HeartbeatInterval)
 	case c.RebalanceTimeout < time.Millisecond:
-		return configerror.New("rebalance_timeout", "must be at least 1ms, got %s", c.RebalanceTimeout)
+		return configErr("rebalance_timeout", "must be at least 1ms, got %s", c.RebalanceTimeout)
 	case c.CommitInterval < time.Millisecond:
-		return configerror.New("commit_interval", "must be at least 1ms, got %s", c.CommitInterval)
+		return configErr("commit_interval", "must be at least 1ms, got %s", c.CommitInterval)
 	case c.ReconnectBackoff < 0:
-		return configerror.New("reconnect_backoff", "must not be negative, got %s", c.ReconnectBackoff)
+		return configErr("reconnect_backoff", "must not be negative, got %s", c.ReconnectBackoff)
 	case c.Window < 0:
-		return configerror.New("window", "must not be negative (0 disables the window mode), got %d", c.Window)
+		return configErr("window", "must not be negative (0 disables the window mode), got %d", c.Window)
 	}
 	if err := c.TLS.validate(); err != nil {
 		return err
@@ -272,23 +274,29 @@ func (c Config) Validate() error {
 	switch c.SASL.Mechanism {
 	case "":
 		if c.SASL.User != "" || c.SASL.Password != "" {
-			return configerror.New("sasl.mechanism", "must be set when sasl.user or sasl.password is")
+			return configErr("sasl.mechanism", "must be set when sasl.user or sasl.password is")
 		}
 	case SASLPlain, SASLScramSHA256, SASLScramSHA512:
 		if c.SASL.User == "" {
-			return configerror.New("sasl.user", "must not be empty with mechanism %s", c.SASL.Mechanism)
+			return configErr("sasl.user", "must not be empty with mechanism %s", c.SASL.Mechanism)
 		}
 	default:
-		return configerror.New("sasl.mechanism", "must be %s, %s or %s, got %q", SASLPlain, SASLScramSHA256, SASLScramSHA512, c.SASL.Mechanism)
+		return configErr("sasl.mechanism", "must be %s, %s or %s, got %q", SASLPlain, SASLScramSHA256, SASLScramSHA512, c.SASL.Mechanism)
 	}
 	return nil
+}
+
+// configErr is a *framework.ConfigError for field (its YAML key) with a
+// formatted reason.
+func configErr(field, format string, args ...any) *framework.ConfigError {
+	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // validateSubscriber checks what only a subscriber needs, so a publisher
 // can still be built from a Config without a group.
 func (c Config) validateSubscriber() error {
 	if c.ConsumerGroup == "" {
-		return configerror.New("consumer_group", "must not be empty for a subscriber: set KAFKA_CONSUMER_GROUP or kafka.consumer_group to a group of this service's own (framework/consumer defaults it to the consumer's Name)")
+		return configErr("consumer_group", "must not be empty for a subscriber: set KAFKA_CONSUMER_GROUP or kafka.consumer_group to a group of this service's own (framework/consumer defaults it to the consumer's Name)")
 	}
 	return nil
 }
@@ -296,16 +304,16 @@ func (c Config) validateSubscriber() error {
 func (t TLSConfig) validate() error {
 	if !t.Enabled {
 		if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" {
-			return configerror.New("tls.enabled", "must be true when TLS files are set")
+			return configErr("tls.enabled", "must be true when TLS files are set")
 		}
 		return nil
 	}
 	// Name the one that is missing: that is the one the user has to set.
 	if t.CertFile == "" && t.KeyFile != "" {
-		return configerror.New("tls.cert_file", "cert_file and key_file must be set together")
+		return configErr("tls.cert_file", "cert_file and key_file must be set together")
 	}
 	if t.CertFile != "" && t.KeyFile == "" {
-		return configerror.New("tls.key_file", "cert_file and key_file must be set together")
+		return configErr("tls.key_file", "cert_file and key_file must be set together")
 	}
 	return nil
 }
@@ -321,13 +329,13 @@ func (c Config) String() string {
 // GoString makes %#v redact too.
 func (c Config) GoString() string { return "kafka.Config" + c.String() }
 
-// SaramaConfig returns the Sarama configuration c maps to (defaults applied),
-// for tools that talk to the same cluster with Sarama directly.
-func (c Config) SaramaConfig() (*sarama.Config, error) {
+// saramaConfig validates c and returns the Sarama configuration it maps to
+// (defaults applied). The package documentation lists the mapping.
+func (c Config) saramaConfig() (*sarama.Config, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	c = c.WithDefaults()
+	c = c.withDefaults()
 	version, _ := sarama.ParseKafkaVersion(c.Version)
 
 	sc := sarama.NewConfig()
@@ -382,7 +390,7 @@ func (c Config) SaramaConfig() (*sarama.Config, error) {
 		}
 	}
 	if err := sc.Validate(); err != nil {
-		return nil, &ConfigError{Field: "kafka", Reason: "rejected by Sarama: " + err.Error(), Err: err}
+		return nil, &framework.ConfigError{Field: "kafka", Reason: "rejected by Sarama", Err: err}
 	}
 	return sc, nil
 }
@@ -396,18 +404,18 @@ func (t TLSConfig) tlsConfig() (*tls.Config, error) {
 	if t.CAFile != "" {
 		pem, err := os.ReadFile(t.CAFile)
 		if err != nil {
-			return nil, &ConfigError{Field: "tls.ca_file", Reason: err.Error(), Err: err}
+			return nil, &framework.ConfigError{Field: "tls.ca_file", Reason: "cannot be read", Err: err}
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, configerror.New("tls.ca_file", "no PEM certificate found in %s", t.CAFile)
+			return nil, configErr("tls.ca_file", "no PEM certificate found in %s", t.CAFile)
 		}
 		tc.RootCAs = pool
 	}
 	if t.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
 		if err != nil {
-			return nil, &ConfigError{Field: "tls.cert_file", Reason: err.Error(), Err: err}
+			return nil, &framework.ConfigError{Field: "tls.cert_file", Reason: "cannot load the client certificate and key", Err: err}
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}

@@ -74,7 +74,7 @@ func testConfig(t *testing.T, b *devbroker.Broker) kafka.Config {
 // publish publishes msgs to topic in order with a publisher of its own.
 func publish(t *testing.T, cfg kafka.Config, topic string, msgs ...*message.Message) {
 	t.Helper()
-	pub, err := kafka.NewPublisher(cfg, nil)
+	pub, err := kafka.NewPublisher(context.Background(), cfg, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, pub.Close()) }()
 	require.NoError(t, pub.Publish(topic, msgs...))
@@ -130,9 +130,9 @@ func runConformance(t *testing.T, window int) {
 	build := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 		c := cfg
 		c.ConsumerGroup = group
-		pub, err := kafka.NewPublisher(c, logger)
+		pub, err := kafka.NewPublisher(context.Background(), c, logger)
 		require.NoError(t, err)
-		sub, err := kafka.NewSubscriber(c, logger)
+		sub, err := kafka.NewSubscriber(context.Background(), c, logger)
 		require.NoError(t, err)
 		mu.Lock()
 		closers = append(closers, pub, sub)
@@ -328,13 +328,13 @@ func TestSASL(t *testing.T) {
 				DialTimeout: -1,
 				SASL:        kafka.SASLConfig{Mechanism: mech, User: "app", Password: "app-secret"},
 			}
-			pub, err := kafka.NewPublisher(cfg, nil)
+			pub, err := kafka.NewPublisher(context.Background(), cfg, nil)
 			require.NoError(t, err)
 			require.NoError(t, pub.Publish(uniqueName(t), message.NewMessage("s", nil)))
 			require.NoError(t, pub.Close())
 
 			cfg.SASL.Password = "wrong-secret"
-			_, err = kafka.NewPublisher(cfg, nil)
+			_, err = kafka.NewPublisher(context.Background(), cfg, nil)
 			require.Error(t, err)
 			require.NotContains(t, err.Error(), "wrong-secret")
 		})
@@ -351,13 +351,13 @@ func TestDialRetry(t *testing.T) {
 
 	cfg := kafka.Config{Brokers: []string{addr}, ConsumerGroup: "g", DialTimeout: 800 * time.Millisecond, ReconnectBackoff: 100 * time.Millisecond}
 	start := time.Now()
-	_, err = kafka.NewPublisher(cfg, nil)
+	_, err = kafka.NewPublisher(context.Background(), cfg, nil)
 	require.Error(t, err)
 	require.GreaterOrEqual(t, time.Since(start), cfg.DialTimeout)
 	require.Contains(t, err.Error(), "gave up after")
 	require.ErrorIs(t, err, sarama.ErrOutOfBrokers)
 
-	sub, err := kafka.NewSubscriber(cfg, nil)
+	sub, err := kafka.NewSubscriber(context.Background(), cfg, nil)
 	require.NoError(t, err, "NewSubscriber does not connect")
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
@@ -369,7 +369,7 @@ func TestDialRetry(t *testing.T) {
 // TestSubscribeAfterClose fails at once instead of retrying.
 func TestSubscribeAfterClose(t *testing.T) {
 	t.Parallel()
-	sub, err := kafka.NewSubscriber(kafka.Config{ConsumerGroup: "g", DialTimeout: time.Minute}, nil)
+	sub, err := kafka.NewSubscriber(context.Background(), kafka.Config{ConsumerGroup: "g", DialTimeout: time.Minute}, nil)
 	require.NoError(t, err)
 	require.NoError(t, sub.Close())
 	start := time.Now()

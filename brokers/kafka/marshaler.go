@@ -10,6 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/internal/brokermeta"
 )
 
 // Metadata keys the adapter sets from the Kafka record on consume. They
@@ -17,15 +19,15 @@ import (
 // never publishes them as headers, and claimtx never derives a claim key from
 // them by default (an offset changes when a message is republished).
 const (
-	// UUIDHeader is the header carrying the Watermill message UUID, shared
+	// uuidHeader is the header carrying the Watermill message UUID, shared
 	// with watermill-kafka so either side can read the other's messages.
-	UUIDHeader = wkafka.UUIDHeaderKey
+	uuidHeader = wkafka.UUIDHeaderKey
 
-	MetadataTopic     = "kafka_topic"     // the topic the record was read from
-	MetadataPartition = "kafka_partition" // its partition, decimal
-	MetadataOffset    = "kafka_offset"    // its offset, decimal
-	MetadataKey       = "kafka_key"       // its key as a string; absent for a nil key
-	// MetadataTimestamp is the record timestamp (producer create time, or
+	metadataTopic     = "kafka_topic"     // the topic the record was read from
+	metadataPartition = "kafka_partition" // its partition, decimal
+	metadataOffset    = "kafka_offset"    // its offset, decimal
+	metadataKey       = "kafka_key"       // its key as a string; absent for a nil key
+	// metadataTimestamp is the record timestamp (producer create time, or
 	// broker append time when the topic uses LogAppendTime), RFC 3339 with
 	// nanoseconds in UTC; absent when the record has none. It is stable
 	// across redeliveries of the same record, which is what a
@@ -33,51 +35,33 @@ const (
 	// keys it is also read by Marshal: a copy published with it (a poison
 	// copy, a relayed or replayed message) keeps the original record's
 	// timestamp instead of getting the time of the republish.
-	MetadataTimestamp = "kafka_timestamp"
-
-	// PartitionKeyMetadata is the metadata key Marshal uses as the record
-	// key, so messages with the same value land on the same partition and
-	// keep their order. It is published as a header too.
-	PartitionKeyMetadata = "partition_key"
+	metadataTimestamp = brokermeta.KafkaTimestamp
 
 	reservedPrefix = "kafka_"
 )
 
-// Marshaler converts between Watermill messages and Kafka records.
+// PartitionKeyMetadata is the metadata entry whose value the Publisher
+// uses as the record key, so messages with the same value land on the same
+// partition and keep their order. It is published as a header too.
+const PartitionKeyMetadata = "partition_key"
+
+// marshaler converts between Watermill messages and Kafka records, as the
+// package documentation ("Plain producers and metadata") describes.
 //
 // Unmarshal never fails. watermill-kafka treats an unmarshal error as fatal
 // for the consumer session (subscriber.go: "resend will make no sense,
 // stopping consumerGroupHandler"), which after the rebalance reads the same
-// record again: one bad record would stop the partition for good. Every
-// header becomes a metadata entry (bytes copied as a string; of repeated
-// keys the last wins); the UUID comes from the "_watermill_message_uuid"
-// header and is generated when a plain producer did not set one; and the
-// kafka_* keys above are always set by the adapter, replacing a header of
-// the same name, because a retention rule must be able to trust them.
-//
-// Marshal publishes every metadata entry as a header except the kafka_*
-// keys, adds the UUID header, and uses the partition_key entry, if any, as
-// the record key. A kafka_timestamp entry becomes the record timestamp
-// (rounded down to the millisecond, Kafka's unit), so that an event time
-// read from it ("kafka:timestamp") survives a republish through this
-// adapter; without one the producer stamps the time of the publish. A
-// topic configured with LogAppendTime replaces it with the broker's time
-// anyway, and Config.Version below 0.10 sends no timestamp at all. Mind
-// that the destination's time-based retention then counts from the
-// original time (an old poison copy may be deleted sooner than a fresh
-// one would), and that a cluster with message.timestamp.before.max.ms
-// (message.timestamp.difference.max.ms before Kafka 3.6) set rejects
-// copies older than that limit.
-type Marshaler struct{}
+// record again: one bad record would stop the partition for good.
+type marshaler struct{}
 
-var _ wkafka.MarshalerUnmarshaler = Marshaler{}
+var _ wkafka.MarshalerUnmarshaler = marshaler{}
 
 // Marshal implements watermill-kafka's Marshaler.
-func (Marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
+func (marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
 	headers := make([]sarama.RecordHeader, 0, len(msg.Metadata)+1)
-	headers = append(headers, sarama.RecordHeader{Key: []byte(UUIDHeader), Value: []byte(msg.UUID)})
+	headers = append(headers, sarama.RecordHeader{Key: []byte(uuidHeader), Value: []byte(msg.UUID)})
 	for k, v := range msg.Metadata {
-		if strings.HasPrefix(k, reservedPrefix) || k == UUIDHeader {
+		if strings.HasPrefix(k, reservedPrefix) || k == uuidHeader {
 			continue
 		}
 		headers = append(headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
@@ -90,7 +74,7 @@ func (Marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMe
 	if key, ok := msg.Metadata[PartitionKeyMetadata]; ok {
 		pm.Key = sarama.StringEncoder(key)
 	}
-	if v, ok := msg.Metadata[MetadataTimestamp]; ok {
+	if v, ok := msg.Metadata[metadataTimestamp]; ok {
 		// A value Unmarshal wrote always parses. Anything else came from
 		// elsewhere (a RabbitMQ header relayed to Kafka, say) and was never
 		// a record's time, so there is no original day to keep: the record
@@ -120,14 +104,14 @@ func parseTimestamp(v string) (time.Time, error) {
 }
 
 // Unmarshal implements watermill-kafka's Unmarshaler.
-func (Marshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error) {
+func (marshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error) {
 	var uuid string
 	md := make(message.Metadata, len(rec.Headers)+5)
 	for _, h := range rec.Headers {
 		if h == nil {
 			continue
 		}
-		if string(h.Key) == UUIDHeader {
+		if string(h.Key) == uuidHeader {
 			uuid = string(h.Value)
 			continue
 		}
@@ -136,20 +120,20 @@ func (Marshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error
 	if uuid == "" {
 		uuid = watermill.NewUUID()
 	}
-	md[MetadataTopic] = rec.Topic
-	md[MetadataPartition] = strconv.FormatInt(int64(rec.Partition), 10)
-	md[MetadataOffset] = strconv.FormatInt(rec.Offset, 10)
+	md[metadataTopic] = rec.Topic
+	md[metadataPartition] = strconv.FormatInt(int64(rec.Partition), 10)
+	md[metadataOffset] = strconv.FormatInt(rec.Offset, 10)
 	if rec.Key != nil {
-		md[MetadataKey] = string(rec.Key)
+		md[metadataKey] = string(rec.Key)
 	} else {
-		delete(md, MetadataKey)
+		delete(md, metadataKey)
 	}
 	// Sarama turns Kafka's "no timestamp" (-1) into the zero time (plus the
 	// record's delta within its batch); that is not an event time.
 	if ts := rec.Timestamp; !ts.IsZero() && ts.UnixMilli() >= 0 {
-		md[MetadataTimestamp] = ts.UTC().Format(time.RFC3339Nano)
+		md[metadataTimestamp] = ts.UTC().Format(time.RFC3339Nano)
 	} else {
-		delete(md, MetadataTimestamp)
+		delete(md, metadataTimestamp)
 	}
 	msg := message.NewMessage(uuid, rec.Value)
 	msg.Metadata = md

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/internal/brokermeta"
 )
 
 // Marshal turns the kafka_timestamp metadata that Unmarshal writes back
@@ -41,4 +42,19 @@ func TestMarshalKeepsRecordTimestamp(t *testing.T) {
 		require.NoError(t, err, "value %q", bad)
 		require.True(t, pm.Timestamp.IsZero(), "value %q", bad)
 	}
+}
+
+// TestMetadataNames pins the names users write as strings in key specs
+// and the package documentation lists; the kafka:timestamp event-time
+// spec of package framework reads the adapter's timestamp key.
+func TestMetadataNames(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "kafka_topic", kafka.MetadataTopic)
+	require.Equal(t, "kafka_partition", kafka.MetadataPartition)
+	require.Equal(t, "kafka_offset", kafka.MetadataOffset)
+	require.Equal(t, "kafka_key", kafka.MetadataKey)
+	require.Equal(t, "kafka_timestamp", kafka.MetadataTimestamp)
+	require.Equal(t, "_watermill_message_uuid", kafka.UUIDHeader)
+	require.Equal(t, "partition_key", kafka.PartitionKeyMetadata)
+	require.Equal(t, kafka.MetadataTimestamp, brokermeta.KafkaTimestamp)
 }

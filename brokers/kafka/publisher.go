@@ -23,19 +23,17 @@ type Publisher struct {
 
 var _ message.Publisher = (*Publisher)(nil)
 
-// NewPublisher is NewPublisherContext with context.Background().
-func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
-	return NewPublisherContext(context.Background(), cfg, logger)
-}
-
-// NewPublisherContext validates cfg and connects the producer, retrying
-// until Config.DialTimeout or ctx ends while no broker is reachable.
-func NewPublisherContext(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
-	sc, err := cfg.SaramaConfig()
+// NewPublisher validates cfg and connects the producer, retrying while no
+// broker is reachable until Config.DialTimeout passes or ctx ends. ctx
+// bounds the start-up only, not the Publisher's life. A nil logger logs
+// nothing. An invalid cfg (including an unreadable TLS file) is a
+// *framework.ConfigError.
+func NewPublisher(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+	sc, err := cfg.saramaConfig()
 	if err != nil {
 		return nil, err
 	}
-	cfg = cfg.WithDefaults()
+	cfg = cfg.withDefaults()
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
@@ -44,7 +42,7 @@ func NewPublisherContext(ctx context.Context, cfg Config, logger watermill.Logge
 		var err error
 		pub, err = wkafka.NewPublisher(wkafka.PublisherConfig{
 			Brokers:               cfg.Brokers,
-			Marshaler:             Marshaler{},
+			Marshaler:             marshaler{},
 			OverwriteSaramaConfig: sc,
 		}, logger)
 		return err

@@ -39,24 +39,27 @@ var errSubscriberClosed = errors.New("subscriber closed")
 
 var _ message.Subscriber = (*Subscriber)(nil)
 
-// NewSubscriber validates cfg and returns a Subscriber. It does not connect:
-// each Subscribe call opens its own client (and retries, see
-// Config.DialTimeout). A nil logger logs nothing.
-func NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
-	sc, err := cfg.SaramaConfig()
+// NewSubscriber validates cfg and returns a Subscriber. It does not
+// connect, so ctx is not used yet; it is there so that both constructors
+// of both adapters read alike and a later version may dial here. Each
+// Subscribe call opens its own client (and retries, see
+// Config.DialTimeout). A nil logger logs nothing. An invalid cfg,
+// including an empty ConsumerGroup, is a *framework.ConfigError.
+func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
+	sc, err := cfg.saramaConfig()
 	if err != nil {
 		return nil, err
 	}
 	if err := cfg.validateSubscriber(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.WithDefaults()
+	cfg = cfg.withDefaults()
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
 	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
 		Brokers:               cfg.Brokers,
-		Unmarshaler:           Marshaler{},
+		Unmarshaler:           marshaler{},
 		OverwriteSaramaConfig: sc,
 		ConsumerGroup:         cfg.ConsumerGroup,
 		NackResendSleep:       sleepSetting(cfg.NackDelay),

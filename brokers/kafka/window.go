@@ -19,7 +19,7 @@ import (
 // before it reads the next, so a consumer holds at most as many unacked
 // messages as it owns partitions, and consumer.RunBatch cannot form larger
 // batches. In window mode Subscribe runs its own Sarama consumer group with
-// the same Sarama configuration and Marshaler, and a handler that forwards up
+// the same Sarama configuration and marshaler, and a handler that forwards up
 // to Window messages per partition before any is acked:
 //
 //   - Each claimed partition gets a semaphore of Window slots. A slot is taken
@@ -46,7 +46,7 @@ import (
 //     cancel it: work in progress on a message of an ended session may still
 //     finish (its redelivery is then a duplicate) rather than be thrown away.
 //
-// SaramaConfig keeps Sarama's default eager (range) rebalance protocol, under
+// saramaConfig keeps Sarama's default eager (range) rebalance protocol, under
 // which every rebalance ends the session and cancels its context: that is the
 // signal the handler stops on.
 
@@ -110,7 +110,7 @@ func (s *Subscriber) subscribeWindow(ctx context.Context, topic string) (<-chan 
 		case <-runCtx.Done():
 		}
 	})
-	// Consumer.Return.Errors is on (SaramaConfig): read and log them, as
+	// Consumer.Return.Errors is on (saramaConfig): read and log them, as
 	// watermill-kafka does, until the subscription ends; group.Close
 	// drains what is left.
 	helpers.Go(func() {
@@ -235,7 +235,7 @@ func (h *windowHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sar
 		case <-sessDone:
 			return nil
 		}
-		msg, err := Marshaler{}.Unmarshal(rec)
+		msg, err := marshaler{}.Unmarshal(rec)
 		if err != nil {
 			// Cannot happen (Unmarshal never fails); ends the session
 			// like watermill-kafka would.

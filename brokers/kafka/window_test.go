@@ -1,6 +1,7 @@
 package kafka_test
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
@@ -96,7 +98,7 @@ func requireNone(t *testing.T, ch <-chan *message.Message, wait time.Duration) {
 // last offset commit would retry against a dead broker.
 func subscribe(t *testing.T, cfg kafka.Config, topic string) (*kafka.Subscriber, <-chan *message.Message) {
 	t.Helper()
-	sub, err := kafka.NewSubscriber(cfg, nil)
+	sub, err := kafka.NewSubscriber(context.Background(), cfg, nil)
 	require.NoError(t, err)
 	msgs, err := sub.Subscribe(t.Context(), topic)
 	if err != nil {
@@ -431,10 +433,10 @@ func TestWindowRebalance(t *testing.T) {
 func TestWindowConfig(t *testing.T) {
 	t.Parallel()
 	err := kafka.Config{Window: -1}.Validate()
-	var ce *kafka.ConfigError
+	var ce *framework.ConfigError
 	require.True(t, errors.As(err, &ce), "got %v", err)
 	require.Equal(t, "window", ce.Field)
-	_, err = kafka.NewSubscriber(kafka.Config{Window: -1}, nil)
+	_, err = kafka.NewSubscriber(context.Background(), kafka.Config{Window: -1}, nil)
 	require.True(t, errors.As(err, &ce), "got %v", err)
 	require.Equal(t, "window", ce.Field)
 

@@ -382,7 +382,7 @@ func newRawBroker(t *testing.T, kind, topic string) *rawBroker {
 	rb := &rawBroker{kind: kind, topic: topic}
 	switch kind {
 	case "amqp":
-		conn, err := amqp091.Dial(amqp.DefaultURL)
+		conn, err := amqp091.Dial("amqp://guest:guest@127.0.0.1:5672/") // the adapter's default
 		require.NoError(t, err)
 		rb.amqpConn = conn
 		ch, err := conn.Channel()

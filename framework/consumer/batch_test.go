@@ -62,7 +62,7 @@ func testRunBatch(t *testing.T, broker string, window int, setWise bool, minBatc
 	require.NoError(t, err)
 
 	topic := "batch-test-" + randHex()
-	cfg := brokers.DefaultConfig()
+	cfg := brokers.Config{}
 	cfg.Kind = broker
 	cfg.AMQP.Concurrency = 64
 	cfg.AMQP.Window = window
@@ -175,7 +175,7 @@ func TestNewBatch(t *testing.T) {
 	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
 	require.NoError(t, err)
 	topic := "newbatch-" + randHex()
-	bcfg := brokers.DefaultConfig()
+	bcfg := brokers.Config{}
 	bcfg.AMQP.Window = 256
 	reg := prometheus.NewRegistry()
 	rec := &recorder{got: map[framework.Outcome]int{}}

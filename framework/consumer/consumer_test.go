@@ -44,7 +44,7 @@ func (r *recorder) n(o framework.Outcome) int {
 // goChannel is an in-process broker private to the test's schema that
 // keeps what is published before anyone subscribes.
 func goChannel(schema string) brokers.Config {
-	bcfg := brokers.DefaultConfig()
+	bcfg := brokers.Config{}
 	bcfg.Kind = brokers.KindGoChannel
 	bcfg.GoChannel.Name = schema
 	bcfg.GoChannel.Persistent = true

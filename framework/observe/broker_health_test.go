@@ -54,7 +54,7 @@ func TestHealthReconnectAMQP(t *testing.T) {
 	st := newStore(t, 2)
 
 	target := "127.0.0.1:5672"
-	amqpURL := amqp.DefaultURL
+	amqpURL := "amqp://guest:guest@127.0.0.1:5672/" // the adapter's default
 	if u := os.Getenv("TEST_AMQP_URL"); u != "" {
 		amqpURL = u
 		pu, err := url.Parse(u)
@@ -66,7 +66,7 @@ func TestHealthReconnectAMQP(t *testing.T) {
 	require.NoError(t, err)
 	pu.Host = p.addr
 
-	sub, err := amqp.NewSubscriber(amqp.Config{
+	sub, err := amqp.NewSubscriber(t.Context(), amqp.Config{
 		URL:                      pu.String(),
 		DialTimeout:              10 * time.Second,
 		ReconnectInitialInterval: 50 * time.Millisecond,
@@ -103,7 +103,7 @@ func TestHealthKafkaBrokerDown(t *testing.T) {
 	addr := b.Addrs()[0]
 	t.Cleanup(func() { _ = b.Close() })
 
-	sub, err := kafka.NewSubscriber(kafka.Config{
+	sub, err := kafka.NewSubscriber(t.Context(), kafka.Config{
 		Brokers:       []string{addr},
 		ConsumerGroup: "claimtx-observe-health-test",
 		DialTimeout:   5 * time.Second,

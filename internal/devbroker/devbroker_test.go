@@ -102,7 +102,7 @@ func newFixture(t *testing.T, opts devbroker.Options) *fixture {
 	f := &fixture{b: b, group: "g-" + strings.ToLower(t.Name()), topic: "t-" + strings.ToLower(t.Name())}
 	require.NoError(t, b.Cluster().CreateTopic(f.topic, partitions, nil))
 
-	sub, err := kafka.NewSubscriber(kafka.Config{
+	sub, err := kafka.NewSubscriber(t.Context(), kafka.Config{
 		Brokers:           b.Addrs(),
 		ConsumerGroup:     f.group,
 		SessionTimeout:    3 * time.Second,

@@ -58,7 +58,7 @@ func runMemory(ctx context.Context, e *env, amqpURL, mode string, n, concurrency
 	if err != nil {
 		return nil, 0, err
 	}
-	cfg := brokers.DefaultConfig()
+	cfg := brokers.Config{}
 	cfg.Kind = "amqp"
 	cfg.AMQP.URL = amqpURL
 	cfg.AMQP.Concurrency = concurrency

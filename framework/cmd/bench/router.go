@@ -38,7 +38,7 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 	if r.broker == "amqp" {
 		defer deleteQueue(r.amqpURL, e.topic)
 	}
-	cfg := brokers.DefaultConfig()
+	cfg := brokers.Config{}
 	cfg.Kind = r.broker
 	cfg.AMQP.URL = r.amqpURL
 	cfg.AMQP.Concurrency = r.concurrency
@@ -214,7 +214,7 @@ func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
 	if r.broker == "amqp" {
 		defer deleteQueue(r.amqpURL, e.topic)
 	}
-	cfg := brokers.DefaultConfig()
+	cfg := brokers.Config{}
 	cfg.Kind = r.broker
 	cfg.AMQP.URL = r.amqpURL
 	cfg.AMQP.Window = r.workers * batchWindow

@@ -1,0 +1,22 @@
+package amqp
+
+// Names the black-box tests use. They are unexported in the package API:
+// users write metadata names as strings in key specs, and the rest is
+// plumbing or a documented default.
+const (
+	MaxWindow             = maxWindow
+	UUIDHeader            = uuidHeader
+	MetadataMessageID     = metadataMessageID
+	MetadataCorrelationID = metadataCorrelationID
+	MetadataContentType   = metadataContentType
+	MetadataTimestamp     = metadataTimestamp
+	MetadataExchange      = metadataExchange
+	MetadataRoutingKey    = metadataRoutingKey
+	MetadataRedelivered   = metadataRedelivered
+)
+
+// Marshaler is the adapter's message converter.
+type Marshaler = marshaler
+
+// HeaderValueToString converts one AMQP header value to its metadata string.
+var HeaderValueToString = headerValueToString
