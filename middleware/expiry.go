@@ -62,8 +62,8 @@ type ExpiryGuard struct {
 	Now func() time.Time
 }
 
-// Validate reports the first invalid field as a *framework.ConfigError.
-func (g ExpiryGuard) Validate() error {
+// validate reports the first invalid field as a *framework.ConfigError.
+func (g ExpiryGuard) validate() error {
 	switch {
 	case g.EventTime == nil:
 		return &framework.ConfigError{Field: "EventTime", Reason: "must not be nil (e.g. framework.ParseTimeSpec(\"metadata:event_time\"))"}
@@ -77,7 +77,7 @@ func (g ExpiryGuard) Validate() error {
 // error is returned here, so a guard that would fail every message (a hot
 // redelivery loop) cannot be installed.
 func NewExpiryGuard(g ExpiryGuard) (message.HandlerMiddleware, error) {
-	if err := g.Validate(); err != nil {
+	if err := g.validate(); err != nil {
 		return nil, err
 	}
 	return g.middleware, nil

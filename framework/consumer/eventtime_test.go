@@ -15,11 +15,12 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
 )
 
 // With claims partitioned by event day and the event time read from the
@@ -67,7 +68,7 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 	require.NoError(t, err)
 	cfg := consumer.Config{
 		Name: "ts", Topic: topic, Key: "metadata:event_id", Pool: pool, Store: store.Config{Schema: schema},
-		Broker: bcfg, EventTime: eventTime, Logger: slog.New(slog.DiscardHandler),
+		Broker: bcfg, Claim: middleware.Claim{EventTime: eventTime}, Logger: slog.New(slog.DiscardHandler),
 	}
 	delivered := make(chan *message.Message, 2)
 	handler := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
@@ -80,11 +81,11 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 	_, err = consumer.New(ctx, cfg, handler)
 	var ce *framework.ConfigError
 	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "EventTime", ce.Field)
+	require.Equal(t, "Claim.EventTime", ce.Field)
 	require.Contains(t, ce.Reason, "AllowBrokerEventTime")
 
 	rec := &recorder{got: map[framework.Outcome]int{}}
-	cfg.AllowBrokerEventTime = true
+	cfg.Claim.AllowBrokerEventTime = true
 	cfg.OnOutcome = rec.on
 	c, err := consumer.New(ctx, cfg, handler)
 	require.NoError(t, err)
@@ -127,7 +128,7 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 
 // An unpartitioned table routes nothing by event time: the expiry guard
 // alone may use the record timestamp without the opt-in (its weaker
-// protection beats none; see Config.AllowBrokerEventTime).
+// protection beats none; see Config.Claim).
 func TestBrokerEventTimeForExpiryGuardOnly(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Setup(t, 2)
@@ -137,7 +138,7 @@ func TestBrokerEventTimeForExpiryGuardOnly(t *testing.T) {
 	require.NoError(t, err)
 	c, err := consumer.New(ctx, consumer.Config{
 		Name: "ts", Topic: "orders", Key: "metadata:event_id", Pool: pool, Store: store.Config{Schema: schema},
-		Broker: goChannel(schema), EventTime: eventTime, Retention: 30 * 24 * time.Hour,
+		Broker: goChannel(schema), Claim: middleware.Claim{EventTime: eventTime}, Retention: 30 * 24 * time.Hour,
 		Logger: slog.New(slog.DiscardHandler),
 	}, func(context.Context, pgx.Tx, *message.Message) error { return nil })
 	require.NoError(t, err)

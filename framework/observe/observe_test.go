@@ -24,9 +24,9 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
+	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 func newStore(t *testing.T, maxConns int32) *store.Store {
@@ -80,7 +80,7 @@ func TestMetricsUnderConcurrentTwins(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	m.OnRetry(middleware.Retry{Consumer: "loyalty", Cause: store.CauseSerialization})
+	m.OnRetry(middleware.TxRetry{Consumer: "loyalty", Cause: store.CauseSerialization})
 
 	val := func(outcome string) float64 {
 		return testutil.ToFloat64(mustCounter(t, reg, observe.MetricMessages, map[string]string{"consumer": "loyalty", "outcome": outcome}))

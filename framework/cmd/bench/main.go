@@ -51,7 +51,7 @@ func main() {
 	flag.StringVar(&brokerList, "brokers", "amqp,kafka", "brokers")
 	flag.StringVar(&o.write, "write", "", "write the results as Markdown to this file (e.g. docs/benchmarks.md)")
 	memory := flag.Int("memory", 0, "instead of the table: feed this many messages through a claimtx consumer over RabbitMQ and sample its memory")
-	memoryMode := flag.String("memory-mode", "message", "the consumer for -memory: message (router + claim middleware) or batch (RunBatchSet)")
+	memoryMode := flag.String("memory-mode", "message", "the consumer for -memory: message (router + claim middleware) or batch (consumer.NewBatch)")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	modes := flag.String("modes", "raw,router,claim,batch", "modes to measure (a subset, for quick looks; -write needs all)")
 	flag.Parse()
@@ -324,7 +324,7 @@ func writeDoc(o options, table string, took time.Duration) error {
 - **(b) router**: messages pre-published to a fresh queue/topic, consumed by a Watermill router over the broker adapter, the handler doing the same effect in its own transaction, without a claim: an at-least-once consumer.
 - **(c) claimtx**: as (b) with the claim middleware (claim + effect in one transaction).
 - p50/p99: time spent in the handler chain per message (from the router calling the outermost middleware to its return).
-- **(d) batch**: claim + effect through consumer.RunBatchSet with the same effect written set-wise (one statement for the ledger rows and balance increments of the whole batch): up to 128 messages per transaction (one claim statement, one commit), as many batch workers as the concurrency, 5x as many messages as the other modes so the runs last long enough. The brokers' windows hold the messages: RabbitMQ one consumer with prefetch = 128 x workers (AMQP_WINDOW), Kafka 128 unacked per partition (KAFKA_WINDOW) over as many partitions as the concurrency. "avg batch" is messages per handler call.
+- **(d) batch**: claim + effect through a batch consumer (consumer.NewBatch) with the same effect written set-wise (one statement for the ledger rows and balance increments of the whole batch): up to 128 messages per transaction (one claim statement, one commit), as many batch workers as the concurrency, 5x as many messages as the other modes so the runs last long enough. The brokers' windows hold the messages: RabbitMQ one consumer with prefetch = 128 x workers (AMQP_WINDOW), Kafka 128 unacked per partition (KAFKA_WINDOW) over as many partitions as the concurrency. "avg batch" is messages per handler call.
 - c/b: what claimtx costs over an at-least-once consumer doing the same effect (target >= 0.85); c/a: how close claimtx through a broker gets to the raw database limit (target >= 0.8); b/a: the same for the consumer without claimtx, which bounds c/a (c/a = c/b x b/a); d/c: batch mode over per-message mode at the same concurrency (target >= 5).
 - Every figure is the median of %d runs; the modes of one row run interleaved (a, b, c, d, a, b, …).
 
