@@ -54,7 +54,7 @@ func TestPartitionedClaimsByEventTime(t *testing.T) {
 
 // Routing claims by a time that each copy of a message gets anew (the
 // Kafka record timestamp, the clock) can put a republished copy in another
-// day's partition, where it meets no twin: Validate refuses it, whichever
+// day's partition, where it meets no twin: NewClaim refuses it, whichever
 // way it is read, unless AllowBrokerEventTime says the risk is accepted.
 func TestBrokerEventTimeRefusedForPartitionRouting(t *testing.T) {
 	t.Parallel()

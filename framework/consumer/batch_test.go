@@ -27,14 +27,14 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// TestRunBatch: batches of up to 50 from a real broker, every order
+// TestBatchOverBrokers: batches of up to 50 from a real broker, every order
 // published twice, one undecodable message: each order applied once, the
 // bad one poisoned on a poison route of the caller's (BatchOptions.Poison),
 // nothing left unacked. Over RabbitMQ's per-subscription mode with a
 // handler that writes one statement per message, and over both brokers'
 // window mode with a set-wise handler, where batches must actually fill
 // up.
-func TestRunBatch(t *testing.T) {
+func TestBatchOverBrokers(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string
@@ -49,12 +49,12 @@ func TestRunBatch(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			testRunBatch(t, tc.broker, tc.window, tc.setWise, tc.minBatch)
+			testBatchOverBrokers(t, tc.broker, tc.window, tc.setWise, tc.minBatch)
 		})
 	}
 }
 
-func testRunBatch(t *testing.T, broker string, window int, setWise bool, minBatch int) {
+func testBatchOverBrokers(t *testing.T, broker string, window int, setWise bool, minBatch int) {
 	pool, schema := pgtest.Setup(t, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

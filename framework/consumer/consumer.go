@@ -1,19 +1,3 @@
-// Package consumer is claimtx's composition root: from one Config it builds
-// the broker subscriber and publisher, the Postgres store (migrated), and a
-// Watermill router running
-//
-//	Recoverer -> Poison -> Retry -> Claim -> your handler
-//
-// so that an application is a handler and a configuration. Switching
-// RabbitMQ and Kafka is a change of Config.Broker.Kind (BROKER=amqp|kafka),
-// never of code.
-//
-// NewBatch builds, from the same Config, a consumer that applies batches of
-// messages in one claim transaction each (see RunBatchSet and
-// docs/batch.md).
-//
-// Use the parts directly (brokers, store, middleware) when you need a
-// different router layout; this package only wires them.
 package consumer
 
 import (
