@@ -58,8 +58,8 @@ type ExpiryGuard struct {
 	// refused or (AllowExpired) applied, on the handler goroutine: count
 	// it (outcome framework.Expired), log it.
 	OnExpired func(msg *message.Message, err *framework.ExpiredError)
-	// Now is the clock. Defaults to time.Now.
-	Now func() time.Time
+
+	now func() time.Time // the clock, time.Now; tests set another
 }
 
 // validate reports the first invalid field as a *framework.ConfigError.
@@ -87,8 +87,8 @@ func (g ExpiryGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
 	if g.Retention == 0 {
 		g.Retention = store.DefaultRetention
 	}
-	if g.Now == nil {
-		g.Now = time.Now
+	if g.now == nil {
+		g.now = time.Now
 	}
 	return func(msg *message.Message) ([]*message.Message, error) {
 		at, err := g.EventTime(msg)
@@ -97,7 +97,7 @@ func (g ExpiryGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
 			// same way: poison it, never retry it.
 			return nil, framework.Permanent(fmt.Errorf("claimtx: expiry guard: %w", err))
 		}
-		horizon := g.Now().Add(-g.Retention)
+		horizon := g.now().Add(-g.Retention)
 		if !at.Before(horizon) {
 			return h(msg)
 		}

@@ -38,7 +38,7 @@ func newGuarded(t *testing.T, allowExpired bool, now time.Time) *guarded {
 
 	eventTime, err := framework.ParseTimeSpec("metadata:event_time")
 	require.NoError(t, err)
-	guard := middleware.ExpiryGuard{
+	guard := middleware.ExpiryGuardAt(middleware.ExpiryGuard{
 		Retention:    30 * 24 * time.Hour,
 		EventTime:    eventTime,
 		AllowExpired: allowExpired,
@@ -47,8 +47,7 @@ func newGuarded(t *testing.T, allowExpired bool, now time.Time) *guarded {
 			defer g.mu.Unlock()
 			g.expired = append(g.expired, err)
 		},
-		Now: func() time.Time { return now },
-	}
+	}, now)
 	poison := middleware.Poison{Publisher: pubsub, Topic: "orders.poison"}
 	claim := g.b.claim(t, "loyalty", nil)
 	g.handler = install(t, middleware.NewPoison, poison)(install(t, middleware.NewExpiryGuard, guard)(install(t, middleware.NewClaim, claim)(consume(credit))))
