@@ -82,7 +82,12 @@ func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 		return nil, &framework.ConfigError{Field: "Claim.EventTime", Reason: why}
 	}
 	// The claim fields batches refuse, before anything connects; the
-	// claim's other checks run once open has filled Store.
+	// claim's other checks run once open has filled Store (validate has
+	// made sure the caller left it nil, so the claim reports the fields
+	// batches refuse first, then Store).
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
 	if _, err := middleware.NewBatch(cfg.Claim); err != nil {
 		var ce *framework.ConfigError
 		if !errors.As(err, &ce) || ce.Field != "Store" {

@@ -232,6 +232,7 @@ func TestNewBatch(t *testing.T) {
 		"Claim.Mode":        func(c *consumer.Config) { c.Claim.Mode = middleware.ModeNaturalKey },
 		"Claim.OutboxTopic": func(c *consumer.Config) { c.Claim.OutboxTopic = "out" },
 		"Claim.Fingerprint": func(c *consumer.Config) { c.Claim.Fingerprint = true },
+		"Claim.Store":       func(c *consumer.Config) { c.Claim.Store = &store.Store{} },
 		"Claim.EventTime": func(c *consumer.Config) {
 			c.Claim.EventTime = func(*message.Message) (time.Time, error) { return time.Now(), nil }
 		},
