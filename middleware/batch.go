@@ -19,79 +19,76 @@ import (
 )
 
 // Batch applies many messages in one claim transaction: one statement
-// claims every key, the handler runs for the newly claimed messages in key
-// order (a deterministic lock order, so concurrent batches do not deadlock
-// on each other's effects), and one commit makes them all durable. Each
-// message then gets its own result to ack or nack it.
+// claims every key, the handler runs once for the newly claimed messages
+// in key order (a deterministic lock order, so concurrent batches do not
+// deadlock on each other's effects), and one commit makes them all
+// durable. Each message then gets its own result to ack or nack it.
 //
 // The guarantees are those of Claim, per message: a redelivered or
 // concurrent twin is a duplicate, a failed message leaves neither claim nor
 // effect, a crash between commit and ack turns the redelivery into a
 // duplicate. A failing message does not sink its neighbours. The first
-// pass runs without savepoints (they cost a round trip each); when a
-// handler fails, the transaction is rolled back and redone with each
-// message (Process) or each half of the set, recursively (ProcessSet),
-// under a savepoint, which finds every failing message in one more pass;
-// a last pass then commits the others without them (a failed message's
-// claim must not commit).
+// pass runs without savepoints (they cost a round trip each); when the
+// handler fails, the transaction is rolled back and redone with each half
+// of the set, recursively, under a savepoint, which finds every failing
+// message in one more pass; a last pass then commits the others without
+// them (a failed message's claim must not commit).
 //
-// Batch reuses Claim's fields for the store, consumer, key, key policy,
-// isolation, claim wait, attempts, backoff and hooks. The claim-table mode
-// is the only one: Mode, OutboxTopic, Fingerprint and EventTime are
-// refused by Validate rather than ignored.
+// Build it with NewBatch. framework/consumer's NewBatch runs one over a
+// broker subscription, with the failure policy of the per-message
+// consumer.
 type Batch struct {
-	Claim
+	claim Claim // validated, with defaults
 }
 
-// Validate reports the first field Batch cannot use as a
-// *framework.ConfigError.
-func (b Batch) Validate() error {
+// NewBatch validates c for batches and returns the Batch. It reuses
+// Claim's fields for the store, consumer, key, key policy, isolation,
+// claim wait, attempts, backoff and hooks (OnOutcome once per message and
+// pass, OnRetry once per retried batch). The claim-table mode is the only
+// one: Mode (natural key), OutboxTopic, Fingerprint and EventTime are
+// refused with a *framework.ConfigError rather than ignored (enqueue with
+// Store.Enqueue in the handler instead of OutboxTopic).
+func NewBatch(c Claim) (*Batch, error) {
 	const why = "not supported in batch mode"
 	switch {
-	case b.Mode != "" && b.Mode != ModeClaimTable:
-		return &framework.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%q is %s (claim table only)", b.Mode, why)}
-	case b.OutboxTopic != "":
-		return &framework.ConfigError{Field: "OutboxTopic", Reason: why + ": enqueue with Store.Enqueue in the handler"}
-	case b.Fingerprint:
-		return &framework.ConfigError{Field: "Fingerprint", Reason: why}
-	case b.EventTime != nil:
-		return &framework.ConfigError{Field: "EventTime", Reason: why + ": batches claim in a table not partitioned by event day"}
+	case c.Mode != "" && c.Mode != ModeClaimTable:
+		return nil, &framework.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%q is %s (claim table only)", c.Mode, why)}
+	case c.OutboxTopic != "":
+		return nil, &framework.ConfigError{Field: "OutboxTopic", Reason: why + ": enqueue with Store.Enqueue in the handler"}
+	case c.Fingerprint:
+		return nil, &framework.ConfigError{Field: "Fingerprint", Reason: why}
+	case c.EventTime != nil:
+		return nil, &framework.ConfigError{Field: "EventTime", Reason: why + ": batches claim in a table not partitioned by event day"}
 	}
-	return b.Claim.Validate()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &Batch{claim: c.withDefaults()}, nil
 }
-
-// BatchHandlerFunc applies one message's effect through tx.
-type BatchHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) error
 
 // SetHandlerFunc applies the effects of several messages at once through
 // tx, set-wise (one UPDATE … FROM unnest(…) for all of them, say), which is
-// what makes batches fast: a per-message handler pays a round trip per
-// statement per message. msgs are the newly claimed messages in key order.
-// It must lock shared rows in a deterministic order (ORDER BY … FOR UPDATE
-// first, or statements whose plan visits rows in key order) or concurrent
-// batches deadlock; deadlocks are retried, but they cost the whole batch.
-// An error fails the whole set: ProcessSet then bisects it under
-// savepoints to find the messages that fail alone.
+// what makes batches fast: a handler that loops over msgs pays a round
+// trip per statement per message. msgs are the newly claimed messages in
+// key order. It must lock shared rows in a deterministic order (ORDER BY …
+// FOR UPDATE first, or statements whose plan visits rows in key order) or
+// concurrent batches deadlock; deadlocks are retried, but they cost the
+// whole batch. An error fails the whole set: Process then bisects it
+// under savepoints to find the messages that fail alone.
 type SetHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
 
 // Process runs msgs through one claim transaction (retried whole on
-// transient failures) with h called once per newly claimed message, and
+// transient failures) with h called for the newly claimed messages, and
 // returns one error per message, in order: nil means applied or duplicate
 // (ack), an error means nack, or poison when framework.IsPermanent.
-func (b Batch) Process(ctx context.Context, msgs []*message.Message, h BatchHandlerFunc) []error {
-	if h == nil {
+func (b *Batch) Process(ctx context.Context, msgs []*message.Message, h SetHandlerFunc) []error {
+	switch {
+	case b == nil || b.claim.Store == nil:
+		return allErr(len(msgs), &framework.ConfigError{Field: "Batch", Reason: "build it with NewBatch"})
+	case h == nil:
 		return allErr(len(msgs), &framework.ConfigError{Field: "handler", Reason: "must not be nil"})
 	}
-	return b.process(ctx, msgs, perMessage(h))
-}
-
-// ProcessSet is Process with a handler called once for all newly claimed
-// messages of the batch.
-func (b Batch) ProcessSet(ctx context.Context, msgs []*message.Message, h SetHandlerFunc) []error {
-	if h == nil {
-		return allErr(len(msgs), &framework.ConfigError{Field: "handler", Reason: "must not be nil"})
-	}
-	return b.process(ctx, msgs, setWise(h))
+	return b.claim.processBatch(ctx, msgs, setWise(h))
 }
 
 func allErr(n int, err error) []error {
@@ -102,15 +99,6 @@ func allErr(n int, err error) []error {
 	return errs
 }
 
-// applier applies the effects of the messages at idx (in key order). fast
-// runs without savepoints and reports the failures it can attribute to a
-// message; errIsolate when it cannot. isolate finds every failing message
-// with savepoints and leaves the others applied.
-type applier interface {
-	fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error
-	isolate(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error
-}
-
 var (
 	// errRetryWithout asks for another pass without the messages whose
 	// handlers just failed.
@@ -119,12 +107,9 @@ var (
 	errIsolate = errors.New("claimtx: batch failed, isolating the failing messages")
 )
 
-func (b Batch) process(ctx context.Context, msgs []*message.Message, a applier) []error {
+// processBatch is Process with c validated and defaulted.
+func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setWise) []error {
 	errs := make([]error, len(msgs))
-	if err := b.Validate(); err != nil {
-		return allErr(len(msgs), err)
-	}
-	c := b.withDefaults()
 	start := time.Now()
 	results := make([]Result, len(msgs))
 	keys := make([]string, len(msgs))
@@ -172,7 +157,7 @@ func (b Batch) process(ctx context.Context, msgs []*message.Message, a applier) 
 		if cause.Transient() && ctx.Err() == nil && transient < c.MaxAttempts {
 			delay := c.backoff(transient)
 			if c.OnRetry != nil {
-				c.OnRetry(Retry{Consumer: c.Consumer, Attempt: transient, Cause: cause.String(), Err: err, Delay: delay})
+				c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: transient, Cause: cause.String(), Err: err, Delay: delay})
 			}
 			serr := timing.Sleep(ctx, delay)
 			if serr == nil {
@@ -210,7 +195,7 @@ func (b Batch) process(ctx context.Context, msgs []*message.Message, a applier) 
 	return errs
 }
 
-func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, failed map[int]error, a applier, isolating bool) (map[string]bool, error) {
+func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, failed map[int]error, a setWise, isolating bool) (map[string]bool, error) {
 	want := make([]string, 0, len(leader))
 	for k, i := range leader {
 		if failed[i] == nil {
@@ -218,7 +203,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 		}
 	}
 	// BEGIN and the claim in one round trip.
-	tx, newKeys, err := claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable).BeginBatch(ctx, c.Store.Pool(), pgx.TxOptions{IsoLevel: c.Isolation}, c.Consumer, want, c.ClaimWait)
+	tx, newKeys, err := claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable).BeginBatch(ctx, c.Store.Pool(), pgx.TxOptions{IsoLevel: c.Isolation}, c.Consumer, want, c.MaxClaimWait)
 	if err != nil {
 		return nil, err
 	}
@@ -255,39 +240,10 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	return claimed, nil
 }
 
-type perMessage BatchHandlerFunc
-
-func (h perMessage) fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
-	for _, i := range idx {
-		if err := guard(func() error { return h(txctx.With(ctx, tx), tx, msgs[i]) }); err != nil {
-			if pgerr.Classify(err).Transient() {
-				// Not this message's fault: a deadlock with another batch, a
-				// serialization failure, a lost connection. Retry the whole
-				// batch, this message included.
-				return err
-			}
-			failed[i] = err
-			return nil
-		}
-	}
-	return nil
-}
-
-func (h perMessage) isolate(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
-	for _, i := range idx {
-		err := underSavepoint(ctx, tx, func() error {
-			return h(txctx.With(ctx, tx), tx, msgs[i])
-		})
-		if err != nil {
-			if pgerr.Classify(err).Transient() {
-				return err
-			}
-			failed[i] = err
-		}
-	}
-	return nil
-}
-
+// setWise applies the effects of the messages at idx (in key order). fast
+// runs without savepoints and records the failure it can attribute to a
+// single message, or returns errIsolate when it cannot. isolate finds every
+// failing message with savepoints and leaves the others applied.
 type setWise SetHandlerFunc
 
 func (h setWise) call(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int) error {

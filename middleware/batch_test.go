@@ -25,29 +25,44 @@ func batchOf(t *testing.T, orders ...order) []*message.Message {
 	return msgs
 }
 
-func (b bundle) batch(t testing.TB, rec *outcomes) middleware.Batch {
-	return middleware.Batch{Claim: b.claim(t, "loyalty", rec)}
+func (b bundle) batch(t testing.TB, rec *outcomes) *middleware.Batch {
+	return newBatch(t, b.claim(t, "loyalty", rec))
 }
 
-// batchMode runs a batch through Process (credit per message) or
-// ProcessSet (creditSet); check, when set, then runs for each message and
-// may fail or panic.
+func newBatch(t testing.TB, c middleware.Claim) *middleware.Batch {
+	t.Helper()
+	bt, err := middleware.NewBatch(c)
+	require.NoError(t, err)
+	return bt
+}
+
+// batchMode runs a batch through a set handler that credits one message
+// at a time (credit in a loop) or the whole set in one statement
+// (creditSet); check, when set, then runs for each message and may fail
+// or panic.
 type batchMode struct {
 	name string
-	run  func(bt middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error
+	run  func(bt *middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error
 }
 
 var batchModes = []batchMode{
-	{"per-message", func(bt middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error {
-		return bt.Process(ctx, msgs, func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-			if err := credit(ctx, tx, msg); err != nil || check == nil {
-				return err
+	{"per-message", func(bt *middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error {
+		return bt.Process(ctx, msgs, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+			for _, msg := range msgs {
+				if err := credit(ctx, tx, msg); err != nil {
+					return err
+				}
+				if check != nil {
+					if err := check(msg); err != nil {
+						return err
+					}
+				}
 			}
-			return check(msg)
+			return nil
 		})
 	}},
-	{"set", func(bt middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error {
-		return bt.ProcessSet(ctx, msgs, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+	{"set", func(bt *middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error {
+		return bt.Process(ctx, msgs, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 			if err := creditSet(ctx, tx, msgs); err != nil || check == nil {
 				return err
 			}
@@ -62,7 +77,7 @@ var batchModes = []batchMode{
 }
 
 // forEachBatchMode runs test in parallel subtests, one per batchMode.
-func forEachBatchMode(t *testing.T, test func(t *testing.T, run func(bt middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error)) {
+func forEachBatchMode(t *testing.T, test func(t *testing.T, run func(bt *middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error)) {
 	for _, m := range batchModes {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
@@ -76,7 +91,7 @@ func TestBatchRedeliveryAndInBatchDuplicates(t *testing.T) {
 	forEachBatchMode(t, testBatchRedeliveryAndInBatchDuplicates)
 }
 
-func testBatchRedeliveryAndInBatchDuplicates(t *testing.T, run func(middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
+func testBatchRedeliveryAndInBatchDuplicates(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
 	b := setup(t, 4)
 	rec := &outcomes{}
 	bt := b.batch(t, rec)
@@ -106,7 +121,7 @@ func TestBatchIsolatesFailingMessages(t *testing.T) {
 	forEachBatchMode(t, testBatchIsolatesFailingMessages)
 }
 
-func testBatchIsolatesFailingMessages(t *testing.T, run func(middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
+func testBatchIsolatesFailingMessages(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
 	b := setup(t, 4)
 	rec := &outcomes{}
 	bt := b.batch(t, rec)
@@ -161,11 +176,12 @@ func TestBatchConcurrentOverlappingBatches(t *testing.T) {
 	forEachBatchMode(t, testBatchConcurrentOverlappingBatches)
 }
 
-func testBatchConcurrentOverlappingBatches(t *testing.T, run func(middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
+func testBatchConcurrentOverlappingBatches(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
 	b := setup(t, 10)
 	rec := &outcomes{}
-	bt := b.batch(t, rec)
-	bt.MaxAttempts = 20
+	c := b.claim(t, "loyalty", rec)
+	c.MaxAttempts = 20
+	bt := newBatch(t, c)
 	const orders = 60
 	var wg sync.WaitGroup
 	errCh := make(chan error, 8*orders)
@@ -201,7 +217,7 @@ func TestBatchRollbackHandOver(t *testing.T) {
 	forEachBatchMode(t, testBatchRollbackHandOver)
 }
 
-func testBatchRollbackHandOver(t *testing.T, run func(middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
+func testBatchRollbackHandOver(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
 	b := setup(t, 4)
 	rec := &outcomes{}
 	bt := b.batch(t, rec)
@@ -228,31 +244,37 @@ func testBatchRollbackHandOver(t *testing.T, run func(middleware.Batch, context.
 func TestBatchBadConfig(t *testing.T) {
 	t.Parallel()
 	var ce *framework.ConfigError
-	errs := middleware.Batch{}.Process(context.Background(), batchOf(t, order{OrderID: 1}), credit)
-	require.ErrorAs(t, errs[0], &ce)
-	errs = middleware.Batch{}.ProcessSet(context.Background(), batchOf(t, order{OrderID: 1}), creditSet)
-	require.ErrorAs(t, errs[0], &ce)
+	_, err := middleware.NewBatch(middleware.Claim{})
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "Store", ce.Field)
+	// A Batch not built by NewBatch fails every message instead of
+	// panicking.
+	var nilBatch *middleware.Batch
+	for _, bt := range []*middleware.Batch{{}, nilBatch} {
+		errs := bt.Process(context.Background(), batchOf(t, order{OrderID: 1}), creditSet)
+		require.ErrorAs(t, errs[0], &ce)
+		require.Equal(t, "Batch", ce.Field)
+	}
 	b := setup(t, 2)
-	errs = b.batch(t, nil).ProcessSet(context.Background(), batchOf(t, order{OrderID: 1}), nil)
+	errs := b.batch(t, nil).Process(context.Background(), batchOf(t, order{OrderID: 1}), nil)
 	require.ErrorAs(t, errs[0], &ce)
 	require.Equal(t, "handler", ce.Field)
 
 	// Claim options batches do not implement are refused, not ignored.
-	for field, edit := range map[string]func(*middleware.Batch){
-		"Mode":        func(bt *middleware.Batch) { bt.Mode = middleware.ModeNaturalKey },
-		"OutboxTopic": func(bt *middleware.Batch) { bt.OutboxTopic = "receipts" },
-		"Fingerprint": func(bt *middleware.Batch) { bt.Fingerprint = true },
-		"EventTime": func(bt *middleware.Batch) {
-			bt.EventTime = func(*message.Message) (time.Time, error) { return time.Now(), nil }
+	for field, edit := range map[string]func(*middleware.Claim){
+		"Mode":        func(c *middleware.Claim) { c.Mode = middleware.ModeNaturalKey },
+		"OutboxTopic": func(c *middleware.Claim) { c.OutboxTopic = "receipts" },
+		"Fingerprint": func(c *middleware.Claim) { c.Fingerprint = true },
+		"EventTime": func(c *middleware.Claim) {
+			c.EventTime = func(*message.Message) (time.Time, error) { return time.Now(), nil }
 		},
 	} {
-		bt := b.batch(t, nil)
-		edit(&bt)
-		err := bt.Validate()
+		c := b.claim(t, "loyalty", nil)
+		edit(&c)
+		bt, err := middleware.NewBatch(c)
 		require.ErrorAs(t, err, &ce, field)
 		require.Equal(t, field, ce.Field)
-		errs = bt.ProcessSet(context.Background(), batchOf(t, order{OrderID: 1}), creditSet)
-		require.ErrorAs(t, errs[0], &ce, field)
+		require.Nil(t, bt)
 	}
 	require.Equal(t, int64(0), b.claims(t, "loyalty"))
 }
@@ -283,7 +305,7 @@ func TestBatchSetHandlerCalls(t *testing.T) {
 		}
 		return nil
 	}
-	errs := bt.ProcessSet(context.Background(), batchOf(t, orders...), h)
+	errs := bt.Process(context.Background(), batchOf(t, orders...), h)
 	require.Equal(t, make([]error, 16), errs)
 	require.Equal(t, []int{16}, sizes, "one call for a clean batch")
 
@@ -291,7 +313,7 @@ func TestBatchSetHandlerCalls(t *testing.T) {
 	for i := range orders {
 		orders[i].OrderID += 16 // 17..32, order 21 fails
 	}
-	errs = bt.ProcessSet(context.Background(), batchOf(t, orders...), h)
+	errs = bt.Process(context.Background(), batchOf(t, orders...), h)
 	for i, err := range errs {
 		if orders[i].OrderID == 21 {
 			require.ErrorIs(t, err, boom)
@@ -323,14 +345,15 @@ func TestBatchRetryAbandonedFailsEveryMessage(t *testing.T) {
 	forEachBatchMode(t, testBatchRetryAbandonedFailsEveryMessage)
 }
 
-func testBatchRetryAbandonedFailsEveryMessage(t *testing.T, run func(middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
+func testBatchRetryAbandonedFailsEveryMessage(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
 	b := setup(t, 2)
 	rec := &outcomes{}
-	bt := b.batch(t, rec)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	bt.InitialBackoff = time.Hour // only the cancellation ends the wait
-	bt.OnRetry = func(middleware.Retry) { cancel() }
+	c := b.claim(t, "loyalty", rec)
+	c.InitialBackoff = time.Hour // only the cancellation ends the wait
+	c.OnRetry = func(middleware.TxRetry) { cancel() }
+	bt := newBatch(t, c)
 	deadlock := &pgconn.PgError{Code: "40P01", Message: "deadlock detected"}
 	errs := run(bt, ctx, batchOf(t, order{OrderID: 1, CustomerID: 1, TotalCents: 100}, order{OrderID: 2, CustomerID: 1, TotalCents: 100}),
 		func(*message.Message) error { return deadlock })

@@ -26,12 +26,12 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// Defaults for Claim fields left zero.
+// Defaults for Claim fields left zero, documented on the fields.
 const (
-	DefaultClaimWait      = 5 * time.Second
-	DefaultMaxAttempts    = 5
-	DefaultInitialBackoff = 10 * time.Millisecond
-	DefaultMaxBackoff     = time.Second
+	defaultMaxClaimWait   = 5 * time.Second
+	defaultMaxAttempts    = 5
+	defaultInitialBackoff = 10 * time.Millisecond
+	defaultMaxBackoff     = time.Second
 )
 
 // fingerprintBytes is how much of the SHA-256 is stored: 128 bits make an
@@ -131,13 +131,15 @@ type Claim struct {
 	// fail with 40001 instead of waiting, and the retry sees the claim.
 	// Defaults to READ COMMITTED.
 	Isolation pgx.TxIsoLevel
-	// ClaimWait bounds how long a claim waits behind an uncommitted twin
-	// before the attempt fails transiently and is retried. Keep it above
-	// your handler's normal duration, or twins of slow messages burn
-	// attempts. In ModeNaturalKey the claim is the handler's own statement,
-	// so ClaimWait is the lock_timeout of the whole transaction (SET
-	// LOCAL): it bounds every lock wait of the handler. Defaults to 5s.
-	ClaimWait time.Duration
+	// MaxClaimWait bounds the claim wait, the time a claim spends blocked
+	// behind a concurrent twin's uncommitted claim (Result.ClaimWait
+	// measures it), before the attempt fails transiently and is retried.
+	// Keep it above your handler's normal duration, or twins of slow
+	// messages burn attempts. In ModeNaturalKey the claim is the handler's
+	// own statement, so MaxClaimWait is the lock_timeout of the whole
+	// transaction (SET LOCAL): it bounds every lock wait of the handler.
+	// Defaults to 5s.
+	MaxClaimWait time.Duration
 	// MaxAttempts bounds transaction attempts for transient failures
 	// (1 disables retrying). Defaults to 5.
 	MaxAttempts int
@@ -155,7 +157,7 @@ type Claim struct {
 	EventTime framework.TimeFunc
 	// AllowBrokerEventTime lets EventTime read a time assigned to each
 	// copy of a message rather than fixed by its producer, such as the
-	// Kafka record timestamp ("kafka:timestamp"); Validate refuses such an
+	// Kafka record timestamp ("kafka:timestamp"); NewClaim refuses such an
 	// EventTime otherwise (it tells by calling EventTime once on a probe
 	// message carrying only a record timestamp). Sharp edge: claimtx's
 	// Kafka publisher keeps the
@@ -174,14 +176,14 @@ type Claim struct {
 	// the claim, not the payload, decides. Defaults to false.
 	Fingerprint bool
 	// OnOutcome, when set, is called once per pass through the middleware
-	// with what happened. A Retry above it runs it again for the same
-	// message, and a Poison route above it may dead-letter a Failed pass:
+	// with what happened. Watermill's Retry above it runs it again for the
+	// same message, and a Poison route above it may dead-letter a Failed pass:
 	// to count messages, report at settlement as framework/consumer does
 	// (docs/observability.md). It runs on the handler goroutine: keep it
 	// fast.
 	OnOutcome func(Result)
 	// OnRetry, when set, is called before each retry of a transient failure.
-	OnRetry func(Retry)
+	OnRetry func(TxRetry)
 	// Logger receives debug lines for duplicates and retries. Defaults to
 	// no logging.
 	Logger watermill.LoggerAdapter
@@ -215,8 +217,9 @@ type Result struct {
 	Message             *message.Message
 }
 
-// Retry describes one transient failure that is about to be retried.
-type Retry struct {
+// TxRetry describes one transient failure of a claim transaction that is
+// about to be retried with a fresh transaction.
+type TxRetry struct {
 	Consumer string
 	Attempt  int    // the attempt that failed, from 1
 	Cause    string // "serialization", "deadlock", "claim_wait" or "connection"
@@ -224,8 +227,8 @@ type Retry struct {
 	Delay    time.Duration
 }
 
-// Validate reports the first invalid field as a *framework.ConfigError.
-func (c Claim) Validate() error {
+// validate reports the first invalid field as a *framework.ConfigError.
+func (c Claim) validate() error {
 	switch {
 	case c.Store == nil:
 		return &framework.ConfigError{Field: "Store", Reason: "must not be nil"}
@@ -239,8 +242,8 @@ func (c Claim) Validate() error {
 		return &framework.ConfigError{Field: "OutboxTopic", Reason: "must be valid UTF-8 without NUL bytes"}
 	case c.MaxAttempts < 0:
 		return &framework.ConfigError{Field: "MaxAttempts", Reason: "must not be negative"}
-	case c.ClaimWait < 0:
-		return &framework.ConfigError{Field: "ClaimWait", Reason: "must not be negative"}
+	case c.MaxClaimWait < 0:
+		return &framework.ConfigError{Field: "MaxClaimWait", Reason: "must not be negative"}
 	case c.InitialBackoff < 0 || c.MaxBackoff < 0:
 		return &framework.ConfigError{Field: "InitialBackoff", Reason: "backoffs must not be negative"}
 	case c.KeyPolicy.MaxBytes < 0:
@@ -263,17 +266,17 @@ func (c Claim) withDefaults() Claim {
 	if c.Mode == "" {
 		c.Mode = ModeClaimTable
 	}
-	if c.ClaimWait == 0 {
-		c.ClaimWait = DefaultClaimWait
+	if c.MaxClaimWait == 0 {
+		c.MaxClaimWait = defaultMaxClaimWait
 	}
 	if c.MaxAttempts == 0 {
-		c.MaxAttempts = DefaultMaxAttempts
+		c.MaxAttempts = defaultMaxAttempts
 	}
 	if c.InitialBackoff == 0 {
-		c.InitialBackoff = DefaultInitialBackoff
+		c.InitialBackoff = defaultInitialBackoff
 	}
 	if c.MaxBackoff == 0 {
-		c.MaxBackoff = DefaultMaxBackoff
+		c.MaxBackoff = defaultMaxBackoff
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -285,7 +288,7 @@ func (c Claim) withDefaults() Claim {
 // is returned here, so a claim that would fail every message (a hot
 // redelivery loop) cannot be installed.
 func NewClaim(c Claim) (message.HandlerMiddleware, error) {
-	if err := c.Validate(); err != nil {
+	if err := c.validate(); err != nil {
 		return nil, err
 	}
 	return c.middleware, nil
@@ -336,7 +339,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 			delay := c.backoff(attempt)
 			if c.OnRetry != nil {
-				c.OnRetry(Retry{Consumer: c.Consumer, Attempt: attempt, Cause: cause.String(), Err: err, Delay: delay})
+				c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: attempt, Cause: cause.String(), Err: err, Delay: delay})
 			}
 			c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
 			if err := timing.Sleep(msg.Context(), delay); err != nil {
@@ -370,11 +373,11 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 		// The claim is the handler's guarded INSERT: bound its wait behind
 		// a twin's uncommitted entry like the claim table's, set in the
 		// same round trip as BEGIN.
-		if tx, err = claimsql.BeginNaturalKey(ctx, c.Store.Pool(), txOpts, c.ClaimWait); err != nil {
+		if tx, err = claimsql.BeginNaturalKey(ctx, c.Store.Pool(), txOpts, c.MaxClaimWait); err != nil {
 			return "", err
 		}
 	} else {
-		req := claimsql.Request{Consumer: c.Consumer, Key: key, MaxClaimWait: c.ClaimWait}
+		req := claimsql.Request{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait}
 		if c.EventTime != nil {
 			at, err := c.EventTime(msg)
 			if err != nil {

@@ -197,7 +197,7 @@ func TestClaimWaitTimeoutIsRetried(t *testing.T) {
 	b := setup(t, 4)
 	rec := &outcomes{}
 	c := b.claim(t, "loyalty", rec)
-	c.ClaimWait = 50 * time.Millisecond
+	c.MaxClaimWait = 50 * time.Millisecond
 	c.MaxAttempts = 50
 	c.InitialBackoff = 20 * time.Millisecond
 	c.MaxBackoff = 50 * time.Millisecond
@@ -245,7 +245,7 @@ func TestClaimWaitGivesUpAfterMaxAttempts(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	c := b.claim(t, "loyalty", nil)
-	c.ClaimWait = 20 * time.Millisecond
+	c.MaxClaimWait = 20 * time.Millisecond
 	c.MaxAttempts = 2
 	o := order{OrderID: 78, CustomerID: 3, TotalCents: 900}
 
@@ -334,23 +334,20 @@ func TestBadConfiguration(t *testing.T) {
 		{"Consumer", func(c *middleware.Claim) { c.Consumer = "a\x00b" }},
 		{"Key", func(c *middleware.Claim) { c.Key = nil }},
 		{"MaxAttempts", func(c *middleware.Claim) { c.MaxAttempts = -1 }},
-		{"ClaimWait", func(c *middleware.Claim) { c.ClaimWait = -time.Second }},
+		{"MaxClaimWait", func(c *middleware.Claim) { c.MaxClaimWait = -time.Second }},
 		{"Isolation", func(c *middleware.Claim) { c.Isolation = "read uncommitted; drop table x" }},
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			c := good
 			tc.mutate(&c)
-			err := c.Validate()
-			var ce *framework.ConfigError
-			require.ErrorAs(t, err, &ce)
-			require.Equal(t, tc.field, ce.Field)
-			require.Contains(t, err.Error(), tc.field)
 			// A bad config cannot be installed: NewClaim refuses it
 			// rather than returning a middleware that nacks every
 			// message into a hot redelivery loop.
 			mw, err := middleware.NewClaim(c)
+			var ce *framework.ConfigError
 			require.ErrorAs(t, err, &ce)
 			require.Equal(t, tc.field, ce.Field)
+			require.Contains(t, err.Error(), tc.field)
 			require.Nil(t, mw)
 		})
 	}

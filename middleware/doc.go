@@ -5,7 +5,7 @@
 //
 //	BEGIN
 //	  INSERT INTO claimtx.processed_messages (consumer, message_key)
-//	       VALUES ($1, $2) ON CONFLICT DO NOTHING   -- bounded by ClaimWait
+//	       VALUES ($1, $2) ON CONFLICT DO NOTHING   -- waits at most MaxClaimWait
 //	  handler(msg) with the tx in its context        -- only if the claim inserted
 //	COMMIT
 //	return nil -> the router acks
@@ -13,7 +13,10 @@
 // A duplicate (the claim already committed) commits without calling the
 // handler and is acked. A handler error or panic rolls back claim and effect
 // together and returns the error, so the broker redelivers. Transient
-// database failures retry the whole transaction with a fresh one.
+// database failures (serialization, deadlock, a claim wait longer than
+// MaxClaimWait behind a twin's uncommitted claim, a lost connection) retry
+// the whole transaction with a fresh one, up to MaxAttempts; OnRetry sees
+// each retry (a TxRetry) and OnOutcome each pass (a Result).
 //
 // # Wiring
 //
@@ -35,10 +38,19 @@
 // examples/quickstart (the README's quick start) is this, complete.
 //
 // Watermill runs middleware in the order they were added, router-level and
-// handler-level alike; put Recoverer, Poison (NewPoison) and Retry before
-// the claim. NewClaim, NewPoison and NewExpiryGuard return the
-// configuration error instead of a middleware, so a broken one cannot be
-// installed.
+// handler-level alike; put Recoverer, Poison (NewPoison) and Watermill's
+// Retry before the claim, and ExpiryGuard (NewExpiryGuard) just before it
+// when claims are removed after a retention window:
+//
+//	Recoverer -> Poison -> Retry -> ExpiryGuard -> Claim -> handler
+//
+// NewClaim, NewPoison, NewExpiryGuard and NewBatch return the configuration
+// error (a *framework.ConfigError naming the field) instead of a
+// middleware, so a broken one cannot be installed. Poison's policy is
+// fixed: permanent errors and handler failures are dead-lettered with the
+// reason (PoisonReasonKey), transient database failures and interrupted
+// work are nacked. framework/consumer builds this chain from one
+// configuration.
 //
 // # What the middleware does not do
 //
@@ -60,6 +72,19 @@
 // the effect present. Outcomes, hooks and retries are those of the claim
 // table; such claims never expire. docs/effects.md compares the claim
 // table, natural keys, versioned upserts and the outbox.
+//
+// # Batches
+//
+// NewBatch returns a Batch, which applies many messages in one claim
+// transaction: one statement claims every key, a SetHandlerFunc applies
+// the newly claimed messages at once, one commit, and Process returns one
+// error per message for the caller to ack, nack or poison it. A failing
+// message is isolated by bisection under savepoints and leaves no claim.
+// Batches claim in the claim table only (no natural key, outbox topic,
+// fingerprint or event time). framework/consumer's NewBatch runs one over
+// a broker subscription; docs/batch.md explains it.
+//
+// # Compared with Watermill's Deduplicator
 //
 // Unlike Watermill's own Deduplicator (an in-memory, time-limited set of
 // payload hashes, recorded before the handler runs), the claim commits

@@ -7,7 +7,7 @@ import (
 	"github.com/claimtx/claimtx/internal/brokermeta"
 )
 
-// brokerEventTimeRisk is why Claim.Validate refuses an EventTime that
+// brokerEventTimeRisk is why NewClaim refuses an EventTime that
 // readsBrokerTime, unless AllowBrokerEventTime is set.
 const brokerEventTimeRisk = "reads a time the broker or the publishing client assigns to each copy " +
 	"(such as kafka:timestamp), not one the producer fixed: a copy written again " +

@@ -58,12 +58,12 @@ type ExpiryGuard struct {
 	// refused or (AllowExpired) applied, on the handler goroutine: count
 	// it (outcome framework.Expired), log it.
 	OnExpired func(msg *message.Message, err *framework.ExpiredError)
-	// Now is the clock. Defaults to time.Now.
-	Now func() time.Time
+
+	now func() time.Time // the clock, time.Now; tests set another
 }
 
-// Validate reports the first invalid field as a *framework.ConfigError.
-func (g ExpiryGuard) Validate() error {
+// validate reports the first invalid field as a *framework.ConfigError.
+func (g ExpiryGuard) validate() error {
 	switch {
 	case g.EventTime == nil:
 		return &framework.ConfigError{Field: "EventTime", Reason: "must not be nil (e.g. framework.ParseTimeSpec(\"metadata:event_time\"))"}
@@ -77,7 +77,7 @@ func (g ExpiryGuard) Validate() error {
 // error is returned here, so a guard that would fail every message (a hot
 // redelivery loop) cannot be installed.
 func NewExpiryGuard(g ExpiryGuard) (message.HandlerMiddleware, error) {
-	if err := g.Validate(); err != nil {
+	if err := g.validate(); err != nil {
 		return nil, err
 	}
 	return g.middleware, nil
@@ -87,8 +87,8 @@ func (g ExpiryGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
 	if g.Retention == 0 {
 		g.Retention = storedefault.Retention
 	}
-	if g.Now == nil {
-		g.Now = time.Now
+	if g.now == nil {
+		g.now = time.Now
 	}
 	return func(msg *message.Message) ([]*message.Message, error) {
 		at, err := g.EventTime(msg)
@@ -97,7 +97,7 @@ func (g ExpiryGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
 			// same way: poison it, never retry it.
 			return nil, framework.Permanent(fmt.Errorf("claimtx: expiry guard: %w", err))
 		}
-		horizon := g.Now().Add(-g.Retention)
+		horizon := g.now().Add(-g.Retention)
 		if !at.Before(horizon) {
 			return h(msg)
 		}

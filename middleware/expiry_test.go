@@ -38,7 +38,7 @@ func newGuarded(t *testing.T, allowExpired bool, now time.Time) *guarded {
 
 	eventTime, err := framework.ParseTimeSpec("metadata:event_time")
 	require.NoError(t, err)
-	guard := middleware.ExpiryGuard{
+	guard := middleware.ExpiryGuardAt(middleware.ExpiryGuard{
 		Retention:    30 * 24 * time.Hour,
 		EventTime:    eventTime,
 		AllowExpired: allowExpired,
@@ -47,11 +47,8 @@ func newGuarded(t *testing.T, allowExpired bool, now time.Time) *guarded {
 			defer g.mu.Unlock()
 			g.expired = append(g.expired, err)
 		},
-		Now: func() time.Time { return now },
-	}
-	require.NoError(t, guard.Validate())
+	}, now)
 	poison := middleware.Poison{Publisher: pubsub, Topic: "orders.poison"}
-	require.NoError(t, poison.Validate())
 	claim := g.b.claim(t, "loyalty", nil)
 	g.handler = install(t, middleware.NewPoison, poison)(install(t, middleware.NewExpiryGuard, guard)(install(t, middleware.NewClaim, claim)(consume(credit))))
 	return g
@@ -86,7 +83,7 @@ func TestExpiryGuardPoisonsOldReplay(t *testing.T) {
 		require.Contains(t, reason, "2024-05-01T12:00:00Z", "the event time")
 		require.Contains(t, reason, "2024-05-11T12:00:00Z", "the horizon")
 		require.Contains(t, reason, "retention 30d")
-		require.Equal(t, "true", got.Metadata.Get(middleware.PoisonPermanentKey))
+		require.Equal(t, "true", got.Metadata.Get("claimtx_poison_permanent"))
 		require.Equal(t, "evt-9912", got.Metadata.Get("event_id"))
 		got.Ack()
 	case <-time.After(5 * time.Second):
@@ -161,9 +158,9 @@ func TestExpiryGuardErrorsWithoutPoison(t *testing.T) {
 	require.True(t, framework.IsPermanent(err))
 
 	var ce *framework.ConfigError
-	require.ErrorAs(t, middleware.ExpiryGuard{}.Validate(), &ce)
+	require.ErrorAs(t, configErr(middleware.NewExpiryGuard, middleware.ExpiryGuard{}), &ce)
 	require.Equal(t, "EventTime", ce.Field)
-	require.ErrorAs(t, middleware.ExpiryGuard{EventTime: eventTime, Retention: -1}.Validate(), &ce)
+	require.ErrorAs(t, configErr(middleware.NewExpiryGuard, middleware.ExpiryGuard{EventTime: eventTime, Retention: -1}), &ce)
 	require.Equal(t, "Retention", ce.Field)
 	mw, err := middleware.NewExpiryGuard(middleware.ExpiryGuard{})
 	require.ErrorAs(t, err, &ce, "a broken guard must not be installable")

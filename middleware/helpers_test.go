@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // bundle is what each test gets: its own schema holding claimtx's tables and
@@ -112,7 +112,7 @@ func keyFunc(t testing.TB) framework.KeyFunc {
 type outcomes struct {
 	mu      sync.Mutex
 	results []middleware.Result
-	retries []middleware.Retry
+	retries []middleware.TxRetry
 }
 
 func (o *outcomes) onOutcome(r middleware.Result) {
@@ -121,7 +121,7 @@ func (o *outcomes) onOutcome(r middleware.Result) {
 	o.results = append(o.results, r)
 }
 
-func (o *outcomes) onRetry(r middleware.Retry) {
+func (o *outcomes) onRetry(r middleware.TxRetry) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.retries = append(o.retries, r)
@@ -145,7 +145,7 @@ func (b bundle) claim(t testing.TB, consumer string, rec *outcomes) middleware.C
 		c.OnOutcome = rec.onOutcome
 		c.OnRetry = rec.onRetry
 	}
-	require.NoError(t, c.Validate())
+	require.NoError(t, configErr(middleware.NewClaim, c))
 	return c
 }
 
@@ -235,7 +235,7 @@ func deliverTwins(t *testing.T, b bundle, wrap func(message.HandlerFunc) message
 // twinOverlapTimeout bounds how long the winner waits for its twins to
 // queue behind it: long enough for 64 goroutines to reach a loaded shared
 // server, short enough to fail a broken run promptly. Twins that give up
-// their lock wait meanwhile (ClaimWait) are retried and queue again.
+// their lock wait meanwhile (MaxClaimWait) are retried and queue again.
 const twinOverlapTimeout = 30 * time.Second
 
 // blockedBehindMeSQL counts the backends waiting on a lock held by this
@@ -316,6 +316,12 @@ func warm(t *testing.T, pool *pgxpool.Pool, n int) {
 
 // install builds a middleware through its constructor, failing the test on
 // a configuration error.
+// configErr is the configuration error build returns for c, if any.
+func configErr[C any](build func(C) (message.HandlerMiddleware, error), c C) error {
+	_, err := build(c)
+	return err
+}
+
 func install[C any](t testing.TB, build func(C) (message.HandlerMiddleware, error), c C) message.HandlerMiddleware {
 	t.Helper()
 	mw, err := build(c)

@@ -64,7 +64,7 @@ func (b bundle) natural(t testing.TB, rec *outcomes) middleware.Claim {
 		c.OnOutcome = rec.onOutcome
 		c.OnRetry = rec.onRetry
 	}
-	require.NoError(t, c.Validate())
+	require.NoError(t, configErr(middleware.NewClaim, c))
 	return c
 }
 
@@ -130,13 +130,13 @@ func TestNaturalKeySerializableTwinsRetryTransparently(t *testing.T) {
 }
 
 // The wait behind an uncommitted twin's ledger entry is bounded by
-// ClaimWait and retried like the claim table's, then given up.
+// MaxClaimWait and retried like the claim table's, then given up.
 func TestNaturalKeyClaimWaitIsBoundedAndRetried(t *testing.T) {
 	t.Parallel()
 	b := naturalSetup(t, 4)
 	rec := &outcomes{}
 	c := b.natural(t, rec)
-	c.ClaimWait = 20 * time.Millisecond
+	c.MaxClaimWait = 20 * time.Millisecond
 	c.MaxAttempts = 3
 	o := order{OrderID: 78, CustomerID: 3, TotalCents: 900}
 
@@ -251,11 +251,11 @@ func TestModeConfiguration(t *testing.T) {
 	c := b.claim(t, "loyalty", nil)
 	c.Mode = "natural"
 	var ce *framework.ConfigError
-	require.ErrorAs(t, c.Validate(), &ce)
+	require.ErrorAs(t, configErr(middleware.NewClaim, c), &ce)
 	require.Equal(t, "Mode", ce.Field)
 	c.Mode, c.Key = middleware.ModeClaimTable, nil
-	require.ErrorAs(t, c.Validate(), &ce)
+	require.ErrorAs(t, configErr(middleware.NewClaim, c), &ce)
 	require.Equal(t, "Key", ce.Field)
 	c.Mode = middleware.ModeNaturalKey
-	require.NoError(t, c.Validate(), "natural-key mode needs no Key")
+	require.NoError(t, configErr(middleware.NewClaim, c), "natural-key mode needs no Key")
 }

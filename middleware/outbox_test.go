@@ -46,7 +46,6 @@ func TestReturnedMessagesAreEnqueuedInTheClaimTx(t *testing.T) {
 	rec := &outcomes{}
 	c := b.claim(t, "loyalty", rec)
 	c.OutboxTopic = "send-receipt"
-	require.NoError(t, c.Validate())
 	h := install(t, middleware.NewClaim, c)(func(msg *message.Message) ([]*message.Message, error) {
 		tx, ok := framework.TxFromContext(msg.Context())
 		require.True(t, ok)
@@ -185,7 +184,7 @@ func TestOutboxTopicConfiguration(t *testing.T) {
 		c := b.claim(t, "loyalty", nil)
 		c.OutboxTopic = topic
 		var ce *framework.ConfigError
-		require.ErrorAs(t, c.Validate(), &ce)
+		require.ErrorAs(t, configErr(middleware.NewClaim, c), &ce)
 		require.Equal(t, "OutboxTopic", ce.Field)
 	}
 }

@@ -55,7 +55,7 @@ func TestPartitionedClaimsByEventTime(t *testing.T) {
 
 // Routing claims by a time that each copy of a message gets anew (the
 // Kafka record timestamp, the clock) can put a republished copy in another
-// day's partition, where it meets no twin: Validate refuses it, whichever
+// day's partition, where it meets no twin: NewClaim refuses it, whichever
 // way it is read, unless AllowBrokerEventTime says the risk is accepted.
 func TestBrokerEventTimeRefusedForPartitionRouting(t *testing.T) {
 	t.Parallel()
@@ -81,13 +81,13 @@ func TestBrokerEventTimeRefusedForPartitionRouting(t *testing.T) {
 		c := b.claim(t, "loyalty", nil)
 		c.EventTime = f
 		var ce *framework.ConfigError
-		require.ErrorAs(t, c.Validate(), &ce, name)
+		require.ErrorAs(t, configErr(middleware.NewClaim, c), &ce, name)
 		require.Equal(t, "EventTime", ce.Field, name)
 		require.Contains(t, ce.Reason, "applied twice", name)
 		require.Contains(t, ce.Reason, "AllowBrokerEventTime", name)
 		// The opt-in is the only way past it.
 		c.AllowBrokerEventTime = true
-		require.NoError(t, c.Validate(), name)
+		require.NoError(t, configErr(middleware.NewClaim, c), name)
 	}
 	for name, f := range map[string]framework.TimeFunc{
 		"metadata:event_time": spec("metadata:event_time"),
@@ -99,9 +99,9 @@ func TestBrokerEventTimeRefusedForPartitionRouting(t *testing.T) {
 	} {
 		c := b.claim(t, "loyalty", nil)
 		c.EventTime = f
-		require.NoError(t, c.Validate(), name)
+		require.NoError(t, configErr(middleware.NewClaim, c), name)
 	}
 	// The natural-key mode routes nothing by event time.
 	c := middleware.Claim{Store: b.store, Consumer: "loyalty", Mode: middleware.ModeNaturalKey, EventTime: kafkaTS}
-	require.NoError(t, c.Validate())
+	require.NoError(t, configErr(middleware.NewClaim, c))
 }

@@ -31,7 +31,6 @@ func TestPoison(t *testing.T) {
 
 	var hooked []error
 	p := middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: func(_ *message.Message, err error) { hooked = append(hooked, err) }}
-	require.NoError(t, p.Validate())
 
 	fail := func(err error) message.HandlerFunc {
 		return func(*message.Message) ([]*message.Message, error) { return nil, err }
@@ -44,7 +43,7 @@ func TestPoison(t *testing.T) {
 	select {
 	case got := <-poisoned:
 		require.Equal(t, "undecodable", got.Metadata.Get(middleware.PoisonReasonKey))
-		require.Equal(t, "true", got.Metadata.Get(middleware.PoisonPermanentKey))
+		require.Equal(t, "true", got.Metadata.Get("claimtx_poison_permanent"))
 		require.Equal(t, "undecodable", got.Metadata.Get("reason_poisoned"))
 		require.Equal(t, []byte("payload"), []byte(got.Payload))
 		got.Ack()
@@ -72,8 +71,10 @@ func TestPoison(t *testing.T) {
 	// Invalid config: refused by the constructor, so a poison route that
 	// would nack every failing message forever cannot be installed.
 	var ce *framework.ConfigError
-	require.ErrorAs(t, middleware.Poison{Topic: "x"}.Validate(), &ce)
-	require.ErrorAs(t, middleware.Poison{Publisher: pubsub}.Validate(), &ce)
+	require.ErrorAs(t, configErr(middleware.NewPoison, middleware.Poison{Topic: "x"}), &ce)
+	require.Equal(t, "Publisher", ce.Field)
+	require.ErrorAs(t, configErr(middleware.NewPoison, middleware.Poison{Publisher: pubsub}), &ce)
+	require.Equal(t, "Topic", ce.Field)
 	mw, err := middleware.NewPoison(middleware.Poison{})
 	require.ErrorAs(t, err, &ce)
 	require.Nil(t, mw)
@@ -89,7 +90,6 @@ func TestPoisonNeverDeadLettersInterruptedWork(t *testing.T) {
 	t.Parallel()
 	var published int
 	p := middleware.Poison{Publisher: countingPublisher{&published}, Topic: "orders.poison"}
-	require.NoError(t, p.Validate())
 	for _, cause := range []error{context.Canceled, errors.New("terminated signal received"), framework.Permanent(errors.New("undecodable"))} {
 		msg := message.NewMessage("m1", []byte("payload"))
 		ctx, cancel := context.WithCancelCause(context.Background())

@@ -70,8 +70,9 @@ type Config struct {
 	// Window, when > 0, makes each Subscribe call consume with ONE amqp091
 	// consumer on its own channel with QoS prefetch = Window, and forward
 	// deliveries without waiting for earlier ones to be acked, so up to
-	// Window messages are in flight at once (for consumer.RunBatch, set it
-	// to workers × batch size). Concurrency and Prefetch are then not used.
+	// Window messages are in flight at once (for a batch consumer,
+	// consumer.NewBatch, set it to workers × batch size). Concurrency and
+	// Prefetch are then not used.
 	// Each delivery is acked on the channel it came from; a nacked one keeps
 	// its place in the window while NackDelay runs, without holding up the
 	// others. When the channel or the connection is lost, its unacked

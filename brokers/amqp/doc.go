@@ -41,7 +41,7 @@
 //
 // # Window mode
 //
-// A batch consumer (framework/consumer.RunBatch) can only gather as many
+// A batch consumer (framework/consumer.NewBatch) can only gather as many
 // messages as are unacked at once, and Concurrency subscriptions give at
 // most Concurrency of them, refilled one ack at a time. With Config.Window
 // > 0, Subscribe instead starts ONE amqp091 consumer on its own channel

@@ -117,8 +117,8 @@ type Config struct {
 
 	// Window, when > 0, makes Subscribe consume through its own Sarama
 	// consumer-group handler that forwards up to Window messages per
-	// partition without waiting for earlier ones to be acked (for
-	// consumer.RunBatch: set it to at least the batch size). An ack marks
+	// partition without waiting for earlier ones to be acked (for a batch
+	// consumer, consumer.NewBatch: at least the batch size). An ack marks
 	// the offset only once every earlier message of that partition is acked
 	// (the committed offset never passes an unacked message); a nack re-sends
 	// a fresh copy of that message after NackDelay while later messages go

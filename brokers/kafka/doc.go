@@ -42,7 +42,7 @@
 //
 // # Window mode
 //
-// One message per partition caps a batch consumer (consumer.RunBatch) at the
+// One message per partition caps a batch consumer (consumer.NewBatch) at the
 // number of partitions it owns. With Config.Window > 0, Subscribe runs its
 // own Sarama consumer-group handler instead of watermill-kafka's, with the
 // same Sarama configuration, start-up retry and record conversion (so

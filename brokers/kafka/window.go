@@ -17,10 +17,11 @@ import (
 //
 // watermill-kafka forwards one message per partition and waits for its ack
 // before it reads the next, so a consumer holds at most as many unacked
-// messages as it owns partitions, and consumer.RunBatch cannot form larger
-// batches. In window mode Subscribe runs its own Sarama consumer group with
-// the same Sarama configuration and marshaler, and a handler that forwards up
-// to Window messages per partition before any is acked:
+// messages as it owns partitions, and a batch consumer (consumer.NewBatch)
+// cannot form larger batches. In window mode Subscribe runs its own Sarama
+// consumer group with the same Sarama configuration and marshaler, and a
+// handler that forwards up to Window messages per partition before any is
+// acked:
 //
 //   - Each claimed partition gets a semaphore of Window slots. A slot is taken
 //     before a record is read from the claim and given back when its message

@@ -12,8 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // TestChaosDisruptive is `make chaos-ci` as a test: 2,000 orders per

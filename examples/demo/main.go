@@ -25,8 +25,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/examples/internal/orderfeed"
+	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 type options struct {

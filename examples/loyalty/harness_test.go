@@ -26,10 +26,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/examples/internal/orderfeed"
-	"github.com/claimtx/claimtx/internal/testenv"
+	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // The kill tests run the consumer the way an operator does: as its own

@@ -29,6 +29,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/framework/observe"
+	claimstartup "github.com/claimtx/claimtx/internal/startup"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -39,6 +40,9 @@ const (
 	defaultKey         = "template:order-completed:{payload.order_id}"
 	consumerName       = "loyalty"
 	defaultMetricsAddr = "127.0.0.1:9464"
+	// poisonSuffix names the poison topic after TOPIC, as
+	// consumer.Config.PoisonTopic's default does; it is only logged.
+	poisonSuffix = ".poison"
 )
 
 // OrderCompleted is the event. Pointers tell a missing field from a zero.
@@ -208,7 +212,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	// The effect tables wait for the database under the consumer's own
 	// start-up policy (consumer.Config.StartupTimeout); a failure names
 	// PostgreSQL, the step and the real cause.
-	if err := cfg.AwaitDatabase(ctx, pool, "create the loyalty tables", func(ctx context.Context) error {
+	if err := claimstartup.AwaitDatabase(ctx, logger, cfg.StartupTimeout, pool, "create the loyalty tables", func(ctx context.Context) error {
 		return createTables(ctx, pool)
 	}); err != nil {
 		return err
@@ -273,7 +277,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		}
 		c = bc
 		logger.Info("loyalty: consuming in batches", "broker", cfg.Broker.Kind, "topic", cfg.Topic,
-			"batch_size", batch.MaxSize, "workers", batch.Workers, "poison_topic", cfg.Topic+consumer.DefaultPoisonSuffix)
+			"batch_size", batch.MaxSize, "workers", batch.Workers, "poison_topic", cfg.Topic+poisonSuffix)
 	} else {
 		handler, err := withHandlerDelay(logger, credit)
 		if err != nil {
@@ -287,7 +291,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		go func() {
 			select {
 			case <-mc.Running():
-				logger.Info("loyalty: consuming", "broker", cfg.Broker.Kind, "topic", cfg.Topic, "poison_topic", cfg.Topic+consumer.DefaultPoisonSuffix)
+				logger.Info("loyalty: consuming", "broker", cfg.Broker.Kind, "topic", cfg.Topic, "poison_topic", cfg.Topic+poisonSuffix)
 			case <-ctx.Done():
 			}
 		}()

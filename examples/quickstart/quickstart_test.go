@@ -18,9 +18,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 const (

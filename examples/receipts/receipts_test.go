@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // asMainEnv makes the test binary run main() instead of the tests, so the

@@ -15,7 +15,9 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// BatchOptions configures RunBatch.
+// BatchOptions configures the batches of NewBatch. The retry and shutdown
+// policy (HandlerRetries, RetryInitialInterval, DrainTimeout) is Config's,
+// the same for both consumers.
 type BatchOptions struct {
 	// MaxSize bounds a batch. Defaults to 100.
 	MaxSize int
@@ -27,28 +29,12 @@ type BatchOptions struct {
 	// Defaults to 1.
 	Workers int
 	// Poison, when its Publisher is set, receives the messages that cannot
-	// be processed (with the reason, as middleware.Poison does): permanent
-	// failures at once, handler errors and panics once HandlerRetries are
-	// spent; they are then acked. Without it they are nacked.
+	// be processed instead of Config.PoisonTopic on Config.Broker, with
+	// the reason, as middleware.Poison does: permanent failures at once,
+	// handler errors and panics once Config.HandlerRetries are spent; they
+	// are then acked. Its OnPoison is called besides the consumer's
+	// bookkeeping.
 	Poison middleware.Poison
-	// HandlerRetries and RetryInitialInterval are Config's: a message
-	// whose handler failed (an error or a panic, not a permanent or a
-	// transient database failure) is retried in process, with its batch's
-	// other failures, that many times with exponential backoff before it
-	// is poisoned. Defaults: DefaultHandlerRetries, 100ms.
-	HandlerRetries       int
-	RetryInitialInterval time.Duration
-	// DrainTimeout is Config.DrainTimeout: when ctx ends, no new batch
-	// starts and the batches in flight get this long to commit and be
-	// acked; the rest is cancelled and nacked, never poisoned. Defaults
-	// to DefaultDrainTimeout.
-	DrainTimeout time.Duration
-
-	logger *slog.Logger // Config.Logger, set by NewBatch
-	// settled, set by NewBatch, is told of every message of a processed
-	// batch once it is acked (nil) or nacked (the error), for the one
-	// outcome per message.
-	settled func(*message.Message, error)
 }
 
 // BatchConsumer is the batch counterpart of Consumer, built by NewBatch
@@ -56,25 +42,30 @@ type BatchOptions struct {
 // metrics, with batches of messages applied by a set-wise handler.
 type BatchConsumer struct {
 	*parts
-	batch   middleware.Batch
-	handler middleware.SetHandlerFunc
-	opts    BatchOptions
+	batches batchRunner
 }
 
 // NewBatch validates cfg, connects and migrates like New, for a consumer
 // that applies batches of up to opts.MaxSize messages in one claim
-// transaction each (see RunBatchSet). opts.Poison defaults to cfg's poison
-// topic on cfg's broker. Size the broker's window for it (cfg.Broker's
-// AMQP.Window / Kafka.Window: at least Workers × MaxSize).
+// transaction each (middleware.Batch): handler is called once per batch
+// with its newly claimed messages, then every message is acked (applied
+// or duplicate), poisoned or nacked. opts.Poison defaults to cfg's poison
+// topic on cfg's broker.
+//
+// How large batches get depends on how many unacked messages the broker
+// lets the subscriber hold: size cfg.Broker's window (AMQP.Window /
+// Kafka.Window) to at least Workers × MaxSize. Without it, RabbitMQ holds
+// one message per subscription (Concurrency) and watermill-kafka one per
+// partition.
 //
 // The Config fields of per-message features batches do not have are
-// refused with a ConfigError naming them: Mode (natural key),
-// OutboxTopic, Fingerprint, EventTime, Retention, HandlerTimeout and
-// Tracer. Failures follow the per-message policy: transient ones retry the
-// whole batch up to MaxAttempts and are then nacked, permanent ones are
-// poisoned, handler errors and panics are retried HandlerRetries times and
-// then poisoned; cfg.HandlerRetries, RetryInitialInterval and DrainTimeout
-// fill opts' zero fields.
+// refused with a ConfigError naming them: Claim.Mode (natural key),
+// Claim.OutboxTopic, Claim.Fingerprint, Claim.EventTime, Retention,
+// HandlerTimeout and Tracer. Failures follow the per-message policy:
+// transient ones retry the whole batch up to Claim.MaxAttempts and are
+// then nacked, permanent ones are poisoned, handler errors and panics are
+// retried HandlerRetries times (from RetryInitialInterval) and then
+// poisoned; a shutdown drains as Config.DrainTimeout says.
 func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (_ *BatchConsumer, err error) {
 	if handler == nil {
 		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
@@ -87,14 +78,20 @@ func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 		return nil, &framework.ConfigError{Field: "HandlerTimeout", Reason: why}
 	case cfg.Tracer != nil:
 		return nil, &framework.ConfigError{Field: "Tracer", Reason: why}
-	case cfg.EventTime != nil:
-		return nil, &framework.ConfigError{Field: "EventTime", Reason: why}
+	case cfg.Claim.EventTime != nil:
+		return nil, &framework.ConfigError{Field: "Claim.EventTime", Reason: why}
 	}
-	bt := middleware.Batch{Claim: middleware.Claim{Mode: cfg.Mode, OutboxTopic: cfg.OutboxTopic, Fingerprint: cfg.Fingerprint}}
-	if err := bt.Validate(); err != nil {
+	// The claim fields batches refuse, before anything connects; the
+	// claim's other checks run once open has filled Store (validate has
+	// made sure the caller left it nil, so the claim reports the fields
+	// batches refuse first, then Store).
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if _, err := middleware.NewBatch(cfg.Claim); err != nil {
 		var ce *framework.ConfigError
-		if errors.As(err, &ce) && ce.Field != "Store" { // Store is set by open
-			return nil, err
+		if !errors.As(err, &ce) || ce.Field != "Store" {
+			return nil, claimFieldErr(err)
 		}
 	}
 	p, err := open(ctx, cfg)
@@ -114,10 +111,11 @@ func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 		return nil, &framework.ConfigError{Field: "Store", Reason: "the claim table is partitioned by event day, which the batch consumer does not claim by"}
 	}
 	l := p.newLedger("") // no router: batch messages carry no handler name
-	bt = middleware.Batch{Claim: p.claim}
-	bt.OnOutcome = l.claimed
-	if err := bt.Validate(); err != nil {
-		return nil, err
+	claim := p.claim
+	claim.OnOutcome = l.claimed
+	bt, err := middleware.NewBatch(claim)
+	if err != nil {
+		return nil, claimFieldErr(err)
 	}
 	if opts.Poison.Publisher == nil {
 		opts.Poison = p.poison(l)
@@ -131,109 +129,89 @@ func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 			l.poisoned(msg, err)
 		}
 	}
-	opts.settled = l.settle
 	cfg = p.cfg
-	if opts.HandlerRetries == 0 {
-		opts.HandlerRetries = cfg.HandlerRetries
+	r := batchRunner{
+		sub: p.sub, topic: cfg.Topic, opts: opts,
+		handlerRetries: cfg.HandlerRetries, retryInitialInterval: cfg.RetryInitialInterval,
+		drainTimeout: cfg.DrainTimeout, logger: cfg.Logger, settled: l.settle,
+		process: func(ctx context.Context, msgs []*message.Message) []error {
+			return bt.Process(ctx, msgs, handler)
+		},
 	}
-	if opts.RetryInitialInterval == 0 {
-		opts.RetryInitialInterval = cfg.RetryInitialInterval
+	if err := r.init(); err != nil {
+		return nil, err
 	}
-	if opts.DrainTimeout == 0 {
-		opts.DrainTimeout = cfg.DrainTimeout
-	}
-	opts.logger = cfg.Logger
-	return &BatchConsumer{parts: p, batch: bt, handler: handler, opts: opts}, nil
+	return &BatchConsumer{parts: p, batches: r}, nil
 }
 
 // Run consumes in batches until ctx is cancelled or Close is called, then
-// shuts down gracefully (see BatchOptions.DrainTimeout); see RunBatchSet.
+// shuts down gracefully: no new batch starts, the batches in flight get
+// Config.DrainTimeout to commit and be acked, the rest is cancelled and
+// nacked, never poisoned.
 func (c *BatchConsumer) Run(ctx context.Context) error {
-	return c.run(ctx, func(ctx context.Context) error {
-		return RunBatchSet(ctx, c.sub, c.cfg.Topic, c.batch, c.handler, c.opts)
-	})
+	return c.run(ctx, c.batches.run)
 }
 
-// RunBatch consumes topic from sub in batches until ctx ends: each batch is
-// applied by b in one claim transaction, h called once per newly claimed
-// message, then every message is acked (applied or duplicate), poisoned
-// (permanent failure) or nacked.
-//
-// How large batches get depends on how many unacked messages the broker
-// lets the subscriber hold. Set the adapter's Window (brokers amqp and
-// kafka Config.Window) to at least Workers × MaxSize; without it,
-// RabbitMQ holds one message per subscription (Concurrency) and
-// watermill-kafka one per partition.
-func RunBatch(ctx context.Context, sub message.Subscriber, topic string, b middleware.Batch, h middleware.BatchHandlerFunc, opts BatchOptions) error {
-	if h == nil {
-		return &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
+// batchRunner consumes topic from sub in batches, each applied by process
+// in one claim transaction, and settles every message by the failure
+// policy both consumers share (settler).
+type batchRunner struct {
+	sub     message.Subscriber
+	topic   string
+	process func(context.Context, []*message.Message) []error
+	opts    BatchOptions
+	// Config's, with its defaults.
+	handlerRetries       int
+	retryInitialInterval time.Duration
+	drainTimeout         time.Duration
+	logger               *slog.Logger
+	// settled is told of every message of a processed batch once it is
+	// acked (nil) or nacked (the error), for the one outcome per message.
+	settled func(*message.Message, error)
+	// poison publishes a copy of the message with the reason; nil when no
+	// poison destination is configured.
+	poison func(*message.Message, error) error
+}
+
+// init applies the defaults of opts and builds the poison route.
+func (r *batchRunner) init() error {
+	if r.opts.MaxSize <= 0 {
+		r.opts.MaxSize = 100
 	}
-	return runBatches(ctx, sub, topic, b, opts, func(ctx context.Context, msgs []*message.Message) []error {
-		return b.Process(ctx, msgs, h)
-	})
-}
-
-// RunBatchSet is RunBatch with a handler that applies all newly claimed
-// messages of a batch at once (middleware.SetHandlerFunc): the fast way,
-// since a per-message handler pays its statements' round trips for every
-// message.
-func RunBatchSet(ctx context.Context, sub message.Subscriber, topic string, b middleware.Batch, h middleware.SetHandlerFunc, opts BatchOptions) error {
-	if h == nil {
-		return &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
+	if r.opts.MaxWait <= 0 {
+		r.opts.MaxWait = 5 * time.Millisecond
 	}
-	return runBatches(ctx, sub, topic, b, opts, func(ctx context.Context, msgs []*message.Message) []error {
-		return b.ProcessSet(ctx, msgs, h)
-	})
-}
-
-func runBatches(ctx context.Context, sub message.Subscriber, topic string, b middleware.Batch, opts BatchOptions, process func(context.Context, []*message.Message) []error) error {
-	if err := b.Validate(); err != nil {
+	if r.opts.Workers <= 0 {
+		r.opts.Workers = 1
+	}
+	if r.logger == nil {
+		r.logger = slog.Default()
+	}
+	if r.opts.Poison.Publisher == nil {
+		return nil
+	}
+	mw, err := middleware.NewPoison(r.opts.Poison)
+	if err != nil {
 		return err
 	}
-	switch {
-	case opts.HandlerRetries < 0:
-		return &framework.ConfigError{Field: "HandlerRetries", Reason: "must not be negative"}
-	case opts.RetryInitialInterval < 0:
-		return &framework.ConfigError{Field: "RetryInitialInterval", Reason: "must not be negative"}
-	case opts.DrainTimeout < 0:
-		return &framework.ConfigError{Field: "DrainTimeout", Reason: "must not be negative"}
+	// The poison middleware's copy-with-reason logic, around a handler
+	// that returns the message's error.
+	r.poison = func(m *message.Message, err error) error {
+		_, perr := mw(func(*message.Message) ([]*message.Message, error) { return nil, err })(m)
+		return perr
 	}
-	if opts.MaxSize <= 0 {
-		opts.MaxSize = 100
-	}
-	if opts.MaxWait <= 0 {
-		opts.MaxWait = 5 * time.Millisecond
-	}
-	if opts.Workers <= 0 {
-		opts.Workers = 1
-	}
-	if opts.HandlerRetries == 0 {
-		opts.HandlerRetries = DefaultHandlerRetries
-	}
-	if opts.RetryInitialInterval == 0 {
-		opts.RetryInitialInterval = DefaultRetryInitialInterval
-	}
-	if opts.DrainTimeout == 0 {
-		opts.DrainTimeout = DefaultDrainTimeout
-	}
-	s := settler{opts: opts, process: process}
-	if opts.Poison.Publisher != nil {
-		mw, err := middleware.NewPoison(opts.Poison)
-		if err != nil {
-			return err
-		}
-		// The poison middleware's copy-with-reason logic, around a handler
-		// that returns the message's error.
-		s.poison = func(m *message.Message, err error) error {
-			_, perr := mw(func(*message.Message) ([]*message.Message, error) { return nil, err })(m)
-			return perr
-		}
-	}
+	return nil
+}
+
+// run consumes until ctx ends or the subscription does, then drains.
+func (r batchRunner) run(ctx context.Context) error {
+	opts := r.opts
+	s := settler{batchRunner: r}
 	// The subscription outlives ctx: while the batches in flight drain,
 	// their acks must still reach the broker.
 	subCtx, endSubscription := context.WithCancel(context.WithoutCancel(ctx))
 	defer endSubscription()
-	ch, err := sub.Subscribe(subCtx, topic)
+	ch, err := r.sub.Subscribe(subCtx, r.topic)
 	if err != nil {
 		return err
 	}
@@ -262,7 +240,7 @@ func runBatches(ctx context.Context, sub message.Subscriber, topic string, b mid
 				// Work runs on a context that only the drain timeout
 				// cancels, so a shutdown lets it commit.
 				work, cancel := d.context(context.WithoutCancel(ctx))
-				s.settle(work, batch, process(work, batch))
+				s.settle(work, batch, r.process(work, batch))
 				cancel()
 				d.leave()
 			}
@@ -276,11 +254,7 @@ func runBatches(ctx context.Context, sub message.Subscriber, topic string, b mid
 	select {
 	case <-stopped: // the subscription ended by itself
 	case <-ctx.Done():
-		logger := opts.logger
-		if logger == nil {
-			logger = slog.Default()
-		}
-		d.drain(opts.DrainTimeout, logger)
+		d.drain(r.drainTimeout, r.logger)
 	}
 	endSubscription()
 	<-stopped
@@ -355,18 +329,14 @@ func gather(ctx context.Context, ch <-chan *message.Message, max int, wait time.
 // failures are poisoned; handler errors and panics are retried in process
 // (as Watermill's Retry does per message) and poisoned once
 // HandlerRetries are spent; transient database failures, which the batch
-// already retried MaxAttempts times, and work interrupted by shutdown are
-// nacked, never poisoned.
+// already retried Claim.MaxAttempts times, and work interrupted by
+// shutdown are nacked, never poisoned.
 type settler struct {
-	opts    BatchOptions
-	process func(context.Context, []*message.Message) []error
-	// poison publishes a copy of the message with the reason; nil when no
-	// poison destination is configured.
-	poison func(*message.Message, error) error
+	batchRunner
 }
 
 func (s settler) settle(ctx context.Context, batch []*message.Message, errs []error) {
-	delay := s.opts.RetryInitialInterval
+	delay := s.retryInitialInterval
 	for retry := 0; ; retry++ {
 		var again []*message.Message
 		for i, m := range batch {
@@ -378,7 +348,7 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 			case ctx.Err() != nil || !framework.IsPermanent(err) && store.IsTransient(err):
 				s.done(m, err)
 				m.Nack()
-			case retryable(err) && retry < s.opts.HandlerRetries:
+			case retryable(err) && retry < s.handlerRetries:
 				again = append(again, m)
 			default:
 				s.deadLetter(m, err)
@@ -394,7 +364,7 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 			}
 			return
 		}
-		delay = min(2*delay, 10*s.opts.RetryInitialInterval)
+		delay = min(2*delay, 10*s.retryInitialInterval)
 		batch, errs = again, s.process(ctx, again)
 	}
 }
@@ -418,7 +388,7 @@ func (s settler) deadLetter(m *message.Message, err error) {
 // chain returned, so a crash between the report and the ack is a
 // redelivery, never an ack without its report.
 func (s settler) done(m *message.Message, err error) {
-	if s.opts.settled != nil {
-		s.opts.settled(m, err)
+	if s.settled != nil {
+		s.settled(m, err)
 	}
 }

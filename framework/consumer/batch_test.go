@@ -18,20 +18,22 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
+	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
-// TestRunBatch: batches of up to 50 from a real broker, every order
+// TestBatchOverBrokers: batches of up to 50 from a real broker, every order
 // published twice, one undecodable message: each order applied once, the
-// bad one poisoned, nothing left unacked. Over RabbitMQ's per-subscription
-// mode with a per-message handler, and over both brokers' window mode
-// with a set-wise handler, where batches must actually fill up.
-func TestRunBatch(t *testing.T) {
+// bad one poisoned on a poison route of the caller's (BatchOptions.Poison),
+// nothing left unacked. Over RabbitMQ's per-subscription mode with a
+// handler that writes one statement per message, and over both brokers'
+// window mode with a set-wise handler, where batches must actually fill
+// up.
+func TestBatchOverBrokers(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string
@@ -46,19 +48,16 @@ func TestRunBatch(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			testRunBatch(t, tc.broker, tc.window, tc.setWise, tc.minBatch)
+			testBatchOverBrokers(t, tc.broker, tc.window, tc.setWise, tc.minBatch)
 		})
 	}
 }
 
-func testRunBatch(t *testing.T, broker string, window int, setWise bool, minBatch int) {
+func testBatchOverBrokers(t *testing.T, broker string, window int, setWise bool, minBatch int) {
 	pool, schema := pgtest.Setup(t, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st, err := store.New(pool, store.Config{Schema: schema})
-	require.NoError(t, err)
-	require.NoError(t, st.Migrate(ctx))
-	_, err = pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
+	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
 	require.NoError(t, err)
 
 	topic := "batch-test-" + randHex()
@@ -81,9 +80,6 @@ func testRunBatch(t *testing.T, broker string, window int, setWise bool, minBatc
 			SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second}
 	}
 	logger := watermill.NopLogger{}
-	sub, err := brokers.NewSubscriber(cfg, logger)
-	require.NoError(t, err)
-	defer sub.Close()
 	pub, err := brokers.NewPublisher(cfg, logger)
 	require.NoError(t, err)
 	defer pub.Close()
@@ -96,10 +92,7 @@ func testRunBatch(t *testing.T, broker string, window int, setWise bool, minBatc
 	poisoned, err := poisonSub.Subscribe(ctx, topic+".poison")
 	require.NoError(t, err)
 
-	key, err := framework.ParseKeySpec("json:order_id")
-	require.NoError(t, err)
 	rec := &recorder{got: map[framework.Outcome]int{}}
-	bt := middleware.Batch{Claim: middleware.Claim{Store: st, Consumer: "batch", Key: key, OnOutcome: rec.on}}
 	decode := func(msg *message.Message) (int64, error) {
 		var o struct {
 			OrderID int64 `json:"order_id"`
@@ -115,39 +108,41 @@ func testRunBatch(t *testing.T, broker string, window int, setWise bool, minBatc
 	require.NoError(t, pub.Publish(topic, ordersTwice(orders, `{"order_id": `)...))
 
 	var maxBatch atomic.Int64
-	opts := consumer.BatchOptions{MaxSize: 50, Workers: 2, Poison: middleware.Poison{Publisher: pub, Topic: topic + ".poison"}}
-	done := make(chan error, 1)
-	go func() {
-		if setWise {
-			done <- consumer.RunBatchSet(ctx, sub, topic, bt, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
-				for n := int64(len(msgs)); ; {
-					m := maxBatch.Load()
-					if n <= m || maxBatch.CompareAndSwap(m, n) {
-						break
-					}
-				}
-				ids := make([]int64, len(msgs))
-				for i, msg := range msgs {
-					id, err := decode(msg)
-					if err != nil {
-						return err
-					}
-					ids[i] = id
-				}
-				_, err := tx.Exec(ctx, "INSERT INTO effects SELECT unnest($1::bigint[])", ids)
-				return err
-			}, opts)
-			return
+	handler := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+		for n := int64(len(msgs)); ; {
+			m := maxBatch.Load()
+			if n <= m || maxBatch.CompareAndSwap(m, n) {
+				break
+			}
 		}
-		done <- consumer.RunBatch(ctx, sub, topic, bt, func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		ids := make([]int64, len(msgs))
+		for i, msg := range msgs {
 			id, err := decode(msg)
 			if err != nil {
 				return err
 			}
-			_, err = tx.Exec(ctx, "INSERT INTO effects VALUES ($1)", id)
-			return err
-		}, opts)
-	}()
+			if !setWise {
+				if _, err := tx.Exec(ctx, "INSERT INTO effects VALUES ($1)", id); err != nil {
+					return err
+				}
+			}
+			ids[i] = id
+		}
+		if !setWise {
+			return nil
+		}
+		_, err := tx.Exec(ctx, "INSERT INTO effects SELECT unnest($1::bigint[])", ids)
+		return err
+	}
+	c, err := consumer.NewBatch(ctx, consumer.Config{
+		Name: "batch", Topic: topic, Key: "json:order_id", Pool: pool,
+		Store: store.Config{Schema: schema}, Broker: cfg, OnOutcome: rec.on,
+		Logger: slog.New(slog.DiscardHandler),
+	}, handler, consumer.BatchOptions{MaxSize: 50, Workers: 2, Poison: middleware.Poison{Publisher: pub, Topic: topic + ".poison"}})
+	require.NoError(t, err)
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
 
 	m := awaitPoisoned(t, poisoned, 30*time.Second, "bad message not poisoned")
 	require.Contains(t, m.Metadata.Get(middleware.PoisonReasonKey), "not valid JSON")
@@ -206,7 +201,7 @@ func TestNewBatch(t *testing.T) {
 	poisonSub, err := brokers.NewSubscriber(poisonCfg, watermill.NopLogger{})
 	require.NoError(t, err)
 	defer poisonSub.Close()
-	poisoned, err := poisonSub.Subscribe(ctx, topic+consumer.DefaultPoisonSuffix)
+	poisoned, err := poisonSub.Subscribe(ctx, topic+poisonSuffix)
 	require.NoError(t, err)
 
 	const orders = 200
@@ -231,11 +226,15 @@ func TestNewBatch(t *testing.T) {
 	bad := cfg
 	bad.Pool, bad.DatabaseURL = nil, "postgres://nobody@127.0.0.1:1/none"
 	for field, edit := range map[string]func(*consumer.Config){
-		"Retention":      func(c *consumer.Config) { c.Retention = time.Hour },
-		"HandlerTimeout": func(c *consumer.Config) { c.HandlerTimeout = time.Second },
-		"Mode":           func(c *consumer.Config) { c.Mode = middleware.ModeNaturalKey },
-		"OutboxTopic":    func(c *consumer.Config) { c.OutboxTopic = "out" },
-		"Fingerprint":    func(c *consumer.Config) { c.Fingerprint = true },
+		"Retention":         func(c *consumer.Config) { c.Retention = time.Hour },
+		"HandlerTimeout":    func(c *consumer.Config) { c.HandlerTimeout = time.Second },
+		"Claim.Mode":        func(c *consumer.Config) { c.Claim.Mode = middleware.ModeNaturalKey },
+		"Claim.OutboxTopic": func(c *consumer.Config) { c.Claim.OutboxTopic = "out" },
+		"Claim.Fingerprint": func(c *consumer.Config) { c.Claim.Fingerprint = true },
+		"Claim.Store":       func(c *consumer.Config) { c.Claim.Store = &store.Store{} },
+		"Claim.EventTime": func(c *consumer.Config) {
+			c.Claim.EventTime = func(*message.Message) (time.Time, error) { return time.Now(), nil }
+		},
 	} {
 		c := bad
 		edit(&c)

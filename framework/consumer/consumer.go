@@ -1,19 +1,3 @@
-// Package consumer is claimtx's composition root: from one Config it builds
-// the broker subscriber and publisher, the Postgres store (migrated), and a
-// Watermill router running
-//
-//	Recoverer -> Poison -> Retry -> Claim -> your handler
-//
-// so that an application is a handler and a configuration. Switching
-// RabbitMQ and Kafka is a change of Config.Broker.Kind (BROKER=amqp|kafka),
-// never of code.
-//
-// NewBatch builds, from the same Config, a consumer that applies batches of
-// messages in one claim transaction each (see RunBatchSet and
-// docs/batch.md).
-//
-// Use the parts directly (brokers, store, middleware) when you need a
-// different router layout; this package only wires them.
 package consumer
 
 import (
@@ -28,7 +12,7 @@ import (
 	wmetrics "github.com/ThreeDotsLabs/watermill/components/metrics"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/jackc/pgx/v5"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -37,15 +21,16 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/consumername"
+	"github.com/claimtx/claimtx/internal/startup"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
 
-// Defaults for Config fields left zero.
+// Defaults for Config fields left zero, documented on the fields.
 const (
-	DefaultHandlerRetries       = 3
-	DefaultRetryInitialInterval = 100 * time.Millisecond
-	DefaultPoisonSuffix         = ".poison"
+	defaultHandlerRetries       = 3
+	defaultRetryInitialInterval = 100 * time.Millisecond
+	defaultPoisonSuffix         = ".poison"
 )
 
 // Config describes one claimtx consumer.
@@ -56,16 +41,12 @@ type Config struct {
 	// Topic is consumed: a RabbitMQ durable queue of that name, or a Kafka
 	// topic. Required.
 	Topic string
-	// Key is a key spec resolved with framework.ParseKeySpec (built-in
-	// extractors), such as "template:order-completed:{payload.order_id}".
-	// Ignored when KeyFunc is set; one of the two is required. For an
-	// extractor of your own, parse its spec with your framework.Registry
-	// and set KeyFunc.
+	// Key is a key spec resolved with framework.ParseKeySpec, such as
+	// "template:order-completed:{payload.order_id}". Claim.Key, a
+	// framework.KeyFunc, is the alternative in code; one of the two is
+	// required (neither in middleware.ModeNaturalKey), and setting both is
+	// a ConfigError.
 	Key string
-	// KeyFunc derives keys in code. Defaults to the parsed Key.
-	KeyFunc framework.KeyFunc
-	// KeyPolicy validates keys. Defaults to framework.KeyPolicy{}.
-	KeyPolicy framework.KeyPolicy
 
 	// Pool runs the claim transactions. Defaults to a pool opened from
 	// DatabaseURL (and closed by Close).
@@ -78,37 +59,37 @@ type Config struct {
 	// defaults (RabbitMQ on localhost).
 	Broker brokers.Config
 
-	// Isolation, ClaimWait and MaxAttempts configure the claim middleware;
-	// see middleware.Claim for their defaults.
-	Isolation   pgx.TxIsoLevel
-	ClaimWait   time.Duration
-	MaxAttempts int
-	// Mode, OutboxTopic and Fingerprint are passed to the claim middleware
-	// unchanged; see middleware.Claim. EventTime feeds the expiry guard
-	// (see Retention) and, when the claim table is partitioned by event day
-	// (store.PreparePartitioning), the claim. Defaults: claim-table mode,
-	// no outbox (returned messages are an error), no fingerprint, no event
-	// time.
-	Mode        middleware.ClaimMode
-	OutboxTopic string
-	Fingerprint bool
-	EventTime   framework.TimeFunc
-	// AllowBrokerEventTime lets a partitioned claim table route by an
-	// EventTime the broker or publishing client assigns to each copy, such
-	// as "kafka:timestamp"; New refuses one otherwise. See
-	// middleware.Claim.AllowBrokerEventTime for what it risks. The expiry
-	// guard (Retention) accepts such a time without it, because the guard
-	// is better than none, but it shares the weakness: a copy stamped anew
-	// looks young, so a replay older than Retention whose claim cleanup
-	// already removed is applied again instead of poisoned as expired.
-	// Defaults to false.
-	AllowBrokerEventTime bool
-	// Retention, with EventTime, puts a middleware.ExpiryGuard before the
-	// claim: a message whose event time is older than Retention can no
-	// longer be checked against a claim that cleanup may have removed, so
-	// it is poisoned with outcome Expired instead of applied. Use the
-	// window given to cleanup or partition maintenance. Defaults to 0: no
-	// guard.
+	// Claim configures the claim middleware, with middleware.Claim's
+	// fields and defaults: Key (the code alternative to the Key spec
+	// above), KeyPolicy, Mode, OutboxTopic, Isolation, MaxClaimWait,
+	// MaxAttempts, InitialBackoff, MaxBackoff, EventTime,
+	// AllowBrokerEventTime, Fingerprint and OnRetry (called besides the
+	// metrics' hook). The consumer fills the rest, so New and NewBatch
+	// refuse them with a ConfigError: Claim.Store (use Pool or
+	// DatabaseURL, and Store), Claim.Consumer (use Name), Claim.Logger
+	// (use Logger) and Claim.OnOutcome (use OnOutcome: the claim's hook
+	// runs once per attempt, OnOutcome once per message).
+	//
+	// Claim.EventTime feeds the expiry guard (see Retention) and, only
+	// when the claim table is partitioned by event day
+	// (store.PreparePartitioning; restart consumers after preparing), the
+	// claim. An EventTime the broker or publishing client assigns to each
+	// copy, such as "kafka:timestamp", is refused for a partitioned claim
+	// table unless Claim.AllowBrokerEventTime is set (see
+	// middleware.Claim.AllowBrokerEventTime for what it risks). The expiry
+	// guard accepts such a time without it, because the guard is better
+	// than none, but it shares the weakness: a copy stamped anew looks
+	// young, so a replay older than Retention whose claim cleanup already
+	// removed is applied again instead of poisoned as expired.
+	//
+	// A ConfigError about one of these fields names it "Claim.<field>".
+	Claim middleware.Claim
+	// Retention, with Claim.EventTime, puts a middleware.ExpiryGuard
+	// before the claim: a message whose event time is older than
+	// Retention can no longer be checked against a claim that cleanup may
+	// have removed, so it is poisoned with outcome Expired instead of
+	// applied. Use the window given to cleanup or partition maintenance.
+	// Defaults to 0: no guard.
 	Retention time.Duration
 
 	// HandlerRetries bounds how often a message whose handler failed (an
@@ -116,7 +97,7 @@ type Config struct {
 	// exponential backoff, before it is poisoned; in both modes alike.
 	// Permanent errors are poisoned without a retry. Transient database
 	// failures are not retried here: the claim already retried them
-	// (MaxAttempts), and the message is nacked. Defaults to 3.
+	// (Claim.MaxAttempts), and the message is nacked. Defaults to 3.
 	HandlerRetries int
 	// RetryInitialInterval is the first backoff of HandlerRetries.
 	// Defaults to 100ms.
@@ -127,7 +108,7 @@ type Config struct {
 	// finished is cancelled, rolls back and goes back to the broker
 	// (nacked). Work cut short is never poisoned. Keep it below your
 	// orchestrator's grace period (Kubernetes: 30 s) minus a few seconds.
-	// Defaults to DefaultDrainTimeout (15 s).
+	// Defaults to 15 s.
 	DrainTimeout time.Duration
 	// PoisonTopic receives messages that cannot be processed, with the
 	// reason in metadata. Defaults to Topic + ".poison".
@@ -142,21 +123,19 @@ type Config struct {
 	// when the time is up, start-up fails with that error. Authentication
 	// failures are never retried: they fail at once with a
 	// *framework.AuthError. Negative: one attempt. Defaults to
-	// DefaultStartupTimeout (30 s) for the database; left zero, the broker
-	// keeps its own DialTimeout (default also 30 s). See
-	// docs/operations.md.
+	// 30 s for the database; left zero, the broker keeps its own
+	// DialTimeout (default also 30 s). See docs/operations.md.
 	StartupTimeout time.Duration
 
 	// HandlerTimeout bounds one attempt at a message: the claim
 	// transaction with its claim wait, handler, commit and transient
 	// retries. When it passes, the attempt's context ends, the transaction
 	// rolls back, and the message fails with a *HandlerTimeoutError
-	// (errors.Is ErrHandlerTimeout); Retry tries it again with a fresh
-	// deadline, then Poison dead-letters it with the reason. The handler
-	// must honour its context (every call on the claim's pgx.Tx does): Go
-	// cannot stop code that ignores it. Keep it above ClaimWait, or twins
-	// waiting behind a slow original time out. See timeout.go. Defaults to
-	// 0: no timeout.
+	// (errors.As); Retry tries it again with a fresh deadline, then Poison
+	// dead-letters it with the reason. The handler must honour its context
+	// (every call on the claim's pgx.Tx does): Go cannot stop code that
+	// ignores it. Keep it above Claim.MaxClaimWait, or twins waiting behind
+	// a slow original time out. See timeout.go. Defaults to 0: no timeout.
 	HandlerTimeout time.Duration
 
 	// OnOutcome is called once per message, when it is acked or nacked,
@@ -183,8 +162,10 @@ func (c Config) validate() error {
 	switch {
 	case c.Topic == "":
 		return &framework.ConfigError{Field: "Topic", Reason: "must not be empty"}
-	case c.KeyFunc == nil && c.Key == "" && c.Mode != middleware.ModeNaturalKey:
-		return &framework.ConfigError{Field: "Key", Reason: "set Key (a spec such as metadata:event_id) or KeyFunc"}
+	case c.Claim.Key != nil && c.Key != "":
+		return &framework.ConfigError{Field: "Key", Reason: "set Key (a spec) or Claim.Key (a KeyFunc), not both"}
+	case c.Claim.Key == nil && c.Key == "" && c.Claim.Mode != middleware.ModeNaturalKey:
+		return &framework.ConfigError{Field: "Key", Reason: "set Key (a spec such as metadata:event_id) or Claim.Key"}
 	case c.Pool == nil && c.DatabaseURL == "":
 		return &framework.ConfigError{Field: "DatabaseURL", Reason: "set DatabaseURL or Pool"}
 	case c.HandlerRetries < 0:
@@ -195,6 +176,16 @@ func (c Config) validate() error {
 		return &framework.ConfigError{Field: "DrainTimeout", Reason: "must not be negative"}
 	case c.RetryInitialInterval < 0:
 		return &framework.ConfigError{Field: "RetryInitialInterval", Reason: "must not be negative"}
+	// What the consumer fills itself: a value set there would be
+	// overwritten or bypass the consumer's bookkeeping.
+	case c.Claim.Store != nil:
+		return &framework.ConfigError{Field: "Claim.Store", Reason: "is the consumer's: set Pool or DatabaseURL, and Store"}
+	case c.Claim.Consumer != "":
+		return &framework.ConfigError{Field: "Claim.Consumer", Reason: "is the consumer's: set Name"}
+	case c.Claim.Logger != nil:
+		return &framework.ConfigError{Field: "Claim.Logger", Reason: "is the consumer's: set Logger"}
+	case c.Claim.OnOutcome != nil:
+		return &framework.ConfigError{Field: "Claim.OnOutcome", Reason: "is the consumer's: set OnOutcome, called once per message when it is acked or nacked (the claim's hook runs once per attempt)"}
 	}
 	if err := consumername.Validate("Name", c.Name); err != nil {
 		return err
@@ -249,16 +240,16 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.PoisonTopic == "" {
-		cfg.PoisonTopic = cfg.Topic + DefaultPoisonSuffix
+		cfg.PoisonTopic = cfg.Topic + defaultPoisonSuffix
 	}
 	if cfg.HandlerRetries == 0 {
-		cfg.HandlerRetries = DefaultHandlerRetries
+		cfg.HandlerRetries = defaultHandlerRetries
 	}
 	if cfg.RetryInitialInterval == 0 {
-		cfg.RetryInitialInterval = DefaultRetryInitialInterval
+		cfg.RetryInitialInterval = defaultRetryInitialInterval
 	}
 	if cfg.DrainTimeout == 0 {
-		cfg.DrainTimeout = DefaultDrainTimeout
+		cfg.DrainTimeout = defaultDrainTimeout
 	}
 	if cfg.Broker.Kafka.ConsumerGroup == "" {
 		cfg.Broker.Kafka.ConsumerGroup = cfg.Name // one group per consumer: services on one topic each see all of it
@@ -268,8 +259,8 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		cfg.Broker.AMQP.DialTimeout = cfg.StartupTimeout
 		cfg.Broker.Kafka.DialTimeout = cfg.StartupTimeout
 	}
-	keyFunc := cfg.KeyFunc
-	if keyFunc == nil && cfg.Key != "" {
+	keyFunc := cfg.Claim.Key
+	if cfg.Key != "" {
 		kf, err := framework.ParseKeySpec(cfg.Key)
 		if err != nil {
 			return nil, err
@@ -298,7 +289,7 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	}
 	// Start-up policy (startup.go): wait for PostgreSQL up to
 	// StartupTimeout, never retry an authentication failure.
-	if err := cfg.AwaitDatabase(ctx, p.pool, "migrate claimtx's schema", p.store.Migrate); err != nil {
+	if err := startup.AwaitDatabase(ctx, cfg.Logger, cfg.StartupTimeout, p.pool, "migrate claimtx's schema", p.store.Migrate); err != nil {
 		return nil, err
 	}
 	// Warn lets the brokers' start-up loops log what they wait for at WARN.
@@ -324,15 +315,18 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 			cfg.OnOutcome(r)
 		}
 	}
-	var onRetry func(middleware.Retry)
-	if p.metrics != nil {
-		onRetry = p.metrics.OnRetry
-	}
-	p.claim = middleware.Claim{
-		Store: p.store, Consumer: cfg.Name, Key: keyFunc, KeyPolicy: cfg.KeyPolicy,
-		Isolation: cfg.Isolation, ClaimWait: cfg.ClaimWait, MaxAttempts: cfg.MaxAttempts,
-		Mode: cfg.Mode, OutboxTopic: cfg.OutboxTopic, Fingerprint: cfg.Fingerprint,
-		OnRetry: onRetry, Logger: p.wlog, // OnOutcome: a ledger's, set by New or NewBatch
+	p.claim = cfg.Claim
+	p.claim.Store, p.claim.Consumer, p.claim.Key, p.claim.Logger = p.store, cfg.Name, keyFunc, p.wlog
+	// OnOutcome: a ledger's, set by New or NewBatch. EventTime: set by
+	// New when the table claims by event day.
+	p.claim.EventTime = nil
+	if userRetry := cfg.Claim.OnRetry; p.metrics != nil {
+		p.claim.OnRetry = func(r middleware.TxRetry) {
+			if userRetry != nil {
+				userRetry(r)
+			}
+			p.metrics.OnRetry(r)
+		}
 	}
 	p.health = observe.Health{Store: p.store, Broker: observe.SubscriberConnected(p.sub)}
 	ok = true
@@ -396,19 +390,18 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 		tracing.OnOutcome(r) // the attempt's span
 		l.claimed(r)
 	}
-	if cfg.EventTime != nil {
+	if cfg.Claim.EventTime != nil {
 		byDay, err := p.store.ClaimsByEventDay(ctx)
 		if err != nil {
 			return nil, err
 		}
 		if byDay {
-			claim.EventTime = cfg.EventTime
-			claim.AllowBrokerEventTime = cfg.AllowBrokerEventTime
+			claim.EventTime = cfg.Claim.EventTime
 		}
 	}
 	claimMW, err := middleware.NewClaim(claim)
 	if err != nil {
-		return nil, err
+		return nil, claimFieldErr(err)
 	}
 	poisonMW, err := middleware.NewPoison(p.poison(l))
 	if err != nil {
@@ -430,10 +423,10 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *
 	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, p.sub, middleware.TxHandler(handler))
 	// HandlerTimeout sits inside Retry, so each retry gets a fresh deadline.
 	if cfg.Retention > 0 {
-		if cfg.EventTime == nil {
-			return nil, &framework.ConfigError{Field: "EventTime", Reason: "Retention needs EventTime to tell a message's age"}
+		if cfg.Claim.EventTime == nil {
+			return nil, &framework.ConfigError{Field: "Claim.EventTime", Reason: "Retention needs Claim.EventTime to tell a message's age"}
 		}
-		guard, err := middleware.NewExpiryGuard(middleware.ExpiryGuard{Retention: cfg.Retention, EventTime: cfg.EventTime})
+		guard, err := middleware.NewExpiryGuard(middleware.ExpiryGuard{Retention: cfg.Retention, EventTime: cfg.Claim.EventTime})
 		if err != nil {
 			return nil, err
 		}
@@ -486,15 +479,27 @@ func (c *Consumer) consume(ctx context.Context) error {
 	return wrapRunErr(<-done)
 }
 
+// claimFieldErr names a claim field of a *framework.ConfigError the way
+// the user set it: Config.Claim's field.
+func claimFieldErr(err error) error {
+	var ce *framework.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	return &framework.ConfigError{Field: "Claim." + ce.Field, Reason: ce.Reason, Err: ce.Err}
+}
+
 // retryable says whether a failed message is worth another attempt in
 // process: not when it is permanent (it is poisoned at once), and not when
 // it is a transient database failure, which the claim already retried
-// MaxAttempts times (retrying here again would multiply them).
+// Claim.MaxAttempts times (retrying here again would multiply them).
 func retryable(err error) bool {
 	return !framework.IsPermanent(err) && !store.IsTransient(err)
 }
 
-// Running is closed once the router consumes.
+// Running is closed once the router consumes: the subscription exists,
+// so messages published from then on reach this consumer (a readiness
+// signal).
 func (c *Consumer) Running() chan struct{} { return c.router.Running() }
 
 // Health returns the readiness check (database, migrations and, where the

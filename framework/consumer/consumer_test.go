@@ -19,9 +19,9 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
+	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 type recorder struct {
@@ -184,6 +184,17 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"DatabaseURL", func(c *consumer.Config) { c.Pool = nil; c.DatabaseURL = "postgres://u:secret@[::1" }},
 		{"HandlerRetries", func(c *consumer.Config) { c.HandlerRetries = -1 }},
 		{"Schema", func(c *consumer.Config) { c.Store.Schema = "bad;name" }},
+		// Both ways to key at once.
+		{"Key", func(c *consumer.Config) { c.Claim.Key = func(*message.Message) (string, error) { return "k", nil } }},
+		// What the consumer fills itself is refused, naming the Config
+		// field to use instead.
+		{"Claim.Store", func(c *consumer.Config) { c.Claim.Store = &store.Store{} }},
+		{"Claim.Consumer", func(c *consumer.Config) { c.Claim.Consumer = "other" }},
+		{"Claim.Logger", func(c *consumer.Config) { c.Claim.Logger = watermill.NopLogger{} }},
+		{"Claim.OnOutcome", func(c *consumer.Config) { c.Claim.OnOutcome = func(middleware.Result) {} }},
+		// The claim's own checks name the field under Claim.
+		{"Claim.MaxClaimWait", func(c *consumer.Config) { c.Claim.MaxClaimWait = -time.Second }},
+		{"Claim.Isolation", func(c *consumer.Config) { c.Claim.Isolation = "read uncommitted" }},
 	} {
 		cfg := good
 		tc.mutate(&cfg)

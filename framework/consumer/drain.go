@@ -10,10 +10,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// DefaultDrainTimeout is how long a shutdown lets in-flight messages finish
+// defaultDrainTimeout is how long a shutdown lets in-flight messages finish
 // when Config.DrainTimeout is zero. With abortGrace and routerCloseTimeout
 // it stays inside Kubernetes' default 30 s termination grace period.
-const DefaultDrainTimeout = 15 * time.Second
+const defaultDrainTimeout = 15 * time.Second
 
 // abortGrace bounds the wait for interrupted work to return once its
 // context was cancelled: rollbacks are bounded (5 s) and every call on the

@@ -20,6 +20,7 @@ import (
 	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -68,7 +69,7 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 	require.NoError(t, err)
 	cfg := consumer.Config{
 		Name: "ts", Topic: topic, Key: "metadata:event_id", Pool: pool, Store: store.Config{Schema: schema},
-		Broker: bcfg, EventTime: eventTime, Logger: slog.New(slog.DiscardHandler),
+		Broker: bcfg, Claim: middleware.Claim{EventTime: eventTime}, Logger: slog.New(slog.DiscardHandler),
 	}
 	delivered := make(chan *message.Message, 2)
 	handler := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
@@ -81,11 +82,11 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 	_, err = consumer.New(ctx, cfg, handler)
 	var ce *framework.ConfigError
 	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "EventTime", ce.Field)
+	require.Equal(t, "Claim.EventTime", ce.Field)
 	require.Contains(t, ce.Reason, "AllowBrokerEventTime")
 
 	rec := &recorder{got: map[framework.Outcome]int{}}
-	cfg.AllowBrokerEventTime = true
+	cfg.Claim.AllowBrokerEventTime = true
 	cfg.OnOutcome = rec.on
 	c, err := consumer.New(ctx, cfg, handler)
 	require.NoError(t, err)
@@ -128,7 +129,7 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 
 // An unpartitioned table routes nothing by event time: the expiry guard
 // alone may use the record timestamp without the opt-in (its weaker
-// protection beats none; see Config.AllowBrokerEventTime).
+// protection beats none; see Config.Claim).
 func TestBrokerEventTimeForExpiryGuardOnly(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Setup(t, 2)
@@ -138,7 +139,7 @@ func TestBrokerEventTimeForExpiryGuardOnly(t *testing.T) {
 	require.NoError(t, err)
 	c, err := consumer.New(ctx, consumer.Config{
 		Name: "ts", Topic: "orders", Key: "metadata:event_id", Pool: pool, Store: store.Config{Schema: schema},
-		Broker: goChannel(schema), EventTime: eventTime, Retention: 30 * 24 * time.Hour,
+		Broker: goChannel(schema), Claim: middleware.Claim{EventTime: eventTime}, Retention: 30 * 24 * time.Hour,
 		Logger: slog.New(slog.DiscardHandler),
 	}, func(context.Context, pgx.Tx, *message.Message) error { return nil })
 	require.NoError(t, err)

@@ -14,9 +14,9 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
+	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // A replay of a 40-day-old event under 30-day retention is poisoned with
@@ -34,7 +34,7 @@ func TestExpiredReplayIsPoisoned(t *testing.T) {
 	rec := &recorder{got: map[framework.Outcome]int{}}
 	c, err := consumer.New(ctx, consumer.Config{
 		Name: "exp", Topic: "orders", Key: "metadata:event_id", Pool: pool, Store: store.Config{Schema: schema},
-		Broker: bcfg, EventTime: eventTime, Retention: 30 * 24 * time.Hour, OnOutcome: rec.on,
+		Broker: bcfg, Claim: middleware.Claim{EventTime: eventTime}, Retention: 30 * 24 * time.Hour, OnOutcome: rec.on,
 		Logger: slog.New(slog.DiscardHandler),
 	}, func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		_, err := tx.Exec(ctx, "INSERT INTO effects VALUES ($1)", msg.Metadata.Get("event_id"))

@@ -16,10 +16,10 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/store"
 )
 
 // TestKafkaDefaultGroupPerConsumer is the usual fan-out: two services

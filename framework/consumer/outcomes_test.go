@@ -36,7 +36,7 @@ func testOneOutcomePerMessage(t *testing.T, kind, mode string) {
 	c := newModeConsumer(t, mode, consumer.Config{
 		Name: "outcomes", Topic: topic, Key: "metadata:event_id", Pool: pool,
 		Store: store.Config{Schema: schema}, Broker: rb.cfg,
-		MaxAttempts: policyMaxAttempts, HandlerRetries: policyHandlerRetries,
+		Claim: middleware.Claim{MaxAttempts: policyMaxAttempts}, HandlerRetries: policyHandlerRetries,
 		RetryInitialInterval: 5 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
 		Registerer: reg,
 		OnOutcome: func(r middleware.Result) {

@@ -20,15 +20,18 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
+	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
-	"github.com/claimtx/claimtx/internal/pgtest"
 )
 
 // The failure policy is one policy for both consumer modes. Each
 // scenario is one order whose payload tells the handler how to behave;
 // the same table runs through the per-message and the batch consumer, on
 // RabbitMQ and on Kafka, and must end the same way.
+
+// poisonSuffix makes the default Config.PoisonTopic from Topic.
+const poisonSuffix = ".poison"
 
 const (
 	policyMaxAttempts    = 2 // claim attempts for transient failures
@@ -202,7 +205,7 @@ func testFailurePolicy(t *testing.T, kind, mode string) {
 	c := newModeConsumer(t, mode, consumer.Config{
 		Name: "policy", Topic: topic, Key: "metadata:event_id", Pool: pool,
 		Store: store.Config{Schema: schema}, Broker: rb.cfg,
-		MaxAttempts: policyMaxAttempts, HandlerRetries: policyHandlerRetries,
+		Claim: middleware.Claim{MaxAttempts: policyMaxAttempts}, HandlerRetries: policyHandlerRetries,
 		RetryInitialInterval: 5 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
 	}, h.apply, perMessage(h.apply))
 	_, stop := start(c)
@@ -275,7 +278,7 @@ func mustJSON(v any) []byte {
 // (RabbitMQ: ready in the queue; Kafka: records in the topic).
 func (rb *rawBroker) poisonCount(t *testing.T) int {
 	t.Helper()
-	dest := rb.topic + consumer.DefaultPoisonSuffix
+	dest := rb.topic + poisonSuffix
 	switch rb.kind {
 	case "amqp":
 		return rb.queueDepth(t, dest)

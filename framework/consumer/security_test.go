@@ -15,8 +15,8 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/store"
 )
 
 // TestHostileIdentifiersRefused: schema and table names are spliced into

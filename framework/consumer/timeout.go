@@ -9,13 +9,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// ErrHandlerTimeout is matched (errors.Is) by the error of a message attempt
-// that outlived Config.HandlerTimeout.
-var ErrHandlerTimeout = errors.New("claimtx: handler timed out")
-
 // HandlerTimeoutError reports a message attempt cut off by
-// Config.HandlerTimeout. It matches ErrHandlerTimeout and unwraps to what
-// the attempt returned once its context ended (usually an error wrapping
+// Config.HandlerTimeout; match it with errors.As. It unwraps to what the
+// attempt returned once its context ended (usually an error wrapping
 // context.DeadlineExceeded). It is not permanent: Retry tries the message
 // again with a fresh deadline before Poison dead-letters it.
 type HandlerTimeoutError struct {
@@ -28,9 +24,6 @@ func (e *HandlerTimeoutError) Error() string {
 }
 
 func (e *HandlerTimeoutError) Unwrap() error { return e.Err }
-
-// Is lets errors.Is(err, ErrHandlerTimeout) match.
-func (e *HandlerTimeoutError) Is(target error) bool { return target == ErrHandlerTimeout }
 
 // handlerTimeout gives each attempt at a message a deadline of d (none when
 // d is 0). Unlike Watermill's middleware.Timeout it restores the message's

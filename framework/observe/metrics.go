@@ -150,7 +150,7 @@ func (m *Metrics) OnOutcome(r middleware.Result) {
 
 // OnRetry records one retried transient failure; use it as
 // middleware.Claim.OnRetry.
-func (m *Metrics) OnRetry(r middleware.Retry) {
+func (m *Metrics) OnRetry(r middleware.TxRetry) {
 	m.retries.WithLabelValues(r.Consumer, r.Cause).Inc()
 }
 

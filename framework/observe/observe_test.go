@@ -82,7 +82,7 @@ func TestMetricsUnderConcurrentTwins(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	m.OnRetry(middleware.Retry{Consumer: "loyalty", Cause: "serialization"})
+	m.OnRetry(middleware.TxRetry{Consumer: "loyalty", Cause: "serialization"})
 
 	val := func(outcome string) float64 {
 		return testutil.ToFloat64(mustCounter(t, reg, "claimtx_messages_total", map[string]string{"consumer": "loyalty", "outcome": outcome}))

@@ -69,7 +69,6 @@ func setupIn(t *testing.T, pool *pgxpool.Pool, schema string) env {
 	require.NoError(t, err)
 	rec := &outcomes{}
 	claim := middleware.Claim{Store: st, Consumer: "downstream", Key: key, OnOutcome: rec.add}
-	require.NoError(t, claim.Validate())
 	effect := middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		_, err := tx.Exec(ctx, "INSERT INTO effects (k, payload) VALUES ($1, $2)", msg.Metadata.Get(store.IdempotencyKeyMetadata), string(msg.Payload))
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime"
 	"strconv"
@@ -20,6 +21,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
 )
 
 // memorySample is the consumer's memory after a forced GC, once a given
@@ -54,7 +56,8 @@ func runMemory(ctx context.Context, e *env, amqpURL, mode string, n, concurrency
 	}
 
 	var done atomic.Int64
-	key, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
+	const keySpec = "template:order-completed:{payload.order_id}"
+	key, err := framework.ParseKeySpec(keySpec)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -65,27 +68,32 @@ func runMemory(ctx context.Context, e *env, amqpURL, mode string, n, concurrency
 	if mode == "batch" {
 		cfg.AMQP.Window = concurrency * batchWindow
 	}
-	sub, err := brokers.NewSubscriber(cfg, watermill.NopLogger{})
-	if err != nil {
-		return nil, 0, err
+	onOutcome := func(r middleware.Result) {
+		if r.Outcome == framework.Applied || r.Outcome == framework.Duplicate {
+			done.Add(1)
+		}
 	}
-	defer func() { _ = sub.Close() }()
-	claim := middleware.Claim{Store: e.store, Consumer: "bench", Key: key,
-		OnOutcome: func(r middleware.Result) {
-			if r.Outcome == framework.Applied || r.Outcome == framework.Duplicate {
-				done.Add(1)
-			}
-		}}
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	runErr := make(chan error, 1)
 	switch mode {
 	case "batch":
-		go func() {
-			runErr <- consumer.RunBatchSet(rctx, sub, e.topic, middleware.Batch{Claim: claim}, effectSet,
-				consumer.BatchOptions{MaxSize: batchWindow, Workers: concurrency})
-		}()
+		c, err := consumer.NewBatch(ctx, consumer.Config{
+			Name: "bench", Topic: e.topic, Key: keySpec, Pool: e.pool, Store: store.Config{Schema: e.schema},
+			Broker: cfg, OnOutcome: onOutcome, Logger: slog.New(slog.DiscardHandler),
+		}, effectSet, consumer.BatchOptions{MaxSize: batchWindow, Workers: concurrency})
+		if err != nil {
+			return nil, 0, err
+		}
+		defer func() { _ = c.Close() }()
+		go func() { runErr <- c.Run(rctx) }()
 	case "message":
+		sub, err := brokers.NewSubscriber(cfg, watermill.NopLogger{})
+		if err != nil {
+			return nil, 0, err
+		}
+		defer func() { _ = sub.Close() }()
+		claim := middleware.Claim{Store: e.store, Consumer: "bench", Key: key, OnOutcome: onOutcome}
 		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 		if err != nil {
 			return nil, 0, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
 )
 
 type routerRun struct {
@@ -200,8 +202,8 @@ func deleteQueue(url, name string) {
 	}
 }
 
-// runBatch is mode (d): the same claim + effect through consumer.RunBatchSet
-// with a set-wise effect, one transaction per batch of up to batchWindow
+// runBatch is mode (d): the same claim + effect through a batch consumer
+// (consumer.NewBatch) with a set-wise effect, one transaction per batch of up to batchWindow
 // messages, r.workers batches at once. The brokers' windows let the
 // subscriber hold enough unacked messages to fill them: RabbitMQ one
 // consumer with prefetch workers × batchWindow, Kafka batchWindow per
@@ -221,45 +223,42 @@ func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
 	cfg.Kafka.Brokers = []string{r.kafkaAddr}
 	cfg.Kafka.ConsumerGroup = "bench-" + e.topic
 	cfg.Kafka.Window = batchWindow
-	sub, err := brokers.NewSubscriber(cfg, watermill.NopLogger{})
-	if err != nil {
-		return result{}, err
-	}
-	defer func() { _ = sub.Close() }()
-	key, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
-	if err != nil {
-		return result{}, err
-	}
 	var done atomic.Int64
 	var firstStart atomic.Int64
 	lat := make([]time.Duration, r.n)
 	finished := make(chan struct{})
 	var once sync.Once
-	bt := middleware.Batch{Claim: middleware.Claim{Store: e.store, Consumer: "bench", Key: key,
-		OnOutcome: func(res middleware.Result) {
-			if res.Outcome != framework.Applied && res.Outcome != framework.Duplicate {
-				return
-			}
-			i := done.Add(1)
-			if int(i) <= r.n {
-				lat[i-1] = res.Duration
-			}
-			if int(i) == r.n {
-				once.Do(func() { close(finished) })
-			}
-		}}}
+	onOutcome := func(res middleware.Result) {
+		if res.Outcome != framework.Applied && res.Outcome != framework.Duplicate {
+			return
+		}
+		i := done.Add(1)
+		if int(i) <= r.n {
+			lat[i-1] = res.Duration
+		}
+		if int(i) == r.n {
+			once.Do(func() { close(finished) })
+		}
+	}
 	var calls atomic.Int64
 	handler := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 		firstStart.CompareAndSwap(0, time.Now().UnixNano())
 		calls.Add(1)
 		return effectSet(ctx, tx, msgs)
 	}
+	c, err := consumer.NewBatch(ctx, consumer.Config{
+		Name: "bench", Topic: e.topic, Key: "template:order-completed:{payload.order_id}",
+		Pool: e.pool, Store: store.Config{Schema: e.schema}, Broker: cfg,
+		OnOutcome: onOutcome, Logger: slog.New(slog.DiscardHandler),
+	}, handler, consumer.BatchOptions{MaxSize: batchWindow, Workers: r.workers})
+	if err != nil {
+		return result{}, err
+	}
+	defer func() { _ = c.Close() }()
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	runErr := make(chan error, 1)
-	go func() {
-		runErr <- consumer.RunBatchSet(rctx, sub, e.topic, bt, handler, consumer.BatchOptions{MaxSize: batchWindow, Workers: r.workers})
-	}()
+	go func() { runErr <- c.Run(rctx) }()
 	select {
 	case <-finished:
 	case err := <-runErr:

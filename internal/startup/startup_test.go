@@ -1,4 +1,4 @@
-package consumer
+package startup
 
 import (
 	"context"
@@ -55,7 +55,7 @@ func TestAwaitRetriesThenFails(t *testing.T) {
 		attempts.Add(1)
 		return cause
 	})
-	var se *StartupError
+	var se *Error
 	require.ErrorAs(t, err, &se)
 	require.ErrorIs(t, err, cause)
 	require.Equal(t, "PostgreSQL", se.Dependency)
