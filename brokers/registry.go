@@ -180,6 +180,15 @@ func (r *Registry) NewPublisher(cfg Config, logger watermill.LoggerAdapter) (mes
 	return pub, nil
 }
 
+// Validate checks cfg as NewSubscriber and NewPublisher will, without
+// building anything: Config.Validate, then that the kind is one r knows and
+// its Factory.Validate. A consumer calls it before it connects anywhere, so
+// a misspelt BROKER fails at once.
+func (r *Registry) Validate(cfg Config) error {
+	_, _, err := r.factory(cfg)
+	return err
+}
+
 // factory validates cfg and returns the Factory of its kind.
 func (r *Registry) factory(cfg Config) (Factory, string, error) {
 	if err := cfg.Validate(); err != nil {

@@ -101,7 +101,8 @@
 //	err := reg.RegisterKey("tenant-event", func(arg string) (framework.KeyFunc, error) { ... })
 //	key, err := reg.ParseKey(os.Getenv("KEY")) // "tenant-event:orders", or any built-in spec
 //
-// Unknown names fail with a *ConfigError listing the registry's names.
+// Unknown names fail with a *ConfigError listing the registry's names. A
+// consumer takes the registry as consumer.Config.Extractors.
 //
 // # Outcomes
 //

@@ -41,7 +41,7 @@ type Config struct {
 	// Topic is consumed: a RabbitMQ durable queue of that name, or a Kafka
 	// topic. Required.
 	Topic string
-	// Key is a key spec resolved with framework.ParseKeySpec, such as
+	// Key is a key spec resolved with Extractors, such as
 	// "template:order-completed:{payload.order_id}". Claim.Key, a
 	// framework.KeyFunc, is the alternative in code; one of the two is
 	// required (neither in middleware.ModeNaturalKey), and setting both is
@@ -58,6 +58,14 @@ type Config struct {
 	// Broker selects and configures the broker. Defaults to brokers'
 	// defaults (RabbitMQ on localhost).
 	Broker brokers.Config
+	// Brokers builds the clients of Broker.Kind: a registry holding your
+	// own adapters (brokers.Registry.Register), so BROKER can name them.
+	// Defaults to the built-in kinds (amqp, kafka, gochannel).
+	Brokers *brokers.Registry
+	// Extractors resolves Key: a registry holding your own key extractors
+	// (framework.Registry.RegisterKey), so a spec can name them. Defaults
+	// to the built-in extractors.
+	Extractors *framework.Registry
 
 	// Claim configures the claim middleware, with middleware.Claim's
 	// fields and defaults: Key (the code alternative to the Key spec
@@ -193,7 +201,15 @@ func (c Config) validate() error {
 	if err := c.Store.Validate(); err != nil {
 		return err
 	}
-	return c.Broker.Validate()
+	return c.brokers().Validate(c.Broker)
+}
+
+// brokers is Brokers or the built-in kinds.
+func (c Config) brokers() *brokers.Registry {
+	if c.Brokers != nil {
+		return c.Brokers
+	}
+	return brokers.NewRegistry()
 }
 
 // Consumer is a running (or runnable) claimtx consumer.
@@ -261,7 +277,11 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	}
 	keyFunc := cfg.Claim.Key
 	if cfg.Key != "" {
-		kf, err := framework.ParseKeySpec(cfg.Key)
+		reg := cfg.Extractors
+		if reg == nil {
+			reg = framework.NewRegistry()
+		}
+		kf, err := reg.ParseKey(cfg.Key)
 		if err != nil {
 			return nil, err
 		}
@@ -294,10 +314,10 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	}
 	// Warn lets the brokers' start-up loops log what they wait for at WARN.
 	p.wlog = newSlogAdapter(cfg.Logger)
-	if p.sub, err = brokers.NewSubscriber(cfg.Broker, p.wlog); err != nil {
+	if p.sub, err = cfg.brokers().NewSubscriber(cfg.Broker, p.wlog); err != nil {
 		return nil, err
 	}
-	if p.pub, err = brokers.NewPublisher(cfg.Broker, p.wlog); err != nil {
+	if p.pub, err = cfg.brokers().NewPublisher(cfg.Broker, p.wlog); err != nil {
 		return nil, err
 	}
 	if cfg.Registerer != nil {

@@ -466,16 +466,12 @@ func TestShutdownWithAStuckSubscription(t *testing.T) {
 			return nopPublisher{}, nil
 		},
 	}))
-	// TODO(#14): pass reg to consumer.New once consumer.Config carries a
-	// *brokers.Registry; the package-level brokers functions it uses now
-	// know the built-in kinds only, so the stuck kind cannot be selected.
-	t.Skip("needs consumer.Config to take a *brokers.Registry (issue #14)")
 	pool, schema := pgtest.Setup(t, 2)
 	bcfg := brokers.Config{}
 	bcfg.Kind = kind
 	c, err := consumer.New(t.Context(), consumer.Config{
 		Name: "stuck", Topic: "orders", Key: "metadata:event_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: bcfg, Logger: slog.New(slog.DiscardHandler),
+		Store: store.Config{Schema: schema}, Broker: bcfg, Brokers: reg, Logger: slog.New(slog.DiscardHandler),
 	}, func(context.Context, pgx.Tx, *message.Message) error { return nil })
 	require.NoError(t, err)
 	cancel, wait := start(c)
