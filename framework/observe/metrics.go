@@ -30,7 +30,7 @@ const namespace = "claimtx"
 
 // retryCauseHandler is the claimtx_retries_total cause of an in-process
 // retry of a message whose handler failed (consumer.Config.HandlerRetries);
-// the other causes label transient database failures (middleware.Retry.Cause).
+// the other causes label transient database failures (middleware.TxRetry.Cause).
 const retryCauseHandler = "handler"
 
 // outcomes and retryCauses are the label values InitConsumer creates

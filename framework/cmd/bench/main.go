@@ -4,7 +4,7 @@
 //	(a) raw:      a pgx loop doing claim + effect per message, no broker
 //	(b) router:   the same effect through a Watermill router + broker, no claim
 //	(c) claimtx:  the same through router + broker + the claim middleware
-//	(d) batch:    claim + a set-wise effect per batch (consumer.RunBatchSet)
+//	(d) batch:    claim + a set-wise effect per batch (consumer.NewBatch)
 //	(h) hand:     (c)'s claim + effect written by hand on the broker's own
 //	              client (amqp091-go, franz-go), no Watermill, no claimtx
 //
