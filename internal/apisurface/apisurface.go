@@ -184,6 +184,32 @@ func describe(pkg *types.Package) Package {
 				emit("type %s %s", head, typ(u))
 			}
 		}
+		// Members promoted from an unexported embedded type are callable by
+		// users although no exported type declares them: they are surface.
+		if st, ok := named.Underlying().(*types.Struct); ok {
+			for f := range st.Fields() {
+				if !f.Embedded() || f.Exported() {
+					continue
+				}
+				if inner, ok := deref(f.Type()).Underlying().(*types.Struct); ok {
+					for g := range inner.Fields() {
+						if g.Exported() {
+							p.Count.Fields++
+							emit("type %s struct, %s %s (promoted)", head, g.Name(), typ(g.Type()))
+						}
+					}
+				}
+			}
+			ms := types.NewMethodSet(types.NewPointer(named))
+			for sel := range ms.Methods() {
+				m := sel.Obj().(*types.Func)
+				if len(sel.Index()) < 2 || !m.Exported() || st.Field(sel.Index()[0]).Exported() {
+					continue
+				}
+				p.Count.Methods++
+				emit("method (*%s) %s%s (promoted)", head, m.Name(), signature(m.Signature(), qual))
+			}
+		}
 		for m := range named.Methods() {
 			if !m.Exported() {
 				continue
@@ -360,4 +386,12 @@ func Check(pkgs []Package, dir string) error {
 			"if the change is intended, run `make api` and commit the result:\n%s", dir, strings.TrimSuffix(b.String(), "\n"))
 	}
 	return nil
+}
+
+// deref returns the type a pointer points to, or t.
+func deref(t types.Type) types.Type {
+	if ptr, ok := t.(*types.Pointer); ok {
+		return ptr.Elem()
+	}
+	return t
 }
