@@ -97,8 +97,21 @@ type Config struct {
 	// Retention can no longer be checked against a claim that cleanup may
 	// have removed, so it is poisoned with outcome Expired instead of
 	// applied. Use the window given to cleanup or partition maintenance.
-	// Defaults to 0: no guard.
+	//
+	// With Retention set, the consumer also compares it, at start-up and
+	// hourly, with the broker's replay horizon: how old a message of Topic
+	// or PoisonTopic can be when the broker still delivers it (Kafka:
+	// retention.ms, unbounded when -1 or compacted; RabbitMQ: the queue's
+	// x-message-ttl, else unbounded). A horizon beyond the retention is
+	// logged at WARN with both numbers, shown as a warning in the
+	// readiness report (still ready) and exported as
+	// claimtx_claim_retention_seconds and claimtx_replay_horizon_seconds.
+	// Defaults to 0: no guard, no comparison.
 	Retention time.Duration
+	// StrictRetentionHorizon makes New fail with a ConfigError on
+	// Retention when the broker's replay horizon exceeds it, instead of
+	// warning. Defaults to false.
+	StrictRetentionHorizon bool
 
 	// HandlerRetries bounds how often a message whose handler failed (an
 	// error, a panic, a HandlerTimeout) is retried in process, with
@@ -233,6 +246,7 @@ type parts struct {
 	report    func(middleware.Result)
 	claim     middleware.Claim
 	health    observe.Health
+	horizon   *horizon // nil without Retention or a subscriber that knows its horizon
 	closeOnce sync.Once
 	closeErr  error
 	closeMore func() error // the router, for New
@@ -349,6 +363,15 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		}
 	}
 	p.health = observe.Health{Store: p.store, Broker: observe.SubscriberConnected(p.sub)}
+	if p.horizon, err = newHorizon(p); err != nil {
+		return nil, err
+	}
+	if p.horizon != nil {
+		if err := p.horizon.check(ctx, cfg.StrictRetentionHorizon); err != nil {
+			return nil, err
+		}
+		p.health.Warnings = p.horizon.warnings
+	}
 	ok = true
 	return p, nil
 }
@@ -563,6 +586,9 @@ func (p *parts) run(ctx context.Context, body func(context.Context) error) error
 		case <-ctx.Done():
 		}
 	}()
+	if p.horizon != nil {
+		go p.horizon.watch(ctx)
+	}
 	return body(ctx)
 }
 
@@ -583,7 +609,10 @@ func (p *parts) close() error {
 	if ran {
 		<-p.stopped
 	}
-	if p.closeMore != nil {
+	// A router that never ran has nothing to stop, and Watermill's Close
+	// would wait out its whole CloseTimeout for handlers that never
+	// started, then fail with "router close timeout".
+	if p.closeMore != nil && ran {
 		errs = append(errs, p.closeMore())
 	}
 	if p.sub != nil {

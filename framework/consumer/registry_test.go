@@ -124,3 +124,16 @@ func TestUnknownBrokerKindFailsBeforeConnecting(t *testing.T) {
 	require.Contains(t, err.Error(), "rabitmq")
 	require.False(t, errors.As(err, new(*consumer.StartupError)), "%v", err)
 }
+
+// A consumer built but never run closes cleanly: a start-up that fails
+// after New (a later dependency) must not turn into a close error.
+func TestCloseWithoutRun(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Setup(t, 2)
+	c, err := consumer.New(t.Context(), consumer.Config{
+		Name: "unrun", Topic: "orders", Key: "metadata:event_id", Pool: pool,
+		Store: store.Config{Schema: schema}, Broker: goChannel(schema), Logger: slog.New(slog.DiscardHandler),
+	}, func(context.Context, pgx.Tx, *message.Message) error { return nil })
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+}

@@ -26,6 +26,11 @@ type Health struct {
 	Broker func(context.Context) error
 	// Timeout bounds each check. Defaults to 2s.
 	Timeout time.Duration
+	// Warnings, when set, returns findings that need an operator but do
+	// not make the consumer unready (a claim retention shorter than the
+	// broker's replay horizon); each is reported under its name in
+	// Checks, prefixed "warning: ".
+	Warnings func() map[string]string
 }
 
 // Report is the outcome of a readiness check.
@@ -68,6 +73,11 @@ func (h Health) Check(ctx context.Context) Report {
 		}()
 	}
 	wg.Wait()
+	if h.Warnings != nil {
+		for name, w := range h.Warnings() {
+			rep.Checks[name] = "warning: " + w
+		}
+	}
 	return rep
 }
 

@@ -1,0 +1,131 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/claimtx/claimtx/framework"
+)
+
+// horizonInterval is how often a running consumer compares its claim
+// retention with the broker's replay horizon again: topic settings change
+// rarely, and each check is one admin request.
+const horizonInterval = time.Hour
+
+// replayHorizoner is implemented by subscribers that can tell how old a
+// message of a topic can be when the broker still delivers it (brokers/kafka
+// and brokers/amqp do; an adapter of your own may: math.MaxInt64 means
+// unbounded).
+type replayHorizoner interface {
+	ReplayHorizon(ctx context.Context, topic string) (time.Duration, error)
+}
+
+// horizon compares Config.Retention, how long claims are kept, with the
+// longest the broker can still deliver a message of Topic or PoisonTopic
+// (a replay of dead letters included). A message older than the retention
+// may have lost its claim to cleanup, so the expiry guard poisons it as
+// expired instead of applying it: an operator wants to know before that
+// happens, so the finding is logged with both numbers,
+// exported as two gauges and shown as a warning in the readiness report;
+// with Config.StrictRetentionHorizon it fails start-up instead.
+type horizon struct {
+	p        *parts
+	checker  replayHorizoner
+	warning  atomic.Pointer[string] // the current finding; nil when none
+	retained prometheus.Gauge
+	horizon  prometheus.Gauge
+}
+
+// newHorizon returns nil when there is nothing to compare: no retention
+// configured (claims are kept until someone removes them; the consumer
+// cannot know when) or a subscriber that cannot tell its horizon.
+func newHorizon(p *parts) (*horizon, error) {
+	checker, ok := p.sub.(replayHorizoner)
+	if p.cfg.Retention <= 0 || !ok {
+		return nil, nil
+	}
+	h := &horizon{p: p, checker: checker}
+	if reg := p.cfg.Registerer; reg != nil {
+		labels := prometheus.Labels{"consumer": p.cfg.Name}
+		h.retained = prometheus.NewGauge(prometheus.GaugeOpts{Name: "claimtx_claim_retention_seconds",
+			Help: "How long this consumer's claims are kept (Config.Retention).", ConstLabels: labels})
+		h.horizon = prometheus.NewGauge(prometheus.GaugeOpts{Name: "claimtx_replay_horizon_seconds",
+			Help: "How old a message of the consumer's topic or poison topic can be when the broker still delivers it (+Inf: unbounded).", ConstLabels: labels})
+		for _, g := range []prometheus.Gauge{h.retained, h.horizon} {
+			if err := reg.Register(g); err != nil {
+				return nil, fmt.Errorf("claimtx: register retention horizon metrics: %w", err)
+			}
+		}
+		h.retained.Set(p.cfg.Retention.Seconds())
+	}
+	return h, nil
+}
+
+// check runs one comparison. It returns a *framework.ConfigError when the
+// horizon exceeds the retention and strict is set.
+func (h *horizon) check(ctx context.Context, strict bool) error {
+	cfg := h.p.cfg
+	var longest time.Duration
+	for _, topic := range []string{cfg.Topic, cfg.PoisonTopic} {
+		d, err := h.checker.ReplayHorizon(ctx, topic)
+		if err != nil {
+			// Not knowing is not a finding: log it and keep the last one.
+			cfg.Logger.Warn("claimtx: cannot read the broker's replay horizon", "consumer", cfg.Name, "topic", topic, "error", err.Error())
+			return nil
+		}
+		longest = max(longest, d)
+	}
+	if h.horizon != nil {
+		if longest == math.MaxInt64 {
+			h.horizon.Set(math.Inf(1))
+		} else {
+			h.horizon.Set(longest.Seconds())
+		}
+	}
+	if longest <= cfg.Retention {
+		h.warning.Store(nil)
+		return nil
+	}
+	shown := longest.String()
+	if longest == math.MaxInt64 {
+		shown = "unbounded"
+	}
+	// Retention always comes with the expiry guard (New requires
+	// Claim.EventTime), so such a message is not applied twice: it is
+	// dead-lettered, which is what the operator should hear about now.
+	msg := fmt.Sprintf("claim retention %s is shorter than the broker's replay horizon %s for %s and %s: a message older than the retention is poisoned as expired instead of applied",
+		cfg.Retention, shown, cfg.Topic, cfg.PoisonTopic)
+	h.warning.Store(&msg)
+	cfg.Logger.Warn("claimtx: "+msg, "consumer", cfg.Name, "retention", cfg.Retention.String(), "replay_horizon", shown)
+	if strict {
+		return &framework.ConfigError{Field: "Retention", Reason: msg + " (StrictRetentionHorizon)"}
+	}
+	return nil
+}
+
+// warnings is the readiness report's view of the last finding.
+func (h *horizon) warnings() map[string]string {
+	if w := h.warning.Load(); w != nil {
+		return map[string]string{"retention_horizon": *w}
+	}
+	return nil
+}
+
+// watch repeats the check every horizonInterval until ctx ends.
+func (h *horizon) watch(ctx context.Context) {
+	t := time.NewTicker(horizonInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = h.check(ctx, false)
+		}
+	}
+}
