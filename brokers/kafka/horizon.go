@@ -48,7 +48,7 @@ func (s *Subscriber) replayHorizon(topic string) (time.Duration, error) {
 		return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: %w", topic, err)
 	}
 	defer func() { _ = admin.Close() }()
-	entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"retention.ms", "cleanup.policy"}})
+	entries, err := describe(admin, sarama.ConfigResource{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"retention.ms", "cleanup.policy"}})
 	if err != nil {
 		// An unknown topic: what the broker gives a new one.
 		return brokerDefaultHorizon(admin, topic, err)
@@ -63,7 +63,7 @@ func brokerDefaultHorizon(admin sarama.ClusterAdmin, topic string, topicErr erro
 	if err != nil {
 		return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: %w", topic, topicErr)
 	}
-	entries, err := admin.DescribeConfig(sarama.ConfigResource{Type: sarama.BrokerResource, Name: strconv.Itoa(int(id)), ConfigNames: []string{"log.retention.ms", "log.cleanup.policy"}})
+	entries, err := describe(admin, sarama.ConfigResource{Type: sarama.BrokerResource, Name: strconv.Itoa(int(id)), ConfigNames: []string{"log.retention.ms", "log.cleanup.policy"}})
 	if err != nil {
 		return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: %w", topic, topicErr)
 	}
@@ -97,4 +97,22 @@ func horizonOf(topic string, entries []sarama.ConfigEntry) (time.Duration, error
 		return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: the broker reported no retention.ms", topic)
 	}
 	return retention, nil
+}
+
+// describe returns the config entries of one resource, or its error.
+func describe(admin sarama.ClusterAdmin, r sarama.ConfigResource) ([]sarama.ConfigEntry, error) {
+	results, err := admin.DescribeConfigs([]*sarama.ConfigResource{&r}, sarama.DescribeConfigsOptions{})
+	if err != nil {
+		return nil, err
+	}
+	for _, res := range results {
+		if res.Name != r.Name {
+			continue
+		}
+		if res.ErrorCode != sarama.ErrNoError {
+			return nil, &sarama.DescribeConfigError{Err: res.ErrorCode, ErrMsg: res.ErrorMsg}
+		}
+		return res.Configs, nil
+	}
+	return nil, fmt.Errorf("no configuration returned for %q", r.Name)
 }
