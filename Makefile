@@ -92,6 +92,11 @@ bench: ## Side-by-side throughput (raw pgx / router / router+claimtx / batch) on
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./framework/ ./middleware/ ./store/
 
 MEMORY_N ?= 1000000
+STORM_N ?= 20000
+.PHONY: bench-storm
+bench-storm: ## Duplicate storm: STORM_N already-applied messages through claimtx per message and in batches, against the broker's bare consume+ack rate (same subscriber configuration, no database), RabbitMQ and Kafka.
+	$(GO) run ./framework/cmd/bench -storm $(STORM_N) -reps 3 -concurrency 1,4,16 -brokers amqp,kafka
+
 .PHONY: bench-memory
 bench-memory: ## Consumer memory over MEMORY_N messages through RabbitMQ, batch and per-message consumers (per-message takes several minutes per million).
 	$(GO) run ./framework/cmd/bench -memory $(MEMORY_N) -memory-mode batch -concurrency 4

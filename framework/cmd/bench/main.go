@@ -56,6 +56,7 @@ func main() {
 	flag.StringVar(&o.write, "write", "", "write the results as Markdown to this file (e.g. docs/benchmarks.md)")
 	memory := flag.Int("memory", 0, "instead of the table: feed this many messages through a claimtx consumer over RabbitMQ and sample its memory")
 	memoryMode := flag.String("memory-mode", "message", "the consumer for -memory: message (router + claim middleware) or batch (consumer.NewBatch)")
+	storm := flag.Int("storm", 0, "instead of the table: a duplicate storm of this many already-applied messages per run, claimtx per message and in batches against the broker's bare consume+ack rate")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	modes := flag.String("modes", strings.Join(allModes, ","), "modes to measure (a subset, for quick looks; -write needs all)")
 	flag.Parse()
@@ -94,6 +95,13 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	if *storm > 0 {
+		if err := stormRun(context.Background(), o, *storm); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *memory > 0 {
 		if err := memoryRun(context.Background(), o, *memoryMode, *memory); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
@@ -110,6 +118,21 @@ func main() {
 
 // allModes are the -modes, in the order one row's runs interleave.
 var allModes = []string{"raw", "router", "claim", "batch", "hand"}
+
+// startKafka starts the in-process Kafka-protocol broker when o measures
+// Kafka, and returns its address ("" otherwise) and how to stop it.
+func startKafka(ctx context.Context, o options) (string, func(), error) {
+	for _, b := range o.brokers {
+		if b == "kafka" {
+			br, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				return "", nil, err
+			}
+			return br.Addrs()[0], func() { _ = br.Close() }, nil
+		}
+	}
+	return "", func() {}, nil
+}
 
 func envOr(k, d string) string {
 	if v := os.Getenv(k); v != "" {
@@ -202,17 +225,11 @@ func run(ctx context.Context, o options) error {
 	}
 	defer pool.Close()
 
-	var kafkaAddr string
-	for _, b := range o.brokers {
-		if b == "kafka" {
-			br, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				return err
-			}
-			defer func() { _ = br.Close() }()
-			kafkaAddr = br.Addrs()[0]
-		}
+	kafkaAddr, stopKafka, err := startKafka(ctx, o)
+	if err != nil {
+		return err
 	}
+	defer stopKafka()
 
 	// Each measurement runs o.reps times, the modes of one row interleaved
 	// (raw, router, claimtx, batch, hand, raw, router, …) so a disturbance

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// A duplicate storm: a Kafka group reset to an old offset, a week of dead
+// letters replayed, a producer re-sending. Nearly every message is then a
+// duplicate whose claim exists, and what matters is how close claimtx gets
+// to the broker's bare consume+ack rate for the same subscriber
+// configuration (no database at all).
+
+type stormRow struct {
+	broker      string
+	concurrency int
+	bare        result // per-message subscriber configuration, handler only acks
+	claim       result // (c) over n already-claimed messages
+	bareWindow  result // the batch consumer's window configuration, handler only acks
+	batch       result // (d) over n already-claimed messages
+}
+
+// preclaim writes the claims of orders 0..n-1 as the bench consumer's key
+// spec derives them, as if they had been applied before.
+func preclaim(ctx context.Context, e *env, n int) error {
+	_, err := e.pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{e.schema, "processed_messages"}.Sanitize()+`
+		(consumer, message_key) SELECT 'bench', 'order-completed:' || g FROM generate_series(0, $1 - 1) g`, n)
+	if err != nil {
+		return fmt.Errorf("preclaim: %w", err)
+	}
+	return nil
+}
+
+func stormRun(ctx context.Context, o options, n int) error {
+	start := time.Now()
+	pool, err := pgxpool.New(ctx, o.databaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	kafkaAddr, stop, err := startKafka(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	measure := func(label string, c int, f func(*env) (result, error)) (result, error) {
+		env, err := newEnv(ctx, o.databaseURL, c)
+		if err != nil {
+			return result{}, err
+		}
+		r, err := f(env)
+		env.close(ctx, pool)
+		if err != nil {
+			return result{}, fmt.Errorf("%s: %w", label, err)
+		}
+		fmt.Fprintf(os.Stderr, "%-34s %8.0f msg/s\n", label, r.rate())
+		return r, nil
+	}
+	var rows []stormRow
+	for _, b := range o.brokers {
+		for _, c := range o.concurrency {
+			window := batchWindow
+			if b == "amqp" {
+				window = c * batchWindow // one consumer, as the batch consumer's
+			}
+			base := routerRun{broker: b, n: n, concurrency: c, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr}
+			runs := map[string][]result{}
+			for rep := 0; rep < o.reps; rep++ {
+				for _, m := range []struct {
+					name string
+					f    func(*env) (result, error)
+				}{
+					{"bare", func(e *env) (result, error) { r := base; r.bare = true; return runRouter(ctx, e, r) }},
+					{"claim", func(e *env) (result, error) { r := base; r.claim, r.preclaimed = true, true; return runRouter(ctx, e, r) }},
+					{"bare-window", func(e *env) (result, error) {
+						r := base
+						r.bare, r.window = true, window
+						return runRouter(ctx, e, r)
+					}},
+					{"batch", func(e *env) (result, error) { r := base; r.workers, r.preclaimed = c, true; return runBatch(ctx, e, r) }},
+				} {
+					res, err := measure(fmt.Sprintf("storm %s c=%d %s", b, c, m.name), c, m.f)
+					if err != nil {
+						return err
+					}
+					runs[m.name] = append(runs[m.name], res)
+				}
+			}
+			rows = append(rows, stormRow{broker: b, concurrency: c, bare: median(runs["bare"]), claim: median(runs["claim"]),
+				bareWindow: median(runs["bare-window"]), batch: median(runs["batch"])})
+		}
+	}
+	fmt.Printf("Duplicate storm: %d already-applied messages per run, median of %d runs (`go run ./framework/cmd/bench -storm %d -reps %d -concurrency %s -brokers %s`, %s).\n\n",
+		n, o.reps, n, o.reps, joinInts(o.concurrency), strings.Join(o.brokers, ","), time.Since(start).Round(time.Second))
+	fmt.Print(renderStorm(rows))
+	return nil
+}
+
+func renderStorm(rows []stormRow) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| broker | conc | bare msg/s | claimtx msg/s | claimtx/bare | bare (window) msg/s | batch msg/s | batch/bare |\n")
+	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.2f | %.0f | %.0f | %.2f |\n", r.broker, r.concurrency,
+			r.bare.rate(), r.claim.rate(), r.claim.rate()/r.bare.rate(),
+			r.bareWindow.rate(), r.batch.rate(), r.batch.rate()/r.bareWindow.rate())
+	}
+	return b.String()
+}
