@@ -77,7 +77,11 @@ func stormRun(ctx context.Context, o options, n int) error {
 					f    func(*env) (result, error)
 				}{
 					{"bare", func(e *env) (result, error) { r := base; r.bare = true; return runRouter(ctx, e, r) }},
-					{"claim", func(e *env) (result, error) { r := base; r.claim, r.preclaimed = true, true; return runRouter(ctx, e, r) }},
+					{"claim", func(e *env) (result, error) {
+						r := base
+						r.claim, r.preclaimed = true, true
+						return runRouter(ctx, e, r)
+					}},
 					{"bare-window", func(e *env) (result, error) {
 						r := base
 						r.bare, r.window = true, window
