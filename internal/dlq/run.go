@@ -18,6 +18,8 @@ type Filter struct {
 	// Topic, when set, passes over copies consumed from another topic.
 	// Copies that do not say are taken to come from it.
 	Topic string
+	// ID selects the letter with this message UUID.
+	ID string
 	// Reason selects letters whose poison reason contains it.
 	Reason string
 	// Key selects letters whose key (today's, when classified, else the
@@ -44,6 +46,9 @@ func (f Filter) pass(l *Letter) (why string, otherConsumer bool) {
 
 // keep says why the operator's filters leave l out, or "".
 func (f Filter) keep(l *Letter, now time.Time) string {
+	if f.ID != "" && l.Msg.UUID != f.ID {
+		return "id does not match --id"
+	}
 	if f.Reason != "" && !strings.Contains(l.Stamps.Reason, f.Reason) {
 		return "reason does not match --reason"
 	}

@@ -41,6 +41,7 @@ Usage:
   claimtx partitions create-ahead      create missing day partitions through today + --ahead
   claimtx partitions drop-expired      drop day partitions past the retention window
   claimtx stats [--json]               claims per consumer, table and index size
+  claimtx dlq list|inspect|replay      browse, classify and replay a consumer's dead letters
 
 Every command takes:
   --database-url URL   Postgres connection string (env DATABASE_URL)
@@ -79,6 +80,8 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		err = cmdPartitions(ctx, rest, stdout, getenv)
 	case "stats":
 		err = cmdStats(ctx, rest, stdout, getenv)
+	case "dlq":
+		err = cmdDLQ(ctx, rest, stdout, stderr, getenv)
 	default:
 		printf(stderr, "claimtx: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
