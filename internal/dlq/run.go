@@ -9,6 +9,10 @@ import (
 	"time"
 )
 
+// settleGrace bounds how long an interrupted replay waits for the batch in
+// flight to be confirmed and removed.
+const settleGrace = 30 * time.Second
+
 // Filter selects letters. The zero Filter selects every letter.
 type Filter struct {
 	// Consumer, when set, passes over copies stamped by another consumer
@@ -175,6 +179,9 @@ func (r *Run) run(ctx context.Context, replay bool) (Totals, error) {
 	}
 	start := time.Now()
 	for r.Limit <= 0 || t.Selected < r.Limit {
+		if err := ctx.Err(); err != nil {
+			return t, err
+		}
 		batch, err := r.Source.Next(ctx, r.batchSize())
 		if errors.Is(err, io.EOF) {
 			return t, nil
@@ -218,9 +225,15 @@ func (r *Run) run(ctx context.Context, replay bool) (Totals, error) {
 		}
 		var settleErr error
 		if replay && !r.DryRun {
-			if settleErr = r.clearMemos(ctx, batch); settleErr == nil {
-				settleErr = r.Source.Settle(ctx, batch, r.target)
+			// An interruption (ctx) lets the batch in flight finish, so
+			// what was republished is also removed: the rerun then has
+			// fewer duplicates to make. A broker that does not answer is
+			// not waited for beyond settleGrace.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleGrace)
+			if settleErr = r.clearMemos(sctx, batch); settleErr == nil {
+				settleErr = r.Source.Settle(sctx, batch, r.target)
 			}
+			cancel()
 			for _, l := range batch {
 				if l.Replayed {
 					t.Replayed++

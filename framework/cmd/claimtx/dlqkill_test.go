@@ -58,9 +58,9 @@ func dlqProcess(t *testing.T, w *dlqtest.World, args ...string) (*exec.Cmd, *tes
 	return cmd, out
 }
 
-// A replay SIGKILLed in the middle, twice, loses nothing: after each kill
-// every dead letter is in the poison destination, back in its topic, or
-// both. A rerun completes the replay, and a consumer run then applies
+// A replay SIGKILLed in the middle, twice, and stopped by a SIGTERM once,
+// loses nothing: after each every dead letter is in the poison
+// destination, back in its topic, or both. A rerun completes the replay, and a consumer run then applies
 // every order exactly once (the claims turn the letters that were both
 // republished and left behind, and republished twice, into duplicates).
 func TestDLQReplaySurvivesSIGKILL(t *testing.T) {
@@ -120,9 +120,15 @@ func testDLQReplaySurvivesSIGKILL(t *testing.T, kind string) {
 	}
 
 	replay := []string{"dlq", "replay", "--topic", w.Topic, "--consumer", "loyalty", "--key-spec", dlqKeySpec, "--batch-size", "10", "--json"}
-	// Two kills, at >= 15% and >= 55% of the letters to replay; --rate
-	// keeps the replay slow enough to be caught in the middle.
-	for round, at := range []int{(n - applied) * 15 / 100, (n - applied) * 55 / 100} {
+	// A SIGKILL at >= 15% of the letters to replay, a SIGTERM at >= 35%
+	// (it lets the batch in flight finish, then exits 1 saying so), a
+	// SIGKILL at >= 55%; --rate keeps the replay slow enough to be caught
+	// in the middle.
+	rounds := []struct {
+		sig syscall.Signal
+		at  int
+	}{{syscall.SIGKILL, (n - applied) * 15 / 100}, {syscall.SIGTERM, (n - applied) * 35 / 100}, {syscall.SIGKILL, (n - applied) * 55 / 100}}
+	for round, rd := range rounds {
 		cmd, out := dlqProcess(t, w, append(replay, "--rate", "800")...)
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
@@ -130,11 +136,11 @@ func testDLQReplaySurvivesSIGKILL(t *testing.T, kind string) {
 		require.Eventually(t, func() bool {
 			select {
 			case err := <-exited:
-				t.Fatalf("round %d: the replay ended before it was killed (%v):\n%s", round, err, out)
+				t.Fatalf("round %d: the replay ended before it was signalled (%v):\n%s", round, err, out)
 			default:
 			}
-			if w.Depth(w.Topic) >= at {
-				require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+			if w.Depth(w.Topic) >= rd.at {
+				require.NoError(t, cmd.Process.Signal(rd.sig))
 				caught = true
 			}
 			return caught
@@ -142,11 +148,17 @@ func testDLQReplaySurvivesSIGKILL(t *testing.T, kind string) {
 		err := <-exited
 		var ee *exec.ExitError
 		require.ErrorAs(t, err, &ee)
-		require.Equal(t, syscall.SIGKILL, ee.Sys().(syscall.WaitStatus).Signal(), "round %d", round)
+		if rd.sig == syscall.SIGKILL {
+			require.Equal(t, syscall.SIGKILL, ee.Sys().(syscall.WaitStatus).Signal(), "round %d", round)
+		} else {
+			require.Equal(t, exitFail, ee.ExitCode(), "round %d:\n%s", round, out)
+			require.Contains(t, out.String(), "interrupted:", "round %d", round)
+			require.Contains(t, out.String(), `"complete":false`, "round %d", round)
+		}
 		republished := w.Depth(w.Topic)
-		require.Less(t, republished, 2*(n-applied), "round %d: killed in the middle", round)
-		t.Logf("round %d: killed with %d letters republished", round, republished)
-		nothingLost(fmt.Sprintf("after kill %d", round+1))
+		require.Less(t, republished, 2*(n-applied), "round %d: stopped in the middle", round)
+		t.Logf("round %d: %s with %d letters republished", round, rd.sig, republished)
+		nothingLost(fmt.Sprintf("after round %d (%s)", round+1, rd.sig))
 	}
 
 	// The rerun completes.
