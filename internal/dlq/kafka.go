@@ -335,9 +335,8 @@ func (s *kafkaSource) Settle(ctx context.Context, batch []*Letter, target func(*
 			continue
 		}
 		t := target(l)
-		if err, ok := s.targets[t]; !ok {
-			err = s.topicExists(ctx, "original topic", t)
-			s.targets[t] = err
+		if _, ok := s.targets[t]; !ok {
+			s.targets[t] = s.topicExists(ctx, "original topic", t)
 		}
 		if err := s.targets[t]; err != nil {
 			errs = append(errs, err)

@@ -77,29 +77,28 @@ Example:
 // dlqFlags are the flags of the dlq subcommands.
 type dlqFlags struct {
 	*common
-	stderr                     io.Writer
-	sub                        string
-	broker, brokerFile         string
-	amqpURL, kafkaBrokers      string
-	consumer, topic, poison    string
-	keySpec                    string
-	keyMaxBytes                int
-	hashOverlong               bool
-	reason, key, id            string
-	olderThan, newerThan       durationValue
-	limit                      int64
-	asJSON                     bool
-	progress                   string
-	dryRun, includeApplied     bool
-	fromStart                  bool
-	batchSize                  int
-	rate                       float64
-	maxPayload                 int
-	brokerSecrets              []string
-	classify                   bool
-	source                     dlq.Source
-	now                        time.Time
-	differentFingerprintsShown int
+	stderr                  io.Writer
+	sub                     string
+	broker, brokerFile      string
+	amqpURL, kafkaBrokers   string
+	consumer, topic, poison string
+	keySpec                 string
+	keyMaxBytes             int
+	hashOverlong            bool
+	reason, key, id         string
+	olderThan, newerThan    durationValue
+	limit                   int64
+	asJSON                  bool
+	progress                string
+	dryRun, includeApplied  bool
+	fromStart               bool
+	batchSize               int
+	rate                    float64
+	maxPayload              int
+	brokerSecrets           []string
+	classify                bool
+	source                  dlq.Source
+	now                     time.Time
 }
 
 func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
