@@ -74,13 +74,26 @@ Example:
   claimtx dlq replay --topic order-completed --consumer loyalty --key-spec 'template:order-completed:{payload.order_id}' --newer-than 7d --dry-run`
 }
 
+// brokerFlags select the broker of the commands that read one (dlq, keys).
+type brokerFlags struct {
+	broker, brokerFile    string
+	amqpURL, kafkaBrokers string
+	brokerSecrets         []string
+}
+
+func (b *brokerFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&b.broker, "broker", "", "broker kind: amqp or kafka (env BROKER; default amqp)")
+	fs.StringVar(&b.brokerFile, "broker-config", "", "broker configuration file (YAML, see brokers.LoadConfigFile); the environment overrides it")
+	fs.StringVar(&b.amqpURL, "amqp-url", "", "RabbitMQ URL (env AMQP_URL)")
+	fs.StringVar(&b.kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap addresses, comma separated (env KAFKA_BROKERS)")
+}
+
 // dlqFlags are the flags of the dlq subcommands.
 type dlqFlags struct {
 	*common
+	brokerFlags
 	stderr                  io.Writer
 	sub                     string
-	broker, brokerFile      string
-	amqpURL, kafkaBrokers   string
 	consumer, topic, poison string
 	keySpec                 string
 	keyMaxBytes             int
@@ -95,7 +108,6 @@ type dlqFlags struct {
 	batchSize               int
 	rate                    float64
 	maxPayload              int
-	brokerSecrets           []string
 	classify                bool
 	source                  dlq.Source
 	now                     time.Time
@@ -117,10 +129,7 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	}
 	fs, c := newFlags("dlq "+sub, stdout, getenv)
 	d := &dlqFlags{common: c, stderr: stderr, sub: sub}
-	fs.StringVar(&d.broker, "broker", "", "broker kind: amqp or kafka (env BROKER; default amqp)")
-	fs.StringVar(&d.brokerFile, "broker-config", "", "broker configuration file (YAML, see brokers.LoadConfigFile); the environment overrides it")
-	fs.StringVar(&d.amqpURL, "amqp-url", "", "RabbitMQ URL (env AMQP_URL)")
-	fs.StringVar(&d.kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap addresses, comma separated (env KAFKA_BROKERS)")
+	d.brokerFlags.register(fs)
 	fs.StringVar(&d.consumer, "consumer", "", "consumer name whose dead letters and claims these are (required by replay)")
 	fs.StringVar(&d.topic, "topic", "", "the consumer's topic: where replayed letters go back to (env TOPIC)")
 	fs.StringVar(&d.poison, "poison-topic", "", "the poison destination (default <--topic>.poison)")
@@ -292,7 +301,7 @@ func newClassifier(d *dlqFlags, schema, table string, key framework.KeyFunc) *dl
 // brokerConfig is the broker configuration: the file, or the defaults,
 // with the environment over it (brokers.LoadConfigFile, ConfigFromEnv),
 // and the flags over both.
-func (d *dlqFlags) brokerConfig() (brokers.Config, error) {
+func (d *brokerFlags) brokerConfig() (brokers.Config, error) {
 	var cfg brokers.Config
 	var err error
 	if d.brokerFile != "" {
@@ -338,7 +347,13 @@ func (d *dlqFlags) brokerFail(err error) error {
 	if errors.As(err, &ce) {
 		return err
 	}
-	msg := d.redact(err.Error())
+	return d.brokerFlags.redactErr(err, d.redact)
+}
+
+// redactErr removes the broker's passwords, and what redact removes, from
+// err's text.
+func (d *brokerFlags) redactErr(err error, redact func(string) string) error {
+	msg := redact(err.Error())
 	for _, s := range d.brokerSecrets {
 		msg = strings.ReplaceAll(msg, s, "xxxxx")
 	}

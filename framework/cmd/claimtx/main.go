@@ -8,6 +8,7 @@
 //	claimtx partitions list | enable [--prepare-only] | create-ahead [--ahead 7] | drop-expired [--dry-run]
 //	claimtx stats [--json]
 //	claimtx dlq list | inspect | replay [--dry-run] --topic T --consumer C --key-spec SPEC …
+//	claimtx keys check --key-spec SPEC [--time-spec SPEC] --topic T | --file F.jsonl
 //
 // The database comes from --database-url or DATABASE_URL, the schema from
 // --schema or CLAIMTX_SCHEMA (default "claimtx"), the table from --table or
