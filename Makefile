@@ -107,6 +107,11 @@ BENCH_ROWS ?= 10000000
 bench-retention: ## Retention at scale (several minutes, own schemas, dropped after): COPY BENCH_ROWS claims, cleanup rate, claim p99 during cleanup, partition drop, claim throughput full vs empty.
 	BENCH_ROWS=$(BENCH_ROWS) $(GO) test -tags benchretention -run '^TestRetentionAtScale$$' -count=1 -timeout 90m -v ./store/
 
+BENCH_REPLAY_N ?= 100000
+.PHONY: bench-replay
+bench-replay: ## `claimtx dlq replay` throughput (messages/s) of BENCH_REPLAY_N dead letters on RabbitMQ and Kafka, dry run and replay (own queues, topics and schemas).
+	BENCH_REPLAY_N=$(BENCH_REPLAY_N) $(GO) test -tags benchreplay -run '^TestReplayThroughput$$' -count=1 -timeout 60m -v ./framework/cmd/claimtx/
+
 # The chaos run restarts the shared Postgres and closes every RabbitMQ
 # connection on the host: run it alone (not beside `make test`).
 CHAOS_FLAGS ?=

@@ -105,3 +105,71 @@ type countingPublisher struct{ n *int }
 
 func (p countingPublisher) Publish(string, ...*message.Message) error { *p.n++; return nil }
 func (countingPublisher) Close() error                                { return nil }
+
+// A poisoned copy names who poisoned it, under which claim key and when,
+// so `claimtx dlq` can list, classify and replay it; stamps of an earlier
+// poisoning are replaced, and a key function that fails or panics stamps
+// no key but never stops the copy.
+func TestPoisonStampsCopies(t *testing.T) {
+	t.Parallel()
+	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = pubsub.Close() })
+	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
+	require.NoError(t, err)
+	key, err := framework.ParseKeySpec("template:order:{payload.order_id}")
+	require.NoError(t, err)
+	p := middleware.Poison{Publisher: pubsub, Topic: "orders.poison", Consumer: "loyalty", Key: key, SourceTopic: "orders"}
+	fail := func(*message.Message) ([]*message.Message, error) {
+		return nil, framework.Permanent(errors.New("bad deploy"))
+	}
+	next := func() *message.Message {
+		t.Helper()
+		select {
+		case got := <-poisoned:
+			got.Ack()
+			return got
+		case <-time.After(5 * time.Second):
+			t.Fatal("no poisoned copy published")
+			return nil
+		}
+	}
+
+	msg := message.NewMessage("m1", []byte(`{"order_id": 42}`))
+	msg.Metadata.Set("event_id", "evt-42")
+	msg.Metadata.Set("claimtx_poison_key", "stale")  // an earlier poisoning's
+	msg.Metadata.Set("topic_poisoned", "elsewhere")  // idem
+	msg.Metadata.Set("order_poisoned", "the user's") // not Watermill's: kept
+	before := time.Now()
+	_, err = install(t, middleware.NewPoison, p)(fail)(msg)
+	require.NoError(t, err)
+	got := next()
+	require.Equal(t, "loyalty", got.Metadata.Get("claimtx_poison_consumer"))
+	require.Equal(t, "order:42", got.Metadata.Get("claimtx_poison_key"))
+	require.Equal(t, "orders", got.Metadata.Get("topic_poisoned"), "outside a router the source topic comes from SourceTopic")
+	require.Equal(t, "evt-42", got.Metadata.Get("event_id"))
+	require.Equal(t, "the user's", got.Metadata.Get("order_poisoned"))
+	require.Equal(t, "bad deploy", got.Metadata.Get("claimtx_poison_reason"))
+	require.Equal(t, "true", got.Metadata.Get("claimtx_poison_permanent"))
+	at := got.Metadata.Get("claimtx_poisoned_at")
+	require.Regexp(t, `^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z$`, at, "RFC 3339, UTC, nanoseconds")
+	ts, err := time.Parse(time.RFC3339Nano, at)
+	require.NoError(t, err)
+	require.False(t, ts.Before(before.Add(-time.Microsecond)) || ts.After(time.Now()), "poisoned at %s", at)
+
+	// Unkeyable: no key stamped, and no stale one left behind.
+	bad := message.NewMessage("m2", []byte(`{"order_id": `))
+	bad.Metadata.Set("claimtx_poison_key", "stale")
+	_, err = install(t, middleware.NewPoison, p)(fail)(bad)
+	require.NoError(t, err)
+	got = next()
+	require.Empty(t, got.Metadata.Get("claimtx_poison_key"))
+	require.Equal(t, "loyalty", got.Metadata.Get("claimtx_poison_consumer"))
+
+	// A key function that panics: the copy still goes out, without a key.
+	p.Key = func(*message.Message) (string, error) { panic("boom") }
+	_, err = install(t, middleware.NewPoison, p)(fail)(message.NewMessage("m3", []byte(`{}`)))
+	require.NoError(t, err)
+	got = next()
+	require.Empty(t, got.Metadata.Get("claimtx_poison_key"))
+	require.Equal(t, "m3", got.UUID)
+}

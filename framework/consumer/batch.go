@@ -33,7 +33,8 @@ type BatchOptions struct {
 	// the reason, as middleware.Poison does: permanent failures at once,
 	// handler errors and panics once Config.HandlerRetries are spent; they
 	// are then acked. Its OnPoison is called besides the consumer's
-	// bookkeeping.
+	// bookkeeping; its Consumer, Key and SourceTopic, left empty, are
+	// filled with Config.Name, the claim's key and Config.Topic.
 	Poison middleware.Poison
 }
 
@@ -120,7 +121,9 @@ func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	if opts.Poison.Publisher == nil {
 		opts.Poison = p.poison(l)
 	} else {
-		// The caller's poison route: its copies are outcomes too.
+		// The caller's poison route: its copies are outcomes too, and
+		// are stamped like the consumer's own.
+		opts.Poison = p.stampPoison(opts.Poison)
 		onPoison := opts.Poison.OnPoison
 		opts.Poison.OnPoison = func(msg *message.Message, err error) {
 			if onPoison != nil {

@@ -384,12 +384,48 @@ func (p *parts) poison(l *ledger) middleware.Poison {
 	return middleware.Poison{
 		Publisher: p.pub,
 		Topic:     cfg.PoisonTopic,
+		// Stamped on each copy, for `claimtx dlq`.
+		Consumer: cfg.Name, Key: p.poisonKey(), SourceTopic: cfg.Topic,
 		OnPoison: func(msg *message.Message, err error) {
 			cfg.Logger.Warn("claimtx: message poisoned", "consumer", cfg.Name, "topic", cfg.Topic,
 				"poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "reason", err.Error())
 			l.poisoned(msg, err)
 		},
 	}
+}
+
+// poisonKey is the claim's key function under the claim's key policy:
+// the key a poisoned copy is stamped with is the one its claim would have
+// (or has), so `claimtx dlq` can look the claim up. nil when the claim
+// has no key function (natural-key mode without one).
+func (p *parts) poisonKey() framework.KeyFunc {
+	keyOf, policy := p.claim.Key, p.claim.KeyPolicy
+	if keyOf == nil {
+		return nil
+	}
+	return func(msg *message.Message) (string, error) {
+		k, err := keyOf(msg)
+		if err != nil {
+			return "", err
+		}
+		return policy.Normalize(k)
+	}
+}
+
+// stampPoison fills the fields of a caller's poison route
+// (BatchOptions.Poison) that stamp the copies, where the caller left them
+// empty.
+func (p *parts) stampPoison(po middleware.Poison) middleware.Poison {
+	if po.Consumer == "" {
+		po.Consumer = p.cfg.Name
+	}
+	if po.Key == nil {
+		po.Key = p.poisonKey()
+	}
+	if po.SourceTopic == "" {
+		po.SourceTopic = p.cfg.Topic
+	}
+	return po
 }
 
 // New validates cfg, connects, migrates claimtx's schema and builds the

@@ -41,8 +41,10 @@ Usage:
   claimtx partitions create-ahead      create missing day partitions through today + --ahead
   claimtx partitions drop-expired      drop day partitions past the retention window
   claimtx stats [--json]               claims per consumer, table and index size
+  claimtx dlq list|inspect|replay      browse, classify and replay a consumer's dead letters
+  claimtx keys check                   verify a key spec against a sample of messages
 
-Every command takes:
+Every command that reads the claims takes:
   --database-url URL   Postgres connection string (env DATABASE_URL)
   --schema NAME        claimtx schema (env CLAIMTX_SCHEMA, default claimtx)
   --table NAME         claim table (env CLAIMTX_TABLE, default processed_messages)
@@ -79,6 +81,10 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		err = cmdPartitions(ctx, rest, stdout, getenv)
 	case "stats":
 		err = cmdStats(ctx, rest, stdout, getenv)
+	case "dlq":
+		err = cmdDLQ(ctx, rest, stdout, stderr, getenv)
+	case "keys":
+		err = cmdKeys(ctx, rest, stdout, getenv)
 	default:
 		printf(stderr, "claimtx: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage

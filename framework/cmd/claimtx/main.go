@@ -1,10 +1,14 @@
 // Command claimtx is the operator CLI for claimtx's claim table: schema
-// migrations, retention cleanup, partition maintenance and statistics.
+// migrations, retention cleanup, partition maintenance and statistics, and
+// for a consumer's dead letters (browse, classify against the claims,
+// replay).
 //
 //	claimtx migrate
 //	claimtx cleanup [--window 30d] [--dry-run] [--batch-size 5000] …
 //	claimtx partitions list | enable [--prepare-only] | create-ahead [--ahead 7] | drop-expired [--dry-run]
 //	claimtx stats [--json]
+//	claimtx dlq list | inspect | replay [--dry-run] --topic T --consumer C --key-spec SPEC …
+//	claimtx keys check --key-spec SPEC [--time-spec SPEC] --topic T | --file F.jsonl
 //
 // The database comes from --database-url or DATABASE_URL, the schema from
 // --schema or CLAIMTX_SCHEMA (default "claimtx"), the table from --table or

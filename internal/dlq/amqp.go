@@ -1,0 +1,269 @@
+package dlq
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/claimtx/claimtx/brokers/amqp"
+	"github.com/claimtx/claimtx/internal/amqpheader"
+	"github.com/claimtx/claimtx/internal/poisonmeta"
+)
+
+// Defaults of the amqp.Config fields this package reads, for a Config
+// that did not come through brokers.ConfigFromEnv (which writes them out).
+const (
+	defaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
+	defaultDialTimeout = 30 * time.Second
+)
+
+// amqpSource browses a RabbitMQ queue with basic.get on a channel of its
+// own and publishes replays on a confirm-mode channel. See the package
+// documentation.
+type amqpSource struct {
+	conn    *amqp091.Connection
+	get     *amqp091.Channel // basic.get; holds the unacked messages
+	pub     *amqp091.Channel // confirm mode
+	queue   string
+	total   int64
+	read    int64
+	targets map[string]error // queues checked to exist
+}
+
+func openAMQP(_ context.Context, cfg amqp.Config, o Options) (_ *amqpSource, err error) {
+	url := cmp.Or(cfg.URL, defaultAMQPURL)
+	conn, err := amqp091.DialConfig(url, amqp091.Config{
+		Dial:       amqp091.DefaultDial(cmp.Or(cfg.DialTimeout, defaultDialTimeout)),
+		Properties: amqp091.Table{"connection_name": cmp.Or(cfg.ConnectionName, "claimtx") + " dlq"},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect to RabbitMQ: %w", err)
+	}
+	s := &amqpSource{conn: conn, queue: o.Destination, targets: map[string]error{}}
+	defer func() {
+		if err != nil {
+			_ = s.Close()
+		}
+	}()
+	if s.get, err = conn.Channel(); err != nil {
+		return nil, fmt.Errorf("open a channel: %w", err)
+	}
+	// Passive: a missing queue is reported, never created (with arguments
+	// that might differ from the ones it should have).
+	q, err := s.get.QueueDeclarePassive(o.Destination, true, false, false, false, nil)
+	if err != nil {
+		return nil, queueErr("poison queue", o.Destination, err)
+	}
+	s.total = int64(q.Messages)
+	if s.pub, err = conn.Channel(); err != nil {
+		return nil, fmt.Errorf("open a channel: %w", err)
+	}
+	if err = s.pub.Confirm(false); err != nil {
+		return nil, fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	return s, nil
+}
+
+// queueErr names a queue that does not exist.
+func queueErr(what, name string, err error) error {
+	var ae *amqp091.Error
+	if errors.As(err, &ae) && ae.Code == amqp091.NotFound {
+		return fmt.Errorf("%s %q does not exist on RabbitMQ (check --topic, --poison-topic and the vhost of AMQP_URL)", what, name)
+	}
+	return fmt.Errorf("%s %q: %w", what, name, err)
+}
+
+func (s *amqpSource) Destination() string { return s.queue }
+func (s *amqpSource) Total() int64        { return s.total }
+
+func (s *amqpSource) Next(ctx context.Context, max int) ([]*Letter, error) {
+	var out []*Letter
+	for len(out) < max && s.read < s.total {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		d, ok, err := s.get.Get(s.queue, false)
+		if err != nil {
+			return out, fmt.Errorf("read poison queue %q: %w", s.queue, err)
+		}
+		if !ok {
+			// Fewer than counted: someone else took some. Stop here.
+			s.total = s.read
+			break
+		}
+		s.read++
+		out = append(out, &Letter{Msg: deliveryMessage(d), Position: "#" + strconv.FormatInt(s.read, 10), raw: &d})
+	}
+	for _, l := range out {
+		l.Stamps = stampsOf(l.Msg.Metadata)
+	}
+	if len(out) == 0 {
+		return nil, io.EOF
+	}
+	return out, nil
+}
+
+func (s *amqpSource) Settle(ctx context.Context, batch []*Letter, target func(*Letter) string) error {
+	type sent struct {
+		l  *Letter
+		dc *amqp091.DeferredConfirmation
+	}
+	var pending []sent
+	var errs []error
+	for _, l := range batch {
+		if l.Action != ActionReplay {
+			continue
+		}
+		t := target(l)
+		if err := s.checkTarget(t); err != nil {
+			errs = append(errs, err)
+			break
+		}
+		dc, err := s.pub.PublishWithDeferredConfirmWithContext(ctx, "", t, false, false, republishing(l.raw.(*amqp091.Delivery)))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("republish to %q: %w", t, err))
+			break
+		}
+		pending = append(pending, sent{l, dc})
+	}
+	// Remove from the poison queue only what RabbitMQ confirmed.
+	for _, p := range pending {
+		ok, err := p.dc.WaitContext(ctx)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("await the confirm of %s: %w", p.l.Position, err))
+			continue
+		case !ok:
+			errs = append(errs, fmt.Errorf("RabbitMQ refused (nacked) the republished copy of %s", p.l.Position))
+			continue
+		}
+		p.l.Replayed = true
+		if err := p.l.raw.(*amqp091.Delivery).Ack(false); err != nil {
+			// Republished and still queued: a duplicate later, harmless.
+			errs = append(errs, fmt.Errorf("remove %s from the poison queue: %w", p.l.Position, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkTarget makes sure the queue a replay publishes to exists: the
+// default exchange silently drops a message routed to no queue, and a
+// publisher confirm does not tell. Checked once per queue, on a channel of
+// its own (a failed passive declaration closes its channel).
+func (s *amqpSource) checkTarget(q string) error {
+	if err, ok := s.targets[q]; ok {
+		return err
+	}
+	ch, err := s.conn.Channel()
+	if err == nil {
+		_, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		if err != nil {
+			err = queueErr("original topic's queue", q, err)
+		} else {
+			_ = ch.Close()
+		}
+	}
+	s.targets[q] = err
+	return err
+}
+
+func (s *amqpSource) Close() error {
+	var errs []error
+	// Closing the browsing channel hands every unacked message back.
+	for _, ch := range []*amqp091.Channel{s.get, s.pub} {
+		if ch != nil && !ch.IsClosed() {
+			errs = append(errs, ch.Close())
+		}
+	}
+	if s.conn != nil && !s.conn.IsClosed() {
+		errs = append(errs, s.conn.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// uuidHeader carries the Watermill UUID (shared with watermill-amqp and
+// claimtx's adapter).
+const uuidHeader = wamqp.DefaultMessageUUIDHeaderKey
+
+// deliveryMessage is d as claimtx's RabbitMQ adapter hands it to a
+// consumer (brokers/amqp marshaler.Unmarshal): headers through
+// amqpheader, the UUID from its header or the message-id, and the
+// amqp_* entries for the properties.
+func deliveryMessage(d amqp091.Delivery) *message.Message {
+	var uuid string
+	switch v := d.Headers[uuidHeader].(type) {
+	case string:
+		uuid = v
+	case []byte:
+		uuid = string(v)
+	}
+	if uuid == "" {
+		uuid = d.MessageId
+	}
+	if uuid == "" {
+		uuid = watermill.NewUUID()
+	}
+	msg := message.NewMessage(uuid, d.Body)
+	md := make(message.Metadata, len(d.Headers)+6)
+	for k, v := range d.Headers {
+		if k != uuidHeader {
+			md[k] = amqpheader.ToString(v)
+		}
+	}
+	setIfAbsent := func(k, v string) {
+		if _, ok := md[k]; !ok && v != "" {
+			md[k] = v
+		}
+	}
+	setIfAbsent("amqp_message_id", d.MessageId)
+	setIfAbsent("amqp_correlation_id", d.CorrelationId)
+	setIfAbsent("amqp_content_type", d.ContentType)
+	if !d.Timestamp.IsZero() {
+		setIfAbsent("amqp_timestamp", d.Timestamp.UTC().Format(time.RFC3339Nano))
+	}
+	for k, v := range map[string]string{"amqp_exchange": d.Exchange, "amqp_routing_key": d.RoutingKey} {
+		if _, ok := md[k]; !ok {
+			md[k] = v
+		}
+	}
+	msg.Metadata = md
+	return msg
+}
+
+// republishing is the copy of poison delivery d that goes back to its
+// topic: body, properties and every header as they are (typed, so an
+// x-death array stays an array), without the poison bookkeeping, and
+// persistent. UserId is dropped: RabbitMQ refuses a publish whose user-id
+// is not the publishing connection's user.
+func republishing(d *amqp091.Delivery) amqp091.Publishing {
+	headers := make(amqp091.Table, len(d.Headers))
+	for k, v := range d.Headers {
+		if !poisonmeta.IsPoisonKey(k) {
+			headers[k] = v
+		}
+	}
+	return amqp091.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp091.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		Expiration:      d.Expiration,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+}

@@ -1,0 +1,150 @@
+package dlq
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/sqlnames"
+)
+
+// Memo is the poison memo of issue #15 part 2: terminal failures recorded
+// under (consumer, key), which `claimtx unpoison` clears.
+//
+// MEMO HOOK: the poison memo is built on another branch. Once it is
+// merged, implement Memo over its table and set Classifier.Memo (the CLI
+// builds its Classifier in framework/cmd/claimtx/dlq.go, newClassifier).
+// Classification then reports ClassMemo for a message with a memo and no
+// claim, and Replay clears the memo of every key it republishes, before it
+// republishes it (a crash in between leaves the message in the destination
+// with its memo gone, which is harmless).
+type Memo interface {
+	// Memoised returns which of keys have a memo for consumer.
+	Memoised(ctx context.Context, consumer string, keys []string) (map[string]bool, error)
+	// Clear removes the memos of consumer for keys.
+	Clear(ctx context.Context, consumer string, keys []string) error
+}
+
+// Classifier classifies letters against a consumer's claims.
+type Classifier struct {
+	// Pool reaches the claims table Schema.Table (names that
+	// store.Config validated).
+	Pool          *pgxpool.Pool
+	Schema, Table string
+	// Consumer is the consumer name whose claims are looked up.
+	Consumer string
+	// Key is today's key spec, parsed; Policy the consumer's key policy.
+	Key    framework.KeyFunc
+	Policy framework.KeyPolicy
+	// Memo, when set, reports poison memos. MEMO HOOK: nil until the poison
+	// memo is merged (see Memo).
+	Memo Memo
+
+	lookup string
+}
+
+// errNoKeyFunc is a programming error: a Classifier needs a key function.
+var errNoKeyFunc = errors.New("dlq: Classifier.Key is nil")
+
+// Classify sets Key, KeyErr, Class and Match of every letter, with one
+// claims query for all of them.
+func (c *Classifier) Classify(ctx context.Context, letters []*Letter) error {
+	if c.Key == nil {
+		return errNoKeyFunc
+	}
+	if c.lookup == "" {
+		c.lookup = sqlnames.New(c.Schema, c.Table, "").Render(
+			"SELECT message_key, payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = ANY($2::text[])")
+	}
+	var keys []string
+	for _, l := range letters {
+		l.Key, l.KeyErr, l.Match = "", nil, ""
+		k, err := c.derive(l)
+		if err != nil {
+			l.KeyErr, l.Class = err, ClassStillBad
+			continue
+		}
+		l.Key = k
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	// A partitioned claim table may hold one key on several event days
+	// (a producer bug); any row equal to the payload counts as the same.
+	claims := make(map[string][][]byte, len(keys))
+	rows, err := c.Pool.Query(ctx, c.lookup, c.Consumer, keys)
+	if err != nil {
+		return fmt.Errorf("look up claims: %w", err)
+	}
+	for rows.Next() {
+		var k string
+		var hash []byte
+		if err := rows.Scan(&k, &hash); err != nil {
+			rows.Close()
+			return fmt.Errorf("look up claims: %w", err)
+		}
+		claims[k] = append(claims[k], hash)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("look up claims: %w", err)
+	}
+	var memos map[string]bool
+	if c.Memo != nil { // MEMO HOOK
+		if memos, err = c.Memo.Memoised(ctx, c.Consumer, keys); err != nil {
+			return fmt.Errorf("look up poison memos: %w", err)
+		}
+	}
+	for _, l := range letters {
+		if l.KeyErr != nil {
+			continue
+		}
+		hashes, claimed := claims[l.Key]
+		switch {
+		case claimed:
+			l.Class, l.Match = ClassApplied, match(l.Fingerprint(), hashes)
+		case memos[l.Key]:
+			l.Class = ClassMemo
+		default:
+			l.Class = ClassWouldApply
+		}
+	}
+	return nil
+}
+
+// derive is the claim key today's spec and policy give l, recovering from
+// a key function that panics on it (a registered extractor's bug must not
+// stop the classification of the rest).
+func (c *Classifier) derive(l *Letter) (key string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			key, err = "", fmt.Errorf("the key function panicked: %v", r)
+		}
+	}()
+	k, err := c.Key(l.Msg)
+	if err != nil {
+		return "", err
+	}
+	return c.Policy.Normalize(k)
+}
+
+func match(fp []byte, hashes [][]byte) Match {
+	recorded := false
+	for _, h := range hashes {
+		if h == nil {
+			continue
+		}
+		recorded = true
+		if bytes.Equal(h, fp) {
+			return MatchSame
+		}
+	}
+	if !recorded {
+		return MatchUnrecorded
+	}
+	return MatchDifferent
+}

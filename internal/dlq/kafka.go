@@ -1,0 +1,422 @@
+package dlq
+
+import (
+	"cmp"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/brokermeta"
+	"github.com/claimtx/claimtx/internal/poisonmeta"
+)
+
+const (
+	// kafkaUUIDHeader carries the Watermill UUID (watermill-kafka's
+	// UUIDHeaderKey, which claimtx's adapter shares).
+	kafkaUUIDHeader = "_watermill_message_uuid"
+	// kafkaIdle is how long a browse waits for the next record of a
+	// partition that has not reached the end offset seen at the opening
+	// before it takes the rest for a gap (compaction, transaction markers)
+	// and ends.
+	kafkaIdle = 10 * time.Second
+	// openTimeout bounds the metadata requests of the opening: a client
+	// that cannot reach any broker retries forever otherwise.
+	openTimeout = 30 * time.Second
+)
+
+// kafkaSource browses a topic with a client outside any consumer group and
+// records replay progress as the committed offsets of ProgressGroup. See
+// the package documentation.
+type kafkaSource struct {
+	cl    *kgo.Client // metadata, offsets, produce
+	adm   *kadm.Client
+	cons  *kgo.Client // reads the destination
+	topic string
+	group string
+	end   map[int32]int64 // end offsets at the opening
+	next  map[int32]int64 // next offset to read
+	// progress is the offset every message before which a replay
+	// republished or passed over for good; blocked partitions have a
+	// message left for later, so their progress stops.
+	committed map[int32]int64
+	progress  map[int32]int64
+	blocked   map[int32]bool
+	total     int64
+	targets   map[string]error
+}
+
+// kgoOptions maps the Kafka adapter's connection settings (addresses,
+// client id, TLS, SASL) onto franz-go.
+func kgoOptions(c kafka.Config) ([]kgo.Opt, error) {
+	addrs := c.Brokers
+	if len(addrs) == 0 {
+		addrs = []string{"127.0.0.1:9092"}
+	}
+	opts := []kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ClientID(cmp.Or(c.ClientID, "claimtx") + "-dlq")}
+	if c.TLS.Enabled {
+		tc := &tls.Config{
+			MinVersion:         tls.VersionTLS12,
+			ServerName:         c.TLS.ServerName,
+			InsecureSkipVerify: c.TLS.InsecureSkipVerify, //nolint:gosec // opt-in, documented as unsafe on kafka.TLSConfig
+		}
+		if c.TLS.CAFile != "" {
+			pem, err := os.ReadFile(c.TLS.CAFile)
+			if err != nil {
+				return nil, &framework.ConfigError{Field: "kafka.tls.ca_file", Reason: "cannot be read", Err: err}
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, &framework.ConfigError{Field: "kafka.tls.ca_file", Reason: "holds no PEM certificate"}
+			}
+			tc.RootCAs = pool
+		}
+		if c.TLS.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(c.TLS.CertFile, c.TLS.KeyFile)
+			if err != nil {
+				return nil, &framework.ConfigError{Field: "kafka.tls.cert_file", Reason: "cannot load the client certificate and key", Err: err}
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		opts = append(opts, kgo.DialTLSConfig(tc))
+	}
+	switch c.SASL.Mechanism {
+	case "":
+	case kafka.SASLPlain:
+		opts = append(opts, kgo.SASL(plain.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsMechanism()))
+	case kafka.SASLScramSHA256:
+		opts = append(opts, kgo.SASL(scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha256Mechanism()))
+	case kafka.SASLScramSHA512:
+		opts = append(opts, kgo.SASL(scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha512Mechanism()))
+	default:
+		return nil, &framework.ConfigError{Field: "kafka.sasl.mechanism", Reason: fmt.Sprintf("%q is not supported", c.SASL.Mechanism)}
+	}
+	return opts, nil
+}
+
+// fnv32a is Sarama's default key hash: republished records land on the
+// partition claimtx's own publisher (Sarama) would choose for their key.
+func fnv32a(b []byte) uint32 {
+	h := fnv.New32a()
+	_, _ = h.Write(b)
+	return h.Sum32()
+}
+
+func openKafka(ctx context.Context, cfg kafka.Config, o Options) (_ *kafkaSource, err error) {
+	base, err := kgoOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(append(base,
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(kgo.SaramaCompatHasher(fnv32a))),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(0),
+	)...)
+	if err != nil {
+		return nil, &framework.ConfigError{Field: "kafka", Reason: "rejected by franz-go", Err: err}
+	}
+	s := &kafkaSource{cl: cl, adm: kadm.NewClient(cl), topic: o.Destination, end: map[int32]int64{}, next: map[int32]int64{},
+		committed: map[int32]int64{}, progress: map[int32]int64{}, blocked: map[int32]bool{}, targets: map[string]error{}}
+	if o.Consumer != "" {
+		s.group = ProgressGroup(o.Consumer)
+	}
+	defer func() {
+		if err != nil {
+			_ = s.Close()
+		}
+	}()
+	octx, cancel := context.WithTimeout(ctx, openTimeout)
+	defer cancel()
+	if err := s.topicExists(octx, "poison topic", s.topic); err != nil {
+		return nil, err
+	}
+	starts, err := s.adm.ListStartOffsets(octx, s.topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list the start offsets of %q: %w", s.topic, err)
+	}
+	ends, err := s.adm.ListEndOffsets(octx, s.topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list the end offsets of %q: %w", s.topic, err)
+	}
+	if s.group != "" {
+		resps, err := s.adm.FetchOffsetsForTopics(octx, s.group, s.topic)
+		if errors.Is(err, kerr.GroupIDNotFound) {
+			// No replay yet (kfake says so; Kafka returns no offsets).
+			err = nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read the replay progress (consumer group %q): %w", s.group, err)
+		}
+		resps.Each(func(r kadm.OffsetResponse) {
+			if r.Err == nil && r.Topic == s.topic && r.At >= 0 {
+				s.committed[r.Partition] = r.At
+			}
+		})
+	}
+	consume := map[int32]kgo.Offset{}
+	starts.Each(func(lo kadm.ListedOffset) {
+		start := lo.Offset
+		if c, ok := s.committed[lo.Partition]; ok && o.Resume && c > start {
+			start = c
+		}
+		end, _ := ends.Lookup(s.topic, lo.Partition)
+		s.end[lo.Partition] = end.Offset
+		s.next[lo.Partition] = start
+		if c, ok := s.committed[lo.Partition]; ok {
+			s.progress[lo.Partition] = c
+		}
+		if start < end.Offset {
+			s.total += end.Offset - start
+			consume[lo.Partition] = kgo.NewOffset().At(start)
+		}
+	})
+	if len(consume) > 0 {
+		s.cons, err = kgo.NewClient(append(base,
+			kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{s.topic: consume}),
+			kgo.FetchMaxWait(200*time.Millisecond),
+		)...)
+		if err != nil {
+			return nil, &framework.ConfigError{Field: "kafka", Reason: "rejected by franz-go", Err: err}
+		}
+	}
+	return s, nil
+}
+
+// topicExists reports a missing topic as such, without creating it.
+func (s *kafkaSource) topicExists(ctx context.Context, what, topic string) error {
+	td, err := s.adm.ListTopics(ctx, topic)
+	if err != nil {
+		return fmt.Errorf("look up %s %q: %w", what, topic, err)
+	}
+	d, ok := td[topic]
+	if !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition) {
+		return fmt.Errorf("%s %q does not exist on Kafka (check --topic and --poison-topic)", what, topic)
+	}
+	if d.Err != nil {
+		return fmt.Errorf("look up %s %q: %w", what, topic, d.Err)
+	}
+	return nil
+}
+
+func (s *kafkaSource) Destination() string { return s.topic }
+func (s *kafkaSource) Total() int64        { return s.total }
+
+// done reports whether every partition was read to its end offset.
+func (s *kafkaSource) done() bool {
+	for p, end := range s.end {
+		if s.next[p] < end {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *kafkaSource) Next(ctx context.Context, max int) ([]*Letter, error) {
+	var out []*Letter
+	for len(out) < max && !s.done() {
+		pctx, cancel := context.WithTimeout(ctx, kafkaIdle)
+		fs := s.cons.PollRecords(pctx, max-len(out))
+		timedOut := pctx.Err() != nil
+		cancel()
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		var errs []error
+		fs.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				errs = append(errs, fmt.Errorf("read %s partition %d: %w", t, p, err))
+			}
+		})
+		if len(errs) > 0 {
+			return out, errors.Join(errs...)
+		}
+		got := 0
+		fs.EachRecord(func(r *kgo.Record) {
+			if r.Offset < s.next[r.Partition] || r.Offset >= s.end[r.Partition] {
+				return // produced after the opening: the next run's
+			}
+			got++
+			s.next[r.Partition] = r.Offset + 1
+			out = append(out, s.letter(r))
+		})
+		var finished []int32
+		for p, end := range s.end {
+			if s.next[p] >= end {
+				finished = append(finished, p)
+			}
+		}
+		s.cons.PauseFetchPartitions(map[string][]int32{s.topic: finished})
+		if got == 0 && timedOut {
+			// Nothing more comes below the end offsets: gaps.
+			for p, end := range s.end {
+				s.next[p] = max64(s.next[p], end)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return nil, io.EOF
+	}
+	return out, nil
+}
+
+func max64(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// letter is r as claimtx's Kafka adapter hands a record to a consumer
+// (brokers/kafka marshaler.Unmarshal).
+func (s *kafkaSource) letter(r *kgo.Record) *Letter {
+	md := make(message.Metadata, len(r.Headers)+5)
+	var uuid string
+	for _, h := range r.Headers {
+		if h.Key == kafkaUUIDHeader {
+			uuid = string(h.Value)
+			continue
+		}
+		md[h.Key] = string(h.Value)
+	}
+	if uuid == "" {
+		uuid = watermill.NewUUID()
+	}
+	md["kafka_topic"] = r.Topic
+	md["kafka_partition"] = strconv.FormatInt(int64(r.Partition), 10)
+	md["kafka_offset"] = strconv.FormatInt(r.Offset, 10)
+	if r.Key != nil {
+		md["kafka_key"] = string(r.Key)
+	} else {
+		delete(md, "kafka_key")
+	}
+	if ts := r.Timestamp; !ts.IsZero() && ts.UnixMilli() >= 0 {
+		md[brokermeta.KafkaTimestamp] = ts.UTC().Format(time.RFC3339Nano)
+	} else {
+		delete(md, brokermeta.KafkaTimestamp)
+	}
+	msg := message.NewMessage(uuid, r.Value)
+	msg.Metadata = md
+	c, ok := s.committed[r.Partition]
+	return &Letter{
+		Msg: msg, Position: fmt.Sprintf("%d@%d", r.Partition, r.Offset), Partition: r.Partition, Offset: r.Offset,
+		Handled: ok && r.Offset < c, Stamps: stampsOf(md), raw: r,
+	}
+}
+
+func (s *kafkaSource) Settle(ctx context.Context, batch []*Letter, target func(*Letter) string) error {
+	var recs []*kgo.Record
+	var sent []*Letter
+	var errs []error
+	for _, l := range batch {
+		if l.Action != ActionReplay {
+			continue
+		}
+		t := target(l)
+		if _, ok := s.targets[t]; !ok {
+			s.targets[t] = s.topicExists(ctx, "original topic", t)
+		}
+		if err := s.targets[t]; err != nil {
+			errs = append(errs, err)
+			break
+		}
+		r := l.raw.(*kgo.Record)
+		nr := &kgo.Record{Topic: t, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
+		for _, h := range r.Headers {
+			if !poisonmeta.IsPoisonKey(h.Key) {
+				nr.Headers = append(nr.Headers, h)
+			}
+		}
+		recs = append(recs, nr)
+		sent = append(sent, l)
+	}
+	if len(recs) > 0 {
+		for i, res := range s.cl.ProduceSync(ctx, recs...) {
+			if res.Err != nil {
+				errs = append(errs, fmt.Errorf("republish %s to %q: %w", sent[i].Position, recs[i].Topic, res.Err))
+				continue
+			}
+			sent[i].Replayed = true
+		}
+	}
+	if err := s.record(ctx, batch); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// record advances the replay progress over batch: past every message
+// republished or passed over for good, up to the first one left for later
+// in its partition, and commits it for the progress group.
+func (s *kafkaSource) record(ctx context.Context, batch []*Letter) error {
+	if s.group == "" {
+		return nil
+	}
+	moved := map[int32]bool{}
+	for _, l := range batch {
+		p := l.Partition
+		if s.blocked[p] {
+			continue
+		}
+		if l.Replayed || l.Action == ActionPass {
+			if l.Offset+1 > s.progress[p] {
+				s.progress[p] = l.Offset + 1
+				moved[p] = true
+			}
+			continue
+		}
+		s.blocked[p] = true
+	}
+	if len(moved) == 0 {
+		return nil
+	}
+	parts := make([]int32, 0, len(moved))
+	for p := range moved {
+		parts = append(parts, p)
+	}
+	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
+	var offs kadm.Offsets
+	for _, p := range parts {
+		offs.AddOffset(s.topic, p, s.progress[p], -1)
+	}
+	resps, err := s.adm.CommitOffsets(ctx, s.group, offs)
+	if err == nil {
+		err = resps.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("record the replay progress (consumer group %q): %w", s.group, err)
+	}
+	return nil
+}
+
+func (s *kafkaSource) Close() error {
+	if s.cons != nil {
+		s.cons.Close()
+	}
+	if s.cl != nil {
+		s.cl.Close()
+	}
+	return nil
+}

@@ -1,0 +1,136 @@
+package dlq
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/internal/poisonmeta"
+)
+
+// fingerprintBytes is how much of the payload's SHA-256 the claim's
+// fingerprint keeps (middleware.Claim.Fingerprint, store.ClaimRequest.PayloadHash).
+const fingerprintBytes = 16
+
+// Fingerprint is the claim fingerprint of payload: the first 16 bytes of
+// its SHA-256, as the claim middleware stores it.
+func Fingerprint(payload []byte) []byte {
+	sum := sha256.Sum256(payload)
+	return sum[:fingerprintBytes]
+}
+
+// Class is what a dead letter is with respect to its claim.
+type Class string
+
+// Classes.
+const (
+	ClassApplied    Class = "already-applied" // a claim exists: replaying it is a harmless duplicate
+	ClassWouldApply Class = "would-apply"     // no claim: replaying it applies it
+	ClassStillBad   Class = "still-bad"       // today's key spec cannot key it: it would be poisoned again
+	ClassMemo       Class = "poison-memo"     // no claim, but a poison memo (issue #15 part 2)
+)
+
+// Match compares a message's fingerprint with its claim's.
+type Match string
+
+// Matches.
+const (
+	MatchSame       Match = "same"
+	MatchDifferent  Match = "different"  // same key, different payload: a producer or key-derivation bug
+	MatchUnrecorded Match = "unrecorded" // the claim has no fingerprint (Claim.Fingerprint off)
+)
+
+// Action is what a replay does, or did, with a message.
+type Action string
+
+// Actions.
+const (
+	// ActionReplay: republished, then removed from the destination
+	// (RabbitMQ) or passed by the replay progress (Kafka).
+	ActionReplay Action = "replay"
+	// ActionPass: not republished, and nothing to come back for: already
+	// applied (without IncludeApplied), or another consumer's or topic's
+	// copy. The Kafka progress moves past it; on RabbitMQ it stays queued.
+	ActionPass Action = "pass"
+	// ActionKeep: left for a later run: still bad, filtered out, or past
+	// the limit. The Kafka progress of its partition stops before it.
+	ActionKeep Action = "keep"
+)
+
+// Stamps are the poison metadata of a copy (see middleware.Poison).
+type Stamps struct {
+	Reason     string
+	Permanent  string // "true", "false" or "" (not stamped)
+	Consumer   string
+	Key        string
+	Topic      string // the topic it was consumed from
+	Handler    string
+	PoisonedAt time.Time // zero when not stamped (copies made before the stamp existed)
+}
+
+func stampsOf(md message.Metadata) Stamps {
+	s := Stamps{
+		Reason:    md.Get(poisonmeta.Reason),
+		Permanent: md.Get(poisonmeta.Permanent),
+		Consumer:  md.Get(poisonmeta.Consumer),
+		Key:       md.Get(poisonmeta.Key),
+		Topic:     md.Get(poisonmeta.WatermillTopic),
+		Handler:   md.Get(poisonmeta.WatermillHandler),
+	}
+	if s.Reason == "" {
+		s.Reason = md.Get(poisonmeta.WatermillReason)
+	}
+	if t, err := time.Parse(time.RFC3339Nano, md.Get(poisonmeta.PoisonedAt)); err == nil {
+		s.PoisonedAt = t.UTC()
+	}
+	return s
+}
+
+// Letter is one message of a poison destination.
+type Letter struct {
+	// Msg is the message as a consumer of the destination sees it: UUID,
+	// payload, and metadata including the broker's (amqp_*, kafka_*).
+	Msg *message.Message
+	// Position locates it: "#12" (the 12th message of this RabbitMQ
+	// browse) or "2@1041" (Kafka partition 2, offset 1041).
+	Position  string
+	Partition int32 // Kafka
+	Offset    int64 // Kafka
+	// Handled is set on Kafka when a previous replay of the consumer
+	// already went past it (its offset is below the progress recorded for
+	// the consumer's claimtx-dlq group).
+	Handled bool
+	Stamps  Stamps
+
+	// Set by a Classifier.
+	Key    string // the key today's spec derives ("" when it cannot)
+	KeyErr error  // why it cannot
+	Class  Class
+	Match  Match // for ClassApplied
+
+	// Set by Browse and Replay.
+	Selected bool // matched the consumer, topic and filters
+	Action   Action
+	Why      string // why it is passed or kept
+	// Replayed is set once the broker confirmed the republished copy.
+	Replayed bool
+
+	raw any // *amqp091.Delivery or *kgo.Record
+}
+
+// Fingerprint is the claim fingerprint of the letter's payload.
+func (l *Letter) Fingerprint() []byte { return Fingerprint(l.Msg.Payload) }
+
+// FingerprintHex is Fingerprint in hex.
+func (l *Letter) FingerprintHex() string { return hex.EncodeToString(l.Fingerprint()) }
+
+// Age is how long ago the copy was poisoned; ok is false when it does not
+// say.
+func (l *Letter) Age(now time.Time) (time.Duration, bool) {
+	if l.Stamps.PoisonedAt.IsZero() {
+		return 0, false
+	}
+	return now.Sub(l.Stamps.PoisonedAt), true
+}

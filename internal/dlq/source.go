@@ -1,0 +1,72 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
+)
+
+// Source is a poison destination opened for browsing and replay. It is
+// not safe for concurrent use.
+type Source interface {
+	// Destination names the queue or topic.
+	Destination() string
+	// Total is how many messages the browse will read at most: those
+	// present when it was opened (on Kafka, from the start offsets on).
+	Total() int64
+	// Next returns up to max further letters in destination order, and
+	// io.EOF once every message present at the opening has been read.
+	Next(ctx context.Context, max int) ([]*Letter, error)
+	// Settle republishes every letter of batch (letters Next returned, in
+	// order) whose Action is ActionReplay to target(letter), waits until
+	// the broker confirmed them, marks them Replayed and removes them from
+	// the destination (RabbitMQ) or records the progress (Kafka, see the
+	// package documentation). It returns the first error; letters whose
+	// copy was not confirmed stay in the destination.
+	Settle(ctx context.Context, batch []*Letter, target func(*Letter) string) error
+	// Close ends the browse: on RabbitMQ every message not removed goes
+	// back to the queue.
+	Close() error
+}
+
+// Options says what to open.
+type Options struct {
+	// Destination is the poison queue or topic. Required.
+	Destination string
+	// Consumer names the consumer whose replay progress (Kafka: the
+	// consumer group "claimtx-dlq-<Consumer>") is read, and written by
+	// Settle. Empty: no progress is read, and Settle records none.
+	Consumer string
+	// Resume starts a Kafka browse at the consumer's recorded replay
+	// progress instead of the earliest retained offset (what a replay and
+	// its dry run do). Ignored on RabbitMQ, where a replayed message is
+	// gone.
+	Resume bool
+}
+
+// ProgressGroup is the Kafka consumer group under which the replays of
+// consumer record their progress.
+func ProgressGroup(consumer string) string { return "claimtx-dlq-" + consumer }
+
+// Open opens the poison destination of cfg's broker for browsing and
+// replay. Only RabbitMQ ("amqp") and Kafka are supported: a gochannel
+// or registered kind is a *framework.ConfigError naming "kind".
+func Open(ctx context.Context, cfg brokers.Config, o Options) (Source, error) {
+	if o.Destination == "" {
+		return nil, errors.New("dlq: no destination")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	switch kind := cfg.Kind; kind {
+	case brokers.KindAMQP, "":
+		return openAMQP(ctx, cfg.AMQP, o)
+	case brokers.KindKafka:
+		return openKafka(ctx, cfg.Kafka, o)
+	default:
+		return nil, &framework.ConfigError{Field: "kind", Reason: fmt.Sprintf("%q: dead letters can be browsed on %s and %s only", kind, brokers.KindAMQP, brokers.KindKafka)}
+	}
+}
