@@ -320,6 +320,9 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if p.pub, err = cfg.brokers().NewPublisher(cfg.Broker, p.wlog); err != nil {
 		return nil, err
 	}
+	if err := declareQueues(cfg, p.sub); err != nil {
+		return nil, err
+	}
 	if cfg.Registerer != nil {
 		if p.metrics, err = observe.NewMetrics(cfg.Registerer); err != nil {
 			return nil, err
@@ -351,6 +354,30 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	p.health = observe.Health{Store: p.store, Broker: observe.SubscriberConnected(p.sub)}
 	ok = true
 	return p, nil
+}
+
+// declareQueues declares, on RabbitMQ, the topic's queue and the poison
+// topic's, with the configured queue type and arguments, before anything
+// is consumed. A queue that exists with other arguments (a classic poison
+// queue left from before the move to quorum queues, say) then fails
+// start-up with a *framework.ConfigError that says what to do, instead of
+// failing the first poisoning, which would nack the message and have it
+// redelivered until someone reads the log. Other kinds create their topics
+// their own way and are left alone.
+func declareQueues(cfg Config, sub message.Subscriber) error {
+	if cfg.Broker.Kind != "" && cfg.Broker.Kind != brokers.KindAMQP {
+		return nil
+	}
+	si, ok := sub.(message.SubscribeInitializer)
+	if !ok {
+		return nil
+	}
+	for _, topic := range []string{cfg.Topic, cfg.PoisonTopic} {
+		if err := si.SubscribeInitialize(topic); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // poison is the Poison middleware for cfg.PoisonTopic, logging each
