@@ -18,6 +18,10 @@
 //
 //	cfg, err := brokers.LoadConfigFile("claimtx.yaml")
 //
+// LoadConfig does the same for YAML already read, such as the broker
+// section of a larger file (framework/consumer.LoadConfig reads the
+// "broker:" section of a consumer's file with it).
+//
 // # Configuration
 //
 // Config holds the kind and one section per built-in adapter; only the
