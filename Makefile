@@ -125,6 +125,10 @@ chaos: ## Chaos run per broker: 20,000 orders, 3 consumers cold-started at once 
 chaos-batch: ## make chaos with the consumers in batch mode (BATCH_SIZE=64, 2 workers; restarts Postgres: run alone).
 	BATCH_SIZE=64 BATCH_WORKERS=2 $(MAKE) chaos
 
+.PHONY: chaos-quorum
+chaos-quorum: ## make chaos on RabbitMQ only, on quorum queues (AMQP_QUEUE_TYPE=quorum for the consumers; restarts Postgres: run alone).
+	$(MAKE) chaos CHAOS_FLAGS="-brokers amqp -amqp-queue-type quorum $(CHAOS_FLAGS)"
+
 .PHONY: chaos-ci
 chaos-ci: ## The short chaos run (2,000 orders, >= 3 SIGKILLs and >= 3 SIGTERMs per broker, under 2 minutes); `make test` runs it as TestChaosDisruptive.
 	$(GO) build -o bin/loyalty ./examples/loyalty

@@ -16,6 +16,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/internal/defaults"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/yamlpath"
 )
 
 // Built-in kinds.
@@ -86,6 +87,8 @@ var envVars = map[string]string{
 	"amqp.window":             envAMQPWindow,
 	"amqp.nack_delay":         envAMQPNackDelay,
 	"amqp.dial_timeout":       envAMQPDialTimeout,
+	"amqp.queue_type":         envAMQPQueueType,
+	"amqp.delivery_limit":     envAMQPDeliveryLimit,
 	"kafka.brokers":           envKafkaBrokers,
 	"kafka.consumer_group":    envKafkaConsumerGroup,
 	"kafka.initial_offset":    envKafkaInitialOffset,
@@ -263,6 +266,8 @@ const (
 	envAMQPWindow            = "AMQP_WINDOW"
 	envAMQPNackDelay         = "AMQP_NACK_DELAY"
 	envAMQPDialTimeout       = "AMQP_DIAL_TIMEOUT"
+	envAMQPQueueType         = "AMQP_QUEUE_TYPE"
+	envAMQPDeliveryLimit     = "AMQP_DELIVERY_LIMIT"
 	envKafkaBrokers          = "KAFKA_BROKERS"
 	envKafkaConsumerGroup    = "KAFKA_CONSUMER_GROUP"
 	envKafkaInitialOffset    = "KAFKA_INITIAL_OFFSET"
@@ -281,6 +286,14 @@ const (
 	envKafkaTLSCertFile      = "KAFKA_TLS_CERT_FILE"
 	envKafkaTLSKeyFile       = "KAFKA_TLS_KEY_FILE"
 )
+
+// fileSuffix names the variable that holds the path of a file with a
+// secret's value instead of the value (AMQP_URL_FILE for AMQP_URL,
+// KAFKA_SASL_PASSWORD_FILE), the convention of Docker and Kubernetes
+// secrets mounted as files. A file keeps the secret out of the process
+// environment, which other processes of the same user can read
+// (/proc/PID/environ) and crash reporters collect.
+const fileSuffix = "_FILE"
 
 // ConfigFromEnv returns the defaults overlaid with the environment
 // variables listed in the package documentation, validated (see
@@ -309,7 +322,26 @@ func LoadConfigFile(path string) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("brokers: config file %s: %w", path, err)
 	}
-	c, err = c.overlayEnv(os.LookupEnv)
+	return c.withEnv()
+}
+
+// LoadConfig is LoadConfigFile for YAML already read, such as the broker
+// section of a larger configuration file (framework/consumer.LoadConfig
+// reads its "broker:" section with it): the defaults, the YAML over them,
+// the environment over that, validated. Errors name the field by its YAML
+// path within data ("amqp.url"), or the variable when the value came from
+// one.
+func LoadConfig(data []byte) (Config, error) {
+	c, err := parseConfig(data)
+	if err != nil {
+		return Config{}, err
+	}
+	return c.withEnv()
+}
+
+// withEnv is c with the environment over it, validated.
+func (c Config) withEnv() (Config, error) {
+	c, err := c.overlayEnv(os.LookupEnv)
 	if err != nil {
 		return Config{}, err
 	}
@@ -331,68 +363,11 @@ func parseConfig(data []byte) (Config, error) {
 	return c, nil
 }
 
-// yamlFieldError turns a decode error about one value ("line 3: cannot
-// unmarshal !!str `soon` into time.Duration", or an unknown key) into a
-// *framework.ConfigError whose Field is that value's YAML path, so a file's
-// mistake is named like a Validate one. yaml.v3 reports only a line, so the
-// path is the key found on that line. It returns nil for syntax errors,
-// which have no field to name. The decoder's message is the Reason, not
-// the Err: its Error() repeats every problem of the document.
+// yamlFieldError turns a decode error about one value into a
+// *framework.ConfigError naming its YAML path (see yamlpath.FieldError), or
+// nil for syntax errors.
 func yamlFieldError(data []byte, err error) *framework.ConfigError {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) || len(te.Errors) == 0 {
-		return nil
-	}
-	msg := te.Errors[0]
-	var line int
-	if _, serr := fmt.Sscanf(msg, "line %d:", &line); serr != nil {
-		return nil
-	}
-	var root yaml.Node
-	if yaml.Unmarshal(data, &root) != nil {
-		return nil
-	}
-	paths := map[int]string{}
-	var walk func(n *yaml.Node, path string)
-	walk = func(n *yaml.Node, path string) {
-		switch n.Kind {
-		case yaml.DocumentNode:
-			for _, c := range n.Content {
-				walk(c, path)
-			}
-		case yaml.MappingNode:
-			for i := 0; i+1 < len(n.Content); i += 2 {
-				p := n.Content[i].Value
-				if path != "" {
-					p = path + "." + p
-				}
-				if _, seen := paths[n.Content[i].Line]; !seen {
-					paths[n.Content[i].Line] = p
-				}
-				walk(n.Content[i+1], p)
-			}
-		case yaml.SequenceNode:
-			for _, c := range n.Content {
-				if _, seen := paths[c.Line]; !seen && path != "" {
-					paths[c.Line] = path
-				}
-				walk(c, path)
-			}
-		case yaml.ScalarNode, yaml.AliasNode:
-			if _, seen := paths[n.Line]; !seen && path != "" {
-				paths[n.Line] = path
-			}
-		}
-	}
-	walk(&root, "")
-	field, ok := paths[line]
-	if !ok || field == "" {
-		// An empty key ("": 1) has no path to name: report the decoder's
-		// message as a parse error.
-		return nil
-	}
-	reason := strings.TrimSpace(strings.TrimPrefix(msg, fmt.Sprintf("line %d:", line)))
-	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("%s (line %d)", reason, line)}
+	return yamlpath.FieldError(data, err)
 }
 
 // overlayEnv returns c with every set variable applied, reading variables
@@ -464,14 +439,47 @@ func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 
 	str(envBroker, &c.Kind)
 
-	if v, ok := get(envAMQPURL); ok {
-		c.AMQP.URL = v // never echoed back in errors: it may hold a password
+	// secret reads a secret from its variable or from the file its _FILE
+	// variable names. Neither the value nor the file's content is ever
+	// echoed back in errors; a field set from the file is named by the
+	// _FILE variable in Validate errors.
+	secret := func(name string, dst *string) {
+		v, ok := get(name)
+		fileName := name + fileSuffix
+		path, fromFile := lookup(fileName)
+		path = strings.TrimSpace(path)
+		switch {
+		case fromFile && path != "" && ok:
+			fail(fileName, fmt.Sprintf("set %s or %s, not both", name, fileName))
+			return
+		case fromFile && path != "":
+			data, err := os.ReadFile(path) //nolint:gosec // reading the file the operator names is the point
+			if err != nil {
+				// *fs.PathError names the path and the cause, never the content.
+				fail(fileName, fmt.Sprintf("cannot read the file: %v", err))
+				return
+			}
+			// A trailing newline is what editors and `echo` leave behind.
+			if v = strings.TrimSpace(string(data)); v == "" {
+				fail(fileName, fmt.Sprintf("the file %s is empty", path))
+				return
+			}
+			set[envField[name]] = fileName
+			ok = true
+		}
+		if ok {
+			*dst = v
+		}
 	}
+
+	secret(envAMQPURL, &c.AMQP.URL)
 	posInt(envConcurrency, &c.AMQP.Concurrency)
 	posInt(envAMQPPrefetch, &c.AMQP.Prefetch)
 	posInt(envAMQPWindow, &c.AMQP.Window)
 	dur(envAMQPNackDelay, &c.AMQP.NackDelay)
 	dur(envAMQPDialTimeout, &c.AMQP.DialTimeout)
+	str(envAMQPQueueType, &c.AMQP.QueueType)
+	posInt(envAMQPDeliveryLimit, &c.AMQP.DeliveryLimit)
 
 	if v, ok := get(envKafkaBrokers); ok {
 		var list []string
@@ -497,9 +505,7 @@ func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	dur(envKafkaDialTimeout, &c.Kafka.DialTimeout)
 	str(envKafkaSASLMechanism, &c.Kafka.SASL.Mechanism)
 	str(envKafkaSASLUser, &c.Kafka.SASL.User)
-	if v, ok := get(envKafkaSASLPassword); ok {
-		c.Kafka.SASL.Password = v
-	}
+	secret(envKafkaSASLPassword, &c.Kafka.SASL.Password)
 	boolean(envKafkaTLS, &c.Kafka.TLS.Enabled)
 	str(envKafkaTLSCAFile, &c.Kafka.TLS.CAFile)
 	str(envKafkaTLSCertFile, &c.Kafka.TLS.CertFile)

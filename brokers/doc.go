@@ -18,6 +18,10 @@
 //
 //	cfg, err := brokers.LoadConfigFile("claimtx.yaml")
 //
+// LoadConfig does the same for YAML already read, such as the broker
+// section of a larger file (framework/consumer.LoadConfig reads the
+// "broker:" section of a consumer's file with it).
+//
 // # Configuration
 //
 // Config holds the kind and one section per built-in adapter; only the
@@ -34,7 +38,8 @@
 //	  url: amqp://app:secret@rabbit:5672/
 //	  concurrency: 8
 //	  nack_delay: 1s
-//	  queue_arguments: {x-queue-type: quorum}
+//	  queue_type: quorum     # classic | quorum
+//	  delivery_limit: 50
 //	kafka:
 //	  brokers: [kafka-1:9092, kafka-2:9092]
 //	  consumer_group: billing
@@ -61,6 +66,8 @@
 //	AMQP_WINDOW              amqp.window                    (default 0: one message per subscription)
 //	AMQP_NACK_DELAY          amqp.nack_delay                (default 1s)
 //	AMQP_DIAL_TIMEOUT        amqp.dial_timeout              (default 30s)
+//	AMQP_QUEUE_TYPE          amqp.queue_type                (classic or quorum; default classic)
+//	AMQP_DELIVERY_LIMIT      amqp.delivery_limit            (quorum only; default none)
 //	KAFKA_BROKERS            kafka.brokers, comma separated (default 127.0.0.1:9092)
 //	KAFKA_CONSUMER_GROUP     kafka.consumer_group           (no default; required to subscribe)
 //	KAFKA_INITIAL_OFFSET     kafka.initial_offset           (default oldest)
@@ -78,6 +85,13 @@
 //	KAFKA_TLS_CA_FILE        kafka.tls.ca_file
 //	KAFKA_TLS_CERT_FILE      kafka.tls.cert_file
 //	KAFKA_TLS_KEY_FILE       kafka.tls.key_file
+//
+// A secret can also come from a file: AMQP_URL_FILE and
+// KAFKA_SASL_PASSWORD_FILE name a file holding the value of AMQP_URL and
+// KAFKA_SASL_PASSWORD (a Docker or Kubernetes secret mounted as a file;
+// surrounding white space, such as the trailing newline, is dropped).
+// Setting both a variable and its _FILE variable is an error; an error
+// about a value read from a file names the _FILE variable.
 //
 // CONCURRENCY is the number of messages one subscription processes at once
 // on RabbitMQ. Kafka has no such knob: watermill-kafka keeps one message in
@@ -121,6 +135,9 @@
 // Config.String (and %v, %+v, %#v of Config, amqp.Config, kafka.Config and
 // kafka.SASLConfig) redacts the AMQP URL's password and the Kafka SASL
 // password, so logging the effective configuration at start-up is safe.
+// Keep secrets out of configuration files and the environment where you
+// can: AMQP_URL_FILE and KAFKA_SASL_PASSWORD_FILE read them from files, and
+// neither the value nor the file's content appears in an error.
 // Validation errors never quote a URL that does not parse (Go's url.Error
 // would print it whole, password included). Config.Options is printed as is:
 // a registered kind that keeps secrets there must redact them itself. The

@@ -23,6 +23,7 @@ var allEnv = []string{
 	"KAFKA_DIAL_TIMEOUT", "KAFKA_SASL_MECHANISM", "KAFKA_SASL_USER",
 	"KAFKA_SASL_PASSWORD", "KAFKA_TLS", "KAFKA_TLS_CA_FILE",
 	"KAFKA_TLS_CERT_FILE", "KAFKA_TLS_KEY_FILE",
+	"AMQP_QUEUE_TYPE", "AMQP_DELIVERY_LIMIT", "AMQP_URL_FILE", "KAFKA_SASL_PASSWORD_FILE",
 }
 
 // clearEnv unsets (sets empty, which counts as unset) every variable, so
@@ -57,6 +58,11 @@ func TestEnvErrorsNameTheVariable(t *testing.T) {
 		{env: []string{"AMQP_WINDOW=70000"}, field: "AMQP_WINDOW"},
 		{env: []string{"AMQP_NACK_DELAY=soon"}, field: "AMQP_NACK_DELAY"},
 		{env: []string{"AMQP_DIAL_TIMEOUT=30"}, field: "AMQP_DIAL_TIMEOUT"},
+		{env: []string{"AMQP_QUEUE_TYPE=lazy"}, field: "AMQP_QUEUE_TYPE"},
+		{env: []string{"AMQP_DELIVERY_LIMIT=3"}, field: "AMQP_DELIVERY_LIMIT"},
+		{env: []string{"AMQP_QUEUE_TYPE=quorum", "AMQP_DELIVERY_LIMIT=-3"}, field: "AMQP_DELIVERY_LIMIT"},
+		{env: []string{"AMQP_URL_FILE=" + missing}, field: "AMQP_URL_FILE"},
+		{env: []string{"BROKER=kafka", "KAFKA_SASL_PASSWORD_FILE=" + missing}, field: "KAFKA_SASL_PASSWORD_FILE"},
 		{env: []string{"BROKER=kafka", "KAFKA_BROKERS=nohost"}, field: "KAFKA_BROKERS"},
 		{env: []string{"BROKER=kafka", "KAFKA_BROKERS= , "}, field: "KAFKA_BROKERS"},
 		{env: []string{"BROKER=kafka", "KAFKA_INITIAL_OFFSET=latest"}, field: "KAFKA_INITIAL_OFFSET"},

@@ -25,6 +25,20 @@ const (
 	defaultReconnectMaxInterval     = 10 * time.Second
 	defaultPublishChannels          = 4
 	defaultConnectionName           = "claimtx"
+	defaultQueueType                = queueTypeClassic
+)
+
+// Queue types (Config.QueueType).
+const (
+	queueTypeClassic = "classic"
+	queueTypeQuorum  = "quorum"
+)
+
+// Queue arguments that Config.QueueType and Config.DeliveryLimit set. They
+// are refused in QueueArguments, so each setting has one name.
+const (
+	argQueueType     = "x-queue-type"
+	argDeliveryLimit = "x-delivery-limit"
 )
 
 // maxConcurrency bounds Concurrency: every unit is an AMQP channel, and
@@ -118,11 +132,36 @@ type Config struct {
 	// a channel, put it in confirm mode and close it again. Defaults to 4.
 	PublishChannels int `yaml:"publish_channels"`
 
+	// QueueType is the type of every queue the adapter declares (the
+	// topic's, and the poison topic's when published to): "classic" or
+	// "quorum", RabbitMQ's replicated queue type and the one to use for
+	// durable work (classic mirrored queues are gone in RabbitMQ 4). A
+	// queue's type is fixed when it is created: a queue that exists with
+	// another type makes Subscribe and Publish fail with a
+	// *framework.ConfigError that says how to migrate (see the package
+	// documentation, "Quorum queues"). "classic" declares no x-queue-type
+	// argument, so queues created before this setting keep working.
+	// Defaults to "classic".
+	QueueType string `yaml:"queue_type"`
+
+	// DeliveryLimit, when > 0, is the quorum queue's x-delivery-limit: a
+	// message returned to the queue (nacked, or left unacked by a consumer
+	// that died or lost its connection) more than DeliveryLimit times is
+	// dropped by RabbitMQ, or dead-lettered when QueueArguments name an
+	// x-dead-letter-exchange. claimtx's own poison path acts long before:
+	// a failing message is retried in process and poisoned with the reason
+	// on one delivery. Keep it well above the restarts a message may live
+	// through. Only with QueueType "quorum". Defaults to 0: no limit set
+	// (RabbitMQ 3.x: none; RabbitMQ 4.x: its default of 20).
+	DeliveryLimit int `yaml:"delivery_limit"`
+
 	// QueueArguments are passed to every queue declaration, for example
-	// {"x-queue-type": "quorum"} or {"x-dead-letter-exchange": "dlx"}. They
-	// must equal the arguments of an already existing queue, or RabbitMQ
-	// refuses the declaration (PRECONDITION_FAILED) and the subscription
-	// fails. Nested maps are converted to AMQP tables. Defaults to none.
+	// {"x-dead-letter-exchange": "dlx"}. x-queue-type and x-delivery-limit
+	// are set with QueueType and DeliveryLimit, not here. They must equal
+	// the arguments of an already existing queue, or RabbitMQ refuses the
+	// declaration (PRECONDITION_FAILED) and the subscription fails with a
+	// *framework.ConfigError saying so. Nested maps are converted to AMQP
+	// tables. Defaults to none.
 	QueueArguments map[string]any `yaml:"queue_arguments"`
 
 	// ConnectionName is shown by RabbitMQ (management UI, rabbitmqctl
@@ -163,6 +202,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ConnectionName == "" {
 		c.ConnectionName = defaultConnectionName
+	}
+	if c.QueueType == "" {
+		c.QueueType = defaultQueueType
 	}
 	return c
 }
@@ -214,6 +256,19 @@ func (c Config) Validate() error {
 	case c.PublishChannels < 0:
 		return configErr("publish_channels", "must be positive, got %d", c.PublishChannels)
 	}
+	switch {
+	case c.QueueType != queueTypeClassic && c.QueueType != queueTypeQuorum:
+		return configErr("queue_type", "must be %q or %q, got %q", queueTypeClassic, queueTypeQuorum, c.QueueType)
+	case c.DeliveryLimit < 0:
+		return configErr("delivery_limit", "must not be negative (0: no limit set), got %d", c.DeliveryLimit)
+	case c.DeliveryLimit > 0 && c.QueueType != queueTypeQuorum:
+		return configErr("delivery_limit", "is a quorum queue setting: set queue_type (AMQP_QUEUE_TYPE) to %q, or leave delivery_limit unset (classic queues have no delivery limit)", queueTypeQuorum)
+	}
+	for _, arg := range []struct{ name, field string }{{argQueueType, "queue_type"}, {argDeliveryLimit, "delivery_limit"}} {
+		if _, ok := c.QueueArguments[arg.name]; ok {
+			return configErr("queue_arguments", "%q is set with %s, not in queue_arguments", arg.name, arg.field)
+		}
+	}
 	if _, err := queueArguments(c.QueueArguments); err != nil {
 		return &framework.ConfigError{Field: "queue_arguments", Reason: "cannot be encoded as an AMQP table", Err: err}
 	}
@@ -228,9 +283,9 @@ func configErr(field, format string, args ...any) *framework.ConfigError {
 
 // String prints the config with the URL's password redacted.
 func (c Config) String() string {
-	return fmt.Sprintf("{URL:%s Concurrency:%d Prefetch:%d Window:%d NackDelay:%s DialTimeout:%s ReconnectInitialInterval:%s ReconnectMaxInterval:%s PublishChannels:%d QueueArguments:%v ConnectionName:%q}",
+	return fmt.Sprintf("{URL:%s Concurrency:%d Prefetch:%d Window:%d NackDelay:%s DialTimeout:%s ReconnectInitialInterval:%s ReconnectMaxInterval:%s PublishChannels:%d QueueType:%q DeliveryLimit:%d QueueArguments:%v ConnectionName:%q}",
 		secret.RedactURL(c.URL), c.Concurrency, c.Prefetch, c.Window, c.NackDelay, c.DialTimeout,
-		c.ReconnectInitialInterval, c.ReconnectMaxInterval, c.PublishChannels, c.QueueArguments, c.ConnectionName)
+		c.ReconnectInitialInterval, c.ReconnectMaxInterval, c.PublishChannels, c.QueueType, c.DeliveryLimit, c.QueueArguments, c.ConnectionName)
 }
 
 // GoString makes %#v redact too.
@@ -239,7 +294,7 @@ func (c Config) GoString() string { return "amqp.Config" + c.String() }
 // watermillConfig maps c (defaults applied) onto watermill-amqp's durable
 // queue topology: default exchange, queue = topic, routing key = topic.
 func (c Config) watermillConfig() (wamqp.Config, error) {
-	args, err := queueArguments(c.QueueArguments)
+	args, err := c.declareArguments()
 	if err != nil {
 		return wamqp.Config{}, err
 	}
@@ -278,6 +333,29 @@ func (c Config) attemptTimeout() time.Duration {
 		return c.DialTimeout
 	}
 	return max
+}
+
+// declareArguments is the argument table of every queue declaration:
+// QueueArguments plus x-queue-type and x-delivery-limit from QueueType and
+// DeliveryLimit. A classic queue gets no x-queue-type, as before the
+// setting existed: RabbitMQ compares the arguments of a redeclaration with
+// the queue's, and older releases do not take an explicit "classic" as
+// equal to none.
+func (c Config) declareArguments() (amqp091.Table, error) {
+	args, err := queueArguments(c.QueueArguments)
+	if err != nil {
+		return nil, err
+	}
+	if c.QueueType == queueTypeQuorum {
+		if args == nil {
+			args = amqp091.Table{}
+		}
+		args[argQueueType] = queueTypeQuorum
+		if c.DeliveryLimit > 0 {
+			args[argDeliveryLimit] = int64(c.DeliveryLimit)
+		}
+	}
+	return args, nil
 }
 
 // queueArguments converts YAML-decoded arguments (nested map[string]any,

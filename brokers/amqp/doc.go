@@ -18,8 +18,9 @@
 // "orders" by publishing to exchange "" with routing key "orders". Subscribe,
 // SubscribeInitialize and the first Publish to a topic declare the queue
 // (RabbitMQ drops a message routed to a queue that does not exist, so the
-// publisher declares it too). Config.QueueArguments is passed on every
-// declaration and must match an existing queue's arguments.
+// publisher declares it too). Config.QueueType, Config.DeliveryLimit and
+// Config.QueueArguments are passed on every declaration and must match an
+// existing queue's arguments.
 //
 // Messages are published persistent, with publisher confirms: Publish returns
 // nil only after RabbitMQ confirmed every message. The confirm-mode channels
@@ -84,11 +85,66 @@
 // x-dead-letter-exchange to an existing queue's arguments makes every
 // redeclaration fail (PRECONDITION_FAILED). A dead-lettered message also waits
 // for an operator to replay it. Requeue with a delay loses nothing and needs
-// no topology. If you want RabbitMQ to bound redeliveries, use a quorum
-// queue with a delivery limit and a dead-letter exchange through
-// QueueArguments ({x-queue-type: quorum, x-delivery-limit: 20,
-// x-dead-letter-exchange: dlx}), and replay the dead-letter queue with this
-// adapter, see below.
+// no topology. If you want RabbitMQ to bound redeliveries as well, use a
+// quorum queue with a delivery limit and a dead-letter exchange (see
+// "Quorum queues"), and replay the dead-letter queue with this adapter, see
+// below.
+//
+// # Quorum queues
+//
+// Config.QueueType "quorum" (AMQP_QUEUE_TYPE=quorum, amqp.queue_type)
+// declares every queue, the topic's and the poison topic's alike, as a
+// quorum queue: RabbitMQ's replicated queue type, the one for durable work
+// (classic mirrored queues are gone in RabbitMQ 4). Nothing else changes
+// for claimtx: acks, nacks with NackDelay, the window mode and the
+// metadata work the same, and the claim deduplicates what a quorum queue
+// redelivers as it does for a classic one.
+//
+// A quorum queue adds an x-delivery-count header to what it delivers: how
+// often the message came back to it. Up to RabbitMQ 4.2 every return
+// counts: a nack (this adapter nacks with basic.nack, requeue) and an
+// unacked delivery of a consumer that died or lost its connection. From
+// 4.3 only failed deliveries count (basic.reject, a lost consumer), not a
+// basic.nack, and x-acquired-count counts every delivery (RabbitMQ's
+// documentation; the local RabbitMQ of the tests is 3.10). The headers
+// arrive as metadata like any header ("0", "1", ...), so keys and event
+// times derived from the producer's fields never see them, and Marshal
+// does not publish them again: a poison copy starts from its own count.
+//
+// Config.DeliveryLimit (AMQP_DELIVERY_LIMIT, amqp.delivery_limit) sets the
+// queue's x-delivery-limit N. The return that takes a message's
+// x-delivery-count past N removes it from the queue: without a
+// dead-letter exchange RabbitMQ drops it without a trace; with one
+// (QueueArguments {x-dead-letter-exchange: "", x-dead-letter-routing-key:
+// orders.dlq}) it is dead-lettered with x-death reason "delivery_limit"
+// and x-first-death-reason "delivery_limit". TestQuorumDeliveryLimit
+// checks both on the local RabbitMQ (3.10): with limit 2 a nacked message
+// is delivered 3 times, then dropped or dead-lettered. RabbitMQ 3.13 and
+// 4.x document the same drop-or-dead-letter, with two differences: from
+// 4.0 a quorum queue without a limit gets the default of 20, and from 4.3
+// the nacks of this adapter no longer count (see above), so only crashes
+// and lost connections with the message in flight bring it closer to
+// the limit.
+//
+// claimtx's own poison path acts long before the limit: a handler that
+// fails is retried in process (framework/consumer's HandlerRetries, with
+// backoff, without going back to the broker) and then poisoned with the
+// reason, all on one delivery, and a message that cannot be keyed or
+// decoded is poisoned at once. What counts against the limit is a crash or
+// lost connection with the message in flight and, up to RabbitMQ 4.2, a
+// nack (the poison queue could not be written, or a transient database
+// failure outlasted the claim's retries). Keep the limit well above the restarts a message may
+// live through, or RabbitMQ, not claimtx, decides what happens to it.
+//
+// A queue's type and arguments are fixed when it is created. Declaring a
+// queue that exists with others is refused by RabbitMQ (406
+// PRECONDITION_FAILED); Subscribe, SubscribeInitialize and Publish then
+// return a *framework.ConfigError naming the setting (queue_type,
+// delivery_limit or queue_arguments) and the way out, wrapping RabbitMQ's
+// error, which names the argument and both values. To move a classic queue
+// to quorum: stop its consumers, let it drain (or move its messages), delete
+// it (rabbitmqctl delete_queue NAME), and start the consumers with
+// AMQP_QUEUE_TYPE=quorum, which declare it anew; or switch to a new topic.
 //
 // # Headers and dead-letter replay
 //

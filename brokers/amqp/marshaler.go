@@ -35,6 +35,17 @@ const (
 
 	// reservedPrefix marks keys that Marshal drops.
 	reservedPrefix = "amqp_"
+
+	// headerDeliveryCount and headerAcquiredCount are the headers a quorum
+	// queue sets on its deliveries: how often the message came back to
+	// that queue so far (x-acquired-count, from RabbitMQ 4.3: how often a
+	// consumer took it). They are the delivering queue's state, not the
+	// message's, so Marshal drops them like the amqp_ entries: a copy
+	// published elsewhere (the poison queue) starts from its own count,
+	// and a classic queue, which keeps headers as they are, does not
+	// report returns that never happened there.
+	headerDeliveryCount = "x-delivery-count"
+	headerAcquiredCount = "x-acquired-count"
 )
 
 // errClosedDelivery is what Unmarshal returns for the zero amqp091.Delivery.
@@ -53,7 +64,7 @@ var _ wamqp.Marshaler = marshaler{}
 func (marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 	headers := make(amqp091.Table, len(msg.Metadata)+1)
 	for k, v := range msg.Metadata {
-		if strings.HasPrefix(k, reservedPrefix) || k == metadataRedelivered || k == uuidHeader {
+		if strings.HasPrefix(k, reservedPrefix) || k == metadataRedelivered || k == uuidHeader || k == headerDeliveryCount || k == headerAcquiredCount {
 			continue
 		}
 		headers[k] = v

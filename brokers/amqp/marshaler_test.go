@@ -28,13 +28,15 @@ func TestMarshalerRoundTrip(t *testing.T) {
 	msg.Metadata.Set("event_id", "evt-1")
 	msg.Metadata.Set(amqp.MetadataRoutingKey, "old-delivery")
 	msg.Metadata.Set(amqp.MetadataRedelivered, "true")
+	msg.Metadata.Set("x-delivery-count", "2")
+	msg.Metadata.Set("x-acquired-count", "3")
 
 	pub, err := amqp.Marshaler{}.Marshal(msg)
 	require.NoError(t, err)
 	require.Equal(t, amqp091.Persistent, pub.DeliveryMode)
 	require.Equal(t, "uuid-1", pub.MessageId)
 	require.Equal(t, amqp091.Table{"event_id": "evt-1", amqp.UUIDHeader: "uuid-1"}, pub.Headers,
-		"delivery metadata (amqp_*, redelivered) is not published")
+		"delivery metadata (amqp_*, redelivered, a quorum queue's x-delivery-count) is not published")
 
 	got, err := amqp.Marshaler{}.Unmarshal(amqp091.Delivery{
 		Acknowledger: ackNoop{}, Headers: pub.Headers, MessageId: pub.MessageId, Body: pub.Body, RoutingKey: "q",

@@ -80,7 +80,7 @@ func (p *Publisher) declare(topic string) error {
 	defer func() { _ = ch.Close() }()
 	q := p.wc.Queue
 	if _, err := ch.QueueDeclare(q.GenerateName(topic), q.Durable, q.AutoDelete, q.Exclusive, q.NoWait, q.Arguments); err != nil {
-		return fmt.Errorf("brokers/amqp: declare queue %q: %w", topic, err)
+		return fmt.Errorf("brokers/amqp: declare queue %q: %w", topic, p.cfg.declareError(topic, err))
 	}
 	p.declared[topic] = true
 	return nil

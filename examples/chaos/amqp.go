@@ -18,7 +18,8 @@ import (
 // connection was closed, which the chaos run does to everyone at once.
 type amqpOps struct {
 	url, topic string
-	keep       bool // keep the queues at the end
+	queueType  string // "classic" or "quorum", as the consumers' AMQP_QUEUE_TYPE
+	keep       bool   // keep the queues at the end
 	// closeOwn limits the disruption to the connections of pids (this
 	// run's consumers) instead of every connection on the server.
 	closeOwn bool
@@ -59,8 +60,13 @@ func (a *amqpOps) prepare(context.Context) error {
 	}
 	defer func() { _ = ch.Close() }()
 	// Declared before the consumers start so nothing published first is
-	// dropped; the same arguments as the consumer's own declaration.
-	_, err = ch.QueueDeclare(a.topic, true, false, false, false, nil)
+	// dropped; the same arguments as the consumer's own declaration
+	// (brokers/amqp declares no x-queue-type for a classic queue).
+	var args amqp.Table
+	if a.queueType == "quorum" {
+		args = amqp.Table{"x-queue-type": "quorum"}
+	}
+	_, err = ch.QueueDeclare(a.topic, true, false, false, false, args)
 	return err
 }
 

@@ -30,6 +30,9 @@
 //
 // The consumers run per message, or in batches when BATCH_SIZE (and
 // BATCH_WORKERS) are set in the environment: it is passed through.
+// RabbitMQ's queues are classic, or quorum queues with -amqp-queue-type
+// quorum (or AMQP_QUEUE_TYPE=quorum in the environment), which the
+// consumers are given as AMQP_QUEUE_TYPE.
 //
 // It prints one summary line per broker and exits non-zero if any check
 // fails.
@@ -73,6 +76,7 @@ type options struct {
 	brokers           []string
 	pgRestart         string
 	amqpDisrupt       string
+	amqpQueueType     string
 	databaseURL       string
 	amqpURL           string
 	timeout           time.Duration
@@ -126,6 +130,7 @@ func main() {
 	flag.StringVar(&brokerList, "brokers", strings.Join(o.brokers, ","), "brokers to run, comma separated")
 	flag.StringVar(&o.pgRestart, "pg-restart", o.pgRestart, `command restarting Postgres once mid-run ("" to skip)`)
 	flag.StringVar(&o.amqpDisrupt, "amqp-disrupt", o.amqpDisrupt, `RabbitMQ disruption: "all" (rabbitmqctl close_all_connections) or "own" (only this run's consumers' connections)`)
+	flag.StringVar(&o.amqpQueueType, "amqp-queue-type", o.amqpQueueType, `RabbitMQ queue type of the run's queues, "classic" or "quorum" (default: $AMQP_QUEUE_TYPE, else classic); the consumers get it as AMQP_QUEUE_TYPE`)
 	flag.DurationVar(&o.timeout, "timeout", o.timeout, "give up on a broker after this long")
 	flag.StringVar(&o.logDir, "logs", o.logDir, "directory for the consumers' and the broker's logs")
 	flag.BoolVar(&o.keep, "keep", false, "keep the databases and queues for inspection")
@@ -161,6 +166,11 @@ func run(ctx context.Context, o options) ([]report, error) {
 			o.seed = o.seed<<8 | uint64(c)
 		}
 	}
+	if o.amqpQueueType == "" {
+		// The consumers' AMQP_QUEUE_TYPE passes through to them, and the
+		// runner declares the queue before they start: the two must agree.
+		o.amqpQueueType = orderfeed.EnvOr("AMQP_QUEUE_TYPE", "classic")
+	}
 	if o.publishOver == 0 {
 		o.publishOver = time.Duration(o.minKills+o.minTerms) * (o.killMin + o.killMax) / 2
 	}
@@ -171,6 +181,8 @@ func run(ctx context.Context, o options) ([]report, error) {
 		return nil, fmt.Errorf("-term-timeout must be positive")
 	case o.amqpDisrupt != "all" && o.amqpDisrupt != "own":
 		return nil, fmt.Errorf(`-amqp-disrupt must be "all" or "own", got %q`, o.amqpDisrupt)
+	case o.amqpQueueType != "classic" && o.amqpQueueType != "quorum":
+		return nil, fmt.Errorf(`-amqp-queue-type must be "classic" or "quorum", got %q`, o.amqpQueueType)
 	case o.killMin <= 0 || o.killMax < o.killMin:
 		return nil, fmt.Errorf("kill interval [%s, %s] is not valid", o.killMin, o.killMax)
 	}

@@ -110,7 +110,11 @@ func consumerMode() string {
 // runBroker runs the whole scenario against one broker.
 func runBroker(ctx context.Context, o options, kind string) (rep report) {
 	start := time.Now()
-	rep = report{broker: kind, mode: consumerMode(), orders: o.orders, bad: o.bad,
+	mode := consumerMode()
+	if kind == "amqp" {
+		mode += " queue_type=" + o.amqpQueueType
+	}
+	rep = report{broker: kind, mode: mode, orders: o.orders, bad: o.bad,
 		minKills: o.minKills, minTerms: o.minTerms, wantPGRestart: o.pgRestart != ""}
 	defer func() { rep.elapsed = time.Since(start) }()
 	if err := runScenario(ctx, o, kind, &rep); err != nil {
@@ -189,7 +193,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	kafkaAddr := ""
 	switch kind {
 	case "amqp":
-		ops = &amqpOps{url: o.amqpURL, topic: topic, keep: o.keep, closeOwn: o.amqpDisrupt == "own",
+		ops = &amqpOps{url: o.amqpURL, topic: topic, queueType: o.amqpQueueType, keep: o.keep, closeOwn: o.amqpDisrupt == "own",
 			pids: func() []int { return sup.pids() }}
 	case "kafka":
 		if kafkaAddr, err = freeAddr(); err != nil {
@@ -214,7 +218,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 
 	env := append(os.Environ(),
 		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+storedefault.Schema, "TOPIC="+topic,
-		"AMQP_URL="+o.amqpURL, "KAFKA_BROKERS="+kafkaAddr, "KAFKA_CONSUMER_GROUP="+group,
+		"AMQP_URL="+o.amqpURL, "AMQP_QUEUE_TYPE="+o.amqpQueueType, "KAFKA_BROKERS="+kafkaAddr, "KAFKA_CONSUMER_GROUP="+group,
 		// Short sessions: a SIGKILLed member's partitions move on within
 		// seconds (and the dev broker evicts members killed mid-join).
 		"KAFKA_SESSION_TIMEOUT=3s", "KAFKA_REBALANCE_TIMEOUT=3s",

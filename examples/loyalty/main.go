@@ -24,14 +24,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/examples/internal/startup"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/framework/observe"
 	claimstartup "github.com/claimtx/claimtx/internal/startup"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 const (
@@ -153,59 +151,52 @@ func env(name, def string) string {
 }
 
 func run(ctx context.Context, logger *slog.Logger) error {
-	// The Kafka consumer group defaults to the consumer's Name, "loyalty",
-	// unless KAFKA_CONSUMER_GROUP is set (framework/consumer).
-	bcfg, err := brokers.ConfigFromEnv()
+	// One configuration: the YAML file CONFIG_FILE names, if any
+	// (config.example.yaml documents every key), with the environment
+	// over it (consumer.LoadConfig). The Kafka consumer group defaults to
+	// the consumer's Name, "loyalty", unless KAFKA_CONSUMER_GROUP is set.
+	configFile := os.Getenv("CONFIG_FILE")
+	cfg, err := consumer.LoadConfig(configFile)
 	if err != nil {
 		return err
 	}
-	key, storeCfg := env("KEY", defaultKey), store.Config{Schema: os.Getenv("CLAIMTX_SCHEMA")}
-	// Checked before connecting, so a typo fails at once, and reported
-	// under the variable the user set rather than consumer.Config's field.
-	if _, err := framework.ParseKeySpec(key); err != nil {
-		return envNamed(err)
+	if cfg.Name == "" {
+		cfg.Name = consumerName
 	}
-	if err := storeCfg.Validate(); err != nil {
-		return envNamed(err)
+	if cfg.Topic == "" {
+		cfg.Topic = defaultTopic
 	}
-	cfg := consumer.Config{
-		Name:   consumerName,
-		Topic:  env("TOPIC", defaultTopic),
-		Key:    key,
-		Store:  storeCfg,
-		Broker: bcfg,
-		Logger: logger,
+	if cfg.Key == "" {
+		cfg.Key = defaultKey
 	}
-	if v := os.Getenv("HANDLER_RETRIES"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return &framework.ConfigError{Field: "HANDLER_RETRIES", Reason: "not a non-negative number"}
+	if cfg.DatabaseURL == "" {
+		cfg.DatabaseURL = defaultDatabaseURL
+	}
+	// The specs are checked before connecting, so a typo fails at once
+	// (consumer.New would find it only after the tables are created),
+	// named as the operator wrote it.
+	if _, err := framework.ParseKeySpec(cfg.Key); err != nil {
+		return specNamed(err, configFile, "KEY", "key")
+	}
+	if cfg.EventTime != "" {
+		if _, err := framework.ParseTimeSpec(cfg.EventTime); err != nil {
+			return specNamed(err, configFile, "EVENT_TIME", "event_time")
 		}
-		cfg.HandlerRetries = n
+	} else if cfg.Retention > 0 {
+		return specNamed(&framework.ConfigError{Reason: "retention needs an event time to tell a message's age"}, configFile, "EVENT_TIME", "event_time")
 	}
-	if v := os.Getenv("DRAIN_TIMEOUT"); v != "" {
-		// How long SIGTERM lets the messages in flight commit before they
-		// are cancelled and handed back to the broker.
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			return &framework.ConfigError{Field: "DRAIN_TIMEOUT", Reason: "not a positive duration"}
-		}
-		cfg.DrainTimeout = d
+	cfg.Logger = logger
+	if configFile != "" {
+		logger.Info("loyalty: configuration file", "path", configFile)
 	}
-	if v := os.Getenv("STARTUP_TIMEOUT"); v != "" {
-		// How long start-up waits for each dependency (PostgreSQL, the
-		// broker) before it fails with the last error; negative: one try.
-		d, err := time.ParseDuration(v)
-		if err != nil || d == 0 {
-			return &framework.ConfigError{Field: "STARTUP_TIMEOUT", Reason: "not a non-zero duration"}
-		}
-		cfg.StartupTimeout = d
-	}
+	// Passwords are redacted (consumer.Config.String).
+	logger.Debug("loyalty: configuration", "config", cfg.String())
 	// The database is opened once the variables read so far are known to
 	// be good: a typo is reported at once, not after a connection attempt.
-	pool, err := pgxpool.New(ctx, env("DATABASE_URL", defaultDatabaseURL))
+	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
-		return &framework.ConfigError{Field: "DATABASE_URL", Reason: "cannot be used", Err: err}
+		// LoadConfig has parsed it; pgx's error would quote it.
+		return &framework.ConfigError{Field: "DATABASE_URL", Reason: "cannot be used"}
 	}
 	defer pool.Close()
 	cfg.Pool = pool
@@ -273,7 +264,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		}
 		bc, err := newBatch(ctx, cfg, batch)
 		if err != nil {
-			return envNamed(err)
+			return err
 		}
 		c = bc
 		logger.Info("loyalty: consuming in batches", "broker", cfg.Broker.Kind, "topic", cfg.Topic,
@@ -285,7 +276,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		}
 		mc, err := consumer.New(ctx, cfg, handler)
 		if err != nil {
-			return envNamed(err)
+			return err
 		}
 		c = mc
 		go func() {
@@ -304,24 +295,16 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	return c.Run(ctx)
 }
 
-// envFields maps the consumer.Config and store.Config fields run sets from
-// the environment to their variables.
-var envFields = map[string]string{
-	"Topic": "TOPIC", "Key": "KEY", "key": "KEY", "Schema": "CLAIMTX_SCHEMA",
-	"HandlerRetries": "HANDLER_RETRIES", "DrainTimeout": "DRAIN_TIMEOUT",
-}
-
-// envNamed renames a *framework.ConfigError about one of envFields to the
-// variable, because the operator set KEY, not consumer.Config.Key. Broker
-// errors already name their variables (brokers.ConfigFromEnv).
-func envNamed(err error) error {
+// specNamed names a spec's *framework.ConfigError as the operator set it:
+// the variable when it is set, else the file's key when there is a file.
+func specNamed(err error, configFile, variable, path string) error {
 	var ce *framework.ConfigError
 	if !errors.As(err, &ce) {
 		return err
 	}
-	name, ok := envFields[ce.Field]
-	if !ok {
-		return err
+	name := variable
+	if os.Getenv(variable) == "" && configFile != "" {
+		name = path
 	}
 	return &framework.ConfigError{Field: name, Reason: ce.Reason, Err: ce.Err}
 }

@@ -67,7 +67,12 @@ type BatchConsumer struct {
 // then nacked, permanent ones are poisoned, handler errors and panics are
 // retried HandlerRetries times (from RetryInitialInterval) and then
 // poisoned; a shutdown drains as Config.DrainTimeout says.
-func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (_ *BatchConsumer, err error) {
+func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (*BatchConsumer, error) {
+	c, err := newBatch(ctx, cfg, handler, opts)
+	return c, cfg.named(err)
+}
+
+func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (_ *BatchConsumer, err error) {
 	if handler == nil {
 		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
@@ -81,6 +86,8 @@ func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 		return nil, &framework.ConfigError{Field: "Tracer", Reason: why}
 	case cfg.Claim.EventTime != nil:
 		return nil, &framework.ConfigError{Field: "Claim.EventTime", Reason: why}
+	case cfg.EventTime != "":
+		return nil, &framework.ConfigError{Field: "EventTime", Reason: why}
 	}
 	// The claim fields batches refuse, before anything connects; the
 	// claim's other checks run once open has filled Store (validate has

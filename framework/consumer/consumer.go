@@ -47,6 +47,12 @@ type Config struct {
 	// required (neither in middleware.ModeNaturalKey), and setting both is
 	// a ConfigError.
 	Key string
+	// EventTime is an event-time spec resolved with Extractors, such as
+	// "json:occurred_at" (see framework.ParseTimeSpec): the spec form of
+	// Claim.EventTime, for configuration files and the environment, as
+	// Key is of Claim.Key. Setting both is a ConfigError. What the event
+	// time is used for is documented on Claim below. Defaults to "": none.
+	EventTime string
 
 	// Pool runs the claim transactions. Defaults to a pool opened from
 	// DatabaseURL (and closed by Close).
@@ -177,6 +183,12 @@ type Config struct {
 	// Logger receives the router's and claimtx's logs. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
+
+	// names maps the fields LoadConfig set (by the names errors use:
+	// "Topic", "Claim.MaxClaimWait", "key") to what the user wrote: the
+	// YAML path or the environment variable. nil for a Config built in
+	// code, whose errors keep the Go names.
+	names map[string]string
 }
 
 func (c Config) validate() error {
@@ -187,6 +199,8 @@ func (c Config) validate() error {
 		return &framework.ConfigError{Field: "Key", Reason: "set Key (a spec) or Claim.Key (a KeyFunc), not both"}
 	case c.Claim.Key == nil && c.Key == "" && c.Claim.Mode != middleware.ModeNaturalKey:
 		return &framework.ConfigError{Field: "Key", Reason: "set Key (a spec such as metadata:event_id) or Claim.Key"}
+	case c.Claim.EventTime != nil && c.EventTime != "":
+		return &framework.ConfigError{Field: "EventTime", Reason: "set EventTime (a spec) or Claim.EventTime (a TimeFunc), not both"}
 	case c.Pool == nil && c.DatabaseURL == "":
 		return &framework.ConfigError{Field: "DatabaseURL", Reason: "set DatabaseURL or Pool"}
 	case c.HandlerRetries < 0:
@@ -195,6 +209,11 @@ func (c Config) validate() error {
 		return &framework.ConfigError{Field: "HandlerTimeout", Reason: "must not be negative"}
 	case c.DrainTimeout < 0:
 		return &framework.ConfigError{Field: "DrainTimeout", Reason: "must not be negative"}
+	case c.Retention < 0:
+		return &framework.ConfigError{Field: "Retention", Reason: "must not be negative"}
+	case c.Retention > 0 && c.Claim.EventTime == nil && c.EventTime == "":
+		// Checked before anything connects; New repeats it where it builds the guard.
+		return &framework.ConfigError{Field: "EventTime", Reason: "Retention needs an event time (EventTime or Claim.EventTime) to tell a message's age"}
 	case c.RetryInitialInterval < 0:
 		return &framework.ConfigError{Field: "RetryInitialInterval", Reason: "must not be negative"}
 	// What the consumer fills itself: a value set there would be
@@ -301,6 +320,17 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		}
 		keyFunc = kf
 	}
+	if cfg.EventTime != "" {
+		reg := cfg.Extractors
+		if reg == nil {
+			reg = framework.NewRegistry()
+		}
+		tf, err := reg.ParseTime(cfg.EventTime)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Claim.EventTime = tf
+	}
 
 	p := &parts{cfg: cfg, pool: cfg.Pool, stop: make(chan struct{}), stopped: make(chan struct{})}
 	ok := false
@@ -312,8 +342,7 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if p.pool == nil {
 		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 		if err != nil {
-			// pgx's parse errors already redact the password.
-			return nil, &framework.ConfigError{Field: "DatabaseURL", Reason: "cannot be used", Err: err}
+			return nil, databaseURLError("DatabaseURL", cfg.DatabaseURL, err)
 		}
 		p.pool, p.ownsPool = pool, true
 	}
@@ -332,6 +361,9 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		return nil, err
 	}
 	if p.pub, err = cfg.brokers().NewPublisher(cfg.Broker, p.wlog); err != nil {
+		return nil, err
+	}
+	if err := declareQueues(cfg, p.sub); err != nil {
 		return nil, err
 	}
 	if cfg.Registerer != nil {
@@ -374,6 +406,30 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	}
 	ok = true
 	return p, nil
+}
+
+// declareQueues declares, on RabbitMQ, the topic's queue and the poison
+// topic's, with the configured queue type and arguments, before anything
+// is consumed. A queue that exists with other arguments (a classic poison
+// queue left from before the move to quorum queues, say) then fails
+// start-up with a *framework.ConfigError that says what to do, instead of
+// failing the first poisoning, which would nack the message and have it
+// redelivered until someone reads the log. Other kinds create their topics
+// their own way and are left alone.
+func declareQueues(cfg Config, sub message.Subscriber) error {
+	if cfg.Broker.Kind != "" && cfg.Broker.Kind != brokers.KindAMQP {
+		return nil
+	}
+	si, ok := sub.(message.SubscribeInitializer)
+	if !ok {
+		return nil
+	}
+	for _, topic := range []string{cfg.Topic, cfg.PoisonTopic} {
+		if err := si.SubscribeInitialize(topic); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // poison is the Poison middleware for cfg.PoisonTopic, logging each
@@ -430,7 +486,12 @@ func (p *parts) stampPoison(po middleware.Poison) middleware.Poison {
 
 // New validates cfg, connects, migrates claimtx's schema and builds the
 // router around handler. It does not consume until Run.
-func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *Consumer, err error) {
+func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Consumer, error) {
+	c, err := newConsumer(ctx, cfg, handler)
+	return c, cfg.named(err)
+}
+
+func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *Consumer, err error) {
 	if handler == nil {
 		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
 	}

@@ -36,6 +36,24 @@
 // everything.
 // examples/loyalty is a complete service built this way.
 //
+// # One configuration file
+//
+// LoadConfig reads all of a Config that is not code from one YAML file
+// and the environment over it: the broker section (brokers.LoadConfig),
+// Key and EventTime specs, the claim options, HandlerRetries and the
+// timeouts, Retention. Unknown keys and bad values are
+// *framework.ConfigErrors naming the YAML path or the variable, and so are
+// New's errors about a field it set. Secrets may come from files
+// (DATABASE_URL_FILE, AMQP_URL_FILE, KAFKA_SASL_PASSWORD_FILE), and
+// Config.String redacts them:
+//
+//	cfg, err := consumer.LoadConfig(os.Getenv("CONFIG_FILE")) // "" reads the environment only
+//	if err != nil { return err }
+//	cfg.Logger = logger
+//	c, err := consumer.New(ctx, cfg, handler)
+//
+// examples/loyalty/config.example.yaml documents every key.
+//
 // # The claim
 //
 // Config.Claim holds the claim middleware's options (middleware.Claim):

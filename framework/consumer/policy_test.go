@@ -201,6 +201,12 @@ func effectsFixture(t *testing.T, kind, prefix string) (pool *pgxpool.Pool, sche
 
 func testFailurePolicy(t *testing.T, kind, mode string) {
 	pool, schema, topic, rb := effectsFixture(t, kind, "policy-"+mode)
+	runFailurePolicy(t, mode, pool, schema, topic, rb)
+}
+
+// runFailurePolicy runs the scenarios through the consumer of mode on
+// topic, published and read back through rb.
+func runFailurePolicy(t *testing.T, mode string, pool *pgxpool.Pool, schema, topic string, rb *rawBroker) {
 	h := newPolicyHandler()
 	c := newModeConsumer(t, mode, consumer.Config{
 		Name: "policy", Topic: topic, Key: "metadata:event_id", Pool: pool,
@@ -247,7 +253,7 @@ func testFailurePolicy(t *testing.T, kind, mode string) {
 		require.Contains(t, poisoned[s.name].reason, s.reason, "%s: poison reason", s.name)
 	}
 	total := rb.poisonCount(t)
-	if kind == brokers.KindAMQP {
+	if rb.kind == brokers.KindAMQP {
 		total += len(poisoned) // read off the queue by rb.poisoned
 	}
 	require.Equal(t, wantPoisoned, total, "the poison destination holds exactly the failed scenarios")
