@@ -192,6 +192,15 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		}
 		cfg.DrainTimeout = d
 	}
+	if v := os.Getenv("POISON_MEMO"); v != "" {
+		// Remember dead-lettered orders: their later copies go straight to
+		// the poison queue (middleware.Claim.PoisonMemo).
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return &framework.ConfigError{Field: "POISON_MEMO", Reason: "not a boolean (true or false)"}
+		}
+		cfg.Claim.PoisonMemo = on
+	}
 	if v := os.Getenv("STARTUP_TIMEOUT"); v != "" {
 		// How long start-up waits for each dependency (PostgreSQL, the
 		// broker) before it fails with the last error; negative: one try.

@@ -364,7 +364,7 @@ func (p *parts) poison(l *ledger) middleware.Poison {
 		OnPoison: func(msg *message.Message, err error) {
 			cfg.Logger.Warn("claimtx: message poisoned", "consumer", cfg.Name, "topic", cfg.Topic,
 				"poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "reason", err.Error())
-			l.poisoned(msg, err)
+			p.memoize(msg, err, l.poisoned(msg, err))
 		},
 	}
 }

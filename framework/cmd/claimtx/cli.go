@@ -41,6 +41,8 @@ Usage:
   claimtx partitions create-ahead      create missing day partitions through today + --ahead
   claimtx partitions drop-expired      drop day partitions past the retention window
   claimtx stats [--json]               claims per consumer, table and index size
+  claimtx unpoison --consumer C [flags] clear poison memos: the next copies run the handler again
+  claimtx explain --consumer C --key K  a message's claim, transaction, outbox rows and poison memo
 
 Every command takes:
   --database-url URL   Postgres connection string (env DATABASE_URL)
@@ -79,6 +81,10 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		err = cmdPartitions(ctx, rest, stdout, getenv)
 	case "stats":
 		err = cmdStats(ctx, rest, stdout, getenv)
+	case "unpoison":
+		err = cmdUnpoison(ctx, rest, stdout, getenv)
+	case "explain":
+		err = cmdExplain(ctx, rest, stdout, getenv)
 	default:
 		printf(stderr, "claimtx: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
@@ -401,6 +407,9 @@ func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env
 		}
 		printf(stdout, "dry run: %d claims in %s processed before %s would be deleted (oldest %s)\n",
 			res.WouldDelete, tableName(st), res.Horizon.UTC().Format(time.RFC3339), oldest)
+		if res.Memos > 0 {
+			printf(stdout, "dry run: %d poison memos last poisoned before then would be deleted\n", res.Memos)
+		}
 		return nil
 	}
 	pp := &progressPrinter{w: stdout, mode: *mode, now: time.Now}
@@ -423,6 +432,9 @@ func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env
 			printlnTo(stdout, "interrupted:", summary+"; run again to resume")
 		}
 		return c.fail(ctx, "cleanup", err)
+	}
+	if res.Memos > 0 {
+		summary += fmt.Sprintf("; %d poison memos deleted", res.Memos)
 	}
 	if res.Vacuumed {
 		summary += ", then vacuumed"
