@@ -184,6 +184,9 @@ func (c Config) validate() error {
 		return &framework.ConfigError{Field: "DrainTimeout", Reason: "must not be negative"}
 	case c.RetryInitialInterval < 0:
 		return &framework.ConfigError{Field: "RetryInitialInterval", Reason: "must not be negative"}
+	case c.Claim.PoisonMemo && c.Claim.Mode == middleware.ModeNaturalKey:
+		// NewClaim refuses it too, but only once connected.
+		return &framework.ConfigError{Field: "Claim.PoisonMemo", Reason: "not supported in ModeNaturalKey (see middleware.Claim.PoisonMemo)"}
 	// What the consumer fills itself: a value set there would be
 	// overwritten or bypass the consumer's bookkeeping.
 	case c.Claim.Store != nil:

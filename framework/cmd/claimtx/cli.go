@@ -41,8 +41,8 @@ Usage:
   claimtx partitions create-ahead      create missing day partitions through today + --ahead
   claimtx partitions drop-expired      drop day partitions past the retention window
   claimtx stats [--json]               claims per consumer, table and index size
-  claimtx unpoison --consumer C [flags] clear poison memos: the next copies run the handler again
-  claimtx explain --consumer C --key K  a message's claim, transaction, outbox rows and poison memo
+  claimtx unpoison --consumer C        clear poison memos: the next copies run the handler again
+  claimtx explain --consumer C --key K a message's claim, transaction, outbox rows and poison memo
 
 Every command takes:
   --database-url URL   Postgres connection string (env DATABASE_URL)

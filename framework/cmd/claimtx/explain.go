@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -38,11 +39,11 @@ var errNotFound = errors.New("nothing found")
 
 func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
 	fs, c := newFlags("explain", stdout, getenv)
-	consumer := fs.String("consumer", "", "the consumer name (required)")
-	key := fs.String("key", "", "the message key")
-	msgFile := fs.String("message", "", `a JSON message {"metadata": {...}, "payload": ...} to derive the key from with --key-spec ("-": stdin)`)
-	keySpec := fs.String("key-spec", "", "the consumer's key spec, for --message (e.g. metadata:event_id)")
-	outbox := fs.String("outbox-table", "", "outbox table (env CLAIMTX_OUTBOX_TABLE; default outbox)")
+	consumer := fs.String("consumer", "", "the `consumer` name (required)")
+	key := fs.String("key", "", "the message `key`")
+	msgFile := fs.String("message", "", "a JSON message `file` {\"metadata\": {...}, \"payload\": ...} to derive the key from with --key-spec (\"-\": stdin)")
+	keySpec := fs.String("key-spec", "", "the consumer's key `spec`, for --message (e.g. metadata:event_id)")
+	outbox := fs.String("outbox-table", "", "outbox `table` (env CLAIMTX_OUTBOX_TABLE; default outbox)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := c.parse(fs, args); err != nil {
 		return err
@@ -189,8 +190,12 @@ func printReport(w io.Writer, r explain.Report) {
 		printlnTo(w, "poison memo:  none")
 		return
 	}
-	printf(w, "poison memo:  poisoned %s, %d times: %s\n", r.Memo.PoisonedAt.UTC().Format(time.RFC3339), r.Memo.Seen, r.Memo.Reason)
-	printf(w, "              later copies go straight to the poison destination; clear it with `claimtx unpoison --consumer %s --key %s`\n", r.Consumer, shellQuote(r.Key))
+	times := "times"
+	if r.Memo.Seen == 1 {
+		times = "time"
+	}
+	printf(w, "poison memo:  poisoned %d %s, last %s: %s\n", r.Memo.Seen, times, r.Memo.PoisonedAt.UTC().Format(time.RFC3339), r.Memo.Reason)
+	printf(w, "              later copies go straight to the poison destination; clear it with `claimtx unpoison --consumer %s --key %s`\n", shellQuote(r.Consumer), shellQuote(r.Key))
 }
 
 // shellQuote quotes s for a POSIX shell when it needs it.
@@ -205,9 +210,5 @@ func shellQuote(s string) string {
 	if safe {
 		return s
 	}
-	return "'" + bytesReplaceQuote(s) + "'"
-}
-
-func bytesReplaceQuote(s string) string {
-	return string(bytes.ReplaceAll([]byte(s), []byte("'"), []byte(`'\''`)))
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

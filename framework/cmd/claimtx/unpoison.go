@@ -35,9 +35,9 @@ func cmdUnpoison(ctx context.Context, args []string, stdout io.Writer, getenv en
 	var f poisonmemo.Filter
 	var keys stringList
 	var olderThan durationValue
-	fs.StringVar(&f.Consumer, "consumer", "", "the consumer name whose memos to clear (required)")
-	fs.Var(&keys, "key", "clear the memo of this key (repeatable)")
-	fs.StringVar(&f.ReasonContains, "reason-contains", "", "clear memos whose reason contains this text (literally)")
+	fs.StringVar(&f.Consumer, "consumer", "", "the `consumer` name whose memos to clear (required)")
+	fs.Var(&keys, "key", "clear the memo of this `key` (repeatable)")
+	fs.StringVar(&f.ReasonContains, "reason-contains", "", "clear memos whose reason contains this `text` (literally)")
 	fs.Var(&olderThan, "older-than", "clear memos last poisoned longer ago than this")
 	dryRun := fs.Bool("dry-run", false, "count the memos that would be cleared, clear none")
 	if err := c.parse(fs, args); err != nil {
