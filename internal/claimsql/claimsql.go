@@ -171,18 +171,22 @@ func (s *Statements) begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxO
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
+	// found is captured by the callback only on this path: a named result
+	// captured instead would be moved to the heap on every claim.
+	var found *memoRow
 	if withMemo {
+		m := &memoRow{}
 		b.Queue(s.memo, r.Consumer, r.Key).QueryRow(func(row pgx.Row) error {
-			var reason string
-			switch err := row.Scan(&reason); {
+			switch err := row.Scan(&m.reason); {
 			case errors.Is(err, pgx.ErrNoRows):
 			case err != nil:
 				return fmt.Errorf("claimtx: read poison memo: %w", err)
 			default:
-				memo = &reason
+				m.ok = true
 			}
 			return nil
 		})
+		found = m
 	}
 	q.queue(b)
 	br := pool.SendBatch(ctx, b)
@@ -198,7 +202,16 @@ func (s *Statements) begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxO
 		pgtx.Rollback(ctx, tx)
 		return nil, res, nil, err
 	}
+	if found != nil && found.ok {
+		memo = &found.reason
+	}
 	return tx, res, memo, nil
+}
+
+// memoRow is a poison memo lookup's result.
+type memoRow struct {
+	reason string
+	ok     bool
 }
 
 // BeginBatch begins a transaction on a connection from pool and claims
@@ -235,21 +248,22 @@ func (s *Statements) BeginBatchMemo(ctx context.Context, pool *pgxpool.Pool, opt
 func (s *Statements) beginBatch(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
+	// found: the memos of keys, key -> reason; filled by the callback on
+	// the memo path only (see begin).
 	var found map[string]string
 	if withMemo {
+		m := map[string]string{}
 		b.Queue(s.memoBatch, consumer, keys).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				var k, reason string
 				if err := rows.Scan(&k, &reason); err != nil {
 					return err
 				}
-				if found == nil {
-					found = map[string]string{}
-				}
-				found[k] = reason
+				m[k] = reason
 			}
 			return rows.Err()
 		})
+		found = m
 	}
 	claimed := s.queueBatch(b, consumer, keys, maxClaimWait)
 	br := pool.SendBatch(ctx, b)
