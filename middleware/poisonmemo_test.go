@@ -13,12 +13,15 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
 )
 
 func (b bundle) memo(t testing.TB, consumer string, id int64) (poisonmemo.Memo, bool) {
@@ -199,4 +202,67 @@ func TestPoisonMemoBatch(t *testing.T) {
 	}
 	require.EqualValues(t, 3, b.claims(t, "memo"), "orders 1, 3, 4: order 2's claim did not commit")
 	require.Zero(t, b.ledgerRows(t, 2))
+}
+
+// roundTrips counts what a pool sends to the server: each query outside a
+// batch and each batch is one round trip.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// The memo lookup rides in the claim's pipeline: a fresh message costs the
+// same round trips with PoisonMemo as without (BEGIN+claim, the effect's
+// two statements, COMMIT), per message and per batch.
+func TestPoisonMemoAddsNoRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	url, err := pgtest.URLWithSearchPath(b.schema)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	rt := &roundTrips{}
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, pool.Ping(context.Background()))
+	st, err := store.New(pool, store.Config{Schema: b.schema})
+	require.NoError(t, err)
+
+	count := func(memo bool, id int64) int64 {
+		c := middleware.Claim{Store: st, Consumer: fmt.Sprintf("rt-%v", memo), Key: keyFunc(t), PoisonMemo: memo}
+		h := install(t, middleware.NewClaim, c)(consume(credit))
+		msg := newDelivery(t, order{OrderID: id, CustomerID: 1, TotalCents: 100})
+		before := rt.n.Load()
+		_, err := h(msg)
+		require.NoError(t, err)
+		return rt.n.Load() - before
+	}
+	plain, memo := count(false, 1), count(true, 2)
+	require.EqualValues(t, 4, plain, "BEGIN+claim, two effect statements, COMMIT")
+	require.Equal(t, plain, memo, "per message: the memo lookup costs no round trip")
+
+	batchCount := func(memo bool, first int64) int64 {
+		c := middleware.Claim{Store: st, Consumer: fmt.Sprintf("rt-batch-%v", memo), Key: keyFunc(t), PoisonMemo: memo}
+		bt := newBatch(t, c)
+		msgs := []*message.Message{newDelivery(t, order{OrderID: first, CustomerID: 1, TotalCents: 100}), newDelivery(t, order{OrderID: first + 1, CustomerID: 2, TotalCents: 100})}
+		before := rt.n.Load()
+		for _, err := range bt.Process(context.Background(), msgs, creditSet) {
+			require.NoError(t, err)
+		}
+		return rt.n.Load() - before
+	}
+	plain, memo = batchCount(false, 10), batchCount(true, 20)
+	require.EqualValues(t, 3, plain, "BEGIN+claim, the set statement, COMMIT")
+	require.Equal(t, plain, memo, "per batch: the memo lookup costs no round trip")
 }

@@ -71,8 +71,9 @@ type Config struct {
 	// fields and defaults: Key (the code alternative to the Key spec
 	// above), KeyPolicy, Mode, OutboxTopic, Isolation, MaxClaimWait,
 	// MaxAttempts, InitialBackoff, MaxBackoff, EventTime,
-	// AllowBrokerEventTime, Fingerprint and OnRetry (called besides the
-	// metrics' hook). The consumer fills the rest, so New and NewBatch
+	// AllowBrokerEventTime, Fingerprint, PoisonMemo (the consumer records
+	// the memos, in both modes) and OnRetry (called besides the metrics'
+	// hook). The consumer fills the rest, so New and NewBatch
 	// refuse them with a ConfigError: Claim.Store (use Pool or
 	// DatabaseURL, and Store), Claim.Consumer (use Name), Claim.Logger
 	// (use Logger) and Claim.OnOutcome (use OnOutcome: the claim's hook
