@@ -21,10 +21,21 @@ import (
 // cleanupMemos deletes the memos last poisoned before horizon, in batches
 // of cfg.BatchSize on conn (the retention leader's), each its own short
 // transaction with the batch timeout; with cfg.DryRun it counts them. A
-// schema without the memo table (migration 004 not applied) has none.
+// schema without the memo table (migration 004 not applied) has none. A
+// role that may not delete from it (a least-privilege cleanup role
+// granted rights on the claim table only, before memos existed) leaves
+// the memos alone rather than failing the claims' cleanup after an
+// upgrade: docs/security.md says what to grant.
 func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon time.Time, cfg RetentionConfig) (int64, error) {
 	ok, err := poisonmemo.Exists(ctx, conn, s.names)
 	if err != nil || !ok {
+		return 0, err
+	}
+	need := []string{"SELECT", "DELETE"}
+	if cfg.DryRun {
+		need = need[:1]
+	}
+	if missing, err := poisonmemo.Privileges(ctx, conn, s.names, need...); err != nil || missing != "" {
 		return 0, err
 	}
 	if cfg.DryRun {

@@ -147,7 +147,8 @@ type CleanupResult struct {
 	Vacuumed bool
 	// Memos is the number of poison memos (middleware.Claim.PoisonMemo)
 	// last poisoned before Horizon that were deleted after the claims; a
-	// DryRun counts them instead.
+	// DryRun counts them instead. 0 when the role may not delete from
+	// (or read) the memo table: memos are then left alone.
 	Memos int64
 }
 

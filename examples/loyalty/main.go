@@ -318,6 +318,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 var envFields = map[string]string{
 	"Topic": "TOPIC", "Key": "KEY", "key": "KEY", "Schema": "CLAIMTX_SCHEMA",
 	"HandlerRetries": "HANDLER_RETRIES", "DrainTimeout": "DRAIN_TIMEOUT",
+	"Claim.PoisonMemo": "POISON_MEMO",
 }
 
 // envNamed renames a *framework.ConfigError about one of envFields to the

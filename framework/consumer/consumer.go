@@ -316,6 +316,9 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if err := startup.AwaitDatabase(ctx, cfg.Logger, cfg.StartupTimeout, p.pool, "migrate claimtx's schema", p.store.Migrate); err != nil {
 		return nil, err
 	}
+	if err := p.checkMemoPrivileges(ctx); err != nil {
+		return nil, err
+	}
 	// Warn lets the brokers' start-up loops log what they wait for at WARN.
 	p.wlog = newSlogAdapter(cfg.Logger)
 	if p.sub, err = cfg.brokers().NewSubscriber(cfg.Broker, p.wlog); err != nil {

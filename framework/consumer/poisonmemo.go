@@ -2,12 +2,36 @@ package consumer
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/sqlnames"
 )
+
+// checkMemoPrivileges refuses to start a consumer with Claim.PoisonMemo
+// whose database role cannot use the memo table: every claim looks its
+// memo up, so each would fail (and, the failure being permanent, be
+// dead-lettered) instead of one start-up error naming the grant.
+func (p *parts) checkMemoPrivileges(ctx context.Context) error {
+	if !p.cfg.Claim.PoisonMemo {
+		return nil
+	}
+	sc := p.store.Config()
+	n := sqlnames.New(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
+	missing, err := poisonmemo.Privileges(ctx, p.pool, n, "SELECT", "INSERT", "UPDATE")
+	if err != nil {
+		return err
+	}
+	if missing != "" {
+		return &framework.ConfigError{Field: "Claim.PoisonMemo", Reason: fmt.Sprintf(
+			"the database role lacks %s on %s.%s, which every claim with a poison memo reads and every poisoned message writes: grant them (docs/security.md) or turn the memo off",
+			missing, sc.Schema, n.Memo)}
+	}
+	return nil
+}
 
 // memoize records the poison memo of msg (Claim.PoisonMemo), poisoned
 // because of err, under key, the key the claim derived ("" when it could

@@ -218,6 +218,23 @@ func Exists(ctx context.Context, db DB, n *sqlnames.Names) (bool, error) {
 	return ok, nil
 }
 
+// Privileges reports which of the comma-separated privileges (SELECT,
+// INSERT, UPDATE, DELETE) the current role lacks on the memo table; ""
+// when it has them all (or the table does not exist: nothing to check).
+func Privileges(ctx context.Context, db DB, n *sqlnames.Names, privileges ...string) (missing string, err error) {
+	var lacking []string
+	for _, p := range privileges {
+		var ok *bool
+		if err := db.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), $2)", n.Render("{schema}.{memo}"), p).Scan(&ok); err != nil {
+			return "", fmt.Errorf("claimtx: check privileges on the poison memo table: %w", err)
+		}
+		if ok != nil && !*ok {
+			lacking = append(lacking, p)
+		}
+	}
+	return strings.Join(lacking, ", "), nil
+}
+
 // DeleteBefore deletes up to limit memos last poisoned before horizon,
 // oldest first, and returns how many it deleted: retention calls it until
 // it deletes fewer than limit.
