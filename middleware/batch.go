@@ -45,10 +45,10 @@ type Batch struct {
 // NewBatch validates c for batches and returns the Batch. It reuses
 // Claim's fields for the store, consumer, key, key policy, isolation,
 // claim wait, attempts, backoff, PoisonMemo and hooks (OnOutcome once per
-// message and pass, OnRetry once per retried batch). The claim-table mode is the only
-// one: Mode (natural key), OutboxTopic, Fingerprint and EventTime are
-// refused with a *framework.ConfigError rather than ignored (enqueue with
-// Store.Enqueue in the handler instead of OutboxTopic).
+// message and pass, OnRetry once per retried batch). The claim-table mode
+// is the only one: Mode (natural key), OutboxTopic, Fingerprint and
+// EventTime are refused with a *framework.ConfigError rather than ignored
+// (enqueue with Store.Enqueue in the handler instead of OutboxTopic).
 func NewBatch(c Claim) (*Batch, error) {
 	const why = "not supported in batch mode"
 	switch {
