@@ -91,6 +91,10 @@ bench: ## Side-by-side throughput (raw pgx / router / router+claimtx / batch) on
 	$(GO) run ./framework/cmd/bench -n $(BENCH_N) -reps 3 -concurrency 1,4,16 -brokers amqp,kafka -write docs/benchmarks.md
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./framework/ ./middleware/ ./store/
 
+.PHONY: bench-claim
+bench-claim: ## The claim's cost per message (BenchmarkClaimCost, BenchmarkClaimPerMessage), with and without the poison memo lookup, 5 runs each: compare two commits with benchstat.
+	$(GO) test -run '^$$' -bench Claim -benchmem -count 5 ./middleware/ ./store/
+
 MEMORY_N ?= 1000000
 STORM_N ?= 20000
 .PHONY: bench-storm

@@ -14,6 +14,7 @@ import (
 	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/internal/pgtx"
+	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/internal/txctx"
 )
@@ -43,11 +44,11 @@ type Batch struct {
 
 // NewBatch validates c for batches and returns the Batch. It reuses
 // Claim's fields for the store, consumer, key, key policy, isolation,
-// claim wait, attempts, backoff and hooks (OnOutcome once per message and
-// pass, OnRetry once per retried batch). The claim-table mode is the only
-// one: Mode (natural key), OutboxTopic, Fingerprint and EventTime are
-// refused with a *framework.ConfigError rather than ignored (enqueue with
-// Store.Enqueue in the handler instead of OutboxTopic).
+// claim wait, attempts, backoff, PoisonMemo and hooks (OnOutcome once per
+// message and pass, OnRetry once per retried batch). The claim-table mode
+// is the only one: Mode (natural key), OutboxTopic, Fingerprint and
+// EventTime are refused with a *framework.ConfigError rather than ignored
+// (enqueue with Store.Enqueue in the handler instead of OutboxTopic).
 func NewBatch(c Claim) (*Batch, error) {
 	const why = "not supported in batch mode"
 	switch {
@@ -202,10 +203,28 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 			want = append(want, k)
 		}
 	}
-	// BEGIN and the claim in one round trip.
-	tx, newKeys, err := claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable).BeginBatch(ctx, c.Store.Pool(), pgx.TxOptions{IsoLevel: c.Isolation}, c.Consumer, want, c.MaxClaimWait)
+	// BEGIN and the claim (and the memo lookup) in one round trip.
+	stmts := claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable)
+	opts := pgx.TxOptions{IsoLevel: c.Isolation}
+	var (
+		tx      pgx.Tx
+		newKeys []string
+		memos   map[string]string
+		err     error
+	)
+	if c.PoisonMemo {
+		tx, newKeys, memos, err = stmts.BeginBatchMemo(ctx, c.Store.Pool(), opts, c.Consumer, want, c.MaxClaimWait)
+	} else {
+		tx, newKeys, err = stmts.BeginBatch(ctx, c.Store.Pool(), opts, c.Consumer, want, c.MaxClaimWait)
+	}
 	if err != nil {
 		return nil, err
+	}
+	// Memoised keys were dead-lettered before: they fail (permanently, to
+	// the poison destination) without reaching the handler, and later
+	// passes leave them out like any failed message.
+	for k, reason := range memos {
+		failed[leader[k]] = framework.Permanent(&poisonmemo.HitError{Reason: reason})
 	}
 	committed := false
 	defer func() {

@@ -68,6 +68,21 @@ func BenchmarkClaimPerMessage(b *testing.B) {
 			}
 		}
 	})
+	// The same with Claim.PoisonMemo: the memo lookup rides in the claim's
+	// pipeline, so a fresh message pays a statement, not a round trip.
+	memo := bu.claim(b, "middleware-memo", nil)
+	memo.PoisonMemo = true
+	hm := install(b, middleware.NewClaim, memo)(func(msg *message.Message) ([]*message.Message, error) { return nil, txh(msg) })
+	b.Run("middleware-memo", func(b *testing.B) {
+		msgs := benchOrders(b, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		for _, msg := range msgs {
+			if _, err := hm(msg); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // BenchmarkBatchSet is Batch.Process over batches of 100 with the set-wise

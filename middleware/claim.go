@@ -21,6 +21,7 @@ import (
 	"github.com/claimtx/claimtx/internal/outboxsql"
 	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/internal/pgtx"
+	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/internal/txctx"
 	"github.com/claimtx/claimtx/store"
@@ -175,6 +176,32 @@ type Claim struct {
 	// claim and one extra query per duplicate. The duplicate is still acked:
 	// the claim, not the payload, decides. Defaults to false.
 	Fingerprint bool
+	// PoisonMemo remembers dead-lettered messages: once a message has
+	// gone to the poison destination, a later delivery of its (consumer,
+	// key) (a redelivery, a republished copy, a replay) goes there too,
+	// with the reason "poison memo: <the first reason>", without running
+	// the handler, so a poison pill cannot burn HandlerRetries and
+	// attempts on every redelivery. The memo is looked up in the claim's
+	// round trip (one more statement in its pipeline, no extra round
+	// trip); a duplicate (claim already committed) stays a duplicate. A
+	// memo lives until `claimtx unpoison` or the dead-letter replay clears
+	// it, or retention removes it (store.Store.Cleanup).
+	//
+	// Memos are recorded after the copy was published: framework/consumer
+	// does it in both modes; with this middleware alone, pass RecordPoison
+	// as the Poison middleware's OnPoison. Messages that could not be
+	// keyed or were poisoned as expired get no memo. Not supported in
+	// ModeNaturalKey (NewClaim refuses it): there the handler's own
+	// statement is the claim, so a memo could not yield to an effect
+	// already applied, and a message applied once would be dead-lettered
+	// on every redelivery.
+	//
+	// Defaults to false: a memo turns a failure into a standing verdict
+	// that outlives the deploy that fixes its cause (until unpoison or the
+	// replay clears it), which an operator must know to expect; and a
+	// handler failure that is not the message's fault (a downstream bug)
+	// would poison every later copy of those keys too.
+	PoisonMemo bool
 	// OnOutcome, when set, is called once per pass through the middleware
 	// with what happened. Watermill's Retry above it runs it again for the
 	// same message, and a Poison route above it may dead-letter a Failed pass:
@@ -248,6 +275,8 @@ func (c Claim) validate() error {
 		return &framework.ConfigError{Field: "InitialBackoff", Reason: "backoffs must not be negative"}
 	case c.KeyPolicy.MaxBytes < 0:
 		return &framework.ConfigError{Field: "KeyPolicy.MaxBytes", Reason: "must not be negative"}
+	case c.PoisonMemo && c.Mode == ModeNaturalKey:
+		return &framework.ConfigError{Field: "PoisonMemo", Reason: "not supported in ModeNaturalKey: the claim is the handler's own statement, so a memo could not tell an applied message from a dead-lettered one before the handler runs"}
 	case c.EventTime != nil && c.Mode != ModeNaturalKey && !c.AllowBrokerEventTime && readsBrokerTime(c.EventTime):
 		return &framework.ConfigError{Field: "EventTime", Reason: brokerEventTimeRisk}
 	}
@@ -391,11 +420,23 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 		}
 		claimStart := time.Now()
 		var cr claimsql.Result
-		// BEGIN and the claim in one round trip.
-		tx, cr, err = claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable).Begin(ctx, c.Store.Pool(), txOpts, req)
+		var memo *string
+		// BEGIN and the claim (and the memo lookup) in one round trip.
+		stmts := claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable)
+		if c.PoisonMemo {
+			tx, cr, memo, err = stmts.BeginMemo(ctx, c.Store.Pool(), txOpts, req)
+		} else {
+			tx, cr, err = stmts.Begin(ctx, c.Store.Pool(), txOpts, req)
+		}
 		res.ClaimWait = time.Since(claimStart)
 		if err != nil {
 			return "", err
+		}
+		if cr.New && memo != nil {
+			// Dead-lettered before: roll the claim back (nothing else is
+			// in the transaction) and send this copy after the first.
+			pgtx.Rollback(ctx, tx)
+			return "", framework.Permanent(&poisonmemo.HitError{Reason: *memo})
 		}
 		claimed = cr.New
 		res.FingerprintMismatch = cr.FingerprintMismatch

@@ -18,8 +18,9 @@ import (
 // loyalty effect (an upsert and an insert) in their own transactions,
 // "effect" alone, "claim" with the claim INSERT in the BEGIN batch, and
 // "claim-wait" as the middleware sends it (BeginClaim with a
-// lock_timeout set and reset around the claim). ns/op is per
-// transaction across all four; compare the rows of one run.
+// lock_timeout set and reset around the claim), "claim-wait-memo" with
+// the poison memo lookup in the same pipeline. ns/op is per transaction
+// across all four; compare the rows of one run.
 func BenchmarkClaimCost(b *testing.B) {
 	pool, schema := pgtest.Setup(b, 6)
 	st, err := store.New(pool, store.Config{Schema: schema})
@@ -32,6 +33,11 @@ func BenchmarkClaimCost(b *testing.B) {
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL);
 CREATE TABLE point_ledger (customer_id bigint NOT NULL, order_id bigint NOT NULL, points bigint NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	const memoFill = 10000
+	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "processed_messages_poison_memo"}.Sanitize()+
+		` (consumer, message_key, reason) SELECT 'bench', 'poisoned:' || g, 'bad order' FROM generate_series(1, $1) g`, memoFill); err != nil {
 		b.Fatal(err)
 	}
 	var seq atomic.Int64
@@ -56,6 +62,14 @@ CREATE TABLE point_ledger (customer_id bigint NOT NULL, order_id bigint NOT NULL
 		{"claim-wait", func(i int64) (pgx.Tx, error) {
 			tx, _, err := st.BeginClaimForTest(ctx, pgx.TxOptions{}, store.ClaimRequest{
 				Consumer: "bench", Key: "order-completed:w" + strconv.FormatInt(i, 10), MaxClaimWait: 5 * time.Second})
+			return tx, err
+		}},
+		// The poison memo lookup pipelined with BEGIN and the claim
+		// (middleware.Claim.PoisonMemo), against a memo table holding
+		// memoFill other keys.
+		{"claim-wait-memo", func(i int64) (pgx.Tx, error) {
+			tx, _, _, err := st.BeginClaimMemoForTest(ctx, pgx.TxOptions{}, store.ClaimRequest{
+				Consumer: "bench", Key: "order-completed:m" + strconv.FormatInt(i, 10), MaxClaimWait: 5 * time.Second})
 			return tx, err
 		}},
 	}

@@ -70,6 +70,9 @@ func (c Config) Validate() error {
 	if c.OutboxTable == c.ClaimsTable {
 		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q is also the ClaimsTable", c.OutboxTable)}
 	}
+	if c.OutboxTable == c.ClaimsTable+sqlnames.MemoSuffix {
+		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q is the poison memo table of ClaimsTable %q", c.OutboxTable, c.ClaimsTable)}
+	}
 	return nil
 }
 

@@ -58,9 +58,14 @@
 //	processed_messages(consumer text, message_key text,
 //	                   processed_at timestamptz default now(),
 //	                   payload_hash bytea,
+//	                   xact xid8 default pg_current_xact_id(),
 //	                   PRIMARY KEY (consumer, message_key))
 //
-// with an index on processed_at, and the outbox table. Migrations are
+// with an index on processed_at, the outbox table (whose rows carry xact
+// too: `claimtx explain` lists the outbox rows of a claim's transaction),
+// and the poison memo table processed_messages_poison_memo
+// (middleware.Claim.PoisonMemo), whose rows Cleanup and
+// DropExpiredPartitions delete by age like claims. Migrations are
 // embedded, numbered, recorded in <schema>.claimtx_migration, each run in
 // one transaction with its bookkeeping under an advisory lock, and
 // idempotent: every instance of a service may call Migrate at start-up,

@@ -30,6 +30,13 @@ func (s *Store) BeginClaimForTest(ctx context.Context, opts pgx.TxOptions, r Cla
 	return tx, ClaimResult(res), err
 }
 
+// BeginClaimMemoForTest is BeginClaimForTest with the poison memo lookup
+// pipelined, as the claim middleware does with Claim.PoisonMemo.
+func (s *Store) BeginClaimMemoForTest(ctx context.Context, opts pgx.TxOptions, r ClaimRequest) (pgx.Tx, ClaimResult, *string, error) {
+	tx, res, memo, err := s.claims.BeginMemo(ctx, s.pool, opts, claimsql.Request(r))
+	return tx, ClaimResult(res), memo, err
+}
+
 // BeginClaimBatchForTest begins a transaction claiming keys, as the batch
 // middleware does.
 func (s *Store) BeginClaimBatchForTest(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration) (pgx.Tx, []string, error) {

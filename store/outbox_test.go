@@ -254,6 +254,7 @@ func TestOutboxTableName(t *testing.T) {
 		{OutboxTable: "Outbox"},
 		{OutboxTable: "x; drop"},
 		{OutboxTable: "processed_messages"},
+		{OutboxTable: "processed_messages_poison_memo"},
 	} {
 		_, err := store.New(pool, cfg)
 		var ce *framework.ConfigError

@@ -456,6 +456,8 @@ func (s *Store) createDay(ctx context.Context, tx pgx.Tx, day time.Time) (Partit
 // CONCURRENTLY (claims on other days are never blocked) and then dropped:
 // O(1) whatever its size, no dead rows, no vacuum. An interrupted detach is
 // finished, and a partition detached but not yet dropped is dropped.
+// Poison memos (middleware.Claim.PoisonMemo), which are not partitioned,
+// are then deleted by time: those last poisoned more than Retention ago.
 func (s *Store) DropExpiredPartitions(ctx context.Context, cfg RetentionConfig) ([]Partition, error) {
 	if err := cfg.validatePartitioned(); err != nil {
 		return nil, err
@@ -526,6 +528,15 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 			}
 		}
 		dropped = append(dropped, p)
+	}
+	if !cfg.DryRun {
+		var horizon time.Time
+		if err := conn.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", cfg.Retention.Microseconds()).Scan(&horizon); err != nil {
+			return dropped, fmt.Errorf("claimtx: poison memo horizon: %w", err)
+		}
+		if _, err := s.cleanupMemos(ctx, conn, horizon, cfg); err != nil {
+			return dropped, err
+		}
 	}
 	return dropped, nil
 }

@@ -145,6 +145,11 @@ type CleanupResult struct {
 	Duration time.Duration
 	// Vacuumed is true when VACUUM (ANALYZE) ran after the deletes.
 	Vacuumed bool
+	// Memos is the number of poison memos (middleware.Claim.PoisonMemo)
+	// last poisoned before Horizon that were deleted after the claims; a
+	// DryRun counts them instead. 0 when the role may not delete from
+	// (or read) the memo table: memos are then left alone.
+	Memos int64
 }
 
 func (c RetentionConfig) withDefaults() RetentionConfig {
@@ -258,6 +263,9 @@ func (c RetentionConfig) validatePartitioned() error {
 // Interrupt it by cancelling ctx; the result then reports what was done and
 // the error wraps ctx's. Run it again to resume: it simply continues with
 // what is left. Cleanup refuses a partitioned table (ErrPartitioned).
+//
+// After the claims, it deletes the poison memos (middleware.Claim.PoisonMemo)
+// last poisoned before the same horizon, in batches (CleanupResult.Memos).
 func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult, error) {
 	if err := cfg.Validate(); err != nil {
 		return CleanupResult{}, err
@@ -284,6 +292,14 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult
 			return res, fmt.Errorf("claimtx: cleanup dry run: %w", err)
 		}
 		res.Oldest = oldest.Time
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return res, fmt.Errorf("claimtx: cleanup dry run: %w", err)
+		}
+		defer conn.Release()
+		if res.Memos, err = s.cleanupMemos(ctx, conn, res.Horizon, cfg); err != nil {
+			return res, err
+		}
 		res.Duration = time.Since(start)
 		return res, nil
 	}
@@ -364,6 +380,10 @@ SELECT count(*), max(processed_at) FROM deleted`)
 				return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
 			}
 		}
+	}
+	if res.Memos, err = s.cleanupMemos(ctx, conn, res.Horizon, cfg); err != nil {
+		res.Duration = time.Since(start)
+		return res, err
 	}
 	if cfg.Vacuum && res.Deleted > 0 {
 		if _, err := conn.Exec(ctx, s.render("VACUUM (ANALYZE) {schema}.{claims}")); err != nil {

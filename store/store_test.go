@@ -102,8 +102,9 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	cols, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	// The seed's three columns, plus the optional payload fingerprint
-	// (migration 003), NULL unless Claim.Fingerprint is on.
-	require.Equal(t, []string{"consumer text NO", "message_key text NO", "processed_at timestamp with time zone NO", "payload_hash bytea YES"}, cols)
+	// (migration 003), NULL unless Claim.Fingerprint is on, and the
+	// writing transaction (migration 005), NULL for older rows.
+	require.Equal(t, []string{"consumer text NO", "message_key text NO", "processed_at timestamp with time zone NO", "payload_hash bytea YES", "xact xid8 YES"}, cols)
 	var idx int
 	// Catalog joins rather than pg_indexes: that view renders every
 	// index's definition, and other tests drop tables concurrently

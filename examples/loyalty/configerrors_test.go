@@ -29,6 +29,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{[]string{"BROKER=kafka", "KAFKA_BROKERS=nohost"}, "KAFKA_BROKERS", "kafka.brokers"},
 		{[]string{"CLAIMTX_SCHEMA=Not-A-Schema"}, "CLAIMTX_SCHEMA", `\"Schema\"`},
 		{[]string{"HANDLER_RETRIES=-1"}, "HANDLER_RETRIES", "HandlerRetries"},
+		{[]string{"POISON_MEMO=maybe"}, "POISON_MEMO", "PoisonMemo"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

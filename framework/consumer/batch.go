@@ -136,7 +136,7 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 			if onPoison != nil {
 				onPoison(msg, err)
 			}
-			l.poisoned(msg, err)
+			p.memoize(msg, err, l.poisoned(msg, err))
 		}
 	}
 	cfg = p.cfg

@@ -77,8 +77,9 @@ type Config struct {
 	// fields and defaults: Key (the code alternative to the Key spec
 	// above), KeyPolicy, Mode, OutboxTopic, Isolation, MaxClaimWait,
 	// MaxAttempts, InitialBackoff, MaxBackoff, EventTime,
-	// AllowBrokerEventTime, Fingerprint and OnRetry (called besides the
-	// metrics' hook). The consumer fills the rest, so New and NewBatch
+	// AllowBrokerEventTime, Fingerprint, PoisonMemo (the consumer records
+	// the memos, in both modes) and OnRetry (called besides the metrics'
+	// hook). The consumer fills the rest, so New and NewBatch
 	// refuse them with a ConfigError: Claim.Store (use Pool or
 	// DatabaseURL, and Store), Claim.Consumer (use Name), Claim.Logger
 	// (use Logger) and Claim.OnOutcome (use OnOutcome: the claim's hook
@@ -216,6 +217,9 @@ func (c Config) validate() error {
 		return &framework.ConfigError{Field: "EventTime", Reason: "Retention needs an event time (EventTime or Claim.EventTime) to tell a message's age"}
 	case c.RetryInitialInterval < 0:
 		return &framework.ConfigError{Field: "RetryInitialInterval", Reason: "must not be negative"}
+	case c.Claim.PoisonMemo && c.Claim.Mode == middleware.ModeNaturalKey:
+		// NewClaim refuses it too, but only once connected.
+		return &framework.ConfigError{Field: "Claim.PoisonMemo", Reason: "not supported in ModeNaturalKey (see middleware.Claim.PoisonMemo)"}
 	// What the consumer fills itself: a value set there would be
 	// overwritten or bypass the consumer's bookkeeping.
 	case c.Claim.Store != nil:
@@ -355,6 +359,9 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if err := startup.AwaitDatabase(ctx, cfg.Logger, cfg.StartupTimeout, p.pool, "migrate claimtx's schema", p.store.Migrate); err != nil {
 		return nil, err
 	}
+	if err := p.checkMemoPrivileges(ctx); err != nil {
+		return nil, err
+	}
 	// Warn lets the brokers' start-up loops log what they wait for at WARN.
 	p.wlog = newSlogAdapter(cfg.Logger)
 	if p.sub, err = cfg.brokers().NewSubscriber(cfg.Broker, p.wlog); err != nil {
@@ -445,7 +452,7 @@ func (p *parts) poison(l *ledger) middleware.Poison {
 		OnPoison: func(msg *message.Message, err error) {
 			cfg.Logger.Warn("claimtx: message poisoned", "consumer", cfg.Name, "topic", cfg.Topic,
 				"poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "reason", err.Error())
-			l.poisoned(msg, err)
+			p.memoize(msg, err, l.poisoned(msg, err))
 		},
 	}
 }

@@ -84,6 +84,10 @@
 //     message and gives the ones in flight Config.DrainTimeout to commit
 //     and be acked; the rest is cancelled, rolled back and nacked, never
 //     poisoned.
+//   - With Claim.PoisonMemo, a poisoned message is remembered under its
+//     (consumer, key), recorded once its copy is published, and its later
+//     copies are poisoned without running the handler until `claimtx
+//     unpoison` clears the memo (see middleware.Claim.PoisonMemo).
 //
 // Config.OnOutcome and the metrics (Config.Registerer) see one outcome per
 // message, once it is acked or nacked: Applied, Duplicate, Poisoned,

@@ -79,15 +79,19 @@ func (l *ledger) claimed(r middleware.Result) {
 }
 
 // poisoned records that a copy of msg was published to the poison topic
-// because of err; use it in Poison.OnPoison.
-func (l *ledger) poisoned(msg *message.Message, err error) {
+// because of err; use it in Poison.OnPoison. It returns the key the claim
+// derived on the last pass ("" when it could not, or never ran), for the
+// poison memo.
+func (l *ledger) poisoned(msg *message.Message, err error) (key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.entry(msg)
+	key = e.last.Key
 	e.verdict, e.reason = framework.Poisoned, err
 	if errors.As(err, new(*framework.ExpiredError)) {
 		e.verdict = framework.Expired
 	}
+	return key
 }
 
 // settle reports msg's one outcome: err is nil when it is acked, the

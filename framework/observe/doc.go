@@ -25,6 +25,7 @@
 //	claimtx_retries_total               counter    consumer, cause
 //	claimtx_claim_wait_seconds          histogram  consumer
 //	claimtx_transaction_seconds         histogram  consumer, outcome
+//	claimtx_poison_memo_errors_total    counter    consumer
 //
 // # Span attributes
 //

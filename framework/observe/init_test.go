@@ -22,8 +22,8 @@ func TestInitConsumerExportsZeroSeries(t *testing.T) {
 	n, err := testutil.GatherAndCount(reg)
 	require.NoError(t, err)
 	// 5 outcomes + 5 retry causes + 1 mismatch + 1 claim wait + 3
-	// transaction outcomes.
-	require.Equal(t, 15, n)
+	// transaction outcomes + 1 poison memo errors.
+	require.Equal(t, 16, n)
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	var names, causes []string

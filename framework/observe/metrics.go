@@ -20,6 +20,7 @@ const (
 	metricRetries             = namespace + "_retries_total"
 	metricClaimWait           = namespace + "_claim_wait_seconds"
 	metricTransaction         = namespace + "_transaction_seconds"
+	metricPoisonMemoErrors    = namespace + "_poison_memo_errors_total"
 )
 
 // namespace prefixes every metric claimtx registers, Watermill's router
@@ -61,6 +62,7 @@ type Metrics struct {
 	retries     *prometheus.CounterVec
 	claimWait   *prometheus.HistogramVec
 	transaction *prometheus.HistogramVec
+	memoErrors  *prometheus.CounterVec
 }
 
 // NewMetrics registers claimtx's collectors on reg. Registering twice on
@@ -96,8 +98,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "Time from key derivation to commit or rollback, retries included.",
 			Buckets: prometheus.DefBuckets,
 		}, []string{"consumer", "outcome"}),
+		memoErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricPoisonMemoErrors,
+			Help: "Poisoned messages whose poison memo could not be recorded (the copy is in the poison destination; the next delivery runs the handler again).",
+		}, []string{"consumer"}),
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.mismatch, m.retries, m.claimWait, m.transaction} {
+	for _, c := range []prometheus.Collector{m.messages, m.mismatch, m.retries, m.claimWait, m.transaction, m.memoErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("claimtx: register metrics: %w", err)
 		}
@@ -124,6 +130,7 @@ func (m *Metrics) InitConsumer(consumer, handler string) {
 	}
 	m.mismatch.WithLabelValues(consumer, handler)
 	m.claimWait.WithLabelValues(consumer)
+	m.memoErrors.WithLabelValues(consumer)
 }
 
 // OnOutcome records one Result; call it once per settled message (see
@@ -160,7 +167,14 @@ func (m *Metrics) OnHandlerRetry(consumer string) {
 	m.retries.WithLabelValues(consumer, retryCauseHandler).Inc()
 }
 
+// OnPoisonMemoError records a poisoned message whose poison memo could
+// not be written (middleware.Claim.PoisonMemo); framework/consumer calls
+// it.
+func (m *Metrics) OnPoisonMemoError(consumer string) {
+	m.memoErrors.WithLabelValues(consumer).Inc()
+}
+
 // names lists every metric name NewMetrics registers.
 func names() []string {
-	return []string{metricMessages, metricFingerprintMismatch, metricRetries, metricClaimWait, metricTransaction}
+	return []string{metricMessages, metricFingerprintMismatch, metricRetries, metricClaimWait, metricTransaction, metricPoisonMemoErrors}
 }

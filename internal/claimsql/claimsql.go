@@ -78,6 +78,9 @@ type Statements struct {
 	hash      string // the stored payload hash of a claim without event day
 	hashByDay string // the same, with the event day
 	batch     string // BeginBatch's multi-row insert
+	// The poison memo lookups (see Begin and BeginBatch), and the undo of
+	// the batch claims of memoised keys.
+	memo, memoBatch, unclaim string
 }
 
 type table struct{ schema, claims string }
@@ -103,6 +106,9 @@ func For(schema, claims string) *Statements {
 	s.batch = n.Render(`INSERT INTO {schema}.{claims} (consumer, message_key)
 SELECT $1, k FROM unnest($2::text[]) WITH ORDINALITY AS u(k, i) ORDER BY i
 ON CONFLICT DO NOTHING RETURNING message_key`)
+	s.memo = n.Render("SELECT reason FROM {schema}.{memo} WHERE consumer = $1 AND message_key = $2")
+	s.memoBatch = n.Render("SELECT message_key, reason FROM {schema}.{memo} WHERE consumer = $1 AND message_key = ANY($2::text[])")
+	s.unclaim = n.Render("DELETE FROM {schema}.{claims} WHERE consumer = $1 AND message_key = ANY($2::text[])")
 	actual, _ := cache.LoadOrStore(key, s)
 	return actual.(*Statements)
 }
@@ -139,9 +145,49 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 // On success the caller owns tx, with the claim in it, and must Commit or
 // Rollback it whatever res says. On error there is no transaction to end.
 func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request) (tx pgx.Tx, res Result, err error) {
+	tx, res, _, err = s.begin(ctx, pool, opts, r, false)
+	return tx, res, err
+}
+
+// BeginMemo is Begin that also looks up the poison memo of the claimed
+// (consumer, key), in the same round trip: a SELECT queued after BEGIN and
+// before the claim, so a fresh message's claim costs one more statement in
+// the pipeline, not one more round trip. memo is the memo's reason, nil
+// when there is none.
+//
+// The claim is made whatever the memo says, and the caller decides: a
+// duplicate (res.New false) is a duplicate even with a memo (the effect
+// is there, so the message is acked, not dead-lettered), and a new claim
+// with a memo must be rolled back without running the handler. Making the
+// INSERT itself skip memoised keys would need both decisions in one
+// snapshot: under READ COMMITTED two statements see different ones, and a
+// memo cleared between them would make a fresh message look like a
+// duplicate, acked without its effect.
+func (s *Statements) BeginMemo(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request) (tx pgx.Tx, res Result, memo *string, err error) {
+	return s.begin(ctx, pool, opts, r, true)
+}
+
+func (s *Statements) begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request, withMemo bool) (tx pgx.Tx, res Result, memo *string, err error) {
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
+	// found is captured by the callback only on this path: a named result
+	// captured instead would be moved to the heap on every claim.
+	var found *memoRow
+	if withMemo {
+		m := &memoRow{}
+		b.Queue(s.memo, r.Consumer, r.Key).QueryRow(func(row pgx.Row) error {
+			switch err := row.Scan(&m.reason); {
+			case errors.Is(err, pgx.ErrNoRows):
+			case err != nil:
+				return fmt.Errorf("claimtx: read poison memo: %w", err)
+			default:
+				m.ok = true
+			}
+			return nil
+		})
+		found = m
+	}
 	q.queue(b)
 	br := pool.SendBatch(ctx, b)
 	tx = br.Tx()
@@ -150,13 +196,22 @@ func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxO
 		// the transaction open and aborted; a failed BEGIN leaves it
 		// closed, and Rollback then only returns the connection.
 		pgtx.Rollback(ctx, tx)
-		return nil, res, q.wrap(err)
+		return nil, res, nil, q.wrap(err)
 	}
 	if err := s.checkFingerprint(ctx, tx, q, &res); err != nil {
 		pgtx.Rollback(ctx, tx)
-		return nil, res, err
+		return nil, res, nil, err
 	}
-	return tx, res, nil
+	if found != nil && found.ok {
+		memo = &found.reason
+	}
+	return tx, res, memo, nil
+}
+
+// memoRow is a poison memo lookup's result.
+type memoRow struct {
+	reason string
+	ok     bool
 }
 
 // BeginBatch begins a transaction on a connection from pool and claims
@@ -176,17 +231,69 @@ func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxO
 // On success the caller owns tx and must Commit or Rollback it; on error
 // there is no transaction to end.
 func (s *Statements) BeginBatch(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration) (pgx.Tx, []string, error) {
+	tx, claimed, _, err := s.beginBatch(ctx, pool, opts, consumer, keys, maxClaimWait, false)
+	return tx, claimed, err
+}
+
+// BeginBatchMemo is BeginBatch with the poison memo: the memos of keys are
+// looked up in the same round trip (see BeginMemo), and the keys this
+// transaction claimed that have a memo are unclaimed again in tx (one more
+// statement, only when there are such keys) and returned in memos, key ->
+// reason, instead of in claimed. Keys already claimed are duplicates
+// whatever their memo says.
+func (s *Statements) BeginBatchMemo(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration) (tx pgx.Tx, claimed []string, memos map[string]string, err error) {
+	return s.beginBatch(ctx, pool, opts, consumer, keys, maxClaimWait, true)
+}
+
+func (s *Statements) beginBatch(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
+	// found: the memos of keys, key -> reason; filled by the callback on
+	// the memo path only (see begin).
+	var found map[string]string
+	if withMemo {
+		m := map[string]string{}
+		b.Queue(s.memoBatch, consumer, keys).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				var k, reason string
+				if err := rows.Scan(&k, &reason); err != nil {
+					return err
+				}
+				m[k] = reason
+			}
+			return rows.Err()
+		})
+		found = m
+	}
 	claimed := s.queueBatch(b, consumer, keys, maxClaimWait)
 	br := pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
 		pgtx.Rollback(ctx, tx)
-		return nil, nil, fmt.Errorf("claimtx: claim batch: %w", err)
+		return nil, nil, nil, fmt.Errorf("claimtx: claim batch: %w", err)
 	}
 	slices.Sort(*claimed)
-	return tx, *claimed, nil
+	if len(found) == 0 {
+		return tx, *claimed, nil, nil
+	}
+	// New claims of memoised keys must not commit with the others: undo
+	// them in tx. Memos of keys already claimed (duplicates) are ignored.
+	var keep, undo []string
+	memos := map[string]string{}
+	for _, k := range *claimed {
+		if reason, ok := found[k]; ok {
+			undo, memos[k] = append(undo, k), reason
+		} else {
+			keep = append(keep, k)
+		}
+	}
+	if len(undo) > 0 {
+		if _, err := tx.Exec(ctx, s.unclaim, consumer, undo); err != nil {
+			pgtx.Rollback(ctx, tx)
+			return nil, nil, nil, fmt.Errorf("claimtx: claim batch: unclaim memoised keys: %w", err)
+		}
+	}
+	return tx, keep, memos, nil
 }
 
 // queueBatch queues the claim of keys (sorted and deduplicated, so

@@ -14,19 +14,32 @@ import (
 // validates them (a strict lower-case pattern); they are quoted anyway.
 type Names struct {
 	Schema, Claims, Outbox string
-	r                      *strings.Replacer
+	// Memo is the poison memo table of the claim table: its name plus
+	// MemoSuffix (at most 48 + 12 bytes, under Postgres's 63).
+	Memo string
+	r    *strings.Replacer
 }
 
-// New returns the names of the claim table claims and the outbox table
-// outbox in schema. A package that needs only one of the tables passes ""
-// for the other and must not render statements naming it.
+// MemoSuffix names the poison memo table after its claim table: the memos
+// belong to the claims of one table (consumer names are unique per claim
+// table, not per schema) and share its retention.
+const MemoSuffix = "_poison_memo"
+
+// New returns the names of the claim table claims (and its poison memo
+// table) and the outbox table outbox in schema. A package that needs only
+// one of the tables passes "" for the other and must not render
+// statements naming it.
 func New(schema, claims, outbox string) *Names {
+	memo := claims + MemoSuffix
 	return &Names{
-		Schema: schema, Claims: claims, Outbox: outbox,
+		Schema: schema, Claims: claims, Outbox: outbox, Memo: memo,
 		r: strings.NewReplacer(
 			"{schema}", Ident(schema),
 			"{claims}", Ident(claims),
 			"{claims_processed_at_idx}", Ident(claims+"_processed_at_idx"),
+			"{memo}", Ident(memo),
+			// claims + "_memo_at_idx" fits in 63 bytes; memo + "_…" would not.
+			"{memo_poisoned_at_idx}", Ident(claims+"_memo_at_idx"),
 			"{outbox}", Ident(outbox),
 			"{outbox_pending_idx}", Ident(outbox+"_pending_idx"),
 			"{outbox_sent_idx}", Ident(outbox+"_sent_idx"),
@@ -35,8 +48,8 @@ func New(schema, claims, outbox string) *Names {
 }
 
 // Render substitutes the quoted names for the placeholders {schema},
-// {claims}, {claims_processed_at_idx}, {outbox}, {outbox_pending_idx} and
-// {outbox_sent_idx} in sql.
+// {claims}, {claims_processed_at_idx}, {memo}, {memo_poisoned_at_idx},
+// {outbox}, {outbox_pending_idx} and {outbox_sent_idx} in sql.
 func (n *Names) Render(sql string) string { return n.r.Replace(sql) }
 
 // Qualified quotes schema.name for one of claimtx's derived relations

@@ -43,6 +43,8 @@ Usage:
   claimtx stats [--json]               claims per consumer, table and index size
   claimtx dlq list|inspect|replay      browse, classify and replay a consumer's dead letters
   claimtx keys check                   verify a key spec against a sample of messages
+  claimtx unpoison --consumer C        clear poison memos: the next copies run the handler again
+  claimtx explain --consumer C --key K a message's claim, transaction, outbox rows and poison memo
 
 Every command that reads the claims takes:
   --database-url URL   Postgres connection string (env DATABASE_URL)
@@ -85,6 +87,10 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		err = cmdDLQ(ctx, rest, stdout, stderr, getenv)
 	case "keys":
 		err = cmdKeys(ctx, rest, stdout, getenv)
+	case "unpoison":
+		err = cmdUnpoison(ctx, rest, stdout, getenv)
+	case "explain":
+		err = cmdExplain(ctx, rest, stdout, getenv)
 	default:
 		printf(stderr, "claimtx: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
@@ -407,6 +413,9 @@ func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env
 		}
 		printf(stdout, "dry run: %d claims in %s processed before %s would be deleted (oldest %s)\n",
 			res.WouldDelete, tableName(st), res.Horizon.UTC().Format(time.RFC3339), oldest)
+		if res.Memos > 0 {
+			printf(stdout, "dry run: %d poison memos last poisoned before then would be deleted\n", res.Memos)
+		}
 		return nil
 	}
 	pp := &progressPrinter{w: stdout, mode: *mode, now: time.Now}
@@ -429,6 +438,9 @@ func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env
 			printlnTo(stdout, "interrupted:", summary+"; run again to resume")
 		}
 		return c.fail(ctx, "cleanup", err)
+	}
+	if res.Memos > 0 {
+		summary += fmt.Sprintf("; %d poison memos deleted", res.Memos)
 	}
 	if res.Vacuumed {
 		summary += ", then vacuumed"

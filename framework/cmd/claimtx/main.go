@@ -1,7 +1,7 @@
 // Command claimtx is the operator CLI for claimtx's claim table: schema
-// migrations, retention cleanup, partition maintenance and statistics, and
-// for a consumer's dead letters (browse, classify against the claims,
-// replay).
+// migrations, retention cleanup, partition maintenance, statistics, a
+// consumer's dead letters (browse, classify against the claims, replay),
+// poison memos and the lineage of a message.
 //
 //	claimtx migrate
 //	claimtx cleanup [--window 30d] [--dry-run] [--batch-size 5000] …
@@ -9,6 +9,8 @@
 //	claimtx stats [--json]
 //	claimtx dlq list | inspect | replay [--dry-run] --topic T --consumer C --key-spec SPEC …
 //	claimtx keys check --key-spec SPEC [--time-spec SPEC] --topic T | --file F.jsonl
+//	claimtx unpoison --consumer C [--key K]… [--reason-contains S] [--older-than D] [--dry-run]
+//	claimtx explain --consumer C (--key K | --message FILE --key-spec SPEC) [--json]
 //
 // The database comes from --database-url or DATABASE_URL, the schema from
 // --schema or CLAIMTX_SCHEMA (default "claimtx"), the table from --table or
@@ -20,7 +22,7 @@
 // refuses another command's flags.
 //
 // Exit status: 0 on success (and when not leader), 1 when the operation
-// failed, 2 on bad input (unknown command, bad flag, a retention window
+// failed (and when explain finds neither claim nor poison memo), 2 on bad input (unknown command, bad flag, a retention window
 // below the minimum). Interrupting a cleanup (Ctrl-C, SIGTERM) stops after
 // the current batch; run it again to resume.
 package main

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/claimtx/claimtx/internal/consumername"
+	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/sqlnames"
+)
+
+func init() {
+	synopses["unpoison"] = `Clear poison memos (middleware.Claim.PoisonMemo), so that the next copy of those messages runs the handler again instead of going straight to the poison destination. Conditions combine: every one given must hold; with none, every memo of the consumer is cleared. Prints how many memos were (or, with --dry-run, would be) cleared.
+
+Examples:
+  claimtx unpoison --consumer loyalty --key order-completed:9912
+  claimtx unpoison --consumer loyalty --reason-contains "customer_id is missing" --dry-run
+  claimtx unpoison --consumer loyalty --older-than 7d`
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string { return strings.Join(*l, ",") }
+
+func (l *stringList) Set(s string) error {
+	*l = append(*l, s)
+	return nil
+}
+
+func cmdUnpoison(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+	fs, c := newFlags("unpoison", stdout, getenv)
+	var f poisonmemo.Filter
+	var keys stringList
+	var olderThan durationValue
+	fs.StringVar(&f.Consumer, "consumer", "", "the `consumer` name whose memos to clear (required)")
+	fs.Var(&keys, "key", "clear the memo of this `key` (repeatable)")
+	fs.StringVar(&f.ReasonContains, "reason-contains", "", "clear memos whose reason contains this `text` (literally)")
+	fs.Var(&olderThan, "older-than", "clear memos last poisoned longer ago than this")
+	dryRun := fs.Bool("dry-run", false, "count the memos that would be cleared, clear none")
+	if err := c.parse(fs, args); err != nil {
+		return err
+	}
+	if f.Consumer == "" {
+		return &usageError{msg: "unpoison: --consumer is required\nrun `claimtx unpoison -h` for its flags"}
+	}
+	if err := consumername.Validate("--consumer", f.Consumer); err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if k == "" {
+			return &usageError{msg: "unpoison: --key must not be empty"}
+		}
+	}
+	if olderThan.d < 0 {
+		return &usageError{msg: "unpoison: --older-than must not be negative"}
+	}
+	f.Keys, f.OlderThan = keys, olderThan.d
+	st, closePool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closePool()
+	cfg := st.Config()
+	n := sqlnames.New(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable)
+	ok, err := poisonmemo.Exists(ctx, c.pool, n)
+	if err != nil {
+		return c.fail(ctx, "unpoison", err)
+	}
+	if !ok {
+		return c.fail(ctx, "unpoison", fmt.Errorf("the poison memo table %s.%s does not exist: run `claimtx migrate`, or pass the --schema and --table it belongs to", cfg.Schema, n.Memo))
+	}
+	if *dryRun {
+		count, err := poisonmemo.Count(ctx, c.pool, n, f)
+		if err != nil {
+			return c.fail(ctx, "unpoison", err)
+		}
+		printf(stdout, "dry run: %d poison memos of consumer %s would be cleared\n", count, f.Consumer)
+		return nil
+	}
+	cleared, err := poisonmemo.ClearWhere(ctx, c.pool, n, f)
+	if err != nil {
+		return c.fail(ctx, "unpoison", err)
+	}
+	printf(stdout, "cleared %d poison memos of consumer %s\n", cleared, f.Consumer)
+	return nil
+}

@@ -1,0 +1,61 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/sqlnames"
+)
+
+// checkMemoPrivileges refuses to start a consumer with Claim.PoisonMemo
+// whose database role cannot use the memo table: every claim looks its
+// memo up, so each would fail (and, the failure being permanent, be
+// dead-lettered) instead of one start-up error naming the grant.
+func (p *parts) checkMemoPrivileges(ctx context.Context) error {
+	if !p.cfg.Claim.PoisonMemo {
+		return nil
+	}
+	sc := p.store.Config()
+	n := sqlnames.New(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
+	missing, err := poisonmemo.Privileges(ctx, p.pool, n, "SELECT", "INSERT", "UPDATE")
+	if err != nil {
+		return err
+	}
+	if missing != "" {
+		return &framework.ConfigError{Field: "Claim.PoisonMemo", Reason: fmt.Sprintf(
+			"the database role lacks %s on %s.%s, which every claim with a poison memo reads and every poisoned message writes: grant them (docs/security.md) or turn the memo off",
+			missing, sc.Schema, n.Memo)}
+	}
+	return nil
+}
+
+// memoize records the poison memo of msg (Claim.PoisonMemo), poisoned
+// because of err, under key, the key the claim derived ("" when it could
+// not: no memo). Both consumer modes call it from Poison.OnPoison, after
+// the copy was published and before the original is acked.
+//
+// A failure is logged and counted (claimtx_poison_memo_errors_total), and
+// the original is acked all the same: its copy is in the poison
+// destination, so nothing is lost. The same holds for the crash window
+// between the publish and this write (a SIGKILL, a lost connection): the
+// memo is missing, and the next delivery of the message runs the handler
+// again and is poisoned again, as without a memo.
+func (p *parts) memoize(msg *message.Message, err error, key string) {
+	if !p.claim.PoisonMemo || key == "" || !poisonmemo.Memoised(err) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poisonmemo.RecordTimeout)
+	defer cancel()
+	sc := p.store.Config()
+	if rerr := poisonmemo.Record(ctx, p.pool, sqlnames.New(sc.Schema, sc.ClaimsTable, sc.OutboxTable), p.cfg.Name, key, err); rerr != nil {
+		p.cfg.Logger.Error("claimtx: poison memo not recorded; the message is in the poison destination, and its next delivery runs the handler again",
+			"consumer", p.cfg.Name, "message_uuid", msg.UUID, "err", rerr)
+		if p.metrics != nil {
+			p.metrics.OnPoisonMemoError(p.cfg.Name)
+		}
+	}
+}

@@ -1,0 +1,258 @@
+// Package poisonmemo keeps the poison memo: the (consumer, key) of every
+// message that was dead-lettered, with the reason, the last time a copy
+// was poisoned and how many were. The claim middleware looks memos up in
+// the round trip of its claim (internal/claimsql) and sends a memoised
+// key straight to the poison destination without running the handler;
+// framework/consumer and middleware.Claim.RecordPoison record memos; the
+// claimtx CLI (unpoison, explain), retention and the dead-letter replay
+// read and clear them through this package.
+//
+// The memo table is <claims table>_poison_memo in the claim table's schema
+// (sqlnames.Names.Memo), created by migration 004.
+package poisonmemo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/sqlnames"
+)
+
+// HitPrefix starts the reason of a message poisoned by its memo:
+// "poison memo: <the reason that poisoned the first copy>".
+const HitPrefix = "poison memo: "
+
+// HitError is the (permanent) failure of a delivery whose (consumer, key)
+// has a memo: the handler did not run, and the message goes to the poison
+// destination with this error as its reason.
+type HitError struct {
+	// Reason is the memo's reason: the error that poisoned the first copy.
+	Reason string
+}
+
+func (e *HitError) Error() string { return HitPrefix + e.Reason }
+
+// IsHit reports whether err is, or wraps, a *HitError.
+func IsHit(err error) bool {
+	var h *HitError
+	return errors.As(err, &h)
+}
+
+// Memoised reports whether a message poisoned because of err gets a memo:
+// not when it was poisoned as expired (older than the claims' retention:
+// every copy is expired anyway, and the expiry guard is cheaper than a
+// lookup).
+func Memoised(err error) bool {
+	return err != nil && !errors.As(err, new(*framework.ExpiredError))
+}
+
+// RecordTimeout bounds recording one memo. It runs after the poisoned
+// copy was published and before the original is acked, on a context
+// detached from the message's (a shutdown must not cancel it half-way):
+// a database that does not answer delays the ack by this much at most,
+// and the memo is then missing, not the message.
+const RecordTimeout = 2 * time.Second
+
+// MaxReasonBytes bounds a stored reason. The poisoned copy carries the
+// whole error text; the memo only has to say which failure it remembers,
+// and a panic's message or a driver error can be long.
+const MaxReasonBytes = 2048
+
+// reasonText makes err's text storable: valid UTF-8 without NUL bytes
+// (which a Postgres text column refuses), at most MaxReasonBytes.
+func reasonText(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+	if len(s) <= MaxReasonBytes {
+		return s
+	}
+	cut := MaxReasonBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// DB runs statements: a pool, a connection or a transaction.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Memo is one memo row.
+type Memo struct {
+	Consumer   string    `json:"consumer"`
+	Key        string    `json:"key"`
+	Reason     string    `json:"reason"`
+	PoisonedAt time.Time `json:"poisoned_at"`
+	Seen       int64     `json:"seen"`
+}
+
+// Record upserts the memo of (consumer, key) after a copy of its message
+// went to the poison destination because of err: a new memo holds err's
+// text; an existing one is counted (seen + 1) and stamped with the time.
+// A copy poisoned by its memo (a *HitError) keeps the memo's reason, the
+// one that explains the failure, rather than "poison memo: …" nested once
+// per redelivery; if the memo was cleared meanwhile, it is written again
+// with that reason.
+func Record(ctx context.Context, db DB, n *sqlnames.Names, consumer, key string, err error) error {
+	reason, keep := err.Error(), false
+	var hit *HitError
+	if errors.As(err, &hit) {
+		reason, keep = hit.Reason, true
+	}
+	_, qerr := db.Exec(ctx, n.Render(`INSERT INTO {schema}.{memo} AS m (consumer, message_key, reason) VALUES ($1, $2, $3)
+ON CONFLICT (consumer, message_key) DO UPDATE
+SET reason = CASE WHEN $4 THEN m.reason ELSE EXCLUDED.reason END, poisoned_at = now(), seen = m.seen + 1`),
+		consumer, key, reasonText(reason), keep)
+	if qerr != nil {
+		return fmt.Errorf("claimtx: record poison memo: %w", qerr)
+	}
+	return nil
+}
+
+// Get returns the memo of (consumer, key); ok is false when there is none.
+func Get(ctx context.Context, db DB, n *sqlnames.Names, consumer, key string) (m Memo, ok bool, err error) {
+	m = Memo{Consumer: consumer, Key: key}
+	err = db.QueryRow(ctx, n.Render("SELECT reason, poisoned_at, seen FROM {schema}.{memo} WHERE consumer = $1 AND message_key = $2"),
+		consumer, key).Scan(&m.Reason, &m.PoisonedAt, &m.Seen)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Memo{}, false, nil
+	}
+	if err != nil {
+		return Memo{}, false, fmt.Errorf("claimtx: read poison memo: %w", err)
+	}
+	return m, true, nil
+}
+
+// Filter selects memos of one consumer. The conditions that are set must
+// all hold; with none set, every memo of the consumer matches.
+type Filter struct {
+	// Consumer is required.
+	Consumer string
+	// Keys, when not empty, matches these keys only.
+	Keys []string
+	// ReasonContains, when set, matches reasons containing it (case
+	// sensitive, no wildcards).
+	ReasonContains string
+	// OlderThan, when positive, matches memos last poisoned longer ago
+	// than this (database clock).
+	OlderThan time.Duration
+}
+
+// where renders f as a WHERE clause over $1… and returns its arguments.
+func (f Filter) where() (string, []any, error) {
+	if f.Consumer == "" {
+		return "", nil, errors.New("claimtx: poison memo filter: a consumer is required")
+	}
+	conds, args := []string{"consumer = $1"}, []any{f.Consumer}
+	if len(f.Keys) > 0 {
+		args = append(args, f.Keys)
+		conds = append(conds, fmt.Sprintf("message_key = ANY($%d::text[])", len(args)))
+	}
+	if f.ReasonContains != "" {
+		args = append(args, f.ReasonContains)
+		// strpos, not LIKE: the operator's text is matched literally,
+		// % and _ included.
+		conds = append(conds, fmt.Sprintf("strpos(reason, $%d) > 0", len(args)))
+	}
+	if f.OlderThan > 0 {
+		args = append(args, f.OlderThan.Microseconds())
+		conds = append(conds, fmt.Sprintf("poisoned_at < now() - $%d * interval '1 microsecond'", len(args)))
+	}
+	return strings.Join(conds, " AND "), args, nil
+}
+
+// Clear removes the memos of consumer's keys and returns how many there
+// were: what the dead-letter replay calls for the messages it republishes,
+// so that their copies reach the handler again.
+func Clear(ctx context.Context, db DB, n *sqlnames.Names, consumer string, keys []string) (int64, error) {
+	if len(keys) == 0 {
+		return 0, nil
+	}
+	return ClearWhere(ctx, db, n, Filter{Consumer: consumer, Keys: keys})
+}
+
+// ClearWhere removes the memos f matches and returns how many there were
+// (`claimtx unpoison`). The next copy of such a message runs the handler.
+func ClearWhere(ctx context.Context, db DB, n *sqlnames.Names, f Filter) (int64, error) {
+	where, args, err := f.where()
+	if err != nil {
+		return 0, err
+	}
+	tag, err := db.Exec(ctx, n.Render("DELETE FROM {schema}.{memo} WHERE ")+where, args...)
+	if err != nil {
+		return 0, fmt.Errorf("claimtx: clear poison memos: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Count returns how many memos f matches (a dry run of ClearWhere).
+func Count(ctx context.Context, db DB, n *sqlnames.Names, f Filter) (int64, error) {
+	where, args, err := f.where()
+	if err != nil {
+		return 0, err
+	}
+	var c int64
+	if err := db.QueryRow(ctx, n.Render("SELECT count(*) FROM {schema}.{memo} WHERE ")+where, args...).Scan(&c); err != nil {
+		return 0, fmt.Errorf("claimtx: count poison memos: %w", err)
+	}
+	return c, nil
+}
+
+// Exists reports whether the memo table exists (migration 004 applied), so
+// that tools run against an older schema skip memos instead of failing.
+func Exists(ctx context.Context, db DB, n *sqlnames.Names) (bool, error) {
+	var ok bool
+	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", n.Render("{schema}.{memo}")).Scan(&ok); err != nil {
+		return false, fmt.Errorf("claimtx: look for the poison memo table: %w", err)
+	}
+	return ok, nil
+}
+
+// Privileges reports which of the comma-separated privileges (SELECT,
+// INSERT, UPDATE, DELETE) the current role lacks on the memo table; ""
+// when it has them all (or the table does not exist: nothing to check).
+func Privileges(ctx context.Context, db DB, n *sqlnames.Names, privileges ...string) (missing string, err error) {
+	var lacking []string
+	for _, p := range privileges {
+		var ok *bool
+		if err := db.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), $2)", n.Render("{schema}.{memo}"), p).Scan(&ok); err != nil {
+			return "", fmt.Errorf("claimtx: check privileges on the poison memo table: %w", err)
+		}
+		if ok != nil && !*ok {
+			lacking = append(lacking, p)
+		}
+	}
+	return strings.Join(lacking, ", "), nil
+}
+
+// DeleteBefore deletes up to limit memos last poisoned before horizon,
+// oldest first, and returns how many it deleted: retention calls it until
+// it deletes fewer than limit.
+func DeleteBefore(ctx context.Context, db DB, n *sqlnames.Names, horizon time.Time, limit int) (int64, error) {
+	tag, err := db.Exec(ctx, n.Render(`DELETE FROM {schema}.{memo} WHERE ctid = ANY (ARRAY(
+    SELECT ctid FROM {schema}.{memo} WHERE poisoned_at < $1 ORDER BY poisoned_at LIMIT $2)) AND poisoned_at < $1`), horizon, limit)
+	if err != nil {
+		return 0, fmt.Errorf("claimtx: delete expired poison memos: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// CountBefore counts the memos last poisoned before horizon (a dry run of
+// DeleteBefore).
+func CountBefore(ctx context.Context, db DB, n *sqlnames.Names, horizon time.Time) (int64, error) {
+	var c int64
+	if err := db.QueryRow(ctx, n.Render("SELECT count(*) FROM {schema}.{memo} WHERE poisoned_at < $1"), horizon).Scan(&c); err != nil {
+		return 0, fmt.Errorf("claimtx: count expired poison memos: %w", err)
+	}
+	return c, nil
+}

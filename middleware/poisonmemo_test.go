@@ -1,0 +1,268 @@
+package middleware_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
+)
+
+func (b bundle) memo(t testing.TB, consumer string, id int64) (poisonmemo.Memo, bool) {
+	t.Helper()
+	m, ok, err := poisonmemo.Get(context.Background(), b.pool, sqlnames.New(b.schema, "processed_messages", "outbox"), consumer, fmt.Sprintf("order-completed:%d", id))
+	require.NoError(t, err)
+	return m, ok
+}
+
+// The bare middleware, composed by hand as the README's quick start does,
+// with Claim.RecordPoison as the Poison middleware's OnPoison.
+func TestPoisonMemoBareMiddleware(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = pubsub.Close() })
+	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
+	require.NoError(t, err)
+
+	rec := &outcomes{}
+	claim := b.claim(t, "memo", rec)
+	claim.PoisonMemo = true
+	poison := install(t, middleware.NewPoison, middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: claim.RecordPoison})
+	var runs atomic.Int64
+	fixed := atomic.Bool{}
+	h := poison(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		runs.Add(1)
+		if !fixed.Load() {
+			return framework.Permanent(errors.New("refused for good"))
+		}
+		return credit(ctx, tx, msg)
+	})))
+	next := func() *message.Message {
+		t.Helper()
+		select {
+		case m := <-poisoned:
+			m.Ack()
+			return m
+		case <-time.After(5 * time.Second):
+			t.Fatal("nothing poisoned")
+			return nil
+		}
+	}
+
+	o := order{OrderID: 1, CustomerID: 7, TotalCents: 500}
+	_, err = h(newDelivery(t, o))
+	require.NoError(t, err)
+	require.Equal(t, "refused for good", next().Metadata.Get(middleware.PoisonReasonKey))
+	m, ok := b.memo(t, "memo", 1)
+	require.True(t, ok)
+	require.Equal(t, "refused for good", m.Reason)
+	require.EqualValues(t, 1, m.Seen)
+
+	for range 2 {
+		_, err = h(newDelivery(t, o))
+		require.NoError(t, err)
+		require.Equal(t, "poison memo: refused for good", next().Metadata.Get(middleware.PoisonReasonKey))
+	}
+	require.EqualValues(t, 1, runs.Load(), "memoised copies do not run the handler")
+	m, _ = b.memo(t, "memo", 1)
+	require.EqualValues(t, 3, m.Seen)
+	require.Equal(t, "refused for good", m.Reason)
+	require.Zero(t, b.claims(t, "memo"), "a memo hit leaves no claim")
+
+	// Another consumer of the same table has its own memos.
+	other := b.claim(t, "other", nil)
+	other.PoisonMemo = true
+	_, err = install(t, middleware.NewClaim, other)(consume(credit))(newDelivery(t, o))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, b.claims(t, "other"))
+
+	n, err := poisonmemo.Clear(context.Background(), b.pool, sqlnames.New(b.schema, "processed_messages", "outbox"), "memo", []string{"order-completed:1"})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	fixed.Store(true)
+	_, err = h(newDelivery(t, o))
+	require.NoError(t, err)
+	require.EqualValues(t, 2, runs.Load())
+	require.EqualValues(t, 1, b.claims(t, "memo"))
+	require.EqualValues(t, 2, b.ledgerRows(t, 1), "applied once for memo, once for other")
+}
+
+// A duplicate stays a duplicate whatever its memo says: the effect is
+// there, so the copy is acked, not dead-lettered. A memo and a claim of one
+// key can meet when a handler failed once and a twin then succeeded.
+func TestPoisonMemoYieldsToDuplicate(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	rec := &outcomes{}
+	claim := b.claim(t, "memo", rec)
+	claim.PoisonMemo = true
+	h := install(t, middleware.NewClaim, claim)(consume(credit))
+	o := order{OrderID: 5, CustomerID: 7, TotalCents: 500}
+	_, err := h(newDelivery(t, o))
+	require.NoError(t, err)
+	claim.RecordPoison(newDelivery(t, o), errors.New("a twin failed"))
+	_, ok := b.memo(t, "memo", 5)
+	require.True(t, ok)
+	_, err = h(newDelivery(t, o))
+	require.NoError(t, err)
+	require.Equal(t, 1, rec.count(framework.Applied))
+	require.Equal(t, 1, rec.count(framework.Duplicate))
+	require.Zero(t, rec.count(framework.Failed))
+}
+
+// RecordPoison records only what a memo is for.
+func TestRecordPoisonSkips(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	claim := b.claim(t, "memo", nil)
+	msg := newDelivery(t, order{OrderID: 9, CustomerID: 1, TotalCents: 100})
+	claim.RecordPoison(msg, errors.New("boom"))
+	_, ok := b.memo(t, "memo", 9)
+	require.False(t, ok, "PoisonMemo off: nothing recorded")
+
+	claim.PoisonMemo = true
+	claim.RecordPoison(msg, &framework.ExpiredError{EventTime: time.Now().AddDate(0, -2, 0), Horizon: time.Now().AddDate(0, -1, 0), Retention: 30 * 24 * time.Hour})
+	_, ok = b.memo(t, "memo", 9)
+	require.False(t, ok, "expired messages get no memo")
+
+	keyless := message.NewMessage(watermill.NewUUID(), []byte(`{"customer_id": 1}`))
+	claim.RecordPoison(keyless, errors.New("no key"))
+	require.Zero(t, b.scalar(t, fmt.Sprintf("SELECT count(*) FROM %s", pgx.Identifier{b.schema, "processed_messages_poison_memo"}.Sanitize())))
+
+	// NUL bytes and invalid UTF-8 in the reason are stored, cleaned.
+	claim.RecordPoison(msg, errors.New("bad\x00 reason \xff"))
+	m, ok := b.memo(t, "memo", 9)
+	require.True(t, ok)
+	require.Equal(t, "bad reason \uFFFD", m.Reason)
+}
+
+func TestPoisonMemoRefusedInNaturalKeyMode(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	var ce *framework.ConfigError
+	require.ErrorAs(t, configErr(middleware.NewClaim, middleware.Claim{Store: b.store, Consumer: "x", Mode: middleware.ModeNaturalKey, PoisonMemo: true}), &ce)
+	require.Equal(t, "PoisonMemo", ce.Field)
+}
+
+// In a batch, memoised keys fail with the memo's reason without reaching
+// the set handler, and their claims do not commit; the others are applied,
+// and a memoised duplicate stays a duplicate.
+func TestPoisonMemoBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	rec := &outcomes{}
+	claim := b.claim(t, "memo", rec)
+	claim.PoisonMemo = true
+	bt := newBatch(t, claim)
+	ctx := context.Background()
+	orders := []order{{OrderID: 1, CustomerID: 1, TotalCents: 100}, {OrderID: 2, CustomerID: 2, TotalCents: 100}, {OrderID: 3, CustomerID: 3, TotalCents: 100}, {OrderID: 4, CustomerID: 4, TotalCents: 100}}
+	// Order 4 applied first; then memos for 2 and 4.
+	for _, err := range bt.Process(ctx, []*message.Message{newDelivery(t, orders[3])}, creditSet) {
+		require.NoError(t, err)
+	}
+	claim.RecordPoison(newDelivery(t, orders[1]), errors.New("order 2 is bad"))
+	claim.RecordPoison(newDelivery(t, orders[3]), errors.New("order 4 twin failed"))
+
+	var seen []int64
+	msgs := []*message.Message{newDelivery(t, orders[0]), newDelivery(t, orders[1]), newDelivery(t, orders[2]), newDelivery(t, orders[3]), newDelivery(t, orders[1])}
+	errs := bt.Process(ctx, msgs, func(ctx context.Context, tx pgx.Tx, set []*message.Message) error {
+		for _, m := range set {
+			o := order{}
+			require.NoError(t, json.Unmarshal(m.Payload, &o))
+			seen = append(seen, o.OrderID)
+		}
+		return creditSet(ctx, tx, set)
+	})
+	require.ElementsMatch(t, []int64{1, 3}, seen, "the set handler saw the orders without a memo only")
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[2])
+	require.NoError(t, errs[3], "a memoised duplicate is a duplicate")
+	for _, i := range []int{1, 4} {
+		require.Error(t, errs[i])
+		require.True(t, framework.IsPermanent(errs[i]))
+		require.True(t, poisonmemo.IsHit(errs[i]))
+		require.Equal(t, "poison memo: order 2 is bad", errs[i].Error())
+	}
+	require.EqualValues(t, 3, b.claims(t, "memo"), "orders 1, 3, 4: order 2's claim did not commit")
+	require.Zero(t, b.ledgerRows(t, 2))
+}
+
+// roundTrips counts what a pool sends to the server: each query outside a
+// batch and each batch is one round trip.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// The memo lookup rides in the claim's pipeline: a fresh message costs the
+// same round trips with PoisonMemo as without (BEGIN+claim, the effect's
+// two statements, COMMIT), per message and per batch.
+func TestPoisonMemoAddsNoRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	url, err := pgtest.URLWithSearchPath(b.schema)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	rt := &roundTrips{}
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, pool.Ping(context.Background()))
+	st, err := store.New(pool, store.Config{Schema: b.schema})
+	require.NoError(t, err)
+
+	count := func(memo bool, id int64) int64 {
+		c := middleware.Claim{Store: st, Consumer: fmt.Sprintf("rt-%v", memo), Key: keyFunc(t), PoisonMemo: memo}
+		h := install(t, middleware.NewClaim, c)(consume(credit))
+		msg := newDelivery(t, order{OrderID: id, CustomerID: 1, TotalCents: 100})
+		before := rt.n.Load()
+		_, err := h(msg)
+		require.NoError(t, err)
+		return rt.n.Load() - before
+	}
+	plain, memo := count(false, 1), count(true, 2)
+	require.EqualValues(t, 4, plain, "BEGIN+claim, two effect statements, COMMIT")
+	require.Equal(t, plain, memo, "per message: the memo lookup costs no round trip")
+
+	batchCount := func(memo bool, first int64) int64 {
+		c := middleware.Claim{Store: st, Consumer: fmt.Sprintf("rt-batch-%v", memo), Key: keyFunc(t), PoisonMemo: memo}
+		bt := newBatch(t, c)
+		msgs := []*message.Message{newDelivery(t, order{OrderID: first, CustomerID: 1, TotalCents: 100}), newDelivery(t, order{OrderID: first + 1, CustomerID: 2, TotalCents: 100})}
+		before := rt.n.Load()
+		for _, err := range bt.Process(context.Background(), msgs, creditSet) {
+			require.NoError(t, err)
+		}
+		return rt.n.Load() - before
+	}
+	plain, memo = batchCount(false, 10), batchCount(true, 20)
+	require.EqualValues(t, 3, plain, "BEGIN+claim, the set statement, COMMIT")
+	require.Equal(t, plain, memo, "per batch: the memo lookup costs no round trip")
+}

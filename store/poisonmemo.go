@@ -1,0 +1,75 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/timing"
+)
+
+// Poison memos (middleware.Claim.PoisonMemo) obey the claims' retention:
+// Cleanup, on a plain claim table, and DropExpiredPartitions, on one
+// partitioned by event day, delete the memos last poisoned before the
+// horizon. Memos are not partitioned (there are few, one per dead-lettered
+// key), so both delete them by time, in batches, after the claims.
+
+// cleanupMemos deletes the memos last poisoned before horizon, in batches
+// of cfg.BatchSize on conn (the retention leader's), each its own short
+// transaction with the batch timeout; with cfg.DryRun it counts them. A
+// schema without the memo table (migration 004 not applied) has none. A
+// role that may not delete from it (a least-privilege cleanup role
+// granted rights on the claim table only, before memos existed) leaves
+// the memos alone rather than failing the claims' cleanup after an
+// upgrade: docs/security.md says what to grant.
+func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon time.Time, cfg RetentionConfig) (int64, error) {
+	ok, err := poisonmemo.Exists(ctx, conn, s.names)
+	if err != nil || !ok {
+		return 0, err
+	}
+	need := []string{"SELECT", "DELETE"}
+	if cfg.DryRun {
+		need = need[:1]
+	}
+	if missing, err := poisonmemo.Privileges(ctx, conn, s.names, need...); err != nil || missing != "" {
+		return 0, err
+	}
+	if cfg.DryRun {
+		return poisonmemo.CountBefore(ctx, conn, s.names, horizon)
+	}
+	timeout := strconv.FormatInt(max(cfg.BatchTimeout.Milliseconds(), 1), 10) + "ms"
+	var total int64
+	for {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			return total, fmt.Errorf("claimtx: delete expired poison memos: %w", err)
+		}
+		n, err := func() (int64, error) {
+			if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true), set_config('synchronous_commit', 'off', true)", timeout); err != nil {
+				return 0, err
+			}
+			return poisonmemo.DeleteBefore(ctx, tx, s.names, horizon, cfg.BatchSize)
+		}()
+		if err == nil {
+			err = tx.Commit(ctx)
+		} else {
+			_ = tx.Rollback(ctx)
+		}
+		if err != nil {
+			return total, fmt.Errorf("claimtx: delete expired poison memos: %w", err)
+		}
+		total += n
+		if n < int64(cfg.BatchSize) {
+			return total, nil
+		}
+		if cfg.Pause > 0 {
+			if err := timing.Sleep(ctx, cfg.Pause); err != nil {
+				return total, fmt.Errorf("claimtx: delete expired poison memos: %w", err)
+			}
+		}
+	}
+}
