@@ -15,10 +15,8 @@ import (
 // Memo is the poison memo of issue #15 part 2: terminal failures recorded
 // under (consumer, key), which `claimtx unpoison` clears.
 //
-// MEMO HOOK: the poison memo is built on another branch. Once it is
-// merged, implement Memo over its table and set Classifier.Memo (the CLI
-// builds its Classifier in framework/cmd/claimtx/dlq.go, newClassifier).
-// Classification then reports ClassMemo for a message with a memo and no
+// internal/poisonmemo.Table implements it over the memo table. With a
+// Memo, classification reports ClassMemo for a message with a memo and no
 // claim, and Replay clears the memo of every key it republishes, before it
 // republishes it (a crash in between leaves the message in the destination
 // with its memo gone, which is harmless).
@@ -40,8 +38,8 @@ type Classifier struct {
 	// Key is today's key spec, parsed; Policy the consumer's key policy.
 	Key    framework.KeyFunc
 	Policy framework.KeyPolicy
-	// Memo, when set, reports poison memos. MEMO HOOK: nil until the poison
-	// memo is merged (see Memo).
+	// Memo, when set, reports poison memos and lets Replay clear them
+	// (see Memo).
 	Memo Memo
 
 	lookup string
@@ -94,7 +92,7 @@ func (c *Classifier) Classify(ctx context.Context, letters []*Letter) error {
 		return fmt.Errorf("look up claims: %w", err)
 	}
 	var memos map[string]bool
-	if c.Memo != nil { // MEMO HOOK
+	if c.Memo != nil {
 		if memos, err = c.Memo.Memoised(ctx, c.Consumer, keys); err != nil {
 			return fmt.Errorf("look up poison memos: %w", err)
 		}

@@ -298,8 +298,8 @@ func (r *Run) target(l *Letter) string {
 
 // clearMemos clears the poison memos of the letters about to be
 // republished, before they are: replaying a memoised key would otherwise
-// send it straight back to the poison destination. MEMO HOOK: a no-op
-// until Classifier.Memo is set.
+// send it straight back to the poison destination. A no-op without
+// Classifier.Memo.
 func (r *Run) clearMemos(ctx context.Context, batch []*Letter) error {
 	m := r.Classifier.Memo
 	if m == nil {

@@ -256,3 +256,41 @@ func CountBefore(ctx context.Context, db DB, n *sqlnames.Names, horizon time.Tim
 	}
 	return c, nil
 }
+
+// Table is the memo table of one claim table as the dead-letter tooling
+// (internal/dlq.Memo) uses it: which letters have a memo, and clearing the
+// memos of the letters it republishes.
+type Table struct {
+	DB    DB
+	Names *sqlnames.Names
+}
+
+// Memoised returns which of keys have a memo for consumer.
+func (t Table) Memoised(ctx context.Context, consumer string, keys []string) (map[string]bool, error) {
+	out := make(map[string]bool)
+	if len(keys) == 0 {
+		return out, nil
+	}
+	rows, err := t.DB.Query(ctx, t.Names.Render("SELECT message_key FROM {schema}.{memo} WHERE consumer = $1 AND message_key = ANY($2)"), consumer, keys)
+	if err != nil {
+		return nil, fmt.Errorf("claimtx: look up poison memos: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, fmt.Errorf("claimtx: look up poison memos: %w", err)
+		}
+		out[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claimtx: look up poison memos: %w", err)
+	}
+	return out, nil
+}
+
+// Clear removes the memos of consumer for keys.
+func (t Table) Clear(ctx context.Context, consumer string, keys []string) error {
+	_, err := Clear(ctx, t.DB, t.Names, consumer, keys)
+	return err
+}

@@ -20,6 +20,8 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/internal/dlq"
+	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
 // `claimtx dlq`: browse, classify and replay a consumer's poison
@@ -211,7 +213,16 @@ func (d *dlqFlags) run(ctx context.Context) error {
 		} else if v == 0 {
 			return errors.New(d.redact("dlq " + d.sub + ": " + d.missingTable(ctx)))
 		}
-		cls = newClassifier(d, st.Config().Schema, st.Config().ClaimsTable, key)
+		names := sqlnames.New(st.Config().Schema, st.Config().ClaimsTable, st.Config().OutboxTable)
+		var memo dlq.Memo
+		// A schema migrated before the memo existed has no memo table:
+		// then there is nothing to report or clear.
+		if ok, err := poisonmemo.Exists(ctx, d.pool, names); err != nil {
+			return d.fail(ctx, "dlq "+d.sub, err)
+		} else if ok {
+			memo = poisonmemo.Table{DB: d.pool, Names: names}
+		}
+		cls = newClassifier(d, st.Config().Schema, st.Config().ClaimsTable, key, memo)
 	}
 	bcfg, err := d.brokerConfig()
 	if err != nil {
@@ -285,16 +296,14 @@ func (d *dlqFlags) run(ctx context.Context) error {
 	return nil
 }
 
-// newClassifier builds the Classifier of the dead letters.
-//
-// MEMO HOOK (issue #15 part 2): once the poison memo is merged, set
-// Memo to it here, so a dry run reports "poison-memo" and a replay clears
-// the memo of every key it republishes (internal/dlq.Memo says how).
-func newClassifier(d *dlqFlags, schema, table string, key framework.KeyFunc) *dlq.Classifier {
+// newClassifier builds the Classifier of the dead letters. With memo, a
+// dry run reports "poison-memo" letters and a replay clears the memo of
+// every key it republishes, so its copy reaches the handler.
+func newClassifier(d *dlqFlags, schema, table string, key framework.KeyFunc, memo dlq.Memo) *dlq.Classifier {
 	return &dlq.Classifier{
 		Pool: d.pool, Schema: schema, Table: table, Consumer: d.consumer, Key: key,
 		Policy: framework.KeyPolicy{MaxBytes: d.keyMaxBytes, HashOverlong: d.hashOverlong},
-		Memo:   nil,
+		Memo:   memo,
 	}
 }
 
