@@ -29,6 +29,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{[]string{"BROKER=kafka", "KAFKA_BROKERS=nohost"}, "KAFKA_BROKERS", "kafka.brokers"},
 		{[]string{"CLAIMTX_SCHEMA=Not-A-Schema"}, "CLAIMTX_SCHEMA", `\"Schema\"`},
 		{[]string{"HANDLER_RETRIES=-1"}, "HANDLER_RETRIES", "HandlerRetries"},
+		{[]string{"BROKER=nats", "NATS_ACK_WAIT=soon"}, "NATS_ACK_WAIT", "options.ack_wait"},
+		{[]string{"BROKER=nats", "NATS_ACKWAIT=5s"}, "NATS_ACKWAIT", "options.ackwait"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
