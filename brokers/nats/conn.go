@@ -12,8 +12,8 @@ import (
 )
 
 // Reconnect timing of an established connection. nats.go resubscribes
-// (the queue subscriptions on the deliver subject included) and flushes
-// what it buffered once it is back.
+// (the pull subscriptions' inboxes included) and flushes what it buffered
+// once it is back.
 const (
 	reconnectWait = 500 * time.Millisecond
 	dialBackoffLo = 100 * time.Millisecond

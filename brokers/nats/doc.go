@@ -77,21 +77,26 @@
 //     For operators who manage streams (replicas, limits, placement)
 //     themselves; create the poison streams too.
 //
-// Subscribe then creates the durable consumer if it does not exist: a push
+// Subscribe then creates the durable consumer if it does not exist: a pull
 // consumer on that subject with explicit acks, the configured ack_wait,
-// max_deliver and max_ack_pending, delivering everything from the start of
-// the stream to a deliver group named after the durable, so every
-// replica's subscriptions share the work. An existing one is checked (push,
-// that deliver group, that subject) and its ack_wait, max_deliver and
-// max_ack_pending are updated to the configuration. The adapter creates the
-// consumer itself because nats.go deletes a consumer its subscription
-// created when that subscription ends, which would pull the consumer from
-// under the other replicas.
+// max_deliver and max_ack_pending, from the start of the stream; every
+// replica's workers pull from it, so they share the work. An existing one
+// is checked (pull, that subject, explicit acks) and its ack_wait,
+// max_deliver and max_ack_pending are updated to the configuration. The
+// adapter creates the consumer itself because nats.go deletes a consumer
+// its subscription created when that subscription ends, which would pull
+// the consumer from under the other replicas.
 //
 // # Delivery: ack, nack, poison
 //
-// Each Subscribe opens concurrency queue subscriptions on the consumer;
-// each holds one message at a time until the router acks or nacks it:
+// Each Subscribe starts concurrency workers; each pulls one message (a
+// pull waits up to a second, then asks again) and holds it until the
+// router acks or nacks it. Pulling one at a time, rather than having
+// JetStream push messages into a client buffer, matters: JetStream starts a
+// message's ack wait when it delivers it, so a pushed message waiting
+// behind busy handlers would be redelivered to another replica while its
+// first copy still waits, and both would be processed (a message that
+// cannot be keyed would be poisoned twice). Then:
 //
 //   - Ack (the claim committed, or the message was a duplicate, or its
 //     copy went to TOPIC.poison): AckSync, confirmed by the server.
@@ -108,16 +113,17 @@
 //     crashed or disconnected consumer's messages wait before JetStream
 //     redelivers them, not a bound on the handler (use
 //     consumer.Config.HandlerTimeout for that).
-//   - When a subscription ends (the consumer shuts down), every message it
-//     holds that was not acked or nacked is nacked without delay, so a
-//     replica takes it at once. After a SIGKILL they come back after
-//     ack_wait.
+//   - When a subscription ends (the consumer shuts down), its workers
+//     finish their pulls (a second at most) and every message they hold
+//     that was not acked or nacked is nacked without delay, so a replica
+//     takes it at once. After a SIGKILL they come back after ack_wait.
 //
 // max_ack_pending caps the messages delivered and not yet acked across all
 // replicas of the durable (it is the consumer's setting, not a process's):
 // keep it at or above replicas × concurrency, or replicas wait for one
-// another; much higher only parks messages in one process where the others
-// cannot take them.
+// another. JetStream also holds at most 512 waiting pulls per consumer (its
+// max_waiting default): replicas × concurrency above that makes the extra
+// workers retry (logged at debug level) instead of waiting.
 //
 // # MaxDeliver
 //
@@ -178,7 +184,11 @@
 // durable consumer its subscription created is deleted when that
 // subscription ends; a message its Unmarshaler refuses is neither acked
 // nor nacked, so it comes back every AckWait forever instead of reaching
-// the poison topic. Its pkg/jetstream subscriber (marked beta) has the
-// same close race, and its publisher publishes to the stream's name, which
-// cannot hold the '.' of TOPIC.poison.
+// the poison topic. And it is push-based: JetStream fills a client buffer
+// whose messages' ack waits run while they queue, so under load a message
+// is redelivered beside its first copy (found by the loyalty SIGTERM test
+// in batch mode: a bad message poisoned twice). Its pkg/jetstream
+// subscriber (marked beta) has the same close race, and its publisher
+// publishes to the stream's name, which cannot hold the '.' of
+// TOPIC.poison.
 package nats

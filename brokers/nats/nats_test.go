@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	natsgo "github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
@@ -20,7 +21,7 @@ import (
 )
 
 // TestProvisioning: Subscribe creates a stream per subject (named after
-// it) and a durable push consumer with explicit acks, the configured ack
+// it) and a durable pull consumer with explicit acks, the configured ack
 // wait and, by default, unlimited deliveries (MaxDeliver -1: JetStream
 // would otherwise stop redelivering a message silently, before claimtx's
 // poison path could act). Publishing to TOPIC.poison creates a stream of
@@ -44,7 +45,7 @@ func TestProvisioning(t *testing.T) {
 	require.Equal(t, -1, info.Config.MaxDeliver)
 	require.Equal(t, 256, info.Config.MaxAckPending)
 	require.Equal(t, topic, info.Config.FilterSubject)
-	require.Equal(t, "svc", info.Config.DeliverGroup)
+	require.Empty(t, info.Config.DeliverSubject, "a pull consumer")
 	require.Equal(t, natsgo.DeliverAllPolicy, info.Config.DeliverPolicy)
 	si, err := js.StreamInfo(topic)
 	require.NoError(t, err)
@@ -147,6 +148,55 @@ func TestLongHandlerNotRedelivered(t *testing.T) {
 	requireNothing(t, msgs, 3500*time.Millisecond, "the message is in progress for 3.5 ack waits")
 	m.Ack()
 	requireNothing(t, msgs, 1500*time.Millisecond, "acked")
+}
+
+// TestBacklogBehindSlowHandlersNotRedelivered: with a backlog and every
+// worker busy for longer than the ack wait, no message is delivered twice:
+// a worker pulls a message only when it is free, so none waits in a
+// client buffer while its ack wait runs out.
+func TestBacklogBehindSlowHandlersNotRedelivered(t *testing.T) {
+	t.Parallel()
+	requireNATS(t)
+	topic := uniqueName(t)
+	rawJS(t, topic)
+	const n = 6
+	cfg := config("durable=svc", "concurrency=2", "ack_wait=1s")
+	pub := newPublisher(t, cfg)
+	for i := range n {
+		require.NoError(t, pub.Publish(topic, message.NewMessage(fmt.Sprint(i), nil)))
+	}
+	msgs, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
+	require.NoError(t, err)
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range n / 2 {
+				var m *message.Message
+				select {
+				case m = <-msgs:
+				case <-time.After(10 * time.Second):
+					assert.Fail(t, "no message within 10s")
+					return
+				}
+				mu.Lock()
+				seen[m.UUID]++
+				mu.Unlock()
+				assert.Equal(t, "1", m.Metadata.Get("nats_delivered"), "message %s", m.UUID)
+				time.Sleep(1200 * time.Millisecond) // the handler's work, longer than the ack wait
+				m.Ack()
+			}
+		}()
+	}
+	wg.Wait()
+	requireNothing(t, msgs, 1500*time.Millisecond, "every message was acked once")
+	require.Len(t, seen, n)
+	for id, c := range seen {
+		require.Equal(t, 1, c, "message %s", id)
+	}
 }
 
 // TestReplicasShareTheDurable: two subscribers (two replicas of a

@@ -47,7 +47,7 @@ const (
 	streamsCreate  = "create"
 	streamsRequire = "require"
 
-	// maxConcurrency bounds the queue subscriptions one Subscribe opens.
+	// maxConcurrency bounds the workers (pull subscriptions) of one Subscribe.
 	maxConcurrency = 4096
 )
 
@@ -58,8 +58,8 @@ var knownOptions = map[string]bool{
 	optDialTimeout: true,
 }
 
-// durablePattern is what JetStream accepts as a durable name that also
-// fits in a subject token (the deliver subject is built from it).
+// durablePattern is what JetStream accepts as a durable name (it is a
+// token of the consumer's API subjects: no '.', '*', '>' or whitespace).
 var durablePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,200}$`)
 
 // settings is brokers.Config.Options parsed, defaults applied.
@@ -202,9 +202,9 @@ func parseSettings(cfg brokers.Config) (settings, error) {
 		s.maxDeliver = n
 	}
 	if s.ackWait < time.Second {
-		// The server refuses shorter ack waits for push consumers only
-		// in some versions; below a second every slow commit becomes a
-		// redelivery, which is never what anyone wants.
+		// In-progress signals go every half ack wait; below a second
+		// they would be most of the traffic, and a crashed consumer's
+		// messages come back fast enough at a second.
 		return s, optErr(optAckWait, "must be at least 1s, got %s", s.ackWait)
 	}
 	return s, nil

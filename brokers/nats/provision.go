@@ -8,14 +8,6 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 )
 
-// deliverPrefix starts the deliver subject of every push consumer the
-// adapter creates. It is derived from the stream and the durable, never
-// random, so replicas creating the consumer at the same moment send the
-// same configuration (JetStream accepts the second as a no-op) instead of
-// the last one moving the consumer to its own inbox and starving the
-// others.
-const deliverPrefix = "_CLAIMTX.deliver."
-
 // streamNameUnsafe is what a stream name cannot hold ('.', '*', '>',
 // whitespace, path separators), widened to anything but a plain name.
 var streamNameUnsafe = regexp.MustCompile(`[^A-Za-z0-9_-]`)
@@ -68,23 +60,21 @@ func ensureStream(js natsgo.JetStreamContext, s settings, subject string) (strin
 	return "", fmt.Errorf("brokers/nats: create stream %q for subject %q: %w", name, subject, err)
 }
 
-// consumerConfig is the durable push consumer a subscription binds to:
+// consumerConfig is the durable pull consumer the subscriptions bind to:
 // explicit acks, redelivery after AckWait, MaxDeliver and MaxAckPending as
-// configured, a deliver group named after the durable so every replica's
-// subscriptions share the work, everything from the start of the stream.
-func consumerConfig(s settings, stream, subject string) *natsgo.ConsumerConfig {
+// configured, everything from the start of the stream. Every replica's
+// workers pull from it, so they share the work.
+func consumerConfig(s settings, subject string) *natsgo.ConsumerConfig {
 	return &natsgo.ConsumerConfig{
-		Durable:        s.durable,
-		Description:    "claimtx consumer of " + subject,
-		DeliverSubject: deliverPrefix + stream + "." + s.durable,
-		DeliverGroup:   s.durable,
-		FilterSubject:  subject,
-		DeliverPolicy:  natsgo.DeliverAllPolicy,
-		AckPolicy:      natsgo.AckExplicitPolicy,
-		AckWait:        s.ackWait,
-		MaxDeliver:     s.maxDeliver,
-		MaxAckPending:  s.maxAckPending,
-		ReplayPolicy:   natsgo.ReplayInstantPolicy,
+		Durable:       s.durable,
+		Description:   "claimtx consumer of " + subject,
+		FilterSubject: subject,
+		DeliverPolicy: natsgo.DeliverAllPolicy,
+		AckPolicy:     natsgo.AckExplicitPolicy,
+		AckWait:       s.ackWait,
+		MaxDeliver:    s.maxDeliver,
+		MaxAckPending: s.maxAckPending,
+		ReplayPolicy:  natsgo.ReplayInstantPolicy,
 	}
 }
 
@@ -95,7 +85,7 @@ func consumerConfig(s settings, stream, subject string) *natsgo.ConsumerConfig {
 // created when that subscription ends: the first replica to stop would
 // delete the consumer under the others.
 func ensureConsumer(js natsgo.JetStreamContext, s settings, stream, subject string) error {
-	want := consumerConfig(s, stream, subject)
+	want := consumerConfig(s, subject)
 	info, err := js.ConsumerInfo(stream, s.durable)
 	if errors.Is(err, natsgo.ErrConsumerNotFound) {
 		if _, err = js.AddConsumer(stream, want); err == nil {
@@ -109,8 +99,8 @@ func ensureConsumer(js natsgo.JetStreamContext, s settings, stream, subject stri
 	}
 	have := info.Config
 	switch {
-	case have.DeliverSubject == "" || have.DeliverGroup != s.durable:
-		return fmt.Errorf("brokers/nats: consumer %q on stream %q exists and is not a push consumer with deliver group %q: delete it or choose another durable name", s.durable, stream, s.durable)
+	case have.DeliverSubject != "":
+		return fmt.Errorf("brokers/nats: consumer %q on stream %q exists and is a push consumer, not a pull consumer: delete it or choose another durable name", s.durable, stream)
 	case have.FilterSubject != "" && have.FilterSubject != subject:
 		return fmt.Errorf("brokers/nats: consumer %q on stream %q filters subject %q, not %q: one durable name per topic", s.durable, stream, have.FilterSubject, subject)
 	case have.AckPolicy != natsgo.AckExplicitPolicy:

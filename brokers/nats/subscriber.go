@@ -12,18 +12,19 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 )
 
-// stopTimeout bounds how long ending a subscription waits for the server
-// to confirm it sends no more and for the messages already received to be
-// handed back.
-const stopTimeout = 10 * time.Second
+// pullWait is how long one pull waits for a message before it asks again.
+// A pull in progress is never cut short (a message the server sends for it
+// after the worker stopped waiting would sit unseen until its ack wait
+// ran out), so it also bounds how long ending a subscription waits for
+// its workers.
+const pullWait = time.Second
 
 // errClosed is returned by Subscribe after Close.
 var errClosed = errors.New("brokers/nats: subscriber closed")
 
-// subscriber consumes a topic through a durable JetStream push consumer
-// that ensureConsumer creates, with concurrency queue subscriptions per
-// Subscribe, each holding one message at a time until it is acked or
-// nacked.
+// subscriber consumes a topic through a durable JetStream pull consumer
+// that ensureConsumer creates, with concurrency workers per Subscribe,
+// each holding one message at a time until it is acked or nacked.
 //
 // It is written on nats.go rather than watermill-nats's Subscriber, whose
 // v2.1.3 JetStream mode, read for this adapter, cannot be fixed from
@@ -35,7 +36,8 @@ var errClosed = errors.New("brokers/nats: subscriber closed")
 // message would be lost), deletes a durable consumer its subscription
 // created when that subscription ends (under the other replicas), and
 // drops a message it cannot unmarshal without acking or nacking it (a
-// redelivery every AckWait, forever). The wire format is
+// redelivery every AckWait, forever), and it has messages pushed into a
+// client buffer (see Subscribe for why that matters). The wire format is
 // watermill-nats's, so both read each other's messages (see marshaler).
 type subscriber struct {
 	s      settings
@@ -81,23 +83,29 @@ func (s *subscriber) ensure(topic string) (subject, stream string, err error) {
 	return subject, stream, ensureConsumer(s.js, s.s, stream, subject)
 }
 
-// subscription is one Subscribe call.
+// subscription is one Subscribe call: concurrency workers, each with a
+// pull subscription bound to the durable consumer.
 type subscription struct {
 	*subscriber
-	ctx    context.Context
-	output chan *message.Message
-	fields watermill.LogFields
-
-	mu       sync.Mutex
-	stopped  bool
-	stop     chan struct{} // closed when the subscription ends
-	inflight sync.WaitGroup
+	ctx     context.Context
+	output  chan *message.Message
+	fields  watermill.LogFields
+	stop    chan struct{} // closed when the subscription ends
+	workers sync.WaitGroup
 }
 
-// Subscribe ensures the stream and the durable consumer, then binds
-// concurrency queue subscriptions to the consumer (its deliver group is
-// the durable name, shared by every replica) and merges them into one
-// channel. The channel is closed when ctx ends or the subscriber closes.
+// Subscribe ensures the stream and the durable consumer, then starts
+// concurrency workers, each pulling one message at a time from the
+// consumer (shared by every replica of the service) and holding it until
+// the router acks or nacks it. The channel is closed when ctx ends or the
+// subscriber closes.
+//
+// One message per pull, not a pushed stream: JetStream starts a message's
+// ack wait when it delivers it, so a message pushed into a client buffer
+// behind busy handlers would be redelivered to another replica while its
+// first copy still waits, and both would be processed (harmless for a
+// claimed effect, but a message that cannot be keyed would be poisoned
+// twice). A pulled message is only ever in a worker's hands.
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	subject, stream, err := s.ensure(topic)
 	if err != nil {
@@ -112,76 +120,87 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	s.mu.Unlock()
 	sub := &subscription{subscriber: s, ctx: ctx, output: make(chan *message.Message), stop: make(chan struct{}),
 		fields: watermill.LogFields{"topic": topic, "subject": subject, "stream": stream, "durable": s.s.durable}}
-	nsubs := make([]*natsgo.Subscription, 0, s.s.concurrency)
+	pulls := make([]*natsgo.Subscription, 0, s.s.concurrency)
 	for range s.s.concurrency {
-		ns, err := s.js.QueueSubscribe(subject, s.s.durable, sub.handle,
-			natsgo.Bind(stream, s.s.durable), natsgo.ManualAck())
+		// Bound, never created here: nats.go deletes a consumer its
+		// subscription created when the subscription ends.
+		ps, err := s.js.PullSubscribe(subject, s.s.durable, natsgo.Bind(stream, s.s.durable))
 		if err != nil {
-			sub.end(nsubs)
+			close(sub.stop)
+			sub.end(pulls)
 			return nil, fmt.Errorf("brokers/nats: subscribe to %q (consumer %q on stream %q): %w", subject, s.s.durable, stream, err)
 		}
-		nsubs = append(nsubs, ns)
+		pulls = append(pulls, ps)
+	}
+	for _, ps := range pulls {
+		sub.workers.Add(1)
+		go sub.work(ps)
 	}
 	go func() {
 		select {
 		case <-ctx.Done():
 		case <-s.closing:
 		}
-		sub.end(nsubs)
+		close(sub.stop)
+		sub.end(pulls)
 	}()
 	return sub.output, nil
 }
 
-// end stops the subscription: the server stops sending (Drain sends the
-// unsubscribe first), every message received and not acked or nacked is
-// nacked without delay, so another subscription (or replica) takes it at
-// once instead of after AckWait; then the output channel is closed, once
-// no delivery callback can send on it any more.
-func (sub *subscription) end(nsubs []*natsgo.Subscription) {
+// end waits for the workers (each finishes its pull, at most pullWait,
+// and hands back the message it holds, see handle), ends the pull
+// subscriptions and closes the output channel, once no worker can send on
+// it any more.
+func (sub *subscription) end(pulls []*natsgo.Subscription) {
 	defer sub.subs.Done()
-	closed := make([]<-chan natsgo.SubStatus, 0, len(nsubs))
-	for _, ns := range nsubs {
-		closed = append(closed, ns.StatusChanged(natsgo.SubscriptionClosed))
-		if err := ns.Drain(); err != nil && !errors.Is(err, natsgo.ErrConnectionClosed) {
-			sub.logger.Error("NATS subscription did not drain", err, sub.fields)
+	sub.workers.Wait()
+	for _, ps := range pulls {
+		if err := ps.Unsubscribe(); err != nil && !errors.Is(err, natsgo.ErrConnectionClosed) && !errors.Is(err, natsgo.ErrBadSubscription) {
+			sub.logger.Debug("NATS pull subscription did not end cleanly", watermill.LogFields{"err": err.Error()}.Add(sub.fields))
 		}
 	}
-	sub.mu.Lock()
-	sub.stopped = true
-	close(sub.stop)
-	sub.mu.Unlock()
-	deadline := time.NewTimer(stopTimeout)
-	defer deadline.Stop()
-	for i, ch := range closed {
-		select {
-		case <-ch:
-		case <-deadline.C:
-			_ = nsubs[i].Unsubscribe()
-		}
-	}
-	sub.inflight.Wait()
 	close(sub.output)
 }
 
-// handle is the delivery callback of every queue subscription; each runs
-// one message at a time, so concurrency subscriptions hold up to
-// concurrency messages. While the router works on the message, handle
-// tells JetStream it is in progress every half AckWait, so AckWait bounds
-// how long a dead consumer's messages wait for redelivery, not how long a
-// handler may take. It returns once the message is acked (AckSync: the
-// server confirmed), nacked (NakWithDelay), or handed back because the
+// work pulls one message at a time and handles it, until the
 // subscription ends.
-func (sub *subscription) handle(m *natsgo.Msg) {
-	sub.mu.Lock()
-	if sub.stopped {
-		sub.mu.Unlock()
-		sub.handBack(m, nil)
-		return
+func (sub *subscription) work(ps *natsgo.Subscription) {
+	defer sub.workers.Done()
+	backoff := dialBackoffLo
+	for {
+		select {
+		case <-sub.stop:
+			return
+		default:
+		}
+		msgs, err := ps.Fetch(1, natsgo.MaxWait(pullWait))
+		for _, m := range msgs {
+			sub.handle(m) // hands it back if the subscription ended meanwhile
+		}
+		switch {
+		case err == nil, errors.Is(err, context.DeadlineExceeded), errors.Is(err, natsgo.ErrTimeout):
+			backoff = dialBackoffLo
+		default:
+			// Disconnected (nats.go reconnects by itself), or the
+			// consumer was deleted: try again, slower and slower.
+			sub.logger.Debug("NATS pull failed, retrying", watermill.LogFields{"err": err.Error(), "retry_in": backoff.String()}.Add(sub.fields))
+			select {
+			case <-sub.stop:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, dialBackoffHi)
+		}
 	}
-	sub.inflight.Add(1)
-	sub.mu.Unlock()
-	defer sub.inflight.Done()
+}
 
+// handle gives one message to the router and settles it. While the router
+// works on it, handle tells JetStream it is in progress every half ack
+// wait, so ack_wait bounds how long a dead consumer's messages wait for
+// redelivery, not how long a handler may take. It returns once the
+// message is acked (AckSync: the server confirmed), nacked
+// (NakWithDelay), or handed back because the subscription ends.
+func (sub *subscription) handle(m *natsgo.Msg) {
 	msg, _ := sub.codec.Unmarshal(m) // never fails
 	ctx, cancel := context.WithCancel(sub.ctx)
 	defer cancel()

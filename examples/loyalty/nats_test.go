@@ -29,7 +29,7 @@ func TestNATSSIGKILLMidWorkLosesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, -1, ci.Config.MaxDeliver)
 	require.Equal(t, 3*time.Second, ci.Config.AckWait)
-	require.Equal(t, "loyalty", ci.Config.DeliverGroup)
+	require.Empty(t, ci.Config.DeliverSubject, "a pull consumer")
 	require.Positive(t, ci.NumAckPending, "messages in flight when the consumer is killed")
 
 	victim.kill()
