@@ -131,7 +131,9 @@
 // redelivering it, silently: it stays in the stream, the consumer skips
 // it, and all that is left is an advisory on
 // $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>. No
-// dead-letter stream receives it. For claimtx that would be a lost
+// dead-letter stream receives it (TestMaxDeliverGivesUpSilently shows it:
+// after the last allowed nack the consumer has nothing pending or unacked,
+// and the stream still holds the message). For claimtx that would be a lost
 // message: deliveries are not handler failures (those are retried in
 // process and then poisoned, within one delivery); a message is delivered
 // again after a nack (the database was down longer than the claim's

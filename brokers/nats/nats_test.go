@@ -69,6 +69,35 @@ func TestProvisioning(t *testing.T) {
 	require.Equal(t, 8, info.Config.MaxAckPending)
 }
 
+// TestMaxDeliverGivesUpSilently shows why max_deliver defaults to -1:
+// with a limit, JetStream stops redelivering a message once it was
+// delivered that often, and nothing is left to consume or to dead-letter:
+// the consumer has nothing pending or unacked while the stream still holds
+// the message. claimtx's redeliveries (nacks in an outage, crashes,
+// shutdowns) say nothing about the message, so that would lose it.
+func TestMaxDeliverGivesUpSilently(t *testing.T) {
+	t.Parallel()
+	requireNATS(t)
+	topic := uniqueName(t)
+	js := rawJS(t, topic)
+	cfg := config("durable=svc", "concurrency=1", "max_deliver=2")
+	require.NoError(t, newPublisher(t, cfg).Publish(topic, message.NewMessage("m", []byte("x"))))
+	msgs, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
+	require.NoError(t, err)
+	receive(t, msgs, 10*time.Second).Nack()
+	again := receive(t, msgs, 10*time.Second)
+	require.Equal(t, "2", again.Metadata.Get("nats_delivered"))
+	again.Nack()
+	requireNothing(t, msgs, 2*time.Second, "max_deliver reached: JetStream does not deliver it again")
+	ci, err := js.ConsumerInfo(topic, "svc")
+	require.NoError(t, err)
+	require.Zero(t, ci.NumPending, "nothing left to deliver")
+	require.Zero(t, ci.NumAckPending, "nothing unacked")
+	si, err := js.StreamInfo(topic)
+	require.NoError(t, err)
+	require.Equal(t, uint64(1), si.State.Msgs, "the stream still holds the message")
+}
+
 // TestNackDelay: a nacked message comes back (NakWithDelay), not before
 // nack_delay, as delivery 2; the subscription takes other messages
 // meanwhile.
