@@ -12,7 +12,7 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: ## Run the loyalty consumer on RabbitMQ and Kafka with injected trouble and check every balance (starts kfake if no Kafka listens).
+demo: ## Run the loyalty consumer on RabbitMQ, Kafka and NATS JetStream with injected trouble and check every balance (starts kfake if no Kafka listens; needs nats-server -js).
 	$(GO) build -o bin/loyalty ./examples/loyalty
 	$(GO) run ./examples/demo -loyalty bin/loyalty
 

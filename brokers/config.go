@@ -14,6 +14,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/brokers/internal/defaults"
+	"github.com/claimtx/claimtx/brokers/internal/secret"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/yamlpath"
@@ -49,7 +50,10 @@ type Config struct {
 	GoChannel GoChannelConfig `yaml:"gochannel"`
 
 	// Options carries settings for user-registered kinds, which read them
-	// in their Factory. The built-in kinds ignore it. Defaults to none.
+	// in their Factory. The built-in kinds ignore it. ConfigFromEnv and
+	// LoadConfigFile set it from the kind's variables (NATS_ACK_WAIT sets
+	// "ack_wait" when Kind is "nats"; see the package documentation).
+	// Defaults to none.
 	Options map[string]string `yaml:"options"`
 
 	// env remembers which fields overlayEnv set, so that errors name the
@@ -128,6 +132,11 @@ func (c Config) named(err error) error {
 	name, ok := c.env.set[ce.Field]
 	if !ok && c.env.only {
 		name, ok = envVars[ce.Field]
+	}
+	if !ok && c.env.only {
+		// A registered kind's option left unset: name the variable that
+		// would set it (see overlayOptionEnv).
+		name, ok = c.optionEnvName(ce.Field)
 	}
 	if !ok {
 		return err
@@ -247,10 +256,33 @@ func validateGoChannel(c Config) error {
 }
 
 // String prints the config with secrets redacted (the AMQP URL's password,
-// the Kafka SASL password). Options values are printed as is: do not put
-// secrets there, or redact them in your Factory.
+// the Kafka SASL password, and in Options the value of every key that
+// contains "pass", "secret" or "token" and the password of every URL).
 func (c Config) String() string {
-	return fmt.Sprintf("{Kind:%q AMQP:%s Kafka:%s GoChannel:%+v Options:%v}", c.Kind, c.AMQP, c.Kafka, c.GoChannel, c.Options)
+	return fmt.Sprintf("{Kind:%q AMQP:%s Kafka:%s GoChannel:%+v Options:%v}", c.Kind, c.AMQP, c.Kafka, c.GoChannel, redactOptions(c.Options))
+}
+
+// redactOptions returns a copy of opts fit to print: a registered kind's
+// Factory cannot redact what Config.String prints, so the rule is here,
+// and adapters name their secret options to match it (NATS_PASSWORD,
+// NATS_TOKEN). Printing a map sorts its keys.
+func redactOptions(opts map[string]string) map[string]string {
+	if opts == nil {
+		return nil
+	}
+	out := make(map[string]string, len(opts))
+	for k, v := range opts {
+		lk := strings.ToLower(k)
+		switch {
+		case strings.Contains(lk, "pass") || strings.Contains(lk, "secret") || strings.Contains(lk, "token"):
+			out[k] = secret.Redact(v)
+		case strings.Contains(v, "://"):
+			out[k] = secret.RedactURL(v)
+		default:
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // GoString makes %#v redact too.
@@ -304,6 +336,7 @@ func ConfigFromEnv() (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
+	c = c.overlayOptionEnv(os.Environ())
 	c.env.only = true
 	return c, c.Validate()
 }
@@ -345,6 +378,7 @@ func (c Config) withEnv() (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
+	c = c.overlayOptionEnv(os.Environ())
 	return c, c.Validate()
 }
 
@@ -516,4 +550,73 @@ func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	}
 	c.env.set = set
 	return c, nil
+}
+
+// optionEnvPrefix is the prefix of the environment variables that set the
+// Options of kind: the kind in upper case with '.' and '-' as '_', then
+// '_' ("nats" -> "NATS_", "my-bus" -> "MY_BUS_"). Built-in kinds have
+// their own variables and no prefix ("").
+func optionEnvPrefix(kind string) string {
+	switch kind {
+	case KindAMQP, KindKafka, KindGoChannel: // not builtinKinds: it refers to named, which calls this
+		return ""
+	}
+	if !kindPattern.MatchString(kind) {
+		return ""
+	}
+	return strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(kind)) + "_"
+}
+
+// overlayOptionEnv returns c with every variable of environ ("NAME=value")
+// named <prefix><OPTION> (see optionEnvPrefix) copied into
+// Options["<option>"], the option name in lower case, over what a file
+// set: BROKER=nats with NATS_ACK_WAIT=5s sets Options["ack_wait"]. This is
+// how a registered kind is configured from the environment like the
+// built-in ones, without claimtx knowing its settings; which options
+// exist, and whether an unknown one is an error, is up to its Factory. A
+// variable set but empty counts as unset. Each one is recorded as the
+// source of "options.<option>", so errors about that field name the
+// variable.
+func (c Config) overlayOptionEnv(environ []string) Config {
+	prefix := optionEnvPrefix(c.kind())
+	if prefix == "" {
+		return c
+	}
+	var opts, set map[string]string
+	for _, kv := range environ {
+		name, value, ok := strings.Cut(kv, "=")
+		value = strings.TrimSpace(value)
+		if !ok || value == "" || len(name) <= len(prefix) || !strings.HasPrefix(name, prefix) {
+			continue
+		}
+		if opts == nil {
+			// Copies: Config values share their maps.
+			opts = make(map[string]string, len(c.Options)+1)
+			for k, v := range c.Options {
+				opts[k] = v
+			}
+			set = make(map[string]string, len(c.env.set)+1)
+			for k, v := range c.env.set {
+				set[k] = v
+			}
+		}
+		option := strings.ToLower(name[len(prefix):])
+		opts[option] = value
+		set["options."+option] = name
+	}
+	if opts != nil {
+		c.Options, c.env.set = opts, set
+	}
+	return c
+}
+
+// optionEnvName returns the variable that sets field when field is
+// "options.<option>" of a registered kind.
+func (c Config) optionEnvName(field string) (string, bool) {
+	option, ok := strings.CutPrefix(field, "options.")
+	prefix := optionEnvPrefix(c.kind())
+	if !ok || option == "" || prefix == "" {
+		return "", false
+	}
+	return prefix + strings.ToUpper(option), true
 }

@@ -98,6 +98,17 @@
 // flight per partition, so a consumer's concurrency is the number of
 // partitions it owns (unless kafka.window is set).
 //
+// A kind that is not built in is configured from the environment through
+// its prefix: the kind in upper case with '.' and '-' as '_', then '_'.
+// Every variable that starts with it sets Options[option], the rest of its
+// name in lower case, over the file's options: (set but empty counts as
+// unset). With BROKER=nats, NATS_URL sets Options["url"] and NATS_ACK_WAIT
+// Options["ack_wait"]; with kind my-bus.v2, MY_BUS_V2_REGION sets
+// Options["region"]. Which options exist, and whether an unknown one is an
+// error, is the kind's Factory's business (brokers/nats refuses unknown
+// ones, so a misspelt variable is not ignored); pick a kind name whose
+// prefix no other program's variables use.
+//
 // # Errors
 //
 // Every configuration problem is a *framework.ConfigError (package
@@ -130,6 +141,12 @@
 // ConfigFromEnv and fails when the broker is built; one that cannot be a
 // kind name ("Kafka") fails at once.
 //
+// A registered kind names its settings "options.<option>" in the
+// *framework.ConfigError its Factory returns (from Validate or from
+// NewSubscriber/NewPublisher); the Registry renames the Field to the
+// variable (NATS_ACK_WAIT) when the environment set the value or, with
+// ConfigFromEnv, for a required option left unset.
+//
 // # Secrets
 //
 // Config.String (and %v, %+v, %#v of Config, amqp.Config, kafka.Config and
@@ -139,9 +156,11 @@
 // can: AMQP_URL_FILE and KAFKA_SASL_PASSWORD_FILE read them from files, and
 // neither the value nor the file's content appears in an error.
 // Validation errors never quote a URL that does not parse (Go's url.Error
-// would print it whole, password included). Config.Options is printed as is:
-// a registered kind that keeps secrets there must redact them itself. The
-// config is not redacted when you marshal it yourself (YAML, JSON).
+// would print it whole, password included). In Config.Options it redacts
+// the value of every option whose name contains "pass", "secret" or
+// "token" (any case) and the password of every URL: a registered kind
+// names its secret options to match. The config is not redacted when you
+// marshal it yourself (YAML, JSON).
 //
 // # Adapters of your own
 //
@@ -171,7 +190,8 @@
 // registry of the built-in kinds that nothing can add to, so one part of a
 // program cannot change what another part's configuration selects: pass
 // your Registry to the code that builds brokers. The Registry example
-// shows a complete adapter.
+// shows a complete adapter; brokers/nats is a real one written only
+// against this API (docs/adapters.md walks through it).
 //
 // # The gochannel kind
 //

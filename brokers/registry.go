@@ -152,7 +152,10 @@ func (r *Registry) NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (me
 	if err != nil {
 		var ce *framework.ConfigError
 		if errors.As(err, &ce) {
-			return nil, err // already names the field
+			// Named like Validate's errors: a registered kind's
+			// "options.durable" becomes NATS_DURABLE when the
+			// environment set it (or, with ConfigFromEnv, should have).
+			return nil, cfg.named(err)
 		}
 		return nil, fmt.Errorf("brokers: %s subscriber: %w", kind, err)
 	}
@@ -173,7 +176,7 @@ func (r *Registry) NewPublisher(cfg Config, logger watermill.LoggerAdapter) (mes
 	if err != nil {
 		var ce *framework.ConfigError
 		if errors.As(err, &ce) {
-			return nil, err
+			return nil, cfg.named(err)
 		}
 		return nil, fmt.Errorf("brokers: %s publisher: %w", kind, err)
 	}

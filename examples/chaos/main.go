@@ -1,7 +1,8 @@
 // Command chaos runs the loyalty example under sustained trouble and checks
-// that every order was still credited exactly once. For RabbitMQ and for
+// that every order was still credited exactly once. For RabbitMQ, for
 // Kafka (the dev broker, framework/cmd/devkafka, run as a subprocess with a
-// data directory) it:
+// data directory) and, with -brokers ...,nats, for NATS JetStream (the
+// local server, reached through a TCP proxy of the runner's) it:
 //
 //   - publishes -orders OrderCompleted events, ~30% of them delivered 1-3
 //     extra times (half of those copies with a fresh broker message id,
@@ -18,8 +19,10 @@
 //     then SIGKILL), start a replacement;
 //   - restarts Postgres once (-pg-restart) after a third of these steps;
 //   - after two thirds, closes every RabbitMQ connection
-//     (rabbitmqctl close_all_connections) or stops and restarts the dev
-//     Kafka broker on the same address and data directory;
+//     (rabbitmqctl close_all_connections), stops and restarts the dev
+//     Kafka broker on the same address and data directory, or cuts every
+//     consumer's NATS connection at the proxy (the shared server is left
+//     alone);
 //   - restarts, like a supervisor, any consumer that exits by itself, and
 //     counts it as a crash, as it does an exit other than 0 after SIGTERM;
 //   - waits for the drain, stops the consumers gracefully and checks: one
@@ -52,6 +55,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -79,6 +83,7 @@ type options struct {
 	amqpQueueType     string
 	databaseURL       string
 	amqpURL           string
+	natsURL           string
 	timeout           time.Duration
 	logDir            string
 	keep              bool
@@ -109,6 +114,7 @@ func defaults() options {
 		amqpDisrupt: "all",
 		databaseURL: orderfeed.EnvOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
 		amqpURL:     orderfeed.EnvOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
+		natsURL:     orderfeed.EnvOr("NATS_URL", "nats://127.0.0.1:4222"),
 		timeout:     4 * time.Minute,
 		logDir:      ".run/chaos",
 		out:         os.Stdout,
@@ -127,7 +133,7 @@ func main() {
 	flag.IntVar(&o.minTerms, "terms", o.minTerms, "at least this many SIGTERM rolling restarts per broker")
 	flag.DurationVar(&o.termTimeout, "term-timeout", o.termTimeout, "a consumer still running this long after SIGTERM is a hung shutdown (then SIGKILLed)")
 	flag.DurationVar(&o.publishOver, "publish-over", 0, "spread publishing over this long (default: 2s per SIGKILL or SIGTERM)")
-	flag.StringVar(&brokerList, "brokers", strings.Join(o.brokers, ","), "brokers to run, comma separated")
+	flag.StringVar(&brokerList, "brokers", strings.Join(o.brokers, ","), "brokers to run, comma separated: amqp, kafka, nats")
 	flag.StringVar(&o.pgRestart, "pg-restart", o.pgRestart, `command restarting Postgres once mid-run ("" to skip)`)
 	flag.StringVar(&o.amqpDisrupt, "amqp-disrupt", o.amqpDisrupt, `RabbitMQ disruption: "all" (rabbitmqctl close_all_connections) or "own" (only this run's consumers' connections)`)
 	flag.StringVar(&o.amqpQueueType, "amqp-queue-type", o.amqpQueueType, `RabbitMQ queue type of the run's queues, "classic" or "quorum" (default: $AMQP_QUEUE_TYPE, else classic); the consumers get it as AMQP_QUEUE_TYPE`)
@@ -192,8 +198,8 @@ func run(ctx context.Context, o options) ([]report, error) {
 			if _, err := os.Stat(o.devkafka); err != nil {
 				return nil, fmt.Errorf("devkafka binary %s: %w (run `make chaos`, which builds it)", o.devkafka, err)
 			}
-		} else if b != "amqp" {
-			return nil, fmt.Errorf("unknown broker %q (amqp, kafka)", b)
+		} else if b != "amqp" && b != "nats" {
+			return nil, fmt.Errorf("unknown broker %q (amqp, kafka, nats)", b)
 		}
 		if _, err := os.Stat(bin); err != nil {
 			return nil, fmt.Errorf("loyalty binary %s: %w (run `make chaos`, which builds it)", bin, err)
@@ -214,4 +220,12 @@ func run(ctx context.Context, o options) ([]report, error) {
 		}
 	}
 	return reports, nil
+}
+
+// natsHostPort is the host:port of a nats:// URL, what the proxy dials.
+func natsHostPort(u string) string {
+	if parsed, err := url.Parse(u); err == nil && parsed.Host != "" {
+		return parsed.Host
+	}
+	return "127.0.0.1:4222"
 }

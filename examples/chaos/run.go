@@ -190,7 +190,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 
 	var ops brokerOps
 	var sup *supervisor // set below; the AMQP disruption asks it for the consumers' pids
-	kafkaAddr := ""
+	kafkaAddr, natsURL := "", ""
 	switch kind {
 	case "amqp":
 		ops = &amqpOps{url: o.amqpURL, topic: topic, queueType: o.amqpQueueType, keep: o.keep, closeOwn: o.amqpDisrupt == "own",
@@ -208,6 +208,14 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 			bin: o.devkafka, addr: kafkaAddr, dataDir: dataDir,
 			logPath: filepath.Join(o.logDir, fmt.Sprintf("kafka-%s-devkafka.log", id)),
 		}}
+	case "nats":
+		proxy, err := startProxy(natsHostPort(o.natsURL))
+		if err != nil {
+			return fmt.Errorf("start the NATS proxy: %w", err)
+		}
+		nops := &natsOps{url: o.natsURL, topic: topic, keep: o.keep, proxy: proxy}
+		natsURL = nops.consumerURL()
+		ops = nops
 	default:
 		return fmt.Errorf("unknown broker %q", kind)
 	}
@@ -222,6 +230,9 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		// Short sessions: a SIGKILLed member's partitions move on within
 		// seconds (and the dev broker evicts members killed mid-join).
 		"KAFKA_SESSION_TIMEOUT=3s", "KAFKA_REBALANCE_TIMEOUT=3s",
+		// NATS: through the runner's proxy (natsOps.disrupt); a killed
+		// consumer's unacked messages come back after 5s, not 30s.
+		"NATS_URL="+natsURL, "NATS_ACK_WAIT=5s",
 		"CONCURRENCY=4", "METRICS_ADDR=127.0.0.1:0")
 	sup = newSupervisor(o.loyalty, env, o.logDir, fmt.Sprintf("%s-%s", kind, id), o.consumers, o.logf)
 	defer sup.stop(o.termTimeout)

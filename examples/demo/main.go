@@ -1,5 +1,6 @@
-// Command demo runs the loyalty example against RabbitMQ and Kafka, one
-// transaction per message and in batches (BATCH_SIZE), with
+// Command demo runs the loyalty example against RabbitMQ, Kafka and NATS
+// JetStream (a registered kind, brokers/nats), one transaction per message
+// and in batches (BATCH_SIZE), with
 // injected trouble — republished copies with new broker ids, concurrent
 // twins, undecodable messages, a consumer killed with SIGKILL mid-run and
 // restarted — waits for the broker to drain, and prints per broker what was
@@ -37,6 +38,7 @@ type options struct {
 	databaseURL string
 	amqpURL     string
 	kafkaAddr   string
+	natsURL     string
 	timeout     time.Duration
 	logDir      string
 	modes       []string
@@ -47,7 +49,7 @@ func main() {
 	var brokerList string
 	flag.StringVar(&o.loyalty, "loyalty", "bin/loyalty", "path of the built examples/loyalty binary")
 	flag.IntVar(&o.orders, "orders", 3000, "distinct orders to publish per broker")
-	flag.StringVar(&brokerList, "brokers", "amqp,kafka", "brokers to run, comma separated")
+	flag.StringVar(&brokerList, "brokers", "amqp,kafka,nats", "brokers to run, comma separated")
 	flag.BoolVar(&o.keep, "keep", false, "keep the demo schemas for inspection")
 	flag.DurationVar(&o.timeout, "timeout", 90*time.Second, "give up on a broker after this long")
 	flag.StringVar(&o.logDir, "logs", ".run/demo", "directory for the consumers' logs")
@@ -58,6 +60,7 @@ func main() {
 	o.databaseURL = orderfeed.EnvOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
 	o.amqpURL = orderfeed.EnvOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 	o.kafkaAddr = strings.Split(orderfeed.EnvOr("KAFKA_BROKERS", "127.0.0.1:9092"), ",")[0]
+	o.natsURL = orderfeed.EnvOr("NATS_URL", "nats://127.0.0.1:4222")
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -142,6 +142,8 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 		ops = &amqpOps{url: o.amqpURL, topic: topic}
 	case "kafka":
 		ops = &kafkaOps{addr: o.kafkaAddr, topic: topic, group: "loyalty-" + id}
+	case "nats":
+		ops = &natsOps{url: o.natsURL, topic: topic, keep: o.keep}
 	default:
 		return rep, fmt.Errorf("unknown broker %q", kind)
 	}
@@ -153,7 +155,10 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	env := append(os.Environ(),
 		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+schema, "TOPIC="+topic,
 		"AMQP_URL="+o.amqpURL, "KAFKA_BROKERS="+o.kafkaAddr, "CONCURRENCY=4", "METRICS_ADDR=127.0.0.1:0",
-		"KAFKA_CONSUMER_GROUP=loyalty-"+id)
+		"KAFKA_CONSUMER_GROUP=loyalty-"+id,
+		// The SIGKILLed consumer's unacked messages come back after the
+		// ack wait: 5s rather than the default 30s keeps the demo short.
+		"NATS_URL="+o.natsURL, "NATS_ACK_WAIT=5s")
 	if batch {
 		env = append(env, "BATCH_SIZE=64", "BATCH_WORKERS=2")
 	}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	natsgo "github.com/nats-io/nats.go"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -55,6 +56,10 @@ func TestMain(m *testing.M) {
 
 const amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
 
+// natsURL is the local NATS JetStream server the nats cases share; each
+// harness has streams of its own (named after its topic).
+const natsURL = "nats://127.0.0.1:4222"
+
 func randID() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
@@ -81,6 +86,7 @@ type harness struct {
 	amqpURL   string
 	kcl       *kgo.Client
 	amqpConn  *amqp.Connection
+	js        natsgo.JetStreamContext
 	extraEnv  []string
 }
 
@@ -119,6 +125,27 @@ func newHarness(t *testing.T, kind string) *harness {
 		_, err = ch.QueueDeclare(h.topic, true, false, false, false, nil)
 		require.NoError(t, err)
 		require.NoError(t, ch.Close())
+	case "nats":
+		nc, err := natsgo.Connect(natsURL)
+		if err != nil {
+			testenv.SkipOrFail(t, "NATS not reachable at %s: %v", natsURL, err)
+		}
+		js, err := nc.JetStream()
+		require.NoError(t, err)
+		h.js = js
+		t.Cleanup(func() {
+			defer nc.Close()
+			for name := range js.StreamNames() {
+				if strings.HasPrefix(name, h.topic) {
+					_ = js.DeleteStream(name)
+				}
+			}
+		})
+		// The stream the adapter would create, made first so what is
+		// published before a consumer starts is kept (as the AMQP queue
+		// above); the poison stream is the consumer's to create.
+		_, err = js.AddStream(&natsgo.StreamConfig{Name: h.topic, Subjects: []string{h.topic}})
+		require.NoError(t, err)
 	}
 	return h
 }
@@ -138,6 +165,7 @@ func (h *harness) env(extra ...string) []string {
 		"BROKER="+h.kind, "DATABASE_URL="+h.dbURL, "CLAIMTX_SCHEMA="+h.schema, "TOPIC="+h.topic,
 		"AMQP_URL="+h.amqpURL, "KAFKA_BROKERS="+h.kafkaAddr, "KAFKA_CONSUMER_GROUP="+h.group,
 		"KAFKA_SESSION_TIMEOUT=3s", "KAFKA_REBALANCE_TIMEOUT=3s",
+		"NATS_URL="+natsURL, "NATS_ACK_WAIT=3s",
 		"CONCURRENCY=4", "METRICS_ADDR=127.0.0.1:0", "HANDLER_RETRIES=1")
 	env = append(env, h.extraEnv...)
 	return append(env, extra...)
@@ -218,6 +246,14 @@ func (h *harness) publishRaw(eventIDs []string, payloads [][]byte) {
 		require.NoError(h.t, h.kcl.ProduceSync(ctx, recs...).FirstErr())
 	case "amqp":
 		h.publishAMQP(h.topic, eventIDs, payloads)
+	case "nats":
+		for i, p := range payloads {
+			m := natsgo.NewMsg(h.topic)
+			m.Header.Set("event_id", eventIDs[i])
+			m.Data = p
+			_, err := h.js.PublishMsg(m)
+			require.NoError(h.t, err)
+		}
 	}
 }
 
@@ -429,6 +465,13 @@ func (h *harness) poisoned(min int) []poisonedMsg {
 			}
 			out = append(out, m)
 		}
+	case "nats":
+		for len(out) < min && time.Now().Before(deadline) {
+			out = h.natsPoison()
+			if len(out) < min {
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
 	case "kafka":
 		cl, err := kgo.NewClient(kgo.SeedBrokers(h.kafkaAddr), kgo.ConsumeTopics(h.topic+".poison"),
 			kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
@@ -506,3 +549,46 @@ func (p *proc) outcomes(t *testing.T) map[string]int {
 }
 
 var outcomeRE = regexp.MustCompile(`outcome="([a-z_]+)".*\} (\S+)$`)
+
+// natsPoisonStream is the stream the consumer creates for TOPIC.poison.
+func (h *harness) natsPoisonStream() string { return h.topic + "_poison" }
+
+// natsPoison returns every message of the poison stream, without
+// consuming them (none yet: the stream does not exist).
+func (h *harness) natsPoison() []poisonedMsg {
+	h.t.Helper()
+	info, err := h.js.StreamInfo(h.natsPoisonStream())
+	if errors.Is(err, natsgo.ErrStreamNotFound) {
+		return nil
+	}
+	require.NoError(h.t, err)
+	var out []poisonedMsg
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		raw, err := h.js.GetMsg(h.natsPoisonStream(), seq)
+		if errors.Is(err, natsgo.ErrMsgNotFound) {
+			continue
+		}
+		require.NoError(h.t, err)
+		m := poisonedMsg{body: raw.Data, headers: map[string]string{}}
+		for k := range raw.Header {
+			m.headers[k] = raw.Header.Get(k)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// natsUnsettled is how many messages of the topic's stream the loyalty
+// consumer has not acked: those past its ack floor (acked ones out of
+// order above it count too, so 0 means every one is acked).
+func (h *harness) natsUnsettled() int {
+	h.t.Helper()
+	si, err := h.js.StreamInfo(h.topic)
+	require.NoError(h.t, err)
+	ci, err := h.js.ConsumerInfo(h.topic, "loyalty")
+	if errors.Is(err, natsgo.ErrConsumerNotFound) {
+		return int(si.State.Msgs)
+	}
+	require.NoError(h.t, err)
+	return int(si.State.LastSeq - ci.AckFloor.Stream)
+}

@@ -12,7 +12,7 @@ import (
 	"github.com/claimtx/claimtx/internal/testenv"
 )
 
-var kinds = []string{"amqp", "kafka"}
+var kinds = []string{"amqp", "kafka", "nats"}
 
 // forEachKind runs f in parallel subtests, one per broker, each with a
 // harness of its own.

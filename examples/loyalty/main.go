@@ -1,6 +1,7 @@
 // Command loyalty is the seed's consumer: it reads OrderCompleted events
-// from RabbitMQ or Kafka and credits loyalty points exactly once per order,
-// however often the broker delivers them. See README.md beside this file.
+// from RabbitMQ, Kafka or NATS JetStream and credits loyalty points exactly
+// once per order, however often the broker delivers them. See README.md
+// beside this file.
 package main
 
 import (
@@ -24,6 +25,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/claimtx/claimtx/brokers"
+	natsbroker "github.com/claimtx/claimtx/brokers/nats"
 	"github.com/claimtx/claimtx/examples/internal/startup"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
@@ -168,6 +171,20 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	}
 	if cfg.Key == "" {
 		cfg.Key = defaultKey
+	}
+	// The registry knows the built-in kinds and NATS JetStream, a
+	// registered kind (brokers/nats), so BROKER=nats selects it.
+	registry := brokers.NewRegistry()
+	if err := natsbroker.Register(registry); err != nil {
+		return err
+	}
+	cfg.Brokers = registry
+	cfg.Broker = natsDefaults(cfg.Broker, cfg.Name)
+	// A registered kind's settings (NATS_*) are checked by the registry,
+	// not by the configuration loader: check them before connecting
+	// anywhere too.
+	if err := registry.Validate(cfg.Broker); err != nil {
+		return err
 	}
 	if cfg.DatabaseURL == "" {
 		cfg.DatabaseURL = defaultDatabaseURL
@@ -342,7 +359,44 @@ func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptio
 	if cfg.Broker.Kafka.Window == 0 {
 		cfg.Broker.Kafka.Window = window
 	}
+	if cfg.Broker.Kind == natsbroker.Kind && os.Getenv("NATS_CONCURRENCY") == "" {
+		// One message per NATS subscription: as many as the batches hold.
+		cfg.Broker.Options = withOption(cfg.Broker.Options, "concurrency", strconv.Itoa(window))
+	}
 	return consumer.NewBatch(ctx, cfg, creditSet, opts)
+}
+
+// natsDefaults gives BROKER=nats what framework/consumer gives the
+// built-in kinds and cannot give a registered one, whose settings it does
+// not know: the durable consumer name defaults to the consumer's name
+// (as the Kafka consumer group does), CONCURRENCY applies, and so does
+// STARTUP_TIMEOUT (as the connection's dial_timeout). NATS_DURABLE,
+// NATS_CONCURRENCY and NATS_DIAL_TIMEOUT override them.
+func natsDefaults(b brokers.Config, name string) brokers.Config {
+	if b.Kind != natsbroker.Kind {
+		return b
+	}
+	for option, value := range map[string]string{
+		"durable":      name,
+		"concurrency":  os.Getenv("CONCURRENCY"),
+		"dial_timeout": os.Getenv("STARTUP_TIMEOUT"),
+	} {
+		if value != "" && b.Options[option] == "" {
+			b.Options = withOption(b.Options, option, value)
+		}
+	}
+	return b
+}
+
+// withOption returns a copy of opts with option set: Config values share
+// their maps.
+func withOption(opts map[string]string, option, value string) map[string]string {
+	out := make(map[string]string, len(opts)+1)
+	for k, v := range opts {
+		out[k] = v
+	}
+	out[option] = value
+	return out
 }
 
 // serveMetrics serves /metrics and /healthz. A busy address (a sibling

@@ -261,6 +261,8 @@ func (h *harness) poisonCount(t *testing.T) int {
 	switch h.kind {
 	case "amqp":
 		return h.queueDepth(h.topic + ".poison")
+	case "nats":
+		return len(h.natsPoison())
 	default:
 		n, err := kafkaTopicSize(h.kcl, h.topic+".poison")
 		require.NoError(t, err)
@@ -288,8 +290,11 @@ func kafkaTopicSize(cl *kgo.Client, topic string) (int, error) {
 // the consumer stopped), Kafka records past the group's committed offsets.
 func (h *harness) unsettled(t *testing.T) int {
 	t.Helper()
-	if h.kind == "amqp" {
+	switch h.kind {
+	case "amqp":
 		return h.queueDepth(h.topic)
+	case "nats":
+		return h.natsUnsettled()
 	}
 	return h.kafkaLag(t)
 }
@@ -348,6 +353,8 @@ func (h *harness) readPoisonFully(t *testing.T) []poisonedMsg {
 			}
 			out = append(out, m)
 		}
+	case "nats":
+		out = h.natsPoison()
 	default:
 		n, err := kafkaTopicSize(h.kcl, topic)
 		require.NoError(t, err)

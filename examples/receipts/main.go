@@ -33,6 +33,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/brokers"
+	natsbroker "github.com/claimtx/claimtx/brokers/nats"
 	"github.com/claimtx/claimtx/examples/internal/startup"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
@@ -66,6 +67,9 @@ type settings struct {
 	providerURL   string
 	crash         string
 	broker        brokers.Config
+	// brokers builds broker clients: the built-in kinds and NATS
+	// JetStream (BROKER=nats), a registered kind.
+	brokers *brokers.Registry
 }
 
 func env(name, def string) string {
@@ -96,7 +100,16 @@ func loadSettings() (settings, error) {
 	} else {
 		s.broker, err = brokers.ConfigFromEnv()
 	}
-	return s, err
+	if err != nil {
+		return s, err
+	}
+	s.brokers = brokers.NewRegistry()
+	if err := natsbroker.Register(s.brokers); err != nil {
+		return s, err
+	}
+	// A registered kind's settings are checked by the registry: before
+	// anything connects.
+	return s, s.brokers.Validate(s.broker)
 }
 
 // storeConfig names claimtx's schema; the example's own tables live in the
@@ -104,11 +117,21 @@ func loadSettings() (settings, error) {
 func (s settings) storeConfig() store.Config { return store.Config{Schema: s.schema} }
 
 // brokerFor returns the broker configuration of one consumer: with Kafka,
-// each consumer is its own group unless KAFKA_CONSUMER_GROUP says otherwise.
+// each consumer is its own group unless KAFKA_CONSUMER_GROUP says
+// otherwise; with NATS, its own durable unless NATS_DURABLE (or the
+// file's options.durable) does.
 func (s settings) brokerFor(consumer string) brokers.Config {
 	b := s.broker
 	if os.Getenv("KAFKA_CONSUMER_GROUP") == "" {
 		b.Kafka.ConsumerGroup = consumer
+	}
+	if b.Kind == natsbroker.Kind && b.Options["durable"] == "" {
+		opts := make(map[string]string, len(b.Options)+1)
+		for k, v := range b.Options {
+			opts[k] = v
+		}
+		opts["durable"] = consumer
+		b.Options = opts
 	}
 	return b
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/internal/pgtest"
@@ -141,13 +142,44 @@ func freeAddr(t *testing.T) string {
 }
 
 // TestReceiptSentOnceThroughKillsAndReplays is the walkthrough of
-// README.md, with RabbitMQ: every OrderCompleted is published twice, the
-// relay is SIGKILLed after RabbitMQ confirmed its batch and before marking
-// it (so the whole batch is published again), the sender is SIGKILLed after
-// the provider accepted a receipt and before its claim committed (so that
-// call is made again). Each order still gets exactly one e-mail.
+// README.md, with RabbitMQ and with NATS JetStream (a registered kind: the
+// relay publishes through brokers/nats): every OrderCompleted is published
+// twice, the relay is SIGKILLed after the broker confirmed its batch and
+// before marking it (so the whole batch is published again), the sender is
+// SIGKILLed after the provider accepted a receipt and before its claim
+// committed (so that call is made again). Each order still gets exactly
+// one e-mail.
 func TestReceiptSentOnceThroughKillsAndReplays(t *testing.T) {
 	t.Parallel()
+	t.Run("amqp", func(t *testing.T) {
+		t.Parallel()
+		// Queues unique to this run, deleted by RabbitMQ a minute after last use.
+		receiptsWalkthrough(t, "kind: amqp\namqp:\n  nack_delay: 50ms\n  queue_arguments:\n    x-expires: 60000\n")
+	})
+	t.Run("nats", func(t *testing.T) {
+		t.Parallel()
+		nc, err := natsgo.Connect(natsURL)
+		if err != nil {
+			testenv.SkipOrFail(t, "NATS not reachable at %s: %v", natsURL, err)
+		}
+		js, err := nc.JetStream()
+		require.NoError(t, err)
+		run := receiptsWalkthrough(t, "kind: nats\noptions:\n  url: "+natsURL+"\n  nack_delay: 50ms\n  ack_wait: 2s\n")
+		// The streams the publishers created, one per topic.
+		defer nc.Close()
+		for name := range js.StreamNames() {
+			if strings.HasPrefix(name, "claimtx-test-receipts-") && strings.Contains(name, run) {
+				_ = js.DeleteStream(name)
+			}
+		}
+	})
+}
+
+const natsURL = "nats://127.0.0.1:4222"
+
+// receiptsWalkthrough runs the walkthrough on the broker brokerYAML
+// configures and returns the run id its topic names end with.
+func receiptsWalkthrough(t *testing.T, brokerYAML string) string {
 	const orders = 10
 	schema := pgtest.NewSchema(t)
 	pool := pgtest.Pool(t, schema, 2)
@@ -157,9 +189,8 @@ func TestReceiptSentOnceThroughKillsAndReplays(t *testing.T) {
 	q.Set("search_path", schema)
 	dbURL.RawQuery = q.Encode()
 
-	// Queues unique to this run, deleted by RabbitMQ a minute after last use.
 	brokerConfig := filepath.Join(t.TempDir(), "broker.yaml")
-	require.NoError(t, os.WriteFile(brokerConfig, []byte("kind: amqp\namqp:\n  nack_delay: 50ms\n  queue_arguments:\n    x-expires: 60000\n"), 0o600))
+	require.NoError(t, os.WriteFile(brokerConfig, []byte(brokerYAML), 0o600))
 	run := watermill.NewShortUUID()
 	provider := freeAddr(t)
 	w := world{t: t, pool: pool, schema: schema, env: []string{
@@ -200,7 +231,7 @@ func TestReceiptSentOnceThroughKillsAndReplays(t *testing.T) {
 
 	// The sender gets the provider to send one e-mail and dies before its
 	// claim commits. One delivery at a time, so exactly one call is made.
-	w.start([]string{"RECEIPTS_CRASH=" + crashAfterCall, "CONCURRENCY=1"}, "sender").requireKilled()
+	w.start([]string{"RECEIPTS_CRASH=" + crashAfterCall, "CONCURRENCY=1", "NATS_CONCURRENCY=1"}, "sender").requireKilled()
 	require.Equal(t, int64(1), w.scalar("SELECT count(*) FROM provider_receipts"))
 	require.Zero(t, w.scalar("SELECT count(*) FROM receipts_sent"))
 
@@ -232,4 +263,5 @@ func TestReceiptSentOnceThroughKillsAndReplays(t *testing.T) {
 	require.Contains(t, report, fmt.Sprintf("e-mails sent by the provider:        %d\n", orders))
 	require.Contains(t, report, fmt.Sprintf("requests the provider received:      %d\n", orders+1))
 	t.Logf("walkthrough took %s\n%s", time.Since(start).Round(time.Millisecond), report)
+	return run
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -27,7 +26,7 @@ func runPublish(ctx context.Context, logger *slog.Logger, s settings, args []str
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	pub, err := brokers.NewPublisher(s.broker, watermill.NewSlogLogger(logger))
+	pub, err := s.brokers.NewPublisher(s.broker, watermill.NewSlogLogger(logger))
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,130 @@
+package nats_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/brokers"
+)
+
+// clearNATSEnv unsets (sets empty, which counts as unset) every NATS_*
+// variable and BROKER, so the runner's environment cannot leak in.
+func clearNATSEnv(t *testing.T) {
+	t.Helper()
+	t.Setenv("BROKER", "")
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "NATS_") {
+			t.Setenv(name, "")
+		}
+	}
+}
+
+// TestConfigFromEnv: BROKER=nats selects the kind and brokers.ConfigFromEnv
+// copies NATS_<OPTION> into Options (the public hook every registered kind
+// gets); secrets in them are redacted when the config is printed.
+// Uses the real environment (t.Setenv), so it is not parallel.
+func TestConfigFromEnv(t *testing.T) {
+	clearNATSEnv(t)
+	t.Setenv("BROKER", "nats")
+	t.Setenv("NATS_URL", "nats://app:UrlSecret@127.0.0.1:4222")
+	t.Setenv("NATS_DURABLE", "loyalty")
+	t.Setenv("NATS_ACK_WAIT", "5s")
+	t.Setenv("NATS_MAX_DELIVER", "-1")
+	t.Setenv("NATS_SUBJECT_PREFIX", "prod.")
+	cfg, err := brokers.ConfigFromEnv()
+	require.NoError(t, err)
+	require.Equal(t, "nats", cfg.Kind)
+	require.Equal(t, map[string]string{
+		"url": "nats://app:UrlSecret@127.0.0.1:4222", "durable": "loyalty", "ack_wait": "5s",
+		"max_deliver": "-1", "subject_prefix": "prod.",
+	}, cfg.Options)
+	require.NoError(t, registry(t).Validate(cfg))
+	require.NotContains(t, cfg.String(), "UrlSecret")
+
+	t.Setenv("NATS_URL", "")
+	t.Setenv("NATS_TOKEN", "TokSecret")
+	cfg, err = brokers.ConfigFromEnv()
+	require.NoError(t, err)
+	require.Equal(t, "TokSecret", cfg.Options["token"])
+	require.NotContains(t, cfg.String(), "TokSecret")
+}
+
+// TestEnvErrorsNameTheVariable: a bad or missing setting that came from
+// (or belongs in) the environment is a *framework.ConfigError naming the
+// variable, whether Validate or the constructor refuses it; from a file it
+// names the YAML path.
+func TestEnvErrorsNameTheVariable(t *testing.T) {
+	for _, tc := range []struct {
+		env        []string
+		field      string
+		subscriber bool // only the subscriber refuses it
+	}{
+		{env: []string{"NATS_ACK_WAIT=soon"}, field: "NATS_ACK_WAIT"},
+		{env: []string{"NATS_ACK_WAIT=10ms"}, field: "NATS_ACK_WAIT"},
+		{env: []string{"NATS_MAX_DELIVER=0"}, field: "NATS_MAX_DELIVER"},
+		{env: []string{"NATS_MAX_ACK_PENDING=-3"}, field: "NATS_MAX_ACK_PENDING"},
+		{env: []string{"NATS_NACK_DELAY=later"}, field: "NATS_NACK_DELAY"},
+		{env: []string{"NATS_CONCURRENCY=0"}, field: "NATS_CONCURRENCY"},
+		{env: []string{"NATS_STREAMS=maybe"}, field: "NATS_STREAMS"},
+		{env: []string{"NATS_URL=http://127.0.0.1:4222"}, field: "NATS_URL"},
+		{env: []string{"NATS_DURABLE=has.dot"}, field: "NATS_DURABLE"},
+		{env: []string{"NATS_SUBJECT_PREFIX=a b"}, field: "NATS_SUBJECT_PREFIX"},
+		{env: []string{"NATS_CREDS_FILE=/nonexistent/claimtx.creds"}, field: "NATS_CREDS_FILE"},
+		{env: []string{"NATS_PASSWORD=x"}, field: "NATS_USER"},
+		{env: []string{"NATS_ACKWAIT=5s"}, field: "NATS_ACKWAIT"}, // a typo is not ignored
+		{env: nil, field: "NATS_DURABLE", subscriber: true},
+	} {
+		t.Run(tc.field+"/"+strings.Join(tc.env, ","), func(t *testing.T) {
+			clearNATSEnv(t)
+			t.Setenv("BROKER", "nats")
+			t.Setenv("NATS_URL", "nats://127.0.0.1:1") // nothing connects: refused before
+			t.Setenv("NATS_DIAL_TIMEOUT", "-1s")
+			for _, kv := range tc.env {
+				name, value, _ := strings.Cut(kv, "=")
+				t.Setenv(name, value)
+			}
+			cfg, err := brokers.ConfigFromEnv()
+			require.NoError(t, err, "a registered kind's options are checked by its Registry")
+			r := registry(t)
+			if tc.subscriber {
+				require.NoError(t, r.Validate(cfg))
+				_, err = r.NewSubscriber(cfg, nil)
+			} else {
+				err = r.Validate(cfg)
+				require.Error(t, err)
+				_, perr := r.NewPublisher(cfg, nil)
+				requireField(t, perr, tc.field)
+			}
+			requireField(t, err, tc.field)
+		})
+	}
+}
+
+// TestConfigFile: options: in a configuration file configure the kind;
+// the environment overrides them; errors about the file's values name the
+// YAML path.
+func TestConfigFile(t *testing.T) {
+	clearNATSEnv(t)
+	path := filepath.Join(t.TempDir(), "claimtx.yaml")
+	write := func(body string) {
+		require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+	}
+	write("kind: nats\noptions:\n  url: nats://127.0.0.1:4222\n  durable: billing\n  ack_wait: 5s\n  max_deliver: -1\n")
+	t.Setenv("NATS_ACK_WAIT", "9s")
+	cfg, err := brokers.LoadConfigFile(path)
+	require.NoError(t, err)
+	require.Equal(t, "9s", cfg.Options["ack_wait"], "the environment overrides the file")
+	require.Equal(t, "billing", cfg.Options["durable"])
+	require.Equal(t, "-1", cfg.Options["max_deliver"])
+	require.NoError(t, registry(t).Validate(cfg))
+
+	t.Setenv("NATS_ACK_WAIT", "")
+	write("kind: nats\noptions:\n  max_deliver: often\n")
+	cfg, err = brokers.LoadConfigFile(path)
+	require.NoError(t, err)
+	requireField(t, registry(t).Validate(cfg), "options.max_deliver")
+}

@@ -1,0 +1,102 @@
+package nats
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/claimtx/claimtx/framework"
+)
+
+// Reconnect timing of an established connection. nats.go resubscribes
+// (the pull subscriptions' inboxes included) and flushes what it buffered
+// once it is back.
+const (
+	reconnectWait = 500 * time.Millisecond
+	dialBackoffLo = 100 * time.Millisecond
+	dialBackoffHi = 2 * time.Second
+)
+
+// warner is the optional Warn method of a watermill.LoggerAdapter: the
+// logger framework/consumer passes has it, so waits at start-up are logged
+// at WARN as the built-in adapters do. Any other logger gets INFO.
+type warner interface {
+	Warn(msg string, fields watermill.LogFields)
+}
+
+func warn(logger watermill.LoggerAdapter, msg string, fields watermill.LogFields) {
+	if w, ok := logger.(warner); ok {
+		w.Warn(msg, fields)
+		return
+	}
+	logger.Info(msg, fields)
+}
+
+// isAuthError reports whether the server refused the credentials, which
+// waiting cannot fix.
+func isAuthError(err error) bool {
+	return errors.Is(err, natsgo.ErrAuthorization) || errors.Is(err, natsgo.ErrAuthExpired) ||
+		errors.Is(err, natsgo.ErrAuthRevoked) || errors.Is(err, natsgo.ErrAccountAuthExpired)
+}
+
+// dial connects to NATS, retrying with backoff until s.dialTimeout has
+// passed (a single attempt when it is negative), because nats.Connect
+// fails at once while the server is still starting. A refused credential
+// is a *framework.AuthError at once. Once connected, the connection
+// reconnects forever (MaxReconnects -1): a consumer whose connection gave
+// up would stay up and consume nothing; /healthz reports the outage
+// instead (the subscriber's IsConnected).
+func dial(s settings, logger watermill.LoggerAdapter, role string) (*natsgo.Conn, error) {
+	opts := []natsgo.Option{
+		natsgo.Name("claimtx-" + role),
+		natsgo.MaxReconnects(-1),
+		natsgo.ReconnectWait(reconnectWait),
+		natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) {
+			if err != nil {
+				warn(logger, "NATS connection lost, reconnecting", watermill.LogFields{"role": role, "err": err.Error()})
+			}
+		}),
+		natsgo.ReconnectHandler(func(*natsgo.Conn) {
+			logger.Info("NATS connection re-established", watermill.LogFields{"role": role})
+		}),
+		natsgo.ErrorHandler(func(_ *natsgo.Conn, sub *natsgo.Subscription, err error) {
+			fields := watermill.LogFields{"role": role}
+			if sub != nil {
+				fields["subject"] = sub.Subject
+			}
+			logger.Error("NATS asynchronous error", err, fields)
+		}),
+	}
+	switch {
+	case s.user != "":
+		opts = append(opts, natsgo.UserInfo(s.user, s.password))
+	case s.token != "":
+		opts = append(opts, natsgo.Token(s.token))
+	}
+	if s.credsFile != "" {
+		opts = append(opts, natsgo.UserCredentials(s.credsFile))
+	}
+	deadline := time.Now().Add(s.dialTimeout)
+	wait := dialBackoffLo
+	for attempt := 1; ; attempt++ {
+		nc, err := natsgo.Connect(s.url, opts...)
+		if err == nil {
+			return nc, nil
+		}
+		if isAuthError(err) {
+			return nil, &framework.AuthError{Dependency: "NATS", Err: err}
+		}
+		if s.dialTimeout < 0 || time.Now().Add(wait).After(deadline) {
+			// nats.go's connect errors do not quote the URL.
+			return nil, fmt.Errorf("connect to NATS (%d attempts): %w", attempt, err)
+		}
+		warn(logger, "NATS not reachable yet, retrying", watermill.LogFields{
+			"role": role, "attempt": attempt, "retry_in": wait.String(), "err": err.Error(),
+		})
+		time.Sleep(wait)
+		wait = min(2*wait, dialBackoffHi)
+	}
+}

@@ -1,0 +1,55 @@
+package nats
+
+import (
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
+)
+
+// Kind is the broker kind Register adds: BROKER=nats, or kind: nats in a
+// configuration file.
+const Kind = "nats"
+
+// Register adds the "nats" kind to r. It fails only when r already has a
+// kind of that name (brokers.ErrKindRegistered).
+func Register(r *brokers.Registry) error {
+	return r.Register(Kind, Factory())
+}
+
+// Factory returns the Factory of the adapter, to register it under another
+// name than Kind (r.Register("jetstream", nats.Factory())). Its settings
+// are read from Config.Options, as the package documentation lists; its
+// Validate refuses a bad one with a *framework.ConfigError naming
+// "options.<key>", which brokers.Registry renames to the environment
+// variable when the value came from one.
+func Factory() brokers.Factory {
+	return brokers.Factory{
+		NewSubscriber: func(cfg brokers.Config, logger watermill.LoggerAdapter) (message.Subscriber, error) {
+			s, err := parseSettings(cfg)
+			if err != nil {
+				return nil, err
+			}
+			if s.durable == "" {
+				// No default, for the reason Kafka has no default
+				// consumer group: two services sharing a durable would
+				// split the topic's messages between them.
+				return nil, &framework.ConfigError{Field: "options." + optDurable,
+					Reason: "is required to subscribe: the JetStream durable consumer name, one per service"}
+			}
+			return newSubscriber(s, logger)
+		},
+		NewPublisher: func(cfg brokers.Config, logger watermill.LoggerAdapter) (message.Publisher, error) {
+			s, err := parseSettings(cfg)
+			if err != nil {
+				return nil, err
+			}
+			return newPublisher(s, logger)
+		},
+		Validate: func(cfg brokers.Config) error {
+			_, err := parseSettings(cfg)
+			return err
+		},
+	}
+}

@@ -1,0 +1,117 @@
+package nats
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+
+	natsgo "github.com/nats-io/nats.go"
+)
+
+// streamNameUnsafe is what a stream name cannot hold ('.', '*', '>',
+// whitespace, path separators), widened to anything but a plain name.
+var streamNameUnsafe = regexp.MustCompile(`[^A-Za-z0-9_-]`)
+
+// streamName is the name of the stream the adapter creates for subject:
+// the subject with every character a stream name cannot hold replaced by
+// '_' ("order-completed.poison" -> "order-completed_poison").
+func streamName(subject string) string {
+	return streamNameUnsafe.ReplaceAllString(subject, "_")
+}
+
+// errNoStream is wrapped when streams: require finds no stream for a
+// subject.
+var errNoStream = errors.New("no JetStream stream captures the subject")
+
+// ensureStream returns the stream that captures subject. Any stream whose
+// subjects match it will do (an operator's "orders.>" stream included).
+// With streams: create, a missing one is created: named after the subject
+// (streamName), capturing that one subject, file storage, limits
+// retention with no limits (JetStream's defaults: nothing is removed until
+// an operator sets limits). With streams: require it is an error.
+func ensureStream(js natsgo.JetStreamContext, s settings, subject string) (string, error) {
+	name, err := js.StreamNameBySubject(subject)
+	if err == nil {
+		return name, nil
+	}
+	if !errors.Is(err, natsgo.ErrNoMatchingStream) {
+		return "", fmt.Errorf("brokers/nats: look up the stream of subject %q: %w", subject, err)
+	}
+	if s.streams == streamsRequire {
+		return "", fmt.Errorf("brokers/nats: %w %q (options.streams is %q: create the stream, or set it to %q)",
+			errNoStream, subject, streamsRequire, streamsCreate)
+	}
+	name = streamName(subject)
+	_, err = js.AddStream(&natsgo.StreamConfig{
+		Name:        name,
+		Description: "created by claimtx for subject " + subject,
+		Subjects:    []string{subject},
+		Storage:     natsgo.FileStorage,
+		Retention:   natsgo.LimitsPolicy,
+	})
+	if err == nil {
+		return name, nil
+	}
+	// A replica created it first (with another description, say), or a
+	// stream of that name captures other subjects: look again.
+	if again, lerr := js.StreamNameBySubject(subject); lerr == nil {
+		return again, nil
+	}
+	return "", fmt.Errorf("brokers/nats: create stream %q for subject %q: %w", name, subject, err)
+}
+
+// consumerConfig is the durable pull consumer the subscriptions bind to:
+// explicit acks, redelivery after AckWait, MaxDeliver and MaxAckPending as
+// configured, everything from the start of the stream. Every replica's
+// workers pull from it, so they share the work.
+func consumerConfig(s settings, subject string) *natsgo.ConsumerConfig {
+	return &natsgo.ConsumerConfig{
+		Durable:       s.durable,
+		Description:   "claimtx consumer of " + subject,
+		FilterSubject: subject,
+		DeliverPolicy: natsgo.DeliverAllPolicy,
+		AckPolicy:     natsgo.AckExplicitPolicy,
+		AckWait:       s.ackWait,
+		MaxDeliver:    s.maxDeliver,
+		MaxAckPending: s.maxAckPending,
+		ReplayPolicy:  natsgo.ReplayInstantPolicy,
+	}
+}
+
+// ensureConsumer creates the durable consumer of subject on stream, or
+// checks the existing one and brings its AckWait, MaxDeliver and
+// MaxAckPending to the configured values. It is created here, not by the
+// subscription, because nats.go deletes a consumer its subscription
+// created when that subscription ends: the first replica to stop would
+// delete the consumer under the others.
+func ensureConsumer(js natsgo.JetStreamContext, s settings, stream, subject string) error {
+	want := consumerConfig(s, subject)
+	info, err := js.ConsumerInfo(stream, s.durable)
+	if errors.Is(err, natsgo.ErrConsumerNotFound) {
+		if _, err = js.AddConsumer(stream, want); err == nil {
+			return nil
+		}
+		// Created by a replica in between, perhaps with other limits.
+		info, err = js.ConsumerInfo(stream, s.durable)
+	}
+	if err != nil {
+		return fmt.Errorf("brokers/nats: consumer %q on stream %q: %w", s.durable, stream, err)
+	}
+	have := info.Config
+	switch {
+	case have.DeliverSubject != "":
+		return fmt.Errorf("brokers/nats: consumer %q on stream %q exists and is a push consumer, not a pull consumer: delete it or choose another durable name", s.durable, stream)
+	case have.FilterSubject != "" && have.FilterSubject != subject:
+		return fmt.Errorf("brokers/nats: consumer %q on stream %q filters subject %q, not %q: one durable name per topic", s.durable, stream, have.FilterSubject, subject)
+	case have.AckPolicy != natsgo.AckExplicitPolicy:
+		return fmt.Errorf("brokers/nats: consumer %q on stream %q does not use explicit acks", s.durable, stream)
+	}
+	if have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver && have.MaxAckPending == want.MaxAckPending {
+		return nil
+	}
+	have.AckWait, have.MaxDeliver, have.MaxAckPending = want.AckWait, want.MaxDeliver, want.MaxAckPending
+	if _, err := js.UpdateConsumer(stream, &have); err != nil {
+		return fmt.Errorf("brokers/nats: update consumer %q on stream %q: %w", s.durable, stream, err)
+	}
+	return nil
+}

@@ -1,0 +1,93 @@
+package nats
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
+	"github.com/ThreeDotsLabs/watermill/message"
+	natsgo "github.com/nats-io/nats.go"
+)
+
+// publisher is watermill-nats's JetStream publisher (Publish returns once
+// JetStream stored the message: a PubAck per message) with the stream of
+// each topic ensured before its first publish, so a message published
+// before any consumer subscribed is kept, and the poison topic gets a
+// stream of its own.
+type publisher struct {
+	s       settings
+	nc      *natsgo.Conn
+	js      natsgo.JetStreamContext
+	pub     *wmnats.Publisher
+	streams sync.Map // subject -> struct{}: its stream exists
+}
+
+func newPublisher(s settings, logger watermill.LoggerAdapter) (*publisher, error) {
+	nc, err := dial(s, logger, "publisher")
+	if err != nil {
+		return nil, err
+	}
+	js, err := nc.JetStream()
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("brokers/nats: JetStream context: %w", err)
+	}
+	pub, err := wmnats.NewPublisherWithNatsConn(nc, wmnats.PublisherPublishConfig{
+		Marshaler:         marshaler{subjectPrefix: s.subjectPrefix},
+		SubjectCalculator: subjectCalculator(s),
+		JetStream: wmnats.JetStreamConfig{
+			// Streams are ensured here (ensureStream), not by
+			// watermill-nats, which would name a stream after the
+			// topic, and a topic with a '.' (TOPIC.poison) is not a
+			// stream name.
+			AutoProvision: false,
+			// No Nats-Msg-Id from the Watermill UUID: JetStream would
+			// drop, for two minutes, any message whose UUID a producer
+			// reused, and claimtx does not need the broker to deduplicate.
+			TrackMsgId: false,
+		},
+	}, logger)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("brokers/nats: publisher: %w", err)
+	}
+	return &publisher{s: s, nc: nc, js: js, pub: pub}, nil
+}
+
+// Publish ensures the topic's stream, then publishes each message and waits
+// for JetStream's acknowledgement.
+func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
+	subject, err := p.s.subject(topic)
+	if err != nil {
+		return err
+	}
+	if _, ok := p.streams.Load(subject); !ok {
+		if _, err := ensureStream(p.js, p.s, subject); err != nil {
+			return err
+		}
+		p.streams.Store(subject, struct{}{})
+	}
+	if err := p.pub.Publish(topic, msgs...); err != nil {
+		if errors.Is(err, natsgo.ErrNoStreamResponse) || errors.Is(err, natsgo.ErrNoResponders) {
+			// The stream was deleted since: ensure it again next time.
+			p.streams.Delete(subject)
+		}
+		return fmt.Errorf("brokers/nats: publish to %q: %w", subject, err)
+	}
+	return nil
+}
+
+// Close closes the connection.
+func (p *publisher) Close() error {
+	return p.pub.Close()
+}
+
+// subjectCalculator maps a topic to its subject, for watermill-nats's
+// publisher (its stream provisioning, which is off).
+func subjectCalculator(s settings) wmnats.SubjectCalculator {
+	return func(string, topic string) *wmnats.SubjectDetail {
+		return &wmnats.SubjectDetail{Primary: s.subjectPrefix + topic}
+	}
+}
