@@ -131,7 +131,7 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	}
 	fs, c := newFlags("dlq "+sub, stdout, getenv)
 	d := &dlqFlags{common: c, stderr: stderr, sub: sub}
-	d.brokerFlags.register(fs)
+	d.register(fs)
 	fs.StringVar(&d.consumer, "consumer", "", "consumer name whose dead letters and claims these are (required by replay)")
 	fs.StringVar(&d.topic, "topic", "", "the consumer's topic: where replayed letters go back to (env TOPIC)")
 	fs.StringVar(&d.poison, "poison-topic", "", "the poison destination (default <--topic>.poison)")
@@ -356,7 +356,7 @@ func (d *dlqFlags) brokerFail(err error) error {
 	if errors.As(err, &ce) {
 		return err
 	}
-	return d.brokerFlags.redactErr(err, d.redact)
+	return d.redactErr(err, d.redact)
 }
 
 // redactErr removes the broker's passwords, and what redact removes, from

@@ -111,7 +111,7 @@ func keyFromFile(file, spec string) (string, error) {
 	if file == "-" {
 		raw, err = io.ReadAll(os.Stdin)
 	} else {
-		raw, err = os.ReadFile(file)
+		raw, err = os.ReadFile(file) //nolint:gosec // the operator names the message file to explain
 	}
 	if err != nil {
 		return "", &usageError{msg: fmt.Sprintf("explain: --message: %v", err)}
@@ -202,7 +202,7 @@ func printReport(w io.Writer, r explain.Report) {
 func shellQuote(s string) string {
 	safe := s != ""
 	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == ':' || r == '.' || r == '/' || r == '@' || r == '=' || r == ',' || r == '+') {
+		if (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') && !strings.ContainsRune("-_:./@=,+", r) {
 			safe = false
 			break
 		}

@@ -83,7 +83,7 @@ func cmdKeys(ctx context.Context, args []string, stdout io.Writer, getenv env) e
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
 	k := &keysFlags{common: &common{getenv: getenv, stdout: stdout}}
-	k.brokerFlags.register(fs)
+	k.register(fs)
 	fs.StringVar(&k.topic, "topic", "", "the queue or topic to sample (env TOPIC)")
 	fs.StringVar(&k.file, "file", "", `a JSON-lines file to read instead ("-": stdin)`)
 	fs.StringVar(&k.keySpec, "key-spec", "", "the key spec to verify (env KEY)")

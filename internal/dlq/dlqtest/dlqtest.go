@@ -37,7 +37,7 @@ import (
 )
 
 // AMQPURL is the suite's RabbitMQ.
-const AMQPURL = "amqp://guest:guest@127.0.0.1:5672/"
+const AMQPURL = "amqp://guest:guest@127.0.0.1:5672/" //nolint:gosec // the local test server's stock account
 
 // Brokers are the kinds the dead-letter tooling supports.
 var Brokers = []string{brokers.KindAMQP, brokers.KindKafka}
