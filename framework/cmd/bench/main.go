@@ -119,6 +119,54 @@ func main() {
 // allModes are the -modes, in the order one row's runs interleave.
 var allModes = []string{"raw", "router", "claim", "batch", "hand"}
 
+// session is what the measurements of one run share: the admin pool that
+// drops each measurement's schema, and the in-process Kafka broker.
+type session struct {
+	ctx       context.Context
+	o         options
+	pool      *pgxpool.Pool
+	kafkaAddr string
+	stopKafka func()
+}
+
+func openSession(ctx context.Context, o options) (*session, error) {
+	pool, err := pgxpool.New(ctx, o.databaseURL)
+	if err != nil {
+		return nil, err
+	}
+	addr, stop, err := startKafka(ctx, o)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &session{ctx: ctx, o: o, pool: pool, kafkaAddr: addr, stopKafka: stop}, nil
+}
+
+func (s *session) close() {
+	s.stopKafka()
+	s.pool.Close()
+}
+
+// measure runs f on a fresh schema and topic for concurrency c, prints its
+// rate and drops the schema.
+func (s *session) measure(label string, c int, f func(*env) (result, error)) (result, error) {
+	env, err := newEnv(s.ctx, s.o.databaseURL, c)
+	if err != nil {
+		return result{}, err
+	}
+	r, err := f(env)
+	env.close(s.ctx, s.pool)
+	if err != nil {
+		return result{}, fmt.Errorf("%s: %w", label, err)
+	}
+	extra := ""
+	if r.batches > 0 {
+		extra = fmt.Sprintf(" (avg batch %.1f)", r.avgBatch())
+	}
+	fmt.Fprintf(os.Stderr, "%-34s %8.0f msg/s%s\n", label, r.rate(), extra)
+	return r, nil
+}
+
 // startKafka starts the in-process Kafka-protocol broker when o measures
 // Kafka, and returns its address ("" otherwise) and how to stop it.
 func startKafka(ctx context.Context, o options) (string, func(), error) {
@@ -219,37 +267,17 @@ func memoryRun(ctx context.Context, o options, mode string, n int) error {
 
 func run(ctx context.Context, o options) error {
 	start := time.Now()
-	pool, err := pgxpool.New(ctx, o.databaseURL)
+	sess, err := openSession(ctx, o)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-
-	kafkaAddr, stopKafka, err := startKafka(ctx, o)
-	if err != nil {
-		return err
-	}
-	defer stopKafka()
-
+	defer sess.close()
+	kafkaAddr := sess.kafkaAddr
 	// Each measurement runs o.reps times, the modes of one row interleaved
 	// (raw, router, claimtx, batch, hand, raw, router, …) so a disturbance
 	// hits them alike; the table shows the median run of each.
 	measure := func(label string, f func(env *env) (result, error), c int) (result, error) {
-		env, err := newEnv(ctx, o.databaseURL, c)
-		if err != nil {
-			return result{}, err
-		}
-		r, err := f(env)
-		env.close(ctx, pool)
-		if err != nil {
-			return result{}, fmt.Errorf("%s: %w", label, err)
-		}
-		extra := ""
-		if r.batches > 0 {
-			extra = fmt.Sprintf(" (avg batch %.1f)", r.avgBatch())
-		}
-		fmt.Fprintf(os.Stderr, "%-28s %8.0f msg/s%s\n", label, r.rate(), extra)
-		return r, nil
+		return sess.measure(label, c, f)
 	}
 	raws := map[int][]result{}
 	var rows []row

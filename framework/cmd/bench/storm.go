@@ -3,12 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // A duplicate storm: a Kafka group reset to an old offset, a week of dead
@@ -39,29 +37,12 @@ func preclaim(ctx context.Context, e *env, n int) error {
 
 func stormRun(ctx context.Context, o options, n int) error {
 	start := time.Now()
-	pool, err := pgxpool.New(ctx, o.databaseURL)
+	sess, err := openSession(ctx, o)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	kafkaAddr, stop, err := startKafka(ctx, o)
-	if err != nil {
-		return err
-	}
-	defer stop()
-	measure := func(label string, c int, f func(*env) (result, error)) (result, error) {
-		env, err := newEnv(ctx, o.databaseURL, c)
-		if err != nil {
-			return result{}, err
-		}
-		r, err := f(env)
-		env.close(ctx, pool)
-		if err != nil {
-			return result{}, fmt.Errorf("%s: %w", label, err)
-		}
-		fmt.Fprintf(os.Stderr, "%-34s %8.0f msg/s\n", label, r.rate())
-		return r, nil
-	}
+	defer sess.close()
+	kafkaAddr, measure := sess.kafkaAddr, sess.measure
 	var rows []stormRow
 	for _, b := range o.brokers {
 		for _, c := range o.concurrency {
