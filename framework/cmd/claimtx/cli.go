@@ -184,7 +184,7 @@ func (c *common) parse(fs *flag.FlagSet, args []string) error {
 var synopses = map[string]string{
 	"migrate":                 "Create or upgrade claimtx's schema; safe to run on every host at deploy.",
 	"cleanup":                 "Delete claims older than the retention window, in batches. Interrupt it to stop after the current batch; run it again to resume.",
-	"stats":                   "Claims per consumer, table and index size.",
+	"stats":                   "Claims per consumer, table and index size; with --topic and --retention, the claims' retention against the broker's replay horizon.",
 	"partitions list":         "List the partitions of a partitioned claim table.",
 	"partitions enable":       "Convert the claim table to event-day partitions (existing claims are kept as one legacy partition).",
 	"partitions create-ahead": "Create missing day partitions through today + --ahead days (UTC).",
@@ -653,8 +653,17 @@ func printPartitions(w io.Writer, parts []store.Partition) {
 func cmdStats(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
 	fs, c := newFlags("stats", stdout, getenv)
 	asJSON := fs.Bool("json", false, "print JSON")
+	topic := fs.String("topic", "", "with --retention: compare the claims' retention with the replay horizon of this topic and its poison topic on the broker of BROKER/AMQP_URL/KAFKA_BROKERS")
+	poison := fs.String("poison-topic", "", "the poison topic (default TOPIC.poison)")
+	var retention durationValue
+	fs.Var(&retention, "retention", "with --topic: the consumer's claim retention (consumer.Config.Retention), e.g. 30d")
+	var bf brokerFlags
+	bf.register(fs)
 	if err := c.parse(fs, args); err != nil {
 		return err
+	}
+	if (*topic == "") != (retention.d == 0) {
+		return &usageError{msg: "stats: --topic and --retention go together"}
 	}
 	st, closePool, err := c.connect(ctx)
 	if err != nil {
@@ -665,10 +674,28 @@ func cmdStats(ctx context.Context, args []string, stdout io.Writer, getenv env) 
 	if err != nil {
 		return c.fail(ctx, "stats", err)
 	}
+	var horizon *horizonReport
+	if *topic != "" {
+		if *poison == "" {
+			*poison = *topic + ".poison"
+		}
+		bcfg, err := bf.brokerConfig()
+		if err != nil {
+			return err
+		}
+		rep, err := replayHorizon(ctx, bcfg, *topic, *poison, retention.d)
+		if err != nil {
+			return bf.redactErr(fmt.Errorf("stats: replay horizon: %w", err), c.redact)
+		}
+		horizon = &rep
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(s)
+		return enc.Encode(struct {
+			store.Stats
+			Horizon *horizonReport `json:"retention_horizon,omitempty"`
+		}{s, horizon})
 	}
 	layout := "plain"
 	if s.Partitioned {
@@ -687,6 +714,9 @@ func cmdStats(ctx context.Context, args []string, stdout io.Writer, getenv env) 
 	}
 	printf(stdout, "total %d claims; table %s, indexes %s; ~%s per claim (indexes and free space included)\n",
 		s.Claims, formatBytes(s.TableBytes), formatBytes(s.IndexBytes), perClaim)
+	if horizon != nil {
+		printf(stdout, "%s\n", horizon)
+	}
 	return nil
 }
 

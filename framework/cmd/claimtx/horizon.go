@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/claimtx/claimtx/brokers"
+)
+
+// horizonReport compares a consumer's claim retention with how old a
+// message of its topic or poison topic can be when the broker still
+// delivers it: what a running consumer logs and exports (framework/consumer,
+// Config.Retention), for an operator at the command line.
+type horizonReport struct {
+	Topic         string        `json:"topic"`
+	PoisonTopic   string        `json:"poison_topic"`
+	Retention     time.Duration `json:"retention_ns"`
+	ReplayHorizon time.Duration `json:"replay_horizon_ns"` // math.MaxInt64: unbounded
+	Unbounded     bool          `json:"replay_horizon_unbounded"`
+	Exceeded      bool          `json:"horizon_exceeds_retention"`
+}
+
+type replayHorizoner interface {
+	ReplayHorizon(ctx context.Context, topic string) (time.Duration, error)
+}
+
+// replayHorizon asks the broker of cfg for the horizon of topic and its
+// poison topic.
+func replayHorizon(ctx context.Context, cfg brokers.Config, topic, poison string, retention time.Duration) (horizonReport, error) {
+	if cfg.Kafka.ConsumerGroup == "" {
+		cfg.Kafka.ConsumerGroup = "claimtx-stats" // a subscriber needs one; it never joins
+	}
+	sub, err := brokers.NewSubscriber(cfg, nil)
+	if err != nil {
+		return horizonReport{}, err
+	}
+	defer func() { _ = sub.Close() }()
+	h, ok := sub.(replayHorizoner)
+	if !ok {
+		return horizonReport{}, fmt.Errorf("broker %q cannot tell its replay horizon", cfg.Kind)
+	}
+	rep := horizonReport{Topic: topic, PoisonTopic: poison, Retention: retention}
+	for _, t := range []string{topic, poison} {
+		d, err := h.ReplayHorizon(ctx, t)
+		if err != nil {
+			return horizonReport{}, err
+		}
+		rep.ReplayHorizon = max(rep.ReplayHorizon, d)
+	}
+	rep.Unbounded = rep.ReplayHorizon == math.MaxInt64
+	rep.Exceeded = rep.ReplayHorizon > retention
+	return rep, nil
+}
+
+func (r horizonReport) String() string {
+	h := formatDuration(r.ReplayHorizon)
+	if r.Unbounded {
+		h = "unbounded"
+	}
+	verdict := "OK: claims outlive every delivery the broker can still make"
+	if r.Exceeded {
+		verdict = "WARNING: a message older than the retention may have lost its claim; the expiry guard poisons it as expired instead of applying it (docs/operations.md, Checking the window against the broker)"
+	}
+	return fmt.Sprintf("retention %s, replay horizon %s (%s, %s): %s", formatDuration(r.Retention), h, r.Topic, r.PoisonTopic, verdict)
+}
