@@ -10,20 +10,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/claimtx/claimtx/framework"
+	claimhorizon "github.com/claimtx/claimtx/internal/horizon"
 )
 
 // horizonInterval is how often a running consumer compares its claim
 // retention with the broker's replay horizon again: topic settings change
 // rarely, and each check is one admin request.
 const horizonInterval = time.Hour
-
-// replayHorizoner is implemented by subscribers that can tell how old a
-// message of a topic can be when the broker still delivers it (brokers/kafka
-// and brokers/amqp do; an adapter of your own may: math.MaxInt64 means
-// unbounded).
-type replayHorizoner interface {
-	ReplayHorizon(ctx context.Context, topic string) (time.Duration, error)
-}
 
 // horizon compares Config.Retention, how long claims are kept, with the
 // longest the broker can still deliver a message of Topic or PoisonTopic
@@ -35,7 +28,6 @@ type replayHorizoner interface {
 // with Config.StrictRetentionHorizon it fails start-up instead.
 type horizon struct {
 	p        *parts
-	checker  replayHorizoner
 	warning  atomic.Pointer[string] // the current finding; nil when none
 	retained prometheus.Gauge
 	horizon  prometheus.Gauge
@@ -45,11 +37,10 @@ type horizon struct {
 // configured (claims are kept until someone removes them; the consumer
 // cannot know when) or a subscriber that cannot tell its horizon.
 func newHorizon(p *parts) (*horizon, error) {
-	checker, ok := p.sub.(replayHorizoner)
-	if p.cfg.Retention <= 0 || !ok {
+	if _, ok, _ := claimhorizon.Of(context.Background(), p.sub); p.cfg.Retention <= 0 || !ok {
 		return nil, nil
 	}
-	h := &horizon{p: p, checker: checker}
+	h := &horizon{p: p}
 	if reg := p.cfg.Registerer; reg != nil {
 		labels := prometheus.Labels{"consumer": p.cfg.Name}
 		h.retained = prometheus.NewGauge(prometheus.GaugeOpts{Name: "claimtx_claim_retention_seconds",
@@ -70,18 +61,14 @@ func newHorizon(p *parts) (*horizon, error) {
 // horizon exceeds the retention and strict is set.
 func (h *horizon) check(ctx context.Context, strict bool) error {
 	cfg := h.p.cfg
-	var longest time.Duration
-	for _, topic := range []string{cfg.Topic, cfg.PoisonTopic} {
-		d, err := h.checker.ReplayHorizon(ctx, topic)
-		if err != nil {
-			// Not knowing is not a finding: log it and keep the last one.
-			cfg.Logger.Warn("claimtx: cannot read the broker's replay horizon", "consumer", cfg.Name, "topic", topic, "error", err.Error())
-			return nil
-		}
-		longest = max(longest, d)
+	longest, _, err := claimhorizon.Of(ctx, h.p.sub, cfg.Topic, cfg.PoisonTopic)
+	if err != nil {
+		// Not knowing is not a finding: log it and keep the last one.
+		cfg.Logger.Warn("claimtx: cannot read the broker's replay horizon", "consumer", cfg.Name, "error", err.Error())
+		return nil
 	}
 	if h.horizon != nil {
-		if longest == math.MaxInt64 {
+		if longest == claimhorizon.Unbounded {
 			h.horizon.Set(math.Inf(1))
 		} else {
 			h.horizon.Set(longest.Seconds())
@@ -91,10 +78,7 @@ func (h *horizon) check(ctx context.Context, strict bool) error {
 		h.warning.Store(nil)
 		return nil
 	}
-	shown := longest.String()
-	if longest == math.MaxInt64 {
-		shown = "unbounded"
-	}
+	shown := claimhorizon.String(longest)
 	// Retention always comes with the expiry guard (New requires
 	// Claim.EventTime), so such a message is not applied twice: it is
 	// dead-lettered, which is what the operator should hear about now.

@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/internal/horizon"
 )
 
 // horizonReport compares a consumer's claim retention with how old a
@@ -22,10 +22,6 @@ type horizonReport struct {
 	Exceeded      bool          `json:"horizon_exceeds_retention"`
 }
 
-type replayHorizoner interface {
-	ReplayHorizon(ctx context.Context, topic string) (time.Duration, error)
-}
-
 // replayHorizon asks the broker of cfg for the horizon of topic and its
 // poison topic.
 func replayHorizon(ctx context.Context, cfg brokers.Config, topic, poison string, retention time.Duration) (horizonReport, error) {
@@ -37,27 +33,23 @@ func replayHorizon(ctx context.Context, cfg brokers.Config, topic, poison string
 		return horizonReport{}, err
 	}
 	defer func() { _ = sub.Close() }()
-	h, ok := sub.(replayHorizoner)
+	longest, ok, err := horizon.Of(ctx, sub, topic, poison)
+	if err != nil {
+		return horizonReport{}, err
+	}
 	if !ok {
 		return horizonReport{}, fmt.Errorf("broker %q cannot tell its replay horizon", cfg.Kind)
 	}
-	rep := horizonReport{Topic: topic, PoisonTopic: poison, Retention: retention}
-	for _, t := range []string{topic, poison} {
-		d, err := h.ReplayHorizon(ctx, t)
-		if err != nil {
-			return horizonReport{}, err
-		}
-		rep.ReplayHorizon = max(rep.ReplayHorizon, d)
-	}
-	rep.Unbounded = rep.ReplayHorizon == math.MaxInt64
+	rep := horizonReport{Topic: topic, PoisonTopic: poison, Retention: retention, ReplayHorizon: longest}
+	rep.Unbounded = longest == horizon.Unbounded
 	rep.Exceeded = rep.ReplayHorizon > retention
 	return rep, nil
 }
 
 func (r horizonReport) String() string {
-	h := formatDuration(r.ReplayHorizon)
-	if r.Unbounded {
-		h = "unbounded"
+	h := horizon.String(r.ReplayHorizon)
+	if !r.Unbounded {
+		h = formatDuration(r.ReplayHorizon) // "1d", as the flags take it
 	}
 	verdict := "OK: claims outlive every delivery the broker can still make"
 	if r.Exceeded {
