@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/internal/pgtx"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
@@ -204,7 +203,6 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 		}
 	}
 	// BEGIN and the claim (and the memo lookup) in one round trip.
-	stmts := claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable)
 	opts := pgx.TxOptions{IsoLevel: c.Isolation}
 	var (
 		tx      pgx.Tx
@@ -213,9 +211,9 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 		err     error
 	)
 	if c.PoisonMemo {
-		tx, newKeys, memos, err = stmts.BeginBatchMemo(ctx, c.Store.Pool(), opts, c.Consumer, want, c.MaxClaimWait)
+		tx, newKeys, memos, err = c.stmts.BeginBatchMemo(ctx, c.Store.Pool(), opts, c.Consumer, want, c.MaxClaimWait)
 	} else {
-		tx, newKeys, err = stmts.BeginBatch(ctx, c.Store.Pool(), opts, c.Consumer, want, c.MaxClaimWait)
+		tx, newKeys, err = c.stmts.BeginBatch(ctx, c.Store.Pool(), opts, c.Consumer, want, c.MaxClaimWait)
 	}
 	if err != nil {
 		return nil, err

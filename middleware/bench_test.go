@@ -39,10 +39,11 @@ func BenchmarkClaimPerMessage(b *testing.B) {
 	ctx := context.Background()
 	b.Run("pgx", func(b *testing.B) {
 		msgs := benchOrders(b, b.N)
+		stmts := claimsql.For(bu.store.Config().Schema, bu.store.Config().ClaimsTable)
 		b.ReportAllocs()
 		b.ResetTimer()
 		for _, msg := range msgs {
-			tx, _, err := claimsql.For(bu.store.Config().Schema, bu.store.Config().ClaimsTable).Begin(ctx, bu.store.Pool(), pgx.TxOptions{}, claimsql.Request{
+			tx, _, err := stmts.Begin(ctx, bu.store.Pool(), pgx.TxOptions{}, claimsql.Request{
 				Consumer: "pgx", Key: "order-completed:" + msg.Metadata.Get("event_id"), MaxClaimWait: 5 * time.Second, // the claim's default MaxClaimWait
 			})
 			if err == nil {

@@ -214,6 +214,10 @@ type Claim struct {
 	// Logger receives debug lines for duplicates and retries. Defaults to
 	// no logging.
 	Logger watermill.LoggerAdapter
+
+	// stmts are the claim table's statements, rendered once by
+	// withDefaults rather than looked up per message.
+	stmts *claimsql.Statements
 }
 
 // Result describes one message's passage through the middleware.
@@ -307,6 +311,7 @@ func (c Claim) withDefaults() Claim {
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = defaultMaxBackoff
 	}
+	c.stmts = claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable)
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
@@ -422,11 +427,10 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 		var cr claimsql.Result
 		var memo *string
 		// BEGIN and the claim (and the memo lookup) in one round trip.
-		stmts := claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable)
 		if c.PoisonMemo {
-			tx, cr, memo, err = stmts.BeginMemo(ctx, c.Store.Pool(), txOpts, req)
+			tx, cr, memo, err = c.stmts.BeginMemo(ctx, c.Store.Pool(), txOpts, req)
 		} else {
-			tx, cr, err = stmts.Begin(ctx, c.Store.Pool(), txOpts, req)
+			tx, cr, err = c.stmts.Begin(ctx, c.Store.Pool(), txOpts, req)
 		}
 		res.ClaimWait = time.Since(claimStart)
 		if err != nil {

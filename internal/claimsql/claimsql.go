@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -83,19 +82,10 @@ type Statements struct {
 	memo, memoBatch, unclaim string
 }
 
-type table struct{ schema, claims string }
-
-// cache holds the Statements per claim table: the middleware asks for them
-// per message, and rendering them is not free.
-var cache sync.Map // table -> *Statements
-
-// For returns the statements of the claim table claims in schema, names
-// that store.Config validated.
+// For renders the statements of the claim table claims in schema, names
+// that store.Config validated. Callers render them once (store.New, a
+// claim middleware's construction) and keep them.
 func For(schema, claims string) *Statements {
-	key := table{schema, claims}
-	if s, ok := cache.Load(key); ok {
-		return s.(*Statements)
-	}
 	n := sqlnames.New(schema, claims, "")
 	s := &Statements{insert: make(map[shape]string, len(shapes))}
 	for _, sh := range shapes {
@@ -109,8 +99,7 @@ ON CONFLICT DO NOTHING RETURNING message_key`)
 	s.memo = n.Render("SELECT reason FROM {schema}.{memo} WHERE consumer = $1 AND message_key = $2")
 	s.memoBatch = n.Render("SELECT message_key, reason FROM {schema}.{memo} WHERE consumer = $1 AND message_key = ANY($2::text[])")
 	s.unclaim = n.Render("DELETE FROM {schema}.{claims} WHERE consumer = $1 AND message_key = ANY($2::text[])")
-	actual, _ := cache.LoadOrStore(key, s)
-	return actual.(*Statements)
+	return s
 }
 
 // Claim inserts the claim r in tx; see store.Store.Claim.
