@@ -489,12 +489,13 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 	return out, nil
 }
 
-// enqueue writes the handler's returned messages to the outbox in tx, one
-// Enqueue per run of messages with the same topic, so the rows keep the
-// order the handler returned them in.
+// enqueue writes the handler's returned messages to the outbox in tx: one
+// Enqueue (one statement) per distinct topic, in the order the topics first
+// appear, each topic's messages in the order the handler returned them. The
+// relay publishes per topic, so only the order within a topic is kept.
 func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Message) error {
-	var run []*message.Message
-	runTopic := ""
+	var topics []string
+	byTopic := make(map[string][]*message.Message)
 	for i, m := range produced {
 		if m == nil {
 			return framework.Permanent(fmt.Errorf("%w: handler returned a nil message at index %d", store.ErrInvalidOutboxMessage, i))
@@ -510,15 +511,17 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 			}
 			cp.Metadata.Set(k, v)
 		}
-		if len(run) > 0 && topic != runTopic {
-			if err := c.Store.Enqueue(ctx, tx, runTopic, run...); err != nil {
-				return err
-			}
-			run = nil
+		if _, seen := byTopic[topic]; !seen {
+			topics = append(topics, topic)
 		}
-		run, runTopic = append(run, cp), topic
+		byTopic[topic] = append(byTopic[topic], cp)
 	}
-	return c.Store.Enqueue(ctx, tx, runTopic, run...)
+	for _, t := range topics {
+		if err := c.Store.Enqueue(ctx, tx, t, byTopic[t]...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // runHandler calls h with the claim transaction in the message context and
