@@ -1,5 +1,7 @@
 package amqp
 
+import "github.com/claimtx/claimtx/internal/amqpheader"
+
 // Names the black-box tests use. They are unexported in the package API:
 // users write metadata names as strings in key specs, and the rest is
 // plumbing or a documented default.
@@ -19,4 +21,4 @@ const (
 type Marshaler = marshaler
 
 // HeaderValueToString converts one AMQP header value to its metadata string.
-var HeaderValueToString = headerValueToString
+var HeaderValueToString = amqpheader.ToString

@@ -3,9 +3,7 @@ package amqp
 import (
 	"errors"
 	"strings"
-	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -20,14 +18,14 @@ import (
 const (
 	// uuidHeader is the header carrying the Watermill message UUID, shared with
 	// watermill-amqp so either side can read the other's messages.
-	uuidHeader = wamqp.DefaultMessageUUIDHeaderKey
+	uuidHeader = amqpheader.UUIDHeader
 
-	metadataMessageID     = "amqp_message_id"     // the message-id property
-	metadataCorrelationID = "amqp_correlation_id" // the correlation-id property
-	metadataContentType   = "amqp_content_type"   // the content-type property
-	metadataTimestamp     = "amqp_timestamp"      // the timestamp property, RFC 3339 (UTC); absent when unset
-	metadataExchange      = "amqp_exchange"       // the exchange the message was published to ("" = default)
-	metadataRoutingKey    = "amqp_routing_key"    // the routing key it was published with
+	metadataMessageID     = amqpheader.MessageID
+	metadataCorrelationID = amqpheader.CorrelationID
+	metadataContentType   = amqpheader.ContentType
+	metadataTimestamp     = amqpheader.Timestamp
+	metadataExchange      = amqpheader.Exchange
+	metadataRoutingKey    = amqpheader.RoutingKey
 
 	// metadataRedelivered is set to "true" by watermill-amqp when RabbitMQ
 	// flags the delivery as redelivered.
@@ -86,56 +84,5 @@ func (marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 	if d.Acknowledger == nil {
 		return nil, errClosedDelivery
 	}
-	uuid := headerString(d.Headers[uuidHeader])
-	if uuid == "" {
-		uuid = d.MessageId
-	}
-	if uuid == "" {
-		uuid = watermill.NewUUID()
-	}
-	msg := message.NewMessage(uuid, d.Body)
-	msg.Metadata = make(message.Metadata, len(d.Headers)+4)
-	for k, v := range d.Headers {
-		if k == uuidHeader {
-			continue
-		}
-		msg.Metadata[k] = headerValueToString(v)
-	}
-	setIfAbsent := func(k, v string) {
-		if _, ok := msg.Metadata[k]; !ok {
-			msg.Metadata[k] = v
-		}
-	}
-	if d.MessageId != "" {
-		setIfAbsent(metadataMessageID, d.MessageId)
-	}
-	if d.CorrelationId != "" {
-		setIfAbsent(metadataCorrelationID, d.CorrelationId)
-	}
-	if d.ContentType != "" {
-		setIfAbsent(metadataContentType, d.ContentType)
-	}
-	if !d.Timestamp.IsZero() {
-		setIfAbsent(metadataTimestamp, d.Timestamp.UTC().Format(time.RFC3339Nano))
-	}
-	setIfAbsent(metadataExchange, d.Exchange)
-	setIfAbsent(metadataRoutingKey, d.RoutingKey)
-	return msg, nil
+	return amqpheader.ToMessage(d), nil
 }
-
-func headerString(v any) string {
-	switch x := v.(type) {
-	case string:
-		return x
-	case []byte:
-		return string(x)
-	default:
-		return ""
-	}
-}
-
-// headerValueToString converts one AMQP header value to its metadata
-// string, following the mapping in the package documentation. It never
-// fails. It lives in internal/amqpheader, which the dead-letter tooling
-// shares, so both read a queue's headers alike.
-func headerValueToString(v any) string { return amqpheader.ToString(v) }

@@ -1,6 +1,6 @@
-// Package amqpheader converts AMQP header values to the metadata strings
-// claimtx's RabbitMQ adapter (brokers/amqp, "Headers and dead-letter
-// replay") gives them. The dead-letter tooling (internal/dlq) reads poison
+// Package amqpheader converts an AMQP delivery to the message claimtx's
+// RabbitMQ adapter (brokers/amqp, "Headers and dead-letter replay") hands a
+// consumer: header values to metadata strings, properties to amqp_* keys. The dead-letter tooling (internal/dlq) reads poison
 // queues with amqp091 directly and must see the same metadata a consumer
 // sees, so that a key spec derives the same key.
 package amqpheader
@@ -14,6 +14,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
@@ -85,4 +88,64 @@ func jsonFloat(f float64, bits int) any {
 	}
 	// json.Number keeps float32 values short ("0.1", not "0.10000000149").
 	return json.Number(strconv.FormatFloat(f, 'g', -1, bits))
+}
+
+// Metadata keys set from AMQP message properties, and the header that
+// carries the Watermill UUID (watermill-amqp's, so either side reads the
+// other's messages).
+const (
+	UUIDHeader    = wamqp.DefaultMessageUUIDHeaderKey
+	MessageID     = "amqp_message_id"     // the message-id property
+	CorrelationID = "amqp_correlation_id" // the correlation-id property
+	ContentType   = "amqp_content_type"   // the content-type property
+	Timestamp     = "amqp_timestamp"      // the timestamp property, RFC 3339 (UTC); absent when unset
+	Exchange      = "amqp_exchange"       // the exchange the message was published to ("" = default)
+	RoutingKey    = "amqp_routing_key"    // the routing key it was published with
+)
+
+// ToMessage is d as claimtx's RabbitMQ adapter hands it to a consumer:
+// the UUID from its header, else the message-id, else a new one; every
+// other header through ToString; and the properties under the amqp_* keys
+// unless a header of that name is already there.
+func ToMessage(d amqp091.Delivery) *message.Message {
+	var uuid string
+	switch v := d.Headers[UUIDHeader].(type) {
+	case string:
+		uuid = v
+	case []byte:
+		uuid = string(v)
+	}
+	if uuid == "" {
+		uuid = d.MessageId
+	}
+	if uuid == "" {
+		uuid = watermill.NewUUID()
+	}
+	msg := message.NewMessage(uuid, d.Body)
+	msg.Metadata = make(message.Metadata, len(d.Headers)+6)
+	for k, v := range d.Headers {
+		if k != UUIDHeader {
+			msg.Metadata[k] = ToString(v)
+		}
+	}
+	setIfAbsent := func(k, v string) {
+		if _, ok := msg.Metadata[k]; !ok {
+			msg.Metadata[k] = v
+		}
+	}
+	if d.MessageId != "" {
+		setIfAbsent(MessageID, d.MessageId)
+	}
+	if d.CorrelationId != "" {
+		setIfAbsent(CorrelationID, d.CorrelationId)
+	}
+	if d.ContentType != "" {
+		setIfAbsent(ContentType, d.ContentType)
+	}
+	if !d.Timestamp.IsZero() {
+		setIfAbsent(Timestamp, d.Timestamp.UTC().Format(time.RFC3339Nano))
+	}
+	setIfAbsent(Exchange, d.Exchange)
+	setIfAbsent(RoutingKey, d.RoutingKey)
+	return msg
 }

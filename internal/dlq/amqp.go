@@ -9,9 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
-	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/claimtx/claimtx/brokers/amqp"
@@ -101,7 +98,7 @@ func (s *amqpSource) Next(ctx context.Context, max int) ([]*Letter, error) {
 			break
 		}
 		s.read++
-		out = append(out, &Letter{Msg: deliveryMessage(d), Position: "#" + strconv.FormatInt(s.read, 10), raw: &d})
+		out = append(out, &Letter{Msg: amqpheader.ToMessage(d), Position: "#" + strconv.FormatInt(s.read, 10), raw: &d})
 	}
 	for _, l := range out {
 		l.Stamps = stampsOf(l.Msg.Metadata)
@@ -188,55 +185,6 @@ func (s *amqpSource) Close() error {
 		errs = append(errs, s.conn.Close())
 	}
 	return errors.Join(errs...)
-}
-
-// uuidHeader carries the Watermill UUID (shared with watermill-amqp and
-// claimtx's adapter).
-const uuidHeader = wamqp.DefaultMessageUUIDHeaderKey
-
-// deliveryMessage is d as claimtx's RabbitMQ adapter hands it to a
-// consumer (brokers/amqp marshaler.Unmarshal): headers through
-// amqpheader, the UUID from its header or the message-id, and the
-// amqp_* entries for the properties.
-func deliveryMessage(d amqp091.Delivery) *message.Message {
-	var uuid string
-	switch v := d.Headers[uuidHeader].(type) {
-	case string:
-		uuid = v
-	case []byte:
-		uuid = string(v)
-	}
-	if uuid == "" {
-		uuid = d.MessageId
-	}
-	if uuid == "" {
-		uuid = watermill.NewUUID()
-	}
-	msg := message.NewMessage(uuid, d.Body)
-	md := make(message.Metadata, len(d.Headers)+6)
-	for k, v := range d.Headers {
-		if k != uuidHeader {
-			md[k] = amqpheader.ToString(v)
-		}
-	}
-	setIfAbsent := func(k, v string) {
-		if _, ok := md[k]; !ok && v != "" {
-			md[k] = v
-		}
-	}
-	setIfAbsent("amqp_message_id", d.MessageId)
-	setIfAbsent("amqp_correlation_id", d.CorrelationId)
-	setIfAbsent("amqp_content_type", d.ContentType)
-	if !d.Timestamp.IsZero() {
-		setIfAbsent("amqp_timestamp", d.Timestamp.UTC().Format(time.RFC3339Nano))
-	}
-	for k, v := range map[string]string{"amqp_exchange": d.Exchange, "amqp_routing_key": d.RoutingKey} {
-		if _, ok := md[k]; !ok {
-			md[k] = v
-		}
-	}
-	msg.Metadata = md
-	return msg
 }
 
 // republishing is the copy of poison delivery d that goes back to its
