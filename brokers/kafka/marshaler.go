@@ -2,12 +2,10 @@ package kafka
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill"
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -23,10 +21,10 @@ const (
 	// with watermill-kafka so either side can read the other's messages.
 	uuidHeader = wkafka.UUIDHeaderKey
 
-	metadataTopic     = "kafka_topic"     // the topic the record was read from
-	metadataPartition = "kafka_partition" // its partition, decimal
-	metadataOffset    = "kafka_offset"    // its offset, decimal
-	metadataKey       = "kafka_key"       // its key as a string; absent for a nil key
+	metadataTopic     = brokermeta.KafkaTopic
+	metadataPartition = brokermeta.KafkaPartition
+	metadataOffset    = brokermeta.KafkaOffset
+	metadataKey       = brokermeta.KafkaKey
 	// metadataTimestamp is the record timestamp (producer create time, or
 	// broker append time when the topic uses LogAppendTime), RFC 3339 with
 	// nanoseconds in UTC; absent when the record has none. It is stable
@@ -105,37 +103,11 @@ func parseTimestamp(v string) (time.Time, error) {
 
 // Unmarshal implements watermill-kafka's Unmarshaler.
 func (marshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error) {
-	var uuid string
-	md := make(message.Metadata, len(rec.Headers)+5)
-	for _, h := range rec.Headers {
-		if h == nil {
-			continue
-		}
-		if string(h.Key) == uuidHeader {
-			uuid = string(h.Value)
-			continue
-		}
-		md[string(h.Key)] = string(h.Value)
-	}
-	if uuid == "" {
-		uuid = watermill.NewUUID()
-	}
-	md[metadataTopic] = rec.Topic
-	md[metadataPartition] = strconv.FormatInt(int64(rec.Partition), 10)
-	md[metadataOffset] = strconv.FormatInt(rec.Offset, 10)
-	if rec.Key != nil {
-		md[metadataKey] = string(rec.Key)
-	} else {
-		delete(md, metadataKey)
-	}
-	// Sarama turns Kafka's "no timestamp" (-1) into the zero time (plus the
-	// record's delta within its batch); that is not an event time.
-	if ts := rec.Timestamp; !ts.IsZero() && ts.UnixMilli() >= 0 {
-		md[metadataTimestamp] = ts.UTC().Format(time.RFC3339Nano)
-	} else {
-		delete(md, metadataTimestamp)
-	}
-	msg := message.NewMessage(uuid, rec.Value)
-	msg.Metadata = md
-	return msg, nil
+	return brokermeta.KafkaMessage(rec.Topic, rec.Partition, rec.Offset, rec.Key, rec.Value, rec.Timestamp, rec.Headers,
+		func(h *sarama.RecordHeader) (string, []byte, bool) {
+			if h == nil {
+				return "", nil, false
+			}
+			return string(h.Key), h.Value, true
+		}), nil
 }

@@ -3,7 +3,68 @@
 // import a broker adapter to know them.
 package brokermeta
 
+import (
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
 // KafkaTimestamp is the metadata key under which claimtx's Kafka adapter
 // (brokers/kafka.MetadataTimestamp) exposes the record timestamp; the
 // "kafka:timestamp" event-time spec reads it.
 const KafkaTimestamp = "kafka_timestamp"
+
+// Metadata keys claimtx's Kafka adapter sets from a record, and the header
+// carrying the Watermill UUID (watermill-kafka's).
+const (
+	KafkaUUIDHeader = "_watermill_message_uuid"
+	KafkaTopic      = "kafka_topic"     // the topic the record was read from
+	KafkaPartition  = "kafka_partition" // its partition, decimal
+	KafkaOffset     = "kafka_offset"    // its offset, decimal
+	KafkaKey        = "kafka_key"       // its key as a string; absent for a nil key
+)
+
+// KafkaMessage is a record as claimtx's Kafka adapter hands it to a
+// consumer, whichever client read it (Sarama in brokers/kafka, franz-go in
+// the dead-letter tooling): the UUID from its header, else a new one; the
+// other headers as metadata; the kafka_* keys from the record, which win
+// over headers of the same name. header returns one header's key and
+// value, and false to skip it.
+func KafkaMessage[H any](topic string, partition int32, offset int64, key, value []byte, ts time.Time, headers []H, header func(H) (string, []byte, bool)) *message.Message {
+	var uuid string
+	md := make(message.Metadata, len(headers)+5)
+	for _, h := range headers {
+		k, v, ok := header(h)
+		if !ok {
+			continue
+		}
+		if k == KafkaUUIDHeader {
+			uuid = string(v)
+			continue
+		}
+		md[k] = string(v)
+	}
+	if uuid == "" {
+		uuid = watermill.NewUUID()
+	}
+	md[KafkaTopic] = topic
+	md[KafkaPartition] = strconv.FormatInt(int64(partition), 10)
+	md[KafkaOffset] = strconv.FormatInt(offset, 10)
+	if key != nil {
+		md[KafkaKey] = string(key)
+	} else {
+		delete(md, KafkaKey)
+	}
+	// Sarama turns Kafka's "no timestamp" (-1) into the zero time (plus the
+	// record's delta within its batch); that is not an event time.
+	if !ts.IsZero() && ts.UnixMilli() >= 0 {
+		md[KafkaTimestamp] = ts.UTC().Format(time.RFC3339Nano)
+	} else {
+		delete(md, KafkaTimestamp)
+	}
+	msg := message.NewMessage(uuid, value)
+	msg.Metadata = md
+	return msg
+}

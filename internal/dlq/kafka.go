@@ -11,11 +11,8 @@ import (
 	"io"
 	"os"
 	"sort"
-	"strconv"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -29,9 +26,6 @@ import (
 )
 
 const (
-	// kafkaUUIDHeader carries the Watermill UUID (watermill-kafka's
-	// UUIDHeaderKey, which claimtx's adapter shares).
-	kafkaUUIDHeader = "_watermill_message_uuid"
 	// kafkaIdle is how long a browse waits for the next record of a
 	// partition that has not reached the end offset seen at the opening
 	// before it takes the rest for a gap (compaction, transaction markers)
@@ -292,33 +286,9 @@ func max64(a, b int64) int64 {
 // letter is r as claimtx's Kafka adapter hands a record to a consumer
 // (brokers/kafka marshaler.Unmarshal).
 func (s *kafkaSource) letter(r *kgo.Record) *Letter {
-	md := make(message.Metadata, len(r.Headers)+5)
-	var uuid string
-	for _, h := range r.Headers {
-		if h.Key == kafkaUUIDHeader {
-			uuid = string(h.Value)
-			continue
-		}
-		md[h.Key] = string(h.Value)
-	}
-	if uuid == "" {
-		uuid = watermill.NewUUID()
-	}
-	md["kafka_topic"] = r.Topic
-	md["kafka_partition"] = strconv.FormatInt(int64(r.Partition), 10)
-	md["kafka_offset"] = strconv.FormatInt(r.Offset, 10)
-	if r.Key != nil {
-		md["kafka_key"] = string(r.Key)
-	} else {
-		delete(md, "kafka_key")
-	}
-	if ts := r.Timestamp; !ts.IsZero() && ts.UnixMilli() >= 0 {
-		md[brokermeta.KafkaTimestamp] = ts.UTC().Format(time.RFC3339Nano)
-	} else {
-		delete(md, brokermeta.KafkaTimestamp)
-	}
-	msg := message.NewMessage(uuid, r.Value)
-	msg.Metadata = md
+	msg := brokermeta.KafkaMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value, r.Timestamp, r.Headers,
+		func(h kgo.RecordHeader) (string, []byte, bool) { return h.Key, h.Value, true })
+	md := msg.Metadata
 	c, ok := s.committed[r.Partition]
 	return &Letter{
 		Msg: msg, Position: fmt.Sprintf("%d@%d", r.Partition, r.Offset), Partition: r.Partition, Offset: r.Offset,
