@@ -35,14 +35,8 @@ const (
 	defaultMaxAttempts    = 5
 	defaultInitialBackoff = 10 * time.Millisecond
 	defaultMaxBackoff     = time.Second
-	// 100,000 keys hold about 6 MB (BenchmarkMemory in
-	// internal/committedkeys: about 62 bytes per entry) and cover the
-	// messages of a replay's last minutes at thousands per second.
-	defaultCommittedKeys = 100_000
-	// Ten minutes covers redeliveries after a rebalance or a restart of a
-	// neighbour and a producer's re-sends, and is a thousandth of the
-	// default claim retention.
-	defaultCommittedKeysTTL = 10 * time.Minute
+	defaultCommittedKeys    = committedkeys.DefaultSize
+	defaultCommittedKeysTTL = committedkeys.DefaultTTL
 	// maxCommittedKeysTTL is half the shortest retention the store accepts
 	// without Force: an entry must expire long before cleanup may delete
 	// its claim.

@@ -24,6 +24,19 @@ import (
 	"time"
 )
 
+// Defaults of middleware.Claim's CommittedKeys and CommittedKeysTTL,
+// here so that framework/consumer can cap the TTL by its Retention.
+const (
+	// DefaultSize: 100,000 keys hold about 6 MB (BenchmarkMemory: about
+	// 62 bytes per entry) and cover the last minutes of a replay at
+	// thousands of messages per second.
+	DefaultSize = 100_000
+	// DefaultTTL covers redeliveries after a rebalance or a neighbour's
+	// restart and a producer's re-sends, and is a fraction of any claim
+	// retention the store accepts.
+	DefaultTTL = 10 * time.Minute
+)
+
 // Hash identifies one (consumer, event day, key).
 type Hash [2]uint64
 
