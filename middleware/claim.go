@@ -31,10 +31,10 @@ import (
 
 // Defaults for Claim fields left zero, documented on the fields.
 const (
-	defaultMaxClaimWait   = 5 * time.Second
-	defaultMaxAttempts    = 5
-	defaultInitialBackoff = 10 * time.Millisecond
-	defaultMaxBackoff     = time.Second
+	defaultMaxClaimWait     = 5 * time.Second
+	defaultMaxAttempts      = 5
+	defaultInitialBackoff   = 10 * time.Millisecond
+	defaultMaxBackoff       = time.Second
 	defaultCommittedKeys    = committedkeys.DefaultSize
 	defaultCommittedKeysTTL = committedkeys.DefaultTTL
 	// maxCommittedKeysTTL is half the shortest retention the store accepts
