@@ -98,7 +98,7 @@ bench-claim: ## The claim's cost per message (BenchmarkClaimCost, BenchmarkClaim
 MEMORY_N ?= 1000000
 STORM_N ?= 20000
 .PHONY: bench-storm
-bench-storm: ## Duplicate storm: STORM_N already-applied messages through claimtx per message and in batches, against the broker's bare consume+ack rate (same subscriber configuration, no database), RabbitMQ and Kafka.
+bench-storm: ## Duplicate storm: STORM_N already-applied messages through claimtx per message and in batches, cold (committed-key cache empty: a fresh process after a group reset) and warm (the same process applied them just before), against the broker's bare consume+ack rate (same subscriber configuration, no database), RabbitMQ and Kafka.
 	$(GO) run ./framework/cmd/bench -storm $(STORM_N) -reps 3 -concurrency 1,4,16 -brokers amqp,kafka
 
 .PHONY: bench-memory

@@ -113,6 +113,9 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	start := time.Now()
 	results := make([]Result, len(msgs))
 	keys := make([]string, len(msgs))
+	// cached[i]: message i's key is in the committed-key cache, a
+	// duplicate settled without the database.
+	cached := make([]bool, len(msgs))
 	// leader[key] is the first message with that key; later ones in the
 	// same batch share its fate as duplicates (or failures).
 	leader := make(map[string]int, len(msgs))
@@ -127,6 +130,10 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 			continue
 		}
 		keys[i], results[i].Key = k, k
+		if c.cache.Contains(c.cache.Key(c.Consumer, 0, k)) {
+			cached[i] = true
+			continue
+		}
 		if _, ok := leader[k]; !ok {
 			leader[k] = i
 		}
@@ -135,7 +142,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	failed := map[int]error{} // handler failures, excluded from the next pass
 	var claimed map[string]bool
 	attempt, transient, isolating := 0, 0, false
-	for {
+	for len(leader) > 0 {
 		attempt++
 		var err error
 		claimed, err = c.batchAttempt(ctx, msgs, leader, failed, a, isolating)
@@ -178,6 +185,8 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 		r := &results[i]
 		r.Attempts, r.Duration = attempt, time.Since(start)
 		switch {
+		case cached[i]:
+			r.Outcome, r.Attempts = framework.Duplicate, 0
 		case errs[i] != nil:
 			r.Outcome, r.Err = framework.Failed, errs[i]
 		case failed[leader[keys[i]]] != nil:
@@ -254,6 +263,14 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 		return nil, fmt.Errorf("claimtx: commit: %w", err)
 	}
 	committed = true
+	// Every key claimed is committed now, and every other key of want but
+	// the memoised ones (whose new claims were undone) conflicted with a
+	// committed claim (see Claim.attempt): all are known committed.
+	for _, k := range want {
+		if _, memoised := memos[k]; !memoised {
+			c.cache.Add(c.cache.Key(c.Consumer, 0, k))
+		}
+	}
 	return claimed, nil
 }
 

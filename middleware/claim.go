@@ -17,11 +17,13 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/internal/outboxsql"
 	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/internal/pgtx"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/internal/txctx"
 	"github.com/claimtx/claimtx/store"
@@ -29,10 +31,16 @@ import (
 
 // Defaults for Claim fields left zero, documented on the fields.
 const (
-	defaultMaxClaimWait   = 5 * time.Second
-	defaultMaxAttempts    = 5
-	defaultInitialBackoff = 10 * time.Millisecond
-	defaultMaxBackoff     = time.Second
+	defaultMaxClaimWait     = 5 * time.Second
+	defaultMaxAttempts      = 5
+	defaultInitialBackoff   = 10 * time.Millisecond
+	defaultMaxBackoff       = time.Second
+	defaultCommittedKeys    = committedkeys.DefaultSize
+	defaultCommittedKeysTTL = committedkeys.DefaultTTL
+	// maxCommittedKeysTTL is half the shortest retention the store accepts
+	// without Force: an entry must expire long before cleanup may delete
+	// its claim.
+	maxCommittedKeysTTL = storedefault.MinRetention / 2
 )
 
 // fingerprintBytes is how much of the SHA-256 is stored: 128 bits make an
@@ -202,6 +210,37 @@ type Claim struct {
 	// handler failure that is not the message's fault (a downstream bug)
 	// would poison every later copy of those keys too.
 	PoisonMemo bool
+	// CommittedKeys bounds the committed-key cache: the keys this
+	// middleware saw committed (its own claims once their transaction
+	// committed, and claims its claim statement found committed), so a
+	// later copy of such a message, in a replay, a group reset, a
+	// producer's re-send or a redelivery, is acked as a duplicate without
+	// a database round trip (Result.Attempts is then 0). A key absent from
+	// the cache goes to the database as before, so twins, failures and
+	// rollbacks are decided there; nothing uncommitted is ever cached.
+	// Each entry is a 128-bit keyed hash (about 62 bytes with its
+	// bookkeeping); the oldest entries go first when the cache is full.
+	// Negative disables the cache. It is not used in ModeNaturalKey (the
+	// effect's own row may be deleted by the application) or with
+	// Fingerprint (whose point is to compare every duplicate's payload with
+	// the stored one).
+	//
+	// Sharp edge: the cache trusts that a claim it saw committed still
+	// exists for CommittedKeysTTL. Deleting claims by hand (to have
+	// messages processed again), or store cleanup with Force below the
+	// TTL, while consumers run, makes each consumer that cached one of
+	// those keys ack its next copies as duplicates, without the effect,
+	// until the entry expires or the process restarts. Stop the consumers
+	// (or disable the cache) before deleting claims.
+	//
+	// Defaults to 100,000.
+	CommittedKeys int
+	// CommittedKeysTTL is how long a committed-key cache entry is trusted
+	// after the database said the key was committed. It must stay far
+	// below the claim retention (at most half of store's smallest
+	// retention without Force, 7 days; framework/consumer also caps it at
+	// half of Config.Retention). Defaults to 10 minutes.
+	CommittedKeysTTL time.Duration
 	// OnOutcome, when set, is called once per pass through the middleware
 	// with what happened. Watermill's Retry above it runs it again for the
 	// same message, and a Poison route above it may dead-letter a Failed pass:
@@ -218,6 +257,10 @@ type Claim struct {
 	// stmts are the claim table's statements, rendered once by
 	// withDefaults rather than looked up per message.
 	stmts *claimsql.Statements
+	// cache is the committed-key cache, nil when disabled; now is its
+	// clock (time.Now when nil; tests stop it).
+	cache *committedkeys.Cache
+	now   func() time.Time
 }
 
 // Result describes one message's passage through the middleware.
@@ -225,8 +268,11 @@ type Result struct {
 	Consumer string
 	// Key is the claimed key (after KeyPolicy). Empty when the message
 	// could not be keyed. It may be sensitive: avoid logging it verbatim.
-	Key      string
-	Outcome  framework.Outcome
+	Key     string
+	Outcome framework.Outcome
+	// Attempts counts the claim transactions run. 0 on a Duplicate means
+	// the committed-key cache answered (see Claim.CommittedKeys); 0 on a
+	// Failed means the message could not be keyed.
 	Attempts int
 	// Err is the error returned to the router (nil for Applied/Duplicate).
 	Err error
@@ -277,6 +323,10 @@ func (c Claim) validate() error {
 		return &framework.ConfigError{Field: "MaxClaimWait", Reason: "must not be negative"}
 	case c.InitialBackoff < 0 || c.MaxBackoff < 0:
 		return &framework.ConfigError{Field: "InitialBackoff", Reason: "backoffs must not be negative"}
+	case c.CommittedKeysTTL < 0:
+		return &framework.ConfigError{Field: "CommittedKeysTTL", Reason: "must not be negative"}
+	case c.CommittedKeysTTL > maxCommittedKeysTTL:
+		return &framework.ConfigError{Field: "CommittedKeysTTL", Reason: fmt.Sprintf("%s is more than %s, half the shortest claim retention the store accepts without Force: a cached key could outlive its claim", c.CommittedKeysTTL, maxCommittedKeysTTL)}
 	case c.KeyPolicy.MaxBytes < 0:
 		return &framework.ConfigError{Field: "KeyPolicy.MaxBytes", Reason: "must not be negative"}
 	case c.PoisonMemo && c.Mode == ModeNaturalKey:
@@ -314,6 +364,19 @@ func (c Claim) withDefaults() Claim {
 	c.stmts = claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable)
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
+	}
+	if c.CommittedKeys == 0 {
+		c.CommittedKeys = defaultCommittedKeys
+	}
+	if c.CommittedKeysTTL == 0 {
+		c.CommittedKeysTTL = defaultCommittedKeysTTL
+	}
+	// Only what provably stays committed is cached: claim-table rows,
+	// which only retention removes. The outcome of a natural-key claim is
+	// the application's own row, which the application may delete, and a
+	// Fingerprint check needs the stored claim of every duplicate.
+	if c.Mode == ModeClaimTable && !c.Fingerprint {
+		c.cache = committedkeys.New(c.CommittedKeys, c.CommittedKeysTTL, c.now)
 	}
 	return c
 }
@@ -354,10 +417,20 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return finish(framework.Failed, framework.Permanent(err))
 		}
 		res.Key = key
+		var at time.Time
+		if c.EventTime != nil && c.Mode != ModeNaturalKey {
+			if at, err = c.EventTime(msg); err != nil {
+				return finish(framework.Failed, framework.Permanent(err))
+			}
+		}
+		hash := c.cache.Key(c.Consumer, unixDay(at), key)
+		if c.cache.Contains(hash) {
+			return finish(framework.Duplicate, nil)
+		}
 
 		for attempt := 1; ; attempt++ {
 			res.Attempts = attempt
-			out, err := c.attempt(msg, h, key, txOpts, &res)
+			out, err := c.attempt(msg, h, claimsql.Request{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait, EventTime: at}, hash, txOpts, &res)
 			if err == nil {
 				if out == framework.Duplicate {
 					c.Logger.Debug("claimtx: duplicate delivery acked without running the handler", watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
@@ -398,7 +471,14 @@ func (c Claim) key(msg *message.Message) (string, error) {
 
 // attempt runs one claim transaction. Every path that does not commit rolls
 // back, so the claim and the effect always share one fate.
-func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, txOpts pgx.TxOptions, res *Result) (out framework.Outcome, err error) {
+//
+// The key's hash goes into the committed-key cache once the transaction
+// committed, whether its claim was new or found committed (a claim
+// statement that meets an uncommitted twin waits for its end, under every
+// isolation level, and under REPEATABLE READ and SERIALIZABLE a committed
+// claim outside the snapshot fails with 40001 instead of conflicting), and
+// never on a path that rolls back, ErrAlreadyApplied included.
+func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql.Request, hash committedkeys.Hash, txOpts pgx.TxOptions, res *Result) (out framework.Outcome, err error) {
 	ctx := msg.Context()
 	res.ClaimWait, res.Enqueued = 0, 0
 	claimed := true
@@ -411,14 +491,6 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 			return "", err
 		}
 	} else {
-		req := claimsql.Request{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait}
-		if c.EventTime != nil {
-			at, err := c.EventTime(msg)
-			if err != nil {
-				return "", framework.Permanent(err)
-			}
-			req.EventTime = at
-		}
 		if c.Fingerprint {
 			sum := sha256.Sum256(msg.Payload)
 			req.PayloadHash = sum[:fingerprintBytes]
@@ -486,7 +558,18 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, key string, 
 		return "", fmt.Errorf("claimtx: commit: %w", err)
 	}
 	committed = true
+	c.cache.Add(hash)
 	return out, nil
+}
+
+// unixDay is the claim's event day in days since 1970 for the
+// committed-key cache, 0 without an event time: claims by event day are
+// distinct per day (see Claim.EventTime).
+func unixDay(at time.Time) int64 {
+	if at.IsZero() {
+		return 0
+	}
+	return claimsql.EventDay(at).Unix() / 86400
 }
 
 // enqueue writes the handler's returned messages to the outbox in tx: one

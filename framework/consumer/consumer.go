@@ -20,6 +20,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
+	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/internal/startup"
 	"github.com/claimtx/claimtx/middleware"
@@ -78,7 +79,8 @@ type Config struct {
 	// above), KeyPolicy, Mode, OutboxTopic, Isolation, MaxClaimWait,
 	// MaxAttempts, InitialBackoff, MaxBackoff, EventTime,
 	// AllowBrokerEventTime, Fingerprint, PoisonMemo (the consumer records
-	// the memos, in both modes) and OnRetry (called besides the metrics'
+	// the memos, in both modes), CommittedKeys, CommittedKeysTTL (capped
+	// at half of Retention, see there) and OnRetry (called besides the metrics'
 	// hook). The consumer fills the rest, so New and NewBatch
 	// refuse them with a ConfigError: Claim.Store (use Pool or
 	// DatabaseURL, and Store), Claim.Consumer (use Name), Claim.Logger
@@ -113,6 +115,11 @@ type Config struct {
 	// logged at WARN with both numbers, shown as a warning in the
 	// readiness report (still ready) and exported as
 	// claimtx_claim_retention_seconds and claimtx_replay_horizon_seconds.
+	//
+	// Retention also caps the committed-key cache: a Claim.CommittedKeysTTL
+	// above half of it is a ConfigError, and the default TTL is lowered to
+	// half of it when that is shorter.
+	//
 	// Defaults to 0: no guard, no comparison.
 	Retention time.Duration
 	// StrictRetentionHorizon makes New fail with a ConfigError on
@@ -215,6 +222,8 @@ func (c Config) validate() error {
 	case c.Retention > 0 && c.Claim.EventTime == nil && c.EventTime == "":
 		// Checked before anything connects; New repeats it where it builds the guard.
 		return &framework.ConfigError{Field: "EventTime", Reason: "Retention needs an event time (EventTime or Claim.EventTime) to tell a message's age"}
+	case c.Retention > 0 && c.Claim.CommittedKeysTTL > c.Retention/2:
+		return &framework.ConfigError{Field: "Claim.CommittedKeysTTL", Reason: fmt.Sprintf("%s is more than half of Retention (%s): a cached key could outlive its claim", c.Claim.CommittedKeysTTL, c.Retention)}
 	case c.RetryInitialInterval < 0:
 		return &framework.ConfigError{Field: "RetryInitialInterval", Reason: "must not be negative"}
 	case c.Claim.PoisonMemo && c.Claim.Mode == middleware.ModeNaturalKey:
@@ -389,6 +398,12 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		}
 	}
 	p.claim = cfg.Claim
+	if half := cfg.Retention / 2; cfg.Retention > 0 && p.claim.CommittedKeysTTL == 0 && half < committedkeys.DefaultTTL {
+		p.claim.CommittedKeysTTL = half
+		if half <= 0 {
+			p.claim.CommittedKeys = -1 // no TTL short enough: no cache
+		}
+	}
 	p.claim.Store, p.claim.Consumer, p.claim.Key, p.claim.Logger = p.store, cfg.Name, keyFunc, p.wlog
 	// OnOutcome: a ledger's, set by New or NewBatch. EventTime: set by
 	// New when the table claims by event day.

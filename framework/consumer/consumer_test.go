@@ -195,6 +195,12 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		// The claim's own checks name the field under Claim.
 		{"Claim.MaxClaimWait", func(c *consumer.Config) { c.Claim.MaxClaimWait = -time.Second }},
 		{"Claim.Isolation", func(c *consumer.Config) { c.Claim.Isolation = "read uncommitted" }},
+		{"Claim.CommittedKeysTTL", func(c *consumer.Config) { c.Claim.CommittedKeysTTL = 5 * 24 * time.Hour }},
+		// A committed-key entry must expire well before cleanup at
+		// Retention may delete its claim.
+		{"Claim.CommittedKeysTTL", func(c *consumer.Config) {
+			c.Retention, c.EventTime, c.Claim.CommittedKeysTTL = time.Hour, "json:occurred_at", 31*time.Minute
+		}},
 	} {
 		cfg := good
 		tc.mutate(&cfg)

@@ -1,0 +1,234 @@
+// Package committedkeys is the committed-key cache of the claim
+// middleware: the keys whose claims this process saw committed, so a
+// duplicate storm (a replay, a group reset, a producer re-sending) is
+// answered in process instead of by a claim transaction each.
+//
+// The cache only says "committed", never "new": a miss goes to the
+// database, which stays the judge. Callers add a key only once a claim
+// transaction committed (its own claim, or its claim statement's conflict
+// with a committed one); an entry expires ttl after it was added, well
+// inside the claim retention, so a claim still exists for every live entry
+// unless someone deleted it early (see docs/operations.md).
+//
+// Entries are 128-bit keyed hashes, not the keys: two independent 64-bit
+// maphash values of (consumer, event day, key) under seeds drawn at random
+// for each cache, so memory does not grow with key length and a false hit
+// (two keys with one hash) needs a 128-bit collision an attacker cannot aim
+// at without the seeds.
+package committedkeys
+
+import (
+	"encoding/binary"
+	"hash/maphash"
+	"sync"
+	"time"
+)
+
+// Defaults of middleware.Claim's CommittedKeys and CommittedKeysTTL,
+// here so that framework/consumer can cap the TTL by its Retention.
+const (
+	// DefaultSize: 100,000 keys hold about 6 MB (BenchmarkMemory: about
+	// 62 bytes per entry) and cover the last minutes of a replay at
+	// thousands of messages per second.
+	DefaultSize = 100_000
+	// DefaultTTL covers redeliveries after a rebalance or a neighbour's
+	// restart and a producer's re-sends, and is a fraction of any claim
+	// retention the store accepts.
+	DefaultTTL = 10 * time.Minute
+)
+
+// Hash identifies one (consumer, event day, key).
+type Hash [2]uint64
+
+// entry is one insertion, in insertion order.
+type entry struct {
+	h  Hash
+	at int64 // nanoseconds since the cache's epoch
+}
+
+// maxShards bounds the shards, each with its own lock, so concurrent
+// consumers rarely wait on each other. minPerShard keeps small caches in
+// one shard: their bound is then exact.
+const (
+	maxShards   = 64
+	minPerShard = 1024
+)
+
+// Cache is a bounded set of hashes that expire. The zero value is not
+// usable; a nil *Cache is an empty cache that keeps nothing.
+type Cache struct {
+	ttl    int64
+	now    func() time.Time
+	epoch  time.Time
+	s1, s2 maphash.Seed
+	mask   uint64
+	shards []shard
+}
+
+// shard holds its entries in a ring in insertion order (for expiry and
+// eviction, oldest first), indexed by a map from the hash's first half to
+// the ring slot; the slot holds the whole hash, so a lookup compares all
+// 128 bits. Two live hashes of one shard with the same first half (rare)
+// keep only the newer one indexed: the older one misses, which costs a
+// round trip, never a wrong answer. An entry re-added after it expired
+// appears twice in the ring; the older slot is no longer indexed and only
+// drops itself.
+type shard struct {
+	mu   sync.Mutex
+	m    map[uint64]uint32
+	ring []entry // circular once it reached max
+	head int     // oldest slot
+	n    int     // occupied ring slots
+	max  int
+	_    [64]byte // keep neighbouring shards' locks off one cache line
+}
+
+// New returns a cache of at most size entries, each kept ttl; now is its
+// clock (time.Now when nil). size <= 0 or ttl <= 0 returns nil: no cache.
+func New(size int, ttl time.Duration, now func() time.Time) *Cache {
+	if size <= 0 || ttl <= 0 {
+		return nil
+	}
+	if now == nil {
+		now = time.Now
+	}
+	n := 1
+	for n < maxShards && size/(2*n) >= minPerShard {
+		n *= 2
+	}
+	c := &Cache{ttl: int64(ttl), now: now, epoch: now(), s1: maphash.MakeSeed(), s2: maphash.MakeSeed(), mask: uint64(n - 1), shards: make([]shard, n)}
+	per := (size + n - 1) / n
+	for i := range c.shards {
+		c.shards[i] = shard{m: map[uint64]uint32{}, max: per}
+	}
+	return c
+}
+
+// Key hashes (consumer, day, key); day is the claim's event day in Unix
+// days, 0 for a claim without one.
+func (c *Cache) Key(consumer string, day int64, key string) Hash {
+	if c == nil {
+		return Hash{}
+	}
+	return Hash{c.sum(c.s1, consumer, day, key), c.sum(c.s2, consumer, day, key)}
+}
+
+// sum is one 64-bit hash. The consumer's length comes first and the key
+// last, so no two distinct triples write the same bytes.
+func (c *Cache) sum(seed maphash.Seed, consumer string, day int64, key string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(seed)
+	var buf [16]byte
+	binary.LittleEndian.PutUint64(buf[:8], uint64(len(consumer)))
+	binary.LittleEndian.PutUint64(buf[8:], uint64(day))
+	_, _ = h.Write(buf[:8])
+	_, _ = h.WriteString(consumer)
+	_, _ = h.Write(buf[8:])
+	_, _ = h.WriteString(key)
+	return h.Sum64()
+}
+
+func (c *Cache) clock() int64 { return int64(c.now().Sub(c.epoch)) }
+
+func (c *Cache) shard(h Hash) *shard { return &c.shards[h[0]&c.mask] }
+
+// Contains reports whether h was added less than the ttl ago and not
+// evicted since.
+func (c *Cache) Contains(h Hash) bool {
+	if c == nil {
+		return false
+	}
+	now := c.clock()
+	s := c.shard(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i, ok := s.lookup(h)
+	return ok && now-s.ring[i].at < c.ttl
+}
+
+// Add records h as committed now, evicting the oldest entry of its shard
+// when the shard is full. An entry still live is left as it is: its time
+// is when the database first said so, and a twin's confirmation adds
+// nothing.
+func (c *Cache) Add(h Hash) {
+	if c == nil {
+		return
+	}
+	now := c.clock()
+	s := c.shard(h)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.expire(now - c.ttl)
+	if i, ok := s.lookup(h); ok && now-s.ring[i].at < c.ttl {
+		return
+	}
+	if s.n == s.max {
+		s.pop()
+	}
+	s.m[h[0]] = uint32(s.push(entry{h: h, at: now}))
+}
+
+// Len is the number of live and expired entries not yet dropped, for
+// tests and measurements.
+func (c *Cache) Len() int {
+	if c == nil {
+		return 0
+	}
+	n := 0
+	for i := range c.shards {
+		s := &c.shards[i]
+		s.mu.Lock()
+		n += len(s.m)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// expire drops the entries added at or before cutoff, oldest first.
+func (s *shard) expire(cutoff int64) {
+	for s.n > 0 && s.ring[s.head].at <= cutoff {
+		s.pop()
+	}
+}
+
+// lookup returns the ring slot holding h.
+func (s *shard) lookup(h Hash) (int, bool) {
+	i, ok := s.m[h[0]]
+	if !ok || s.ring[i].h != h {
+		return 0, false
+	}
+	return int(i), true
+}
+
+// pop drops the oldest ring slot, and its index entry unless the index
+// points to a newer slot.
+func (s *shard) pop() {
+	e := s.ring[s.head]
+	if i, ok := s.m[e.h[0]]; ok && int(i) == s.head {
+		delete(s.m, e.h[0])
+	}
+	s.ring[s.head] = entry{}
+	s.head = (s.head + 1) % len(s.ring)
+	s.n--
+}
+
+// push appends at the newest end and returns the slot, growing the ring
+// (doubling, up to max, re-indexing the slots that move) while it is full
+// and below max.
+func (s *shard) push(e entry) int {
+	if s.n == len(s.ring) {
+		grown := make([]entry, min(max(2*len(s.ring), 16), s.max))
+		for i := 0; i < s.n; i++ {
+			old := (s.head + i) % len(s.ring)
+			grown[i] = s.ring[old]
+			if j, ok := s.m[grown[i].h[0]]; ok && int(j) == old {
+				s.m[grown[i].h[0]] = uint32(i)
+			}
+		}
+		s.ring, s.head = grown, 0
+	}
+	i := (s.head + s.n) % len(s.ring)
+	s.ring[i] = e
+	s.n++
+	return i
+}

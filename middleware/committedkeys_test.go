@@ -1,0 +1,366 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
+)
+
+// traced is a store on a pool whose round trips are counted.
+func traced(t *testing.T, b bundle) (*store.Store, *roundTrips) {
+	t.Helper()
+	url, err := pgtest.URLWithSearchPath(b.schema)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	rt := &roundTrips{}
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, pool.Ping(context.Background()))
+	st, err := store.New(pool, store.Config{Schema: b.schema})
+	require.NoError(t, err)
+	return st, rt
+}
+
+// deliverCounting delivers a fresh copy of o to h and returns the round
+// trips it cost and its result.
+func deliverCounting(t *testing.T, h message.HandlerFunc, rt *roundTrips, rec *outcomes, o order) (int64, middleware.Result) {
+	t.Helper()
+	before := rt.n.Load()
+	_, err := h(newDelivery(t, o))
+	n := rt.n.Load() - before
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	last := rec.results[len(rec.results)-1]
+	if err != nil {
+		require.Equal(t, framework.Failed, last.Outcome)
+	}
+	return n, last
+}
+
+// stopped is a clock the test moves.
+type stopped struct{ ns atomic.Int64 }
+
+func (c *stopped) now() time.Time      { return time.Unix(0, c.ns.Load()) }
+func (c *stopped) add(d time.Duration) { c.ns.Add(int64(d)) }
+
+// A key whose claim committed, applied here or found committed, is a
+// duplicate without a round trip; a key never seen still costs one.
+func TestCommittedKeyHitCostsNoRoundTrip(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	st, rt := traced(t, b)
+	rec := &outcomes{}
+	h := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "cache", Key: keyFunc(t), OnOutcome: rec.onOutcome})(consume(credit))
+
+	o := order{OrderID: 1, CustomerID: 1, TotalCents: 100}
+	n, res := deliverCounting(t, h, rt, rec, o)
+	require.Equal(t, framework.Applied, res.Outcome)
+	require.EqualValues(t, 4, n)
+	n, res = deliverCounting(t, h, rt, rec, o)
+	require.Equal(t, framework.Duplicate, res.Outcome)
+	require.Zero(t, n, "a committed key is answered by the cache")
+	require.Zero(t, res.Attempts)
+	require.Equal(t, int64(1), b.ledgerRows(t, 1))
+
+	// Applied by another consumer instance: the first copy here finds the
+	// claim committed (BEGIN+claim, COMMIT), the next is a hit.
+	other := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "cache", Key: keyFunc(t), OnOutcome: rec.onOutcome})(consume(credit))
+	o2 := order{OrderID: 2, CustomerID: 1, TotalCents: 100}
+	_, res = deliverCounting(t, other, rt, rec, o2)
+	require.Equal(t, framework.Applied, res.Outcome)
+	n, res = deliverCounting(t, h, rt, rec, o2)
+	require.Equal(t, framework.Duplicate, res.Outcome)
+	require.EqualValues(t, 2, n)
+	require.Equal(t, 1, res.Attempts)
+	n, res = deliverCounting(t, h, rt, rec, o2)
+	require.Equal(t, framework.Duplicate, res.Outcome)
+	require.Zero(t, n)
+	require.Equal(t, int64(2), b.balance(t, 1), "two orders of one point each, once")
+}
+
+// Nothing that rolled back is cached: a handler error, a commit that
+// fails, ErrAlreadyApplied in claim-table mode. Each next copy goes to the
+// database and, where the effect is missing, applies it.
+func TestRolledBackClaimIsNeverCached(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	ctx := context.Background()
+	_, err := b.pool.Exec(ctx, `CREATE TABLE deferred_once (id int UNIQUE DEFERRABLE INITIALLY DEFERRED)`)
+	require.NoError(t, err)
+	st, rt := traced(t, b)
+	rec := &outcomes{}
+	var mode atomic.Value // what the handler does this delivery
+	var calls atomic.Int64
+	h := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "cache", Key: keyFunc(t), OnOutcome: rec.onOutcome, MaxAttempts: 1})(
+		consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+			calls.Add(1)
+			if err := credit(ctx, tx, msg); err != nil {
+				return err
+			}
+			switch mode.Load() {
+			case "fail":
+				return errors.New("handler failed")
+			case "commit fails":
+				// Violates a deferred constraint: the statement succeeds,
+				// COMMIT fails.
+				_, err := tx.Exec(ctx, "INSERT INTO deferred_once VALUES (1), (1)")
+				return err
+			case "already applied":
+				return framework.ErrAlreadyApplied
+			}
+			return nil
+		}))
+
+	for i, m := range []string{"fail", "commit fails", "already applied"} {
+		o := order{OrderID: int64(10 + i), CustomerID: 2, TotalCents: 100}
+		mode.Store(m)
+		_, res := deliverCounting(t, h, rt, rec, o)
+		if m == "already applied" {
+			require.Equal(t, framework.Duplicate, res.Outcome, m)
+		} else {
+			require.Equal(t, framework.Failed, res.Outcome, m)
+		}
+		require.Zero(t, b.ledgerRows(t, o.OrderID), m)
+		mode.Store("ok")
+		before := calls.Load()
+		n, res := deliverCounting(t, h, rt, rec, o)
+		require.Equal(t, framework.Applied, res.Outcome, "%s: the next copy applies", m)
+		require.Equal(t, before+1, calls.Load(), "%s: the handler ran", m)
+		require.Positive(t, n, m)
+		require.Equal(t, int64(1), b.ledgerRows(t, o.OrderID), m)
+	}
+}
+
+// An entry lives CommittedKeysTTL; then the database is asked again.
+// Within the TTL a claim deleted by hand is still trusted: the sharp edge
+// the documentation warns about.
+func TestCommittedKeyExpires(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	st, rt := traced(t, b)
+	rec := &outcomes{}
+	var clk stopped
+	c := middleware.ClaimAt(middleware.Claim{Store: st, Consumer: "cache", Key: keyFunc(t), OnOutcome: rec.onOutcome, CommittedKeysTTL: time.Minute}, clk.now)
+	h := install(t, middleware.NewClaim, c)(consume(credit))
+	o := order{OrderID: 20, CustomerID: 3, TotalCents: 100}
+	_, res := deliverCounting(t, h, rt, rec, o)
+	require.Equal(t, framework.Applied, res.Outcome)
+
+	clk.add(time.Minute - time.Nanosecond)
+	n, res := deliverCounting(t, h, rt, rec, o)
+	require.Equal(t, framework.Duplicate, res.Outcome)
+	require.Zero(t, n, "still cached")
+
+	clk.add(time.Nanosecond)
+	n, res = deliverCounting(t, h, rt, rec, o)
+	require.Equal(t, framework.Duplicate, res.Outcome)
+	require.Positive(t, n, "expired: the database answers")
+
+	// The database's answer was cached again. Delete the claim by hand:
+	// the cache still says duplicate until the entry expires.
+	_, err := b.pool.Exec(context.Background(), fmt.Sprintf("DELETE FROM %s WHERE consumer = 'cache'", pgx.Identifier{b.schema, "processed_messages"}.Sanitize()))
+	require.NoError(t, err)
+	n, res = deliverCounting(t, h, rt, rec, o)
+	require.Equal(t, framework.Duplicate, res.Outcome, "the sharp edge: a deleted claim stays cached")
+	require.Zero(t, n)
+	clk.add(time.Minute)
+	_, res = deliverCounting(t, h, rt, rec, o)
+	require.Equal(t, framework.Applied, res.Outcome, "after the TTL the database decides")
+	require.Equal(t, int64(2), b.ledgerRows(t, 20))
+}
+
+// The cache holds at most CommittedKeys entries, the oldest evicted;
+// negative disables it, and so do Fingerprint and ModeNaturalKey.
+func TestCommittedKeysBoundAndDisabled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	st, rt := traced(t, b)
+
+	rec := &outcomes{}
+	h := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "bound", Key: keyFunc(t), OnOutcome: rec.onOutcome, CommittedKeys: 2})(consume(credit))
+	for id := int64(30); id < 33; id++ {
+		_, res := deliverCounting(t, h, rt, rec, order{OrderID: id, CustomerID: 4, TotalCents: 100})
+		require.Equal(t, framework.Applied, res.Outcome)
+	}
+	n, _ := deliverCounting(t, h, rt, rec, order{OrderID: 32, CustomerID: 4, TotalCents: 100})
+	require.Zero(t, n, "the newest is cached")
+	n, res := deliverCounting(t, h, rt, rec, order{OrderID: 30, CustomerID: 4, TotalCents: 100})
+	require.Positive(t, n, "the oldest was evicted")
+	require.Equal(t, framework.Duplicate, res.Outcome)
+
+	for name, c := range map[string]middleware.Claim{
+		"disabled":    {CommittedKeys: -1},
+		"fingerprint": {Fingerprint: true},
+	} {
+		c.Store, c.Consumer, c.Key, c.OnOutcome = st, "off-"+name, keyFunc(t), rec.onOutcome
+		h := install(t, middleware.NewClaim, c)(consume(credit))
+		o := order{OrderID: 40, CustomerID: 5, TotalCents: 100}
+		_, res := deliverCounting(t, h, rt, rec, o)
+		require.Equal(t, framework.Applied, res.Outcome, name)
+		for range 2 {
+			n, res := deliverCounting(t, h, rt, rec, o)
+			require.Equal(t, framework.Duplicate, res.Outcome, name)
+			require.Positive(t, n, "%s: every duplicate asks the database", name)
+		}
+	}
+
+	// Natural key: the effect's own row is the claim, and the application
+	// may delete it.
+	_, err := b.pool.Exec(context.Background(), "CREATE TABLE nk (order_id bigint PRIMARY KEY)")
+	require.NoError(t, err)
+	nk := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "nk", Mode: middleware.ModeNaturalKey, OnOutcome: rec.onOutcome})(
+		consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+			tag, err := tx.Exec(ctx, "INSERT INTO nk VALUES ($1) ON CONFLICT DO NOTHING", 50)
+			if err == nil && tag.RowsAffected() == 0 {
+				return framework.ErrAlreadyApplied
+			}
+			return err
+		}))
+	o := order{OrderID: 50, CustomerID: 5, TotalCents: 100}
+	_, res = deliverCounting(t, nk, rt, rec, o)
+	require.Equal(t, framework.Applied, res.Outcome)
+	n, res = deliverCounting(t, nk, rt, rec, o)
+	require.Equal(t, framework.Duplicate, res.Outcome)
+	require.Positive(t, n, "natural key: not cached")
+}
+
+func TestCommittedKeysTTLValidated(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	for _, ttl := range []time.Duration{-time.Second, 4 * 24 * time.Hour} {
+		err := configErr(middleware.NewClaim, middleware.Claim{Store: b.store, Consumer: "c", Key: keyFunc(t), CommittedKeysTTL: ttl})
+		var ce *framework.ConfigError
+		require.ErrorAs(t, err, &ce, "%s", ttl)
+		require.Equal(t, "CommittedKeysTTL", ce.Field)
+	}
+	require.NoError(t, configErr(middleware.NewClaim, middleware.Claim{Store: b.store, Consumer: "c", Key: keyFunc(t), CommittedKeysTTL: 84 * time.Hour}))
+}
+
+// Many goroutines deliver copies of the same keys at once, cache cold and
+// warm: each effect is applied exactly once, twins resolved by the
+// database.
+func TestCommittedKeysConcurrent(t *testing.T) {
+	t.Parallel()
+	const workers, keys, copies = 8, 40, 4
+	b := setup(t, workers)
+	rec := &outcomes{}
+	c := b.claim(t, "conc", rec)
+	h := install(t, middleware.NewClaim, c)(consume(credit))
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*keys*copies)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range keys * copies {
+				id := int64((i + w*7) % keys)
+				_, err := h(newDelivery(t, order{OrderID: 100 + id, CustomerID: 100 + id, TotalCents: 100}))
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, keys, rec.count(framework.Applied))
+	require.Equal(t, workers*keys*copies-keys, rec.count(framework.Duplicate))
+	for id := int64(0); id < keys; id++ {
+		require.Equal(t, int64(1), b.ledgerRows(t, 100+id))
+	}
+	hits := 0
+	rec.mu.Lock()
+	for _, r := range rec.results {
+		if r.Outcome == framework.Duplicate && r.Attempts == 0 {
+			hits++
+		}
+	}
+	rec.mu.Unlock()
+	require.Positive(t, hits, "later copies were answered by the cache")
+}
+
+// Batches: committed keys (claimed or found claimed) are cached after the
+// commit, a batch of hits costs no round trip, and keys whose claim
+// rolled back (a failing message, a memoised one) are not cached.
+func TestBatchCommittedKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	st, rt := traced(t, b)
+	rec := &outcomes{}
+	bt := newBatch(t, middleware.Claim{Store: st, Consumer: "bcache", Key: keyFunc(t), OnOutcome: rec.onOutcome, PoisonMemo: true})
+	ctx := context.Background()
+	msgs := func(ids ...int64) []*message.Message {
+		var ms []*message.Message
+		for _, id := range ids {
+			ms = append(ms, newDelivery(t, order{OrderID: id, CustomerID: id, TotalCents: 100}))
+		}
+		return ms
+	}
+	// Order 3 is claimed by another consumer instance already; order 4
+	// has a poison memo.
+	other := newBatch(t, middleware.Claim{Store: st, Consumer: "bcache", Key: keyFunc(t)})
+	for _, err := range other.Process(ctx, msgs(3), creditSet) {
+		require.NoError(t, err)
+	}
+	_, err := b.pool.Exec(ctx, fmt.Sprintf("INSERT INTO %s (consumer, message_key, reason) VALUES ('bcache', 'order-completed:4', 'bad')",
+		pgx.Identifier{b.schema, "processed_messages_poison_memo"}.Sanitize()))
+	require.NoError(t, err)
+
+	failing := func(ctx context.Context, tx pgx.Tx, ms []*message.Message) error {
+		for _, m := range ms {
+			if m.Metadata.Get("event_id") == "evt-2" {
+				return errors.New("order 2 fails")
+			}
+		}
+		return creditSet(ctx, tx, ms)
+	}
+	errs := bt.Process(ctx, msgs(1, 2, 3, 4), failing)
+	require.NoError(t, errs[0])
+	require.Error(t, errs[1])
+	require.NoError(t, errs[2])
+	require.Error(t, errs[3])
+
+	before := rt.n.Load()
+	errs = bt.Process(ctx, msgs(1, 3, 1), creditSet)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, before, rt.n.Load(), "applied and found-committed keys are cached: no round trip")
+	rec.mu.Lock()
+	for _, r := range rec.results[len(rec.results)-3:] {
+		require.Equal(t, framework.Duplicate, r.Outcome)
+		require.Zero(t, r.Attempts)
+	}
+	rec.mu.Unlock()
+
+	// Order 2 failed and order 4 was memoised: neither cached, both go
+	// to the database.
+	before = rt.n.Load()
+	errs = bt.Process(ctx, msgs(2, 1), creditSet)
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.Positive(t, rt.n.Load()-before)
+	require.Equal(t, int64(1), b.ledgerRows(t, 2), "order 2 applied on its next copy")
+	before = rt.n.Load()
+	errs = bt.Process(ctx, msgs(4), creditSet)
+	require.Error(t, errs[0], "still memoised")
+	require.Positive(t, rt.n.Load()-before)
+}
