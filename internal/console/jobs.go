@@ -3,7 +3,6 @@ package console
 import (
 	"net/http"
 	"sync"
-	"time"
 )
 
 type job struct{}
@@ -15,13 +14,6 @@ type jobs struct {
 	running map[string]string
 }
 
-type horizonResult struct{}
-
-type horizonCache struct {
-	mu  sync.Mutex
-	ttl time.Duration
-	m   map[string]horizonResult
-}
 
 // replay is POST /dead-letters/replay.
 func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
