@@ -14,7 +14,6 @@ type jobs struct {
 	running map[string]string
 }
 
-
 // replay is POST /dead-letters/replay.
 func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/jobs/x", http.StatusSeeOther)

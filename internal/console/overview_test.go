@@ -67,12 +67,12 @@ claimtx_messages_total{consumer="other",handler="h1",outcome="duplicate"} 1000
 	claims := pgx.Identifier{e.schema, "processed_messages"}.Sanitize()
 	// loyalty: 3 in the last minute, 2 more in the last hour, 4 three
 	// hours ago, 5 two days ago (outside the day).
-	e.exec(`INSERT INTO `+claims+` (consumer, message_key, processed_at) SELECT 'loyalty', 'k' || g,
+	e.exec(`INSERT INTO ` + claims + ` (consumer, message_key, processed_at) SELECT 'loyalty', 'k' || g,
   now() - CASE WHEN g <= 3 THEN interval '10 seconds' WHEN g <= 5 THEN interval '20 minutes'
                WHEN g <= 9 THEN interval '3 hours 10 minutes' ELSE interval '2 days' END - g * interval '1 millisecond'
 FROM generate_series(1, 14) g`)
-	e.exec(`INSERT INTO `+claims+` (consumer, message_key, processed_at) VALUES ('billing', 'b1', now() - interval '5 hours'), ('<script>alert(1)</script>', 'x', now())`)
-	e.exec(`INSERT INTO `+pgx.Identifier{e.schema, "processed_messages_poison_memo"}.Sanitize()+` (consumer, message_key, reason) VALUES ('loyalty', 'p1', 'bad'), ('loyalty', 'p2', 'bad')`)
+	e.exec(`INSERT INTO ` + claims + ` (consumer, message_key, processed_at) VALUES ('billing', 'b1', now() - interval '5 hours'), ('<script>alert(1)</script>', 'x', now())`)
+	e.exec(`INSERT INTO ` + pgx.Identifier{e.schema, "processed_messages_poison_memo"}.Sanitize() + ` (consumer, message_key, reason) VALUES ('loyalty', 'p1', 'bad'), ('loyalty', 'p2', 'bad')`)
 
 	body := e.ok("/")
 	require.Contains(t, body, "<h1>Overview</h1>")
