@@ -20,6 +20,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
 	"time"
 
@@ -106,6 +107,9 @@ type Config struct {
 	PageSize int
 	// ScanCap bounds the dead letters read for one page. Defaults to 5000.
 	ScanCap int
+	// ReplayRate, when > 0, bounds a replay to this many letters per
+	// second, so a consumer is not flooded. Defaults to 0: no bound.
+	ReplayRate float64
 	// Logger receives errors and replay jobs. Defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -288,14 +292,20 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 	c.render(w, r, status, "error", page{Title: http.StatusText(status), Data: c.redact(msg)})
 }
 
-// redact removes every configured secret from s.
+// connString matches connection strings in error texts: the libraries
+// redact their passwords, but the console shows no connection string at
+// all (host names and users are an attacker's map).
+var connString = regexp.MustCompile(`(?i)\b(amqps?|postgres(?:ql)?|kafka|nats)://[^\s"']+`)
+
+// redact removes every configured secret, and every connection string,
+// from s.
 func (c *Console) redact(s string) string {
 	for _, p := range c.cfg.Secrets {
 		if p != "" {
 			s = strings.ReplaceAll(s, p, "xxxxx")
 		}
 	}
-	return s
+	return connString.ReplaceAllString(s, "[$1 URL]")
 }
 
 // errText is err's text, redacted, for a page.

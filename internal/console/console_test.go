@@ -119,14 +119,6 @@ func (e *env) ok(path string) string {
 
 var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 
-// csrf is the CSRF token the overview's forms carry for this client.
-func (e *env) csrf() string {
-	e.t.Helper()
-	m := csrfField.FindStringSubmatch(e.ok("/"))
-	require.NotNil(e.t, m, "no csrf field in the overview")
-	return m[1]
-}
-
 // exec runs SQL in the env's schema.
 func (e *env) exec(sql string, args ...any) {
 	e.t.Helper()

@@ -361,13 +361,16 @@ func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
 	defer cancel()
 	bcfg := cs.Broker
 	bcfg.Kafka.ConsumerGroup = cmp.Or(bcfg.Kafka.ConsumerGroup, "claimtx-console") // a subscriber needs one; it never joins
+	// A broker that is down must not hold the page for the adapters'
+	// start-up retries (30 s by default).
+	bcfg.AMQP.DialTimeout, bcfg.Kafka.DialTimeout = c.cfg.QueryTimeout, c.cfg.QueryTimeout
 	sub, err := brokers.NewSubscriber(bcfg, nil)
 	if err == nil {
 		h.horizon, h.known, err = horizon.Of(ctx, sub, cs.Topic, cs.PoisonTopic)
 		_ = sub.Close()
 	}
 	if err != nil {
-		h.err = c.errText(err)
+		h.err, h.known = c.errText(err), false
 	}
 	if ctx.Err() != nil && h.err == "" {
 		h.err = "timed out"

@@ -53,6 +53,7 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 	tokenFile := fs.String("token-file", "", "`file` holding the access token (or env CLAIMTX_CONSOLE_TOKEN); required to listen on a non-loopback address")
 	readOnly := fs.Bool("read-only", false, "no state-changing action: no replay, no clearing of poison memos")
 	outbox := fs.String("outbox-table", "", "outbox `table` (env CLAIMTX_OUTBOX_TABLE; default outbox, or the consumer configuration's)")
+	rate := fs.Float64("replay-rate", 0, "replay at most this many dead letters per second (0: no limit)")
 	var configs, metrics stringList
 	fs.Var(&configs, "consumer-config", "a consumer's configuration `file` (consumer.LoadConfig's YAML; repeatable): enables its dead letters and paste-a-message")
 	fs.Var(&metrics, "metrics", "`NAME=URL` of a consumer's Prometheus endpoint, for its duplicate and poisoned totals (repeatable)")
@@ -78,7 +79,10 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 		}
 		metricURLs[name] = u
 	}
-	cfg := console.Config{Token: token, Listen: *listen, ReadOnly: *readOnly, Metrics: metricURLs}
+	if *rate < 0 {
+		return &usageError{msg: "console: --replay-rate must not be negative"}
+	}
+	cfg := console.Config{Token: token, Listen: *listen, ReadOnly: *readOnly, Metrics: metricURLs, ReplayRate: *rate}
 	var secrets []string
 	for i, path := range configs {
 		cc, err := consumer.LoadConfig(path)
