@@ -1,7 +1,9 @@
 package console_test
 
 import (
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -164,4 +166,25 @@ func mustURL(t *testing.T, s string) *url.URL {
 	u, err := url.Parse(s)
 	require.NoError(t, err)
 	return u
+}
+
+// Over TLS the session cookie is Secure.
+func TestSecureCookieOverTLS(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *console.Config) { c.Token = token })
+	srv := httptest.NewTLSServer(e.con)
+	t.Cleanup(srv.Close)
+	client := srv.Client()
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, err := client.Get(srv.URL + "/login")
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	csrf := csrfField.FindStringSubmatch(string(b))[1]
+	resp, err = client.PostForm(srv.URL+"/login", url.Values{"token": {token}, "csrf": {csrf}})
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+	require.Contains(t, resp.Header.Get("Set-Cookie"), "; Secure")
 }
