@@ -156,7 +156,16 @@ func (c *Console) authenticate(r *http.Request) (identity, bool) {
 		return identity{}, true
 	}
 	if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
-		return identity{bearer: true}, c.tokenOK(strings.TrimPrefix(a, "Bearer "))
+		// A wrong bearer spends the login budget: scripts guess no faster
+		// than the form.
+		if !c.limiter.allowed(time.Now()) {
+			return identity{bearer: true}, false
+		}
+		ok := c.tokenOK(strings.TrimPrefix(a, "Bearer "))
+		if !ok {
+			c.limiter.spend()
+		}
+		return identity{bearer: true}, ok
 	}
 	if ck, err := r.Cookie(cookieName); err == nil {
 		if s, ok := c.verifySession(ck.Value, time.Now()); ok {

@@ -153,6 +153,20 @@ func TestLoginRateLimit(t *testing.T) {
 	require.Positive(t, limited, "20 guesses in a burst: some must be refused")
 }
 
+// Wrong bearer tokens spend the same budget as failed logins: a script
+// cannot guess the token faster than the login form can.
+func TestBearerRateLimit(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *console.Config) { c.Token = token })
+	for range 20 {
+		require.Equal(t, http.StatusUnauthorized, e.post("/poison-memo/clear", url.Values{}, "Authorization", "Bearer guess-guess-guess-guess").status)
+	}
+	// The budget is spent: even the right token waits for it to refill.
+	require.Equal(t, http.StatusUnauthorized, e.post("/poison-memo/clear", url.Values{}, "Authorization", "Bearer "+token).status)
+	csrf := csrfField.FindStringSubmatch(e.ok("/login"))[1]
+	require.Equal(t, http.StatusTooManyRequests, e.post("/login", url.Values{"token": {"guess-guess-guess-guess"}, "csrf": {csrf}}).status)
+}
+
 // A short token is a configuration error.
 func TestShortTokenRefused(t *testing.T) {
 	t.Parallel()
