@@ -39,7 +39,15 @@ func formatDuration(d time.Duration) string {
 	if d > 0 && d%day == 0 {
 		return fmt.Sprintf("%dd", d/day)
 	}
-	return d.String()
+	// "12h", not "12h0m0s": drop the zero units Go prints.
+	out := d.String()
+	if strings.HasSuffix(out, "m0s") {
+		out = strings.TrimSuffix(out, "0s")
+		if strings.HasSuffix(out, "h0m") {
+			out = strings.TrimSuffix(out, "0m")
+		}
+	}
+	return out
 }
 
 // timestamp prints a time in UTC, to the second; "—" for none.

@@ -98,7 +98,7 @@ FROM generate_series(1, 14) g`)
 	require.Equal(t, []string{"0", "0", "1"}, bi[1:4])
 	require.Equal(t, "unreachable", bi[6])
 	require.Contains(t, row(t, body, "billing"), "badge red")
-	require.Contains(t, row(t, body, "billing"), "retention 12h0m0s, horizon 1d")
+	require.Contains(t, row(t, body, "billing"), "retention 12h, horizon 1d")
 
 	idle := row(t, body, "idle")
 	require.Contains(t, idle, "badge amber", "no retention configured")
