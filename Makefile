@@ -9,7 +9,7 @@ TEST_FLAGS ?= -race -count=1 -timeout 20m
 
 .PHONY: help
 help: ## Show this help.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-20s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: demo
 demo: ## Run the loyalty consumer on RabbitMQ, Kafka and NATS JetStream with injected trouble and check every balance (starts kfake if no Kafka listens; needs nats-server -js).
@@ -25,7 +25,7 @@ build: ## Compile every package and example.
 	$(GO) build $(PKGS)
 
 .PHONY: test
-test: test-parallel test-disruptive ## Run every test against the local Postgres, RabbitMQ and in-process Kafka (the CI command).
+test: test-parallel test-disruptive test-browser ## Run every test against the local Postgres, RabbitMQ and in-process Kafka, and the console in Chromium (the CI command).
 
 .PHONY: test-parallel
 test-parallel: ## The main suite, with -race; packages run in parallel, each test isolated by schema, queue and topic.
@@ -45,6 +45,21 @@ DISRUPTIVE_PKGS ?= ./brokers/amqp/ ./examples/chaos/ ./examples/loyalty/ ./frame
 .PHONY: test-disruptive
 test-disruptive: ## Tests that disconnect or restart shared servers, run serially (includes the CI chaos run).
 	$(GO) test -count=1 -p 1 -tags disruptive -run 'Disruptive|Reconnect' $(DISRUPTIVE_PKGS)
+
+# The console's end-to-end test: real loyalty consumers and `claimtx
+# console` processes, clicked through in Debian's Chromium by Playwright
+# (internal/console/e2e). install.sh installs Chromium and playwright-core
+# when they are missing and says nothing when they are there.
+BROWSER_TEST = $(GO) test -tags browser -run '^TestBrowser' -count=1 -timeout 10m ./internal/console/
+.PHONY: test-browser
+test-browser: ## The console in headless Chromium (Playwright): overview, lookup, dead letters, a replay applied exactly once; installs chromium and node_modules when missing.
+	bash internal/console/e2e/install.sh
+	$(BROWSER_TEST)
+
+.PHONY: console-screenshots
+console-screenshots: ## Run the browser test and keep its screenshots in docs/images (console-*.png).
+	bash internal/console/e2e/install.sh
+	SCREENSHOT_DIR=$(CURDIR)/docs/images $(BROWSER_TEST)
 
 .PHONY: test-race
 test-race: test ## Alias of test: the suite always runs with -race.

@@ -243,6 +243,8 @@ func TestReplaySelection(t *testing.T) {
 			require.Equal(t, []string{"order-1"}, browse(dlq.Filter{OlderThan: 7 * 24 * time.Hour}, 0))
 			require.Len(t, browse(dlq.Filter{NewerThan: 7 * 24 * time.Hour}, 0), 5)
 			require.Equal(t, []string{"order-1", "order-2"}, browse(dlq.Filter{}, 2))
+			require.Equal(t, []string{"order-2", "order-5"}, browse(dlq.Filter{IDs: []string{"order-5", "order-2", "order-99"}}, 0))
+			require.Equal(t, []string{"order-4"}, browse(dlq.Filter{IDs: []string{"order-4", "order-5"}, Reason: "constraint"}, 0), "with the other filters")
 
 			// Replay the even ones, applied one included.
 			r := dlq.Run{Source: open(t, w, true), Classifier: classifier(t, w.Pool, w.Schema), Topic: w.Topic,

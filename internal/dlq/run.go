@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 )
@@ -24,6 +25,9 @@ type Filter struct {
 	Topic string
 	// ID selects the letter with this message UUID.
 	ID string
+	// IDs, when not empty, selects the letters with these message UUIDs
+	// (the web console's "replay the selected letters").
+	IDs []string
 	// Reason selects letters whose poison reason contains it.
 	Reason string
 	// Key selects letters whose key (today's, when classified, else the
@@ -52,6 +56,9 @@ func (f Filter) pass(l *Letter) (why string, otherConsumer bool) {
 func (f Filter) keep(l *Letter, now time.Time) string {
 	if f.ID != "" && l.Msg.UUID != f.ID {
 		return "id does not match --id"
+	}
+	if len(f.IDs) > 0 && !slices.Contains(f.IDs, l.Msg.UUID) {
+		return "not among the selected ids"
 	}
 	if f.Reason != "" && !strings.Contains(l.Stamps.Reason, f.Reason) {
 		return "reason does not match --reason"

@@ -45,6 +45,7 @@ Usage:
   claimtx keys check                   verify a key spec against a sample of messages
   claimtx unpoison --consumer C        clear poison memos: the next copies run the handler again
   claimtx explain --consumer C --key K a message's claim, transaction, outbox rows and poison memo
+  claimtx console [flags]              serve the web console: overview, key look-up, dead letters and replay
 
 Every command that reads the claims takes:
   --database-url URL   Postgres connection string (env DATABASE_URL)
@@ -91,6 +92,8 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		err = cmdUnpoison(ctx, rest, stdout, getenv)
 	case "explain":
 		err = cmdExplain(ctx, rest, stdout, getenv)
+	case "console":
+		err = cmdConsole(ctx, rest, stdout, getenv)
 	default:
 		printf(stderr, "claimtx: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage

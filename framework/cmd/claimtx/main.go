@@ -11,6 +11,7 @@
 //	claimtx keys check --key-spec SPEC [--time-spec SPEC] --topic T | --file F.jsonl
 //	claimtx unpoison --consumer C [--key K]… [--reason-contains S] [--older-than D] [--dry-run]
 //	claimtx explain --consumer C (--key K | --message FILE --key-spec SPEC) [--json]
+//	claimtx console [--listen 127.0.0.1:7070] [--read-only] [--consumer-config FILE]… [--metrics NAME=URL]…
 //
 // The database comes from --database-url or DATABASE_URL, the schema from
 // --schema or CLAIMTX_SCHEMA (default "claimtx"), the table from --table or
