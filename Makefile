@@ -131,6 +131,12 @@ BENCH_REPLAY_N ?= 100000
 bench-replay: ## `claimtx dlq replay` throughput (messages/s) of BENCH_REPLAY_N dead letters on RabbitMQ and Kafka, dry run and replay (own queues, topics and schemas).
 	BENCH_REPLAY_N=$(BENCH_REPLAY_N) $(GO) test -tags benchreplay -run '^TestReplayThroughput$$' -count=1 -timeout 60m -v ./framework/cmd/claimtx/
 
+BENCH_CLAIMS ?= 10000000
+BENCH_LETTERS ?= 100000
+.PHONY: bench-console
+bench-console: ## Console page times at scale: BENCH_CLAIMS claims over 30 days, BENCH_LETTERS dead letters on RabbitMQ and Kafka, each page requested 5 times (own schema, queues and topics).
+	BENCH_CLAIMS=$(BENCH_CLAIMS) BENCH_LETTERS=$(BENCH_LETTERS) $(GO) test -tags benchconsole -run '^TestPageTimes$$' -count=1 -timeout 60m -v ./internal/console/
+
 # The chaos run restarts the shared Postgres and closes every RabbitMQ
 # connection on the host: run it alone (not beside `make test`).
 CHAOS_FLAGS ?=
