@@ -31,9 +31,11 @@ type overviewRow struct {
 	Minute, Hour, Day int64
 	Chart             template.HTML
 	ActivityErr       string
-	// Oldest and newest claim.
-	Oldest, Newest time.Time
-	ClaimsErr      string
+	// Newest is the consumer's last claim; NewestNote replaces it when
+	// it is not known exactly (older than the bounded search).
+	Newest     time.Time
+	NewestNote string
+	ClaimsErr  string
 	Poisoned       string
 	PoisonedTitle  string
 	Duplicates     string
@@ -47,7 +49,12 @@ type badge struct {
 }
 
 type overviewData struct {
-	Table      string
+	Table string
+	// Oldest and Newest claim of the whole table: retention is
+	// table-wide (cleanup deletes by processed_at whatever the
+	// consumer), so the oldest claim says whether it keeps up.
+	Oldest, Newest time.Time
+	EndsErr        string
 	Layout     string // "plain" or "partitioned by event day, N partitions"
 	Rows       []overviewRow
 	Truncated  bool // more consumers than maxConsumers
@@ -73,31 +80,48 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		act, err := c.activity(ctx)
+		var idle []string
 		for i := range rows {
 			if err != nil {
 				rows[i].ActivityErr = c.errText(err)
+				rows[i].ClaimsErr = rows[i].ActivityErr
 				continue
 			}
 			a := act[rows[i].Name]
 			if a == nil {
 				a = &activity{}
+				idle = append(idle, rows[i].Name)
 			}
-			rows[i].Minute, rows[i].Hour = a.minute, a.hourly[23]
+			rows[i].Minute, rows[i].Hour, rows[i].Newest = a.minute, a.hourly[23], a.newest
 			for _, n := range a.hourly {
 				rows[i].Day += n
 			}
 			rows[i].Chart = hourlyChart(a.hourly)
 		}
-	})
-	wg.Go(func() {
-		ends, err := c.claimEnds(ctx, names)
+		if len(idle) == 0 {
+			return
+		}
+		last, tooOld, err := c.lastClaims(ctx, idle)
 		for i := range rows {
-			if err != nil {
-				rows[i].ClaimsErr = c.errText(err)
+			if !slices.Contains(idle, rows[i].Name) {
 				continue
 			}
-			e := ends[rows[i].Name]
-			rows[i].Oldest, rows[i].Newest = e[0], e[1]
+			switch at, ok := last[rows[i].Name]; {
+			case err != nil:
+				rows[i].ClaimsErr = c.errText(err)
+			case ok:
+				rows[i].Newest = at
+			case tooOld[rows[i].Name]:
+				rows[i].NewestNote = "over 24 h ago"
+			default:
+				rows[i].NewestNote = "none"
+			}
+		}
+	})
+	wg.Go(func() {
+		var err error
+		if d.Oldest, d.Newest, err = c.tableEnds(ctx); err != nil {
+			d.EndsErr = c.errText(err)
 		}
 	})
 	wg.Go(func() {
@@ -181,6 +205,7 @@ SELECT consumer FROM cs WHERE consumer IS NOT NULL LIMIT $1`)
 type activity struct {
 	minute int64
 	hourly [24]int64 // [23] is the last hour
+	newest time.Time
 }
 
 // activity counts the claims of the last 24 hours per consumer and hour,
@@ -189,7 +214,8 @@ func (c *Console) activity(ctx context.Context) (map[string]*activity, error) {
 	q := c.names.Render(`SELECT consumer,
        least(floor(extract(epoch FROM now() - processed_at) / 3600), 23)::int AS hours_ago,
        count(*),
-       count(*) FILTER (WHERE processed_at > now() - interval '1 minute')
+       count(*) FILTER (WHERE processed_at > now() - interval '1 minute'),
+       max(processed_at)
 FROM {schema}.{claims}
 WHERE processed_at > now() - interval '24 hours'
 GROUP BY 1, 2`)
@@ -202,7 +228,8 @@ GROUP BY 1, 2`)
 		var name string
 		var ago int
 		var n, minute int64
-		_, err = pgx.ForEachRow(rows, []any{&name, &ago, &n, &minute}, func() error {
+		var newest time.Time
+		_, err = pgx.ForEachRow(rows, []any{&name, &ago, &n, &minute, &newest}, func() error {
 			a := out[name]
 			if a == nil {
 				a = &activity{}
@@ -213,6 +240,9 @@ GROUP BY 1, 2`)
 			}
 			a.hourly[23-ago] += n
 			a.minute += minute
+			if newest.After(a.newest) {
+				a.newest = newest
+			}
 			return nil
 		})
 		return err
@@ -220,35 +250,59 @@ GROUP BY 1, 2`)
 	return out, err
 }
 
-// claimEnds returns each consumer's oldest and newest processed_at, each
-// read from one end of the processed_at index.
-func (c *Console) claimEnds(ctx context.Context, names []string) (map[string][2]time.Time, error) {
-	q := c.names.Render(`SELECT n.consumer, o.processed_at, l.processed_at
-FROM unnest($1::text[]) AS n(consumer)
-LEFT JOIN LATERAL (SELECT processed_at FROM {schema}.{claims} WHERE consumer = n.consumer ORDER BY processed_at LIMIT 1) o ON true
-LEFT JOIN LATERAL (SELECT processed_at FROM {schema}.{claims} WHERE consumer = n.consumer ORDER BY processed_at DESC LIMIT 1) l ON true`)
-	out := map[string][2]time.Time{}
-	err := c.readOnly(ctx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, q, names)
-		if err != nil {
+// tableEnds returns the oldest and newest claim of the whole table: one
+// probe at each end of the processed_at index.
+func (c *Console) tableEnds(ctx context.Context) (oldest, newest time.Time, err error) {
+	q := c.names.Render(`SELECT (SELECT min(processed_at) FROM {schema}.{claims}), (SELECT max(processed_at) FROM {schema}.{claims})`)
+	err = c.readOnly(ctx, func(tx pgx.Tx) error {
+		var o, n *time.Time
+		if err := tx.QueryRow(ctx, q).Scan(&o, &n); err != nil {
 			return err
 		}
-		var name string
-		var oldest, newest *time.Time
-		_, err = pgx.ForEachRow(rows, []any{&name, &oldest, &newest}, func() error {
-			var e [2]time.Time
-			if oldest != nil {
-				e[0] = *oldest
+		if o != nil {
+			oldest, newest = *o, *n
+		}
+		return nil
+	})
+	return oldest, newest, err
+}
+
+// idleSearch bounds the search for the last claim of a consumer with
+// none in the last 24 hours.
+const idleSearch = time.Second
+
+// lastClaims returns the last claim of each of names, consumers without
+// a claim in the last 24 hours. Without an index on (consumer,
+// processed_at), which would make every claim dearer, the newest end of
+// the processed_at index is walked back until the consumer's row; the
+// walk is bounded by idleSearch: a consumer it did not reach is in
+// tooOld, one without any claim in neither map.
+func (c *Console) lastClaims(ctx context.Context, names []string) (last map[string]time.Time, tooOld map[string]bool, err error) {
+	q := c.names.Render(`SELECT processed_at FROM {schema}.{claims} WHERE consumer = $1 ORDER BY processed_at DESC LIMIT 1`)
+	last, tooOld = map[string]time.Time{}, map[string]bool{}
+	for _, name := range names {
+		err := c.readOnly(ctx, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", min(idleSearch, c.cfg.QueryTimeout).Milliseconds())); err != nil {
+				return err
 			}
-			if newest != nil {
-				e[1] = *newest
+			var at time.Time
+			switch err := tx.QueryRow(ctx, q, name).Scan(&at); {
+			case errors.Is(err, pgx.ErrNoRows):
+				return nil
+			case err != nil:
+				return err
 			}
-			out[name] = e
+			last[name] = at
 			return nil
 		})
-		return err
-	})
-	return out, err
+		switch {
+		case errors.Is(err, errTimedOut):
+			tooOld[name] = true
+		case err != nil:
+			return nil, nil, err
+		}
+	}
+	return last, tooOld, nil
 }
 
 // memoCounts counts the poison memos per consumer.

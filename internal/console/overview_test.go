@@ -71,7 +71,7 @@ claimtx_messages_total{consumer="other",handler="h1",outcome="duplicate"} 1000
   now() - CASE WHEN g <= 3 THEN interval '10 seconds' WHEN g <= 5 THEN interval '20 minutes'
                WHEN g <= 9 THEN interval '3 hours 10 minutes' ELSE interval '2 days' END - g * interval '1 millisecond'
 FROM generate_series(1, 14) g`)
-	e.exec(`INSERT INTO ` + claims + ` (consumer, message_key, processed_at) VALUES ('billing', 'b1', now() - interval '5 hours'), ('<script>alert(1)</script>', 'x', now())`)
+	e.exec(`INSERT INTO ` + claims + ` (consumer, message_key, processed_at) VALUES ('billing', 'b1', now() - interval '5 hours'), ('archived', 'a1', now() - interval '72 hours'), ('<script>alert(1)</script>', 'x', now())`)
 	e.exec(`INSERT INTO ` + pgx.Identifier{e.schema, "processed_messages_poison_memo"}.Sanitize() + ` (consumer, message_key, reason) VALUES ('loyalty', 'p1', 'bad'), ('loyalty', 'p2', 'bad')`)
 
 	body := e.ok("/")
@@ -89,8 +89,16 @@ FROM generate_series(1, 14) g`)
 	require.Equal(t, "2", c[5], "poison memos")
 	require.Equal(t, "7", c[6], "duplicates from the metrics")
 	require.Contains(t, lo, "applied 42, duplicate 7, poisoned 3")
-	require.Regexp(t, `^\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$`, c[7])
-	require.Less(t, c[7], c[8], "oldest before newest")
+	require.Regexp(t, `^\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$`, c[7], "last claim")
+	require.Greater(t, c[7], time.Now().UTC().Add(-time.Minute).Format("2006-01-02 15:04:05Z"), "the last claim is the one 10 s ago")
+	// The table's ends: the oldest is loyalty's of two days ago.
+	ends := regexp.MustCompile(`Claims in the table from <span class="ts">([^<]+)</span>.*to <span class="ts">([^<]+)</span>`).FindStringSubmatch(body)
+	require.NotNil(t, ends, "the table's oldest and newest claim")
+	require.Less(t, ends[1], time.Now().UTC().Add(-47*time.Hour).Format("2006-01-02 15:04:05Z"))
+	require.Less(t, ends[1], ends[2])
+	// A consumer without a claim in 24 hours: its last claim is searched
+	// for (a small table: found).
+	require.Equal(t, time.Now().UTC().Add(-72*time.Hour).Format("2006-01-02"), cells(row(t, body, "archived"))[7][:10])
 	require.Contains(t, lo, `badge green`)
 	require.Contains(t, lo, "retention 30d, horizon 1d")
 
@@ -104,6 +112,7 @@ FROM generate_series(1, 14) g`)
 	require.Contains(t, idle, "badge amber", "no retention configured")
 	require.Contains(t, idle, "—")
 	require.Contains(t, cells(idle)[6], "—")
+	require.Equal(t, "none", cells(idle)[7], "a configured consumer without claims")
 	require.Contains(t, idle, "--metrics idle=")
 
 	// Not configured: no dead letters link, horizon unknown.
