@@ -264,18 +264,18 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 	if err != nil {
 		j.err = errors.New(c.errText(err))
 	}
-	totals := j.totals
+	totals, wouldReplay := j.totals, j.replay
 	j.mu.Unlock()
 	c.jobs.finish(j)
-	kind := "replay"
+	kind, count, n := "replay", "replayed", totals.Replayed
 	if j.DryRun {
-		kind = "dry run"
+		kind, count, n = "dry run", "would_replay", wouldReplay
 	}
 	if err != nil {
-		c.log.Warn("console: "+kind+" failed", "job", j.ID, "consumer", cs.Name, "replayed", totals.Replayed, "read", totals.Seen, "err", c.errText(err))
+		c.log.Warn("console: "+kind+" failed", "job", j.ID, "consumer", cs.Name, count, n, "read", totals.Seen, "err", c.errText(err))
 		return
 	}
-	c.log.Info("console: "+kind+" done", "job", j.ID, "consumer", cs.Name, "replayed", totals.Replayed, "read", totals.Seen)
+	c.log.Info("console: "+kind+" done", "job", j.ID, "consumer", cs.Name, count, n, "read", totals.Seen)
 }
 
 // jobPage is GET /jobs/{id}: progress while the job runs (the page
