@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/internal/dlq"
 )
 
@@ -16,21 +17,28 @@ import (
 // totals count them all.
 const maxJobRows = 5000
 
-// job is a replay running in the background, under the console's context
-// (not the request's): it outlives the POST that started it and is
-// cancelled by Console.Close. internal/dlq makes an interruption safe:
-// the batch in flight is settled, and every letter is still in the
-// destination, republished, or both.
+// job is a replay, or the dry run of a preview of all matching letters,
+// running in the background under the console's context (not the
+// request's): it outlives the POST that started it and is cancelled by
+// Console.Close. internal/dlq makes an interruption safe: the batch in
+// flight is settled, and every letter is still in the destination,
+// republished, or both; a dry run changes nothing at all.
 type job struct {
 	ID       string
 	Consumer string
 	Started  time.Time
+	// DryRun is a preview: it decides, republishes nothing, and its page
+	// is the preview with the confirmation.
+	DryRun bool
+	sel    selection
+	kafka  bool
 
 	mu       sync.Mutex
 	total    int64 // letters in the destination when opened
 	totals   dlq.Totals
 	rows     []letterRow
 	more     int64
+	replay   int64 // dry run: letters the replay would republish
 	finished time.Time
 	err      error
 }
@@ -47,13 +55,14 @@ type jobView struct {
 	More             int64
 	Passed, Kept     int64
 	NotSelectedOther int64
+	WouldReplay      int64 // dry run
 }
 
 func (j *job) view() jobView {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	v := jobView{ID: j.ID, Consumer: j.Consumer, Started: j.Started, Ended: j.finished, Seen: j.totals.Seen, Total: j.total,
-		Totals: j.totals, Rows: j.rows, More: j.more}
+		Totals: j.totals, Rows: j.rows, More: j.more, WouldReplay: j.replay}
 	switch {
 	case j.finished.IsZero():
 		v.Running, v.Status = true, "running"
@@ -83,20 +92,30 @@ type jobs struct {
 	running map[string]string // consumer -> job id
 }
 
-// errBusy is a second replay for a consumer while one runs.
-var errBusy = errors.New("a replay of this consumer is running")
+// errBusy is a second job for a consumer while one runs.
+var errBusy = errors.New("a job of this consumer is running")
 
-// start registers a job for consumer, or returns errBusy with the id of
-// the running one.
-func (js *jobs) start(consumer string) (*job, string, error) {
+// start registers a job for consumer, or returns errBusy with the running
+// one. Replays and dry runs share the one-job-per-consumer rule: on
+// RabbitMQ a browse holds every letter it read unacked on its channel, so
+// a replay beside a dry run would not see the letters the dry run holds
+// (and miss them), and a dry run beside a replay would count letters the
+// replay is removing. A dry run asked for again while the same one runs
+// joins it instead (reused is true): a reload or a second operator
+// does not read the destination twice.
+func (js *jobs) start(consumer string, dryRun bool, sel selection) (j *job, reused bool, err error) {
 	js.mu.Lock()
 	defer js.mu.Unlock()
 	if id, ok := js.running[consumer]; ok {
-		return nil, id, errBusy
+		cur := js.byID[id]
+		if dryRun && cur.DryRun && cur.sel.sameAll(sel) {
+			return cur, true, nil
+		}
+		return cur, false, errBusy
 	}
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
-	j := &job{ID: hex.EncodeToString(b), Consumer: consumer, Started: time.Now()}
+	j = &job{ID: hex.EncodeToString(b), Consumer: consumer, Started: time.Now(), DryRun: dryRun, sel: sel}
 	js.byID[j.ID] = j
 	js.order = append(js.order, j.ID)
 	js.running[consumer] = j.ID
@@ -115,7 +134,7 @@ func (js *jobs) start(consumer string) (*job, string, error) {
 			break
 		}
 	}
-	return j, "", nil
+	return j, false, nil
 }
 
 func (js *jobs) finish(j *job) {
@@ -145,14 +164,31 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, "no letter selected")
 		return
 	}
-	j, running, err := c.jobs.start(cs.Name)
+	c.startJob(w, r, cs, sel, false)
+}
+
+// startJob starts a replay or dry-run job of sel and redirects to its
+// page; while another job of the consumer runs it answers 409.
+func (c *Console) startJob(w http.ResponseWriter, r *http.Request, cs *Consumer, sel selection, dryRun bool) {
+	j, reused, err := c.jobs.start(cs.Name, dryRun, sel)
 	if err != nil {
+		what := "A replay"
+		if j.DryRun {
+			what = "A dry run (preview of all matching)"
+		}
 		c.render(w, r, http.StatusConflict, "error", page{Title: "Conflict",
-			Data: fmt.Sprintf("A replay of %s is running already (job %s): wait for it to finish, then preview again.", cs.Name, running)})
+			Data: fmt.Sprintf("%s of %s is running already (job %s, at /jobs/%s): wait for it to finish, then preview again.", what, cs.Name, j.ID, j.ID)})
 		return
 	}
-	c.log.Info("console: replay started", "job", j.ID, "consumer", cs.Name, "all_matching", sel.All, "selected", len(sel.IDs), "include_applied", sel.IncludeApplied)
-	c.jobs.wg.Go(func() { c.runJob(j, cs, sel) })
+	if !reused {
+		j.kafka = cs.Broker.Kind == brokers.KindKafka
+		kind := "replay"
+		if dryRun {
+			kind = "dry run"
+		}
+		c.log.Info("console: "+kind+" started", "job", j.ID, "consumer", cs.Name, "all_matching", sel.All, "selected", len(sel.IDs), "include_applied", sel.IncludeApplied)
+		c.jobs.wg.Go(func() { c.runJob(j, cs, sel) })
+	}
 	http.Redirect(w, r, "/jobs/"+j.ID, http.StatusSeeOther)
 }
 
@@ -171,17 +207,31 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 		if err != nil {
 			return err
 		}
-		run.Rate = c.cfg.ReplayRate
-		// Batches of 100: the progress moves in visible steps, and an
-		// interruption settles at most one small batch.
-		run.BatchSize = 100
+		maxRows := maxJobRows
+		if j.DryRun {
+			// A dry run settles nothing: the default batches (500) mean
+			// fewer claims queries, and Rate paces republishing only.
+			run.DryRun = true
+			maxRows = maxPreviewRows
+		} else {
+			run.Rate = c.cfg.ReplayRate
+			// Batches of 100: the progress moves in visible steps, and an
+			// interruption settles at most one small batch.
+			run.BatchSize = 100
+		}
 		run.OnLetter = func(l *dlq.Letter) error {
 			if !l.Selected && !l.Replayed {
 				return nil
 			}
 			row := rowOf(l, time.Now())
+			// Neither result page shows the payload: a job keeps up to
+			// maxJobRows rows for as long as the console remembers it.
+			row.Payload = ""
 			j.mu.Lock()
-			if len(j.rows) < maxJobRows {
+			if l.Action == dlq.ActionReplay {
+				j.replay++
+			}
+			if len(j.rows) < maxRows {
 				j.rows = append(j.rows, row)
 			} else {
 				j.more++
@@ -199,7 +249,13 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 		j.totals = t
 		j.mu.Unlock()
 		if err != nil && ctx.Err() != nil {
+			if j.DryRun {
+				return fmt.Errorf("interrupted by the console's shutdown after %d letters read; a dry run changes nothing: preview again", t.Seen)
+			}
 			return fmt.Errorf("interrupted by the console's shutdown after %d letters replayed; nothing is lost: preview and replay again", t.Replayed)
+		}
+		if err != nil && j.DryRun {
+			return fmt.Errorf("dry run: %w", err)
 		}
 		return err
 	}()
@@ -208,24 +264,35 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 	if err != nil {
 		j.err = errors.New(c.errText(err))
 	}
-	totals := j.totals
+	totals, wouldReplay := j.totals, j.replay
 	j.mu.Unlock()
 	c.jobs.finish(j)
+	kind, count, n := "replay", "replayed", totals.Replayed
+	if j.DryRun {
+		kind, count, n = "dry run", "would_replay", wouldReplay
+	}
 	if err != nil {
-		c.log.Warn("console: replay failed", "job", j.ID, "consumer", cs.Name, "replayed", totals.Replayed, "err", c.errText(err))
+		c.log.Warn("console: "+kind+" failed", "job", j.ID, "consumer", cs.Name, count, n, "read", totals.Seen, "err", c.errText(err))
 		return
 	}
-	c.log.Info("console: replay done", "job", j.ID, "consumer", cs.Name, "replayed", totals.Replayed, "read", totals.Seen)
+	c.log.Info("console: "+kind+" done", "job", j.ID, "consumer", cs.Name, count, n, "read", totals.Seen)
 }
 
-// jobPage is GET /jobs/{id}: progress while the replay runs (the page
-// refreshes itself every second), the result of every letter afterwards.
+// jobPage is GET /jobs/{id}: progress while the job runs (the page
+// refreshes itself every second), the result of every letter afterwards;
+// for a dry run, the preview with its confirmation.
 func (c *Console) jobPage(w http.ResponseWriter, r *http.Request) {
 	j := c.jobs.get(r.PathValue("id"))
 	if j == nil {
-		c.fail(w, r, http.StatusNotFound, "no such replay job (the console keeps the last 20, in memory: a restart forgets them)")
+		c.fail(w, r, http.StatusNotFound, "no such job (the console keeps the last 20, in memory: a restart forgets them)")
 		return
 	}
 	v := j.view()
+	if j.DryRun {
+		d := previewData{Consumer: j.Consumer, Selection: j.sel, Rows: v.Rows, More: v.More, Totals: v.Totals,
+			Replay: v.WouldReplay, Kafka: j.kafka, Job: &v}
+		c.render(w, r, http.StatusOK, "preview", page{Title: "Replay preview", Nav: "dead-letters", Refresh: v.Running, Data: d})
+		return
+	}
 	c.render(w, r, http.StatusOK, "job", page{Title: "Replay", Nav: "dead-letters", Refresh: v.Running, Data: v})
 }

@@ -138,6 +138,7 @@ SELECT $1, 'order:' || g FROM generate_series(1, $2::int) g WHERE g %% 2 = 0 ON 
 			return resp.StatusCode, string(b)
 		}
 	}
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	post := func(path string, form url.Values) func() (int, string) {
 		return func() (int, string) {
 			resp, err := http.PostForm(srv.URL+path, form)
@@ -167,9 +168,37 @@ SELECT $1, 'order:' || g FROM generate_series(1, $2::int) g WHERE g %% 2 = 0 ON 
 		}
 		require.Len(t, form["id"], 50)
 		timeIt("/dead-letters/preview", kind+": dry run of the 50 letters of page 1", post("/dead-letters/preview", form))
-		// A dry run of every letter reads the whole destination: once.
+		// A dry run of every letter reads the whole destination, in a job:
+		// the POST only starts it; time it, and the job until it is done.
 		all := url.Values{"csrf": {m[1]}, "consumer": {name}, "scope": {"all"}}
-		timeItN(1, "/dead-letters/preview", kind+": dry run of all "+strconv.Itoa(letters)+" letters (once)", post("/dead-letters/preview", all))
+		start := time.Now()
+		resp, err := noRedirect.PostForm(srv.URL+"/dead-letters/preview", all)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		posted := time.Since(start)
+		require.Equal(t, http.StatusSeeOther, resp.StatusCode)
+		loc := resp.Header.Get("Location")
+		rows = append(rows, row{"/dead-letters/preview", kind + ": start the dry run of all " + strconv.Itoa(letters) + " letters (303 to its job; once)", []time.Duration{posted}})
+		var polls []time.Duration
+		var body string
+		for {
+			// The poll interval is the resolution of the job's time.
+			pollStart := time.Now()
+			code, b := get(loc)()
+			polls = append(polls, time.Since(pollStart))
+			require.Equal(t, http.StatusOK, code, b)
+			require.NotContains(t, b, `<p id="job-status" class="error">`, "the dry run failed")
+			if strings.Contains(b, `<p id="job-status" class="">done</p>`) {
+				body = b
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		done := time.Since(start)
+		require.Contains(t, body, `id="would-replay">`+strconv.Itoa(letters/2)+`<`, "every other letter would apply")
+		rows = append(rows, row{"/jobs/ID", kind + ": the dry run of all " + strconv.Itoa(letters) + " letters, from the POST until its page reads done (once)", []time.Duration{done}})
+		slices.Sort(polls)
+		rows = append(rows, row{"/jobs/ID", kind + ": the dry-run job's page, each poll while it runs and the last (" + strconv.Itoa(len(polls)) + " polls)", polls})
 	}
 
 	var b strings.Builder
