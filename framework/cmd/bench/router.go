@@ -39,63 +39,65 @@ type routerRun struct {
 	window     int
 	preclaimed bool
 	// warm: the same consumer applies the n messages first, unmeasured,
-	// then the n messages are published again (a producer's re-send, a
-	// redelivery after a rebalance) and only that second pass is
-	// measured: a duplicate storm with the committed-key cache warm.
+	// and then meets the n messages again (a producer's re-send, a
+	// redelivery after a rebalance): a duplicate storm with the
+	// committed-key cache warm. Both passes are published before the
+	// consumer starts (originals, then copies), so no publishing shares
+	// the machine with the measured pass; it is measured from the moment
+	// n messages had settled to the last.
 	warm bool
-	// again: the topic exists already (the second pass of warm).
-	again bool
 }
 
-// phases counts a run's passes (two when warm, only the last measured)
-// and signals the end of each: done resets between them.
+// phases counts a run's settled messages and signals the end of its
+// passes (two when warm: only the second is measured).
 type phases struct {
-	n          int
+	n, passes  int
 	done       atomic.Int64
-	firstStart atomic.Int64
-	current    atomic.Int32
-	finished   []chan struct{}
+	firstStart atomic.Int64 // start of the first pass
+	boundary   atomic.Int64 // when the first pass settled its n-th message
+	finished   chan struct{}
 }
 
 func newPhases(r routerRun) *phases {
-	p := &phases{n: r.n, finished: []chan struct{}{make(chan struct{})}}
+	p := &phases{n: r.n, passes: 1, finished: make(chan struct{})}
 	if r.warm {
-		p.finished = append(p.finished, make(chan struct{}))
+		p.passes = 2
 	}
 	return p
 }
 
-// settled counts one message; i is its number in the current pass (from
-// 1), for the latencies.
+// settled counts one message and returns its number in the measured
+// pass (from 1; 0 or less while an unmeasured first pass runs), for the
+// latencies.
 func (p *phases) settled() (i int64) {
 	i = p.done.Add(1)
 	if int(i) == p.n {
-		close(p.finished[p.current.Load()])
+		p.boundary.Store(time.Now().UnixNano())
 	}
-	return i
+	if int(i) == p.n*p.passes {
+		close(p.finished)
+	}
+	return i - int64(p.n*(p.passes-1))
 }
 
-// await waits for each pass in turn, starting the next with again (which
-// publishes the copies); stopped reports a consumer that ended early.
-func (p *phases) await(stopped <-chan error, again func() error) error {
-	for k, fin := range p.finished {
-		if k > 0 {
-			p.done.Store(0)
-			p.firstStart.Store(0)
-			p.current.Store(int32(k))
-			if err := again(); err != nil {
-				return fmt.Errorf("publish again: %w", err)
-			}
-		}
-		select {
-		case <-fin:
-		case err := <-stopped:
-			return fmt.Errorf("consumer stopped: %w", err)
-		case <-time.After(5 * time.Minute):
-			return errors.New("timed out")
-		}
+// start is when the measured pass started.
+func (p *phases) start() time.Time {
+	if p.passes > 1 {
+		return time.Unix(0, p.boundary.Load())
 	}
-	return nil
+	return time.Unix(0, p.firstStart.Load())
+}
+
+// await waits for every pass; stopped reports a consumer that ended early.
+func (p *phases) await(stopped <-chan error) error {
+	select {
+	case <-p.finished:
+		return nil
+	case err := <-stopped:
+		return fmt.Errorf("consumer stopped: %w", err)
+	case <-time.After(5 * time.Minute):
+		return errors.New("timed out")
+	}
 }
 
 func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
@@ -141,7 +143,7 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 				failed.Store(err)
 				return out, err
 			}
-			if i := ph.settled(); int(i) <= r.n {
+			if i := ph.settled(); i > 0 && int(i) <= r.n {
 				lat[i-1] = time.Since(t0)
 			}
 			return out, nil
@@ -186,9 +188,7 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 	defer cancel()
 	runErr := make(chan error, 1)
 	go func() { runErr <- router.Run(rctx) }()
-	again := r
-	again.again = true
-	if err := ph.await(runErr, func() error { return prepublish(ctx, e, again) }); err != nil {
+	if err := ph.await(runErr); err != nil {
 		return result{}, err
 	}
 	end := time.Now()
@@ -199,7 +199,7 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 	if err, ok := failed.Load().(error); ok {
 		return result{}, err
 	}
-	return result{n: r.n, elapsed: end.Sub(time.Unix(0, ph.firstStart.Load())), lat: lat}, nil
+	return result{n: r.n, elapsed: end.Sub(ph.start()), lat: lat}, nil
 }
 
 func prepublish(ctx context.Context, e *env, r routerRun) error {
@@ -220,9 +220,10 @@ func prepublish(ctx context.Context, e *env, r routerRun) error {
 		if err := ch.Confirm(false); err != nil {
 			return err
 		}
-		confirms := ch.NotifyPublish(make(chan amqp.Confirmation, r.n))
-		for i := 0; i < r.n; i++ {
-			o := orderN(i)
+		total := r.n * newPhases(r).passes
+		confirms := ch.NotifyPublish(make(chan amqp.Confirmation, total))
+		for k := 0; k < total; k++ {
+			o := orderN(k % r.n)
 			if err := ch.PublishWithContext(ctx, "", e.topic, false, false, amqp.Publishing{
 				DeliveryMode: amqp.Persistent, Body: payload(o),
 				Headers: amqp.Table{"event_id": fmt.Sprintf("evt-%d", o.OrderID)},
@@ -230,7 +231,7 @@ func prepublish(ctx context.Context, e *env, r routerRun) error {
 				return err
 			}
 		}
-		for i := 0; i < r.n; i++ {
+		for range total {
 			if c := <-confirms; !c.Ack {
 				return errors.New("publish nacked")
 			}
@@ -242,15 +243,13 @@ func prepublish(ctx context.Context, e *env, r routerRun) error {
 			return err
 		}
 		defer cl.Close()
-		if !r.again {
-			if _, err := kadm.NewClient(cl).CreateTopic(ctx, int32(r.concurrency), 1, nil, e.topic); err != nil {
-				return err
-			}
+		if _, err := kadm.NewClient(cl).CreateTopic(ctx, int32(r.concurrency), 1, nil, e.topic); err != nil {
+			return err
 		}
-		recs := make([]*kgo.Record, r.n)
-		for i := range recs {
-			o := orderN(i)
-			recs[i] = &kgo.Record{Topic: e.topic, Key: []byte(fmt.Sprint(o.OrderID)), Value: payload(o),
+		recs := make([]*kgo.Record, r.n*newPhases(r).passes)
+		for k := range recs {
+			o := orderN(k % r.n)
+			recs[k] = &kgo.Record{Topic: e.topic, Key: []byte(fmt.Sprint(o.OrderID)), Value: payload(o),
 				Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(fmt.Sprintf("evt-%d", o.OrderID))}}}
 		}
 		return cl.ProduceSync(ctx, recs...).FirstErr()
@@ -304,7 +303,7 @@ func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
 		// A batch of duplicates never calls the handler: the clock
 		// starts with the first message's processing then.
 		ph.firstStart.CompareAndSwap(0, time.Now().Add(-res.Duration).UnixNano())
-		if i := ph.settled(); int(i) <= r.n {
+		if i := ph.settled(); i > 0 && int(i) <= r.n {
 			lat[i-1] = res.Duration
 		}
 	}
@@ -327,12 +326,7 @@ func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
 	defer cancel()
 	runErr := make(chan error, 1)
 	go func() { runErr <- c.Run(rctx) }()
-	again := r
-	again.again = true
-	if err := ph.await(runErr, func() error {
-		calls.Store(0) // avg batch of the measured pass
-		return prepublish(ctx, e, again)
-	}); err != nil {
+	if err := ph.await(runErr); err != nil {
 		return result{}, err
 	}
 	end := time.Now()
@@ -340,7 +334,7 @@ func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
 	if err := <-runErr; err != nil {
 		return result{}, fmt.Errorf("batch consumer: %w", err)
 	}
-	return result{n: r.n, elapsed: end.Sub(time.Unix(0, ph.firstStart.Load())), lat: lat, batches: int(calls.Load())}, nil
+	return result{n: r.n, elapsed: end.Sub(ph.start()), lat: lat, batches: int(calls.Load())}, nil
 }
 
 const batchWindow = 128
