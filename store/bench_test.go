@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -82,6 +83,78 @@ CREATE TABLE point_ledger (customer_id bigint NOT NULL, order_id bigint NOT NULL
 					tx, err := m.begin(i)
 					if err == nil {
 						if err = effect(tx, i); err == nil {
+							err = tx.Commit(ctx)
+						} else {
+							_ = tx.Rollback(ctx)
+						}
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkClaimSchema measures candidate claim tables for issue 16 part 2
+// ("a claim that is nearly free"): the claim transaction of
+// BenchmarkClaimCost ("claim" mode: BEGIN and the claim INSERT in one
+// pipelined batch, then the loyalty effect, COMMIT) against the table as
+// the migrations make it and against variants of it, each in its own
+// schema. Compare the variants with benchstat:
+//
+//	go test -run '^$' -bench ClaimSchema -count 5 ./store/ | tee claimschema.txt
+//
+// Variants:
+//   - migrated: primary key (consumer, message_key), btree on processed_at,
+//     xact defaulting to pg_current_xact_id() (migration 005).
+//   - no-xact: without that default (what migration 005 costs).
+//   - brin: a BRIN index on processed_at instead of the btree.
+//   - no-time-index: no index on processed_at at all (what a table
+//     partitioned by event day could do: retention drops partitions).
+func BenchmarkClaimSchema(b *testing.B) {
+	variants := []struct{ name, sql string }{
+		{"migrated", ``},
+		{"no-xact", `ALTER TABLE {schema}.{claims} ALTER COLUMN xact DROP DEFAULT`},
+		{"brin", `DROP INDEX {schema}.{claims_processed_at_idx}; CREATE INDEX {claims_processed_at_idx} ON {schema}.{claims} USING brin (processed_at)`},
+		{"no-time-index", `DROP INDEX {schema}.{claims_processed_at_idx}`},
+	}
+	ctx := context.Background()
+	for _, v := range variants {
+		b.Run(v.name, func(b *testing.B) {
+			pool, schema := pgtest.Setup(b, 6)
+			st, err := store.New(pool, store.Config{Schema: schema})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := st.Migrate(ctx); err != nil {
+				b.Fatal(err)
+			}
+			if v.sql != "" {
+				if _, err := pool.Exec(ctx, sqlnames.New(schema, "processed_messages", "outbox").Render(v.sql)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if _, err := pool.Exec(ctx, `CREATE TABLE balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL);
+CREATE TABLE point_ledger (customer_id bigint NOT NULL, order_id bigint NOT NULL, points bigint NOT NULL)`); err != nil {
+				b.Fatal(err)
+			}
+			var seq atomic.Int64
+			b.SetParallelism(2) // 4 goroutines on 2 cores, as BenchmarkClaimCost
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					i := seq.Add(1)
+					tx, _, err := st.BeginClaimForTest(ctx, pgx.TxOptions{}, store.ClaimRequest{
+						Consumer: "bench", Key: "order-completed:" + strconv.FormatInt(i, 10), MaxClaimWait: 5 * time.Second})
+					if err == nil {
+						if _, err = tx.Exec(ctx, `INSERT INTO balances (customer_id, points) VALUES ($1, 1)
+			ON CONFLICT (customer_id) DO UPDATE SET points = balances.points + EXCLUDED.points`, i%1000); err == nil {
+							_, err = tx.Exec(ctx, `INSERT INTO point_ledger (customer_id, order_id, points) VALUES ($1, $2, 1)`, i%1000, i)
+						}
+						if err == nil {
 							err = tx.Commit(ctx)
 						} else {
 							_ = tx.Rollback(ctx)
