@@ -29,6 +29,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/consumername"
+	"github.com/claimtx/claimtx/internal/durfmt"
 	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/store"
@@ -236,9 +237,9 @@ type page struct {
 
 func (c *Console) parseTemplates() error {
 	funcs := template.FuncMap{
-		"dur":      shortDuration,
+		"dur":      durfmt.Age,
 		"ts":       timestamp,
-		"fmtDur":   formatDuration,
+		"fmtDur":   durfmt.Format,
 		"join":     strings.Join,
 		"classTxt": classText,
 	}

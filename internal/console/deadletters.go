@@ -12,6 +12,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/internal/dlq"
+	"github.com/claimtx/claimtx/internal/durfmt"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 )
 
@@ -76,7 +77,7 @@ type letterRow struct {
 func rowOf(l *dlq.Letter, now time.Time) letterRow {
 	age := "?"
 	if a, ok := l.Age(now); ok {
-		age = shortDuration(a)
+		age = durfmt.Age(a)
 	}
 	key := dlq.EffectiveKey(l)
 	reason := l.Stamps.Reason

@@ -5,8 +5,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"regexp"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -15,40 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/claimtx/claimtx/internal/dlq"
+	"github.com/claimtx/claimtx/internal/durfmt"
 )
-
-// shortDuration renders an age the way an operator reads one: 3d4h, 5h2m,
-// 40s (as `claimtx dlq list` does).
-func shortDuration(a time.Duration) string {
-	switch {
-	case a < 0:
-		return "0s"
-	case a < time.Minute:
-		return a.Round(time.Second).String()
-	case a < time.Hour:
-		return fmt.Sprintf("%dm%ds", int(a.Minutes()), int(a.Seconds())%60)
-	case a < 24*time.Hour:
-		return fmt.Sprintf("%dh%dm", int(a.Hours()), int(a.Minutes())%60)
-	}
-	return fmt.Sprintf("%dd%dh", int(a.Hours())/24, int(a.Hours())%24)
-}
-
-// formatDuration prints a retention or horizon: whole days as "30d".
-func formatDuration(d time.Duration) string {
-	const day = 24 * time.Hour
-	if d > 0 && d%day == 0 {
-		return fmt.Sprintf("%dd", d/day)
-	}
-	// "12h", not "12h0m0s": drop the zero units Go prints.
-	out := d.String()
-	if strings.HasSuffix(out, "m0s") {
-		out = strings.TrimSuffix(out, "0s")
-		if strings.HasSuffix(out, "h0m") {
-			out = strings.TrimSuffix(out, "0m")
-		}
-	}
-	return out
-}
 
 // timestamp prints a time in UTC, to the second; "—" for none.
 func timestamp(t any) string {
@@ -67,31 +33,12 @@ func timestamp(t any) string {
 	return "—"
 }
 
-var daysPrefix = regexp.MustCompile(`^(\d+)d(.*)$`)
-
-// parseDuration accepts Go durations and days ("3d", "1d12h"), as the
-// CLI's flags do.
+// parseDuration reads a filter's duration: empty is none.
 func parseDuration(s string) (time.Duration, error) {
-	s = strings.TrimSpace(s)
-	if s == "" {
+	if strings.TrimSpace(s) == "" {
 		return 0, nil
 	}
-	var d time.Duration
-	if m := daysPrefix.FindStringSubmatch(s); m != nil {
-		days, err := strconv.Atoi(m[1])
-		if err != nil || days > 100*365 {
-			return 0, fmt.Errorf("%q: too many days", s)
-		}
-		d = time.Duration(days) * 24 * time.Hour
-		if s = m[2]; s == "" {
-			return d, nil
-		}
-	}
-	rest, err := time.ParseDuration(s)
-	if err != nil || rest < 0 {
-		return 0, fmt.Errorf("%q is not a duration (e.g. 2h, 3d, 1d12h)", s)
-	}
-	return d + rest, nil
+	return durfmt.Parse(s)
 }
 
 // classText is the class of a letter as the pages show it.

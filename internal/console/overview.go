@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/internal/durfmt"
 	"github.com/claimtx/claimtx/internal/horizon"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/store"
@@ -33,15 +34,15 @@ type overviewRow struct {
 	ActivityErr       string
 	// Newest is the consumer's last claim; NewestNote replaces it when
 	// it is not known exactly (older than the bounded search).
-	Newest     time.Time
-	NewestNote string
-	ClaimsErr  string
-	Poisoned       string
-	PoisonedTitle  string
-	Duplicates     string
-	DupTitle       string
-	Horizon        badge
-	Partitions     string
+	Newest        time.Time
+	NewestNote    string
+	ClaimsErr     string
+	Poisoned      string
+	PoisonedTitle string
+	Duplicates    string
+	DupTitle      string
+	Horizon       badge
+	Partitions    string
 }
 
 type badge struct {
@@ -55,10 +56,10 @@ type overviewData struct {
 	// consumer), so the oldest claim says whether it keeps up.
 	Oldest, Newest time.Time
 	EndsErr        string
-	Layout     string // "plain" or "partitioned by event day, N partitions"
-	Rows       []overviewRow
-	Truncated  bool // more consumers than maxConsumers
-	ConsumersE string
+	Layout         string // "plain" or "partitioned by event day, N partitions"
+	Rows           []overviewRow
+	Truncated      bool // more consumers than maxConsumers
+	ConsumersE     string
 }
 
 // overview is GET /.
@@ -380,13 +381,13 @@ func (c *Console) horizonBadge(ctx context.Context, name string) badge {
 	h := c.horizonOf(ctx, cs)
 	ret := "none"
 	if cs.Retention > 0 {
-		ret = formatDuration(cs.Retention)
+		ret = durfmt.Format(cs.Retention)
 	}
 	hz := "unknown"
 	if h.known {
 		hz = horizon.String(h.horizon)
 		if h.horizon != horizon.Unbounded {
-			hz = formatDuration(h.horizon)
+			hz = durfmt.Format(h.horizon)
 		}
 	}
 	text := "retention " + ret + ", horizon " + hz

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/durfmt"
 	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/store"
@@ -731,17 +732,15 @@ type durationValue struct {
 	typed string
 }
 
-var daysPrefix = regexp.MustCompile(`^(\d+)d(.*)$`)
-
 func (v *durationValue) String() string {
 	if v.typed != "" {
 		return v.typed
 	}
-	return formatDuration(v.d)
+	return durfmt.Format(v.d)
 }
 
 func (v *durationValue) Set(s string) error {
-	d, err := parseDuration(s)
+	d, err := durfmt.Parse(s)
 	if err != nil {
 		return err
 	}
@@ -759,35 +758,6 @@ func belowMinimum(cmd, name string, v *durationValue, minName string, minimum *d
 	return &usageError{msg: fmt.Sprintf(
 		"%s: --%s %s is below --%s %s: claims younger than a replay can arrive would be deleted, and those duplicates applied again; pass --force if you mean it",
 		cmd, name, v, minName, minimum)}
-}
-
-func parseDuration(s string) (time.Duration, error) {
-	s = strings.TrimSpace(s)
-	var d time.Duration
-	if m := daysPrefix.FindStringSubmatch(s); m != nil {
-		days, err := strconv.Atoi(m[1])
-		if err != nil || days > 100*365 {
-			return 0, fmt.Errorf("%q: too many days", s)
-		}
-		d = time.Duration(days) * 24 * time.Hour
-		s = m[2]
-		if s == "" {
-			return d, nil
-		}
-	}
-	rest, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, fmt.Errorf("%q is not a duration (e.g. 30d, 36h, 1d12h)", s)
-	}
-	return d + rest, nil
-}
-
-func formatDuration(d time.Duration) string {
-	const day = 24 * time.Hour
-	if d > 0 && d%day == 0 {
-		return fmt.Sprintf("%dd", d/day)
-	}
-	return d.String()
 }
 
 func formatBytes(n int64) string {

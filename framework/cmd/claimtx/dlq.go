@@ -20,6 +20,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/internal/dlq"
+	"github.com/claimtx/claimtx/internal/durfmt"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/sqlnames"
 )
@@ -428,23 +429,7 @@ func (d *dlqFlags) age(l *dlq.Letter) string {
 	if !ok {
 		return "?"
 	}
-	return shortDuration(age)
-}
-
-// shortDuration renders an age the way an operator reads one: 3d4h, 5h2m,
-// 40s.
-func shortDuration(a time.Duration) string {
-	switch {
-	case a < 0:
-		return "0s"
-	case a < time.Minute:
-		return a.Round(time.Second).String()
-	case a < time.Hour:
-		return fmt.Sprintf("%dm%ds", int(a.Minutes()), int(a.Seconds())%60)
-	case a < 24*time.Hour:
-		return fmt.Sprintf("%dh%dm", int(a.Hours()), int(a.Minutes())%60)
-	}
-	return fmt.Sprintf("%dd%dh", int(a.Hours())/24, int(a.Hours())%24)
+	return durfmt.Age(age)
 }
 
 // oneLine makes s fit a table cell.

@@ -37,7 +37,7 @@ func TestCLIStatsRetentionHorizon(t *testing.T) {
 	kafka := []string{"--broker", "kafka", "--kafka-brokers", br.Addrs()[0]}
 
 	out := c.ok(append([]string{"stats", "--topic", "orders", "--retention", "12h"}, kafka...)...)
-	require.Contains(t, out, "retention 12h0m0s, replay horizon 1d (orders, orders.poison): WARNING")
+	require.Contains(t, out, "retention 12h, replay horizon 1d (orders, orders.poison): WARNING")
 	out = c.ok(append([]string{"stats", "--topic", "orders", "--retention", "2d"}, kafka...)...)
 	require.Contains(t, out, "retention 2d, replay horizon 1d (orders, orders.poison): OK")
 
