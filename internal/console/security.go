@@ -265,17 +265,26 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: loginData{Next: next, Error: "Wrong token."}})
 		return
 	}
-	http.SetCookie(w, &http.Cookie{
+	// Secure only when the browser speaks https: over plain HTTP (loopback,
+	// ssh -L) a Secure cookie would never be sent back.
+	http.SetCookie(w, &http.Cookie{ //nolint:gosec // G124: Secure is set whenever the browser uses https (overHTTPS)
 		Name: cookieName, Value: c.newSession(time.Now()), Path: "/",
-		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil,
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: overHTTPS(r),
 		MaxAge: int(sessionTTL / time.Second),
 	})
-	http.Redirect(w, r, next, http.StatusSeeOther)
+	http.Redirect(w, r, next, http.StatusSeeOther) //nolint:gosec // G710: next went through safeNext, a path on this site only
+}
+
+// overHTTPS reports whether the browser reached the console over https:
+// directly, or through a proxy that terminated TLS and says so. A forged
+// header can only make the cookie stricter.
+func overHTTPS(r *http.Request) bool {
+	return r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
 }
 
 // logout is POST /logout.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
-	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: overHTTPS(r)}) //nolint:gosec // G124: as in login
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 

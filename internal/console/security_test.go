@@ -202,3 +202,21 @@ func TestSecureCookieOverTLS(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	require.Contains(t, resp.Header.Get("Set-Cookie"), "; Secure")
 }
+
+// Behind a proxy that terminates TLS (X-Forwarded-Proto: https) the
+// session cookie is Secure too: the browser speaks https. Over plain HTTP
+// (loopback, ssh -L) it cannot be, or the browser would never send it.
+func TestSecureCookieBehindTLSProxy(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *console.Config) { c.Token = token })
+	csrf := csrfField.FindStringSubmatch(e.ok("/login"))[1]
+	form := url.Values{"token": {token}, "csrf": {csrf}}
+	proxied := e.post("/login", form, "X-Forwarded-Proto", "https")
+	require.Equal(t, http.StatusSeeOther, proxied.status)
+	require.Contains(t, proxied.header.Get("Set-Cookie"), "; Secure")
+	// Signed in now: the form's CSRF token is bound to the new session.
+	form.Set("csrf", csrfField.FindStringSubmatch(e.ok("/login"))[1])
+	plain := e.post("/login", form)
+	require.Equal(t, http.StatusSeeOther, plain.status)
+	require.NotContains(t, plain.header.Get("Set-Cookie"), "; Secure")
+}
