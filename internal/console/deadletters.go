@@ -16,6 +16,10 @@ import (
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 )
 
+// jobBatch is how many letters a preview or job reads, classifies and
+// settles at once.
+const jobBatch = 100
+
 // maxPreviewRows bounds the rows a preview page lists; its totals count
 // every letter.
 const maxPreviewRows = 1000
@@ -280,7 +284,10 @@ func (c *Console) selectionRun(ctx context.Context, sel selection, cs *Consumer,
 	if cls == nil {
 		return nil, fmt.Errorf("consumer %s has no key spec: dead letters cannot be classified, so none is replayed", cs.Name)
 	}
-	run := &dlq.Run{Source: src, Classifier: cls, Filter: filter, Topic: cs.Topic, IncludeApplied: sel.IncludeApplied}
+	// Batches of 100: letters are read whole, so a batch is what a
+	// preview or job holds in memory at once; a replay's progress moves in
+	// visible steps, and an interruption settles at most one small batch.
+	run := &dlq.Run{Source: src, Classifier: cls, Filter: filter, Topic: cs.Topic, IncludeApplied: sel.IncludeApplied, BatchSize: jobBatch}
 	if !sel.All {
 		// Stop once every selected letter was found.
 		run.Limit = int64(len(sel.IDs))

@@ -209,15 +209,11 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 		}
 		maxRows := maxJobRows
 		if j.DryRun {
-			// A dry run settles nothing: the default batches (500) mean
-			// fewer claims queries, and Rate paces republishing only.
+			// Rate paces republishing only.
 			run.DryRun = true
 			maxRows = maxPreviewRows
 		} else {
 			run.Rate = c.cfg.ReplayRate
-			// Batches of 100: the progress moves in visible steps, and an
-			// interruption settles at most one small batch.
-			run.BatchSize = 100
 		}
 		run.OnLetter = func(l *dlq.Letter) error {
 			if !l.Selected && !l.Replayed {
