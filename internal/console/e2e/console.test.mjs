@@ -239,4 +239,24 @@ describe('claimtx console', { concurrency: 1 }, () => {
     await waitText(page.locator('#report'), literally(replayKey));
     assert.deepEqual(scripts, [], 'no page ran a script');
   });
+
+  step('preview all matching letters: a dry-run job', async () => {
+    await page.goto(`${base}/dead-letters?consumer=${encodeURIComponent(consumer)}`);
+    await page.locator('#letters tr[data-id]').first().waitFor();
+    await page.getByRole('button', { name: 'Preview replay of all matching', exact: true }).click();
+    // The dry run reads the whole queue in the background: the page is the
+    // job's, reloading itself until it is done.
+    await page.getByRole('heading', { level: 1, name: 'Replay preview', exact: true }).waitFor();
+    assert.match(new URL(page.url()).pathname, /^\/jobs\/./);
+    await waitText(page.locator('#job-status'), 'done');
+    const rows = page.locator('#preview tr[data-id]');
+    await rows.first().waitFor();
+    assert.equal(await rows.count(), letters.length - 1, 'every letter left, the replayed one gone');
+    assert.equal(await row('#preview', replayKey).count(), 0, `${replayKey} left the poison queue`);
+    const wouldApply = letters.filter((l) => l.class === 'would-apply').length - 1;
+    assert.equal(await page.locator('#preview td[data-action="replay"]').count(), wouldApply, 'the would-apply letters left');
+    // A dry run changes nothing; its confirmation replays what it showed.
+    await page.getByRole('button', { name: new RegExp(`^Replay ${wouldApply} letter`) }).waitFor();
+    assert.deepEqual(scripts, [], 'no page ran a script');
+  });
 });
