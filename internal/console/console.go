@@ -29,7 +29,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/consumername"
-	"github.com/claimtx/claimtx/internal/durfmt"
+	"github.com/claimtx/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/store"
@@ -237,9 +237,9 @@ type page struct {
 
 func (c *Console) parseTemplates() error {
 	funcs := template.FuncMap{
-		"dur":      durfmt.Age,
+		"dur":      opfmt.Age,
 		"ts":       timestamp,
-		"fmtDur":   durfmt.Format,
+		"fmtDur":   opfmt.FormatDuration,
 		"join":     strings.Join,
 		"classTxt": classText,
 	}

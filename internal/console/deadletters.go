@@ -12,7 +12,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/internal/dlq"
-	"github.com/claimtx/claimtx/internal/durfmt"
+	"github.com/claimtx/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 )
 
@@ -81,7 +81,7 @@ type letterRow struct {
 func rowOf(l *dlq.Letter, now time.Time) letterRow {
 	age := "?"
 	if a, ok := l.Age(now); ok {
-		age = durfmt.Age(a)
+		age = opfmt.Age(a)
 	}
 	key := dlq.EffectiveKey(l)
 	reason := l.Stamps.Reason
@@ -90,8 +90,8 @@ func rowOf(l *dlq.Letter, now time.Time) letterRow {
 		reason = "today: " + l.KeyErr.Error() + "; poisoned: " + reason
 	}
 	return letterRow{
-		ID: l.Msg.UUID, Position: l.Position, Age: age, Key: oneLine(key, 200),
-		Class: string(l.Class), ClassText: classText(l), Reason: oneLine(reason, 300), Handler: l.Stamps.Handler,
+		ID: l.Msg.UUID, Position: l.Position, Age: age, Key: opfmt.OneLine(key, 200),
+		Class: string(l.Class), ClassText: classText(l), Reason: opfmt.OneLine(reason, 300), Handler: l.Stamps.Handler,
 		Handled: l.Handled, Action: string(l.Action), Why: l.Why, Replayed: l.Replayed,
 		Payload: preview(l.Msg.Payload), Size: len(l.Msg.Payload),
 	}

@@ -2,18 +2,16 @@ package console
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/claimtx/claimtx/internal/dlq"
-	"github.com/claimtx/claimtx/internal/durfmt"
+	"github.com/claimtx/claimtx/internal/opfmt"
 )
 
 // timestamp prints a time in UTC, to the second; "—" for none.
@@ -38,7 +36,7 @@ func parseDuration(s string) (time.Duration, error) {
 	if strings.TrimSpace(s) == "" {
 		return 0, nil
 	}
-	return durfmt.Parse(s)
+	return opfmt.ParseDuration(s)
 }
 
 // classText is the class of a letter as the pages show it.
@@ -62,25 +60,11 @@ func classText(l *dlq.Letter) string {
 // previewBytes bounds a payload shown in a page.
 const previewBytes = 4 << 10
 
-// preview renders a payload for a page: text when it is UTF-8, else
-// base64, cut at previewBytes.
+// preview renders a payload for a page, cut at previewBytes.
 func preview(b []byte) string {
-	cut := ""
-	if len(b) > previewBytes {
-		b, cut = b[:previewBytes], fmt.Sprintf(" … (first %d bytes shown)", previewBytes)
-	}
-	if utf8.Valid(b) {
-		return string(b) + cut
-	}
-	return "base64: " + base64.StdEncoding.EncodeToString(b) + cut
-}
-
-// oneLine makes s fit a table cell.
-func oneLine(s string, max int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if utf8.RuneCountInString(s) > max {
-		r := []rune(s)
-		s = string(r[:max-1]) + "…"
+	s, cut := opfmt.Payload(b, previewBytes)
+	if cut {
+		s += fmt.Sprintf(" … (first %d bytes shown)", previewBytes)
 	}
 	return s
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/internal/durfmt"
 	"github.com/claimtx/claimtx/internal/horizon"
+	"github.com/claimtx/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/store"
 )
@@ -381,13 +381,13 @@ func (c *Console) horizonBadge(ctx context.Context, name string) badge {
 	h := c.horizonOf(ctx, cs)
 	ret := "none"
 	if cs.Retention > 0 {
-		ret = durfmt.Format(cs.Retention)
+		ret = opfmt.FormatDuration(cs.Retention)
 	}
 	hz := "unknown"
 	if h.known {
 		hz = horizon.String(h.horizon)
 		if h.horizon != horizon.Unbounded {
-			hz = durfmt.Format(h.horizon)
+			hz = opfmt.FormatDuration(h.horizon)
 		}
 	}
 	text := "retention " + ret + ", horizon " + hz

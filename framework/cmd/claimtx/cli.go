@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/durfmt"
 	"github.com/claimtx/claimtx/internal/migrate"
+	"github.com/claimtx/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/store"
 )
@@ -736,11 +736,11 @@ func (v *durationValue) String() string {
 	if v.typed != "" {
 		return v.typed
 	}
-	return durfmt.Format(v.d)
+	return opfmt.FormatDuration(v.d)
 }
 
 func (v *durationValue) Set(s string) error {
-	d, err := durfmt.Parse(s)
+	d, err := opfmt.ParseDuration(s)
 	if err != nil {
 		return err
 	}

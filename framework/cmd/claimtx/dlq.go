@@ -20,7 +20,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/internal/dlq"
-	"github.com/claimtx/claimtx/internal/durfmt"
+	"github.com/claimtx/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/sqlnames"
 )
@@ -429,17 +429,7 @@ func (d *dlqFlags) age(l *dlq.Letter) string {
 	if !ok {
 		return "?"
 	}
-	return durfmt.Age(age)
-}
-
-// oneLine makes s fit a table cell.
-func oneLine(s string, max int) string {
-	s = strings.Join(strings.Fields(s), " ")
-	if utf8.RuneCountInString(s) > max {
-		r := []rune(s)
-		s = string(r[:max-1]) + "…"
-	}
-	return s
+	return opfmt.Age(age)
 }
 
 func (d *dlqFlags) printHeader(tw io.Writer) {
@@ -475,7 +465,7 @@ func (d *dlqFlags) printRow(tw io.Writer, l *dlq.Letter) {
 		key = "(none)"
 	}
 	row := []string{pos, l.Msg.UUID, d.age(l), cmp.Or(l.Stamps.Consumer, "-"), cmp.Or(l.Stamps.Topic, "-"),
-		cmp.Or(l.Stamps.Handler, "-"), cmp.Or(oneLine(key, 60), "-"), l.FingerprintHex()}
+		cmp.Or(l.Stamps.Handler, "-"), cmp.Or(opfmt.OneLine(key, 60), "-"), l.FingerprintHex()}
 	if d.classify {
 		row = append(row, d.classText(l))
 	}
@@ -495,7 +485,7 @@ func (d *dlqFlags) printRow(tw io.Writer, l *dlq.Letter) {
 	if d.classify && l.KeyErr != nil {
 		reason = "today: " + l.KeyErr.Error() + "; poisoned: " + reason
 	}
-	row = append(row, oneLine(reason, 100))
+	row = append(row, opfmt.OneLine(reason, 100))
 	printlnTo(tw, strings.Join(row, "\t"))
 }
 
@@ -534,17 +524,13 @@ func (d *dlqFlags) printInspect(l *dlq.Letter) {
 	for _, k := range keys {
 		printf(w, "    %s = %s\n", k, l.Msg.Metadata[k])
 	}
-	payload := []byte(l.Msg.Payload)
-	cut := ""
-	if d.maxPayload > 0 && len(payload) > d.maxPayload {
-		payload, cut = payload[:d.maxPayload], fmt.Sprintf(" (first %d shown; --max-payload 0 shows all)", d.maxPayload)
+	payload, cut := opfmt.Payload(l.Msg.Payload, d.maxPayload)
+	note := ""
+	if cut {
+		note = fmt.Sprintf(" (first %d shown; --max-payload 0 shows all)", d.maxPayload)
 	}
-	printf(w, "  payload, %d bytes%s\n", len(l.Msg.Payload), cut)
-	if utf8.Valid(payload) {
-		printf(w, "    %s\n\n", strings.ReplaceAll(string(payload), "\n", "\n    "))
-	} else {
-		printf(w, "    base64: %s\n\n", base64.StdEncoding.EncodeToString(payload))
-	}
+	printf(w, "  payload, %d bytes%s\n", len(l.Msg.Payload), note)
+	printf(w, "    %s\n\n", strings.ReplaceAll(payload, "\n", "\n    "))
 }
 
 // printTotals prints the summary: stdout for humans, a final JSON object

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/internal/durfmt"
 	"github.com/claimtx/claimtx/internal/horizon"
+	"github.com/claimtx/claimtx/internal/opfmt"
 )
 
 // horizonReport compares a consumer's claim retention with how old a
@@ -50,11 +50,11 @@ func replayHorizon(ctx context.Context, cfg brokers.Config, topic, poison string
 func (r horizonReport) String() string {
 	h := horizon.String(r.ReplayHorizon)
 	if !r.Unbounded {
-		h = durfmt.Format(r.ReplayHorizon) // "1d", as the flags take it
+		h = opfmt.FormatDuration(r.ReplayHorizon) // "1d", as the flags take it
 	}
 	verdict := "OK: claims outlive every delivery the broker can still make"
 	if r.Exceeded {
 		verdict = "WARNING: a message older than the retention may have lost its claim; the expiry guard poisons it as expired instead of applying it (docs/operations.md, Checking the window against the broker)"
 	}
-	return fmt.Sprintf("retention %s, replay horizon %s (%s, %s): %s", durfmt.Format(r.Retention), h, r.Topic, r.PoisonTopic, verdict)
+	return fmt.Sprintf("retention %s, replay horizon %s (%s, %s): %s", opfmt.FormatDuration(r.Retention), h, r.Topic, r.PoisonTopic, verdict)
 }

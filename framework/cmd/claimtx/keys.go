@@ -19,6 +19,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/internal/keycheck"
+	"github.com/claimtx/claimtx/internal/opfmt"
 )
 
 // `claimtx keys check`: verify a key spec against a sample of messages.
@@ -263,7 +264,7 @@ func (k *keysFlags) print(r keycheck.Report, from string) {
 				ps = append(ps, fmt.Sprintf("%s… (%s)", fp[:12], strings.Join(ids, ", ")))
 			}
 			sort.Strings(ps)
-			printf(w, "  %s: %d messages, %d payloads: %s\n", oneLine(c.Key, 80), c.Messages, len(c.Payloads), strings.Join(ps, "; "))
+			printf(w, "  %s: %d messages, %d payloads: %s\n", opfmt.OneLine(c.Key, 80), c.Messages, len(c.Payloads), strings.Join(ps, "; "))
 		}
 	}
 	if len(r.Volatile) > 0 {
@@ -275,13 +276,13 @@ func (k *keysFlags) print(r keycheck.Report, from string) {
 	if len(r.Unkeyable) > 0 {
 		printf(w, "unkeyable: %d messages (they would be poisoned)\n", r.Messages-r.Keyed)
 		for _, u := range r.Unkeyable {
-			printf(w, "  %d  %s (ids %s)\n", u.Messages, oneLine(u.Reason, 120), strings.Join(u.IDs, ", "))
+			printf(w, "  %d  %s (ids %s)\n", u.Messages, opfmt.OneLine(u.Reason, 120), strings.Join(u.IDs, ", "))
 		}
 	}
 	if t := r.EventTime; t != nil {
 		printf(w, "event time (%s): %d with", k.timeSpec, t.With)
 		for reason, n := range t.Without {
-			printf(w, "; %d without: %s", n, oneLine(reason, 100))
+			printf(w, "; %d without: %s", n, opfmt.OneLine(reason, 100))
 		}
 		if t.With > 0 {
 			printf(w, "; earliest %s, latest %s, spread %s", t.Earliest.Format("2006-01-02T15:04:05Z07:00"), t.Latest.Format("2006-01-02T15:04:05Z07:00"), t.Spread)

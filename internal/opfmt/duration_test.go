@@ -1,13 +1,13 @@
-package durfmt_test
+package opfmt_test
 
 import (
 	"testing"
 	"time"
 
-	"github.com/claimtx/claimtx/internal/durfmt"
+	"github.com/claimtx/claimtx/internal/opfmt"
 )
 
-func TestFormat(t *testing.T) {
+func TestFormatDuration(t *testing.T) {
 	for d, want := range map[time.Duration]string{
 		30 * 24 * time.Hour:          "30d",
 		12 * time.Hour:               "12h",
@@ -17,25 +17,25 @@ func TestFormat(t *testing.T) {
 		12*time.Hour + 5*time.Second: "12h0m5s",
 		1500 * time.Millisecond:      "1.5s",
 	} {
-		if got := durfmt.Format(d); got != want {
-			t.Errorf("Format(%v) = %q, want %q", d, got, want)
+		if got := opfmt.FormatDuration(d); got != want {
+			t.Errorf("FormatDuration(%v) = %q, want %q", d, got, want)
 		}
-		if back, err := durfmt.Parse(durfmt.Format(d)); err != nil || back != d {
-			t.Errorf("Parse(Format(%v)) = %v, %v", d, back, err)
+		if back, err := opfmt.ParseDuration(opfmt.FormatDuration(d)); err != nil || back != d {
+			t.Errorf("ParseDuration(FormatDuration(%v)) = %v, %v", d, back, err)
 		}
 	}
 }
 
-func TestParse(t *testing.T) {
+func TestParseDuration(t *testing.T) {
 	good := map[string]time.Duration{"30d": 30 * 24 * time.Hour, "1d12h": 36 * time.Hour, " 90m ": 90 * time.Minute, "0s": 0}
 	for s, want := range good {
-		if got, err := durfmt.Parse(s); err != nil || got != want {
-			t.Errorf("Parse(%q) = %v, %v; want %v", s, got, err, want)
+		if got, err := opfmt.ParseDuration(s); err != nil || got != want {
+			t.Errorf("ParseDuration(%q) = %v, %v; want %v", s, got, err, want)
 		}
 	}
 	for _, s := range []string{"", "d", "3 days", "99999999d", "1d-"} {
-		if _, err := durfmt.Parse(s); err == nil {
-			t.Errorf("Parse(%q): want an error", s)
+		if _, err := opfmt.ParseDuration(s); err == nil {
+			t.Errorf("ParseDuration(%q): want an error", s)
 		}
 	}
 }
@@ -45,7 +45,7 @@ func TestAge(t *testing.T) {
 		-time.Second: "0s", 40 * time.Second: "40s", 245 * time.Second: "4m5s",
 		5*time.Hour + 2*time.Minute: "5h2m", 76 * time.Hour: "3d4h",
 	} {
-		if got := durfmt.Age(a); got != want {
+		if got := opfmt.Age(a); got != want {
 			t.Errorf("Age(%v) = %q, want %q", a, got, want)
 		}
 	}

@@ -1,8 +1,4 @@
-// Package durfmt reads and writes durations the way operators type and read
-// them, for the claimtx CLI and the web console alike: days ("30d",
-// "1d12h") besides Go's units, retentions as whole days where they are,
-// and ages rounded to two units ("3d4h", "5h2m", "40s").
-package durfmt
+package opfmt
 
 import (
 	"fmt"
@@ -16,9 +12,9 @@ const day = 24 * time.Hour
 
 var daysPrefix = regexp.MustCompile(`^(\d+)d(.*)$`)
 
-// Parse accepts Go durations and a leading number of days: "30d", "36h",
+// ParseDuration accepts Go durations and a leading number of days: "30d", "36h",
 // "1d12h".
-func Parse(s string) (time.Duration, error) {
+func ParseDuration(s string) (time.Duration, error) {
 	s = strings.TrimSpace(s)
 	var d time.Duration
 	if m := daysPrefix.FindStringSubmatch(s); m != nil {
@@ -38,9 +34,9 @@ func Parse(s string) (time.Duration, error) {
 	return d + rest, nil
 }
 
-// Format prints a retention or horizon: whole days as "30d", otherwise Go's
-// form without its zero units ("12h", not "12h0m0s"), so Parse reads it back.
-func Format(d time.Duration) string {
+// FormatDuration prints a retention or horizon: whole days as "30d", otherwise Go's
+// form without its zero units ("12h", not "12h0m0s"), so ParseDuration reads it back.
+func FormatDuration(d time.Duration) string {
 	if d > 0 && d%day == 0 {
 		return fmt.Sprintf("%dd", d/day)
 	}
