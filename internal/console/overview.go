@@ -268,22 +268,29 @@ func (c *Console) tableEnds(ctx context.Context) (oldest, newest time.Time, err 
 	return oldest, newest, err
 }
 
-// idleSearch bounds the search for the last claim of a consumer with
-// none in the last 24 hours.
+// idleSearch bounds the search for the last claims of the consumers with
+// none in the last 24 hours, all of them together: a page with many idle
+// consumers waits no longer than one with a single one.
 const idleSearch = time.Second
 
 // lastClaims returns the last claim of each of names, consumers without
 // a claim in the last 24 hours. Without an index on (consumer,
 // processed_at), which would make every claim dearer, the newest end of
 // the processed_at index is walked back until the consumer's row; the
-// walk is bounded by idleSearch: a consumer it did not reach is in
-// tooOld, one without any claim in neither map.
+// walks share idleSearch: a consumer not reached within it is in tooOld,
+// one without any claim in neither map.
 func (c *Console) lastClaims(ctx context.Context, names []string) (last map[string]time.Time, tooOld map[string]bool, err error) {
 	q := c.names.Render(`SELECT processed_at FROM {schema}.{claims} WHERE consumer = $1 ORDER BY processed_at DESC LIMIT 1`)
 	last, tooOld = map[string]time.Time{}, map[string]bool{}
+	deadline := time.Now().Add(min(idleSearch, c.cfg.QueryTimeout))
 	for _, name := range names {
+		left := time.Until(deadline)
+		if left < time.Millisecond {
+			tooOld[name] = true
+			continue
+		}
 		err := c.readOnly(ctx, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", min(idleSearch, c.cfg.QueryTimeout).Milliseconds())); err != nil {
+			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", left.Milliseconds())); err != nil {
 				return err
 			}
 			var at time.Time
