@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/sqlnames"
@@ -32,24 +33,13 @@ func BenchmarkClaimCost(b *testing.B) {
 	if err := st.Migrate(ctx); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL);
-CREATE TABLE point_ledger (customer_id bigint NOT NULL, order_id bigint NOT NULL, points bigint NOT NULL)`); err != nil {
-		b.Fatal(err)
-	}
+	loyaltyTables(b, pool)
 	const memoFill = 10000
 	if _, err := pool.Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "processed_messages_poison_memo"}.Sanitize()+
 		` (consumer, message_key, reason) SELECT 'bench', 'poisoned:' || g, 'bad order' FROM generate_series(1, $1) g`, memoFill); err != nil {
 		b.Fatal(err)
 	}
 	var seq atomic.Int64
-	effect := func(tx pgx.Tx, i int64) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO balances (customer_id, points) VALUES ($1, 1)
-			ON CONFLICT (customer_id) DO UPDATE SET points = balances.points + EXCLUDED.points`, i%1000); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO point_ledger (customer_id, order_id, points) VALUES ($1, $2, 1)`, i%1000, i)
-		return err
-	}
 	modes := []struct {
 		name  string
 		begin func(i int64) (pgx.Tx, error)
@@ -75,27 +65,46 @@ CREATE TABLE point_ledger (customer_id bigint NOT NULL, order_id bigint NOT NULL
 		}},
 	}
 	for _, m := range modes {
-		b.Run(m.name, func(b *testing.B) {
-			b.SetParallelism(2) // 4 goroutines on 2 cores
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					i := seq.Add(1)
-					tx, err := m.begin(i)
-					if err == nil {
-						if err = effect(tx, i); err == nil {
-							err = tx.Commit(ctx)
-						} else {
-							_ = tx.Rollback(ctx)
-						}
-					}
-					if err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-		})
+		b.Run(m.name, func(b *testing.B) { runClaimTx(b, &seq, m.begin) })
 	}
+}
+
+// loyaltyTables creates the loyalty effect's tables in pool's schema.
+func loyaltyTables(b *testing.B, pool *pgxpool.Pool) {
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL);
+CREATE TABLE point_ledger (customer_id bigint NOT NULL, order_id bigint NOT NULL, points bigint NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// runClaimTx runs transactions opened by begin, each applying the loyalty
+// effect (balance upsert, ledger row) and committing, from 4 goroutines
+// on 2 cores.
+func runClaimTx(b *testing.B, seq *atomic.Int64, begin func(i int64) (pgx.Tx, error)) {
+	ctx := context.Background()
+	b.SetParallelism(2) // 4 goroutines on 2 cores
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := seq.Add(1)
+			tx, err := begin(i)
+			if err == nil {
+				if _, err = tx.Exec(ctx, `INSERT INTO balances (customer_id, points) VALUES ($1, 1)
+			ON CONFLICT (customer_id) DO UPDATE SET points = balances.points + EXCLUDED.points`, i%1000); err == nil {
+					_, err = tx.Exec(ctx, `INSERT INTO point_ledger (customer_id, order_id, points) VALUES ($1, $2, 1)`, i%1000, i)
+				}
+				if err == nil {
+					err = tx.Commit(ctx)
+				} else {
+					_ = tx.Rollback(ctx)
+				}
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }
 
 // BenchmarkClaimSchema measures candidate claim tables for issue 16 part 2
@@ -137,34 +146,12 @@ func BenchmarkClaimSchema(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			if _, err := pool.Exec(ctx, `CREATE TABLE balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL);
-CREATE TABLE point_ledger (customer_id bigint NOT NULL, order_id bigint NOT NULL, points bigint NOT NULL)`); err != nil {
-				b.Fatal(err)
-			}
+			loyaltyTables(b, pool)
 			var seq atomic.Int64
-			b.SetParallelism(2) // 4 goroutines on 2 cores, as BenchmarkClaimCost
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					i := seq.Add(1)
-					tx, _, err := st.BeginClaimForTest(ctx, pgx.TxOptions{}, store.ClaimRequest{
-						Consumer: "bench", Key: "order-completed:" + strconv.FormatInt(i, 10), MaxClaimWait: 5 * time.Second})
-					if err == nil {
-						if _, err = tx.Exec(ctx, `INSERT INTO balances (customer_id, points) VALUES ($1, 1)
-			ON CONFLICT (customer_id) DO UPDATE SET points = balances.points + EXCLUDED.points`, i%1000); err == nil {
-							_, err = tx.Exec(ctx, `INSERT INTO point_ledger (customer_id, order_id, points) VALUES ($1, $2, 1)`, i%1000, i)
-						}
-						if err == nil {
-							err = tx.Commit(ctx)
-						} else {
-							_ = tx.Rollback(ctx)
-						}
-					}
-					if err != nil {
-						b.Error(err)
-						return
-					}
-				}
+			runClaimTx(b, &seq, func(i int64) (pgx.Tx, error) {
+				tx, _, err := st.BeginClaimForTest(ctx, pgx.TxOptions{}, store.ClaimRequest{
+					Consumer: "bench", Key: "order-completed:" + strconv.FormatInt(i, 10), MaxClaimWait: 5 * time.Second})
+				return tx, err
 			})
 		})
 	}
