@@ -11,32 +11,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
-
-// traced is a store on a pool whose round trips are counted.
-func traced(t *testing.T, b bundle) (*store.Store, *roundTrips) {
-	t.Helper()
-	url, err := pgtest.URLWithSearchPath(b.schema)
-	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
-	rt := &roundTrips{}
-	cfg.ConnConfig.Tracer = rt
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	require.NoError(t, pool.Ping(context.Background()))
-	st, err := store.New(pool, store.Config{Schema: b.schema})
-	require.NoError(t, err)
-	return st, rt
-}
 
 // deliverCounting delivers a fresh copy of o to h and returns the round
 // trips it cost and its result.

@@ -206,6 +206,24 @@ func TestPoisonMemoBatch(t *testing.T) {
 
 // roundTrips counts what a pool sends to the server: each query outside a
 // batch and each batch is one round trip.
+// traced is a store on a pool whose round trips are counted.
+func traced(t *testing.T, b bundle) (*store.Store, *roundTrips) {
+	t.Helper()
+	url, err := pgtest.URLWithSearchPath(b.schema)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	rt := &roundTrips{}
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, pool.Ping(context.Background()))
+	st, err := store.New(pool, store.Config{Schema: b.schema})
+	require.NoError(t, err)
+	return st, rt
+}
+
 type roundTrips struct{ n atomic.Int64 }
 
 func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
@@ -225,19 +243,7 @@ func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 // two statements, COMMIT), per message and per batch.
 func TestPoisonMemoAddsNoRoundTrip(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 2)
-	url, err := pgtest.URLWithSearchPath(b.schema)
-	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
-	rt := &roundTrips{}
-	cfg.ConnConfig.Tracer = rt
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	require.NoError(t, pool.Ping(context.Background()))
-	st, err := store.New(pool, store.Config{Schema: b.schema})
-	require.NoError(t, err)
+	st, rt := traced(t, setup(t, 2))
 
 	count := func(memo bool, id int64) int64 {
 		c := middleware.Claim{Store: st, Consumer: fmt.Sprintf("rt-%v", memo), Key: keyFunc(t), PoisonMemo: memo}
