@@ -85,7 +85,14 @@ func timeFromJSON(path string) (TimeFunc, error) {
 		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("JSON path %q is invalid", path), Err: err}
 	}
 	src := fmt.Sprintf("payload %q", path)
+	fp := newFieldPaths(segs)
 	return func(msg *message.Message) (time.Time, error) {
+		var out [1]jsonScalar
+		if readFields(msg.Payload, fp, out[:]) {
+			if t, ok := out[0].eventTime(); ok {
+				return t, nil
+			}
+		}
 		doc, err := decodePayload(msg.Payload)
 		if err != nil {
 			return time.Time{}, &EventTimeError{Source: src, Reason: err.Error()}
@@ -214,4 +221,20 @@ func checkEventTime(t time.Time) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%s is outside 1970..9999", t.Format(time.RFC3339Nano))
 	}
 	return t, nil
+}
+
+// eventTime reads v as timeFromJSON does, or reports !ok where it would
+// return an error.
+func (v jsonScalar) eventTime() (time.Time, bool) {
+	var t time.Time
+	var err error
+	switch v.kind {
+	case 's':
+		t, err = parseEventTime(v.text())
+	case 'n':
+		t, err = parseUnixNumber(string(v.raw))
+	default:
+		return t, false
+	}
+	return t, err == nil
 }

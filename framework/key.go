@@ -62,7 +62,14 @@ func fromJSON(path string) (KeyFunc, error) {
 		return nil, err
 	}
 	src := fmt.Sprintf("payload %q", path)
+	fp := newFieldPaths(segs)
 	return func(msg *message.Message) (string, error) {
+		var out [1]jsonScalar
+		if readFields(msg.Payload, fp, out[:]) {
+			if k, ok := out[0].keyText(); ok {
+				return k, nil
+			}
+		}
 		doc, err := decodePayload(msg.Payload)
 		if err != nil {
 			return "", &KeyError{Source: src, Reason: err.Error()}
@@ -175,7 +182,7 @@ func parsePath(path string) ([]string, error) {
 	return segs, nil
 }
 
-// Limits of JSON key lookups. The whole payload is decoded to find a field
+// Limits of JSON key lookups. The whole payload is read to find a field
 // (and checked, so that a malformed payload is refused rather than keyed),
 // which costs time and memory linear in its size; these bound both so that
 // one hostile message cannot hold a consumer, or in batch mode every

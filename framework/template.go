@@ -40,12 +40,15 @@ func fromTemplate(tmpl string) (KeyFunc, error) {
 		return nil, err
 	}
 	needPayload := false
+	var paths [][]string
 	for _, p := range parts {
 		if p.kind == partPayload {
 			needPayload = true
+			paths = append(paths, p.path)
 		}
 	}
-	return func(msg *message.Message) (string, error) {
+	fp := newFieldPaths(paths...)
+	slow := func(msg *message.Message) (string, error) {
 		var doc any
 		var docErr error
 		if needPayload {
@@ -81,7 +84,54 @@ func fromTemplate(tmpl string) (KeyFunc, error) {
 			}
 		}
 		return b.String(), nil
+	}
+	if needPayload && fp == nil {
+		return slow, nil // more payload fields than one pass follows
+	}
+	return func(msg *message.Message) (string, error) {
+		if k, ok := templateFast(msg, parts, fp); ok {
+			return k, nil
+		}
+		return slow(msg)
 	}, nil
+}
+
+// templateFast renders the key through readFields, or reports !ok for slow
+// to render it or give the reason it cannot be.
+func templateFast(msg *message.Message, parts []templatePart, fp *fieldPaths) (string, bool) {
+	var buf [4]jsonScalar
+	var vals []jsonScalar
+	if fp != nil {
+		vals = buf[:]
+		if n := len(fp.segs); n > len(buf) {
+			vals = make([]jsonScalar, n)
+		}
+		if !readFields(msg.Payload, fp, vals) {
+			return "", false
+		}
+	}
+	var b strings.Builder
+	j := 0
+	for _, p := range parts {
+		switch p.kind {
+		case partLiteral:
+			b.WriteString(p.text)
+		case partMetadata:
+			v := msg.Metadata[p.text]
+			if v == "" {
+				return "", false
+			}
+			writeEscaped(&b, v, p.escape)
+		case partPayload:
+			v, ok := vals[j].keyText()
+			j++
+			if !ok {
+				return "", false
+			}
+			writeEscaped(&b, v, p.escape)
+		}
+	}
+	return b.String(), true
 }
 
 type partKind int
