@@ -211,7 +211,8 @@ type Claim struct {
 	// would poison every later copy of those keys too.
 	PoisonMemo bool
 	// CommittedKeys bounds the committed-key cache: the keys this
-	// middleware saw committed (its own claims once their transaction
+	// middleware (one per NewClaim, shared by the handlers it wraps) saw
+	// committed (its own claims once their transaction
 	// committed, and claims its claim statement found committed), so a
 	// later copy of such a message, in a replay, a group reset, a
 	// producer's re-send or a redelivery, is acked as a duplicate without
@@ -388,11 +389,13 @@ func NewClaim(c Claim) (message.HandlerMiddleware, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return c.middleware, nil
+	// Defaults here, not per handler: every handler the middleware wraps
+	// shares one committed-key cache, so CommittedKeys bounds its memory
+	// whatever the number of handlers.
+	return c.withDefaults().middleware, nil
 }
 
 func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
-	c = c.withDefaults()
 	txOpts := pgx.TxOptions{IsoLevel: c.Isolation}
 	return func(msg *message.Message) ([]*message.Message, error) {
 		start := time.Now()

@@ -220,6 +220,24 @@ func TestCommittedKeysBoundAndDisabled(t *testing.T) {
 	require.Positive(t, n, "natural key: not cached")
 }
 
+// One NewClaim is one cache, whatever the number of handlers it wraps: a
+// key one handler saw committed is known to the other (the same consumer,
+// so the same claim), and CommittedKeys bounds the memory of all of them.
+func TestCommittedKeysSharedByHandlers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	st, rt := traced(t, b)
+	rec := &outcomes{}
+	mw := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "shared", Key: keyFunc(t), OnOutcome: rec.onOutcome})
+	first, second := mw(consume(credit)), mw(consume(credit))
+	o := order{OrderID: 60, CustomerID: 6, TotalCents: 100}
+	_, res := deliverCounting(t, first, rt, rec, o)
+	require.Equal(t, framework.Applied, res.Outcome)
+	n, res := deliverCounting(t, second, rt, rec, o)
+	require.Equal(t, framework.Duplicate, res.Outcome)
+	require.Zero(t, n, "the second handler knows the key the first committed")
+}
+
 func TestCommittedKeysTTLValidated(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
