@@ -38,18 +38,21 @@ type routerRun struct {
 	bare       bool
 	window     int
 	preclaimed bool
-	// warm: the same consumer applies the n messages first, unmeasured,
-	// and then meets the n messages again (a producer's re-send, a
-	// redelivery after a rebalance): a duplicate storm with the
-	// committed-key cache warm. Both passes are published before the
-	// consumer starts (originals, then copies), so no publishing shares
-	// the machine with the measured pass; it is measured from the moment
-	// n messages had settled to the last.
+	// warm: the same consumer (one claim middleware, so one
+	// committed-key cache) applies the n messages first from one
+	// topic/queue, unmeasured, and then, once all n are applied, meets
+	// copies of them on a second (a producer's re-send, a redelivery after
+	// a rebalance): a duplicate storm with the cache warm, measured alone.
+	// Both are published before the consumer starts, so no publishing
+	// shares the machine with the measured pass. In batch mode (one
+	// consumer, one topic) the copies follow the originals on the same
+	// topic and the rate is measured from the moment n messages had
+	// settled.
 	warm bool
 }
 
 // phases counts a run's settled messages and signals the end of its
-// passes (two when warm: only the second is measured).
+// passes (two in a warm batch run: only the second is measured).
 type phases struct {
 	n, passes  int
 	done       atomic.Int64
@@ -101,55 +104,23 @@ func (p *phases) await(stopped <-chan error) error {
 }
 
 func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
-	if err := prepublish(ctx, e, r); err != nil {
-		return result{}, fmt.Errorf("publish: %w", err)
+	topics := []string{e.topic}
+	if r.warm {
+		topics = append(topics, e.topic+"-copies")
 	}
-	if r.broker == "amqp" {
-		defer deleteQueue(r.amqpURL, e.topic)
+	for _, t := range topics {
+		if err := publish(ctx, r, t, r.n); err != nil {
+			return result{}, fmt.Errorf("publish: %w", err)
+		}
+		if r.broker == "amqp" {
+			defer deleteQueue(r.amqpURL, t)
+		}
 	}
-	cfg := brokers.Config{}
-	cfg.Kind = r.broker
-	cfg.AMQP.URL = r.amqpURL
-	cfg.AMQP.Concurrency = r.concurrency
-	cfg.Kafka.Brokers = []string{r.kafkaAddr}
-	cfg.Kafka.ConsumerGroup = "bench-" + e.topic
-	cfg.AMQP.Window = r.window
-	cfg.Kafka.Window = r.window
 	if r.preclaimed {
 		if err := preclaim(ctx, e, r.n); err != nil {
 			return result{}, err
 		}
 	}
-	logger := watermill.NopLogger{}
-	sub, err := brokers.NewSubscriber(cfg, logger)
-	if err != nil {
-		return result{}, err
-	}
-	defer func() { _ = sub.Close() }()
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
-	if err != nil {
-		return result{}, err
-	}
-
-	lat := make([]time.Duration, r.n)
-	ph := newPhases(r)
-	var failed atomic.Value
-	measure := func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			t0 := time.Now()
-			ph.firstStart.CompareAndSwap(0, t0.UnixNano())
-			out, err := h(msg)
-			if err != nil {
-				failed.Store(err)
-				return out, err
-			}
-			if i := ph.settled(); i > 0 && int(i) <= r.n {
-				lat[i-1] = time.Since(t0)
-			}
-			return out, nil
-		}
-	}
-
 	var handler message.NoPublishHandlerFunc
 	if r.bare {
 		handler = func(*message.Message) error { return nil }
@@ -170,18 +141,70 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 			return pgx.BeginFunc(msg.Context(), e.pool, func(tx pgx.Tx) error { return effect(msg.Context(), tx, o) })
 		}
 	}
-	router.AddMiddleware(measure)
-	h := router.AddConsumerHandler("bench", e.topic, sub, handler)
+	var mw message.HandlerMiddleware
 	if r.claim {
 		key, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
 		if err != nil {
 			return result{}, err
 		}
 		claim := middleware.Claim{Store: e.store, Consumer: "bench", Key: key}
-		mw, err := middleware.NewClaim(claim)
-		if err != nil {
+		if mw, err = middleware.NewClaim(claim); err != nil {
 			return result{}, err
 		}
+	}
+	var res result
+	for _, t := range topics {
+		var err error
+		if res, err = consumePass(ctx, r, t, handler, mw); err != nil {
+			return result{}, err
+		}
+	}
+	return res, nil // the last pass's
+}
+
+// consumePass consumes the n messages of topic with a fresh subscriber and
+// router, through mw when not nil, and times them.
+func consumePass(ctx context.Context, r routerRun, topic string, handler message.NoPublishHandlerFunc, mw message.HandlerMiddleware) (result, error) {
+	cfg := brokers.Config{}
+	cfg.Kind = r.broker
+	cfg.AMQP.URL = r.amqpURL
+	cfg.AMQP.Concurrency = r.concurrency
+	cfg.Kafka.Brokers = []string{r.kafkaAddr}
+	cfg.Kafka.ConsumerGroup = "bench-" + topic
+	cfg.AMQP.Window = r.window
+	cfg.Kafka.Window = r.window
+	logger := watermill.NopLogger{}
+	sub, err := brokers.NewSubscriber(cfg, logger)
+	if err != nil {
+		return result{}, err
+	}
+	defer func() { _ = sub.Close() }()
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	if err != nil {
+		return result{}, err
+	}
+
+	lat := make([]time.Duration, r.n)
+	ph := &phases{n: r.n, passes: 1, finished: make(chan struct{})}
+	var failed atomic.Value
+	measure := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			t0 := time.Now()
+			ph.firstStart.CompareAndSwap(0, t0.UnixNano())
+			out, err := h(msg)
+			if err != nil {
+				failed.Store(err)
+				return out, err
+			}
+			if i := ph.settled(); i > 0 && int(i) <= r.n {
+				lat[i-1] = time.Since(t0)
+			}
+			return out, nil
+		}
+	}
+	router.AddMiddleware(measure)
+	h := router.AddConsumerHandler("bench", topic, sub, handler)
+	if mw != nil {
 		h.AddMiddleware(mw)
 	}
 	rctx, cancel := context.WithCancel(ctx)
@@ -202,7 +225,15 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 	return result{n: r.n, elapsed: end.Sub(ph.start()), lat: lat}, nil
 }
 
+// prepublish publishes what a run consumes from e.topic: the n messages,
+// followed by copies of them when the run is warm.
 func prepublish(ctx context.Context, e *env, r routerRun) error {
+	return publish(ctx, r, e.topic, r.n*newPhases(r).passes)
+}
+
+// publish writes total messages to topic (a queue on RabbitMQ): orders
+// 0..n-1, then again from 0 when total > n.
+func publish(ctx context.Context, r routerRun, topic string, total int) error {
 	switch r.broker {
 	case "amqp":
 		conn, err := amqp.Dial(r.amqpURL)
@@ -214,17 +245,16 @@ func prepublish(ctx context.Context, e *env, r routerRun) error {
 		if err != nil {
 			return err
 		}
-		if _, err := ch.QueueDeclare(e.topic, true, false, false, false, nil); err != nil {
+		if _, err := ch.QueueDeclare(topic, true, false, false, false, nil); err != nil {
 			return err
 		}
 		if err := ch.Confirm(false); err != nil {
 			return err
 		}
-		total := r.n * newPhases(r).passes
 		confirms := ch.NotifyPublish(make(chan amqp.Confirmation, total))
 		for k := 0; k < total; k++ {
 			o := orderN(k % r.n)
-			if err := ch.PublishWithContext(ctx, "", e.topic, false, false, amqp.Publishing{
+			if err := ch.PublishWithContext(ctx, "", topic, false, false, amqp.Publishing{
 				DeliveryMode: amqp.Persistent, Body: payload(o),
 				Headers: amqp.Table{"event_id": fmt.Sprintf("evt-%d", o.OrderID)},
 			}); err != nil {
@@ -243,13 +273,13 @@ func prepublish(ctx context.Context, e *env, r routerRun) error {
 			return err
 		}
 		defer cl.Close()
-		if _, err := kadm.NewClient(cl).CreateTopic(ctx, int32(r.concurrency), 1, nil, e.topic); err != nil {
+		if _, err := kadm.NewClient(cl).CreateTopic(ctx, int32(r.concurrency), 1, nil, topic); err != nil {
 			return err
 		}
-		recs := make([]*kgo.Record, r.n*newPhases(r).passes)
+		recs := make([]*kgo.Record, total)
 		for k := range recs {
 			o := orderN(k % r.n)
-			recs[k] = &kgo.Record{Topic: e.topic, Key: []byte(fmt.Sprint(o.OrderID)), Value: payload(o),
+			recs[k] = &kgo.Record{Topic: topic, Key: []byte(fmt.Sprint(o.OrderID)), Value: payload(o),
 				Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(fmt.Sprintf("evt-%d", o.OrderID))}}}
 		}
 		return cl.ProduceSync(ctx, recs...).FirstErr()
