@@ -225,21 +225,45 @@ func (r *fieldReader) value(level int, mask uint64) bool {
 	return true
 }
 
-func (r *fieldReader) open() bool {
+// open enters the container at r.i; empty reports one that close ends at
+// once.
+func (r *fieldReader) open(close byte) (empty, ok bool) {
 	r.depth++
 	r.i++
-	return r.depth <= maxPayloadDepth
+	if r.depth > maxPayloadDepth {
+		return false, false
+	}
+	r.space()
+	if r.i < len(r.p) && r.p[r.i] == close {
+		r.i++
+		r.depth--
+		return true, true
+	}
+	return false, true
+}
+
+// next reads what follows a member or an element: a comma (more) or close.
+func (r *fieldReader) next(close byte) (more, ok bool) {
+	r.space()
+	if r.i >= len(r.p) {
+		return false, false
+	}
+	switch r.p[r.i] {
+	case ',':
+		r.i++
+		r.space()
+		return true, true
+	case close:
+		r.i++
+		r.depth--
+		return false, true
+	}
+	return false, false
 }
 
 func (r *fieldReader) object(level int, mask uint64) bool {
-	if !r.open() {
-		return false
-	}
-	r.space()
-	if r.i < len(r.p) && r.p[r.i] == '}' {
-		r.i++
-		r.depth--
-		return true
+	if empty, ok := r.open('}'); empty || !ok {
+		return ok
 	}
 	for {
 		if r.i >= len(r.p) || r.p[r.i] != '"' {
@@ -279,33 +303,15 @@ func (r *fieldReader) object(level int, mask uint64) bool {
 		if !r.value(level+1, sub) {
 			return false
 		}
-		r.space()
-		if r.i >= len(r.p) {
-			return false
-		}
-		switch r.p[r.i] {
-		case ',':
-			r.i++
-			r.space()
-		case '}':
-			r.i++
-			r.depth--
-			return true
-		default:
-			return false
+		if more, ok := r.next('}'); !more {
+			return ok
 		}
 	}
 }
 
 func (r *fieldReader) array(level int, mask uint64) bool {
-	if !r.open() {
-		return false
-	}
-	r.space()
-	if r.i < len(r.p) && r.p[r.i] == ']' {
-		r.i++
-		r.depth--
-		return true
+	if empty, ok := r.open(']'); empty || !ok {
+		return ok
 	}
 	for n := 0; ; n++ {
 		var sub uint64
@@ -318,20 +324,8 @@ func (r *fieldReader) array(level int, mask uint64) bool {
 		if !r.value(level+1, sub) {
 			return false
 		}
-		r.space()
-		if r.i >= len(r.p) {
-			return false
-		}
-		switch r.p[r.i] {
-		case ',':
-			r.i++
-			r.space()
-		case ']':
-			r.i++
-			r.depth--
-			return true
-		default:
-			return false
+		if more, ok := r.next(']'); !more {
+			return ok
 		}
 	}
 }
