@@ -69,6 +69,9 @@ func (v jsonScalar) keyText() (string, bool) {
 		}
 		return v.text(), true
 	case 'n':
+		if len(v.raw) > maxNumberBytes {
+			return "", false // refused; not copied first
+		}
 		s, err := canonicalNumber(string(v.raw))
 		return s, err == nil
 	case 't':
