@@ -117,7 +117,7 @@ func TestReadFields(t *testing.T) {
 		// Left to the decoder: refused, or not plain enough here.
 		{`{"a": 1, "d": ` + strings.Repeat("[", 64) + strings.Repeat("]", 64) + `}`, []string{"a"}, false},
 		{`{"order\u005fid": 1}`, []string{"order_id"}, false},
-		{`{"a": 1}]`, []string{"a"}, false}, // the decoder's More quirk: it accepts this
+		{`{"a": 1}]`, []string{"a"}, false},
 		{`{"a": 1} {}`, []string{"a"}, false},
 		{`{"a": "\ud800"}`, []string{"a"}, false},
 		{`{"a": "\udc00\ud800"}`, []string{"a"}, false},

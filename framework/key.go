@@ -223,7 +223,9 @@ func decodePayload(payload []byte) (any, error) {
 	if err := dec.Decode(&doc); err != nil {
 		return nil, fmt.Errorf("payload is not valid JSON: %w", err)
 	}
-	if dec.More() {
+	// Not dec.More(): it reports no further value before a ']' or '}', so
+	// `{"order_id": 1}]` would pass. JSON whitespace only may follow.
+	if rest := bytes.TrimLeft(payload[dec.InputOffset():], " \t\r\n"); len(rest) > 0 {
 		return nil, errors.New("payload has trailing data after the JSON value")
 	}
 	return doc, nil

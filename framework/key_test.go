@@ -69,6 +69,11 @@ func TestKeySpecs(t *testing.T) {
 		{"json:order_id", `{"order_id": 1`, nil, "not valid JSON"},
 		{"json:order_id", ``, nil, "empty"},
 		{"json:order_id", `{"order_id": 1} {"x": 2}`, nil, "trailing"},
+		// A closing bracket after the value: encoding/json's More() reports
+		// no further value there, which once let this malformed payload be
+		// keyed.
+		{"json:order_id", `{"order_id": 1}]`, nil, "trailing"},
+		{"template:k:{payload.order_id}", "{\"order_id\": 1}\n}\n", nil, "trailing"},
 		{"json:a.b", `{"a": 5}`, nil, "cannot descend"},
 		{"json:a.7", `{"a": [1]}`, nil, "no element"},
 		{"template:k:{payload.order_id}", `[]`, nil, "no element"},
