@@ -87,34 +87,33 @@ func timeFromJSON(path string) (TimeFunc, error) {
 	src := fmt.Sprintf("payload %q", path)
 	fp := newFieldPaths(segs)
 	return func(msg *message.Message) (time.Time, error) {
-		var out [1]jsonScalar
-		if readFields(msg.Payload, fp, out[:]) {
-			if t, ok := out[0].eventTime(); ok {
-				return t, nil
-			}
-		}
-		doc, err := decodePayload(msg.Payload)
-		if err != nil {
+		var out [1]fieldValue
+		if err := payloadValues(msg.Payload, fp, out[:]); err != nil {
 			return time.Time{}, &EventTimeError{Source: src, Reason: err.Error()}
 		}
-		v, reason := descendJSON(doc, segs)
-		if reason != "" {
-			return time.Time{}, &EventTimeError{Source: src, Reason: reason}
-		}
-		var t time.Time
-		switch v := v.(type) {
-		case string:
-			t, err = parseEventTime(v)
-		case json.Number:
-			t, err = parseUnixNumber(string(v))
-		default:
-			return time.Time{}, &EventTimeError{Source: src, Reason: fmt.Sprintf("field is %s, want an RFC 3339 string or a Unix time number", jsonType(v))}
-		}
-		if err != nil {
-			return time.Time{}, &EventTimeError{Source: src, Reason: err.Error()}
-		}
-		return t, nil
+		return eventTimeValue(out[0], src)
 	}, nil
+}
+
+// eventTimeValue reads what a payload path led to as an event time.
+func eventTimeValue(f fieldValue, src string) (time.Time, error) {
+	if f.reason != "" {
+		return time.Time{}, &EventTimeError{Source: src, Reason: f.reason}
+	}
+	var t time.Time
+	var err error
+	switch v := f.v.(type) {
+	case string:
+		t, err = parseEventTime(v)
+	case json.Number:
+		t, err = parseUnixNumber(string(v))
+	default:
+		return time.Time{}, &EventTimeError{Source: src, Reason: fmt.Sprintf("field is %s, want an RFC 3339 string or a Unix time number", jsonType(v))}
+	}
+	if err != nil {
+		return time.Time{}, &EventTimeError{Source: src, Reason: err.Error()}
+	}
+	return t, nil
 }
 
 // timeFromKafka reads the Kafka record timestamp that claimtx's Kafka
@@ -221,20 +220,4 @@ func checkEventTime(t time.Time) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%s is outside 1970..9999", t.Format(time.RFC3339Nano))
 	}
 	return t, nil
-}
-
-// eventTime reads v as timeFromJSON does, or reports !ok where it would
-// return an error.
-func (v jsonScalar) eventTime() (time.Time, bool) {
-	var t time.Time
-	var err error
-	switch v.kind {
-	case 's':
-		t, err = parseEventTime(v.text())
-	case 'n':
-		t, err = parseUnixNumber(string(v.raw))
-	default:
-		return t, false
-	}
-	return t, err == nil
 }

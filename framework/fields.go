@@ -1,31 +1,33 @@
 package framework
 
 import (
+	"encoding/json"
 	"math/bits"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
 )
 
-// A fast path for payload keys. decodePayload builds the whole document
-// with encoding/json (a map or slice per container, an interface per value)
-// to read one or two fields; in a duplicate storm, when the claim itself
-// costs nothing (committed-key cache), that decoding is most of a
-// message's work. readFields makes one pass over the payload instead,
-// validating it as strictly and keeping only the scalars the paths name.
+// Payload fields without encoding/json. decodePayload builds the whole
+// document (a map or slice per container, an interface per value) to read
+// one or two fields; in a duplicate storm, when the claim itself costs
+// nothing (committed-key cache), that decoding was most of a message's
+// work. readFields makes one pass over the payload instead, validating it
+// as strictly and keeping only the scalars the paths name.
 //
-// It is only a fast path: whenever it cannot give the answer the decoder
-// would (a refused payload, a missing field, an escaped member name on a
-// path, a value that is not a non-empty string, a number or a boolean), it
-// reports !ok and the caller takes decodePayload's path, which gives the
-// reason. So it must agree with decodePayload only where it succeeds;
-// FuzzReadFields checks that against the decoder.
+// payloadValues is the one entry point: it gives the values the decoder
+// would, taking the decoder's path itself whenever readFields cannot answer
+// exactly (a refused payload, to give the decoder's reason; a member name
+// written with escapes on a path; a path that leads to no scalar). So
+// readFields must agree with the decoder only where it answers;
+// FuzzReadFields and TestReadFieldsRandomDocuments check that.
 
 // fieldPaths are the payload paths one KeyFunc or TimeFunc reads.
 type fieldPaths struct {
 	segs [][]string
 	// idx is each segment read as an array index the way descendJSON
-	// reads it (strconv.Atoi), or -1 where it names no element.
+	// reads it (strconv.Atoi), or -1 where it names no element; nil when
+	// there are more paths than one pass follows (the decoder reads them).
 	idx [][]int
 }
 
@@ -33,10 +35,11 @@ type fieldPaths struct {
 const maxFieldPaths = 64
 
 func newFieldPaths(paths ...[]string) *fieldPaths {
-	if len(paths) == 0 || len(paths) > maxFieldPaths {
-		return nil // the decoder's path then serves every message
+	fp := &fieldPaths{segs: paths}
+	if len(paths) > maxFieldPaths {
+		return fp
 	}
-	fp := &fieldPaths{segs: paths, idx: make([][]int, len(paths))}
+	fp.idx = make([][]int, len(paths))
 	for i, segs := range paths {
 		fp.idx[i] = make([]int, len(segs))
 		for j, s := range segs {
@@ -59,27 +62,66 @@ type jsonScalar struct {
 	raw []byte
 }
 
-// keyText renders v as lookupJSON does, or reports !ok where lookupJSON
-// would return an error.
-func (v jsonScalar) keyText() (string, bool) {
+// value is v as the decoder gives it (a string, a json.Number or a bool),
+// or !ok for a path that found nothing, null, an object or an array.
+func (v jsonScalar) value() (any, bool) {
 	switch v.kind {
 	case 's':
-		if len(v.raw) == 0 {
-			return "", false
-		}
 		return v.text(), true
 	case 'n':
-		if len(v.raw) > maxNumberBytes {
-			return "", false // refused; not copied first
-		}
-		s, err := canonicalNumber(string(v.raw))
-		return s, err == nil
+		return json.Number(v.raw), true
 	case 't':
-		return "true", true
+		return true, true
 	case 'f':
-		return "false", true
+		return false, true
 	}
-	return "", false
+	return nil, false
+}
+
+// fieldValue is what a path leads to: a value as descendJSON gives it, or
+// the reason it leads nowhere.
+type fieldValue struct {
+	v      any
+	reason string
+}
+
+// payloadValues fills out[i] with the value at fp.segs[i], or returns the
+// reason the payload cannot be read (decodePayload's). One pass when
+// readFields answers; the decoder otherwise.
+func payloadValues(payload []byte, fp *fieldPaths, out []fieldValue) error {
+	if fp.idx != nil {
+		var buf [4]jsonScalar
+		var found []jsonScalar
+		if n := len(fp.segs); n > len(buf) {
+			found = make([]jsonScalar, n)
+		} else {
+			found = buf[:n]
+		}
+		if readFields(payload, fp, found) && scalars(found, out) {
+			return nil
+		}
+	}
+	doc, err := decodePayload(payload)
+	if err != nil {
+		return err
+	}
+	for i := range out {
+		out[i].v, out[i].reason = descendJSON(doc, fp.segs[i])
+	}
+	return nil
+}
+
+// scalars converts what readFields found into out, or reports a path that
+// found no scalar (the decoder then says what it found).
+func scalars(found []jsonScalar, out []fieldValue) bool {
+	for i, f := range found {
+		v, ok := f.value()
+		if !ok {
+			return false
+		}
+		out[i] = fieldValue{v: v}
+	}
+	return true
 }
 
 // text is a string's value, its escapes decoded as encoding/json decodes
@@ -136,7 +178,7 @@ func unescapeByte(c byte) byte {
 // name repeats, the last one counts, as in the decoder's map. ok is false
 // when the payload is refused, or is not plain enough to read here.
 func readFields(payload []byte, paths *fieldPaths, out []jsonScalar) bool {
-	if paths == nil || len(payload) > maxPayloadBytes || !utf8.Valid(payload) {
+	if paths.idx == nil || len(payload) > maxPayloadBytes || !utf8.Valid(payload) {
 		return false
 	}
 	r := fieldReader{p: payload, paths: paths, out: out}

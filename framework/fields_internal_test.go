@@ -5,48 +5,25 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 )
 
-// decoderKey and decoderTime are what the KeyFunc and TimeFunc gave before
-// readFields: encoding/json's document, then lookupJSON or descendJSON. The
-// oracle for the fast path.
-func decoderKey(payload []byte, segs []string) (string, bool) {
+// decoderValue is what the path leads to through encoding/json's document:
+// the oracle for readFields.
+func decoderValue(t *testing.T, payload []byte, segs []string) fieldValue {
 	doc, err := decodePayload(payload)
 	if err != nil {
-		return "", false
+		t.Fatalf("readFields read %q, the decoder refuses it: %v", payload, err)
 	}
-	k, err := lookupJSON(doc, segs, "x")
-	return k, err == nil
-}
-
-func decoderTime(payload []byte, segs []string) (time.Time, bool) {
-	doc, err := decodePayload(payload)
-	if err != nil {
-		return time.Time{}, false
-	}
-	v, reason := descendJSON(doc, segs)
-	if reason != "" {
-		return time.Time{}, false
-	}
-	var t time.Time
-	switch v := v.(type) {
-	case string:
-		t, err = parseEventTime(v)
-	default:
-		n, ok := v.(interface{ String() string }) // json.Number
-		if !ok {
-			return t, false
-		}
-		t, err = parseUnixNumber(n.String())
-	}
-	return t, err == nil
+	var f fieldValue
+	f.v, f.reason = descendJSON(doc, segs)
+	return f
 }
 
 // checkFields asserts readFields's soundness on one input: where it reads
-// the payload, each path gives exactly what the decoder gives (the same key
-// or time, or an error in both). It returns whether readFields read it, and
-// how many paths led to a key.
+// the payload, the decoder accepts it too, and each path readFields found a
+// scalar at gives exactly the decoder's key and event time (or the same
+// error). It returns whether readFields read it, and how many paths led to
+// a key.
 func checkFields(t *testing.T, payload string, paths ...string) bool {
 	read, _ := checkFieldsKeys(t, payload, paths...)
 	return read
@@ -67,25 +44,35 @@ func checkFieldsKeys(t *testing.T, payload string, paths ...string) (read bool, 
 	if !readFields([]byte(payload), fp, out) {
 		return false, 0
 	}
-	if _, err := decodePayload([]byte(payload)); err != nil {
-		t.Fatalf("readFields read %q, the decoder refuses it: %v", payload, err)
-	}
 	for i, s := range segs {
-		fast, fok := out[i].keyText()
-		slow, sok := decoderKey([]byte(payload), s)
-		if fok != sok || fast != slow {
-			t.Fatalf("payload %q path %q: readFields key %q (%v), decoder %q (%v)", payload, paths[i], fast, fok, slow, sok)
+		slow := decoderValue(t, []byte(payload), s)
+		v, ok := out[i].value()
+		if !ok {
+			continue // payloadValues asks the decoder
 		}
-		if fok {
+		fast := fieldValue{v: v}
+		fk, ferr := keyValue(fast, "x")
+		sk, serr := keyValue(slow, "x")
+		if fk != sk || errText(ferr) != errText(serr) {
+			t.Fatalf("payload %q path %q: readFields key %q (%v), decoder %q (%v)", payload, paths[i], fk, ferr, sk, serr)
+		}
+		if ferr == nil {
 			keys++
 		}
-		ft, fok := out[i].eventTime()
-		st, sok := decoderTime([]byte(payload), s)
-		if fok != sok || !ft.Equal(st) {
-			t.Fatalf("payload %q path %q: readFields time %v (%v), decoder %v (%v)", payload, paths[i], ft, fok, st, sok)
+		ft, ferr := eventTimeValue(fast, "x")
+		st, serr := eventTimeValue(slow, "x")
+		if !ft.Equal(st) || errText(ferr) != errText(serr) {
+			t.Fatalf("payload %q path %q: readFields time %v (%v), decoder %v (%v)", payload, paths[i], ft, ferr, st, serr)
 		}
 	}
 	return true, keys
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 func TestReadFields(t *testing.T) {

@@ -64,17 +64,11 @@ func fromJSON(path string) (KeyFunc, error) {
 	src := fmt.Sprintf("payload %q", path)
 	fp := newFieldPaths(segs)
 	return func(msg *message.Message) (string, error) {
-		var out [1]jsonScalar
-		if readFields(msg.Payload, fp, out[:]) {
-			if k, ok := out[0].keyText(); ok {
-				return k, nil
-			}
-		}
-		doc, err := decodePayload(msg.Payload)
-		if err != nil {
+		var out [1]fieldValue
+		if err := payloadValues(msg.Payload, fp, out[:]); err != nil {
 			return "", &KeyError{Source: src, Reason: err.Error()}
 		}
-		return lookupJSON(doc, segs, src)
+		return keyValue(out[0], src)
 	}, nil
 }
 
@@ -317,8 +311,7 @@ func hex4(p []byte, i int) (rune, bool) {
 }
 
 // descendJSON follows segs into doc and returns the value found, or a
-// reason why there is none. fromJSON (via lookupJSON) and
-// timeFromJSON both read payload fields through it.
+// reason why there is none: payloadValues's path through the decoder.
 func descendJSON(doc any, segs []string) (any, string) {
 	cur := doc
 	for _, s := range segs {
@@ -342,12 +335,12 @@ func descendJSON(doc any, segs []string) (any, string) {
 	return cur, ""
 }
 
-func lookupJSON(doc any, segs []string, src string) (string, error) {
-	cur, reason := descendJSON(doc, segs)
-	if reason != "" {
-		return "", &KeyError{Source: src, Reason: reason}
+// keyValue renders what a payload path led to as a key part.
+func keyValue(f fieldValue, src string) (string, error) {
+	if f.reason != "" {
+		return "", &KeyError{Source: src, Reason: f.reason}
 	}
-	switch v := cur.(type) {
+	switch v := f.v.(type) {
 	case string:
 		if v == "" {
 			return "", &KeyError{Source: src, Reason: "field is empty"}
@@ -362,7 +355,7 @@ func lookupJSON(doc any, segs []string, src string) (string, error) {
 	case bool:
 		return strconv.FormatBool(v), nil
 	default:
-		return "", &KeyError{Source: src, Reason: fmt.Sprintf("field is %s, want a string, number or boolean", jsonType(cur))}
+		return "", &KeyError{Source: src, Reason: fmt.Sprintf("field is %s, want a string, number or boolean", jsonType(f.v))}
 	}
 }
 

@@ -39,44 +39,53 @@ func fromTemplate(tmpl string) (KeyFunc, error) {
 	if err != nil {
 		return nil, err
 	}
-	needPayload := false
 	var paths [][]string
-	for _, p := range parts {
-		if p.kind == partPayload {
-			needPayload = true
+	srcs := make([]string, len(parts)) // for errors, rendered once
+	for i, p := range parts {
+		switch p.kind {
+		case partMetadata:
+			srcs[i] = fmt.Sprintf("metadata %q", p.text)
+		case partPayload:
+			srcs[i] = fmt.Sprintf("payload %q", p.text)
 			paths = append(paths, p.path)
 		}
 	}
 	fp := newFieldPaths(paths...)
-	slow := func(msg *message.Message) (string, error) {
-		var doc any
+	return func(msg *message.Message) (string, error) {
+		var buf [4]fieldValue
+		var vals []fieldValue
 		var docErr error
-		if needPayload {
-			// Decoded once per message however many payload fields the
+		if len(paths) > 0 {
+			// Read once per message however many payload fields the
 			// template names.
-			doc, docErr = decodePayload(msg.Payload)
+			if len(paths) > len(buf) {
+				vals = make([]fieldValue, len(paths))
+			} else {
+				vals = buf[:len(paths)]
+			}
+			docErr = payloadValues(msg.Payload, fp, vals)
 		}
 		var b strings.Builder
-		for _, p := range parts {
+		j := 0
+		for i, p := range parts {
 			switch p.kind {
 			case partLiteral:
 				b.WriteString(p.text)
 			case partMetadata:
-				src := fmt.Sprintf("metadata %q", p.text)
 				v, ok := msg.Metadata[p.text]
 				if !ok {
-					return "", &KeyError{Source: src, Reason: "field is missing"}
+					return "", &KeyError{Source: srcs[i], Reason: "field is missing"}
 				}
 				if v == "" {
-					return "", &KeyError{Source: src, Reason: "field is empty"}
+					return "", &KeyError{Source: srcs[i], Reason: "field is empty"}
 				}
 				writeEscaped(&b, v, p.escape)
 			case partPayload:
-				src := fmt.Sprintf("payload %q", p.text)
 				if docErr != nil {
-					return "", &KeyError{Source: src, Reason: docErr.Error()}
+					return "", &KeyError{Source: srcs[i], Reason: docErr.Error()}
 				}
-				v, err := lookupJSON(doc, p.path, src)
+				v, err := keyValue(vals[j], srcs[i])
+				j++
 				if err != nil {
 					return "", err
 				}
@@ -84,54 +93,7 @@ func fromTemplate(tmpl string) (KeyFunc, error) {
 			}
 		}
 		return b.String(), nil
-	}
-	if needPayload && fp == nil {
-		return slow, nil // more payload fields than one pass follows
-	}
-	return func(msg *message.Message) (string, error) {
-		if k, ok := templateFast(msg, parts, fp); ok {
-			return k, nil
-		}
-		return slow(msg)
 	}, nil
-}
-
-// templateFast renders the key through readFields, or reports !ok for slow
-// to render it or give the reason it cannot be.
-func templateFast(msg *message.Message, parts []templatePart, fp *fieldPaths) (string, bool) {
-	var buf [4]jsonScalar
-	var vals []jsonScalar
-	if fp != nil {
-		vals = buf[:]
-		if n := len(fp.segs); n > len(buf) {
-			vals = make([]jsonScalar, n)
-		}
-		if !readFields(msg.Payload, fp, vals) {
-			return "", false
-		}
-	}
-	var b strings.Builder
-	j := 0
-	for _, p := range parts {
-		switch p.kind {
-		case partLiteral:
-			b.WriteString(p.text)
-		case partMetadata:
-			v := msg.Metadata[p.text]
-			if v == "" {
-				return "", false
-			}
-			writeEscaped(&b, v, p.escape)
-		case partPayload:
-			v, ok := vals[j].keyText()
-			j++
-			if !ok {
-				return "", false
-			}
-			writeEscaped(&b, v, p.escape)
-		}
-	}
-	return b.String(), true
 }
 
 type partKind int
