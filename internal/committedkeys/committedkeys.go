@@ -21,6 +21,7 @@ import (
 	"encoding/binary"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -42,9 +43,22 @@ type Hash [2]uint64
 
 // entry is one insertion, in insertion order.
 type entry struct {
-	h  Hash
-	at int64 // nanoseconds since the cache's epoch
+	h Hash
+	// at is when the entry was added, in nanoseconds since the cache's
+	// epoch, its two lowest bits the flags below: they cost 3 ns of
+	// precision rather than 8 bytes more per entry.
+	at int64
 }
+
+// Entry flags, in entry.at's lowest bits.
+const (
+	readBit  = 1 << iota // added by AddRead
+	markBit              // AddRead's mark, not hit yet
+	flagBits = readBit | markBit
+)
+
+// added is when e was added, without its flags.
+func (e entry) added() int64 { return e.at &^ flagBits }
 
 // maxShards bounds the shards, each with its own lock, so concurrent
 // consumers rarely wait on each other. minPerShard keeps small caches in
@@ -63,6 +77,8 @@ type Cache struct {
 	s1, s2 maphash.Seed
 	mask   uint64
 	shards []shard
+	// readHits counts the hits on entries added by AddRead.
+	readHits atomic.Int64
 }
 
 // shard holds its entries in a ring in insertion order (for expiry and
@@ -135,22 +151,63 @@ func (c *Cache) shard(h Hash) *shard { return &c.shards[h[0]&c.mask] }
 // Contains reports whether h was added less than the ttl ago and not
 // evicted since.
 func (c *Cache) Contains(h Hash) bool {
+	hit, _ := c.Lookup(h)
+	return hit
+}
+
+// Lookup is Contains that also reports whether the hit was the first on
+// an entry AddRead marked.
+func (c *Cache) Lookup(h Hash) (hit, mark bool) {
 	if c == nil {
-		return false
+		return false, false
 	}
 	now := c.clock()
 	s := c.shard(h)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	i, ok := s.lookup(h)
-	return ok && now-s.ring[i].at < c.ttl
+	if !ok || now-s.ring[i].added() >= c.ttl {
+		return false, false
+	}
+	e := &s.ring[i]
+	if e.at&readBit != 0 {
+		c.readHits.Add(1)
+	}
+	if e.at&markBit != 0 {
+		e.at &^= markBit
+		return true, true
+	}
+	return true, false
+}
+
+// TakeReadHits returns the hits on entries added by AddRead since the
+// last call: how much of what was read ahead the stream asked for.
+func (c *Cache) TakeReadHits() int64 {
+	if c == nil {
+		return 0
+	}
+	return c.readHits.Swap(0)
 }
 
 // Add records h as committed now, evicting the oldest entry of its shard
 // when the shard is full. An entry still live is left as it is: its time
 // is when the database first said so, and a twin's confirmation adds
 // nothing.
-func (c *Cache) Add(h Hash) {
+func (c *Cache) Add(h Hash) { c.add(h, 0) }
+
+// AddRead is Add for a key read ahead of the stream (a claim the
+// database showed committed before any message asked for it); hits on it
+// are counted for TakeReadHits. With mark, the first hit on it says so
+// (Lookup): the stream reached it, time to read further.
+func (c *Cache) AddRead(h Hash, mark bool) {
+	if mark {
+		c.add(h, readBit|markBit)
+	} else {
+		c.add(h, readBit)
+	}
+}
+
+func (c *Cache) add(h Hash, flag int64) {
 	if c == nil {
 		return
 	}
@@ -159,13 +216,13 @@ func (c *Cache) Add(h Hash) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.expire(now - c.ttl)
-	if i, ok := s.lookup(h); ok && now-s.ring[i].at < c.ttl {
+	if i, ok := s.lookup(h); ok && now-s.ring[i].added() < c.ttl {
 		return
 	}
 	if s.n == s.max {
 		s.pop()
 	}
-	s.m[h[0]] = uint32(s.push(entry{h: h, at: now}))
+	s.m[h[0]] = uint32(s.push(entry{h: h, at: now&^flagBits | flag}))
 }
 
 // Len is the number of live and expired entries not yet dropped, for
@@ -186,7 +243,7 @@ func (c *Cache) Len() int {
 
 // expire drops the entries added at or before cutoff, oldest first.
 func (s *shard) expire(cutoff int64) {
-	for s.n > 0 && s.ring[s.head].at <= cutoff {
+	for s.n > 0 && s.ring[s.head].added() <= cutoff {
 		s.pop()
 	}
 }

@@ -192,3 +192,52 @@ func BenchmarkAdd(b *testing.B) {
 		}
 	})
 }
+
+// Hits on keys read ahead are counted, once each hit, and only theirs.
+func TestReadHits(t *testing.T) {
+	t.Parallel()
+	var clk clock
+	c := committedkeys.New(100, time.Minute, clk.now)
+	own, read := c.Key("c", 0, "own"), c.Key("c", 0, "read")
+	c.Add(own)
+	c.AddRead(read, false)
+	c.AddRead(own, true) // live already: stays an entry of its own
+	for range 3 {
+		require.True(t, c.Contains(own))
+		require.True(t, c.Contains(read))
+	}
+	require.False(t, c.Contains(c.Key("c", 0, "absent")))
+	require.EqualValues(t, 3, c.TakeReadHits())
+	require.Zero(t, c.TakeReadHits())
+	clk.add(time.Minute)
+	require.False(t, c.Contains(read), "a key read ahead expires like any")
+	require.Zero(t, c.TakeReadHits())
+	var none *committedkeys.Cache
+	none.AddRead(read, true)
+	require.Zero(t, none.TakeReadHits())
+}
+
+// A mark says so on its first hit only; an entry already live keeps what
+// it was.
+func TestReadMark(t *testing.T) {
+	t.Parallel()
+	var clk clock
+	c := committedkeys.New(100, time.Minute, clk.now)
+	marked, plain, own := c.Key("c", 0, "m"), c.Key("c", 0, "p"), c.Key("c", 0, "o")
+	c.Add(own)
+	c.AddRead(own, true)
+	c.AddRead(marked, true)
+	c.AddRead(plain, false)
+	hit, mark := c.Lookup(marked)
+	require.True(t, hit)
+	require.True(t, mark)
+	for _, h := range []committedkeys.Hash{marked, plain, own} {
+		hit, mark = c.Lookup(h)
+		require.True(t, hit)
+		require.False(t, mark)
+	}
+	clk.add(time.Minute - 4)
+	require.True(t, c.Contains(marked), "the flags do not shorten an entry's life by more than their bits")
+	clk.add(4)
+	require.False(t, c.Contains(marked))
+}
