@@ -130,7 +130,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 			continue
 		}
 		keys[i], results[i].Key = k, k
-		if c.cache.Contains(c.cache.Key(c.Consumer, 0, k)) {
+		if c.ahead.lookup(ctx, c.cache, c.cache.Key(c.Consumer, 0, k)) {
 			cached[i] = true
 			continue
 		}
@@ -211,6 +211,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 			want = append(want, k)
 		}
 	}
+	began := c.ahead.started()
 	// BEGIN and the claim (and the memo lookup) in one round trip.
 	opts := pgx.TxOptions{IsoLevel: c.Isolation}
 	var (
@@ -266,11 +267,16 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	// Every key claimed is committed now, and every other key of want but
 	// the memoised ones (whose new claims were undone) conflicted with a
 	// committed claim (see Claim.attempt): all are known committed.
+	var dups []string
 	for _, k := range want {
 		if _, memoised := memos[k]; !memoised {
 			c.cache.Add(c.cache.Key(c.Consumer, 0, k))
+			if c.ahead != nil && !claimed[k] {
+				dups = append(dups, k)
+			}
 		}
 	}
+	c.ahead.answered(ctx, began, dups, len(claimed) > 0)
 	return claimed, nil
 }
 

@@ -221,6 +221,13 @@ type Claim struct {
 	// rollbacks are decided there; nothing uncommitted is ever cached.
 	// Each entry is a 128-bit keyed hash (about 62 bytes with its
 	// bookkeeping); the oldest entries go first when the cache is full.
+	// In a replay that starts cold (a fresh process, a group reset), the
+	// cache is also filled ahead of the stream: after a run of duplicates
+	// answered by the database it reads the keys of the claims this
+	// consumer wrote after them, in the order they were written, which is
+	// about the order a replay delivers them (docs/operations.md,
+	// "Committed-key cache"). Not for claims by event day (EventTime).
+	//
 	// Negative disables the cache. It is not used in ModeNaturalKey (the
 	// effect's own row may be deleted by the application) or with
 	// Fingerprint (whose point is to compare every duplicate's payload with
@@ -230,9 +237,10 @@ type Claim struct {
 	// exists for CommittedKeysTTL. Deleting claims by hand (to have
 	// messages processed again), or store cleanup with Force below the
 	// TTL, while consumers run, makes each consumer that cached one of
-	// those keys ack its next copies as duplicates, without the effect,
-	// until the entry expires or the process restarts. Stop the consumers
-	// (or disable the cache) before deleting claims.
+	// those keys (or read it ahead in a replay) ack its next copies as
+	// duplicates, without the effect, until the entry expires or the
+	// process restarts. Stop the consumers (or disable the cache) before
+	// deleting claims.
 	//
 	// Defaults to 100,000.
 	CommittedKeys int
@@ -262,6 +270,8 @@ type Claim struct {
 	// clock (time.Now when nil; tests stop it).
 	cache *committedkeys.Cache
 	now   func() time.Time
+	// ahead reads the cache full ahead of a cold replay, nil when off.
+	ahead *readAhead
 }
 
 // Result describes one message's passage through the middleware.
@@ -379,6 +389,11 @@ func (c Claim) withDefaults() Claim {
 	if c.Mode == ModeClaimTable && !c.Fingerprint {
 		c.cache = committedkeys.New(c.CommittedKeys, c.CommittedKeysTTL, c.now)
 	}
+	// Claims by event day are cached per day, which the read-ahead's
+	// statement does not read: it serves the claims without one.
+	if c.EventTime == nil {
+		c.ahead = newReadAhead(c)
+	}
 	return c
 }
 
@@ -427,13 +442,14 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 		}
 		hash := c.cache.Key(c.Consumer, unixDay(at), key)
-		if c.cache.Contains(hash) {
+		if c.ahead.lookup(msg.Context(), c.cache, hash) {
 			return finish(framework.Duplicate, nil)
 		}
+		began := c.ahead.started()
 
 		for attempt := 1; ; attempt++ {
 			res.Attempts = attempt
-			out, err := c.attempt(msg, h, claimsql.Request{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait, EventTime: at}, hash, txOpts, &res)
+			out, err := c.attempt(msg, h, claimsql.Request{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait, EventTime: at}, hash, began, txOpts, &res)
 			if err == nil {
 				if out == framework.Duplicate {
 					c.Logger.Debug("claimtx: duplicate delivery acked without running the handler", watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
@@ -481,7 +497,7 @@ func (c Claim) key(msg *message.Message) (string, error) {
 // isolation level, and under REPEATABLE READ and SERIALIZABLE a committed
 // claim outside the snapshot fails with 40001 instead of conflicting), and
 // never on a path that rolls back, ErrAlreadyApplied included.
-func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql.Request, hash committedkeys.Hash, txOpts pgx.TxOptions, res *Result) (out framework.Outcome, err error) {
+func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql.Request, hash committedkeys.Hash, began uint64, txOpts pgx.TxOptions, res *Result) (out framework.Outcome, err error) {
 	ctx := msg.Context()
 	res.ClaimWait, res.Enqueued = 0, 0
 	claimed := true
@@ -562,6 +578,11 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 	}
 	committed = true
 	c.cache.Add(hash)
+	if claimed {
+		c.ahead.answered(ctx, began, nil, true)
+	} else {
+		c.ahead.answered(ctx, began, []string{req.Key}, false)
+	}
 	return out, nil
 }
 

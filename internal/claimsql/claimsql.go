@@ -80,6 +80,7 @@ type Statements struct {
 	// The poison memo lookups (see Begin and BeginBatch), and the undo of
 	// the batch claims of memoised keys.
 	memo, memoBatch, unclaim string
+	following                string // Following's read-ahead
 }
 
 // For renders the statements of the claim table claims in schema, names
@@ -99,6 +100,19 @@ ON CONFLICT DO NOTHING RETURNING message_key`)
 	s.memo = n.Render("SELECT reason FROM {schema}.{memo} WHERE consumer = $1 AND message_key = $2")
 	s.memoBatch = n.Render("SELECT message_key, reason FROM {schema}.{memo} WHERE consumer = $1 AND message_key = ANY($2::text[])")
 	s.unclaim = n.Render("DELETE FROM {schema}.{claims} WHERE consumer = $1 AND message_key = ANY($2::text[])")
+	// The anchor comes in as subqueries (InitPlans) so the planner walks
+	// the processed_at index from it: joined to it, or compared only as a
+	// row, it scans the index from the start. message_key orders the
+	// claims of one transaction, which share their processed_at, so a page
+	// never restarts inside them.
+	s.following = n.Render(`WITH a AS (
+	SELECT processed_at, message_key FROM {schema}.{claims}
+	WHERE consumer = $1 AND message_key = ANY($2::text[])
+	ORDER BY processed_at, message_key LIMIT 1)
+SELECT c.message_key FROM {schema}.{claims} c
+WHERE c.consumer = $1 AND c.processed_at >= (SELECT processed_at FROM a)
+	AND (c.processed_at, c.message_key) > (SELECT processed_at, message_key FROM a)
+ORDER BY c.processed_at, c.message_key LIMIT $3`)
 	return s
 }
 
@@ -306,6 +320,36 @@ func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, ma
 		})
 	})
 	return &claimed
+}
+
+// Following reads ahead of a replay: the keys of consumer's claims written
+// after the earliest claim among anchors, in processed_at order, at most
+// n, each passed to add. A replay (a group reset, a producer re-sending a
+// range) delivers its messages in about the order they were first
+// applied, so these are the keys its next messages carry.
+//
+// It runs outside any transaction, as one statement, which sees only
+// committed claims: every key it passes on stays claimed until retention
+// removes it. No anchor claimed yet means no keys. On a table shared by
+// many consumers the walk along the processed_at index also reads the
+// others' claims of the same period.
+func (s *Statements) Following(ctx context.Context, pool *pgxpool.Pool, consumer string, anchors []string, n int, add func(key string)) error {
+	rows, err := pool.Query(ctx, s.following, consumer, anchors, n)
+	if err != nil {
+		return fmt.Errorf("claimtx: read ahead: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return fmt.Errorf("claimtx: read ahead: %w", err)
+		}
+		add(k)
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("claimtx: read ahead: %w", err)
+	}
+	return nil
 }
 
 // BeginNaturalKey begins a transaction on a connection from pool for a
