@@ -74,9 +74,12 @@ type readAhead struct {
 	// reads counts the reads finished: a duplicate whose round trip saw
 	// one finish may be covered by it, and starts none itself.
 	reads atomic.Uint64
+	// streak counts the database's answers in a row that were
+	// duplicates; an atomic, so that a new claim (every message in
+	// normal operation) ends it without taking mu.
+	streak atomic.Int64
 
 	mu       sync.Mutex
-	streak   int    // database answers in a row that were duplicates
 	after    int    // the streak that starts the next read
 	page     int    // the size of the next read
 	lastPage int    // the size of the last read, 0 before the first
@@ -133,14 +136,15 @@ func (r *readAhead) answered(ctx context.Context, began uint64, dups []string, c
 	if r == nil {
 		return
 	}
-	r.mu.Lock()
 	if claimedAny {
-		r.streak = 0
-		r.mu.Unlock()
+		if r.streak.Load() != 0 {
+			r.streak.Store(0)
+		}
 		return
 	}
-	r.streak += len(dups)
-	if r.busy || r.streak < r.after || len(dups) == 0 || r.reads.Load() != began {
+	streak := r.streak.Add(int64(len(dups)))
+	r.mu.Lock()
+	if r.busy || streak < int64(r.after) || len(dups) == 0 || r.reads.Load() != began {
 		r.mu.Unlock()
 		return
 	}
@@ -166,7 +170,8 @@ func (r *readAhead) answered(ctx context.Context, began uint64, dups []string, c
 // releases it.
 func (r *readAhead) read(ctx context.Context, anchors []string) {
 	page := r.page
-	r.busy, r.streak, r.lastPage = true, 0, page
+	r.busy, r.lastPage = true, page
+	r.streak.Store(0)
 	r.cache.TakeReadHits()
 	r.mu.Unlock()
 
