@@ -130,7 +130,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 			continue
 		}
 		keys[i], results[i].Key = k, k
-		if c.ahead.lookup(ctx, c.cache, c.cache.Key(c.Consumer, 0, k)) {
+		if c.cached(ctx, c.cache.Key(c.Consumer, 0, k)) {
 			cached[i] = true
 			continue
 		}

@@ -442,7 +442,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 		}
 		hash := c.cache.Key(c.Consumer, unixDay(at), key)
-		if c.ahead.lookup(msg.Context(), c.cache, hash) {
+		if c.cached(msg.Context(), hash) {
 			return finish(framework.Duplicate, nil)
 		}
 		began := c.ahead.started()
@@ -584,6 +584,16 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 		c.ahead.answered(ctx, began, []string{req.Key}, false)
 	}
 	return out, nil
+}
+
+// cached reports whether the committed-key cache holds h. A hit on the
+// mark of a page read ahead reads the next page first.
+func (c Claim) cached(ctx context.Context, h committedkeys.Hash) bool {
+	hit, mark := c.cache.Lookup(h)
+	if mark {
+		c.ahead.marked(ctx)
+	}
+	return hit
 }
 
 // unixDay is the claim's event day in days since 1970 for the

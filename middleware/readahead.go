@@ -101,22 +101,20 @@ func newReadAhead(c Claim) *readAhead {
 		maxPage: maxPage, after: readAheadAfter, page: maxPage / 2}
 }
 
-// lookup is the cache lookup of the claim middleware: a hit on a read's
-// mark reads the next page before answering.
-func (r *readAhead) lookup(ctx context.Context, c *committedkeys.Cache, h committedkeys.Hash) bool {
-	hit, mark := c.Lookup(h)
-	if mark && r != nil {
-		r.mu.Lock()
-		if r.busy || r.end == "" {
-			r.mu.Unlock()
-			return hit
-		}
-		// The stream reached the mark: the read paid.
-		r.page = min(2*r.page, r.maxPage)
-		r.after = 1
-		r.read(ctx, []string{r.end})
+// marked reads the next page: the stream hit the mark of the last one.
+func (r *readAhead) marked(ctx context.Context) {
+	if r == nil {
+		return
 	}
-	return hit
+	r.mu.Lock()
+	if r.busy || r.end == "" {
+		r.mu.Unlock()
+		return
+	}
+	// The stream reached the mark: the read paid.
+	r.page = min(2*r.page, r.maxPage)
+	r.after = 1
+	r.read(ctx, []string{r.end})
 }
 
 // started returns what answered needs to know of the reads when a
