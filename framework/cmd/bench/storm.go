@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -25,12 +26,39 @@ import (
 type stormRow struct {
 	broker      string
 	concurrency int
-	bare        result // per-message subscriber configuration, handler only acks
-	claim       result // (c) over n already-claimed messages, cold
-	claimWarm   result // (c) over n messages it applied just before
-	bareWindow  result // the batch consumer's window configuration, handler only acks
-	batch       result // (d) over n already-claimed messages, cold
-	batchWarm   result // (d) over n messages it applied just before
+	// runs holds every run of each mode (stormModes), in rep order:
+	// bare (per-message subscriber configuration, handler only acks),
+	// claim (cold), claim-warm, bare-window (the batch consumer's window
+	// configuration, handler only acks), batch (cold), batch-warm.
+	runs map[string][]result
+}
+
+// rate is the median rate of mode, "-" when it was left out.
+func (r stormRow) rate(mode string) string {
+	m := median(r.runs[mode])
+	if m.n == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", m.rate())
+}
+
+// ratio is the median over reps of mode's rate over base's in the same
+// rep: the modes of a rep run back to back, so each pair meets the same
+// state of the machine and broker (RabbitMQ's consumers here switch
+// between two speeds from one run to the next, which a ratio of the two
+// medians would mix).
+func (r stormRow) ratio(mode, base string) string {
+	a, b := r.runs[mode], r.runs[base]
+	n := min(len(a), len(b))
+	if n == 0 {
+		return "-"
+	}
+	ratios := make([]float64, n)
+	for i := range ratios {
+		ratios[i] = a[i].rate() / b[i].rate()
+	}
+	sort.Float64s(ratios)
+	return fmt.Sprintf("%.2f", ratios[(n-1)/2])
 }
 
 // stormModes are the -modes of -storm, in the order one row's runs
@@ -110,12 +138,10 @@ func stormRun(ctx context.Context, o options, n int) error {
 					runs[m.name] = append(runs[m.name], res)
 				}
 			}
-			rows = append(rows, stormRow{broker: b, concurrency: c, bare: median(runs["bare"]), claim: median(runs["claim"]),
-				claimWarm: median(runs["claim-warm"]), bareWindow: median(runs["bare-window"]), batch: median(runs["batch"]),
-				batchWarm: median(runs["batch-warm"])})
+			rows = append(rows, stormRow{broker: b, concurrency: c, runs: runs})
 		}
 	}
-	fmt.Printf("Duplicate storm: %d already-applied messages per run, median of %d runs (`go run ./framework/cmd/bench -storm %d -reps %d -concurrency %s -brokers %s`, %s).\n\n",
+	fmt.Printf("Duplicate storm: %d already-applied messages per run, median of %d runs, each ratio the median of the runs' ratios to the baseline run of the same round (`go run ./framework/cmd/bench -storm %d -reps %d -concurrency %s -brokers %s`, %s).\n\n",
 		n, o.reps, n, o.reps, joinInts(o.concurrency), strings.Join(o.brokers, ","), time.Since(start).Round(time.Second))
 	fmt.Print(renderStorm(rows))
 	return nil
@@ -127,23 +153,8 @@ func renderStorm(rows []stormRow) string {
 	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.broker, r.concurrency,
-			rateCell(r.bare), rateCell(r.claim), ratioCell(r.claim, r.bare), rateCell(r.claimWarm), ratioCell(r.claimWarm, r.bare),
-			rateCell(r.bareWindow), rateCell(r.batch), ratioCell(r.batch, r.bareWindow), rateCell(r.batchWarm), ratioCell(r.batchWarm, r.bareWindow))
+			r.rate("bare"), r.rate("claim"), r.ratio("claim", "bare"), r.rate("claim-warm"), r.ratio("claim-warm", "bare"),
+			r.rate("bare-window"), r.rate("batch"), r.ratio("batch", "bare-window"), r.rate("batch-warm"), r.ratio("batch-warm", "bare-window"))
 	}
 	return b.String()
-}
-
-// rateCell and ratioCell render a storm cell, "-" for a mode -modes left out.
-func rateCell(r result) string {
-	if r.n == 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%.0f", r.rate())
-}
-
-func ratioCell(r, base result) string {
-	if r.n == 0 || base.n == 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%.2f", r.rate()/base.rate())
 }
