@@ -120,37 +120,45 @@ func TestGracefulRestart(t *testing.T) {
 }
 
 // A replay through a fresh process (a group reset, everything republished
-// after a restore): the old orders are duplicates, most answered by the
-// committed-key read-ahead rather than by a claim transaction each, and the
-// new orders mixed into the replay are still applied, once.
+// after a restore), per message and in batches: the old orders are
+// duplicates, most answered by the committed-key read-ahead rather than by
+// a claim transaction each, and the new orders mixed into the replay are
+// still applied, once.
 func TestColdReplayAfterRestart(t *testing.T) {
-	forEachKind(t, func(t *testing.T, h *harness) {
-		old := orders(1, 400)
-		p := h.start()
-		h.publish(old...)
-		h.waitApplied(len(old))
-		p.stop()
-		require.NoError(t, p.err, "SIGTERM must end the consumer cleanly:\n%s", p.out.String())
+	for _, mode := range []struct {
+		name string
+		env  []string
+	}{{"per-message", nil}, {"batch", []string{"BATCH_SIZE=32"}}} {
+		t.Run(mode.name, func(t *testing.T) {
+			forEachKind(t, func(t *testing.T, h *harness) {
+				old := orders(1, 400)
+				p := h.start(mode.env...)
+				h.publish(old...)
+				h.waitApplied(len(old))
+				p.stop()
+				require.NoError(t, p.err, "SIGTERM must end the consumer cleanly:\n%s", p.out.String())
 
-		// The replay, a new order after every 50 old ones.
-		var replay, fresh []order
-		for i, o := range old {
-			replay = append(replay, o)
-			if i%50 == 49 {
-				n := orders(1000+i, 1)[0]
-				replay, fresh = append(replay, n), append(fresh, n)
-			}
-		}
-		p2 := h.start()
-		h.publish(replay...)
-		var got map[string]int
-		require.Eventually(t, func() bool {
-			got = p2.outcomes(t)
-			return got["applied"]+got["duplicate"] >= len(replay)
-		}, 60*time.Second, 20*time.Millisecond, "replay settled")
-		require.Equal(t, map[string]int{"applied": len(fresh), "duplicate": len(old), "expired": 0, "failed": 0, "poisoned": 0}, got)
-		h.assertExact(append(old, fresh...))
-	})
+				// The replay, a new order after every 50 old ones.
+				var replay, fresh []order
+				for i, o := range old {
+					replay = append(replay, o)
+					if i%50 == 49 {
+						n := orders(1000+i, 1)[0]
+						replay, fresh = append(replay, n), append(fresh, n)
+					}
+				}
+				p2 := h.start(mode.env...)
+				h.publish(replay...)
+				var got map[string]int
+				require.Eventually(t, func() bool {
+					got = p2.outcomes(t)
+					return got["applied"]+got["duplicate"] >= len(replay)
+				}, 60*time.Second, 20*time.Millisecond, "replay settled")
+				require.Equal(t, map[string]int{"applied": len(fresh), "duplicate": len(old), "expired": 0, "failed": 0, "poisoned": 0}, got)
+				h.assertExact(append(old, fresh...))
+			})
+		})
+	}
 }
 
 // Two competing consumers (one queue / one group), every order published
