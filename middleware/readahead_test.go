@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -57,6 +58,15 @@ func deliverAll(t *testing.T, h message.HandlerFunc, rt *roundTrips, ids []int) 
 	return rt.n.Load() - before
 }
 
+// orderIDs is 0..n-1, the orders coldReplay applied.
+func orderIDs(n int) []int {
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = i
+	}
+	return ids
+}
+
 // A replay that starts cold (a group reset: the group is stopped first, so
 // every consumer starts with an empty cache) costs a round trip per
 // duplicate only until the read-ahead finds the claims that follow.
@@ -65,11 +75,7 @@ func TestReadAheadAnswersColdReplay(t *testing.T) {
 	const n = 3000
 	b, rt, rec, c := coldReplay(t, 4, n)
 	h := install(t, middleware.NewClaim, c)(consume(credit))
-	ids := make([]int, n)
-	for i := range ids {
-		ids[i] = i
-	}
-	trips := deliverAll(t, h, rt, ids)
+	trips := deliverAll(t, h, rt, orderIDs(n))
 	require.Equal(t, n, rec.count(framework.Duplicate))
 	require.Zero(t, b.ledgerRows(t, 0)+b.scalar(t, "SELECT count(*) FROM point_ledger"), "a replay applies nothing")
 	// Without the read-ahead: 2 per message (BEGIN+claim, COMMIT), 6,000.
@@ -150,10 +156,8 @@ func TestReadAheadBacksOffWhenItDoesNotPay(t *testing.T) {
 	const n = 3000
 	_, rt, rec, c := coldReplay(t, 4, n)
 	h := install(t, middleware.NewClaim, c)(consume(credit))
-	ids := make([]int, n)
-	for i := range ids {
-		ids[i] = n - 1 - i
-	}
+	ids := orderIDs(n)
+	slices.Reverse(ids)
 	trips := deliverAll(t, h, rt, ids)
 	require.Equal(t, n, rec.count(framework.Duplicate))
 	require.GreaterOrEqual(t, trips, int64(2*n))
