@@ -99,6 +99,24 @@ func effect(ctx context.Context, tx pgx.Tx, o order) error {
 	return err
 }
 
+// effectGuarded is effect written for ModeNaturalKey: the ledger row,
+// unique by order_id, is the claim; finding it present means the order
+// was applied before.
+func effectGuarded(ctx context.Context, tx pgx.Tx, o order) error {
+	points := o.TotalCents / 100
+	tag, err := tx.Exec(ctx, `INSERT INTO point_ledger (customer_id, order_id, points) VALUES ($1, $2, $3)
+		ON CONFLICT (order_id) DO NOTHING`, o.CustomerID, o.OrderID, points)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return framework.ErrAlreadyApplied
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO balances (customer_id, points) VALUES ($1, $2)
+		ON CONFLICT (customer_id) DO UPDATE SET points = balances.points + EXCLUDED.points`, o.CustomerID, points)
+	return err
+}
+
 // effectSet is effect for many orders in one statement, the form a batch
 // handler takes: ledger rows and balance increments set-wise, balances
 // inserted or locked in customer order so concurrent batches queue on a

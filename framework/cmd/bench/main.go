@@ -124,7 +124,7 @@ func main() {
 }
 
 // allModes are the -modes, in the order one row's runs interleave.
-var allModes = []string{"raw", "router", "claim", "batch", "hand"}
+var allModes = []string{"raw", "router", "claim", "natural", "batch", "hand"}
 
 // session is what the measurements of one run share: the admin pool that
 // drops each measurement's schema, and the in-process Kafka broker.
@@ -202,6 +202,7 @@ type row struct {
 	raw         result
 	router      result
 	claim       result
+	natural     result
 	batch       result
 	hand        result
 }
@@ -290,7 +291,7 @@ func run(ctx context.Context, o options) error {
 	var rows []row
 	for _, b := range o.brokers {
 		for _, c := range o.concurrency {
-			var routers, claims, batches, hands []result
+			var routers, claims, naturals, batches, hands []result
 			for rep := 0; rep < o.reps; rep++ {
 				if o.modes["raw"] && len(raws[c]) < o.reps {
 					r, err := measure(fmt.Sprintf("raw c=%d", c), func(env *env) (result, error) { return runRaw(ctx, env, o.n, c) }, c)
@@ -299,22 +300,25 @@ func run(ctx context.Context, o options) error {
 					}
 					raws[c] = append(raws[c], r)
 				}
-				for _, withClaim := range []bool{false, true} {
-					mode := map[bool]string{false: "router", true: "claim"}[withClaim]
-					if !o.modes[mode] {
+				for _, m := range []struct {
+					mode           string
+					claim, natural bool
+					results        *[]result
+				}{
+					{"router", false, false, &routers},
+					{"claim", true, false, &claims},
+					{"natural", true, true, &naturals},
+				} {
+					if !o.modes[m.mode] {
 						continue
 					}
-					r, err := measure(fmt.Sprintf("%s c=%d %s", b, c, mode), func(env *env) (result, error) {
-						return runRouter(ctx, env, routerRun{broker: b, n: o.n, concurrency: c, claim: withClaim, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr})
+					r, err := measure(fmt.Sprintf("%s c=%d %s", b, c, m.mode), func(env *env) (result, error) {
+						return runRouter(ctx, env, routerRun{broker: b, n: o.n, concurrency: c, claim: m.claim, natural: m.natural, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr})
 					}, c)
 					if err != nil {
 						return err
 					}
-					if withClaim {
-						claims = append(claims, r)
-					} else {
-						routers = append(routers, r)
-					}
+					*m.results = append(*m.results, r)
 				}
 				if o.modes["batch"] {
 					r, err := measure(fmt.Sprintf("%s c=%d batch", b, c), func(env *env) (result, error) {
@@ -335,7 +339,7 @@ func run(ctx context.Context, o options) error {
 					hands = append(hands, r)
 				}
 			}
-			rows = append(rows, row{broker: b, concurrency: c, raw: median(raws[c]), router: median(routers), claim: median(claims), batch: median(batches), hand: median(hands)})
+			rows = append(rows, row{broker: b, concurrency: c, raw: median(raws[c]), router: median(routers), claim: median(claims), natural: median(naturals), batch: median(batches), hand: median(hands)})
 		}
 	}
 	table := render(rows)
@@ -348,16 +352,17 @@ func run(ctx context.Context, o options) error {
 
 func render(rows []row) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| broker | conc | (a) raw msg/s | (b) router msg/s | (c) claimtx msg/s | (c) p50 | (c) p99 | (b) p99 | c/b | c/a | b/a | (d) batch msg/s | (d) avg batch | d/c | (h) msg/s | (h) p99 | c/h | d/h |\n")
-	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| broker | conc | (a) raw msg/s | (b) router msg/s | (c) claimtx msg/s | (c) p50 | (c) p99 | (b) p99 | c/b | c/a | b/a | (d) batch msg/s | (d) avg batch | d/c | (h) msg/s | (h) p99 | c/h | d/h | (n) msg/s | (n) p99 | n/b |\n")
+	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %.2f | %.2f | %.2f | %.0f | %.0f | %.1f | %.0f | %s | %.2f | %.1f |\n",
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %.2f | %.2f | %.2f | %.0f | %.0f | %.1f | %.0f | %s | %.2f | %.1f | %.0f | %s | %.2f |\n",
 			r.broker, r.concurrency, r.raw.rate(), r.router.rate(), r.claim.rate(),
 			r.claim.pct(0.5).Round(10*time.Microsecond), r.claim.pct(0.99).Round(10*time.Microsecond),
 			r.router.pct(0.99).Round(10*time.Microsecond),
 			r.claim.rate()/r.router.rate(), r.claim.rate()/r.raw.rate(), r.router.rate()/r.raw.rate(),
 			r.batch.rate(), r.batch.avgBatch(), r.batch.rate()/r.claim.rate(),
-			r.hand.rate(), r.hand.pct(0.99).Round(10*time.Microsecond), r.claim.rate()/r.hand.rate(), r.batch.rate()/r.hand.rate())
+			r.hand.rate(), r.hand.pct(0.99).Round(10*time.Microsecond), r.claim.rate()/r.hand.rate(), r.batch.rate()/r.hand.rate(),
+			r.natural.rate(), r.natural.pct(0.99).Round(10*time.Microsecond), r.natural.rate()/r.router.rate())
 	}
 	return b.String()
 }
@@ -401,8 +406,9 @@ func writeDoc(o options, table string, took time.Duration) error {
 - p50/p99: time spent in the handler chain per message (from the router calling the outermost middleware to its return).
 - **(d) batch**: claim + effect through a batch consumer (consumer.NewBatch) with the same effect written set-wise (one statement for the ledger rows and balance increments of the whole batch): up to 128 messages per transaction (one claim statement, one commit), as many batch workers as the concurrency, 5x as many messages as the other modes so the runs last long enough. The brokers' windows hold the messages: RabbitMQ one consumer with prefetch = 128 x workers (AMQP_WINDOW), Kafka 128 unacked per partition (KAFKA_WINDOW) over as many partitions as the concurrency. "avg batch" is messages per handler call.
 - **(h) hand-written**: what a user would write without Watermill and claimtx for (c)'s guarantee, on the broker's own client: per message, decode, then one transaction [BEGIN; claim INSERT ... ON CONFLICT DO NOTHING] (one pipelined batch, as (a), no lock_timeout); upsert balance; INSERT ledger; COMMIT, the effect skipped when the claim row already existed (a duplicate, acked all the same); acked only after the commit. RabbitMQ: amqp091-go, one connection, one channel and consumer per unit of concurrency with QoS prefetch 1 (as the adapter's subscriptions in (b)/(c)), each channel's deliveries handled in order by one goroutine, manual acks. Kafka: a franz-go (kgo) consumer group with one goroutine per assigned partition handling its records in order; each record is marked for commit (MarkCommitRecords) after its transaction committed and the marks are committed every second (AutoCommitMarks, the adapter's commit interval), on revoke and at the end. Pre-published and timed like (b)/(c); p99 is the decode and transaction per message, without the ack. Each run checks it applied every message once (n claims, n ledger rows, the balances' sum) and left nothing unacked (queue empty after its channels closed) or uncommitted (the group's offsets at each partition's end).
-- c/b: what claimtx costs over an at-least-once consumer doing the same effect (target >= 0.9); c/a: how close claimtx through a broker gets to the raw database limit (target >= 0.8); b/a: the same for the consumer without claimtx, which bounds c/a (c/a = c/b x b/a); d/c: batch mode over per-message mode at the same concurrency (target >= 5); c/h: claimtx per message over the same guarantee written by hand (target >= 0.9); d/h: batch mode over the hand-written per-message consumer (target >= 3).
-- Every figure is the median of %d runs; the modes of one row run interleaved (a, b, c, d, h, a, b, …).
+- **(n) natural key**: as (c) with the claim middleware in ModeNaturalKey: no claim row; the ledger has a unique index on order_id and the handler's guarded INSERT ... ON CONFLICT (order_id) DO NOTHING is the claim (framework.ErrAlreadyApplied when it found the row), then the balance upsert. The same guarantee for an effect that has a natural key; each run checks n ledger rows for n distinct orders.
+- c/b: what claimtx costs over an at-least-once consumer doing the same effect (target >= 0.9); c/a: how close claimtx through a broker gets to the raw database limit (target >= 0.8); b/a: the same for the consumer without claimtx, which bounds c/a (c/a = c/b x b/a); d/c: batch mode over per-message mode at the same concurrency (target >= 5); c/h: claimtx per message over the same guarantee written by hand (target >= 0.9); d/h: batch mode over the hand-written per-message consumer (target >= 3); n/b: the claim in ModeNaturalKey over the at-least-once consumer.
+- Every figure is the median of %d runs; the modes of one row run interleaved (a, b, c, n, d, h, a, b, …).
 
 Concurrency is the RabbitMQ subscription count (each watermill-amqp subscription is sequential; (h): the channel count) or the number of Kafka partitions (one message in flight per partition).
 

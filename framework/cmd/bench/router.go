@@ -27,9 +27,12 @@ type routerRun struct {
 	n           int
 	concurrency int
 	claim       bool
-	amqpURL     string
-	kafkaAddr   string
-	workers     int
+	// natural: the claim in ModeNaturalKey, the ledger's unique order_id
+	// the claim (with claim).
+	natural   bool
+	amqpURL   string
+	kafkaAddr string
+	workers   int
 	// bare: the handler only acks, no database (the broker's own
 	// consume+ack rate through the router). window: the subscriber's
 	// window (AMQP_WINDOW / KAFKA_WINDOW), 0 for the per-message default.
@@ -121,9 +124,22 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 			return result{}, err
 		}
 	}
+	if r.natural {
+		if _, err := e.pool.Exec(ctx, `CREATE UNIQUE INDEX ON point_ledger (order_id)`); err != nil {
+			return result{}, err
+		}
+	}
 	var handler message.NoPublishHandlerFunc
 	if r.bare {
 		handler = func(*message.Message) error { return nil }
+	} else if r.natural {
+		handler = middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+			o, err := decode(msg)
+			if err != nil {
+				return framework.Permanent(err)
+			}
+			return effectGuarded(ctx, tx, o)
+		})
 	} else if r.claim {
 		handler = middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 			o, err := decode(msg)
@@ -148,6 +164,9 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 			return result{}, err
 		}
 		claim := middleware.Claim{Store: e.store, Consumer: "bench", Key: key}
+		if r.natural {
+			claim.Mode = middleware.ModeNaturalKey
+		}
 		if mw, err = middleware.NewClaim(claim); err != nil {
 			return result{}, err
 		}
@@ -157,6 +176,15 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 		var err error
 		if res, err = consumePass(ctx, r, t, handler, mw); err != nil {
 			return result{}, err
+		}
+	}
+	if r.natural {
+		var rows, orders int64
+		if err := e.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT order_id) FROM point_ledger`).Scan(&rows, &orders); err != nil {
+			return result{}, err
+		}
+		if rows != int64(r.n) || orders != int64(r.n) {
+			return result{}, fmt.Errorf("natural key: want %d ledger rows for as many orders, got %d rows for %d orders", r.n, rows, orders)
 		}
 	}
 	return res, nil // the last pass's
