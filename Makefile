@@ -102,7 +102,7 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
 
 BENCH_N ?= 3000
 .PHONY: bench
-bench: ## Side-by-side throughput (raw pgx / router / router+claimtx / batch) on RabbitMQ and Kafka, written to docs/benchmarks.md; then Go micro-benchmarks of the middleware's own cost.
+bench: ## Side-by-side throughput (raw pgx / router / router+claimtx / natural-key claim / batch / hand-written consumer) on RabbitMQ and Kafka, written to docs/benchmarks.md; then Go micro-benchmarks of the middleware's own cost.
 	$(GO) run ./framework/cmd/bench -n $(BENCH_N) -reps 3 -concurrency 1,4,16 -brokers amqp,kafka -write docs/benchmarks.md
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./framework/ ./middleware/ ./store/
 
