@@ -132,21 +132,17 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 	var handler message.NoPublishHandlerFunc
 	if r.bare {
 		handler = func(*message.Message) error { return nil }
-	} else if r.natural {
-		handler = middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-			o, err := decode(msg)
-			if err != nil {
-				return framework.Permanent(err)
-			}
-			return effectGuarded(ctx, tx, o)
-		})
 	} else if r.claim {
+		apply := effect
+		if r.natural {
+			apply = effectGuarded
+		}
 		handler = middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 			o, err := decode(msg)
 			if err != nil {
 				return framework.Permanent(err)
 			}
-			return effect(ctx, tx, o)
+			return apply(ctx, tx, o)
 		})
 	} else {
 		handler = func(msg *message.Message) error {
