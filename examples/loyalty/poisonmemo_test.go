@@ -107,6 +107,10 @@ GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRol
 	h.waitFor("memo", func() bool { return h.tryCount("SELECT count(*) FROM "+memo) == 1 })
 	h.publish(bad)
 	require.Contains(t, h.poisoned(1)[0].headers["claimtx_poison_reason"], "poison memo:")
+	// The consumer stamps the memo (seen + 1, poisoned_at = now()) after
+	// the copy reached the poison queue: back-dating it before that stamp
+	// would be undone by it.
+	h.waitFor("second poisoning recorded", func() bool { return h.tryCount("SELECT seen FROM "+memo) == 2 })
 
 	// Retention under the cleanup role.
 	_, err = h.pool.Exec(ctx, "UPDATE "+memo+" SET poisoned_at = now() - interval '1 day'")
