@@ -127,6 +127,53 @@ func TestPoisonMemoYieldsToDuplicate(t *testing.T) {
 	require.Zero(t, rec.count(framework.Failed))
 }
 
+// An unpoison that lands between a memo hit's dead-lettering and its
+// record (the record runs after the publish) stays done: the late record
+// of the hit must not write the memo again, or the operator's unpoison is
+// undone and the next copy is dead-lettered once more.
+func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = pubsub.Close() })
+	claim := b.claim(t, "memo", nil)
+	claim.PoisonMemo = true
+	names := sqlnames.New(b.schema, "processed_messages", "outbox")
+	var unpoisonFirst atomic.Bool
+	onPoison := func(msg *message.Message, err error) {
+		if unpoisonFirst.Load() {
+			_, cerr := poisonmemo.Clear(context.Background(), b.pool, names, "memo", []string{"order-completed:3"})
+			require.NoError(t, cerr)
+		}
+		claim.RecordPoison(msg, err)
+	}
+	poison := install(t, middleware.NewPoison, middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: onPoison})
+	var fixed atomic.Bool
+	h := poison(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		if !fixed.Load() {
+			return framework.Permanent(errors.New("refused for good"))
+		}
+		return credit(ctx, tx, msg)
+	})))
+
+	o := order{OrderID: 3, CustomerID: 7, TotalCents: 500}
+	_, err := h(newDelivery(t, o))
+	require.NoError(t, err)
+	_, ok := b.memo(t, "memo", 3)
+	require.True(t, ok, "the handler's failure is memoised")
+
+	unpoisonFirst.Store(true)
+	_, err = h(newDelivery(t, o))
+	require.NoError(t, err)
+	_, ok = b.memo(t, "memo", 3)
+	require.False(t, ok, "the hit's late record wrote the cleared memo again")
+
+	fixed.Store(true)
+	_, err = h(newDelivery(t, o))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, b.ledgerRows(t, 3), "after unpoison the next copy runs the handler")
+}
+
 // RecordPoison records only what a memo is for.
 func TestRecordPoisonSkips(t *testing.T) {
 	t.Parallel()

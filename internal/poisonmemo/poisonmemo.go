@@ -99,20 +99,22 @@ type Memo struct {
 // Record upserts the memo of (consumer, key) after a copy of its message
 // went to the poison destination because of err: a new memo holds err's
 // text; an existing one is counted (seen + 1) and stamped with the time.
-// A copy poisoned by its memo (a *HitError) keeps the memo's reason, the
-// one that explains the failure, rather than "poison memo: …" nested once
-// per redelivery; if the memo was cleared meanwhile, it is written again
-// with that reason.
+// A copy poisoned by its memo (a *HitError) only counts and stamps the
+// memo, keeping its reason (the one that explains the failure) rather than
+// "poison memo: …" nested once per redelivery. If the memo was cleared
+// meanwhile (claimtx unpoison, retention) it stays cleared: the record runs
+// after the copy was published, and writing the memo again would undo an
+// unpoison that landed in between.
 func Record(ctx context.Context, db DB, n *sqlnames.Names, consumer, key string, err error) error {
-	reason, keep := err.Error(), false
-	var hit *HitError
-	if errors.As(err, &hit) {
-		reason, keep = hit.Reason, true
-	}
-	_, qerr := db.Exec(ctx, n.Render(`INSERT INTO {schema}.{memo} AS m (consumer, message_key, reason) VALUES ($1, $2, $3)
+	var qerr error
+	if errors.As(err, new(*HitError)) {
+		_, qerr = db.Exec(ctx, n.Render(`UPDATE {schema}.{memo} SET poisoned_at = now(), seen = seen + 1
+WHERE consumer = $1 AND message_key = $2`), consumer, key)
+	} else {
+		_, qerr = db.Exec(ctx, n.Render(`INSERT INTO {schema}.{memo} AS m (consumer, message_key, reason) VALUES ($1, $2, $3)
 ON CONFLICT (consumer, message_key) DO UPDATE
-SET reason = CASE WHEN $4 THEN m.reason ELSE EXCLUDED.reason END, poisoned_at = now(), seen = m.seen + 1`),
-		consumer, key, reasonText(reason), keep)
+SET reason = EXCLUDED.reason, poisoned_at = now(), seen = m.seen + 1`), consumer, key, reasonText(err.Error()))
+	}
 	if qerr != nil {
 		return fmt.Errorf("claimtx: record poison memo: %w", qerr)
 	}
