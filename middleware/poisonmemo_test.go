@@ -147,6 +147,19 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 		}
 		claim.RecordPoison(msg, err)
 	}
+	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
+	require.NoError(t, err)
+	reason := func() string {
+		t.Helper()
+		select {
+		case m := <-poisoned:
+			m.Ack()
+			return m.Metadata.Get(middleware.PoisonReasonKey)
+		case <-time.After(5 * time.Second):
+			t.Fatal("nothing poisoned")
+			return ""
+		}
+	}
 	poison := install(t, middleware.NewPoison, middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: onPoison})
 	var fixed atomic.Bool
 	h := poison(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
@@ -157,14 +170,16 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 	})))
 
 	o := order{OrderID: 3, CustomerID: 7, TotalCents: 500}
-	_, err := h(newDelivery(t, o))
+	_, err = h(newDelivery(t, o))
 	require.NoError(t, err)
+	require.Equal(t, "refused for good", reason())
 	_, ok := b.memo(t, "memo", 3)
 	require.True(t, ok, "the handler's failure is memoised")
 
 	unpoisonFirst.Store(true)
 	_, err = h(newDelivery(t, o))
 	require.NoError(t, err)
+	require.Equal(t, "poison memo: refused for good", reason(), "this copy is a memo hit")
 	_, ok = b.memo(t, "memo", 3)
 	require.False(t, ok, "the hit's late record wrote the cleared memo again")
 
