@@ -482,17 +482,26 @@ func (l countingLogger) Debug(string, watermill.LogFields)                {}
 func (l countingLogger) Trace(string, watermill.LogFields)                {}
 func (l countingLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
 
+// tcpProxy forwards TCP connections from its listen address to a target
+// and counts them.
+type tcpProxy struct {
+	l        net.Listener
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	conns    []net.Conn
+	accepted atomic.Int64 // client connections forwarded
+	open     atomic.Int64 // client connections whose client has not closed yet
+}
+
 // startProxy forwards TCP connections from listen to target.
-func startProxy(t *testing.T, listen, target string) io.Closer {
+func startProxy(t *testing.T, listen, target string) *tcpProxy {
 	t.Helper()
 	l, err := net.Listen("tcp", listen)
 	require.NoError(t, err)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Add(1)
+	p := &tcpProxy{l: l}
+	p.wg.Add(1)
 	go func() {
-		defer wg.Done()
+		defer p.wg.Done()
 		for {
 			c, err := l.Accept()
 			if err != nil {
@@ -503,26 +512,32 @@ func startProxy(t *testing.T, listen, target string) io.Closer {
 				_ = c.Close()
 				continue
 			}
-			mu.Lock()
-			conns = append(conns, c, u)
-			mu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); _, _ = io.Copy(u, c); _ = u.Close() }()
-			go func() { defer wg.Done(); _, _ = io.Copy(c, u); _ = c.Close() }()
+			p.accepted.Add(1)
+			p.open.Add(1)
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			p.wg.Add(2)
+			go func() { defer p.wg.Done(); _, _ = io.Copy(u, c); p.open.Add(-1); _ = u.Close() }()
+			go func() { defer p.wg.Done(); _, _ = io.Copy(c, u); _ = c.Close() }()
 		}
 	}()
-	return closerFunc(func() error {
-		err := l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			_ = c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-		return err
-	})
+	return p
 }
 
-type closerFunc func() error
+// URL is the suite's RabbitMQ URL through the proxy.
+func (p *tcpProxy) URL() string {
+	return strings.Replace(amqpURL(), "127.0.0.1:5672", p.l.Addr().String(), 1)
+}
 
-func (f closerFunc) Close() error { return f() }
+// Close stops accepting and cuts every forwarded connection.
+func (p *tcpProxy) Close() error {
+	err := p.l.Close()
+	p.mu.Lock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return err
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -34,19 +35,20 @@ func (e *DialError) Unwrap() error { return e.Err }
 // wamqp.NewConnection tries exactly once (connection.go: connect() in
 // NewConnection returns the dial error), so a service that starts before
 // RabbitMQ would exit; here it waits up to cfg.DialTimeout instead.
-func dial(ctx context.Context, cfg Config, wc wamqp.Config, logger watermill.LoggerAdapter) (*wamqp.ConnectionWrapper, error) {
+func dial(ctx context.Context, cfg Config, wc wamqp.Config, logger watermill.LoggerAdapter) (*conn, error) {
 	start := time.Now()
 	if cfg.DialTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.DialTimeout)
 		defer cancel()
 	}
+	w := &watcher{LoggerAdapter: logger, stopped: make(chan struct{})}
 	redacted := secret.RedactURL(cfg.URL)
 	wait := cfg.ReconnectInitialInterval
 	for attempt := 1; ; attempt++ {
-		conn, err := wamqp.NewConnection(wc.Connection, logger)
+		wrapper, err := wamqp.NewConnection(wc.Connection, w)
 		if err == nil {
-			return conn, nil
+			return &conn{ConnectionWrapper: wrapper, w: w}, nil
 		}
 		if permanentDialError(err) {
 			// Waiting cannot fix refused credentials: name it, at once.
@@ -71,6 +73,106 @@ func dial(ctx context.Context, cfg Config, wc wamqp.Config, logger watermill.Log
 	}
 }
 
+// conn is watermill-amqp's connection wrapper with a Close that leaves no
+// connection to RabbitMQ behind.
+//
+// The wrapper's watcher goroutine (handleConnectionClose in v3.0.2's
+// connection.go) waits for the wrapper's stop signal or the connection's
+// close notification, and reconnects on the notification. The wrapper's
+// Close sends the stop signal, then closes the connection; when the watcher
+// had not registered for the notification yet (a wrapper closed right after
+// it was made), it finds both ready, picks one at random, and half the time
+// dials a new connection that nobody closes. A wrapper closed while its
+// watcher waits to retry a lost connection does the same if the retry
+// succeeds. The watcher's log lines are the only view of its state, so the
+// watcher type reads them, and Close closes whatever connection the watcher
+// leaves when it ends.
+type conn struct {
+	*wamqp.ConnectionWrapper
+	w *watcher
+}
+
+// watcherStopWait bounds Close's wait for the watcher, which stops at once
+// or after one reconnect to a RabbitMQ that was up a moment ago.
+const watcherStopWait = 5 * time.Second
+
+// Close closes the wrapper and, once its watcher has ended, the connection
+// the watcher left open, if any. It waits for the watcher unless the
+// connection was lost already: then the watcher ends on its next retry,
+// after a backoff of up to Config.ReconnectMaxInterval, too long to hold a
+// shutdown, and the connection it may leave is closed in the background.
+func (c *conn) Close() error {
+	c.w.mu.Lock()
+	lost := !c.w.connected
+	c.w.mu.Unlock()
+	err := c.ConnectionWrapper.Close()
+	left := make(chan error, 1)
+	go func() {
+		<-c.w.stopped
+		// Ended, the watcher replaces the connection no more.
+		var err error
+		if ac := c.Connection(); ac != nil && !ac.IsClosed() {
+			err = ac.Close()
+		}
+		left <- err
+	}()
+	if lost {
+		return err
+	}
+	t := time.NewTimer(watcherStopWait)
+	defer t.Stop()
+	select {
+	case e := <-left:
+		return errors.Join(err, e)
+	case <-t.C:
+		return err
+	}
+}
+
+// watcher is the logger a ConnectionWrapper is made with: it forwards every
+// line and follows the wrapper's watcher goroutine through the lines of
+// watermill-amqp v3.0.2's connection.go (TestCloseLeavesNoConnection fails
+// if they change).
+type watcher struct {
+	watermill.LoggerAdapter
+	mu        sync.Mutex
+	connected bool // connected, no drop seen since
+	stopOnce  sync.Once
+	stopped   chan struct{} // closed when the watcher goroutine has ended or parked for good
+}
+
+func (w *watcher) Info(msg string, fields watermill.LogFields) {
+	if msg == "Connected to AMQP" {
+		w.setConnected(true)
+	}
+	w.LoggerAdapter.Info(msg, fields)
+}
+
+func (w *watcher) Error(msg string, err error, fields watermill.LogFields) {
+	switch msg {
+	case "Received close notification from AMQP, reconnecting":
+		w.setConnected(false)
+	case "AMQP reconnect failed failed": // the wrapper was closed during a reconnect: parked for good
+		w.stop()
+	}
+	w.LoggerAdapter.Error(msg, err, fields)
+}
+
+func (w *watcher) Debug(msg string, fields watermill.LogFields) {
+	if msg == "Stopping handleConnectionClose" {
+		w.stop()
+	}
+	w.LoggerAdapter.Debug(msg, fields)
+}
+
+func (w *watcher) setConnected(v bool) {
+	w.mu.Lock()
+	w.connected = v
+	w.mu.Unlock()
+}
+
+func (w *watcher) stop() { w.stopOnce.Do(func() { close(w.stopped) }) }
+
 // permanentDialError tells errors that waiting cannot fix: RabbitMQ refused
 // the credentials or the vhost (AMQP reply code 403).
 func permanentDialError(err error) bool {
@@ -81,7 +183,7 @@ func permanentDialError(err error) bool {
 // waitConnected waits until conn is connected again after a drop, bounded
 // like the initial dial. watermill-amqp's Subscribe and Publish fail at once
 // with "not connected" during its reconnect loop.
-func waitConnected(ctx context.Context, cfg Config, conn *wamqp.ConnectionWrapper) error {
+func waitConnected(ctx context.Context, cfg Config, conn *conn) error {
 	if conn.IsConnected() {
 		return nil
 	}
@@ -108,7 +210,7 @@ func waitConnected(ctx context.Context, cfg Config, conn *wamqp.ConnectionWrappe
 // connect is the start-up both NewSubscriber and NewPublisher share:
 // validate, apply defaults, derive watermill-amqp's config and dial with
 // retries.
-func connect(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (Config, wamqp.Config, *wamqp.ConnectionWrapper, watermill.LoggerAdapter, error) {
+func connect(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (Config, wamqp.Config, *conn, watermill.LoggerAdapter, error) {
 	if err := cfg.Validate(); err != nil {
 		return cfg, wamqp.Config{}, nil, nil, err
 	}

@@ -226,4 +226,15 @@
 // queue (nack with requeue), so a handler that finishes after Close has its
 // effect claimed and the redelivery recorded as a duplicate. Cancelling the
 // Subscribe context does the same for that subscription.
+//
+// Subscriber.Close and Publisher.Close leave no connection behind. In
+// v3.0.2, watermill-amqp's connection watcher reconnects when it sees the
+// connection's close notification before its own stop signal, which happens
+// when the wrapper is closed right after it was made, or while it waits to
+// retry a lost connection; that new connection was never closed. Close
+// waits for the watcher to end (up to 5 s; it ends at once, or after that
+// one reconnect) and closes the connection it left. Closed while the
+// connection is lost, Close does not wait for the next retry (up to
+// ReconnectMaxInterval away): the connection that retry may make is closed
+// in the background.
 package amqp

@@ -19,7 +19,7 @@ import (
 type Publisher struct {
 	cfg  Config
 	wc   wamqp.Config
-	conn *wamqp.ConnectionWrapper
+	conn *conn
 	pub  *wamqp.Publisher
 
 	declaredMu sync.Mutex
@@ -40,7 +40,7 @@ func NewPublisher(ctx context.Context, cfg Config, logger watermill.LoggerAdapte
 	if err != nil {
 		return nil, err
 	}
-	pub, err := wamqp.NewPublisherWithConnection(wc, logger, conn)
+	pub, err := wamqp.NewPublisherWithConnection(wc, logger, conn.ConnectionWrapper)
 	if err != nil {
 		_ = conn.Close()
 		return nil, fmt.Errorf("brokers/amqp: create publisher: %w", err)

@@ -20,7 +20,7 @@ type Subscriber struct {
 	cfg    Config
 	wc     wamqp.Config // sub's config; the window mode consumes like it
 	logger watermill.LoggerAdapter
-	conn   *wamqp.ConnectionWrapper
+	conn   *conn
 	sub    *wamqp.Subscriber
 
 	// mu orders Subscribe's forwarders.Add before Close's Wait.
@@ -47,7 +47,7 @@ func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapt
 	if err != nil {
 		return nil, err
 	}
-	sub, err := wamqp.NewSubscriberWithConnection(wc, logger, conn)
+	sub, err := wamqp.NewSubscriberWithConnection(wc, logger, conn.ConnectionWrapper)
 	if err != nil {
 		_ = conn.Close()
 		return nil, fmt.Errorf("brokers/amqp: create subscriber: %w", err)
