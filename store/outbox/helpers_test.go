@@ -28,10 +28,8 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	goleak.VerifyTestMain(m,
-		// pgx's pool health checker and watermill-amqp's reconnect loops
-		// end asynchronously after Close.
+		// pgx's pool health checker ends asynchronously after Close.
 		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
-		goleak.IgnoreAnyFunction("github.com/rabbitmq/amqp091-go.(*Connection).heartbeater"),
 		// Sarama's metrics registry starts one process-wide meter ticker
 		// that is never stopped.
 		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
