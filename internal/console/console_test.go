@@ -25,7 +25,6 @@ func TestMain(m *testing.M) {
 		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
 		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreAnyFunction("internal/poll.runtime_pollWait"),
 		// Sarama's metrics registry starts this ticker and never stops it;
 		// the overview's horizon check builds a Kafka subscriber.
 		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
