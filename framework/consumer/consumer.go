@@ -141,9 +141,10 @@ type Config struct {
 	// ends, or Close is called): no new message starts, the messages in
 	// flight get this long to commit and be acked, then whatever has not
 	// finished is cancelled, rolls back and goes back to the broker
-	// (nacked). Work cut short is never poisoned. Keep it below your
-	// orchestrator's grace period (Kubernetes: 30 s) minus a few seconds.
-	// Defaults to 15 s.
+	// (nacked). Work cut short is never poisoned. A shutdown that comes
+	// while the consumer is still subscribing first lets the subscription
+	// finish, for up to this long too. Keep it below your orchestrator's
+	// grace period (Kubernetes: 30 s) minus a few seconds. Defaults to 15 s.
 	DrainTimeout time.Duration
 	// PoisonTopic receives messages that cannot be processed, with the
 	// reason in metadata. Defaults to Topic + ".poison".
@@ -624,6 +625,22 @@ func (c *Consumer) consume(ctx context.Context) error {
 		return wrapRunErr(err)
 	case <-ctx.Done():
 	}
+	// Stopped while still subscribing (a SIGTERM right after start): let
+	// the router start its handler first. Watermill counts a handler from
+	// the moment it is added, so a router closed before the handler started
+	// waits out its whole CloseTimeout and leaves goroutines behind.
+	// Bounded by the drain timeout: against a broker that is down,
+	// Subscribe waits for its own dial timeout.
+	startWait := time.NewTimer(c.cfg.DrainTimeout)
+	select {
+	case <-c.router.Running():
+	case err := <-done:
+		startWait.Stop()
+		c.drainer.release()
+		return wrapRunErr(err)
+	case <-startWait.C:
+	}
+	startWait.Stop()
 	c.drainer.drain(c.cfg.DrainTimeout, c.cfg.Logger)
 	// The subscriptions end first, so what was held back goes back to the
 	// broker without coming round to this consumer again.
