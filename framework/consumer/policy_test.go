@@ -444,10 +444,16 @@ func perMessage(h middleware.TxHandlerFunc) middleware.SetHandlerFunc {
 // stuckSubscriber delivers nothing and never ends its subscriptions: a
 // Kafka client blocked on a dead broker connection until its read timeout
 // behaves like this at shutdown.
-type stuckSubscriber struct{}
+// Its subscriptions end when release is closed, at the end of the test.
+type stuckSubscriber struct{ release chan struct{} }
 
 func (s stuckSubscriber) Subscribe(context.Context, string) (<-chan *message.Message, error) {
-	return make(chan *message.Message), nil
+	ch := make(chan *message.Message)
+	go func() {
+		<-s.release
+		close(ch)
+	}()
+	return ch, nil
 }
 
 func (s stuckSubscriber) Close() error { return nil }
@@ -463,10 +469,12 @@ func (nopPublisher) Close() error                              { return nil }
 func TestShutdownWithAStuckSubscription(t *testing.T) {
 	t.Parallel()
 	kind := "stuck" + randHex()[:8]
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
 	reg := brokers.NewRegistry()
 	require.NoError(t, reg.Register(kind, brokers.Factory{
 		NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) {
-			return stuckSubscriber{}, nil
+			return stuckSubscriber{release}, nil
 		},
 		NewPublisher: func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) {
 			return nopPublisher{}, nil
