@@ -3,9 +3,9 @@ package brokers_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	testenv.VerifyTestMain(m)
 }

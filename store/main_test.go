@@ -3,12 +3,7 @@ package store_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// pgx's pool health checker ends asynchronously after Close.
-		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
-	)
-}
+func TestMain(m *testing.M) { testenv.VerifyTestMain(m) }

@@ -14,13 +14,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/claimtx/claimtx/brokers/amqp"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	testenv.VerifyTestMain(m)
 }
 
 // amqpURL is the RabbitMQ every test shares; each test isolates itself by

@@ -20,18 +20,14 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/goleak"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// Sarama's metrics (go-metrics) start one process-wide meter
-		// goroutine on first use (meter.go:46) and never stop it.
-		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
-	)
+	testenv.VerifyTestMain(m)
 }
 
 var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)

@@ -3,9 +3,7 @@ package nats_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { testenv.VerifyTestMain(m) }

@@ -3,15 +3,7 @@ package consumer_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// pgx's pool health checker ends asynchronously after Close.
-		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
-		// Sarama's metrics registry starts one process-wide meter ticker
-		// that is never stopped.
-		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
-	)
-}
+func TestMain(m *testing.M) { testenv.VerifyTestMain(m) }

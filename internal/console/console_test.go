@@ -17,17 +17,15 @@ import (
 
 	"github.com/claimtx/claimtx/internal/console"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+	testenv.VerifyTestMain(m,
+		// The test client's idle keep-alive connections.
 		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
 		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-		// Sarama's metrics registry starts this ticker and never stops it;
-		// the overview's horizon check builds a Kafka subscriber.
-		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
 	)
 }
 

@@ -19,18 +19,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	"go.uber.org/goleak"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// Sarama's metrics (go-metrics) start one process-wide meter
-		// goroutine on first use (meter.go:46) and never stop it.
-		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
-	)
+	testenv.VerifyTestMain(m)
 }
 
 const partitions = 4

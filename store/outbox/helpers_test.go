@@ -13,10 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -27,13 +27,7 @@ func TestMain(m *testing.M) {
 		// it dies by SIGKILL, so leak checks are moot.
 		os.Exit(m.Run())
 	}
-	goleak.VerifyTestMain(m,
-		// pgx's pool health checker ends asynchronously after Close.
-		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
-		// Sarama's metrics registry starts one process-wide meter ticker
-		// that is never stopped.
-		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
-	)
+	testenv.VerifyTestMain(m)
 }
 
 // env is one test's world: its own schema with claimtx's tables, an
