@@ -32,6 +32,23 @@ func TestCloseLeavesNoConnection(t *testing.T) {
 	cfg := testConfig()
 	cfg.URL = proxy.URL()
 	const workers, rounds = 3, 500
+	// Made and closed at once, a Subscriber, then a Publisher.
+	openClose := []func() error{
+		func() error {
+			sub, err := amqp.NewSubscriber(context.Background(), cfg, nil)
+			if err != nil {
+				return err
+			}
+			return sub.Close()
+		},
+		func() error {
+			pub, err := amqp.NewPublisher(context.Background(), cfg, nil)
+			if err != nil {
+				return err
+			}
+			return pub.Close()
+		},
+	}
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	for range workers {
@@ -39,21 +56,11 @@ func TestCloseLeavesNoConnection(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range rounds {
-				sub, err := amqp.NewSubscriber(context.Background(), cfg, nil)
-				if err == nil {
-					err = sub.Close()
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-				pub, err := amqp.NewPublisher(context.Background(), cfg, nil)
-				if err == nil {
-					err = pub.Close()
-				}
-				if err != nil {
-					errs <- err
-					return
+				for _, f := range openClose {
+					if err := f(); err != nil {
+						errs <- err
+						return
+					}
 				}
 			}
 		}()
@@ -67,7 +74,23 @@ func TestCloseLeavesNoConnection(t *testing.T) {
 	require.Eventually(t, func() bool { return proxy.open.Load() == 0 }, 15*time.Second, 20*time.Millisecond,
 		"%d of %d connections still open after every Close", proxy.open.Load(), proxy.accepted.Load())
 	// Reconnects that raced Close still happen; Close closes them.
-	t.Logf("%d reconnects raced Close, all closed", proxy.accepted.Load()-2*workers*rounds)
+	t.Logf("%d reconnects raced Close, all closed", proxy.accepted.Load()-int64(len(openClose)*workers*rounds))
+}
+
+// TestCloseSeesTheWatcherStop: Close reads watermill-amqp's connection
+// watcher from its log lines. If the lines it relies on change, Close can
+// no longer tell when the watcher ends (it gives up after 5 s and may leave
+// a connection open): this says so at once.
+func TestCloseSeesTheWatcherStop(t *testing.T) {
+	t.Parallel()
+	sub, err := amqp.NewSubscriber(context.Background(), testConfig(), nil)
+	require.NoError(t, err)
+	connected, stopped := amqp.WatcherState(sub)
+	require.True(t, connected, `"Connected to AMQP" was not seen`)
+	require.False(t, stopped)
+	require.NoError(t, sub.Close())
+	_, stopped = amqp.WatcherState(sub)
+	require.True(t, stopped, `Close returned without seeing "Stopping handleConnectionClose"`)
 }
 
 // lineLogger records the messages logged to it.

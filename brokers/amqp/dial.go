@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -102,9 +103,7 @@ const watcherStopWait = 5 * time.Second
 // after a backoff of up to Config.ReconnectMaxInterval, too long to hold a
 // shutdown, and the connection it may leave is closed in the background.
 func (c *conn) Close() error {
-	c.w.mu.Lock()
-	lost := !c.w.connected
-	c.w.mu.Unlock()
+	lost := !c.w.connected.Load()
 	err := c.ConnectionWrapper.Close()
 	left := make(chan error, 1)
 	go func() {
@@ -131,19 +130,19 @@ func (c *conn) Close() error {
 
 // watcher is the logger a ConnectionWrapper is made with: it forwards every
 // line and follows the wrapper's watcher goroutine through the lines of
-// watermill-amqp v3.0.2's connection.go (TestCloseLeavesNoConnection fails
-// if they change).
+// watermill-amqp v3.0.2's connection.go. TestCloseSeesTheWatcherStop fails
+// if the lines Close relies on change, TestCloseWhileReconnecting if the
+// drop's does.
 type watcher struct {
 	watermill.LoggerAdapter
-	mu        sync.Mutex
-	connected bool // connected, no drop seen since
+	connected atomic.Bool // connected, no drop seen since
 	stopOnce  sync.Once
 	stopped   chan struct{} // closed when the watcher goroutine has ended or parked for good
 }
 
 func (w *watcher) Info(msg string, fields watermill.LogFields) {
 	if msg == "Connected to AMQP" {
-		w.setConnected(true)
+		w.connected.Store(true)
 	}
 	w.LoggerAdapter.Info(msg, fields)
 }
@@ -151,7 +150,7 @@ func (w *watcher) Info(msg string, fields watermill.LogFields) {
 func (w *watcher) Error(msg string, err error, fields watermill.LogFields) {
 	switch msg {
 	case "Received close notification from AMQP, reconnecting":
-		w.setConnected(false)
+		w.connected.Store(false)
 	case "AMQP reconnect failed failed": // the wrapper was closed during a reconnect: parked for good
 		w.stop()
 	}
@@ -163,12 +162,6 @@ func (w *watcher) Debug(msg string, fields watermill.LogFields) {
 		w.stop()
 	}
 	w.LoggerAdapter.Debug(msg, fields)
-}
-
-func (w *watcher) setConnected(v bool) {
-	w.mu.Lock()
-	w.connected = v
-	w.mu.Unlock()
 }
 
 func (w *watcher) stop() { w.stopOnce.Do(func() { close(w.stopped) }) }

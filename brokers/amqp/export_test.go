@@ -22,3 +22,15 @@ type Marshaler = marshaler
 
 // HeaderValueToString converts one AMQP header value to its metadata string.
 var HeaderValueToString = amqpheader.ToString
+
+// WatcherState is what the Subscriber's connection has read off
+// watermill-amqp's connection watcher (see conn in dial.go): whether it is
+// connected, and whether it has ended.
+func WatcherState(s *Subscriber) (connected, stopped bool) {
+	select {
+	case <-s.conn.w.stopped:
+		stopped = true
+	default:
+	}
+	return s.conn.w.connected.Load(), stopped
+}
