@@ -214,7 +214,12 @@ func TestReadAheadConcurrentReplay(t *testing.T) {
 	trips := rt.n.Load() - before
 	require.Equal(t, n, rec.count(framework.Duplicate))
 	require.Zero(t, b.scalar(t, "SELECT count(*) FROM point_ledger"))
-	require.Less(t, trips, int64(n/10), "round trips for %d duplicates", n)
+	// While a read runs (4,096 keys, on one worker's goroutine) the other
+	// workers' duplicates go to the database, as many as the scheduler
+	// lets through: 36-245 round trips in 40 runs, 23-617 with both cores
+	// busy elsewhere, where 423 had failed the old bound of n/10. Without
+	// the read-ahead they cost 2n.
+	require.Less(t, trips, int64(n/2), "round trips for %d duplicates", n)
 }
 
 // A read that fails (here: a role that may insert claims but not read
