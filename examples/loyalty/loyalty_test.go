@@ -44,13 +44,19 @@ func orders(from, n int) []order {
 func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	forEachKind(t, func(t *testing.T, h *harness) {
 		os := orders(1, 5)
-		p := h.start("LOYALTY_CRASH_AFTER_COMMIT=3", "CONCURRENCY=1")
+		app := "loyalty-crash-" + randID()
+		p := h.start("DATABASE_URL="+h.dbURLNamed(t, app), "LOYALTY_CRASH_AFTER_COMMIT=3", "CONCURRENCY=1")
 		h.publish(os...)
 		require.True(t, p.exited(60e9), "the consumer should have killed itself after committing order 3")
 		require.Contains(t, p.out.String(), "SIGKILL after commit")
 		require.Equal(t, 1, h.count("SELECT count(*) FROM point_ledger WHERE order_id = 3"), "order 3 committed before the crash")
 		// Kafka runs its 3 partitions in parallel, so orders of other
-		// partitions may have committed before the crash too.
+		// partitions may have committed before the crash too, and a
+		// COMMIT the process sent just before it died still runs in its
+		// backend: count once those backends are gone.
+		h.waitFor("the killed consumer's sessions to end", func() bool {
+			return h.tryCount("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app) == 0
+		})
 		committed := h.count("SELECT count(*) FROM point_ledger")
 
 		p2 := h.start("LOG_LEVEL=debug")
