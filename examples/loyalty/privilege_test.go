@@ -103,7 +103,7 @@ GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRol
 	require.NoError(t, createTables(ctx, consumerPool))
 
 	// The consumer works under its role: every order once, duplicates too.
-	h.start("DATABASE_URL=" + consumerURL)
+	p := h.start("DATABASE_URL=" + consumerURL)
 	ords := orders(1, 50)
 	h.publish(ords...)
 	h.publish(ords[:20]...)
@@ -112,6 +112,15 @@ GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRol
 		return h.tryCount(fmt.Sprintf("SELECT count(*) FROM %s.processed_messages", schema)) == len(ords)
 	})
 	h.assertExact(ords)
+	// Every copy settled before retention runs below: a copy still in
+	// flight when its claim is deleted would be applied again, which is
+	// what retention shorter than the redelivery window means.
+	var got map[string]int
+	h.waitFor("every delivery settled", func() bool {
+		got = p.outcomes(t)
+		return got["applied"]+got["duplicate"] >= len(ords)+20
+	})
+	require.Equal(t, map[string]int{"applied": len(ords), "duplicate": 20, "expired": 0, "failed": 0, "poisoned": 0}, got)
 
 	// What the consumer role must not do to claims (or to effects).
 	for _, sql := range []string{
