@@ -44,6 +44,7 @@ type groupTrack struct {
 	classic    bool // we saw a classic JoinGroup for it
 	nextGen    bool // a KIP-848 group: kfake runs its session timers; we keep out
 	maxSession time.Duration
+	lastJoin   time.Time
 	members    map[string]*memberTrack
 	lastState  string
 	lastEpoch  int32
@@ -53,6 +54,21 @@ type groupTrack struct {
 type memberTrack struct {
 	lastSeen time.Time
 	session  time.Duration
+	// listed: kfake has listed it as a member. A join is recorded before
+	// kfake handles it, so a member not listed yet may be about to be.
+	listed bool
+}
+
+// session is the timeout m is held to: its own, else the group's longest
+// (a member whose join we did not see with its ID), else the fallback.
+func (g *groupTrack) session(m *memberTrack) time.Duration {
+	switch {
+	case m.session != 0:
+		return m.session
+	case g.maxSession != 0:
+		return g.maxSession
+	}
+	return fallbackSessionTimeout
 }
 
 func newEvictor(c *kfake.Cluster, client *kgo.Client, opts Options) *evictor {
@@ -102,7 +118,7 @@ func (e *evictor) record(req kmsg.Request, now time.Time) {
 	switch r := req.(type) {
 	case *kmsg.JoinGroupRequest:
 		g := e.group(r.Group)
-		g.classic = true
+		g.classic, g.lastJoin = true, now
 		session := time.Duration(r.SessionTimeoutMillis) * time.Millisecond
 		g.maxSession = max(g.maxSession, session)
 		if m := seen(g, r.MemberID); m != nil {
@@ -178,7 +194,11 @@ func (e *evictor) findSilent(now time.Time) []Eviction {
 		e.mu.Lock()
 		g := e.groups[name]
 		if info == nil {
-			delete(e.groups, name)
+			// kfake makes a group when it handles its first join, which
+			// may not have happened yet.
+			if g.seenPoll || now.Sub(g.lastJoin) > fallbackSessionTimeout {
+				delete(e.groups, name)
+			}
 			e.mu.Unlock()
 			continue
 		}
@@ -193,15 +213,17 @@ func (e *evictor) findSilent(now time.Time) []Eviction {
 			if t == nil {
 				// A member we never saw by ID: it joined with an empty ID
 				// (JoinGroup v0-v3) or before a restart. Start its clock now.
-				g.members[m.MemberID] = &memberTrack{lastSeen: now}
+				g.members[m.MemberID] = &memberTrack{lastSeen: now, listed: true}
 				continue
 			}
+			t.listed = true
 			if rebalanced {
 				t.lastSeen = now
 			}
 		}
-		for id := range g.members {
-			if !present[id] {
+		for id, t := range g.members {
+			// Gone, or never listed long after its last request.
+			if !present[id] && (t.listed || now.Sub(t.lastSeen) > g.session(t)+e.opts.EvictionMargin) {
 				delete(g.members, id)
 			}
 		}
@@ -211,13 +233,7 @@ func (e *evictor) findSilent(now time.Time) []Eviction {
 		}
 		for _, m := range info.Members {
 			t := g.members[m.MemberID]
-			session := t.session
-			if session == 0 {
-				session = g.maxSession
-			}
-			if session == 0 {
-				session = fallbackSessionTimeout
-			}
+			session := g.session(t)
 			silent := now.Sub(t.lastSeen)
 			if silent <= session+e.opts.EvictionMargin {
 				continue
