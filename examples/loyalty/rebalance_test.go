@@ -16,20 +16,21 @@ import (
 // reading order 5 again from the last committed offset. B's claim INSERT must
 // then wait on A's uncommitted row (observed in pg_locks through
 // pg_blocking_pids), and when A commits, B records a duplicate: order 5 is
-// credited exactly once and every balance is exact. (B's wait is longer
-// than its 5s claim wait, so B usually retries the claim transaction once:
-// a transient claim_wait failure, not a poison.)
+// credited exactly once and every balance is exact. A holds for 20s: B
+// must start, join, wait out the rebalance and reach order 5 inside that
+// hold (3.1s in a CI run), and B's claim wait is raised above it, so B
+// waits once instead of failing its claim transaction with claim_wait.
 func TestKafkaRebalanceWhileHandlerHoldsClaim(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, "kafka")
 	all := orders(1, 30)
 	const held = 5
 
-	a := h.start("LOG_LEVEL=debug", "LOYALTY_HANDLER_DELAY=10s", fmt.Sprintf("LOYALTY_HANDLER_DELAY_ORDER=%d", held))
+	a := h.start("LOG_LEVEL=debug", "LOYALTY_HANDLER_DELAY=20s", fmt.Sprintf("LOYALTY_HANDLER_DELAY_ORDER=%d", held))
 	h.publish(all[:20]...)
 	a.waitLog(t, fmt.Sprintf(`msg="loyalty: fault injection: holding the claim transaction open" order_id=%d`, held))
 	holdStart := time.Now()
-	b := h.start("LOG_LEVEL=debug")
+	b := h.start("LOG_LEVEL=debug", "CLAIM_MAX_CLAIM_WAIT=40s")
 
 	// The overlap: B's claim of the held order waits behind A's open
 	// transaction, which is idle in transaction (sleeping in the handler).
