@@ -137,6 +137,11 @@ func TestColdReplayAfterRestart(t *testing.T) {
 	}{{"per-message", nil}, {"batch", []string{"BATCH_SIZE=32"}}} {
 		t.Run(mode.name, func(t *testing.T) {
 			forEachKind(t, func(t *testing.T, h *harness) {
+				// The outcomes must come out exact, so no rebalance may
+				// replay part of the stream: the default 10s session,
+				// not the harness's 3s (for the kill tests), which a
+				// stall of a loaded -race run can expire.
+				h.extraEnv = append(h.extraEnv, "KAFKA_SESSION_TIMEOUT=10s", "KAFKA_REBALANCE_TIMEOUT=10s")
 				old := orders(1, 400)
 				p := h.start(mode.env...)
 				h.publish(old...)
