@@ -632,15 +632,14 @@ func (c *Consumer) consume(ctx context.Context) error {
 	// Bounded by the drain timeout: against a broker that is down,
 	// Subscribe waits for its own dial timeout.
 	startWait := time.NewTimer(c.cfg.DrainTimeout)
+	defer startWait.Stop()
 	select {
 	case <-c.router.Running():
 	case err := <-done:
-		startWait.Stop()
 		c.drainer.release()
 		return wrapRunErr(err)
 	case <-startWait.C:
 	}
-	startWait.Stop()
 	c.drainer.drain(c.cfg.DrainTimeout, c.cfg.Logger)
 	// The subscriptions end first, so what was held back goes back to the
 	// broker without coming round to this consumer again.
