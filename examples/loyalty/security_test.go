@@ -44,12 +44,21 @@ func requireNoSecrets(t *testing.T, what string, text string, secrets ...string)
 // scrape returns the body of an HTTP GET.
 func scrape(t *testing.T, u string) string {
 	t.Helper()
-	resp, err := http.Get(u)
+	body, err := get(u)
 	require.NoError(t, err)
+	return body
+}
+
+// get returns the body of an HTTP GET; it does not fail the test, for
+// conditions polled until they hold.
+func get(u string) (string, error) {
+	resp, err := http.Get(u)
+	if err != nil {
+		return "", err
+	}
 	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return string(b)
+	return string(b), err
 }
 
 // requireEndpointsClean scrapes /metrics and /healthz of a running consumer
@@ -69,26 +78,14 @@ func requireEndpointsClean(t *testing.T, p *proc, secrets ...string) {
 	healthURL := strings.TrimSuffix(metrics, "/metrics") + "/healthz"
 	var health string
 	ready := waitUntil(30*time.Second, func() bool {
-		health = get(healthURL)
+		var err error
+		if health, err = get(healthURL); err != nil {
+			return false
+		}
 		requireNoSecrets(t, "/healthz", health, secrets...)
 		return strings.Contains(health, `"broker":"ok"`) && strings.Contains(health, `"ready":true`)
 	})
 	require.True(t, ready, "/healthz never reported ready with the broker ok: %s", health)
-}
-
-// get returns the body of an HTTP GET, or the error as text, for
-// conditions polled until they hold.
-func get(u string) string {
-	resp, err := http.Get(u)
-	if err != nil {
-		return err.Error()
-	}
-	defer func() { _ = resp.Body.Close() }()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err.Error()
-	}
-	return string(b)
 }
 
 // TestNoCredentialsInErrors: start-up failures of every kind (unreachable
