@@ -66,9 +66,10 @@ type Config struct {
 	// of old messages harmless. Defaults to "oldest".
 	InitialOffset string `yaml:"initial_offset"`
 
-	// Version is the Kafka protocol version Sarama speaks, as "X.Y.Z".
-	// 3.6.0 is verified against kfake and real brokers from 3.6 on; older
-	// clusters need their own version here. Defaults to "3.6.0".
+	// Version is the Kafka protocol version the publisher (Sarama) speaks,
+	// as "X.Y.Z". 3.6.0 is verified against kfake and real brokers from 3.6
+	// on; older clusters need their own version here. The subscriber
+	// negotiates versions with the brokers. Defaults to "3.6.0".
 	Version string `yaml:"version"`
 
 	// ClientID is sent with every request (broker logs, quotas).
@@ -76,9 +77,9 @@ type Config struct {
 	ClientID string `yaml:"client_id"`
 
 	// MaxWaitTime is how long a fetch waits on the broker for data. It is
-	// also how long Subscriber.Close and offset commits can wait behind an
-	// open fetch, so it is kept short (Sarama's own default is 500ms, and
-	// Sarama warns below 100ms). Defaults to 100ms.
+	// also how long the end of a subscription can wait behind an open
+	// fetch, so it is kept short (franz-go's own default is 5s).
+	// Defaults to 100ms.
 	MaxWaitTime time.Duration `yaml:"max_wait_time"`
 
 	// SessionTimeout is how long the group coordinator waits without a
@@ -95,8 +96,11 @@ type Config struct {
 
 	// RebalanceTimeout is how long the coordinator waits for every member to
 	// rejoin during a rebalance; a member that does not make it is dropped.
-	// It also bounds how long a member finishing its in-flight messages may
-	// delay a rebalance. Tests shorten it. Defaults to 60s.
+	// Group requests wait for their answer this long plus 10s, since the
+	// coordinator may hold a JoinGroup answer until the rebalance ends.
+	// A rebalance does not wait for messages in flight (see the package
+	// documentation), so a long value costs nothing unless a member dies
+	// mid-rebalance. Defaults to 60s.
 	RebalanceTimeout time.Duration `yaml:"rebalance_timeout"`
 
 	// CommitInterval is how often marked (acked) offsets are committed.
@@ -104,27 +108,22 @@ type Config struct {
 	// claim turns those redeliveries into duplicates. Defaults to 1s.
 	CommitInterval time.Duration `yaml:"commit_interval"`
 
-	// NackDelay is how long watermill-kafka waits before it re-sends a nacked
-	// message. Kafka cannot requeue one message: a nack re-sends the same
-	// message in memory, forever, and the partition makes no progress until
-	// it is acked. The router's Retry and Poison middleware bound that; this
-	// only keeps the loop from spinning. A negative value disables the delay.
-	// Defaults to 1s.
-	//
-	// With Window > 0 the nacked message is re-sent as a fresh copy after
-	// this delay, and only its window slot waits: later messages go on.
+	// NackDelay is how long the subscriber waits before it re-sends a nacked
+	// message. Kafka cannot requeue one message: a nack re-sends a fresh
+	// copy from memory, and the nacked message keeps its window slot (with
+	// the default window of one, its partition waits for it). The router's
+	// Retry and Poison middleware bound that; this only keeps the loop from
+	// spinning. A negative value disables the delay. Defaults to 1s.
 	NackDelay time.Duration `yaml:"nack_delay"`
 
-	// Window, when > 0, makes Subscribe consume through its own Sarama
-	// consumer-group handler that forwards up to Window messages per
-	// partition without waiting for earlier ones to be acked (for a batch
-	// consumer, consumer.NewBatch: at least the batch size). An ack marks
-	// the offset only once every earlier message of that partition is acked
-	// (the committed offset never passes an unacked message); a nack re-sends
-	// a fresh copy of that message after NackDelay while later messages go
-	// on. Messages of one partition are then handed out in order but may be
-	// acked out of order. 0 (the default) keeps watermill-kafka's
-	// one-at-a-time mode.
+	// Window is how many messages per partition the subscriber hands out
+	// without waiting for earlier ones to be acked (for a batch consumer,
+	// consumer.NewBatch: at least the batch size). An ack marks the offset
+	// only once every earlier message of that partition is acked (the
+	// committed offset never passes an unacked message). Messages of one
+	// partition are handed out in order but, with a window above one, may
+	// be acked out of order. 0 (the default) means one: a partition's next
+	// message waits for the ack of the one before.
 	Window int `yaml:"window"`
 
 	// DialTimeout bounds how long NewPublisher and the first Subscribe retry
@@ -133,9 +132,7 @@ type Config struct {
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 
 	// ReconnectBackoff is the wait between those start-up attempts, and
-	// watermill-kafka's wait before it re-creates a consumer that failed
-	// (with Window, before a failed group session is joined again).
-	// Defaults to 1s.
+	// between polls while every fetch fails. Defaults to 1s.
 	ReconnectBackoff time.Duration `yaml:"reconnect_backoff"`
 
 	// TLS enables TLS to the brokers.
@@ -146,7 +143,7 @@ type Config struct {
 	SASL SASLConfig `yaml:"sasl"`
 }
 
-// TLSConfig is passed to Sarama's Net.TLS.
+// TLSConfig is the TLS both clients use.
 type TLSConfig struct {
 	// Enabled turns TLS on. The system roots verify the brokers unless
 	// CAFile is set. Defaults to false.
@@ -166,7 +163,7 @@ type TLSConfig struct {
 	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
 }
 
-// SASLConfig is passed to Sarama's Net.SASL.
+// SASLConfig is the SASL both clients use.
 type SASLConfig struct {
 	// Mechanism is "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512"; empty
 	// disables SASL. PLAIN sends the password as is: use it with TLS.

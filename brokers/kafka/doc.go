@@ -1,6 +1,8 @@
-// Package kafka is claimtx's Kafka adapter: watermill-kafka v3.1.2 on Sarama
-// v1.61, configured for consumer groups, at-least-once delivery and plain
-// (non-Watermill) producers.
+// Package kafka is claimtx's Kafka adapter: a consumer-group subscriber on
+// franz-go (kgo) and a publisher on watermill-kafka v3.1.2 and Sarama v1.61,
+// configured for at-least-once delivery and plain (non-Watermill) producers.
+// Both speak watermill-kafka's record format, so either side can read the
+// other's messages.
 //
 //	sub, err := kafka.NewSubscriber(ctx, kafka.Config{Brokers: []string{"kafka:9092"}, ConsumerGroup: "billing"}, logger)
 //	msgs, err := sub.Subscribe(ctx, "orders")
@@ -16,51 +18,63 @@
 // # Delivery
 //
 // Every Subscribe joins Config.ConsumerGroup (required, no default: two
-// services sharing a group would split the topic). Within a partition one message
-// is in flight at a time (unless Config.Window is set, see Window mode);
-// partitions are consumed in parallel, so a consumer's concurrency is the
-// number of partitions it owns. Ordering holds per partition: publish with
-// a "partition_key" metadata entry (PartitionKeyMetadata) to keep one
-// entity's messages in order.
+// services sharing a group would split the topic). Within a partition one
+// message is in flight at a time, or up to Config.Window; partitions are
+// consumed in parallel, so a consumer's concurrency is the number of
+// partitions it owns times the window. Ordering holds per partition:
+// publish with a "partition_key" metadata entry (PartitionKeyMetadata) to
+// keep one entity's messages in order.
 //
-// An ack marks the offset; marked offsets are committed every
-// Config.CommitInterval (and when the group session ends). After a crash,
-// up to one commit interval of acked messages is delivered again; the claim
-// turns those into recorded duplicates. A group with no committed offset for
-// a partition starts at Config.InitialOffset, "oldest" by default, so a new
-// consumer group sees everything still retained.
-//
-// A nack cannot requeue one message in Kafka: watermill-kafka re-sends the
-// same message from memory after Config.NackDelay, forever
-// (subscriber.go:634), and its partition makes no progress meanwhile. The
-// router's Retry and Poison middleware bound that loop; NackDelay keeps it
-// from spinning.
-//
-// On a rebalance, the old owner of a partition may still be processing its
-// last message while the new owner starts on the same one: the claim's row
-// lock serialises them, and the loser records a duplicate.
-//
-// # Window mode
-//
-// One message per partition caps a batch consumer (consumer.NewBatch) at the
-// number of partitions it owns. With Config.Window > 0, Subscribe runs its
-// own Sarama consumer-group handler instead of watermill-kafka's, with the
-// same Sarama configuration, start-up retry and record conversion (so
-// metadata is identical), and forwards up to Window messages per partition
-// before any is acked. Messages of a partition are handed out in order and may be acked in
-// any order: an ack marks an offset only once every earlier message of the
+// An ack marks the partition's offset once every earlier message of the
 // partition is acked, so the committed offset never passes an unacked
-// message, and a long-unacked message holds the commit back (a restart
-// redelivers everything after it; the claim makes that harmless). A nack
-// re-sends a fresh copy (same UUID, payload and metadata) after NackDelay;
-// its window slot stays taken, later messages go on. On a rebalance, ctx end
-// or Close, the handler returns at once instead of waiting for outstanding
-// acks: acks that come later are not marked (the partition may belong to
-// another member by then), and those messages are delivered again from the
-// committed offset. A message's context is cancelled once it is acked (or
-// the subscription ends), not when its session ends, so work in progress may
-// finish. watermill-kafka's context helpers (MessagePartitionFromCtx and the
-// like) are not set in this mode; use the kafka_* metadata.
+// message; marked offsets are committed every Config.CommitInterval, when
+// partitions are revoked and when the subscription ends. After a crash, up
+// to one commit interval of acked messages is delivered again; the claim
+// turns those into recorded duplicates, and a consumer that stores its
+// positions with the claims (framework/consumer does on Kafka) starts past
+// them. A group with no committed offset for a partition starts at
+// Config.InitialOffset, "oldest" by default, so a new consumer group sees
+// everything still retained.
+//
+// A nack cannot requeue one message in Kafka: the subscriber re-sends a
+// fresh copy (same UUID, payload and metadata) after Config.NackDelay, and
+// the nacked message keeps its window slot, so with the default window of
+// one its partition waits for it. The router's Retry and Poison middleware
+// bound that loop.
+//
+// # Rebalances and shutdown
+//
+// The group uses the eager range protocol (Sarama's default, so a group
+// can be rolled from an older claimtx, whose subscriber was Sarama's, to
+// this one). A rebalance does not wait for messages in flight: revoked
+// partitions stop forwarding at once, their acked offsets are committed,
+// and their unacked messages are delivered again to the next owner, where
+// the claim's row lock serialises the two and the loser records a
+// duplicate. Work in progress is not cancelled by a rebalance: a message's
+// context ends once it is acked or the subscription ends.
+//
+// Every group request waits for the coordinator as long as the coordinator
+// may legitimately hold it: a JoinGroup or SyncGroup answer up to
+// Config.RebalanceTimeout plus 10 s, as the Java client does. (Sarama's
+// consumer group, used before, gave up after its 30 s read timeout
+// whatever the rebalance timeout, rejoined and gave up again: under
+// rolling restarts that met a crash, the group stopped consuming, and a
+// member stuck in a join could not be stopped. That is why the subscriber
+// is franz-go's.) No Config field sets a request timeout, so none can undo
+// this.
+//
+// Ending a subscription (its context, or Close) stops forwarding, commits
+// the acked offsets, leaves the group (which cancels a join in flight) and
+// closes the channel; the waits on the cluster share a 5 s bound, so a
+// broker that does not answer cannot hold a shutdown: what was not
+// committed is delivered again, and a member that could not leave is
+// evicted after its session timeout. Close returns within 6 s.
+//
+// Each message's context carries where its record came from (topic,
+// partition, offset), which framework/consumer uses to store the
+// partition's settled position in the claim transaction; watermill-kafka's
+// context helpers (MessagePartitionFromCtx and the like) are not set: use
+// the kafka_* metadata.
 //
 // # Plain producers and metadata
 //
@@ -105,34 +119,37 @@
 // message.timestamp.before.max.ms (message.timestamp.difference.max.ms
 // before Kafka 3.6) set rejects copies older than that limit.
 //
-// # Sarama settings
+// # Client settings
 //
-// Config maps onto Sarama as follows: Version (default 3.6.0, verified
-// against kfake), Consumer.Offsets.Initial from InitialOffset,
-// Consumer.MaxWaitTime 100ms (Sarama's 500ms fetch wait is also how long
-// Close and a commit can sit behind an open fetch, especially against
-// kfake), the group session, heartbeat and rebalance timeouts, auto-commit
-// every CommitInterval, and a sync producer with acks=all, up to 10 retries
-// and idempotence (Kafka 0.11+), so a retried produce is not written twice.
+// The subscriber maps Config onto franz-go: the group's session, heartbeat
+// and rebalance timeouts, FetchMaxWait from MaxWaitTime (100 ms: a fetch
+// that waits longer on the broker also delays the end of a subscription),
+// the reset offset from InitialOffset, commits of marked offsets every
+// CommitInterval, TLS and SASL. It negotiates protocol versions with the
+// brokers, so Config.Version applies to the publisher only.
 //
-// TLS and SASL are passed through: TLS with optional CA and client
-// certificate files; SASL PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (Sarama has
-// no SCRAM client of its own; this package adapts franz-go's). The SASL
-// password is redacted whenever a Config is printed.
+// The publisher maps Config onto Sarama: Version (default 3.6.0, verified
+// against kfake), and a sync producer with acks=all, up to 10 retries and
+// idempotence (Kafka 0.11+), so a retried produce is not written twice.
+//
+// TLS and SASL are passed through to both: TLS with optional CA and client
+// certificate files; SASL PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (franz-go's
+// SCRAM client, adapted for Sarama). The SASL password is redacted whenever
+// a Config is printed.
 //
 // # Start-up
 //
 // NewPublisher retries while no broker is reachable, and so does the first
-// connection of each Subscribe, until Config.DialTimeout passes or the
-// context (NewPublisher's, or Subscribe's) ends; after that,
-// watermill-kafka re-creates a failed consumer by itself every
-// ReconnectBackoff. NewSubscriber does not connect at all.
+// contact of each Subscribe, until Config.DialTimeout passes or the
+// context (NewPublisher's, or Subscribe's) ends; after that, the
+// subscriber's client reconnects and rejoins by itself. NewSubscriber does
+// not connect at all.
 //
 // # Development broker
 //
 // internal/devbroker runs a Kafka-protocol broker in process (kfake),
 // for tests, demos and CI without a Kafka installation;
-// framework/cmd/devkafka runs it as a program. Use short group timeouts
-// against it in tests (SessionTimeout 1-3s, RebalanceTimeout a few seconds):
-// Sarama's defaults make a rebalance wait up to 10s + 60s.
+// framework/cmd/devkafka runs it as a program. Short group timeouts
+// (SessionTimeout 1-3s, RebalanceTimeout a few seconds) speed up unit
+// tests; the process-level tests and the chaos run use the defaults.
 package kafka

@@ -10,29 +10,31 @@ import (
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
-	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/internal/position"
 )
 
-// Subscriber consumes with a Sarama consumer group (Config.ConsumerGroup)
-// through watermill-kafka. Each partition has at most one message in flight;
-// an ack marks its offset, committed every Config.CommitInterval. With
-// Config.Window > 0 it consumes through its own consumer-group handler
-// instead, with up to Window messages in flight per partition (window.go).
+// Subscriber consumes with a franz-go consumer group (Config.ConsumerGroup).
+// Each partition has at most Config.Window messages in flight (one by
+// default); an ack marks its offset once every earlier message of the
+// partition is acked, and marks are committed every Config.CommitInterval
+// (group.go has the details).
 type Subscriber struct {
 	cfg    Config
-	sc     *sarama.Config
+	sc     *sarama.Config // readiness probe and credential check (health.go, auth.go)
 	logger watermill.LoggerAdapter
-	sub    *wkafka.Subscriber
 	closed atomic.Bool
 	conn   connState // IsConnected's cached probe (health.go)
 
-	// Window mode: closing ends every window subscription; mu orders
-	// windowWG.Add in Subscribe against Close's Wait.
+	positions position.Options // stored positions, attached before Subscribe (positions.go)
+
+	// Closing ends every subscription; mu orders subs.Add in Subscribe
+	// against Close's Wait.
 	mu        sync.Mutex
 	closing   chan struct{}
 	closeOnce sync.Once
-	windowWG  sync.WaitGroup
+	subs      sync.WaitGroup
 }
 
 var errSubscriberClosed = errors.New("subscriber closed")
@@ -54,64 +56,51 @@ func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapt
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
+	if _, err := cfg.groupOpts("validate"); err != nil {
+		return nil, err
+	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
-		Brokers:               cfg.Brokers,
-		Unmarshaler:           marshaler{},
-		OverwriteSaramaConfig: sc,
-		ConsumerGroup:         cfg.ConsumerGroup,
-		NackResendSleep:       sleepSetting(cfg.NackDelay),
-		ReconnectRetrySleep:   sleepSetting(cfg.ReconnectBackoff),
-	}, logger)
-	if err != nil {
-		return nil, fmt.Errorf("brokers/kafka: create subscriber: %w", err)
-	}
-	return &Subscriber{cfg: cfg, sc: sc, logger: logger, sub: sub, closing: make(chan struct{})}, nil
+	return &Subscriber{cfg: cfg, sc: sc, logger: logger, closing: make(chan struct{})}, nil
 }
 
-// sleepSetting maps our "negative disables" to watermill-kafka's NoSleep
-// (its zero means "use the default").
-func sleepSetting(d time.Duration) time.Duration {
-	if d <= 0 {
-		return wkafka.NoSleep
-	}
-	return d
-}
-
-// Subscribe joins the consumer group for topic. The first connection is
-// retried until Config.DialTimeout or ctx ends; after that, watermill-kafka
-// re-creates a failed consumer on its own (in window mode, the group is
-// joined again every Config.ReconnectBackoff). The channel is closed when ctx
+// Subscribe joins the consumer group for topic. The first contact with the
+// cluster is retried until Config.DialTimeout or ctx ends; after that, the
+// client reconnects and rejoins on its own. The channel is closed when ctx
 // ends or the Subscriber is closed.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	if s.cfg.Window > 0 {
-		return s.subscribeWindow(ctx, topic)
+	if s.closed.Load() {
+		return nil, fmt.Errorf("brokers/kafka: subscribe to %q: %w", topic, errSubscriberClosed)
 	}
-	var out <-chan *message.Message
-	err := retryStart(ctx, s.cfg, s.logger, fmt.Sprintf("subscribe to %q", topic), func() error {
-		if s.closed.Load() {
-			return errPermanent{errSubscriberClosed}
-		}
-		var err error
-		out, err = s.sub.Subscribe(ctx, topic)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
+	return s.subscribe(ctx, topic)
 }
 
-// Close leaves the groups and waits for every subscription to stop. It is
+// closeWait bounds Close's wait for the subscriptions: each ends within
+// closeTimeout once its consumer let go of the messages it holds.
+const closeWait = closeTimeout + time.Second
+
+// Close ends every subscription: it stops forwarding, commits the offsets
+// of acked messages, leaves the group and waits for the subscriptions to
+// close their channels, at most 6 s (a cluster that does not answer
+// cannot hold it longer; what was not committed is delivered again). It is
 // idempotent.
 func (s *Subscriber) Close() error {
 	s.mu.Lock()
 	s.closed.Store(true)
 	s.mu.Unlock()
 	s.closeOnce.Do(func() { close(s.closing) })
-	err := s.sub.Close()
-	s.windowWG.Wait()
-	return err
+	done := make(chan struct{})
+	go func() {
+		s.subs.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("brokers/kafka: subscriptions still closing after %s; going on without them (what they did not commit is delivered again)", closeWait)
+	}
 }

@@ -1,0 +1,157 @@
+package kafka
+
+import (
+	"context"
+	"slices"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/claimtx/claimtx/brokers/internal/warnlog"
+	"github.com/claimtx/claimtx/internal/position"
+)
+
+// Positions stored with the claims (internal/position): framework/consumer
+// attaches the claim store to the subscriber, every delivered message's
+// context carries its record's place, the claim transaction stores the
+// partition's settled position, and on assignment a partition starts at
+// that position when the group's offset is below it.
+
+func init() {
+	position.RegisterAttacher(func(sub any, o position.Options) bool {
+		s, ok := sub.(*Subscriber)
+		if ok {
+			s.mu.Lock()
+			s.positions = o
+			s.mu.Unlock()
+		}
+		return ok
+	})
+}
+
+// adjustOffsets is franz-go's AdjustFetchOffsetsFn: where the stored
+// position of an assigned partition is past the offset the group starts it
+// at (its committed offset, or the reset offset when it has none), the
+// partition starts at the stored position instead. Every record below it
+// was settled in a committed claim transaction, so skipping them is
+// skipping duplicates without a claim lookup, even when retention has
+// removed their claims. A failed read starts where the group says: the
+// claims still decide.
+func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	o := g.s.positionOptions()
+	parts := offsets[g.topic]
+	if o.Loader == nil || len(parts) == 0 {
+		return offsets, nil
+	}
+	ids := make([]int32, 0, len(parts))
+	for id := range parts {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	stored, err := o.Loader.LoadPositions(ctx, g.topic, ids)
+	if err != nil {
+		g.s.logger.Error("Reading the positions stored with the claims failed; starting where the group's offsets say (the claims still turn redeliveries into duplicates)", err, g.fields)
+		return offsets, nil
+	}
+	// The partitions that would start at their stored position.
+	var moves []int32
+	for _, id := range ids {
+		pos, ok := stored[id]
+		if !ok {
+			continue
+		}
+		at := parts[id].EpochOffset().Offset // < 0: no commit, a reset offset
+		if at >= pos {
+			continue
+		}
+		fields := g.fields.Add(watermill.LogFields{"kafka_partition": id, "group_offset": at, "stored_position": pos})
+		if o.Replay {
+			g.s.logger.Info("Group offset is below the position stored with the claims; replaying from the group offset as configured", fields)
+			continue
+		}
+		moves = append(moves, id)
+	}
+	if len(moves) == 0 {
+		return offsets, nil
+	}
+	// A stored position past the partition's end offset was stored for
+	// another life of the topic (deleted and created again under the same
+	// name, its offsets starting at 0 again): starting there would skip
+	// new records. A partition whose end cannot be read starts where the
+	// group says: the claims still decide.
+	adm := kadm.NewClient(g.cl)
+	ends, err := adm.ListEndOffsets(ctx, g.topic)
+	if err != nil {
+		g.s.logger.Error("Reading the partitions' end offsets failed; starting where the group's offsets say (the claims still turn redeliveries into duplicates)", err, g.fields)
+		return offsets, nil
+	}
+	// Without a commit, the reset offset at the start (-2) is the log
+	// start: a stored position at or below it skips nothing.
+	var starts kadm.ListedOffsets
+	if slices.ContainsFunc(moves, func(id int32) bool { return parts[id].EpochOffset().Offset == -2 }) {
+		if starts, err = adm.ListStartOffsets(ctx, g.topic); err != nil {
+			g.s.logger.Error("Reading the partitions' start offsets failed; starting where the group's offsets say (the claims still turn redeliveries into duplicates)", err, g.fields)
+			return offsets, nil
+		}
+	}
+	for _, id := range moves {
+		pos, at := stored[id], parts[id].EpochOffset().Offset
+		fields := g.fields.Add(watermill.LogFields{"kafka_partition": id, "group_offset": at, "stored_position": pos})
+		if at < 0 {
+			fields["group_offset"] = "none"
+		}
+		end, ok := ends.Lookup(g.topic, id)
+		switch {
+		case !ok || end.Err != nil:
+			g.s.logger.Info("Partition end offset unknown; starting where the group's offset says (the claims still turn redeliveries into duplicates)", fields)
+			continue
+		case pos > end.Offset:
+			fields["end_offset"] = end.Offset
+			warnlog.Log(g.s.logger, "Position stored with the claims is past the partition's end offset (the topic was deleted and created again?): ignoring it, starting where the group's offset says; delete the topic's rows from kafka_positions once the new topic is consumed", fields)
+			continue
+		}
+		if at == -2 {
+			start, ok := starts.Lookup(g.topic, id)
+			if !ok || start.Err != nil || pos <= start.Offset {
+				continue
+			}
+		}
+		warnlog.Log(g.s.logger, "Group offset is below the position stored with the claims: starting at the stored position, skipping records every one of which was already settled (a crash before the offset commit, a group reset or deletion, or a rewind); set the replay option to replay them through the claims", fields)
+		if o.Skipped != nil {
+			o.Skipped(g.topic, id, max(at, -1), pos)
+		}
+		parts[id] = kgo.NewOffset().At(pos).WithEpoch(-1)
+	}
+	return offsets, nil
+}
+
+// settled tells the attached Options.Settled that acks advanced a
+// partition's settled position (called from partition.ack).
+func (s *Subscriber) settled(topic string, partition int32, below int64) {
+	if f := s.positionOptions().Settled; f != nil {
+		f(topic, partition, below)
+	}
+}
+
+func (s *Subscriber) positionOptions() position.Options {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.positions
+}
+
+// SettledBelow implements position.Partition.
+func (p *partition) SettledBelow(settling []int64) (int64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped || p.last == nil {
+		return 0, false
+	}
+	for e := p.unacked.Front(); e != nil; e = e.Next() {
+		off := e.Value.(*kgo.Record).Offset
+		if !slices.Contains(settling, off) {
+			return off, true
+		}
+	}
+	return p.last.Offset + 1, true
+}

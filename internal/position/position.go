@@ -1,0 +1,96 @@
+// Package position carries a Kafka record's place in its partition from
+// the subscriber (brokers/kafka) to the claim transaction (middleware),
+// which stores the partition's settled position with the claim, and back:
+// on assignment the subscriber starts a partition from the stored position
+// when it is past the group's committed offset.
+//
+// A partition's settled position is the offset below which every record
+// is settled (applied, duplicate or poisoned: acked). With several records
+// of a partition in flight it is not the offset of the last one settled:
+// it is the lowest offset still in flight.
+package position
+
+import (
+	"context"
+	"sync"
+)
+
+// Partition is the subscriber's view of one assigned partition.
+type Partition interface {
+	// SettledBelow returns the offset below which every record of the
+	// partition is settled once the records at the offsets in settling
+	// (the caller's transaction) commit: the lowest offset handed out
+	// and not acked outside settling, or one past the latest handed out.
+	// ok is false once the partition is no longer this member's: its
+	// state then says nothing.
+	SettledBelow(settling []int64) (offset int64, ok bool)
+}
+
+// Record is one delivered record's place.
+type Record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Of        Partition
+}
+
+type ctxKey struct{}
+
+// NewContext returns ctx carrying r.
+func NewContext(ctx context.Context, r Record) context.Context {
+	return context.WithValue(ctx, ctxKey{}, r)
+}
+
+// FromContext returns the record ctx carries, if any.
+func FromContext(ctx context.Context) (Record, bool) {
+	r, ok := ctx.Value(ctxKey{}).(Record)
+	return r, ok
+}
+
+// Loader reads stored positions: for each of the topic's partitions that
+// has one, the offset below which every record was settled.
+type Loader interface {
+	LoadPositions(ctx context.Context, topic string, partitions []int32) (map[int32]int64, error)
+}
+
+// Options is how a subscriber uses stored positions.
+type Options struct {
+	Loader Loader
+	// Replay makes the subscriber start where the group's offset says
+	// even when the stored position is past it (an operator replaying on
+	// purpose); the claims then decide what is a duplicate.
+	Replay bool
+	// Skipped is told when a partition starts at its stored position
+	// because the group's offset (-1: the group had none) was below it.
+	Skipped func(topic string, partition int32, groupOffset, stored int64)
+	// Settled, when set, is told each time acks advance a partition's
+	// settled position: every record below below is acked. It runs on
+	// the subscriber's ack path: keep it fast, never block. A consumer
+	// stores these outside the claim transactions now and then, so that
+	// the stored position catches up with records settled after the last
+	// transaction of their partition computed its position (several in
+	// flight: a window, batches).
+	Settled func(topic string, partition int32, below int64)
+}
+
+var (
+	mu       sync.Mutex
+	attacher func(sub any, o Options) bool
+)
+
+// RegisterAttacher is called by brokers/kafka's init with the function
+// that gives one of its subscribers Options.
+func RegisterAttacher(f func(sub any, o Options) bool) {
+	mu.Lock()
+	defer mu.Unlock()
+	attacher = f
+}
+
+// Attach gives sub the Options, and reports whether sub uses stored
+// positions (a Kafka subscriber does; other brokers' do not).
+func Attach(sub any, o Options) bool {
+	mu.Lock()
+	f := attacher
+	mu.Unlock()
+	return f != nil && f(sub, o)
+}
