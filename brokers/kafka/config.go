@@ -100,7 +100,7 @@ type Config struct {
 	// coordinator may hold a JoinGroup answer until the rebalance ends.
 	// A rebalance does not wait for messages in flight (see the package
 	// documentation), so a long value costs nothing unless a member dies
-	// mid-rebalance. Defaults to 60s.
+	// mid-rebalance. Must not be below SessionTimeout. Defaults to 60s.
 	RebalanceTimeout time.Duration `yaml:"rebalance_timeout"`
 
 	// CommitInterval is how often marked (acked) offsets are committed.
@@ -258,6 +258,13 @@ func (c Config) Validate() error {
 		return configErr("heartbeat_interval", "must be positive and below session_timeout (%s), got %s", c.SessionTimeout, c.HeartbeatInterval)
 	case c.RebalanceTimeout < time.Millisecond:
 		return configErr("rebalance_timeout", "must be at least 1ms, got %s", c.RebalanceTimeout)
+	case c.RebalanceTimeout < c.SessionTimeout:
+		// A live member learns of a rebalance from its next heartbeat, and
+		// a dead one leaves the group only when its session times out: a
+		// rebalance shorter than the session would end without members
+		// that are alive, which rejoin and start the next one, again and
+		// again.
+		return configErr("rebalance_timeout", "must not be below session_timeout (%s), got %s", c.SessionTimeout, c.RebalanceTimeout)
 	case c.CommitInterval < time.Millisecond:
 		return configErr("commit_interval", "must be at least 1ms, got %s", c.CommitInterval)
 	case c.ReconnectBackoff < 0:

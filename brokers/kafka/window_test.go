@@ -440,6 +440,13 @@ func TestWindowConfig(t *testing.T) {
 	require.True(t, errors.As(err, &ce), "got %v", err)
 	require.Equal(t, "window", ce.Field)
 
+	// A rebalance shorter than the session would go on without live
+	// members that had not heartbeated yet, again and again.
+	err = kafka.Config{SessionTimeout: 10 * time.Second, RebalanceTimeout: 5 * time.Second}.Validate()
+	require.True(t, errors.As(err, &ce), "got %v", err)
+	require.Equal(t, "rebalance_timeout", ce.Field)
+	require.NoError(t, kafka.Config{SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second}.Validate())
+
 	require.NoError(t, kafka.Config{Window: 100}.Validate())
 	require.Contains(t, kafka.Config{Window: 100}.String(), "Window:100")
 }
