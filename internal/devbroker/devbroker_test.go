@@ -128,13 +128,19 @@ func newFixture(t *testing.T, opts devbroker.Options) *fixture {
 // kfake lists it as a member.
 func (f *fixture) addZombie(t *testing.T) string {
 	t.Helper()
+	return f.addZombieWithSession(t, zombieSession)
+}
+
+// addZombieWithSession is addZombie with the zombie's own session timeout.
+func (f *fixture) addZombieWithSession(t *testing.T, session time.Duration) string {
+	t.Helper()
 	conn, err := net.Dial("tcp", f.b.Addrs()[0])
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	z := &zombie{conn: conn}
 
 	// First join: kfake assigns the member ID (MEMBER_ID_REQUIRED, v4+).
-	z.send(t, joinRequest(f.group, f.topic, "", zombieSession))
+	z.send(t, joinRequest(f.group, f.topic, "", session))
 	var first kmsg.JoinGroupResponse
 	first.Version = 5
 	z.read(t, &first)
@@ -149,7 +155,7 @@ func (f *fixture) addZombie(t *testing.T) string {
 		}
 		return nil, nil, false
 	})
-	z.send(t, joinRequest(f.group, f.topic, z.memberID, zombieSession))
+	z.send(t, joinRequest(f.group, f.topic, z.memberID, session))
 
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -342,4 +348,61 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// TestEvictsDeadMemberWhileRebalancing: a member kfake gave no session
+// timer (the zombie) does not rejoin when another member joins, and kfake
+// would hold the rebalance for the longest rebalance timeout (the zombie's
+// 60s), restarting that timer at every further join. A real broker expires
+// it once its session timeout passes; the dev broker evicts it then, while
+// the group is still PreparingRebalance, and the rebalance ends without it.
+func TestEvictsDeadMemberWhileRebalancing(t *testing.T) {
+	t.Parallel()
+	evicted := make(chan devbroker.Eviction, zombieAttempts)
+	f := newFixture(t, devbroker.Options{
+		EvictionMargin:       100 * time.Millisecond,
+		EvictionPollInterval: 25 * time.Millisecond,
+		OnEvict:              func(e devbroker.Eviction) { evicted <- e },
+		Logger:               slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	})
+	const session = 2 * time.Second
+	for attempt := 1; attempt <= zombieAttempts; attempt++ {
+		id := f.addZombieWithSession(t, session)
+		// A new member joins before the zombie's session has passed: the
+		// group prepares a rebalance the zombie never rejoins.
+		start := time.Now()
+		cl, err := kgo.NewClient(kgo.SeedBrokers(f.b.Addrs()...), kgo.ConsumerGroup(f.group), kgo.ConsumeTopics(f.topic),
+			kgo.Balancers(kgo.RangeBalancer()), kgo.SessionTimeout(3*time.Second), kgo.RebalanceTimeout(10*time.Second))
+		require.NoError(t, err)
+		t.Cleanup(cl.Close)
+		pollCtx, stopPoll := context.WithCancel(t.Context())
+		t.Cleanup(stopPoll)
+		go func() {
+			for pollCtx.Err() == nil {
+				cl.PollFetches(pollCtx)
+			}
+		}()
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		_, err = f.b.Cluster().WaitGroupInfo(ctx, f.group, func(g *kfake.GroupInfo) bool { return !isMember(g, id) })
+		cancel()
+		require.NoError(t, err, "attempt %d: zombie %s still a member 20s on (kfake holds the rebalance for 60s)", attempt, id)
+		select {
+		case e := <-evicted:
+			if e.State != "PreparingRebalance" {
+				t.Logf("attempt %d: evicted in %s, not while rebalancing; again", attempt, e.State)
+				continue
+			}
+			require.Equal(t, id, e.MemberID)
+			require.Less(t, time.Since(start), session+5*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+			defer cancel()
+			info, err := f.b.Cluster().WaitGroupStable(ctx, f.group, 2)
+			require.NoError(t, err, "the rebalance finished with the two live members")
+			require.False(t, isMember(info, id))
+			return
+		case <-time.After(300 * time.Millisecond):
+			t.Logf("attempt %d: kfake timed the zombie out itself", attempt)
+		}
+	}
+	t.Fatalf("no zombie of %d was evicted while the group rebalanced", zombieAttempts)
 }

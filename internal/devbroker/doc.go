@@ -47,11 +47,16 @@
 // Options.EvictionMargin, the request the member would have sent on a clean
 // shutdown. kfake then rebalances and the live members take over. Each
 // eviction is logged at Info and reported to Options.OnEvict. The group
-// state is taken into account: nothing is evicted while a group is
-// PreparingRebalance (members legitimately wait in JoinGroup without
-// heartbeating, and kfake's rebalance timeout handles members that never
-// come back), and every member's clock restarts when a rebalance completes,
-// because its JoinGroup may have been parked for a long time. KIP-848 groups
+// state is taken into account, as a real broker's heartbeat deadlines do:
+// while a group is PreparingRebalance, a member whose JoinGroup is waiting
+// is never evicted (it legitimately waits without heartbeating), but one
+// that has not rejoined is, once silent past its session timeout plus the
+// margin. kfake's own rebalance timer would not end such a rebalance: it
+// waits for the longest rebalance timeout and restarts at every join, so a
+// group that members keep joining (a rolling restart, a crash loop) never
+// finishes it, and collects dead members. Every member's clock restarts
+// when a rebalance completes, because its JoinGroup may have been parked
+// for a long time. KIP-848 groups
 // (ConsumerGroupHeartbeat) are left alone: kfake times those out itself.
 // Options.DisableEviction turns all of this off.
 //
@@ -68,4 +73,8 @@
 //     users must not query a closed broker.
 //   - Cluster() exposes the kfake cluster for tests (WaitGroupStable, fault
 //     injection); it is not a stable API.
+//   - A LeaveGroup from a member whose JoinGroup is waiting removes it, but
+//     kfake never answers that JoinGroup (a real broker answers it with
+//     UNKNOWN_MEMBER_ID), so such a client waits for its request timeout.
+//     brokers/kafka sends that LeaveGroup itself and does not wait.
 package devbroker

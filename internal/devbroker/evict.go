@@ -57,6 +57,10 @@ type memberTrack struct {
 	// listed: kfake has listed it as a member. A join is recorded before
 	// kfake handles it, so a member not listed yet may be about to be.
 	listed bool
+	// joining: its latest request is a JoinGroup that the group has not
+	// answered yet (no rebalance completed since), so it may legitimately
+	// be silent until the rebalance ends.
+	joining bool
 }
 
 // session is the timeout m is held to: its own, else the group's longest
@@ -123,11 +127,16 @@ func (e *evictor) record(req kmsg.Request, now time.Time) {
 		g.maxSession = max(g.maxSession, session)
 		if m := seen(g, r.MemberID); m != nil {
 			m.session = session
+			m.joining = true
 		}
 	case *kmsg.SyncGroupRequest:
-		seen(e.group(r.Group), r.MemberID)
+		if m := seen(e.group(r.Group), r.MemberID); m != nil {
+			m.joining = false
+		}
 	case *kmsg.HeartbeatRequest:
-		seen(e.group(r.Group), r.MemberID)
+		if m := seen(e.group(r.Group), r.MemberID); m != nil {
+			m.joining = false
+		}
 	case *kmsg.OffsetCommitRequest:
 		if r.MemberID != "" {
 			seen(e.group(r.Group), r.MemberID)
@@ -163,8 +172,15 @@ func (e *evictor) run(ctx context.Context) {
 //
 // Group states:
 //   - PreparingRebalance: members legitimately wait in JoinGroup without
-//     heartbeating, up to the rebalance timeout, and kfake's rebalance timer
-//     handles members that never rejoin. We do nothing.
+//     heartbeating, up to the rebalance timeout: a member whose JoinGroup
+//     is waiting is left alone. One that has not rejoined and is silent past
+//     its session timeout + margin is evicted, as a real broker expires it
+//     (its heartbeat deadline keeps running while the group prepares a
+//     rebalance). kfake does not, for a member it never gave a session
+//     timer (below), and its own rebalance timer restarts at every join: a
+//     group that members keep joining (rolling restarts) never finished the
+//     rebalance and collected dead members, 20 for 3 live consumers in a
+//     chaos run.
 //   - After a rebalance (the generation changed, or the group left
 //     PreparingRebalance) every member gets a fresh session timeout from
 //     that moment: its JoinGroup may have been parked for a long time, and
@@ -219,6 +235,7 @@ func (e *evictor) findSilent(now time.Time) []Eviction {
 			t.listed = true
 			if rebalanced {
 				t.lastSeen = now
+				t.joining = false // its join, if any, was answered
 			}
 		}
 		for id, t := range g.members {
@@ -227,12 +244,16 @@ func (e *evictor) findSilent(now time.Time) []Eviction {
 				delete(g.members, id)
 			}
 		}
-		if info.State != "CompletingRebalance" && info.State != "Stable" {
+		preparing := info.State == "PreparingRebalance"
+		if !preparing && info.State != "CompletingRebalance" && info.State != "Stable" {
 			e.mu.Unlock()
 			continue
 		}
 		for _, m := range info.Members {
 			t := g.members[m.MemberID]
+			if preparing && t.joining {
+				continue
+			}
 			session := g.session(t)
 			silent := now.Sub(t.lastSeen)
 			if silent <= session+e.opts.EvictionMargin {
