@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -17,20 +19,35 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/examples/internal/orderfeed"
+	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 // partitions of the chaos topic: two per consumer process.
 const partitions = 6
 
-// kafkaOps runs the dev Kafka broker (framework/cmd/devkafka) as a
-// subprocess with a data directory, so the chaos run can stop and start it
-// on the same address, and publishes like a plain franz-go producer
-// (orderfeed.KafkaRecord).
+// kafkaOps runs a Kafka broker with a data directory, so the chaos run can
+// stop and start it on the same address: the dev broker
+// (framework/cmd/devkafka) as a subprocess, or a plain kfake cluster in
+// this process (-kafka-broker kfake). It publishes like a plain franz-go
+// producer (orderfeed.KafkaRecord).
 type kafkaOps struct {
 	topic, group string
-	broker       *devKafka
+	addr         string
+	broker       kafkaServer
 	cl           *kgo.Client
 	adm          *kadm.Client
+}
+
+// kafkaServer is a broker on one address and data directory; start and
+// stop may alternate any number of times.
+type kafkaServer interface {
+	start(ctx context.Context) error
+	stop() error
+	// what names it in the disruption's log line.
+	what() string
+	// evictions is how many silent group members it evicted, -1 when it
+	// does not evict.
+	evictions() int
 }
 
 func (k *kafkaOps) name() string { return "kafka" }
@@ -39,7 +56,7 @@ func (k *kafkaOps) prepare(ctx context.Context) error {
 	if err := k.broker.start(ctx); err != nil {
 		return err
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.broker.addr), kgo.ProducerLinger(0),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.addr), kgo.ProducerLinger(0),
 		kgo.RetryTimeout(time.Minute), kgo.RecordDeliveryTimeout(2*time.Minute))
 	if err != nil {
 		return err
@@ -123,7 +140,7 @@ func (k *kafkaOps) poisoned(ctx context.Context) ([]poisonedMsg, error) {
 	if err != nil || want == 0 {
 		return nil, err
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(k.broker.addr), kgo.ConsumeTopics(k.topic+".poison"),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(k.addr), kgo.ConsumeTopics(k.topic+".poison"),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		return nil, err
@@ -163,7 +180,28 @@ func (k *kafkaOps) disrupt(ctx context.Context) (string, error) {
 	if err := k.broker.start(ctx); err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("devkafka stopped and started with -data-dir (down %s)", time.Since(start).Round(time.Millisecond)), nil
+	return fmt.Sprintf("%s stopped and started on its data directory (down %s)", k.broker.what(), time.Since(start).Round(time.Millisecond)), nil
+}
+
+// groupState describes the consumer group for the log, its state and
+// how many members it has, and says whether it is rebalancing
+// (PreparingRebalance: members join; CompletingRebalance: they sync).
+func (k *kafkaOps) groupState(ctx context.Context) (string, bool) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	gs, err := k.adm.DescribeGroups(ctx, k.group)
+	if err != nil {
+		return "group state unknown: " + err.Error(), false
+	}
+	g, ok := gs[k.group]
+	if !ok {
+		return "group not described", false
+	}
+	if g.Err != nil {
+		return "group state unknown: " + g.Err.Error(), false
+	}
+	return fmt.Sprintf("group %s with %d members", g.State, len(g.Members)),
+		g.State == "PreparingRebalance" || g.State == "CompletingRebalance"
 }
 
 func (k *kafkaOps) close() {
@@ -173,9 +211,10 @@ func (k *kafkaOps) close() {
 	_ = k.broker.stop()
 }
 
-// devKafka is one framework/cmd/devkafka process; start and stop may
-// alternate any number of times, always on the same address and data
-// directory.
+// devKafka is one framework/cmd/devkafka process (kfake plus the
+// eviction of members that died while joining, internal/devbroker); start
+// and stop may alternate any number of times, always on the same address
+// and data directory.
 type devKafka struct {
 	bin, addr, dataDir, logPath string
 	cmd                         *exec.Cmd
@@ -239,6 +278,17 @@ func (d *devKafka) start(ctx context.Context) error {
 	}
 }
 
+func (d *devKafka) what() string { return "devkafka" }
+
+// evictions counts the evictions the dev broker logged.
+func (d *devKafka) evictions() int {
+	b, err := os.ReadFile(filepath.Clean(d.logPath))
+	if err != nil {
+		return -1
+	}
+	return bytes.Count(b, []byte("devbroker: evicted silent group member"))
+}
+
 func (d *devKafka) stop() error {
 	if d.cmd == nil {
 		return nil
@@ -258,4 +308,46 @@ func (d *devKafka) stop() error {
 		<-d.done
 		return errors.New("devkafka did not stop within 30s of SIGTERM; killed")
 	}
+}
+
+// kfakeServer is a plain kfake cluster in this process: internal/devbroker
+// with its eviction off, so a member SIGKILLed while joining stays in the
+// group as kfake leaves it (DESIGN.md, the kfake gap). Same address, data
+// directory and partitions as devKafka; its log goes to logPath.
+type kfakeServer struct {
+	addr, dataDir, logPath string
+	b                      *devbroker.Broker
+	logFile                *os.File
+}
+
+func (k *kfakeServer) what() string { return "kfake (in process, no eviction)" }
+
+func (k *kfakeServer) evictions() int { return -1 }
+
+func (k *kfakeServer) start(ctx context.Context) error {
+	f, err := os.OpenFile(filepath.Clean(k.logPath), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	// Not ctx: the broker must outlive a cancelled run until close.
+	b, err := devbroker.Start(context.WithoutCancel(ctx), devbroker.Options{
+		Addr: k.addr, DataDir: k.dataDir, Partitions: partitions, DisableEviction: true,
+		Logger: slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	})
+	if err != nil {
+		_ = f.Close()
+		return fmt.Errorf("start kfake: %w", err)
+	}
+	k.b, k.logFile = b, f
+	return nil
+}
+
+func (k *kfakeServer) stop() error {
+	if k.b == nil {
+		return nil
+	}
+	err := k.b.Close()
+	_ = k.logFile.Close()
+	k.b, k.logFile = nil, nil
+	return err
 }

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,12 +61,19 @@ type report struct {
 	poisoned, misPoisoned int
 	badPoisoned           int // distinct injected bad messages found in the poison destination
 	expectedPts, gotPts   int64
-	kills, terms          int
+	kills, terms          int // terms: rolling restarts of ready consumers
+	startTerms, killTerms int // SIGTERMs of consumers while starting / 1-2 s after a SIGKILL
+	finalTerms            int // SIGTERMs of the final stop
+	midRebalance          int // Kafka: SIGTERMs (starting, after_kill) that met the group rebalancing; -1 elsewhere
+	exits                 [termKinds][]time.Duration
 	crashes, hung         int
 	consumerStarts        int
 	pgRestarts            int
 	brokerDisruptions     int
 	minKills, minTerms    int
+	minStartTerms         int
+	minKillTerms          int
+	evictions             int // members the dev Kafka broker evicted; -1 when not counted
 	wantPGRestart         bool
 	elapsed, drain        time.Duration
 	err                   error
@@ -73,12 +83,14 @@ func (r report) ok() bool {
 	return r.err == nil && r.applied == r.orders && r.ledgerRows == r.orders && r.lost == 0 &&
 		r.doubled == 0 && r.stuck == 0 && r.expectedPts == r.gotPts && r.badPoisoned == r.bad &&
 		r.misPoisoned == 0 && r.crashes == 0 && r.hung == 0 &&
-		r.kills >= r.minKills && r.terms >= r.minTerms && r.brokerDisruptions == 1 &&
+		r.kills >= r.minKills && r.terms >= r.minTerms &&
+		r.startTerms >= r.minStartTerms && r.killTerms >= r.minKillTerms && r.brokerDisruptions == 1 &&
 		(!r.wantPGRestart || r.pgRestarts == 1)
 }
 
 // summary is the one line printed per broker. The verdict fields come
-// first: lost, doubled, wrongly_poisoned and crashes must all be 0.
+// first: lost, doubled, wrongly_poisoned, crashes and hung_shutdowns must
+// all be 0.
 func (r report) summary() string {
 	res := "OK"
 	if !r.ok() {
@@ -87,15 +99,65 @@ func (r report) summary() string {
 			res += " (" + r.err.Error() + ")"
 		}
 	}
+	var all []time.Duration
+	for _, e := range r.exits {
+		all = append(all, e...)
+	}
+	evictions, midRebalance := "", ""
+	if r.evictions >= 0 {
+		evictions = fmt.Sprintf(" evictions=%d", r.evictions)
+	}
+	if r.midRebalance >= 0 {
+		midRebalance = fmt.Sprintf("; mid_rebalance=%d", r.midRebalance)
+	}
 	return fmt.Sprintf("chaos %-5s %s: lost=%d doubled=%d wrongly_poisoned=%d crashes=%d hung_shutdowns=%d stuck=%d mode=%s "+
 		"orders=%d deliveries=%d (redelivered=%d extra_copies=%d fresh_ids=%d twins=%d bad=%d) "+
 		"applied=%d ledger_rows=%d poisoned=%d bad_poisoned=%d/%d points=%d/%d "+
-		"sigkills=%d sigterms=%d consumer_starts=%d pg_restarts=%d broker_disruptions=%d elapsed=%s drain=%s",
+		"sigkills=%d sigterms=%d (ready=%d starting=%d after_kill=%d final=%d%s) sigterm_exit_p50=%s sigterm_exit_max=%s "+
+		"consumer_starts=%d pg_restarts=%d broker_disruptions=%d%s elapsed=%s drain=%s",
 		r.broker, res, r.lost, r.doubled, r.misPoisoned, r.crashes, r.hung, r.stuck, r.mode,
 		r.orders, r.published, r.redelivered, r.copies, r.freshIDs, r.twins, r.bad,
 		r.applied, r.ledgerRows, r.poisoned, r.badPoisoned, r.bad, r.gotPts, r.expectedPts,
-		r.kills, r.terms, r.consumerStarts, r.pgRestarts, r.brokerDisruptions,
+		r.kills, r.terms+r.startTerms+r.killTerms+r.finalTerms, r.terms, r.startTerms, r.killTerms, r.finalTerms, midRebalance,
+		roundDur(quantile(all, 0.5)), roundDur(quantile(all, 1)),
+		r.consumerStarts, r.pgRestarts, r.brokerDisruptions, evictions,
 		r.elapsed.Round(100*time.Millisecond), r.drain.Round(100*time.Millisecond))
+}
+
+// exitTimes is one line on how long the SIGTERMed consumers took to exit,
+// per kind of SIGTERM.
+func (r report) exitTimes() string {
+	var b strings.Builder
+	b.WriteString("   SIGTERM to exit:")
+	for k, e := range r.exits {
+		if k > 0 {
+			b.WriteString(";")
+		}
+		if len(e) == 0 {
+			fmt.Fprintf(&b, " %s n=0", termKind(k))
+			continue
+		}
+		fmt.Fprintf(&b, " %s n=%d p50=%s max=%s", termKind(k), len(e), roundDur(quantile(e, 0.5)), roundDur(quantile(e, 1)))
+	}
+	return b.String()
+}
+
+// quantile is the q-quantile (nearest rank) of ds, 0 when ds is empty.
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func roundDur(d time.Duration) time.Duration {
+	if d < time.Second {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(100 * time.Millisecond)
 }
 
 // consumerMode names the loyalty mode the environment selects: batch
@@ -114,13 +176,57 @@ func runBroker(ctx context.Context, o options, kind string) (rep report) {
 	if kind == "amqp" {
 		mode += " queue_type=" + o.amqpQueueType
 	}
+	if kind == "kafka" {
+		mode += " broker=" + o.kafkaBroker + " timeouts=" + kafkaTimeouts(o)
+	}
 	rep = report{broker: kind, mode: mode, orders: o.orders, bad: o.bad,
-		minKills: o.minKills, minTerms: o.minTerms, wantPGRestart: o.pgRestart != ""}
+		minKills: o.minKills, minTerms: o.minTerms, evictions: -1, midRebalance: -1, wantPGRestart: o.pgRestart != ""}
+	if kind == "kafka" {
+		rep.midRebalance = 0
+	}
+	if slices.Contains(o.joinBrokers, kind) {
+		rep.minStartTerms, rep.minKillTerms = o.minStartTerms, o.minKillTerms
+	}
 	defer func() { rep.elapsed = time.Since(start) }()
 	if err := runScenario(ctx, o, kind, &rep); err != nil {
 		rep.err = err
 	}
 	return rep
+}
+
+// kafkaTimeouts describes the Kafka consumers' session and rebalance
+// timeouts: "default" unless shortened by flag.
+func kafkaTimeouts(o options) string {
+	if o.kafkaSession == 0 && o.kafkaRebalance == 0 {
+		return "default"
+	}
+	d := func(v time.Duration) string {
+		if v == 0 {
+			return "default"
+		}
+		return v.String()
+	}
+	return "session:" + d(o.kafkaSession) + ",rebalance:" + d(o.kafkaRebalance)
+}
+
+// consumerEnv is the consumers' environment: the runner's own, without
+// the Kafka timeouts (the flags set those), then the run's settings.
+func consumerEnv(o options, settings ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "KAFKA_SESSION_TIMEOUT=") || strings.HasPrefix(kv, "KAFKA_REBALANCE_TIMEOUT=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	env = append(env, settings...)
+	if o.kafkaSession > 0 {
+		env = append(env, "KAFKA_SESSION_TIMEOUT="+o.kafkaSession.String())
+	}
+	if o.kafkaRebalance > 0 {
+		env = append(env, "KAFKA_REBALANCE_TIMEOUT="+o.kafkaRebalance.String())
+	}
+	return env
 }
 
 // freshDatabase creates an empty database for one broker's run and
@@ -190,6 +296,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 
 	var ops brokerOps
 	var sup *supervisor // set below; the AMQP disruption asks it for the consumers' pids
+	var kops *kafkaOps
 	kafkaAddr, natsURL := "", ""
 	switch kind {
 	case "amqp":
@@ -204,10 +311,17 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 			return err
 		}
 		defer func() { _ = os.RemoveAll(dataDir) }()
-		ops = &kafkaOps{topic: topic, group: group, broker: &devKafka{
-			bin: o.devkafka, addr: kafkaAddr, dataDir: dataDir,
-			logPath: filepath.Join(o.logDir, fmt.Sprintf("kafka-%s-devkafka.log", id)),
-		}}
+		var server kafkaServer
+		if o.kafkaBroker == "kfake" {
+			server = &kfakeServer{addr: kafkaAddr, dataDir: dataDir,
+				logPath: filepath.Join(o.logDir, fmt.Sprintf("kafka-%s-kfake.log", id))}
+		} else {
+			server = &devKafka{bin: o.devkafka, addr: kafkaAddr, dataDir: dataDir,
+				logPath: filepath.Join(o.logDir, fmt.Sprintf("kafka-%s-devkafka.log", id))}
+		}
+		kops = &kafkaOps{topic: topic, group: group, addr: kafkaAddr, broker: server}
+		ops = kops
+		defer func() { rep.evictions = server.evictions() }()
 	case "nats":
 		proxy, err := startProxy(natsHostPort(o.natsURL))
 		if err != nil {
@@ -224,12 +338,12 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		return err
 	}
 
-	env := append(os.Environ(),
+	env := consumerEnv(o,
 		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+storedefault.Schema, "TOPIC="+topic,
 		"AMQP_URL="+o.amqpURL, "AMQP_QUEUE_TYPE="+o.amqpQueueType, "KAFKA_BROKERS="+kafkaAddr, "KAFKA_CONSUMER_GROUP="+group,
-		// Short sessions: a SIGKILLed member's partitions move on within
-		// seconds (and the dev broker evicts members killed mid-join).
-		"KAFKA_SESSION_TIMEOUT=3s", "KAFKA_REBALANCE_TIMEOUT=3s",
+		// Kafka: the example's default session and rebalance timeouts,
+		// the ones a user runs, unless -kafka-session-timeout or
+		// -kafka-rebalance-timeout shorten them (consumerEnv).
 		// NATS: through the runner's proxy (natsOps.disrupt); a killed
 		// consumer's unacked messages come back after 5s, not 30s.
 		"NATS_URL="+natsURL, "NATS_ACK_WAIT=5s",
@@ -251,6 +365,11 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 
 	runCtx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
+	// Publishing is spread over about as long as the chaos steps take.
+	publishOver := o.publishOver
+	if publishOver == 0 {
+		publishOver = time.Duration(o.minKills+o.minTerms+rep.minStartTerms+rep.minKillTerms) * (o.killMin + o.killMax) / 2
+	}
 
 	// Publish in chunks spread over the chaos phase, so kills, rolling
 	// restarts, the Postgres restart and the broker disruption all hit a
@@ -264,7 +383,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		defer close(pubDone)
 		const chunk = 250
 		chunks := (len(pl.deliveries) + chunk - 1) / chunk
-		pace := o.publishOver / time.Duration(max(chunks, 1))
+		pace := publishOver / time.Duration(max(chunks, 1))
 		for i := 0; i < len(pl.deliveries); i += chunk {
 			n, err := ops.publish(runCtx, pl.deliveries[i:min(i+chunk, len(pl.deliveries))])
 			rep.published += n
@@ -281,81 +400,204 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	}()
 
 	// Chaos: every 1-3 s, SIGKILL a random consumer or give one a rolling
-	// restart (SIGTERM, wait for its own exit, replace it), mixed at random
-	// until each reached its minimum; restart Postgres after a third of
-	// these steps and disrupt the broker after two thirds, and keep going
-	// until the publisher is done too.
+	// restart (SIGTERM, wait for its own exit, replace it), and on the
+	// -join-brokers SIGTERM consumers still joining: one restarted a moment
+	// ago, or another one 1-2 s after a SIGKILL. The kinds are mixed at
+	// random until each reached its minimum; restart Postgres after a third
+	// of these steps and disrupt the broker after two thirds, and keep
+	// going until the publisher is done too.
 	ledgerRows := func(ctx context.Context) (int, error) {
 		var n int
 		err := pool.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.point_ledger", pgx.Identifier{schema}.Sanitize())).Scan(&n)
 		return n, err
 	}
-	steps := o.minKills + o.minTerms
+	// busy returns once the consumers are at work (the ledger grows, or
+	// the broker holds a backlog), 3 s at most: a rolling restart that
+	// meets an idle consumer proves little.
+	busy := func() error {
+		by, prev := time.Now().Add(3*time.Second), -1
+		for time.Now().Before(by) {
+			if drained, err := ops.drained(runCtx); err == nil && !drained {
+				return nil
+			}
+			if n, err := ledgerRows(runCtx); err == nil {
+				if prev >= 0 && n > prev {
+					return nil
+				}
+				prev = n
+			}
+			if err := timing.Sleep(runCtx, 25*time.Millisecond); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	// state describes consumer p at the moment of its SIGTERM: how long it
+	// has run, whether it subscribed yet (it logged readyMark: its router
+	// runs; on Kafka the group join follows) and, on Kafka, the group's
+	// state; a SIGTERM that meets a rebalancing group is counted.
+	state := func(p *proc) string {
+		consuming := "not subscribed yet"
+		if b, err := os.ReadFile(filepath.Clean(p.logPath)); err == nil && bytes.Contains(b, readyMark) {
+			consuming = "subscribed"
+		}
+		out := fmt.Sprintf("up %s, %s", time.Since(p.started).Round(time.Millisecond), consuming)
+		if kops != nil {
+			desc, rebalancing := kops.groupState(runCtx)
+			out += ", " + desc
+			if rebalancing {
+				rep.midRebalance++
+			}
+		}
+		return out
+	}
+	// readyTerm is a rolling restart of a consumer that consumes, while
+	// the consumers are at work.
+	readyTerm := func(victim int) (bool, error) {
+		var sigAt string
+		took, hung, done, err := sup.terminate(runCtx, victim, o.termTimeout, termReady, func(p *proc) error {
+			if err := awaitReady(runCtx, p, readyTimeout); err != nil {
+				return err
+			}
+			err := busy()
+			sigAt = elapsed()
+			return err
+		})
+		if err != nil {
+			return false, fmt.Errorf("chaos phase: rolling restart: %w", err)
+		}
+		if done {
+			o.logf("   [%s] SIGTERM consumer %d (rolling restart %d): %s, replaced",
+				sigAt, victim, sup.stats().terms[termReady], exitHow(took, hung))
+		}
+		return done, nil
+	}
+	kill := func(victim int) (bool, error) {
+		done, err := sup.kill(victim)
+		if err != nil {
+			return false, err
+		}
+		if done {
+			o.logf("   [%s] SIGKILL consumer %d (kill %d), restarted", elapsed(), victim, sup.stats().kills)
+		}
+		return done, nil
+	}
+	joining := rep.minStartTerms > 0 || rep.minKillTerms > 0
+	steps := o.minKills + o.minTerms + rep.minStartTerms + rep.minKillTerms
 	pgAt, brokerAt := max(1, steps/3), max(2, 2*steps/3)
+	stepsDone := 0
 	chaosErr := func() error {
 		for {
 			st := sup.stats()
 			select {
 			case <-pubDone:
-				if st.kills >= o.minKills && st.terms >= o.minTerms && (o.pgRestart == "" || rep.pgRestarts > 0) && rep.brokerDisruptions > 0 {
+				if st.kills >= o.minKills && st.terms[termReady] >= o.minTerms &&
+					st.terms[termStarting] >= rep.minStartTerms && st.terms[termAfterKill] >= rep.minKillTerms &&
+					(o.pgRestart == "" || rep.pgRestarts > 0) && rep.brokerDisruptions > 0 {
 					return nil
 				}
 			default:
 			}
 			wait := o.killMin + rand.N(o.killMax-o.killMin+1) //nolint:gosec // timing jitter
 			if err := timing.Sleep(runCtx, wait); err != nil {
-				return fmt.Errorf("chaos phase: %w (SIGKILLs so far %d, SIGTERMs %d)", err, st.kills, st.terms)
+				return fmt.Errorf("chaos phase: %w (SIGKILLs so far %d, SIGTERMs %d ready, %d starting, %d after a SIGKILL)",
+					err, st.kills, st.terms[termReady], st.terms[termStarting], st.terms[termAfterKill])
 			}
 			victim := rng.IntN(o.consumers)
-			needKills, needTerms := o.minKills-st.kills, o.minTerms-st.terms
-			term := rng.IntN(max(needKills, 0)+max(needTerms, 0)+2) < max(needTerms, 0)+1
-			if term {
-				// A rolling restart that meets an idle consumer proves
-				// little: once the victim consumes, wait (3 s at most)
-				// until the consumers are at work (the ledger grows, or
-				// the broker holds a backlog), so the SIGTERM lands while
-				// messages are in flight.
-				busy := func() error {
-					by, prev := time.Now().Add(3*time.Second), -1
-					for time.Now().Before(by) {
-						if drained, err := ops.drained(runCtx); err == nil && !drained {
-							return nil
+			// Each kind is weighted by what it still lacks (plus one, so
+			// every kind keeps coming once its minimum is met).
+			wKill, wTerm := max(o.minKills-st.kills, 0)+1, max(o.minTerms-st.terms[termReady], 0)+1
+			wStart, wAfterKill := 0, 0
+			if joining {
+				wStart = max(rep.minStartTerms-st.terms[termStarting], 0) + 1
+				wAfterKill = max(rep.minKillTerms-st.terms[termAfterKill], 0) + 1
+			}
+			var done bool
+			var err error
+			switch r := rng.IntN(wKill + wTerm + wStart + wAfterKill); {
+			case r < wTerm:
+				done, err = readyTerm(victim)
+			case r < wTerm+wKill:
+				done, err = kill(victim)
+			case r < wTerm+wKill+wStart:
+				// Restart the victim (a SIGKILL, or a rolling restart),
+				// then SIGTERM its replacement while it starts: as soon as
+				// it logs (it is subscribing, before it joined the group),
+				// or up to 3 s after it began consuming (while the group
+				// rebalances for it).
+				if rng.IntN(2) == 0 {
+					done, err = kill(victim)
+				} else {
+					done, err = readyTerm(victim)
+				}
+				if err != nil || !done {
+					break
+				}
+				early := rng.IntN(2) == 0
+				delay := time.Duration(rng.Int64N(int64(3 * time.Second)))
+				var when, sigAt string
+				took, hung, ok, terr := sup.terminate(runCtx, victim, o.termTimeout, termStarting, func(p *proc) error {
+					if err := awaitLogged(runCtx, p, readyTimeout); err != nil {
+						return err
+					}
+					if !early {
+						if err := awaitReady(runCtx, p, readyTimeout); err != nil {
+							return err
 						}
-						if n, err := ledgerRows(runCtx); err == nil {
-							if prev >= 0 && n > prev {
-								return nil
-							}
-							prev = n
-						}
-						if err := timing.Sleep(runCtx, 25*time.Millisecond); err != nil {
+						if err := timing.Sleep(runCtx, delay); err != nil {
 							return err
 						}
 					}
+					sigAt, when = elapsed(), state(p)
 					return nil
+				})
+				if terr != nil {
+					return fmt.Errorf("chaos phase: SIGTERM while starting: %w", terr)
 				}
-				took, hung, done, err := sup.terminate(runCtx, victim, o.termTimeout, busy)
-				if err != nil {
-					return fmt.Errorf("chaos phase: rolling restart: %w", err)
+				if ok {
+					o.logf("   [%s] SIGTERM consumer %d while starting (%d; %s): %s, replaced",
+						sigAt, victim, sup.stats().terms[termStarting], when, exitHow(took, hung))
 				}
-				if done {
-					how := "exited by itself"
-					if hung {
-						how = "did NOT exit (hung shutdown), SIGKILLed"
+			default:
+				// A rolling deploy that meets a crash: SIGKILL the victim,
+				// restart it, and 1-2 s later SIGTERM another consumer,
+				// while the group rebalances.
+				killedAt := time.Now()
+				if done, err = kill(victim); err != nil || !done {
+					break
+				}
+				other := victim
+				if o.consumers > 1 {
+					other = (victim + 1 + rng.IntN(o.consumers-1)) % o.consumers
+				}
+				due := killedAt.Add(time.Second + time.Duration(rng.Int64N(int64(time.Second))))
+				var when, sigAt string
+				took, hung, ok, terr := sup.terminate(runCtx, other, o.termTimeout, termAfterKill, func(p *proc) error {
+					if err := timing.Sleep(runCtx, time.Until(due)); err != nil {
+						return err
 					}
-					o.logf("   [%s] SIGTERM consumer %d (rolling restart %d): %s after %s, replaced",
-						elapsed(), victim, sup.stats().terms, how, took.Round(time.Millisecond))
+					if err := awaitLogged(runCtx, p, readyTimeout); err != nil {
+						return err
+					}
+					sigAt = elapsed()
+					when = fmt.Sprintf("%s after the SIGKILL of consumer %d; %s", time.Since(killedAt).Round(time.Millisecond), victim, state(p))
+					return nil
+				})
+				if terr != nil {
+					return fmt.Errorf("chaos phase: SIGTERM after a SIGKILL: %w", terr)
 				}
-			} else {
-				done, err := sup.kill(victim)
-				if err != nil {
-					return err
-				}
-				if done {
-					o.logf("   [%s] SIGKILL consumer %d (kill %d), restarted", elapsed(), victim, sup.stats().kills)
+				if ok {
+					o.logf("   [%s] SIGTERM consumer %d after a SIGKILL (%d; %s): %s, replaced",
+						sigAt, other, sup.stats().terms[termAfterKill], when, exitHow(took, hung))
 				}
 			}
-			st = sup.stats()
-			if o.pgRestart != "" && rep.pgRestarts == 0 && st.kills+st.terms >= pgAt {
+			if err != nil {
+				return err
+			}
+			if done {
+				stepsDone++
+			}
+			if o.pgRestart != "" && rep.pgRestarts == 0 && stepsDone >= pgAt {
 				took, err := restartPostgres(runCtx, o.pgRestart, pool)
 				if err != nil {
 					return err
@@ -363,7 +605,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 				rep.pgRestarts++
 				o.logf("   [%s] restarted Postgres (%s, back after %s)", elapsed(), o.pgRestart, took.Round(time.Millisecond))
 			}
-			if rep.brokerDisruptions == 0 && st.kills+st.terms >= brokerAt {
+			if rep.brokerDisruptions == 0 && stepsDone >= brokerAt {
 				what, err := ops.disrupt(runCtx)
 				if err != nil {
 					return err
@@ -383,8 +625,8 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		return fmt.Errorf("publish: %w", pubErr)
 	}
 	st := sup.stats()
-	o.logf("   chaos over: %d SIGKILLs, %d SIGTERM rolling restarts, %d crashes, %d hung shutdowns so far; draining",
-		st.kills, st.terms, st.crashes, st.hung)
+	o.logf("   [%s] chaos over: %d SIGKILLs, %d SIGTERM rolling restarts, %d SIGTERMs while starting, %d after a SIGKILL; %d crashes, %d hung shutdowns so far; draining",
+		elapsed(), st.kills, st.terms[termReady], st.terms[termStarting], st.terms[termAfterKill], st.crashes, st.hung)
 
 	// Drain: every order applied, every bad message poisoned, nothing left
 	// for the group/queue.
@@ -403,8 +645,11 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 			break
 		}
 		if err := timing.Sleep(runCtx, 200*time.Millisecond); err != nil {
-			drainErr = fmt.Errorf("drain: %w (applied %d of %d, poisoned %d of %d, drained %v; last errors: %w)",
-				errTimeout, n, o.orders, poisoned, o.bad, drained, errors.Join(err1, err2, err3))
+			drainErr = fmt.Errorf("drain: %w (applied %d of %d, poisoned %d of %d, drained %v)",
+				errTimeout, n, o.orders, poisoned, o.bad, drained)
+			if last := errors.Join(err1, err2, err3); last != nil {
+				drainErr = fmt.Errorf("%w; last errors: %w", drainErr, last)
+			}
 			break
 		}
 	}
@@ -413,7 +658,10 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	// so what is counted below is final. Its exits count like any other.
 	sup.stop(o.termTimeout)
 	st = sup.stats()
-	rep.kills, rep.terms, rep.crashes, rep.hung, rep.consumerStarts = st.kills, st.terms, st.crashes, st.hung, st.started
+	rep.kills, rep.crashes, rep.hung, rep.consumerStarts = st.kills, st.crashes, st.hung, st.started
+	rep.terms, rep.startTerms, rep.killTerms, rep.finalTerms = st.terms[termReady], st.terms[termStarting], st.terms[termAfterKill], st.terms[termFinal]
+	rep.exits = st.exits
+	o.logf("%s", rep.exitTimes())
 	if st.startErr != nil {
 		return fmt.Errorf("supervisor: %w", st.startErr)
 	}
@@ -475,6 +723,14 @@ func waitPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 			return fmt.Errorf("postgres did not come back: %w", err)
 		}
 	}
+}
+
+// exitHow says how a SIGTERMed consumer ended.
+func exitHow(took time.Duration, hung bool) string {
+	if hung {
+		return fmt.Sprintf("did NOT exit within %s (hung shutdown), SIGKILLed", took.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("exited by itself after %s", took.Round(time.Millisecond))
 }
 
 func retryDelay(attempt int) time.Duration {

@@ -25,15 +25,41 @@ type proc struct {
 	// exit within the timeout after SIGTERM.
 	hung bool
 	err  error
+	// started is when the process was started, exitedAt when it ended
+	// (set before done closes).
+	started, exitedAt time.Time
 }
+
+// termKind says when a SIGTERM reached its consumer.
+type termKind int
+
+const (
+	// termReady is a rolling restart of a consumer that consumes, while
+	// the consumers are at work.
+	termReady termKind = iota
+	// termStarting hits a consumer shortly after its (re)start: as soon
+	// as it logs (it is subscribing, before it joined the group) or a
+	// moment after it began consuming (while the group rebalances for it).
+	termStarting
+	// termAfterKill hits another consumer 1-2 s after a SIGKILL, a
+	// rolling deploy that meets a crash: the group is rebalancing.
+	termAfterKill
+	// termFinal is the final stop, every consumer at once.
+	termFinal
+	termKinds
+)
+
+var termKindNames = [termKinds]string{"ready", "starting", "after_kill", "final"}
+
+func (k termKind) String() string { return termKindNames[k] }
 
 // supervisor keeps n loyalty consumers running, as systemd or Kubernetes
 // would: a consumer that exits by itself (it gave up, crashed, or failed
 // to start) is restarted after a short backoff and counted as a crash. The
-// runner's own SIGKILLs and SIGTERM rolling restarts are counted apart;
-// a consumer that exits non-zero after our SIGTERM is a crash too (a
-// graceful stop ends with status 0), and one that does not exit within
-// the timeout is a hung shutdown.
+// runner's own SIGKILLs and SIGTERMs are counted apart; a consumer that
+// exits non-zero after our SIGTERM is a crash too (a graceful stop ends
+// with status 0), and one that does not exit within the timeout is a hung
+// shutdown. How long every SIGTERMed consumer took to exit is recorded.
 type supervisor struct {
 	bin     string
 	env     []string
@@ -46,7 +72,8 @@ type supervisor struct {
 	stopping bool
 	started  int
 	kills    int
-	terms    int
+	terms    [termKinds]int
+	exits    [termKinds][]time.Duration // SIGTERM to exit, per kind (a hung one: to its SIGKILLed end)
 	crashes  int
 	hung     int
 	startErr error
@@ -56,6 +83,10 @@ type supervisor struct {
 // restartBackoff is how long the supervisor waits before restarting a
 // consumer that exited by itself.
 const restartBackoff = 500 * time.Millisecond
+
+// readyTimeout bounds the wait for a consumer to consume before a rolling
+// restart or the final stop SIGTERMs it anyway.
+const readyTimeout = time.Minute
 
 // readyMark is what loyalty logs once it consumes, in both modes (after
 // its tables and the claim store's migrations exist).
@@ -114,12 +145,13 @@ func (s *supervisor) prepareLocked(i int) (func() error, error) {
 			_ = f.Close()
 			return fmt.Errorf("start consumer: %w", err)
 		}
-		p := &proc{cmd: cmd, logPath: logPath, done: make(chan struct{})}
+		p := &proc{cmd: cmd, logPath: logPath, done: make(chan struct{}), started: time.Now()}
 		s.slots[i] = p
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
 			p.err = cmd.Wait()
+			p.exitedAt = time.Now()
 			_ = f.Close()
 			close(p.done)
 			s.exited(i, p)
@@ -214,6 +246,13 @@ func (s *supervisor) replace(i int, p *proc, count *int) error {
 	return s.startLocked(i)
 }
 
+// current returns consumer i's process (nil if none).
+func (s *supervisor) current(i int) *proc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.slots[i]
+}
+
 // kill sends SIGKILL to consumer i, waits for it to die, and starts a new
 // one in its place. It reports false when there was no live consumer to
 // kill (it had just exited by itself).
@@ -227,24 +266,25 @@ func (s *supervisor) kill(i int) (bool, error) {
 	return true, s.replace(i, p, &s.kills)
 }
 
-// terminate is one step of a rolling restart: once consumer i consumes
-// (a rolling deploy replaces an instance that is ready, not one still
-// starting) and before returned, it gets SIGTERM and is given timeout to
-// exit by itself; if it does not, that is a hung shutdown, and it is
-// SIGKILLed. Then a replacement starts. It returns how long the shutdown
-// took, and ok false when there was no live consumer i to stop.
-func (s *supervisor) terminate(ctx context.Context, i int, timeout time.Duration, before func() error) (took time.Duration, hung, ok bool, err error) {
-	s.mu.Lock()
-	p := s.slots[i]
-	s.mu.Unlock()
+// terminate SIGTERMs consumer i and gives it timeout to exit by itself;
+// if it does not, that is a hung shutdown, and it is SIGKILLed. Then a
+// replacement starts. at runs first, with the process to be stopped, and
+// returns when the SIGTERM is due: for a rolling restart of a ready
+// consumer (termReady) once it consumes and the consumers are at work (a
+// rolling deploy replaces an instance that is ready), for the other kinds
+// at some point of its start or of a rebalance. The signal goes out only
+// if that same process is still running then. It returns how long the
+// shutdown took, and ok false when there was no live consumer i to stop.
+func (s *supervisor) terminate(ctx context.Context, i int, timeout time.Duration, kind termKind, at func(*proc) error) (took time.Duration, hung, ok bool, err error) {
+	p := s.current(i)
 	if p == nil {
 		return 0, false, false, nil
 	}
-	if err := awaitReady(ctx, p, timeout); err != nil {
+	if err := at(p); err != nil {
 		return 0, false, false, err
 	}
-	if err := before(); err != nil {
-		return 0, false, false, err
+	if ctx.Err() != nil {
+		return 0, false, false, ctx.Err()
 	}
 	if p = s.claim(i, syscall.SIGTERM, p); p == nil {
 		return 0, false, false, nil
@@ -257,12 +297,35 @@ func (s *supervisor) terminate(ctx context.Context, i int, timeout time.Duration
 	case <-p.done:
 	case <-t.C:
 		hung = true
-		s.markHung(fmt.Sprintf("consumer %d", i), p, timeout)
+		s.markHung(fmt.Sprintf("consumer %d (SIGTERM %s)", i, kind), p, timeout)
 		_ = p.cmd.Process.Signal(syscall.SIGKILL)
 		<-p.done
 	}
 	took = time.Since(start)
-	return took, hung, true, s.replace(i, p, &s.terms)
+	s.mu.Lock()
+	s.exits[kind] = append(s.exits[kind], took)
+	s.mu.Unlock()
+	return took, hung, true, s.replace(i, p, &s.terms[kind])
+}
+
+// awaitLogged waits until p wrote its first log line (its signal handler
+// is installed by then: a SIGTERM before it would kill it, a crash that
+// proves nothing), p exits, or timeout passes.
+func awaitLogged(ctx context.Context, p *proc, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if fi, err := os.Stat(filepath.Clean(p.logPath)); err == nil && fi.Size() > 0 {
+			return nil
+		}
+		select {
+		case <-p.done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 func (s *supervisor) markHung(who string, p *proc, timeout time.Duration) {
@@ -327,7 +390,7 @@ func (s *supervisor) stop(grace time.Duration) {
 	// the time to start consuming first, as the rolling restarts do. One
 	// that exits meanwhile stays a crash.
 	for _, p := range procs {
-		_ = awaitReady(context.Background(), p, grace)
+		_ = awaitReady(context.Background(), p, readyTimeout)
 	}
 	s.mu.Lock()
 	procs = live()
@@ -335,11 +398,13 @@ func (s *supervisor) stop(grace time.Duration) {
 		p.signalled = syscall.SIGTERM
 	}
 	s.mu.Unlock()
+	start := time.Now()
 	for _, p := range procs {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	}
 	deadline := time.NewTimer(grace)
 	defer deadline.Stop()
+	var exits []time.Duration
 	for i, p := range procs {
 		select {
 		case <-p.done:
@@ -357,6 +422,15 @@ func (s *supervisor) stop(grace time.Duration) {
 		<-p.done
 	}
 	s.wg.Wait()
+	// Each one's own exit time: the exit is recorded (cmd.Wait returned)
+	// before done closes.
+	for _, p := range procs {
+		exits = append(exits, p.exitedAt.Sub(start))
+	}
+	s.mu.Lock()
+	s.exits[termFinal] = append(s.exits[termFinal], exits...)
+	s.terms[termFinal] += len(procs)
+	s.mu.Unlock()
 }
 
 // pids returns the process ids of the running consumers.
@@ -373,12 +447,20 @@ func (s *supervisor) pids() []int {
 }
 
 type supervisorStats struct {
-	kills, terms, crashes, hung, started int
-	startErr                             error
+	kills, crashes, hung, started int
+	// terms counts the SIGTERMs per kind; terms[termReady] are the
+	// rolling restarts.
+	terms    [termKinds]int
+	exits    [termKinds][]time.Duration
+	startErr error
 }
 
 func (s *supervisor) stats() supervisorStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return supervisorStats{kills: s.kills, terms: s.terms, crashes: s.crashes, hung: s.hung, started: s.started, startErr: s.startErr}
+	st := supervisorStats{kills: s.kills, terms: s.terms, crashes: s.crashes, hung: s.hung, started: s.started, startErr: s.startErr}
+	for k := range s.exits {
+		st.exits[k] = append([]time.Duration(nil), s.exits[k]...)
+	}
+	return st
 }
