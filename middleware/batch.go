@@ -11,9 +11,11 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/internal/pgtx"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/position"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/internal/txctx"
 )
@@ -140,12 +142,29 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	}
 
 	failed := map[int]error{} // handler failures, excluded from the next pass
+	// settling is what a commit settles, for the Kafka positions: every
+	// message but those that fail (nacked, or poisoned and acked later).
+	settling := func() []claimsql.Position {
+		if c.positions == nil {
+			return nil
+		}
+		var s claimsql.Settling
+		for i, m := range msgs {
+			if errs[i] != nil || (!cached[i] && failed[leader[keys[i]]] != nil) {
+				continue
+			}
+			if r, ok := position.FromContext(m.Context()); ok {
+				s.Add(r)
+			}
+		}
+		return s.Positions()
+	}
 	var claimed map[string]bool
 	attempt, transient, isolating := 0, 0, false
 	for len(leader) > 0 {
 		attempt++
 		var err error
-		claimed, err = c.batchAttempt(ctx, msgs, leader, failed, a, isolating)
+		claimed, err = c.batchAttempt(ctx, msgs, leader, failed, a, isolating, settling)
 		if err == nil {
 			break
 		}
@@ -204,7 +223,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	return errs
 }
 
-func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, failed map[int]error, a setWise, isolating bool) (map[string]bool, error) {
+func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, failed map[int]error, a setWise, isolating bool, settling func() []claimsql.Position) (map[string]bool, error) {
 	want := make([]string, 0, len(leader))
 	for k, i := range leader {
 		if failed[i] == nil {
@@ -259,6 +278,11 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 		if len(failed) > before {
 			return nil, errRetryWithout
 		}
+	}
+	// Last before COMMIT, one statement for every partition of the
+	// batch, their rows locked in partition order.
+	if err := c.positions.Store(ctx, tx, c.Consumer, settling()); err != nil {
+		return nil, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("claimtx: commit: %w", err)

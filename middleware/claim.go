@@ -23,6 +23,7 @@ import (
 	"github.com/claimtx/claimtx/internal/pgerr"
 	"github.com/claimtx/claimtx/internal/pgtx"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/position"
 	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/internal/txctx"
@@ -250,6 +251,30 @@ type Claim struct {
 	// retention without Force, 7 days; framework/consumer also caps it at
 	// half of Config.Retention). Defaults to 10 minutes.
 	CommittedKeysTTL time.Duration
+	// NoPositions turns off the Kafka positions stored with the claims.
+	// By default, a message that carries its Kafka record's place (the
+	// claimtx Kafka subscriber puts it in every message's context) has
+	// its partition's settled position (the offset below which every
+	// record of the partition is settled: applied, duplicate or poisoned)
+	// raised in the claim transaction, one small upsert before COMMIT,
+	// whatever the outcome, so that it commits with the claims and
+	// effects it covers. framework/consumer has the Kafka subscriber start
+	// each assigned partition at that position when the group's committed
+	// offset is below it (a crash before the offset commit, a group reset
+	// or deletion, a rewind), skipping records already settled without a
+	// claim lookup, even those whose claims retention has removed
+	// (docs/design.md, "Kafka positions"). Messages of other brokers carry
+	// no place and store nothing. Defaults to false: positions on.
+	NoPositions bool
+	// ReplayBelowPositions makes framework/consumer's Kafka subscriber
+	// start where the group's offset says even when the stored position
+	// is past it: an operator replaying on purpose, with the claims
+	// deciding what is a duplicate (records whose claims retention has
+	// removed are applied again). Positions are still stored. The
+	// middleware itself does not read it. Defaults to false: records
+	// below the stored position are skipped, with a WARN line and
+	// claimtx_kafka_positions_skipped_total.
+	ReplayBelowPositions bool
 	// OnOutcome, when set, is called once per pass through the middleware
 	// with what happened. Watermill's Retry above it runs it again for the
 	// same message, and a Poison route above it may dead-letter a Failed pass:
@@ -266,6 +291,8 @@ type Claim struct {
 	// stmts are the claim table's statements, rendered once by
 	// withDefaults rather than looked up per message.
 	stmts *claimsql.Statements
+	// positions are the Kafka position statements, nil with NoPositions.
+	positions *claimsql.PositionStatements
 	// cache is the committed-key cache, nil when disabled; now is its
 	// clock (time.Now when nil; tests stop it).
 	cache *committedkeys.Cache
@@ -373,6 +400,9 @@ func (c Claim) withDefaults() Claim {
 		c.MaxBackoff = defaultMaxBackoff
 	}
 	c.stmts = claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable)
+	if !c.NoPositions {
+		c.positions = claimsql.PositionsFor(c.Store.Config().Schema)
+	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
@@ -501,12 +531,15 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 	ctx := msg.Context()
 	res.ClaimWait, res.Enqueued = 0, 0
 	claimed := true
+	// With one record of its partition in flight, the Kafka position
+	// goes out in the first round trip; otherwise last before COMMIT.
+	early := c.earlyPosition(msg)
 	var tx pgx.Tx
 	if c.Mode == ModeNaturalKey {
 		// The claim is the handler's guarded INSERT: bound its wait behind
 		// a twin's uncommitted entry like the claim table's, set in the
 		// same round trip as BEGIN.
-		if tx, err = claimsql.BeginNaturalKey(ctx, c.Store.Pool(), txOpts, c.MaxClaimWait); err != nil {
+		if tx, err = claimsql.BeginNaturalKey(ctx, c.Store.Pool(), txOpts, c.MaxClaimWait, early); err != nil {
 			return "", err
 		}
 	} else {
@@ -518,11 +551,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 		var cr claimsql.Result
 		var memo *string
 		// BEGIN and the claim (and the memo lookup) in one round trip.
-		if c.PoisonMemo {
-			tx, cr, memo, err = c.stmts.BeginMemo(ctx, c.Store.Pool(), txOpts, req)
-		} else {
-			tx, cr, err = c.stmts.Begin(ctx, c.Store.Pool(), txOpts, req)
-		}
+		tx, cr, memo, err = c.stmts.BeginWith(ctx, c.Store.Pool(), txOpts, req, c.PoisonMemo, early)
 		res.ClaimWait = time.Since(claimStart)
 		if err != nil {
 			return "", err
@@ -552,8 +581,11 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 	if claimed {
 		produced, err := runHandler(msg, h, tx)
 		if errors.Is(err, framework.ErrAlreadyApplied) {
-			// The effect is already there. Roll back (deferred) whatever
-			// else this delivery wrote, and ack.
+			// The effect is already there. Roll back whatever else this
+			// delivery wrote, and ack; the record is settled, so its
+			// position is stored on its own.
+			pgtx.Rollback(ctx, tx) // the deferred one is then a no-op
+			c.storePositionNow(ctx, msg)
 			return framework.Duplicate, nil
 		}
 		if err != nil {
@@ -570,6 +602,12 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 		}
 		out = framework.Applied
 	}
+	// Last before COMMIT: the position row is the last lock taken.
+	if early == nil {
+		if err := c.storePosition(ctx, tx, msg); err != nil {
+			return "", err
+		}
+	}
 	if err := tx.Commit(ctx); err != nil {
 		// Ambiguous: the commit may have happened. Retrying (or the
 		// broker's redelivery) resolves it, because the claim tells the
@@ -584,6 +622,67 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 		c.ahead.answered(ctx, began, []string{req.Key}, false)
 	}
 	return out, nil
+}
+
+// earlyPosition returns what queues msg's Kafka position in the claim's
+// first round trip, or nil: when msg carries no record, positions are off,
+// or its partition has more than one record in flight (a window), whose
+// transactions would then wait for each other's whole length on the
+// position row instead of for a commit (storePosition runs instead).
+func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
+	if c.positions == nil {
+		return nil
+	}
+	r, ok := position.FromContext(msg.Context())
+	if !ok || r.Of == nil || r.Window != 1 {
+		return nil
+	}
+	off, ok := r.Of.SettledBelow([]int64{r.Offset})
+	if !ok {
+		return nil
+	}
+	p := claimsql.Position{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}
+	return func(b *pgx.Batch) { c.positions.Queue(b, c.Consumer, p) }
+}
+
+// storePosition raises, in tx, the stored Kafka position of msg's
+// partition as settled once tx commits with msg (see Claim.NoPositions).
+// Nothing when msg carries no Kafka record or its partition is no longer
+// this member's.
+func (c Claim) storePosition(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	if c.positions == nil {
+		return nil
+	}
+	r, ok := position.FromContext(msg.Context())
+	if !ok || r.Of == nil {
+		return nil
+	}
+	off, ok := r.Of.SettledBelow([]int64{r.Offset})
+	if !ok {
+		return nil
+	}
+	return c.positions.Store(ctx, tx, c.Consumer, []claimsql.Position{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}})
+}
+
+// storePositionNow is storePosition outside the claim transaction, for a
+// duplicate whose transaction rolled back (ErrAlreadyApplied). A failure
+// only leaves the stored position lower than it could be: the claims
+// still turn the redeliveries into duplicates.
+func (c Claim) storePositionNow(ctx context.Context, msg *message.Message) {
+	if c.positions == nil {
+		return
+	}
+	r, ok := position.FromContext(msg.Context())
+	if !ok || r.Of == nil {
+		return
+	}
+	off, ok := r.Of.SettledBelow([]int64{r.Offset})
+	if !ok {
+		return
+	}
+	if err := c.positions.Store(ctx, c.Store.Pool(), c.Consumer, []claimsql.Position{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}}); err != nil {
+		c.Logger.Debug("claimtx: storing the Kafka position of a duplicate failed", watermill.LogFields{"consumer": c.Consumer, "err": err.Error()})
+	}
 }
 
 // cached reports whether the committed-key cache holds h. A hit on the

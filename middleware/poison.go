@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -8,7 +9,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/deadletter"
 	"github.com/claimtx/claimtx/internal/poisonmeta"
+	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -18,8 +21,9 @@ const PoisonReasonKey = poisonmeta.Reason
 
 // Poison routes messages that cannot be processed to a poison/dead-letter
 // topic with the reason, then lets the router ack the original. Nothing is
-// acked without either an effect, a recorded duplicate, or a copy in the
-// poison topic: if publishing the copy fails, the original is nacked.
+// acked without either an effect, a recorded duplicate, a copy in the
+// poison topic or, when the broker refuses the copy, a row in DeadLetters:
+// if neither can be written, the original is nacked.
 //
 // Put it before Retry: Retry bounds the attempts of failing handlers, Poison
 // catches what is left. What is poisoned is fixed, so that no message is
@@ -37,7 +41,11 @@ const PoisonReasonKey = poisonmeta.Reason
 //
 // A poisoned copy carries the original payload and metadata, and:
 //
-//	claimtx_poison_reason     the error text (PoisonReasonKey)
+//	claimtx_poison_reason     the error text (PoisonReasonKey), bounded:
+//	                          at most 4096 bytes of valid UTF-8; a longer
+//	                          text is cut and ends in
+//	                          "… [truncated: N bytes, sha256:HEX]", the
+//	                          length and hash of the whole text
 //	claimtx_poison_permanent  "true" when the error was permanent (bad key,
 //	                          undecodable payload), "false" when retries
 //	                          were exhausted
@@ -47,17 +55,36 @@ const PoisonReasonKey = poisonmeta.Reason
 //	claimtx_poisoned_at       when the copy was made: RFC 3339, UTC, with
 //	                          nine fraction digits
 //
-// besides Watermill's own reason_poisoned / topic_poisoned /
-// handler_poisoned / subscriber_poisoned keys, so Watermill tooling reads
-// them. `claimtx dlq` reads them to list, classify and replay the
-// destination, and a replay removes exactly these keys again.
+// besides Watermill's own reason_poisoned (the same bounded reason) /
+// topic_poisoned / handler_poisoned / subscriber_poisoned keys, so
+// Watermill tooling reads them. `claimtx dlq` reads them to list, classify
+// and replay the destination, and a replay removes exactly these keys
+// again. The reason is bounded because an error's text is not (Go's JSON
+// error quotes a number whole): copied into two headers, a long one made a
+// copy no broker takes (JetStream's 64 KiB of headers, RabbitMQ's frame
+// size, Kafka's 1 MiB record), and the message was redelivered forever.
+//
+// A copy the broker refuses for good, which a built-in adapter reports as
+// a framework.Permanent error (too large for it, not allowed, no such
+// destination), is published again once as a smaller copy, whose reason
+// is cut to 256 bytes: that is enough when the bookkeeping tipped a
+// message near the broker's limit over it. When the broker refuses that
+// too, the message is recorded in DeadLetters (the table
+// <schema>.<claims table>_dead_letter, with the payload, the headers of the
+// refused copy, the reason and the broker's error) and the original is
+// acked once the row is committed. Either way OnRefused is told. Any other
+// publish failure (the broker is unreachable, the publisher is
+// reconnecting) nacks the original as before: it says nothing about the
+// message, and the redelivery is poisoned again.
 type Poison struct {
 	// Publisher publishes the poisoned copies. Required.
 	Publisher message.Publisher
 	// Topic is the poison topic (for RabbitMQ, a durable queue of that
 	// name). Required.
 	Topic string
-	// OnPoison, when set, is called after a copy was published.
+	// OnPoison, when set, is called after a copy was published or, when
+	// the broker refused it, recorded in DeadLetters; err is the error
+	// that poisoned msg, whole.
 	OnPoison func(msg *message.Message, err error)
 	// Consumer is the consumer name stamped on each copy
 	// ("claimtx_poison_consumer"), so a poison destination that several
@@ -77,7 +104,39 @@ type Poison struct {
 	// sets it). A replay sends the copy back to that topic. Defaults to
 	// "".
 	SourceTopic string
+	// DeadLetters, when set, keeps in its dead-letter table
+	// (<schema>.<claims table>_dead_letter, migration 6) the messages
+	// whose poisoned copy the broker refused for good, smaller copy
+	// included, so that their originals are acked instead of redelivered
+	// forever. framework/consumer sets it to its store. Defaults to nil:
+	// such a message is nacked.
+	DeadLetters *store.Store
+	// OnRefused, when set, is called when the broker refused a poisoned
+	// copy for good, once the message went elsewhere or nowhere (see
+	// PoisonRefusal). framework/consumer logs it and counts it in
+	// claimtx_poison_refused_total. Defaults to nil.
+	OnRefused func(msg *message.Message, r PoisonRefusal)
 }
+
+// PoisonRefusal tells Poison.OnRefused what became of a message whose
+// poisoned copy the broker refused for good.
+type PoisonRefusal struct {
+	// Err is the broker's refusal: of the copy, and of the smaller copy
+	// when one was tried; of the dead-letter row too when Fallback is "".
+	Err error
+	// Fallback is where the message went instead, the label value of
+	// claimtx_poison_refused_total: "smaller_copy" (a copy with a reason
+	// cut to 256 bytes was published to the poison topic), or
+	// "dead_letter_table" (recorded in DeadLetters), or "" when neither
+	// worked and the original is nacked (it comes back).
+	Fallback string
+}
+
+// The values of PoisonRefusal.Fallback.
+const (
+	fallbackSmallerCopy     = "smaller_copy"
+	fallbackDeadLetterTable = "dead_letter_table"
+)
 
 // shouldPoison is the fixed policy of Poison: permanent errors and every
 // error that is not a transient database failure.
@@ -112,9 +171,8 @@ func (p Poison) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err == nil || msg.Context().Err() != nil || !shouldPoison(err) {
 			return out, err
 		}
-		cp := p.copyWithReason(msg, err)
-		if perr := p.Publisher.Publish(p.Topic, cp); perr != nil {
-			return nil, errors.Join(err, fmt.Errorf("claimtx: publish to poison topic %q: %w", p.Topic, perr))
+		if perr := p.deadLetter(msg, err); perr != nil {
+			return nil, errors.Join(err, perr)
 		}
 		if p.OnPoison != nil {
 			p.OnPoison(msg, err)
@@ -123,9 +181,85 @@ func (p Poison) middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
+// deadLetter puts msg, poisoned because of err, in the poison topic or,
+// when the broker refuses it there for good, in DeadLetters, as the type
+// documentation describes. A non-nil error means it is nowhere: the
+// original must be nacked.
+func (p Poison) deadLetter(msg *message.Message, err error) error {
+	cp := p.copyWithReason(msg, err, poisonmeta.MaxReasonBytes)
+	perr := p.Publisher.Publish(p.Topic, cp)
+	if perr == nil {
+		return nil
+	}
+	perr = fmt.Errorf("claimtx: publish to poison topic %q: %w", p.Topic, perr)
+	if interrupted(msg, perr) || !framework.IsPermanent(perr) {
+		// A shutdown, or a failure that says nothing about this copy:
+		// the redelivery is poisoned again.
+		return perr
+	}
+	// Refused for good. The bookkeeping may be what tipped the copy over
+	// the broker's limit: a copy with a shorter reason may pass.
+	if small := p.copyWithReason(msg, err, poisonmeta.ShortReasonBytes); small.Metadata.Get(poisonmeta.Reason) != cp.Metadata.Get(poisonmeta.Reason) {
+		serr := p.Publisher.Publish(p.Topic, small)
+		if serr == nil {
+			p.refused(msg, PoisonRefusal{Err: perr, Fallback: fallbackSmallerCopy})
+			return nil
+		}
+		perr = errors.Join(perr, fmt.Errorf("claimtx: publish a smaller copy to poison topic %q: %w", p.Topic, serr))
+		if interrupted(msg, serr) {
+			return perr
+		}
+		// Whatever failed the smaller copy (the broker may also have
+		// dropped the connection over the first one), the first copy
+		// was refused for good: it cannot go to the poison topic.
+	}
+	if p.DeadLetters == nil {
+		p.refused(msg, PoisonRefusal{Err: perr})
+		return perr
+	}
+	if rerr := p.record(msg, cp, err, perr); rerr != nil {
+		perr = errors.Join(perr, rerr)
+		p.refused(msg, PoisonRefusal{Err: perr})
+		return perr
+	}
+	p.refused(msg, PoisonRefusal{Err: perr, Fallback: fallbackDeadLetterTable})
+	return nil
+}
+
+// interrupted reports whether a publish failed because the message's work
+// was interrupted (its context ended: a shutdown, the drain timeout),
+// which must never dead-letter it.
+func interrupted(msg *message.Message, err error) bool {
+	return msg.Context().Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+func (p Poison) refused(msg *message.Message, r PoisonRefusal) {
+	if p.OnRefused != nil {
+		p.OnRefused(msg, r)
+	}
+}
+
+// record writes cp, the copy of msg the broker refused with perr, to
+// DeadLetters, and returns once the row is committed. It runs detached
+// from the message's context (bounded by deadletter.RecordTimeout): begun,
+// a shutdown must not cut it half-way, and a row that did not commit
+// leaves the original nacked.
+func (p Poison) record(msg, cp *message.Message, err, perr error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), deadletter.RecordTimeout)
+	defer cancel()
+	cfg := p.DeadLetters.Config()
+	key, _ := p.key(msg)
+	return deadletter.Record(ctx, p.DeadLetters.Pool(), sqlnames.New(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable), deadletter.Letter{
+		Consumer: p.Consumer, Key: key,
+		Topic: cp.Metadata.Get(poisonmeta.WatermillTopic), PoisonTopic: p.Topic,
+		UUID: msg.UUID, Reason: cp.Metadata.Get(poisonmeta.Reason), Permanent: framework.IsPermanent(err),
+		PublishError: perr.Error(), Payload: cp.Payload, Metadata: cp.Metadata,
+	})
+}
+
 // copyWithReason is the poisoned copy of msg, stamped as the type
-// documentation describes.
-func (p Poison) copyWithReason(msg *message.Message, err error) *message.Message {
+// documentation describes, with the reason bounded to limit bytes.
+func (p Poison) copyWithReason(msg *message.Message, err error, limit int) *message.Message {
 	cp := msg.Copy()
 	// A copy of a copy (poisoned, replayed by hand without cleaning,
 	// poisoned again) must not keep the earlier stamps.
@@ -134,7 +268,7 @@ func (p Poison) copyWithReason(msg *message.Message, err error) *message.Message
 			delete(cp.Metadata, k)
 		}
 	}
-	reason := err.Error()
+	reason, _ := poisonmeta.BoundReason(err.Error(), limit)
 	cp.Metadata.Set(poisonmeta.Reason, reason)
 	cp.Metadata.Set(poisonmeta.Permanent, fmt.Sprint(framework.IsPermanent(err)))
 	cp.Metadata.Set(poisonmeta.PoisonedAt, poisonmeta.FormatTime(time.Now()))

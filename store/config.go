@@ -73,6 +73,9 @@ func (c Config) Validate() error {
 	if c.OutboxTable == c.ClaimsTable+sqlnames.MemoSuffix {
 		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q is the poison memo table of ClaimsTable %q", c.OutboxTable, c.ClaimsTable)}
 	}
+	if c.OutboxTable == c.ClaimsTable+sqlnames.DeadLetterSuffix {
+		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q is the dead-letter table of ClaimsTable %q", c.OutboxTable, c.ClaimsTable)}
+	}
 	return nil
 }
 

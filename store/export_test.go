@@ -46,7 +46,7 @@ func (s *Store) BeginClaimBatchForTest(ctx context.Context, opts pgx.TxOptions, 
 // BeginNaturalKeyForTest begins a natural-key transaction, as the claim
 // middleware does in ModeNaturalKey.
 func (s *Store) BeginNaturalKeyForTest(ctx context.Context, opts pgx.TxOptions, maxClaimWait time.Duration) (pgx.Tx, error) {
-	return claimsql.BeginNaturalKey(ctx, s.pool, opts, maxClaimWait)
+	return claimsql.BeginNaturalKey(ctx, s.pool, opts, maxClaimWait, nil)
 }
 
 // OutboxForTest returns the relay's statements for the Store's outbox.

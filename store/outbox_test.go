@@ -255,6 +255,7 @@ func TestOutboxTableName(t *testing.T) {
 		{OutboxTable: "x; drop"},
 		{OutboxTable: "processed_messages"},
 		{OutboxTable: "processed_messages_poison_memo"},
+		{OutboxTable: "processed_messages_dead_letter"},
 	} {
 		_, err := store.New(pool, cfg)
 		var ce *framework.ConfigError

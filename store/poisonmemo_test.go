@@ -141,7 +141,13 @@ WHERE n.nspname = $1 AND c.relkind IN ('r', 'p')`, st.Config().Schema)
 			before := files()
 
 			require.NoError(t, st.Migrate(ctx))
-			require.Equal(t, before, files(), "no table was rewritten")
+			after := files()
+			for name := range after {
+				if _, existed := before[name]; !existed {
+					delete(after, name) // a table the later migrations create
+				}
+			}
+			require.Equal(t, before, after, "no table was rewritten")
 			claim("after")
 
 			var nullBefore bool

@@ -33,6 +33,9 @@ type Stats struct {
 	// on disk including dead space not yet reused: multiply by your
 	// message rate and retention window to size the table.
 	BytesPerClaim float64
+	// KafkaPositions are the stored Kafka positions of every consumer of
+	// the schema, by consumer, topic and partition.
+	KafkaPositions []KafkaPosition
 }
 
 // Stats reads per-consumer claim counts and the table's size. The counts
@@ -78,6 +81,9 @@ FROM leaves`, s.render("{schema}.{claims}")).Scan(&st.TableBytes, &st.IndexBytes
 	}
 	if st.Claims > 0 {
 		st.BytesPerClaim = float64(st.TableBytes+st.IndexBytes) / float64(st.Claims)
+	}
+	if st.KafkaPositions, err = s.kafkaPositions(ctx); err != nil {
+		return st, err
 	}
 	return st, nil
 }

@@ -34,3 +34,7 @@ func WatcherState(s *Subscriber) (connected, stopped bool) {
 	}
 	return s.conn.w.connected.Load(), stopped
 }
+
+// HeaderFrameSize is the length of the content header frame amqp091
+// writes for a publishing.
+var HeaderFrameSize = headerFrameSize

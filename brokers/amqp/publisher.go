@@ -50,13 +50,39 @@ func NewPublisher(ctx context.Context, cfg Config, logger watermill.LoggerAdapte
 
 // Publish sends messages to the queue named topic and waits for RabbitMQ's
 // confirms. It fails (and the caller should retry) while the connection is
-// being re-established.
+// being re-established. A message whose properties and headers do not fit
+// in one frame (frame_max, 128 KiB by default) is refused before anything
+// is sent, with a framework.Permanent error: RabbitMQ would close the
+// connection over it.
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	if err := p.declare(topic); err != nil {
 		return err
 	}
+	if err := p.checkFrames(messages); err != nil {
+		return fmt.Errorf("brokers/amqp: publish to %q: %w", topic, err)
+	}
 	if err := p.pub.Publish(topic, messages...); err != nil {
 		return fmt.Errorf("brokers/amqp: publish to %q: %w", topic, err)
+	}
+	return nil
+}
+
+// checkFrames refuses the messages when one's content header frame is
+// longer than the connection's negotiated frame size (checkFrameSize).
+func (p *Publisher) checkFrames(messages []*message.Message) error {
+	ac := p.conn.Connection()
+	if ac == nil {
+		return nil
+	}
+	frameMax := ac.Config.FrameSize // negotiated when the connection opened
+	for _, m := range messages {
+		pub, err := p.wc.Marshaler.Marshal(m)
+		if err != nil {
+			return nil // watermill-amqp's Publish reports it
+		}
+		if err := checkFrameSize(pub, frameMax, m.UUID); err != nil {
+			return err
+		}
 	}
 	return nil
 }

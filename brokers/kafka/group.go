@@ -367,7 +367,17 @@ func (g *subscription) leave(deadline time.Time) {
 		if _, err := req.RequestWith(ctx, g.cl); err != nil {
 			g.s.logger.Info("Sending LeaveGroup failed; the group evicts this member after its session timeout", g.fields.Add(watermill.LogFields{"err": err.Error()}))
 		} else {
+			// Out of the group: nothing is left to wait for but the
+			// client's goroutines, which a broker that never answers
+			// the join (kfake) holds until the request times out.
 			g.s.logger.Debug("Left the Kafka group while a join was in flight", g.fields.Add(watermill.LogFields{"member_id": memberID}))
+			nudge.Reset(leaveNudge)
+			select {
+			case <-done:
+			case <-nudge.C:
+				g.s.logger.Debug("Kafka client still closing; going on without it", g.fields)
+			}
+			return
 		}
 	}
 	select {
@@ -458,7 +468,7 @@ func (p *partition) run() {
 		}
 		msg := unmarshalRecord(rec)
 		ctx, cancel := context.WithCancel(position.NewContext(p.g.runCtx,
-			position.Record{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Of: p}))
+			position.Record{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Of: p, Window: p.g.window}))
 		msg.SetContext(ctx)
 		e := p.track(rec)
 		select {

@@ -51,6 +51,11 @@ func (c Config) groupOpts(topic string) ([]kgo.Opt, error) {
 		reset = kgo.NewOffset().AtEnd()
 	}
 	opts = append(opts, kgo.ConsumeResetOffset(reset))
+	return c.securityOpts(opts)
+}
+
+// securityOpts appends the TLS and SASL options of c to opts.
+func (c Config) securityOpts(opts []kgo.Opt) ([]kgo.Opt, error) {
 	if c.TLS.Enabled {
 		tc, err := c.TLS.tlsConfig()
 		if err != nil {

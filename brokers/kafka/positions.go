@@ -2,7 +2,9 @@ package kafka
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -30,6 +32,11 @@ func init() {
 	})
 }
 
+// adjustTimeout bounds what adjustOffsets waits for (the stored
+// positions, the partitions' end and start offsets): past it, partitions
+// start where the group says.
+const adjustTimeout = 10 * time.Second
+
 // adjustOffsets is franz-go's AdjustFetchOffsetsFn: where the stored
 // position of an assigned partition is past the offset the group starts it
 // at (its committed offset, or the reset offset when it has none), the
@@ -44,6 +51,10 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 	if o.Loader == nil || len(parts) == 0 {
 		return offsets, nil
 	}
+	// The group waits for this: a database or broker that does not
+	// answer must not hold the rebalance.
+	ctx, cancel := context.WithTimeout(ctx, adjustTimeout)
+	defer cancel()
 	ids := make([]int32, 0, len(parts))
 	for id := range parts {
 		ids = append(ids, id)
@@ -124,6 +135,36 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 		parts[id] = kgo.NewOffset().At(pos).WithEpoch(-1)
 	}
 	return offsets, nil
+}
+
+// EndOffsets returns the end offset (the high watermark, one past the
+// latest record) of each partition of topic, with a short-lived client of
+// its own that joins no group: `claimtx stats` and the console subtract
+// the stored positions from them (the records not settled yet).
+func (s *Subscriber) EndOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
+	opts, err := s.cfg.securityOpts([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(s.cfg.ClientID)})
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, &configError{err}
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("brokers/kafka: end offsets of %q: %w", topic, err)
+	}
+	out := map[int32]int64{}
+	var perr error
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Err != nil {
+			perr = fmt.Errorf("brokers/kafka: end offset of %q partition %d: %w", topic, o.Partition, o.Err)
+			return
+		}
+		out[o.Partition] = o.Offset
+	})
+	return out, perr
 }
 
 // settled tells the attached Options.Settled that acks advanced a

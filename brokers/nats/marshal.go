@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -24,6 +25,9 @@ const (
 	metaDelivered = "nats_delivered" // 1 on the first delivery, then 2, 3, ...
 	metaTimestamp = "nats_timestamp" // when the stream stored it, RFC 3339 (UTC)
 )
+
+// errHeaderKey is wrapped when a metadata key cannot be a NATS header.
+var errHeaderKey = errors.New("cannot be a NATS header (letters, digits and !#$%&'*+-.^_`|~ only)")
 
 // marshaler converts Watermill messages to NATS messages and back.
 //
@@ -55,7 +59,7 @@ func (m marshaler) Marshal(topic string, msg *message.Message) (*natsgo.Msg, err
 		if !validHeaderKey(k) {
 			// nats.go writes headers with net/http, which drops such a
 			// key without a word: refuse instead of losing it.
-			return nil, fmt.Errorf("brokers/nats: metadata key %q cannot be a NATS header (letters, digits and !#$%%&'*+-.^_`|~ only)", k)
+			return nil, fmt.Errorf("brokers/nats: metadata key %q %w", k, errHeaderKey)
 		}
 		hdr.Set(k, v)
 	}

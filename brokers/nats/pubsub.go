@@ -9,6 +9,8 @@ import (
 	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
 	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/claimtx/claimtx/framework"
 )
 
 // publisher is watermill-nats's JetStream publisher (Publish returns once
@@ -57,7 +59,11 @@ func newPublisher(s settings, logger watermill.LoggerAdapter) (*publisher, error
 }
 
 // Publish ensures the topic's stream, then publishes each message and waits
-// for JetStream's acknowledgement.
+// for JetStream's acknowledgement. What JetStream or the server will never
+// take is a framework.Permanent error (see refused): a message over the
+// server's max_payload or a stream's limits, headers over JetStream's
+// 64 KiB, a metadata key no header can carry, no stream with streams:
+// require.
 func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	subject, err := p.s.subject(topic)
 	if err != nil {
@@ -65,6 +71,11 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	if _, ok := p.streams.Load(subject); !ok {
 		if _, err := ensureStream(p.js, p.s, subject); err != nil {
+			if errors.Is(err, errNoStream) {
+				// An operator's to create: until then no publish to
+				// it can succeed.
+				return framework.Permanent(err)
+			}
 			return err
 		}
 		p.streams.Store(subject, struct{}{})
@@ -74,9 +85,38 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 			// The stream was deleted since: ensure it again next time.
 			p.streams.Delete(subject)
 		}
-		return fmt.Errorf("brokers/nats: publish to %q: %w", subject, err)
+		err = fmt.Errorf("brokers/nats: publish to %q: %w", subject, err)
+		if refused(err) {
+			return framework.Permanent(err)
+		}
+		return err
 	}
 	return nil
+}
+
+// JetStream's API error codes for a message it will never store as it is.
+const (
+	jsErrMessageTooLarge = 10054 // JSStreamMessageExceedsMaximumErr: over the stream's max_msg_size
+	jsErrHeaderTooLarge  = 10097 // JSStreamHeaderExceedsMaximumErr: headers over 64 KiB
+)
+
+// refused reports whether a publish failed because of the message itself,
+// so that publishing it again cannot succeed: over the server's
+// max_payload (nats.go checks before sending), too large for JetStream, or
+// a metadata key that cannot be a header. Anything else (no connection, a
+// timeout, a stream being recreated) may pass on a later attempt.
+func refused(err error) bool {
+	if errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, errHeaderKey) {
+		return true
+	}
+	var api *natsgo.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode {
+		case jsErrMessageTooLarge, jsErrHeaderTooLarge:
+			return true
+		}
+	}
+	return false
 }
 
 // Close closes the connection.

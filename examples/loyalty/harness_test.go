@@ -25,6 +25,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/examples/internal/orderfeed"
@@ -88,29 +89,71 @@ type harness struct {
 	amqpConn  *amqp.Connection
 	js        natsgo.JetStreamContext
 	extraEnv  []string
+	// defaultKafkaTimeouts leaves the consumer's Kafka session and
+	// rebalance timeouts at the example's defaults (10 s, 60 s) instead of
+	// the 3 s env() sets for the fast tests.
+	defaultKafkaTimeouts bool
+	// cluster is the plain kfake cluster of a harness made with
+	// harnessOptions.plainKafka (nil otherwise).
+	cluster *kfake.Cluster
+}
+
+// harnessOptions vary newHarnessWith's world; the zero value is
+// newHarness's.
+type harnessOptions struct {
+	// plainKafka runs Kafka on a bare kfake cluster started in the test
+	// (one broker, no evictor), not on the dev broker.
+	plainKafka bool
+	// groupMinSessionTimeout is the plain cluster's smallest accepted
+	// session timeout; defaults to 500ms.
+	groupMinSessionTimeout time.Duration
+	// partitions of the Kafka topic; defaults to 3.
+	partitions int32
+	// defaultKafkaTimeouts: see harness.defaultKafkaTimeouts.
+	defaultKafkaTimeouts bool
 }
 
 func newHarness(t *testing.T, kind string) *harness {
 	t.Helper()
+	return newHarnessWith(t, kind, harnessOptions{})
+}
+
+func newHarnessWith(t *testing.T, kind string, opts harnessOptions) *harness {
+	t.Helper()
+	if opts.partitions == 0 {
+		opts.partitions = 3
+	}
+	if opts.groupMinSessionTimeout == 0 {
+		opts.groupMinSessionTimeout = 500 * time.Millisecond
+	}
 	pool, schema := pgtest.Setup(t, 4)
 	h := &harness{t: t, kind: kind, schema: schema, pool: pool, amqpURL: amqpURL,
-		topic: "loyalty-test-" + randID(), group: "loyalty-test-" + randID()}
+		topic: "loyalty-test-" + randID(), group: "loyalty-test-" + randID(),
+		defaultKafkaTimeouts: opts.defaultKafkaTimeouts}
 	u, err := pgtest.URLWithSearchPath(schema)
 	require.NoError(t, err)
 	h.dbURL = u
 	ctx := context.Background()
 	switch kind {
 	case "kafka":
-		br, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = br.Close() })
-		h.kafkaAddr = br.Addrs()[0]
+		if opts.plainKafka {
+			c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(opts.groupMinSessionTimeout))
+			require.NoError(t, err)
+			t.Cleanup(c.Close)
+			h.cluster = c
+			h.kafkaAddr = c.ListenAddrs()[0]
+		} else {
+			br, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = br.Close() })
+			h.kafkaAddr = br.Addrs()[0]
+		}
 		cl, err := kgo.NewClient(kgo.SeedBrokers(h.kafkaAddr), kgo.ProducerLinger(0))
 		require.NoError(t, err)
 		t.Cleanup(cl.Close)
 		h.kcl = cl
 		adm := kadm.NewClient(cl)
-		_, err = adm.CreateTopic(ctx, 3, 1, nil, h.topic)
+		_, err = adm.CreateTopic(ctx, opts.partitions, 1, nil, h.topic)
 		require.NoError(t, err)
 		_, err = adm.CreateTopic(ctx, 1, 1, nil, h.topic+".poison")
 		require.NoError(t, err)
@@ -163,9 +206,11 @@ type syncBuffer = testenv.Output
 func (h *harness) env(extra ...string) []string {
 	env := append(os.Environ(),
 		"BROKER="+h.kind, "DATABASE_URL="+h.dbURL, "CLAIMTX_SCHEMA="+h.schema, "TOPIC="+h.topic,
-		"AMQP_URL="+h.amqpURL, "KAFKA_BROKERS="+h.kafkaAddr, "KAFKA_CONSUMER_GROUP="+h.group,
-		"KAFKA_SESSION_TIMEOUT=3s", "KAFKA_REBALANCE_TIMEOUT=3s",
-		"NATS_URL="+natsURL, "NATS_ACK_WAIT=3s",
+		"AMQP_URL="+h.amqpURL, "KAFKA_BROKERS="+h.kafkaAddr, "KAFKA_CONSUMER_GROUP="+h.group)
+	if !h.defaultKafkaTimeouts {
+		env = append(env, "KAFKA_SESSION_TIMEOUT=3s", "KAFKA_REBALANCE_TIMEOUT=3s")
+	}
+	env = append(env, "NATS_URL="+natsURL, "NATS_ACK_WAIT=3s",
 		"CONCURRENCY=4", "METRICS_ADDR=127.0.0.1:0", "HANDLER_RETRIES=1")
 	env = append(env, h.extraEnv...)
 	return append(env, extra...)

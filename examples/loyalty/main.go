@@ -484,6 +484,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, logger); err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			// A SIGTERM during start-up (a deploy that moved on): a
+			// stop that was asked for, not a failure.
+			logger.Info("loyalty: stopped during start-up", "err", err)
+			return
+		}
 		logger.Error("loyalty: stopped", "err", err)
 		os.Exit(1)
 	}

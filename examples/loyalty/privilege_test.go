@@ -86,6 +86,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 GRANT USAGE ON SCHEMA %[1]s TO %[2]s, %[3]s;
 GRANT SELECT, INSERT ON %[1]s.processed_messages TO %[2]s;
 GRANT SELECT ON %[1]s.claimtx_migration TO %[2]s;
+GRANT INSERT ON %[1]s.processed_messages_dead_letter TO %[2]s;
 GRANT SELECT, INSERT, UPDATE ON %[1]s.balances, %[1]s.point_ledger TO %[2]s;
 GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRole, cleanupRole)
 	_, err = h.pool.Exec(ctx, grants)

@@ -32,9 +32,10 @@ type BatchOptions struct {
 	// be processed instead of Config.PoisonTopic on Config.Broker, with
 	// the reason, as middleware.Poison does: permanent failures at once,
 	// handler errors and panics once Config.HandlerRetries are spent; they
-	// are then acked. Its OnPoison is called besides the consumer's
-	// bookkeeping; its Consumer, Key and SourceTopic, left empty, are
-	// filled with Config.Name, the claim's key and Config.Topic.
+	// are then acked. Its OnPoison and OnRefused are called besides the
+	// consumer's bookkeeping; its Consumer, Key, SourceTopic and
+	// DeadLetters, left empty, are filled with Config.Name, the claim's
+	// key, Config.Topic and the consumer's store.
 	Poison middleware.Poison
 }
 
@@ -131,12 +132,18 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 		// The caller's poison route: its copies are outcomes too, and
 		// are stamped like the consumer's own.
 		opts.Poison = p.stampPoison(opts.Poison)
-		onPoison := opts.Poison.OnPoison
+		onPoison, onRefused := opts.Poison.OnPoison, opts.Poison.OnRefused
 		opts.Poison.OnPoison = func(msg *message.Message, err error) {
 			if onPoison != nil {
 				onPoison(msg, err)
 			}
 			p.memoize(msg, err, l.poisoned(msg, err))
+		}
+		opts.Poison.OnRefused = func(msg *message.Message, r middleware.PoisonRefusal) {
+			if onRefused != nil {
+				onRefused(msg, r)
+			}
+			p.logRefused(msg, r)
 		}
 	}
 	cfg = p.cfg
@@ -236,7 +243,7 @@ func (r batchRunner) run(ctx context.Context) error {
 		defer close(batches)
 		gather(ctx, ch, opts.MaxSize, opts.MaxWait, batches)
 	}()
-	d := newDrainer()
+	d := newDrainer(r.logger)
 	var wg sync.WaitGroup
 	for w := 0; w < opts.Workers; w++ {
 		wg.Add(1)
@@ -244,6 +251,7 @@ func (r batchRunner) run(ctx context.Context) error {
 			defer wg.Done()
 			for batch := range batches {
 				if !d.enter() {
+					r.logger.Debug("claimtx: batch arrived during shutdown, handed back to the broker unprocessed", "messages", len(batch))
 					nackAll(batch)
 					continue
 				}
@@ -380,7 +388,9 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 }
 
 // deadLetter poisons m with the reason and acks it, or nacks it when no
-// poison destination is configured or the copy could not be published.
+// poison destination is configured or the message could be put neither in
+// the poison topic nor in the dead-letter table. That nack is logged at
+// ERROR, as the per-message router logs it, with the error bounded.
 func (s settler) deadLetter(m *message.Message, err error) {
 	if s.poison != nil {
 		if err = s.poison(m, err); err == nil {
@@ -388,6 +398,7 @@ func (s settler) deadLetter(m *message.Message, err error) {
 			m.Ack()
 			return
 		}
+		s.logger.Error("claimtx: message not dead-lettered; nacked, it comes back", "message_uuid", m.UUID, "err", boundError(err))
 	}
 	s.done(m, err)
 	m.Nack()

@@ -22,6 +22,8 @@ import (
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/consumername"
+	"github.com/claimtx/claimtx/internal/poisonmeta"
+	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/internal/startup"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -141,10 +143,15 @@ type Config struct {
 	// ends, or Close is called): no new message starts, the messages in
 	// flight get this long to commit and be acked, then whatever has not
 	// finished is cancelled, rolls back and goes back to the broker
-	// (nacked). Work cut short is never poisoned. A shutdown that comes
-	// while the consumer is still subscribing first lets the subscription
-	// finish, for up to this long too. Keep it below your orchestrator's
-	// grace period (Kubernetes: 30 s) minus a few seconds. Defaults to 15 s.
+	// (nacked). Work cut short is never poisoned. Closing the broker
+	// clients after that takes at most 5 s more (whatever they are doing:
+	// joining a group, a hung request, an unreachable broker), and the
+	// cancelled work up to 5 s if a handler ignores its context: Run
+	// returns within DrainTimeout + 10 s. A shutdown that comes while the
+	// consumer is still subscribing lets the subscription finish first,
+	// for up to 5 s; one that comes during New makes New return at once.
+	// Keep it below your orchestrator's grace period (Kubernetes: 30 s)
+	// minus those seconds. Defaults to 15 s.
 	DrainTimeout time.Duration
 	// PoisonTopic receives messages that cannot be processed, with the
 	// reason in metadata. Defaults to Topic + ".poison".
@@ -177,7 +184,8 @@ type Config struct {
 	// OnOutcome is called once per message, when it is acked or nacked,
 	// with its final outcome: Applied or Duplicate (acked after the
 	// commit), Poisoned or Expired (acked after a copy went to the poison
-	// topic) or Failed (nacked; it comes back). In-process retries are not
+	// topic or, when the broker refused it, to the dead-letter table) or
+	// Failed (nacked; it comes back). In-process retries are not
 	// outcomes: the Result is the last attempt's, and they are counted in
 	// claimtx_retries_total{cause="handler"}. Messages handed back
 	// unprocessed at shutdown are not reported.
@@ -279,7 +287,9 @@ type parts struct {
 	report    func(middleware.Result)
 	claim     middleware.Claim
 	health    observe.Health
-	horizon   *horizon // nil without Retention or a subscriber that knows its horizon
+	horizon   *horizon          // nil without Retention or a subscriber that knows its horizon
+	positions bool              // the subscriber starts partitions at the stored Kafka positions
+	settled   *settledPositions // positions settled by acks, stored by watchPositions
 	closeOnce sync.Once
 	closeErr  error
 	closeMore func() error // the router, for New
@@ -372,12 +382,13 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if err := p.checkMemoPrivileges(ctx); err != nil {
 		return nil, err
 	}
+	p.checkDeadLetterPrivileges(ctx)
 	// Warn lets the brokers' start-up loops log what they wait for at WARN.
 	p.wlog = newSlogAdapter(cfg.Logger)
-	if p.sub, err = cfg.brokers().NewSubscriber(cfg.Broker, p.wlog); err != nil {
+	if p.sub, err = connectBroker(ctx, func() (message.Subscriber, error) { return cfg.brokers().NewSubscriber(cfg.Broker, p.wlog) }); err != nil {
 		return nil, err
 	}
-	if p.pub, err = cfg.brokers().NewPublisher(cfg.Broker, p.wlog); err != nil {
+	if p.pub, err = connectBroker(ctx, func() (message.Publisher, error) { return cfg.brokers().NewPublisher(cfg.Broker, p.wlog) }); err != nil {
 		return nil, err
 	}
 	if err := declareQueues(cfg, p.sub); err != nil {
@@ -387,6 +398,9 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		if p.metrics, err = observe.NewMetrics(cfg.Registerer); err != nil {
 			return nil, err
 		}
+	}
+	if p.positions, err = p.attachPositions(ctx); err != nil {
+		return nil, err
 	}
 	// One Result per message, from the ledger (outcomes.go); spans,
 	// which are per attempt, are annotated by the claim's hook in New.
@@ -457,7 +471,7 @@ func declareQueues(cfg Config, sub message.Subscriber) error {
 
 // poison is the Poison middleware for cfg.PoisonTopic, logging each
 // poisoned message and telling l, which reports it once the original is
-// acked.
+// acked. A copy the broker refuses goes to the store's dead-letter table.
 func (p *parts) poison(l *ledger) middleware.Poison {
 	cfg := p.cfg
 	return middleware.Poison{
@@ -465,11 +479,52 @@ func (p *parts) poison(l *ledger) middleware.Poison {
 		Topic:     cfg.PoisonTopic,
 		// Stamped on each copy, for `claimtx dlq`.
 		Consumer: cfg.Name, Key: p.poisonKey(), SourceTopic: cfg.Topic,
+		DeadLetters: p.store,
 		OnPoison: func(msg *message.Message, err error) {
-			cfg.Logger.Warn("claimtx: message poisoned", "consumer", cfg.Name, "topic", cfg.Topic,
-				"poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "reason", err.Error())
+			p.logPoisoned(msg, err)
 			p.memoize(msg, err, l.poisoned(msg, err))
 		},
+		OnRefused: p.logRefused,
+	}
+}
+
+// logPoisoned logs a poisoned message at WARN with its whole reason. This
+// is the one line that has the whole text: the copy's reason is bounded
+// (4 KiB), and a cut one ends with the hash logged here beside it, so the
+// two can be matched. Once per poisoned delivery, never per retry or
+// redelivery: every other log line bounds the error (slogAdapter.Error).
+func (p *parts) logPoisoned(msg *message.Message, err error) {
+	cfg := p.cfg
+	reason := err.Error()
+	args := []any{"consumer", cfg.Name, "topic", cfg.Topic, "poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "reason", reason}
+	if _, cut := poisonmeta.BoundReason(reason, poisonmeta.MaxReasonBytes); cut {
+		args = append(args, "reason_bytes", len(reason), "reason_sha256", poisonmeta.ReasonHash(reason))
+	}
+	cfg.Logger.Warn("claimtx: message poisoned", args...)
+}
+
+// logRefused logs and counts a poisoned copy the broker refused for good
+// (middleware.Poison.OnRefused): at WARN when a smaller copy was
+// published, at ERROR with the broker's error when the message went to the
+// dead-letter table (once: the original is then acked) or nowhere (it is
+// nacked and comes back).
+func (p *parts) logRefused(msg *message.Message, r middleware.PoisonRefusal) {
+	cfg := p.cfg
+	args := []any{"consumer", cfg.Name, "topic", cfg.Topic, "poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "err", r.Err}
+	sc := p.store.Config()
+	table := sc.Schema + "." + sc.ClaimsTable + sqlnames.DeadLetterSuffix
+	switch r.Fallback {
+	case "smaller_copy":
+		cfg.Logger.Warn("claimtx: the broker refused the poisoned copy; published a smaller one (reason cut to 256 bytes)", args...)
+	case "dead_letter_table":
+		cfg.Logger.Error("claimtx: the broker refused the poisoned copy; the message is recorded in the dead-letter table and acked",
+			append(args, "dead_letter_table", table)...)
+	default:
+		cfg.Logger.Error("claimtx: the broker refused the poisoned copy and the dead-letter table could not record it; the message is nacked and comes back",
+			append(args, "dead_letter_table", table)...)
+	}
+	if p.metrics != nil {
+		p.metrics.OnPoisonRefused(cfg.Name, r.Fallback)
 	}
 }
 
@@ -492,9 +547,12 @@ func (p *parts) poisonKey() framework.KeyFunc {
 }
 
 // stampPoison fills the fields of a caller's poison route
-// (BatchOptions.Poison) that stamp the copies, where the caller left them
-// empty.
+// (BatchOptions.Poison) that stamp the copies, and the dead-letter table,
+// where the caller left them empty.
 func (p *parts) stampPoison(po middleware.Poison) middleware.Poison {
+	if po.DeadLetters == nil {
+		po.DeadLetters = p.store
+	}
 	if po.Consumer == "" {
 		po.Consumer = p.cfg.Name
 	}
@@ -534,7 +592,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: router: %w", err)
 	}
-	c := &Consumer{parts: p, router: router, drainer: newDrainer()}
+	c := &Consumer{parts: p, router: router, drainer: newDrainer(cfg.Logger)}
 	p.closeMore = router.Close
 	if cfg.Registerer != nil {
 		// Under claimtx's prefix, like claimtx's own metrics, rather than
@@ -629,9 +687,9 @@ func (c *Consumer) consume(ctx context.Context) error {
 	// the router start its handler first. Watermill counts a handler from
 	// the moment it is added, so a router closed before the handler started
 	// waits out its whole CloseTimeout and leaves goroutines behind.
-	// Bounded by the drain timeout: against a broker that is down,
-	// Subscribe waits for its own dial timeout.
-	startWait := time.NewTimer(c.cfg.DrainTimeout)
+	// Bounded (startWaitMax): against a broker that is down, Subscribe
+	// waits for its own dial timeout, and nothing is in flight to wait for.
+	startWait := time.NewTimer(min(c.cfg.DrainTimeout, startWaitMax))
 	defer startWait.Stop()
 	select {
 	case <-c.router.Running():
@@ -724,6 +782,7 @@ func (p *parts) run(ctx context.Context, body func(context.Context) error) error
 	if p.horizon != nil {
 		go p.horizon.watch(ctx)
 	}
+	go p.watchPositions(ctx)
 	return body(ctx)
 }
 
@@ -753,6 +812,7 @@ func (p *parts) close() error {
 	if p.sub != nil {
 		errs = append(errs, p.sub.Close())
 	}
+	p.flushPositionsAtClose()
 	if p.pub != nil {
 		errs = append(errs, p.pub.Close())
 	}

@@ -2,7 +2,7 @@ package consumer
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -21,13 +21,23 @@ const defaultDrainTimeout = 15 * time.Second
 // context cannot be stopped, and shutdown must still end.
 const abortGrace = 5 * time.Second
 
+// startWaitMax bounds how long a shutdown that comes during start-up
+// waits for the router to start its handler before it drains and closes.
+// With a live broker that takes milliseconds; with one that is not
+// reachable, Subscribe retries until its dial timeout, and the shutdown
+// goes on without it (the router's close then waits routerCloseTimeout).
+const startWaitMax = 5 * time.Second
+
 // routerCloseTimeout bounds the wait for the subscriptions to end after
 // the drain.
 const routerCloseTimeout = 5 * time.Second
 
 // errShuttingDown is what a message that arrived after shutdown began
-// returns, unprocessed, so the router nacks it.
-var errShuttingDown = errors.New("claimtx: consumer shutting down, message handed back to the broker")
+// returns, unprocessed, so the router nacks it. It wraps context.Canceled,
+// which Watermill's router nacks without logging "Handler returned error"
+// at ERROR: handing messages back is what a graceful shutdown does, so the
+// drainer logs it at DEBUG instead.
+var errShuttingDown = fmt.Errorf("claimtx: consumer shutting down, message handed back to the broker: %w", context.Canceled)
 
 // drainer implements the shutdown semantics shared by both consumer
 // modes. Once shutdown begins, no new message starts; the messages in
@@ -46,10 +56,11 @@ type drainer struct {
 	abort    context.CancelFunc
 	released chan struct{} // closed when held arrivals may return
 	relOnce  sync.Once
+	logger   *slog.Logger // says, at DEBUG, what was handed back
 }
 
-func newDrainer() *drainer {
-	d := &drainer{idle: make(chan struct{}), released: make(chan struct{})}
+func newDrainer(logger *slog.Logger) *drainer {
+	d := &drainer{idle: make(chan struct{}), released: make(chan struct{}), logger: logger}
 	d.abortCtx, d.abort = context.WithCancel(context.Background())
 	return d
 }
@@ -90,6 +101,7 @@ func (d *drainer) middleware(h message.HandlerFunc) message.HandlerFunc {
 			// returning at once would nack it into a requeue loop with
 			// this still-subscribed consumer.
 			<-d.released
+			d.logger.Debug("claimtx: message arrived during shutdown, handed back to the broker unprocessed", "message_uuid", msg.UUID)
 			return nil, errShuttingDown
 		}
 		defer d.leave()

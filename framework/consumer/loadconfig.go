@@ -58,6 +58,8 @@ import (
 //	  poison_memo: false          # POISON_MEMO
 //	  committed_keys: 100000      # CLAIM_COMMITTED_KEYS (-1: no committed-key cache)
 //	  committed_keys_ttl: 10m     # CLAIM_COMMITTED_KEYS_TTL
+//	  no_positions: false         # CLAIM_NO_POSITIONS (Kafka positions stored with the claims)
+//	  replay_below_positions: false       # CLAIM_REPLAY_BELOW_POSITIONS
 //	  outbox_topic: ""            # CLAIM_OUTBOX_TOPIC
 //	  key_policy:
 //	    max_bytes: 512            # CLAIM_KEY_MAX_BYTES
@@ -167,6 +169,8 @@ var settings = []setting{
 	{path: "claim.poison_memo", env: "POISON_MEMO", field: "Claim.PoisonMemo", set: boolean(func(c *Config) *bool { return &c.Claim.PoisonMemo })},
 	{path: "claim.committed_keys", env: "CLAIM_COMMITTED_KEYS", field: "Claim.CommittedKeys", set: intAtLeast(-1, func(c *Config) *int { return &c.Claim.CommittedKeys })},
 	{path: "claim.committed_keys_ttl", env: "CLAIM_COMMITTED_KEYS_TTL", field: "Claim.CommittedKeysTTL", set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.CommittedKeysTTL })},
+	{path: "claim.no_positions", env: "CLAIM_NO_POSITIONS", field: "Claim.NoPositions", set: boolean(func(c *Config) *bool { return &c.Claim.NoPositions })},
+	{path: "claim.replay_below_positions", env: "CLAIM_REPLAY_BELOW_POSITIONS", field: "Claim.ReplayBelowPositions", set: boolean(func(c *Config) *bool { return &c.Claim.ReplayBelowPositions })},
 	{path: "claim.outbox_topic", env: "CLAIM_OUTBOX_TOPIC", field: "Claim.OutboxTopic", set: func(c *Config, v string) error { c.Claim.OutboxTopic = v; return nil }},
 	{path: "claim.key_policy.max_bytes", env: "CLAIM_KEY_MAX_BYTES", field: "Claim.KeyPolicy.MaxBytes", set: intAtLeast(1, func(c *Config) *int { return &c.Claim.KeyPolicy.MaxBytes })},
 	{path: "claim.key_policy.hash_overlong", env: "CLAIM_KEY_HASH_OVERLONG", field: "Claim.KeyPolicy.HashOverlong", set: boolean(func(c *Config) *bool { return &c.Claim.KeyPolicy.HashOverlong })},
@@ -649,12 +653,12 @@ func (c Config) String() string {
 	cl := c.Claim
 	return fmt.Sprintf("{Name:%q Topic:%q PoisonTopic:%q Key:%q EventTime:%q Retention:%s DatabaseURL:%q Pool:%s Store:%+v "+
 		"Claim:{Key:%s Mode:%q Isolation:%q MaxClaimWait:%s MaxAttempts:%d InitialBackoff:%s MaxBackoff:%s EventTime:%s "+
-		"AllowBrokerEventTime:%t Fingerprint:%t PoisonMemo:%t CommittedKeys:%d CommittedKeysTTL:%s OutboxTopic:%q KeyPolicy:%+v} "+
+		"AllowBrokerEventTime:%t Fingerprint:%t PoisonMemo:%t CommittedKeys:%d CommittedKeysTTL:%s NoPositions:%t ReplayBelowPositions:%t OutboxTopic:%q KeyPolicy:%+v} "+
 		"HandlerRetries:%d RetryInitialInterval:%s HandlerTimeout:%s DrainTimeout:%s StartupTimeout:%s Broker:%s "+
 		"Brokers:%s Extractors:%s OnOutcome:%s Registerer:%s Tracer:%s Logger:%s}",
 		c.Name, c.Topic, c.PoisonTopic, c.Key, c.EventTime, c.Retention, redactDatabaseURL(c.DatabaseURL), set(c.Pool != nil), c.Store,
 		set(cl.Key != nil), cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set(cl.EventTime != nil),
-		cl.AllowBrokerEventTime, cl.Fingerprint, cl.PoisonMemo, cl.CommittedKeys, cl.CommittedKeysTTL, cl.OutboxTopic, cl.KeyPolicy,
+		cl.AllowBrokerEventTime, cl.Fingerprint, cl.PoisonMemo, cl.CommittedKeys, cl.CommittedKeysTTL, cl.NoPositions, cl.ReplayBelowPositions, cl.OutboxTopic, cl.KeyPolicy,
 		c.HandlerRetries, c.RetryInitialInterval, c.HandlerTimeout, c.DrainTimeout, c.StartupTimeout, c.Broker,
 		set(c.Brokers != nil), set(c.Extractors != nil), set(c.OnOutcome != nil), set(c.Registerer != nil), set(c.Tracer != nil), set(c.Logger != nil))
 }

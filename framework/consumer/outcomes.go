@@ -23,7 +23,8 @@ import (
 // pass as a handler retry, and reports when the delivery is settled:
 //
 //   - acked after the claim committed: that pass's Applied or Duplicate;
-//   - acked after a copy went to the poison topic: Poisoned, or Expired
+//   - acked after a copy went to the poison topic (or, refused there, to
+//     the dead-letter table): Poisoned, or Expired
 //     when the reason was the message's age;
 //   - nacked: Failed, with the error the router or settler acted on.
 //

@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/deadletter"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/sqlnames"
 )
@@ -31,6 +32,27 @@ func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 			missing, sc.Schema, n.Memo)}
 	}
 	return nil
+}
+
+// checkDeadLetterPrivileges warns at start-up when the database role may
+// not insert into the dead-letter table: a poisoned copy the broker
+// refuses is then nacked and comes back, instead of being recorded and
+// acked. A warning, not a refusal to start: nothing needs the table until
+// a broker refuses a copy, and a least-privilege role granted its rights
+// before the table existed must not stop consuming over it after an
+// upgrade. docs/security.md says what to grant.
+func (p *parts) checkDeadLetterPrivileges(ctx context.Context) {
+	sc := p.store.Config()
+	n := sqlnames.New(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
+	ok, err := deadletter.CanRecord(ctx, p.pool, n)
+	if err == nil && ok {
+		return
+	}
+	args := []any{"consumer", p.cfg.Name, "dead_letter_table", sc.Schema + "." + n.DeadLetter}
+	if err != nil {
+		args = append(args, "err", err)
+	}
+	p.cfg.Logger.Warn("claimtx: the database role cannot insert into the dead-letter table; a poisoned copy the broker refuses will be nacked and come back instead of being recorded (grant INSERT, see docs/security.md)", args...)
 }
 
 // memoize records the poison memo of msg (Claim.PoisonMemo), poisoned

@@ -1,12 +1,15 @@
 package consumer
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/claimtx/claimtx/internal/poisonmeta"
 	"github.com/claimtx/claimtx/internal/startup"
 )
 
@@ -36,7 +39,38 @@ func (a slogAdapter) Warn(msg string, fields watermill.LogFields) {
 	a.l.Warn(msg, fieldArgs(fields)...)
 }
 
-// With keeps the Warn method on the derived logger.
+// Error logs at ERROR with err's text bounded like a poison reason (4 KiB,
+// the cut marked with the whole text's length and hash). Watermill's router
+// and Retry log every handler error they see, once per retry and per
+// nack, and an error's text has no bound of its own (Go's JSON error
+// quotes a number whole): the whole text is logged once, when the message
+// is poisoned (logPoisoned).
+func (a slogAdapter) Error(msg string, err error, fields watermill.LogFields) {
+	a.LoggerAdapter.Error(msg, boundError(err), fields)
+}
+
+// boundError is err with its text bounded (see slogAdapter.Error); it
+// unwraps to err.
+func boundError(err error) error {
+	if err == nil {
+		return nil
+	}
+	text, cut := poisonmeta.BoundReason(err.Error(), poisonmeta.MaxReasonBytes)
+	if !cut {
+		return err
+	}
+	return &boundedError{text: text, err: err}
+}
+
+type boundedError struct {
+	text string
+	err  error
+}
+
+func (e *boundedError) Error() string { return e.text }
+func (e *boundedError) Unwrap() error { return e.err }
+
+// With keeps the Warn and Error methods on the derived logger.
 func (a slogAdapter) With(fields watermill.LogFields) watermill.LoggerAdapter {
 	return slogAdapter{LoggerAdapter: a.LoggerAdapter.With(fields), l: a.l.With(fieldArgs(fields)...)}
 }
@@ -47,4 +81,33 @@ func fieldArgs(fields watermill.LogFields) []any {
 		args = append(args, k, fields[k])
 	}
 	return args
+}
+
+// connectBroker runs build, a broker client constructor that retries until
+// its own dial timeout and takes no context (brokers.Factory), so that New
+// returns as soon as ctx ends: a SIGTERM during start-up against a broker
+// that is not reachable must not wait out that timeout. A client that
+// build returns after that is closed in the background.
+func connectBroker[T interface{ Close() error }](ctx context.Context, build func() (T, error)) (T, error) {
+	type result struct {
+		client T
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := build()
+		done <- result{c, err}
+	}()
+	select {
+	case r := <-done:
+		return r.client, r.err
+	case <-ctx.Done():
+		go func() {
+			if r := <-done; r.err == nil {
+				_ = r.client.Close()
+			}
+		}()
+		var zero T
+		return zero, fmt.Errorf("claimtx: start-up stopped while connecting to the broker (%v): %w", context.Cause(ctx), ctx.Err())
+	}
 }

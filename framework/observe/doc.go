@@ -26,6 +26,9 @@
 //	claimtx_claim_wait_seconds          histogram  consumer
 //	claimtx_transaction_seconds         histogram  consumer, outcome
 //	claimtx_poison_memo_errors_total    counter    consumer
+//	claimtx_poison_refused_total        counter    consumer, fallback
+//	claimtx_kafka_positions_skipped_total  counter  consumer, topic, partition
+//	claimtx_kafka_position              gauge      consumer, topic, partition
 //
 // # Span attributes
 //

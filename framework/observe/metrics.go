@@ -2,6 +2,7 @@ package observe
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,9 @@ const (
 	metricClaimWait           = namespace + "_claim_wait_seconds"
 	metricTransaction         = namespace + "_transaction_seconds"
 	metricPoisonMemoErrors    = namespace + "_poison_memo_errors_total"
+	metricPoisonRefused       = namespace + "_poison_refused_total"
+	metricPositionsSkipped    = namespace + "_kafka_positions_skipped_total"
+	metricPosition            = namespace + "_kafka_position"
 )
 
 // namespace prefixes every metric claimtx registers, Watermill's router
@@ -43,7 +47,14 @@ var (
 		pgerr.Serialization.String(), pgerr.Deadlock.String(),
 		pgerr.ClaimWait.String(), pgerr.Connection.String(), retryCauseHandler,
 	}
+	// The fallbacks of a refused poisoned copy (middleware.PoisonRefusal),
+	// "" labelled fallbackNone.
+	fallbacks = []string{"smaller_copy", "dead_letter_table", fallbackNone}
 )
+
+// fallbackNone labels a refused poisoned copy that went nowhere: the
+// original was nacked.
+const fallbackNone = "none"
 
 // Metrics records claimtx's outcomes in Prometheus. Labels are the consumer
 // name, the Watermill handler name, the outcome and the retry cause; never
@@ -63,6 +74,9 @@ type Metrics struct {
 	claimWait   *prometheus.HistogramVec
 	transaction *prometheus.HistogramVec
 	memoErrors  *prometheus.CounterVec
+	refused     *prometheus.CounterVec
+	skipped     *prometheus.CounterVec
+	position    *prometheus.GaugeVec
 }
 
 // NewMetrics registers claimtx's collectors on reg. Registering twice on
@@ -102,8 +116,20 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: metricPoisonMemoErrors,
 			Help: "Poisoned messages whose poison memo could not be recorded (the copy is in the poison destination; the next delivery runs the handler again).",
 		}, []string{"consumer"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricPoisonRefused,
+			Help: "Poisoned copies the broker refused for good (too large, not allowed, no such destination), by where the message went instead: smaller_copy (a copy with a shorter reason was published), dead_letter_table (recorded in Postgres, original acked) or none (nacked; it comes back).",
+		}, []string{"consumer", "fallback"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricPositionsSkipped,
+			Help: "Kafka partitions started at the position stored with the claims because the group's offset was below it (a crash before the offset commit, a group reset or deletion, a rewind): the records in between were skipped as settled.",
+		}, []string{"consumer", "topic", "partition"}),
+		position: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: metricPosition,
+			Help: "Kafka position stored with the claims: the offset below which every record of the partition is settled (applied, duplicate or poisoned).",
+		}, []string{"consumer", "topic", "partition"}),
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.mismatch, m.retries, m.claimWait, m.transaction, m.memoErrors} {
+	for _, c := range []prometheus.Collector{m.messages, m.mismatch, m.retries, m.claimWait, m.transaction, m.memoErrors, m.refused, m.skipped, m.position} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("claimtx: register metrics: %w", err)
 		}
@@ -131,6 +157,9 @@ func (m *Metrics) InitConsumer(consumer, handler string) {
 	m.mismatch.WithLabelValues(consumer, handler)
 	m.claimWait.WithLabelValues(consumer)
 	m.memoErrors.WithLabelValues(consumer)
+	for _, f := range fallbacks {
+		m.refused.WithLabelValues(consumer, f)
+	}
 }
 
 // OnOutcome records one Result; call it once per settled message (see
@@ -174,7 +203,30 @@ func (m *Metrics) OnPoisonMemoError(consumer string) {
 	m.memoErrors.WithLabelValues(consumer).Inc()
 }
 
+// OnPoisonRefused records a poisoned copy the broker refused for good,
+// with fallback, middleware.PoisonRefusal.Fallback, saying where the
+// message went instead ("" is labelled "none"); framework/consumer calls
+// it.
+func (m *Metrics) OnPoisonRefused(consumer, fallback string) {
+	if fallback == "" {
+		fallback = fallbackNone
+	}
+	m.refused.WithLabelValues(consumer, fallback).Inc()
+}
+
+// OnPositionSkipped records a Kafka partition started at its stored
+// position, past the group's offset; framework/consumer calls it.
+func (m *Metrics) OnPositionSkipped(consumer, topic string, partition int32) {
+	m.skipped.WithLabelValues(consumer, topic, strconv.Itoa(int(partition))).Inc()
+}
+
+// SetPosition exports a stored Kafka position; framework/consumer calls
+// it as it reads them (every 15 s while it runs).
+func (m *Metrics) SetPosition(consumer, topic string, partition int32, settledBelow int64) {
+	m.position.WithLabelValues(consumer, topic, strconv.Itoa(int(partition))).Set(float64(settledBelow))
+}
+
 // names lists every metric name NewMetrics registers.
 func names() []string {
-	return []string{metricMessages, metricFingerprintMismatch, metricRetries, metricClaimWait, metricTransaction, metricPoisonMemoErrors}
+	return []string{metricMessages, metricFingerprintMismatch, metricRetries, metricClaimWait, metricTransaction, metricPoisonMemoErrors, metricPoisonRefused, metricPositionsSkipped, metricPosition}
 }

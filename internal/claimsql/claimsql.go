@@ -148,7 +148,7 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 // On success the caller owns tx, with the claim in it, and must Commit or
 // Rollback it whatever res says. On error there is no transaction to end.
 func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request) (tx pgx.Tx, res Result, err error) {
-	tx, res, _, err = s.begin(ctx, pool, opts, r, false)
+	tx, res, _, err = s.begin(ctx, pool, opts, r, false, nil)
 	return tx, res, err
 }
 
@@ -167,10 +167,18 @@ func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxO
 // memo cleared between them would make a fresh message look like a
 // duplicate, acked without its effect.
 func (s *Statements) BeginMemo(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request) (tx pgx.Tx, res Result, memo *string, err error) {
-	return s.begin(ctx, pool, opts, r, true)
+	return s.begin(ctx, pool, opts, r, true, nil)
 }
 
-func (s *Statements) begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request, withMemo bool) (tx pgx.Tx, res Result, memo *string, err error) {
+// BeginWith is Begin, or BeginMemo when withMemo, with more statements
+// queued right after the claim, under the same claim wait and in the same
+// round trip: the Kafka position of a partition with one record in flight
+// (PositionStatements.Queue).
+func (s *Statements) BeginWith(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
+	return s.begin(ctx, pool, opts, r, withMemo, more)
+}
+
+func (s *Statements) begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
@@ -191,7 +199,7 @@ func (s *Statements) begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxO
 		})
 		found = m
 	}
-	q.queue(b)
+	q.queueWith(b, more)
 	br := pool.SendBatch(ctx, b)
 	tx = br.Tx()
 	if err := br.Close(); err != nil {
@@ -360,11 +368,18 @@ func (s *Statements) Following(ctx context.Context, pool *pgxpool.Pool, consumer
 // pgerr.ClaimWait). maxClaimWait <= 0 sets no timeout. On success the
 // caller owns tx and must Commit or Rollback it; on error there is no
 // transaction to end.
-func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, maxClaimWait time.Duration) (pgx.Tx, error) {
+//
+// more, when not nil, queues statements of the caller's after them in the
+// same round trip (the Kafka position of a partition with one record in
+// flight).
+func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
 	if maxClaimWait > 0 {
 		b.Queue("SELECT set_config('lock_timeout', $1, true)", LockTimeout(maxClaimWait))
+	}
+	if more != nil {
+		more(b)
 	}
 	br := pool.SendBatch(ctx, b)
 	tx := br.Tx()
@@ -416,12 +431,19 @@ func (s *Statements) prepare(r Request, res *Result) query {
 // queue adds the claim to b, between setting and resetting lock_timeout
 // when the request bounds its wait: the timeout then covers the claim
 // only, not the effects that follow in the transaction.
-func (q query) queue(b *pgx.Batch) {
+func (q query) queue(b *pgx.Batch) { q.queueWith(b, nil) }
+
+// queueWith is queue with more statements after the claim, under the same
+// lock_timeout.
+func (q query) queueWith(b *pgx.Batch, more func(*pgx.Batch)) {
 	queueBounded(b, q.r.MaxClaimWait, func() {
 		b.Queue(q.sql, q.args...).Exec(func(tag pgconn.CommandTag) error {
 			q.res.New = tag.RowsAffected() == 1
 			return nil
 		})
+		if more != nil {
+			more(b)
+		}
 	})
 }
 

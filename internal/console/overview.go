@@ -60,6 +60,9 @@ type overviewData struct {
 	Rows           []overviewRow
 	Truncated      bool // more consumers than maxConsumers
 	ConsumersE     string
+	// Positions are the stored Kafka positions (positions.go).
+	Positions    []positionRow
+	PositionsErr string
 }
 
 // overview is GET /.
@@ -137,6 +140,12 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 				rows[i].Poisoned = strconv.FormatInt(counts[rows[i].Name], 10)
 				rows[i].PoisonedTitle = "keys with a poison memo (dead-lettered, not cleared)"
 			}
+		}
+	})
+	wg.Go(func() {
+		var err error
+		if d.Positions, err = c.positions(ctx); err != nil {
+			d.PositionsErr = c.errText(err)
 		}
 	})
 	var parts []store.Partition

@@ -4,8 +4,12 @@
 package poisonmeta
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 )
@@ -55,4 +59,54 @@ func IsPoisonKey(key string) bool {
 		return true
 	}
 	return strings.HasPrefix(key, "claimtx_poison")
+}
+
+// MaxReasonBytes bounds the reason a poisoned copy carries, in Reason and
+// again in WatermillReason, and the reason a dead-letter row keeps. An
+// error's text has no bound of its own: Go's JSON error quotes a number
+// whole, a panic quotes its value, a driver error its statement. Copied
+// twice into headers, a 40 kB text made a copy JetStream refuses (64 KiB of
+// headers at most), RabbitMQ closes the connection over (one frame holds
+// every header: 128 KiB by default) and Kafka's producer refuses (1 MiB a
+// record), and the message came back forever. 4 KiB says what failed; the
+// whole text is logged once, beside the hash the bounded reason ends with.
+const MaxReasonBytes = 4096
+
+// ShortReasonBytes bounds the reason of the smaller copy the Poison
+// middleware publishes when the broker refused the first one.
+const ShortReasonBytes = 256
+
+// minReasonBytes is the least BoundReason keeps: the marker alone.
+const minReasonBytes = 128
+
+// BoundReason returns s as a reason of at most limit bytes (at least
+// minReasonBytes): valid UTF-8 without NUL bytes (invalid sequences and
+// NULs become U+FFFD), and, when it had to be cut, ending in a marker with
+// the length and SHA-256 of the whole text, so the cut reason can be told
+// from a whole one and matched with the logged text:
+//
+//	loyalty: bad OrderCompleted event: json: cannot unmarshal number 99999… [truncated: 40104 bytes, sha256:1f0c…]
+//
+// truncated reports whether it was cut. The length and hash are of s as
+// given, before any repair.
+func BoundReason(s string, limit int) (reason string, truncated bool) {
+	limit = max(limit, minReasonBytes)
+	clean := strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
+	if len(clean) <= limit {
+		return clean, false
+	}
+	marker := fmt.Sprintf("… [truncated: %d bytes, sha256:%s]", len(s), ReasonHash(s))
+	cut := limit - len(marker)
+	for cut > 0 && !utf8.RuneStart(clean[cut]) {
+		cut--
+	}
+	return clean[:cut] + marker, true
+}
+
+// ReasonHash is the hex SHA-256 of a whole reason, as BoundReason's marker
+// writes it: what the log line of a poisoned message shows beside the
+// whole text, so the two can be matched.
+func ReasonHash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
 }

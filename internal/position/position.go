@@ -32,6 +32,11 @@ type Record struct {
 	Partition int32
 	Offset    int64
 	Of        Partition
+	// Window is how many records of the partition the subscriber hands
+	// out before one is acked (at least 1). With 1, no other record of
+	// the partition is in flight on this member while this one is: the
+	// claim stores its position in its first round trip.
+	Window int
 }
 
 type ctxKey struct{}

@@ -17,7 +17,10 @@ type Names struct {
 	// Memo is the poison memo table of the claim table: its name plus
 	// MemoSuffix (at most 48 + 12 bytes, under Postgres's 63).
 	Memo string
-	r    *strings.Replacer
+	// DeadLetter is the dead-letter table of the claim table: its name
+	// plus DeadLetterSuffix (at most 48 + 12 bytes).
+	DeadLetter string
+	r          *strings.Replacer
 }
 
 // MemoSuffix names the poison memo table after its claim table: the memos
@@ -25,14 +28,19 @@ type Names struct {
 // table, not per schema) and share its retention.
 const MemoSuffix = "_poison_memo"
 
+// DeadLetterSuffix names the dead-letter table after its claim table, as
+// MemoSuffix does the memo table: it keeps the messages of that table's
+// consumers whose poisoned copy the broker refused.
+const DeadLetterSuffix = "_dead_letter"
+
 // New returns the names of the claim table claims (and its poison memo
 // table) and the outbox table outbox in schema. A package that needs only
 // one of the tables passes "" for the other and must not render
 // statements naming it.
 func New(schema, claims, outbox string) *Names {
-	memo := claims + MemoSuffix
+	memo, deadLetter := claims+MemoSuffix, claims+DeadLetterSuffix
 	return &Names{
-		Schema: schema, Claims: claims, Outbox: outbox, Memo: memo,
+		Schema: schema, Claims: claims, Outbox: outbox, Memo: memo, DeadLetter: deadLetter,
 		r: strings.NewReplacer(
 			"{schema}", Ident(schema),
 			"{claims}", Ident(claims),
@@ -40,6 +48,9 @@ func New(schema, claims, outbox string) *Names {
 			"{memo}", Ident(memo),
 			// claims + "_memo_at_idx" fits in 63 bytes; memo + "_…" would not.
 			"{memo_poisoned_at_idx}", Ident(claims+"_memo_at_idx"),
+			"{dead_letter}", Ident(deadLetter),
+			// claims + "_dl_at_idx" fits in 63 bytes, as above.
+			"{dead_letter_recorded_at_idx}", Ident(claims+"_dl_at_idx"),
 			"{outbox}", Ident(outbox),
 			"{outbox_pending_idx}", Ident(outbox+"_pending_idx"),
 			"{outbox_sent_idx}", Ident(outbox+"_sent_idx"),
@@ -49,7 +60,8 @@ func New(schema, claims, outbox string) *Names {
 
 // Render substitutes the quoted names for the placeholders {schema},
 // {claims}, {claims_processed_at_idx}, {memo}, {memo_poisoned_at_idx},
-// {outbox}, {outbox_pending_idx} and {outbox_sent_idx} in sql.
+// {dead_letter}, {dead_letter_recorded_at_idx}, {outbox},
+// {outbox_pending_idx} and {outbox_sent_idx} in sql.
 func (n *Names) Render(sql string) string { return n.r.Replace(sql) }
 
 // Qualified quotes schema.name for one of claimtx's derived relations

@@ -58,6 +58,7 @@ func main() {
 	memoryMode := flag.String("memory-mode", "message", "the consumer for -memory: message (router + claim middleware) or batch (consumer.NewBatch)")
 	storm := flag.Int("storm", 0, "instead of the table: a duplicate storm of this many already-applied messages per run, claimtx per message and in batches against the broker's bare consume+ack rate")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flag.BoolVar(&noPositions, "no-positions", false, "run claimtx without the Kafka positions stored with the claims (middleware.Claim.NoPositions), to measure what they cost")
 	modes := flag.String("modes", "", "modes to measure, a subset for quick looks (-write needs all): "+strings.Join(allModes, ",")+"; with -storm: "+strings.Join(stormModes, ","))
 	flag.Parse()
 	known := allModes
@@ -122,6 +123,10 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// noPositions is -no-positions: the claim modes run with
+// middleware.Claim.NoPositions (Kafka stores no positions).
+var noPositions bool
 
 // allModes are the -modes, in the order one row's runs interleave.
 var allModes = []string{"raw", "router", "claim", "natural", "batch", "hand"}

@@ -41,7 +41,7 @@ Usage:
   claimtx partitions enable [flags]    convert the claim table to event-day partitions
   claimtx partitions create-ahead      create missing day partitions through today + --ahead
   claimtx partitions drop-expired      drop day partitions past the retention window
-  claimtx stats [--json]               claims per consumer, table and index size
+  claimtx stats [--json]               claims per consumer, table and index size, Kafka positions
   claimtx dlq list|inspect|replay      browse, classify and replay a consumer's dead letters
   claimtx keys check                   verify a key spec against a sample of messages
   claimtx unpoison --consumer C        clear poison memos: the next copies run the handler again
@@ -693,13 +693,26 @@ func cmdStats(ctx context.Context, args []string, stdout io.Writer, getenv env) 
 		}
 		horizon = &rep
 	}
+	var lags []positionLag
+	var lagNote string
+	if len(s.KafkaPositions) > 0 {
+		bcfg, err := bf.brokerConfig()
+		if err != nil {
+			lagNote = "lag unknown: " + c.redact(err.Error())
+			lags = withoutLags(s.KafkaPositions)
+		} else {
+			lags, lagNote = positionLags(ctx, bcfg, s.KafkaPositions)
+			lagNote = c.redact(lagNote)
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(struct {
 			store.Stats
 			Horizon *horizonReport `json:"retention_horizon,omitempty"`
-		}{s, horizon})
+			Lags    []positionLag  `json:"kafka_position_lags,omitempty"`
+		}{s, horizon, lags})
 	}
 	layout := "plain"
 	if s.Partitioned {
@@ -718,6 +731,7 @@ func cmdStats(ctx context.Context, args []string, stdout io.Writer, getenv env) 
 	}
 	printf(stdout, "total %d claims; table %s, indexes %s; ~%s per claim (indexes and free space included)\n",
 		s.Claims, formatBytes(s.TableBytes), formatBytes(s.IndexBytes), perClaim)
+	printPositions(stdout, lags, lagNote)
 	if horizon != nil {
 		printf(stdout, "%s\n", horizon)
 	}

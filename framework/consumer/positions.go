@@ -1,0 +1,168 @@
+package consumer
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/position"
+	"github.com/claimtx/claimtx/internal/sqlnames"
+)
+
+// positionsEvery is how often a running consumer stores the positions
+// acks settled since the last time (settledPositions), and
+// gaugesEvery how often it reads its stored positions for
+// claimtx_kafka_position: one indexed read of a few rows.
+const (
+	positionsEvery = time.Second
+	gaugesEvery    = 15
+)
+
+// flushTimeout bounds the last store of settled positions at Close.
+const flushTimeout = 2 * time.Second
+
+// settledPositions collects the positions acks settled (Options.Settled):
+// the claim transaction of a partition stores the position it knows when
+// it commits, which with several in flight (a window, batch workers) may
+// be below records settled just after; these catch the stored position up
+// with them, outside any claim transaction, once a second. Everything
+// below such a position is acked, so storing it is safe at any time.
+type settledPositions struct {
+	mu      sync.Mutex
+	pending map[tp]int64
+}
+
+type tp struct {
+	topic     string
+	partition int32
+}
+
+func (s *settledPositions) add(topic string, partition int32, below int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := tp{topic, partition}
+	if below > s.pending[k] {
+		s.pending[k] = below
+	}
+}
+
+// take returns the pending positions, sorted, and forgets them.
+func (s *settledPositions) take() []claimsql.Position {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]claimsql.Position, 0, len(s.pending))
+	for k, off := range s.pending {
+		out = append(out, claimsql.Position{Topic: k.topic, Partition: k.partition, SettledBelow: off})
+	}
+	clear(s.pending)
+	slices.SortFunc(out, func(a, b claimsql.Position) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out
+}
+
+// flushPositions stores the positions acks settled since the last flush;
+// on failure they are kept for the next one.
+func (p *parts) flushPositions(ctx context.Context) {
+	if !p.positions {
+		return
+	}
+	ps := p.settled.take()
+	if len(ps) == 0 {
+		return
+	}
+	if err := claimsql.PositionsFor(p.store.Config().Schema).Store(ctx, p.pool, p.cfg.Name, ps); err != nil {
+		for _, pos := range ps {
+			p.settled.add(pos.Topic, pos.Partition, pos.SettledBelow)
+		}
+		p.cfg.Logger.Debug("claimtx: storing settled Kafka positions failed; retrying", "consumer", p.cfg.Name, "err", err)
+		return
+	}
+}
+
+// attachPositions gives a Kafka subscriber the consumer's stored positions
+// (middleware.Claim.NoPositions, ReplayBelowPositions), and reports
+// whether it uses them (other brokers' subscribers do not). A database
+// role that could not write them is a ConfigError: every claim
+// transaction would fail.
+func (p *parts) attachPositions(ctx context.Context) (bool, error) {
+	cfg := p.cfg
+	if cfg.Claim.NoPositions {
+		return false, nil
+	}
+	schema := p.store.Config().Schema
+	loader := claimsql.Loader{Pool: p.pool, Stmts: claimsql.PositionsFor(schema), Consumer: cfg.Name}
+	p.settled = &settledPositions{pending: map[tp]int64{}}
+	attached := position.Attach(p.sub, position.Options{
+		Loader:  loader,
+		Settled: p.settled.add,
+		Replay:  cfg.Claim.ReplayBelowPositions,
+		// The subscriber has logged the WARN line with the offsets.
+		Skipped: func(topic string, partition int32, _, stored int64) {
+			if p.metrics != nil {
+				p.metrics.OnPositionSkipped(cfg.Name, topic, partition)
+				p.metrics.SetPosition(cfg.Name, topic, partition, stored)
+			}
+		},
+	})
+	if !attached {
+		return false, nil
+	}
+	var lacking []string
+	for _, priv := range []string{"SELECT", "INSERT", "UPDATE"} {
+		var ok *bool
+		if err := p.pool.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), $2)", sqlnames.Ident(schema, "kafka_positions"), priv).Scan(&ok); err != nil {
+			return false, fmt.Errorf("claimtx: check privileges on the Kafka positions table: %w", err)
+		}
+		if ok != nil && !*ok {
+			lacking = append(lacking, priv)
+		}
+	}
+	if len(lacking) > 0 {
+		return false, &framework.ConfigError{Field: "Claim.NoPositions", Reason: fmt.Sprintf(
+			"the database role lacks %s on %s.kafka_positions, which every claim transaction of a Kafka consumer writes: grant them (docs/security.md) or turn the positions off",
+			strings.Join(lacking, ", "), schema)}
+	}
+	return true, nil
+}
+
+// watchPositions stores the positions acks settled and exports the
+// stored ones as claimtx_kafka_position until ctx ends (Close stores the
+// last ones).
+func (p *parts) watchPositions(ctx context.Context) {
+	if !p.positions {
+		return
+	}
+	stmts := claimsql.PositionsFor(p.store.Config().Schema)
+	t := time.NewTicker(positionsEvery)
+	defer t.Stop()
+	for tick := 0; ; tick++ {
+		p.flushPositions(ctx)
+		if p.metrics != nil && tick%gaugesEvery == 0 {
+			if ps, err := stmts.Of(ctx, p.pool, p.cfg.Name); err == nil {
+				for _, pos := range ps {
+					p.metrics.SetPosition(p.cfg.Name, pos.Topic, pos.Partition, pos.SettledBelow)
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// flushPositionsAtClose stores the last settled positions, once the
+// subscription is closed (no ack comes after it).
+func (p *parts) flushPositionsAtClose() {
+	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	defer cancel()
+	p.flushPositions(ctx)
+}

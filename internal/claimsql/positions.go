@@ -1,0 +1,192 @@
+package claimsql
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/internal/position"
+	"github.com/claimtx/claimtx/internal/sqlnames"
+)
+
+// Position is one Kafka partition's settled position: the offset below
+// which every record of the partition is settled (applied, duplicate or
+// poisoned) for the consumer that stores it.
+type Position struct {
+	Topic        string
+	Partition    int32
+	SettledBelow int64
+}
+
+// PositionStatements are the statements of <schema>.kafka_positions,
+// rendered once.
+type PositionStatements struct {
+	upsert, upsertMany, load, consumer string
+}
+
+// positionsSQL is the upsert's tail: a position only ever rises (an older
+// transaction that commits late cannot lower it), and one that does not
+// rise writes nothing (the row is still locked, so concurrent writers of a
+// partition queue in the same order).
+const positionsSQL = `
+ON CONFLICT (consumer, topic, partition) DO UPDATE
+SET settled_below = GREATEST(p.settled_below, EXCLUDED.settled_below), updated_at = now()
+WHERE p.settled_below < EXCLUDED.settled_below`
+
+// PositionsFor renders the position statements of schema.
+func PositionsFor(schema string) *PositionStatements {
+	n := sqlnames.New(schema, "", "")
+	return &PositionStatements{
+		upsert: n.Render(`INSERT INTO {schema}.kafka_positions AS p (consumer, topic, partition, settled_below)
+VALUES ($1, $2, $3, $4)` + positionsSQL),
+		// In (topic, partition) order: two transactions writing
+		// overlapping partitions lock their rows in the same order.
+		upsertMany: n.Render(`INSERT INTO {schema}.kafka_positions AS p (consumer, topic, partition, settled_below)
+SELECT $1, t, n, s FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(t, n, s) ORDER BY t, n` + positionsSQL),
+		load:     n.Render(`SELECT partition, settled_below FROM {schema}.kafka_positions WHERE consumer = $1 AND topic = $2 AND partition = ANY($3::int[])`),
+		consumer: n.Render(`SELECT topic, partition, settled_below FROM {schema}.kafka_positions WHERE consumer = $1 ORDER BY topic, partition`),
+	}
+}
+
+// Execer runs a statement: a transaction, a connection or a pool.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Store raises the stored positions ps of consumer in tx, the claim
+// transaction whose records they cover, with one statement. The caller
+// runs it last before COMMIT: the position rows are then the last locks
+// the transaction takes, held for the commit only, so transactions of one
+// partition in flight together (a window, batch workers) wait for each
+// other's commit, never for a handler, and cannot deadlock on them. Given
+// a pool, it stores positions of records already settled (acked), in a
+// transaction of its own.
+func (s *PositionStatements) Store(ctx context.Context, tx Execer, consumer string, ps []Position) error {
+	var err error
+	switch len(ps) {
+	case 0:
+		return nil
+	case 1:
+		_, err = tx.Exec(ctx, s.upsert, consumer, ps[0].Topic, ps[0].Partition, ps[0].SettledBelow)
+	default:
+		topics, parts, offs := make([]string, len(ps)), make([]int32, len(ps)), make([]int64, len(ps))
+		for i, p := range ps {
+			topics[i], parts[i], offs[i] = p.Topic, p.Partition, p.SettledBelow
+		}
+		_, err = tx.Exec(ctx, s.upsertMany, consumer, topics, parts, offs)
+	}
+	if err != nil {
+		return fmt.Errorf("claimtx: store kafka position: %w", err)
+	}
+	return nil
+}
+
+// Queue queues the upsert of p for consumer on b: the Kafka position of a
+// partition with one record in flight, stored in the claim's pipelined
+// round trip (Statements.BeginWith, BeginNaturalKey). Its row lock is then
+// held for the whole transaction, which nothing of this member's waits
+// for: the partition's next record is handed out after this one's ack.
+func (s *PositionStatements) Queue(b *pgx.Batch, consumer string, p Position) {
+	b.Queue(s.upsert, consumer, p.Topic, p.Partition, p.SettledBelow)
+}
+
+// Of returns consumer's stored positions, by topic and partition.
+func (s *PositionStatements) Of(ctx context.Context, pool *pgxpool.Pool, consumer string) ([]Position, error) {
+	rows, err := pool.Query(ctx, s.consumer, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
+	}
+	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Position, error) {
+		var p Position
+		err := r.Scan(&p.Topic, &p.Partition, &p.SettledBelow)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
+	}
+	return ps, nil
+}
+
+// Loader is the position.Loader of one consumer's stored positions.
+type Loader struct {
+	Pool     *pgxpool.Pool
+	Stmts    *PositionStatements
+	Consumer string
+}
+
+var _ position.Loader = Loader{}
+
+// LoadPositions implements position.Loader.
+func (l Loader) LoadPositions(ctx context.Context, topic string, partitions []int32) (map[int32]int64, error) {
+	rows, err := l.Pool.Query(ctx, l.Stmts.load, l.Consumer, topic, partitions)
+	if err != nil {
+		return nil, fmt.Errorf("claimtx: load kafka positions: %w", err)
+	}
+	out := map[int32]int64{}
+	var part int32
+	var off int64
+	_, err = pgx.ForEachRow(rows, []any{&part, &off}, func() error {
+		out[part] = off
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("claimtx: load kafka positions: %w", err)
+	}
+	return out, nil
+}
+
+// Settling collects the records a claim transaction settles, by
+// partition, and computes the positions to store with it.
+type Settling struct {
+	parts []settlingPart
+}
+
+type settlingPart struct {
+	of      position.Partition
+	topic   string
+	id      int32
+	offsets []int64
+}
+
+// Add records that r is settled once the transaction commits.
+func (s *Settling) Add(r position.Record) {
+	if r.Of == nil {
+		return
+	}
+	for i := range s.parts {
+		if s.parts[i].of == r.Of {
+			s.parts[i].offsets = append(s.parts[i].offsets, r.Offset)
+			return
+		}
+	}
+	s.parts = append(s.parts, settlingPart{of: r.Of, topic: r.Topic, id: r.Partition, offsets: []int64{r.Offset}})
+}
+
+// Positions returns the positions to store, in (topic, partition) order:
+// each partition's SettledBelow with the transaction's offsets settling,
+// leaving out partitions this member no longer holds.
+func (s *Settling) Positions() []Position {
+	var out []Position
+	for _, p := range s.parts {
+		off, ok := p.of.SettledBelow(p.offsets)
+		if !ok {
+			continue
+		}
+		// A partition revoked and assigned again while the batch ran
+		// has two states: keep the higher position.
+		if j := slices.IndexFunc(out, func(q Position) bool { return q.Topic == p.topic && q.Partition == p.id }); j >= 0 {
+			out[j].SettledBelow = max(out[j].SettledBelow, off)
+			continue
+		}
+		out = append(out, Position{Topic: p.topic, Partition: p.id, SettledBelow: off})
+	}
+	slices.SortFunc(out, func(a, b Position) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out
+}

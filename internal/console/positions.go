@@ -1,0 +1,104 @@
+package console
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/claimtx/claimtx/brokers"
+)
+
+// positionRow is one stored Kafka position of the overview, with the
+// partition's end offset and lag when the consumer is configured with its
+// Kafka broker.
+type positionRow struct {
+	Consumer, Topic   string
+	Partition         int32
+	SettledBelow      int64
+	UpdatedAt         time.Time
+	End, Lag, LagNote string
+}
+
+// endOffsetter is the Kafka subscriber's EndOffsets.
+type endOffsetter interface {
+	EndOffsets(ctx context.Context, topic string) (map[int32]int64, error)
+}
+
+// positions reads the stored Kafka positions (one row per partition: a
+// small table) and, for the consumers configured with a Kafka broker,
+// their topic's end offsets. A schema from before migration 7 has none.
+func (c *Console) positions(ctx context.Context) ([]positionRow, error) {
+	q := c.names.Render(`SELECT consumer, topic, partition, settled_below, updated_at
+FROM {schema}.kafka_positions ORDER BY consumer, topic, partition LIMIT 1000`)
+	var rows []positionRow
+	err := c.readOnly(ctx, func(tx pgx.Tx) error {
+		rs, err := tx.Query(ctx, q)
+		if err != nil {
+			return err
+		}
+		rows, err = pgx.CollectRows(rs, func(r pgx.CollectableRow) (positionRow, error) {
+			var p positionRow
+			err := r.Scan(&p.Consumer, &p.Topic, &p.Partition, &p.SettledBelow, &p.UpdatedAt)
+			return p, err
+		})
+		return err
+	})
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42P01" { // undefined_table
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	ends := map[string]map[int32]int64{} // consumer -> partition -> end
+	notes := map[string]string{}
+	for i := range rows {
+		p := &rows[i]
+		cs := c.consumer(p.Consumer)
+		if cs == nil || cs.Topic != p.Topic || cs.Broker.Kind != brokers.KindKafka {
+			p.End, p.Lag, p.LagNote = "—", "—", "start the console with this consumer's --consumer-config (Kafka) for the end offsets"
+			continue
+		}
+		e, seen := ends[cs.Name]
+		if !seen {
+			e, notes[cs.Name] = c.endOffsets(ctx, cs)
+			ends[cs.Name] = e
+		}
+		end, ok := e[p.Partition]
+		if !ok {
+			p.End, p.Lag, p.LagNote = "?", "?", cmp.Or(notes[cs.Name], "no such partition")
+			continue
+		}
+		p.End, p.Lag = strconv.FormatInt(end, 10), strconv.FormatInt(max(end-p.SettledBelow, 0), 10)
+		p.LagNote = "records past the stored position: not settled yet"
+	}
+	return rows, nil
+}
+
+// endOffsets asks cs's Kafka broker for the end offsets of its topic.
+func (c *Console) endOffsets(ctx context.Context, cs *Consumer) (map[int32]int64, string) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
+	defer cancel()
+	bcfg := cs.Broker
+	bcfg.Kafka.ConsumerGroup = cmp.Or(bcfg.Kafka.ConsumerGroup, "claimtx-console") // a subscriber needs one; it never joins
+	bcfg.Kafka.DialTimeout = c.cfg.QueryTimeout
+	sub, err := brokers.NewSubscriber(bcfg, nil)
+	if err != nil {
+		return nil, c.errText(err)
+	}
+	defer func() { _ = sub.Close() }()
+	eo, ok := sub.(endOffsetter)
+	if !ok {
+		return nil, "this broker cannot tell its end offsets"
+	}
+	ends, err := eo.EndOffsets(ctx, cs.Topic)
+	if err != nil {
+		return nil, c.errText(err)
+	}
+	return ends, ""
+}

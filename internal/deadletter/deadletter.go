@@ -1,0 +1,133 @@
+// Package deadletter keeps, in Postgres, the messages whose poisoned copy
+// the broker refused for good (middleware.Poison.DeadLetters): the place a
+// dead letter goes when the poison destination will not take it, so that
+// the original can be acked instead of coming back forever.
+//
+// The table is <claims table>_dead_letter in the claim table's schema
+// (sqlnames.Names.DeadLetter), created by migration 006.
+package deadletter
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/claimtx/claimtx/internal/poisonmeta"
+	"github.com/claimtx/claimtx/internal/sqlnames"
+)
+
+// RecordTimeout bounds recording one letter. It runs after the broker
+// refused the copy and before the original is acked, on a context detached
+// from the message's (a shutdown must not cancel it half-way): a database
+// that does not answer in time leaves the message nacked, so it comes back
+// and is tried again; it is never acked without its row.
+const RecordTimeout = 5 * time.Second
+
+// Letter is one row.
+type Letter struct {
+	Consumer string
+	// Key is the claim key; "" when it could not be derived (NULL).
+	Key string
+	// Topic is where the message was consumed from, PoisonTopic the
+	// destination that refused its copy.
+	Topic, PoisonTopic string
+	UUID               string
+	// Reason is the bounded reason the copy carried.
+	Reason    string
+	Permanent bool
+	// PublishError is the broker's refusal.
+	PublishError string
+	Payload      []byte
+	// Metadata is the refused copy's: the original's with the poison
+	// bookkeeping.
+	Metadata map[string]string
+}
+
+// DB runs statements: a pool, a connection or a transaction.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// CanRecord reports whether the current role may insert into the
+// dead-letter table: false when the table does not exist (migration 006
+// not applied) or the role lacks INSERT (a least-privilege consumer role
+// granted rights before the table existed).
+func CanRecord(ctx context.Context, db DB, n *sqlnames.Names) (bool, error) {
+	var ok *bool
+	if err := db.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), 'INSERT')", n.Render("{schema}.{dead_letter}")).Scan(&ok); err != nil {
+		return false, fmt.Errorf("claimtx: check privileges on the dead-letter table: %w", err)
+	}
+	return ok != nil && *ok, nil
+}
+
+// Record inserts l and returns once the row is committed (an insert
+// outside any transaction commits by itself). A row is written for every
+// refused copy: the redelivery of a message whose ack was lost after its
+// row committed gets a row of its own, as a copy poisoned twice is in the
+// poison destination twice.
+func Record(ctx context.Context, db DB, n *sqlnames.Names, l Letter) error {
+	md, err := encodeMetadata(l.Metadata)
+	if err != nil {
+		return fmt.Errorf("claimtx: record dead letter: %w", err)
+	}
+	var key *string
+	if l.Key != "" {
+		k := text(l.Key)
+		key = &k
+	}
+	publishErr, _ := poisonmeta.BoundReason(l.PublishError, poisonmeta.MaxReasonBytes)
+	reason, _ := poisonmeta.BoundReason(l.Reason, poisonmeta.MaxReasonBytes)
+	payload := l.Payload
+	if payload == nil {
+		payload = []byte{} // NOT NULL: an empty message is still a message
+	}
+	if _, err := db.Exec(ctx, n.Render(`INSERT INTO {schema}.{dead_letter}
+(consumer, message_key, topic, poison_topic, uuid, reason, permanent, publish_error, payload, metadata)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`),
+		text(l.Consumer), key, text(l.Topic), text(l.PoisonTopic), text(l.UUID), reason, l.Permanent, publishErr, payload, md); err != nil {
+		return fmt.Errorf("claimtx: record dead letter in %s.%s: %w", n.Schema, n.DeadLetter, err)
+	}
+	return nil
+}
+
+// storable reports whether s can be a jsonb or text value as it is:
+// Postgres refuses NUL bytes in both, and encoding/json would replace
+// invalid UTF-8.
+func storable(s string) bool {
+	return utf8.ValidString(s) && !strings.Contains(s, "\x00")
+}
+
+// text makes s storable in a text column, replacing what is not.
+func text(s string) string {
+	if storable(s) {
+		return s
+	}
+	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
+}
+
+// encodeMetadata renders md as a jsonb object of strings. A value that
+// cannot be a jsonb string becomes {"base64": "<its bytes>"}; a key that
+// cannot be one becomes "base64:<its bytes>" with its value in that form
+// too, so nothing is lost or confused with a header of that name.
+func encodeMetadata(md map[string]string) ([]byte, error) {
+	out := make(map[string]any, len(md))
+	for k, v := range md {
+		switch {
+		case !storable(k):
+			out["base64:"+base64.StdEncoding.EncodeToString([]byte(k))] = map[string]string{"base64": base64.StdEncoding.EncodeToString([]byte(v))}
+		case !storable(v):
+			out[k] = map[string]string{"base64": base64.StdEncoding.EncodeToString([]byte(v))}
+		default:
+			out[k] = v
+		}
+	}
+	return json.Marshal(out)
+}

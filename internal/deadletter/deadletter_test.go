@@ -1,0 +1,50 @@
+package deadletter_test
+
+import (
+	"context"
+	"encoding/base64"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/internal/deadletter"
+	"github.com/claimtx/claimtx/internal/migrate"
+	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/sqlnames"
+)
+
+// TestRecord: a letter is stored as it was given, a missing key as NULL,
+// text that Postgres cannot hold (NUL, invalid UTF-8) repaired, headers
+// that jsonb cannot hold as strings base64-encoded under a marker, and
+// CanRecord says whether the role may insert (not before migration 6).
+func TestRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := pgtest.Setup(t, 2)
+	n := sqlnames.New(schema, "processed_messages", "outbox")
+	ok, err := deadletter.CanRecord(ctx, pool, n)
+	require.NoError(t, err)
+	require.False(t, ok, "no table before the migration")
+	require.NoError(t, migrate.Up(ctx, pool, n))
+	ok, err = deadletter.CanRecord(ctx, pool, n)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	require.NoError(t, deadletter.Record(ctx, pool, n, deadletter.Letter{
+		Consumer: "loyalty", Topic: "orders", PoisonTopic: "orders.poison", UUID: "u\x00\xff",
+		Reason: "bad", Permanent: true, PublishError: "too large",
+		Metadata: map[string]string{"event_id": "e1", "bin": "\x00\x01", "k\x00": "v"},
+	}))
+	var key *string
+	var uuid, bin, weird string
+	var payload []byte
+	require.NoError(t, pool.QueryRow(ctx, `SELECT message_key, uuid, payload, metadata->'bin'->>'base64', metadata->'base64:`+
+		base64.StdEncoding.EncodeToString([]byte("k\x00"))+`'->>'base64' FROM `+pgx.Identifier{schema, n.DeadLetter}.Sanitize()).
+		Scan(&key, &uuid, &payload, &bin, &weird))
+	require.Nil(t, key, "no key: NULL")
+	require.Equal(t, "u\uFFFD\uFFFD", uuid)
+	require.Empty(t, payload)
+	require.Equal(t, base64.StdEncoding.EncodeToString([]byte("\x00\x01")), bin)
+	require.Equal(t, base64.StdEncoding.EncodeToString([]byte("v")), weird)
+}

@@ -1,0 +1,46 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/claimtx/claimtx/internal/pgerr"
+)
+
+// KafkaPosition is one stored Kafka position: for Consumer, the offset of
+// Topic's Partition below which every record is settled (applied,
+// duplicate or poisoned), raised in the claim transactions
+// (middleware.Claim.NoPositions). UpdatedAt is when it last rose.
+type KafkaPosition struct {
+	Consumer     string
+	Topic        string
+	Partition    int32
+	SettledBelow int64
+	UpdatedAt    time.Time
+}
+
+// kafkaPositions reads every stored position, by consumer, topic and
+// partition: one row per partition, a small table. A schema migrated
+// before the table existed has none.
+func (s *Store) kafkaPositions(ctx context.Context) ([]KafkaPosition, error) {
+	rows, err := s.pool.Query(ctx, s.render(`SELECT consumer, topic, partition, settled_below, updated_at
+FROM {schema}.kafka_positions ORDER BY consumer, topic, partition`))
+	if err == nil {
+		var ps []KafkaPosition
+		ps, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (KafkaPosition, error) {
+			var p KafkaPosition
+			err := row.Scan(&p.Consumer, &p.Topic, &p.Partition, &p.SettledBelow, &p.UpdatedAt)
+			return p, err
+		})
+		if err == nil {
+			return ps, nil
+		}
+	}
+	if pgerr.SQLState(err) == "42P01" { // undefined_table: not migrated yet
+		return nil, nil
+	}
+	return nil, fmt.Errorf("claimtx: stats: kafka positions: %w", err)
+}
