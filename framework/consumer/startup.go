@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -108,6 +109,12 @@ func connectBroker[T interface{ Close() error }](ctx context.Context, build func
 			}
 		}()
 		var zero T
-		return zero, fmt.Errorf("claimtx: start-up stopped while connecting to the broker (%v): %w", context.Cause(ctx), ctx.Err())
+		// Both: the cause says why (a signal), ctx.Err is what callers
+		// match.
+		err := ctx.Err()
+		if cause := context.Cause(ctx); cause != err {
+			err = errors.Join(err, cause)
+		}
+		return zero, fmt.Errorf("claimtx: start-up stopped while connecting to the broker: %w", err)
 	}
 }
