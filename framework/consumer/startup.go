@@ -112,7 +112,7 @@ func connectBroker[T interface{ Close() error }](ctx context.Context, build func
 		// Both: the cause says why (a signal), ctx.Err is what callers
 		// match.
 		err := ctx.Err()
-		if cause := context.Cause(ctx); cause != err {
+		if cause := context.Cause(ctx); !errors.Is(cause, err) {
 			err = errors.Join(err, cause)
 		}
 		return zero, fmt.Errorf("claimtx: start-up stopped while connecting to the broker: %w", err)
