@@ -352,11 +352,11 @@ func (m *mixedRun) waitCaughtUp(what string, target int, since time.Time, bound 
 		return stable
 	})
 	if !ok {
-		m.progress = append(m.progress, fmt.Sprintf("%s: NOT consuming again after %s: %d of %d applied (no progress for %s), group %s",
-			what, time.Since(since).Round(100*time.Millisecond), last, target, time.Since(lastAt).Round(100*time.Millisecond), group))
 		if described.IsZero() {
 			group, _, members = m.h.kafkaGroupState(len(m.insts))
 		}
+		m.progress = append(m.progress, fmt.Sprintf("%s: NOT consuming again after %s: %d of %d applied (no progress for %s), group %s",
+			what, time.Since(since).Round(100*time.Millisecond), last, target, time.Since(lastAt).Round(100*time.Millisecond), group))
 		hint := m.membersHint(members)
 		m.t.Fatalf("%s: the group was not consuming again (every published order applied, %d live members sharing the partitions) within %s (session %s + rebalance %s + margin) of the last restart; group %s%s\n%s",
 			what, len(m.insts), bound, kafkaSessionTimeout, kafkaRebalanceTimeout, group, hint, m.summary(target))
