@@ -312,9 +312,18 @@ func (s *supervisor) terminate(ctx context.Context, i int, timeout time.Duration
 // is installed by then: a SIGTERM before it would kill it, a crash that
 // proves nothing), p exits, or timeout passes.
 func awaitLogged(ctx context.Context, p *proc, timeout time.Duration) error {
+	return awaitLog(ctx, p, timeout, 10*time.Millisecond, func() bool {
+		fi, err := os.Stat(filepath.Clean(p.logPath))
+		return err == nil && fi.Size() > 0
+	})
+}
+
+// awaitLog polls seen every interval until it is true, p exits, ctx ends
+// or timeout passes.
+func awaitLog(ctx context.Context, p *proc, timeout, interval time.Duration, seen func() bool) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		if fi, err := os.Stat(filepath.Clean(p.logPath)); err == nil && fi.Size() > 0 {
+		if seen() {
 			return nil
 		}
 		select {
@@ -322,7 +331,7 @@ func awaitLogged(ctx context.Context, p *proc, timeout time.Duration) error {
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
+		case <-time.After(interval):
 		}
 	}
 	return nil
@@ -340,20 +349,10 @@ func (s *supervisor) markHung(who string, p *proc, timeout time.Duration) {
 // is a crash, counted when it happens), or timeout passes (then the
 // SIGTERM goes to a consumer still starting, which must stop cleanly too).
 func awaitReady(ctx context.Context, p *proc, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if b, err := os.ReadFile(filepath.Clean(p.logPath)); err == nil && bytes.Contains(b, readyMark) {
-			return nil
-		}
-		select {
-		case <-p.done:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	return nil
+	return awaitLog(ctx, p, timeout, 100*time.Millisecond, func() bool {
+		b, err := os.ReadFile(filepath.Clean(p.logPath))
+		return err == nil && bytes.Contains(b, readyMark)
+	})
 }
 
 // stop ends every consumer with SIGTERM, the way a deploy's final scale
