@@ -2,6 +2,7 @@ package amqp_test
 
 import (
 	"context"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // frameTooLarge is RabbitMQ's reason when it closes a connection over a
@@ -117,4 +119,37 @@ func TestPublishRefusesHeadersOverTheFrameSize(t *testing.T) {
 	q, err := rawChannel(t).QueueDeclarePassive(queue, true, false, false, false, nil)
 	require.NoError(t, err)
 	require.Equal(t, 1, q.Messages, "only the message that fits was sent")
+}
+
+// TestPublishAccessRefusedIsPermanent: a topic whose queue the user may not
+// declare (RabbitMQ's configure permission) can never be published to, so
+// the error says so (framework.Permanent): a poison copy to such a queue
+// goes to its fallback instead of being redelivered forever. The
+// publisher's other topics are unaffected.
+func TestPublishAccessRefusedIsPermanent(t *testing.T) {
+	t.Parallel()
+	ctl := testenv.RequireTool(t, "rabbitmqctl")
+	suffix := strings.TrimPrefix(uniqueName(t), "claimtx-test-")
+	user, pass := "claimtx-perm-"+suffix, "pw-"+suffix
+	run := func(args ...string) {
+		out, err := exec.Command(ctl, args...).CombinedOutput()
+		require.NoError(t, err, "rabbitmqctl %v: %s", args, out)
+	}
+	run("add_user", user, pass)
+	t.Cleanup(func() { _ = exec.Command(ctl, "delete_user", user).Run() })
+	allowed, denied := "allowed-"+suffix, "denied-"+suffix
+	run("set_permissions", "-p", "/", user, "^allowed-.*", ".*", ".*")
+	deleteQueuesAtCleanup(t, allowed)
+
+	cfg := testConfig()
+	cfg.URL = "amqp://" + user + ":" + pass + "@127.0.0.1:5672/"
+	pub, err := amqp.NewPublisher(context.Background(), cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+
+	err = pub.Publish(denied, message.NewMessage("1", []byte("x")))
+	require.Error(t, err)
+	require.True(t, framework.IsPermanent(err), "got %v", err)
+	require.Contains(t, err.Error(), "ACCESS_REFUSED")
+	require.NoError(t, pub.Publish(allowed, message.NewMessage("2", []byte("y"))))
 }

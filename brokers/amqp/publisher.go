@@ -9,6 +9,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/claimtx/claimtx/framework"
 )
 
 // Publisher publishes to the default exchange with routing key = topic, with
@@ -53,7 +56,8 @@ func NewPublisher(ctx context.Context, cfg Config, logger watermill.LoggerAdapte
 // being re-established. A message whose properties and headers do not fit
 // in one frame (frame_max, 128 KiB by default) is refused before anything
 // is sent, with a framework.Permanent error: RabbitMQ would close the
-// connection over it.
+// connection over it. So is a topic whose queue the user may not declare
+// (ACCESS_REFUSED).
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	if err := p.declare(topic); err != nil {
 		return err
@@ -106,7 +110,15 @@ func (p *Publisher) declare(topic string) error {
 	defer func() { _ = ch.Close() }()
 	q := p.wc.Queue
 	if _, err := ch.QueueDeclare(q.GenerateName(topic), q.Durable, q.AutoDelete, q.Exclusive, q.NoWait, q.Arguments); err != nil {
-		return fmt.Errorf("brokers/amqp: declare queue %q: %w", topic, p.cfg.declareError(topic, err))
+		err = p.cfg.declareError(topic, err)
+		if aerr := (*amqp091.Error)(nil); errors.As(err, &aerr) && aerr.Code == amqp091.AccessRefused {
+			// The user may not declare (configure) this queue: waiting
+			// does not change that, so no message published here can
+			// ever be sent (a poison copy then goes to its fallback
+			// instead of being redelivered forever).
+			err = framework.Permanent(err)
+		}
+		return fmt.Errorf("brokers/amqp: declare queue %q: %w", topic, err)
 	}
 	p.declared[topic] = true
 	return nil
