@@ -82,6 +82,11 @@ type subscription struct {
 
 	workers  sync.WaitGroup // partition forwarders
 	watchers sync.WaitGroup // one per forwarded message until it settles
+
+	// clientSet is closed once cl is set. franz-go starts joining the
+	// group inside kgo.NewClient, so a group callback can run before
+	// NewClient has returned the client the callbacks use.
+	clientSet chan struct{}
 }
 
 // subscribe joins the group for topic and returns the message channel. The
@@ -90,12 +95,13 @@ func (s *Subscriber) subscribe(ctx context.Context, topic string) (<-chan *messa
 	what := fmt.Sprintf("subscribe to %q", topic)
 	runCtx, cancel := context.WithCancel(ctx)
 	g := &subscription{
-		s:      s,
-		topic:  topic,
-		out:    make(chan *message.Message), // unbuffered: nothing read ahead beyond the window
-		runCtx: runCtx,
-		window: max(s.cfg.Window, 1),
-		parts:  map[int32]*partition{},
+		s:         s,
+		topic:     topic,
+		out:       make(chan *message.Message), // unbuffered: nothing read ahead beyond the window
+		runCtx:    runCtx,
+		clientSet: make(chan struct{}),
+		window:    max(s.cfg.Window, 1),
+		parts:     map[int32]*partition{},
 		fields: watermill.LogFields{
 			"provider":       "kafka",
 			"topic":          topic,
@@ -133,6 +139,7 @@ func (s *Subscriber) subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, &configError{err}
 	}
 	g.cl = cl
+	close(g.clientSet)
 	err = retryStart(ctx, s.cfg, s.logger, what, func() error {
 		if s.closed.Load() {
 			return errPermanent{errSubscriberClosed}
@@ -222,6 +229,7 @@ func (g *subscription) poll() {
 // assigned starts a forwarder for each new partition (franz-go calls it
 // before it fetches them).
 func (g *subscription) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
+	<-g.clientSet
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.ended {
@@ -248,6 +256,7 @@ func (g *subscription) assigned(_ context.Context, _ *kgo.Client, assigned map[s
 // revoked stops the partitions that moved and commits what was marked on
 // them, so their next owner starts after every acked message.
 func (g *subscription) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	<-g.clientSet
 	g.stop(revoked[g.topic])
 	g.mu.Lock()
 	ended := g.ended
@@ -265,6 +274,7 @@ func (g *subscription) revoked(ctx context.Context, cl *kgo.Client, revoked map[
 // lost stops the partitions without committing: the group already gave
 // them to another member.
 func (g *subscription) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	<-g.clientSet
 	g.stop(lost[g.topic])
 	g.s.logger.Info("Kafka partitions lost (session ended without a revoke)", g.fields.Add(watermill.LogFields{"partitions": fmt.Sprint(lost[g.topic])}))
 }

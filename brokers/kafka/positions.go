@@ -46,6 +46,7 @@ const adjustTimeout = 10 * time.Second
 // removed their claims. A failed read starts where the group says: the
 // claims still decide.
 func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	<-g.clientSet
 	o := g.s.positionOptions()
 	parts := offsets[g.topic]
 	if o.Loader == nil || len(parts) == 0 {
