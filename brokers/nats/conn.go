@@ -3,6 +3,8 @@ package nats
 import (
 	"errors"
 	"fmt"
+	"regexp"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -49,7 +51,10 @@ func isAuthError(err error) bool {
 // reconnects forever (MaxReconnects -1): a consumer whose connection gave
 // up would stay up and consume nothing; /healthz reports the outage
 // instead (the subscriber's IsConnected).
-func dial(s settings, logger watermill.LoggerAdapter, role string) (*natsgo.Conn, error) {
+//
+// denied, when not nil, records the subjects the server refused a publish
+// to for lack of permission.
+func dial(s settings, logger watermill.LoggerAdapter, role string, denied *deniedSubjects) (*natsgo.Conn, error) {
 	opts := []natsgo.Option{
 		natsgo.Name("claimtx-" + role),
 		natsgo.MaxReconnects(-1),
@@ -63,6 +68,7 @@ func dial(s settings, logger watermill.LoggerAdapter, role string) (*natsgo.Conn
 			logger.Info("NATS connection re-established", watermill.LogFields{"role": role})
 		}),
 		natsgo.ErrorHandler(func(_ *natsgo.Conn, sub *natsgo.Subscription, err error) {
+			denied.record(err)
 			fields := watermill.LogFields{"role": role}
 			if sub != nil {
 				fields["subject"] = sub.Subject
@@ -99,4 +105,44 @@ func dial(s settings, logger watermill.LoggerAdapter, role string) (*natsgo.Conn
 		time.Sleep(wait)
 		wait = min(2*wait, dialBackoffHi)
 	}
+}
+
+// deniedSubjects remembers when the server last refused a publish to each
+// subject for lack of permission. The server says so asynchronously (an
+// -ERR after the PUB), and a JetStream publish then only times out waiting
+// for its acknowledgement: the record is how Publish tells that timeout
+// from one a later attempt may get past.
+type deniedSubjects struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+// publishDenied finds the subject in the server's "Permissions Violation
+// for Publish to "SUBJECT"" error.
+var publishDenied = regexp.MustCompile(`Permissions Violation for Publish to "([^"]+)"`)
+
+func (d *deniedSubjects) record(err error) {
+	if d == nil || err == nil {
+		return
+	}
+	// nats.go has no sentinel for it (nats.go v1.37: "nats: " + the
+	// server's -ERR text), so the server's wording is matched.
+	m := publishDenied.FindStringSubmatch(err.Error())
+	if m == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.at == nil {
+		d.at = map[string]time.Time{}
+	}
+	d.at[m[1]] = time.Now()
+}
+
+// since reports whether a publish to subject was refused at or after t.
+func (d *deniedSubjects) since(subject string, t time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	at, ok := d.at[subject]
+	return ok && !at.Before(t)
 }

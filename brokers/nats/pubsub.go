@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
@@ -24,10 +25,12 @@ type publisher struct {
 	js      natsgo.JetStreamContext
 	pub     *wmnats.Publisher
 	streams sync.Map // subject -> struct{}: its stream exists
+	denied  *deniedSubjects
 }
 
 func newPublisher(s settings, logger watermill.LoggerAdapter) (*publisher, error) {
-	nc, err := dial(s, logger, "publisher")
+	denied := &deniedSubjects{}
+	nc, err := dial(s, logger, "publisher", denied)
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +58,7 @@ func newPublisher(s settings, logger watermill.LoggerAdapter) (*publisher, error
 		nc.Close()
 		return nil, fmt.Errorf("brokers/nats: publisher: %w", err)
 	}
-	return &publisher{s: s, nc: nc, js: js, pub: pub}, nil
+	return &publisher{s: s, nc: nc, js: js, pub: pub, denied: denied}, nil
 }
 
 // Publish ensures the topic's stream, then publishes each message and waits
@@ -80,12 +83,18 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 		}
 		p.streams.Store(subject, struct{}{})
 	}
+	start := time.Now()
 	if err := p.pub.Publish(topic, msgs...); err != nil {
 		if errors.Is(err, natsgo.ErrNoStreamResponse) || errors.Is(err, natsgo.ErrNoResponders) {
 			// The stream was deleted since: ensure it again next time.
 			p.streams.Delete(subject)
 		}
 		err = fmt.Errorf("brokers/nats: publish to %q: %w", subject, err)
+		if p.denied.since(subject, start) {
+			// The server refused the publish (permissions): the
+			// timeout waiting for JetStream's acknowledgement is that.
+			return framework.Permanent(fmt.Errorf("%w (the server refused it: permissions violation for publish to %q)", err, subject))
+		}
 		if refused(err) {
 			return framework.Permanent(err)
 		}

@@ -1,14 +1,21 @@
 package nats_test
 
 import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // TestPublishRefusalsArePermanent: what JetStream or the server will never
@@ -50,4 +57,51 @@ func TestPublishRefusalsArePermanent(t *testing.T) {
 	require.True(t, framework.IsPermanent(err), "no stream: %v", err)
 
 	require.NoError(t, pub.Publish("orders", message.NewMessage("ok", []byte("{}"))), "what fits goes through")
+}
+
+// TestPublishDeniedIsPermanent: a subject the user may not publish to (a
+// poison subject left out of its permissions) can never be published to.
+// The server says so asynchronously and the JetStream publish only times
+// out waiting for its acknowledgement; the publisher recognises the
+// refusal and reports it as framework.Permanent, so the Poison middleware
+// dead-letters the message instead of nacking it forever. The test runs a
+// NATS server of its own, with users and permissions.
+func TestPublishDeniedIsPermanent(t *testing.T) {
+	t.Parallel()
+	server := testenv.RequireTool(t, "nats-server")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "nats.conf")
+	require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf(`
+listen: %q
+jetstream { store_dir: %q }
+accounts {
+  app {
+    jetstream: enabled
+    users: [ { user: svc, password: secret, permissions: { publish: { deny: ["denied.>"] } } } ]
+  }
+}
+`, addr, filepath.Join(dir, "js"))), 0o600))
+	cmd := exec.Command(server, "-c", conf)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	require.Eventually(t, func() bool {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	}, 15*time.Second, 20*time.Millisecond, "nats-server listens")
+
+	cfg := config("durable=svc", "user=svc", "password=secret")
+	cfg.Options["url"] = "nats://" + addr
+	pub := newPublisher(t, cfg)
+	err = pub.Publish("denied.poison", message.NewMessage("d", []byte("{}")))
+	require.Error(t, err)
+	require.True(t, framework.IsPermanent(err), "got %v", err)
+	require.ErrorContains(t, err, "permissions violation")
+	require.NoError(t, pub.Publish("allowed", message.NewMessage("a", []byte("{}"))), "other subjects go through")
 }

@@ -53,7 +53,7 @@ type subscriber struct {
 }
 
 func newSubscriber(s settings, logger watermill.LoggerAdapter) (*subscriber, error) {
-	nc, err := dial(s, logger, "subscriber")
+	nc, err := dial(s, logger, "subscriber", nil)
 	if err != nil {
 		return nil, err
 	}
