@@ -23,7 +23,9 @@ func TestCLIStatsKafkaPositions(t *testing.T) {
 	br, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = br.Close() })
-	cl, err := kgo.NewClient(kgo.SeedBrokers(br.Addrs()...))
+	// The records go to partition 0: the default partitioner would
+	// spread them.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(br.Addrs()...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	require.NoError(t, err)
 	defer cl.Close()
 	_, err = kadm.NewClient(cl).CreateTopic(context.Background(), 2, 1, nil, "orders")
