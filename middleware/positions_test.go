@@ -193,6 +193,14 @@ func TestKafkaPositionBatchWindow(t *testing.T) {
 	for _, m := range all[:3] {
 		require.True(t, m.Ack())
 	}
+	// The subscriber takes acks in on its own goroutine: wait until every
+	// record but 3 counts as settled, or the last batch stores 3.
+	rec, ok := position.FromContext(all[3].Context())
+	require.True(t, ok)
+	require.Eventually(t, func() bool {
+		off, ok := rec.Of.SettledBelow([]int64{3})
+		return ok && off == 8
+	}, 5*time.Second, time.Millisecond)
 	// 3 with a duplicate of 0 (a twin in the batch): the end.
 	process([]*message.Message{all[3], newDelivery(t, ords[0])})
 	require.EqualValues(t, 8, b.position(t, c.Consumer, topic))
