@@ -1,10 +1,3 @@
-// Package apisurface lists the exported surface of claimtx's library packages,
-// one sorted line per identifier in the style of Go's own api/ files, and counts
-// it. The golden files under docs/api are its output; `make api` rewrites them
-// and the test in this package fails when they are stale.
-//
-// A package's types are read from the compiler's export data (`go list
-// -export`), so the listing is exactly what an importer sees.
 package apisurface
 
 import (
