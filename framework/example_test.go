@@ -3,6 +3,7 @@ package framework_test
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -90,4 +91,25 @@ func ExampleRegistry_RegisterKey() {
 	// \1:acme/orders/evt-42 <nil>
 	// claimtx: config field "key": tenant: needs a stream name
 	// claimtx: config field "key": unknown key extractor "tenant" in spec "tenant:orders" (known: first, json, metadata, template)
+}
+
+// An event time comes from a spec too: a field holding RFC 3339 or a Unix
+// time, whose unit is told from its magnitude.
+func ExampleParseTimeSpec() {
+	eventTime, err := framework.ParseTimeSpec("json:occurred_at")
+	if err != nil {
+		panic(err)
+	}
+	for _, payload := range []string{
+		`{"occurred_at":"2024-05-01T12:00:00+02:00"}`,
+		`{"occurred_at":1714557600}`,
+		`{"occurred_at":1714557600250}`,
+	} {
+		t, err := eventTime(message.NewMessage("u", []byte(payload)))
+		fmt.Println(t.UTC().Format(time.RFC3339Nano), err)
+	}
+	// Output:
+	// 2024-05-01T10:00:00Z <nil>
+	// 2024-05-01T10:00:00Z <nil>
+	// 2024-05-01T10:00:00.25Z <nil>
 }

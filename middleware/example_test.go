@@ -58,12 +58,10 @@ func ExampleNewClaim() {
 
 // Poison sends what can never be applied to a poison topic with the
 // reason, so the router acks the original instead of redelivering it
-// forever. Here the message has no order_id, so it cannot be keyed.
+// forever. Here the handler finds the order unusable: a permanent error.
 func ExampleNewPoison() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st := exampleStore(ctx)
-	defer dropExample(ctx, st)
 	bus := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, nil) // your broker's publisher
 	defer func() { _ = bus.Close() }()
 
@@ -71,14 +69,11 @@ func ExampleNewPoison() {
 	if err != nil {
 		panic(err)
 	}
-	key, _ := framework.ParseKeySpec("json:order_id")
-	claim, err := middleware.NewClaim(middleware.Claim{Store: st, Consumer: "loyalty", Key: key})
-	if err != nil {
-		panic(err)
-	}
-	h := poison(claim(func(*message.Message) ([]*message.Message, error) { return nil, nil }))
+	h := poison(func(msg *message.Message) ([]*message.Message, error) {
+		return nil, framework.Permanent(fmt.Errorf("order %d: unknown currency", orderID(msg)))
+	})
 
-	_, err = h(message.NewMessage("m1", []byte(`{"customer_id":7}`)))
+	_, err = h(message.NewMessage("m1", []byte(`{"order_id":9912,"currency":"XXX"}`)))
 	fmt.Println("returned to the router:", err)
 
 	copies, err := bus.Subscribe(ctx, "orders.poison")
@@ -87,18 +82,18 @@ func ExampleNewPoison() {
 	}
 	c := <-copies
 	c.Ack()
-	fmt.Println(string(c.Payload))
-	fmt.Println(c.Metadata.Get("claimtx_poison_consumer"), c.Metadata.Get("claimtx_poison_permanent"))
+	fmt.Println(c.UUID, string(c.Payload))
 	fmt.Println(c.Metadata.Get(middleware.PoisonReasonKey))
+	fmt.Println(c.Metadata.Get("claimtx_poison_consumer"), c.Metadata.Get("claimtx_poison_permanent"))
 
 	// Without a publisher there is nowhere to send it: refused up front.
 	_, err = middleware.NewPoison(middleware.Poison{Topic: "orders.poison"})
 	fmt.Println(err)
 	// Output:
 	// returned to the router: <nil>
-	// {"customer_id":7}
+	// m1 {"order_id":9912,"currency":"XXX"}
+	// order 9912: unknown currency
 	// loyalty true
-	// claimtx: invalid message key from payload "order_id": field is missing
 	// claimtx: config field "Publisher": must not be nil
 }
 
