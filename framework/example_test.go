@@ -45,8 +45,9 @@ func ExampleParseKeySpec() {
 }
 
 // A key extractor of your own, registered by name so that configuration
-// can select it: "tenant:orders" reads the tenant header and prefixes the
-// argument. Specs parsed with the same Registry still know the built-ins.
+// can select it: "tenant:orders" keys a message TENANT/orders/EVENT_ID from
+// its tenant and event_id headers. Specs parsed with the same Registry still
+// know the built-ins.
 func ExampleRegistry_RegisterKey() {
 	reg := framework.NewRegistry()
 	err := reg.RegisterKey("tenant", func(arg string) (framework.KeyFunc, error) {
@@ -56,7 +57,7 @@ func ExampleRegistry_RegisterKey() {
 		return func(m *message.Message) (string, error) {
 			t := m.Metadata.Get("tenant")
 			if t == "" || strings.Contains(t, "/") {
-				return "", fmt.Errorf("tenant header %q: %w", t, framework.Permanent(fmt.Errorf("unusable")))
+				return "", framework.Permanent(fmt.Errorf("tenant header %q is unusable", t))
 			}
 			return t + "/" + arg + "/" + m.Metadata.Get("event_id"), nil
 		}, nil
