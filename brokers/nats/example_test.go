@@ -1,0 +1,121 @@
+package nats_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/brokers/nats"
+)
+
+// The adapter is a registered kind: Register adds "nats" to a Registry,
+// which then builds its subscribers and publishers from a brokers.Config
+// (BROKER=nats with NATS_URL, NATS_DURABLE, ... through
+// brokers.ConfigFromEnv). The topic's stream is created on first use.
+func ExampleRegister() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	prefix := examplePrefix() // isolates this run's subjects and streams
+	defer dropExampleStreams(prefix)
+
+	reg := brokers.NewRegistry()
+	if err := nats.Register(reg); err != nil {
+		panic(err)
+	}
+	cfg := brokers.Config{Kind: nats.Kind, Options: map[string]string{
+		"url": exampleURL(), "durable": "loyalty", "subject_prefix": prefix,
+	}}
+
+	pub, err := reg.NewPublisher(cfg, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer pub.Close()
+	msg := message.NewMessage("m1", []byte(`{"order_id":9912}`))
+	msg.Metadata.Set("event_id", "evt-42")
+	if err := pub.Publish("orders", msg); err != nil {
+		panic(err)
+	}
+
+	sub, err := reg.NewSubscriber(cfg, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "orders")
+	if err != nil {
+		panic(err)
+	}
+	m := <-msgs
+	m.Ack()
+	fmt.Println(m.UUID, string(m.Payload), m.Metadata.Get("event_id"), m.Metadata.Get("nats_delivered"))
+	fmt.Println(m.Metadata.Get("nats_subject") == prefix+"orders")
+
+	// Unknown options are refused, so a typo does not become a default.
+	cfg.Options["ackwait"] = "5s"
+	_, err = reg.NewSubscriber(cfg, nil)
+	fmt.Println(err)
+	// Output:
+	// m1 {"order_id":9912} evt-42 1
+	// true
+	// claimtx: config field "options.ackwait": unknown option of broker kind "nats" (known: ack_wait, concurrency, creds_file, dial_timeout, durable, max_ack_pending, max_deliver, nack_delay, password, streams, subject_prefix, token, url, user)
+}
+
+// Factory registers the adapter under a name of your choice.
+func ExampleFactory() {
+	reg := brokers.NewRegistry()
+	if err := reg.Register("jetstream", nats.Factory()); err != nil {
+		panic(err)
+	}
+	// Its settings are checked before anything connects.
+	_, err := reg.NewSubscriber(brokers.Config{Kind: "jetstream", Options: map[string]string{"url": exampleURL()}}, nil)
+	fmt.Println(err)
+	// Output:
+	// claimtx: config field "options.durable": is required to subscribe: the JetStream durable consumer name, one per service
+}
+
+// exampleURL is the NATS server the tests use (TEST_NATS_URL, else the
+// local one).
+func exampleURL() string {
+	if u := os.Getenv("TEST_NATS_URL"); u != "" {
+		return u
+	}
+	return "nats://127.0.0.1:4222"
+}
+
+// examplePrefix returns a subject prefix unique to this run.
+func examplePrefix() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return "claimtx-example-" + hex.EncodeToString(b[:]) + "."
+}
+
+// dropExampleStreams removes the streams the example created, the ones named
+// after its prefixed subjects.
+func dropExampleStreams(prefix string) {
+	nc, err := natsgo.Connect(exampleURL())
+	if err != nil {
+		return
+	}
+	defer nc.Close()
+	js, err := nc.JetStream()
+	if err != nil {
+		return
+	}
+	var names []string
+	for name := range js.StreamNames() {
+		if strings.HasPrefix(name, strings.TrimSuffix(prefix, ".")) {
+			names = append(names, name)
+		}
+	}
+	for _, name := range names {
+		_ = js.DeleteStream(name)
+	}
+}

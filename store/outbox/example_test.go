@@ -1,0 +1,90 @@
+package outbox_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/store/outbox"
+)
+
+// A message enqueued in the effect's transaction exists only if the
+// effect committed; the Relay publishes it afterwards with an idempotency
+// key that is the same on every resend.
+func ExampleNew() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st := exampleStore(ctx)
+	defer dropExample(st)
+	pub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, nil) // brokers.NewPublisher(cfg, logger)
+	defer func() { _ = pub.Close() }()
+
+	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		// ... the effect, written through tx ...
+		return st.Enqueue(ctx, tx, "receipts", message.NewMessage("r-9912", []byte(`{"order_id":9912}`)))
+	})
+	if err != nil {
+		panic(err)
+	}
+
+	relay, err := outbox.New(st, pub, outbox.Config{})
+	if err != nil {
+		panic(err)
+	}
+	done := make(chan error)
+	go func() { done <- relay.Run(ctx) }()
+
+	receipts, err := pub.Subscribe(ctx, "receipts")
+	if err != nil {
+		panic(err)
+	}
+	m := <-receipts
+	m.Ack()
+	fmt.Println(m.UUID, string(m.Payload), m.Metadata.Get(store.IdempotencyKeyMetadata) != "")
+
+	cancel()
+	fmt.Println("relay stopped:", <-done)
+
+	// A relay needs somewhere to publish.
+	_, err = outbox.New(st, nil, outbox.Config{})
+	fmt.Println(err)
+	// Output:
+	// r-9912 {"order_id":9912} true
+	// relay stopped: <nil>
+	// claimtx: config field "Publisher": must not be nil
+}
+
+// exampleStore returns a migrated store in a schema of its own on the test
+// server (TEST_DATABASE_URL, as the tests use).
+func exampleStore(ctx context.Context) *store.Store {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	pool, err := pgxpool.New(ctx, pgtest.URL())
+	if err != nil {
+		panic(err)
+	}
+	st, err := store.New(pool, store.Config{Schema: "example_" + hex.EncodeToString(b[:])})
+	if err != nil {
+		panic(err)
+	}
+	if err := st.Migrate(ctx); err != nil {
+		panic(err)
+	}
+	return st
+}
+
+// dropExample drops the example's schema and closes its pool.
+func dropExample(st *store.Store) {
+	_, _ = st.Pool().Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{st.Config().Schema}.Sanitize()+" CASCADE")
+	st.Pool().Close()
+}
