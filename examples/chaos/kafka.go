@@ -18,8 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/examples/internal/orderfeed"
-	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 // partitions of the chaos topic: two per consumer process.
@@ -212,7 +212,7 @@ func (k *kafkaOps) close() {
 }
 
 // devKafka is one framework/cmd/devkafka process (kfake plus the
-// eviction of members that died while joining, internal/devbroker); start
+// eviction of members that died while joining, brokers/kafka/kafkatest); start
 // and stop may alternate any number of times, always on the same address
 // and data directory.
 type devKafka struct {
@@ -286,7 +286,7 @@ func (d *devKafka) evictions() int {
 	if err != nil {
 		return -1
 	}
-	return bytes.Count(b, []byte("devbroker: evicted silent group member"))
+	return bytes.Count(b, []byte("kafkatest: evicted silent group member"))
 }
 
 func (d *devKafka) stop() error {
@@ -310,13 +310,13 @@ func (d *devKafka) stop() error {
 	}
 }
 
-// kfakeServer is a plain kfake cluster in this process: internal/devbroker
+// kfakeServer is a plain kfake cluster in this process: brokers/kafka/kafkatest
 // with its eviction off, so a member SIGKILLed while joining stays in the
 // group as kfake leaves it (DESIGN.md, the kfake gap). Same address, data
 // directory and partitions as devKafka; its log goes to logPath.
 type kfakeServer struct {
 	addr, dataDir, logPath string
-	b                      *devbroker.Broker
+	b                      *kafkatest.Broker
 	logFile                *os.File
 }
 
@@ -330,7 +330,7 @@ func (k *kfakeServer) start(ctx context.Context) error {
 		return err
 	}
 	// Not ctx: the broker must outlive a cancelled run until close.
-	b, err := devbroker.Start(context.WithoutCancel(ctx), devbroker.Options{
+	b, err := kafkatest.Start(context.WithoutCancel(ctx), kafkatest.Options{
 		Addr: k.addr, DataDir: k.dataDir, Partitions: partitions, DisableEviction: true,
 		Logger: slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})

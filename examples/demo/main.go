@@ -26,8 +26,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/examples/internal/orderfeed"
-	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 type options struct {
@@ -88,7 +88,7 @@ func run(ctx context.Context, o options) (bool, error) {
 			// No Kafka at KAFKA_BROKERS: host the dev broker in this
 			// process, where the consumers (subprocesses) reach it.
 			logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			br, err := devbroker.Start(ctx, devbroker.Options{Addr: o.kafkaAddr, Logger: logger})
+			br, err := kafkatest.Start(ctx, kafkatest.Options{Addr: o.kafkaAddr, Logger: logger})
 			if err != nil {
 				return false, fmt.Errorf("start dev Kafka broker at %s: %w", o.kafkaAddr, err)
 			}

@@ -28,8 +28,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/examples/internal/orderfeed"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
@@ -143,7 +143,7 @@ func newHarnessWith(t *testing.T, kind string, opts harnessOptions) *harness {
 			h.cluster = c
 			h.kafkaAddr = c.ListenAddrs()[0]
 		} else {
-			br, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+			br, err := kafkatest.Start(ctx, kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = br.Close() })
 			h.kafkaAddr = br.Addrs()[0]
