@@ -27,7 +27,6 @@ import (
 	"time"
 
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
-	"github.com/claimtx/claimtx/examples/internal/orderfeed"
 )
 
 type options struct {
@@ -57,10 +56,10 @@ func main() {
 	flag.Parse()
 	o.brokers = strings.Split(brokerList, ",")
 	o.modes = strings.Split(*modeList, ",")
-	o.databaseURL = orderfeed.EnvOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-	o.amqpURL = orderfeed.EnvOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-	o.kafkaAddr = strings.Split(orderfeed.EnvOr("KAFKA_BROKERS", "127.0.0.1:9092"), ",")[0]
-	o.natsURL = orderfeed.EnvOr("NATS_URL", "nats://127.0.0.1:4222")
+	o.databaseURL = envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	o.amqpURL = envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	o.kafkaAddr = strings.Split(envOr("KAFKA_BROKERS", "127.0.0.1:9092"), ",")[0]
+	o.natsURL = envOr("NATS_URL", "nats://127.0.0.1:4222")
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
