@@ -1,4 +1,4 @@
-package main
+package chaos
 
 import (
 	"bufio"
@@ -19,7 +19,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
-	"github.com/claimtx/claimtx/examples/internal/orderfeed"
 )
 
 // partitions of the chaos topic: two per consumer process.
@@ -29,7 +28,7 @@ const partitions = 6
 // stop and start it on the same address: the dev broker
 // (framework/cmd/devkafka) as a subprocess, or a plain kfake cluster in
 // this process (-kafka-broker kfake). It publishes like a plain franz-go
-// producer (orderfeed.KafkaRecord).
+// producer (kafkaRecord).
 type kafkaOps struct {
 	topic, group string
 	addr         string
@@ -75,7 +74,7 @@ func (k *kafkaOps) prepare(ctx context.Context) error {
 func (k *kafkaOps) publish(ctx context.Context, ds []delivery) (int, error) {
 	recs := make([]*kgo.Record, len(ds))
 	for i, d := range ds {
-		recs[i] = orderfeed.KafkaRecord(k.topic, d.eventID, d.payload)
+		recs[i] = kafkaRecord(k.topic, d.eventID, d.payload)
 	}
 	if err := k.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return 0, fmt.Errorf("produce: %w", err)
@@ -130,7 +129,7 @@ func (k *kafkaOps) remaining(ctx context.Context) (int, error) {
 }
 
 func (k *kafkaOps) poisonedCount(ctx context.Context) (int, error) {
-	return orderfeed.KafkaTopicSize(ctx, k.adm, k.topic+".poison")
+	return kafkaTopicSize(ctx, k.adm, k.topic+".poison")
 }
 
 // poisoned reads the poison topic from the start and returns each
