@@ -62,7 +62,11 @@ func TestChaos(t *testing.T) {
 	// gives them, from the module root.
 	for _, p := range []*string{&o.loyalty, &o.devkafka, &o.logDir} {
 		if !filepath.IsAbs(*p) {
-			*p = filepath.Join("..", "..", *p)
+			abs, err := filepath.Abs(filepath.Join("..", "..", *p))
+			if err != nil {
+				t.Fatalf("chaos: %v", err)
+			}
+			*p = abs
 		}
 	}
 	o.out = os.Stdout
