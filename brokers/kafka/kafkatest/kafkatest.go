@@ -128,10 +128,12 @@ type Broker struct {
 // returns once it accepts connections. It runs until Close is called or ctx
 // ends.
 func Start(ctx context.Context, opts Options) (*Broker, error) {
+	// Defaults first: they only fill zero fields, so a bad value still
+	// fails, and the zero Options is usable as documented.
+	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
