@@ -38,12 +38,12 @@ test-parallel: ## The main suite, with -race; packages run in parallel, each tes
 # only their own connections but cannot run under -race (a data race inside
 # watermill-amqp's reconnect, see brokers/amqp/doc.go), so they run here,
 # without it.
-# TestChaosDisruptive (examples/chaos) is `make chaos-ci` as a test: it
+# TestChaosDisruptive (internal/chaos) is `make chaos-ci` as a test: it
 # restarts Postgres and closes every RabbitMQ connection, so it runs here.
 # It takes a few minutes (Kafka runs at the default session and rebalance
 # timeouts), hence -timeout above go test's default 10m.
 # Only the packages that have such tests, so every line of the run reports tests that ran.
-DISRUPTIVE_PKGS ?= ./brokers/amqp/ ./examples/chaos/ ./examples/loyalty/ ./framework/observe/
+DISRUPTIVE_PKGS ?= ./brokers/amqp/ ./internal/chaos/ ./examples/loyalty/ ./framework/observe/
 .PHONY: test-disruptive
 test-disruptive: ## Tests that disconnect or restart shared servers, run serially (includes the CI chaos run).
 	$(GO) test -count=1 -p 1 -timeout 20m -tags disruptive -run 'Disruptive|Reconnect' $(DISRUPTIVE_PKGS)
@@ -141,12 +141,16 @@ bench-console: ## Console page times at scale: BENCH_CLAIMS claims over 30 days,
 
 # The chaos run restarts the shared Postgres and closes every RabbitMQ
 # connection on the host: run it alone (not beside `make test`).
+# The harness is test code (internal/chaos, build tag chaos); its knobs are
+# test flags after -args, paths relative to the module root. -v streams its
+# output as it runs; each broker bounds itself (-timeout), so go test does not.
 CHAOS_FLAGS ?=
+CHAOS_TEST = $(GO) test -tags chaos -v -count=1 -timeout 0 -run '^TestChaos$$' ./internal/chaos/
 .PHONY: chaos
 chaos: ## Chaos run per broker: 20,000 orders, 3 consumers cold-started at once on a fresh database, >= 15 SIGKILLs and >= 15 SIGTERM rolling restarts, on Kafka (default timeouts) >= 10 SIGTERMs of consumers still joining and >= 10 right after a SIGKILL, a Postgres restart, a broker disruption; fails unless lost, doubled, wrongly_poisoned, crashes and hung_shutdowns (no exit within drain timeout + 5s of SIGTERM) are 0 (restarts Postgres: run alone).
 	$(GO) build -o bin/loyalty ./examples/loyalty
 	$(GO) build -o bin/devkafka ./framework/cmd/devkafka
-	$(GO) run ./examples/chaos -loyalty bin/loyalty -devkafka bin/devkafka $(CHAOS_FLAGS)
+	$(CHAOS_TEST) -args -loyalty bin/loyalty -devkafka bin/devkafka $(CHAOS_FLAGS)
 
 .PHONY: chaos-batch
 chaos-batch: ## make chaos with the consumers in batch mode (BATCH_SIZE=64, 2 workers; restarts Postgres: run alone).
@@ -160,4 +164,4 @@ chaos-quorum: ## make chaos on RabbitMQ only, on quorum queues (AMQP_QUEUE_TYPE=
 chaos-ci: ## The short chaos run (2,000 orders, >= 3 SIGKILLs and >= 3 SIGTERMs per broker, on Kafka >= 3 of each joining SIGTERM, default timeouts; a few minutes); `make test` runs it as TestChaosDisruptive.
 	$(GO) build -o bin/loyalty ./examples/loyalty
 	$(GO) build -o bin/devkafka ./framework/cmd/devkafka
-	$(GO) run ./examples/chaos -loyalty bin/loyalty -devkafka bin/devkafka -orders 2000 -bad 5 -kills 3 -terms 3 -start-terms 3 -kill-terms 3 -timeout 5m $(CHAOS_FLAGS)
+	$(CHAOS_TEST) -args -loyalty bin/loyalty -devkafka bin/devkafka -orders 2000 -bad 5 -kills 3 -terms 3 -start-terms 3 -kill-terms 3 -timeout 5m $(CHAOS_FLAGS)

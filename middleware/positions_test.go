@@ -17,7 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/internal/position"
 	"github.com/claimtx/claimtx/middleware"
 )
@@ -27,7 +27,7 @@ import (
 // records in flight.
 func kafkaOrders(t *testing.T, window int, ords ...order) (*kafka.Subscriber, <-chan *message.Message, string) {
 	t.Helper()
-	br, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0"})
+	br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = br.Close() })
 	topic := "positions-" + watermill.NewShortUUID()

@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 )
 
 // ReplayHorizon reads what the broker will keep: a topic's retention.ms,
@@ -19,7 +19,7 @@ import (
 func TestReplayHorizon(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	br, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0", DisableAutoCreateTopics: true})
+	br, err := kafkatest.Start(ctx, kafkatest.Options{Addr: "127.0.0.1:0", DisableAutoCreateTopics: true})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = br.Close() })
 	cl, err := kgo.NewClient(kgo.SeedBrokers(br.Addrs()...))

@@ -22,7 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
 
@@ -44,16 +44,16 @@ func uniqueName(t *testing.T) string {
 }
 
 // startBroker starts a dev broker on a free port for one test.
-func startBroker(t *testing.T) *devbroker.Broker {
+func startBroker(t *testing.T) *kafkatest.Broker {
 	t.Helper()
-	b, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0", Partitions: 4})
+	b, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0", Partitions: 4})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
 	return b
 }
 
 // testConfig is a Kafka config with short group timings against b.
-func testConfig(t *testing.T, b *devbroker.Broker) kafka.Config {
+func testConfig(t *testing.T, b *kafkatest.Broker) kafka.Config {
 	return kafka.Config{
 		Brokers:           b.Addrs(),
 		ConsumerGroup:     uniqueName(t),

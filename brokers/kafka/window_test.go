@@ -15,13 +15,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 // createTopic creates a topic with the given partition count (auto-created
 // topics get the broker's default) and returns its name.
-func createTopic(t *testing.T, b *devbroker.Broker, partitions int32) string {
+func createTopic(t *testing.T, b *kafkatest.Broker, partitions int32) string {
 	t.Helper()
 	topic := uniqueName(t)
 	adm := newAdmin(t, b)
@@ -31,7 +31,7 @@ func createTopic(t *testing.T, b *devbroker.Broker, partitions int32) string {
 	return topic
 }
 
-func newAdmin(t *testing.T, b *devbroker.Broker) *kadm.Client {
+func newAdmin(t *testing.T, b *kafkatest.Broker) *kadm.Client {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...))
 	require.NoError(t, err)

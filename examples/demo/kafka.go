@@ -6,11 +6,9 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
-
-	"github.com/claimtx/claimtx/examples/internal/orderfeed"
 )
 
-// kafkaOps publishes like a plain franz-go producer (orderfeed.KafkaRecord).
+// kafkaOps publishes like a plain franz-go producer (kafkaRecord).
 type kafkaOps struct {
 	addr, topic string
 	group       string
@@ -38,7 +36,7 @@ func (k *kafkaOps) prepare(ctx context.Context) error {
 func (k *kafkaOps) publish(ctx context.Context, ds []delivery) error {
 	recs := make([]*kgo.Record, len(ds))
 	for i, d := range ds {
-		recs[i] = orderfeed.KafkaRecord(k.topic, d.eventID, d.payload)
+		recs[i] = kafkaRecord(k.topic, d.eventID, d.payload)
 	}
 	return k.cl.ProduceSync(ctx, recs...).FirstErr()
 }
@@ -69,7 +67,7 @@ func (k *kafkaOps) drained(ctx context.Context) (bool, error) {
 }
 
 func (k *kafkaOps) poisoned(ctx context.Context) (int, error) {
-	return orderfeed.KafkaTopicSize(ctx, k.adm, k.topic+".poison")
+	return kafkaTopicSize(ctx, k.adm, k.topic+".poison")
 }
 
 func (k *kafkaOps) close() {

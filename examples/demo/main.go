@@ -26,8 +26,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/claimtx/claimtx/examples/internal/orderfeed"
-	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 )
 
 type options struct {
@@ -57,10 +56,10 @@ func main() {
 	flag.Parse()
 	o.brokers = strings.Split(brokerList, ",")
 	o.modes = strings.Split(*modeList, ",")
-	o.databaseURL = orderfeed.EnvOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-	o.amqpURL = orderfeed.EnvOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-	o.kafkaAddr = strings.Split(orderfeed.EnvOr("KAFKA_BROKERS", "127.0.0.1:9092"), ",")[0]
-	o.natsURL = orderfeed.EnvOr("NATS_URL", "nats://127.0.0.1:4222")
+	o.databaseURL = envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	o.amqpURL = envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	o.kafkaAddr = strings.Split(envOr("KAFKA_BROKERS", "127.0.0.1:9092"), ",")[0]
+	o.natsURL = envOr("NATS_URL", "nats://127.0.0.1:4222")
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -88,7 +87,7 @@ func run(ctx context.Context, o options) (bool, error) {
 			// No Kafka at KAFKA_BROKERS: host the dev broker in this
 			// process, where the consumers (subprocesses) reach it.
 			logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			br, err := devbroker.Start(ctx, devbroker.Options{Addr: o.kafkaAddr, Logger: logger})
+			br, err := kafkatest.Start(ctx, kafkatest.Options{Addr: o.kafkaAddr, Logger: logger})
 			if err != nil {
 				return false, fmt.Errorf("start dev Kafka broker at %s: %w", o.kafkaAddr, err)
 			}

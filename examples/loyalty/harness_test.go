@@ -28,8 +28,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/claimtx/claimtx/examples/internal/orderfeed"
-	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
@@ -143,7 +142,7 @@ func newHarnessWith(t *testing.T, kind string, opts harnessOptions) *harness {
 			h.cluster = c
 			h.kafkaAddr = c.ListenAddrs()[0]
 		} else {
-			br, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+			br, err := kafkatest.Start(ctx, kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = br.Close() })
 			h.kafkaAddr = br.Addrs()[0]
@@ -286,7 +285,7 @@ func (h *harness) publishRaw(eventIDs []string, payloads [][]byte) {
 	case "kafka":
 		recs := make([]*kgo.Record, len(payloads))
 		for i, p := range payloads {
-			recs[i] = orderfeed.KafkaRecord(h.topic, eventIDs[i], p)
+			recs[i] = kafkaRecord(h.topic, eventIDs[i], p)
 		}
 		require.NoError(h.t, h.kcl.ProduceSync(ctx, recs...).FirstErr())
 	case "amqp":
@@ -636,4 +635,17 @@ func (h *harness) natsUnsettled() int {
 	}
 	require.NoError(h.t, err)
 	return int(si.State.LastSeq - ci.AckFloor.Stream)
+}
+
+// kafkaRecord is one message as a plain franz-go producer sends it: an
+// event_id header, no Watermill metadata, keyed by the event id so copies
+// of an order land on the partition of the original (as a producer's
+// retry would).
+func kafkaRecord(topic, eventID string, payload []byte) *kgo.Record {
+	return &kgo.Record{
+		Topic:   topic,
+		Key:     []byte(eventID),
+		Value:   payload,
+		Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(eventID)}},
+	}
 }

@@ -80,7 +80,7 @@ func TestKafkaMixedRestarts(t *testing.T) {
 	clusters := []struct {
 		name  string
 		plain bool
-	}{{"kfake", true}, {"devbroker", false}}
+	}{{"kfake", true}, {"kafkatest", false}}
 	modes := []struct {
 		name string
 		env  []string

@@ -23,9 +23,9 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -399,7 +399,7 @@ func newRawBroker(t *testing.T, kind, topic string) *rawBroker {
 		})
 		rb.cfg = brokers.Config{Kind: brokers.KindAMQP, AMQP: amqp.Config{Concurrency: 2, NackDelay: 50 * time.Millisecond}}
 	case "kafka":
-		br, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+		br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = br.Close() })
 		rb.kafkaAddr = br.Addrs()[0]

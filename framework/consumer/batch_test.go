@@ -18,9 +18,9 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -66,7 +66,7 @@ func testBatchOverBrokers(t *testing.T, broker string, window int, setWise bool,
 	cfg.AMQP.Concurrency = 64
 	cfg.AMQP.Window = window
 	if broker == brokers.KindKafka {
-		br, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+		br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		defer br.Close()
 		cl, err := kgo.NewClient(kgo.SeedBrokers(br.Addrs()...))

@@ -16,8 +16,8 @@ import (
 
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework/observe"
-	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 // healthz answers one /healthz request from h, as a probe would.
@@ -98,7 +98,7 @@ func TestHealthKafkaBrokerDown(t *testing.T) {
 	t.Parallel()
 	st := newStore(t, 2)
 
-	b, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0", Partitions: 1})
+	b, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0", Partitions: 1})
 	require.NoError(t, err)
 	addr := b.Addrs()[0]
 	t.Cleanup(func() { _ = b.Close() })
@@ -119,7 +119,7 @@ func TestHealthKafkaBrokerDown(t *testing.T) {
 	require.NoError(t, b.Close())
 	awaitHealthz(t, h, http.StatusServiceUnavailable, "Kafka stopped: not ready")
 
-	b2, err := devbroker.Start(t.Context(), devbroker.Options{Addr: addr, Partitions: 1})
+	b2, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: addr, Partitions: 1})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b2.Close() })
 	awaitHealthz(t, h, http.StatusOK, "Kafka back on the same address: ready again")

@@ -11,8 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/internal/console"
-	"github.com/claimtx/claimtx/internal/devbroker"
 )
 
 // positionRow returns the overview's <tr> of a stored position.
@@ -29,7 +29,7 @@ func positionRow(t *testing.T, body, key string) []string {
 // Kafka broker.
 func TestOverviewKafkaPositions(t *testing.T) {
 	t.Parallel()
-	br, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0"})
+	br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = br.Close() })
 	cl, err := kgo.NewClient(kgo.SeedBrokers(br.Addrs()...))

@@ -17,8 +17,8 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/outbox"
 )
@@ -73,7 +73,7 @@ func testRelayThroughBroker(t *testing.T, kind string) {
 	case brokers.KindAMQP:
 		bcfg = amqpBrokers()
 	case brokers.KindKafka:
-		br, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+		br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		defer br.Close()
 		bcfg = brokers.Config{Kind: brokers.KindKafka, Kafka: kafka.Config{Brokers: br.Addrs(), ConsumerGroup: "relay-" + topic}}

@@ -32,7 +32,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 )
 
 type options struct {
@@ -184,7 +184,7 @@ func (s *session) measure(label string, c int, f func(*env) (result, error)) (re
 func startKafka(ctx context.Context, o options) (string, func(), error) {
 	for _, b := range o.brokers {
 		if b == "kafka" {
-			br, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+			br, err := kafkatest.Start(ctx, kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				return "", nil, err
 			}

@@ -9,7 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 )
 
 // `claimtx stats --topic T --retention D` puts the consumer's claim
@@ -18,7 +18,7 @@ import (
 func TestCLIStatsRetentionHorizon(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	br, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+	br, err := kafkatest.Start(ctx, kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = br.Close() })
 	cl, err := kgo.NewClient(kgo.SeedBrokers(br.Addrs()...))

@@ -10,7 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 )
 
 // TestCLIStatsKafkaPositions: `claimtx stats` lists the stored Kafka
@@ -20,7 +20,7 @@ func TestCLIStatsKafkaPositions(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
 	c.ok("migrate")
-	br, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0"})
+	br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = br.Close() })
 	// The records go to partition 0: the default partitioner would

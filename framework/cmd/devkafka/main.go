@@ -1,6 +1,6 @@
 // Command devkafka runs an in-process Kafka-protocol broker for development,
 // demos and CI, where no Kafka server is installed. It is
-// internal/devbroker (kfake underneath, plus eviction of group members
+// brokers/kafka/kafkatest (kfake underneath, plus eviction of group members
 // that died while joining) as a process.
 //
 // Usage:
@@ -33,7 +33,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 )
 
 func main() {
@@ -51,16 +51,20 @@ func defaultAddr(getenv func(string) string) string {
 			return a
 		}
 	}
-	return devbroker.DefaultAddr
+	return fallbackAddr
 }
+
+// fallbackAddr is Kafka's standard port, where services expect a broker;
+// kafkatest itself defaults to a free port, as tests want.
+const fallbackAddr = "127.0.0.1:9092"
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("devkafka", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", defaultAddr(getenv), "host:port to listen on and advertise (default: first of KAFKA_BROKERS)")
 	dataDir := fs.String("data-dir", getenv("DEVKAFKA_DATA_DIR"), "directory to keep topics, offsets and groups in across restarts (default: DEVKAFKA_DATA_DIR; empty: memory only)")
-	partitions := fs.Int("partitions", devbroker.DefaultPartitions, "partitions of auto-created topics")
-	minSession := fs.Duration("min-session-timeout", devbroker.DefaultGroupMinSessionTimeout, "smallest consumer group session timeout accepted")
+	partitions := fs.Int("partitions", kafkatest.DefaultPartitions, "partitions of auto-created topics")
+	minSession := fs.Duration("min-session-timeout", kafkatest.DefaultGroupMinSessionTimeout, "smallest consumer group session timeout accepted")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -79,7 +83,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	b, err := devbroker.Start(ctx, devbroker.Options{
+	b, err := kafkatest.Start(ctx, kafkatest.Options{
 		Addr:                   *addr,
 		DataDir:                *dataDir,
 		Partitions:             *partitions,

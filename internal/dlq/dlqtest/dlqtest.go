@@ -29,8 +29,8 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -78,7 +78,7 @@ func New(t testing.TB, kind string, poisonPartitions int) *World {
 	ctx := context.Background()
 	switch kind {
 	case brokers.KindKafka:
-		br, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
+		br, err := kafkatest.Start(ctx, kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = br.Close() })
 		w.KafkaAddr = br.Addrs()[0]

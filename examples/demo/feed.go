@@ -1,7 +1,8 @@
-// Package orderfeed is what the demo and chaos runners share about the
-// loyalty example: its message as a plain (non-Watermill) producer sends
-// it, and the check of its tables afterwards.
-package orderfeed
+// What the demo knows about the loyalty example: its message as a plain
+// (non-Watermill) producer sends it, and the check of its tables
+// afterwards.
+
+package main
 
 import (
 	"context"
@@ -18,18 +19,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Order is the OrderCompleted payload examples/loyalty consumes.
-type Order struct {
+// order is the OrderCompleted payload examples/loyalty consumes.
+type order struct {
 	OrderID    int64 `json:"order_id"`
 	CustomerID int64 `json:"customer_id"`
 	TotalCents int64 `json:"total_cents"`
 }
 
-// KafkaRecord is one message as a plain franz-go producer sends it: an
+// kafkaRecord is one message as a plain franz-go producer sends it: an
 // event_id header, no Watermill metadata, keyed by the event id so copies
 // of an order land on the partition of the original (as a producer's
 // retry would).
-func KafkaRecord(topic, eventID string, payload []byte) *kgo.Record {
+func kafkaRecord(topic, eventID string, payload []byte) *kgo.Record {
 	return &kgo.Record{
 		Topic:   topic,
 		Key:     []byte(eventID),
@@ -38,9 +39,9 @@ func KafkaRecord(topic, eventID string, payload []byte) *kgo.Record {
 	}
 }
 
-// KafkaTopicSize is the number of records ever written to topic: the
+// kafkaTopicSize is the number of records ever written to topic: the
 // poison topic is only written to, so that is how many were poisoned.
-func KafkaTopicSize(ctx context.Context, adm *kadm.Client, topic string) (int, error) {
+func kafkaTopicSize(ctx context.Context, adm *kadm.Client, topic string) (int, error) {
 	ends, err := adm.ListEndOffsets(ctx, topic)
 	if err != nil {
 		return 0, err
@@ -50,17 +51,17 @@ func KafkaTopicSize(ctx context.Context, adm *kadm.Client, topic string) (int, e
 	return int(n), nil
 }
 
-// Tally is what the loyalty tables hold after a run.
-type Tally struct {
+// ledgerTally is what the loyalty tables hold after a run.
+type ledgerTally struct {
 	Applied    int   // distinct orders in the ledger
 	LedgerRows int   // ledger rows (Applied when nothing was doubled)
 	Doubled    int   // orders with more than one ledger row
 	Points     int64 // sum of all balances
 }
 
-// Count reads the Tally of the loyalty tables in schema.
-func Count(ctx context.Context, pool *pgxpool.Pool, schema string) (Tally, error) {
-	var t Tally
+// count reads the ledgerTally of the loyalty tables in schema.
+func count(ctx context.Context, pool *pgxpool.Pool, schema string) (ledgerTally, error) {
+	var t ledgerTally
 	q := fmt.Sprintf(`SELECT
 		(SELECT count(DISTINCT order_id) FROM %[1]s.point_ledger),
 		(SELECT count(*) FROM %[1]s.point_ledger),
@@ -70,9 +71,9 @@ func Count(ctx context.Context, pool *pgxpool.Pool, schema string) (Tally, error
 	return t, err
 }
 
-// WithSearchPath returns dbURL with search_path set to schema, so the
+// withSearchPath returns dbURL with search_path set to schema, so the
 // consumer's effect tables land in the run's own schema.
-func WithSearchPath(dbURL, schema string) (string, error) {
+func withSearchPath(dbURL, schema string) (string, error) {
 	u, err := url.Parse(dbURL)
 	if err != nil {
 		// The error would quote the URL, password included.
@@ -84,18 +85,18 @@ func WithSearchPath(dbURL, schema string) (string, error) {
 	return u.String(), nil
 }
 
-// EnvOr returns the environment variable name, or def when it is unset or
+// envOr returns the environment variable name, or def when it is unset or
 // empty.
-func EnvOr(name, def string) string {
+func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {
 		return v
 	}
 	return def
 }
 
-// RunID returns a short random id that keeps one run's topics, queues and
+// runID returns a short random id that keeps one run's topics, queues and
 // schemas apart from every other run's.
-func RunID() string {
+func runID() string {
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])

@@ -1,6 +1,6 @@
 //go:build disruptive
 
-package main
+package chaos
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package main
+package chaos
 
 import (
 	"context"
@@ -111,4 +111,20 @@ func TestTermTimeoutDefault(t *testing.T) {
 	d, err = drainTimeout()
 	require.NoError(t, err)
 	require.Equal(t, 30*time.Second, d)
+}
+
+// TestRunChecksOptions: bad knobs fail before anything is started (no
+// database, broker or consumer is touched).
+func TestRunChecksOptions(t *testing.T) {
+	o := defaults()
+	o.orders = 0
+	o.out = io.Discard
+	_, err := run(context.Background(), o)
+	require.ErrorContains(t, err, "-orders and -consumers must be positive")
+
+	o = defaults()
+	o.kafkaBroker = "redpanda"
+	o.out = io.Discard
+	_, err = run(context.Background(), o)
+	require.ErrorContains(t, err, `-kafka-broker must be "devkafka" or "kfake"`)
 }

@@ -1,9 +1,11 @@
-// Package devbroker runs a single-node Kafka-protocol broker inside the
-// current process, built on franz-go's kfake, for development, demos and CI
-// where no Kafka server exists. It is not a production broker: one node, no
-// replication, no quotas, data in memory unless a data directory is given.
+// Package kafkatest runs a single-node Kafka-protocol broker inside the
+// current process, built on franz-go's kfake, so a Kafka consumer can be
+// tested (or demonstrated, or run in CI) without a Kafka server, as
+// net/http/httptest serves HTTP without one. It is not a production broker:
+// one node, no replication, no quotas, data in memory unless a data
+// directory is given.
 //
-//	b, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0"})
+//	b, err := kafkatest.Start(ctx, kafkatest.Options{})
 //	if err != nil { ... }
 //	defer b.Close()
 //	cfg := kafka.Config{Brokers: b.Addrs(), SessionTimeout: 2 * time.Second}
@@ -14,7 +16,8 @@
 //
 // Topics are created on first use (metadata or produce) with
 // Options.Partitions partitions, like a development Kafka with
-// auto.create.topics.enable. The broker listens on Options.Addr exactly and
+// auto.create.topics.enable. The broker listens on Options.Addr (a free
+// port of 127.0.0.1 unless set) exactly and
 // advertises that address in its metadata, so the host must be one clients
 // can reach (kfake itself always binds 127.0.0.1; Start overrides that).
 // Options.GroupMinSessionTimeout defaults to 100ms instead of Kafka's 6s so
@@ -38,15 +41,15 @@
 // expires it after its session timeout. Kill tests and demos that SIGKILL a
 // consumer during a rebalance stall on exactly this.
 //
-// The dev broker therefore watches classic group traffic: control functions
+// The broker therefore watches classic group traffic: control functions
 // (Cluster.ControlKey, observing only, never handling a request) record
 // each member's last JoinGroup, SyncGroup, Heartbeat or OffsetCommit and the
-// session timeout it joined with; every Options.EvictionPollInterval it
+// session timeout it joined with; every 250ms it
 // reads each group (Cluster.GroupInfo) and sends a LeaveGroup on behalf of a
-// member that has been silent longer than its session timeout plus
-// Options.EvictionMargin, the request the member would have sent on a clean
+// member that has been silent longer than its session timeout plus a
+// second, the request the member would have sent on a clean
 // shutdown. kfake then rebalances and the live members take over. Each
-// eviction is logged at Info and reported to Options.OnEvict. The group
+// eviction is logged at Info. The group
 // state is taken into account, as a real broker's heartbeat deadlines do:
 // while a group is PreparingRebalance, a member whose JoinGroup is waiting
 // is never evicted (it legitimately waits without heartbeating), but one
@@ -69,12 +72,9 @@
 //   - Control functions run on kfake's single request loop; the observers
 //     only record a timestamp, but every group request passes through them.
 //   - kfake's GroupInfo blocks forever once the cluster is closed
-//     (cluster.go:1299): Close stops the eviction loop first, and Cluster()
-//     users must not query a closed broker.
-//   - Cluster() exposes the kfake cluster for tests (WaitGroupStable, fault
-//     injection); it is not a stable API.
+//     (cluster.go:1299): Close stops the eviction loop first.
 //   - A LeaveGroup from a member whose JoinGroup is waiting removes it, but
 //     kfake never answers that JoinGroup (a real broker answers it with
 //     UNKNOWN_MEMBER_ID), so such a client waits for its request timeout.
 //     brokers/kafka sends that LeaveGroup itself and does not wait.
-package devbroker
+package kafkatest

@@ -1,4 +1,4 @@
-package main
+package chaos
 
 import (
 	"bytes"
@@ -20,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/examples/internal/orderfeed"
 	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/middleware"
@@ -164,7 +163,7 @@ func roundDur(d time.Duration) time.Duration {
 // when BATCH_SIZE > 0 (make chaos-batch), per message otherwise.
 func consumerMode() string {
 	if n, err := strconv.Atoi(os.Getenv("BATCH_SIZE")); err == nil && n > 0 {
-		return fmt.Sprintf("batch(size=%d,workers=%s)", n, orderfeed.EnvOr("BATCH_WORKERS", "2"))
+		return fmt.Sprintf("batch(size=%d,workers=%s)", n, envOr("BATCH_WORKERS", "2"))
 	}
 	return "per-message"
 }
@@ -268,7 +267,7 @@ func freshDatabase(ctx context.Context, o options, name string) (string, func(),
 }
 
 func runScenario(ctx context.Context, o options, kind string, rep *report) error {
-	id := orderfeed.RunID()
+	id := runID()
 	dbName := fmt.Sprintf("chaos_%s_%s", kind, id)
 	topic := fmt.Sprintf("chaos-orders-%s-%s", kind, id)
 	group := "loyalty-chaos-" + id
@@ -668,7 +667,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 
 	vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer vcancel()
-	tally, err := orderfeed.Count(vctx, pool, schema)
+	tally, err := countLedger(vctx, pool, schema)
 	if err != nil {
 		return err
 	}

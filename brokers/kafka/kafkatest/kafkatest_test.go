@@ -1,4 +1,4 @@
-package devbroker_test
+package kafkatest
 
 import (
 	"context"
@@ -21,7 +21,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
 
@@ -81,22 +80,22 @@ const zombieSession = 500 * time.Millisecond
 // fixture is a broker with a topic and a live member A (the Watermill Kafka
 // subscriber, Sarama underneath) that is the group's only member.
 type fixture struct {
-	b     *devbroker.Broker
+	b     *Broker
 	group string
 	topic string
 	msgs  <-chan *message.Message
 }
 
-func newFixture(t *testing.T, opts devbroker.Options) *fixture {
+func newFixture(t *testing.T, opts Options) *fixture {
 	t.Helper()
 	opts.Addr = "127.0.0.1:0"
 	opts.Partitions = partitions
-	b, err := devbroker.Start(t.Context(), opts)
+	b, err := Start(t.Context(), opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
 
 	f := &fixture{b: b, group: "g-" + strings.ToLower(t.Name()), topic: "t-" + strings.ToLower(t.Name())}
-	require.NoError(t, b.Cluster().CreateTopic(f.topic, partitions, nil))
+	require.NoError(t, b.cluster.CreateTopic(f.topic, partitions, nil))
 
 	sub, err := kafka.NewSubscriber(t.Context(), kafka.Config{
 		Brokers:           b.Addrs(),
@@ -112,7 +111,7 @@ func newFixture(t *testing.T, opts devbroker.Options) *fixture {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
 	defer cancel()
-	_, err = b.Cluster().WaitGroupStable(ctx, f.group, 1)
+	_, err = b.cluster.WaitGroupStable(ctx, f.group, 1)
 	require.NoError(t, err)
 	return f
 }
@@ -148,10 +147,10 @@ func (f *fixture) addZombieWithSession(t *testing.T, session time.Duration) stri
 	z.memberID = first.MemberID
 
 	var once sync.Once
-	f.b.Cluster().ControlKey(int16(kmsg.JoinGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
+	f.b.cluster.ControlKey(int16(kmsg.JoinGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		if r, ok := req.(*kmsg.JoinGroupRequest); ok && r.MemberID == z.memberID {
 			once.Do(func() { _ = conn.Close() })
-			f.b.Cluster().DropControl()
+			f.b.cluster.DropControl()
 		}
 		return nil, nil, false
 	})
@@ -159,7 +158,7 @@ func (f *fixture) addZombieWithSession(t *testing.T, session time.Duration) stri
 
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	_, err = f.b.Cluster().WaitGroupInfo(ctx, f.group, func(g *kfake.GroupInfo) bool { return isMember(g, z.memberID) })
+	_, err = f.b.cluster.WaitGroupInfo(ctx, f.group, func(g *kfake.GroupInfo) bool { return isMember(g, z.memberID) })
 	require.NoError(t, err, "the zombie became a member")
 	return z.memberID
 }
@@ -196,19 +195,19 @@ const zombieAttempts = 12
 // eviction is what removes it; the test adds zombies until that happened.
 func TestEvictsSilentMember(t *testing.T) {
 	t.Parallel()
-	evicted := make(chan devbroker.Eviction, zombieAttempts)
-	f := newFixture(t, devbroker.Options{
-		EvictionMargin:       100 * time.Millisecond,
-		EvictionPollInterval: 25 * time.Millisecond,
-		OnEvict:              func(e devbroker.Eviction) { evicted <- e },
+	evicted := make(chan eviction, zombieAttempts)
+	f := newFixture(t, Options{
+		evictionMargin:       100 * time.Millisecond,
+		evictionPollInterval: 25 * time.Millisecond,
+		onEvict:              func(e eviction) { evicted <- e },
 		Logger:               slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})
 
-	var ours *devbroker.Eviction
+	var ours *eviction
 	for attempt := 1; attempt <= zombieAttempts && ours == nil; attempt++ {
 		id := f.addZombie(t)
 		ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
-		_, err := f.b.Cluster().WaitGroupInfo(ctx, f.group, func(g *kfake.GroupInfo) bool { return !isMember(g, id) })
+		_, err := f.b.cluster.WaitGroupInfo(ctx, f.group, func(g *kfake.GroupInfo) bool { return !isMember(g, id) })
 		cancel()
 		require.NoError(t, err, "attempt %d: zombie %s never removed", attempt, id)
 		select {
@@ -236,7 +235,7 @@ func TestEvictsSilentMember(t *testing.T) {
 			t.Fatalf("live member got %v of %v", got, want)
 		}
 	}
-	info := f.b.Cluster().GroupInfo(f.group)
+	info := f.b.cluster.GroupInfo(f.group)
 	require.Len(t, info.Members, 1)
 }
 
@@ -247,13 +246,13 @@ func TestEvictsSilentMember(t *testing.T) {
 // go.
 func TestKfakeGapWithoutEviction(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t, devbroker.Options{DisableEviction: true})
+	f := newFixture(t, Options{DisableEviction: true})
 
 	for attempt := 1; attempt <= zombieAttempts; attempt++ {
 		id := f.addZombie(t)
 		// Three session timeouts after it joined, is it still there?
 		time.Sleep(3 * zombieSession)
-		info := f.b.Cluster().GroupInfo(f.group)
+		info := f.b.cluster.GroupInfo(f.group)
 		if !isMember(info, id) {
 			t.Logf("attempt %d: kfake timed the zombie out itself", attempt)
 			continue
@@ -286,12 +285,12 @@ func TestKfakeGapWithoutEviction(t *testing.T) {
 func TestStartValidation(t *testing.T) {
 	t.Parallel()
 	for _, addr := range []string{"0.0.0.0:9092", ":9092", "no-port", "[::]:1"} {
-		_, err := devbroker.Start(t.Context(), devbroker.Options{Addr: addr})
+		_, err := Start(t.Context(), Options{Addr: addr})
 		require.Error(t, err, addr)
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	_, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0"})
+	_, err := Start(ctx, Options{Addr: "127.0.0.1:0"})
 	require.ErrorIs(t, err, context.Canceled)
 }
 
@@ -299,7 +298,7 @@ func TestStartValidation(t *testing.T) {
 func TestContextStopsBroker(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithCancel(t.Context())
-	b, err := devbroker.Start(ctx, devbroker.Options{Addr: "127.0.0.1:0"})
+	b, err := Start(ctx, Options{Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	addr := b.Addrs()[0]
 	cancel()
@@ -318,7 +317,7 @@ func TestContextStopsBroker(t *testing.T) {
 func TestDataDir(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	b, err := devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0", DataDir: dir})
+	b, err := Start(t.Context(), Options{Addr: "127.0.0.1:0", DataDir: dir})
 	require.NoError(t, err)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.AllowAutoTopicCreation())
 	require.NoError(t, err)
@@ -326,7 +325,7 @@ func TestDataDir(t *testing.T) {
 	cl.Close()
 	require.NoError(t, b.Close())
 
-	b, err = devbroker.Start(t.Context(), devbroker.Options{Addr: "127.0.0.1:0", DataDir: dir})
+	b, err = Start(t.Context(), Options{Addr: "127.0.0.1:0", DataDir: dir})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, b.Close()) }()
 	cl, err = kgo.NewClient(kgo.SeedBrokers(b.Addrs()...), kgo.ConsumeTopics("durable"),
@@ -358,11 +357,11 @@ func (w testWriter) Write(p []byte) (int, error) {
 // the group is still PreparingRebalance, and the rebalance ends without it.
 func TestEvictsDeadMemberWhileRebalancing(t *testing.T) {
 	t.Parallel()
-	evicted := make(chan devbroker.Eviction, zombieAttempts)
-	f := newFixture(t, devbroker.Options{
-		EvictionMargin:       100 * time.Millisecond,
-		EvictionPollInterval: 25 * time.Millisecond,
-		OnEvict:              func(e devbroker.Eviction) { evicted <- e },
+	evicted := make(chan eviction, zombieAttempts)
+	f := newFixture(t, Options{
+		evictionMargin:       100 * time.Millisecond,
+		evictionPollInterval: 25 * time.Millisecond,
+		onEvict:              func(e eviction) { evicted <- e },
 		Logger:               slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})
 	const session = 2 * time.Second
@@ -383,7 +382,7 @@ func TestEvictsDeadMemberWhileRebalancing(t *testing.T) {
 			}
 		}()
 		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-		_, err = f.b.Cluster().WaitGroupInfo(ctx, f.group, func(g *kfake.GroupInfo) bool { return !isMember(g, id) })
+		_, err = f.b.cluster.WaitGroupInfo(ctx, f.group, func(g *kfake.GroupInfo) bool { return !isMember(g, id) })
 		cancel()
 		require.NoError(t, err, "attempt %d: zombie %s still a member 20s on (kfake holds the rebalance for 60s)", attempt, id)
 		select {
@@ -399,7 +398,7 @@ func TestEvictsDeadMemberWhileRebalancing(t *testing.T) {
 			// The rebalance ends without the zombie (the live members
 			// are the fixture's and one per attempt; earlier attempts'
 			// may still be settling, so their number is not checked).
-			info, err := f.b.Cluster().WaitGroupStable(ctx, f.group, -1)
+			info, err := f.b.cluster.WaitGroupStable(ctx, f.group, -1)
 			require.NoError(t, err, "the rebalance finished without the zombie")
 			require.False(t, isMember(info, id))
 			return

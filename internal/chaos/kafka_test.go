@@ -1,4 +1,4 @@
-package main
+package chaos
 
 import (
 	"bufio"
@@ -18,8 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/claimtx/claimtx/examples/internal/orderfeed"
-	"github.com/claimtx/claimtx/internal/devbroker"
+	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 )
 
 // partitions of the chaos topic: two per consumer process.
@@ -29,7 +28,7 @@ const partitions = 6
 // stop and start it on the same address: the dev broker
 // (framework/cmd/devkafka) as a subprocess, or a plain kfake cluster in
 // this process (-kafka-broker kfake). It publishes like a plain franz-go
-// producer (orderfeed.KafkaRecord).
+// producer (kafkaRecord).
 type kafkaOps struct {
 	topic, group string
 	addr         string
@@ -75,7 +74,7 @@ func (k *kafkaOps) prepare(ctx context.Context) error {
 func (k *kafkaOps) publish(ctx context.Context, ds []delivery) (int, error) {
 	recs := make([]*kgo.Record, len(ds))
 	for i, d := range ds {
-		recs[i] = orderfeed.KafkaRecord(k.topic, d.eventID, d.payload)
+		recs[i] = kafkaRecord(k.topic, d.eventID, d.payload)
 	}
 	if err := k.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return 0, fmt.Errorf("produce: %w", err)
@@ -130,7 +129,7 @@ func (k *kafkaOps) remaining(ctx context.Context) (int, error) {
 }
 
 func (k *kafkaOps) poisonedCount(ctx context.Context) (int, error) {
-	return orderfeed.KafkaTopicSize(ctx, k.adm, k.topic+".poison")
+	return kafkaTopicSize(ctx, k.adm, k.topic+".poison")
 }
 
 // poisoned reads the poison topic from the start and returns each
@@ -212,7 +211,7 @@ func (k *kafkaOps) close() {
 }
 
 // devKafka is one framework/cmd/devkafka process (kfake plus the
-// eviction of members that died while joining, internal/devbroker); start
+// eviction of members that died while joining, brokers/kafka/kafkatest); start
 // and stop may alternate any number of times, always on the same address
 // and data directory.
 type devKafka struct {
@@ -286,7 +285,7 @@ func (d *devKafka) evictions() int {
 	if err != nil {
 		return -1
 	}
-	return bytes.Count(b, []byte("devbroker: evicted silent group member"))
+	return bytes.Count(b, []byte("kafkatest: evicted silent group member"))
 }
 
 func (d *devKafka) stop() error {
@@ -310,13 +309,13 @@ func (d *devKafka) stop() error {
 	}
 }
 
-// kfakeServer is a plain kfake cluster in this process: internal/devbroker
+// kfakeServer is a plain kfake cluster in this process: brokers/kafka/kafkatest
 // with its eviction off, so a member SIGKILLed while joining stays in the
 // group as kfake leaves it (DESIGN.md, the kfake gap). Same address, data
 // directory and partitions as devKafka; its log goes to logPath.
 type kfakeServer struct {
 	addr, dataDir, logPath string
-	b                      *devbroker.Broker
+	b                      *kafkatest.Broker
 	logFile                *os.File
 }
 
@@ -330,7 +329,7 @@ func (k *kfakeServer) start(ctx context.Context) error {
 		return err
 	}
 	// Not ctx: the broker must outlive a cancelled run until close.
-	b, err := devbroker.Start(context.WithoutCancel(ctx), devbroker.Options{
+	b, err := kafkatest.Start(context.WithoutCancel(ctx), kafkatest.Options{
 		Addr: k.addr, DataDir: k.dataDir, Partitions: partitions, DisableEviction: true,
 		Logger: slog.New(slog.NewTextHandler(f, &slog.HandlerOptions{Level: slog.LevelInfo})),
 	})

@@ -1,4 +1,4 @@
-package devbroker
+package kafkatest
 
 import (
 	"context"
@@ -13,13 +13,14 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Defaults. Each Options field's documentation repeats the value.
+// Defaults. Each Options field's documentation repeats the value;
+// framework/cmd/devkafka shows the exported ones as its flags' defaults.
 const (
-	DefaultAddr                   = "127.0.0.1:9092"
+	defaultAddr                   = "127.0.0.1:0"
 	DefaultPartitions             = 10
 	DefaultGroupMinSessionTimeout = 100 * time.Millisecond
-	DefaultEvictionMargin         = time.Second
-	DefaultEvictionPollInterval   = 250 * time.Millisecond
+	defaultEvictionMargin         = time.Second
+	defaultEvictionPollInterval   = 250 * time.Millisecond
 )
 
 // Options configures Start. The zero value is usable.
@@ -28,7 +29,8 @@ type Options struct {
 	// clients can reach, because it is what the broker advertises in its
 	// metadata ("0.0.0.0" would be handed to clients as is). Use
 	// "127.0.0.1:0" for a free port and read it back with Broker.Addrs.
-	// Defaults to "127.0.0.1:9092".
+	// Defaults to "127.0.0.1:0": a test broker must not collide with a
+	// Kafka listening on the standard port.
 	Addr string
 
 	// DataDir, when set, makes the broker keep topics, records, committed
@@ -56,27 +58,21 @@ type Options struct {
 	// package documentation. Defaults to false.
 	DisableEviction bool
 
-	// EvictionMargin is added to a member's session timeout before the
-	// broker evicts it for silence. Defaults to 1s.
-	EvictionMargin time.Duration
-
-	// EvictionPollInterval is how often group state is checked for silent
-	// members. Defaults to 250ms.
-	EvictionPollInterval time.Duration
-
-	// OnEvict, if set, is called after each eviction (from the broker's
-	// eviction goroutine). Defaults to nil.
-	OnEvict func(Eviction)
-
 	// Logger receives the broker's logs: kfake's warnings and errors, and
 	// one Info line per eviction. kfake's per-connection chatter goes to
 	// Debug. Defaults to discarding everything.
 	Logger *slog.Logger
+
+	// The eviction's timing and its observer are knobs for this package's
+	// own tests, not for users: the defaults suit every consumer.
+	evictionMargin       time.Duration // added to a member's session timeout; 1s
+	evictionPollInterval time.Duration // how often groups are checked; 250ms
+	onEvict              func(eviction)
 }
 
 func (o Options) withDefaults() Options {
 	if o.Addr == "" {
-		o.Addr = DefaultAddr
+		o.Addr = defaultAddr
 	}
 	if o.GroupMinSessionTimeout == 0 {
 		o.GroupMinSessionTimeout = DefaultGroupMinSessionTimeout
@@ -84,11 +80,11 @@ func (o Options) withDefaults() Options {
 	if o.Partitions == 0 {
 		o.Partitions = DefaultPartitions
 	}
-	if o.EvictionMargin == 0 {
-		o.EvictionMargin = DefaultEvictionMargin
+	if o.evictionMargin == 0 {
+		o.evictionMargin = defaultEvictionMargin
 	}
-	if o.EvictionPollInterval == 0 {
-		o.EvictionPollInterval = DefaultEvictionPollInterval
+	if o.evictionPollInterval == 0 {
+		o.evictionPollInterval = defaultEvictionPollInterval
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -99,25 +95,25 @@ func (o Options) withDefaults() Options {
 func (o Options) validate() error {
 	host, _, err := net.SplitHostPort(o.Addr)
 	if err != nil {
-		return fmt.Errorf("devbroker: Addr %q is not host:port: %w", o.Addr, err)
+		return fmt.Errorf("kafkatest: Addr %q is not host:port: %w", o.Addr, err)
 	}
 	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		return fmt.Errorf("devbroker: Addr %q: the host is advertised to clients, so it must be a reachable address, not a wildcard", o.Addr)
+		return fmt.Errorf("kafkatest: Addr %q: the host is advertised to clients, so it must be a reachable address, not a wildcard", o.Addr)
 	}
 	switch {
 	case o.GroupMinSessionTimeout < 0:
-		return fmt.Errorf("devbroker: GroupMinSessionTimeout must not be negative, got %s", o.GroupMinSessionTimeout)
+		return fmt.Errorf("kafkatest: GroupMinSessionTimeout must not be negative, got %s", o.GroupMinSessionTimeout)
 	case o.Partitions < 0:
-		return fmt.Errorf("devbroker: Partitions must be positive, got %d", o.Partitions)
-	case o.EvictionMargin < 0:
-		return fmt.Errorf("devbroker: EvictionMargin must not be negative, got %s", o.EvictionMargin)
-	case o.EvictionPollInterval < 0:
-		return fmt.Errorf("devbroker: EvictionPollInterval must not be negative, got %s", o.EvictionPollInterval)
+		return fmt.Errorf("kafkatest: Partitions must be positive, got %d", o.Partitions)
+	case o.evictionMargin < 0:
+		return fmt.Errorf("kafkatest: eviction margin must not be negative, got %s", o.evictionMargin)
+	case o.evictionPollInterval < 0:
+		return fmt.Errorf("kafkatest: eviction poll interval must not be negative, got %s", o.evictionPollInterval)
 	}
 	return nil
 }
 
-// Broker is a running dev broker.
+// Broker is a running in-process broker.
 type Broker struct {
 	cluster *kfake.Cluster
 	logger  *slog.Logger
@@ -132,10 +128,12 @@ type Broker struct {
 // returns once it accepts connections. It runs until Close is called or ctx
 // ends.
 func Start(ctx context.Context, opts Options) (*Broker, error) {
+	// Defaults first: they only fill zero fields, so a bad value still
+	// fails, and the zero Options is usable as documented.
+	opts = opts.withDefaults()
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -143,7 +141,7 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 	addr := opts.Addr
 	kopts := []kfake.Opt{
 		kfake.NumBrokers(1),
-		kfake.ClusterID("claimtx-devbroker"),
+		kfake.ClusterID("claimtx-kafkatest"),
 		// kfake always asks for 127.0.0.1:<port>; we listen where we were told.
 		kfake.ListenFn(func(network, _ string) (net.Listener, error) { return net.Listen(network, addr) }),
 		kfake.GroupMinSessionTimeout(opts.GroupMinSessionTimeout),
@@ -158,7 +156,7 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 	}
 	cluster, err := kfake.NewCluster(kopts...)
 	if err != nil {
-		return nil, fmt.Errorf("devbroker: start on %s: %w", opts.Addr, err)
+		return nil, fmt.Errorf("kafkatest: start on %s: %w", opts.Addr, err)
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
@@ -173,12 +171,12 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 	if !opts.DisableEviction {
 		client, err := kgo.NewClient(
 			kgo.SeedBrokers(cluster.ListenAddrs()...),
-			kgo.ClientID("claimtx-devbroker-evictor"),
+			kgo.ClientID("claimtx-kafkatest-evictor"),
 		)
 		if err != nil {
 			stop()
 			cluster.Close()
-			return nil, fmt.Errorf("devbroker: eviction client: %w", err)
+			return nil, fmt.Errorf("kafkatest: eviction client: %w", err)
 		}
 		b.ev = newEvictor(cluster, client, opts)
 		b.ev.observe()
@@ -199,16 +197,12 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 		_ = b.Close()
 	}()
 
-	opts.Logger.Info("devbroker started", "addrs", cluster.ListenAddrs(), "data_dir", opts.DataDir)
+	opts.Logger.Info("kafkatest: broker started", "addrs", cluster.ListenAddrs(), "data_dir", opts.DataDir)
 	return b, nil
 }
 
 // Addrs returns the addresses the broker listens on (one).
 func (b *Broker) Addrs() []string { return b.cluster.ListenAddrs() }
-
-// Cluster returns the underlying kfake cluster, for tests that want to look
-// at group state (GroupInfo, WaitGroupStable) or inject faults.
-func (b *Broker) Cluster() *kfake.Cluster { return b.cluster }
 
 // Close stops the broker: with a DataDir, it saves its state first. It is
 // idempotent and safe to call from several goroutines.
@@ -223,7 +217,7 @@ func (b *Broker) Close() error {
 			b.ev.client.Close()
 		}
 		b.cluster.Close()
-		b.logger.Info("devbroker stopped")
+		b.logger.Info("kafkatest: broker stopped")
 	})
 	return nil
 }

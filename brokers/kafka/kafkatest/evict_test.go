@@ -1,4 +1,4 @@
-package devbroker
+package kafkatest
 
 import (
 	"context"
@@ -22,7 +22,7 @@ func TestJoinRecordedBeforeKfakeListsIt(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"), kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
-	e := newEvictor(c, nil, Options{EvictionMargin: 100 * time.Millisecond})
+	e := newEvictor(c, nil, Options{evictionMargin: 100 * time.Millisecond})
 	join := func(group, member string, session time.Duration, now time.Time) {
 		r := kmsg.NewPtrJoinGroupRequest()
 		r.Group, r.MemberID, r.SessionTimeoutMillis = group, member, int32(session/time.Millisecond)

@@ -1,4 +1,4 @@
-package devbroker
+package kafkatest
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// Eviction describes one member the broker removed from its group.
-type Eviction struct {
+// eviction describes one member the broker removed from its group.
+type eviction struct {
 	Group          string
 	MemberID       string
 	InstanceID     string // empty for dynamic members
@@ -153,7 +153,7 @@ func (e *evictor) record(req kmsg.Request, now time.Time) {
 }
 
 func (e *evictor) run(ctx context.Context) {
-	t := time.NewTicker(e.opts.EvictionPollInterval)
+	t := time.NewTicker(e.opts.evictionPollInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -190,7 +190,7 @@ func (e *evictor) run(ctx context.Context) {
 //     evicted. This is where kfake's gap is: a member whose JoinGroup reply
 //     could not be written (it died while waiting) gets no session timer,
 //     stays a member and keeps the partitions the leader assigned to it.
-func (e *evictor) findSilent(now time.Time) []Eviction {
+func (e *evictor) findSilent(now time.Time) []eviction {
 	e.mu.Lock()
 	names := make([]string, 0, len(e.groups))
 	for name, g := range e.groups {
@@ -201,7 +201,7 @@ func (e *evictor) findSilent(now time.Time) []Eviction {
 	e.mu.Unlock()
 	sort.Strings(names)
 
-	var out []Eviction
+	var out []eviction
 	for _, name := range names {
 		// GroupInfo runs on kfake's loop; call it without holding e.mu, so
 		// control functions (which run while that loop waits) never block.
@@ -240,7 +240,7 @@ func (e *evictor) findSilent(now time.Time) []Eviction {
 		}
 		for id, t := range g.members {
 			// Gone, or never listed long after its last request.
-			if !present[id] && (t.listed || now.Sub(t.lastSeen) > g.session(t)+e.opts.EvictionMargin) {
+			if !present[id] && (t.listed || now.Sub(t.lastSeen) > g.session(t)+e.opts.evictionMargin) {
 				delete(g.members, id)
 			}
 		}
@@ -256,10 +256,10 @@ func (e *evictor) findSilent(now time.Time) []Eviction {
 			}
 			session := g.session(t)
 			silent := now.Sub(t.lastSeen)
-			if silent <= session+e.opts.EvictionMargin {
+			if silent <= session+e.opts.evictionMargin {
 				continue
 			}
-			ev := Eviction{
+			ev := eviction{
 				Group: name, MemberID: m.MemberID, ClientID: m.ClientID, ClientHost: m.ClientHost,
 				State: info.State, Silent: silent, SessionTimeout: session,
 			}
@@ -278,7 +278,7 @@ func (e *evictor) findSilent(now time.Time) []Eviction {
 // evict sends a LeaveGroup on the member's behalf, exactly what the member
 // would have sent on a clean shutdown: kfake removes it and rebalances, and
 // the remaining members take over its partitions.
-func (e *evictor) evict(ctx context.Context, ev Eviction) {
+func (e *evictor) evict(ctx context.Context, ev eviction) {
 	member := kmsg.NewLeaveGroupRequestMember()
 	member.MemberID = ev.MemberID
 	if ev.InstanceID != "" {
@@ -306,12 +306,12 @@ func (e *evictor) evict(ctx context.Context, ev Eviction) {
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			e.opts.Logger.Warn("devbroker: could not evict silent group member", append(attrs, "err", err)...)
+			e.opts.Logger.Warn("kafkatest: could not evict silent group member", append(attrs, "err", err)...)
 		}
 		return
 	}
-	e.opts.Logger.Info("devbroker: evicted silent group member", attrs...)
-	if e.opts.OnEvict != nil {
-		e.opts.OnEvict(ev)
+	e.opts.Logger.Info("kafkatest: evicted silent group member", attrs...)
+	if e.opts.onEvict != nil {
+		e.opts.onEvict(ev)
 	}
 }
