@@ -209,7 +209,7 @@
 // Both real adapters deliver at least once; claimtx's claim makes the
 // handler's effect happen at most once. What each broker does with an
 // unacked or nacked message, and why, is in the brokers/amqp and
-// brokers/kafka documentation. internal/devbroker is an in-process
+// brokers/kafka documentation. brokers/kafka/kafkatest is an in-process
 // Kafka-protocol broker for development and CI.
 //
 // # Metadata

@@ -147,7 +147,7 @@
 //
 // # Development broker
 //
-// internal/devbroker runs a Kafka-protocol broker in process (kfake),
+// brokers/kafka/kafkatest runs a Kafka-protocol broker in process (kfake),
 // for tests, demos and CI without a Kafka installation;
 // framework/cmd/devkafka runs it as a program. Short group timeouts
 // (SessionTimeout 1-3s, RebalanceTimeout a few seconds) speed up unit
