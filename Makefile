@@ -50,17 +50,17 @@ test-disruptive: ## Tests that disconnect or restart shared servers, run seriall
 
 # The console's end-to-end test: real loyalty consumers and `claimtx
 # console` processes, clicked through in Debian's Chromium by Playwright
-# (internal/console/e2e). install.sh installs Chromium and playwright-core
+# (framework/cmd/claimtx/internal/console/e2e). install.sh installs Chromium and playwright-core
 # when they are missing and says nothing when they are there.
-BROWSER_TEST = $(GO) test -tags browser -run '^TestBrowser' -count=1 -timeout 10m ./internal/console/
+BROWSER_TEST = $(GO) test -tags browser -run '^TestBrowser' -count=1 -timeout 10m ./framework/cmd/claimtx/internal/console/
 .PHONY: test-browser
 test-browser: ## The console in headless Chromium (Playwright): overview, lookup, dead letters, a replay applied exactly once; installs chromium and node_modules when missing.
-	bash internal/console/e2e/install.sh
+	bash framework/cmd/claimtx/internal/console/e2e/install.sh
 	$(BROWSER_TEST)
 
 .PHONY: console-screenshots
 console-screenshots: ## Run the browser test and keep its screenshots in docs/images (console-*.png).
-	bash internal/console/e2e/install.sh
+	bash framework/cmd/claimtx/internal/console/e2e/install.sh
 	SCREENSHOT_DIR=$(CURDIR)/docs/images $(BROWSER_TEST)
 
 .PHONY: test-race
@@ -137,7 +137,7 @@ BENCH_CLAIMS ?= 10000000
 BENCH_LETTERS ?= 100000
 .PHONY: bench-console
 bench-console: ## Console page times at scale: BENCH_CLAIMS claims over 30 days, BENCH_LETTERS dead letters on RabbitMQ and Kafka, each page requested 5 times (own schema, queues and topics).
-	BENCH_CLAIMS=$(BENCH_CLAIMS) BENCH_LETTERS=$(BENCH_LETTERS) $(GO) test -tags benchconsole -run '^TestPageTimes$$' -count=1 -timeout 60m -v ./internal/console/
+	BENCH_CLAIMS=$(BENCH_CLAIMS) BENCH_LETTERS=$(BENCH_LETTERS) $(GO) test -tags benchconsole -run '^TestPageTimes$$' -count=1 -timeout 60m -v ./framework/cmd/claimtx/internal/console/
 
 # The chaos run restarts the shared Postgres and closes every RabbitMQ
 # connection on the host: run it alone (not beside `make test`).

@@ -1,6 +1,6 @@
 // Package amqpheader converts an AMQP delivery to the message claimtx's
 // RabbitMQ adapter (brokers/amqp, "Headers and dead-letter replay") hands a
-// consumer: header values to metadata strings, properties to amqp_* keys. The dead-letter tooling (internal/dlq) reads poison
+// consumer: header values to metadata strings, properties to amqp_* keys. The dead-letter tooling (framework/cmd/claimtx/internal/dlq) reads poison
 // queues with amqp091 directly and must see the same metadata a consumer
 // sees, so that a key spec derives the same key.
 package amqpheader

@@ -260,7 +260,7 @@ func CountBefore(ctx context.Context, db DB, n *sqlnames.Names, horizon time.Tim
 }
 
 // Table is the memo table of one claim table as the dead-letter tooling
-// (internal/dlq.Memo) uses it: which letters have a memo, and clearing the
+// (framework/cmd/claimtx/internal/dlq.Memo) uses it: which letters have a memo, and clearing the
 // memos of the letters it republishes.
 type Table struct {
 	DB    DB

@@ -1,5 +1,5 @@
 // Package poisonmeta names the metadata a poisoned copy carries: the keys
-// the Poison middleware writes and the dead-letter tooling (internal/dlq,
+// the Poison middleware writes and the dead-letter tooling (framework/cmd/claimtx/internal/dlq,
 // `claimtx dlq`) reads and, when it replays a copy, removes again.
 package poisonmeta
 

@@ -9,18 +9,17 @@ import (
 	"fmt"
 	"io"
 	"net/url"
-	"regexp"
-	"strconv"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/migrate"
-	"github.com/claimtx/claimtx/internal/opfmt"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
+	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/store"
 )
@@ -144,13 +143,9 @@ type common struct {
 }
 
 // newFlags returns the flag set of one (sub)command, name being what
-// follows "claimtx", with the connection flags. Package flag neither prints
-// nor exits: it would print the usage around every error, and the error
-// again after it; parse and printHelp do the printing.
+// follows "claimtx", with the connection flags.
 func newFlags(name string, stdout io.Writer, getenv env) (*flag.FlagSet, *common) {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
+	fs := quietFlagSet(name)
 	c := &common{getenv: getenv, stdout: stdout}
 	// The environment is read after parsing, not used as flag defaults:
 	// -h and flag errors print defaults, and DATABASE_URL holds a password.
@@ -158,6 +153,43 @@ func newFlags(name string, stdout io.Writer, getenv env) (*flag.FlagSet, *common
 	fs.StringVar(&c.schema, "schema", "", "claimtx schema (env CLAIMTX_SCHEMA; default claimtx)")
 	fs.StringVar(&c.table, "table", "", "claim table (env CLAIMTX_TABLE; default processed_messages)")
 	return fs, c
+}
+
+// quietFlagSet is a flag set that neither prints nor exits: package flag
+// would print the usage around every error, and the error again after it;
+// parse and printHelp do the printing. keys check, which reads no
+// database, takes it without the connection flags of newFlags.
+func quietFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// subcommand splits the subcommand of a command group (partitions, dlq,
+// keys) from args. Help asked for prints the group's usage on stdout and
+// returns flag.ErrHelp; a missing or unknown subcommand is a usage error
+// that lists subs.
+func subcommand(group, usage string, args []string, stdout io.Writer, subs ...string) (string, []string, error) {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		printTo(stdout, usage)
+		return "", nil, flag.ErrHelp
+	}
+	want := subs[len(subs)-1]
+	if len(subs) > 1 {
+		want = strings.Join(subs[:len(subs)-1], ", ") + " or " + want
+	}
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		them := "them"
+		if len(subs) == 1 {
+			them = "it"
+		}
+		return "", nil, &usageError{msg: fmt.Sprintf("%s: want a subcommand: %s\nrun `claimtx %s -h` for %s", group, want, group, them)}
+	}
+	if !slices.Contains(subs, args[0]) {
+		return "", nil, &usageError{msg: fmt.Sprintf("%s: unknown subcommand %q (want %s)", group, args[0], want)}
+	}
+	return args[0], args[1:], nil
 }
 
 // fromEnv fills the connection settings not given as flags.
@@ -176,24 +208,31 @@ func (c *common) parse(fs *flag.FlagSet, args []string) error {
 			printHelp(c.stdout, fs)
 			return err
 		}
-		return &usageError{msg: fmt.Sprintf("%s: %v\nrun `claimtx %s -h` for its flags", fs.Name(), err, fs.Name())}
+		return badFlags(fs.Name(), "%v", err)
 	}
 	if fs.NArg() > 0 {
-		return &usageError{msg: fmt.Sprintf("%s: unexpected argument %q\nrun `claimtx %s -h` for its flags", fs.Name(), fs.Arg(0), fs.Name())}
+		return badFlags(fs.Name(), "unexpected argument %q", fs.Arg(0))
 	}
 	return nil
 }
 
-// synopses are the one-line descriptions of the commands' help.
-var synopses = map[string]string{
-	"migrate":                 "Create or upgrade claimtx's schema; safe to run on every host at deploy.",
-	"cleanup":                 "Delete claims older than the retention window, in batches. Interrupt it to stop after the current batch; run it again to resume.",
-	"stats":                   "Claims per consumer, table and index size; with --topic and --retention, the claims' retention against the broker's replay horizon.",
-	"partitions list":         "List the partitions of a partitioned claim table.",
-	"partitions enable":       "Convert the claim table to event-day partitions (existing claims are kept as one legacy partition).",
-	"partitions create-ahead": "Create missing day partitions through today + --ahead days (UTC).",
-	"partitions drop-expired": "Drop day partitions past the retention window.",
+// badFlags is a usage error of the (sub)command name, with the pointer to
+// its flags.
+func badFlags(name, format string, a ...any) error {
+	return &usageError{msg: name + ": " + fmt.Sprintf(format, a...) + "\nrun `claimtx " + name + " -h` for its flags"}
 }
+
+// requireConsumer refuses a missing or malformed --consumer of cmd.
+func requireConsumer(cmd, consumer string) error {
+	if consumer == "" {
+		return badFlags(cmd, "--consumer is required")
+	}
+	return consumername.Validate("--consumer", consumer)
+}
+
+// synopses are the descriptions of the commands' help, each set by the
+// file of its command.
+var synopses = map[string]string{}
 
 // printHelp prints a command's usage and its flags. It is the only place
 // defaults are printed: a flag's help text never repeats its default.
@@ -288,41 +327,71 @@ func (c *common) missingTable(ctx context.Context) string {
 func (c *common) schemaName() string { return cmp.Or(c.schema, storedefault.Schema) }
 func (c *common) tableName() string  { return cmp.Or(c.table, storedefault.ClaimsTable) }
 
-type redactedError struct {
-	msg string
-	err error
+// brokerFlags select the broker of the commands that read one (dlq, keys,
+// stats).
+type brokerFlags struct {
+	broker, brokerFile    string
+	amqpURL, kafkaBrokers string
+	brokerSecrets         []string
 }
 
-func (e *redactedError) Error() string { return e.msg }
-func (e *redactedError) Unwrap() error { return e.err }
+func (b *brokerFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&b.broker, "broker", "", "broker kind: amqp or kafka (env BROKER; default amqp)")
+	fs.StringVar(&b.brokerFile, "broker-config", "", "broker configuration file (YAML, see brokers.LoadConfigFile); the environment overrides it")
+	fs.StringVar(&b.amqpURL, "amqp-url", "", "RabbitMQ URL (env AMQP_URL)")
+	fs.StringVar(&b.kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap addresses, comma separated (env KAFKA_BROKERS)")
+}
 
-var keywordPassword = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'|\S+)`)
+// brokerConfig is the broker configuration: the file, or the defaults,
+// with the environment over it (brokers.LoadConfigFile, ConfigFromEnv),
+// and the flags over both.
+func (b *brokerFlags) brokerConfig() (brokers.Config, error) {
+	var cfg brokers.Config
+	var err error
+	if b.brokerFile != "" {
+		cfg, err = brokers.LoadConfigFile(b.brokerFile)
+	} else {
+		cfg, err = brokers.ConfigFromEnv()
+	}
+	if err != nil {
+		return cfg, err
+	}
+	if b.broker != "" {
+		cfg.Kind = b.broker
+	}
+	if b.amqpURL != "" {
+		cfg.AMQP.URL = b.amqpURL
+	}
+	if b.kafkaBrokers != "" {
+		cfg.Kafka.Brokers = nil
+		for _, a := range strings.Split(b.kafkaBrokers, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				cfg.Kafka.Brokers = append(cfg.Kafka.Brokers, a)
+			}
+		}
+	}
+	if u, err := url.Parse(cfg.AMQP.URL); err == nil && u.User != nil {
+		if p, ok := u.User.Password(); ok && p != "" {
+			b.brokerSecrets = append(b.brokerSecrets, p, url.QueryEscape(p), url.PathEscape(p))
+		}
+	}
+	if p := cfg.Kafka.SASL.Password; p != "" {
+		b.brokerSecrets = append(b.brokerSecrets, p)
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
 
-// redact removes every spelling of the connection string's password from
-// s. pgx already redacts its own parse errors; this is the second belt,
-// for every message the CLI prints.
-func (c *common) redact(s string) string {
-	var secrets []string
-	if u, err := url.Parse(c.databaseURL); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok {
-			secrets = append(secrets, p, url.QueryEscape(p), url.PathEscape(p))
-		}
-		if p := u.Query().Get("password"); p != "" {
-			secrets = append(secrets, p, url.QueryEscape(p))
-		}
+// redactErr removes the broker's passwords, and what redact removes, from
+// err's text.
+func (b *brokerFlags) redactErr(err error, redact func(string) string) error {
+	msg := redact(err.Error())
+	for _, s := range b.brokerSecrets {
+		msg = strings.ReplaceAll(msg, s, "xxxxx")
 	}
-	for _, m := range keywordPassword.FindAllStringSubmatch(c.databaseURL, -1) {
-		secrets = append(secrets, strings.Trim(m[1], "'"), m[1])
-	}
-	if cfg, err := pgx.ParseConfig(c.databaseURL); err == nil && cfg.Password != "" {
-		secrets = append(secrets, cfg.Password)
-	}
-	for _, p := range secrets {
-		if len(p) >= 1 {
-			s = strings.ReplaceAll(s, p, "xxxxx")
-		}
-	}
-	return s
+	return &redactedError{msg: msg, err: err}
 }
 
 // target names the database without credentials.
@@ -333,409 +402,6 @@ func target(cfg *pgxpool.Config) string {
 
 func tableName(st *store.Store) string {
 	return st.Config().Schema + "." + st.Config().ClaimsTable
-}
-
-func cmdMigrate(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
-	fs, c := newFlags("migrate", stdout, getenv)
-	if err := c.parse(fs, args); err != nil {
-		return err
-	}
-	st, closePool, err := c.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer closePool()
-	before, err := st.Version(ctx)
-	if err != nil {
-		return c.fail(ctx, "migrate", err)
-	}
-	// Migrate runs even when up to date: it is the one that knows.
-	if err := st.Migrate(ctx); err != nil {
-		return c.fail(ctx, "migrate", err)
-	}
-	if before == migrate.Latest() {
-		printf(stdout, "schema %s is already at version %d, the latest; nothing to do\n", st.Config().Schema, before)
-		return nil
-	}
-	printf(stdout, "migrated schema %s to version %d (was %d)\n", st.Config().Schema, migrate.Latest(), before)
-	return nil
-}
-
-func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
-	fs, c := newFlags("cleanup", stdout, getenv)
-	var cfg store.RetentionConfig
-	window := durationValue{d: storedefault.Retention}
-	minWindow := durationValue{d: storedefault.MinRetention}
-	fs.Var(&window, "window", "keep claims processed within this window")
-	fs.Var(&minWindow, "min-window", "refuse windows below this unless --force")
-	fs.BoolVar(&cfg.Force, "force", false, "accept a window below --min-window: duplicates older than it will be applied again")
-	fs.IntVar(&cfg.BatchSize, "batch-size", storedefault.BatchSize, "rows in the first batch; later batches adapt")
-	// 0 lets the store derive these from --batch-size, so the help states
-	// the default in words, not as a flag default.
-	fs.IntVar(&cfg.MinBatchSize, "min-batch-size", 0, fmt.Sprintf("smallest adaptive batch (default %d, or --batch-size if smaller)", storedefault.MinBatchSize))
-	fs.IntVar(&cfg.MaxBatchSize, "max-batch-size", 0, fmt.Sprintf("largest adaptive batch (default %d, or --batch-size if larger)", storedefault.MaxBatchSize))
-	fs.DurationVar(&cfg.TargetBatchDuration, "target-batch-duration", storedefault.TargetBatchDuration, "adapt batch sizes toward this duration")
-	fs.DurationVar(&cfg.Pause, "pause", storedefault.BatchPause, "pause between batches (negative: none)")
-	fs.DurationVar(&cfg.BatchTimeout, "batch-timeout", storedefault.BatchTimeout, "statement timeout of one batch")
-	fs.BoolVar(&cfg.DryRun, "dry-run", false, "count what would be deleted, delete nothing")
-	fs.BoolVar(&cfg.Vacuum, "vacuum", false, "VACUUM (ANALYZE) the table afterwards")
-	mode := fs.String("progress", "auto", "progress display: auto (a bar on a terminal, log lines otherwise), bar, log or none")
-	if err := c.parse(fs, args); err != nil {
-		return err
-	}
-	cfg.Retention, cfg.MinRetention = window.d, minWindow.d
-	switch *mode {
-	case "auto":
-		*mode = "log"
-		if isTerminal(stdout) {
-			*mode = "bar"
-		}
-	case "bar", "log", "none":
-	default:
-		return &usageError{msg: fmt.Sprintf("cleanup: --progress %q: want auto, bar, log or none", *mode)}
-	}
-	if err := belowMinimum("cleanup", "window", &window, "min-window", &minWindow, cfg.Force); err != nil {
-		return err
-	}
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	st, closePool, err := c.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer closePool()
-
-	if cfg.DryRun {
-		res, err := st.Cleanup(ctx, cfg)
-		if err != nil {
-			return c.fail(ctx, "cleanup", err)
-		}
-		oldest := "none"
-		if !res.Oldest.IsZero() {
-			oldest = res.Oldest.UTC().Format(time.RFC3339)
-		}
-		printf(stdout, "dry run: %d claims in %s processed before %s would be deleted (oldest %s)\n",
-			res.WouldDelete, tableName(st), res.Horizon.UTC().Format(time.RFC3339), oldest)
-		if res.Memos > 0 {
-			printf(stdout, "dry run: %d poison memos last poisoned before then would be deleted\n", res.Memos)
-		}
-		return nil
-	}
-	pp := &progressPrinter{w: stdout, mode: *mode, now: time.Now}
-	cfg.OnProgress = func(pr store.CleanupProgress) {
-		if pr.Batch == 0 && pp.mode != "none" {
-			pp.total, pp.counted = c.countExpired(ctx, st, pr.Horizon)
-		}
-		pp.update(pr)
-	}
-	res, err := st.Cleanup(ctx, cfg)
-	pp.finish()
-	if errors.Is(err, store.ErrNotLeader) {
-		printf(stdout, "not leader: another cleaner holds the retention lock on %s; nothing done\n", tableName(st))
-		return nil
-	}
-	summary := fmt.Sprintf("%d claims processed before %s deleted from %s in %d batches, %s (%s claims/s)",
-		res.Deleted, res.Horizon.UTC().Format(time.RFC3339), tableName(st), res.Batches, res.Duration.Round(time.Millisecond), formatRate(res.Deleted, res.Duration))
-	if err != nil {
-		if ctx.Err() != nil {
-			printlnTo(stdout, "interrupted:", summary+"; run again to resume")
-		}
-		return c.fail(ctx, "cleanup", err)
-	}
-	if res.Memos > 0 {
-		summary += fmt.Sprintf("; %d poison memos deleted", res.Memos)
-	}
-	if res.Vacuumed {
-		summary += ", then vacuumed"
-	}
-	printlnTo(stdout, summary)
-	return nil
-}
-
-// countBudget bounds the count that gives the cleanup progress its total.
-const countBudget = 2 * time.Second
-
-// countExpired counts the claims processed before horizon, exactly, if that
-// takes less than countBudget; ok is false otherwise. The planner's
-// estimate, which the progress once used, comes from statistics that still
-// include the rows an earlier cleanup deleted until the next ANALYZE (2.7x
-// too many in the test), and pg_class.reltuples has the same lag; an
-// exact count is cheap on the processed_at index for the tables a progress
-// total matters least on, and where it is not, no total is better than a
-// false one. New claims cannot fall below a horizon in the past, and the
-// retention lock keeps other cleaners out, so the count stays right.
-func (c *common) countExpired(ctx context.Context, st *store.Store, horizon time.Time) (n int64, ok bool) {
-	ctx, cancel := context.WithTimeout(ctx, countBudget+time.Second)
-	defer cancel()
-	tx, err := c.pool.Begin(ctx)
-	if err != nil {
-		return 0, false
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	// A server-side timeout leaves the connection usable for the batches.
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", countBudget.Milliseconds())); err != nil {
-		return 0, false
-	}
-	table := pgx.Identifier{st.Config().Schema, st.Config().ClaimsTable}.Sanitize()
-	if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE processed_at < $1", horizon).Scan(&n); err != nil {
-		return 0, false
-	}
-	return n, true
-}
-
-const partitionsUsage = `Usage: claimtx partitions SUBCOMMAND [flags]
-
-  list           list the partitions of a partitioned claim table
-  enable         convert the claim table to event-day partitions
-  create-ahead   create missing day partitions through today + --ahead
-  drop-expired   drop day partitions past the retention window
-
-Run "claimtx partitions SUBCOMMAND -h" for a subcommand's flags.
-`
-
-func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
-	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-		printTo(stdout, partitionsUsage)
-		return flag.ErrHelp
-	}
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return &usageError{msg: "partitions: want a subcommand: list, enable, create-ahead or drop-expired\nrun `claimtx partitions -h` for them"}
-	}
-	sub, rest := args[0], args[1:]
-	fs, c := newFlags("partitions "+sub, stdout, getenv)
-	var cfg store.RetentionConfig
-	retention := durationValue{d: storedefault.Retention}
-	minRetention := durationValue{d: storedefault.MinRetention}
-	var prepareOnly bool
-	// Each subcommand has only the flags it reads: one it ignores would be
-	// accepted silently, and its help would describe another command.
-	retentionFlags := func() {
-		fs.Var(&retention, "retention", "claim retention by event time")
-		fs.Var(&minRetention, "min-retention", "refuse a retention below this unless --force")
-		fs.BoolVar(&cfg.Force, "force", false, "accept a retention below --min-retention: duplicates older than it will be applied again")
-	}
-	aheadFlag := func() {
-		fs.IntVar(&cfg.Ahead, "ahead", storedefault.PartitionsAhead, "create partitions through today + this many days (UTC)")
-	}
-	lockWaitFlag := func() {
-		fs.DurationVar(&cfg.LockWait, "lock-wait", storedefault.PartitionLockWait, "give up (and retry) a lock wait that would block claims after this")
-	}
-	switch sub {
-	case "list":
-	case "enable":
-		retentionFlags()
-		aheadFlag()
-		lockWaitFlag()
-		fs.BoolVar(&prepareOnly, "prepare-only", false, "only add event_day and build the indexes online, for a rolling switch to event-time claims")
-	case "create-ahead":
-		retentionFlags()
-		aheadFlag()
-		lockWaitFlag()
-		fs.BoolVar(&cfg.DryRun, "dry-run", false, "list the partitions that would be created, create none")
-	case "drop-expired":
-		retentionFlags()
-		lockWaitFlag()
-		fs.BoolVar(&cfg.DryRun, "dry-run", false, "list the partitions that would be dropped, drop none")
-	default:
-		return &usageError{msg: fmt.Sprintf("partitions: unknown subcommand %q (want list, enable, create-ahead or drop-expired)", sub)}
-	}
-	if err := c.parse(fs, rest); err != nil {
-		return err
-	}
-	cfg.Retention, cfg.MinRetention = retention.d, minRetention.d
-	if err := belowMinimum(fs.Name(), "retention", &retention, "min-retention", &minRetention, cfg.Force); err != nil {
-		return err
-	}
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	st, closePool, err := c.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer closePool()
-
-	notLeader := func(err error) bool {
-		if errors.Is(err, store.ErrNotLeader) {
-			printf(stdout, "not leader: another process holds the retention lock on %s; nothing done\n", tableName(st))
-			return true
-		}
-		return false
-	}
-	switch sub {
-	case "list":
-		parts, err := st.Partitions(ctx)
-		if err != nil {
-			return c.fail(ctx, "partitions list", err)
-		}
-		printPartitions(stdout, parts)
-	case "enable":
-		if prepareOnly {
-			err := st.PreparePartitioning(ctx, cfg)
-			if notLeader(err) {
-				return nil
-			}
-			if err != nil {
-				return c.fail(ctx, "partitions enable --prepare-only", err)
-			}
-			printf(stdout, "prepared %s: event_day added and indexes built; switch consumers to event-time claims, then run `claimtx partitions enable`\n", tableName(st))
-			return nil
-		}
-		res, err := st.EnablePartitioning(ctx, cfg)
-		if notLeader(err) {
-			return nil
-		}
-		if err != nil {
-			return c.fail(ctx, "partitions enable", err)
-		}
-		switch {
-		case res.AlreadyPartitioned:
-			printf(stdout, "%s is already partitioned; created %d missing day partitions\n", tableName(st), len(res.Created))
-		case res.Legacy:
-			printf(stdout, "%s is now partitioned by event day: existing claims kept as %s_legacy (event days before %s), %d day partitions created\n",
-				tableName(st), st.Config().ClaimsTable, res.Boundary.Format(time.DateOnly), len(res.Created))
-		default:
-			printf(stdout, "%s is now partitioned by event day: %d day partitions created\n", tableName(st), len(res.Created))
-		}
-	case "create-ahead":
-		created, err := st.CreatePartitionsAhead(ctx, cfg)
-		if notLeader(err) {
-			return nil
-		}
-		if err != nil {
-			return c.fail(ctx, "partitions create-ahead", err)
-		}
-		verb := "created"
-		if cfg.DryRun {
-			verb = "would create"
-		}
-		printf(stdout, "%s %d partitions\n", verb, len(created))
-		printPartitions(stdout, created)
-	case "drop-expired":
-		start := time.Now()
-		dropped, err := st.DropExpiredPartitions(ctx, cfg)
-		if notLeader(err) {
-			return nil
-		}
-		if err != nil {
-			return c.fail(ctx, "partitions drop-expired", err)
-		}
-		verb := "dropped"
-		if cfg.DryRun {
-			verb = "would drop"
-		}
-		printf(stdout, "%s %d partitions past the %s retention in %s\n", verb, len(dropped), retention.String(), time.Since(start).Round(time.Millisecond))
-		printPartitions(stdout, dropped)
-	}
-	return nil
-}
-
-func printPartitions(w io.Writer, parts []store.Partition) {
-	if len(parts) == 0 {
-		return
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	printlnTo(tw, "NAME\tEVENT DAYS\tROWS (EST.)\tSIZE")
-	for _, p := range parts {
-		from := "…"
-		if !p.From.IsZero() {
-			from = p.From.Format(time.DateOnly)
-		}
-		days := from + " .. " + p.To.AddDate(0, 0, -1).Format(time.DateOnly)
-		if p.From.AddDate(0, 0, 1).Equal(p.To) {
-			days = from
-		}
-		if p.DetachPending {
-			days += " (detach pending)"
-		}
-		printf(tw, "%s\t%s\t%d\t%s\n", p.Name, days, p.EstimatedRows, formatBytes(p.Bytes))
-	}
-	_ = tw.Flush()
-}
-
-func cmdStats(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
-	fs, c := newFlags("stats", stdout, getenv)
-	asJSON := fs.Bool("json", false, "print JSON")
-	topic := fs.String("topic", "", "with --retention: compare the claims' retention with the replay horizon of this topic and its poison topic on the broker of BROKER/AMQP_URL/KAFKA_BROKERS")
-	poison := fs.String("poison-topic", "", "the poison topic (default TOPIC.poison)")
-	var retention durationValue
-	fs.Var(&retention, "retention", "with --topic: the consumer's claim retention (consumer.Config.Retention), e.g. 30d")
-	var bf brokerFlags
-	bf.register(fs)
-	if err := c.parse(fs, args); err != nil {
-		return err
-	}
-	if (*topic == "") != (retention.d == 0) {
-		return &usageError{msg: "stats: --topic and --retention go together"}
-	}
-	st, closePool, err := c.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer closePool()
-	s, err := st.Stats(ctx)
-	if err != nil {
-		return c.fail(ctx, "stats", err)
-	}
-	var horizon *horizonReport
-	if *topic != "" {
-		if *poison == "" {
-			*poison = *topic + ".poison"
-		}
-		bcfg, err := bf.brokerConfig()
-		if err != nil {
-			return err
-		}
-		rep, err := replayHorizon(ctx, bcfg, *topic, *poison, retention.d)
-		if err != nil {
-			return bf.redactErr(fmt.Errorf("stats: replay horizon: %w", err), c.redact)
-		}
-		horizon = &rep
-	}
-	var lags []positionLag
-	var lagNote string
-	if len(s.KafkaPositions) > 0 {
-		bcfg, err := bf.brokerConfig()
-		if err != nil {
-			lagNote = "lag unknown: " + c.redact(err.Error())
-			lags = withoutLags(s.KafkaPositions)
-		} else {
-			lags, lagNote = positionLags(ctx, bcfg, s.KafkaPositions)
-			lagNote = c.redact(lagNote)
-		}
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
-			store.Stats
-			Horizon *horizonReport `json:"retention_horizon,omitempty"`
-			Lags    []positionLag  `json:"kafka_position_lags,omitempty"`
-		}{s, horizon, lags})
-	}
-	layout := "plain"
-	if s.Partitioned {
-		layout = fmt.Sprintf("partitioned by event day, %d partitions", s.Partitions)
-	}
-	printf(stdout, "claim table %s (%s)\n", tableName(st), layout)
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	printlnTo(tw, "CONSUMER\tCLAIMS\tOLDEST\tNEWEST")
-	for _, cs := range s.Consumers {
-		printf(tw, "%s\t%d\t%s\t%s\n", cs.Consumer, cs.Claims, cs.Oldest.UTC().Format(time.RFC3339), cs.Newest.UTC().Format(time.RFC3339))
-	}
-	_ = tw.Flush()
-	perClaim := "n/a"
-	if s.Claims > 0 {
-		perClaim = fmt.Sprintf("%.0f B", s.BytesPerClaim)
-	}
-	printf(stdout, "total %d claims; table %s, indexes %s; ~%s per claim (indexes and free space included)\n",
-		s.Claims, formatBytes(s.TableBytes), formatBytes(s.IndexBytes), perClaim)
-	printPositions(stdout, lags, lagNote)
-	if horizon != nil {
-		printf(stdout, "%s\n", horizon)
-	}
-	return nil
 }
 
 // durationValue is a flag accepting Go durations and whole days ("30d",
@@ -762,16 +428,39 @@ func (v *durationValue) Set(s string) error {
 	return nil
 }
 
-// belowMinimum refuses a retention below its minimum unless forced, in the
-// flags' own terms. The store checks the same (and is the guard for Go
-// callers), but speaks of fields and time.Duration values.
-func belowMinimum(cmd, name string, v *durationValue, minName string, minimum *durationValue, force bool) error {
-	if v.d >= minimum.d || force {
-		return nil
+// retentionFlags are a retention, the minimum below which it is refused,
+// and the --force that accepts it anyway: cleanup's --window and
+// --min-window, partitions' --retention and --min-retention.
+type retentionFlags struct {
+	name, minName string
+	value, min    durationValue
+}
+
+func newRetentionFlags(name, minName string) *retentionFlags {
+	return &retentionFlags{name: name, minName: minName,
+		value: durationValue{d: storedefault.Retention}, min: durationValue{d: storedefault.MinRetention}}
+}
+
+// register adds the flags to fs, --force into cfg; noun is what the
+// retention is called in the --force help.
+func (r *retentionFlags) register(fs *flag.FlagSet, cfg *store.RetentionConfig, help, minHelp, noun string) {
+	fs.Var(&r.value, r.name, help)
+	fs.Var(&r.min, r.minName, minHelp)
+	fs.BoolVar(&cfg.Force, "force", false, fmt.Sprintf("accept a %s below --%s: duplicates older than it will be applied again", noun, r.minName))
+}
+
+// apply puts the retention into cfg and checks cfg. A retention below its
+// minimum is refused unless forced, in the flags' own terms: the store
+// checks the same (and is the guard for Go callers), but speaks of fields
+// and time.Duration values.
+func (r *retentionFlags) apply(cmd string, cfg *store.RetentionConfig) error {
+	cfg.Retention, cfg.MinRetention = r.value.d, r.min.d
+	if r.value.d < r.min.d && !cfg.Force {
+		return &usageError{msg: fmt.Sprintf(
+			"%s: --%s %s is below --%s %s: claims younger than a replay can arrive would be deleted, and those duplicates applied again; pass --force if you mean it",
+			cmd, r.name, &r.value, r.minName, &r.min)}
 	}
-	return &usageError{msg: fmt.Sprintf(
-		"%s: --%s %s is below --%s %s: claims younger than a replay can arrive would be deleted, and those duplicates applied again; pass --force if you mean it",
-		cmd, name, v, minName, minimum)}
+	return cfg.Validate()
 }
 
 func formatBytes(n int64) string {
@@ -787,12 +476,17 @@ func formatBytes(n int64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
-func formatRate(n int64, d time.Duration) string {
-	if d <= 0 {
-		return "-"
-	}
-	return strconv.FormatInt(int64(float64(n)/d.Seconds()), 10)
+// printJSON prints v as indented JSON, the --json output of the commands
+// that print one document.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
+
+// newTable is the layout of every table the CLI prints: columns two spaces
+// apart. Flush it when done.
+func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
 
 // printf, printlnTo and printTo write the CLI's output. A failed write (a
 // closed pipe) cannot be reported anywhere better than the exit status the

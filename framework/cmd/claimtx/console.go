@@ -16,13 +16,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/console"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/console"
 	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/store"
 )
 
-// `claimtx console`: the web console (internal/console). This file is the
+// `claimtx console`: the web console (framework/cmd/claimtx/internal/console). This file is the
 // flags, the refusal of unsafe listen settings and the HTTP server.
 
 const defaultConsoleListen = "127.0.0.1:7070"

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/internal/dlq/dlqtest"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq/dlqtest"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 )

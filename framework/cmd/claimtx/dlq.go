@@ -6,27 +6,24 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 	"unicode/utf8"
 
-	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/consumername"
-	"github.com/claimtx/claimtx/internal/dlq"
-	"github.com/claimtx/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
 // `claimtx dlq`: browse, classify and replay a consumer's poison
-// destination. The machinery is internal/dlq (the web console reuses it);
+// destination. The machinery is framework/cmd/claimtx/internal/dlq (the web console reuses it);
 // this file is flags and output.
 
 const dlqUsage = `Usage: claimtx dlq SUBCOMMAND [flags]
@@ -77,20 +74,6 @@ Example:
   claimtx dlq replay --topic order-completed --consumer loyalty --key-spec 'template:order-completed:{payload.order_id}' --newer-than 7d --dry-run`
 }
 
-// brokerFlags select the broker of the commands that read one (dlq, keys).
-type brokerFlags struct {
-	broker, brokerFile    string
-	amqpURL, kafkaBrokers string
-	brokerSecrets         []string
-}
-
-func (b *brokerFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&b.broker, "broker", "", "broker kind: amqp or kafka (env BROKER; default amqp)")
-	fs.StringVar(&b.brokerFile, "broker-config", "", "broker configuration file (YAML, see brokers.LoadConfigFile); the environment overrides it")
-	fs.StringVar(&b.amqpURL, "amqp-url", "", "RabbitMQ URL (env AMQP_URL)")
-	fs.StringVar(&b.kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap addresses, comma separated (env KAFKA_BROKERS)")
-}
-
 // dlqFlags are the flags of the dlq subcommands.
 type dlqFlags struct {
 	*common
@@ -117,18 +100,9 @@ type dlqFlags struct {
 }
 
 func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
-	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-		printTo(stdout, dlqUsage)
-		return flag.ErrHelp
-	}
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		return &usageError{msg: "dlq: want a subcommand: list, inspect or replay\nrun `claimtx dlq -h` for them"}
-	}
-	sub, rest := args[0], args[1:]
-	switch sub {
-	case "list", "inspect", "replay":
-	default:
-		return &usageError{msg: fmt.Sprintf("dlq: unknown subcommand %q (want list, inspect or replay)", sub)}
+	sub, rest, err := subcommand("dlq", dlqUsage, args, stdout, "list", "inspect", "replay")
+	if err != nil {
+		return err
 	}
 	fs, c := newFlags("dlq "+sub, stdout, getenv)
 	d := &dlqFlags{common: c, stderr: stderr, sub: sub}
@@ -164,7 +138,7 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 }
 
 func (d *dlqFlags) usage(format string, a ...any) error {
-	return &usageError{msg: fmt.Sprintf("dlq %s: ", d.sub) + fmt.Sprintf(format, a...) + fmt.Sprintf("\nrun `claimtx dlq %s -h` for its flags", d.sub)}
+	return badFlags("dlq "+d.sub, format, a...)
 }
 
 func (d *dlqFlags) run(ctx context.Context) error {
@@ -257,7 +231,7 @@ func (d *dlqFlags) run(ctx context.Context) error {
 			return nil
 		}
 	default:
-		tw = tabwriter.NewWriter(d.stdout, 0, 4, 2, ' ', 0)
+		tw = newTable(d.stdout)
 		header := false
 		r.OnLetter = func(l *dlq.Letter) error {
 			if !header {
@@ -308,48 +282,6 @@ func newClassifier(d *dlqFlags, schema, table string, key framework.KeyFunc, mem
 	}
 }
 
-// brokerConfig is the broker configuration: the file, or the defaults,
-// with the environment over it (brokers.LoadConfigFile, ConfigFromEnv),
-// and the flags over both.
-func (d *brokerFlags) brokerConfig() (brokers.Config, error) {
-	var cfg brokers.Config
-	var err error
-	if d.brokerFile != "" {
-		cfg, err = brokers.LoadConfigFile(d.brokerFile)
-	} else {
-		cfg, err = brokers.ConfigFromEnv()
-	}
-	if err != nil {
-		return cfg, err
-	}
-	if d.broker != "" {
-		cfg.Kind = d.broker
-	}
-	if d.amqpURL != "" {
-		cfg.AMQP.URL = d.amqpURL
-	}
-	if d.kafkaBrokers != "" {
-		cfg.Kafka.Brokers = nil
-		for _, a := range strings.Split(d.kafkaBrokers, ",") {
-			if a = strings.TrimSpace(a); a != "" {
-				cfg.Kafka.Brokers = append(cfg.Kafka.Brokers, a)
-			}
-		}
-	}
-	if u, err := url.Parse(cfg.AMQP.URL); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			d.brokerSecrets = append(d.brokerSecrets, p, url.QueryEscape(p), url.PathEscape(p))
-		}
-	}
-	if p := cfg.Kafka.SASL.Password; p != "" {
-		d.brokerSecrets = append(d.brokerSecrets, p)
-	}
-	if err := cfg.Validate(); err != nil {
-		return cfg, err
-	}
-	return cfg, nil
-}
-
 // brokerFail removes the broker's and the database's passwords from err's
 // text, keeping it matchable.
 func (d *dlqFlags) brokerFail(err error) error {
@@ -358,16 +290,6 @@ func (d *dlqFlags) brokerFail(err error) error {
 		return err
 	}
 	return d.redactErr(err, d.redact)
-}
-
-// redactErr removes the broker's passwords, and what redact removes, from
-// err's text.
-func (d *brokerFlags) redactErr(err error, redact func(string) string) error {
-	msg := redact(err.Error())
-	for _, s := range d.brokerSecrets {
-		msg = strings.ReplaceAll(msg, s, "xxxxx")
-	}
-	return &redactedError{msg: msg, err: err}
 }
 
 // letterJSON is the JSON line of a letter.
@@ -605,10 +527,7 @@ func (d *dlqFlags) newProgress(total int64) *dlqProgress {
 	if p.mode == "auto" {
 		p.mode = "none"
 		if total >= largeDestination {
-			p.mode = "log"
-			if isTerminal(d.stderr) {
-				p.mode = "bar"
-			}
+			p.mode = barOrLog(d.stderr)
 		}
 	}
 	return p
@@ -618,12 +537,8 @@ func (p *dlqProgress) update(t dlq.Totals) {
 	if p.mode == "none" {
 		return
 	}
-	interval := logInterval
-	if p.mode == "bar" {
-		interval = barInterval
-	}
 	now := time.Now()
-	if now.Sub(p.last) < interval {
+	if now.Sub(p.last) < redrawInterval(p.mode) {
 		return
 	}
 	p.last = now

@@ -13,8 +13,8 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/dlq"
-	"github.com/claimtx/claimtx/internal/dlq/dlqtest"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq/dlqtest"
 	"github.com/claimtx/claimtx/internal/pgtest"
 )
 

@@ -20,9 +20,9 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq/dlqtest"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/dlq"
-	"github.com/claimtx/claimtx/internal/dlq/dlqtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"

@@ -11,14 +11,12 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/consumername"
-	"github.com/claimtx/claimtx/internal/explain"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/explain"
 	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/store"
@@ -48,10 +46,7 @@ func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env
 	if err := c.parse(fs, args); err != nil {
 		return err
 	}
-	if *consumer == "" {
-		return &usageError{msg: "explain: --consumer is required\nrun `claimtx explain -h` for its flags"}
-	}
-	if err := consumername.Validate("--consumer", *consumer); err != nil {
+	if err := requireConsumer("explain", *consumer); err != nil {
 		return err
 	}
 	switch {
@@ -86,9 +81,7 @@ func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env
 		return c.fail(ctx, "explain", err)
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
+		if err := printJSON(stdout, rep); err != nil {
 			return err
 		}
 	} else {
@@ -173,7 +166,7 @@ func printReport(w io.Writer, r explain.Report) {
 				printlnTo(w, "outbox:       no rows written in that transaction (or removed by the outbox retention)")
 			} else {
 				printf(w, "outbox:       %d rows written in that transaction\n", len(r.Outbox))
-				tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+				tw := newTable(w)
 				printlnTo(tw, "  ID\tTOPIC\tCREATED\tSTATUS\tSENT\tATTEMPTS\tLAST ERROR")
 				for _, o := range r.Outbox {
 					sent := "-"

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/explain"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/explain"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/store"

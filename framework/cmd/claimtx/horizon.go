@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/horizon"
-	"github.com/claimtx/claimtx/internal/opfmt"
 )
 
 // horizonReport compares a consumer's claim retention with how old a

@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -17,13 +16,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/dlq"
-	"github.com/claimtx/claimtx/internal/keycheck"
-	"github.com/claimtx/claimtx/internal/opfmt"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/keycheck"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 )
 
 // `claimtx keys check`: verify a key spec against a sample of messages.
-// The machinery is internal/keycheck; this file is flags and output.
+// The machinery is framework/cmd/claimtx/internal/keycheck; this file is flags and output.
 
 const keysUsage = `Usage: claimtx keys check [flags]
 
@@ -69,20 +68,12 @@ type keysFlags struct {
 }
 
 func cmdKeys(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
-	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-		printTo(stdout, keysUsage)
-		return flag.ErrHelp
-	}
-	if len(args) == 0 || args[0] != "check" {
-		if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-			return &usageError{msg: fmt.Sprintf("keys: unknown subcommand %q (want check)", args[0])}
-		}
-		return &usageError{msg: "keys: want a subcommand: check\nrun `claimtx keys -h` for it"}
+	_, rest, err := subcommand("keys", keysUsage, args, stdout, "check")
+	if err != nil {
+		return err
 	}
 	// No database flags: the check reads messages only.
-	fs := flag.NewFlagSet("keys check", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
+	fs := quietFlagSet("keys check")
 	k := &keysFlags{common: &common{getenv: getenv, stdout: stdout}}
 	k.register(fs)
 	fs.StringVar(&k.topic, "topic", "", "the queue or topic to sample (env TOPIC)")
@@ -93,14 +84,14 @@ func cmdKeys(ctx context.Context, args []string, stdout io.Writer, getenv env) e
 	fs.BoolVar(&k.hashOverlong, "key-hash-overlong", false, "KeyPolicy.HashOverlong")
 	fs.IntVar(&k.limit, "limit", 10000, "sample at most this many messages (0: all)")
 	fs.BoolVar(&k.asJSON, "json", false, "print the report as one JSON object")
-	if err := k.parse(fs, args[1:]); err != nil {
+	if err := k.parse(fs, rest); err != nil {
 		return err
 	}
 	return k.run(ctx)
 }
 
 func (k *keysFlags) usage(format string, a ...any) error {
-	return &usageError{msg: "keys check: " + fmt.Sprintf(format, a...) + "\nrun `claimtx keys check -h` for its flags"}
+	return badFlags("keys check", format, a...)
 }
 
 func (k *keysFlags) run(ctx context.Context) error {
@@ -140,9 +131,7 @@ func (k *keysFlags) run(ctx context.Context) error {
 	}
 	rep := c.Report()
 	if k.asJSON {
-		enc := json.NewEncoder(k.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
+		if err := printJSON(k.stdout, rep); err != nil {
 			return err
 		}
 	} else {

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/internal/dlq/dlqtest"
-	"github.com/claimtx/claimtx/internal/keycheck"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq/dlqtest"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/keycheck"
 )
 
 // `claimtx keys check` samples a queue or topic without consuming it and

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/migrate"
-	"github.com/claimtx/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/store"
 )

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"text/tabwriter"
 	"time"
 
 	"github.com/claimtx/claimtx/brokers"
@@ -84,7 +83,7 @@ func printPositions(w io.Writer, ps []positionLag, note string) {
 		return
 	}
 	printf(w, "kafka positions stored with the claims (every record below SETTLED_BELOW is settled)\n")
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	tw := newTable(w)
 	printlnTo(tw, "CONSUMER\tTOPIC\tPARTITION\tSETTLED_BELOW\tEND\tLAG\tUPDATED")
 	for _, p := range ps {
 		end, lag := "?", "?"

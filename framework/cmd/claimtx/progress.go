@@ -29,6 +29,23 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
+// barOrLog is what --progress auto shows on w: a bar on a terminal, log
+// lines otherwise.
+func barOrLog(w io.Writer) string {
+	if isTerminal(w) {
+		return "bar"
+	}
+	return "log"
+}
+
+// redrawInterval is how often a progress display in mode may redraw.
+func redrawInterval(mode string) time.Duration {
+	if mode == "bar" {
+		return barInterval
+	}
+	return logInterval
+}
+
 // progressPrinter renders store.CleanupProgress as a redrawn bar with rate
 // and ETA (mode "bar"), as throttled log lines ("log"), or not at all.
 // With no counted total it shows a spinner, the count and the rate, and no
@@ -52,12 +69,8 @@ func (p *progressPrinter) update(pr store.CleanupProgress) {
 	if p.mode == "none" {
 		return
 	}
-	interval := logInterval
-	if p.mode == "bar" {
-		interval = barInterval
-	}
 	now := p.now()
-	if pr.Batch != 0 && pr.BatchRows != 0 && now.Sub(p.last) < interval {
+	if pr.Batch != 0 && pr.BatchRows != 0 && now.Sub(p.last) < redrawInterval(p.mode) {
 		return
 	}
 	p.last = now

@@ -27,7 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/dlq/dlqtest"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq/dlqtest"
 	"github.com/claimtx/claimtx/internal/pgtest"
 )
 

@@ -6,7 +6,6 @@ import (
 	"io"
 	"strings"
 
-	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/sqlnames"
 )
@@ -43,10 +42,7 @@ func cmdUnpoison(ctx context.Context, args []string, stdout io.Writer, getenv en
 	if err := c.parse(fs, args); err != nil {
 		return err
 	}
-	if f.Consumer == "" {
-		return &usageError{msg: "unpoison: --consumer is required\nrun `claimtx unpoison -h` for its flags"}
-	}
-	if err := consumername.Validate("--consumer", f.Consumer); err != nil {
+	if err := requireConsumer("unpoison", f.Consumer); err != nil {
 		return err
 	}
 	for _, k := range keys {

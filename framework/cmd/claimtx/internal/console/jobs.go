@@ -1,0 +1,294 @@
+package console
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
+)
+
+// maxJobRows bounds the letters a job remembers for its result page; its
+// totals count them all.
+const maxJobRows = 5000
+
+// job is a replay, or the dry run of a preview of all matching letters,
+// running in the background under the console's context (not the
+// request's): it outlives the POST that started it and is cancelled by
+// Console.Close. framework/cmd/claimtx/internal/dlq makes an interruption safe: the batch in
+// flight is settled, and every letter is still in the destination,
+// republished, or both; a dry run changes nothing at all.
+type job struct {
+	ID       string
+	Consumer string
+	Started  time.Time
+	// DryRun is a preview: it decides, republishes nothing, and its page
+	// is the preview with the confirmation.
+	DryRun bool
+	sel    selection
+	kafka  bool
+
+	mu       sync.Mutex
+	total    int64 // letters in the destination when opened
+	totals   dlq.Totals
+	rows     []letterRow
+	more     int64
+	replay   int64 // dry run: letters the replay would republish
+	finished time.Time
+	err      error
+}
+
+// jobView is a consistent copy of a job for its page.
+type jobView struct {
+	ID, Consumer     string
+	Started, Ended   time.Time
+	Running, Failed  bool
+	Status           string
+	Seen, Total      int64
+	Totals           dlq.Totals
+	Rows             []letterRow
+	More             int64
+	Passed, Kept     int64
+	NotSelectedOther int64
+	WouldReplay      int64 // dry run
+}
+
+func (j *job) view() jobView {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	v := jobView{ID: j.ID, Consumer: j.Consumer, Started: j.Started, Ended: j.finished, Seen: j.totals.Seen, Total: j.total,
+		Totals: j.totals, Rows: j.rows, More: j.more, WouldReplay: j.replay}
+	switch {
+	case j.finished.IsZero():
+		v.Running, v.Status = true, "running"
+	case j.err != nil:
+		v.Failed, v.Status = true, "failed: "+j.err.Error()
+	default:
+		v.Status = "done"
+	}
+	for _, r := range j.rows {
+		switch {
+		case r.Replayed:
+		case r.Action == string(dlq.ActionPass):
+			v.Passed++
+		default:
+			v.Kept++
+		}
+	}
+	return v
+}
+
+// jobs holds the running and the last maxJobs finished jobs.
+type jobs struct {
+	mu      sync.Mutex
+	wg      sync.WaitGroup
+	byID    map[string]*job
+	order   []string
+	running map[string]string // consumer -> job id
+}
+
+// errBusy is a second job for a consumer while one runs.
+var errBusy = errors.New("a job of this consumer is running")
+
+// start registers a job for consumer, or returns errBusy with the running
+// one. Replays and dry runs share the one-job-per-consumer rule: on
+// RabbitMQ a browse holds every letter it read unacked on its channel, so
+// a replay beside a dry run would not see the letters the dry run holds
+// (and miss them), and a dry run beside a replay would count letters the
+// replay is removing. A dry run asked for again while the same one runs
+// joins it instead (reused is true): a reload or a second operator
+// does not read the destination twice.
+func (js *jobs) start(consumer string, dryRun bool, sel selection) (j *job, reused bool, err error) {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	if id, ok := js.running[consumer]; ok {
+		cur := js.byID[id]
+		if dryRun && cur.DryRun && cur.sel.sameAll(sel) {
+			return cur, true, nil
+		}
+		return cur, false, errBusy
+	}
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	j = &job{ID: hex.EncodeToString(b), Consumer: consumer, Started: time.Now(), DryRun: dryRun, sel: sel}
+	js.byID[j.ID] = j
+	js.order = append(js.order, j.ID)
+	js.running[consumer] = j.ID
+	// Forget the oldest finished jobs beyond maxJobs.
+	for len(js.order) > maxJobs {
+		dropped := false
+		for i, id := range js.order {
+			if old := js.byID[id]; js.running[old.Consumer] != id {
+				delete(js.byID, id)
+				js.order = append(js.order[:i], js.order[i+1:]...)
+				dropped = true
+				break
+			}
+		}
+		if !dropped {
+			break
+		}
+	}
+	return j, false, nil
+}
+
+func (js *jobs) finish(j *job) {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	if js.running[j.Consumer] == j.ID {
+		delete(js.running, j.Consumer)
+	}
+}
+
+func (js *jobs) get(id string) *job {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	return js.byID[id]
+}
+
+// replay is POST /dead-letters/replay: it starts the replay of the
+// selection in the background and redirects to its page.
+func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
+	sel := readSelection(r)
+	cs := c.consumer(sel.Filters.Consumer)
+	switch {
+	case cs == nil:
+		c.fail(w, r, http.StatusNotFound, fmt.Sprintf("no configuration for consumer %q", sel.Filters.Consumer))
+		return
+	case !sel.All && len(sel.IDs) == 0:
+		c.fail(w, r, http.StatusBadRequest, "no letter selected")
+		return
+	}
+	c.startJob(w, r, cs, sel, false)
+}
+
+// startJob starts a replay or dry-run job of sel and redirects to its
+// page; while another job of the consumer runs it answers 409.
+func (c *Console) startJob(w http.ResponseWriter, r *http.Request, cs *Consumer, sel selection, dryRun bool) {
+	j, reused, err := c.jobs.start(cs.Name, dryRun, sel)
+	if err != nil {
+		what := "A replay"
+		if j.DryRun {
+			what = "A dry run (preview of all matching)"
+		}
+		c.render(w, r, http.StatusConflict, "error", page{Title: "Conflict",
+			Data: fmt.Sprintf("%s of %s is running already (job %s, at /jobs/%s): wait for it to finish, then preview again.", what, cs.Name, j.ID, j.ID)})
+		return
+	}
+	if !reused {
+		j.kafka = cs.Broker.Kind == brokers.KindKafka
+		kind := "replay"
+		if dryRun {
+			kind = "dry run"
+		}
+		c.log.Info("console: "+kind+" started", "job", j.ID, "consumer", cs.Name, "all_matching", sel.All, "selected", len(sel.IDs), "include_applied", sel.IncludeApplied)
+		c.jobs.wg.Go(func() { c.runJob(j, cs, sel) })
+	}
+	http.Redirect(w, r, "/jobs/"+j.ID, http.StatusSeeOther)
+}
+
+func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
+	ctx := c.ctx
+	err := func() error {
+		src, err := c.openDestination(ctx, cs, true)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = src.Close() }()
+		j.mu.Lock()
+		j.total = src.Total()
+		j.mu.Unlock()
+		run, err := c.selectionRun(ctx, sel, cs, src)
+		if err != nil {
+			return err
+		}
+		maxRows := maxJobRows
+		if j.DryRun {
+			// Rate paces republishing only.
+			run.DryRun = true
+			maxRows = maxPreviewRows
+		} else {
+			run.Rate = c.cfg.ReplayRate
+		}
+		run.OnLetter = func(l *dlq.Letter) error {
+			if !l.Selected && !l.Replayed {
+				return nil
+			}
+			row := rowOf(l, time.Now())
+			// Neither result page shows the payload: a job keeps up to
+			// maxJobRows rows for as long as the console remembers it.
+			row.Payload = ""
+			j.mu.Lock()
+			if l.Action == dlq.ActionReplay {
+				j.replay++
+			}
+			if len(j.rows) < maxRows {
+				j.rows = append(j.rows, row)
+			} else {
+				j.more++
+			}
+			j.mu.Unlock()
+			return nil
+		}
+		run.OnBatch = func(t dlq.Totals) {
+			j.mu.Lock()
+			j.totals = t
+			j.mu.Unlock()
+		}
+		t, err := run.Replay(ctx)
+		j.mu.Lock()
+		j.totals = t
+		j.mu.Unlock()
+		if err != nil && ctx.Err() != nil {
+			if j.DryRun {
+				return fmt.Errorf("interrupted by the console's shutdown after %d letters read; a dry run changes nothing: preview again", t.Seen)
+			}
+			return fmt.Errorf("interrupted by the console's shutdown after %d letters replayed; nothing is lost: preview and replay again", t.Replayed)
+		}
+		if err != nil && j.DryRun {
+			return fmt.Errorf("dry run: %w", err)
+		}
+		return err
+	}()
+	j.mu.Lock()
+	j.finished, j.err = time.Now(), nil
+	if err != nil {
+		j.err = errors.New(c.errText(err))
+	}
+	totals, wouldReplay := j.totals, j.replay
+	j.mu.Unlock()
+	c.jobs.finish(j)
+	kind, count, n := "replay", "replayed", totals.Replayed
+	if j.DryRun {
+		kind, count, n = "dry run", "would_replay", wouldReplay
+	}
+	if err != nil {
+		c.log.Warn("console: "+kind+" failed", "job", j.ID, "consumer", cs.Name, count, n, "read", totals.Seen, "err", c.errText(err))
+		return
+	}
+	c.log.Info("console: "+kind+" done", "job", j.ID, "consumer", cs.Name, count, n, "read", totals.Seen)
+}
+
+// jobPage is GET /jobs/{id}: progress while the job runs (the page
+// refreshes itself every second), the result of every letter afterwards;
+// for a dry run, the preview with its confirmation.
+func (c *Console) jobPage(w http.ResponseWriter, r *http.Request) {
+	j := c.jobs.get(r.PathValue("id"))
+	if j == nil {
+		c.fail(w, r, http.StatusNotFound, "no such job (the console keeps the last 20, in memory: a restart forgets them)")
+		return
+	}
+	v := j.view()
+	if j.DryRun {
+		d := previewData{Consumer: j.Consumer, Selection: j.sel, Rows: v.Rows, More: v.More, Totals: v.Totals,
+			Replay: v.WouldReplay, Kafka: j.kafka, Job: &v}
+		c.render(w, r, http.StatusOK, "preview", page{Title: "Replay preview", Nav: "dead-letters", Refresh: v.Running, Data: d})
+		return
+	}
+	c.render(w, r, http.StatusOK, "job", page{Title: "Replay", Nav: "dead-letters", Refresh: v.Running, Data: v})
+}

@@ -1,0 +1,546 @@
+package console
+
+import (
+	"bufio"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
+	"github.com/claimtx/claimtx/internal/horizon"
+	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/store"
+)
+
+// overviewRow is one consumer of the overview.
+type overviewRow struct {
+	Name       string
+	Configured bool
+	// Activity: applied in the last minute, hour and day, and per hour.
+	Minute, Hour, Day int64
+	Chart             template.HTML
+	ActivityErr       string
+	// Newest is the consumer's last claim; NewestNote replaces it when
+	// it is not known exactly (older than the bounded search).
+	Newest        time.Time
+	NewestNote    string
+	ClaimsErr     string
+	Poisoned      string
+	PoisonedTitle string
+	Duplicates    string
+	DupTitle      string
+	Horizon       badge
+	Partitions    string
+}
+
+type badge struct {
+	Color, Text, Title string
+}
+
+type overviewData struct {
+	Table string
+	// Oldest and Newest claim of the whole table: retention is
+	// table-wide (cleanup deletes by processed_at whatever the
+	// consumer), so the oldest claim says whether it keeps up.
+	Oldest, Newest time.Time
+	EndsErr        string
+	Layout         string // "plain" or "partitioned by event day, N partitions"
+	Rows           []overviewRow
+	Truncated      bool // more consumers than maxConsumers
+	ConsumersE     string
+	// Positions are the stored Kafka positions (positions.go).
+	Positions    []positionRow
+	PositionsErr string
+}
+
+// overview is GET /.
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	d := overviewData{Table: c.cfg.Schema + "." + c.cfg.ClaimsTable}
+	names, truncated, err := c.consumerNames(ctx)
+	if err != nil {
+		d.ConsumersE = c.errText(err)
+	}
+	d.Truncated = truncated
+	rows := make([]overviewRow, len(names))
+	idx := map[string]int{}
+	for i, n := range names {
+		rows[i] = overviewRow{Name: n, Configured: c.consumer(n) != nil}
+		idx[n] = i
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		act, err := c.activity(ctx)
+		var idle []string
+		for i := range rows {
+			if err != nil {
+				rows[i].ActivityErr = c.errText(err)
+				rows[i].ClaimsErr = rows[i].ActivityErr
+				continue
+			}
+			a := act[rows[i].Name]
+			if a == nil {
+				a = &activity{}
+				idle = append(idle, rows[i].Name)
+			}
+			rows[i].Minute, rows[i].Hour, rows[i].Newest = a.minute, a.hourly[23], a.newest
+			for _, n := range a.hourly {
+				rows[i].Day += n
+			}
+			rows[i].Chart = hourlyChart(a.hourly)
+		}
+		if len(idle) == 0 {
+			return
+		}
+		last, tooOld, err := c.lastClaims(ctx, idle)
+		for i := range rows {
+			if !slices.Contains(idle, rows[i].Name) {
+				continue
+			}
+			switch at, ok := last[rows[i].Name]; {
+			case err != nil:
+				rows[i].ClaimsErr = c.errText(err)
+			case ok:
+				rows[i].Newest = at
+			case tooOld[rows[i].Name]:
+				rows[i].NewestNote = "over 24 h ago"
+			default:
+				rows[i].NewestNote = "none"
+			}
+		}
+	})
+	wg.Go(func() {
+		var err error
+		if d.Oldest, d.Newest, err = c.tableEnds(ctx); err != nil {
+			d.EndsErr = c.errText(err)
+		}
+	})
+	wg.Go(func() {
+		counts, exists, err := c.memoCounts(ctx)
+		for i := range rows {
+			switch {
+			case err != nil:
+				rows[i].Poisoned = c.errText(err)
+			case !exists:
+				rows[i].Poisoned, rows[i].PoisonedTitle = "—", "no poison memo table (schema before migration 4)"
+			default:
+				rows[i].Poisoned = strconv.FormatInt(counts[rows[i].Name], 10)
+				rows[i].PoisonedTitle = "keys with a poison memo (dead-lettered, not cleared)"
+			}
+		}
+	})
+	wg.Go(func() {
+		var err error
+		if d.Positions, err = c.positions(ctx); err != nil {
+			d.PositionsErr = c.errText(err)
+		}
+	})
+	var parts []store.Partition
+	var partsErr error
+	wg.Go(func() {
+		pctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
+		defer cancel()
+		parts, partsErr = c.store.Partitions(pctx)
+	})
+	for i := range rows {
+		wg.Go(func() { rows[i].Horizon = c.horizonBadge(ctx, rows[i].Name) })
+		if u := c.cfg.Metrics[rows[i].Name]; u != "" {
+			wg.Go(func() { rows[i].Duplicates, rows[i].DupTitle = c.duplicates(ctx, rows[i].Name, u) })
+		} else {
+			rows[i].Duplicates, rows[i].DupTitle = "—", "needs the consumer's metrics: start the console with --metrics "+rows[i].Name+"=http://HOST:PORT/metrics"
+		}
+	}
+	wg.Wait()
+
+	switch {
+	case errors.Is(partsErr, store.ErrNotPartitioned):
+		d.Layout = "plain"
+	case partsErr != nil:
+		d.Layout = "partitions: " + c.errText(partsErr)
+	default:
+		d.Layout = fmt.Sprintf("partitioned by event day, %d partitions", len(parts))
+		for i := range rows {
+			rows[i].Partitions = c.partitionState(parts, rows[i].Name, time.Now())
+		}
+	}
+	d.Rows = rows
+	c.render(w, r, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", Data: d})
+}
+
+// consumerNames is the union of the configured consumers and those with
+// claims, sorted. The claim table's are found with a loose index scan of
+// the primary key (consumer, message_key): one index probe per distinct
+// consumer, however many claims each has.
+func (c *Console) consumerNames(ctx context.Context) (names []string, truncated bool, err error) {
+	q := c.names.Render(`WITH RECURSIVE cs AS (
+  (SELECT consumer FROM {schema}.{claims} ORDER BY consumer LIMIT 1)
+  UNION ALL
+  SELECT (SELECT consumer FROM {schema}.{claims} WHERE consumer > cs.consumer ORDER BY consumer LIMIT 1)
+  FROM cs WHERE cs.consumer IS NOT NULL
+)
+SELECT consumer FROM cs WHERE consumer IS NOT NULL LIMIT $1`)
+	err = c.readOnly(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, q, maxConsumers+1)
+		if err != nil {
+			return err
+		}
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if len(names) > maxConsumers {
+		names, truncated = names[:maxConsumers], true
+	}
+	for _, n := range c.configured() {
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	return names, truncated, err
+}
+
+type activity struct {
+	minute int64
+	hourly [24]int64 // [23] is the last hour
+	newest time.Time
+}
+
+// activity counts the claims of the last 24 hours per consumer and hour,
+// in one query over the processed_at index.
+func (c *Console) activity(ctx context.Context) (map[string]*activity, error) {
+	q := c.names.Render(`SELECT consumer,
+       least(floor(extract(epoch FROM now() - processed_at) / 3600), 23)::int AS hours_ago,
+       count(*),
+       count(*) FILTER (WHERE processed_at > now() - interval '1 minute'),
+       max(processed_at)
+FROM {schema}.{claims}
+WHERE processed_at > now() - interval '24 hours'
+GROUP BY 1, 2`)
+	out := map[string]*activity{}
+	err := c.readOnly(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, q)
+		if err != nil {
+			return err
+		}
+		var name string
+		var ago int
+		var n, minute int64
+		var newest time.Time
+		_, err = pgx.ForEachRow(rows, []any{&name, &ago, &n, &minute, &newest}, func() error {
+			a := out[name]
+			if a == nil {
+				a = &activity{}
+				out[name] = a
+			}
+			if ago < 0 { // a clock running ahead of the database's
+				ago = 0
+			}
+			a.hourly[23-ago] += n
+			a.minute += minute
+			if newest.After(a.newest) {
+				a.newest = newest
+			}
+			return nil
+		})
+		return err
+	})
+	return out, err
+}
+
+// tableEnds returns the oldest and newest claim of the whole table: one
+// probe at each end of the processed_at index.
+func (c *Console) tableEnds(ctx context.Context) (oldest, newest time.Time, err error) {
+	q := c.names.Render(`SELECT (SELECT min(processed_at) FROM {schema}.{claims}), (SELECT max(processed_at) FROM {schema}.{claims})`)
+	err = c.readOnly(ctx, func(tx pgx.Tx) error {
+		var o, n *time.Time
+		if err := tx.QueryRow(ctx, q).Scan(&o, &n); err != nil {
+			return err
+		}
+		if o != nil {
+			oldest, newest = *o, *n
+		}
+		return nil
+	})
+	return oldest, newest, err
+}
+
+// idleSearch bounds the search for the last claims of the consumers with
+// none in the last 24 hours, all of them together: a page with many idle
+// consumers waits no longer than one with a single one.
+const idleSearch = time.Second
+
+// lastClaims returns the last claim of each of names, consumers without
+// a claim in the last 24 hours. Without an index on (consumer,
+// processed_at), which would make every claim dearer, the newest end of
+// the processed_at index is walked back until the consumer's row; the
+// walks share idleSearch: a consumer not reached within it is in tooOld,
+// one without any claim in neither map.
+func (c *Console) lastClaims(ctx context.Context, names []string) (last map[string]time.Time, tooOld map[string]bool, err error) {
+	q := c.names.Render(`SELECT processed_at FROM {schema}.{claims} WHERE consumer = $1 ORDER BY processed_at DESC LIMIT 1`)
+	last, tooOld = map[string]time.Time{}, map[string]bool{}
+	deadline := time.Now().Add(min(idleSearch, c.cfg.QueryTimeout))
+	for _, name := range names {
+		left := time.Until(deadline)
+		if left < time.Millisecond {
+			tooOld[name] = true
+			continue
+		}
+		err := c.readOnly(ctx, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", left.Milliseconds())); err != nil {
+				return err
+			}
+			var at time.Time
+			switch err := tx.QueryRow(ctx, q, name).Scan(&at); {
+			case errors.Is(err, pgx.ErrNoRows):
+				return nil
+			case err != nil:
+				return err
+			}
+			last[name] = at
+			return nil
+		})
+		switch {
+		case errors.Is(err, errTimedOut):
+			tooOld[name] = true
+		case err != nil:
+			return nil, nil, err
+		}
+	}
+	return last, tooOld, nil
+}
+
+// memoCounts counts the poison memos per consumer.
+func (c *Console) memoCounts(ctx context.Context) (map[string]int64, bool, error) {
+	out := map[string]int64{}
+	exists := false
+	err := c.readOnly(ctx, func(tx pgx.Tx) error {
+		var err error
+		if exists, err = poisonmemo.Exists(ctx, tx, c.names); err != nil || !exists {
+			return err
+		}
+		rows, err := tx.Query(ctx, c.names.Render(`SELECT consumer, count(*) FROM {schema}.{memo} GROUP BY consumer`))
+		if err != nil {
+			return err
+		}
+		var name string
+		var n int64
+		_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error { out[name] = n; return nil })
+		return err
+	})
+	return out, exists, err
+}
+
+// partitionState says how many day partitions exist ahead of today and
+// how many are past the consumer's retention but not dropped yet.
+func (c *Console) partitionState(parts []store.Partition, name string, now time.Time) string {
+	today := now.UTC().Truncate(24 * time.Hour)
+	ahead := 0
+	for _, p := range parts {
+		if !p.From.IsZero() && p.From.After(today) {
+			ahead++
+		}
+	}
+	s := fmt.Sprintf("%d ahead", ahead)
+	cs := c.consumer(name)
+	if cs == nil || cs.Retention <= 0 {
+		return s + "; behind: needs the consumer's retention (--consumer-config)"
+	}
+	// As DropExpiredPartitions decides: a partition ending on or before
+	// the day holding now - retention holds only expired claims.
+	horizonDay := now.Add(-cs.Retention).UTC().Truncate(24 * time.Hour)
+	behind := 0
+	for _, p := range parts {
+		if !p.To.IsZero() && !p.To.After(horizonDay) {
+			behind++
+		}
+	}
+	return fmt.Sprintf("%s, %d behind", s, behind)
+}
+
+// horizonResult is a cached answer of a broker.
+type horizonResult struct {
+	at      time.Time
+	horizon time.Duration
+	known   bool
+	err     string
+}
+
+// horizonCache keeps each consumer's replay horizon for a while: it is a
+// round trip to the broker, and the overview may be reloaded often.
+type horizonCache struct {
+	mu  sync.Mutex
+	ttl time.Duration
+	m   map[string]horizonResult
+}
+
+// horizonBadge compares the consumer's retention with its broker's replay
+// horizon: green when claims outlive every delivery, red when not, amber
+// when either is unknown.
+func (c *Console) horizonBadge(ctx context.Context, name string) badge {
+	cs := c.consumer(name)
+	if cs == nil {
+		return badge{Color: "amber", Text: "unknown", Title: "start the console with this consumer's --consumer-config to compare its retention with the broker's replay horizon"}
+	}
+	h := c.horizonOf(ctx, cs)
+	ret := "none"
+	if cs.Retention > 0 {
+		ret = opfmt.FormatDuration(cs.Retention)
+	}
+	hz := "unknown"
+	if h.known {
+		hz = horizon.String(h.horizon)
+		if h.horizon != horizon.Unbounded {
+			hz = opfmt.FormatDuration(h.horizon)
+		}
+	}
+	text := "retention " + ret + ", horizon " + hz
+	switch {
+	case h.err != "":
+		return badge{Color: "amber", Text: text, Title: "the broker did not say: " + h.err}
+	case !h.known:
+		return badge{Color: "amber", Text: text, Title: "this broker cannot tell its replay horizon"}
+	case cs.Retention <= 0:
+		return badge{Color: "amber", Text: text, Title: "no retention configured: claims are kept until removed by hand, and no expiry guard runs"}
+	case h.horizon > cs.Retention:
+		return badge{Color: "red", Text: text, Title: "the broker can deliver a message older than the claims' retention: its claim may be gone (the expiry guard poisons it as expired); see docs/operations.md"}
+	}
+	return badge{Color: "green", Text: text, Title: "claims outlive every delivery the broker can still make"}
+}
+
+func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
+	c.horizons.mu.Lock()
+	h, ok := c.horizons.m[cs.Name]
+	c.horizons.mu.Unlock()
+	if ok && time.Since(h.at) < c.horizons.ttl {
+		return h
+	}
+	h = horizonResult{at: time.Now()}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
+	defer cancel()
+	bcfg := cs.Broker
+	bcfg.Kafka.ConsumerGroup = cmp.Or(bcfg.Kafka.ConsumerGroup, "claimtx-console") // a subscriber needs one; it never joins
+	// A broker that is down must not hold the page for the adapters'
+	// start-up retries (30 s by default).
+	bcfg.AMQP.DialTimeout, bcfg.Kafka.DialTimeout = c.cfg.QueryTimeout, c.cfg.QueryTimeout
+	sub, err := brokers.NewSubscriber(bcfg, nil)
+	if err == nil {
+		h.horizon, h.known, err = horizon.Of(ctx, sub, cs.Topic, cs.PoisonTopic)
+		_ = sub.Close()
+	}
+	if err != nil {
+		h.err, h.known = c.errText(err), false
+	}
+	if ctx.Err() != nil && h.err == "" {
+		h.err = "timed out"
+	}
+	c.horizons.mu.Lock()
+	c.horizons.m[cs.Name] = h
+	c.horizons.mu.Unlock()
+	return h
+}
+
+// metricsTimeout bounds reading a consumer's metrics endpoint.
+const metricsTimeout = 2 * time.Second
+
+// duplicates reads claimtx_messages_total of consumer from its metrics
+// endpoint: the duplicate total, with applied and poisoned in the title.
+func (c *Console) duplicates(ctx context.Context, name, u string) (string, string) {
+	tot, err := scrapeOutcomes(ctx, u, name)
+	if err != nil {
+		return "unreachable", "metrics endpoint: " + c.errText(err)
+	}
+	return strconv.FormatFloat(tot["duplicate"], 'f', -1, 64),
+		fmt.Sprintf("since the consumer started: applied %s, duplicate %s, poisoned %s (claimtx_messages_total)",
+			strconv.FormatFloat(tot["applied"], 'f', -1, 64), strconv.FormatFloat(tot["duplicate"], 'f', -1, 64), strconv.FormatFloat(tot["poisoned"], 'f', -1, 64))
+}
+
+// scrapeOutcomes sums claimtx_messages_total of consumer by outcome, from
+// the Prometheus text format: a line parser is all this needs.
+func scrapeOutcomes(ctx context.Context, u, consumer string) (map[string]float64, error) {
+	ctx, cancel := context.WithTimeout(ctx, metricsTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "text/plain")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status %s", resp.Status)
+	}
+	out := map[string]float64{}
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
+	sc.Buffer(nil, 1<<20)
+	const metric = "claimtx_messages_total{"
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, metric) {
+			continue
+		}
+		end := strings.LastIndexByte(line, '}')
+		if end < 0 {
+			continue
+		}
+		labels := parseLabels(line[len(metric):end])
+		if labels["consumer"] != consumer {
+			continue
+		}
+		fields := strings.Fields(line[end+1:])
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			continue
+		}
+		out[labels["outcome"]] += v
+	}
+	return out, sc.Err()
+}
+
+// parseLabels reads `a="x",b="y"` with Prometheus's escapes (\\, \", \n).
+func parseLabels(s string) map[string]string {
+	out := map[string]string{}
+	for len(s) > 0 {
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
+			return out
+		}
+		name := strings.TrimSpace(strings.TrimPrefix(s[:eq], ","))
+		var v strings.Builder
+		i := eq + 2
+		for ; i < len(s) && s[i] != '"'; i++ {
+			if s[i] == '\\' && i+1 < len(s) {
+				i++
+				if s[i] == 'n' {
+					v.WriteByte('\n')
+					continue
+				}
+			}
+			v.WriteByte(s[i])
+		}
+		out[name] = v.String()
+		if i+1 >= len(s) {
+			return out
+		}
+		s = strings.TrimPrefix(s[i+1:], ",")
+	}
+	return out
+}

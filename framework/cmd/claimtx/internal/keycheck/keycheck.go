@@ -1,0 +1,252 @@
+// Package keycheck verifies a key spec against a sample of messages: the
+// machinery of `claimtx keys check`, kept here so the web console can
+// reuse it. It reports what makes a key spec unsafe: keys that different
+// payloads share (collisions: the second event would be acked as a
+// duplicate of the first and lost), identical payloads under different
+// keys (a volatile input such as a trace id in the key: every redelivery
+// would be applied again), messages that cannot be keyed and why, the key
+// length distribution and the event-time spread.
+package keycheck
+
+import (
+	"encoding/hex"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
+)
+
+// Checker accumulates messages. Build it with its Key (and optionally
+// EventTime) and Policy, Add messages, then Report.
+type Checker struct {
+	Key       framework.KeyFunc
+	EventTime framework.TimeFunc // optional
+	Policy    framework.KeyPolicy
+	// Examples bounds the message ids kept per finding. Defaults to 5.
+	Examples int
+
+	seen       int
+	byKey      map[string]*keyStat
+	byPayload  map[string]map[string]bool // fingerprint -> keys
+	payloadIDs map[string][]string        // fingerprint -> message ids
+	unkeyable  map[string][]string        // reason -> ids (capped)
+	unkeyableN map[string]int             // reason -> messages
+	unkeyedN   int
+	lengths    []int
+	timed      int
+	untimed    map[string]int // reason -> count
+	earliest   time.Time
+	latest     time.Time
+}
+
+type keyStat struct {
+	n      int
+	prints map[string][]string // fingerprint -> ids
+}
+
+func (c *Checker) examples() int {
+	if c.Examples > 0 {
+		return c.Examples
+	}
+	return 5
+}
+
+func (c *Checker) init() {
+	if c.byKey == nil {
+		c.byKey = map[string]*keyStat{}
+		c.byPayload = map[string]map[string]bool{}
+		c.payloadIDs = map[string][]string{}
+		c.unkeyable = map[string][]string{}
+		c.unkeyableN = map[string]int{}
+		c.untimed = map[string]int{}
+	}
+}
+
+// derive is the key of msg under the spec and policy, recovering from a
+// key function that panics (an extractor's bug is a finding, not a crash).
+func (c *Checker) derive(msg *message.Message) (key string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			key, err = "", fmt.Errorf("the key function panicked: %v", r)
+		}
+	}()
+	k, err := c.Key(msg)
+	if err != nil {
+		return "", err
+	}
+	return c.Policy.Normalize(k)
+}
+
+func (c *Checker) eventTime(msg *message.Message) (t time.Time, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("the time function panicked: %v", r)
+		}
+	}()
+	return c.EventTime(msg)
+}
+
+// Add takes one message of the sample into account.
+func (c *Checker) Add(msg *message.Message) {
+	c.init()
+	c.seen++
+	fp := hex.EncodeToString(dlq.Fingerprint(msg.Payload))
+	key, err := c.derive(msg)
+	if err != nil {
+		c.unkeyedN++
+		r := err.Error()
+		if len(c.unkeyable[r]) < c.examples() {
+			c.unkeyable[r] = append(c.unkeyable[r], msg.UUID)
+		}
+		c.unkeyableN[r]++
+	} else {
+		c.lengths = append(c.lengths, len(key))
+		ks := c.byKey[key]
+		if ks == nil {
+			ks = &keyStat{prints: map[string][]string{}}
+			c.byKey[key] = ks
+		}
+		ks.n++
+		if ids := ks.prints[fp]; len(ids) < c.examples() {
+			ks.prints[fp] = append(ids, msg.UUID)
+		}
+		keys := c.byPayload[fp]
+		if keys == nil {
+			keys = map[string]bool{}
+			c.byPayload[fp] = keys
+		}
+		keys[key] = true
+		if ids := c.payloadIDs[fp]; len(ids) < c.examples() {
+			c.payloadIDs[fp] = append(ids, msg.UUID)
+		}
+	}
+	if c.EventTime == nil {
+		return
+	}
+	at, err := c.eventTime(msg)
+	if err != nil {
+		c.untimed[err.Error()]++
+		return
+	}
+	c.timed++
+	if c.earliest.IsZero() || at.Before(c.earliest) {
+		c.earliest = at
+	}
+	if at.After(c.latest) {
+		c.latest = at
+	}
+}
+
+// Collision is a key that several different payloads share.
+type Collision struct {
+	Key      string `json:"key"`
+	Messages int    `json:"messages"`
+	// Payloads maps each payload fingerprint to (up to Examples) ids of
+	// messages carrying it.
+	Payloads map[string][]string `json:"payloads"`
+}
+
+// Volatile is a payload that arrived under several keys.
+type Volatile struct {
+	Fingerprint string   `json:"fingerprint"`
+	Keys        []string `json:"keys"`
+	IDs         []string `json:"ids"`
+}
+
+// Unkeyable is why some messages cannot be keyed.
+type Unkeyable struct {
+	Reason   string   `json:"reason"`
+	Messages int      `json:"messages"`
+	IDs      []string `json:"ids"`
+}
+
+// Report is the outcome of a check.
+type Report struct {
+	Messages   int         `json:"messages"`
+	Keyed      int         `json:"keyed"`
+	Keys       int         `json:"distinct_keys"`
+	Duplicates int         `json:"duplicates"` // same key, same payload: redeliveries, harmless
+	Collisions []Collision `json:"collisions"`
+	Volatile   []Volatile  `json:"volatile_keys"`
+	Unkeyable  []Unkeyable `json:"unkeyable"`
+	KeyLength  *Quantiles  `json:"key_length_bytes,omitempty"`
+	EventTime  *TimeSpread `json:"event_time,omitempty"`
+}
+
+// Quantiles of key lengths in bytes.
+type Quantiles struct {
+	Min, P50, P90, P99, Max int
+}
+
+// TimeSpread is how far apart the sample's event times are.
+type TimeSpread struct {
+	With     int            `json:"with"`
+	Without  map[string]int `json:"without,omitempty"` // reason -> messages
+	Earliest time.Time      `json:"earliest,omitzero"`
+	Latest   time.Time      `json:"latest,omitzero"`
+	Spread   string         `json:"spread,omitempty"`
+}
+
+// Report returns what the messages added so far show, each list sorted
+// with the most frequent first.
+func (c *Checker) Report() Report {
+	c.init()
+	r := Report{Messages: c.seen, Keyed: c.seen - c.unkeyedN, Keys: len(c.byKey)}
+	for key, ks := range c.byKey {
+		r.Duplicates += ks.n - len(ks.prints)
+		if len(ks.prints) > 1 {
+			r.Collisions = append(r.Collisions, Collision{Key: key, Messages: ks.n, Payloads: ks.prints})
+		}
+	}
+	sort.Slice(r.Collisions, func(i, j int) bool {
+		a, b := r.Collisions[i], r.Collisions[j]
+		return a.Messages > b.Messages || a.Messages == b.Messages && a.Key < b.Key
+	})
+	for fp, keys := range c.byPayload {
+		if len(keys) < 2 {
+			continue
+		}
+		v := Volatile{Fingerprint: fp, IDs: c.payloadIDs[fp]}
+		for k := range keys {
+			v.Keys = append(v.Keys, k)
+		}
+		sort.Strings(v.Keys)
+		if len(v.Keys) > c.examples() {
+			v.Keys = v.Keys[:c.examples()]
+		}
+		r.Volatile = append(r.Volatile, v)
+	}
+	sort.Slice(r.Volatile, func(i, j int) bool {
+		a, b := r.Volatile[i], r.Volatile[j]
+		return len(c.byPayload[a.Fingerprint]) > len(c.byPayload[b.Fingerprint]) || len(c.byPayload[a.Fingerprint]) == len(c.byPayload[b.Fingerprint]) && a.Fingerprint < b.Fingerprint
+	})
+	for reason, ids := range c.unkeyable {
+		r.Unkeyable = append(r.Unkeyable, Unkeyable{Reason: reason, Messages: c.unkeyableN[reason], IDs: ids})
+	}
+	sort.Slice(r.Unkeyable, func(i, j int) bool {
+		a, b := r.Unkeyable[i], r.Unkeyable[j]
+		return a.Messages > b.Messages || a.Messages == b.Messages && a.Reason < b.Reason
+	})
+	if n := len(c.lengths); n > 0 {
+		l := append([]int(nil), c.lengths...)
+		sort.Ints(l)
+		q := func(p float64) int { return l[min(n-1, int(p*float64(n)))] }
+		r.KeyLength = &Quantiles{Min: l[0], P50: q(0.5), P90: q(0.9), P99: q(0.99), Max: l[n-1]}
+	}
+	if c.EventTime != nil {
+		ts := &TimeSpread{With: c.timed}
+		if len(c.untimed) > 0 {
+			ts.Without = c.untimed
+		}
+		if c.timed > 0 {
+			ts.Earliest, ts.Latest = c.earliest.UTC(), c.latest.UTC()
+			ts.Spread = c.latest.Sub(c.earliest).String()
+		}
+		r.EventTime = ts
+	}
+	return r
+}
