@@ -1,19 +1,6 @@
-// Command bench measures what claimtx costs, side by side in one run, for
-// RabbitMQ and Kafka at several concurrencies:
-//
-//	(a) raw:      a pgx loop doing claim + effect per message, no broker
-//	(b) router:   the same effect through a Watermill router + broker, no claim
-//	(c) claimtx:  the same through router + broker + the claim middleware
-//	(d) batch:    claim + a set-wise effect per batch (consumer.NewBatch)
-//	(h) hand:     (c)'s claim + effect written by hand on the broker's own
-//	              client (amqp091-go, franz-go), no Watermill, no claimtx
-//
-// and prints msgs/s, p50 and p99 of the per-message handling time, and the
-// ratios between them. With -write it also writes docs/benchmarks.md.
-//
-//	make bench
-//	go run ./framework/cmd/bench -n 3000 -concurrency 1,4,16 -brokers amqp,kafka
-package main
+//go:build bench
+
+package bench
 
 import (
 	"context"
@@ -28,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,82 +34,88 @@ type options struct {
 	reps        int
 }
 
-func main() {
-	var o options
-	var conc, brokerList string
-	flag.IntVar(&o.n, "n", 3000, "messages per measurement (batch mode: 5x)")
-	flag.IntVar(&o.reps, "reps", 3, "runs of each measurement; the table shows the median")
-	flag.StringVar(&conc, "concurrency", "1,4,16", "concurrency levels")
-	flag.StringVar(&brokerList, "brokers", "amqp,kafka", "brokers")
-	flag.StringVar(&o.write, "write", "", "write the results as Markdown to this file (e.g. docs/benchmarks.md)")
-	memory := flag.Int("memory", 0, "instead of the table: feed this many messages through a claimtx consumer over RabbitMQ and sample its memory")
-	memoryMode := flag.String("memory-mode", "message", "the consumer for -memory: message (router + claim middleware) or batch (consumer.NewBatch)")
-	storm := flag.Int("storm", 0, "instead of the table: a duplicate storm of this many already-applied messages per run, claimtx per message and in batches against the broker's bare consume+ack rate")
-	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+// The options of TestBench, given after go test's -args.
+var (
+	flagN           = flag.Int("n", 3000, "messages per measurement (batch mode: 5x)")
+	flagReps        = flag.Int("reps", 3, "runs of each measurement; the table shows the median")
+	flagConcurrency = flag.String("concurrency", "1,4,16", "concurrency levels")
+	flagBrokers     = flag.String("brokers", "amqp,kafka", "brokers")
+	flagWrite       = flag.String("write", "", "write the results as Markdown to this file (e.g. docs/benchmarks.md)")
+	flagMemory      = flag.Int("memory", 0, "instead of the table: feed this many messages through a claimtx consumer over RabbitMQ and sample its memory")
+	flagMemoryMode  = flag.String("memory-mode", "message", "the consumer for -memory: message (router + claim middleware) or batch (consumer.NewBatch)")
+	flagStorm       = flag.Int("storm", 0, "instead of the table: a duplicate storm of this many already-applied messages per run, claimtx per message and in batches against the broker's bare consume+ack rate")
+	flagCPUProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	flagModes       = flag.String("modes", "", "modes to measure, a subset for quick looks (-write needs all): "+strings.Join(allModes, ",")+"; with -storm: "+strings.Join(stormModes, ","))
+)
+
+func init() {
 	flag.BoolVar(&noPositions, "no-positions", false, "run claimtx without the Kafka positions stored with the claims (middleware.Claim.NoPositions), to measure what they cost")
-	modes := flag.String("modes", "", "modes to measure, a subset for quick looks (-write needs all): "+strings.Join(allModes, ",")+"; with -storm: "+strings.Join(stormModes, ","))
-	flag.Parse()
-	known := allModes
-	if *storm > 0 {
-		known = stormModes
+}
+
+// TestBench is the whole tool: the table, or -storm, or -memory.
+func TestBench(t *testing.T) {
+	o, err := parseOptions()
+	if err != nil {
+		t.Fatal("bench:", err)
 	}
-	if *modes == "" {
-		*modes = strings.Join(known, ",")
-	}
-	o.modes = map[string]bool{}
-	for _, m := range strings.Split(*modes, ",") {
-		m = strings.TrimSpace(m)
-		if !slices.Contains(known, m) {
-			fmt.Fprintf(os.Stderr, "bench: unknown mode %q in -modes (known: %s)\n", m, strings.Join(known, ","))
-			os.Exit(2)
-		}
-		o.modes[m] = true
-	}
-	if o.write != "" && len(o.modes) < len(allModes) {
-		fmt.Fprintln(os.Stderr, "bench: -write needs every mode")
-		os.Exit(2)
-	}
-	for _, c := range strings.Split(conc, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(c))
-		if err != nil || n < 1 {
-			fmt.Fprintf(os.Stderr, "bench: bad -concurrency %q\n", conc)
-			os.Exit(2)
-		}
-		o.concurrency = append(o.concurrency, n)
-	}
-	o.brokers = strings.Split(brokerList, ",")
-	o.databaseURL = envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-	o.amqpURL = envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
+	// go test runs a package's tests in its directory; the paths given
+	// (-write docs/benchmarks.md) are the module root's.
+	t.Chdir("../..")
+	if *flagCPUProfile != "" {
+		f, err := os.Create(*flagCPUProfile)
 		if err == nil {
 			err = pprof.StartCPUProfile(f)
 		}
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
+			t.Fatal("bench:", err)
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if *storm > 0 {
-		if err := stormRun(context.Background(), o, *storm); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
+	ctx := context.Background()
+	switch {
+	case *flagStorm > 0:
+		err = stormRun(ctx, o, *flagStorm)
+	case *flagMemory > 0:
+		err = memoryRun(ctx, o, *flagMemoryMode, *flagMemory)
+	default:
+		err = run(ctx, o)
+	}
+	if err != nil {
+		t.Fatal("bench:", err)
+	}
+}
+
+func parseOptions() (options, error) {
+	o := options{n: *flagN, reps: *flagReps, write: *flagWrite, modes: map[string]bool{}}
+	known := allModes
+	if *flagStorm > 0 {
+		known = stormModes
+	}
+	modes := *flagModes
+	if modes == "" {
+		modes = strings.Join(known, ",")
+	}
+	for _, m := range strings.Split(modes, ",") {
+		m = strings.TrimSpace(m)
+		if !slices.Contains(known, m) {
+			return o, fmt.Errorf("unknown mode %q in -modes (known: %s)", m, strings.Join(known, ","))
 		}
-		return
+		o.modes[m] = true
 	}
-	if *memory > 0 {
-		if err := memoryRun(context.Background(), o, *memoryMode, *memory); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
+	if o.write != "" && len(o.modes) < len(allModes) {
+		return o, fmt.Errorf("-write needs every mode")
+	}
+	for _, c := range strings.Split(*flagConcurrency, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 1 {
+			return o, fmt.Errorf("bad -concurrency %q", *flagConcurrency)
 		}
-		return
+		o.concurrency = append(o.concurrency, n)
 	}
-	if err := run(context.Background(), o); err != nil {
-		pprof.StopCPUProfile()
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
-	}
+	o.brokers = strings.Split(*flagBrokers, ",")
+	o.databaseURL = envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	o.amqpURL = envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	return o, nil
 }
 
 // noPositions is -no-positions: the claim modes run with
@@ -400,8 +394,9 @@ func machine() string {
 
 func writeDoc(o options, table string, took time.Duration) error {
 	w := &strings.Builder{}
-	fmt.Fprintf(w, "# Benchmarks\n\nMeasured by `make bench` (`go run ./framework/cmd/bench -n %d -reps %d -concurrency %s -brokers %s -write %s`) on %s.\n\n",
-		o.n, o.reps, joinInts(o.concurrency), strings.Join(o.brokers, ","), o.write, time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(w, "# Benchmarks\n\nMeasured by `make bench` (`%s`) on %s.\n\n",
+		command(fmt.Sprintf("-n %d -reps %d -concurrency %s -brokers %s -write %s", o.n, o.reps, joinInts(o.concurrency), strings.Join(o.brokers, ","), o.write)),
+		time.Now().UTC().Format("2006-01-02"))
 	fmt.Fprintf(w, "Machine: %s. Postgres and RabbitMQ with their Debian defaults on loopback; Kafka is the in-process kfake dev broker.\n\n", machine())
 	fmt.Fprintf(w, "%s\n", table)
 	fmt.Fprintf(w, `Columns:
@@ -430,6 +425,11 @@ The whole run took %s.
 
 // keptMarker starts the part of docs/benchmarks.md that -write keeps.
 const keptMarker = "## Reading these numbers"
+
+// command is the go test command line that runs TestBench with args.
+func command(args string) string {
+	return "go test -tags bench -run '^TestBench$' -count=1 -timeout 0 -v ./internal/bench/ -args " + args
+}
 
 func joinInts(xs []int) string {
 	s := make([]string, len(xs))

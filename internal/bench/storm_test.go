@@ -1,4 +1,6 @@
-package main
+//go:build bench
+
+package bench
 
 import (
 	"context"
@@ -141,8 +143,8 @@ func stormRun(ctx context.Context, o options, n int) error {
 			rows = append(rows, stormRow{broker: b, concurrency: c, runs: runs})
 		}
 	}
-	fmt.Printf("Duplicate storm: %d already-applied messages per run, median of %d runs, each ratio the median of the runs' ratios to the baseline run of the same round (`go run ./framework/cmd/bench -storm %d -reps %d -concurrency %s -brokers %s`, %s).\n\n",
-		n, o.reps, n, o.reps, joinInts(o.concurrency), strings.Join(o.brokers, ","), time.Since(start).Round(time.Second))
+	fmt.Printf("Duplicate storm: %d already-applied messages per run, median of %d runs, each ratio the median of the runs' ratios to the baseline run of the same round (`%s`, %s).\n\n",
+		n, o.reps, command(fmt.Sprintf("-storm %d -reps %d -concurrency %s -brokers %s", n, o.reps, joinInts(o.concurrency), strings.Join(o.brokers, ","))), time.Since(start).Round(time.Second))
 	fmt.Print(renderStorm(rows))
 	return nil
 }
