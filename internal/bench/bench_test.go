@@ -173,6 +173,28 @@ func (s *session) measure(label string, c int, f func(*env) (result, error)) (re
 	return r, nil
 }
 
+// mode is one measurement of a row: a name of -modes and its run.
+type mode struct {
+	name string
+	run  func(*env) (result, error)
+}
+
+// round measures each of modes that -modes selects once, in order,
+// adding the results to runs by mode name.
+func (s *session) round(label string, c int, modes []mode, runs map[string][]result) error {
+	for _, m := range modes {
+		if !s.o.modes[m.name] {
+			continue
+		}
+		r, err := s.measure(label+" "+m.name, c, m.run)
+		if err != nil {
+			return err
+		}
+		runs[m.name] = append(runs[m.name], r)
+	}
+	return nil
+}
+
 // startKafka starts the in-process Kafka-protocol broker when o measures
 // Kafka, and returns its address ("" otherwise) and how to stop it.
 func startKafka(ctx context.Context, o options) (string, func(), error) {
@@ -279,66 +301,40 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer sess.close()
-	kafkaAddr := sess.kafkaAddr
 	// Each measurement runs o.reps times, the modes of one row interleaved
 	// (raw, router, claimtx, batch, hand, raw, router, …) so a disturbance
 	// hits them alike; the table shows the median run of each.
-	measure := func(label string, f func(env *env) (result, error), c int) (result, error) {
-		return sess.measure(label, c, f)
-	}
 	raws := map[int][]result{}
 	var rows []row
 	for _, b := range o.brokers {
 		for _, c := range o.concurrency {
-			var routers, claims, naturals, batches, hands []result
+			base := routerRun{broker: b, n: o.n, concurrency: c, amqpURL: o.amqpURL, kafkaAddr: sess.kafkaAddr}
+			modes := []mode{
+				{"router", func(e *env) (result, error) { return runRouter(ctx, e, base) }},
+				{"claim", func(e *env) (result, error) { r := base; r.claim = true; return runRouter(ctx, e, r) }},
+				{"natural", func(e *env) (result, error) { r := base; r.claim, r.natural = true, true; return runRouter(ctx, e, r) }},
+				{"batch", func(e *env) (result, error) {
+					r := base
+					r.n, r.workers = batchFactor*o.n, c
+					return runBatch(ctx, e, r)
+				}},
+				{"hand", func(e *env) (result, error) { return runHand(ctx, e, base) }},
+			}
+			runs := map[string][]result{}
 			for rep := 0; rep < o.reps; rep++ {
 				if o.modes["raw"] && len(raws[c]) < o.reps {
-					r, err := measure(fmt.Sprintf("raw c=%d", c), func(env *env) (result, error) { return runRaw(ctx, env, o.n, c) }, c)
+					r, err := sess.measure(fmt.Sprintf("raw c=%d", c), c, func(env *env) (result, error) { return runRaw(ctx, env, o.n, c) })
 					if err != nil {
 						return err
 					}
 					raws[c] = append(raws[c], r)
 				}
-				for _, m := range []struct {
-					mode           string
-					claim, natural bool
-					results        *[]result
-				}{
-					{"router", false, false, &routers},
-					{"claim", true, false, &claims},
-					{"natural", true, true, &naturals},
-				} {
-					if !o.modes[m.mode] {
-						continue
-					}
-					r, err := measure(fmt.Sprintf("%s c=%d %s", b, c, m.mode), func(env *env) (result, error) {
-						return runRouter(ctx, env, routerRun{broker: b, n: o.n, concurrency: c, claim: m.claim, natural: m.natural, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr})
-					}, c)
-					if err != nil {
-						return err
-					}
-					*m.results = append(*m.results, r)
-				}
-				if o.modes["batch"] {
-					r, err := measure(fmt.Sprintf("%s c=%d batch", b, c), func(env *env) (result, error) {
-						return runBatch(ctx, env, routerRun{broker: b, n: batchFactor * o.n, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr, workers: c})
-					}, c)
-					if err != nil {
-						return err
-					}
-					batches = append(batches, r)
-				}
-				if o.modes["hand"] {
-					r, err := measure(fmt.Sprintf("%s c=%d hand", b, c), func(env *env) (result, error) {
-						return runHand(ctx, env, routerRun{broker: b, n: o.n, concurrency: c, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr})
-					}, c)
-					if err != nil {
-						return err
-					}
-					hands = append(hands, r)
+				if err := sess.round(fmt.Sprintf("%s c=%d", b, c), c, modes, runs); err != nil {
+					return err
 				}
 			}
-			rows = append(rows, row{broker: b, concurrency: c, raw: median(raws[c]), router: median(routers), claim: median(claims), natural: median(naturals), batch: median(batches), hand: median(hands)})
+			rows = append(rows, row{broker: b, concurrency: c, raw: median(raws[c]), router: median(runs["router"]), claim: median(runs["claim"]),
+				natural: median(runs["natural"]), batch: median(runs["batch"]), hand: median(runs["hand"])})
 		}
 	}
 	table := render(rows)
@@ -351,8 +347,7 @@ func run(ctx context.Context, o options) error {
 
 func render(rows []row) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| broker | conc | (a) raw msg/s | (b) router msg/s | (c) claimtx msg/s | (c) p50 | (c) p99 | (b) p99 | c/b | c/a | b/a | (d) batch msg/s | (d) avg batch | d/c | (h) msg/s | (h) p99 | c/h | d/h | (n) msg/s | (n) p99 | n/b |\n")
-	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	tableHead(&b, "broker", "conc", "(a) raw msg/s", "(b) router msg/s", "(c) claimtx msg/s", "(c) p50", "(c) p99", "(b) p99", "c/b", "c/a", "b/a", "(d) batch msg/s", "(d) avg batch", "d/c", "(h) msg/s", "(h) p99", "c/h", "d/h", "(n) msg/s", "(n) p99", "n/b")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %.2f | %.2f | %.2f | %.0f | %.0f | %.1f | %.0f | %s | %.2f | %.1f | %.0f | %s | %.2f |\n",
 			r.broker, r.concurrency, r.raw.rate(), r.router.rate(), r.claim.rate(),
@@ -364,6 +359,12 @@ func render(rows []row) string {
 			r.natural.rate(), r.natural.pct(0.99).Round(10*time.Microsecond), r.natural.rate()/r.router.rate())
 	}
 	return b.String()
+}
+
+// tableHead writes the head of a Markdown table: the first column (the
+// broker) left-aligned, the others (numbers) right-aligned.
+func tableHead(b *strings.Builder, cols ...string) {
+	fmt.Fprintf(b, "| %s |\n|---%s|\n", strings.Join(cols, " | "), strings.Repeat("|---:", len(cols)-1))
 }
 
 func machine() string {
