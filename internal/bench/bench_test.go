@@ -4,6 +4,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -45,12 +46,11 @@ var (
 	flagMemoryMode  = flag.String("memory-mode", "message", "the consumer for -memory: message (router + claim middleware) or batch (consumer.NewBatch)")
 	flagStorm       = flag.Int("storm", 0, "instead of the table: a duplicate storm of this many already-applied messages per run, claimtx per message and in batches against the broker's bare consume+ack rate")
 	flagCPUProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	flagModes       = flag.String("modes", "", "modes to measure, a subset for quick looks (-write needs all): "+strings.Join(allModes, ",")+"; with -storm: "+strings.Join(stormModes, ","))
+	// noPositions: the claim modes run with middleware.Claim.NoPositions
+	// (Kafka stores no positions).
+	noPositions = flag.Bool("no-positions", false, "run claimtx without the Kafka positions stored with the claims (middleware.Claim.NoPositions), to measure what they cost")
+	flagModes   = flag.String("modes", "", "modes to measure, a subset for quick looks (-write needs all): "+strings.Join(allModes, ",")+"; with -storm: "+strings.Join(stormModes, ","))
 )
-
-func init() {
-	flag.BoolVar(&noPositions, "no-positions", false, "run claimtx without the Kafka positions stored with the claims (middleware.Claim.NoPositions), to measure what they cost")
-}
 
 // TestBench is the whole tool: the table, or -storm, or -memory.
 func TestBench(t *testing.T) {
@@ -103,7 +103,7 @@ func parseOptions() (options, error) {
 		o.modes[m] = true
 	}
 	if o.write != "" && len(o.modes) < len(allModes) {
-		return o, fmt.Errorf("-write needs every mode")
+		return o, errors.New("-write needs every mode")
 	}
 	for _, c := range strings.Split(*flagConcurrency, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(c))
@@ -117,10 +117,6 @@ func parseOptions() (options, error) {
 	o.amqpURL = envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
 	return o, nil
 }
-
-// noPositions is -no-positions: the claim modes run with
-// middleware.Claim.NoPositions (Kafka stores no positions).
-var noPositions bool
 
 // allModes are the -modes, in the order one row's runs interleave.
 var allModes = []string{"raw", "router", "claim", "natural", "batch", "hand"}

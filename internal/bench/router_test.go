@@ -207,7 +207,7 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 		if err != nil {
 			return result{}, err
 		}
-		claim := middleware.Claim{Store: e.store, Consumer: "bench", Key: key, NoPositions: noPositions}
+		claim := middleware.Claim{Store: e.store, Consumer: "bench", Key: key, NoPositions: *noPositions}
 		if r.natural {
 			claim.Mode = middleware.ModeNaturalKey
 		}
@@ -410,7 +410,7 @@ func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
 		Name: "bench", Topic: e.topic, Key: keySpec,
 		Pool: e.pool, Store: store.Config{Schema: e.schema}, Broker: cfg,
 		OnOutcome: onOutcome, Logger: slog.New(slog.DiscardHandler),
-		Claim: middleware.Claim{NoPositions: noPositions},
+		Claim: middleware.Claim{NoPositions: *noPositions},
 	}, handler, consumer.BatchOptions{MaxSize: batchWindow, Workers: r.workers})
 	if err != nil {
 		return result{}, err
