@@ -87,6 +87,7 @@ api-count: ## Count the exported identifiers per library package (names, methods
 lint: ## gofmt, go vet, staticcheck, golangci-lint (installed on first use from the Go module proxy) and the exported surface against docs/api.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1)
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags bench ./internal/bench/
 	@command -v staticcheck >/dev/null || $(GO) install honnef.co/go/tools/cmd/staticcheck@latest
 	staticcheck $(PKGS)
 	@command -v golangci-lint >/dev/null || $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@latest
@@ -103,9 +104,13 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 30s).
 	$(GO) test -run '^$$' -fuzz '^FuzzOverlayEnv$$' -fuzztime $(FUZZTIME) ./brokers/
 
 BENCH_N ?= 3000
+# The throughput, storm and memory runs are TestBench (internal/bench, tag
+# bench) with its options after -args; -v streams its tables as it goes.
+BENCH = $(GO) test -tags bench -run '^TestBench$$' -count=1 -timeout 0 -v ./internal/bench/ -args
+
 .PHONY: bench
 bench: ## Side-by-side throughput (raw pgx / router / router+claimtx / natural-key claim / batch / hand-written consumer) on RabbitMQ and Kafka, written to docs/benchmarks.md; then Go micro-benchmarks of the middleware's own cost.
-	$(GO) run ./framework/cmd/bench -n $(BENCH_N) -reps 3 -concurrency 1,4,16 -brokers amqp,kafka -write docs/benchmarks.md
+	$(BENCH) -n $(BENCH_N) -reps 3 -concurrency 1,4,16 -brokers amqp,kafka -write docs/benchmarks.md
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./framework/ ./middleware/ ./store/
 
 .PHONY: bench-claim
@@ -116,12 +121,12 @@ MEMORY_N ?= 1000000
 STORM_N ?= 20000
 .PHONY: bench-storm
 bench-storm: ## Duplicate storm: STORM_N already-applied messages through claimtx per message and in batches, cold (committed-key cache empty: a fresh process after a group reset) and warm (the same process applied them just before), against the broker's bare consume+ack rate (same subscriber configuration, no database), RabbitMQ and Kafka.
-	$(GO) run ./framework/cmd/bench -storm $(STORM_N) -reps 3 -concurrency 1,4,16 -brokers amqp,kafka
+	$(BENCH) -storm $(STORM_N) -reps 3 -concurrency 1,4,16 -brokers amqp,kafka
 
 .PHONY: bench-memory
 bench-memory: ## Consumer memory over MEMORY_N messages through RabbitMQ, batch and per-message consumers (per-message takes several minutes per million).
-	$(GO) run ./framework/cmd/bench -memory $(MEMORY_N) -memory-mode batch -concurrency 4
-	$(GO) run ./framework/cmd/bench -memory $(MEMORY_N) -memory-mode message -concurrency 16
+	$(BENCH) -memory $(MEMORY_N) -memory-mode batch -concurrency 4
+	$(BENCH) -memory $(MEMORY_N) -memory-mode message -concurrency 16
 
 BENCH_ROWS ?= 10000000
 .PHONY: bench-retention

@@ -1,4 +1,6 @@
-package main
+//go:build bench
+
+package bench
 
 import (
 	"context"
@@ -64,12 +66,64 @@ type phases struct {
 	finished   chan struct{}
 }
 
-func newPhases(r routerRun) *phases {
-	p := &phases{n: r.n, passes: 1, finished: make(chan struct{})}
+func newPhases(n, passes int) *phases {
+	return &phases{n: n, passes: passes, finished: make(chan struct{})}
+}
+
+// passes is how many times a run's consumer meets its n messages: twice
+// when warm, the first pass unmeasured.
+func (r routerRun) passes() int {
 	if r.warm {
-		p.passes = 2
+		return 2
 	}
-	return p
+	return 1
+}
+
+// brokerConfig is the subscriber configuration of a run consuming topic.
+// AMQP.Concurrency is not used once the window is set (batch mode).
+func (r routerRun) brokerConfig(topic string) brokers.Config {
+	cfg := brokers.Config{Kind: r.broker}
+	cfg.AMQP.URL = r.amqpURL
+	cfg.AMQP.Concurrency = r.concurrency
+	cfg.AMQP.Window = r.window
+	cfg.Kafka.Brokers = []string{r.kafkaAddr}
+	cfg.Kafka.ConsumerGroup = "bench-" + topic
+	cfg.Kafka.Window = r.window
+	return cfg
+}
+
+// keySpec is the bench consumer's key spec; preclaim and rawClaimEffect
+// write the keys it derives.
+const keySpec = "template:order-completed:{payload.order_id}"
+
+// txEffect is the claimed handler of every claimtx mode: decode, then
+// apply in the claim's transaction.
+func txEffect(apply func(context.Context, pgx.Tx, order) error) message.NoPublishHandlerFunc {
+	return middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		o, err := decode(msg)
+		if err != nil {
+			return framework.Permanent(err)
+		}
+		return apply(ctx, tx, o)
+	})
+}
+
+// runUntil runs a consumer (run) until ph has seen every pass and returns
+// when the last message settled; name labels the consumer's own error.
+func runUntil(ctx context.Context, ph *phases, name string, run func(context.Context) error) (time.Time, error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	runErr := make(chan error, 1)
+	go func() { runErr <- run(rctx) }()
+	if err := ph.await(runErr); err != nil {
+		return time.Time{}, err
+	}
+	end := time.Now()
+	cancel()
+	if err := <-runErr; err != nil {
+		return time.Time{}, fmt.Errorf("%s: %w", name, err)
+	}
+	return end, nil
 }
 
 // settled counts one message and returns its number in the measured
@@ -137,13 +191,7 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 		if r.natural {
 			apply = effectGuarded
 		}
-		handler = middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-			o, err := decode(msg)
-			if err != nil {
-				return framework.Permanent(err)
-			}
-			return apply(ctx, tx, o)
-		})
+		handler = txEffect(apply)
 	} else {
 		handler = func(msg *message.Message) error {
 			o, err := decode(msg)
@@ -155,11 +203,11 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 	}
 	var mw message.HandlerMiddleware
 	if r.claim {
-		key, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
+		key, err := framework.ParseKeySpec(keySpec)
 		if err != nil {
 			return result{}, err
 		}
-		claim := middleware.Claim{Store: e.store, Consumer: "bench", Key: key, NoPositions: noPositions}
+		claim := middleware.Claim{Store: e.store, Consumer: "bench", Key: key, NoPositions: *noPositions}
 		if r.natural {
 			claim.Mode = middleware.ModeNaturalKey
 		}
@@ -189,16 +237,8 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 // consumePass consumes the n messages of topic with a fresh subscriber and
 // router, through mw when not nil, and times them.
 func consumePass(ctx context.Context, r routerRun, topic string, handler message.NoPublishHandlerFunc, mw message.HandlerMiddleware) (result, error) {
-	cfg := brokers.Config{}
-	cfg.Kind = r.broker
-	cfg.AMQP.URL = r.amqpURL
-	cfg.AMQP.Concurrency = r.concurrency
-	cfg.Kafka.Brokers = []string{r.kafkaAddr}
-	cfg.Kafka.ConsumerGroup = "bench-" + topic
-	cfg.AMQP.Window = r.window
-	cfg.Kafka.Window = r.window
 	logger := watermill.NopLogger{}
-	sub, err := brokers.NewSubscriber(cfg, logger)
+	sub, err := brokers.NewSubscriber(r.brokerConfig(topic), logger)
 	if err != nil {
 		return result{}, err
 	}
@@ -209,7 +249,7 @@ func consumePass(ctx context.Context, r routerRun, topic string, handler message
 	}
 
 	lat := make([]time.Duration, r.n)
-	ph := &phases{n: r.n, passes: 1, finished: make(chan struct{})}
+	ph := newPhases(r.n, 1)
 	var failed atomic.Value
 	measure := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -231,17 +271,9 @@ func consumePass(ctx context.Context, r routerRun, topic string, handler message
 	if mw != nil {
 		h.AddMiddleware(mw)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	runErr := make(chan error, 1)
-	go func() { runErr <- router.Run(rctx) }()
-	if err := ph.await(runErr); err != nil {
+	end, err := runUntil(ctx, ph, "router", router.Run)
+	if err != nil {
 		return result{}, err
-	}
-	end := time.Now()
-	cancel()
-	if err := <-runErr; err != nil {
-		return result{}, fmt.Errorf("router: %w", err)
 	}
 	if err, ok := failed.Load().(error); ok {
 		return result{}, err
@@ -252,7 +284,7 @@ func consumePass(ctx context.Context, r routerRun, topic string, handler message
 // prepublish publishes what a run consumes from e.topic: the n messages,
 // followed by copies of them when the run is warm.
 func prepublish(ctx context.Context, e *env, r routerRun) error {
-	return publish(ctx, r, e.topic, r.n*newPhases(r).passes)
+	return publish(ctx, r, e.topic, r.n*r.passes())
 }
 
 // publish writes total messages to topic (a queue on RabbitMQ): orders
@@ -260,21 +292,11 @@ func prepublish(ctx context.Context, e *env, r routerRun) error {
 func publish(ctx context.Context, r routerRun, topic string, total int) error {
 	switch r.broker {
 	case "amqp":
-		conn, err := amqp.Dial(r.amqpURL)
+		conn, ch, err := confirmChannel(r.amqpURL, topic)
 		if err != nil {
 			return err
 		}
 		defer func() { _ = conn.Close() }()
-		ch, err := conn.Channel()
-		if err != nil {
-			return err
-		}
-		if _, err := ch.QueueDeclare(topic, true, false, false, false, nil); err != nil {
-			return err
-		}
-		if err := ch.Confirm(false); err != nil {
-			return err
-		}
 		confirms := ch.NotifyPublish(make(chan amqp.Confirmation, total))
 		for k := 0; k < total; k++ {
 			o := orderN(k % r.n)
@@ -311,6 +333,27 @@ func publish(ctx context.Context, r routerRun, topic string, total int) error {
 	return fmt.Errorf("unknown broker %q", r.broker)
 }
 
+// confirmChannel declares queue (durable, as the adapter does) and returns
+// a channel in publisher-confirm mode on a connection of its own.
+func confirmChannel(url, queue string) (*amqp.Connection, *amqp.Channel, error) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		_, err = ch.QueueDeclare(queue, true, false, false, false, nil)
+	}
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	return conn, ch, nil
+}
+
 func deleteQueue(url, name string) {
 	conn, err := amqp.Dial(url)
 	if err != nil {
@@ -341,14 +384,10 @@ func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
 	if r.broker == "amqp" {
 		defer deleteQueue(r.amqpURL, e.topic)
 	}
-	cfg := brokers.Config{}
-	cfg.Kind = r.broker
-	cfg.AMQP.URL = r.amqpURL
+	cfg := r.brokerConfig(e.topic)
 	cfg.AMQP.Window = r.workers * batchWindow
-	cfg.Kafka.Brokers = []string{r.kafkaAddr}
-	cfg.Kafka.ConsumerGroup = "bench-" + e.topic
 	cfg.Kafka.Window = batchWindow
-	ph := newPhases(r)
+	ph := newPhases(r.n, r.passes())
 	lat := make([]time.Duration, r.n)
 	onOutcome := func(res middleware.Result) {
 		if res.Outcome != framework.Applied && res.Outcome != framework.Duplicate {
@@ -368,26 +407,18 @@ func runBatch(ctx context.Context, e *env, r routerRun) (result, error) {
 		return effectSet(ctx, tx, msgs)
 	}
 	c, err := consumer.NewBatch(ctx, consumer.Config{
-		Name: "bench", Topic: e.topic, Key: "template:order-completed:{payload.order_id}",
+		Name: "bench", Topic: e.topic, Key: keySpec,
 		Pool: e.pool, Store: store.Config{Schema: e.schema}, Broker: cfg,
 		OnOutcome: onOutcome, Logger: slog.New(slog.DiscardHandler),
-		Claim: middleware.Claim{NoPositions: noPositions},
+		Claim: middleware.Claim{NoPositions: *noPositions},
 	}, handler, consumer.BatchOptions{MaxSize: batchWindow, Workers: r.workers})
 	if err != nil {
 		return result{}, err
 	}
 	defer func() { _ = c.Close() }()
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	runErr := make(chan error, 1)
-	go func() { runErr <- c.Run(rctx) }()
-	if err := ph.await(runErr); err != nil {
+	end, err := runUntil(ctx, ph, "batch consumer", c.Run)
+	if err != nil {
 		return result{}, err
-	}
-	end := time.Now()
-	cancel()
-	if err := <-runErr; err != nil {
-		return result{}, fmt.Errorf("batch consumer: %w", err)
 	}
 	return result{n: r.n, elapsed: end.Sub(ph.start()), lat: lat, batches: int(calls.Load())}, nil
 }

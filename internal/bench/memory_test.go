@@ -1,4 +1,6 @@
-package main
+//go:build bench
+
+package bench
 
 import (
 	"context"
@@ -14,7 +16,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/claimtx/claimtx/brokers"
@@ -39,24 +40,13 @@ type memorySample struct {
 // under a bound so the broker, not this process, holds what is queued.
 func runMemory(ctx context.Context, e *env, amqpURL, mode string, n, concurrency int) ([]memorySample, time.Duration, error) {
 	defer deleteQueue(amqpURL, e.topic)
-	conn, err := amqp.Dial(amqpURL)
+	conn, ch, err := confirmChannel(amqpURL, e.topic)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		return nil, 0, err
-	}
-	if _, err := ch.QueueDeclare(e.topic, true, false, false, false, nil); err != nil {
-		return nil, 0, err
-	}
-	if err := ch.Confirm(false); err != nil {
-		return nil, 0, err
-	}
 
 	var done atomic.Int64
-	const keySpec = "template:order-completed:{payload.order_id}"
 	key, err := framework.ParseKeySpec(keySpec)
 	if err != nil {
 		return nil, 0, err
@@ -98,13 +88,7 @@ func runMemory(ctx context.Context, e *env, amqpURL, mode string, n, concurrency
 		if err != nil {
 			return nil, 0, err
 		}
-		h := router.AddConsumerHandler("bench", e.topic, sub, middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-			o, err := decode(msg)
-			if err != nil {
-				return framework.Permanent(err)
-			}
-			return effect(ctx, tx, o)
-		}))
+		h := router.AddConsumerHandler("bench", e.topic, sub, txEffect(effect))
 		mw, err := middleware.NewClaim(claim)
 		if err != nil {
 			return nil, 0, err

@@ -1,4 +1,6 @@
-package main
+//go:build bench
+
+package bench
 
 import (
 	"context"
@@ -41,7 +43,7 @@ func runHand(ctx context.Context, e *env, r routerRun) (result, error) {
 	if err := prepublish(ctx, e, r); err != nil {
 		return result{}, fmt.Errorf("publish: %w", err)
 	}
-	h := &handRun{e: e, n: r.n, lat: make([]time.Duration, r.n), finished: make(chan struct{}), failed: make(chan struct{})}
+	h := &handRun{e: e, n: r.n, lat: make([]time.Duration, r.n), ph: newPhases(r.n, 1), failed: make(chan struct{})}
 	var res result
 	var err error
 	switch r.broker {
@@ -64,17 +66,14 @@ func runHand(ctx context.Context, e *env, r routerRun) (result, error) {
 
 // handRun is the state of one hand-written run, shared by its workers.
 type handRun struct {
-	e          *env
-	n          int
-	lat        []time.Duration
-	firstStart atomic.Int64
-	done       atomic.Int64 // messages handled and acked/marked
-	applied    atomic.Int64 // of which the claim row was inserted
-	end        time.Time    // set before finished is closed
-	finished   chan struct{}
-	failOnce   sync.Once
-	failErr    error // set before failed is closed
-	failed     chan struct{}
+	e        *env
+	n        int
+	lat      []time.Duration
+	ph       *phases      // messages handled and acked/marked
+	applied  atomic.Int64 // of which the claim row was inserted
+	failOnce sync.Once
+	failErr  error // set before failed is closed
+	failed   chan struct{}
 }
 
 func (h *handRun) fail(err error) {
@@ -99,7 +98,7 @@ func (h *handRun) err() error {
 // handling (decode, transaction) without the ack.
 func (h *handRun) handle(ctx context.Context, body []byte, ack func() error) error {
 	t0 := time.Now()
-	h.firstStart.CompareAndSwap(0, t0.UnixNano())
+	h.ph.firstStart.CompareAndSwap(0, t0.UnixNano())
 	var o order
 	if err := json.Unmarshal(body, &o); err != nil {
 		return fmt.Errorf("decode: %w", err)
@@ -115,13 +114,8 @@ func (h *handRun) handle(ctx context.Context, body []byte, ack func() error) err
 	if claimed {
 		h.applied.Add(1)
 	}
-	i := int(h.done.Add(1))
-	if i <= h.n {
+	if i := int(h.ph.settled()); i <= h.n {
 		h.lat[i-1] = took
-	}
-	if i == h.n {
-		h.end = time.Now()
-		close(h.finished)
 	}
 	return nil
 }
@@ -130,7 +124,7 @@ func (h *handRun) handle(ctx context.Context, body []byte, ack func() error) err
 // timed out.
 func (h *handRun) wait() error {
 	select {
-	case <-h.finished:
+	case <-h.ph.finished:
 		return nil
 	case <-h.failed:
 		return h.failErr
@@ -140,7 +134,8 @@ func (h *handRun) wait() error {
 }
 
 func (h *handRun) result() result {
-	return result{n: h.n, elapsed: h.end.Sub(time.Unix(0, h.firstStart.Load())), lat: h.lat}
+	// The end is when the n-th message settled.
+	return result{n: h.n, elapsed: time.Unix(0, h.ph.boundary.Load()).Sub(h.ph.start()), lat: h.lat}
 }
 
 // runAMQP consumes with amqp091 directly: one connection, one channel and
@@ -459,7 +454,7 @@ func checkCommitted(ctx context.Context, addr, group, topic string) error {
 // balances adding up to the orders' points).
 func (h *handRun) verify(ctx context.Context) error {
 	if a := h.applied.Load(); a != int64(h.n) {
-		return fmt.Errorf("%d of %d messages applied (%d duplicates)", a, h.n, h.done.Load()-a)
+		return fmt.Errorf("%d of %d messages applied (%d duplicates)", a, h.n, h.ph.done.Load()-a)
 	}
 	var wantPoints int64
 	for i := 0; i < h.n; i++ {

@@ -1,22 +1,10 @@
-// Command bench measures what claimtx costs, side by side in one run, for
-// RabbitMQ and Kafka at several concurrencies:
-//
-//	(a) raw:      a pgx loop doing claim + effect per message, no broker
-//	(b) router:   the same effect through a Watermill router + broker, no claim
-//	(c) claimtx:  the same through router + broker + the claim middleware
-//	(d) batch:    claim + a set-wise effect per batch (consumer.NewBatch)
-//	(h) hand:     (c)'s claim + effect written by hand on the broker's own
-//	              client (amqp091-go, franz-go), no Watermill, no claimtx
-//
-// and prints msgs/s, p50 and p99 of the per-message handling time, and the
-// ratios between them. With -write it also writes docs/benchmarks.md.
-//
-//	make bench
-//	go run ./framework/cmd/bench -n 3000 -concurrency 1,4,16 -brokers amqp,kafka
-package main
+//go:build bench
+
+package bench
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -28,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -46,87 +35,88 @@ type options struct {
 	reps        int
 }
 
-func main() {
-	var o options
-	var conc, brokerList string
-	flag.IntVar(&o.n, "n", 3000, "messages per measurement (batch mode: 5x)")
-	flag.IntVar(&o.reps, "reps", 3, "runs of each measurement; the table shows the median")
-	flag.StringVar(&conc, "concurrency", "1,4,16", "concurrency levels")
-	flag.StringVar(&brokerList, "brokers", "amqp,kafka", "brokers")
-	flag.StringVar(&o.write, "write", "", "write the results as Markdown to this file (e.g. docs/benchmarks.md)")
-	memory := flag.Int("memory", 0, "instead of the table: feed this many messages through a claimtx consumer over RabbitMQ and sample its memory")
-	memoryMode := flag.String("memory-mode", "message", "the consumer for -memory: message (router + claim middleware) or batch (consumer.NewBatch)")
-	storm := flag.Int("storm", 0, "instead of the table: a duplicate storm of this many already-applied messages per run, claimtx per message and in batches against the broker's bare consume+ack rate")
-	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	flag.BoolVar(&noPositions, "no-positions", false, "run claimtx without the Kafka positions stored with the claims (middleware.Claim.NoPositions), to measure what they cost")
-	modes := flag.String("modes", "", "modes to measure, a subset for quick looks (-write needs all): "+strings.Join(allModes, ",")+"; with -storm: "+strings.Join(stormModes, ","))
-	flag.Parse()
-	known := allModes
-	if *storm > 0 {
-		known = stormModes
+// The options of TestBench, given after go test's -args.
+var (
+	flagN           = flag.Int("n", 3000, "messages per measurement (batch mode: 5x)")
+	flagReps        = flag.Int("reps", 3, "runs of each measurement; the table shows the median")
+	flagConcurrency = flag.String("concurrency", "1,4,16", "concurrency levels")
+	flagBrokers     = flag.String("brokers", "amqp,kafka", "brokers")
+	flagWrite       = flag.String("write", "", "write the results as Markdown to this file (e.g. docs/benchmarks.md)")
+	flagMemory      = flag.Int("memory", 0, "instead of the table: feed this many messages through a claimtx consumer over RabbitMQ and sample its memory")
+	flagMemoryMode  = flag.String("memory-mode", "message", "the consumer for -memory: message (router + claim middleware) or batch (consumer.NewBatch)")
+	flagStorm       = flag.Int("storm", 0, "instead of the table: a duplicate storm of this many already-applied messages per run, claimtx per message and in batches against the broker's bare consume+ack rate")
+	flagCPUProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	// noPositions: the claim modes run with middleware.Claim.NoPositions
+	// (Kafka stores no positions).
+	noPositions = flag.Bool("no-positions", false, "run claimtx without the Kafka positions stored with the claims (middleware.Claim.NoPositions), to measure what they cost")
+	flagModes   = flag.String("modes", "", "modes to measure, a subset for quick looks (-write needs all): "+strings.Join(allModes, ",")+"; with -storm: "+strings.Join(stormModes, ","))
+)
+
+// TestBench is the whole tool: the table, or -storm, or -memory.
+func TestBench(t *testing.T) {
+	o, err := parseOptions()
+	if err != nil {
+		t.Fatal("bench:", err)
 	}
-	if *modes == "" {
-		*modes = strings.Join(known, ",")
-	}
-	o.modes = map[string]bool{}
-	for _, m := range strings.Split(*modes, ",") {
-		m = strings.TrimSpace(m)
-		if !slices.Contains(known, m) {
-			fmt.Fprintf(os.Stderr, "bench: unknown mode %q in -modes (known: %s)\n", m, strings.Join(known, ","))
-			os.Exit(2)
-		}
-		o.modes[m] = true
-	}
-	if o.write != "" && len(o.modes) < len(allModes) {
-		fmt.Fprintln(os.Stderr, "bench: -write needs every mode")
-		os.Exit(2)
-	}
-	for _, c := range strings.Split(conc, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(c))
-		if err != nil || n < 1 {
-			fmt.Fprintf(os.Stderr, "bench: bad -concurrency %q\n", conc)
-			os.Exit(2)
-		}
-		o.concurrency = append(o.concurrency, n)
-	}
-	o.brokers = strings.Split(brokerList, ",")
-	o.databaseURL = envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-	o.amqpURL = envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
+	// go test runs a package's tests in its directory; the paths given
+	// (-write docs/benchmarks.md) are the module root's.
+	t.Chdir("../..")
+	if *flagCPUProfile != "" {
+		f, err := os.Create(*flagCPUProfile)
 		if err == nil {
 			err = pprof.StartCPUProfile(f)
 		}
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
+			t.Fatal("bench:", err)
 		}
 		defer pprof.StopCPUProfile()
 	}
-	if *storm > 0 {
-		if err := stormRun(context.Background(), o, *storm); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
-		}
-		return
+	ctx := context.Background()
+	switch {
+	case *flagStorm > 0:
+		err = stormRun(ctx, o, *flagStorm)
+	case *flagMemory > 0:
+		err = memoryRun(ctx, o, *flagMemoryMode, *flagMemory)
+	default:
+		err = run(ctx, o)
 	}
-	if *memory > 0 {
-		if err := memoryRun(context.Background(), o, *memoryMode, *memory); err != nil {
-			fmt.Fprintln(os.Stderr, "bench:", err)
-			os.Exit(1)
-		}
-		return
-	}
-	if err := run(context.Background(), o); err != nil {
-		pprof.StopCPUProfile()
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		os.Exit(1)
+	if err != nil {
+		t.Fatal("bench:", err)
 	}
 }
 
-// noPositions is -no-positions: the claim modes run with
-// middleware.Claim.NoPositions (Kafka stores no positions).
-var noPositions bool
+func parseOptions() (options, error) {
+	o := options{n: *flagN, reps: *flagReps, write: *flagWrite, modes: map[string]bool{}}
+	known := allModes
+	if *flagStorm > 0 {
+		known = stormModes
+	}
+	modes := *flagModes
+	if modes == "" {
+		modes = strings.Join(known, ",")
+	}
+	for _, m := range strings.Split(modes, ",") {
+		m = strings.TrimSpace(m)
+		if !slices.Contains(known, m) {
+			return o, fmt.Errorf("unknown mode %q in -modes (known: %s)", m, strings.Join(known, ","))
+		}
+		o.modes[m] = true
+	}
+	if o.write != "" && len(o.modes) < len(allModes) {
+		return o, errors.New("-write needs every mode")
+	}
+	for _, c := range strings.Split(*flagConcurrency, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 1 {
+			return o, fmt.Errorf("bad -concurrency %q", *flagConcurrency)
+		}
+		o.concurrency = append(o.concurrency, n)
+	}
+	o.brokers = strings.Split(*flagBrokers, ",")
+	o.databaseURL = envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	o.amqpURL = envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	return o, nil
+}
 
 // allModes are the -modes, in the order one row's runs interleave.
 var allModes = []string{"raw", "router", "claim", "natural", "batch", "hand"}
@@ -177,6 +167,28 @@ func (s *session) measure(label string, c int, f func(*env) (result, error)) (re
 	}
 	fmt.Fprintf(os.Stderr, "%-34s %8.0f msg/s%s\n", label, r.rate(), extra)
 	return r, nil
+}
+
+// mode is one measurement of a row: a name of -modes and its run.
+type mode struct {
+	name string
+	run  func(*env) (result, error)
+}
+
+// round measures each of modes that -modes selects once, in order,
+// adding the results to runs by mode name.
+func (s *session) round(label string, c int, modes []mode, runs map[string][]result) error {
+	for _, m := range modes {
+		if !s.o.modes[m.name] {
+			continue
+		}
+		r, err := s.measure(label+" "+m.name, c, m.run)
+		if err != nil {
+			return err
+		}
+		runs[m.name] = append(runs[m.name], r)
+	}
+	return nil
 }
 
 // startKafka starts the in-process Kafka-protocol broker when o measures
@@ -285,66 +297,40 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer sess.close()
-	kafkaAddr := sess.kafkaAddr
 	// Each measurement runs o.reps times, the modes of one row interleaved
 	// (raw, router, claimtx, batch, hand, raw, router, …) so a disturbance
 	// hits them alike; the table shows the median run of each.
-	measure := func(label string, f func(env *env) (result, error), c int) (result, error) {
-		return sess.measure(label, c, f)
-	}
 	raws := map[int][]result{}
 	var rows []row
 	for _, b := range o.brokers {
 		for _, c := range o.concurrency {
-			var routers, claims, naturals, batches, hands []result
+			base := routerRun{broker: b, n: o.n, concurrency: c, amqpURL: o.amqpURL, kafkaAddr: sess.kafkaAddr}
+			modes := []mode{
+				{"router", func(e *env) (result, error) { return runRouter(ctx, e, base) }},
+				{"claim", func(e *env) (result, error) { r := base; r.claim = true; return runRouter(ctx, e, r) }},
+				{"natural", func(e *env) (result, error) { r := base; r.claim, r.natural = true, true; return runRouter(ctx, e, r) }},
+				{"batch", func(e *env) (result, error) {
+					r := base
+					r.n, r.workers = batchFactor*o.n, c
+					return runBatch(ctx, e, r)
+				}},
+				{"hand", func(e *env) (result, error) { return runHand(ctx, e, base) }},
+			}
+			runs := map[string][]result{}
 			for rep := 0; rep < o.reps; rep++ {
 				if o.modes["raw"] && len(raws[c]) < o.reps {
-					r, err := measure(fmt.Sprintf("raw c=%d", c), func(env *env) (result, error) { return runRaw(ctx, env, o.n, c) }, c)
+					r, err := sess.measure(fmt.Sprintf("raw c=%d", c), c, func(env *env) (result, error) { return runRaw(ctx, env, o.n, c) })
 					if err != nil {
 						return err
 					}
 					raws[c] = append(raws[c], r)
 				}
-				for _, m := range []struct {
-					mode           string
-					claim, natural bool
-					results        *[]result
-				}{
-					{"router", false, false, &routers},
-					{"claim", true, false, &claims},
-					{"natural", true, true, &naturals},
-				} {
-					if !o.modes[m.mode] {
-						continue
-					}
-					r, err := measure(fmt.Sprintf("%s c=%d %s", b, c, m.mode), func(env *env) (result, error) {
-						return runRouter(ctx, env, routerRun{broker: b, n: o.n, concurrency: c, claim: m.claim, natural: m.natural, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr})
-					}, c)
-					if err != nil {
-						return err
-					}
-					*m.results = append(*m.results, r)
-				}
-				if o.modes["batch"] {
-					r, err := measure(fmt.Sprintf("%s c=%d batch", b, c), func(env *env) (result, error) {
-						return runBatch(ctx, env, routerRun{broker: b, n: batchFactor * o.n, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr, workers: c})
-					}, c)
-					if err != nil {
-						return err
-					}
-					batches = append(batches, r)
-				}
-				if o.modes["hand"] {
-					r, err := measure(fmt.Sprintf("%s c=%d hand", b, c), func(env *env) (result, error) {
-						return runHand(ctx, env, routerRun{broker: b, n: o.n, concurrency: c, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr})
-					}, c)
-					if err != nil {
-						return err
-					}
-					hands = append(hands, r)
+				if err := sess.round(fmt.Sprintf("%s c=%d", b, c), c, modes, runs); err != nil {
+					return err
 				}
 			}
-			rows = append(rows, row{broker: b, concurrency: c, raw: median(raws[c]), router: median(routers), claim: median(claims), natural: median(naturals), batch: median(batches), hand: median(hands)})
+			rows = append(rows, row{broker: b, concurrency: c, raw: median(raws[c]), router: median(runs["router"]), claim: median(runs["claim"]),
+				natural: median(runs["natural"]), batch: median(runs["batch"]), hand: median(runs["hand"])})
 		}
 	}
 	table := render(rows)
@@ -357,8 +343,7 @@ func run(ctx context.Context, o options) error {
 
 func render(rows []row) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| broker | conc | (a) raw msg/s | (b) router msg/s | (c) claimtx msg/s | (c) p50 | (c) p99 | (b) p99 | c/b | c/a | b/a | (d) batch msg/s | (d) avg batch | d/c | (h) msg/s | (h) p99 | c/h | d/h | (n) msg/s | (n) p99 | n/b |\n")
-	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	tableHead(&b, "broker", "conc", "(a) raw msg/s", "(b) router msg/s", "(c) claimtx msg/s", "(c) p50", "(c) p99", "(b) p99", "c/b", "c/a", "b/a", "(d) batch msg/s", "(d) avg batch", "d/c", "(h) msg/s", "(h) p99", "c/h", "d/h", "(n) msg/s", "(n) p99", "n/b")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %.2f | %.2f | %.2f | %.0f | %.0f | %.1f | %.0f | %s | %.2f | %.1f | %.0f | %s | %.2f |\n",
 			r.broker, r.concurrency, r.raw.rate(), r.router.rate(), r.claim.rate(),
@@ -370,6 +355,12 @@ func render(rows []row) string {
 			r.natural.rate(), r.natural.pct(0.99).Round(10*time.Microsecond), r.natural.rate()/r.router.rate())
 	}
 	return b.String()
+}
+
+// tableHead writes the head of a Markdown table: the first column (the
+// broker) left-aligned, the others (numbers) right-aligned.
+func tableHead(b *strings.Builder, cols ...string) {
+	fmt.Fprintf(b, "| %s |\n|---%s|\n", strings.Join(cols, " | "), strings.Repeat("|---:", len(cols)-1))
 }
 
 func machine() string {
@@ -400,8 +391,9 @@ func machine() string {
 
 func writeDoc(o options, table string, took time.Duration) error {
 	w := &strings.Builder{}
-	fmt.Fprintf(w, "# Benchmarks\n\nMeasured by `make bench` (`go run ./framework/cmd/bench -n %d -reps %d -concurrency %s -brokers %s -write %s`) on %s.\n\n",
-		o.n, o.reps, joinInts(o.concurrency), strings.Join(o.brokers, ","), o.write, time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(w, "# Benchmarks\n\nMeasured by `make bench` (`%s`) on %s.\n\n",
+		command(fmt.Sprintf("-n %d -reps %d -concurrency %s -brokers %s -write %s", o.n, o.reps, joinInts(o.concurrency), strings.Join(o.brokers, ","), o.write)),
+		time.Now().UTC().Format("2006-01-02"))
 	fmt.Fprintf(w, "Machine: %s. Postgres and RabbitMQ with their Debian defaults on loopback; Kafka is the in-process kfake dev broker.\n\n", machine())
 	fmt.Fprintf(w, "%s\n", table)
 	fmt.Fprintf(w, `Columns:
@@ -430,6 +422,11 @@ The whole run took %s.
 
 // keptMarker starts the part of docs/benchmarks.md that -write keeps.
 const keptMarker = "## Reading these numbers"
+
+// command is the go test command line that runs TestBench with args.
+func command(args string) string {
+	return "go test -tags bench -run '^TestBench$' -count=1 -timeout 0 -v ./internal/bench/ -args " + args
+}
 
 func joinInts(xs []int) string {
 	s := make([]string, len(xs))

@@ -1,4 +1,6 @@
-package main
+//go:build bench
+
+package bench
 
 import (
 	"context"
@@ -94,7 +96,6 @@ func stormRun(ctx context.Context, o options, n int) error {
 		return err
 	}
 	defer sess.close()
-	kafkaAddr, measure := sess.kafkaAddr, sess.measure
 	var rows []stormRow
 	for _, b := range o.brokers {
 		for _, c := range o.concurrency {
@@ -102,55 +103,37 @@ func stormRun(ctx context.Context, o options, n int) error {
 			if b == "amqp" {
 				window = c * batchWindow // one consumer, as the batch consumer's
 			}
-			base := routerRun{broker: b, n: n, concurrency: c, amqpURL: o.amqpURL, kafkaAddr: kafkaAddr}
+			base := routerRun{broker: b, n: n, concurrency: c, amqpURL: o.amqpURL, kafkaAddr: sess.kafkaAddr}
+			modes := []mode{
+				{"bare", func(e *env) (result, error) { r := base; r.bare = true; return runRouter(ctx, e, r) }},
+				{"claim", func(e *env) (result, error) {
+					r := base
+					r.claim, r.preclaimed = true, true
+					return runRouter(ctx, e, r)
+				}},
+				{"bare-window", func(e *env) (result, error) { r := base; r.bare, r.window = true, window; return runRouter(ctx, e, r) }},
+				{"batch", func(e *env) (result, error) { r := base; r.workers, r.preclaimed = c, true; return runBatch(ctx, e, r) }},
+				{"claim-warm", func(e *env) (result, error) { r := base; r.claim, r.warm = true, true; return runRouter(ctx, e, r) }},
+				{"batch-warm", func(e *env) (result, error) { r := base; r.workers, r.warm = c, true; return runBatch(ctx, e, r) }},
+			}
 			runs := map[string][]result{}
 			for rep := 0; rep < o.reps; rep++ {
-				for _, m := range []struct {
-					name string
-					f    func(*env) (result, error)
-				}{
-					{"bare", func(e *env) (result, error) { r := base; r.bare = true; return runRouter(ctx, e, r) }},
-					{"claim", func(e *env) (result, error) {
-						r := base
-						r.claim, r.preclaimed = true, true
-						return runRouter(ctx, e, r)
-					}},
-					{"bare-window", func(e *env) (result, error) {
-						r := base
-						r.bare, r.window = true, window
-						return runRouter(ctx, e, r)
-					}},
-					{"batch", func(e *env) (result, error) { r := base; r.workers, r.preclaimed = c, true; return runBatch(ctx, e, r) }},
-					{"claim-warm", func(e *env) (result, error) {
-						r := base
-						r.claim, r.warm = true, true
-						return runRouter(ctx, e, r)
-					}},
-					{"batch-warm", func(e *env) (result, error) { r := base; r.workers, r.warm = c, true; return runBatch(ctx, e, r) }},
-				} {
-					if !o.modes[m.name] {
-						continue
-					}
-					res, err := measure(fmt.Sprintf("storm %s c=%d %s", b, c, m.name), c, m.f)
-					if err != nil {
-						return err
-					}
-					runs[m.name] = append(runs[m.name], res)
+				if err := sess.round(fmt.Sprintf("storm %s c=%d", b, c), c, modes, runs); err != nil {
+					return err
 				}
 			}
 			rows = append(rows, stormRow{broker: b, concurrency: c, runs: runs})
 		}
 	}
-	fmt.Printf("Duplicate storm: %d already-applied messages per run, median of %d runs, each ratio the median of the runs' ratios to the baseline run of the same round (`go run ./framework/cmd/bench -storm %d -reps %d -concurrency %s -brokers %s`, %s).\n\n",
-		n, o.reps, n, o.reps, joinInts(o.concurrency), strings.Join(o.brokers, ","), time.Since(start).Round(time.Second))
+	fmt.Printf("Duplicate storm: %d already-applied messages per run, median of %d runs, each ratio the median of the runs' ratios to the baseline run of the same round (`%s`, %s).\n\n",
+		n, o.reps, command(fmt.Sprintf("-storm %d -reps %d -concurrency %s -brokers %s", n, o.reps, joinInts(o.concurrency), strings.Join(o.brokers, ","))), time.Since(start).Round(time.Second))
 	fmt.Print(renderStorm(rows))
 	return nil
 }
 
 func renderStorm(rows []stormRow) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| broker | conc | bare msg/s | claimtx cold msg/s | cold/bare | claimtx warm msg/s | warm/bare | bare (window) msg/s | batch cold msg/s | cold/bare | batch warm msg/s | warm/bare |\n")
-	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	tableHead(&b, "broker", "conc", "bare msg/s", "claimtx cold msg/s", "cold/bare", "claimtx warm msg/s", "warm/bare", "bare (window) msg/s", "batch cold msg/s", "cold/bare", "batch warm msg/s", "warm/bare")
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.broker, r.concurrency,
 			r.rate("bare"), r.rate("claim"), r.ratio("claim", "bare"), r.rate("claim-warm"), r.ratio("claim-warm", "bare"),
