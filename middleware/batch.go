@@ -12,12 +12,10 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/claimsql"
-	"github.com/claimtx/claimtx/internal/pgerr"
-	"github.com/claimtx/claimtx/internal/pgtx"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/position"
 	"github.com/claimtx/claimtx/internal/timing"
-	"github.com/claimtx/claimtx/internal/txctx"
 )
 
 // Batch applies many messages in one claim transaction: one statement
@@ -178,7 +176,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 			isolating = true
 			continue
 		}
-		cause := pgerr.Classify(err)
+		cause := pg.Classify(err)
 		transient++
 		if cause.Transient() && ctx.Err() == nil && transient < c.MaxAttempts {
 			delay := c.backoff(transient)
@@ -256,7 +254,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	committed := false
 	defer func() {
 		if !committed {
-			pgtx.Rollback(ctx, tx)
+			pg.Rollback(ctx, tx)
 		}
 	}()
 	claimed := make(map[string]bool, len(newKeys))
@@ -315,7 +313,7 @@ func (h setWise) call(ctx context.Context, tx pgx.Tx, msgs []*message.Message, i
 	for j, i := range idx {
 		set[j] = msgs[i]
 	}
-	return guard(func() error { return h(txctx.With(ctx, tx), tx, set) })
+	return guard(func() error { return h(pg.WithTx(ctx, tx), tx, set) })
 }
 
 func (h setWise) fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
@@ -332,7 +330,7 @@ func settled(err error, idx []int, failed map[int]error) (bool, error) {
 	switch {
 	case err == nil:
 		return true, nil
-	case pgerr.Classify(err).Transient():
+	case pg.Classify(err).Transient():
 		return true, err
 	case len(idx) == 1:
 		failed[idx[0]] = err
@@ -363,7 +361,7 @@ func underSavepoint(ctx context.Context, tx pgx.Tx, f func() error) error {
 		return err
 	}
 	if err := guard(f); err != nil {
-		if pgerr.Classify(err).Transient() {
+		if pg.Classify(err).Transient() {
 			return err
 		}
 		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT claimtx_batch; RELEASE SAVEPOINT claimtx_batch"); rerr != nil {

@@ -20,13 +20,10 @@ import (
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/internal/outboxsql"
-	"github.com/claimtx/claimtx/internal/pgerr"
-	"github.com/claimtx/claimtx/internal/pgtx"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/position"
-	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/internal/timing"
-	"github.com/claimtx/claimtx/internal/txctx"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -41,7 +38,7 @@ const (
 	// maxCommittedKeysTTL is half the shortest retention the store accepts
 	// without Force: an entry must expire long before cleanup may delete
 	// its claim.
-	maxCommittedKeysTTL = storedefault.MinRetention / 2
+	maxCommittedKeysTTL = pg.DefaultMinRetention / 2
 )
 
 // fingerprintBytes is how much of the SHA-256 is stored: 128 bits make an
@@ -486,7 +483,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 				}
 				return finish(out, nil)
 			}
-			cause := pgerr.Classify(err)
+			cause := pg.Classify(err)
 			if !cause.Transient() || msg.Context().Err() != nil {
 				return finish(framework.Failed, err)
 			}
@@ -559,7 +556,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 		if cr.New && memo != nil {
 			// Dead-lettered before: roll the claim back (nothing else is
 			// in the transaction) and send this copy after the first.
-			pgtx.Rollback(ctx, tx)
+			pg.Rollback(ctx, tx)
 			return "", framework.Permanent(&poisonmemo.HitError{Reason: *memo})
 		}
 		claimed = cr.New
@@ -574,7 +571,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 		if !committed {
 			// The message context may be cancelled (shutdown): roll back
 			// regardless so the connection returns to the pool clean.
-			pgtx.Rollback(ctx, tx)
+			pg.Rollback(ctx, tx)
 		}
 	}()
 	out = framework.Duplicate
@@ -584,7 +581,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 			// The effect is already there. Roll back whatever else this
 			// delivery wrote, and ack; the record is settled, so its
 			// position is stored on its own.
-			pgtx.Rollback(ctx, tx) // the deferred one is then a no-op
+			pg.Rollback(ctx, tx) // the deferred one is then a no-op
 			c.storePositionNow(ctx, msg)
 			return framework.Duplicate, nil
 		}
@@ -745,7 +742,7 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 // runs and the router sees an ordinary failure.
 func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx) (produced []*message.Message, err error) {
 	orig := msg.Context()
-	msg.SetContext(txctx.With(orig, tx))
+	msg.SetContext(pg.WithTx(orig, tx))
 	defer func() {
 		msg.SetContext(orig)
 		if r := recover(); r != nil {

@@ -10,8 +10,8 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/deadletter"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmeta"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -249,7 +249,7 @@ func (p Poison) record(msg, cp *message.Message, err, perr error) error {
 	defer cancel()
 	cfg := p.DeadLetters.Config()
 	key, _ := p.key(msg)
-	return deadletter.Record(ctx, p.DeadLetters.Pool(), sqlnames.New(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable), deadletter.Letter{
+	return deadletter.Record(ctx, p.DeadLetters.Pool(), pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable), deadletter.Letter{
 		Consumer: p.Consumer, Key: key,
 		Topic: cp.Metadata.Get(poisonmeta.WatermillTopic), PoisonTopic: p.Topic,
 		UUID: msg.UUID, Reason: cp.Metadata.Get(poisonmeta.Reason), Permanent: framework.IsPermanent(err),

@@ -6,8 +6,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
 // RecordPoison records the poison memo of msg, which was just published
@@ -34,7 +34,7 @@ func (c Claim) RecordPoison(msg *message.Message, err error) {
 	cfg := c.Store.Config()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poisonmemo.RecordTimeout)
 	defer cancel()
-	if rerr := poisonmemo.Record(ctx, c.Store.Pool(), sqlnames.New(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable), c.Consumer, key, err); rerr != nil && c.Logger != nil {
+	if rerr := poisonmemo.Record(ctx, c.Store.Pool(), pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable), c.Consumer, key, err); rerr != nil && c.Logger != nil {
 		c.Logger.Error("claimtx: poison memo not recorded; the next delivery of the message runs the handler again", rerr,
 			watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
 	}

@@ -12,7 +12,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/claimsql"
-	"github.com/claimtx/claimtx/internal/pgerr"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -147,7 +147,7 @@ func TestPartitionTwinsAcrossDayBoundary(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	_, err = claimKeyAt(ctx, st, tx, "loyalty", "held", event, 50*time.Millisecond)
-	require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
+	require.Equal(t, pg.ClaimWait, pg.Classify(err))
 	_, err = claimKeyAt(ctx, st, nil, "loyalty", "k", event, 0)
 	require.Error(t, err)
 }

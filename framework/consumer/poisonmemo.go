@@ -8,8 +8,8 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/deadletter"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
 // checkMemoPrivileges refuses to start a consumer with Claim.PoisonMemo
@@ -21,7 +21,7 @@ func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 		return nil
 	}
 	sc := p.store.Config()
-	n := sqlnames.New(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
+	n := pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
 	missing, err := poisonmemo.Privileges(ctx, p.pool, n, "SELECT", "INSERT", "UPDATE")
 	if err != nil {
 		return err
@@ -43,7 +43,7 @@ func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 // upgrade. docs/security.md says what to grant.
 func (p *parts) checkDeadLetterPrivileges(ctx context.Context) {
 	sc := p.store.Config()
-	n := sqlnames.New(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
+	n := pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
 	ok, err := deadletter.CanRecord(ctx, p.pool, n)
 	if err == nil && ok {
 		return
@@ -73,7 +73,7 @@ func (p *parts) memoize(msg *message.Message, err error, key string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poisonmemo.RecordTimeout)
 	defer cancel()
 	sc := p.store.Config()
-	if rerr := poisonmemo.Record(ctx, p.pool, sqlnames.New(sc.Schema, sc.ClaimsTable, sc.OutboxTable), p.cfg.Name, key, err); rerr != nil {
+	if rerr := poisonmemo.Record(ctx, p.pool, pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable), p.cfg.Name, key, err); rerr != nil {
 		p.cfg.Logger.Error("claimtx: poison memo not recorded; the message is in the poison destination, and its next delivery runs the handler again",
 			"consumer", p.cfg.Name, "message_uuid", msg.UUID, "err", rerr)
 		if p.metrics != nil {

@@ -11,8 +11,8 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/position"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
 // positionsEvery is how often a running consumer stores the positions
@@ -117,7 +117,7 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	var lacking []string
 	for _, priv := range []string{"SELECT", "INSERT", "UPDATE"} {
 		var ok *bool
-		if err := p.pool.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), $2)", sqlnames.Ident(schema, "kafka_positions"), priv).Scan(&ok); err != nil {
+		if err := p.pool.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), $2)", pg.Ident(schema, "kafka_positions"), priv).Scan(&ok); err != nil {
 			return false, fmt.Errorf("claimtx: check privileges on the Kafka positions table: %w", err)
 		}
 		if ok != nil && !*ok {

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/position"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
 // Position is one Kafka partition's settled position: the offset below
@@ -40,7 +40,7 @@ WHERE p.settled_below < EXCLUDED.settled_below`
 
 // PositionsFor renders the position statements of schema.
 func PositionsFor(schema string) *PositionStatements {
-	n := sqlnames.New(schema, "", "")
+	n := pg.NewNames(schema, "", "")
 	return &PositionStatements{
 		upsert: n.Render(`INSERT INTO {schema}.kafka_positions AS p (consumer, topic, partition, settled_below)
 VALUES ($1, $2, $3, $4)` + positionsSQL),

@@ -4,7 +4,7 @@
 // the original can be acked instead of coming back forever.
 //
 // The table is <claims table>_dead_letter in the claim table's schema
-// (sqlnames.Names.DeadLetter), created by migration 006.
+// (pg.Names.DeadLetter), created by migration 006.
 package deadletter
 
 import (
@@ -19,8 +19,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmeta"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
 // RecordTimeout bounds recording one letter. It runs after the broker
@@ -60,7 +60,7 @@ type DB interface {
 // dead-letter table: false when the table does not exist (migration 006
 // not applied) or the role lacks INSERT (a least-privilege consumer role
 // granted rights before the table existed).
-func CanRecord(ctx context.Context, db DB, n *sqlnames.Names) (bool, error) {
+func CanRecord(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 	var ok *bool
 	if err := db.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), 'INSERT')", n.Render("{schema}.{dead_letter}")).Scan(&ok); err != nil {
 		return false, fmt.Errorf("claimtx: check privileges on the dead-letter table: %w", err)
@@ -73,7 +73,7 @@ func CanRecord(ctx context.Context, db DB, n *sqlnames.Names) (bool, error) {
 // refused copy: the redelivery of a message whose ack was lost after its
 // row committed gets a row of its own, as a copy poisoned twice is in the
 // poison destination twice.
-func Record(ctx context.Context, db DB, n *sqlnames.Names, l Letter) error {
+func Record(ctx context.Context, db DB, n *pg.Names, l Letter) error {
 	md, err := encodeMetadata(l.Metadata)
 	if err != nil {
 		return fmt.Errorf("claimtx: record dead letter: %w", err)

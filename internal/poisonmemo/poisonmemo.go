@@ -8,7 +8,7 @@
 // read and clear them through this package.
 //
 // The memo table is <claims table>_poison_memo in the claim table's schema
-// (sqlnames.Names.Memo), created by migration 004.
+// (pg.Names.Memo), created by migration 004.
 package poisonmemo
 
 import (
@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // HitPrefix starts the reason of a message poisoned by its memo:
@@ -105,7 +105,7 @@ type Memo struct {
 // meanwhile (claimtx unpoison, retention) it stays cleared: the record runs
 // after the copy was published, and writing the memo again would undo an
 // unpoison that landed in between.
-func Record(ctx context.Context, db DB, n *sqlnames.Names, consumer, key string, err error) error {
+func Record(ctx context.Context, db DB, n *pg.Names, consumer, key string, err error) error {
 	var qerr error
 	if errors.As(err, new(*HitError)) {
 		_, qerr = db.Exec(ctx, n.Render(`UPDATE {schema}.{memo} SET poisoned_at = now(), seen = seen + 1
@@ -122,7 +122,7 @@ SET reason = EXCLUDED.reason, poisoned_at = now(), seen = m.seen + 1`), consumer
 }
 
 // Get returns the memo of (consumer, key); ok is false when there is none.
-func Get(ctx context.Context, db DB, n *sqlnames.Names, consumer, key string) (m Memo, ok bool, err error) {
+func Get(ctx context.Context, db DB, n *pg.Names, consumer, key string) (m Memo, ok bool, err error) {
 	m = Memo{Consumer: consumer, Key: key}
 	err = db.QueryRow(ctx, n.Render("SELECT reason, poisoned_at, seen FROM {schema}.{memo} WHERE consumer = $1 AND message_key = $2"),
 		consumer, key).Scan(&m.Reason, &m.PoisonedAt, &m.Seen)
@@ -176,7 +176,7 @@ func (f Filter) where() (string, []any, error) {
 // Clear removes the memos of consumer's keys and returns how many there
 // were: what the dead-letter replay calls for the messages it republishes,
 // so that their copies reach the handler again.
-func Clear(ctx context.Context, db DB, n *sqlnames.Names, consumer string, keys []string) (int64, error) {
+func Clear(ctx context.Context, db DB, n *pg.Names, consumer string, keys []string) (int64, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
@@ -185,7 +185,7 @@ func Clear(ctx context.Context, db DB, n *sqlnames.Names, consumer string, keys 
 
 // ClearWhere removes the memos f matches and returns how many there were
 // (`claimtx unpoison`). The next copy of such a message runs the handler.
-func ClearWhere(ctx context.Context, db DB, n *sqlnames.Names, f Filter) (int64, error) {
+func ClearWhere(ctx context.Context, db DB, n *pg.Names, f Filter) (int64, error) {
 	where, args, err := f.where()
 	if err != nil {
 		return 0, err
@@ -198,7 +198,7 @@ func ClearWhere(ctx context.Context, db DB, n *sqlnames.Names, f Filter) (int64,
 }
 
 // Count returns how many memos f matches (a dry run of ClearWhere).
-func Count(ctx context.Context, db DB, n *sqlnames.Names, f Filter) (int64, error) {
+func Count(ctx context.Context, db DB, n *pg.Names, f Filter) (int64, error) {
 	where, args, err := f.where()
 	if err != nil {
 		return 0, err
@@ -212,7 +212,7 @@ func Count(ctx context.Context, db DB, n *sqlnames.Names, f Filter) (int64, erro
 
 // Exists reports whether the memo table exists (migration 004 applied), so
 // that tools run against an older schema skip memos instead of failing.
-func Exists(ctx context.Context, db DB, n *sqlnames.Names) (bool, error) {
+func Exists(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 	var ok bool
 	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", n.Render("{schema}.{memo}")).Scan(&ok); err != nil {
 		return false, fmt.Errorf("claimtx: look for the poison memo table: %w", err)
@@ -223,7 +223,7 @@ func Exists(ctx context.Context, db DB, n *sqlnames.Names) (bool, error) {
 // Privileges reports which of the comma-separated privileges (SELECT,
 // INSERT, UPDATE, DELETE) the current role lacks on the memo table; ""
 // when it has them all (or the table does not exist: nothing to check).
-func Privileges(ctx context.Context, db DB, n *sqlnames.Names, privileges ...string) (missing string, err error) {
+func Privileges(ctx context.Context, db DB, n *pg.Names, privileges ...string) (missing string, err error) {
 	var lacking []string
 	for _, p := range privileges {
 		var ok *bool
@@ -240,7 +240,7 @@ func Privileges(ctx context.Context, db DB, n *sqlnames.Names, privileges ...str
 // DeleteBefore deletes up to limit memos last poisoned before horizon,
 // oldest first, and returns how many it deleted: retention calls it until
 // it deletes fewer than limit.
-func DeleteBefore(ctx context.Context, db DB, n *sqlnames.Names, horizon time.Time, limit int) (int64, error) {
+func DeleteBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time, limit int) (int64, error) {
 	tag, err := db.Exec(ctx, n.Render(`DELETE FROM {schema}.{memo} WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM {schema}.{memo} WHERE poisoned_at < $1 ORDER BY poisoned_at LIMIT $2)) AND poisoned_at < $1`), horizon, limit)
 	if err != nil {
@@ -251,7 +251,7 @@ func DeleteBefore(ctx context.Context, db DB, n *sqlnames.Names, horizon time.Ti
 
 // CountBefore counts the memos last poisoned before horizon (a dry run of
 // DeleteBefore).
-func CountBefore(ctx context.Context, db DB, n *sqlnames.Names, horizon time.Time) (int64, error) {
+func CountBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time) (int64, error) {
 	var c int64
 	if err := db.QueryRow(ctx, n.Render("SELECT count(*) FROM {schema}.{memo} WHERE poisoned_at < $1"), horizon).Scan(&c); err != nil {
 		return 0, fmt.Errorf("claimtx: count expired poison memos: %w", err)
@@ -264,7 +264,7 @@ func CountBefore(ctx context.Context, db DB, n *sqlnames.Names, horizon time.Tim
 // memos of the letters it republishes.
 type Table struct {
 	DB    DB
-	Names *sqlnames.Names
+	Names *pg.Names
 }
 
 // Memoised returns which of keys have a memo for consumer.

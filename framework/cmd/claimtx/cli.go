@@ -21,7 +21,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/opfmt"
-	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -285,8 +285,8 @@ func (c *common) missingTable(ctx context.Context) string {
 	return fmt.Sprintf("claim table %s does not exist: run `claimtx migrate` to create it, or pass the --schema and --table it was created with (env CLAIMTX_SCHEMA, CLAIMTX_TABLE)", name)
 }
 
-func (c *common) schemaName() string { return cmp.Or(c.schema, storedefault.Schema) }
-func (c *common) tableName() string  { return cmp.Or(c.table, storedefault.ClaimsTable) }
+func (c *common) schemaName() string { return cmp.Or(c.schema, pg.DefaultSchema) }
+func (c *common) tableName() string  { return cmp.Or(c.table, pg.DefaultClaimsTable) }
 
 type redactedError struct {
 	msg string
@@ -364,19 +364,19 @@ func cmdMigrate(ctx context.Context, args []string, stdout io.Writer, getenv env
 func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
 	fs, c := newFlags("cleanup", stdout, getenv)
 	var cfg store.RetentionConfig
-	window := durationValue{d: storedefault.Retention}
-	minWindow := durationValue{d: storedefault.MinRetention}
+	window := durationValue{d: pg.DefaultRetention}
+	minWindow := durationValue{d: pg.DefaultMinRetention}
 	fs.Var(&window, "window", "keep claims processed within this window")
 	fs.Var(&minWindow, "min-window", "refuse windows below this unless --force")
 	fs.BoolVar(&cfg.Force, "force", false, "accept a window below --min-window: duplicates older than it will be applied again")
-	fs.IntVar(&cfg.BatchSize, "batch-size", storedefault.BatchSize, "rows in the first batch; later batches adapt")
+	fs.IntVar(&cfg.BatchSize, "batch-size", pg.DefaultBatchSize, "rows in the first batch; later batches adapt")
 	// 0 lets the store derive these from --batch-size, so the help states
 	// the default in words, not as a flag default.
-	fs.IntVar(&cfg.MinBatchSize, "min-batch-size", 0, fmt.Sprintf("smallest adaptive batch (default %d, or --batch-size if smaller)", storedefault.MinBatchSize))
-	fs.IntVar(&cfg.MaxBatchSize, "max-batch-size", 0, fmt.Sprintf("largest adaptive batch (default %d, or --batch-size if larger)", storedefault.MaxBatchSize))
-	fs.DurationVar(&cfg.TargetBatchDuration, "target-batch-duration", storedefault.TargetBatchDuration, "adapt batch sizes toward this duration")
-	fs.DurationVar(&cfg.Pause, "pause", storedefault.BatchPause, "pause between batches (negative: none)")
-	fs.DurationVar(&cfg.BatchTimeout, "batch-timeout", storedefault.BatchTimeout, "statement timeout of one batch")
+	fs.IntVar(&cfg.MinBatchSize, "min-batch-size", 0, fmt.Sprintf("smallest adaptive batch (default %d, or --batch-size if smaller)", pg.DefaultMinBatchSize))
+	fs.IntVar(&cfg.MaxBatchSize, "max-batch-size", 0, fmt.Sprintf("largest adaptive batch (default %d, or --batch-size if larger)", pg.DefaultMaxBatchSize))
+	fs.DurationVar(&cfg.TargetBatchDuration, "target-batch-duration", pg.DefaultTargetBatchDuration, "adapt batch sizes toward this duration")
+	fs.DurationVar(&cfg.Pause, "pause", pg.DefaultBatchPause, "pause between batches (negative: none)")
+	fs.DurationVar(&cfg.BatchTimeout, "batch-timeout", pg.DefaultBatchTimeout, "statement timeout of one batch")
 	fs.BoolVar(&cfg.DryRun, "dry-run", false, "count what would be deleted, delete nothing")
 	fs.BoolVar(&cfg.Vacuum, "vacuum", false, "VACUUM (ANALYZE) the table afterwards")
 	mode := fs.String("progress", "auto", "progress display: auto (a bar on a terminal, log lines otherwise), bar, log or none")
@@ -505,8 +505,8 @@ func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv 
 	sub, rest := args[0], args[1:]
 	fs, c := newFlags("partitions "+sub, stdout, getenv)
 	var cfg store.RetentionConfig
-	retention := durationValue{d: storedefault.Retention}
-	minRetention := durationValue{d: storedefault.MinRetention}
+	retention := durationValue{d: pg.DefaultRetention}
+	minRetention := durationValue{d: pg.DefaultMinRetention}
 	var prepareOnly bool
 	// Each subcommand has only the flags it reads: one it ignores would be
 	// accepted silently, and its help would describe another command.
@@ -516,10 +516,10 @@ func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv 
 		fs.BoolVar(&cfg.Force, "force", false, "accept a retention below --min-retention: duplicates older than it will be applied again")
 	}
 	aheadFlag := func() {
-		fs.IntVar(&cfg.Ahead, "ahead", storedefault.PartitionsAhead, "create partitions through today + this many days (UTC)")
+		fs.IntVar(&cfg.Ahead, "ahead", pg.DefaultPartitionsAhead, "create partitions through today + this many days (UTC)")
 	}
 	lockWaitFlag := func() {
-		fs.DurationVar(&cfg.LockWait, "lock-wait", storedefault.PartitionLockWait, "give up (and retry) a lock wait that would block claims after this")
+		fs.DurationVar(&cfg.LockWait, "lock-wait", pg.DefaultPartitionLockWait, "give up (and retry) a lock wait that would block claims after this")
 	}
 	switch sub {
 	case "list":
