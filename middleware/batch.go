@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/position"
@@ -142,11 +141,11 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	failed := map[int]error{} // handler failures, excluded from the next pass
 	// settling is what a commit settles, for the Kafka positions: every
 	// message but those that fail (nacked, or poisoned and acked later).
-	settling := func() []claimsql.Position {
+	settling := func() []position.Settled {
 		if c.positions == nil {
 			return nil
 		}
-		var s claimsql.Settling
+		var s position.Settling
 		for i, m := range msgs {
 			if errs[i] != nil || (!cached[i] && failed[leader[keys[i]]] != nil) {
 				continue
@@ -221,7 +220,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	return errs
 }
 
-func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, failed map[int]error, a setWise, isolating bool, settling func() []claimsql.Position) (map[string]bool, error) {
+func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, failed map[int]error, a setWise, isolating bool, settling func() []position.Settled) (map[string]bool, error) {
 	want := make([]string, 0, len(leader))
 	for k, i := range leader {
 		if failed[i] == nil {
@@ -231,17 +230,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	began := c.ahead.started()
 	// BEGIN and the claim (and the memo lookup) in one round trip.
 	opts := pgx.TxOptions{IsoLevel: c.Isolation}
-	var (
-		tx      pgx.Tx
-		newKeys []string
-		memos   map[string]string
-		err     error
-	)
-	if c.PoisonMemo {
-		tx, newKeys, memos, err = c.stmts.BeginBatchMemo(ctx, c.Store.Pool(), opts, c.Consumer, want, c.MaxClaimWait)
-	} else {
-		tx, newKeys, err = c.stmts.BeginBatch(ctx, c.Store.Pool(), opts, c.Consumer, want, c.MaxClaimWait)
-	}
+	tx, newKeys, memos, err := c.claims.BeginBatch(ctx, opts, c.Consumer, want, c.MaxClaimWait, c.PoisonMemo)
 	if err != nil {
 		return nil, err
 	}

@@ -16,10 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/consumername"
-	"github.com/claimtx/claimtx/internal/outboxsql"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/position"
@@ -285,11 +283,11 @@ type Claim struct {
 	// no logging.
 	Logger watermill.LoggerAdapter
 
-	// stmts are the claim table's statements, rendered once by
-	// withDefaults rather than looked up per message.
-	stmts *claimsql.Statements
-	// positions are the Kafka position statements, nil with NoPositions.
-	positions *claimsql.PositionStatements
+	// claims are the store's claim statements, looked up once by
+	// withDefaults rather than per message.
+	claims pg.Claims
+	// positions are the store's Kafka positions, nil with NoPositions.
+	positions pg.Positions
 	// cache is the committed-key cache, nil when disabled; now is its
 	// clock (time.Now when nil; tests stop it).
 	cache *committedkeys.Cache
@@ -348,8 +346,8 @@ func (c Claim) validate() error {
 		return &framework.ConfigError{Field: "Key", Reason: "must not be nil (e.g. framework.ParseKeySpec(\"metadata:event_id\"))"}
 	case c.Mode != "" && c.Mode != ModeClaimTable && c.Mode != ModeNaturalKey:
 		return &framework.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%q is not a mode (%q or %q)", c.Mode, ModeClaimTable, ModeNaturalKey)}
-	case len(c.OutboxTopic) > outboxsql.MaxTopicBytes:
-		return &framework.ConfigError{Field: "OutboxTopic", Reason: fmt.Sprintf("is %d bytes, longer than %d", len(c.OutboxTopic), outboxsql.MaxTopicBytes)}
+	case len(c.OutboxTopic) > pg.MaxOutboxTopicBytes:
+		return &framework.ConfigError{Field: "OutboxTopic", Reason: fmt.Sprintf("is %d bytes, longer than %d", len(c.OutboxTopic), pg.MaxOutboxTopicBytes)}
 	case !utf8.ValidString(c.OutboxTopic) || strings.IndexByte(c.OutboxTopic, 0) >= 0:
 		return &framework.ConfigError{Field: "OutboxTopic", Reason: "must be valid UTF-8 without NUL bytes"}
 	case c.MaxAttempts < 0:
@@ -396,9 +394,9 @@ func (c Claim) withDefaults() Claim {
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = defaultMaxBackoff
 	}
-	c.stmts = claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable)
+	c.claims = pg.ClaimsOf(c.Store)
 	if !c.NoPositions {
-		c.positions = claimsql.PositionsFor(c.Store.Config().Schema)
+		c.positions = c.claims.Positions()
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -476,7 +474,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 
 		for attempt := 1; ; attempt++ {
 			res.Attempts = attempt
-			out, err := c.attempt(msg, h, claimsql.Request{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait, EventTime: at}, hash, began, txOpts, &res)
+			out, err := c.attempt(msg, h, pg.ClaimRequest{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait, EventTime: at}, hash, began, txOpts, &res)
 			if err == nil {
 				if out == framework.Duplicate {
 					c.Logger.Debug("claimtx: duplicate delivery acked without running the handler", watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
@@ -524,7 +522,7 @@ func (c Claim) key(msg *message.Message) (string, error) {
 // isolation level, and under REPEATABLE READ and SERIALIZABLE a committed
 // claim outside the snapshot fails with 40001 instead of conflicting), and
 // never on a path that rolls back, ErrAlreadyApplied included.
-func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql.Request, hash committedkeys.Hash, began uint64, txOpts pgx.TxOptions, res *Result) (out framework.Outcome, err error) {
+func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.ClaimRequest, hash committedkeys.Hash, began uint64, txOpts pgx.TxOptions, res *Result) (out framework.Outcome, err error) {
 	ctx := msg.Context()
 	res.ClaimWait, res.Enqueued = 0, 0
 	claimed := true
@@ -536,7 +534,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 		// The claim is the handler's guarded INSERT: bound its wait behind
 		// a twin's uncommitted entry like the claim table's, set in the
 		// same round trip as BEGIN.
-		if tx, err = claimsql.BeginNaturalKey(ctx, c.Store.Pool(), txOpts, c.MaxClaimWait, early); err != nil {
+		if tx, err = c.claims.BeginNaturalKey(ctx, txOpts, c.MaxClaimWait, early); err != nil {
 			return "", err
 		}
 	} else {
@@ -545,10 +543,10 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 			req.PayloadHash = sum[:fingerprintBytes]
 		}
 		claimStart := time.Now()
-		var cr claimsql.Result
+		var cr pg.ClaimResult
 		var memo *string
 		// BEGIN and the claim (and the memo lookup) in one round trip.
-		tx, cr, memo, err = c.stmts.BeginWith(ctx, c.Store.Pool(), txOpts, req, c.PoisonMemo, early)
+		tx, cr, memo, err = c.claims.Begin(ctx, txOpts, req, c.PoisonMemo, early)
 		res.ClaimWait = time.Since(claimStart)
 		if err != nil {
 			return "", err
@@ -638,7 +636,7 @@ func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
 	if !ok {
 		return nil
 	}
-	p := claimsql.Position{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}
+	p := position.Settled{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}
 	return func(b *pgx.Batch) { c.positions.Queue(b, c.Consumer, p) }
 }
 
@@ -658,7 +656,7 @@ func (c Claim) storePosition(ctx context.Context, tx pgx.Tx, msg *message.Messag
 	if !ok {
 		return nil
 	}
-	return c.positions.Store(ctx, tx, c.Consumer, []claimsql.Position{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}})
+	return c.positions.Store(ctx, tx, c.Consumer, []position.Settled{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}})
 }
 
 // storePositionNow is storePosition outside the claim transaction, for a
@@ -677,7 +675,7 @@ func (c Claim) storePositionNow(ctx context.Context, msg *message.Message) {
 	if !ok {
 		return
 	}
-	if err := c.positions.Store(ctx, c.Store.Pool(), c.Consumer, []claimsql.Position{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}}); err != nil {
+	if err := c.positions.Store(ctx, c.Store.Pool(), c.Consumer, []position.Settled{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}}); err != nil {
 		c.Logger.Debug("claimtx: storing the Kafka position of a duplicate failed", watermill.LogFields{"consumer": c.Consumer, "err": err.Error()})
 	}
 }
@@ -699,7 +697,7 @@ func unixDay(at time.Time) int64 {
 	if at.IsZero() {
 		return 0
 	}
-	return claimsql.EventDay(at).Unix() / 86400
+	return pg.EventDay(at).Unix() / 86400
 }
 
 // enqueue writes the handler's returned messages to the outbox in tx: one

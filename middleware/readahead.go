@@ -6,10 +6,9 @@ import (
 	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/committedkeys"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // Read-ahead bounds. A read is one statement returning up to a page of
@@ -49,7 +48,7 @@ const (
 // re-sending a range, a restart in the middle of a storm. Once the
 // database answers "duplicate" readAheadAfter times in a row, the
 // middleware reads the keys of the claims written after the earliest of
-// those duplicates (claimsql.Following) into the cache, so the next
+// those duplicates (pg.Claims.Following) into the cache, so the next
 // messages of the replay are answered in process. A key a quarter into
 // each full page is marked: the first message to hit it reads the next
 // page, from the end of this one, as a file system reads ahead of a
@@ -66,8 +65,7 @@ const (
 // time, the other messages go on meanwhile.
 type readAhead struct {
 	cache    *committedkeys.Cache
-	stmts    *claimsql.Statements
-	pool     *pgxpool.Pool
+	claims   pg.Claims
 	consumer string
 	logger   watermill.LoggerAdapter
 	maxPage  int
@@ -97,7 +95,7 @@ func newReadAhead(c Claim) *readAhead {
 	if maxPage < readAheadMinPage {
 		return nil
 	}
-	return &readAhead{cache: c.cache, stmts: c.stmts, pool: c.Store.Pool(), consumer: c.Consumer, logger: c.Logger,
+	return &readAhead{cache: c.cache, claims: c.claims, consumer: c.Consumer, logger: c.Logger,
 		maxPage: maxPage, after: readAheadAfter, page: maxPage / 2}
 }
 
@@ -174,7 +172,7 @@ func (r *readAhead) read(ctx context.Context, anchors []string) {
 	r.mu.Unlock()
 
 	n, last := 0, ""
-	err := r.stmts.Following(ctx, r.pool, r.consumer, anchors, page, func(k string) {
+	err := r.claims.Following(ctx, r.consumer, anchors, page, func(k string) {
 		n++
 		r.cache.AddRead(r.cache.Key(r.consumer, 0, k), n == page/readAheadMark)
 		last = k

@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
@@ -71,7 +70,7 @@ func TestClaimsByEventDay(t *testing.T) {
 
 	claim := func(r store.ClaimRequest) store.ClaimResult { return claimWith(t, st, r) }
 	// An hour into yesterday (UTC), so a minute later is the same event day.
-	at := claimsql.EventDay(time.Now().Add(-24 * time.Hour)).Add(time.Hour)
+	at := pg.EventDay(time.Now().Add(-24 * time.Hour)).Add(time.Hour)
 	h1, h2 := []byte{1}, []byte{2}
 	require.True(t, claim(store.ClaimRequest{Consumer: "c", Key: "k", EventTime: at, PayloadHash: h1}).New)
 	require.Equal(t, store.ClaimResult{FingerprintMismatch: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", EventTime: at, PayloadHash: h2, MaxClaimWait: time.Second}))

@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/outboxsql"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/store"
@@ -92,7 +91,7 @@ func TestEnqueueRefusesWhatNoBrokerTakes(t *testing.T) {
 		m     *message.Message
 	}{
 		{"empty topic", "", msg("u", "", nil)},
-		{"long topic", strings.Repeat("t", outboxsql.MaxTopicBytes+1), msg("u", "", nil)},
+		{"long topic", strings.Repeat("t", pg.MaxOutboxTopicBytes+1), msg("u", "", nil)},
 		{"NUL topic", "a\x00b", msg("u", "", nil)},
 		{"nil message", "t", nil},
 		{"NUL metadata", "t", msg("u", "", map[string]string{"k": "a\x00"})},

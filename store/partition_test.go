@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
@@ -286,7 +285,7 @@ func TestPartitionConfigAndStates(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "Retention", ce.Field)
 	require.Contains(t, ce.Reason, "one day")
-	require.Equal(t, claimsql.EventDay(time.Date(2024, 5, 1, 23, 30, 0, 0, time.FixedZone("x", -3600))), time.Date(2024, 5, 2, 0, 0, 0, 0, time.UTC))
+	require.Equal(t, pg.EventDay(time.Date(2024, 5, 1, 23, 30, 0, 0, time.FixedZone("x", -3600))), time.Date(2024, 5, 2, 0, 0, 0, 0, time.UTC))
 }
 
 // Converting a plain claim table that already holds claims: nothing is

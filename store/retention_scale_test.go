@@ -32,7 +32,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/store"
@@ -97,7 +96,7 @@ func (r *claimRows) Next() bool {
 	event := processed.Add(-time.Duration(h%5000) * time.Millisecond)
 	r.row = []any{benchConsumers[r.i%len(benchConsumers)], "evt-" + hex.EncodeToString(b[:]), processed}
 	if r.partitioned {
-		r.row = append(r.row, pgtype.Date{Time: claimsql.EventDay(event), Valid: true})
+		r.row = append(r.row, pgtype.Date{Time: pg.EventDay(event), Valid: true})
 	}
 	r.i++
 	return true

@@ -4,9 +4,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/claimsql"
-	"github.com/claimtx/claimtx/internal/outboxsql"
 	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/store/internal/claimsql"
+	"github.com/claimtx/claimtx/store/internal/outboxsql"
 )
 
 // Store is claimtx's Postgres layer. It is safe for concurrent use; it holds

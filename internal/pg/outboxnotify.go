@@ -11,3 +11,7 @@ const OutboxChannel = "claimtx_outbox"
 
 // OutboxPayload is the notification payload for the outbox table in schema.
 func OutboxPayload(schema, table string) string { return schema + "." + table }
+
+// MaxOutboxTopicBytes bounds outbox topic names. Brokers have their own
+// limits (RabbitMQ queue names: 255 bytes; Kafka topics: 249).
+const MaxOutboxTopicBytes = 255

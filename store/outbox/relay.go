@@ -13,10 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/outboxsql"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/store/internal/outboxsql"
 )
 
 // Defaults for Config fields left zero, stated in the fields' docs.

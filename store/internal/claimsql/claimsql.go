@@ -26,21 +26,12 @@ import (
 // that no partition accepts.
 var ErrNoPartition = errors.New("claimtx: no claim partition for the message's event day")
 
-// Request is store.ClaimRequest, field for field, so that one converts to
-// the other (see there for the fields).
-type Request struct {
-	Consumer     string
-	Key          string
-	MaxClaimWait time.Duration
-	EventTime    time.Time
-	PayloadHash  []byte
-}
-
-// Result is store.ClaimResult, field for field.
-type Result struct {
-	New                 bool
-	FingerprintMismatch bool
-}
+// Request and Result are store.ClaimRequest and store.ClaimResult, field
+// for field (see there for the fields).
+type (
+	Request = pg.ClaimRequest
+	Result  = pg.ClaimResult
+)
 
 // shape says which optional columns a claim carries.
 type shape struct {
@@ -394,14 +385,6 @@ func LockTimeout(d time.Duration) string {
 	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
 }
 
-// EventDay returns the UTC day of an event time: the partition key. UTC,
-// never local time, so every consumer, whatever its time zone, computes
-// the same day for the same message.
-func EventDay(t time.Time) time.Time {
-	y, m, d := t.UTC().Date()
-	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
-}
-
 // query is one claim statement with its arguments, ready to queue.
 type query struct {
 	sql   string
@@ -416,7 +399,7 @@ func (s *Statements) prepare(r Request, res *Result) query {
 	q := query{args: []any{r.Consumer, r.Key}, r: r, res: res}
 	q.shape = shape{eventDay: !r.EventTime.IsZero(), payloadHash: r.PayloadHash != nil}
 	if q.shape.eventDay {
-		q.day = pgtype.Date{Time: EventDay(r.EventTime), Valid: true}
+		q.day = pgtype.Date{Time: pg.EventDay(r.EventTime), Valid: true}
 		q.args = append(q.args, q.day)
 	}
 	if q.shape.payloadHash {

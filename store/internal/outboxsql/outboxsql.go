@@ -19,10 +19,6 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// MaxTopicBytes bounds outbox topic names. Brokers have their own limits
-// (RabbitMQ queue names: 255 bytes; Kafka topics: 249).
-const MaxTopicBytes = 255
-
 // IdempotencyKeyMetadata is store.IdempotencyKeyMetadata (see there).
 const IdempotencyKeyMetadata = "claimtx_idempotency_key"
 
