@@ -12,7 +12,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/position"
 	"github.com/claimtx/claimtx/internal/timing"
 )
@@ -238,7 +238,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	// the poison destination) without reaching the handler, and later
 	// passes leave them out like any failed message.
 	for k, reason := range memos {
-		failed[leader[k]] = framework.Permanent(&poisonmemo.HitError{Reason: reason})
+		failed[leader[k]] = framework.Permanent(&poison.HitError{Reason: reason})
 	}
 	committed := false
 	defer func() {

@@ -19,7 +19,7 @@ import (
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/position"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
@@ -555,7 +555,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 			// Dead-lettered before: roll the claim back (nothing else is
 			// in the transaction) and send this copy after the first.
 			pg.Rollback(ctx, tx)
-			return "", framework.Permanent(&poisonmemo.HitError{Reason: *memo})
+			return "", framework.Permanent(&poison.HitError{Reason: *memo})
 		}
 		claimed = cr.New
 		res.FingerprintMismatch = cr.FingerprintMismatch

@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 )
 
@@ -24,7 +25,7 @@ import (
 // the poison destination, so nothing is lost; the next delivery of the
 // message runs the handler again and is poisoned again.
 func (c Claim) RecordPoison(msg *message.Message, err error) {
-	if !c.PoisonMemo || c.Store == nil || c.Key == nil || msg == nil || !poisonmemo.Memoised(err) {
+	if !c.PoisonMemo || c.Store == nil || c.Key == nil || msg == nil || !poison.Memoised(err) {
 		return
 	}
 	key, kerr := c.key(msg)
@@ -32,7 +33,7 @@ func (c Claim) RecordPoison(msg *message.Message, err error) {
 		return
 	}
 	cfg := c.Store.Config()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poisonmemo.RecordTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poison.MemoRecordTimeout)
 	defer cancel()
 	if rerr := poisonmemo.Record(ctx, c.Store.Pool(), pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable), c.Consumer, key, err); rerr != nil && c.Logger != nil {
 		c.Logger.Error("claimtx: poison memo not recorded; the next delivery of the message runs the handler again", rerr,

@@ -19,6 +19,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -259,7 +260,7 @@ func TestPoisonMemoBatch(t *testing.T) {
 	for _, i := range []int{1, 4} {
 		require.Error(t, errs[i])
 		require.True(t, framework.IsPermanent(errs[i]))
-		require.True(t, poisonmemo.IsHit(errs[i]))
+		require.True(t, poison.IsHit(errs[i]))
 		require.Equal(t, "poison memo: order 2 is bad", errs[i].Error())
 	}
 	require.EqualValues(t, 3, b.claims(t, "memo"), "orders 1, 3, 4: order 2's claim did not commit")

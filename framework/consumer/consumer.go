@@ -23,7 +23,7 @@ import (
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poisonmeta"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/startup"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -497,8 +497,8 @@ func (p *parts) logPoisoned(msg *message.Message, err error) {
 	cfg := p.cfg
 	reason := err.Error()
 	args := []any{"consumer", cfg.Name, "topic", cfg.Topic, "poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "reason", reason}
-	if _, cut := poisonmeta.BoundReason(reason, poisonmeta.MaxReasonBytes); cut {
-		args = append(args, "reason_bytes", len(reason), "reason_sha256", poisonmeta.ReasonHash(reason))
+	if _, cut := poison.BoundReason(reason, poison.MaxReasonBytes); cut {
+		args = append(args, "reason_bytes", len(reason), "reason_sha256", poison.ReasonHash(reason))
 	}
 	cfg.Logger.Warn("claimtx: message poisoned", args...)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/deadletter"
 	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 )
 
@@ -67,10 +68,10 @@ func (p *parts) checkDeadLetterPrivileges(ctx context.Context) {
 // memo is missing, and the next delivery of the message runs the handler
 // again and is poisoned again, as without a memo.
 func (p *parts) memoize(msg *message.Message, err error, key string) {
-	if !p.claim.PoisonMemo || key == "" || !poisonmemo.Memoised(err) {
+	if !p.claim.PoisonMemo || key == "" || !poison.Memoised(err) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poisonmemo.RecordTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poison.MemoRecordTimeout)
 	defer cancel()
 	sc := p.store.Config()
 	if rerr := poisonmemo.Record(ctx, p.pool, pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable), p.cfg.Name, key, err); rerr != nil {

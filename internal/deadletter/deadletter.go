@@ -13,22 +13,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poisonmeta"
+	"github.com/claimtx/claimtx/internal/poison"
 )
-
-// RecordTimeout bounds recording one letter. It runs after the broker
-// refused the copy and before the original is acked, on a context detached
-// from the message's (a shutdown must not cancel it half-way): a database
-// that does not answer in time leaves the message nacked, so it comes back
-// and is tried again; it is never acked without its row.
-const RecordTimeout = 5 * time.Second
 
 // Letter is one row.
 type Letter struct {
@@ -83,8 +75,8 @@ func Record(ctx context.Context, db DB, n *pg.Names, l Letter) error {
 		k := text(l.Key)
 		key = &k
 	}
-	publishErr, _ := poisonmeta.BoundReason(l.PublishError, poisonmeta.MaxReasonBytes)
-	reason, _ := poisonmeta.BoundReason(l.Reason, poisonmeta.MaxReasonBytes)
+	publishErr, _ := poison.BoundReason(l.PublishError, poison.MaxReasonBytes)
+	reason, _ := poison.BoundReason(l.Reason, poison.MaxReasonBytes)
 	payload := l.Payload
 	if payload == nil {
 		payload = []byte{} // NOT NULL: an empty message is still a message

@@ -22,44 +22,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 )
-
-// HitPrefix starts the reason of a message poisoned by its memo:
-// "poison memo: <the reason that poisoned the first copy>".
-const HitPrefix = "poison memo: "
-
-// HitError is the (permanent) failure of a delivery whose (consumer, key)
-// has a memo: the handler did not run, and the message goes to the poison
-// destination with this error as its reason.
-type HitError struct {
-	// Reason is the memo's reason: the error that poisoned the first copy.
-	Reason string
-}
-
-func (e *HitError) Error() string { return HitPrefix + e.Reason }
-
-// IsHit reports whether err is, or wraps, a *HitError.
-func IsHit(err error) bool {
-	var h *HitError
-	return errors.As(err, &h)
-}
-
-// Memoised reports whether a message poisoned because of err gets a memo:
-// not when it was poisoned as expired (older than the claims' retention:
-// every copy is expired anyway, and the expiry guard is cheaper than a
-// lookup).
-func Memoised(err error) bool {
-	return err != nil && !errors.As(err, new(*framework.ExpiredError))
-}
-
-// RecordTimeout bounds recording one memo. It runs after the poisoned
-// copy was published and before the original is acked, on a context
-// detached from the message's (a shutdown must not cancel it half-way):
-// a database that does not answer delays the ack by this much at most,
-// and the memo is then missing, not the message.
-const RecordTimeout = 2 * time.Second
 
 // MaxReasonBytes bounds a stored reason. The poisoned copy carries the
 // whole error text; the memo only has to say which failure it remembers,
@@ -99,7 +64,7 @@ type Memo struct {
 // Record upserts the memo of (consumer, key) after a copy of its message
 // went to the poison destination because of err: a new memo holds err's
 // text; an existing one is counted (seen + 1) and stamped with the time.
-// A copy poisoned by its memo (a *HitError) only counts and stamps the
+// A copy poisoned by its memo (a *poison.HitError) only counts and stamps the
 // memo, keeping its reason (the one that explains the failure) rather than
 // "poison memo: …" nested once per redelivery. If the memo was cleared
 // meanwhile (claimtx unpoison, retention) it stays cleared: the record runs
@@ -107,7 +72,7 @@ type Memo struct {
 // unpoison that landed in between.
 func Record(ctx context.Context, db DB, n *pg.Names, consumer, key string, err error) error {
 	var qerr error
-	if errors.As(err, new(*HitError)) {
+	if poison.IsHit(err) {
 		_, qerr = db.Exec(ctx, n.Render(`UPDATE {schema}.{memo} SET poisoned_at = now(), seen = seen + 1
 WHERE consumer = $1 AND message_key = $2`), consumer, key)
 	} else {
