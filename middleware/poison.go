@@ -9,7 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/deadletter"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/store"
@@ -247,9 +246,8 @@ func (p Poison) refused(msg *message.Message, r PoisonRefusal) {
 func (p Poison) record(msg, cp *message.Message, err, perr error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poison.DeadLetterRecordTimeout)
 	defer cancel()
-	cfg := p.DeadLetters.Config()
 	key, _ := p.key(msg)
-	return deadletter.Record(ctx, p.DeadLetters.Pool(), pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable), deadletter.Letter{
+	return pg.ClaimsOf(p.DeadLetters).RecordDeadLetter(ctx, pg.DeadLetter{
 		Consumer: p.Consumer, Key: key,
 		Topic: cp.Metadata.Get(poison.WatermillTopic), PoisonTopic: p.Topic,
 		UUID: msg.UUID, Reason: cp.Metadata.Get(poison.Reason), Permanent: framework.IsPermanent(err),

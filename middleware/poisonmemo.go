@@ -8,7 +8,6 @@ import (
 
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
 )
 
 // RecordPoison records the poison memo of msg, which was just published
@@ -32,10 +31,9 @@ func (c Claim) RecordPoison(msg *message.Message, err error) {
 	if kerr != nil || key == "" {
 		return
 	}
-	cfg := c.Store.Config()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poison.MemoRecordTimeout)
 	defer cancel()
-	if rerr := poisonmemo.Record(ctx, c.Store.Pool(), pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable), c.Consumer, key, err); rerr != nil && c.Logger != nil {
+	if rerr := pg.ClaimsOf(c.Store).RecordMemo(ctx, c.Consumer, key, err); rerr != nil && c.Logger != nil {
 		c.Logger.Error("claimtx: poison memo not recorded; the next delivery of the message runs the handler again", rerr,
 			watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
 	}

@@ -8,8 +8,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/position"
 	"github.com/claimtx/claimtx/store/internal/claimsql"
+	"github.com/claimtx/claimtx/store/internal/deadletter"
 )
 
 // The claim middleware and framework/consumer claim and store Kafka
@@ -66,9 +68,9 @@ func (p positions) Loader(consumer string) position.Loader {
 	return claimsql.Loader{Pool: p.s.pool, Stmts: p.stmts, Consumer: consumer}
 }
 
-func (p positions) Lacking(ctx context.Context, privileges ...string) ([]string, error) {
+func (p positions) Lacking(ctx context.Context) ([]string, error) {
 	var lacking []string
-	for _, priv := range privileges {
+	for _, priv := range []string{"SELECT", "INSERT", "UPDATE"} {
 		var ok *bool
 		if err := p.s.pool.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), $2)", pg.Ident(p.s.cfg.Schema, "kafka_positions"), priv).Scan(&ok); err != nil {
 			return nil, fmt.Errorf("claimtx: check privileges on the Kafka positions table: %w", err)
@@ -78,4 +80,20 @@ func (p positions) Lacking(ctx context.Context, privileges ...string) ([]string,
 		}
 	}
 	return lacking, nil
+}
+
+func (c claims) RecordMemo(ctx context.Context, consumer, key string, err error) error {
+	return poisonmemo.Record(ctx, c.s.pool, c.s.names, consumer, key, err)
+}
+
+func (c claims) MemoLacking(ctx context.Context) (string, error) {
+	return poisonmemo.Privileges(ctx, c.s.pool, c.s.names, "SELECT", "INSERT", "UPDATE")
+}
+
+func (c claims) RecordDeadLetter(ctx context.Context, l pg.DeadLetter) error {
+	return deadletter.Record(ctx, c.s.pool, c.s.names, l)
+}
+
+func (c claims) CanRecordDeadLetter(ctx context.Context) (bool, error) {
+	return deadletter.CanRecord(ctx, c.s.pool, c.s.names)
 }

@@ -7,10 +7,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/deadletter"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
 )
 
 // checkMemoPrivileges refuses to start a consumer with Claim.PoisonMemo
@@ -23,7 +21,7 @@ func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 	}
 	sc := p.store.Config()
 	n := pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
-	missing, err := poisonmemo.Privileges(ctx, p.pool, n, "SELECT", "INSERT", "UPDATE")
+	missing, err := pg.ClaimsOf(p.store).MemoLacking(ctx)
 	if err != nil {
 		return err
 	}
@@ -45,7 +43,7 @@ func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 func (p *parts) checkDeadLetterPrivileges(ctx context.Context) {
 	sc := p.store.Config()
 	n := pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
-	ok, err := deadletter.CanRecord(ctx, p.pool, n)
+	ok, err := pg.ClaimsOf(p.store).CanRecordDeadLetter(ctx)
 	if err == nil && ok {
 		return
 	}
@@ -73,8 +71,7 @@ func (p *parts) memoize(msg *message.Message, err error, key string) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poison.MemoRecordTimeout)
 	defer cancel()
-	sc := p.store.Config()
-	if rerr := poisonmemo.Record(ctx, p.pool, pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable), p.cfg.Name, key, err); rerr != nil {
+	if rerr := pg.ClaimsOf(p.store).RecordMemo(ctx, p.cfg.Name, key, err); rerr != nil {
 		p.cfg.Logger.Error("claimtx: poison memo not recorded; the message is in the poison destination, and its next delivery runs the handler again",
 			"consumer", p.cfg.Name, "message_uuid", msg.UUID, "err", rerr)
 		if p.metrics != nil {

@@ -114,7 +114,7 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	if !attached {
 		return false, nil
 	}
-	lacking, err := positions.Lacking(ctx, "SELECT", "INSERT", "UPDATE")
+	lacking, err := positions.Lacking(ctx)
 	if err != nil {
 		return false, err
 	}

@@ -56,6 +56,39 @@ type Claims interface {
 	Following(ctx context.Context, consumer string, anchors []string, n int, add func(key string)) error
 	// Positions are the stored Kafka positions.
 	Positions() Positions
+
+	// RecordMemo records the poison memo of consumer's key, poisoned
+	// because of err.
+	RecordMemo(ctx context.Context, consumer, key string, err error) error
+	// MemoLacking returns which of the privileges every claim with a
+	// poison memo needs (SELECT, INSERT, UPDATE) the database role lacks on
+	// the memo table, "" when none.
+	MemoLacking(ctx context.Context) (missing string, err error)
+	// RecordDeadLetter inserts l and returns once the row is committed.
+	RecordDeadLetter(ctx context.Context, l DeadLetter) error
+	// CanRecordDeadLetter reports whether the database role may insert
+	// into the dead-letter table.
+	CanRecordDeadLetter(ctx context.Context) (bool, error)
+}
+
+// DeadLetter is one row of the dead-letter table.
+type DeadLetter struct {
+	Consumer string
+	// Key is the claim key; "" when it could not be derived (NULL).
+	Key string
+	// Topic is where the message was consumed from, PoisonTopic the
+	// destination that refused its copy.
+	Topic, PoisonTopic string
+	UUID               string
+	// Reason is the bounded reason the copy carried.
+	Reason    string
+	Permanent bool
+	// PublishError is the broker's refusal.
+	PublishError string
+	Payload      []byte
+	// Metadata is the refused copy's: the original's with the poison
+	// bookkeeping.
+	Metadata map[string]string
 }
 
 // Positions are the stored Kafka positions of a store's schema.
@@ -69,9 +102,10 @@ type Positions interface {
 	Of(ctx context.Context, consumer string) ([]position.Settled, error)
 	// Loader is the position.Loader of consumer's stored positions.
 	Loader(consumer string) position.Loader
-	// Lacking returns which of privileges the database role lacks on the
-	// positions table.
-	Lacking(ctx context.Context, privileges ...string) ([]string, error)
+	// Lacking returns which of the privileges every claim transaction of a
+	// Kafka consumer needs (SELECT, INSERT, UPDATE) the database role
+	// lacks on the positions table.
+	Lacking(ctx context.Context) ([]string, error)
 }
 
 // ClaimsOf returns the Claims of a *store.Store; store sets it in its init,

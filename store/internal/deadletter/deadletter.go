@@ -22,25 +22,8 @@ import (
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// Letter is one row.
-type Letter struct {
-	Consumer string
-	// Key is the claim key; "" when it could not be derived (NULL).
-	Key string
-	// Topic is where the message was consumed from, PoisonTopic the
-	// destination that refused its copy.
-	Topic, PoisonTopic string
-	UUID               string
-	// Reason is the bounded reason the copy carried.
-	Reason    string
-	Permanent bool
-	// PublishError is the broker's refusal.
-	PublishError string
-	Payload      []byte
-	// Metadata is the refused copy's: the original's with the poison
-	// bookkeeping.
-	Metadata map[string]string
-}
+// Letter is one row (see pg.DeadLetter).
+type Letter = pg.DeadLetter
 
 // DB runs statements: a pool, a connection or a transaction.
 type DB interface {
