@@ -227,7 +227,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 			want = append(want, k)
 		}
 	}
-	began := c.ahead.started()
+	began := c.ahead.Started()
 	// BEGIN and the claim (and the memo lookup) in one round trip.
 	opts := pgx.TxOptions{IsoLevel: c.Isolation}
 	tx, newKeys, memos, err := c.claims.BeginBatch(ctx, opts, c.Consumer, want, c.MaxClaimWait, c.PoisonMemo)
@@ -287,7 +287,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 			}
 		}
 	}
-	c.ahead.answered(ctx, began, dups, len(claimed) > 0)
+	c.ahead.Answered(ctx, began, dups, len(claimed) > 0)
 	return claimed, nil
 }
 

@@ -293,7 +293,7 @@ type Claim struct {
 	cache *committedkeys.Cache
 	now   func() time.Time
 	// ahead reads the cache full ahead of a cold replay, nil when off.
-	ahead *readAhead
+	ahead *committedkeys.ReadAhead
 }
 
 // Result describes one message's passage through the middleware.
@@ -417,7 +417,7 @@ func (c Claim) withDefaults() Claim {
 	// Claims by event day are cached per day, which the read-ahead's
 	// statement does not read: it serves the claims without one.
 	if c.EventTime == nil {
-		c.ahead = newReadAhead(c)
+		c.ahead = committedkeys.NewReadAhead(c.cache, c.CommittedKeys, c.Consumer, c.Logger, c.claims.Following)
 	}
 	return c
 }
@@ -470,7 +470,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if c.cached(msg.Context(), hash) {
 			return finish(framework.Duplicate, nil)
 		}
-		began := c.ahead.started()
+		began := c.ahead.Started()
 
 		for attempt := 1; ; attempt++ {
 			res.Attempts = attempt
@@ -612,9 +612,9 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 	committed = true
 	c.cache.Add(hash)
 	if claimed {
-		c.ahead.answered(ctx, began, nil, true)
+		c.ahead.Answered(ctx, began, nil, true)
 	} else {
-		c.ahead.answered(ctx, began, []string{req.Key}, false)
+		c.ahead.Answered(ctx, began, []string{req.Key}, false)
 	}
 	return out, nil
 }
@@ -685,7 +685,7 @@ func (c Claim) storePositionNow(ctx context.Context, msg *message.Message) {
 func (c Claim) cached(ctx context.Context, h committedkeys.Hash) bool {
 	hit, mark := c.cache.Lookup(h)
 	if mark {
-		c.ahead.marked(ctx)
+		c.ahead.Marked(ctx)
 	}
 	return hit
 }
