@@ -1,7 +1,7 @@
 package pg
 
 // Names renders claimtx's table names into SQL. The store, the
-// claim and outbox statements (internal/claimsql, internal/outboxsql) and
+// claim and outbox statements (store/internal/claimsql, store/internal/outboxsql) and
 // the migrations (internal/migrate) share it, so every statement names the
 // tables the same way whoever runs it.
 

@@ -1,11 +1,13 @@
-// Package poisonmemo keeps the poison memo: the (consumer, key) of every
-// message that was dead-lettered, with the reason, the last time a copy
-// was poisoned and how many were. The claim middleware looks memos up in
-// the round trip of its claim (internal/claimsql) and sends a memoised
-// key straight to the poison destination without running the handler;
-// framework/consumer and middleware.Claim.RecordPoison record memos; the
-// claimtx CLI (unpoison, explain), retention and the dead-letter replay
-// read and clear them through this package.
+// Package poisonmemo is the SQL of the poison memo: the (consumer, key) of
+// every message that was dead-lettered, with the reason, the last time a
+// copy was poisoned and how many were. The claim middleware looks memos up
+// in the round trip of its claim (store/internal/claimsql) and sends a
+// memoised key straight to the poison destination without running the
+// handler; framework/consumer and middleware.Claim.RecordPoison record
+// memos through the store (pg.Claims); the claimtx CLI (unpoison,
+// explain), retention and the dead-letter replay read and clear them
+// through this package. The rest of the concept (the hit error, the
+// timeouts, the poisoned copy's metadata) is internal/poison.
 //
 // The memo table is <claims table>_poison_memo in the claim table's schema
 // (pg.Names.Memo), created by migration 004.
