@@ -5,7 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/claimtx/claimtx/internal/txctx"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // TxFromContext returns the claim transaction the middleware opened for the
@@ -13,5 +13,5 @@ import (
 // it: a write on another connection would commit even when the claim rolls
 // back, which is exactly the gap claimtx closes.
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
-	return txctx.From(ctx)
+	return pg.TxFrom(ctx)
 }

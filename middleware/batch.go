@@ -11,13 +11,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/claimsql"
-	"github.com/claimtx/claimtx/internal/pgerr"
-	"github.com/claimtx/claimtx/internal/pgtx"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/position"
 	"github.com/claimtx/claimtx/internal/timing"
-	"github.com/claimtx/claimtx/internal/txctx"
 )
 
 // Batch applies many messages in one claim transaction: one statement
@@ -144,11 +141,11 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	failed := map[int]error{} // handler failures, excluded from the next pass
 	// settling is what a commit settles, for the Kafka positions: every
 	// message but those that fail (nacked, or poisoned and acked later).
-	settling := func() []claimsql.Position {
+	settling := func() []position.Settled {
 		if c.positions == nil {
 			return nil
 		}
-		var s claimsql.Settling
+		var s position.Settling
 		for i, m := range msgs {
 			if errs[i] != nil || (!cached[i] && failed[leader[keys[i]]] != nil) {
 				continue
@@ -178,7 +175,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 			isolating = true
 			continue
 		}
-		cause := pgerr.Classify(err)
+		cause := pg.Classify(err)
 		transient++
 		if cause.Transient() && ctx.Err() == nil && transient < c.MaxAttempts {
 			delay := c.backoff(transient)
@@ -223,27 +220,17 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	return errs
 }
 
-func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, failed map[int]error, a setWise, isolating bool, settling func() []claimsql.Position) (map[string]bool, error) {
+func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, failed map[int]error, a setWise, isolating bool, settling func() []position.Settled) (map[string]bool, error) {
 	want := make([]string, 0, len(leader))
 	for k, i := range leader {
 		if failed[i] == nil {
 			want = append(want, k)
 		}
 	}
-	began := c.ahead.started()
+	began := c.ahead.Started()
 	// BEGIN and the claim (and the memo lookup) in one round trip.
 	opts := pgx.TxOptions{IsoLevel: c.Isolation}
-	var (
-		tx      pgx.Tx
-		newKeys []string
-		memos   map[string]string
-		err     error
-	)
-	if c.PoisonMemo {
-		tx, newKeys, memos, err = c.stmts.BeginBatchMemo(ctx, c.Store.Pool(), opts, c.Consumer, want, c.MaxClaimWait)
-	} else {
-		tx, newKeys, err = c.stmts.BeginBatch(ctx, c.Store.Pool(), opts, c.Consumer, want, c.MaxClaimWait)
-	}
+	tx, newKeys, memos, err := c.claims.BeginBatch(ctx, opts, c.Consumer, want, c.MaxClaimWait, c.PoisonMemo)
 	if err != nil {
 		return nil, err
 	}
@@ -251,12 +238,12 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	// the poison destination) without reaching the handler, and later
 	// passes leave them out like any failed message.
 	for k, reason := range memos {
-		failed[leader[k]] = framework.Permanent(&poisonmemo.HitError{Reason: reason})
+		failed[leader[k]] = framework.Permanent(&poison.HitError{Reason: reason})
 	}
 	committed := false
 	defer func() {
 		if !committed {
-			pgtx.Rollback(ctx, tx)
+			pg.Rollback(ctx, tx)
 		}
 	}()
 	claimed := make(map[string]bool, len(newKeys))
@@ -300,7 +287,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 			}
 		}
 	}
-	c.ahead.answered(ctx, began, dups, len(claimed) > 0)
+	c.ahead.Answered(ctx, began, dups, len(claimed) > 0)
 	return claimed, nil
 }
 
@@ -315,7 +302,7 @@ func (h setWise) call(ctx context.Context, tx pgx.Tx, msgs []*message.Message, i
 	for j, i := range idx {
 		set[j] = msgs[i]
 	}
-	return guard(func() error { return h(txctx.With(ctx, tx), tx, set) })
+	return guard(func() error { return h(pg.WithTx(ctx, tx), tx, set) })
 }
 
 func (h setWise) fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
@@ -332,7 +319,7 @@ func settled(err error, idx []int, failed map[int]error) (bool, error) {
 	switch {
 	case err == nil:
 		return true, nil
-	case pgerr.Classify(err).Transient():
+	case pg.Classify(err).Transient():
 		return true, err
 	case len(idx) == 1:
 		failed[idx[0]] = err
@@ -363,7 +350,7 @@ func underSavepoint(ctx context.Context, tx pgx.Tx, f func() error) error {
 		return err
 	}
 	if err := guard(f); err != nil {
-		if pgerr.Classify(err).Transient() {
+		if pg.Classify(err).Transient() {
 			return err
 		}
 		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT claimtx_batch; RELEASE SAVEPOINT claimtx_batch"); rerr != nil {

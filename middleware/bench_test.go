@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -39,13 +39,13 @@ func BenchmarkClaimPerMessage(b *testing.B) {
 	ctx := context.Background()
 	b.Run("pgx", func(b *testing.B) {
 		msgs := benchOrders(b, b.N)
-		stmts := claimsql.For(bu.store.Config().Schema, bu.store.Config().ClaimsTable)
+		claims := pg.ClaimsOf(bu.store)
 		b.ReportAllocs()
 		b.ResetTimer()
 		for _, msg := range msgs {
-			tx, _, err := stmts.Begin(ctx, bu.store.Pool(), pgx.TxOptions{}, claimsql.Request{
+			tx, _, _, err := claims.Begin(ctx, pgx.TxOptions{}, pg.ClaimRequest{
 				Consumer: "pgx", Key: "order-completed:" + msg.Metadata.Get("event_id"), MaxClaimWait: 5 * time.Second, // the claim's default MaxClaimWait
-			})
+			}, false, nil)
 			if err == nil {
 				if err = credit(ctx, tx, msg); err == nil {
 					err = tx.Commit(ctx)

@@ -16,17 +16,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/consumername"
-	"github.com/claimtx/claimtx/internal/outboxsql"
-	"github.com/claimtx/claimtx/internal/pgerr"
-	"github.com/claimtx/claimtx/internal/pgtx"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/position"
-	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/internal/timing"
-	"github.com/claimtx/claimtx/internal/txctx"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -41,7 +36,7 @@ const (
 	// maxCommittedKeysTTL is half the shortest retention the store accepts
 	// without Force: an entry must expire long before cleanup may delete
 	// its claim.
-	maxCommittedKeysTTL = storedefault.MinRetention / 2
+	maxCommittedKeysTTL = pg.DefaultMinRetention / 2
 )
 
 // fingerprintBytes is how much of the SHA-256 is stored: 128 bits make an
@@ -288,17 +283,17 @@ type Claim struct {
 	// no logging.
 	Logger watermill.LoggerAdapter
 
-	// stmts are the claim table's statements, rendered once by
-	// withDefaults rather than looked up per message.
-	stmts *claimsql.Statements
-	// positions are the Kafka position statements, nil with NoPositions.
-	positions *claimsql.PositionStatements
+	// claims are the store's claim statements, looked up once by
+	// withDefaults rather than per message.
+	claims pg.Claims
+	// positions are the store's Kafka positions, nil with NoPositions.
+	positions pg.Positions
 	// cache is the committed-key cache, nil when disabled; now is its
 	// clock (time.Now when nil; tests stop it).
 	cache *committedkeys.Cache
 	now   func() time.Time
 	// ahead reads the cache full ahead of a cold replay, nil when off.
-	ahead *readAhead
+	ahead *committedkeys.ReadAhead
 }
 
 // Result describes one message's passage through the middleware.
@@ -351,8 +346,8 @@ func (c Claim) validate() error {
 		return &framework.ConfigError{Field: "Key", Reason: "must not be nil (e.g. framework.ParseKeySpec(\"metadata:event_id\"))"}
 	case c.Mode != "" && c.Mode != ModeClaimTable && c.Mode != ModeNaturalKey:
 		return &framework.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%q is not a mode (%q or %q)", c.Mode, ModeClaimTable, ModeNaturalKey)}
-	case len(c.OutboxTopic) > outboxsql.MaxTopicBytes:
-		return &framework.ConfigError{Field: "OutboxTopic", Reason: fmt.Sprintf("is %d bytes, longer than %d", len(c.OutboxTopic), outboxsql.MaxTopicBytes)}
+	case len(c.OutboxTopic) > pg.MaxOutboxTopicBytes:
+		return &framework.ConfigError{Field: "OutboxTopic", Reason: fmt.Sprintf("is %d bytes, longer than %d", len(c.OutboxTopic), pg.MaxOutboxTopicBytes)}
 	case !utf8.ValidString(c.OutboxTopic) || strings.IndexByte(c.OutboxTopic, 0) >= 0:
 		return &framework.ConfigError{Field: "OutboxTopic", Reason: "must be valid UTF-8 without NUL bytes"}
 	case c.MaxAttempts < 0:
@@ -399,9 +394,9 @@ func (c Claim) withDefaults() Claim {
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = defaultMaxBackoff
 	}
-	c.stmts = claimsql.For(c.Store.Config().Schema, c.Store.Config().ClaimsTable)
+	c.claims = pg.ClaimsOf(c.Store)
 	if !c.NoPositions {
-		c.positions = claimsql.PositionsFor(c.Store.Config().Schema)
+		c.positions = c.claims.Positions()
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -422,7 +417,7 @@ func (c Claim) withDefaults() Claim {
 	// Claims by event day are cached per day, which the read-ahead's
 	// statement does not read: it serves the claims without one.
 	if c.EventTime == nil {
-		c.ahead = newReadAhead(c)
+		c.ahead = committedkeys.NewReadAhead(c.cache, c.CommittedKeys, c.Consumer, c.Logger, c.claims.Following)
 	}
 	return c
 }
@@ -475,18 +470,18 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if c.cached(msg.Context(), hash) {
 			return finish(framework.Duplicate, nil)
 		}
-		began := c.ahead.started()
+		began := c.ahead.Started()
 
 		for attempt := 1; ; attempt++ {
 			res.Attempts = attempt
-			out, err := c.attempt(msg, h, claimsql.Request{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait, EventTime: at}, hash, began, txOpts, &res)
+			out, err := c.attempt(msg, h, pg.ClaimRequest{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait, EventTime: at}, hash, began, txOpts, &res)
 			if err == nil {
 				if out == framework.Duplicate {
 					c.Logger.Debug("claimtx: duplicate delivery acked without running the handler", watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
 				}
 				return finish(out, nil)
 			}
-			cause := pgerr.Classify(err)
+			cause := pg.Classify(err)
 			if !cause.Transient() || msg.Context().Err() != nil {
 				return finish(framework.Failed, err)
 			}
@@ -527,7 +522,7 @@ func (c Claim) key(msg *message.Message) (string, error) {
 // isolation level, and under REPEATABLE READ and SERIALIZABLE a committed
 // claim outside the snapshot fails with 40001 instead of conflicting), and
 // never on a path that rolls back, ErrAlreadyApplied included.
-func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql.Request, hash committedkeys.Hash, began uint64, txOpts pgx.TxOptions, res *Result) (out framework.Outcome, err error) {
+func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.ClaimRequest, hash committedkeys.Hash, began uint64, txOpts pgx.TxOptions, res *Result) (out framework.Outcome, err error) {
 	ctx := msg.Context()
 	res.ClaimWait, res.Enqueued = 0, 0
 	claimed := true
@@ -539,7 +534,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 		// The claim is the handler's guarded INSERT: bound its wait behind
 		// a twin's uncommitted entry like the claim table's, set in the
 		// same round trip as BEGIN.
-		if tx, err = claimsql.BeginNaturalKey(ctx, c.Store.Pool(), txOpts, c.MaxClaimWait, early); err != nil {
+		if tx, err = c.claims.BeginNaturalKey(ctx, txOpts, c.MaxClaimWait, early); err != nil {
 			return "", err
 		}
 	} else {
@@ -548,10 +543,10 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 			req.PayloadHash = sum[:fingerprintBytes]
 		}
 		claimStart := time.Now()
-		var cr claimsql.Result
+		var cr pg.ClaimResult
 		var memo *string
 		// BEGIN and the claim (and the memo lookup) in one round trip.
-		tx, cr, memo, err = c.stmts.BeginWith(ctx, c.Store.Pool(), txOpts, req, c.PoisonMemo, early)
+		tx, cr, memo, err = c.claims.Begin(ctx, txOpts, req, c.PoisonMemo, early)
 		res.ClaimWait = time.Since(claimStart)
 		if err != nil {
 			return "", err
@@ -559,8 +554,8 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 		if cr.New && memo != nil {
 			// Dead-lettered before: roll the claim back (nothing else is
 			// in the transaction) and send this copy after the first.
-			pgtx.Rollback(ctx, tx)
-			return "", framework.Permanent(&poisonmemo.HitError{Reason: *memo})
+			pg.Rollback(ctx, tx)
+			return "", framework.Permanent(&poison.HitError{Reason: *memo})
 		}
 		claimed = cr.New
 		res.FingerprintMismatch = cr.FingerprintMismatch
@@ -574,7 +569,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 		if !committed {
 			// The message context may be cancelled (shutdown): roll back
 			// regardless so the connection returns to the pool clean.
-			pgtx.Rollback(ctx, tx)
+			pg.Rollback(ctx, tx)
 		}
 	}()
 	out = framework.Duplicate
@@ -584,7 +579,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 			// The effect is already there. Roll back whatever else this
 			// delivery wrote, and ack; the record is settled, so its
 			// position is stored on its own.
-			pgtx.Rollback(ctx, tx) // the deferred one is then a no-op
+			pg.Rollback(ctx, tx) // the deferred one is then a no-op
 			c.storePositionNow(ctx, msg)
 			return framework.Duplicate, nil
 		}
@@ -617,9 +612,9 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req claimsql
 	committed = true
 	c.cache.Add(hash)
 	if claimed {
-		c.ahead.answered(ctx, began, nil, true)
+		c.ahead.Answered(ctx, began, nil, true)
 	} else {
-		c.ahead.answered(ctx, began, []string{req.Key}, false)
+		c.ahead.Answered(ctx, began, []string{req.Key}, false)
 	}
 	return out, nil
 }
@@ -641,7 +636,7 @@ func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
 	if !ok {
 		return nil
 	}
-	p := claimsql.Position{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}
+	p := position.Settled{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}
 	return func(b *pgx.Batch) { c.positions.Queue(b, c.Consumer, p) }
 }
 
@@ -661,7 +656,7 @@ func (c Claim) storePosition(ctx context.Context, tx pgx.Tx, msg *message.Messag
 	if !ok {
 		return nil
 	}
-	return c.positions.Store(ctx, tx, c.Consumer, []claimsql.Position{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}})
+	return c.positions.Store(ctx, tx, c.Consumer, []position.Settled{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}})
 }
 
 // storePositionNow is storePosition outside the claim transaction, for a
@@ -680,7 +675,7 @@ func (c Claim) storePositionNow(ctx context.Context, msg *message.Message) {
 	if !ok {
 		return
 	}
-	if err := c.positions.Store(ctx, c.Store.Pool(), c.Consumer, []claimsql.Position{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}}); err != nil {
+	if err := c.positions.Store(ctx, c.Store.Pool(), c.Consumer, []position.Settled{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}}); err != nil {
 		c.Logger.Debug("claimtx: storing the Kafka position of a duplicate failed", watermill.LogFields{"consumer": c.Consumer, "err": err.Error()})
 	}
 }
@@ -690,7 +685,7 @@ func (c Claim) storePositionNow(ctx context.Context, msg *message.Message) {
 func (c Claim) cached(ctx context.Context, h committedkeys.Hash) bool {
 	hit, mark := c.cache.Lookup(h)
 	if mark {
-		c.ahead.marked(ctx)
+		c.ahead.Marked(ctx)
 	}
 	return hit
 }
@@ -702,7 +697,7 @@ func unixDay(at time.Time) int64 {
 	if at.IsZero() {
 		return 0
 	}
-	return claimsql.EventDay(at).Unix() / 86400
+	return pg.EventDay(at).Unix() / 86400
 }
 
 // enqueue writes the handler's returned messages to the outbox in tx: one
@@ -745,7 +740,7 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 // runs and the router sees an ordinary failure.
 func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx) (produced []*message.Message, err error) {
 	orig := msg.Context()
-	msg.SetContext(txctx.With(orig, tx))
+	msg.SetContext(pg.WithTx(orig, tx))
 	defer func() {
 		msg.SetContext(orig)
 		if r := recover(); r != nil {

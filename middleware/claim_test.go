@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pgerr"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -260,7 +260,7 @@ func TestClaimWaitGivesUpAfterMaxAttempts(t *testing.T) {
 
 	_, err = install(t, middleware.NewClaim, c)(consume(credit))(newDelivery(t, o))
 	require.Error(t, err)
-	require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
+	require.Equal(t, pg.ClaimWait, pg.Classify(err))
 	require.False(t, framework.IsPermanent(err))
 }
 

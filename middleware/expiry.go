@@ -7,7 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // ExpiryGuard refuses messages too old to be deduplicated. Claims are kept
@@ -85,7 +85,7 @@ func NewExpiryGuard(g ExpiryGuard) (message.HandlerMiddleware, error) {
 
 func (g ExpiryGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
 	if g.Retention == 0 {
-		g.Retention = storedefault.Retention
+		g.Retention = pg.DefaultRetention
 	}
 	if g.now == nil {
 		g.now = time.Now

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pgerr"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -150,7 +150,7 @@ func TestNaturalKeyClaimWaitIsBoundedAndRetried(t *testing.T) {
 	h := install(t, middleware.NewClaim, c)(consume(creditOnce))
 	_, err = h(newDelivery(t, o))
 	require.Error(t, err)
-	require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
+	require.Equal(t, pg.ClaimWait, pg.Classify(err))
 	require.False(t, framework.IsPermanent(err))
 	require.Len(t, rec.retries, 2)
 	require.Equal(t, framework.Failed, rec.results[0].Outcome)

@@ -13,21 +13,32 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/outboxsql"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
 
-func (b bundle) outboxRows(t testing.TB) []outboxsql.Row {
+// outboxRow is a pending outbox row as the relay reads it.
+type outboxRow struct {
+	Topic          string
+	IdempotencyKey string
+	Payload        []byte
+	Metadata       map[string]string
+}
+
+func (b bundle) outboxRows(t testing.TB) []outboxRow {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
 	cfg := b.store.Config()
-	rows, err := outboxsql.For(cfg.Schema, cfg.OutboxTable).LockPending(ctx, tx, 1000)
+	rows, err := b.pool.Query(context.Background(), "SELECT topic, idempotency_key, payload, metadata FROM "+
+		pgx.Identifier{cfg.Schema, cfg.OutboxTable}.Sanitize()+" WHERE sent_at IS NULL ORDER BY id")
 	require.NoError(t, err)
-	return rows
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (outboxRow, error) {
+		var r outboxRow
+		err := row.Scan(&r.Topic, &r.IdempotencyKey, &r.Payload, &r.Metadata)
+		return r, err
+	})
+	require.NoError(t, err)
+	return out
 }
 
 // receipt is what the loyalty handler of these tests returns: a message for
@@ -180,7 +191,7 @@ func TestInvalidReturnedMessageIsPermanent(t *testing.T) {
 func TestOutboxTopicConfiguration(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	for _, topic := range []string{strings.Repeat("t", outboxsql.MaxTopicBytes+1), "a\x00b", string([]byte{0xff})} {
+	for _, topic := range []string{strings.Repeat("t", pg.MaxOutboxTopicBytes+1), "a\x00b", string([]byte{0xff})} {
 		c := b.claim(t, "loyalty", nil)
 		c.OutboxTopic = topic
 		var ce *framework.ConfigError

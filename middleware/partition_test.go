@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -45,7 +45,7 @@ func TestPartitionedClaimsByEventTime(t *testing.T) {
 	require.Equal(t, int64(42), b.balance(t, 4))
 	var day time.Time
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT event_day FROM "+b.schema+".processed_messages").Scan(&day))
-	require.Equal(t, claimsql.EventDay(time.Now().Add(-48*time.Hour)), day.UTC())
+	require.Equal(t, pg.EventDay(time.Now().Add(-48*time.Hour)), day.UTC())
 
 	// No event time: the message cannot be placed, permanently.
 	_, err = h(newDelivery(t, order{OrderID: 43, CustomerID: 4, TotalCents: 100}))

@@ -9,15 +9,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/deadletter"
-	"github.com/claimtx/claimtx/internal/poisonmeta"
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/store"
 )
 
 // PoisonReasonKey is the metadata key of a poisoned copy that holds the
 // error text that poisoned the message.
-const PoisonReasonKey = poisonmeta.Reason
+const PoisonReasonKey = poison.Reason
 
 // Poison routes messages that cannot be processed to a poison/dead-letter
 // topic with the reason, then lets the router ack the original. Nothing is
@@ -186,7 +185,7 @@ func (p Poison) middleware(h message.HandlerFunc) message.HandlerFunc {
 // documentation describes. A non-nil error means it is nowhere: the
 // original must be nacked.
 func (p Poison) deadLetter(msg *message.Message, err error) error {
-	cp := p.copyWithReason(msg, err, poisonmeta.MaxReasonBytes)
+	cp := p.copyWithReason(msg, err, poison.MaxReasonBytes)
 	perr := p.Publisher.Publish(p.Topic, cp)
 	if perr == nil {
 		return nil
@@ -199,7 +198,7 @@ func (p Poison) deadLetter(msg *message.Message, err error) error {
 	}
 	// Refused for good. The bookkeeping may be what tipped the copy over
 	// the broker's limit: a copy with a shorter reason may pass.
-	if small := p.copyWithReason(msg, err, poisonmeta.ShortReasonBytes); small.Metadata.Get(poisonmeta.Reason) != cp.Metadata.Get(poisonmeta.Reason) {
+	if small := p.copyWithReason(msg, err, poison.ShortReasonBytes); small.Metadata.Get(poison.Reason) != cp.Metadata.Get(poison.Reason) {
 		serr := p.Publisher.Publish(p.Topic, small)
 		if serr == nil {
 			p.refused(msg, PoisonRefusal{Err: perr, Fallback: fallbackSmallerCopy})
@@ -241,18 +240,17 @@ func (p Poison) refused(msg *message.Message, r PoisonRefusal) {
 
 // record writes cp, the copy of msg the broker refused with perr, to
 // DeadLetters, and returns once the row is committed. It runs detached
-// from the message's context (bounded by deadletter.RecordTimeout): begun,
+// from the message's context (bounded by poison.DeadLetterRecordTimeout): begun,
 // a shutdown must not cut it half-way, and a row that did not commit
 // leaves the original nacked.
 func (p Poison) record(msg, cp *message.Message, err, perr error) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), deadletter.RecordTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poison.DeadLetterRecordTimeout)
 	defer cancel()
-	cfg := p.DeadLetters.Config()
 	key, _ := p.key(msg)
-	return deadletter.Record(ctx, p.DeadLetters.Pool(), sqlnames.New(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable), deadletter.Letter{
+	return pg.ClaimsOf(p.DeadLetters).RecordDeadLetter(ctx, pg.DeadLetter{
 		Consumer: p.Consumer, Key: key,
-		Topic: cp.Metadata.Get(poisonmeta.WatermillTopic), PoisonTopic: p.Topic,
-		UUID: msg.UUID, Reason: cp.Metadata.Get(poisonmeta.Reason), Permanent: framework.IsPermanent(err),
+		Topic: cp.Metadata.Get(poison.WatermillTopic), PoisonTopic: p.Topic,
+		UUID: msg.UUID, Reason: cp.Metadata.Get(poison.Reason), Permanent: framework.IsPermanent(err),
 		PublishError: perr.Error(), Payload: cp.Payload, Metadata: cp.Metadata,
 	})
 }
@@ -264,28 +262,28 @@ func (p Poison) copyWithReason(msg *message.Message, err error, limit int) *mess
 	// A copy of a copy (poisoned, replayed by hand without cleaning,
 	// poisoned again) must not keep the earlier stamps.
 	for k := range cp.Metadata {
-		if poisonmeta.IsPoisonKey(k) {
+		if poison.IsPoisonKey(k) {
 			delete(cp.Metadata, k)
 		}
 	}
-	reason, _ := poisonmeta.BoundReason(err.Error(), limit)
-	cp.Metadata.Set(poisonmeta.Reason, reason)
-	cp.Metadata.Set(poisonmeta.Permanent, fmt.Sprint(framework.IsPermanent(err)))
-	cp.Metadata.Set(poisonmeta.PoisonedAt, poisonmeta.FormatTime(time.Now()))
+	reason, _ := poison.BoundReason(err.Error(), limit)
+	cp.Metadata.Set(poison.Reason, reason)
+	cp.Metadata.Set(poison.Permanent, fmt.Sprint(framework.IsPermanent(err)))
+	cp.Metadata.Set(poison.PoisonedAt, poison.FormatTime(time.Now()))
 	if p.Consumer != "" {
-		cp.Metadata.Set(poisonmeta.Consumer, p.Consumer)
+		cp.Metadata.Set(poison.Consumer, p.Consumer)
 	}
 	if key, ok := p.key(msg); ok {
-		cp.Metadata.Set(poisonmeta.Key, key)
+		cp.Metadata.Set(poison.Key, key)
 	}
 	topic := message.SubscribeTopicFromCtx(msg.Context())
 	if topic == "" {
 		topic = p.SourceTopic
 	}
-	cp.Metadata.Set(poisonmeta.WatermillReason, reason)
-	cp.Metadata.Set(poisonmeta.WatermillTopic, topic)
-	cp.Metadata.Set(poisonmeta.WatermillHandler, message.HandlerNameFromCtx(msg.Context()))
-	cp.Metadata.Set(poisonmeta.WatermillSubscriber, message.SubscriberNameFromCtx(msg.Context()))
+	cp.Metadata.Set(poison.WatermillReason, reason)
+	cp.Metadata.Set(poison.WatermillTopic, topic)
+	cp.Metadata.Set(poison.WatermillHandler, message.HandlerNameFromCtx(msg.Context()))
+	cp.Metadata.Set(poison.WatermillSubscriber, message.SubscriberNameFromCtx(msg.Context()))
 	return cp
 }
 

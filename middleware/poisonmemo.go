@@ -6,8 +6,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/claimtx/claimtx/internal/poisonmemo"
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // RecordPoison records the poison memo of msg, which was just published
@@ -24,17 +24,16 @@ import (
 // the poison destination, so nothing is lost; the next delivery of the
 // message runs the handler again and is poisoned again.
 func (c Claim) RecordPoison(msg *message.Message, err error) {
-	if !c.PoisonMemo || c.Store == nil || c.Key == nil || msg == nil || !poisonmemo.Memoised(err) {
+	if !c.PoisonMemo || c.Store == nil || c.Key == nil || msg == nil || !poison.Memoised(err) {
 		return
 	}
 	key, kerr := c.key(msg)
 	if kerr != nil || key == "" {
 		return
 	}
-	cfg := c.Store.Config()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poisonmemo.RecordTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poison.MemoRecordTimeout)
 	defer cancel()
-	if rerr := poisonmemo.Record(ctx, c.Store.Pool(), sqlnames.New(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable), c.Consumer, key, err); rerr != nil && c.Logger != nil {
+	if rerr := pg.ClaimsOf(c.Store).RecordMemo(ctx, c.Consumer, key, err); rerr != nil && c.Logger != nil {
 		c.Logger.Error("claimtx: poison memo not recorded; the next delivery of the message runs the handler again", rerr,
 			watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
 	}

@@ -17,16 +17,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
 
 func (b bundle) memo(t testing.TB, consumer string, id int64) (poisonmemo.Memo, bool) {
 	t.Helper()
-	m, ok, err := poisonmemo.Get(context.Background(), b.pool, sqlnames.New(b.schema, "processed_messages", "outbox"), consumer, fmt.Sprintf("order-completed:%d", id))
+	m, ok, err := poisonmemo.Get(context.Background(), b.pool, pg.NewNames(b.schema, "processed_messages", "outbox"), consumer, fmt.Sprintf("order-completed:%d", id))
 	require.NoError(t, err)
 	return m, ok
 }
@@ -93,7 +94,7 @@ func TestPoisonMemoBareMiddleware(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, b.claims(t, "other"))
 
-	n, err := poisonmemo.Clear(context.Background(), b.pool, sqlnames.New(b.schema, "processed_messages", "outbox"), "memo", []string{"order-completed:1"})
+	n, err := poisonmemo.Clear(context.Background(), b.pool, pg.NewNames(b.schema, "processed_messages", "outbox"), "memo", []string{"order-completed:1"})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	fixed.Store(true)
@@ -138,7 +139,7 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 	t.Cleanup(func() { _ = pubsub.Close() })
 	claim := b.claim(t, "memo", nil)
 	claim.PoisonMemo = true
-	names := sqlnames.New(b.schema, "processed_messages", "outbox")
+	names := pg.NewNames(b.schema, "processed_messages", "outbox")
 	var unpoisonFirst atomic.Bool
 	onPoison := func(msg *message.Message, err error) {
 		if unpoisonFirst.Load() {
@@ -259,7 +260,7 @@ func TestPoisonMemoBatch(t *testing.T) {
 	for _, i := range []int{1, 4} {
 		require.Error(t, errs[i])
 		require.True(t, framework.IsPermanent(errs[i]))
-		require.True(t, poisonmemo.IsHit(errs[i]))
+		require.True(t, poison.IsHit(errs[i]))
 		require.Equal(t, "poison memo: order 2 is bad", errs[i].Error())
 	}
 	require.EqualValues(t, 3, b.claims(t, "memo"), "orders 1, 3, 4: order 2's claim did not commit")

@@ -8,8 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/claimsql"
-	"github.com/claimtx/claimtx/internal/pgerr"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -46,7 +45,7 @@ func TestBeginClaimBatch(t *testing.T) {
 
 	// Behind the uncommitted claim of "a": the wait expires.
 	_, _, err = st.BeginClaimBatchForTest(ctx, pgx.TxOptions{}, "c", []string{"a", "c"}, 20*time.Millisecond)
-	require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
+	require.Equal(t, pg.ClaimWait, pg.Classify(err))
 	require.Equal(t, int32(1), st.Pool().Stat().AcquiredConns(), "only the first transaction's connection is out")
 	require.NoError(t, tx.Commit(ctx))
 
@@ -71,7 +70,7 @@ func TestClaimsByEventDay(t *testing.T) {
 
 	claim := func(r store.ClaimRequest) store.ClaimResult { return claimWith(t, st, r) }
 	// An hour into yesterday (UTC), so a minute later is the same event day.
-	at := claimsql.EventDay(time.Now().Add(-24 * time.Hour)).Add(time.Hour)
+	at := pg.EventDay(time.Now().Add(-24 * time.Hour)).Add(time.Hour)
 	h1, h2 := []byte{1}, []byte{2}
 	require.True(t, claim(store.ClaimRequest{Consumer: "c", Key: "k", EventTime: at, PayloadHash: h1}).New)
 	require.Equal(t, store.ClaimResult{FingerprintMismatch: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", EventTime: at, PayloadHash: h2, MaxClaimWait: time.Second}))

@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/pgtest"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -142,7 +142,7 @@ func BenchmarkClaimSchema(b *testing.B) {
 				b.Fatal(err)
 			}
 			if v.sql != "" {
-				if _, err := pool.Exec(ctx, sqlnames.New(schema, "processed_messages", "outbox").Render(v.sql)); err != nil {
+				if _, err := pool.Exec(ctx, pg.NewNames(schema, "processed_messages", "outbox").Render(v.sql)); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/store/internal/claimsql"
 )
 
 // ClaimRequest is one claim: the consumer, the message key, and the

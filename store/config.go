@@ -6,8 +6,7 @@ import (
 	"strings"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/sqlnames"
-	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // identifier is deliberately stricter than Postgres: lower case only, so
@@ -37,13 +36,13 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.Schema == "" {
-		c.Schema = storedefault.Schema
+		c.Schema = pg.DefaultSchema
 	}
 	if c.ClaimsTable == "" {
-		c.ClaimsTable = storedefault.ClaimsTable
+		c.ClaimsTable = pg.DefaultClaimsTable
 	}
 	if c.OutboxTable == "" {
-		c.OutboxTable = storedefault.OutboxTable
+		c.OutboxTable = pg.DefaultOutboxTable
 	}
 	return c
 }
@@ -70,14 +69,14 @@ func (c Config) Validate() error {
 	if c.OutboxTable == c.ClaimsTable {
 		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q is also the ClaimsTable", c.OutboxTable)}
 	}
-	if c.OutboxTable == c.ClaimsTable+sqlnames.MemoSuffix {
+	if c.OutboxTable == c.ClaimsTable+pg.MemoSuffix {
 		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q is the poison memo table of ClaimsTable %q", c.OutboxTable, c.ClaimsTable)}
 	}
-	if c.OutboxTable == c.ClaimsTable+sqlnames.DeadLetterSuffix {
+	if c.OutboxTable == c.ClaimsTable+pg.DeadLetterSuffix {
 		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q is the dead-letter table of ClaimsTable %q", c.OutboxTable, c.ClaimsTable)}
 	}
 	return nil
 }
 
 // ident quotes a validated identifier.
-func ident(parts ...string) string { return sqlnames.Ident(parts...) }
+func ident(parts ...string) string { return pg.Ident(parts...) }

@@ -1,6 +1,6 @@
 package store
 
-import "github.com/claimtx/claimtx/internal/pgerr"
+import "github.com/claimtx/claimtx/internal/pg"
 
 // IsTransient reports whether err is a database failure that retrying the
 // whole transaction can overcome: a serialization failure (SQLSTATE
@@ -12,4 +12,4 @@ import "github.com/claimtx/claimtx/internal/pgerr"
 //
 // The claim middleware retries exactly these; a handler or a transaction
 // of your own can branch on it the same way.
-func IsTransient(err error) bool { return pgerr.Classify(err).Transient() }
+func IsTransient(err error) bool { return pg.Classify(err).Transient() }

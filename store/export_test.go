@@ -6,9 +6,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/internal/migrate"
-	"github.com/claimtx/claimtx/internal/outboxsql"
+	"github.com/claimtx/claimtx/store/internal/claimsql"
+	"github.com/claimtx/claimtx/store/internal/outboxsql"
 )
 
 // The plumbing below is what the middleware, the relay and the tools reach

@@ -14,7 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/outboxsql"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/store/internal/outboxsql"
 )
 
 // IdempotencyKeyMetadata is the metadata key every relayed message carries:
@@ -123,8 +124,8 @@ func validateTopic(topic string) error {
 	switch {
 	case topic == "":
 		return errors.New("topic is empty")
-	case len(topic) > outboxsql.MaxTopicBytes:
-		return fmt.Errorf("topic is %d bytes, longer than %d", len(topic), outboxsql.MaxTopicBytes)
+	case len(topic) > pg.MaxOutboxTopicBytes:
+		return fmt.Errorf("topic is %d bytes, longer than %d", len(topic), pg.MaxOutboxTopicBytes)
 	case !cleanText(topic):
 		return errors.New("topic must be valid UTF-8 without NUL bytes")
 	}

@@ -12,8 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/outboxnotify"
-	"github.com/claimtx/claimtx/internal/outboxsql"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/store"
 )
@@ -92,7 +91,7 @@ func TestEnqueueRefusesWhatNoBrokerTakes(t *testing.T) {
 		m     *message.Message
 	}{
 		{"empty topic", "", msg("u", "", nil)},
-		{"long topic", strings.Repeat("t", outboxsql.MaxTopicBytes+1), msg("u", "", nil)},
+		{"long topic", strings.Repeat("t", pg.MaxOutboxTopicBytes+1), msg("u", "", nil)},
 		{"NUL topic", "a\x00b", msg("u", "", nil)},
 		{"nil message", "t", nil},
 		{"NUL metadata", "t", msg("u", "", map[string]string{"k": "a\x00"})},
@@ -212,7 +211,7 @@ func TestEnqueueNotifiesAtCommit(t *testing.T) {
 	conn, err := pgx.Connect(ctx, pgtest.URL())
 	require.NoError(t, err)
 	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, "LISTEN "+outboxnotify.Channel)
+	_, err = conn.Exec(ctx, "LISTEN "+pg.OutboxChannel)
 	require.NoError(t, err)
 
 	tx, err := st.Pool().Begin(ctx)
@@ -229,7 +228,7 @@ func TestEnqueueNotifiesAtCommit(t *testing.T) {
 	for {
 		n, err := conn.WaitForNotification(wctx)
 		require.NoError(t, err)
-		if n.Payload == outboxnotify.Payload(st.Config().Schema, st.Config().OutboxTable) {
+		if n.Payload == pg.OutboxPayload(st.Config().Schema, st.Config().OutboxTable) {
 			break
 		}
 	}

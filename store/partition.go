@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/internal/claimsql"
-	"github.com/claimtx/claimtx/internal/pgerr"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/timing"
+	"github.com/claimtx/claimtx/store/internal/claimsql"
 )
 
 const (
@@ -555,7 +555,7 @@ func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConf
 			}
 			return fn(tx)
 		})
-		if err == nil || pgerr.Classify(err) != pgerr.ClaimWait || attempt >= cfg.LockTries {
+		if err == nil || pg.Classify(err) != pg.ClaimWait || attempt >= cfg.LockTries {
 			return err
 		}
 		if perr := timing.Sleep(ctx, time.Duration(attempt)*partitionLockRetryInterval); perr != nil {

@@ -11,8 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/claimsql"
-	"github.com/claimtx/claimtx/internal/pgerr"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -147,7 +146,7 @@ func TestPartitionTwinsAcrossDayBoundary(t *testing.T) {
 	require.NoError(t, err)
 	defer tx.Rollback(ctx)
 	_, err = claimKeyAt(ctx, st, tx, "loyalty", "held", event, 50*time.Millisecond)
-	require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
+	require.Equal(t, pg.ClaimWait, pg.Classify(err))
 	_, err = claimKeyAt(ctx, st, nil, "loyalty", "k", event, 0)
 	require.Error(t, err)
 }
@@ -286,7 +285,7 @@ func TestPartitionConfigAndStates(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "Retention", ce.Field)
 	require.Contains(t, ce.Reason, "one day")
-	require.Equal(t, claimsql.EventDay(time.Date(2024, 5, 1, 23, 30, 0, 0, time.FixedZone("x", -3600))), time.Date(2024, 5, 2, 0, 0, 0, 0, time.UTC))
+	require.Equal(t, pg.EventDay(time.Date(2024, 5, 1, 23, 30, 0, 0, time.FixedZone("x", -3600))), time.Date(2024, 5, 2, 0, 0, 0, 0, time.UTC))
 }
 
 // Converting a plain claim table that already holds claims: nothing is

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/claimtx/claimtx/internal/pgerr"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // KafkaPosition is one stored Kafka position: for Consumer, the offset of
@@ -39,7 +39,7 @@ FROM {schema}.kafka_positions ORDER BY consumer, topic, partition`))
 			return ps, nil
 		}
 	}
-	if pgerr.SQLState(err) == "42P01" { // undefined_table: not migrated yet
+	if pg.SQLState(err) == "42P01" { // undefined_table: not migrated yet
 		return nil, nil
 	}
 	return nil, fmt.Errorf("claimtx: stats: kafka positions: %w", err)

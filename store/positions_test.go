@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/claimsql"
 	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/store/internal/claimsql"
 )
 
 func storePositions(t *testing.T, st *store.Store, consumer string, ps ...claimsql.Position) {

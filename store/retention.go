@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/timing"
 )
 
@@ -154,37 +154,37 @@ type CleanupResult struct {
 
 func (c RetentionConfig) withDefaults() RetentionConfig {
 	if c.Retention == 0 {
-		c.Retention = storedefault.Retention
+		c.Retention = pg.DefaultRetention
 	}
 	if c.MinRetention == 0 {
-		c.MinRetention = storedefault.MinRetention
+		c.MinRetention = pg.DefaultMinRetention
 	}
 	if c.BatchSize == 0 {
-		c.BatchSize = storedefault.BatchSize
+		c.BatchSize = pg.DefaultBatchSize
 	}
 	if c.MinBatchSize == 0 {
-		c.MinBatchSize = min(storedefault.MinBatchSize, c.BatchSize)
+		c.MinBatchSize = min(pg.DefaultMinBatchSize, c.BatchSize)
 	}
 	if c.MaxBatchSize == 0 {
-		c.MaxBatchSize = max(storedefault.MaxBatchSize, c.BatchSize)
+		c.MaxBatchSize = max(pg.DefaultMaxBatchSize, c.BatchSize)
 	}
 	if c.TargetBatchDuration == 0 {
-		c.TargetBatchDuration = storedefault.TargetBatchDuration
+		c.TargetBatchDuration = pg.DefaultTargetBatchDuration
 	}
 	if c.Pause == 0 {
-		c.Pause = storedefault.BatchPause
+		c.Pause = pg.DefaultBatchPause
 	}
 	if c.BatchTimeout == 0 {
-		c.BatchTimeout = storedefault.BatchTimeout
+		c.BatchTimeout = pg.DefaultBatchTimeout
 	}
 	if c.Ahead == 0 {
-		c.Ahead = storedefault.PartitionsAhead
+		c.Ahead = pg.DefaultPartitionsAhead
 	}
 	if c.LockWait == 0 {
-		c.LockWait = storedefault.PartitionLockWait
+		c.LockWait = pg.DefaultPartitionLockWait
 	}
 	if c.LockTries == 0 {
-		c.LockTries = storedefault.PartitionLockTries
+		c.LockTries = pg.DefaultPartitionLockTries
 	}
 	return c
 }

@@ -32,10 +32,8 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/claimsql"
-	"github.com/claimtx/claimtx/internal/pgerr"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/pgtest"
-	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -98,7 +96,7 @@ func (r *claimRows) Next() bool {
 	event := processed.Add(-time.Duration(h%5000) * time.Millisecond)
 	r.row = []any{benchConsumers[r.i%len(benchConsumers)], "evt-" + hex.EncodeToString(b[:]), processed}
 	if r.partitioned {
-		r.row = append(r.row, pgtype.Date{Time: claimsql.EventDay(event), Valid: true})
+		r.row = append(r.row, pgtype.Date{Time: pg.EventDay(event), Valid: true})
 	}
 	r.i++
 	return true
@@ -176,7 +174,7 @@ func postmasterStart(t *testing.T) time.Time {
 }
 
 // restarted is a connection failure caused by the server going away.
-func restarted(err error) bool { return pgerr.Classify(err) == pgerr.Connection }
+func restarted(err error) bool { return pg.Classify(err) == pg.Connection }
 
 // resilient runs fn until it succeeds, re-running it after a server restart
 // (at most 5 times), and returns how many restarts interrupted it.
@@ -426,7 +424,7 @@ func TestRetentionAtScale(t *testing.T) {
 		layout = "heap shuffled"
 	}
 	say("cleanup (%s; batches toward %s, %s pause): %d claims in %s = %.0f rows/s wall, %d batches, batch size %d..%d, %d restarts survived",
-		layout, cmp.Or(ccfg.TargetBatchDuration, storedefault.TargetBatchDuration), cmp.Or(ccfg.Pause, storedefault.BatchPause), total.Deleted, total.Duration.Round(time.Second), float64(total.Deleted)/total.Duration.Seconds(), batches, minSize, maxSize, restarts)
+		layout, cmp.Or(ccfg.TargetBatchDuration, pg.DefaultTargetBatchDuration), cmp.Or(ccfg.Pause, pg.DefaultBatchPause), total.Deleted, total.Duration.Round(time.Second), float64(total.Deleted)/total.Duration.Seconds(), batches, minSize, maxSize, restarts)
 	say("plain, during cleanup:       %s", during)
 	say("=> claim p99 during cleanup / without: %.2fx (target <= 2x)", float64(during.percentile(0.99))/float64(wFull.percentile(0.99)))
 	if os.Getenv("BENCH_PARTITIONED") == "0" {

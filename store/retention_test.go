@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -65,7 +65,7 @@ func TestCleanupBoundaries(t *testing.T) {
 	require.EqualValues(t, 0, countWhere(t, st, "message_key LIKE 'just-out-%' OR message_key LIKE 'tie-%' OR message_key LIKE 'far-out-%'"))
 	require.EqualValues(t, 10, countWhere(t, st, "true"), "claims inside the window are never touched")
 	require.EqualValues(t, 6, countWhere(t, st, "message_key LIKE 'just-in-%'"))
-	require.WithinDuration(t, time.Now().Add(-storedefault.Retention), res.Horizon, time.Minute)
+	require.WithinDuration(t, time.Now().Add(-pg.DefaultRetention), res.Horizon, time.Minute)
 
 	require.NotEmpty(t, seen)
 	require.Equal(t, 0, seen[0].Batch)

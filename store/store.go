@@ -4,9 +4,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/claimsql"
-	"github.com/claimtx/claimtx/internal/outboxsql"
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/store/internal/claimsql"
+	"github.com/claimtx/claimtx/store/internal/outboxsql"
 )
 
 // Store is claimtx's Postgres layer. It is safe for concurrent use; it holds
@@ -14,7 +14,7 @@ import (
 type Store struct {
 	pool  *pgxpool.Pool
 	cfg   Config
-	names *sqlnames.Names
+	names *pg.Names
 
 	claims *claimsql.Statements
 	outbox *outboxsql.Statements
@@ -33,7 +33,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	return &Store{
 		pool:   pool,
 		cfg:    cfg,
-		names:  sqlnames.New(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable),
+		names:  pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable),
 		claims: claimsql.For(cfg.Schema, cfg.ClaimsTable),
 		outbox: outboxsql.For(cfg.Schema, cfg.OutboxTable),
 	}, nil

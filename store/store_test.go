@@ -15,7 +15,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/migrate"
-	"github.com/claimtx/claimtx/internal/pgerr"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/store"
 )
@@ -197,7 +197,7 @@ func TestClaimWaitTimesOutBehindTwin(t *testing.T) {
 	_, err = claimKey(ctx, st, tx, "c", "k", 50*time.Millisecond)
 	require.Error(t, err)
 	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
-	require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
+	require.Equal(t, pg.ClaimWait, pg.Classify(err))
 	require.True(t, store.IsTransient(err))
 }
 
@@ -279,7 +279,7 @@ func TestClassifyRealConnectionLoss(t *testing.T) {
 	require.NoError(t, err)
 	_, err = conn.Exec(ctx, "SELECT 1")
 	require.Error(t, err)
-	require.Equal(t, pgerr.Connection, pgerr.Classify(err), "%T %v", err, err)
+	require.Equal(t, pg.Connection, pg.Classify(err), "%T %v", err, err)
 }
 
 func TestClaimFingerprint(t *testing.T) {
@@ -338,7 +338,7 @@ func TestBeginClaim(t *testing.T) {
 	require.True(t, ok)
 	for i := 0; i < 3; i++ {
 		_, _, err = st.BeginClaimForTest(ctx, pgx.TxOptions{}, store.ClaimRequest{Consumer: "c", Key: "held", MaxClaimWait: 20 * time.Millisecond})
-		require.Equal(t, pgerr.ClaimWait, pgerr.Classify(err))
+		require.Equal(t, pg.ClaimWait, pg.Classify(err))
 	}
 	require.Equal(t, int32(1), st.Pool().Stat().AcquiredConns(), "only the holder's connection is out")
 	require.NoError(t, holder.Rollback(ctx))

@@ -22,8 +22,8 @@ import (
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/consumername"
-	"github.com/claimtx/claimtx/internal/poisonmeta"
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/startup"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -497,8 +497,8 @@ func (p *parts) logPoisoned(msg *message.Message, err error) {
 	cfg := p.cfg
 	reason := err.Error()
 	args := []any{"consumer", cfg.Name, "topic", cfg.Topic, "poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "reason", reason}
-	if _, cut := poisonmeta.BoundReason(reason, poisonmeta.MaxReasonBytes); cut {
-		args = append(args, "reason_bytes", len(reason), "reason_sha256", poisonmeta.ReasonHash(reason))
+	if _, cut := poison.BoundReason(reason, poison.MaxReasonBytes); cut {
+		args = append(args, "reason_bytes", len(reason), "reason_sha256", poison.ReasonHash(reason))
 	}
 	cfg.Logger.Warn("claimtx: message poisoned", args...)
 }
@@ -512,7 +512,7 @@ func (p *parts) logRefused(msg *message.Message, r middleware.PoisonRefusal) {
 	cfg := p.cfg
 	args := []any{"consumer", cfg.Name, "topic", cfg.Topic, "poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "err", r.Err}
 	sc := p.store.Config()
-	table := sc.Schema + "." + sc.ClaimsTable + sqlnames.DeadLetterSuffix
+	table := sc.Schema + "." + sc.ClaimsTable + pg.DeadLetterSuffix
 	switch r.Fallback {
 	case "smaller_copy":
 		cfg.Logger.Warn("claimtx: the broker refused the poisoned copy; published a smaller one (reason cut to 256 bytes)", args...)

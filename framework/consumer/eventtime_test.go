@@ -18,7 +18,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -119,7 +119,7 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 	require.NoError(t, err)
 	days, err = pgx.CollectRows(rows, pgx.RowTo[time.Time])
 	require.NoError(t, err)
-	require.Equal(t, []time.Time{claimsql.EventDay(eventAt)}, utc(days))
+	require.Equal(t, []time.Time{pg.EventDay(eventAt)}, utc(days))
 
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {

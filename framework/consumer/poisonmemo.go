@@ -7,9 +7,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/deadletter"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // checkMemoPrivileges refuses to start a consumer with Claim.PoisonMemo
@@ -21,8 +20,8 @@ func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 		return nil
 	}
 	sc := p.store.Config()
-	n := sqlnames.New(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
-	missing, err := poisonmemo.Privileges(ctx, p.pool, n, "SELECT", "INSERT", "UPDATE")
+	n := pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
+	missing, err := pg.ClaimsOf(p.store).MemoLacking(ctx)
 	if err != nil {
 		return err
 	}
@@ -43,8 +42,8 @@ func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 // upgrade. docs/security.md says what to grant.
 func (p *parts) checkDeadLetterPrivileges(ctx context.Context) {
 	sc := p.store.Config()
-	n := sqlnames.New(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
-	ok, err := deadletter.CanRecord(ctx, p.pool, n)
+	n := pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
+	ok, err := pg.ClaimsOf(p.store).CanRecordDeadLetter(ctx)
 	if err == nil && ok {
 		return
 	}
@@ -67,13 +66,12 @@ func (p *parts) checkDeadLetterPrivileges(ctx context.Context) {
 // memo is missing, and the next delivery of the message runs the handler
 // again and is poisoned again, as without a memo.
 func (p *parts) memoize(msg *message.Message, err error, key string) {
-	if !p.claim.PoisonMemo || key == "" || !poisonmemo.Memoised(err) {
+	if !p.claim.PoisonMemo || key == "" || !poison.Memoised(err) {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poisonmemo.RecordTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poison.MemoRecordTimeout)
 	defer cancel()
-	sc := p.store.Config()
-	if rerr := poisonmemo.Record(ctx, p.pool, sqlnames.New(sc.Schema, sc.ClaimsTable, sc.OutboxTable), p.cfg.Name, key, err); rerr != nil {
+	if rerr := pg.ClaimsOf(p.store).RecordMemo(ctx, p.cfg.Name, key, err); rerr != nil {
 		p.cfg.Logger.Error("claimtx: poison memo not recorded; the message is in the poison destination, and its next delivery runs the handler again",
 			"consumer", p.cfg.Name, "message_uuid", msg.UUID, "err", rerr)
 		if p.metrics != nil {

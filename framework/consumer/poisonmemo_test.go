@@ -22,8 +22,9 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -106,7 +107,7 @@ func (p *poisonReader) await(t *testing.T, total int) map[string]poisonCopy {
 
 func memoOf(t *testing.T, pool *pgxpool.Pool, schema, consumerName string, id int64) (poisonmemo.Memo, bool) {
 	t.Helper()
-	m, ok, err := poisonmemo.Get(t.Context(), pool, sqlnames.New(schema, "processed_messages", "outbox"), consumerName, fmt.Sprintf("order-%d", id))
+	m, ok, err := poisonmemo.Get(t.Context(), pool, pg.NewNames(schema, "processed_messages", "outbox"), consumerName, fmt.Sprintf("order-%d", id))
 	require.NoError(t, err)
 	return m, ok
 }
@@ -148,7 +149,7 @@ func testPoisonMemo(t *testing.T, kind, mode string) {
 	rb.publishCopy(t, bad, "transport-1", "first")
 	got := pr.await(t, 1)
 	require.Contains(t, got["first"].reason, "order 1 refused for good")
-	require.NotContains(t, got["first"].reason, poisonmemo.HitPrefix)
+	require.NotContains(t, got["first"].reason, poison.HitPrefix)
 	require.Eventually(t, func() bool { _, ok := memoOf(t, pool, schema, "memo", 1); return ok }, 10*time.Second, 10*time.Millisecond, "memo recorded")
 	m, _ := memoOf(t, pool, schema, "memo", 1)
 	require.EqualValues(t, 1, m.Seen)
@@ -162,8 +163,8 @@ func testPoisonMemo(t *testing.T, kind, mode string) {
 	rb.publishCopy(t, good, "transport-3", "good")
 	got = pr.await(t, 3)
 	for _, row := range []string{"redelivery", "fresh copy"} {
-		require.Contains(t, got[row].reason, poisonmemo.HitPrefix+"order 1 refused for good", row)
-		require.NotContains(t, got[row].reason, poisonmemo.HitPrefix+poisonmemo.HitPrefix, "%s: the reason is the first one, not nested", row)
+		require.Contains(t, got[row].reason, poison.HitPrefix+"order 1 refused for good", row)
+		require.NotContains(t, got[row].reason, poison.HitPrefix+poison.HitPrefix, "%s: the reason is the first one, not nested", row)
 	}
 	require.Eventually(t, func() bool { return effectCount(t, pool, 2) == 1 }, 30*time.Second, 10*time.Millisecond, "the good order applied")
 	require.Eventually(t, func() bool { m, _ := memoOf(t, pool, schema, "memo", 1); return m.Seen == 3 }, 10*time.Second, 10*time.Millisecond, "memo counts the copies")
@@ -174,7 +175,7 @@ func testPoisonMemo(t *testing.T, kind, mode string) {
 
 	// Unpoison (what `claimtx unpoison` runs), deploy the fix: the next
 	// copy runs the handler and is applied.
-	n, err := poisonmemo.ClearWhere(t.Context(), pool, sqlnames.New(schema, "processed_messages", "outbox"), poisonmemo.Filter{Consumer: "memo", Keys: []string{"order-1"}})
+	n, err := poisonmemo.ClearWhere(t.Context(), pool, pg.NewNames(schema, "processed_messages", "outbox"), poisonmemo.Filter{Consumer: "memo", Keys: []string{"order-1"}})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	h.fixed.Store(true)
@@ -236,7 +237,7 @@ CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON `+memo+` FOR EACH ROW EXECUTE F
 	// and is poisoned again. Nothing is lost either way.
 	rb.publishCopy(t, bad, "transport-2", "second")
 	got := pr.await(t, 2)
-	require.NotContains(t, got["second"].reason, poisonmemo.HitPrefix)
+	require.NotContains(t, got["second"].reason, poison.HitPrefix)
 	require.Equal(t, 2, h.ran(1))
 	require.Eventually(t, func() bool { return errorsTotal() == 2 }, 10*time.Second, 10*time.Millisecond)
 
@@ -247,7 +248,7 @@ CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON `+memo+` FOR EACH ROW EXECUTE F
 	require.Eventually(t, func() bool { _, ok := memoOf(t, pool, schema, "memo", 1); return ok }, 10*time.Second, 10*time.Millisecond, "memo recorded")
 	rb.publishCopy(t, bad, "transport-4", "fourth")
 	got = pr.await(t, 4)
-	require.Contains(t, got["fourth"].reason, poisonmemo.HitPrefix)
+	require.Contains(t, got["fourth"].reason, poison.HitPrefix)
 	require.Equal(t, 3, h.ran(1))
 	require.EqualValues(t, 2, errorsTotal())
 	// Acked, every one: nothing comes back to the handler.

@@ -10,9 +10,8 @@ import (
 	"time"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/claimsql"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/position"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
 // positionsEvery is how often a running consumer stores the positions
@@ -53,15 +52,15 @@ func (s *settledPositions) add(topic string, partition int32, below int64) {
 }
 
 // take returns the pending positions, sorted, and forgets them.
-func (s *settledPositions) take() []claimsql.Position {
+func (s *settledPositions) take() []position.Settled {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]claimsql.Position, 0, len(s.pending))
+	out := make([]position.Settled, 0, len(s.pending))
 	for k, off := range s.pending {
-		out = append(out, claimsql.Position{Topic: k.topic, Partition: k.partition, SettledBelow: off})
+		out = append(out, position.Settled{Topic: k.topic, Partition: k.partition, SettledBelow: off})
 	}
 	clear(s.pending)
-	slices.SortFunc(out, func(a, b claimsql.Position) int {
+	slices.SortFunc(out, func(a, b position.Settled) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
 	})
 	return out
@@ -77,7 +76,7 @@ func (p *parts) flushPositions(ctx context.Context) {
 	if len(ps) == 0 {
 		return
 	}
-	if err := claimsql.PositionsFor(p.store.Config().Schema).Store(ctx, p.pool, p.cfg.Name, ps); err != nil {
+	if err := pg.ClaimsOf(p.store).Positions().Store(ctx, p.pool, p.cfg.Name, ps); err != nil {
 		for _, pos := range ps {
 			p.settled.add(pos.Topic, pos.Partition, pos.SettledBelow)
 		}
@@ -97,7 +96,8 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 		return false, nil
 	}
 	schema := p.store.Config().Schema
-	loader := claimsql.Loader{Pool: p.pool, Stmts: claimsql.PositionsFor(schema), Consumer: cfg.Name}
+	positions := pg.ClaimsOf(p.store).Positions()
+	loader := positions.Loader(cfg.Name)
 	p.settled = &settledPositions{pending: map[tp]int64{}}
 	attached := position.Attach(p.sub, position.Options{
 		Loader:  loader,
@@ -114,15 +114,9 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	if !attached {
 		return false, nil
 	}
-	var lacking []string
-	for _, priv := range []string{"SELECT", "INSERT", "UPDATE"} {
-		var ok *bool
-		if err := p.pool.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), $2)", sqlnames.Ident(schema, "kafka_positions"), priv).Scan(&ok); err != nil {
-			return false, fmt.Errorf("claimtx: check privileges on the Kafka positions table: %w", err)
-		}
-		if ok != nil && !*ok {
-			lacking = append(lacking, priv)
-		}
+	lacking, err := positions.Lacking(ctx)
+	if err != nil {
+		return false, err
 	}
 	if len(lacking) > 0 {
 		return false, &framework.ConfigError{Field: "Claim.NoPositions", Reason: fmt.Sprintf(
@@ -139,13 +133,13 @@ func (p *parts) watchPositions(ctx context.Context) {
 	if !p.positions {
 		return
 	}
-	stmts := claimsql.PositionsFor(p.store.Config().Schema)
+	positions := pg.ClaimsOf(p.store).Positions()
 	t := time.NewTicker(positionsEvery)
 	defer t.Stop()
 	for tick := 0; ; tick++ {
 		p.flushPositions(ctx)
 		if p.metrics != nil && tick%gaugesEvery == 0 {
-			if ps, err := stmts.Of(ctx, p.pool, p.cfg.Name); err == nil {
+			if ps, err := positions.Of(ctx, p.cfg.Name); err == nil {
 				for _, pos := range ps {
 					p.metrics.SetPosition(p.cfg.Name, pos.Topic, pos.Partition, pos.SettledBelow)
 				}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
-	"github.com/claimtx/claimtx/internal/poisonmeta"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/startup"
 )
 
@@ -56,7 +56,7 @@ func boundError(err error) error {
 	if err == nil {
 		return nil
 	}
-	text, cut := poisonmeta.BoundReason(err.Error(), poisonmeta.MaxReasonBytes)
+	text, cut := poison.BoundReason(err.Error(), poison.MaxReasonBytes)
 	if !cut {
 		return err
 	}

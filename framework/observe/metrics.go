@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pgerr"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -44,8 +44,8 @@ var (
 	outcomes = []framework.Outcome{framework.Applied, framework.Duplicate, framework.Failed, framework.Poisoned, framework.Expired}
 	// Only transient causes are retried (store.IsTransient).
 	retryCauses = []string{
-		pgerr.Serialization.String(), pgerr.Deadlock.String(),
-		pgerr.ClaimWait.String(), pgerr.Connection.String(), retryCauseHandler,
+		pg.Serialization.String(), pg.Deadlock.String(),
+		pg.ClaimWait.String(), pg.Connection.String(), retryCauseHandler,
 	}
 	// The fallbacks of a refused poisoned copy (middleware.PoisonRefusal),
 	// "" labelled fallbackNone.

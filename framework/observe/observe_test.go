@@ -25,8 +25,8 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/migrate"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/pgtest"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -238,7 +238,7 @@ func TestHealth(t *testing.T) {
 	require.Contains(t, rr.Body.String(), "broker connection is down")
 
 	// Migrations behind.
-	require.NoError(t, migrate.Down(context.Background(), st.Pool(), sqlnames.New(st.Config().Schema, st.Config().ClaimsTable, st.Config().OutboxTable), 0))
+	require.NoError(t, migrate.Down(context.Background(), st.Pool(), pg.NewNames(st.Config().Schema, st.Config().ClaimsTable, st.Config().OutboxTable), 0))
 	rep = observe.Health{Store: st}.Check(context.Background())
 	require.False(t, rep.Ready)
 	require.Contains(t, rep.Checks["migrations"], "needs")

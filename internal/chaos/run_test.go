@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/middleware"
 )
@@ -338,7 +338,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	}
 
 	env := consumerEnv(o,
-		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+storedefault.Schema, "TOPIC="+topic,
+		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+pg.DefaultSchema, "TOPIC="+topic,
 		"AMQP_URL="+o.amqpURL, "AMQP_QUEUE_TYPE="+o.amqpQueueType, "KAFKA_BROKERS="+kafkaAddr, "KAFKA_CONSUMER_GROUP="+group,
 		// Kafka: the example's default session and rebalance timeouts,
 		// the ones a user runs, unless -kafka-session-timeout or

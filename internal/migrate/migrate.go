@@ -21,7 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 //go:embed migrations/*.sql
@@ -123,7 +123,7 @@ func LockKey(schema string) int64 {
 // after the lock, and its CREATE SCHEMA IF NOT EXISTS would collide
 // (duplicate key in pg_namespace_nspname_index). Beginning the transaction
 // after the lock makes it see everything its predecessors committed.
-func Up(ctx context.Context, pool *pgxpool.Pool, n *sqlnames.Names) error {
+func Up(ctx context.Context, pool *pgxpool.Pool, n *pg.Names) error {
 	// The common case at start-up is "nothing to do". Check it with reads
 	// only, in statements of their own before any lock: Postgres checks
 	// CREATE privileges before IF NOT EXISTS, so the DDL path would make a
@@ -138,7 +138,7 @@ func Up(ctx context.Context, pool *pgxpool.Pool, n *sqlnames.Names) error {
 
 // UpTx is Up inside the caller's transaction; see Store.MigrateTx. It
 // takes the advisory lock (a transaction lock) as its first statement.
-func UpTx(ctx context.Context, tx pgx.Tx, n *sqlnames.Names) error {
+func UpTx(ctx context.Context, tx pgx.Tx, n *pg.Names) error {
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(n.Schema)); err != nil {
 		return fmt.Errorf("claimtx: migration lock: %w", err)
 	}
@@ -147,7 +147,7 @@ func UpTx(ctx context.Context, tx pgx.Tx, n *sqlnames.Names) error {
 
 // upLocked applies the missing migrations in tx; the caller holds the
 // migration lock.
-func upLocked(ctx context.Context, tx pgx.Tx, n *sqlnames.Names) error {
+func upLocked(ctx context.Context, tx pgx.Tx, n *pg.Names) error {
 	// Another instance may have migrated while this one waited for the
 	// lock, and UpTx has no read path before it: read again, so an
 	// up-to-date schema still needs no CREATE privilege.
@@ -179,7 +179,7 @@ func upLocked(ctx context.Context, tx pgx.Tx, n *sqlnames.Names) error {
 // Down reverts migrations above version target (0 removes every claimtx
 // table, and the claims with them: there is no undo), under the same lock
 // as Up.
-func Down(ctx context.Context, pool *pgxpool.Pool, n *sqlnames.Names, target int) error {
+func Down(ctx context.Context, pool *pgxpool.Pool, n *pg.Names, target int) error {
 	if target < 0 {
 		return fmt.Errorf("claimtx: migrate down: target %d is negative", target)
 	}
@@ -212,7 +212,7 @@ type Querier interface {
 
 // Version returns the highest applied migration (0 when none, including
 // when the schema does not exist).
-func Version(ctx context.Context, db Querier, n *sqlnames.Names) (int, error) {
+func Version(ctx context.Context, db Querier, n *pg.Names) (int, error) {
 	var exists bool
 	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", n.Render("{schema}.claimtx_migration")).Scan(&exists); err != nil {
 		return 0, fmt.Errorf("claimtx: read migration version: %w", err)
@@ -230,7 +230,7 @@ func Version(ctx context.Context, db Querier, n *sqlnames.Names) (int, error) {
 // underLock runs fn in a transaction that begins after this session holds
 // the migration lock (see Up for why the order matters), on a connection
 // of its own, and releases the lock after the transaction ended.
-func underLock(ctx context.Context, pool *pgxpool.Pool, n *sqlnames.Names, fn func(pgx.Tx) error) error {
+func underLock(ctx context.Context, pool *pgxpool.Pool, n *pg.Names, fn func(pgx.Tx) error) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("claimtx: migration: acquire connection: %w", err)
@@ -261,7 +261,7 @@ func underLock(ctx context.Context, pool *pgxpool.Pool, n *sqlnames.Names, fn fu
 // ensureAndReadVersions creates the schema and the bookkeeping table if
 // missing and returns the applied versions. The caller holds the migration
 // lock: CREATE … IF NOT EXISTS is not safe against a concurrent create.
-func ensureAndReadVersions(ctx context.Context, tx pgx.Tx, n *sqlnames.Names) (map[int]bool, error) {
+func ensureAndReadVersions(ctx context.Context, tx pgx.Tx, n *pg.Names) (map[int]bool, error) {
 	if _, err := tx.Exec(ctx, n.Render(`CREATE SCHEMA IF NOT EXISTS {schema};
 CREATE TABLE IF NOT EXISTS {schema}.claimtx_migration (
     version    integer     PRIMARY KEY,

@@ -1,14 +1,16 @@
-// Package poisonmemo keeps the poison memo: the (consumer, key) of every
-// message that was dead-lettered, with the reason, the last time a copy
-// was poisoned and how many were. The claim middleware looks memos up in
-// the round trip of its claim (internal/claimsql) and sends a memoised
-// key straight to the poison destination without running the handler;
-// framework/consumer and middleware.Claim.RecordPoison record memos; the
-// claimtx CLI (unpoison, explain), retention and the dead-letter replay
-// read and clear them through this package.
+// Package poisonmemo is the SQL of the poison memo: the (consumer, key) of
+// every message that was dead-lettered, with the reason, the last time a
+// copy was poisoned and how many were. The claim middleware looks memos up
+// in the round trip of its claim (store/internal/claimsql) and sends a
+// memoised key straight to the poison destination without running the
+// handler; framework/consumer and middleware.Claim.RecordPoison record
+// memos through the store (pg.Claims); the claimtx CLI (unpoison,
+// explain), retention and the dead-letter replay read and clear them
+// through this package. The rest of the concept (the hit error, the
+// timeouts, the poisoned copy's metadata) is internal/poison.
 //
 // The memo table is <claims table>_poison_memo in the claim table's schema
-// (sqlnames.Names.Memo), created by migration 004.
+// (pg.Names.Memo), created by migration 004.
 package poisonmemo
 
 import (
@@ -22,44 +24,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 )
-
-// HitPrefix starts the reason of a message poisoned by its memo:
-// "poison memo: <the reason that poisoned the first copy>".
-const HitPrefix = "poison memo: "
-
-// HitError is the (permanent) failure of a delivery whose (consumer, key)
-// has a memo: the handler did not run, and the message goes to the poison
-// destination with this error as its reason.
-type HitError struct {
-	// Reason is the memo's reason: the error that poisoned the first copy.
-	Reason string
-}
-
-func (e *HitError) Error() string { return HitPrefix + e.Reason }
-
-// IsHit reports whether err is, or wraps, a *HitError.
-func IsHit(err error) bool {
-	var h *HitError
-	return errors.As(err, &h)
-}
-
-// Memoised reports whether a message poisoned because of err gets a memo:
-// not when it was poisoned as expired (older than the claims' retention:
-// every copy is expired anyway, and the expiry guard is cheaper than a
-// lookup).
-func Memoised(err error) bool {
-	return err != nil && !errors.As(err, new(*framework.ExpiredError))
-}
-
-// RecordTimeout bounds recording one memo. It runs after the poisoned
-// copy was published and before the original is acked, on a context
-// detached from the message's (a shutdown must not cancel it half-way):
-// a database that does not answer delays the ack by this much at most,
-// and the memo is then missing, not the message.
-const RecordTimeout = 2 * time.Second
 
 // MaxReasonBytes bounds a stored reason. The poisoned copy carries the
 // whole error text; the memo only has to say which failure it remembers,
@@ -99,15 +66,15 @@ type Memo struct {
 // Record upserts the memo of (consumer, key) after a copy of its message
 // went to the poison destination because of err: a new memo holds err's
 // text; an existing one is counted (seen + 1) and stamped with the time.
-// A copy poisoned by its memo (a *HitError) only counts and stamps the
+// A copy poisoned by its memo (a *poison.HitError) only counts and stamps the
 // memo, keeping its reason (the one that explains the failure) rather than
 // "poison memo: …" nested once per redelivery. If the memo was cleared
 // meanwhile (claimtx unpoison, retention) it stays cleared: the record runs
 // after the copy was published, and writing the memo again would undo an
 // unpoison that landed in between.
-func Record(ctx context.Context, db DB, n *sqlnames.Names, consumer, key string, err error) error {
+func Record(ctx context.Context, db DB, n *pg.Names, consumer, key string, err error) error {
 	var qerr error
-	if errors.As(err, new(*HitError)) {
+	if poison.IsHit(err) {
 		_, qerr = db.Exec(ctx, n.Render(`UPDATE {schema}.{memo} SET poisoned_at = now(), seen = seen + 1
 WHERE consumer = $1 AND message_key = $2`), consumer, key)
 	} else {
@@ -122,7 +89,7 @@ SET reason = EXCLUDED.reason, poisoned_at = now(), seen = m.seen + 1`), consumer
 }
 
 // Get returns the memo of (consumer, key); ok is false when there is none.
-func Get(ctx context.Context, db DB, n *sqlnames.Names, consumer, key string) (m Memo, ok bool, err error) {
+func Get(ctx context.Context, db DB, n *pg.Names, consumer, key string) (m Memo, ok bool, err error) {
 	m = Memo{Consumer: consumer, Key: key}
 	err = db.QueryRow(ctx, n.Render("SELECT reason, poisoned_at, seen FROM {schema}.{memo} WHERE consumer = $1 AND message_key = $2"),
 		consumer, key).Scan(&m.Reason, &m.PoisonedAt, &m.Seen)
@@ -176,7 +143,7 @@ func (f Filter) where() (string, []any, error) {
 // Clear removes the memos of consumer's keys and returns how many there
 // were: what the dead-letter replay calls for the messages it republishes,
 // so that their copies reach the handler again.
-func Clear(ctx context.Context, db DB, n *sqlnames.Names, consumer string, keys []string) (int64, error) {
+func Clear(ctx context.Context, db DB, n *pg.Names, consumer string, keys []string) (int64, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
@@ -185,7 +152,7 @@ func Clear(ctx context.Context, db DB, n *sqlnames.Names, consumer string, keys 
 
 // ClearWhere removes the memos f matches and returns how many there were
 // (`claimtx unpoison`). The next copy of such a message runs the handler.
-func ClearWhere(ctx context.Context, db DB, n *sqlnames.Names, f Filter) (int64, error) {
+func ClearWhere(ctx context.Context, db DB, n *pg.Names, f Filter) (int64, error) {
 	where, args, err := f.where()
 	if err != nil {
 		return 0, err
@@ -198,7 +165,7 @@ func ClearWhere(ctx context.Context, db DB, n *sqlnames.Names, f Filter) (int64,
 }
 
 // Count returns how many memos f matches (a dry run of ClearWhere).
-func Count(ctx context.Context, db DB, n *sqlnames.Names, f Filter) (int64, error) {
+func Count(ctx context.Context, db DB, n *pg.Names, f Filter) (int64, error) {
 	where, args, err := f.where()
 	if err != nil {
 		return 0, err
@@ -212,7 +179,7 @@ func Count(ctx context.Context, db DB, n *sqlnames.Names, f Filter) (int64, erro
 
 // Exists reports whether the memo table exists (migration 004 applied), so
 // that tools run against an older schema skip memos instead of failing.
-func Exists(ctx context.Context, db DB, n *sqlnames.Names) (bool, error) {
+func Exists(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 	var ok bool
 	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", n.Render("{schema}.{memo}")).Scan(&ok); err != nil {
 		return false, fmt.Errorf("claimtx: look for the poison memo table: %w", err)
@@ -223,7 +190,7 @@ func Exists(ctx context.Context, db DB, n *sqlnames.Names) (bool, error) {
 // Privileges reports which of the comma-separated privileges (SELECT,
 // INSERT, UPDATE, DELETE) the current role lacks on the memo table; ""
 // when it has them all (or the table does not exist: nothing to check).
-func Privileges(ctx context.Context, db DB, n *sqlnames.Names, privileges ...string) (missing string, err error) {
+func Privileges(ctx context.Context, db DB, n *pg.Names, privileges ...string) (missing string, err error) {
 	var lacking []string
 	for _, p := range privileges {
 		var ok *bool
@@ -240,7 +207,7 @@ func Privileges(ctx context.Context, db DB, n *sqlnames.Names, privileges ...str
 // DeleteBefore deletes up to limit memos last poisoned before horizon,
 // oldest first, and returns how many it deleted: retention calls it until
 // it deletes fewer than limit.
-func DeleteBefore(ctx context.Context, db DB, n *sqlnames.Names, horizon time.Time, limit int) (int64, error) {
+func DeleteBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time, limit int) (int64, error) {
 	tag, err := db.Exec(ctx, n.Render(`DELETE FROM {schema}.{memo} WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM {schema}.{memo} WHERE poisoned_at < $1 ORDER BY poisoned_at LIMIT $2)) AND poisoned_at < $1`), horizon, limit)
 	if err != nil {
@@ -251,7 +218,7 @@ func DeleteBefore(ctx context.Context, db DB, n *sqlnames.Names, horizon time.Ti
 
 // CountBefore counts the memos last poisoned before horizon (a dry run of
 // DeleteBefore).
-func CountBefore(ctx context.Context, db DB, n *sqlnames.Names, horizon time.Time) (int64, error) {
+func CountBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time) (int64, error) {
 	var c int64
 	if err := db.QueryRow(ctx, n.Render("SELECT count(*) FROM {schema}.{memo} WHERE poisoned_at < $1"), horizon).Scan(&c); err != nil {
 		return 0, fmt.Errorf("claimtx: count expired poison memos: %w", err)
@@ -264,7 +231,7 @@ func CountBefore(ctx context.Context, db DB, n *sqlnames.Names, horizon time.Tim
 // memos of the letters it republishes.
 type Table struct {
 	DB    DB
-	Names *sqlnames.Names
+	Names *pg.Names
 }
 
 // Memoised returns which of keys have a memo for consumer.

@@ -13,10 +13,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/outboxnotify"
-	"github.com/claimtx/claimtx/internal/outboxsql"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/store/internal/outboxsql"
 )
 
 // Defaults for Config fields left zero, stated in the fields' docs.
@@ -412,13 +412,13 @@ func (r *Relay) listenOnce(ctx context.Context, wake chan<- struct{}) error {
 		_ = conn.Close(cctx)
 		cancel()
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{outboxnotify.Channel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{pg.OutboxChannel}.Sanitize()); err != nil {
 		return fmt.Errorf("claimtx relay: listen: %w", err)
 	}
 	// Rows committed while no connection listened were not announced.
 	signal(wake)
 	cfg := r.st.Config()
-	want := outboxnotify.Payload(cfg.Schema, cfg.OutboxTable)
+	want := pg.OutboxPayload(cfg.Schema, cfg.OutboxTable)
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -26,14 +26,14 @@ func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env
 	var cfg store.RetentionConfig
 	window := newRetentionFlags("window", "min-window")
 	window.register(fs, &cfg, "keep claims processed within this window", "refuse windows below this unless --force", "window")
-	fs.IntVar(&cfg.BatchSize, "batch-size", storedefault.BatchSize, "rows in the first batch; later batches adapt")
+	fs.IntVar(&cfg.BatchSize, "batch-size", pg.DefaultBatchSize, "rows in the first batch; later batches adapt")
 	// 0 lets the store derive these from --batch-size, so the help states
 	// the default in words, not as a flag default.
-	fs.IntVar(&cfg.MinBatchSize, "min-batch-size", 0, fmt.Sprintf("smallest adaptive batch (default %d, or --batch-size if smaller)", storedefault.MinBatchSize))
-	fs.IntVar(&cfg.MaxBatchSize, "max-batch-size", 0, fmt.Sprintf("largest adaptive batch (default %d, or --batch-size if larger)", storedefault.MaxBatchSize))
-	fs.DurationVar(&cfg.TargetBatchDuration, "target-batch-duration", storedefault.TargetBatchDuration, "adapt batch sizes toward this duration")
-	fs.DurationVar(&cfg.Pause, "pause", storedefault.BatchPause, "pause between batches (negative: none)")
-	fs.DurationVar(&cfg.BatchTimeout, "batch-timeout", storedefault.BatchTimeout, "statement timeout of one batch")
+	fs.IntVar(&cfg.MinBatchSize, "min-batch-size", 0, fmt.Sprintf("smallest adaptive batch (default %d, or --batch-size if smaller)", pg.DefaultMinBatchSize))
+	fs.IntVar(&cfg.MaxBatchSize, "max-batch-size", 0, fmt.Sprintf("largest adaptive batch (default %d, or --batch-size if larger)", pg.DefaultMaxBatchSize))
+	fs.DurationVar(&cfg.TargetBatchDuration, "target-batch-duration", pg.DefaultTargetBatchDuration, "adapt batch sizes toward this duration")
+	fs.DurationVar(&cfg.Pause, "pause", pg.DefaultBatchPause, "pause between batches (negative: none)")
+	fs.DurationVar(&cfg.BatchTimeout, "batch-timeout", pg.DefaultBatchTimeout, "statement timeout of one batch")
 	fs.BoolVar(&cfg.DryRun, "dry-run", false, "count what would be deleted, delete nothing")
 	fs.BoolVar(&cfg.Vacuum, "vacuum", false, "VACUUM (ANALYZE) the table afterwards")
 	mode := fs.String("progress", "auto", "progress display: auto (a bar on a terminal, log lines otherwise), bar, log or none")

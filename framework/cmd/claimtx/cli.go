@@ -20,7 +20,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/consumername"
-	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -324,8 +324,8 @@ func (c *common) missingTable(ctx context.Context) string {
 	return fmt.Sprintf("claim table %s does not exist: run `claimtx migrate` to create it, or pass the --schema and --table it was created with (env CLAIMTX_SCHEMA, CLAIMTX_TABLE)", name)
 }
 
-func (c *common) schemaName() string { return cmp.Or(c.schema, storedefault.Schema) }
-func (c *common) tableName() string  { return cmp.Or(c.table, storedefault.ClaimsTable) }
+func (c *common) schemaName() string { return cmp.Or(c.schema, pg.DefaultSchema) }
+func (c *common) tableName() string  { return cmp.Or(c.table, pg.DefaultClaimsTable) }
 
 // brokerFlags select the broker of the commands that read one (dlq, keys,
 // stats).
@@ -438,7 +438,7 @@ type retentionFlags struct {
 
 func newRetentionFlags(name, minName string) *retentionFlags {
 	return &retentionFlags{name: name, minName: minName,
-		value: durationValue{d: storedefault.Retention}, min: durationValue{d: storedefault.MinRetention}}
+		value: durationValue{d: pg.DefaultRetention}, min: durationValue{d: pg.DefaultMinRetention}}
 }
 
 // register adds the flags to fs, --force into cfg; noun is what the

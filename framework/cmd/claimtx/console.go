@@ -18,7 +18,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/console"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -89,9 +89,9 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 		if err != nil {
 			return fmt.Errorf("console: --consumer-config %s: %w", path, err)
 		}
-		cc.Store.Schema = cmp.Or(cc.Store.Schema, storedefault.Schema)
-		cc.Store.ClaimsTable = cmp.Or(cc.Store.ClaimsTable, storedefault.ClaimsTable)
-		cc.Store.OutboxTable = cmp.Or(cc.Store.OutboxTable, storedefault.OutboxTable)
+		cc.Store.Schema = cmp.Or(cc.Store.Schema, pg.DefaultSchema)
+		cc.Store.ClaimsTable = cmp.Or(cc.Store.ClaimsTable, pg.DefaultClaimsTable)
+		cc.Store.OutboxTable = cmp.Or(cc.Store.OutboxTable, pg.DefaultOutboxTable)
 		if i == 0 {
 			c.databaseURL = cmp.Or(c.databaseURL, getenv("DATABASE_URL"), cc.DatabaseURL)
 			c.schema = cmp.Or(c.schema, getenv("CLAIMTX_SCHEMA"), cc.Store.Schema)
@@ -108,7 +108,7 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 			KeyPolicy: cc.Claim.KeyPolicy, Retention: cc.Retention, Broker: cc.Broker,
 		})
 	}
-	*outbox = cmp.Or(*outbox, getenv("CLAIMTX_OUTBOX_TABLE"), storedefault.OutboxTable)
+	*outbox = cmp.Or(*outbox, getenv("CLAIMTX_OUTBOX_TABLE"), pg.DefaultOutboxTable)
 	c.fromEnv()
 	secrets = append(secrets, dbSecrets(c.databaseURL)...)
 	pool, err := c.consolePool(ctx)

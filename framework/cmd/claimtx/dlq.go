@@ -18,8 +18,8 @@ import (
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/consumername"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
 // `claimtx dlq`: browse, classify and replay a consumer's poison
@@ -188,7 +188,7 @@ func (d *dlqFlags) run(ctx context.Context) error {
 		} else if v == 0 {
 			return errors.New(d.redact("dlq " + d.sub + ": " + d.missingTable(ctx)))
 		}
-		names := sqlnames.New(st.Config().Schema, st.Config().ClaimsTable, st.Config().OutboxTable)
+		names := pg.NewNames(st.Config().Schema, st.Config().ClaimsTable, st.Config().OutboxTable)
 		var memo dlq.Memo
 		// A schema migrated before the memo existed has no memo table:
 		// then there is nothing to report or clear.

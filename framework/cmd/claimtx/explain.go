@@ -17,8 +17,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/explain"
-	"github.com/claimtx/claimtx/internal/sqlnames"
-	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -66,7 +65,7 @@ func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env
 		}
 		*key = k
 	}
-	*outbox = cmp.Or(*outbox, getenv("CLAIMTX_OUTBOX_TABLE"), storedefault.OutboxTable)
+	*outbox = cmp.Or(*outbox, getenv("CLAIMTX_OUTBOX_TABLE"), pg.DefaultOutboxTable)
 	if err := (store.Config{OutboxTable: *outbox}).Validate(); err != nil {
 		return &usageError{msg: "explain: --outbox-table: " + err.Error()}
 	}
@@ -76,7 +75,7 @@ func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env
 	}
 	defer closePool()
 	cfg := st.Config()
-	rep, err := explain.Explain(ctx, c.pool, sqlnames.New(cfg.Schema, cfg.ClaimsTable, *outbox), *consumer, *key)
+	rep, err := explain.Explain(ctx, c.pool, pg.NewNames(cfg.Schema, cfg.ClaimsTable, *outbox), *consumer, *key)
 	if err != nil {
 		return c.fail(ctx, "explain", err)
 	}

@@ -15,12 +15,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/explain"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 	"github.com/claimtx/claimtx/store"
 )
 
-func (c *cli) names() *sqlnames.Names { return sqlnames.New(c.schema, "processed_messages", "outbox") }
+func (c *cli) names() *pg.Names { return pg.NewNames(c.schema, "processed_messages", "outbox") }
 
 func (c *cli) recordMemo(consumer, key, reason string) {
 	c.t.Helper()

@@ -6,7 +6,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -45,10 +45,10 @@ func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv 
 		retention.register(fs, &cfg, "claim retention by event time", "refuse a retention below this unless --force", "retention")
 	}
 	aheadFlag := func() {
-		fs.IntVar(&cfg.Ahead, "ahead", storedefault.PartitionsAhead, "create partitions through today + this many days (UTC)")
+		fs.IntVar(&cfg.Ahead, "ahead", pg.DefaultPartitionsAhead, "create partitions through today + this many days (UTC)")
 	}
 	lockWaitFlag := func() {
-		fs.DurationVar(&cfg.LockWait, "lock-wait", storedefault.PartitionLockWait, "give up (and retry) a lock wait that would block claims after this")
+		fs.DurationVar(&cfg.LockWait, "lock-wait", pg.DefaultPartitionLockWait, "give up (and retry) a lock wait that would block claims after this")
 	}
 	switch sub {
 	case "list":

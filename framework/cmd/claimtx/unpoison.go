@@ -6,8 +6,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
 func init() {
@@ -60,7 +60,7 @@ func cmdUnpoison(ctx context.Context, args []string, stdout io.Writer, getenv en
 	}
 	defer closePool()
 	cfg := st.Config()
-	n := sqlnames.New(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable)
+	n := pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable)
 	ok, err := poisonmemo.Exists(ctx, c.pool, n)
 	if err != nil {
 		return c.fail(ctx, "unpoison", err)

@@ -30,8 +30,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/consumername"
-	"github.com/claimtx/claimtx/internal/sqlnames"
-	"github.com/claimtx/claimtx/internal/storedefault"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -119,7 +118,7 @@ type Config struct {
 // jobs.
 type Console struct {
 	cfg       Config
-	names     *sqlnames.Names
+	names     *pg.Names
 	store     *store.Store
 	consumers map[string]*Consumer
 	handler   http.Handler
@@ -143,9 +142,9 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Token != "" && len(cfg.Token) < MinTokenBytes {
 		return nil, &framework.ConfigError{Field: "Token", Reason: fmt.Sprintf("is %d bytes; use at least %d random bytes", len(cfg.Token), MinTokenBytes)}
 	}
-	cfg.Schema = cmp.Or(cfg.Schema, storedefault.Schema)
-	cfg.ClaimsTable = cmp.Or(cfg.ClaimsTable, storedefault.ClaimsTable)
-	cfg.OutboxTable = cmp.Or(cfg.OutboxTable, storedefault.OutboxTable)
+	cfg.Schema = cmp.Or(cfg.Schema, pg.DefaultSchema)
+	cfg.ClaimsTable = cmp.Or(cfg.ClaimsTable, pg.DefaultClaimsTable)
+	cfg.OutboxTable = cmp.Or(cfg.OutboxTable, pg.DefaultOutboxTable)
 	cfg.QueryTimeout = cmp.Or(cfg.QueryTimeout, DefaultQueryTimeout)
 	cfg.PageSize = cmp.Or(cfg.PageSize, DefaultPageSize)
 	cfg.ScanCap = cmp.Or(cfg.ScanCap, DefaultScanCap)
@@ -154,7 +153,7 @@ func New(cfg Config) (*Console, error) {
 		return nil, err
 	}
 	c := &Console{
-		cfg: cfg, store: st, names: sqlnames.New(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable),
+		cfg: cfg, store: st, names: pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable),
 		consumers: map[string]*Consumer{}, log: cmp.Or(cfg.Logger, slog.Default()),
 		key: make([]byte, 32), limiter: newLimiter(5, time.Second),
 		horizons: &horizonCache{ttl: time.Minute, m: map[string]horizonResult{}},

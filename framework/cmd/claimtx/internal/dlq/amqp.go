@@ -13,7 +13,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/internal/amqpheader"
-	"github.com/claimtx/claimtx/internal/poisonmeta"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // Defaults of the amqp.Config fields this package reads, for a Config
@@ -195,7 +195,7 @@ func (s *amqpSource) Close() error {
 func republishing(d *amqp091.Delivery) amqp091.Publishing {
 	headers := make(amqp091.Table, len(d.Headers))
 	for k, v := range d.Headers {
-		if !poisonmeta.IsPoisonKey(k) {
+		if !poison.IsPoisonKey(k) {
 			headers[k] = v
 		}
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // Memo is the poison memo of issue #15 part 2: terminal failures recorded
@@ -55,7 +55,7 @@ func (c *Classifier) Classify(ctx context.Context, letters []*Letter) error {
 		return errNoKeyFunc
 	}
 	if c.lookup == "" {
-		c.lookup = sqlnames.New(c.Schema, c.Table, "").Render(
+		c.lookup = pg.NewNames(c.Schema, c.Table, "").Render(
 			"SELECT message_key, payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = ANY($2::text[])")
 	}
 	var keys []string

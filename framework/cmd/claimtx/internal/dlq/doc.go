@@ -39,7 +39,7 @@
 // from, keeping their identity (payload, every metadata entry and
 // broker property the copy carries: event id, key fields, event time,
 // traceparent, the Watermill UUID, the Kafka record key and timestamp),
-// minus the poison bookkeeping (poisonmeta.IsPoisonKey), and removes each
+// minus the poison bookkeeping (poison.IsPoisonKey), and removes each
 // from the destination only after the broker confirmed the republish:
 //
 //   - RabbitMQ: publisher confirms on a confirm-mode channel; a message is

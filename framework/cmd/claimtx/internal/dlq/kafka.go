@@ -22,7 +22,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/brokermeta"
-	"github.com/claimtx/claimtx/internal/poisonmeta"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
 const (
@@ -315,7 +315,7 @@ func (s *kafkaSource) Settle(ctx context.Context, batch []*Letter, target func(*
 		r := l.raw.(*kgo.Record)
 		nr := &kgo.Record{Topic: t, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
 		for _, h := range r.Headers {
-			if !poisonmeta.IsPoisonKey(h.Key) {
+			if !poison.IsPoisonKey(h.Key) {
 				nr.Headers = append(nr.Headers, h)
 			}
 		}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/claimtx/claimtx/internal/poisonmeta"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // fingerprintBytes is how much of the payload's SHA-256 the claim's
@@ -72,17 +72,17 @@ type Stamps struct {
 
 func stampsOf(md message.Metadata) Stamps {
 	s := Stamps{
-		Reason:    md.Get(poisonmeta.Reason),
-		Permanent: md.Get(poisonmeta.Permanent),
-		Consumer:  md.Get(poisonmeta.Consumer),
-		Key:       md.Get(poisonmeta.Key),
-		Topic:     md.Get(poisonmeta.WatermillTopic),
-		Handler:   md.Get(poisonmeta.WatermillHandler),
+		Reason:    md.Get(poison.Reason),
+		Permanent: md.Get(poison.Permanent),
+		Consumer:  md.Get(poison.Consumer),
+		Key:       md.Get(poison.Key),
+		Topic:     md.Get(poison.WatermillTopic),
+		Handler:   md.Get(poison.WatermillHandler),
 	}
 	if s.Reason == "" {
-		s.Reason = md.Get(poisonmeta.WatermillReason)
+		s.Reason = md.Get(poison.WatermillReason)
 	}
-	if t, err := time.Parse(time.RFC3339Nano, md.Get(poisonmeta.PoisonedAt)); err == nil {
+	if t, err := time.Parse(time.RFC3339Nano, md.Get(poison.PoisonedAt)); err == nil {
 		s.PoisonedAt = t.UTC()
 	}
 	return s

@@ -10,8 +10,8 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq/dlqtest"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
 // A dead letter whose key has a poison memo is reported as such, and a
@@ -26,7 +26,7 @@ func TestReplayClearsPoisonMemo(t *testing.T) {
 			w := dlqtest.New(t, kind, 1)
 			reason := framework.Permanent(errors.New("customer unknown before the fix"))
 			w.Publish(w.Poison, w.Poisoned(consumer, keySpec, reason, dlqtest.Order(1), dlqtest.Order(2))...)
-			names := sqlnames.New(w.Schema, "processed_messages", "outbox")
+			names := pg.NewNames(w.Schema, "processed_messages", "outbox")
 			require.NoError(t, poisonmemo.Record(ctx, w.Pool, names, consumer, "order:1", reason))
 			memo := poisonmemo.Table{DB: w.Pool, Names: names}
 

@@ -8,10 +8,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/deadletter"
 	"github.com/claimtx/claimtx/internal/migrate"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/pgtest"
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/store/internal/deadletter"
 )
 
 // TestRecord: a letter is stored as it was given, a missing key as NULL,
@@ -22,7 +22,7 @@ func TestRecord(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, schema := pgtest.Setup(t, 2)
-	n := sqlnames.New(schema, "processed_messages", "outbox")
+	n := pg.NewNames(schema, "processed_messages", "outbox")
 	ok, err := deadletter.CanRecord(ctx, pool, n)
 	require.NoError(t, err)
 	require.False(t, ok, "no table before the migration")

@@ -1,7 +1,8 @@
-// Package pgerr classifies database errors for the retry decision. It is
+package pg
+
+// Classify and Cause classify database errors for the retry decision. It is
 // the one place in claimtx that reads SQLSTATE codes; everything else
 // branches on a Cause (or on store.IsTransient), never on error text.
-package pgerr
 
 import (
 	"context"

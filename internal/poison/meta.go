@@ -1,7 +1,10 @@
-// Package poisonmeta names the metadata a poisoned copy carries: the keys
-// the Poison middleware writes and the dead-letter tooling (framework/cmd/claimtx/internal/dlq,
-// `claimtx dlq`) reads and, when it replays a copy, removes again.
-package poisonmeta
+// Package poison is the poison concept outside the database: the metadata
+// a poisoned copy carries (the keys the Poison middleware writes and the
+// dead-letter tooling, internal/dlq and `claimtx dlq`, reads and, when it
+// replays a copy, removes again), the bounds of its reason, and the poison
+// memo's hit error and timeouts. The memo and dead-letter tables' SQL is
+// the store's (internal/poisonmemo, store/internal/deadletter).
+package poison
 
 import (
 	"crypto/sha256"

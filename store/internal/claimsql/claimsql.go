@@ -19,30 +19,19 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/internal/pgerr"
-	"github.com/claimtx/claimtx/internal/pgtx"
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // ErrNoPartition is store.ErrNoPartition (see there): a claim by event day
 // that no partition accepts.
 var ErrNoPartition = errors.New("claimtx: no claim partition for the message's event day")
 
-// Request is store.ClaimRequest, field for field, so that one converts to
-// the other (see there for the fields).
-type Request struct {
-	Consumer     string
-	Key          string
-	MaxClaimWait time.Duration
-	EventTime    time.Time
-	PayloadHash  []byte
-}
-
-// Result is store.ClaimResult, field for field.
-type Result struct {
-	New                 bool
-	FingerprintMismatch bool
-}
+// Request and Result are store.ClaimRequest and store.ClaimResult, field
+// for field (see there for the fields).
+type (
+	Request = pg.ClaimRequest
+	Result  = pg.ClaimResult
+)
 
 // shape says which optional columns a claim carries.
 type shape struct {
@@ -87,7 +76,7 @@ type Statements struct {
 // that store.Config validated. Callers render them once (store.New, a
 // claim middleware's construction) and keep them.
 func For(schema, claims string) *Statements {
-	n := sqlnames.New(schema, claims, "")
+	n := pg.NewNames(schema, claims, "")
 	s := &Statements{insert: make(map[shape]string, len(shapes))}
 	for _, sh := range shapes {
 		s.insert[sh] = n.Render(sh.insertSQL())
@@ -206,11 +195,11 @@ func (s *Statements) begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxO
 		// A claim that failed (lock_timeout, a missing partition) leaves
 		// the transaction open and aborted; a failed BEGIN leaves it
 		// closed, and Rollback then only returns the connection.
-		pgtx.Rollback(ctx, tx)
+		pg.Rollback(ctx, tx)
 		return nil, res, nil, q.wrap(err)
 	}
 	if err := s.checkFingerprint(ctx, tx, q, &res); err != nil {
-		pgtx.Rollback(ctx, tx)
+		pg.Rollback(ctx, tx)
 		return nil, res, nil, err
 	}
 	if found != nil && found.ok {
@@ -235,7 +224,7 @@ type memoRow struct {
 // lock them in the same order and wait for each other instead of
 // deadlocking. A concurrent uncommitted claim of one of the keys makes the
 // statement wait for that transaction, at most maxClaimWait when it is
-// positive (lock_timeout, SQLSTATE 55P03 when it expires: pgerr.ClaimWait,
+// positive (lock_timeout, SQLSTATE 55P03 when it expires: pg.ClaimWait,
 // transient, retry). As with Claim, the timeout is set, used and reset in
 // the same round trip, so it does not bound the effects that follow.
 //
@@ -280,7 +269,7 @@ func (s *Statements) beginBatch(ctx context.Context, pool *pgxpool.Pool, opts pg
 	br := pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
-		pgtx.Rollback(ctx, tx)
+		pg.Rollback(ctx, tx)
 		return nil, nil, nil, fmt.Errorf("claimtx: claim batch: %w", err)
 	}
 	slices.Sort(*claimed)
@@ -300,7 +289,7 @@ func (s *Statements) beginBatch(ctx context.Context, pool *pgxpool.Pool, opts pg
 	}
 	if len(undo) > 0 {
 		if _, err := tx.Exec(ctx, s.unclaim, consumer, undo); err != nil {
-			pgtx.Rollback(ctx, tx)
+			pg.Rollback(ctx, tx)
 			return nil, nil, nil, fmt.Errorf("claimtx: claim batch: unclaim memoised keys: %w", err)
 		}
 	}
@@ -365,7 +354,7 @@ func (s *Statements) Following(ctx context.Context, pool *pgxpool.Pool, consumer
 // BEGIN and a lock_timeout of maxClaimWait for the whole transaction go out
 // in one round trip, so the guarded INSERT waits at most maxClaimWait
 // behind a twin's uncommitted row (the error then classifies as
-// pgerr.ClaimWait). maxClaimWait <= 0 sets no timeout. On success the
+// pg.ClaimWait). maxClaimWait <= 0 sets no timeout. On success the
 // caller owns tx and must Commit or Rollback it; on error there is no
 // transaction to end.
 //
@@ -384,7 +373,7 @@ func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions
 	br := pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
-		pgtx.Rollback(ctx, tx)
+		pg.Rollback(ctx, tx)
 		return nil, fmt.Errorf("claimtx: begin: %w", err)
 	}
 	return tx, nil
@@ -394,14 +383,6 @@ func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions
 // milliseconds, at least 1 (0 would mean "wait forever").
 func LockTimeout(d time.Duration) string {
 	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
-}
-
-// EventDay returns the UTC day of an event time: the partition key. UTC,
-// never local time, so every consumer, whatever its time zone, computes
-// the same day for the same message.
-func EventDay(t time.Time) time.Time {
-	y, m, d := t.UTC().Date()
-	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
 }
 
 // query is one claim statement with its arguments, ready to queue.
@@ -418,7 +399,7 @@ func (s *Statements) prepare(r Request, res *Result) query {
 	q := query{args: []any{r.Consumer, r.Key}, r: r, res: res}
 	q.shape = shape{eventDay: !r.EventTime.IsZero(), payloadHash: r.PayloadHash != nil}
 	if q.shape.eventDay {
-		q.day = pgtype.Date{Time: EventDay(r.EventTime), Valid: true}
+		q.day = pgtype.Date{Time: pg.EventDay(r.EventTime), Valid: true}
 		q.args = append(q.args, q.day)
 	}
 	if q.shape.payloadHash {
@@ -488,7 +469,7 @@ func (s *Statements) checkFingerprint(ctx context.Context, tx pgx.Tx, q query, r
 // eventDayClaimError explains the two ways a claim by event day fails for
 // the table's shape rather than for the database's state.
 func eventDayClaimError(day time.Time, err error) error {
-	switch pgerr.SQLState(err) {
+	switch pg.SQLState(err) {
 	case "23514": // check_violation: no partition for the key, or the legacy boundary
 		return fmt.Errorf("claimtx: claim at event day %s: %w: %w", day.Format(time.DateOnly), ErrNoPartition, err)
 	case "42703": // undefined_column

@@ -1,6 +1,7 @@
-// Package pgtx holds what store and middleware both do to a pgx
+package pg
+
+// This file holds what store and middleware both do to a pgx
 // transaction they own, so the two cannot drift apart.
-package pgtx
 
 import (
 	"context"

@@ -1,27 +1,18 @@
 package claimsql
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/position"
-	"github.com/claimtx/claimtx/internal/sqlnames"
 )
 
-// Position is one Kafka partition's settled position: the offset below
-// which every record of the partition is settled (applied, duplicate or
-// poisoned) for the consumer that stores it.
-type Position struct {
-	Topic        string
-	Partition    int32
-	SettledBelow int64
-}
+// Position is one Kafka partition's settled position.
+type Position = position.Settled
 
 // PositionStatements are the statements of <schema>.kafka_positions,
 // rendered once.
@@ -40,7 +31,7 @@ WHERE p.settled_below < EXCLUDED.settled_below`
 
 // PositionsFor renders the position statements of schema.
 func PositionsFor(schema string) *PositionStatements {
-	n := sqlnames.New(schema, "", "")
+	n := pg.NewNames(schema, "", "")
 	return &PositionStatements{
 		upsert: n.Render(`INSERT INTO {schema}.kafka_positions AS p (consumer, topic, partition, settled_below)
 VALUES ($1, $2, $3, $4)` + positionsSQL),
@@ -54,9 +45,7 @@ SELECT $1, t, n, s FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(t, n, s
 }
 
 // Execer runs a statement: a transaction, a connection or a pool.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
+type Execer = pg.Execer
 
 // Store raises the stored positions ps of consumer in tx, the claim
 // transaction whose records they cover, with one statement. The caller
@@ -138,55 +127,4 @@ func (l Loader) LoadPositions(ctx context.Context, topic string, partitions []in
 		return nil, fmt.Errorf("claimtx: load kafka positions: %w", err)
 	}
 	return out, nil
-}
-
-// Settling collects the records a claim transaction settles, by
-// partition, and computes the positions to store with it.
-type Settling struct {
-	parts []settlingPart
-}
-
-type settlingPart struct {
-	of      position.Partition
-	topic   string
-	id      int32
-	offsets []int64
-}
-
-// Add records that r is settled once the transaction commits.
-func (s *Settling) Add(r position.Record) {
-	if r.Of == nil {
-		return
-	}
-	for i := range s.parts {
-		if s.parts[i].of == r.Of {
-			s.parts[i].offsets = append(s.parts[i].offsets, r.Offset)
-			return
-		}
-	}
-	s.parts = append(s.parts, settlingPart{of: r.Of, topic: r.Topic, id: r.Partition, offsets: []int64{r.Offset}})
-}
-
-// Positions returns the positions to store, in (topic, partition) order:
-// each partition's SettledBelow with the transaction's offsets settling,
-// leaving out partitions this member no longer holds.
-func (s *Settling) Positions() []Position {
-	var out []Position
-	for _, p := range s.parts {
-		off, ok := p.of.SettledBelow(p.offsets)
-		if !ok {
-			continue
-		}
-		// A partition revoked and assigned again while the batch ran
-		// has two states: keep the higher position.
-		if j := slices.IndexFunc(out, func(q Position) bool { return q.Topic == p.topic && q.Partition == p.id }); j >= 0 {
-			out[j].SettledBelow = max(out[j].SettledBelow, off)
-			continue
-		}
-		out = append(out, Position{Topic: p.topic, Partition: p.id, SettledBelow: off})
-	}
-	slices.SortFunc(out, func(a, b Position) int {
-		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
-	})
-	return out
 }

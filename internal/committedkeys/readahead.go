@@ -1,4 +1,4 @@
-package middleware
+package committedkeys
 
 import (
 	"context"
@@ -6,10 +6,6 @@ import (
 	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/claimtx/claimtx/internal/claimsql"
-	"github.com/claimtx/claimtx/internal/committedkeys"
 )
 
 // Read-ahead bounds. A read is one statement returning up to a page of
@@ -43,13 +39,13 @@ const (
 	readAheadMark = 4
 )
 
-// readAhead fills the committed-key cache ahead of a replay that started
+// ReadAhead fills the committed-key cache ahead of a replay that started
 // cold: a group reset to an old offset (the group must be stopped for
 // that, so every consumer starts with an empty cache), a producer
 // re-sending a range, a restart in the middle of a storm. Once the
 // database answers "duplicate" readAheadAfter times in a row, the
 // middleware reads the keys of the claims written after the earliest of
-// those duplicates (claimsql.Following) into the cache, so the next
+// those duplicates (Following) into the cache, so the next
 // messages of the replay are answered in process. A key a quarter into
 // each full page is marked: the first message to hit it reads the next
 // page, from the end of this one, as a file system reads ahead of a
@@ -64,13 +60,12 @@ const (
 // A read runs on the goroutine of the message that started it, after its
 // transaction ended, so it has no lifetime of its own; one read at a
 // time, the other messages go on meanwhile.
-type readAhead struct {
-	cache    *committedkeys.Cache
-	stmts    *claimsql.Statements
-	pool     *pgxpool.Pool
-	consumer string
-	logger   watermill.LoggerAdapter
-	maxPage  int
+type ReadAhead struct {
+	cache     *Cache
+	following Following
+	consumer  string
+	logger    watermill.LoggerAdapter
+	maxPage   int
 	// reads counts the reads finished: a duplicate whose round trip saw
 	// one finish may be covered by it, and starts none itself.
 	reads atomic.Uint64
@@ -87,22 +82,28 @@ type readAhead struct {
 	busy     bool   // a read is running
 }
 
-// newReadAhead returns nil (no read-ahead) without a cache, or with one too
-// small to hold a page without evicting the entries in use.
-func newReadAhead(c Claim) *readAhead {
-	if c.cache == nil {
+// Following reads ahead of a replay: the keys of consumer's committed
+// claims after the earliest claim among anchors, at most n, each passed
+// to add (the store's read, pg.Claims.Following).
+type Following func(ctx context.Context, consumer string, anchors []string, n int, add func(key string)) error
+
+// NewReadAhead returns the read-ahead of consumer's claims into cache, of
+// size entries; nil (no read-ahead) without a cache, or with one too small
+// to hold a page without evicting the entries in use.
+func NewReadAhead(cache *Cache, size int, consumer string, logger watermill.LoggerAdapter, following Following) *ReadAhead {
+	if cache == nil {
 		return nil
 	}
-	maxPage := min(readAheadMaxPage, c.CommittedKeys/8)
+	maxPage := min(readAheadMaxPage, size/8)
 	if maxPage < readAheadMinPage {
 		return nil
 	}
-	return &readAhead{cache: c.cache, stmts: c.stmts, pool: c.Store.Pool(), consumer: c.Consumer, logger: c.Logger,
+	return &ReadAhead{cache: cache, following: following, consumer: consumer, logger: logger,
 		maxPage: maxPage, after: readAheadAfter, page: maxPage / 2}
 }
 
-// marked reads the next page: the stream hit the mark of the last one.
-func (r *readAhead) marked(ctx context.Context) {
+// Marked reads the next page: the stream hit the mark of the last one.
+func (r *ReadAhead) Marked(ctx context.Context) {
 	if r == nil {
 		return
 	}
@@ -117,20 +118,20 @@ func (r *readAhead) marked(ctx context.Context) {
 	r.read(ctx, []string{r.end})
 }
 
-// started returns what answered needs to know of the reads when a
+// Started returns what Answered needs to know of the reads when a
 // message's claim transaction begins.
-func (r *readAhead) started() uint64 {
+func (r *ReadAhead) Started() uint64 {
 	if r == nil {
 		return 0
 	}
 	return r.reads.Load()
 }
 
-// answered records what a committed claim transaction that began at
-// started learnt: dups, the keys it found claimed by committed
+// Answered records what a committed claim transaction that began at
+// Started learnt: dups, the keys it found claimed by committed
 // transactions, and whether it claimed any key itself. A new claim ends
 // the streak: the stream is not (or no longer) a replay.
-func (r *readAhead) answered(ctx context.Context, began uint64, dups []string, claimedAny bool) {
+func (r *ReadAhead) Answered(ctx context.Context, began uint64, dups []string, claimedAny bool) {
 	if r == nil {
 		return
 	}
@@ -166,7 +167,7 @@ func (r *readAhead) answered(ctx context.Context, began uint64, dups []string, c
 
 // read reads a page from the anchors on; it is called with r.mu held and
 // releases it.
-func (r *readAhead) read(ctx context.Context, anchors []string) {
+func (r *ReadAhead) read(ctx context.Context, anchors []string) {
 	page := r.page
 	r.busy, r.lastPage = true, page
 	r.streak.Store(0)
@@ -174,7 +175,7 @@ func (r *readAhead) read(ctx context.Context, anchors []string) {
 	r.mu.Unlock()
 
 	n, last := 0, ""
-	err := r.stmts.Following(ctx, r.pool, r.consumer, anchors, page, func(k string) {
+	err := r.following(ctx, r.consumer, anchors, page, func(k string) {
 		n++
 		r.cache.AddRead(r.cache.Key(r.consumer, 0, k), n == page/readAheadMark)
 		last = k

@@ -4,7 +4,7 @@
 // the original can be acked instead of coming back forever.
 //
 // The table is <claims table>_dead_letter in the claim table's schema
-// (sqlnames.Names.DeadLetter), created by migration 006.
+// (pg.Names.DeadLetter), created by migration 006.
 package deadletter
 
 import (
@@ -13,42 +13,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/claimtx/claimtx/internal/poisonmeta"
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// RecordTimeout bounds recording one letter. It runs after the broker
-// refused the copy and before the original is acked, on a context detached
-// from the message's (a shutdown must not cancel it half-way): a database
-// that does not answer in time leaves the message nacked, so it comes back
-// and is tried again; it is never acked without its row.
-const RecordTimeout = 5 * time.Second
-
-// Letter is one row.
-type Letter struct {
-	Consumer string
-	// Key is the claim key; "" when it could not be derived (NULL).
-	Key string
-	// Topic is where the message was consumed from, PoisonTopic the
-	// destination that refused its copy.
-	Topic, PoisonTopic string
-	UUID               string
-	// Reason is the bounded reason the copy carried.
-	Reason    string
-	Permanent bool
-	// PublishError is the broker's refusal.
-	PublishError string
-	Payload      []byte
-	// Metadata is the refused copy's: the original's with the poison
-	// bookkeeping.
-	Metadata map[string]string
-}
+// Letter is one row (see pg.DeadLetter).
+type Letter = pg.DeadLetter
 
 // DB runs statements: a pool, a connection or a transaction.
 type DB interface {
@@ -60,7 +35,7 @@ type DB interface {
 // dead-letter table: false when the table does not exist (migration 006
 // not applied) or the role lacks INSERT (a least-privilege consumer role
 // granted rights before the table existed).
-func CanRecord(ctx context.Context, db DB, n *sqlnames.Names) (bool, error) {
+func CanRecord(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 	var ok *bool
 	if err := db.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), 'INSERT')", n.Render("{schema}.{dead_letter}")).Scan(&ok); err != nil {
 		return false, fmt.Errorf("claimtx: check privileges on the dead-letter table: %w", err)
@@ -73,7 +48,7 @@ func CanRecord(ctx context.Context, db DB, n *sqlnames.Names) (bool, error) {
 // refused copy: the redelivery of a message whose ack was lost after its
 // row committed gets a row of its own, as a copy poisoned twice is in the
 // poison destination twice.
-func Record(ctx context.Context, db DB, n *sqlnames.Names, l Letter) error {
+func Record(ctx context.Context, db DB, n *pg.Names, l Letter) error {
 	md, err := encodeMetadata(l.Metadata)
 	if err != nil {
 		return fmt.Errorf("claimtx: record dead letter: %w", err)
@@ -83,8 +58,8 @@ func Record(ctx context.Context, db DB, n *sqlnames.Names, l Letter) error {
 		k := text(l.Key)
 		key = &k
 	}
-	publishErr, _ := poisonmeta.BoundReason(l.PublishError, poisonmeta.MaxReasonBytes)
-	reason, _ := poisonmeta.BoundReason(l.Reason, poisonmeta.MaxReasonBytes)
+	publishErr, _ := poison.BoundReason(l.PublishError, poison.MaxReasonBytes)
+	reason, _ := poison.BoundReason(l.Reason, poison.MaxReasonBytes)
 	payload := l.Payload
 	if payload == nil {
 		payload = []byte{} // NOT NULL: an empty message is still a message

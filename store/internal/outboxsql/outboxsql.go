@@ -16,13 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/claimtx/claimtx/internal/outboxnotify"
-	"github.com/claimtx/claimtx/internal/sqlnames"
+	"github.com/claimtx/claimtx/internal/pg"
 )
-
-// MaxTopicBytes bounds outbox topic names. Brokers have their own limits
-// (RabbitMQ queue names: 255 bytes; Kafka topics: 249).
-const MaxTopicBytes = 255
 
 // IdempotencyKeyMetadata is store.IdempotencyKeyMetadata (see there).
 const IdempotencyKeyMetadata = "claimtx_idempotency_key"
@@ -69,7 +64,7 @@ type Statements struct {
 // For returns the statements of the outbox table outbox in schema, names
 // that store.Config validated.
 func For(schema, outbox string) *Statements {
-	n := sqlnames.New(schema, "", outbox)
+	n := pg.NewNames(schema, "", outbox)
 	return &Statements{
 		insert: n.Render(`INSERT INTO {schema}.{outbox} (topic, uuid, idempotency_key, payload, metadata)
 SELECT t, u, k, p, m::jsonb
@@ -96,7 +91,7 @@ FOR UPDATE SKIP LOCKED`),
 FROM {schema}.{outbox}`),
 		// Relays of other schemas listening on the same database ignore
 		// notifications whose payload is not theirs.
-		notifyPayload: outboxnotify.Payload(schema, outbox),
+		notifyPayload: pg.OutboxPayload(schema, outbox),
 	}
 }
 
@@ -106,7 +101,7 @@ FROM {schema}.{outbox}`),
 func (s *Statements) Insert(ctx context.Context, tx pgx.Tx, topics, uuids, keys []string, payloads [][]byte, metadata []string) error {
 	b := &pgx.Batch{}
 	b.Queue(s.insert, topics, uuids, keys, payloads, metadata)
-	b.Queue("SELECT pg_notify($1, $2)", outboxnotify.Channel, s.notifyPayload)
+	b.Queue("SELECT pg_notify($1, $2)", pg.OutboxChannel, s.notifyPayload)
 	return tx.SendBatch(ctx, b).Close()
 }
 

@@ -1,4 +1,4 @@
-package poisonmeta
+package poison
 
 import (
 	"strings"

@@ -1,8 +1,9 @@
-// Package sqlnames renders claimtx's table names into SQL. The store, the
-// claim and outbox statements (internal/claimsql, internal/outboxsql) and
+package pg
+
+// Names renders claimtx's table names into SQL. The store, the
+// claim and outbox statements (store/internal/claimsql, store/internal/outboxsql) and
 // the migrations (internal/migrate) share it, so every statement names the
 // tables the same way whoever runs it.
-package sqlnames
 
 import (
 	"strings"
@@ -33,11 +34,11 @@ const MemoSuffix = "_poison_memo"
 // consumers whose poisoned copy the broker refused.
 const DeadLetterSuffix = "_dead_letter"
 
-// New returns the names of the claim table claims (and its poison memo
+// NewNames returns the names of the claim table claims (and its poison memo
 // table) and the outbox table outbox in schema. A package that needs only
 // one of the tables passes "" for the other and must not render
 // statements naming it.
-func New(schema, claims, outbox string) *Names {
+func NewNames(schema, claims, outbox string) *Names {
 	memo, deadLetter := claims+MemoSuffix, claims+DeadLetterSuffix
 	return &Names{
 		Schema: schema, Claims: claims, Outbox: outbox, Memo: memo, DeadLetter: deadLetter,

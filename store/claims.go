@@ -1,0 +1,99 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/position"
+	"github.com/claimtx/claimtx/store/internal/claimsql"
+	"github.com/claimtx/claimtx/store/internal/deadletter"
+)
+
+// The claim middleware and framework/consumer claim and store Kafka
+// positions through pg.Claims, which claims implements on a Store: the
+// statements stay here, and none of this plumbing is exported.
+func init() {
+	pg.ClaimsOf = func(s any) pg.Claims { return claims{s.(*Store)} }
+}
+
+type claims struct{ s *Store }
+
+func (c claims) Begin(ctx context.Context, opts pgx.TxOptions, r pg.ClaimRequest, withMemo bool, more func(*pgx.Batch)) (pgx.Tx, pg.ClaimResult, *string, error) {
+	return c.s.claims.BeginWith(ctx, c.s.pool, opts, r, withMemo, more)
+}
+
+func (c claims) BeginBatch(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
+	if withMemo {
+		return c.s.claims.BeginBatchMemo(ctx, c.s.pool, opts, consumer, keys, maxClaimWait)
+	}
+	tx, claimed, err := c.s.claims.BeginBatch(ctx, c.s.pool, opts, consumer, keys, maxClaimWait)
+	return tx, claimed, nil, err
+}
+
+func (c claims) BeginNaturalKey(ctx context.Context, opts pgx.TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error) {
+	return claimsql.BeginNaturalKey(ctx, c.s.pool, opts, maxClaimWait, more)
+}
+
+func (c claims) Following(ctx context.Context, consumer string, anchors []string, n int, add func(key string)) error {
+	return c.s.claims.Following(ctx, c.s.pool, consumer, anchors, n, add)
+}
+
+func (c claims) Positions() pg.Positions {
+	return positions{s: c.s, stmts: claimsql.PositionsFor(c.s.cfg.Schema)}
+}
+
+type positions struct {
+	s     *Store
+	stmts *claimsql.PositionStatements
+}
+
+func (p positions) Queue(b *pgx.Batch, consumer string, pos position.Settled) {
+	p.stmts.Queue(b, consumer, pos)
+}
+
+func (p positions) Store(ctx context.Context, db pg.Execer, consumer string, ps []position.Settled) error {
+	return p.stmts.Store(ctx, db, consumer, ps)
+}
+
+func (p positions) Of(ctx context.Context, consumer string) ([]position.Settled, error) {
+	return p.stmts.Of(ctx, p.s.pool, consumer)
+}
+
+func (p positions) Loader(consumer string) position.Loader {
+	return claimsql.Loader{Pool: p.s.pool, Stmts: p.stmts, Consumer: consumer}
+}
+
+func (p positions) Lacking(ctx context.Context) ([]string, error) {
+	var lacking []string
+	for _, priv := range []string{"SELECT", "INSERT", "UPDATE"} {
+		var ok *bool
+		if err := p.s.pool.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), $2)", pg.Ident(p.s.cfg.Schema, "kafka_positions"), priv).Scan(&ok); err != nil {
+			return nil, fmt.Errorf("claimtx: check privileges on the Kafka positions table: %w", err)
+		}
+		if ok != nil && !*ok {
+			lacking = append(lacking, priv)
+		}
+	}
+	return lacking, nil
+}
+
+func (c claims) RecordMemo(ctx context.Context, consumer, key string, err error) error {
+	return poisonmemo.Record(ctx, c.s.pool, c.s.names, consumer, key, err)
+}
+
+func (c claims) MemoLacking(ctx context.Context) (string, error) {
+	return poisonmemo.Privileges(ctx, c.s.pool, c.s.names, "SELECT", "INSERT", "UPDATE")
+}
+
+func (c claims) RecordDeadLetter(ctx context.Context, l pg.DeadLetter) error {
+	return deadletter.Record(ctx, c.s.pool, c.s.names, l)
+}
+
+func (c claims) CanRecordDeadLetter(ctx context.Context) (bool, error) {
+	return deadletter.CanRecord(ctx, c.s.pool, c.s.names)
+}
