@@ -12,10 +12,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/claimtx/claimtx/brokers/amqp"
-	"github.com/claimtx/claimtx/brokers/internal/defaults"
 	"github.com/claimtx/claimtx/brokers/internal/secret"
-	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/yamlpath"
 )
@@ -38,13 +35,13 @@ type Config struct {
 	// Defaults to "amqp".
 	Kind string `yaml:"kind"`
 
-	// AMQP configures the "amqp" kind. See brokers/amqp.Config for each
-	// field's default.
-	AMQP amqp.Config `yaml:"amqp"`
+	// AMQP configures the "amqp" kind (brokers/amqp). See AMQPConfig for
+	// each field's default.
+	AMQP AMQPConfig `yaml:"amqp"`
 
-	// Kafka configures the "kafka" kind. See brokers/kafka.Config for each
-	// field's default.
-	Kafka kafka.Config `yaml:"kafka"`
+	// Kafka configures the "kafka" kind (brokers/kafka). See KafkaConfig
+	// for each field's default.
+	Kafka KafkaConfig `yaml:"kafka"`
 
 	// GoChannel configures the "gochannel" kind.
 	GoChannel GoChannelConfig `yaml:"gochannel"`
@@ -175,14 +172,14 @@ type GoChannelConfig struct {
 // what ConfigFromEnv and LoadConfigFile start from, so the effective
 // configuration they return (and print) shows every value.
 func defaultConfig() Config {
-	k := defaults.Apply(kafka.Config{})
+	k := KafkaConfig{}.withDefaults()
 	// Derived from SessionTimeout when zero: leaving it zero lets a file or
 	// KAFKA_SESSION_TIMEOUT shorten the session without also having to
 	// shorten the heartbeat.
 	k.HeartbeatInterval = 0
 	return Config{
 		Kind:      defaultKind,
-		AMQP:      defaults.Apply(amqp.Config{}),
+		AMQP:      AMQPConfig{}.withDefaults(),
 		Kafka:     k,
 		GoChannel: GoChannelConfig{}.withDefaults(),
 	}
@@ -195,15 +192,21 @@ func (g GoChannelConfig) withDefaults() GoChannelConfig {
 	return g
 }
 
-// Validate checks the configuration of a built-in kind (only that kind's
-// section: an unused adapter's settings are not looked at) and returns a
-// *framework.ConfigError naming the field. Any other kind is only checked
-// to be a well-formed name: whether it exists, and its settings, are for
-// the Registry that builds it (Registry.NewSubscriber and NewPublisher
-// check both). It never panics.
+// Validate checks the configuration of the selected kind and returns a
+// *framework.ConfigError naming the field: the kind's section for amqp,
+// kafka and gochannel (an unused adapter's settings are not looked at),
+// then the Factory.Validate of a kind linked with Register. A kind neither
+// linked nor built in is only checked to be a well-formed name: whether it
+// exists, and its settings, are for the Registry that builds it
+// (Registry.NewSubscriber and NewPublisher check both). It never panics.
 func (c Config) Validate() error {
 	kind := c.kind()
-	if f, ok := builtinKinds[kind]; ok {
+	if check, ok := sections[kind]; ok {
+		if err := check(c); err != nil {
+			return c.named(err)
+		}
+	}
+	if f, ok := linkedFactory(kind); ok {
 		return c.validateWith(kind, f)
 	}
 	if !kindPattern.MatchString(kind) {
@@ -232,6 +235,14 @@ func (c Config) validateWith(kind string, f Factory) error {
 		return c.named(err)
 	}
 	return &framework.ConfigError{Field: "options", Reason: fmt.Sprintf("refused by broker kind %q", kind), Err: err}
+}
+
+// sections are the checks of the settings Config holds for a kind, run
+// whether or not the kind's adapter is linked.
+var sections = map[string]func(Config) error{
+	KindAMQP:      validateAMQP,
+	KindKafka:     validateKafka,
+	KindGoChannel: validateGoChannel,
 }
 
 func validateAMQP(c Config) error {
@@ -558,7 +569,7 @@ func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 // their own variables and no prefix ("").
 func optionEnvPrefix(kind string) string {
 	switch kind {
-	case KindAMQP, KindKafka, KindGoChannel: // not builtinKinds: it refers to named, which calls this
+	case KindAMQP, KindKafka, KindGoChannel: // their settings have their own variables
 		return ""
 	}
 	if !kindPattern.MatchString(kind) {

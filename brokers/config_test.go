@@ -258,7 +258,7 @@ func TestValidate(t *testing.T) {
 
 	// A kind that is not built in may be registered with some Registry:
 	// Validate cannot tell, the Registry that builds it can.
-	unknown := brokers.Config{Kind: "nats"}
+	unknown := brokers.Config{Kind: "jetstream"}
 	require.NoError(t, unknown.Validate())
 	for _, build := range []func() error{
 		func() error { _, err := brokers.NewSubscriber(unknown, nil); return err },
@@ -269,7 +269,7 @@ func TestValidate(t *testing.T) {
 		var ce *framework.ConfigError
 		require.ErrorAs(t, err, &ce)
 		require.Equal(t, "kind", ce.Field)
-		require.Contains(t, ce.Reason, `unknown broker kind "nats"`)
+		require.Contains(t, ce.Reason, `unknown broker kind "jetstream"`)
 		require.ErrorIs(t, err, brokers.ErrInvalidKind)
 	}
 }

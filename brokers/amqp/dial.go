@@ -204,14 +204,14 @@ func waitConnected(ctx context.Context, cfg Config, conn *conn) error {
 // validate, apply defaults, derive watermill-amqp's config and dial with
 // retries.
 func connect(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (Config, wamqp.Config, *conn, watermill.LoggerAdapter, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := validate(cfg); err != nil {
 		return cfg, wamqp.Config{}, nil, nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg = withDefaults(cfg)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	wc, err := cfg.watermillConfig()
+	wc, err := watermillConfig(cfg)
 	if err != nil {
 		return cfg, wc, nil, nil, err
 	}

@@ -23,7 +23,7 @@ const groupRequestMargin = 10 * time.Second
 // groupOpts returns the franz-go options of a consumer-group client for
 // topic. cfg has its defaults applied and is valid. The group callbacks are
 // the caller's.
-func (c Config) groupOpts(topic string) ([]kgo.Opt, error) {
+func groupOpts(c Config, topic string) ([]kgo.Opt, error) {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(c.Brokers...),
 		kgo.ClientID(c.ClientID),
@@ -51,13 +51,13 @@ func (c Config) groupOpts(topic string) ([]kgo.Opt, error) {
 		reset = kgo.NewOffset().AtEnd()
 	}
 	opts = append(opts, kgo.ConsumeResetOffset(reset))
-	return c.securityOpts(opts)
+	return securityOpts(c, opts)
 }
 
 // securityOpts appends the TLS and SASL options of c to opts.
-func (c Config) securityOpts(opts []kgo.Opt) ([]kgo.Opt, error) {
+func securityOpts(c Config, opts []kgo.Opt) ([]kgo.Opt, error) {
 	if c.TLS.Enabled {
-		tc, err := c.TLS.tlsConfig()
+		tc, err := tlsConfig(c.TLS)
 		if err != nil {
 			return nil, err
 		}

@@ -143,7 +143,7 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 // its own that joins no group: `claimtx stats` and the console subtract
 // the stored positions from them (the records not settled yet).
 func (s *Subscriber) EndOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
-	opts, err := s.cfg.securityOpts([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(s.cfg.ClientID)})
+	opts, err := securityOpts(s.cfg, []kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(s.cfg.ClientID)})
 	if err != nil {
 		return nil, err
 	}

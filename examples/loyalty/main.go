@@ -26,6 +26,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/claimtx/claimtx/brokers"
+	// BROKER=amqp|kafka|nats: each adapter registers its kind when linked.
+	_ "github.com/claimtx/claimtx/brokers/amqp"
+	_ "github.com/claimtx/claimtx/brokers/kafka"
 	natsbroker "github.com/claimtx/claimtx/brokers/nats"
 	"github.com/claimtx/claimtx/examples/internal/startup"
 	"github.com/claimtx/claimtx/framework"
@@ -172,12 +175,9 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if cfg.Key == "" {
 		cfg.Key = defaultKey
 	}
-	// The registry knows the built-in kinds and NATS JetStream, a
-	// registered kind (brokers/nats), so BROKER=nats selects it.
+	// The registry knows the kinds of the adapters imported above, so
+	// BROKER=nats selects NATS JetStream.
 	registry := brokers.NewRegistry()
-	if err := natsbroker.Register(registry); err != nil {
-		return err
-	}
 	cfg.Brokers = registry
 	cfg.Broker = natsDefaults(cfg.Broker, cfg.Name)
 	// A registered kind's settings (NATS_*) are checked by the registry,

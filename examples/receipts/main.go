@@ -33,6 +33,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/brokers"
+	// BROKER=amqp|kafka|nats: each adapter registers its kind when linked.
+	_ "github.com/claimtx/claimtx/brokers/amqp"
+	_ "github.com/claimtx/claimtx/brokers/kafka"
 	natsbroker "github.com/claimtx/claimtx/brokers/nats"
 	"github.com/claimtx/claimtx/examples/internal/startup"
 	"github.com/claimtx/claimtx/framework"
@@ -104,9 +107,6 @@ func loadSettings() (settings, error) {
 		return s, err
 	}
 	s.brokers = brokers.NewRegistry()
-	if err := natsbroker.Register(s.brokers); err != nil {
-		return s, err
-	}
 	// A registered kind's settings are checked by the registry: before
 	// anything connects.
 	return s, s.brokers.Validate(s.broker)
