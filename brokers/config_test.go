@@ -70,7 +70,7 @@ func TestOverlayEnv(t *testing.T) {
 	require.Equal(t, "orders", c.Kafka.ConsumerGroup)
 	require.Equal(t, "newest", c.Kafka.InitialOffset)
 	require.Equal(t, 1500*time.Millisecond, c.Kafka.SessionTimeout)
-	require.Equal(t, kafka.SASLConfig{Mechanism: "SCRAM-SHA-512", User: "svc", Password: "pw"}, c.Kafka.SASL)
+	require.Equal(t, brokers.KafkaSASLConfig{Mechanism: "SCRAM-SHA-512", User: "svc", Password: "pw"}, c.Kafka.SASL)
 	require.True(t, c.Kafka.TLS.Enabled)
 	require.Equal(t, "claimtx", c.Kafka.ClientID)
 }
@@ -204,7 +204,7 @@ func TestValidate(t *testing.T) {
 		{Kind: "kafka"},
 		{Kind: "amqp", AMQP: amqp.Config{URL: "amqps://u:p@host:5671/vhost", Concurrency: 64, NackDelay: -1, DialTimeout: -1}},
 		{Kind: "kafka", Kafka: kafka.Config{SessionTimeout: time.Second, InitialOffset: "newest", Version: "2.8.1"}},
-		{Kind: "kafka", Kafka: kafka.Config{SASL: kafka.SASLConfig{Mechanism: "PLAIN", User: "u"}}},
+		{Kind: "kafka", Kafka: kafka.Config{SASL: brokers.KafkaSASLConfig{Mechanism: "PLAIN", User: "u"}}},
 		// An unused adapter's settings are not looked at.
 		{Kind: "amqp", Kafka: kafka.Config{InitialOffset: "sideways"}},
 	}
@@ -233,12 +233,12 @@ func TestValidate(t *testing.T) {
 		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{Version: "three"}}, "kafka.version", "Kafka version"},
 		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SessionTimeout: time.Second, HeartbeatInterval: 2 * time.Second}}, "kafka.heartbeat_interval", "below session_timeout"},
 		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{MaxWaitTime: time.Microsecond}}, "kafka.max_wait_time", "1ms"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: kafka.SASLConfig{Mechanism: "GSSAPI", User: "u"}}}, "kafka.sasl.mechanism", "PLAIN"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: kafka.SASLConfig{Mechanism: "PLAIN"}}}, "kafka.sasl.user", "empty"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: kafka.SASLConfig{Password: "x"}}}, "kafka.sasl.mechanism", "must be set"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: kafka.TLSConfig{CAFile: "ca.pem"}}}, "kafka.tls.enabled", "must be true"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: kafka.TLSConfig{Enabled: true, CertFile: "c.pem"}}}, "kafka.tls.key_file", "together"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: kafka.TLSConfig{Enabled: true, KeyFile: "k.pem"}}}, "kafka.tls.cert_file", "together"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: brokers.KafkaSASLConfig{Mechanism: "GSSAPI", User: "u"}}}, "kafka.sasl.mechanism", "PLAIN"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: brokers.KafkaSASLConfig{Mechanism: "PLAIN"}}}, "kafka.sasl.user", "empty"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: brokers.KafkaSASLConfig{Password: "x"}}}, "kafka.sasl.mechanism", "must be set"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: brokers.KafkaTLSConfig{CAFile: "ca.pem"}}}, "kafka.tls.enabled", "must be true"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: brokers.KafkaTLSConfig{Enabled: true, CertFile: "c.pem"}}}, "kafka.tls.key_file", "together"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: brokers.KafkaTLSConfig{Enabled: true, KeyFile: "k.pem"}}}, "kafka.tls.cert_file", "together"},
 		{brokers.Config{Kind: "gochannel", GoChannel: brokers.GoChannelConfig{Buffer: -1}}, "gochannel.buffer", "negative"},
 	}
 	for _, tc := range bad {
@@ -289,7 +289,7 @@ func TestRedaction(t *testing.T) {
 	const amqpPW, saslPW = "amqp-S3cret", "sasl-S3cret"
 	c := brokers.DefaultConfig()
 	c.AMQP.URL = "amqp://app:" + amqpPW + "@rabbit:5672/?auth_password=" + amqpPW
-	c.Kafka.SASL = kafka.SASLConfig{Mechanism: "PLAIN", User: "app", Password: saslPW}
+	c.Kafka.SASL = brokers.KafkaSASLConfig{Mechanism: "PLAIN", User: "app", Password: saslPW}
 
 	for _, s := range []string{
 		c.String(), fmt.Sprint(c), fmt.Sprintf("%v", c), fmt.Sprintf("%+v", c), fmt.Sprintf("%#v", c), fmt.Sprintf("%q", c),

@@ -184,7 +184,7 @@ func (s KafkaSASLConfig) String() string {
 }
 
 // GoString makes %#v redact too.
-func (s KafkaSASLConfig) GoString() string { return "kafka.SASLConfig" + s.String() }
+func (s KafkaSASLConfig) GoString() string { return "brokers.KafkaSASLConfig" + s.String() }
 
 // The adapter applies the same defaults (defaults.Apply) without an
 // exported method for it.

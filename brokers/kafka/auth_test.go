@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/framework"
 )
@@ -46,7 +47,7 @@ func TestSASLRefusedIsAuthentication(t *testing.T) {
 					Brokers:          c.ListenAddrs(),
 					DialTimeout:      time.Minute,
 					ReconnectBackoff: 100 * time.Millisecond,
-					SASL:             kafka.SASLConfig{Mechanism: mech, User: "app", Password: "wrong-secret"},
+					SASL:             brokers.KafkaSASLConfig{Mechanism: mech, User: "app", Password: "wrong-secret"},
 				}
 				if wrong == "user" {
 					cfg.SASL.User, cfg.SASL.Password = "nobody", "app-secret"
@@ -77,7 +78,7 @@ func TestUnreachableIsNotAuthentication(t *testing.T) {
 	addrs := c.ListenAddrs()
 	c.Close()
 	cfg := kafka.Config{Brokers: addrs, DialTimeout: 3 * time.Second, ReconnectBackoff: 100 * time.Millisecond,
-		SASL: kafka.SASLConfig{Mechanism: kafka.SASLPlain, User: "app", Password: "app-secret"}}
+		SASL: brokers.KafkaSASLConfig{Mechanism: kafka.SASLPlain, User: "app", Password: "app-secret"}}
 	var retries atomic.Int32
 	_, err = kafka.NewPublisher(context.Background(), cfg, retryLogger{retries: &retries})
 	require.Error(t, err)

@@ -15,12 +15,8 @@ import (
 
 // Config configures the Kafka adapter: see brokers.KafkaConfig, which holds
 // it so that a brokers.Config can carry it without linking this adapter's
-// clients. TLSConfig and SASLConfig are its TLS and SASL sections.
-type (
-	Config     = brokers.KafkaConfig
-	TLSConfig  = brokers.KafkaTLSConfig
-	SASLConfig = brokers.KafkaSASLConfig
-)
+// clients.
+type Config = brokers.KafkaConfig
 
 // InitialOffset values.
 const (
@@ -119,7 +115,7 @@ func saramaConfig(c Config) (*sarama.Config, error) {
 	return sc, nil
 }
 
-func tlsConfig(t TLSConfig) (*tls.Config, error) {
+func tlsConfig(t brokers.KafkaTLSConfig) (*tls.Config, error) {
 	tc := &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		ServerName:         t.ServerName,

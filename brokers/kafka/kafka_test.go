@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/internal/devbroker"
 	"github.com/claimtx/claimtx/internal/testenv"
@@ -322,7 +323,7 @@ func TestSASL(t *testing.T) {
 			cfg := kafka.Config{
 				Brokers:     c.ListenAddrs(),
 				DialTimeout: -1,
-				SASL:        kafka.SASLConfig{Mechanism: mech, User: "app", Password: "app-secret"},
+				SASL:        brokers.KafkaSASLConfig{Mechanism: mech, User: "app", Password: "app-secret"},
 			}
 			pub, err := kafka.NewPublisher(context.Background(), cfg, nil)
 			require.NoError(t, err)

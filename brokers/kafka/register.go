@@ -9,6 +9,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/position"
 )
 
 // Importing the package makes the "kafka" kind available to every
@@ -34,6 +35,12 @@ func init() {
 			}
 			return pub, nil
 		},
+	})
+	position.RegisterEndOffsets(func(sub any) (position.EndOffsetsFunc, bool) {
+		if s, ok := sub.(*Subscriber); ok {
+			return s.endOffsets, true
+		}
+		return nil, false
 	})
 }
 
