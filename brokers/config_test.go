@@ -104,7 +104,7 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv("KAFKA_BROKERS", "127.0.0.1:19092")
 	t.Setenv("KAFKA_CONSUMER_GROUP", "from-env")
 	t.Setenv("CONCURRENCY", "2")
-	c, err := brokers.ConfigFromEnv()
+	c, err := brokers.LoadConfig("")
 	require.NoError(t, err)
 	require.Equal(t, "kafka", c.Kind)
 	require.Equal(t, []string{"127.0.0.1:19092"}, c.Kafka.Brokers)
@@ -114,13 +114,13 @@ func TestConfigFromEnv(t *testing.T) {
 	// A kind no Registry could know is refused at once; a well-formed one
 	// only by the Registry that does not know it, naming the variable.
 	t.Setenv("BROKER", "Carrier Pigeon")
-	_, err = brokers.ConfigFromEnv()
+	_, err = brokers.LoadConfig("")
 	var ce *framework.ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "BROKER", ce.Field)
 	require.ErrorIs(t, err, brokers.ErrInvalidKind)
 	t.Setenv("BROKER", "carrier-pigeon")
-	c, err = brokers.ConfigFromEnv()
+	c, err = brokers.LoadConfig("")
 	require.NoError(t, err)
 	_, err = brokers.NewSubscriber(c, nil)
 	require.ErrorAs(t, err, &ce)
@@ -133,7 +133,7 @@ func TestConfigFromEnv(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte("kind: amqp\nkafka:\n  consumer_group: from-file\n"), 0o600))
 	t.Setenv("BROKER", "kafka")
 	t.Setenv("KAFKA_CONSUMER_GROUP", "")
-	c, err = brokers.LoadConfigFile(path)
+	c, err = brokers.LoadConfig(path)
 	require.NoError(t, err)
 	require.Equal(t, "kafka", c.Kind)
 	require.Equal(t, "from-file", c.Kafka.ConsumerGroup)
@@ -192,7 +192,7 @@ options:
 
 func TestLoadConfigFileErrors(t *testing.T) {
 	t.Parallel()
-	_, err := brokers.LoadConfigFile(filepath.Join(t.TempDir(), "missing.yaml"))
+	_, err := brokers.LoadConfig(filepath.Join(t.TempDir(), "missing.yaml"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
 

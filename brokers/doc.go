@@ -10,7 +10,7 @@
 //
 //	import _ "github.com/claimtx/claimtx/brokers/kafka" // links the "kafka" kind
 //
-//	cfg, err := brokers.ConfigFromEnv() // BROKER=kafka KAFKA_BROKERS=...
+//	cfg, err := brokers.LoadConfig("") // BROKER=kafka KAFKA_BROKERS=...
 //	if err != nil {
 //		return err // a *framework.ConfigError naming the variable
 //	}
@@ -20,11 +20,10 @@
 //
 // Or from a file, with the environment overriding it:
 //
-//	cfg, err := brokers.LoadConfigFile("claimtx.yaml")
+//	cfg, err := brokers.LoadConfig("claimtx.yaml")
 //
-// LoadConfig does the same for YAML already read, such as the broker
-// section of a larger file (framework/consumer.LoadConfig reads the
-// "broker:" section of a consumer's file with it).
+// framework/consumer.LoadConfig reads the "broker:" section of a
+// consumer's file the same way.
 //
 // # Configuration
 //
@@ -33,9 +32,8 @@
 // default (the "Defaults to" line of each field of Config, GoChannelConfig,
 // AMQPConfig and KafkaConfig), so the zero Config, an
 // empty file and an empty environment all give a working local setup:
-// RabbitMQ at amqp://guest:guest@127.0.0.1:5672/. ConfigFromEnv and
-// LoadConfigFile write the defaults out, so the Config they return shows
-// every effective value.
+// RabbitMQ at amqp://guest:guest@127.0.0.1:5672/. LoadConfig writes the
+// defaults out, so the Config it returns shows every effective value.
 //
 //	kind: kafka            # amqp | kafka | gochannel | a registered name
 //	amqp:
@@ -60,8 +58,8 @@
 //
 // # Environment variables
 //
-// ConfigFromEnv starts from the defaults, LoadConfigFile from the file; both
-// then apply these variables (set but empty counts as unset) and validate:
+// LoadConfig starts from the defaults, or from the file it is given, then
+// applies these variables (set but empty counts as unset) and validate:
 //
 //	BROKER                   kind                           (default amqp)
 //	AMQP_URL                 amqp.url                       (default amqp://guest:guest@127.0.0.1:5672/)
@@ -118,7 +116,7 @@
 // Every configuration problem is a *framework.ConfigError (package
 // github.com/claimtx/claimtx/framework, the one configuration error type of
 // claimtx) whose Field is what the user set: the environment variable when
-// the value came from one (and, with ConfigFromEnv, the variable to set for
+// the value came from one (and, with LoadConfig(""), the variable to set for
 // a required field left empty), otherwise the field's YAML path (also for
 // values the YAML decoder refuses):
 //
@@ -135,23 +133,23 @@
 // are wrapped with %w and keep their cause (for example
 // *brokers/amqp.DialError).
 //
-// Config.Validate checks the amqp, kafka and gochannel sections whether or
-// not their adapter is linked, and runs the Factory.Validate of a linked
-// kind. Any other kind is only checked to be a well-formed name, because
+// Config.Validate checks the amqp, kafka and gochannel sections, whether
+// or not their adapter is linked. Any other kind is only checked to be a
+// well-formed name, because
 // whether it exists depends on the Registry that builds it:
 // Registry.NewSubscriber and Registry.NewPublisher refuse a kind they do
 // not know with a *framework.ConfigError (Field "kind", or BROKER) that
 // matches ErrInvalidKind and lists the kinds they have (for "amqp",
 // "kafka" and "nats" it names the package to import instead), and run the
 // kind's own Factory.Validate before building. So a misspelt BROKER ("kafak") passes
-// ConfigFromEnv and fails when the broker is built; one that cannot be a
+// LoadConfig("") and fails when the broker is built; one that cannot be a
 // kind name ("Kafka") fails at once.
 //
 // A registered kind names its settings "options.<option>" in the
 // *framework.ConfigError its Factory returns (from Validate or from
 // NewSubscriber/NewPublisher); the Registry renames the Field to the
 // variable (NATS_ACK_WAIT) when the environment set the value or, with
-// ConfigFromEnv, for a required option left unset.
+// LoadConfig(""), for a required option left unset.
 //
 // # Secrets
 //

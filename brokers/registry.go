@@ -172,7 +172,7 @@ func (r *Registry) NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (me
 		if errors.As(err, &ce) {
 			// Named like Validate's errors: a registered kind's
 			// "options.durable" becomes NATS_DURABLE when the
-			// environment set it (or, with ConfigFromEnv, should have).
+			// environment set it (or, with LoadConfig(""), should have).
 			return nil, cfg.named(err)
 		}
 		return nil, fmt.Errorf("brokers: %s subscriber: %w", kind, err)
@@ -216,12 +216,12 @@ func (r *Registry) factory(cfg Config) (Factory, string, error) {
 		return Factory{}, "", err
 	}
 	kind := cfg.kind()
-	if f, ok := linkedFactory(kind); ok {
-		return f, kind, nil // Validate ran its checks
+	f, ok := linkedFactory(kind)
+	if !ok {
+		r.mu.RLock()
+		f, ok = r.kinds[kind]
+		r.mu.RUnlock()
 	}
-	r.mu.RLock()
-	f, ok := r.kinds[kind]
-	r.mu.RUnlock()
 	if !ok && adapterPackages[kind] != "" {
 		return Factory{}, "", cfg.named(&framework.ConfigError{
 			Field:  "kind",

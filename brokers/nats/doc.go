@@ -4,7 +4,7 @@
 //
 //	import _ "github.com/claimtx/claimtx/brokers/nats"
 //
-//	cfg, err := brokers.ConfigFromEnv() // BROKER=nats NATS_URL=... NATS_DURABLE=billing
+//	cfg, err := brokers.LoadConfig("") // BROKER=nats NATS_URL=... NATS_DURABLE=billing
 //	...
 //	sub, err := brokers.NewSubscriber(cfg, logger)
 //
@@ -21,7 +21,7 @@
 // # Settings
 //
 // Everything is read from brokers.Config.Options: options: in a YAML file,
-// or NATS_<OPTION> variables (brokers.ConfigFromEnv and LoadConfigFile copy
+// or NATS_<OPTION> variables (brokers.LoadConfig copy
 // every NATS_* variable into Options when the kind is nats, the
 // environment over the file). Unknown options are errors, so a typo
 // (NATS_ACKWAIT) does not silently become a default. Every problem is a

@@ -15,7 +15,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Option keys, as written under options: in YAML. brokers.ConfigFromEnv
+// Option keys, as written under options: in YAML. brokers.LoadConfig("")
 // sets each one from NATS_<KEY IN UPPER CASE> when BROKER=nats.
 const (
 	optURL           = "url"

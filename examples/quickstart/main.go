@@ -78,7 +78,7 @@ func run(ctx context.Context) error {
 	}
 
 	logger := watermill.NewSlogLogger(slog.Default())
-	brokerCfg, err := brokers.ConfigFromEnv() // RabbitMQ on 127.0.0.1 unless AMQP_URL or BROKER say otherwise
+	brokerCfg, err := brokers.LoadConfig("") // RabbitMQ on 127.0.0.1 unless AMQP_URL or BROKER say otherwise
 	if err != nil {
 		return err
 	}

@@ -99,9 +99,9 @@ func loadSettings() (settings, error) {
 	}
 	var err error
 	if path := os.Getenv("BROKER_CONFIG"); path != "" {
-		s.broker, err = brokers.LoadConfigFile(path)
+		s.broker, err = brokers.LoadConfig(path)
 	} else {
-		s.broker, err = brokers.ConfigFromEnv()
+		s.broker, err = brokers.LoadConfig("")
 	}
 	if err != nil {
 		return s, err

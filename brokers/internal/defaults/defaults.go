@@ -1,5 +1,5 @@
 // Package defaults lets package brokers write out an adapter's defaults
-// (so that ConfigFromEnv and LoadConfigFile return, and print, every
+// (so that LoadConfig return, and print, every
 // effective value) without the adapter exporting a function for it: each
 // adapter registers its unexported withDefaults here from an init function.
 package defaults

@@ -36,7 +36,7 @@ const dlqUsage = `Usage: claimtx dlq SUBCOMMAND [flags]
   replay    republish dead letters to their topic (--dry-run: classify only)
 
 The broker comes from BROKER, AMQP_URL, KAFKA_BROKERS and the other variables
-of brokers.ConfigFromEnv (or --broker-config FILE, which they override), and
+of brokers.LoadConfig("") (or --broker-config FILE, which they override), and
 --broker, --amqp-url, --kafka-brokers override both. Nothing is consumed
 by list, inspect or a dry run.
 
@@ -86,7 +86,7 @@ type brokerFlags struct {
 
 func (b *brokerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&b.broker, "broker", "", "broker kind: amqp or kafka (env BROKER; default amqp)")
-	fs.StringVar(&b.brokerFile, "broker-config", "", "broker configuration file (YAML, see brokers.LoadConfigFile); the environment overrides it")
+	fs.StringVar(&b.brokerFile, "broker-config", "", "broker configuration file (YAML, see brokers.LoadConfig); the environment overrides it")
 	fs.StringVar(&b.amqpURL, "amqp-url", "", "RabbitMQ URL (env AMQP_URL)")
 	fs.StringVar(&b.kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap addresses, comma separated (env KAFKA_BROKERS)")
 }
@@ -309,15 +309,15 @@ func newClassifier(d *dlqFlags, schema, table string, key framework.KeyFunc, mem
 }
 
 // brokerConfig is the broker configuration: the file, or the defaults,
-// with the environment over it (brokers.LoadConfigFile, ConfigFromEnv),
+// with the environment over it (brokers.LoadConfig, LoadConfig("")),
 // and the flags over both.
 func (d *brokerFlags) brokerConfig() (brokers.Config, error) {
 	var cfg brokers.Config
 	var err error
 	if d.brokerFile != "" {
-		cfg, err = brokers.LoadConfigFile(d.brokerFile)
+		cfg, err = brokers.LoadConfig(d.brokerFile)
 	} else {
-		cfg, err = brokers.ConfigFromEnv()
+		cfg, err = brokers.LoadConfig("")
 	}
 	if err != nil {
 		return cfg, err

@@ -1,13 +1,10 @@
-// Package yamlpath names the YAML path of a value that a strict YAML
-// decoder (yaml.v3 with KnownFields) refused, so that configuration
-// loaders (brokers.LoadConfigFile, framework/consumer.LoadConfig) report a
-// file's mistakes like their Validate errors: a *framework.ConfigError
-// whose Field is "amqp.url" or "claim.max_claim_wait".
-package yamlpath
+package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -77,4 +74,19 @@ func FieldError(data []byte, err error) *framework.ConfigError {
 	}
 	reason := strings.TrimSpace(strings.TrimPrefix(msg, fmt.Sprintf("line %d:", line)))
 	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("%s (line %d)", reason, line)}
+}
+
+// Decode decodes data over dst strictly: an unknown key, or a value of the
+// wrong type, is a *framework.ConfigError naming its YAML path (see
+// FieldError). Empty data leaves dst as it is.
+func Decode(data []byte, dst any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(dst); err != nil && !errors.Is(err, io.EOF) {
+		if ce := FieldError(data, err); ce != nil {
+			return ce
+		}
+		return fmt.Errorf("parse YAML: %w", err)
+	}
+	return nil
 }
