@@ -34,13 +34,13 @@ const (
 	kafkaDefaultReconnectBackoff = time.Second
 )
 
-// InitialOffset values (kafka.OffsetOldest, kafka.OffsetNewest).
+// InitialOffset values.
 const (
 	kafkaOffsetOldest = "oldest"
 	kafkaOffsetNewest = "newest"
 )
 
-// SASL mechanisms (kafka.SASLPlain, ...).
+// SASL mechanisms.
 const (
 	kafkaSASLPlain       = "PLAIN"
 	kafkaSASLScramSHA256 = "SCRAM-SHA-256"

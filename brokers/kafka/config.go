@@ -18,17 +18,17 @@ import (
 // clients.
 type Config = brokers.KafkaConfig
 
-// InitialOffset values.
+// Config.InitialOffset values.
 const (
-	OffsetOldest = "oldest"
-	OffsetNewest = "newest"
+	offsetOldest = "oldest"
+	offsetNewest = "newest"
 )
 
-// SASL mechanisms.
+// Config.SASL.Mechanism values.
 const (
-	SASLPlain       = "PLAIN"
-	SASLScramSHA256 = "SCRAM-SHA-256"
-	SASLScramSHA512 = "SCRAM-SHA-512"
+	saslPlain       = "PLAIN"
+	saslScramSHA256 = "SCRAM-SHA-256"
+	saslScramSHA512 = "SCRAM-SHA-512"
 )
 
 // withDefaults is c with every zero field at its documented default.
@@ -65,7 +65,7 @@ func saramaConfig(c Config) (*sarama.Config, error) {
 	sc.Consumer.Return.Errors = true
 	sc.Consumer.MaxWaitTime = c.MaxWaitTime
 	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
-	if c.InitialOffset == OffsetNewest {
+	if c.InitialOffset == offsetNewest {
 		sc.Consumer.Offsets.Initial = sarama.OffsetNewest
 	}
 	sc.Consumer.Offsets.AutoCommit.Enable = true
@@ -99,12 +99,12 @@ func saramaConfig(c Config) (*sarama.Config, error) {
 		sc.Net.SASL.User = c.SASL.User
 		sc.Net.SASL.Password = c.SASL.Password
 		switch c.SASL.Mechanism {
-		case SASLPlain:
+		case saslPlain:
 			sc.Net.SASL.Mechanism = sarama.SASLTypePlaintext
-		case SASLScramSHA256:
+		case saslScramSHA256:
 			sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA256
 			sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{sha512: false} }
-		case SASLScramSHA512:
+		case saslScramSHA512:
 			sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA512
 			sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{sha512: true} }
 		}

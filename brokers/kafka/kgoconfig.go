@@ -47,7 +47,7 @@ func groupOpts(c Config, topic string) ([]kgo.Opt, error) {
 		kgo.BlockRebalanceOnPoll(),
 	}
 	reset := kgo.NewOffset().AtStart()
-	if c.InitialOffset == OffsetNewest {
+	if c.InitialOffset == offsetNewest {
 		reset = kgo.NewOffset().AtEnd()
 	}
 	opts = append(opts, kgo.ConsumeResetOffset(reset))
@@ -64,11 +64,11 @@ func securityOpts(c Config, opts []kgo.Opt) ([]kgo.Opt, error) {
 		opts = append(opts, kgo.DialTLSConfig(tc))
 	}
 	switch c.SASL.Mechanism {
-	case SASLPlain:
+	case saslPlain:
 		opts = append(opts, kgo.SASL(plain.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsMechanism()))
-	case SASLScramSHA256:
+	case saslScramSHA256:
 		opts = append(opts, kgo.SASL(scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha256Mechanism()))
-	case SASLScramSHA512:
+	case saslScramSHA512:
 		opts = append(opts, kgo.SASL(scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha512Mechanism()))
 	}
 	return opts, nil
