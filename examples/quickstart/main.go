@@ -5,7 +5,7 @@
 //
 // The environment overrides the defaults written in the snippet: TOPIC,
 // DATABASE_URL, CLAIMTX_SCHEMA, and the broker variables of
-// brokers.ConfigFromEnv (AMQP_URL, …). Only brokers/amqp is linked, so
+// brokers.LoadConfig (AMQP_URL, …). Only brokers/amqp is linked, so
 // BROKER=kafka fails with an error that says which package to import.
 package main
 
