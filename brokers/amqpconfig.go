@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/claimtx/claimtx/brokers/internal/defaults"
-	"github.com/claimtx/claimtx/brokers/internal/secret"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/config"
 )
 
 // The settings of the built-in adapters live here, not in their packages,
@@ -235,7 +235,7 @@ func (c AMQPConfig) Validate() error {
 		return fieldErr("url", "scheme must be amqp or amqps, got %q", u.Scheme)
 	}
 	if err := amqpURIError(c.URL, u); err != nil {
-		return fieldErr("url", "not a valid AMQP URI %s: %v", secret.RedactURL(c.URL), err)
+		return fieldErr("url", "not a valid AMQP URI %s: %v", config.RedactURL(c.URL), err)
 	}
 	switch {
 	case c.Concurrency < 0:
@@ -276,7 +276,7 @@ func (c AMQPConfig) Validate() error {
 // String prints the config with the URL's password redacted.
 func (c AMQPConfig) String() string {
 	return fmt.Sprintf("{URL:%s Concurrency:%d Prefetch:%d Window:%d NackDelay:%s DialTimeout:%s ReconnectInitialInterval:%s ReconnectMaxInterval:%s PublishChannels:%d QueueType:%q DeliveryLimit:%d QueueArguments:%v ConnectionName:%q}",
-		secret.RedactURL(c.URL), c.Concurrency, c.Prefetch, c.Window, c.NackDelay, c.DialTimeout,
+		config.RedactURL(c.URL), c.Concurrency, c.Prefetch, c.Window, c.NackDelay, c.DialTimeout,
 		c.ReconnectInitialInterval, c.ReconnectMaxInterval, c.PublishChannels, c.QueueType, c.DeliveryLimit, c.QueueArguments, c.ConnectionName)
 }
 

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/claimtx/claimtx/brokers/internal/secret"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/config"
 )
@@ -207,8 +206,8 @@ type GoChannelConfig struct {
 }
 
 // defaultConfig returns a Config with every default written out, which is
-// what LoadConfig start from, so the effective
-// configuration they return (and print) shows every value.
+// what LoadConfig starts from, so the effective configuration it returns
+// (and prints) shows every value.
 func defaultConfig() Config {
 	k := KafkaConfig{}.withDefaults()
 	// Derived from SessionTimeout when zero: leaving it zero lets a file or
@@ -326,9 +325,9 @@ func redactOptions(opts map[string]string) map[string]string {
 		lk := strings.ToLower(k)
 		switch {
 		case strings.Contains(lk, "pass") || strings.Contains(lk, "secret") || strings.Contains(lk, "token"):
-			out[k] = secret.Redact(v)
+			out[k] = config.Redact(v)
 		case strings.Contains(v, "://"):
-			out[k] = secret.RedactURL(v)
+			out[k] = config.RedactURL(v)
 		default:
 			out[k] = v
 		}

@@ -10,7 +10,7 @@ import "github.com/claimtx/claimtx/internal/config"
 // without validating.
 var ParseConfig = parseConfig
 
-// DefaultConfig is what LoadConfig start from.
+// DefaultConfig is what LoadConfig starts from.
 var DefaultConfig = defaultConfig
 
 // OverlayEnv applies the environment variables read through lookup.

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/claimtx/claimtx/brokers/internal/defaults"
-	"github.com/claimtx/claimtx/brokers/internal/secret"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/config"
 )
 
 // brokers/kafka's Config, TLSConfig and SASLConfig are these types (see
@@ -180,7 +180,7 @@ type KafkaSASLConfig struct {
 
 // String prints the SASL settings with the password redacted.
 func (s KafkaSASLConfig) String() string {
-	return fmt.Sprintf("{Mechanism:%q User:%q Password:%q}", s.Mechanism, s.User, secret.Redact(s.Password))
+	return fmt.Sprintf("{Mechanism:%q User:%q Password:%q}", s.Mechanism, s.User, config.Redact(s.Password))
 }
 
 // GoString makes %#v redact too.

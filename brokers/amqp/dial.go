@@ -12,9 +12,9 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/claimtx/claimtx/brokers/internal/secret"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/config"
 )
 
 // DialError is returned when the start-up connection attempts give up.
@@ -44,7 +44,7 @@ func dial(ctx context.Context, cfg Config, wc wamqp.Config, logger watermill.Log
 		defer cancel()
 	}
 	w := &watcher{LoggerAdapter: logger, stopped: make(chan struct{})}
-	redacted := secret.RedactURL(cfg.URL)
+	redacted := config.RedactURL(cfg.URL)
 	wait := cfg.ReconnectInitialInterval
 	for attempt := 1; ; attempt++ {
 		wrapper, err := wamqp.NewConnection(wc.Connection, w)
