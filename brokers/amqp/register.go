@@ -2,7 +2,6 @@ package amqp
 
 import (
 	"context"
-	"errors"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -24,18 +23,11 @@ func init() {
 		},
 		// brokers.Config.Validate checks the amqp section; this is what
 		// only the client can tell.
-		Validate: func(c brokers.Config) error { return inSection(validate(c.AMQP)) },
+		Validate: func(c brokers.Config) error {
+			if _, err := queueArguments(c.AMQP.QueueArguments); err != nil {
+				return &framework.ConfigError{Field: "amqp.queue_arguments", Reason: "cannot be encoded as an AMQP table", Err: err}
+			}
+			return nil
+		},
 	})
-}
-
-// inSection names a field of err by its path in a brokers.Config
-// ("amqp.queue_arguments"), as brokers.Config.Validate names the others.
-func inSection(err error) error {
-	var ce *framework.ConfigError
-	if !errors.As(err, &ce) {
-		return err
-	}
-	out := *ce
-	out.Field = brokers.KindAMQP + "." + ce.Field
-	return &out
 }
