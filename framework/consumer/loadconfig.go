@@ -1,10 +1,8 @@
 package consumer
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -250,7 +248,7 @@ func (l *loader) load(data []byte) (Config, error) {
 			l.name(s, s.Path)
 		}
 	}
-	brokerSection, err := l.readFile(data, byPath, &c)
+	brokerSection, err := config.ReadFile(data, byPath, isSection, brokerKey, &c)
 	if err != nil {
 		return Config{}, err
 	}
@@ -275,93 +273,6 @@ func (l *loader) name(s setting, name string) {
 	}
 }
 
-// readFile applies the file's settings to c and returns its broker
-// section (nil when there is none). Keys are checked against the settings,
-// so an unknown or misplaced one is named by its path and line.
-func (l *loader) readFile(data []byte, byPath map[string]setting, c *Config) (*yaml.Node, error) {
-	if len(bytes.TrimSpace(data)) == 0 {
-		return nil, nil
-	}
-	var doc yaml.Node
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("parse YAML: %w", err)
-	}
-	var more yaml.Node
-	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
-		return nil, errors.New("parse YAML: more than one document")
-	}
-	if len(doc.Content) == 0 {
-		return nil, nil
-	}
-	root := doc.Content[0]
-	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
-		return nil, nil
-	}
-	var brokerSection *yaml.Node
-	var walk func(n *yaml.Node, prefix string) error
-	walk = func(n *yaml.Node, prefix string) error {
-		if n.Kind == yaml.AliasNode {
-			n = n.Alias
-		}
-		if n.Kind != yaml.MappingNode {
-			what := "the file"
-			if prefix != "" {
-				what = strings.TrimSuffix(prefix, ".")
-			}
-			return &framework.ConfigError{Field: orRoot(what), Reason: fmt.Sprintf("must be a mapping of keys (line %d)", n.Line)}
-		}
-		seen := map[string]bool{}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			path := prefix + k.Value
-			if k.Value == "<<" {
-				return &framework.ConfigError{Field: orRoot(strings.TrimSuffix(prefix, ".")), Reason: fmt.Sprintf("merge keys (<<) are not supported (line %d)", k.Line)}
-			}
-			if seen[k.Value] {
-				return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("is set twice (line %d)", k.Line)}
-			}
-			seen[k.Value] = true
-			if v.Kind == yaml.AliasNode {
-				v = v.Alias
-			}
-			switch {
-			case path == brokerKey:
-				brokerSection = v
-			case isSection(path):
-				if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
-					continue
-				}
-				if err := walk(v, path+"."); err != nil {
-					return err
-				}
-			default:
-				s, ok := byPath[path]
-				if !ok {
-					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("unknown key (line %d)", k.Line)}
-				}
-				if v.Kind != yaml.ScalarNode {
-					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("must be a single value (line %d)", v.Line)}
-				}
-				if v.Tag == "!!null" {
-					continue // "key:" with nothing after it: the default
-				}
-				if err := s.Set(c, v.Value); err != nil {
-					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("%s (line %d)", config.Reason(s.Secret, err), v.Line), Err: config.Cause(err)}
-				}
-			}
-		}
-		return nil
-	}
-	if err := walk(root, ""); err != nil {
-		return nil, err
-	}
-	return brokerSection, nil
-}
-
 // isSection tells the keys that hold settings rather than being one.
 func isSection(path string) bool {
 	switch path {
@@ -369,13 +280,6 @@ func isSection(path string) bool {
 		return true
 	}
 	return false
-}
-
-func orRoot(path string) string {
-	if path == "" {
-		return "(root)"
-	}
-	return path
 }
 
 // readBroker builds c.Broker: brokers.LoadConfig of the file's broker

@@ -90,3 +90,102 @@ func Decode(data []byte, dst any) error {
 	}
 	return nil
 }
+
+// ReadFile applies the settings a YAML file sets to c, each value parsed by
+// its Setting's Set as a variable's would be, and returns the node of the
+// key passthrough (nil when the file has none), which another loader reads
+// (framework/consumer's "broker:", read as a brokers.Config). Keys are
+// checked against byPath, and isSection tells the keys that hold settings
+// rather than being one, so an unknown or misplaced key, a bad value, a
+// key set twice or a merge key is a *framework.ConfigError naming its path
+// and line.
+func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(path string) bool, passthrough string, c *T) (*yaml.Node, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, nil
+	}
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("parse YAML: %w", err)
+	}
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return nil, errors.New("parse YAML: more than one document")
+	}
+	if len(doc.Content) == 0 {
+		return nil, nil
+	}
+	root := doc.Content[0]
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return nil, nil
+	}
+	var section *yaml.Node
+	var walk func(n *yaml.Node, prefix string) error
+	walk = func(n *yaml.Node, prefix string) error {
+		if n.Kind == yaml.AliasNode {
+			n = n.Alias
+		}
+		if n.Kind != yaml.MappingNode {
+			what := "the file"
+			if prefix != "" {
+				what = strings.TrimSuffix(prefix, ".")
+			}
+			return &framework.ConfigError{Field: orRoot(what), Reason: fmt.Sprintf("must be a mapping of keys (line %d)", n.Line)}
+		}
+		seen := map[string]bool{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			path := prefix + k.Value
+			if k.Value == "<<" {
+				return &framework.ConfigError{Field: orRoot(strings.TrimSuffix(prefix, ".")), Reason: fmt.Sprintf("merge keys (<<) are not supported (line %d)", k.Line)}
+			}
+			if seen[k.Value] {
+				return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("is set twice (line %d)", k.Line)}
+			}
+			seen[k.Value] = true
+			if v.Kind == yaml.AliasNode {
+				v = v.Alias
+			}
+			switch {
+			case path == passthrough:
+				section = v
+			case isSection(path):
+				if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+					continue
+				}
+				if err := walk(v, path+"."); err != nil {
+					return err
+				}
+			default:
+				s, ok := byPath[path]
+				if !ok {
+					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("unknown key (line %d)", k.Line)}
+				}
+				if v.Kind != yaml.ScalarNode {
+					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("must be a single value (line %d)", v.Line)}
+				}
+				if v.Tag == "!!null" {
+					continue // "key:" with nothing after it: the default
+				}
+				if err := s.Set(c, v.Value); err != nil {
+					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("%s (line %d)", Reason(s.Secret, err), v.Line), Err: Cause(err)}
+				}
+			}
+		}
+		return nil
+	}
+	if err := walk(root, ""); err != nil {
+		return nil, err
+	}
+	return section, nil
+}
+
+func orRoot(path string) string {
+	if path == "" {
+		return "(root)"
+	}
+	return path
+}
