@@ -14,9 +14,10 @@ import (
 
 // Built-in kinds.
 const (
-	KindAMQP      = "amqp"
-	KindKafka     = "kafka"
-	KindGoChannel = "gochannel"
+	KindAMQP      = "amqp"      // brokers/amqp
+	KindKafka     = "kafka"     // brokers/kafka
+	KindNATS      = "nats"      // brokers/nats
+	KindGoChannel = "gochannel" // in this package
 )
 
 // defaultKind is the kind of a Config whose Kind is empty.

@@ -59,7 +59,7 @@ var linked = struct {
 var adapterPackages = map[string]string{
 	KindAMQP:  "github.com/claimtx/claimtx/brokers/amqp",
 	KindKafka: "github.com/claimtx/claimtx/brokers/kafka",
-	"nats":    "github.com/claimtx/claimtx/brokers/nats",
+	KindNATS:  "github.com/claimtx/claimtx/brokers/nats",
 }
 
 func init() {

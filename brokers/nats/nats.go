@@ -8,14 +8,10 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Kind is the broker kind the package registers: BROKER=nats, or kind:
-// nats in a configuration file.
-const Kind = "nats"
-
 // Importing the package makes the "nats" kind available to every
 // brokers.Registry, like brokers/amqp and brokers/kafka: a program that
 // never imports it does not link nats.go.
-func init() { brokers.Register(Kind, factory()) }
+func init() { brokers.Register(brokers.KindNATS, factory()) }
 
 // factory is the adapter's Factory. Its settings are read from
 // Config.Options, as the package documentation lists; its Validate refuses

@@ -29,7 +29,7 @@ import (
 	// BROKER=amqp|kafka|nats: each adapter registers its kind when linked.
 	_ "github.com/claimtx/claimtx/brokers/amqp"
 	_ "github.com/claimtx/claimtx/brokers/kafka"
-	natsbroker "github.com/claimtx/claimtx/brokers/nats"
+	_ "github.com/claimtx/claimtx/brokers/nats"
 	"github.com/claimtx/claimtx/examples/internal/startup"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
@@ -359,7 +359,7 @@ func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptio
 	if cfg.Broker.Kafka.Window == 0 {
 		cfg.Broker.Kafka.Window = window
 	}
-	if cfg.Broker.Kind == natsbroker.Kind && os.Getenv("NATS_CONCURRENCY") == "" {
+	if cfg.Broker.Kind == brokers.KindNATS && os.Getenv("NATS_CONCURRENCY") == "" {
 		// One message per NATS subscription: as many as the batches hold.
 		cfg.Broker.Options = withOption(cfg.Broker.Options, "concurrency", strconv.Itoa(window))
 	}
@@ -373,7 +373,7 @@ func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptio
 // STARTUP_TIMEOUT (as the connection's dial_timeout). NATS_DURABLE,
 // NATS_CONCURRENCY and NATS_DIAL_TIMEOUT override them.
 func natsDefaults(b brokers.Config, name string) brokers.Config {
-	if b.Kind != natsbroker.Kind {
+	if b.Kind != brokers.KindNATS {
 		return b
 	}
 	for option, value := range map[string]string{

@@ -36,7 +36,7 @@ import (
 	// BROKER=amqp|kafka|nats: each adapter registers its kind when linked.
 	_ "github.com/claimtx/claimtx/brokers/amqp"
 	_ "github.com/claimtx/claimtx/brokers/kafka"
-	natsbroker "github.com/claimtx/claimtx/brokers/nats"
+	_ "github.com/claimtx/claimtx/brokers/nats"
 	"github.com/claimtx/claimtx/examples/internal/startup"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
@@ -125,7 +125,7 @@ func (s settings) brokerFor(consumer string) brokers.Config {
 	if os.Getenv("KAFKA_CONSUMER_GROUP") == "" {
 		b.Kafka.ConsumerGroup = consumer
 	}
-	if b.Kind == natsbroker.Kind && b.Options["durable"] == "" {
+	if b.Kind == brokers.KindNATS && b.Options["durable"] == "" {
 		opts := make(map[string]string, len(b.Options)+1)
 		for k, v := range b.Options {
 			opts[k] = v
