@@ -1,30 +1,23 @@
 package brokers
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
-	"github.com/claimtx/claimtx/brokers/amqp"
-	"github.com/claimtx/claimtx/brokers/internal/defaults"
-	"github.com/claimtx/claimtx/brokers/internal/secret"
-	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/yamlpath"
+	"github.com/claimtx/claimtx/internal/config"
 )
 
 // Built-in kinds.
 const (
-	KindAMQP      = "amqp"
-	KindKafka     = "kafka"
-	KindGoChannel = "gochannel"
+	KindAMQP      = "amqp"      // brokers/amqp
+	KindKafka     = "kafka"     // brokers/kafka
+	KindNATS      = "nats"      // brokers/nats
+	KindGoChannel = "gochannel" // in this package
 )
 
 // defaultKind is the kind of a Config whose Kind is empty.
@@ -38,20 +31,20 @@ type Config struct {
 	// Defaults to "amqp".
 	Kind string `yaml:"kind"`
 
-	// AMQP configures the "amqp" kind. See brokers/amqp.Config for each
-	// field's default.
-	AMQP amqp.Config `yaml:"amqp"`
+	// AMQP configures the "amqp" kind (brokers/amqp). See AMQPConfig for
+	// each field's default.
+	AMQP AMQPConfig `yaml:"amqp"`
 
-	// Kafka configures the "kafka" kind. See brokers/kafka.Config for each
-	// field's default.
-	Kafka kafka.Config `yaml:"kafka"`
+	// Kafka configures the "kafka" kind (brokers/kafka). See KafkaConfig
+	// for each field's default.
+	Kafka KafkaConfig `yaml:"kafka"`
 
 	// GoChannel configures the "gochannel" kind.
 	GoChannel GoChannelConfig `yaml:"gochannel"`
 
 	// Options carries settings for user-registered kinds, which read them
-	// in their Factory. The built-in kinds ignore it. ConfigFromEnv and
-	// LoadConfigFile set it from the kind's variables (NATS_ACK_WAIT sets
+	// in their Factory. The built-in kinds ignore it. LoadConfig("") and
+	// LoadConfig set it from the kind's variables (NATS_ACK_WAIT sets
 	// "ack_wait" when Kind is "nats"; see the package documentation).
 	// Defaults to none.
 	Options map[string]string `yaml:"options"`
@@ -75,48 +68,90 @@ type envSource struct {
 	// Shared between copies of a Config: overlayEnv replaces it, never
 	// writes to it.
 	set map[string]string
-	// only is true for ConfigFromEnv: there is no file, so even a field
+	// only is true for LoadConfig(""): there is no file, so even a field
 	// left at its default (a missing KAFKA_CONSUMER_GROUP) is one the user
 	// sets through its variable.
 	only bool
 }
 
-// envVars maps the YAML path of each field an environment variable sets to
-// that variable. overlayEnv and error naming both read it.
-var envVars = map[string]string{
-	"kind":                    envBroker,
-	"amqp.url":                envAMQPURL,
-	"amqp.concurrency":        envConcurrency,
-	"amqp.prefetch":           envAMQPPrefetch,
-	"amqp.window":             envAMQPWindow,
-	"amqp.nack_delay":         envAMQPNackDelay,
-	"amqp.dial_timeout":       envAMQPDialTimeout,
-	"amqp.queue_type":         envAMQPQueueType,
-	"amqp.delivery_limit":     envAMQPDeliveryLimit,
-	"kafka.brokers":           envKafkaBrokers,
-	"kafka.consumer_group":    envKafkaConsumerGroup,
-	"kafka.initial_offset":    envKafkaInitialOffset,
-	"kafka.version":           envKafkaVersion,
-	"kafka.client_id":         envKafkaClientID,
-	"kafka.session_timeout":   envKafkaSessionTimeout,
-	"kafka.rebalance_timeout": envKafkaRebalanceTimeout,
-	"kafka.nack_delay":        envKafkaNackDelay,
-	"kafka.window":            envKafkaWindow,
-	"kafka.dial_timeout":      envKafkaDialTimeout,
-	"kafka.sasl.mechanism":    envKafkaSASLMechanism,
-	"kafka.sasl.user":         envKafkaSASLUser,
-	"kafka.sasl.password":     envKafkaSASLPassword,
-	"kafka.tls.enabled":       envKafkaTLS,
-	"kafka.tls.ca_file":       envKafkaTLSCAFile,
-	"kafka.tls.cert_file":     envKafkaTLSCertFile,
-	"kafka.tls.key_file":      envKafkaTLSKeyFile,
+// envSettings are the variables that override a file, in the order they
+// are applied: each one's YAML path, and how its value is parsed.
+var envSettings = []config.Setting[Config]{
+	{Path: "kind", Env: "BROKER", Set: func(c *Config, v string) error { c.Kind = v; return nil }},
+	{Path: "amqp.url", Env: "AMQP_URL", Secret: true, Set: func(c *Config, v string) error { c.AMQP.URL = v; return nil }},
+	{Path: "amqp.concurrency", Env: "CONCURRENCY", Set: positive(func(c *Config) *int { return &c.AMQP.Concurrency })},
+	{Path: "amqp.prefetch", Env: "AMQP_PREFETCH", Set: positive(func(c *Config) *int { return &c.AMQP.Prefetch })},
+	{Path: "amqp.window", Env: "AMQP_WINDOW", Set: positive(func(c *Config) *int { return &c.AMQP.Window })},
+	{Path: "amqp.nack_delay", Env: "AMQP_NACK_DELAY", Set: duration(func(c *Config) *time.Duration { return &c.AMQP.NackDelay })},
+	{Path: "amqp.dial_timeout", Env: "AMQP_DIAL_TIMEOUT", Set: duration(func(c *Config) *time.Duration { return &c.AMQP.DialTimeout })},
+	{Path: "amqp.queue_type", Env: "AMQP_QUEUE_TYPE", Set: func(c *Config, v string) error { c.AMQP.QueueType = v; return nil }},
+	{Path: "amqp.delivery_limit", Env: "AMQP_DELIVERY_LIMIT", Set: positive(func(c *Config) *int { return &c.AMQP.DeliveryLimit })},
+	{Path: "kafka.brokers", Env: "KAFKA_BROKERS", Set: func(c *Config, v string) error {
+		var list []string
+		for _, b := range strings.Split(v, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				list = append(list, b)
+			}
+		}
+		if len(list) == 0 {
+			return errors.New("must list at least one host:port")
+		}
+		c.Kafka.Brokers = list
+		return nil
+	}},
+	{Path: "kafka.consumer_group", Env: "KAFKA_CONSUMER_GROUP", Set: func(c *Config, v string) error { c.Kafka.ConsumerGroup = v; return nil }},
+	{Path: "kafka.initial_offset", Env: "KAFKA_INITIAL_OFFSET", Set: func(c *Config, v string) error { c.Kafka.InitialOffset = v; return nil }},
+	{Path: "kafka.version", Env: "KAFKA_VERSION", Set: func(c *Config, v string) error { c.Kafka.Version = v; return nil }},
+	{Path: "kafka.client_id", Env: "KAFKA_CLIENT_ID", Set: func(c *Config, v string) error { c.Kafka.ClientID = v; return nil }},
+	{Path: "kafka.session_timeout", Env: "KAFKA_SESSION_TIMEOUT", Set: duration(func(c *Config) *time.Duration { return &c.Kafka.SessionTimeout })},
+	{Path: "kafka.rebalance_timeout", Env: "KAFKA_REBALANCE_TIMEOUT", Set: duration(func(c *Config) *time.Duration { return &c.Kafka.RebalanceTimeout })},
+	{Path: "kafka.nack_delay", Env: "KAFKA_NACK_DELAY", Set: duration(func(c *Config) *time.Duration { return &c.Kafka.NackDelay })},
+	{Path: "kafka.window", Env: "KAFKA_WINDOW", Set: positive(func(c *Config) *int { return &c.Kafka.Window })},
+	{Path: "kafka.dial_timeout", Env: "KAFKA_DIAL_TIMEOUT", Set: duration(func(c *Config) *time.Duration { return &c.Kafka.DialTimeout })},
+	{Path: "kafka.sasl.mechanism", Env: "KAFKA_SASL_MECHANISM", Set: func(c *Config, v string) error { c.Kafka.SASL.Mechanism = v; return nil }},
+	{Path: "kafka.sasl.user", Env: "KAFKA_SASL_USER", Set: func(c *Config, v string) error { c.Kafka.SASL.User = v; return nil }},
+	{Path: "kafka.sasl.password", Env: "KAFKA_SASL_PASSWORD", Secret: true, Set: func(c *Config, v string) error { c.Kafka.SASL.Password = v; return nil }},
+	{Path: "kafka.tls.enabled", Env: "KAFKA_TLS", Set: func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("must be true or false, got %q", v)
+		}
+		c.Kafka.TLS.Enabled = b
+		return nil
+	}},
+	{Path: "kafka.tls.ca_file", Env: "KAFKA_TLS_CA_FILE", Set: func(c *Config, v string) error { c.Kafka.TLS.CAFile = v; return nil }},
+	{Path: "kafka.tls.cert_file", Env: "KAFKA_TLS_CERT_FILE", Set: func(c *Config, v string) error { c.Kafka.TLS.CertFile = v; return nil }},
+	{Path: "kafka.tls.key_file", Env: "KAFKA_TLS_KEY_FILE", Set: func(c *Config, v string) error { c.Kafka.TLS.KeyFile = v; return nil }},
 }
 
-// envField is envVars inverted: the YAML path each variable sets.
-var envField = func() map[string]string {
-	m := make(map[string]string, len(envVars))
-	for field, name := range envVars {
-		m[name] = field
+func positive(dst func(*Config) *int) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("must be a positive integer, got %q", v)
+		}
+		*dst(c) = n
+		return nil
+	}
+}
+
+func duration(dst func(*Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return fmt.Errorf("must be a duration like 500ms or 2s, got %q", v)
+		}
+		*dst(c) = d
+		return nil
+	}
+}
+
+// envVars maps the YAML path of each field a variable sets to that
+// variable, to name errors about a field nobody set (see named).
+var envVars = func() map[string]string {
+	m := make(map[string]string, len(envSettings))
+	for _, s := range envSettings {
+		m[s.Path] = s.Env
 	}
 	return m
 }()
@@ -172,17 +207,17 @@ type GoChannelConfig struct {
 }
 
 // defaultConfig returns a Config with every default written out, which is
-// what ConfigFromEnv and LoadConfigFile start from, so the effective
-// configuration they return (and print) shows every value.
+// what LoadConfig starts from, so the effective configuration it returns
+// (and prints) shows every value.
 func defaultConfig() Config {
-	k := defaults.Apply(kafka.Config{})
+	k := KafkaConfig{}.withDefaults()
 	// Derived from SessionTimeout when zero: leaving it zero lets a file or
 	// KAFKA_SESSION_TIMEOUT shorten the session without also having to
 	// shorten the heartbeat.
 	k.HeartbeatInterval = 0
 	return Config{
 		Kind:      defaultKind,
-		AMQP:      defaults.Apply(amqp.Config{}),
+		AMQP:      AMQPConfig{}.withDefaults(),
 		Kafka:     k,
 		GoChannel: GoChannelConfig{}.withDefaults(),
 	}
@@ -195,16 +230,24 @@ func (g GoChannelConfig) withDefaults() GoChannelConfig {
 	return g
 }
 
-// Validate checks the configuration of a built-in kind (only that kind's
-// section: an unused adapter's settings are not looked at) and returns a
+// Validate checks the section of Config that the selected kind reads
+// (amqp, kafka or gochannel; an unused adapter's settings are not looked
+// at), with the checks of its adapter when that is linked, and returns a
 // *framework.ConfigError naming the field. Any other kind is only checked
-// to be a well-formed name: whether it exists, and its settings, are for
-// the Registry that builds it (Registry.NewSubscriber and NewPublisher
-// check both). It never panics.
+// to be a well-formed name: whether it exists, and its settings
+// (Options), are for the Registry that builds it (Registry.Validate,
+// NewSubscriber and NewPublisher check both, and run the kind's
+// Factory.Validate). It never panics.
 func (c Config) Validate() error {
 	kind := c.kind()
-	if f, ok := builtinKinds[kind]; ok {
-		return c.validateWith(kind, f)
+	if check, ok := sections[kind]; ok {
+		if err := check(c); err != nil {
+			return c.named(err)
+		}
+		if f, ok := linkedFactory(kind); ok {
+			return c.validateWith(kind, f) // what only the adapter's client can tell
+		}
+		return nil
 	}
 	if !kindPattern.MatchString(kind) {
 		return c.named(&framework.ConfigError{
@@ -232,6 +275,14 @@ func (c Config) validateWith(kind string, f Factory) error {
 		return c.named(err)
 	}
 	return &framework.ConfigError{Field: "options", Reason: fmt.Sprintf("refused by broker kind %q", kind), Err: err}
+}
+
+// sections are the checks of the settings Config holds for a kind, run
+// whether or not the kind's adapter is linked.
+var sections = map[string]func(Config) error{
+	KindAMQP:      validateAMQP,
+	KindKafka:     validateKafka,
+	KindGoChannel: validateGoChannel,
 }
 
 func validateAMQP(c Config) error {
@@ -275,9 +326,9 @@ func redactOptions(opts map[string]string) map[string]string {
 		lk := strings.ToLower(k)
 		switch {
 		case strings.Contains(lk, "pass") || strings.Contains(lk, "secret") || strings.Contains(lk, "token"):
-			out[k] = secret.Redact(v)
+			out[k] = config.Redact(v)
 		case strings.Contains(v, "://"):
-			out[k] = secret.RedactURL(v)
+			out[k] = config.RedactURL(v)
 		default:
 			out[k] = v
 		}
@@ -288,65 +339,25 @@ func redactOptions(opts map[string]string) map[string]string {
 // GoString makes %#v redact too.
 func (c Config) GoString() string { return "brokers.Config" + c.String() }
 
-// Environment variables read by ConfigFromEnv and LoadConfigFile. See the
-// package documentation for what each one sets.
-const (
-	envBroker                = "BROKER"
-	envAMQPURL               = "AMQP_URL"
-	envConcurrency           = "CONCURRENCY"
-	envAMQPPrefetch          = "AMQP_PREFETCH"
-	envAMQPWindow            = "AMQP_WINDOW"
-	envAMQPNackDelay         = "AMQP_NACK_DELAY"
-	envAMQPDialTimeout       = "AMQP_DIAL_TIMEOUT"
-	envAMQPQueueType         = "AMQP_QUEUE_TYPE"
-	envAMQPDeliveryLimit     = "AMQP_DELIVERY_LIMIT"
-	envKafkaBrokers          = "KAFKA_BROKERS"
-	envKafkaConsumerGroup    = "KAFKA_CONSUMER_GROUP"
-	envKafkaInitialOffset    = "KAFKA_INITIAL_OFFSET"
-	envKafkaVersion          = "KAFKA_VERSION"
-	envKafkaClientID         = "KAFKA_CLIENT_ID"
-	envKafkaSessionTimeout   = "KAFKA_SESSION_TIMEOUT"
-	envKafkaRebalanceTimeout = "KAFKA_REBALANCE_TIMEOUT"
-	envKafkaNackDelay        = "KAFKA_NACK_DELAY"
-	envKafkaWindow           = "KAFKA_WINDOW"
-	envKafkaDialTimeout      = "KAFKA_DIAL_TIMEOUT"
-	envKafkaSASLMechanism    = "KAFKA_SASL_MECHANISM"
-	envKafkaSASLUser         = "KAFKA_SASL_USER"
-	envKafkaSASLPassword     = "KAFKA_SASL_PASSWORD" //nolint:gosec // the variable's name, not a password
-	envKafkaTLS              = "KAFKA_TLS"
-	envKafkaTLSCAFile        = "KAFKA_TLS_CA_FILE"
-	envKafkaTLSCertFile      = "KAFKA_TLS_CERT_FILE"
-	envKafkaTLSKeyFile       = "KAFKA_TLS_KEY_FILE"
-)
-
-// fileSuffix names the variable that holds the path of a file with a
-// secret's value instead of the value (AMQP_URL_FILE for AMQP_URL,
-// KAFKA_SASL_PASSWORD_FILE), the convention of Docker and Kubernetes
-// secrets mounted as files. A file keeps the secret out of the process
-// environment, which other processes of the same user can read
-// (/proc/PID/environ) and crash reporters collect.
-const fileSuffix = "_FILE"
-
-// ConfigFromEnv returns the defaults overlaid with the environment
-// variables listed in the package documentation, validated (see
-// Config.Validate: a kind that is not built in is checked when a Registry
-// builds it). Every field of the result holds its effective value.
-func ConfigFromEnv() (Config, error) {
-	c, err := defaultConfig().overlayEnv(os.LookupEnv)
-	if err != nil {
-		return Config{}, err
+// LoadConfig returns the defaults, overlaid with the YAML file at path
+// (none when path is ""), overlaid with the environment variables listed
+// in the package documentation (so BROKER=kafka switches a file that says
+// amqp), validated (see Config.Validate: a kind that is not built in is
+// checked when a Registry builds it). Every field of the result holds its
+// effective value. Unknown YAML keys are errors, so a typo does not
+// silently fall back to a default; durations are written like "500ms".
+// Errors name the field by its YAML path ("amqp.url"), or by the variable
+// when the value came from one or, without a file, would.
+func LoadConfig(path string) (Config, error) {
+	if path == "" {
+		c, err := defaultConfig().overlayEnv(os.LookupEnv)
+		if err != nil {
+			return Config{}, err
+		}
+		c = c.overlayOptionEnv(os.Environ())
+		c.env.only = true
+		return c, c.Validate()
 	}
-	c = c.overlayOptionEnv(os.Environ())
-	c.env.only = true
-	return c, c.Validate()
-}
-
-// LoadConfigFile reads a YAML file over the defaults, then overlays the
-// environment variables ConfigFromEnv reads (so BROKER=kafka switches a
-// file that says amqp), and validates like ConfigFromEnv. Unknown YAML keys
-// are errors, so a typo does not silently fall back to a default.
-// Durations are written like "500ms".
-func LoadConfigFile(path string) (Config, error) {
 	data, err := os.ReadFile(path) //nolint:gosec // reading the file the caller names is the point
 	if err != nil {
 		return Config{}, fmt.Errorf("brokers: read config: %w", err)
@@ -358,18 +369,15 @@ func LoadConfigFile(path string) (Config, error) {
 	return c.withEnv()
 }
 
-// LoadConfig is LoadConfigFile for YAML already read, such as the broker
-// section of a larger configuration file (framework/consumer.LoadConfig
-// reads its "broker:" section with it): the defaults, the YAML over them,
-// the environment over that, validated. Errors name the field by its YAML
-// path within data ("amqp.url"), or the variable when the value came from
-// one.
-func LoadConfig(data []byte) (Config, error) {
-	c, err := parseConfig(data)
-	if err != nil {
-		return Config{}, err
-	}
-	return c.withEnv()
+// framework/consumer reads the "broker:" section of its file so.
+func init() {
+	config.RegisterSection(func(data []byte) (Config, error) {
+		c, err := parseConfig(data)
+		if err != nil {
+			return Config{}, err
+		}
+		return c.withEnv()
+	})
 }
 
 // withEnv is c with the environment over it, validated.
@@ -386,22 +394,14 @@ func (c Config) withEnv() (Config, error) {
 // environment and without validating.
 func parseConfig(data []byte) (Config, error) {
 	c := defaultConfig()
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		if ce := yamlFieldError(data, err); ce != nil {
-			return Config{}, ce
+	if err := config.Decode(data, &c); err != nil {
+		var ce *framework.ConfigError
+		if errors.As(err, &ce) {
+			return Config{}, err
 		}
-		return Config{}, fmt.Errorf("brokers: parse YAML: %w", err)
+		return Config{}, fmt.Errorf("brokers: %w", err)
 	}
 	return c, nil
-}
-
-// yamlFieldError turns a decode error about one value into a
-// *framework.ConfigError naming its YAML path (see yamlpath.FieldError), or
-// nil for syntax errors.
-func yamlFieldError(data []byte, err error) *framework.ConfigError {
-	return yamlpath.FieldError(data, err)
 }
 
 // overlayEnv returns c with every set variable applied, reading variables
@@ -416,137 +416,13 @@ func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	}
 	// Each variable found is recorded as the source of its field, so that
 	// Validate names the variable rather than the YAML path.
-	set := make(map[string]string, len(c.env.set)+len(envVars))
+	set := make(map[string]string, len(c.env.set)+len(envSettings))
 	for field, name := range c.env.set {
 		set[field] = name
 	}
-	get := func(name string) (string, bool) {
-		v, ok := lookup(name)
-		v = strings.TrimSpace(v)
-		if !ok || v == "" {
-			return "", false
-		}
-		set[envField[name]] = name
-		return v, true
-	}
-	var firstErr error
-	fail := func(name, reason string) {
-		if firstErr == nil {
-			firstErr = &framework.ConfigError{Field: name, Reason: reason}
-		}
-	}
-	str := func(name string, dst *string) {
-		if v, ok := get(name); ok {
-			*dst = v
-		}
-	}
-	posInt := func(name string, dst *int) {
-		if v, ok := get(name); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				fail(name, fmt.Sprintf("must be a positive integer, got %q", v))
-				return
-			}
-			*dst = n
-		}
-	}
-	dur := func(name string, dst *time.Duration) {
-		if v, ok := get(name); ok {
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				fail(name, fmt.Sprintf("must be a duration like 500ms or 2s, got %q", v))
-				return
-			}
-			*dst = d
-		}
-	}
-	boolean := func(name string, dst *bool) {
-		if v, ok := get(name); ok {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				fail(name, fmt.Sprintf("must be true or false, got %q", v))
-				return
-			}
-			*dst = b
-		}
-	}
-
-	str(envBroker, &c.Kind)
-
-	// secret reads a secret from its variable or from the file its _FILE
-	// variable names. Neither the value nor the file's content is ever
-	// echoed back in errors; a field set from the file is named by the
-	// _FILE variable in Validate errors.
-	secret := func(name string, dst *string) {
-		v, ok := get(name)
-		fileName := name + fileSuffix
-		path, fromFile := lookup(fileName)
-		path = strings.TrimSpace(path)
-		switch {
-		case fromFile && path != "" && ok:
-			fail(fileName, fmt.Sprintf("set %s or %s, not both", name, fileName))
-			return
-		case fromFile && path != "":
-			data, err := os.ReadFile(path) //nolint:gosec // reading the file the operator names is the point
-			if err != nil {
-				// *fs.PathError names the path and the cause, never the content.
-				fail(fileName, fmt.Sprintf("cannot read the file: %v", err))
-				return
-			}
-			// A trailing newline is what editors and `echo` leave behind.
-			if v = strings.TrimSpace(string(data)); v == "" {
-				fail(fileName, fmt.Sprintf("the file %s is empty", path))
-				return
-			}
-			set[envField[name]] = fileName
-			ok = true
-		}
-		if ok {
-			*dst = v
-		}
-	}
-
-	secret(envAMQPURL, &c.AMQP.URL)
-	posInt(envConcurrency, &c.AMQP.Concurrency)
-	posInt(envAMQPPrefetch, &c.AMQP.Prefetch)
-	posInt(envAMQPWindow, &c.AMQP.Window)
-	dur(envAMQPNackDelay, &c.AMQP.NackDelay)
-	dur(envAMQPDialTimeout, &c.AMQP.DialTimeout)
-	str(envAMQPQueueType, &c.AMQP.QueueType)
-	posInt(envAMQPDeliveryLimit, &c.AMQP.DeliveryLimit)
-
-	if v, ok := get(envKafkaBrokers); ok {
-		var list []string
-		for _, b := range strings.Split(v, ",") {
-			if b = strings.TrimSpace(b); b != "" {
-				list = append(list, b)
-			}
-		}
-		if len(list) == 0 {
-			fail(envKafkaBrokers, "must list at least one host:port")
-		} else {
-			c.Kafka.Brokers = list
-		}
-	}
-	str(envKafkaConsumerGroup, &c.Kafka.ConsumerGroup)
-	str(envKafkaInitialOffset, &c.Kafka.InitialOffset)
-	str(envKafkaVersion, &c.Kafka.Version)
-	str(envKafkaClientID, &c.Kafka.ClientID)
-	dur(envKafkaSessionTimeout, &c.Kafka.SessionTimeout)
-	dur(envKafkaRebalanceTimeout, &c.Kafka.RebalanceTimeout)
-	dur(envKafkaNackDelay, &c.Kafka.NackDelay)
-	posInt(envKafkaWindow, &c.Kafka.Window)
-	dur(envKafkaDialTimeout, &c.Kafka.DialTimeout)
-	str(envKafkaSASLMechanism, &c.Kafka.SASL.Mechanism)
-	str(envKafkaSASLUser, &c.Kafka.SASL.User)
-	secret(envKafkaSASLPassword, &c.Kafka.SASL.Password)
-	boolean(envKafkaTLS, &c.Kafka.TLS.Enabled)
-	str(envKafkaTLSCAFile, &c.Kafka.TLS.CAFile)
-	str(envKafkaTLSCertFile, &c.Kafka.TLS.CertFile)
-	str(envKafkaTLSKeyFile, &c.Kafka.TLS.KeyFile)
-
-	if firstErr != nil {
-		return Config{}, firstErr
+	err := config.ApplyEnv(&c, envSettings, lookup, func(s config.Setting[Config], name string) { set[s.Path] = name })
+	if err != nil {
+		return Config{}, err
 	}
 	c.env.set = set
 	return c, nil
@@ -558,7 +434,7 @@ func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 // their own variables and no prefix ("").
 func optionEnvPrefix(kind string) string {
 	switch kind {
-	case KindAMQP, KindKafka, KindGoChannel: // not builtinKinds: it refers to named, which calls this
+	case KindAMQP, KindKafka, KindGoChannel: // their settings have their own variables
 		return ""
 	}
 	if !kindPattern.MatchString(kind) {

@@ -70,7 +70,7 @@ func TestOverlayEnv(t *testing.T) {
 	require.Equal(t, "orders", c.Kafka.ConsumerGroup)
 	require.Equal(t, "newest", c.Kafka.InitialOffset)
 	require.Equal(t, 1500*time.Millisecond, c.Kafka.SessionTimeout)
-	require.Equal(t, kafka.SASLConfig{Mechanism: "SCRAM-SHA-512", User: "svc", Password: "pw"}, c.Kafka.SASL)
+	require.Equal(t, brokers.KafkaSASLConfig{Mechanism: "SCRAM-SHA-512", User: "svc", Password: "pw"}, c.Kafka.SASL)
 	require.True(t, c.Kafka.TLS.Enabled)
 	require.Equal(t, "claimtx", c.Kafka.ClientID)
 }
@@ -104,7 +104,7 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv("KAFKA_BROKERS", "127.0.0.1:19092")
 	t.Setenv("KAFKA_CONSUMER_GROUP", "from-env")
 	t.Setenv("CONCURRENCY", "2")
-	c, err := brokers.ConfigFromEnv()
+	c, err := brokers.LoadConfig("")
 	require.NoError(t, err)
 	require.Equal(t, "kafka", c.Kind)
 	require.Equal(t, []string{"127.0.0.1:19092"}, c.Kafka.Brokers)
@@ -114,13 +114,13 @@ func TestConfigFromEnv(t *testing.T) {
 	// A kind no Registry could know is refused at once; a well-formed one
 	// only by the Registry that does not know it, naming the variable.
 	t.Setenv("BROKER", "Carrier Pigeon")
-	_, err = brokers.ConfigFromEnv()
+	_, err = brokers.LoadConfig("")
 	var ce *framework.ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "BROKER", ce.Field)
 	require.ErrorIs(t, err, brokers.ErrInvalidKind)
 	t.Setenv("BROKER", "carrier-pigeon")
-	c, err = brokers.ConfigFromEnv()
+	c, err = brokers.LoadConfig("")
 	require.NoError(t, err)
 	_, err = brokers.NewSubscriber(c, nil)
 	require.ErrorAs(t, err, &ce)
@@ -133,7 +133,7 @@ func TestConfigFromEnv(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte("kind: amqp\nkafka:\n  consumer_group: from-file\n"), 0o600))
 	t.Setenv("BROKER", "kafka")
 	t.Setenv("KAFKA_CONSUMER_GROUP", "")
-	c, err = brokers.LoadConfigFile(path)
+	c, err = brokers.LoadConfig(path)
 	require.NoError(t, err)
 	require.Equal(t, "kafka", c.Kind)
 	require.Equal(t, "from-file", c.Kafka.ConsumerGroup)
@@ -192,7 +192,7 @@ options:
 
 func TestLoadConfigFileErrors(t *testing.T) {
 	t.Parallel()
-	_, err := brokers.LoadConfigFile(filepath.Join(t.TempDir(), "missing.yaml"))
+	_, err := brokers.LoadConfig(filepath.Join(t.TempDir(), "missing.yaml"))
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
 
@@ -204,7 +204,7 @@ func TestValidate(t *testing.T) {
 		{Kind: "kafka"},
 		{Kind: "amqp", AMQP: amqp.Config{URL: "amqps://u:p@host:5671/vhost", Concurrency: 64, NackDelay: -1, DialTimeout: -1}},
 		{Kind: "kafka", Kafka: kafka.Config{SessionTimeout: time.Second, InitialOffset: "newest", Version: "2.8.1"}},
-		{Kind: "kafka", Kafka: kafka.Config{SASL: kafka.SASLConfig{Mechanism: "PLAIN", User: "u"}}},
+		{Kind: "kafka", Kafka: kafka.Config{SASL: brokers.KafkaSASLConfig{Mechanism: "PLAIN", User: "u"}}},
 		// An unused adapter's settings are not looked at.
 		{Kind: "amqp", Kafka: kafka.Config{InitialOffset: "sideways"}},
 	}
@@ -233,12 +233,12 @@ func TestValidate(t *testing.T) {
 		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{Version: "three"}}, "kafka.version", "Kafka version"},
 		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SessionTimeout: time.Second, HeartbeatInterval: 2 * time.Second}}, "kafka.heartbeat_interval", "below session_timeout"},
 		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{MaxWaitTime: time.Microsecond}}, "kafka.max_wait_time", "1ms"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: kafka.SASLConfig{Mechanism: "GSSAPI", User: "u"}}}, "kafka.sasl.mechanism", "PLAIN"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: kafka.SASLConfig{Mechanism: "PLAIN"}}}, "kafka.sasl.user", "empty"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: kafka.SASLConfig{Password: "x"}}}, "kafka.sasl.mechanism", "must be set"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: kafka.TLSConfig{CAFile: "ca.pem"}}}, "kafka.tls.enabled", "must be true"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: kafka.TLSConfig{Enabled: true, CertFile: "c.pem"}}}, "kafka.tls.key_file", "together"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: kafka.TLSConfig{Enabled: true, KeyFile: "k.pem"}}}, "kafka.tls.cert_file", "together"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: brokers.KafkaSASLConfig{Mechanism: "GSSAPI", User: "u"}}}, "kafka.sasl.mechanism", "PLAIN"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: brokers.KafkaSASLConfig{Mechanism: "PLAIN"}}}, "kafka.sasl.user", "empty"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: brokers.KafkaSASLConfig{Password: "x"}}}, "kafka.sasl.mechanism", "must be set"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: brokers.KafkaTLSConfig{CAFile: "ca.pem"}}}, "kafka.tls.enabled", "must be true"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: brokers.KafkaTLSConfig{Enabled: true, CertFile: "c.pem"}}}, "kafka.tls.key_file", "together"},
+		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: brokers.KafkaTLSConfig{Enabled: true, KeyFile: "k.pem"}}}, "kafka.tls.cert_file", "together"},
 		{brokers.Config{Kind: "gochannel", GoChannel: brokers.GoChannelConfig{Buffer: -1}}, "gochannel.buffer", "negative"},
 	}
 	for _, tc := range bad {
@@ -258,7 +258,7 @@ func TestValidate(t *testing.T) {
 
 	// A kind that is not built in may be registered with some Registry:
 	// Validate cannot tell, the Registry that builds it can.
-	unknown := brokers.Config{Kind: "nats"}
+	unknown := brokers.Config{Kind: "jetstream"}
 	require.NoError(t, unknown.Validate())
 	for _, build := range []func() error{
 		func() error { _, err := brokers.NewSubscriber(unknown, nil); return err },
@@ -269,7 +269,7 @@ func TestValidate(t *testing.T) {
 		var ce *framework.ConfigError
 		require.ErrorAs(t, err, &ce)
 		require.Equal(t, "kind", ce.Field)
-		require.Contains(t, ce.Reason, `unknown broker kind "nats"`)
+		require.Contains(t, ce.Reason, `unknown broker kind "jetstream"`)
 		require.ErrorIs(t, err, brokers.ErrInvalidKind)
 	}
 }
@@ -289,7 +289,7 @@ func TestRedaction(t *testing.T) {
 	const amqpPW, saslPW = "amqp-S3cret", "sasl-S3cret"
 	c := brokers.DefaultConfig()
 	c.AMQP.URL = "amqp://app:" + amqpPW + "@rabbit:5672/?auth_password=" + amqpPW
-	c.Kafka.SASL = kafka.SASLConfig{Mechanism: "PLAIN", User: "app", Password: saslPW}
+	c.Kafka.SASL = brokers.KafkaSASLConfig{Mechanism: "PLAIN", User: "app", Password: saslPW}
 
 	for _, s := range []string{
 		c.String(), fmt.Sprint(c), fmt.Sprintf("%v", c), fmt.Sprintf("%+v", c), fmt.Sprintf("%#v", c), fmt.Sprintf("%q", c),

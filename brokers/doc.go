@@ -1,12 +1,16 @@
 // Package brokers builds the Watermill publisher and subscriber that claimtx
 // consumes from and publishes to, chosen by configuration: RabbitMQ
-// ("amqp"), Kafka ("kafka"), an in-process channel for tests ("gochannel"),
-// or an adapter of your own registered by name with a Registry. Switching
-// brokers is a configuration change, never a code change.
+// ("amqp"), Kafka ("kafka"), NATS JetStream ("nats"), an in-process
+// channel for tests ("gochannel"), or an adapter of your own registered by
+// name. Each adapter is a package that registers its kind when imported,
+// so a program links the broker clients of the adapters it imports and no
+// others; switching between them is then a configuration change.
 //
 // # Quick start
 //
-//	cfg, err := brokers.ConfigFromEnv() // BROKER=kafka KAFKA_BROKERS=...
+//	import _ "github.com/claimtx/claimtx/brokers/kafka" // links the "kafka" kind
+//
+//	cfg, err := brokers.LoadConfig("") // BROKER=kafka KAFKA_BROKERS=...
 //	if err != nil {
 //		return err // a *framework.ConfigError naming the variable
 //	}
@@ -16,22 +20,20 @@
 //
 // Or from a file, with the environment overriding it:
 //
-//	cfg, err := brokers.LoadConfigFile("claimtx.yaml")
+//	cfg, err := brokers.LoadConfig("claimtx.yaml")
 //
-// LoadConfig does the same for YAML already read, such as the broker
-// section of a larger file (framework/consumer.LoadConfig reads the
-// "broker:" section of a consumer's file with it).
+// framework/consumer.LoadConfig reads the "broker:" section of a
+// consumer's file the same way.
 //
 // # Configuration
 //
 // Config holds the kind and one section per built-in adapter; only the
 // section of the chosen kind is used and validated. Every field has a
 // default (the "Defaults to" line of each field of Config, GoChannelConfig,
-// brokers/amqp.Config and brokers/kafka.Config), so the zero Config, an
+// AMQPConfig and KafkaConfig), so the zero Config, an
 // empty file and an empty environment all give a working local setup:
-// RabbitMQ at amqp://guest:guest@127.0.0.1:5672/. ConfigFromEnv and
-// LoadConfigFile write the defaults out, so the Config they return shows
-// every effective value.
+// RabbitMQ at amqp://guest:guest@127.0.0.1:5672/. LoadConfig writes the
+// defaults out, so the Config it returns shows every effective value.
 //
 //	kind: kafka            # amqp | kafka | gochannel | a registered name
 //	amqp:
@@ -56,8 +58,8 @@
 //
 // # Environment variables
 //
-// ConfigFromEnv starts from the defaults, LoadConfigFile from the file; both
-// then apply these variables (set but empty counts as unset) and validate:
+// LoadConfig starts from the defaults, or from the file it is given, then
+// applies these variables (set but empty counts as unset) and validate:
 //
 //	BROKER                   kind                           (default amqp)
 //	AMQP_URL                 amqp.url                       (default amqp://guest:guest@127.0.0.1:5672/)
@@ -114,7 +116,7 @@
 // Every configuration problem is a *framework.ConfigError (package
 // github.com/claimtx/claimtx/framework, the one configuration error type of
 // claimtx) whose Field is what the user set: the environment variable when
-// the value came from one (and, with ConfigFromEnv, the variable to set for
+// the value came from one (and, with LoadConfig(""), the variable to set for
 // a required field left empty), otherwise the field's YAML path (also for
 // values the YAML decoder refuses):
 //
@@ -131,26 +133,28 @@
 // are wrapped with %w and keep their cause (for example
 // *brokers/amqp.DialError).
 //
-// Config.Validate checks a built-in kind completely. A kind that is not
-// built in is only checked to be a well-formed name, because whether it
-// exists depends on the Registry that builds it: Registry.NewSubscriber and
-// Registry.NewPublisher refuse a kind they do not know with a
-// *framework.ConfigError (Field "kind", or BROKER) that matches
-// ErrInvalidKind and lists the kinds they have, and run the kind's own
-// Factory.Validate before building. So a misspelt BROKER ("kafak") passes
-// ConfigFromEnv and fails when the broker is built; one that cannot be a
+// Config.Validate checks the amqp, kafka and gochannel sections, whether
+// or not their adapter is linked. Any other kind is only checked to be a
+// well-formed name, because
+// whether it exists depends on the Registry that builds it:
+// Registry.NewSubscriber and Registry.NewPublisher refuse a kind they do
+// not know with a *framework.ConfigError (Field "kind", or BROKER) that
+// matches ErrInvalidKind and lists the kinds they have (for "amqp",
+// "kafka" and "nats" it names the package to import instead), and run the
+// kind's own Factory.Validate before building. So a misspelt BROKER ("kafak") passes
+// LoadConfig("") and fails when the broker is built; one that cannot be a
 // kind name ("Kafka") fails at once.
 //
 // A registered kind names its settings "options.<option>" in the
 // *framework.ConfigError its Factory returns (from Validate or from
 // NewSubscriber/NewPublisher); the Registry renames the Field to the
 // variable (NATS_ACK_WAIT) when the environment set the value or, with
-// ConfigFromEnv, for a required option left unset.
+// LoadConfig(""), for a required option left unset.
 //
 // # Secrets
 //
-// Config.String (and %v, %+v, %#v of Config, amqp.Config, kafka.Config and
-// kafka.SASLConfig) redacts the AMQP URL's password and the Kafka SASL
+// Config.String (and %v, %+v, %#v of Config, AMQPConfig, KafkaConfig and
+// KafkaSASLConfig) redacts the AMQP URL's password and the Kafka SASL
 // password, so logging the effective configuration at start-up is safe.
 // Keep secrets out of configuration files and the environment where you
 // can: AMQP_URL_FILE and KAFKA_SASL_PASSWORD_FILE read them from files, and
@@ -164,34 +168,33 @@
 //
 // # Adapters of your own
 //
-// Any Watermill publisher and subscriber can be selected by configuration.
-// Describe how to build them in a Factory, register it under a name with a
-// Registry, and build through that Registry; BROKER=name or kind: name then
-// selects it, and the adapter reads its settings from Config.Options
+// Any Watermill publisher and subscriber can be selected by configuration,
+// the way the built-in adapters are. Describe how to build them in a
+// Factory and register it under a name from your adapter package's init
+// function; BROKER=name or kind: name then selects it wherever the package
+// is imported, and the adapter reads its settings from Config.Options
 // (options: in YAML):
 //
-//	reg := brokers.NewRegistry() // knows amqp, kafka and gochannel
-//	err := reg.Register("nats", brokers.Factory{
-//		NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
-//			return natsSubscriber(c.Options["url"], l)
-//		},
-//		NewPublisher: func(c brokers.Config, l watermill.LoggerAdapter) (message.Publisher, error) {
-//			return natsPublisher(c.Options["url"], l)
-//		},
-//		Validate: func(c brokers.Config) error { ... }, // optional
-//	})
-//	...
-//	sub, err := reg.NewSubscriber(cfg, logger)
+//	func init() {
+//		brokers.Register("mybus", brokers.Factory{
+//			NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
+//				return mybusSubscriber(c.Options["url"], l)
+//			},
+//			NewPublisher: func(c brokers.Config, l watermill.LoggerAdapter) (message.Publisher, error) {
+//				return mybusPublisher(c.Options["url"], l)
+//			},
+//			Validate: func(c brokers.Config) error { ... }, // optional
+//		})
+//	}
 //
-// Names are lower case ([a-z0-9_.-], up to 63 characters). Register refuses
-// a malformed name or an incomplete Factory (ErrInvalidKind) and a name
-// that is taken, the built-in ones included (ErrKindRegistered), instead
-// of panicking. The package-level NewSubscriber and NewPublisher use a
-// registry of the built-in kinds that nothing can add to, so one part of a
-// program cannot change what another part's configuration selects: pass
-// your Registry to the code that builds brokers. The Registry example
-// shows a complete adapter; brokers/nats is a real one written only
-// against this API (docs/adapters.md walks through it).
+// Names are lower case ([a-z0-9_.-], up to 63 characters). Register panics
+// on a malformed name, an incomplete Factory or a name that is taken, like
+// database/sql.Register. To scope a kind to the code you hand it to
+// instead, register it with one Registry (NewRegistry, Registry.Register),
+// which refuses those with ErrInvalidKind and ErrKindRegistered, and build
+// through that Registry. The Registry example shows a complete adapter;
+// brokers/nats is a real one written only against this API
+// (docs/adapters.md walks through it).
 //
 // # The gochannel kind
 //

@@ -13,7 +13,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// allEnv is every variable ConfigFromEnv reads.
+// allEnv is every variable LoadConfig("") reads.
 var allEnv = []string{
 	"BROKER", "AMQP_URL", "CONCURRENCY", "AMQP_PREFETCH",
 	"AMQP_WINDOW", "AMQP_NACK_DELAY", "AMQP_DIAL_TIMEOUT",
@@ -45,7 +45,7 @@ func TestEnvErrorsNameTheVariable(t *testing.T) {
 	for _, tc := range []struct {
 		env   []string // NAME=value pairs
 		field string
-		// subscriber: ConfigFromEnv accepts it, brokers.NewSubscriber refuses.
+		// subscriber: LoadConfig("") accepts it, brokers.NewSubscriber refuses.
 		subscriber bool
 	}{
 		{env: []string{"BROKER=NATS"}, field: "BROKER"},
@@ -91,7 +91,7 @@ func TestEnvErrorsNameTheVariable(t *testing.T) {
 				name, value, _ := strings.Cut(kv, "=")
 				t.Setenv(name, value)
 			}
-			c, err := brokers.ConfigFromEnv()
+			c, err := brokers.LoadConfig("")
 			if tc.subscriber {
 				require.NoError(t, err)
 				_, err = brokers.NewSubscriber(c, nil)
@@ -110,18 +110,18 @@ func TestFileErrorsNameTheYAMLPath(t *testing.T) {
 	clearEnv(t)
 	path := filepath.Join(t.TempDir(), "brokers.yaml")
 	require.NoError(t, os.WriteFile(path, []byte("kind: kafka\nkafka:\n  brokers: [nohost]\n  initial_offset: latest\n"), 0o600))
-	_, err := brokers.LoadConfigFile(path)
+	_, err := brokers.LoadConfig(path)
 	var ce *framework.ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "kafka.brokers", ce.Field)
 
 	t.Setenv("KAFKA_BROKERS", "k:9092")
-	_, err = brokers.LoadConfigFile(path)
+	_, err = brokers.LoadConfig(path)
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "kafka.initial_offset", ce.Field, "the file's value, so its path")
 
 	t.Setenv("KAFKA_BROKERS", "alsonohost")
-	_, err = brokers.LoadConfigFile(path)
+	_, err = brokers.LoadConfig(path)
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "KAFKA_BROKERS", ce.Field, "the variable's value, so the variable")
 

@@ -15,7 +15,7 @@ import (
 
 // The broker is chosen by configuration: the same code consumes from
 // RabbitMQ or Kafka when the Config says so (BROKER=kafka with
-// ConfigFromEnv). Here it is the in-process "gochannel" kind.
+// LoadConfig("")). Here it is the in-process "gochannel" kind.
 func Example() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -51,7 +51,7 @@ func clearBusEnv(t *testing.T) {
 	}
 }
 
-// TestOptionEnv: for a registered kind, ConfigFromEnv and LoadConfigFile
+// TestOptionEnv: for a registered kind, LoadConfig
 // copy <KIND>_<OPTION> variables into Options (the kind upper-cased, '.'
 // and '-' as '_'; the option lower-cased), over the file's options:; a
 // built-in kind gets none; errors about "options.<option>" name the
@@ -66,7 +66,7 @@ func TestOptionEnv(t *testing.T) {
 	t.Setenv("MY_BUS_V2_REGION", "eu")
 	t.Setenv("MY_BUS_V2_CLIENT_NAME", " billing ")
 	t.Setenv("MY_BUS_V2_EMPTY", "")
-	c, err := brokers.ConfigFromEnv()
+	c, err := brokers.LoadConfig("")
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"region": "eu", "client_name": "billing"}, c.Options)
 	require.NoError(t, reg.Validate(c))
@@ -74,15 +74,15 @@ func TestOptionEnv(t *testing.T) {
 	// Named after the variable: set and wrong, unset and required, and
 	// refused by the constructor rather than by Validate.
 	t.Setenv("MY_BUS_V2_REGION", "mars")
-	c, err = brokers.ConfigFromEnv()
+	c, err = brokers.LoadConfig("")
 	require.NoError(t, err)
 	requireConfigField(t, reg.Validate(c), "MY_BUS_V2_REGION")
 	t.Setenv("MY_BUS_V2_REGION", "")
-	c, err = brokers.ConfigFromEnv()
+	c, err = brokers.LoadConfig("")
 	require.NoError(t, err)
 	requireConfigField(t, reg.Validate(c), "MY_BUS_V2_REGION")
 	t.Setenv("MY_BUS_V2_REGION", "us")
-	c, err = brokers.ConfigFromEnv()
+	c, err = brokers.LoadConfig("")
 	require.NoError(t, err)
 	_, err = reg.NewSubscriber(c, nil)
 	requireConfigField(t, err, "MY_BUS_V2_GROUP")
@@ -90,7 +90,7 @@ func TestOptionEnv(t *testing.T) {
 	// A built-in kind reads no prefixed options.
 	t.Setenv("BROKER", "amqp")
 	t.Setenv("AMQP_REGION", "eu")
-	c, err = brokers.ConfigFromEnv()
+	c, err = brokers.LoadConfig("")
 	require.NoError(t, err)
 	require.Empty(t, c.Options)
 
@@ -101,12 +101,12 @@ func TestOptionEnv(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "c.yaml")
 	require.NoError(t, os.WriteFile(path, []byte("kind: my-bus.v2\noptions:\n  region: us\n  group: g\n"), 0o600))
 	t.Setenv("MY_BUS_V2_REGION", "eu")
-	c, err = brokers.LoadConfigFile(path)
+	c, err = brokers.LoadConfig(path)
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"region": "eu", "group": "g"}, c.Options)
 	t.Setenv("MY_BUS_V2_REGION", "")
 	require.NoError(t, os.WriteFile(path, []byte("kind: my-bus.v2\noptions:\n  region: mars\n"), 0o600))
-	c, err = brokers.LoadConfigFile(path)
+	c, err = brokers.LoadConfig(path)
 	require.NoError(t, err)
 	requireConfigField(t, reg.Validate(c), "options.region")
 	_, err = reg.NewSubscriber(c, nil)

@@ -127,31 +127,31 @@ func TestSecretFiles(t *testing.T) {
 }
 
 // TestLoadConfigSection: LoadConfig reads YAML already in memory (the
-// broker section of a larger file) like LoadConfigFile reads a file: the
+// broker section of a larger file) like LoadConfig reads a file: the
 // environment over it, validated, errors naming the path within it.
 // Not parallel: t.Setenv.
 func TestLoadConfigSection(t *testing.T) {
 	clearEnv(t)
-	c, err := brokers.LoadConfig([]byte("amqp:\n  queue_type: quorum\n"))
+	c, err := brokers.LoadSection([]byte("amqp:\n  queue_type: quorum\n"))
 	require.NoError(t, err)
 	require.Equal(t, "quorum", c.AMQP.QueueType)
 
 	t.Setenv("AMQP_DELIVERY_LIMIT", "9")
-	c, err = brokers.LoadConfig([]byte("amqp:\n  queue_type: quorum\n"))
+	c, err = brokers.LoadSection([]byte("amqp:\n  queue_type: quorum\n"))
 	require.NoError(t, err)
 	require.Equal(t, 9, c.AMQP.DeliveryLimit, "the environment wins")
 
 	t.Setenv("AMQP_QUEUE_TYPE", "classic")
-	_, err = brokers.LoadConfig([]byte("amqp:\n  queue_type: quorum\n"))
+	_, err = brokers.LoadSection([]byte("amqp:\n  queue_type: quorum\n"))
 	var ce *framework.ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "AMQP_DELIVERY_LIMIT", ce.Field)
 
 	clearEnv(t)
-	_, err = brokers.LoadConfig([]byte("amqp:\n  queue_typ: quorum\n"))
+	_, err = brokers.LoadSection([]byte("amqp:\n  queue_typ: quorum\n"))
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "amqp.queue_typ", ce.Field)
-	_, err = brokers.LoadConfig([]byte("amqp: [\n"))
+	_, err = brokers.LoadSection([]byte("amqp: [\n"))
 	require.Error(t, err)
 }
 

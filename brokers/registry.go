@@ -1,7 +1,6 @@
 package brokers
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"regexp"
@@ -12,8 +11,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/claimtx/claimtx/brokers/amqp"
-	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/framework"
 )
 
@@ -50,42 +47,66 @@ var (
 // BROKER, so it stays short, lower case and free of spaces.
 var kindPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
-// builtinKinds are known to every Registry. The map is never written to,
-// so it needs no lock.
-var builtinKinds = map[string]Factory{
-	KindAMQP: {
-		NewSubscriber: func(c Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
-			return amqp.NewSubscriber(context.Background(), c.AMQP, l)
-		},
-		NewPublisher: func(c Config, l watermill.LoggerAdapter) (message.Publisher, error) {
-			return amqp.NewPublisher(context.Background(), c.AMQP, l)
-		},
-		Validate: validateAMQP,
-	},
-	KindKafka: {
-		NewSubscriber: func(c Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
-			sub, err := kafka.NewSubscriber(context.Background(), c.Kafka, l)
-			if err != nil {
-				// A missing consumer group is only found here: publishers
-				// do not need one. Name it like Validate names the rest.
-				return nil, c.named(prefixField("kafka", err))
-			}
-			return sub, nil
-		},
-		NewPublisher: func(c Config, l watermill.LoggerAdapter) (message.Publisher, error) {
-			pub, err := kafka.NewPublisher(context.Background(), c.Kafka, l)
-			if err != nil {
-				return nil, c.named(prefixField("kafka", err)) // e.g. an unreadable KAFKA_TLS_CA_FILE
-			}
-			return pub, nil
-		},
-		Validate: validateKafka,
-	},
-	KindGoChannel: {
+// linked are the kinds registered with Register: the adapters linked into
+// the program, known to every Registry.
+var linked = struct {
+	sync.RWMutex
+	kinds map[string]Factory
+}{kinds: map[string]Factory{}}
+
+// adapterPackages are the adapters that ship with claimtx, for the error
+// about a kind that is not linked: it says what to import.
+var adapterPackages = map[string]string{
+	KindAMQP:  "github.com/claimtx/claimtx/brokers/amqp",
+	KindKafka: "github.com/claimtx/claimtx/brokers/kafka",
+	KindNATS:  "github.com/claimtx/claimtx/brokers/nats",
+}
+
+func init() {
+	Register(KindGoChannel, Factory{
 		NewSubscriber: newGoChannelSubscriber,
 		NewPublisher:  newGoChannelPublisher,
-		Validate:      validateGoChannel,
-	},
+	})
+}
+
+// Register links a broker kind into the program: every Registry, and the
+// package-level NewSubscriber and NewPublisher, know it from then on. An
+// adapter calls it from an init function, like a database/sql driver, so
+// importing the adapter's package (a blank import will do) is what makes
+// its kind, and its client library, part of a program; brokers/amqp,
+// brokers/kafka and brokers/nats register "amqp", "kafka" and "nats" so.
+// It panics when kind is malformed, f is incomplete or kind is taken:
+// those are programming errors found at start-up. Registry.Register adds a
+// kind to one Registry only.
+func Register(kind string, f Factory) {
+	if err := checkFactory(kind, f); err != nil {
+		panic(err)
+	}
+	linked.Lock()
+	defer linked.Unlock()
+	if _, ok := linked.kinds[kind]; ok {
+		panic(fmt.Errorf("%w: %q", ErrKindRegistered, kind))
+	}
+	linked.kinds[kind] = f
+}
+
+// linkedFactory returns the Factory Register linked for kind.
+func linkedFactory(kind string) (Factory, bool) {
+	linked.RLock()
+	defer linked.RUnlock()
+	f, ok := linked.kinds[kind]
+	return f, ok
+}
+
+// checkFactory refuses a malformed kind name or an incomplete Factory.
+func checkFactory(kind string, f Factory) error {
+	if !kindPattern.MatchString(kind) {
+		return &framework.ConfigError{Field: "kind", Reason: fmt.Sprintf("%q is not a broker kind name: want lower case letters, digits, '_', '-', '.' (1-63 characters)", kind), Err: ErrInvalidKind}
+	}
+	if f.NewSubscriber == nil || f.NewPublisher == nil {
+		return &framework.ConfigError{Field: "Factory", Reason: fmt.Sprintf("kind %q: NewSubscriber and NewPublisher are required", kind), Err: ErrInvalidKind}
+	}
+	return nil
 }
 
 // Registry maps broker kinds to the Factory that builds them, so that
@@ -94,15 +115,15 @@ var builtinKinds = map[string]Factory{
 // for concurrent use. The zero Registry is ready to use, like NewRegistry's.
 //
 // The package-level NewSubscriber and NewPublisher use a Registry that
-// knows the built-in kinds only and that nothing can add to, so no part of
-// a program changes what another part's Config selects.
+// knows the linked kinds only, so no part of a program changes what
+// another part's Config selects except by linking an adapter.
 type Registry struct {
 	mu    sync.RWMutex
-	kinds map[string]Factory // registered kinds; the built-in ones are in builtinKinds
+	kinds map[string]Factory // kinds of this Registry only; the linked ones are in linked
 }
 
-// NewRegistry returns a Registry that knows the built-in kinds: "amqp",
-// "kafka" and "gochannel".
+// NewRegistry returns a Registry that knows the linked kinds: "gochannel",
+// and those of the adapters the program imports (see Register).
 func NewRegistry() *Registry {
 	return &Registry{}
 }
@@ -111,17 +132,14 @@ func NewRegistry() *Registry {
 // letters, digits, '_', '-' and '.', at most 63 characters. A malformed
 // name or a Factory without NewSubscriber or NewPublisher is a
 // *framework.ConfigError matching ErrInvalidKind; a name that is taken
-// (the built-in ones included) is refused with ErrKindRegistered. It never
+// (the linked ones included) is refused with ErrKindRegistered. It never
 // panics.
 func (r *Registry) Register(kind string, f Factory) error {
-	if !kindPattern.MatchString(kind) {
-		return &framework.ConfigError{Field: "kind", Reason: fmt.Sprintf("%q is not a broker kind name: want lower case letters, digits, '_', '-', '.' (1-63 characters)", kind), Err: ErrInvalidKind}
+	if err := checkFactory(kind, f); err != nil {
+		return err
 	}
-	if f.NewSubscriber == nil || f.NewPublisher == nil {
-		return &framework.ConfigError{Field: "Factory", Reason: fmt.Sprintf("kind %q: NewSubscriber and NewPublisher are required", kind), Err: ErrInvalidKind}
-	}
-	if _, ok := builtinKinds[kind]; ok {
-		return fmt.Errorf("%w: %q is built in", ErrKindRegistered, kind)
+	if _, ok := linkedFactory(kind); ok {
+		return fmt.Errorf("%w: %q is linked (see Register)", ErrKindRegistered, kind)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -154,7 +172,7 @@ func (r *Registry) NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (me
 		if errors.As(err, &ce) {
 			// Named like Validate's errors: a registered kind's
 			// "options.durable" becomes NATS_DURABLE when the
-			// environment set it (or, with ConfigFromEnv, should have).
+			// environment set it (or, with LoadConfig(""), should have).
 			return nil, cfg.named(err)
 		}
 		return nil, fmt.Errorf("brokers: %s subscriber: %w", kind, err)
@@ -198,12 +216,19 @@ func (r *Registry) factory(cfg Config) (Factory, string, error) {
 		return Factory{}, "", err
 	}
 	kind := cfg.kind()
-	if f, ok := builtinKinds[kind]; ok {
-		return f, kind, nil // Validate ran its checks
+	f, ok := linkedFactory(kind)
+	if !ok {
+		r.mu.RLock()
+		f, ok = r.kinds[kind]
+		r.mu.RUnlock()
 	}
-	r.mu.RLock()
-	f, ok := r.kinds[kind]
-	r.mu.RUnlock()
+	if !ok && adapterPackages[kind] != "" {
+		return Factory{}, "", cfg.named(&framework.ConfigError{
+			Field:  "kind",
+			Reason: fmt.Sprintf("broker kind %q is not linked into this program: import _ %q", kind, adapterPackages[kind]),
+			Err:    ErrInvalidKind,
+		})
+	}
 	if !ok {
 		return Factory{}, "", cfg.named(&framework.ConfigError{
 			Field:  "kind",
@@ -219,12 +244,14 @@ func (r *Registry) factory(cfg Config) (Factory, string, error) {
 
 // names returns the kinds r knows, sorted, for error messages.
 func (r *Registry) names() []string {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	out := make([]string, 0, len(builtinKinds)+len(r.kinds))
-	for k := range builtinKinds {
+	linked.RLock()
+	out := make([]string, 0, len(linked.kinds)+len(r.kinds))
+	for k := range linked.kinds {
 		out = append(out, k)
 	}
+	linked.RUnlock()
+	r.mu.RLock()
+	defer r.mu.RUnlock()
 	for k := range r.kinds {
 		out = append(out, k)
 	}

@@ -1,273 +1,36 @@
 package amqp
 
 import (
-	"errors"
-	"fmt"
-	"net/url"
 	"time"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/internal/defaults"
-	"github.com/claimtx/claimtx/brokers/internal/secret"
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Defaults. Each Config field's documentation repeats the value.
-const (
-	defaultURL                      = "amqp://guest:guest@127.0.0.1:5672/" //nolint:gosec // RabbitMQ's stock local account, not a secret
-	defaultConcurrency              = 4
-	defaultPrefetch                 = 1
-	defaultNackDelay                = time.Second
-	defaultDialTimeout              = 30 * time.Second
-	defaultReconnectInitialInterval = 500 * time.Millisecond
-	defaultReconnectMaxInterval     = 10 * time.Second
-	defaultPublishChannels          = 4
-	defaultConnectionName           = "claimtx"
-	defaultQueueType                = queueTypeClassic
-)
+// Config configures the RabbitMQ adapter: see brokers.AMQPConfig, which
+// holds it so that a brokers.Config can carry it without linking this
+// adapter's client.
+type Config = brokers.AMQPConfig
 
-// Queue types (Config.QueueType).
+// The values of Config.QueueType and the queue arguments they set.
 const (
-	queueTypeClassic = "classic"
 	queueTypeQuorum  = "quorum"
-)
-
-// Queue arguments that Config.QueueType and Config.DeliveryLimit set. They
-// are refused in QueueArguments, so each setting has one name.
-const (
 	argQueueType     = "x-queue-type"
 	argDeliveryLimit = "x-delivery-limit"
 )
 
-// maxConcurrency bounds Concurrency: every unit is an AMQP channel, and
-// RabbitMQ's default channel_max is 2047 per connection.
-const maxConcurrency = 1024
+// withDefaults is c with every zero field at its documented default.
+func withDefaults(c Config) Config { return defaults.Apply(c) }
 
-// maxWindow bounds Window: it becomes the channel's QoS prefetch count, a
-// 16-bit field in AMQP 0-9-1 (amqp091's Channel.Qos takes an int and
-// truncates it to uint16 without a word).
-const maxWindow = 65535
-
-// Config configures the RabbitMQ adapter. The zero value is usable: every
-// zero field takes the default named in its documentation.
-//
-// The topology is fixed on purpose: one durable queue per topic, named exactly
-// like the topic, reached through the default exchange with routing key =
-// topic. A plain producer that publishes to "" with routing key "orders" is
-// therefore consumed by a subscription to topic "orders" with no binding to
-// set up. Fan-out to several consumers is the producer side's topology
-// (an exchange bound to several queues), not this adapter's concern.
-type Config struct {
-	// URL is the AMQP URI (amqp:// or amqps://, credentials and vhost
-	// included). It is redacted whenever the config is printed.
-	// Defaults to "amqp://guest:guest@127.0.0.1:5672/".
-	URL string `yaml:"url"`
-
-	// Concurrency is how many messages one Subscribe call processes at once.
-	// Each Watermill AMQP subscription handles one delivery at a time, so the
-	// adapter opens Concurrency subscriptions (each on its own channel) on
-	// the same queue and merges them into one output channel. RabbitMQ then
-	// spreads deliveries round-robin across them. Not used when Window > 0.
-	// Defaults to 4.
-	Concurrency int `yaml:"concurrency"`
-
-	// Prefetch is the QoS prefetch count of every subscription channel. A
-	// subscription only ever works on one delivery at a time, so anything
-	// above 1 only parks messages in this process's buffers where other
-	// instances cannot take them, and hands them back (redelivered) on a
-	// crash. Raise it only to hide network latency on high-RTT links. Not
-	// used when Window > 0. Defaults to 1.
-	Prefetch int `yaml:"prefetch"`
-
-	// Window, when > 0, makes each Subscribe call consume with ONE amqp091
-	// consumer on its own channel with QoS prefetch = Window, and forward
-	// deliveries without waiting for earlier ones to be acked, so up to
-	// Window messages are in flight at once (for a batch consumer,
-	// consumer.NewBatch, set it to workers × batch size). Concurrency and
-	// Prefetch are then not used.
-	// Each delivery is acked on the channel it came from; a nacked one keeps
-	// its place in the window while NackDelay runs, without holding up the
-	// others. When the channel or the connection is lost, its unacked
-	// deliveries go back to the queue (late acks of them have no effect) and
-	// the consumer resumes on a new channel once reconnected. At most 65535
-	// (the prefetch count is 16 bits). 0 (the default) keeps the
-	// per-subscription mode.
-	Window int `yaml:"window"`
-
-	// NackDelay is how long a nacked delivery is held before it is handed back
-	// to RabbitMQ. watermill-amqp nacks with requeue=true, and RabbitMQ puts
-	// the message back at the head of the queue at once, so without a delay a
-	// message that keeps failing spins the CPU and floods the logs. While the
-	// delay runs, that one subscription takes no other message (with Window,
-	// only that message's window slot stays taken). The router's
-	// Retry and Poison middleware make nacks rare (a nack means even the
-	// poison queue could not be written). A negative value disables the
-	// delay. Defaults to 1s.
-	NackDelay time.Duration `yaml:"nack_delay"`
-
-	// DialTimeout bounds the start-up connection attempts. watermill-amqp
-	// fails NewSubscriber/NewPublisher at once when RabbitMQ is not up yet;
-	// this adapter retries with backoff (ReconnectInitialInterval doubling up
-	// to ReconnectMaxInterval) until the connection succeeds, the context
-	// passed to NewSubscriber/NewPublisher ends, or DialTimeout
-	// has passed. Authentication and vhost errors are not retried. A negative
-	// value means a single attempt. Defaults to 30s.
-	DialTimeout time.Duration `yaml:"dial_timeout"`
-
-	// ReconnectInitialInterval is the first wait between connection attempts,
-	// both at start-up and when an established connection drops (the latter
-	// is watermill-amqp's reconnect loop, which retries forever).
-	// Defaults to 500ms.
-	ReconnectInitialInterval time.Duration `yaml:"reconnect_initial_interval"`
-
-	// ReconnectMaxInterval caps the wait between connection attempts.
-	// Defaults to 10s.
-	ReconnectMaxInterval time.Duration `yaml:"reconnect_max_interval"`
-
-	// PublishChannels is the size of the publisher's channel pool. Publisher
-	// confirms are always on (Publish returns only once RabbitMQ has taken
-	// responsibility for the message); without a pool every Publish would open
-	// a channel, put it in confirm mode and close it again. Defaults to 4.
-	PublishChannels int `yaml:"publish_channels"`
-
-	// QueueType is the type of every queue the adapter declares (the
-	// topic's, and the poison topic's when published to): "classic" or
-	// "quorum", RabbitMQ's replicated queue type and the one to use for
-	// durable work (classic mirrored queues are gone in RabbitMQ 4). A
-	// queue's type is fixed when it is created: a queue that exists with
-	// another type makes Subscribe and Publish fail with a
-	// *framework.ConfigError that says how to migrate (see the package
-	// documentation, "Quorum queues"). "classic" declares no x-queue-type
-	// argument, so queues created before this setting keep working.
-	// Defaults to "classic".
-	QueueType string `yaml:"queue_type"`
-
-	// DeliveryLimit, when > 0, is the quorum queue's x-delivery-limit: a
-	// message returned to the queue (nacked, or left unacked by a consumer
-	// that died or lost its connection) more than DeliveryLimit times is
-	// dropped by RabbitMQ, or dead-lettered when QueueArguments name an
-	// x-dead-letter-exchange. claimtx's own poison path acts long before:
-	// a failing message is retried in process and poisoned with the reason
-	// on one delivery. Keep it well above the restarts a message may live
-	// through. Only with QueueType "quorum". Defaults to 0: no limit set
-	// (RabbitMQ 3.x: none; RabbitMQ 4.x: its default of 20).
-	DeliveryLimit int `yaml:"delivery_limit"`
-
-	// QueueArguments are passed to every queue declaration, for example
-	// {"x-dead-letter-exchange": "dlx"}. x-queue-type and x-delivery-limit
-	// are set with QueueType and DeliveryLimit, not here. They must equal
-	// the arguments of an already existing queue, or RabbitMQ refuses the
-	// declaration (PRECONDITION_FAILED) and the subscription fails with a
-	// *framework.ConfigError saying so. Nested maps are converted to AMQP
-	// tables. Defaults to none.
-	QueueArguments map[string]any `yaml:"queue_arguments"`
-
-	// ConnectionName is shown by RabbitMQ (management UI, rabbitmqctl
-	// list_connections client_properties) to tell connections apart.
-	// Defaults to "claimtx".
-	ConnectionName string `yaml:"connection_name"`
-}
-
-// Package brokers writes the defaults out in the Config it builds.
-func init() { defaults.Register(Config.withDefaults) }
-
-// withDefaults returns a copy of c with every zero field set to its
-// default, as documented on each field.
-func (c Config) withDefaults() Config {
-	if c.URL == "" {
-		c.URL = defaultURL
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = defaultConcurrency
-	}
-	if c.Prefetch == 0 {
-		c.Prefetch = defaultPrefetch
-	}
-	if c.NackDelay == 0 {
-		c.NackDelay = defaultNackDelay
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = defaultDialTimeout
-	}
-	if c.ReconnectInitialInterval == 0 {
-		c.ReconnectInitialInterval = defaultReconnectInitialInterval
-	}
-	if c.ReconnectMaxInterval == 0 {
-		c.ReconnectMaxInterval = defaultReconnectMaxInterval
-	}
-	if c.PublishChannels == 0 {
-		c.PublishChannels = defaultPublishChannels
-	}
-	if c.ConnectionName == "" {
-		c.ConnectionName = defaultConnectionName
-	}
-	if c.QueueType == "" {
-		c.QueueType = defaultQueueType
-	}
-	return c
-}
-
-// Validate reports the first field that cannot be used, as a
-// *framework.ConfigError.
-// Zero fields are valid: they take their defaults. Field names are the YAML
-// keys ("url", "concurrency"); brokers.Config.Validate prefixes them with
-// "amqp.".
-func (c Config) Validate() error {
-	c = c.withDefaults()
-
-	u, err := url.Parse(c.URL)
-	if err != nil {
-		// Never print err: url.Error quotes the whole URL, password included.
-		var uerr *url.Error
-		reason := "not a valid URL"
-		if errors.As(err, &uerr) {
-			reason = "not a valid URL: " + uerr.Err.Error()
-		}
-		return &framework.ConfigError{Field: "url", Reason: reason}
-	}
-	if u.Scheme != "amqp" && u.Scheme != "amqps" {
-		return configErr("url", "scheme must be amqp or amqps, got %q", u.Scheme)
-	}
-	if _, err := amqp091.ParseURI(c.URL); err != nil {
-		// Same care as above: only amqp091's own messages are safe to print.
-		var uerr *url.Error
-		if errors.As(err, &uerr) {
-			err = uerr.Err
-		}
-		return configErr("url", "not a valid AMQP URI %s: %v", secret.RedactURL(c.URL), err)
-	}
-	switch {
-	case c.Concurrency < 0:
-		return configErr("concurrency", "must be positive, got %d", c.Concurrency)
-	case c.Concurrency > maxConcurrency:
-		return configErr("concurrency", "must be at most %d (one AMQP channel each), got %d", maxConcurrency, c.Concurrency)
-	case c.Prefetch < 0:
-		return configErr("prefetch", "must be positive, got %d", c.Prefetch)
-	case c.Window < 0:
-		return configErr("window", "must not be negative (0 disables the window mode), got %d", c.Window)
-	case c.Window > maxWindow:
-		return configErr("window", "must be at most %d (the AMQP prefetch count is 16 bits), got %d", maxWindow, c.Window)
-	case c.ReconnectInitialInterval < 0:
-		return configErr("reconnect_initial_interval", "must not be negative, got %s", c.ReconnectInitialInterval)
-	case c.ReconnectMaxInterval < c.ReconnectInitialInterval:
-		return configErr("reconnect_max_interval", "must be at least reconnect_initial_interval (%s), got %s", c.ReconnectInitialInterval, c.ReconnectMaxInterval)
-	case c.PublishChannels < 0:
-		return configErr("publish_channels", "must be positive, got %d", c.PublishChannels)
-	}
-	switch {
-	case c.QueueType != queueTypeClassic && c.QueueType != queueTypeQuorum:
-		return configErr("queue_type", "must be %q or %q, got %q", queueTypeClassic, queueTypeQuorum, c.QueueType)
-	case c.DeliveryLimit < 0:
-		return configErr("delivery_limit", "must not be negative (0: no limit set), got %d", c.DeliveryLimit)
-	case c.DeliveryLimit > 0 && c.QueueType != queueTypeQuorum:
-		return configErr("delivery_limit", "is a quorum queue setting: set queue_type (AMQP_QUEUE_TYPE) to %q, or leave delivery_limit unset (classic queues have no delivery limit)", queueTypeQuorum)
-	}
-	for _, arg := range []struct{ name, field string }{{argQueueType, "queue_type"}, {argDeliveryLimit, "delivery_limit"}} {
-		if _, ok := c.QueueArguments[arg.name]; ok {
-			return configErr("queue_arguments", "%q is set with %s, not in queue_arguments", arg.name, arg.field)
-		}
+// validate is Config.Validate plus the check that needs the client: that
+// the queue arguments encode as an AMQP table.
+func validate(c Config) error {
+	if err := c.Validate(); err != nil {
+		return err
 	}
 	if _, err := queueArguments(c.QueueArguments); err != nil {
 		return &framework.ConfigError{Field: "queue_arguments", Reason: "cannot be encoded as an AMQP table", Err: err}
@@ -275,26 +38,10 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// configErr is a *framework.ConfigError for field (its YAML key) with a
-// formatted reason.
-func configErr(field, format string, args ...any) *framework.ConfigError {
-	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
-}
-
-// String prints the config with the URL's password redacted.
-func (c Config) String() string {
-	return fmt.Sprintf("{URL:%s Concurrency:%d Prefetch:%d Window:%d NackDelay:%s DialTimeout:%s ReconnectInitialInterval:%s ReconnectMaxInterval:%s PublishChannels:%d QueueType:%q DeliveryLimit:%d QueueArguments:%v ConnectionName:%q}",
-		secret.RedactURL(c.URL), c.Concurrency, c.Prefetch, c.Window, c.NackDelay, c.DialTimeout,
-		c.ReconnectInitialInterval, c.ReconnectMaxInterval, c.PublishChannels, c.QueueType, c.DeliveryLimit, c.QueueArguments, c.ConnectionName)
-}
-
-// GoString makes %#v redact too.
-func (c Config) GoString() string { return "amqp.Config" + c.String() }
-
 // watermillConfig maps c (defaults applied) onto watermill-amqp's durable
 // queue topology: default exchange, queue = topic, routing key = topic.
-func (c Config) watermillConfig() (wamqp.Config, error) {
-	args, err := c.declareArguments()
+func watermillConfig(c Config) (wamqp.Config, error) {
+	args, err := declareArguments(c)
 	if err != nil {
 		return wamqp.Config{}, err
 	}
@@ -322,12 +69,12 @@ func (c Config) watermillConfig() (wamqp.Config, error) {
 		Heartbeat: 10 * time.Second,
 		// One attempt must not outlive the start-up budget: amqp091's own
 		// default is 30s per dial against a black-holed address.
-		Dial: amqp091.DefaultDial(c.attemptTimeout()),
+		Dial: amqp091.DefaultDial(attemptTimeout(c)),
 	}
 	return wc, nil
 }
 
-func (c Config) attemptTimeout() time.Duration {
+func attemptTimeout(c Config) time.Duration {
 	const max = 10 * time.Second
 	if c.DialTimeout > 0 && c.DialTimeout < max {
 		return c.DialTimeout
@@ -341,7 +88,7 @@ func (c Config) attemptTimeout() time.Duration {
 // setting existed: RabbitMQ compares the arguments of a redeclaration with
 // the queue's, and older releases do not take an explicit "classic" as
 // equal to none.
-func (c Config) declareArguments() (amqp091.Table, error) {
+func declareArguments(c Config) (amqp091.Table, error) {
 	args, err := queueArguments(c.QueueArguments)
 	if err != nil {
 		return nil, err

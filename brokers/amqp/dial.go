@@ -12,9 +12,9 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/claimtx/claimtx/brokers/internal/secret"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/config"
 )
 
 // DialError is returned when the start-up connection attempts give up.
@@ -44,7 +44,7 @@ func dial(ctx context.Context, cfg Config, wc wamqp.Config, logger watermill.Log
 		defer cancel()
 	}
 	w := &watcher{LoggerAdapter: logger, stopped: make(chan struct{})}
-	redacted := secret.RedactURL(cfg.URL)
+	redacted := config.RedactURL(cfg.URL)
 	wait := cfg.ReconnectInitialInterval
 	for attempt := 1; ; attempt++ {
 		wrapper, err := wamqp.NewConnection(wc.Connection, w)
@@ -204,14 +204,14 @@ func waitConnected(ctx context.Context, cfg Config, conn *conn) error {
 // validate, apply defaults, derive watermill-amqp's config and dial with
 // retries.
 func connect(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (Config, wamqp.Config, *conn, watermill.LoggerAdapter, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := validate(cfg); err != nil {
 		return cfg, wamqp.Config{}, nil, nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg = withDefaults(cfg)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	wc, err := cfg.watermillConfig()
+	wc, err := watermillConfig(cfg)
 	if err != nil {
 		return cfg, wc, nil, nil, err
 	}

@@ -5,7 +5,8 @@
 //	sub, err := amqp.NewSubscriber(ctx, amqp.Config{URL: url, Concurrency: 8}, logger)
 //	msgs, err := sub.Subscribe(ctx, "orders")
 //
-// Most users build it through brokers.NewSubscriber with kind "amqp". Every
+// Most users import it for its side effect, which registers the kind
+// "amqp", and build it through brokers.NewSubscriber. Every
 // Config field documents its default; an invalid Config is a
 // *framework.ConfigError naming the field by its YAML key ("url",
 // "window").

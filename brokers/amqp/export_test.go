@@ -6,7 +6,7 @@ import "github.com/claimtx/claimtx/internal/amqpheader"
 // users write metadata names as strings in key specs, and the rest is
 // plumbing or a documented default.
 const (
-	MaxWindow             = maxWindow
+	MaxWindow             = 65535 // brokers.AMQPConfig's bound on Window
 	UUIDHeader            = uuidHeader
 	MetadataMessageID     = metadataMessageID
 	MetadataCorrelationID = metadataCorrelationID

@@ -12,7 +12,7 @@ import (
 // connection dead only after three missed heartbeats: three minutes during
 // which IsConnected, and so readiness, would still say "connected".
 func TestHeartbeat(t *testing.T) {
-	wc, err := Config{}.withDefaults().watermillConfig()
+	wc, err := watermillConfig(withDefaults(Config{}))
 	require.NoError(t, err)
 	require.Equal(t, 10*time.Second, wc.Connection.AmqpConfig.Heartbeat)
 }

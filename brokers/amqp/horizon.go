@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/claimtx/claimtx/brokers"
 )
 
 // ReplayHorizon reports how old a message of topic can be when RabbitMQ
 // still delivers it: the x-message-ttl of Config.QueueArguments when set,
-// otherwise math.MaxInt64 (unbounded): a RabbitMQ queue keeps a message
+// otherwise brokers.UnboundedHorizon: a RabbitMQ queue keeps a message
 // until it is acked, however old. A TTL set by a server-side policy is not
 // visible over AMQP and is not seen here. A consumer compares the horizon
 // with its claim retention (framework/consumer's Config.Retention).
@@ -19,7 +21,7 @@ func (s *Subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Dura
 	}
 	v, ok := s.cfg.QueueArguments["x-message-ttl"]
 	if !ok {
-		return math.MaxInt64, nil
+		return brokers.UnboundedHorizon, nil
 	}
 	var ms int64
 	switch n := v.(type) {
@@ -35,7 +37,7 @@ func (s *Subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Dura
 		return 0, fmt.Errorf("brokers/amqp: replay horizon of %q: x-message-ttl %v (%T) is not a number", topic, v, v)
 	}
 	if ms < 0 || ms >= math.MaxInt64/int64(time.Millisecond) {
-		return math.MaxInt64, nil
+		return brokers.UnboundedHorizon, nil
 	}
 	return time.Duration(ms) * time.Millisecond, nil
 }

@@ -110,7 +110,7 @@ func (p *Publisher) declare(topic string) error {
 	defer func() { _ = ch.Close() }()
 	q := p.wc.Queue
 	if _, err := ch.QueueDeclare(q.GenerateName(topic), q.Durable, q.AutoDelete, q.Exclusive, q.NoWait, q.Arguments); err != nil {
-		err = p.cfg.declareError(topic, err)
+		err = declareError(p.cfg, topic, err)
 		if aerr := (*amqp091.Error)(nil); errors.As(err, &aerr) && aerr.Code == amqp091.AccessRefused {
 			// The user may not declare (configure) this queue: waiting
 			// does not change that, so no message published here can

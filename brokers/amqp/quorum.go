@@ -21,7 +21,7 @@ import (
 // arguments in place, so the message says the two ways out: configure
 // what the queue has, or drain and delete the queue so that it is declared
 // anew.
-func (c Config) declareError(queue string, err error) error {
+func declareError(c Config, queue string, err error) error {
 	var aerr *amqp091.Error
 	if !errors.As(err, &aerr) || aerr.Code != amqp091.PreconditionFailed || !strings.Contains(aerr.Reason, "inequivalent arg") {
 		return err

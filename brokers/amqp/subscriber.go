@@ -95,7 +95,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			for _, in := range ins {
 				drain(in)
 			}
-			return nil, fmt.Errorf("brokers/amqp: subscribe to %q (consumer %d of %d): %w", topic, i+1, s.cfg.Concurrency, s.cfg.declareError(topic, err))
+			return nil, fmt.Errorf("brokers/amqp: subscribe to %q (consumer %d of %d): %w", topic, i+1, s.cfg.Concurrency, declareError(s.cfg, topic, err))
 		}
 		ins = append(ins, in)
 	}
@@ -225,7 +225,7 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 		return err
 	}
 	if err := s.sub.SubscribeInitialize(topic); err != nil {
-		return fmt.Errorf("brokers/amqp: declare queue %q: %w", topic, s.cfg.declareError(topic, err))
+		return fmt.Errorf("brokers/amqp: declare queue %q: %w", topic, declareError(s.cfg, topic, err))
 	}
 	return nil
 }

@@ -106,7 +106,7 @@ func (w *window) open() (*generation, error) {
 	// watermill-amqp's own topology builder and config (same name, durable
 	// flag and QueueArguments), so both modes can share a queue.
 	if err := w.s.sub.SubscribeInitialize(w.topic); err != nil {
-		return nil, fmt.Errorf("declare queue %q: %w", w.queue, w.s.cfg.declareError(w.queue, err))
+		return nil, fmt.Errorf("declare queue %q: %w", w.queue, declareError(w.s.cfg, w.queue, err))
 	}
 	conn := w.s.conn.Connection()
 	if conn == nil {

@@ -32,7 +32,7 @@ func authError(cfg Config, err error) error {
 	if cfg.SASL.Mechanism == "" {
 		return nil
 	}
-	sc, serr := cfg.saramaConfig()
+	sc, serr := saramaConfig(cfg)
 	if serr != nil {
 		return nil
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/framework"
 )
@@ -34,7 +35,7 @@ func (l retryLogger) With(watermill.LogFields) watermill.LoggerAdapter { return 
 // of being retried for DialTimeout as "not reachable".
 func TestSASLRefusedIsAuthentication(t *testing.T) {
 	t.Parallel()
-	for _, mech := range []string{kafka.SASLPlain, kafka.SASLScramSHA256, kafka.SASLScramSHA512} {
+	for _, mech := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
 		for _, wrong := range []string{"password", "user"} {
 			t.Run(mech+"/"+wrong, func(t *testing.T) {
 				t.Parallel()
@@ -46,7 +47,7 @@ func TestSASLRefusedIsAuthentication(t *testing.T) {
 					Brokers:          c.ListenAddrs(),
 					DialTimeout:      time.Minute,
 					ReconnectBackoff: 100 * time.Millisecond,
-					SASL:             kafka.SASLConfig{Mechanism: mech, User: "app", Password: "wrong-secret"},
+					SASL:             brokers.KafkaSASLConfig{Mechanism: mech, User: "app", Password: "wrong-secret"},
 				}
 				if wrong == "user" {
 					cfg.SASL.User, cfg.SASL.Password = "nobody", "app-secret"
@@ -72,12 +73,12 @@ func TestSASLRefusedIsAuthentication(t *testing.T) {
 // is not there is retried and never reported as an authentication failure.
 func TestUnreachableIsNotAuthentication(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.Superuser(kafka.SASLPlain, "app", "app-secret"))
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.Superuser("PLAIN", "app", "app-secret"))
 	require.NoError(t, err)
 	addrs := c.ListenAddrs()
 	c.Close()
 	cfg := kafka.Config{Brokers: addrs, DialTimeout: 3 * time.Second, ReconnectBackoff: 100 * time.Millisecond,
-		SASL: kafka.SASLConfig{Mechanism: kafka.SASLPlain, User: "app", Password: "app-secret"}}
+		SASL: brokers.KafkaSASLConfig{Mechanism: "PLAIN", User: "app", Password: "app-secret"}}
 	var retries atomic.Int32
 	_, err = kafka.NewPublisher(context.Background(), cfg, retryLogger{retries: &retries})
 	require.Error(t, err)

@@ -7,7 +7,8 @@
 //	sub, err := kafka.NewSubscriber(ctx, kafka.Config{Brokers: []string{"kafka:9092"}, ConsumerGroup: "billing"}, logger)
 //	msgs, err := sub.Subscribe(ctx, "orders")
 //
-// Most users build it through brokers.NewSubscriber with kind "kafka".
+// Most users import it for its side effect, which registers the kind
+// "kafka", and build it through brokers.NewSubscriber.
 // Every Config field documents its default; an invalid Config is a
 // *framework.ConfigError naming the field by its YAML key ("brokers",
 // "sasl.mechanism").

@@ -109,7 +109,7 @@ func (s *Subscriber) subscribe(ctx context.Context, topic string) (<-chan *messa
 			"window":         max(s.cfg.Window, 1),
 		},
 	}
-	opts, err := s.cfg.groupOpts(topic)
+	opts, err := groupOpts(s.cfg, topic)
 	if err != nil {
 		cancel()
 		return nil, err

@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+
+	"github.com/claimtx/claimtx/brokers"
 )
 
 // ReplayHorizon reports how old a message of topic can be when Kafka still
-// delivers it: the topic's retention.ms, or math.MaxInt64 (unbounded) when
+// delivers it: the topic's retention.ms, or brokers.UnboundedHorizon when
 // the topic keeps records forever (retention.ms -1) or is compacted
 // (cleanup.policy contains compact: the latest record of each key stays).
 // A consumer compares it with its claim retention: a record older than the
@@ -74,13 +76,13 @@ func brokerDefaultHorizon(admin sarama.ClusterAdmin, topic string, topicErr erro
 }
 
 func horizonOf(topic string, entries []sarama.ConfigEntry) (time.Duration, error) {
-	retention := time.Duration(math.MaxInt64) // Kafka's default is 7 days, but only a value read counts
+	retention := brokers.UnboundedHorizon // Kafka's default is 7 days, but only a value read counts
 	found := false
 	for _, e := range entries {
 		switch e.Name {
 		case "cleanup.policy":
 			if strings.Contains(e.Value, "compact") {
-				return math.MaxInt64, nil
+				return brokers.UnboundedHorizon, nil
 			}
 		case "retention.ms":
 			ms, err := strconv.ParseInt(e.Value, 10, 64)

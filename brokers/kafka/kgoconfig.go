@@ -23,7 +23,7 @@ const groupRequestMargin = 10 * time.Second
 // groupOpts returns the franz-go options of a consumer-group client for
 // topic. cfg has its defaults applied and is valid. The group callbacks are
 // the caller's.
-func (c Config) groupOpts(topic string) ([]kgo.Opt, error) {
+func groupOpts(c Config, topic string) ([]kgo.Opt, error) {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(c.Brokers...),
 		kgo.ClientID(c.ClientID),
@@ -47,28 +47,28 @@ func (c Config) groupOpts(topic string) ([]kgo.Opt, error) {
 		kgo.BlockRebalanceOnPoll(),
 	}
 	reset := kgo.NewOffset().AtStart()
-	if c.InitialOffset == OffsetNewest {
+	if c.InitialOffset == offsetNewest {
 		reset = kgo.NewOffset().AtEnd()
 	}
 	opts = append(opts, kgo.ConsumeResetOffset(reset))
-	return c.securityOpts(opts)
+	return securityOpts(c, opts)
 }
 
 // securityOpts appends the TLS and SASL options of c to opts.
-func (c Config) securityOpts(opts []kgo.Opt) ([]kgo.Opt, error) {
+func securityOpts(c Config, opts []kgo.Opt) ([]kgo.Opt, error) {
 	if c.TLS.Enabled {
-		tc, err := c.TLS.tlsConfig()
+		tc, err := tlsConfig(c.TLS)
 		if err != nil {
 			return nil, err
 		}
 		opts = append(opts, kgo.DialTLSConfig(tc))
 	}
 	switch c.SASL.Mechanism {
-	case SASLPlain:
+	case saslPlain:
 		opts = append(opts, kgo.SASL(plain.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsMechanism()))
-	case SASLScramSHA256:
+	case saslScramSHA256:
 		opts = append(opts, kgo.SASL(scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha256Mechanism()))
-	case SASLScramSHA512:
+	case saslScramSHA512:
 		opts = append(opts, kgo.SASL(scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha512Mechanism()))
 	}
 	return opts, nil

@@ -138,12 +138,13 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 	return offsets, nil
 }
 
-// EndOffsets returns the end offset (the high watermark, one past the
+// endOffsets returns the end offset (the high watermark, one past the
 // latest record) of each partition of topic, with a short-lived client of
 // its own that joins no group: `claimtx stats` and the console subtract
-// the stored positions from them (the records not settled yet).
-func (s *Subscriber) EndOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
-	opts, err := s.cfg.securityOpts([]kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(s.cfg.ClientID)})
+// the stored positions from them (the records not settled yet), through
+// position.EndOffsets.
+func (s *Subscriber) endOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
+	opts, err := securityOpts(s.cfg, []kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(s.cfg.ClientID)})
 	if err != nil {
 		return nil, err
 	}

@@ -33,11 +33,11 @@ var _ message.Publisher = (*Publisher)(nil)
 // nothing. An invalid cfg (including an unreadable TLS file) is a
 // *framework.ConfigError.
 func NewPublisher(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
-	sc, err := cfg.saramaConfig()
+	sc, err := saramaConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
+	cfg = withDefaults(cfg)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}

@@ -48,15 +48,15 @@ var _ message.Subscriber = (*Subscriber)(nil)
 // Config.DialTimeout). A nil logger logs nothing. An invalid cfg,
 // including an empty ConsumerGroup, is a *framework.ConfigError.
 func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
-	sc, err := cfg.saramaConfig()
+	sc, err := saramaConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	if err := cfg.validateSubscriber(); err != nil {
+	if err := validateSubscriber(cfg); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
-	if _, err := cfg.groupOpts("validate"); err != nil {
+	cfg = withDefaults(cfg)
+	if _, err := groupOpts(cfg, "validate"); err != nil {
 		return nil, err
 	}
 	if logger == nil {

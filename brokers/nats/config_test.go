@@ -23,7 +23,7 @@ func clearNATSEnv(t *testing.T) {
 	}
 }
 
-// TestConfigFromEnv: BROKER=nats selects the kind and brokers.ConfigFromEnv
+// TestConfigFromEnv: BROKER=nats selects the kind and brokers.LoadConfig("")
 // copies NATS_<OPTION> into Options (the public hook every registered kind
 // gets); secrets in them are redacted when the config is printed.
 // Uses the real environment (t.Setenv), so it is not parallel.
@@ -35,7 +35,7 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv("NATS_ACK_WAIT", "5s")
 	t.Setenv("NATS_MAX_DELIVER", "-1")
 	t.Setenv("NATS_SUBJECT_PREFIX", "prod.")
-	cfg, err := brokers.ConfigFromEnv()
+	cfg, err := brokers.LoadConfig("")
 	require.NoError(t, err)
 	require.Equal(t, "nats", cfg.Kind)
 	require.Equal(t, map[string]string{
@@ -47,7 +47,7 @@ func TestConfigFromEnv(t *testing.T) {
 
 	t.Setenv("NATS_URL", "")
 	t.Setenv("NATS_TOKEN", "TokSecret")
-	cfg, err = brokers.ConfigFromEnv()
+	cfg, err = brokers.LoadConfig("")
 	require.NoError(t, err)
 	require.Equal(t, "TokSecret", cfg.Options["token"])
 	require.NotContains(t, cfg.String(), "TokSecret")
@@ -87,7 +87,7 @@ func TestEnvErrorsNameTheVariable(t *testing.T) {
 				name, value, _ := strings.Cut(kv, "=")
 				t.Setenv(name, value)
 			}
-			cfg, err := brokers.ConfigFromEnv()
+			cfg, err := brokers.LoadConfig("")
 			require.NoError(t, err, "a registered kind's options are checked by its Registry")
 			r := registry(t)
 			if tc.subscriber {
@@ -115,7 +115,7 @@ func TestConfigFile(t *testing.T) {
 	}
 	write("kind: nats\noptions:\n  url: nats://127.0.0.1:4222\n  durable: billing\n  ack_wait: 5s\n  max_deliver: -1\n")
 	t.Setenv("NATS_ACK_WAIT", "9s")
-	cfg, err := brokers.LoadConfigFile(path)
+	cfg, err := brokers.LoadConfig(path)
 	require.NoError(t, err)
 	require.Equal(t, "9s", cfg.Options["ack_wait"], "the environment overrides the file")
 	require.Equal(t, "billing", cfg.Options["durable"])
@@ -124,7 +124,7 @@ func TestConfigFile(t *testing.T) {
 
 	t.Setenv("NATS_ACK_WAIT", "")
 	write("kind: nats\noptions:\n  max_deliver: often\n")
-	cfg, err = brokers.LoadConfigFile(path)
+	cfg, err = brokers.LoadConfig(path)
 	require.NoError(t, err)
 	requireField(t, registry(t).Validate(cfg), "options.max_deliver")
 }

@@ -1,17 +1,17 @@
-// Package nats is claimtx's NATS JetStream adapter, registered by name:
+// Package nats is claimtx's NATS JetStream adapter. Importing it registers
+// the "nats" kind (brokers.Register), as brokers/amqp and brokers/kafka
+// register theirs:
 //
-//	reg := brokers.NewRegistry()
-//	if err := nats.Register(reg); err != nil { // adds the "nats" kind
-//		return err
-//	}
-//	cfg, err := brokers.ConfigFromEnv() // BROKER=nats NATS_URL=... NATS_DURABLE=billing
+//	import _ "github.com/claimtx/claimtx/brokers/nats"
+//
+//	cfg, err := brokers.LoadConfig("") // BROKER=nats NATS_URL=... NATS_DURABLE=billing
 //	...
-//	sub, err := reg.NewSubscriber(cfg, logger)
+//	sub, err := brokers.NewSubscriber(cfg, logger)
 //
-// or, for a consumer, consumer.Config{Broker: cfg, Brokers: reg, ...}.
+// or, for a consumer, consumer.Config{Broker: cfg, ...}.
 //
 // It is written only against what any user of claimtx can use: the public
-// brokers.Factory, brokers.Registry and brokers.Config API and
+// brokers.Factory, brokers.Register and brokers.Config API and
 // framework.ConfigError. It is the worked example of docs/adapters.md,
 // "Writing your own adapter". Publishing is watermill-nats v2's JetStream
 // publisher; consuming is this package's own subscriber on nats.go,
@@ -21,7 +21,7 @@
 // # Settings
 //
 // Everything is read from brokers.Config.Options: options: in a YAML file,
-// or NATS_<OPTION> variables (brokers.ConfigFromEnv and LoadConfigFile copy
+// or NATS_<OPTION> variables (brokers.LoadConfig copy
 // every NATS_* variable into Options when the kind is nats, the
 // environment over the file). Unknown options are errors, so a typo
 // (NATS_ACKWAIT) does not silently become a default. Every problem is a

@@ -12,24 +12,21 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/nats"
+	_ "github.com/claimtx/claimtx/brokers/nats"
 )
 
-// The adapter is a registered kind: Register adds "nats" to a Registry,
-// which then builds its subscribers and publishers from a brokers.Config
-// (BROKER=nats with NATS_URL, NATS_DURABLE, ... through
-// brokers.ConfigFromEnv). The topic's stream is created on first use.
-func ExampleRegister() {
+// Importing the package registers the kind "nats": a Registry then builds
+// its subscribers and publishers from a brokers.Config (BROKER=nats with
+// NATS_URL, NATS_DURABLE, ... through brokers.LoadConfig). The topic's
+// stream is created on first use.
+func Example() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	prefix := examplePrefix() // isolates this run's subjects and streams
 	defer dropExampleStreams(prefix)
 
 	reg := brokers.NewRegistry()
-	if err := nats.Register(reg); err != nil {
-		panic(err)
-	}
-	cfg := brokers.Config{Kind: nats.Kind, Options: map[string]string{
+	cfg := brokers.Config{Kind: brokers.KindNATS, Options: map[string]string{
 		"url": exampleURL(), "durable": "loyalty", "subject_prefix": prefix,
 	}}
 
@@ -68,14 +65,10 @@ func ExampleRegister() {
 	// claimtx: config field "options.ackwait": unknown option of broker kind "nats" (known: ack_wait, concurrency, creds_file, dial_timeout, durable, max_ack_pending, max_deliver, nack_delay, password, streams, subject_prefix, token, url, user)
 }
 
-// Factory registers the adapter under a name of your choice.
-func ExampleFactory() {
+// Its settings are checked before anything connects.
+func Example_validation() {
 	reg := brokers.NewRegistry()
-	if err := reg.Register("jetstream", nats.Factory()); err != nil {
-		panic(err)
-	}
-	// Its settings are checked before anything connects.
-	_, err := reg.NewSubscriber(brokers.Config{Kind: "jetstream", Options: map[string]string{"url": exampleURL()}}, nil)
+	_, err := reg.NewSubscriber(brokers.Config{Kind: brokers.KindNATS, Options: map[string]string{"url": exampleURL()}}, nil)
 	fmt.Println(err)
 	// Output:
 	// claimtx: config field "options.durable": is required to subscribe: the JetStream durable consumer name, one per service

@@ -8,23 +8,17 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Kind is the broker kind Register adds: BROKER=nats, or kind: nats in a
-// configuration file.
-const Kind = "nats"
+// Importing the package makes the "nats" kind available to every
+// brokers.Registry, like brokers/amqp and brokers/kafka: a program that
+// never imports it does not link nats.go.
+func init() { brokers.Register(brokers.KindNATS, factory()) }
 
-// Register adds the "nats" kind to r. It fails only when r already has a
-// kind of that name (brokers.ErrKindRegistered).
-func Register(r *brokers.Registry) error {
-	return r.Register(Kind, Factory())
-}
-
-// Factory returns the Factory of the adapter, to register it under another
-// name than Kind (r.Register("jetstream", nats.Factory())). Its settings
-// are read from Config.Options, as the package documentation lists; its
-// Validate refuses a bad one with a *framework.ConfigError naming
-// "options.<key>", which brokers.Registry renames to the environment
-// variable when the value came from one.
-func Factory() brokers.Factory {
+// factory is the adapter's Factory. Its settings are read from
+// Config.Options, as the package documentation lists; its Validate refuses
+// a bad one with a *framework.ConfigError naming "options.<key>", which
+// brokers.Registry renames to the environment variable when the value came
+// from one.
+func factory() brokers.Factory {
 	return brokers.Factory{
 		NewSubscriber: func(cfg brokers.Config, logger watermill.LoggerAdapter) (message.Subscriber, error) {
 			s, err := parseSettings(cfg)

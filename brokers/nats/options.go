@@ -15,7 +15,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Option keys, as written under options: in YAML. brokers.ConfigFromEnv
+// Option keys, as written under options: in YAML. brokers.LoadConfig("")
 // sets each one from NATS_<KEY IN UPPER CASE> when BROKER=nats.
 const (
 	optURL           = "url"
@@ -107,7 +107,7 @@ func parseSettings(cfg brokers.Config) (settings, error) {
 				known = append(known, o)
 			}
 			sort.Strings(known)
-			return s, optErr(k, "unknown option of broker kind %q (known: %s)", Kind, strings.Join(known, ", "))
+			return s, optErr(k, "unknown option of broker kind %q (known: %s)", brokers.KindNATS, strings.Join(known, ", "))
 		}
 	}
 	str := func(key string) (string, bool) {

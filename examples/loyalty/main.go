@@ -26,7 +26,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/claimtx/claimtx/brokers"
-	natsbroker "github.com/claimtx/claimtx/brokers/nats"
+	// BROKER=amqp|kafka|nats: each adapter registers its kind when linked.
+	_ "github.com/claimtx/claimtx/brokers/amqp"
+	_ "github.com/claimtx/claimtx/brokers/kafka"
+	_ "github.com/claimtx/claimtx/brokers/nats"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/framework/observe"
@@ -224,12 +227,9 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if cfg.Key == "" {
 		cfg.Key = defaultKey
 	}
-	// The registry knows the built-in kinds and NATS JetStream, a
-	// registered kind (brokers/nats), so BROKER=nats selects it.
+	// The registry knows the kinds of the adapters imported above, so
+	// BROKER=nats selects NATS JetStream.
 	registry := brokers.NewRegistry()
-	if err := natsbroker.Register(registry); err != nil {
-		return err
-	}
 	cfg.Brokers = registry
 	cfg.Broker = natsDefaults(cfg.Broker, cfg.Name)
 	// A registered kind's settings (NATS_*) are checked by the registry,
@@ -411,7 +411,7 @@ func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptio
 	if cfg.Broker.Kafka.Window == 0 {
 		cfg.Broker.Kafka.Window = window
 	}
-	if cfg.Broker.Kind == natsbroker.Kind && os.Getenv("NATS_CONCURRENCY") == "" {
+	if cfg.Broker.Kind == brokers.KindNATS && os.Getenv("NATS_CONCURRENCY") == "" {
 		// One message per NATS subscription: as many as the batches hold.
 		cfg.Broker.Options = withOption(cfg.Broker.Options, "concurrency", strconv.Itoa(window))
 	}
@@ -425,7 +425,7 @@ func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptio
 // STARTUP_TIMEOUT (as the connection's dial_timeout). NATS_DURABLE,
 // NATS_CONCURRENCY and NATS_DIAL_TIMEOUT override them.
 func natsDefaults(b brokers.Config, name string) brokers.Config {
-	if b.Kind != natsbroker.Kind {
+	if b.Kind != brokers.KindNATS {
 		return b
 	}
 	for option, value := range map[string]string{

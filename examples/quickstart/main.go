@@ -5,7 +5,8 @@
 //
 // The environment overrides the defaults written in the snippet: TOPIC,
 // DATABASE_URL, CLAIMTX_SCHEMA, and the broker variables of
-// brokers.ConfigFromEnv (AMQP_URL, BROKER, …).
+// brokers.LoadConfig (AMQP_URL, …). Only brokers/amqp is linked, so
+// BROKER=kafka fails with an error that says which package to import.
 package main
 
 import (
@@ -24,6 +25,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/brokers"
+	_ "github.com/claimtx/claimtx/brokers/amqp" // links the "amqp" kind, and only RabbitMQ's client
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -76,7 +78,7 @@ func run(ctx context.Context) error {
 	}
 
 	logger := watermill.NewSlogLogger(slog.Default())
-	brokerCfg, err := brokers.ConfigFromEnv() // RabbitMQ on 127.0.0.1 unless AMQP_URL or BROKER say otherwise
+	brokerCfg, err := brokers.LoadConfig("") // RabbitMQ on 127.0.0.1 unless AMQP_URL or BROKER say otherwise
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/brokers"
-	natsbroker "github.com/claimtx/claimtx/brokers/nats"
+	// BROKER=amqp|kafka|nats: each adapter registers its kind when linked.
+	_ "github.com/claimtx/claimtx/brokers/amqp"
+	_ "github.com/claimtx/claimtx/brokers/kafka"
+	_ "github.com/claimtx/claimtx/brokers/nats"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
 )
@@ -97,17 +100,14 @@ func loadSettings() (settings, error) {
 	}
 	var err error
 	if path := os.Getenv("BROKER_CONFIG"); path != "" {
-		s.broker, err = brokers.LoadConfigFile(path)
+		s.broker, err = brokers.LoadConfig(path)
 	} else {
-		s.broker, err = brokers.ConfigFromEnv()
+		s.broker, err = brokers.LoadConfig("")
 	}
 	if err != nil {
 		return s, err
 	}
 	s.brokers = brokers.NewRegistry()
-	if err := natsbroker.Register(s.brokers); err != nil {
-		return s, err
-	}
 	// A registered kind's settings are checked by the registry: before
 	// anything connects.
 	return s, s.brokers.Validate(s.broker)
@@ -126,7 +126,7 @@ func (s settings) brokerFor(consumer string) brokers.Config {
 	if os.Getenv("KAFKA_CONSUMER_GROUP") == "" {
 		b.Kafka.ConsumerGroup = consumer
 	}
-	if b.Kind == natsbroker.Kind && b.Options["durable"] == "" {
+	if b.Kind == brokers.KindNATS && b.Options["durable"] == "" {
 		opts := make(map[string]string, len(b.Options)+1)
 		for k, v := range b.Options {
 			opts[k] = v

@@ -5,14 +5,14 @@
 //	Recoverer -> Poison -> Retry -> [ExpiryGuard] -> Claim -> your handler
 //
 // so that an application is a handler and a configuration. Switching
-// RabbitMQ and Kafka is a change of Config.Broker (Kind; brokers.ConfigFromEnv
+// RabbitMQ and Kafka is a change of Config.Broker (Kind; brokers.LoadConfig("")
 // reads it from BROKER=amqp|kafka), never of code. Use the parts directly
 // (brokers, store, middleware) when you need a different router layout;
 // this package only wires them.
 //
 // # A consumer
 //
-//	bcfg, err := brokers.ConfigFromEnv()
+//	bcfg, err := brokers.LoadConfig("")
 //	if err != nil { return err }
 //	c, err := consumer.New(ctx, consumer.Config{
 //		Name:        "loyalty", // stored with every claim

@@ -50,7 +50,7 @@ func TestKafkaDefaultGroupPerConsumer(t *testing.T) {
 		}).FirstErr())
 	}
 
-	// No ConsumerGroup: the defaults, as brokers.ConfigFromEnv gives them
+	// No ConsumerGroup: the defaults, as brokers.LoadConfig("") gives them
 	// without KAFKA_CONSUMER_GROUP.
 	bcfg := brokers.Config{Kind: brokers.KindKafka, Kafka: kafka.Config{
 		Brokers:        br.Addrs(),

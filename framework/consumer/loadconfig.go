@@ -1,13 +1,9 @@
 package consumer
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"net/url"
 	"os"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -19,7 +15,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/yamlpath"
+	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -70,7 +66,7 @@ import (
 //	  timeout: 0s                 # HANDLER_TIMEOUT
 //	drain_timeout: 15s            # DRAIN_TIMEOUT
 //	startup_timeout: 30s          # STARTUP_TIMEOUT
-//	broker:                       # brokers.LoadConfigFile's format, and its variables
+//	broker:                       # brokers.LoadConfig's format, and its variables
 //	  kind: amqp
 //	  amqp: {url: amqp://app@rabbit:5672/, queue_type: quorum}
 //
@@ -78,7 +74,7 @@ import (
 // default (see each field). Durations are Go durations ("250ms", "720h").
 // The broker section is read by brokers.LoadConfig, so BROKER, AMQP_URL,
 // KAFKA_BROKERS and every other variable of package brokers apply; without
-// a file it is brokers.ConfigFromEnv.
+// a file it is brokers.LoadConfig("").
 //
 // Secrets: database_url, like the broker's URL and SASL password, may
 // hold a password. Each can come from the file, from its variable, or from
@@ -114,36 +110,29 @@ func LoadConfig(path string) (Config, error) {
 }
 
 // setting is one key of the file and its variable.
-type setting struct {
-	path  string                          // YAML path: "claim.max_claim_wait"
-	env   string                          // variable: "CLAIM_MAX_CLAIM_WAIT"
-	field string                          // the name errors about it use elsewhere: "Claim.MaxClaimWait"
-	set   func(c *Config, v string) error // parses v (a YAML scalar or a variable) into c
-	// secret: never quoted in errors; may come from env+"_FILE".
-	secret bool
-}
+type setting = config.Setting[Config]
 
 // settings are the keys of the file, in the order of the documentation.
 // Each set func returns a plain error whose text is the reason; the loader
 // turns it into a *framework.ConfigError naming the path or the variable.
 var settings = []setting{
-	{path: "name", env: "CONSUMER_NAME", field: "Name", set: func(c *Config, v string) error { c.Name = v; return nil }},
-	{path: "topic", env: "TOPIC", field: "Topic", set: func(c *Config, v string) error { c.Topic = v; return nil }},
-	{path: "poison_topic", env: "POISON_TOPIC", field: "PoisonTopic", set: func(c *Config, v string) error { c.PoisonTopic = v; return nil }},
-	{path: "key", env: "KEY", field: "Key", set: func(c *Config, v string) error { c.Key = v; return nil }},
-	{path: "event_time", env: "EVENT_TIME", field: "EventTime", set: func(c *Config, v string) error { c.EventTime = v; return nil }},
-	{path: "retention", env: "RETENTION", field: "Retention", set: durationAtLeast(0, func(c *Config) *time.Duration { return &c.Retention })},
-	{path: "database_url", env: "DATABASE_URL", field: "DatabaseURL", secret: true, set: func(c *Config, v string) error {
+	{Path: "name", Env: "CONSUMER_NAME", Field: "Name", Set: func(c *Config, v string) error { c.Name = v; return nil }},
+	{Path: "topic", Env: "TOPIC", Field: "Topic", Set: func(c *Config, v string) error { c.Topic = v; return nil }},
+	{Path: "poison_topic", Env: "POISON_TOPIC", Field: "PoisonTopic", Set: func(c *Config, v string) error { c.PoisonTopic = v; return nil }},
+	{Path: "key", Env: "KEY", Field: "Key", Set: func(c *Config, v string) error { c.Key = v; return nil }},
+	{Path: "event_time", Env: "EVENT_TIME", Field: "EventTime", Set: func(c *Config, v string) error { c.EventTime = v; return nil }},
+	{Path: "retention", Env: "RETENTION", Field: "Retention", Set: durationAtLeast(0, func(c *Config) *time.Duration { return &c.Retention })},
+	{Path: "database_url", Env: "DATABASE_URL", Field: "DatabaseURL", Secret: true, Set: func(c *Config, v string) error {
 		if _, err := pgxpool.ParseConfig(v); err != nil {
-			return safeError{msg: pgxReason(err, v), err: err}
+			return config.SafeError{Msg: pgxReason(err, v), Err: err}
 		}
 		c.DatabaseURL = v
 		return nil
 	}},
-	{path: "store.schema", env: "CLAIMTX_SCHEMA", field: "Schema", set: func(c *Config, v string) error { c.Store.Schema = v; return nil }},
-	{path: "store.claims_table", env: "CLAIMTX_CLAIMS_TABLE", field: "ClaimsTable", set: func(c *Config, v string) error { c.Store.ClaimsTable = v; return nil }},
-	{path: "store.outbox_table", env: "CLAIMTX_OUTBOX_TABLE", field: "OutboxTable", set: func(c *Config, v string) error { c.Store.OutboxTable = v; return nil }},
-	{path: "claim.mode", env: "CLAIM_MODE", field: "Claim.Mode", set: func(c *Config, v string) error {
+	{Path: "store.schema", Env: "CLAIMTX_SCHEMA", Field: "Schema", Set: func(c *Config, v string) error { c.Store.Schema = v; return nil }},
+	{Path: "store.claims_table", Env: "CLAIMTX_CLAIMS_TABLE", Field: "ClaimsTable", Set: func(c *Config, v string) error { c.Store.ClaimsTable = v; return nil }},
+	{Path: "store.outbox_table", Env: "CLAIMTX_OUTBOX_TABLE", Field: "OutboxTable", Set: func(c *Config, v string) error { c.Store.OutboxTable = v; return nil }},
+	{Path: "claim.mode", Env: "CLAIM_MODE", Field: "Claim.Mode", Set: func(c *Config, v string) error {
 		switch m := middleware.ClaimMode(v); m {
 		case middleware.ModeClaimTable, middleware.ModeNaturalKey:
 			c.Claim.Mode = m
@@ -151,7 +140,7 @@ var settings = []setting{
 		}
 		return fmt.Errorf("must be %s or %s, got %q", middleware.ModeClaimTable, middleware.ModeNaturalKey, v)
 	}},
-	{path: "claim.isolation", env: "CLAIM_ISOLATION", field: "Claim.Isolation", set: func(c *Config, v string) error {
+	{Path: "claim.isolation", Env: "CLAIM_ISOLATION", Field: "Claim.Isolation", Set: func(c *Config, v string) error {
 		levels := map[string]pgx.TxIsoLevel{"read_committed": pgx.ReadCommitted, "repeatable_read": pgx.RepeatableRead, "serializable": pgx.Serializable}
 		l, ok := levels[strings.ToLower(v)]
 		if !ok {
@@ -160,25 +149,25 @@ var settings = []setting{
 		c.Claim.Isolation = l
 		return nil
 	}},
-	{path: "claim.max_claim_wait", env: "CLAIM_MAX_CLAIM_WAIT", field: "Claim.MaxClaimWait", set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.MaxClaimWait })},
-	{path: "claim.max_attempts", env: "CLAIM_MAX_ATTEMPTS", field: "Claim.MaxAttempts", set: intAtLeast(1, func(c *Config) *int { return &c.Claim.MaxAttempts })},
-	{path: "claim.initial_backoff", env: "CLAIM_INITIAL_BACKOFF", field: "Claim.InitialBackoff", set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.InitialBackoff })},
-	{path: "claim.max_backoff", env: "CLAIM_MAX_BACKOFF", field: "Claim.MaxBackoff", set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.MaxBackoff })},
-	{path: "claim.allow_broker_event_time", env: "CLAIM_ALLOW_BROKER_EVENT_TIME", field: "Claim.AllowBrokerEventTime", set: boolean(func(c *Config) *bool { return &c.Claim.AllowBrokerEventTime })},
-	{path: "claim.fingerprint", env: "CLAIM_FINGERPRINT", field: "Claim.Fingerprint", set: boolean(func(c *Config) *bool { return &c.Claim.Fingerprint })},
-	{path: "claim.poison_memo", env: "POISON_MEMO", field: "Claim.PoisonMemo", set: boolean(func(c *Config) *bool { return &c.Claim.PoisonMemo })},
-	{path: "claim.committed_keys", env: "CLAIM_COMMITTED_KEYS", field: "Claim.CommittedKeys", set: intAtLeast(-1, func(c *Config) *int { return &c.Claim.CommittedKeys })},
-	{path: "claim.committed_keys_ttl", env: "CLAIM_COMMITTED_KEYS_TTL", field: "Claim.CommittedKeysTTL", set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.CommittedKeysTTL })},
-	{path: "claim.no_positions", env: "CLAIM_NO_POSITIONS", field: "Claim.NoPositions", set: boolean(func(c *Config) *bool { return &c.Claim.NoPositions })},
-	{path: "claim.replay_below_positions", env: "CLAIM_REPLAY_BELOW_POSITIONS", field: "Claim.ReplayBelowPositions", set: boolean(func(c *Config) *bool { return &c.Claim.ReplayBelowPositions })},
-	{path: "claim.outbox_topic", env: "CLAIM_OUTBOX_TOPIC", field: "Claim.OutboxTopic", set: func(c *Config, v string) error { c.Claim.OutboxTopic = v; return nil }},
-	{path: "claim.key_policy.max_bytes", env: "CLAIM_KEY_MAX_BYTES", field: "Claim.KeyPolicy.MaxBytes", set: intAtLeast(1, func(c *Config) *int { return &c.Claim.KeyPolicy.MaxBytes })},
-	{path: "claim.key_policy.hash_overlong", env: "CLAIM_KEY_HASH_OVERLONG", field: "Claim.KeyPolicy.HashOverlong", set: boolean(func(c *Config) *bool { return &c.Claim.KeyPolicy.HashOverlong })},
-	{path: "handler.retries", env: "HANDLER_RETRIES", field: "HandlerRetries", set: intAtLeast(0, func(c *Config) *int { return &c.HandlerRetries })},
-	{path: "handler.retry_initial_interval", env: "HANDLER_RETRY_INITIAL_INTERVAL", field: "RetryInitialInterval", set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.RetryInitialInterval })},
-	{path: "handler.timeout", env: "HANDLER_TIMEOUT", field: "HandlerTimeout", set: durationAtLeast(0, func(c *Config) *time.Duration { return &c.HandlerTimeout })},
-	{path: "drain_timeout", env: "DRAIN_TIMEOUT", field: "DrainTimeout", set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.DrainTimeout })},
-	{path: "startup_timeout", env: "STARTUP_TIMEOUT", field: "StartupTimeout", set: func(c *Config, v string) error {
+	{Path: "claim.max_claim_wait", Env: "CLAIM_MAX_CLAIM_WAIT", Field: "Claim.MaxClaimWait", Set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.MaxClaimWait })},
+	{Path: "claim.max_attempts", Env: "CLAIM_MAX_ATTEMPTS", Field: "Claim.MaxAttempts", Set: intAtLeast(1, func(c *Config) *int { return &c.Claim.MaxAttempts })},
+	{Path: "claim.initial_backoff", Env: "CLAIM_INITIAL_BACKOFF", Field: "Claim.InitialBackoff", Set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.InitialBackoff })},
+	{Path: "claim.max_backoff", Env: "CLAIM_MAX_BACKOFF", Field: "Claim.MaxBackoff", Set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.MaxBackoff })},
+	{Path: "claim.allow_broker_event_time", Env: "CLAIM_ALLOW_BROKER_EVENT_TIME", Field: "Claim.AllowBrokerEventTime", Set: boolean(func(c *Config) *bool { return &c.Claim.AllowBrokerEventTime })},
+	{Path: "claim.fingerprint", Env: "CLAIM_FINGERPRINT", Field: "Claim.Fingerprint", Set: boolean(func(c *Config) *bool { return &c.Claim.Fingerprint })},
+	{Path: "claim.poison_memo", Env: "POISON_MEMO", Field: "Claim.PoisonMemo", Set: boolean(func(c *Config) *bool { return &c.Claim.PoisonMemo })},
+	{Path: "claim.committed_keys", Env: "CLAIM_COMMITTED_KEYS", Field: "Claim.CommittedKeys", Set: intAtLeast(-1, func(c *Config) *int { return &c.Claim.CommittedKeys })},
+	{Path: "claim.committed_keys_ttl", Env: "CLAIM_COMMITTED_KEYS_TTL", Field: "Claim.CommittedKeysTTL", Set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.CommittedKeysTTL })},
+	{Path: "claim.no_positions", Env: "CLAIM_NO_POSITIONS", Field: "Claim.NoPositions", Set: boolean(func(c *Config) *bool { return &c.Claim.NoPositions })},
+	{Path: "claim.replay_below_positions", Env: "CLAIM_REPLAY_BELOW_POSITIONS", Field: "Claim.ReplayBelowPositions", Set: boolean(func(c *Config) *bool { return &c.Claim.ReplayBelowPositions })},
+	{Path: "claim.outbox_topic", Env: "CLAIM_OUTBOX_TOPIC", Field: "Claim.OutboxTopic", Set: func(c *Config, v string) error { c.Claim.OutboxTopic = v; return nil }},
+	{Path: "claim.key_policy.max_bytes", Env: "CLAIM_KEY_MAX_BYTES", Field: "Claim.KeyPolicy.MaxBytes", Set: intAtLeast(1, func(c *Config) *int { return &c.Claim.KeyPolicy.MaxBytes })},
+	{Path: "claim.key_policy.hash_overlong", Env: "CLAIM_KEY_HASH_OVERLONG", Field: "Claim.KeyPolicy.HashOverlong", Set: boolean(func(c *Config) *bool { return &c.Claim.KeyPolicy.HashOverlong })},
+	{Path: "handler.retries", Env: "HANDLER_RETRIES", Field: "HandlerRetries", Set: intAtLeast(0, func(c *Config) *int { return &c.HandlerRetries })},
+	{Path: "handler.retry_initial_interval", Env: "HANDLER_RETRY_INITIAL_INTERVAL", Field: "RetryInitialInterval", Set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.RetryInitialInterval })},
+	{Path: "handler.timeout", Env: "HANDLER_TIMEOUT", Field: "HandlerTimeout", Set: durationAtLeast(0, func(c *Config) *time.Duration { return &c.HandlerTimeout })},
+	{Path: "drain_timeout", Env: "DRAIN_TIMEOUT", Field: "DrainTimeout", Set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.DrainTimeout })},
+	{Path: "startup_timeout", Env: "STARTUP_TIMEOUT", Field: "StartupTimeout", Set: func(c *Config, v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil || d == 0 {
 			return fmt.Errorf("must be a duration like 30s, not 0 (negative: one attempt), got %q", v)
@@ -251,22 +240,20 @@ func (l *loader) load(data []byte) (Config, error) {
 	var c Config
 	byPath := make(map[string]setting, len(settings))
 	for _, s := range settings {
-		byPath[s.path] = s
+		byPath[s.Path] = s
 		// What to call a field nobody set: the key of the file in use,
 		// else the variable that would set it.
-		l.name(s, s.env)
+		l.name(s, s.Env)
 		if l.fromFile {
-			l.name(s, s.path)
+			l.name(s, s.Path)
 		}
 	}
-	brokerSection, err := l.readFile(data, byPath, &c)
+	brokerSection, err := config.ReadFile(data, byPath, isSection, brokerKey, &c)
 	if err != nil {
 		return Config{}, err
 	}
-	for _, s := range settings {
-		if err := l.applyEnv(s, &c); err != nil {
-			return Config{}, err
-		}
+	if err := config.ApplyEnv(&c, settings, l.lookup, l.name); err != nil {
+		return Config{}, err
 	}
 	if err := l.readBroker(data, brokerSection, &c); err != nil {
 		return Config{}, err
@@ -280,97 +267,10 @@ func (l *loader) load(data []byte) (Config, error) {
 
 // name records that errors about s's field should say name.
 func (l *loader) name(s setting, name string) {
-	l.names[s.field] = name
-	for _, a := range aliases[s.field] {
+	l.names[s.Field] = name
+	for _, a := range aliases[s.Field] {
 		l.names[a] = name
 	}
-}
-
-// readFile applies the file's settings to c and returns its broker
-// section (nil when there is none). Keys are checked against the settings,
-// so an unknown or misplaced one is named by its path and line.
-func (l *loader) readFile(data []byte, byPath map[string]setting, c *Config) (*yaml.Node, error) {
-	if len(bytes.TrimSpace(data)) == 0 {
-		return nil, nil
-	}
-	var doc yaml.Node
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("parse YAML: %w", err)
-	}
-	var more yaml.Node
-	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
-		return nil, errors.New("parse YAML: more than one document")
-	}
-	if len(doc.Content) == 0 {
-		return nil, nil
-	}
-	root := doc.Content[0]
-	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
-		return nil, nil
-	}
-	var brokerSection *yaml.Node
-	var walk func(n *yaml.Node, prefix string) error
-	walk = func(n *yaml.Node, prefix string) error {
-		if n.Kind == yaml.AliasNode {
-			n = n.Alias
-		}
-		if n.Kind != yaml.MappingNode {
-			what := "the file"
-			if prefix != "" {
-				what = strings.TrimSuffix(prefix, ".")
-			}
-			return &framework.ConfigError{Field: orRoot(what), Reason: fmt.Sprintf("must be a mapping of keys (line %d)", n.Line)}
-		}
-		seen := map[string]bool{}
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			path := prefix + k.Value
-			if k.Value == "<<" {
-				return &framework.ConfigError{Field: orRoot(strings.TrimSuffix(prefix, ".")), Reason: fmt.Sprintf("merge keys (<<) are not supported (line %d)", k.Line)}
-			}
-			if seen[k.Value] {
-				return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("is set twice (line %d)", k.Line)}
-			}
-			seen[k.Value] = true
-			if v.Kind == yaml.AliasNode {
-				v = v.Alias
-			}
-			switch {
-			case path == brokerKey:
-				brokerSection = v
-			case isSection(path):
-				if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
-					continue
-				}
-				if err := walk(v, path+"."); err != nil {
-					return err
-				}
-			default:
-				s, ok := byPath[path]
-				if !ok {
-					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("unknown key (line %d)", k.Line)}
-				}
-				if v.Kind != yaml.ScalarNode {
-					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("must be a single value (line %d)", v.Line)}
-				}
-				if v.Tag == "!!null" {
-					continue // "key:" with nothing after it: the default
-				}
-				if err := s.set(c, v.Value); err != nil {
-					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("%s (line %d)", reasonOf(s, err), v.Line), Err: errOf(err)}
-				}
-			}
-		}
-		return nil
-	}
-	if err := walk(root, ""); err != nil {
-		return nil, err
-	}
-	return brokerSection, nil
 }
 
 // isSection tells the keys that hold settings rather than being one.
@@ -382,57 +282,13 @@ func isSection(path string) bool {
 	return false
 }
 
-func orRoot(path string) string {
-	if path == "" {
-		return "(root)"
-	}
-	return path
-}
-
-// applyEnv applies s's variable, or its _FILE variable for a secret.
-func (l *loader) applyEnv(s setting, c *Config) error {
-	get := func(name string) (string, bool) {
-		v, ok := l.lookup(name)
-		v = strings.TrimSpace(v)
-		return v, ok && v != ""
-	}
-	v, ok := get(s.env)
-	name := s.env
-	if s.secret {
-		fileVar := s.env + "_FILE"
-		if p, fromFile := get(fileVar); fromFile {
-			if ok {
-				return &framework.ConfigError{Field: fileVar, Reason: fmt.Sprintf("set %s or %s, not both", s.env, fileVar)}
-			}
-			b, err := os.ReadFile(p) //nolint:gosec // reading the file the operator names is the point
-			if err != nil {
-				// *fs.PathError names the path and the cause, never the content.
-				return &framework.ConfigError{Field: fileVar, Reason: fmt.Sprintf("cannot read the file: %v", err)}
-			}
-			// A trailing newline is what editors and `echo` leave behind.
-			if v = strings.TrimSpace(string(b)); v == "" {
-				return &framework.ConfigError{Field: fileVar, Reason: fmt.Sprintf("the file %s is empty", p)}
-			}
-			ok, name = true, fileVar
-		}
-	}
-	if !ok {
-		return nil
-	}
-	if err := s.set(c, v); err != nil {
-		return &framework.ConfigError{Field: name, Reason: reasonOf(s, err), Err: errOf(err)}
-	}
-	l.name(s, name)
-	return nil
-}
-
 // readBroker builds c.Broker: brokers.LoadConfig of the file's broker
-// section, or brokers.ConfigFromEnv without a file. The section is checked
+// section, or brokers.LoadConfig("") without a file. The section is checked
 // against brokers.Config's keys first, on the whole file, so that an
 // unknown key or a bad value is named by its full path and its line.
 func (l *loader) readBroker(data []byte, section *yaml.Node, c *Config) error {
 	if !l.fromFile {
-		b, err := brokers.ConfigFromEnv()
+		b, err := brokers.LoadConfig("")
 		if err != nil {
 			return err
 		}
@@ -443,13 +299,8 @@ func (l *loader) readBroker(data []byte, section *yaml.Node, c *Config) error {
 		Broker brokers.Config `yaml:"broker"`
 		Rest   map[string]any `yaml:",inline"` // the keys readFile checked
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&strict); err != nil && !errors.Is(err, io.EOF) {
-		if ce := yamlpath.FieldError(data, err); ce != nil {
-			return ce
-		}
-		return fmt.Errorf("parse YAML: %w", err)
+	if err := config.Decode(data, &strict); err != nil {
+		return err
 	}
 	var sub []byte
 	if section != nil {
@@ -464,7 +315,7 @@ func (l *loader) readBroker(data []byte, section *yaml.Node, c *Config) error {
 			return fmt.Errorf("parse YAML: %w", err)
 		}
 	}
-	b, err := brokers.LoadConfig(sub)
+	b, err := config.LoadSection[brokers.Config](sub)
 	if err != nil {
 		var ce *framework.ConfigError
 		if errors.As(err, &ce) && isYAMLPath(ce.Field) {
@@ -508,42 +359,11 @@ func (c Config) named(err error) error {
 	return &out
 }
 
-// reasonOf is the reason a setting's parse error gives: its text, except
-// for a secret's, whose text may quote it. A secret's errors are
-// safeErrors, wrapped as the ConfigError's Err (errOf).
-func reasonOf(s setting, err error) string {
-	var se safeError
-	if s.secret || errors.As(err, &se) {
-		return "cannot be used"
-	}
-	return err.Error()
-}
-
-// errOf is what the *framework.ConfigError for a parse error wraps: the
-// safeError of a secret, nothing otherwise (the reason says it all).
-func errOf(err error) error {
-	var se safeError
-	if errors.As(err, &se) {
-		return se
-	}
-	return nil
-}
-
-// safeError is an error whose text is known not to hold a secret; Unwrap
-// still reaches the original (for errors.As), whose text may.
-type safeError struct {
-	msg string
-	err error
-}
-
-func (e safeError) Error() string { return e.msg }
-func (e safeError) Unwrap() error { return e.err }
-
 // databaseURLError is the error for a DatabaseURL pgx refuses, without
 // pgx's own text, which quotes the connection string and redacts its
 // password only as far as it can parse it.
 func databaseURLError(field, dsn string, err error) error {
-	return &framework.ConfigError{Field: field, Reason: "cannot be used", Err: safeError{msg: pgxReason(err, dsn), err: err}}
+	return &framework.ConfigError{Field: field, Reason: "cannot be used", Err: config.SafeError{Msg: pgxReason(err, dsn), Err: err}}
 }
 
 // pgxReason is what pgx says is wrong with dsn, without the connection
@@ -558,85 +378,12 @@ func pgxReason(err error, dsn string) string {
 		return fixed
 	}
 	reason := msg[i+len("`: "):]
-	for _, pw := range passwordsIn(dsn) {
+	for _, pw := range config.Passwords(dsn) {
 		if pw != "" && strings.Contains(reason, pw) {
 			return fixed
 		}
 	}
 	return reason
-}
-
-// kvPassword finds the password of a keyword/value connection string.
-var kvPassword = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)`)
-
-// passwordsIn returns the passwords dsn may hold, as best it can tell:
-// the URL's userinfo and password parameter, or keyword/value passwords
-// (quoted or not, and their unquoted parts).
-func passwordsIn(dsn string) []string {
-	var out []string
-	if u, err := url.Parse(dsn); err == nil {
-		if u.User != nil {
-			if pw, ok := u.User.Password(); ok {
-				out = append(out, pw)
-			}
-		}
-		out = append(out, u.Query()["password"]...)
-	}
-	for _, m := range kvPassword.FindAllStringSubmatch(dsn, -1) {
-		v := strings.Trim(m[1], "'")
-		out = append(out, v)
-		out = append(out, strings.Fields(v)...)
-	}
-	// The raw userinfo too, when the URL does not parse.
-	if at := strings.LastIndex(dsn, "@"); at > 0 {
-		if i := strings.Index(dsn, "://"); i >= 0 && i+3 < at {
-			if _, pw, ok := strings.Cut(dsn[i+3:at], ":"); ok {
-				out = append(out, pw)
-			}
-		}
-	}
-	return out
-}
-
-// redactDatabaseURL returns dsn with its passwords replaced by xxxxx:
-// the URL's userinfo password and password parameter, or the password of
-// a keyword/value string. Whatever it cannot take apart has every
-// password it finds replaced wherever it occurs.
-func redactDatabaseURL(dsn string) string {
-	const mask = "xxxxx"
-	if dsn == "" {
-		return ""
-	}
-	out := ""
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		if u.User != nil {
-			if _, ok := u.User.Password(); ok {
-				u.User = url.UserPassword(u.User.Username(), mask)
-			}
-		}
-		if q := u.Query(); q.Has("password") {
-			q.Set("password", mask)
-			u.RawQuery = q.Encode()
-		}
-		out = u.String()
-	} else if !strings.Contains(dsn, "://") {
-		out = kvPassword.ReplaceAllString(dsn, "password="+mask)
-	}
-	pws := passwordsIn(dsn)
-	for _, pw := range pws {
-		if pw != "" && out != "" && strings.Contains(out, pw) {
-			out = "" // a password survived: fall back to the blunt way
-		}
-	}
-	if out == "" {
-		out = dsn
-		for _, pw := range pws {
-			if pw != "" {
-				out = strings.ReplaceAll(out, pw, mask)
-			}
-		}
-	}
-	return out
 }
 
 // String prints the settings LoadConfig reads, with the passwords of
@@ -656,7 +403,7 @@ func (c Config) String() string {
 		"AllowBrokerEventTime:%t Fingerprint:%t PoisonMemo:%t CommittedKeys:%d CommittedKeysTTL:%s NoPositions:%t ReplayBelowPositions:%t OutboxTopic:%q KeyPolicy:%+v} "+
 		"HandlerRetries:%d RetryInitialInterval:%s HandlerTimeout:%s DrainTimeout:%s StartupTimeout:%s Broker:%s "+
 		"Brokers:%s Extractors:%s OnOutcome:%s Registerer:%s Tracer:%s Logger:%s}",
-		c.Name, c.Topic, c.PoisonTopic, c.Key, c.EventTime, c.Retention, redactDatabaseURL(c.DatabaseURL), set(c.Pool != nil), c.Store,
+		c.Name, c.Topic, c.PoisonTopic, c.Key, c.EventTime, c.Retention, config.RedactDSN(c.DatabaseURL), set(c.Pool != nil), c.Store,
 		set(cl.Key != nil), cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set(cl.EventTime != nil),
 		cl.AllowBrokerEventTime, cl.Fingerprint, cl.PoisonMemo, cl.CommittedKeys, cl.CommittedKeysTTL, cl.NoPositions, cl.ReplayBelowPositions, cl.OutboxTopic, cl.KeyPolicy,
 		c.HandlerRetries, c.RetryInitialInterval, c.HandlerTimeout, c.DrainTimeout, c.StartupTimeout, c.Broker,

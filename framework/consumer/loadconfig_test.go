@@ -18,6 +18,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -43,8 +44,8 @@ var brokerEnv = []string{
 func clearEnv(t *testing.T) {
 	t.Helper()
 	for _, s := range settings {
-		t.Setenv(s.env, "")
-		t.Setenv(s.env+"_FILE", "")
+		t.Setenv(s.Env, "")
+		t.Setenv(s.Env+"_FILE", "")
 	}
 	for _, name := range brokerEnv {
 		t.Setenv(name, "")
@@ -94,7 +95,7 @@ func TestLoadConfigExample(t *testing.T) {
 	require.Equal(t, 30*time.Second, c.StartupTimeout)
 	require.Equal(t, brokers.KindAMQP, c.Broker.Kind)
 	require.Equal(t, "classic", c.Broker.AMQP.QueueType)
-	def, err := brokers.LoadConfig(nil)
+	def, err := config.LoadSection[brokers.Config](nil)
 	require.NoError(t, err)
 	require.Equal(t, def.String(), c.Broker.String(), "the example's broker section is the defaults")
 }
@@ -125,7 +126,7 @@ func TestExampleDocumentsEveryKey(t *testing.T) {
 
 	want := map[string]bool{}
 	for _, s := range settings {
-		want[s.path] = true
+		want[s.Path] = true
 	}
 	for _, p := range yamlPaths(reflect.TypeFor[brokers.Config](), brokerKey+".") {
 		want[p] = true
@@ -183,19 +184,19 @@ func TestLoadConfigEveryKey(t *testing.T) {
 	base, err := LoadConfig(writeFile(t, "{}\n"))
 	require.NoError(t, err)
 	for _, s := range settings {
-		v, ok := settingValues[s.path]
-		require.True(t, ok, "settingValues lacks %s", s.path)
-		t.Run(s.path, func(t *testing.T) {
-			fromFile, err := LoadConfig(writeFile(t, nested(s.path, v)))
+		v, ok := settingValues[s.Path]
+		require.True(t, ok, "settingValues lacks %s", s.Path)
+		t.Run(s.Path, func(t *testing.T) {
+			fromFile, err := LoadConfig(writeFile(t, nested(s.Path, v)))
 			require.NoError(t, err)
-			require.NotEqual(t, base.String(), fromFile.String(), "%s changed nothing", s.path)
-			require.Equal(t, s.path, fromFile.names[s.field])
+			require.NotEqual(t, base.String(), fromFile.String(), "%s changed nothing", s.Path)
+			require.Equal(t, s.Path, fromFile.names[s.Field])
 
-			t.Setenv(s.env, v)
+			t.Setenv(s.Env, v)
 			fromEnv, err := LoadConfig("")
 			require.NoError(t, err)
-			require.Equal(t, fromFile.String(), fromEnv.String(), "%s and %s set the same", s.path, s.env)
-			require.Equal(t, s.env, fromEnv.names[s.field])
+			require.Equal(t, fromFile.String(), fromEnv.String(), "%s and %s set the same", s.Path, s.Env)
+			require.Equal(t, s.Env, fromEnv.names[s.Field])
 
 			// The variable wins over the file, whatever the file says.
 			both, err := LoadConfig(writeFile(t, "{}\n"))

@@ -21,6 +21,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	// The benchmarks build AMQP and Kafka brokers through brokers.Config.
+	_ "github.com/claimtx/claimtx/brokers/amqp"
+	_ "github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 )
 

@@ -1,7 +1,8 @@
-// Package defaults lets package brokers write out an adapter's defaults
-// (so that ConfigFromEnv and LoadConfigFile return, and print, every
-// effective value) without the adapter exporting a function for it: each
-// adapter registers its unexported withDefaults here from an init function.
+// Package defaults lets an adapter apply the defaults of its section of
+// brokers.Config (brokers.AMQPConfig, brokers.KafkaConfig), which package
+// brokers owns, without brokers exporting a function for it: brokers
+// registers each section's unexported withDefaults here from an init
+// function.
 package defaults
 
 import (

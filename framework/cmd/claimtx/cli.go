@@ -337,22 +337,16 @@ type brokerFlags struct {
 
 func (b *brokerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&b.broker, "broker", "", "broker kind: amqp or kafka (env BROKER; default amqp)")
-	fs.StringVar(&b.brokerFile, "broker-config", "", "broker configuration file (YAML, see brokers.LoadConfigFile); the environment overrides it")
+	fs.StringVar(&b.brokerFile, "broker-config", "", "broker configuration file (YAML, see brokers.LoadConfig); the environment overrides it")
 	fs.StringVar(&b.amqpURL, "amqp-url", "", "RabbitMQ URL (env AMQP_URL)")
 	fs.StringVar(&b.kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap addresses, comma separated (env KAFKA_BROKERS)")
 }
 
 // brokerConfig is the broker configuration: the file, or the defaults,
-// with the environment over it (brokers.LoadConfigFile, ConfigFromEnv),
+// with the environment over it (brokers.LoadConfig),
 // and the flags over both.
 func (b *brokerFlags) brokerConfig() (brokers.Config, error) {
-	var cfg brokers.Config
-	var err error
-	if b.brokerFile != "" {
-		cfg, err = brokers.LoadConfigFile(b.brokerFile)
-	} else {
-		cfg, err = brokers.ConfigFromEnv()
-	}
+	cfg, err := brokers.LoadConfig(b.brokerFile)
 	if err != nil {
 		return cfg, err
 	}

@@ -21,7 +21,7 @@ import (
 const dlqKeySpec = "template:order:{payload.order_id}"
 
 // dlqCLI is the CLI against w's database, schema and broker (as flags:
-// the broker variables are the process's, read by brokers.ConfigFromEnv).
+// the broker variables are the process's, read by brokers.LoadConfig("")).
 func dlqCLI(t *testing.T, w *dlqtest.World) (*cli, []string) {
 	c := &cli{t: t, schema: w.Schema, env: map[string]string{"DATABASE_URL": pgtest.URL()}}
 	flags := []string{"--broker", w.Kind, "--topic", w.Topic}

@@ -34,7 +34,7 @@ const envDLQChild = "CLAIMTX_TEST_CLI_DLQ_CHILD"
 
 // TestDLQChild is one `claimtx …` process of the dlq process tests;
 // without its environment it does nothing. It runs the CLI as main does:
-// the broker from the environment (brokers.ConfigFromEnv), signals.
+// the broker from the environment (brokers.LoadConfig("")), signals.
 func TestDLQChild(t *testing.T) {
 	spec := os.Getenv(envDLQChild)
 	if spec == "" {

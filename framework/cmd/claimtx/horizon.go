@@ -7,7 +7,6 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
-	"github.com/claimtx/claimtx/internal/horizon"
 )
 
 // horizonReport compares a consumer's claim retention with how old a
@@ -34,7 +33,7 @@ func replayHorizon(ctx context.Context, cfg brokers.Config, topic, poison string
 		return horizonReport{}, err
 	}
 	defer func() { _ = sub.Close() }()
-	longest, ok, err := horizon.Of(ctx, sub, topic, poison)
+	longest, ok, err := brokers.ReplayHorizon(ctx, sub, topic, poison)
 	if err != nil {
 		return horizonReport{}, err
 	}
@@ -42,13 +41,13 @@ func replayHorizon(ctx context.Context, cfg brokers.Config, topic, poison string
 		return horizonReport{}, fmt.Errorf("broker %q cannot tell its replay horizon", cfg.Kind)
 	}
 	rep := horizonReport{Topic: topic, PoisonTopic: poison, Retention: retention, ReplayHorizon: longest}
-	rep.Unbounded = longest == horizon.Unbounded
+	rep.Unbounded = longest == brokers.UnboundedHorizon
 	rep.Exceeded = rep.ReplayHorizon > retention
 	return rep, nil
 }
 
 func (r horizonReport) String() string {
-	h := horizon.String(r.ReplayHorizon)
+	h := brokers.FormatHorizon(r.ReplayHorizon)
 	if !r.Unbounded {
 		h = opfmt.FormatDuration(r.ReplayHorizon) // "1d", as the flags take it
 	}

@@ -34,6 +34,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	// Every command that builds a broker from a configuration takes any
+	// built-in kind: each adapter registers its own when linked.
+	_ "github.com/claimtx/claimtx/brokers/amqp"
+	_ "github.com/claimtx/claimtx/brokers/kafka"
+	_ "github.com/claimtx/claimtx/brokers/nats"
 )
 
 func main() {

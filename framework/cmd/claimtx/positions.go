@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/internal/position"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -17,11 +18,6 @@ type positionLag struct {
 	store.KafkaPosition
 	EndOffset *int64 `json:"end_offset,omitempty"`
 	Lag       *int64 `json:"lag,omitempty"`
-}
-
-// endOffsetter is the Kafka subscriber's EndOffsets.
-type endOffsetter interface {
-	EndOffsets(ctx context.Context, topic string) (map[int32]int64, error)
 }
 
 // withoutLags is ps with the lags unknown.
@@ -52,7 +48,7 @@ func positionLags(ctx context.Context, cfg brokers.Config, ps []store.KafkaPosit
 		return out, fmt.Sprintf("lag unknown: %v", err)
 	}
 	defer func() { _ = sub.Close() }()
-	eo, ok := sub.(endOffsetter)
+	endOffsets, ok := position.EndOffsets(sub)
 	if !ok {
 		return out, ""
 	}
@@ -62,7 +58,7 @@ func positionLags(ctx context.Context, cfg brokers.Config, ps []store.KafkaPosit
 	for i := range out {
 		topic := out[i].Topic
 		if _, done := ends[topic]; !done {
-			e, err := eo.EndOffsets(ctx, topic)
+			e, err := endOffsets(ctx, topic)
 			if err != nil {
 				return out, fmt.Sprintf("lag unknown: %v", err)
 			}

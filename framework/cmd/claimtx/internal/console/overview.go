@@ -19,7 +19,6 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
-	"github.com/claimtx/claimtx/internal/horizon"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/store"
 )
@@ -401,8 +400,8 @@ func (c *Console) horizonBadge(ctx context.Context, name string) badge {
 	}
 	hz := "unknown"
 	if h.known {
-		hz = horizon.String(h.horizon)
-		if h.horizon != horizon.Unbounded {
+		hz = brokers.FormatHorizon(h.horizon)
+		if h.horizon != brokers.UnboundedHorizon {
 			hz = opfmt.FormatDuration(h.horizon)
 		}
 	}
@@ -437,7 +436,7 @@ func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
 	bcfg.AMQP.DialTimeout, bcfg.Kafka.DialTimeout = c.cfg.QueryTimeout, c.cfg.QueryTimeout
 	sub, err := brokers.NewSubscriber(bcfg, nil)
 	if err == nil {
-		h.horizon, h.known, err = horizon.Of(ctx, sub, cs.Topic, cs.PoisonTopic)
+		h.horizon, h.known, err = brokers.ReplayHorizon(ctx, sub, cs.Topic, cs.PoisonTopic)
 		_ = sub.Close()
 	}
 	if err != nil {

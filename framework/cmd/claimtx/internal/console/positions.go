@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/internal/position"
 )
 
 // positionRow is one stored Kafka position of the overview, with the
@@ -22,11 +23,6 @@ type positionRow struct {
 	SettledBelow      int64
 	UpdatedAt         time.Time
 	End, Lag, LagNote string
-}
-
-// endOffsetter is the Kafka subscriber's EndOffsets.
-type endOffsetter interface {
-	EndOffsets(ctx context.Context, topic string) (map[int32]int64, error)
 }
 
 // positions reads the stored Kafka positions (one row per partition: a
@@ -92,11 +88,11 @@ func (c *Console) endOffsets(ctx context.Context, cs *Consumer) (map[int32]int64
 		return nil, c.errText(err)
 	}
 	defer func() { _ = sub.Close() }()
-	eo, ok := sub.(endOffsetter)
+	endOffsets, ok := position.EndOffsets(sub)
 	if !ok {
 		return nil, "this broker cannot tell its end offsets"
 	}
-	ends, err := eo.EndOffsets(ctx, cs.Topic)
+	ends, err := endOffsets(ctx, cs.Topic)
 	if err != nil {
 		return nil, c.errText(err)
 	}

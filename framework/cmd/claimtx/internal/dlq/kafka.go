@@ -93,11 +93,11 @@ func kgoOptions(c kafka.Config) ([]kgo.Opt, error) {
 	}
 	switch c.SASL.Mechanism {
 	case "":
-	case kafka.SASLPlain:
+	case "PLAIN":
 		opts = append(opts, kgo.SASL(plain.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsMechanism()))
-	case kafka.SASLScramSHA256:
+	case "SCRAM-SHA-256":
 		opts = append(opts, kgo.SASL(scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha256Mechanism()))
-	case kafka.SASLScramSHA512:
+	case "SCRAM-SHA-512":
 		opts = append(opts, kgo.SASL(scram.Auth{User: c.SASL.User, Pass: c.SASL.Password}.AsSha512Mechanism()))
 	default:
 		return nil, &framework.ConfigError{Field: "kafka.sasl.mechanism", Reason: fmt.Sprintf("%q is not supported", c.SASL.Mechanism)}

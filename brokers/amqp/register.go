@@ -1,0 +1,33 @@
+package amqp
+
+import (
+	"context"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
+)
+
+// Importing the package makes the "amqp" kind available to every
+// brokers.Registry, the way a user's adapter registers its own kind: a
+// program that never imports it does not link the AMQP client.
+func init() {
+	brokers.Register(brokers.KindAMQP, brokers.Factory{
+		NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
+			return NewSubscriber(context.Background(), c.AMQP, l)
+		},
+		NewPublisher: func(c brokers.Config, l watermill.LoggerAdapter) (message.Publisher, error) {
+			return NewPublisher(context.Background(), c.AMQP, l)
+		},
+		// brokers.Config.Validate checks the amqp section; this is what
+		// only the client can tell.
+		Validate: func(c brokers.Config) error {
+			if _, err := queueArguments(c.AMQP.QueueArguments); err != nil {
+				return &framework.ConfigError{Field: "amqp.queue_arguments", Reason: "cannot be encoded as an AMQP table", Err: err}
+			}
+			return nil
+		},
+	})
+}

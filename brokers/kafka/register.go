@@ -1,0 +1,57 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/position"
+)
+
+// Importing the package makes the "kafka" kind available to every
+// brokers.Registry, the way a user's adapter registers its own kind: a
+// program that never imports it links neither Sarama nor franz-go.
+// brokers.Config.Validate checks the kafka section, so there is no
+// Validate here.
+func init() {
+	brokers.Register(brokers.KindKafka, brokers.Factory{
+		NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
+			sub, err := NewSubscriber(context.Background(), c.Kafka, l)
+			if err != nil {
+				// A missing consumer group is only found here: publishers
+				// do not need one.
+				return nil, inSection(err)
+			}
+			return sub, nil
+		},
+		NewPublisher: func(c brokers.Config, l watermill.LoggerAdapter) (message.Publisher, error) {
+			pub, err := NewPublisher(context.Background(), c.Kafka, l)
+			if err != nil {
+				return nil, inSection(err) // e.g. an unreadable KAFKA_TLS_CA_FILE
+			}
+			return pub, nil
+		},
+	})
+	position.RegisterEndOffsets(func(sub any) (position.EndOffsetsFunc, bool) {
+		if s, ok := sub.(*Subscriber); ok {
+			return s.endOffsets, true
+		}
+		return nil, false
+	})
+}
+
+// inSection names a field of err by its path in a brokers.Config
+// ("kafka.consumer_group"), as brokers.Config.Validate names the others.
+func inSection(err error) error {
+	var ce *framework.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	out := *ce
+	out.Field = brokers.KindKafka + "." + ce.Field
+	return &out
+}

@@ -1,0 +1,134 @@
+// Package config is the one configuration loader of claimtx's Configs
+// (brokers.Config, framework/consumer.Config): YAML decoded strictly, the
+// environment over it, secrets from the files their _FILE variables name,
+// and errors that name what the user wrote, the YAML path ("amqp.url",
+// "claim.max_claim_wait") or the variable (AMQP_URL). It also holds the
+// one redaction of connection-string passwords.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+	"sync"
+
+	"github.com/claimtx/claimtx/framework"
+)
+
+// Setting is one key of a file and the variable that overrides it.
+type Setting[T any] struct {
+	Path string // YAML path: "claim.max_claim_wait"
+	Env  string // variable: "CLAIM_MAX_CLAIM_WAIT"
+	// Field is the name errors about the setting use elsewhere
+	// ("Claim.MaxClaimWait"), for a loader that renames them; optional.
+	Field string
+	// Set parses v (a YAML scalar or a variable) into c. Its error's text
+	// is the reason of the *framework.ConfigError about the setting.
+	Set func(c *T, v string) error
+	// Secret: never quoted in errors; may come from Env+"_FILE".
+	Secret bool
+}
+
+// FileSuffix names the variable that holds the path of a file with a
+// secret's value (AMQP_URL_FILE for AMQP_URL), the convention of Docker
+// and Kubernetes secrets mounted as files: a file keeps the secret out of
+// the process environment, which other processes of the same user can
+// read (/proc/PID/environ) and crash reporters collect.
+const FileSuffix = "_FILE"
+
+// ApplyEnv applies the variable of each setting that is set (an empty one
+// counts as unset) to c, in order, reading them through lookup, and calls
+// seen with the setting and the variable it came from (Env, or its _FILE
+// variable for a secret read from a file). The first value that cannot be
+// used is a *framework.ConfigError naming the variable.
+func ApplyEnv[T any](c *T, settings []Setting[T], lookup func(string) (string, bool), seen func(s Setting[T], name string)) error {
+	get := func(name string) (string, bool) {
+		v, ok := lookup(name)
+		v = strings.TrimSpace(v)
+		return v, ok && v != ""
+	}
+	for _, s := range settings {
+		v, ok := get(s.Env)
+		name := s.Env
+		if s.Secret {
+			fileVar := s.Env + FileSuffix
+			if p, fromFile := get(fileVar); fromFile {
+				if ok {
+					return &framework.ConfigError{Field: fileVar, Reason: fmt.Sprintf("set %s or %s, not both", s.Env, fileVar)}
+				}
+				b, err := os.ReadFile(p) //nolint:gosec // reading the file the operator names is the point
+				if err != nil {
+					// *fs.PathError names the path and the cause, never the content.
+					return &framework.ConfigError{Field: fileVar, Reason: fmt.Sprintf("cannot read the file: %v", err)}
+				}
+				// A trailing newline is what editors and `echo` leave behind.
+				if v = strings.TrimSpace(string(b)); v == "" {
+					return &framework.ConfigError{Field: fileVar, Reason: fmt.Sprintf("the file %s is empty", p)}
+				}
+				ok, name = true, fileVar
+			}
+		}
+		if !ok {
+			continue
+		}
+		if err := s.Set(c, v); err != nil {
+			return &framework.ConfigError{Field: name, Reason: Reason(s.Secret, err), Err: Cause(err)}
+		}
+		if seen != nil {
+			seen(s, name)
+		}
+	}
+	return nil
+}
+
+// SafeError is an error whose text is known not to hold a secret; Unwrap
+// still reaches the original (for errors.As), whose text may.
+type SafeError struct {
+	Msg string
+	Err error
+}
+
+func (e SafeError) Error() string { return e.Msg }
+func (e SafeError) Unwrap() error { return e.Err }
+
+// Reason is the reason a setting's parse error gives: its text, except for
+// a secret's (or a SafeError), whose text may quote it.
+func Reason(secret bool, err error) string {
+	var se SafeError
+	if secret || errors.As(err, &se) {
+		return "cannot be used"
+	}
+	return err.Error()
+}
+
+// Cause is what the *framework.ConfigError for a parse error wraps: the
+// SafeError of a secret, nothing otherwise (the reason says it all).
+func Cause(err error) error {
+	var se SafeError
+	if errors.As(err, &se) {
+		return se
+	}
+	return nil
+}
+
+var sections sync.Map // reflect.Type of T -> func([]byte) (T, error)
+
+// RegisterSection records how a package loads its Config from a section
+// of a larger file (package brokers registers brokers.Config's, which
+// framework/consumer reads under "broker:"), without exporting it.
+func RegisterSection[T any](load func(data []byte) (T, error)) {
+	sections.Store(reflect.TypeFor[T](), load)
+}
+
+// LoadSection loads a T from data, a YAML section, with the environment
+// over it, as the package of T registered.
+func LoadSection[T any](data []byte) (T, error) {
+	f, ok := sections.Load(reflect.TypeFor[T]())
+	if !ok {
+		var zero T
+		return zero, fmt.Errorf("config: no section loader for %s", reflect.TypeFor[T]())
+	}
+	return f.(func([]byte) (T, error))(data)
+}

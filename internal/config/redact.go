@@ -1,0 +1,127 @@
+package config
+
+import (
+	"net/url"
+	"regexp"
+	"strings"
+)
+
+// Mask is what a redacted secret prints as.
+const Mask = "xxxxx"
+
+// RedactURL returns rawURL with the password of its userinfo replaced by
+// Mask. A URL that does not parse is replaced entirely, because url.Parse
+// failures are exactly the cases where we cannot tell where the password is.
+func RedactURL(rawURL string) string {
+	if rawURL == "" {
+		return ""
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "<unparsable URL redacted>"
+	}
+	if u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), Mask)
+		}
+	}
+	// Query parameters may carry credentials too (e.g. auth_mechanism
+	// extensions, TLS key passwords): keep names, drop values we do not know.
+	q := u.Query()
+	changed := false
+	for k := range q {
+		lk := strings.ToLower(k)
+		if strings.Contains(lk, "pass") || strings.Contains(lk, "secret") || strings.Contains(lk, "token") {
+			q.Set(k, Mask)
+			changed = true
+		}
+	}
+	if changed {
+		u.RawQuery = q.Encode()
+	}
+	// url.URL.String escapes the mask's characters as needed; Mask is plain.
+	return u.String()
+}
+
+// Redact returns Mask for a non-empty secret and "" for an empty one, so a
+// printed config still tells whether a secret was set.
+func Redact(s string) string {
+	if s == "" {
+		return ""
+	}
+	return Mask
+}
+
+// kvPassword finds the password of a keyword/value connection string,
+// quoted or not, an unterminated quote included.
+var kvPassword = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)`)
+
+// Passwords returns the passwords a connection string (a URL or
+// keyword/value pairs) may hold, as best it can tell: the URL's userinfo
+// and password parameter, or keyword/value passwords (quoted or not, and
+// their unquoted parts), and the raw userinfo of a URL that does not
+// parse. Whatever prints dsn, or an error about it, removes each.
+func Passwords(dsn string) []string {
+	var out []string
+	if u, err := url.Parse(dsn); err == nil {
+		if u.User != nil {
+			if pw, ok := u.User.Password(); ok {
+				out = append(out, pw)
+			}
+		}
+		out = append(out, u.Query()["password"]...)
+	}
+	for _, m := range kvPassword.FindAllStringSubmatch(dsn, -1) {
+		v := strings.Trim(m[1], "'")
+		out = append(out, v, m[1])
+		out = append(out, strings.Fields(v)...)
+	}
+	if at := strings.LastIndex(dsn, "@"); at > 0 {
+		if i := strings.Index(dsn, "://"); i >= 0 && i+3 < at {
+			if _, pw, ok := strings.Cut(dsn[i+3:at], ":"); ok {
+				out = append(out, pw)
+			}
+		}
+	}
+	return out
+}
+
+// RedactDSN returns a Postgres connection string with its passwords
+// replaced by Mask: the URL's userinfo password and password parameter,
+// or the password of a keyword/value string. Whatever it cannot take
+// apart has every password Passwords finds replaced wherever it occurs.
+func RedactDSN(dsn string) string {
+	if dsn == "" {
+		return ""
+	}
+	out := ""
+	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
+		if u.User != nil {
+			if _, ok := u.User.Password(); ok {
+				u.User = url.UserPassword(u.User.Username(), Mask)
+			}
+		}
+		if q := u.Query(); q.Has("password") {
+			q.Set("password", Mask)
+			u.RawQuery = q.Encode()
+		}
+		out = u.String()
+	} else if !strings.Contains(dsn, "://") {
+		out = kvPassword.ReplaceAllString(dsn, "password="+Mask)
+	}
+	pws := Passwords(dsn)
+	for _, pw := range pws {
+		if pw != "" && out != "" && strings.Contains(out, pw) {
+			out = "" // a password survived: fall back to the blunt way
+		}
+	}
+	if out == "" {
+		out = dsn
+		for _, pw := range pws {
+			if pw != "" {
+				out = strings.ReplaceAll(out, pw, Mask)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,191 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/claimtx/claimtx/framework"
+)
+
+// FieldError turns a decode error about one value ("line 3: cannot
+// unmarshal !!str `soon` into time.Duration", or an unknown key) into a
+// *framework.ConfigError whose Field is that value's YAML path, so a file's
+// mistake is named like a Validate one. yaml.v3 reports only a line, so the
+// path is the key found on that line. It returns nil for syntax errors,
+// which have no field to name. The decoder's message is the Reason, not
+// the Err: its Error() repeats every problem of the document.
+func FieldError(data []byte, err error) *framework.ConfigError {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) || len(te.Errors) == 0 {
+		return nil
+	}
+	msg := te.Errors[0]
+	var line int
+	if _, serr := fmt.Sscanf(msg, "line %d:", &line); serr != nil {
+		return nil
+	}
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil {
+		return nil
+	}
+	paths := map[int]string{}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, path)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				p := n.Content[i].Value
+				if path != "" {
+					p = path + "." + p
+				}
+				if _, seen := paths[n.Content[i].Line]; !seen {
+					paths[n.Content[i].Line] = p
+				}
+				walk(n.Content[i+1], p)
+			}
+		case yaml.SequenceNode:
+			for _, c := range n.Content {
+				if _, seen := paths[c.Line]; !seen && path != "" {
+					paths[c.Line] = path
+				}
+				walk(c, path)
+			}
+		case yaml.ScalarNode, yaml.AliasNode:
+			if _, seen := paths[n.Line]; !seen && path != "" {
+				paths[n.Line] = path
+			}
+		}
+	}
+	walk(&root, "")
+	field, ok := paths[line]
+	if !ok || field == "" {
+		// An empty key ("": 1) has no path to name: report the decoder's
+		// message as a parse error.
+		return nil
+	}
+	reason := strings.TrimSpace(strings.TrimPrefix(msg, fmt.Sprintf("line %d:", line)))
+	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("%s (line %d)", reason, line)}
+}
+
+// Decode decodes data over dst strictly: an unknown key, or a value of the
+// wrong type, is a *framework.ConfigError naming its YAML path (see
+// FieldError). Empty data leaves dst as it is.
+func Decode(data []byte, dst any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(dst); err != nil && !errors.Is(err, io.EOF) {
+		if ce := FieldError(data, err); ce != nil {
+			return ce
+		}
+		return fmt.Errorf("parse YAML: %w", err)
+	}
+	return nil
+}
+
+// ReadFile applies the settings a YAML file sets to c, each value parsed by
+// its Setting's Set as a variable's would be, and returns the node of the
+// key passthrough (nil when the file has none), which another loader reads
+// (framework/consumer's "broker:", read as a brokers.Config). Keys are
+// checked against byPath, and isSection tells the keys that hold settings
+// rather than being one, so an unknown or misplaced key, a bad value, a
+// key set twice or a merge key is a *framework.ConfigError naming its path
+// and line.
+func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(path string) bool, passthrough string, c *T) (*yaml.Node, error) {
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil, nil
+	}
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("parse YAML: %w", err)
+	}
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return nil, errors.New("parse YAML: more than one document")
+	}
+	if len(doc.Content) == 0 {
+		return nil, nil
+	}
+	root := doc.Content[0]
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return nil, nil
+	}
+	var section *yaml.Node
+	var walk func(n *yaml.Node, prefix string) error
+	walk = func(n *yaml.Node, prefix string) error {
+		if n.Kind == yaml.AliasNode {
+			n = n.Alias
+		}
+		if n.Kind != yaml.MappingNode {
+			what := "the file"
+			if prefix != "" {
+				what = strings.TrimSuffix(prefix, ".")
+			}
+			return &framework.ConfigError{Field: orRoot(what), Reason: fmt.Sprintf("must be a mapping of keys (line %d)", n.Line)}
+		}
+		seen := map[string]bool{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			path := prefix + k.Value
+			if k.Value == "<<" {
+				return &framework.ConfigError{Field: orRoot(strings.TrimSuffix(prefix, ".")), Reason: fmt.Sprintf("merge keys (<<) are not supported (line %d)", k.Line)}
+			}
+			if seen[k.Value] {
+				return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("is set twice (line %d)", k.Line)}
+			}
+			seen[k.Value] = true
+			if v.Kind == yaml.AliasNode {
+				v = v.Alias
+			}
+			switch {
+			case path == passthrough:
+				section = v
+			case isSection(path):
+				if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+					continue
+				}
+				if err := walk(v, path+"."); err != nil {
+					return err
+				}
+			default:
+				s, ok := byPath[path]
+				if !ok {
+					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("unknown key (line %d)", k.Line)}
+				}
+				if v.Kind != yaml.ScalarNode {
+					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("must be a single value (line %d)", v.Line)}
+				}
+				if v.Tag == "!!null" {
+					continue // "key:" with nothing after it: the default
+				}
+				if err := s.Set(c, v.Value); err != nil {
+					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("%s (line %d)", Reason(s.Secret, err), v.Line), Err: Cause(err)}
+				}
+			}
+		}
+		return nil
+	}
+	if err := walk(root, ""); err != nil {
+		return nil, err
+	}
+	return section, nil
+}
+
+func orRoot(path string) string {
+	if path == "" {
+		return "(root)"
+	}
+	return path
+}
