@@ -14,7 +14,6 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/position"
-	"github.com/claimtx/claimtx/internal/timing"
 )
 
 // Batch applies many messages in one claim transaction: one statement
@@ -182,7 +181,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 			if c.OnRetry != nil {
 				c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: transient, Cause: cause.String(), Err: err, Delay: delay})
 			}
-			serr := timing.Sleep(ctx, delay)
+			serr := pg.Sleep(ctx, delay)
 			if serr == nil {
 				continue
 			}

@@ -21,7 +21,6 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/position"
-	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -493,7 +492,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 				c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: attempt, Cause: cause.String(), Err: err, Delay: delay})
 			}
 			c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
-			if err := timing.Sleep(msg.Context(), delay); err != nil {
+			if err := pg.Sleep(msg.Context(), delay); err != nil {
 				return finish(framework.Failed, fmt.Errorf("claimtx: consumer %q: retry abandoned: %w", c.Consumer, err))
 			}
 		}

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store/internal/claimsql"
 )
 
@@ -558,7 +557,7 @@ func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConf
 		if err == nil || pg.Classify(err) != pg.ClaimWait || attempt >= cfg.LockTries {
 			return err
 		}
-		if perr := timing.Sleep(ctx, time.Duration(attempt)*partitionLockRetryInterval); perr != nil {
+		if perr := pg.Sleep(ctx, time.Duration(attempt)*partitionLockRetryInterval); perr != nil {
 			return errors.Join(err, perr)
 		}
 	}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
-	"github.com/claimtx/claimtx/internal/timing"
 )
 
 // Poison memos (middleware.Claim.PoisonMemo) obey the claims' retention:
@@ -67,7 +67,7 @@ func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon ti
 			return total, nil
 		}
 		if cfg.Pause > 0 {
-			if err := timing.Sleep(ctx, cfg.Pause); err != nil {
+			if err := pg.Sleep(ctx, cfg.Pause); err != nil {
 				return total, fmt.Errorf("claimtx: delete expired poison memos: %w", err)
 			}
 		}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/timing"
 )
 
 // Errors of the retention API, matched with errors.Is.
@@ -375,7 +374,7 @@ SELECT count(*), max(processed_at) FROM deleted`)
 			break
 		}
 		if n == int64(asked) && cfg.Pause > 0 {
-			if err := timing.Sleep(ctx, cfg.Pause); err != nil {
+			if err := pg.Sleep(ctx, cfg.Pause); err != nil {
 				res.Duration = time.Since(start)
 				return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
 			}

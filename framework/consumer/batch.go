@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/timing"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -375,7 +375,7 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 		if len(again) == 0 {
 			return
 		}
-		if err := timing.Sleep(ctx, delay); err != nil {
+		if err := pg.Sleep(ctx, delay); err != nil {
 			for _, m := range again {
 				s.done(m, err)
 				m.Nack()

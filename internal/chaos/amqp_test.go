@@ -10,7 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/claimtx/claimtx/internal/timing"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // amqpOps publishes like a plain amqp091 producer (default exchange,
@@ -87,7 +87,7 @@ func (a *amqpOps) publish(ctx context.Context, ds []delivery) (int, error) {
 			return sent, nil
 		}
 		lastErr = err
-		if err := timing.Sleep(ctx, retryDelay(attempt)); err != nil {
+		if err := pg.Sleep(ctx, retryDelay(attempt)); err != nil {
 			return sent, err
 		}
 	}

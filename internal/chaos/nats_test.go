@@ -10,7 +10,7 @@ import (
 
 	natsgo "github.com/nats-io/nats.go"
 
-	"github.com/claimtx/claimtx/internal/timing"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // natsDurable is the durable consumer the loyalty processes share (their
@@ -69,7 +69,7 @@ func (n *natsOps) publish(ctx context.Context, ds []delivery) (int, error) {
 			return sent, nil
 		}
 		lastErr = err
-		if err := timing.Sleep(ctx, retryDelay(attempt)); err != nil {
+		if err := pg.Sleep(ctx, retryDelay(attempt)); err != nil {
 			return sent, err
 		}
 	}

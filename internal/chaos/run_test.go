@@ -21,7 +21,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -390,7 +389,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 				pubErr = err
 				return
 			}
-			if err := timing.Sleep(runCtx, pace); err != nil {
+			if err := pg.Sleep(runCtx, pace); err != nil {
 				pubErr = err
 				return
 			}
@@ -425,7 +424,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 				}
 				prev = n
 			}
-			if err := timing.Sleep(runCtx, 25*time.Millisecond); err != nil {
+			if err := pg.Sleep(runCtx, 25*time.Millisecond); err != nil {
 				return err
 			}
 		}
@@ -498,7 +497,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 			default:
 			}
 			wait := o.killMin + rand.N(o.killMax-o.killMin+1) //nolint:gosec // timing jitter
-			if err := timing.Sleep(runCtx, wait); err != nil {
+			if err := pg.Sleep(runCtx, wait); err != nil {
 				return fmt.Errorf("chaos phase: %w (SIGKILLs so far %d, SIGTERMs %d ready, %d starting, %d after a SIGKILL)",
 					err, st.kills, st.terms[termReady], st.terms[termStarting], st.terms[termAfterKill])
 			}
@@ -543,7 +542,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 						if err := awaitReady(runCtx, p, readyTimeout); err != nil {
 							return err
 						}
-						if err := timing.Sleep(runCtx, delay); err != nil {
+						if err := pg.Sleep(runCtx, delay); err != nil {
 							return err
 						}
 					}
@@ -572,7 +571,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 				due := killedAt.Add(time.Second + time.Duration(rng.Int64N(int64(time.Second))))
 				var when, sigAt string
 				took, hung, ok, terr := sup.terminate(runCtx, other, o.termTimeout, termAfterKill, func(p *proc) error {
-					if err := timing.Sleep(runCtx, time.Until(due)); err != nil {
+					if err := pg.Sleep(runCtx, time.Until(due)); err != nil {
 						return err
 					}
 					if err := awaitLogged(runCtx, p, readyTimeout); err != nil {
@@ -643,7 +642,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		if err1 == nil && err2 == nil && err3 == nil && n >= o.orders && poisoned >= o.bad && drained {
 			break
 		}
-		if err := timing.Sleep(runCtx, 200*time.Millisecond); err != nil {
+		if err := pg.Sleep(runCtx, 200*time.Millisecond); err != nil {
 			drainErr = fmt.Errorf("drain: %w (applied %d of %d, poisoned %d of %d, drained %v)",
 				errTimeout, n, o.orders, poisoned, o.bad, drained)
 			if last := errors.Join(err1, err2, err3); last != nil {
@@ -718,7 +717,7 @@ func waitPostgres(ctx context.Context, pool *pgxpool.Pool) error {
 		if _, err := pool.Exec(ctx, "SELECT 1"); err == nil {
 			return nil
 		}
-		if err := timing.Sleep(ctx, 100*time.Millisecond); err != nil {
+		if err := pg.Sleep(ctx, 100*time.Millisecond); err != nil {
 			return fmt.Errorf("postgres did not come back: %w", err)
 		}
 	}

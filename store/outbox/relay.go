@@ -14,7 +14,6 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/internal/outboxsql"
 )
@@ -231,7 +230,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			delay := r.backoff(failures)
 			r.cfg.Logger.Error("claimtx relay: batch failed, rows stay pending", b.Err, watermill.LogFields{
 				"locked": b.Locked, "published": b.Published, "failures": failures, "retry_in": delay})
-			if err := timing.Sleep(ctx, delay); err != nil {
+			if err := pg.Sleep(ctx, delay); err != nil {
 				return nil
 			}
 			continue
@@ -380,7 +379,7 @@ func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 			}
 			return total, nil
 		}
-		if err := timing.Sleep(ctx, cleanupPause); err != nil {
+		if err := pg.Sleep(ctx, cleanupPause); err != nil {
 			return total, err
 		}
 	}
@@ -396,7 +395,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 			return
 		}
 		r.cfg.Logger.Info("claimtx relay: LISTEN connection lost, polling until it is back", watermill.LogFields{"err": err.Error()})
-		if timing.Sleep(ctx, r.cfg.PollInterval) != nil {
+		if pg.Sleep(ctx, r.cfg.PollInterval) != nil {
 			return
 		}
 	}

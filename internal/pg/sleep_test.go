@@ -1,4 +1,4 @@
-package timing_test
+package pg_test
 
 import (
 	"context"
@@ -7,16 +7,16 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/timing"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 func TestSleep(t *testing.T) {
 	t.Parallel()
-	require.NoError(t, timing.Sleep(context.Background(), time.Millisecond), "the wait elapsed")
+	require.NoError(t, pg.Sleep(context.Background(), time.Millisecond), "the wait elapsed")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	start := time.Now()
-	require.ErrorIs(t, timing.Sleep(ctx, time.Hour), context.Canceled, "the context ended the wait")
+	require.ErrorIs(t, pg.Sleep(ctx, time.Hour), context.Canceled, "the context ended the wait")
 	require.Less(t, time.Since(start), time.Minute)
 }
