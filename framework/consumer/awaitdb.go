@@ -2,9 +2,18 @@ package consumer
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/startup"
 )
 
 // AwaitDatabase runs try, typically the DDL of the effect tables a
@@ -21,5 +30,149 @@ func AwaitDatabase(ctx context.Context, cfg Config, step string, try func(contex
 	if cfg.Pool == nil {
 		return &framework.ConfigError{Field: "Pool", Reason: "AwaitDatabase needs the pool to wait for"}
 	}
-	return startup.AwaitDatabase(ctx, cfg.Logger, cfg.StartupTimeout, cfg.Pool, step, try)
+	return awaitDatabase(ctx, cfg.Logger, cfg.StartupTimeout, cfg.Pool, step, try)
+}
+
+// defaultStartupTimeout is how long start-up waits for each dependency
+// when Config.StartupTimeout is zero.
+const defaultStartupTimeout = 30 * time.Second
+
+// Start-up retry backoff: doubled after each attempt up to the maximum,
+// and never past the deadline.
+const (
+	startupInitialBackoff = 100 * time.Millisecond
+	startupMaxBackoff     = 2 * time.Second
+)
+
+// StartupError reports that PostgreSQL was not available within
+// Config.StartupTimeout, or failed with an error waiting cannot fix. Its
+// fields say which Dependency ("PostgreSQL"), the Step start-up was at
+// ("migrate claimtx's schema"), the Attempts made, the time Elapsed, and
+// Err, the last attempt's error: the real cause, which it unwraps to.
+// Branch on it with errors.As. (The brokers report their own start-up
+// failures: see brokers/amqp and brokers/kafka.)
+type StartupError struct {
+	Dependency string        // "PostgreSQL"
+	Step       string        // what start-up was doing: "migrate claimtx's schema"
+	Attempts   int           // attempts made
+	Elapsed    time.Duration // time spent trying
+	Err        error         // the last attempt's error
+}
+
+func (e *StartupError) Error() string {
+	return fmt.Sprintf("claimtx: start-up: %s (%s): gave up after %d attempt(s) in %s: %v",
+		e.Dependency, e.Step, e.Attempts, e.Elapsed.Round(time.Millisecond), e.Err)
+}
+
+func (e *StartupError) Unwrap() error { return e.Err }
+
+// awaitDatabase runs try under the start-up policy: each attempt first
+// pings pool, bounded by the start-up deadline, then runs try with ctx
+// (the work itself is not cut short by the deadline: a long migration may
+// take longer). An error that says PostgreSQL is not reachable yet or is
+// starting or shutting down (a failover, 57P03) is retried with backoff
+// until timeout has passed (0: defaultStartupTimeout; negative: one attempt),
+// each wait logged at WARN with the last error; an authentication failure
+// (28P01, 28000) returns at once as a *framework.AuthError; any other error returns at once. Failures
+// are *StartupError naming step and the real cause. try must be safe to run again
+// after a failure (DDL in a transaction, IF NOT EXISTS). A nil logger is
+// slog.Default().
+func awaitDatabase(ctx context.Context, logger *slog.Logger, timeout time.Duration, pool *pgxpool.Pool, step string, try func(context.Context) error) error {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	if timeout == 0 {
+		timeout = defaultStartupTimeout
+	}
+	return await(ctx, logger, timeout, "PostgreSQL", step, classifyPostgres, func(actx context.Context) error {
+		if err := pool.Ping(actx); err != nil {
+			return err
+		}
+		return try(ctx)
+	})
+}
+
+// await calls try until it succeeds, classify says its error is not worth
+// retrying, ctx ends or timeout has passed (a negative timeout: one
+// attempt). Each attempt gets a context bounded by the deadline, so an
+// attempt hanging on a silent address ends with it.
+func await(ctx context.Context, logger *slog.Logger, timeout time.Duration, dependency, step string,
+	classify func(error) (retry bool, wrapped error), try func(context.Context) error,
+) error {
+	start := time.Now()
+	actx := ctx
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	wait := startupInitialBackoff
+	var last error
+	for attempt := 1; ; attempt++ {
+		err := try(actx)
+		if err == nil {
+			if attempt > 1 {
+				logger.Info("claimtx: start-up: dependency available", "dependency", dependency, "step", step,
+					"attempts", attempt, "waited", time.Since(start).Round(time.Millisecond))
+			}
+			return nil
+		}
+		fail := func(err error) error {
+			return &StartupError{Dependency: dependency, Step: step, Attempts: attempt, Elapsed: time.Since(start), Err: err}
+		}
+		retry, err := classify(err)
+		// An attempt cut short by the start-up deadline says less than
+		// the attempt before it: report the real cause.
+		if actx.Err() != nil && ctx.Err() == nil && last != nil && errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w (last error: %w)", context.DeadlineExceeded, last)
+		}
+		last = err
+		if !retry || timeout < 0 || actx.Err() != nil {
+			return fail(err)
+		}
+		remaining := timeout - time.Since(start)
+		logger.Warn("claimtx: start-up: waiting for dependency", "dependency", dependency, "step", step,
+			"attempt", attempt, "retry_in", min(wait, remaining).Round(time.Millisecond).String(),
+			"remaining", remaining.Round(time.Millisecond).String(), "err", err.Error())
+		t := time.NewTimer(min(wait, remaining))
+		select {
+		case <-actx.Done():
+			t.Stop()
+			return fail(fmt.Errorf("%w (last error: %w)", actx.Err(), err))
+		case <-t.C:
+		}
+		wait = min(2*wait, startupMaxBackoff)
+	}
+}
+
+// classifyPostgres tells start-up errors worth waiting for: the server is
+// not reachable (refused, reset, timed out, TLS not yet up) or is starting,
+// shutting down or out of connections. Authentication failures come back
+// as *framework.AuthError, not retried; anything else (a missing database,
+// a missing privilege, bad SQL) is not retried either.
+func classifyPostgres(err error) (bool, error) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == "28P01" || pgErr.Code == "28000":
+			return false, &framework.AuthError{Dependency: "PostgreSQL", Err: err}
+		case len(pgErr.Code) == 5 && pgErr.Code[:2] == "08", // connection exception
+			pgErr.Code == "57P01", // admin_shutdown
+			pgErr.Code == "57P02", // crash_shutdown
+			pgErr.Code == "57P03", // cannot_connect_now: starting up or shutting down
+			pgErr.Code == "53300": // too_many_connections
+			return true, err
+		}
+		return false, err
+	}
+	var netErr net.Error
+	var connErr *pgconn.ConnectError
+	switch {
+	case errors.As(err, &connErr), errors.As(err, &netErr),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		pgconn.SafeToRetry(err), pgconn.Timeout(err):
+		return true, err
+	}
+	return false, err
 }

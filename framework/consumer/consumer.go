@@ -24,7 +24,6 @@ import (
 	"github.com/claimtx/claimtx/internal/consumername"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
-	"github.com/claimtx/claimtx/internal/startup"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -376,7 +375,7 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	}
 	// Start-up policy (startup.go): wait for PostgreSQL up to
 	// StartupTimeout, never retry an authentication failure.
-	if err := startup.AwaitDatabase(ctx, cfg.Logger, cfg.StartupTimeout, p.pool, "migrate claimtx's schema", p.store.Migrate); err != nil {
+	if err := awaitDatabase(ctx, cfg.Logger, cfg.StartupTimeout, p.pool, "migrate claimtx's schema", p.store.Migrate); err != nil {
 		return nil, err
 	}
 	if err := p.checkMemoPrivileges(ctx); err != nil {

@@ -11,17 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/claimtx/claimtx/internal/poison"
-	"github.com/claimtx/claimtx/internal/startup"
 )
-
-// StartupError reports that PostgreSQL was not available within
-// Config.StartupTimeout, or failed with an error waiting cannot fix. Its
-// fields say which Dependency ("PostgreSQL"), the Step start-up was at
-// ("migrate claimtx's schema"), the Attempts made, the time Elapsed, and
-// Err, the last attempt's error: the real cause, which it unwraps to.
-// Branch on it with errors.As. (The brokers report their own start-up
-// failures: see brokers/amqp and brokers/kafka.)
-type StartupError = startup.Error
 
 // slogAdapter is watermill's slog adapter with a Warn method, which the
 // brokers' start-up loops use (through an optional interface) to log what

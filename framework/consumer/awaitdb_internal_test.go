@@ -1,4 +1,4 @@
-package startup
+package consumer
 
 import (
 	"context"
@@ -55,7 +55,7 @@ func TestAwaitRetriesThenFails(t *testing.T) {
 		attempts.Add(1)
 		return cause
 	})
-	var se *Error
+	var se *StartupError
 	require.ErrorAs(t, err, &se)
 	require.ErrorIs(t, err, cause)
 	require.Equal(t, "PostgreSQL", se.Dependency)
