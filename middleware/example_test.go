@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -150,7 +150,7 @@ func exampleStore(ctx context.Context) *store.Store {
 		panic(err)
 	}
 	schema := "example_" + hex.EncodeToString(b[:])
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	cfg, err := pgxpool.ParseConfig(testenv.URL())
 	if err != nil {
 		panic(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -30,7 +30,7 @@ type bundle struct {
 
 func setup(t testing.TB, maxConns int32) bundle {
 	t.Helper()
-	pool, schema := pgtest.Setup(t, maxConns)
+	pool, schema := testenv.Setup(t, maxConns)
 	st, err := store.New(pool, store.Config{Schema: schema})
 	require.NoError(t, err)
 	ctx := context.Background()

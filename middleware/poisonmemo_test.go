@@ -18,9 +18,9 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -272,7 +272,7 @@ func TestPoisonMemoBatch(t *testing.T) {
 // traced is a store on a pool whose round trips are counted.
 func traced(t *testing.T, b bundle) (*store.Store, *roundTrips) {
 	t.Helper()
-	url, err := pgtest.URLWithSearchPath(b.schema)
+	url, err := testenv.URLWithSearchPath(b.schema)
 	require.NoError(t, err)
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -223,7 +223,7 @@ publish_error, payload, metadata->>'event_id', metadata->'binary'->>'base64' FRO
 
 	t.Run("row not written", func(t *testing.T) {
 		// A store whose schema was never migrated: the insert fails.
-		pool, schema := pgtest.Setup(t, 2)
+		pool, schema := testenv.Setup(t, 2)
 		unmigrated, err := store.New(pool, store.Config{Schema: schema})
 		require.NoError(t, err)
 		pub, rec := &limitPublisher{limit: 100}, &refusals{}

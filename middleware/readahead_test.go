@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -240,7 +240,7 @@ GRANT SELECT, INSERT, UPDATE ON %[2]s.balances, %[2]s.point_ledger TO %[1]s`, ro
 	t.Cleanup(func() {
 		_, _ = b.pool.Exec(context.Background(), fmt.Sprintf("DROP OWNED BY %[1]s; DROP ROLE %[1]s", role))
 	})
-	url, err := pgtest.URLWithSearchPath(b.schema)
+	url, err := testenv.URLWithSearchPath(b.schema)
 	require.NoError(t, err)
 	cfg, err := pgxpool.ParseConfig(url)
 	require.NoError(t, err)

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -24,7 +24,7 @@ import (
 // the poison memo lookup in the same pipeline. ns/op is per transaction
 // across all four; compare the rows of one run.
 func BenchmarkClaimCost(b *testing.B) {
-	pool, schema := pgtest.Setup(b, 6)
+	pool, schema := testenv.Setup(b, 6)
 	st, err := store.New(pool, store.Config{Schema: schema})
 	if err != nil {
 		b.Fatal(err)
@@ -133,7 +133,7 @@ func BenchmarkClaimSchema(b *testing.B) {
 	ctx := context.Background()
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
-			pool, schema := pgtest.Setup(b, 6)
+			pool, schema := testenv.Setup(b, 6)
 			st, err := store.New(pool, store.Config{Schema: schema})
 			if err != nil {
 				b.Fatal(err)

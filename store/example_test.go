@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -65,7 +65,7 @@ func examplePool(ctx context.Context) (*pgxpool.Pool, string) {
 	if _, err := rand.Read(b[:]); err != nil {
 		panic(err)
 	}
-	pool, err := pgxpool.New(ctx, pgtest.URL())
+	pool, err := pgxpool.New(ctx, testenv.URL())
 	if err != nil {
 		panic(err)
 	}

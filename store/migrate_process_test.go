@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/internal/migrate"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -37,7 +37,7 @@ func TestMigrateColdStartProcesses(t *testing.T) {
 	const rounds, procs = 20, 4
 	failures := 0
 	for round := range rounds {
-		dbURL := pgtest.NewDatabase(t)
+		dbURL := testenv.NewDatabase(t)
 		children := make([]*migrateChild, procs)
 		for i := range children {
 			children[i] = startMigrateChild(t, dbURL)

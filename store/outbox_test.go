@@ -13,7 +13,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -208,7 +208,7 @@ func TestEnqueueNotifiesAtCommit(t *testing.T) {
 	t.Parallel()
 	st := migrated(t, 2)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, pgtest.URL())
+	conn, err := pgx.Connect(ctx, testenv.URL())
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, "LISTEN "+pg.OutboxChannel)
@@ -239,7 +239,7 @@ func TestEnqueueNotifiesAtCommit(t *testing.T) {
 
 func TestOutboxTableName(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 2)
+	pool, schema := testenv.Setup(t, 2)
 	ctx := context.Background()
 	st, err := store.New(pool, store.Config{Schema: schema, OutboxTable: "my_outbox"})
 	require.NoError(t, err)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // Every retention operation on a table shares one leader lock: while one
@@ -16,7 +16,7 @@ import (
 // ErrNotLeader at once instead of waiting or running alongside.
 func TestRetentionOperationsShareTheLeaderLock(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 4)
+	pool, schema := testenv.Setup(t, 4)
 	st, err := New(pool, Config{Schema: schema})
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -39,7 +39,7 @@ func TestRetentionOperationsShareTheLeaderLock(t *testing.T) {
 	require.NoError(t, err, "a dry run deletes nothing and needs no lock")
 
 	// A store on another table is not affected.
-	otherSchema := pgtest.NewSchema(t)
+	otherSchema := testenv.NewSchema(t)
 	other, err := New(pool, Config{Schema: otherSchema})
 	require.NoError(t, err)
 	require.NoError(t, other.Migrate(ctx))

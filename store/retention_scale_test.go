@@ -33,7 +33,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -156,7 +156,7 @@ func postmasterStart(t *testing.T) time.Time {
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		conn, err := pgx.Connect(ctx, pgtest.URL())
+		conn, err := pgx.Connect(ctx, testenv.URL())
 		var at time.Time
 		if err == nil {
 			err = conn.QueryRow(ctx, "SELECT pg_postmaster_start_time()").Scan(&at)
@@ -289,16 +289,16 @@ func compare(t *testing.T, a, b *store.Store, workers int, partitioned bool, d t
 	return wa, wb, (ratios[rounds/2-1] + ratios[rounds/2]) / 2
 }
 
-// benchSchema is pgtest.NewSchema plus a drop that retries for a minute:
+// benchSchema is testenv.NewSchema plus a drop that retries for a minute:
 // a shared server restarted by another job mid-run must not leave
 // gigabytes of bench data behind.
 func benchSchema(t *testing.T) string {
 	t.Helper()
-	schema := pgtest.NewSchema(t)
+	schema := testenv.NewSchema(t)
 	t.Cleanup(func() {
 		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			conn, err := pgx.Connect(ctx, pgtest.URL())
+			conn, err := pgx.Connect(ctx, testenv.URL())
 			if err == nil {
 				_, err = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 				_ = conn.Close(ctx)
@@ -315,7 +315,7 @@ func benchSchema(t *testing.T) string {
 func benchStore(t *testing.T, workers int) *store.Store {
 	t.Helper()
 	schema := benchSchema(t)
-	st, err := store.New(pgtest.Pool(t, schema, int32(workers+3)), store.Config{Schema: schema})
+	st, err := store.New(testenv.Pool(t, schema, int32(workers+3)), store.Config{Schema: schema})
 	require.NoError(t, err)
 	resilient(t, "migrate", func() error { return st.Migrate(context.Background()) })
 	return st
@@ -350,7 +350,7 @@ func TestRetentionAtScale(t *testing.T) {
 	}()
 	var version, sharedBuffers string
 	resilient(t, "version", func() error {
-		return pgtest.Pool(t, benchSchema(t), 1).QueryRow(ctx, "SELECT version(), current_setting('shared_buffers')").Scan(&version, &sharedBuffers)
+		return testenv.Pool(t, benchSchema(t), 1).QueryRow(ctx, "SELECT version(), current_setting('shared_buffers')").Scan(&version, &sharedBuffers)
 	})
 	say("server: %s; shared_buffers %s; %d claimers; %d rows", version, sharedBuffers, workers, rows)
 

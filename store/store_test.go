@@ -16,13 +16,13 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
 func newStore(t *testing.T, maxConns int32) (*store.Store, string) {
 	t.Helper()
-	pool, schema := pgtest.Setup(t, maxConns)
+	pool, schema := testenv.Setup(t, maxConns)
 	st, err := store.New(pool, store.Config{Schema: schema})
 	require.NoError(t, err)
 	return st, schema
@@ -203,7 +203,7 @@ func TestClaimWaitTimesOutBehindTwin(t *testing.T) {
 
 func TestHostileNamesRejected(t *testing.T) {
 	t.Parallel()
-	pool, _ := pgtest.Setup(t, 1)
+	pool, _ := testenv.Setup(t, 1)
 	for _, tc := range []struct {
 		field string
 		cfg   store.Config

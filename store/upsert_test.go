@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -24,7 +24,7 @@ type proj struct {
 
 func newProjection(t *testing.T, maxConns int32) proj {
 	t.Helper()
-	pool, schema := pgtest.Setup(t, maxConns)
+	pool, schema := testenv.Setup(t, maxConns)
 	_, err := pool.Exec(context.Background(), `CREATE TABLE customer_address (
 		customer_id bigint PRIMARY KEY, version bigint NOT NULL, city text NOT NULL, street text NOT NULL)`)
 	require.NoError(t, err)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // TestColdStartProcesses starts several loyalty processes at once on an
@@ -38,7 +38,7 @@ func TestColdStartProcesses(t *testing.T) {
 // returns how many processes failed.
 func coldStartRound(t *testing.T, round, procs int, batchSize string) int {
 	t.Helper()
-	dbURL := pgtest.NewDatabase(t)
+	dbURL := testenv.NewDatabase(t)
 	topic := "loyalty-coldstart-" + randID()
 	(&harness{t: t, amqpURL: amqpURL}).deleteQueuesAtCleanup(topic, topic+".poison")
 	env := append(os.Environ(),

@@ -29,7 +29,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
-	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
 
@@ -125,11 +124,11 @@ func newHarnessWith(t *testing.T, kind string, opts harnessOptions) *harness {
 	if opts.groupMinSessionTimeout == 0 {
 		opts.groupMinSessionTimeout = 500 * time.Millisecond
 	}
-	pool, schema := pgtest.Setup(t, 4)
+	pool, schema := testenv.Setup(t, 4)
 	h := &harness{t: t, kind: kind, schema: schema, pool: pool, amqpURL: amqpURL,
 		topic: "loyalty-test-" + randID(), group: "loyalty-test-" + randID(),
 		defaultKafkaTimeouts: opts.defaultKafkaTimeouts}
-	u, err := pgtest.URLWithSearchPath(schema)
+	u, err := testenv.URLWithSearchPath(schema)
 	require.NoError(t, err)
 	h.dbURL = u
 	ctx := context.Background()

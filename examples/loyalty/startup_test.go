@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // pgMode is what a pgProxy does with a new connection.
@@ -192,7 +192,7 @@ func TestStartupGivesUpOnDatabase(t *testing.T) {
 	require.NoError(t, err)
 	closedAddr := closed.Addr().String()
 	require.NoError(t, closed.Close())
-	base := pgtest.URL()
+	base := testenv.URL()
 	at := func(host string) string {
 		u, err := url.Parse(base)
 		require.NoError(t, err)
@@ -278,9 +278,9 @@ func TestStartupKafkaWrongSASLPassword(t *testing.T) {
 		kfake.Superuser("SCRAM-SHA-256", "loyalty", "right-secret"), kfake.AllowAutoTopicCreation())
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
-	pool, schema := pgtest.Setup(t, 2)
+	pool, schema := testenv.Setup(t, 2)
 	pool.Close()
-	dbURL, err := pgtest.URLWithSearchPath(schema)
+	dbURL, err := testenv.URLWithSearchPath(schema)
 	require.NoError(t, err)
 	h := &harness{t: t, kind: "kafka", dbURL: dbURL, schema: schema, topic: "loyalty-startup-" + randID(),
 		kafkaAddr: c.ListenAddrs()[0], group: "loyalty-startup-" + randID()}

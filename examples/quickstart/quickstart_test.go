@@ -18,7 +18,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 )
@@ -129,7 +128,7 @@ func TestQuickstartRuns(t *testing.T) {
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 
-	dbURL := pgtest.NewDatabase(t)
+	dbURL := testenv.NewDatabase(t)
 	const schema = "quickstart_claims"
 	topic := "quickstart-test-" + randID()
 	poisonQ := topic + ".poison"

@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // TestColdStartProcesses starts several `receipts all` processes at once on
@@ -30,7 +30,7 @@ func TestColdStartProcesses(t *testing.T) {
 	for round := range rounds {
 		run := watermill.NewShortUUID()
 		w := world{t: t, env: []string{
-			"DATABASE_URL=" + pgtest.NewDatabase(t),
+			"DATABASE_URL=" + testenv.NewDatabase(t),
 			"CLAIMTX_SCHEMA=", // the default schema, absent on a new database
 			"BROKER_CONFIG=" + brokerConfig,
 			"ORDERS_TOPIC=claimtx-test-coldstart-orders-" + run,

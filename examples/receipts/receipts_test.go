@@ -21,7 +21,6 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
 
@@ -181,9 +180,9 @@ const natsURL = "nats://127.0.0.1:4222"
 // configures and returns the run id its topic names end with.
 func receiptsWalkthrough(t *testing.T, brokerYAML string) string {
 	const orders = 10
-	schema := pgtest.NewSchema(t)
-	pool := pgtest.Pool(t, schema, 2)
-	dbURL, err := url.Parse(pgtest.URL())
+	schema := testenv.NewSchema(t)
+	pool := testenv.Pool(t, schema, 2)
+	dbURL, err := url.Parse(testenv.URL())
 	require.NoError(t, err)
 	q := dbURL.Query()
 	q.Set("search_path", schema)

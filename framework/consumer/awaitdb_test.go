@@ -10,7 +10,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // TestAwaitDatabase: the user's own start-up step runs under the
@@ -18,7 +18,7 @@ import (
 // a pool, and a failure waiting cannot fix comes back at once as a
 // *StartupError naming the step.
 func TestAwaitDatabase(t *testing.T) {
-	pool, _ := pgtest.Setup(t, 2)
+	pool, _ := testenv.Setup(t, 2)
 	calls := 0
 	err := consumer.AwaitDatabase(t.Context(), consumer.Config{Pool: pool}, "create my tables", func(context.Context) error {
 		calls++

@@ -26,7 +26,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -246,7 +246,7 @@ func (p *poisonRecorder) get(row string) []error {
 }
 
 func testBadInput(t *testing.T, kind string) {
-	pool, schema := pgtest.Setup(t, 8)
+	pool, schema := testenv.Setup(t, 8)
 	ctx := t.Context()
 	_, err := pool.Exec(ctx, "CREATE TABLE ledger (order_id bigint NOT NULL, points bigint NOT NULL)")
 	require.NoError(t, err)
@@ -500,7 +500,7 @@ func (rb *rawBroker) poisoned(t *testing.T, n int) map[string]poisonCopy {
 
 func TestHandlerTimeoutMustNotBeNegative(t *testing.T) {
 	t.Parallel()
-	pool, _ := pgtest.Setup(t, 1)
+	pool, _ := testenv.Setup(t, 1)
 	_, err := consumer.New(t.Context(), consumer.Config{Name: "c", Topic: "t", Key: "metadata:event_id", Pool: pool,
 		Broker: brokers.Config{Kind: brokers.KindGoChannel}, HandlerTimeout: -time.Second}, creditHandler(nil))
 	var ce *framework.ConfigError

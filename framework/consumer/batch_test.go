@@ -21,7 +21,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -54,7 +54,7 @@ func TestBatchOverBrokers(t *testing.T) {
 }
 
 func testBatchOverBrokers(t *testing.T, broker string, window int, setWise bool, minBatch int) {
-	pool, schema := pgtest.Setup(t, 8)
+	pool, schema := testenv.Setup(t, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
@@ -164,7 +164,7 @@ func testBatchOverBrokers(t *testing.T, broker string, window int, setWise bool,
 // metrics.
 func TestNewBatch(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 8)
+	pool, schema := testenv.Setup(t, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")

@@ -19,7 +19,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -83,7 +83,7 @@ func ordersTwice(n int, bad string) []*message.Message {
 // the reason, and a failing handler is retried then poisoned.
 func TestComposedRouter(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 8)
+	pool, schema := testenv.Setup(t, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
@@ -168,7 +168,7 @@ func TestComposedRouter(t *testing.T) {
 
 func TestConfigErrorsNameTheField(t *testing.T) {
 	t.Parallel()
-	pool, _ := pgtest.Setup(t, 1)
+	pool, _ := testenv.Setup(t, 1)
 	good := consumer.Config{Name: "c", Topic: "t", Key: "metadata:event_id", Pool: pool,
 		Broker: brokers.Config{Kind: brokers.KindGoChannel}}
 	h := func(context.Context, pgx.Tx, *message.Message) error { return nil }

@@ -19,7 +19,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -32,7 +32,7 @@ import (
 // met no twin and was applied a second time.
 func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 4)
+	pool, schema := testenv.Setup(t, 4)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	_, err := pool.Exec(ctx, "CREATE TABLE effects (event_id text NOT NULL)")
@@ -132,7 +132,7 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 // protection beats none; see Config.Claim).
 func TestBrokerEventTimeForExpiryGuardOnly(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 2)
+	pool, schema := testenv.Setup(t, 2)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	eventTime, err := framework.ParseTimeSpec("kafka:timestamp")

@@ -18,7 +18,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -161,7 +161,7 @@ func newExample(ctx context.Context) example {
 		ex.amqpURL = "amqp://guest:guest@127.0.0.1:5672/"
 	}
 	ex.topic = "claimtx-example-" + ex.schema
-	u, err := pgtest.URLWithSearchPath(ex.schema)
+	u, err := testenv.URLWithSearchPath(ex.schema)
 	if err != nil {
 		panic(err)
 	}

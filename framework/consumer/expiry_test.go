@@ -14,7 +14,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -23,7 +23,7 @@ import (
 // outcome Expired and not applied; a current one is applied.
 func TestExpiredReplayIsPoisoned(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 4)
+	pool, schema := testenv.Setup(t, 4)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	_, err := pool.Exec(ctx, "CREATE TABLE effects (k text NOT NULL)")

@@ -23,7 +23,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -55,7 +55,7 @@ func TestRetentionShorterThanKafkaHorizon(t *testing.T) {
 		_, err := kadm.NewClient(cl).CreateTopic(ctx, 1, 1, map[string]*string{"retention.ms": &week}, name)
 		require.NoError(t, err)
 	}
-	pool, schema := pgtest.Setup(t, 4)
+	pool, schema := testenv.Setup(t, 4)
 	config := func(retention time.Duration, logs *bytes.Buffer, reg prometheus.Registerer) consumer.Config {
 		return consumer.Config{
 			Name: "horizon", Topic: topic, Key: "metadata:event_id", Pool: pool,
@@ -104,7 +104,7 @@ func TestRetentionShorterThanKafkaHorizon(t *testing.T) {
 func TestRetentionAgainstRabbitMQTTL(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	pool, schema := pgtest.Setup(t, 4)
+	pool, schema := testenv.Setup(t, 4)
 	for _, tc := range []struct {
 		name string
 		args map[string]any

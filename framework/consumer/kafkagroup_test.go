@@ -18,7 +18,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -28,7 +28,7 @@ import (
 // them split the partitions, each missing the other's half.
 func TestKafkaDefaultGroupPerConsumer(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 8)
+	pool, schema := testenv.Setup(t, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 

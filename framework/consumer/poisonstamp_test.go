@@ -16,7 +16,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -31,7 +31,7 @@ func TestPoisonedCopiesAreStamped(t *testing.T) {
 	for _, mode := range []string{"message", "batch"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			pool, schema := pgtest.Setup(t, 4)
+			pool, schema := testenv.Setup(t, 4)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			bcfg := goChannel(schema)

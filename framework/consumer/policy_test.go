@@ -20,7 +20,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -192,7 +192,7 @@ func TestFailurePolicySameInBothModes(t *testing.T) {
 // schema with an effects table, and its own topic on a plain broker client.
 func effectsFixture(t *testing.T, kind, prefix string) (pool *pgxpool.Pool, schema, topic string, rb *rawBroker) {
 	t.Helper()
-	pool, schema = pgtest.Setup(t, 8)
+	pool, schema = testenv.Setup(t, 8)
 	_, err := pool.Exec(t.Context(), "CREATE TABLE effects (order_id bigint NOT NULL)")
 	require.NoError(t, err)
 	topic = prefix + "-" + randHex()
@@ -480,7 +480,7 @@ func TestShutdownWithAStuckSubscription(t *testing.T) {
 			return nopPublisher{}, nil
 		},
 	}))
-	pool, schema := pgtest.Setup(t, 2)
+	pool, schema := testenv.Setup(t, 2)
 	bcfg := brokers.Config{}
 	bcfg.Kind = kind
 	c, err := consumer.New(t.Context(), consumer.Config{

@@ -19,7 +19,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -92,7 +92,7 @@ func TestFailurePolicyOnQuorumQueues(t *testing.T) {
 	for _, mode := range []string{"message", "batch"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			pool, schema := pgtest.Setup(t, 8)
+			pool, schema := testenv.Setup(t, 8)
 			_, err := pool.Exec(t.Context(), "CREATE TABLE effects (order_id bigint NOT NULL)")
 			require.NoError(t, err)
 			topic := "quorum-policy-" + mode + "-" + randHex()
@@ -110,7 +110,7 @@ func TestFailurePolicyOnQuorumQueues(t *testing.T) {
 // first poisoning.
 func TestQuorumPoisonQueueDeclaredAtStart(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 2)
+	pool, schema := testenv.Setup(t, 2)
 	topic := "quorum-start-" + randHex()
 	rb := newQuorumRawBroker(t, topic, 0, nil)
 	cfg := consumer.Config{
@@ -146,7 +146,7 @@ func TestQuorumPoisonQueueDeclaredAtStart(t *testing.T) {
 // first's uncommitted claim and becomes a duplicate when it commits.
 func TestQuorumTwins(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 8)
+	pool, schema := testenv.Setup(t, 8)
 	_, err := pool.Exec(t.Context(), "CREATE TABLE effects (order_id bigint NOT NULL)")
 	require.NoError(t, err)
 	topic := "quorum-twins-" + randHex()
@@ -222,7 +222,7 @@ func TestQuorumTwins(t *testing.T) {
 // configured, and replaying that queue applies it once, keyed as before.
 func TestQuorumPoisonActsBeforeDeliveryLimit(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 8)
+	pool, schema := testenv.Setup(t, 8)
 	_, err := pool.Exec(t.Context(), "CREATE TABLE effects (order_id bigint NOT NULL)")
 	require.NoError(t, err)
 	topic := "quorum-limit-" + randHex()

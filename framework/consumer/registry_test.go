@@ -15,7 +15,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -24,7 +24,7 @@ import (
 // and the spec name them as BROKER and KEY would.
 func TestRegistriesInConfig(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 4)
+	pool, schema := testenv.Setup(t, 4)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id text NOT NULL)")
@@ -129,7 +129,7 @@ func TestUnknownBrokerKindFailsBeforeConnecting(t *testing.T) {
 // after New (a later dependency) must not turn into a close error.
 func TestCloseWithoutRun(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 2)
+	pool, schema := testenv.Setup(t, 2)
 	c, err := consumer.New(t.Context(), consumer.Config{
 		Name: "unrun", Topic: "orders", Key: "metadata:event_id", Pool: pool,
 		Store: store.Config{Schema: schema}, Broker: goChannel(schema), Logger: slog.New(slog.DiscardHandler),

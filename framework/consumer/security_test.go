@@ -15,7 +15,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -25,7 +25,7 @@ import (
 // canary table proves nothing was executed.
 func TestHostileIdentifiersRefused(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 2)
+	pool, schema := testenv.Setup(t, 2)
 	ctx := context.Background()
 	_, err := pool.Exec(ctx, "CREATE TABLE users (id int)")
 	require.NoError(t, err)
@@ -64,7 +64,7 @@ func TestHostileIdentifiersRefused(t *testing.T) {
 // executed.
 func TestHostileConsumerNameAndKeyAreData(t *testing.T) {
 	t.Parallel()
-	pool, schema := pgtest.Setup(t, 4)
+	pool, schema := testenv.Setup(t, 4)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	_, err := pool.Exec(ctx, "CREATE TABLE effects (k text NOT NULL)")

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -23,7 +23,7 @@ import (
 func TestStopWhileStarting(t *testing.T) {
 	t.Parallel()
 	forEachBrokerAndMode(t, func(t *testing.T, kind, mode string) {
-		pool, schema := pgtest.Setup(t, 2)
+		pool, schema := testenv.Setup(t, 2)
 		topic := "startstop-" + randHex()
 		rb := newRawBroker(t, kind, topic)
 		var logs bytes.Buffer

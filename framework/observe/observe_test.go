@@ -26,14 +26,14 @@ import (
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
 
 func newStore(t *testing.T, maxConns int32) *store.Store {
 	t.Helper()
-	pool, schema := pgtest.Setup(t, maxConns)
+	pool, schema := testenv.Setup(t, maxConns)
 	st, err := store.New(pool, store.Config{Schema: schema})
 	require.NoError(t, err)
 	require.NoError(t, st.Migrate(context.Background()))

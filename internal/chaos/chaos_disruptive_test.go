@@ -12,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
 
@@ -45,7 +44,7 @@ func TestChaosDisruptive(t *testing.T) {
 	o.orders, o.bad, o.minKills, o.minTerms = 2000, 5, 3, 3
 	o.minStartTerms, o.minKillTerms = 3, 3
 	o.timeout = 5 * time.Minute
-	o.databaseURL = pgtest.URL()
+	o.databaseURL = testenv.URL()
 	o.logDir = t.TempDir()
 	var out syncBuffer
 	o.out = &out

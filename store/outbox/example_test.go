@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/outbox"
 )
@@ -69,7 +69,7 @@ func exampleStore(ctx context.Context) *store.Store {
 	if _, err := rand.Read(b[:]); err != nil {
 		panic(err)
 	}
-	pool, err := pgxpool.New(ctx, pgtest.URL())
+	pool, err := pgxpool.New(ctx, testenv.URL())
 	if err != nil {
 		panic(err)
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -45,7 +44,7 @@ type env struct {
 
 func setup(t *testing.T, maxConns int32) env {
 	t.Helper()
-	pool, schema := pgtest.Setup(t, maxConns)
+	pool, schema := testenv.Setup(t, maxConns)
 	return setupIn(t, pool, schema)
 }
 

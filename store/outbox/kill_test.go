@@ -16,7 +16,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/outbox"
 )
@@ -60,7 +60,7 @@ func TestRelayProcess(t *testing.T) {
 	if os.Getenv(relayProcessEnv) == "" {
 		t.Skip("run by TestRelayKilledBetweenPublishAndMark")
 	}
-	pool := pgtest.Pool(t, os.Getenv(relaySchemaEnv), 4)
+	pool := testenv.Pool(t, os.Getenv(relaySchemaEnv), 4)
 	st, err := store.New(pool, store.Config{Schema: os.Getenv(relaySchemaEnv)})
 	require.NoError(t, err)
 	pub, err := brokers.NewPublisher(amqpBrokers(), nil)

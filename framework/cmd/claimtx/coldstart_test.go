@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/internal/migrate"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -28,7 +28,7 @@ func TestMigrateColdStartProcesses(t *testing.T) {
 	const rounds, procs = 8, 4
 	failures := 0
 	for round := range rounds {
-		dbURL := pgtest.NewDatabase(t)
+		dbURL := testenv.NewDatabase(t)
 		cmds := make([]*exec.Cmd, procs)
 		outs := make([]*bytes.Buffer, procs)
 		for i := range cmds {

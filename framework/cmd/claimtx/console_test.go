@@ -19,7 +19,6 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq/dlqtest"
-	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
 
@@ -85,7 +84,7 @@ store: {schema: %s}
 broker:
   kind: amqp
   amqp: {url: %q}
-`, w.Topic, dlqKeySpec, pgtest.URL(), w.Schema, dlqtest.AMQPURL), 0o600))
+`, w.Topic, dlqKeySpec, testenv.URL(), w.Schema, dlqtest.AMQPURL), 0o600))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

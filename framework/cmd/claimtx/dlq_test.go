@@ -15,7 +15,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq/dlqtest"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 const dlqKeySpec = "template:order:{payload.order_id}"
@@ -23,7 +23,7 @@ const dlqKeySpec = "template:order:{payload.order_id}"
 // dlqCLI is the CLI against w's database, schema and broker (as flags:
 // the broker variables are the process's, read by brokers.LoadConfig("")).
 func dlqCLI(t *testing.T, w *dlqtest.World) (*cli, []string) {
-	c := &cli{t: t, schema: w.Schema, env: map[string]string{"DATABASE_URL": pgtest.URL()}}
+	c := &cli{t: t, schema: w.Schema, env: map[string]string{"DATABASE_URL": testenv.URL()}}
 	flags := []string{"--broker", w.Kind, "--topic", w.Topic}
 	if w.Kind == brokers.KindKafka {
 		flags = append(flags, "--kafka-brokers", w.KafkaAddr)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/migrate"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -27,7 +27,7 @@ type cli struct {
 
 func newCLI(t *testing.T) *cli {
 	t.Helper()
-	return &cli{t: t, schema: pgtest.NewSchema(t), env: map[string]string{"DATABASE_URL": pgtest.URL()}}
+	return &cli{t: t, schema: testenv.NewSchema(t), env: map[string]string{"DATABASE_URL": testenv.URL()}}
 }
 
 func (c *cli) run(args ...string) (code int, stdout, stderr string) {
@@ -50,14 +50,14 @@ func (c *cli) ok(args ...string) string {
 
 func (c *cli) store() *store.Store {
 	c.t.Helper()
-	st, err := store.New(pgtest.Pool(c.t, c.schema, 4), store.Config{Schema: c.schema})
+	st, err := store.New(testenv.Pool(c.t, c.schema, 4), store.Config{Schema: c.schema})
 	require.NoError(c.t, err)
 	return st
 }
 
 func (c *cli) exec(sql string, args ...any) {
 	c.t.Helper()
-	_, err := pgtest.Pool(c.t, c.schema, 1).Exec(context.Background(), sql, args...)
+	_, err := testenv.Pool(c.t, c.schema, 1).Exec(context.Background(), sql, args...)
 	require.NoError(c.t, err)
 }
 
@@ -174,7 +174,7 @@ func TestCLINeverPrintsThePassword(t *testing.T) {
 
 	// A wrong password against the real server: authentication may not be
 	// required there (trust), but the message must still not echo it.
-	c.env = map[string]string{"DATABASE_URL": strings.Replace(pgtest.URL(), "postgres@", "postgres:"+secret+"@", 1)}
+	c.env = map[string]string{"DATABASE_URL": strings.Replace(testenv.URL(), "postgres@", "postgres:"+secret+"@", 1)}
 	code, out, errOut := c.run("cleanup", "--dry-run")
 	require.NotContains(t, out+errOut, secret)
 	require.Equal(t, exitFail, code, "no claim table yet: %s", errOut)

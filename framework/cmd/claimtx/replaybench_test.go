@@ -28,7 +28,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq/dlqtest"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 func TestReplayThroughput(t *testing.T) {
@@ -59,7 +59,7 @@ func TestReplayThroughput(t *testing.T) {
 		} else {
 			flags = append(flags, "--amqp-url", dlqtest.AMQPURL)
 		}
-		env := map[string]string{"DATABASE_URL": pgtest.URL(), "CLAIMTX_SCHEMA": w.Schema}
+		env := map[string]string{"DATABASE_URL": testenv.URL(), "CLAIMTX_SCHEMA": w.Schema}
 		runCLI := func(args ...string) time.Duration {
 			start := time.Now()
 			code := runEnv(context.Background(), append([]string{"dlq", "replay"}, append(args, flags...)...), io.Discard, os.Stderr, func(k string) string { return env[k] })

@@ -10,7 +10,7 @@ import (
 
 	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store/internal/deadletter"
 )
 
@@ -21,7 +21,7 @@ import (
 func TestRecord(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := pgtest.Setup(t, 2)
+	pool, schema := testenv.Setup(t, 2)
 	n := pg.NewNames(schema, "processed_messages", "outbox")
 	ok, err := deadletter.CanRecord(ctx, pool, n)
 	require.NoError(t, err)

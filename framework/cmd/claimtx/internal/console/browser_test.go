@@ -27,7 +27,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
 
@@ -258,8 +257,8 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	pool, schema := pgtest.Setup(t, 4)
-	dbURL, err := pgtest.URLWithSearchPath(schema)
+	pool, schema := testenv.Setup(t, 4)
+	dbURL, err := testenv.URLWithSearchPath(schema)
 	require.NoError(t, err)
 	w := &world{schema: schema, dbURL: dbURL, pool: pool, topic: "console-e2e-" + randHex(4)}
 	w.poison = w.topic + ".poison"

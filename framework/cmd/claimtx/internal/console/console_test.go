@@ -16,7 +16,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/console"
-	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
@@ -43,7 +42,7 @@ type env struct {
 // set already).
 func newEnv(t *testing.T, edit func(*console.Config)) *env {
 	t.Helper()
-	pool, schema := pgtest.Setup(t, 8)
+	pool, schema := testenv.Setup(t, 8)
 	st, err := store.New(pool, store.Config{Schema: schema})
 	require.NoError(t, err)
 	require.NoError(t, st.Migrate(context.Background()))

@@ -31,7 +31,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -68,7 +68,7 @@ func randHex() string {
 // Kafka the topic has 3 partitions and the poison topic poisonPartitions.
 func New(t testing.TB, kind string, poisonPartitions int) *World {
 	t.Helper()
-	pool, schema := pgtest.Setup(t, 8)
+	pool, schema := testenv.Setup(t, 8)
 	st, err := store.New(pool, store.Config{Schema: schema})
 	require.NoError(t, err)
 	require.NoError(t, st.Migrate(context.Background()))
@@ -120,7 +120,7 @@ func New(t testing.TB, kind string, poisonPartitions int) *World {
 
 // Env is the environment of a `claimtx dlq` process in this world.
 func (w *World) Env() []string {
-	u, err := pgtest.URLWithSearchPath(w.Schema)
+	u, err := testenv.URLWithSearchPath(w.Schema)
 	require.NoError(w.T, err)
 	return []string{"BROKER=" + w.Kind, "AMQP_URL=" + AMQPURL, "KAFKA_BROKERS=" + w.KafkaAddr,
 		"DATABASE_URL=" + u, "CLAIMTX_SCHEMA=" + w.Schema}

@@ -1,7 +1,7 @@
-// Package pgtest gives tests of claimtx, and of applications built on it, an
-// isolated Postgres schema per test so they can run in parallel against one
-// shared server and be rerun without cleaning anything by hand.
-package pgtest
+package testenv
+
+// The Postgres side of the suite: a schema or database per test, on the
+// server TEST_DATABASE_URL names.
 
 import (
 	"context"
@@ -38,24 +38,24 @@ func NewSchema(t testing.TB) string {
 	schema := "t_" + hex.EncodeToString(b[:])
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	exec(ctx, t, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
+	execSQL(ctx, t, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		exec(ctx, t, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		execSQL(ctx, t, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 	})
 	return schema
 }
 
-func exec(ctx context.Context, t testing.TB, sql string) {
+func execSQL(ctx context.Context, t testing.TB, sql string) {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, URL())
 	if err != nil {
-		t.Fatalf("pgtest: connect %s: %v", redacted(), err)
+		t.Fatalf("testenv: connect %s: %v", redacted(), err)
 	}
 	defer func() { _ = conn.Close(ctx) }()
 	if _, err := conn.Exec(ctx, sql); err != nil {
-		t.Fatalf("pgtest: %s: %v", sql, err)
+		t.Fatalf("testenv: %s: %v", sql, err)
 	}
 }
 
@@ -66,7 +66,7 @@ func Pool(t testing.TB, schema string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(URL())
 	if err != nil {
-		t.Fatalf("pgtest: parse %s: %v", redacted(), err)
+		t.Fatalf("testenv: parse %s: %v", redacted(), err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	if maxConns > 0 {
@@ -74,7 +74,7 @@ func Pool(t testing.TB, schema string, maxConns int32) *pgxpool.Pool {
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
-		t.Fatalf("pgtest: pool: %v", err)
+		t.Fatalf("testenv: pool: %v", err)
 	}
 	t.Cleanup(pool.Close)
 	return pool
@@ -122,17 +122,17 @@ func NewDatabase(t testing.TB) string {
 	name := "t_db_" + hex.EncodeToString(b[:])
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	exec(ctx, t, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	execSQL(ctx, t, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
 	t.Cleanup(func() {
 		// Generous: a drop cancelled half-way leaves an invalid database
 		// behind, and a loaded shared server can take a while to drop one.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		exec(ctx, t, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		execSQL(ctx, t, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 	})
 	u, err := url.Parse(URL())
 	if err != nil {
-		t.Fatalf("pgtest: parse %s: %v", redacted(), err)
+		t.Fatalf("testenv: parse %s: %v", redacted(), err)
 	}
 	u.Path = "/" + name
 	return u.String()
