@@ -17,7 +17,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/committedkeys"
-	"github.com/claimtx/claimtx/internal/consumername"
+	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/position"
@@ -371,7 +371,7 @@ func (c Claim) validate() error {
 	default:
 		return &framework.ConfigError{Field: "Isolation", Reason: fmt.Sprintf("%q is not supported (READ COMMITTED, REPEATABLE READ or SERIALIZABLE)", c.Isolation)}
 	}
-	return consumername.Validate("Consumer", c.Consumer)
+	return config.ValidateConsumer("Consumer", c.Consumer)
 }
 
 func (c Claim) withDefaults() Claim {

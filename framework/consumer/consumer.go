@@ -21,7 +21,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/committedkeys"
-	"github.com/claimtx/claimtx/internal/consumername"
+	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/middleware"
@@ -248,7 +248,7 @@ func (c Config) validate() error {
 	case c.Claim.OnOutcome != nil:
 		return &framework.ConfigError{Field: "Claim.OnOutcome", Reason: "is the consumer's: set OnOutcome, called once per message when it is acked or nacked (the claim's hook runs once per attempt)"}
 	}
-	if err := consumername.Validate("Name", c.Name); err != nil {
+	if err := config.ValidateConsumer("Name", c.Name); err != nil {
 		return err
 	}
 	if err := c.Store.Validate(); err != nil {

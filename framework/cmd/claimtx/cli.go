@@ -19,7 +19,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
-	"github.com/claimtx/claimtx/internal/consumername"
+	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
@@ -227,7 +227,7 @@ func requireConsumer(cmd, consumer string) error {
 	if consumer == "" {
 		return badFlags(cmd, "--consumer is required")
 	}
-	return consumername.Validate("--consumer", consumer)
+	return config.ValidateConsumer("--consumer", consumer)
 }
 
 // synopses are the descriptions of the commands' help, each set by the

@@ -17,7 +17,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
-	"github.com/claimtx/claimtx/internal/consumername"
+	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
 )
@@ -157,7 +157,7 @@ func (d *dlqFlags) run(ctx context.Context) error {
 		return d.usage("--batch-size, --rate, --limit, --max-payload and --key-max-bytes must not be negative")
 	}
 	if d.consumer != "" {
-		if err := consumername.Validate("--consumer", d.consumer); err != nil {
+		if err := config.ValidateConsumer("--consumer", d.consumer); err != nil {
 			return err
 		}
 	}

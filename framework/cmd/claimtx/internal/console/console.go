@@ -29,7 +29,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
-	"github.com/claimtx/claimtx/internal/consumername"
+	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
@@ -163,7 +163,7 @@ func New(cfg Config) (*Console, error) {
 	for i := range cfg.Consumers {
 		cs := cfg.Consumers[i]
 		field := fmt.Sprintf("Consumers[%d]", i)
-		if err := consumername.Validate(field+".Name", cs.Name); err != nil {
+		if err := config.ValidateConsumer(field+".Name", cs.Name); err != nil {
 			return nil, err
 		}
 		if _, dup := c.consumers[cs.Name]; dup {

@@ -1,6 +1,4 @@
-// Package consumername checks consumer names, for the claim middleware and
-// framework/consumer alike.
-package consumername
+package config
 
 import (
 	"fmt"
@@ -10,18 +8,18 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// MaxBytes bounds consumer names; they are stored in every claim.
-const MaxBytes = 200
+// MaxConsumerBytes bounds consumer names; they are stored in every claim.
+const MaxConsumerBytes = 200
 
-// Validate checks a consumer name; field is the name of the configuration
+// ValidateConsumer checks a consumer name; field is the name of the configuration
 // field it came from. Names are bound as parameters, never spliced into SQL,
 // so this is about sane data, not injection.
-func Validate(field, consumer string) error {
+func ValidateConsumer(field, consumer string) error {
 	switch {
 	case consumer == "":
 		return &framework.ConfigError{Field: field, Reason: "must not be empty"}
-	case len(consumer) > MaxBytes:
-		return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("is %d bytes, longer than %d", len(consumer), MaxBytes)}
+	case len(consumer) > MaxConsumerBytes:
+		return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("is %d bytes, longer than %d", len(consumer), MaxConsumerBytes)}
 	case !utf8.ValidString(consumer) || strings.IndexByte(consumer, 0) >= 0:
 		return &framework.ConfigError{Field: field, Reason: "must be valid UTF-8 without NUL bytes"}
 	}
