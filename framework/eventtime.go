@@ -12,7 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/claimtx/claimtx/internal/brokermeta"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
 // TimeFunc reads the producer's event time of a message: when the event
@@ -131,7 +131,7 @@ func timeFromKafka(arg string) (TimeFunc, error) {
 	if arg != "" && arg != "timestamp" {
 		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("kafka event time %q is not supported (use kafka:timestamp)", arg)}
 	}
-	return timeFromMetadata(brokermeta.KafkaTimestamp)
+	return timeFromMetadata(kafkarecord.KafkaTimestamp)
 }
 
 // parseEventTime parses the textual forms producers use for event times:

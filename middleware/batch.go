@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
-	"github.com/claimtx/claimtx/internal/position"
 )
 
 // Batch applies many messages in one claim transaction: one statement
@@ -140,16 +140,16 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	failed := map[int]error{} // handler failures, excluded from the next pass
 	// settling is what a commit settles, for the Kafka positions: every
 	// message but those that fail (nacked, or poisoned and acked later).
-	settling := func() []position.Settled {
+	settling := func() []kafkarecord.Settled {
 		if c.positions == nil {
 			return nil
 		}
-		var s position.Settling
+		var s kafkarecord.Settling
 		for i, m := range msgs {
 			if errs[i] != nil || (!cached[i] && failed[leader[keys[i]]] != nil) {
 				continue
 			}
-			if r, ok := position.FromContext(m.Context()); ok {
+			if r, ok := kafkarecord.FromContext(m.Context()); ok {
 				s.Add(r)
 			}
 		}
@@ -219,7 +219,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	return errs
 }
 
-func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, failed map[int]error, a setWise, isolating bool, settling func() []position.Settled) (map[string]bool, error) {
+func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, failed map[int]error, a setWise, isolating bool, settling func() []kafkarecord.Settled) (map[string]bool, error) {
 	want := make([]string, 0, len(leader))
 	for k, i := range leader {
 		if failed[i] == nil {

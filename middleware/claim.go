@@ -18,9 +18,9 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/config"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
-	"github.com/claimtx/claimtx/internal/position"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -627,7 +627,7 @@ func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
 	if c.positions == nil {
 		return nil
 	}
-	r, ok := position.FromContext(msg.Context())
+	r, ok := kafkarecord.FromContext(msg.Context())
 	if !ok || r.Of == nil || r.Window != 1 {
 		return nil
 	}
@@ -635,7 +635,7 @@ func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
 	if !ok {
 		return nil
 	}
-	p := position.Settled{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}
+	p := kafkarecord.Settled{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}
 	return func(b *pgx.Batch) { c.positions.Queue(b, c.Consumer, p) }
 }
 
@@ -647,7 +647,7 @@ func (c Claim) storePosition(ctx context.Context, tx pgx.Tx, msg *message.Messag
 	if c.positions == nil {
 		return nil
 	}
-	r, ok := position.FromContext(msg.Context())
+	r, ok := kafkarecord.FromContext(msg.Context())
 	if !ok || r.Of == nil {
 		return nil
 	}
@@ -655,7 +655,7 @@ func (c Claim) storePosition(ctx context.Context, tx pgx.Tx, msg *message.Messag
 	if !ok {
 		return nil
 	}
-	return c.positions.Store(ctx, tx, c.Consumer, []position.Settled{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}})
+	return c.positions.Store(ctx, tx, c.Consumer, []kafkarecord.Settled{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}})
 }
 
 // storePositionNow is storePosition outside the claim transaction, for a
@@ -666,7 +666,7 @@ func (c Claim) storePositionNow(ctx context.Context, msg *message.Message) {
 	if c.positions == nil {
 		return
 	}
-	r, ok := position.FromContext(msg.Context())
+	r, ok := kafkarecord.FromContext(msg.Context())
 	if !ok || r.Of == nil {
 		return
 	}
@@ -674,7 +674,7 @@ func (c Claim) storePositionNow(ctx context.Context, msg *message.Message) {
 	if !ok {
 		return
 	}
-	if err := c.positions.Store(ctx, c.Store.Pool(), c.Consumer, []position.Settled{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}}); err != nil {
+	if err := c.positions.Store(ctx, c.Store.Pool(), c.Consumer, []kafkarecord.Settled{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}}); err != nil {
 		c.Logger.Debug("claimtx: storing the Kafka position of a duplicate failed", watermill.LogFields{"consumer": c.Consumer, "err": err.Error()})
 	}
 }

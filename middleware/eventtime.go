@@ -4,7 +4,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/brokermeta"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
 // brokerEventTimeRisk is why NewClaim refuses an EventTime that
@@ -31,7 +31,7 @@ func readsBrokerTime(f framework.TimeFunc) (broker bool) {
 		}
 	}()
 	probe := message.NewMessage("claimtx-event-time-probe", nil)
-	probe.Metadata.Set(brokermeta.KafkaTimestamp, "2001-02-03T04:05:06.789Z")
+	probe.Metadata.Set(kafkarecord.KafkaTimestamp, "2001-02-03T04:05:06.789Z")
 	_, err := f(probe)
 	return err == nil
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/brokermeta"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -171,5 +171,5 @@ func TestExpiryGuardErrorsWithoutPoison(t *testing.T) {
 // (brokers/kafka's TestMetadataNames pins the adapter's side).
 func TestKafkaTimestampKeyMatchesAdapter(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, "kafka_timestamp", brokermeta.KafkaTimestamp)
+	require.Equal(t, "kafka_timestamp", kafkarecord.KafkaTimestamp)
 }

@@ -18,7 +18,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
-	"github.com/claimtx/claimtx/internal/position"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -131,7 +131,7 @@ func TestKafkaPositionStoredWithClaim(t *testing.T) {
 					// The subscriber takes the ack in on its own
 					// goroutine; the next claim's position counts it
 					// only once it has.
-					rec, ok := position.FromContext(m.Context())
+					rec, ok := kafkarecord.FromContext(m.Context())
 					require.True(t, ok)
 					require.Eventually(t, func() bool {
 						off, ok := rec.Of.SettledBelow(nil)
@@ -195,7 +195,7 @@ func TestKafkaPositionBatchWindow(t *testing.T) {
 	}
 	// The subscriber takes acks in on its own goroutine: wait until every
 	// record but 3 counts as settled, or the last batch stores 3.
-	rec, ok := position.FromContext(all[3].Context())
+	rec, ok := kafkarecord.FromContext(all[3].Context())
 	require.True(t, ok)
 	require.Eventually(t, func() bool {
 		off, ok := rec.Of.SettledBelow([]int64{3})

@@ -7,9 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poisonmemo"
-	"github.com/claimtx/claimtx/internal/position"
 	"github.com/claimtx/claimtx/store/internal/claimsql"
 	"github.com/claimtx/claimtx/store/internal/deadletter"
 )
@@ -52,19 +52,19 @@ type positions struct {
 	stmts *claimsql.PositionStatements
 }
 
-func (p positions) Queue(b *pgx.Batch, consumer string, pos position.Settled) {
+func (p positions) Queue(b *pgx.Batch, consumer string, pos kafkarecord.Settled) {
 	p.stmts.Queue(b, consumer, pos)
 }
 
-func (p positions) Store(ctx context.Context, db pg.Execer, consumer string, ps []position.Settled) error {
+func (p positions) Store(ctx context.Context, db pg.Execer, consumer string, ps []kafkarecord.Settled) error {
 	return p.stmts.Store(ctx, db, consumer, ps)
 }
 
-func (p positions) Of(ctx context.Context, consumer string) ([]position.Settled, error) {
+func (p positions) Of(ctx context.Context, consumer string) ([]kafkarecord.Settled, error) {
 	return p.stmts.Of(ctx, p.s.pool, consumer)
 }
 
-func (p positions) Loader(consumer string) position.Loader {
+func (p positions) Loader(consumer string) kafkarecord.Loader {
 	return claimsql.Loader{Pool: p.s.pool, Stmts: p.stmts, Consumer: consumer}
 }
 

@@ -13,8 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/claimtx/claimtx/internal/brokermeta"
-	"github.com/claimtx/claimtx/internal/position"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
 // Consuming (one subscription per Subscribe call).
@@ -477,8 +476,8 @@ func (p *partition) run() {
 			return
 		}
 		msg := unmarshalRecord(rec)
-		ctx, cancel := context.WithCancel(position.NewContext(p.g.runCtx,
-			position.Record{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Of: p, Window: p.g.window}))
+		ctx, cancel := context.WithCancel(kafkarecord.NewContext(p.g.runCtx,
+			kafkarecord.Record{Topic: rec.Topic, Partition: rec.Partition, Offset: rec.Offset, Of: p, Window: p.g.window}))
 		msg.SetContext(ctx)
 		e := p.track(rec)
 		select {
@@ -496,7 +495,7 @@ func (p *partition) run() {
 // ("Plain producers and metadata") describes. It never fails: a record
 // that cannot be read as a message would stop its partition for good.
 func unmarshalRecord(r *kgo.Record) *message.Message {
-	return brokermeta.KafkaMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value, r.Timestamp, r.Headers,
+	return kafkarecord.KafkaMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value, r.Timestamp, r.Headers,
 		func(h kgo.RecordHeader) (string, []byte, bool) { return h.Key, h.Value, true })
 }
 

@@ -9,7 +9,7 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/claimtx/claimtx/internal/brokermeta"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
 // Metadata keys the adapter sets from the Kafka record on consume. They
@@ -21,10 +21,10 @@ const (
 	// with watermill-kafka so either side can read the other's messages.
 	uuidHeader = wkafka.UUIDHeaderKey
 
-	metadataTopic     = brokermeta.KafkaTopic
-	metadataPartition = brokermeta.KafkaPartition
-	metadataOffset    = brokermeta.KafkaOffset
-	metadataKey       = brokermeta.KafkaKey
+	metadataTopic     = kafkarecord.KafkaTopic
+	metadataPartition = kafkarecord.KafkaPartition
+	metadataOffset    = kafkarecord.KafkaOffset
+	metadataKey       = kafkarecord.KafkaKey
 	// metadataTimestamp is the record timestamp (producer create time, or
 	// broker append time when the topic uses LogAppendTime), RFC 3339 with
 	// nanoseconds in UTC; absent when the record has none. It is stable
@@ -33,7 +33,7 @@ const (
 	// keys it is also read by Marshal: a copy published with it (a poison
 	// copy, a relayed or replayed message) keeps the original record's
 	// timestamp instead of getting the time of the republish.
-	metadataTimestamp = brokermeta.KafkaTimestamp
+	metadataTimestamp = kafkarecord.KafkaTimestamp
 
 	reservedPrefix = "kafka_"
 )
@@ -103,7 +103,7 @@ func parseTimestamp(v string) (time.Time, error) {
 
 // Unmarshal implements watermill-kafka's Unmarshaler.
 func (marshaler) Unmarshal(rec *sarama.ConsumerMessage) (*message.Message, error) {
-	return brokermeta.KafkaMessage(rec.Topic, rec.Partition, rec.Offset, rec.Key, rec.Value, rec.Timestamp, rec.Headers,
+	return kafkarecord.KafkaMessage(rec.Topic, rec.Partition, rec.Offset, rec.Key, rec.Value, rec.Timestamp, rec.Headers,
 		func(h *sarama.RecordHeader) (string, []byte, bool) {
 			if h == nil {
 				return "", nil, false

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/brokermeta"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
 // Marshal turns the kafka_timestamp metadata that Unmarshal writes back
@@ -56,5 +56,5 @@ func TestMetadataNames(t *testing.T) {
 	require.Equal(t, "kafka_timestamp", kafka.MetadataTimestamp)
 	require.Equal(t, "_watermill_message_uuid", kafka.UUIDHeader)
 	require.Equal(t, "partition_key", kafka.PartitionKeyMetadata)
-	require.Equal(t, kafka.MetadataTimestamp, brokermeta.KafkaTimestamp)
+	require.Equal(t, kafka.MetadataTimestamp, kafkarecord.KafkaTimestamp)
 }

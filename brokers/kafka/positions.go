@@ -11,17 +11,17 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
-	"github.com/claimtx/claimtx/internal/position"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
-// Positions stored with the claims (internal/position): framework/consumer
+// Positions stored with the claims (internal/kafkarecord): framework/consumer
 // attaches the claim store to the subscriber, every delivered message's
 // context carries its record's place, the claim transaction stores the
 // partition's settled position, and on assignment a partition starts at
 // that position when the group's offset is below it.
 
 func init() {
-	position.RegisterAttacher(func(sub any, o position.Options) bool {
+	kafkarecord.RegisterAttacher(func(sub any, o kafkarecord.Options) bool {
 		s, ok := sub.(*Subscriber)
 		if ok {
 			s.mu.Lock()
@@ -142,7 +142,7 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 // latest record) of each partition of topic, with a short-lived client of
 // its own that joins no group: `claimtx stats` and the console subtract
 // the stored positions from them (the records not settled yet), through
-// position.EndOffsets.
+// kafkarecord.EndOffsets.
 func (s *Subscriber) endOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
 	opts, err := securityOpts(s.cfg, []kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(s.cfg.ClientID)})
 	if err != nil {
@@ -177,13 +177,13 @@ func (s *Subscriber) settled(topic string, partition int32, below int64) {
 	}
 }
 
-func (s *Subscriber) positionOptions() position.Options {
+func (s *Subscriber) positionOptions() kafkarecord.Options {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.positions
 }
 
-// SettledBelow implements position.Partition.
+// SettledBelow implements kafkarecord.Partition.
 func (p *partition) SettledBelow(settling []int64) (int64, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -12,17 +12,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
-	"github.com/claimtx/claimtx/internal/position"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
-func recordOf(t *testing.T, m *message.Message) position.Record {
+func recordOf(t *testing.T, m *message.Message) kafkarecord.Record {
 	t.Helper()
-	r, ok := position.FromContext(m.Context())
+	r, ok := kafkarecord.FromContext(m.Context())
 	require.True(t, ok, "message context carries its record's place")
 	return r
 }
 
-func settledBelow(t *testing.T, r position.Record, settling ...int64) int64 {
+func settledBelow(t *testing.T, r kafkarecord.Record, settling ...int64) int64 {
 	t.Helper()
 	off, ok := r.Of.SettledBelow(settling)
 	require.True(t, ok)
@@ -78,7 +78,7 @@ func TestSettledBelowOutOfOrderAcks(t *testing.T) {
 	require.False(t, ok)
 }
 
-// mapLoader is a position.Loader over fixed positions (the store's is
+// mapLoader is a kafkarecord.Loader over fixed positions (the store's is
 // tested with Postgres in internal/claimsql and examples/loyalty).
 type mapLoader map[int32]int64
 
@@ -126,7 +126,7 @@ func TestStartsAtStoredPosition(t *testing.T) {
 			defer closeSub(t, sub)
 			var mu sync.Mutex
 			var skips []skip
-			require.True(t, position.Attach(sub, position.Options{
+			require.True(t, kafkarecord.Attach(sub, kafkarecord.Options{
 				Loader: mapLoader{0: c.stored},
 				Replay: c.replay,
 				Skipped: func(topic string, partition int32, group, stored int64) {

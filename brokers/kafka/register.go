@@ -9,7 +9,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/position"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
 // Importing the package makes the "kafka" kind available to every
@@ -36,7 +36,7 @@ func init() {
 			return pub, nil
 		},
 	})
-	position.RegisterEndOffsets(func(sub any) (position.EndOffsetsFunc, bool) {
+	kafkarecord.RegisterEndOffsets(func(sub any) (kafkarecord.EndOffsetsFunc, bool) {
 		if s, ok := sub.(*Subscriber); ok {
 			return s.endOffsets, true
 		}

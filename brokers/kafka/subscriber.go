@@ -12,7 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/claimtx/claimtx/internal/position"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
 // Subscriber consumes with a franz-go consumer group (Config.ConsumerGroup).
@@ -27,7 +27,7 @@ type Subscriber struct {
 	closed atomic.Bool
 	conn   connState // IsConnected's cached probe (health.go)
 
-	positions position.Options // stored positions, attached before Subscribe (positions.go)
+	positions kafkarecord.Options // stored positions, attached before Subscribe (positions.go)
 
 	// Closing ends every subscription; mu orders subs.Add in Subscribe
 	// against Close's Wait.

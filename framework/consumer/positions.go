@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/position"
 )
 
 // positionsEvery is how often a running consumer stores the positions
@@ -52,15 +52,15 @@ func (s *settledPositions) add(topic string, partition int32, below int64) {
 }
 
 // take returns the pending positions, sorted, and forgets them.
-func (s *settledPositions) take() []position.Settled {
+func (s *settledPositions) take() []kafkarecord.Settled {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]position.Settled, 0, len(s.pending))
+	out := make([]kafkarecord.Settled, 0, len(s.pending))
 	for k, off := range s.pending {
-		out = append(out, position.Settled{Topic: k.topic, Partition: k.partition, SettledBelow: off})
+		out = append(out, kafkarecord.Settled{Topic: k.topic, Partition: k.partition, SettledBelow: off})
 	}
 	clear(s.pending)
-	slices.SortFunc(out, func(a, b position.Settled) int {
+	slices.SortFunc(out, func(a, b kafkarecord.Settled) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
 	})
 	return out
@@ -99,7 +99,7 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	positions := pg.ClaimsOf(p.store).Positions()
 	loader := positions.Loader(cfg.Name)
 	p.settled = &settledPositions{pending: map[tp]int64{}}
-	attached := position.Attach(p.sub, position.Options{
+	attached := kafkarecord.Attach(p.sub, kafkarecord.Options{
 		Loader:  loader,
 		Settled: p.settled.add,
 		Replay:  cfg.Claim.ReplayBelowPositions,

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/claimtx/claimtx/internal/position"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
 // ClaimRequest is store.ClaimRequest, field for field, so that one
@@ -94,14 +94,14 @@ type DeadLetter struct {
 // Positions are the stored Kafka positions of a store's schema.
 type Positions interface {
 	// Queue queues the upsert of p for consumer on b.
-	Queue(b *pgx.Batch, consumer string, p position.Settled)
+	Queue(b *pgx.Batch, consumer string, p kafkarecord.Settled)
 	// Store raises the stored positions ps of consumer in db: the claim
 	// transaction, or the pool for records already settled.
-	Store(ctx context.Context, db Execer, consumer string, ps []position.Settled) error
+	Store(ctx context.Context, db Execer, consumer string, ps []kafkarecord.Settled) error
 	// Of returns consumer's stored positions, by topic and partition.
-	Of(ctx context.Context, consumer string) ([]position.Settled, error)
-	// Loader is the position.Loader of consumer's stored positions.
-	Loader(consumer string) position.Loader
+	Of(ctx context.Context, consumer string) ([]kafkarecord.Settled, error)
+	// Loader is the kafkarecord.Loader of consumer's stored positions.
+	Loader(consumer string) kafkarecord.Loader
 	// Lacking returns which of the privileges every claim transaction of a
 	// Kafka consumer needs (SELECT, INSERT, UPDATE) the database role
 	// lacks on the positions table.

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/internal/position"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -48,7 +48,7 @@ func positionLags(ctx context.Context, cfg brokers.Config, ps []store.KafkaPosit
 		return out, fmt.Sprintf("lag unknown: %v", err)
 	}
 	defer func() { _ = sub.Close() }()
-	endOffsets, ok := position.EndOffsets(sub)
+	endOffsets, ok := kafkarecord.EndOffsets(sub)
 	if !ok {
 		return out, ""
 	}

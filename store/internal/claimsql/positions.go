@@ -7,12 +7,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/position"
 )
 
 // Position is one Kafka partition's settled position.
-type Position = position.Settled
+type Position = kafkarecord.Settled
 
 // PositionStatements are the statements of <schema>.kafka_positions,
 // rendered once.
@@ -101,16 +101,16 @@ func (s *PositionStatements) Of(ctx context.Context, pool *pgxpool.Pool, consume
 	return ps, nil
 }
 
-// Loader is the position.Loader of one consumer's stored positions.
+// Loader is the kafkarecord.Loader of one consumer's stored positions.
 type Loader struct {
 	Pool     *pgxpool.Pool
 	Stmts    *PositionStatements
 	Consumer string
 }
 
-var _ position.Loader = Loader{}
+var _ kafkarecord.Loader = Loader{}
 
-// LoadPositions implements position.Loader.
+// LoadPositions implements kafkarecord.Loader.
 func (l Loader) LoadPositions(ctx context.Context, topic string, partitions []int32) (map[int32]int64, error) {
 	rows, err := l.Pool.Query(ctx, l.Stmts.load, l.Consumer, topic, partitions)
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/internal/position"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
 // positionRow is one stored Kafka position of the overview, with the
@@ -88,7 +88,7 @@ func (c *Console) endOffsets(ctx context.Context, cs *Consumer) (map[int32]int64
 		return nil, c.errText(err)
 	}
 	defer func() { _ = sub.Close() }()
-	endOffsets, ok := position.EndOffsets(sub)
+	endOffsets, ok := kafkarecord.EndOffsets(sub)
 	if !ok {
 		return nil, "this broker cannot tell its end offsets"
 	}

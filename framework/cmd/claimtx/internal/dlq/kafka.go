@@ -21,7 +21,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/brokermeta"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
@@ -286,7 +286,7 @@ func max64(a, b int64) int64 {
 // letter is r as claimtx's Kafka adapter hands a record to a consumer
 // (brokers/kafka marshaler.Unmarshal).
 func (s *kafkaSource) letter(r *kgo.Record) *Letter {
-	msg := brokermeta.KafkaMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value, r.Timestamp, r.Headers,
+	msg := kafkarecord.KafkaMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value, r.Timestamp, r.Headers,
 		func(h kgo.RecordHeader) (string, []byte, bool) { return h.Key, h.Value, true })
 	md := msg.Metadata
 	c, ok := s.committed[r.Partition]

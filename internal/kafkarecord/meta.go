@@ -1,7 +1,4 @@
-// Package brokermeta holds the metadata keys that claimtx's broker adapters
-// write and other packages read, so that framework and middleware need not
-// import a broker adapter to know them.
-package brokermeta
+package kafkarecord
 
 import (
 	"strconv"

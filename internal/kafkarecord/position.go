@@ -1,4 +1,6 @@
-// Package position carries a Kafka record's place in its partition from
+// Package kafkarecord is what the Kafka adapter tells the rest of claimtx
+// about a record it delivers: the metadata keys it sets (meta.go) and the
+// record's place in its partition, carried from
 // the subscriber (brokers/kafka) to the claim transaction (middleware),
 // which stores the partition's settled position with the claim, and back:
 // on assignment the subscriber starts a partition from the stored position
@@ -8,7 +10,7 @@
 // is settled (applied, duplicate or poisoned: acked). With several records
 // of a partition in flight it is not the offset of the last one settled:
 // it is the lowest offset still in flight.
-package position
+package kafkarecord
 
 import (
 	"context"
