@@ -19,15 +19,14 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
 
-func (b bundle) memo(t testing.TB, consumer string, id int64) (poisonmemo.Memo, bool) {
+func (b bundle) memo(t testing.TB, consumer string, id int64) (poison.Memo, bool) {
 	t.Helper()
-	m, ok, err := poisonmemo.Get(context.Background(), b.pool, pg.NewNames(b.schema, "processed_messages", "outbox"), consumer, fmt.Sprintf("order-completed:%d", id))
+	m, ok, err := poison.GetMemo(context.Background(), b.pool, pg.NewNames(b.schema, "processed_messages", "outbox"), consumer, fmt.Sprintf("order-completed:%d", id))
 	require.NoError(t, err)
 	return m, ok
 }
@@ -45,10 +44,10 @@ func TestPoisonMemoBareMiddleware(t *testing.T) {
 	rec := &outcomes{}
 	claim := b.claim(t, "memo", rec)
 	claim.PoisonMemo = true
-	poison := install(t, middleware.NewPoison, middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: claim.RecordPoison})
+	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: claim.RecordPoison})
 	var runs atomic.Int64
 	fixed := atomic.Bool{}
-	h := poison(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := poisoner(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		runs.Add(1)
 		if !fixed.Load() {
 			return framework.Permanent(errors.New("refused for good"))
@@ -94,7 +93,7 @@ func TestPoisonMemoBareMiddleware(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, b.claims(t, "other"))
 
-	n, err := poisonmemo.Clear(context.Background(), b.pool, pg.NewNames(b.schema, "processed_messages", "outbox"), "memo", []string{"order-completed:1"})
+	n, err := poison.ClearMemo(context.Background(), b.pool, pg.NewNames(b.schema, "processed_messages", "outbox"), "memo", []string{"order-completed:1"})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	fixed.Store(true)
@@ -143,7 +142,7 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 	var unpoisonFirst atomic.Bool
 	onPoison := func(msg *message.Message, err error) {
 		if unpoisonFirst.Load() {
-			_, cerr := poisonmemo.Clear(context.Background(), b.pool, names, "memo", []string{"order-completed:3"})
+			_, cerr := poison.ClearMemo(context.Background(), b.pool, names, "memo", []string{"order-completed:3"})
 			require.NoError(t, cerr)
 		}
 		claim.RecordPoison(msg, err)
@@ -161,9 +160,9 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 			return ""
 		}
 	}
-	poison := install(t, middleware.NewPoison, middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: onPoison})
+	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: onPoison})
 	var fixed atomic.Bool
-	h := poison(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := poisoner(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		if !fixed.Load() {
 			return framework.Permanent(errors.New("refused for good"))
 		}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/store/internal/claimsql"
 	"github.com/claimtx/claimtx/store/internal/deadletter"
 )
@@ -83,11 +83,11 @@ func (p positions) Lacking(ctx context.Context) ([]string, error) {
 }
 
 func (c claims) RecordMemo(ctx context.Context, consumer, key string, err error) error {
-	return poisonmemo.Record(ctx, c.s.pool, c.s.names, consumer, key, err)
+	return poison.RecordMemo(ctx, c.s.pool, c.s.names, consumer, key, err)
 }
 
 func (c claims) MemoLacking(ctx context.Context) (string, error) {
-	return poisonmemo.Privileges(ctx, c.s.pool, c.s.names, "SELECT", "INSERT", "UPDATE")
+	return poison.MemoPrivileges(ctx, c.s.pool, c.s.names, "SELECT", "INSERT", "UPDATE")
 }
 
 func (c claims) RecordDeadLetter(ctx context.Context, l pg.DeadLetter) error {

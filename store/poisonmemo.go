@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // Poison memos (middleware.Claim.PoisonMemo) obey the claims' retention:
@@ -27,7 +27,7 @@ import (
 // the memos alone rather than failing the claims' cleanup after an
 // upgrade: docs/security.md says what to grant.
 func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon time.Time, cfg RetentionConfig) (int64, error) {
-	ok, err := poisonmemo.Exists(ctx, conn, s.names)
+	ok, err := poison.MemoTableExists(ctx, conn, s.names)
 	if err != nil || !ok {
 		return 0, err
 	}
@@ -35,11 +35,11 @@ func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon ti
 	if cfg.DryRun {
 		need = need[:1]
 	}
-	if missing, err := poisonmemo.Privileges(ctx, conn, s.names, need...); err != nil || missing != "" {
+	if missing, err := poison.MemoPrivileges(ctx, conn, s.names, need...); err != nil || missing != "" {
 		return 0, err
 	}
 	if cfg.DryRun {
-		return poisonmemo.CountBefore(ctx, conn, s.names, horizon)
+		return poison.CountMemosBefore(ctx, conn, s.names, horizon)
 	}
 	timeout := strconv.FormatInt(max(cfg.BatchTimeout.Milliseconds(), 1), 10) + "ms"
 	var total int64
@@ -52,7 +52,7 @@ func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon ti
 			if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true), set_config('synchronous_commit', 'off', true)", timeout); err != nil {
 				return 0, err
 			}
-			return poisonmemo.DeleteBefore(ctx, tx, s.names, horizon, cfg.BatchSize)
+			return poison.DeleteMemosBefore(ctx, tx, s.names, horizon, cfg.BatchSize)
 		}()
 		if err == nil {
 			err = tx.Commit(ctx)

@@ -24,7 +24,6 @@ import (
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -105,9 +104,9 @@ func (p *poisonReader) await(t *testing.T, total int) map[string]poisonCopy {
 	return p.got
 }
 
-func memoOf(t *testing.T, pool *pgxpool.Pool, schema, consumerName string, id int64) (poisonmemo.Memo, bool) {
+func memoOf(t *testing.T, pool *pgxpool.Pool, schema, consumerName string, id int64) (poison.Memo, bool) {
 	t.Helper()
-	m, ok, err := poisonmemo.Get(t.Context(), pool, pg.NewNames(schema, "processed_messages", "outbox"), consumerName, fmt.Sprintf("order-%d", id))
+	m, ok, err := poison.GetMemo(t.Context(), pool, pg.NewNames(schema, "processed_messages", "outbox"), consumerName, fmt.Sprintf("order-%d", id))
 	require.NoError(t, err)
 	return m, ok
 }
@@ -175,7 +174,7 @@ func testPoisonMemo(t *testing.T, kind, mode string) {
 
 	// Unpoison (what `claimtx unpoison` runs), deploy the fix: the next
 	// copy runs the handler and is applied.
-	n, err := poisonmemo.ClearWhere(t.Context(), pool, pg.NewNames(schema, "processed_messages", "outbox"), poisonmemo.Filter{Consumer: "memo", Keys: []string{"order-1"}})
+	n, err := poison.ClearMemos(t.Context(), pool, pg.NewNames(schema, "processed_messages", "outbox"), poison.MemoFilter{Consumer: "memo", Keys: []string{"order-1"}})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	h.fixed.Store(true)

@@ -1,9 +1,9 @@
-// Package poison is the poison concept outside the database: the metadata
-// a poisoned copy carries (the keys the Poison middleware writes and the
-// dead-letter tooling, internal/dlq and `claimtx dlq`, reads and, when it
-// replays a copy, removes again), the bounds of its reason, and the poison
-// memo's hit error and timeouts. The memo and dead-letter tables' SQL is
-// the store's (internal/poisonmemo, store/internal/deadletter).
+// Package poison is the poison concept in one place: the metadata a
+// poisoned copy carries (meta.go: the keys the Poison middleware writes and
+// the dead-letter tooling reads and, when it replays a copy, removes again),
+// the bounds of its reason, and the poison memo (memo.go: its hit error and
+// timeouts; memosql.go: its table). The dead-letter table's SQL is the
+// store's (store/internal/deadletter).
 package poison
 
 import (

@@ -19,7 +19,7 @@ import (
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // `claimtx dlq`: browse, classify and replay a consumer's poison
@@ -192,10 +192,10 @@ func (d *dlqFlags) run(ctx context.Context) error {
 		var memo dlq.Memo
 		// A schema migrated before the memo existed has no memo table:
 		// then there is nothing to report or clear.
-		if ok, err := poisonmemo.Exists(ctx, d.pool, names); err != nil {
+		if ok, err := poison.MemoTableExists(ctx, d.pool, names); err != nil {
 			return d.fail(ctx, "dlq "+d.sub, err)
 		} else if ok {
-			memo = poisonmemo.Table{DB: d.pool, Names: names}
+			memo = poison.MemoTable{DB: d.pool, Names: names}
 		}
 		cls = newClassifier(d, st.Config().Schema, st.Config().ClaimsTable, key, memo)
 	}

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
 func init() {
@@ -31,7 +31,7 @@ func (l *stringList) Set(s string) error {
 
 func cmdUnpoison(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
 	fs, c := newFlags("unpoison", stdout, getenv)
-	var f poisonmemo.Filter
+	var f poison.MemoFilter
 	var keys stringList
 	var olderThan durationValue
 	fs.StringVar(&f.Consumer, "consumer", "", "the `consumer` name whose memos to clear (required)")
@@ -61,7 +61,7 @@ func cmdUnpoison(ctx context.Context, args []string, stdout io.Writer, getenv en
 	defer closePool()
 	cfg := st.Config()
 	n := pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable)
-	ok, err := poisonmemo.Exists(ctx, c.pool, n)
+	ok, err := poison.MemoTableExists(ctx, c.pool, n)
 	if err != nil {
 		return c.fail(ctx, "unpoison", err)
 	}
@@ -69,14 +69,14 @@ func cmdUnpoison(ctx context.Context, args []string, stdout io.Writer, getenv en
 		return c.fail(ctx, "unpoison", fmt.Errorf("the poison memo table %s.%s does not exist: run `claimtx migrate`, or pass the --schema and --table it belongs to", cfg.Schema, n.Memo))
 	}
 	if *dryRun {
-		count, err := poisonmemo.Count(ctx, c.pool, n, f)
+		count, err := poison.CountMemos(ctx, c.pool, n, f)
 		if err != nil {
 			return c.fail(ctx, "unpoison", err)
 		}
 		printf(stdout, "dry run: %d poison memos of consumer %s would be cleared\n", count, f.Consumer)
 		return nil
 	}
-	cleared, err := poisonmemo.ClearWhere(ctx, c.pool, n, f)
+	cleared, err := poison.ClearMemos(ctx, c.pool, n, f)
 	if err != nil {
 		return c.fail(ctx, "unpoison", err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // jobBatch is how many letters a preview or job reads, classifies and
@@ -217,12 +217,12 @@ func (c *Console) classifier(ctx context.Context, cs *Consumer) (*dlq.Classifier
 	cl := &dlq.Classifier{Pool: c.cfg.Pool, Schema: c.cfg.Schema, Table: c.cfg.ClaimsTable, Consumer: cs.Name, Key: cs.key, Policy: cs.KeyPolicy}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
 	defer cancel()
-	ok, err := poisonmemo.Exists(ctx, c.cfg.Pool, c.names)
+	ok, err := poison.MemoTableExists(ctx, c.cfg.Pool, c.names)
 	if err != nil {
 		return nil, err
 	}
 	if ok {
-		cl.Memo = poisonmemo.Table{DB: c.cfg.Pool, Names: c.names}
+		cl.Memo = poison.MemoTable{DB: c.cfg.Pool, Names: c.names}
 	}
 	return cl, nil
 }

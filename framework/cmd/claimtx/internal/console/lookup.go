@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/explain"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
 type lookupData struct {
@@ -146,7 +146,7 @@ func (c *Console) clearMemo(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
 	defer cancel()
-	if _, err := poisonmemo.ClearWhere(ctx, c.cfg.Pool, c.names, poisonmemo.Filter{Consumer: consumer, Keys: []string{key}}); err != nil {
+	if _, err := poison.ClearMemos(ctx, c.cfg.Pool, c.names, poison.MemoFilter{Consumer: consumer, Keys: []string{key}}); err != nil {
 		c.fail(w, r, http.StatusInternalServerError, "clearing the poison memo: "+c.errText(err))
 		return
 	}

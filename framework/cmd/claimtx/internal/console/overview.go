@@ -19,7 +19,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -327,7 +327,7 @@ func (c *Console) memoCounts(ctx context.Context) (map[string]int64, bool, error
 	exists := false
 	err := c.readOnly(ctx, func(tx pgx.Tx) error {
 		var err error
-		if exists, err = poisonmemo.Exists(ctx, tx, c.names); err != nil || !exists {
+		if exists, err = poison.MemoTableExists(ctx, tx, c.names); err != nil || !exists {
 			return err
 		}
 		rows, err := tx.Query(ctx, c.names.Render(`SELECT consumer, count(*) FROM {schema}.{memo} GROUP BY consumer`))

@@ -15,7 +15,7 @@ import (
 // Memo is the poison memo of issue #15 part 2: terminal failures recorded
 // under (consumer, key), which `claimtx unpoison` clears.
 //
-// internal/poisonmemo.Table implements it over the memo table. With a
+// internal/poison.MemoTable implements it over the memo table. With a
 // Memo, classification reports ClassMemo for a message with a memo and no
 // claim, and Replay clears the memo of every key it republishes, before it
 // republishes it (a crash in between leaves the message in the destination

@@ -21,7 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poisonmemo"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // Report is what is known of one (consumer, key).
@@ -37,7 +37,7 @@ type Report struct {
 	// every message of the batch.
 	Outbox []OutboxRow `json:"outbox"`
 	// Memo is the poison memo, nil when there is none.
-	Memo *poisonmemo.Memo `json:"poison_memo"`
+	Memo *poison.Memo `json:"poison_memo"`
 }
 
 // Found reports whether anything is known: a claim or a poison memo.
@@ -78,7 +78,7 @@ type OutboxRow struct {
 // Explain reads what is known of (consumer, key) in the tables n names.
 // Tables missing from an older schema (no memo table, no outbox table, no
 // xact column) read as "nothing known", not as an error.
-func Explain(ctx context.Context, db poisonmemo.DB, n *pg.Names, consumer, key string) (Report, error) {
+func Explain(ctx context.Context, db poison.DB, n *pg.Names, consumer, key string) (Report, error) {
 	r := Report{Consumer: consumer, Key: key}
 	var err error
 	if r.Claim, err = readClaim(ctx, db, n, consumer, key); err != nil {
@@ -89,11 +89,11 @@ func Explain(ctx context.Context, db poisonmemo.DB, n *pg.Names, consumer, key s
 			return r, err
 		}
 	}
-	ok, err := poisonmemo.Exists(ctx, db, n)
+	ok, err := poison.MemoTableExists(ctx, db, n)
 	if err != nil || !ok {
 		return r, err
 	}
-	m, ok, err := poisonmemo.Get(ctx, db, n, consumer, key)
+	m, ok, err := poison.GetMemo(ctx, db, n, consumer, key)
 	if err != nil {
 		return r, err
 	}
@@ -103,7 +103,7 @@ func Explain(ctx context.Context, db poisonmemo.DB, n *pg.Names, consumer, key s
 	return r, nil
 }
 
-func readClaim(ctx context.Context, db poisonmemo.DB, n *pg.Names, consumer, key string) (*Claim, error) {
+func readClaim(ctx context.Context, db poison.DB, n *pg.Names, consumer, key string) (*Claim, error) {
 	var (
 		c         Claim
 		day, xact pgtype.Text
@@ -149,7 +149,7 @@ WHERE c.consumer = $1 AND c.message_key = $2`), consumer, key).Scan(&c.Processed
 // sent_at. A row of the claim's transaction cannot have been sent before
 // that transaction began (processedAt, its start); the cost is the outbox
 // traffic since the claim, within the outbox retention.
-func readOutbox(ctx context.Context, db poisonmemo.DB, n *pg.Names, xact uint64, processedAt time.Time) ([]OutboxRow, error) {
+func readOutbox(ctx context.Context, db poison.DB, n *pg.Names, xact uint64, processedAt time.Time) ([]OutboxRow, error) {
 	var exists bool
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'xact' AND NOT attisdropped)`,
 		n.Render("{schema}.{outbox}")).Scan(&exists); err != nil {

@@ -1,4 +1,6 @@
-// Package poisonmemo is the SQL of the poison memo: the (consumer, key) of
+package poison
+
+// The SQL of the poison memo: the (consumer, key) of
 // every message that was dead-lettered, with the reason, the last time a
 // copy was poisoned and how many were. The claim middleware looks memos up
 // in the round trip of its claim (store/internal/claimsql) and sends a
@@ -6,12 +8,10 @@
 // handler; framework/consumer and middleware.Claim.RecordPoison record
 // memos through the store (pg.Claims); the claimtx CLI (unpoison,
 // explain), retention and the dead-letter replay read and clear them
-// through this package. The rest of the concept (the hit error, the
-// timeouts, the poisoned copy's metadata) is internal/poison.
+// through the functions below.
 //
 // The memo table is <claims table>_poison_memo in the claim table's schema
 // (pg.Names.Memo), created by migration 004.
-package poisonmemo
 
 import (
 	"context"
@@ -25,22 +25,21 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// MaxReasonBytes bounds a stored reason. The poisoned copy carries the
+// MaxMemoReasonBytes bounds a stored reason. The poisoned copy carries the
 // whole error text; the memo only has to say which failure it remembers,
 // and a panic's message or a driver error can be long.
-const MaxReasonBytes = 2048
+const MaxMemoReasonBytes = 2048
 
-// reasonText makes err's text storable: valid UTF-8 without NUL bytes
-// (which a Postgres text column refuses), at most MaxReasonBytes.
-func reasonText(s string) string {
+// memoReasonText makes err's text storable: valid UTF-8 without NUL bytes
+// (which a Postgres text column refuses), at most MaxMemoReasonBytes.
+func memoReasonText(s string) string {
 	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
-	if len(s) <= MaxReasonBytes {
+	if len(s) <= MaxMemoReasonBytes {
 		return s
 	}
-	cut := MaxReasonBytes
+	cut := MaxMemoReasonBytes
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
@@ -63,24 +62,24 @@ type Memo struct {
 	Seen       int64     `json:"seen"`
 }
 
-// Record upserts the memo of (consumer, key) after a copy of its message
+// RecordMemo upserts the memo of (consumer, key) after a copy of its message
 // went to the poison destination because of err: a new memo holds err's
 // text; an existing one is counted (seen + 1) and stamped with the time.
-// A copy poisoned by its memo (a *poison.HitError) only counts and stamps the
+// A copy poisoned by its memo (a *HitError) only counts and stamps the
 // memo, keeping its reason (the one that explains the failure) rather than
 // "poison memo: …" nested once per redelivery. If the memo was cleared
 // meanwhile (claimtx unpoison, retention) it stays cleared: the record runs
 // after the copy was published, and writing the memo again would undo an
 // unpoison that landed in between.
-func Record(ctx context.Context, db DB, n *pg.Names, consumer, key string, err error) error {
+func RecordMemo(ctx context.Context, db DB, n *pg.Names, consumer, key string, err error) error {
 	var qerr error
-	if poison.IsHit(err) {
+	if IsHit(err) {
 		_, qerr = db.Exec(ctx, n.Render(`UPDATE {schema}.{memo} SET poisoned_at = now(), seen = seen + 1
 WHERE consumer = $1 AND message_key = $2`), consumer, key)
 	} else {
 		_, qerr = db.Exec(ctx, n.Render(`INSERT INTO {schema}.{memo} AS m (consumer, message_key, reason) VALUES ($1, $2, $3)
 ON CONFLICT (consumer, message_key) DO UPDATE
-SET reason = EXCLUDED.reason, poisoned_at = now(), seen = m.seen + 1`), consumer, key, reasonText(err.Error()))
+SET reason = EXCLUDED.reason, poisoned_at = now(), seen = m.seen + 1`), consumer, key, memoReasonText(err.Error()))
 	}
 	if qerr != nil {
 		return fmt.Errorf("claimtx: record poison memo: %w", qerr)
@@ -88,8 +87,8 @@ SET reason = EXCLUDED.reason, poisoned_at = now(), seen = m.seen + 1`), consumer
 	return nil
 }
 
-// Get returns the memo of (consumer, key); ok is false when there is none.
-func Get(ctx context.Context, db DB, n *pg.Names, consumer, key string) (m Memo, ok bool, err error) {
+// GetMemo returns the memo of (consumer, key); ok is false when there is none.
+func GetMemo(ctx context.Context, db DB, n *pg.Names, consumer, key string) (m Memo, ok bool, err error) {
 	m = Memo{Consumer: consumer, Key: key}
 	err = db.QueryRow(ctx, n.Render("SELECT reason, poisoned_at, seen FROM {schema}.{memo} WHERE consumer = $1 AND message_key = $2"),
 		consumer, key).Scan(&m.Reason, &m.PoisonedAt, &m.Seen)
@@ -102,9 +101,9 @@ func Get(ctx context.Context, db DB, n *pg.Names, consumer, key string) (m Memo,
 	return m, true, nil
 }
 
-// Filter selects memos of one consumer. The conditions that are set must
+// MemoFilter selects memos of one consumer. The conditions that are set must
 // all hold; with none set, every memo of the consumer matches.
-type Filter struct {
+type MemoFilter struct {
 	// Consumer is required.
 	Consumer string
 	// Keys, when not empty, matches these keys only.
@@ -118,7 +117,7 @@ type Filter struct {
 }
 
 // where renders f as a WHERE clause over $1… and returns its arguments.
-func (f Filter) where() (string, []any, error) {
+func (f MemoFilter) where() (string, []any, error) {
 	if f.Consumer == "" {
 		return "", nil, errors.New("claimtx: poison memo filter: a consumer is required")
 	}
@@ -140,19 +139,19 @@ func (f Filter) where() (string, []any, error) {
 	return strings.Join(conds, " AND "), args, nil
 }
 
-// Clear removes the memos of consumer's keys and returns how many there
+// ClearMemo removes the memos of consumer's keys and returns how many there
 // were: what the dead-letter replay calls for the messages it republishes,
 // so that their copies reach the handler again.
-func Clear(ctx context.Context, db DB, n *pg.Names, consumer string, keys []string) (int64, error) {
+func ClearMemo(ctx context.Context, db DB, n *pg.Names, consumer string, keys []string) (int64, error) {
 	if len(keys) == 0 {
 		return 0, nil
 	}
-	return ClearWhere(ctx, db, n, Filter{Consumer: consumer, Keys: keys})
+	return ClearMemos(ctx, db, n, MemoFilter{Consumer: consumer, Keys: keys})
 }
 
-// ClearWhere removes the memos f matches and returns how many there were
+// ClearMemos removes the memos f matches and returns how many there were
 // (`claimtx unpoison`). The next copy of such a message runs the handler.
-func ClearWhere(ctx context.Context, db DB, n *pg.Names, f Filter) (int64, error) {
+func ClearMemos(ctx context.Context, db DB, n *pg.Names, f MemoFilter) (int64, error) {
 	where, args, err := f.where()
 	if err != nil {
 		return 0, err
@@ -164,8 +163,8 @@ func ClearWhere(ctx context.Context, db DB, n *pg.Names, f Filter) (int64, error
 	return tag.RowsAffected(), nil
 }
 
-// Count returns how many memos f matches (a dry run of ClearWhere).
-func Count(ctx context.Context, db DB, n *pg.Names, f Filter) (int64, error) {
+// CountMemos returns how many memos f matches (a dry run of ClearMemos).
+func CountMemos(ctx context.Context, db DB, n *pg.Names, f MemoFilter) (int64, error) {
 	where, args, err := f.where()
 	if err != nil {
 		return 0, err
@@ -177,9 +176,9 @@ func Count(ctx context.Context, db DB, n *pg.Names, f Filter) (int64, error) {
 	return c, nil
 }
 
-// Exists reports whether the memo table exists (migration 004 applied), so
+// MemoTableExists reports whether the memo table exists (migration 004 applied), so
 // that tools run against an older schema skip memos instead of failing.
-func Exists(ctx context.Context, db DB, n *pg.Names) (bool, error) {
+func MemoTableExists(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 	var ok bool
 	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", n.Render("{schema}.{memo}")).Scan(&ok); err != nil {
 		return false, fmt.Errorf("claimtx: look for the poison memo table: %w", err)
@@ -187,10 +186,10 @@ func Exists(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 	return ok, nil
 }
 
-// Privileges reports which of the comma-separated privileges (SELECT,
+// MemoPrivileges reports which of the comma-separated privileges (SELECT,
 // INSERT, UPDATE, DELETE) the current role lacks on the memo table; ""
 // when it has them all (or the table does not exist: nothing to check).
-func Privileges(ctx context.Context, db DB, n *pg.Names, privileges ...string) (missing string, err error) {
+func MemoPrivileges(ctx context.Context, db DB, n *pg.Names, privileges ...string) (missing string, err error) {
 	var lacking []string
 	for _, p := range privileges {
 		var ok *bool
@@ -204,10 +203,10 @@ func Privileges(ctx context.Context, db DB, n *pg.Names, privileges ...string) (
 	return strings.Join(lacking, ", "), nil
 }
 
-// DeleteBefore deletes up to limit memos last poisoned before horizon,
+// DeleteMemosBefore deletes up to limit memos last poisoned before horizon,
 // oldest first, and returns how many it deleted: retention calls it until
 // it deletes fewer than limit.
-func DeleteBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time, limit int) (int64, error) {
+func DeleteMemosBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time, limit int) (int64, error) {
 	tag, err := db.Exec(ctx, n.Render(`DELETE FROM {schema}.{memo} WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM {schema}.{memo} WHERE poisoned_at < $1 ORDER BY poisoned_at LIMIT $2)) AND poisoned_at < $1`), horizon, limit)
 	if err != nil {
@@ -216,9 +215,9 @@ func DeleteBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time, li
 	return tag.RowsAffected(), nil
 }
 
-// CountBefore counts the memos last poisoned before horizon (a dry run of
-// DeleteBefore).
-func CountBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time) (int64, error) {
+// CountMemosBefore counts the memos last poisoned before horizon (a dry run of
+// DeleteMemosBefore).
+func CountMemosBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time) (int64, error) {
 	var c int64
 	if err := db.QueryRow(ctx, n.Render("SELECT count(*) FROM {schema}.{memo} WHERE poisoned_at < $1"), horizon).Scan(&c); err != nil {
 		return 0, fmt.Errorf("claimtx: count expired poison memos: %w", err)
@@ -226,16 +225,16 @@ func CountBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time) (in
 	return c, nil
 }
 
-// Table is the memo table of one claim table as the dead-letter tooling
+// MemoTable is the memo table of one claim table as the dead-letter tooling
 // (framework/cmd/claimtx/internal/dlq.Memo) uses it: which letters have a memo, and clearing the
 // memos of the letters it republishes.
-type Table struct {
+type MemoTable struct {
 	DB    DB
 	Names *pg.Names
 }
 
 // Memoised returns which of keys have a memo for consumer.
-func (t Table) Memoised(ctx context.Context, consumer string, keys []string) (map[string]bool, error) {
+func (t MemoTable) Memoised(ctx context.Context, consumer string, keys []string) (map[string]bool, error) {
 	out := make(map[string]bool)
 	if len(keys) == 0 {
 		return out, nil
@@ -258,8 +257,8 @@ func (t Table) Memoised(ctx context.Context, consumer string, keys []string) (ma
 	return out, nil
 }
 
-// Clear removes the memos of consumer for keys.
-func (t Table) Clear(ctx context.Context, consumer string, keys []string) error {
-	_, err := Clear(ctx, t.DB, t.Names, consumer, keys)
+// ClearMemo removes the memos of consumer for keys.
+func (t MemoTable) Clear(ctx context.Context, consumer string, keys []string) error {
+	_, err := ClearMemo(ctx, t.DB, t.Names, consumer, keys)
 	return err
 }
