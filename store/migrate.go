@@ -5,8 +5,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/claimtx/claimtx/internal/migrate"
+	"github.com/claimtx/claimtx/store/internal/migrate"
 )
+
+// SchemaVersion is the schema version this build migrates to: Version
+// reports it once Migrate has run. A readiness check compares the two.
+const SchemaVersion = 7
 
 // Migrate brings the schema to the latest version this build of claimtx
 // knows. It is idempotent and safe to call from several processes starting

@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/store/internal/migrate"
 )
 
 // Environment of a child process of TestMigrateColdStartProcesses.

@@ -14,10 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/store/internal/migrate"
 )
 
 func newStore(t *testing.T, maxConns int32) (*store.Store, string) {
@@ -377,4 +377,9 @@ func TestBeginNaturalKey(t *testing.T) {
 	_, err := st.BeginNaturalKeyForTest(cctx, pgx.TxOptions{}, time.Second)
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, int32(0), st.Pool().Stat().AcquiredConns())
+}
+
+func TestSchemaVersionIsTheLatestMigration(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, migrate.Latest(), store.SchemaVersion)
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -96,7 +95,7 @@ func (h Health) migrations(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if want := migrate.Latest(); v != want {
+	if want := store.SchemaVersion; v != want {
 		return fmt.Errorf("schema at migration %d, this build needs %d", v, want)
 	}
 	return nil

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
@@ -45,7 +44,7 @@ func TestMigrateColdStartProcesses(t *testing.T) {
 				t.Errorf("round %d, process %d: %v\n%s", round, i, err, outs[i])
 			}
 		}
-		require.Equal(t, migrate.Latest(), versionAt(t, dbURL), "round %d: schema version after the cold start", round)
+		require.Equal(t, store.SchemaVersion, versionAt(t, dbURL), "round %d: schema version after the cold start", round)
 	}
 	t.Logf("%d of %d `claimtx migrate` processes failed", failures, rounds*procs)
 }

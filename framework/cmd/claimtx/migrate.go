@@ -2,9 +2,8 @@ package main
 
 import (
 	"context"
+	"github.com/claimtx/claimtx/store"
 	"io"
-
-	"github.com/claimtx/claimtx/internal/migrate"
 )
 
 // `claimtx migrate`: create or upgrade the schema.
@@ -31,10 +30,10 @@ func cmdMigrate(ctx context.Context, args []string, stdout io.Writer, getenv env
 	if err := st.Migrate(ctx); err != nil {
 		return c.fail(ctx, "migrate", err)
 	}
-	if before == migrate.Latest() {
+	if before == store.SchemaVersion {
 		printf(stdout, "schema %s is already at version %d, the latest; nothing to do\n", st.Config().Schema, before)
 		return nil
 	}
-	printf(stdout, "migrated schema %s to version %d (was %d)\n", st.Config().Schema, migrate.Latest(), before)
+	printf(stdout, "migrated schema %s to version %d (was %d)\n", st.Config().Schema, store.SchemaVersion, before)
 	return nil
 }

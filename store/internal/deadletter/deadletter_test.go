@@ -8,10 +8,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/migrate"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store/internal/deadletter"
+	"github.com/claimtx/claimtx/store/internal/migrate"
 )
 
 // TestRecord: a letter is stored as it was given, a missing key as NULL,
