@@ -267,8 +267,10 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	}
 	// Last before COMMIT, one statement for every partition of the
 	// batch, their rows locked in partition order.
-	if err := c.positions.Store(ctx, tx, c.Consumer, settling()); err != nil {
-		return nil, err
+	if c.positions != nil {
+		if err := c.positions.Store(ctx, tx, c.Consumer, settling()); err != nil {
+			return nil, err
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("claimtx: commit: %w", err)

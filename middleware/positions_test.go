@@ -206,3 +206,21 @@ func TestKafkaPositionBatchWindow(t *testing.T) {
 	require.EqualValues(t, 8, b.position(t, c.Consumer, topic))
 	require.EqualValues(t, 8, b.scalar(t, "SELECT count(*) FROM point_ledger"))
 }
+
+// TestBatchNoPositions: a batch of Kafka records with NoPositions commits
+// its claims and stores no position (the store's positions are nil then).
+func TestBatchNoPositions(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	c := b.claim(t, "loyalty", nil)
+	c.NoPositions = true
+	bt, err := middleware.NewBatch(c)
+	require.NoError(t, err)
+	ords := []order{{1, 1, 100}, {2, 2, 100}}
+	_, msgs, topic := kafkaOrders(t, len(ords), ords...)
+	for _, err := range bt.Process(context.Background(), receiveN(t, msgs, len(ords)), creditSet) {
+		require.NoError(t, err)
+	}
+	require.EqualValues(t, 2, b.scalar(t, "SELECT count(*) FROM point_ledger"))
+	require.EqualValues(t, -1, b.position(t, c.Consumer, topic))
+}
