@@ -29,6 +29,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 	"github.com/claimtx/claimtx/internal/pgtest"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
@@ -66,11 +67,8 @@ func randID() string {
 	return hex.EncodeToString(b[:])
 }
 
-type order struct {
-	OrderID    int64 `json:"order_id"`
-	CustomerID int64 `json:"customer_id"`
-	TotalCents int64 `json:"total_cents"`
-}
+// order is the loyalty example's message, as its producers send it.
+type order = feed.Order
 
 // harness is one isolated world: a schema for effects and claims, a fresh
 // topic/queue, and for Kafka an in-process broker of its own.
@@ -152,10 +150,7 @@ func newHarnessWith(t *testing.T, kind string, opts harnessOptions) *harness {
 		t.Cleanup(cl.Close)
 		h.kcl = cl
 		adm := kadm.NewClient(cl)
-		_, err = adm.CreateTopic(ctx, opts.partitions, 1, nil, h.topic)
-		require.NoError(t, err)
-		_, err = adm.CreateTopic(ctx, 1, 1, nil, h.topic+".poison")
-		require.NoError(t, err)
+		require.NoError(t, feed.CreateKafkaTopics(ctx, adm, h.topic, opts.partitions))
 	case "amqp":
 		conn, err := amqp.Dial(h.amqpURL)
 		require.NoError(t, err)
@@ -285,7 +280,7 @@ func (h *harness) publishRaw(eventIDs []string, payloads [][]byte) {
 	case "kafka":
 		recs := make([]*kgo.Record, len(payloads))
 		for i, p := range payloads {
-			recs[i] = kafkaRecord(h.topic, eventIDs[i], p)
+			recs[i] = feed.KafkaRecord(h.topic, eventIDs[i], p)
 		}
 		require.NoError(h.t, h.kcl.ProduceSync(ctx, recs...).FirstErr())
 	case "amqp":
@@ -635,17 +630,4 @@ func (h *harness) natsUnsettled() int {
 	}
 	require.NoError(h.t, err)
 	return int(si.State.LastSeq - ci.AckFloor.Stream)
-}
-
-// kafkaRecord is one message as a plain franz-go producer sends it: an
-// event_id header, no Watermill metadata, keyed by the event id so copies
-// of an order land on the partition of the original (as a producer's
-// retry would).
-func kafkaRecord(topic, eventID string, payload []byte) *kgo.Record {
-	return &kgo.Record{
-		Topic:   topic,
-		Key:     []byte(eventID),
-		Value:   payload,
-		Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(eventID)}},
-	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 	"github.com/claimtx/claimtx/internal/storedefault"
 	"github.com/claimtx/claimtx/internal/timing"
 	"github.com/claimtx/claimtx/middleware"
@@ -267,7 +268,7 @@ func freshDatabase(ctx context.Context, o options, name string) (string, func(),
 }
 
 func runScenario(ctx context.Context, o options, kind string, rep *report) error {
-	id := runID()
+	id := feed.RunID()
 	dbName := fmt.Sprintf("chaos_%s_%s", kind, id)
 	topic := fmt.Sprintf("chaos-orders-%s-%s", kind, id)
 	group := "loyalty-chaos-" + id
@@ -667,7 +668,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 
 	vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer vcancel()
-	tally, err := countLedger(vctx, pool, schema)
+	tally, err := feed.Count(vctx, pool, schema)
 	if err != nil {
 		return err
 	}
