@@ -214,19 +214,27 @@ func (h *harness) env(extra ...string) []string {
 // when the test ends.
 func (h *harness) start(extra ...string) *proc {
 	h.t.Helper()
+	return startProc(h.t, h.env(extra...))
+}
+
+// startProc runs one consumer process with env; it is stopped (SIGTERM,
+// then SIGKILL) when the test ends, and its output logged if the test
+// failed.
+func startProc(t *testing.T, env []string) *proc {
+	t.Helper()
 	cmd := exec.Command(loyaltyBin)
-	cmd.Env = h.env(extra...)
+	cmd.Env = env
 	p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
-	require.NoError(h.t, cmd.Start())
+	require.NoError(t, cmd.Start())
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
 	}()
-	h.t.Cleanup(func() {
+	t.Cleanup(func() {
 		p.stop()
-		if h.t.Failed() {
-			h.t.Logf("consumer %d output:\n%s", cmd.Process.Pid, p.out.String())
+		if t.Failed() {
+			t.Logf("consumer %d output:\n%s", cmd.Process.Pid, p.out.String())
 		}
 	})
 	return p

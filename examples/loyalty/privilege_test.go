@@ -56,11 +56,12 @@ func rolePool(t *testing.T, dbURL string) *pgxpool.Pool {
 	return pool
 }
 
-// requireDenied requires each of sqls to fail on pool for want of a
-// privilege.
-func requireDenied(t *testing.T, pool *pgxpool.Pool, sqls ...string) {
+// requireDenied requires each of stmts, its %s the quoted schema, to
+// fail on pool for want of a privilege.
+func requireDenied(t *testing.T, pool *pgxpool.Pool, schema string, stmts ...string) {
 	t.Helper()
-	for _, sql := range sqls {
+	for _, stmt := range stmts {
+		sql := fmt.Sprintf(stmt, schema)
 		_, err := pool.Exec(context.Background(), sql)
 		var pgErr *pgconn.PgError
 		require.True(t, errors.As(err, &pgErr), "%s: want a permission error, got %v", sql, err)
@@ -144,14 +145,14 @@ GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRol
 	require.Equal(t, map[string]int{"applied": len(ords), "duplicate": 20, "expired": 0, "failed": 0, "poisoned": 0}, got)
 
 	// What the consumer role must not do to claims (or to effects).
-	requireDenied(t, consumerPool,
-		fmt.Sprintf("DELETE FROM %s.processed_messages", schema),
-		fmt.Sprintf("UPDATE %s.processed_messages SET message_key = 'x'", schema),
-		fmt.Sprintf("TRUNCATE %s.processed_messages", schema),
-		fmt.Sprintf("DROP TABLE %s.processed_messages", schema),
-		fmt.Sprintf("ALTER TABLE %s.processed_messages DROP CONSTRAINT processed_messages_pkey", schema),
-		fmt.Sprintf("DELETE FROM %s.point_ledger", schema),
-		fmt.Sprintf("DELETE FROM %s.claimtx_migration", schema),
+	requireDenied(t, consumerPool, schema,
+		"DELETE FROM %s.processed_messages",
+		"UPDATE %s.processed_messages SET message_key = 'x'",
+		"TRUNCATE %s.processed_messages",
+		"DROP TABLE %s.processed_messages",
+		"ALTER TABLE %s.processed_messages DROP CONSTRAINT processed_messages_pkey",
+		"DELETE FROM %s.point_ledger",
+		"DELETE FROM %s.claimtx_migration",
 	)
 	require.Equal(t, len(ords), h.count(fmt.Sprintf("SELECT count(*) FROM %s.processed_messages", schema)), "claims intact")
 
@@ -162,12 +163,12 @@ GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRol
 	require.NoError(t, err)
 	require.EqualValues(t, len(ords), res.Deleted)
 	require.Zero(t, h.count(fmt.Sprintf("SELECT count(*) FROM %s.processed_messages", schema)))
-	requireDenied(t, cleanupPool,
-		fmt.Sprintf("INSERT INTO %s.processed_messages (consumer, message_key) VALUES ('loyalty', 'forged')", schema),
-		fmt.Sprintf("SELECT * FROM %s.balances", schema),
-		fmt.Sprintf("UPDATE %s.balances SET points = 0", schema),
-		fmt.Sprintf("DELETE FROM %s.point_ledger", schema),
-		fmt.Sprintf("CREATE TABLE %s.x (i int)", schema),
+	requireDenied(t, cleanupPool, schema,
+		"INSERT INTO %s.processed_messages (consumer, message_key) VALUES ('loyalty', 'forged')",
+		"SELECT * FROM %s.balances",
+		"UPDATE %s.balances SET points = 0",
+		"DELETE FROM %s.point_ledger",
+		"CREATE TABLE %s.x (i int)",
 	)
 	require.Equal(t, len(ords), h.count("SELECT count(*) FROM point_ledger"), "effects intact")
 }
