@@ -506,11 +506,7 @@ func (h *harness) poisoned(min int) []poisonedMsg {
 				time.Sleep(20 * time.Millisecond)
 				continue
 			}
-			m := poisonedMsg{body: d.Body, headers: map[string]string{}}
-			for k, v := range d.Headers {
-				m.headers[k] = fmt.Sprint(v)
-			}
-			out = append(out, m)
+			out = append(out, amqpPoisoned(d))
 		}
 	case "nats":
 		for len(out) < min && time.Now().Before(deadline) {
@@ -529,11 +525,7 @@ func (h *harness) poisoned(min int) []poisonedMsg {
 			fs := cl.PollFetches(ctx)
 			cancel()
 			fs.EachRecord(func(r *kgo.Record) {
-				m := poisonedMsg{body: r.Value, headers: map[string]string{}}
-				for _, hd := range r.Headers {
-					m.headers[hd.Key] = string(hd.Value)
-				}
-				out = append(out, m)
+				out = append(out, kafkaPoisoned(r))
 			})
 		}
 	}
@@ -544,6 +536,22 @@ func (h *harness) poisoned(min int) []poisonedMsg {
 type poisonedMsg struct {
 	body    []byte
 	headers map[string]string
+}
+
+func amqpPoisoned(d amqp.Delivery) poisonedMsg {
+	m := poisonedMsg{body: d.Body, headers: map[string]string{}}
+	for k, v := range d.Headers {
+		m.headers[k] = fmt.Sprint(v)
+	}
+	return m
+}
+
+func kafkaPoisoned(r *kgo.Record) poisonedMsg {
+	m := poisonedMsg{body: r.Value, headers: map[string]string{}}
+	for _, hd := range r.Headers {
+		m.headers[hd.Key] = string(hd.Value)
+	}
+	return m
 }
 
 // waitLog waits until the consumer's output contains substr.
