@@ -27,6 +27,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	natsbroker "github.com/claimtx/claimtx/brokers/nats"
+	"github.com/claimtx/claimtx/examples/internal/ddl"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/framework/observe"
@@ -126,11 +127,11 @@ func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 
 // createTables creates the effect tables in the connection's default
 // schema. Several instances may start at once, on an empty database too:
-// createTablesOnce serialises them and runs no DDL when the tables are
+// ddl.CreateOnce serialises them and runs no DDL when the tables are
 // there (a consumer role without CREATE must start against tables an
 // operator created).
 func createTables(ctx context.Context, pool *pgxpool.Pool) error {
-	return createTablesOnce(ctx, pool, "claimtx-example-loyalty-tables",
+	return ddl.CreateOnce(ctx, pool, "claimtx-example-loyalty-tables",
 		"SELECT to_regclass('balances') IS NOT NULL AND to_regclass('point_ledger') IS NOT NULL", `
 CREATE TABLE IF NOT EXISTS balances (
     customer_id bigint PRIMARY KEY,
@@ -142,60 +143,6 @@ CREATE TABLE IF NOT EXISTS point_ledger (
     points      bigint      NOT NULL,
     created_at  timestamptz DEFAULT now()
 )`)
-}
-
-// createTablesOnce runs ddl (CREATE TABLE IF NOT EXISTS statements) unless
-// present, a query returning one boolean, says the tables exist.
-//
-// present is first asked in a statement of its own: a role without CREATE
-// must start against tables an operator created, and Postgres checks
-// CREATE before IF NOT EXISTS. Otherwise CREATE … IF NOT EXISTS is not
-// safe against a concurrent create, so the processes queue on an advisory
-// lock named lock. The lock is a session lock taken before the transaction
-// that runs ddl begins: Postgres applies other sessions' catalog changes to
-// a backend's caches at transaction start, so a transaction begun (or a
-// lookup made on the connection) before a predecessor committed could
-// still take the tables for missing after the lock. Inside that
-// transaction present is asked again, so a process that waited for
-// another's create runs no DDL.
-func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
-	var ok bool
-	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {
-		return nil
-	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("acquire connection: %w", err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lock); err != nil {
-		// A lock wait interrupted by ctx may still have been granted: a
-		// connection in that doubt must not go back to the pool.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = conn.Conn().Close(cctx)
-		cancel()
-		return fmt.Errorf("advisory lock %q: %w", lock, err)
-	}
-	defer func() {
-		// ctx may be cancelled by now; the lock must still be released.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock(hashtext($1))", lock); err != nil {
-			_ = conn.Conn().Close(uctx) // ending the session releases the lock
-		}
-	}()
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, present).Scan(&ok); err != nil {
-			return fmt.Errorf("check tables: %w", err)
-		}
-		if ok {
-			return nil
-		}
-		if _, err := tx.Exec(ctx, ddl); err != nil {
-			return fmt.Errorf("create tables: %w", err)
-		}
-		return nil
-	})
 }
 
 func env(name, def string) string {

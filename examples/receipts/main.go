@@ -29,13 +29,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/brokers"
 	natsbroker "github.com/claimtx/claimtx/brokers/nats"
+	"github.com/claimtx/claimtx/examples/internal/ddl"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
 )
@@ -139,13 +138,13 @@ func (s settings) brokerFor(consumer string) brokers.Config {
 
 // connect opens the pool and creates the example's tables. Several
 // processes may start at once, on an empty database too: see
-// createTablesOnce.
+// ddl.CreateOnce.
 func connect(ctx context.Context, s settings) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.New(ctx, s.databaseURL)
 	if err != nil {
 		return nil, &framework.ConfigError{Field: "DATABASE_URL", Reason: "cannot be used", Err: err}
 	}
-	err = createTablesOnce(ctx, pool, "claimtx-example-receipts-tables",
+	err = ddl.CreateOnce(ctx, pool, "claimtx-example-receipts-tables",
 		"SELECT to_regclass('receipt_requests') IS NOT NULL AND to_regclass('receipts_sent') IS NOT NULL AND to_regclass('provider_receipts') IS NOT NULL", `
 -- The orders consumer's effect: one receipt request per order.
 CREATE TABLE IF NOT EXISTS receipt_requests (
@@ -244,58 +243,4 @@ func main() {
 		logger.Error("receipts: stopped", "err", err)
 		os.Exit(1)
 	}
-}
-
-// createTablesOnce runs ddl (CREATE TABLE IF NOT EXISTS statements) unless
-// present, a query returning one boolean, says the tables exist.
-//
-// present is first asked in a statement of its own: a role without CREATE
-// must start against tables an operator created, and Postgres checks
-// CREATE before IF NOT EXISTS. Otherwise CREATE … IF NOT EXISTS is not
-// safe against a concurrent create, so the processes queue on an advisory
-// lock named lock. The lock is a session lock taken before the transaction
-// that runs ddl begins: Postgres applies other sessions' catalog changes to
-// a backend's caches at transaction start, so a transaction begun (or a
-// lookup made on the connection) before a predecessor committed could
-// still take the tables for missing after the lock. Inside that
-// transaction present is asked again, so a process that waited for
-// another's create runs no DDL.
-func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
-	var ok bool
-	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {
-		return nil
-	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("acquire connection: %w", err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lock); err != nil {
-		// A lock wait interrupted by ctx may still have been granted: a
-		// connection in that doubt must not go back to the pool.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = conn.Conn().Close(cctx)
-		cancel()
-		return fmt.Errorf("advisory lock %q: %w", lock, err)
-	}
-	defer func() {
-		// ctx may be cancelled by now; the lock must still be released.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock(hashtext($1))", lock); err != nil {
-			_ = conn.Conn().Close(uctx) // ending the session releases the lock
-		}
-	}()
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, present).Scan(&ok); err != nil {
-			return fmt.Errorf("check tables: %w", err)
-		}
-		if ok {
-			return nil
-		}
-		if _, err := tx.Exec(ctx, ddl); err != nil {
-			return fmt.Errorf("create tables: %w", err)
-		}
-		return nil
-	})
 }
