@@ -143,8 +143,7 @@ func mustHex(t *testing.T, v any) []byte {
 
 func TestCLIDLQBadInput(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	for _, tc := range []struct {
 		args []string
 		want string
