@@ -733,6 +733,30 @@ func exitHow(took time.Duration, hung bool) string {
 	return fmt.Sprintf("exited by itself after %s", took.Round(time.Millisecond))
 }
 
+// publishRetrying runs once, which sends a whole batch and returns how
+// many deliveries it sent, until it succeeds, up to 20 times with
+// retryDelay between: a batch that failed part way is sent again whole.
+// It returns the deliveries sent over all attempts.
+func publishRetrying(ctx context.Context, broker string, once func() (int, error)) (int, error) {
+	sent := 0
+	var lastErr error
+	for attempt := 0; attempt < 20; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return sent, err
+		}
+		n, err := once()
+		sent += n
+		if err == nil {
+			return sent, nil
+		}
+		lastErr = err
+		if err := timing.Sleep(ctx, retryDelay(attempt)); err != nil {
+			return sent, err
+		}
+	}
+	return sent, fmt.Errorf("publish to %s: %w", broker, lastErr)
+}
+
 func retryDelay(attempt int) time.Duration {
 	return min(100*time.Millisecond<<attempt, 2*time.Second)
 }
