@@ -5,6 +5,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -162,15 +163,9 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if cfg.Name == "" {
-		cfg.Name = consumerName
-	}
-	if cfg.Topic == "" {
-		cfg.Topic = defaultTopic
-	}
-	if cfg.Key == "" {
-		cfg.Key = defaultKey
-	}
+	cfg.Name = cmp.Or(cfg.Name, consumerName)
+	cfg.Topic = cmp.Or(cfg.Topic, defaultTopic)
+	cfg.Key = cmp.Or(cfg.Key, defaultKey)
 	// The registry knows the built-in kinds and NATS JetStream, a
 	// registered kind (brokers/nats), so BROKER=nats selects it.
 	registry := brokers.NewRegistry()
@@ -185,9 +180,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if err := registry.Validate(cfg.Broker); err != nil {
 		return err
 	}
-	if cfg.DatabaseURL == "" {
-		cfg.DatabaseURL = defaultDatabaseURL
-	}
+	cfg.DatabaseURL = cmp.Or(cfg.DatabaseURL, defaultDatabaseURL)
 	// The specs are checked before connecting, so a typo fails at once
 	// (consumer.New would find it only after the tables are created),
 	// named as the operator wrote it.
