@@ -6,6 +6,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 )
 
 // kafkaOps publishes like a plain franz-go producer (kafkaRecord).
@@ -24,19 +26,13 @@ func (k *kafkaOps) prepare(ctx context.Context) error {
 		return err
 	}
 	k.cl, k.adm = cl, kadm.NewClient(cl)
-	if _, err := k.adm.CreateTopic(ctx, partitions, 1, nil, k.topic); err != nil {
-		return fmt.Errorf("create topic: %w", err)
-	}
-	if _, err := k.adm.CreateTopic(ctx, 1, 1, nil, k.topic+".poison"); err != nil {
-		return fmt.Errorf("create poison topic: %w", err)
-	}
-	return nil
+	return feed.CreateKafkaTopics(ctx, k.adm, k.topic, partitions)
 }
 
 func (k *kafkaOps) publish(ctx context.Context, ds []delivery) error {
 	recs := make([]*kgo.Record, len(ds))
 	for i, d := range ds {
-		recs[i] = kafkaRecord(k.topic, d.eventID, d.payload)
+		recs[i] = feed.KafkaRecord(k.topic, d.eventID, d.payload)
 	}
 	return k.cl.ProduceSync(ctx, recs...).FirstErr()
 }
@@ -67,7 +63,7 @@ func (k *kafkaOps) drained(ctx context.Context) (bool, error) {
 }
 
 func (k *kafkaOps) poisoned(ctx context.Context) (int, error) {
-	return kafkaTopicSize(ctx, k.adm, k.topic+".poison")
+	return feed.KafkaTopicSize(ctx, k.adm, k.topic+".poison")
 }
 
 func (k *kafkaOps) close() {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 )
 
 // delivery is one message as a plain (non-Watermill) producer sends it.
@@ -39,7 +41,7 @@ func makePlan(n int) plan {
 	p := plan{orders: n}
 	var late []delivery
 	for i := 1; i <= n; i++ {
-		o := order{OrderID: int64(i), CustomerID: int64(i%97 + 1), TotalCents: int64(100 + rand.IntN(100_000))}
+		o := feed.Order{OrderID: int64(i), CustomerID: int64(i%97 + 1), TotalCents: int64(100 + rand.IntN(100_000))}
 		body, _ := json.Marshal(o)
 		d := delivery{eventID: fmt.Sprintf("evt-%d", i), payload: body}
 		p.expectedPoints += o.TotalCents / 100
@@ -104,7 +106,7 @@ func (r report) ok() bool {
 }
 
 func runBroker(ctx context.Context, o options, kind string, batch bool) (report, error) {
-	id := runID()
+	id := feed.RunID()
 	schema := fmt.Sprintf("demo_%s_%s", kind, id)
 	topic := fmt.Sprintf("demo-orders-%s-%s", kind, id)
 	label := kind
@@ -234,7 +236,7 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 		p.stop()
 	}
 
-	tally, err := count(ctx, pool, schema)
+	tally, err := feed.Count(ctx, pool, schema)
 	if err != nil {
 		return rep, err
 	}

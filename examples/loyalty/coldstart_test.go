@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -47,17 +46,7 @@ func coldStartRound(t *testing.T, round, procs int, batchSize string) int {
 		"METRICS_ADDR=off", "BATCH_SIZE="+batchSize, "LOG_LEVEL=info")
 	ps := make([]*proc, procs)
 	for i := range ps {
-		cmd := exec.Command(loyaltyBin)
-		cmd.Env = env
-		p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
-		cmd.Stdout, cmd.Stderr = p.out, p.out
-		require.NoError(t, cmd.Start())
-		go func() {
-			p.err = cmd.Wait()
-			close(p.done)
-		}()
-		t.Cleanup(p.stop)
-		ps[i] = p
+		ps[i] = startProc(t, env)
 	}
 	failed := 0
 	started := make([]bool, procs)

@@ -29,6 +29,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
 
@@ -65,11 +66,8 @@ func randID() string {
 	return hex.EncodeToString(b[:])
 }
 
-type order struct {
-	OrderID    int64 `json:"order_id"`
-	CustomerID int64 `json:"customer_id"`
-	TotalCents int64 `json:"total_cents"`
-}
+// order is the loyalty example's message, as its producers send it.
+type order = feed.Order
 
 // harness is one isolated world: a schema for effects and claims, a fresh
 // topic/queue, and for Kafka an in-process broker of its own.
@@ -151,10 +149,7 @@ func newHarnessWith(t *testing.T, kind string, opts harnessOptions) *harness {
 		t.Cleanup(cl.Close)
 		h.kcl = cl
 		adm := kadm.NewClient(cl)
-		_, err = adm.CreateTopic(ctx, opts.partitions, 1, nil, h.topic)
-		require.NoError(t, err)
-		_, err = adm.CreateTopic(ctx, 1, 1, nil, h.topic+".poison")
-		require.NoError(t, err)
+		require.NoError(t, feed.CreateKafkaTopics(ctx, adm, h.topic, opts.partitions))
 	case "amqp":
 		conn, err := amqp.Dial(h.amqpURL)
 		require.NoError(t, err)
@@ -218,19 +213,27 @@ func (h *harness) env(extra ...string) []string {
 // when the test ends.
 func (h *harness) start(extra ...string) *proc {
 	h.t.Helper()
+	return startProc(h.t, h.env(extra...))
+}
+
+// startProc runs one consumer process with env; it is stopped (SIGTERM,
+// then SIGKILL) when the test ends, and its output logged if the test
+// failed.
+func startProc(t *testing.T, env []string) *proc {
+	t.Helper()
 	cmd := exec.Command(loyaltyBin)
-	cmd.Env = h.env(extra...)
+	cmd.Env = env
 	p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
-	require.NoError(h.t, cmd.Start())
+	require.NoError(t, cmd.Start())
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
 	}()
-	h.t.Cleanup(func() {
+	t.Cleanup(func() {
 		p.stop()
-		if h.t.Failed() {
-			h.t.Logf("consumer %d output:\n%s", cmd.Process.Pid, p.out.String())
+		if t.Failed() {
+			t.Logf("consumer %d output:\n%s", cmd.Process.Pid, p.out.String())
 		}
 	})
 	return p
@@ -284,7 +287,7 @@ func (h *harness) publishRaw(eventIDs []string, payloads [][]byte) {
 	case "kafka":
 		recs := make([]*kgo.Record, len(payloads))
 		for i, p := range payloads {
-			recs[i] = kafkaRecord(h.topic, eventIDs[i], p)
+			recs[i] = feed.KafkaRecord(h.topic, eventIDs[i], p)
 		}
 		require.NoError(h.t, h.kcl.ProduceSync(ctx, recs...).FirstErr())
 	case "amqp":
@@ -502,11 +505,7 @@ func (h *harness) poisoned(min int) []poisonedMsg {
 				time.Sleep(20 * time.Millisecond)
 				continue
 			}
-			m := poisonedMsg{body: d.Body, headers: map[string]string{}}
-			for k, v := range d.Headers {
-				m.headers[k] = fmt.Sprint(v)
-			}
-			out = append(out, m)
+			out = append(out, amqpPoisoned(d))
 		}
 	case "nats":
 		for len(out) < min && time.Now().Before(deadline) {
@@ -525,11 +524,7 @@ func (h *harness) poisoned(min int) []poisonedMsg {
 			fs := cl.PollFetches(ctx)
 			cancel()
 			fs.EachRecord(func(r *kgo.Record) {
-				m := poisonedMsg{body: r.Value, headers: map[string]string{}}
-				for _, hd := range r.Headers {
-					m.headers[hd.Key] = string(hd.Value)
-				}
-				out = append(out, m)
+				out = append(out, kafkaPoisoned(r))
 			})
 		}
 	}
@@ -540,6 +535,22 @@ func (h *harness) poisoned(min int) []poisonedMsg {
 type poisonedMsg struct {
 	body    []byte
 	headers map[string]string
+}
+
+func amqpPoisoned(d amqp.Delivery) poisonedMsg {
+	m := poisonedMsg{body: d.Body, headers: map[string]string{}}
+	for k, v := range d.Headers {
+		m.headers[k] = fmt.Sprint(v)
+	}
+	return m
+}
+
+func kafkaPoisoned(r *kgo.Record) poisonedMsg {
+	m := poisonedMsg{body: r.Value, headers: map[string]string{}}
+	for _, hd := range r.Headers {
+		m.headers[hd.Key] = string(hd.Value)
+	}
+	return m
 }
 
 // waitLog waits until the consumer's output contains substr.
@@ -634,17 +645,4 @@ func (h *harness) natsUnsettled() int {
 	}
 	require.NoError(h.t, err)
 	return int(si.State.LastSeq - ci.AckFloor.Stream)
-}
-
-// kafkaRecord is one message as a plain franz-go producer sends it: an
-// event_id header, no Watermill metadata, keyed by the event id so copies
-// of an order land on the partition of the original (as a producer's
-// retry would).
-func kafkaRecord(topic, eventID string, payload []byte) *kgo.Record {
-	return &kgo.Record{
-		Topic:   topic,
-		Key:     []byte(eventID),
-		Value:   payload,
-		Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(eventID)}},
-	}
 }

@@ -78,20 +78,15 @@ func TestLeastPrivilegePoisonMemo(t *testing.T) {
 	ctx := context.Background()
 	schema := pgx.Identifier{h.schema}.Sanitize()
 	memo := schema + "." + pgx.Identifier{"processed_messages_poison_memo"}.Sanitize()
-	st, err := store.New(h.pool, store.Config{Schema: h.schema})
-	require.NoError(t, err)
-	require.NoError(t, st.Migrate(ctx))
-	require.NoError(t, createTables(ctx, h.pool))
-	roles := pgRoles(t, h.pool, "claimtx_consumer", "claimtx_cleanup")
-	consumerRole, cleanupRole := pgx.Identifier{roles[0]}.Sanitize(), pgx.Identifier{roles[1]}.Sanitize()
-	_, err = h.pool.Exec(ctx, fmt.Sprintf(`
+	w := newOwnedWorld(t, h)
+	consumerRole, cleanupRole, consumerURL, cleanupURL := w.consumerRole, w.cleanupRole, w.consumerURL, w.cleanupURL
+	_, err := h.pool.Exec(ctx, fmt.Sprintf(`
 GRANT USAGE ON SCHEMA %[1]s TO %[2]s, %[3]s;
 GRANT SELECT, INSERT ON %[1]s.processed_messages TO %[2]s;
 GRANT SELECT ON %[1]s.claimtx_migration TO %[2]s;
 GRANT SELECT, INSERT, UPDATE ON %[1]s.balances, %[1]s.point_ledger TO %[2]s;
 GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRole, cleanupRole))
 	require.NoError(t, err)
-	consumerURL, cleanupURL := asRole(t, h.dbURL, roles[0]), asRole(t, h.dbURL, roles[1])
 
 	p := h.start("DATABASE_URL="+consumerURL, "POISON_MEMO=true", "STARTUP_TIMEOUT=-1s")
 	require.True(t, p.exited(30*time.Second), "the consumer must refuse to start")

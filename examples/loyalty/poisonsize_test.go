@@ -14,6 +14,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 )
 
 // Issue 26 part 3: a poison copy the broker refuses must not be redelivered
@@ -250,7 +252,7 @@ func (h *harness) publishBig(t *testing.T, eventID string, payload []byte, blob 
 		cl, err := kgo.NewClient(kgo.SeedBrokers(h.kafkaAddr), kgo.ProducerLinger(0), kgo.ProducerBatchMaxBytes(2<<20))
 		require.NoError(t, err)
 		defer cl.Close()
-		require.NoError(t, cl.ProduceSync(ctx, kafkaRecord(h.topic, eventID, payload)).FirstErr())
+		require.NoError(t, cl.ProduceSync(ctx, feed.KafkaRecord(h.topic, eventID, payload)).FirstErr())
 	case "amqp":
 		ch, err := h.amqp().Channel()
 		require.NoError(t, err)

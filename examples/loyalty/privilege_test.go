@@ -56,12 +56,40 @@ func rolePool(t *testing.T, dbURL string) *pgxpool.Pool {
 	return pool
 }
 
-func requireDenied(t *testing.T, pool *pgxpool.Pool, sql string) {
+// requireDenied requires each of stmts, its %s the quoted schema, to
+// fail on pool for want of a privilege.
+func requireDenied(t *testing.T, pool *pgxpool.Pool, schema string, stmts ...string) {
 	t.Helper()
-	_, err := pool.Exec(context.Background(), sql)
-	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "%s: want a permission error, got %v", sql, err)
-	require.Equal(t, "42501", pgErr.Code, "%s: %v", sql, err) // insufficient_privilege
+	for _, stmt := range stmts {
+		sql := fmt.Sprintf(stmt, schema)
+		_, err := pool.Exec(context.Background(), sql)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%s: want a permission error, got %v", sql, err)
+		require.Equal(t, "42501", pgErr.Code, "%s: %v", sql, err) // insufficient_privilege
+	}
+}
+
+// ownedWorld is what the owner (here: postgres) prepares before the
+// least-privilege tests log in: claimtx's tables migrated, the effect
+// tables created, and a consumer and a cleanup role, which the test grants
+// to.
+type ownedWorld struct {
+	consumerRole, cleanupRole string // quoted, for GRANT statements
+	consumerURL, cleanupURL   string // h.dbURL logging in as each role
+}
+
+func newOwnedWorld(t *testing.T, h *harness) ownedWorld {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.New(h.pool, store.Config{Schema: h.schema})
+	require.NoError(t, err)
+	require.NoError(t, st.Migrate(ctx))
+	require.NoError(t, createTables(ctx, h.pool))
+	roles := pgRoles(t, h.pool, "claimtx_consumer", "claimtx_cleanup")
+	return ownedWorld{
+		consumerRole: pgx.Identifier{roles[0]}.Sanitize(), cleanupRole: pgx.Identifier{roles[1]}.Sanitize(),
+		consumerURL: asRole(t, h.dbURL, roles[0]), cleanupURL: asRole(t, h.dbURL, roles[1]),
+	}
 }
 
 // TestLeastPrivilegeRoles runs the loyalty consumer under a role that can
@@ -74,14 +102,8 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	ctx := context.Background()
 	schema := pgx.Identifier{h.schema}.Sanitize()
 
-	// The owner (here: postgres) migrates and creates the effect tables.
-	st, err := store.New(h.pool, store.Config{Schema: h.schema})
-	require.NoError(t, err)
-	require.NoError(t, st.Migrate(ctx))
-	require.NoError(t, createTables(ctx, h.pool))
-
-	roles := pgRoles(t, h.pool, "claimtx_consumer", "claimtx_cleanup")
-	consumerRole, cleanupRole := pgx.Identifier{roles[0]}.Sanitize(), pgx.Identifier{roles[1]}.Sanitize()
+	w := newOwnedWorld(t, h)
+	consumerRole, cleanupRole, consumerURL, cleanupURL := w.consumerRole, w.cleanupRole, w.consumerURL, w.cleanupURL
 	grants := fmt.Sprintf(`
 GRANT USAGE ON SCHEMA %[1]s TO %[2]s, %[3]s;
 GRANT SELECT, INSERT ON %[1]s.processed_messages TO %[2]s;
@@ -89,9 +111,8 @@ GRANT SELECT ON %[1]s.claimtx_migration TO %[2]s;
 GRANT INSERT ON %[1]s.processed_messages_dead_letter TO %[2]s;
 GRANT SELECT, INSERT, UPDATE ON %[1]s.balances, %[1]s.point_ledger TO %[2]s;
 GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRole, cleanupRole)
-	_, err = h.pool.Exec(ctx, grants)
+	_, err := h.pool.Exec(ctx, grants)
 	require.NoError(t, err)
-	consumerURL, cleanupURL := asRole(t, h.dbURL, roles[0]), asRole(t, h.dbURL, roles[1])
 	consumerPool, cleanupPool := rolePool(t, consumerURL), rolePool(t, cleanupURL)
 
 	// With exactly these grants the consumer starts: start-up reads the
@@ -124,17 +145,15 @@ GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRol
 	require.Equal(t, map[string]int{"applied": len(ords), "duplicate": 20, "expired": 0, "failed": 0, "poisoned": 0}, got)
 
 	// What the consumer role must not do to claims (or to effects).
-	for _, sql := range []string{
-		fmt.Sprintf("DELETE FROM %s.processed_messages", schema),
-		fmt.Sprintf("UPDATE %s.processed_messages SET message_key = 'x'", schema),
-		fmt.Sprintf("TRUNCATE %s.processed_messages", schema),
-		fmt.Sprintf("DROP TABLE %s.processed_messages", schema),
-		fmt.Sprintf("ALTER TABLE %s.processed_messages DROP CONSTRAINT processed_messages_pkey", schema),
-		fmt.Sprintf("DELETE FROM %s.point_ledger", schema),
-		fmt.Sprintf("DELETE FROM %s.claimtx_migration", schema),
-	} {
-		requireDenied(t, consumerPool, sql)
-	}
+	requireDenied(t, consumerPool, schema,
+		"DELETE FROM %s.processed_messages",
+		"UPDATE %s.processed_messages SET message_key = 'x'",
+		"TRUNCATE %s.processed_messages",
+		"DROP TABLE %s.processed_messages",
+		"ALTER TABLE %s.processed_messages DROP CONSTRAINT processed_messages_pkey",
+		"DELETE FROM %s.point_ledger",
+		"DELETE FROM %s.claimtx_migration",
+	)
 	require.Equal(t, len(ords), h.count(fmt.Sprintf("SELECT count(*) FROM %s.processed_messages", schema)), "claims intact")
 
 	// The cleanup role runs retention: it deletes claims, and nothing else.
@@ -144,14 +163,12 @@ GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRol
 	require.NoError(t, err)
 	require.EqualValues(t, len(ords), res.Deleted)
 	require.Zero(t, h.count(fmt.Sprintf("SELECT count(*) FROM %s.processed_messages", schema)))
-	for _, sql := range []string{
-		fmt.Sprintf("INSERT INTO %s.processed_messages (consumer, message_key) VALUES ('loyalty', 'forged')", schema),
-		fmt.Sprintf("SELECT * FROM %s.balances", schema),
-		fmt.Sprintf("UPDATE %s.balances SET points = 0", schema),
-		fmt.Sprintf("DELETE FROM %s.point_ledger", schema),
-		fmt.Sprintf("CREATE TABLE %s.x (i int)", schema),
-	} {
-		requireDenied(t, cleanupPool, sql)
-	}
+	requireDenied(t, cleanupPool, schema,
+		"INSERT INTO %s.processed_messages (consumer, message_key) VALUES ('loyalty', 'forged')",
+		"SELECT * FROM %s.balances",
+		"UPDATE %s.balances SET points = 0",
+		"DELETE FROM %s.point_ledger",
+		"CREATE TABLE %s.x (i int)",
+	)
 	require.Equal(t, len(ords), h.count("SELECT count(*) FROM point_ledger"), "effects intact")
 }

@@ -148,21 +148,7 @@ broker:
     concurrency: 2
 `, h.schema, h.amqpURL)), 0o600))
 
-	cmd := exec.Command(loyaltyBin)
-	cmd.Env = loyaltyEnv("CONFIG_FILE="+cfgFile, "DATABASE_URL_FILE="+dbFile, "TOPIC="+h.topic, "LOG_LEVEL=debug")
-	p := &proc{cmd: cmd, out: &syncBuffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	require.NoError(t, cmd.Start())
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.stop()
-		if t.Failed() {
-			t.Logf("consumer output:\n%s", p.out.String())
-		}
-	})
+	p := startProc(t, loyaltyEnv("CONFIG_FILE="+cfgFile, "DATABASE_URL_FILE="+dbFile, "TOPIC="+h.topic, "LOG_LEVEL=debug"))
 	p.waitLog(t, `msg="loyalty: consuming"`)
 	good := orders(1, 20)
 	h.publish(good...)

@@ -14,6 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 )
 
 const (
@@ -391,10 +393,7 @@ func newRestartableKafka(t *testing.T, h *harness) *restartableKafka {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	adm := kadm.NewClient(cl)
-	_, err = adm.CreateTopic(ctx, 4, 1, nil, h.topic)
-	require.NoError(t, err)
-	_, err = adm.CreateTopic(ctx, 1, 1, nil, h.topic+".poison")
-	require.NoError(t, err)
+	require.NoError(t, feed.CreateKafkaTopics(ctx, adm, h.topic, 4))
 	return rc
 }
 

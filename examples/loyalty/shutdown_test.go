@@ -347,11 +347,7 @@ func (h *harness) readPoisonFully(t *testing.T) []poisonedMsg {
 			if !ok {
 				break
 			}
-			m := poisonedMsg{body: d.Body, headers: map[string]string{}}
-			for k, v := range d.Headers {
-				m.headers[k] = fmt.Sprint(v)
-			}
-			out = append(out, m)
+			out = append(out, amqpPoisoned(d))
 		}
 	case "nats":
 		out = h.natsPoison()
@@ -369,11 +365,7 @@ func (h *harness) readPoisonFully(t *testing.T) []poisonedMsg {
 			require.NoError(t, ctx.Err(), "read %d of %d poisoned records", len(out), n)
 			fs.EachError(func(_ string, _ int32, err error) { require.NoError(t, err) })
 			fs.EachRecord(func(r *kgo.Record) {
-				m := poisonedMsg{body: r.Value, headers: map[string]string{}}
-				for _, hd := range r.Headers {
-					m.headers[hd.Key] = string(hd.Value)
-				}
-				out = append(out, m)
+				out = append(out, kafkaPoisoned(r))
 			})
 		}
 	}

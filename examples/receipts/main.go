@@ -179,6 +179,25 @@ CREATE TABLE IF NOT EXISTS provider_receipts (
 	return pool, nil
 }
 
+// connectStore is connect with the claimtx store opened on the pool; with
+// migrate it also creates the store's tables, for the roles that write or
+// read them without a consumer.New (which migrates) before them.
+func connectStore(ctx context.Context, s settings, migrate bool) (*pgxpool.Pool, *store.Store, error) {
+	pool, err := connect(ctx, s)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := store.New(pool, s.storeConfig())
+	if err == nil && migrate {
+		err = st.Migrate(ctx)
+	}
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, st, nil
+}
+
 // crashNow is the fault injection: die like a power cut, with no deferred
 // function, rollback or ack.
 func crashNow(logger *slog.Logger, what string) {

@@ -138,15 +138,11 @@ func callProvider(ctx context.Context, client *http.Client, providerURL, key str
 }
 
 func runOrders(ctx context.Context, logger *slog.Logger, s settings) error {
-	pool, err := connect(ctx, s)
+	pool, st, err := connectStore(ctx, s, false)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	st, err := store.New(pool, s.storeConfig())
-	if err != nil {
-		return err
-	}
 	c, err := consumer.New(ctx, consumer.Config{
 		Name:      ordersConsumer,
 		Topic:     s.ordersTopic,
@@ -208,18 +204,11 @@ func (p crashingPublisher) Publish(topic string, msgs ...*message.Message) error
 }
 
 func runRelay(ctx context.Context, logger *slog.Logger, s settings) error {
-	pool, err := connect(ctx, s)
+	pool, st, err := connectStore(ctx, s, true)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	st, err := store.New(pool, s.storeConfig())
-	if err != nil {
-		return err
-	}
-	if err := st.Migrate(ctx); err != nil {
-		return err
-	}
 	wlog := watermill.NewSlogLogger(logger)
 	pub, err := s.brokers.NewPublisher(s.broker, wlog)
 	if err != nil {

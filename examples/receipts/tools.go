@@ -82,18 +82,11 @@ func readReport(ctx context.Context, pool *pgxpool.Pool, st *store.Store) (Repor
 }
 
 func runReport(ctx context.Context, s settings, w io.Writer) error {
-	pool, err := connect(ctx, s)
+	pool, st, err := connectStore(ctx, s, true)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	st, err := store.New(pool, s.storeConfig())
-	if err != nil {
-		return err
-	}
-	if err := st.Migrate(ctx); err != nil {
-		return err
-	}
 	r, err := readReport(ctx, pool, st)
 	if err != nil {
 		return err

@@ -9,8 +9,6 @@ import (
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // amqpOps publishes like a plain amqp091 producer (default exchange,
@@ -75,23 +73,7 @@ func (a *amqpOps) prepare(context.Context) error {
 // retrying unconfirmed messages would: more duplicates, which is fine.
 // It returns how many deliveries it sent in total.
 func (a *amqpOps) publish(ctx context.Context, ds []delivery) (int, error) {
-	sent := 0
-	var lastErr error
-	for attempt := 0; attempt < 20; attempt++ {
-		if err := ctx.Err(); err != nil {
-			return sent, err
-		}
-		n, err := a.publishOnce(ctx, ds)
-		sent += n
-		if err == nil {
-			return sent, nil
-		}
-		lastErr = err
-		if err := pg.Sleep(ctx, retryDelay(attempt)); err != nil {
-			return sent, err
-		}
-	}
-	return sent, fmt.Errorf("publish to RabbitMQ: %w", lastErr)
+	return publishRetrying(ctx, "RabbitMQ", func() (int, error) { return a.publishOnce(ctx, ds) })
 }
 
 func (a *amqpOps) publishOnce(ctx context.Context, ds []delivery) (int, error) {

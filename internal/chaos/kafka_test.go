@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 )
 
 // partitions of the chaos topic: two per consumer process.
@@ -61,20 +62,14 @@ func (k *kafkaOps) prepare(ctx context.Context) error {
 		return err
 	}
 	k.cl, k.adm = cl, kadm.NewClient(cl)
-	if _, err := k.adm.CreateTopic(ctx, partitions, 1, nil, k.topic); err != nil {
-		return fmt.Errorf("create topic: %w", err)
-	}
-	if _, err := k.adm.CreateTopic(ctx, 1, 1, nil, k.topic+".poison"); err != nil {
-		return fmt.Errorf("create poison topic: %w", err)
-	}
-	return nil
+	return feed.CreateKafkaTopics(ctx, k.adm, k.topic, partitions)
 }
 
 // publish produces ds; franz-go retries through a broker restart by itself.
 func (k *kafkaOps) publish(ctx context.Context, ds []delivery) (int, error) {
 	recs := make([]*kgo.Record, len(ds))
 	for i, d := range ds {
-		recs[i] = kafkaRecord(k.topic, d.eventID, d.payload)
+		recs[i] = feed.KafkaRecord(k.topic, d.eventID, d.payload)
 	}
 	if err := k.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return 0, fmt.Errorf("produce: %w", err)
@@ -129,7 +124,7 @@ func (k *kafkaOps) remaining(ctx context.Context) (int, error) {
 }
 
 func (k *kafkaOps) poisonedCount(ctx context.Context) (int, error) {
-	return kafkaTopicSize(ctx, k.adm, k.topic+".poison")
+	return feed.KafkaTopicSize(ctx, k.adm, k.topic+".poison")
 }
 
 // poisoned reads the poison topic from the start and returns each

@@ -9,8 +9,6 @@ import (
 	"sync"
 
 	natsgo "github.com/nats-io/nats.go"
-
-	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // natsDurable is the durable consumer the loyalty processes share (their
@@ -57,23 +55,7 @@ func (n *natsOps) prepare(context.Context) error {
 // publish sends ds, each acknowledged by JetStream. A chunk that fails is
 // sent again whole, as a producer retrying would: more duplicates.
 func (n *natsOps) publish(ctx context.Context, ds []delivery) (int, error) {
-	sent := 0
-	var lastErr error
-	for attempt := 0; attempt < 20; attempt++ {
-		if err := ctx.Err(); err != nil {
-			return sent, err
-		}
-		k, err := n.publishOnce(ctx, ds)
-		sent += k
-		if err == nil {
-			return sent, nil
-		}
-		lastErr = err
-		if err := pg.Sleep(ctx, retryDelay(attempt)); err != nil {
-			return sent, err
-		}
-	}
-	return sent, fmt.Errorf("publish to NATS: %w", lastErr)
+	return publishRetrying(ctx, "NATS", func() (int, error) { return n.publishOnce(ctx, ds) })
 }
 
 func (n *natsOps) publishOnce(ctx context.Context, ds []delivery) (int, error) {

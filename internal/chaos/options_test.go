@@ -192,3 +192,12 @@ func natsHostPort(u string) string {
 	}
 	return "127.0.0.1:4222"
 }
+
+// envOr returns the environment variable name, or def when it is unset or
+// empty.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 )
 
 // delivery is one message as a plain (non-Watermill) producer sends it.
@@ -55,7 +57,7 @@ func makePlan(n, bad int, rng *rand.Rand) plan {
 	}
 	all := make([]placed, 0, n+n/2+bad)
 	for i := 1; i <= n; i++ {
-		o := order{OrderID: int64(i), CustomerID: int64(i%211 + 1), TotalCents: int64(100 + rng.IntN(100_000))}
+		o := feed.Order{OrderID: int64(i), CustomerID: int64(i%211 + 1), TotalCents: int64(100 + rng.IntN(100_000))}
 		body, _ := json.Marshal(o) // a struct of int64s always marshals
 		d := delivery{eventID: fmt.Sprintf("evt-%d", i), payload: body, brokerID: fmt.Sprintf("msg-%d-0", i)}
 		p.expectedPoints += o.TotalCents / 100

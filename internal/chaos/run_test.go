@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 )
@@ -266,7 +267,7 @@ func freshDatabase(ctx context.Context, o options, name string) (string, func(),
 }
 
 func runScenario(ctx context.Context, o options, kind string, rep *report) error {
-	id := runID()
+	id := feed.RunID()
 	dbName := fmt.Sprintf("chaos_%s_%s", kind, id)
 	topic := fmt.Sprintf("chaos-orders-%s-%s", kind, id)
 	group := "loyalty-chaos-" + id
@@ -666,7 +667,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 
 	vctx, vcancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer vcancel()
-	tally, err := countLedger(vctx, pool, schema)
+	tally, err := feed.Count(vctx, pool, schema)
 	if err != nil {
 		return err
 	}
@@ -729,6 +730,30 @@ func exitHow(took time.Duration, hung bool) string {
 		return fmt.Sprintf("did NOT exit within %s (hung shutdown), SIGKILLed", took.Round(time.Millisecond))
 	}
 	return fmt.Sprintf("exited by itself after %s", took.Round(time.Millisecond))
+}
+
+// publishRetrying runs once, which sends a whole batch and returns how
+// many deliveries it sent, until it succeeds, up to 20 times with
+// retryDelay between: a batch that failed part way is sent again whole.
+// It returns the deliveries sent over all attempts.
+func publishRetrying(ctx context.Context, broker string, once func() (int, error)) (int, error) {
+	sent := 0
+	var lastErr error
+	for attempt := 0; attempt < 20; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return sent, err
+		}
+		n, err := once()
+		sent += n
+		if err == nil {
+			return sent, nil
+		}
+		lastErr = err
+		if err := pg.Sleep(ctx, retryDelay(attempt)); err != nil {
+			return sent, err
+		}
+	}
+	return sent, fmt.Errorf("publish to %s: %w", broker, lastErr)
 }
 
 func retryDelay(attempt int) time.Duration {

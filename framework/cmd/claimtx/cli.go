@@ -71,34 +71,40 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		return exitUsage
 	}
 	cmd, rest := args[0], args[1:]
-	var err error
 	switch cmd {
 	case "help", "-h", "--help":
 		printTo(stdout, usage)
 		return exitOK
-	case "migrate":
-		err = cmdMigrate(ctx, rest, stdout, getenv)
-	case "cleanup":
-		err = cmdCleanup(ctx, rest, stdout, getenv)
-	case "partitions":
-		err = cmdPartitions(ctx, rest, stdout, getenv)
-	case "stats":
-		err = cmdStats(ctx, rest, stdout, getenv)
-	case "dlq":
-		err = cmdDLQ(ctx, rest, stdout, stderr, getenv)
-	case "keys":
-		err = cmdKeys(ctx, rest, stdout, getenv)
-	case "unpoison":
-		err = cmdUnpoison(ctx, rest, stdout, getenv)
-	case "explain":
-		err = cmdExplain(ctx, rest, stdout, getenv)
-	case "console":
-		err = cmdConsole(ctx, rest, stdout, getenv)
-	default:
+	}
+	c, ok := commands[cmd]
+	if !ok {
 		printf(stderr, "claimtx: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
 	}
-	return report(err, stderr)
+	return report(c(ctx, rest, stdout, stderr, getenv), stderr)
+}
+
+// command is one subcommand: it writes its output to stdout (dlq also its
+// progress to stderr) and returns its error for report to print.
+type command func(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error
+
+var commands = map[string]command{
+	"migrate":    quiet(cmdMigrate),
+	"cleanup":    quiet(cmdCleanup),
+	"partitions": quiet(cmdPartitions),
+	"stats":      quiet(cmdStats),
+	"dlq":        cmdDLQ,
+	"keys":       quiet(cmdKeys),
+	"unpoison":   quiet(cmdUnpoison),
+	"explain":    quiet(cmdExplain),
+	"console":    quiet(cmdConsole),
+}
+
+// quiet is a command that writes nothing to stderr.
+func quiet(f func(ctx context.Context, args []string, stdout io.Writer, getenv env) error) command {
+	return func(ctx context.Context, args []string, stdout, _ io.Writer, getenv env) error {
+		return f(ctx, args, stdout, getenv)
+	}
 }
 
 // report prints err (already redacted by the command) and maps it to an

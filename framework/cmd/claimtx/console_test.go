@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
@@ -70,10 +69,7 @@ func TestCLIConsoleRefusesNonLoopbackWithoutToken(t *testing.T) {
 func TestCLIConsoleShutdownDuringReplay(t *testing.T) {
 	t.Parallel()
 	w := dlqtest.New(t, brokers.KindAMQP, 1)
-	var orders []*message.Message
-	for i := 1; i <= 300; i++ {
-		orders = append(orders, dlqtest.Order(i))
-	}
+	orders := dlqtest.Orders(1, 300)
 	w.Publish(w.Poison, w.Poisoned("loyalty", dlqKeySpec, errors.New("boom"), orders...)...)
 	file := filepath.Join(t.TempDir(), "loyalty.yaml")
 	require.NoError(t, os.WriteFile(file, fmt.Appendf(nil, `name: loyalty

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
@@ -50,94 +49,86 @@ func jsonLines(t *testing.T, out string) []map[string]any {
 // filters), inspect, a dry run that classifies and changes nothing, a
 // replay, and the help of each subcommand.
 func TestCLIDLQ(t *testing.T) {
-	t.Parallel()
-	for _, kind := range dlqtest.Brokers {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			w := dlqtest.New(t, kind, 1)
-			c, broker := dlqCLI(t, w)
-			var orders []*message.Message
-			for i := 1; i <= 6; i++ {
-				orders = append(orders, dlqtest.Order(i))
+	dlqtest.EachBroker(t, 1, func(t *testing.T, w *dlqtest.World) {
+		c, broker := dlqCLI(t, w)
+		orders := dlqtest.Orders(1, 6)
+		bad := dlqtest.Order(7)
+		bad.Payload = []byte(`{"order": "seven"}`)
+		copies := w.Poisoned("loyalty", dlqKeySpec, framework.Permanent(errors.New("cannot decode: schema v2")), append(orders, bad)...)
+		copies = append(copies, w.Poisoned("analytics", dlqKeySpec, errors.New("handler timeout"), dlqtest.Order(8))...)
+		w.Publish(w.Poison, copies...)
+		w.Claim("loyalty", "order:1", dlq.Fingerprint(orders[0].Payload))
+		w.Claim("loyalty", "order:2", dlq.Fingerprint([]byte("another payload")))
+		args := func(a ...string) []string { return append(append([]string{"dlq"}, a...), broker...) }
+
+		out := c.ok(args("list")...)
+		require.Contains(t, out, "POSITION")
+		require.Contains(t, out, "cannot decode: schema v2")
+		require.Contains(t, out, "order:3")
+		require.Contains(t, out, "analytics")
+		require.Contains(t, out, "8 letters read from "+w.Poison+", 8 selected")
+
+		rows := jsonLines(t, c.ok(args("list", "--json", "--consumer", "loyalty", "--reason", "schema v2")...))
+		require.Len(t, rows, 7)
+		require.Equal(t, "order-1", rows[0]["id"])
+		require.Equal(t, w.Topic, rows[0]["original_topic"])
+		require.Equal(t, "loyalty", rows[0]["consumer"])
+		require.Equal(t, "order:1", rows[0]["poisoned_key"])
+		require.Equal(t, true, rows[0]["permanent"])
+		require.NotEmpty(t, rows[0]["poisoned_at"])
+		require.Equal(t, dlq.Fingerprint(orders[0].Payload), mustHex(t, rows[0]["fingerprint"]))
+
+		rows = jsonLines(t, c.ok(args("list", "--json", "--key", "order:5")...))
+		require.Len(t, rows, 1)
+		require.Equal(t, "order-5", rows[0]["id"])
+
+		out = c.ok(args("inspect", "--id", "order-2", "--consumer", "loyalty", "--key-spec", dlqKeySpec)...)
+		require.Contains(t, out, "letter order-2 at ")
+		require.Contains(t, out, "event_id = evt-2")
+		require.Contains(t, out, "traceparent = ")
+		require.Contains(t, out, `"order_id": 2`)
+		require.Contains(t, out, "ALREADY-APPLIED-DIFFERENT-PAYLOAD")
+		require.NotContains(t, out, "order-3")
+
+		before := w.Read(w.Poison)
+		out = c.ok(args("replay", "--dry-run", "--consumer", "loyalty", "--key-spec", dlqKeySpec)...)
+		require.Contains(t, out, "already applied   2")
+		require.Contains(t, out, "would apply       4")
+		require.Contains(t, out, "still bad         1")
+		require.Contains(t, out, "WARNING: 1 already applied with a DIFFERENT payload fingerprint")
+		require.Contains(t, out, "not selected: 1 of other consumers")
+		require.Contains(t, out, "dry run: 4 would be replayed to "+w.Topic)
+		require.Contains(t, out, "would replay")
+		require.Len(t, w.Read(w.Poison), len(before), "a dry run changes nothing")
+		require.Zero(t, w.Depth(w.Topic))
+
+		rows = jsonLines(t, c.ok(args("replay", "--json", "--consumer", "loyalty", "--key-spec", dlqKeySpec, "--batch-size", "3")...))
+		require.Len(t, rows, 9, "8 letters and the totals")
+		replayed := 0
+		for _, r := range rows[:8] {
+			if r["replayed"] == true {
+				replayed++
+				require.Equal(t, "would-apply", r["class"])
 			}
-			bad := dlqtest.Order(7)
-			bad.Payload = []byte(`{"order": "seven"}`)
-			copies := w.Poisoned("loyalty", dlqKeySpec, framework.Permanent(errors.New("cannot decode: schema v2")), append(orders, bad)...)
-			copies = append(copies, w.Poisoned("analytics", dlqKeySpec, errors.New("handler timeout"), dlqtest.Order(8))...)
-			w.Publish(w.Poison, copies...)
-			w.Claim("loyalty", "order:1", dlq.Fingerprint(orders[0].Payload))
-			w.Claim("loyalty", "order:2", dlq.Fingerprint([]byte("another payload")))
-			args := func(a ...string) []string { return append(append([]string{"dlq"}, a...), broker...) }
+		}
+		require.Equal(t, 4, replayed)
+		totals := rows[8]["totals"].(map[string]any)
+		require.EqualValues(t, 4, totals["Replayed"])
+		require.Equal(t, true, rows[8]["complete"])
+		require.Len(t, w.Read(w.Topic), 4)
 
-			out := c.ok(args("list")...)
-			require.Contains(t, out, "POSITION")
-			require.Contains(t, out, "cannot decode: schema v2")
-			require.Contains(t, out, "order:3")
-			require.Contains(t, out, "analytics")
-			require.Contains(t, out, "8 letters read from "+w.Poison+", 8 selected")
+		out = c.ok(args("replay", "--consumer", "loyalty", "--key-spec", dlqKeySpec)...)
+		require.Contains(t, out, "0 replayed to "+w.Topic)
+		require.Len(t, w.Read(w.Topic), 4)
 
-			rows := jsonLines(t, c.ok(args("list", "--json", "--consumer", "loyalty", "--reason", "schema v2")...))
-			require.Len(t, rows, 7)
-			require.Equal(t, "order-1", rows[0]["id"])
-			require.Equal(t, w.Topic, rows[0]["original_topic"])
-			require.Equal(t, "loyalty", rows[0]["consumer"])
-			require.Equal(t, "order:1", rows[0]["poisoned_key"])
-			require.Equal(t, true, rows[0]["permanent"])
-			require.NotEmpty(t, rows[0]["poisoned_at"])
-			require.Equal(t, dlq.Fingerprint(orders[0].Payload), mustHex(t, rows[0]["fingerprint"]))
-
-			rows = jsonLines(t, c.ok(args("list", "--json", "--key", "order:5")...))
-			require.Len(t, rows, 1)
-			require.Equal(t, "order-5", rows[0]["id"])
-
-			out = c.ok(args("inspect", "--id", "order-2", "--consumer", "loyalty", "--key-spec", dlqKeySpec)...)
-			require.Contains(t, out, "letter order-2 at ")
-			require.Contains(t, out, "event_id = evt-2")
-			require.Contains(t, out, "traceparent = ")
-			require.Contains(t, out, `"order_id": 2`)
-			require.Contains(t, out, "ALREADY-APPLIED-DIFFERENT-PAYLOAD")
-			require.NotContains(t, out, "order-3")
-
-			before := w.Read(w.Poison)
-			out = c.ok(args("replay", "--dry-run", "--consumer", "loyalty", "--key-spec", dlqKeySpec)...)
-			require.Contains(t, out, "already applied   2")
-			require.Contains(t, out, "would apply       4")
-			require.Contains(t, out, "still bad         1")
-			require.Contains(t, out, "WARNING: 1 already applied with a DIFFERENT payload fingerprint")
-			require.Contains(t, out, "not selected: 1 of other consumers")
-			require.Contains(t, out, "dry run: 4 would be replayed to "+w.Topic)
-			require.Contains(t, out, "would replay")
-			require.Len(t, w.Read(w.Poison), len(before), "a dry run changes nothing")
-			require.Zero(t, w.Depth(w.Topic))
-
-			rows = jsonLines(t, c.ok(args("replay", "--json", "--consumer", "loyalty", "--key-spec", dlqKeySpec, "--batch-size", "3")...))
-			require.Len(t, rows, 9, "8 letters and the totals")
-			replayed := 0
-			for _, r := range rows[:8] {
-				if r["replayed"] == true {
-					replayed++
-					require.Equal(t, "would-apply", r["class"])
-				}
-			}
-			require.Equal(t, 4, replayed)
-			totals := rows[8]["totals"].(map[string]any)
-			require.EqualValues(t, 4, totals["Replayed"])
-			require.Equal(t, true, rows[8]["complete"])
-			require.Len(t, w.Read(w.Topic), 4)
-
-			out = c.ok(args("replay", "--consumer", "loyalty", "--key-spec", dlqKeySpec)...)
-			require.Contains(t, out, "0 replayed to "+w.Topic)
-			require.Len(t, w.Read(w.Topic), 4)
-
-			for _, sub := range []string{"list", "inspect", "replay"} {
-				out := c.ok("dlq", sub, "-h")
-				require.Contains(t, out, "Example:")
-				require.Contains(t, out, "claimtx dlq "+sub)
-				require.Contains(t, out, "--key-spec")
-			}
-			require.Contains(t, c.ok("dlq", "-h"), "replay")
-		})
-	}
+		for _, sub := range []string{"list", "inspect", "replay"} {
+			out := c.ok("dlq", sub, "-h")
+			require.Contains(t, out, "Example:")
+			require.Contains(t, out, "claimtx dlq "+sub)
+			require.Contains(t, out, "--key-spec")
+		}
+		require.Contains(t, c.ok("dlq", "-h"), "replay")
+	})
 }
 
 func mustHex(t *testing.T, v any) []byte {
@@ -152,8 +143,7 @@ func mustHex(t *testing.T, v any) []byte {
 
 func TestCLIDLQBadInput(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	for _, tc := range []struct {
 		args []string
 		want string

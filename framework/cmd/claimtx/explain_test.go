@@ -38,8 +38,7 @@ func (c *cli) memos(consumer string) int64 {
 
 func TestCLIUnpoison(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	c.recordMemo("loyalty", "order-completed:1", "loyalty: bad OrderCompleted event: customer_id is missing")
 	c.recordMemo("loyalty", "order-completed:2", "loyalty: bad OrderCompleted event: customer_id is missing")
 	c.recordMemo("loyalty", "order-completed:3", "order 3 refused: 100% off")
@@ -88,8 +87,7 @@ func TestCLIUnpoison(t *testing.T) {
 
 func TestCLIExplain(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	st := c.store()
 	ctx := context.Background()
 	outbox := pgx.Identifier{c.schema, "outbox"}.Sanitize()
@@ -198,8 +196,7 @@ func TestCLIExplain(t *testing.T) {
 // partition.
 func TestCLIExplainPartitioned(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	c.ok("partitions", "enable")
 	st := c.store()
 	ctx := context.Background()

@@ -30,8 +30,7 @@ func TestCLIStatsRetentionHorizon(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	// The broker flags stand for BROKER and KAFKA_BROKERS, which the
 	// command reads from the process environment.
 	kafka := []string{"--broker", "kafka", "--kafka-brokers", br.Addrs()[0]}

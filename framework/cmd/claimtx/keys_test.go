@@ -18,47 +18,42 @@ import (
 // `claimtx keys check` samples a queue or topic without consuming it and
 // exits 1 when the key spec lets different payloads share a key.
 func TestCLIKeysCheck(t *testing.T) {
-	t.Parallel()
-	for _, kind := range dlqtest.Brokers {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			w := dlqtest.New(t, kind, 1)
-			c, broker := dlqCLI(t, w)
-			var msgs []*message.Message
-			for i := 1; i <= 40; i++ {
-				m := dlqtest.Order(i)
-				m.Metadata.Set("event_time", "2026-01-02T03:04:05Z")
-				msgs = append(msgs, m)
-			}
-			msgs = append(msgs, dlqtest.Order(3)) // a redelivery
-			w.Publish(w.Topic, msgs...)
-			args := func(a ...string) []string { return append(append([]string{"keys", "check"}, a...), broker...) }
+	dlqtest.EachBroker(t, 1, func(t *testing.T, w *dlqtest.World) {
+		c, broker := dlqCLI(t, w)
+		var msgs []*message.Message
+		for i := 1; i <= 40; i++ {
+			m := dlqtest.Order(i)
+			m.Metadata.Set("event_time", "2026-01-02T03:04:05Z")
+			msgs = append(msgs, m)
+		}
+		msgs = append(msgs, dlqtest.Order(3)) // a redelivery
+		w.Publish(w.Topic, msgs...)
+		args := func(a ...string) []string { return append(append([]string{"keys", "check"}, a...), broker...) }
 
-			out := c.ok(args("--key-spec", "metadata:event_id", "--time-spec", "metadata:event_time")...)
-			require.Contains(t, out, "over 41 messages of ")
-			require.Contains(t, out, "keyed 41, distinct keys 40, duplicates 1")
-			require.Contains(t, out, "key length in bytes: min 5, p50 6, p90 6, p99 6, max 6")
-			require.Contains(t, out, "event time (metadata:event_time): 40 with; 1 without")
-			require.Contains(t, out, "OK: no key is shared by different payloads")
-			require.Equal(t, 41, w.Depth(w.Topic), "nothing consumed")
+		out := c.ok(args("--key-spec", "metadata:event_id", "--time-spec", "metadata:event_time")...)
+		require.Contains(t, out, "over 41 messages of ")
+		require.Contains(t, out, "keyed 41, distinct keys 40, duplicates 1")
+		require.Contains(t, out, "key length in bytes: min 5, p50 6, p90 6, p99 6, max 6")
+		require.Contains(t, out, "event time (metadata:event_time): 40 with; 1 without")
+		require.Contains(t, out, "OK: no key is shared by different payloads")
+		require.Equal(t, 41, w.Depth(w.Topic), "nothing consumed")
 
-			// Keyed by customer: seven customers, forty orders.
-			code, out, errOut := c.run(args("--key-spec", "json:customer_id", "--json")...)
-			require.Equal(t, exitFail, code, "%s %s", out, errOut)
-			require.Contains(t, errOut, "7 keys are shared by different payloads")
-			var rep keycheck.Report
-			require.NoError(t, json.Unmarshal([]byte(out), &rep))
-			require.Len(t, rep.Collisions, 7)
-			require.Equal(t, 41, w.Depth(w.Topic), "nothing consumed")
+		// Keyed by customer: seven customers, forty orders.
+		code, out, errOut := c.run(args("--key-spec", "json:customer_id", "--json")...)
+		require.Equal(t, exitFail, code, "%s %s", out, errOut)
+		require.Contains(t, errOut, "7 keys are shared by different payloads")
+		var rep keycheck.Report
+		require.NoError(t, json.Unmarshal([]byte(out), &rep))
+		require.Len(t, rep.Collisions, 7)
+		require.Equal(t, 41, w.Depth(w.Topic), "nothing consumed")
 
-			// --limit samples the first messages.
-			out = c.ok(args("--key-spec", "metadata:event_id", "--limit", "10")...)
-			require.Contains(t, out, "over 10 messages")
-			if kind == brokers.KindAMQP {
-				require.Equal(t, 41, w.Depth(w.Topic), "the sampled messages are back")
-			}
-		})
-	}
+		// --limit samples the first messages.
+		out = c.ok(args("--key-spec", "metadata:event_id", "--limit", "10")...)
+		require.Contains(t, out, "over 10 messages")
+		if w.Kind == brokers.KindAMQP {
+			require.Equal(t, 41, w.Depth(w.Topic), "the sampled messages are back")
+		}
+	})
 }
 
 func TestCLIKeysCheckFile(t *testing.T) {

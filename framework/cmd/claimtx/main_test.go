@@ -29,6 +29,15 @@ func newCLI(t *testing.T) *cli {
 	return &cli{t: t, schema: testenv.NewSchema(t), env: map[string]string{"DATABASE_URL": testenv.URL()}}
 }
 
+// migratedCLI is newCLI after a successful `claimtx migrate`, where most
+// commands start.
+func migratedCLI(t *testing.T) *cli {
+	t.Helper()
+	c := newCLI(t)
+	c.ok("migrate")
+	return c
+}
+
 func (c *cli) run(args ...string) (code int, stdout, stderr string) {
 	c.t.Helper()
 	env := map[string]string{"CLAIMTX_SCHEMA": c.schema}
@@ -182,8 +191,7 @@ func TestCLINeverPrintsThePassword(t *testing.T) {
 
 func TestCLIPartitions(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	code, _, errOut := c.run("partitions", "list")
 	require.Equal(t, exitFail, code)
 	require.Contains(t, errOut, "not partitioned")
@@ -215,8 +223,7 @@ func TestCLIPartitions(t *testing.T) {
 
 func TestCLIPrepareThenEnable(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	c.exec(`INSERT INTO ` + pgx.Identifier{c.schema, "processed_messages"}.Sanitize() + ` (consumer, message_key) VALUES ('c', 'k')`)
 	require.Contains(t, c.ok("partitions", "enable", "--prepare-only"), "switch consumers")
 	out := c.ok("partitions", "enable", "--ahead", "2")
@@ -229,8 +236,7 @@ func TestCLIPrepareThenEnable(t *testing.T) {
 // should.
 func TestCLINotLeader(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	c.exec(`INSERT INTO ` + pgx.Identifier{c.schema, "processed_messages"}.Sanitize() + ` (consumer, message_key, processed_at)
 SELECT 'c', 'k' || g, now() - interval '40 days' FROM generate_series(1, 20) g`)
 	st := c.store()
@@ -341,8 +347,7 @@ func TestCLIErrorsNameWhatIsMissing(t *testing.T) {
 // rather than the Go API's.
 func TestCLIErrorsNameTheLayout(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	table := c.schema + ".processed_messages"
 	for _, args := range [][]string{{"partitions", "list"}, {"partitions", "drop-expired"}, {"partitions", "create-ahead"}} {
 		code, _, errOut := c.run(args...)
@@ -440,8 +445,7 @@ func TestCLIHelp(t *testing.T) {
 // A migrate that changes nothing says so.
 func TestCLIMigrateUpToDate(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	out := c.ok("migrate")
 	require.Contains(t, out, fmt.Sprintf("schema %s is already at version %d, the latest; nothing to do", c.schema, store.SchemaVersion))
 	require.NotContains(t, out, "migrated")
@@ -451,8 +455,7 @@ func TestCLIMigrateUpToDate(t *testing.T) {
 // planner's statistics still count the rows the first run deleted.
 func TestCLICleanupProgressAfterEarlierCleanup(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	table := pgx.Identifier{c.schema, "processed_messages"}.Sanitize()
 	// No autoanalyze between the runs: the stale statistics are the case.
 	c.exec(`ALTER TABLE ` + table + ` SET (autovacuum_enabled = false)`)

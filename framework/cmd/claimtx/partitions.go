@@ -121,11 +121,7 @@ func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv 
 		if err != nil {
 			return failed("partitions create-ahead", err)
 		}
-		verb := "created"
-		if cfg.DryRun {
-			verb = "would create"
-		}
-		printf(stdout, "%s %d partitions\n", verb, len(created))
+		printf(stdout, "%s %d partitions\n", dryRunVerb(cfg.DryRun, "created", "would create"), len(created))
 		printPartitions(stdout, created)
 	case "drop-expired":
 		start := time.Now()
@@ -133,11 +129,7 @@ func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv 
 		if err != nil {
 			return failed("partitions drop-expired", err)
 		}
-		verb := "dropped"
-		if cfg.DryRun {
-			verb = "would drop"
-		}
-		printf(stdout, "%s %d partitions past the %s retention in %s\n", verb, len(dropped), retention.value.String(), time.Since(start).Round(time.Millisecond))
+		printf(stdout, "%s %d partitions past the %s retention in %s\n", dryRunVerb(cfg.DryRun, "dropped", "would drop"), len(dropped), retention.value.String(), time.Since(start).Round(time.Millisecond))
 		printPartitions(stdout, dropped)
 	}
 	return nil
@@ -164,4 +156,13 @@ func printPartitions(w io.Writer, parts []store.Partition) {
 		printf(tw, "%s\t%s\t%d\t%s\n", p.Name, days, p.EstimatedRows, formatBytes(p.Bytes))
 	}
 	_ = tw.Flush()
+}
+
+// dryRunVerb is done, or would under --dry-run, for the partitions
+// report.
+func dryRunVerb(dryRun bool, done, would string) string {
+	if dryRun {
+		return would
+	}
+	return done
 }

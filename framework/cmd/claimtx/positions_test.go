@@ -18,8 +18,7 @@ import (
 // and lag (records past the stored position).
 func TestCLIStatsKafkaPositions(t *testing.T) {
 	t.Parallel()
-	c := newCLI(t)
-	c.ok("migrate")
+	c := migratedCLI(t)
 	br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = br.Close() })

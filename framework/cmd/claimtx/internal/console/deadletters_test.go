@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
@@ -61,101 +60,93 @@ func (e *env) awaitJob(path string) string {
 // preview, a replay job of the selected letter, which arrives on the topic
 // exactly once.
 func TestDeadLettersPreviewReplay(t *testing.T) {
-	t.Parallel()
-	for _, kind := range dlqtest.Brokers {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			w := dlqtest.New(t, kind, 1)
-			var orders []*message.Message
-			for i := 1; i <= 6; i++ {
-				orders = append(orders, dlqtest.Order(i))
-			}
-			bad := dlqtest.Order(7)
-			bad.Payload = []byte(`{"order": "seven"}`)
-			copies := w.Poisoned("loyalty", dlqKeySpec, framework.Permanent(errors.New("cannot decode: schema v2")), append(orders, bad)...)
-			xss := dlqtest.Order(9)
-			xss.Payload = []byte(`{"order_id": "<script>alert(1)</script>"}`)
-			copies = append(copies, w.Poisoned("loyalty", dlqKeySpec, errors.New(xssAttr), xss)...)
-			copies = append(copies, w.Poisoned("analytics", dlqKeySpec, errors.New("handler timeout"), dlqtest.Order(8))...)
-			w.Publish(w.Poison, copies...)
-			w.Claim("loyalty", "order:1", dlq.Fingerprint(orders[0].Payload))
-			w.Claim("loyalty", "order:2", dlq.Fingerprint([]byte("another payload")))
-			e := dlqEnv(t, w, nil)
+	dlqtest.EachBroker(t, 1, func(t *testing.T, w *dlqtest.World) {
+		orders := dlqtest.Orders(1, 6)
+		bad := dlqtest.Order(7)
+		bad.Payload = []byte(`{"order": "seven"}`)
+		copies := w.Poisoned("loyalty", dlqKeySpec, framework.Permanent(errors.New("cannot decode: schema v2")), append(orders, bad)...)
+		xss := dlqtest.Order(9)
+		xss.Payload = []byte(`{"order_id": "<script>alert(1)</script>"}`)
+		copies = append(copies, w.Poisoned("loyalty", dlqKeySpec, errors.New(xssAttr), xss)...)
+		copies = append(copies, w.Poisoned("analytics", dlqKeySpec, errors.New("handler timeout"), dlqtest.Order(8))...)
+		w.Publish(w.Poison, copies...)
+		w.Claim("loyalty", "order:1", dlq.Fingerprint(orders[0].Payload))
+		w.Claim("loyalty", "order:2", dlq.Fingerprint([]byte("another payload")))
+		e := dlqEnv(t, w, nil)
 
-			body := e.ok("/dead-letters")
-			require.Contains(t, body, "<h1>Dead letters</h1>")
-			require.Contains(t, body, `<table id="letters">`)
-			require.Equal(t, map[string]string{
-				"order-1": "already-applied", "order-2": "already-applied", "order-3": "would-apply", "order-4": "would-apply",
-				"order-5": "would-apply", "order-6": "would-apply", "order-7": "still-bad", "order-9": "would-apply",
-			}, letterRows(t, body), "analytics' copy is not loyalty's")
-			require.Contains(t, body, `data-class="already-applied" class="class-already-applied">already applied (DIFFERENT payload)</td>`)
-			require.Contains(t, body, `data-class="already-applied" class="class-already-applied">already applied</td>`)
-			require.Contains(t, body, `>would apply</td>`)
-			require.Contains(t, body, `>still bad</td>`)
-			require.Contains(t, body, `<input type="checkbox" name="id" value="order-3"`)
-			require.Contains(t, body, "Preview replay of selected")
-			require.Contains(t, body, "Preview replay of all matching")
-			// Producer data in a key and a reason is escaped.
-			require.NotContains(t, body, "<script>alert(1)</script>")
-			require.NotContains(t, body, "<img src=x")
-			require.Contains(t, body, "order:"+escScript)
-			require.Contains(t, body, "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;")
-			require.Contains(t, body, "<pre>{&#34;order_id&#34;: 3, &#34;customer_id&#34;: 3, &#34;total_cents&#34;: 1000}</pre>")
-			require.Len(t, w.Read(w.Poison), 9, "browsing consumed nothing")
+		body := e.ok("/dead-letters")
+		require.Contains(t, body, "<h1>Dead letters</h1>")
+		require.Contains(t, body, `<table id="letters">`)
+		require.Equal(t, map[string]string{
+			"order-1": "already-applied", "order-2": "already-applied", "order-3": "would-apply", "order-4": "would-apply",
+			"order-5": "would-apply", "order-6": "would-apply", "order-7": "still-bad", "order-9": "would-apply",
+		}, letterRows(t, body), "analytics' copy is not loyalty's")
+		require.Contains(t, body, `data-class="already-applied" class="class-already-applied">already applied (DIFFERENT payload)</td>`)
+		require.Contains(t, body, `data-class="already-applied" class="class-already-applied">already applied</td>`)
+		require.Contains(t, body, `>would apply</td>`)
+		require.Contains(t, body, `>still bad</td>`)
+		require.Contains(t, body, `<input type="checkbox" name="id" value="order-3"`)
+		require.Contains(t, body, "Preview replay of selected")
+		require.Contains(t, body, "Preview replay of all matching")
+		// Producer data in a key and a reason is escaped.
+		require.NotContains(t, body, "<script>alert(1)</script>")
+		require.NotContains(t, body, "<img src=x")
+		require.Contains(t, body, "order:"+escScript)
+		require.Contains(t, body, "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;")
+		require.Contains(t, body, "<pre>{&#34;order_id&#34;: 3, &#34;customer_id&#34;: 3, &#34;total_cents&#34;: 1000}</pre>")
+		require.Len(t, w.Read(w.Poison), 9, "browsing consumed nothing")
 
-			require.Len(t, letterRows(t, e.ok("/dead-letters?consumer=loyalty&reason=schema+v2")), 7)
-			require.Equal(t, map[string]string{"order-5": "would-apply"}, letterRows(t, e.ok("/dead-letters?consumer=loyalty&key=order:5")))
-			require.Contains(t, e.ok("/dead-letters?consumer=loyalty&older=1h"), "No dead letters match the filters")
-			r := e.get("/dead-letters?consumer=loyalty&older=a+while")
-			require.Equal(t, http.StatusBadRequest, r.status)
-			require.Contains(t, r.body, "not a duration")
+		require.Len(t, letterRows(t, e.ok("/dead-letters?consumer=loyalty&reason=schema+v2")), 7)
+		require.Equal(t, map[string]string{"order-5": "would-apply"}, letterRows(t, e.ok("/dead-letters?consumer=loyalty&key=order:5")))
+		require.Contains(t, e.ok("/dead-letters?consumer=loyalty&older=1h"), "No dead letters match the filters")
+		r := e.get("/dead-letters?consumer=loyalty&older=a+while")
+		require.Equal(t, http.StatusBadRequest, r.status)
+		require.Contains(t, r.body, "not a duration")
 
-			// Preview: order-3 would be replayed, order-1 passed.
-			csrf := csrfField.FindStringSubmatch(body)[1]
-			sel := url.Values{"csrf": {csrf}, "consumer": {"loyalty"}, "scope": {"selected"}, "id": {"order-1", "order-3"}}
-			r = e.post("/dead-letters/preview", sel)
-			require.Equal(t, http.StatusOK, r.status, r.body)
-			require.Contains(t, r.body, "<h1>Replay preview</h1>")
-			require.Equal(t, map[string]string{"order-1": "already-applied", "order-3": "would-apply"}, letterRows(t, r.body))
-			require.Contains(t, r.body, `<td data-action="replay">replay</td>`)
-			require.Contains(t, r.body, `<td data-action="pass">pass: already applied`)
-			require.Contains(t, r.body, "Replay 1 letters")
-			require.Contains(t, r.body, `<input type="hidden" name="id" value="order-3">`)
-			sel.Set("include_applied", "1")
-			require.Contains(t, e.post("/dead-letters/preview", sel).body, "Replay 2 letters")
-			sel.Del("include_applied")
-			r = e.post("/dead-letters/preview", url.Values{"csrf": {csrf}, "consumer": {"loyalty"}, "scope": {"all"}, "reason": {"schema v2"}})
-			require.Equal(t, http.StatusSeeOther, r.status, "a preview of all matching is a job: %s", r.body)
-			all := e.awaitJob(r.header.Get("Location"))
-			require.Contains(t, all, "Replay 4 letters")
-			require.Len(t, letterRows(t, all), 7)
-			require.Len(t, w.Read(w.Poison), 9, "a preview changes nothing")
-			require.Zero(t, w.Depth(w.Topic))
-			r = e.post("/dead-letters/preview", url.Values{"csrf": {csrf}, "consumer": {"loyalty"}, "scope": {"selected"}})
-			require.Equal(t, http.StatusBadRequest, r.status)
+		// Preview: order-3 would be replayed, order-1 passed.
+		csrf := csrfField.FindStringSubmatch(body)[1]
+		sel := url.Values{"csrf": {csrf}, "consumer": {"loyalty"}, "scope": {"selected"}, "id": {"order-1", "order-3"}}
+		r = e.post("/dead-letters/preview", sel)
+		require.Equal(t, http.StatusOK, r.status, r.body)
+		require.Contains(t, r.body, "<h1>Replay preview</h1>")
+		require.Equal(t, map[string]string{"order-1": "already-applied", "order-3": "would-apply"}, letterRows(t, r.body))
+		require.Contains(t, r.body, `<td data-action="replay">replay</td>`)
+		require.Contains(t, r.body, `<td data-action="pass">pass: already applied`)
+		require.Contains(t, r.body, "Replay 1 letters")
+		require.Contains(t, r.body, `<input type="hidden" name="id" value="order-3">`)
+		sel.Set("include_applied", "1")
+		require.Contains(t, e.post("/dead-letters/preview", sel).body, "Replay 2 letters")
+		sel.Del("include_applied")
+		r = e.post("/dead-letters/preview", url.Values{"csrf": {csrf}, "consumer": {"loyalty"}, "scope": {"all"}, "reason": {"schema v2"}})
+		require.Equal(t, http.StatusSeeOther, r.status, "a preview of all matching is a job: %s", r.body)
+		all := e.awaitJob(r.header.Get("Location"))
+		require.Contains(t, all, "Replay 4 letters")
+		require.Len(t, letterRows(t, all), 7)
+		require.Len(t, w.Read(w.Poison), 9, "a preview changes nothing")
+		require.Zero(t, w.Depth(w.Topic))
+		r = e.post("/dead-letters/preview", url.Values{"csrf": {csrf}, "consumer": {"loyalty"}, "scope": {"selected"}})
+		require.Equal(t, http.StatusBadRequest, r.status)
 
-			// Replay order-3.
-			r = e.post("/dead-letters/replay", url.Values{"csrf": {csrf}, "consumer": {"loyalty"}, "scope": {"selected"}, "id": {"order-3"}})
-			require.Equal(t, http.StatusSeeOther, r.status, r.body)
-			loc := r.header.Get("Location")
-			require.Regexp(t, jobLocation, loc)
-			body = e.awaitJob(loc)
-			require.Contains(t, body, "<h1>Replay</h1>")
-			require.Contains(t, body, `<p id="job-status" class="">done</p>`)
-			require.NotContains(t, body, `http-equiv="refresh"`)
-			require.Contains(t, body, `<td class="num" id="replayed">1</td>`)
-			require.Regexp(t, `(?s)<tr data-id="order-3">.*?data-result="replayed"`, body)
-			topic := w.Read(w.Topic)
-			require.Len(t, topic, 1, "exactly once")
-			require.Equal(t, "order-3", topic[0].UUID)
-			require.Equal(t, "evt-3", topic[0].Metadata.Get("event_id"))
-			if kind == brokers.KindAMQP {
-				require.Len(t, w.Read(w.Poison), 8, "removed from the poison queue")
-				require.NotContains(t, letterRows(t, e.ok("/dead-letters")), "order-3")
-			}
-		})
-	}
+		// Replay order-3.
+		r = e.post("/dead-letters/replay", url.Values{"csrf": {csrf}, "consumer": {"loyalty"}, "scope": {"selected"}, "id": {"order-3"}})
+		require.Equal(t, http.StatusSeeOther, r.status, r.body)
+		loc := r.header.Get("Location")
+		require.Regexp(t, jobLocation, loc)
+		body = e.awaitJob(loc)
+		require.Contains(t, body, "<h1>Replay</h1>")
+		require.Contains(t, body, `<p id="job-status" class="">done</p>`)
+		require.NotContains(t, body, `http-equiv="refresh"`)
+		require.Contains(t, body, `<td class="num" id="replayed">1</td>`)
+		require.Regexp(t, `(?s)<tr data-id="order-3">.*?data-result="replayed"`, body)
+		topic := w.Read(w.Topic)
+		require.Len(t, topic, 1, "exactly once")
+		require.Equal(t, "order-3", topic[0].UUID)
+		require.Equal(t, "evt-3", topic[0].Metadata.Get("event_id"))
+		if w.Kind == brokers.KindAMQP {
+			require.Len(t, w.Read(w.Poison), 8, "removed from the poison queue")
+			require.NotContains(t, letterRows(t, e.ok("/dead-letters")), "order-3")
+		}
+	})
 }
 
 // A page reads at most page × 50 matching letters (in batches) and at
@@ -163,10 +154,7 @@ func TestDeadLettersPreviewReplay(t *testing.T) {
 func TestDeadLettersPaging(t *testing.T) {
 	t.Parallel()
 	w := dlqtest.New(t, brokers.KindAMQP, 1)
-	var orders []*message.Message
-	for i := 1; i <= 300; i++ {
-		orders = append(orders, dlqtest.Order(i))
-	}
+	orders := dlqtest.Orders(1, 300)
 	w.Publish(w.Poison, w.Poisoned("loyalty", dlqKeySpec, errors.New("boom"), orders...)...)
 	e := dlqEnv(t, w, func(c *console.Config) { c.ScanCap = 250 })
 

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
@@ -46,10 +45,7 @@ func confirmFields(body string) url.Values {
 // analytics' copy of 8: the would-apply letters matching the reason are
 // 3, 4, 5 and 6.
 func seedPreviewAll(w *dlqtest.World) {
-	var orders []*message.Message
-	for i := 1; i <= 6; i++ {
-		orders = append(orders, dlqtest.Order(i))
-	}
+	orders := dlqtest.Orders(1, 6)
 	bad := dlqtest.Order(7)
 	bad.Payload = []byte(`{"order": "seven"}`)
 	copies := w.Poisoned("loyalty", dlqKeySpec, framework.Permanent(errors.New("cannot decode: schema v2")), append(orders, bad)...)
@@ -65,59 +61,54 @@ func seedPreviewAll(w *dlqtest.World) {
 // destination, and its confirmation replays exactly the would-apply
 // letters the filters match.
 func TestPreviewAllJob(t *testing.T) {
-	t.Parallel()
-	for _, kind := range dlqtest.Brokers {
-		t.Run(kind, func(t *testing.T) {
-			t.Parallel()
-			w := dlqtest.New(t, kind, 2)
-			seedPreviewAll(w)
-			e := dlqEnv(t, w, nil)
-			csrf := csrfField.FindStringSubmatch(e.ok("/dead-letters"))[1]
+	dlqtest.EachBroker(t, 2, func(t *testing.T, w *dlqtest.World) {
+		seedPreviewAll(w)
+		e := dlqEnv(t, w, nil)
+		csrf := csrfField.FindStringSubmatch(e.ok("/dead-letters"))[1]
 
-			r := e.post("/dead-letters/preview", url.Values{"csrf": {csrf}, "consumer": {"loyalty"}, "scope": {"all"}, "reason": {"schema v2"}})
-			require.Equal(t, http.StatusSeeOther, r.status, r.body)
-			loc := r.header.Get("Location")
-			require.Regexp(t, jobLocation, loc)
-			body := e.awaitJob(loc)
-			require.Contains(t, body, "<h1>Replay preview</h1>")
-			require.Contains(t, body, `<p id="job-status" class="">done</p>`)
-			require.NotContains(t, body, `http-equiv="refresh"`)
-			require.Contains(t, body, `<span id="job-count">9 of 9</span>`)
-			require.Equal(t, map[string]string{
-				"order-1": "already-applied", "order-2": "already-applied", "order-3": "would-apply", "order-4": "would-apply",
-				"order-5": "would-apply", "order-6": "would-apply", "order-7": "still-bad",
-			}, letterRows(t, body), "the reason filter leaves order-10 out, the consumer check analytics' order-8")
-			require.Contains(t, body, `<tr><th>Read</th><td class="num">9</td></tr>`)
-			require.Contains(t, body, `<tr><th>Selected</th><td class="num">7</td></tr>`)
-			require.Contains(t, body, `<tr><th>Would apply</th><td class="num">4</td></tr>`)
-			require.Contains(t, body, `<td class="num" id="would-replay">4</td>`)
-			require.Contains(t, body, `<td data-action="pass">pass: already applied`)
-			require.Contains(t, body, "Replay 4 letters")
-			require.Len(t, w.Read(w.Poison), 9, "a dry run changes nothing")
-			require.Zero(t, w.Depth(w.Topic))
+		r := e.post("/dead-letters/preview", url.Values{"csrf": {csrf}, "consumer": {"loyalty"}, "scope": {"all"}, "reason": {"schema v2"}})
+		require.Equal(t, http.StatusSeeOther, r.status, r.body)
+		loc := r.header.Get("Location")
+		require.Regexp(t, jobLocation, loc)
+		body := e.awaitJob(loc)
+		require.Contains(t, body, "<h1>Replay preview</h1>")
+		require.Contains(t, body, `<p id="job-status" class="">done</p>`)
+		require.NotContains(t, body, `http-equiv="refresh"`)
+		require.Contains(t, body, `<span id="job-count">9 of 9</span>`)
+		require.Equal(t, map[string]string{
+			"order-1": "already-applied", "order-2": "already-applied", "order-3": "would-apply", "order-4": "would-apply",
+			"order-5": "would-apply", "order-6": "would-apply", "order-7": "still-bad",
+		}, letterRows(t, body), "the reason filter leaves order-10 out, the consumer check analytics' order-8")
+		require.Contains(t, body, `<tr><th>Read</th><td class="num">9</td></tr>`)
+		require.Contains(t, body, `<tr><th>Selected</th><td class="num">7</td></tr>`)
+		require.Contains(t, body, `<tr><th>Would apply</th><td class="num">4</td></tr>`)
+		require.Contains(t, body, `<td class="num" id="would-replay">4</td>`)
+		require.Contains(t, body, `<td data-action="pass">pass: already applied`)
+		require.Contains(t, body, "Replay 4 letters")
+		require.Len(t, w.Read(w.Poison), 9, "a dry run changes nothing")
+		require.Zero(t, w.Depth(w.Topic))
 
-			confirm := confirmFields(body)
-			require.NotNil(t, confirm, "a confirmation form")
-			require.Equal(t, csrf, confirm.Get("csrf"))
-			require.Equal(t, "all", confirm.Get("scope"))
-			require.Equal(t, "schema v2", confirm.Get("reason"))
-			r = e.post("/dead-letters/replay", confirm)
-			require.Equal(t, http.StatusSeeOther, r.status, r.body)
-			body = e.awaitJob(r.header.Get("Location"))
-			require.Contains(t, body, "<h1>Replay</h1>")
-			require.Contains(t, body, `<p id="job-status" class="">done</p>`)
-			require.Contains(t, body, `<td class="num" id="replayed">4</td>`)
-			var got []string
-			for _, m := range w.Read(w.Topic) {
-				got = append(got, m.UUID)
-			}
-			slices.Sort(got)
-			require.Equal(t, []string{"order-3", "order-4", "order-5", "order-6"}, got, "exactly the would-apply letters, once each")
-			if kind == brokers.KindAMQP {
-				require.Len(t, w.Read(w.Poison), 5, "the replayed letters left the poison queue")
-			}
-		})
-	}
+		confirm := confirmFields(body)
+		require.NotNil(t, confirm, "a confirmation form")
+		require.Equal(t, csrf, confirm.Get("csrf"))
+		require.Equal(t, "all", confirm.Get("scope"))
+		require.Equal(t, "schema v2", confirm.Get("reason"))
+		r = e.post("/dead-letters/replay", confirm)
+		require.Equal(t, http.StatusSeeOther, r.status, r.body)
+		body = e.awaitJob(r.header.Get("Location"))
+		require.Contains(t, body, "<h1>Replay</h1>")
+		require.Contains(t, body, `<p id="job-status" class="">done</p>`)
+		require.Contains(t, body, `<td class="num" id="replayed">4</td>`)
+		var got []string
+		for _, m := range w.Read(w.Topic) {
+			got = append(got, m.UUID)
+		}
+		slices.Sort(got)
+		require.Equal(t, []string{"order-3", "order-4", "order-5", "order-6"}, got, "exactly the would-apply letters, once each")
+		if w.Kind == brokers.KindAMQP {
+			require.Len(t, w.Read(w.Poison), 5, "the replayed letters left the poison queue")
+		}
+	})
 }
 
 // Read-only: the dry-run job runs (it changes nothing) and its page has

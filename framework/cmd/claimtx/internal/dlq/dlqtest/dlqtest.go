@@ -118,6 +118,20 @@ func New(t testing.TB, kind string, poisonPartitions int) *World {
 	return w
 }
 
+// EachBroker runs test, in parallel, once per kind in Brokers, each on
+// its own New world: the dead-letter tooling must behave alike on every
+// broker, and the worlds keep the runs apart.
+func EachBroker(t *testing.T, poisonPartitions int, test func(t *testing.T, w *World)) {
+	t.Helper()
+	t.Parallel()
+	for _, kind := range Brokers {
+		t.Run(kind, func(t *testing.T) {
+			t.Parallel()
+			test(t, New(t, kind, poisonPartitions))
+		})
+	}
+}
+
 // Env is the environment of a `claimtx dlq` process in this world.
 func (w *World) Env() []string {
 	u, err := testenv.URLWithSearchPath(w.Schema)
@@ -134,6 +148,15 @@ func Order(id int) *message.Message {
 	msg.Metadata.Set("partition_key", strconv.Itoa(id))
 	msg.Metadata.Set("traceparent", fmt.Sprintf("00-%032x-%016x-01", id, id))
 	return msg
+}
+
+// Orders returns Order(from) to Order(to), in order.
+func Orders(from, to int) []*message.Message {
+	out := make([]*message.Message, 0, max(0, to-from+1))
+	for i := from; i <= to; i++ {
+		out = append(out, Order(i))
+	}
+	return out
 }
 
 // OrderID reads an order's id back, -1 if it has none.
