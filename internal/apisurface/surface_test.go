@@ -338,7 +338,7 @@ func Write(pkgs []Package, dir string) error {
 		}
 	}
 	for _, p := range pkgs {
-		if err := os.WriteFile(filepath.Join(dir, p.GoldenFile()), []byte(strings.Join(p.Lines, "\n")+"\n"), 0o600); err != nil { // git records 0644 whatever the local mode
+		if err := os.WriteFile(filepath.Join(dir, p.GoldenFile()), []byte(joinLines(p.Lines)), 0o600); err != nil { // git records 0644 whatever the local mode
 			return err
 		}
 	}
@@ -358,7 +358,11 @@ func Check(pkgs []Package, dir string) error {
 		if err != nil {
 			return err
 		}
-		golden[filepath.Base(name)] = strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+		var lines []string // a package that exports nothing has an empty file
+		if text := strings.TrimSuffix(string(data), "\n"); text != "" {
+			lines = strings.Split(text, "\n")
+		}
+		golden[filepath.Base(name)] = lines
 	}
 	var b strings.Builder
 	for _, p := range pkgs {
@@ -387,4 +391,13 @@ func deref(t types.Type) types.Type {
 		return ptr.Elem()
 	}
 	return t
+}
+
+// joinLines is the golden file's text: a line each, none for a package
+// that exports nothing.
+func joinLines(lines []string) string {
+	if len(lines) == 0 {
+		return ""
+	}
+	return strings.Join(lines, "\n") + "\n"
 }
