@@ -2,8 +2,6 @@ package brokers_test
 
 import (
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -47,8 +45,7 @@ func TestOneBrokerLinksOneClient(t *testing.T) {
 
 func listDeps(t *testing.T, pkgs []string) string {
 	t.Helper()
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
-	out, err := exec.Command(goTool, append([]string{"list", "-deps", "-f", "{{.ImportPath}}"}, pkgs...)...).Output() //nolint:gosec // the go tool on fixed package paths
+	out, err := exec.Command("go", append([]string{"list", "-deps", "-f", "{{.ImportPath}}"}, pkgs...)...).Output() //nolint:gosec // the go tool on fixed package paths
 	require.NoError(t, err)
 	return "\n" + string(out)
 }

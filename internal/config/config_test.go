@@ -92,8 +92,8 @@ func TestDecode(t *testing.T) {
 	ce := field(t, config.Decode([]byte("name: a\nnested:\n  n: two\n"), &c))
 	require.Equal(t, "nested.n", ce.Field)
 	require.Contains(t, ce.Reason, "line 3")
-	ce = field(t, config.Decode([]byte("nmae: a\n"), &c))
-	require.Equal(t, "nmae", ce.Field)
+	ce = field(t, config.Decode([]byte("nme: a\n"), &c))
+	require.Equal(t, "nme", ce.Field)
 	err := config.Decode([]byte("name: [\n"), &c)
 	require.ErrorContains(t, err, "parse YAML")
 }
