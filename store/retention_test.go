@@ -2,44 +2,15 @@ package store_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
-
-// fixedBatches makes Cleanup use exactly n rows per batch and no pause, so
-// tests can reason about batch counts.
-func fixedBatches(n int) store.RetentionConfig {
-	return store.RetentionConfig{BatchSize: n, MinBatchSize: n, MaxBatchSize: n, Pause: -1}
-}
-
-// insertAged inserts n claims for consumer processed at now() + offset
-// (an SQL interval such as '-30 days -1 second').
-func insertAged(t *testing.T, st *store.Store, consumer, prefix string, n int, offset string) {
-	t.Helper()
-	_, err := st.Pool().Exec(context.Background(), fmt.Sprintf(
-		`INSERT INTO %s (consumer, message_key, processed_at)
-		 SELECT $1, $2 || g, now() + $3::interval FROM generate_series(1, $4) g`, claimsTable(st)), consumer, prefix, offset, n)
-	require.NoError(t, err)
-}
-
-func claimsTable(st *store.Store) string {
-	return pgx.Identifier{st.Config().Schema, st.Config().ClaimsTable}.Sanitize()
-}
-
-func countWhere(t *testing.T, st *store.Store, where string, args ...any) int64 {
-	t.Helper()
-	var n int64
-	require.NoError(t, st.Pool().QueryRow(context.Background(), "SELECT count(*) FROM "+claimsTable(st)+" WHERE "+where, args...).Scan(&n))
-	return n
-}
 
 func TestCleanupBoundaries(t *testing.T) {
 	t.Parallel()
@@ -289,4 +260,38 @@ func TestStats(t *testing.T) {
 	_, err = st.Cleanup(ctx, store.RetentionConfig{Pause: -1, OnProgress: func(store.CleanupProgress) { _, during = st.Stats(ctx) }})
 	require.NoError(t, err)
 	require.NoError(t, during, "Stats must not need the lock a cleanup holds (ErrNotLeader)")
+}
+
+// Memos obey the claims' retention: Cleanup deletes those last poisoned
+// before its horizon, in batches, after the claims; a dry run counts them.
+func TestCleanupRemovesExpiredPoisonMemos(t *testing.T) {
+	t.Parallel()
+	st := migrated(t, 4)
+	ctx := context.Background()
+	insertMemos(t, st, "loyalty", "old-", 7, "-31 days")
+	insertMemos(t, st, "loyalty", "young-", 3, "-29 days")
+	insertAged(t, st, "loyalty", "k", 2, "-31 days")
+
+	cfg := fixedBatches(2)
+	cfg.DryRun = true
+	res, err := st.Cleanup(ctx, cfg)
+	require.NoError(t, err)
+	require.EqualValues(t, 7, res.Memos)
+	require.EqualValues(t, 10, memoCount(t, st), "a dry run deletes nothing")
+
+	res, err = st.Cleanup(ctx, fixedBatches(2))
+	require.NoError(t, err)
+	require.EqualValues(t, 2, res.Deleted)
+	require.EqualValues(t, 7, res.Memos)
+	require.EqualValues(t, 3, memoCount(t, st))
+	require.EqualValues(t, 3, countIn(t, st, memoTable(st), "message_key LIKE 'young-%'"))
+
+	// A schema without the memo table (migrated to 3 only) cleans claims
+	// as before.
+	require.NoError(t, st.MigrateDownForTest(ctx, 3))
+	insertAged(t, st, "loyalty", "k", 1, "-31 days")
+	res, err = st.Cleanup(ctx, fixedBatches(2))
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Deleted)
+	require.Zero(t, res.Memos)
 }
