@@ -115,6 +115,32 @@ type outcomes struct {
 	retries []middleware.TxRetry
 }
 
+// requireSerializationRetries checks that under SERIALIZABLE some twins hit
+// 40001 and were retried: otherwise a twins test did not exercise what it
+// claims to.
+func (o *outcomes) requireSerializationRetries(t testing.TB) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	require.NotEmpty(t, o.retries, "expected serialization failures to be retried")
+	for _, r := range o.retries {
+		require.Equal(t, "serialization", r.Cause, "retry cause: %v", r.Err)
+	}
+}
+
+// requireFirst checks the outcomes of the first len(want) results.
+func (o *outcomes) requireFirst(t testing.TB, want ...framework.Outcome) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	require.GreaterOrEqual(t, len(o.results), len(want))
+	got := make([]framework.Outcome, len(want))
+	for i := range want {
+		got[i] = o.results[i].Outcome
+	}
+	require.Equal(t, want, got)
+}
+
 func (o *outcomes) onOutcome(r middleware.Result) {
 	o.mu.Lock()
 	defer o.mu.Unlock()

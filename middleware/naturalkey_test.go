@@ -121,12 +121,7 @@ func TestNaturalKeyConcurrentTwins64(t *testing.T) {
 func TestNaturalKeySerializableTwinsRetryTransparently(t *testing.T) {
 	t.Parallel()
 	rec := naturalTwins(t, naturalSetup(t, 8), 8, pgx.Serializable)
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	require.NotEmpty(t, rec.retries, "expected serialization failures to be retried")
-	for _, r := range rec.retries {
-		require.Equal(t, "serialization", r.Cause, "retry cause: %v", r.Err)
-	}
+	rec.requireSerializationRetries(t)
 }
 
 // The wait behind an uncommitted twin's ledger entry is bounded by
@@ -228,7 +223,7 @@ func TestNaturalKeyHandlerFailureLeavesNothing(t *testing.T) {
 	fail = false
 	_, err = h(newDelivery(t, o))
 	require.NoError(t, err)
-	require.Equal(t, []framework.Outcome{framework.Failed, framework.Applied}, []framework.Outcome{rec.results[0].Outcome, rec.results[1].Outcome})
+	rec.requireFirst(t, framework.Failed, framework.Applied)
 	require.Equal(t, int64(4), b.balance(t, 2))
 }
 
