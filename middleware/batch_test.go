@@ -3,7 +3,6 @@ package middleware_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -183,27 +182,14 @@ func testBatchConcurrentOverlappingBatches(t *testing.T, run func(*middleware.Ba
 	c.MaxAttempts = 20
 	bt := newBatch(t, c)
 	const orders = 60
-	var wg sync.WaitGroup
-	errCh := make(chan error, 8*orders)
-	for w := 0; w < 8; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var os []order
-			for i := 0; i < orders; i++ {
-				id := int64((i*7+w*13)%orders + 1) // each batch a different order
-				os = append(os, order{OrderID: id, CustomerID: id % 5, TotalCents: 100})
-			}
-			for _, err := range run(bt, context.Background(), batchOf(t, os...), nil) {
-				errCh <- err
-			}
-		}()
-	}
-	wg.Wait()
-	close(errCh)
-	for err := range errCh {
-		require.NoError(t, err)
-	}
+	inParallel(t, 8, func(w int) []error {
+		var os []order
+		for i := 0; i < orders; i++ {
+			id := int64((i*7+w*13)%orders + 1) // each batch a different order
+			os = append(os, order{OrderID: id, CustomerID: id % 5, TotalCents: 100})
+		}
+		return run(bt, context.Background(), batchOf(t, os...), nil)
+	})
 	require.Equal(t, orders, rec.count(framework.Applied))
 	require.Equal(t, 7*orders, rec.count(framework.Duplicate))
 	require.Equal(t, int64(orders), b.scalar(t, "SELECT count(*) FROM point_ledger"))

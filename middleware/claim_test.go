@@ -135,15 +135,7 @@ func TestHandlerFailureLeavesNothing(t *testing.T) {
 			c := b.claim(t, "loyalty", rec)
 			o := order{OrderID: 1, CustomerID: 1, TotalCents: 300}
 			fail := true
-			h := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-				if err := credit(ctx, tx, msg); err != nil {
-					return err
-				}
-				if fail {
-					return tc.fail()
-				}
-				return nil
-			}))
+			h := install(t, middleware.NewClaim, c)(consume(failAfter(credit, &fail, tc.fail)))
 
 			_, err := h(newDelivery(t, o))
 			require.Error(t, err)
@@ -156,10 +148,7 @@ func TestHandlerFailureLeavesNothing(t *testing.T) {
 			require.Equal(t, int64(0), b.ledgerRows(t, 1))
 
 			fail = false
-			_, err = h(newDelivery(t, o))
-			require.NoError(t, err)
-			rec.requireFirst(t, framework.Failed, framework.Applied)
-			require.Equal(t, int64(3), b.balance(t, 1))
+			b.requireRetryApplies(t, h, rec, o)
 		})
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -260,24 +259,15 @@ func TestCommittedKeysConcurrent(t *testing.T) {
 	rec := &outcomes{}
 	c := b.claim(t, "conc", rec)
 	h := install(t, middleware.NewClaim, c)(consume(credit))
-	var wg sync.WaitGroup
-	errs := make(chan error, workers*keys*copies)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range keys * copies {
-				id := int64((i + w*7) % keys)
-				_, err := h(newDelivery(t, order{OrderID: 100 + id, CustomerID: 100 + id, TotalCents: 100}))
-				errs <- err
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	inParallel(t, workers, func(w int) []error {
+		var errs []error
+		for i := range keys * copies {
+			id := int64((i + w*7) % keys)
+			_, err := h(newDelivery(t, order{OrderID: 100 + id, CustomerID: 100 + id, TotalCents: 100}))
+			errs = append(errs, err)
+		}
+		return errs
+	})
 	require.Equal(t, keys, rec.count(framework.Applied))
 	require.Equal(t, workers*keys*copies-keys, rec.count(framework.Duplicate))
 	for id := int64(0); id < keys; id++ {

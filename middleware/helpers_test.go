@@ -201,6 +201,52 @@ func consume(fn middleware.TxHandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
 }
 
+// failAfter runs effect and then, while *fail is set, returns (or panics
+// with) failure(): a failure after the effect, which must roll back with
+// the claim.
+func failAfter(effect middleware.TxHandlerFunc, fail *bool, failure func() error) middleware.TxHandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		if err := effect(ctx, tx, msg); err != nil {
+			return err
+		}
+		if *fail {
+			return failure()
+		}
+		return nil
+	}
+}
+
+// requireRetryApplies redelivers o to h, whose first delivery failed, and
+// checks that this one applied: the customer holds the order's points.
+func (b bundle) requireRetryApplies(t testing.TB, h message.HandlerFunc, rec *outcomes, o order) {
+	t.Helper()
+	_, err := h(newDelivery(t, o))
+	require.NoError(t, err)
+	rec.requireFirst(t, framework.Failed, framework.Applied)
+	require.Equal(t, o.TotalCents/100, b.balance(t, o.CustomerID))
+}
+
+// inParallel runs work(0) … work(n-1) at once and requires that none of
+// them returned an error.
+func inParallel(t testing.TB, n int, work func(w int) []error) {
+	t.Helper()
+	errs := make([][]error, n)
+	var wg sync.WaitGroup
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[w] = work(w)
+		}()
+	}
+	wg.Wait()
+	for _, e := range errs {
+		for _, err := range e {
+			require.NoError(t, err)
+		}
+	}
+}
+
 // deliverTwins delivers n copies of one order to wrap(effect) at once, each
 // on its own open connection, and checks that exactly one applied and no
 // error reached the router.

@@ -207,24 +207,15 @@ func TestNaturalKeyHandlerFailureLeavesNothing(t *testing.T) {
 	b := naturalSetup(t, 2)
 	rec := &outcomes{}
 	fail := true
-	h := install(t, middleware.NewClaim, b.natural(t, rec))(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-		if err := creditOnce(ctx, tx, msg); err != nil {
-			return err
-		}
-		if fail {
-			return errors.New("boom after the guarded insert")
-		}
-		return nil
-	}))
+	h := install(t, middleware.NewClaim, b.natural(t, rec))(consume(failAfter(creditOnce, &fail, func() error {
+		return errors.New("boom after the guarded insert")
+	})))
 	o := order{OrderID: 2, CustomerID: 2, TotalCents: 400}
 	_, err := h(newDelivery(t, o))
 	require.Error(t, err)
 	require.Equal(t, int64(0), b.ledgerRows(t, 2), "the natural claim rolls back with the effect")
 	fail = false
-	_, err = h(newDelivery(t, o))
-	require.NoError(t, err)
-	rec.requireFirst(t, framework.Failed, framework.Applied)
-	require.Equal(t, int64(4), b.balance(t, 2))
+	b.requireRetryApplies(t, h, rec, o)
 }
 
 // In natural-key mode a configured Key still validates messages.
