@@ -269,6 +269,15 @@ func TestPoisonMemoBatch(t *testing.T) {
 // roundTrips counts what a pool sends to the server: each query outside a
 // batch and each batch is one round trip.
 // traced is a store on a pool whose round trips are counted.
+// tracedClaim is a claim for consumer, reporting to rec, on a store whose
+// round trips rt counts.
+func tracedClaim(t *testing.T, b bundle, consumer string) (c middleware.Claim, rt *roundTrips, rec *outcomes) {
+	t.Helper()
+	st, rt := traced(t, b)
+	rec = &outcomes{}
+	return middleware.Claim{Store: st, Consumer: consumer, Key: keyFunc(t), OnOutcome: rec.onOutcome}, rt, rec
+}
+
 func traced(t *testing.T, b bundle) (*store.Store, *roundTrips) {
 	t.Helper()
 	url, err := testenv.URLWithSearchPath(b.schema)
