@@ -13,7 +13,6 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 func batchOf(t *testing.T, orders ...order) []*message.Message {
@@ -208,11 +207,7 @@ func testBatchRollbackHandOver(t *testing.T, run func(*middleware.Batch, context
 	rec := &outcomes{}
 	bt := b.batch(t, rec)
 	ctx := context.Background()
-	holder, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	held, err := b.store.Claim(ctx, holder, store.ClaimRequest{Consumer: "loyalty", Key: "order-completed:2"})
-	require.NoError(t, err)
-	require.True(t, held.New)
+	holder := b.holdClaim(t, "loyalty", "order-completed:2")
 
 	done := make(chan []error, 1)
 	go func() {

@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -237,18 +236,10 @@ func TestClaimWaitGivesUpAfterMaxAttempts(t *testing.T) {
 	o := order{OrderID: 78, CustomerID: 3, TotalCents: 900}
 
 	// Hold the key from outside for the whole test.
-	ctx := context.Background()
-	tx, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	claimed, err := b.store.Claim(ctx, tx, store.ClaimRequest{Consumer: "loyalty", Key: "order-completed:78"})
-	require.NoError(t, err)
-	require.True(t, claimed.New)
+	b.holdClaim(t, "loyalty", "order-completed:78")
 
-	_, err = install(t, middleware.NewClaim, c)(consume(credit))(newDelivery(t, o))
-	require.Error(t, err)
-	require.Equal(t, pg.ClaimWait, pg.Classify(err))
-	require.False(t, framework.IsPermanent(err))
+	_, err := install(t, middleware.NewClaim, c)(consume(credit))(newDelivery(t, o))
+	requireClaimWait(t, err)
 }
 
 func TestInvalidKeyIsPermanent(t *testing.T) {

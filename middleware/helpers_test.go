@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -245,6 +246,35 @@ func inParallel(t testing.TB, n int, work func(w int) []error) {
 			require.NoError(t, err)
 		}
 	}
+}
+
+// hold opens a transaction that is rolled back when the test ends, if not
+// before: a twin still in flight, holding what it wrote.
+func (b bundle) hold(t testing.TB) pgx.Tx {
+	t.Helper()
+	tx, err := b.pool.Begin(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
+// holdClaim is hold with consumer's claim of key made, and so held, in it.
+func (b bundle) holdClaim(t testing.TB, consumer, key string) pgx.Tx {
+	t.Helper()
+	tx := b.hold(t)
+	claimed, err := b.store.Claim(context.Background(), tx, store.ClaimRequest{Consumer: consumer, Key: key})
+	require.NoError(t, err)
+	require.True(t, claimed.New)
+	return tx
+}
+
+// requireClaimWait checks that err is a claim wait given up after its
+// bound: a failure to retry, not a permanent one.
+func requireClaimWait(t testing.TB, err error) {
+	t.Helper()
+	require.Error(t, err)
+	require.Equal(t, pg.ClaimWait, pg.Classify(err))
+	require.False(t, framework.IsPermanent(err))
 }
 
 // deliverTwins delivers n copies of one order to wrap(effect) at once, each

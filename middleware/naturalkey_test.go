@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -136,17 +135,13 @@ func TestNaturalKeyClaimWaitIsBoundedAndRetried(t *testing.T) {
 	o := order{OrderID: 78, CustomerID: 3, TotalCents: 900}
 
 	ctx := context.Background()
-	holder, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer holder.Rollback(ctx)
-	_, err = holder.Exec(ctx, "INSERT INTO point_ledger (customer_id, order_id, points) VALUES (3, 78, 9)")
+	holder := b.hold(t)
+	_, err := holder.Exec(ctx, "INSERT INTO point_ledger (customer_id, order_id, points) VALUES (3, 78, 9)")
 	require.NoError(t, err)
 
 	h := install(t, middleware.NewClaim, c)(consume(creditOnce))
 	_, err = h(newDelivery(t, o))
-	require.Error(t, err)
-	require.Equal(t, pg.ClaimWait, pg.Classify(err))
-	require.False(t, framework.IsPermanent(err))
+	requireClaimWait(t, err)
 	require.Len(t, rec.retries, 2)
 	require.Equal(t, framework.Failed, rec.results[0].Outcome)
 	require.Equal(t, 3, rec.results[0].Attempts)

@@ -90,11 +90,9 @@ func TestReadAheadSkipsUncommittedClaims(t *testing.T) {
 	b.applyInOrder(t, "replay", 0, 50)
 	b.applyInOrder(t, "replay", 51, 100)
 	ctx := context.Background()
-	twin, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = twin.Rollback(ctx) }()
+	twin := b.hold(t)
 	// Order 50's claim, uncommitted, in its place in time.
-	_, err = twin.Exec(ctx, `INSERT INTO `+pgx.Identifier{b.schema, "processed_messages"}.Sanitize()+`
+	_, err := twin.Exec(ctx, `INSERT INTO `+pgx.Identifier{b.schema, "processed_messages"}.Sanitize()+`
 		(consumer, message_key, processed_at) VALUES ('replay', 'order-completed:50', now() - interval '1 hour' + 50 * interval '1 millisecond')`)
 	require.NoError(t, err)
 
