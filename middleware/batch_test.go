@@ -27,6 +27,13 @@ func (b bundle) batch(t testing.TB, rec *outcomes) *middleware.Batch {
 	return newBatch(t, b.claim(t, "loyalty", rec))
 }
 
+// batchSetup is setup with a loyalty batch reporting to rec.
+func batchSetup(t testing.TB, maxConns int32) (b bundle, rec *outcomes, bt *middleware.Batch) {
+	t.Helper()
+	b, rec = setup(t, maxConns), &outcomes{}
+	return b, rec, b.batch(t, rec)
+}
+
 func newBatch(t testing.TB, c middleware.Claim) *middleware.Batch {
 	t.Helper()
 	bt, err := middleware.NewBatch(c)
@@ -40,8 +47,12 @@ func newBatch(t testing.TB, c middleware.Claim) *middleware.Batch {
 // or panic.
 type batchMode struct {
 	name string
-	run  func(bt *middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error
+	run  batchRun
 }
+
+// batchRun processes msgs in one batch through bt, the way a batchMode
+// says.
+type batchRun func(bt *middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error
 
 var batchModes = []batchMode{
 	{"per-message", func(bt *middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error {
@@ -74,8 +85,10 @@ var batchModes = []batchMode{
 	}},
 }
 
-// forEachBatchMode runs test in parallel subtests, one per batchMode.
-func forEachBatchMode(t *testing.T, test func(t *testing.T, run func(bt *middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error)) {
+// forEachBatchMode runs test in parallel subtests, one per batchMode, of
+// a parallel test.
+func forEachBatchMode(t *testing.T, test func(t *testing.T, run batchRun)) {
+	t.Parallel()
 	for _, m := range batchModes {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
@@ -85,14 +98,11 @@ func forEachBatchMode(t *testing.T, test func(t *testing.T, run func(bt *middlew
 }
 
 func TestBatchRedeliveryAndInBatchDuplicates(t *testing.T) {
-	t.Parallel()
 	forEachBatchMode(t, testBatchRedeliveryAndInBatchDuplicates)
 }
 
-func testBatchRedeliveryAndInBatchDuplicates(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
-	b := setup(t, 4)
-	rec := &outcomes{}
-	bt := b.batch(t, rec)
+func testBatchRedeliveryAndInBatchDuplicates(t *testing.T, run batchRun) {
+	b, rec, bt := batchSetup(t, 4)
 	o1 := order{OrderID: 1, CustomerID: 1, TotalCents: 100}
 	o2 := order{OrderID: 2, CustomerID: 1, TotalCents: 200}
 	o3 := order{OrderID: 3, CustomerID: 2, TotalCents: 300}
@@ -115,14 +125,11 @@ func testBatchRedeliveryAndInBatchDuplicates(t *testing.T, run func(*middleware.
 }
 
 func TestBatchIsolatesFailingMessages(t *testing.T) {
-	t.Parallel()
 	forEachBatchMode(t, testBatchIsolatesFailingMessages)
 }
 
-func testBatchIsolatesFailingMessages(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
-	b := setup(t, 4)
-	rec := &outcomes{}
-	bt := b.batch(t, rec)
+func testBatchIsolatesFailingMessages(t *testing.T, run batchRun) {
+	b, rec, bt := batchSetup(t, 4)
 	var orders []order
 	for i := int64(1); i <= 10; i++ {
 		orders = append(orders, order{OrderID: i, CustomerID: i % 3, TotalCents: 100 * i})
@@ -170,11 +177,10 @@ func testBatchIsolatesFailingMessages(t *testing.T, run func(*middleware.Batch, 
 // Eight batches over overlapping keys, concurrently, with effects that
 // touch shared balance rows in arbitrary order: every order exactly once.
 func TestBatchConcurrentOverlappingBatches(t *testing.T) {
-	t.Parallel()
 	forEachBatchMode(t, testBatchConcurrentOverlappingBatches)
 }
 
-func testBatchConcurrentOverlappingBatches(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
+func testBatchConcurrentOverlappingBatches(t *testing.T, run batchRun) {
 	b := setup(t, 10)
 	rec := &outcomes{}
 	c := b.claim(t, "loyalty", rec)
@@ -197,15 +203,10 @@ func testBatchConcurrentOverlappingBatches(t *testing.T, run func(*middleware.Ba
 
 // A batch whose key is held by an uncommitted twin waits; when the twin
 // rolls back, the batch takes over and applies.
-func TestBatchRollbackHandOver(t *testing.T) {
-	t.Parallel()
-	forEachBatchMode(t, testBatchRollbackHandOver)
-}
+func TestBatchRollbackHandOver(t *testing.T) { forEachBatchMode(t, testBatchRollbackHandOver) }
 
-func testBatchRollbackHandOver(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
-	b := setup(t, 4)
-	rec := &outcomes{}
-	bt := b.batch(t, rec)
+func testBatchRollbackHandOver(t *testing.T, run batchRun) {
+	b, rec, bt := batchSetup(t, 4)
 	ctx := context.Background()
 	holder := b.holdClaim(t, "loyalty", "order-completed:2")
 
@@ -265,9 +266,7 @@ func TestBatchBadConfig(t *testing.T) {
 // isolating it in about log2(16) savepointed halves.
 func TestBatchSetHandlerCalls(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 4)
-	rec := &outcomes{}
-	bt := b.batch(t, rec)
+	b, _, bt := batchSetup(t, 4)
 	var sizes []int
 	boom := errors.New("rejected")
 	var orders []order
@@ -322,11 +321,10 @@ func sum(xs []int) int {
 // applied nothing: every message must come back failed, to be nacked, not
 // acked as if it had been applied.
 func TestBatchRetryAbandonedFailsEveryMessage(t *testing.T) {
-	t.Parallel()
 	forEachBatchMode(t, testBatchRetryAbandonedFailsEveryMessage)
 }
 
-func testBatchRetryAbandonedFailsEveryMessage(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
+func testBatchRetryAbandonedFailsEveryMessage(t *testing.T, run batchRun) {
 	b := setup(t, 2)
 	rec := &outcomes{}
 	ctx, cancel := context.WithCancel(context.Background())
