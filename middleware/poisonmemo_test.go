@@ -24,6 +24,15 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
+// memoClaim is the "memo" consumer's claim, reporting to rec, with its
+// poison memo on.
+func (b bundle) memoClaim(t testing.TB, rec *outcomes) middleware.Claim {
+	t.Helper()
+	c := b.claim(t, "memo", rec)
+	c.PoisonMemo = true
+	return c
+}
+
 func (b bundle) memo(t testing.TB, consumer string, id int64) (poison.Memo, bool) {
 	t.Helper()
 	m, ok, err := poison.GetMemo(context.Background(), b.pool, pg.NewNames(b.schema, "processed_messages", "outbox"), consumer, fmt.Sprintf("order-completed:%d", id))
@@ -42,8 +51,7 @@ func TestPoisonMemoBareMiddleware(t *testing.T) {
 	require.NoError(t, err)
 
 	rec := &outcomes{}
-	claim := b.claim(t, "memo", rec)
-	claim.PoisonMemo = true
+	claim := b.memoClaim(t, rec)
 	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: claim.RecordPoison})
 	var runs atomic.Int64
 	fixed := atomic.Bool{}
@@ -111,8 +119,7 @@ func TestPoisonMemoYieldsToDuplicate(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	rec := &outcomes{}
-	claim := b.claim(t, "memo", rec)
-	claim.PoisonMemo = true
+	claim := b.memoClaim(t, rec)
 	h := install(t, middleware.NewClaim, claim)(consume(credit))
 	o := order{OrderID: 5, CustomerID: 7, TotalCents: 500}
 	_, err := h(newDelivery(t, o))
@@ -136,8 +143,7 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 	b := setup(t, 4)
 	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = pubsub.Close() })
-	claim := b.claim(t, "memo", nil)
-	claim.PoisonMemo = true
+	claim := b.memoClaim(t, nil)
 	names := pg.NewNames(b.schema, "processed_messages", "outbox")
 	var unpoisonFirst atomic.Bool
 	onPoison := func(msg *message.Message, err error) {
@@ -230,8 +236,7 @@ func TestPoisonMemoBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	rec := &outcomes{}
-	claim := b.claim(t, "memo", rec)
-	claim.PoisonMemo = true
+	claim := b.memoClaim(t, rec)
 	bt := newBatch(t, claim)
 	ctx := context.Background()
 	orders := []order{{OrderID: 1, CustomerID: 1, TotalCents: 100}, {OrderID: 2, CustomerID: 2, TotalCents: 100}, {OrderID: 3, CustomerID: 3, TotalCents: 100}, {OrderID: 4, CustomerID: 4, TotalCents: 100}}
