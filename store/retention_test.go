@@ -12,10 +12,17 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
+// cleanup runs st.Cleanup with cfg, which must succeed.
+func cleanup(t *testing.T, st *store.Store, cfg store.RetentionConfig) store.CleanupResult {
+	t.Helper()
+	res, err := st.Cleanup(context.Background(), cfg)
+	require.NoError(t, err)
+	return res
+}
+
 func TestCleanupBoundaries(t *testing.T) {
 	t.Parallel()
 	st := migrated(t, 4)
-	ctx := context.Background()
 
 	// Outside the 30-day window: just outside, far outside, and 23 rows
 	// sharing one timestamp so that ties straddle batch boundaries.
@@ -29,8 +36,7 @@ func TestCleanupBoundaries(t *testing.T) {
 	var seen []store.CleanupProgress
 	cfg := fixedBatches(7)
 	cfg.OnProgress = func(p store.CleanupProgress) { seen = append(seen, p) }
-	res, err := st.Cleanup(ctx, cfg)
-	require.NoError(t, err)
+	res := cleanup(t, st, cfg)
 	require.EqualValues(t, 37, res.Deleted)
 	require.GreaterOrEqual(t, res.Batches, 6, "37 rows in batches of 7, then an empty batch")
 	require.EqualValues(t, 0, countWhere(t, st, "message_key LIKE 'just-out-%' OR message_key LIKE 'tie-%' OR message_key LIKE 'far-out-%'"))
@@ -47,8 +53,7 @@ func TestCleanupBoundaries(t *testing.T) {
 	require.EqualValues(t, 0, last.BatchRows)
 
 	// Nothing left: a second run deletes nothing.
-	res, err = st.Cleanup(ctx, fixedBatches(7))
-	require.NoError(t, err)
+	res = cleanup(t, st, fixedBatches(7))
 	require.EqualValues(t, 0, res.Deleted)
 	require.Equal(t, 1, res.Batches)
 }
@@ -79,8 +84,7 @@ func TestCleanupSettingsDoNotLeak(t *testing.T) {
 	st := migrated(t, 1) // one connection: the cleaner's is the one we inspect
 	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 20, "-60 days")
-	_, err := st.Cleanup(ctx, fixedBatches(5))
-	require.NoError(t, err)
+	cleanup(t, st, fixedBatches(5))
 	var timeout, syncCommit string
 	require.NoError(t, st.Pool().QueryRow(ctx, "SELECT current_setting('statement_timeout'), current_setting('synchronous_commit')").Scan(&timeout, &syncCommit))
 	require.Equal(t, "0", timeout)
@@ -104,11 +108,9 @@ func TestCleanupMinimumRetention(t *testing.T) {
 	require.EqualValues(t, 3, countWhere(t, st, "true"), "a refused run deletes nothing")
 
 	// A lower minimum, or Force, lets a short retention through.
-	res, err := st.Cleanup(ctx, store.RetentionConfig{Retention: 3 * 24 * time.Hour, MinRetention: 3 * 24 * time.Hour, Pause: -1})
-	require.NoError(t, err)
+	res := cleanup(t, st, store.RetentionConfig{Retention: 3 * 24 * time.Hour, MinRetention: 3 * 24 * time.Hour, Pause: -1})
 	require.EqualValues(t, 0, res.Deleted)
-	res, err = st.Cleanup(ctx, store.RetentionConfig{Retention: 24 * time.Hour, Force: true, Pause: -1})
-	require.NoError(t, err)
+	res = cleanup(t, st, store.RetentionConfig{Retention: 24 * time.Hour, Force: true, Pause: -1})
 	require.EqualValues(t, 3, res.Deleted)
 
 	for _, tc := range []struct {
@@ -134,13 +136,11 @@ func TestCleanupMinimumRetention(t *testing.T) {
 func TestCleanupDryRun(t *testing.T) {
 	t.Parallel()
 	st := migrated(t, 2)
-	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 12, "-31 days")
 	insertAged(t, st, "c", "older-", 3, "-90 days")
 	insertAged(t, st, "c", "new-", 4, "-29 days")
 
-	res, err := st.Cleanup(ctx, store.RetentionConfig{DryRun: true})
-	require.NoError(t, err)
+	res := cleanup(t, st, store.RetentionConfig{DryRun: true})
 	require.EqualValues(t, 15, res.WouldDelete)
 	require.EqualValues(t, 0, res.Deleted)
 	require.WithinDuration(t, time.Now().AddDate(0, 0, -90), res.Oldest, time.Minute)
@@ -164,8 +164,7 @@ func TestCleanupLeaderExclusive(t *testing.T) {
 			secondRes, secondErr = st.Cleanup(ctx, fixedBatches(10))
 		}
 	}
-	res, err := st.Cleanup(ctx, cfg)
-	require.NoError(t, err)
+	res := cleanup(t, st, cfg)
 	require.EqualValues(t, 40, res.Deleted, "the leader deleted everything")
 	require.ErrorIs(t, secondErr, store.ErrNotLeader)
 	require.EqualValues(t, 0, secondRes.Deleted)
@@ -179,8 +178,7 @@ func TestCleanupLeaderExclusive(t *testing.T) {
 			_, secondErr = other.Cleanup(ctx, fixedBatches(10))
 		}
 	}
-	_, err = st.Cleanup(ctx, cfg)
-	require.NoError(t, err)
+	cleanup(t, st, cfg)
 	require.ErrorIs(t, secondErr, store.ErrNotLeader)
 
 	_, err = other.Cleanup(ctx, fixedBatches(10))
@@ -208,8 +206,7 @@ func TestCleanupInterruptAndResume(t *testing.T) {
 	require.EqualValues(t, 75, countWhere(t, st, "true"))
 
 	// Resume: a new run continues with what is left.
-	res, err = st.Cleanup(ctx, fixedBatches(10))
-	require.NoError(t, err)
+	res = cleanup(t, st, fixedBatches(10))
 	require.EqualValues(t, 70, res.Deleted)
 	require.EqualValues(t, 5, countWhere(t, st, "true"))
 	require.EqualValues(t, 5, countWhere(t, st, "message_key LIKE 'new-%'"))
@@ -257,8 +254,7 @@ func TestStats(t *testing.T) {
 
 	// Stats takes no leader lock: operators read it while a cleanup runs.
 	var during error
-	_, err = st.Cleanup(ctx, store.RetentionConfig{Pause: -1, OnProgress: func(store.CleanupProgress) { _, during = st.Stats(ctx) }})
-	require.NoError(t, err)
+	cleanup(t, st, store.RetentionConfig{Pause: -1, OnProgress: func(store.CleanupProgress) { _, during = st.Stats(ctx) }})
 	require.NoError(t, during, "Stats must not need the lock a cleanup holds (ErrNotLeader)")
 }
 
@@ -274,13 +270,11 @@ func TestCleanupRemovesExpiredPoisonMemos(t *testing.T) {
 
 	cfg := fixedBatches(2)
 	cfg.DryRun = true
-	res, err := st.Cleanup(ctx, cfg)
-	require.NoError(t, err)
+	res := cleanup(t, st, cfg)
 	require.EqualValues(t, 7, res.Memos)
 	require.EqualValues(t, 10, memoCount(t, st), "a dry run deletes nothing")
 
-	res, err = st.Cleanup(ctx, fixedBatches(2))
-	require.NoError(t, err)
+	res = cleanup(t, st, fixedBatches(2))
 	require.EqualValues(t, 2, res.Deleted)
 	require.EqualValues(t, 7, res.Memos)
 	require.EqualValues(t, 3, memoCount(t, st))
@@ -290,8 +284,7 @@ func TestCleanupRemovesExpiredPoisonMemos(t *testing.T) {
 	// as before.
 	require.NoError(t, st.MigrateDownForTest(ctx, 3))
 	insertAged(t, st, "loyalty", "k", 1, "-31 days")
-	res, err = st.Cleanup(ctx, fixedBatches(2))
-	require.NoError(t, err)
+	res = cleanup(t, st, fixedBatches(2))
 	require.EqualValues(t, 1, res.Deleted)
 	require.Zero(t, res.Memos)
 }
