@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -275,6 +276,36 @@ func requireClaimWait(t testing.TB, err error) {
 	require.Error(t, err)
 	require.Equal(t, pg.ClaimWait, pg.Classify(err))
 	require.False(t, framework.IsPermanent(err))
+}
+
+// deadLetters is a persistent in-process "orders.poison" topic for a
+// Poison middleware to publish to, subscribed from the start.
+type deadLetters struct {
+	*gochannel.GoChannel
+	copies <-chan *message.Message
+}
+
+func newDeadLetters(t testing.TB) deadLetters {
+	t.Helper()
+	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = pubsub.Close() })
+	copies, err := pubsub.Subscribe(context.Background(), "orders.poison")
+	require.NoError(t, err)
+	return deadLetters{pubsub, copies}
+}
+
+// next takes the next poisoned copy, acked; none within 5 seconds fails
+// the test with why.
+func (d deadLetters) next(t testing.TB, why string) *message.Message {
+	t.Helper()
+	select {
+	case m := <-d.copies:
+		m.Ack()
+		return m
+	case <-time.After(5 * time.Second):
+		t.Fatal(why)
+		return nil
+	}
 }
 
 // deliverTwins delivers n copies of one order to wrap(effect) at once, each

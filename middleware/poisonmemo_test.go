@@ -11,7 +11,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -45,14 +44,11 @@ func (b bundle) memo(t testing.TB, consumer string, id int64) (poison.Memo, bool
 func TestPoisonMemoBareMiddleware(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
-	t.Cleanup(func() { _ = pubsub.Close() })
-	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
-	require.NoError(t, err)
+	dead := newDeadLetters(t)
 
 	rec := &outcomes{}
 	claim := b.memoClaim(t, rec)
-	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: claim.RecordPoison})
+	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: dead, Topic: "orders.poison", OnPoison: claim.RecordPoison})
 	var runs atomic.Int64
 	fixed := atomic.Bool{}
 	h := poisoner(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
@@ -62,20 +58,10 @@ func TestPoisonMemoBareMiddleware(t *testing.T) {
 		}
 		return credit(ctx, tx, msg)
 	})))
-	next := func() *message.Message {
-		t.Helper()
-		select {
-		case m := <-poisoned:
-			m.Ack()
-			return m
-		case <-time.After(5 * time.Second):
-			t.Fatal("nothing poisoned")
-			return nil
-		}
-	}
+	next := func() *message.Message { return dead.next(t, "nothing poisoned") }
 
 	o := order{OrderID: 1, CustomerID: 7, TotalCents: 500}
-	_, err = h(newDelivery(t, o))
+	_, err := h(newDelivery(t, o))
 	require.NoError(t, err)
 	require.Equal(t, "refused for good", next().Metadata.Get(middleware.PoisonReasonKey))
 	m, ok := b.memo(t, "memo", 1)
@@ -141,8 +127,7 @@ func TestPoisonMemoYieldsToDuplicate(t *testing.T) {
 func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
-	t.Cleanup(func() { _ = pubsub.Close() })
+	dead := newDeadLetters(t)
 	claim := b.memoClaim(t, nil)
 	names := pg.NewNames(b.schema, "processed_messages", "outbox")
 	var unpoisonFirst atomic.Bool
@@ -153,20 +138,8 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 		}
 		claim.RecordPoison(msg, err)
 	}
-	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
-	require.NoError(t, err)
-	reason := func() string {
-		t.Helper()
-		select {
-		case m := <-poisoned:
-			m.Ack()
-			return m.Metadata.Get(middleware.PoisonReasonKey)
-		case <-time.After(5 * time.Second):
-			t.Fatal("nothing poisoned")
-			return ""
-		}
-	}
-	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: onPoison})
+	reason := func() string { return dead.next(t, "nothing poisoned").Metadata.Get(middleware.PoisonReasonKey) }
+	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: dead, Topic: "orders.poison", OnPoison: onPoison})
 	var fixed atomic.Bool
 	h := poisoner(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		if !fixed.Load() {
@@ -176,7 +149,7 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 	})))
 
 	o := order{OrderID: 3, CustomerID: 7, TotalCents: 500}
-	_, err = h(newDelivery(t, o))
+	_, err := h(newDelivery(t, o))
 	require.NoError(t, err)
 	require.Equal(t, "refused for good", reason())
 	_, ok := b.memo(t, "memo", 3)
