@@ -61,18 +61,16 @@ func TestCleanupBoundaries(t *testing.T) {
 func TestCleanupAdaptiveBatchesAndVacuum(t *testing.T) {
 	t.Parallel()
 	st := migrated(t, 2)
-	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 3000, "-60 days")
 	insertAged(t, st, "c", "new-", 10, "-1 day")
 	var sizes []int
-	res, err := st.Cleanup(ctx, store.RetentionConfig{
+	res := cleanup(t, st, store.RetentionConfig{
 		BatchSize: 100, MinBatchSize: 50, MaxBatchSize: 800,
 		TargetBatchDuration: time.Hour, // every batch is "too fast": sizes double up to the cap
 		Pause:               -1,
 		Vacuum:              true,
 		OnProgress:          func(p store.CleanupProgress) { sizes = append(sizes, p.NextBatchSize) },
 	})
-	require.NoError(t, err)
 	require.EqualValues(t, 3000, res.Deleted)
 	require.True(t, res.Vacuumed)
 	require.Equal(t, []int{100, 200, 400, 800, 800, 800}, sizes[:6])
