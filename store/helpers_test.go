@@ -55,6 +55,14 @@ func migrated(t *testing.T, maxConns int32) *store.Store {
 	return st
 }
 
+// requireVersion checks the schema version st reports.
+func requireVersion(t *testing.T, st *store.Store, want int) {
+	t.Helper()
+	v, err := st.Version(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, want, v)
+}
+
 // fixedBatches makes Cleanup use exactly n rows per batch and no pause, so
 // tests can reason about batch counts.
 func fixedBatches(n int) store.RetentionConfig {

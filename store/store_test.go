@@ -24,9 +24,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	t.Parallel()
 	st, schema := newStore(t, 8)
 	ctx := context.Background()
-	v, err := st.Version(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 0, v)
+	requireVersion(t, st, 0)
 
 	// Eight instances starting at once against the same schema.
 	var wg sync.WaitGroup
@@ -44,9 +42,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, st.Migrate(ctx))
-	v, err = st.Version(ctx)
-	require.NoError(t, err)
-	require.Equal(t, migrate.Latest(), v)
+	requireVersion(t, st, migrate.Latest())
 
 	var n int
 	require.NoError(t, st.Pool().QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.claimtx_migration", pgx.Identifier{schema}.Sanitize())).Scan(&n))
@@ -75,9 +71,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	require.Equal(t, 1, idx)
 
 	require.NoError(t, st.MigrateDownForTest(ctx, 0))
-	v, err = st.Version(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 0, v)
+	requireVersion(t, st, 0)
 	require.Error(t, st.MigrateDownForTest(ctx, -1))
 	require.NoError(t, st.Migrate(ctx))
 }
@@ -90,9 +84,7 @@ func TestMigrateTxRollsBackWithCaller(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, st.MigrateTx(ctx, tx))
 	require.NoError(t, tx.Rollback(ctx))
-	v, err := st.Version(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 0, v)
+	requireVersion(t, st, 0)
 }
 
 func TestClaim(t *testing.T) {
