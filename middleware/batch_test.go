@@ -3,7 +3,6 @@ package middleware_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 func batchOf(t *testing.T, orders ...order) []*message.Message {
@@ -27,6 +25,13 @@ func batchOf(t *testing.T, orders ...order) []*message.Message {
 
 func (b bundle) batch(t testing.TB, rec *outcomes) *middleware.Batch {
 	return newBatch(t, b.claim(t, "loyalty", rec))
+}
+
+// batchSetup is setup with a loyalty batch reporting to rec.
+func batchSetup(t testing.TB, maxConns int32) (b bundle, rec *outcomes, bt *middleware.Batch) {
+	t.Helper()
+	b, rec = setup(t, maxConns), &outcomes{}
+	return b, rec, b.batch(t, rec)
 }
 
 func newBatch(t testing.TB, c middleware.Claim) *middleware.Batch {
@@ -42,8 +47,12 @@ func newBatch(t testing.TB, c middleware.Claim) *middleware.Batch {
 // or panic.
 type batchMode struct {
 	name string
-	run  func(bt *middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error
+	run  batchRun
 }
+
+// batchRun processes msgs in one batch through bt, the way a batchMode
+// says.
+type batchRun func(bt *middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error
 
 var batchModes = []batchMode{
 	{"per-message", func(bt *middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error {
@@ -76,8 +85,10 @@ var batchModes = []batchMode{
 	}},
 }
 
-// forEachBatchMode runs test in parallel subtests, one per batchMode.
-func forEachBatchMode(t *testing.T, test func(t *testing.T, run func(bt *middleware.Batch, ctx context.Context, msgs []*message.Message, check func(*message.Message) error) []error)) {
+// forEachBatchMode runs test in parallel subtests, one per batchMode, of
+// a parallel test.
+func forEachBatchMode(t *testing.T, test func(t *testing.T, run batchRun)) {
+	t.Parallel()
 	for _, m := range batchModes {
 		t.Run(m.name, func(t *testing.T) {
 			t.Parallel()
@@ -87,14 +98,11 @@ func forEachBatchMode(t *testing.T, test func(t *testing.T, run func(bt *middlew
 }
 
 func TestBatchRedeliveryAndInBatchDuplicates(t *testing.T) {
-	t.Parallel()
 	forEachBatchMode(t, testBatchRedeliveryAndInBatchDuplicates)
 }
 
-func testBatchRedeliveryAndInBatchDuplicates(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
-	b := setup(t, 4)
-	rec := &outcomes{}
-	bt := b.batch(t, rec)
+func testBatchRedeliveryAndInBatchDuplicates(t *testing.T, run batchRun) {
+	b, rec, bt := batchSetup(t, 4)
 	o1 := order{OrderID: 1, CustomerID: 1, TotalCents: 100}
 	o2 := order{OrderID: 2, CustomerID: 1, TotalCents: 200}
 	o3 := order{OrderID: 3, CustomerID: 2, TotalCents: 300}
@@ -117,14 +125,11 @@ func testBatchRedeliveryAndInBatchDuplicates(t *testing.T, run func(*middleware.
 }
 
 func TestBatchIsolatesFailingMessages(t *testing.T) {
-	t.Parallel()
 	forEachBatchMode(t, testBatchIsolatesFailingMessages)
 }
 
-func testBatchIsolatesFailingMessages(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
-	b := setup(t, 4)
-	rec := &outcomes{}
-	bt := b.batch(t, rec)
+func testBatchIsolatesFailingMessages(t *testing.T, run batchRun) {
+	b, rec, bt := batchSetup(t, 4)
 	var orders []order
 	for i := int64(1); i <= 10; i++ {
 		orders = append(orders, order{OrderID: i, CustomerID: i % 3, TotalCents: 100 * i})
@@ -172,38 +177,24 @@ func testBatchIsolatesFailingMessages(t *testing.T, run func(*middleware.Batch, 
 // Eight batches over overlapping keys, concurrently, with effects that
 // touch shared balance rows in arbitrary order: every order exactly once.
 func TestBatchConcurrentOverlappingBatches(t *testing.T) {
-	t.Parallel()
 	forEachBatchMode(t, testBatchConcurrentOverlappingBatches)
 }
 
-func testBatchConcurrentOverlappingBatches(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
+func testBatchConcurrentOverlappingBatches(t *testing.T, run batchRun) {
 	b := setup(t, 10)
 	rec := &outcomes{}
 	c := b.claim(t, "loyalty", rec)
 	c.MaxAttempts = 20
 	bt := newBatch(t, c)
 	const orders = 60
-	var wg sync.WaitGroup
-	errCh := make(chan error, 8*orders)
-	for w := 0; w < 8; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var os []order
-			for i := 0; i < orders; i++ {
-				id := int64((i*7+w*13)%orders + 1) // each batch a different order
-				os = append(os, order{OrderID: id, CustomerID: id % 5, TotalCents: 100})
-			}
-			for _, err := range run(bt, context.Background(), batchOf(t, os...), nil) {
-				errCh <- err
-			}
-		}()
-	}
-	wg.Wait()
-	close(errCh)
-	for err := range errCh {
-		require.NoError(t, err)
-	}
+	inParallel(t, 8, func(w int) []error {
+		var os []order
+		for i := 0; i < orders; i++ {
+			id := int64((i*7+w*13)%orders + 1) // each batch a different order
+			os = append(os, order{OrderID: id, CustomerID: id % 5, TotalCents: 100})
+		}
+		return run(bt, context.Background(), batchOf(t, os...), nil)
+	})
 	require.Equal(t, orders, rec.count(framework.Applied))
 	require.Equal(t, 7*orders, rec.count(framework.Duplicate))
 	require.Equal(t, int64(orders), b.scalar(t, "SELECT count(*) FROM point_ledger"))
@@ -212,21 +203,12 @@ func testBatchConcurrentOverlappingBatches(t *testing.T, run func(*middleware.Ba
 
 // A batch whose key is held by an uncommitted twin waits; when the twin
 // rolls back, the batch takes over and applies.
-func TestBatchRollbackHandOver(t *testing.T) {
-	t.Parallel()
-	forEachBatchMode(t, testBatchRollbackHandOver)
-}
+func TestBatchRollbackHandOver(t *testing.T) { forEachBatchMode(t, testBatchRollbackHandOver) }
 
-func testBatchRollbackHandOver(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
-	b := setup(t, 4)
-	rec := &outcomes{}
-	bt := b.batch(t, rec)
+func testBatchRollbackHandOver(t *testing.T, run batchRun) {
+	b, rec, bt := batchSetup(t, 4)
 	ctx := context.Background()
-	holder, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	held, err := b.store.Claim(ctx, holder, store.ClaimRequest{Consumer: "loyalty", Key: "order-completed:2"})
-	require.NoError(t, err)
-	require.True(t, held.New)
+	holder := b.holdClaim(t, "loyalty", "order-completed:2")
 
 	done := make(chan []error, 1)
 	go func() {
@@ -284,9 +266,7 @@ func TestBatchBadConfig(t *testing.T) {
 // isolating it in about log2(16) savepointed halves.
 func TestBatchSetHandlerCalls(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 4)
-	rec := &outcomes{}
-	bt := b.batch(t, rec)
+	b, _, bt := batchSetup(t, 4)
 	var sizes []int
 	boom := errors.New("rejected")
 	var orders []order
@@ -341,11 +321,10 @@ func sum(xs []int) int {
 // applied nothing: every message must come back failed, to be nacked, not
 // acked as if it had been applied.
 func TestBatchRetryAbandonedFailsEveryMessage(t *testing.T) {
-	t.Parallel()
 	forEachBatchMode(t, testBatchRetryAbandonedFailsEveryMessage)
 }
 
-func testBatchRetryAbandonedFailsEveryMessage(t *testing.T, run func(*middleware.Batch, context.Context, []*message.Message, func(*message.Message) error) []error) {
+func testBatchRetryAbandonedFailsEveryMessage(t *testing.T, run batchRun) {
 	b := setup(t, 2)
 	rec := &outcomes{}
 	ctx, cancel := context.WithCancel(context.Background())

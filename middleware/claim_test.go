@@ -5,15 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -30,7 +32,7 @@ func TestRedeliveryAppliesOnce(t *testing.T) {
 	_, err = h(newDelivery(t, o))
 	require.NoError(t, err)
 
-	require.Equal(t, []framework.Outcome{framework.Applied, framework.Duplicate}, []framework.Outcome{rec.results[0].Outcome, rec.results[1].Outcome})
+	rec.requireFirst(t, framework.Applied, framework.Duplicate)
 	require.Equal(t, int64(50), b.balance(t, 7))
 	require.Equal(t, int64(1), b.ledgerRows(t, 9912))
 	require.Equal(t, "order-completed:9912", rec.results[0].Key)
@@ -62,12 +64,7 @@ func TestSerializableTwinsRetryTransparently(t *testing.T) {
 	rec := concurrentTwins(t, 16, pgx.Serializable)
 	// Under SERIALIZABLE some twins must have hit 40001 and been retried;
 	// otherwise this test did not exercise what it claims to.
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	require.NotEmpty(t, rec.retries, "expected serialization failures to be retried")
-	for _, r := range rec.retries {
-		require.Equal(t, "serialization", r.Cause, "retry cause: %v", r.Err)
-	}
+	rec.requireSerializationRetries(t)
 }
 
 func TestRollbackHandsOverToWaitingTwin(t *testing.T) {
@@ -140,15 +137,7 @@ func TestHandlerFailureLeavesNothing(t *testing.T) {
 			c := b.claim(t, "loyalty", rec)
 			o := order{OrderID: 1, CustomerID: 1, TotalCents: 300}
 			fail := true
-			h := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-				if err := credit(ctx, tx, msg); err != nil {
-					return err
-				}
-				if fail {
-					return tc.fail()
-				}
-				return nil
-			}))
+			h := install(t, middleware.NewClaim, c)(consume(failAfter(credit, &fail, tc.fail)))
 
 			_, err := h(newDelivery(t, o))
 			require.Error(t, err)
@@ -161,10 +150,7 @@ func TestHandlerFailureLeavesNothing(t *testing.T) {
 			require.Equal(t, int64(0), b.ledgerRows(t, 1))
 
 			fail = false
-			_, err = h(newDelivery(t, o))
-			require.NoError(t, err)
-			require.Equal(t, []framework.Outcome{framework.Failed, framework.Applied}, []framework.Outcome{rec.results[0].Outcome, rec.results[1].Outcome})
-			require.Equal(t, int64(3), b.balance(t, 1))
+			b.requireRetryApplies(t, h, rec, o)
 		})
 	}
 }
@@ -250,18 +236,10 @@ func TestClaimWaitGivesUpAfterMaxAttempts(t *testing.T) {
 	o := order{OrderID: 78, CustomerID: 3, TotalCents: 900}
 
 	// Hold the key from outside for the whole test.
-	ctx := context.Background()
-	tx, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
-	claimed, err := b.store.Claim(ctx, tx, store.ClaimRequest{Consumer: "loyalty", Key: "order-completed:78"})
-	require.NoError(t, err)
-	require.True(t, claimed.New)
+	b.holdClaim(t, "loyalty", "order-completed:78")
 
-	_, err = install(t, middleware.NewClaim, c)(consume(credit))(newDelivery(t, o))
-	require.Error(t, err)
-	require.Equal(t, pg.ClaimWait, pg.Classify(err))
-	require.False(t, framework.IsPermanent(err))
+	_, err := install(t, middleware.NewClaim, c)(consume(credit))(newDelivery(t, o))
+	requireClaimWait(t, err)
 }
 
 func TestInvalidKeyIsPermanent(t *testing.T) {
@@ -388,4 +366,52 @@ func TestFingerprintMismatchDetected(t *testing.T) {
 	require.Equal(t, framework.Duplicate, rec.results[2].Outcome)
 	require.True(t, rec.results[2].FingerprintMismatch, "same key, different payload")
 	require.Equal(t, int64(10), b.balance(t, 5), "the first payload's effect stands")
+}
+
+// TestCommitThenLostAck runs the middleware in a real Watermill router. The
+// first delivery commits, then its ack is lost (an outer middleware turns
+// the success into an error, as a crash or network blip between commit and
+// ack would): the broker redelivers, and the redelivery is a duplicate.
+func TestCommitThenLostAck(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	rec := &outcomes{}
+	claim := b.claim(t, "loyalty", rec)
+
+	logger := watermill.NopLogger{}
+	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, logger)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, logger)
+	require.NoError(t, err)
+
+	var lost atomic.Bool
+	loseFirstAck := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil && lost.CompareAndSwap(false, true) {
+				return nil, errors.New("ack lost after commit")
+			}
+			return out, err
+		}
+	}
+	// Watermill runs middleware in the order added, router- and
+	// handler-level alike: the ack is lost outside the claim.
+	router.AddMiddleware(loseFirstAck)
+	// The README's idiom: a typed handler, the claim as handler middleware.
+	h := router.AddConsumerHandler("loyalty", "orders", pubsub, middleware.TxHandler(credit))
+	h.AddMiddleware(install(t, middleware.NewClaim, claim))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	<-router.Running()
+
+	require.NoError(t, pubsub.Publish("orders", newDelivery(t, order{OrderID: 42, CustomerID: 4, TotalCents: 4200})))
+	require.Eventually(t, func() bool { return rec.count(framework.Duplicate) == 1 }, 10*time.Second, 5*time.Millisecond)
+	cancel()
+	require.NoError(t, <-done)
+	require.NoError(t, pubsub.Close())
+
+	require.Equal(t, 1, rec.count(framework.Applied))
+	require.Equal(t, int64(42), b.balance(t, 4))
+	require.Equal(t, int64(1), b.ledgerRows(t, 42))
 }

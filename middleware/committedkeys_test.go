@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,9 +43,8 @@ func (c *stopped) add(d time.Duration) { c.ns.Add(int64(d)) }
 func TestCommittedKeyHitCostsNoRoundTrip(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
-	st, rt := traced(t, b)
-	rec := &outcomes{}
-	h := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "cache", Key: keyFunc(t), OnOutcome: rec.onOutcome})(consume(credit))
+	base, rt, rec := tracedClaim(t, b, "cache")
+	h := install(t, middleware.NewClaim, base)(consume(credit))
 
 	o := order{OrderID: 1, CustomerID: 1, TotalCents: 100}
 	n, res := deliverCounting(t, h, rt, rec, o)
@@ -60,7 +58,7 @@ func TestCommittedKeyHitCostsNoRoundTrip(t *testing.T) {
 
 	// Applied by another consumer instance: the first copy here finds the
 	// claim committed (BEGIN+claim, COMMIT), the next is a hit.
-	other := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "cache", Key: keyFunc(t), OnOutcome: rec.onOutcome})(consume(credit))
+	other := install(t, middleware.NewClaim, base)(consume(credit))
 	o2 := order{OrderID: 2, CustomerID: 1, TotalCents: 100}
 	_, res = deliverCounting(t, other, rt, rec, o2)
 	require.Equal(t, framework.Applied, res.Outcome)
@@ -83,11 +81,11 @@ func TestRolledBackClaimIsNeverCached(t *testing.T) {
 	ctx := context.Background()
 	_, err := b.pool.Exec(ctx, `CREATE TABLE deferred_once (id int UNIQUE DEFERRABLE INITIALLY DEFERRED)`)
 	require.NoError(t, err)
-	st, rt := traced(t, b)
-	rec := &outcomes{}
+	base, rt, rec := tracedClaim(t, b, "cache")
+	base.MaxAttempts = 1
 	var mode atomic.Value // what the handler does this delivery
 	var calls atomic.Int64
-	h := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "cache", Key: keyFunc(t), OnOutcome: rec.onOutcome, MaxAttempts: 1})(
+	h := install(t, middleware.NewClaim, base)(
 		consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 			calls.Add(1)
 			if err := credit(ctx, tx, msg); err != nil {
@@ -133,10 +131,10 @@ func TestRolledBackClaimIsNeverCached(t *testing.T) {
 func TestCommittedKeyExpires(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
-	st, rt := traced(t, b)
-	rec := &outcomes{}
+	base, rt, rec := tracedClaim(t, b, "cache")
+	base.CommittedKeysTTL = time.Minute
 	var clk stopped
-	c := middleware.ClaimAt(middleware.Claim{Store: st, Consumer: "cache", Key: keyFunc(t), OnOutcome: rec.onOutcome, CommittedKeysTTL: time.Minute}, clk.now)
+	c := middleware.ClaimAt(base, clk.now)
 	h := install(t, middleware.NewClaim, c)(consume(credit))
 	o := order{OrderID: 20, CustomerID: 3, TotalCents: 100}
 	_, res := deliverCounting(t, h, rt, rec, o)
@@ -170,10 +168,9 @@ func TestCommittedKeyExpires(t *testing.T) {
 func TestCommittedKeysBoundAndDisabled(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
-	st, rt := traced(t, b)
-
-	rec := &outcomes{}
-	h := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "bound", Key: keyFunc(t), OnOutcome: rec.onOutcome, CommittedKeys: 2})(consume(credit))
+	base, rt, rec := tracedClaim(t, b, "bound")
+	base.CommittedKeys = 2
+	h := install(t, middleware.NewClaim, base)(consume(credit))
 	for id := int64(30); id < 33; id++ {
 		_, res := deliverCounting(t, h, rt, rec, order{OrderID: id, CustomerID: 4, TotalCents: 100})
 		require.Equal(t, framework.Applied, res.Outcome)
@@ -188,7 +185,7 @@ func TestCommittedKeysBoundAndDisabled(t *testing.T) {
 		"disabled":    {CommittedKeys: -1},
 		"fingerprint": {Fingerprint: true},
 	} {
-		c.Store, c.Consumer, c.Key, c.OnOutcome = st, "off-"+name, keyFunc(t), rec.onOutcome
+		c.Store, c.Consumer, c.Key, c.OnOutcome = base.Store, "off-"+name, keyFunc(t), rec.onOutcome
 		h := install(t, middleware.NewClaim, c)(consume(credit))
 		o := order{OrderID: 40, CustomerID: 5, TotalCents: 100}
 		_, res := deliverCounting(t, h, rt, rec, o)
@@ -204,7 +201,7 @@ func TestCommittedKeysBoundAndDisabled(t *testing.T) {
 	// may delete it.
 	_, err := b.pool.Exec(context.Background(), "CREATE TABLE nk (order_id bigint PRIMARY KEY)")
 	require.NoError(t, err)
-	nk := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "nk", Mode: middleware.ModeNaturalKey, OnOutcome: rec.onOutcome})(
+	nk := install(t, middleware.NewClaim, middleware.Claim{Store: base.Store, Consumer: "nk", Mode: middleware.ModeNaturalKey, OnOutcome: rec.onOutcome})(
 		consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 			tag, err := tx.Exec(ctx, "INSERT INTO nk VALUES ($1) ON CONFLICT DO NOTHING", 50)
 			if err == nil && tag.RowsAffected() == 0 {
@@ -226,9 +223,8 @@ func TestCommittedKeysBoundAndDisabled(t *testing.T) {
 func TestCommittedKeysSharedByHandlers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
-	st, rt := traced(t, b)
-	rec := &outcomes{}
-	mw := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "shared", Key: keyFunc(t), OnOutcome: rec.onOutcome})
+	base, rt, rec := tracedClaim(t, b, "shared")
+	mw := install(t, middleware.NewClaim, base)
 	first, second := mw(consume(credit)), mw(consume(credit))
 	o := order{OrderID: 60, CustomerID: 6, TotalCents: 100}
 	_, res := deliverCounting(t, first, rt, rec, o)
@@ -260,24 +256,15 @@ func TestCommittedKeysConcurrent(t *testing.T) {
 	rec := &outcomes{}
 	c := b.claim(t, "conc", rec)
 	h := install(t, middleware.NewClaim, c)(consume(credit))
-	var wg sync.WaitGroup
-	errs := make(chan error, workers*keys*copies)
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range keys * copies {
-				id := int64((i + w*7) % keys)
-				_, err := h(newDelivery(t, order{OrderID: 100 + id, CustomerID: 100 + id, TotalCents: 100}))
-				errs <- err
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	inParallel(t, workers, func(w int) []error {
+		var errs []error
+		for i := range keys * copies {
+			id := int64((i + w*7) % keys)
+			_, err := h(newDelivery(t, order{OrderID: 100 + id, CustomerID: 100 + id, TotalCents: 100}))
+			errs = append(errs, err)
+		}
+		return errs
+	})
 	require.Equal(t, keys, rec.count(framework.Applied))
 	require.Equal(t, workers*keys*copies-keys, rec.count(framework.Duplicate))
 	for id := int64(0); id < keys; id++ {
@@ -300,9 +287,9 @@ func TestCommittedKeysConcurrent(t *testing.T) {
 func TestBatchCommittedKeys(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
-	st, rt := traced(t, b)
-	rec := &outcomes{}
-	bt := newBatch(t, middleware.Claim{Store: st, Consumer: "bcache", Key: keyFunc(t), OnOutcome: rec.onOutcome, PoisonMemo: true})
+	base, rt, rec := tracedClaim(t, b, "bcache")
+	base.PoisonMemo = true
+	bt := newBatch(t, base)
 	ctx := context.Background()
 	msgs := func(ids ...int64) []*message.Message {
 		var ms []*message.Message
@@ -313,7 +300,7 @@ func TestBatchCommittedKeys(t *testing.T) {
 	}
 	// Order 3 is claimed by another consumer instance already; order 4
 	// has a poison memo.
-	other := newBatch(t, middleware.Claim{Store: st, Consumer: "bcache", Key: keyFunc(t)})
+	other := newBatch(t, middleware.Claim{Store: base.Store, Consumer: "bcache", Key: keyFunc(t)})
 	for _, err := range other.Process(ctx, msgs(3), creditSet) {
 		require.NoError(t, err)
 	}

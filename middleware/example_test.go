@@ -2,8 +2,6 @@ package middleware_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,7 +9,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/testenv"
@@ -25,7 +22,7 @@ import (
 func ExampleNewClaim() {
 	ctx := context.Background()
 	st := exampleStore(ctx)
-	defer dropExample(ctx, st)
+	defer dropExample(st)
 
 	key, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
 	if err != nil {
@@ -103,7 +100,7 @@ func ExampleNewPoison() {
 func ExampleNewBatch() {
 	ctx := context.Background()
 	st := exampleStore(ctx)
-	defer dropExample(ctx, st)
+	defer dropExample(st)
 
 	key, _ := framework.ParseKeySpec("json:order_id")
 	batch, err := middleware.NewBatch(middleware.Claim{Store: st, Consumer: "loyalty", Key: key})
@@ -145,20 +142,7 @@ func ExampleNewBatch() {
 // server (TEST_DATABASE_URL, as the tests use), with a ledger table; its
 // pool's search_path is that schema.
 func exampleStore(ctx context.Context) *store.Store {
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	schema := "example_" + hex.EncodeToString(b[:])
-	cfg, err := pgxpool.ParseConfig(testenv.URL())
-	if err != nil {
-		panic(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		panic(err)
-	}
+	pool, schema := testenv.ExamplePool(ctx)
 	st, err := store.New(pool, store.Config{Schema: schema})
 	if err != nil {
 		panic(err)
@@ -173,10 +157,7 @@ func exampleStore(ctx context.Context) *store.Store {
 }
 
 // dropExample drops the example's schema and closes its pool.
-func dropExample(ctx context.Context, st *store.Store) {
-	_, _ = st.Pool().Exec(ctx, "DROP SCHEMA "+pgx.Identifier{st.Config().Schema}.Sanitize()+" CASCADE")
-	st.Pool().Close()
-}
+func dropExample(st *store.Store) { testenv.DropExample(st.Pool(), st.Config().Schema) }
 
 func ledgerRows(ctx context.Context, st *store.Store) int {
 	var n int

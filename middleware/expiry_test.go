@@ -1,14 +1,11 @@
 package middleware_test
 
 import (
-	"context"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
@@ -20,21 +17,16 @@ import (
 // with the expiry guard before the claim:
 // Poison -> ExpiryGuard -> Claim -> credit.
 type guarded struct {
-	b        bundle
-	handler  message.HandlerFunc
-	poisoned <-chan *message.Message
-	mu       sync.Mutex
-	expired  []*framework.ExpiredError
+	b       bundle
+	handler message.HandlerFunc
+	dead    deadLetters
+	mu      sync.Mutex
+	expired []*framework.ExpiredError
 }
 
 func newGuarded(t *testing.T, allowExpired bool, now time.Time) *guarded {
 	t.Helper()
-	g := &guarded{b: setup(t, 4)}
-	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
-	t.Cleanup(func() { _ = pubsub.Close() })
-	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
-	require.NoError(t, err)
-	g.poisoned = poisoned
+	g := &guarded{b: setup(t, 4), dead: newDeadLetters(t)}
 
 	eventTime, err := framework.ParseTimeSpec("metadata:event_time")
 	require.NoError(t, err)
@@ -48,7 +40,7 @@ func newGuarded(t *testing.T, allowExpired bool, now time.Time) *guarded {
 			g.expired = append(g.expired, err)
 		},
 	}, now)
-	poison := middleware.Poison{Publisher: pubsub, Topic: "orders.poison"}
+	poison := middleware.Poison{Publisher: g.dead, Topic: "orders.poison"}
 	claim := g.b.claim(t, "loyalty", nil)
 	g.handler = install(t, middleware.NewPoison, poison)(install(t, middleware.NewExpiryGuard, guard)(install(t, middleware.NewClaim, claim)(consume(credit))))
 	return g
@@ -76,19 +68,14 @@ func TestExpiryGuardPoisonsOldReplay(t *testing.T) {
 
 	_, err := g.handler(deliveryAt(t, o, now.AddDate(0, 0, -40)))
 	require.NoError(t, err, "poisoned and acked")
-	select {
-	case got := <-g.poisoned:
-		reason := got.Metadata.Get(middleware.PoisonReasonKey)
-		require.Contains(t, reason, "message expired")
-		require.Contains(t, reason, "2024-05-01T12:00:00Z", "the event time")
-		require.Contains(t, reason, "2024-05-11T12:00:00Z", "the horizon")
-		require.Contains(t, reason, "retention 30d")
-		require.Equal(t, "true", got.Metadata.Get("claimtx_poison_permanent"))
-		require.Equal(t, "evt-9912", got.Metadata.Get("event_id"))
-		got.Ack()
-	case <-time.After(5 * time.Second):
-		t.Fatal("the expired message was not poisoned")
-	}
+	got := g.dead.next(t, "the expired message was not poisoned")
+	reason := got.Metadata.Get(middleware.PoisonReasonKey)
+	require.Contains(t, reason, "message expired")
+	require.Contains(t, reason, "2024-05-01T12:00:00Z", "the event time")
+	require.Contains(t, reason, "2024-05-11T12:00:00Z", "the horizon")
+	require.Contains(t, reason, "retention 30d")
+	require.Equal(t, "true", got.Metadata.Get("claimtx_poison_permanent"))
+	require.Equal(t, "evt-9912", got.Metadata.Get("event_id"))
 	require.EqualValues(t, 0, g.b.balance(t, 7), "not applied")
 	require.EqualValues(t, 0, g.b.claims(t, "loyalty"), "not even claimed")
 	require.Equal(t, 1, g.expiredCount())
@@ -109,13 +96,8 @@ func TestExpiryGuardPoisonsOldReplay(t *testing.T) {
 	// No event time: it cannot be checked either, so it is poisoned.
 	_, err = g.handler(newDelivery(t, order{OrderID: 5, CustomerID: 9, TotalCents: 100}))
 	require.NoError(t, err)
-	select {
-	case got := <-g.poisoned:
-		require.Contains(t, got.Metadata.Get(middleware.PoisonReasonKey), "invalid event time")
-		got.Ack()
-	case <-time.After(5 * time.Second):
-		t.Fatal("the message without event time was not poisoned")
-	}
+	got = g.dead.next(t, "the message without event time was not poisoned")
+	require.Contains(t, got.Metadata.Get(middleware.PoisonReasonKey), "invalid event time")
 	require.EqualValues(t, 0, g.b.balance(t, 9))
 }
 
@@ -129,7 +111,7 @@ func TestExpiryGuardAllowExpired(t *testing.T) {
 	require.EqualValues(t, 7, g.b.balance(t, 3), "applied on purpose")
 	require.Equal(t, 1, g.expiredCount(), "and reported")
 	select {
-	case <-g.poisoned:
+	case <-g.dead.copies:
 		t.Fatal("an allowed expired message must not be poisoned")
 	default:
 	}

@@ -10,11 +10,13 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -115,6 +117,32 @@ type outcomes struct {
 	retries []middleware.TxRetry
 }
 
+// requireSerializationRetries checks that under SERIALIZABLE some twins hit
+// 40001 and were retried: otherwise a twins test did not exercise what it
+// claims to.
+func (o *outcomes) requireSerializationRetries(t testing.TB) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	require.NotEmpty(t, o.retries, "expected serialization failures to be retried")
+	for _, r := range o.retries {
+		require.Equal(t, "serialization", r.Cause, "retry cause: %v", r.Err)
+	}
+}
+
+// requireFirst checks the outcomes of the first len(want) results.
+func (o *outcomes) requireFirst(t testing.TB, want ...framework.Outcome) {
+	t.Helper()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	require.GreaterOrEqual(t, len(o.results), len(want))
+	got := make([]framework.Outcome, len(want))
+	for i := range want {
+		got[i] = o.results[i].Outcome
+	}
+	require.Equal(t, want, got)
+}
+
 func (o *outcomes) onOutcome(r middleware.Result) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -173,6 +201,111 @@ func (b bundle) claims(t testing.TB, consumer string) int64 {
 func consume(fn middleware.TxHandlerFunc) message.HandlerFunc {
 	h := middleware.TxHandler(fn)
 	return func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
+}
+
+// failAfter runs effect and then, while *fail is set, returns (or panics
+// with) failure(): a failure after the effect, which must roll back with
+// the claim.
+func failAfter(effect middleware.TxHandlerFunc, fail *bool, failure func() error) middleware.TxHandlerFunc {
+	return func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		if err := effect(ctx, tx, msg); err != nil {
+			return err
+		}
+		if *fail {
+			return failure()
+		}
+		return nil
+	}
+}
+
+// requireRetryApplies redelivers o to h, whose first delivery failed, and
+// checks that this one applied: the customer holds the order's points.
+func (b bundle) requireRetryApplies(t testing.TB, h message.HandlerFunc, rec *outcomes, o order) {
+	t.Helper()
+	_, err := h(newDelivery(t, o))
+	require.NoError(t, err)
+	rec.requireFirst(t, framework.Failed, framework.Applied)
+	require.Equal(t, o.TotalCents/100, b.balance(t, o.CustomerID))
+}
+
+// inParallel runs work(0) … work(n-1) at once and requires that none of
+// them returned an error.
+func inParallel(t testing.TB, n int, work func(w int) []error) {
+	t.Helper()
+	errs := make([][]error, n)
+	var wg sync.WaitGroup
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[w] = work(w)
+		}()
+	}
+	wg.Wait()
+	for _, e := range errs {
+		for _, err := range e {
+			require.NoError(t, err)
+		}
+	}
+}
+
+// hold opens a transaction that is rolled back when the test ends, if not
+// before: a twin still in flight, holding what it wrote.
+func (b bundle) hold(t testing.TB) pgx.Tx {
+	t.Helper()
+	tx, err := b.pool.Begin(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
+// holdClaim is hold with consumer's claim of key made, and so held, in it.
+func (b bundle) holdClaim(t testing.TB, consumer, key string) pgx.Tx {
+	t.Helper()
+	tx := b.hold(t)
+	claimed, err := b.store.Claim(context.Background(), tx, store.ClaimRequest{Consumer: consumer, Key: key})
+	require.NoError(t, err)
+	require.True(t, claimed.New)
+	return tx
+}
+
+// requireClaimWait checks that err is a claim wait given up after its
+// bound: a failure to retry, not a permanent one.
+func requireClaimWait(t testing.TB, err error) {
+	t.Helper()
+	require.Error(t, err)
+	require.Equal(t, pg.ClaimWait, pg.Classify(err))
+	require.False(t, framework.IsPermanent(err))
+}
+
+// deadLetters is a persistent in-process "orders.poison" topic for a
+// Poison middleware to publish to, subscribed from the start.
+type deadLetters struct {
+	*gochannel.GoChannel
+	copies <-chan *message.Message
+}
+
+func newDeadLetters(t testing.TB) deadLetters {
+	t.Helper()
+	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = pubsub.Close() })
+	copies, err := pubsub.Subscribe(context.Background(), "orders.poison")
+	require.NoError(t, err)
+	return deadLetters{pubsub, copies}
+}
+
+// next takes the next poisoned copy, acked; none within 5 seconds fails
+// the test with why.
+func (d deadLetters) next(t testing.TB, why string) *message.Message {
+	t.Helper()
+	select {
+	case m := <-d.copies:
+		m.Ack()
+		return m
+	case <-time.After(5 * time.Second):
+		t.Fatal(why)
+		return nil
+	}
 }
 
 // deliverTwins delivers n copies of one order to wrap(effect) at once, each

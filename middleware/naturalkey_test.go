@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -121,12 +120,7 @@ func TestNaturalKeyConcurrentTwins64(t *testing.T) {
 func TestNaturalKeySerializableTwinsRetryTransparently(t *testing.T) {
 	t.Parallel()
 	rec := naturalTwins(t, naturalSetup(t, 8), 8, pgx.Serializable)
-	rec.mu.Lock()
-	defer rec.mu.Unlock()
-	require.NotEmpty(t, rec.retries, "expected serialization failures to be retried")
-	for _, r := range rec.retries {
-		require.Equal(t, "serialization", r.Cause, "retry cause: %v", r.Err)
-	}
+	rec.requireSerializationRetries(t)
 }
 
 // The wait behind an uncommitted twin's ledger entry is bounded by
@@ -141,17 +135,13 @@ func TestNaturalKeyClaimWaitIsBoundedAndRetried(t *testing.T) {
 	o := order{OrderID: 78, CustomerID: 3, TotalCents: 900}
 
 	ctx := context.Background()
-	holder, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer holder.Rollback(ctx)
-	_, err = holder.Exec(ctx, "INSERT INTO point_ledger (customer_id, order_id, points) VALUES (3, 78, 9)")
+	holder := b.hold(t)
+	_, err := holder.Exec(ctx, "INSERT INTO point_ledger (customer_id, order_id, points) VALUES (3, 78, 9)")
 	require.NoError(t, err)
 
 	h := install(t, middleware.NewClaim, c)(consume(creditOnce))
 	_, err = h(newDelivery(t, o))
-	require.Error(t, err)
-	require.Equal(t, pg.ClaimWait, pg.Classify(err))
-	require.False(t, framework.IsPermanent(err))
+	requireClaimWait(t, err)
 	require.Len(t, rec.retries, 2)
 	require.Equal(t, framework.Failed, rec.results[0].Outcome)
 	require.Equal(t, 3, rec.results[0].Attempts)
@@ -212,24 +202,15 @@ func TestNaturalKeyHandlerFailureLeavesNothing(t *testing.T) {
 	b := naturalSetup(t, 2)
 	rec := &outcomes{}
 	fail := true
-	h := install(t, middleware.NewClaim, b.natural(t, rec))(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-		if err := creditOnce(ctx, tx, msg); err != nil {
-			return err
-		}
-		if fail {
-			return errors.New("boom after the guarded insert")
-		}
-		return nil
-	}))
+	h := install(t, middleware.NewClaim, b.natural(t, rec))(consume(failAfter(creditOnce, &fail, func() error {
+		return errors.New("boom after the guarded insert")
+	})))
 	o := order{OrderID: 2, CustomerID: 2, TotalCents: 400}
 	_, err := h(newDelivery(t, o))
 	require.Error(t, err)
 	require.Equal(t, int64(0), b.ledgerRows(t, 2), "the natural claim rolls back with the effect")
 	fail = false
-	_, err = h(newDelivery(t, o))
-	require.NoError(t, err)
-	require.Equal(t, []framework.Outcome{framework.Failed, framework.Applied}, []framework.Outcome{rec.results[0].Outcome, rec.results[1].Outcome})
-	require.Equal(t, int64(4), b.balance(t, 2))
+	b.requireRetryApplies(t, h, rec, o)
 }
 
 // In natural-key mode a configured Key still validates messages.

@@ -7,9 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
@@ -24,13 +22,10 @@ func (failingPublisher) Close() error                              { return nil 
 
 func TestPoison(t *testing.T) {
 	t.Parallel()
-	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
-	t.Cleanup(func() { _ = pubsub.Close() })
-	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
-	require.NoError(t, err)
+	dead := newDeadLetters(t)
 
 	var hooked []error
-	p := middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: func(_ *message.Message, err error) { hooked = append(hooked, err) }}
+	p := middleware.Poison{Publisher: dead, Topic: "orders.poison", OnPoison: func(_ *message.Message, err error) { hooked = append(hooked, err) }}
 
 	fail := func(err error) message.HandlerFunc {
 		return func(*message.Message) ([]*message.Message, error) { return nil, err }
@@ -38,18 +33,13 @@ func TestPoison(t *testing.T) {
 	msg := message.NewMessage("m1", []byte("payload"))
 
 	// Permanent: poisoned with the reason, original acked (nil error).
-	_, err = install(t, middleware.NewPoison, p)(fail(framework.Permanent(errors.New("undecodable"))))(msg)
+	_, err := install(t, middleware.NewPoison, p)(fail(framework.Permanent(errors.New("undecodable"))))(msg)
 	require.NoError(t, err)
-	select {
-	case got := <-poisoned:
-		require.Equal(t, "undecodable", got.Metadata.Get(middleware.PoisonReasonKey))
-		require.Equal(t, "true", got.Metadata.Get("claimtx_poison_permanent"))
-		require.Equal(t, "undecodable", got.Metadata.Get("reason_poisoned"))
-		require.Equal(t, []byte("payload"), []byte(got.Payload))
-		got.Ack()
-	case <-time.After(5 * time.Second):
-		t.Fatal("no poisoned copy published")
-	}
+	got := dead.next(t, "no poisoned copy published")
+	require.Equal(t, "undecodable", got.Metadata.Get(middleware.PoisonReasonKey))
+	require.Equal(t, "true", got.Metadata.Get("claimtx_poison_permanent"))
+	require.Equal(t, "undecodable", got.Metadata.Get("reason_poisoned"))
+	require.Equal(t, []byte("payload"), []byte(got.Payload))
 	require.Len(t, hooked, 1)
 
 	// Transient database failure: nacked, not poisoned.
@@ -73,7 +63,7 @@ func TestPoison(t *testing.T) {
 	var ce *framework.ConfigError
 	require.ErrorAs(t, configErr(middleware.NewPoison, middleware.Poison{Topic: "x"}), &ce)
 	require.Equal(t, "Publisher", ce.Field)
-	require.ErrorAs(t, configErr(middleware.NewPoison, middleware.Poison{Publisher: pubsub}), &ce)
+	require.ErrorAs(t, configErr(middleware.NewPoison, middleware.Poison{Publisher: dead}), &ce)
 	require.Equal(t, "Topic", ce.Field)
 	mw, err := middleware.NewPoison(middleware.Poison{})
 	require.ErrorAs(t, err, &ce)
@@ -112,27 +102,14 @@ func (countingPublisher) Close() error                                { return n
 // no key but never stops the copy.
 func TestPoisonStampsCopies(t *testing.T) {
 	t.Parallel()
-	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
-	t.Cleanup(func() { _ = pubsub.Close() })
-	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
-	require.NoError(t, err)
+	dead := newDeadLetters(t)
 	key, err := framework.ParseKeySpec("template:order:{payload.order_id}")
 	require.NoError(t, err)
-	p := middleware.Poison{Publisher: pubsub, Topic: "orders.poison", Consumer: "loyalty", Key: key, SourceTopic: "orders"}
+	p := middleware.Poison{Publisher: dead, Topic: "orders.poison", Consumer: "loyalty", Key: key, SourceTopic: "orders"}
 	fail := func(*message.Message) ([]*message.Message, error) {
 		return nil, framework.Permanent(errors.New("bad deploy"))
 	}
-	next := func() *message.Message {
-		t.Helper()
-		select {
-		case got := <-poisoned:
-			got.Ack()
-			return got
-		case <-time.After(5 * time.Second):
-			t.Fatal("no poisoned copy published")
-			return nil
-		}
-	}
+	next := func() *message.Message { return dead.next(t, "no poisoned copy published") }
 
 	msg := message.NewMessage("m1", []byte(`{"order_id": 42}`))
 	msg.Metadata.Set("event_id", "evt-42")

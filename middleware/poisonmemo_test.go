@@ -11,7 +11,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -23,6 +22,15 @@ import (
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
+
+// memoClaim is the "memo" consumer's claim, reporting to rec, with its
+// poison memo on.
+func (b bundle) memoClaim(t testing.TB, rec *outcomes) middleware.Claim {
+	t.Helper()
+	c := b.claim(t, "memo", rec)
+	c.PoisonMemo = true
+	return c
+}
 
 func (b bundle) memo(t testing.TB, consumer string, id int64) (poison.Memo, bool) {
 	t.Helper()
@@ -36,15 +44,11 @@ func (b bundle) memo(t testing.TB, consumer string, id int64) (poison.Memo, bool
 func TestPoisonMemoBareMiddleware(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
-	t.Cleanup(func() { _ = pubsub.Close() })
-	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
-	require.NoError(t, err)
+	dead := newDeadLetters(t)
 
 	rec := &outcomes{}
-	claim := b.claim(t, "memo", rec)
-	claim.PoisonMemo = true
-	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: claim.RecordPoison})
+	claim := b.memoClaim(t, rec)
+	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: dead, Topic: "orders.poison", OnPoison: claim.RecordPoison})
 	var runs atomic.Int64
 	fixed := atomic.Bool{}
 	h := poisoner(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
@@ -54,20 +58,10 @@ func TestPoisonMemoBareMiddleware(t *testing.T) {
 		}
 		return credit(ctx, tx, msg)
 	})))
-	next := func() *message.Message {
-		t.Helper()
-		select {
-		case m := <-poisoned:
-			m.Ack()
-			return m
-		case <-time.After(5 * time.Second):
-			t.Fatal("nothing poisoned")
-			return nil
-		}
-	}
+	next := func() *message.Message { return dead.next(t, "nothing poisoned") }
 
 	o := order{OrderID: 1, CustomerID: 7, TotalCents: 500}
-	_, err = h(newDelivery(t, o))
+	_, err := h(newDelivery(t, o))
 	require.NoError(t, err)
 	require.Equal(t, "refused for good", next().Metadata.Get(middleware.PoisonReasonKey))
 	m, ok := b.memo(t, "memo", 1)
@@ -111,8 +105,7 @@ func TestPoisonMemoYieldsToDuplicate(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	rec := &outcomes{}
-	claim := b.claim(t, "memo", rec)
-	claim.PoisonMemo = true
+	claim := b.memoClaim(t, rec)
 	h := install(t, middleware.NewClaim, claim)(consume(credit))
 	o := order{OrderID: 5, CustomerID: 7, TotalCents: 500}
 	_, err := h(newDelivery(t, o))
@@ -134,10 +127,8 @@ func TestPoisonMemoYieldsToDuplicate(t *testing.T) {
 func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
-	t.Cleanup(func() { _ = pubsub.Close() })
-	claim := b.claim(t, "memo", nil)
-	claim.PoisonMemo = true
+	dead := newDeadLetters(t)
+	claim := b.memoClaim(t, nil)
 	names := pg.NewNames(b.schema, "processed_messages", "outbox")
 	var unpoisonFirst atomic.Bool
 	onPoison := func(msg *message.Message, err error) {
@@ -147,20 +138,8 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 		}
 		claim.RecordPoison(msg, err)
 	}
-	poisoned, err := pubsub.Subscribe(context.Background(), "orders.poison")
-	require.NoError(t, err)
-	reason := func() string {
-		t.Helper()
-		select {
-		case m := <-poisoned:
-			m.Ack()
-			return m.Metadata.Get(middleware.PoisonReasonKey)
-		case <-time.After(5 * time.Second):
-			t.Fatal("nothing poisoned")
-			return ""
-		}
-	}
-	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: pubsub, Topic: "orders.poison", OnPoison: onPoison})
+	reason := func() string { return dead.next(t, "nothing poisoned").Metadata.Get(middleware.PoisonReasonKey) }
+	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: dead, Topic: "orders.poison", OnPoison: onPoison})
 	var fixed atomic.Bool
 	h := poisoner(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		if !fixed.Load() {
@@ -170,7 +149,7 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 	})))
 
 	o := order{OrderID: 3, CustomerID: 7, TotalCents: 500}
-	_, err = h(newDelivery(t, o))
+	_, err := h(newDelivery(t, o))
 	require.NoError(t, err)
 	require.Equal(t, "refused for good", reason())
 	_, ok := b.memo(t, "memo", 3)
@@ -230,8 +209,7 @@ func TestPoisonMemoBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	rec := &outcomes{}
-	claim := b.claim(t, "memo", rec)
-	claim.PoisonMemo = true
+	claim := b.memoClaim(t, rec)
 	bt := newBatch(t, claim)
 	ctx := context.Background()
 	orders := []order{{OrderID: 1, CustomerID: 1, TotalCents: 100}, {OrderID: 2, CustomerID: 2, TotalCents: 100}, {OrderID: 3, CustomerID: 3, TotalCents: 100}, {OrderID: 4, CustomerID: 4, TotalCents: 100}}
@@ -269,6 +247,15 @@ func TestPoisonMemoBatch(t *testing.T) {
 // roundTrips counts what a pool sends to the server: each query outside a
 // batch and each batch is one round trip.
 // traced is a store on a pool whose round trips are counted.
+// tracedClaim is a claim for consumer, reporting to rec, on a store whose
+// round trips rt counts.
+func tracedClaim(t *testing.T, b bundle, consumer string) (c middleware.Claim, rt *roundTrips, rec *outcomes) {
+	t.Helper()
+	st, rt := traced(t, b)
+	rec = &outcomes{}
+	return middleware.Claim{Store: st, Consumer: consumer, Key: keyFunc(t), OnOutcome: rec.onOutcome}, rt, rec
+}
+
 func traced(t *testing.T, b bundle) (*store.Store, *roundTrips) {
 	t.Helper()
 	url, err := testenv.URLWithSearchPath(b.schema)

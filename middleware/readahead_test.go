@@ -41,9 +41,8 @@ func coldReplay(t *testing.T, maxConns int32, n int) (bundle, *roundTrips, *outc
 	t.Helper()
 	b := setup(t, maxConns)
 	b.applyInOrder(t, "replay", 0, n)
-	st, rt := traced(t, b)
-	rec := &outcomes{}
-	return b, rt, rec, middleware.Claim{Store: st, Consumer: "replay", Key: keyFunc(t), OnOutcome: rec.onOutcome}
+	base, rt, rec := tracedClaim(t, b, "replay")
+	return b, rt, rec, base
 }
 
 // deliverAll delivers a fresh copy of each order in turn and returns the
@@ -91,17 +90,14 @@ func TestReadAheadSkipsUncommittedClaims(t *testing.T) {
 	b.applyInOrder(t, "replay", 0, 50)
 	b.applyInOrder(t, "replay", 51, 100)
 	ctx := context.Background()
-	twin, err := b.pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = twin.Rollback(ctx) }()
+	twin := b.hold(t)
 	// Order 50's claim, uncommitted, in its place in time.
-	_, err = twin.Exec(ctx, `INSERT INTO `+pgx.Identifier{b.schema, "processed_messages"}.Sanitize()+`
+	_, err := twin.Exec(ctx, `INSERT INTO `+pgx.Identifier{b.schema, "processed_messages"}.Sanitize()+`
 		(consumer, message_key, processed_at) VALUES ('replay', 'order-completed:50', now() - interval '1 hour' + 50 * interval '1 millisecond')`)
 	require.NoError(t, err)
 
-	st, rt := traced(t, b)
-	rec := &outcomes{}
-	h := install(t, middleware.NewClaim, middleware.Claim{Store: st, Consumer: "replay", Key: keyFunc(t), OnOutcome: rec.onOutcome})(consume(credit))
+	base, rt, rec := tracedClaim(t, b, "replay")
+	h := install(t, middleware.NewClaim, base)(consume(credit))
 	deliver := func(id int) middleware.Result {
 		_, err := h(newDelivery(t, order{OrderID: int64(id), CustomerID: 1, TotalCents: 100}))
 		require.NoError(t, err)

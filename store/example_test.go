@@ -2,12 +2,9 @@ package store_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
@@ -19,8 +16,8 @@ import (
 // skipped.
 func ExampleNew() {
 	ctx := context.Background()
-	pool, schema := examplePool(ctx) // pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-	defer dropSchema(ctx, pool, schema)
+	pool, schema := testenv.ExamplePool(ctx) // pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	defer testenv.DropExample(pool, schema)
 
 	st, err := store.New(pool, store.Config{Schema: schema})
 	if err != nil {
@@ -55,25 +52,4 @@ func ExampleNew() {
 	// new claim: true
 	// new claim: false
 	// claimtx: config field "Schema": "Claims; DROP" must match ^[a-z_][a-z0-9_]{0,62}$
-}
-
-// examplePool returns a pool on the test server (TEST_DATABASE_URL, as the
-// tests use) and a fresh schema name for the example; Migrate creates the
-// schema.
-func examplePool(ctx context.Context) (*pgxpool.Pool, string) {
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	pool, err := pgxpool.New(ctx, testenv.URL())
-	if err != nil {
-		panic(err)
-	}
-	return pool, "example_" + hex.EncodeToString(b[:])
-}
-
-// dropSchema drops the example's schema and closes its pool.
-func dropSchema(ctx context.Context, pool *pgxpool.Pool, schema string) {
-	_, _ = pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	pool.Close()
 }

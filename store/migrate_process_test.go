@@ -84,9 +84,7 @@ func TestMigrateProcessChild(t *testing.T) {
 	// (a pool's connection, reused) trusts its cached "no such schema".
 	_, err = pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS public")
 	require.NoError(t, err)
-	v, err := st.Version(ctx)
-	require.NoError(t, err)
-	require.Zero(t, v)
+	requireVersion(t, st, 0)
 	fmt.Println(migrateChildReady)
 	_, _ = io.Copy(io.Discard, os.Stdin) // wait for the parent's go
 	require.NoError(t, st.Migrate(ctx))
@@ -212,9 +210,7 @@ func TestMigrateLockWaitCancelled(t *testing.T) {
 	require.NoError(t, err)
 	holder.Release()
 	require.NoError(t, st.Migrate(ctx))
-	v, err := st.Version(ctx)
-	require.NoError(t, err)
-	require.Equal(t, migrate.Latest(), v)
+	requireVersion(t, st, migrate.Latest())
 	var held int
 	require.NoError(t, st.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_locks
 		WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())

@@ -166,20 +166,39 @@ func (s *Store) days(ctx context.Context, q querier, retention time.Duration) (t
 // build is dropped and rebuilt. Until EnablePartitioning runs, every claim
 // maintains two more indexes: do not linger in between.
 func (s *Store) PreparePartitioning(ctx context.Context, cfg RetentionConfig) error {
+	_, err := underRetentionLock(ctx, s, cfg, false, func(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) (struct{}, error) {
+		kind, err := s.claimTableKind(ctx, conn)
+		if err != nil || kind == "p" {
+			return struct{}{}, err
+		}
+		return struct{}{}, s.prepare(ctx, conn, cfg)
+	})
+	return err
+}
+
+// underRetentionLock is the prologue every partition method shares: it
+// validates cfg, applies its defaults and runs fn on a connection holding
+// the retention leader lock, so that no two maintenance runs interleave
+// their DDL; with partitioned, only on a partitioned claim table.
+func underRetentionLock[T any](ctx context.Context, s *Store, cfg RetentionConfig, partitioned bool,
+	fn func(context.Context, *pgxpool.Conn, RetentionConfig) (T, error),
+) (T, error) {
+	var zero T
 	if err := cfg.validatePartitioned(); err != nil {
-		return err
+		return zero, err
 	}
 	cfg = cfg.withDefaults()
 	conn, release, err := s.lockRetention(ctx)
 	if err != nil {
-		return err
+		return zero, err
 	}
 	defer release()
-	kind, err := s.claimTableKind(ctx, conn)
-	if err != nil || kind == "p" {
-		return err
+	if partitioned {
+		if err := s.requirePartitioned(ctx, conn); err != nil {
+			return zero, err
+		}
 	}
-	return s.prepare(ctx, conn, cfg)
+	return fn(ctx, conn, cfg)
 }
 
 func (s *Store) prepare(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) error {
@@ -252,16 +271,11 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname
 // <table>_legacy: re-create them. It is idempotent: on a partitioned table
 // it only creates missing days.
 func (s *Store) EnablePartitioning(ctx context.Context, cfg RetentionConfig) (PartitioningResult, error) {
+	return underRetentionLock(ctx, s, cfg, false, s.enablePartitioning)
+}
+
+func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) (PartitioningResult, error) {
 	var res PartitioningResult
-	if err := cfg.validatePartitioned(); err != nil {
-		return res, err
-	}
-	cfg = cfg.withDefaults()
-	conn, release, err := s.lockRetention(ctx)
-	if err != nil {
-		return res, err
-	}
-	defer release()
 	kind, err := s.claimTableKind(ctx, conn)
 	if err != nil {
 		return res, err
@@ -363,19 +377,7 @@ func (s *Store) EnablePartitioning(ctx context.Context, cfg RetentionConfig) (Pa
 // takes only a SHARE UPDATE EXCLUSIVE lock on the claim table: claims keep
 // flowing (CREATE TABLE … PARTITION OF would take ACCESS EXCLUSIVE).
 func (s *Store) CreatePartitionsAhead(ctx context.Context, cfg RetentionConfig) ([]Partition, error) {
-	if err := cfg.validatePartitioned(); err != nil {
-		return nil, err
-	}
-	cfg = cfg.withDefaults()
-	conn, release, err := s.lockRetention(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	if err := s.requirePartitioned(ctx, conn); err != nil {
-		return nil, err
-	}
-	return s.createAhead(ctx, conn, cfg)
+	return underRetentionLock(ctx, s, cfg, true, s.createAhead)
 }
 
 func (s *Store) requirePartitioned(ctx context.Context, q querier) error {
@@ -458,18 +460,10 @@ func (s *Store) createDay(ctx context.Context, tx pgx.Tx, day time.Time) (Partit
 // Poison memos (middleware.Claim.PoisonMemo), which are not partitioned,
 // are then deleted by time: those last poisoned more than Retention ago.
 func (s *Store) DropExpiredPartitions(ctx context.Context, cfg RetentionConfig) ([]Partition, error) {
-	if err := cfg.validatePartitioned(); err != nil {
-		return nil, err
-	}
-	cfg = cfg.withDefaults()
-	conn, release, err := s.lockRetention(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	if err := s.requirePartitioned(ctx, conn); err != nil {
-		return nil, err
-	}
+	return underRetentionLock(ctx, s, cfg, true, s.dropExpired)
+}
+
+func (s *Store) dropExpired(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) ([]Partition, error) {
 	_, horizonDay, err := s.days(ctx, conn, cfg.Retention)
 	if err != nil {
 		return nil, err

@@ -43,6 +43,15 @@ func claimAt(t *testing.T, st *store.Store, consumer, key string, at time.Time) 
 	return claimed, err
 }
 
+// requireClaimAt is claimAt that must succeed and must find the claim new
+// (want true) or a duplicate.
+func requireClaimAt(t *testing.T, st *store.Store, consumer, key string, at time.Time, want bool, msgAndArgs ...any) {
+	t.Helper()
+	claimed, err := claimAt(t, st, consumer, key, at)
+	require.NoError(t, err, msgAndArgs...)
+	require.Equal(t, want, claimed, msgAndArgs...)
+}
+
 func partitionedStore(t *testing.T, maxConns int32, cfg store.RetentionConfig) (*store.Store, store.PartitioningResult) {
 	t.Helper()
 	st := migrated(t, maxConns)
@@ -56,9 +65,7 @@ func partitionedStore(t *testing.T, maxConns int32, cfg store.RetentionConfig) (
 
 func ledger(t *testing.T, st *store.Store, key string) int64 {
 	t.Helper()
-	var n int64
-	require.NoError(t, st.Pool().QueryRow(context.Background(), "SELECT count(*) FROM ledger WHERE message_key = $1", key).Scan(&n))
-	return n
+	return countIn(t, st, "ledger", "message_key = $1", key)
 }
 
 // The reason claimtx partitions by event day and not by processed_at: the
@@ -73,17 +80,13 @@ func TestPartitionTwinsAcrossDayBoundary(t *testing.T) {
 
 	// Produced one tenth of a second before midnight, yesterday.
 	event := today.Add(-100 * time.Millisecond)
-	claimed, err := claimAt(t, st, "loyalty", "order-completed:9912", event)
-	require.NoError(t, err)
-	require.True(t, claimed)
+	requireClaimAt(t, st, "loyalty", "order-completed:9912", event, true)
 	// It was processed yesterday...
-	_, err = st.Pool().Exec(ctx, "UPDATE "+claimsTable(st)+" SET processed_at = $1", event.Add(50*time.Millisecond))
+	_, err := st.Pool().Exec(ctx, "UPDATE "+claimsTable(st)+" SET processed_at = $1", event.Add(50*time.Millisecond))
 	require.NoError(t, err)
 	// ...and redelivered today, once as-is and once read in another zone.
 	for _, at := range []time.Time{event, event.In(time.FixedZone("UTC+5", 5*3600))} {
-		claimed, err = claimAt(t, st, "loyalty", "order-completed:9912", at)
-		require.NoError(t, err)
-		require.False(t, claimed, "the redelivery lands in yesterday's partition and conflicts there")
+		requireClaimAt(t, st, "loyalty", "order-completed:9912", at, false, "the redelivery lands in yesterday's partition and conflicts there")
 	}
 	require.EqualValues(t, 1, ledger(t, st, "order-completed:9912"), "one application")
 
@@ -92,9 +95,7 @@ func TestPartitionTwinsAcrossDayBoundary(t *testing.T) {
 	require.Equal(t, today.AddDate(0, 0, -1), day.UTC())
 
 	// Another consumer keeps its own claim.
-	claimed, err = claimAt(t, st, "analytics", "order-completed:9912", event)
-	require.NoError(t, err)
-	require.True(t, claimed)
+	requireClaimAt(t, st, "analytics", "order-completed:9912", event, true)
 
 	// Concurrent twins: exactly one applies.
 	const twins = 8
@@ -190,9 +191,7 @@ func TestPartitionCreateAheadAndDropExpired(t *testing.T) {
 
 	// Claims at several ages.
 	for _, age := range []int{20, 12, 5, 0} {
-		ok, err := claimAt(t, st, "c", fmt.Sprintf("age-%d", age), today.AddDate(0, 0, -age).Add(12*time.Hour))
-		require.NoError(t, err)
-		require.True(t, ok)
+		requireClaimAt(t, st, "c", fmt.Sprintf("age-%d", age), today.AddDate(0, 0, -age).Add(12*time.Hour), true)
 	}
 	// Beyond the days created ahead: no partition, never applied.
 	_, err = claimAt(t, st, "c", "far-future", today.AddDate(0, 0, 30))
@@ -219,9 +218,7 @@ func TestPartitionCreateAheadAndDropExpired(t *testing.T) {
 	_, err = claimAt(t, st, "c", "age-20", today.AddDate(0, 0, -20).Add(12*time.Hour))
 	require.ErrorIs(t, err, store.ErrNoPartition)
 	require.EqualValues(t, 1, ledger(t, st, "age-20"))
-	ok, err := claimAt(t, st, "c", "age-5", today.AddDate(0, 0, -5).Add(12*time.Hour))
-	require.NoError(t, err)
-	require.False(t, ok)
+	requireClaimAt(t, st, "c", "age-5", today.AddDate(0, 0, -5).Add(12*time.Hour), false)
 
 	// Creating with a longer retention never re-creates dropped days.
 	created, err = st.CreatePartitionsAhead(ctx, store.RetentionConfig{Ahead: 5})
@@ -325,12 +322,8 @@ func TestMigratePlainTableToPartitioned(t *testing.T) {
 	ok, err = plainClaim("k-mid")
 	require.NoError(t, err)
 	require.True(t, ok)
-	ok, err = claimAt(t, st, "loyalty", "k-mid", now)
-	require.NoError(t, err)
-	require.False(t, ok)
-	ok, err = claimAt(t, st, "loyalty", "k-new", now)
-	require.NoError(t, err)
-	require.True(t, ok)
+	requireClaimAt(t, st, "loyalty", "k-mid", now, false)
+	requireClaimAt(t, st, "loyalty", "k-new", now, true)
 	ok, err = plainClaim("k-new")
 	require.NoError(t, err)
 	require.False(t, ok)
@@ -362,28 +355,16 @@ func TestMigratePlainTableToPartitioned(t *testing.T) {
 	// event day, the legacy partition's (consumer, message_key) index
 	// catches them.
 	for _, at := range []time.Time{now, now.Add(-time.Hour), now.AddDate(0, 0, -3), now.AddDate(0, 0, -45)} {
-		ok, err = claimAt(t, st, "loyalty", "k-old", at)
-		require.NoError(t, err)
-		require.False(t, ok, "k-old at %s", at)
+		requireClaimAt(t, st, "loyalty", "k-old", at, false, "k-old at %s", at)
 	}
-	ok, err = claimAt(t, st, "loyalty", "k-ancient-1", now.AddDate(0, 0, -40))
-	require.NoError(t, err)
-	require.False(t, ok)
-	ok, err = claimAt(t, st, "loyalty", "k-mid", now)
-	require.NoError(t, err)
-	require.False(t, ok)
+	requireClaimAt(t, st, "loyalty", "k-ancient-1", now.AddDate(0, 0, -40), false)
+	requireClaimAt(t, st, "loyalty", "k-mid", now, false)
 
 	// New messages: before the boundary into the legacy partition, after
 	// it into day partitions.
-	ok, err = claimAt(t, st, "loyalty", "k-fresh", now)
-	require.NoError(t, err)
-	require.True(t, ok)
-	ok, err = claimAt(t, st, "loyalty", "k-future", today.AddDate(0, 0, 2).Add(10*time.Hour))
-	require.NoError(t, err)
-	require.True(t, ok)
-	ok, err = claimAt(t, st, "loyalty", "k-future", today.AddDate(0, 0, 2).Add(11*time.Hour))
-	require.NoError(t, err)
-	require.False(t, ok)
+	requireClaimAt(t, st, "loyalty", "k-fresh", now, true)
+	requireClaimAt(t, st, "loyalty", "k-future", today.AddDate(0, 0, 2).Add(10*time.Hour), true)
+	requireClaimAt(t, st, "loyalty", "k-future", today.AddDate(0, 0, 2).Add(11*time.Hour), false)
 	var where string
 	require.NoError(t, st.Pool().QueryRow(ctx, "SELECT tableoid::regclass::text FROM "+claimsTable(st)+" WHERE message_key = 'k-future'").Scan(&where))
 	require.Contains(t, where, "_p"+today.AddDate(0, 0, 2).Format("20060102"))
@@ -437,4 +418,24 @@ ALTER TABLE %[1]s ATTACH PARTITION %[2]s FOR VALUES FROM (MINVALUE) TO ((now() -
 	parts, err := st.Partitions(ctx)
 	require.NoError(t, err)
 	require.Len(t, parts, 2)
+}
+
+// On a claim table partitioned by event day, DropExpiredPartitions deletes
+// the memos (which are not partitioned) by time.
+func TestDropExpiredPartitionsRemovesExpiredPoisonMemos(t *testing.T) {
+	t.Parallel()
+	cfg := store.RetentionConfig{Retention: 10 * 24 * time.Hour, Force: true}
+	st, _ := partitionedStore(t, 4, cfg)
+	ctx := context.Background()
+	insertMemos(t, st, "loyalty", "old-", 4, "-11 days")
+	insertMemos(t, st, "loyalty", "young-", 2, "-9 days")
+
+	dry := cfg
+	dry.DryRun = true
+	_, err := st.DropExpiredPartitions(ctx, dry)
+	require.NoError(t, err)
+	require.EqualValues(t, 6, memoCount(t, st))
+	_, err = st.DropExpiredPartitions(ctx, cfg)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, memoCount(t, st))
 }

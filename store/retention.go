@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -152,39 +153,17 @@ type CleanupResult struct {
 }
 
 func (c RetentionConfig) withDefaults() RetentionConfig {
-	if c.Retention == 0 {
-		c.Retention = pg.DefaultRetention
-	}
-	if c.MinRetention == 0 {
-		c.MinRetention = pg.DefaultMinRetention
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = pg.DefaultBatchSize
-	}
-	if c.MinBatchSize == 0 {
-		c.MinBatchSize = min(pg.DefaultMinBatchSize, c.BatchSize)
-	}
-	if c.MaxBatchSize == 0 {
-		c.MaxBatchSize = max(pg.DefaultMaxBatchSize, c.BatchSize)
-	}
-	if c.TargetBatchDuration == 0 {
-		c.TargetBatchDuration = pg.DefaultTargetBatchDuration
-	}
-	if c.Pause == 0 {
-		c.Pause = pg.DefaultBatchPause
-	}
-	if c.BatchTimeout == 0 {
-		c.BatchTimeout = pg.DefaultBatchTimeout
-	}
-	if c.Ahead == 0 {
-		c.Ahead = pg.DefaultPartitionsAhead
-	}
-	if c.LockWait == 0 {
-		c.LockWait = pg.DefaultPartitionLockWait
-	}
-	if c.LockTries == 0 {
-		c.LockTries = pg.DefaultPartitionLockTries
-	}
+	c.Retention = cmp.Or(c.Retention, pg.DefaultRetention)
+	c.MinRetention = cmp.Or(c.MinRetention, pg.DefaultMinRetention)
+	c.BatchSize = cmp.Or(c.BatchSize, pg.DefaultBatchSize)
+	c.MinBatchSize = cmp.Or(c.MinBatchSize, min(pg.DefaultMinBatchSize, c.BatchSize))
+	c.MaxBatchSize = cmp.Or(c.MaxBatchSize, max(pg.DefaultMaxBatchSize, c.BatchSize))
+	c.TargetBatchDuration = cmp.Or(c.TargetBatchDuration, pg.DefaultTargetBatchDuration)
+	c.Pause = cmp.Or(c.Pause, pg.DefaultBatchPause)
+	c.BatchTimeout = cmp.Or(c.BatchTimeout, pg.DefaultBatchTimeout)
+	c.Ahead = cmp.Or(c.Ahead, pg.DefaultPartitionsAhead)
+	c.LockWait = cmp.Or(c.LockWait, pg.DefaultPartitionLockWait)
+	c.LockTries = cmp.Or(c.LockTries, pg.DefaultPartitionLockTries)
 	return c
 }
 

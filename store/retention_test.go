@@ -2,11 +2,9 @@ package store_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
@@ -14,37 +12,17 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// fixedBatches makes Cleanup use exactly n rows per batch and no pause, so
-// tests can reason about batch counts.
-func fixedBatches(n int) store.RetentionConfig {
-	return store.RetentionConfig{BatchSize: n, MinBatchSize: n, MaxBatchSize: n, Pause: -1}
-}
-
-// insertAged inserts n claims for consumer processed at now() + offset
-// (an SQL interval such as '-30 days -1 second').
-func insertAged(t *testing.T, st *store.Store, consumer, prefix string, n int, offset string) {
+// cleanup runs st.Cleanup with cfg, which must succeed.
+func cleanup(t *testing.T, st *store.Store, cfg store.RetentionConfig) store.CleanupResult {
 	t.Helper()
-	_, err := st.Pool().Exec(context.Background(), fmt.Sprintf(
-		`INSERT INTO %s (consumer, message_key, processed_at)
-		 SELECT $1, $2 || g, now() + $3::interval FROM generate_series(1, $4) g`, claimsTable(st)), consumer, prefix, offset, n)
+	res, err := st.Cleanup(context.Background(), cfg)
 	require.NoError(t, err)
-}
-
-func claimsTable(st *store.Store) string {
-	return pgx.Identifier{st.Config().Schema, st.Config().ClaimsTable}.Sanitize()
-}
-
-func countWhere(t *testing.T, st *store.Store, where string, args ...any) int64 {
-	t.Helper()
-	var n int64
-	require.NoError(t, st.Pool().QueryRow(context.Background(), "SELECT count(*) FROM "+claimsTable(st)+" WHERE "+where, args...).Scan(&n))
-	return n
+	return res
 }
 
 func TestCleanupBoundaries(t *testing.T) {
 	t.Parallel()
 	st := migrated(t, 4)
-	ctx := context.Background()
 
 	// Outside the 30-day window: just outside, far outside, and 23 rows
 	// sharing one timestamp so that ties straddle batch boundaries.
@@ -58,8 +36,7 @@ func TestCleanupBoundaries(t *testing.T) {
 	var seen []store.CleanupProgress
 	cfg := fixedBatches(7)
 	cfg.OnProgress = func(p store.CleanupProgress) { seen = append(seen, p) }
-	res, err := st.Cleanup(ctx, cfg)
-	require.NoError(t, err)
+	res := cleanup(t, st, cfg)
 	require.EqualValues(t, 37, res.Deleted)
 	require.GreaterOrEqual(t, res.Batches, 6, "37 rows in batches of 7, then an empty batch")
 	require.EqualValues(t, 0, countWhere(t, st, "message_key LIKE 'just-out-%' OR message_key LIKE 'tie-%' OR message_key LIKE 'far-out-%'"))
@@ -76,8 +53,7 @@ func TestCleanupBoundaries(t *testing.T) {
 	require.EqualValues(t, 0, last.BatchRows)
 
 	// Nothing left: a second run deletes nothing.
-	res, err = st.Cleanup(ctx, fixedBatches(7))
-	require.NoError(t, err)
+	res = cleanup(t, st, fixedBatches(7))
 	require.EqualValues(t, 0, res.Deleted)
 	require.Equal(t, 1, res.Batches)
 }
@@ -85,18 +61,16 @@ func TestCleanupBoundaries(t *testing.T) {
 func TestCleanupAdaptiveBatchesAndVacuum(t *testing.T) {
 	t.Parallel()
 	st := migrated(t, 2)
-	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 3000, "-60 days")
 	insertAged(t, st, "c", "new-", 10, "-1 day")
 	var sizes []int
-	res, err := st.Cleanup(ctx, store.RetentionConfig{
+	res := cleanup(t, st, store.RetentionConfig{
 		BatchSize: 100, MinBatchSize: 50, MaxBatchSize: 800,
 		TargetBatchDuration: time.Hour, // every batch is "too fast": sizes double up to the cap
 		Pause:               -1,
 		Vacuum:              true,
 		OnProgress:          func(p store.CleanupProgress) { sizes = append(sizes, p.NextBatchSize) },
 	})
-	require.NoError(t, err)
 	require.EqualValues(t, 3000, res.Deleted)
 	require.True(t, res.Vacuumed)
 	require.Equal(t, []int{100, 200, 400, 800, 800, 800}, sizes[:6])
@@ -108,8 +82,7 @@ func TestCleanupSettingsDoNotLeak(t *testing.T) {
 	st := migrated(t, 1) // one connection: the cleaner's is the one we inspect
 	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 20, "-60 days")
-	_, err := st.Cleanup(ctx, fixedBatches(5))
-	require.NoError(t, err)
+	cleanup(t, st, fixedBatches(5))
 	var timeout, syncCommit string
 	require.NoError(t, st.Pool().QueryRow(ctx, "SELECT current_setting('statement_timeout'), current_setting('synchronous_commit')").Scan(&timeout, &syncCommit))
 	require.Equal(t, "0", timeout)
@@ -133,11 +106,9 @@ func TestCleanupMinimumRetention(t *testing.T) {
 	require.EqualValues(t, 3, countWhere(t, st, "true"), "a refused run deletes nothing")
 
 	// A lower minimum, or Force, lets a short retention through.
-	res, err := st.Cleanup(ctx, store.RetentionConfig{Retention: 3 * 24 * time.Hour, MinRetention: 3 * 24 * time.Hour, Pause: -1})
-	require.NoError(t, err)
+	res := cleanup(t, st, store.RetentionConfig{Retention: 3 * 24 * time.Hour, MinRetention: 3 * 24 * time.Hour, Pause: -1})
 	require.EqualValues(t, 0, res.Deleted)
-	res, err = st.Cleanup(ctx, store.RetentionConfig{Retention: 24 * time.Hour, Force: true, Pause: -1})
-	require.NoError(t, err)
+	res = cleanup(t, st, store.RetentionConfig{Retention: 24 * time.Hour, Force: true, Pause: -1})
 	require.EqualValues(t, 3, res.Deleted)
 
 	for _, tc := range []struct {
@@ -163,13 +134,11 @@ func TestCleanupMinimumRetention(t *testing.T) {
 func TestCleanupDryRun(t *testing.T) {
 	t.Parallel()
 	st := migrated(t, 2)
-	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 12, "-31 days")
 	insertAged(t, st, "c", "older-", 3, "-90 days")
 	insertAged(t, st, "c", "new-", 4, "-29 days")
 
-	res, err := st.Cleanup(ctx, store.RetentionConfig{DryRun: true})
-	require.NoError(t, err)
+	res := cleanup(t, st, store.RetentionConfig{DryRun: true})
 	require.EqualValues(t, 15, res.WouldDelete)
 	require.EqualValues(t, 0, res.Deleted)
 	require.WithinDuration(t, time.Now().AddDate(0, 0, -90), res.Oldest, time.Minute)
@@ -193,8 +162,7 @@ func TestCleanupLeaderExclusive(t *testing.T) {
 			secondRes, secondErr = st.Cleanup(ctx, fixedBatches(10))
 		}
 	}
-	res, err := st.Cleanup(ctx, cfg)
-	require.NoError(t, err)
+	res := cleanup(t, st, cfg)
 	require.EqualValues(t, 40, res.Deleted, "the leader deleted everything")
 	require.ErrorIs(t, secondErr, store.ErrNotLeader)
 	require.EqualValues(t, 0, secondRes.Deleted)
@@ -208,8 +176,7 @@ func TestCleanupLeaderExclusive(t *testing.T) {
 			_, secondErr = other.Cleanup(ctx, fixedBatches(10))
 		}
 	}
-	_, err = st.Cleanup(ctx, cfg)
-	require.NoError(t, err)
+	cleanup(t, st, cfg)
 	require.ErrorIs(t, secondErr, store.ErrNotLeader)
 
 	_, err = other.Cleanup(ctx, fixedBatches(10))
@@ -237,8 +204,7 @@ func TestCleanupInterruptAndResume(t *testing.T) {
 	require.EqualValues(t, 75, countWhere(t, st, "true"))
 
 	// Resume: a new run continues with what is left.
-	res, err = st.Cleanup(ctx, fixedBatches(10))
-	require.NoError(t, err)
+	res = cleanup(t, st, fixedBatches(10))
 	require.EqualValues(t, 70, res.Deleted)
 	require.EqualValues(t, 5, countWhere(t, st, "true"))
 	require.EqualValues(t, 5, countWhere(t, st, "message_key LIKE 'new-%'"))
@@ -286,7 +252,37 @@ func TestStats(t *testing.T) {
 
 	// Stats takes no leader lock: operators read it while a cleanup runs.
 	var during error
-	_, err = st.Cleanup(ctx, store.RetentionConfig{Pause: -1, OnProgress: func(store.CleanupProgress) { _, during = st.Stats(ctx) }})
-	require.NoError(t, err)
+	cleanup(t, st, store.RetentionConfig{Pause: -1, OnProgress: func(store.CleanupProgress) { _, during = st.Stats(ctx) }})
 	require.NoError(t, during, "Stats must not need the lock a cleanup holds (ErrNotLeader)")
+}
+
+// Memos obey the claims' retention: Cleanup deletes those last poisoned
+// before its horizon, in batches, after the claims; a dry run counts them.
+func TestCleanupRemovesExpiredPoisonMemos(t *testing.T) {
+	t.Parallel()
+	st := migrated(t, 4)
+	ctx := context.Background()
+	insertMemos(t, st, "loyalty", "old-", 7, "-31 days")
+	insertMemos(t, st, "loyalty", "young-", 3, "-29 days")
+	insertAged(t, st, "loyalty", "k", 2, "-31 days")
+
+	cfg := fixedBatches(2)
+	cfg.DryRun = true
+	res := cleanup(t, st, cfg)
+	require.EqualValues(t, 7, res.Memos)
+	require.EqualValues(t, 10, memoCount(t, st), "a dry run deletes nothing")
+
+	res = cleanup(t, st, fixedBatches(2))
+	require.EqualValues(t, 2, res.Deleted)
+	require.EqualValues(t, 7, res.Memos)
+	require.EqualValues(t, 3, memoCount(t, st))
+	require.EqualValues(t, 3, countIn(t, st, memoTable(st), "message_key LIKE 'young-%'"))
+
+	// A schema without the memo table (migrated to 3 only) cleans claims
+	// as before.
+	require.NoError(t, st.MigrateDownForTest(ctx, 3))
+	insertAged(t, st, "loyalty", "k", 1, "-31 days")
+	res = cleanup(t, st, fixedBatches(2))
+	require.EqualValues(t, 1, res.Deleted)
+	require.Zero(t, res.Memos)
 }

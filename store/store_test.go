@@ -20,55 +20,11 @@ import (
 	"github.com/claimtx/claimtx/store/internal/migrate"
 )
 
-func newStore(t *testing.T, maxConns int32) (*store.Store, string) {
-	t.Helper()
-	pool, schema := testenv.Setup(t, maxConns)
-	st, err := store.New(pool, store.Config{Schema: schema})
-	require.NoError(t, err)
-	return st, schema
-}
-
-// claimWith makes the claim r in a transaction of its own and commits it.
-func claimWith(t *testing.T, st *store.Store, r store.ClaimRequest) store.ClaimResult {
-	t.Helper()
-	ctx := context.Background()
-	var res store.ClaimResult
-	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
-		var err error
-		res, err = st.Claim(ctx, tx, r)
-		return err
-	}))
-	return res
-}
-
-// claimKey claims (consumer, key) in tx with Store.Claim, its wait bounded
-// by wait, and reports whether the claim was new.
-func claimKey(ctx context.Context, st *store.Store, tx pgx.Tx, consumer, key string, wait time.Duration) (bool, error) {
-	res, err := st.Claim(ctx, tx, store.ClaimRequest{Consumer: consumer, Key: key, MaxClaimWait: wait})
-	return res.New, err
-}
-
-// claimKeyAt is claimKey with the event time at (partitioned mode).
-func claimKeyAt(ctx context.Context, st *store.Store, tx pgx.Tx, consumer, key string, at time.Time, wait time.Duration) (bool, error) {
-	res, err := st.Claim(ctx, tx, store.ClaimRequest{Consumer: consumer, Key: key, EventTime: at, MaxClaimWait: wait})
-	return res.New, err
-}
-
-// migrated is newStore with the migrations applied.
-func migrated(t *testing.T, maxConns int32) *store.Store {
-	t.Helper()
-	st, _ := newStore(t, maxConns)
-	require.NoError(t, st.Migrate(context.Background()))
-	return st
-}
-
 func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	t.Parallel()
 	st, schema := newStore(t, 8)
 	ctx := context.Background()
-	v, err := st.Version(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 0, v)
+	requireVersion(t, st, 0)
 
 	// Eight instances starting at once against the same schema.
 	var wg sync.WaitGroup
@@ -86,9 +42,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.NoError(t, st.Migrate(ctx))
-	v, err = st.Version(ctx)
-	require.NoError(t, err)
-	require.Equal(t, migrate.Latest(), v)
+	requireVersion(t, st, migrate.Latest())
 
 	var n int
 	require.NoError(t, st.Pool().QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s.claimtx_migration", pgx.Identifier{schema}.Sanitize())).Scan(&n))
@@ -117,9 +71,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	require.Equal(t, 1, idx)
 
 	require.NoError(t, st.MigrateDownForTest(ctx, 0))
-	v, err = st.Version(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 0, v)
+	requireVersion(t, st, 0)
 	require.Error(t, st.MigrateDownForTest(ctx, -1))
 	require.NoError(t, st.Migrate(ctx))
 }
@@ -132,9 +84,7 @@ func TestMigrateTxRollsBackWithCaller(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, st.MigrateTx(ctx, tx))
 	require.NoError(t, tx.Rollback(ctx))
-	v, err := st.Version(ctx)
-	require.NoError(t, err)
-	require.Equal(t, 0, v)
+	requireVersion(t, st, 0)
 }
 
 func TestClaim(t *testing.T) {
@@ -382,4 +332,89 @@ func TestBeginNaturalKey(t *testing.T) {
 func TestSchemaVersionIsTheLatestMigration(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, migrate.Latest(), store.SchemaVersion)
+}
+
+// Migration 005 is online on existing tables: the xact column is added
+// without a rewrite (the tables keep their files), rows written before it
+// read NULL ("unknown transaction"), rows written after carry the id of
+// their transaction, claims and outbox rows of one transaction the same.
+// On a partitioned claim table every partition, and every partition
+// created later, gets the column and its default.
+func TestMigrationTransactionIDsOnline(t *testing.T) {
+	t.Parallel()
+	for _, partitioned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("partitioned=%v", partitioned), func(t *testing.T) {
+			t.Parallel()
+			st := migrated(t, 4)
+			ctx := context.Background()
+			outbox := pgx.Identifier{st.Config().Schema, st.Config().OutboxTable}.Sanitize()
+			claim := func(key string) {
+				t.Helper()
+				require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+					r := store.ClaimRequest{Consumer: "loyalty", Key: key}
+					if partitioned {
+						r.EventTime = time.Now()
+					}
+					if _, err := st.Claim(ctx, tx, r); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, "INSERT INTO "+outbox+" (topic, uuid, idempotency_key, payload) VALUES ('t', $1, $1, '')", key)
+					return err
+				}))
+			}
+			if partitioned {
+				_, err := st.EnablePartitioning(ctx, store.RetentionConfig{})
+				require.NoError(t, err)
+			}
+			// The schema as an older claimtx left it, with rows.
+			require.NoError(t, st.MigrateDownForTest(ctx, 4))
+			claim("before")
+			files := func() map[string]int64 {
+				rows, err := st.Pool().Query(ctx, `SELECT c.relname, c.relfilenode::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relkind IN ('r', 'p')`, st.Config().Schema)
+				require.NoError(t, err)
+				out := map[string]int64{}
+				for rows.Next() {
+					var name string
+					var node int64
+					require.NoError(t, rows.Scan(&name, &node))
+					out[name] = node
+				}
+				require.NoError(t, rows.Err())
+				return out
+			}
+			before := files()
+
+			require.NoError(t, st.Migrate(ctx))
+			after := files()
+			for name := range after {
+				if _, existed := before[name]; !existed {
+					delete(after, name) // a table the later migrations create
+				}
+			}
+			require.Equal(t, before, after, "no table was rewritten")
+			claim("after")
+
+			var nullBefore bool
+			require.NoError(t, st.Pool().QueryRow(ctx, "SELECT xact IS NULL FROM "+claimsTable(st)+" WHERE message_key = 'before'").Scan(&nullBefore))
+			require.True(t, nullBefore, "a claim from before the migration has no transaction")
+			var claimX, outboxX *string
+			require.NoError(t, st.Pool().QueryRow(ctx, "SELECT c.xact::text, o.xact::text FROM "+claimsTable(st)+" c, "+outbox+" o WHERE c.message_key = 'after' AND o.uuid = 'after'").Scan(&claimX, &outboxX))
+			require.NotNil(t, claimX)
+			require.Equal(t, claimX, outboxX, "claim and outbox row of one transaction share its id")
+
+			if partitioned {
+				// Every partition, and one created after the migration,
+				// carries the default.
+				_, err := st.CreatePartitionsAhead(ctx, store.RetentionConfig{Ahead: 9})
+				require.NoError(t, err)
+				var missing int
+				require.NoError(t, st.Pool().QueryRow(ctx, `SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = $1::regclass AND NOT EXISTS (
+  SELECT 1 FROM pg_attribute a JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+  WHERE a.attrelid = c.oid AND a.attname = 'xact' AND pg_get_expr(d.adbin, d.adrelid) = 'pg_current_xact_id()')`, claimsTable(st)).Scan(&missing))
+				require.Zero(t, missing, "partitions without the xact default")
+			}
+		})
+	}
 }

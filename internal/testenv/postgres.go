@@ -137,3 +137,31 @@ func NewDatabase(t testing.TB) string {
 	u.Path = "/" + name
 	return u.String()
 }
+
+// ExamplePool is for runnable examples, which have no testing.T to fail:
+// a pool on the test server whose search_path is a fresh schema of the
+// example's own, and that schema's name (Migrate creates it). It panics
+// on error; DropExample drops the schema and closes the pool.
+func ExamplePool(ctx context.Context) (*pgxpool.Pool, string) {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	schema := "example_" + hex.EncodeToString(b[:])
+	cfg, err := pgxpool.ParseConfig(URL())
+	if err != nil {
+		panic(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		panic(err)
+	}
+	return pool, schema
+}
+
+// DropExample drops an ExamplePool schema and closes its pool.
+func DropExample(pool *pgxpool.Pool, schema string) {
+	_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	pool.Close()
+}

@@ -2,14 +2,11 @@ package outbox_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
@@ -65,15 +62,8 @@ func ExampleNew() {
 // exampleStore returns a migrated store in a schema of its own on the test
 // server (TEST_DATABASE_URL, as the tests use).
 func exampleStore(ctx context.Context) *store.Store {
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	pool, err := pgxpool.New(ctx, testenv.URL())
-	if err != nil {
-		panic(err)
-	}
-	st, err := store.New(pool, store.Config{Schema: "example_" + hex.EncodeToString(b[:])})
+	pool, schema := testenv.ExamplePool(ctx)
+	st, err := store.New(pool, store.Config{Schema: schema})
 	if err != nil {
 		panic(err)
 	}
@@ -84,7 +74,4 @@ func exampleStore(ctx context.Context) *store.Store {
 }
 
 // dropExample drops the example's schema and closes its pool.
-func dropExample(st *store.Store) {
-	_, _ = st.Pool().Exec(context.Background(), "DROP SCHEMA "+pgx.Identifier{st.Config().Schema}.Sanitize()+" CASCADE")
-	st.Pool().Close()
-}
+func dropExample(st *store.Store) { testenv.DropExample(st.Pool(), st.Config().Schema) }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
@@ -102,6 +103,42 @@ func (e env) requireEachEffectOnce(t testing.TB, n int) {
 	require.Equal(t, int64(n), e.scalar(t, "SELECT count(*) FROM effects"))
 	require.Equal(t, int64(n), e.scalar(t, "SELECT count(DISTINCT k) FROM effects"))
 	require.Equal(t, int64(n), e.scalar(t, "SELECT count(DISTINCT payload) FROM effects"))
+}
+
+// runDownstream starts a router that hands every message on topic of the
+// broker bcfg to the downstream consumer (to also first, when set), and
+// returns a publisher to that broker for the relay. stop, to defer, stops
+// the router and closes both ends.
+func (e env) runDownstream(t *testing.T, bcfg brokers.Config, topic string, also func(*message.Message)) (pub message.Publisher, stop func()) {
+	t.Helper()
+	logger := watermill.NopLogger{}
+	pub, err := brokers.NewPublisher(bcfg, logger)
+	require.NoError(t, err)
+	sub, err := brokers.NewSubscriber(bcfg, logger)
+	if err != nil {
+		_ = pub.Close()
+		require.NoError(t, err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	require.NoError(t, err)
+	router.AddConsumerHandler("downstream", topic, sub, func(msg *message.Message) error {
+		if also != nil {
+			also(msg)
+		}
+		_, err := e.downstream(msg)
+		return err
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	stop = func() {
+		cancel()
+		require.NoError(t, <-done)
+		_ = sub.Close()
+		_ = pub.Close()
+	}
+	<-router.Running()
+	return pub, stop
 }
 
 // outcomes records the downstream consumer's results.

@@ -97,26 +97,8 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 	require.Equal(t, int64(n), e.stats(t).Pending, "the killed relay marked nothing")
 
 	// Downstream consumer on the RabbitMQ queue, and a healthy relay.
-	logger := watermill.NopLogger{}
-	sub, err := brokers.NewSubscriber(amqpBrokers(), logger)
-	require.NoError(t, err)
-	defer sub.Close()
-	pub, err := brokers.NewPublisher(amqpBrokers(), logger)
-	require.NoError(t, err)
-	defer pub.Close()
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
-	require.NoError(t, err)
-	router.AddConsumerHandler("downstream", topic, sub, func(msg *message.Message) error {
-		_, err := e.downstream(msg)
-		return err
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- router.Run(ctx) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
+	pub, stopDownstream := e.runDownstream(t, amqpBrokers(), topic, nil)
+	defer stopDownstream()
 	relay, err := outbox.New(e.st, pub, outbox.Config{})
 	require.NoError(t, err)
 	stop := runRelay(t, relay.Run)

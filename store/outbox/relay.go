@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -125,30 +126,16 @@ func (c Config) validate() error {
 }
 
 func (c Config) withDefaults() Config {
-	if c.BatchSize == 0 {
-		c.BatchSize = defaultBatchSize
-	}
-	if c.PollInterval == 0 {
-		c.PollInterval = defaultPollInterval
-	}
-	if c.InitialBackoff == 0 {
-		c.InitialBackoff = defaultInitialBackoff
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = defaultMaxBackoff
-	}
+	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
+	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
+	c.InitialBackoff = cmp.Or(c.InitialBackoff, defaultInitialBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, defaultMaxBackoff)
 	if c.MaxBackoff < c.InitialBackoff {
 		c.MaxBackoff = c.InitialBackoff
 	}
-	if c.Retention == 0 {
-		c.Retention = defaultRetention
-	}
-	if c.CleanupInterval == 0 {
-		c.CleanupInterval = defaultCleanupInterval
-	}
-	if c.PublishTimeout == 0 {
-		c.PublishTimeout = defaultPublishTimeout
-	}
+	c.Retention = cmp.Or(c.Retention, defaultRetention)
+	c.CleanupInterval = cmp.Or(c.CleanupInterval, defaultCleanupInterval)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, defaultPublishTimeout)
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}

@@ -78,30 +78,11 @@ func testRelayThroughBroker(t *testing.T, kind string) {
 		defer br.Close()
 		bcfg = brokers.Config{Kind: brokers.KindKafka, Kafka: kafka.Config{Brokers: br.Addrs(), ConsumerGroup: "relay-" + topic}}
 	}
-	logger := watermill.NopLogger{}
-	pub, err := brokers.NewPublisher(bcfg, logger)
-	require.NoError(t, err)
-	defer pub.Close()
-	sub, err := brokers.NewSubscriber(bcfg, logger)
-	require.NoError(t, err)
-	defer sub.Close()
-
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, logger)
-	require.NoError(t, err)
 	var keys sync.Map
-	router.AddConsumerHandler("downstream", topic, sub, func(msg *message.Message) error {
+	pub, stopDownstream := e.runDownstream(t, bcfg, topic, func(msg *message.Message) {
 		keys.Store(msg.Metadata.Get(store.IdempotencyKeyMetadata), msg.Metadata.Get("event_id"))
-		_, err := e.downstream(msg)
-		return err
 	})
-	rctx, rcancel := context.WithCancel(context.Background())
-	routerDone := make(chan error, 1)
-	go func() { routerDone <- router.Run(rctx) }()
-	defer func() {
-		rcancel()
-		require.NoError(t, <-routerDone)
-	}()
-	<-router.Running()
+	defer stopDownstream()
 
 	rec := &batches{}
 	relay, err := outbox.New(e.st, pub, outbox.Config{PollInterval: time.Hour, CleanupInterval: -1, OnBatch: rec.add})

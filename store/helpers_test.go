@@ -1,0 +1,120 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/internal/testenv"
+	"github.com/claimtx/claimtx/store"
+)
+
+func newStore(t *testing.T, maxConns int32) (*store.Store, string) {
+	t.Helper()
+	pool, schema := testenv.Setup(t, maxConns)
+	st, err := store.New(pool, store.Config{Schema: schema})
+	require.NoError(t, err)
+	return st, schema
+}
+
+// claimWith makes the claim r in a transaction of its own and commits it.
+func claimWith(t *testing.T, st *store.Store, r store.ClaimRequest) store.ClaimResult {
+	t.Helper()
+	ctx := context.Background()
+	var res store.ClaimResult
+	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		var err error
+		res, err = st.Claim(ctx, tx, r)
+		return err
+	}))
+	return res
+}
+
+// claimKey claims (consumer, key) in tx with Store.Claim, its wait bounded
+// by wait, and reports whether the claim was new.
+func claimKey(ctx context.Context, st *store.Store, tx pgx.Tx, consumer, key string, wait time.Duration) (bool, error) {
+	res, err := st.Claim(ctx, tx, store.ClaimRequest{Consumer: consumer, Key: key, MaxClaimWait: wait})
+	return res.New, err
+}
+
+// claimKeyAt is claimKey with the event time at (partitioned mode).
+func claimKeyAt(ctx context.Context, st *store.Store, tx pgx.Tx, consumer, key string, at time.Time, wait time.Duration) (bool, error) {
+	res, err := st.Claim(ctx, tx, store.ClaimRequest{Consumer: consumer, Key: key, EventTime: at, MaxClaimWait: wait})
+	return res.New, err
+}
+
+// migrated is newStore with the migrations applied.
+func migrated(t *testing.T, maxConns int32) *store.Store {
+	t.Helper()
+	st, _ := newStore(t, maxConns)
+	require.NoError(t, st.Migrate(context.Background()))
+	return st
+}
+
+// requireVersion checks the schema version st reports.
+func requireVersion(t *testing.T, st *store.Store, want int) {
+	t.Helper()
+	v, err := st.Version(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, want, v)
+}
+
+// fixedBatches makes Cleanup use exactly n rows per batch and no pause, so
+// tests can reason about batch counts.
+func fixedBatches(n int) store.RetentionConfig {
+	return store.RetentionConfig{BatchSize: n, MinBatchSize: n, MaxBatchSize: n, Pause: -1}
+}
+
+func claimsTable(st *store.Store) string {
+	return pgx.Identifier{st.Config().Schema, st.Config().ClaimsTable}.Sanitize()
+}
+
+func memoTable(st *store.Store) string {
+	return pgx.Identifier{st.Config().Schema, st.Config().ClaimsTable + "_poison_memo"}.Sanitize()
+}
+
+// insertSeries inserts n rows for consumer keyed prefix1 … prefixn into
+// table; vals, the SQL for the further columns cols, may use $3, the
+// offset (an SQL interval such as '-30 days -1 second').
+func insertSeries(t *testing.T, st *store.Store, table, cols, vals, consumer, prefix string, n int, offset string) {
+	t.Helper()
+	_, err := st.Pool().Exec(context.Background(), fmt.Sprintf(
+		`INSERT INTO %s (consumer, message_key, %s)
+		 SELECT $1, $2 || g, %s FROM generate_series(1, $4) g`, table, cols, vals), consumer, prefix, offset, n)
+	require.NoError(t, err)
+}
+
+// insertAged inserts n claims for consumer processed at now() + offset.
+func insertAged(t *testing.T, st *store.Store, consumer, prefix string, n int, offset string) {
+	t.Helper()
+	insertSeries(t, st, claimsTable(st), "processed_at", "now() + $3::interval", consumer, prefix, n, offset)
+}
+
+// insertMemos inserts n poison memos for consumer last poisoned at now() +
+// offset.
+func insertMemos(t *testing.T, st *store.Store, consumer, prefix string, n int, offset string) {
+	t.Helper()
+	insertSeries(t, st, memoTable(st), "reason, poisoned_at", "'bad order', now() + $3::interval", consumer, prefix, n, offset)
+}
+
+// countIn counts the rows of table (a sanitized name) that match where.
+func countIn(t *testing.T, st *store.Store, table, where string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, st.Pool().QueryRow(context.Background(), "SELECT count(*) FROM "+table+" WHERE "+where, args...).Scan(&n))
+	return n
+}
+
+func countWhere(t *testing.T, st *store.Store, where string, args ...any) int64 {
+	t.Helper()
+	return countIn(t, st, claimsTable(st), where, args...)
+}
+
+func memoCount(t *testing.T, st *store.Store) int64 {
+	t.Helper()
+	return countIn(t, st, memoTable(st), "true")
+}
