@@ -227,15 +227,13 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if cfg.Key == "" {
 		cfg.Key = defaultKey
 	}
-	// The registry knows the kinds of the adapters imported above, so
-	// BROKER=nats selects NATS JetStream.
-	registry := brokers.NewRegistry()
-	cfg.Brokers = registry
+	// The adapters imported above register their kinds, so BROKER=nats
+	// selects NATS JetStream.
 	cfg.Broker = natsDefaults(cfg.Broker, cfg.Name)
-	// A registered kind's settings (NATS_*) are checked by the registry,
-	// not by the configuration loader: check them before connecting
-	// anywhere too.
-	if err := registry.Validate(cfg.Broker); err != nil {
+	// A registered kind's settings (NATS_*) are checked by Validate, not
+	// by the configuration loader: check them before connecting anywhere
+	// too.
+	if err := cfg.Broker.Validate(); err != nil {
 		return err
 	}
 	if cfg.DatabaseURL == "" {

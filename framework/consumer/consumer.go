@@ -63,13 +63,11 @@ type Config struct {
 	DatabaseURL string
 	// Store names claimtx's schema and tables. Defaults to store.Config{}.
 	Store store.Config
-	// Broker selects and configures the broker. Defaults to brokers'
-	// defaults (RabbitMQ on localhost).
+	// Broker selects and configures the broker: one of the kinds linked
+	// into the program (the adapters it imports, and your own registered
+	// with brokers.Register), so BROKER can name them. Defaults to
+	// brokers' defaults (RabbitMQ on localhost).
 	Broker brokers.Config
-	// Brokers builds the clients of Broker.Kind: a registry holding your
-	// own adapters (brokers.Registry.Register), so BROKER can name them.
-	// Defaults to the built-in kinds (amqp, kafka, gochannel).
-	Brokers *brokers.Registry
 	// Extractors resolves Key: a registry holding your own key extractors
 	// (framework.Registry.RegisterKey), so a spec can name them. Defaults
 	// to the built-in extractors.
@@ -254,15 +252,7 @@ func (c Config) validate() error {
 	if err := c.Store.Validate(); err != nil {
 		return err
 	}
-	return c.brokers().Validate(c.Broker)
-}
-
-// brokers is Brokers or the built-in kinds.
-func (c Config) brokers() *brokers.Registry {
-	if c.Brokers != nil {
-		return c.Brokers
-	}
-	return brokers.NewRegistry()
+	return c.Broker.Validate()
 }
 
 // Consumer is a running (or runnable) claimtx consumer.
@@ -384,10 +374,10 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	p.checkDeadLetterPrivileges(ctx)
 	// Warn lets the brokers' start-up loops log what they wait for at WARN.
 	p.wlog = newSlogAdapter(cfg.Logger)
-	if p.sub, err = connectBroker(ctx, func() (message.Subscriber, error) { return cfg.brokers().NewSubscriber(cfg.Broker, p.wlog) }); err != nil {
+	if p.sub, err = connectBroker(ctx, func() (message.Subscriber, error) { return brokers.NewSubscriber(cfg.Broker, p.wlog) }); err != nil {
 		return nil, err
 	}
-	if p.pub, err = connectBroker(ctx, func() (message.Publisher, error) { return cfg.brokers().NewPublisher(cfg.Broker, p.wlog) }); err != nil {
+	if p.pub, err = connectBroker(ctx, func() (message.Publisher, error) { return brokers.NewPublisher(cfg.Broker, p.wlog) }); err != nil {
 		return nil, err
 	}
 	if err := declareQueues(cfg, p.sub); err != nil {
