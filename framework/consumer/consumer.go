@@ -22,6 +22,7 @@ import (
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/config"
+	"github.com/claimtx/claimtx/internal/metrics"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/middleware"
@@ -272,7 +273,7 @@ type parts struct {
 	sub       message.Subscriber
 	pub       message.Publisher
 	wlog      watermill.LoggerAdapter
-	metrics   *observe.Metrics
+	metrics   *metrics.Metrics
 	report    func(middleware.Result)
 	claim     middleware.Claim
 	health    observe.Health
@@ -384,7 +385,7 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		return nil, err
 	}
 	if cfg.Registerer != nil {
-		if p.metrics, err = observe.NewMetrics(cfg.Registerer); err != nil {
+		if p.metrics, err = metrics.New(cfg.Registerer); err != nil {
 			return nil, err
 		}
 	}
