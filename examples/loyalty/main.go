@@ -401,7 +401,7 @@ func batchOptions() (consumer.BatchOptions, error) {
 // newBatch builds the batch consumer (consumer.NewBatch). Without a window
 // set in the environment (AMQP_WINDOW / KAFKA_WINDOW), it sets the window to
 // workers × batch size, what the batches need to fill up.
-func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptions) (*consumer.BatchConsumer, error) {
+func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptions) (*consumer.Consumer, error) {
 	window := opts.Workers * opts.MaxSize
 	if cfg.Broker.AMQP.Window == 0 {
 		cfg.Broker.AMQP.Window = window

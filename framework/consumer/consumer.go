@@ -256,11 +256,13 @@ func (c Config) validate() error {
 	return c.Broker.Validate()
 }
 
-// Consumer is a running (or runnable) claimtx consumer.
+// Consumer is a running (or runnable) claimtx consumer, built by New (one
+// message per claim transaction) or NewBatch (batches).
 type Consumer struct {
 	*parts
-	router  *message.Router
-	drainer *drainer
+	router  *message.Router // New's
+	drainer *drainer        // New's
+	batches *batchRunner    // NewBatch's
 }
 
 // parts is what New and NewBatch build alike from a Config: the pool, the
@@ -650,10 +652,14 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 }
 
 // Run consumes until ctx is cancelled or Close is called, then shuts down
-// gracefully: no new message starts, the ones in flight get
+// gracefully: no new message (or batch) starts, the ones in flight get
 // Config.DrainTimeout to commit and be acked, the rest is cancelled and
-// nacked (see Config.DrainTimeout). It returns once that is done.
+// nacked, never poisoned (see Config.DrainTimeout). It returns once that
+// is done.
 func (c *Consumer) Run(ctx context.Context) error {
+	if c.batches != nil {
+		return c.run(ctx, c.batches.run)
+	}
 	return c.run(ctx, c.consume)
 }
 
@@ -723,10 +729,15 @@ func retryable(err error) bool {
 	return !framework.IsPermanent(err) && !store.IsTransient(err)
 }
 
-// Running is closed once the router consumes: the subscription exists,
+// Running is closed once the consumer consumes: the subscription exists,
 // so messages published from then on reach this consumer (a readiness
 // signal).
-func (c *Consumer) Running() chan struct{} { return c.router.Running() }
+func (c *Consumer) Running() chan struct{} {
+	if c.batches != nil {
+		return c.batches.running
+	}
+	return c.router.Running()
+}
 
 // Health returns the readiness check (database, migrations and, where the
 // broker client reports it, the broker connection) as an http.Handler.
