@@ -16,9 +16,8 @@ import (
 //	m, err := observe.NewMetrics(prometheus.DefaultRegisterer)
 //	claim.OnOutcome, claim.OnRetry = m.OnOutcome, m.OnRetry
 //
-// framework/consumer records more through the same collectors (handler
-// retries, poison memo errors and refusals, Kafka positions) and creates
-// each consumer's series at zero when it is built.
+// framework/consumer records more through the same collectors: handler
+// retries, poison memo errors and refusals, Kafka positions.
 //
 // The redelivery rate of a consumer is
 // rate(claimtx_messages_total{outcome="duplicate"}) / rate(claimtx_messages_total).
@@ -34,6 +33,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	return &Metrics{m}, nil
 }
+
+// InitConsumer creates the series of one consumer (and Watermill handler
+// name) at zero: every outcome, every retry cause, the fingerprint
+// mismatches and the histograms. A counter vector exports a series only
+// once it has a label set, so without this a dashboard shows "no data"
+// instead of 0 until the first event, and rate() over a series that
+// appears mid-window misses its first increment. framework/consumer calls
+// it when a consumer is built; call it when you wire the hooks yourself.
+func (m *Metrics) InitConsumer(consumer, handler string) { m.m.InitConsumer(consumer, handler) }
 
 // OnOutcome records one Result; call it once per settled message (see
 // docs/observability.md: the claim middleware's own OnOutcome fires once

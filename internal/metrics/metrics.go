@@ -1,7 +1,8 @@
 // Package metrics is the Prometheus side of framework/observe.Metrics:
 // the collectors and every hook that records into them. observe.Metrics
-// exports the two a router of your own wires (OnOutcome, OnRetry);
-// framework/consumer uses the rest, which only its bookkeeping calls.
+// exports what a router of your own wires (InitConsumer, OnOutcome,
+// OnRetry); framework/consumer uses the rest, which only its bookkeeping
+// calls.
 package metrics
 
 import (
