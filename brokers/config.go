@@ -27,7 +27,7 @@ const defaultKind = KindAMQP
 // Kind defaults to "amqp" and every adapter field to its documented default.
 type Config struct {
 	// Kind names the adapter: "amqp" (RabbitMQ), "kafka", "gochannel"
-	// (in-process, for tests) or a kind registered with a Registry.
+	// (in-process, for tests), "nats" or a kind registered with Register.
 	// Defaults to "amqp".
 	Kind string `yaml:"kind"`
 
@@ -230,15 +230,26 @@ func (g GoChannelConfig) withDefaults() GoChannelConfig {
 	return g
 }
 
-// Validate checks the section of Config that the selected kind reads
-// (amqp, kafka or gochannel; an unused adapter's settings are not looked
-// at), with the checks of its adapter when that is linked, and returns a
-// *framework.ConfigError naming the field. Any other kind is only checked
-// to be a well-formed name: whether it exists, and its settings
-// (Options), are for the Registry that builds it (Registry.Validate,
-// NewSubscriber and NewPublisher check both, and run the kind's
-// Factory.Validate). It never panics.
+// Validate checks c as NewSubscriber and NewPublisher will, without
+// building anything, and returns a *framework.ConfigError naming the
+// field: the section of Config the selected kind reads (amqp, kafka or
+// gochannel; an unused adapter's settings are not looked at), that the
+// kind is linked into the program (see Register), and the kind's own
+// Factory.Validate. Call it before connecting anywhere, after filling in
+// what the program sets itself (a registered kind's options), so a
+// misspelt BROKER fails at once. It never panics.
 func (c Config) Validate() error {
+	_, _, err := factory(c)
+	return err
+}
+
+// check is what LoadConfig checks: the section of Config the selected kind
+// reads, with the checks of its adapter when that is linked. Any other
+// kind is only checked to be a well-formed name, because the program may
+// still fill in its options (or link it in a binary that only reads the
+// configuration): whether it exists, and its options, are for Validate,
+// NewSubscriber and NewPublisher.
+func (c Config) check() error {
 	kind := c.kind()
 	if check, ok := sections[kind]; ok {
 		if err := check(c); err != nil {
@@ -342,8 +353,9 @@ func (c Config) GoString() string { return "brokers.Config" + c.String() }
 // LoadConfig returns the defaults, overlaid with the YAML file at path
 // (none when path is ""), overlaid with the environment variables listed
 // in the package documentation (so BROKER=kafka switches a file that says
-// amqp), validated (see Config.Validate: a kind that is not built in is
-// checked when a Registry builds it). Every field of the result holds its
+// amqp), checked (a kind that is not built in only for being a well-formed
+// name: Config.Validate, NewSubscriber and NewPublisher check the rest).
+// Every field of the result holds its
 // effective value. Unknown YAML keys are errors, so a typo does not
 // silently fall back to a default; durations are written like "500ms".
 // Errors name the field by its YAML path ("amqp.url"), or by the variable
@@ -356,7 +368,7 @@ func LoadConfig(path string) (Config, error) {
 		}
 		c = c.overlayOptionEnv(os.Environ())
 		c.env.only = true
-		return c, c.Validate()
+		return c, c.check()
 	}
 	data, err := os.ReadFile(path) //nolint:gosec // reading the file the caller names is the point
 	if err != nil {
@@ -387,7 +399,7 @@ func (c Config) withEnv() (Config, error) {
 		return Config{}, err
 	}
 	c = c.overlayOptionEnv(os.Environ())
-	return c, c.Validate()
+	return c, c.check()
 }
 
 // parseConfig decodes YAML over defaultConfig without looking at the

@@ -111,8 +111,9 @@ func TestConfigFromEnv(t *testing.T) {
 	require.Equal(t, "from-env", c.Kafka.ConsumerGroup)
 	require.Equal(t, 2, c.AMQP.Concurrency)
 
-	// A kind no Registry could know is refused at once; a well-formed one
-	// only by the Registry that does not know it, naming the variable.
+	// A kind that cannot be a kind name is refused at once; a well-formed
+	// one that is not linked only by Validate and the constructors, naming
+	// the variable.
 	t.Setenv("BROKER", "Carrier Pigeon")
 	_, err = brokers.LoadConfig("")
 	var ce *framework.ConfigError
@@ -122,11 +123,12 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv("BROKER", "carrier-pigeon")
 	c, err = brokers.LoadConfig("")
 	require.NoError(t, err)
-	_, err = brokers.NewSubscriber(c, nil)
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "BROKER", ce.Field)
-	require.ErrorIs(t, err, brokers.ErrInvalidKind)
-	require.ErrorContains(t, err, "amqp, gochannel, kafka", "the error lists the kinds there are")
+	for _, err := range []error{c.Validate(), func() error { _, err := brokers.NewSubscriber(c, nil); return err }()} {
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, "BROKER", ce.Field)
+		require.ErrorIs(t, err, brokers.ErrInvalidKind)
+		require.ErrorContains(t, err, "amqp, gochannel, kafka", "the error lists the kinds there are")
+	}
 
 	// The file says amqp; the environment wins.
 	path := filepath.Join(t.TempDir(), "brokers.yaml")
@@ -256,14 +258,13 @@ func TestValidate(t *testing.T) {
 		require.ErrorAs(t, err, &ce)
 	}
 
-	// A kind that is not built in may be registered with some Registry:
-	// Validate cannot tell, the Registry that builds it can.
+	// A kind that is not linked is refused by Validate and the
+	// constructors alike.
 	unknown := brokers.Config{Kind: "jetstream"}
-	require.NoError(t, unknown.Validate())
 	for _, build := range []func() error{
+		unknown.Validate,
 		func() error { _, err := brokers.NewSubscriber(unknown, nil); return err },
 		func() error { _, err := brokers.NewPublisher(unknown, nil); return err },
-		func() error { _, err := brokers.NewRegistry().NewSubscriber(unknown, nil); return err },
 	} {
 		err := build()
 		var ce *framework.ConfigError

@@ -133,21 +133,21 @@
 // are wrapped with %w and keep their cause (for example
 // *brokers/amqp.DialError).
 //
-// Config.Validate checks the amqp, kafka and gochannel sections, whether
-// or not their adapter is linked. Any other kind is only checked to be a
-// well-formed name, because
-// whether it exists depends on the Registry that builds it:
-// Registry.NewSubscriber and Registry.NewPublisher refuse a kind they do
-// not know with a *framework.ConfigError (Field "kind", or BROKER) that
-// matches ErrInvalidKind and lists the kinds they have (for "amqp",
+// LoadConfig checks the amqp, kafka and gochannel sections, whether or
+// not their adapter is linked; any other kind only for being a well-formed
+// name, because the program may still fill in its options. Config.Validate,
+// NewSubscriber and NewPublisher check the rest: they refuse a kind that
+// is not linked with a *framework.ConfigError (Field "kind", or BROKER)
+// that matches ErrInvalidKind and lists the linked kinds (for "amqp",
 // "kafka" and "nats" it names the package to import instead), and run the
-// kind's own Factory.Validate before building. So a misspelt BROKER ("kafak") passes
-// LoadConfig("") and fails when the broker is built; one that cannot be a
-// kind name ("Kafka") fails at once.
+// kind's own Factory.Validate. So a misspelt BROKER ("kafak") passes
+// LoadConfig("") and fails at Config.Validate, which a program calls
+// before it connects anywhere (framework/consumer does), or when the broker
+// is built; one that cannot be a kind name ("Kafka") fails at once.
 //
 // A registered kind names its settings "options.<option>" in the
 // *framework.ConfigError its Factory returns (from Validate or from
-// NewSubscriber/NewPublisher); the Registry renames the Field to the
+// NewSubscriber/NewPublisher); package brokers renames the Field to the
 // variable (NATS_ACK_WAIT) when the environment set the value or, with
 // LoadConfig(""), for a required option left unset.
 //
@@ -189,10 +189,7 @@
 //
 // Names are lower case ([a-z0-9_.-], up to 63 characters). Register panics
 // on a malformed name, an incomplete Factory or a name that is taken, like
-// database/sql.Register. To scope a kind to the code you hand it to
-// instead, register it with one Registry (NewRegistry, Registry.Register),
-// which refuses those with ErrInvalidKind and ErrKindRegistered, and build
-// through that Registry. The Registry example shows a complete adapter;
+// database/sql.Register. The Register example shows a complete adapter;
 // brokers/nats is a real one written only against this API
 // (docs/adapters.md walks through it).
 //

@@ -16,6 +16,9 @@ import (
 
 // busFactory is a registered kind "my-bus.v2" that needs option "region"
 // (one of "eu", "us") to build anything.
+// The kind TestOptionEnv reads, linked as an adapter package links its own.
+func init() { brokers.Register("my-bus.v2", busFactory()) }
+
 func busFactory() brokers.Factory {
 	check := func(c brokers.Config) error {
 		switch c.Options["region"] {
@@ -59,8 +62,6 @@ func clearBusEnv(t *testing.T) {
 // constructor refuses. Uses the real environment, so not parallel.
 func TestOptionEnv(t *testing.T) {
 	clearBusEnv(t)
-	reg := brokers.NewRegistry()
-	require.NoError(t, reg.Register("my-bus.v2", busFactory()))
 
 	t.Setenv("BROKER", "my-bus.v2")
 	t.Setenv("MY_BUS_V2_REGION", "eu")
@@ -69,22 +70,22 @@ func TestOptionEnv(t *testing.T) {
 	c, err := brokers.LoadConfig("")
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"region": "eu", "client_name": "billing"}, c.Options)
-	require.NoError(t, reg.Validate(c))
+	require.NoError(t, c.Validate())
 
 	// Named after the variable: set and wrong, unset and required, and
 	// refused by the constructor rather than by Validate.
 	t.Setenv("MY_BUS_V2_REGION", "mars")
 	c, err = brokers.LoadConfig("")
 	require.NoError(t, err)
-	requireConfigField(t, reg.Validate(c), "MY_BUS_V2_REGION")
+	requireConfigField(t, c.Validate(), "MY_BUS_V2_REGION")
 	t.Setenv("MY_BUS_V2_REGION", "")
 	c, err = brokers.LoadConfig("")
 	require.NoError(t, err)
-	requireConfigField(t, reg.Validate(c), "MY_BUS_V2_REGION")
+	requireConfigField(t, c.Validate(), "MY_BUS_V2_REGION")
 	t.Setenv("MY_BUS_V2_REGION", "us")
 	c, err = brokers.LoadConfig("")
 	require.NoError(t, err)
-	_, err = reg.NewSubscriber(c, nil)
+	_, err = brokers.NewSubscriber(c, nil)
 	requireConfigField(t, err, "MY_BUS_V2_GROUP")
 
 	// A built-in kind reads no prefixed options.
@@ -108,8 +109,8 @@ func TestOptionEnv(t *testing.T) {
 	require.NoError(t, os.WriteFile(path, []byte("kind: my-bus.v2\noptions:\n  region: mars\n"), 0o600))
 	c, err = brokers.LoadConfig(path)
 	require.NoError(t, err)
-	requireConfigField(t, reg.Validate(c), "options.region")
-	_, err = reg.NewSubscriber(c, nil)
+	requireConfigField(t, c.Validate(), "options.region")
+	_, err = brokers.NewSubscriber(c, nil)
 	requireConfigField(t, err, "options.region")
 }
 

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -30,11 +29,21 @@ func uniqueKind(t *testing.T) string {
 func TestRegisterCustomKind(t *testing.T) {
 	t.Parallel()
 	kind := uniqueKind(t)
+	c, err := brokers.DefaultConfig().OverlayEnv(mapEnv(map[string]string{"BROKER": kind}))
+	require.NoError(t, err)
+
+	// Until it is registered, the kind is unknown, named by the variable
+	// it came from.
+	_, err = brokers.NewPublisher(c, nil)
+	require.ErrorIs(t, err, brokers.ErrInvalidKind)
+	var ce *framework.ConfigError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "BROKER", ce.Field, "named by the variable it came from")
+
 	var gotRegion string
 	shared := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, nil)
 	t.Cleanup(func() { _ = shared.Close() })
-	reg := brokers.NewRegistry()
-	require.NoError(t, reg.Register(kind, brokers.Factory{
+	brokers.Register(kind, brokers.Factory{
 		NewSubscriber: func(c brokers.Config, _ watermill.LoggerAdapter) (message.Subscriber, error) {
 			gotRegion = c.Options["region"]
 			return shared, nil
@@ -48,29 +57,20 @@ func TestRegisterCustomKind(t *testing.T) {
 			}
 			return nil
 		},
-	}))
+	})
 
-	c, err := brokers.DefaultConfig().OverlayEnv(mapEnv(map[string]string{"BROKER": kind}))
-	require.NoError(t, err)
-	require.NoError(t, c.Validate(), "Validate leaves a kind it does not know to the Registry")
+	// Validate and the constructors run the kind's own Validate.
+	for _, err := range []error{c.Validate(), func() error { _, err := brokers.NewPublisher(c, nil); return err }()} {
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, "options", ce.Field)
+		require.ErrorContains(t, err, "region is required")
+	}
 
-	// The Registry runs the kind's own Validate before building.
-	_, err = reg.NewPublisher(c, nil)
-	var ce *framework.ConfigError
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "options", ce.Field)
-	require.ErrorContains(t, err, "region is required")
-
-	// The package-level functions know the built-in kinds only.
 	c.Options = map[string]string{"region": "eu"}
-	_, err = brokers.NewPublisher(c, nil)
-	require.ErrorIs(t, err, brokers.ErrInvalidKind)
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "BROKER", ce.Field, "named by the variable it came from")
-
-	pub, err := reg.NewPublisher(c, nil)
+	require.NoError(t, c.Validate())
+	pub, err := brokers.NewPublisher(c, nil)
 	require.NoError(t, err)
-	sub, err := reg.NewSubscriber(c, nil)
+	sub, err := brokers.NewSubscriber(c, nil)
 	require.NoError(t, err)
 	require.Equal(t, "eu", gotRegion)
 
@@ -86,55 +86,55 @@ func TestRegisterCustomKind(t *testing.T) {
 	}
 }
 
-func TestRegisterErrors(t *testing.T) {
+// TestRegisterPanics: Register panics on a malformed name, an incomplete
+// Factory and a name that is taken, like database/sql.Register.
+func TestRegisterPanics(t *testing.T) {
 	t.Parallel()
 	ok := brokers.Factory{
 		NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) { return nil, nil },
 		NewPublisher:  func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) { return nil, nil },
 	}
-	reg := brokers.NewRegistry()
+	panicValue := func(kind string, f brokers.Factory) (v any) {
+		defer func() { v = recover() }()
+		brokers.Register(kind, f)
+		return nil
+	}
 	for _, name := range []string{"", "Upper", "has space", "-lead", string(make([]byte, 64))} {
-		err := reg.Register(name, ok)
+		err, isErr := panicValue(name, ok).(error)
+		require.True(t, isErr, "%q", name)
 		require.ErrorIs(t, err, brokers.ErrInvalidKind, "%q", name)
 		var ce *framework.ConfigError
 		require.ErrorAs(t, err, &ce, "%q", name)
 		require.Equal(t, "kind", ce.Field)
 	}
-	require.ErrorIs(t, reg.Register(uniqueKind(t), brokers.Factory{}), brokers.ErrInvalidKind)
+	err, isErr := panicValue(uniqueKind(t), brokers.Factory{}).(error)
+	require.True(t, isErr)
+	require.ErrorIs(t, err, brokers.ErrInvalidKind)
 	for _, builtin := range []string{"amqp", "kafka", "gochannel"} {
-		require.ErrorIs(t, reg.Register(builtin, ok), brokers.ErrKindRegistered)
+		require.Equal(t, "brokers: Register called twice for kind "+builtin, panicValue(builtin, ok))
 	}
 	kind := uniqueKind(t)
-	require.NoError(t, reg.Register(kind, ok))
-	require.ErrorIs(t, reg.Register(kind, ok), brokers.ErrKindRegistered)
-
-	// Registries are independent: another one may use the same name.
-	require.NoError(t, brokers.NewRegistry().Register(kind, ok))
-	var zero brokers.Registry
-	require.NoError(t, zero.Register(kind, ok), "the zero Registry is usable")
-	require.ErrorIs(t, zero.Register("amqp", ok), brokers.ErrKindRegistered, "and knows the built-in kinds")
+	require.Nil(t, panicValue(kind, ok))
+	require.NotNil(t, panicValue(kind, ok))
 }
 
-// TestRegistryConcurrent: registering and building at once is safe (run
+// TestRegisterConcurrent: registering and building at once is safe (run
 // with -race).
-func TestRegistryConcurrent(t *testing.T) {
+func TestRegisterConcurrent(t *testing.T) {
 	t.Parallel()
-	reg := brokers.NewRegistry()
 	ok := brokers.Factory{
 		NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) { return nil, nil },
 		NewPublisher:  func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) { return nil, nil },
 	}
 	var wg sync.WaitGroup
-	for i := range 8 {
+	for range 8 {
 		wg.Go(func() {
-			kind := fmt.Sprintf("k%d", i)
-			if err := reg.Register(kind, ok); err != nil {
+			kind := uniqueKind(t)
+			brokers.Register(kind, ok)
+			if _, err := brokers.NewPublisher(brokers.Config{Kind: kind}, nil); err != nil {
 				t.Error(err)
 			}
-			if _, err := reg.NewPublisher(brokers.Config{Kind: kind}, nil); err != nil {
-				t.Error(err)
-			}
-			_, _ = reg.NewSubscriber(brokers.Config{Kind: "unknown"}, nil) // reads while others write
+			_, _ = brokers.NewSubscriber(brokers.Config{Kind: "unknown"}, nil) // reads while others write
 		})
 	}
 	wg.Wait()
@@ -145,15 +145,14 @@ func TestFactoryErrorWrapped(t *testing.T) {
 	t.Parallel()
 	cause := errors.New("boom")
 	kind := uniqueKind(t)
-	reg := brokers.NewRegistry()
-	require.NoError(t, reg.Register(kind, brokers.Factory{
+	brokers.Register(kind, brokers.Factory{
 		NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) { return nil, cause },
 		NewPublisher:  func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) { return nil, cause },
-	}))
-	_, err := reg.NewSubscriber(brokers.Config{Kind: kind}, nil)
+	})
+	_, err := brokers.NewSubscriber(brokers.Config{Kind: kind}, nil)
 	require.ErrorIs(t, err, cause)
 	require.ErrorContains(t, err, kind)
-	_, err = reg.NewPublisher(brokers.Config{Kind: kind}, nil)
+	_, err = brokers.NewPublisher(brokers.Config{Kind: kind}, nil)
 	require.ErrorIs(t, err, cause)
 }
 

@@ -10,8 +10,8 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Importing the package makes the "amqp" kind available to every
-// brokers.Registry, the way a user's adapter registers its own kind: a
+// Importing the package makes the "amqp" kind available to
+// brokers.Config.Validate, NewSubscriber and NewPublisher, the way a user's adapter registers its own kind: a
 // program that never imports it does not link the AMQP client.
 func init() {
 	brokers.Register(brokers.KindAMQP, brokers.Factory{

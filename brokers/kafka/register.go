@@ -12,8 +12,8 @@ import (
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
-// Importing the package makes the "kafka" kind available to every
-// brokers.Registry, the way a user's adapter registers its own kind: a
+// Importing the package makes the "kafka" kind available to
+// brokers.Config.Validate, NewSubscriber and NewPublisher, the way a user's adapter registers its own kind: a
 // program that never imports it links neither Sarama nor franz-go.
 // brokers.Config.Validate checks the kafka section, so there is no
 // Validate here.

@@ -13,7 +13,7 @@ import (
 )
 
 // TestPubSubConformance runs Watermill's Pub/Sub suite against the adapter
-// as a user builds it (a Registry with the nats kind, options in
+// as a user builds it (the nats kind, options in
 // brokers.Config), on the local NATS:
 //
 //   - concurrency1: one queue subscription and max_ack_pending 1, so the
@@ -68,10 +68,9 @@ func runSuite(t *testing.T, opts []string, features tests.Features) {
 		return prefix + "-" + string(tctx.TestID)
 	}
 	build := func(t *testing.T, cfg brokers.Config) (message.Publisher, message.Subscriber) {
-		r := registry(t)
-		pub, err := r.NewPublisher(cfg, nil)
+		pub, err := brokers.NewPublisher(cfg, nil)
 		require.NoError(t, err)
-		sub, err := r.NewSubscriber(cfg, nil)
+		sub, err := brokers.NewSubscriber(cfg, nil)
 		require.NoError(t, err)
 		mu.Lock()
 		closers = append(closers, pub, sub)

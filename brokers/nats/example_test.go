@@ -15,8 +15,8 @@ import (
 	_ "github.com/claimtx/claimtx/brokers/nats"
 )
 
-// Importing the package registers the kind "nats": a Registry then builds
-// its subscribers and publishers from a brokers.Config (BROKER=nats with
+// Importing the package registers the kind "nats": package brokers then
+// builds its subscribers and publishers from a brokers.Config (BROKER=nats with
 // NATS_URL, NATS_DURABLE, ... through brokers.LoadConfig). The topic's
 // stream is created on first use.
 func Example() {
@@ -25,12 +25,11 @@ func Example() {
 	prefix := examplePrefix() // isolates this run's subjects and streams
 	defer dropExampleStreams(prefix)
 
-	reg := brokers.NewRegistry()
 	cfg := brokers.Config{Kind: brokers.KindNATS, Options: map[string]string{
 		"url": exampleURL(), "durable": "loyalty", "subject_prefix": prefix,
 	}}
 
-	pub, err := reg.NewPublisher(cfg, nil)
+	pub, err := brokers.NewPublisher(cfg, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -41,7 +40,7 @@ func Example() {
 		panic(err)
 	}
 
-	sub, err := reg.NewSubscriber(cfg, nil)
+	sub, err := brokers.NewSubscriber(cfg, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -57,7 +56,7 @@ func Example() {
 
 	// Unknown options are refused, so a typo does not become a default.
 	cfg.Options["ackwait"] = "5s"
-	_, err = reg.NewSubscriber(cfg, nil)
+	_, err = brokers.NewSubscriber(cfg, nil)
 	fmt.Println(err)
 	// Output:
 	// m1 {"order_id":9912} evt-42 1
@@ -67,8 +66,7 @@ func Example() {
 
 // Its settings are checked before anything connects.
 func Example_validation() {
-	reg := brokers.NewRegistry()
-	_, err := reg.NewSubscriber(brokers.Config{Kind: brokers.KindNATS, Options: map[string]string{"url": exampleURL()}}, nil)
+	_, err := brokers.NewSubscriber(brokers.Config{Kind: brokers.KindNATS, Options: map[string]string{"url": exampleURL()}}, nil)
 	fmt.Println(err)
 	// Output:
 	// claimtx: config field "options.durable": is required to subscribe: the JetStream durable consumer name, one per service

@@ -72,16 +72,9 @@ func config(opts ...string) brokers.Config {
 	return c
 }
 
-func registry(t *testing.T) *brokers.Registry {
-	t.Helper()
-	r := brokers.NewRegistry()
-	// The package registered "nats" when it was imported.
-	return r
-}
-
 func newPublisher(t *testing.T, cfg brokers.Config) message.Publisher {
 	t.Helper()
-	pub, err := registry(t).NewPublisher(cfg, nil)
+	pub, err := brokers.NewPublisher(cfg, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	return pub
@@ -89,7 +82,7 @@ func newPublisher(t *testing.T, cfg brokers.Config) message.Publisher {
 
 func newSubscriber(t *testing.T, cfg brokers.Config) message.Subscriber {
 	t.Helper()
-	sub, err := registry(t).NewSubscriber(cfg, nil)
+	sub, err := brokers.NewSubscriber(cfg, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	return sub

@@ -8,15 +8,15 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Importing the package makes the "nats" kind available to every
-// brokers.Registry, like brokers/amqp and brokers/kafka: a program that
+// Importing the package makes the "nats" kind available to
+// brokers.Config.Validate, NewSubscriber and NewPublisher, like brokers/amqp and brokers/kafka: a program that
 // never imports it does not link nats.go.
 func init() { brokers.Register(brokers.KindNATS, factory()) }
 
 // factory is the adapter's Factory. Its settings are read from
 // Config.Options, as the package documentation lists; its Validate refuses
 // a bad one with a *framework.ConfigError naming "options.<key>", which
-// brokers.Registry renames to the environment variable when the value came
+// package brokers renames to the environment variable when the value came
 // from one.
 func factory() brokers.Factory {
 	return brokers.Factory{

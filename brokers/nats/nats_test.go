@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
 )
@@ -141,7 +142,7 @@ func TestCloseHandsBack(t *testing.T) {
 	pub := newPublisher(t, cfg)
 	require.NoError(t, pub.Publish(topic, message.NewMessage("a", []byte("a")), message.NewMessage("b", []byte("b"))))
 
-	sub1, err := registry(t).NewSubscriber(cfg, nil)
+	sub1, err := brokers.NewSubscriber(cfg, nil)
 	require.NoError(t, err)
 	msgs1, err := sub1.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
@@ -397,7 +398,7 @@ func TestStreamsRequire(t *testing.T) {
 func TestHealth(t *testing.T) {
 	t.Parallel()
 	requireNATS(t)
-	sub, err := registry(t).NewSubscriber(config("durable=svc"), nil)
+	sub, err := brokers.NewSubscriber(config("durable=svc"), nil)
 	require.NoError(t, err)
 	check := observe.SubscriberConnected(sub)
 	require.NotNil(t, check)
@@ -420,7 +421,7 @@ func TestDialGivesUp(t *testing.T) {
 		min, max time.Duration
 	}{{"1s", 500 * time.Millisecond, 5 * time.Second}, {"-1s", 0, time.Second}} {
 		start := time.Now()
-		_, err = registry(t).NewPublisher(config("url=nats://"+addr, "dial_timeout="+tc.timeout), nil)
+		_, err = brokers.NewPublisher(config("url=nats://"+addr, "dial_timeout="+tc.timeout), nil)
 		took := time.Since(start)
 		require.ErrorContains(t, err, "connect to NATS")
 		require.ErrorIs(t, err, natsgo.ErrNoServers)
@@ -434,7 +435,7 @@ func TestDialGivesUp(t *testing.T) {
 // messages), and the error names the option before anything connects.
 func TestDurableRequiredToSubscribe(t *testing.T) {
 	t.Parallel()
-	_, err := registry(t).NewSubscriber(config("url=nats://127.0.0.1:1"), nil)
+	_, err := brokers.NewSubscriber(config("url=nats://127.0.0.1:1"), nil)
 	requireField(t, err, "options.durable")
 	require.ErrorContains(t, err, "required to subscribe")
 }

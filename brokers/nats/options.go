@@ -73,7 +73,7 @@ type settings struct {
 }
 
 // optErr is a *framework.ConfigError about option key. Its Field is the
-// YAML path "options.<key>"; brokers.Registry renames it to the variable
+// YAML path "options.<key>"; package brokers renames it to the variable
 // (NATS_<KEY>) when the value came from the environment.
 func optErr(key, format string, args ...any) error {
 	return &framework.ConfigError{Field: "options." + key, Reason: fmt.Sprintf(format, args...)}

@@ -227,15 +227,13 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if cfg.Key == "" {
 		cfg.Key = defaultKey
 	}
-	// The registry knows the kinds of the adapters imported above, so
-	// BROKER=nats selects NATS JetStream.
-	registry := brokers.NewRegistry()
-	cfg.Brokers = registry
+	// The adapters imported above register their kinds, so BROKER=nats
+	// selects NATS JetStream.
 	cfg.Broker = natsDefaults(cfg.Broker, cfg.Name)
-	// A registered kind's settings (NATS_*) are checked by the registry,
-	// not by the configuration loader: check them before connecting
-	// anywhere too.
-	if err := registry.Validate(cfg.Broker); err != nil {
+	// A registered kind's settings (NATS_*) are checked by Validate, not
+	// by the configuration loader: check them before connecting anywhere
+	// too.
+	if err := cfg.Broker.Validate(); err != nil {
 		return err
 	}
 	if cfg.DatabaseURL == "" {
@@ -403,7 +401,7 @@ func batchOptions() (consumer.BatchOptions, error) {
 // newBatch builds the batch consumer (consumer.NewBatch). Without a window
 // set in the environment (AMQP_WINDOW / KAFKA_WINDOW), it sets the window to
 // workers × batch size, what the batches need to fill up.
-func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptions) (*consumer.BatchConsumer, error) {
+func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptions) (*consumer.Consumer, error) {
 	window := opts.Workers * opts.MaxSize
 	if cfg.Broker.AMQP.Window == 0 {
 		cfg.Broker.AMQP.Window = window

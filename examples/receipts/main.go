@@ -70,10 +70,8 @@ type settings struct {
 	providerAddr  string
 	providerURL   string
 	crash         string
-	broker        brokers.Config
-	// brokers builds broker clients: the built-in kinds and NATS
-	// JetStream (BROKER=nats), a registered kind.
-	brokers *brokers.Registry
+	// broker may name NATS JetStream (BROKER=nats), a registered kind.
+	broker brokers.Config
 }
 
 func env(name, def string) string {
@@ -107,10 +105,9 @@ func loadSettings() (settings, error) {
 	if err != nil {
 		return s, err
 	}
-	s.brokers = brokers.NewRegistry()
-	// A registered kind's settings are checked by the registry: before
-	// anything connects.
-	return s, s.brokers.Validate(s.broker)
+	// A registered kind's settings are checked by Validate, not by the
+	// loader: before anything connects.
+	return s, s.broker.Validate()
 }
 
 // storeConfig names claimtx's schema; the example's own tables live in the

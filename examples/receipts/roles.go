@@ -17,6 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/middleware"
@@ -150,7 +151,6 @@ func runOrders(ctx context.Context, logger *slog.Logger, s settings) error {
 		Pool:      pool,
 		Store:     s.storeConfig(),
 		Broker:    s.brokerFor(ordersConsumer),
-		Brokers:   s.brokers,
 		OnOutcome: logOutcome(logger),
 		Logger:    logger,
 	}, requestReceipt(st, s.receiptsTopic))
@@ -176,7 +176,6 @@ func runSender(ctx context.Context, logger *slog.Logger, s settings) error {
 		Pool:      pool,
 		Store:     s.storeConfig(),
 		Broker:    s.brokerFor(senderConsumer),
-		Brokers:   s.brokers,
 		OnOutcome: logOutcome(logger),
 		Logger:    logger,
 	}, sendReceipt(client, s.providerURL, s.crash == crashAfterCall, logger))
@@ -210,7 +209,7 @@ func runRelay(ctx context.Context, logger *slog.Logger, s settings) error {
 	}
 	defer pool.Close()
 	wlog := watermill.NewSlogLogger(logger)
-	pub, err := s.brokers.NewPublisher(s.broker, wlog)
+	pub, err := brokers.NewPublisher(s.broker, wlog)
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -26,7 +27,7 @@ func runPublish(ctx context.Context, logger *slog.Logger, s settings, args []str
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	pub, err := s.brokers.NewPublisher(s.broker, watermill.NewSlogLogger(logger))
+	pub, err := brokers.NewPublisher(s.broker, watermill.NewSlogLogger(logger))
 	if err != nil {
 		return err
 	}

@@ -39,16 +39,9 @@ type BatchOptions struct {
 	Poison middleware.Poison
 }
 
-// BatchConsumer is the batch counterpart of Consumer, built by NewBatch
-// from the same Config: the same store, broker clients, poison topic and
-// metrics, with batches of messages applied by a set-wise handler.
-type BatchConsumer struct {
-	*parts
-	batches batchRunner
-}
-
-// NewBatch validates cfg, connects and migrates like New, for a consumer
-// that applies batches of up to opts.MaxSize messages in one claim
+// NewBatch validates cfg, connects and migrates like New, for a Consumer
+// with the same store, broker clients, poison topic and metrics that
+// applies batches of up to opts.MaxSize messages in one claim
 // transaction each (middleware.Batch): handler is called once per batch
 // with its newly claimed messages, then every message is acked (applied
 // or duplicate), poisoned or nacked. opts.Poison defaults to cfg's poison
@@ -68,12 +61,12 @@ type BatchConsumer struct {
 // then nacked, permanent ones are poisoned, handler errors and panics are
 // retried HandlerRetries times (from RetryInitialInterval) and then
 // poisoned; a shutdown drains as Config.DrainTimeout says.
-func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (*BatchConsumer, error) {
+func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (*Consumer, error) {
 	c, err := newBatch(ctx, cfg, handler, opts)
 	return c, cfg.named(err)
 }
 
-func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (_ *BatchConsumer, err error) {
+func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (_ *Consumer, err error) {
 	if handler == nil {
 		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
@@ -158,15 +151,8 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	if err := r.init(); err != nil {
 		return nil, err
 	}
-	return &BatchConsumer{parts: p, batches: r}, nil
-}
-
-// Run consumes in batches until ctx is cancelled or Close is called, then
-// shuts down gracefully: no new batch starts, the batches in flight get
-// Config.DrainTimeout to commit and be acked, the rest is cancelled and
-// nacked, never poisoned.
-func (c *BatchConsumer) Run(ctx context.Context) error {
-	return c.run(ctx, c.batches.run)
+	r.running = make(chan struct{})
+	return &Consumer{parts: p, batches: &r}, nil
 }
 
 // batchRunner consumes topic from sub in batches, each applied by process
@@ -188,6 +174,8 @@ type batchRunner struct {
 	// poison publishes a copy of the message with the reason; nil when no
 	// poison destination is configured.
 	poison func(*message.Message, error) error
+	// running is closed once the subscription exists (Consumer.Running).
+	running chan struct{}
 }
 
 // init applies the defaults of opts and builds the poison route.
@@ -232,6 +220,7 @@ func (r batchRunner) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	close(r.running) // Run runs once (parts.run)
 	// One collector fills batches and hands each to whichever worker is
 	// free: while every worker is busy the batch in hand keeps growing up
 	// to MaxSize, so batches are large exactly when the consumer is

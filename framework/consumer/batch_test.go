@@ -209,6 +209,11 @@ func TestNewBatch(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
+	select {
+	case <-c.Running(): // a batch consumer signals readiness like New's
+	case <-time.After(30 * time.Second):
+		t.Fatal("Running not closed")
+	}
 	m := awaitPoisoned(t, poisoned, 30*time.Second, "bad message not poisoned")
 	require.Contains(t, m.Metadata.Get(middleware.PoisonReasonKey), "not valid JSON")
 	require.Eventually(t, func() bool {

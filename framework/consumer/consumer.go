@@ -22,6 +22,7 @@ import (
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/config"
+	"github.com/claimtx/claimtx/internal/metrics"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/middleware"
@@ -63,13 +64,11 @@ type Config struct {
 	DatabaseURL string
 	// Store names claimtx's schema and tables. Defaults to store.Config{}.
 	Store store.Config
-	// Broker selects and configures the broker. Defaults to brokers'
-	// defaults (RabbitMQ on localhost).
+	// Broker selects and configures the broker: one of the kinds linked
+	// into the program (the adapters it imports, and your own registered
+	// with brokers.Register), so BROKER can name them. Defaults to
+	// brokers' defaults (RabbitMQ on localhost).
 	Broker brokers.Config
-	// Brokers builds the clients of Broker.Kind: a registry holding your
-	// own adapters (brokers.Registry.Register), so BROKER can name them.
-	// Defaults to the built-in kinds (amqp, kafka, gochannel).
-	Brokers *brokers.Registry
 	// Extractors resolves Key: a registry holding your own key extractors
 	// (framework.Registry.RegisterKey), so a spec can name them. Defaults
 	// to the built-in extractors.
@@ -254,22 +253,16 @@ func (c Config) validate() error {
 	if err := c.Store.Validate(); err != nil {
 		return err
 	}
-	return c.brokers().Validate(c.Broker)
+	return c.Broker.Validate()
 }
 
-// brokers is Brokers or the built-in kinds.
-func (c Config) brokers() *brokers.Registry {
-	if c.Brokers != nil {
-		return c.Brokers
-	}
-	return brokers.NewRegistry()
-}
-
-// Consumer is a running (or runnable) claimtx consumer.
+// Consumer is a running (or runnable) claimtx consumer, built by New (one
+// message per claim transaction) or NewBatch (batches).
 type Consumer struct {
 	*parts
-	router  *message.Router
-	drainer *drainer
+	router  *message.Router // New's
+	drainer *drainer        // New's
+	batches *batchRunner    // NewBatch's
 }
 
 // parts is what New and NewBatch build alike from a Config: the pool, the
@@ -282,7 +275,7 @@ type parts struct {
 	sub       message.Subscriber
 	pub       message.Publisher
 	wlog      watermill.LoggerAdapter
-	metrics   *observe.Metrics
+	metrics   *metrics.Metrics
 	report    func(middleware.Result)
 	claim     middleware.Claim
 	health    observe.Health
@@ -384,17 +377,17 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	p.checkDeadLetterPrivileges(ctx)
 	// Warn lets the brokers' start-up loops log what they wait for at WARN.
 	p.wlog = newSlogAdapter(cfg.Logger)
-	if p.sub, err = connectBroker(ctx, func() (message.Subscriber, error) { return cfg.brokers().NewSubscriber(cfg.Broker, p.wlog) }); err != nil {
+	if p.sub, err = connectBroker(ctx, func() (message.Subscriber, error) { return brokers.NewSubscriber(cfg.Broker, p.wlog) }); err != nil {
 		return nil, err
 	}
-	if p.pub, err = connectBroker(ctx, func() (message.Publisher, error) { return cfg.brokers().NewPublisher(cfg.Broker, p.wlog) }); err != nil {
+	if p.pub, err = connectBroker(ctx, func() (message.Publisher, error) { return brokers.NewPublisher(cfg.Broker, p.wlog) }); err != nil {
 		return nil, err
 	}
 	if err := declareQueues(cfg, p.sub); err != nil {
 		return nil, err
 	}
 	if cfg.Registerer != nil {
-		if p.metrics, err = observe.NewMetrics(cfg.Registerer); err != nil {
+		if p.metrics, err = metrics.New(cfg.Registerer); err != nil {
 			return nil, err
 		}
 	}
@@ -659,10 +652,14 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 }
 
 // Run consumes until ctx is cancelled or Close is called, then shuts down
-// gracefully: no new message starts, the ones in flight get
+// gracefully: no new message (or batch) starts, the ones in flight get
 // Config.DrainTimeout to commit and be acked, the rest is cancelled and
-// nacked (see Config.DrainTimeout). It returns once that is done.
+// nacked, never poisoned (see Config.DrainTimeout). It returns once that
+// is done.
 func (c *Consumer) Run(ctx context.Context) error {
+	if c.batches != nil {
+		return c.run(ctx, c.batches.run)
+	}
 	return c.run(ctx, c.consume)
 }
 
@@ -732,10 +729,15 @@ func retryable(err error) bool {
 	return !framework.IsPermanent(err) && !store.IsTransient(err)
 }
 
-// Running is closed once the router consumes: the subscription exists,
+// Running is closed once the consumer consumes: the subscription exists,
 // so messages published from then on reach this consumer (a readiness
 // signal).
-func (c *Consumer) Running() chan struct{} { return c.router.Running() }
+func (c *Consumer) Running() chan struct{} {
+	if c.batches != nil {
+		return c.batches.running
+	}
+	return c.router.Running()
+}
 
 // Health returns the readiness check (database, migrations and, where the
 // broker client reports it, the broker connection) as an http.Handler.

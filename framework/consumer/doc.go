@@ -95,7 +95,7 @@
 //
 // # Batches
 //
-// NewBatch builds, from the same Config, a BatchConsumer that applies up to
+// NewBatch builds, from the same Config, a Consumer that applies up to
 // BatchOptions.MaxSize messages in one claim transaction each, with a set
 // handler (middleware.SetHandlerFunc) called once for the newly claimed
 // messages of a batch, and the same failure and shutdown policy. Give the

@@ -11,6 +11,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/replay"
 )
 
 // horizonInterval is how often a running consumer compares its claim
@@ -37,7 +38,7 @@ type horizon struct {
 // configured (claims are kept until someone removes them; the consumer
 // cannot know when) or a subscriber that cannot tell its horizon.
 func newHorizon(p *parts) (*horizon, error) {
-	if _, ok, _ := brokers.ReplayHorizon(context.Background(), p.sub); p.cfg.Retention <= 0 || !ok {
+	if _, ok, _ := replay.Horizon(context.Background(), p.sub); p.cfg.Retention <= 0 || !ok {
 		return nil, nil
 	}
 	h := &horizon{p: p}
@@ -61,7 +62,7 @@ func newHorizon(p *parts) (*horizon, error) {
 // horizon exceeds the retention and strict is set.
 func (h *horizon) check(ctx context.Context, strict bool) error {
 	cfg := h.p.cfg
-	longest, _, err := brokers.ReplayHorizon(ctx, h.p.sub, cfg.Topic, cfg.PoisonTopic)
+	longest, _, err := replay.Horizon(ctx, h.p.sub, cfg.Topic, cfg.PoisonTopic)
 	if err != nil {
 		// Not knowing is not a finding: log it and keep the last one.
 		cfg.Logger.Warn("claimtx: cannot read the broker's replay horizon", "consumer", cfg.Name, "error", err.Error())
@@ -78,7 +79,7 @@ func (h *horizon) check(ctx context.Context, strict bool) error {
 		h.warning.Store(nil)
 		return nil
 	}
-	shown := brokers.FormatHorizon(longest)
+	shown := replay.Format(longest)
 	// Retention always comes with the expiry guard (New requires
 	// Claim.EventTime), so such a message is not applied twice: it is
 	// dead-lettered, which is what the operator should hear about now.

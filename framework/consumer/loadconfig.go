@@ -402,12 +402,12 @@ func (c Config) String() string {
 		"Claim:{Key:%s Mode:%q Isolation:%q MaxClaimWait:%s MaxAttempts:%d InitialBackoff:%s MaxBackoff:%s EventTime:%s "+
 		"AllowBrokerEventTime:%t Fingerprint:%t PoisonMemo:%t CommittedKeys:%d CommittedKeysTTL:%s NoPositions:%t ReplayBelowPositions:%t OutboxTopic:%q KeyPolicy:%+v} "+
 		"HandlerRetries:%d RetryInitialInterval:%s HandlerTimeout:%s DrainTimeout:%s StartupTimeout:%s Broker:%s "+
-		"Brokers:%s Extractors:%s OnOutcome:%s Registerer:%s Tracer:%s Logger:%s}",
+		"Extractors:%s OnOutcome:%s Registerer:%s Tracer:%s Logger:%s}",
 		c.Name, c.Topic, c.PoisonTopic, c.Key, c.EventTime, c.Retention, config.RedactDSN(c.DatabaseURL), set(c.Pool != nil), c.Store,
 		set(cl.Key != nil), cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set(cl.EventTime != nil),
 		cl.AllowBrokerEventTime, cl.Fingerprint, cl.PoisonMemo, cl.CommittedKeys, cl.CommittedKeysTTL, cl.NoPositions, cl.ReplayBelowPositions, cl.OutboxTopic, cl.KeyPolicy,
 		c.HandlerRetries, c.RetryInitialInterval, c.HandlerTimeout, c.DrainTimeout, c.StartupTimeout, c.Broker,
-		set(c.Brokers != nil), set(c.Extractors != nil), set(c.OnOutcome != nil), set(c.Registerer != nil), set(c.Tracer != nil), set(c.Logger != nil))
+		set(c.Extractors != nil), set(c.OnOutcome != nil), set(c.Registerer != nil), set(c.Tracer != nil), set(c.Logger != nil))
 }
 
 // GoString makes %#v redact too.

@@ -471,21 +471,20 @@ func TestShutdownWithAStuckSubscription(t *testing.T) {
 	kind := "stuck" + randHex()[:8]
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) })
-	reg := brokers.NewRegistry()
-	require.NoError(t, reg.Register(kind, brokers.Factory{
+	brokers.Register(kind, brokers.Factory{
 		NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) {
 			return stuckSubscriber{release}, nil
 		},
 		NewPublisher: func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) {
 			return nopPublisher{}, nil
 		},
-	}))
+	})
 	pool, schema := testenv.Setup(t, 2)
 	bcfg := brokers.Config{}
 	bcfg.Kind = kind
 	c, err := consumer.New(t.Context(), consumer.Config{
 		Name: "stuck", Topic: "orders", Key: "metadata:event_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: bcfg, Brokers: reg, Logger: slog.New(slog.DiscardHandler),
+		Store: store.Config{Schema: schema}, Broker: bcfg, Logger: slog.New(slog.DiscardHandler),
 	}, func(context.Context, pgx.Tx, *message.Message) error { return nil })
 	require.NoError(t, err)
 	cancel, wait := start(c)

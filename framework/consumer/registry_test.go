@@ -19,9 +19,9 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// A user's own broker adapter and key extractor reach a consumer through
-// the registries in its Config, not through package-level state: the kind
-// and the spec name them as BROKER and KEY would.
+// A user's own broker adapter, registered with brokers.Register, and key
+// extractor, in the registry of its Config, reach a consumer: the kind and
+// the spec name them as BROKER and KEY would.
 func TestRegistriesInConfig(t *testing.T) {
 	t.Parallel()
 	pool, schema := testenv.Setup(t, 4)
@@ -33,17 +33,19 @@ func TestRegistriesInConfig(t *testing.T) {
 	// The adapter: a GoChannel under another name, counting what it builds.
 	inner := goChannel(schema)
 	built := 0
-	adapters := brokers.NewRegistry()
-	require.NoError(t, adapters.Register("inhouse", brokers.Factory{
-		NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) {
-			built++
-			return brokers.NewSubscriber(inner, nil)
-		},
-		NewPublisher: func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) {
-			built++
-			return brokers.NewPublisher(inner, nil)
-		},
-	}))
+	kind := "inhouse-" + randHex()[:8]
+	register := func() {
+		brokers.Register(kind, brokers.Factory{
+			NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) {
+				built++
+				return brokers.NewSubscriber(inner, nil)
+			},
+			NewPublisher: func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) {
+				built++
+				return brokers.NewPublisher(inner, nil)
+			},
+		})
+	}
 	// The extractor: "order:FIELD" keys by a payload field under a prefix.
 	extractors := framework.NewRegistry()
 	require.NoError(t, extractors.RegisterKey("order", func(arg string) (framework.KeyFunc, error) {
@@ -60,8 +62,8 @@ func TestRegistriesInConfig(t *testing.T) {
 	rec := &recorder{got: map[framework.Outcome]int{}}
 	cfg := consumer.Config{
 		Name: "inhouse", Topic: "orders", Key: "order:order_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: brokers.Config{Kind: "inhouse"},
-		Brokers: adapters, Extractors: extractors, Logger: slog.New(slog.DiscardHandler),
+		Store: store.Config{Schema: schema}, Broker: brokers.Config{Kind: kind},
+		Extractors: extractors, Logger: slog.New(slog.DiscardHandler),
 		OnOutcome: rec.on,
 	}
 	handler := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
@@ -69,18 +71,17 @@ func TestRegistriesInConfig(t *testing.T) {
 		return err
 	}
 
-	// Without the registries the same Config names an unknown extractor
-	// and then an unknown kind.
+	// Before the kind is registered the Config names an unknown kind;
+	// without the registry, an unknown extractor.
+	_, err = consumer.New(ctx, cfg, handler)
+	require.ErrorIs(t, err, brokers.ErrInvalidKind)
+	register()
 	without := cfg
 	without.Extractors = nil
 	_, err = consumer.New(ctx, without, handler)
 	var ce *framework.ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.Contains(t, err.Error(), "order")
-	without = cfg
-	without.Brokers = nil
-	_, err = consumer.New(ctx, without, handler)
-	require.ErrorIs(t, err, brokers.ErrInvalidKind)
 	require.Zero(t, built)
 
 	c, err := consumer.New(ctx, cfg, handler)

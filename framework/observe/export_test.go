@@ -1,7 +1,9 @@
 package observe
 
+import "github.com/claimtx/claimtx/internal/metrics"
+
 // Exported for the black-box tests only.
 var (
-	Names   = names
+	Names   = metrics.Names
 	KeyHash = keyHash
 )

@@ -13,12 +13,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Defaults. Each Options field's documentation repeats the value;
-// framework/cmd/devkafka shows the exported ones as its flags' defaults.
+// Defaults. Each Options field's documentation states the value, and
+// framework/cmd/devkafka's flags repeat those of Partitions and
+// GroupMinSessionTimeout.
 const (
 	defaultAddr                   = "127.0.0.1:0"
-	DefaultPartitions             = 10
-	DefaultGroupMinSessionTimeout = 100 * time.Millisecond
+	defaultPartitions             = 10
+	defaultGroupMinSessionTimeout = 100 * time.Millisecond
 	defaultEvictionMargin         = time.Second
 	defaultEvictionPollInterval   = 250 * time.Millisecond
 )
@@ -75,10 +76,10 @@ func (o Options) withDefaults() Options {
 		o.Addr = defaultAddr
 	}
 	if o.GroupMinSessionTimeout == 0 {
-		o.GroupMinSessionTimeout = DefaultGroupMinSessionTimeout
+		o.GroupMinSessionTimeout = defaultGroupMinSessionTimeout
 	}
 	if o.Partitions == 0 {
-		o.Partitions = DefaultPartitions
+		o.Partitions = defaultPartitions
 	}
 	if o.evictionMargin == 0 {
 		o.evictionMargin = defaultEvictionMargin

@@ -7,6 +7,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
+	"github.com/claimtx/claimtx/internal/replay"
 )
 
 // horizonReport compares a consumer's claim retention with how old a
@@ -33,7 +34,7 @@ func replayHorizon(ctx context.Context, cfg brokers.Config, topic, poison string
 		return horizonReport{}, err
 	}
 	defer func() { _ = sub.Close() }()
-	longest, ok, err := brokers.ReplayHorizon(ctx, sub, topic, poison)
+	longest, ok, err := replay.Horizon(ctx, sub, topic, poison)
 	if err != nil {
 		return horizonReport{}, err
 	}
@@ -47,7 +48,7 @@ func replayHorizon(ctx context.Context, cfg brokers.Config, topic, poison string
 }
 
 func (r horizonReport) String() string {
-	h := brokers.FormatHorizon(r.ReplayHorizon)
+	h := replay.Format(r.ReplayHorizon)
 	if !r.Unbounded {
 		h = opfmt.FormatDuration(r.ReplayHorizon) // "1d", as the flags take it
 	}

@@ -63,8 +63,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", defaultAddr(getenv), "host:port to listen on and advertise (default: first of KAFKA_BROKERS)")
 	dataDir := fs.String("data-dir", getenv("DEVKAFKA_DATA_DIR"), "directory to keep topics, offsets and groups in across restarts (default: DEVKAFKA_DATA_DIR; empty: memory only)")
-	partitions := fs.Int("partitions", kafkatest.DefaultPartitions, "partitions of auto-created topics")
-	minSession := fs.Duration("min-session-timeout", kafkatest.DefaultGroupMinSessionTimeout, "smallest consumer group session timeout accepted")
+	// kafkatest.Options' defaults, spelt out so -help shows them.
+	partitions := fs.Int("partitions", 10, "partitions of auto-created topics")
+	minSession := fs.Duration("min-session-timeout", 100*time.Millisecond, "smallest consumer group session timeout accepted")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

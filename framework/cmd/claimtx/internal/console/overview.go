@@ -20,6 +20,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/poison"
+	"github.com/claimtx/claimtx/internal/replay"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -400,7 +401,7 @@ func (c *Console) horizonBadge(ctx context.Context, name string) badge {
 	}
 	hz := "unknown"
 	if h.known {
-		hz = brokers.FormatHorizon(h.horizon)
+		hz = replay.Format(h.horizon)
 		if h.horizon != brokers.UnboundedHorizon {
 			hz = opfmt.FormatDuration(h.horizon)
 		}
@@ -436,7 +437,7 @@ func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
 	bcfg.AMQP.DialTimeout, bcfg.Kafka.DialTimeout = c.cfg.QueryTimeout, c.cfg.QueryTimeout
 	sub, err := brokers.NewSubscriber(bcfg, nil)
 	if err == nil {
-		h.horizon, h.known, err = brokers.ReplayHorizon(ctx, sub, cs.Topic, cs.PoisonTopic)
+		h.horizon, h.known, err = replay.Horizon(ctx, sub, cs.Topic, cs.PoisonTopic)
 		_ = sub.Close()
 	}
 	if err != nil {

@@ -1,4 +1,4 @@
-package brokers_test
+package replay_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/internal/replay"
 )
 
 type horizonSub struct {
@@ -25,22 +26,22 @@ func (s horizonSub) ReplayHorizon(_ context.Context, topic string) (time.Duratio
 	return d, nil
 }
 
-// TestReplayHorizon: the longest horizon of the topics, or not known.
-func TestReplayHorizon(t *testing.T) {
+// TestHorizon: the longest horizon of the topics, or not known.
+func TestHorizon(t *testing.T) {
 	t.Parallel()
 	sub := horizonSub{horizons: map[string]time.Duration{"a": time.Hour, "b": brokers.UnboundedHorizon, "c": 2 * time.Hour}}
-	d, ok, err := brokers.ReplayHorizon(t.Context(), sub, "a", "c")
+	d, ok, err := replay.Horizon(t.Context(), sub, "a", "c")
 	require.NoError(t, err)
 	require.True(t, ok)
 	require.Equal(t, 2*time.Hour, d)
-	d, _, err = brokers.ReplayHorizon(t.Context(), sub, "a", "b")
+	d, _, err = replay.Horizon(t.Context(), sub, "a", "b")
 	require.NoError(t, err)
-	require.Equal(t, "unbounded", brokers.FormatHorizon(d))
-	_, ok, err = brokers.ReplayHorizon(t.Context(), sub, "x")
+	require.Equal(t, "unbounded", replay.Format(d))
+	_, ok, err = replay.Horizon(t.Context(), sub, "x")
 	require.True(t, ok)
 	require.Error(t, err)
-	_, ok, err = brokers.ReplayHorizon(t.Context(), horizonSub{}.Subscriber, "a")
+	_, ok, err = replay.Horizon(t.Context(), horizonSub{}.Subscriber, "a")
 	require.False(t, ok)
 	require.NoError(t, err)
-	require.Equal(t, "1h0m0s", brokers.FormatHorizon(time.Hour))
+	require.Equal(t, "1h0m0s", replay.Format(time.Hour))
 }

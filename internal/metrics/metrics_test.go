@@ -1,4 +1,4 @@
-package observe_test
+package metrics_test
 
 import (
 	"strings"
@@ -8,15 +8,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/framework/observe"
+	"github.com/claimtx/claimtx/internal/metrics"
 )
 
 // A series that does not exist reads as "no data" on a dashboard, not 0:
 // InitConsumer must create every outcome and retry cause up front, and
-// every metric NewMetrics registers must then be exported.
+// every metric New registers must then be exported.
 func TestInitConsumerExportsZeroSeries(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := observe.NewMetrics(reg)
+	m, err := metrics.New(reg)
 	require.NoError(t, err)
 	m.InitConsumer("loyalty", "loyalty")
 
@@ -45,7 +45,7 @@ func TestInitConsumerExportsZeroSeries(t *testing.T) {
 	// The Kafka position series are per topic and partition, which only
 	// the subscriber knows: they appear with the first position.
 	var want []string
-	for _, n := range observe.Names() {
+	for _, n := range metrics.Names() {
 		if !strings.HasPrefix(n, "claimtx_kafka_position") {
 			want = append(want, n)
 		}

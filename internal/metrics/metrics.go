@@ -1,0 +1,229 @@
+// Package metrics is the Prometheus side of framework/observe.Metrics:
+// the collectors and every hook that records into them. observe.Metrics
+// exports what a router of your own wires (InitConsumer, OnOutcome,
+// OnRetry); framework/consumer uses the rest, which only its bookkeeping
+// calls.
+package metrics
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/middleware"
+)
+
+// Metric names, listed in the package documentation and
+// docs/observability.md; the dashboard test checks
+// docs/grafana-dashboard.json against them.
+const (
+	metricMessages            = namespace + "_messages_total"
+	metricFingerprintMismatch = namespace + "_fingerprint_mismatch_total"
+	metricRetries             = namespace + "_retries_total"
+	metricClaimWait           = namespace + "_claim_wait_seconds"
+	metricTransaction         = namespace + "_transaction_seconds"
+	metricPoisonMemoErrors    = namespace + "_poison_memo_errors_total"
+	metricPoisonRefused       = namespace + "_poison_refused_total"
+	metricPositionsSkipped    = namespace + "_kafka_positions_skipped_total"
+	metricPosition            = namespace + "_kafka_position"
+)
+
+// namespace prefixes every metric claimtx registers, Watermill's router
+// metrics included when framework/consumer registers them
+// (claimtx_handler_execution_time_seconds, …), so that one prefix finds
+// them all and they cannot collide with another router's in the process.
+const namespace = "claimtx"
+
+// retryCauseHandler is the claimtx_retries_total cause of an in-process
+// retry of a message whose handler failed (consumer.Config.HandlerRetries);
+// the other causes label transient database failures (middleware.TxRetry.Cause).
+const retryCauseHandler = "handler"
+
+// outcomes and retryCauses are the label values InitConsumer creates
+// ahead of their first event.
+var (
+	outcomes = []framework.Outcome{framework.Applied, framework.Duplicate, framework.Failed, framework.Poisoned, framework.Expired}
+	// Only transient causes are retried (store.IsTransient).
+	retryCauses = []string{
+		pg.Serialization.String(), pg.Deadlock.String(),
+		pg.ClaimWait.String(), pg.Connection.String(), retryCauseHandler,
+	}
+	// The fallbacks of a refused poisoned copy (middleware.PoisonRefusal),
+	// "" labelled fallbackNone.
+	fallbacks = []string{"smaller_copy", "dead_letter_table", fallbackNone}
+)
+
+// fallbackNone labels a refused poisoned copy that went nowhere: the
+// original was nacked.
+const fallbackNone = "none"
+
+// Metrics records claimtx's outcomes in Prometheus. Labels are the consumer
+// name, the Watermill handler name, the outcome and the retry cause; never
+// the key, whose cardinality is unbounded.
+type Metrics struct {
+	messages    *prometheus.CounterVec
+	mismatch    *prometheus.CounterVec
+	retries     *prometheus.CounterVec
+	claimWait   *prometheus.HistogramVec
+	transaction *prometheus.HistogramVec
+	memoErrors  *prometheus.CounterVec
+	refused     *prometheus.CounterVec
+	skipped     *prometheus.CounterVec
+	position    *prometheus.GaugeVec
+}
+
+// New registers claimtx's collectors on reg. Registering twice on one
+// registerer is an error (prometheus.AlreadyRegisteredError), as
+// Prometheus requires.
+func New(reg prometheus.Registerer) (*Metrics, error) {
+	if reg == nil {
+		return nil, &framework.ConfigError{Field: "Registerer", Reason: "must not be nil"}
+	}
+	// Claim waits are usually sub-millisecond; a wait behind a twin lasts
+	// as long as the twin's transaction, up to the claim wait (5 s).
+	waitBuckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
+	m := &Metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricMessages,
+			Help: "Messages settled (acked or nacked), one final outcome each: applied, duplicate, failed (nacked), poisoned or expired (dead-lettered).",
+		}, []string{"consumer", "handler", "outcome"}),
+		mismatch: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricFingerprintMismatch,
+			Help: "Duplicates whose payload fingerprint differs from the original's: a producer or key-derivation bug.",
+		}, []string{"consumer", "handler"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricRetries,
+			Help: "Retries by cause: transient failures of the claim transaction (serialization, deadlock, claim_wait, connection) and in-process retries of failed handlers (handler).",
+		}, []string{"consumer", "cause"}),
+		claimWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    metricClaimWait,
+			Help:    "Time BEGIN and the claim statement took (one round trip), including any wait for a pool connection or behind an uncommitted twin.",
+			Buckets: waitBuckets,
+		}, []string{"consumer"}),
+		transaction: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    metricTransaction,
+			Help:    "Time from key derivation to commit or rollback, retries included.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"consumer", "outcome"}),
+		memoErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricPoisonMemoErrors,
+			Help: "Poisoned messages whose poison memo could not be recorded (the copy is in the poison destination; the next delivery runs the handler again).",
+		}, []string{"consumer"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricPoisonRefused,
+			Help: "Poisoned copies the broker refused for good (too large, not allowed, no such destination), by where the message went instead: smaller_copy (a copy with a shorter reason was published), dead_letter_table (recorded in Postgres, original acked) or none (nacked; it comes back).",
+		}, []string{"consumer", "fallback"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricPositionsSkipped,
+			Help: "Kafka partitions started at the position stored with the claims because the group's offset was below it (a crash before the offset commit, a group reset or deletion, a rewind): the records in between were skipped as settled.",
+		}, []string{"consumer", "topic", "partition"}),
+		position: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: metricPosition,
+			Help: "Kafka position stored with the claims: the offset below which every record of the partition is settled (applied, duplicate or poisoned).",
+		}, []string{"consumer", "topic", "partition"}),
+	}
+	for _, c := range []prometheus.Collector{m.messages, m.mismatch, m.retries, m.claimWait, m.transaction, m.memoErrors, m.refused, m.skipped, m.position} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("claimtx: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// InitConsumer creates the series of one consumer (and Watermill handler
+// name; "" in batch mode) at zero: every outcome, every retry cause, the
+// fingerprint mismatches and the histograms. A counter vector exports a
+// series only once it has a label set, so without this a dashboard shows
+// "no data" instead of 0 until the first event, and rate() over a series
+// that appears mid-window misses its first increment. framework/consumer
+// calls it when a consumer is built.
+func (m *Metrics) InitConsumer(consumer, handler string) {
+	for _, o := range outcomes {
+		m.messages.WithLabelValues(consumer, handler, string(o))
+	}
+	for _, o := range []framework.Outcome{framework.Applied, framework.Duplicate, framework.Failed} {
+		m.transaction.WithLabelValues(consumer, string(o))
+	}
+	for _, c := range retryCauses {
+		m.retries.WithLabelValues(consumer, c)
+	}
+	m.mismatch.WithLabelValues(consumer, handler)
+	m.claimWait.WithLabelValues(consumer)
+	m.memoErrors.WithLabelValues(consumer)
+	for _, f := range fallbacks {
+		m.refused.WithLabelValues(consumer, f)
+	}
+}
+
+// OnOutcome records one Result; call it once per settled message (see
+// docs/observability.md: the claim middleware's own OnOutcome fires once
+// per pass, which in-process retries repeat).
+func (m *Metrics) OnOutcome(r middleware.Result) {
+	handler := ""
+	if r.Message != nil {
+		handler = message.HandlerNameFromCtx(r.Message.Context())
+	}
+	m.messages.WithLabelValues(r.Consumer, handler, string(r.Outcome)).Inc()
+	if r.Outcome == framework.Applied || r.Outcome == framework.Duplicate || r.Outcome == framework.Failed {
+		// Poisoned/expired results are reported outside the claim and
+		// carry no timings of their own.
+		if r.Attempts > 0 {
+			m.claimWait.WithLabelValues(r.Consumer).Observe(r.ClaimWait.Seconds())
+		}
+		m.transaction.WithLabelValues(r.Consumer, string(r.Outcome)).Observe(r.Duration.Seconds())
+	}
+	if r.Outcome == framework.Duplicate && r.FingerprintMismatch {
+		m.mismatch.WithLabelValues(r.Consumer, handler).Inc()
+	}
+}
+
+// OnRetry records one retried transient failure; use it as
+// middleware.Claim.OnRetry.
+func (m *Metrics) OnRetry(r middleware.TxRetry) {
+	m.retries.WithLabelValues(r.Consumer, r.Cause).Inc()
+}
+
+// OnHandlerRetry records one in-process retry of a message whose handler
+// failed, as cause retryCauseHandler.
+func (m *Metrics) OnHandlerRetry(consumer string) {
+	m.retries.WithLabelValues(consumer, retryCauseHandler).Inc()
+}
+
+// OnPoisonMemoError records a poisoned message whose poison memo could
+// not be written (middleware.Claim.PoisonMemo); framework/consumer calls
+// it.
+func (m *Metrics) OnPoisonMemoError(consumer string) {
+	m.memoErrors.WithLabelValues(consumer).Inc()
+}
+
+// OnPoisonRefused records a poisoned copy the broker refused for good,
+// with fallback, middleware.PoisonRefusal.Fallback, saying where the
+// message went instead ("" is labelled "none"); framework/consumer calls
+// it.
+func (m *Metrics) OnPoisonRefused(consumer, fallback string) {
+	if fallback == "" {
+		fallback = fallbackNone
+	}
+	m.refused.WithLabelValues(consumer, fallback).Inc()
+}
+
+// OnPositionSkipped records a Kafka partition started at its stored
+// position, past the group's offset; framework/consumer calls it.
+func (m *Metrics) OnPositionSkipped(consumer, topic string, partition int32) {
+	m.skipped.WithLabelValues(consumer, topic, strconv.Itoa(int(partition))).Inc()
+}
+
+// SetPosition exports a stored Kafka position; framework/consumer calls
+// it as it reads them (every 15 s while it runs).
+func (m *Metrics) SetPosition(consumer, topic string, partition int32, settledBelow int64) {
+	m.position.WithLabelValues(consumer, topic, strconv.Itoa(int(partition))).Set(float64(settledBelow))
+}
+
+// Names lists every metric name New registers.
+func Names() []string {
+	return []string{metricMessages, metricFingerprintMismatch, metricRetries, metricClaimWait, metricTransaction, metricPoisonMemoErrors, metricPoisonRefused, metricPositionsSkipped, metricPosition}
+}

@@ -1,0 +1,48 @@
+// Package replay asks a subscriber for its replay horizon, for
+// framework/consumer's retention check and the claimtx command's reports.
+// The contract an adapter implements, the method ReplayHorizon and
+// brokers.UnboundedHorizon, is package brokers'; only the asking is here.
+package replay
+
+import (
+	"context"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/brokers"
+)
+
+// reporter is what a subscriber implements to tell its replay horizon;
+// brokers/amqp and brokers/kafka do, and so may a user's adapter.
+type reporter interface {
+	ReplayHorizon(ctx context.Context, topic string) (time.Duration, error)
+}
+
+// Horizon returns the longest replay horizon of topics on sub: how old a
+// message can be when the broker still delivers it, which a consumer
+// compares with how long it keeps claims (framework/consumer's
+// Config.Retention; `claimtx stats` and the console show it too). ok is
+// false when sub cannot tell: it has no ReplayHorizon method.
+func Horizon(ctx context.Context, sub message.Subscriber, topics ...string) (longest time.Duration, ok bool, err error) {
+	r, ok := sub.(reporter)
+	if !ok {
+		return 0, false, nil
+	}
+	for _, t := range topics {
+		d, err := r.ReplayHorizon(ctx, t)
+		if err != nil {
+			return 0, true, err
+		}
+		longest = max(longest, d)
+	}
+	return longest, true, nil
+}
+
+// Format prints a replay horizon: "unbounded" or the duration.
+func Format(d time.Duration) string {
+	if d == brokers.UnboundedHorizon {
+		return "unbounded"
+	}
+	return d.String()
+}
