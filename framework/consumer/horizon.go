@@ -11,7 +11,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/replay"
+	"github.com/claimtx/claimtx/framework/internal/replay"
 )
 
 // horizonInterval is how often a running consumer compares its claim

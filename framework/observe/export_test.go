@@ -1,6 +1,6 @@
 package observe
 
-import "github.com/claimtx/claimtx/internal/metrics"
+import "github.com/claimtx/claimtx/framework/internal/metrics"
 
 // Exported for the black-box tests only.
 var (

@@ -3,7 +3,7 @@ package observe
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/claimtx/claimtx/internal/metrics"
+	"github.com/claimtx/claimtx/framework/internal/metrics"
 	"github.com/claimtx/claimtx/middleware"
 )
 

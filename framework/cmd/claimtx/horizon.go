@@ -7,7 +7,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
-	"github.com/claimtx/claimtx/internal/replay"
+	"github.com/claimtx/claimtx/framework/internal/replay"
 )
 
 // horizonReport compares a consumer's claim retention with how old a

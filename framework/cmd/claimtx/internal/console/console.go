@@ -1,6 +1,6 @@
 // Package console is the web console of `claimtx console`: a small
 // server-rendered site over the operator tooling (framework/cmd/claimtx/internal/explain,
-// framework/cmd/claimtx/internal/dlq, internal/poison, internal/replay) for one claim table.
+// framework/cmd/claimtx/internal/dlq, internal/poison, framework/internal/replay) for one claim table.
 //
 // Pages are html/template with an embedded stylesheet and no JavaScript:
 // the chart is SVG drawn in Go, a running replay refreshes its page with a

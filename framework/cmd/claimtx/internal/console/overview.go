@@ -19,8 +19,8 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
+	"github.com/claimtx/claimtx/framework/internal/replay"
 	"github.com/claimtx/claimtx/internal/poison"
-	"github.com/claimtx/claimtx/internal/replay"
 	"github.com/claimtx/claimtx/store"
 )
 

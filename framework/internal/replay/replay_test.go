@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/internal/replay"
+	"github.com/claimtx/claimtx/framework/internal/replay"
 )
 
 type horizonSub struct {

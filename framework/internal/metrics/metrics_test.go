@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/metrics"
+	"github.com/claimtx/claimtx/framework/internal/metrics"
 )
 
 // A series that does not exist reads as "no data" on a dashboard, not 0:
