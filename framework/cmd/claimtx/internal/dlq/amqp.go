@@ -17,7 +17,7 @@ import (
 )
 
 // Defaults of the amqp.Config fields this package reads, for a Config
-// that did not come through brokers.ConfigFromEnv (which writes them out).
+// that did not come through brokers.LoadConfig (which writes them out).
 const (
 	defaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/" //nolint:gosec // RabbitMQ's stock local account, not a secret
 	defaultDialTimeout = 30 * time.Second
