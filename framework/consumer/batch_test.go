@@ -21,7 +21,6 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -54,11 +53,7 @@ func TestBatchOverBrokers(t *testing.T) {
 }
 
 func testBatchOverBrokers(t *testing.T, broker string, window int, setWise bool, minBatch int) {
-	pool, schema := testenv.Setup(t, 8)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
-	require.NoError(t, err)
+	pool, schema, ctx, cancel := effectsDB(t, 8, "order_id bigint NOT NULL")
 
 	topic := "batch-test-" + randHex()
 	cfg := brokers.Config{}
@@ -164,11 +159,7 @@ func testBatchOverBrokers(t *testing.T, broker string, window int, setWise bool,
 // metrics.
 func TestNewBatch(t *testing.T) {
 	t.Parallel()
-	pool, schema := testenv.Setup(t, 8)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
-	require.NoError(t, err)
+	pool, schema, ctx, cancel := effectsDB(t, 8, "order_id bigint NOT NULL")
 	topic := "newbatch-" + randHex()
 	bcfg := brokers.Config{}
 	bcfg.AMQP.Window = 256

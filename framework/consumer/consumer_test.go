@@ -83,11 +83,7 @@ func ordersTwice(n int, bad string) []*message.Message {
 // the reason, and a failing handler is retried then poisoned.
 func TestComposedRouter(t *testing.T) {
 	t.Parallel()
-	pool, schema := testenv.Setup(t, 8)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id bigint NOT NULL)")
-	require.NoError(t, err)
+	pool, schema, ctx, cancel := effectsDB(t, 8, "order_id bigint NOT NULL")
 
 	bcfg := goChannel(schema)
 	rec := &recorder{got: map[framework.Outcome]int{}}
@@ -113,18 +109,11 @@ func TestComposedRouter(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 
-	pub, err := brokers.NewPublisher(bcfg, watermill.NopLogger{})
-	require.NoError(t, err)
-	defer pub.Close()
-	sub, err := brokers.NewSubscriber(bcfg, watermill.NopLogger{})
-	require.NoError(t, err)
-	defer sub.Close()
+	pub, sub := pubSub(t, bcfg)
 	poisoned, err := sub.Subscribe(ctx, "orders.poison")
 	require.NoError(t, err)
 
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	<-c.Running()
+	done := runUntilCancel(ctx, c)
 
 	publish := func(payload string) {
 		require.NoError(t, pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte(payload))))

@@ -32,11 +32,7 @@ import (
 // met no twin and was applied a second time.
 func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 	t.Parallel()
-	pool, schema := testenv.Setup(t, 4)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	_, err := pool.Exec(ctx, "CREATE TABLE effects (event_id text NOT NULL)")
-	require.NoError(t, err)
+	pool, schema, ctx, cancel := effectsDB(t, 4, "event_id text NOT NULL")
 	st, err := store.New(pool, store.Config{Schema: schema})
 	require.NoError(t, err)
 	require.NoError(t, st.Migrate(ctx))
@@ -144,9 +140,7 @@ func TestBrokerEventTimeForExpiryGuardOnly(t *testing.T) {
 	}, func(context.Context, pgx.Tx, *message.Message) error { return nil })
 	require.NoError(t, err)
 	defer c.Close()
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	<-c.Running()
+	done := runUntilCancel(ctx, c)
 	cancel()
 	require.NoError(t, <-done)
 }

@@ -11,10 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -23,11 +21,7 @@ import (
 // outcome Expired and not applied; a current one is applied.
 func TestExpiredReplayIsPoisoned(t *testing.T) {
 	t.Parallel()
-	pool, schema := testenv.Setup(t, 4)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	_, err := pool.Exec(ctx, "CREATE TABLE effects (k text NOT NULL)")
-	require.NoError(t, err)
+	pool, schema, ctx, cancel := effectsDB(t, 4, "k text NOT NULL")
 	bcfg := goChannel(schema)
 	eventTime, err := framework.ParseTimeSpec("metadata:event_time")
 	require.NoError(t, err)
@@ -42,18 +36,11 @@ func TestExpiredReplayIsPoisoned(t *testing.T) {
 	})
 	require.NoError(t, err)
 	defer c.Close()
-	sub, err := brokers.NewSubscriber(bcfg, watermill.NopLogger{})
-	require.NoError(t, err)
-	defer sub.Close()
+	pub, sub := pubSub(t, bcfg)
 	poisoned, err := sub.Subscribe(ctx, "orders.poison")
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	<-c.Running()
+	done := runUntilCancel(ctx, c)
 
-	pub, err := brokers.NewPublisher(bcfg, watermill.NopLogger{})
-	require.NoError(t, err)
-	defer pub.Close()
 	old := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	old.Metadata.Set("event_id", "old")
 	old.Metadata.Set("event_time", time.Now().Add(-40*24*time.Hour).UTC().Format(time.RFC3339))

@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/testenv"
@@ -73,12 +72,7 @@ func TestPoisonedCopiesAreStamped(t *testing.T) {
 				run, closeIt = c.Run, c.Close
 			}
 			defer func() { _ = closeIt() }()
-			pub, err := brokers.NewPublisher(bcfg, watermill.NopLogger{})
-			require.NoError(t, err)
-			defer pub.Close()
-			sub, err := brokers.NewSubscriber(bcfg, watermill.NopLogger{})
-			require.NoError(t, err)
-			defer sub.Close()
+			pub, sub := pubSub(t, bcfg)
 			poisoned, err := sub.Subscribe(ctx, "orders.poison")
 			require.NoError(t, err)
 

@@ -24,11 +24,7 @@ import (
 // the spec name them as BROKER and KEY would.
 func TestRegistriesInConfig(t *testing.T) {
 	t.Parallel()
-	pool, schema := testenv.Setup(t, 4)
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	_, err := pool.Exec(ctx, "CREATE TABLE effects (order_id text NOT NULL)")
-	require.NoError(t, err)
+	pool, schema, ctx, cancel := effectsDB(t, 4, "order_id text NOT NULL")
 
 	// The adapter: a GoChannel under another name, counting what it builds.
 	inner := goChannel(schema)
@@ -73,7 +69,7 @@ func TestRegistriesInConfig(t *testing.T) {
 
 	// Before the kind is registered the Config names an unknown kind;
 	// without the registry, an unknown extractor.
-	_, err = consumer.New(ctx, cfg, handler)
+	_, err := consumer.New(ctx, cfg, handler)
 	require.ErrorIs(t, err, brokers.ErrInvalidKind)
 	register()
 	without := cfg
@@ -87,9 +83,7 @@ func TestRegistriesInConfig(t *testing.T) {
 	c, err := consumer.New(ctx, cfg, handler)
 	require.NoError(t, err)
 	defer c.Close()
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	<-c.Running()
+	done := runUntilCancel(ctx, c)
 	require.Equal(t, 2, built) // subscriber and poison publisher
 
 	pub, err := brokers.NewPublisher(inner, nil)

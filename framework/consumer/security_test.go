@@ -64,11 +64,7 @@ func TestHostileIdentifiersRefused(t *testing.T) {
 // executed.
 func TestHostileConsumerNameAndKeyAreData(t *testing.T) {
 	t.Parallel()
-	pool, schema := testenv.Setup(t, 4)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	_, err := pool.Exec(ctx, "CREATE TABLE effects (k text NOT NULL)")
-	require.NoError(t, err)
+	pool, schema, ctx, cancel := effectsDB(t, 4, "k text NOT NULL")
 
 	name := `loyalty'); DROP TABLE effects; --`
 	key := `k'); DELETE FROM effects; --`
@@ -83,9 +79,7 @@ func TestHostileConsumerNameAndKeyAreData(t *testing.T) {
 		})
 	require.NoError(t, err)
 	defer c.Close()
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	<-c.Running()
+	done := runUntilCancel(ctx, c)
 
 	pub, err := brokers.NewPublisher(bcfg, watermill.NopLogger{})
 	require.NoError(t, err)
