@@ -35,11 +35,7 @@ func settledBelow(t *testing.T, r kafkarecord.Record, settling ...int64) int64 {
 func TestSettledBelowOutOfOrderAcks(t *testing.T) {
 	t.Parallel()
 	const n = 5
-	b := startBroker(t)
-	cfg := testConfig(t, b)
-	cfg.Window = n
-	topic := createTopic(t, b, 1)
-	produce(t, cfg, topic, n)
+	_, cfg, topic := windowTopic(t, n, 1, n)
 
 	sub, msgs := subscribe(t, cfg, topic)
 	defer closeSub(t, sub)

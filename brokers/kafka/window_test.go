@@ -31,6 +31,19 @@ func createTopic(t *testing.T, b *kafkatest.Broker, partitions int32) string {
 	return topic
 }
 
+// windowTopic is the opening of most window tests: a broker, a config
+// handing out up to window records unacked, and a topic of the given
+// partitions already holding produced records.
+func windowTopic(t *testing.T, window int, partitions int32, produced int) (*kafkatest.Broker, kafka.Config, string) {
+	t.Helper()
+	b := startBroker(t)
+	cfg := testConfig(t, b)
+	cfg.Window = window
+	topic := createTopic(t, b, partitions)
+	produce(t, cfg, topic, produced)
+	return b, cfg, topic
+}
+
 func newAdmin(t *testing.T, b *kafkatest.Broker) *kadm.Client {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs()...))
@@ -119,11 +132,7 @@ func closeSub(t *testing.T, sub *kafka.Subscriber) {
 func TestWindowHoldsWindow(t *testing.T) {
 	t.Parallel()
 	const n = 5
-	b := startBroker(t)
-	cfg := testConfig(t, b)
-	cfg.Window = n
-	topic := createTopic(t, b, 1)
-	produce(t, cfg, topic, 3*n)
+	_, cfg, topic := windowTopic(t, n, 1, 3*n)
 
 	sub, msgs := subscribe(t, cfg, topic)
 	defer closeSub(t, sub)
@@ -156,11 +165,7 @@ func TestWindowHoldsWindow(t *testing.T) {
 func TestWindowOutOfOrderAcks(t *testing.T) {
 	t.Parallel()
 	const n = 5
-	b := startBroker(t)
-	cfg := testConfig(t, b)
-	cfg.Window = n
-	topic := createTopic(t, b, 1)
-	produce(t, cfg, topic, n)
+	b, cfg, topic := windowTopic(t, n, 1, n)
 	adm := newAdmin(t, b)
 
 	sub, msgs := subscribe(t, cfg, topic)
@@ -191,12 +196,8 @@ func TestWindowOutOfOrderAcks(t *testing.T) {
 func TestWindowNack(t *testing.T) {
 	t.Parallel()
 	const n = 4
-	b := startBroker(t)
-	cfg := testConfig(t, b)
-	cfg.Window = n
+	b, cfg, topic := windowTopic(t, n, 1, n+2)
 	cfg.NackDelay = time.Second
-	topic := createTopic(t, b, 1)
-	produce(t, cfg, topic, n+2)
 	adm := newAdmin(t, b)
 
 	sub, msgs := subscribe(t, cfg, topic)
@@ -232,11 +233,7 @@ func TestWindowNack(t *testing.T) {
 func TestWindowRestart(t *testing.T) {
 	t.Parallel()
 	const n = 5
-	b := startBroker(t)
-	cfg := testConfig(t, b)
-	cfg.Window = n
-	topic := createTopic(t, b, 1)
-	produce(t, cfg, topic, 2*n)
+	b, cfg, topic := windowTopic(t, n, 1, 2*n)
 	adm := newAdmin(t, b)
 
 	sub1, msgs1 := subscribe(t, cfg, topic)
@@ -314,11 +311,7 @@ func TestWindowMetadataMatchesDefault(t *testing.T) {
 func TestWindowRebalance(t *testing.T) {
 	t.Parallel()
 	const total = 40
-	b := startBroker(t)
-	cfg := testConfig(t, b)
-	cfg.Window = 4
-	topic := createTopic(t, b, 4)
-	produce(t, cfg, topic, total)
+	b, cfg, topic := windowTopic(t, 4, 4, total)
 	adm := newAdmin(t, b)
 
 	var mu sync.Mutex
