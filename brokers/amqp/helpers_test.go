@@ -2,11 +2,7 @@ package amqp_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"os"
-	"regexp"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,19 +28,8 @@ func amqpURL() string {
 	return "amqp://guest:guest@127.0.0.1:5672/" // the adapter's default
 }
 
-var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
-
-// uniqueName returns a queue/topic name unique to this test and run, so
-// tests run in parallel and rerun on a dirty broker.
-func uniqueName(t *testing.T) string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := unsafeChars.ReplaceAllString(t.Name(), "_")
-	if len(name) > 80 {
-		name = name[len(name)-80:]
-	}
-	return "claimtx-test-" + strings.ToLower(name) + "-" + hex.EncodeToString(b)
-}
+// uniqueName returns a queue/topic name unique to this test and run.
+func uniqueName(t *testing.T) string { return testenv.UniqueName(t, 80) }
 
 // testConfig is a config for the shared RabbitMQ with short timings.
 func testConfig() amqp.Config {

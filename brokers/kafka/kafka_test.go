@@ -2,13 +2,9 @@ package kafka_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"io"
 	"net"
-	"regexp"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -31,18 +27,8 @@ func TestMain(m *testing.M) {
 	testenv.VerifyTestMain(m)
 }
 
-var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9_.-]+`)
-
 // uniqueName returns a topic/group name unique to this test and run.
-func uniqueName(t *testing.T) string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := unsafeChars.ReplaceAllString(t.Name(), "_")
-	if len(name) > 80 {
-		name = name[len(name)-80:]
-	}
-	return "claimtx-test-" + strings.ToLower(name) + "-" + hex.EncodeToString(b)
-}
+func uniqueName(t *testing.T) string { return testenv.UniqueName(t, 80) }
 
 // startBroker starts a dev broker on a free port for one test.
 func startBroker(t *testing.T) *kafkatest.Broker {

@@ -1,8 +1,6 @@
 package nats_test
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"net"
 	"os"
 	"regexp"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	_ "github.com/claimtx/claimtx/brokers/nats" // registers the kind
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // These tests use only what a user of the module can: the public brokers
@@ -49,15 +48,7 @@ func requireNATS(t *testing.T) {
 var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9_-]+`)
 
 // uniqueName is a topic/durable name unique to this test and run.
-func uniqueName(t *testing.T) string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	name := unsafeChars.ReplaceAllString(t.Name(), "_")
-	if len(name) > 60 {
-		name = name[len(name)-60:]
-	}
-	return "claimtx-test-" + strings.ToLower(name) + "-" + hex.EncodeToString(b)
-}
+func uniqueName(t *testing.T) string { return testenv.UniqueName(t, 60) }
 
 // config is a nats Config for the local server with short timings; opts
 // are "key=value" options on top.
