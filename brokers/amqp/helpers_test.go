@@ -2,6 +2,7 @@ package amqp_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"sync"
 	"testing"
@@ -164,4 +165,14 @@ func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *m
 		t.Fatalf("no message within %s", timeout)
 		return nil
 	}
+}
+
+// onlyDeath is the one x-death entry of a dead-lettered message, which
+// reaches the subscriber as JSON.
+func onlyDeath(t *testing.T, m *message.Message) map[string]any {
+	t.Helper()
+	var xdeath []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(m.Metadata.Get("x-death")), &xdeath), "x-death is carried as JSON")
+	require.Len(t, xdeath, 1)
+	return xdeath[0]
 }
