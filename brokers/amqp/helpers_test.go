@@ -157,14 +157,7 @@ func receiveAcked(t *testing.T, msgs <-chan *message.Message, n int) []string {
 // receive waits for one message or fails the test.
 func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
 	t.Helper()
-	select {
-	case m, ok := <-ch:
-		require.True(t, ok, "messages channel closed")
-		return m
-	case <-time.After(timeout):
-		t.Fatalf("no message within %s", timeout)
-		return nil
-	}
+	return testenv.Receive(t, ch, timeout)
 }
 
 // onlyDeath is the one x-death entry of a dead-lettered message, which

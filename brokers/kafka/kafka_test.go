@@ -63,16 +63,10 @@ func publish(t *testing.T, cfg kafka.Config, topic string, msgs ...*message.Mess
 	require.NoError(t, pub.Publish(topic, msgs...))
 }
 
+// receive waits for one message or fails the test.
 func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
 	t.Helper()
-	select {
-	case m, ok := <-ch:
-		require.True(t, ok, "messages channel closed")
-		return m
-	case <-time.After(timeout):
-		t.Fatalf("no message within %s", timeout)
-		return nil
-	}
+	return testenv.Receive(t, ch, timeout)
 }
 
 // TestPubSubConformance runs Watermill's Pub/Sub suite against the Kafka

@@ -105,16 +105,10 @@ func deleteStreams(js natsgo.JetStreamContext, prefixes ...string) {
 	}
 }
 
-func receive(t *testing.T, msgs <-chan *message.Message, within time.Duration) *message.Message {
+// receive waits for one message or fails the test.
+func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
 	t.Helper()
-	select {
-	case m, ok := <-msgs:
-		require.True(t, ok, "subscription closed")
-		return m
-	case <-time.After(within):
-		require.FailNow(t, "no message", "within %s", within)
-		return nil
-	}
+	return testenv.Receive(t, ch, timeout)
 }
 
 func requireNothing(t *testing.T, msgs <-chan *message.Message, d time.Duration, why string) {
