@@ -192,9 +192,7 @@ func TestFailurePolicySameInBothModes(t *testing.T) {
 // schema with an effects table, and its own topic on a plain broker client.
 func effectsFixture(t *testing.T, kind, prefix string) (pool *pgxpool.Pool, schema, topic string, rb *rawBroker) {
 	t.Helper()
-	pool, schema = testenv.Setup(t, 8)
-	_, err := pool.Exec(t.Context(), "CREATE TABLE effects (order_id bigint NOT NULL)")
-	require.NoError(t, err)
+	pool, schema, _, _ = effectsDB(t, 8, "order_id bigint NOT NULL")
 	topic = prefix + "-" + randHex()
 	return pool, schema, topic, newRawBroker(t, kind, topic)
 }

@@ -92,9 +92,7 @@ func TestFailurePolicyOnQuorumQueues(t *testing.T) {
 	for _, mode := range []string{"message", "batch"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
-			pool, schema := testenv.Setup(t, 8)
-			_, err := pool.Exec(t.Context(), "CREATE TABLE effects (order_id bigint NOT NULL)")
-			require.NoError(t, err)
+			pool, schema, _, _ := effectsDB(t, 8, "order_id bigint NOT NULL")
 			topic := "quorum-policy-" + mode + "-" + randHex()
 			rb := newQuorumRawBroker(t, topic, 5, nil)
 			runFailurePolicy(t, mode, pool, schema, topic, rb)
@@ -146,9 +144,7 @@ func TestQuorumPoisonQueueDeclaredAtStart(t *testing.T) {
 // first's uncommitted claim and becomes a duplicate when it commits.
 func TestQuorumTwins(t *testing.T) {
 	t.Parallel()
-	pool, schema := testenv.Setup(t, 8)
-	_, err := pool.Exec(t.Context(), "CREATE TABLE effects (order_id bigint NOT NULL)")
-	require.NoError(t, err)
+	pool, schema, _, _ := effectsDB(t, 8, "order_id bigint NOT NULL")
 	topic := "quorum-twins-" + randHex()
 	rb := newQuorumRawBroker(t, topic, 0, nil)
 
@@ -222,9 +218,7 @@ func TestQuorumTwins(t *testing.T) {
 // configured, and replaying that queue applies it once, keyed as before.
 func TestQuorumPoisonActsBeforeDeliveryLimit(t *testing.T) {
 	t.Parallel()
-	pool, schema := testenv.Setup(t, 8)
-	_, err := pool.Exec(t.Context(), "CREATE TABLE effects (order_id bigint NOT NULL)")
-	require.NoError(t, err)
+	pool, schema, _, _ := effectsDB(t, 8, "order_id bigint NOT NULL")
 	topic := "quorum-limit-" + randHex()
 	dlq := topic + ".dlq"
 	dl := map[string]any{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq}
