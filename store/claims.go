@@ -44,7 +44,7 @@ func (c claims) Following(ctx context.Context, consumer string, anchors []string
 }
 
 func (c claims) Positions() pg.Positions {
-	return positions{s: c.s, stmts: claimsql.PositionsFor(c.s.cfg.Schema)}
+	return positions{s: c.s, stmts: c.s.positions}
 }
 
 type positions struct {
@@ -69,15 +69,9 @@ func (p positions) Loader(consumer string) kafkarecord.Loader {
 }
 
 func (p positions) Lacking(ctx context.Context) ([]string, error) {
-	var lacking []string
-	for _, priv := range []string{"SELECT", "INSERT", "UPDATE"} {
-		var ok *bool
-		if err := p.s.pool.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), $2)", pg.Ident(p.s.cfg.Schema, "kafka_positions"), priv).Scan(&ok); err != nil {
-			return nil, fmt.Errorf("claimtx: check privileges on the Kafka positions table: %w", err)
-		}
-		if ok != nil && !*ok {
-			lacking = append(lacking, priv)
-		}
+	_, lacking, err := pg.Lacking(ctx, p.s.pool, pg.Ident(p.s.cfg.Schema, "kafka_positions"), "SELECT", "INSERT", "UPDATE")
+	if err != nil {
+		return nil, fmt.Errorf("claimtx: check privileges on the Kafka positions table: %w", err)
 	}
 	return lacking, nil
 }

@@ -16,8 +16,9 @@ type Store struct {
 	cfg   Config
 	names *pg.Names
 
-	claims *claimsql.Statements
-	outbox *outboxsql.Statements
+	claims    *claimsql.Statements
+	positions *claimsql.PositionStatements
+	outbox    *outboxsql.Statements
 }
 
 // New validates cfg and returns a Store using pool. It does not touch the
@@ -31,11 +32,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	}
 	cfg = cfg.withDefaults()
 	return &Store{
-		pool:   pool,
-		cfg:    cfg,
-		names:  pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable),
-		claims: claimsql.For(cfg.Schema, cfg.ClaimsTable),
-		outbox: outboxsql.For(cfg.Schema, cfg.OutboxTable),
+		pool:      pool,
+		cfg:       cfg,
+		names:     pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable),
+		claims:    claimsql.For(cfg.Schema, cfg.ClaimsTable),
+		positions: claimsql.PositionsFor(cfg.Schema),
+		outbox:    outboxsql.For(cfg.Schema, cfg.OutboxTable),
 	}, nil
 }
 

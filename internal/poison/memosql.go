@@ -190,15 +190,9 @@ func MemoTableExists(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 // INSERT, UPDATE, DELETE) the current role lacks on the memo table; ""
 // when it has them all (or the table does not exist: nothing to check).
 func MemoPrivileges(ctx context.Context, db DB, n *pg.Names, privileges ...string) (missing string, err error) {
-	var lacking []string
-	for _, p := range privileges {
-		var ok *bool
-		if err := db.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), $2)", n.Render("{schema}.{memo}"), p).Scan(&ok); err != nil {
-			return "", fmt.Errorf("claimtx: check privileges on the poison memo table: %w", err)
-		}
-		if ok != nil && !*ok {
-			lacking = append(lacking, p)
-		}
+	_, lacking, err := pg.Lacking(ctx, db, n.Render("{schema}.{memo}"), privileges...)
+	if err != nil {
+		return "", fmt.Errorf("claimtx: check privileges on the poison memo table: %w", err)
 	}
 	return strings.Join(lacking, ", "), nil
 }

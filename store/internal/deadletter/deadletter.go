@@ -36,11 +36,11 @@ type DB interface {
 // not applied) or the role lacks INSERT (a least-privilege consumer role
 // granted rights before the table existed).
 func CanRecord(ctx context.Context, db DB, n *pg.Names) (bool, error) {
-	var ok *bool
-	if err := db.QueryRow(ctx, "SELECT has_table_privilege(to_regclass($1), 'INSERT')", n.Render("{schema}.{dead_letter}")).Scan(&ok); err != nil {
+	exists, lacking, err := pg.Lacking(ctx, db, n.Render("{schema}.{dead_letter}"), "INSERT")
+	if err != nil {
 		return false, fmt.Errorf("claimtx: check privileges on the dead-letter table: %w", err)
 	}
-	return ok != nil && *ok, nil
+	return exists && len(lacking) == 0, nil
 }
 
 // Record inserts l and returns once the row is committed (an insert
