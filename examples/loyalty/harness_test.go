@@ -386,16 +386,7 @@ func (h *harness) deleteQueuesAtCleanup(queues ...string) {
 // exist.
 func (h *harness) queueDepth(queue string) int {
 	h.t.Helper()
-	ch, err := h.amqp().Channel()
-	require.NoError(h.t, err)
-	defer func() { _ = ch.Close() }()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	var aerr *amqp.Error
-	if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
-		return 0
-	}
-	require.NoError(h.t, err)
-	return q.Messages
+	return testenv.QueueDepth(h.t, h.amqp(), queue)
 }
 
 // queueStats asks rabbitmqctl for a queue's ready and unacknowledged

@@ -28,7 +28,9 @@ func TestLacking(t *testing.T) {
 	role := schema + "_reader"
 	_, err = pool.Exec(ctx, fmt.Sprintf("CREATE ROLE %[1]s; GRANT USAGE ON SCHEMA %[2]s TO %[1]s; GRANT SELECT ON %[3]s TO %[1]s", pg.Ident(role), pg.Ident(schema), table))
 	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = pool.Exec(context.Background(), "DROP OWNED BY "+pg.Ident(role)+"; DROP ROLE "+pg.Ident(role)) })
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+pg.Ident(role)+"; DROP ROLE "+pg.Ident(role))
+	})
 
 	exists, lacking, err = pg.Lacking(ctx, pool, table, "UPDATE", "SELECT", "INSERT")
 	require.NoError(t, err)

@@ -379,16 +379,7 @@ func (w *World) Depth(topic string) int {
 		})
 		return n
 	default:
-		ch, err := w.conn.Channel()
-		require.NoError(w.T, err)
-		defer func() { _ = ch.Close() }()
-		q, err := ch.QueueDeclarePassive(topic, true, false, false, false, nil)
-		var ae *amqp091.Error
-		if errors.As(err, &ae) && ae.Code == amqp091.NotFound {
-			return 0
-		}
-		require.NoError(w.T, err)
-		return q.Messages
+		return testenv.QueueDepth(w.T, w.conn, topic)
 	}
 }
 
