@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"math/bits"
 	"strconv"
-	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -21,6 +20,12 @@ import (
 // written with escapes on a path; a path that leads to no scalar). So
 // readFields must agree with the decoder only where it answers;
 // FuzzReadFields and TestReadFieldsRandomDocuments check that.
+//
+// Not a library: github.com/tidwall/gjson and github.com/buger/jsonparser
+// neither check UTF-8, nesting depth nor surrogate escapes, and take the
+// first of repeated member names where the decoder takes the last, so each
+// needs passes of its own around it; gjson so wrapped took twice this
+// reader's time (docs/benchmarks.md, "Key derivation per payload byte").
 
 // fieldPaths are the payload paths one KeyFunc or TimeFunc reads.
 type fieldPaths struct {
@@ -53,33 +58,9 @@ func newFieldPaths(paths ...[]string) *fieldPaths {
 	return fp
 }
 
-// jsonScalar is the value found at a path, as a span of the payload.
-type jsonScalar struct {
-	kind byte // 0: nothing found; 's', 'n', 't', 'f'; 'x': null, an object or an array
-	// esc reports whether a string has escapes to decode.
-	esc bool
-	// raw is a string's text between its quotes, or a number's literal.
-	raw []byte
-}
-
-// value is v as the decoder gives it (a string, a json.Number or a bool),
-// or !ok for a path that found nothing, null, an object or an array.
-func (v jsonScalar) value() (any, bool) {
-	switch v.kind {
-	case 's':
-		return v.text(), true
-	case 'n':
-		return json.Number(v.raw), true
-	case 't':
-		return true, true
-	case 'f':
-		return false, true
-	}
-	return nil, false
-}
-
-// fieldValue is what a path leads to: a value as descendJSON gives it, or
-// the reason it leads nowhere.
+// fieldValue is what a path leads to: a value as descendJSON gives it (a
+// string, a json.Number or a bool when readFields found it), or the reason
+// it leads nowhere.
 type fieldValue struct {
 	v      any
 	reason string
@@ -87,19 +68,10 @@ type fieldValue struct {
 
 // payloadValues fills out[i] with the value at fp.segs[i], or returns the
 // reason the payload cannot be read (decodePayload's). One pass when
-// readFields answers; the decoder otherwise.
+// readFields finds a scalar at every path; the decoder otherwise.
 func payloadValues(payload []byte, fp *fieldPaths, out []fieldValue) error {
-	if fp.idx != nil {
-		var buf [4]jsonScalar
-		var found []jsonScalar
-		if n := len(fp.segs); n > len(buf) {
-			found = make([]jsonScalar, n)
-		} else {
-			found = buf[:n]
-		}
-		if readFields(payload, fp, found) && scalars(found, out) {
-			return nil
-		}
+	if found, ok := readFields(payload, fp, out); ok && found == 1<<len(fp.segs)-1 {
+		return nil
 	}
 	doc, err := decodePayload(payload)
 	if err != nil {
@@ -111,90 +83,22 @@ func payloadValues(payload []byte, fp *fieldPaths, out []fieldValue) error {
 	return nil
 }
 
-// scalars converts what readFields found into out, or reports a path that
-// found no scalar (the decoder then says what it found).
-func scalars(found []jsonScalar, out []fieldValue) bool {
-	for i, f := range found {
-		v, ok := f.value()
-		if !ok {
-			return false
-		}
-		out[i] = fieldValue{v: v}
-	}
-	return true
-}
-
-// text is a string's value, its escapes decoded as encoding/json decodes
-// them. readFields accepted it, so every escape is well formed and every
-// surrogate escape paired.
-func (v jsonScalar) text() string {
-	if !v.esc {
-		return string(v.raw)
-	}
-	b := make([]byte, 0, len(v.raw))
-	s := v.raw
-	for i := 0; i < len(s); {
-		if s[i] != '\\' {
-			b = append(b, s[i])
-			i++
-			continue
-		}
-		switch c := s[i+1]; c {
-		case 'u':
-			r, _ := hex4(s, i+2)
-			i += 6
-			if utf16.IsSurrogate(r) {
-				lo, _ := hex4(s, i+2)
-				r = utf16.DecodeRune(r, lo)
-				i += 6
-			}
-			b = utf8.AppendRune(b, r)
-		default:
-			b = append(b, unescapeByte(c))
-			i += 2
-		}
-	}
-	return string(b)
-}
-
-func unescapeByte(c byte) byte {
-	switch c {
-	case 'b':
-		return '\b'
-	case 'f':
-		return '\f'
-	case 'n':
-		return '\n'
-	case 'r':
-		return '\r'
-	case 't':
-		return '\t'
-	}
-	return c // '"', '\\', '/'
-}
-
 // readFields validates payload as one JSON value within decodePayload's
-// limits and fills out[i] with the scalar at paths.segs[i]. Where a member
-// name repeats, the last one counts, as in the decoder's map. ok is false
-// when the payload is refused, or is not plain enough to read here.
-func readFields(payload []byte, paths *fieldPaths, out []jsonScalar) bool {
+// limits and fills out[i] with the scalar at paths.segs[i], setting bit i
+// of found. Where a member name repeats, the last one counts, as in the
+// decoder's map. ok is false when the payload is refused, or is not plain
+// enough to read here.
+func readFields(payload []byte, paths *fieldPaths, out []fieldValue) (found uint64, ok bool) {
 	if paths.idx == nil || len(payload) > maxPayloadBytes || !utf8.Valid(payload) {
-		return false
+		return 0, false
 	}
 	r := fieldReader{p: payload, paths: paths, out: out}
 	r.space()
-	if r.i == len(r.p) {
-		return false
-	}
-	var all uint64
-	for i := range paths.segs {
-		all |= 1 << i
-	}
-	if !r.value(0, all) {
-		return false
+	if r.i == len(r.p) || !r.value(0, 1<<len(paths.segs)-1) {
+		return 0, false
 	}
 	r.space()
-	return r.i == len(r.p)
+	return r.found, r.i == len(r.p)
 }
 
 type fieldReader struct {
@@ -202,7 +106,8 @@ type fieldReader struct {
 	i     int
 	depth int // containers open
 	paths *fieldPaths
-	out   []jsonScalar
+	out   []fieldValue
+	found uint64 // paths whose out holds their scalar
 }
 
 func (r *fieldReader) space() {
@@ -223,51 +128,65 @@ func (r *fieldReader) value(level int, mask uint64) bool {
 		return false
 	}
 	start := r.i
-	v := jsonScalar{kind: 'x'}
+	ok, esc := false, false
 	switch c := r.p[r.i]; {
 	case c == '{':
-		if !r.object(level, mask) {
-			return false
-		}
+		ok = r.object(level, mask)
 	case c == '[':
-		if !r.array(level, mask) {
-			return false
-		}
+		ok = r.array(level, mask)
 	case c == '"':
-		s, e, esc, ok := r.str()
-		if !ok {
-			return false
-		}
-		v = jsonScalar{kind: 's', esc: esc, raw: r.p[s:e]}
+		esc, ok = r.str()
 	case c == '-' || (c >= '0' && c <= '9'):
-		if !r.number() {
-			return false
-		}
-		v = jsonScalar{kind: 'n', raw: r.p[start:r.i]}
+		ok = r.number()
 	case c == 't':
-		if !r.literal("true") {
-			return false
-		}
-		v.kind = 't'
+		ok = r.literal("true")
 	case c == 'f':
-		if !r.literal("false") {
-			return false
-		}
-		v.kind = 'f'
+		ok = r.literal("false")
 	case c == 'n':
-		if !r.literal("null") {
-			return false
-		}
-	default:
+		ok = r.literal("null")
+	}
+	if !ok {
 		return false
 	}
 	for m := mask; m != 0; m &= m - 1 {
-		i := bits.TrailingZeros64(m)
-		if len(r.paths.segs[i]) == level {
-			r.out[i] = v
+		if i := bits.TrailingZeros64(m); len(r.paths.segs[i]) == level {
+			r.set(i, r.p[start:r.i], esc)
 		}
 	}
 	return true
+}
+
+// set makes raw, a value the reader accepted, path i's value if it is a
+// scalar, converted as the decoder converts it; esc reports a string with
+// escapes. Null, an object or an array leave path i unfound: the decoder
+// names what it found.
+func (r *fieldReader) set(i int, raw []byte, esc bool) {
+	r.found &^= 1 << i
+	var v any
+	switch raw[0] {
+	case '"':
+		if !esc {
+			v = string(raw[1 : len(raw)-1])
+		} else {
+			// Escapes are rare in keys: let the decoder itself decode
+			// them, so that the two cannot disagree.
+			var s string
+			if json.Unmarshal(raw, &s) != nil {
+				return
+			}
+			v = s
+		}
+	case 't':
+		v = true
+	case 'f':
+		v = false
+	case 'n', '{', '[':
+		return
+	default:
+		v = json.Number(raw)
+	}
+	r.out[i] = fieldValue{v: v}
+	r.found |= 1 << i
 }
 
 // open enters the container at r.i; empty reports one that close ends at
@@ -314,13 +233,14 @@ func (r *fieldReader) object(level int, mask uint64) bool {
 		if r.i >= len(r.p) || r.p[r.i] != '"' {
 			return false
 		}
-		s, e, esc, ok := r.str()
+		start := r.i + 1
+		esc, ok := r.str()
 		if !ok {
 			return false
 		}
 		var sub uint64
 		if mask != 0 {
-			name := r.p[s:e]
+			name := r.p[start : r.i-1]
 			for m := mask; m != 0; m &= m - 1 {
 				i := bits.TrailingZeros64(m)
 				segs := r.paths.segs[i]
@@ -335,7 +255,7 @@ func (r *fieldReader) object(level int, mask uint64) bool {
 				if string(name) == segs[level] {
 					sub |= 1 << i
 					// A repeated name replaces what the earlier one led to.
-					r.out[i] = jsonScalar{}
+					r.found &^= 1 << i
 				}
 			}
 		}
@@ -375,54 +295,30 @@ func (r *fieldReader) array(level int, mask uint64) bool {
 	}
 }
 
-// str reads the string at r.i and returns the span between its quotes.
-// Escapes must be well formed and surrogate escapes paired (scanPayload's
-// rule: the decoder would turn a lone one into U+FFFD).
-func (r *fieldReader) str() (start, end int, esc, ok bool) {
+// str reads the string at r.i; esc reports escapes in it. Escapes must be
+// well formed and surrogate escapes paired (scanPayload's rule: the
+// decoder would turn a lone one into U+FFFD).
+func (r *fieldReader) str() (esc, ok bool) {
 	p := r.p
-	i := r.i + 1
-	start = i
-	for i < len(p) {
-		c := p[i]
-		switch {
+	for i := r.i + 1; i < len(p); {
+		switch c := p[i]; {
 		case c == '"':
 			r.i = i + 1
-			return start, i, esc, true
+			return esc, true
 		case c < 0x20:
-			return 0, 0, false, false
+			return false, false
 		case c != '\\':
 			i++
-			continue
-		}
-		esc = true
-		if i+1 >= len(p) {
-			return 0, 0, false, false
-		}
-		switch p[i+1] {
-		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-			i += 2
-		case 'u':
-			u, ok := hex4(p, i+2)
-			if !ok {
-				return 0, 0, false, false
-			}
-			switch {
-			case u >= 0xD800 && u <= 0xDBFF:
-				lo, ok := hex4(p, i+8)
-				if !ok || p[i+6] != '\\' || p[i+7] != 'u' || lo < 0xDC00 || lo > 0xDFFF {
-					return 0, 0, false, false
-				}
-				i += 12
-			case u >= 0xDC00 && u <= 0xDFFF:
-				return 0, 0, false, false
-			default:
-				i += 6
-			}
 		default:
-			return 0, 0, false, false
+			n, _ := escapeLen(p, i)
+			if n == 0 {
+				return false, false
+			}
+			esc = true
+			i += n
 		}
 	}
-	return 0, 0, false, false
+	return false, false
 }
 
 // number reads an RFC 8259 number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?

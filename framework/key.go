@@ -257,31 +257,48 @@ func scanPayload(p []byte) error {
 		case '"':
 			inString = false
 		case '\\':
-			if i+1 >= len(p) {
-				return nil // truncated: the decoder reports it
-			}
-			if p[i+1] != 'u' {
-				i++ // skip the escaped character (it may be a quote)
-				continue
-			}
-			r, ok := hex4(p, i+2)
-			if !ok {
-				return nil // malformed: the decoder reports it
-			}
+			n, lone := escapeLen(p, i)
 			switch {
-			case r >= 0xD800 && r <= 0xDBFF: // high: a low escape must follow
-				if lo, ok := hex4(p, i+8); ok && i+7 < len(p) && p[i+6] == '\\' && p[i+7] == 'u' && lo >= 0xDC00 && lo <= 0xDFFF {
-					i += 11
-					continue
-				}
+			case lone:
 				return unpairedSurrogate(i)
-			case r >= 0xDC00 && r <= 0xDFFF: // low without a high before it
-				return unpairedSurrogate(i)
+			case n > 0:
+				i += n - 1
+			case i+1 < len(p) && p[i+1] != 'u':
+				i++ // skip the escaped character (it may be a quote)
+			default:
+				return nil // truncated or malformed: the decoder reports it
 			}
-			i += 5
 		}
 	}
 	return nil
+}
+
+// escapeLen is the length of the escape at p[i] (a backslash), or 0 when it
+// is malformed; lone reports a \uD800-\uDFFF escape that is not a high
+// surrogate followed at once by an escaped low one.
+func escapeLen(p []byte, i int) (n int, lone bool) {
+	if i+1 >= len(p) {
+		return 0, false
+	}
+	switch p[i+1] {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		return 2, false
+	case 'u':
+		r, ok := hex4(p, i+2)
+		switch {
+		case !ok:
+			return 0, false
+		case r >= 0xD800 && r <= 0xDBFF: // high: a low escape must follow
+			if lo, ok := hex4(p, i+8); ok && p[i+6] == '\\' && p[i+7] == 'u' && lo >= 0xDC00 && lo <= 0xDFFF {
+				return 12, false
+			}
+			return 0, true
+		case r >= 0xDC00 && r <= 0xDFFF: // low without a high before it
+			return 0, true
+		}
+		return 6, false
+	}
+	return 0, false
 }
 
 func unpairedSurrogate(off int) error {
