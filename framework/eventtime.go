@@ -88,9 +88,7 @@ func timeFromJSON(path string) (TimeFunc, error) {
 	fp := newFieldPaths(segs)
 	return func(msg *message.Message) (time.Time, error) {
 		var out [1]fieldValue
-		if err := payloadValues(msg.Payload, fp, out[:]); err != nil {
-			return time.Time{}, &EventTimeError{Source: src, Reason: err.Error()}
-		}
+		payloadValues(msg.Payload, fp, out[:])
 		return eventTimeValue(out[0], src)
 	}, nil
 }

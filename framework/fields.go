@@ -60,27 +60,27 @@ func newFieldPaths(paths ...[]string) *fieldPaths {
 
 // fieldValue is what a path leads to: a value as descendJSON gives it (a
 // string, a json.Number or a bool when readFields found it), or the reason
-// it leads nowhere.
+// it leads nowhere, the payload's own when it cannot be read.
 type fieldValue struct {
 	v      any
 	reason string
 }
 
-// payloadValues fills out[i] with the value at fp.segs[i], or returns the
+// payloadValues fills out[i] with the value at fp.segs[i], or with the
 // reason the payload cannot be read (decodePayload's). One pass when
 // readFields finds a scalar at every path; the decoder otherwise.
-func payloadValues(payload []byte, fp *fieldPaths, out []fieldValue) error {
+func payloadValues(payload []byte, fp *fieldPaths, out []fieldValue) {
 	if found, ok := readFields(payload, fp, out); ok && found == 1<<len(fp.segs)-1 {
-		return nil
+		return
 	}
 	doc, err := decodePayload(payload)
-	if err != nil {
-		return err
-	}
 	for i := range out {
-		out[i].v, out[i].reason = descendJSON(doc, fp.segs[i])
+		if err != nil {
+			out[i] = fieldValue{reason: err.Error()}
+		} else {
+			out[i].v, out[i].reason = descendJSON(doc, fp.segs[i])
+		}
 	}
-	return nil
 }
 
 // readFields validates payload as one JSON value within decodePayload's

@@ -33,16 +33,19 @@ func fromMetadata(field string) (KeyFunc, error) {
 		return nil, &ConfigError{Field: "key", Reason: "metadata field name is empty"}
 	}
 	src := fmt.Sprintf("metadata %q", field)
-	return func(msg *message.Message) (string, error) {
-		v, ok := msg.Metadata[field]
-		if !ok {
-			return "", &KeyError{Source: src, Reason: "field is missing"}
-		}
-		if v == "" {
-			return "", &KeyError{Source: src, Reason: "field is empty"}
-		}
-		return v, nil
-	}, nil
+	return func(msg *message.Message) (string, error) { return metadataKey(msg, field, src) }, nil
+}
+
+// metadataKey is metadata field as a key part (src names it in errors).
+func metadataKey(msg *message.Message, field, src string) (string, error) {
+	v, ok := msg.Metadata[field]
+	if !ok {
+		return "", &KeyError{Source: src, Reason: "field is missing"}
+	}
+	if v == "" {
+		return "", &KeyError{Source: src, Reason: "field is empty"}
+	}
+	return v, nil
 }
 
 // fromJSON keys messages by a field of their JSON payload, addressed by a
@@ -65,9 +68,7 @@ func fromJSON(path string) (KeyFunc, error) {
 	fp := newFieldPaths(segs)
 	return func(msg *message.Message) (string, error) {
 		var out [1]fieldValue
-		if err := payloadValues(msg.Payload, fp, out[:]); err != nil {
-			return "", &KeyError{Source: src, Reason: err.Error()}
-		}
+		payloadValues(msg.Payload, fp, out[:])
 		return keyValue(out[0], src)
 	}, nil
 }
@@ -398,15 +399,7 @@ func jsonType(v any) string {
 // digits, an optional minus sign, no leading zero, not "-0".
 func plainInteger(s string) bool {
 	d := strings.TrimPrefix(s, "-")
-	if d == "" || (d[0] == '0' && (len(d) > 1 || len(s) > 1)) {
-		return false
-	}
-	for i := 0; i < len(d); i++ {
-		if d[i] < '0' || d[i] > '9' {
-			return false
-		}
-	}
-	return true
+	return d != "" && allDigits(d) && (d[0] != '0' || s == "0")
 }
 
 // maxExponent bounds the exponent of JSON numbers used as keys: 1e999999999

@@ -2,8 +2,9 @@ package framework
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 )
@@ -53,7 +54,7 @@ func (r *Registry) RegisterKey(name string, f KeyFactory) error {
 	if f == nil {
 		return &ConfigError{Field: "factory", Reason: fmt.Sprintf("extractor %q has a nil factory", name)}
 	}
-	return register(r, &r.keys, keyKind(), name, f)
+	return register(r, &r.keys, keyKind(r), name, f)
 }
 
 // RegisterTime adds a named event-time extractor, under the same rules as
@@ -69,7 +70,7 @@ func (r *Registry) RegisterTime(name string, f TimeFactory) error {
 // Everything after the first colon is the argument, so templates may
 // contain colons.
 func (r *Registry) ParseKey(spec string) (KeyFunc, error) {
-	return parse(r, &r.keys, keyKind(), spec, func(f KeyFunc) bool { return f == nil })
+	return parse(r, &r.keys, keyKind(r), spec, func(f KeyFunc) bool { return f == nil })
 }
 
 // ParseTime turns an event-time spec "NAME" or "NAME:ARG" into a
@@ -82,11 +83,8 @@ var extractorName = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,62}$`)
 
 // specKind describes one kind of extractor for the shared registry logic.
 type specKind[F ~func(string) (G, error), G any] struct {
-	// builtin returns the built-in factory of name, or nil. It takes the
-	// registry because first: resolves its alternatives with it.
-	builtin func(r *Registry, name string) F
-	// builtinNames lists the built-ins for error messages.
-	builtinNames []string
+	// builtins are the built-in factories by name.
+	builtins map[string]F
 	// noun names the extractors in errors ("extractor", "event time
 	// extractor"); unknown is the noun of an unknown name, spec names the
 	// spec ("key spec") and field the config field ("key", "event_time");
@@ -96,55 +94,28 @@ type specKind[F ~func(string) (G, error), G any] struct {
 
 // keyKind and timeKind are functions, not variables, so that first:, which
 // calls back into ParseKey, does not make an initialization cycle.
-func keyKind() specKind[KeyFactory, KeyFunc] {
+func keyKind(r *Registry) specKind[KeyFactory, KeyFunc] {
 	return specKind[KeyFactory, KeyFunc]{
-		builtin:      builtinKey,
-		builtinNames: []string{"first", "json", "metadata", "template"},
-		noun:         "extractor", unknown: "key extractor", spec: "key spec", field: "key",
+		// first: resolves its alternatives with r.
+		builtins: map[string]KeyFactory{"metadata": fromMetadata, "json": fromJSON, "template": fromTemplate, "first": r.parseFirst},
+		noun:     "extractor", unknown: "key extractor", spec: "key spec", field: "key",
 		examples: "metadata:event_id, json:order_id, template:..., first:SPEC|SPEC",
 	}
 }
 
 func timeKind() specKind[TimeFactory, TimeFunc] {
 	return specKind[TimeFactory, TimeFunc]{
-		builtin:      builtinTime,
-		builtinNames: []string{"json", "kafka", "metadata"},
-		noun:         "event time extractor", unknown: "event time extractor", spec: "event time spec", field: "event_time",
+		builtins: map[string]TimeFactory{"metadata": timeFromMetadata, "json": timeFromJSON, "kafka": timeFromKafka},
+		noun:     "event time extractor", unknown: "event time extractor", spec: "event time spec", field: "event_time",
 		examples: "metadata:event_time, json:occurred_at, kafka:timestamp",
 	}
-}
-
-func builtinKey(r *Registry, name string) KeyFactory {
-	switch name {
-	case "metadata":
-		return fromMetadata
-	case "json":
-		return fromJSON
-	case "template":
-		return fromTemplate
-	case "first":
-		return r.parseFirst
-	}
-	return nil
-}
-
-func builtinTime(_ *Registry, name string) TimeFactory {
-	switch name {
-	case "metadata":
-		return timeFromMetadata
-	case "json":
-		return timeFromJSON
-	case "kafka":
-		return timeFromKafka
-	}
-	return nil
 }
 
 func register[F ~func(string) (G, error), G any](r *Registry, m *map[string]F, k specKind[F, G], name string, f F) error {
 	if !extractorName.MatchString(name) {
 		return &ConfigError{Field: "name", Reason: fmt.Sprintf("%s name %q must match %s", k.noun, name, extractorName)}
 	}
-	if k.builtin(r, name) != nil {
+	if k.builtins[name] != nil {
 		return &ConfigError{Field: "name", Reason: fmt.Sprintf("%s %q is built in", k.noun, name)}
 	}
 	r.mu.Lock()
@@ -167,17 +138,17 @@ func parse[F ~func(string) (G, error), G any](r *Registry, m *map[string]F, k sp
 	if name == "" {
 		return zero, &ConfigError{Field: k.field, Reason: fmt.Sprintf("%s is empty (e.g. %s)", k.spec, k.examples)}
 	}
-	f := k.builtin(r, name)
+	f := k.builtins[name]
 	if f == nil {
 		r.mu.RLock()
 		f = (*m)[name]
-		names := append([]string(nil), k.builtinNames...)
+		names := slices.Collect(maps.Keys(k.builtins))
 		for n := range *m {
 			names = append(names, n)
 		}
 		r.mu.RUnlock()
 		if f == nil {
-			sort.Strings(names)
+			slices.Sort(names)
 			return zero, &ConfigError{Field: k.field, Reason: fmt.Sprintf("unknown %s %q in spec %q (known: %s)", k.unknown, name, spec, strings.Join(names, ", "))}
 		}
 	}

@@ -54,7 +54,6 @@ func fromTemplate(tmpl string) (KeyFunc, error) {
 	return func(msg *message.Message) (string, error) {
 		var buf [4]fieldValue
 		var vals []fieldValue
-		var docErr error
 		if len(paths) > 0 {
 			// Read once per message however many payload fields the
 			// template names.
@@ -63,7 +62,7 @@ func fromTemplate(tmpl string) (KeyFunc, error) {
 			} else {
 				vals = buf[:len(paths)]
 			}
-			docErr = payloadValues(msg.Payload, fp, vals)
+			payloadValues(msg.Payload, fp, vals)
 		}
 		var b strings.Builder
 		j := 0
@@ -72,18 +71,12 @@ func fromTemplate(tmpl string) (KeyFunc, error) {
 			case partLiteral:
 				b.WriteString(p.text)
 			case partMetadata:
-				v, ok := msg.Metadata[p.text]
-				if !ok {
-					return "", &KeyError{Source: srcs[i], Reason: "field is missing"}
-				}
-				if v == "" {
-					return "", &KeyError{Source: srcs[i], Reason: "field is empty"}
+				v, err := metadataKey(msg, p.text, srcs[i])
+				if err != nil {
+					return "", err
 				}
 				writeEscaped(&b, v, p.escape)
 			case partPayload:
-				if docErr != nil {
-					return "", &KeyError{Source: srcs[i], Reason: docErr.Error()}
-				}
 				v, err := keyValue(vals[j], srcs[i])
 				j++
 				if err != nil {
