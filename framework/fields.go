@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"bytes"
 	"encoding/json"
 	"math/bits"
 	"strconv"
@@ -92,13 +93,30 @@ func readFields(payload []byte, paths *fieldPaths, out []fieldValue) (found uint
 	if paths.idx == nil || len(payload) > maxPayloadBytes || !utf8.Valid(payload) {
 		return 0, false
 	}
-	r := fieldReader{p: payload, paths: paths, out: out}
+	// The text of each path's value, decoded once the pass is over: a
+	// repeated member name replaces it, and only the last counts.
+	var buf [4][]byte
+	r := fieldReader{p: payload, paths: paths, raw: buf[:]}
+	if len(out) > len(buf) {
+		r.raw = make([][]byte, len(out))
+	}
 	r.space()
-	if r.i == len(r.p) || !r.value(0, 1<<len(paths.segs)-1) {
+	if !r.value(0, 1<<len(paths.segs)-1) {
 		return 0, false
 	}
 	r.space()
-	return r.found, r.i == len(r.p)
+	if r.i != len(r.p) {
+		return 0, false
+	}
+	for m := r.found; m != 0; m &= m - 1 {
+		i := bits.TrailingZeros64(m)
+		if v, ok := scalar(r.raw[i]); ok {
+			out[i] = fieldValue{v: v}
+		} else {
+			r.found &^= 1 << i
+		}
+	}
+	return r.found, true
 }
 
 type fieldReader struct {
@@ -106,8 +124,8 @@ type fieldReader struct {
 	i     int
 	depth int // containers open
 	paths *fieldPaths
-	out   []fieldValue
-	found uint64 // paths whose out holds their scalar
+	raw   [][]byte // the value at each path, as text
+	found uint64   // paths whose raw holds their value
 }
 
 func (r *fieldReader) space() {
@@ -128,14 +146,14 @@ func (r *fieldReader) value(level int, mask uint64) bool {
 		return false
 	}
 	start := r.i
-	ok, esc := false, false
+	ok := false
 	switch c := r.p[r.i]; {
 	case c == '{':
 		ok = r.object(level, mask)
 	case c == '[':
 		ok = r.array(level, mask)
 	case c == '"':
-		esc, ok = r.str()
+		_, ok = r.str()
 	case c == '-' || (c >= '0' && c <= '9'):
 		ok = r.number()
 	case c == 't':
@@ -150,43 +168,35 @@ func (r *fieldReader) value(level int, mask uint64) bool {
 	}
 	for m := mask; m != 0; m &= m - 1 {
 		if i := bits.TrailingZeros64(m); len(r.paths.segs[i]) == level {
-			r.set(i, r.p[start:r.i], esc)
+			r.raw[i] = r.p[start:r.i]
+			r.found |= 1 << i
 		}
 	}
 	return true
 }
 
-// set makes raw, a value the reader accepted, path i's value if it is a
-// scalar, converted as the decoder converts it; esc reports a string with
-// escapes. Null, an object or an array leave path i unfound: the decoder
-// names what it found.
-func (r *fieldReader) set(i int, raw []byte, esc bool) {
-	r.found &^= 1 << i
-	var v any
+// scalar is the value raw, a value readFields accepted, as the decoder
+// gives it; !ok for null, an object or an array (the decoder names what
+// it found).
+func scalar(raw []byte) (v any, ok bool) {
 	switch raw[0] {
 	case '"':
-		if !esc {
-			v = string(raw[1 : len(raw)-1])
-		} else {
-			// Escapes are rare in keys: let the decoder itself decode
-			// them, so that the two cannot disagree.
-			var s string
-			if json.Unmarshal(raw, &s) != nil {
-				return
-			}
-			v = s
+		if bytes.IndexByte(raw, '\\') < 0 {
+			return string(raw[1 : len(raw)-1]), true
 		}
+		// Escapes are rare in keys: let the decoder itself decode them,
+		// so that the two cannot disagree.
+		var s string
+		err := json.Unmarshal(raw, &s)
+		return s, err == nil
 	case 't':
-		v = true
+		return true, true
 	case 'f':
-		v = false
+		return false, true
 	case 'n', '{', '[':
-		return
-	default:
-		v = json.Number(raw)
+		return nil, false
 	}
-	r.out[i] = fieldValue{v: v}
-	r.found |= 1 << i
+	return json.Number(raw), true
 }
 
 // open enters the container at r.i; empty reports one that close ends at
