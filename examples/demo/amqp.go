@@ -61,31 +61,30 @@ func (a *amqpOps) publish(ctx context.Context, ds []delivery) error {
 	return nil
 }
 
-func (a *amqpOps) queueDepth(name string) (int, bool, error) {
+func (a *amqpOps) queueDepth(name string) (int, error) {
 	ch, err := a.conn.Channel()
 	if err != nil {
-		return 0, false, err
+		return 0, err
 	}
 	defer func() { _ = ch.Close() }()
 	q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
 	if err != nil {
 		// 404: not declared yet (passive declare closed the channel).
-		return 0, false, nil
+		return 0, nil
 	}
-	return q.Messages, true, nil
+	return q.Messages, nil
 }
 
 // drained reports that no message is ready. Unacked ones are invisible
 // here; runBroker also waits for every order to be applied and stops the
 // consumers gracefully before counting.
 func (a *amqpOps) drained(context.Context) (bool, error) {
-	n, _, err := a.queueDepth(a.topic)
+	n, err := a.queueDepth(a.topic)
 	return err == nil && n == 0, err
 }
 
 func (a *amqpOps) poisoned(context.Context) (int, error) {
-	n, _, err := a.queueDepth(a.topic + ".poison")
-	return n, err
+	return a.queueDepth(a.topic + ".poison")
 }
 
 func (a *amqpOps) close() {

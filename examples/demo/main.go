@@ -22,6 +22,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -82,18 +83,16 @@ func run(ctx context.Context, o options) (bool, error) {
 	if err := os.MkdirAll(o.logDir, 0o750); err != nil {
 		return false, err
 	}
-	for _, b := range o.brokers {
-		if b == "kafka" && !listening(o.kafkaAddr) {
-			// No Kafka at KAFKA_BROKERS: host the dev broker in this
-			// process, where the consumers (subprocesses) reach it.
-			logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-			br, err := kafkatest.Start(ctx, kafkatest.Options{Addr: o.kafkaAddr, Logger: logger})
-			if err != nil {
-				return false, fmt.Errorf("start dev Kafka broker at %s: %w", o.kafkaAddr, err)
-			}
-			defer func() { _ = br.Close() }()
-			fmt.Printf("started the dev Kafka broker (kfake) at %s\n", o.kafkaAddr)
+	if slices.Contains(o.brokers, "kafka") && !listening(o.kafkaAddr) {
+		// No Kafka at KAFKA_BROKERS: host the dev broker in this
+		// process, where the consumers (subprocesses) reach it.
+		logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		br, err := kafkatest.Start(ctx, kafkatest.Options{Addr: o.kafkaAddr, Logger: logger})
+		if err != nil {
+			return false, fmt.Errorf("start dev Kafka broker at %s: %w", o.kafkaAddr, err)
 		}
+		defer func() { _ = br.Close() }()
+		fmt.Printf("started the dev Kafka broker (kfake) at %s\n", o.kafkaAddr)
 	}
 	allOK := true
 	var reports []report

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -72,8 +73,7 @@ func makePlan(n int) plan {
 	badPayloads := []string{`{"order_id": `, `not json`, `{"customer_id": 5, "total_cents": 100}`, `{"order_id": [1], "customer_id": 1, "total_cents": 1}`, `{"order_id": 1e999999, "customer_id": 1, "total_cents": 1}`}
 	for i := 0; i < 20; i++ {
 		bd := delivery{eventID: fmt.Sprintf("bad-%d", i), payload: []byte(badPayloads[i%len(badPayloads)]), bad: true}
-		pos := rand.IntN(len(out))
-		out = append(out[:pos], append([]delivery{bd}, out[pos:]...)...)
+		out = slices.Insert(out, rand.IntN(len(out)), bd)
 		p.bad++
 	}
 	p.deliveries = out
@@ -198,15 +198,11 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 		return n, err
 	}
 	// Kill one consumer with SIGKILL once a third is applied, and restart it.
-	for {
+	if !waitUntil(deadline, 50*time.Millisecond, func() bool {
 		n, err := ledger()
-		if err == nil && n >= o.orders/3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return rep, errTimeout
-		}
-		time.Sleep(50 * time.Millisecond)
+		return err == nil && n >= o.orders/3
+	}) {
+		return rep, errTimeout
 	}
 	procs[0].kill()
 	rep.kills++
@@ -217,18 +213,13 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 
 	// Drain: every order applied, the bad ones poisoned, nothing left in
 	// the broker for this consumer group/queue.
-	for {
+	if !waitUntil(deadline, 100*time.Millisecond, func() bool {
 		n, err1 := ledger()
 		poisoned, err2 := ops.poisoned(ctx)
 		drained, err3 := ops.drained(ctx)
-		if err1 == nil && err2 == nil && err3 == nil && n >= o.orders && poisoned >= pl.bad && drained {
-			break
-		}
-		if time.Now().After(deadline) {
-			rep.err = errTimeout
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+		return err1 == nil && err2 == nil && err3 == nil && n >= o.orders && poisoned >= pl.bad && drained
+	}) {
+		rep.err = errTimeout
 	}
 	// Graceful stop lets in-flight duplicates finish, so what we count
 	// below is final.
@@ -246,6 +237,18 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 		return rep, err
 	}
 	return rep, nil
+}
+
+// waitUntil polls done every interval until it reports true, or until the
+// deadline has passed (false).
+func waitUntil(deadline time.Time, interval time.Duration, done func() bool) bool {
+	for !done() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(interval)
+	}
+	return true
 }
 
 type proc struct {

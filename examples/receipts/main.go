@@ -97,12 +97,7 @@ func loadSettings() (settings, error) {
 		return s, &framework.ConfigError{Field: "RECEIPTS_CRASH", Reason: fmt.Sprintf("%q is neither %q nor %q", s.crash, crashAfterPublish, crashAfterCall)}
 	}
 	var err error
-	if path := os.Getenv("BROKER_CONFIG"); path != "" {
-		s.broker, err = brokers.LoadConfig(path)
-	} else {
-		s.broker, err = brokers.LoadConfig("")
-	}
-	if err != nil {
+	if s.broker, err = brokers.LoadConfig(os.Getenv("BROKER_CONFIG")); err != nil {
 		return s, err
 	}
 	// A registered kind's settings are checked by Validate, not by the
