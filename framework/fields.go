@@ -23,7 +23,7 @@ import (
 // FuzzReadFields and TestReadFieldsRandomDocuments check that.
 //
 // Not a library: github.com/tidwall/gjson and github.com/buger/jsonparser
-// neither check UTF-8, nesting depth nor surrogate escapes, and take the
+// check neither UTF-8, nesting depth nor surrogate escapes, and take the
 // first of repeated member names where the decoder takes the last, so each
 // needs passes of its own around it; gjson so wrapped took twice this
 // reader's time (docs/benchmarks.md, "Key derivation per payload byte").
