@@ -263,7 +263,7 @@ func TestProgressPrinter(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(0, 0)
 	var buf bytes.Buffer
-	p := &progressPrinter{w: &buf, mode: "bar", now: func() time.Time { return now }, total: 1000, counted: true}
+	p := &progressPrinter{progress: progress{w: &buf, mode: "bar", now: func() time.Time { return now }}, total: 1000, counted: true}
 	p.update(store.CleanupProgress{})
 	p.update(store.CleanupProgress{Batch: 1, Deleted: 250, BatchRows: 250, Elapsed: time.Second})
 	now = now.Add(time.Second)
@@ -277,7 +277,7 @@ func TestProgressPrinter(t *testing.T) {
 	require.True(t, strings.HasSuffix(out, "\n"))
 
 	buf.Reset()
-	p = &progressPrinter{w: &buf, mode: "log", now: func() time.Time { return now }, total: 100, counted: true}
+	p = &progressPrinter{progress: progress{w: &buf, mode: "log", now: func() time.Time { return now }}, total: 100, counted: true}
 	for i := 1; i <= 10; i++ {
 		p.update(store.CleanupProgress{Batch: i, Deleted: int64(i * 10), BatchRows: 10, Elapsed: time.Duration(i) * time.Second})
 	}
@@ -287,7 +287,7 @@ func TestProgressPrinter(t *testing.T) {
 	// ETA; a spinner shows life.
 	for _, mode := range []string{"bar", "log"} {
 		buf.Reset()
-		p = &progressPrinter{w: &buf, mode: mode, now: func() time.Time { return now }}
+		p = &progressPrinter{progress: progress{w: &buf, mode: mode, now: func() time.Time { return now }}}
 		p.update(store.CleanupProgress{})
 		now = now.Add(time.Minute)
 		p.update(store.CleanupProgress{Batch: 1, Deleted: 250, BatchRows: 250, Elapsed: time.Second})
