@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -268,8 +267,7 @@ func dbSecrets(dsn string) []string {
 	return out
 }
 
-// consolePool connects to the claim table's database: a few connections,
-// as the overview runs its queries side by side and a replay job holds one.
+// consolePool connects to the claim table's database.
 func (c *common) consolePool(ctx context.Context) (*pgxpool.Pool, error) {
 	cfg := store.Config{Schema: c.schema, ClaimsTable: c.table}
 	if err := cfg.Validate(); err != nil {
@@ -278,33 +276,15 @@ func (c *common) consolePool(ctx context.Context) (*pgxpool.Pool, error) {
 	if c.databaseURL == "" {
 		return nil, &usageError{msg: "console: no database: set DATABASE_URL, pass --database-url, or give a --consumer-config with database_url"}
 	}
-	pcfg, err := pgxpool.ParseConfig(c.databaseURL)
+	// A few connections: the overview runs its queries side by side, and
+	// a replay job holds one.
+	st, err := c.open(ctx, 8, "claimtx-console", "console: ")
 	if err != nil {
-		return nil, &usageError{msg: c.redact(fmt.Sprintf("console: invalid database URL: %v", err))}
-	}
-	pcfg.MaxConns = 8
-	pcfg.ConnConfig.RuntimeParams["application_name"] = "claimtx-console"
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return nil, errors.New(c.redact(fmt.Sprintf("console: connect: %v", err)))
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, errors.New(c.redact(fmt.Sprintf("console: connect to %s: %v", target(pcfg), err)))
-	}
-	st, err := store.New(pool, store.Config{Schema: c.schemaName(), ClaimsTable: c.tableName()})
-	if err != nil {
-		pool.Close()
 		return nil, err
 	}
-	c.pool = pool
-	if v, err := st.Version(ctx); err != nil {
-		pool.Close()
-		return nil, c.fail(ctx, "console", err)
-	} else if v == 0 {
-		msg := c.redact("console: " + c.missingTable(ctx))
-		pool.Close()
-		return nil, errors.New(msg)
+	if err := c.migrated(ctx, st, "console"); err != nil {
+		c.pool.Close()
+		return nil, err
 	}
-	return pool, nil
+	return c.pool, nil
 }

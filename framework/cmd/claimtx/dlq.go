@@ -181,12 +181,8 @@ func (d *dlqFlags) run(ctx context.Context) error {
 			return err
 		}
 		defer closePool()
-		// A missing claim table is named with its remedy, before any
-		// broker is touched.
-		if v, err := st.Version(ctx); err != nil {
-			return d.fail(ctx, "dlq "+d.sub, err)
-		} else if v == 0 {
-			return errors.New(d.redact("dlq " + d.sub + ": " + d.missingTable(ctx)))
+		if err := d.migrated(ctx, st, "dlq "+d.sub); err != nil {
+			return err
 		}
 		names := pg.NewNames(st.Config().Schema, st.Config().ClaimsTable, st.Config().OutboxTable)
 		var memo dlq.Memo
