@@ -203,7 +203,7 @@ type dlqProgress struct {
 
 func (d *dlqFlags) newProgress(total int64) *dlqProgress {
 	p := &dlqProgress{progress: progress{w: d.stderr, mode: d.progress, now: time.Now}, total: total, start: time.Now(), verb: "read"}
-	if d.sub == "replay" && !d.dryRun {
+	if d.sub == "replay" && !d.DryRun {
 		p.verb = "replayed"
 	}
 	if p.mode == "auto" {

@@ -13,7 +13,6 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
-	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // jobBatch is how many letters a preview or job reads, classifies and
@@ -214,17 +213,13 @@ func (c *Console) classifier(ctx context.Context, cs *Consumer) (*dlq.Classifier
 	if cs.key == nil {
 		return nil, nil
 	}
-	cl := &dlq.Classifier{Pool: c.cfg.Pool, Schema: c.cfg.Schema, Table: c.cfg.ClaimsTable, Consumer: cs.Name, Key: cs.key, Policy: cs.KeyPolicy}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
 	defer cancel()
-	ok, err := poison.MemoTableExists(ctx, c.cfg.Pool, c.names)
+	memo, err := dlq.MemoOf(ctx, c.cfg.Pool, c.names)
 	if err != nil {
 		return nil, err
 	}
-	if ok {
-		cl.Memo = poison.MemoTable{DB: c.cfg.Pool, Names: c.names}
-	}
-	return cl, nil
+	return &dlq.Classifier{Pool: c.cfg.Pool, Schema: c.cfg.Schema, Table: c.cfg.ClaimsTable, Consumer: cs.Name, Key: cs.key, Policy: cs.KeyPolicy, Memo: memo}, nil
 }
 
 // cappedSource stops a browse after a number of letters: one page never

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/explain"
 	"github.com/claimtx/claimtx/internal/poison"
 )
@@ -103,10 +104,7 @@ func (c *Console) paste(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		msg.Metadata = md
-		key, err := cs.key(msg)
-		if err == nil {
-			key, err = cs.KeyPolicy.Normalize(key)
-		}
+		key, err := dlq.DeriveKey(cs.key, cs.KeyPolicy, msg)
 		if err != nil {
 			d.PasteError = fmt.Sprintf("no key with the key spec %s: %v", cs.Key, err)
 			break

@@ -66,21 +66,6 @@ func (c *Checker) init() {
 	}
 }
 
-// derive is the key of msg under the spec and policy, recovering from a
-// key function that panics (an extractor's bug is a finding, not a crash).
-func (c *Checker) derive(msg *message.Message) (key string, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			key, err = "", fmt.Errorf("the key function panicked: %v", r)
-		}
-	}()
-	k, err := c.Key(msg)
-	if err != nil {
-		return "", err
-	}
-	return c.Policy.Normalize(k)
-}
-
 func (c *Checker) eventTime(msg *message.Message) (t time.Time, err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -95,7 +80,7 @@ func (c *Checker) Add(msg *message.Message) {
 	c.init()
 	c.seen++
 	fp := hex.EncodeToString(dlq.Fingerprint(msg.Payload))
-	key, err := c.derive(msg)
+	key, err := dlq.DeriveKey(c.Key, c.Policy, msg)
 	if err != nil {
 		c.unkeyedN++
 		r := err.Error()
