@@ -96,6 +96,24 @@ func rowOf(l *dlq.Letter, now time.Time) letterRow {
 	}
 }
 
+// letterRows are the rows of a preview or job, up to a maximum, with the
+// count of the rest and of the letters a replay republishes (or would).
+type letterRows struct {
+	rows         []letterRow
+	more, replay int64
+}
+
+func (r *letterRows) add(l *dlq.Letter, row letterRow, max int) {
+	if l.Action == dlq.ActionReplay {
+		r.replay++
+	}
+	if len(r.rows) < max {
+		r.rows = append(r.rows, row)
+	} else {
+		r.more++
+	}
+}
+
 type deadLettersData struct {
 	Consumers  []string
 	Filters    filterForm
@@ -360,17 +378,10 @@ func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
 	}
 	run.DryRun = true
 	now := time.Now()
+	var rows letterRows
 	run.OnLetter = func(l *dlq.Letter) error {
-		if !l.Selected {
-			return nil
-		}
-		if l.Action == dlq.ActionReplay {
-			d.Replay++
-		}
-		if len(d.Rows) < maxPreviewRows {
-			d.Rows = append(d.Rows, rowOf(l, now))
-		} else {
-			d.More++
+		if l.Selected {
+			rows.add(l, rowOf(l, now), maxPreviewRows)
 		}
 		return nil
 	}
@@ -378,5 +389,6 @@ func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		d.Error = c.errText(fmt.Errorf("dry run: %w", err))
 	}
+	d.Rows, d.More, d.Replay = rows.rows, rows.more, rows.replay
 	render(http.StatusOK)
 }

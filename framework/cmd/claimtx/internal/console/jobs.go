@@ -36,9 +36,7 @@ type job struct {
 	mu       sync.Mutex
 	total    int64 // letters in the destination when opened
 	totals   dlq.Totals
-	rows     []letterRow
-	more     int64
-	replay   int64 // dry run: letters the replay would republish
+	rows     letterRows // rows.replay: the letters a dry run would republish
 	finished time.Time
 	err      error
 }
@@ -62,7 +60,7 @@ func (j *job) view() jobView {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	v := jobView{ID: j.ID, Consumer: j.Consumer, Started: j.Started, Ended: j.finished, Seen: j.totals.Seen, Total: j.total,
-		Totals: j.totals, Rows: j.rows, More: j.more, WouldReplay: j.replay}
+		Totals: j.totals, Rows: j.rows.rows, More: j.rows.more, WouldReplay: j.rows.replay}
 	switch {
 	case j.finished.IsZero():
 		v.Running, v.Status = true, "running"
@@ -71,7 +69,7 @@ func (j *job) view() jobView {
 	default:
 		v.Status = "done"
 	}
-	for _, r := range j.rows {
+	for _, r := range j.rows.rows {
 		switch {
 		case r.Replayed:
 		case r.Action == string(dlq.ActionPass):
@@ -224,14 +222,7 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 			// maxJobRows rows for as long as the console remembers it.
 			row.Payload = ""
 			j.mu.Lock()
-			if l.Action == dlq.ActionReplay {
-				j.replay++
-			}
-			if len(j.rows) < maxRows {
-				j.rows = append(j.rows, row)
-			} else {
-				j.more++
-			}
+			j.rows.add(l, row, maxRows)
 			j.mu.Unlock()
 			return nil
 		}
@@ -260,7 +251,7 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 	if err != nil {
 		j.err = errors.New(c.errText(err))
 	}
-	totals, wouldReplay := j.totals, j.replay
+	totals, wouldReplay := j.totals, j.rows.replay
 	j.mu.Unlock()
 	c.jobs.finish(j)
 	kind, count, n := "replay", "replayed", totals.Replayed
