@@ -396,11 +396,7 @@ func (b *brokerFlags) brokerConfig() (brokers.Config, error) {
 			}
 		}
 	}
-	if u, err := url.Parse(cfg.AMQP.URL); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			b.brokerSecrets = append(b.brokerSecrets, p, url.QueryEscape(p), url.PathEscape(p))
-		}
-	}
+	b.brokerSecrets = append(b.brokerSecrets, urlPassword(cfg.AMQP.URL)...)
 	if p := cfg.Kafka.SASL.Password; p != "" {
 		b.brokerSecrets = append(b.brokerSecrets, p)
 	}
@@ -408,6 +404,17 @@ func (b *brokerFlags) brokerConfig() (brokers.Config, error) {
 		return cfg, err
 	}
 	return cfg, nil
+}
+
+// urlPassword is the password in the user info of the URL u, as typed
+// and escaped both ways; none when it has none.
+func urlPassword(u string) []string {
+	if pu, err := url.Parse(u); err == nil && pu.User != nil {
+		if p, ok := pu.User.Password(); ok && p != "" {
+			return []string{p, url.QueryEscape(p), url.PathEscape(p)}
+		}
+	}
+	return nil
 }
 
 // redactErr removes the broker's passwords, and what redact removes, from

@@ -238,11 +238,7 @@ func brokerSecrets(cc consumer.Config) []string {
 	var out []string
 	if cc.Broker.AMQP.URL != "" {
 		out = append(out, cc.Broker.AMQP.URL)
-		if u, err := url.Parse(cc.Broker.AMQP.URL); err == nil && u.User != nil {
-			if p, ok := u.User.Password(); ok && p != "" {
-				out = append(out, p, url.QueryEscape(p), url.PathEscape(p))
-			}
-		}
+		out = append(out, urlPassword(cc.Broker.AMQP.URL)...)
 	}
 	if p := cc.Broker.Kafka.SASL.Password; p != "" {
 		out = append(out, p)
@@ -255,12 +251,7 @@ func dbSecrets(dsn string) []string {
 	if dsn == "" {
 		return nil
 	}
-	out := []string{dsn}
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			out = append(out, p, url.QueryEscape(p), url.PathEscape(p))
-		}
-	}
+	out := append([]string{dsn}, urlPassword(dsn)...)
 	if cfg, err := pgx.ParseConfig(dsn); err == nil && cfg.Password != "" {
 		out = append(out, cfg.Password)
 	}
