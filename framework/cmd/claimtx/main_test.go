@@ -56,6 +56,24 @@ func (c *cli) ok(args ...string) string {
 	return out
 }
 
+// usageCase is a command line refused as bad input, with want in its
+// error.
+type usageCase struct {
+	args []string
+	want string
+}
+
+// refuses runs each case's command line and requires exit status 2 and
+// the case's text on stderr.
+func (c *cli) refuses(cases []usageCase) {
+	c.t.Helper()
+	for _, tc := range cases {
+		code, out, errOut := c.run(tc.args...)
+		require.Equal(c.t, exitUsage, code, "%v: %s %s", tc.args, out, errOut)
+		require.Contains(c.t, errOut, tc.want, "%v", tc.args)
+	}
+}
+
 func (c *cli) store() *store.Store {
 	c.t.Helper()
 	st, err := store.New(testenv.Pool(c.t, c.schema, 4), store.Config{Schema: c.schema})
@@ -112,10 +130,7 @@ SELECT CASE WHEN g % 2 = 0 THEN 'loyalty' ELSE 'analytics' END, 'k' || g, now() 
 func TestCLIBadInput(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
+	c.refuses([]usageCase{
 		{nil, "Usage:"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 		{[]string{"cleanup", "--window", "1d"}, "--window 1d is below --min-window 7d"},
@@ -130,11 +145,7 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"partitions", "create-ahead", "--ahead", "-1"}, "Ahead"},
 		{[]string{"stats", "--schema", "Bad-Name"}, `"Schema"`},
 		{[]string{"stats", "--table", "x;drop"}, `"ClaimsTable"`},
-	} {
-		code, out, errOut := c.run(tc.args...)
-		require.Equal(t, exitUsage, code, "%v: %s %s", tc.args, out, errOut)
-		require.Contains(t, errOut, tc.want, "%v", tc.args)
-	}
+	})
 
 	c.env = map[string]string{}
 	code, _, errOut := c.run("stats")
