@@ -8,7 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -406,12 +407,7 @@ func (d *dlqFlags) printInspect(l *dlq.Letter) {
 	}
 	printf(w, "  fingerprint       %s\n", l.FingerprintHex())
 	printf(w, "  metadata\n")
-	keys := make([]string, 0, len(l.Msg.Metadata))
-	for k := range l.Msg.Metadata {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(l.Msg.Metadata)) {
 		printf(w, "    %s = %s\n", k, l.Msg.Metadata[k])
 	}
 	payload, cut := opfmt.Payload(l.Msg.Payload, d.maxPayload)

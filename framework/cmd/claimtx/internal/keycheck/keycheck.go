@@ -11,6 +11,8 @@ package keycheck
 import (
 	"encoding/hex"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 
@@ -196,10 +198,7 @@ func (c *Checker) Report() Report {
 			continue
 		}
 		v := Volatile{Fingerprint: fp, IDs: c.payloadIDs[fp]}
-		for k := range keys {
-			v.Keys = append(v.Keys, k)
-		}
-		sort.Strings(v.Keys)
+		v.Keys = slices.Sorted(maps.Keys(keys))
 		if len(v.Keys) > c.examples() {
 			v.Keys = v.Keys[:c.examples()]
 		}
@@ -217,8 +216,7 @@ func (c *Checker) Report() Report {
 		return a.Messages > b.Messages || a.Messages == b.Messages && a.Reason < b.Reason
 	})
 	if n := len(c.lengths); n > 0 {
-		l := append([]int(nil), c.lengths...)
-		sort.Ints(l)
+		l := slices.Sorted(slices.Values(c.lengths))
 		q := func(p float64) int { return l[min(n-1, int(p*float64(n)))] }
 		r.KeyLength = &Quantiles{Min: l[0], P50: q(0.5), P90: q(0.9), P99: q(0.99), Max: l[n-1]}
 	}
