@@ -115,18 +115,17 @@ func (r *letterRows) add(l *dlq.Letter, row letterRow, max int) {
 }
 
 type deadLettersData struct {
-	Consumers  []string
-	Filters    filterForm
-	Kafka      bool
-	Error      string
-	Rows       []letterRow
-	Page       int
-	PrevURL    string
-	NextURL    string
-	Scanned    int64
-	Total      int64
-	Capped     bool
-	Classified bool
+	Consumers []string
+	Filters   filterForm
+	Kafka     bool
+	Error     string
+	Rows      []letterRow
+	Page      int
+	PrevURL   string
+	NextURL   string
+	Scanned   int64
+	Total     int64
+	Capped    bool
 }
 
 // deadLetters is GET /dead-letters: one page of a consumer's dead letters,
@@ -178,7 +177,6 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 		render(http.StatusOK)
 		return
 	}
-	d.Classified = cls != nil
 	from, to := (d.Page-1)*c.cfg.PageSize, d.Page*c.cfg.PageSize
 	n := 0
 	run := dlq.Run{

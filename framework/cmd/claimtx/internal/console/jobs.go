@@ -43,17 +43,16 @@ type job struct {
 
 // jobView is a consistent copy of a job for its page.
 type jobView struct {
-	ID, Consumer     string
-	Started, Ended   time.Time
-	Running, Failed  bool
-	Status           string
-	Seen, Total      int64
-	Totals           dlq.Totals
-	Rows             []letterRow
-	More             int64
-	Passed, Kept     int64
-	NotSelectedOther int64
-	WouldReplay      int64 // dry run
+	ID, Consumer    string
+	Started, Ended  time.Time
+	Running, Failed bool
+	Status          string
+	Seen, Total     int64
+	Totals          dlq.Totals
+	Rows            []letterRow
+	More            int64
+	Passed, Kept    int64
+	WouldReplay     int64 // dry run
 }
 
 func (j *job) view() jobView {

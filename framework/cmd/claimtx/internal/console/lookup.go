@@ -22,7 +22,6 @@ type lookupData struct {
 	Pasteable []string // configured consumers with a key spec
 	Consumer  string
 	Key       string
-	Asked     bool // a consumer and key were given
 	Report    *explain.Report
 	Error     string
 	Cleared   bool
@@ -66,7 +65,6 @@ func (c *Console) lookupForm(ctx context.Context, consumer string) lookupData {
 
 // explain reads what is known of (d.Consumer, d.Key).
 func (c *Console) explain(ctx context.Context, d *lookupData) {
-	d.Asked = true
 	err := c.readOnly(ctx, func(tx pgx.Tx) error {
 		rep, err := explain.Explain(ctx, tx, c.names, d.Consumer, d.Key)
 		if err == nil {
