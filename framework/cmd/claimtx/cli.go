@@ -396,14 +396,21 @@ func (b *brokerFlags) brokerConfig() (brokers.Config, error) {
 			}
 		}
 	}
-	b.brokerSecrets = append(b.brokerSecrets, urlPassword(cfg.AMQP.URL)...)
-	if p := cfg.Kafka.SASL.Password; p != "" {
-		b.brokerSecrets = append(b.brokerSecrets, p)
-	}
+	b.brokerSecrets = append(b.brokerSecrets, brokerSecrets(cfg)...)
 	if err := cfg.Validate(); err != nil {
 		return cfg, err
 	}
 	return cfg, nil
+}
+
+// brokerSecrets are the passwords of a broker configuration, as typed
+// and escaped.
+func brokerSecrets(cfg brokers.Config) []string {
+	out := urlPassword(cfg.AMQP.URL)
+	if p := cfg.Kafka.SASL.Password; p != "" {
+		out = append(out, p)
+	}
+	return out
 }
 
 // urlPassword is the password in the user info of the URL u, as typed

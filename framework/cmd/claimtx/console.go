@@ -100,7 +100,11 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 		if err := sameClaimTable(path, cc, c.databaseURL, c.schemaName(), c.tableName()); err != nil {
 			return err
 		}
-		secrets = append(secrets, brokerSecrets(cc)...)
+		// The broker's URL, too: a page shows no connection string.
+		if u := cc.Broker.AMQP.URL; u != "" {
+			secrets = append(secrets, u)
+		}
+		secrets = append(secrets, brokerSecrets(cc.Broker)...)
 		secrets = append(secrets, dbSecrets(cc.DatabaseURL)...)
 		cfg.Consumers = append(cfg.Consumers, console.Consumer{
 			Name: cc.Name, Topic: cc.Topic, PoisonTopic: cc.PoisonTopic, Key: cc.Key,
@@ -230,20 +234,6 @@ func sameClaimTable(path string, cc consumer.Config, dbURL, schema, table string
 			path, a.Host, a.Port, a.Database, b.Host, b.Port, b.Database)}
 	}
 	return nil
-}
-
-// brokerSecrets are the broker passwords of a consumer configuration,
-// which a page must never show.
-func brokerSecrets(cc consumer.Config) []string {
-	var out []string
-	if cc.Broker.AMQP.URL != "" {
-		out = append(out, cc.Broker.AMQP.URL)
-		out = append(out, urlPassword(cc.Broker.AMQP.URL)...)
-	}
-	if p := cc.Broker.Kafka.SASL.Password; p != "" {
-		out = append(out, p)
-	}
-	return out
 }
 
 // dbSecrets are the database URL and its password.
