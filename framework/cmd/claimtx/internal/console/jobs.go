@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -118,18 +119,12 @@ func (js *jobs) start(consumer string, dryRun bool, sel selection) (j *job, reus
 	js.running[consumer] = j.ID
 	// Forget the oldest finished jobs beyond maxJobs.
 	for len(js.order) > maxJobs {
-		dropped := false
-		for i, id := range js.order {
-			if old := js.byID[id]; js.running[old.Consumer] != id {
-				delete(js.byID, id)
-				js.order = append(js.order[:i], js.order[i+1:]...)
-				dropped = true
-				break
-			}
-		}
-		if !dropped {
+		i := slices.IndexFunc(js.order, func(id string) bool { return js.running[js.byID[id].Consumer] != id })
+		if i < 0 {
 			break
 		}
+		delete(js.byID, js.order[i])
+		js.order = slices.Delete(js.order, i, i+1)
 	}
 	return j, false, nil
 }

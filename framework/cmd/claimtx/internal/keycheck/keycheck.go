@@ -9,11 +9,12 @@
 package keycheck
 
 import (
+	"cmp"
 	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -189,31 +190,27 @@ func (c *Checker) Report() Report {
 			r.Collisions = append(r.Collisions, Collision{Key: key, Messages: ks.n, Payloads: ks.prints})
 		}
 	}
-	sort.Slice(r.Collisions, func(i, j int) bool {
-		a, b := r.Collisions[i], r.Collisions[j]
-		return a.Messages > b.Messages || a.Messages == b.Messages && a.Key < b.Key
+	slices.SortFunc(r.Collisions, func(a, b Collision) int {
+		return cmp.Or(cmp.Compare(b.Messages, a.Messages), strings.Compare(a.Key, b.Key))
 	})
 	for fp, keys := range c.byPayload {
 		if len(keys) < 2 {
 			continue
 		}
-		v := Volatile{Fingerprint: fp, IDs: c.payloadIDs[fp]}
-		v.Keys = slices.Sorted(maps.Keys(keys))
+		v := Volatile{Fingerprint: fp, IDs: c.payloadIDs[fp], Keys: slices.Sorted(maps.Keys(keys))}
 		if len(v.Keys) > c.examples() {
 			v.Keys = v.Keys[:c.examples()]
 		}
 		r.Volatile = append(r.Volatile, v)
 	}
-	sort.Slice(r.Volatile, func(i, j int) bool {
-		a, b := r.Volatile[i], r.Volatile[j]
-		return len(c.byPayload[a.Fingerprint]) > len(c.byPayload[b.Fingerprint]) || len(c.byPayload[a.Fingerprint]) == len(c.byPayload[b.Fingerprint]) && a.Fingerprint < b.Fingerprint
+	slices.SortFunc(r.Volatile, func(a, b Volatile) int {
+		return cmp.Or(cmp.Compare(len(c.byPayload[b.Fingerprint]), len(c.byPayload[a.Fingerprint])), strings.Compare(a.Fingerprint, b.Fingerprint))
 	})
 	for reason, ids := range c.unkeyable {
 		r.Unkeyable = append(r.Unkeyable, Unkeyable{Reason: reason, Messages: c.unkeyableN[reason], IDs: ids})
 	}
-	sort.Slice(r.Unkeyable, func(i, j int) bool {
-		a, b := r.Unkeyable[i], r.Unkeyable[j]
-		return a.Messages > b.Messages || a.Messages == b.Messages && a.Reason < b.Reason
+	slices.SortFunc(r.Unkeyable, func(a, b Unkeyable) int {
+		return cmp.Or(cmp.Compare(b.Messages, a.Messages), strings.Compare(a.Reason, b.Reason))
 	})
 	if n := len(c.lengths); n > 0 {
 		l := slices.Sorted(slices.Values(c.lengths))
