@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
@@ -314,20 +313,10 @@ func TestProgressPrinter(t *testing.T) {
 	require.False(t, isTerminal(&buf))
 }
 
-func TestParseDuration(t *testing.T) {
+// formatBytes is the size of the stats and partitions tables; the
+// durations' parsing and printing are opfmt's (opfmt/duration_test.go).
+func TestFormatBytes(t *testing.T) {
 	t.Parallel()
-	for in, want := range map[string]time.Duration{
-		"30d": 30 * 24 * time.Hour, "1d12h": 36 * time.Hour, "36h": 36 * time.Hour, "90m": 90 * time.Minute, " 7d ": 7 * 24 * time.Hour,
-	} {
-		got, err := opfmt.ParseDuration(in)
-		require.NoError(t, err, in)
-		require.Equal(t, want, got, in)
-	}
-	for _, in := range []string{"", "d", "30 days", "1dd", "99999999d", "-3d"} {
-		_, err := opfmt.ParseDuration(in)
-		require.Error(t, err, in)
-	}
-	require.Equal(t, "30d", opfmt.FormatDuration(30*24*time.Hour))
 	require.Equal(t, "1.5 KiB", formatBytes(1536))
 	require.Equal(t, "12 B", formatBytes(12))
 }
