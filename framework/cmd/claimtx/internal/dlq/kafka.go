@@ -282,11 +282,10 @@ func (s *kafkaSource) Next(ctx context.Context, limit int) ([]*Letter, error) {
 func (s *kafkaSource) letter(r *kgo.Record) *Letter {
 	msg := kafkarecord.KafkaMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value, r.Timestamp, r.Headers,
 		func(h kgo.RecordHeader) (string, []byte, bool) { return h.Key, h.Value, true })
-	md := msg.Metadata
 	c, ok := s.committed[r.Partition]
 	return &Letter{
 		Msg: msg, Position: fmt.Sprintf("%d@%d", r.Partition, r.Offset), Partition: r.Partition, Offset: r.Offset,
-		Handled: ok && r.Offset < c, Stamps: stampsOf(md), raw: r,
+		Handled: ok && r.Offset < c, Stamps: stampsOf(msg.Metadata), raw: r,
 	}
 }
 
