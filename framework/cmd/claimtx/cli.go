@@ -246,8 +246,7 @@ func printHelp(w io.Writer, fs *flag.FlagSet) {
 	printf(w, "Usage: claimtx %s [flags]\n\n%s\n\nFlags:\n", fs.Name(), synopses[fs.Name()])
 	fs.VisitAll(func(f *flag.Flag) {
 		arg, text := flag.UnquoteUsage(f)
-		switch f.Value.(type) {
-		case *durationValue:
+		if _, ok := f.Value.(*durationValue); ok {
 			arg = "duration"
 		}
 		line := "  --" + f.Name

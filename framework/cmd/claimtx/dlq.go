@@ -432,14 +432,13 @@ func (d *dlqFlags) printTotals(t dlq.Totals, err error) {
 	dest := d.Source.Destination()
 	printf(w, "%d letters read from %s, %d selected", t.Seen, dest, t.Selected)
 	var skipped []string
-	if t.OtherConsumer > 0 {
-		skipped = append(skipped, fmt.Sprintf("%d of other consumers", t.OtherConsumer))
-	}
-	if t.OtherTopic > 0 {
-		skipped = append(skipped, fmt.Sprintf("%d from other topics", t.OtherTopic))
-	}
-	if t.FilteredOut > 0 {
-		skipped = append(skipped, fmt.Sprintf("%d filtered out", t.FilteredOut))
+	for _, s := range []struct {
+		n    int64
+		what string
+	}{{t.OtherConsumer, "of other consumers"}, {t.OtherTopic, "from other topics"}, {t.FilteredOut, "filtered out"}} {
+		if s.n > 0 {
+			skipped = append(skipped, fmt.Sprintf("%d %s", s.n, s.what))
+		}
 	}
 	if len(skipped) > 0 {
 		printf(w, " (not selected: %s)", strings.Join(skipped, ", "))
