@@ -72,7 +72,7 @@ func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env
 		}
 		return nil
 	}
-	pp := &progressPrinter{w: stdout, mode: *mode, now: time.Now}
+	pp := &progressPrinter{progress: progress{w: stdout, mode: *mode, now: time.Now}}
 	cfg.OnProgress = func(pr store.CleanupProgress) {
 		if pr.Batch == 0 && pp.mode != "none" {
 			pp.total, pp.counted = c.countExpired(ctx, st, pr.Horizon)

@@ -246,8 +246,7 @@ func printHelp(w io.Writer, fs *flag.FlagSet) {
 	printf(w, "Usage: claimtx %s [flags]\n\n%s\n\nFlags:\n", fs.Name(), synopses[fs.Name()])
 	fs.VisitAll(func(f *flag.Flag) {
 		arg, text := flag.UnquoteUsage(f)
-		switch f.Value.(type) {
-		case *durationValue:
+		if _, ok := f.Value.(*durationValue); ok {
 			arg = "duration"
 		}
 		line := "  --" + f.Name
@@ -274,27 +273,53 @@ func (c *common) connect(ctx context.Context) (*store.Store, func(), error) {
 	if c.databaseURL == "" {
 		return nil, nil, &usageError{msg: "no database: set DATABASE_URL or pass --database-url"}
 	}
+	// A leader connection and one for everything else.
+	st, err := c.open(ctx, 2, "claimtx-cli", "")
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, c.pool.Close, nil
+}
+
+// open connects a pool of maxConns connections named app (its
+// application_name) to the database and returns the store over it; c.pool
+// is the pool. Its errors start with prefix and never contain the
+// password.
+func (c *common) open(ctx context.Context, maxConns int32, app, prefix string) (*store.Store, error) {
 	pcfg, err := pgxpool.ParseConfig(c.databaseURL)
 	if err != nil {
-		return nil, nil, &usageError{msg: c.redact(fmt.Sprintf("invalid database URL: %v", err))}
+		return nil, &usageError{msg: c.redact(fmt.Sprintf("%sinvalid database URL: %v", prefix, err))}
 	}
-	pcfg.MaxConns = 2 // a leader connection and one for everything else
-	pcfg.ConnConfig.RuntimeParams["application_name"] = "claimtx-cli"
+	pcfg.MaxConns = maxConns
+	pcfg.ConnConfig.RuntimeParams["application_name"] = app
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, nil, errors.New(c.redact(fmt.Sprintf("connect: %v", err)))
+		return nil, errors.New(c.redact(fmt.Sprintf("%sconnect: %v", prefix, err)))
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, nil, errors.New(c.redact(fmt.Sprintf("connect to %s: %v", target(pcfg), err)))
+		return nil, errors.New(c.redact(fmt.Sprintf("%sconnect to %s: %v", prefix, target(pcfg), err)))
 	}
-	st, err := store.New(pool, cfg)
+	st, err := store.New(pool, store.Config{Schema: c.schemaName(), ClaimsTable: c.tableName()})
 	if err != nil {
 		pool.Close()
-		return nil, nil, err
+		return nil, err
 	}
 	c.pool = pool
-	return st, pool.Close, nil
+	return st, nil
+}
+
+// migrated refuses a claim table that does not exist yet, named with its
+// remedy, before anything else (a broker) is touched.
+func (c *common) migrated(ctx context.Context, st *store.Store, what string) error {
+	v, err := st.Version(ctx)
+	if err != nil {
+		return c.fail(ctx, what, err)
+	}
+	if v == 0 {
+		return errors.New(c.redact(what + ": " + c.missingTable(ctx)))
+	}
+	return nil
 }
 
 // fail wraps a command's error, removing the password from its text while
@@ -370,18 +395,32 @@ func (b *brokerFlags) brokerConfig() (brokers.Config, error) {
 			}
 		}
 	}
-	if u, err := url.Parse(cfg.AMQP.URL); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			b.brokerSecrets = append(b.brokerSecrets, p, url.QueryEscape(p), url.PathEscape(p))
-		}
-	}
-	if p := cfg.Kafka.SASL.Password; p != "" {
-		b.brokerSecrets = append(b.brokerSecrets, p)
-	}
+	b.brokerSecrets = append(b.brokerSecrets, brokerSecrets(cfg)...)
 	if err := cfg.Validate(); err != nil {
 		return cfg, err
 	}
 	return cfg, nil
+}
+
+// brokerSecrets are the passwords of a broker configuration, as typed
+// and escaped.
+func brokerSecrets(cfg brokers.Config) []string {
+	out := urlPassword(cfg.AMQP.URL)
+	if p := cfg.Kafka.SASL.Password; p != "" {
+		out = append(out, p)
+	}
+	return out
+}
+
+// urlPassword is the password in the user info of the URL u, as typed
+// and escaped both ways; none when it has none.
+func urlPassword(u string) []string {
+	if pu, err := url.Parse(u); err == nil && pu.User != nil {
+		if p, ok := pu.User.Password(); ok && p != "" {
+			return []string{p, url.QueryEscape(p), url.PathEscape(p)}
+		}
+	}
+	return nil
 }
 
 // redactErr removes the broker's passwords, and what redact removes, from

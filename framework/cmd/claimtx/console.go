@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -101,7 +100,11 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 		if err := sameClaimTable(path, cc, c.databaseURL, c.schemaName(), c.tableName()); err != nil {
 			return err
 		}
-		secrets = append(secrets, brokerSecrets(cc)...)
+		// The broker's URL, too: a page shows no connection string.
+		if u := cc.Broker.AMQP.URL; u != "" {
+			secrets = append(secrets, u)
+		}
+		secrets = append(secrets, brokerSecrets(cc.Broker)...)
 		secrets = append(secrets, dbSecrets(cc.DatabaseURL)...)
 		cfg.Consumers = append(cfg.Consumers, console.Consumer{
 			Name: cc.Name, Topic: cc.Topic, PoisonTopic: cc.PoisonTopic, Key: cc.Key,
@@ -233,43 +236,19 @@ func sameClaimTable(path string, cc consumer.Config, dbURL, schema, table string
 	return nil
 }
 
-// brokerSecrets are the broker passwords of a consumer configuration,
-// which a page must never show.
-func brokerSecrets(cc consumer.Config) []string {
-	var out []string
-	if cc.Broker.AMQP.URL != "" {
-		out = append(out, cc.Broker.AMQP.URL)
-		if u, err := url.Parse(cc.Broker.AMQP.URL); err == nil && u.User != nil {
-			if p, ok := u.User.Password(); ok && p != "" {
-				out = append(out, p, url.QueryEscape(p), url.PathEscape(p))
-			}
-		}
-	}
-	if p := cc.Broker.Kafka.SASL.Password; p != "" {
-		out = append(out, p)
-	}
-	return out
-}
-
 // dbSecrets are the database URL and its password.
 func dbSecrets(dsn string) []string {
 	if dsn == "" {
 		return nil
 	}
-	out := []string{dsn}
-	if u, err := url.Parse(dsn); err == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			out = append(out, p, url.QueryEscape(p), url.PathEscape(p))
-		}
-	}
+	out := append([]string{dsn}, urlPassword(dsn)...)
 	if cfg, err := pgx.ParseConfig(dsn); err == nil && cfg.Password != "" {
 		out = append(out, cfg.Password)
 	}
 	return out
 }
 
-// consolePool connects to the claim table's database: a few connections,
-// as the overview runs its queries side by side and a replay job holds one.
+// consolePool connects to the claim table's database.
 func (c *common) consolePool(ctx context.Context) (*pgxpool.Pool, error) {
 	cfg := store.Config{Schema: c.schema, ClaimsTable: c.table}
 	if err := cfg.Validate(); err != nil {
@@ -278,33 +257,15 @@ func (c *common) consolePool(ctx context.Context) (*pgxpool.Pool, error) {
 	if c.databaseURL == "" {
 		return nil, &usageError{msg: "console: no database: set DATABASE_URL, pass --database-url, or give a --consumer-config with database_url"}
 	}
-	pcfg, err := pgxpool.ParseConfig(c.databaseURL)
+	// A few connections: the overview runs its queries side by side, and
+	// a replay job holds one.
+	st, err := c.open(ctx, 8, "claimtx-console", "console: ")
 	if err != nil {
-		return nil, &usageError{msg: c.redact(fmt.Sprintf("console: invalid database URL: %v", err))}
-	}
-	pcfg.MaxConns = 8
-	pcfg.ConnConfig.RuntimeParams["application_name"] = "claimtx-console"
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return nil, errors.New(c.redact(fmt.Sprintf("console: connect: %v", err)))
-	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, errors.New(c.redact(fmt.Sprintf("console: connect to %s: %v", target(pcfg), err)))
-	}
-	st, err := store.New(pool, store.Config{Schema: c.schemaName(), ClaimsTable: c.tableName()})
-	if err != nil {
-		pool.Close()
 		return nil, err
 	}
-	c.pool = pool
-	if v, err := st.Version(ctx); err != nil {
-		pool.Close()
-		return nil, c.fail(ctx, "console", err)
-	} else if v == 0 {
-		msg := c.redact("console: " + c.missingTable(ctx))
-		pool.Close()
-		return nil, errors.New(msg)
+	if err := c.migrated(ctx, st, "console"); err != nil {
+		c.pool.Close()
+		return nil, err
 	}
-	return pool, nil
+	return c.pool, nil
 }

@@ -8,7 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -19,7 +20,6 @@ import (
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // `claimtx dlq`: browse, classify and replay a consumer's poison
@@ -74,29 +74,23 @@ Example:
   claimtx dlq replay --topic order-completed --consumer loyalty --key-spec 'template:order-completed:{payload.order_id}' --newer-than 7d --dry-run`
 }
 
-// dlqFlags are the flags of the dlq subcommands.
+// dlqFlags are the flags of the dlq subcommands; the embedded dlq.Run
+// takes most of them as they are.
 type dlqFlags struct {
 	*common
 	brokerFlags
-	stderr                  io.Writer
-	sub                     string
-	consumer, topic, poison string
-	keySpec                 string
-	keyMaxBytes             int
-	hashOverlong            bool
-	reason, key, id         string
-	olderThan, newerThan    durationValue
-	limit                   int64
-	asJSON                  bool
-	progress                string
-	dryRun, includeApplied  bool
-	fromStart               bool
-	batchSize               int
-	rate                    float64
-	maxPayload              int
-	classify                bool
-	source                  dlq.Source
-	now                     time.Time
+	keyFlags
+	dlq.Run
+	stderr               io.Writer
+	sub                  string
+	poison               string
+	olderThan, newerThan durationValue
+	asJSON               bool
+	progress             string
+	fromStart            bool
+	maxPayload           int
+	classify             bool
+	now                  time.Time
 }
 
 func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
@@ -106,30 +100,28 @@ func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 	}
 	fs, c := newFlags("dlq "+sub, stdout, getenv)
 	d := &dlqFlags{common: c, stderr: stderr, sub: sub}
-	d.register(fs)
-	fs.StringVar(&d.consumer, "consumer", "", "consumer name whose dead letters and claims these are (required by replay)")
-	fs.StringVar(&d.topic, "topic", "", "the consumer's topic: where replayed letters go back to (env TOPIC)")
+	d.brokerFlags.register(fs)
+	fs.StringVar(&d.Filter.Consumer, "consumer", "", "consumer name whose dead letters and claims these are (required by replay)")
+	fs.StringVar(&d.Topic, "topic", "", "the consumer's topic: where replayed letters go back to (env TOPIC)")
 	fs.StringVar(&d.poison, "poison-topic", "", "the poison destination (default <--topic>.poison)")
-	fs.StringVar(&d.keySpec, "key-spec", "", "today's key spec of the consumer, e.g. json:order_id (env KEY; required by replay)")
-	fs.IntVar(&d.keyMaxBytes, "key-max-bytes", 0, "the consumer's KeyPolicy.MaxBytes (default 512)")
-	fs.BoolVar(&d.hashOverlong, "key-hash-overlong", false, "the consumer's KeyPolicy.HashOverlong")
-	fs.StringVar(&d.id, "id", "", "only the letter with this message UUID")
-	fs.StringVar(&d.reason, "reason", "", "only letters whose poison reason contains this text")
-	fs.StringVar(&d.key, "key", "", "only letters with this key (today's with --key-spec, else the one stamped when poisoned)")
+	d.keyFlags.register(fs, "today's key spec of the consumer, e.g. json:order_id (env KEY; required by replay)", "the consumer's ")
+	fs.StringVar(&d.Filter.ID, "id", "", "only the letter with this message UUID")
+	fs.StringVar(&d.Filter.Reason, "reason", "", "only letters whose poison reason contains this text")
+	fs.StringVar(&d.Filter.Key, "key", "", "only letters with this key (today's with --key-spec, else the one stamped when poisoned)")
 	fs.Var(&d.olderThan, "older-than", "only letters poisoned longer ago than this (e.g. 2d)")
 	fs.Var(&d.newerThan, "newer-than", "only letters poisoned within this (e.g. 7d)")
-	fs.Int64Var(&d.limit, "limit", 0, "stop after this many selected letters")
+	fs.Int64Var(&d.Limit, "limit", 0, "stop after this many selected letters")
 	fs.BoolVar(&d.asJSON, "json", false, "one JSON object per line")
 	fs.StringVar(&d.progress, "progress", "auto", "progress on stderr: auto (a bar on a terminal, log lines otherwise, for 1000 letters or more), bar, log or none")
 	switch sub {
 	case "inspect":
 		fs.IntVar(&d.maxPayload, "max-payload", 4096, "print at most this many payload bytes (0: all)")
 	case "replay":
-		fs.BoolVar(&d.dryRun, "dry-run", false, "classify and print what would be replayed; change nothing")
-		fs.BoolVar(&d.includeApplied, "include-applied", false, "replay already applied letters too (duplicates for their claims)")
+		fs.BoolVar(&d.DryRun, "dry-run", false, "classify and print what would be replayed; change nothing")
+		fs.BoolVar(&d.IncludeApplied, "include-applied", false, "replay already applied letters too (duplicates for their claims)")
 		fs.BoolVar(&d.fromStart, "from-start", false, "Kafka: read from the earliest offset, not from the progress of the previous replay")
-		fs.IntVar(&d.batchSize, "batch-size", 500, "letters classified and republished per round trip")
-		fs.Float64Var(&d.rate, "rate", 0, "replay at most this many letters per second (0: no limit)")
+		fs.IntVar(&d.BatchSize, "batch-size", 500, "letters classified and republished per round trip")
+		fs.Float64Var(&d.Rate, "rate", 0, "replay at most this many letters per second (0: no limit)")
 	}
 	if err := c.parse(fs, rest); err != nil {
 		return err
@@ -142,22 +134,23 @@ func (d *dlqFlags) usage(format string, a ...any) error {
 }
 
 func (d *dlqFlags) run(ctx context.Context) error {
-	d.keySpec = cmp.Or(d.keySpec, d.getenv("KEY"))
-	d.topic = cmp.Or(d.topic, d.getenv("TOPIC"))
+	d.spec = cmp.Or(d.spec, d.getenv("KEY"))
+	d.Topic = cmp.Or(d.Topic, d.getenv("TOPIC"))
+	consumer := d.Filter.Consumer
 	switch {
-	case d.topic == "" && d.poison == "":
+	case d.Topic == "" && d.poison == "":
 		return d.usage("no destination: pass --topic (the poison destination is <topic>.poison) or --poison-topic")
-	case d.sub == "replay" && d.topic == "":
+	case d.sub == "replay" && d.Topic == "":
 		return d.usage("replay needs --topic (or TOPIC), the topic the letters go back to")
-	case d.sub == "replay" && d.consumer == "":
+	case d.sub == "replay" && consumer == "":
 		return d.usage("replay needs --consumer, whose claims decide what is applied")
-	case d.sub == "replay" && d.keySpec == "":
+	case d.sub == "replay" && d.spec == "":
 		return d.usage("replay needs today's key spec to classify: pass --key-spec or set KEY")
-	case d.batchSize < 0 || d.rate < 0 || d.limit < 0 || d.maxPayload < 0 || d.keyMaxBytes < 0:
+	case d.BatchSize < 0 || d.Rate < 0 || d.Limit < 0 || d.maxPayload < 0 || d.policy.MaxBytes < 0:
 		return d.usage("--batch-size, --rate, --limit, --max-payload and --key-max-bytes must not be negative")
 	}
-	if d.consumer != "" {
-		if err := config.ValidateConsumer("--consumer", d.consumer); err != nil {
+	if consumer != "" {
+		if err := config.ValidateConsumer("--consumer", consumer); err != nil {
 			return err
 		}
 	}
@@ -166,14 +159,13 @@ func (d *dlqFlags) run(ctx context.Context) error {
 	default:
 		return d.usage("--progress %q: want auto, bar, log or none", d.progress)
 	}
-	d.poison = cmp.Or(d.poison, d.topic+".poison")
-	var cls *dlq.Classifier
-	if d.keySpec != "" {
-		key, err := framework.ParseKeySpec(d.keySpec)
+	d.poison = cmp.Or(d.poison, d.Topic+".poison")
+	if d.spec != "" {
+		key, err := framework.ParseKeySpec(d.spec)
 		if err != nil {
-			return d.usage("--key-spec %q: %v", d.keySpec, err)
+			return d.usage("--key-spec %q: %v", d.spec, err)
 		}
-		if d.consumer == "" {
+		if consumer == "" {
 			return d.usage("--key-spec classifies against the claims of --consumer: pass it too")
 		}
 		st, closePool, err := d.connect(ctx)
@@ -181,51 +173,40 @@ func (d *dlqFlags) run(ctx context.Context) error {
 			return err
 		}
 		defer closePool()
-		// A missing claim table is named with its remedy, before any
-		// broker is touched.
-		if v, err := st.Version(ctx); err != nil {
-			return d.fail(ctx, "dlq "+d.sub, err)
-		} else if v == 0 {
-			return errors.New(d.redact("dlq " + d.sub + ": " + d.missingTable(ctx)))
+		if err := d.migrated(ctx, st, "dlq "+d.sub); err != nil {
+			return err
 		}
 		names := pg.NewNames(st.Config().Schema, st.Config().ClaimsTable, st.Config().OutboxTable)
-		var memo dlq.Memo
-		// A schema migrated before the memo existed has no memo table:
-		// then there is nothing to report or clear.
-		if ok, err := poison.MemoTableExists(ctx, d.pool, names); err != nil {
+		// With the memo, a dry run reports "poison-memo" letters and a
+		// replay clears the memo of every key it republishes, so its copy
+		// reaches the handler.
+		memo, err := dlq.MemoOf(ctx, d.pool, names)
+		if err != nil {
 			return d.fail(ctx, "dlq "+d.sub, err)
-		} else if ok {
-			memo = poison.MemoTable{DB: d.pool, Names: names}
 		}
-		cls = newClassifier(d, st.Config().Schema, st.Config().ClaimsTable, key, memo)
+		d.Classifier = &dlq.Classifier{Pool: d.pool, Schema: names.Schema, Table: names.Claims, Consumer: consumer, Key: key, Policy: d.policy, Memo: memo}
 	}
 	bcfg, err := d.brokerConfig()
 	if err != nil {
 		return err
 	}
 	d.now = time.Now()
-	src, err := dlq.Open(ctx, bcfg, dlq.Options{Destination: d.poison, Consumer: d.consumer, Resume: d.sub == "replay" && !d.fromStart})
+	src, err := dlq.Open(ctx, bcfg, dlq.Options{Destination: d.poison, Consumer: consumer, Resume: d.sub == "replay" && !d.fromStart})
 	if err != nil {
 		return d.brokerFail(err)
 	}
-	d.source = src
 	defer func() { _ = src.Close() }()
-	d.classify = cls != nil
-	r := &dlq.Run{
-		Source: src, Classifier: cls, Topic: d.topic, Limit: d.limit, BatchSize: d.batchSize,
-		DryRun: d.dryRun, IncludeApplied: d.includeApplied, Rate: d.rate,
-		Filter: dlq.Filter{Consumer: d.consumer, Topic: d.topic, ID: d.id, Reason: d.reason, Key: d.key,
-			OlderThan: d.olderThan.d, NewerThan: d.newerThan.d, Now: d.now},
-	}
+	d.Source, d.classify = src, d.Classifier != nil
+	d.Filter.Topic, d.Filter.OlderThan, d.Filter.NewerThan, d.Filter.Now = d.Topic, d.olderThan.d, d.newerThan.d, d.now
 	pr := d.newProgress(src.Total())
-	r.OnBatch = pr.update
+	d.OnBatch = pr.update
 	var tw *tabwriter.Writer
 	switch {
 	case d.asJSON:
 		enc := json.NewEncoder(d.stdout)
-		r.OnLetter = func(l *dlq.Letter) error { return enc.Encode(d.letterJSON(l)) }
+		d.OnLetter = func(l *dlq.Letter) error { return enc.Encode(d.letterJSON(l)) }
 	case d.sub == "inspect":
-		r.OnLetter = func(l *dlq.Letter) error {
+		d.OnLetter = func(l *dlq.Letter) error {
 			pr.clear()
 			d.printInspect(l)
 			return nil
@@ -233,7 +214,7 @@ func (d *dlqFlags) run(ctx context.Context) error {
 	default:
 		tw = newTable(d.stdout)
 		header := false
-		r.OnLetter = func(l *dlq.Letter) error {
+		d.OnLetter = func(l *dlq.Letter) error {
 			if !header {
 				pr.clear()
 				d.printHeader(tw)
@@ -244,18 +225,17 @@ func (d *dlqFlags) run(ctx context.Context) error {
 		}
 		// Rows are aligned per batch: a large destination is not held in
 		// memory to align it as a whole.
-		onBatch := r.OnBatch
-		r.OnBatch = func(t dlq.Totals) {
+		d.OnBatch = func(t dlq.Totals) {
 			pr.clear()
 			_ = tw.Flush()
-			onBatch(t)
+			pr.update(t)
 		}
 	}
 	var tot dlq.Totals
 	if d.sub == "replay" {
-		tot, err = r.Replay(ctx)
+		tot, err = d.Replay(ctx)
 	} else {
-		tot, err = r.Browse(ctx)
+		tot, err = d.Browse(ctx)
 	}
 	pr.finish(tot)
 	if tw != nil {
@@ -263,23 +243,12 @@ func (d *dlqFlags) run(ctx context.Context) error {
 	}
 	d.printTotals(tot, err)
 	if err != nil {
-		if ctx.Err() != nil && d.sub == "replay" && !d.dryRun {
+		if ctx.Err() != nil && d.sub == "replay" && !d.DryRun {
 			printf(d.stderr, "interrupted: %d letters replayed; nothing is lost, run the same command again to resume\n", tot.Replayed)
 		}
 		return d.brokerFail(fmt.Errorf("dlq %s: %w", d.sub, err))
 	}
 	return nil
-}
-
-// newClassifier builds the Classifier of the dead letters. With memo, a
-// dry run reports "poison-memo" letters and a replay clears the memo of
-// every key it republishes, so its copy reaches the handler.
-func newClassifier(d *dlqFlags, schema, table string, key framework.KeyFunc, memo dlq.Memo) *dlq.Classifier {
-	return &dlq.Classifier{
-		Pool: d.pool, Schema: schema, Table: table, Consumer: d.consumer, Key: key,
-		Policy: framework.KeyPolicy{MaxBytes: d.keyMaxBytes, HashOverlong: d.hashOverlong},
-		Memo:   memo,
-	}
 }
 
 // brokerFail removes the broker's and the database's passwords from err's
@@ -297,7 +266,7 @@ func (d *dlqFlags) letterJSON(l *dlq.Letter) map[string]any {
 	m := map[string]any{
 		"position":       l.Position,
 		"id":             l.Msg.UUID,
-		"destination":    d.source.Destination(),
+		"destination":    d.Source.Destination(),
 		"original_topic": l.Stamps.Topic,
 		"consumer":       l.Stamps.Consumer,
 		"handler":        l.Stamps.Handler,
@@ -331,7 +300,7 @@ func (d *dlqFlags) letterJSON(l *dlq.Letter) map[string]any {
 		if l.Why != "" {
 			m["why"] = l.Why
 		}
-		if !d.dryRun {
+		if !d.DryRun {
 			m["replayed"] = l.Replayed
 		}
 	}
@@ -396,7 +365,7 @@ func (d *dlqFlags) printRow(tw io.Writer, l *dlq.Letter) {
 		switch {
 		case l.Replayed:
 			act = "replayed"
-		case d.dryRun && l.Action == dlq.ActionReplay:
+		case d.DryRun && l.Action == dlq.ActionReplay:
 			act = "would replay"
 		case l.Why != "":
 			act += ": " + l.Why
@@ -413,9 +382,9 @@ func (d *dlqFlags) printRow(tw io.Writer, l *dlq.Letter) {
 
 func (d *dlqFlags) printInspect(l *dlq.Letter) {
 	w := d.stdout
-	printf(w, "letter %s at %s in %s\n", l.Msg.UUID, l.Position, d.source.Destination())
+	printf(w, "letter %s at %s in %s\n", l.Msg.UUID, l.Position, d.Source.Destination())
 	if l.Handled {
-		printf(w, "  replay progress   a previous replay of %s went past it\n", d.consumer)
+		printf(w, "  replay progress   a previous replay of %s went past it\n", d.Filter.Consumer)
 	}
 	poisoned := "unknown (copy made before claimtx stamped the time)"
 	if !l.Stamps.PoisonedAt.IsZero() {
@@ -438,12 +407,7 @@ func (d *dlqFlags) printInspect(l *dlq.Letter) {
 	}
 	printf(w, "  fingerprint       %s\n", l.FingerprintHex())
 	printf(w, "  metadata\n")
-	keys := make([]string, 0, len(l.Msg.Metadata))
-	for k := range l.Msg.Metadata {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(l.Msg.Metadata)) {
 		printf(w, "    %s = %s\n", k, l.Msg.Metadata[k])
 	}
 	payload, cut := opfmt.Payload(l.Msg.Payload, d.maxPayload)
@@ -460,22 +424,21 @@ func (d *dlqFlags) printInspect(l *dlq.Letter) {
 func (d *dlqFlags) printTotals(t dlq.Totals, err error) {
 	if d.asJSON {
 		if d.sub == "replay" {
-			_ = json.NewEncoder(d.stdout).Encode(map[string]any{"totals": t, "dry_run": d.dryRun, "complete": err == nil})
+			_ = json.NewEncoder(d.stdout).Encode(map[string]any{"totals": t, "dry_run": d.DryRun, "complete": err == nil})
 		}
 		return
 	}
 	w := d.stdout
-	dest := d.source.Destination()
+	dest := d.Source.Destination()
 	printf(w, "%d letters read from %s, %d selected", t.Seen, dest, t.Selected)
 	var skipped []string
-	if t.OtherConsumer > 0 {
-		skipped = append(skipped, fmt.Sprintf("%d of other consumers", t.OtherConsumer))
-	}
-	if t.OtherTopic > 0 {
-		skipped = append(skipped, fmt.Sprintf("%d from other topics", t.OtherTopic))
-	}
-	if t.FilteredOut > 0 {
-		skipped = append(skipped, fmt.Sprintf("%d filtered out", t.FilteredOut))
+	for _, s := range []struct {
+		n    int64
+		what string
+	}{{t.OtherConsumer, "of other consumers"}, {t.OtherTopic, "from other topics"}, {t.FilteredOut, "filtered out"}} {
+		if s.n > 0 {
+			skipped = append(skipped, fmt.Sprintf("%d %s", s.n, s.what))
+		}
 	}
 	if len(skipped) > 0 {
 		printf(w, " (not selected: %s)", strings.Join(skipped, ", "))
@@ -491,103 +454,13 @@ func (d *dlqFlags) printTotals(t dlq.Totals, err error) {
 	if d.sub != "replay" {
 		return
 	}
-	if d.dryRun {
+	if d.DryRun {
 		would := t.WouldApply + t.Memo
-		if d.includeApplied {
+		if d.IncludeApplied {
 			would += t.Applied
 		}
-		printf(w, "dry run: %d would be replayed to %s; nothing changed\n", would, d.topic)
+		printf(w, "dry run: %d would be replayed to %s; nothing changed\n", would, d.Topic)
 		return
 	}
-	printf(w, "%d replayed to %s\n", t.Replayed, d.topic)
-}
-
-// largeDestination is from how many letters on --progress auto shows
-// progress: below it a browse takes a moment and the output says enough.
-const largeDestination = 1000
-
-// dlqProgress shows how far a browse or replay got, on stderr (stdout
-// carries the letters): a redrawn bar with rate and ETA, throttled log
-// lines, or nothing; with progress.go's intervals and terminal test.
-type dlqProgress struct {
-	w     io.Writer
-	mode  string
-	verb  string
-	total int64
-	start time.Time
-	last  time.Time
-	drawn bool
-}
-
-func (d *dlqFlags) newProgress(total int64) *dlqProgress {
-	p := &dlqProgress{w: d.stderr, mode: d.progress, total: total, start: time.Now(), verb: "read"}
-	if d.sub == "replay" && !d.dryRun {
-		p.verb = "replayed"
-	}
-	if p.mode == "auto" {
-		p.mode = "none"
-		if total >= largeDestination {
-			p.mode = barOrLog(d.stderr)
-		}
-	}
-	return p
-}
-
-func (p *dlqProgress) update(t dlq.Totals) {
-	if p.mode == "none" {
-		return
-	}
-	now := time.Now()
-	if now.Sub(p.last) < redrawInterval(p.mode) {
-		return
-	}
-	p.last = now
-	p.draw(t, now)
-}
-
-func (p *dlqProgress) draw(t dlq.Totals, now time.Time) {
-	elapsed := now.Sub(p.start)
-	rate := 0.0
-	if s := elapsed.Seconds(); s > 0 {
-		rate = float64(t.Seen) / s
-	}
-	eta := "?"
-	if left := p.total - t.Seen; rate > 0 && left > 0 {
-		eta = time.Duration(float64(left) / rate * float64(time.Second)).Round(time.Second).String()
-	} else if left <= 0 {
-		eta = "0s"
-	}
-	frac := 1.0
-	if p.total > 0 {
-		frac = min(float64(t.Seen)/float64(p.total), 1)
-	}
-	switch p.mode {
-	case "bar":
-		full := int(frac * barWidth)
-		printf(p.w, "\r\033[K[%s%s] %3.0f%%  %d/%d letters  %d %s  %.0f/s  ETA %s",
-			strings.Repeat("#", full), strings.Repeat(".", barWidth-full), frac*100, t.Seen, p.total, t.Replayed, p.verb, rate, eta)
-		p.drawn = true
-	case "log":
-		printf(p.w, "dlq: %d of %d letters read (%.0f%%), %d selected, %d replayed, %.0f letters/s, ETA %s\n",
-			t.Seen, p.total, frac*100, t.Selected, t.Replayed, rate, eta)
-	}
-}
-
-// clear removes the bar before other output.
-func (p *dlqProgress) clear() {
-	if p.mode == "bar" && p.drawn {
-		printTo(p.w, "\r\033[K")
-		p.drawn = false
-	}
-}
-
-// finish draws the final state and ends the bar's line.
-func (p *dlqProgress) finish(t dlq.Totals) {
-	switch {
-	case p.mode == "bar":
-		p.draw(t, time.Now())
-		printlnTo(p.w)
-	case p.mode == "log" && !p.last.IsZero():
-		p.draw(t, time.Now())
-	}
+	printf(w, "%d replayed to %s\n", t.Replayed, d.Topic)
 }

@@ -144,10 +144,7 @@ func mustHex(t *testing.T, v any) []byte {
 func TestCLIDLQBadInput(t *testing.T) {
 	t.Parallel()
 	c := migratedCLI(t)
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
+	c.refuses([]usageCase{
 		{[]string{"dlq"}, "want a subcommand"},
 		{[]string{"dlq", "purge"}, `unknown subcommand "purge"`},
 		{[]string{"dlq", "list"}, "no destination: pass --topic"},
@@ -161,11 +158,7 @@ func TestCLIDLQBadInput(t *testing.T) {
 		{[]string{"dlq", "list", "--topic", "x", "--broker", "gochannel"}, "amqp and kafka only"},
 		{[]string{"dlq", "list", "--topic", "x", "--broker", "nats"}, "nats"},
 		{[]string{"dlq", "replay", "--topic", "x", "--consumer", "c", "--key-spec", "json:id", "--rate", "-1"}, "must not be negative"},
-	} {
-		code, out, errOut := c.run(tc.args...)
-		require.Equal(t, exitUsage, code, "%v: %s %s", tc.args, out, errOut)
-		require.Contains(t, errOut, tc.want, "%v", tc.args)
-	}
+	})
 	// A poison queue that does not exist is named; nothing is created.
 	code, _, errOut := c.run("dlq", "list", "--topic", "no-such-topic-"+c.schema, "--amqp-url", dlqtest.AMQPURL, "--broker", "amqp")
 	require.Equal(t, exitFail, code)

@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/explain"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
@@ -129,10 +130,7 @@ func keyFromFile(file, spec string) (string, error) {
 	for k, v := range m.Metadata {
 		msg.Metadata.Set(k, v)
 	}
-	key, err := kf(msg)
-	if err == nil {
-		key, err = framework.KeyPolicy{}.Normalize(key)
-	}
+	key, err := dlq.DeriveKey(kf, framework.KeyPolicy{}, msg)
 	if err != nil {
 		return "", &usageError{msg: fmt.Sprintf("explain: --message %s: no key with --key-spec %s: %v", file, spec, err)}
 	}

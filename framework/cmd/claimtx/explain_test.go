@@ -64,19 +64,12 @@ func TestCLIUnpoison(t *testing.T) {
 	require.Contains(t, help, "claimtx unpoison --consumer loyalty --key order-completed:9912")
 	require.Contains(t, help, "--reason-contains")
 
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
+	c.refuses([]usageCase{
 		{[]string{"unpoison"}, "--consumer is required"},
 		{[]string{"unpoison", "--consumer", "loyalty", "--key", ""}, "--key must not be empty"},
 		{[]string{"unpoison", "--consumer", "loyalty", "--older-than", "soon"}, "not a duration"},
 		{[]string{"unpoison", "--consumer", "loyalty", "stray"}, `unexpected argument "stray"`},
-	} {
-		code, _, errOut := c.run(tc.args...)
-		require.Equal(t, exitUsage, code, "%v", tc.args)
-		require.Contains(t, errOut, tc.want, "%v", tc.args)
-	}
+	})
 
 	// A schema without the memo table says what to do.
 	fresh := newCLI(t)
@@ -169,10 +162,7 @@ func TestCLIExplain(t *testing.T) {
 	byString := write("string.json", `{"payload": "{\"order_id\": 42}"}`)
 	require.Contains(t, c.ok("explain", "--consumer", "loyalty", "--message", byString, "--key-spec", "template:order-completed:{payload.order_id}"), "3 rows written")
 
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
+	c.refuses([]usageCase{
 		{[]string{"explain", "--key", "k"}, "--consumer is required"},
 		{[]string{"explain", "--consumer", "loyalty"}, "give --key, or --message"},
 		{[]string{"explain", "--consumer", "loyalty", "--key", "k", "--message", byMeta}, "not both"},
@@ -182,11 +172,7 @@ func TestCLIExplain(t *testing.T) {
 		{[]string{"explain", "--consumer", "loyalty", "--message", write("nokey.json", `{"payload": {"x": 1}}`), "--key-spec", "json:order_id"}, "no key with --key-spec json:order_id"},
 		{[]string{"explain", "--consumer", "loyalty", "--message", filepath.Join(dir, "missing.json"), "--key-spec", "json:order_id"}, "no such file"},
 		{[]string{"explain", "--consumer", "loyalty", "--key", "k", "--outbox-table", "Bad-Name"}, "--outbox-table"},
-	} {
-		code, _, errOut := c.run(tc.args...)
-		require.Equal(t, exitUsage, code, "%v: %s", tc.args, errOut)
-		require.Contains(t, errOut, tc.want, "%v", tc.args)
-	}
+	})
 	help := c.ok("explain", "-h")
 	require.Contains(t, help, "Examples:")
 	require.Contains(t, help, "Exit status: 0 when a claim or a poison memo exists, 1 when neither does")

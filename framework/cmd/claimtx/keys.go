@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -59,12 +60,11 @@ Example:
 type keysFlags struct {
 	*common
 	brokerFlags
-	topic, file       string
-	keySpec, timeSpec string
-	keyMaxBytes       int
-	hashOverlong      bool
-	limit             int
-	asJSON            bool
+	topic, file string
+	keyFlags
+	timeSpec string
+	limit    int
+	asJSON   bool
 }
 
 func cmdKeys(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
@@ -75,13 +75,11 @@ func cmdKeys(ctx context.Context, args []string, stdout io.Writer, getenv env) e
 	// No database flags: the check reads messages only.
 	fs := quietFlagSet("keys check")
 	k := &keysFlags{common: &common{getenv: getenv, stdout: stdout}}
-	k.register(fs)
+	k.brokerFlags.register(fs)
 	fs.StringVar(&k.topic, "topic", "", "the queue or topic to sample (env TOPIC)")
 	fs.StringVar(&k.file, "file", "", `a JSON-lines file to read instead ("-": stdin)`)
-	fs.StringVar(&k.keySpec, "key-spec", "", "the key spec to verify (env KEY)")
+	k.keyFlags.register(fs, "the key spec to verify (env KEY)", "")
 	fs.StringVar(&k.timeSpec, "time-spec", "", "an event-time spec to check too (env EVENT_TIME)")
-	fs.IntVar(&k.keyMaxBytes, "key-max-bytes", 0, "KeyPolicy.MaxBytes (default 512)")
-	fs.BoolVar(&k.hashOverlong, "key-hash-overlong", false, "KeyPolicy.HashOverlong")
 	fs.IntVar(&k.limit, "limit", 10000, "sample at most this many messages (0: all)")
 	fs.BoolVar(&k.asJSON, "json", false, "print the report as one JSON object")
 	if err := k.parse(fs, rest); err != nil {
@@ -95,26 +93,26 @@ func (k *keysFlags) usage(format string, a ...any) error {
 }
 
 func (k *keysFlags) run(ctx context.Context) error {
-	k.keySpec = cmp.Or(k.keySpec, k.getenv("KEY"))
+	k.spec = cmp.Or(k.spec, k.getenv("KEY"))
 	k.timeSpec = cmp.Or(k.timeSpec, k.getenv("EVENT_TIME"))
 	if k.file == "" {
 		k.topic = cmp.Or(k.topic, k.getenv("TOPIC"))
 	}
 	switch {
-	case k.keySpec == "":
+	case k.spec == "":
 		return k.usage("no key spec: pass --key-spec or set KEY")
 	case k.topic == "" && k.file == "":
 		return k.usage("nothing to sample: pass --topic or --file")
 	case k.topic != "" && k.file != "":
 		return k.usage("pass --topic or --file, not both")
-	case k.limit < 0 || k.keyMaxBytes < 0:
+	case k.limit < 0 || k.policy.MaxBytes < 0:
 		return k.usage("--limit and --key-max-bytes must not be negative")
 	}
-	key, err := framework.ParseKeySpec(k.keySpec)
+	key, err := framework.ParseKeySpec(k.spec)
 	if err != nil {
-		return k.usage("--key-spec %q: %v", k.keySpec, err)
+		return k.usage("--key-spec %q: %v", k.spec, err)
 	}
-	c := &keycheck.Checker{Key: key, Policy: framework.KeyPolicy{MaxBytes: k.keyMaxBytes, HashOverlong: k.hashOverlong}}
+	c := &keycheck.Checker{Key: key, Policy: k.policy}
 	if k.timeSpec != "" {
 		if c.EventTime, err = framework.ParseTimeSpec(k.timeSpec); err != nil {
 			return k.usage("--time-spec %q: %v", k.timeSpec, err)
@@ -138,7 +136,7 @@ func (k *keysFlags) run(ctx context.Context) error {
 		k.print(rep, from)
 	}
 	if n := len(rep.Collisions); n > 0 {
-		return fmt.Errorf("keys check: %d keys are shared by different payloads (collisions): key spec %q is not safe for this traffic", n, k.keySpec)
+		return fmt.Errorf("keys check: %d keys are shared by different payloads (collisions): key spec %q is not safe for this traffic", n, k.spec)
 	}
 	return nil
 }
@@ -177,6 +175,20 @@ func (k *keysFlags) readBroker(ctx context.Context, c *keycheck.Checker) (string
 		kind = "Kafka topic"
 	}
 	return fmt.Sprintf("%s %s (read without consuming)", kind, k.topic), nil
+}
+
+// keyFlags are the key spec and key policy of keys check and dlq.
+type keyFlags struct {
+	spec   string
+	policy framework.KeyPolicy
+}
+
+// register adds --key-spec with its help, and the policy's flags, whose
+// help says whose policy they are (whose).
+func (k *keyFlags) register(fs *flag.FlagSet, specHelp, whose string) {
+	fs.StringVar(&k.spec, "key-spec", "", specHelp)
+	fs.IntVar(&k.policy.MaxBytes, "key-max-bytes", 0, whose+"KeyPolicy.MaxBytes (default 512)")
+	fs.BoolVar(&k.policy.HashOverlong, "key-hash-overlong", false, whose+"KeyPolicy.HashOverlong")
 }
 
 // fileMessage is one line of a JSON-lines sample.
@@ -239,11 +251,11 @@ func (k *keysFlags) readFile(c *keycheck.Checker) (string, error) {
 
 func (k *keysFlags) print(r keycheck.Report, from string) {
 	w := k.stdout
-	printf(w, "key spec %s over %d messages of %s\n", k.keySpec, r.Messages, from)
+	printf(w, "key spec %s over %d messages of %s\n", k.spec, r.Messages, from)
 	printf(w, "  keyed %d, distinct keys %d, duplicates %d (same key, same payload: redeliveries, harmless)\n", r.Keyed, r.Keys, r.Duplicates)
 	if q := r.KeyLength; q != nil {
 		printf(w, "  key length in bytes: min %d, p50 %d, p90 %d, p99 %d, max %d (limit %d)\n",
-			q.Min, q.P50, q.P90, q.P99, q.Max, cmp.Or(k.keyMaxBytes, 512))
+			q.Min, q.P50, q.P90, q.P99, q.Max, cmp.Or(k.policy.MaxBytes, 512))
 	}
 	if len(r.Collisions) > 0 {
 		printf(w, "COLLISIONS: %d keys are shared by different payloads: the later events would be acked as duplicates of the first and lost\n", len(r.Collisions))

@@ -82,10 +82,7 @@ func TestCLIKeysCheckFile(t *testing.T) {
 	require.Equal(t, exitOK, code, "%s %s", out, errOut)
 	require.Contains(t, out, "duplicates 1")
 
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
+	c.refuses([]usageCase{
 		{[]string{"keys"}, "want a subcommand: check"},
 		{[]string{"keys", "verify"}, `unknown subcommand "verify"`},
 		{[]string{"keys", "check", "--file", file}, "no key spec"},
@@ -94,11 +91,7 @@ func TestCLIKeysCheckFile(t *testing.T) {
 		{[]string{"keys", "check", "--key-spec", "bogus:x", "--file", file}, `--key-spec "bogus:x"`},
 		{[]string{"keys", "check", "--key-spec", "json:id", "--time-spec", "bogus:x", "--file", file}, `--time-spec "bogus:x"`},
 		{[]string{"keys", "check", "--key-spec", "json:id", "--file", file, "--database-url", "x"}, "database-url"},
-	} {
-		code, out, errOut := c.run(tc.args...)
-		require.Equal(t, exitUsage, code, "%v: %s %s", tc.args, out, errOut)
-		require.Contains(t, errOut, tc.want, "%v", tc.args)
-	}
+	})
 	bad := filepath.Join(dir, "bad.jsonl")
 	require.NoError(t, os.WriteFile(bad, []byte("{\"id\": \"a\"}\n[1, 2\n"), 0o600))
 	code, _, errOut = c.run("keys", "check", "--key-spec", "json:id", "--file", bad)

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
@@ -54,6 +53,24 @@ func (c *cli) ok(args ...string) string {
 	code, out, errOut := c.run(args...)
 	require.Equal(c.t, exitOK, code, "claimtx %v\nstdout: %s\nstderr: %s", args, out, errOut)
 	return out
+}
+
+// usageCase is a command line refused as bad input, with want in its
+// error.
+type usageCase struct {
+	args []string
+	want string
+}
+
+// refuses runs each case's command line and requires exit status 2 and
+// the case's text on stderr.
+func (c *cli) refuses(cases []usageCase) {
+	c.t.Helper()
+	for _, tc := range cases {
+		code, out, errOut := c.run(tc.args...)
+		require.Equal(c.t, exitUsage, code, "%v: %s %s", tc.args, out, errOut)
+		require.Contains(c.t, errOut, tc.want, "%v", tc.args)
+	}
 }
 
 func (c *cli) store() *store.Store {
@@ -112,10 +129,7 @@ SELECT CASE WHEN g % 2 = 0 THEN 'loyalty' ELSE 'analytics' END, 'k' || g, now() 
 func TestCLIBadInput(t *testing.T) {
 	t.Parallel()
 	c := newCLI(t)
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
+	c.refuses([]usageCase{
 		{nil, "Usage:"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 		{[]string{"cleanup", "--window", "1d"}, "--window 1d is below --min-window 7d"},
@@ -130,11 +144,7 @@ func TestCLIBadInput(t *testing.T) {
 		{[]string{"partitions", "create-ahead", "--ahead", "-1"}, "Ahead"},
 		{[]string{"stats", "--schema", "Bad-Name"}, `"Schema"`},
 		{[]string{"stats", "--table", "x;drop"}, `"ClaimsTable"`},
-	} {
-		code, out, errOut := c.run(tc.args...)
-		require.Equal(t, exitUsage, code, "%v: %s %s", tc.args, out, errOut)
-		require.Contains(t, errOut, tc.want, "%v", tc.args)
-	}
+	})
 
 	c.env = map[string]string{}
 	code, _, errOut := c.run("stats")
@@ -263,7 +273,7 @@ func TestProgressPrinter(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(0, 0)
 	var buf bytes.Buffer
-	p := &progressPrinter{w: &buf, mode: "bar", now: func() time.Time { return now }, total: 1000, counted: true}
+	p := &progressPrinter{progress: progress{w: &buf, mode: "bar", now: func() time.Time { return now }}, total: 1000, counted: true}
 	p.update(store.CleanupProgress{})
 	p.update(store.CleanupProgress{Batch: 1, Deleted: 250, BatchRows: 250, Elapsed: time.Second})
 	now = now.Add(time.Second)
@@ -277,7 +287,7 @@ func TestProgressPrinter(t *testing.T) {
 	require.True(t, strings.HasSuffix(out, "\n"))
 
 	buf.Reset()
-	p = &progressPrinter{w: &buf, mode: "log", now: func() time.Time { return now }, total: 100, counted: true}
+	p = &progressPrinter{progress: progress{w: &buf, mode: "log", now: func() time.Time { return now }}, total: 100, counted: true}
 	for i := 1; i <= 10; i++ {
 		p.update(store.CleanupProgress{Batch: i, Deleted: int64(i * 10), BatchRows: 10, Elapsed: time.Duration(i) * time.Second})
 	}
@@ -287,7 +297,7 @@ func TestProgressPrinter(t *testing.T) {
 	// ETA; a spinner shows life.
 	for _, mode := range []string{"bar", "log"} {
 		buf.Reset()
-		p = &progressPrinter{w: &buf, mode: mode, now: func() time.Time { return now }}
+		p = &progressPrinter{progress: progress{w: &buf, mode: mode, now: func() time.Time { return now }}}
 		p.update(store.CleanupProgress{})
 		now = now.Add(time.Minute)
 		p.update(store.CleanupProgress{Batch: 1, Deleted: 250, BatchRows: 250, Elapsed: time.Second})
@@ -303,20 +313,10 @@ func TestProgressPrinter(t *testing.T) {
 	require.False(t, isTerminal(&buf))
 }
 
-func TestParseDuration(t *testing.T) {
+// formatBytes is the size of the stats and partitions tables; the
+// durations' parsing and printing are opfmt's (opfmt/duration_test.go).
+func TestFormatBytes(t *testing.T) {
 	t.Parallel()
-	for in, want := range map[string]time.Duration{
-		"30d": 30 * 24 * time.Hour, "1d12h": 36 * time.Hour, "36h": 36 * time.Hour, "90m": 90 * time.Minute, " 7d ": 7 * 24 * time.Hour,
-	} {
-		got, err := opfmt.ParseDuration(in)
-		require.NoError(t, err, in)
-		require.Equal(t, want, got, in)
-	}
-	for _, in := range []string{"", "d", "30 days", "1dd", "99999999d", "-3d"} {
-		_, err := opfmt.ParseDuration(in)
-		require.Error(t, err, in)
-	}
-	require.Equal(t, "30d", opfmt.FormatDuration(30*24*time.Hour))
 	require.Equal(t, "1.5 KiB", formatBytes(1536))
 	require.Equal(t, "12 B", formatBytes(12))
 }

@@ -41,30 +41,19 @@ func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv 
 	var prepareOnly bool
 	// Each subcommand has only the flags it reads: one it ignores would be
 	// accepted silently, and its help would describe another command.
-	addRetention := func() {
+	if sub != "list" {
 		retention.register(fs, &cfg, "claim retention by event time", "refuse a retention below this unless --force", "retention")
-	}
-	aheadFlag := func() {
-		fs.IntVar(&cfg.Ahead, "ahead", pg.DefaultPartitionsAhead, "create partitions through today + this many days (UTC)")
-	}
-	lockWaitFlag := func() {
 		fs.DurationVar(&cfg.LockWait, "lock-wait", pg.DefaultPartitionLockWait, "give up (and retry) a lock wait that would block claims after this")
 	}
+	if sub == "enable" || sub == "create-ahead" {
+		fs.IntVar(&cfg.Ahead, "ahead", pg.DefaultPartitionsAhead, "create partitions through today + this many days (UTC)")
+	}
 	switch sub {
-	case "list":
 	case "enable":
-		addRetention()
-		aheadFlag()
-		lockWaitFlag()
 		fs.BoolVar(&prepareOnly, "prepare-only", false, "only add event_day and build the indexes online, for a rolling switch to event-time claims")
 	case "create-ahead":
-		addRetention()
-		aheadFlag()
-		lockWaitFlag()
 		fs.BoolVar(&cfg.DryRun, "dry-run", false, "list the partitions that would be created, create none")
 	case "drop-expired":
-		addRetention()
-		lockWaitFlag()
 		fs.BoolVar(&cfg.DryRun, "dry-run", false, "list the partitions that would be dropped, drop none")
 	}
 	if err := c.parse(fs, rest); err != nil {

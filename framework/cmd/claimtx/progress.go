@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -38,12 +39,75 @@ func barOrLog(w io.Writer) string {
 	return "log"
 }
 
-// redrawInterval is how often a progress display in mode may redraw.
-func redrawInterval(mode string) time.Duration {
-	if mode == "bar" {
-		return barInterval
+// progress is what the displays of cleanup and dlq share: the mode (bar,
+// log or none), the throttling of redraws and the bar itself. A library
+// bar (schollz/progressbar, cheggaaa/pb) would draw its own line, which
+// the tests and the operators' scripts read; this is all either display
+// needs.
+type progress struct {
+	w     io.Writer
+	mode  string
+	now   func() time.Time
+	last  time.Time
+	drawn bool
+}
+
+// due says whether a redraw is due (always when force), and records it:
+// a bar redraws every barInterval at most, a log line every logInterval.
+func (p *progress) due(force bool) bool {
+	if p.mode == "none" {
+		return false
 	}
-	return logInterval
+	now := p.now()
+	interval := logInterval
+	if p.mode == "bar" {
+		interval = barInterval
+	}
+	if !force && now.Sub(p.last) < interval {
+		return false
+	}
+	p.last = now
+	return true
+}
+
+// bar redraws the bar line: frac of barWidth filled, the percentage, then
+// format.
+func (p *progress) bar(frac float64, format string, a ...any) {
+	full := int(frac * barWidth)
+	printf(p.w, "\r\033[K[%s%s] %3.0f%%  "+format, append([]any{strings.Repeat("#", full), strings.Repeat(".", barWidth-full), frac * 100}, a...)...)
+	p.drawn = true
+}
+
+// clear removes the bar before other output.
+func (p *progress) clear() {
+	if p.mode == "bar" && p.drawn {
+		printTo(p.w, "\r\033[K")
+		p.drawn = false
+	}
+}
+
+// rateETA is the rate of n items done in elapsed, and the time left for
+// the rest of total at that rate: "?" when unknown, "0s" when done.
+func rateETA(n, total int64, elapsed time.Duration, done bool) (float64, string) {
+	rate := 0.0
+	if s := elapsed.Seconds(); s > 0 {
+		rate = float64(n) / s
+	}
+	eta := "?"
+	if left := total - n; rate > 0 && left > 0 {
+		eta = time.Duration(float64(left) / rate * float64(time.Second)).Round(time.Second).String()
+	} else if done {
+		eta = "0s"
+	}
+	return rate, eta
+}
+
+// fraction is n of total, at most 1; 1 when there is no total.
+func fraction(n, total int64) float64 {
+	if total > 0 {
+		return min(float64(n)/float64(total), 1)
+	}
+	return 1
 }
 
 // progressPrinter renders store.CleanupProgress as a redrawn bar with rate
@@ -52,11 +116,7 @@ func redrawInterval(mode string) time.Duration {
 // percentage or ETA: the planner's estimate was 2-3x off on a table cleaned
 // before, so no total is better than that one.
 type progressPrinter struct {
-	w      io.Writer
-	mode   string
-	now    func() time.Time
-	last   time.Time
-	drawn  bool
+	progress
 	frames int
 	latest store.CleanupProgress
 	// total is the exact number of claims to delete, when counted.
@@ -66,46 +126,25 @@ type progressPrinter struct {
 
 func (p *progressPrinter) update(pr store.CleanupProgress) {
 	p.latest = pr
-	if p.mode == "none" {
-		return
+	if p.due(pr.Batch == 0 || pr.BatchRows == 0) {
+		p.draw(pr)
 	}
-	now := p.now()
-	if pr.Batch != 0 && pr.BatchRows != 0 && now.Sub(p.last) < redrawInterval(p.mode) {
-		return
-	}
-	p.last = now
-	p.draw(pr)
 }
 
 func (p *progressPrinter) draw(pr store.CleanupProgress) {
-	rate := 0.0
-	if s := pr.Elapsed.Seconds(); s > 0 {
-		rate = float64(pr.Deleted) / s
-	}
 	done := pr.Batch > 0 && pr.BatchRows == 0
+	rate, eta := rateETA(pr.Deleted, p.total, pr.Elapsed, done)
 	if !p.counted {
 		p.drawUncounted(pr, rate, done)
 		return
 	}
-	eta := "?"
-	if left := p.total - pr.Deleted; rate > 0 && left > 0 {
-		eta = time.Duration(float64(left) / rate * float64(time.Second)).Round(time.Second).String()
-	} else if done {
-		eta = "0s"
-	}
 	switch p.mode {
 	case "bar":
-		frac := 1.0
-		if p.total > 0 {
-			frac = min(float64(pr.Deleted)/float64(p.total), 1)
-		}
+		frac := fraction(pr.Deleted, p.total)
 		if done {
 			frac = 1
 		}
-		full := int(frac * barWidth)
-		printf(p.w, "\r\033[K[%s%s] %3.0f%%  %d/%d claims  %.0f/s  ETA %s",
-			strings.Repeat("#", full), strings.Repeat(".", barWidth-full), frac*100, pr.Deleted, p.total, rate, eta)
-		p.drawn = true
+		p.bar(frac, "%d/%d claims  %.0f/s  ETA %s", pr.Deleted, p.total, rate, eta)
 	case "log":
 		if pr.Batch == 0 {
 			printf(p.w, "cleanup: %d claims processed before %s to delete, first batch %d rows\n",
@@ -146,5 +185,61 @@ func (p *progressPrinter) finish() {
 	if p.mode == "bar" && p.drawn {
 		p.draw(p.latest)
 		printlnTo(p.w)
+	}
+}
+
+// largeDestination is from how many letters on --progress auto shows
+// progress: below it a browse takes a moment and the output says enough.
+const largeDestination = 1000
+
+// dlqProgress shows how far a browse or replay got, on stderr (stdout
+// carries the letters).
+type dlqProgress struct {
+	progress
+	verb  string
+	total int64
+	start time.Time
+}
+
+func (d *dlqFlags) newProgress(total int64) *dlqProgress {
+	p := &dlqProgress{progress: progress{w: d.stderr, mode: d.progress, now: time.Now}, total: total, start: time.Now(), verb: "read"}
+	if d.sub == "replay" && !d.DryRun {
+		p.verb = "replayed"
+	}
+	if p.mode == "auto" {
+		p.mode = "none"
+		if total >= largeDestination {
+			p.mode = barOrLog(d.stderr)
+		}
+	}
+	return p
+}
+
+func (p *dlqProgress) update(t dlq.Totals) {
+	if p.due(false) {
+		p.draw(t)
+	}
+}
+
+func (p *dlqProgress) draw(t dlq.Totals) {
+	rate, eta := rateETA(t.Seen, p.total, time.Since(p.start), t.Seen >= p.total)
+	frac := fraction(t.Seen, p.total)
+	switch p.mode {
+	case "bar":
+		p.bar(frac, "%d/%d letters  %d %s  %.0f/s  ETA %s", t.Seen, p.total, t.Replayed, p.verb, rate, eta)
+	case "log":
+		printf(p.w, "dlq: %d of %d letters read (%.0f%%), %d selected, %d replayed, %.0f letters/s, ETA %s\n",
+			t.Seen, p.total, frac*100, t.Selected, t.Replayed, rate, eta)
+	}
+}
+
+// finish draws the final state and ends the bar's line.
+func (p *dlqProgress) finish(t dlq.Totals) {
+	switch {
+	case p.mode == "bar":
+		p.draw(t)
+		printlnTo(p.w)
+	case p.mode == "log" && !p.last.IsZero():
+		p.draw(t)
 	}
 }

@@ -1,16 +1,23 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
+	"github.com/claimtx/claimtx/framework/internal/replay"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/store"
 )
 
-// `claimtx stats`: claims per consumer, sizes, Kafka positions (positions.go)
-// and the retention against the replay horizon (horizon.go).
+// `claimtx stats`: claims per consumer, sizes, the Kafka positions with
+// their lags, and the retention against the replay horizon.
 
 func init() {
 	synopses["stats"] = "Claims per consumer, table and index size; with --topic and --retention, the claims' retention against the broker's replay horizon."
@@ -96,4 +103,137 @@ func cmdStats(ctx context.Context, args []string, stdout io.Writer, getenv env) 
 		printf(stdout, "%s\n", horizon)
 	}
 	return nil
+}
+
+// horizonReport compares a consumer's claim retention with how old a
+// message of its topic or poison topic can be when the broker still
+// delivers it: what a running consumer logs and exports (framework/consumer,
+// Config.Retention), for an operator at the command line.
+type horizonReport struct {
+	Topic         string        `json:"topic"`
+	PoisonTopic   string        `json:"poison_topic"`
+	Retention     time.Duration `json:"retention_ns"`
+	ReplayHorizon time.Duration `json:"replay_horizon_ns"` // math.MaxInt64: unbounded
+	Unbounded     bool          `json:"replay_horizon_unbounded"`
+	Exceeded      bool          `json:"horizon_exceeds_retention"`
+}
+
+// probe is a subscriber of cfg's broker for the questions stats asks it;
+// it never subscribes, so its consumer group is never joined.
+func probe(cfg brokers.Config) (message.Subscriber, error) {
+	cfg.Kafka.ConsumerGroup = cmp.Or(cfg.Kafka.ConsumerGroup, "claimtx-stats") // a subscriber needs one
+	return brokers.NewSubscriber(cfg, nil)
+}
+
+// replayHorizon asks the broker of cfg for the horizon of topic and its
+// poison topic.
+func replayHorizon(ctx context.Context, cfg brokers.Config, topic, poison string, retention time.Duration) (horizonReport, error) {
+	sub, err := probe(cfg)
+	if err != nil {
+		return horizonReport{}, err
+	}
+	defer func() { _ = sub.Close() }()
+	longest, ok, err := replay.Horizon(ctx, sub, topic, poison)
+	if err != nil {
+		return horizonReport{}, err
+	}
+	if !ok {
+		return horizonReport{}, fmt.Errorf("broker %q cannot tell its replay horizon", cfg.Kind)
+	}
+	rep := horizonReport{Topic: topic, PoisonTopic: poison, Retention: retention, ReplayHorizon: longest}
+	rep.Unbounded = longest == brokers.UnboundedHorizon
+	rep.Exceeded = rep.ReplayHorizon > retention
+	return rep, nil
+}
+
+func (r horizonReport) String() string {
+	h := replay.Format(r.ReplayHorizon)
+	if !r.Unbounded {
+		h = opfmt.FormatDuration(r.ReplayHorizon) // "1d", as the flags take it
+	}
+	verdict := "OK: claims outlive every delivery the broker can still make"
+	if r.Exceeded {
+		verdict = "WARNING: a message older than the retention may have lost its claim; the expiry guard poisons it as expired instead of applying it (docs/operations.md, Checking the window against the broker)"
+	}
+	return fmt.Sprintf("retention %s, replay horizon %s (%s, %s): %s", opfmt.FormatDuration(r.Retention), h, r.Topic, r.PoisonTopic, verdict)
+}
+
+// positionLag is one stored Kafka position with the partition's end offset
+// and the records past the position (not settled yet), when the broker
+// could be asked.
+type positionLag struct {
+	store.KafkaPosition
+	EndOffset *int64 `json:"end_offset,omitempty"`
+	Lag       *int64 `json:"lag,omitempty"`
+}
+
+// withoutLags is ps with the lags unknown.
+func withoutLags(ps []store.KafkaPosition) []positionLag {
+	out := make([]positionLag, len(ps))
+	for i, p := range ps {
+		out[i].KafkaPosition = p
+	}
+	return out
+}
+
+// positionLags adds the end offsets and lags to ps when the broker of cfg
+// is Kafka; a failure is returned as a note, not an error: the positions
+// come from the database and stand on their own.
+func positionLags(ctx context.Context, cfg brokers.Config, ps []store.KafkaPosition) ([]positionLag, string) {
+	out := withoutLags(ps)
+	if len(ps) == 0 {
+		return out, ""
+	}
+	if cfg.Kind != brokers.KindKafka {
+		return out, "lag unknown"
+	}
+	sub, err := probe(cfg)
+	if err != nil {
+		return out, fmt.Sprintf("lag unknown: %v", err)
+	}
+	defer func() { _ = sub.Close() }()
+	endOffsets, ok := kafkarecord.EndOffsets(sub)
+	if !ok {
+		return out, ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	ends := map[string]map[int32]int64{}
+	for i := range out {
+		topic := out[i].Topic
+		if _, done := ends[topic]; !done {
+			e, err := endOffsets(ctx, topic)
+			if err != nil {
+				return out, fmt.Sprintf("lag unknown: %v", err)
+			}
+			ends[topic] = e
+		}
+		if end, ok := ends[topic][out[i].Partition]; ok {
+			lag := max(end-out[i].SettledBelow, 0)
+			out[i].EndOffset, out[i].Lag = &end, &lag
+		}
+	}
+	return out, ""
+}
+
+// printPositions prints the stored Kafka positions, with the lag when
+// known.
+func printPositions(w io.Writer, ps []positionLag, note string) {
+	if len(ps) == 0 {
+		return
+	}
+	printf(w, "kafka positions stored with the claims (every record below SETTLED_BELOW is settled)\n")
+	tw := newTable(w)
+	printlnTo(tw, "CONSUMER\tTOPIC\tPARTITION\tSETTLED_BELOW\tEND\tLAG\tUPDATED")
+	for _, p := range ps {
+		end, lag := "?", "?"
+		if p.EndOffset != nil {
+			end, lag = fmt.Sprint(*p.EndOffset), fmt.Sprint(*p.Lag)
+		}
+		printf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", p.Consumer, p.Topic, p.Partition, p.SettledBelow, end, lag, p.UpdatedAt.UTC().Format(time.RFC3339))
+	}
+	_ = tw.Flush()
+	if note != "" {
+		printf(w, "%s (END and LAG need --broker kafka and --kafka-brokers, or BROKER and KAFKA_BROKERS)\n", note)
+	}
 }

@@ -68,18 +68,14 @@ func cmdUnpoison(ctx context.Context, args []string, stdout io.Writer, getenv en
 	if !ok {
 		return c.fail(ctx, "unpoison", fmt.Errorf("the poison memo table %s.%s does not exist: run `claimtx migrate`, or pass the --schema and --table it belongs to", cfg.Schema, n.Memo))
 	}
+	memos, done := poison.ClearMemos, "cleared %d poison memos of consumer %s\n"
 	if *dryRun {
-		count, err := poison.CountMemos(ctx, c.pool, n, f)
-		if err != nil {
-			return c.fail(ctx, "unpoison", err)
-		}
-		printf(stdout, "dry run: %d poison memos of consumer %s would be cleared\n", count, f.Consumer)
-		return nil
+		memos, done = poison.CountMemos, "dry run: %d poison memos of consumer %s would be cleared\n"
 	}
-	cleared, err := poison.ClearMemos(ctx, c.pool, n, f)
+	count, err := memos(ctx, c.pool, n, f)
 	if err != nil {
 		return c.fail(ctx, "unpoison", err)
 	}
-	printf(stdout, "cleared %d poison memos of consumer %s\n", cleared, f.Consumer)
+	printf(stdout, done, count, f.Consumer)
 	return nil
 }

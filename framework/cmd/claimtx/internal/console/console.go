@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/time/rate"
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
@@ -125,8 +126,10 @@ type Console struct {
 	pages     map[string]*template.Template
 	log       *slog.Logger
 
-	key      []byte // signs sessions and CSRF tokens; random per process
-	limiter  *limiter
+	key []byte // signs sessions and CSRF tokens; random per process
+	// limiter allows 5 failed sign-ins a second per process, so a token
+	// cannot be guessed fast however many connections try.
+	limiter  *rate.Limiter
 	horizons *horizonCache
 	jobs     *jobs
 
@@ -155,7 +158,7 @@ func New(cfg Config) (*Console, error) {
 	c := &Console{
 		cfg: cfg, store: st, names: pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable),
 		consumers: map[string]*Consumer{}, log: cmp.Or(cfg.Logger, slog.Default()),
-		key: make([]byte, 32), limiter: newLimiter(5, time.Second),
+		key: make([]byte, 32), limiter: rate.NewLimiter(5, 5),
 		horizons: &horizonCache{ttl: time.Minute, m: map[string]horizonResult{}},
 		jobs:     &jobs{byID: map[string]*job{}, running: map[string]string{}},
 	}

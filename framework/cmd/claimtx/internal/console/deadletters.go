@@ -13,7 +13,6 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
-	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // jobBatch is how many letters a preview or job reads, classifies and
@@ -97,19 +96,36 @@ func rowOf(l *dlq.Letter, now time.Time) letterRow {
 	}
 }
 
+// letterRows are the rows of a preview or job, up to a maximum, with the
+// count of the rest and of the letters a replay republishes (or would).
+type letterRows struct {
+	rows         []letterRow
+	more, replay int64
+}
+
+func (r *letterRows) add(l *dlq.Letter, row letterRow, max int) {
+	if l.Action == dlq.ActionReplay {
+		r.replay++
+	}
+	if len(r.rows) < max {
+		r.rows = append(r.rows, row)
+	} else {
+		r.more++
+	}
+}
+
 type deadLettersData struct {
-	Consumers  []string
-	Filters    filterForm
-	Kafka      bool
-	Error      string
-	Rows       []letterRow
-	Page       int
-	PrevURL    string
-	NextURL    string
-	Scanned    int64
-	Total      int64
-	Capped     bool
-	Classified bool
+	Consumers []string
+	Filters   filterForm
+	Kafka     bool
+	Error     string
+	Rows      []letterRow
+	Page      int
+	PrevURL   string
+	NextURL   string
+	Scanned   int64
+	Total     int64
+	Capped    bool
 }
 
 // deadLetters is GET /dead-letters: one page of a consumer's dead letters,
@@ -161,7 +177,6 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 		render(http.StatusOK)
 		return
 	}
-	d.Classified = cls != nil
 	from, to := (d.Page-1)*c.cfg.PageSize, d.Page*c.cfg.PageSize
 	n := 0
 	run := dlq.Run{
@@ -214,17 +229,13 @@ func (c *Console) classifier(ctx context.Context, cs *Consumer) (*dlq.Classifier
 	if cs.key == nil {
 		return nil, nil
 	}
-	cl := &dlq.Classifier{Pool: c.cfg.Pool, Schema: c.cfg.Schema, Table: c.cfg.ClaimsTable, Consumer: cs.Name, Key: cs.key, Policy: cs.KeyPolicy}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
 	defer cancel()
-	ok, err := poison.MemoTableExists(ctx, c.cfg.Pool, c.names)
+	memo, err := dlq.MemoOf(ctx, c.cfg.Pool, c.names)
 	if err != nil {
 		return nil, err
 	}
-	if ok {
-		cl.Memo = poison.MemoTable{DB: c.cfg.Pool, Names: c.names}
-	}
-	return cl, nil
+	return &dlq.Classifier{Pool: c.cfg.Pool, Schema: c.cfg.Schema, Table: c.cfg.ClaimsTable, Consumer: cs.Name, Key: cs.key, Policy: cs.KeyPolicy, Memo: memo}, nil
 }
 
 // cappedSource stops a browse after a number of letters: one page never
@@ -365,17 +376,10 @@ func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
 	}
 	run.DryRun = true
 	now := time.Now()
+	var rows letterRows
 	run.OnLetter = func(l *dlq.Letter) error {
-		if !l.Selected {
-			return nil
-		}
-		if l.Action == dlq.ActionReplay {
-			d.Replay++
-		}
-		if len(d.Rows) < maxPreviewRows {
-			d.Rows = append(d.Rows, rowOf(l, now))
-		} else {
-			d.More++
+		if l.Selected {
+			rows.add(l, rowOf(l, now), maxPreviewRows)
 		}
 		return nil
 	}
@@ -383,5 +387,6 @@ func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		d.Error = c.errText(fmt.Errorf("dry run: %w", err))
 	}
+	d.Rows, d.More, d.Replay = rows.rows, rows.more, rows.replay
 	render(http.StatusOK)
 }

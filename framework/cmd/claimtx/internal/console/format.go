@@ -14,21 +14,22 @@ import (
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 )
 
-// timestamp prints a time in UTC, to the second; "—" for none.
+// timestamp prints a time (or a *time.Time) in UTC, to the second; "—"
+// for none.
 func timestamp(t any) string {
-	switch v := t.(type) {
+	var v time.Time
+	switch x := t.(type) {
 	case time.Time:
-		if v.IsZero() {
-			return "—"
-		}
-		return v.UTC().Format("2006-01-02 15:04:05Z")
+		v = x
 	case *time.Time:
-		if v == nil || v.IsZero() {
-			return "—"
+		if x != nil {
+			v = *x
 		}
-		return v.UTC().Format("2006-01-02 15:04:05Z")
 	}
-	return "—"
+	if v.IsZero() {
+		return "—"
+	}
+	return v.UTC().Format("2006-01-02 15:04:05Z")
 }
 
 // parseDuration reads a filter's duration: empty is none.

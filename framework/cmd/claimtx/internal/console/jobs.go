@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -36,33 +37,30 @@ type job struct {
 	mu       sync.Mutex
 	total    int64 // letters in the destination when opened
 	totals   dlq.Totals
-	rows     []letterRow
-	more     int64
-	replay   int64 // dry run: letters the replay would republish
+	rows     letterRows // rows.replay: the letters a dry run would republish
 	finished time.Time
 	err      error
 }
 
 // jobView is a consistent copy of a job for its page.
 type jobView struct {
-	ID, Consumer     string
-	Started, Ended   time.Time
-	Running, Failed  bool
-	Status           string
-	Seen, Total      int64
-	Totals           dlq.Totals
-	Rows             []letterRow
-	More             int64
-	Passed, Kept     int64
-	NotSelectedOther int64
-	WouldReplay      int64 // dry run
+	ID, Consumer    string
+	Started, Ended  time.Time
+	Running, Failed bool
+	Status          string
+	Seen, Total     int64
+	Totals          dlq.Totals
+	Rows            []letterRow
+	More            int64
+	Passed, Kept    int64
+	WouldReplay     int64 // dry run
 }
 
 func (j *job) view() jobView {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	v := jobView{ID: j.ID, Consumer: j.Consumer, Started: j.Started, Ended: j.finished, Seen: j.totals.Seen, Total: j.total,
-		Totals: j.totals, Rows: j.rows, More: j.more, WouldReplay: j.replay}
+		Totals: j.totals, Rows: j.rows.rows, More: j.rows.more, WouldReplay: j.rows.replay}
 	switch {
 	case j.finished.IsZero():
 		v.Running, v.Status = true, "running"
@@ -71,7 +69,7 @@ func (j *job) view() jobView {
 	default:
 		v.Status = "done"
 	}
-	for _, r := range j.rows {
+	for _, r := range j.rows.rows {
 		switch {
 		case r.Replayed:
 		case r.Action == string(dlq.ActionPass):
@@ -121,18 +119,12 @@ func (js *jobs) start(consumer string, dryRun bool, sel selection) (j *job, reus
 	js.running[consumer] = j.ID
 	// Forget the oldest finished jobs beyond maxJobs.
 	for len(js.order) > maxJobs {
-		dropped := false
-		for i, id := range js.order {
-			if old := js.byID[id]; js.running[old.Consumer] != id {
-				delete(js.byID, id)
-				js.order = append(js.order[:i], js.order[i+1:]...)
-				dropped = true
-				break
-			}
-		}
-		if !dropped {
+		i := slices.IndexFunc(js.order, func(id string) bool { return js.running[js.byID[id].Consumer] != id })
+		if i < 0 {
 			break
 		}
+		delete(js.byID, js.order[i])
+		js.order = slices.Delete(js.order, i, i+1)
 	}
 	return j, false, nil
 }
@@ -224,14 +216,7 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 			// maxJobRows rows for as long as the console remembers it.
 			row.Payload = ""
 			j.mu.Lock()
-			if l.Action == dlq.ActionReplay {
-				j.replay++
-			}
-			if len(j.rows) < maxRows {
-				j.rows = append(j.rows, row)
-			} else {
-				j.more++
-			}
+			j.rows.add(l, row, maxRows)
 			j.mu.Unlock()
 			return nil
 		}
@@ -260,7 +245,7 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 	if err != nil {
 		j.err = errors.New(c.errText(err))
 	}
-	totals, wouldReplay := j.totals, j.replay
+	totals, wouldReplay := j.totals, j.rows.replay
 	j.mu.Unlock()
 	c.jobs.finish(j)
 	kind, count, n := "replay", "replayed", totals.Replayed

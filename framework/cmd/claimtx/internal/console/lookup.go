@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/explain"
 	"github.com/claimtx/claimtx/internal/poison"
 )
@@ -21,7 +22,6 @@ type lookupData struct {
 	Pasteable []string // configured consumers with a key spec
 	Consumer  string
 	Key       string
-	Asked     bool // a consumer and key were given
 	Report    *explain.Report
 	Error     string
 	Cleared   bool
@@ -65,7 +65,6 @@ func (c *Console) lookupForm(ctx context.Context, consumer string) lookupData {
 
 // explain reads what is known of (d.Consumer, d.Key).
 func (c *Console) explain(ctx context.Context, d *lookupData) {
-	d.Asked = true
 	err := c.readOnly(ctx, func(tx pgx.Tx) error {
 		rep, err := explain.Explain(ctx, tx, c.names, d.Consumer, d.Key)
 		if err == nil {
@@ -103,10 +102,7 @@ func (c *Console) paste(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		msg.Metadata = md
-		key, err := cs.key(msg)
-		if err == nil {
-			key, err = cs.KeyPolicy.Normalize(key)
-		}
+		key, err := dlq.DeriveKey(cs.key, cs.KeyPolicy, msg)
 		if err != nil {
 			d.PasteError = fmt.Sprintf("no key with the key spec %s: %v", cs.Key, err)
 			break

@@ -1,7 +1,6 @@
 package console
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"errors"
@@ -11,11 +10,12 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
@@ -468,7 +468,8 @@ func (c *Console) duplicates(ctx context.Context, name, u string) (string, strin
 }
 
 // scrapeOutcomes sums claimtx_messages_total of consumer by outcome, from
-// the Prometheus text format: a line parser is all this needs.
+// the Prometheus text format (prometheus/common's parser, the one
+// Prometheus reads it with).
 func scrapeOutcomes(ctx context.Context, u, consumer string) (map[string]float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, metricsTimeout)
 	defer cancel()
@@ -485,62 +486,20 @@ func scrapeOutcomes(ctx context.Context, u, consumer string) (map[string]float64
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("status %s", resp.Status)
 	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]float64{}
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
-	sc.Buffer(nil, 1<<20)
-	const metric = "claimtx_messages_total{"
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, metric) {
-			continue
+	for _, m := range families["claimtx_messages_total"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
 		}
-		end := strings.LastIndexByte(line, '}')
-		if end < 0 {
-			continue
+		if labels["consumer"] == consumer {
+			out[labels["outcome"]] += m.GetCounter().GetValue() + m.GetUntyped().GetValue()
 		}
-		labels := parseLabels(line[len(metric):end])
-		if labels["consumer"] != consumer {
-			continue
-		}
-		fields := strings.Fields(line[end+1:])
-		if len(fields) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
-		if err != nil {
-			continue
-		}
-		out[labels["outcome"]] += v
 	}
-	return out, sc.Err()
-}
-
-// parseLabels reads `a="x",b="y"` with Prometheus's escapes (\\, \", \n).
-func parseLabels(s string) map[string]string {
-	out := map[string]string{}
-	for len(s) > 0 {
-		eq := strings.IndexByte(s, '=')
-		if eq < 0 || eq+1 >= len(s) || s[eq+1] != '"' {
-			return out
-		}
-		name := strings.TrimSpace(strings.TrimPrefix(s[:eq], ","))
-		var v strings.Builder
-		i := eq + 2
-		for ; i < len(s) && s[i] != '"'; i++ {
-			if s[i] == '\\' && i+1 < len(s) {
-				i++
-				if s[i] == 'n' {
-					v.WriteByte('\n')
-					continue
-				}
-			}
-			v.WriteByte(s[i])
-		}
-		out[name] = v.String()
-		if i+1 >= len(s) {
-			return out
-		}
-		s = strings.TrimPrefix(s[i+1:], ",")
-	}
-	return out
+	return out, nil
 }

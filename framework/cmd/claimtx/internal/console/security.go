@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 )
 
@@ -158,12 +157,12 @@ func (c *Console) authenticate(r *http.Request) (identity, bool) {
 	if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
 		// A wrong bearer spends the login budget: scripts guess no faster
 		// than the form.
-		if !c.limiter.allowed(time.Now()) {
+		if c.limiter.Tokens() < 1 {
 			return identity{bearer: true}, false
 		}
 		ok := c.tokenOK(strings.TrimPrefix(a, "Bearer "))
 		if !ok {
-			c.limiter.spend()
+			c.limiter.Allow() // spends one attempt
 		}
 		return identity{bearer: true}, ok
 	}
@@ -256,12 +255,12 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	next := safeNext(r.PostFormValue("next"))
 	// Only failures spend the budget: signing in is never refused because
 	// of an operator's own successful logins.
-	if !c.limiter.allowed(time.Now()) {
+	if c.limiter.Tokens() < 1 {
 		c.render(w, r, http.StatusTooManyRequests, "login", page{Title: "Sign in", Data: loginData{Next: next, Error: "Too many sign-in attempts: wait a second and try again."}})
 		return
 	}
 	if !c.tokenOK(r.PostFormValue("token")) {
-		c.limiter.spend()
+		c.limiter.Allow() // spends one attempt
 		c.render(w, r, http.StatusUnauthorized, "login", page{Title: "Sign in", Data: loginData{Next: next, Error: "Wrong token."}})
 		return
 	}
@@ -300,36 +299,4 @@ func safeNext(next string) string {
 		return "/"
 	}
 	return next
-}
-
-// limiter is a token bucket: n attempts per interval, per process, so a
-// token cannot be guessed fast however many connections try.
-type limiter struct {
-	mu       sync.Mutex
-	n        float64
-	max      float64
-	interval time.Duration
-	last     time.Time
-}
-
-func newLimiter(n int, interval time.Duration) *limiter {
-	return &limiter{n: float64(n), max: float64(n), interval: interval}
-}
-
-// allowed refills the bucket and says whether an attempt may be made.
-func (l *limiter) allowed(now time.Time) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.last.IsZero() {
-		l.n = min(l.max, l.n+now.Sub(l.last).Seconds()/l.interval.Seconds()*l.max)
-	}
-	l.last = now
-	return l.n >= 1
-}
-
-// spend takes one attempt from the bucket (a failed one).
-func (l *limiter) spend() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.n = max(0, l.n-1)
 }

@@ -98,10 +98,8 @@ func (s *amqpSource) Next(ctx context.Context, max int) ([]*Letter, error) {
 			break
 		}
 		s.read++
-		out = append(out, &Letter{Msg: amqpheader.ToMessage(d), Position: "#" + strconv.FormatInt(s.read, 10), raw: &d})
-	}
-	for _, l := range out {
-		l.Stamps = stampsOf(l.Msg.Metadata)
+		msg := amqpheader.ToMessage(d)
+		out = append(out, &Letter{Msg: msg, Position: "#" + strconv.FormatInt(s.read, 10), Stamps: stampsOf(msg.Metadata), raw: &d})
 	}
 	if len(out) == 0 {
 		return nil, io.EOF

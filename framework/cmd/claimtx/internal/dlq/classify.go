@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // Memo is the poison memo of issue #15 part 2: terminal failures recorded
@@ -25,6 +27,17 @@ type Memo interface {
 	Memoised(ctx context.Context, consumer string, keys []string) (map[string]bool, error)
 	// Clear removes the memos of consumer for keys.
 	Clear(ctx context.Context, consumer string, keys []string) error
+}
+
+// MemoOf is the poison memo table of the claim table names name, or nil
+// when the schema has none (migrated before the memo existed: then there
+// is nothing to report or clear).
+func MemoOf(ctx context.Context, pool *pgxpool.Pool, names *pg.Names) (Memo, error) {
+	ok, err := poison.MemoTableExists(ctx, pool, names)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return poison.MemoTable{DB: pool, Names: names}, nil
 }
 
 // Classifier classifies letters against a consumer's claims.
@@ -61,7 +74,7 @@ func (c *Classifier) Classify(ctx context.Context, letters []*Letter) error {
 	var keys []string
 	for _, l := range letters {
 		l.Key, l.KeyErr, l.Match = "", nil, ""
-		k, err := c.derive(l)
+		k, err := DeriveKey(c.Key, c.Policy, l.Msg)
 		if err != nil {
 			l.KeyErr, l.Class = err, ClassStillBad
 			continue
@@ -114,20 +127,21 @@ func (c *Classifier) Classify(ctx context.Context, letters []*Letter) error {
 	return nil
 }
 
-// derive is the claim key today's spec and policy give l, recovering from
-// a key function that panics on it (a registered extractor's bug must not
-// stop the classification of the rest).
-func (c *Classifier) derive(l *Letter) (key string, err error) {
+// DeriveKey is the claim key kf and policy give msg, as the consumer
+// derives it, recovering from a key function that panics on it (a
+// registered extractor's bug is a finding about that message, and must not
+// stop the classification or check of the rest).
+func DeriveKey(kf framework.KeyFunc, policy framework.KeyPolicy, msg *message.Message) (key string, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			key, err = "", fmt.Errorf("the key function panicked: %v", r)
 		}
 	}()
-	k, err := c.Key(l.Msg)
+	k, err := kf(msg)
 	if err != nil {
 		return "", err
 	}
-	return c.Policy.Normalize(k)
+	return policy.Normalize(k)
 }
 
 func match(fp []byte, hashes [][]byte) Match {

@@ -9,8 +9,9 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -228,11 +229,11 @@ func (s *kafkaSource) done() bool {
 	return true
 }
 
-func (s *kafkaSource) Next(ctx context.Context, max int) ([]*Letter, error) {
+func (s *kafkaSource) Next(ctx context.Context, limit int) ([]*Letter, error) {
 	var out []*Letter
-	for len(out) < max && !s.done() {
+	for len(out) < limit && !s.done() {
 		pctx, cancel := context.WithTimeout(ctx, kafkaIdle)
-		fs := s.cons.PollRecords(pctx, max-len(out))
+		fs := s.cons.PollRecords(pctx, limit-len(out))
 		timedOut := pctx.Err() != nil
 		cancel()
 		if err := ctx.Err(); err != nil {
@@ -266,7 +267,7 @@ func (s *kafkaSource) Next(ctx context.Context, max int) ([]*Letter, error) {
 		if got == 0 && timedOut {
 			// Nothing more comes below the end offsets: gaps.
 			for p, end := range s.end {
-				s.next[p] = max64(s.next[p], end)
+				s.next[p] = max(s.next[p], end)
 			}
 		}
 	}
@@ -276,23 +277,15 @@ func (s *kafkaSource) Next(ctx context.Context, max int) ([]*Letter, error) {
 	return out, nil
 }
 
-func max64(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
-}
-
 // letter is r as claimtx's Kafka adapter hands a record to a consumer
 // (brokers/kafka marshaler.Unmarshal).
 func (s *kafkaSource) letter(r *kgo.Record) *Letter {
 	msg := kafkarecord.KafkaMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value, r.Timestamp, r.Headers,
 		func(h kgo.RecordHeader) (string, []byte, bool) { return h.Key, h.Value, true })
-	md := msg.Metadata
 	c, ok := s.committed[r.Partition]
 	return &Letter{
 		Msg: msg, Position: fmt.Sprintf("%d@%d", r.Partition, r.Offset), Partition: r.Partition, Offset: r.Offset,
-		Handled: ok && r.Offset < c, Stamps: stampsOf(md), raw: r,
+		Handled: ok && r.Offset < c, Stamps: stampsOf(msg.Metadata), raw: r,
 	}
 }
 
@@ -362,13 +355,8 @@ func (s *kafkaSource) record(ctx context.Context, batch []*Letter) error {
 	if len(moved) == 0 {
 		return nil
 	}
-	parts := make([]int32, 0, len(moved))
-	for p := range moved {
-		parts = append(parts, p)
-	}
-	sort.Slice(parts, func(i, j int) bool { return parts[i] < parts[j] })
 	var offs kadm.Offsets
-	for _, p := range parts {
+	for _, p := range slices.Sorted(maps.Keys(moved)) {
 		offs.AddOffset(s.topic, p, s.progress[p], -1)
 	}
 	resps, err := s.adm.CommitOffsets(ctx, s.group, offs)

@@ -9,9 +9,12 @@
 package keycheck
 
 import (
+	"cmp"
 	"encoding/hex"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -66,21 +69,6 @@ func (c *Checker) init() {
 	}
 }
 
-// derive is the key of msg under the spec and policy, recovering from a
-// key function that panics (an extractor's bug is a finding, not a crash).
-func (c *Checker) derive(msg *message.Message) (key string, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			key, err = "", fmt.Errorf("the key function panicked: %v", r)
-		}
-	}()
-	k, err := c.Key(msg)
-	if err != nil {
-		return "", err
-	}
-	return c.Policy.Normalize(k)
-}
-
 func (c *Checker) eventTime(msg *message.Message) (t time.Time, err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -95,7 +83,7 @@ func (c *Checker) Add(msg *message.Message) {
 	c.init()
 	c.seen++
 	fp := hex.EncodeToString(dlq.Fingerprint(msg.Payload))
-	key, err := c.derive(msg)
+	key, err := dlq.DeriveKey(c.Key, c.Policy, msg)
 	if err != nil {
 		c.unkeyedN++
 		r := err.Error()
@@ -202,38 +190,30 @@ func (c *Checker) Report() Report {
 			r.Collisions = append(r.Collisions, Collision{Key: key, Messages: ks.n, Payloads: ks.prints})
 		}
 	}
-	sort.Slice(r.Collisions, func(i, j int) bool {
-		a, b := r.Collisions[i], r.Collisions[j]
-		return a.Messages > b.Messages || a.Messages == b.Messages && a.Key < b.Key
+	slices.SortFunc(r.Collisions, func(a, b Collision) int {
+		return cmp.Or(cmp.Compare(b.Messages, a.Messages), strings.Compare(a.Key, b.Key))
 	})
 	for fp, keys := range c.byPayload {
 		if len(keys) < 2 {
 			continue
 		}
-		v := Volatile{Fingerprint: fp, IDs: c.payloadIDs[fp]}
-		for k := range keys {
-			v.Keys = append(v.Keys, k)
-		}
-		sort.Strings(v.Keys)
+		v := Volatile{Fingerprint: fp, IDs: c.payloadIDs[fp], Keys: slices.Sorted(maps.Keys(keys))}
 		if len(v.Keys) > c.examples() {
 			v.Keys = v.Keys[:c.examples()]
 		}
 		r.Volatile = append(r.Volatile, v)
 	}
-	sort.Slice(r.Volatile, func(i, j int) bool {
-		a, b := r.Volatile[i], r.Volatile[j]
-		return len(c.byPayload[a.Fingerprint]) > len(c.byPayload[b.Fingerprint]) || len(c.byPayload[a.Fingerprint]) == len(c.byPayload[b.Fingerprint]) && a.Fingerprint < b.Fingerprint
+	slices.SortFunc(r.Volatile, func(a, b Volatile) int {
+		return cmp.Or(cmp.Compare(len(c.byPayload[b.Fingerprint]), len(c.byPayload[a.Fingerprint])), strings.Compare(a.Fingerprint, b.Fingerprint))
 	})
 	for reason, ids := range c.unkeyable {
 		r.Unkeyable = append(r.Unkeyable, Unkeyable{Reason: reason, Messages: c.unkeyableN[reason], IDs: ids})
 	}
-	sort.Slice(r.Unkeyable, func(i, j int) bool {
-		a, b := r.Unkeyable[i], r.Unkeyable[j]
-		return a.Messages > b.Messages || a.Messages == b.Messages && a.Reason < b.Reason
+	slices.SortFunc(r.Unkeyable, func(a, b Unkeyable) int {
+		return cmp.Or(cmp.Compare(b.Messages, a.Messages), strings.Compare(a.Reason, b.Reason))
 	})
 	if n := len(c.lengths); n > 0 {
-		l := append([]int(nil), c.lengths...)
-		sort.Ints(l)
+		l := slices.Sorted(slices.Values(c.lengths))
 		q := func(p float64) int { return l[min(n-1, int(p*float64(n)))] }
 		r.KeyLength = &Quantiles{Min: l[0], P50: q(0.5), P90: q(0.9), P99: q(0.99), Max: l[n-1]}
 	}

@@ -27,13 +27,14 @@ func TestFormatDuration(t *testing.T) {
 }
 
 func TestParseDuration(t *testing.T) {
-	good := map[string]time.Duration{"30d": 30 * 24 * time.Hour, "1d12h": 36 * time.Hour, " 90m ": 90 * time.Minute, "0s": 0}
+	good := map[string]time.Duration{"30d": 30 * 24 * time.Hour, "1d12h": 36 * time.Hour, " 90m ": 90 * time.Minute, "0s": 0,
+		"36h": 36 * time.Hour, "90m": 90 * time.Minute, " 7d ": 7 * 24 * time.Hour}
 	for s, want := range good {
 		if got, err := opfmt.ParseDuration(s); err != nil || got != want {
 			t.Errorf("ParseDuration(%q) = %v, %v; want %v", s, got, err, want)
 		}
 	}
-	for _, s := range []string{"", "d", "3 days", "99999999d", "1d-"} {
+	for _, s := range []string{"", "d", "3 days", "30 days", "1dd", "99999999d", "-3d", "1d-"} {
 		if _, err := opfmt.ParseDuration(s); err == nil {
 			t.Errorf("ParseDuration(%q): want an error", s)
 		}

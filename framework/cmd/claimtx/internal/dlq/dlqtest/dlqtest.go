@@ -308,50 +308,41 @@ func (w *World) readAMQP(queue string) []*message.Message {
 func (w *World) readKafka(topic string) []*message.Message {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	adm := kadm.NewClient(w.kcl)
-	starts, err := adm.ListStartOffsets(ctx, topic)
-	require.NoError(w.T, err)
-	ends, err := adm.ListEndOffsets(ctx, topic)
-	require.NoError(w.T, err)
-	want := map[int32]int64{}
-	from := map[int32]kgo.Offset{}
+	starts, ends := w.offsets(ctx, topic)
+	want, from := map[int32]int64{}, map[int32]kgo.Offset{}
 	ends.Each(func(o kadm.ListedOffset) {
-		s, _ := starts.Lookup(topic, o.Partition)
-		if o.Offset > s.Offset {
-			want[o.Partition] = o.Offset
-			from[o.Partition] = kgo.NewOffset().At(s.Offset)
+		if s, _ := starts.Lookup(topic, o.Partition); o.Offset > s.Offset {
+			want[o.Partition], from[o.Partition] = o.Offset, kgo.NewOffset().At(s.Offset)
 		}
 	})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(w.KafkaAddr), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}), kgo.FetchMaxWait(100*time.Millisecond))
+	require.NoError(w.T, err)
+	defer cl.Close()
 	byPart := map[int32][]*message.Message{}
-	if len(want) > 0 {
-		cl, err := kgo.NewClient(kgo.SeedBrokers(w.KafkaAddr), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}), kgo.FetchMaxWait(100*time.Millisecond))
-		require.NoError(w.T, err)
-		defer cl.Close()
-		for len(want) > 0 {
-			fs := cl.PollFetches(ctx)
-			require.NoError(w.T, ctx.Err(), "reading %s", topic)
-			fs.EachRecord(func(r *kgo.Record) {
-				end, ok := want[r.Partition]
-				if !ok || r.Offset >= end {
-					return
+	for len(want) > 0 {
+		fs := cl.PollFetches(ctx)
+		require.NoError(w.T, ctx.Err(), "reading %s", topic)
+		fs.EachRecord(func(r *kgo.Record) {
+			end, ok := want[r.Partition]
+			if !ok || r.Offset >= end {
+				return
+			}
+			m := message.NewMessage("", r.Value)
+			for _, h := range r.Headers {
+				if h.Key == "_watermill_message_uuid" {
+					m.UUID = string(h.Value)
+				} else {
+					m.Metadata[h.Key] = string(h.Value)
 				}
-				m := message.NewMessage("", r.Value)
-				for _, h := range r.Headers {
-					if h.Key == "_watermill_message_uuid" {
-						m.UUID = string(h.Value)
-					} else {
-						m.Metadata[h.Key] = string(h.Value)
-					}
-				}
-				m.Metadata["kafka_key"] = string(r.Key)
-				m.Metadata["kafka_timestamp"] = r.Timestamp.UTC().Format(time.RFC3339Nano)
-				m.Metadata["kafka_partition"] = strconv.Itoa(int(r.Partition))
-				byPart[r.Partition] = append(byPart[r.Partition], m)
-				if r.Offset+1 >= end {
-					delete(want, r.Partition)
-				}
-			})
-		}
+			}
+			m.Metadata["kafka_key"] = string(r.Key)
+			m.Metadata["kafka_timestamp"] = r.Timestamp.UTC().Format(time.RFC3339Nano)
+			m.Metadata["kafka_partition"] = strconv.Itoa(int(r.Partition))
+			byPart[r.Partition] = append(byPart[r.Partition], m)
+			if r.Offset+1 >= end {
+				delete(want, r.Partition)
+			}
+		})
 	}
 	var out []*message.Message
 	for p := int32(0); p < int32(len(ends[topic])); p++ {
@@ -360,27 +351,30 @@ func (w *World) readKafka(topic string) []*message.Message {
 	return out
 }
 
+// offsets are the start and end offsets of topic's partitions.
+func (w *World) offsets(ctx context.Context, topic string) (starts, ends kadm.ListedOffsets) {
+	adm := kadm.NewClient(w.kcl)
+	starts, err := adm.ListStartOffsets(ctx, topic)
+	require.NoError(w.T, err)
+	ends, err = adm.ListEndOffsets(ctx, topic)
+	require.NoError(w.T, err)
+	return starts, ends
+}
+
 // Depth is the number of messages in topic (RabbitMQ: ready; Kafka: end
 // minus start offsets).
 func (w *World) Depth(topic string) int {
 	w.T.Helper()
-	switch w.Kind {
-	case brokers.KindKafka:
-		ctx := context.Background()
-		adm := kadm.NewClient(w.kcl)
-		starts, err := adm.ListStartOffsets(ctx, topic)
-		require.NoError(w.T, err)
-		ends, err := adm.ListEndOffsets(ctx, topic)
-		require.NoError(w.T, err)
-		n := 0
-		ends.Each(func(o kadm.ListedOffset) {
-			s, _ := starts.Lookup(topic, o.Partition)
-			n += int(o.Offset - s.Offset)
-		})
-		return n
-	default:
+	if w.Kind != brokers.KindKafka {
 		return testenv.QueueDepth(w.T, w.conn, topic)
 	}
+	starts, ends := w.offsets(context.Background(), topic)
+	n := 0
+	ends.Each(func(o kadm.ListedOffset) {
+		s, _ := starts.Lookup(topic, o.Partition)
+		n += int(o.Offset - s.Offset)
+	})
+	return n
 }
 
 // Committed returns the offsets committed for group on topic.
