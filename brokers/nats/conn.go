@@ -44,7 +44,7 @@ func isAuthError(err error) bool {
 		errors.Is(err, natsgo.ErrAuthRevoked) || errors.Is(err, natsgo.ErrAccountAuthExpired)
 }
 
-// dial connects to NATS, retrying with backoff until s.dialTimeout has
+// dial connects to NATS, retrying with backoff until s.DialTimeout has
 // passed (a single attempt when it is negative), because nats.Connect
 // fails at once while the server is still starting. A refused credential
 // is a *framework.AuthError at once. Once connected, the connection
@@ -77,25 +77,25 @@ func dial(s settings, logger watermill.LoggerAdapter, role string, denied *denie
 		}),
 	}
 	switch {
-	case s.user != "":
-		opts = append(opts, natsgo.UserInfo(s.user, s.password))
-	case s.token != "":
-		opts = append(opts, natsgo.Token(s.token))
+	case s.User != "":
+		opts = append(opts, natsgo.UserInfo(s.User, s.Password))
+	case s.Token != "":
+		opts = append(opts, natsgo.Token(s.Token))
 	}
-	if s.credsFile != "" {
-		opts = append(opts, natsgo.UserCredentials(s.credsFile))
+	if s.CredsFile != "" {
+		opts = append(opts, natsgo.UserCredentials(s.CredsFile))
 	}
-	deadline := time.Now().Add(s.dialTimeout)
+	deadline := time.Now().Add(s.DialTimeout)
 	wait := dialBackoffLo
 	for attempt := 1; ; attempt++ {
-		nc, err := natsgo.Connect(s.url, opts...)
+		nc, err := natsgo.Connect(s.URL, opts...)
 		if err == nil {
 			return nc, nil
 		}
 		if isAuthError(err) {
 			return nil, &framework.AuthError{Dependency: "NATS", Err: err}
 		}
-		if s.dialTimeout < 0 || time.Now().Add(wait).After(deadline) {
+		if s.DialTimeout < 0 || time.Now().Add(wait).After(deadline) {
 			// nats.go's connect errors do not quote the URL.
 			return nil, fmt.Errorf("connect to NATS (%d attempts): %w", attempt, err)
 		}

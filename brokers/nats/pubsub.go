@@ -40,7 +40,7 @@ func newPublisher(s settings, logger watermill.LoggerAdapter) (*publisher, error
 		return nil, fmt.Errorf("brokers/nats: JetStream context: %w", err)
 	}
 	pub, err := wmnats.NewPublisherWithNatsConn(nc, wmnats.PublisherPublishConfig{
-		Marshaler:         marshaler{subjectPrefix: s.subjectPrefix},
+		Marshaler:         marshaler{subjectPrefix: s.SubjectPrefix},
 		SubjectCalculator: subjectCalculator(s),
 		JetStream: wmnats.JetStreamConfig{
 			// Streams are ensured here (ensureStream), not by
@@ -137,6 +137,6 @@ func (p *publisher) Close() error {
 // publisher (its stream provisioning, which is off).
 func subjectCalculator(s settings) wmnats.SubjectCalculator {
 	return func(string, topic string) *wmnats.SubjectDetail {
-		return &wmnats.SubjectDetail{Primary: s.subjectPrefix + topic}
+		return &wmnats.SubjectDetail{Primary: s.SubjectPrefix + topic}
 	}
 }
