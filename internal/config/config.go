@@ -29,6 +29,9 @@ type Setting[T any] struct {
 	Set func(c *T, v string) error
 	// Secret: never quoted in errors; may come from Env+"_FILE".
 	Secret bool
+	// Rule is how Bind parses the value when Set is nil: options as an
+	// env tag's ("min=1", see Settings).
+	Rule string
 }
 
 // FileSuffix names the variable that holds the path of a file with a

@@ -21,6 +21,7 @@ import (
 //	          Format redacts it (the password of a URL, or all of it)
 //	positive  an integer above 0 (0 would silently mean the default)
 //	nonzero   an integer other than 0
+//	min=N     an integer, or a duration in nanoseconds, of at least N
 //
 // Every other check is the Config's own Validate, whose errors name the
 // variable when the value came from one.
@@ -45,10 +46,7 @@ func Settings[T any]() []Setting[T] {
 			env, opts, _ := strings.Cut(f.Tag.Get("env"), ",")
 			switch {
 			case env != "":
-				parse := parser(f.Type, opts)
-				out = append(out, Setting[T]{Path: path, Env: env, Secret: hasOpt(opts, "secret"), Set: func(c *T, v string) error {
-					return parse(reflect.ValueOf(c).Elem().FieldByIndex(idx), v)
-				}})
+				out = append(out, Setting[T]{Path: path, Env: env, Secret: hasOpt(opts, "secret"), Set: setter[T](idx, parser(f.Type, opts))})
 			case f.Type.Kind() == reflect.Struct && f.Type != durationType:
 				walk(f.Type, idx, path+".")
 			}
@@ -67,32 +65,50 @@ func hasOpt(opts, name string) bool {
 	return false
 }
 
-// parser returns how a variable's value is parsed into a field of type t.
-// Its errors are the reasons of the *framework.ConfigError ApplyEnv returns.
+// parser returns how a variable's value is parsed into a field of type t,
+// by the env options opts. Its errors are the reasons of the
+// *framework.ConfigError ApplyEnv returns.
 func parser(t reflect.Type, opts string) func(dst reflect.Value, v string) error {
 	positive, nonzero := hasOpt(opts, "positive"), hasOpt(opts, "nonzero")
+	min, hasMin := int64(0), false
+	for _, o := range strings.Split(opts, ",") {
+		if m, ok := strings.CutPrefix(o, "min="); ok {
+			n, err := strconv.ParseInt(m, 10, 64)
+			if err != nil {
+				panic("config: bad option " + o) // a mistake in a tag, found by any test
+			}
+			min, hasMin = n, true
+		}
+	}
 	switch {
 	case t == durationType:
 		return func(dst reflect.Value, v string) error {
 			d, err := time.ParseDuration(v)
-			if err != nil {
+			switch {
+			case err != nil:
 				return fmt.Errorf("must be a duration like 500ms or 2s, got %q", v)
+			case hasMin && int64(d) < min && min > 0:
+				return fmt.Errorf("must be positive, got %s", v)
+			case hasMin && int64(d) < min:
+				return fmt.Errorf("must not be negative, got %s", v)
 			}
 			dst.SetInt(int64(d))
 			return nil
 		}
 	case t.Kind() == reflect.Int || t.Kind() == reflect.Int64:
 		return func(dst reflect.Value, v string) error {
-			n, err := strconv.Atoi(v)
+			n, err := strconv.ParseInt(v, 10, 64)
 			switch {
 			case positive && (err != nil || n <= 0):
 				return fmt.Errorf("must be a positive integer, got %q", v)
 			case nonzero && (err != nil || n == 0):
 				return fmt.Errorf("must be a non-zero integer, got %q", v)
+			case hasMin && (err != nil || n < min):
+				return fmt.Errorf("must be an integer of at least %d, got %q", min, v)
 			case err != nil:
 				return fmt.Errorf("must be an integer, got %q", v)
 			}
-			dst.SetInt(int64(n))
+			dst.SetInt(n)
 			return nil
 		}
 	case t.Kind() == reflect.Bool:
@@ -122,6 +138,34 @@ func parser(t reflect.Type, opts string) func(dst reflect.Value, v string) error
 		return func(dst reflect.Value, v string) error { dst.SetString(v); return nil }
 	}
 	panic("config: no parser for a field of type " + t.String()) // a mistake in a tag, found by any test
+}
+
+// Bind completes the settings whose Set is nil: their Field is the dotted
+// Go path of a field of T ("Claim.MaxAttempts"), parsed by the type of
+// that field and by Rule, options as an env tag's ("min=1"). It panics on
+// a Field T does not have: a mistake in a table, found by any test.
+func Bind[T any](settings []Setting[T]) []Setting[T] {
+	for i := range settings {
+		s := &settings[i]
+		if s.Set != nil {
+			continue
+		}
+		t, idx := reflect.TypeFor[T](), []int(nil)
+		for _, name := range strings.Split(s.Field, ".") {
+			f, ok := t.FieldByName(name)
+			if !ok {
+				panic(fmt.Sprintf("config: %s has no field %s", reflect.TypeFor[T](), s.Field))
+			}
+			idx, t = append(idx, f.Index...), f.Type
+		}
+		s.Set = setter[T](idx, parser(t, s.Rule))
+	}
+	return settings
+}
+
+// setter is a Setting's Set for the field of T at index.
+func setter[T any](index []int, parse func(reflect.Value, string) error) func(*T, string) error {
+	return func(c *T, v string) error { return parse(reflect.ValueOf(c).Elem().FieldByIndex(index), v) }
 }
 
 // Defaults returns v with every zero field that has a default tag set to

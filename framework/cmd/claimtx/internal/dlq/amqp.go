@@ -12,6 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/claimtx/claimtx/brokers"
+	_ "github.com/claimtx/claimtx/brokers/amqp" // registers the kind
 	"github.com/claimtx/claimtx/internal/amqpheader"
 	"github.com/claimtx/claimtx/internal/poison"
 )
