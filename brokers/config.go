@@ -97,25 +97,17 @@ var envVars = func() map[string]string {
 // value came from, when it came from one (see envSource). Other errors, and
 // fields set in code or a file, are returned unchanged.
 func (c Config) named(err error) error {
-	var ce *framework.ConfigError
-	if !errors.As(err, &ce) {
-		return err
-	}
-	name, ok := c.env.set[ce.Field]
-	if !ok && c.env.only {
-		name, ok = envVars[ce.Field]
-	}
-	if !ok && c.env.only {
+	return config.Rename(err, func(field string) (string, bool) {
+		if name, ok := c.env.set[field]; ok || !c.env.only {
+			return name, ok
+		}
+		if name, ok := envVars[field]; ok {
+			return name, true
+		}
 		// A registered kind's option left unset: name the variable that
 		// would set it (see overlayOptionEnv).
-		name, ok = c.optionEnvName(ce.Field)
-	}
-	if !ok {
-		return err
-	}
-	out := *ce
-	out.Field = name
-	return &out
+		return c.optionEnvName(field)
+	})
 }
 
 // GoChannelConfig configures the in-process "gochannel" kind. Publishers

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/config"
 )
 
 // Factory builds the publisher and subscriber of one broker kind from the
@@ -196,11 +197,5 @@ func linkedNames() []string {
 // prefixed with prefix and a dot, so an adapter's "brokers" becomes
 // "kafka.brokers", the YAML path. Other errors are returned unchanged.
 func prefixField(prefix string, err error) error {
-	var ce *framework.ConfigError
-	if !errors.As(err, &ce) {
-		return err
-	}
-	out := *ce
-	out.Field = prefix + "." + ce.Field
-	return &out
+	return config.Rename(err, func(field string) (string, bool) { return prefix + "." + field, true })
 }

@@ -280,13 +280,7 @@ func (l *loader) readBroker(data []byte, section *yaml.Node, c *Config) error {
 	}
 	b, err := config.LoadSection[brokers.Config](sub)
 	if err != nil {
-		var ce *framework.ConfigError
-		if errors.As(err, &ce) && isYAMLPath(ce.Field) {
-			out := *ce
-			out.Field = brokerKey + "." + ce.Field
-			return &out
-		}
-		return err
+		return config.Rename(err, func(field string) (string, bool) { return brokerKey + "." + field, isYAMLPath(field) })
 	}
 	c.Broker = b
 	return nil
@@ -309,17 +303,10 @@ func (l *loader) check(c Config) error {
 // named returns err with the Field of its *framework.ConfigError replaced
 // by what the user wrote, when LoadConfig set that field (see names).
 func (c Config) named(err error) error {
-	var ce *framework.ConfigError
-	if err == nil || c.names == nil || !errors.As(err, &ce) {
-		return err
-	}
-	name, ok := c.names[ce.Field]
-	if !ok {
-		return err
-	}
-	out := *ce
-	out.Field = name
-	return &out
+	return config.Rename(err, func(field string) (string, bool) {
+		name, ok := c.names[field]
+		return name, ok
+	})
 }
 
 // databaseURLError is the error for a DatabaseURL pgx refuses, without
