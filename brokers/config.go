@@ -3,6 +3,7 @@ package brokers
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"strings"
 
@@ -208,7 +209,7 @@ func (c Config) validateWith(kind string, f Factory) error {
 var sections = map[string]func(Config) error{
 	KindAMQP:      func(c Config) error { return prefixField(KindAMQP, c.AMQP.Validate()) },
 	KindKafka:     func(c Config) error { return prefixField(KindKafka, c.Kafka.Validate()) },
-	KindNATS:      func(c Config) error { return prefixField(KindNATS, c.NATS.Validate()) },
+	KindNATS:      func(c Config) error { return prefixField(KindNATS, c.NATS.validate()) },
 	KindGoChannel: validateGoChannel,
 }
 
@@ -332,10 +333,7 @@ func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	}
 	// Each variable found is recorded as the source of its field, so that
 	// Validate names the variable rather than the YAML path.
-	set := make(map[string]string, len(c.env.set)+len(envSettings))
-	for field, name := range c.env.set {
-		set[field] = name
-	}
+	set := cloned(c.env.set)
 	err := config.ApplyEnv(&c, envSettings, lookup, func(s config.Setting[Config], name string) { set[s.Path] = name })
 	if err != nil {
 		return Config{}, err
@@ -346,7 +344,7 @@ func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 
 // optionEnvPrefix is the prefix of the environment variables that set the
 // Options of kind: the kind in upper case with '.' and '-' as '_', then
-// '_' ("nats" -> "NATS_", "my-bus" -> "MY_BUS_"). Built-in kinds have
+// '_' ("my-bus" -> "MY_BUS_", "bus.v2" -> "BUS_V2_"). Built-in kinds have
 // their own variables and no prefix ("").
 func optionEnvPrefix(kind string) string {
 	if _, ok := sections[kind]; ok { // built in: their settings have their own variables
@@ -381,15 +379,7 @@ func (c Config) overlayOptionEnv(environ []string) Config {
 			continue
 		}
 		if opts == nil {
-			// Copies: Config values share their maps.
-			opts = make(map[string]string, len(c.Options)+1)
-			for k, v := range c.Options {
-				opts[k] = v
-			}
-			set = make(map[string]string, len(c.env.set)+1)
-			for k, v := range c.env.set {
-				set[k] = v
-			}
+			opts, set = cloned(c.Options), cloned(c.env.set)
 		}
 		option := strings.ToLower(name[len(prefix):])
 		opts[option] = value
@@ -399,6 +389,14 @@ func (c Config) overlayOptionEnv(environ []string) Config {
 		c.Options, c.env.set = opts, set
 	}
 	return c
+}
+
+// cloned is a copy of m to write to: Config values share their maps.
+func cloned(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return maps.Clone(m)
 }
 
 // optionEnvName returns the variable that sets field when field is

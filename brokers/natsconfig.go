@@ -105,13 +105,15 @@ func (c NATSConfig) withDefaults() NATSConfig {
 	return c
 }
 
-// Validate reports the first field that cannot be used, as a
-// *framework.ConfigError. Zero fields are valid: they take their defaults.
-// Field names are the YAML keys; Config.Validate prefixes them with
-// "nats.". Values that may hold a secret (the URL, password, token) are
-// never quoted. Whether SubjectPrefix makes a NATS subject is the
-// adapter's check.
-func (c NATSConfig) Validate() error {
+// validate reports the first field that cannot be used, as a
+// *framework.ConfigError; Config.Validate runs it. Unlike AMQPConfig and
+// KafkaConfig, which brokers/amqp and brokers/kafka also take on their
+// own, NATSConfig is only used within a Config, so it has no Validate of
+// its own. Zero fields are valid: they take their defaults. Field names
+// are the YAML keys, which Config.Validate prefixes with "nats.". Values
+// that may hold a secret (the URL, password, token) are never quoted.
+// Whether SubjectPrefix makes a NATS subject is the adapter's check.
+func (c NATSConfig) validate() error {
 	c = c.withDefaults()
 	if err := natsURLError(c.URL); err != nil {
 		return err

@@ -30,14 +30,9 @@ type publisher struct {
 
 func newPublisher(s settings, logger watermill.LoggerAdapter) (*publisher, error) {
 	denied := &deniedSubjects{}
-	nc, err := dial(s, logger, "publisher", denied)
+	nc, js, err := dial(s, logger, "publisher", denied)
 	if err != nil {
 		return nil, err
-	}
-	js, err := nc.JetStream()
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("brokers/nats: JetStream context: %w", err)
 	}
 	pub, err := wmnats.NewPublisherWithNatsConn(nc, wmnats.PublisherPublishConfig{
 		Marshaler:         marshaler{subjectPrefix: s.SubjectPrefix},

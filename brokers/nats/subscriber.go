@@ -53,14 +53,9 @@ type subscriber struct {
 }
 
 func newSubscriber(s settings, logger watermill.LoggerAdapter) (*subscriber, error) {
-	nc, err := dial(s, logger, "subscriber", nil)
+	nc, js, err := dial(s, logger, "subscriber", nil)
 	if err != nil {
 		return nil, err
-	}
-	js, err := nc.JetStream()
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("brokers/nats: JetStream context: %w", err)
 	}
 	return &subscriber{s: s, nc: nc, js: js, logger: logger, codec: marshaler{subjectPrefix: s.SubjectPrefix},
 		closing: make(chan struct{})}, nil
