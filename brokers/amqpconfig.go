@@ -163,13 +163,9 @@ type AMQPConfig struct {
 	ConnectionName string `yaml:"connection_name" default:"claimtx"`
 }
 
-// The adapter applies the same defaults (defaults.Apply) without an
-// exported method for it.
-func init() { defaults.Register(AMQPConfig.withDefaults) }
-
-// withDefaults returns a copy of c with every zero field set to its
-// default, as documented on each field.
-func (c AMQPConfig) withDefaults() AMQPConfig { return config.Defaults(c) }
+// The adapter applies the same defaults (defaults.Apply), those of the
+// fields' tags, without an exported method for it.
+func init() { defaults.Register(config.Defaults[AMQPConfig]) }
 
 // Validate reports the first field that cannot be used, as a
 // *framework.ConfigError.
@@ -177,7 +173,7 @@ func (c AMQPConfig) withDefaults() AMQPConfig { return config.Defaults(c) }
 // keys ("url", "concurrency"); Config.Validate prefixes them with
 // "amqp.".
 func (c AMQPConfig) Validate() error {
-	c = c.withDefaults()
+	c = config.Defaults(c)
 
 	u, err := url.Parse(c.URL)
 	if err != nil {

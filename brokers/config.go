@@ -144,8 +144,6 @@ type GoChannelConfig struct {
 // shorten the heartbeat.
 func defaultConfig() Config { return config.Defaults(Config{}) }
 
-func (g GoChannelConfig) withDefaults() GoChannelConfig { return config.Defaults(g) }
-
 // Validate checks c as NewSubscriber and NewPublisher will, without
 // building anything, and returns a *framework.ConfigError naming the
 // field: the section of Config the selected kind reads (amqp, kafka or

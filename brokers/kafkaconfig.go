@@ -176,12 +176,11 @@ func init() { defaults.Register(KafkaConfig.withDefaults) }
 // withDefaults returns a copy of c with every zero field set to its
 // default, as documented on each field.
 func (c KafkaConfig) withDefaults() KafkaConfig {
+	c = config.Defaults(c)
 	if c.HeartbeatInterval == 0 {
-		// Before the others: a zero SessionTimeout takes its default, and
-		// so does the heartbeat derived from it.
-		c.HeartbeatInterval = config.Defaults(c).SessionTimeout / 3
+		c.HeartbeatInterval = c.SessionTimeout / 3 // derived, so it has no default tag
 	}
-	return config.Defaults(c)
+	return c
 }
 
 // Validate reports the first field that cannot be used, as a
