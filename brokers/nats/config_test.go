@@ -1,6 +1,7 @@
 package nats_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,6 +54,17 @@ func TestConfigFromEnv(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "TokSecret", cfg.NATS.Token)
 	require.NotContains(t, cfg.String(), "TokSecret")
+
+	// A secret may come from a mounted file, as AMQP_URL_FILE does.
+	file := filepath.Join(t.TempDir(), "password")
+	require.NoError(t, os.WriteFile(file, []byte("FilePw\n"), 0o600))
+	t.Setenv("NATS_TOKEN", "")
+	t.Setenv("NATS_USER", "app")
+	t.Setenv("NATS_PASSWORD_FILE", file)
+	cfg, err = brokers.LoadConfig("")
+	require.NoError(t, err)
+	require.Equal(t, "FilePw", cfg.NATS.Password)
+	require.NotContains(t, fmt.Sprintf("%#v %+v", cfg, cfg.NATS), "FilePw")
 }
 
 // TestEnvErrorsNameTheVariable: a bad or missing setting that came from
