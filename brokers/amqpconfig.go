@@ -13,23 +13,13 @@ import (
 	"github.com/claimtx/claimtx/internal/config"
 )
 
-// The settings of the built-in adapters live here, not in their packages,
-// so that a Config can carry them while package brokers links no broker
-// client: brokers/amqp's Config is this type.
-
-// Defaults. Each AMQPConfig field's documentation repeats the value.
-const (
-	amqpDefaultURL                      = "amqp://guest:guest@127.0.0.1:5672/" //nolint:gosec // RabbitMQ's stock local account, not a secret
-	amqpDefaultConcurrency              = 4
-	amqpDefaultPrefetch                 = 1
-	amqpDefaultNackDelay                = time.Second
-	amqpDefaultDialTimeout              = 30 * time.Second
-	amqpDefaultReconnectInitialInterval = 500 * time.Millisecond
-	amqpDefaultReconnectMaxInterval     = 10 * time.Second
-	amqpDefaultPublishChannels          = 4
-	amqpDefaultConnectionName           = "claimtx"
-	amqpDefaultQueueType                = amqpQueueTypeClassic
-)
+// The settings of the built-in adapters (AMQPConfig, KafkaConfig,
+// NATSConfig) live here, not in their packages, so that a Config can carry
+// them while package brokers links no broker client. They are the one name
+// of each adapter's configuration: brokers/amqp, brokers/kafka and
+// brokers/nats take them as they are, with no alias of their own. Each
+// field's tags declare its YAML key, its variable and its default once
+// (see internal/config).
 
 // Queue types (AMQPConfig.QueueType).
 const (
@@ -66,7 +56,7 @@ type AMQPConfig struct {
 	// URL is the AMQP URI (amqp:// or amqps://, credentials and vhost
 	// included). It is redacted whenever the config is printed.
 	// Defaults to "amqp://guest:guest@127.0.0.1:5672/".
-	URL string `yaml:"url"`
+	URL string `yaml:"url" env:"AMQP_URL,secret" default:"amqp://guest:guest@127.0.0.1:5672/"`
 
 	// Concurrency is how many messages one Subscribe call processes at once.
 	// Each Watermill AMQP subscription handles one delivery at a time, so the
@@ -74,7 +64,7 @@ type AMQPConfig struct {
 	// the same queue and merges them into one output channel. RabbitMQ then
 	// spreads deliveries round-robin across them. Not used when Window > 0.
 	// Defaults to 4.
-	Concurrency int `yaml:"concurrency"`
+	Concurrency int `yaml:"concurrency" env:"CONCURRENCY,positive" default:"4"`
 
 	// Prefetch is the QoS prefetch count of every subscription channel. A
 	// subscription only ever works on one delivery at a time, so anything
@@ -82,7 +72,7 @@ type AMQPConfig struct {
 	// instances cannot take them, and hands them back (redelivered) on a
 	// crash. Raise it only to hide network latency on high-RTT links. Not
 	// used when Window > 0. Defaults to 1.
-	Prefetch int `yaml:"prefetch"`
+	Prefetch int `yaml:"prefetch" env:"AMQP_PREFETCH,positive" default:"1"`
 
 	// Window, when > 0, makes each Subscribe call consume with ONE amqp091
 	// consumer on its own channel with QoS prefetch = Window, and forward
@@ -97,7 +87,7 @@ type AMQPConfig struct {
 	// the consumer resumes on a new channel once reconnected. At most 65535
 	// (the prefetch count is 16 bits). 0 (the default) keeps the
 	// per-subscription mode.
-	Window int `yaml:"window"`
+	Window int `yaml:"window" env:"AMQP_WINDOW,positive"`
 
 	// NackDelay is how long a nacked delivery is held before it is handed back
 	// to RabbitMQ. watermill-amqp nacks with requeue=true, and RabbitMQ puts
@@ -108,7 +98,7 @@ type AMQPConfig struct {
 	// Retry and Poison middleware make nacks rare (a nack means even the
 	// poison queue could not be written). A negative value disables the
 	// delay. Defaults to 1s.
-	NackDelay time.Duration `yaml:"nack_delay"`
+	NackDelay time.Duration `yaml:"nack_delay" env:"AMQP_NACK_DELAY" default:"1s"`
 
 	// DialTimeout bounds the start-up connection attempts. watermill-amqp
 	// fails NewSubscriber/NewPublisher at once when RabbitMQ is not up yet;
@@ -117,23 +107,23 @@ type AMQPConfig struct {
 	// passed to NewSubscriber/NewPublisher ends, or DialTimeout
 	// has passed. Authentication and vhost errors are not retried. A negative
 	// value means a single attempt. Defaults to 30s.
-	DialTimeout time.Duration `yaml:"dial_timeout"`
+	DialTimeout time.Duration `yaml:"dial_timeout" env:"AMQP_DIAL_TIMEOUT" default:"30s"`
 
 	// ReconnectInitialInterval is the first wait between connection attempts,
 	// both at start-up and when an established connection drops (the latter
 	// is watermill-amqp's reconnect loop, which retries forever).
 	// Defaults to 500ms.
-	ReconnectInitialInterval time.Duration `yaml:"reconnect_initial_interval"`
+	ReconnectInitialInterval time.Duration `yaml:"reconnect_initial_interval" default:"500ms"`
 
 	// ReconnectMaxInterval caps the wait between connection attempts.
 	// Defaults to 10s.
-	ReconnectMaxInterval time.Duration `yaml:"reconnect_max_interval"`
+	ReconnectMaxInterval time.Duration `yaml:"reconnect_max_interval" default:"10s"`
 
 	// PublishChannels is the size of the publisher's channel pool. Publisher
 	// confirms are always on (Publish returns only once RabbitMQ has taken
 	// responsibility for the message); without a pool every Publish would open
 	// a channel, put it in confirm mode and close it again. Defaults to 4.
-	PublishChannels int `yaml:"publish_channels"`
+	PublishChannels int `yaml:"publish_channels" default:"4"`
 
 	// QueueType is the type of every queue the adapter declares (the
 	// topic's, and the poison topic's when published to): "classic" or
@@ -145,7 +135,7 @@ type AMQPConfig struct {
 	// documentation, "Quorum queues"). "classic" declares no x-queue-type
 	// argument, so queues created before this setting keep working.
 	// Defaults to "classic".
-	QueueType string `yaml:"queue_type"`
+	QueueType string `yaml:"queue_type" env:"AMQP_QUEUE_TYPE" default:"classic"`
 
 	// DeliveryLimit, when > 0, is the quorum queue's x-delivery-limit: a
 	// message returned to the queue (nacked, or left unacked by a consumer
@@ -156,7 +146,7 @@ type AMQPConfig struct {
 	// on one delivery. Keep it well above the restarts a message may live
 	// through. Only with QueueType "quorum". Defaults to 0: no limit set
 	// (RabbitMQ 3.x: none; RabbitMQ 4.x: its default of 20).
-	DeliveryLimit int `yaml:"delivery_limit"`
+	DeliveryLimit int `yaml:"delivery_limit" env:"AMQP_DELIVERY_LIMIT,positive"`
 
 	// QueueArguments are passed to every queue declaration, for example
 	// {"x-dead-letter-exchange": "dlx"}. x-queue-type and x-delivery-limit
@@ -170,48 +160,12 @@ type AMQPConfig struct {
 	// ConnectionName is shown by RabbitMQ (management UI, rabbitmqctl
 	// list_connections client_properties) to tell connections apart.
 	// Defaults to "claimtx".
-	ConnectionName string `yaml:"connection_name"`
+	ConnectionName string `yaml:"connection_name" default:"claimtx"`
 }
 
-// The adapter applies the same defaults (defaults.Apply) without an
-// exported method for it.
-func init() { defaults.Register(AMQPConfig.withDefaults) }
-
-// withDefaults returns a copy of c with every zero field set to its
-// default, as documented on each field.
-func (c AMQPConfig) withDefaults() AMQPConfig {
-	if c.URL == "" {
-		c.URL = amqpDefaultURL
-	}
-	if c.Concurrency == 0 {
-		c.Concurrency = amqpDefaultConcurrency
-	}
-	if c.Prefetch == 0 {
-		c.Prefetch = amqpDefaultPrefetch
-	}
-	if c.NackDelay == 0 {
-		c.NackDelay = amqpDefaultNackDelay
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = amqpDefaultDialTimeout
-	}
-	if c.ReconnectInitialInterval == 0 {
-		c.ReconnectInitialInterval = amqpDefaultReconnectInitialInterval
-	}
-	if c.ReconnectMaxInterval == 0 {
-		c.ReconnectMaxInterval = amqpDefaultReconnectMaxInterval
-	}
-	if c.PublishChannels == 0 {
-		c.PublishChannels = amqpDefaultPublishChannels
-	}
-	if c.ConnectionName == "" {
-		c.ConnectionName = amqpDefaultConnectionName
-	}
-	if c.QueueType == "" {
-		c.QueueType = amqpDefaultQueueType
-	}
-	return c
-}
+// The adapter applies the same defaults (defaults.Apply), those of the
+// fields' tags, without an exported method for it.
+func init() { defaults.Register(config.Defaults[AMQPConfig]) }
 
 // Validate reports the first field that cannot be used, as a
 // *framework.ConfigError.
@@ -219,7 +173,7 @@ func (c AMQPConfig) withDefaults() AMQPConfig {
 // keys ("url", "concurrency"); Config.Validate prefixes them with
 // "amqp.".
 func (c AMQPConfig) Validate() error {
-	c = c.withDefaults()
+	c = config.Defaults(c)
 
 	u, err := url.Parse(c.URL)
 	if err != nil {
@@ -274,11 +228,7 @@ func (c AMQPConfig) Validate() error {
 }
 
 // String prints the config with the URL's password redacted.
-func (c AMQPConfig) String() string {
-	return fmt.Sprintf("{URL:%s Concurrency:%d Prefetch:%d Window:%d NackDelay:%s DialTimeout:%s ReconnectInitialInterval:%s ReconnectMaxInterval:%s PublishChannels:%d QueueType:%q DeliveryLimit:%d QueueArguments:%v ConnectionName:%q}",
-		config.RedactURL(c.URL), c.Concurrency, c.Prefetch, c.Window, c.NackDelay, c.DialTimeout,
-		c.ReconnectInitialInterval, c.ReconnectMaxInterval, c.PublishChannels, c.QueueType, c.DeliveryLimit, c.QueueArguments, c.ConnectionName)
-}
+func (c AMQPConfig) String() string { return config.Format(c) }
 
 // amqpURIError is what amqp091.ParseURI refuses in a URL that url.Parse
 // took, with amqp091's messages, checked here so that validating links no
@@ -309,7 +259,7 @@ func amqpURIError(raw string, u *url.URL) error {
 }
 
 // GoString makes %#v redact too.
-func (c AMQPConfig) GoString() string { return "amqp.Config" + c.String() }
+func (c AMQPConfig) GoString() string { return "brokers.AMQPConfig" + c.String() }
 
 // fieldErr is a *framework.ConfigError for field (its YAML key within the
 // adapter's section) with a formatted reason.

@@ -3,10 +3,9 @@ package brokers
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/config"
@@ -25,11 +24,14 @@ const defaultKind = KindAMQP
 
 // Config selects and configures a broker adapter. The zero value is usable:
 // Kind defaults to "amqp" and every adapter field to its documented default.
+// Each built-in adapter has its section, of a type of this package
+// (AMQPConfig, KafkaConfig, NATSConfig), so that a Config carries them all
+// while a program links only the adapters it imports.
 type Config struct {
-	// Kind names the adapter: "amqp" (RabbitMQ), "kafka", "gochannel"
-	// (in-process, for tests), "nats" or a kind registered with Register.
-	// Defaults to "amqp".
-	Kind string `yaml:"kind"`
+	// Kind names the adapter: "amqp" (RabbitMQ), "kafka", "nats",
+	// "gochannel" (in-process, for tests) or a kind registered with
+	// Register. Defaults to "amqp".
+	Kind string `yaml:"kind" env:"BROKER" default:"amqp"`
 
 	// AMQP configures the "amqp" kind (brokers/amqp). See AMQPConfig for
 	// each field's default.
@@ -39,13 +41,17 @@ type Config struct {
 	// for each field's default.
 	Kafka KafkaConfig `yaml:"kafka"`
 
+	// NATS configures the "nats" kind (brokers/nats). See NATSConfig for
+	// each field's default.
+	NATS NATSConfig `yaml:"nats"`
+
 	// GoChannel configures the "gochannel" kind.
 	GoChannel GoChannelConfig `yaml:"gochannel"`
 
 	// Options carries settings for user-registered kinds, which read them
 	// in their Factory. The built-in kinds ignore it. LoadConfig("") and
-	// LoadConfig set it from the kind's variables (NATS_ACK_WAIT sets
-	// "ack_wait" when Kind is "nats"; see the package documentation).
+	// LoadConfig set it from the kind's variables (MY_BUS_REGION sets
+	// "region" when Kind is "my-bus"; see the package documentation).
 	// Defaults to none.
 	Options map[string]string `yaml:"options"`
 
@@ -75,76 +81,8 @@ type envSource struct {
 }
 
 // envSettings are the variables that override a file, in the order they
-// are applied: each one's YAML path, and how its value is parsed.
-var envSettings = []config.Setting[Config]{
-	{Path: "kind", Env: "BROKER", Set: func(c *Config, v string) error { c.Kind = v; return nil }},
-	{Path: "amqp.url", Env: "AMQP_URL", Secret: true, Set: func(c *Config, v string) error { c.AMQP.URL = v; return nil }},
-	{Path: "amqp.concurrency", Env: "CONCURRENCY", Set: positive(func(c *Config) *int { return &c.AMQP.Concurrency })},
-	{Path: "amqp.prefetch", Env: "AMQP_PREFETCH", Set: positive(func(c *Config) *int { return &c.AMQP.Prefetch })},
-	{Path: "amqp.window", Env: "AMQP_WINDOW", Set: positive(func(c *Config) *int { return &c.AMQP.Window })},
-	{Path: "amqp.nack_delay", Env: "AMQP_NACK_DELAY", Set: duration(func(c *Config) *time.Duration { return &c.AMQP.NackDelay })},
-	{Path: "amqp.dial_timeout", Env: "AMQP_DIAL_TIMEOUT", Set: duration(func(c *Config) *time.Duration { return &c.AMQP.DialTimeout })},
-	{Path: "amqp.queue_type", Env: "AMQP_QUEUE_TYPE", Set: func(c *Config, v string) error { c.AMQP.QueueType = v; return nil }},
-	{Path: "amqp.delivery_limit", Env: "AMQP_DELIVERY_LIMIT", Set: positive(func(c *Config) *int { return &c.AMQP.DeliveryLimit })},
-	{Path: "kafka.brokers", Env: "KAFKA_BROKERS", Set: func(c *Config, v string) error {
-		var list []string
-		for _, b := range strings.Split(v, ",") {
-			if b = strings.TrimSpace(b); b != "" {
-				list = append(list, b)
-			}
-		}
-		if len(list) == 0 {
-			return errors.New("must list at least one host:port")
-		}
-		c.Kafka.Brokers = list
-		return nil
-	}},
-	{Path: "kafka.consumer_group", Env: "KAFKA_CONSUMER_GROUP", Set: func(c *Config, v string) error { c.Kafka.ConsumerGroup = v; return nil }},
-	{Path: "kafka.initial_offset", Env: "KAFKA_INITIAL_OFFSET", Set: func(c *Config, v string) error { c.Kafka.InitialOffset = v; return nil }},
-	{Path: "kafka.version", Env: "KAFKA_VERSION", Set: func(c *Config, v string) error { c.Kafka.Version = v; return nil }},
-	{Path: "kafka.client_id", Env: "KAFKA_CLIENT_ID", Set: func(c *Config, v string) error { c.Kafka.ClientID = v; return nil }},
-	{Path: "kafka.session_timeout", Env: "KAFKA_SESSION_TIMEOUT", Set: duration(func(c *Config) *time.Duration { return &c.Kafka.SessionTimeout })},
-	{Path: "kafka.rebalance_timeout", Env: "KAFKA_REBALANCE_TIMEOUT", Set: duration(func(c *Config) *time.Duration { return &c.Kafka.RebalanceTimeout })},
-	{Path: "kafka.nack_delay", Env: "KAFKA_NACK_DELAY", Set: duration(func(c *Config) *time.Duration { return &c.Kafka.NackDelay })},
-	{Path: "kafka.window", Env: "KAFKA_WINDOW", Set: positive(func(c *Config) *int { return &c.Kafka.Window })},
-	{Path: "kafka.dial_timeout", Env: "KAFKA_DIAL_TIMEOUT", Set: duration(func(c *Config) *time.Duration { return &c.Kafka.DialTimeout })},
-	{Path: "kafka.sasl.mechanism", Env: "KAFKA_SASL_MECHANISM", Set: func(c *Config, v string) error { c.Kafka.SASL.Mechanism = v; return nil }},
-	{Path: "kafka.sasl.user", Env: "KAFKA_SASL_USER", Set: func(c *Config, v string) error { c.Kafka.SASL.User = v; return nil }},
-	{Path: "kafka.sasl.password", Env: "KAFKA_SASL_PASSWORD", Secret: true, Set: func(c *Config, v string) error { c.Kafka.SASL.Password = v; return nil }},
-	{Path: "kafka.tls.enabled", Env: "KAFKA_TLS", Set: func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("must be true or false, got %q", v)
-		}
-		c.Kafka.TLS.Enabled = b
-		return nil
-	}},
-	{Path: "kafka.tls.ca_file", Env: "KAFKA_TLS_CA_FILE", Set: func(c *Config, v string) error { c.Kafka.TLS.CAFile = v; return nil }},
-	{Path: "kafka.tls.cert_file", Env: "KAFKA_TLS_CERT_FILE", Set: func(c *Config, v string) error { c.Kafka.TLS.CertFile = v; return nil }},
-	{Path: "kafka.tls.key_file", Env: "KAFKA_TLS_KEY_FILE", Set: func(c *Config, v string) error { c.Kafka.TLS.KeyFile = v; return nil }},
-}
-
-func positive(dst func(*Config) *int) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			return fmt.Errorf("must be a positive integer, got %q", v)
-		}
-		*dst(c) = n
-		return nil
-	}
-}
-
-func duration(dst func(*Config) *time.Duration) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return fmt.Errorf("must be a duration like 500ms or 2s, got %q", v)
-		}
-		*dst(c) = d
-		return nil
-	}
-}
+// are applied, as the env tags of Config's fields declare them.
+var envSettings = config.Settings[Config]()
 
 // envVars maps the YAML path of each field a variable sets to that
 // variable, to name errors about a field nobody set (see named).
@@ -160,25 +98,17 @@ var envVars = func() map[string]string {
 // value came from, when it came from one (see envSource). Other errors, and
 // fields set in code or a file, are returned unchanged.
 func (c Config) named(err error) error {
-	var ce *framework.ConfigError
-	if !errors.As(err, &ce) {
-		return err
-	}
-	name, ok := c.env.set[ce.Field]
-	if !ok && c.env.only {
-		name, ok = envVars[ce.Field]
-	}
-	if !ok && c.env.only {
+	return config.Rename(err, func(field string) (string, bool) {
+		if name, ok := c.env.set[field]; ok || !c.env.only {
+			return name, ok
+		}
+		if name, ok := envVars[field]; ok {
+			return name, true
+		}
 		// A registered kind's option left unset: name the variable that
 		// would set it (see overlayOptionEnv).
-		name, ok = c.optionEnvName(ce.Field)
-	}
-	if !ok {
-		return err
-	}
-	out := *ce
-	out.Field = name
-	return &out
+		return c.optionEnvName(field)
+	})
 }
 
 // GoChannelConfig configures the in-process "gochannel" kind. Publishers
@@ -189,7 +119,7 @@ func (c Config) named(err error) error {
 type GoChannelConfig struct {
 	// Name separates independent in-process brokers: configs that differ
 	// only by Name do not see each other's messages. Defaults to "default".
-	Name string `yaml:"name"`
+	Name string `yaml:"name" default:"default"`
 
 	// Buffer is the output channel buffer of each subscription.
 	// Defaults to 0 (unbuffered).
@@ -208,27 +138,11 @@ type GoChannelConfig struct {
 
 // defaultConfig returns a Config with every default written out, which is
 // what LoadConfig starts from, so the effective configuration it returns
-// (and prints) shows every value.
-func defaultConfig() Config {
-	k := KafkaConfig{}.withDefaults()
-	// Derived from SessionTimeout when zero: leaving it zero lets a file or
-	// KAFKA_SESSION_TIMEOUT shorten the session without also having to
-	// shorten the heartbeat.
-	k.HeartbeatInterval = 0
-	return Config{
-		Kind:      defaultKind,
-		AMQP:      AMQPConfig{}.withDefaults(),
-		Kafka:     k,
-		GoChannel: GoChannelConfig{}.withDefaults(),
-	}
-}
-
-func (g GoChannelConfig) withDefaults() GoChannelConfig {
-	if g.Name == "" {
-		g.Name = "default"
-	}
-	return g
-}
+// (and prints) shows every value. Kafka's HeartbeatInterval stays zero, to
+// be derived from SessionTimeout: that lets a file or
+// KAFKA_SESSION_TIMEOUT shorten the session without also having to
+// shorten the heartbeat.
+func defaultConfig() Config { return config.Defaults(Config{}) }
 
 // Validate checks c as NewSubscriber and NewPublisher will, without
 // building anything, and returns a *framework.ConfigError naming the
@@ -263,7 +177,7 @@ func (c Config) check() error {
 	if !kindPattern.MatchString(kind) {
 		return c.named(&framework.ConfigError{
 			Field:  "kind",
-			Reason: fmt.Sprintf("%q is not a broker kind (built in: %s, %s, %s; a registered kind is lower case letters, digits, '_', '-', '.')", kind, KindAMQP, KindKafka, KindGoChannel),
+			Reason: fmt.Sprintf("%q is not a broker kind (built in: %s, %s, %s, %s; a registered kind is lower case letters, digits, '_', '-', '.')", kind, KindAMQP, KindKafka, KindNATS, KindGoChannel),
 			Err:    ErrInvalidKind,
 		})
 	}
@@ -291,23 +205,10 @@ func (c Config) validateWith(kind string, f Factory) error {
 // sections are the checks of the settings Config holds for a kind, run
 // whether or not the kind's adapter is linked.
 var sections = map[string]func(Config) error{
-	KindAMQP:      validateAMQP,
-	KindKafka:     validateKafka,
+	KindAMQP:      func(c Config) error { return prefixField(KindAMQP, c.AMQP.Validate()) },
+	KindKafka:     func(c Config) error { return prefixField(KindKafka, c.Kafka.Validate()) },
+	KindNATS:      func(c Config) error { return prefixField(KindNATS, c.NATS.validate()) },
 	KindGoChannel: validateGoChannel,
-}
-
-func validateAMQP(c Config) error {
-	if err := c.AMQP.Validate(); err != nil {
-		return prefixField("amqp", err)
-	}
-	return nil
-}
-
-func validateKafka(c Config) error {
-	if err := c.Kafka.Validate(); err != nil {
-		return prefixField("kafka", err)
-	}
-	return nil
 }
 
 func validateGoChannel(c Config) error {
@@ -317,17 +218,18 @@ func validateGoChannel(c Config) error {
 	return nil
 }
 
-// String prints the config with secrets redacted (the AMQP URL's password,
-// the Kafka SASL password, and in Options the value of every key that
-// contains "pass", "secret" or "token" and the password of every URL).
+// String prints the config with secrets redacted (the AMQP and NATS URLs'
+// passwords, the Kafka SASL password, the NATS password and token, and in
+// Options the value of every key that contains "pass", "secret" or "token"
+// and the password of every URL).
 func (c Config) String() string {
-	return fmt.Sprintf("{Kind:%q AMQP:%s Kafka:%s GoChannel:%+v Options:%v}", c.Kind, c.AMQP, c.Kafka, c.GoChannel, redactOptions(c.Options))
+	return fmt.Sprintf("{Kind:%q AMQP:%s Kafka:%s NATS:%s GoChannel:%+v Options:%v}", c.Kind, c.AMQP, c.Kafka, c.NATS, c.GoChannel, redactOptions(c.Options))
 }
 
 // redactOptions returns a copy of opts fit to print: a registered kind's
 // Factory cannot redact what Config.String prints, so the rule is here,
-// and adapters name their secret options to match it (NATS_PASSWORD,
-// NATS_TOKEN). Printing a map sorts its keys.
+// and adapters name their secret options to match it (MY_BUS_PASSWORD,
+// MY_BUS_TOKEN). Printing a map sorts its keys.
 func redactOptions(opts map[string]string) map[string]string {
 	if opts == nil {
 		return nil
@@ -362,13 +264,9 @@ func (c Config) GoString() string { return "brokers.Config" + c.String() }
 // when the value came from one or, without a file, would.
 func LoadConfig(path string) (Config, error) {
 	if path == "" {
-		c, err := defaultConfig().overlayEnv(os.LookupEnv)
-		if err != nil {
-			return Config{}, err
-		}
-		c = c.overlayOptionEnv(os.Environ())
+		c := defaultConfig()
 		c.env.only = true
-		return c, c.check()
+		return c.withEnv()
 	}
 	data, err := os.ReadFile(path) //nolint:gosec // reading the file the caller names is the point
 	if err != nil {
@@ -397,6 +295,11 @@ func (c Config) withEnv() (Config, error) {
 	c, err := c.overlayEnv(os.LookupEnv)
 	if err != nil {
 		return Config{}, err
+	}
+	if c.kind() == KindNATS {
+		if err := checkNATSEnv(os.Environ()); err != nil {
+			return Config{}, err
+		}
 	}
 	c = c.overlayOptionEnv(os.Environ())
 	return c, c.check()
@@ -428,10 +331,7 @@ func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	}
 	// Each variable found is recorded as the source of its field, so that
 	// Validate names the variable rather than the YAML path.
-	set := make(map[string]string, len(c.env.set)+len(envSettings))
-	for field, name := range c.env.set {
-		set[field] = name
-	}
+	set := cloned(c.env.set)
 	err := config.ApplyEnv(&c, envSettings, lookup, func(s config.Setting[Config], name string) { set[s.Path] = name })
 	if err != nil {
 		return Config{}, err
@@ -442,11 +342,10 @@ func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 
 // optionEnvPrefix is the prefix of the environment variables that set the
 // Options of kind: the kind in upper case with '.' and '-' as '_', then
-// '_' ("nats" -> "NATS_", "my-bus" -> "MY_BUS_"). Built-in kinds have
+// '_' ("my-bus" -> "MY_BUS_", "bus.v2" -> "BUS_V2_"). Built-in kinds have
 // their own variables and no prefix ("").
 func optionEnvPrefix(kind string) string {
-	switch kind {
-	case KindAMQP, KindKafka, KindGoChannel: // their settings have their own variables
+	if _, ok := sections[kind]; ok { // built in: their settings have their own variables
 		return ""
 	}
 	if !kindPattern.MatchString(kind) {
@@ -458,7 +357,7 @@ func optionEnvPrefix(kind string) string {
 // overlayOptionEnv returns c with every variable of environ ("NAME=value")
 // named <prefix><OPTION> (see optionEnvPrefix) copied into
 // Options["<option>"], the option name in lower case, over what a file
-// set: BROKER=nats with NATS_ACK_WAIT=5s sets Options["ack_wait"]. This is
+// set: BROKER=my-bus with MY_BUS_REGION=eu sets Options["region"]. This is
 // how a registered kind is configured from the environment like the
 // built-in ones, without claimtx knowing its settings; which options
 // exist, and whether an unknown one is an error, is up to its Factory. A
@@ -478,15 +377,7 @@ func (c Config) overlayOptionEnv(environ []string) Config {
 			continue
 		}
 		if opts == nil {
-			// Copies: Config values share their maps.
-			opts = make(map[string]string, len(c.Options)+1)
-			for k, v := range c.Options {
-				opts[k] = v
-			}
-			set = make(map[string]string, len(c.env.set)+1)
-			for k, v := range c.env.set {
-				set[k] = v
-			}
+			opts, set = cloned(c.Options), cloned(c.env.set)
 		}
 		option := strings.ToLower(name[len(prefix):])
 		opts[option] = value
@@ -496,6 +387,14 @@ func (c Config) overlayOptionEnv(environ []string) Config {
 		c.Options, c.env.set = opts, set
 	}
 	return c
+}
+
+// cloned is a copy of m to write to: Config values share their maps.
+func cloned(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return maps.Clone(m)
 }
 
 // optionEnvName returns the variable that sets field when field is

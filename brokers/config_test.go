@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/amqp"
-	"github.com/claimtx/claimtx/brokers/kafka"
+	_ "github.com/claimtx/claimtx/brokers/amqp"  // registers the kind
+	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
 	"github.com/claimtx/claimtx/framework"
 )
 
@@ -204,11 +204,11 @@ func TestValidate(t *testing.T) {
 		{},
 		{Kind: "gochannel"},
 		{Kind: "kafka"},
-		{Kind: "amqp", AMQP: amqp.Config{URL: "amqps://u:p@host:5671/vhost", Concurrency: 64, NackDelay: -1, DialTimeout: -1}},
-		{Kind: "kafka", Kafka: kafka.Config{SessionTimeout: time.Second, InitialOffset: "newest", Version: "2.8.1"}},
-		{Kind: "kafka", Kafka: kafka.Config{SASL: brokers.KafkaSASLConfig{Mechanism: "PLAIN", User: "u"}}},
+		{Kind: "amqp", AMQP: brokers.AMQPConfig{URL: "amqps://u:p@host:5671/vhost", Concurrency: 64, NackDelay: -1, DialTimeout: -1}},
+		{Kind: "kafka", Kafka: brokers.KafkaConfig{SessionTimeout: time.Second, InitialOffset: "newest", Version: "2.8.1"}},
+		{Kind: "kafka", Kafka: brokers.KafkaConfig{SASL: brokers.KafkaSASLConfig{Mechanism: "PLAIN", User: "u"}}},
 		// An unused adapter's settings are not looked at.
-		{Kind: "amqp", Kafka: kafka.Config{InitialOffset: "sideways"}},
+		{Kind: "amqp", Kafka: brokers.KafkaConfig{InitialOffset: "sideways"}},
 	}
 	for i, c := range good {
 		require.NoError(t, c.Validate(), "good[%d] %s", i, c)
@@ -220,27 +220,27 @@ func TestValidate(t *testing.T) {
 		reason string
 	}{
 		{brokers.Config{Kind: "NATS"}, "kind", "not a broker kind"},
-		{brokers.Config{AMQP: amqp.Config{URL: "http://host/"}}, "amqp.url", "scheme"},
-		{brokers.Config{AMQP: amqp.Config{URL: "amqp://u:p@host:notaport/"}}, "amqp.url", "not a valid URL"},
-		{brokers.Config{AMQP: amqp.Config{Concurrency: -1}}, "amqp.concurrency", "positive"},
-		{brokers.Config{AMQP: amqp.Config{Concurrency: 5000}}, "amqp.concurrency", "at most"},
-		{brokers.Config{AMQP: amqp.Config{Prefetch: -2}}, "amqp.prefetch", "positive"},
-		{brokers.Config{AMQP: amqp.Config{Window: 70000}}, "amqp.window", "65535"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{Window: -1}}, "kafka.window", "negative"},
-		{brokers.Config{AMQP: amqp.Config{ReconnectInitialInterval: time.Minute, ReconnectMaxInterval: time.Second}}, "amqp.reconnect_max_interval", "at least"},
-		{brokers.Config{AMQP: amqp.Config{QueueArguments: map[string]any{"x": struct{}{}}}}, "amqp.queue_arguments", "AMQP table"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{Brokers: []string{"nohost"}}}, "kafka.brokers", "host:port"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{Brokers: []string{":9092"}}}, "kafka.brokers", "host:port"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{InitialOffset: "latest"}}, "kafka.initial_offset", "oldest"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{Version: "three"}}, "kafka.version", "Kafka version"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SessionTimeout: time.Second, HeartbeatInterval: 2 * time.Second}}, "kafka.heartbeat_interval", "below session_timeout"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{MaxWaitTime: time.Microsecond}}, "kafka.max_wait_time", "1ms"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: brokers.KafkaSASLConfig{Mechanism: "GSSAPI", User: "u"}}}, "kafka.sasl.mechanism", "PLAIN"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: brokers.KafkaSASLConfig{Mechanism: "PLAIN"}}}, "kafka.sasl.user", "empty"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{SASL: brokers.KafkaSASLConfig{Password: "x"}}}, "kafka.sasl.mechanism", "must be set"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: brokers.KafkaTLSConfig{CAFile: "ca.pem"}}}, "kafka.tls.enabled", "must be true"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: brokers.KafkaTLSConfig{Enabled: true, CertFile: "c.pem"}}}, "kafka.tls.key_file", "together"},
-		{brokers.Config{Kind: "kafka", Kafka: kafka.Config{TLS: brokers.KafkaTLSConfig{Enabled: true, KeyFile: "k.pem"}}}, "kafka.tls.cert_file", "together"},
+		{brokers.Config{AMQP: brokers.AMQPConfig{URL: "http://host/"}}, "amqp.url", "scheme"},
+		{brokers.Config{AMQP: brokers.AMQPConfig{URL: "amqp://u:p@host:notaport/"}}, "amqp.url", "not a valid URL"},
+		{brokers.Config{AMQP: brokers.AMQPConfig{Concurrency: -1}}, "amqp.concurrency", "positive"},
+		{brokers.Config{AMQP: brokers.AMQPConfig{Concurrency: 5000}}, "amqp.concurrency", "at most"},
+		{brokers.Config{AMQP: brokers.AMQPConfig{Prefetch: -2}}, "amqp.prefetch", "positive"},
+		{brokers.Config{AMQP: brokers.AMQPConfig{Window: 70000}}, "amqp.window", "65535"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{Window: -1}}, "kafka.window", "negative"},
+		{brokers.Config{AMQP: brokers.AMQPConfig{ReconnectInitialInterval: time.Minute, ReconnectMaxInterval: time.Second}}, "amqp.reconnect_max_interval", "at least"},
+		{brokers.Config{AMQP: brokers.AMQPConfig{QueueArguments: map[string]any{"x": struct{}{}}}}, "amqp.queue_arguments", "AMQP table"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{Brokers: []string{"nohost"}}}, "kafka.brokers", "host:port"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{Brokers: []string{":9092"}}}, "kafka.brokers", "host:port"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{InitialOffset: "latest"}}, "kafka.initial_offset", "oldest"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{Version: "three"}}, "kafka.version", "Kafka version"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{SessionTimeout: time.Second, HeartbeatInterval: 2 * time.Second}}, "kafka.heartbeat_interval", "below session_timeout"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{MaxWaitTime: time.Microsecond}}, "kafka.max_wait_time", "1ms"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{SASL: brokers.KafkaSASLConfig{Mechanism: "GSSAPI", User: "u"}}}, "kafka.sasl.mechanism", "PLAIN"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{SASL: brokers.KafkaSASLConfig{Mechanism: "PLAIN"}}}, "kafka.sasl.user", "empty"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{SASL: brokers.KafkaSASLConfig{Password: "x"}}}, "kafka.sasl.mechanism", "must be set"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{TLS: brokers.KafkaTLSConfig{CAFile: "ca.pem"}}}, "kafka.tls.enabled", "must be true"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{TLS: brokers.KafkaTLSConfig{Enabled: true, CertFile: "c.pem"}}}, "kafka.tls.key_file", "together"},
+		{brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{TLS: brokers.KafkaTLSConfig{Enabled: true, KeyFile: "k.pem"}}}, "kafka.tls.cert_file", "together"},
 		{brokers.Config{Kind: "gochannel", GoChannel: brokers.GoChannelConfig{Buffer: -1}}, "gochannel.buffer", "negative"},
 	}
 	for _, tc := range bad {
@@ -278,7 +278,7 @@ func TestValidate(t *testing.T) {
 // TestConfigErrorMessage pins the format callers and docs quote.
 func TestConfigErrorMessage(t *testing.T) {
 	t.Parallel()
-	err := brokers.Config{Kind: "kafka", Kafka: kafka.Config{Brokers: []string{"x"}}}.Validate()
+	err := brokers.Config{Kind: "kafka", Kafka: brokers.KafkaConfig{Brokers: []string{"x"}}}.Validate()
 	require.EqualError(t, err, `claimtx: config field "kafka.brokers": entry 0 ("x") is not host:port`)
 	var target *framework.ConfigError
 	require.True(t, errors.As(err, &target))
@@ -311,7 +311,7 @@ func TestRedaction(t *testing.T) {
 		"http://app:" + amqpPW + "@rabbit/",
 		"amqp://app:" + amqpPW + "@rabbit:5672/?heartbeat=x",
 	} {
-		err := brokers.Config{AMQP: amqp.Config{URL: u}}.Validate()
+		err := brokers.Config{AMQP: brokers.AMQPConfig{URL: u}}.Validate()
 		require.Error(t, err, u)
 		require.NotContains(t, err.Error(), amqpPW)
 	}

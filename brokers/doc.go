@@ -30,12 +30,12 @@
 // Config holds the kind and one section per built-in adapter; only the
 // section of the chosen kind is used and validated. Every field has a
 // default (the "Defaults to" line of each field of Config, GoChannelConfig,
-// AMQPConfig and KafkaConfig), so the zero Config, an
+// AMQPConfig, KafkaConfig and NATSConfig), so the zero Config, an
 // empty file and an empty environment all give a working local setup:
 // RabbitMQ at amqp://guest:guest@127.0.0.1:5672/. LoadConfig writes the
 // defaults out, so the Config it returns shows every effective value.
 //
-//	kind: kafka            # amqp | kafka | gochannel | a registered name
+//	kind: kafka            # amqp | kafka | nats | gochannel | a registered name
 //	amqp:
 //	  url: amqp://app:secret@rabbit:5672/
 //	  concurrency: 8
@@ -48,6 +48,10 @@
 //	  session_timeout: 10s
 //	  sasl: {mechanism: SCRAM-SHA-512, user: billing, password: secret}
 //	  tls: {enabled: true, ca_file: /etc/ssl/kafka-ca.pem}
+//	nats:
+//	  url: nats://nats-1:4222,nats://nats-2:4222
+//	  durable: billing
+//	  ack_wait: 30s
 //	gochannel:
 //	  name: tests
 //	options:               # read by user-registered kinds only
@@ -87,10 +91,27 @@
 //	KAFKA_TLS_CA_FILE        kafka.tls.ca_file
 //	KAFKA_TLS_CERT_FILE      kafka.tls.cert_file
 //	KAFKA_TLS_KEY_FILE       kafka.tls.key_file
+//	NATS_URL                 nats.url                       (default nats://127.0.0.1:4222)
+//	NATS_USER                nats.user
+//	NATS_PASSWORD            nats.password
+//	NATS_TOKEN               nats.token
+//	NATS_CREDS_FILE          nats.creds_file
+//	NATS_DURABLE             nats.durable                   (no default; required to subscribe)
+//	NATS_SUBJECT_PREFIX      nats.subject_prefix
+//	NATS_ACK_WAIT            nats.ack_wait                  (default 30s)
+//	NATS_MAX_DELIVER         nats.max_deliver               (default -1: unlimited)
+//	NATS_MAX_ACK_PENDING     nats.max_ack_pending           (default 256)
+//	NATS_NACK_DELAY          nats.nack_delay                (default 1s)
+//	NATS_CONCURRENCY         nats.concurrency               (default 4)
+//	NATS_STREAMS             nats.streams                   (create or require; default create)
+//	NATS_DIAL_TIMEOUT        nats.dial_timeout              (default 30s)
 //
-// A secret can also come from a file: AMQP_URL_FILE and
-// KAFKA_SASL_PASSWORD_FILE name a file holding the value of AMQP_URL and
-// KAFKA_SASL_PASSWORD (a Docker or Kubernetes secret mounted as a file;
+// With BROKER=nats (or kind: nats), any other variable that starts with
+// NATS_ is an error, so a misspelt one (NATS_ACKWAIT) is not ignored.
+//
+// A secret can also come from a file: AMQP_URL_FILE, NATS_URL_FILE,
+// NATS_PASSWORD_FILE, NATS_TOKEN_FILE and KAFKA_SASL_PASSWORD_FILE name a
+// file holding the value of the variable without _FILE (a Docker or Kubernetes secret mounted as a file;
 // surrounding white space, such as the trailing newline, is dropped).
 // Setting both a variable and its _FILE variable is an error; an error
 // about a value read from a file names the _FILE variable.
@@ -104,12 +125,11 @@
 // its prefix: the kind in upper case with '.' and '-' as '_', then '_'.
 // Every variable that starts with it sets Options[option], the rest of its
 // name in lower case, over the file's options: (set but empty counts as
-// unset). With BROKER=nats, NATS_URL sets Options["url"] and NATS_ACK_WAIT
-// Options["ack_wait"]; with kind my-bus.v2, MY_BUS_V2_REGION sets
-// Options["region"]. Which options exist, and whether an unknown one is an
-// error, is the kind's Factory's business (brokers/nats refuses unknown
-// ones, so a misspelt variable is not ignored); pick a kind name whose
-// prefix no other program's variables use.
+// unset). With kind my-bus.v2, MY_BUS_V2_REGION sets Options["region"].
+// Which options exist, and whether an unknown one is an error, is the
+// kind's Factory's business (refusing unknown ones means a misspelt
+// variable is not ignored); pick a kind name whose prefix no other
+// program's variables use.
 //
 // # Errors
 //

@@ -8,6 +8,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/claimtx/claimtx/internal/config"
 )
 
 // The process-wide GoChannels of the "gochannel" kind, one per distinct
@@ -26,7 +28,7 @@ type sharedGoChannel struct {
 }
 
 func acquireGoChannel(cfg GoChannelConfig, logger watermill.LoggerAdapter) *sharedGoChannel {
-	key := cfg.withDefaults()
+	key := config.Defaults(cfg)
 	goChannels.Lock()
 	defer goChannels.Unlock()
 	s := goChannels.m[key]

@@ -12,27 +12,12 @@ import (
 	"github.com/claimtx/claimtx/internal/config"
 )
 
-// brokers/kafka's Config, TLSConfig and SASLConfig are these types (see
-// AMQPConfig for why they live here).
+// brokers/kafka takes these types as they are (see AMQPConfig for why
+// they live here).
 
 // kafkaVersionPattern is what sarama.ParseKafkaVersion accepts: X.Y.Z, or
 // 0.X.Y.Z before Kafka 1.0.
 var kafkaVersionPattern = regexp.MustCompile(`^(0\.\d+\.\d+\.\d+|[1-9]\d*\.\d+\.\d+)$`)
-
-// Defaults. Each KafkaConfig field's documentation repeats the value.
-const (
-	kafkaDefaultBroker           = "127.0.0.1:9092"
-	kafkaDefaultInitialOffset    = kafkaOffsetOldest
-	kafkaDefaultVersion          = "3.6.0"
-	kafkaDefaultClientID         = "claimtx"
-	kafkaDefaultMaxWaitTime      = 100 * time.Millisecond
-	kafkaDefaultSessionTimeout   = 10 * time.Second
-	kafkaDefaultRebalanceTimeout = 60 * time.Second
-	kafkaDefaultCommitInterval   = time.Second
-	kafkaDefaultNackDelay        = time.Second
-	kafkaDefaultDialTimeout      = 30 * time.Second
-	kafkaDefaultReconnectBackoff = time.Second
-)
 
 // InitialOffset values.
 const (
@@ -52,7 +37,7 @@ const (
 type KafkaConfig struct {
 	// Brokers are the bootstrap addresses (host:port).
 	// Defaults to ["127.0.0.1:9092"].
-	Brokers []string `yaml:"brokers"`
+	Brokers []string `yaml:"brokers" env:"KAFKA_BROKERS" default:"127.0.0.1:9092"`
 
 	// ConsumerGroup is the consumer group every Subscribe joins. Instances
 	// with the same group share the partitions; each group gets every
@@ -60,30 +45,30 @@ type KafkaConfig struct {
 	// no default, because a shared one would make two different services
 	// on the same topic split its partitions, each missing the other's
 	// half. framework/consumer defaults it to the consumer's Name.
-	ConsumerGroup string `yaml:"consumer_group"`
+	ConsumerGroup string `yaml:"consumer_group" env:"KAFKA_CONSUMER_GROUP"`
 
 	// InitialOffset is where a group starts on a partition it has no
 	// committed offset for: "oldest" (everything retained) or "newest"
 	// (only messages produced after the group joined). "oldest" is the only
 	// choice that loses nothing for a new consumer; claims make the replay
 	// of old messages harmless. Defaults to "oldest".
-	InitialOffset string `yaml:"initial_offset"`
+	InitialOffset string `yaml:"initial_offset" env:"KAFKA_INITIAL_OFFSET" default:"oldest"`
 
 	// Version is the Kafka protocol version the publisher (Sarama) speaks,
 	// as "X.Y.Z". 3.6.0 is verified against kfake and real brokers from 3.6
 	// on; older clusters need their own version here. The subscriber
 	// negotiates versions with the brokers. Defaults to "3.6.0".
-	Version string `yaml:"version"`
+	Version string `yaml:"version" env:"KAFKA_VERSION" default:"3.6.0"`
 
 	// ClientID is sent with every request (broker logs, quotas).
 	// Defaults to "claimtx".
-	ClientID string `yaml:"client_id"`
+	ClientID string `yaml:"client_id" env:"KAFKA_CLIENT_ID" default:"claimtx"`
 
 	// MaxWaitTime is how long a fetch waits on the broker for data. It is
 	// also how long the end of a subscription can wait behind an open
 	// fetch, so it is kept short (franz-go's own default is 5s).
 	// Defaults to 100ms.
-	MaxWaitTime time.Duration `yaml:"max_wait_time"`
+	MaxWaitTime time.Duration `yaml:"max_wait_time" default:"100ms"`
 
 	// SessionTimeout is how long the group coordinator waits without a
 	// heartbeat before it evicts a member and gives its partitions to the
@@ -91,7 +76,7 @@ type KafkaConfig struct {
 	// longer pauses (GC, overloaded hosts). Brokers enforce
 	// group.min/max.session.timeout.ms (kfake: GroupMinSessionTimeout).
 	// Defaults to 10s.
-	SessionTimeout time.Duration `yaml:"session_timeout"`
+	SessionTimeout time.Duration `yaml:"session_timeout" env:"KAFKA_SESSION_TIMEOUT" default:"10s"`
 
 	// HeartbeatInterval is how often a member heartbeats; it must be below
 	// SessionTimeout. Defaults to SessionTimeout/3.
@@ -104,12 +89,12 @@ type KafkaConfig struct {
 	// A rebalance does not wait for messages in flight (see the package
 	// documentation), so a long value costs nothing unless a member dies
 	// mid-rebalance. Must not be below SessionTimeout. Defaults to 60s.
-	RebalanceTimeout time.Duration `yaml:"rebalance_timeout"`
+	RebalanceTimeout time.Duration `yaml:"rebalance_timeout" env:"KAFKA_REBALANCE_TIMEOUT" default:"60s"`
 
 	// CommitInterval is how often marked (acked) offsets are committed.
 	// After a crash, up to this much acked work is delivered again; the
 	// claim turns those redeliveries into duplicates. Defaults to 1s.
-	CommitInterval time.Duration `yaml:"commit_interval"`
+	CommitInterval time.Duration `yaml:"commit_interval" default:"1s"`
 
 	// NackDelay is how long the subscriber waits before it re-sends a nacked
 	// message. Kafka cannot requeue one message: a nack re-sends a fresh
@@ -117,7 +102,7 @@ type KafkaConfig struct {
 	// the default window of one, its partition waits for it). The router's
 	// Retry and Poison middleware bound that; this only keeps the loop from
 	// spinning. A negative value disables the delay. Defaults to 1s.
-	NackDelay time.Duration `yaml:"nack_delay"`
+	NackDelay time.Duration `yaml:"nack_delay" env:"KAFKA_NACK_DELAY" default:"1s"`
 
 	// Window is how many messages per partition the subscriber hands out
 	// without waiting for earlier ones to be acked (for a batch consumer,
@@ -127,16 +112,16 @@ type KafkaConfig struct {
 	// partition are handed out in order but, with a window above one, may
 	// be acked out of order. 0 (the default) means one: a partition's next
 	// message waits for the ack of the one before.
-	Window int `yaml:"window"`
+	Window int `yaml:"window" env:"KAFKA_WINDOW,positive"`
 
 	// DialTimeout bounds how long NewPublisher and the first Subscribe retry
 	// while no broker is reachable, instead of failing start-up. A negative
 	// value means a single attempt. Defaults to 30s.
-	DialTimeout time.Duration `yaml:"dial_timeout"`
+	DialTimeout time.Duration `yaml:"dial_timeout" env:"KAFKA_DIAL_TIMEOUT" default:"30s"`
 
 	// ReconnectBackoff is the wait between those start-up attempts, and
 	// between polls while every fetch fails. Defaults to 1s.
-	ReconnectBackoff time.Duration `yaml:"reconnect_backoff"`
+	ReconnectBackoff time.Duration `yaml:"reconnect_backoff" default:"1s"`
 
 	// TLS enables TLS to the brokers.
 	TLS KafkaTLSConfig `yaml:"tls"`
@@ -150,13 +135,13 @@ type KafkaConfig struct {
 type KafkaTLSConfig struct {
 	// Enabled turns TLS on. The system roots verify the brokers unless
 	// CAFile is set. Defaults to false.
-	Enabled bool `yaml:"enabled"`
+	Enabled bool `yaml:"enabled" env:"KAFKA_TLS"`
 	// CAFile is a PEM file of CA certificates to trust. Defaults to "".
-	CAFile string `yaml:"ca_file"`
+	CAFile string `yaml:"ca_file" env:"KAFKA_TLS_CA_FILE"`
 	// CertFile and KeyFile are the client certificate and key (PEM) for
 	// mutual TLS. Both or neither. Default to "".
-	CertFile string `yaml:"cert_file"`
-	KeyFile  string `yaml:"key_file"`
+	CertFile string `yaml:"cert_file" env:"KAFKA_TLS_CERT_FILE"`
+	KeyFile  string `yaml:"key_file" env:"KAFKA_TLS_KEY_FILE"`
 	// ServerName overrides the name verified in the brokers' certificates.
 	// Defaults to the host of each broker address.
 	ServerName string `yaml:"server_name"`
@@ -171,17 +156,15 @@ type KafkaSASLConfig struct {
 	// Mechanism is "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512"; empty
 	// disables SASL. PLAIN sends the password as is: use it with TLS.
 	// Defaults to "".
-	Mechanism string `yaml:"mechanism"`
+	Mechanism string `yaml:"mechanism" env:"KAFKA_SASL_MECHANISM"`
 	// User is the SASL user name. Defaults to "".
-	User string `yaml:"user"`
+	User string `yaml:"user" env:"KAFKA_SASL_USER"`
 	// Password is the SASL password. Defaults to "".
-	Password string `yaml:"password"`
+	Password string `yaml:"password" env:"KAFKA_SASL_PASSWORD,secret"`
 }
 
 // String prints the SASL settings with the password redacted.
-func (s KafkaSASLConfig) String() string {
-	return fmt.Sprintf("{Mechanism:%q User:%q Password:%q}", s.Mechanism, s.User, config.Redact(s.Password))
-}
+func (s KafkaSASLConfig) String() string { return config.Format(s) }
 
 // GoString makes %#v redact too.
 func (s KafkaSASLConfig) GoString() string { return "brokers.KafkaSASLConfig" + s.String() }
@@ -193,41 +176,9 @@ func init() { defaults.Register(KafkaConfig.withDefaults) }
 // withDefaults returns a copy of c with every zero field set to its
 // default, as documented on each field.
 func (c KafkaConfig) withDefaults() KafkaConfig {
-	if len(c.Brokers) == 0 {
-		c.Brokers = []string{kafkaDefaultBroker}
-	}
-	if c.InitialOffset == "" {
-		c.InitialOffset = kafkaDefaultInitialOffset
-	}
-	if c.Version == "" {
-		c.Version = kafkaDefaultVersion
-	}
-	if c.ClientID == "" {
-		c.ClientID = kafkaDefaultClientID
-	}
-	if c.MaxWaitTime == 0 {
-		c.MaxWaitTime = kafkaDefaultMaxWaitTime
-	}
-	if c.SessionTimeout == 0 {
-		c.SessionTimeout = kafkaDefaultSessionTimeout
-	}
+	c = config.Defaults(c)
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = c.SessionTimeout / 3
-	}
-	if c.RebalanceTimeout == 0 {
-		c.RebalanceTimeout = kafkaDefaultRebalanceTimeout
-	}
-	if c.CommitInterval == 0 {
-		c.CommitInterval = kafkaDefaultCommitInterval
-	}
-	if c.NackDelay == 0 {
-		c.NackDelay = kafkaDefaultNackDelay
-	}
-	if c.DialTimeout == 0 {
-		c.DialTimeout = kafkaDefaultDialTimeout
-	}
-	if c.ReconnectBackoff == 0 {
-		c.ReconnectBackoff = kafkaDefaultReconnectBackoff
+		c.HeartbeatInterval = c.SessionTimeout / 3 // derived, so it has no default tag
 	}
 	return c
 }
@@ -313,12 +264,7 @@ func (t KafkaTLSConfig) validate() error {
 }
 
 // String prints the config with the SASL password redacted.
-func (c KafkaConfig) String() string {
-	return fmt.Sprintf("{Brokers:%v ConsumerGroup:%q InitialOffset:%q Version:%q ClientID:%q MaxWaitTime:%s SessionTimeout:%s HeartbeatInterval:%s RebalanceTimeout:%s CommitInterval:%s NackDelay:%s Window:%d DialTimeout:%s ReconnectBackoff:%s TLS:%+v SASL:%s}",
-		c.Brokers, c.ConsumerGroup, c.InitialOffset, c.Version, c.ClientID, c.MaxWaitTime, c.SessionTimeout,
-		c.HeartbeatInterval, c.RebalanceTimeout, c.CommitInterval, c.NackDelay, c.Window, c.DialTimeout, c.ReconnectBackoff,
-		c.TLS, c.SASL)
-}
+func (c KafkaConfig) String() string { return config.Format(c) }
 
 // GoString makes %#v redact too.
-func (c KafkaConfig) GoString() string { return "kafka.Config" + c.String() }
+func (c KafkaConfig) GoString() string { return "brokers.KafkaConfig" + c.String() }

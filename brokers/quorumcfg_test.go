@@ -14,7 +14,7 @@ import (
 )
 
 // TestQueueTypeSettings: AMQP_QUEUE_TYPE / amqp.queue_type and
-// AMQP_DELIVERY_LIMIT / amqp.delivery_limit reach amqp.Config, and their
+// AMQP_DELIVERY_LIMIT / amqp.delivery_limit reach brokers.AMQPConfig, and their
 // mistakes are named where they were made.
 func TestQueueTypeSettings(t *testing.T) {
 	t.Parallel()

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/config"
 )
 
 // Factory builds the publisher and subscriber of one broker kind from the
@@ -111,46 +112,42 @@ func checkFactory(kind string, f Factory) error {
 // naming the field; a kind that is not linked also matches ErrInvalidKind.
 // Other construction errors name the kind and wrap the adapter's error.
 func NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (message.Subscriber, error) {
-	f, kind, err := factory(cfg)
-	if err != nil {
-		return nil, err
-	}
-	if logger == nil {
-		logger = watermill.NopLogger{}
-	}
-	sub, err := f.NewSubscriber(cfg, logger)
-	if err != nil {
-		var ce *framework.ConfigError
-		if errors.As(err, &ce) {
-			// Named like Validate's errors: a registered kind's
-			// "options.durable" becomes NATS_DURABLE when the
-			// environment set it (or, with LoadConfig(""), should have).
-			return nil, cfg.named(err)
-		}
-		return nil, fmt.Errorf("brokers: %s subscriber: %w", kind, err)
-	}
-	return sub, nil
+	return build(cfg, logger, "subscriber", func(f Factory) func(Config, watermill.LoggerAdapter) (message.Subscriber, error) {
+		return f.NewSubscriber
+	})
 }
 
 // NewPublisher validates cfg like NewSubscriber and builds the publisher
 // of cfg.Kind. Errors are as for NewSubscriber.
 func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (message.Publisher, error) {
+	return build(cfg, logger, "publisher", func(f Factory) func(Config, watermill.LoggerAdapter) (message.Publisher, error) {
+		return f.NewPublisher
+	})
+}
+
+// build is NewSubscriber and NewPublisher: what of the kind's Factory
+// builds the role.
+func build[T any](cfg Config, logger watermill.LoggerAdapter, role string, of func(Factory) func(Config, watermill.LoggerAdapter) (T, error)) (T, error) {
+	var zero T
 	f, kind, err := factory(cfg)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	pub, err := f.NewPublisher(cfg, logger)
+	v, err := of(f)(cfg, logger)
 	if err != nil {
 		var ce *framework.ConfigError
 		if errors.As(err, &ce) {
-			return nil, cfg.named(err)
+			// Named like Validate's errors: "nats.durable" becomes
+			// NATS_DURABLE when the environment set it (or, with
+			// LoadConfig(""), should have).
+			return zero, cfg.named(err)
 		}
-		return nil, fmt.Errorf("brokers: %s publisher: %w", kind, err)
+		return zero, fmt.Errorf("brokers: %s %s: %w", kind, role, err)
 	}
-	return pub, nil
+	return v, nil
 }
 
 // factory checks cfg and returns the Factory of its kind.
@@ -196,11 +193,5 @@ func linkedNames() []string {
 // prefixed with prefix and a dot, so an adapter's "brokers" becomes
 // "kafka.brokers", the YAML path. Other errors are returned unchanged.
 func prefixField(prefix string, err error) error {
-	var ce *framework.ConfigError
-	if !errors.As(err, &ce) {
-		return err
-	}
-	out := *ce
-	out.Field = prefix + "." + ce.Field
-	return &out
+	return config.Rename(err, func(field string) (string, bool) { return prefix + "." + field, true })
 }

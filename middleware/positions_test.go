@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
@@ -43,7 +44,7 @@ func kafkaOrders(t *testing.T, window int, ords ...order) (*kafka.Subscriber, <-
 		require.NoError(t, cl.ProduceSync(t.Context(), &kgo.Record{Topic: topic, Key: []byte(id), Value: payload,
 			Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(id)}}}).FirstErr())
 	}
-	sub, err := kafka.NewSubscriber(context.Background(), kafka.Config{
+	sub, err := kafka.NewSubscriber(context.Background(), brokers.KafkaConfig{
 		Brokers: br.Addrs(), ConsumerGroup: topic, Window: window,
 		SessionTimeout: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond, RebalanceTimeout: 3 * time.Second,
 	}, nil)

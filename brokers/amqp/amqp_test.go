@@ -18,6 +18,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/framework"
 )
@@ -64,7 +65,7 @@ func TestPubSubConformance(t *testing.T) {
 	})
 }
 
-func runSuite(t *testing.T, cfg amqp.Config, features tests.Features) {
+func runSuite(t *testing.T, cfg brokers.AMQPConfig, features tests.Features) {
 	var q queueTracker
 	t.Cleanup(func() { q.cleanup(t) })
 

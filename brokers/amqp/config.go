@@ -11,12 +11,11 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Config configures the RabbitMQ adapter: see brokers.AMQPConfig, which
-// holds it so that a brokers.Config can carry it without linking this
-// adapter's client.
-type Config = brokers.AMQPConfig
+// The adapter is configured with brokers.AMQPConfig, which package brokers
+// holds so that a brokers.Config can carry it without linking this
+// adapter's client: it is the one name of the adapter's settings.
 
-// The values of Config.QueueType and the queue arguments they set.
+// The values of brokers.AMQPConfig.QueueType and the queue arguments they set.
 const (
 	queueTypeQuorum  = "quorum"
 	argQueueType     = "x-queue-type"
@@ -24,11 +23,11 @@ const (
 )
 
 // withDefaults is c with every zero field at its documented default.
-func withDefaults(c Config) Config { return defaults.Apply(c) }
+func withDefaults(c brokers.AMQPConfig) brokers.AMQPConfig { return defaults.Apply(c) }
 
-// validate is Config.Validate plus the check that needs the client: that
+// validate is brokers.AMQPConfig.Validate plus the check that needs the client: that
 // the queue arguments encode as an AMQP table.
-func validate(c Config) error {
+func validate(c brokers.AMQPConfig) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
@@ -40,7 +39,7 @@ func validate(c Config) error {
 
 // watermillConfig maps c (defaults applied) onto watermill-amqp's durable
 // queue topology: default exchange, queue = topic, routing key = topic.
-func watermillConfig(c Config) (wamqp.Config, error) {
+func watermillConfig(c brokers.AMQPConfig) (wamqp.Config, error) {
 	args, err := declareArguments(c)
 	if err != nil {
 		return wamqp.Config{}, err
@@ -61,7 +60,7 @@ func watermillConfig(c Config) (wamqp.Config, error) {
 	props.SetClientConnectionName(c.ConnectionName)
 	wc.Connection.AmqpConfig = &amqp091.Config{
 		Properties: props,
-		// amqp091.Dial's default. With a Config, zero means the server's
+		// amqp091.Dial's default. With a brokers.AMQPConfig, zero means the server's
 		// value (RabbitMQ: 60s), and a connection lost without a close
 		// (network partition, host gone) is noticed after three missed
 		// heartbeats: 30s here instead of 3 minutes, during which
@@ -74,7 +73,7 @@ func watermillConfig(c Config) (wamqp.Config, error) {
 	return wc, nil
 }
 
-func attemptTimeout(c Config) time.Duration {
+func attemptTimeout(c brokers.AMQPConfig) time.Duration {
 	const max = 10 * time.Second
 	if c.DialTimeout > 0 && c.DialTimeout < max {
 		return c.DialTimeout
@@ -88,7 +87,7 @@ func attemptTimeout(c Config) time.Duration {
 // setting existed: RabbitMQ compares the arguments of a redeclaration with
 // the queue's, and older releases do not take an explicit "classic" as
 // equal to none.
-func declareArguments(c Config) (amqp091.Table, error) {
+func declareArguments(c brokers.AMQPConfig) (amqp091.Table, error) {
 	args, err := queueArguments(c.QueueArguments)
 	if err != nil {
 		return nil, err

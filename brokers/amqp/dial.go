@@ -12,6 +12,7 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/config"
@@ -36,7 +37,7 @@ func (e *DialError) Unwrap() error { return e.Err }
 // wamqp.NewConnection tries exactly once (connection.go: connect() in
 // NewConnection returns the dial error), so a service that starts before
 // RabbitMQ would exit; here it waits up to cfg.DialTimeout instead.
-func dial(ctx context.Context, cfg Config, wc wamqp.Config, logger watermill.LoggerAdapter) (*conn, error) {
+func dial(ctx context.Context, cfg brokers.AMQPConfig, wc wamqp.Config, logger watermill.LoggerAdapter) (*conn, error) {
 	start := time.Now()
 	if cfg.DialTimeout > 0 {
 		var cancel context.CancelFunc
@@ -100,7 +101,7 @@ const watcherStopWait = 5 * time.Second
 // Close closes the wrapper and, once its watcher has ended, the connection
 // the watcher left open, if any. It waits for the watcher unless the
 // connection was lost already: then the watcher ends on its next retry,
-// after a backoff of up to Config.ReconnectMaxInterval, too long to hold a
+// after a backoff of up to brokers.AMQPConfig.ReconnectMaxInterval, too long to hold a
 // shutdown, and the connection it may leave is closed in the background.
 func (c *conn) Close() error {
 	lost := !c.w.connected.Load()
@@ -176,7 +177,7 @@ func permanentDialError(err error) bool {
 // waitConnected waits until conn is connected again after a drop, bounded
 // like the initial dial. watermill-amqp's Subscribe and Publish fail at once
 // with "not connected" during its reconnect loop.
-func waitConnected(ctx context.Context, cfg Config, conn *conn) error {
+func waitConnected(ctx context.Context, cfg brokers.AMQPConfig, conn *conn) error {
 	if conn.IsConnected() {
 		return nil
 	}
@@ -203,7 +204,7 @@ func waitConnected(ctx context.Context, cfg Config, conn *conn) error {
 // connect is the start-up both NewSubscriber and NewPublisher share:
 // validate, apply defaults, derive watermill-amqp's config and dial with
 // retries.
-func connect(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (Config, wamqp.Config, *conn, watermill.LoggerAdapter, error) {
+func connect(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (brokers.AMQPConfig, wamqp.Config, *conn, watermill.LoggerAdapter, error) {
 	if err := validate(cfg); err != nil {
 		return cfg, wamqp.Config{}, nil, nil, err
 	}

@@ -2,12 +2,12 @@
 // amqp091-go) configured for at-least-once consumption of durable queues,
 // with the sharp edges of that stack filed off.
 //
-//	sub, err := amqp.NewSubscriber(ctx, amqp.Config{URL: url, Concurrency: 8}, logger)
+//	sub, err := amqp.NewSubscriber(ctx, brokers.AMQPConfig{URL: url, Concurrency: 8}, logger)
 //	msgs, err := sub.Subscribe(ctx, "orders")
 //
 // Most users import it for its side effect, which registers the kind
 // "amqp", and build it through brokers.NewSubscriber. Every
-// Config field documents its default; an invalid Config is a
+// brokers.AMQPConfig field documents its default; an invalid brokers.AMQPConfig is a
 // *framework.ConfigError naming the field by its YAML key ("url",
 // "window").
 //
@@ -19,19 +19,19 @@
 // "orders" by publishing to exchange "" with routing key "orders". Subscribe,
 // SubscribeInitialize and the first Publish to a topic declare the queue
 // (RabbitMQ drops a message routed to a queue that does not exist, so the
-// publisher declares it too). Config.QueueType, Config.DeliveryLimit and
-// Config.QueueArguments are passed on every declaration and must match an
+// publisher declares it too). brokers.AMQPConfig.QueueType, brokers.AMQPConfig.DeliveryLimit and
+// brokers.AMQPConfig.QueueArguments are passed on every declaration and must match an
 // existing queue's arguments.
 //
 // Messages are published persistent, with publisher confirms: Publish returns
 // nil only after RabbitMQ confirmed every message. The confirm-mode channels
-// are pooled (Config.PublishChannels).
+// are pooled (brokers.AMQPConfig.PublishChannels).
 //
 // # Concurrency and prefetch
 //
 // A watermill-amqp subscription handles one delivery at a time: it hands a
 // message to its channel and waits for the ack before it takes the next. So
-// Subscribe opens Config.Concurrency subscriptions (one AMQP channel each) on
+// Subscribe opens brokers.AMQPConfig.Concurrency subscriptions (one AMQP channel each) on
 // the same queue and merges them into the one channel it returns; RabbitMQ
 // spreads deliveries over them, and up to Concurrency messages are in the
 // handler at once. Order is therefore not kept when Concurrency > 1.
@@ -45,7 +45,7 @@
 //
 // A batch consumer (framework/consumer.NewBatch) can only gather as many
 // messages as are unacked at once, and Concurrency subscriptions give at
-// most Concurrency of them, refilled one ack at a time. With Config.Window
+// most Concurrency of them, refilled one ack at a time. With brokers.AMQPConfig.Window
 // > 0, Subscribe instead starts ONE amqp091 consumer on its own channel
 // with QoS prefetch = Window and forwards each delivery without waiting for
 // the previous ones to be acked: up to Window messages are in flight (set it
@@ -73,7 +73,7 @@
 // watermill-amqp nacks with requeue=true (subscriber.go:439), and RabbitMQ
 // puts the message back at the head of the queue at once: a message that
 // keeps failing would spin through the handler as fast as the network allows.
-// This adapter holds a nacked delivery for Config.NackDelay (default 1s)
+// This adapter holds a nacked delivery for brokers.AMQPConfig.NackDelay (default 1s)
 // before handing the nack to RabbitMQ; meanwhile that one subscription takes
 // no other message. In claimtx the router's Retry and Poison middleware sit
 // in front of the claim, so a nack only reaches the broker when even the
@@ -93,7 +93,7 @@
 //
 // # Quorum queues
 //
-// Config.QueueType "quorum" (AMQP_QUEUE_TYPE=quorum, amqp.queue_type)
+// brokers.AMQPConfig.QueueType "quorum" (AMQP_QUEUE_TYPE=quorum, amqp.queue_type)
 // declares every queue, the topic's and the poison topic's alike, as a
 // quorum queue: RabbitMQ's replicated queue type, the one for durable work
 // (classic mirrored queues are gone in RabbitMQ 4). Nothing else changes
@@ -112,7 +112,7 @@
 // times derived from the producer's fields never see them, and Marshal
 // does not publish them again: a poison copy starts from its own count.
 //
-// Config.DeliveryLimit (AMQP_DELIVERY_LIMIT, amqp.delivery_limit) sets the
+// brokers.AMQPConfig.DeliveryLimit (AMQP_DELIVERY_LIMIT, amqp.delivery_limit) sets the
 // queue's x-delivery-limit N. The return that takes a message's
 // x-delivery-count past N removes it from the queue: without a
 // dead-letter exchange RabbitMQ drops it without a trace; with one
@@ -202,7 +202,7 @@
 // fails if RabbitMQ is not up yet (connection.go:44). NewSubscriber and
 // NewPublisher retry with exponential backoff
 // (ReconnectInitialInterval doubling to ReconnectMaxInterval) until they
-// connect, Config.DialTimeout passes, or their context ends, and then return a
+// connect, brokers.AMQPConfig.DialTimeout passes, or their context ends, and then return a
 // *DialError with the attempts made and the last error. Refused credentials
 // or vhost (AMQP 403) are returned at once: waiting will not fix them.
 //
@@ -216,7 +216,7 @@
 // read happens in Subscriber.IsConnected, so a readiness probe during a
 // reconnect is reported too. TestReconnect therefore runs only without -race;
 // it closes only its own connections (rabbitmqctl close_connection, matched
-// by Config.ConnectionName), so it does not disturb other tests on the same
+// by brokers.AMQPConfig.ConnectionName), so it does not disturb other tests on the same
 // RabbitMQ. framework/observe's TestHealthReconnectAMQP, for the same reason,
 // runs without -race and cuts only its own connection (through a TCP proxy
 // it owns).

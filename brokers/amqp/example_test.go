@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/amqp"
 )
 
@@ -24,7 +25,7 @@ func ExampleNewSubscriber() {
 	topic := exampleQueue()
 	defer deleteQueue(topic)
 
-	sub, err := amqp.NewSubscriber(ctx, amqp.Config{URL: exampleURL(), Concurrency: 2}, nil)
+	sub, err := amqp.NewSubscriber(ctx, brokers.AMQPConfig{URL: exampleURL(), Concurrency: 2}, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -43,8 +44,8 @@ func ExampleNewSubscriber() {
 	fmt.Println(m.UUID, string(m.Payload))
 	fmt.Println(m.Metadata.Get("event_id"), m.Metadata.Get("attempt"), m.Metadata.Get("amqp_routing_key") == topic)
 
-	// An invalid Config names the field by its YAML key.
-	_, err = amqp.NewSubscriber(ctx, amqp.Config{Window: -1}, nil)
+	// An invalid brokers.AMQPConfig names the field by its YAML key.
+	_, err = amqp.NewSubscriber(ctx, brokers.AMQPConfig{Window: -1}, nil)
 	fmt.Println(err)
 	// Output:
 	// m1 {"order_id":9912}
@@ -61,7 +62,7 @@ func ExampleNewPublisher() {
 	topic := exampleQueue()
 	defer deleteQueue(topic)
 
-	pub, err := amqp.NewPublisher(ctx, amqp.Config{URL: exampleURL()}, nil)
+	pub, err := amqp.NewPublisher(ctx, brokers.AMQPConfig{URL: exampleURL()}, nil)
 	if err != nil {
 		panic(err)
 	}

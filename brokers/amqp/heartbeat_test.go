@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/brokers"
 )
 
 // TestHeartbeat: the connection asks for a 10s heartbeat. Left at zero,
@@ -12,7 +14,7 @@ import (
 // connection dead only after three missed heartbeats: three minutes during
 // which IsConnected, and so readiness, would still say "connected".
 func TestHeartbeat(t *testing.T) {
-	wc, err := watermillConfig(withDefaults(Config{}))
+	wc, err := watermillConfig(withDefaults(brokers.AMQPConfig{}))
 	require.NoError(t, err)
 	require.Equal(t, 10*time.Second, wc.Connection.AmqpConfig.Heartbeat)
 }

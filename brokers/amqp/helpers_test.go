@@ -12,6 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
@@ -33,8 +34,8 @@ func amqpURL() string {
 func uniqueName(t *testing.T) string { return testenv.UniqueName(t, 80) }
 
 // testConfig is a config for the shared RabbitMQ with short timings.
-func testConfig() amqp.Config {
-	return amqp.Config{
+func testConfig() brokers.AMQPConfig {
+	return brokers.AMQPConfig{
 		URL:                      amqpURL(),
 		NackDelay:                -1,
 		DialTimeout:              10 * time.Second,
@@ -133,7 +134,7 @@ func (p trackingPublisher) Publish(topic string, msgs ...*message.Message) error
 }
 
 // newSubscriber returns a Subscriber closed (and checked) when the test ends.
-func newSubscriber(t *testing.T, cfg amqp.Config) *amqp.Subscriber {
+func newSubscriber(t *testing.T, cfg brokers.AMQPConfig) *amqp.Subscriber {
 	t.Helper()
 	sub, err := amqp.NewSubscriber(context.Background(), cfg, nil)
 	require.NoError(t, err)

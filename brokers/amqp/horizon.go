@@ -10,7 +10,7 @@ import (
 )
 
 // ReplayHorizon reports how old a message of topic can be when RabbitMQ
-// still delivers it: the x-message-ttl of Config.QueueArguments when set,
+// still delivers it: the x-message-ttl of brokers.AMQPConfig.QueueArguments when set,
 // otherwise brokers.UnboundedHorizon: a RabbitMQ queue keeps a message
 // until it is acked, however old. A TTL set by a server-side policy is not
 // visible over AMQP and is not seen here. A consumer compares the horizon

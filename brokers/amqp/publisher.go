@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 )
 
@@ -20,7 +21,7 @@ import (
 // named topic, because RabbitMQ silently drops a message routed to a queue
 // that does not exist yet. It is safe for concurrent use.
 type Publisher struct {
-	cfg  Config
+	cfg  brokers.AMQPConfig
 	wc   wamqp.Config
 	conn *conn
 	pub  *wamqp.Publisher
@@ -38,7 +39,7 @@ var _ message.Publisher = (*Publisher)(nil)
 // cfg.DialTimeout passes or ctx ends) and opens the confirm-mode channel
 // pool. A nil logger logs nothing. An invalid cfg is a
 // *framework.ConfigError; giving up on the connection is a *DialError.
-func NewPublisher(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+func NewPublisher(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	cfg, wc, conn, logger, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return nil, err

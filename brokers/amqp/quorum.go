@@ -7,6 +7,7 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 )
 
@@ -21,7 +22,7 @@ import (
 // arguments in place, so the message says the two ways out: configure
 // what the queue has, or drain and delete the queue so that it is declared
 // anew.
-func declareError(c Config, queue string, err error) error {
+func declareError(c brokers.AMQPConfig, queue string, err error) error {
 	var aerr *amqp091.Error
 	if !errors.As(err, &aerr) || aerr.Code != amqp091.PreconditionFailed || !strings.Contains(aerr.Reason, "inequivalent arg") {
 		return err

@@ -10,12 +10,13 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/framework"
 )
 
 // quorumConfig is testConfig on quorum queues.
-func quorumConfig() amqp.Config {
+func quorumConfig() brokers.AMQPConfig {
 	cfg := testConfig()
 	cfg.QueueType = "quorum"
 	return cfg
@@ -208,7 +209,7 @@ func TestQueueArgumentsMismatch(t *testing.T) {
 	windowQuorum.Window = 4
 	for _, tc := range []struct {
 		name  string
-		cfg   amqp.Config
+		cfg   brokers.AMQPConfig
 		queue string
 		field string
 	}{

@@ -10,14 +10,16 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/brokers"
 )
 
-// Subscriber consumes from RabbitMQ: Config.Concurrency watermill-amqp
+// Subscriber consumes from RabbitMQ: brokers.AMQPConfig.Concurrency watermill-amqp
 // subscriptions per Subscribe call, merged into one channel, with a delayed
-// nack; or, with Config.Window > 0, one consumer per Subscribe call with up
+// nack; or, with brokers.AMQPConfig.Window > 0, one consumer per Subscribe call with up
 // to Window messages in flight (window.go). It is safe for concurrent use.
 type Subscriber struct {
-	cfg    Config
+	cfg    brokers.AMQPConfig
 	wc     wamqp.Config // sub's config; the window mode consumes like it
 	logger watermill.LoggerAdapter
 	conn   *conn
@@ -38,11 +40,11 @@ var (
 )
 
 // NewSubscriber validates cfg, connects to RabbitMQ (retrying until
-// cfg.DialTimeout passes or ctx ends, see Config.DialTimeout) and returns a
+// cfg.DialTimeout passes or ctx ends, see brokers.AMQPConfig.DialTimeout) and returns a
 // Subscriber owning that connection. ctx bounds the start-up only, not the
 // Subscriber's life. A nil logger logs nothing. An invalid cfg is a
 // *framework.ConfigError; giving up on the connection is a *DialError.
-func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
+func NewSubscriber(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
 	cfg, wc, conn, logger, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return nil, err
@@ -63,15 +65,15 @@ func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapt
 }
 
 // Subscribe declares the durable queue named topic (if missing) and starts
-// Config.Concurrency consumers on it. The returned channel is closed when ctx
+// brokers.AMQPConfig.Concurrency consumers on it. The returned channel is closed when ctx
 // ends or the Subscriber is closed. Each message must be acked or nacked; a
-// nacked message is returned to the queue after Config.NackDelay.
+// nacked message is returned to the queue after brokers.AMQPConfig.NackDelay.
 //
 // Messages of one Subscribe call are processed up to Concurrency at a time,
 // so their order is not kept when Concurrency > 1.
 //
-// With Config.Window > 0 it starts one consumer instead, which keeps up to
-// Window messages in flight (see Config.Window).
+// With brokers.AMQPConfig.Window > 0 it starts one consumer instead, which keeps up to
+// Window messages in flight (see brokers.AMQPConfig.Window).
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	select {
 	case <-s.closing:

@@ -12,7 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
-// subscribeWindow is Subscribe in the window mode (Config.Window > 0): one
+// subscribeWindow is Subscribe in the window mode (brokers.AMQPConfig.Window > 0): one
 // amqp091 consumer on its own channel with QoS prefetch = Window. Unlike a
 // watermill-amqp subscription it forwards the next delivery without waiting
 // for the previous one's ack; each forwarded message is settled by a small

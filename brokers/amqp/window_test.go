@@ -13,12 +13,13 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/framework"
 )
 
 // windowConfig is testConfig in the window mode.
-func windowConfig(window int) amqp.Config {
+func windowConfig(window int) brokers.AMQPConfig {
 	cfg := testConfig()
 	cfg.Window = window
 	return cfg
@@ -31,7 +32,7 @@ func publishPayloads(t *testing.T, topic string, payloads ...string) []string {
 	return publishPayloadsWith(t, testConfig(), topic, payloads...)
 }
 
-func publishPayloadsWith(t *testing.T, cfg amqp.Config, topic string, payloads ...string) []string {
+func publishPayloadsWith(t *testing.T, cfg brokers.AMQPConfig, topic string, payloads ...string) []string {
 	t.Helper()
 	pub, err := amqp.NewPublisher(context.Background(), cfg, nil)
 	require.NoError(t, err)
@@ -235,7 +236,7 @@ func TestWindowMetadataMatchesDefault(t *testing.T) {
 
 			// consume publishes p to topic, takes it, nacks it, takes the
 			// redelivery and acks it.
-			consume := func(cfg amqp.Config, topic string) (first, again *message.Message) {
+			consume := func(cfg brokers.AMQPConfig, topic string) (first, again *message.Message) {
 				_, err := ch.QueueDeclare(topic, true, false, false, false, nil)
 				require.NoError(t, err)
 				require.NoError(t, ch.PublishWithContext(t.Context(), "", topic, false, false, p))

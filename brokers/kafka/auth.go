@@ -7,6 +7,7 @@ import (
 
 	"github.com/IBM/sarama"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 )
 
@@ -21,7 +22,7 @@ const saslProbeTimeout = 5 * time.Second
 // asked for its API versions twice, once without and once with SASL: a
 // broker that answers the first and not the second is reachable and
 // refuses the credentials.
-func authError(cfg Config, err error) error {
+func authError(cfg brokers.KafkaConfig, err error) error {
 	wrap := func(cause error) error {
 		return &framework.AuthError{Dependency: "Kafka",
 			Err: fmt.Errorf("SASL %s authentication: %w", cfg.SASL.Mechanism, cause)}

@@ -43,7 +43,7 @@ func TestSASLRefusedIsAuthentication(t *testing.T) {
 					kfake.Superuser(mech, "app", "app-secret"), kfake.AllowAutoTopicCreation())
 				require.NoError(t, err)
 				defer c.Close()
-				cfg := kafka.Config{
+				cfg := brokers.KafkaConfig{
 					Brokers:          c.ListenAddrs(),
 					DialTimeout:      time.Minute,
 					ReconnectBackoff: 100 * time.Millisecond,
@@ -77,7 +77,7 @@ func TestUnreachableIsNotAuthentication(t *testing.T) {
 	require.NoError(t, err)
 	addrs := c.ListenAddrs()
 	c.Close()
-	cfg := kafka.Config{Brokers: addrs, DialTimeout: 3 * time.Second, ReconnectBackoff: 100 * time.Millisecond,
+	cfg := brokers.KafkaConfig{Brokers: addrs, DialTimeout: 3 * time.Second, ReconnectBackoff: 100 * time.Millisecond,
 		SASL: brokers.KafkaSASLConfig{Mechanism: "PLAIN", User: "app", Password: "app-secret"}}
 	var retries atomic.Int32
 	_, err = kafka.NewPublisher(context.Background(), cfg, retryLogger{retries: &retries})

@@ -13,18 +13,17 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Config configures the Kafka adapter: see brokers.KafkaConfig, which holds
-// it so that a brokers.Config can carry it without linking this adapter's
-// clients.
-type Config = brokers.KafkaConfig
+// The adapter is configured with brokers.KafkaConfig, which package brokers
+// holds so that a brokers.Config can carry it without linking this
+// adapter's client: it is the one name of the adapter's settings.
 
-// Config.InitialOffset values.
+// brokers.KafkaConfig.InitialOffset values.
 const (
 	offsetOldest = "oldest"
 	offsetNewest = "newest"
 )
 
-// Config.SASL.Mechanism values.
+// brokers.KafkaConfig.SASL.Mechanism values.
 const (
 	saslPlain       = "PLAIN"
 	saslScramSHA256 = "SCRAM-SHA-256"
@@ -32,7 +31,7 @@ const (
 )
 
 // withDefaults is c with every zero field at its documented default.
-func withDefaults(c Config) Config { return defaults.Apply(c) }
+func withDefaults(c brokers.KafkaConfig) brokers.KafkaConfig { return defaults.Apply(c) }
 
 // configErr is a *framework.ConfigError for field (its YAML key) with a
 // formatted reason.
@@ -41,8 +40,8 @@ func configErr(field, format string, args ...any) *framework.ConfigError {
 }
 
 // validateSubscriber checks what only a subscriber needs, so a publisher
-// can still be built from a Config without a group.
-func validateSubscriber(c Config) error {
+// can still be built from a brokers.KafkaConfig without a group.
+func validateSubscriber(c brokers.KafkaConfig) error {
 	if c.ConsumerGroup == "" {
 		return configErr("consumer_group", "must not be empty for a subscriber: set KAFKA_CONSUMER_GROUP or kafka.consumer_group to a group of this service's own (framework/consumer defaults it to the consumer's Name)")
 	}
@@ -51,7 +50,7 @@ func validateSubscriber(c Config) error {
 
 // saramaConfig validates c and returns the Sarama configuration it maps to
 // (defaults applied). The package documentation lists the mapping.
-func saramaConfig(c Config) (*sarama.Config, error) {
+func saramaConfig(c brokers.KafkaConfig) (*sarama.Config, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}

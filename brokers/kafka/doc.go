@@ -4,12 +4,12 @@
 // Both speak watermill-kafka's record format, so either side can read the
 // other's messages.
 //
-//	sub, err := kafka.NewSubscriber(ctx, kafka.Config{Brokers: []string{"kafka:9092"}, ConsumerGroup: "billing"}, logger)
+//	sub, err := kafka.NewSubscriber(ctx, brokers.KafkaConfig{Brokers: []string{"kafka:9092"}, ConsumerGroup: "billing"}, logger)
 //	msgs, err := sub.Subscribe(ctx, "orders")
 //
 // Most users import it for its side effect, which registers the kind
 // "kafka", and build it through brokers.NewSubscriber.
-// Every Config field documents its default; an invalid Config is a
+// Every brokers.KafkaConfig field documents its default; an invalid brokers.KafkaConfig is a
 // *framework.ConfigError naming the field by its YAML key ("brokers",
 // "sasl.mechanism").
 // watermill-kafka must be v3.1.2 (go get ...@v3.1.2; "@latest" on the
@@ -18,9 +18,9 @@
 //
 // # Delivery
 //
-// Every Subscribe joins Config.ConsumerGroup (required, no default: two
+// Every Subscribe joins brokers.KafkaConfig.ConsumerGroup (required, no default: two
 // services sharing a group would split the topic). Within a partition one
-// message is in flight at a time, or up to Config.Window; partitions are
+// message is in flight at a time, or up to brokers.KafkaConfig.Window; partitions are
 // consumed in parallel, so a consumer's concurrency is the number of
 // partitions it owns times the window. Ordering holds per partition:
 // publish with a "partition_key" metadata entry (PartitionKeyMetadata) to
@@ -28,17 +28,17 @@
 //
 // An ack marks the partition's offset once every earlier message of the
 // partition is acked, so the committed offset never passes an unacked
-// message; marked offsets are committed every Config.CommitInterval, when
+// message; marked offsets are committed every brokers.KafkaConfig.CommitInterval, when
 // partitions are revoked and when the subscription ends. After a crash, up
 // to one commit interval of acked messages is delivered again; the claim
 // turns those into recorded duplicates, and a consumer that stores its
 // positions with the claims (framework/consumer does on Kafka) starts past
 // them. A group with no committed offset for a partition starts at
-// Config.InitialOffset, "oldest" by default, so a new consumer group sees
+// brokers.KafkaConfig.InitialOffset, "oldest" by default, so a new consumer group sees
 // everything still retained.
 //
 // A nack cannot requeue one message in Kafka: the subscriber re-sends a
-// fresh copy (same UUID, payload and metadata) after Config.NackDelay, and
+// fresh copy (same UUID, payload and metadata) after brokers.KafkaConfig.NackDelay, and
 // the nacked message keeps its window slot, so with the default window of
 // one its partition waits for it. The router's Retry and Poison middleware
 // bound that loop.
@@ -56,12 +56,12 @@
 //
 // Every group request waits for the coordinator as long as the coordinator
 // may legitimately hold it: a JoinGroup or SyncGroup answer up to
-// Config.RebalanceTimeout plus 10 s, as the Java client does. (Sarama's
+// brokers.KafkaConfig.RebalanceTimeout plus 10 s, as the Java client does. (Sarama's
 // consumer group, used before, gave up after its 30 s read timeout
 // whatever the rebalance timeout, rejoined and gave up again: under
 // rolling restarts that met a crash, the group stopped consuming, and a
 // member stuck in a join could not be stopped. That is why the subscriber
-// is franz-go's.) No Config field sets a request timeout, so none can undo
+// is franz-go's.) No brokers.KafkaConfig field sets a request timeout, so none can undo
 // this.
 //
 // Ending a subscription (its context, or Close) stops forwarding, commits
@@ -113,7 +113,7 @@
 // through this adapter (a poison copy, a relayed or replayed message);
 // without one, or with a value that is not such a time, the producer
 // stamps the time of the publish. A topic configured with LogAppendTime
-// replaces it with the broker's time anyway, and Config.Version below 0.10
+// replaces it with the broker's time anyway, and brokers.KafkaConfig.Version below 0.10
 // sends no timestamp at all. Mind that the destination's time-based
 // retention then counts from the original time (an old poison copy may be
 // deleted sooner than a fresh one would), and that a cluster with
@@ -122,26 +122,26 @@
 //
 // # Client settings
 //
-// The subscriber maps Config onto franz-go: the group's session, heartbeat
+// The subscriber maps brokers.KafkaConfig onto franz-go: the group's session, heartbeat
 // and rebalance timeouts, FetchMaxWait from MaxWaitTime (100 ms: a fetch
 // that waits longer on the broker also delays the end of a subscription),
 // the reset offset from InitialOffset, commits of marked offsets every
 // CommitInterval, TLS and SASL. It negotiates protocol versions with the
-// brokers, so Config.Version applies to the publisher only.
+// brokers, so brokers.KafkaConfig.Version applies to the publisher only.
 //
-// The publisher maps Config onto Sarama: Version (default 3.6.0, verified
+// The publisher maps brokers.KafkaConfig onto Sarama: Version (default 3.6.0, verified
 // against kfake), and a sync producer with acks=all, up to 10 retries and
 // idempotence (Kafka 0.11+), so a retried produce is not written twice.
 //
 // TLS and SASL are passed through to both: TLS with optional CA and client
 // certificate files; SASL PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (franz-go's
 // SCRAM client, adapted for Sarama). The SASL password is redacted whenever
-// a Config is printed.
+// a brokers.KafkaConfig is printed.
 //
 // # Start-up
 //
 // NewPublisher retries while no broker is reachable, and so does the first
-// contact of each Subscribe, until Config.DialTimeout passes or the
+// contact of each Subscribe, until brokers.KafkaConfig.DialTimeout passes or the
 // context (NewPublisher's, or Subscribe's) ends; after that, the
 // subscriber's client reconnects and rejoins by itself. NewSubscriber does
 // not connect at all.

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
 )
 
@@ -18,14 +19,14 @@ import (
 func ExampleNewSubscriber() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	brokers, stop := exampleBroker() // e.g. []string{"kafka:9092"}
+	addrs, stop := exampleBroker() // e.g. []string{"kafka:9092"}
 	defer stop()
-	plainProduce(ctx, brokers, &kgo.Record{
+	plainProduce(ctx, addrs, &kgo.Record{
 		Topic: "orders", Key: []byte("customer-7"), Value: []byte(`{"order_id":9912}`),
 		Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte("evt-42")}},
 	})
 
-	sub, err := kafka.NewSubscriber(ctx, kafka.Config{Brokers: brokers, ConsumerGroup: "loyalty"}, nil)
+	sub, err := kafka.NewSubscriber(ctx, brokers.KafkaConfig{Brokers: addrs, ConsumerGroup: "loyalty"}, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -41,7 +42,7 @@ func ExampleNewSubscriber() {
 
 	// The consumer group is required: two services sharing a default
 	// group would split the topic between them.
-	_, err = kafka.NewSubscriber(ctx, kafka.Config{Brokers: brokers}, nil)
+	_, err = kafka.NewSubscriber(ctx, brokers.KafkaConfig{Brokers: addrs}, nil)
 	fmt.Println(err)
 	// Output:
 	// {"order_id":9912} evt-42
@@ -56,10 +57,10 @@ func ExampleNewSubscriber() {
 func ExampleNewPublisher() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	brokers, stop := exampleBroker()
+	addrs, stop := exampleBroker()
 	defer stop()
 
-	pub, err := kafka.NewPublisher(ctx, kafka.Config{Brokers: brokers}, nil)
+	pub, err := kafka.NewPublisher(ctx, brokers.KafkaConfig{Brokers: addrs}, nil)
 	if err != nil {
 		panic(err)
 	}
@@ -71,7 +72,7 @@ func ExampleNewPublisher() {
 		panic(err)
 	}
 
-	r := plainFetch(ctx, brokers, "orders")
+	r := plainFetch(ctx, addrs, "orders")
 	fmt.Println(string(r.Key), string(r.Value))
 	headers := map[string]string{}
 	for _, h := range r.Headers {

@@ -33,17 +33,17 @@ import (
 //     drained to half. With BlockRebalanceOnPoll, rebalance callbacks never
 //     run between a poll and that hand-off.
 //   - Each partition forwards its records in order through a semaphore of
-//     window slots (Config.Window, or 1: the one message in flight per
+//     window slots (brokers.KafkaConfig.Window, or 1: the one message in flight per
 //     partition watermill-kafka has). A slot is taken before a record is
 //     forwarded and given back when its message (the last copy, after
 //     nacks) is acked.
 //   - Forwarded offsets not acked yet are kept in order. An ack of the lowest
 //     marks the next lowest (or the one after the latest forwarded record),
 //     so the committed offset never passes an unacked message; marks are
-//     committed every Config.CommitInterval, when partitions are revoked and
+//     committed every brokers.KafkaConfig.CommitInterval, when partitions are revoked and
 //     when the subscription ends.
 //   - A nack re-sends a fresh copy (Watermill messages can be acked only
-//     once) after Config.NackDelay; its slot stays taken, later messages of
+//     once) after brokers.KafkaConfig.NackDelay; its slot stays taken, later messages of
 //     the partition go on (with one slot, they wait: Kafka order).
 //   - On revoke (or loss) a partition stops at once: nothing more is
 //     forwarded, re-sent or marked. The rebalance does not wait for
@@ -89,7 +89,7 @@ type subscription struct {
 }
 
 // subscribe joins the group for topic and returns the message channel. The
-// first contact with the cluster is retried as Config.DialTimeout says.
+// first contact with the cluster is retried as brokers.KafkaConfig.DialTimeout says.
 func (s *Subscriber) subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	what := fmt.Sprintf("subscribe to %q", topic)
 	runCtx, cancel := context.WithCancel(ctx)
@@ -174,7 +174,7 @@ func (s *Subscriber) subscribe(ctx context.Context, topic string) (<-chan *messa
 	return g.out, nil
 }
 
-// configError is a franz-go option the client refused: Config.Validate
+// configError is a franz-go option the client refused: brokers.KafkaConfig.Validate
 // should have caught it first.
 type configError struct{ error }
 

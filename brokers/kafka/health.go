@@ -23,7 +23,7 @@ type connState struct {
 }
 
 // IsConnected reports whether Kafka is reachable for this subscriber: one of
-// Config.Brokers accepted a connection, with the subscriber's own TLS and
+// brokers.KafkaConfig.Brokers accepted a connection, with the subscriber's own TLS and
 // SASL settings, and answered an ApiVersions request within a second. It is
 // false after Close. observe.SubscriberConnected uses it for readiness.
 //

@@ -31,7 +31,7 @@ func (s *Subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Dura
 	}
 	done := make(chan result, 1)
 	// sarama's admin calls take no context: an abandoned call ends by
-	// itself within the Sarama timeouts (Config.DialTimeout).
+	// itself within the Sarama timeouts (brokers.KafkaConfig.DialTimeout).
 	go func() {
 		d, err := s.replayHorizon(topic)
 		done <- result{d, err}

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 )
@@ -35,7 +36,7 @@ func TestReplayHorizon(t *testing.T) {
 		_, err := adm.CreateTopic(ctx, 1, 1, cfg, name)
 		require.NoError(t, err)
 	}
-	sub, err := kafka.NewSubscriber(ctx, kafka.Config{Brokers: br.Addrs(), ConsumerGroup: "horizon"}, nil)
+	sub, err := kafka.NewSubscriber(ctx, brokers.KafkaConfig{Brokers: br.Addrs(), ConsumerGroup: "horizon"}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 

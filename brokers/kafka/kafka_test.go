@@ -40,8 +40,8 @@ func startBroker(t *testing.T) *kafkatest.Broker {
 }
 
 // testConfig is a Kafka config with short group timings against b.
-func testConfig(t *testing.T, b *kafkatest.Broker) kafka.Config {
-	return kafka.Config{
+func testConfig(t *testing.T, b *kafkatest.Broker) brokers.KafkaConfig {
+	return brokers.KafkaConfig{
 		Brokers:           b.Addrs(),
 		ConsumerGroup:     uniqueName(t),
 		SessionTimeout:    2 * time.Second,
@@ -55,7 +55,7 @@ func testConfig(t *testing.T, b *kafkatest.Broker) kafka.Config {
 }
 
 // publish publishes msgs to topic in order with a publisher of its own.
-func publish(t *testing.T, cfg kafka.Config, topic string, msgs ...*message.Message) {
+func publish(t *testing.T, cfg brokers.KafkaConfig, topic string, msgs ...*message.Message) {
 	t.Helper()
 	pub, err := kafka.NewPublisher(context.Background(), cfg, nil)
 	require.NoError(t, err)
@@ -81,7 +81,7 @@ func TestPubSubConformance(t *testing.T) {
 }
 
 // TestPubSubConformanceWindow runs the same suite in window mode (see
-// Config.Window). Its TestNoAck (no second message before the first is
+// brokers.KafkaConfig.Window). Its TestNoAck (no second message before the first is
 // acked) is skipped because order is not guaranteed across partitions.
 func TestPubSubConformanceWindow(t *testing.T) {
 	t.Parallel()
@@ -300,7 +300,7 @@ func TestSASL(t *testing.T) {
 			require.NoError(t, err)
 			defer c.Close()
 
-			cfg := kafka.Config{
+			cfg := brokers.KafkaConfig{
 				Brokers:     c.ListenAddrs(),
 				DialTimeout: -1,
 				SASL:        brokers.KafkaSASLConfig{Mechanism: mech, User: "app", Password: "app-secret"},
@@ -326,7 +326,7 @@ func TestDialRetry(t *testing.T) {
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())
 
-	cfg := kafka.Config{Brokers: []string{addr}, ConsumerGroup: "g", DialTimeout: 800 * time.Millisecond, ReconnectBackoff: 100 * time.Millisecond}
+	cfg := brokers.KafkaConfig{Brokers: []string{addr}, ConsumerGroup: "g", DialTimeout: 800 * time.Millisecond, ReconnectBackoff: 100 * time.Millisecond}
 	start := time.Now()
 	_, err = kafka.NewPublisher(context.Background(), cfg, nil)
 	require.Error(t, err)
@@ -346,7 +346,7 @@ func TestDialRetry(t *testing.T) {
 // TestSubscribeAfterClose fails at once instead of retrying.
 func TestSubscribeAfterClose(t *testing.T) {
 	t.Parallel()
-	sub, err := kafka.NewSubscriber(context.Background(), kafka.Config{ConsumerGroup: "g", DialTimeout: time.Minute}, nil)
+	sub, err := kafka.NewSubscriber(context.Background(), brokers.KafkaConfig{ConsumerGroup: "g", DialTimeout: time.Minute}, nil)
 	require.NoError(t, err)
 	require.NoError(t, sub.Close())
 	start := time.Now()

@@ -9,6 +9,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/claimtx/claimtx/brokers"
 )
 
 // groupRequestMargin is what every group request waits beyond the longest
@@ -23,7 +25,7 @@ const groupRequestMargin = 10 * time.Second
 // groupOpts returns the franz-go options of a consumer-group client for
 // topic. cfg has its defaults applied and is valid. The group callbacks are
 // the caller's.
-func groupOpts(c Config, topic string) ([]kgo.Opt, error) {
+func groupOpts(c brokers.KafkaConfig, topic string) ([]kgo.Opt, error) {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(c.Brokers...),
 		kgo.ClientID(c.ClientID),
@@ -55,7 +57,7 @@ func groupOpts(c Config, topic string) ([]kgo.Opt, error) {
 }
 
 // securityOpts appends the TLS and SASL options of c to opts.
-func securityOpts(c Config, opts []kgo.Opt) ([]kgo.Opt, error) {
+func securityOpts(c brokers.KafkaConfig, opts []kgo.Opt) ([]kgo.Opt, error) {
 	if c.TLS.Enabled {
 		tc, err := tlsConfig(c.TLS)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 )
 
@@ -28,11 +29,11 @@ type Publisher struct {
 var _ message.Publisher = (*Publisher)(nil)
 
 // NewPublisher validates cfg and connects the producer, retrying while no
-// broker is reachable until Config.DialTimeout passes or ctx ends. ctx
+// broker is reachable until brokers.KafkaConfig.DialTimeout passes or ctx ends. ctx
 // bounds the start-up only, not the Publisher's life. A nil logger logs
 // nothing. An invalid cfg (including an unreadable TLS file) is a
 // *framework.ConfigError.
-func NewPublisher(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
+func NewPublisher(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	sc, err := saramaConfig(cfg)
 	if err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 )
 
@@ -20,7 +21,7 @@ func (e errPermanent) Unwrap() error { return e.error }
 // passed since the first attempt, waiting cfg.ReconnectBackoff in between.
 // An errPermanent from try is returned at once. what names the operation
 // in the error.
-func retryStart(ctx context.Context, cfg Config, logger watermill.LoggerAdapter, what string, try func() error) error {
+func retryStart(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.LoggerAdapter, what string, try func() error) error {
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		err := try()

@@ -12,16 +12,17 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
-// Subscriber consumes with a franz-go consumer group (Config.ConsumerGroup).
-// Each partition has at most Config.Window messages in flight (one by
+// Subscriber consumes with a franz-go consumer group (brokers.KafkaConfig.ConsumerGroup).
+// Each partition has at most brokers.KafkaConfig.Window messages in flight (one by
 // default); an ack marks its offset once every earlier message of the
-// partition is acked, and marks are committed every Config.CommitInterval
+// partition is acked, and marks are committed every brokers.KafkaConfig.CommitInterval
 // (group.go has the details).
 type Subscriber struct {
-	cfg    Config
+	cfg    brokers.KafkaConfig
 	sc     *sarama.Config // readiness probe and credential check (health.go, auth.go)
 	logger watermill.LoggerAdapter
 	closed atomic.Bool
@@ -45,9 +46,9 @@ var _ message.Subscriber = (*Subscriber)(nil)
 // connect, so ctx is not used yet; it is there so that both constructors
 // of both adapters read alike and a later version may dial here. Each
 // Subscribe call opens its own client (and retries, see
-// Config.DialTimeout). A nil logger logs nothing. An invalid cfg,
+// brokers.KafkaConfig.DialTimeout). A nil logger logs nothing. An invalid cfg,
 // including an empty ConsumerGroup, is a *framework.ConfigError.
-func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
+func NewSubscriber(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
 	sc, err := saramaConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -66,7 +67,7 @@ func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapt
 }
 
 // Subscribe joins the consumer group for topic. The first contact with the
-// cluster is retried until Config.DialTimeout or ctx ends; after that, the
+// cluster is retried until brokers.KafkaConfig.DialTimeout or ctx ends; after that, the
 // client reconnects and rejoins on its own. The channel is closed when ctx
 // ends or the Subscriber is closed.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
@@ -34,7 +35,7 @@ func createTopic(t *testing.T, b *kafkatest.Broker, partitions int32) string {
 // windowTopic is the opening of most window tests: a broker, a config
 // handing out up to window records unacked, and a topic of the given
 // partitions already holding produced records.
-func windowTopic(t *testing.T, window int, partitions int32, produced int) (*kafkatest.Broker, kafka.Config, string) {
+func windowTopic(t *testing.T, window int, partitions int32, produced int) (*kafkatest.Broker, brokers.KafkaConfig, string) {
 	t.Helper()
 	b := startBroker(t)
 	cfg := testConfig(t, b)
@@ -53,7 +54,7 @@ func newAdmin(t *testing.T, b *kafkatest.Broker) *kadm.Client {
 }
 
 // produce publishes n messages with payloads "0".."n-1" in order.
-func produce(t *testing.T, cfg kafka.Config, topic string, n int) {
+func produce(t *testing.T, cfg brokers.KafkaConfig, topic string, n int) {
 	t.Helper()
 	msgs := make([]*message.Message, n)
 	for i := range msgs {
@@ -109,7 +110,7 @@ func requireNone(t *testing.T, ch <-chan *message.Message, wait time.Duration) {
 // closes it with a defer: in a t.Cleanup it would be closed after
 // t.Context() ended, which stops the dev broker (see startBroker), and its
 // last offset commit would retry against a dead broker.
-func subscribe(t *testing.T, cfg kafka.Config, topic string) (*kafka.Subscriber, <-chan *message.Message) {
+func subscribe(t *testing.T, cfg brokers.KafkaConfig, topic string) (*kafka.Subscriber, <-chan *message.Message) {
 	t.Helper()
 	sub, err := kafka.NewSubscriber(context.Background(), cfg, nil)
 	require.NoError(t, err)
@@ -283,7 +284,7 @@ func TestWindowMetadataMatchesDefault(t *testing.T) {
 	sent.Metadata.Set(kafka.PartitionKeyMetadata, "customer-9")
 	publish(t, cfg, topic, sent)
 
-	consume := func(c kafka.Config) *message.Message {
+	consume := func(c brokers.KafkaConfig) *message.Message {
 		sub, msgs := subscribe(t, c, topic)
 		defer closeSub(t, sub)
 		m := receive(t, msgs, 15*time.Second)
@@ -425,21 +426,21 @@ func TestWindowRebalance(t *testing.T) {
 // TestWindowConfig: a negative window is refused, and the window is printed.
 func TestWindowConfig(t *testing.T) {
 	t.Parallel()
-	err := kafka.Config{Window: -1}.Validate()
+	err := brokers.KafkaConfig{Window: -1}.Validate()
 	var ce *framework.ConfigError
 	require.True(t, errors.As(err, &ce), "got %v", err)
 	require.Equal(t, "window", ce.Field)
-	_, err = kafka.NewSubscriber(context.Background(), kafka.Config{Window: -1}, nil)
+	_, err = kafka.NewSubscriber(context.Background(), brokers.KafkaConfig{Window: -1}, nil)
 	require.True(t, errors.As(err, &ce), "got %v", err)
 	require.Equal(t, "window", ce.Field)
 
 	// A rebalance shorter than the session would go on without live
 	// members that had not heartbeated yet, again and again.
-	err = kafka.Config{SessionTimeout: 10 * time.Second, RebalanceTimeout: 5 * time.Second}.Validate()
+	err = brokers.KafkaConfig{SessionTimeout: 10 * time.Second, RebalanceTimeout: 5 * time.Second}.Validate()
 	require.True(t, errors.As(err, &ce), "got %v", err)
 	require.Equal(t, "rebalance_timeout", ce.Field)
-	require.NoError(t, kafka.Config{SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second}.Validate())
+	require.NoError(t, brokers.KafkaConfig{SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second}.Validate())
 
-	require.NoError(t, kafka.Config{Window: 100}.Validate())
-	require.Contains(t, kafka.Config{Window: 100}.String(), "Window:100")
+	require.NoError(t, brokers.KafkaConfig{Window: 100}.Validate())
+	require.Contains(t, brokers.KafkaConfig{Window: 100}.String(), "Window:100")
 }

@@ -1,10 +1,12 @@
 package nats_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -24,8 +26,8 @@ func clearNATSEnv(t *testing.T) {
 }
 
 // TestConfigFromEnv: BROKER=nats selects the kind and brokers.LoadConfig("")
-// copies NATS_<OPTION> into Options (the public hook every registered kind
-// gets); secrets in them are redacted when the config is printed.
+// reads NATS_<SETTING> into Config.NATS; secrets are redacted when the
+// config is printed.
 // Uses the real environment (t.Setenv), so it is not parallel.
 func TestConfigFromEnv(t *testing.T) {
 	clearNATSEnv(t)
@@ -38,10 +40,11 @@ func TestConfigFromEnv(t *testing.T) {
 	cfg, err := brokers.LoadConfig("")
 	require.NoError(t, err)
 	require.Equal(t, "nats", cfg.Kind)
-	require.Equal(t, map[string]string{
-		"url": "nats://app:UrlSecret@127.0.0.1:4222", "durable": "loyalty", "ack_wait": "5s",
-		"max_deliver": "-1", "subject_prefix": "prod.",
-	}, cfg.Options)
+	require.Equal(t, brokers.NATSConfig{
+		URL: "nats://app:UrlSecret@127.0.0.1:4222", Durable: "loyalty", AckWait: 5 * time.Second, MaxDeliver: -1, SubjectPrefix: "prod.",
+		MaxAckPending: 256, NackDelay: time.Second, Concurrency: 4, Streams: "create", DialTimeout: 30 * time.Second, // the defaults
+	}, cfg.NATS)
+	require.Empty(t, cfg.Options)
 	require.NoError(t, cfg.Validate())
 	require.NotContains(t, cfg.String(), "UrlSecret")
 
@@ -49,8 +52,19 @@ func TestConfigFromEnv(t *testing.T) {
 	t.Setenv("NATS_TOKEN", "TokSecret")
 	cfg, err = brokers.LoadConfig("")
 	require.NoError(t, err)
-	require.Equal(t, "TokSecret", cfg.Options["token"])
+	require.Equal(t, "TokSecret", cfg.NATS.Token)
 	require.NotContains(t, cfg.String(), "TokSecret")
+
+	// A secret may come from a mounted file, as AMQP_URL_FILE does.
+	file := filepath.Join(t.TempDir(), "password")
+	require.NoError(t, os.WriteFile(file, []byte("FilePw\n"), 0o600))
+	t.Setenv("NATS_TOKEN", "")
+	t.Setenv("NATS_USER", "app")
+	t.Setenv("NATS_PASSWORD_FILE", file)
+	cfg, err = brokers.LoadConfig("")
+	require.NoError(t, err)
+	require.Equal(t, "FilePw", cfg.NATS.Password)
+	require.NotContains(t, fmt.Sprintf("%#v %+v", cfg, cfg.NATS), "FilePw")
 }
 
 // TestEnvErrorsNameTheVariable: a bad or missing setting that came from
@@ -88,7 +102,10 @@ func TestEnvErrorsNameTheVariable(t *testing.T) {
 				t.Setenv(name, value)
 			}
 			cfg, err := brokers.LoadConfig("")
-			require.NoError(t, err, "a registered kind's options are checked by Validate, not by LoadConfig")
+			if err != nil { // a value that does not parse, or fails the kind's checks
+				requireField(t, err, tc.field)
+				return
+			}
 			if tc.subscriber {
 				require.NoError(t, cfg.Validate())
 				_, err = brokers.NewSubscriber(cfg, nil)
@@ -103,7 +120,7 @@ func TestEnvErrorsNameTheVariable(t *testing.T) {
 	}
 }
 
-// TestConfigFile: options: in a configuration file configure the kind;
+// TestConfigFile: nats: in a configuration file configures the kind;
 // the environment overrides them; errors about the file's values name the
 // YAML path.
 func TestConfigFile(t *testing.T) {
@@ -112,18 +129,23 @@ func TestConfigFile(t *testing.T) {
 	write := func(body string) {
 		require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
 	}
-	write("kind: nats\noptions:\n  url: nats://127.0.0.1:4222\n  durable: billing\n  ack_wait: 5s\n  max_deliver: -1\n")
+	write("kind: nats\nnats:\n  url: nats://127.0.0.1:4222\n  durable: billing\n  ack_wait: 5s\n  max_deliver: -1\n")
 	t.Setenv("NATS_ACK_WAIT", "9s")
 	cfg, err := brokers.LoadConfig(path)
 	require.NoError(t, err)
-	require.Equal(t, "9s", cfg.Options["ack_wait"], "the environment overrides the file")
-	require.Equal(t, "billing", cfg.Options["durable"])
-	require.Equal(t, "-1", cfg.Options["max_deliver"])
+	require.Equal(t, 9*time.Second, cfg.NATS.AckWait, "the environment overrides the file")
+	require.Equal(t, "billing", cfg.NATS.Durable)
+	require.Equal(t, -1, cfg.NATS.MaxDeliver)
 	require.NoError(t, cfg.Validate())
 
 	t.Setenv("NATS_ACK_WAIT", "")
-	write("kind: nats\noptions:\n  max_deliver: often\n")
-	cfg, err = brokers.LoadConfig(path)
-	require.NoError(t, err)
-	requireField(t, cfg.Validate(), "options.max_deliver")
+	write("kind: nats\nnats:\n  max_deliver: often\n")
+	_, err = brokers.LoadConfig(path)
+	requireField(t, err, "nats.max_deliver")
+	write("kind: nats\nnats:\n  max_deliver: -2\n")
+	_, err = brokers.LoadConfig(path)
+	requireField(t, err, "nats.max_deliver")
+	write("kind: nats\nnats:\n  subject_prefix: a b\n")
+	_, err = brokers.LoadConfig(path)
+	requireField(t, err, "nats.subject_prefix")
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	natsgo "github.com/nats-io/nats.go"
 
+	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 	"github.com/claimtx/claimtx/framework"
 )
 
@@ -22,21 +23,6 @@ const (
 	dialBackoffHi = 2 * time.Second
 )
 
-// warner is the optional Warn method of a watermill.LoggerAdapter: the
-// logger framework/consumer passes has it, so waits at start-up are logged
-// at WARN as the built-in adapters do. Any other logger gets INFO.
-type warner interface {
-	Warn(msg string, fields watermill.LogFields)
-}
-
-func warn(logger watermill.LoggerAdapter, msg string, fields watermill.LogFields) {
-	if w, ok := logger.(warner); ok {
-		w.Warn(msg, fields)
-		return
-	}
-	logger.Info(msg, fields)
-}
-
 // isAuthError reports whether the server refused the credentials, which
 // waiting cannot fix.
 func isAuthError(err error) bool {
@@ -44,7 +30,7 @@ func isAuthError(err error) bool {
 		errors.Is(err, natsgo.ErrAuthRevoked) || errors.Is(err, natsgo.ErrAccountAuthExpired)
 }
 
-// dial connects to NATS, retrying with backoff until s.dialTimeout has
+// dial connects to NATS, retrying with backoff until s.DialTimeout has
 // passed (a single attempt when it is negative), because nats.Connect
 // fails at once while the server is still starting. A refused credential
 // is a *framework.AuthError at once. Once connected, the connection
@@ -53,15 +39,16 @@ func isAuthError(err error) bool {
 // instead (the subscriber's IsConnected).
 //
 // denied, when not nil, records the subjects the server refused a publish
-// to for lack of permission.
-func dial(s settings, logger watermill.LoggerAdapter, role string, denied *deniedSubjects) (*natsgo.Conn, error) {
+// to for lack of permission. It returns the JetStream context on the
+// connection too, which is what both the publisher and the subscriber use.
+func dial(s settings, logger watermill.LoggerAdapter, role string, denied *deniedSubjects) (*natsgo.Conn, natsgo.JetStreamContext, error) {
 	opts := []natsgo.Option{
 		natsgo.Name("claimtx-" + role),
 		natsgo.MaxReconnects(-1),
 		natsgo.ReconnectWait(reconnectWait),
 		natsgo.DisconnectErrHandler(func(_ *natsgo.Conn, err error) {
 			if err != nil {
-				warn(logger, "NATS connection lost, reconnecting", watermill.LogFields{"role": role, "err": err.Error()})
+				warnlog.Log(logger, "NATS connection lost, reconnecting", watermill.LogFields{"role": role, "err": err.Error()})
 			}
 		}),
 		natsgo.ReconnectHandler(func(*natsgo.Conn) {
@@ -77,29 +64,34 @@ func dial(s settings, logger watermill.LoggerAdapter, role string, denied *denie
 		}),
 	}
 	switch {
-	case s.user != "":
-		opts = append(opts, natsgo.UserInfo(s.user, s.password))
-	case s.token != "":
-		opts = append(opts, natsgo.Token(s.token))
+	case s.User != "":
+		opts = append(opts, natsgo.UserInfo(s.User, s.Password))
+	case s.Token != "":
+		opts = append(opts, natsgo.Token(s.Token))
 	}
-	if s.credsFile != "" {
-		opts = append(opts, natsgo.UserCredentials(s.credsFile))
+	if s.CredsFile != "" {
+		opts = append(opts, natsgo.UserCredentials(s.CredsFile))
 	}
-	deadline := time.Now().Add(s.dialTimeout)
+	deadline := time.Now().Add(s.DialTimeout)
 	wait := dialBackoffLo
 	for attempt := 1; ; attempt++ {
-		nc, err := natsgo.Connect(s.url, opts...)
+		nc, err := natsgo.Connect(s.URL, opts...)
 		if err == nil {
-			return nc, nil
+			js, err := nc.JetStream()
+			if err != nil {
+				nc.Close()
+				return nil, nil, fmt.Errorf("brokers/nats: JetStream context: %w", err)
+			}
+			return nc, js, nil
 		}
 		if isAuthError(err) {
-			return nil, &framework.AuthError{Dependency: "NATS", Err: err}
+			return nil, nil, &framework.AuthError{Dependency: "NATS", Err: err}
 		}
-		if s.dialTimeout < 0 || time.Now().Add(wait).After(deadline) {
+		if s.DialTimeout < 0 || time.Now().Add(wait).After(deadline) {
 			// nats.go's connect errors do not quote the URL.
-			return nil, fmt.Errorf("connect to NATS (%d attempts): %w", attempt, err)
+			return nil, nil, fmt.Errorf("connect to NATS (%d attempts): %w", attempt, err)
 		}
-		warn(logger, "NATS not reachable yet, retrying", watermill.LogFields{
+		warnlog.Log(logger, "NATS not reachable yet, retrying", watermill.LogFields{
 			"role": role, "attempt": attempt, "retry_in": wait.String(), "err": err.Error(),
 		})
 		time.Sleep(wait)

@@ -10,9 +10,11 @@
 //
 // or, for a consumer, consumer.Config{Broker: cfg, ...}.
 //
-// It is written only against what any user of claimtx can use: the public
-// brokers.Factory, brokers.Register and brokers.Config API and
-// framework.ConfigError. It is the worked example of docs/adapters.md,
+// It is written against the public brokers.Factory, brokers.Register and
+// brokers.Config API and framework.ConfigError, like an adapter of your
+// own, except for its settings: as a built-in kind, its section of
+// brokers.Config is typed (brokers.NATSConfig), where a registered kind
+// reads Config.Options. It is the worked example of docs/adapters.md,
 // "Writing your own adapter". Publishing is watermill-nats v2's JetStream
 // publisher; consuming is this package's own subscriber on nats.go,
 // with watermill-nats's wire format (see "Why not watermill-nats's
@@ -20,15 +22,15 @@
 //
 // # Settings
 //
-// Everything is read from brokers.Config.Options: options: in a YAML file,
-// or NATS_<OPTION> variables (brokers.LoadConfig copy
-// every NATS_* variable into Options when the kind is nats, the
-// environment over the file). Unknown options are errors, so a typo
-// (NATS_ACKWAIT) does not silently become a default. Every problem is a
-// *framework.ConfigError naming NATS_<OPTION> when the value came from the
-// environment, options.<option> when it came from a file.
+// Everything is read from brokers.Config.NATS (brokers.NATSConfig): nats:
+// in a YAML file, or NATS_<SETTING> variables (brokers.LoadConfig, the
+// environment over the file). With BROKER=nats an unknown NATS_* variable
+// is an error, so a typo (NATS_ACKWAIT) does not silently become a
+// default; so is an unknown key in a file. Every problem is a
+// *framework.ConfigError naming NATS_<SETTING> when the value came from
+// the environment, nats.<key> when it came from a file.
 //
-//	option           variable              default
+//	key              variable              default
 //	url              NATS_URL              nats://127.0.0.1:4222 (comma separated for a cluster; nats://, tls://, ws://, wss://)
 //	user             NATS_USER             none
 //	password         NATS_PASSWORD         none (needs user)
@@ -46,13 +48,15 @@
 //
 // A password or token printed with the Config (Config.String) is redacted,
 // as is the password of a URL; a token written as the URL's user
-// (nats://token@host) is not: use NATS_TOKEN. Errors never quote the URL.
+// (nats://token@host) is not: use NATS_TOKEN. NATS_URL, NATS_PASSWORD and
+// NATS_TOKEN may come from a file (NATS_PASSWORD_FILE, ...). Errors never
+// quote the URL.
 //
 // There is no default durable, for the reason Kafka has no default
 // consumer group: two services sharing one would split the messages
-// between them. framework/consumer does not set it (it cannot know a
-// registered kind's settings): set NATS_DURABLE, one per service; the
-// replicas of a service share it. Publishers need none.
+// between them. framework/consumer does not set it: set NATS_DURABLE,
+// one per service; the replicas of a service share it. Publishers need
+// none.
 //
 // # Subjects and streams
 //
@@ -168,7 +172,7 @@
 // Start-up retries the connection with backoff until dial_timeout (NATS
 // refuses connections while it starts); a refused credential fails at once
 // with a *framework.AuthError. framework/consumer's StartupTimeout does not
-// reach a registered kind: set dial_timeout. Once connected, nats.go
+// reach NATS: set dial_timeout. Once connected, nats.go
 // reconnects forever and resubscribes; the subscriber's IsConnected feeds
 // /healthz (observe.SubscriberConnected) meanwhile. Acks lost with a
 // connection come back as redeliveries after ack_wait, which the claim

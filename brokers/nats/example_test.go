@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	natsgo "github.com/nats-io/nats.go"
@@ -25,8 +26,8 @@ func Example() {
 	prefix := examplePrefix() // isolates this run's subjects and streams
 	defer dropExampleStreams(prefix)
 
-	cfg := brokers.Config{Kind: brokers.KindNATS, Options: map[string]string{
-		"url": exampleURL(), "durable": "loyalty", "subject_prefix": prefix,
+	cfg := brokers.Config{Kind: brokers.KindNATS, NATS: brokers.NATSConfig{
+		URL: exampleURL(), Durable: "loyalty", SubjectPrefix: prefix,
 	}}
 
 	pub, err := brokers.NewPublisher(cfg, nil)
@@ -54,22 +55,22 @@ func Example() {
 	fmt.Println(m.UUID, string(m.Payload), m.Metadata.Get("event_id"), m.Metadata.Get("nats_delivered"))
 	fmt.Println(m.Metadata.Get("nats_subject") == prefix+"orders")
 
-	// Unknown options are refused, so a typo does not become a default.
-	cfg.Options["ackwait"] = "5s"
+	// A setting that cannot be used is refused before anything connects.
+	cfg.NATS.AckWait = 10 * time.Millisecond
 	_, err = brokers.NewSubscriber(cfg, nil)
 	fmt.Println(err)
 	// Output:
 	// m1 {"order_id":9912} evt-42 1
 	// true
-	// claimtx: config field "options.ackwait": unknown option of broker kind "nats" (known: ack_wait, concurrency, creds_file, dial_timeout, durable, max_ack_pending, max_deliver, nack_delay, password, streams, subject_prefix, token, url, user)
+	// claimtx: config field "nats.ack_wait": must be at least 1s, got 10ms
 }
 
 // Its settings are checked before anything connects.
 func Example_validation() {
-	_, err := brokers.NewSubscriber(brokers.Config{Kind: brokers.KindNATS, Options: map[string]string{"url": exampleURL()}}, nil)
+	_, err := brokers.NewSubscriber(brokers.Config{Kind: brokers.KindNATS, NATS: brokers.NATSConfig{URL: exampleURL()}}, nil)
 	fmt.Println(err)
 	// Output:
-	// claimtx: config field "options.durable": is required to subscribe: the JetStream durable consumer name, one per service
+	// claimtx: config field "nats.durable": is required to subscribe: the JetStream durable consumer name, one per service
 }
 
 // exampleURL is the NATS server the tests use (TEST_NATS_URL, else the

@@ -1,6 +1,8 @@
 package nats_test
 
 import (
+	"bytes"
+	"fmt"
 	"net"
 	"os"
 	"regexp"
@@ -12,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
 
 	"github.com/claimtx/claimtx/brokers"
 	_ "github.com/claimtx/claimtx/brokers/nats" // registers the kind
@@ -51,14 +54,22 @@ var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9_-]+`)
 func uniqueName(t *testing.T) string { return testenv.UniqueName(t, 60) }
 
 // config is a nats Config for the local server with short timings; opts
-// are "key=value" options on top.
+// are "key=value" settings on top, keys as in the nats: section of a file.
 func config(opts ...string) brokers.Config {
-	c := brokers.Config{Kind: brokers.KindNATS, Options: map[string]string{
-		"url": natsURL(), "ack_wait": "2s", "nack_delay": "-1s", "dial_timeout": "5s",
-	}}
+	settings := map[string]string{"url": natsURL(), "ack_wait": "2s", "nack_delay": "-1s", "dial_timeout": "5s"}
 	for _, kv := range opts {
 		k, v, _ := strings.Cut(kv, "=")
-		c.Options[k] = v
+		settings[k] = v
+	}
+	var data bytes.Buffer
+	for k, v := range settings {
+		fmt.Fprintf(&data, "%s: %s\n", k, v)
+	}
+	c := brokers.Config{Kind: brokers.KindNATS}
+	dec := yaml.NewDecoder(&data)
+	dec.KnownFields(true)
+	if err := dec.Decode(&c.NATS); err != nil {
+		panic(fmt.Sprintf("nats test config %v: %v", opts, err))
 	}
 	return c
 }

@@ -13,11 +13,10 @@ import (
 // never imports it does not link nats.go.
 func init() { brokers.Register(brokers.KindNATS, factory()) }
 
-// factory is the adapter's Factory. Its settings are read from
-// Config.Options, as the package documentation lists; its Validate refuses
-// a bad one with a *framework.ConfigError naming "options.<key>", which
-// package brokers renames to the environment variable when the value came
-// from one.
+// factory is the adapter's Factory. Its settings are Config.NATS
+// (brokers.NATSConfig), which package brokers checks; a problem is a
+// *framework.ConfigError naming "nats.<key>", which package brokers
+// renames to the environment variable when the value came from one.
 func factory() brokers.Factory {
 	return brokers.Factory{
 		NewSubscriber: func(cfg brokers.Config, logger watermill.LoggerAdapter) (message.Subscriber, error) {
@@ -25,11 +24,11 @@ func factory() brokers.Factory {
 			if err != nil {
 				return nil, err
 			}
-			if s.durable == "" {
+			if s.Durable == "" {
 				// No default, for the reason Kafka has no default
 				// consumer group: two services sharing a durable would
 				// split the topic's messages between them.
-				return nil, &framework.ConfigError{Field: "options." + optDurable,
+				return nil, &framework.ConfigError{Field: "nats.durable",
 					Reason: "is required to subscribe: the JetStream durable consumer name, one per service"}
 			}
 			return newSubscriber(s, logger)

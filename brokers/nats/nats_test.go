@@ -436,7 +436,7 @@ func TestDialGivesUp(t *testing.T) {
 func TestDurableRequiredToSubscribe(t *testing.T) {
 	t.Parallel()
 	_, err := brokers.NewSubscriber(config("url=nats://127.0.0.1:1"), nil)
-	requireField(t, err, "options.durable")
+	requireField(t, err, "nats.durable")
 	require.ErrorContains(t, err, "required to subscribe")
 }
 

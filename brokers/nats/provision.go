@@ -37,9 +37,9 @@ func ensureStream(js natsgo.JetStreamContext, s settings, subject string) (strin
 	if !errors.Is(err, natsgo.ErrNoMatchingStream) {
 		return "", fmt.Errorf("brokers/nats: look up the stream of subject %q: %w", subject, err)
 	}
-	if s.streams == streamsRequire {
-		return "", fmt.Errorf("brokers/nats: %w %q (options.streams is %q: create the stream, or set it to %q)",
-			errNoStream, subject, streamsRequire, streamsCreate)
+	if s.Streams == streamsRequire {
+		return "", fmt.Errorf("brokers/nats: %w %q (nats.streams is %q: create the stream, or set it to %q)",
+			errNoStream, subject, streamsRequire, "create")
 	}
 	name = streamName(subject)
 	_, err = js.AddStream(&natsgo.StreamConfig{
@@ -66,14 +66,14 @@ func ensureStream(js natsgo.JetStreamContext, s settings, subject string) (strin
 // workers pull from it, so they share the work.
 func consumerConfig(s settings, subject string) *natsgo.ConsumerConfig {
 	return &natsgo.ConsumerConfig{
-		Durable:       s.durable,
+		Durable:       s.Durable,
 		Description:   "claimtx consumer of " + subject,
 		FilterSubject: subject,
 		DeliverPolicy: natsgo.DeliverAllPolicy,
 		AckPolicy:     natsgo.AckExplicitPolicy,
-		AckWait:       s.ackWait,
-		MaxDeliver:    s.maxDeliver,
-		MaxAckPending: s.maxAckPending,
+		AckWait:       s.AckWait,
+		MaxDeliver:    s.MaxDeliver,
+		MaxAckPending: s.MaxAckPending,
 		ReplayPolicy:  natsgo.ReplayInstantPolicy,
 	}
 }
@@ -86,32 +86,32 @@ func consumerConfig(s settings, subject string) *natsgo.ConsumerConfig {
 // delete the consumer under the others.
 func ensureConsumer(js natsgo.JetStreamContext, s settings, stream, subject string) error {
 	want := consumerConfig(s, subject)
-	info, err := js.ConsumerInfo(stream, s.durable)
+	info, err := js.ConsumerInfo(stream, s.Durable)
 	if errors.Is(err, natsgo.ErrConsumerNotFound) {
 		if _, err = js.AddConsumer(stream, want); err == nil {
 			return nil
 		}
 		// Created by a replica in between, perhaps with other limits.
-		info, err = js.ConsumerInfo(stream, s.durable)
+		info, err = js.ConsumerInfo(stream, s.Durable)
 	}
 	if err != nil {
-		return fmt.Errorf("brokers/nats: consumer %q on stream %q: %w", s.durable, stream, err)
+		return fmt.Errorf("brokers/nats: consumer %q on stream %q: %w", s.Durable, stream, err)
 	}
 	have := info.Config
 	switch {
 	case have.DeliverSubject != "":
-		return fmt.Errorf("brokers/nats: consumer %q on stream %q exists and is a push consumer, not a pull consumer: delete it or choose another durable name", s.durable, stream)
+		return fmt.Errorf("brokers/nats: consumer %q on stream %q exists and is a push consumer, not a pull consumer: delete it or choose another durable name", s.Durable, stream)
 	case have.FilterSubject != "" && have.FilterSubject != subject:
-		return fmt.Errorf("brokers/nats: consumer %q on stream %q filters subject %q, not %q: one durable name per topic", s.durable, stream, have.FilterSubject, subject)
+		return fmt.Errorf("brokers/nats: consumer %q on stream %q filters subject %q, not %q: one durable name per topic", s.Durable, stream, have.FilterSubject, subject)
 	case have.AckPolicy != natsgo.AckExplicitPolicy:
-		return fmt.Errorf("brokers/nats: consumer %q on stream %q does not use explicit acks", s.durable, stream)
+		return fmt.Errorf("brokers/nats: consumer %q on stream %q does not use explicit acks", s.Durable, stream)
 	}
 	if have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver && have.MaxAckPending == want.MaxAckPending {
 		return nil
 	}
 	have.AckWait, have.MaxDeliver, have.MaxAckPending = want.AckWait, want.MaxDeliver, want.MaxAckPending
 	if _, err := js.UpdateConsumer(stream, &have); err != nil {
-		return fmt.Errorf("brokers/nats: update consumer %q on stream %q: %w", s.durable, stream, err)
+		return fmt.Errorf("brokers/nats: update consumer %q on stream %q: %w", s.Durable, stream, err)
 	}
 	return nil
 }

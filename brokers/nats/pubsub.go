@@ -30,17 +30,12 @@ type publisher struct {
 
 func newPublisher(s settings, logger watermill.LoggerAdapter) (*publisher, error) {
 	denied := &deniedSubjects{}
-	nc, err := dial(s, logger, "publisher", denied)
+	nc, js, err := dial(s, logger, "publisher", denied)
 	if err != nil {
 		return nil, err
 	}
-	js, err := nc.JetStream()
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("brokers/nats: JetStream context: %w", err)
-	}
 	pub, err := wmnats.NewPublisherWithNatsConn(nc, wmnats.PublisherPublishConfig{
-		Marshaler:         marshaler{subjectPrefix: s.subjectPrefix},
+		Marshaler:         marshaler{subjectPrefix: s.SubjectPrefix},
 		SubjectCalculator: subjectCalculator(s),
 		JetStream: wmnats.JetStreamConfig{
 			// Streams are ensured here (ensureStream), not by
@@ -137,6 +132,6 @@ func (p *publisher) Close() error {
 // publisher (its stream provisioning, which is off).
 func subjectCalculator(s settings) wmnats.SubjectCalculator {
 	return func(string, topic string) *wmnats.SubjectDetail {
-		return &wmnats.SubjectDetail{Primary: s.subjectPrefix + topic}
+		return &wmnats.SubjectDetail{Primary: s.SubjectPrefix + topic}
 	}
 }

@@ -97,7 +97,7 @@ accounts {
 	}, 15*time.Second, 20*time.Millisecond, "nats-server listens")
 
 	cfg := config("durable=svc", "user=svc", "password=secret")
-	cfg.Options["url"] = "nats://" + addr
+	cfg.NATS.URL = "nats://" + addr
 	pub := newPublisher(t, cfg)
 	err = pub.Publish("denied.poison", message.NewMessage("d", []byte("{}")))
 	require.Error(t, err)

@@ -53,16 +53,11 @@ type subscriber struct {
 }
 
 func newSubscriber(s settings, logger watermill.LoggerAdapter) (*subscriber, error) {
-	nc, err := dial(s, logger, "subscriber", nil)
+	nc, js, err := dial(s, logger, "subscriber", nil)
 	if err != nil {
 		return nil, err
 	}
-	js, err := nc.JetStream()
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("brokers/nats: JetStream context: %w", err)
-	}
-	return &subscriber{s: s, nc: nc, js: js, logger: logger, codec: marshaler{subjectPrefix: s.subjectPrefix},
+	return &subscriber{s: s, nc: nc, js: js, logger: logger, codec: marshaler{subjectPrefix: s.SubjectPrefix},
 		closing: make(chan struct{})}, nil
 }
 
@@ -119,16 +114,16 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	s.subs.Add(1)
 	s.mu.Unlock()
 	sub := &subscription{subscriber: s, ctx: ctx, output: make(chan *message.Message), stop: make(chan struct{}),
-		fields: watermill.LogFields{"topic": topic, "subject": subject, "stream": stream, "durable": s.s.durable}}
-	pulls := make([]*natsgo.Subscription, 0, s.s.concurrency)
-	for range s.s.concurrency {
+		fields: watermill.LogFields{"topic": topic, "subject": subject, "stream": stream, "durable": s.s.Durable}}
+	pulls := make([]*natsgo.Subscription, 0, s.s.Concurrency)
+	for range s.s.Concurrency {
 		// Bound, never created here: nats.go deletes a consumer its
 		// subscription created when the subscription ends.
-		ps, err := s.js.PullSubscribe(subject, s.s.durable, natsgo.Bind(stream, s.s.durable))
+		ps, err := s.js.PullSubscribe(subject, s.s.Durable, natsgo.Bind(stream, s.s.Durable))
 		if err != nil {
 			close(sub.stop)
 			sub.end(pulls)
-			return nil, fmt.Errorf("brokers/nats: subscribe to %q (consumer %q on stream %q): %w", subject, s.s.durable, stream, err)
+			return nil, fmt.Errorf("brokers/nats: subscribe to %q (consumer %q on stream %q): %w", subject, s.s.Durable, stream, err)
 		}
 		pulls = append(pulls, ps)
 	}
@@ -207,7 +202,7 @@ func (sub *subscription) handle(m *natsgo.Msg) {
 	msg.SetContext(ctx)
 	fields := sub.fields.Add(watermill.LogFields{"message_uuid": msg.UUID, "delivered": msg.Metadata.Get(metaDelivered)})
 
-	progress := time.NewTicker(max(sub.s.ackWait/2, 500*time.Millisecond))
+	progress := time.NewTicker(max(sub.s.AckWait/2, 500*time.Millisecond))
 	defer progress.Stop()
 	for sent := false; !sent; {
 		select {
@@ -257,8 +252,8 @@ func (sub *subscription) ack(m *natsgo.Msg, fields watermill.LogFields) {
 
 func (sub *subscription) nack(m *natsgo.Msg, fields watermill.LogFields) {
 	var err error
-	if sub.s.nackDelay > 0 {
-		err = m.NakWithDelay(sub.s.nackDelay)
+	if sub.s.NackDelay > 0 {
+		err = m.NakWithDelay(sub.s.NackDelay)
 	} else {
 		err = m.Nak()
 	}

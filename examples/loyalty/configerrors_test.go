@@ -30,8 +30,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{[]string{"CLAIMTX_SCHEMA=Not-A-Schema"}, "CLAIMTX_SCHEMA", `\"Schema\"`},
 		{[]string{"HANDLER_RETRIES=-1"}, "HANDLER_RETRIES", "HandlerRetries"},
 		{[]string{"POISON_MEMO=maybe"}, "POISON_MEMO", "PoisonMemo"},
-		{[]string{"BROKER=nats", "NATS_ACK_WAIT=soon"}, "NATS_ACK_WAIT", "options.ack_wait"},
-		{[]string{"BROKER=nats", "NATS_ACKWAIT=5s"}, "NATS_ACKWAIT", "options.ackwait"},
+		{[]string{"BROKER=nats", "NATS_ACK_WAIT=soon"}, "NATS_ACK_WAIT", "nats.ack_wait"},
+		{[]string{"BROKER=nats", "NATS_ACKWAIT=5s"}, "NATS_ACKWAIT", "nats.ackwait"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

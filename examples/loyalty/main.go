@@ -409,44 +409,33 @@ func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptio
 	if cfg.Broker.Kafka.Window == 0 {
 		cfg.Broker.Kafka.Window = window
 	}
-	if cfg.Broker.Kind == brokers.KindNATS && os.Getenv("NATS_CONCURRENCY") == "" {
+	if os.Getenv("NATS_CONCURRENCY") == "" {
 		// One message per NATS subscription: as many as the batches hold.
-		cfg.Broker.Options = withOption(cfg.Broker.Options, "concurrency", strconv.Itoa(window))
+		cfg.Broker.NATS.Concurrency = window
 	}
 	return consumer.NewBatch(ctx, cfg, creditSet, opts)
 }
 
-// natsDefaults gives BROKER=nats what framework/consumer gives the
-// built-in kinds and cannot give a registered one, whose settings it does
-// not know: the durable consumer name defaults to the consumer's name
-// (as the Kafka consumer group does), CONCURRENCY applies, and so does
+// natsDefaults gives BROKER=nats what framework/consumer gives AMQP and
+// Kafka: the durable consumer name defaults to the consumer's name (as the
+// Kafka consumer group does), CONCURRENCY applies, and so does
 // STARTUP_TIMEOUT (as the connection's dial_timeout). NATS_DURABLE,
 // NATS_CONCURRENCY and NATS_DIAL_TIMEOUT override them.
 func natsDefaults(b brokers.Config, name string) brokers.Config {
 	if b.Kind != brokers.KindNATS {
 		return b
 	}
-	for option, value := range map[string]string{
-		"durable":      name,
-		"concurrency":  os.Getenv("CONCURRENCY"),
-		"dial_timeout": os.Getenv("STARTUP_TIMEOUT"),
-	} {
-		if value != "" && b.Options[option] == "" {
-			b.Options = withOption(b.Options, option, value)
-		}
+	if b.NATS.Durable == "" {
+		b.NATS.Durable = name
+	}
+	// Both were checked by the loaders (consumer.LoadConfig, brokers).
+	if n, err := strconv.Atoi(os.Getenv("CONCURRENCY")); err == nil && os.Getenv("NATS_CONCURRENCY") == "" {
+		b.NATS.Concurrency = n
+	}
+	if d, err := time.ParseDuration(os.Getenv("STARTUP_TIMEOUT")); err == nil && os.Getenv("NATS_DIAL_TIMEOUT") == "" {
+		b.NATS.DialTimeout = d
 	}
 	return b
-}
-
-// withOption returns a copy of opts with option set: Config values share
-// their maps.
-func withOption(opts map[string]string, option, value string) map[string]string {
-	out := make(map[string]string, len(opts)+1)
-	for k, v := range opts {
-		out[k] = v
-	}
-	out[option] = value
-	return out
 }
 
 // serveMetrics serves /metrics and /healthz. A busy address (a sibling

@@ -112,19 +112,14 @@ func (s settings) storeConfig() store.Config { return store.Config{Schema: s.sch
 // brokerFor returns the broker configuration of one consumer: with Kafka,
 // each consumer is its own group unless KAFKA_CONSUMER_GROUP says
 // otherwise; with NATS, its own durable unless NATS_DURABLE (or the
-// file's options.durable) does.
+// file's nats.durable) does.
 func (s settings) brokerFor(consumer string) brokers.Config {
 	b := s.broker
 	if os.Getenv("KAFKA_CONSUMER_GROUP") == "" {
 		b.Kafka.ConsumerGroup = consumer
 	}
-	if b.Kind == brokers.KindNATS && b.Options["durable"] == "" {
-		opts := make(map[string]string, len(b.Options)+1)
-		for k, v := range b.Options {
-			opts[k] = v
-		}
-		opts["durable"] = consumer
-		b.Options = opts
+	if b.Kind == brokers.KindNATS && b.NATS.Durable == "" {
+		b.NATS.Durable = consumer
 	}
 	return b
 }

@@ -21,8 +21,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/amqp"
-	"github.com/claimtx/claimtx/brokers/kafka"
+	_ "github.com/claimtx/claimtx/brokers/amqp"  // registers the kind
+	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
@@ -397,7 +397,7 @@ func newRawBroker(t *testing.T, kind, topic string) *rawBroker {
 			}
 			_ = conn.Close()
 		})
-		rb.cfg = brokers.Config{Kind: brokers.KindAMQP, AMQP: amqp.Config{Concurrency: 2, NackDelay: 50 * time.Millisecond}}
+		rb.cfg = brokers.Config{Kind: brokers.KindAMQP, AMQP: brokers.AMQPConfig{Concurrency: 2, NackDelay: 50 * time.Millisecond}}
 	case "kafka":
 		br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
@@ -412,7 +412,7 @@ func newRawBroker(t *testing.T, kind, topic string) *rawBroker {
 		require.NoError(t, err)
 		_, err = adm.CreateTopic(t.Context(), 1, 1, nil, topic+poisonSuffix)
 		require.NoError(t, err)
-		rb.cfg = brokers.Config{Kind: brokers.KindKafka, Kafka: kafka.Config{
+		rb.cfg = brokers.Config{Kind: brokers.KindKafka, Kafka: brokers.KafkaConfig{
 			Brokers: br.Addrs(), ConsumerGroup: "badinput-" + randHex(),
 			SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second, NackDelay: 50 * time.Millisecond,
 		}}

@@ -17,7 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/kafka"
+	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
@@ -71,7 +71,7 @@ func testBatchOverBrokers(t *testing.T, broker string, window int, setWise bool,
 		_, err = kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, topic+".poison")
 		require.NoError(t, err)
 		cl.Close()
-		cfg.Kafka = kafka.Config{Brokers: br.Addrs(), ConsumerGroup: "batch-" + topic, Window: window,
+		cfg.Kafka = brokers.KafkaConfig{Brokers: br.Addrs(), ConsumerGroup: "batch-" + topic, Window: window,
 			SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second}
 	}
 	logger := watermill.NopLogger{}

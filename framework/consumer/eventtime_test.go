@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/kafka"
+	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
@@ -43,7 +43,7 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = br.Close() })
 	topic := "orders-" + randHex()
-	bcfg := brokers.Config{Kind: brokers.KindKafka, Kafka: kafka.Config{
+	bcfg := brokers.Config{Kind: brokers.KindKafka, Kafka: brokers.KafkaConfig{
 		Brokers: br.Addrs(), ConsumerGroup: "eventtime-" + randHex(),
 		SessionTimeout: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
 		RebalanceTimeout: 3 * time.Second, CommitInterval: 100 * time.Millisecond,

@@ -16,7 +16,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/amqp"
+	_ "github.com/claimtx/claimtx/brokers/amqp" // registers the kind
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
@@ -40,7 +40,7 @@ func ExampleNew() {
 		Key:         "template:order-completed:{payload.order_id}",
 		DatabaseURL: ex.databaseURL,
 		Store:       store.Config{Schema: ex.schema},
-		Broker:      brokers.Config{Kind: brokers.KindAMQP, AMQP: amqp.Config{URL: ex.amqpURL}},
+		Broker:      brokers.Config{Kind: brokers.KindAMQP, AMQP: brokers.AMQPConfig{URL: ex.amqpURL}},
 		OnOutcome:   func(r middleware.Result) { outcomes <- r },
 		Logger:      slog.New(slog.DiscardHandler),
 	}, func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
@@ -92,7 +92,7 @@ func ExampleNewBatch() {
 		Key:         "json:order_id",
 		DatabaseURL: ex.databaseURL,
 		Store:       store.Config{Schema: ex.schema},
-		Broker:      brokers.Config{Kind: brokers.KindAMQP, AMQP: amqp.Config{URL: ex.amqpURL, Window: 100}},
+		Broker:      brokers.Config{Kind: brokers.KindAMQP, AMQP: brokers.AMQPConfig{URL: ex.amqpURL, Window: 100}},
 		OnOutcome:   func(r middleware.Result) { outcomes <- r },
 		Logger:      slog.New(slog.DiscardHandler),
 	}, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {

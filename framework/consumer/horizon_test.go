@@ -18,8 +18,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/amqp"
-	"github.com/claimtx/claimtx/brokers/kafka"
+	_ "github.com/claimtx/claimtx/brokers/amqp"  // registers the kind
+	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
@@ -60,7 +60,7 @@ func TestRetentionShorterThanKafkaHorizon(t *testing.T) {
 		return consumer.Config{
 			Name: "horizon", Topic: topic, Key: "metadata:event_id", Pool: pool,
 			Store:     store.Config{Schema: schema},
-			Broker:    brokers.Config{Kind: brokers.KindKafka, Kafka: kafka.Config{Brokers: br.Addrs()}},
+			Broker:    brokers.Config{Kind: brokers.KindKafka, Kafka: brokers.KafkaConfig{Brokers: br.Addrs()}},
 			Claim:     middleware.Claim{EventTime: eventTime(t)},
 			Retention: retention, Registerer: reg,
 			Logger: slog.New(slog.NewTextHandler(logs, nil)),
@@ -118,7 +118,7 @@ func TestRetentionAgainstRabbitMQTTL(t *testing.T) {
 		c, err := consumer.New(ctx, consumer.Config{
 			Name: "horizon", Topic: "horizon-" + randHex(), Key: "metadata:event_id", Pool: pool,
 			Store:     store.Config{Schema: schema},
-			Broker:    brokers.Config{Kind: brokers.KindAMQP, AMQP: amqp.Config{URL: "amqp://guest:guest@127.0.0.1:5672/", QueueArguments: tc.args}},
+			Broker:    brokers.Config{Kind: brokers.KindAMQP, AMQP: brokers.AMQPConfig{URL: "amqp://guest:guest@127.0.0.1:5672/", QueueArguments: tc.args}},
 			Claim:     middleware.Claim{EventTime: eventTime(t)},
 			Retention: 2 * time.Hour, Registerer: reg,
 			Logger: slog.New(slog.NewTextHandler(&logs, nil)),

@@ -15,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/kafka"
+	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/testenv"
@@ -52,7 +52,7 @@ func TestKafkaDefaultGroupPerConsumer(t *testing.T) {
 
 	// No ConsumerGroup: the defaults, as brokers.LoadConfig("") gives them
 	// without KAFKA_CONSUMER_GROUP.
-	bcfg := brokers.Config{Kind: brokers.KindKafka, Kafka: kafka.Config{
+	bcfg := brokers.Config{Kind: brokers.KindKafka, Kafka: brokers.KafkaConfig{
 		Brokers:        br.Addrs(),
 		SessionTimeout: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
 		RebalanceTimeout: 3 * time.Second, CommitInterval: 100 * time.Millisecond,

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -113,15 +112,17 @@ func LoadConfig(path string) (Config, error) {
 type setting = config.Setting[Config]
 
 // settings are the keys of the file, in the order of the documentation.
-// Each set func returns a plain error whose text is the reason; the loader
-// turns it into a *framework.ConfigError naming the path or the variable.
-var settings = []setting{
-	{Path: "name", Env: "CONSUMER_NAME", Field: "Name", Set: func(c *Config, v string) error { c.Name = v; return nil }},
-	{Path: "topic", Env: "TOPIC", Field: "Topic", Set: func(c *Config, v string) error { c.Topic = v; return nil }},
-	{Path: "poison_topic", Env: "POISON_TOPIC", Field: "PoisonTopic", Set: func(c *Config, v string) error { c.PoisonTopic = v; return nil }},
-	{Path: "key", Env: "KEY", Field: "Key", Set: func(c *Config, v string) error { c.Key = v; return nil }},
-	{Path: "event_time", Env: "EVENT_TIME", Field: "EventTime", Set: func(c *Config, v string) error { c.EventTime = v; return nil }},
-	{Path: "retention", Env: "RETENTION", Field: "Retention", Set: durationAtLeast(0, func(c *Config) *time.Duration { return &c.Retention })},
+// A setting without a Set func is parsed by its field's type and Rule
+// (config.Bind); each Set func returns a plain error whose text is the
+// reason, which the loader turns into a *framework.ConfigError naming the
+// path or the variable.
+var settings = config.Bind([]setting{
+	{Path: "name", Env: "CONSUMER_NAME", Field: "Name"},
+	{Path: "topic", Env: "TOPIC", Field: "Topic"},
+	{Path: "poison_topic", Env: "POISON_TOPIC", Field: "PoisonTopic"},
+	{Path: "key", Env: "KEY", Field: "Key"},
+	{Path: "event_time", Env: "EVENT_TIME", Field: "EventTime"},
+	{Path: "retention", Env: "RETENTION", Field: "Retention", Rule: "min=0"},
 	{Path: "database_url", Env: "DATABASE_URL", Field: "DatabaseURL", Secret: true, Set: func(c *Config, v string) error {
 		if _, err := pgxpool.ParseConfig(v); err != nil {
 			return config.SafeError{Msg: pgxReason(err, v), Err: err}
@@ -149,24 +150,24 @@ var settings = []setting{
 		c.Claim.Isolation = l
 		return nil
 	}},
-	{Path: "claim.max_claim_wait", Env: "CLAIM_MAX_CLAIM_WAIT", Field: "Claim.MaxClaimWait", Set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.MaxClaimWait })},
-	{Path: "claim.max_attempts", Env: "CLAIM_MAX_ATTEMPTS", Field: "Claim.MaxAttempts", Set: intAtLeast(1, func(c *Config) *int { return &c.Claim.MaxAttempts })},
-	{Path: "claim.initial_backoff", Env: "CLAIM_INITIAL_BACKOFF", Field: "Claim.InitialBackoff", Set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.InitialBackoff })},
-	{Path: "claim.max_backoff", Env: "CLAIM_MAX_BACKOFF", Field: "Claim.MaxBackoff", Set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.MaxBackoff })},
-	{Path: "claim.allow_broker_event_time", Env: "CLAIM_ALLOW_BROKER_EVENT_TIME", Field: "Claim.AllowBrokerEventTime", Set: boolean(func(c *Config) *bool { return &c.Claim.AllowBrokerEventTime })},
-	{Path: "claim.fingerprint", Env: "CLAIM_FINGERPRINT", Field: "Claim.Fingerprint", Set: boolean(func(c *Config) *bool { return &c.Claim.Fingerprint })},
-	{Path: "claim.poison_memo", Env: "POISON_MEMO", Field: "Claim.PoisonMemo", Set: boolean(func(c *Config) *bool { return &c.Claim.PoisonMemo })},
-	{Path: "claim.committed_keys", Env: "CLAIM_COMMITTED_KEYS", Field: "Claim.CommittedKeys", Set: intAtLeast(-1, func(c *Config) *int { return &c.Claim.CommittedKeys })},
-	{Path: "claim.committed_keys_ttl", Env: "CLAIM_COMMITTED_KEYS_TTL", Field: "Claim.CommittedKeysTTL", Set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.Claim.CommittedKeysTTL })},
-	{Path: "claim.no_positions", Env: "CLAIM_NO_POSITIONS", Field: "Claim.NoPositions", Set: boolean(func(c *Config) *bool { return &c.Claim.NoPositions })},
-	{Path: "claim.replay_below_positions", Env: "CLAIM_REPLAY_BELOW_POSITIONS", Field: "Claim.ReplayBelowPositions", Set: boolean(func(c *Config) *bool { return &c.Claim.ReplayBelowPositions })},
-	{Path: "claim.outbox_topic", Env: "CLAIM_OUTBOX_TOPIC", Field: "Claim.OutboxTopic", Set: func(c *Config, v string) error { c.Claim.OutboxTopic = v; return nil }},
-	{Path: "claim.key_policy.max_bytes", Env: "CLAIM_KEY_MAX_BYTES", Field: "Claim.KeyPolicy.MaxBytes", Set: intAtLeast(1, func(c *Config) *int { return &c.Claim.KeyPolicy.MaxBytes })},
-	{Path: "claim.key_policy.hash_overlong", Env: "CLAIM_KEY_HASH_OVERLONG", Field: "Claim.KeyPolicy.HashOverlong", Set: boolean(func(c *Config) *bool { return &c.Claim.KeyPolicy.HashOverlong })},
-	{Path: "handler.retries", Env: "HANDLER_RETRIES", Field: "HandlerRetries", Set: intAtLeast(0, func(c *Config) *int { return &c.HandlerRetries })},
-	{Path: "handler.retry_initial_interval", Env: "HANDLER_RETRY_INITIAL_INTERVAL", Field: "RetryInitialInterval", Set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.RetryInitialInterval })},
-	{Path: "handler.timeout", Env: "HANDLER_TIMEOUT", Field: "HandlerTimeout", Set: durationAtLeast(0, func(c *Config) *time.Duration { return &c.HandlerTimeout })},
-	{Path: "drain_timeout", Env: "DRAIN_TIMEOUT", Field: "DrainTimeout", Set: durationAtLeast(1, func(c *Config) *time.Duration { return &c.DrainTimeout })},
+	{Path: "claim.max_claim_wait", Env: "CLAIM_MAX_CLAIM_WAIT", Field: "Claim.MaxClaimWait", Rule: "min=1"},
+	{Path: "claim.max_attempts", Env: "CLAIM_MAX_ATTEMPTS", Field: "Claim.MaxAttempts", Rule: "min=1"},
+	{Path: "claim.initial_backoff", Env: "CLAIM_INITIAL_BACKOFF", Field: "Claim.InitialBackoff", Rule: "min=1"},
+	{Path: "claim.max_backoff", Env: "CLAIM_MAX_BACKOFF", Field: "Claim.MaxBackoff", Rule: "min=1"},
+	{Path: "claim.allow_broker_event_time", Env: "CLAIM_ALLOW_BROKER_EVENT_TIME", Field: "Claim.AllowBrokerEventTime"},
+	{Path: "claim.fingerprint", Env: "CLAIM_FINGERPRINT", Field: "Claim.Fingerprint"},
+	{Path: "claim.poison_memo", Env: "POISON_MEMO", Field: "Claim.PoisonMemo"},
+	{Path: "claim.committed_keys", Env: "CLAIM_COMMITTED_KEYS", Field: "Claim.CommittedKeys", Rule: "min=-1"},
+	{Path: "claim.committed_keys_ttl", Env: "CLAIM_COMMITTED_KEYS_TTL", Field: "Claim.CommittedKeysTTL", Rule: "min=1"},
+	{Path: "claim.no_positions", Env: "CLAIM_NO_POSITIONS", Field: "Claim.NoPositions"},
+	{Path: "claim.replay_below_positions", Env: "CLAIM_REPLAY_BELOW_POSITIONS", Field: "Claim.ReplayBelowPositions"},
+	{Path: "claim.outbox_topic", Env: "CLAIM_OUTBOX_TOPIC", Field: "Claim.OutboxTopic"},
+	{Path: "claim.key_policy.max_bytes", Env: "CLAIM_KEY_MAX_BYTES", Field: "Claim.KeyPolicy.MaxBytes", Rule: "min=1"},
+	{Path: "claim.key_policy.hash_overlong", Env: "CLAIM_KEY_HASH_OVERLONG", Field: "Claim.KeyPolicy.HashOverlong"},
+	{Path: "handler.retries", Env: "HANDLER_RETRIES", Field: "HandlerRetries", Rule: "min=0"},
+	{Path: "handler.retry_initial_interval", Env: "HANDLER_RETRY_INITIAL_INTERVAL", Field: "RetryInitialInterval", Rule: "min=1"},
+	{Path: "handler.timeout", Env: "HANDLER_TIMEOUT", Field: "HandlerTimeout", Rule: "min=0"},
+	{Path: "drain_timeout", Env: "DRAIN_TIMEOUT", Field: "DrainTimeout", Rule: "min=1"},
 	{Path: "startup_timeout", Env: "STARTUP_TIMEOUT", Field: "StartupTimeout", Set: func(c *Config, v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil || d == 0 {
@@ -175,7 +176,7 @@ var settings = []setting{
 		c.StartupTimeout = d
 		return nil
 	}},
-}
+})
 
 // brokerKey is the section of the file brokers.LoadConfig reads.
 const brokerKey = "broker"
@@ -186,44 +187,6 @@ const brokerKey = "broker"
 var aliases = map[string][]string{
 	"Key":       {"key"},
 	"EventTime": {"event_time", "Claim.EventTime"},
-}
-
-func durationAtLeast(min time.Duration, dst func(*Config) *time.Duration) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		d, err := time.ParseDuration(v)
-		switch {
-		case err != nil:
-			return fmt.Errorf("must be a duration like 500ms or 2s, got %q", v)
-		case d < min && min > 0:
-			return fmt.Errorf("must be positive, got %s", v)
-		case d < min:
-			return fmt.Errorf("must not be negative, got %s", v)
-		}
-		*dst(c) = d
-		return nil
-	}
-}
-
-func intAtLeast(min int, dst func(*Config) *int) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < min {
-			return fmt.Errorf("must be an integer of at least %d, got %q", min, v)
-		}
-		*dst(c) = n
-		return nil
-	}
-}
-
-func boolean(dst func(*Config) *bool) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return fmt.Errorf("must be true or false, got %q", v)
-		}
-		*dst(c) = b
-		return nil
-	}
 }
 
 // loader is one LoadConfig call.
@@ -317,13 +280,7 @@ func (l *loader) readBroker(data []byte, section *yaml.Node, c *Config) error {
 	}
 	b, err := config.LoadSection[brokers.Config](sub)
 	if err != nil {
-		var ce *framework.ConfigError
-		if errors.As(err, &ce) && isYAMLPath(ce.Field) {
-			out := *ce
-			out.Field = brokerKey + "." + ce.Field
-			return &out
-		}
-		return err
+		return config.Rename(err, func(field string) (string, bool) { return brokerKey + "." + field, isYAMLPath(field) })
 	}
 	c.Broker = b
 	return nil
@@ -346,17 +303,10 @@ func (l *loader) check(c Config) error {
 // named returns err with the Field of its *framework.ConfigError replaced
 // by what the user wrote, when LoadConfig set that field (see names).
 func (c Config) named(err error) error {
-	var ce *framework.ConfigError
-	if err == nil || c.names == nil || !errors.As(err, &ce) {
-		return err
-	}
-	name, ok := c.names[ce.Field]
-	if !ok {
-		return err
-	}
-	out := *ce
-	out.Field = name
-	return &out
+	return config.Rename(err, func(field string) (string, bool) {
+		name, ok := c.names[field]
+		return name, ok
+	})
 }
 
 // databaseURLError is the error for a DatabaseURL pgx refuses, without

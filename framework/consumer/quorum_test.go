@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/amqp"
+	_ "github.com/claimtx/claimtx/brokers/amqp" // registers the kind
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/testenv"
@@ -24,7 +24,7 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// The consumer on RabbitMQ quorum queues (amqp.Config.QueueType "quorum"):
+// The consumer on RabbitMQ quorum queues (brokers.AMQPConfig.QueueType "quorum"):
 // the same failure policy as on classic queues, twins, the poison queue,
 // and what the queue's delivery limit does next to claimtx's own poison
 // path.
@@ -63,7 +63,7 @@ func newQuorumRawBroker(t *testing.T, topic string, limit int, extra map[string]
 		}
 		_ = conn.Close()
 	})
-	rb.cfg = brokers.Config{Kind: brokers.KindAMQP, AMQP: amqp.Config{
+	rb.cfg = brokers.Config{Kind: brokers.KindAMQP, AMQP: brokers.AMQPConfig{
 		Concurrency: 2, NackDelay: 50 * time.Millisecond,
 		QueueType: "quorum", DeliveryLimit: limit, QueueArguments: extra,
 	}}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
@@ -66,7 +67,7 @@ func TestHealthReconnectAMQP(t *testing.T) {
 	require.NoError(t, err)
 	pu.Host = p.addr
 
-	sub, err := amqp.NewSubscriber(t.Context(), amqp.Config{
+	sub, err := amqp.NewSubscriber(t.Context(), brokers.AMQPConfig{
 		URL:                      pu.String(),
 		DialTimeout:              10 * time.Second,
 		ReconnectInitialInterval: 50 * time.Millisecond,
@@ -103,7 +104,7 @@ func TestHealthKafkaBrokerDown(t *testing.T) {
 	addr := b.Addrs()[0]
 	t.Cleanup(func() { _ = b.Close() })
 
-	sub, err := kafka.NewSubscriber(t.Context(), kafka.Config{
+	sub, err := kafka.NewSubscriber(t.Context(), brokers.KafkaConfig{
 		Brokers:       []string{addr},
 		ConsumerGroup: "claimtx-observe-health-test",
 		DialTimeout:   5 * time.Second,

@@ -29,6 +29,9 @@ type Setting[T any] struct {
 	Set func(c *T, v string) error
 	// Secret: never quoted in errors; may come from Env+"_FILE".
 	Secret bool
+	// Rule is how Bind parses the value when Set is nil: options as an
+	// env tag's ("min=1", see Settings).
+	Rule string
 }
 
 // FileSuffix names the variable that holds the path of a file with a
@@ -81,6 +84,24 @@ func ApplyEnv[T any](c *T, settings []Setting[T], lookup func(string) (string, b
 		}
 	}
 	return nil
+}
+
+// Rename returns err with the Field of its *framework.ConfigError
+// replaced by what rename answers for it (a variable for a YAML path, a
+// section's prefix), when it answers; other errors are returned as they
+// are. It renames a copy: an error may be shared.
+func Rename(err error, rename func(field string) (string, bool)) error {
+	var ce *framework.ConfigError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	name, ok := rename(ce.Field)
+	if !ok {
+		return err
+	}
+	out := *ce
+	out.Field = name
+	return &out
 }
 
 // SafeError is an error whose text is known not to hold a secret; Unwrap

@@ -120,4 +120,6 @@ func TestRedaction(t *testing.T) {
 	require.Equal(t, "amqp://u:xxxxx@rabbit/", config.RedactURL("amqp://u:pw@rabbit/"))
 	require.Equal(t, "", config.Redact(""))
 	require.Equal(t, config.Mask, config.Redact("pw"))
+	require.Equal(t, "a xxxxx b xxxxx", config.Scrub("a pw b pw", "", "pw"))
+	require.Contains(t, config.Passwords("postgres://u:p%40ss@db/x"), "p%40ss", "as written in the URL too")
 }

@@ -59,17 +59,20 @@ var kvPassword = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)`)
 // Passwords returns the passwords a connection string (a URL or
 // keyword/value pairs) may hold, as best it can tell: the URL's userinfo
 // and password parameter, or keyword/value passwords (quoted or not, and
-// their unquoted parts), and the raw userinfo of a URL that does not
+// their unquoted parts), the URL-escaped spellings of a URL's, and the raw userinfo of a URL that does not
 // parse. Whatever prints dsn, or an error about it, removes each.
 func Passwords(dsn string) []string {
 	var out []string
 	if u, err := url.Parse(dsn); err == nil {
 		if u.User != nil {
 			if pw, ok := u.User.Password(); ok {
-				out = append(out, pw)
+				// As written in the URL too, for a text that quotes it.
+				out = append(out, pw, url.QueryEscape(pw), url.PathEscape(pw))
 			}
 		}
-		out = append(out, u.Query()["password"]...)
+		for _, pw := range u.Query()["password"] {
+			out = append(out, pw, url.QueryEscape(pw))
+		}
 	}
 	for _, m := range kvPassword.FindAllStringSubmatch(dsn, -1) {
 		v := strings.Trim(m[1], "'")
@@ -116,12 +119,19 @@ func RedactDSN(dsn string) string {
 		}
 	}
 	if out == "" {
-		out = dsn
-		for _, pw := range pws {
-			if pw != "" {
-				out = strings.ReplaceAll(out, pw, Mask)
-			}
-		}
+		out = Scrub(dsn, pws...)
 	}
 	return out
+}
+
+// Scrub returns s with every occurrence of each non-empty secret replaced
+// by Mask: the blunt redaction of a text (an error message) that may quote
+// a secret anywhere.
+func Scrub(s string, secrets ...string) string {
+	for _, pw := range secrets {
+		if pw != "" {
+			s = strings.ReplaceAll(s, pw, Mask)
+		}
+	}
+	return s
 }

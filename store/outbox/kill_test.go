@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/amqp"
+	_ "github.com/claimtx/claimtx/brokers/amqp" // registers the kind
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
@@ -31,7 +31,7 @@ const (
 // expire a minute after last use, so reruns leave nothing behind.
 func amqpBrokers() brokers.Config {
 	url := os.Getenv("TEST_AMQP_URL")
-	return brokers.Config{Kind: brokers.KindAMQP, AMQP: amqp.Config{
+	return brokers.Config{Kind: brokers.KindAMQP, AMQP: brokers.AMQPConfig{
 		URL:            url,
 		Concurrency:    1,
 		NackDelay:      -1,

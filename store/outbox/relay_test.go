@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/kafka"
+	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
@@ -76,7 +76,7 @@ func testRelayThroughBroker(t *testing.T, kind string) {
 		br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
 		defer br.Close()
-		bcfg = brokers.Config{Kind: brokers.KindKafka, Kafka: kafka.Config{Brokers: br.Addrs(), ConsumerGroup: "relay-" + topic}}
+		bcfg = brokers.Config{Kind: brokers.KindKafka, Kafka: brokers.KafkaConfig{Brokers: br.Addrs(), ConsumerGroup: "relay-" + topic}}
 	}
 	var keys sync.Map
 	pub, stopDownstream := e.runDownstream(t, bcfg, topic, func(msg *message.Message) {

@@ -8,7 +8,7 @@
 //	b, err := kafkatest.Start(ctx, kafkatest.Options{})
 //	if err != nil { ... }
 //	defer b.Close()
-//	cfg := kafka.Config{Brokers: b.Addrs(), SessionTimeout: 2 * time.Second}
+//	cfg := brokers.KafkaConfig{Brokers: b.Addrs(), SessionTimeout: 2 * time.Second}
 //
 // framework/cmd/devkafka runs it as a program.
 //

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 )
@@ -21,7 +22,7 @@ func ExampleStart() {
 		return
 	}
 	defer func() { _ = b.Close() }()
-	cfg := kafka.Config{Brokers: b.Addrs(), ConsumerGroup: "loyalty", SessionTimeout: 2 * time.Second}
+	cfg := brokers.KafkaConfig{Brokers: b.Addrs(), ConsumerGroup: "loyalty", SessionTimeout: 2 * time.Second}
 	sub, err := kafka.NewSubscriber(ctx, cfg, watermill.NopLogger{})
 	if err != nil {
 		fmt.Println(err)

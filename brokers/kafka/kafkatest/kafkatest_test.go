@@ -20,6 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
@@ -97,7 +98,7 @@ func newFixture(t *testing.T, opts Options) *fixture {
 	f := &fixture{b: b, group: "g-" + strings.ToLower(t.Name()), topic: "t-" + strings.ToLower(t.Name())}
 	require.NoError(t, b.cluster.CreateTopic(f.topic, partitions, nil))
 
-	sub, err := kafka.NewSubscriber(t.Context(), kafka.Config{
+	sub, err := kafka.NewSubscriber(t.Context(), brokers.KafkaConfig{
 		Brokers:           b.Addrs(),
 		ConsumerGroup:     f.group,
 		SessionTimeout:    3 * time.Second,

@@ -11,12 +11,13 @@ import (
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
-	"github.com/claimtx/claimtx/brokers/amqp"
+	"github.com/claimtx/claimtx/brokers"
+	_ "github.com/claimtx/claimtx/brokers/amqp" // registers the kind
 	"github.com/claimtx/claimtx/internal/amqpheader"
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// Defaults of the amqp.Config fields this package reads, for a Config
+// Defaults of the brokers.AMQPConfig fields this package reads, for a Config
 // that did not come through brokers.LoadConfig (which writes them out).
 const (
 	defaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/" //nolint:gosec // RabbitMQ's stock local account, not a secret
@@ -36,7 +37,7 @@ type amqpSource struct {
 	targets map[string]error // queues checked to exist
 }
 
-func openAMQP(_ context.Context, cfg amqp.Config, o Options) (_ *amqpSource, err error) {
+func openAMQP(_ context.Context, cfg brokers.AMQPConfig, o Options) (_ *amqpSource, err error) {
 	url := cmp.Or(cfg.URL, defaultAMQPURL)
 	conn, err := amqp091.DialConfig(url, amqp091.Config{
 		Dial:       amqp091.DefaultDial(cmp.Or(cfg.DialTimeout, defaultDialTimeout)),

@@ -20,7 +20,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
-	"github.com/claimtx/claimtx/brokers/kafka"
+	"github.com/claimtx/claimtx/brokers"
+	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/internal/poison"
@@ -60,7 +61,7 @@ type kafkaSource struct {
 
 // kgoOptions maps the Kafka adapter's connection settings (addresses,
 // client id, TLS, SASL) onto franz-go.
-func kgoOptions(c kafka.Config) ([]kgo.Opt, error) {
+func kgoOptions(c brokers.KafkaConfig) ([]kgo.Opt, error) {
 	addrs := c.Brokers
 	if len(addrs) == 0 {
 		addrs = []string{"127.0.0.1:9092"}
@@ -114,7 +115,7 @@ func fnv32a(b []byte) uint32 {
 	return h.Sum32()
 }
 
-func openKafka(ctx context.Context, cfg kafka.Config, o Options) (_ *kafkaSource, err error) {
+func openKafka(ctx context.Context, cfg brokers.KafkaConfig, o Options) (_ *kafkaSource, err error) {
 	base, err := kgoOptions(cfg)
 	if err != nil {
 		return nil, err

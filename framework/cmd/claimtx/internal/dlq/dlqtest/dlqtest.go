@@ -28,7 +28,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/kafka"
+	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/testenv"
@@ -82,7 +82,7 @@ func New(t testing.TB, kind string, poisonPartitions int) *World {
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = br.Close() })
 		w.KafkaAddr = br.Addrs()[0]
-		w.Broker.Kafka = kafka.Config{Brokers: br.Addrs(), SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second,
+		w.Broker.Kafka = brokers.KafkaConfig{Brokers: br.Addrs(), SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second,
 			HeartbeatInterval: 200 * time.Millisecond, CommitInterval: 100 * time.Millisecond}
 		w.kcl, err = kgo.NewClient(kgo.SeedBrokers(w.KafkaAddr), kgo.ProducerLinger(0))
 		require.NoError(t, err)

@@ -1,0 +1,236 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A Config struct declares each setting once, in its field's tags:
+//
+//	URL string `yaml:"url" env:"AMQP_URL,secret" default:"amqp://guest:guest@127.0.0.1:5672/"`
+//
+// yaml is the key in a file (Decode), env the variable that overrides it
+// (Settings), default the value a zero field takes (Defaults). The env
+// options say how the variable is parsed and shown:
+//
+//	secret    may come from NAME_FILE, is never quoted in errors, and
+//	          Format redacts it (the password of a URL, or all of it)
+//	positive  an integer above 0 (0 would silently mean the default)
+//	nonzero   an integer other than 0
+//	min=N     an integer, or a duration in nanoseconds, of at least N
+//
+// Every other check is the Config's own Validate, whose errors name the
+// variable when the value came from one.
+
+var durationType = reflect.TypeFor[time.Duration]()
+
+// Settings returns a Setting for each env-tagged field of T, in field order,
+// looking into the fields that hold a struct of their own (a section, its
+// YAML key a prefix of the path: "kafka.sasl.password").
+func Settings[T any]() []Setting[T] {
+	var out []Setting[T]
+	var walk func(t reflect.Type, index []int, prefix string)
+	walk = func(t reflect.Type, index []int, prefix string) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			key, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+			if !f.IsExported() || key == "" || key == "-" {
+				continue
+			}
+			idx := append(append([]int(nil), index...), i)
+			path := prefix + key
+			env, opts, _ := strings.Cut(f.Tag.Get("env"), ",")
+			switch {
+			case env != "":
+				out = append(out, Setting[T]{Path: path, Env: env, Secret: hasOpt(opts, "secret"), Set: setter[T](idx, parser(f.Type, opts))})
+			case f.Type.Kind() == reflect.Struct && f.Type != durationType:
+				walk(f.Type, idx, path+".")
+			}
+		}
+	}
+	walk(reflect.TypeFor[T](), nil, "")
+	return out
+}
+
+func hasOpt(opts, name string) bool {
+	for _, o := range strings.Split(opts, ",") {
+		if o == name {
+			return true
+		}
+	}
+	return false
+}
+
+// parser returns how a variable's value is parsed into a field of type t,
+// by the env options opts. Its errors are the reasons of the
+// *framework.ConfigError ApplyEnv returns.
+func parser(t reflect.Type, opts string) func(dst reflect.Value, v string) error {
+	positive, nonzero := hasOpt(opts, "positive"), hasOpt(opts, "nonzero")
+	min, hasMin := int64(0), false
+	for _, o := range strings.Split(opts, ",") {
+		if m, ok := strings.CutPrefix(o, "min="); ok {
+			n, err := strconv.ParseInt(m, 10, 64)
+			if err != nil {
+				panic("config: bad option " + o) // a mistake in a tag, found by any test
+			}
+			min, hasMin = n, true
+		}
+	}
+	switch {
+	case t == durationType:
+		return func(dst reflect.Value, v string) error {
+			d, err := time.ParseDuration(v)
+			switch {
+			case err != nil:
+				return fmt.Errorf("must be a duration like 500ms or 2s, got %q", v)
+			case hasMin && int64(d) < min && min > 0:
+				return fmt.Errorf("must be positive, got %s", v)
+			case hasMin && int64(d) < min:
+				return fmt.Errorf("must not be negative, got %s", v)
+			}
+			dst.SetInt(int64(d))
+			return nil
+		}
+	case t.Kind() == reflect.Int || t.Kind() == reflect.Int64:
+		return func(dst reflect.Value, v string) error {
+			n, err := strconv.ParseInt(v, 10, 64)
+			switch {
+			case positive && (err != nil || n <= 0):
+				return fmt.Errorf("must be a positive integer, got %q", v)
+			case nonzero && (err != nil || n == 0):
+				return fmt.Errorf("must be a non-zero integer, got %q", v)
+			case hasMin && (err != nil || n < min):
+				return fmt.Errorf("must be an integer of at least %d, got %q", min, v)
+			case err != nil:
+				return fmt.Errorf("must be an integer, got %q", v)
+			}
+			dst.SetInt(n)
+			return nil
+		}
+	case t.Kind() == reflect.Bool:
+		return func(dst reflect.Value, v string) error {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return fmt.Errorf("must be true or false, got %q", v)
+			}
+			dst.SetBool(b)
+			return nil
+		}
+	case t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String:
+		return func(dst reflect.Value, v string) error {
+			var list []string
+			for _, s := range strings.Split(v, ",") {
+				if s = strings.TrimSpace(s); s != "" {
+					list = append(list, s)
+				}
+			}
+			if len(list) == 0 {
+				return errors.New("must list at least one value, comma separated")
+			}
+			dst.Set(reflect.ValueOf(list))
+			return nil
+		}
+	case t.Kind() == reflect.String:
+		return func(dst reflect.Value, v string) error { dst.SetString(v); return nil }
+	}
+	panic("config: no parser for a field of type " + t.String()) // a mistake in a tag, found by any test
+}
+
+// Bind completes the settings whose Set is nil: their Field is the dotted
+// Go path of a field of T ("Claim.MaxAttempts"), parsed by the type of
+// that field and by Rule, options as an env tag's ("min=1"). It panics on
+// a Field T does not have: a mistake in a table, found by any test.
+func Bind[T any](settings []Setting[T]) []Setting[T] {
+	for i := range settings {
+		s := &settings[i]
+		if s.Set != nil {
+			continue
+		}
+		t, idx := reflect.TypeFor[T](), []int(nil)
+		for _, name := range strings.Split(s.Field, ".") {
+			f, ok := t.FieldByName(name)
+			if !ok {
+				panic(fmt.Sprintf("config: %s has no field %s", reflect.TypeFor[T](), s.Field))
+			}
+			idx, t = append(idx, f.Index...), f.Type
+		}
+		s.Set = setter[T](idx, parser(t, s.Rule))
+	}
+	return settings
+}
+
+// setter is a Setting's Set for the field of T at index.
+func setter[T any](index []int, parse func(reflect.Value, string) error) func(*T, string) error {
+	return func(c *T, v string) error { return parse(reflect.ValueOf(c).Elem().FieldByIndex(index), v) }
+}
+
+// Defaults returns v with every zero field that has a default tag set to
+// that default, looking into struct fields too.
+func Defaults[T any](v T) T {
+	setDefaults(reflect.ValueOf(&v).Elem())
+	return v
+}
+
+func setDefaults(v reflect.Value) {
+	for i := range v.NumField() {
+		f, ft := v.Field(i), v.Type().Field(i)
+		if !ft.IsExported() {
+			continue
+		}
+		if def, ok := ft.Tag.Lookup("default"); ok && f.IsZero() {
+			if err := parser(ft.Type, "")(f, def); err != nil {
+				panic("config: default of " + ft.Name + ": " + err.Error()) // a mistake in a tag
+			}
+			continue
+		}
+		if ft.Type.Kind() == reflect.Struct && ft.Type != durationType {
+			setDefaults(f)
+		}
+	}
+}
+
+// Format prints v, a Config struct, as %+v would, with strings quoted and
+// every secret field (env option secret) redacted: a URL's password, or the
+// whole value. Nested structs with a String method print through it.
+func Format(v any) string {
+	rv := reflect.ValueOf(v)
+	var b strings.Builder
+	b.WriteByte('{')
+	for i := range rv.NumField() {
+		f, ft := rv.Field(i), rv.Type().Field(i)
+		if !ft.IsExported() {
+			continue
+		}
+		if b.Len() > 1 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(ft.Name + ":")
+		_, opts, _ := strings.Cut(ft.Tag.Get("env"), ",")
+		switch {
+		case hasOpt(opts, "secret"):
+			s := f.String()
+			if strings.Contains(s, "://") {
+				s = RedactURL(s)
+			} else {
+				s = Redact(s)
+			}
+			fmt.Fprintf(&b, "%q", s)
+		case f.Kind() == reflect.String:
+			fmt.Fprintf(&b, "%q", f.String())
+		case f.Kind() == reflect.Struct && ft.Type != durationType:
+			if s, ok := f.Interface().(fmt.Stringer); ok {
+				b.WriteString(s.String())
+			} else {
+				b.WriteString(Format(f.Interface()))
+			}
+		default:
+			fmt.Fprintf(&b, "%v", f.Interface())
+		}
+	}
+	b.WriteByte('}')
+	return b.String()
+}
