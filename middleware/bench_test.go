@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -56,12 +57,12 @@ func BenchmarkClaimPerMessage(b *testing.B) {
 			}
 		}
 	})
-	benchFresh(b, "middleware", install(b, middleware.NewClaim, bu.claim(b, "middleware", nil))(consume(credit)))
+	benchFresh(b, "middleware", testenv.Install(b, middleware.NewClaim, bu.claim(b, "middleware", nil))(consume(credit)))
 	// The same with Claim.PoisonMemo: the memo lookup rides in the claim's
 	// pipeline, so a fresh message pays a statement, not a round trip.
 	memo := bu.claim(b, "middleware-memo", nil)
 	memo.PoisonMemo = true
-	benchFresh(b, "middleware-memo", install(b, middleware.NewClaim, memo)(consume(credit)))
+	benchFresh(b, "middleware-memo", testenv.Install(b, middleware.NewClaim, memo)(consume(credit)))
 }
 
 // benchFresh runs the sub-benchmark name: h over b.N orders never seen.
@@ -105,7 +106,7 @@ func BenchmarkBatchSet(b *testing.B) {
 // does nothing, the router's floor.
 func BenchmarkClaimDuplicateWarm(b *testing.B) {
 	bu := setup(b, 4)
-	h := install(b, middleware.NewClaim, bu.claim(b, "warm", nil))(consume(credit))
+	h := testenv.Install(b, middleware.NewClaim, bu.claim(b, "warm", nil))(consume(credit))
 	msgs := benchOrders(b, 1000)
 	for _, msg := range msgs {
 		if _, err := h(msg); err != nil {

@@ -9,13 +9,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"pgregory.net/rapid"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -24,7 +25,7 @@ func TestRedeliveryAppliesOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	rec := &outcomes{}
-	h := install(t, middleware.NewClaim, b.claim(t, "loyalty", rec))(consume(credit))
+	h := testenv.Install(t, middleware.NewClaim, b.claim(t, "loyalty", rec))(consume(credit))
 	o := order{OrderID: 9912, CustomerID: 7, TotalCents: 5000}
 
 	_, err := h(newDelivery(t, o))
@@ -45,7 +46,7 @@ func concurrentTwins(t *testing.T, n int, iso pgx.TxIsoLevel) *outcomes {
 	rec := &outcomes{}
 	c := b.claim(t, "loyalty", rec)
 	c.Isolation = iso
-	deliverTwins(t, b, install(t, middleware.NewClaim, c), credit, rec, n)
+	deliverTwins(t, b, testenv.Install(t, middleware.NewClaim, c), credit, rec, n)
 	return rec
 }
 
@@ -78,7 +79,7 @@ func TestRollbackHandsOverToWaitingTwin(t *testing.T) {
 	release := make(chan struct{})
 	var firstCall sync.Once
 	errFirst := errors.New("first delivery fails after claiming")
-	h := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := testenv.Install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		first := false
 		firstCall.Do(func() { first = true })
 		if err := credit(ctx, tx, msg); err != nil {
@@ -137,7 +138,7 @@ func TestHandlerFailureLeavesNothing(t *testing.T) {
 			c := b.claim(t, "loyalty", rec)
 			o := order{OrderID: 1, CustomerID: 1, TotalCents: 300}
 			fail := true
-			h := install(t, middleware.NewClaim, c)(consume(failAfter(credit, &fail, tc.fail)))
+			h := testenv.Install(t, middleware.NewClaim, c)(consume(failAfter(credit, &fail, tc.fail)))
 
 			_, err := h(newDelivery(t, o))
 			require.Error(t, err)
@@ -158,10 +159,9 @@ func TestHandlerFailureLeavesNothing(t *testing.T) {
 func TestTwoConsumersShareTheTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	_, err := b.pool.Exec(context.Background(), "CREATE TABLE analytics (order_id bigint NOT NULL)")
-	require.NoError(t, err)
-	loyalty := install(t, middleware.NewClaim, b.claim(t, "loyalty", nil))(consume(credit))
-	analytics := install(t, middleware.NewClaim, b.claim(t, "analytics", nil))(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	b.exec(t, "CREATE TABLE analytics (order_id bigint NOT NULL)")
+	loyalty := testenv.Install(t, middleware.NewClaim, b.claim(t, "loyalty", nil))(consume(credit))
+	analytics := testenv.Install(t, middleware.NewClaim, b.claim(t, "analytics", nil))(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		_, err := tx.Exec(ctx, "INSERT INTO analytics VALUES (9912)")
 		return err
 	}))
@@ -192,7 +192,7 @@ func TestClaimWaitTimeoutIsRetried(t *testing.T) {
 	holding := make(chan struct{})
 	release := make(chan struct{})
 	var once sync.Once
-	h := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := testenv.Install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		slow := false
 		once.Do(func() { slow = true })
 		if slow {
@@ -238,7 +238,7 @@ func TestClaimWaitGivesUpAfterMaxAttempts(t *testing.T) {
 	// Hold the key from outside for the whole test.
 	b.holdClaim(t, "loyalty", "order-completed:78")
 
-	_, err := install(t, middleware.NewClaim, c)(consume(credit))(newDelivery(t, o))
+	_, err := testenv.Install(t, middleware.NewClaim, c)(consume(credit))(newDelivery(t, o))
 	requireClaimWait(t, err)
 }
 
@@ -247,7 +247,7 @@ func TestInvalidKeyIsPermanent(t *testing.T) {
 	b := setup(t, 2)
 	rec := &outcomes{}
 	called := false
-	h := install(t, middleware.NewClaim, b.claim(t, "loyalty", rec))(func(*message.Message) ([]*message.Message, error) {
+	h := testenv.Install(t, middleware.NewClaim, b.claim(t, "loyalty", rec))(func(*message.Message) ([]*message.Message, error) {
 		called = true
 		return nil, nil
 	})
@@ -263,7 +263,7 @@ func TestInvalidKeyIsPermanent(t *testing.T) {
 func TestProducedMessagesAreRefusedUntilOutbox(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
-	h := install(t, middleware.NewClaim, b.claim(t, "loyalty", nil))(func(msg *message.Message) ([]*message.Message, error) {
+	h := testenv.Install(t, middleware.NewClaim, b.claim(t, "loyalty", nil))(func(msg *message.Message) ([]*message.Message, error) {
 		tx, ok := framework.TxFromContext(msg.Context())
 		require.True(t, ok)
 		if err := credit(msg.Context(), tx, msg); err != nil {
@@ -289,7 +289,7 @@ func TestCancelledContextIsNotRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	rec := &outcomes{}
-	h := install(t, middleware.NewClaim, b.claim(t, "loyalty", rec))(consume(credit))
+	h := testenv.Install(t, middleware.NewClaim, b.claim(t, "loyalty", rec))(consume(credit))
 	msg := newDelivery(t, order{OrderID: 6, CustomerID: 6, TotalCents: 100})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -352,7 +352,7 @@ func TestFingerprintMismatchDetected(t *testing.T) {
 	rec := &outcomes{}
 	c := b.claim(t, "loyalty", rec)
 	c.Fingerprint = true
-	h := install(t, middleware.NewClaim, c)(consume(credit))
+	h := testenv.Install(t, middleware.NewClaim, c)(consume(credit))
 	o := order{OrderID: 500, CustomerID: 5, TotalCents: 1000}
 	for _, cents := range []int64{1000, 1000, 9999} {
 		o.TotalCents = cents
@@ -378,9 +378,8 @@ func TestCommitThenLostAck(t *testing.T) {
 	rec := &outcomes{}
 	claim := b.claim(t, "loyalty", rec)
 
-	logger := watermill.NopLogger{}
-	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, logger)
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, logger)
+	pubsub := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 16}, nil)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, nil)
 	require.NoError(t, err)
 
 	var lost atomic.Bool
@@ -398,7 +397,7 @@ func TestCommitThenLostAck(t *testing.T) {
 	router.AddMiddleware(loseFirstAck)
 	// The README's idiom: a typed handler, the claim as handler middleware.
 	h := router.AddConsumerHandler("loyalty", "orders", pubsub, middleware.TxHandler(credit))
-	h.AddMiddleware(install(t, middleware.NewClaim, claim))
+	h.AddMiddleware(testenv.Install(t, middleware.NewClaim, claim))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -414,4 +413,118 @@ func TestCommitThenLostAck(t *testing.T) {
 	require.Equal(t, 1, rec.count(framework.Applied))
 	require.Equal(t, int64(42), b.balance(t, 4))
 	require.Equal(t, int64(1), b.ledgerRows(t, 42))
+}
+
+// TestModelExactlyOnce drives the middleware with random interleavings of
+// deliveries, redeliveries, handler failures and panics, with twins running
+// concurrently, and checks the invariant against the simplest model: a
+// broker that redelivers every unacked message until it is acked ends with
+// every key's effect applied exactly once.
+func TestModelExactlyOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 8)
+	ctx := context.Background()
+	b.exec(t, "CREATE TABLE effects (consumer text NOT NULL, k text NOT NULL)")
+	kf, err := framework.ParseKeySpec("metadata:event_id")
+	require.NoError(t, err)
+
+	iteration := 0
+	rapid.Check(t, func(rt *rapid.T) {
+		iteration++
+		consumer := fmt.Sprintf("model-%d", iteration)
+		nKeys := rapid.IntRange(1, 6).Draw(rt, "keys")
+		c := middleware.Claim{Store: b.store, Consumer: consumer, Key: kf}
+		var mu sync.Mutex
+		failing := map[string]string{} // key -> "error" | "panic" for its next attempt
+		h := testenv.Install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+			k := msg.Metadata.Get("event_id")
+			if _, err := tx.Exec(ctx, "INSERT INTO effects VALUES ($1, $2)", consumer, k); err != nil {
+				return err
+			}
+			mu.Lock()
+			mode := failing[k]
+			delete(failing, k)
+			mu.Unlock()
+			switch mode {
+			case "error":
+				return errors.New("injected")
+			case "panic":
+				panic("injected")
+			}
+			return nil
+		}))
+		deliver := func(k string) error {
+			msg := testenv.Message("")
+			msg.Metadata.Set("event_id", k)
+			msg.SetContext(ctx)
+			_, err := h(msg)
+			return err
+		}
+
+		acked := map[string]bool{}
+		waves := rapid.IntRange(1, 5).Draw(rt, "waves")
+		for w := 0; w < waves; w++ {
+			batch := rapid.SliceOfN(rapid.IntRange(0, nKeys-1), 1, 10).Draw(rt, fmt.Sprintf("wave%d", w))
+			mu.Lock()
+			for _, i := range batch {
+				k := fmt.Sprintf("k%d", i)
+				switch rapid.IntRange(0, 3).Draw(rt, "fault") {
+				case 1:
+					failing[k] = "error"
+				case 2:
+					failing[k] = "panic"
+				}
+			}
+			mu.Unlock()
+			results := make([]error, len(batch))
+			var wg sync.WaitGroup
+			for j, i := range batch {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					results[j] = deliver(fmt.Sprintf("k%d", i))
+				}()
+			}
+			wg.Wait()
+			for j, i := range batch {
+				if results[j] == nil {
+					acked[fmt.Sprintf("k%d", i)] = true
+				}
+			}
+		}
+		// The broker redelivers whatever was delivered but never acked.
+		mu.Lock()
+		clear(failing)
+		mu.Unlock()
+		for i := 0; i < nKeys; i++ {
+			k := fmt.Sprintf("k%d", i)
+			if !acked[k] {
+				if err := deliver(k); err != nil {
+					rt.Fatalf("redelivery of %s failed: %v", k, err)
+				}
+			}
+		}
+		rows, err := b.pool.Query(ctx, "SELECT k, count(*) FROM effects WHERE consumer = $1 GROUP BY k", consumer)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		counts := map[string]int{}
+		for rows.Next() {
+			var k string
+			var n int
+			if err := rows.Scan(&k, &n); err != nil {
+				rt.Fatal(err)
+			}
+			counts[k] = n
+		}
+		if err := rows.Err(); err != nil {
+			rt.Fatal(err)
+		}
+		for i := 0; i < nKeys; i++ {
+			k := fmt.Sprintf("k%d", i)
+			if counts[k] != 1 {
+				rt.Fatalf("key %s applied %d times, want exactly 1", k, counts[k])
+			}
+		}
+	})
 }

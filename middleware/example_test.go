@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/testenv"
+	"github.com/claimtx/claimtx/internal/testenv/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -22,7 +22,7 @@ import (
 func ExampleNewClaim() {
 	ctx := context.Background()
 	st := exampleStore(ctx)
-	defer dropExample(st)
+	defer pgtest.DropExample(st)
 
 	key, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
 	if err != nil {
@@ -100,7 +100,7 @@ func ExampleNewPoison() {
 func ExampleNewBatch() {
 	ctx := context.Background()
 	st := exampleStore(ctx)
-	defer dropExample(st)
+	defer pgtest.DropExample(st)
 
 	key, _ := framework.ParseKeySpec("json:order_id")
 	batch, err := middleware.NewBatch(middleware.Claim{Store: st, Consumer: "loyalty", Key: key})
@@ -142,22 +142,12 @@ func ExampleNewBatch() {
 // server (TEST_DATABASE_URL, as the tests use), with a ledger table; its
 // pool's search_path is that schema.
 func exampleStore(ctx context.Context) *store.Store {
-	pool, schema := testenv.ExamplePool(ctx)
-	st, err := store.New(pool, store.Config{Schema: schema})
-	if err != nil {
-		panic(err)
-	}
-	if err := st.Migrate(ctx); err != nil {
-		panic(err)
-	}
-	if _, err := pool.Exec(ctx, "CREATE TABLE ledger (order_id bigint NOT NULL, points bigint NOT NULL)"); err != nil {
+	st := pgtest.ExampleStore(ctx)
+	if _, err := st.Pool().Exec(ctx, "CREATE TABLE ledger (order_id bigint NOT NULL, points bigint NOT NULL)"); err != nil {
 		panic(err)
 	}
 	return st
 }
-
-// dropExample drops the example's schema and closes its pool.
-func dropExample(st *store.Store) { testenv.DropExample(st.Pool(), st.Config().Schema) }
 
 func ledgerRows(ctx context.Context, st *store.Store) int {
 	var n int

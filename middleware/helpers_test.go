@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
@@ -18,6 +18,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/testenv"
+	"github.com/claimtx/claimtx/internal/testenv/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -32,16 +33,12 @@ type bundle struct {
 
 func setup(t testing.TB, maxConns int32) bundle {
 	t.Helper()
-	pool, schema := testenv.Setup(t, maxConns)
-	st, err := store.New(pool, store.Config{Schema: schema})
-	require.NoError(t, err)
-	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
-	_, err = pool.Exec(ctx, `
+	st := pgtest.Migrated(t, maxConns)
+	b := bundle{pool: st.Pool(), store: st, schema: st.Config().Schema}
+	b.exec(t, `
 CREATE TABLE balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL);
 CREATE TABLE point_ledger (customer_id bigint NOT NULL, order_id bigint NOT NULL, points bigint NOT NULL)`)
-	require.NoError(t, err)
-	return bundle{pool: pool, store: st, schema: schema}
+	return b
 }
 
 type order struct {
@@ -56,8 +53,7 @@ func newDelivery(t testing.TB, o order) *message.Message {
 	t.Helper()
 	payload, err := json.Marshal(o)
 	require.NoError(t, err)
-	msg := message.NewMessage(watermill.NewUUID(), payload)
-	msg.Metadata.Set("event_id", fmt.Sprintf("evt-%d", o.OrderID))
+	msg := testenv.Message(string(payload), "event_id", fmt.Sprintf("evt-%d", o.OrderID))
 	msg.SetContext(context.Background())
 	return msg
 }
@@ -177,11 +173,39 @@ func (b bundle) claim(t testing.TB, consumer string, rec *outcomes) middleware.C
 	return c
 }
 
+// exec runs sql on the test's pool, failing the test on an error.
+func (b bundle) exec(t testing.TB, sql string, args ...any) {
+	t.Helper()
+	_, err := b.pool.Exec(context.Background(), sql, args...)
+	require.NoError(t, err)
+}
+
+// table is the quoted name of the test schema's table name.
+func (b bundle) table(name string) string { return pgx.Identifier{b.schema, name}.Sanitize() }
+
+// names are the test schema's claimtx tables, under the default names.
+func (b bundle) names() *pg.Names { return pg.NewNames(b.schema, "processed_messages", "outbox") }
+
+// storeWith is a store of the test schema on a pool of its own whose
+// configuration edit changed first (another user, a tracer).
+func (b bundle) storeWith(t testing.TB, edit func(*pgxpool.Config)) *store.Store {
+	t.Helper()
+	url, err := testenv.URLWithSearchPath(b.schema)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	edit(cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, err := store.New(pool, store.Config{Schema: b.schema})
+	require.NoError(t, err)
+	return st
+}
+
 func (b bundle) scalar(t testing.TB, sql string, args ...any) int64 {
 	t.Helper()
-	var n int64
-	require.NoError(t, b.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
-	return n
+	return testenv.Scalar(t, b.pool, sql, args...)
 }
 
 func (b bundle) balance(t testing.TB, customer int64) int64 {
@@ -193,7 +217,7 @@ func (b bundle) ledgerRows(t testing.TB, orderID int64) int64 {
 }
 
 func (b bundle) claims(t testing.TB, consumer string) int64 {
-	return b.scalar(t, fmt.Sprintf("SELECT count(*) FROM %s WHERE consumer = $1", pgx.Identifier{b.schema, "processed_messages"}.Sanitize()), consumer)
+	return b.scalar(t, "SELECT count(*) FROM "+b.table("processed_messages")+" WHERE consumer = $1", consumer)
 }
 
 // consume turns a typed handler into a HandlerFunc that tests can wrap with
@@ -253,9 +277,7 @@ func inParallel(t testing.TB, n int, work func(w int) []error) {
 // before: a twin still in flight, holding what it wrote.
 func (b bundle) hold(t testing.TB) pgx.Tx {
 	t.Helper()
-	tx, err := b.pool.Begin(context.Background())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	tx := testenv.Begin(t, b.pool)
 	return tx
 }
 
@@ -287,7 +309,7 @@ type deadLetters struct {
 
 func newDeadLetters(t testing.TB) deadLetters {
 	t.Helper()
-	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	pubsub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, nil)
 	t.Cleanup(func() { _ = pubsub.Close() })
 	copies, err := pubsub.Subscribe(context.Background(), "orders.poison")
 	require.NoError(t, err)
@@ -447,17 +469,42 @@ func warm(t *testing.T, pool *pgxpool.Pool, n int) {
 	}
 }
 
-// install builds a middleware through its constructor, failing the test on
-// a configuration error.
 // configErr is the configuration error build returns for c, if any.
 func configErr[C any](build func(C) (message.HandlerMiddleware, error), c C) error {
 	_, err := build(c)
 	return err
 }
 
-func install[C any](t testing.TB, build func(C) (message.HandlerMiddleware, error), c C) message.HandlerMiddleware {
+// tracedClaim is a claim for consumer, reporting to rec, on a store whose
+// round trips rt counts.
+func tracedClaim(t *testing.T, b bundle, consumer string) (c middleware.Claim, rt *roundTrips, rec *outcomes) {
 	t.Helper()
-	mw, err := build(c)
-	require.NoError(t, err)
-	return mw
+	st, rt := traced(t, b)
+	rec = &outcomes{}
+	return middleware.Claim{Store: st, Consumer: consumer, Key: keyFunc(t), OnOutcome: rec.onOutcome}, rt, rec
 }
+
+// traced is a store on a pool whose round trips are counted.
+func traced(t *testing.T, b bundle) (*store.Store, *roundTrips) {
+	t.Helper()
+	rt := &roundTrips{}
+	st := b.storeWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = rt })
+	require.NoError(t, st.Pool().Ping(context.Background()))
+	return st, rt
+}
+
+// roundTrips counts what a pool sends to the server: each query outside a
+// batch and each batch is one round trip.
+type roundTrips struct{ n atomic.Int64 }
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -21,8 +22,7 @@ import (
 func naturalSetup(t *testing.T, maxConns int32) bundle {
 	t.Helper()
 	b := setup(t, maxConns)
-	_, err := b.pool.Exec(context.Background(), "ALTER TABLE point_ledger ADD CONSTRAINT one_credit_per_order UNIQUE (order_id)")
-	require.NoError(t, err)
+	b.exec(t, "ALTER TABLE point_ledger ADD CONSTRAINT one_credit_per_order UNIQUE (order_id)")
 	return b
 }
 
@@ -71,7 +71,7 @@ func TestNaturalKeyRedeliveryAppliesOnce(t *testing.T) {
 	t.Parallel()
 	b := naturalSetup(t, 4)
 	rec := &outcomes{}
-	h := install(t, middleware.NewClaim, b.natural(t, rec))(consume(creditOnce))
+	h := testenv.Install(t, middleware.NewClaim, b.natural(t, rec))(consume(creditOnce))
 	o := order{OrderID: 9912, CustomerID: 7, TotalCents: 5000}
 
 	for i := 0; i < 3; i++ {
@@ -99,7 +99,7 @@ func naturalTwins(t *testing.T, b bundle, n int, iso pgx.TxIsoLevel) *outcomes {
 	c := b.natural(t, rec)
 	c.Isolation = iso
 	c.MaxAttempts = 10
-	deliverTwins(t, b, install(t, middleware.NewClaim, c), creditOnce, rec, n)
+	deliverTwins(t, b, testenv.Install(t, middleware.NewClaim, c), creditOnce, rec, n)
 	return rec
 }
 
@@ -139,7 +139,7 @@ func TestNaturalKeyClaimWaitIsBoundedAndRetried(t *testing.T) {
 	_, err := holder.Exec(ctx, "INSERT INTO point_ledger (customer_id, order_id, points) VALUES (3, 78, 9)")
 	require.NoError(t, err)
 
-	h := install(t, middleware.NewClaim, c)(consume(creditOnce))
+	h := testenv.Install(t, middleware.NewClaim, c)(consume(creditOnce))
 	_, err = h(newDelivery(t, o))
 	requireClaimWait(t, err)
 	require.Len(t, rec.retries, 2)
@@ -168,12 +168,11 @@ func TestAlreadyAppliedRollsBackTheDelivery(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
 			b := naturalSetup(t, 2)
-			_, err := b.pool.Exec(context.Background(), "CREATE TABLE audit (order_id bigint NOT NULL)")
-			require.NoError(t, err)
+			b.exec(t, "CREATE TABLE audit (order_id bigint NOT NULL)")
 			rec := &outcomes{}
 			c := b.claim(t, "loyalty", rec)
 			c.Mode = mode
-			h := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+			h := testenv.Install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 				if _, err := tx.Exec(ctx, "INSERT INTO audit VALUES (1)"); err != nil {
 					return err
 				}
@@ -182,10 +181,9 @@ func TestAlreadyAppliedRollsBackTheDelivery(t *testing.T) {
 			o := order{OrderID: 1, CustomerID: 1, TotalCents: 300}
 			// Pretend an earlier process credited the order (in claim-table
 			// mode: under another claim, so the claim table cannot tell).
-			_, err = b.pool.Exec(context.Background(), "INSERT INTO point_ledger VALUES (1, 1, 3)")
-			require.NoError(t, err)
+			b.exec(t, "INSERT INTO point_ledger VALUES (1, 1, 3)")
 
-			_, err = h(newDelivery(t, o))
+			_, err := h(newDelivery(t, o))
 			require.NoError(t, err)
 			require.Equal(t, framework.Duplicate, rec.results[0].Outcome)
 			require.NoError(t, rec.results[0].Err)
@@ -202,7 +200,7 @@ func TestNaturalKeyHandlerFailureLeavesNothing(t *testing.T) {
 	b := naturalSetup(t, 2)
 	rec := &outcomes{}
 	fail := true
-	h := install(t, middleware.NewClaim, b.natural(t, rec))(consume(failAfter(creditOnce, &fail, func() error {
+	h := testenv.Install(t, middleware.NewClaim, b.natural(t, rec))(consume(failAfter(creditOnce, &fail, func() error {
 		return errors.New("boom after the guarded insert")
 	})))
 	o := order{OrderID: 2, CustomerID: 2, TotalCents: 400}
@@ -221,7 +219,7 @@ func TestNaturalKeyInvalidKeyIsPermanent(t *testing.T) {
 	c.Key = keyFunc(t)
 	msg := newDelivery(t, order{})
 	msg.Payload = []byte(`{"customer_id": 1}`)
-	_, err := install(t, middleware.NewClaim, c)(consume(creditOnce))(msg)
+	_, err := testenv.Install(t, middleware.NewClaim, c)(consume(creditOnce))(msg)
 	require.ErrorAs(t, err, new(*framework.KeyError))
 	require.True(t, framework.IsPermanent(err))
 }

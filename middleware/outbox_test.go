@@ -7,13 +7,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -44,7 +44,7 @@ func (b bundle) outboxRows(t testing.TB) []outboxRow {
 // receipt is what the loyalty handler of these tests returns: a message for
 // the receipts service, keyed by the order.
 func receipt(orderID int64, md map[string]string) *message.Message {
-	m := message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"order_id":%d}`, orderID)))
+	m := testenv.Message(fmt.Sprintf(`{"order_id":%d}`, orderID))
 	for k, v := range md {
 		m.Metadata.Set(k, v)
 	}
@@ -58,7 +58,7 @@ func (b bundle) creditThen(t *testing.T, rec *outcomes, produce func(context.Con
 	t.Helper()
 	c := b.claim(t, "loyalty", rec)
 	c.OutboxTopic = "send-receipt"
-	return install(t, middleware.NewClaim, c)(func(msg *message.Message) ([]*message.Message, error) {
+	return testenv.Install(t, middleware.NewClaim, c)(func(msg *message.Message) ([]*message.Message, error) {
 		tx, ok := framework.TxFromContext(msg.Context())
 		require.True(t, ok)
 		if err := credit(msg.Context(), tx, msg); err != nil {
@@ -153,7 +153,7 @@ func TestEnqueueFromTxHandler(t *testing.T) {
 	t.Parallel()
 	b := naturalSetup(t, 2)
 	c := b.natural(t, nil)
-	h := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := testenv.Install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		if err := creditOnce(ctx, tx, msg); err != nil {
 			return err // ErrAlreadyApplied: nothing enqueued either
 		}
@@ -178,7 +178,7 @@ func TestInvalidReturnedMessageIsPermanent(t *testing.T) {
 		{receipt(8, map[string]string{"bad": "nul\x00"})},
 		{receipt(8, map[string]string{middleware.OutboxTopicMetadata: strings.Repeat("t", 300)})},
 	} {
-		h := install(t, middleware.NewClaim, c)(func(msg *message.Message) ([]*message.Message, error) {
+		h := testenv.Install(t, middleware.NewClaim, c)(func(msg *message.Message) ([]*message.Message, error) {
 			tx, _ := framework.TxFromContext(msg.Context())
 			if err := credit(msg.Context(), tx, msg); err != nil {
 				return nil, err

@@ -9,18 +9,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 // memoClaim is the "memo" consumer's claim, reporting to rec, with its
@@ -34,7 +30,7 @@ func (b bundle) memoClaim(t testing.TB, rec *outcomes) middleware.Claim {
 
 func (b bundle) memo(t testing.TB, consumer string, id int64) (poison.Memo, bool) {
 	t.Helper()
-	m, ok, err := poison.GetMemo(context.Background(), b.pool, pg.NewNames(b.schema, "processed_messages", "outbox"), consumer, fmt.Sprintf("order-completed:%d", id))
+	m, ok, err := poison.GetMemo(context.Background(), b.pool, b.names(), consumer, fmt.Sprintf("order-completed:%d", id))
 	require.NoError(t, err)
 	return m, ok
 }
@@ -48,10 +44,10 @@ func TestPoisonMemoBareMiddleware(t *testing.T) {
 
 	rec := &outcomes{}
 	claim := b.memoClaim(t, rec)
-	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: dead, Topic: "orders.poison", OnPoison: claim.RecordPoison})
+	poisoner := testenv.Install(t, middleware.NewPoison, middleware.Poison{Publisher: dead, Topic: "orders.poison", OnPoison: claim.RecordPoison})
 	var runs atomic.Int64
 	fixed := atomic.Bool{}
-	h := poisoner(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := poisoner(testenv.Install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		runs.Add(1)
 		if !fixed.Load() {
 			return framework.Permanent(errors.New("refused for good"))
@@ -83,11 +79,11 @@ func TestPoisonMemoBareMiddleware(t *testing.T) {
 	// Another consumer of the same table has its own memos.
 	other := b.claim(t, "other", nil)
 	other.PoisonMemo = true
-	_, err = install(t, middleware.NewClaim, other)(consume(credit))(newDelivery(t, o))
+	_, err = testenv.Install(t, middleware.NewClaim, other)(consume(credit))(newDelivery(t, o))
 	require.NoError(t, err)
 	require.EqualValues(t, 1, b.claims(t, "other"))
 
-	n, err := poison.ClearMemo(context.Background(), b.pool, pg.NewNames(b.schema, "processed_messages", "outbox"), "memo", []string{"order-completed:1"})
+	n, err := poison.ClearMemo(context.Background(), b.pool, b.names(), "memo", []string{"order-completed:1"})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	fixed.Store(true)
@@ -106,7 +102,7 @@ func TestPoisonMemoYieldsToDuplicate(t *testing.T) {
 	b := setup(t, 4)
 	rec := &outcomes{}
 	claim := b.memoClaim(t, rec)
-	h := install(t, middleware.NewClaim, claim)(consume(credit))
+	h := testenv.Install(t, middleware.NewClaim, claim)(consume(credit))
 	o := order{OrderID: 5, CustomerID: 7, TotalCents: 500}
 	_, err := h(newDelivery(t, o))
 	require.NoError(t, err)
@@ -129,7 +125,7 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 	b := setup(t, 4)
 	dead := newDeadLetters(t)
 	claim := b.memoClaim(t, nil)
-	names := pg.NewNames(b.schema, "processed_messages", "outbox")
+	names := b.names()
 	var unpoisonFirst atomic.Bool
 	onPoison := func(msg *message.Message, err error) {
 		if unpoisonFirst.Load() {
@@ -139,9 +135,9 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 		claim.RecordPoison(msg, err)
 	}
 	reason := func() string { return dead.next(t, "nothing poisoned").Metadata.Get(middleware.PoisonReasonKey) }
-	poisoner := install(t, middleware.NewPoison, middleware.Poison{Publisher: dead, Topic: "orders.poison", OnPoison: onPoison})
+	poisoner := testenv.Install(t, middleware.NewPoison, middleware.Poison{Publisher: dead, Topic: "orders.poison", OnPoison: onPoison})
 	var fixed atomic.Bool
-	h := poisoner(install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	h := poisoner(testenv.Install(t, middleware.NewClaim, claim)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		if !fixed.Load() {
 			return framework.Permanent(errors.New("refused for good"))
 		}
@@ -183,9 +179,9 @@ func TestRecordPoisonSkips(t *testing.T) {
 	_, ok = b.memo(t, "memo", 9)
 	require.False(t, ok, "expired messages get no memo")
 
-	keyless := message.NewMessage(watermill.NewUUID(), []byte(`{"customer_id": 1}`))
+	keyless := testenv.Message(`{"customer_id": 1}`)
 	claim.RecordPoison(keyless, errors.New("no key"))
-	require.Zero(t, b.scalar(t, fmt.Sprintf("SELECT count(*) FROM %s", pgx.Identifier{b.schema, "processed_messages_poison_memo"}.Sanitize())))
+	require.Zero(t, b.scalar(t, "SELECT count(*) FROM "+b.table("processed_messages_poison_memo")))
 
 	// NUL bytes and invalid UTF-8 in the reason are stored, cleaned.
 	claim.RecordPoison(msg, errors.New("bad\x00 reason \xff"))
@@ -244,49 +240,6 @@ func TestPoisonMemoBatch(t *testing.T) {
 	require.Zero(t, b.ledgerRows(t, 2))
 }
 
-// roundTrips counts what a pool sends to the server: each query outside a
-// batch and each batch is one round trip.
-// traced is a store on a pool whose round trips are counted.
-// tracedClaim is a claim for consumer, reporting to rec, on a store whose
-// round trips rt counts.
-func tracedClaim(t *testing.T, b bundle, consumer string) (c middleware.Claim, rt *roundTrips, rec *outcomes) {
-	t.Helper()
-	st, rt := traced(t, b)
-	rec = &outcomes{}
-	return middleware.Claim{Store: st, Consumer: consumer, Key: keyFunc(t), OnOutcome: rec.onOutcome}, rt, rec
-}
-
-func traced(t *testing.T, b bundle) (*store.Store, *roundTrips) {
-	t.Helper()
-	url, err := testenv.URLWithSearchPath(b.schema)
-	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(url)
-	require.NoError(t, err)
-	rt := &roundTrips{}
-	cfg.ConnConfig.Tracer = rt
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	require.NoError(t, pool.Ping(context.Background()))
-	st, err := store.New(pool, store.Config{Schema: b.schema})
-	require.NoError(t, err)
-	return st, rt
-}
-
-type roundTrips struct{ n atomic.Int64 }
-
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	r.n.Add(1)
-	return ctx
-}
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
 // The memo lookup rides in the claim's pipeline: a fresh message costs the
 // same round trips with PoisonMemo as without (BEGIN+claim, the effect's
 // two statements, COMMIT), per message and per batch.
@@ -296,7 +249,7 @@ func TestPoisonMemoAddsNoRoundTrip(t *testing.T) {
 
 	count := func(memo bool, id int64) int64 {
 		c := middleware.Claim{Store: st, Consumer: fmt.Sprintf("rt-%v", memo), Key: keyFunc(t), PoisonMemo: memo}
-		h := install(t, middleware.NewClaim, c)(consume(credit))
+		h := testenv.Install(t, middleware.NewClaim, c)(consume(credit))
 		msg := newDelivery(t, order{OrderID: id, CustomerID: 1, TotalCents: 100})
 		before := rt.n.Load()
 		_, err := h(msg)

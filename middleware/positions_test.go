@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -20,6 +19,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -31,7 +31,7 @@ func kafkaOrders(t *testing.T, window int, ords ...order) (*kafka.Subscriber, <-
 	br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = br.Close() })
-	topic := "positions-" + watermill.NewShortUUID()
+	topic := testenv.UniqueName(t, 40)
 	cl, err := kgo.NewClient(kgo.SeedBrokers(br.Addrs()...))
 	require.NoError(t, err)
 	defer cl.Close()
@@ -107,7 +107,7 @@ func TestKafkaPositionStoredWithClaim(t *testing.T) {
 				c = b.claim(t, "loyalty", nil)
 				c.NoPositions = mode == "no positions"
 			}
-			h := install(t, middleware.NewClaim, c)(consume(effect))
+			h := testenv.Install(t, middleware.NewClaim, c)(consume(effect))
 			window := 1 // the position goes out with the claim
 			if mode == "claim table, window 3" {
 				window = 3 // last before COMMIT
@@ -145,7 +145,7 @@ func TestKafkaPositionStoredWithClaim(t *testing.T) {
 			if mode == "claim table" {
 				_, msgs, topic := kafkaOrders(t, 1, order{4, 4, 400})
 				m := receiveN(t, msgs, 1)[0]
-				fail := install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+				fail := testenv.Install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 					if err := credit(ctx, tx, msg); err != nil {
 						return err
 					}

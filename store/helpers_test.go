@@ -13,12 +13,11 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-func newStore(t *testing.T, maxConns int32) (*store.Store, string) {
+// begin opens a transaction on st's pool, rolled back when the test ends
+// unless it ended before.
+func begin(t *testing.T, st *store.Store) pgx.Tx {
 	t.Helper()
-	pool, schema := testenv.Setup(t, maxConns)
-	st, err := store.New(pool, store.Config{Schema: schema})
-	require.NoError(t, err)
-	return st, schema
+	return testenv.Begin(t, st.Pool())
 }
 
 // claimWith makes the claim r in a transaction of its own and commits it.
@@ -45,14 +44,6 @@ func claimKey(ctx context.Context, st *store.Store, tx pgx.Tx, consumer, key str
 func claimKeyAt(ctx context.Context, st *store.Store, tx pgx.Tx, consumer, key string, at time.Time, wait time.Duration) (bool, error) {
 	res, err := st.Claim(ctx, tx, store.ClaimRequest{Consumer: consumer, Key: key, EventTime: at, MaxClaimWait: wait})
 	return res.New, err
-}
-
-// migrated is newStore with the migrations applied.
-func migrated(t *testing.T, maxConns int32) *store.Store {
-	t.Helper()
-	st, _ := newStore(t, maxConns)
-	require.NoError(t, st.Migrate(context.Background()))
-	return st
 }
 
 // requireVersion checks the schema version st reports.
@@ -104,9 +95,7 @@ func insertMemos(t *testing.T, st *store.Store, consumer, prefix string, n int, 
 // countIn counts the rows of table (a sanitized name) that match where.
 func countIn(t *testing.T, st *store.Store, table, where string, args ...any) int64 {
 	t.Helper()
-	var n int64
-	require.NoError(t, st.Pool().QueryRow(context.Background(), "SELECT count(*) FROM "+table+" WHERE "+where, args...).Scan(&n))
-	return n
+	return testenv.Scalar(t, st.Pool(), "SELECT count(*) FROM "+table+" WHERE "+where, args...)
 }
 
 func countWhere(t *testing.T, st *store.Store, where string, args ...any) int64 {

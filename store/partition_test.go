@@ -12,6 +12,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/testenv/pgtest"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -54,7 +55,7 @@ func requireClaimAt(t *testing.T, st *store.Store, consumer, key string, at time
 
 func partitionedStore(t *testing.T, maxConns int32, cfg store.RetentionConfig) (*store.Store, store.PartitioningResult) {
 	t.Helper()
-	st := migrated(t, maxConns)
+	st := pgtest.Migrated(t, maxConns)
 	ctx := context.Background()
 	_, err := st.Pool().Exec(ctx, "CREATE TABLE ledger (consumer text, message_key text)")
 	require.NoError(t, err)
@@ -137,15 +138,11 @@ func TestPartitionTwinsAcrossDayBoundary(t *testing.T) {
 	require.Error(t, err)
 
 	// An event-time claim's wait is bounded as a plain one's.
-	holder, err := st.Pool().Begin(ctx)
-	require.NoError(t, err)
-	defer holder.Rollback(ctx)
+	holder := begin(t, st)
 	ok, err := claimKeyAt(ctx, st, holder, "loyalty", "held", event, 0)
 	require.NoError(t, err)
 	require.True(t, ok)
-	tx, err := st.Pool().Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
+	tx := begin(t, st)
 	_, err = claimKeyAt(ctx, st, tx, "loyalty", "held", event, 50*time.Millisecond)
 	require.Equal(t, pg.ClaimWait, pg.Classify(err))
 	_, err = claimKeyAt(ctx, st, nil, "loyalty", "k", event, 0)
@@ -259,7 +256,7 @@ func TestPartitionConfigAndStates(t *testing.T) {
 	}
 	require.NoError(t, store.RetentionConfig{Retention: 2 * 24 * time.Hour, Force: true}.Validate())
 
-	st, _ := newStore(t, 2)
+	st := pgtest.Store(t, 2)
 	ctx := context.Background()
 	_, err := st.PartitionedForTest(ctx)
 	require.ErrorIs(t, err, store.ErrNoClaimTable)
@@ -291,7 +288,7 @@ func TestPartitionConfigAndStates(t *testing.T) {
 // before the switch.
 func TestMigratePlainTableToPartitioned(t *testing.T) {
 	t.Parallel()
-	st := migrated(t, 4)
+	st := pgtest.Migrated(t, 4)
 	ctx := context.Background()
 	_, err := st.Pool().Exec(ctx, "CREATE TABLE ledger (consumer text, message_key text)")
 	require.NoError(t, err)
@@ -397,7 +394,7 @@ func TestMigratePlainTableToPartitioned(t *testing.T) {
 // moved instead: the legacy partition is re-attached with an old one.
 func TestLegacyPartitionExpires(t *testing.T) {
 	t.Parallel()
-	st := migrated(t, 4)
+	st := pgtest.Migrated(t, 4)
 	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 5, "-50 days")
 	res, err := st.EnablePartitioning(ctx, store.RetentionConfig{Ahead: 3})

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
@@ -16,13 +18,15 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/testenv"
+	"github.com/claimtx/claimtx/internal/testenv/pgtest"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/internal/migrate"
 )
 
 func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	t.Parallel()
-	st, schema := newStore(t, 8)
+	st := pgtest.Store(t, 8)
+	schema := st.Config().Schema
 	ctx := context.Background()
 	requireVersion(t, st, 0)
 
@@ -78,10 +82,9 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 
 func TestMigrateTxRollsBackWithCaller(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t, 2)
+	st := pgtest.Store(t, 2)
 	ctx := context.Background()
-	tx, err := st.Pool().Begin(ctx)
-	require.NoError(t, err)
+	tx := begin(t, st)
 	require.NoError(t, st.MigrateTx(ctx, tx))
 	require.NoError(t, tx.Rollback(ctx))
 	requireVersion(t, st, 0)
@@ -89,12 +92,11 @@ func TestMigrateTxRollsBackWithCaller(t *testing.T) {
 
 func TestClaim(t *testing.T) {
 	t.Parallel()
-	st := migrated(t, 4)
+	st := pgtest.Migrated(t, 4)
 	ctx := context.Background()
 
 	claimIn := func(key string, commit bool) bool {
-		tx, err := st.Pool().Begin(ctx)
-		require.NoError(t, err)
+		tx := begin(t, st)
 		ok, err := claimKey(ctx, st, tx, "c", key, 0)
 		require.NoError(t, err)
 		if commit {
@@ -115,11 +117,9 @@ func TestClaim(t *testing.T) {
 
 func TestClaimWaitRestoresLockTimeout(t *testing.T) {
 	t.Parallel()
-	st := migrated(t, 4)
+	st := pgtest.Migrated(t, 4)
 	ctx := context.Background()
-	tx, err := st.Pool().Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
+	tx := begin(t, st)
 	var before, after string
 	require.NoError(t, tx.QueryRow(ctx, "SHOW lock_timeout").Scan(&before))
 	ok, err := claimKey(ctx, st, tx, "c", "k", 250*time.Millisecond)
@@ -131,18 +131,14 @@ func TestClaimWaitRestoresLockTimeout(t *testing.T) {
 
 func TestClaimWaitTimesOutBehindTwin(t *testing.T) {
 	t.Parallel()
-	st := migrated(t, 4)
+	st := pgtest.Migrated(t, 4)
 	ctx := context.Background()
-	holder, err := st.Pool().Begin(ctx)
-	require.NoError(t, err)
-	defer holder.Rollback(ctx)
+	holder := begin(t, st)
 	ok, err := claimKey(ctx, st, holder, "c", "k", 0)
 	require.NoError(t, err)
 	require.True(t, ok)
 
-	tx, err := st.Pool().Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
+	tx := begin(t, st)
 	start := time.Now()
 	_, err = claimKey(ctx, st, tx, "c", "k", 50*time.Millisecond)
 	require.Error(t, err)
@@ -182,7 +178,7 @@ func TestHostileNamesRejected(t *testing.T) {
 // A consumer name that looks like SQL is stored as data, never executed.
 func TestHostileConsumerIsData(t *testing.T) {
 	t.Parallel()
-	st := migrated(t, 2)
+	st := pgtest.Migrated(t, 2)
 	ctx := context.Background()
 	hostile := `x'); DROP TABLE processed_messages; --`
 	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
@@ -190,9 +186,7 @@ func TestHostileConsumerIsData(t *testing.T) {
 		return err
 	})
 	require.NoError(t, err)
-	tx, err := st.Pool().Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx)
+	tx := begin(t, st)
 	ok, err := claimKey(ctx, st, tx, hostile, `k'; --`, 0)
 	require.NoError(t, err)
 	require.False(t, ok)
@@ -218,7 +212,7 @@ func TestIsTransient(t *testing.T) {
 // classifies as a connection failure.
 func TestClassifyRealConnectionLoss(t *testing.T) {
 	t.Parallel()
-	st, _ := newStore(t, 3)
+	st := pgtest.Store(t, 3)
 	ctx := context.Background()
 	conn, err := st.Pool().Acquire(ctx)
 	require.NoError(t, err)
@@ -234,7 +228,7 @@ func TestClassifyRealConnectionLoss(t *testing.T) {
 
 func TestClaimFingerprint(t *testing.T) {
 	t.Parallel()
-	st := migrated(t, 2)
+	st := pgtest.Migrated(t, 2)
 	ctx := context.Background()
 	claim := func(r store.ClaimRequest) store.ClaimResult { return claimWith(t, st, r) }
 	h1, h2 := []byte{1, 2, 3}, []byte{9, 9, 9}
@@ -254,7 +248,7 @@ func TestClaimFingerprint(t *testing.T) {
 // gone for the effects, and every failure giving the connection back.
 func TestBeginClaim(t *testing.T) {
 	t.Parallel()
-	st := migrated(t, 2)
+	st := pgtest.Migrated(t, 2)
 	ctx := context.Background()
 	h1, h2 := []byte{1, 2, 3}, []byte{9, 9, 9}
 	claim := func(r store.ClaimRequest, commit bool) store.ClaimResult {
@@ -281,8 +275,7 @@ func TestBeginClaim(t *testing.T) {
 	// Behind an uncommitted twin: the lock_timeout error, and the
 	// connection back in the pool (2 connections: a leak would block the
 	// next Acquire).
-	holder, err := st.Pool().Begin(ctx)
-	require.NoError(t, err)
+	holder := begin(t, st)
 	ok, err := claimKey(ctx, st, holder, "c", "held", 0)
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -311,7 +304,7 @@ func TestBeginClaim(t *testing.T) {
 // wait <= 0, and a failed BEGIN giving the connection back.
 func TestBeginNaturalKey(t *testing.T) {
 	t.Parallel()
-	st := migrated(t, 2)
+	st := pgtest.Migrated(t, 2)
 	ctx := context.Background()
 	for wait, want := range map[time.Duration]string{time.Second: "1s", 1500 * time.Millisecond: "1500ms", time.Microsecond: "1ms", 0: "0"} {
 		tx, err := st.BeginNaturalKeyForTest(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, wait)
@@ -345,7 +338,7 @@ func TestMigrationTransactionIDsOnline(t *testing.T) {
 	for _, partitioned := range []bool{false, true} {
 		t.Run(fmt.Sprintf("partitioned=%v", partitioned), func(t *testing.T) {
 			t.Parallel()
-			st := migrated(t, 4)
+			st := pgtest.Migrated(t, 4)
 			ctx := context.Background()
 			outbox := pgx.Identifier{st.Config().Schema, st.Config().OutboxTable}.Sanitize()
 			claim := func(key string) {
@@ -416,5 +409,307 @@ WHERE i.inhparent = $1::regclass AND NOT EXISTS (
 				require.Zero(t, missing, "partitions without the xact default")
 			}
 		})
+	}
+}
+
+func TestClaimBatch(t *testing.T) {
+	t.Parallel()
+	st := pgtest.Migrated(t, 2)
+	ctx := context.Background()
+	batch := func(keys ...string) []string {
+		tx, got, err := st.BeginClaimBatchForTest(ctx, pgx.TxOptions{}, "c", keys, 0)
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit(ctx))
+		return got
+	}
+	require.Equal(t, []string{"a", "b", "c"}, batch("c", "a", "b", "a"), "new keys, sorted, in-batch duplicates once")
+	require.Equal(t, []string{"d"}, batch("b", "d", "a"), "only the new key")
+	require.Empty(t, batch("a", "d"))
+}
+
+// BeginClaimBatch: the claims in a transaction it begins in the same
+// round trip with the given options; a claim that
+// fails (behind an uncommitted twin, past its wait) leaves no transaction
+// and gives the connection back.
+func TestBeginClaimBatch(t *testing.T) {
+	t.Parallel()
+	st := pgtest.Migrated(t, 2)
+	ctx := context.Background()
+	tx, got, err := st.BeginClaimBatchForTest(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, "c", []string{"b", "a", "b"}, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a", "b"}, got)
+	var iso, lockTimeout string
+	require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('transaction_isolation'), current_setting('lock_timeout')").Scan(&iso, &lockTimeout))
+	require.Equal(t, "repeatable read", iso)
+	require.Equal(t, "0", lockTimeout, "the effects must not inherit the claim's lock_timeout")
+
+	// Behind the uncommitted claim of "a": the wait expires.
+	_, _, err = st.BeginClaimBatchForTest(ctx, pgx.TxOptions{}, "c", []string{"a", "c"}, 20*time.Millisecond)
+	require.Equal(t, pg.ClaimWait, pg.Classify(err))
+	require.Equal(t, int32(1), st.Pool().Stat().AcquiredConns(), "only the first transaction's connection is out")
+	require.NoError(t, tx.Commit(ctx))
+
+	tx, got, err = st.BeginClaimBatchForTest(ctx, pgx.TxOptions{}, "c", []string{"a", "c"}, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []string{"c"}, got, "a is a duplicate now")
+	require.NoError(t, tx.Rollback(ctx))
+}
+
+func TestClaimsByEventDay(t *testing.T) {
+	t.Parallel()
+	st := pgtest.Migrated(t, 2)
+	ctx := context.Background()
+	byDay, err := st.ClaimsByEventDay(ctx)
+	require.NoError(t, err)
+	require.False(t, byDay)
+	_, err = st.EnablePartitioning(ctx, store.RetentionConfig{})
+	require.NoError(t, err)
+	byDay, err = st.ClaimsByEventDay(ctx)
+	require.NoError(t, err)
+	require.True(t, byDay)
+
+	claim := func(r store.ClaimRequest) store.ClaimResult { return claimWith(t, st, r) }
+	// An hour into yesterday (UTC), so a minute later is the same event day.
+	at := pg.EventDay(time.Now().Add(-24 * time.Hour)).Add(time.Hour)
+	h1, h2 := []byte{1}, []byte{2}
+	require.True(t, claim(store.ClaimRequest{Consumer: "c", Key: "k", EventTime: at, PayloadHash: h1}).New)
+	require.Equal(t, store.ClaimResult{FingerprintMismatch: true}, claim(store.ClaimRequest{Consumer: "c", Key: "k", EventTime: at, PayloadHash: h2, MaxClaimWait: time.Second}))
+	require.Equal(t, store.ClaimResult{}, claim(store.ClaimRequest{Consumer: "c", Key: "k", EventTime: at.Add(time.Minute)}))
+}
+
+// msg is testenv.Message under the UUID uuid ("" for none, which Enqueue
+// fills).
+func msg(uuid, payload string, metadata ...string) *message.Message {
+	m := testenv.Message(payload, metadata...)
+	m.UUID = uuid
+	return m
+}
+
+func TestEnqueueCommitsWithTheTransaction(t *testing.T) {
+	t.Parallel()
+	st := pgtest.Migrated(t, 4)
+	ctx := context.Background()
+
+	// Rolled back: nothing.
+	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		require.NoError(t, st.Enqueue(ctx, tx, "receipts", msg("u0", "lost")))
+		return errors.New("handler failed")
+	})
+	require.Error(t, err)
+	stats, err := st.OutboxStats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, store.OutboxStats{}, stats)
+
+	// Committed: in order, with metadata, a generated idempotency key
+	// unless the message brought its own, and a UUID when it had none.
+	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		if err := st.Enqueue(ctx, tx, "receipts",
+			msg("u1", `{"n":1}`, "event_id", "e1"),
+			msg("u2", "", store.IdempotencyKeyMetadata, "receipt:9912"),
+		); err != nil {
+			return err
+		}
+		return st.Enqueue(ctx, tx, "audit", msg("", "x"))
+	}))
+	stats, err = st.OutboxStats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), stats.Pending)
+	require.Positive(t, stats.OldestPending)
+
+	tx := begin(t, st)
+	rows, err := st.OutboxForTest().LockPending(ctx, tx, 10)
+	require.NoError(t, err)
+	require.Len(t, rows, 3)
+	require.Equal(t, []string{"receipts", "receipts", "audit"}, []string{rows[0].Topic, rows[1].Topic, rows[2].Topic})
+	require.Less(t, rows[0].ID, rows[1].ID)
+	require.Equal(t, "u1", rows[0].UUID)
+	require.Equal(t, `{"n":1}`, string(rows[0].Payload))
+	require.Equal(t, map[string]string{"event_id": "e1"}, rows[0].Metadata)
+	require.NotEmpty(t, rows[0].IdempotencyKey)
+	require.Equal(t, "receipt:9912", rows[1].IdempotencyKey)
+	require.Empty(t, rows[1].Metadata, "the idempotency key lives in its column, not twice")
+	require.Equal(t, []byte{}, rows[1].Payload)
+	require.NotEmpty(t, rows[2].UUID)
+
+	m := rows[0].Message()
+	require.Equal(t, "u1", m.UUID)
+	require.Equal(t, rows[0].IdempotencyKey, m.Metadata.Get(store.IdempotencyKeyMetadata))
+	require.Equal(t, "e1", m.Metadata.Get("event_id"))
+	// The key is stable: the same row gives the same message again.
+	require.Equal(t, m.Metadata, rows[0].Message().Metadata)
+}
+
+func TestEnqueueRefusesWhatNoBrokerTakes(t *testing.T) {
+	t.Parallel()
+	st := pgtest.Migrated(t, 2)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		topic string
+		m     *message.Message
+	}{
+		{"empty topic", "", msg("u", "")},
+		{"long topic", strings.Repeat("t", pg.MaxOutboxTopicBytes+1), msg("u", "")},
+		{"NUL topic", "a\x00b", msg("u", "")},
+		{"nil message", "t", nil},
+		{"NUL metadata", "t", msg("u", "", "k", "a\x00")},
+		{"invalid UTF-8 metadata", "t", msg("u", "", string([]byte{0xff}), "v")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tx := begin(t, st)
+			err := st.Enqueue(ctx, tx, tc.topic, tc.m)
+			require.ErrorIs(t, err, store.ErrInvalidOutboxMessage)
+			require.True(t, framework.IsPermanent(err))
+		})
+	}
+	require.Error(t, st.Enqueue(ctx, nil, "t", msg("u", "")))
+	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error { return st.Enqueue(ctx, tx, "t") }))
+}
+
+// Two relay transactions never hold the same row: the second skips what
+// the first locked instead of waiting for it.
+func TestLockPendingSkipsLockedRows(t *testing.T) {
+	t.Parallel()
+	st := pgtest.Migrated(t, 4)
+	ctx := context.Background()
+	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		for i := 0; i < 5; i++ {
+			if err := st.Enqueue(ctx, tx, "t", msg("", "p")); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	tx1 := begin(t, st)
+	tx2 := begin(t, st)
+
+	a, err := st.OutboxForTest().LockPending(ctx, tx1, 3)
+	require.NoError(t, err)
+	b, err := st.OutboxForTest().LockPending(ctx, tx2, 10)
+	require.NoError(t, err)
+	require.Len(t, a, 3)
+	require.Len(t, b, 2)
+	require.Greater(t, b[0].ID, a[2].ID)
+
+	// tx1 marks its rows sent; tx2 records a failed publish of one row.
+	require.NoError(t, st.OutboxForTest().MarkSent(ctx, tx1, []int64{a[0].ID, a[1].ID, a[2].ID}))
+	require.NoError(t, st.OutboxForTest().MarkFailed(ctx, tx1, nil, nil))
+	require.NoError(t, tx1.Commit(ctx))
+	require.NoError(t, st.OutboxForTest().MarkFailed(ctx, tx2, []int64{b[0].ID}, errors.New("broker down")))
+	require.NoError(t, tx2.Commit(ctx))
+
+	stats, err := st.OutboxStats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, store.OutboxStats{Pending: 2, Sent: 3, Failing: 1, OldestPending: stats.OldestPending}, stats)
+
+	_, err = st.OutboxForTest().LockPending(ctx, tx2, 0)
+	require.Error(t, err)
+	_, err = st.OutboxForTest().LockPending(ctx, nil, 1)
+	require.Error(t, err)
+}
+
+func TestDeleteSentOutboxInBatches(t *testing.T) {
+	t.Parallel()
+	st := pgtest.Migrated(t, 2)
+	ctx := context.Background()
+	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		ms := make([]*message.Message, 25)
+		for i := range ms {
+			ms[i] = msg("", "p")
+		}
+		return st.Enqueue(ctx, tx, "t", ms...)
+	}))
+	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		rows, err := st.OutboxForTest().LockPending(ctx, tx, 20)
+		if err != nil {
+			return err
+		}
+		ids := make([]int64, len(rows))
+		for i, r := range rows {
+			ids[i] = r.ID
+		}
+		return st.OutboxForTest().MarkSent(ctx, tx, ids)
+	}))
+
+	// Not old enough yet.
+	n, err := st.OutboxForTest().DeleteSent(ctx, st.Pool(), time.Hour, 100)
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	var total int64
+	for {
+		n, err := st.OutboxForTest().DeleteSent(ctx, st.Pool(), 0, 8)
+		require.NoError(t, err)
+		total += n
+		if n < 8 {
+			break
+		}
+	}
+	require.Equal(t, int64(20), total)
+	stats, err := st.OutboxStats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), stats.Pending, "pending rows are never cleaned up")
+	require.Zero(t, stats.Sent)
+	_, err = st.OutboxForTest().DeleteSent(ctx, st.Pool(), 0, 0)
+	require.Error(t, err)
+}
+
+// Enqueue notifies listening relays when, and only when, the transaction
+// commits.
+func TestEnqueueNotifiesAtCommit(t *testing.T) {
+	t.Parallel()
+	st := pgtest.Migrated(t, 2)
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testenv.URL())
+	require.NoError(t, err)
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, "LISTEN "+pg.OutboxChannel)
+	require.NoError(t, err)
+
+	tx := begin(t, st)
+	require.NoError(t, st.Enqueue(ctx, tx, "t", msg("", "p")))
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
+		return st.Enqueue(ctx, tx, "t", msg("", "p"))
+	}))
+
+	// Other tests' stores notify on the same channel: wait for ours.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		n, err := conn.WaitForNotification(wctx)
+		require.NoError(t, err)
+		if n.Payload == pg.OutboxPayload(st.Config().Schema, st.Config().OutboxTable) {
+			break
+		}
+	}
+	stats, err := st.OutboxStats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), stats.Pending)
+}
+
+func TestOutboxTableName(t *testing.T) {
+	t.Parallel()
+	pool, schema := testenv.Setup(t, 2)
+	ctx := context.Background()
+	st, err := store.New(pool, store.Config{Schema: schema, OutboxTable: "my_outbox"})
+	require.NoError(t, err)
+	require.NoError(t, st.Migrate(ctx))
+	require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return st.Enqueue(ctx, tx, "t", msg("", "p")) }))
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, "my_outbox"}.Sanitize()).Scan(&n))
+	require.Equal(t, 1, n)
+
+	for _, cfg := range []store.Config{
+		{OutboxTable: "Outbox"},
+		{OutboxTable: "x; drop"},
+		{OutboxTable: "processed_messages"},
+		{OutboxTable: "processed_messages_poison_memo"},
+		{OutboxTable: "processed_messages_dead_letter"},
+	} {
+		_, err := store.New(pool, cfg)
+		var ce *framework.ConfigError
+		require.ErrorAs(t, err, &ce)
+		require.Equal(t, "OutboxTable", ce.Field)
 	}
 }

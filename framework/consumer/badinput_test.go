@@ -2,12 +2,9 @@ package consumer_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -17,18 +14,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers"
 	_ "github.com/claimtx/claimtx/brokers/amqp"  // registers the kind
 	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
-	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 // errBadOrder is the handler's decode failure, marked permanent.
@@ -255,23 +249,17 @@ func testBadInput(t *testing.T, kind string) {
 
 	rec := &poisonRecorder{errs: map[string][]error{}}
 	runs := &attempts{took: map[int64][]time.Duration{}}
-	c, err := consumer.New(ctx, consumer.Config{
-		Name: "badinput", Topic: topic, Key: "metadata:event_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: bp.cfg,
-		HandlerRetries: 1, RetryInitialInterval: 10 * time.Millisecond,
-		HandlerTimeout: time.Second, Claim: middleware.Claim{MaxClaimWait: 500 * time.Millisecond},
-		OnOutcome: rec.on, Logger: slog.New(slog.DiscardHandler),
-	}, creditHandler(runs))
+	cfg := baseConfig("badinput", topic, pool, schema, bp.cfg)
+	cfg.HandlerRetries, cfg.RetryInitialInterval, cfg.HandlerTimeout = 1, 10*time.Millisecond, time.Second
+	cfg.Claim.MaxClaimWait, cfg.OnOutcome = 500*time.Millisecond, rec.on
+	c, err := consumer.New(ctx, cfg, creditHandler(runs))
 	require.NoError(t, err)
 	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
+	done := runUntilCancel(runCtx, c)
 	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
+		stopConsumer(t, cancel, done)
 		require.NoError(t, c.Close())
 	})
-	<-c.Running()
 
 	var rows []badRow
 	for _, r := range badRows() {
@@ -354,12 +342,6 @@ func testBadInput(t *testing.T, kind string) {
 	require.Equal(t, wantPoisoned, rec.total(), "one Poisoned outcome per bad row")
 }
 
-func randHex() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
 // rawBroker publishes as a plain producer would (amqp091 / franz-go, no
 // Watermill), so headers can be anything the wire allows, and reads the
 // poison destination back.
@@ -376,42 +358,42 @@ type poisonCopy struct {
 	body   []byte
 }
 
+// amqpQueue connects to RabbitMQ at the adapter's default URL and
+// declares topic's queue with args; both it and the poison queue are
+// deleted, and the connection closed, when the test ends.
+func amqpQueue(t *testing.T, topic string, args amqp091.Table) *amqp091.Connection {
+	t.Helper()
+	conn, err := amqp091.Dial("amqp://guest:guest@127.0.0.1:5672/")
+	require.NoError(t, err)
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(topic, true, false, false, false, args)
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+	t.Cleanup(func() {
+		if ch, err := conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(topic, false, false, false)
+			_, _ = ch.QueueDelete(topic+poisonSuffix, false, false, false)
+			_ = ch.Close()
+		}
+		_ = conn.Close()
+	})
+	return conn
+}
+
 func newRawBroker(t *testing.T, kind, topic string) *rawBroker {
 	t.Helper()
 	rb := &rawBroker{kind: kind, topic: topic}
 	switch kind {
 	case "amqp":
-		conn, err := amqp091.Dial("amqp://guest:guest@127.0.0.1:5672/") // the adapter's default
-		require.NoError(t, err)
-		rb.amqpConn = conn
-		ch, err := conn.Channel()
-		require.NoError(t, err)
-		_, err = ch.QueueDeclare(topic, true, false, false, false, nil)
-		require.NoError(t, err)
-		require.NoError(t, ch.Close())
-		t.Cleanup(func() {
-			if ch, err := conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(topic, false, false, false)
-				_, _ = ch.QueueDelete(topic+poisonSuffix, false, false, false)
-				_ = ch.Close()
-			}
-			_ = conn.Close()
-		})
+		rb.amqpConn = amqpQueue(t, topic, nil)
 		rb.cfg = brokers.Config{Kind: brokers.KindAMQP, AMQP: brokers.AMQPConfig{Concurrency: 2, NackDelay: 50 * time.Millisecond}}
 	case "kafka":
-		br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = br.Close() })
+		br := startKafka(t)
 		rb.kafkaAddr = br.Addrs()[0]
-		cl, err := kgo.NewClient(kgo.SeedBrokers(rb.kafkaAddr), kgo.ProducerLinger(0))
-		require.NoError(t, err)
-		t.Cleanup(cl.Close)
-		rb.kcl = cl
-		adm := kadm.NewClient(cl)
-		_, err = adm.CreateTopic(t.Context(), 2, 1, nil, topic)
-		require.NoError(t, err)
-		_, err = adm.CreateTopic(t.Context(), 1, 1, nil, topic+poisonSuffix)
-		require.NoError(t, err)
+		rb.kcl = kafkaClient(t, br, kgo.ProducerLinger(0))
+		createTopics(t, rb.kcl, 2, nil, topic)
+		createTopics(t, rb.kcl, 1, nil, topic+poisonSuffix)
 		rb.cfg = brokers.Config{Kind: brokers.KindKafka, Kafka: brokers.KafkaConfig{
 			Brokers: br.Addrs(), ConsumerGroup: "badinput-" + randHex(),
 			SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second, NackDelay: 50 * time.Millisecond,
@@ -431,15 +413,7 @@ func (rb *rawBroker) publish(t *testing.T, r badRow, row string) {
 		if r.eventID != nil {
 			headers["event_id"] = r.eventID
 		}
-		ch, err := rb.amqpConn.Channel()
-		require.NoError(t, err)
-		defer func() { _ = ch.Close() }()
-		require.NoError(t, ch.Confirm(false))
-		confirm := ch.NotifyPublish(make(chan amqp091.Confirmation, 1))
-		require.NoError(t, ch.PublishWithContext(t.Context(), "", rb.topic, false, false, amqp091.Publishing{
-			DeliveryMode: amqp091.Persistent, MessageId: "broker-" + randHex(), Headers: headers, Body: r.payload,
-		}))
-		require.True(t, (<-confirm).Ack)
+		rb.publishAMQP(t, amqp091.Publishing{MessageId: "broker-" + randHex(), Headers: headers, Body: r.payload})
 	case "kafka":
 		headers := []kgo.RecordHeader{{Key: "row", Value: []byte(row)}}
 		if r.eventID != nil {
@@ -448,6 +422,20 @@ func (rb *rawBroker) publish(t *testing.T, r badRow, row string) {
 		headers = append(headers, r.kafkaHeaders...)
 		require.NoError(t, rb.kcl.ProduceSync(t.Context(), &kgo.Record{Topic: rb.topic, Value: r.payload, Headers: headers}).FirstErr())
 	}
+}
+
+// publishAMQP publishes p, persistent, to the topic's queue and waits for
+// RabbitMQ's confirm.
+func (rb *rawBroker) publishAMQP(t *testing.T, p amqp091.Publishing) {
+	t.Helper()
+	ch, err := rb.amqpConn.Channel()
+	require.NoError(t, err)
+	defer func() { _ = ch.Close() }()
+	require.NoError(t, ch.Confirm(false))
+	confirm := ch.NotifyPublish(make(chan amqp091.Confirmation, 1))
+	p.DeliveryMode = amqp091.Persistent
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", rb.topic, false, false, p))
+	require.True(t, (<-confirm).Ack)
 }
 
 // poisoned reads n messages from the poison destination, keyed by row.
@@ -503,7 +491,5 @@ func TestHandlerTimeoutMustNotBeNegative(t *testing.T) {
 	pool, _ := testenv.Setup(t, 1)
 	_, err := consumer.New(t.Context(), consumer.Config{Name: "c", Topic: "t", Key: "metadata:event_id", Pool: pool,
 		Broker: brokers.Config{Kind: brokers.KindGoChannel}, HandlerTimeout: -time.Second}, creditHandler(nil))
-	var ce *framework.ConfigError
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "HandlerTimeout", ce.Field)
+	requireConfigError(t, err, "HandlerTimeout")
 }

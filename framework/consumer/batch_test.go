@@ -3,24 +3,20 @@ package consumer_test
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers"
 	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
-	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -61,33 +57,20 @@ func testBatchOverBrokers(t *testing.T, broker string, window int, setWise bool,
 	cfg.AMQP.Concurrency = 64
 	cfg.AMQP.Window = window
 	if broker == brokers.KindKafka {
-		br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		defer br.Close()
-		cl, err := kgo.NewClient(kgo.SeedBrokers(br.Addrs()...))
-		require.NoError(t, err)
-		_, err = kadm.NewClient(cl).CreateTopic(ctx, 2, 1, nil, topic)
-		require.NoError(t, err)
-		_, err = kadm.NewClient(cl).CreateTopic(ctx, 1, 1, nil, topic+".poison")
-		require.NoError(t, err)
-		cl.Close()
+		br := startKafka(t)
+		cl := kafkaClient(t, br)
+		createTopics(t, cl, 2, nil, topic)
+		createTopics(t, cl, 1, nil, topic+poisonSuffix)
 		cfg.Kafka = brokers.KafkaConfig{Brokers: br.Addrs(), ConsumerGroup: "batch-" + topic, Window: window,
 			SessionTimeout: 3 * time.Second, RebalanceTimeout: 3 * time.Second}
 	}
-	logger := watermill.NopLogger{}
-	pub, err := brokers.NewPublisher(cfg, logger)
-	require.NoError(t, err)
-	defer pub.Close()
+	pub := newPublisher(t, cfg)
 	poisonCfg := cfg
 	poisonCfg.AMQP.Window, poisonCfg.Kafka.Window = 0, 0
 	poisonCfg.Kafka.ConsumerGroup += "-poison"
-	poisonSub, err := brokers.NewSubscriber(poisonCfg, logger)
-	require.NoError(t, err)
-	defer poisonSub.Close()
-	poisoned, err := poisonSub.Subscribe(ctx, topic+".poison")
-	require.NoError(t, err)
+	poisoned := subscribePoison(t, ctx, poisonCfg, topic)
 
-	rec := &recorder{got: map[framework.Outcome]int{}}
+	rec := newRecorder()
 	decode := func(msg *message.Message) (int64, error) {
 		var o struct {
 			OrderID int64 `json:"order_id"`
@@ -129,11 +112,9 @@ func testBatchOverBrokers(t *testing.T, broker string, window int, setWise bool,
 		_, err := tx.Exec(ctx, "INSERT INTO effects SELECT unnest($1::bigint[])", ids)
 		return err
 	}
-	c, err := consumer.NewBatch(ctx, consumer.Config{
-		Name: "batch", Topic: topic, Key: "json:order_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: cfg, OnOutcome: rec.on,
-		Logger: slog.New(slog.DiscardHandler),
-	}, handler, consumer.BatchOptions{MaxSize: 50, Workers: 2, Poison: middleware.Poison{Publisher: pub, Topic: topic + ".poison"}})
+	ccfg := baseConfig("batch", topic, pool, schema, cfg)
+	ccfg.Key, ccfg.OnOutcome = "json:order_id", rec.on
+	c, err := consumer.NewBatch(ctx, ccfg, handler, consumer.BatchOptions{MaxSize: 50, Workers: 2, Poison: middleware.Poison{Publisher: pub, Topic: topic + poisonSuffix}})
 	require.NoError(t, err)
 	defer c.Close()
 	done := make(chan error, 1)
@@ -149,8 +130,7 @@ func testBatchOverBrokers(t *testing.T, broker string, window int, setWise bool,
 	require.Equal(t, orders, n)
 	require.Equal(t, orders, distinct)
 	require.GreaterOrEqual(t, int(maxBatch.Load()), minBatch, "the window must let batches fill up")
-	cancel()
-	require.NoError(t, <-done)
+	stopConsumer(t, cancel, done)
 }
 
 // NewBatch builds the batch consumer from the same Config as New: over
@@ -164,12 +144,9 @@ func TestNewBatch(t *testing.T) {
 	bcfg := brokers.Config{}
 	bcfg.AMQP.Window = 256
 	reg := prometheus.NewRegistry()
-	rec := &recorder{got: map[framework.Outcome]int{}}
-	cfg := consumer.Config{
-		Name: "batch", Topic: topic, Key: "json:order_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: bcfg, Registerer: reg, OnOutcome: rec.on,
-		Logger: slog.New(slog.DiscardHandler),
-	}
+	rec := newRecorder()
+	cfg := baseConfig("batch", topic, pool, schema, bcfg)
+	cfg.Key, cfg.Registerer, cfg.OnOutcome = "json:order_id", reg, rec.on
 	c, err := consumer.NewBatch(ctx, cfg, func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 		ids := make([]int64, len(msgs))
 		for i, msg := range msgs {
@@ -189,11 +166,7 @@ func TestNewBatch(t *testing.T) {
 
 	poisonCfg := bcfg
 	poisonCfg.AMQP.Window = 0
-	poisonSub, err := brokers.NewSubscriber(poisonCfg, watermill.NopLogger{})
-	require.NoError(t, err)
-	defer poisonSub.Close()
-	poisoned, err := poisonSub.Subscribe(ctx, topic+poisonSuffix)
-	require.NoError(t, err)
+	poisoned := subscribePoison(t, ctx, poisonCfg, topic)
 
 	const orders = 200
 	require.NoError(t, c.Publisher().Publish(topic, ordersTwice(orders, `not json`)...))
@@ -210,12 +183,10 @@ func TestNewBatch(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return rec.n(framework.Applied) == orders && rec.n(framework.Duplicate) == orders && rec.n(framework.Poisoned) == 1
 	}, 60*time.Second, 20*time.Millisecond)
-	var n int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(DISTINCT order_id) FROM effects WHERE true HAVING count(*) = count(DISTINCT order_id)").Scan(&n))
+	n := queryInt(t, pool, "SELECT count(DISTINCT order_id) FROM effects WHERE true HAVING count(*) = count(DISTINCT order_id)")
 	require.Equal(t, orders, n, "each order applied once")
-	require.Equal(t, float64(orders), outcomeCount(t, reg, "applied"))
-	cancel()
-	require.NoError(t, <-done)
+	require.Equal(t, float64(orders), testenv.MetricSum(t, reg, "claimtx_messages_total", "outcome", "applied"))
+	stopConsumer(t, cancel, done)
 	require.NoError(t, c.Close())
 
 	// What batches do not have is refused before anything connects.
@@ -234,29 +205,7 @@ func TestNewBatch(t *testing.T) {
 	} {
 		c := bad
 		edit(&c)
-		_, err := consumer.NewBatch(ctx, c, func(context.Context, pgx.Tx, []*message.Message) error { return nil }, consumer.BatchOptions{})
-		var ce *framework.ConfigError
-		require.ErrorAs(t, err, &ce, field)
-		require.Equal(t, field, ce.Field)
+		_, err := consumer.NewBatch(ctx, c, perMessage(noop), consumer.BatchOptions{})
+		requireConfigError(t, err, field)
 	}
-}
-
-// outcomeCount reads claimtx_messages_total{outcome=…} from reg.
-func outcomeCount(t *testing.T, reg *prometheus.Registry, outcome string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != "claimtx_messages_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "outcome" && l.GetValue() == outcome {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
@@ -23,59 +23,6 @@ import (
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
-
-type recorder struct {
-	mu  sync.Mutex
-	got map[framework.Outcome]int
-}
-
-func (r *recorder) on(res middleware.Result) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.got[res.Outcome]++
-}
-
-func (r *recorder) n(o framework.Outcome) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.got[o]
-}
-
-// goChannel is an in-process broker private to the test's schema that
-// keeps what is published before anyone subscribes.
-func goChannel(schema string) brokers.Config {
-	bcfg := brokers.Config{}
-	bcfg.Kind = brokers.KindGoChannel
-	bcfg.GoChannel.Name = schema
-	bcfg.GoChannel.Persistent = true
-	return bcfg
-}
-
-// awaitPoisoned returns the next message on poisoned, acked, or fails the
-// test with failure after wait.
-func awaitPoisoned(t *testing.T, poisoned <-chan *message.Message, wait time.Duration, failure string) *message.Message {
-	t.Helper()
-	select {
-	case m := <-poisoned:
-		m.Ack()
-		return m
-	case <-time.After(wait):
-		t.Fatal(failure)
-		return nil
-	}
-}
-
-// ordersTwice is n orders ({"order_id": i}), each published twice, and one
-// message with the payload bad.
-func ordersTwice(n int, bad string) []*message.Message {
-	var msgs []*message.Message
-	for range 2 {
-		for i := 1; i <= n; i++ {
-			msgs = append(msgs, message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf(`{"order_id": %d}`, i))))
-		}
-	}
-	return append(msgs, message.NewMessage(watermill.NewUUID(), []byte(bad)))
-}
 
 // TestComposedRouter runs the whole chain (Recoverer -> Poison -> Retry ->
 // Claim -> handler) over the in-process broker: good messages apply once
@@ -86,13 +33,11 @@ func TestComposedRouter(t *testing.T) {
 	pool, schema, ctx, cancel := effectsDB(t, 8, "order_id bigint NOT NULL")
 
 	bcfg := goChannel(schema)
-	rec := &recorder{got: map[framework.Outcome]int{}}
-	c, err := consumer.New(ctx, consumer.Config{
-		Name: "effects", Topic: "orders", Key: "json:order_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: bcfg,
-		RetryInitialInterval: time.Millisecond, OnOutcome: rec.on,
-		Logger: slog.New(slog.DiscardHandler),
-	}, func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	rec := newRecorder()
+	cfg := baseConfig("effects", "orders", pool, schema, bcfg)
+	cfg.Key, cfg.RetryInitialInterval, cfg.OnOutcome = "json:order_id", time.Millisecond, rec.on
+	pub, poisoned := pubPoisoned(t, ctx, bcfg, "orders")
+	done := runConsumer(t, ctx, cfg, func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		var o struct {
 			OrderID int64 `json:"order_id"`
 			Fail    bool  `json:"fail"`
@@ -106,18 +51,8 @@ func TestComposedRouter(t *testing.T) {
 		_, err := tx.Exec(ctx, "INSERT INTO effects VALUES ($1)", o.OrderID)
 		return err
 	})
-	require.NoError(t, err)
-	defer c.Close()
 
-	pub, sub := pubSub(t, bcfg)
-	poisoned, err := sub.Subscribe(ctx, "orders.poison")
-	require.NoError(t, err)
-
-	done := runUntilCancel(ctx, c)
-
-	publish := func(payload string) {
-		require.NoError(t, pub.Publish("orders", message.NewMessage(watermill.NewUUID(), []byte(payload))))
-	}
+	publish := func(payload string) { require.NoError(t, pub.Publish("orders", testenv.Message(payload))) }
 	published := 0
 	for i := 1; i <= 20; i++ {
 		for copies := 0; copies < 1+i%3; copies++ {
@@ -146,13 +81,10 @@ func TestComposedRouter(t *testing.T) {
 		_ = pool.QueryRow(ctx, "SELECT count(*) FROM effects").Scan(&n)
 		return n == 20 && rec.n(framework.Applied) == 20 && rec.n(framework.Duplicate) == published-20
 	}, 10*time.Second, 10*time.Millisecond)
-	var distinct int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(DISTINCT order_id) FROM effects").Scan(&distinct))
+	distinct := queryInt(t, pool, "SELECT count(DISTINCT order_id) FROM effects")
 	require.Equal(t, 20, distinct)
 	require.Equal(t, 2, rec.n(framework.Poisoned))
-
-	cancel()
-	require.NoError(t, <-done)
+	stopConsumer(t, cancel, done)
 }
 
 func TestConfigErrorsNameTheField(t *testing.T) {
@@ -160,7 +92,6 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	pool, _ := testenv.Setup(t, 1)
 	good := consumer.Config{Name: "c", Topic: "t", Key: "metadata:event_id", Pool: pool,
 		Broker: brokers.Config{Kind: brokers.KindGoChannel}}
-	h := func(context.Context, pgx.Tx, *message.Message) error { return nil }
 	for _, tc := range []struct {
 		field  string
 		mutate func(*consumer.Config)
@@ -193,12 +124,276 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	} {
 		cfg := good
 		tc.mutate(&cfg)
-		_, err := consumer.New(context.Background(), cfg, h)
-		var ce *framework.ConfigError
-		require.ErrorAs(t, err, &ce, tc.field)
-		require.Equal(t, tc.field, ce.Field)
+		_, err := consumer.New(context.Background(), cfg, noop)
+		requireConfigError(t, err, tc.field)
 		require.NotContains(t, err.Error(), "secret")
 	}
 	_, err := consumer.New(context.Background(), good, nil)
 	require.Error(t, err)
+}
+
+// A user's own broker adapter, registered with brokers.Register, and key
+// extractor, in the registry of its Config, reach a consumer: the kind and
+// the spec name them as BROKER and KEY would.
+func TestRegistriesInConfig(t *testing.T) {
+	t.Parallel()
+	pool, schema, ctx, cancel := effectsDB(t, 4, "order_id text NOT NULL")
+
+	// The adapter: a GoChannel under another name, counting what it builds.
+	inner := goChannel(schema)
+	built := 0
+	kind := "inhouse-" + randHex()[:8]
+	register := func() {
+		brokers.Register(kind, brokers.Factory{
+			NewSubscriber: func(brokers.Config, watermill.LoggerAdapter) (message.Subscriber, error) {
+				built++
+				return brokers.NewSubscriber(inner, nil)
+			},
+			NewPublisher: func(brokers.Config, watermill.LoggerAdapter) (message.Publisher, error) {
+				built++
+				return brokers.NewPublisher(inner, nil)
+			},
+		})
+	}
+	// The extractor: "order:FIELD" keys by a payload field under a prefix.
+	extractors := framework.NewRegistry()
+	require.NoError(t, extractors.RegisterKey("order", func(arg string) (framework.KeyFunc, error) {
+		field, err := framework.ParseKeySpec("json:" + arg)
+		if err != nil {
+			return nil, err
+		}
+		return func(m *message.Message) (string, error) {
+			k, err := field(m)
+			return "order/" + k, err
+		}, nil
+	}))
+
+	rec := newRecorder()
+	cfg := baseConfig("inhouse", "orders", pool, schema, brokers.Config{Kind: kind})
+	cfg.Key, cfg.Extractors, cfg.OnOutcome = "order:order_id", extractors, rec.on
+	handler := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		_, err := tx.Exec(ctx, "INSERT INTO effects VALUES ($1)", string(msg.Payload))
+		return err
+	}
+
+	// Before the kind is registered the Config names an unknown kind;
+	// without the registry, an unknown extractor.
+	_, err := consumer.New(ctx, cfg, handler)
+	require.ErrorIs(t, err, brokers.ErrInvalidKind)
+	register()
+	without := cfg
+	without.Extractors = nil
+	_, err = consumer.New(ctx, without, handler)
+	require.ErrorAs(t, err, new(*framework.ConfigError))
+	require.Contains(t, err.Error(), "order")
+	require.Zero(t, built)
+
+	done := runConsumer(t, ctx, cfg, handler)
+	require.Equal(t, 2, built) // subscriber and poison publisher
+
+	pub := newPublisher(t, inner)
+	for range 2 { // a duplicate with a fresh message UUID
+		require.NoError(t, pub.Publish("orders", testenv.Message(`{"order_id":"A-1"}`)))
+	}
+	claims := pgx.Identifier{schema, "processed_messages"}.Sanitize()
+	require.Eventually(t, func() bool {
+		var n int
+		_ = pool.QueryRow(ctx, "SELECT count(*) FROM "+claims+" WHERE consumer = 'inhouse' AND message_key = 'order/A-1'").Scan(&n)
+		return n == 1 && rec.n(framework.Applied) == 1 && rec.n(framework.Duplicate) == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	stopConsumer(t, cancel, done)
+	effects := queryInt(t, pool, "SELECT count(*) FROM effects")
+	require.Equal(t, 1, effects)
+}
+
+// A misspelt BROKER is a configuration error before the consumer connects
+// anywhere: here the database is a closed port that start-up would
+// otherwise wait a minute for.
+func TestUnknownBrokerKindFailsBeforeConnecting(t *testing.T) {
+	t.Parallel()
+	_, err := consumer.New(t.Context(), consumer.Config{
+		Name: "kinds", Topic: "orders", Key: "metadata:event_id",
+		DatabaseURL: "postgres://postgres@127.0.0.1:1/none", StartupTimeout: time.Minute,
+		Broker: brokers.Config{Kind: "rabitmq"}, Logger: discard,
+	}, noop)
+	require.ErrorIs(t, err, brokers.ErrInvalidKind)
+	require.Contains(t, err.Error(), "rabitmq")
+	require.False(t, errors.As(err, new(*consumer.StartupError)), "%v", err)
+}
+
+// A consumer built but never run closes cleanly: a start-up that fails
+// after New (a later dependency) must not turn into a close error.
+func TestCloseWithoutRun(t *testing.T) {
+	t.Parallel()
+	pool, schema := testenv.Setup(t, 2)
+	c, err := consumer.New(t.Context(), baseConfig("unrun", "orders", pool, schema, goChannel(schema)), noop)
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+}
+
+// TestHostileIdentifiersRefused: schema and table names are spliced into
+// SQL (quoted), so anything but a plain lower-case identifier is refused by
+// consumer.New with a ConfigError naming the field, before any SQL runs. A
+// canary table proves nothing was executed.
+func TestHostileIdentifiersRefused(t *testing.T) {
+	t.Parallel()
+	pool, schema := testenv.Setup(t, 2)
+	ctx := context.Background()
+	_, err := pool.Exec(ctx, "CREATE TABLE users (id int)")
+	require.NoError(t, err)
+	hostile := []string{
+		`x"; DROP TABLE users; --`, `x'; DROP TABLE users; --`, `users"."x`, "a b", "a-b", `a"b`, `a\b`, "a\nb", "a\x00b",
+		"Upper", "1abc", "é", "ａ", "", " " + schema, schema + " ", strings.Repeat("a", 64), "a;b", "a/*b*/", "$1",
+	}
+	for _, name := range hostile {
+		for _, tc := range []struct {
+			field string
+			cfg   store.Config
+		}{
+			{"Schema", store.Config{Schema: name}},
+			{"ClaimsTable", store.Config{Schema: schema, ClaimsTable: name}},
+			{"OutboxTable", store.Config{Schema: schema, OutboxTable: name}},
+		} {
+			if name == "" {
+				continue // empty means the default
+			}
+			_, err := consumer.New(ctx, consumer.Config{Name: "c", Topic: "t", Key: "metadata:event_id", Pool: pool,
+				Store: tc.cfg, Broker: brokers.Config{Kind: brokers.KindGoChannel}}, noop)
+			requireConfigError(t, err, tc.field, "%s = %q", tc.field, name)
+		}
+	}
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM users").Scan(&n), "the canary table is still there")
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_tables WHERE schemaname = $1", schema).Scan(&n))
+	require.Equal(t, 1, n, "nothing but the canary was created")
+}
+
+// TestHostileConsumerNameAndKeyAreData: the consumer name and the message
+// key are bound parameters, so SQL in them is stored verbatim and never
+// executed.
+func TestHostileConsumerNameAndKeyAreData(t *testing.T) {
+	t.Parallel()
+	pool, schema, ctx, cancel := effectsDB(t, 4, "k text NOT NULL")
+
+	name := `loyalty'); DROP TABLE effects; --`
+	key := `k'); DELETE FROM effects; --`
+	bcfg := goChannel(schema)
+	applied := make(chan struct{}, 2)
+	done := runConsumer(t, ctx, baseConfig(name, "orders", pool, schema, bcfg),
+		func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+			_, err := tx.Exec(ctx, "INSERT INTO effects (k) VALUES ($1)", msg.Metadata.Get("event_id"))
+			applied <- struct{}{}
+			return err
+		})
+
+	pub := newPublisher(t, bcfg)
+	for range 2 {
+		require.NoError(t, pub.Publish("orders", testenv.Message("{}", "event_id", key)))
+	}
+	select {
+	case <-applied:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the message was not applied")
+	}
+	require.Eventually(t, func() bool {
+		var n int
+		err := pool.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, "processed_messages"}.Sanitize()+" WHERE consumer = $1 AND message_key = $2", name, key).Scan(&n)
+		return err == nil && n == 1
+	}, 10*time.Second, 10*time.Millisecond, "the claim stores the name and key verbatim")
+	var k string
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT min(k), count(*) FROM effects").Scan(&k, &n), "effects still exists")
+	require.Equal(t, key, k)
+	require.Equal(t, 1, n)
+	stopConsumer(t, cancel, done)
+}
+
+// TestAwaitDatabase: the user's own start-up step runs under the
+// consumer's policy: once when the database is there, not at all without
+// a pool, and a failure waiting cannot fix comes back at once as a
+// *StartupError naming the step.
+func TestAwaitDatabase(t *testing.T) {
+	pool, _ := testenv.Setup(t, 2)
+	calls := 0
+	err := consumer.AwaitDatabase(t.Context(), consumer.Config{Pool: pool}, "create my tables", func(context.Context) error {
+		calls++
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, calls)
+
+	var cfgErr *framework.ConfigError
+	require.ErrorAs(t, consumer.AwaitDatabase(t.Context(), consumer.Config{}, "create my tables", func(context.Context) error { return nil }), &cfgErr)
+
+	boom := errors.New("boom")
+	err = consumer.AwaitDatabase(t.Context(), consumer.Config{Pool: pool, StartupTimeout: time.Minute}, "create my tables", func(context.Context) error { return boom })
+	var se *consumer.StartupError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, "create my tables", se.Step)
+	require.Equal(t, 1, se.Attempts)
+	require.ErrorIs(t, err, boom)
+}
+
+// TestKafkaDefaultGroupPerConsumer is the usual fan-out: two services
+// (different consumer names) read the same topic, neither sets a consumer
+// group. Each must see every message. A shared default group would make
+// them split the partitions, each missing the other's half.
+func TestKafkaDefaultGroupPerConsumer(t *testing.T) {
+	t.Parallel()
+	pool, schema := testenv.Setup(t, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	br := startKafka(t)
+	topic := "fanout-" + randHex()
+	cl := kafkaClient(t, br, kgo.ProducerLinger(0))
+	// Two partitions, so a shared group has something to split.
+	createTopics(t, cl, 2, nil, topic)
+	const n = 20
+	for i := range n {
+		require.NoError(t, cl.ProduceSync(ctx, &kgo.Record{
+			Topic: topic, Key: fmt.Appendf(nil, "k%d", i), Value: []byte(`{}`),
+			Headers: []kgo.RecordHeader{{Key: "event_id", Value: fmt.Appendf(nil, "evt-%d", i)}},
+		}).FirstErr())
+	}
+
+	// No ConsumerGroup: the defaults, as brokers.LoadConfig("") gives them
+	// without KAFKA_CONSUMER_GROUP.
+	bcfg := fastKafka(br.Addrs(), "")
+	type seen struct {
+		sync.Mutex
+		ids map[string]bool
+	}
+	names := []string{"loyalty", "analytics"}
+	got := map[string]*seen{}
+	done := make(chan error, len(names))
+	for _, name := range names {
+		s := &seen{ids: map[string]bool{}}
+		got[name] = s
+		c, err := consumer.New(ctx, baseConfig(name, topic, pool, schema, bcfg), func(_ context.Context, _ pgx.Tx, msg *message.Message) error {
+			s.Lock()
+			defer s.Unlock()
+			s.ids[msg.Metadata.Get("event_id")] = true
+			return nil
+		})
+		require.NoError(t, err)
+		defer c.Close()
+		go func() { done <- c.Run(ctx) }()
+	}
+	count := func(name string) int {
+		s := got[name]
+		s.Lock()
+		defer s.Unlock()
+		return len(s.ids)
+	}
+	require.Eventually(t, func() bool { return count("loyalty") == n && count("analytics") == n },
+		30*time.Second, 50*time.Millisecond, "each consumer sees all %d messages", n)
+	// Stay a little longer: a shared group rebalancing late would show here.
+	time.Sleep(500 * time.Millisecond)
+	require.Equal(t, n, count("loyalty"))
+	require.Equal(t, n, count("analytics"))
+	cancel()
+	for range names {
+		require.NoError(t, <-done)
+	}
 }

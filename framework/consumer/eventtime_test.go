@@ -3,19 +3,14 @@ package consumer_test
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/claimtx/claimtx/brokers"
-	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
-	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/pg"
@@ -39,23 +34,14 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 	_, err = st.EnablePartitioning(ctx, store.RetentionConfig{})
 	require.NoError(t, err)
 
-	br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0", Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = br.Close() })
+	br := startKafka(t)
 	topic := "orders-" + randHex()
-	bcfg := brokers.Config{Kind: brokers.KindKafka, Kafka: brokers.KafkaConfig{
-		Brokers: br.Addrs(), ConsumerGroup: "eventtime-" + randHex(),
-		SessionTimeout: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
-		RebalanceTimeout: 3 * time.Second, CommitInterval: 100 * time.Millisecond,
-		NackDelay: 10 * time.Millisecond,
-	}}
+	bcfg := fastKafka(br.Addrs(), "eventtime-"+randHex())
 
 	// The producer's record timestamp is 50 hours old: another UTC day
 	// than the republish's, whatever the time of day.
 	eventAt := time.Now().Add(-50 * time.Hour).UTC().Truncate(time.Millisecond)
-	cl, err := kgo.NewClient(kgo.SeedBrokers(br.Addrs()...), kgo.AllowAutoTopicCreation())
-	require.NoError(t, err)
-	defer cl.Close()
+	cl := kafkaClient(t, br, kgo.AllowAutoTopicCreation())
 	require.NoError(t, cl.ProduceSync(ctx, &kgo.Record{
 		Topic: topic, Value: []byte(`{}`), Timestamp: eventAt,
 		Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte("evt-1")}},
@@ -63,10 +49,8 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 
 	eventTime, err := framework.ParseTimeSpec("kafka:timestamp")
 	require.NoError(t, err)
-	cfg := consumer.Config{
-		Name: "ts", Topic: topic, Key: "metadata:event_id", Pool: pool, Store: store.Config{Schema: schema},
-		Broker: bcfg, Claim: middleware.Claim{EventTime: eventTime}, Logger: slog.New(slog.DiscardHandler),
-	}
+	cfg := baseConfig("ts", topic, pool, schema, bcfg)
+	cfg.Claim.EventTime = eventTime
 	delivered := make(chan *message.Message, 2)
 	handler := func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		delivered <- msg.Copy()
@@ -76,12 +60,10 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 
 	// Routing partitions by the record timestamp needs the explicit opt-in.
 	_, err = consumer.New(ctx, cfg, handler)
-	var ce *framework.ConfigError
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "Claim.EventTime", ce.Field)
+	ce := requireConfigError(t, err, "Claim.EventTime")
 	require.Contains(t, ce.Reason, "AllowBrokerEventTime")
 
-	rec := &recorder{got: map[framework.Outcome]int{}}
+	rec := newRecorder()
 	cfg.Claim.AllowBrokerEventTime = true
 	cfg.OnOutcome = rec.on
 	c, err := consumer.New(ctx, cfg, handler)
@@ -98,17 +80,13 @@ func TestRepublishedKafkaCopyIsDuplicateInPartitionedClaims(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return rec.n(framework.Applied) == 1 }, 10*time.Second, 10*time.Millisecond, "%v", rec.snapshot())
 
-	pub, err := brokers.NewPublisher(bcfg, watermill.NopLogger{})
-	require.NoError(t, err)
-	defer pub.Close()
-	require.NoError(t, pub.Publish(topic, first.Copy()))
+	require.NoError(t, newPublisher(t, bcfg).Publish(topic, first.Copy()))
 
 	require.Eventually(t, func() bool { return rec.n(framework.Duplicate) == 1 || rec.n(framework.Applied) > 1 },
 		30*time.Second, 10*time.Millisecond, "the republished copy was not consumed: %v", rec.snapshot())
 	require.Equal(t, 1, rec.n(framework.Applied), "the republished copy was applied again: %v", rec.snapshot())
 	require.Equal(t, 1, rec.n(framework.Duplicate))
-	var effects int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM effects").Scan(&effects))
+	effects := queryInt(t, pool, "SELECT count(*) FROM effects")
 	require.Equal(t, 1, effects)
 	var days []time.Time
 	rows, err := pool.Query(ctx, "SELECT event_day FROM "+schema+".processed_messages")
@@ -133,16 +111,10 @@ func TestBrokerEventTimeForExpiryGuardOnly(t *testing.T) {
 	defer cancel()
 	eventTime, err := framework.ParseTimeSpec("kafka:timestamp")
 	require.NoError(t, err)
-	c, err := consumer.New(ctx, consumer.Config{
-		Name: "ts", Topic: "orders", Key: "metadata:event_id", Pool: pool, Store: store.Config{Schema: schema},
-		Broker: goChannel(schema), Claim: middleware.Claim{EventTime: eventTime}, Retention: 30 * 24 * time.Hour,
-		Logger: slog.New(slog.DiscardHandler),
-	}, func(context.Context, pgx.Tx, *message.Message) error { return nil })
-	require.NoError(t, err)
-	defer c.Close()
-	done := runUntilCancel(ctx, c)
-	cancel()
-	require.NoError(t, <-done)
+	cfg := baseConfig("ts", "orders", pool, schema, goChannel(schema))
+	cfg.Claim.EventTime, cfg.Retention = eventTime, 30*24*time.Hour
+	done := runConsumer(t, ctx, cfg, noop)
+	stopConsumer(t, cancel, done)
 }
 
 func utc(ts []time.Time) []time.Time {
@@ -151,4 +123,36 @@ func utc(ts []time.Time) []time.Time {
 		out[i] = t.UTC()
 	}
 	return out
+}
+
+// A replay of a 40-day-old event under 30-day retention is poisoned with
+// outcome Expired and not applied; a current one is applied.
+func TestExpiredReplayIsPoisoned(t *testing.T) {
+	t.Parallel()
+	pool, schema, ctx, cancel := effectsDB(t, 4, "k text NOT NULL")
+	bcfg := goChannel(schema)
+	eventTime, err := framework.ParseTimeSpec("metadata:event_time")
+	require.NoError(t, err)
+	rec := newRecorder()
+	cfg := baseConfig("exp", "orders", pool, schema, bcfg)
+	cfg.Claim.EventTime, cfg.Retention, cfg.OnOutcome = eventTime, 30*24*time.Hour, rec.on
+	pub, poisoned := pubPoisoned(t, ctx, bcfg, "orders")
+	done := runConsumer(t, ctx, cfg, insertEventID)
+
+	old := testenv.Message(`{}`, "event_id", "old", "event_time", time.Now().Add(-40*24*time.Hour).UTC().Format(time.RFC3339))
+	fresh := testenv.Message(`{}`, "event_id", "fresh", "event_time", time.Now().UTC().Format(time.RFC3339))
+	require.NoError(t, pub.Publish("orders", old, fresh))
+
+	m := awaitPoisoned(t, poisoned, 10*time.Second, "expired message not poisoned")
+	require.Equal(t, "old", m.Metadata.Get("event_id"))
+	require.Contains(t, m.Metadata.Get(middleware.PoisonReasonKey), "expired")
+	require.Eventually(t, func() bool { return rec.n(framework.Applied) == 1 && rec.n(framework.Expired) == 1 }, 10*time.Second, 10*time.Millisecond, "%v", rec.snapshot())
+	require.Zero(t, rec.n(framework.Poisoned))
+	var keys []string
+	rows, err := pool.Query(ctx, "SELECT k FROM effects")
+	require.NoError(t, err)
+	keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"fresh"}, keys)
+	stopConsumer(t, cancel, done)
 }

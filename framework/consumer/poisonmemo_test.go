@@ -3,8 +3,8 @@ package consumer_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"sync"
 	"sync/atomic"
@@ -24,8 +24,8 @@ import (
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 // memoHandler fails permanently for the orders in bad until fixed is set,
@@ -66,16 +66,7 @@ func (rb *rawBroker) publishCopy(t *testing.T, o policyOrder, messageID, row str
 	eventID := fmt.Sprintf("order-%d", o.OrderID)
 	switch rb.kind {
 	case brokers.KindAMQP:
-		ch, err := rb.amqpConn.Channel()
-		require.NoError(t, err)
-		defer func() { _ = ch.Close() }()
-		require.NoError(t, ch.Confirm(false))
-		confirm := ch.NotifyPublish(make(chan amqp091.Confirmation, 1))
-		require.NoError(t, ch.PublishWithContext(t.Context(), "", rb.topic, false, false, amqp091.Publishing{
-			DeliveryMode: amqp091.Persistent, MessageId: messageID, Body: payload,
-			Headers: amqp091.Table{"row": row, "event_id": eventID},
-		}))
-		require.True(t, (<-confirm).Ack)
+		rb.publishAMQP(t, amqp091.Publishing{MessageId: messageID, Body: payload, Headers: amqp091.Table{"row": row, "event_id": eventID}})
 	default:
 		require.NoError(t, rb.kcl.ProduceSync(t.Context(), &kgo.Record{Topic: rb.topic, Value: payload, Headers: []kgo.RecordHeader{
 			{Key: "row", Value: []byte(row)}, {Key: "event_id", Value: []byte(eventID)}, {Key: "message_id", Value: []byte(messageID)},
@@ -111,11 +102,17 @@ func memoOf(t *testing.T, pool *pgxpool.Pool, schema, consumerName string, id in
 	return m, ok
 }
 
+// memoConfig is the memo tests' consumer: poison memo on, one handler
+// retry.
+func memoConfig(topic string, pool *pgxpool.Pool, schema string, rb *rawBroker) consumer.Config {
+	cfg := baseConfig("memo", topic, pool, schema, rb.cfg)
+	cfg.Claim.PoisonMemo, cfg.HandlerRetries, cfg.RetryInitialInterval = true, 1, 5*time.Millisecond
+	return cfg
+}
+
 func effectCount(t *testing.T, pool *pgxpool.Pool, id int64) int {
 	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM effects WHERE order_id = $1", id).Scan(&n))
-	return n
+	return queryInt(t, pool, "SELECT count(*) FROM effects WHERE order_id = $1", id)
 }
 
 // TestPoisonMemo: an order that fails permanently is poisoned once, by its
@@ -132,14 +129,10 @@ func TestPoisonMemo(t *testing.T) {
 func testPoisonMemo(t *testing.T, kind, mode string) {
 	pool, schema, topic, rb := effectsFixture(t, kind, "memo-"+mode)
 	h := &memoHandler{runs: map[int64]int{}}
-	rec := &recorder{got: map[framework.Outcome]int{}}
-	c := newModeConsumer(t, mode, consumer.Config{
-		Name: "memo", Topic: topic, Key: "metadata:event_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: rb.cfg,
-		Claim:          middleware.Claim{PoisonMemo: true},
-		HandlerRetries: 1, RetryInitialInterval: 5 * time.Millisecond,
-		OnOutcome: rec.on, Logger: slog.New(slog.DiscardHandler),
-	}, h.apply, perMessage(h.apply))
+	rec := newRecorder()
+	cfg := memoConfig(topic, pool, schema, rb)
+	cfg.OnOutcome = rec.on
+	c := newModeConsumer(t, mode, cfg, h.apply, perMessage(h.apply))
 	_, stop := start(c)
 	defer func() { require.NoError(t, stop()) }()
 	pr := &poisonReader{rb: rb}
@@ -207,13 +200,9 @@ func testPoisonMemoWriteFailure(t *testing.T, kind, mode string) {
 	pool, schema, topic, rb := effectsFixture(t, kind, "memofail-"+mode)
 	h := &memoHandler{runs: map[int64]int{}}
 	reg := prometheus.NewRegistry()
-	c := newModeConsumer(t, mode, consumer.Config{
-		Name: "memo", Topic: topic, Key: "metadata:event_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: rb.cfg,
-		Claim:          middleware.Claim{PoisonMemo: true},
-		HandlerRetries: 1, RetryInitialInterval: 5 * time.Millisecond,
-		Registerer: reg, Logger: slog.New(slog.DiscardHandler),
-	}, h.apply, perMessage(h.apply))
+	cfg := memoConfig(topic, pool, schema, rb)
+	cfg.Registerer = reg
+	c := newModeConsumer(t, mode, cfg, h.apply, perMessage(h.apply))
 	memo := pgx.Identifier{schema, "processed_messages_poison_memo"}.Sanitize()
 	_, err := pool.Exec(t.Context(), `CREATE FUNCTION `+pgx.Identifier{schema, "refuse"}.Sanitize()+`() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN RAISE EXCEPTION 'memo writes refused by the test'; END $$;
@@ -223,7 +212,7 @@ CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON `+memo+` FOR EACH ROW EXECUTE F
 	defer func() { require.NoError(t, stop()) }()
 	pr := &poisonReader{rb: rb}
 	errorsTotal := func() float64 {
-		return counterSum(t, reg, "claimtx_poison_memo_errors_total")
+		return testenv.MetricSum(t, reg, "claimtx_poison_memo_errors_total")
 	}
 
 	bad := policyOrder{OrderID: 1, Do: "permanent"}
@@ -254,31 +243,97 @@ CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON `+memo+` FOR EACH ROW EXECUTE F
 	require.Eventually(t, func() bool { return rb.queueDepth(t, topic) == 0 }, 10*time.Second, 10*time.Millisecond)
 }
 
-// counterSum reads the counter family name from reg, summed over its
-// series.
-func counterSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
 // PoisonMemo in natural-key mode is refused before anything connects.
 func TestPoisonMemoRefusedForNaturalKey(t *testing.T) {
 	t.Parallel()
 	_, err := consumer.New(t.Context(), consumer.Config{
 		Name: "memo", Topic: "memo-natural", DatabaseURL: "postgres://nobody@127.0.0.1:1/none",
 		Claim: middleware.Claim{Mode: middleware.ModeNaturalKey, PoisonMemo: true},
-	}, func(context.Context, pgx.Tx, *message.Message) error { return nil })
-	var ce *framework.ConfigError
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "Claim.PoisonMemo", ce.Field)
+	}, noop)
+	requireConfigError(t, err, "Claim.PoisonMemo")
+}
+
+// Both consumers stamp their poisoned copies with the consumer name, the
+// claim key (under the claim's key policy, when it could be derived), the
+// time and the topic it came from, which `claimtx dlq` lists, classifies
+// and replays by. The batch consumer publishes its copies outside a
+// Watermill router (the settler), where the topic is not in the message
+// context.
+func TestPoisonedCopiesAreStamped(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"message", "batch"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			pool, schema := testenv.Setup(t, 4)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			bcfg := goChannel(schema)
+			cfg := baseConfig("stamps", "orders", pool, schema, bcfg)
+			cfg.Key, cfg.RetryInitialInterval = "template:order:{payload.order_id}", time.Millisecond
+			type order struct {
+				OrderID int64 `json:"order_id"`
+				Fail    bool  `json:"fail"`
+			}
+			check := func(msg *message.Message) error {
+				var o order
+				if err := json.Unmarshal(msg.Payload, &o); err != nil {
+					return framework.Permanent(err)
+				}
+				if o.Fail {
+					return framework.Permanent(errors.New("refused by the handler"))
+				}
+				return nil
+			}
+			var run func(context.Context) error
+			var closeIt func() error
+			if mode == "message" {
+				c, err := consumer.New(ctx, cfg, func(_ context.Context, _ pgx.Tx, msg *message.Message) error { return check(msg) })
+				require.NoError(t, err)
+				run, closeIt = c.Run, c.Close
+			} else {
+				c, err := consumer.NewBatch(ctx, cfg, func(_ context.Context, _ pgx.Tx, msgs []*message.Message) error {
+					for _, m := range msgs {
+						if err := check(m); err != nil {
+							return err
+						}
+					}
+					return nil
+				}, consumer.BatchOptions{MaxSize: 1})
+				require.NoError(t, err)
+				run, closeIt = c.Run, c.Close
+			}
+			defer func() { _ = closeIt() }()
+			pub, poisoned := pubPoisoned(t, ctx, bcfg, "orders")
+
+			refused := testenv.Message(`{"order_id": 7, "fail": true}`, "traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+			require.NoError(t, pub.Publish("orders", refused))
+			done := make(chan error, 1)
+			go func() { done <- run(ctx) }()
+
+			before := time.Now()
+			m := awaitPoisoned(t, poisoned, 30*time.Second, "refused message not poisoned")
+			require.Equal(t, refused.UUID, m.UUID)
+			require.Equal(t, "stamps", m.Metadata.Get("claimtx_poison_consumer"))
+			require.Equal(t, "order:7", m.Metadata.Get("claimtx_poison_key"))
+			require.Equal(t, "orders", m.Metadata.Get("topic_poisoned"))
+			require.Equal(t, "refused by the handler", m.Metadata.Get("claimtx_poison_reason"))
+			require.Equal(t, "true", m.Metadata.Get("claimtx_poison_permanent"))
+			require.Equal(t, refused.Metadata.Get("traceparent"), m.Metadata.Get("traceparent"))
+			at, err := time.Parse(time.RFC3339Nano, m.Metadata.Get("claimtx_poisoned_at"))
+			require.NoError(t, err)
+			require.WithinDuration(t, before, at, time.Minute)
+			require.Equal(t, time.UTC, at.Location())
+
+			// Unkeyable: stamped without a key.
+			require.NoError(t, pub.Publish("orders", testenv.Message(`{"order_id": `)))
+			m = awaitPoisoned(t, poisoned, 30*time.Second, "unkeyable message not poisoned")
+			require.Equal(t, "stamps", m.Metadata.Get("claimtx_poison_consumer"))
+			_, has := m.Metadata["claimtx_poison_key"]
+			require.False(t, has, "no key can be derived")
+			require.Equal(t, "orders", m.Metadata.Get("topic_poisoned"))
+			require.NotEmpty(t, m.Metadata.Get("claimtx_poisoned_at"))
+
+			stopConsumer(t, cancel, done)
+		})
+	}
 }

@@ -1,10 +1,12 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 
@@ -22,7 +26,6 @@ import (
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 // The failure policy is one policy for both consumer modes. Each
@@ -202,16 +205,20 @@ func testFailurePolicy(t *testing.T, kind, mode string) {
 	runFailurePolicy(t, mode, pool, schema, topic, rb)
 }
 
+// policyConfig is the consumer of the failure policy tests: bounded claim
+// attempts and handler retries, retried at once.
+func policyConfig(name, topic string, pool *pgxpool.Pool, schema string, rb *rawBroker) consumer.Config {
+	cfg := baseConfig(name, topic, pool, schema, rb.cfg)
+	cfg.Claim.MaxAttempts, cfg.HandlerRetries = policyMaxAttempts, policyHandlerRetries
+	cfg.RetryInitialInterval = 5 * time.Millisecond
+	return cfg
+}
+
 // runFailurePolicy runs the scenarios through the consumer of mode on
 // topic, published and read back through rb.
 func runFailurePolicy(t *testing.T, mode string, pool *pgxpool.Pool, schema, topic string, rb *rawBroker) {
 	h := newPolicyHandler()
-	c := newModeConsumer(t, mode, consumer.Config{
-		Name: "policy", Topic: topic, Key: "metadata:event_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: rb.cfg,
-		Claim: middleware.Claim{MaxAttempts: policyMaxAttempts}, HandlerRetries: policyHandlerRetries,
-		RetryInitialInterval: 5 * time.Millisecond, Logger: slog.New(slog.DiscardHandler),
-	}, h.apply, perMessage(h.apply))
+	c := newModeConsumer(t, mode, policyConfig("policy", topic, pool, schema, rb), h.apply, perMessage(h.apply))
 	_, stop := start(c)
 	defer func() { require.NoError(t, stop()) }()
 
@@ -231,16 +238,13 @@ func runFailurePolicy(t *testing.T, mode string, pool *pgxpool.Pool, schema, top
 
 	poisoned := rb.poisoned(t, wantPoisoned)
 	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM effects").Scan(&n))
-		return n == wantApplied
+		return queryInt(t, pool, "SELECT count(*) FROM effects") == wantApplied
 	}, 60*time.Second, 20*time.Millisecond, "applied orders")
 	require.NoError(t, stop())
 
 	for i, s := range scenarios {
 		id := int64(i + 1)
-		var n int
-		require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM effects WHERE order_id = $1", id).Scan(&n))
+		n := queryInt(t, pool, "SELECT count(*) FROM effects WHERE order_id = $1", id)
 		if s.applied {
 			require.Equal(t, 1, n, "%s: effect count", s.name)
 			require.NotContains(t, poisoned, s.name, "%s: a message that was applied was poisoned", s.name)
@@ -344,11 +348,8 @@ func testShutdown(t *testing.T, kind, mode string, cutOff bool) {
 		<-release
 		return nil
 	}
-	cfg := consumer.Config{
-		Name: "shutdown", Topic: topic, Key: "metadata:event_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: rb.cfg,
-		Logger: slog.New(slog.DiscardHandler), DrainTimeout: 30 * time.Second,
-	}
+	cfg := baseConfig("shutdown", topic, pool, schema, rb.cfg)
+	cfg.DrainTimeout = 30 * time.Second
 	if cutOff {
 		cfg.DrainTimeout = 300 * time.Millisecond
 	}
@@ -382,8 +383,7 @@ func testShutdown(t *testing.T, kind, mode string, cutOff bool) {
 		t.Fatal("the consumer did not stop")
 	}
 	count := func(id int64) int {
-		var k int
-		require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM effects WHERE order_id = $1", id).Scan(&k))
+		k := queryInt(t, pool, "SELECT count(*) FROM effects WHERE order_id = $1", id)
 		return k
 	}
 	if cutOff {
@@ -405,9 +405,7 @@ func testShutdown(t *testing.T, kind, mode string, cutOff bool) {
 	}
 	_, stop2 := start(newModeConsumer(t, mode, cfg, plain, perMessage(plain)))
 	require.Eventually(t, func() bool {
-		var k int
-		require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(DISTINCT order_id) FROM effects").Scan(&k))
-		return k == n
+		return queryInt(t, pool, "SELECT count(DISTINCT order_id) FROM effects") == n
 	}, 60*time.Second, 20*time.Millisecond, "orders applied after the restart")
 	require.NoError(t, stop2())
 	for i := int64(1); i <= n; i++ {
@@ -478,15 +476,162 @@ func TestShutdownWithAStuckSubscription(t *testing.T) {
 		},
 	})
 	pool, schema := testenv.Setup(t, 2)
-	bcfg := brokers.Config{}
-	bcfg.Kind = kind
-	c, err := consumer.New(t.Context(), consumer.Config{
-		Name: "stuck", Topic: "orders", Key: "metadata:event_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: bcfg, Logger: slog.New(slog.DiscardHandler),
-	}, func(context.Context, pgx.Tx, *message.Message) error { return nil })
+	c, err := consumer.New(t.Context(), baseConfig("stuck", "orders", pool, schema, brokers.Config{Kind: kind}), noop)
 	require.NoError(t, err)
 	cancel, wait := start(c)
 	<-c.Running()
 	cancel()
 	require.NoError(t, wait(), "a slow-closing subscription failed the shutdown")
+}
+
+// A consumer stopped while it is still subscribing (a SIGTERM right after
+// start, in a rolling deploy) stops at once and cleanly. Watermill's router
+// counts a handler from the moment it is added, so a router closed before
+// its handler started waited out its whole close timeout (5 s) and the
+// shutdown logged a subscription that "did not close in time".
+func TestStopWhileStarting(t *testing.T) {
+	t.Parallel()
+	forEachBrokerAndMode(t, func(t *testing.T, kind, mode string) {
+		pool, schema := testenv.Setup(t, 2)
+		topic := "startstop-" + randHex()
+		rb := newRawBroker(t, kind, topic)
+		var logs bytes.Buffer
+		cfg := baseConfig("startstop", topic, pool, schema, rb.cfg)
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		c := newModeConsumer(t, mode, cfg, noop, perMessage(noop))
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		require.NoError(t, c.Run(ctx))
+		require.NoError(t, c.Close())
+		require.NotContains(t, logs.String(), "did not close in time")
+	})
+}
+
+// claimtx_messages_total is a count of messages: dashboards divide by it.
+// Each delivery that is acked or nacked must add exactly one outcome to it
+// (and one call of Config.OnOutcome), however often it was retried in
+// process on the way; retries are counted in claimtx_retries_total.
+func TestOneOutcomePerMessage(t *testing.T) {
+	t.Parallel()
+	forEachBrokerAndMode(t, testOneOutcomePerMessage)
+}
+
+func testOneOutcomePerMessage(t *testing.T, kind, mode string) {
+	pool, schema, topic, rb := effectsFixture(t, kind, "outcomes-"+mode)
+	h := newPolicyHandler()
+	reg := prometheus.NewRegistry()
+	var mu sync.Mutex
+	hooked := map[framework.Outcome]int{}
+	cfg := policyConfig("outcomes", topic, pool, schema, rb)
+	cfg.Registerer = reg
+	cfg.OnOutcome = func(r middleware.Result) {
+		mu.Lock()
+		defer mu.Unlock()
+		hooked[r.Outcome]++
+	}
+	c := newModeConsumer(t, mode, cfg, h.apply, perMessage(h.apply))
+
+	// Every series exists, at zero, before the first message.
+	before := gather(t, reg)
+	for _, o := range []framework.Outcome{framework.Applied, framework.Duplicate, framework.Failed, framework.Poisoned, framework.Expired} {
+		require.Contains(t, before, `claimtx_messages_total{outcome="`+string(o)+`"}`)
+	}
+	for _, cause := range []string{"serialization", "deadlock", "claim_wait", "connection", "handler"} {
+		require.Contains(t, before, `claimtx_retries_total{cause="`+cause+`"}`)
+	}
+	require.Contains(t, before, `claimtx_fingerprint_mismatch_total{}`)
+
+	_, stop := start(c)
+	defer func() { require.NoError(t, stop()) }()
+
+	id := int64(0)
+	publish := func(do string, copies int) {
+		id++
+		for range copies {
+			rb.publish(t, badRow{eventID: fmt.Sprintf("order-%d", id), payload: mustJSON(policyOrder{OrderID: id, Do: do})}, do)
+		}
+	}
+	settled := func(applied, poisoned, outcomes int) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			n := queryInt(t, pool, "SELECT count(*) FROM effects")
+			sum := 0
+			for k, v := range gather(t, reg) {
+				if strings.HasPrefix(k, "claimtx_messages_total{") {
+					sum += int(v)
+				}
+			}
+			return n == applied && rb.poisonCount(t) == poisoned && sum >= outcomes
+		}, 60*time.Second, 20*time.Millisecond, "messages settled")
+	}
+	publish("ok", 1)        // applied
+	publish("ok", 3)        // applied once, two duplicates
+	publish("permanent", 1) // poisoned at once
+	publish("error", 1)     // retried HandlerRetries times, then poisoned
+	settled(2, 2, 6)
+	// A transient failure alone: in batch mode it fails its whole batch,
+	// so neighbours would be nacked along with it. Its first two
+	// deliveries fail (the claim retries each once), the third applies.
+	publish("transient", 1)
+	settled(3, 2, 9)
+	require.NoError(t, stop())
+
+	got := gather(t, reg)
+	count := func(o framework.Outcome) int { return int(got[`claimtx_messages_total{outcome="`+string(o)+`"}`]) }
+	want := map[framework.Outcome]int{
+		framework.Applied: 3, framework.Duplicate: 2, framework.Poisoned: 2, framework.Failed: 2, framework.Expired: 0,
+	}
+	for o, n := range want {
+		require.Equal(t, n, count(o), "claimtx_messages_total{outcome=%q}", o)
+	}
+	mu.Lock()
+	for o, n := range want {
+		require.Equal(t, n, hooked[o], "Config.OnOutcome calls with outcome %q", o)
+	}
+	mu.Unlock()
+	require.Equal(t, float64(policyHandlerRetries), got[`claimtx_retries_total{cause="handler"}`], "handler retries")
+	// One claim retry in each of the two failed deliveries.
+	require.Equal(t, float64(2), got[`claimtx_retries_total{cause="serialization"}`], "claim retries")
+
+	if mode == "message" {
+		// Watermill's router metrics carry claimtx's prefix too.
+		var names []string
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			names = append(names, mf.GetName())
+			require.True(t, strings.HasPrefix(mf.GetName(), "claimtx_"), "unprefixed metric %s", mf.GetName())
+		}
+		require.Contains(t, names, "claimtx_handler_execution_time_seconds")
+	}
+}
+
+// gather flattens reg's counters and histogram counts to
+// name{label="value"} → value, leaving out the consumer and handler labels
+// (one consumer per registry here).
+func gather(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, lp := range m.GetLabel() {
+				switch lp.GetName() {
+				case "consumer", "handler":
+				default:
+					labels = append(labels, fmt.Sprintf("%s=%q", lp.GetName(), lp.GetValue()))
+				}
+			}
+			key := mf.GetName() + "{" + strings.Join(labels, ",") + "}"
+			switch mf.GetType() {
+			case dto.MetricType_COUNTER:
+				out[key] += m.GetCounter().GetValue()
+			case dto.MetricType_HISTOGRAM:
+				out[key] += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -21,7 +20,6 @@ import (
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 // The consumer on RabbitMQ quorum queues (brokers.AMQPConfig.QueueType "quorum"):
@@ -47,22 +45,7 @@ func quorumArgs(limit int, extra map[string]any) amqp091.Table {
 // declared before the consumer starts, as an operator would.
 func newQuorumRawBroker(t *testing.T, topic string, limit int, extra map[string]any) *rawBroker {
 	t.Helper()
-	conn, err := amqp091.Dial("amqp://guest:guest@127.0.0.1:5672/")
-	require.NoError(t, err)
-	rb := &rawBroker{kind: brokers.KindAMQP, topic: topic, amqpConn: conn}
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	_, err = ch.QueueDeclare(topic, true, false, false, false, quorumArgs(limit, extra))
-	require.NoError(t, err)
-	require.NoError(t, ch.Close())
-	t.Cleanup(func() {
-		if ch, err := conn.Channel(); err == nil {
-			_, _ = ch.QueueDelete(topic, false, false, false)
-			_, _ = ch.QueueDelete(topic+poisonSuffix, false, false, false)
-			_ = ch.Close()
-		}
-		_ = conn.Close()
-	})
+	rb := &rawBroker{kind: brokers.KindAMQP, topic: topic, amqpConn: amqpQueue(t, topic, quorumArgs(limit, extra))}
 	rb.cfg = brokers.Config{Kind: brokers.KindAMQP, AMQP: brokers.AMQPConfig{
 		Concurrency: 2, NackDelay: 50 * time.Millisecond,
 		QueueType: "quorum", DeliveryLimit: limit, QueueArguments: extra,
@@ -111,11 +94,7 @@ func TestQuorumPoisonQueueDeclaredAtStart(t *testing.T) {
 	pool, schema := testenv.Setup(t, 2)
 	topic := "quorum-start-" + randHex()
 	rb := newQuorumRawBroker(t, topic, 0, nil)
-	cfg := consumer.Config{
-		Name: "quorum", Topic: topic, Key: "metadata:event_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: rb.cfg, Logger: slog.New(slog.DiscardHandler),
-	}
-	noop := func(context.Context, pgx.Tx, *message.Message) error { return nil }
+	cfg := baseConfig("quorum", topic, pool, schema, rb.cfg)
 	c, err := consumer.New(t.Context(), cfg, noop)
 	require.NoError(t, err)
 	requireQuorumQueue(t, rb.amqpConn, topic+poisonSuffix, 0, nil)
@@ -133,9 +112,7 @@ func TestQuorumPoisonQueueDeclaredAtStart(t *testing.T) {
 	require.NoError(t, ch.Close())
 	cfg.Topic, cfg.Broker = other, rb2.cfg
 	_, err = consumer.New(t.Context(), cfg, noop)
-	var ce *framework.ConfigError
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "queue_type", ce.Field)
+	ce := requireConfigError(t, err, "queue_type")
 	require.Contains(t, ce.Reason, "rabbitmqctl delete_queue "+other+poisonSuffix)
 }
 
@@ -152,15 +129,13 @@ func TestQuorumTwins(t *testing.T) {
 	var once sync.Once
 	var mu sync.Mutex
 	var results []middleware.Result
-	c, err := consumer.New(t.Context(), consumer.Config{
-		Name: "quorum", Topic: topic, Key: "metadata:event_id", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: rb.cfg, Logger: slog.New(slog.DiscardHandler),
-		OnOutcome: func(r middleware.Result) {
-			mu.Lock()
-			defer mu.Unlock()
-			results = append(results, r)
-		},
-	}, func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	cfg := baseConfig("quorum", topic, pool, schema, rb.cfg)
+	cfg.OnOutcome = func(r middleware.Result) {
+		mu.Lock()
+		defer mu.Unlock()
+		results = append(results, r)
+	}
+	c, err := consumer.New(t.Context(), cfg, func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		if _, err := insertOrder(ctx, tx, msg); err != nil {
 			return err
 		}
@@ -203,8 +178,7 @@ func TestQuorumTwins(t *testing.T) {
 	require.Contains(t, outcomes, framework.Applied)
 	require.Contains(t, outcomes, framework.Duplicate)
 	require.Positive(t, outcomes[framework.Duplicate].ClaimWait)
-	var n int
-	require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM effects").Scan(&n))
+	n := queryInt(t, pool, "SELECT count(*) FROM effects")
 	require.Equal(t, 1, n)
 }
 
@@ -250,11 +224,8 @@ func TestQuorumPoisonActsBeforeDeliveryLimit(t *testing.T) {
 		_, err := insertOrder(ctx, tx, msg)
 		return err
 	}
-	cfg := consumer.Config{
-		Name: "quorum", Topic: topic, Key: "template:order:{metadata.event_id}", Pool: pool,
-		Store: store.Config{Schema: schema}, Broker: rb.cfg, Logger: slog.New(slog.DiscardHandler),
-		Claim: middleware.Claim{MaxAttempts: 2}, RetryInitialInterval: 5 * time.Millisecond,
-	}
+	cfg := baseConfig("quorum", topic, pool, schema, rb.cfg)
+	cfg.Key, cfg.Claim.MaxAttempts, cfg.RetryInitialInterval = "template:order:{metadata.event_id}", 2, 5*time.Millisecond
 	c, err := consumer.New(t.Context(), cfg, handler)
 	require.NoError(t, err)
 	_, stop := start(c)
@@ -285,9 +256,7 @@ func TestQuorumPoisonActsBeforeDeliveryLimit(t *testing.T) {
 	_, stopReplay := start(replay)
 	defer func() { require.NoError(t, stopReplay()) }()
 	require.Eventually(t, func() bool {
-		var n int
-		require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM effects WHERE order_id = 2").Scan(&n))
-		return n == 1
+		return queryInt(t, pool, "SELECT count(*) FROM effects WHERE order_id = 2") == 1
 	}, 30*time.Second, 10*time.Millisecond, "replayed from the dead-letter queue")
 	var key string
 	require.NoError(t, pool.QueryRow(t.Context(), fmt.Sprintf("SELECT message_key FROM %s.processed_messages", pgx.Identifier{schema}.Sanitize())).Scan(&key))

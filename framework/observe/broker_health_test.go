@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework/observe"
+	"github.com/claimtx/claimtx/store"
 )
 
 // healthz answers one /healthz request from h, as a probe would.
@@ -75,11 +77,7 @@ func TestHealthReconnectAMQP(t *testing.T) {
 		ConnectionName:           "claimtx-observe-health-test",
 	}, nil)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
-
-	check := observe.SubscriberConnected(sub)
-	require.NotNil(t, check, "the project's AMQP subscriber must report its connection")
-	h := observe.Health{Store: st, Broker: check, Timeout: time.Second}
+	h := subscriberHealth(t, st, sub, "AMQP")
 	code, body := healthz(h)
 	require.Equal(t, http.StatusOK, code, body)
 
@@ -90,6 +88,16 @@ func TestHealthReconnectAMQP(t *testing.T) {
 
 	p.start(t)
 	awaitHealthz(t, h, http.StatusOK, "RabbitMQ back: ready again after the reconnect")
+}
+
+// subscriberHealth is the readiness of st and of sub, closed when the test
+// ends, which must report its connection as the project's subscribers do.
+func subscriberHealth(t *testing.T, st *store.Store, sub message.Subscriber, broker string) observe.Health {
+	t.Helper()
+	t.Cleanup(func() { _ = sub.Close() })
+	check := observe.SubscriberConnected(sub)
+	require.NotNil(t, check, "the project's %s subscriber must report its connection", broker)
+	return observe.Health{Store: st, Broker: check, Timeout: time.Second}
 }
 
 // TestHealthKafkaBrokerDown: readiness follows the reachability of the
@@ -110,11 +118,7 @@ func TestHealthKafkaBrokerDown(t *testing.T) {
 		DialTimeout:   5 * time.Second,
 	}, nil)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Close() })
-
-	check := observe.SubscriberConnected(sub)
-	require.NotNil(t, check, "the project's Kafka subscriber must report its connection")
-	h := observe.Health{Store: st, Broker: check, Timeout: time.Second}
+	h := subscriberHealth(t, st, sub, "Kafka")
 	awaitHealthz(t, h, http.StatusOK, "Kafka up: ready")
 
 	require.NoError(t, b.Close())

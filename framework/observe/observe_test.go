@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,17 +24,15 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/testenv"
+	"github.com/claimtx/claimtx/internal/testenv/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
 
 func newStore(t *testing.T, maxConns int32) *store.Store {
 	t.Helper()
-	pool, schema := testenv.Setup(t, maxConns)
-	st, err := store.New(pool, store.Config{Schema: schema})
-	require.NoError(t, err)
-	require.NoError(t, st.Migrate(context.Background()))
-	_, err = pool.Exec(context.Background(), "CREATE TABLE effects (k text NOT NULL)")
+	st := pgtest.Migrated(t, maxConns)
+	_, err := st.Pool().Exec(context.Background(), "CREATE TABLE effects (k text NOT NULL)")
 	require.NoError(t, err)
 	return st
 }
@@ -51,8 +48,7 @@ func effect(msg *message.Message) ([]*message.Message, error) {
 }
 
 func delivery(key string) *message.Message {
-	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-	m.Metadata.Set("event_id", key)
+	m := testenv.Message(`{}`, "event_id", key)
 	m.SetContext(context.Background())
 	return m
 }
@@ -69,7 +65,7 @@ func TestMetricsUnderConcurrentTwins(t *testing.T) {
 	key, err := framework.ParseKeySpec("metadata:event_id")
 	require.NoError(t, err)
 	c := middleware.Claim{Store: st, Consumer: "loyalty", Key: key, OnOutcome: m.OnOutcome, OnRetry: m.OnRetry}
-	h := install(t, middleware.NewClaim, c)(effect)
+	h := testenv.Install(t, middleware.NewClaim, c)(effect)
 	var wg sync.WaitGroup
 	for i := 0; i < 8; i++ {
 		wg.Add(1)
@@ -83,67 +79,19 @@ func TestMetricsUnderConcurrentTwins(t *testing.T) {
 	m.OnRetry(middleware.TxRetry{Consumer: "loyalty", Cause: "serialization"})
 
 	val := func(outcome string) float64 {
-		return testutil.ToFloat64(mustCounter(t, reg, "claimtx_messages_total", map[string]string{"consumer": "loyalty", "outcome": outcome}))
+		return testenv.RequireMetric(t, reg, "claimtx_messages_total", "consumer", "loyalty", "outcome", outcome)
 	}
 	require.Equal(t, 1.0, val("applied"))
 	require.Equal(t, 7.0, val("duplicate"))
-	require.Equal(t, 8, histogramCount(t, reg, "claimtx_claim_wait_seconds"))
-	require.Equal(t, 8, histogramCount(t, reg, "claimtx_transaction_seconds"))
-	require.Equal(t, 1.0, testutil.ToFloat64(mustCounter(t, reg, "claimtx_retries_total", map[string]string{"consumer": "loyalty", "cause": "serialization"})))
+	require.Equal(t, 8.0, testenv.MetricSum(t, reg, "claimtx_claim_wait_seconds"))
+	require.Equal(t, 8.0, testenv.MetricSum(t, reg, "claimtx_transaction_seconds"))
+	require.Equal(t, 1.0, testenv.RequireMetric(t, reg, "claimtx_retries_total", "consumer", "loyalty", "cause", "serialization"))
 
 	m.OnOutcome(middleware.Result{Consumer: "loyalty", Outcome: framework.Duplicate, FingerprintMismatch: true, Message: delivery("k")})
-	require.Equal(t, 1.0, testutil.ToFloat64(mustCounter(t, reg, "claimtx_fingerprint_mismatch_total", map[string]string{"consumer": "loyalty"})))
+	require.Equal(t, 1.0, testenv.RequireMetric(t, reg, "claimtx_fingerprint_mismatch_total", "consumer", "loyalty"))
 	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
 	require.Empty(t, problems)
-}
-
-// mustCounter finds the single series of name whose labels include want.
-func mustCounter(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) prometheus.Collector {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			ok := true
-			labels := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				labels[lp.GetName()] = lp.GetValue()
-			}
-			for k, v := range want {
-				if labels[k] != v {
-					ok = false
-				}
-			}
-			if ok {
-				return constCounter(m.GetCounter().GetValue())
-			}
-		}
-	}
-	t.Fatalf("no series %s%v", name, want)
-	return nil
-}
-
-func constCounter(v float64) prometheus.Collector {
-	return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "c", Help: "c"}, func() float64 { return v })
-}
-
-func histogramCount(t *testing.T, reg *prometheus.Registry, name string) int {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	n := 0
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				n += int(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return n
 }
 
 // TestTraceContinuesAcrossTheBroker: a producer span's context travels in
@@ -161,10 +109,9 @@ func TestTraceContinuesAcrossTheBroker(t *testing.T) {
 	require.NoError(t, err)
 	claim := middleware.Claim{Store: st, Consumer: "loyalty", Key: key, OnOutcome: tracing.OnOutcome}
 
-	logger := watermill.NopLogger{}
-	ps := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, logger)
+	ps := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, nil)
 	defer ps.Close()
-	router, err := message.NewRouter(message.RouterConfig{}, logger)
+	router, err := message.NewRouter(message.RouterConfig{}, nil)
 	require.NoError(t, err)
 	done := make(chan struct{})
 	var once sync.Once
@@ -173,7 +120,7 @@ func TestTraceContinuesAcrossTheBroker(t *testing.T) {
 		once.Do(func() { close(done) })
 		return err
 	})
-	h.AddMiddleware(tracing.Middleware, install(t, middleware.NewClaim, claim))
+	h.AddMiddleware(tracing.Middleware, testenv.Install(t, middleware.NewClaim, claim))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() { _ = router.Run(ctx) }()
@@ -236,9 +183,7 @@ func TestHealth(t *testing.T) {
 	require.Contains(t, rr.Body.String(), "broker connection is down")
 
 	// Migrations behind: a schema no migration ran in.
-	pool, schema := testenv.Setup(t, 1)
-	behind, err := store.New(pool, store.Config{Schema: schema})
-	require.NoError(t, err)
+	behind := pgtest.Store(t, 1)
 	rep = observe.Health{Store: behind}.Check(context.Background())
 	require.False(t, rep.Ready)
 	require.Contains(t, rep.Checks["migrations"], "needs")
@@ -305,13 +250,4 @@ func TestDashboardQueriesRegisteredMetrics(t *testing.T) {
 		}
 	}
 	require.Positive(t, queried)
-}
-
-// install builds a middleware through its constructor, failing the test on
-// a configuration error.
-func install[C any](t testing.TB, build func(C) (message.HandlerMiddleware, error), c C) message.HandlerMiddleware {
-	t.Helper()
-	mw, err := build(c)
-	require.NoError(t, err)
-	return mw
 }

@@ -37,9 +37,7 @@ func TestLacking(t *testing.T) {
 	require.True(t, exists)
 	require.Empty(t, lacking, "the owner lacks nothing")
 
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
+	tx := testenv.Begin(t, pool)
 	_, err = tx.Exec(ctx, "SET LOCAL ROLE "+pg.Ident(role))
 	require.NoError(t, err)
 	exists, lacking, err = pg.Lacking(ctx, tx, table, "UPDATE", "SELECT", "INSERT")

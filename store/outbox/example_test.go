@@ -8,7 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/claimtx/claimtx/internal/testenv"
+	"github.com/claimtx/claimtx/internal/testenv/pgtest"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/outbox"
 )
@@ -19,8 +19,8 @@ import (
 func ExampleNew() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st := exampleStore(ctx)
-	defer dropExample(st)
+	st := pgtest.ExampleStore(ctx)
+	defer pgtest.DropExample(st)
 	pub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, nil) // brokers.NewPublisher(cfg, logger)
 	defer func() { _ = pub.Close() }()
 
@@ -58,20 +58,3 @@ func ExampleNew() {
 	// relay stopped: <nil>
 	// claimtx: config field "Publisher": must not be nil
 }
-
-// exampleStore returns a migrated store in a schema of its own on the test
-// server (TEST_DATABASE_URL, as the tests use).
-func exampleStore(ctx context.Context) *store.Store {
-	pool, schema := testenv.ExamplePool(ctx)
-	st, err := store.New(pool, store.Config{Schema: schema})
-	if err != nil {
-		panic(err)
-	}
-	if err := st.Migrate(ctx); err != nil {
-		panic(err)
-	}
-	return st
-}
-
-// dropExample drops the example's schema and closes its pool.
-func dropExample(st *store.Store) { testenv.DropExample(st.Pool(), st.Config().Schema) }

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,6 +16,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/testenv"
+	"github.com/claimtx/claimtx/internal/testenv/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -45,17 +45,9 @@ type env struct {
 
 func setup(t *testing.T, maxConns int32) env {
 	t.Helper()
-	pool, schema := testenv.Setup(t, maxConns)
-	return setupIn(t, pool, schema)
-}
-
-func setupIn(t *testing.T, pool *pgxpool.Pool, schema string) env {
-	t.Helper()
-	st, err := store.New(pool, store.Config{Schema: schema})
-	require.NoError(t, err)
-	ctx := context.Background()
-	require.NoError(t, st.Migrate(ctx))
-	_, err = pool.Exec(ctx, "CREATE TABLE IF NOT EXISTS effects (k text NOT NULL, payload text NOT NULL)")
+	st := pgtest.Migrated(t, maxConns)
+	pool, schema := st.Pool(), st.Config().Schema
+	_, err := pool.Exec(context.Background(), "CREATE TABLE IF NOT EXISTS effects (k text NOT NULL, payload text NOT NULL)")
 	require.NoError(t, err)
 	key, err := framework.ParseKeySpec("metadata:" + store.IdempotencyKeyMetadata)
 	require.NoError(t, err)
@@ -65,7 +57,7 @@ func setupIn(t *testing.T, pool *pgxpool.Pool, schema string) env {
 		_, err := tx.Exec(ctx, "INSERT INTO effects (k, payload) VALUES ($1, $2)", msg.Metadata.Get(store.IdempotencyKeyMetadata), string(msg.Payload))
 		return err
 	})
-	h := install(t, middleware.NewClaim, claim)(func(msg *message.Message) ([]*message.Message, error) { return nil, effect(msg) })
+	h := testenv.Install(t, middleware.NewClaim, claim)(func(msg *message.Message) ([]*message.Message, error) { return nil, effect(msg) })
 	return env{pool: pool, st: st, schema: schema, rec: rec, downstream: h}
 }
 
@@ -75,8 +67,7 @@ func (e env) enqueue(t *testing.T, topic, prefix string, n int) {
 	t.Helper()
 	msgs := make([]*message.Message, n)
 	for i := range msgs {
-		msgs[i] = message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprintf("%s-%d", prefix, i)))
-		msgs[i].Metadata.Set("event_id", fmt.Sprintf("%s-%d", prefix, i))
+		msgs[i] = testenv.Message(fmt.Sprintf("%s-%d", prefix, i), "event_id", fmt.Sprintf("%s-%d", prefix, i))
 	}
 	ctx := context.Background()
 	require.NoError(t, pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error { return e.st.Enqueue(ctx, tx, topic, msgs...) }))
@@ -91,9 +82,7 @@ func (e env) stats(t testing.TB) store.OutboxStats {
 
 func (e env) scalar(t testing.TB, sql string, args ...any) int64 {
 	t.Helper()
-	var n int64
-	require.NoError(t, e.pool.QueryRow(context.Background(), sql, args...).Scan(&n))
-	return n
+	return testenv.Scalar(t, e.pool, sql, args...)
 }
 
 // requireEachEffectOnce checks the downstream effect table holds exactly
@@ -111,15 +100,14 @@ func (e env) requireEachEffectOnce(t testing.TB, n int) {
 // the router and closes both ends.
 func (e env) runDownstream(t *testing.T, bcfg brokers.Config, topic string, also func(*message.Message)) (pub message.Publisher, stop func()) {
 	t.Helper()
-	logger := watermill.NopLogger{}
-	pub, err := brokers.NewPublisher(bcfg, logger)
+	pub, err := brokers.NewPublisher(bcfg, nil)
 	require.NoError(t, err)
-	sub, err := brokers.NewSubscriber(bcfg, logger)
+	sub, err := brokers.NewSubscriber(bcfg, nil)
 	if err != nil {
 		_ = pub.Close()
 		require.NoError(t, err)
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, nil)
 	require.NoError(t, err)
 	router.AddConsumerHandler("downstream", topic, sub, func(msg *message.Message) error {
 		if also != nil {
@@ -269,13 +257,4 @@ func runRelay(t *testing.T, run func(context.Context) error) (stop func()) {
 func eventually(t *testing.T, cond func() bool, msgAndArgs ...any) {
 	t.Helper()
 	require.Eventually(t, cond, 30*time.Second, 5*time.Millisecond, msgAndArgs...)
-}
-
-// install builds a middleware through its constructor, failing the test on
-// a configuration error.
-func install[C any](t testing.TB, build func(C) (message.HandlerMiddleware, error), c C) message.HandlerMiddleware {
-	t.Helper()
-	mw, err := build(c)
-	require.NoError(t, err)
-	return mw
 }

@@ -1,0 +1,49 @@
+// Package pgtest opens the claimtx stores that tests and runnable examples
+// start from, each in a schema of its own. It stands apart from testenv
+// because it imports store, whose internal tests use testenv.
+package pgtest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/claimtx/claimtx/internal/testenv"
+	"github.com/claimtx/claimtx/store"
+)
+
+// Store is a store of claimtx's default tables in a fresh schema
+// (testenv.Setup) on a pool of at most maxConns connections, not migrated.
+func Store(t testing.TB, maxConns int32) *store.Store {
+	t.Helper()
+	pool, schema := testenv.Setup(t, maxConns)
+	st, err := store.New(pool, store.Config{Schema: schema})
+	require.NoError(t, err)
+	return st
+}
+
+// Migrated is Store with the migrations applied.
+func Migrated(t testing.TB, maxConns int32) *store.Store {
+	t.Helper()
+	st := Store(t, maxConns)
+	require.NoError(t, st.Migrate(context.Background()))
+	return st
+}
+
+// ExampleStore is Migrated for runnable examples, which have no testing.T:
+// on testenv.ExamplePool, panicking on error. DropExample drops it.
+func ExampleStore(ctx context.Context) *store.Store {
+	pool, schema := testenv.ExamplePool(ctx)
+	st, err := store.New(pool, store.Config{Schema: schema})
+	if err != nil {
+		panic(err)
+	}
+	if err := st.Migrate(ctx); err != nil {
+		panic(err)
+	}
+	return st
+}
+
+// DropExample drops an ExampleStore's schema and closes its pool.
+func DropExample(st *store.Store) { testenv.DropExample(st.Pool(), st.Config().Schema) }
