@@ -12,6 +12,7 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/claimtx/claimtx/brokers/internal/wait"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/config"
@@ -45,7 +46,7 @@ func dial(ctx context.Context, cfg Config, wc wamqp.Config, logger watermill.Log
 	}
 	w := &watcher{LoggerAdapter: logger, stopped: make(chan struct{})}
 	redacted := config.RedactURL(cfg.URL)
-	wait := cfg.ReconnectInitialInterval
+	backoff := cfg.ReconnectInitialInterval
 	for attempt := 1; ; attempt++ {
 		wrapper, err := wamqp.NewConnection(wc.Connection, w)
 		if err == nil {
@@ -60,17 +61,13 @@ func dial(ctx context.Context, cfg Config, wc wamqp.Config, logger watermill.Log
 			return nil, &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start), Err: err}
 		}
 		warnlog.Log(logger, "RabbitMQ not reachable yet, retrying", watermill.LogFields{
-			"dependency": "RabbitMQ", "url": redacted, "attempt": attempt, "retry_in": wait.String(), "err": err.Error(),
+			"dependency": "RabbitMQ", "url": redacted, "attempt": attempt, "retry_in": backoff.String(), "err": err.Error(),
 		})
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !wait.For(backoff, ctx.Done()) {
 			return nil, &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start),
 				Err: fmt.Errorf("%w (last error: %w)", ctx.Err(), err)}
-		case <-t.C:
 		}
-		wait = min(2*wait, cfg.ReconnectMaxInterval)
+		backoff = min(2*backoff, cfg.ReconnectMaxInterval)
 	}
 }
 

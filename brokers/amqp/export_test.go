@@ -7,13 +7,13 @@ import "github.com/claimtx/claimtx/internal/amqpheader"
 // plumbing or a documented default.
 const (
 	MaxWindow             = 65535 // brokers.AMQPConfig's bound on Window
-	UUIDHeader            = uuidHeader
-	MetadataMessageID     = metadataMessageID
-	MetadataCorrelationID = metadataCorrelationID
-	MetadataContentType   = metadataContentType
-	MetadataTimestamp     = metadataTimestamp
-	MetadataExchange      = metadataExchange
-	MetadataRoutingKey    = metadataRoutingKey
+	UUIDHeader            = amqpheader.UUIDHeader
+	MetadataMessageID     = amqpheader.MessageID
+	MetadataCorrelationID = amqpheader.CorrelationID
+	MetadataContentType   = amqpheader.ContentType
+	MetadataTimestamp     = amqpheader.Timestamp
+	MetadataExchange      = amqpheader.Exchange
+	MetadataRoutingKey    = amqpheader.RoutingKey
 	MetadataRedelivered   = metadataRedelivered
 )
 

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/brokers/internal/wait"
 )
 
 // Subscriber consumes from RabbitMQ: Config.Concurrency watermill-amqp
@@ -23,10 +24,12 @@ type Subscriber struct {
 	conn   *conn
 	sub    *wamqp.Subscriber
 
-	// mu orders Subscribe's forwarders.Add before Close's Wait.
+	// life ends when Close starts; every subscription's context is cut
+	// short by it. mu orders Subscribe's forwarders.Add before Close's
+	// Wait.
 	mu         sync.Mutex
-	closed     bool
-	closing    chan struct{}
+	life       context.Context
+	end        context.CancelFunc
 	closeOnce  sync.Once
 	closeErr   error
 	forwarders sync.WaitGroup
@@ -52,14 +55,8 @@ func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapt
 		_ = conn.Close()
 		return nil, fmt.Errorf("brokers/amqp: create subscriber: %w", err)
 	}
-	return &Subscriber{
-		cfg:     cfg,
-		wc:      wc,
-		logger:  logger,
-		conn:    conn,
-		sub:     sub,
-		closing: make(chan struct{}),
-	}, nil
+	life, end := context.WithCancel(context.Background())
+	return &Subscriber{cfg: cfg, wc: wc, logger: logger, conn: conn, sub: sub, life: life, end: end}, nil
 }
 
 // Subscribe declares the durable queue named topic (if missing) and starts
@@ -73,10 +70,8 @@ func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapt
 // With Config.Window > 0 it starts one consumer instead, which keeps up to
 // Window messages in flight (see Config.Window).
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	select {
-	case <-s.closing:
-		return nil, errors.New("brokers/amqp: subscriber closed")
-	default:
+	if s.life.Err() != nil {
+		return nil, errSubscriberClosed
 	}
 	if err := waitConnected(ctx, s.cfg, s.conn); err != nil {
 		return nil, err
@@ -85,32 +80,27 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return s.subscribeWindow(ctx, topic)
 	}
 
-	// inCtx stops the inner subscriptions if we fail half way.
-	inCtx, cancel := context.WithCancel(ctx)
+	// inCtx ends with ctx or Close, and stops the inner subscriptions if
+	// we fail half way.
+	inCtx, cancel := s.subscriptionContext(ctx)
 	ins := make([]<-chan *message.Message, 0, s.cfg.Concurrency)
-	for i := 0; i < s.cfg.Concurrency; i++ {
-		in, err := s.sub.Subscribe(inCtx, topic)
-		if err != nil {
-			cancel()
-			for _, in := range ins {
-				drain(in)
-			}
-			return nil, fmt.Errorf("brokers/amqp: subscribe to %q (consumer %d of %d): %w", topic, i+1, s.cfg.Concurrency, declareError(s.cfg, topic, err))
-		}
-		ins = append(ins, in)
-	}
-
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	abort := func(err error) (<-chan *message.Message, error) {
 		cancel()
 		for _, in := range ins {
 			drain(in)
 		}
-		return nil, errors.New("brokers/amqp: subscriber closed")
+		return nil, err
 	}
-	s.forwarders.Add(len(ins))
-	s.mu.Unlock()
+	for i := 0; i < s.cfg.Concurrency; i++ {
+		in, err := s.sub.Subscribe(inCtx, topic)
+		if err != nil {
+			return abort(fmt.Errorf("brokers/amqp: subscribe to %q (consumer %d of %d): %w", topic, i+1, s.cfg.Concurrency, declareError(s.cfg, topic, err)))
+		}
+		ins = append(ins, in)
+	}
+	if !s.addForwarders(len(ins)) {
+		return abort(errSubscriberClosed)
+	}
 
 	out := make(chan *message.Message)
 	var wg sync.WaitGroup
@@ -130,6 +120,32 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return out, nil
 }
 
+var errSubscriberClosed = errors.New("brokers/amqp: subscriber closed")
+
+// subscriptionContext is a subscription's context: it ends with ctx, when
+// the Subscriber closes, or when cancel is called, which the subscription
+// must do when it ends.
+func (s *Subscriber) subscriptionContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.life, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
+}
+
+// addForwarders counts n goroutines Close must wait for, unless Close has
+// begun: then it reports false and the subscription must not start.
+func (s *Subscriber) addForwarders(n int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.life.Err() != nil {
+		return false
+	}
+	s.forwarders.Add(n)
+	return true
+}
+
 // forward hands each message of one inner subscription to out through a
 // proxy message, so a nack can be delayed before it reaches watermill-amqp
 // (which would nack with requeue at once). It reads in until it is closed:
@@ -137,7 +153,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // watching for that when the subscriber closes, so a reader must stay.
 func (s *Subscriber) forward(ctx context.Context, in <-chan *message.Message, out chan<- *message.Message) {
 	for orig := range in {
-		if s.stopped(ctx) {
+		if ctx.Err() != nil {
 			orig.Nack()
 			continue
 		}
@@ -150,61 +166,28 @@ func (s *Subscriber) forward(ctx context.Context, in <-chan *message.Message, ou
 		case <-ctx.Done():
 			orig.Nack()
 			continue
-		case <-s.closing:
-			orig.Nack()
-			continue
 		}
 
 		select {
 		case <-proxy.Acked():
 			orig.Ack()
 		case <-proxy.Nacked():
-			s.nackDelay(ctx)
+			wait.For(s.cfg.NackDelay, ctx.Done())
 			orig.Nack()
 		case <-ctx.Done():
 			// The subscription ends while the handler still runs: hand the
-			// message back; a late ack of the proxy has no effect, and the
-			// redelivery is deduplicated by the claim.
-			settleOnStop(proxy, orig)
-		case <-s.closing:
-			settleOnStop(proxy, orig)
+			// message back unless its proxy was acked already (select
+			// picks at random among ready cases, so an ack that raced the
+			// stop would otherwise become a needless redelivery). A late
+			// ack of the proxy has no effect, and the redelivery is
+			// deduplicated by the claim.
+			select {
+			case <-proxy.Acked():
+				orig.Ack()
+			default:
+				orig.Nack()
+			}
 		}
-	}
-}
-
-// settleOnStop hands orig back unless its proxy was acked already: select
-// picks at random among ready cases, so an ack that raced the stop would
-// otherwise become a needless redelivery.
-func settleOnStop(proxy, orig *message.Message) {
-	select {
-	case <-proxy.Acked():
-		orig.Ack()
-	default:
-		orig.Nack()
-	}
-}
-
-func (s *Subscriber) nackDelay(ctx context.Context) {
-	if s.cfg.NackDelay <= 0 {
-		return
-	}
-	t := time.NewTimer(s.cfg.NackDelay)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	case <-s.closing:
-	}
-}
-
-func (s *Subscriber) stopped(ctx context.Context) bool {
-	select {
-	case <-ctx.Done():
-		return true
-	case <-s.closing:
-		return true
-	default:
-		return false
 	}
 }
 
@@ -235,9 +218,8 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 func (s *Subscriber) Close() error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
-		s.closed = true
+		s.end()
 		s.mu.Unlock()
-		close(s.closing)
 		err := s.sub.Close()
 		s.forwarders.Wait()
 		s.closeErr = errors.Join(err, s.conn.Close())
@@ -255,10 +237,5 @@ func (s *Subscriber) Close() error {
 // readiness probe during a reconnect is reported by -race as is
 // waitConnected.
 func (s *Subscriber) IsConnected() bool {
-	select {
-	case <-s.closing:
-		return false
-	default:
-	}
-	return s.conn.IsConnected() && !s.conn.Closed()
+	return s.life.Err() == nil && s.conn.IsConnected() && !s.conn.Closed()
 }

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/claimtx/claimtx/brokers/internal/wait"
 )
 
 // subscribeWindow is Subscribe in the window mode (Config.Window > 0): one
@@ -33,28 +34,14 @@ func (s *Subscriber) subscribeWindow(ctx context.Context, topic string) (<-chan 
 	if err != nil {
 		return nil, fmt.Errorf("brokers/amqp: subscribe to %q (window %d): %w", topic, s.cfg.Window, err)
 	}
-
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !s.addForwarders(1) {
 		_ = gen.ch.Close()
-		return nil, errors.New("brokers/amqp: subscriber closed")
+		return nil, errSubscriberClosed
 	}
-	s.forwarders.Add(2)
-	s.mu.Unlock()
-
 	// w.ctx ends with ctx or when the Subscriber closes, so everything
 	// below watches one Done channel (waitConnected included).
 	var cancel context.CancelFunc
-	w.ctx, cancel = context.WithCancel(ctx)
-	go func() {
-		defer s.forwarders.Done()
-		select {
-		case <-s.closing:
-			cancel()
-		case <-w.ctx.Done():
-		}
-	}()
+	w.ctx, cancel = s.subscriptionContext(ctx)
 	go func() {
 		defer s.forwarders.Done()
 		defer cancel()
@@ -152,7 +139,7 @@ func (w *window) run(gen *generation) {
 // backoff (ReconnectInitialInterval doubling to ReconnectMaxInterval). It
 // returns nil when w.ctx ends first.
 func (w *window) reopen() *generation {
-	wait := w.s.cfg.ReconnectInitialInterval
+	backoff := w.s.cfg.ReconnectInitialInterval
 	for {
 		err := waitConnected(w.ctx, w.s.cfg, w.s.conn)
 		if err == nil {
@@ -165,15 +152,11 @@ func (w *window) reopen() *generation {
 			return nil
 		}
 		w.s.logger.Error("Cannot resume the window consumer, retrying", err,
-			w.logFields.Add(watermill.LogFields{"retry_in": wait.String()}))
-		t := time.NewTimer(wait)
-		select {
-		case <-w.ctx.Done():
-			t.Stop()
+			w.logFields.Add(watermill.LogFields{"retry_in": backoff.String()}))
+		if !wait.For(backoff, w.ctx.Done()) {
 			return nil
-		case <-t.C:
 		}
-		wait = min(2*wait, w.s.cfg.ReconnectMaxInterval)
+		backoff = min(2*backoff, w.s.cfg.ReconnectMaxInterval)
 	}
 }
 
@@ -237,14 +220,8 @@ func (w *window) settle(gen *generation, d amqp091.Delivery, msg *message.Messag
 	case <-msg.Acked():
 		gen.acks.ack(d.DeliveryTag)
 	case <-msg.Nacked():
-		if delay := w.s.cfg.NackDelay; delay > 0 {
-			t := time.NewTimer(delay)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-gen.ending:
-				return // closing the channel requeues it now
-			}
+		if !wait.For(w.s.cfg.NackDelay, gen.ending) {
+			return // closing the channel requeues it now
 		}
 		_ = d.Nack(false, true)
 		gen.acks.settled(d.DeliveryTag)

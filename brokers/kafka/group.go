@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/claimtx/claimtx/brokers/internal/wait"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
@@ -88,11 +89,19 @@ type subscription struct {
 	clientSet chan struct{}
 }
 
-// subscribe joins the group for topic and returns the message channel. The
-// first contact with the cluster is retried as Config.DialTimeout says.
-func (s *Subscriber) subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+// Subscribe joins the consumer group for topic. The first contact with the
+// cluster is retried until Config.DialTimeout or ctx ends; after that, the
+// client reconnects and rejoins on its own. The channel is closed when ctx
+// ends or the Subscriber is closed.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	what := fmt.Sprintf("subscribe to %q", topic)
-	runCtx, cancel := context.WithCancel(ctx)
+	// runCtx ends with ctx or when the Subscriber closes.
+	runCtx, cancelRun := context.WithCancel(ctx)
+	stopOnClose := context.AfterFunc(s.life, cancelRun)
+	cancel := func() {
+		stopOnClose()
+		cancelRun()
+	}
 	g := &subscription{
 		s:         s,
 		topic:     topic,
@@ -123,7 +132,7 @@ func (s *Subscriber) subscribe(ctx context.Context, topic string) (<-chan *messa
 	// Close sets closed under mu before it waits: no subscription starts
 	// once Close is waiting.
 	s.mu.Lock()
-	if s.closed.Load() {
+	if s.closed() {
 		s.mu.Unlock()
 		cancel()
 		return nil, fmt.Errorf("brokers/kafka: %s: %w", what, errSubscriberClosed)
@@ -140,7 +149,7 @@ func (s *Subscriber) subscribe(ctx context.Context, topic string) (<-chan *messa
 	g.cl = cl
 	close(g.clientSet)
 	err = retryStart(ctx, s.cfg, s.logger, what, func() error {
-		if s.closed.Load() {
+		if s.closed() {
 			return errPermanent{errSubscriberClosed}
 		}
 		pctx, pcancel := context.WithTimeout(ctx, probeTimeout*5)
@@ -157,13 +166,6 @@ func (s *Subscriber) subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	s.logger.Info("Subscribing to Kafka topic", g.fields)
 
-	go func() {
-		select {
-		case <-s.closing:
-			cancel()
-		case <-runCtx.Done():
-		}
-	}()
 	go func() {
 		defer s.subs.Done()
 		defer cancel()
@@ -215,12 +217,7 @@ func (g *subscription) poll() {
 		if failed && fetches.NumRecords() == 0 {
 			// franz-go retries on its own; this only keeps a broker
 			// that keeps failing from filling the log.
-			t := time.NewTimer(g.s.cfg.ReconnectBackoff)
-			select {
-			case <-t.C:
-			case <-g.runCtx.Done():
-				t.Stop()
-			}
+			wait.For(g.s.cfg.ReconnectBackoff, g.runCtx.Done())
 		}
 	}
 }
@@ -559,14 +556,8 @@ func (p *partition) watch(msg *message.Message, e *list.Element, ctx context.Con
 			}
 			return
 		}
-		if d := p.g.s.cfg.NackDelay; d > 0 {
-			t := time.NewTimer(d)
-			select {
-			case <-t.C:
-			case <-p.done:
-				t.Stop()
-				return
-			}
+		if !wait.For(p.g.s.cfg.NackDelay, p.done) {
+			return
 		}
 		// A Watermill message is acked or nacked once: send a new one
 		// with the same UUID, payload and metadata.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -24,17 +23,16 @@ type Subscriber struct {
 	cfg    Config
 	sc     *sarama.Config // readiness probe and credential check (health.go, auth.go)
 	logger watermill.LoggerAdapter
-	closed atomic.Bool
 	conn   connState // IsConnected's cached probe (health.go)
 
 	positions kafkarecord.Options // stored positions, attached before Subscribe (positions.go)
 
-	// Closing ends every subscription; mu orders subs.Add in Subscribe
-	// against Close's Wait.
-	mu        sync.Mutex
-	closing   chan struct{}
-	closeOnce sync.Once
-	subs      sync.WaitGroup
+	// life ends when Close starts, and with it every subscription; mu
+	// orders subs.Add in Subscribe against Close's Wait.
+	mu   sync.Mutex
+	life context.Context
+	end  context.CancelFunc
+	subs sync.WaitGroup
 }
 
 var errSubscriberClosed = errors.New("subscriber closed")
@@ -62,19 +60,12 @@ func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapt
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
-	return &Subscriber{cfg: cfg, sc: sc, logger: logger, closing: make(chan struct{})}, nil
+	life, end := context.WithCancel(context.Background())
+	return &Subscriber{cfg: cfg, sc: sc, logger: logger, life: life, end: end}, nil
 }
 
-// Subscribe joins the consumer group for topic. The first contact with the
-// cluster is retried until Config.DialTimeout or ctx ends; after that, the
-// client reconnects and rejoins on its own. The channel is closed when ctx
-// ends or the Subscriber is closed.
-func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	if s.closed.Load() {
-		return nil, fmt.Errorf("brokers/kafka: subscribe to %q: %w", topic, errSubscriberClosed)
-	}
-	return s.subscribe(ctx, topic)
-}
+// closed reports whether Close has begun.
+func (s *Subscriber) closed() bool { return s.life.Err() != nil }
 
 // closeWait bounds Close's wait for the subscriptions: each ends within
 // closeTimeout once its consumer let go of the messages it holds.
@@ -87,9 +78,8 @@ const closeWait = closeTimeout + time.Second
 // idempotent.
 func (s *Subscriber) Close() error {
 	s.mu.Lock()
-	s.closed.Store(true)
+	s.end()
 	s.mu.Unlock()
-	s.closeOnce.Do(func() { close(s.closing) })
 	done := make(chan struct{})
 	go func() {
 		s.subs.Wait()
