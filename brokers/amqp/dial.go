@@ -197,21 +197,41 @@ func waitConnected(ctx context.Context, cfg Config, conn *conn) error {
 	return nil
 }
 
+// link is what NewSubscriber and NewPublisher both start from: the Config
+// with its defaults, watermill-amqp's config derived from it, the logger
+// and the connection.
+type link struct {
+	cfg    Config
+	wc     wamqp.Config
+	logger watermill.LoggerAdapter
+	conn   *conn
+}
+
 // connect is the start-up both NewSubscriber and NewPublisher share:
-// validate, apply defaults, derive watermill-amqp's config and dial with
-// retries.
-func connect(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (Config, wamqp.Config, *conn, watermill.LoggerAdapter, error) {
+// validate, apply defaults, derive watermill-amqp's config, dial with
+// retries, then make the watermill-amqp side (what names it) on that
+// connection, which is closed again if that fails.
+func connect[T any](ctx context.Context, cfg Config, logger watermill.LoggerAdapter, what string,
+	side func(wamqp.Config, watermill.LoggerAdapter, *wamqp.ConnectionWrapper) (T, error)) (link, T, error) {
+	var none T
 	if err := validate(cfg); err != nil {
-		return cfg, wamqp.Config{}, nil, nil, err
+		return link{}, none, err
 	}
-	cfg = withDefaults(cfg)
-	if logger == nil {
-		logger = watermill.NopLogger{}
+	l := link{cfg: withDefaults(cfg), logger: logger}
+	if l.logger == nil {
+		l.logger = watermill.NopLogger{}
 	}
-	wc, err := watermillConfig(cfg)
+	var err error
+	if l.wc, err = watermillConfig(l.cfg); err != nil {
+		return link{}, none, err
+	}
+	if l.conn, err = dial(ctx, l.cfg, l.wc, l.logger); err != nil {
+		return link{}, none, err
+	}
+	v, err := side(l.wc, l.logger, l.conn.ConnectionWrapper)
 	if err != nil {
-		return cfg, wc, nil, nil, err
+		_ = l.conn.Close()
+		return link{}, none, fmt.Errorf("brokers/amqp: create %s: %w", what, err)
 	}
-	conn, err := dial(ctx, cfg, wc, logger)
-	return cfg, wc, conn, logger, err
+	return l, v, nil
 }

@@ -20,10 +20,8 @@ import (
 // named topic, because RabbitMQ silently drops a message routed to a queue
 // that does not exist yet. It is safe for concurrent use.
 type Publisher struct {
-	cfg  Config
-	wc   wamqp.Config
-	conn *conn
-	pub  *wamqp.Publisher
+	link
+	pub *wamqp.Publisher
 
 	declaredMu sync.Mutex
 	declared   map[string]bool
@@ -39,16 +37,11 @@ var _ message.Publisher = (*Publisher)(nil)
 // pool. A nil logger logs nothing. An invalid cfg is a
 // *framework.ConfigError; giving up on the connection is a *DialError.
 func NewPublisher(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
-	cfg, wc, conn, logger, err := connect(ctx, cfg, logger)
+	l, pub, err := connect(ctx, cfg, logger, "publisher", wamqp.NewPublisherWithConnection)
 	if err != nil {
 		return nil, err
 	}
-	pub, err := wamqp.NewPublisherWithConnection(wc, logger, conn.ConnectionWrapper)
-	if err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("brokers/amqp: create publisher: %w", err)
-	}
-	return &Publisher{cfg: cfg, wc: wc, conn: conn, pub: pub, declared: make(map[string]bool)}, nil
+	return &Publisher{link: l, pub: pub, declared: make(map[string]bool)}, nil
 }
 
 // Publish sends messages to the queue named topic and waits for RabbitMQ's

@@ -18,11 +18,8 @@ import (
 // nack; or, with Config.Window > 0, one consumer per Subscribe call with up
 // to Window messages in flight (window.go). It is safe for concurrent use.
 type Subscriber struct {
-	cfg    Config
-	wc     wamqp.Config // sub's config; the window mode consumes like it
-	logger watermill.LoggerAdapter
-	conn   *conn
-	sub    *wamqp.Subscriber
+	link // its wc is sub's config; the window mode consumes like it
+	sub  *wamqp.Subscriber
 
 	// life ends when Close starts; every subscription's context is cut
 	// short by it. mu orders Subscribe's forwarders.Add before Close's
@@ -46,17 +43,12 @@ var (
 // Subscriber's life. A nil logger logs nothing. An invalid cfg is a
 // *framework.ConfigError; giving up on the connection is a *DialError.
 func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
-	cfg, wc, conn, logger, err := connect(ctx, cfg, logger)
+	l, sub, err := connect(ctx, cfg, logger, "subscriber", wamqp.NewSubscriberWithConnection)
 	if err != nil {
 		return nil, err
 	}
-	sub, err := wamqp.NewSubscriberWithConnection(wc, logger, conn.ConnectionWrapper)
-	if err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("brokers/amqp: create subscriber: %w", err)
-	}
 	life, end := context.WithCancel(context.Background())
-	return &Subscriber{cfg: cfg, wc: wc, logger: logger, conn: conn, sub: sub, life: life, end: end}, nil
+	return &Subscriber{link: l, sub: sub, life: life, end: end}, nil
 }
 
 // Subscribe declares the durable queue named topic (if missing) and starts
