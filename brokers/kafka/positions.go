@@ -144,16 +144,12 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 // the stored positions from them (the records not settled yet), through
 // kafkarecord.EndOffsets.
 func (s *Subscriber) endOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
-	opts, err := securityOpts(s.cfg, []kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(s.cfg.ClientID)})
+	adm, err := s.adminClient()
 	if err != nil {
 		return nil, err
 	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, &configError{err}
-	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	defer adm.Close()
+	ends, err := adm.ListEndOffsets(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("brokers/kafka: end offsets of %q: %w", topic, err)
 	}
@@ -167,6 +163,20 @@ func (s *Subscriber) endOffsets(ctx context.Context, topic string) (map[int32]in
 		out[o.Partition] = o.Offset
 	})
 	return out, perr
+}
+
+// adminClient is a short-lived client of its own that joins no group, with
+// the subscriber's TLS and SASL settings.
+func (s *Subscriber) adminClient() (*kadm.Client, error) {
+	opts, err := securityOpts(s.cfg, []kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(s.cfg.ClientID)})
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, &configError{err}
+	}
+	return kadm.NewClient(cl), nil
 }
 
 // settled tells the attached Options.Settled that acks advanced a
