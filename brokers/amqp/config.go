@@ -32,8 +32,14 @@ func validate(c Config) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	if _, err := queueArguments(c.QueueArguments); err != nil {
-		return &framework.ConfigError{Field: "queue_arguments", Reason: "cannot be encoded as an AMQP table", Err: err}
+	return checkQueueArguments("queue_arguments", c.QueueArguments)
+}
+
+// checkQueueArguments is the check only the client can make: that the
+// queue arguments encode as an AMQP table. field names them in the error.
+func checkQueueArguments(field string, args map[string]any) error {
+	if _, err := queueArguments(args); err != nil {
+		return &framework.ConfigError{Field: field, Reason: "cannot be encoded as an AMQP table", Err: err}
 	}
 	return nil
 }

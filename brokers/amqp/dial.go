@@ -208,14 +208,11 @@ type link struct {
 }
 
 // connect is the start-up both NewSubscriber and NewPublisher share:
-// validate, apply defaults, derive watermill-amqp's config, dial with
-// retries, then make the watermill-amqp side (what names it) on that
-// connection, which is closed again if that fails.
-func connect[T any](ctx context.Context, cfg Config, logger watermill.LoggerAdapter, what string,
-	side func(wamqp.Config, watermill.LoggerAdapter, *wamqp.ConnectionWrapper) (T, error)) (link, T, error) {
-	var none T
+// validate, apply defaults, derive watermill-amqp's config and dial with
+// retries.
+func connect(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (link, error) {
 	if err := validate(cfg); err != nil {
-		return link{}, none, err
+		return link{}, err
 	}
 	l := link{cfg: withDefaults(cfg), logger: logger}
 	if l.logger == nil {
@@ -223,15 +220,29 @@ func connect[T any](ctx context.Context, cfg Config, logger watermill.LoggerAdap
 	}
 	var err error
 	if l.wc, err = watermillConfig(l.cfg); err != nil {
-		return link{}, none, err
+		return link{}, err
 	}
-	if l.conn, err = dial(ctx, l.cfg, l.wc, l.logger); err != nil {
-		return link{}, none, err
+	l.conn, err = dial(ctx, l.cfg, l.wc, l.logger)
+	return l, err
+}
+
+// declareQueue declares the durable queue named topic as every declaration
+// of this adapter does (wc.Queue: the name, durable flag and argument
+// table), on a channel of its own: a refused declaration closes the
+// channel it was made on. A refusal over arguments is a declareError.
+func (l *link) declareQueue(topic string) error {
+	ac := l.conn.Connection()
+	if ac == nil {
+		return errors.New("not connected to AMQP")
 	}
-	v, err := side(l.wc, l.logger, l.conn.ConnectionWrapper)
+	ch, err := ac.Channel()
 	if err != nil {
-		_ = l.conn.Close()
-		return link{}, none, fmt.Errorf("brokers/amqp: create %s: %w", what, err)
+		return fmt.Errorf("open channel: %w", err)
 	}
-	return l, v, nil
+	defer func() { _ = ch.Close() }()
+	q := l.wc.Queue
+	if _, err := ch.QueueDeclare(q.GenerateName(topic), q.Durable, q.AutoDelete, q.Exclusive, q.NoWait, q.Arguments); err != nil {
+		return declareError(l.cfg, topic, err)
+	}
+	return nil
 }

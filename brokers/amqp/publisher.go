@@ -37,9 +37,14 @@ var _ message.Publisher = (*Publisher)(nil)
 // pool. A nil logger logs nothing. An invalid cfg is a
 // *framework.ConfigError; giving up on the connection is a *DialError.
 func NewPublisher(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Publisher, error) {
-	l, pub, err := connect(ctx, cfg, logger, "publisher", wamqp.NewPublisherWithConnection)
+	l, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return nil, err
+	}
+	pub, err := wamqp.NewPublisherWithConnection(l.wc, l.logger, l.conn.ConnectionWrapper)
+	if err != nil {
+		_ = l.conn.Close()
+		return nil, fmt.Errorf("brokers/amqp: create publisher: %w", err)
 	}
 	return &Publisher{link: l, pub: pub, declared: make(map[string]bool)}, nil
 }
@@ -96,14 +101,7 @@ func (p *Publisher) declare(topic string) error {
 	if !p.conn.IsConnected() {
 		return errors.New("brokers/amqp: not connected to RabbitMQ")
 	}
-	ch, err := p.conn.Connection().Channel()
-	if err != nil {
-		return fmt.Errorf("brokers/amqp: open channel to declare queue %q: %w", topic, err)
-	}
-	defer func() { _ = ch.Close() }()
-	q := p.wc.Queue
-	if _, err := ch.QueueDeclare(q.GenerateName(topic), q.Durable, q.AutoDelete, q.Exclusive, q.NoWait, q.Arguments); err != nil {
-		err = declareError(p.cfg, topic, err)
+	if err := p.declareQueue(topic); err != nil {
 		if aerr := (*amqp091.Error)(nil); errors.As(err, &aerr) && aerr.Code == amqp091.AccessRefused {
 			// The user may not declare (configure) this queue: waiting
 			// does not change that, so no message published here can

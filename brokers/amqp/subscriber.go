@@ -7,19 +7,16 @@ import (
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/claimtx/claimtx/brokers/internal/wait"
 )
 
-// Subscriber consumes from RabbitMQ: Config.Concurrency watermill-amqp
-// subscriptions per Subscribe call, merged into one channel, with a delayed
-// nack; or, with Config.Window > 0, one consumer per Subscribe call with up
-// to Window messages in flight (window.go). It is safe for concurrent use.
+// Subscriber consumes from RabbitMQ: Config.Concurrency consumers per
+// Subscribe call, each settling one message before it takes the next,
+// merged into one channel, with a delayed nack; or, with Config.Window > 0,
+// one consumer per Subscribe call with up to Window messages in flight
+// (consumer.go). It is safe for concurrent use.
 type Subscriber struct {
-	link // its wc is sub's config; the window mode consumes like it
-	sub  *wamqp.Subscriber
+	link
 
 	// life ends when Close starts; every subscription's context is cut
 	// short by it. mu orders Subscribe's forwarders.Add before Close's
@@ -43,12 +40,12 @@ var (
 // Subscriber's life. A nil logger logs nothing. An invalid cfg is a
 // *framework.ConfigError; giving up on the connection is a *DialError.
 func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapter) (*Subscriber, error) {
-	l, sub, err := connect(ctx, cfg, logger, "subscriber", wamqp.NewSubscriberWithConnection)
+	l, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return nil, err
 	}
 	life, end := context.WithCancel(context.Background())
-	return &Subscriber{link: l, sub: sub, life: life, end: end}, nil
+	return &Subscriber{link: l, life: life, end: end}, nil
 }
 
 // Subscribe declares the durable queue named topic (if missing) and starts
@@ -61,6 +58,10 @@ func NewSubscriber(ctx context.Context, cfg Config, logger watermill.LoggerAdapt
 //
 // With Config.Window > 0 it starts one consumer instead, which keeps up to
 // Window messages in flight (see Config.Window).
+//
+// Each consumer's channel is opened here, so a queue that cannot be
+// declared or consumed (PRECONDITION_FAILED, access refused) fails
+// Subscribe; a channel lost later is reopened with backoff.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if s.life.Err() != nil {
 		return nil, errSubscriberClosed
@@ -68,44 +69,59 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := waitConnected(ctx, s.cfg, s.conn); err != nil {
 		return nil, err
 	}
+	n, prefetch := s.cfg.Concurrency, s.cfg.Prefetch
 	if s.cfg.Window > 0 {
-		return s.subscribeWindow(ctx, topic)
+		n, prefetch = 1, s.cfg.Window
 	}
-
-	// inCtx ends with ctx or Close, and stops the inner subscriptions if
-	// we fail half way.
-	inCtx, cancel := s.subscriptionContext(ctx)
-	ins := make([]<-chan *message.Message, 0, s.cfg.Concurrency)
+	out := make(chan *message.Message)
+	cs := make([]*consumer, n)
+	gens := make([]*generation, 0, n)
 	abort := func(err error) (<-chan *message.Message, error) {
-		cancel()
-		for _, in := range ins {
-			drain(in)
+		for _, g := range gens {
+			_ = g.ch.Close()
 		}
 		return nil, err
 	}
-	for i := 0; i < s.cfg.Concurrency; i++ {
-		in, err := s.sub.Subscribe(inCtx, topic)
+	for i := range cs {
+		cs[i] = &consumer{s: s, topic: topic, prefetch: prefetch, sequential: s.cfg.Window == 0, out: out,
+			logFields: watermill.LogFields{"topic": topic, "consumer": i + 1, "window": s.cfg.Window}}
+		gen, err := cs[i].open()
 		if err != nil {
-			return abort(fmt.Errorf("brokers/amqp: subscribe to %q (consumer %d of %d): %w", topic, i+1, s.cfg.Concurrency, declareError(s.cfg, topic, err)))
+			what := fmt.Sprintf("consumer %d of %d", i+1, n)
+			if s.cfg.Window > 0 {
+				what = fmt.Sprintf("window %d", s.cfg.Window)
+			}
+			return abort(fmt.Errorf("brokers/amqp: subscribe to %q (%s): %w", topic, what, err))
 		}
-		ins = append(ins, in)
+		gens = append(gens, gen)
 	}
-	if !s.addForwarders(len(ins)) {
+	// Close waits for the n consumers and for the goroutine that closes out
+	// once they are done, so it returns after the channel is closed.
+	s.mu.Lock()
+	if s.life.Err() != nil {
+		s.mu.Unlock()
 		return abort(errSubscriberClosed)
 	}
-
-	out := make(chan *message.Message)
+	s.forwarders.Add(n + 1)
+	s.mu.Unlock()
+	// The consumers' context ends with ctx or when the Subscriber closes, so
+	// everything they do watches one Done channel (waitConnected included).
+	cctx, cancel := context.WithCancel(ctx)
+	stopOnClose := context.AfterFunc(s.life, cancel)
 	var wg sync.WaitGroup
-	wg.Add(len(ins))
-	for _, in := range ins {
+	wg.Add(n)
+	for i, c := range cs {
+		c.ctx = cctx
 		go func() {
 			defer s.forwarders.Done()
 			defer wg.Done()
-			s.forward(inCtx, in, out)
+			c.run(gens[i])
 		}()
 	}
 	go func() {
+		defer s.forwarders.Done()
 		wg.Wait()
+		stopOnClose()
 		cancel()
 		close(out)
 	}()
@@ -114,84 +130,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 var errSubscriberClosed = errors.New("brokers/amqp: subscriber closed")
 
-// subscriptionContext is a subscription's context: it ends with ctx, when
-// the Subscriber closes, or when cancel is called, which the subscription
-// must do when it ends.
-func (s *Subscriber) subscriptionContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(s.life, cancel)
-	return ctx, func() {
-		stop()
-		cancel()
-	}
-}
-
-// addForwarders counts n goroutines Close must wait for, unless Close has
-// begun: then it reports false and the subscription must not start.
-func (s *Subscriber) addForwarders(n int) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.life.Err() != nil {
-		return false
-	}
-	s.forwarders.Add(n)
-	return true
-}
-
-// forward hands each message of one inner subscription to out through a
-// proxy message, so a nack can be delayed before it reaches watermill-amqp
-// (which would nack with requeue at once). It reads in until it is closed:
-// watermill-amqp's delivery loop blocks sending on it and only stops
-// watching for that when the subscriber closes, so a reader must stay.
-func (s *Subscriber) forward(ctx context.Context, in <-chan *message.Message, out chan<- *message.Message) {
-	for orig := range in {
-		if ctx.Err() != nil {
-			orig.Nack()
-			continue
-		}
-		proxy := message.NewMessage(orig.UUID, orig.Payload)
-		proxy.Metadata = orig.Metadata
-		proxy.SetContext(orig.Context())
-
-		select {
-		case out <- proxy:
-		case <-ctx.Done():
-			orig.Nack()
-			continue
-		}
-
-		select {
-		case <-proxy.Acked():
-			orig.Ack()
-		case <-proxy.Nacked():
-			wait.For(s.cfg.NackDelay, ctx.Done())
-			orig.Nack()
-		case <-ctx.Done():
-			// The subscription ends while the handler still runs: hand the
-			// message back unless its proxy was acked already (select
-			// picks at random among ready cases, so an ack that raced the
-			// stop would otherwise become a needless redelivery). A late
-			// ack of the proxy has no effect, and the redelivery is
-			// deduplicated by the claim.
-			select {
-			case <-proxy.Acked():
-				orig.Ack()
-			default:
-				orig.Nack()
-			}
-		}
-	}
-}
-
-// drain nacks everything left on in until it is closed.
-func drain(in <-chan *message.Message) {
-	go func() {
-		for m := range in {
-			m.Nack()
-		}
-	}()
-}
-
 // SubscribeInitialize declares the durable queue named topic without
 // consuming from it, so messages published before the first Subscribe are
 // kept.
@@ -199,8 +137,8 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if err := waitConnected(context.Background(), s.cfg, s.conn); err != nil {
 		return err
 	}
-	if err := s.sub.SubscribeInitialize(topic); err != nil {
-		return fmt.Errorf("brokers/amqp: declare queue %q: %w", topic, declareError(s.cfg, topic, err))
+	if err := s.declareQueue(topic); err != nil {
+		return fmt.Errorf("brokers/amqp: declare queue %q: %w", topic, err)
 	}
 	return nil
 }
@@ -212,9 +150,8 @@ func (s *Subscriber) Close() error {
 		s.mu.Lock()
 		s.end()
 		s.mu.Unlock()
-		err := s.sub.Close()
 		s.forwarders.Wait()
-		s.closeErr = errors.Join(err, s.conn.Close())
+		s.closeErr = s.conn.Close()
 	})
 	return s.closeErr
 }
