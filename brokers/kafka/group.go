@@ -354,12 +354,8 @@ func (g *subscription) leave(deadline time.Time) {
 		}
 		g.cl.Close()
 	}()
-	nudge := time.NewTimer(leaveNudge)
-	defer nudge.Stop()
-	select {
-	case <-done:
+	if !wait.For(leaveNudge, done) {
 		return
-	case <-nudge.C:
 	}
 	if memberID != "" {
 		req := kmsg.NewPtrLeaveGroupRequest()
@@ -377,10 +373,7 @@ func (g *subscription) leave(deadline time.Time) {
 			// client's goroutines, which a broker that never answers
 			// the join (kfake) holds until the request times out.
 			g.s.logger.Debug("Left the Kafka group while a join was in flight", g.fields.Add(watermill.LogFields{"member_id": memberID}))
-			nudge.Reset(leaveNudge)
-			select {
-			case <-done:
-			case <-nudge.C:
+			if wait.For(leaveNudge, done) {
 				g.s.logger.Debug("Kafka client still closing; going on without it", g.fields)
 			}
 			return

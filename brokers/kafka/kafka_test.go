@@ -62,6 +62,15 @@ func publish(t *testing.T, cfg kafka.Config, topic string, msgs ...*message.Mess
 	require.NoError(t, pub.Publish(topic, msgs...))
 }
 
+// keyedMessage is a message with an event_id and a partition key, as a
+// producer of entity events sends it.
+func keyedMessage(uuid, eventID, key string) *message.Message {
+	m := message.NewMessage(uuid, []byte("body"))
+	m.Metadata.Set("event_id", eventID)
+	m.Metadata.Set(kafka.PartitionKeyMetadata, key)
+	return m
+}
+
 // receive waits for one message or fails the test.
 func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
 	t.Helper()
@@ -224,9 +233,7 @@ func TestRoundTripMetadata(t *testing.T) {
 	cfg := testConfig(t, startBroker(t))
 	topic := uniqueName(t)
 
-	sent := message.NewMessage("uuid-rt", []byte("body"))
-	sent.Metadata.Set("event_id", "evt-rt")
-	sent.Metadata.Set(kafka.PartitionKeyMetadata, "customer-1")
+	sent := keyedMessage("uuid-rt", "evt-rt", "customer-1")
 	sent.Metadata.Set(kafkarecord.KafkaOffset, "999") // stale delivery metadata is not published
 	before := time.Now().Add(-time.Second)
 	publish(t, cfg, topic, sent)

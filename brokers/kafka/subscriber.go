@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/claimtx/claimtx/brokers/internal/wait"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
@@ -85,12 +86,8 @@ func (s *Subscriber) Close() error {
 		s.subs.Wait()
 		close(done)
 	}()
-	t := time.NewTimer(closeWait)
-	defer t.Stop()
-	select {
-	case <-done:
-		return nil
-	case <-t.C:
+	if wait.For(closeWait, done) {
 		return fmt.Errorf("brokers/kafka: subscriptions still closing after %s; going on without them (what they did not commit is delivered again)", closeWait)
 	}
+	return nil
 }

@@ -278,9 +278,7 @@ func TestWindowMetadataMatchesDefault(t *testing.T) {
 	cfg := testConfig(t, startBroker(t))
 	topic := uniqueName(t)
 
-	sent := message.NewMessage("uuid-win", []byte("body"))
-	sent.Metadata.Set("event_id", "evt-win")
-	sent.Metadata.Set(kafka.PartitionKeyMetadata, "customer-9")
+	sent := keyedMessage("uuid-win", "evt-win", "customer-9")
 	publish(t, cfg, topic, sent)
 
 	consume := func(c kafka.Config) *message.Message {
