@@ -20,16 +20,15 @@ import (
 // partition's settled position, and on assignment a partition starts at
 // that position when the group's offset is below it.
 
-func init() {
-	kafkarecord.RegisterAttacher(func(sub any, o kafkarecord.Options) bool {
-		s, ok := sub.(*Subscriber)
-		if ok {
-			s.mu.Lock()
-			s.positions = o
-			s.mu.Unlock()
-		}
-		return ok
-	})
+// attach is kafkarecord.Adapter.Attach.
+func attach(sub any, o kafkarecord.Options) bool {
+	s, ok := sub.(*Subscriber)
+	if ok {
+		s.mu.Lock()
+		s.positions = o
+		s.mu.Unlock()
+	}
+	return ok
 }
 
 // adjustTimeout bounds what adjustOffsets waits for (the stored

@@ -80,24 +80,35 @@ type Options struct {
 	Settled func(topic string, partition int32, below int64)
 }
 
+// Adapter is what brokers/kafka registers from its init, when it is
+// linked: for one of its subscribers (sub, false for any other), how to
+// give it Options and how to ask its broker for end offsets.
+type Adapter struct {
+	Attach     func(sub any, o Options) bool
+	EndOffsets func(sub any) (EndOffsetsFunc, bool)
+}
+
 var (
-	mu       sync.Mutex
-	attacher func(sub any, o Options) bool
+	mu      sync.Mutex
+	adapter Adapter
 )
 
-// RegisterAttacher is called by brokers/kafka's init with the function
-// that gives one of its subscribers Options.
-func RegisterAttacher(f func(sub any, o Options) bool) {
+// Register is called once, by brokers/kafka's init.
+func Register(a Adapter) {
 	mu.Lock()
 	defer mu.Unlock()
-	attacher = f
+	adapter = a
+}
+
+func registered() Adapter {
+	mu.Lock()
+	defer mu.Unlock()
+	return adapter
 }
 
 // Attach gives sub the Options, and reports whether sub uses stored
 // positions (a Kafka subscriber does; other brokers' do not).
 func Attach(sub any, o Options) bool {
-	mu.Lock()
-	f := attacher
-	mu.Unlock()
-	return f != nil && f(sub, o)
+	a := registered()
+	return a.Attach != nil && a.Attach(sub, o)
 }
