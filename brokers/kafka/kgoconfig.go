@@ -43,7 +43,7 @@ func groupOpts(c Config, topic string) ([]kgo.Opt, error) {
 		kgo.AutoCommitMarks(),
 		kgo.AutoCommitInterval(c.CommitInterval),
 		// Rebalance callbacks never run between a poll and the hand-off
-		// of its records to the partition queues (see group.go).
+		// of its records to the partition queues (see subscriber.go).
 		kgo.BlockRebalanceOnPoll(),
 	}
 	reset := kgo.NewOffset().AtStart()
