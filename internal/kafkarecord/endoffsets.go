@@ -11,9 +11,8 @@ type EndOffsetsFunc func(ctx context.Context, topic string) (map[int32]int64, er
 // `claimtx stats` and the console, so it is not a method in the adapter's
 // API.
 func EndOffsets(sub any) (EndOffsetsFunc, bool) {
-	a := registered()
-	if a.EndOffsets == nil {
+	if adapter.EndOffsets == nil {
 		return nil, false
 	}
-	return a.EndOffsets(sub)
+	return adapter.EndOffsets(sub)
 }

@@ -12,10 +12,7 @@
 // it is the lowest offset still in flight.
 package kafkarecord
 
-import (
-	"context"
-	"sync"
-)
+import "context"
 
 // Partition is the subscriber's view of one assigned partition.
 type Partition interface {
@@ -88,27 +85,15 @@ type Adapter struct {
 	EndOffsets func(sub any) (EndOffsetsFunc, bool)
 }
 
-var (
-	mu      sync.Mutex
-	adapter Adapter
-)
+// adapter is set once, from an init function, so it is read only after
+// it is written (package initialisation happens before main and tests).
+var adapter Adapter
 
 // Register is called once, by brokers/kafka's init.
-func Register(a Adapter) {
-	mu.Lock()
-	defer mu.Unlock()
-	adapter = a
-}
-
-func registered() Adapter {
-	mu.Lock()
-	defer mu.Unlock()
-	return adapter
-}
+func Register(a Adapter) { adapter = a }
 
 // Attach gives sub the Options, and reports whether sub uses stored
 // positions (a Kafka subscriber does; other brokers' do not).
 func Attach(sub any, o Options) bool {
-	a := registered()
-	return a.Attach != nil && a.Attach(sub, o)
+	return adapter.Attach != nil && adapter.Attach(sub, o)
 }
