@@ -173,18 +173,10 @@ type subscription struct {
 // ends or the Subscriber is closed.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	what := fmt.Sprintf("subscribe to %q", topic)
-	// runCtx ends with ctx or when the Subscriber closes.
-	runCtx, cancelRun := context.WithCancel(ctx)
-	stopOnClose := context.AfterFunc(s.life, cancelRun)
-	cancel := func() {
-		stopOnClose()
-		cancelRun()
-	}
 	g := &subscription{
 		s:         s,
 		topic:     topic,
 		out:       make(chan *message.Message), // unbuffered: nothing read ahead beyond the window
-		runCtx:    runCtx,
 		clientSet: make(chan struct{}),
 		window:    max(s.cfg.Window, 1),
 		parts:     map[int32]*partition{},
@@ -197,7 +189,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	opts, err := groupOpts(s.cfg, topic)
 	if err != nil {
-		cancel()
 		return nil, err
 	}
 	opts = append(opts,
@@ -207,16 +198,24 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		kgo.OnPartitionsLost(g.lost),
 		kgo.AdjustFetchOffsetsFn(g.adjustOffsets),
 	)
-	// Close sets closed under mu before it waits: no subscription starts
+	// Close ends s.life under mu before it waits: no subscription starts
 	// once Close is waiting.
 	s.mu.Lock()
 	if s.closed() {
 		s.mu.Unlock()
-		cancel()
 		return nil, fmt.Errorf("brokers/kafka: %s: %w", what, errSubscriberClosed)
 	}
 	s.subs.Add(1)
 	s.mu.Unlock()
+	// runCtx ends with ctx or when the Subscriber closes; it is set before
+	// the client starts the group callbacks that read it.
+	var cancelRun context.CancelFunc
+	g.runCtx, cancelRun = context.WithCancel(ctx)
+	stopOnClose := context.AfterFunc(s.life, cancelRun)
+	cancel := func() {
+		stopOnClose()
+		cancelRun()
+	}
 
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
