@@ -54,7 +54,6 @@ func watermillConfig(c Config) (wamqp.Config, error) {
 	wc := wamqp.NewDurableQueueConfig(c.URL)
 	wc.Marshaler = marshaler{}
 	wc.Queue.Arguments = args
-	wc.Consume.Qos = wamqp.QosConfig{PrefetchCount: c.Prefetch}
 	wc.Publish.ConfirmDelivery = true
 	wc.Publish.ChannelPoolSize = c.PublishChannels
 	wc.Connection.Reconnect = &wamqp.ReconnectConfig{
