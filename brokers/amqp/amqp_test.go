@@ -21,6 +21,8 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/amqp"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/amqpheader"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // TestPubSubConformance runs Watermill's Pub/Sub suite against the adapter
@@ -73,16 +75,8 @@ func runSuite(t *testing.T, cfg brokers.AMQPConfig, features tests.Features) {
 	// The suite closes one subscriber before using it
 	// (test_pubsub.go:458 "defer require.NoError(t, sub.Close())" evaluates
 	// Close at once), which leaks the subscriber its multiplier creates
-	// afterwards. Close everything we built when the suite is done.
-	var mu sync.Mutex
-	var closers []io.Closer
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range closers {
-			_ = c.Close()
-		}
-	})
+	// afterwards.
+	closeAtEnd := testenv.CloseAtEnd(t)
 	features.GenerateTopicFunc = func(tctx tests.TestContext) string {
 		return "claimtx-conformance-" + string(tctx.TestID)
 	}
@@ -92,9 +86,7 @@ func runSuite(t *testing.T, cfg brokers.AMQPConfig, features tests.Features) {
 			require.NoError(t, err)
 			sub, err := amqp.NewSubscriber(context.Background(), cfg, logger)
 			require.NoError(t, err)
-			mu.Lock()
-			closers = append(closers, pub, sub)
-			mu.Unlock()
+			closeAtEnd(pub, sub)
 			return trackingPublisher{pub, &q}, trackingSubscriber{sub, &q}
 		},
 		nil,
@@ -105,8 +97,7 @@ func runSuite(t *testing.T, cfg brokers.AMQPConfig, features tests.Features) {
 // the default exchange with routing key = topic and an event_id header.
 func TestPlainProducer(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 
 	sub := newSubscriber(t, testConfig())
 	require.NoError(t, sub.SubscribeInitialize(topic))
@@ -120,18 +111,16 @@ func TestPlainProducer(t *testing.T) {
 		Body:        []byte(`{"order_id":"o-1"}`),
 	}))
 
-	msgs, err := sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	m := receive(t, msgs, 10*time.Second)
+	m, _ := testenv.SubscribeReceive(t, sub, topic, 10*time.Second)
 	require.True(t, m.Ack())
 
 	require.NotEmpty(t, m.UUID, "a UUID is generated for plain producers")
 	require.Equal(t, "evt-42", m.Metadata.Get("event_id"))
 	require.Equal(t, `{"order_id":"o-1"}`, string(m.Payload))
-	require.Equal(t, topic, m.Metadata.Get(amqp.MetadataRoutingKey))
-	require.Equal(t, "", m.Metadata.Get(amqp.MetadataExchange))
-	require.Equal(t, "application/json", m.Metadata.Get(amqp.MetadataContentType))
-	require.Equal(t, ts.Format(time.RFC3339Nano), m.Metadata.Get(amqp.MetadataTimestamp))
+	require.Equal(t, topic, m.Metadata.Get(amqpheader.RoutingKey))
+	require.Equal(t, "", m.Metadata.Get(amqpheader.Exchange))
+	require.Equal(t, "application/json", m.Metadata.Get(amqpheader.ContentType))
+	require.Equal(t, ts.Format(time.RFC3339Nano), m.Metadata.Get(amqpheader.Timestamp))
 }
 
 // TestDeadLetterReplay reproduces the replay of a real dead-letter queue:
@@ -174,10 +163,7 @@ func TestDeadLetterReplay(t *testing.T) {
 	require.NoError(t, dead.Nack(false, true)) // back into dlq for the subscriber
 
 	sub := newSubscriber(t, testConfig())
-	msgs, err := sub.Subscribe(t.Context(), dlq)
-	require.NoError(t, err)
-
-	m := receive(t, msgs, 10*time.Second)
+	m, msgs := testenv.SubscribeReceive(t, sub, dlq, 10*time.Second)
 	require.True(t, m.Ack())
 	require.Equal(t, "evt-dead", m.Metadata.Get("event_id"))
 	death := onlyDeath(t, m)
@@ -192,8 +178,7 @@ func TestDeadLetterReplay(t *testing.T) {
 // TestNonStringHeaders publishes every AMQP field type a producer can send.
 func TestNonStringHeaders(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 
 	sub := newSubscriber(t, testConfig())
 	require.NoError(t, sub.SubscribeInitialize(topic))
@@ -220,9 +205,7 @@ func TestNonStringHeaders(t *testing.T) {
 		Body: []byte("x"),
 	}))
 
-	msgs, err := sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	m := receive(t, msgs, 10*time.Second)
+	m, msgs := testenv.SubscribeReceive(t, sub, topic, 10*time.Second)
 	require.True(t, m.Ack())
 
 	want := map[string]string{
@@ -260,8 +243,7 @@ func requireQueueDrained(t *testing.T, ch *amqp091.Channel, queue string, msgs <
 func TestConcurrency(t *testing.T) {
 	t.Parallel()
 	const n = 4
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 
 	cfg := testConfig()
 	cfg.Concurrency = n
@@ -293,8 +275,7 @@ func TestConcurrency(t *testing.T) {
 func TestNackDelay(t *testing.T) {
 	t.Parallel()
 	const delay = 400 * time.Millisecond
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 
 	cfg := testConfig()
 	cfg.Concurrency = 1
@@ -305,17 +286,14 @@ func TestNackDelay(t *testing.T) {
 	require.NoError(t, pub.Publish(topic, message.NewMessage("m-1", []byte("x"))))
 
 	sub := newSubscriber(t, cfg)
-	msgs, err := sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-
-	first := receive(t, msgs, 10*time.Second)
+	first, msgs := testenv.SubscribeReceive(t, sub, topic, 10*time.Second)
 	require.Equal(t, "m-1", first.UUID)
 	nackedAt := time.Now()
 	first.Nack()
 	again := receive(t, msgs, 10*time.Second)
 	require.GreaterOrEqual(t, time.Since(nackedAt), delay)
 	require.Equal(t, "m-1", again.UUID)
-	require.Equal(t, "true", again.Metadata.Get(amqp.MetadataRedelivered))
+	require.Equal(t, "true", again.Metadata.Get(wamqp.MetadataRedeliveredKey))
 	again.Ack()
 }
 
@@ -323,35 +301,31 @@ func TestNackDelay(t *testing.T) {
 // before any consumer exists is kept.
 func TestPublishBeforeSubscribe(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 
 	pub, err := amqp.NewPublisher(context.Background(), testConfig(), nil)
 	require.NoError(t, err)
 	msg := message.NewMessage("uuid-1", []byte("early"))
 	msg.Metadata.Set("event_id", "evt-early")
-	msg.Metadata.Set(amqp.MetadataRoutingKey, "stale") // delivery metadata is not republished
+	msg.Metadata.Set(amqpheader.RoutingKey, "stale") // delivery metadata is not republished
 	require.NoError(t, pub.Publish(topic, msg))
 	require.NoError(t, pub.Close())
 	require.Error(t, pub.Publish(topic, msg), "publish after close")
 
 	sub := newSubscriber(t, testConfig())
-	msgs, err := sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	m := receive(t, msgs, 10*time.Second)
+	m, _ := testenv.SubscribeReceive(t, sub, topic, 10*time.Second)
 	m.Ack()
 	require.Equal(t, "uuid-1", m.UUID)
 	require.Equal(t, "evt-early", m.Metadata.Get("event_id"))
-	require.Equal(t, topic, m.Metadata.Get(amqp.MetadataRoutingKey))
-	require.Equal(t, "uuid-1", m.Metadata.Get(amqp.MetadataMessageID))
+	require.Equal(t, topic, m.Metadata.Get(amqpheader.RoutingKey))
+	require.Equal(t, "uuid-1", m.Metadata.Get(amqpheader.MessageID))
 }
 
 // TestSubscribeContextCancel: cancelling the Subscribe context closes the
 // channel, and unacked messages go back to the queue.
 func TestSubscribeContextCancel(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 	cfg := testConfig()
 
 	pub, err := amqp.NewPublisher(context.Background(), cfg, nil)
@@ -369,9 +343,7 @@ func TestSubscribeContextCancel(t *testing.T) {
 	}
 	_ = m // never acked
 
-	msgs, err = sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	again := receive(t, msgs, 10*time.Second)
+	again, _ := testenv.SubscribeReceive(t, sub, topic, 10*time.Second)
 	require.Equal(t, "keep-me", again.UUID)
 	again.Ack()
 }

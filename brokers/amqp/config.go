@@ -31,8 +31,14 @@ func validate(c brokers.AMQPConfig) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	if _, err := queueArguments(c.QueueArguments); err != nil {
-		return &framework.ConfigError{Field: "queue_arguments", Reason: "cannot be encoded as an AMQP table", Err: err}
+	return checkQueueArguments("queue_arguments", c.QueueArguments)
+}
+
+// checkQueueArguments is the check only the client can make: that the
+// queue arguments encode as an AMQP table. field names them in the error.
+func checkQueueArguments(field string, args map[string]any) error {
+	if _, err := queueArguments(args); err != nil {
+		return &framework.ConfigError{Field: field, Reason: "cannot be encoded as an AMQP table", Err: err}
 	}
 	return nil
 }
@@ -47,7 +53,6 @@ func watermillConfig(c brokers.AMQPConfig) (wamqp.Config, error) {
 	wc := wamqp.NewDurableQueueConfig(c.URL)
 	wc.Marshaler = marshaler{}
 	wc.Queue.Arguments = args
-	wc.Consume.Qos = wamqp.QosConfig{PrefetchCount: c.Prefetch}
 	wc.Publish.ConfirmDelivery = true
 	wc.Publish.ChannelPoolSize = c.PublishChannels
 	wc.Connection.Reconnect = &wamqp.ReconnectConfig{

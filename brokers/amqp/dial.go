@@ -13,6 +13,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/brokers/internal/wait"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/config"
@@ -46,7 +47,7 @@ func dial(ctx context.Context, cfg brokers.AMQPConfig, wc wamqp.Config, logger w
 	}
 	w := &watcher{LoggerAdapter: logger, stopped: make(chan struct{})}
 	redacted := config.RedactURL(cfg.URL)
-	wait := cfg.ReconnectInitialInterval
+	backoff := cfg.ReconnectInitialInterval
 	for attempt := 1; ; attempt++ {
 		wrapper, err := wamqp.NewConnection(wc.Connection, w)
 		if err == nil {
@@ -61,17 +62,13 @@ func dial(ctx context.Context, cfg brokers.AMQPConfig, wc wamqp.Config, logger w
 			return nil, &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start), Err: err}
 		}
 		warnlog.Log(logger, "RabbitMQ not reachable yet, retrying", watermill.LogFields{
-			"dependency": "RabbitMQ", "url": redacted, "attempt": attempt, "retry_in": wait.String(), "err": err.Error(),
+			"dependency": "RabbitMQ", "url": redacted, "attempt": attempt, "retry_in": backoff.String(), "err": err.Error(),
 		})
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !wait.For(backoff, ctx.Done()) {
 			return nil, &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start),
 				Err: fmt.Errorf("%w (last error: %w)", ctx.Err(), err)}
-		case <-t.C:
 		}
-		wait = min(2*wait, cfg.ReconnectMaxInterval)
+		backoff = min(2*backoff, cfg.ReconnectMaxInterval)
 	}
 }
 
@@ -201,21 +198,52 @@ func waitConnected(ctx context.Context, cfg brokers.AMQPConfig, conn *conn) erro
 	return nil
 }
 
+// link is what NewSubscriber and NewPublisher both start from: the brokers.AMQPConfig
+// with its defaults, watermill-amqp's config derived from it, the logger
+// and the connection.
+type link struct {
+	cfg    brokers.AMQPConfig
+	wc     wamqp.Config
+	logger watermill.LoggerAdapter
+	conn   *conn
+}
+
 // connect is the start-up both NewSubscriber and NewPublisher share:
 // validate, apply defaults, derive watermill-amqp's config and dial with
 // retries.
-func connect(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (brokers.AMQPConfig, wamqp.Config, *conn, watermill.LoggerAdapter, error) {
+func connect(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (link, error) {
 	if err := validate(cfg); err != nil {
-		return cfg, wamqp.Config{}, nil, nil, err
+		return link{}, err
 	}
-	cfg = withDefaults(cfg)
-	if logger == nil {
-		logger = watermill.NopLogger{}
+	l := link{cfg: withDefaults(cfg), logger: logger}
+	if l.logger == nil {
+		l.logger = watermill.NopLogger{}
 	}
-	wc, err := watermillConfig(cfg)
+	var err error
+	if l.wc, err = watermillConfig(l.cfg); err != nil {
+		return link{}, err
+	}
+	l.conn, err = dial(ctx, l.cfg, l.wc, l.logger)
+	return l, err
+}
+
+// declareQueue declares the durable queue named topic as every declaration
+// of this adapter does (wc.Queue: the name, durable flag and argument
+// table), on a channel of its own: a refused declaration closes the
+// channel it was made on. A refusal over arguments is a declareError.
+func (l *link) declareQueue(topic string) error {
+	ac := l.conn.Connection()
+	if ac == nil {
+		return errors.New("not connected to AMQP")
+	}
+	ch, err := ac.Channel()
 	if err != nil {
-		return cfg, wc, nil, nil, err
+		return fmt.Errorf("open channel: %w", err)
 	}
-	conn, err := dial(ctx, cfg, wc, logger)
-	return cfg, wc, conn, logger, err
+	defer func() { _ = ch.Close() }()
+	q := l.wc.Queue
+	if _, err := ch.QueueDeclare(q.GenerateName(topic), q.Durable, q.AutoDelete, q.Exclusive, q.NoWait, q.Arguments); err != nil {
+		return declareError(l.cfg, topic, err)
+	}
+	return nil
 }

@@ -1,8 +1,9 @@
-// Package amqp is claimtx's RabbitMQ adapter: watermill-amqp v3 (on
-// amqp091-go) configured for at-least-once consumption of durable queues,
-// with the sharp edges of that stack filed off.
+// Package amqp is claimtx's RabbitMQ adapter: amqp091-go consumers and
+// watermill-amqp v3's connection and confirm-mode publisher, configured for
+// at-least-once consumption of durable queues, with the sharp edges of that
+// stack filed off.
 //
-//	sub, err := amqp.NewSubscriber(ctx, brokers.AMQPConfig{URL: url, Concurrency: 8}, logger)
+//	sub, err := amqp.NewSubscriber(ctx, amqp.Config{URL: url, Concurrency: 8}, logger)
 //	msgs, err := sub.Subscribe(ctx, "orders")
 //
 // Most users import it for its side effect, which registers the kind
@@ -29,12 +30,13 @@
 //
 // # Concurrency and prefetch
 //
-// A watermill-amqp subscription handles one delivery at a time: it hands a
-// message to its channel and waits for the ack before it takes the next. So
-// Subscribe opens brokers.AMQPConfig.Concurrency subscriptions (one AMQP channel each) on
-// the same queue and merges them into the one channel it returns; RabbitMQ
-// spreads deliveries over them, and up to Concurrency messages are in the
-// handler at once. Order is therefore not kept when Concurrency > 1.
+// Without a window, each consumer handles one delivery at a time, as a
+// watermill-amqp subscription does: it hands a message to its channel and
+// waits for the ack before it takes the next. So Subscribe opens
+// brokers.AMQPConfig.Concurrency consumers (one AMQP channel each) on the same queue and
+// merges them into the one channel it returns; RabbitMQ spreads deliveries
+// over them, and up to Concurrency messages are in the handler at once.
+// Order is therefore not kept when Concurrency > 1.
 //
 // Prefetch (QoS) is per channel and defaults to 1, which is exactly what a
 // sequential subscription can use: a higher prefetch only parks messages in
@@ -51,9 +53,9 @@
 // the previous ones to be acked: up to Window messages are in flight (set it
 // to workers × batch size). Concurrency and Prefetch are not used then.
 //
-// The queue is declared by watermill-amqp's own code, exactly as in the
-// per-subscription mode, and deliveries go through the same conversion, so
-// both modes consume the same queue and yield the same metadata. Every
+// Both modes declare the queue exactly as the publisher does, and run
+// deliveries through the same conversion and the same consumer code, so
+// they consume the same queue and yield the same metadata. Every
 // message is acked on the channel its delivery came from (delivery tags are
 // per channel). Acks are coalesced: an ack that leaves the oldest
 // deliveries all acked goes out at once as one AMQP "multiple" ack over
@@ -64,18 +66,19 @@
 // messages: only its window slot stays taken. When the channel or the
 // connection is lost, its unacked deliveries go back to the queue, late
 // acks of them have no effect, and the consumer resumes on a new channel
-// once watermill-amqp has reconnected (retrying with the Reconnect*
+// once the connection is back (retrying with the Reconnect*
 // backoff). Cancelling the context or Close sends the acks already given,
 // then closes the channel: everything still unacked goes back to the queue.
 //
 // # Nack
 //
-// watermill-amqp nacks with requeue=true (subscriber.go:439), and RabbitMQ
-// puts the message back at the head of the queue at once: a message that
-// keeps failing would spin through the handler as fast as the network allows.
-// This adapter holds a nacked delivery for brokers.AMQPConfig.NackDelay (default 1s)
-// before handing the nack to RabbitMQ; meanwhile that one subscription takes
-// no other message. In claimtx the router's Retry and Poison middleware sit
+// watermill-amqp's subscriber nacks with requeue=true (subscriber.go:439),
+// and RabbitMQ puts the message back at the head of the queue at once: a
+// message that keeps failing would spin through the handler as fast as the
+// network allows. This adapter holds a nacked delivery for brokers.AMQPConfig.NackDelay
+// (default 1s) before handing the nack to RabbitMQ; meanwhile that one
+// consumer takes no other message (in the window mode, only that message's
+// slot stays taken). In claimtx the router's Retry and Poison middleware sit
 // in front of the claim, so a nack only reaches the broker when even the
 // poison queue could not be written, which is an infrastructure problem
 // where waiting and trying again is the right answer.
@@ -206,8 +209,8 @@
 // *DialError with the attempts made and the last error. Refused credentials
 // or vhost (AMQP 403) are returned at once: waiting will not fix them.
 //
-// Once connected, watermill-amqp reconnects by itself, forever, and its
-// subscriptions resume. While it is reconnecting its Publish fails with "not
+// Once connected, watermill-amqp reconnects by itself, forever, and the
+// consumers resume on new channels. While it is reconnecting its Publish fails with "not
 // connected" (publisher.go:102): publishers must retry (claimtx's outbox
 // relay does). Subscribe waits for the connection, bounded by DialTimeout.
 // Note that watermill-amqp v3.0.2 replaces its "connected" channel without a

@@ -96,18 +96,23 @@ func exampleQueue() string {
 	return "claimtx-example-" + hex.EncodeToString(b[:])
 }
 
-// plainPublish publishes p to the default exchange with routing key topic,
-// as a producer that knows nothing of claimtx or Watermill does.
-func plainPublish(ctx context.Context, topic string, p amqp091.Publishing) {
+// plainChannel opens a plain amqp091 channel, as a producer that knows
+// nothing of claimtx or Watermill does; done closes its connection.
+func plainChannel() (ch *amqp091.Channel, done func()) {
 	conn, err := amqp091.Dial(exampleURL())
 	if err != nil {
 		panic(err)
 	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
+	if ch, err = conn.Channel(); err != nil {
 		panic(err)
 	}
+	return ch, func() { _ = conn.Close() }
+}
+
+// plainPublish publishes p to the default exchange with routing key topic.
+func plainPublish(ctx context.Context, topic string, p amqp091.Publishing) {
+	ch, done := plainChannel()
+	defer done()
 	if err := ch.PublishWithContext(ctx, "", topic, true, false, p); err != nil {
 		panic(err)
 	}
@@ -115,15 +120,8 @@ func plainPublish(ctx context.Context, topic string, p amqp091.Publishing) {
 
 // plainGet takes one message off queue with a plain amqp091 basic.get.
 func plainGet(queue string) amqp091.Delivery {
-	conn, err := amqp091.Dial(exampleURL())
-	if err != nil {
-		panic(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		panic(err)
-	}
+	ch, done := plainChannel()
+	defer done()
 	d, ok, err := ch.Get(queue, true)
 	if err != nil || !ok {
 		panic(fmt.Sprint("no message in ", queue, ": ", err))
@@ -133,12 +131,7 @@ func plainGet(queue string) amqp091.Delivery {
 
 // deleteQueue removes the durable queue the example declared.
 func deleteQueue(name string) {
-	conn, err := amqp091.Dial(exampleURL())
-	if err != nil {
-		return
-	}
-	defer conn.Close()
-	if ch, err := conn.Channel(); err == nil {
-		_, _ = ch.QueueDelete(name, false, false, false)
-	}
+	ch, done := plainChannel()
+	defer done()
+	_, _ = ch.QueueDelete(name, false, false, false)
 }

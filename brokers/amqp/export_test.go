@@ -2,20 +2,8 @@ package amqp
 
 import "github.com/claimtx/claimtx/internal/amqpheader"
 
-// Names the black-box tests use. They are unexported in the package API:
-// users write metadata names as strings in key specs, and the rest is
-// plumbing or a documented default.
-const (
-	MaxWindow             = 65535 // brokers.AMQPConfig's bound on Window
-	UUIDHeader            = uuidHeader
-	MetadataMessageID     = metadataMessageID
-	MetadataCorrelationID = metadataCorrelationID
-	MetadataContentType   = metadataContentType
-	MetadataTimestamp     = metadataTimestamp
-	MetadataExchange      = metadataExchange
-	MetadataRoutingKey    = metadataRoutingKey
-	MetadataRedelivered   = metadataRedelivered
-)
+// MaxWindow is brokers.AMQPConfig's bound on Window.
+const MaxWindow = 65535
 
 // Marshaler is the adapter's message converter.
 type Marshaler = marshaler

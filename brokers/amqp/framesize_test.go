@@ -30,8 +30,7 @@ var frameTooLarge = regexp.MustCompile(`frame_too_large,(\d+),(\d+)`)
 // size.
 func TestHeaderFrameSizeIsRabbitMQs(t *testing.T) {
 	t.Parallel()
-	queue := uniqueName(t)
-	deleteQueuesAtCleanup(t, queue)
+	queue := newQueue(t)
 	ch := rawChannel(t)
 	_, err := ch.QueueDeclare(queue, true, false, false, false, nil)
 	require.NoError(t, err)
@@ -112,8 +111,7 @@ func TestHeaderFrameSizeIsRabbitMQs(t *testing.T) {
 // next message goes through on the same connection.
 func TestPublishRefusesHeadersOverTheFrameSize(t *testing.T) {
 	t.Parallel()
-	queue := uniqueName(t)
-	deleteQueuesAtCleanup(t, queue)
+	queue := newQueue(t)
 	pub, err := amqp.NewPublisher(context.Background(), testConfig(), nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })

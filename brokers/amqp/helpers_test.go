@@ -57,6 +57,14 @@ func rawChannel(t *testing.T) *amqp091.Channel {
 	return ch
 }
 
+// newQueue is a queue name unique to this test, deleted when it ends.
+func newQueue(t *testing.T) string {
+	t.Helper()
+	q := uniqueName(t)
+	deleteQueuesAtCleanup(t, q)
+	return q
+}
+
 // deleteQueuesAtCleanup removes queues created by a test, whatever its
 // outcome.
 func deleteQueuesAtCleanup(t *testing.T, names ...string) {

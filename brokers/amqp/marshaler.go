@@ -11,22 +11,12 @@ import (
 	"github.com/claimtx/claimtx/internal/amqpheader"
 )
 
-// Metadata keys the adapter sets from AMQP message properties on consume.
-// They describe one delivery, so Marshal never publishes them as headers, and
-// claimtx never derives a claim key from them by default: they change on
-// republish and on dead-letter replay.
+// Keys Marshal never publishes as headers. The amqp_* metadata entries
+// (amqpheader's MessageID, Exchange, ...) are set from AMQP message
+// properties on consume: they describe one delivery, and claimtx never
+// derives a claim key from them by default: they change on republish and
+// on dead-letter replay.
 const (
-	// uuidHeader is the header carrying the Watermill message UUID, shared with
-	// watermill-amqp so either side can read the other's messages.
-	uuidHeader = amqpheader.UUIDHeader
-
-	metadataMessageID     = amqpheader.MessageID
-	metadataCorrelationID = amqpheader.CorrelationID
-	metadataContentType   = amqpheader.ContentType
-	metadataTimestamp     = amqpheader.Timestamp
-	metadataExchange      = amqpheader.Exchange
-	metadataRoutingKey    = amqpheader.RoutingKey
-
 	// metadataRedelivered is set to "true" by watermill-amqp when RabbitMQ
 	// flags the delivery as redelivered.
 	metadataRedelivered = wamqp.MetadataRedeliveredKey
@@ -62,12 +52,12 @@ var _ wamqp.Marshaler = marshaler{}
 func (marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 	headers := make(amqp091.Table, len(msg.Metadata)+1)
 	for k, v := range msg.Metadata {
-		if strings.HasPrefix(k, reservedPrefix) || k == metadataRedelivered || k == uuidHeader || k == headerDeliveryCount || k == headerAcquiredCount {
+		if strings.HasPrefix(k, reservedPrefix) || k == metadataRedelivered || k == amqpheader.UUIDHeader || k == headerDeliveryCount || k == headerAcquiredCount {
 			continue
 		}
 		headers[k] = v
 	}
-	headers[uuidHeader] = msg.UUID
+	headers[amqpheader.UUIDHeader] = msg.UUID
 	return amqp091.Publishing{
 		Headers:      headers,
 		MessageId:    msg.UUID,

@@ -8,6 +8,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/claimtx/claimtx/internal/amqpheader"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -26,8 +29,8 @@ func TestMarshalerRoundTrip(t *testing.T) {
 	t.Parallel()
 	msg := message.NewMessage("uuid-1", []byte("payload"))
 	msg.Metadata.Set("event_id", "evt-1")
-	msg.Metadata.Set(amqp.MetadataRoutingKey, "old-delivery")
-	msg.Metadata.Set(amqp.MetadataRedelivered, "true")
+	msg.Metadata.Set(amqpheader.RoutingKey, "old-delivery")
+	msg.Metadata.Set(wamqp.MetadataRedeliveredKey, "true")
 	msg.Metadata.Set("x-delivery-count", "2")
 	msg.Metadata.Set("x-acquired-count", "3")
 
@@ -35,7 +38,7 @@ func TestMarshalerRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, amqp091.Persistent, pub.DeliveryMode)
 	require.Equal(t, "uuid-1", pub.MessageId)
-	require.Equal(t, amqp091.Table{"event_id": "evt-1", amqp.UUIDHeader: "uuid-1"}, pub.Headers,
+	require.Equal(t, amqp091.Table{"event_id": "evt-1", amqpheader.UUIDHeader: "uuid-1"}, pub.Headers,
 		"delivery metadata (amqp_*, redelivered, a quorum queue's x-delivery-count) is not published")
 
 	got, err := amqp.Marshaler{}.Unmarshal(amqp091.Delivery{
@@ -45,10 +48,10 @@ func TestMarshalerRoundTrip(t *testing.T) {
 	require.Equal(t, "uuid-1", got.UUID)
 	require.Equal(t, "payload", string(got.Payload))
 	require.Equal(t, message.Metadata{
-		"event_id":              "evt-1",
-		amqp.MetadataMessageID:  "uuid-1",
-		amqp.MetadataRoutingKey: "q",
-		amqp.MetadataExchange:   "",
+		"event_id":            "evt-1",
+		amqpheader.MessageID:  "uuid-1",
+		amqpheader.RoutingKey: "q",
+		amqpheader.Exchange:   "",
 	}, got.Metadata)
 }
 
@@ -66,14 +69,14 @@ func TestMetadataNames(t *testing.T) {
 		"routing key":    "amqp_routing_key",
 		"redelivered":    "_watermill_amqp_redelivered",
 	}, map[string]string{
-		"uuid":           amqp.UUIDHeader,
-		"message id":     amqp.MetadataMessageID,
-		"correlation id": amqp.MetadataCorrelationID,
-		"content type":   amqp.MetadataContentType,
-		"timestamp":      amqp.MetadataTimestamp,
-		"exchange":       amqp.MetadataExchange,
-		"routing key":    amqp.MetadataRoutingKey,
-		"redelivered":    amqp.MetadataRedelivered,
+		"uuid":           amqpheader.UUIDHeader,
+		"message id":     amqpheader.MessageID,
+		"correlation id": amqpheader.CorrelationID,
+		"content type":   amqpheader.ContentType,
+		"timestamp":      amqpheader.Timestamp,
+		"exchange":       amqpheader.Exchange,
+		"routing key":    amqpheader.RoutingKey,
+		"redelivered":    wamqp.MetadataRedeliveredKey,
 	})
 }
 
@@ -91,7 +94,7 @@ func TestMarshalerUUIDSources(t *testing.T) {
 	require.NotEmpty(t, a.UUID)
 	require.NotEqual(t, a.UUID, b.UUID, "generated per message")
 
-	got, err = m.Unmarshal(amqp091.Delivery{Acknowledger: ackNoop{}, Headers: amqp091.Table{amqp.UUIDHeader: []byte("from-bytes")}})
+	got, err = m.Unmarshal(amqp091.Delivery{Acknowledger: ackNoop{}, Headers: amqp091.Table{amqpheader.UUIDHeader: []byte("from-bytes")}})
 	require.NoError(t, err)
 	require.Equal(t, "from-bytes", got.UUID)
 }

@@ -21,10 +21,8 @@ import (
 // named topic, because RabbitMQ silently drops a message routed to a queue
 // that does not exist yet. It is safe for concurrent use.
 type Publisher struct {
-	cfg  brokers.AMQPConfig
-	wc   wamqp.Config
-	conn *conn
-	pub  *wamqp.Publisher
+	link
+	pub *wamqp.Publisher
 
 	declaredMu sync.Mutex
 	declared   map[string]bool
@@ -40,16 +38,16 @@ var _ message.Publisher = (*Publisher)(nil)
 // pool. A nil logger logs nothing. An invalid cfg is a
 // *framework.ConfigError; giving up on the connection is a *DialError.
 func NewPublisher(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
-	cfg, wc, conn, logger, err := connect(ctx, cfg, logger)
+	l, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return nil, err
 	}
-	pub, err := wamqp.NewPublisherWithConnection(wc, logger, conn.ConnectionWrapper)
+	pub, err := wamqp.NewPublisherWithConnection(l.wc, l.logger, l.conn.ConnectionWrapper)
 	if err != nil {
-		_ = conn.Close()
+		_ = l.conn.Close()
 		return nil, fmt.Errorf("brokers/amqp: create publisher: %w", err)
 	}
-	return &Publisher{cfg: cfg, wc: wc, conn: conn, pub: pub, declared: make(map[string]bool)}, nil
+	return &Publisher{link: l, pub: pub, declared: make(map[string]bool)}, nil
 }
 
 // Publish sends messages to the queue named topic and waits for RabbitMQ's
@@ -104,14 +102,7 @@ func (p *Publisher) declare(topic string) error {
 	if !p.conn.IsConnected() {
 		return errors.New("brokers/amqp: not connected to RabbitMQ")
 	}
-	ch, err := p.conn.Connection().Channel()
-	if err != nil {
-		return fmt.Errorf("brokers/amqp: open channel to declare queue %q: %w", topic, err)
-	}
-	defer func() { _ = ch.Close() }()
-	q := p.wc.Queue
-	if _, err := ch.QueueDeclare(q.GenerateName(topic), q.Durable, q.AutoDelete, q.Exclusive, q.NoWait, q.Arguments); err != nil {
-		err = declareError(p.cfg, topic, err)
+	if err := p.declareQueue(topic); err != nil {
 		if aerr := (*amqp091.Error)(nil); errors.As(err, &aerr) && aerr.Code == amqp091.AccessRefused {
 			// The user may not declare (configure) this queue: waiting
 			// does not change that, so no message published here can

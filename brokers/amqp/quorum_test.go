@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -84,8 +85,7 @@ func TestQuorumQueueDeclared(t *testing.T) {
 // delivery.
 func TestQuorumRedelivery(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 	sub := newSubscriber(t, quorumConfig())
 	msgs, err := sub.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
@@ -107,7 +107,7 @@ func TestQuorumRedelivery(t *testing.T) {
 
 	second := receive(t, msgs, 10*time.Second)
 	require.Equal(t, "1", second.Metadata.Get("x-delivery-count"), "a quorum queue counts the return")
-	require.Equal(t, "true", second.Metadata.Get(amqp.MetadataRedelivered))
+	require.Equal(t, "true", second.Metadata.Get(wamqp.MetadataRedeliveredKey))
 	require.Equal(t, want, keysOf(t, keys, second), "keys never change with the delivery headers")
 	require.True(t, second.Ack())
 	requireQueueDrained(t, ch, topic, msgs)
@@ -137,8 +137,7 @@ func TestQuorumDeliveryLimit(t *testing.T) {
 
 	t.Run("dropped", func(t *testing.T) {
 		t.Parallel()
-		topic := uniqueName(t)
-		deleteQueuesAtCleanup(t, topic)
+		topic := newQueue(t)
 		cfg := quorumConfig()
 		cfg.DeliveryLimit = limit
 		sub := newSubscriber(t, cfg)

@@ -61,8 +61,7 @@ func closeConnectionsNamed(t *testing.T, name string) int {
 func TestReconnect(t *testing.T) {
 	skipUnlessReconnectable(t)
 	t.Parallel()
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 	cfg := testConfig()
 	cfg.Concurrency = 2
 	cfg.ConnectionName = uniqueName(t)

@@ -7,7 +7,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/framework"
 )
 
 // Importing the package makes the "amqp" kind available to
@@ -24,10 +23,7 @@ func init() {
 		// brokers.Config.Validate checks the amqp section; this is what
 		// only the client can tell.
 		Validate: func(c brokers.Config) error {
-			if _, err := queueArguments(c.AMQP.QueueArguments); err != nil {
-				return &framework.ConfigError{Field: "amqp.queue_arguments", Reason: "cannot be encoded as an AMQP table", Err: err}
-			}
-			return nil
+			return checkQueueArguments("amqp.queue_arguments", c.AMQP.QueueArguments)
 		},
 	})
 }

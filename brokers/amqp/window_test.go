@@ -8,7 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/claimtx/claimtx/internal/amqpheader"
+	"github.com/claimtx/claimtx/internal/testenv"
+
 	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -80,8 +84,7 @@ func payloadsOf(ms []*message.Message) []string {
 func TestWindow(t *testing.T) {
 	t.Parallel()
 	const n = 5
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 	want := publishPayloads(t, topic, numbered("w", 3*n)...)
 
 	sub := newSubscriber(t, windowConfig(n))
@@ -109,8 +112,7 @@ func TestWindow(t *testing.T) {
 func TestWindowNack(t *testing.T) {
 	t.Parallel()
 	const delay = 1500 * time.Millisecond
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 	publishPayloads(t, topic, "bad")
 	want := publishPayloads(t, topic, numbered("ok", 6)...)
 
@@ -123,7 +125,7 @@ func TestWindowNack(t *testing.T) {
 	// One consumer on a classic queue: "bad" comes first.
 	bad := receive(t, msgs, 10*time.Second)
 	require.Equal(t, "bad", string(bad.Payload))
-	require.Empty(t, bad.Metadata.Get(amqp.MetadataRedelivered))
+	require.Empty(t, bad.Metadata.Get(wamqp.MetadataRedeliveredKey))
 	nackedAt := time.Now()
 	require.True(t, bad.Nack())
 
@@ -137,7 +139,7 @@ func TestWindowNack(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(nackedAt), delay)
 	require.Equal(t, "bad", string(again.Payload))
 	require.Equal(t, bad.UUID, again.UUID)
-	require.Equal(t, "true", again.Metadata.Get(amqp.MetadataRedelivered))
+	require.Equal(t, "true", again.Metadata.Get(wamqp.MetadataRedeliveredKey))
 	require.True(t, again.Ack())
 	requireQueueDrained(t, rawChannel(t), topic, msgs)
 }
@@ -147,8 +149,7 @@ func TestWindowNack(t *testing.T) {
 // them all.
 func TestWindowCloseReturnsUnacked(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 	want := publishPayloads(t, topic, numbered("c", 6)...)
 
 	sub, err := amqp.NewSubscriber(context.Background(), windowConfig(10), nil)
@@ -180,8 +181,7 @@ func TestWindowCloseReturnsUnacked(t *testing.T) {
 // and returns unacked messages; the Subscriber stays usable.
 func TestWindowContextCancel(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 	want := publishPayloads(t, topic, numbered("x", 4)...)
 
 	sub := newSubscriber(t, windowConfig(8))
@@ -249,8 +249,8 @@ func TestWindowMetadataMatchesDefault(t *testing.T) {
 				require.True(t, first.Nack())
 				again = receive(t, msgs, 10*time.Second)
 				require.True(t, again.Ack())
-				require.Equal(t, topic, first.Metadata.Get(amqp.MetadataRoutingKey))
-				require.Equal(t, topic, again.Metadata.Get(amqp.MetadataRoutingKey))
+				require.Equal(t, topic, first.Metadata.Get(amqpheader.RoutingKey))
+				require.Equal(t, topic, again.Metadata.Get(amqpheader.RoutingKey))
 				return first, again
 			}
 			def := testConfig()
@@ -264,13 +264,13 @@ func TestWindowMetadataMatchesDefault(t *testing.T) {
 					require.Equal(t, d.UUID, w.UUID)
 				}
 				dm, wm := maps.Clone(d.Metadata), maps.Clone(w.Metadata)
-				delete(dm, amqp.MetadataRoutingKey)
-				delete(wm, amqp.MetadataRoutingKey)
+				delete(dm, amqpheader.RoutingKey)
+				delete(wm, amqpheader.RoutingKey)
 				require.Equal(t, dm, wm)
 				require.Equal(t, d.Payload, w.Payload)
 			}
-			require.Empty(t, winFirst.Metadata.Get(amqp.MetadataRedelivered))
-			require.Equal(t, "true", winAgain.Metadata.Get(amqp.MetadataRedelivered))
+			require.Empty(t, winFirst.Metadata.Get(wamqp.MetadataRedeliveredKey))
+			require.Equal(t, "true", winAgain.Metadata.Get(wamqp.MetadataRedeliveredKey))
 			require.Equal(t, winFirst.UUID, winAgain.UUID)
 			if name == "plain" {
 				require.Equal(t, "mid-1", winFirst.UUID, "the UUID comes from message-id")
@@ -312,8 +312,7 @@ func TestWindowConfig(t *testing.T) {
 // consume the same queue; mismatching arguments fail Subscribe.
 func TestWindowSharesQueueArguments(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 	cfg := testConfig()
 	cfg.QueueArguments = map[string]any{"x-max-priority": 5}
 	def := newSubscriber(t, cfg)
@@ -341,19 +340,16 @@ func TestWindowSharesQueueArguments(t *testing.T) {
 // declares the queue again and goes on.
 func TestWindowQueueDeleted(t *testing.T) {
 	t.Parallel()
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 	publishPayloads(t, topic, "before")
 
 	sub := newSubscriber(t, windowConfig(4))
-	msgs, err := sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	before := receive(t, msgs, 10*time.Second)
+	before, msgs := testenv.SubscribeReceive(t, sub, topic, 10*time.Second)
 	require.Equal(t, "before", string(before.Payload))
 	require.True(t, before.Ack())
 
 	ch := rawChannel(t)
-	_, err = ch.QueueDelete(topic, false, false, false)
+	_, err := ch.QueueDelete(topic, false, false, false)
 	require.NoError(t, err)
 	requireConsumers(t, topic, 1)
 
@@ -386,23 +382,19 @@ func requireConsumers(t *testing.T, queue string, n int) {
 func TestWindowReconnect(t *testing.T) {
 	skipUnlessReconnectable(t)
 	t.Parallel()
-	topic := uniqueName(t)
-	deleteQueuesAtCleanup(t, topic)
+	topic := newQueue(t)
 	publishPayloads(t, topic, "held", "second")
 
 	cfg := windowConfig(1)
 	cfg.ConnectionName = uniqueName(t)
 	sub := newSubscriber(t, cfg)
-	msgs, err := sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-
-	held := receive(t, msgs, 10*time.Second)
+	held, msgs := testenv.SubscribeReceive(t, sub, topic, 10*time.Second)
 	require.Equal(t, "held", string(held.Payload))
 	require.Equal(t, 1, closeConnectionsNamed(t, cfg.ConnectionName))
 
 	again := receive(t, msgs, 30*time.Second)
 	require.Equal(t, "held", string(again.Payload))
-	require.Equal(t, "true", again.Metadata.Get(amqp.MetadataRedelivered))
+	require.Equal(t, "true", again.Metadata.Get(wamqp.MetadataRedeliveredKey))
 	// The stale copy's delivery tag is 1 on the old channel; so is the
 	// redelivery's on the new one. Acking the stale copy must not ack it:
 	// with Window 1, "second" would then arrive.

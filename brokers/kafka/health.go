@@ -34,7 +34,7 @@ type connState struct {
 // seed broker every two seconds whatever the scrape rate, and a change is
 // seen within about three seconds.
 func (s *Subscriber) IsConnected() bool {
-	if s.closed.Load() {
+	if s.closed() {
 		return false
 	}
 	s.conn.mu.Lock()

@@ -2,13 +2,14 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kadm"
 
 	"github.com/claimtx/claimtx/brokers"
 )
@@ -22,72 +23,47 @@ import (
 // framework/consumer's Config.Retention). A topic that does not exist yet
 // reports the broker's default for new topics, log.retention.ms.
 func (s *Subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Duration, error) {
-	type result struct {
-		d   time.Duration
-		err error
-	}
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	done := make(chan result, 1)
-	// sarama's admin calls take no context: an abandoned call ends by
-	// itself within the Sarama timeouts (brokers.KafkaConfig.DialTimeout).
-	go func() {
-		d, err := s.replayHorizon(topic)
-		done <- result{d, err}
-	}()
-	select {
-	case r := <-done:
-		return r.d, r.err
-	case <-ctx.Done():
-		return 0, ctx.Err()
+	adm, err := s.adminClient()
+	if err != nil {
+		return 0, err
 	}
+	defer adm.Close()
+	rc, err := describe(adm.DescribeTopicConfigs(ctx, topic))
+	if err == nil {
+		return horizonOf(topic, rc.Configs, "")
+	}
+	// An unknown topic: what the broker gives a new one, the controller's
+	// log.retention.ms, which a topic created without its own inherits.
+	if md, merr := adm.BrokerMetadata(ctx); merr == nil {
+		if rc, berr := describe(adm.DescribeBrokerConfigs(ctx, md.Controller)); berr == nil {
+			return horizonOf(topic, rc.Configs, "log.")
+		}
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return 0, ctxErr
+	}
+	return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: %w", topic, err)
 }
 
-func (s *Subscriber) replayHorizon(topic string) (time.Duration, error) {
-	admin, err := sarama.NewClusterAdmin(s.cfg.Brokers, s.sc)
-	if err != nil {
-		return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: %w", topic, err)
-	}
-	defer func() { _ = admin.Close() }()
-	entries, err := describe(admin, sarama.ConfigResource{Type: sarama.TopicResource, Name: topic, ConfigNames: []string{"retention.ms", "cleanup.policy"}})
-	if err != nil {
-		// An unknown topic: what the broker gives a new one.
-		return brokerDefaultHorizon(admin, topic, err)
-	}
-	return horizonOf(topic, entries)
-}
-
-// brokerDefaultHorizon reads log.retention.ms of the controller, which a
-// topic created without its own retention.ms inherits.
-func brokerDefaultHorizon(admin sarama.ClusterAdmin, topic string, topicErr error) (time.Duration, error) {
-	_, id, err := admin.DescribeCluster()
-	if err != nil {
-		return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: %w", topic, topicErr)
-	}
-	entries, err := describe(admin, sarama.ConfigResource{Type: sarama.BrokerResource, Name: strconv.Itoa(int(id)), ConfigNames: []string{"log.retention.ms", "log.cleanup.policy"}})
-	if err != nil {
-		return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: %w", topic, topicErr)
-	}
-	for i := range entries {
-		entries[i].Name = strings.TrimPrefix(entries[i].Name, "log.")
-	}
-	return horizonOf(topic, entries)
-}
-
-func horizonOf(topic string, entries []sarama.ConfigEntry) (time.Duration, error) {
+// horizonOf reads retention.ms and cleanup.policy off configs, whose keys
+// carry prefix (the broker's defaults are log.retention.ms and
+// log.cleanup.policy).
+func horizonOf(topic string, configs []kadm.Config, prefix string) (time.Duration, error) {
 	retention := brokers.UnboundedHorizon // Kafka's default is 7 days, but only a value read counts
 	found := false
-	for _, e := range entries {
-		switch e.Name {
+	for _, c := range configs {
+		switch strings.TrimPrefix(c.Key, prefix) {
 		case "cleanup.policy":
-			if strings.Contains(e.Value, "compact") {
+			if strings.Contains(c.MaybeValue(), "compact") {
 				return brokers.UnboundedHorizon, nil
 			}
 		case "retention.ms":
-			ms, err := strconv.ParseInt(e.Value, 10, 64)
+			ms, err := strconv.ParseInt(c.MaybeValue(), 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: retention.ms %q: %w", topic, e.Value, err)
+				return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: retention.ms %q: %w", topic, c.MaybeValue(), err)
 			}
 			found = true
 			if ms >= 0 && ms < math.MaxInt64/int64(time.Millisecond) {
@@ -101,20 +77,14 @@ func horizonOf(topic string, entries []sarama.ConfigEntry) (time.Duration, error
 	return retention, nil
 }
 
-// describe returns the config entries of one resource, or its error.
-func describe(admin sarama.ClusterAdmin, r sarama.ConfigResource) ([]sarama.ConfigEntry, error) {
-	results, err := admin.DescribeConfigs([]*sarama.ConfigResource{&r}, sarama.DescribeConfigsOptions{})
-	if err != nil {
-		return nil, err
+// describe returns the one resource a describe call asked for, or its
+// error.
+func describe(rcs kadm.ResourceConfigs, err error) (kadm.ResourceConfig, error) {
+	switch {
+	case err != nil:
+		return kadm.ResourceConfig{}, err
+	case len(rcs) != 1:
+		return kadm.ResourceConfig{}, errors.New("no configuration returned")
 	}
-	for _, res := range results {
-		if res.Name != r.Name {
-			continue
-		}
-		if res.ErrorCode != sarama.ErrNoError {
-			return nil, &sarama.DescribeConfigError{Err: res.ErrorCode, ErrMsg: res.ErrorMsg}
-		}
-		return res.Configs, nil
-	}
-	return nil, fmt.Errorf("no configuration returned for %q", r.Name)
+	return rcs[0], rcs[0].Err
 }

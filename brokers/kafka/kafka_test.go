@@ -2,10 +2,8 @@ package kafka_test
 
 import (
 	"context"
-	"io"
 	"net"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/internal/testenv"
 )
 
@@ -63,6 +62,15 @@ func publish(t *testing.T, cfg brokers.KafkaConfig, topic string, msgs ...*messa
 	require.NoError(t, pub.Publish(topic, msgs...))
 }
 
+// keyedMessage is a message with an event_id and a partition key, as a
+// producer of entity events sends it.
+func keyedMessage(uuid, eventID, key string) *message.Message {
+	m := message.NewMessage(uuid, []byte("body"))
+	m.Metadata.Set("event_id", eventID)
+	m.Metadata.Set(kafka.PartitionKeyMetadata, key)
+	return m
+}
+
 // receive waits for one message or fails the test.
 func receive(t *testing.T, ch <-chan *message.Message, timeout time.Duration) *message.Message {
 	t.Helper()
@@ -89,21 +97,12 @@ func TestPubSubConformanceWindow(t *testing.T) {
 }
 
 func runConformance(t *testing.T, window int) {
-	b := startBroker(t)
-	cfg := testConfig(t, b)
+	cfg := testConfig(t, startBroker(t))
 	cfg.Window = window
 	group := cfg.ConsumerGroup
 	logger := watermill.NopLogger{}
 
-	var mu sync.Mutex
-	var closers []io.Closer
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range closers {
-			_ = c.Close()
-		}
-	})
+	closeAtEnd := testenv.CloseAtEnd(t)
 	build := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 		c := cfg
 		c.ConsumerGroup = group
@@ -111,9 +110,7 @@ func runConformance(t *testing.T, window int) {
 		require.NoError(t, err)
 		sub, err := kafka.NewSubscriber(context.Background(), c, logger)
 		require.NoError(t, err)
-		mu.Lock()
-		closers = append(closers, pub, sub)
-		mu.Unlock()
+		closeAtEnd(pub, sub)
 		return pub, sub
 	}
 	tests.TestPubSub(t,
@@ -159,11 +156,11 @@ func TestPlainProducer(t *testing.T) {
 	require.NotEmpty(t, m.UUID)
 	require.Equal(t, `{"order_id":"order-7"}`, string(m.Payload))
 	require.Equal(t, "evt-7", m.Metadata.Get("event_id"))
-	require.Equal(t, "order-7", m.Metadata.Get(kafka.MetadataKey))
-	require.Equal(t, topic, m.Metadata.Get(kafka.MetadataTopic))
-	require.Equal(t, strconv.Itoa(int(rec.Partition)), m.Metadata.Get(kafka.MetadataPartition))
-	require.Equal(t, strconv.FormatInt(rec.Offset, 10), m.Metadata.Get(kafka.MetadataOffset))
-	require.Equal(t, "2024-02-03T04:05:06.007Z", m.Metadata.Get(kafka.MetadataTimestamp))
+	require.Equal(t, "order-7", m.Metadata.Get(kafkarecord.KafkaKey))
+	require.Equal(t, topic, m.Metadata.Get(kafkarecord.KafkaTopic))
+	require.Equal(t, strconv.Itoa(int(rec.Partition)), m.Metadata.Get(kafkarecord.KafkaPartition))
+	require.Equal(t, strconv.FormatInt(rec.Offset, 10), m.Metadata.Get(kafkarecord.KafkaOffset))
+	require.Equal(t, "2024-02-03T04:05:06.007Z", m.Metadata.Get(kafkarecord.KafkaTimestamp))
 }
 
 // TestRepublishKeepsTimestamp: a record with a producer-set timestamp,
@@ -190,7 +187,7 @@ func TestRepublishKeepsTimestamp(t *testing.T) {
 	defer closeSub(t, sub)
 	first := receive(t, msgs, 15*time.Second)
 	require.True(t, first.Ack())
-	require.Equal(t, "2024-02-03T04:05:06.007Z", first.Metadata.Get(kafka.MetadataTimestamp))
+	require.Equal(t, "2024-02-03T04:05:06.007Z", first.Metadata.Get(kafkarecord.KafkaTimestamp))
 
 	publish(t, cfg, again, first.Copy())
 	sub2, msgs2 := subscribe(t, cfg, again)
@@ -198,16 +195,15 @@ func TestRepublishKeepsTimestamp(t *testing.T) {
 	copied := receive(t, msgs2, 15*time.Second)
 	require.True(t, copied.Ack())
 	require.Equal(t, "evt-ts", copied.Metadata.Get("event_id"))
-	require.Equal(t, again, copied.Metadata.Get(kafka.MetadataTopic))
-	require.Equal(t, first.Metadata.Get(kafka.MetadataTimestamp), copied.Metadata.Get(kafka.MetadataTimestamp))
+	require.Equal(t, again, copied.Metadata.Get(kafkarecord.KafkaTopic))
+	require.Equal(t, first.Metadata.Get(kafkarecord.KafkaTimestamp), copied.Metadata.Get(kafkarecord.KafkaTimestamp))
 }
 
 // TestGroupStartsFromOldest: a consumer group with no committed offset
 // reads what was produced before it existed.
 func TestGroupStartsFromOldest(t *testing.T) {
 	t.Parallel()
-	b := startBroker(t)
-	cfg := testConfig(t, b)
+	cfg := testConfig(t, startBroker(t))
 	topic := uniqueName(t)
 
 	want := map[string]bool{}
@@ -234,14 +230,11 @@ func TestGroupStartsFromOldest(t *testing.T) {
 // gets, plus the kafka_* keys; partition_key becomes the record key.
 func TestRoundTripMetadata(t *testing.T) {
 	t.Parallel()
-	b := startBroker(t)
-	cfg := testConfig(t, b)
+	cfg := testConfig(t, startBroker(t))
 	topic := uniqueName(t)
 
-	sent := message.NewMessage("uuid-rt", []byte("body"))
-	sent.Metadata.Set("event_id", "evt-rt")
-	sent.Metadata.Set(kafka.PartitionKeyMetadata, "customer-1")
-	sent.Metadata.Set(kafka.MetadataOffset, "999") // stale delivery metadata is not published
+	sent := keyedMessage("uuid-rt", "evt-rt", "customer-1")
+	sent.Metadata.Set(kafkarecord.KafkaOffset, "999") // stale delivery metadata is not published
 	before := time.Now().Add(-time.Second)
 	publish(t, cfg, topic, sent)
 
@@ -254,9 +247,9 @@ func TestRoundTripMetadata(t *testing.T) {
 	require.Equal(t, "body", string(m.Payload))
 	require.Equal(t, "evt-rt", m.Metadata.Get("event_id"))
 	require.Equal(t, "customer-1", m.Metadata.Get(kafka.PartitionKeyMetadata))
-	require.Equal(t, "customer-1", m.Metadata.Get(kafka.MetadataKey))
-	require.Equal(t, "0", m.Metadata.Get(kafka.MetadataOffset))
-	ts, err := time.Parse(time.RFC3339Nano, m.Metadata.Get(kafka.MetadataTimestamp))
+	require.Equal(t, "customer-1", m.Metadata.Get(kafkarecord.KafkaKey))
+	require.Equal(t, "0", m.Metadata.Get(kafkarecord.KafkaOffset))
+	ts, err := time.Parse(time.RFC3339Nano, m.Metadata.Get(kafkarecord.KafkaTimestamp))
 	require.NoError(t, err)
 	require.True(t, ts.After(before), "record timestamp %s", ts)
 	require.Len(t, m.Metadata, 7)
@@ -266,8 +259,7 @@ func TestRoundTripMetadata(t *testing.T) {
 // after NackDelay.
 func TestNackResends(t *testing.T) {
 	t.Parallel()
-	b := startBroker(t)
-	cfg := testConfig(t, b)
+	cfg := testConfig(t, startBroker(t))
 	cfg.NackDelay = 300 * time.Millisecond
 	topic := uniqueName(t)
 
@@ -281,7 +273,7 @@ func TestNackResends(t *testing.T) {
 	again := receive(t, msgs, 15*time.Second)
 	require.GreaterOrEqual(t, time.Since(nackedAt), cfg.NackDelay)
 	require.Equal(t, "n-1", again.UUID)
-	require.Equal(t, first.Metadata.Get(kafka.MetadataOffset), again.Metadata.Get(kafka.MetadataOffset))
+	require.Equal(t, first.Metadata.Get(kafkarecord.KafkaOffset), again.Metadata.Get(kafkarecord.KafkaOffset))
 	again.Ack()
 }
 

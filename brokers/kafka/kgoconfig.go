@@ -1,8 +1,8 @@
 package kafka
 
 import (
+	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -45,7 +45,7 @@ func groupOpts(c brokers.KafkaConfig, topic string) ([]kgo.Opt, error) {
 		kgo.AutoCommitMarks(),
 		kgo.AutoCommitInterval(c.CommitInterval),
 		// Rebalance callbacks never run between a poll and the hand-off
-		// of its records to the partition queues (see group.go).
+		// of its records to the partition queues (see subscriber.go).
 		kgo.BlockRebalanceOnPoll(),
 	}
 	reset := kgo.NewOffset().AtStart()
@@ -91,19 +91,16 @@ func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 	for i := 0; i+1 < len(keyvals); i += 2 {
 		fields[fmt.Sprint(keyvals[i])] = keyvals[i+1]
 	}
-	msg = "kafka client: " + msg
 	switch level {
 	case kgo.LogLevelError:
-		var err error
-		if e, ok := fields["err"].(error); ok {
-			err = e
-		} else {
-			err = fmt.Errorf("%s", strings.TrimPrefix(msg, "kafka client: "))
+		err, ok := fields["err"].(error)
+		if !ok {
+			err = errors.New(msg)
 		}
-		l.logger.Error(msg, err, fields)
+		l.logger.Error("kafka client: "+msg, err, fields)
 	case kgo.LogLevelWarn:
-		l.logger.Info(msg, fields)
+		l.logger.Info("kafka client: "+msg, fields)
 	default:
-		l.logger.Debug(msg, fields)
+		l.logger.Debug("kafka client: "+msg, fields)
 	}
 }

@@ -12,31 +12,21 @@ import (
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
-// Metadata keys the adapter sets from the Kafka record on consume. They
+// reservedPrefix marks the metadata keys the adapter sets from the Kafka
+// record on consume (kafkarecord's KafkaTopic, KafkaOffset, ...). They
 // describe where and when this copy of the message was stored, so Marshal
-// never publishes them as headers, and claimtx never derives a claim key from
-// them by default (an offset changes when a message is republished).
-const (
-	// uuidHeader is the header carrying the Watermill message UUID, shared
-	// with watermill-kafka so either side can read the other's messages.
-	uuidHeader = wkafka.UUIDHeaderKey
-
-	metadataTopic     = kafkarecord.KafkaTopic
-	metadataPartition = kafkarecord.KafkaPartition
-	metadataOffset    = kafkarecord.KafkaOffset
-	metadataKey       = kafkarecord.KafkaKey
-	// metadataTimestamp is the record timestamp (producer create time, or
-	// broker append time when the topic uses LogAppendTime), RFC 3339 with
-	// nanoseconds in UTC; absent when the record has none. It is stable
-	// across redeliveries of the same record, which is what a
-	// retention rule based on event time needs. Unlike the other kafka_*
-	// keys it is also read by Marshal: a copy published with it (a poison
-	// copy, a relayed or replayed message) keeps the original record's
-	// timestamp instead of getting the time of the republish.
-	metadataTimestamp = kafkarecord.KafkaTimestamp
-
-	reservedPrefix = "kafka_"
-)
+// never publishes them as headers, and claimtx never derives a claim key
+// from them by default (an offset changes when a message is republished).
+//
+// kafka_timestamp is the record timestamp (producer create time, or
+// broker append time when the topic uses LogAppendTime), RFC 3339 with
+// nanoseconds in UTC; absent when the record has none. It is stable across
+// redeliveries of the same record, which is what a retention rule based on
+// event time needs. Unlike the other kafka_* keys it is also read by
+// Marshal: a copy published with it (a poison copy, a relayed or replayed
+// message) keeps the original record's timestamp instead of getting the
+// time of the republish.
+const reservedPrefix = "kafka_"
 
 // PartitionKeyMetadata is the metadata entry whose value the Publisher
 // uses as the record key, so messages with the same value land on the same
@@ -57,9 +47,9 @@ var _ wkafka.MarshalerUnmarshaler = marshaler{}
 // Marshal implements watermill-kafka's Marshaler.
 func (marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
 	headers := make([]sarama.RecordHeader, 0, len(msg.Metadata)+1)
-	headers = append(headers, sarama.RecordHeader{Key: []byte(uuidHeader), Value: []byte(msg.UUID)})
+	headers = append(headers, sarama.RecordHeader{Key: []byte(wkafka.UUIDHeaderKey), Value: []byte(msg.UUID)})
 	for k, v := range msg.Metadata {
-		if strings.HasPrefix(k, reservedPrefix) || k == uuidHeader {
+		if strings.HasPrefix(k, reservedPrefix) || k == wkafka.UUIDHeaderKey {
 			continue
 		}
 		headers = append(headers, sarama.RecordHeader{Key: []byte(k), Value: []byte(v)})
@@ -72,7 +62,7 @@ func (marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMe
 	if key, ok := msg.Metadata[PartitionKeyMetadata]; ok {
 		pm.Key = sarama.StringEncoder(key)
 	}
-	if v, ok := msg.Metadata[metadataTimestamp]; ok {
+	if v, ok := msg.Metadata[kafkarecord.KafkaTimestamp]; ok {
 		// A value Unmarshal wrote always parses. Anything else came from
 		// elsewhere (a RabbitMQ header relayed to Kafka, say) and was never
 		// a record's time, so there is no original day to keep: the record

@@ -22,13 +22,13 @@ func TestMarshalKeepsRecordTimestamp(t *testing.T) {
 	ts := time.Date(2024, 2, 3, 4, 5, 6, 7_000_000, time.UTC)
 	consumed, err := kafka.Marshaler{}.Unmarshal(&sarama.ConsumerMessage{Topic: "a", Value: []byte("x"), Timestamp: ts})
 	require.NoError(t, err)
-	require.Equal(t, "2024-02-03T04:05:06.007Z", consumed.Metadata.Get(kafka.MetadataTimestamp))
+	require.Equal(t, "2024-02-03T04:05:06.007Z", consumed.Metadata.Get(kafkarecord.KafkaTimestamp))
 
 	pm, err := kafka.Marshaler{}.Marshal("b", consumed.Copy())
 	require.NoError(t, err)
 	require.True(t, pm.Timestamp.Equal(ts), "record timestamp %s", pm.Timestamp)
 	for _, h := range pm.Headers {
-		require.NotEqual(t, kafka.MetadataTimestamp, string(h.Key), "kafka_* metadata is never a header")
+		require.NotEqual(t, kafkarecord.KafkaTimestamp, string(h.Key), "kafka_* metadata is never a header")
 	}
 
 	pm, err = kafka.Marshaler{}.Marshal("b", message.NewMessage("fresh", nil))
@@ -37,7 +37,7 @@ func TestMarshalKeepsRecordTimestamp(t *testing.T) {
 
 	for _, bad := range []string{"", "yesterday", "1706933106007", "1969-12-31T23:59:59Z"} {
 		m := message.NewMessage("bad", nil)
-		m.Metadata.Set(kafka.MetadataTimestamp, bad)
+		m.Metadata.Set(kafkarecord.KafkaTimestamp, bad)
 		pm, err := kafka.Marshaler{}.Marshal("b", m)
 		require.NoError(t, err, "value %q", bad)
 		require.True(t, pm.Timestamp.IsZero(), "value %q", bad)
@@ -49,12 +49,12 @@ func TestMarshalKeepsRecordTimestamp(t *testing.T) {
 // spec of package framework reads the adapter's timestamp key.
 func TestMetadataNames(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, "kafka_topic", kafka.MetadataTopic)
-	require.Equal(t, "kafka_partition", kafka.MetadataPartition)
-	require.Equal(t, "kafka_offset", kafka.MetadataOffset)
-	require.Equal(t, "kafka_key", kafka.MetadataKey)
-	require.Equal(t, "kafka_timestamp", kafka.MetadataTimestamp)
-	require.Equal(t, "_watermill_message_uuid", kafka.UUIDHeader)
+	require.Equal(t, "kafka_topic", kafkarecord.KafkaTopic)
+	require.Equal(t, "kafka_partition", kafkarecord.KafkaPartition)
+	require.Equal(t, "kafka_offset", kafkarecord.KafkaOffset)
+	require.Equal(t, "kafka_key", kafkarecord.KafkaKey)
+	require.Equal(t, "kafka_timestamp", kafkarecord.KafkaTimestamp)
+	require.Equal(t, "_watermill_message_uuid", kafkarecord.KafkaUUIDHeader)
 	require.Equal(t, "partition_key", kafka.PartitionKeyMetadata)
-	require.Equal(t, kafka.MetadataTimestamp, kafkarecord.KafkaTimestamp)
+	require.Equal(t, kafkarecord.KafkaTimestamp, kafkarecord.KafkaTimestamp)
 }

@@ -20,16 +20,15 @@ import (
 // partition's settled position, and on assignment a partition starts at
 // that position when the group's offset is below it.
 
-func init() {
-	kafkarecord.RegisterAttacher(func(sub any, o kafkarecord.Options) bool {
-		s, ok := sub.(*Subscriber)
-		if ok {
-			s.mu.Lock()
-			s.positions = o
-			s.mu.Unlock()
-		}
-		return ok
-	})
+// attach is kafkarecord.Adapter.Attach.
+func attach(sub any, o kafkarecord.Options) bool {
+	s, ok := sub.(*Subscriber)
+	if ok {
+		s.mu.Lock()
+		s.positions = o
+		s.mu.Unlock()
+	}
+	return ok
 }
 
 // adjustTimeout bounds what adjustOffsets waits for (the stored
@@ -144,16 +143,12 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 // the stored positions from them (the records not settled yet), through
 // kafkarecord.EndOffsets.
 func (s *Subscriber) endOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
-	opts, err := securityOpts(s.cfg, []kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(s.cfg.ClientID)})
+	adm, err := s.adminClient()
 	if err != nil {
 		return nil, err
 	}
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, &configError{err}
-	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	defer adm.Close()
+	ends, err := adm.ListEndOffsets(ctx, topic)
 	if err != nil {
 		return nil, fmt.Errorf("brokers/kafka: end offsets of %q: %w", topic, err)
 	}
@@ -167,6 +162,20 @@ func (s *Subscriber) endOffsets(ctx context.Context, topic string) (map[int32]in
 		out[o.Partition] = o.Offset
 	})
 	return out, perr
+}
+
+// adminClient is a short-lived client of its own that joins no group, with
+// the subscriber's TLS and SASL settings.
+func (s *Subscriber) adminClient() (*kadm.Client, error) {
+	opts, err := securityOpts(s.cfg, []kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(s.cfg.ClientID)})
+	if err != nil {
+		return nil, err
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, &configError{err}
+	}
+	return kadm.NewClient(cl), nil
 }
 
 // settled tells the attached Options.Settled that acks advanced a

@@ -13,6 +13,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 func recordOf(t *testing.T, m *message.Message) kafkarecord.Record {
@@ -131,10 +132,8 @@ func TestStartsAtStoredPosition(t *testing.T) {
 					skips = append(skips, skip{topic, partition, group, stored})
 				},
 			}))
-			msgs, err := sub.Subscribe(t.Context(), topic)
-			require.NoError(t, err)
-			m := receive(t, msgs, 15*time.Second)
-			require.Equal(t, strconv.FormatInt(c.wantFirst, 10), m.Metadata.Get(kafka.MetadataOffset))
+			m, _ := testenv.SubscribeReceive(t, sub, topic, 15*time.Second)
+			require.Equal(t, strconv.FormatInt(c.wantFirst, 10), m.Metadata.Get(kafkarecord.KafkaOffset))
 			require.True(t, m.Ack())
 			mu.Lock()
 			defer mu.Unlock()

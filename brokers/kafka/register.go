@@ -36,11 +36,14 @@ func init() {
 			return pub, nil
 		},
 	})
-	kafkarecord.RegisterEndOffsets(func(sub any) (kafkarecord.EndOffsetsFunc, bool) {
-		if s, ok := sub.(*Subscriber); ok {
-			return s.endOffsets, true
-		}
-		return nil, false
+	kafkarecord.Register(kafkarecord.Adapter{
+		Attach: attach,
+		EndOffsets: func(sub any) (kafkarecord.EndOffsetsFunc, bool) {
+			if s, ok := sub.(*Subscriber); ok {
+				return s.endOffsets, true
+			}
+			return nil, false
+		},
 	})
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/brokers/internal/wait"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 )
 
@@ -52,12 +53,8 @@ func retryStart(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.L
 		warnlog.Log(logger, "Kafka not reachable yet, retrying", watermill.LogFields{
 			"dependency": "Kafka", "brokers": cfg.Brokers, "operation": what, "attempt": attempt, "err": err.Error(),
 		})
-		t := time.NewTimer(min(cfg.ReconnectBackoff, remaining))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !wait.For(min(cfg.ReconnectBackoff, remaining), ctx.Done()) {
 			return fail(errors.Join(ctx.Err(), err))
-		case <-t.C:
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
 // createTopic creates a topic with the given partition count (auto-created
@@ -99,7 +100,7 @@ func requireNone(t *testing.T, ch <-chan *message.Message, wait time.Duration) {
 	select {
 	case m, ok := <-ch:
 		if ok {
-			t.Fatalf("unexpected message %s (offset %s)", m.Payload, m.Metadata.Get(kafka.MetadataOffset))
+			t.Fatalf("unexpected message %s (offset %s)", m.Payload, m.Metadata.Get(kafkarecord.KafkaOffset))
 		}
 		t.Fatal("messages channel closed")
 	case <-time.After(wait):
@@ -174,7 +175,7 @@ func TestWindowOutOfOrderAcks(t *testing.T) {
 	var held []*message.Message
 	for i := range n {
 		m := receive(t, msgs, 15*time.Second)
-		require.Equal(t, strconv.Itoa(i), m.Metadata.Get(kafka.MetadataOffset))
+		require.Equal(t, strconv.Itoa(i), m.Metadata.Get(kafkarecord.KafkaOffset))
 		held = append(held, m)
 	}
 	for _, m := range held[1:] {
@@ -259,7 +260,7 @@ func TestWindowRestart(t *testing.T) {
 	sub2, msgs2 := subscribe(t, cfg, topic)
 	defer closeSub(t, sub2)
 	first := receive(t, msgs2, 15*time.Second)
-	require.Equal(t, "3", first.Metadata.Get(kafka.MetadataOffset))
+	require.Equal(t, "3", first.Metadata.Get(kafkarecord.KafkaOffset))
 	got := []string{string(first.Payload)}
 	require.True(t, first.Ack())
 	for len(got) < 2*n-3 {
@@ -275,13 +276,10 @@ func TestWindowRestart(t *testing.T) {
 // same message.
 func TestWindowMetadataMatchesDefault(t *testing.T) {
 	t.Parallel()
-	b := startBroker(t)
-	cfg := testConfig(t, b)
+	cfg := testConfig(t, startBroker(t))
 	topic := uniqueName(t)
 
-	sent := message.NewMessage("uuid-win", []byte("body"))
-	sent.Metadata.Set("event_id", "evt-win")
-	sent.Metadata.Set(kafka.PartitionKeyMetadata, "customer-9")
+	sent := keyedMessage("uuid-win", "evt-win", "customer-9")
 	publish(t, cfg, topic, sent)
 
 	consume := func(c brokers.KafkaConfig) *message.Message {
@@ -300,8 +298,8 @@ func TestWindowMetadataMatchesDefault(t *testing.T) {
 	require.Equal(t, def.UUID, win.UUID)
 	require.Equal(t, def.Payload, win.Payload)
 	require.Equal(t, def.Metadata, win.Metadata)
-	require.Equal(t, "customer-9", win.Metadata.Get(kafka.MetadataKey))
-	require.NotEmpty(t, win.Metadata.Get(kafka.MetadataTimestamp))
+	require.Equal(t, "customer-9", win.Metadata.Get(kafkarecord.KafkaKey))
+	require.NotEmpty(t, win.Metadata.Get(kafkarecord.KafkaTimestamp))
 	require.Len(t, win.Metadata, 7)
 }
 

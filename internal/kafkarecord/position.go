@@ -12,10 +12,7 @@
 // it is the lowest offset still in flight.
 package kafkarecord
 
-import (
-	"context"
-	"sync"
-)
+import "context"
 
 // Partition is the subscriber's view of one assigned partition.
 type Partition interface {
@@ -80,24 +77,23 @@ type Options struct {
 	Settled func(topic string, partition int32, below int64)
 }
 
-var (
-	mu       sync.Mutex
-	attacher func(sub any, o Options) bool
-)
-
-// RegisterAttacher is called by brokers/kafka's init with the function
-// that gives one of its subscribers Options.
-func RegisterAttacher(f func(sub any, o Options) bool) {
-	mu.Lock()
-	defer mu.Unlock()
-	attacher = f
+// Adapter is what brokers/kafka registers from its init, when it is
+// linked: for one of its subscribers (sub, false for any other), how to
+// give it Options and how to ask its broker for end offsets.
+type Adapter struct {
+	Attach     func(sub any, o Options) bool
+	EndOffsets func(sub any) (EndOffsetsFunc, bool)
 }
+
+// adapter is set once, from an init function, so it is read only after
+// it is written (package initialisation happens before main and tests).
+var adapter Adapter
+
+// Register is called once, by brokers/kafka's init.
+func Register(a Adapter) { adapter = a }
 
 // Attach gives sub the Options, and reports whether sub uses stored
 // positions (a Kafka subscriber does; other brokers' do not).
 func Attach(sub any, o Options) bool {
-	mu.Lock()
-	f := attacher
-	mu.Unlock()
-	return f != nil && f(sub, o)
+	return adapter.Attach != nil && adapter.Attach(sub, o)
 }

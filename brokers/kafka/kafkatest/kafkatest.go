@@ -1,6 +1,7 @@
 package kafkatest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -72,21 +73,11 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	if o.Addr == "" {
-		o.Addr = defaultAddr
-	}
-	if o.GroupMinSessionTimeout == 0 {
-		o.GroupMinSessionTimeout = defaultGroupMinSessionTimeout
-	}
-	if o.Partitions == 0 {
-		o.Partitions = defaultPartitions
-	}
-	if o.evictionMargin == 0 {
-		o.evictionMargin = defaultEvictionMargin
-	}
-	if o.evictionPollInterval == 0 {
-		o.evictionPollInterval = defaultEvictionPollInterval
-	}
+	o.Addr = cmp.Or(o.Addr, defaultAddr)
+	o.GroupMinSessionTimeout = cmp.Or(o.GroupMinSessionTimeout, defaultGroupMinSessionTimeout)
+	o.Partitions = cmp.Or(o.Partitions, defaultPartitions)
+	o.evictionMargin = cmp.Or(o.evictionMargin, defaultEvictionMargin)
+	o.evictionPollInterval = cmp.Or(o.evictionPollInterval, defaultEvictionPollInterval)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

@@ -190,19 +190,25 @@ func (f *fixture) produceToEachPartition(t *testing.T) map[string]bool {
 // kfake times out every one of them itself is 2^-12.
 const zombieAttempts = 12
 
+// newEvictingFixture is a fixture whose broker evicts fast and reports
+// each eviction on the channel, which has room for zombieAttempts.
+func newEvictingFixture(t *testing.T) (*fixture, <-chan eviction) {
+	evicted := make(chan eviction, zombieAttempts)
+	return newFixture(t, Options{
+		evictionMargin:       100 * time.Millisecond,
+		evictionPollInterval: 25 * time.Millisecond,
+		onEvict:              func(e eviction) { evicted <- e },
+		Logger:               slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	}), evicted
+}
+
 // TestEvictsSilentMember: a member that died while joining is removed and
 // the live member gets every partition and consumes every record. In the
 // runs where kfake starts no session timer for the zombie, the dev broker's
 // eviction is what removes it; the test adds zombies until that happened.
 func TestEvictsSilentMember(t *testing.T) {
 	t.Parallel()
-	evicted := make(chan eviction, zombieAttempts)
-	f := newFixture(t, Options{
-		evictionMargin:       100 * time.Millisecond,
-		evictionPollInterval: 25 * time.Millisecond,
-		onEvict:              func(e eviction) { evicted <- e },
-		Logger:               slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
-	})
+	f, evicted := newEvictingFixture(t)
 
 	var ours *eviction
 	for attempt := 1; attempt <= zombieAttempts && ours == nil; attempt++ {
@@ -358,13 +364,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 // the group is still PreparingRebalance, and the rebalance ends without it.
 func TestEvictsDeadMemberWhileRebalancing(t *testing.T) {
 	t.Parallel()
-	evicted := make(chan eviction, zombieAttempts)
-	f := newFixture(t, Options{
-		evictionMargin:       100 * time.Millisecond,
-		evictionPollInterval: 25 * time.Millisecond,
-		onEvict:              func(e eviction) { evicted <- e },
-		Logger:               slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
-	})
+	f, evicted := newEvictingFixture(t)
 	const session = 2 * time.Second
 	for attempt := 1; attempt <= zombieAttempts; attempt++ {
 		id := f.addZombieWithSession(t, session)
