@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,15 +23,11 @@ func init() {
 type claims struct{ s *Store }
 
 func (c claims) Begin(ctx context.Context, opts pgx.TxOptions, r pg.ClaimRequest, withMemo bool, more func(*pgx.Batch)) (pgx.Tx, pg.ClaimResult, *string, error) {
-	return c.s.claims.BeginWith(ctx, c.s.pool, opts, r, withMemo, more)
+	return c.s.claims.Begin(ctx, c.s.pool, opts, r, withMemo, more)
 }
 
 func (c claims) BeginBatch(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
-	if withMemo {
-		return c.s.claims.BeginBatchMemo(ctx, c.s.pool, opts, consumer, keys, maxClaimWait)
-	}
-	tx, claimed, err := c.s.claims.BeginBatch(ctx, c.s.pool, opts, consumer, keys, maxClaimWait)
-	return tx, claimed, nil, err
+	return c.s.claims.BeginBatch(ctx, c.s.pool, opts, consumer, keys, maxClaimWait, withMemo)
 }
 
 func (c claims) BeginNaturalKey(ctx context.Context, opts pgx.TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error) {
@@ -68,20 +63,8 @@ func (p positions) Loader(consumer string) kafkarecord.Loader {
 	return claimsql.Loader{Pool: p.s.pool, Stmts: p.stmts, Consumer: consumer}
 }
 
-func (p positions) Lacking(ctx context.Context) ([]string, error) {
-	_, lacking, err := pg.Lacking(ctx, p.s.pool, pg.Ident(p.s.cfg.Schema, "kafka_positions"), "SELECT", "INSERT", "UPDATE")
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: check privileges on the Kafka positions table: %w", err)
-	}
-	return lacking, nil
-}
-
 func (c claims) RecordMemo(ctx context.Context, consumer, key string, err error) error {
 	return poison.RecordMemo(ctx, c.s.pool, c.s.names, consumer, key, err)
-}
-
-func (c claims) MemoLacking(ctx context.Context) (string, error) {
-	return poison.MemoPrivileges(ctx, c.s.pool, c.s.names, "SELECT", "INSERT", "UPDATE")
 }
 
 func (c claims) RecordDeadLetter(ctx context.Context, l pg.DeadLetter) error {

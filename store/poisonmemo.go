@@ -27,16 +27,16 @@ import (
 // the memos alone rather than failing the claims' cleanup after an
 // upgrade: docs/security.md says what to grant.
 func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon time.Time, cfg RetentionConfig) (int64, error) {
-	ok, err := poison.MemoTableExists(ctx, conn, s.names)
-	if err != nil || !ok {
-		return 0, err
-	}
 	need := []string{"SELECT", "DELETE"}
 	if cfg.DryRun {
 		need = need[:1]
 	}
-	if missing, err := poison.MemoPrivileges(ctx, conn, s.names, need...); err != nil || missing != "" {
-		return 0, err
+	exists, missing, err := pg.Lacking(ctx, conn, s.render("{schema}.{memo}"), need...)
+	if err != nil {
+		return 0, fmt.Errorf("claimtx: check privileges on the poison memo table: %w", err)
+	}
+	if !exists || len(missing) > 0 {
+		return 0, nil
 	}
 	if cfg.DryRun {
 		return poison.CountMemosBefore(ctx, conn, s.names, horizon)

@@ -23,7 +23,6 @@ import (
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/config"
-	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -503,8 +502,8 @@ func (p *parts) logPoisoned(msg *message.Message, err error) {
 func (p *parts) logRefused(msg *message.Message, r middleware.PoisonRefusal) {
 	cfg := p.cfg
 	args := []any{"consumer", cfg.Name, "topic", cfg.Topic, "poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "err", r.Err}
-	sc := p.store.Config()
-	table := sc.Schema + "." + sc.ClaimsTable + pg.DeadLetterSuffix
+	n := p.names()
+	table := n.Schema + "." + n.DeadLetter
 	switch r.Fallback {
 	case "smaller_copy":
 		cfg.Logger.Warn("claimtx: the broker refused the poisoned copy; published a smaller one (reason cut to 256 bytes)", args...)

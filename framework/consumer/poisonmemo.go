@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -10,6 +11,22 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 )
+
+// lacking returns, in one round trip, whether table (one of the store's
+// schema) exists and which of privileges the database role lacks on it.
+func (p *parts) lacking(ctx context.Context, table string, privileges ...string) (exists bool, lacking []string, err error) {
+	exists, lacking, err = pg.Lacking(ctx, p.pool, pg.Ident(p.store.Config().Schema, table), privileges...)
+	if err != nil {
+		return false, nil, fmt.Errorf("claimtx: check privileges on %s: %w", table, err)
+	}
+	return exists, lacking, nil
+}
+
+// names are the store's table names.
+func (p *parts) names() *pg.Names {
+	sc := p.store.Config()
+	return pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
+}
 
 // checkMemoPrivileges refuses to start a consumer with Claim.PoisonMemo
 // whose database role cannot use the memo table: every claim looks its
@@ -19,16 +36,15 @@ func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 	if !p.cfg.Claim.PoisonMemo {
 		return nil
 	}
-	sc := p.store.Config()
-	n := pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
-	missing, err := pg.ClaimsOf(p.store).MemoLacking(ctx)
+	n := p.names()
+	_, missing, err := p.lacking(ctx, n.Memo, "SELECT", "INSERT", "UPDATE")
 	if err != nil {
 		return err
 	}
-	if missing != "" {
+	if len(missing) > 0 {
 		return &framework.ConfigError{Field: "Claim.PoisonMemo", Reason: fmt.Sprintf(
 			"the database role lacks %s on %s.%s, which every claim with a poison memo reads and every poisoned message writes: grant them (docs/security.md) or turn the memo off",
-			missing, sc.Schema, n.Memo)}
+			strings.Join(missing, ", "), n.Schema, n.Memo)}
 	}
 	return nil
 }
@@ -41,13 +57,12 @@ func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 // before the table existed must not stop consuming over it after an
 // upgrade. docs/security.md says what to grant.
 func (p *parts) checkDeadLetterPrivileges(ctx context.Context) {
-	sc := p.store.Config()
-	n := pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
+	n := p.names()
 	ok, err := pg.ClaimsOf(p.store).CanRecordDeadLetter(ctx)
 	if err == nil && ok {
 		return
 	}
-	args := []any{"consumer", p.cfg.Name, "dead_letter_table", sc.Schema + "." + n.DeadLetter}
+	args := []any{"consumer", p.cfg.Name, "dead_letter_table", n.Schema + "." + n.DeadLetter}
 	if err != nil {
 		args = append(args, "err", err)
 	}

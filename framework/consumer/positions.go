@@ -95,12 +95,9 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	if cfg.Claim.NoPositions {
 		return false, nil
 	}
-	schema := p.store.Config().Schema
-	positions := pg.ClaimsOf(p.store).Positions()
-	loader := positions.Loader(cfg.Name)
 	p.settled = &settledPositions{pending: map[tp]int64{}}
 	attached := kafkarecord.Attach(p.sub, kafkarecord.Options{
-		Loader:  loader,
+		Loader:  pg.ClaimsOf(p.store).Positions().Loader(cfg.Name),
 		Settled: p.settled.add,
 		Replay:  cfg.Claim.ReplayBelowPositions,
 		// The subscriber has logged the WARN line with the offsets.
@@ -114,14 +111,14 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	if !attached {
 		return false, nil
 	}
-	lacking, err := positions.Lacking(ctx)
+	_, lacking, err := p.lacking(ctx, "kafka_positions", "SELECT", "INSERT", "UPDATE")
 	if err != nil {
 		return false, err
 	}
 	if len(lacking) > 0 {
 		return false, &framework.ConfigError{Field: "Claim.NoPositions", Reason: fmt.Sprintf(
 			"the database role lacks %s on %s.kafka_positions, which every claim transaction of a Kafka consumer writes: grant them (docs/security.md) or turn the positions off",
-			strings.Join(lacking, ", "), schema)}
+			strings.Join(lacking, ", "), p.store.Config().Schema)}
 	}
 	return true, nil
 }

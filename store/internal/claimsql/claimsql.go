@@ -119,7 +119,7 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 		res.New = tag.RowsAffected() == 1
 	} else {
 		b := &pgx.Batch{}
-		q.queue(b)
+		q.queue(b, nil)
 		err = tx.SendBatch(ctx, b).Close()
 	}
 	if err != nil {
@@ -132,20 +132,16 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 // r in it, in one round trip: BEGIN, the lock_timeout, the claim and the
 // reset go out as one pipelined batch (pgx's Batch.BeginTx), where BeginTx
 // followed by Claim takes two. For a transaction per message that is one
-// round trip of four or five.
+// round trip of four or five. more, when not nil, queues statements right
+// after the claim, under the same claim wait and in the same round trip:
+// the Kafka position of a partition with one record in flight
+// (PositionStatements.Queue).
 //
-// On success the caller owns tx, with the claim in it, and must Commit or
-// Rollback it whatever res says. On error there is no transaction to end.
-func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request) (tx pgx.Tx, res Result, err error) {
-	tx, res, _, err = s.begin(ctx, pool, opts, r, false, nil)
-	return tx, res, err
-}
-
-// BeginMemo is Begin that also looks up the poison memo of the claimed
-// (consumer, key), in the same round trip: a SELECT queued after BEGIN and
-// before the claim, so a fresh message's claim costs one more statement in
-// the pipeline, not one more round trip. memo is the memo's reason, nil
-// when there is none.
+// withMemo also looks up the poison memo of the claimed (consumer, key),
+// in the same round trip: a SELECT queued after BEGIN and before the
+// claim, so a fresh message's claim costs one more statement in the
+// pipeline, not one more round trip. memo is the memo's reason, nil when
+// there is none.
 //
 // The claim is made whatever the memo says, and the caller decides: a
 // duplicate (res.New false) is a duplicate even with a memo (the effect
@@ -155,19 +151,10 @@ func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxO
 // snapshot: under READ COMMITTED two statements see different ones, and a
 // memo cleared between them would make a fresh message look like a
 // duplicate, acked without its effect.
-func (s *Statements) BeginMemo(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request) (tx pgx.Tx, res Result, memo *string, err error) {
-	return s.begin(ctx, pool, opts, r, true, nil)
-}
-
-// BeginWith is Begin, or BeginMemo when withMemo, with more statements
-// queued right after the claim, under the same claim wait and in the same
-// round trip: the Kafka position of a partition with one record in flight
-// (PositionStatements.Queue).
-func (s *Statements) BeginWith(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
-	return s.begin(ctx, pool, opts, r, withMemo, more)
-}
-
-func (s *Statements) begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
+//
+// On success the caller owns tx, with the claim in it, and must Commit or
+// Rollback it whatever res says. On error there is no transaction to end.
+func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
@@ -188,7 +175,7 @@ func (s *Statements) begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxO
 		})
 		found = m
 	}
-	q.queueWith(b, more)
+	q.queue(b, more)
 	br := pool.SendBatch(ctx, b)
 	tx = br.Tx()
 	if err := br.Close(); err != nil {
@@ -228,28 +215,19 @@ type memoRow struct {
 // transient, retry). As with Claim, the timeout is set, used and reset in
 // the same round trip, so it does not bound the effects that follow.
 //
+// withMemo looks the memos of keys up in the same round trip (see Begin):
+// the keys this transaction claimed that have a memo are unclaimed again
+// in tx (one more statement, only when there are such keys) and returned
+// in memos, key -> reason, instead of in claimed. Keys already claimed are
+// duplicates whatever their memo says.
+//
 // On success the caller owns tx and must Commit or Rollback it; on error
 // there is no transaction to end.
-func (s *Statements) BeginBatch(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration) (pgx.Tx, []string, error) {
-	tx, claimed, _, err := s.beginBatch(ctx, pool, opts, consumer, keys, maxClaimWait, false)
-	return tx, claimed, err
-}
-
-// BeginBatchMemo is BeginBatch with the poison memo: the memos of keys are
-// looked up in the same round trip (see BeginMemo), and the keys this
-// transaction claimed that have a memo are unclaimed again in tx (one more
-// statement, only when there are such keys) and returned in memos, key ->
-// reason, instead of in claimed. Keys already claimed are duplicates
-// whatever their memo says.
-func (s *Statements) BeginBatchMemo(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration) (tx pgx.Tx, claimed []string, memos map[string]string, err error) {
-	return s.beginBatch(ctx, pool, opts, consumer, keys, maxClaimWait, true)
-}
-
-func (s *Statements) beginBatch(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
+func (s *Statements) BeginBatch(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
 	// found: the memos of keys, key -> reason; filled by the callback on
-	// the memo path only (see begin).
+	// the memo path only (see Begin).
 	var found map[string]string
 	if withMemo {
 		m := map[string]string{}
@@ -409,14 +387,11 @@ func (s *Statements) prepare(r Request, res *Result) query {
 	return q
 }
 
-// queue adds the claim to b, between setting and resetting lock_timeout
-// when the request bounds its wait: the timeout then covers the claim
-// only, not the effects that follow in the transaction.
-func (q query) queue(b *pgx.Batch) { q.queueWith(b, nil) }
-
-// queueWith is queue with more statements after the claim, under the same
-// lock_timeout.
-func (q query) queueWith(b *pgx.Batch, more func(*pgx.Batch)) {
+// queue adds the claim to b, and more statements after it when more is
+// not nil, between setting and resetting lock_timeout when the request
+// bounds its wait: the timeout then covers them only, not the effects that
+// follow in the transaction.
+func (q query) queue(b *pgx.Batch, more func(*pgx.Batch)) {
 	queueBounded(b, q.r.MaxClaimWait, func() {
 		b.Queue(q.sql, q.args...).Exec(func(tag pgconn.CommandTag) error {
 			q.res.New = tag.RowsAffected() == 1

@@ -77,7 +77,7 @@ func (s *PositionStatements) Store(ctx context.Context, tx Execer, consumer stri
 
 // Queue queues the upsert of p for consumer on b: the Kafka position of a
 // partition with one record in flight, stored in the claim's pipelined
-// round trip (Statements.BeginWith, BeginNaturalKey). Its row lock is then
+// round trip (Statements.Begin, BeginNaturalKey). Its row lock is then
 // held for the whole transaction, which nothing of this member's waits
 // for: the partition's next record is handed out after this one's ack.
 func (s *PositionStatements) Queue(b *pgx.Batch, consumer string, p Position) {
