@@ -618,44 +618,42 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 	return out, nil
 }
 
-// earlyPosition returns what queues msg's Kafka position in the claim's
-// first round trip, or nil: when msg carries no record, positions are off,
-// or its partition has more than one record in flight (a window), whose
-// transactions would then wait for each other's whole length on the
-// position row instead of for a commit (storePosition runs instead).
-func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
+// settled is the Kafka position msg settles once its transaction
+// commits (see Claim.NoPositions): false when positions are off, msg
+// carries no Kafka record, or its partition is no longer this member's.
+// window is the number of records of its partition in flight.
+func (c Claim) settled(msg *message.Message) (p kafkarecord.Settled, window int, ok bool) {
 	if c.positions == nil {
-		return nil
-	}
-	r, ok := kafkarecord.FromContext(msg.Context())
-	if !ok || r.Of == nil || r.Window != 1 {
-		return nil
-	}
-	off, ok := r.Of.SettledBelow([]int64{r.Offset})
-	if !ok {
-		return nil
-	}
-	p := kafkarecord.Settled{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}
-	return func(b *pgx.Batch) { c.positions.Queue(b, c.Consumer, p) }
-}
-
-// storePosition raises, in tx, the stored Kafka position of msg's
-// partition as settled once tx commits with msg (see Claim.NoPositions).
-// Nothing when msg carries no Kafka record or its partition is no longer
-// this member's.
-func (c Claim) storePosition(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-	if c.positions == nil {
-		return nil
+		return p, 0, false
 	}
 	r, ok := kafkarecord.FromContext(msg.Context())
 	if !ok || r.Of == nil {
-		return nil
+		return p, 0, false
 	}
 	off, ok := r.Of.SettledBelow([]int64{r.Offset})
-	if !ok {
+	return kafkarecord.Settled{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}, r.Window, ok
+}
+
+// earlyPosition returns what queues msg's Kafka position in the claim's
+// first round trip, or nil: when msg settles no position, or its
+// partition has more than one record in flight (a window), whose
+// transactions would then wait for each other's whole length on the
+// position row instead of for a commit (storePosition runs instead).
+func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
+	p, window, ok := c.settled(msg)
+	if !ok || window != 1 {
 		return nil
 	}
-	return c.positions.Store(ctx, tx, c.Consumer, []kafkarecord.Settled{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}})
+	return func(b *pgx.Batch) { c.positions.Queue(b, c.Consumer, p) }
+}
+
+// storePosition raises, in db (the claim transaction), the stored Kafka
+// position of msg's partition as settled once db commits with msg.
+func (c Claim) storePosition(ctx context.Context, db pg.Execer, msg *message.Message) error {
+	if p, _, ok := c.settled(msg); ok {
+		return c.positions.Store(ctx, db, c.Consumer, []kafkarecord.Settled{p})
+	}
+	return nil
 }
 
 // storePositionNow is storePosition outside the claim transaction, for a
@@ -663,18 +661,7 @@ func (c Claim) storePosition(ctx context.Context, tx pgx.Tx, msg *message.Messag
 // only leaves the stored position lower than it could be: the claims
 // still turn the redeliveries into duplicates.
 func (c Claim) storePositionNow(ctx context.Context, msg *message.Message) {
-	if c.positions == nil {
-		return
-	}
-	r, ok := kafkarecord.FromContext(msg.Context())
-	if !ok || r.Of == nil {
-		return
-	}
-	off, ok := r.Of.SettledBelow([]int64{r.Offset})
-	if !ok {
-		return
-	}
-	if err := c.positions.Store(ctx, c.Store.Pool(), c.Consumer, []kafkarecord.Settled{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}}); err != nil {
+	if err := c.storePosition(ctx, c.Store.Pool(), msg); err != nil {
 		c.Logger.Debug("claimtx: storing the Kafka position of a duplicate failed", watermill.LogFields{"consumer": c.Consumer, "err": err.Error()})
 	}
 }

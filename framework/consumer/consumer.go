@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -323,12 +324,12 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		cfg.Broker.AMQP.DialTimeout = cfg.StartupTimeout
 		cfg.Broker.Kafka.DialTimeout = cfg.StartupTimeout
 	}
+	reg := cfg.Extractors
+	if reg == nil {
+		reg = framework.NewRegistry()
+	}
 	keyFunc := cfg.Claim.Key
 	if cfg.Key != "" {
-		reg := cfg.Extractors
-		if reg == nil {
-			reg = framework.NewRegistry()
-		}
 		kf, err := reg.ParseKey(cfg.Key)
 		if err != nil {
 			return nil, err
@@ -336,10 +337,6 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		keyFunc = kf
 	}
 	if cfg.EventTime != "" {
-		reg := cfg.Extractors
-		if reg == nil {
-			reg = framework.NewRegistry()
-		}
 		tf, err := reg.ParseTime(cfg.EventTime)
 		if err != nil {
 			return nil, err
@@ -460,23 +457,39 @@ func declareQueues(cfg Config, sub message.Subscriber) error {
 	return nil
 }
 
-// poison is the Poison middleware for cfg.PoisonTopic, logging each
-// poisoned message and telling l, which reports it once the original is
-// acked. A copy the broker refuses goes to the store's dead-letter table.
-func (p *parts) poison(l *ledger) middleware.Poison {
-	cfg := p.cfg
-	return middleware.Poison{
-		Publisher: p.pub,
-		Topic:     cfg.PoisonTopic,
-		// Stamped on each copy, for `claimtx dlq`.
-		Consumer: cfg.Name, Key: p.poisonKey(), SourceTopic: cfg.Topic,
-		DeadLetters: p.store,
-		OnPoison: func(msg *message.Message, err error) {
-			p.logPoisoned(msg, err)
-			p.memoize(msg, err, l.poisoned(msg, err))
-		},
-		OnRefused: p.logRefused,
+// poison is the consumer's Poison middleware: po (a caller's
+// BatchOptions.Poison, or the zero value for cfg.PoisonTopic on cfg's
+// broker) with the fields that stamp the copies and the dead-letter table
+// filled where left empty, and hooks that tell l of each poisoned message
+// (l reports it once the original is acked), record its memo and log
+// refused copies, besides po's own. A copy the broker refuses goes to the
+// store's dead-letter table.
+func (p *parts) poison(l *ledger, po middleware.Poison) middleware.Poison {
+	onPoison, onRefused := po.OnPoison, po.OnRefused
+	if po.Publisher == nil {
+		po.Publisher, po.Topic, onPoison = p.pub, p.cfg.PoisonTopic, p.logPoisoned
 	}
+	// Stamped on each copy, for `claimtx dlq`.
+	po.Consumer, po.SourceTopic = cmp.Or(po.Consumer, p.cfg.Name), cmp.Or(po.SourceTopic, p.cfg.Topic)
+	if po.Key == nil {
+		po.Key = p.poisonKey()
+	}
+	if po.DeadLetters == nil {
+		po.DeadLetters = p.store
+	}
+	po.OnPoison = func(msg *message.Message, err error) {
+		if onPoison != nil {
+			onPoison(msg, err)
+		}
+		p.memoize(msg, err, l.poisoned(msg, err))
+	}
+	po.OnRefused = func(msg *message.Message, r middleware.PoisonRefusal) {
+		if onRefused != nil {
+			onRefused(msg, r)
+		}
+		p.logRefused(msg, r)
+	}
+	return po
 }
 
 // logPoisoned logs a poisoned message at WARN with its whole reason. This
@@ -535,25 +548,6 @@ func (p *parts) poisonKey() framework.KeyFunc {
 		}
 		return policy.Normalize(k)
 	}
-}
-
-// stampPoison fills the fields of a caller's poison route
-// (BatchOptions.Poison) that stamp the copies, and the dead-letter table,
-// where the caller left them empty.
-func (p *parts) stampPoison(po middleware.Poison) middleware.Poison {
-	if po.DeadLetters == nil {
-		po.DeadLetters = p.store
-	}
-	if po.Consumer == "" {
-		po.Consumer = p.cfg.Name
-	}
-	if po.Key == nil {
-		po.Key = p.poisonKey()
-	}
-	if po.SourceTopic == "" {
-		po.SourceTopic = p.cfg.Topic
-	}
-	return po
 }
 
 // New validates cfg, connects, migrates claimtx's schema and builds the
@@ -615,7 +609,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	if err != nil {
 		return nil, claimFieldErr(err)
 	}
-	poisonMW, err := middleware.NewPoison(p.poison(l))
+	poisonMW, err := middleware.NewPoison(p.poison(l, middleware.Poison{}))
 	if err != nil {
 		return nil, err
 	}
