@@ -119,10 +119,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	leader := make(map[string]int, len(msgs))
 	for i, m := range msgs {
 		results[i] = Result{Consumer: c.Consumer, Message: m}
-		k, err := c.Key(m)
-		if err == nil {
-			k, err = c.KeyPolicy.Normalize(k)
-		}
+		k, err := c.key(m)
 		if err != nil {
 			errs[i] = framework.Permanent(err)
 			continue
@@ -177,11 +174,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 		cause := pg.Classify(err)
 		transient++
 		if cause.Transient() && ctx.Err() == nil && transient < c.MaxAttempts {
-			delay := c.backoff(transient)
-			if c.OnRetry != nil {
-				c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: transient, Cause: cause.String(), Err: err, Delay: delay})
-			}
-			serr := pg.Sleep(ctx, delay)
+			serr := c.pause(ctx, transient, cause, err)
 			if serr == nil {
 				continue
 			}

@@ -487,12 +487,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 			if attempt >= c.MaxAttempts {
 				return finish(framework.Failed, fmt.Errorf("claimtx: consumer %q: giving up after %d attempts: %w", c.Consumer, attempt, err))
 			}
-			delay := c.backoff(attempt)
-			if c.OnRetry != nil {
-				c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: attempt, Cause: cause.String(), Err: err, Delay: delay})
-			}
-			c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
-			if err := pg.Sleep(msg.Context(), delay); err != nil {
+			if err := c.pause(msg.Context(), attempt, cause, err); err != nil {
 				return finish(framework.Failed, fmt.Errorf("claimtx: consumer %q: retry abandoned: %w", c.Consumer, err))
 			}
 		}
@@ -734,6 +729,18 @@ func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx) (produce
 		}
 	}()
 	return h(msg)
+}
+
+// pause waits out the backoff after attempt failed transiently with err
+// (of cause), telling OnRetry and the logger first; it returns ctx's
+// error when ctx ended the wait.
+func (c Claim) pause(ctx context.Context, attempt int, cause pg.Cause, err error) error {
+	delay := c.backoff(attempt)
+	if c.OnRetry != nil {
+		c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: attempt, Cause: cause.String(), Err: err, Delay: delay})
+	}
+	c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
+	return pg.Sleep(ctx, delay)
 }
 
 func (c Claim) backoff(attempt int) time.Duration {
