@@ -141,7 +141,7 @@ WHERE i.inhparent = $1::regclass`, s.render("{schema}.{claims}"))
 // days returns today and the horizon day (UTC) on the database clock. The
 // horizon day is the day containing now minus retention: its partition,
 // and every later one, may still hold claims inside the window.
-func (s *Store) days(ctx context.Context, q querier, retention time.Duration) (today, horizonDay time.Time, err error) {
+func (s *Store) days(ctx context.Context, q pg.Querier, retention time.Duration) (today, horizonDay time.Time, err error) {
 	err = q.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date, ((now() - $1 * interval '1 microsecond') AT TIME ZONE 'UTC')::date`,
 		retention.Microseconds()).Scan(&today, &horizonDay)
 	if err != nil {
@@ -380,7 +380,7 @@ func (s *Store) CreatePartitionsAhead(ctx context.Context, cfg RetentionConfig) 
 	return underRetentionLock(ctx, s, cfg, true, s.createAhead)
 }
 
-func (s *Store) requirePartitioned(ctx context.Context, q querier) error {
+func (s *Store) requirePartitioned(ctx context.Context, q pg.Querier) error {
 	kind, err := s.claimTableKind(ctx, q)
 	if err != nil {
 		return err

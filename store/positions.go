@@ -30,11 +30,7 @@ func (s *Store) kafkaPositions(ctx context.Context) ([]KafkaPosition, error) {
 FROM {schema}.kafka_positions ORDER BY consumer, topic, partition`))
 	if err == nil {
 		var ps []KafkaPosition
-		ps, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (KafkaPosition, error) {
-			var p KafkaPosition
-			err := row.Scan(&p.Consumer, &p.Topic, &p.Partition, &p.SettledBelow, &p.UpdatedAt)
-			return p, err
-		})
+		ps, err = pgx.CollectRows(rows, pgx.RowToStructByPos[KafkaPosition]) // the columns in field order
 		if err == nil {
 			return ps, nil
 		}

@@ -430,15 +430,10 @@ func (s *Store) lockRetention(ctx context.Context) (*pgxpool.Conn, func(), error
 	return conn, release, nil
 }
 
-// querier is what pgxpool.Pool, pgxpool.Conn and pgx.Tx have in common.
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // claimTableKind returns the claim table's pg_class.relkind: "r" for a
 // plain table, "p" for a partitioned one. A missing table is
 // ErrNoClaimTable: no caller can do anything with it but refuse.
-func (s *Store) claimTableKind(ctx context.Context, q querier) (string, error) {
+func (s *Store) claimTableKind(ctx context.Context, q pg.Querier) (string, error) {
 	var kind string
 	err := q.QueryRow(ctx, `SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relname = $2`, s.cfg.Schema, s.cfg.ClaimsTable).Scan(&kind)

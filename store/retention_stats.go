@@ -53,11 +53,7 @@ FROM {schema}.{claims} GROUP BY consumer ORDER BY consumer`))
 	if err != nil {
 		return st, fmt.Errorf("claimtx: stats: %w", err)
 	}
-	st.Consumers, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (ConsumerStats, error) {
-		var c ConsumerStats
-		err := row.Scan(&c.Consumer, &c.Claims, &c.Oldest, &c.Newest)
-		return c, err
-	})
+	st.Consumers, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ConsumerStats]) // the columns in field order
 	if err != nil {
 		return st, fmt.Errorf("claimtx: stats: %w", err)
 	}

@@ -223,18 +223,14 @@ func (t MemoTable) Memoised(ctx context.Context, consumer string, keys []string)
 		return out, nil
 	}
 	rows, err := t.DB.Query(ctx, t.Names.Render("SELECT message_key FROM {schema}.{memo} WHERE consumer = $1 AND message_key = ANY($2)"), consumer, keys)
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: look up poison memos: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
+	if err == nil {
 		var k string
-		if err := rows.Scan(&k); err != nil {
-			return nil, fmt.Errorf("claimtx: look up poison memos: %w", err)
-		}
-		out[k] = true
+		_, err = pgx.ForEachRow(rows, []any{&k}, func() error {
+			out[k] = true
+			return nil
+		})
 	}
-	if err := rows.Err(); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("claimtx: look up poison memos: %w", err)
 	}
 	return out, nil

@@ -232,14 +232,12 @@ func (s *Statements) BeginBatch(ctx context.Context, pool *pgxpool.Pool, opts pg
 	if withMemo {
 		m := map[string]string{}
 		b.Queue(s.memoBatch, consumer, keys).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var k, reason string
-				if err := rows.Scan(&k, &reason); err != nil {
-					return err
-				}
+			var k, reason string
+			_, err := pgx.ForEachRow(rows, []any{&k, &reason}, func() error {
 				m[k] = reason
-			}
-			return rows.Err()
+				return nil
+			})
+			return err
 		})
 		found = m
 	}
@@ -283,15 +281,9 @@ func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, ma
 	sorted = slices.Compact(sorted)
 	claimed := make([]string, 0, len(sorted))
 	queueBounded(b, maxClaimWait, func() {
-		b.Queue(s.batch, consumer, sorted).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var k string
-				if err := rows.Scan(&k); err != nil {
-					return err
-				}
-				claimed = append(claimed, k)
-			}
-			return rows.Err()
+		b.Queue(s.batch, consumer, sorted).Query(func(rows pgx.Rows) (err error) {
+			claimed, err = pgx.AppendRows(claimed, rows, pgx.RowTo[string])
+			return err
 		})
 	})
 	return &claimed
@@ -310,18 +302,14 @@ func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, ma
 // others' claims of the same period.
 func (s *Statements) Following(ctx context.Context, pool *pgxpool.Pool, consumer string, anchors []string, n int, add func(key string)) error {
 	rows, err := pool.Query(ctx, s.following, consumer, anchors, n)
-	if err != nil {
-		return fmt.Errorf("claimtx: read ahead: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
+	if err == nil {
 		var k string
-		if err := rows.Scan(&k); err != nil {
-			return fmt.Errorf("claimtx: read ahead: %w", err)
-		}
-		add(k)
+		_, err = pgx.ForEachRow(rows, []any{&k}, func() error {
+			add(k)
+			return nil
+		})
 	}
-	if err := rows.Err(); err != nil {
+	if err != nil {
 		return fmt.Errorf("claimtx: read ahead: %w", err)
 	}
 	return nil

@@ -44,9 +44,6 @@ SELECT $1, t, n, s FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(t, n, s
 	}
 }
 
-// Execer runs a statement: a transaction, a connection or a pool.
-type Execer = pg.Execer
-
 // Store raises the stored positions ps of consumer in tx, the claim
 // transaction whose records they cover, with one statement. The caller
 // runs it last before COMMIT: the position rows are then the last locks
@@ -55,7 +52,7 @@ type Execer = pg.Execer
 // other's commit, never for a handler, and cannot deadlock on them. Given
 // a pool, it stores positions of records already settled (acked), in a
 // transaction of its own.
-func (s *PositionStatements) Store(ctx context.Context, tx Execer, consumer string, ps []Position) error {
+func (s *PositionStatements) Store(ctx context.Context, tx pg.Execer, consumer string, ps []Position) error {
 	var err error
 	switch len(ps) {
 	case 0:
@@ -90,11 +87,7 @@ func (s *PositionStatements) Of(ctx context.Context, pool *pgxpool.Pool, consume
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
 	}
-	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Position, error) {
-		var p Position
-		err := r.Scan(&p.Topic, &p.Partition, &p.SettledBelow)
-		return p, err
-	})
+	ps, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Position]) // the columns in field order
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
 	}

@@ -204,15 +204,9 @@ func Down(ctx context.Context, pool *pgxpool.Pool, n *pg.Names, target int) erro
 	})
 }
 
-// Querier runs a query returning one row: a pool, a connection or a
-// transaction.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // Version returns the highest applied migration (0 when none, including
 // when the schema does not exist).
-func Version(ctx context.Context, db Querier, n *pg.Names) (int, error) {
+func Version(ctx context.Context, db pg.Querier, n *pg.Names) (int, error) {
 	var exists bool
 	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", n.Render("{schema}.claimtx_migration")).Scan(&exists); err != nil {
 		return 0, fmt.Errorf("claimtx: read migration version: %w", err)
