@@ -523,9 +523,9 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 		dropped = append(dropped, p)
 	}
 	if !cfg.DryRun {
-		var horizon time.Time
-		if err := conn.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", cfg.Retention.Microseconds()).Scan(&horizon); err != nil {
-			return dropped, fmt.Errorf("claimtx: poison memo horizon: %w", err)
+		horizon, err := s.horizon(ctx, conn, cfg.Retention)
+		if err != nil {
+			return dropped, err
 		}
 		if _, err := s.cleanupMemos(ctx, conn, horizon, cfg); err != nil {
 			return dropped, err
@@ -539,7 +539,7 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 // statement queued for ACCESS EXCLUSIVE blocks every claim queued behind
 // it, so it must give up quickly rather than wait out a long transaction.
 func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig, fn func(pgx.Tx) error) error {
-	wait := claimsql.LockTimeout(cfg.LockWait)
+	wait := pg.Millis(cfg.LockWait)
 	var err error
 	for attempt := 1; ; attempt++ {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {

@@ -3,9 +3,9 @@ package store
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/pg"
@@ -41,24 +41,16 @@ func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon ti
 	if cfg.DryRun {
 		return poison.CountMemosBefore(ctx, conn, s.names, horizon)
 	}
-	timeout := strconv.FormatInt(max(cfg.BatchTimeout.Milliseconds(), 1), 10) + "ms"
 	var total int64
 	for {
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			return total, fmt.Errorf("claimtx: delete expired poison memos: %w", err)
-		}
-		n, err := func() (int64, error) {
-			if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true), set_config('synchronous_commit', 'off', true)", timeout); err != nil {
-				return 0, err
+		var n int64
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+			if _, err := tx.Exec(ctx, batchSettings, pg.Millis(cfg.BatchTimeout)); err != nil {
+				return err
 			}
-			return poison.DeleteMemosBefore(ctx, tx, s.names, horizon, cfg.BatchSize)
-		}()
-		if err == nil {
-			err = tx.Commit(ctx)
-		} else {
-			_ = tx.Rollback(ctx)
-		}
+			n, err = poison.DeleteMemosBefore(ctx, tx, s.names, horizon, cfg.BatchSize)
+			return err
+		})
 		if err != nil {
 			return total, fmt.Errorf("claimtx: delete expired poison memos: %w", err)
 		}

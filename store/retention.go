@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -259,8 +258,8 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult
 	if kind == "p" {
 		return res, ErrPartitioned
 	}
-	if err := s.pool.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", cfg.Retention.Microseconds()).Scan(&res.Horizon); err != nil {
-		return res, fmt.Errorf("claimtx: cleanup horizon: %w", err)
+	if res.Horizon, err = s.horizon(ctx, s.pool, cfg.Retention); err != nil {
+		return res, err
 	}
 
 	if cfg.DryRun {
@@ -308,7 +307,7 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult
     RETURNING processed_at
 )
 SELECT count(*), max(processed_at) FROM deleted`)
-	timeout := strconv.FormatInt(max(cfg.BatchTimeout.Milliseconds(), 1), 10) + "ms"
+	timeout := pg.Millis(cfg.BatchTimeout)
 	// The first batch starts below every real timestamp; each later batch
 	// starts at the newest processed_at the previous one deleted, so the
 	// index scan skips the dead entries of earlier batches instead of
@@ -326,7 +325,7 @@ SELECT count(*), max(processed_at) FROM deleted`)
 		b := &pgx.Batch{}
 		// One implicit transaction per batch (a pipeline with one Sync), so
 		// these settings are local to it and never leak into the pool.
-		b.Queue("SELECT set_config('statement_timeout', $1, true), set_config('synchronous_commit', 'off', true)", timeout)
+		b.Queue(batchSettings, timeout)
 		b.Queue(deleteSQL, from, res.Horizon, size).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &last) })
 		batchStart := time.Now()
 		err := conn.SendBatch(ctx, b).Close()
@@ -372,6 +371,21 @@ SELECT count(*), max(processed_at) FROM deleted`)
 	}
 	res.Duration = time.Since(start)
 	return res, nil
+}
+
+// batchSettings, given a statement timeout, sets it and turns
+// synchronous_commit off for one retention batch's transaction: a lost
+// delete is redone next run.
+const batchSettings = "SELECT set_config('statement_timeout', $1, true), set_config('synchronous_commit', 'off', true)"
+
+// horizon is now minus retention on the database clock (not the
+// application's): claims and memos older than that are deleted.
+func (s *Store) horizon(ctx context.Context, q pg.Querier, retention time.Duration) (time.Time, error) {
+	var h time.Time
+	if err := q.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", retention.Microseconds()).Scan(&h); err != nil {
+		return h, fmt.Errorf("claimtx: retention horizon: %w", err)
+	}
+	return h, nil
 }
 
 // nextBatchSize scales size so the next batch takes about the target,

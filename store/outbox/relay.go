@@ -275,9 +275,7 @@ func (r *Relay) publishBatch(ctx context.Context, b *Batch) (err error) {
 	committed := false
 	defer func() {
 		if !committed {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
-			_ = tx.Rollback(rctx)
-			cancel()
+			pg.Rollback(ctx, tx)
 		}
 	}()
 	rows, err := r.outbox.LockPending(ctx, tx, r.cfg.BatchSize)

@@ -331,7 +331,7 @@ func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
 	if maxClaimWait > 0 {
-		b.Queue("SELECT set_config('lock_timeout', $1, true)", LockTimeout(maxClaimWait))
+		b.Queue("SELECT set_config('lock_timeout', $1, true)", pg.Millis(maxClaimWait))
 	}
 	if more != nil {
 		more(b)
@@ -343,12 +343,6 @@ func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions
 		return nil, fmt.Errorf("claimtx: begin: %w", err)
 	}
 	return tx, nil
-}
-
-// LockTimeout renders d for set_config('lock_timeout', …): whole
-// milliseconds, at least 1 (0 would mean "wait forever").
-func LockTimeout(d time.Duration) string {
-	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
 }
 
 // query is one claim statement with its arguments, ready to queue.
@@ -399,7 +393,7 @@ func queueBounded(b *pgx.Batch, wait time.Duration, queue func()) {
 		queue()
 		return
 	}
-	b.Queue("SELECT set_config('lock_timeout', $1, true)", LockTimeout(wait))
+	b.Queue("SELECT set_config('lock_timeout', $1, true)", pg.Millis(wait))
 	queue()
 	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
 }
