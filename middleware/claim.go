@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -347,7 +345,7 @@ func (c Claim) validate() error {
 		return &framework.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%q is not a mode (%q or %q)", c.Mode, ModeClaimTable, ModeNaturalKey)}
 	case len(c.OutboxTopic) > pg.MaxOutboxTopicBytes:
 		return &framework.ConfigError{Field: "OutboxTopic", Reason: fmt.Sprintf("is %d bytes, longer than %d", len(c.OutboxTopic), pg.MaxOutboxTopicBytes)}
-	case !utf8.ValidString(c.OutboxTopic) || strings.IndexByte(c.OutboxTopic, 0) >= 0:
+	case !pg.Storable(c.OutboxTopic):
 		return &framework.ConfigError{Field: "OutboxTopic", Reason: "must be valid UTF-8 without NUL bytes"}
 	case c.MaxAttempts < 0:
 		return &framework.ConfigError{Field: "MaxAttempts", Reason: "must not be negative"}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -126,7 +125,7 @@ func validateTopic(topic string) error {
 		return errors.New("topic is empty")
 	case len(topic) > pg.MaxOutboxTopicBytes:
 		return fmt.Errorf("topic is %d bytes, longer than %d", len(topic), pg.MaxOutboxTopicBytes)
-	case !cleanText(topic):
+	case !pg.Storable(topic):
 		return errors.New("topic must be valid UTF-8 without NUL bytes")
 	}
 	return nil
@@ -139,19 +138,15 @@ func validateOutboxMessage(m *message.Message) error {
 	switch {
 	case m == nil:
 		return errors.New("message is nil")
-	case !cleanText(m.UUID):
+	case !pg.Storable(m.UUID):
 		return errors.New("UUID must be valid UTF-8 without NUL bytes")
 	}
 	for k, v := range m.Metadata {
-		if !cleanText(k) || !cleanText(v) {
+		if !pg.Storable(k) || !pg.Storable(v) {
 			return fmt.Errorf("metadata %q: keys and values must be valid UTF-8 without NUL bytes", strings.ToValidUTF8(k, "?"))
 		}
 	}
 	return nil
-}
-
-func cleanText(s string) bool {
-	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
 // OutboxStats counts the outbox's rows. It scans the table: call it from

@@ -112,17 +112,9 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 	}
 	var res Result
 	q := s.prepare(r, &res)
-	var err error
-	if r.MaxClaimWait <= 0 {
-		var tag pgconn.CommandTag
-		tag, err = tx.Exec(ctx, q.sql, q.args...)
-		res.New = tag.RowsAffected() == 1
-	} else {
-		b := &pgx.Batch{}
-		q.queue(b, nil)
-		err = tx.SendBatch(ctx, b).Close()
-	}
-	if err != nil {
+	b := &pgx.Batch{}
+	q.queue(b, nil)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return res, q.wrap(err)
 	}
 	return res, s.checkFingerprint(ctx, tx, q, &res)
