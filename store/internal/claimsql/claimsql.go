@@ -70,6 +70,9 @@ type Statements struct {
 	// the batch claims of memoised keys.
 	memo, memoBatch, unclaim string
 	following                string // Following's read-ahead
+	// Pool runs the transactions Begin and BeginBatch begin, and
+	// Following; the store sets it.
+	Pool *pgxpool.Pool
 }
 
 // For renders the statements of the claim table claims in schema, names
@@ -120,7 +123,7 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 	return res, s.checkFingerprint(ctx, tx, q, &res)
 }
 
-// Begin begins a transaction on a connection from pool and makes the claim
+// Begin begins a transaction on a connection from s.Pool and makes the claim
 // r in it, in one round trip: BEGIN, the lock_timeout, the claim and the
 // reset go out as one pipelined batch (pgx's Batch.BeginTx), where BeginTx
 // followed by Claim takes two. For a transaction per message that is one
@@ -146,7 +149,7 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 //
 // On success the caller owns tx, with the claim in it, and must Commit or
 // Rollback it whatever res says. On error there is no transaction to end.
-func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
+func (s *Statements) Begin(ctx context.Context, opts pgx.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
@@ -168,7 +171,7 @@ func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxO
 		found = m
 	}
 	q.queue(b, more)
-	br := pool.SendBatch(ctx, b)
+	br := s.Pool.SendBatch(ctx, b)
 	tx = br.Tx()
 	if err := br.Close(); err != nil {
 		// A claim that failed (lock_timeout, a missing partition) leaves
@@ -193,7 +196,7 @@ type memoRow struct {
 	ok     bool
 }
 
-// BeginBatch begins a transaction on a connection from pool and claims
+// BeginBatch begins a transaction on a connection from s.Pool and claims
 // many keys of one consumer in it with one statement, in one round trip.
 // It returns the keys that were new (claimed by this transaction), sorted.
 // Keys already claimed by committed transactions are left out: their
@@ -215,7 +218,7 @@ type memoRow struct {
 //
 // On success the caller owns tx and must Commit or Rollback it; on error
 // there is no transaction to end.
-func (s *Statements) BeginBatch(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
+func (s *Statements) BeginBatch(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
 	// found: the memos of keys, key -> reason; filled by the callback on
@@ -234,7 +237,7 @@ func (s *Statements) BeginBatch(ctx context.Context, pool *pgxpool.Pool, opts pg
 		found = m
 	}
 	claimed := s.queueBatch(b, consumer, keys, maxClaimWait)
-	br := pool.SendBatch(ctx, b)
+	br := s.Pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
 		pg.Rollback(ctx, tx)
@@ -292,8 +295,8 @@ func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, ma
 // removes it. No anchor claimed yet means no keys. On a table shared by
 // many consumers the walk along the processed_at index also reads the
 // others' claims of the same period.
-func (s *Statements) Following(ctx context.Context, pool *pgxpool.Pool, consumer string, anchors []string, n int, add func(key string)) error {
-	rows, err := pool.Query(ctx, s.following, consumer, anchors, n)
+func (s *Statements) Following(ctx context.Context, consumer string, anchors []string, n int, add func(key string)) error {
+	rows, err := s.Pool.Query(ctx, s.following, consumer, anchors, n)
 	if err == nil {
 		var k string
 		_, err = pgx.ForEachRow(rows, []any{&k}, func() error {

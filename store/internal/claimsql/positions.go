@@ -18,6 +18,8 @@ type Position = kafkarecord.Settled
 // rendered once.
 type PositionStatements struct {
 	upsert, upsertMany, load, consumer string
+	// Pool runs Of and the Loader's reads; the store sets it.
+	Pool *pgxpool.Pool
 }
 
 // positionsSQL is the upsert's tail: a position only ever rises (an older
@@ -82,8 +84,8 @@ func (s *PositionStatements) Queue(b *pgx.Batch, consumer string, p Position) {
 }
 
 // Of returns consumer's stored positions, by topic and partition.
-func (s *PositionStatements) Of(ctx context.Context, pool *pgxpool.Pool, consumer string) ([]Position, error) {
-	rows, err := pool.Query(ctx, s.consumer, consumer)
+func (s *PositionStatements) Of(ctx context.Context, consumer string) ([]Position, error) {
+	rows, err := s.Pool.Query(ctx, s.consumer, consumer)
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
 	}
@@ -92,6 +94,11 @@ func (s *PositionStatements) Of(ctx context.Context, pool *pgxpool.Pool, consume
 		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
 	}
 	return ps, nil
+}
+
+// Loader returns the kafkarecord.Loader of consumer's stored positions.
+func (s *PositionStatements) Loader(consumer string) kafkarecord.Loader {
+	return Loader{Pool: s.Pool, Stmts: s, Consumer: consumer}
 }
 
 // Loader is the kafkarecord.Loader of one consumer's stored positions.
