@@ -243,13 +243,12 @@ func (c RetentionConfig) validatePartitioned() error {
 //
 // After the claims, it deletes the poison memos (middleware.Claim.PoisonMemo)
 // last poisoned before the same horizon, in batches (CleanupResult.Memos).
-func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult, error) {
+func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupResult, err error) {
 	if err := cfg.Validate(); err != nil {
 		return CleanupResult{}, err
 	}
 	cfg = cfg.withDefaults()
 	start := time.Now()
-	var res CleanupResult
 
 	kind, err := s.claimTableKind(ctx, s.pool)
 	if err != nil {
@@ -286,6 +285,8 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult
 		return res, err
 	}
 	defer release()
+	// Interrupted or not, the result says how long the run took.
+	defer func() { res.Duration = time.Since(start) }()
 
 	progress := CleanupProgress{NextBatchSize: cfg.BatchSize, Horizon: res.Horizon}
 	report := func() {
@@ -317,7 +318,6 @@ SELECT count(*), max(processed_at) FROM deleted`)
 	size := cfg.BatchSize
 	for {
 		if err := ctx.Err(); err != nil {
-			res.Duration = time.Since(start)
 			return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
 		}
 		var n int64
@@ -331,7 +331,6 @@ SELECT count(*), max(processed_at) FROM deleted`)
 		err := conn.SendBatch(ctx, b).Close()
 		took := time.Since(batchStart)
 		if err != nil {
-			res.Duration = time.Since(start)
 			if ctx.Err() != nil {
 				return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, ctx.Err())
 			}
@@ -353,23 +352,19 @@ SELECT count(*), max(processed_at) FROM deleted`)
 		}
 		if n == int64(asked) && cfg.Pause > 0 {
 			if err := pg.Sleep(ctx, cfg.Pause); err != nil {
-				res.Duration = time.Since(start)
-				return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
+					return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
 			}
 		}
 	}
 	if res.Memos, err = s.cleanupMemos(ctx, conn, res.Horizon, cfg); err != nil {
-		res.Duration = time.Since(start)
 		return res, err
 	}
 	if cfg.Vacuum && res.Deleted > 0 {
 		if _, err := conn.Exec(ctx, s.render("VACUUM (ANALYZE) {schema}.{claims}")); err != nil {
-			res.Duration = time.Since(start)
 			return res, fmt.Errorf("claimtx: vacuum after cleanup: %w", err)
 		}
 		res.Vacuumed = true
 	}
-	res.Duration = time.Since(start)
 	return res, nil
 }
 
