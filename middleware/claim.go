@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -373,36 +374,18 @@ func (c Claim) validate() error {
 }
 
 func (c Claim) withDefaults() Claim {
-	if c.Isolation == "" {
-		c.Isolation = pgx.ReadCommitted
-	}
-	if c.Mode == "" {
-		c.Mode = ModeClaimTable
-	}
-	if c.MaxClaimWait == 0 {
-		c.MaxClaimWait = defaultMaxClaimWait
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = defaultMaxAttempts
-	}
-	if c.InitialBackoff == 0 {
-		c.InitialBackoff = defaultInitialBackoff
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = defaultMaxBackoff
-	}
+	c.Isolation = cmp.Or(c.Isolation, pgx.ReadCommitted)
+	c.Mode = cmp.Or(c.Mode, ModeClaimTable)
+	c.MaxClaimWait = cmp.Or(c.MaxClaimWait, defaultMaxClaimWait)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, defaultMaxAttempts)
+	c.InitialBackoff = cmp.Or(c.InitialBackoff, defaultInitialBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, defaultMaxBackoff)
+	c.CommittedKeys = cmp.Or(c.CommittedKeys, defaultCommittedKeys)
+	c.CommittedKeysTTL = cmp.Or(c.CommittedKeysTTL, defaultCommittedKeysTTL)
+	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.claims = pg.ClaimsOf(c.Store)
 	if !c.NoPositions {
 		c.positions = c.claims.Positions()
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
-	if c.CommittedKeys == 0 {
-		c.CommittedKeys = defaultCommittedKeys
-	}
-	if c.CommittedKeysTTL == 0 {
-		c.CommittedKeysTTL = defaultCommittedKeysTTL
 	}
 	// Only what provably stays committed is cached: claim-table rows,
 	// which only retention removes. The outcome of a natural-key claim is

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -84,9 +85,7 @@ func NewExpiryGuard(g ExpiryGuard) (message.HandlerMiddleware, error) {
 }
 
 func (g ExpiryGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
-	if g.Retention == 0 {
-		g.Retention = pg.DefaultRetention
-	}
+	g.Retention = cmp.Or(g.Retention, pg.DefaultRetention)
 	if g.now == nil {
 		g.now = time.Now
 	}

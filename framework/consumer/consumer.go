@@ -301,24 +301,13 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.PoisonTopic == "" {
-		cfg.PoisonTopic = cfg.Topic + defaultPoisonSuffix
-	}
-	if cfg.HandlerRetries == 0 {
-		cfg.HandlerRetries = defaultHandlerRetries
-	}
-	if cfg.RetryInitialInterval == 0 {
-		cfg.RetryInitialInterval = defaultRetryInitialInterval
-	}
-	if cfg.DrainTimeout == 0 {
-		cfg.DrainTimeout = defaultDrainTimeout
-	}
-	if cfg.Broker.Kafka.ConsumerGroup == "" {
-		cfg.Broker.Kafka.ConsumerGroup = cfg.Name // one group per consumer: services on one topic each see all of it
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	cfg.PoisonTopic = cmp.Or(cfg.PoisonTopic, cfg.Topic+defaultPoisonSuffix)
+	cfg.HandlerRetries = cmp.Or(cfg.HandlerRetries, defaultHandlerRetries)
+	cfg.RetryInitialInterval = cmp.Or(cfg.RetryInitialInterval, defaultRetryInitialInterval)
+	cfg.DrainTimeout = cmp.Or(cfg.DrainTimeout, defaultDrainTimeout)
+	// One group per consumer: services on one topic each see all of it.
+	cfg.Broker.Kafka.ConsumerGroup = cmp.Or(cfg.Broker.Kafka.ConsumerGroup, cfg.Name)
 	// One start-up bound for every dependency (see StartupTimeout).
 	if cfg.StartupTimeout != 0 {
 		cfg.Broker.AMQP.DialTimeout = cfg.StartupTimeout
