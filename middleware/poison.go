@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -276,12 +277,8 @@ func (p Poison) copyWithReason(msg *message.Message, err error, limit int) *mess
 	if key, ok := p.key(msg); ok {
 		cp.Metadata.Set(poison.Key, key)
 	}
-	topic := message.SubscribeTopicFromCtx(msg.Context())
-	if topic == "" {
-		topic = p.SourceTopic
-	}
 	cp.Metadata.Set(poison.WatermillReason, reason)
-	cp.Metadata.Set(poison.WatermillTopic, topic)
+	cp.Metadata.Set(poison.WatermillTopic, cmp.Or(message.SubscribeTopicFromCtx(msg.Context()), p.SourceTopic))
 	cp.Metadata.Set(poison.WatermillHandler, message.HandlerNameFromCtx(msg.Context()))
 	cp.Metadata.Set(poison.WatermillSubscriber, message.SubscriberNameFromCtx(msg.Context()))
 	return cp

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -61,9 +62,7 @@ type VersionedUpsert struct {
 // NewVersionedUpsert validates cfg and builds the statement. Errors are
 // *framework.ConfigError naming the field.
 func NewVersionedUpsert(cfg VersionedUpsertConfig) (*VersionedUpsert, error) {
-	if cfg.Version == "" {
-		cfg.Version = defaultVersionColumn
-	}
+	cfg.Version = cmp.Or(cfg.Version, defaultVersionColumn)
 	if cfg.Schema != "" && !schemaName.MatchString(cfg.Schema) {
 		return nil, &framework.ConfigError{Field: "Schema", Reason: fmt.Sprintf("%q must match %s", cfg.Schema, schemaName)}
 	}

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -77,13 +78,7 @@ func (e *StartupError) Unwrap() error { return e.Err }
 // after a failure (DDL in a transaction, IF NOT EXISTS). A nil logger is
 // slog.Default().
 func awaitDatabase(ctx context.Context, logger *slog.Logger, timeout time.Duration, pool *pgxpool.Pool, step string, try func(context.Context) error) error {
-	if logger == nil {
-		logger = slog.Default()
-	}
-	if timeout == 0 {
-		timeout = defaultStartupTimeout
-	}
-	return await(ctx, logger, timeout, "PostgreSQL", step, classifyPostgres, func(actx context.Context) error {
+	return await(ctx, cmp.Or(logger, slog.Default()), cmp.Or(timeout, defaultStartupTimeout), "PostgreSQL", step, classifyPostgres, func(actx context.Context) error {
 		if err := pool.Ping(actx); err != nil {
 			return err
 		}

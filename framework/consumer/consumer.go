@@ -313,10 +313,7 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		cfg.Broker.AMQP.DialTimeout = cfg.StartupTimeout
 		cfg.Broker.Kafka.DialTimeout = cfg.StartupTimeout
 	}
-	reg := cfg.Extractors
-	if reg == nil {
-		reg = framework.NewRegistry()
-	}
+	reg := cmp.Or(cfg.Extractors, framework.NewRegistry())
 	keyFunc := cfg.Claim.Key
 	if cfg.Key != "" {
 		kf, err := reg.ParseKey(cfg.Key)
@@ -463,9 +460,7 @@ func (p *parts) poison(l *ledger, po middleware.Poison) middleware.Poison {
 	if po.Key == nil {
 		po.Key = p.poisonKey()
 	}
-	if po.DeadLetters == nil {
-		po.DeadLetters = p.store
-	}
+	po.DeadLetters = cmp.Or(po.DeadLetters, p.store)
 	po.OnPoison = func(msg *message.Message, err error) {
 		if onPoison != nil {
 			onPoison(msg, err)
