@@ -172,18 +172,14 @@ func (c RetentionConfig) withDefaults() RetentionConfig {
 // call (the claimtx CLI refuses bad flags before connecting).
 func (c RetentionConfig) Validate() error {
 	for _, f := range []struct {
-		name string
-		v    time.Duration
-	}{{"Retention", c.Retention}, {"MinRetention", c.MinRetention}, {"TargetBatchDuration", c.TargetBatchDuration}, {"BatchTimeout", c.BatchTimeout}, {"LockWait", c.LockWait}} {
-		if f.v < 0 {
-			return &framework.ConfigError{Field: f.name, Reason: "must not be negative"}
-		}
-	}
-	for _, f := range []struct {
-		name string
-		v    int
-	}{{"BatchSize", c.BatchSize}, {"MinBatchSize", c.MinBatchSize}, {"MaxBatchSize", c.MaxBatchSize}, {"LockTries", c.LockTries}} {
-		if f.v < 0 {
+		name     string
+		negative bool
+	}{
+		{"Retention", c.Retention < 0}, {"MinRetention", c.MinRetention < 0}, {"TargetBatchDuration", c.TargetBatchDuration < 0},
+		{"BatchTimeout", c.BatchTimeout < 0}, {"LockWait", c.LockWait < 0}, {"BatchSize", c.BatchSize < 0},
+		{"MinBatchSize", c.MinBatchSize < 0}, {"MaxBatchSize", c.MaxBatchSize < 0}, {"LockTries", c.LockTries < 0},
+	} {
+		if f.negative {
 			return &framework.ConfigError{Field: f.name, Reason: "must not be negative"}
 		}
 	}

@@ -110,17 +110,16 @@ type Batch struct {
 }
 
 func (c Config) validate() error {
-	switch {
-	case c.BatchSize < 0:
-		return &framework.ConfigError{Field: "BatchSize", Reason: "must not be negative"}
-	case c.PollInterval < 0:
-		return &framework.ConfigError{Field: "PollInterval", Reason: "must not be negative"}
-	case c.InitialBackoff < 0:
-		return &framework.ConfigError{Field: "InitialBackoff", Reason: "must not be negative"}
-	case c.MaxBackoff < 0:
-		return &framework.ConfigError{Field: "MaxBackoff", Reason: "must not be negative"}
-	case c.Retention < 0:
-		return &framework.ConfigError{Field: "Retention", Reason: "must not be negative"}
+	for _, f := range []struct {
+		name     string
+		negative bool
+	}{
+		{"BatchSize", c.BatchSize < 0}, {"PollInterval", c.PollInterval < 0}, {"InitialBackoff", c.InitialBackoff < 0},
+		{"MaxBackoff", c.MaxBackoff < 0}, {"Retention", c.Retention < 0},
+	} {
+		if f.negative {
+			return &framework.ConfigError{Field: f.name, Reason: "must not be negative"}
+		}
 	}
 	return nil
 }
