@@ -348,7 +348,7 @@ SELECT count(*), max(processed_at) FROM deleted`)
 		}
 		if n == int64(asked) && cfg.Pause > 0 {
 			if err := pg.Sleep(ctx, cfg.Pause); err != nil {
-					return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
+				return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
 			}
 		}
 	}
@@ -421,14 +421,7 @@ func (s *Store) lockRetention(ctx context.Context) (*pgxpool.Conn, func(), error
 		if !conn.Conn().IsClosed() {
 			// The run's ctx may be cancelled (that is how it was
 			// interrupted); unlocking must still happen.
-			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", s.retentionLockKey()); err != nil {
-				// A connection in an unknown state must not go back to
-				// the pool still holding the lock: closing it ends the
-				// session, and the server releases the lock.
-				_ = conn.Conn().Close(uctx)
-			}
-			cancel()
+			pg.Unlock(ctx, conn, s.retentionLockKey())
 		}
 		conn.Release()
 	}

@@ -239,16 +239,9 @@ func underLock(ctx context.Context, pool *pgxpool.Pool, n *pg.Names, fn func(pgx
 		cancel()
 		return fmt.Errorf("claimtx: migration lock: %w", err)
 	}
-	defer func() {
-		// ctx may be cancelled (that may be why fn failed); unlocking must
-		// still happen.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", key); err != nil {
-			// Ending the session releases the lock.
-			_ = conn.Conn().Close(uctx)
-		}
-	}()
+	// ctx may be cancelled (that may be why fn failed); unlocking must
+	// still happen.
+	defer pg.Unlock(ctx, conn, key)
 	return pgx.BeginFunc(ctx, conn, fn)
 }
 
