@@ -72,6 +72,3 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
-
-// ident quotes a validated identifier.
-func ident(parts ...string) string { return pg.Ident(parts...) }

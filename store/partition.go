@@ -75,9 +75,6 @@ func (s *Store) dayName(day time.Time) string {
 	return s.cfg.ClaimsTable + "_p" + day.Format(partitionDayLayout)
 }
 
-// qualified quotes schema.name for one of claimtx's derived relations.
-func (s *Store) qualified(name string) string { return s.names.Qualified(name) }
-
 var partitionBound = regexp.MustCompile(`^FOR VALUES FROM \((MINVALUE|'(\d{4}-\d{2}-\d{2})')\) TO \('(\d{4}-\d{2}-\d{2})'\)$`)
 
 // Partitions lists the claim table's partitions, oldest first.
@@ -104,7 +101,7 @@ func (s *Store) partitions(ctx context.Context, db beginner) ([]Partition, error
 		rows, err := tx.Query(ctx, `SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending,
        greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid)
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = $1::regclass`, s.render("{schema}.{claims}"))
+WHERE i.inhparent = $1::regclass`, s.names.Render("{schema}.{claims}"))
 		if err != nil {
 			return err
 		}
@@ -208,7 +205,7 @@ func (s *Store) prepare(ctx context.Context, conn *pgxpool.Conn, cfg RetentionCo
 	}
 	if !hasColumn {
 		err := s.ddlTx(ctx, conn, cfg, func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, s.render("ALTER TABLE {schema}.{claims} ADD COLUMN IF NOT EXISTS event_day date NOT NULL DEFAULT '-infinity'"))
+			_, err := tx.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} ADD COLUMN IF NOT EXISTS event_day date NOT NULL DEFAULT '-infinity'"))
 			return err
 		})
 		if err != nil {
@@ -230,13 +227,13 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname
 		}
 		if valid != nil {
 			// Left invalid by an interrupted concurrent build.
-			if _, err := conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+s.qualified(idx.name)); err != nil {
+			if _, err := conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+s.names.Qualified(idx.name)); err != nil {
 				return fmt.Errorf("claimtx: prepare partitioning: drop invalid index %s: %w", idx.name, err)
 			}
 		}
 		// CONCURRENTLY: no lock that blocks claims; it waits for running
 		// transactions instead, so no lock_timeout here.
-		if _, err := conn.Exec(ctx, "CREATE UNIQUE INDEX CONCURRENTLY "+ident(idx.name)+" ON "+s.render("{schema}.{claims}")+" ("+idx.cols+")"); err != nil {
+		if _, err := conn.Exec(ctx, "CREATE UNIQUE INDEX CONCURRENTLY "+pg.Ident(idx.name)+" ON "+s.names.Render("{schema}.{claims}")+" ("+idx.cols+")"); err != nil {
 			return fmt.Errorf("claimtx: prepare partitioning: build index %s: %w", idx.name, err)
 		}
 	}
@@ -293,18 +290,18 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 		return res, err
 	}
 	boundary := today.AddDate(0, 0, legacyBoundaryDaysAhead)
-	boundName := ident(s.cfg.ClaimsTable + "_legacy_bound")
+	boundName := pg.Ident(s.cfg.ClaimsTable + "_legacy_bound")
 	err = s.ddlTx(ctx, conn, cfg, func(tx pgx.Tx) error {
 		// A constraint left by an interrupted run may name an older
 		// boundary: replace it.
-		_, err := tx.Exec(ctx, s.render("ALTER TABLE {schema}.{claims} DROP CONSTRAINT IF EXISTS "+boundName+
+		_, err := tx.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} DROP CONSTRAINT IF EXISTS "+boundName+
 			", ADD CONSTRAINT "+boundName+" CHECK (event_day < "+dateLiteral(boundary)+") NOT VALID"))
 		return err
 	})
 	if err != nil {
 		return res, fmt.Errorf("claimtx: enable partitioning: add boundary constraint: %w", err)
 	}
-	if _, err := conn.Exec(ctx, s.render("ALTER TABLE {schema}.{claims} VALIDATE CONSTRAINT "+boundName)); err != nil {
+	if _, err := conn.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} VALIDATE CONSTRAINT "+boundName)); err != nil {
 		return res, fmt.Errorf("claimtx: enable partitioning: claims with an event day on or after %s exist (event times written ahead of the clock); retry tomorrow: %w",
 			boundary.Format(time.DateOnly), err)
 	}
@@ -312,25 +309,25 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 	err = s.ddlTx(ctx, conn, cfg, func(tx pgx.Tx) error {
 		res = PartitioningResult{}
 		var pk string
-		if err := tx.QueryRow(ctx, "SELECT conname FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'p'", s.render("{schema}.{claims}")).Scan(&pk); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT conname FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'p'", s.names.Render("{schema}.{claims}")).Scan(&pk); err != nil {
 			return fmt.Errorf("find primary key: %w", err)
 		}
 		legacyPK := s.cfg.ClaimsTable + "_legacy_pkey"
 		stmts := []string{}
 		if pk != legacyPK {
-			stmts = append(stmts, s.render("ALTER TABLE {schema}.{claims} DROP CONSTRAINT "+ident(pk)+
-				", ADD CONSTRAINT "+ident(legacyPK)+" PRIMARY KEY USING INDEX "+ident(legacyPK)))
+			stmts = append(stmts, s.names.Render("ALTER TABLE {schema}.{claims} DROP CONSTRAINT "+pg.Ident(pk)+
+				", ADD CONSTRAINT "+pg.Ident(legacyPK)+" PRIMARY KEY USING INDEX "+pg.Ident(legacyPK)))
 		}
 		stmts = append(stmts,
-			s.render("ALTER TABLE {schema}.{claims} RENAME TO "+ident(s.legacyName())),
+			s.names.Render("ALTER TABLE {schema}.{claims} RENAME TO "+pg.Ident(s.legacyName())),
 			// LIKE copies every column (including any added by later
 			// migrations) and its defaults; not the CHECK constraints.
-			s.render("CREATE TABLE {schema}.{claims} (LIKE "+s.qualified(s.legacyName())+" INCLUDING DEFAULTS, CONSTRAINT "+
-				ident(s.cfg.ClaimsTable+"_pkey")+" PRIMARY KEY (consumer, message_key, event_day)) PARTITION BY RANGE (event_day)"),
+			s.names.Render("CREATE TABLE {schema}.{claims} (LIKE "+s.names.Qualified(s.legacyName())+" INCLUDING DEFAULTS, CONSTRAINT "+
+				pg.Ident(s.cfg.ClaimsTable+"_pkey")+" PRIMARY KEY (consumer, message_key, event_day)) PARTITION BY RANGE (event_day)"),
 			// No default: a claim without an event day (no
 			// ClaimRequest.EventTime) must fail, not land in some partition.
-			s.render("ALTER TABLE {schema}.{claims} ALTER COLUMN event_day DROP DEFAULT"),
-			s.render("COMMENT ON TABLE {schema}.{claims} IS 'claimtx claims, range partitioned by event_day: the UTC day of the producer''s event time'"),
+			s.names.Render("ALTER TABLE {schema}.{claims} ALTER COLUMN event_day DROP DEFAULT"),
+			s.names.Render("COMMENT ON TABLE {schema}.{claims} IS 'claimtx claims, range partitioned by event_day: the UTC day of the producer''s event time'"),
 		)
 		for _, q := range stmts {
 			if _, err := tx.Exec(ctx, q); err != nil {
@@ -338,16 +335,16 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 			}
 		}
 		var empty bool
-		if err := tx.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+s.qualified(s.legacyName())+")").Scan(&empty); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+s.names.Qualified(s.legacyName())+")").Scan(&empty); err != nil {
 			return err
 		}
 		lower := horizonDay
 		if empty {
-			if _, err := tx.Exec(ctx, "DROP TABLE "+s.qualified(s.legacyName())); err != nil {
+			if _, err := tx.Exec(ctx, "DROP TABLE "+s.names.Qualified(s.legacyName())); err != nil {
 				return err
 			}
 		} else {
-			if _, err := tx.Exec(ctx, s.render("ALTER TABLE {schema}.{claims} ATTACH PARTITION "+s.qualified(s.legacyName())+
+			if _, err := tx.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} ATTACH PARTITION "+s.names.Qualified(s.legacyName())+
 				" FOR VALUES FROM (MINVALUE) TO ("+dateLiteral(boundary)+")")); err != nil {
 				return err
 			}
@@ -439,10 +436,10 @@ func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 // createDay creates the partition for one event day in tx.
 func (s *Store) createDay(ctx context.Context, tx pgx.Tx, day time.Time) (Partition, error) {
 	p := Partition{Name: s.dayName(day), From: day, To: day.AddDate(0, 0, 1)}
-	q := s.qualified(p.Name)
+	q := s.names.Qualified(p.Name)
 	for _, stmt := range []string{
-		s.render("CREATE TABLE " + q + " (LIKE {schema}.{claims} INCLUDING ALL)"),
-		s.render("ALTER TABLE {schema}.{claims} ATTACH PARTITION " + q + " FOR VALUES FROM (" + dateLiteral(p.From) + ") TO (" + dateLiteral(p.To) + ")"),
+		s.names.Render("CREATE TABLE " + q + " (LIKE {schema}.{claims} INCLUDING ALL)"),
+		s.names.Render("ALTER TABLE {schema}.{claims} ATTACH PARTITION " + q + " FOR VALUES FROM (" + dateLiteral(p.From) + ") TO (" + dateLiteral(p.To) + ")"),
 	} {
 		if _, err := tx.Exec(ctx, stmt); err != nil {
 			return p, err
@@ -482,10 +479,10 @@ func (s *Store) dropExpired(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 			if p.DetachPending {
 				mode = " FINALIZE"
 			}
-			if _, err := conn.Exec(ctx, s.render("ALTER TABLE {schema}.{claims} DETACH PARTITION "+s.qualified(p.Name)+mode)); err != nil {
+			if _, err := conn.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} DETACH PARTITION "+s.names.Qualified(p.Name)+mode)); err != nil {
 				return dropped, fmt.Errorf("claimtx: detach partition %s: %w", p.Name, err)
 			}
-			if _, err := conn.Exec(ctx, "DROP TABLE "+s.qualified(p.Name)); err != nil {
+			if _, err := conn.Exec(ctx, "DROP TABLE "+s.names.Qualified(p.Name)); err != nil {
 				return dropped, fmt.Errorf("claimtx: drop partition %s: %w", p.Name, err)
 			}
 		}
@@ -516,7 +513,7 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 			}
 		}
 		if !cfg.DryRun {
-			if _, err := conn.Exec(ctx, "DROP TABLE "+s.qualified(name)); err != nil {
+			if _, err := conn.Exec(ctx, "DROP TABLE "+s.names.Qualified(name)); err != nil {
 				return dropped, fmt.Errorf("claimtx: drop detached partition %s: %w", name, err)
 			}
 		}

@@ -31,7 +31,7 @@ func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon ti
 	if cfg.DryRun {
 		need = need[:1]
 	}
-	exists, missing, err := pg.Lacking(ctx, conn, s.render("{schema}.{memo}"), need...)
+	exists, missing, err := pg.Lacking(ctx, conn, s.names.Render("{schema}.{memo}"), need...)
 	if err != nil {
 		return 0, fmt.Errorf("claimtx: check privileges on the poison memo table: %w", err)
 	}

@@ -259,7 +259,7 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupRe
 
 	if cfg.DryRun {
 		var oldest pgtype.Timestamptz
-		err := s.pool.QueryRow(ctx, s.render("SELECT count(*), min(processed_at) FROM {schema}.{claims} WHERE processed_at < $1"), res.Horizon).Scan(&res.WouldDelete, &oldest)
+		err := s.pool.QueryRow(ctx, s.names.Render("SELECT count(*), min(processed_at) FROM {schema}.{claims} WHERE processed_at < $1"), res.Horizon).Scan(&res.WouldDelete, &oldest)
 		if err != nil {
 			return res, fmt.Errorf("claimtx: cleanup dry run: %w", err)
 		}
@@ -293,7 +293,7 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupRe
 	}
 	report()
 
-	deleteSQL := s.render(`WITH batch AS (
+	deleteSQL := s.names.Render(`WITH batch AS (
     SELECT ctid FROM {schema}.{claims}
     WHERE processed_at >= $1 AND processed_at < $2
     ORDER BY processed_at
@@ -356,7 +356,7 @@ SELECT count(*), max(processed_at) FROM deleted`)
 		return res, err
 	}
 	if cfg.Vacuum && res.Deleted > 0 {
-		if _, err := conn.Exec(ctx, s.render("VACUUM (ANALYZE) {schema}.{claims}")); err != nil {
+		if _, err := conn.Exec(ctx, s.names.Render("VACUUM (ANALYZE) {schema}.{claims}")); err != nil {
 			return res, fmt.Errorf("claimtx: vacuum after cleanup: %w", err)
 		}
 		res.Vacuumed = true

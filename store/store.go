@@ -48,6 +48,3 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Config returns the effective configuration (defaults applied).
 func (s *Store) Config() Config { return s.cfg }
-
-// render substitutes the configured, quoted identifiers into sql.
-func (s *Store) render(sql string) string { return s.names.Render(sql) }

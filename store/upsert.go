@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // Execer runs one statement: a pgx.Tx, *pgxpool.Pool or *pgx.Conn.
@@ -91,11 +92,11 @@ func NewVersionedUpsert(cfg VersionedUpsertConfig) (*VersionedUpsert, error) {
 			return nil, &framework.ConfigError{Field: field, Reason: fmt.Sprintf("column %q is also in %s", col, prev)}
 		}
 		seen[col] = field
-		cols[i], params[i] = ident(col), fmt.Sprintf("$%d", i+1)
+		cols[i], params[i] = pg.Ident(col), fmt.Sprintf("$%d", i+1)
 	}
-	table := ident(cfg.Table)
+	table := pg.Ident(cfg.Table)
 	if cfg.Schema != "" {
-		table = ident(cfg.Schema, cfg.Table)
+		table = pg.Ident(cfg.Schema, cfg.Table)
 	}
 	// Version and the state columns are replaced by a newer version.
 	var sets []string
