@@ -213,17 +213,16 @@ func (p Poison) deadLetter(msg *message.Message, err error) error {
 		// dropped the connection over the first one), the first copy
 		// was refused for good: it cannot go to the poison topic.
 	}
-	if p.DeadLetters == nil {
-		p.refused(msg, PoisonRefusal{Err: perr})
-		return perr
-	}
-	if rerr := p.record(msg, cp, err, perr); rerr != nil {
+	if p.DeadLetters != nil {
+		rerr := p.record(msg, cp, err, perr)
+		if rerr == nil {
+			p.refused(msg, PoisonRefusal{Err: perr, Fallback: fallbackDeadLetterTable})
+			return nil
+		}
 		perr = errors.Join(perr, rerr)
-		p.refused(msg, PoisonRefusal{Err: perr})
-		return perr
 	}
-	p.refused(msg, PoisonRefusal{Err: perr, Fallback: fallbackDeadLetterTable})
-	return nil
+	p.refused(msg, PoisonRefusal{Err: perr})
+	return perr
 }
 
 // interrupted reports whether a publish failed because the message's work
