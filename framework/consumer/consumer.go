@@ -406,13 +406,10 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		}
 	}
 	p.health = observe.Health{Store: p.store, Broker: observe.SubscriberConnected(p.sub)}
-	if p.horizon, err = newHorizon(p); err != nil {
+	if p.horizon, err = newHorizon(ctx, p); err != nil {
 		return nil, err
 	}
 	if p.horizon != nil {
-		if err := p.horizon.check(ctx, cfg.StrictRetentionHorizon); err != nil {
-			return nil, err
-		}
 		p.health.Warnings = p.horizon.warnings
 	}
 	ok = true
