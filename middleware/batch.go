@@ -232,12 +232,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	for k, reason := range memos {
 		failed[leader[k]] = framework.Permanent(&poison.HitError{Reason: reason})
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			pg.Rollback(ctx, tx)
-		}
-	}()
+	defer pg.Rollback(ctx, tx) // a no-op once committed
 	claimed := make(map[string]bool, len(newKeys))
 	idx := make([]int, len(newKeys)) // newKeys is sorted: effects run in key order
 	for j, k := range newKeys {
@@ -268,7 +263,6 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("claimtx: commit: %w", err)
 	}
-	committed = true
 	// Every key claimed is committed now, and every other key of want but
 	// the memoised ones (whose new claims were undone) conflicted with a
 	// committed claim (see Claim.attempt): all are known committed.

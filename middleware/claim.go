@@ -539,14 +539,10 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 				watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
 		}
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			// The message context may be cancelled (shutdown): roll back
-			// regardless so the connection returns to the pool clean.
-			pg.Rollback(ctx, tx)
-		}
-	}()
+	// Unless committed (a rollback after the commit is a no-op). The
+	// message context may be cancelled (shutdown): roll back regardless so
+	// the connection returns to the pool clean.
+	defer pg.Rollback(ctx, tx)
 	out = framework.Duplicate
 	if claimed {
 		produced, err := runHandler(msg, h, tx)
@@ -584,7 +580,6 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 		// truth either way.
 		return "", fmt.Errorf("claimtx: commit: %w", err)
 	}
-	committed = true
 	c.cache.Add(hash)
 	if claimed {
 		c.ahead.Answered(ctx, began, nil, true)

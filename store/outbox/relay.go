@@ -271,12 +271,7 @@ func (r *Relay) publishBatch(ctx context.Context, b *Batch) (err error) {
 	if err != nil {
 		return fmt.Errorf("claimtx relay: begin: %w", err)
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			pg.Rollback(ctx, tx)
-		}
-	}()
+	defer pg.Rollback(ctx, tx) // a no-op once committed
 	rows, err := r.outbox.LockPending(ctx, tx, r.cfg.BatchSize)
 	if err != nil {
 		return err
@@ -324,7 +319,6 @@ func (r *Relay) publishBatch(ctx context.Context, b *Batch) (err error) {
 	if err := tx.Commit(mctx); err != nil {
 		return errors.Join(publishErr, fmt.Errorf("claimtx relay: commit: %w", err))
 	}
-	committed = true
 	return publishErr
 }
 
