@@ -12,14 +12,23 @@ import (
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// lacking returns, in one round trip, whether table (one of the store's
-// schema) exists and which of privileges the database role lacks on it.
-func (p *parts) lacking(ctx context.Context, table string, privileges ...string) (exists bool, lacking []string, err error) {
-	exists, lacking, err = pg.Lacking(ctx, p.pool, pg.Ident(p.store.Config().Schema, table), privileges...)
+// requireClaimPrivileges returns a ConfigError on field when the database
+// role lacks any of SELECT, INSERT and UPDATE on table (one of the store's
+// schema), which every claim transaction uses for feature: each would
+// fail (and, the failure being permanent, be dead-lettered), instead of
+// one start-up error naming the grant.
+func (p *parts) requireClaimPrivileges(ctx context.Context, field, table, uses, feature string) error {
+	schema := p.store.Config().Schema
+	_, lacking, err := pg.Lacking(ctx, p.pool, pg.Ident(schema, table), "SELECT", "INSERT", "UPDATE")
 	if err != nil {
-		return false, nil, fmt.Errorf("claimtx: check privileges on %s: %w", table, err)
+		return fmt.Errorf("claimtx: check privileges on %s: %w", table, err)
 	}
-	return exists, lacking, nil
+	if len(lacking) > 0 {
+		return &framework.ConfigError{Field: field, Reason: fmt.Sprintf(
+			"the database role lacks %s on %s.%s, which %s: grant them (docs/security.md) or turn the %s off",
+			strings.Join(lacking, ", "), schema, table, uses, feature)}
+	}
+	return nil
 }
 
 // names are the store's table names.
@@ -29,24 +38,14 @@ func (p *parts) names() *pg.Names {
 }
 
 // checkMemoPrivileges refuses to start a consumer with Claim.PoisonMemo
-// whose database role cannot use the memo table: every claim looks its
-// memo up, so each would fail (and, the failure being permanent, be
-// dead-lettered) instead of one start-up error naming the grant.
+// whose database role cannot use the memo table, which every claim looks
+// its memo up in.
 func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 	if !p.cfg.Claim.PoisonMemo {
 		return nil
 	}
-	n := p.names()
-	_, missing, err := p.lacking(ctx, n.Memo, "SELECT", "INSERT", "UPDATE")
-	if err != nil {
-		return err
-	}
-	if len(missing) > 0 {
-		return &framework.ConfigError{Field: "Claim.PoisonMemo", Reason: fmt.Sprintf(
-			"the database role lacks %s on %s.%s, which every claim with a poison memo reads and every poisoned message writes: grant them (docs/security.md) or turn the memo off",
-			strings.Join(missing, ", "), n.Schema, n.Memo)}
-	}
-	return nil
+	return p.requireClaimPrivileges(ctx, "Claim.PoisonMemo", p.names().Memo,
+		"every claim with a poison memo reads and every poisoned message writes", "memo")
 }
 
 // checkDeadLetterPrivileges warns at start-up when the database role may

@@ -3,13 +3,10 @@ package consumer
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/internal/pg"
 )
@@ -111,16 +108,9 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	if !attached {
 		return false, nil
 	}
-	_, lacking, err := p.lacking(ctx, "kafka_positions", "SELECT", "INSERT", "UPDATE")
-	if err != nil {
-		return false, err
-	}
-	if len(lacking) > 0 {
-		return false, &framework.ConfigError{Field: "Claim.NoPositions", Reason: fmt.Sprintf(
-			"the database role lacks %s on %s.kafka_positions, which every claim transaction of a Kafka consumer writes: grant them (docs/security.md) or turn the positions off",
-			strings.Join(lacking, ", "), p.store.Config().Schema)}
-	}
-	return true, nil
+	err := p.requireClaimPrivileges(ctx, "Claim.NoPositions", "kafka_positions",
+		"every claim transaction of a Kafka consumer writes", "positions")
+	return err == nil, err
 }
 
 // watchPositions stores the positions acks settled and exports the
