@@ -78,7 +78,6 @@ func (p *parts) flushPositions(ctx context.Context) {
 			p.settled.add(pos.Topic, pos.Partition, pos.SettledBelow)
 		}
 		p.cfg.Logger.Debug("claimtx: storing settled Kafka positions failed; retrying", "consumer", p.cfg.Name, "err", err)
-		return
 	}
 }
 
