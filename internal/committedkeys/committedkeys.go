@@ -167,11 +167,9 @@ func (c *Cache) Lookup(h Hash) (hit, mark bool) {
 	if e.at&readBit != 0 {
 		c.readHits.Add(1)
 	}
-	if e.at&markBit != 0 {
-		e.at &^= markBit
-		return true, true
-	}
-	return true, false
+	mark = e.at&markBit != 0
+	e.at &^= markBit // the first hit only
+	return true, mark
 }
 
 // TakeReadHits returns the hits on entries added by AddRead since the
