@@ -99,11 +99,7 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			_ = p.Close()
-		}
-	}()
+	defer p.closeOnError(&err)
 	byDay, err := p.store.ClaimsByEventDay(ctx)
 	if err != nil {
 		return nil, err

@@ -297,7 +297,7 @@ type parts struct {
 // open validates cfg, applies its defaults, connects, migrates, and builds
 // the claim (without EventTime, which New adds when the table claims by
 // event day). On error everything opened is closed again.
-func open(ctx context.Context, cfg Config) (*parts, error) {
+func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -331,12 +331,7 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	}
 
 	p := &parts{cfg: cfg, pool: cfg.Pool, stop: make(chan struct{}), stopped: make(chan struct{})}
-	ok := false
-	defer func() {
-		if !ok {
-			_ = p.Close()
-		}
-	}()
+	defer p.closeOnError(&err)
 	if p.pool == nil {
 		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 		if err != nil {
@@ -344,7 +339,6 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		}
 		p.pool, p.ownsPool = pool, true
 	}
-	var err error
 	if p.store, err = store.New(p.pool, cfg.Store); err != nil {
 		return nil, err
 	}
@@ -412,7 +406,6 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if p.horizon != nil {
 		p.health.Warnings = p.horizon.warnings
 	}
-	ok = true
 	return p, nil
 }
 
@@ -546,11 +539,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			_ = p.Close()
-		}
-	}()
+	defer p.closeOnError(&err)
 	cfg = p.cfg
 	// The router's close comes after the drain (see consume): by then no
 	// handler runs, and it only waits for the subscriptions to end.
@@ -726,6 +715,14 @@ func (p *parts) Pool() *pgxpool.Pool { return p.pool }
 // Publisher returns the publisher used for poisoned messages, built from
 // the same broker configuration.
 func (p *parts) Publisher() message.Publisher { return p.pub }
+
+// closeOnError closes p when *err is set: a constructor that failed
+// after open must not leave its connections behind.
+func (p *parts) closeOnError(err *error) {
+	if *err != nil {
+		_ = p.Close()
+	}
+}
 
 // Close stops consuming and releases the broker clients and, if it opened
 // it, the pool.
