@@ -76,7 +76,6 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, topic string, msgs ...*m
 		return framework.Permanent(fmt.Errorf("%w: %s", ErrInvalidOutboxMessage, err.Error()))
 	}
 	var (
-		topics   = make([]string, len(msgs))
 		uuids    = make([]string, len(msgs))
 		keys     = make([]string, len(msgs))
 		payloads = make([][]byte, len(msgs))
@@ -86,7 +85,6 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, topic string, msgs ...*m
 		if err := validateOutboxMessage(m); err != nil {
 			return framework.Permanent(fmt.Errorf("%w %d: %s", ErrInvalidOutboxMessage, i, err.Error()))
 		}
-		topics[i] = topic
 		uuids[i] = m.UUID
 		if uuids[i] == "" {
 			uuids[i] = watermill.NewUUID()
@@ -111,7 +109,7 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, topic string, msgs ...*m
 			payloads[i] = []byte{} // the column is NOT NULL; an empty payload is a payload
 		}
 	}
-	if err := s.outbox.Insert(ctx, tx, topics, uuids, keys, payloads, metas); err != nil {
+	if err := s.outbox.Insert(ctx, tx, topic, uuids, keys, payloads, metas); err != nil {
 		return fmt.Errorf("claimtx: enqueue %d outbox message(s): %w", len(msgs), err)
 	}
 	return nil

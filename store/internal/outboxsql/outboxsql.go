@@ -66,8 +66,8 @@ func For(schema, outbox string) *Statements {
 	n := pg.NewNames(schema, "", outbox)
 	return &Statements{
 		insert: n.Render(`INSERT INTO {schema}.{outbox} (topic, uuid, idempotency_key, payload, metadata)
-SELECT t, u, k, p, m::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]) WITH ORDINALITY AS x(t, u, k, p, m, n)
+SELECT $1, u, k, p, m::jsonb
+FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[]) WITH ORDINALITY AS x(u, k, p, m, n)
 ORDER BY n`),
 		lock: n.Render(`SELECT id, topic, uuid, idempotency_key, payload, metadata, attempts, created_at
 FROM {schema}.{outbox}
@@ -94,12 +94,12 @@ FROM {schema}.{outbox}`),
 	}
 }
 
-// Insert writes rows to the outbox in tx, one element of each slice per
-// row, in order, and notifies the relays (delivered at commit), in one
+// Insert writes rows for topic to the outbox in tx, one element of each
+// slice per row, in order, and notifies the relays (delivered at commit), in one
 // round trip. The caller validated the values.
-func (s *Statements) Insert(ctx context.Context, tx pgx.Tx, topics, uuids, keys []string, payloads [][]byte, metadata []string) error {
+func (s *Statements) Insert(ctx context.Context, tx pgx.Tx, topic string, uuids, keys []string, payloads [][]byte, metadata []string) error {
 	b := &pgx.Batch{}
-	b.Queue(s.insert, topics, uuids, keys, payloads, metadata)
+	b.Queue(s.insert, topic, uuids, keys, payloads, metadata)
 	b.Queue("SELECT pg_notify($1, $2)", pg.OutboxChannel, s.notifyPayload)
 	return tx.SendBatch(ctx, b).Close()
 }
