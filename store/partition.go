@@ -388,12 +388,17 @@ func (s *Store) requirePartitioned(ctx context.Context, q pg.Querier) error {
 	return nil
 }
 
-func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) ([]Partition, error) {
-	today, horizonDay, err := s.days(ctx, conn, cfg.Retention)
-	if err != nil {
-		return nil, err
+// partitionsAt returns today, the horizon day (see days) and the
+// partitions, read on conn.
+func (s *Store) partitionsAt(ctx context.Context, conn *pgxpool.Conn, retention time.Duration) (today, horizonDay time.Time, parts []Partition, err error) {
+	if today, horizonDay, err = s.days(ctx, conn, retention); err == nil {
+		parts, err = s.partitions(ctx, conn)
 	}
-	parts, err := s.partitions(ctx, conn)
+	return today, horizonDay, parts, err
+}
+
+func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) ([]Partition, error) {
+	today, horizonDay, parts, err := s.partitionsAt(ctx, conn, cfg.Retention)
 	if err != nil {
 		return nil, err
 	}
@@ -461,11 +466,7 @@ func (s *Store) DropExpiredPartitions(ctx context.Context, cfg RetentionConfig) 
 }
 
 func (s *Store) dropExpired(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) ([]Partition, error) {
-	_, horizonDay, err := s.days(ctx, conn, cfg.Retention)
-	if err != nil {
-		return nil, err
-	}
-	parts, err := s.partitions(ctx, conn)
+	_, horizonDay, parts, err := s.partitionsAt(ctx, conn, cfg.Retention)
 	if err != nil {
 		return nil, err
 	}
@@ -493,10 +494,10 @@ func (s *Store) dropExpired(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 	rows, err := conn.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname = $2 OR c.relname ~ ('^' || $3 || '_p[0-9]{8}$'))`,
 		s.cfg.Schema, s.legacyName(), s.cfg.ClaimsTable)
-	if err != nil {
-		return dropped, fmt.Errorf("claimtx: find detached partitions: %w", err)
+	var orphans []string
+	if err == nil {
+		orphans, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
-	orphans, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return dropped, fmt.Errorf("claimtx: find detached partitions: %w", err)
 	}
