@@ -128,10 +128,7 @@ func (c Config) withDefaults() Config {
 	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
 	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
 	c.InitialBackoff = cmp.Or(c.InitialBackoff, defaultInitialBackoff)
-	c.MaxBackoff = cmp.Or(c.MaxBackoff, defaultMaxBackoff)
-	if c.MaxBackoff < c.InitialBackoff {
-		c.MaxBackoff = c.InitialBackoff
-	}
+	c.MaxBackoff = max(cmp.Or(c.MaxBackoff, defaultMaxBackoff), c.InitialBackoff)
 	c.Retention = cmp.Or(c.Retention, defaultRetention)
 	c.CleanupInterval = cmp.Or(c.CleanupInterval, defaultCleanupInterval)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, defaultPublishTimeout)
@@ -427,9 +424,7 @@ func (r *Relay) backoff(failures int) time.Duration {
 	for i := 1; i < failures && d < r.cfg.MaxBackoff; i++ {
 		d *= 2
 	}
-	if d > r.cfg.MaxBackoff {
-		d = r.cfg.MaxBackoff
-	}
+	d = min(d, r.cfg.MaxBackoff)
 	// Half jitter: relays failing together (the broker went down) spread
 	// out, and the wait never collapses to nothing.
 	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))

@@ -166,10 +166,7 @@ func (s *Statements) DeleteSent(ctx context.Context, db pg.Execer, olderThan tim
 	if limit <= 0 {
 		return 0, fmt.Errorf("claimtx: outbox cleanup limit %d must be positive", limit)
 	}
-	if olderThan < 0 {
-		olderThan = 0
-	}
-	tag, err := db.Exec(ctx, s.deleteSent, olderThan.Milliseconds(), limit)
+	tag, err := db.Exec(ctx, s.deleteSent, max(olderThan, 0).Milliseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("claimtx: delete sent outbox rows: %w", err)
 	}
