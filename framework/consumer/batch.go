@@ -324,8 +324,8 @@ func (s batchRunner) settle(ctx context.Context, batch []*message.Message, errs 
 
 // deadLetter poisons m with the reason and acks it, or nacks it when the
 // message could be put neither in the poison topic nor in the dead-letter
-// table. That nack is logged at
-// ERROR, as the per-message router logs it, with the error bounded.
+// table. That nack is logged at ERROR, as the per-message router logs it,
+// with the error bounded.
 func (s batchRunner) deadLetter(m *message.Message, err error) {
 	if err = s.poison(m, err); err == nil {
 		s.done(m, nil)
