@@ -144,23 +144,15 @@ func shouldPoison(err error) bool {
 	return framework.IsPermanent(err) || !store.IsTransient(err)
 }
 
-// validate reports the first invalid field.
-func (p Poison) validate() error {
-	if p.Publisher == nil {
-		return &framework.ConfigError{Field: "Publisher", Reason: "must not be nil"}
-	}
-	if p.Topic == "" {
-		return &framework.ConfigError{Field: "Topic", Reason: "must not be empty"}
-	}
-	return nil
-}
-
 // NewPoison validates p and returns its middleware. A configuration error
 // is returned here, so a poison route that cannot publish (every failing
 // message nacked forever) cannot be installed.
 func NewPoison(p Poison) (message.HandlerMiddleware, error) {
-	if err := p.validate(); err != nil {
-		return nil, err
+	switch {
+	case p.Publisher == nil:
+		return nil, &framework.ConfigError{Field: "Publisher", Reason: "must not be nil"}
+	case p.Topic == "":
+		return nil, &framework.ConfigError{Field: "Topic", Reason: "must not be empty"}
 	}
 	return p.middleware, nil
 }

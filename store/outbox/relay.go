@@ -109,21 +109,6 @@ type Batch struct {
 	Duration time.Duration
 }
 
-func (c Config) validate() error {
-	for _, f := range []struct {
-		name     string
-		negative bool
-	}{
-		{"BatchSize", c.BatchSize < 0}, {"PollInterval", c.PollInterval < 0}, {"InitialBackoff", c.InitialBackoff < 0},
-		{"MaxBackoff", c.MaxBackoff < 0}, {"Retention", c.Retention < 0},
-	} {
-		if f.negative {
-			return &framework.ConfigError{Field: f.name, Reason: "must not be negative"}
-		}
-	}
-	return nil
-}
-
 func (c Config) withDefaults() Config {
 	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
 	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
@@ -157,14 +142,19 @@ type Relay struct {
 // one is a synchronous producer); with a fire-and-forget publisher, rows
 // are marked sent for messages the broker may still lose.
 func New(st *store.Store, pub message.Publisher, cfg Config) (*Relay, error) {
-	if st == nil {
-		return nil, &framework.ConfigError{Field: "Store", Reason: "must not be nil"}
-	}
-	if pub == nil {
-		return nil, &framework.ConfigError{Field: "Publisher", Reason: "must not be nil"}
-	}
-	if err := cfg.validate(); err != nil {
-		return nil, err
+	for _, f := range []struct {
+		name    string
+		invalid bool
+		reason  string
+	}{
+		{"Store", st == nil, "must not be nil"}, {"Publisher", pub == nil, "must not be nil"},
+		{"BatchSize", cfg.BatchSize < 0, "must not be negative"}, {"PollInterval", cfg.PollInterval < 0, "must not be negative"},
+		{"InitialBackoff", cfg.InitialBackoff < 0, "must not be negative"}, {"MaxBackoff", cfg.MaxBackoff < 0, "must not be negative"},
+		{"Retention", cfg.Retention < 0, "must not be negative"},
+	} {
+		if f.invalid {
+			return nil, &framework.ConfigError{Field: f.name, Reason: f.reason}
+		}
 	}
 	sc := st.Config()
 	return &Relay{
