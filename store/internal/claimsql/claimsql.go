@@ -154,17 +154,14 @@ func (s *Statements) Begin(ctx context.Context, opts pgx.TxOptions, r Request, w
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
 	// found is captured by the callback only on this path: a named result
-	// captured instead would be moved to the heap on every claim.
-	var found *memoRow
+	// captured instead would be moved to the heap on every claim. Valid
+	// says a memo was found (reason is NOT NULL).
+	var found *pgtype.Text
 	if withMemo {
-		m := &memoRow{}
+		m := &pgtype.Text{}
 		b.Queue(s.memo, r.Consumer, r.Key).QueryRow(func(row pgx.Row) error {
-			switch err := row.Scan(&m.reason); {
-			case errors.Is(err, pgx.ErrNoRows):
-			case err != nil:
+			if err := row.Scan(m); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("claimtx: read poison memo: %w", err)
-			default:
-				m.ok = true
 			}
 			return nil
 		})
@@ -184,16 +181,10 @@ func (s *Statements) Begin(ctx context.Context, opts pgx.TxOptions, r Request, w
 		pg.Rollback(ctx, tx)
 		return nil, res, nil, err
 	}
-	if found != nil && found.ok {
-		memo = &found.reason
+	if found != nil && found.Valid {
+		memo = &found.String
 	}
 	return tx, res, memo, nil
-}
-
-// memoRow is a poison memo lookup's result.
-type memoRow struct {
-	reason string
-	ok     bool
 }
 
 // BeginBatch begins a transaction on a connection from s.Pool and claims
