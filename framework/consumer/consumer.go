@@ -784,7 +784,11 @@ func (p *parts) close() error {
 	if p.sub != nil {
 		errs = append(errs, p.sub.Close())
 	}
-	p.flushPositionsAtClose()
+	// The last settled positions, once the subscription is closed (no
+	// ack comes after it).
+	fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	p.flushPositions(fctx)
+	cancel()
 	if p.pub != nil {
 		errs = append(errs, p.pub.Close())
 	}

@@ -138,11 +138,3 @@ func (p *parts) watchPositions(ctx context.Context) {
 		}
 	}
 }
-
-// flushPositionsAtClose stores the last settled positions, once the
-// subscription is closed (no ack comes after it).
-func (p *parts) flushPositionsAtClose() {
-	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
-	defer cancel()
-	p.flushPositions(ctx)
-}

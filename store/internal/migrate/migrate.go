@@ -257,17 +257,17 @@ CREATE TABLE IF NOT EXISTS {schema}.claimtx_migration (
 )`)); err != nil {
 		return nil, fmt.Errorf("claimtx: create migration table: %w", err)
 	}
+	applied := map[int]bool{}
 	rows, err := tx.Query(ctx, n.Render("SELECT version FROM {schema}.claimtx_migration"))
+	if err == nil {
+		var v int
+		_, err = pgx.ForEachRow(rows, []any{&v}, func() error {
+			applied[v] = true
+			return nil
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: read migrations: %w", err)
-	}
-	versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: read migrations: %w", err)
-	}
-	applied := make(map[int]bool, len(versions))
-	for _, v := range versions {
-		applied[v] = true
 	}
 	return applied, nil
 }
