@@ -119,10 +119,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	leader := make(map[string]int, len(msgs))
 	for i, m := range msgs {
 		results[i] = Result{Consumer: c.Consumer, Message: m}
-		k, err := c.Key(m)
-		if err == nil {
-			k, err = c.KeyPolicy.Normalize(k)
-		}
+		k, err := c.key(m)
 		if err != nil {
 			errs[i] = framework.Permanent(err)
 			continue
@@ -177,11 +174,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 		cause := pg.Classify(err)
 		transient++
 		if cause.Transient() && ctx.Err() == nil && transient < c.MaxAttempts {
-			delay := c.backoff(transient)
-			if c.OnRetry != nil {
-				c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: transient, Cause: cause.String(), Err: err, Delay: delay})
-			}
-			serr := pg.Sleep(ctx, delay)
+			serr := c.pause(ctx, transient, cause, err)
 			if serr == nil {
 				continue
 			}
@@ -239,12 +232,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	for k, reason := range memos {
 		failed[leader[k]] = framework.Permanent(&poison.HitError{Reason: reason})
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			pg.Rollback(ctx, tx)
-		}
-	}()
+	defer pg.Rollback(ctx, tx) // a no-op once committed
 	claimed := make(map[string]bool, len(newKeys))
 	idx := make([]int, len(newKeys)) // newKeys is sorted: effects run in key order
 	for j, k := range newKeys {
@@ -275,7 +263,6 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("claimtx: commit: %w", err)
 	}
-	committed = true
 	// Every key claimed is committed now, and every other key of want but
 	// the memoised ones (whose new claims were undone) conflicted with a
 	// committed claim (see Claim.attempt): all are known committed.

@@ -1,15 +1,14 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -347,7 +346,7 @@ func (c Claim) validate() error {
 		return &framework.ConfigError{Field: "Mode", Reason: fmt.Sprintf("%q is not a mode (%q or %q)", c.Mode, ModeClaimTable, ModeNaturalKey)}
 	case len(c.OutboxTopic) > pg.MaxOutboxTopicBytes:
 		return &framework.ConfigError{Field: "OutboxTopic", Reason: fmt.Sprintf("is %d bytes, longer than %d", len(c.OutboxTopic), pg.MaxOutboxTopicBytes)}
-	case !utf8.ValidString(c.OutboxTopic) || strings.IndexByte(c.OutboxTopic, 0) >= 0:
+	case !pg.Storable(c.OutboxTopic):
 		return &framework.ConfigError{Field: "OutboxTopic", Reason: "must be valid UTF-8 without NUL bytes"}
 	case c.MaxAttempts < 0:
 		return &framework.ConfigError{Field: "MaxAttempts", Reason: "must not be negative"}
@@ -375,36 +374,18 @@ func (c Claim) validate() error {
 }
 
 func (c Claim) withDefaults() Claim {
-	if c.Isolation == "" {
-		c.Isolation = pgx.ReadCommitted
-	}
-	if c.Mode == "" {
-		c.Mode = ModeClaimTable
-	}
-	if c.MaxClaimWait == 0 {
-		c.MaxClaimWait = defaultMaxClaimWait
-	}
-	if c.MaxAttempts == 0 {
-		c.MaxAttempts = defaultMaxAttempts
-	}
-	if c.InitialBackoff == 0 {
-		c.InitialBackoff = defaultInitialBackoff
-	}
-	if c.MaxBackoff == 0 {
-		c.MaxBackoff = defaultMaxBackoff
-	}
+	c.Isolation = cmp.Or(c.Isolation, pgx.ReadCommitted)
+	c.Mode = cmp.Or(c.Mode, ModeClaimTable)
+	c.MaxClaimWait = cmp.Or(c.MaxClaimWait, defaultMaxClaimWait)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, defaultMaxAttempts)
+	c.InitialBackoff = cmp.Or(c.InitialBackoff, defaultInitialBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, defaultMaxBackoff)
+	c.CommittedKeys = cmp.Or(c.CommittedKeys, defaultCommittedKeys)
+	c.CommittedKeysTTL = cmp.Or(c.CommittedKeysTTL, defaultCommittedKeysTTL)
+	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.claims = pg.ClaimsOf(c.Store)
 	if !c.NoPositions {
 		c.positions = c.claims.Positions()
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
-	if c.CommittedKeys == 0 {
-		c.CommittedKeys = defaultCommittedKeys
-	}
-	if c.CommittedKeysTTL == 0 {
-		c.CommittedKeysTTL = defaultCommittedKeysTTL
 	}
 	// Only what provably stays committed is cached: claim-table rows,
 	// which only retention removes. The outcome of a natural-key claim is
@@ -487,12 +468,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 			if attempt >= c.MaxAttempts {
 				return finish(framework.Failed, fmt.Errorf("claimtx: consumer %q: giving up after %d attempts: %w", c.Consumer, attempt, err))
 			}
-			delay := c.backoff(attempt)
-			if c.OnRetry != nil {
-				c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: attempt, Cause: cause.String(), Err: err, Delay: delay})
-			}
-			c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
-			if err := pg.Sleep(msg.Context(), delay); err != nil {
+			if err := c.pause(msg.Context(), attempt, cause, err); err != nil {
 				return finish(framework.Failed, fmt.Errorf("claimtx: consumer %q: retry abandoned: %w", c.Consumer, err))
 			}
 		}
@@ -563,14 +539,10 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 				watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
 		}
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			// The message context may be cancelled (shutdown): roll back
-			// regardless so the connection returns to the pool clean.
-			pg.Rollback(ctx, tx)
-		}
-	}()
+	// Unless committed (a rollback after the commit is a no-op). The
+	// message context may be cancelled (shutdown): roll back regardless so
+	// the connection returns to the pool clean.
+	defer pg.Rollback(ctx, tx)
 	out = framework.Duplicate
 	if claimed {
 		produced, err := runHandler(msg, h, tx)
@@ -608,7 +580,6 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 		// truth either way.
 		return "", fmt.Errorf("claimtx: commit: %w", err)
 	}
-	committed = true
 	c.cache.Add(hash)
 	if claimed {
 		c.ahead.Answered(ctx, began, nil, true)
@@ -618,44 +589,42 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 	return out, nil
 }
 
-// earlyPosition returns what queues msg's Kafka position in the claim's
-// first round trip, or nil: when msg carries no record, positions are off,
-// or its partition has more than one record in flight (a window), whose
-// transactions would then wait for each other's whole length on the
-// position row instead of for a commit (storePosition runs instead).
-func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
+// settled is the Kafka position msg settles once its transaction
+// commits (see Claim.NoPositions): false when positions are off, msg
+// carries no Kafka record, or its partition is no longer this member's.
+// window is the number of records of its partition in flight.
+func (c Claim) settled(msg *message.Message) (p kafkarecord.Settled, window int, ok bool) {
 	if c.positions == nil {
-		return nil
-	}
-	r, ok := kafkarecord.FromContext(msg.Context())
-	if !ok || r.Of == nil || r.Window != 1 {
-		return nil
-	}
-	off, ok := r.Of.SettledBelow([]int64{r.Offset})
-	if !ok {
-		return nil
-	}
-	p := kafkarecord.Settled{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}
-	return func(b *pgx.Batch) { c.positions.Queue(b, c.Consumer, p) }
-}
-
-// storePosition raises, in tx, the stored Kafka position of msg's
-// partition as settled once tx commits with msg (see Claim.NoPositions).
-// Nothing when msg carries no Kafka record or its partition is no longer
-// this member's.
-func (c Claim) storePosition(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-	if c.positions == nil {
-		return nil
+		return p, 0, false
 	}
 	r, ok := kafkarecord.FromContext(msg.Context())
 	if !ok || r.Of == nil {
-		return nil
+		return p, 0, false
 	}
 	off, ok := r.Of.SettledBelow([]int64{r.Offset})
-	if !ok {
+	return kafkarecord.Settled{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}, r.Window, ok
+}
+
+// earlyPosition returns what queues msg's Kafka position in the claim's
+// first round trip, or nil: when msg settles no position, or its
+// partition has more than one record in flight (a window), whose
+// transactions would then wait for each other's whole length on the
+// position row instead of for a commit (storePosition runs instead).
+func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
+	p, window, ok := c.settled(msg)
+	if !ok || window != 1 {
 		return nil
 	}
-	return c.positions.Store(ctx, tx, c.Consumer, []kafkarecord.Settled{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}})
+	return func(b *pgx.Batch) { c.positions.Queue(b, c.Consumer, p) }
+}
+
+// storePosition raises, in db (the claim transaction), the stored Kafka
+// position of msg's partition as settled once db commits with msg.
+func (c Claim) storePosition(ctx context.Context, db pg.Execer, msg *message.Message) error {
+	if p, _, ok := c.settled(msg); ok {
+		return c.positions.Store(ctx, db, c.Consumer, []kafkarecord.Settled{p})
+	}
+	return nil
 }
 
 // storePositionNow is storePosition outside the claim transaction, for a
@@ -663,18 +632,7 @@ func (c Claim) storePosition(ctx context.Context, tx pgx.Tx, msg *message.Messag
 // only leaves the stored position lower than it could be: the claims
 // still turn the redeliveries into duplicates.
 func (c Claim) storePositionNow(ctx context.Context, msg *message.Message) {
-	if c.positions == nil {
-		return
-	}
-	r, ok := kafkarecord.FromContext(msg.Context())
-	if !ok || r.Of == nil {
-		return
-	}
-	off, ok := r.Of.SettledBelow([]int64{r.Offset})
-	if !ok {
-		return
-	}
-	if err := c.positions.Store(ctx, c.Store.Pool(), c.Consumer, []kafkarecord.Settled{{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}}); err != nil {
+	if err := c.storePosition(ctx, c.Store.Pool(), msg); err != nil {
 		c.Logger.Debug("claimtx: storing the Kafka position of a duplicate failed", watermill.LogFields{"consumer": c.Consumer, "err": err.Error()})
 	}
 }
@@ -747,6 +705,18 @@ func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx) (produce
 		}
 	}()
 	return h(msg)
+}
+
+// pause waits out the backoff after attempt failed transiently with err
+// (of cause), telling OnRetry and the logger first; it returns ctx's
+// error when ctx ended the wait.
+func (c Claim) pause(ctx context.Context, attempt int, cause pg.Cause, err error) error {
+	delay := c.backoff(attempt)
+	if c.OnRetry != nil {
+		c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: attempt, Cause: cause.String(), Err: err, Delay: delay})
+	}
+	c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
+	return pg.Sleep(ctx, delay)
 }
 
 func (c Claim) backoff(attempt int) time.Duration {

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -62,31 +63,21 @@ type ExpiryGuard struct {
 	now func() time.Time // the clock, time.Now; tests set another
 }
 
-// validate reports the first invalid field as a *framework.ConfigError.
-func (g ExpiryGuard) validate() error {
-	switch {
-	case g.EventTime == nil:
-		return &framework.ConfigError{Field: "EventTime", Reason: "must not be nil (e.g. framework.ParseTimeSpec(\"metadata:event_time\"))"}
-	case g.Retention < 0:
-		return &framework.ConfigError{Field: "Retention", Reason: "must not be negative"}
-	}
-	return nil
-}
-
 // NewExpiryGuard validates g and returns its middleware. A configuration
 // error is returned here, so a guard that would fail every message (a hot
 // redelivery loop) cannot be installed.
 func NewExpiryGuard(g ExpiryGuard) (message.HandlerMiddleware, error) {
-	if err := g.validate(); err != nil {
-		return nil, err
+	switch {
+	case g.EventTime == nil:
+		return nil, &framework.ConfigError{Field: "EventTime", Reason: "must not be nil (e.g. framework.ParseTimeSpec(\"metadata:event_time\"))"}
+	case g.Retention < 0:
+		return nil, &framework.ConfigError{Field: "Retention", Reason: "must not be negative"}
 	}
 	return g.middleware, nil
 }
 
 func (g ExpiryGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
-	if g.Retention == 0 {
-		g.Retention = pg.DefaultRetention
-	}
+	g.Retention = cmp.Or(g.Retention, pg.DefaultRetention)
 	if g.now == nil {
 		g.now = time.Now
 	}

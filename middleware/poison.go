@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -143,23 +144,15 @@ func shouldPoison(err error) bool {
 	return framework.IsPermanent(err) || !store.IsTransient(err)
 }
 
-// validate reports the first invalid field.
-func (p Poison) validate() error {
-	if p.Publisher == nil {
-		return &framework.ConfigError{Field: "Publisher", Reason: "must not be nil"}
-	}
-	if p.Topic == "" {
-		return &framework.ConfigError{Field: "Topic", Reason: "must not be empty"}
-	}
-	return nil
-}
-
 // NewPoison validates p and returns its middleware. A configuration error
 // is returned here, so a poison route that cannot publish (every failing
 // message nacked forever) cannot be installed.
 func NewPoison(p Poison) (message.HandlerMiddleware, error) {
-	if err := p.validate(); err != nil {
-		return nil, err
+	switch {
+	case p.Publisher == nil:
+		return nil, &framework.ConfigError{Field: "Publisher", Reason: "must not be nil"}
+	case p.Topic == "":
+		return nil, &framework.ConfigError{Field: "Topic", Reason: "must not be empty"}
 	}
 	return p.middleware, nil
 }
@@ -212,17 +205,16 @@ func (p Poison) deadLetter(msg *message.Message, err error) error {
 		// dropped the connection over the first one), the first copy
 		// was refused for good: it cannot go to the poison topic.
 	}
-	if p.DeadLetters == nil {
-		p.refused(msg, PoisonRefusal{Err: perr})
-		return perr
-	}
-	if rerr := p.record(msg, cp, err, perr); rerr != nil {
+	if p.DeadLetters != nil {
+		rerr := p.record(msg, cp, err, perr)
+		if rerr == nil {
+			p.refused(msg, PoisonRefusal{Err: perr, Fallback: fallbackDeadLetterTable})
+			return nil
+		}
 		perr = errors.Join(perr, rerr)
-		p.refused(msg, PoisonRefusal{Err: perr})
-		return perr
 	}
-	p.refused(msg, PoisonRefusal{Err: perr, Fallback: fallbackDeadLetterTable})
-	return nil
+	p.refused(msg, PoisonRefusal{Err: perr})
+	return perr
 }
 
 // interrupted reports whether a publish failed because the message's work
@@ -276,12 +268,8 @@ func (p Poison) copyWithReason(msg *message.Message, err error, limit int) *mess
 	if key, ok := p.key(msg); ok {
 		cp.Metadata.Set(poison.Key, key)
 	}
-	topic := message.SubscribeTopicFromCtx(msg.Context())
-	if topic == "" {
-		topic = p.SourceTopic
-	}
 	cp.Metadata.Set(poison.WatermillReason, reason)
-	cp.Metadata.Set(poison.WatermillTopic, topic)
+	cp.Metadata.Set(poison.WatermillTopic, cmp.Or(message.SubscribeTopicFromCtx(msg.Context()), p.SourceTopic))
 	cp.Metadata.Set(poison.WatermillHandler, message.HandlerNameFromCtx(msg.Context()))
 	cp.Metadata.Set(poison.WatermillSubscriber, message.SubscriberNameFromCtx(msg.Context()))
 	return cp

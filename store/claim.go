@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store/internal/claimsql"
 )
 
@@ -72,7 +73,7 @@ func (s *Store) ClaimsByEventDay(ctx context.Context) (bool, error) {
 	return s.hasEventDay(ctx, s.pool)
 }
 
-func (s *Store) hasEventDay(ctx context.Context, q querier) (bool, error) {
+func (s *Store) hasEventDay(ctx context.Context, q pg.Querier) (bool, error) {
 	var ok bool
 	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
 		WHERE table_schema = $1 AND table_name = $2 AND column_name = 'event_day')`, s.cfg.Schema, s.cfg.ClaimsTable).Scan(&ok)

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"fmt"
 	"regexp"
 	"strings"
@@ -35,15 +36,9 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Schema == "" {
-		c.Schema = pg.DefaultSchema
-	}
-	if c.ClaimsTable == "" {
-		c.ClaimsTable = pg.DefaultClaimsTable
-	}
-	if c.OutboxTable == "" {
-		c.OutboxTable = pg.DefaultOutboxTable
-	}
+	c.Schema = cmp.Or(c.Schema, pg.DefaultSchema)
+	c.ClaimsTable = cmp.Or(c.ClaimsTable, pg.DefaultClaimsTable)
+	c.OutboxTable = cmp.Or(c.OutboxTable, pg.DefaultOutboxTable)
 	return c
 }
 
@@ -77,6 +72,3 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
-
-// ident quotes a validated identifier.
-func ident(parts ...string) string { return pg.Ident(parts...) }

@@ -26,21 +26,22 @@ func (s *Store) MigrateDownForTest(ctx context.Context, target int) error {
 // BeginClaimForTest begins a transaction with the claim r in it, as the
 // claim middleware does.
 func (s *Store) BeginClaimForTest(ctx context.Context, opts pgx.TxOptions, r ClaimRequest) (pgx.Tx, ClaimResult, error) {
-	tx, res, err := s.claims.Begin(ctx, s.pool, opts, claimsql.Request(r))
+	tx, res, _, err := s.claims.Begin(ctx, opts, claimsql.Request(r), false, nil)
 	return tx, ClaimResult(res), err
 }
 
 // BeginClaimMemoForTest is BeginClaimForTest with the poison memo lookup
 // pipelined, as the claim middleware does with Claim.PoisonMemo.
 func (s *Store) BeginClaimMemoForTest(ctx context.Context, opts pgx.TxOptions, r ClaimRequest) (pgx.Tx, ClaimResult, *string, error) {
-	tx, res, memo, err := s.claims.BeginMemo(ctx, s.pool, opts, claimsql.Request(r))
+	tx, res, memo, err := s.claims.Begin(ctx, opts, claimsql.Request(r), true, nil)
 	return tx, ClaimResult(res), memo, err
 }
 
 // BeginClaimBatchForTest begins a transaction claiming keys, as the batch
 // middleware does.
 func (s *Store) BeginClaimBatchForTest(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration) (pgx.Tx, []string, error) {
-	return s.claims.BeginBatch(ctx, s.pool, opts, consumer, keys, maxClaimWait)
+	tx, claimed, _, err := s.claims.BeginBatch(ctx, opts, consumer, keys, maxClaimWait, false)
+	return tx, claimed, err
 }
 
 // BeginNaturalKeyForTest begins a natural-key transaction, as the claim

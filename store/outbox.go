@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -77,7 +76,6 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, topic string, msgs ...*m
 		return framework.Permanent(fmt.Errorf("%w: %s", ErrInvalidOutboxMessage, err.Error()))
 	}
 	var (
-		topics   = make([]string, len(msgs))
 		uuids    = make([]string, len(msgs))
 		keys     = make([]string, len(msgs))
 		payloads = make([][]byte, len(msgs))
@@ -87,7 +85,6 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, topic string, msgs ...*m
 		if err := validateOutboxMessage(m); err != nil {
 			return framework.Permanent(fmt.Errorf("%w %d: %s", ErrInvalidOutboxMessage, i, err.Error()))
 		}
-		topics[i] = topic
 		uuids[i] = m.UUID
 		if uuids[i] == "" {
 			uuids[i] = watermill.NewUUID()
@@ -112,7 +109,7 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, topic string, msgs ...*m
 			payloads[i] = []byte{} // the column is NOT NULL; an empty payload is a payload
 		}
 	}
-	if err := s.outbox.Insert(ctx, tx, topics, uuids, keys, payloads, metas); err != nil {
+	if err := s.outbox.Insert(ctx, tx, topic, uuids, keys, payloads, metas); err != nil {
 		return fmt.Errorf("claimtx: enqueue %d outbox message(s): %w", len(msgs), err)
 	}
 	return nil
@@ -126,7 +123,7 @@ func validateTopic(topic string) error {
 		return errors.New("topic is empty")
 	case len(topic) > pg.MaxOutboxTopicBytes:
 		return fmt.Errorf("topic is %d bytes, longer than %d", len(topic), pg.MaxOutboxTopicBytes)
-	case !cleanText(topic):
+	case !pg.Storable(topic):
 		return errors.New("topic must be valid UTF-8 without NUL bytes")
 	}
 	return nil
@@ -139,19 +136,15 @@ func validateOutboxMessage(m *message.Message) error {
 	switch {
 	case m == nil:
 		return errors.New("message is nil")
-	case !cleanText(m.UUID):
+	case !pg.Storable(m.UUID):
 		return errors.New("UUID must be valid UTF-8 without NUL bytes")
 	}
 	for k, v := range m.Metadata {
-		if !cleanText(k) || !cleanText(v) {
+		if !pg.Storable(k) || !pg.Storable(v) {
 			return fmt.Errorf("metadata %q: keys and values must be valid UTF-8 without NUL bytes", strings.ToValidUTF8(k, "?"))
 		}
 	}
 	return nil
-}
-
-func cleanText(s string) bool {
-	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
 }
 
 // OutboxStats counts the outbox's rows. It scans the table: call it from

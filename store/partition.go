@@ -75,9 +75,6 @@ func (s *Store) dayName(day time.Time) string {
 	return s.cfg.ClaimsTable + "_p" + day.Format(partitionDayLayout)
 }
 
-// qualified quotes schema.name for one of claimtx's derived relations.
-func (s *Store) qualified(name string) string { return s.names.Qualified(name) }
-
 var partitionBound = regexp.MustCompile(`^FOR VALUES FROM \((MINVALUE|'(\d{4}-\d{2}-\d{2})')\) TO \('(\d{4}-\d{2}-\d{2})'\)$`)
 
 // Partitions lists the claim table's partitions, oldest first.
@@ -104,7 +101,7 @@ func (s *Store) partitions(ctx context.Context, db beginner) ([]Partition, error
 		rows, err := tx.Query(ctx, `SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), i.inhdetachpending,
        greatest(c.reltuples, 0)::bigint, pg_total_relation_size(c.oid)
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = $1::regclass`, s.render("{schema}.{claims}"))
+WHERE i.inhparent = $1::regclass`, s.names.Render("{schema}.{claims}"))
 		if err != nil {
 			return err
 		}
@@ -141,7 +138,7 @@ WHERE i.inhparent = $1::regclass`, s.render("{schema}.{claims}"))
 // days returns today and the horizon day (UTC) on the database clock. The
 // horizon day is the day containing now minus retention: its partition,
 // and every later one, may still hold claims inside the window.
-func (s *Store) days(ctx context.Context, q querier, retention time.Duration) (today, horizonDay time.Time, err error) {
+func (s *Store) days(ctx context.Context, q pg.Querier, retention time.Duration) (today, horizonDay time.Time, err error) {
 	err = q.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date, ((now() - $1 * interval '1 microsecond') AT TIME ZONE 'UTC')::date`,
 		retention.Microseconds()).Scan(&today, &horizonDay)
 	if err != nil {
@@ -208,7 +205,7 @@ func (s *Store) prepare(ctx context.Context, conn *pgxpool.Conn, cfg RetentionCo
 	}
 	if !hasColumn {
 		err := s.ddlTx(ctx, conn, cfg, func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, s.render("ALTER TABLE {schema}.{claims} ADD COLUMN IF NOT EXISTS event_day date NOT NULL DEFAULT '-infinity'"))
+			_, err := tx.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} ADD COLUMN IF NOT EXISTS event_day date NOT NULL DEFAULT '-infinity'"))
 			return err
 		})
 		if err != nil {
@@ -230,13 +227,13 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname
 		}
 		if valid != nil {
 			// Left invalid by an interrupted concurrent build.
-			if _, err := conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+s.qualified(idx.name)); err != nil {
+			if _, err := conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+s.names.Qualified(idx.name)); err != nil {
 				return fmt.Errorf("claimtx: prepare partitioning: drop invalid index %s: %w", idx.name, err)
 			}
 		}
 		// CONCURRENTLY: no lock that blocks claims; it waits for running
 		// transactions instead, so no lock_timeout here.
-		if _, err := conn.Exec(ctx, "CREATE UNIQUE INDEX CONCURRENTLY "+ident(idx.name)+" ON "+s.render("{schema}.{claims}")+" ("+idx.cols+")"); err != nil {
+		if _, err := conn.Exec(ctx, "CREATE UNIQUE INDEX CONCURRENTLY "+pg.Ident(idx.name)+" ON "+s.names.Render("{schema}.{claims}")+" ("+idx.cols+")"); err != nil {
 			return fmt.Errorf("claimtx: prepare partitioning: build index %s: %w", idx.name, err)
 		}
 	}
@@ -293,18 +290,18 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 		return res, err
 	}
 	boundary := today.AddDate(0, 0, legacyBoundaryDaysAhead)
-	boundName := ident(s.cfg.ClaimsTable + "_legacy_bound")
+	boundName := pg.Ident(s.cfg.ClaimsTable + "_legacy_bound")
 	err = s.ddlTx(ctx, conn, cfg, func(tx pgx.Tx) error {
 		// A constraint left by an interrupted run may name an older
 		// boundary: replace it.
-		_, err := tx.Exec(ctx, s.render("ALTER TABLE {schema}.{claims} DROP CONSTRAINT IF EXISTS "+boundName+
+		_, err := tx.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} DROP CONSTRAINT IF EXISTS "+boundName+
 			", ADD CONSTRAINT "+boundName+" CHECK (event_day < "+dateLiteral(boundary)+") NOT VALID"))
 		return err
 	})
 	if err != nil {
 		return res, fmt.Errorf("claimtx: enable partitioning: add boundary constraint: %w", err)
 	}
-	if _, err := conn.Exec(ctx, s.render("ALTER TABLE {schema}.{claims} VALIDATE CONSTRAINT "+boundName)); err != nil {
+	if _, err := conn.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} VALIDATE CONSTRAINT "+boundName)); err != nil {
 		return res, fmt.Errorf("claimtx: enable partitioning: claims with an event day on or after %s exist (event times written ahead of the clock); retry tomorrow: %w",
 			boundary.Format(time.DateOnly), err)
 	}
@@ -312,25 +309,25 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 	err = s.ddlTx(ctx, conn, cfg, func(tx pgx.Tx) error {
 		res = PartitioningResult{}
 		var pk string
-		if err := tx.QueryRow(ctx, "SELECT conname FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'p'", s.render("{schema}.{claims}")).Scan(&pk); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT conname FROM pg_constraint WHERE conrelid = $1::regclass AND contype = 'p'", s.names.Render("{schema}.{claims}")).Scan(&pk); err != nil {
 			return fmt.Errorf("find primary key: %w", err)
 		}
 		legacyPK := s.cfg.ClaimsTable + "_legacy_pkey"
 		stmts := []string{}
 		if pk != legacyPK {
-			stmts = append(stmts, s.render("ALTER TABLE {schema}.{claims} DROP CONSTRAINT "+ident(pk)+
-				", ADD CONSTRAINT "+ident(legacyPK)+" PRIMARY KEY USING INDEX "+ident(legacyPK)))
+			stmts = append(stmts, s.names.Render("ALTER TABLE {schema}.{claims} DROP CONSTRAINT "+pg.Ident(pk)+
+				", ADD CONSTRAINT "+pg.Ident(legacyPK)+" PRIMARY KEY USING INDEX "+pg.Ident(legacyPK)))
 		}
 		stmts = append(stmts,
-			s.render("ALTER TABLE {schema}.{claims} RENAME TO "+ident(s.legacyName())),
+			s.names.Render("ALTER TABLE {schema}.{claims} RENAME TO "+pg.Ident(s.legacyName())),
 			// LIKE copies every column (including any added by later
 			// migrations) and its defaults; not the CHECK constraints.
-			s.render("CREATE TABLE {schema}.{claims} (LIKE "+s.qualified(s.legacyName())+" INCLUDING DEFAULTS, CONSTRAINT "+
-				ident(s.cfg.ClaimsTable+"_pkey")+" PRIMARY KEY (consumer, message_key, event_day)) PARTITION BY RANGE (event_day)"),
+			s.names.Render("CREATE TABLE {schema}.{claims} (LIKE "+s.names.Qualified(s.legacyName())+" INCLUDING DEFAULTS, CONSTRAINT "+
+				pg.Ident(s.cfg.ClaimsTable+"_pkey")+" PRIMARY KEY (consumer, message_key, event_day)) PARTITION BY RANGE (event_day)"),
 			// No default: a claim without an event day (no
 			// ClaimRequest.EventTime) must fail, not land in some partition.
-			s.render("ALTER TABLE {schema}.{claims} ALTER COLUMN event_day DROP DEFAULT"),
-			s.render("COMMENT ON TABLE {schema}.{claims} IS 'claimtx claims, range partitioned by event_day: the UTC day of the producer''s event time'"),
+			s.names.Render("ALTER TABLE {schema}.{claims} ALTER COLUMN event_day DROP DEFAULT"),
+			s.names.Render("COMMENT ON TABLE {schema}.{claims} IS 'claimtx claims, range partitioned by event_day: the UTC day of the producer''s event time'"),
 		)
 		for _, q := range stmts {
 			if _, err := tx.Exec(ctx, q); err != nil {
@@ -338,16 +335,16 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 			}
 		}
 		var empty bool
-		if err := tx.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+s.qualified(s.legacyName())+")").Scan(&empty); err != nil {
+		if err := tx.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+s.names.Qualified(s.legacyName())+")").Scan(&empty); err != nil {
 			return err
 		}
 		lower := horizonDay
 		if empty {
-			if _, err := tx.Exec(ctx, "DROP TABLE "+s.qualified(s.legacyName())); err != nil {
+			if _, err := tx.Exec(ctx, "DROP TABLE "+s.names.Qualified(s.legacyName())); err != nil {
 				return err
 			}
 		} else {
-			if _, err := tx.Exec(ctx, s.render("ALTER TABLE {schema}.{claims} ATTACH PARTITION "+s.qualified(s.legacyName())+
+			if _, err := tx.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} ATTACH PARTITION "+s.names.Qualified(s.legacyName())+
 				" FOR VALUES FROM (MINVALUE) TO ("+dateLiteral(boundary)+")")); err != nil {
 				return err
 			}
@@ -380,7 +377,7 @@ func (s *Store) CreatePartitionsAhead(ctx context.Context, cfg RetentionConfig) 
 	return underRetentionLock(ctx, s, cfg, true, s.createAhead)
 }
 
-func (s *Store) requirePartitioned(ctx context.Context, q querier) error {
+func (s *Store) requirePartitioned(ctx context.Context, q pg.Querier) error {
 	kind, err := s.claimTableKind(ctx, q)
 	if err != nil {
 		return err
@@ -391,12 +388,17 @@ func (s *Store) requirePartitioned(ctx context.Context, q querier) error {
 	return nil
 }
 
-func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) ([]Partition, error) {
-	today, horizonDay, err := s.days(ctx, conn, cfg.Retention)
-	if err != nil {
-		return nil, err
+// partitionsAt returns today, the horizon day (see days) and the
+// partitions, read on conn.
+func (s *Store) partitionsAt(ctx context.Context, conn *pgxpool.Conn, retention time.Duration) (today, horizonDay time.Time, parts []Partition, err error) {
+	if today, horizonDay, err = s.days(ctx, conn, retention); err == nil {
+		parts, err = s.partitions(ctx, conn)
 	}
-	parts, err := s.partitions(ctx, conn)
+	return today, horizonDay, parts, err
+}
+
+func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) ([]Partition, error) {
+	today, horizonDay, parts, err := s.partitionsAt(ctx, conn, cfg.Retention)
 	if err != nil {
 		return nil, err
 	}
@@ -439,10 +441,10 @@ func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 // createDay creates the partition for one event day in tx.
 func (s *Store) createDay(ctx context.Context, tx pgx.Tx, day time.Time) (Partition, error) {
 	p := Partition{Name: s.dayName(day), From: day, To: day.AddDate(0, 0, 1)}
-	q := s.qualified(p.Name)
+	q := s.names.Qualified(p.Name)
 	for _, stmt := range []string{
-		s.render("CREATE TABLE " + q + " (LIKE {schema}.{claims} INCLUDING ALL)"),
-		s.render("ALTER TABLE {schema}.{claims} ATTACH PARTITION " + q + " FOR VALUES FROM (" + dateLiteral(p.From) + ") TO (" + dateLiteral(p.To) + ")"),
+		s.names.Render("CREATE TABLE " + q + " (LIKE {schema}.{claims} INCLUDING ALL)"),
+		s.names.Render("ALTER TABLE {schema}.{claims} ATTACH PARTITION " + q + " FOR VALUES FROM (" + dateLiteral(p.From) + ") TO (" + dateLiteral(p.To) + ")"),
 	} {
 		if _, err := tx.Exec(ctx, stmt); err != nil {
 			return p, err
@@ -464,11 +466,7 @@ func (s *Store) DropExpiredPartitions(ctx context.Context, cfg RetentionConfig) 
 }
 
 func (s *Store) dropExpired(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) ([]Partition, error) {
-	_, horizonDay, err := s.days(ctx, conn, cfg.Retention)
-	if err != nil {
-		return nil, err
-	}
-	parts, err := s.partitions(ctx, conn)
+	_, horizonDay, parts, err := s.partitionsAt(ctx, conn, cfg.Retention)
 	if err != nil {
 		return nil, err
 	}
@@ -482,10 +480,10 @@ func (s *Store) dropExpired(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 			if p.DetachPending {
 				mode = " FINALIZE"
 			}
-			if _, err := conn.Exec(ctx, s.render("ALTER TABLE {schema}.{claims} DETACH PARTITION "+s.qualified(p.Name)+mode)); err != nil {
+			if _, err := conn.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} DETACH PARTITION "+s.names.Qualified(p.Name)+mode)); err != nil {
 				return dropped, fmt.Errorf("claimtx: detach partition %s: %w", p.Name, err)
 			}
-			if _, err := conn.Exec(ctx, "DROP TABLE "+s.qualified(p.Name)); err != nil {
+			if _, err := conn.Exec(ctx, "DROP TABLE "+s.names.Qualified(p.Name)); err != nil {
 				return dropped, fmt.Errorf("claimtx: drop partition %s: %w", p.Name, err)
 			}
 		}
@@ -496,10 +494,10 @@ func (s *Store) dropExpired(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 	rows, err := conn.Query(ctx, `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname = $2 OR c.relname ~ ('^' || $3 || '_p[0-9]{8}$'))`,
 		s.cfg.Schema, s.legacyName(), s.cfg.ClaimsTable)
-	if err != nil {
-		return dropped, fmt.Errorf("claimtx: find detached partitions: %w", err)
+	var orphans []string
+	if err == nil {
+		orphans, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
-	orphans, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		return dropped, fmt.Errorf("claimtx: find detached partitions: %w", err)
 	}
@@ -516,16 +514,16 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 			}
 		}
 		if !cfg.DryRun {
-			if _, err := conn.Exec(ctx, "DROP TABLE "+s.qualified(name)); err != nil {
+			if _, err := conn.Exec(ctx, "DROP TABLE "+s.names.Qualified(name)); err != nil {
 				return dropped, fmt.Errorf("claimtx: drop detached partition %s: %w", name, err)
 			}
 		}
 		dropped = append(dropped, p)
 	}
 	if !cfg.DryRun {
-		var horizon time.Time
-		if err := conn.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", cfg.Retention.Microseconds()).Scan(&horizon); err != nil {
-			return dropped, fmt.Errorf("claimtx: poison memo horizon: %w", err)
+		horizon, err := s.horizon(ctx, conn, cfg.Retention)
+		if err != nil {
+			return dropped, err
 		}
 		if _, err := s.cleanupMemos(ctx, conn, horizon, cfg); err != nil {
 			return dropped, err
@@ -539,7 +537,7 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 // statement queued for ACCESS EXCLUSIVE blocks every claim queued behind
 // it, so it must give up quickly rather than wait out a long transaction.
 func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig, fn func(pgx.Tx) error) error {
-	wait := claimsql.LockTimeout(cfg.LockWait)
+	wait := pg.Millis(cfg.LockWait)
 	var err error
 	for attempt := 1; ; attempt++ {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {

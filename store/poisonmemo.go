@@ -3,9 +3,9 @@ package store
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/pg"
@@ -27,38 +27,30 @@ import (
 // the memos alone rather than failing the claims' cleanup after an
 // upgrade: docs/security.md says what to grant.
 func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon time.Time, cfg RetentionConfig) (int64, error) {
-	ok, err := poison.MemoTableExists(ctx, conn, s.names)
-	if err != nil || !ok {
-		return 0, err
-	}
 	need := []string{"SELECT", "DELETE"}
 	if cfg.DryRun {
 		need = need[:1]
 	}
-	if missing, err := poison.MemoPrivileges(ctx, conn, s.names, need...); err != nil || missing != "" {
-		return 0, err
+	exists, missing, err := pg.Lacking(ctx, conn, s.names.Render("{schema}.{memo}"), need...)
+	if err != nil {
+		return 0, fmt.Errorf("claimtx: check privileges on the poison memo table: %w", err)
+	}
+	if !exists || len(missing) > 0 {
+		return 0, nil
 	}
 	if cfg.DryRun {
 		return poison.CountMemosBefore(ctx, conn, s.names, horizon)
 	}
-	timeout := strconv.FormatInt(max(cfg.BatchTimeout.Milliseconds(), 1), 10) + "ms"
 	var total int64
 	for {
-		tx, err := conn.Begin(ctx)
-		if err != nil {
-			return total, fmt.Errorf("claimtx: delete expired poison memos: %w", err)
-		}
-		n, err := func() (int64, error) {
-			if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true), set_config('synchronous_commit', 'off', true)", timeout); err != nil {
-				return 0, err
+		var n int64
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+			if _, err := tx.Exec(ctx, batchSettings, pg.Millis(cfg.BatchTimeout)); err != nil {
+				return err
 			}
-			return poison.DeleteMemosBefore(ctx, tx, s.names, horizon, cfg.BatchSize)
-		}()
-		if err == nil {
-			err = tx.Commit(ctx)
-		} else {
-			_ = tx.Rollback(ctx)
-		}
+			n, err = poison.DeleteMemosBefore(ctx, tx, s.names, horizon, cfg.BatchSize)
+			return err
+		})
 		if err != nil {
 			return total, fmt.Errorf("claimtx: delete expired poison memos: %w", err)
 		}

@@ -26,15 +26,11 @@ type KafkaPosition struct {
 // partition: one row per partition, a small table. A schema migrated
 // before the table existed has none.
 func (s *Store) kafkaPositions(ctx context.Context) ([]KafkaPosition, error) {
-	rows, err := s.pool.Query(ctx, s.render(`SELECT consumer, topic, partition, settled_below, updated_at
+	rows, err := s.pool.Query(ctx, s.names.Render(`SELECT consumer, topic, partition, settled_below, updated_at
 FROM {schema}.kafka_positions ORDER BY consumer, topic, partition`))
 	if err == nil {
 		var ps []KafkaPosition
-		ps, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (KafkaPosition, error) {
-			var p KafkaPosition
-			err := row.Scan(&p.Consumer, &p.Topic, &p.Partition, &p.SettledBelow, &p.UpdatedAt)
-			return p, err
-		})
+		ps, err = pgx.CollectRows(rows, pgx.RowToStructByPos[KafkaPosition]) // the columns in field order
 		if err == nil {
 			return ps, nil
 		}

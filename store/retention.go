@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -173,18 +172,14 @@ func (c RetentionConfig) withDefaults() RetentionConfig {
 // call (the claimtx CLI refuses bad flags before connecting).
 func (c RetentionConfig) Validate() error {
 	for _, f := range []struct {
-		name string
-		v    time.Duration
-	}{{"Retention", c.Retention}, {"MinRetention", c.MinRetention}, {"TargetBatchDuration", c.TargetBatchDuration}, {"BatchTimeout", c.BatchTimeout}, {"LockWait", c.LockWait}} {
-		if f.v < 0 {
-			return &framework.ConfigError{Field: f.name, Reason: "must not be negative"}
-		}
-	}
-	for _, f := range []struct {
-		name string
-		v    int
-	}{{"BatchSize", c.BatchSize}, {"MinBatchSize", c.MinBatchSize}, {"MaxBatchSize", c.MaxBatchSize}, {"LockTries", c.LockTries}} {
-		if f.v < 0 {
+		name     string
+		negative bool
+	}{
+		{"Retention", c.Retention < 0}, {"MinRetention", c.MinRetention < 0}, {"TargetBatchDuration", c.TargetBatchDuration < 0},
+		{"BatchTimeout", c.BatchTimeout < 0}, {"LockWait", c.LockWait < 0}, {"BatchSize", c.BatchSize < 0},
+		{"MinBatchSize", c.MinBatchSize < 0}, {"MaxBatchSize", c.MaxBatchSize < 0}, {"LockTries", c.LockTries < 0},
+	} {
+		if f.negative {
 			return &framework.ConfigError{Field: f.name, Reason: "must not be negative"}
 		}
 	}
@@ -244,13 +239,12 @@ func (c RetentionConfig) validatePartitioned() error {
 //
 // After the claims, it deletes the poison memos (middleware.Claim.PoisonMemo)
 // last poisoned before the same horizon, in batches (CleanupResult.Memos).
-func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult, error) {
+func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupResult, err error) {
 	if err := cfg.Validate(); err != nil {
 		return CleanupResult{}, err
 	}
 	cfg = cfg.withDefaults()
 	start := time.Now()
-	var res CleanupResult
 
 	kind, err := s.claimTableKind(ctx, s.pool)
 	if err != nil {
@@ -259,13 +253,13 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult
 	if kind == "p" {
 		return res, ErrPartitioned
 	}
-	if err := s.pool.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", cfg.Retention.Microseconds()).Scan(&res.Horizon); err != nil {
-		return res, fmt.Errorf("claimtx: cleanup horizon: %w", err)
+	if res.Horizon, err = s.horizon(ctx, s.pool, cfg.Retention); err != nil {
+		return res, err
 	}
 
 	if cfg.DryRun {
 		var oldest pgtype.Timestamptz
-		err := s.pool.QueryRow(ctx, s.render("SELECT count(*), min(processed_at) FROM {schema}.{claims} WHERE processed_at < $1"), res.Horizon).Scan(&res.WouldDelete, &oldest)
+		err := s.pool.QueryRow(ctx, s.names.Render("SELECT count(*), min(processed_at) FROM {schema}.{claims} WHERE processed_at < $1"), res.Horizon).Scan(&res.WouldDelete, &oldest)
 		if err != nil {
 			return res, fmt.Errorf("claimtx: cleanup dry run: %w", err)
 		}
@@ -287,6 +281,8 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult
 		return res, err
 	}
 	defer release()
+	// Interrupted or not, the result says how long the run took.
+	defer func() { res.Duration = time.Since(start) }()
 
 	progress := CleanupProgress{NextBatchSize: cfg.BatchSize, Horizon: res.Horizon}
 	report := func() {
@@ -297,7 +293,7 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult
 	}
 	report()
 
-	deleteSQL := s.render(`WITH batch AS (
+	deleteSQL := s.names.Render(`WITH batch AS (
     SELECT ctid FROM {schema}.{claims}
     WHERE processed_at >= $1 AND processed_at < $2
     ORDER BY processed_at
@@ -308,7 +304,7 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (CleanupResult
     RETURNING processed_at
 )
 SELECT count(*), max(processed_at) FROM deleted`)
-	timeout := strconv.FormatInt(max(cfg.BatchTimeout.Milliseconds(), 1), 10) + "ms"
+	timeout := pg.Millis(cfg.BatchTimeout)
 	// The first batch starts below every real timestamp; each later batch
 	// starts at the newest processed_at the previous one deleted, so the
 	// index scan skips the dead entries of earlier batches instead of
@@ -318,7 +314,6 @@ SELECT count(*), max(processed_at) FROM deleted`)
 	size := cfg.BatchSize
 	for {
 		if err := ctx.Err(); err != nil {
-			res.Duration = time.Since(start)
 			return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
 		}
 		var n int64
@@ -326,13 +321,12 @@ SELECT count(*), max(processed_at) FROM deleted`)
 		b := &pgx.Batch{}
 		// One implicit transaction per batch (a pipeline with one Sync), so
 		// these settings are local to it and never leak into the pool.
-		b.Queue("SELECT set_config('statement_timeout', $1, true), set_config('synchronous_commit', 'off', true)", timeout)
+		b.Queue(batchSettings, timeout)
 		b.Queue(deleteSQL, from, res.Horizon, size).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &last) })
 		batchStart := time.Now()
 		err := conn.SendBatch(ctx, b).Close()
 		took := time.Since(batchStart)
 		if err != nil {
-			res.Duration = time.Since(start)
 			if ctx.Err() != nil {
 				return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, ctx.Err())
 			}
@@ -354,24 +348,35 @@ SELECT count(*), max(processed_at) FROM deleted`)
 		}
 		if n == int64(asked) && cfg.Pause > 0 {
 			if err := pg.Sleep(ctx, cfg.Pause); err != nil {
-				res.Duration = time.Since(start)
 				return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
 			}
 		}
 	}
 	if res.Memos, err = s.cleanupMemos(ctx, conn, res.Horizon, cfg); err != nil {
-		res.Duration = time.Since(start)
 		return res, err
 	}
 	if cfg.Vacuum && res.Deleted > 0 {
-		if _, err := conn.Exec(ctx, s.render("VACUUM (ANALYZE) {schema}.{claims}")); err != nil {
-			res.Duration = time.Since(start)
+		if _, err := conn.Exec(ctx, s.names.Render("VACUUM (ANALYZE) {schema}.{claims}")); err != nil {
 			return res, fmt.Errorf("claimtx: vacuum after cleanup: %w", err)
 		}
 		res.Vacuumed = true
 	}
-	res.Duration = time.Since(start)
 	return res, nil
+}
+
+// batchSettings, given a statement timeout, sets it and turns
+// synchronous_commit off for one retention batch's transaction: a lost
+// delete is redone next run.
+const batchSettings = "SELECT set_config('statement_timeout', $1, true), set_config('synchronous_commit', 'off', true)"
+
+// horizon is now minus retention on the database clock (not the
+// application's): claims and memos older than that are deleted.
+func (s *Store) horizon(ctx context.Context, q pg.Querier, retention time.Duration) (time.Time, error) {
+	var h time.Time
+	if err := q.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", retention.Microseconds()).Scan(&h); err != nil {
+		return h, fmt.Errorf("claimtx: retention horizon: %w", err)
+	}
+	return h, nil
 }
 
 // nextBatchSize scales size so the next batch takes about the target,
@@ -416,29 +421,17 @@ func (s *Store) lockRetention(ctx context.Context) (*pgxpool.Conn, func(), error
 		if !conn.Conn().IsClosed() {
 			// The run's ctx may be cancelled (that is how it was
 			// interrupted); unlocking must still happen.
-			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", s.retentionLockKey()); err != nil {
-				// A connection in an unknown state must not go back to
-				// the pool still holding the lock: closing it ends the
-				// session, and the server releases the lock.
-				_ = conn.Conn().Close(uctx)
-			}
-			cancel()
+			pg.Unlock(ctx, conn, s.retentionLockKey())
 		}
 		conn.Release()
 	}
 	return conn, release, nil
 }
 
-// querier is what pgxpool.Pool, pgxpool.Conn and pgx.Tx have in common.
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // claimTableKind returns the claim table's pg_class.relkind: "r" for a
 // plain table, "p" for a partitioned one. A missing table is
 // ErrNoClaimTable: no caller can do anything with it but refuse.
-func (s *Store) claimTableKind(ctx context.Context, q querier) (string, error) {
+func (s *Store) claimTableKind(ctx context.Context, q pg.Querier) (string, error) {
 	var kind string
 	err := q.QueryRow(ctx, `SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relname = $2`, s.cfg.Schema, s.cfg.ClaimsTable).Scan(&kind)

@@ -48,16 +48,12 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 		return st, err
 	}
 	st.Partitioned = kind == "p"
-	rows, err := s.pool.Query(ctx, s.render(`SELECT consumer, count(*), min(processed_at), max(processed_at)
+	rows, err := s.pool.Query(ctx, s.names.Render(`SELECT consumer, count(*), min(processed_at), max(processed_at)
 FROM {schema}.{claims} GROUP BY consumer ORDER BY consumer`))
 	if err != nil {
 		return st, fmt.Errorf("claimtx: stats: %w", err)
 	}
-	st.Consumers, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (ConsumerStats, error) {
-		var c ConsumerStats
-		err := row.Scan(&c.Consumer, &c.Claims, &c.Oldest, &c.Newest)
-		return c, err
-	})
+	st.Consumers, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ConsumerStats]) // the columns in field order
 	if err != nil {
 		return st, fmt.Errorf("claimtx: stats: %w", err)
 	}
@@ -72,7 +68,7 @@ FROM {schema}.{claims} GROUP BY consumer ORDER BY consumer`))
     SELECT $1::regclass WHERE NOT EXISTS (SELECT 1 FROM pg_partition_tree($1::regclass))
 )
 SELECT coalesce(sum(pg_table_size(relid)), 0)::bigint, coalesce(sum(pg_indexes_size(relid)), 0)::bigint, count(*)
-FROM leaves`, s.render("{schema}.{claims}")).Scan(&st.TableBytes, &st.IndexBytes, &st.Partitions)
+FROM leaves`, s.names.Render("{schema}.{claims}")).Scan(&st.TableBytes, &st.IndexBytes, &st.Partitions)
 	if err != nil {
 		return st, fmt.Errorf("claimtx: stats: table size: %w", err)
 	}

@@ -31,14 +31,16 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Store{
+	s := &Store{
 		pool:      pool,
 		cfg:       cfg,
 		names:     pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable),
 		claims:    claimsql.For(cfg.Schema, cfg.ClaimsTable),
 		positions: claimsql.PositionsFor(cfg.Schema),
 		outbox:    outboxsql.For(cfg.Schema, cfg.OutboxTable),
-	}, nil
+	}
+	s.claims.Pool, s.positions.Pool = pool, pool
+	return s, nil
 }
 
 // Pool returns the pool the Store was built with.
@@ -46,6 +48,3 @@ func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Config returns the effective configuration (defaults applied).
 func (s *Store) Config() Config { return s.cfg }
-
-// render substitutes the configured, quoted identifiers into sql.
-func (s *Store) render(sql string) string { return s.names.Render(sql) }

@@ -1,14 +1,17 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // Execer runs one statement: a pgx.Tx, *pgxpool.Pool or *pgx.Conn.
@@ -60,9 +63,7 @@ type VersionedUpsert struct {
 // NewVersionedUpsert validates cfg and builds the statement. Errors are
 // *framework.ConfigError naming the field.
 func NewVersionedUpsert(cfg VersionedUpsertConfig) (*VersionedUpsert, error) {
-	if cfg.Version == "" {
-		cfg.Version = defaultVersionColumn
-	}
+	cfg.Version = cmp.Or(cfg.Version, defaultVersionColumn)
 	if cfg.Schema != "" && !schemaName.MatchString(cfg.Schema) {
 		return nil, &framework.ConfigError{Field: "Schema", Reason: fmt.Sprintf("%q must match %s", cfg.Schema, schemaName)}
 	}
@@ -72,53 +73,39 @@ func NewVersionedUpsert(cfg VersionedUpsertConfig) (*VersionedUpsert, error) {
 	if len(cfg.Key) == 0 {
 		return nil, &framework.ConfigError{Field: "Key", Reason: "must name at least one column"}
 	}
+	// The columns in argument order: Key, then Version, then Columns.
+	all := append(append(slices.Clone(cfg.Key), cfg.Version), cfg.Columns...)
 	seen := map[string]string{}
-	check := func(field, col string) error {
+	cols, params := make([]string, len(all)), make([]string, len(all))
+	for i, col := range all {
+		field := "Columns"
+		switch {
+		case i < len(cfg.Key):
+			field = "Key"
+		case i == len(cfg.Key):
+			field = "Version"
+		}
 		if !schemaName.MatchString(col) {
-			return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("column %q must match %s", col, schemaName)}
+			return nil, &framework.ConfigError{Field: field, Reason: fmt.Sprintf("column %q must match %s", col, schemaName)}
 		}
 		if prev, dup := seen[col]; dup {
-			return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("column %q is also in %s", col, prev)}
+			return nil, &framework.ConfigError{Field: field, Reason: fmt.Sprintf("column %q is also in %s", col, prev)}
 		}
 		seen[col] = field
-		return nil
+		cols[i], params[i] = pg.Ident(col), fmt.Sprintf("$%d", i+1)
 	}
-	for _, c := range cfg.Key {
-		if err := check("Key", c); err != nil {
-			return nil, err
-		}
-	}
-	if err := check("Version", cfg.Version); err != nil {
-		return nil, err
-	}
-	for _, c := range cfg.Columns {
-		if err := check("Columns", c); err != nil {
-			return nil, err
-		}
-	}
-
-	table := ident(cfg.Table)
+	table := pg.Ident(cfg.Table)
 	if cfg.Schema != "" {
-		table = ident(cfg.Schema, cfg.Table)
+		table = pg.Ident(cfg.Schema, cfg.Table)
 	}
-	all := append(append(append([]string{}, cfg.Key...), cfg.Version), cfg.Columns...)
-	cols := make([]string, len(all))
-	params := make([]string, len(all))
-	for i, c := range all {
-		cols[i] = ident(c)
-		params[i] = fmt.Sprintf("$%d", i+1)
+	// Version and the state columns are replaced by a newer version.
+	var sets []string
+	for _, c := range cols[len(cfg.Key):] {
+		sets = append(sets, c+" = EXCLUDED."+c)
 	}
-	keys := make([]string, len(cfg.Key))
-	for i, c := range cfg.Key {
-		keys[i] = ident(c)
-	}
-	sets := make([]string, 0, 1+len(cfg.Columns))
-	for _, c := range append([]string{cfg.Version}, cfg.Columns...) {
-		sets = append(sets, fmt.Sprintf("%s = EXCLUDED.%s", ident(c), ident(c)))
-	}
-	v := ident(cfg.Version)
+	v := cols[len(cfg.Key)]
 	sql := fmt.Sprintf("INSERT INTO %s AS t (%s) VALUES (%s) ON CONFLICT (%s) DO UPDATE SET %s WHERE t.%s < EXCLUDED.%s",
-		table, strings.Join(cols, ", "), strings.Join(params, ", "), strings.Join(keys, ", "),
+		table, strings.Join(cols, ", "), strings.Join(params, ", "), strings.Join(cols[:len(cfg.Key)], ", "),
 		strings.Join(sets, ", "), v, v)
 	return &VersionedUpsert{sql: sql, nargs: len(all)}, nil
 }

@@ -1,12 +1,11 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"syscall"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // AwaitDatabase runs try, typically the DDL of the effect tables a
@@ -78,13 +78,7 @@ func (e *StartupError) Unwrap() error { return e.Err }
 // after a failure (DDL in a transaction, IF NOT EXISTS). A nil logger is
 // slog.Default().
 func awaitDatabase(ctx context.Context, logger *slog.Logger, timeout time.Duration, pool *pgxpool.Pool, step string, try func(context.Context) error) error {
-	if logger == nil {
-		logger = slog.Default()
-	}
-	if timeout == 0 {
-		timeout = defaultStartupTimeout
-	}
-	return await(ctx, logger, timeout, "PostgreSQL", step, classifyPostgres, func(actx context.Context) error {
+	return await(ctx, cmp.Or(logger, slog.Default()), cmp.Or(timeout, defaultStartupTimeout), "PostgreSQL", step, classifyPostgres, func(actx context.Context) error {
 		if err := pool.Ping(actx); err != nil {
 			return err
 		}
@@ -151,28 +145,20 @@ func await(ctx context.Context, logger *slog.Logger, timeout time.Duration, depe
 // as *framework.AuthError, not retried; anything else (a missing database,
 // a missing privilege, bad SQL) is not retried either.
 func classifyPostgres(err error) (bool, error) {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch {
-		case pgErr.Code == "28P01" || pgErr.Code == "28000":
-			return false, &framework.AuthError{Dependency: "PostgreSQL", Err: err}
-		case len(pgErr.Code) == 5 && pgErr.Code[:2] == "08", // connection exception
-			pgErr.Code == "57P01", // admin_shutdown
-			pgErr.Code == "57P02", // crash_shutdown
-			pgErr.Code == "57P03", // cannot_connect_now: starting up or shutting down
-			pgErr.Code == "53300": // too_many_connections
+	switch pg.SQLState(err) {
+	case "28P01", "28000":
+		return false, &framework.AuthError{Dependency: "PostgreSQL", Err: err}
+	case "53300": // too_many_connections
+		return true, err
+	case "":
+		// Not the server's answer: besides the connection failures
+		// Classify knows, a refused or reset dial and the pool's own
+		// connect timeout.
+		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || pgconn.Timeout(err) {
 			return true, err
 		}
-		return false, err
 	}
-	var netErr net.Error
-	var connErr *pgconn.ConnectError
-	switch {
-	case errors.As(err, &connErr), errors.As(err, &netErr),
-		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		pgconn.SafeToRetry(err), pgconn.Timeout(err):
-		return true, err
-	}
-	return false, err
+	// Connection: SQLSTATE class 08 and 57P01-57P03 (starting up,
+	// shutting down), or no answer at all.
+	return pg.Classify(err) == pg.Connection, err
 }

@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -100,11 +99,7 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			_ = p.Close()
-		}
-	}()
+	defer p.closeOnError(&err)
 	byDay, err := p.store.ClaimsByEventDay(ctx)
 	if err != nil {
 		return nil, err
@@ -119,67 +114,22 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	if err != nil {
 		return nil, claimFieldErr(err)
 	}
-	if opts.Poison.Publisher == nil {
-		opts.Poison = p.poison(l)
-	} else {
-		// The caller's poison route: its copies are outcomes too, and
-		// are stamped like the consumer's own.
-		opts.Poison = p.stampPoison(opts.Poison)
-		onPoison, onRefused := opts.Poison.OnPoison, opts.Poison.OnRefused
-		opts.Poison.OnPoison = func(msg *message.Message, err error) {
-			if onPoison != nil {
-				onPoison(msg, err)
-			}
-			p.memoize(msg, err, l.poisoned(msg, err))
-		}
-		opts.Poison.OnRefused = func(msg *message.Message, r middleware.PoisonRefusal) {
-			if onRefused != nil {
-				onRefused(msg, r)
-			}
-			p.logRefused(msg, r)
-		}
+	poisonMW, err := middleware.NewPoison(p.poison(l, opts.Poison))
+	if err != nil {
+		return nil, err
 	}
-	cfg = p.cfg
 	r := batchRunner{
-		sub: p.sub, topic: cfg.Topic, opts: opts,
-		handlerRetries: cfg.HandlerRetries, retryInitialInterval: cfg.RetryInitialInterval,
-		drainTimeout: cfg.DrainTimeout, logger: cfg.Logger, settled: l.settle,
+		sub: p.sub, cfg: p.cfg, opts: opts, settled: l.settle, running: make(chan struct{}),
 		process: func(ctx context.Context, msgs []*message.Message) []error {
 			return bt.Process(ctx, msgs, handler)
 		},
+		// The poison middleware's copy-with-reason logic, around a
+		// handler that returns the message's error.
+		poison: func(m *message.Message, err error) error {
+			_, perr := poisonMW(func(*message.Message) ([]*message.Message, error) { return nil, err })(m)
+			return perr
+		},
 	}
-	if err := r.init(); err != nil {
-		return nil, err
-	}
-	r.running = make(chan struct{})
-	return &Consumer{parts: p, batches: &r}, nil
-}
-
-// batchRunner consumes topic from sub in batches, each applied by process
-// in one claim transaction, and settles every message by the failure
-// policy both consumers share (settler).
-type batchRunner struct {
-	sub     message.Subscriber
-	topic   string
-	process func(context.Context, []*message.Message) []error
-	opts    BatchOptions
-	// Config's, with its defaults.
-	handlerRetries       int
-	retryInitialInterval time.Duration
-	drainTimeout         time.Duration
-	logger               *slog.Logger
-	// settled is told of every message of a processed batch once it is
-	// acked (nil) or nacked (the error), for the one outcome per message.
-	settled func(*message.Message, error)
-	// poison publishes a copy of the message with the reason; nil when no
-	// poison destination is configured.
-	poison func(*message.Message, error) error
-	// running is closed once the subscription exists (Consumer.Running).
-	running chan struct{}
-}
-
-// init applies the defaults of opts and builds the poison route.
-func (r *batchRunner) init() error {
 	if r.opts.MaxSize <= 0 {
 		r.opts.MaxSize = 100
 	}
@@ -189,34 +139,34 @@ func (r *batchRunner) init() error {
 	if r.opts.Workers <= 0 {
 		r.opts.Workers = 1
 	}
-	if r.logger == nil {
-		r.logger = slog.Default()
-	}
-	if r.opts.Poison.Publisher == nil {
-		return nil
-	}
-	mw, err := middleware.NewPoison(r.opts.Poison)
-	if err != nil {
-		return err
-	}
-	// The poison middleware's copy-with-reason logic, around a handler
-	// that returns the message's error.
-	r.poison = func(m *message.Message, err error) error {
-		_, perr := mw(func(*message.Message) ([]*message.Message, error) { return nil, err })(m)
-		return perr
-	}
-	return nil
+	return &Consumer{parts: p, batches: &r}, nil
+}
+
+// batchRunner consumes cfg.Topic from sub in batches, each applied by
+// process in one claim transaction, and settles every message by the
+// failure policy both consumers share (settle).
+type batchRunner struct {
+	sub     message.Subscriber
+	cfg     Config // with its defaults
+	process func(context.Context, []*message.Message) []error
+	opts    BatchOptions // with its defaults
+	// settled is told of every message of a processed batch once it is
+	// acked (nil) or nacked (the error), for the one outcome per message.
+	settled func(*message.Message, error)
+	// poison publishes a copy of the message with the reason.
+	poison func(*message.Message, error) error
+	// running is closed once the subscription exists (Consumer.Running).
+	running chan struct{}
 }
 
 // run consumes until ctx ends or the subscription does, then drains.
 func (r batchRunner) run(ctx context.Context) error {
 	opts := r.opts
-	s := settler{batchRunner: r}
 	// The subscription outlives ctx: while the batches in flight drain,
 	// their acks must still reach the broker.
 	subCtx, endSubscription := context.WithCancel(context.WithoutCancel(ctx))
 	defer endSubscription()
-	ch, err := r.sub.Subscribe(subCtx, r.topic)
+	ch, err := r.sub.Subscribe(subCtx, r.cfg.Topic)
 	if err != nil {
 		return err
 	}
@@ -232,7 +182,7 @@ func (r batchRunner) run(ctx context.Context) error {
 		defer close(batches)
 		gather(ctx, ch, opts.MaxSize, opts.MaxWait, batches)
 	}()
-	d := newDrainer(r.logger)
+	d := newDrainer(r.cfg.Logger)
 	var wg sync.WaitGroup
 	for w := 0; w < opts.Workers; w++ {
 		wg.Add(1)
@@ -240,14 +190,14 @@ func (r batchRunner) run(ctx context.Context) error {
 			defer wg.Done()
 			for batch := range batches {
 				if !d.enter() {
-					r.logger.Debug("claimtx: batch arrived during shutdown, handed back to the broker unprocessed", "messages", len(batch))
+					r.cfg.Logger.Debug("claimtx: batch arrived during shutdown, handed back to the broker unprocessed", "messages", len(batch))
 					nackAll(batch)
 					continue
 				}
 				// Work runs on a context that only the drain timeout
 				// cancels, so a shutdown lets it commit.
 				work, cancel := d.context(context.WithoutCancel(ctx))
-				s.settle(work, batch, r.process(work, batch))
+				r.settle(work, batch, r.process(work, batch))
 				cancel()
 				d.leave()
 			}
@@ -261,7 +211,7 @@ func (r batchRunner) run(ctx context.Context) error {
 	select {
 	case <-stopped: // the subscription ended by itself
 	case <-ctx.Done():
-		d.drain(r.drainTimeout, r.logger)
+		d.drain(r.cfg.DrainTimeout, r.cfg.Logger)
 	}
 	endSubscription()
 	<-stopped
@@ -331,19 +281,15 @@ func gather(ctx context.Context, ch <-chan *message.Message, max int, wait time.
 	}
 }
 
-// settler applies the failure policy both consumer modes share to the
+// settle applies the failure policy both consumer modes share to the
 // results of a batch: applied and duplicate messages are acked; permanent
 // failures are poisoned; handler errors and panics are retried in process
 // (as Watermill's Retry does per message) and poisoned once
 // HandlerRetries are spent; transient database failures, which the batch
 // already retried Claim.MaxAttempts times, and work interrupted by
 // shutdown are nacked, never poisoned.
-type settler struct {
-	batchRunner
-}
-
-func (s settler) settle(ctx context.Context, batch []*message.Message, errs []error) {
-	delay := s.retryInitialInterval
+func (s batchRunner) settle(ctx context.Context, batch []*message.Message, errs []error) {
+	delay := s.cfg.RetryInitialInterval
 	for retry := 0; ; retry++ {
 		var again []*message.Message
 		for i, m := range batch {
@@ -355,7 +301,7 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 			case ctx.Err() != nil || !framework.IsPermanent(err) && store.IsTransient(err):
 				s.done(m, err)
 				m.Nack()
-			case retryable(err) && retry < s.handlerRetries:
+			case retryable(err) && retry < s.cfg.HandlerRetries:
 				again = append(again, m)
 			default:
 				s.deadLetter(m, err)
@@ -371,24 +317,22 @@ func (s settler) settle(ctx context.Context, batch []*message.Message, errs []er
 			}
 			return
 		}
-		delay = min(2*delay, 10*s.retryInitialInterval)
+		delay = min(2*delay, 10*s.cfg.RetryInitialInterval)
 		batch, errs = again, s.process(ctx, again)
 	}
 }
 
-// deadLetter poisons m with the reason and acks it, or nacks it when no
-// poison destination is configured or the message could be put neither in
-// the poison topic nor in the dead-letter table. That nack is logged at
-// ERROR, as the per-message router logs it, with the error bounded.
-func (s settler) deadLetter(m *message.Message, err error) {
-	if s.poison != nil {
-		if err = s.poison(m, err); err == nil {
-			s.done(m, nil)
-			m.Ack()
-			return
-		}
-		s.logger.Error("claimtx: message not dead-lettered; nacked, it comes back", "message_uuid", m.UUID, "err", boundError(err))
+// deadLetter poisons m with the reason and acks it, or nacks it when the
+// message could be put neither in the poison topic nor in the dead-letter
+// table. That nack is logged at ERROR, as the per-message router logs it,
+// with the error bounded.
+func (s batchRunner) deadLetter(m *message.Message, err error) {
+	if err = s.poison(m, err); err == nil {
+		s.done(m, nil)
+		m.Ack()
+		return
 	}
+	s.cfg.Logger.Error("claimtx: message not dead-lettered; nacked, it comes back", "message_uuid", m.UUID, "err", boundError(err))
 	s.done(m, err)
 	m.Nack()
 }
@@ -397,8 +341,6 @@ func (s settler) deadLetter(m *message.Message, err error) {
 // not after: like the per-message router, which acks once the middleware
 // chain returned, so a crash between the report and the ack is a
 // redelivery, never an ack without its report.
-func (s settler) done(m *message.Message, err error) {
-	if s.settled != nil {
-		s.settled(m, err)
-	}
+func (s batchRunner) done(m *message.Message, err error) {
+	s.settled(m, err)
 }

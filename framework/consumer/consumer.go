@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,7 +24,6 @@ import (
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/config"
-	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -297,39 +297,25 @@ type parts struct {
 // open validates cfg, applies its defaults, connects, migrates, and builds
 // the claim (without EventTime, which New adds when the table claims by
 // event day). On error everything opened is closed again.
-func open(ctx context.Context, cfg Config) (*parts, error) {
+func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.PoisonTopic == "" {
-		cfg.PoisonTopic = cfg.Topic + defaultPoisonSuffix
-	}
-	if cfg.HandlerRetries == 0 {
-		cfg.HandlerRetries = defaultHandlerRetries
-	}
-	if cfg.RetryInitialInterval == 0 {
-		cfg.RetryInitialInterval = defaultRetryInitialInterval
-	}
-	if cfg.DrainTimeout == 0 {
-		cfg.DrainTimeout = defaultDrainTimeout
-	}
-	if cfg.Broker.Kafka.ConsumerGroup == "" {
-		cfg.Broker.Kafka.ConsumerGroup = cfg.Name // one group per consumer: services on one topic each see all of it
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	cfg.PoisonTopic = cmp.Or(cfg.PoisonTopic, cfg.Topic+defaultPoisonSuffix)
+	cfg.HandlerRetries = cmp.Or(cfg.HandlerRetries, defaultHandlerRetries)
+	cfg.RetryInitialInterval = cmp.Or(cfg.RetryInitialInterval, defaultRetryInitialInterval)
+	cfg.DrainTimeout = cmp.Or(cfg.DrainTimeout, defaultDrainTimeout)
+	// One group per consumer: services on one topic each see all of it.
+	cfg.Broker.Kafka.ConsumerGroup = cmp.Or(cfg.Broker.Kafka.ConsumerGroup, cfg.Name)
 	// One start-up bound for every dependency (see StartupTimeout).
 	if cfg.StartupTimeout != 0 {
 		cfg.Broker.AMQP.DialTimeout = cfg.StartupTimeout
 		cfg.Broker.Kafka.DialTimeout = cfg.StartupTimeout
 	}
+	reg := cmp.Or(cfg.Extractors, framework.NewRegistry())
 	keyFunc := cfg.Claim.Key
 	if cfg.Key != "" {
-		reg := cfg.Extractors
-		if reg == nil {
-			reg = framework.NewRegistry()
-		}
 		kf, err := reg.ParseKey(cfg.Key)
 		if err != nil {
 			return nil, err
@@ -337,10 +323,6 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		keyFunc = kf
 	}
 	if cfg.EventTime != "" {
-		reg := cfg.Extractors
-		if reg == nil {
-			reg = framework.NewRegistry()
-		}
 		tf, err := reg.ParseTime(cfg.EventTime)
 		if err != nil {
 			return nil, err
@@ -349,12 +331,7 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	}
 
 	p := &parts{cfg: cfg, pool: cfg.Pool, stop: make(chan struct{}), stopped: make(chan struct{})}
-	ok := false
-	defer func() {
-		if !ok {
-			_ = p.Close()
-		}
-	}()
+	defer p.closeOnError(&err)
 	if p.pool == nil {
 		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 		if err != nil {
@@ -362,7 +339,6 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		}
 		p.pool, p.ownsPool = pool, true
 	}
-	var err error
 	if p.store, err = store.New(p.pool, cfg.Store); err != nil {
 		return nil, err
 	}
@@ -424,16 +400,12 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		}
 	}
 	p.health = observe.Health{Store: p.store, Broker: observe.SubscriberConnected(p.sub)}
-	if p.horizon, err = newHorizon(p); err != nil {
+	if p.horizon, err = newHorizon(ctx, p); err != nil {
 		return nil, err
 	}
 	if p.horizon != nil {
-		if err := p.horizon.check(ctx, cfg.StrictRetentionHorizon); err != nil {
-			return nil, err
-		}
 		p.health.Warnings = p.horizon.warnings
 	}
-	ok = true
 	return p, nil
 }
 
@@ -461,23 +433,37 @@ func declareQueues(cfg Config, sub message.Subscriber) error {
 	return nil
 }
 
-// poison is the Poison middleware for cfg.PoisonTopic, logging each
-// poisoned message and telling l, which reports it once the original is
-// acked. A copy the broker refuses goes to the store's dead-letter table.
-func (p *parts) poison(l *ledger) middleware.Poison {
-	cfg := p.cfg
-	return middleware.Poison{
-		Publisher: p.pub,
-		Topic:     cfg.PoisonTopic,
-		// Stamped on each copy, for `claimtx dlq`.
-		Consumer: cfg.Name, Key: p.poisonKey(), SourceTopic: cfg.Topic,
-		DeadLetters: p.store,
-		OnPoison: func(msg *message.Message, err error) {
-			p.logPoisoned(msg, err)
-			p.memoize(msg, err, l.poisoned(msg, err))
-		},
-		OnRefused: p.logRefused,
+// poison is the consumer's Poison middleware: po (a caller's
+// BatchOptions.Poison, or the zero value for cfg.PoisonTopic on cfg's
+// broker) with the fields that stamp the copies and the dead-letter table
+// filled where left empty, and hooks that tell l of each poisoned message
+// (l reports it once the original is acked), record its memo and log
+// refused copies, besides po's own. A copy the broker refuses goes to the
+// store's dead-letter table.
+func (p *parts) poison(l *ledger, po middleware.Poison) middleware.Poison {
+	onPoison, onRefused := po.OnPoison, po.OnRefused
+	if po.Publisher == nil {
+		po.Publisher, po.Topic, onPoison = p.pub, p.cfg.PoisonTopic, p.logPoisoned
 	}
+	// Stamped on each copy, for `claimtx dlq`.
+	po.Consumer, po.SourceTopic = cmp.Or(po.Consumer, p.cfg.Name), cmp.Or(po.SourceTopic, p.cfg.Topic)
+	if po.Key == nil {
+		po.Key = p.poisonKey()
+	}
+	po.DeadLetters = cmp.Or(po.DeadLetters, p.store)
+	po.OnPoison = func(msg *message.Message, err error) {
+		if onPoison != nil {
+			onPoison(msg, err)
+		}
+		p.memoize(msg, err, l.poisoned(msg, err))
+	}
+	po.OnRefused = func(msg *message.Message, r middleware.PoisonRefusal) {
+		if onRefused != nil {
+			onRefused(msg, r)
+		}
+		p.logRefused(msg, r)
+	}
+	return po
 }
 
 // logPoisoned logs a poisoned message at WARN with its whole reason. This
@@ -503,8 +489,8 @@ func (p *parts) logPoisoned(msg *message.Message, err error) {
 func (p *parts) logRefused(msg *message.Message, r middleware.PoisonRefusal) {
 	cfg := p.cfg
 	args := []any{"consumer", cfg.Name, "topic", cfg.Topic, "poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "err", r.Err}
-	sc := p.store.Config()
-	table := sc.Schema + "." + sc.ClaimsTable + pg.DeadLetterSuffix
+	n := p.names()
+	table := n.Schema + "." + n.DeadLetter
 	switch r.Fallback {
 	case "smaller_copy":
 		cfg.Logger.Warn("claimtx: the broker refused the poisoned copy; published a smaller one (reason cut to 256 bytes)", args...)
@@ -538,25 +524,6 @@ func (p *parts) poisonKey() framework.KeyFunc {
 	}
 }
 
-// stampPoison fills the fields of a caller's poison route
-// (BatchOptions.Poison) that stamp the copies, and the dead-letter table,
-// where the caller left them empty.
-func (p *parts) stampPoison(po middleware.Poison) middleware.Poison {
-	if po.DeadLetters == nil {
-		po.DeadLetters = p.store
-	}
-	if po.Consumer == "" {
-		po.Consumer = p.cfg.Name
-	}
-	if po.Key == nil {
-		po.Key = p.poisonKey()
-	}
-	if po.SourceTopic == "" {
-		po.SourceTopic = p.cfg.Topic
-	}
-	return po
-}
-
 // New validates cfg, connects, migrates claimtx's schema and builds the
 // router around handler. It does not consume until Run.
 func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Consumer, error) {
@@ -572,11 +539,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err != nil {
-			_ = p.Close()
-		}
-	}()
+	defer p.closeOnError(&err)
 	cfg = p.cfg
 	// The router's close comes after the drain (see consume): by then no
 	// handler runs, and it only waits for the subscriptions to end.
@@ -616,7 +579,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	if err != nil {
 		return nil, claimFieldErr(err)
 	}
-	poisonMW, err := middleware.NewPoison(p.poison(l))
+	poisonMW, err := middleware.NewPoison(p.poison(l, middleware.Poison{}))
 	if err != nil {
 		return nil, err
 	}
@@ -753,6 +716,14 @@ func (p *parts) Pool() *pgxpool.Pool { return p.pool }
 // the same broker configuration.
 func (p *parts) Publisher() message.Publisher { return p.pub }
 
+// closeOnError closes p when *err is set: a constructor that failed
+// after open must not leave its connections behind.
+func (p *parts) closeOnError(err *error) {
+	if *err != nil {
+		_ = p.Close()
+	}
+}
+
 // Close stops consuming and releases the broker clients and, if it opened
 // it, the pool.
 func (p *parts) Close() error {
@@ -813,7 +784,11 @@ func (p *parts) close() error {
 	if p.sub != nil {
 		errs = append(errs, p.sub.Close())
 	}
-	p.flushPositionsAtClose()
+	// The last settled positions, once the subscription is closed (no
+	// ack comes after it).
+	fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	p.flushPositions(fctx)
+	cancel()
 	if p.pub != nil {
 		errs = append(errs, p.pub.Close())
 	}

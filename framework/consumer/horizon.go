@@ -34,10 +34,11 @@ type horizon struct {
 	horizon  prometheus.Gauge
 }
 
-// newHorizon returns nil when there is nothing to compare: no retention
-// configured (claims are kept until someone removes them; the consumer
-// cannot know when) or a subscriber that cannot tell its horizon.
-func newHorizon(p *parts) (*horizon, error) {
+// newHorizon runs the first comparison (see check). It returns nil when
+// there is nothing to compare: no retention configured (claims are kept
+// until someone removes them; the consumer cannot know when) or a
+// subscriber that cannot tell its horizon.
+func newHorizon(ctx context.Context, p *parts) (*horizon, error) {
 	if _, ok, _ := replay.Horizon(context.Background(), p.sub); p.cfg.Retention <= 0 || !ok {
 		return nil, nil
 	}
@@ -55,7 +56,7 @@ func newHorizon(p *parts) (*horizon, error) {
 		}
 		h.retained.Set(p.cfg.Retention.Seconds())
 	}
-	return h, nil
+	return h, h.check(ctx, p.cfg.StrictRetentionHorizon)
 }
 
 // check runs one comparison. It returns a *framework.ConfigError when the

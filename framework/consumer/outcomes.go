@@ -50,10 +50,6 @@ type entry struct {
 	reason  error
 }
 
-func newLedger(consumer string, report func(middleware.Result), retried func()) *ledger {
-	return &ledger{consumer: consumer, report: report, retried: retried, open: map[*message.Message]*entry{}}
-}
-
 func (l *ledger) entry(msg *message.Message) *entry {
 	e := l.open[msg]
 	if e == nil {
@@ -142,5 +138,5 @@ func (p *parts) newLedger(handler string) *ledger {
 		p.metrics.InitConsumer(p.cfg.Name, handler)
 		retried = func() { p.metrics.OnHandlerRetry(p.cfg.Name) }
 	}
-	return newLedger(p.cfg.Name, p.report, retried)
+	return &ledger{consumer: p.cfg.Name, report: p.report, retried: retried, open: map[*message.Message]*entry{}}
 }

@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -11,26 +12,40 @@ import (
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
+// requireClaimPrivileges returns a ConfigError on field when the database
+// role lacks any of SELECT, INSERT and UPDATE on table (one of the store's
+// schema), which every claim transaction uses for feature: each would
+// fail (and, the failure being permanent, be dead-lettered), instead of
+// one start-up error naming the grant.
+func (p *parts) requireClaimPrivileges(ctx context.Context, field, table, uses, feature string) error {
+	schema := p.store.Config().Schema
+	_, lacking, err := pg.Lacking(ctx, p.pool, pg.Ident(schema, table), "SELECT", "INSERT", "UPDATE")
+	if err != nil {
+		return fmt.Errorf("claimtx: check privileges on %s: %w", table, err)
+	}
+	if len(lacking) > 0 {
+		return &framework.ConfigError{Field: field, Reason: fmt.Sprintf(
+			"the database role lacks %s on %s.%s, which %s: grant them (docs/security.md) or turn the %s off",
+			strings.Join(lacking, ", "), schema, table, uses, feature)}
+	}
+	return nil
+}
+
+// names are the store's table names.
+func (p *parts) names() *pg.Names {
+	sc := p.store.Config()
+	return pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
+}
+
 // checkMemoPrivileges refuses to start a consumer with Claim.PoisonMemo
-// whose database role cannot use the memo table: every claim looks its
-// memo up, so each would fail (and, the failure being permanent, be
-// dead-lettered) instead of one start-up error naming the grant.
+// whose database role cannot use the memo table, which every claim looks
+// its memo up in.
 func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 	if !p.cfg.Claim.PoisonMemo {
 		return nil
 	}
-	sc := p.store.Config()
-	n := pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
-	missing, err := pg.ClaimsOf(p.store).MemoLacking(ctx)
-	if err != nil {
-		return err
-	}
-	if missing != "" {
-		return &framework.ConfigError{Field: "Claim.PoisonMemo", Reason: fmt.Sprintf(
-			"the database role lacks %s on %s.%s, which every claim with a poison memo reads and every poisoned message writes: grant them (docs/security.md) or turn the memo off",
-			missing, sc.Schema, n.Memo)}
-	}
-	return nil
+	return p.requireClaimPrivileges(ctx, "Claim.PoisonMemo", p.names().Memo,
+		"every claim with a poison memo reads and every poisoned message writes", "memo")
 }
 
 // checkDeadLetterPrivileges warns at start-up when the database role may
@@ -41,13 +56,12 @@ func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 // before the table existed must not stop consuming over it after an
 // upgrade. docs/security.md says what to grant.
 func (p *parts) checkDeadLetterPrivileges(ctx context.Context) {
-	sc := p.store.Config()
-	n := pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
+	n := p.names()
 	ok, err := pg.ClaimsOf(p.store).CanRecordDeadLetter(ctx)
 	if err == nil && ok {
 		return
 	}
-	args := []any{"consumer", p.cfg.Name, "dead_letter_table", sc.Schema + "." + n.DeadLetter}
+	args := []any{"consumer", p.cfg.Name, "dead_letter_table", n.Schema + "." + n.DeadLetter}
 	if err != nil {
 		args = append(args, "err", err)
 	}

@@ -3,13 +3,10 @@ package consumer
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 	"github.com/claimtx/claimtx/internal/pg"
 )
@@ -81,7 +78,6 @@ func (p *parts) flushPositions(ctx context.Context) {
 			p.settled.add(pos.Topic, pos.Partition, pos.SettledBelow)
 		}
 		p.cfg.Logger.Debug("claimtx: storing settled Kafka positions failed; retrying", "consumer", p.cfg.Name, "err", err)
-		return
 	}
 }
 
@@ -95,12 +91,9 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	if cfg.Claim.NoPositions {
 		return false, nil
 	}
-	schema := p.store.Config().Schema
-	positions := pg.ClaimsOf(p.store).Positions()
-	loader := positions.Loader(cfg.Name)
 	p.settled = &settledPositions{pending: map[tp]int64{}}
 	attached := kafkarecord.Attach(p.sub, kafkarecord.Options{
-		Loader:  loader,
+		Loader:  pg.ClaimsOf(p.store).Positions().Loader(cfg.Name),
 		Settled: p.settled.add,
 		Replay:  cfg.Claim.ReplayBelowPositions,
 		// The subscriber has logged the WARN line with the offsets.
@@ -114,16 +107,9 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	if !attached {
 		return false, nil
 	}
-	lacking, err := positions.Lacking(ctx)
-	if err != nil {
-		return false, err
-	}
-	if len(lacking) > 0 {
-		return false, &framework.ConfigError{Field: "Claim.NoPositions", Reason: fmt.Sprintf(
-			"the database role lacks %s on %s.kafka_positions, which every claim transaction of a Kafka consumer writes: grant them (docs/security.md) or turn the positions off",
-			strings.Join(lacking, ", "), schema)}
-	}
-	return true, nil
+	err := p.requireClaimPrivileges(ctx, "Claim.NoPositions", "kafka_positions",
+		"every claim transaction of a Kafka consumer writes", "positions")
+	return err == nil, err
 }
 
 // watchPositions stores the positions acks settled and exports the
@@ -151,12 +137,4 @@ func (p *parts) watchPositions(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-}
-
-// flushPositionsAtClose stores the last settled positions, once the
-// subscription is closed (no ack comes after it).
-func (p *parts) flushPositionsAtClose() {
-	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
-	defer cancel()
-	p.flushPositions(ctx)
 }

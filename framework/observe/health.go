@@ -113,12 +113,6 @@ func (h Health) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(rep)
 }
 
-// connectionReporter is the optional interface SubscriberConnected looks
-// for; unexported because any subscriber with the method has it.
-type connectionReporter interface {
-	IsConnected() bool
-}
-
 // SubscriberConnected returns the readiness check of a subscriber that has
 // a method IsConnected() bool, which reports whether its broker connection
 // is up right now; it must be cheap and safe to call concurrently, since
@@ -128,7 +122,7 @@ type connectionReporter interface {
 // subscriber it returns nil (no broker check): set Health.Broker to a check
 // of your own instead.
 func SubscriberConnected(sub message.Subscriber) func(context.Context) error {
-	c, ok := sub.(connectionReporter)
+	c, ok := sub.(interface{ IsConnected() bool })
 	if !ok {
 		return nil
 	}

@@ -1,6 +1,7 @@
 package observe
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 
@@ -43,12 +44,7 @@ type Tracing struct {
 	Propagator propagation.TextMapPropagator
 }
 
-func (t Tracing) tracer() trace.Tracer {
-	if t.Tracer != nil {
-		return t.Tracer
-	}
-	return otel.Tracer("claimtx")
-}
+func (t Tracing) tracer() trace.Tracer { return cmp.Or(t.Tracer, otel.Tracer("claimtx")) }
 
 func (t Tracing) propagator() propagation.TextMapPropagator {
 	if t.Propagator != nil {
@@ -109,10 +105,7 @@ func keyHash(key string) string {
 // publishes carries the trace context of its own context (msg.Context()),
 // for consumers to continue.
 func InjectTraceContext(pub message.Publisher, prop propagation.TextMapPropagator) message.Publisher {
-	if prop == nil {
-		prop = propagation.TraceContext{}
-	}
-	return injectingPublisher{Publisher: pub, prop: prop}
+	return injectingPublisher{Publisher: pub, prop: cmp.Or[propagation.TextMapPropagator](prop, propagation.TraceContext{})}
 }
 
 type injectingPublisher struct {

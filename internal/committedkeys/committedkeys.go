@@ -148,15 +148,9 @@ func (c *Cache) clock() int64 { return int64(c.now().Sub(c.epoch)) }
 
 func (c *Cache) shard(h Hash) *shard { return &c.shards[h[0]&c.mask] }
 
-// Contains reports whether h was added less than the ttl ago and not
-// evicted since.
-func (c *Cache) Contains(h Hash) bool {
-	hit, _ := c.Lookup(h)
-	return hit
-}
-
-// Lookup is Contains that also reports whether the hit was the first on
-// an entry AddRead marked.
+// Lookup reports whether h was added less than the ttl ago and not
+// evicted since, and whether the hit was the first on an entry AddRead
+// marked.
 func (c *Cache) Lookup(h Hash) (hit, mark bool) {
 	if c == nil {
 		return false, false
@@ -173,11 +167,9 @@ func (c *Cache) Lookup(h Hash) (hit, mark bool) {
 	if e.at&readBit != 0 {
 		c.readHits.Add(1)
 	}
-	if e.at&markBit != 0 {
-		e.at &^= markBit
-		return true, true
-	}
-	return true, false
+	mark = e.at&markBit != 0
+	e.at &^= markBit // the first hit only
+	return true, mark
 }
 
 // TakeReadHits returns the hits on entries added by AddRead since the
@@ -223,22 +215,6 @@ func (c *Cache) add(h Hash, flag int64) {
 		s.pop()
 	}
 	s.m[h[0]] = uint32(s.push(entry{h: h, at: now&^flagBits | flag}))
-}
-
-// Len is the number of live and expired entries not yet dropped, for
-// tests and measurements.
-func (c *Cache) Len() int {
-	if c == nil {
-		return 0
-	}
-	n := 0
-	for i := range c.shards {
-		s := &c.shards[i]
-		s.mu.Lock()
-		n += len(s.m)
-		s.mu.Unlock()
-	}
-	return n
 }
 
 // expire drops the entries added at or before cutoff, oldest first.

@@ -60,10 +60,6 @@ type Claims interface {
 	// RecordMemo records the poison memo of consumer's key, poisoned
 	// because of err.
 	RecordMemo(ctx context.Context, consumer, key string, err error) error
-	// MemoLacking returns which of the privileges every claim with a
-	// poison memo needs (SELECT, INSERT, UPDATE) the database role lacks on
-	// the memo table, "" when none.
-	MemoLacking(ctx context.Context) (missing string, err error)
 	// RecordDeadLetter inserts l and returns once the row is committed.
 	RecordDeadLetter(ctx context.Context, l DeadLetter) error
 	// CanRecordDeadLetter reports whether the database role may insert
@@ -102,10 +98,6 @@ type Positions interface {
 	Of(ctx context.Context, consumer string) ([]kafkarecord.Settled, error)
 	// Loader is the kafkarecord.Loader of consumer's stored positions.
 	Loader(consumer string) kafkarecord.Loader
-	// Lacking returns which of the privileges every claim transaction of a
-	// Kafka consumer needs (SELECT, INSERT, UPDATE) the database role
-	// lacks on the positions table.
-	Lacking(ctx context.Context) ([]string, error)
 }
 
 // ClaimsOf returns the Claims of a *store.Store; store sets it in its init,

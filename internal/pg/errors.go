@@ -43,20 +43,14 @@ const (
 // reports ("serialization", "deadlock", "claim_wait", "connection",
 // "unique_violation", "none").
 func (c Cause) String() string {
-	switch c {
-	case Serialization:
-		return "serialization"
-	case Deadlock:
-		return "deadlock"
-	case ClaimWait:
-		return "claim_wait"
-	case Connection:
-		return "connection"
-	case UniqueViolation:
-		return "unique_violation"
+	if c < 0 || int(c) >= len(causeLabels) {
+		return causeLabels[None]
 	}
-	return "none"
+	return causeLabels[c]
 }
+
+var causeLabels = [...]string{None: "none", Serialization: "serialization", Deadlock: "deadlock",
+	ClaimWait: "claim_wait", Connection: "connection", UniqueViolation: "unique_violation"}
 
 // Transient reports whether retrying the whole transaction can succeed.
 func (c Cause) Transient() bool {

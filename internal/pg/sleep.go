@@ -2,8 +2,16 @@ package pg
 
 import (
 	"context"
+	"strconv"
 	"time"
 )
+
+// Millis renders d for a timeout setting (lock_timeout,
+// statement_timeout): whole milliseconds, at least 1 (0 would mean "wait
+// forever").
+func Millis(d time.Duration) string {
+	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
+}
 
 // Sleep waits for d, or until ctx is done, whichever comes first. It
 // returns ctx.Err() when ctx ended the wait and nil when d elapsed. It is

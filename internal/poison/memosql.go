@@ -186,17 +186,6 @@ func MemoTableExists(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 	return ok, nil
 }
 
-// MemoPrivileges reports which of the comma-separated privileges (SELECT,
-// INSERT, UPDATE, DELETE) the current role lacks on the memo table; ""
-// when it has them all (or the table does not exist: nothing to check).
-func MemoPrivileges(ctx context.Context, db DB, n *pg.Names, privileges ...string) (missing string, err error) {
-	_, lacking, err := pg.Lacking(ctx, db, n.Render("{schema}.{memo}"), privileges...)
-	if err != nil {
-		return "", fmt.Errorf("claimtx: check privileges on the poison memo table: %w", err)
-	}
-	return strings.Join(lacking, ", "), nil
-}
-
 // DeleteMemosBefore deletes up to limit memos last poisoned before horizon,
 // oldest first, and returns how many it deleted: retention calls it until
 // it deletes fewer than limit.
@@ -234,18 +223,14 @@ func (t MemoTable) Memoised(ctx context.Context, consumer string, keys []string)
 		return out, nil
 	}
 	rows, err := t.DB.Query(ctx, t.Names.Render("SELECT message_key FROM {schema}.{memo} WHERE consumer = $1 AND message_key = ANY($2)"), consumer, keys)
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: look up poison memos: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
+	if err == nil {
 		var k string
-		if err := rows.Scan(&k); err != nil {
-			return nil, fmt.Errorf("claimtx: look up poison memos: %w", err)
-		}
-		out[k] = true
+		_, err = pgx.ForEachRow(rows, []any{&k}, func() error {
+			out[k] = true
+			return nil
+		})
 	}
-	if err := rows.Err(); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("claimtx: look up poison memos: %w", err)
 	}
 	return out, nil

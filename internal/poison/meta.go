@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // claimtx's own keys. middleware.PoisonReasonKey re-exports Reason.
@@ -94,7 +95,7 @@ const minReasonBytes = 128
 // given, before any repair.
 func BoundReason(s string, limit int) (reason string, truncated bool) {
 	limit = max(limit, minReasonBytes)
-	clean := strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
+	clean := pg.Text(s)
 	if len(clean) <= limit {
 		return clean, false
 	}

@@ -109,30 +109,11 @@ type Batch struct {
 	Duration time.Duration
 }
 
-func (c Config) validate() error {
-	switch {
-	case c.BatchSize < 0:
-		return &framework.ConfigError{Field: "BatchSize", Reason: "must not be negative"}
-	case c.PollInterval < 0:
-		return &framework.ConfigError{Field: "PollInterval", Reason: "must not be negative"}
-	case c.InitialBackoff < 0:
-		return &framework.ConfigError{Field: "InitialBackoff", Reason: "must not be negative"}
-	case c.MaxBackoff < 0:
-		return &framework.ConfigError{Field: "MaxBackoff", Reason: "must not be negative"}
-	case c.Retention < 0:
-		return &framework.ConfigError{Field: "Retention", Reason: "must not be negative"}
-	}
-	return nil
-}
-
 func (c Config) withDefaults() Config {
 	c.BatchSize = cmp.Or(c.BatchSize, defaultBatchSize)
 	c.PollInterval = cmp.Or(c.PollInterval, defaultPollInterval)
 	c.InitialBackoff = cmp.Or(c.InitialBackoff, defaultInitialBackoff)
-	c.MaxBackoff = cmp.Or(c.MaxBackoff, defaultMaxBackoff)
-	if c.MaxBackoff < c.InitialBackoff {
-		c.MaxBackoff = c.InitialBackoff
-	}
+	c.MaxBackoff = max(cmp.Or(c.MaxBackoff, defaultMaxBackoff), c.InitialBackoff)
 	c.Retention = cmp.Or(c.Retention, defaultRetention)
 	c.CleanupInterval = cmp.Or(c.CleanupInterval, defaultCleanupInterval)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, defaultPublishTimeout)
@@ -161,14 +142,19 @@ type Relay struct {
 // one is a synchronous producer); with a fire-and-forget publisher, rows
 // are marked sent for messages the broker may still lose.
 func New(st *store.Store, pub message.Publisher, cfg Config) (*Relay, error) {
-	if st == nil {
-		return nil, &framework.ConfigError{Field: "Store", Reason: "must not be nil"}
-	}
-	if pub == nil {
-		return nil, &framework.ConfigError{Field: "Publisher", Reason: "must not be nil"}
-	}
-	if err := cfg.validate(); err != nil {
-		return nil, err
+	for _, f := range []struct {
+		name    string
+		invalid bool
+		reason  string
+	}{
+		{"Store", st == nil, "must not be nil"}, {"Publisher", pub == nil, "must not be nil"},
+		{"BatchSize", cfg.BatchSize < 0, "must not be negative"}, {"PollInterval", cfg.PollInterval < 0, "must not be negative"},
+		{"InitialBackoff", cfg.InitialBackoff < 0, "must not be negative"}, {"MaxBackoff", cfg.MaxBackoff < 0, "must not be negative"},
+		{"Retention", cfg.Retention < 0, "must not be negative"},
+	} {
+		if f.invalid {
+			return nil, &framework.ConfigError{Field: f.name, Reason: f.reason}
+		}
 	}
 	sc := st.Config()
 	return &Relay{
@@ -272,14 +258,7 @@ func (r *Relay) publishBatch(ctx context.Context, b *Batch) (err error) {
 	if err != nil {
 		return fmt.Errorf("claimtx relay: begin: %w", err)
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
-			_ = tx.Rollback(rctx)
-			cancel()
-		}
-	}()
+	defer pg.Rollback(ctx, tx) // a no-op once committed
 	rows, err := r.outbox.LockPending(ctx, tx, r.cfg.BatchSize)
 	if err != nil {
 		return err
@@ -327,7 +306,6 @@ func (r *Relay) publishBatch(ctx context.Context, b *Batch) (err error) {
 	if err := tx.Commit(mctx); err != nil {
 		return errors.Join(publishErr, fmt.Errorf("claimtx relay: commit: %w", err))
 	}
-	committed = true
 	return publishErr
 }
 
@@ -436,9 +414,7 @@ func (r *Relay) backoff(failures int) time.Duration {
 	for i := 1; i < failures && d < r.cfg.MaxBackoff; i++ {
 		d *= 2
 	}
-	if d > r.cfg.MaxBackoff {
-		d = r.cfg.MaxBackoff
-	}
+	d = min(d, r.cfg.MaxBackoff)
 	// Half jitter: relays failing together (the broker went down) spread
 	// out, and the wait never collapses to nothing.
 	return d/2 + time.Duration(rand.Int64N(int64(d/2)+1))

@@ -6,6 +6,7 @@
 package metrics
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 
@@ -205,10 +206,7 @@ func (m *Metrics) OnPoisonMemoError(consumer string) {
 // message went instead ("" is labelled "none"); framework/consumer calls
 // it.
 func (m *Metrics) OnPoisonRefused(consumer, fallback string) {
-	if fallback == "" {
-		fallback = fallbackNone
-	}
-	m.refused.WithLabelValues(consumer, fallback).Inc()
+	m.refused.WithLabelValues(consumer, cmp.Or(fallback, fallbackNone)).Inc()
 }
 
 // OnPositionSkipped records a Kafka partition started at its stored

@@ -70,6 +70,9 @@ type Statements struct {
 	// the batch claims of memoised keys.
 	memo, memoBatch, unclaim string
 	following                string // Following's read-ahead
+	// Pool runs the transactions Begin and BeginBatch begin, and
+	// Following; the store sets it.
+	Pool *pgxpool.Pool
 }
 
 // For renders the statements of the claim table claims in schema, names
@@ -112,40 +115,28 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 	}
 	var res Result
 	q := s.prepare(r, &res)
-	var err error
-	if r.MaxClaimWait <= 0 {
-		var tag pgconn.CommandTag
-		tag, err = tx.Exec(ctx, q.sql, q.args...)
-		res.New = tag.RowsAffected() == 1
-	} else {
-		b := &pgx.Batch{}
-		q.queue(b)
-		err = tx.SendBatch(ctx, b).Close()
-	}
-	if err != nil {
+	b := &pgx.Batch{}
+	q.queue(b, nil)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return res, q.wrap(err)
 	}
 	return res, s.checkFingerprint(ctx, tx, q, &res)
 }
 
-// Begin begins a transaction on a connection from pool and makes the claim
+// Begin begins a transaction on a connection from s.Pool and makes the claim
 // r in it, in one round trip: BEGIN, the lock_timeout, the claim and the
 // reset go out as one pipelined batch (pgx's Batch.BeginTx), where BeginTx
 // followed by Claim takes two. For a transaction per message that is one
-// round trip of four or five.
+// round trip of four or five. more, when not nil, queues statements right
+// after the claim, under the same claim wait and in the same round trip:
+// the Kafka position of a partition with one record in flight
+// (PositionStatements.Queue).
 //
-// On success the caller owns tx, with the claim in it, and must Commit or
-// Rollback it whatever res says. On error there is no transaction to end.
-func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request) (tx pgx.Tx, res Result, err error) {
-	tx, res, _, err = s.begin(ctx, pool, opts, r, false, nil)
-	return tx, res, err
-}
-
-// BeginMemo is Begin that also looks up the poison memo of the claimed
-// (consumer, key), in the same round trip: a SELECT queued after BEGIN and
-// before the claim, so a fresh message's claim costs one more statement in
-// the pipeline, not one more round trip. memo is the memo's reason, nil
-// when there is none.
+// withMemo also looks up the poison memo of the claimed (consumer, key),
+// in the same round trip: a SELECT queued after BEGIN and before the
+// claim, so a fresh message's claim costs one more statement in the
+// pipeline, not one more round trip. memo is the memo's reason, nil when
+// there is none.
 //
 // The claim is made whatever the memo says, and the caller decides: a
 // duplicate (res.New false) is a duplicate even with a memo (the effect
@@ -155,41 +146,29 @@ func (s *Statements) Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxO
 // snapshot: under READ COMMITTED two statements see different ones, and a
 // memo cleared between them would make a fresh message look like a
 // duplicate, acked without its effect.
-func (s *Statements) BeginMemo(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request) (tx pgx.Tx, res Result, memo *string, err error) {
-	return s.begin(ctx, pool, opts, r, true, nil)
-}
-
-// BeginWith is Begin, or BeginMemo when withMemo, with more statements
-// queued right after the claim, under the same claim wait and in the same
-// round trip: the Kafka position of a partition with one record in flight
-// (PositionStatements.Queue).
-func (s *Statements) BeginWith(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
-	return s.begin(ctx, pool, opts, r, withMemo, more)
-}
-
-func (s *Statements) begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
+//
+// On success the caller owns tx, with the claim in it, and must Commit or
+// Rollback it whatever res says. On error there is no transaction to end.
+func (s *Statements) Begin(ctx context.Context, opts pgx.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
 	// found is captured by the callback only on this path: a named result
-	// captured instead would be moved to the heap on every claim.
-	var found *memoRow
+	// captured instead would be moved to the heap on every claim. Valid
+	// says a memo was found (reason is NOT NULL).
+	var found *pgtype.Text
 	if withMemo {
-		m := &memoRow{}
+		m := &pgtype.Text{}
 		b.Queue(s.memo, r.Consumer, r.Key).QueryRow(func(row pgx.Row) error {
-			switch err := row.Scan(&m.reason); {
-			case errors.Is(err, pgx.ErrNoRows):
-			case err != nil:
+			if err := row.Scan(m); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("claimtx: read poison memo: %w", err)
-			default:
-				m.ok = true
 			}
 			return nil
 		})
 		found = m
 	}
-	q.queueWith(b, more)
-	br := pool.SendBatch(ctx, b)
+	q.queue(b, more)
+	br := s.Pool.SendBatch(ctx, b)
 	tx = br.Tx()
 	if err := br.Close(); err != nil {
 		// A claim that failed (lock_timeout, a missing partition) leaves
@@ -202,19 +181,13 @@ func (s *Statements) begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxO
 		pg.Rollback(ctx, tx)
 		return nil, res, nil, err
 	}
-	if found != nil && found.ok {
-		memo = &found.reason
+	if found != nil && found.Valid {
+		memo = &found.String
 	}
 	return tx, res, memo, nil
 }
 
-// memoRow is a poison memo lookup's result.
-type memoRow struct {
-	reason string
-	ok     bool
-}
-
-// BeginBatch begins a transaction on a connection from pool and claims
+// BeginBatch begins a transaction on a connection from s.Pool and claims
 // many keys of one consumer in it with one statement, in one round trip.
 // It returns the keys that were new (claimed by this transaction), sorted.
 // Keys already claimed by committed transactions are left out: their
@@ -228,45 +201,34 @@ type memoRow struct {
 // transient, retry). As with Claim, the timeout is set, used and reset in
 // the same round trip, so it does not bound the effects that follow.
 //
+// withMemo looks the memos of keys up in the same round trip (see Begin):
+// the keys this transaction claimed that have a memo are unclaimed again
+// in tx (one more statement, only when there are such keys) and returned
+// in memos, key -> reason, instead of in claimed. Keys already claimed are
+// duplicates whatever their memo says.
+//
 // On success the caller owns tx and must Commit or Rollback it; on error
 // there is no transaction to end.
-func (s *Statements) BeginBatch(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration) (pgx.Tx, []string, error) {
-	tx, claimed, _, err := s.beginBatch(ctx, pool, opts, consumer, keys, maxClaimWait, false)
-	return tx, claimed, err
-}
-
-// BeginBatchMemo is BeginBatch with the poison memo: the memos of keys are
-// looked up in the same round trip (see BeginMemo), and the keys this
-// transaction claimed that have a memo are unclaimed again in tx (one more
-// statement, only when there are such keys) and returned in memos, key ->
-// reason, instead of in claimed. Keys already claimed are duplicates
-// whatever their memo says.
-func (s *Statements) BeginBatchMemo(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration) (tx pgx.Tx, claimed []string, memos map[string]string, err error) {
-	return s.beginBatch(ctx, pool, opts, consumer, keys, maxClaimWait, true)
-}
-
-func (s *Statements) beginBatch(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
+func (s *Statements) BeginBatch(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
 	// found: the memos of keys, key -> reason; filled by the callback on
-	// the memo path only (see begin).
+	// the memo path only (see Begin).
 	var found map[string]string
 	if withMemo {
 		m := map[string]string{}
 		b.Queue(s.memoBatch, consumer, keys).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var k, reason string
-				if err := rows.Scan(&k, &reason); err != nil {
-					return err
-				}
+			var k, reason string
+			_, err := pgx.ForEachRow(rows, []any{&k, &reason}, func() error {
 				m[k] = reason
-			}
-			return rows.Err()
+				return nil
+			})
+			return err
 		})
 		found = m
 	}
 	claimed := s.queueBatch(b, consumer, keys, maxClaimWait)
-	br := pool.SendBatch(ctx, b)
+	br := s.Pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
 		pg.Rollback(ctx, tx)
@@ -305,15 +267,9 @@ func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, ma
 	sorted = slices.Compact(sorted)
 	claimed := make([]string, 0, len(sorted))
 	queueBounded(b, maxClaimWait, func() {
-		b.Queue(s.batch, consumer, sorted).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				var k string
-				if err := rows.Scan(&k); err != nil {
-					return err
-				}
-				claimed = append(claimed, k)
-			}
-			return rows.Err()
+		b.Queue(s.batch, consumer, sorted).Query(func(rows pgx.Rows) (err error) {
+			claimed, err = pgx.AppendRows(claimed, rows, pgx.RowTo[string])
+			return err
 		})
 	})
 	return &claimed
@@ -330,20 +286,16 @@ func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, ma
 // removes it. No anchor claimed yet means no keys. On a table shared by
 // many consumers the walk along the processed_at index also reads the
 // others' claims of the same period.
-func (s *Statements) Following(ctx context.Context, pool *pgxpool.Pool, consumer string, anchors []string, n int, add func(key string)) error {
-	rows, err := pool.Query(ctx, s.following, consumer, anchors, n)
-	if err != nil {
-		return fmt.Errorf("claimtx: read ahead: %w", err)
-	}
-	defer rows.Close()
-	for rows.Next() {
+func (s *Statements) Following(ctx context.Context, consumer string, anchors []string, n int, add func(key string)) error {
+	rows, err := s.Pool.Query(ctx, s.following, consumer, anchors, n)
+	if err == nil {
 		var k string
-		if err := rows.Scan(&k); err != nil {
-			return fmt.Errorf("claimtx: read ahead: %w", err)
-		}
-		add(k)
+		_, err = pgx.ForEachRow(rows, []any{&k}, func() error {
+			add(k)
+			return nil
+		})
 	}
-	if err := rows.Err(); err != nil {
+	if err != nil {
 		return fmt.Errorf("claimtx: read ahead: %w", err)
 	}
 	return nil
@@ -365,7 +317,7 @@ func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions
 	b := &pgx.Batch{}
 	b.BeginTx(opts)
 	if maxClaimWait > 0 {
-		b.Queue("SELECT set_config('lock_timeout', $1, true)", LockTimeout(maxClaimWait))
+		b.Queue("SELECT set_config('lock_timeout', $1, true)", pg.Millis(maxClaimWait))
 	}
 	if more != nil {
 		more(b)
@@ -377,12 +329,6 @@ func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions
 		return nil, fmt.Errorf("claimtx: begin: %w", err)
 	}
 	return tx, nil
-}
-
-// LockTimeout renders d for set_config('lock_timeout', …): whole
-// milliseconds, at least 1 (0 would mean "wait forever").
-func LockTimeout(d time.Duration) string {
-	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
 }
 
 // query is one claim statement with its arguments, ready to queue.
@@ -409,14 +355,11 @@ func (s *Statements) prepare(r Request, res *Result) query {
 	return q
 }
 
-// queue adds the claim to b, between setting and resetting lock_timeout
-// when the request bounds its wait: the timeout then covers the claim
-// only, not the effects that follow in the transaction.
-func (q query) queue(b *pgx.Batch) { q.queueWith(b, nil) }
-
-// queueWith is queue with more statements after the claim, under the same
-// lock_timeout.
-func (q query) queueWith(b *pgx.Batch, more func(*pgx.Batch)) {
+// queue adds the claim to b, and more statements after it when more is
+// not nil, between setting and resetting lock_timeout when the request
+// bounds its wait: the timeout then covers them only, not the effects that
+// follow in the transaction.
+func (q query) queue(b *pgx.Batch, more func(*pgx.Batch)) {
 	queueBounded(b, q.r.MaxClaimWait, func() {
 		b.Queue(q.sql, q.args...).Exec(func(tag pgconn.CommandTag) error {
 			q.res.New = tag.RowsAffected() == 1
@@ -436,7 +379,7 @@ func queueBounded(b *pgx.Batch, wait time.Duration, queue func()) {
 		queue()
 		return
 	}
-	b.Queue("SELECT set_config('lock_timeout', $1, true)", LockTimeout(wait))
+	b.Queue("SELECT set_config('lock_timeout', $1, true)", pg.Millis(wait))
 	queue()
 	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
 }

@@ -18,6 +18,8 @@ type Position = kafkarecord.Settled
 // rendered once.
 type PositionStatements struct {
 	upsert, upsertMany, load, consumer string
+	// Pool runs Of and the Loader's reads; the store sets it.
+	Pool *pgxpool.Pool
 }
 
 // positionsSQL is the upsert's tail: a position only ever rises (an older
@@ -44,9 +46,6 @@ SELECT $1, t, n, s FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(t, n, s
 	}
 }
 
-// Execer runs a statement: a transaction, a connection or a pool.
-type Execer = pg.Execer
-
 // Store raises the stored positions ps of consumer in tx, the claim
 // transaction whose records they cover, with one statement. The caller
 // runs it last before COMMIT: the position rows are then the last locks
@@ -55,7 +54,7 @@ type Execer = pg.Execer
 // other's commit, never for a handler, and cannot deadlock on them. Given
 // a pool, it stores positions of records already settled (acked), in a
 // transaction of its own.
-func (s *PositionStatements) Store(ctx context.Context, tx Execer, consumer string, ps []Position) error {
+func (s *PositionStatements) Store(ctx context.Context, tx pg.Execer, consumer string, ps []Position) error {
 	var err error
 	switch len(ps) {
 	case 0:
@@ -77,7 +76,7 @@ func (s *PositionStatements) Store(ctx context.Context, tx Execer, consumer stri
 
 // Queue queues the upsert of p for consumer on b: the Kafka position of a
 // partition with one record in flight, stored in the claim's pipelined
-// round trip (Statements.BeginWith, BeginNaturalKey). Its row lock is then
+// round trip (Statements.Begin, BeginNaturalKey). Its row lock is then
 // held for the whole transaction, which nothing of this member's waits
 // for: the partition's next record is handed out after this one's ack.
 func (s *PositionStatements) Queue(b *pgx.Batch, consumer string, p Position) {
@@ -85,20 +84,21 @@ func (s *PositionStatements) Queue(b *pgx.Batch, consumer string, p Position) {
 }
 
 // Of returns consumer's stored positions, by topic and partition.
-func (s *PositionStatements) Of(ctx context.Context, pool *pgxpool.Pool, consumer string) ([]Position, error) {
-	rows, err := pool.Query(ctx, s.consumer, consumer)
+func (s *PositionStatements) Of(ctx context.Context, consumer string) ([]Position, error) {
+	rows, err := s.Pool.Query(ctx, s.consumer, consumer)
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
 	}
-	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Position, error) {
-		var p Position
-		err := r.Scan(&p.Topic, &p.Partition, &p.SettledBelow)
-		return p, err
-	})
+	ps, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Position]) // the columns in field order
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
 	}
 	return ps, nil
+}
+
+// Loader returns the kafkarecord.Loader of consumer's stored positions.
+func (s *PositionStatements) Loader(consumer string) kafkarecord.Loader {
+	return Loader{Pool: s.Pool, Stmts: s, Consumer: consumer}
 }
 
 // Loader is the kafkarecord.Loader of one consumer's stored positions.

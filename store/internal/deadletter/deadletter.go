@@ -12,8 +12,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -55,7 +53,7 @@ func Record(ctx context.Context, db DB, n *pg.Names, l Letter) error {
 	}
 	var key *string
 	if l.Key != "" {
-		k := text(l.Key)
+		k := pg.Text(l.Key)
 		key = &k
 	}
 	publishErr, _ := poison.BoundReason(l.PublishError, poison.MaxReasonBytes)
@@ -67,25 +65,10 @@ func Record(ctx context.Context, db DB, n *pg.Names, l Letter) error {
 	if _, err := db.Exec(ctx, n.Render(`INSERT INTO {schema}.{dead_letter}
 (consumer, message_key, topic, poison_topic, uuid, reason, permanent, publish_error, payload, metadata)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`),
-		text(l.Consumer), key, text(l.Topic), text(l.PoisonTopic), text(l.UUID), reason, l.Permanent, publishErr, payload, md); err != nil {
+		pg.Text(l.Consumer), key, pg.Text(l.Topic), pg.Text(l.PoisonTopic), pg.Text(l.UUID), reason, l.Permanent, publishErr, payload, md); err != nil {
 		return fmt.Errorf("claimtx: record dead letter in %s.%s: %w", n.Schema, n.DeadLetter, err)
 	}
 	return nil
-}
-
-// storable reports whether s can be a jsonb or text value as it is:
-// Postgres refuses NUL bytes in both, and encoding/json would replace
-// invalid UTF-8.
-func storable(s string) bool {
-	return utf8.ValidString(s) && !strings.Contains(s, "\x00")
-}
-
-// text makes s storable in a text column, replacing what is not.
-func text(s string) string {
-	if storable(s) {
-		return s
-	}
-	return strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", "\uFFFD"), "\uFFFD")
 }
 
 // encodeMetadata renders md as a jsonb object of strings. A value that
@@ -96,9 +79,9 @@ func encodeMetadata(md map[string]string) ([]byte, error) {
 	out := make(map[string]any, len(md))
 	for k, v := range md {
 		switch {
-		case !storable(k):
+		case !pg.Storable(k):
 			out["base64:"+base64.StdEncoding.EncodeToString([]byte(k))] = map[string]string{"base64": base64.StdEncoding.EncodeToString([]byte(v))}
-		case !storable(v):
+		case !pg.Storable(v):
 			out[k] = map[string]string{"base64": base64.StdEncoding.EncodeToString([]byte(v))}
 		default:
 			out[k] = v

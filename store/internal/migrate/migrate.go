@@ -204,15 +204,9 @@ func Down(ctx context.Context, pool *pgxpool.Pool, n *pg.Names, target int) erro
 	})
 }
 
-// Querier runs a query returning one row: a pool, a connection or a
-// transaction.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // Version returns the highest applied migration (0 when none, including
 // when the schema does not exist).
-func Version(ctx context.Context, db Querier, n *pg.Names) (int, error) {
+func Version(ctx context.Context, db pg.Querier, n *pg.Names) (int, error) {
 	var exists bool
 	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", n.Render("{schema}.claimtx_migration")).Scan(&exists); err != nil {
 		return 0, fmt.Errorf("claimtx: read migration version: %w", err)
@@ -245,16 +239,9 @@ func underLock(ctx context.Context, pool *pgxpool.Pool, n *pg.Names, fn func(pgx
 		cancel()
 		return fmt.Errorf("claimtx: migration lock: %w", err)
 	}
-	defer func() {
-		// ctx may be cancelled (that may be why fn failed); unlocking must
-		// still happen.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock($1)", key); err != nil {
-			// Ending the session releases the lock.
-			_ = conn.Conn().Close(uctx)
-		}
-	}()
+	// ctx may be cancelled (that may be why fn failed); unlocking must
+	// still happen.
+	defer pg.Unlock(ctx, conn, key)
 	return pgx.BeginFunc(ctx, conn, fn)
 }
 
@@ -270,17 +257,17 @@ CREATE TABLE IF NOT EXISTS {schema}.claimtx_migration (
 )`)); err != nil {
 		return nil, fmt.Errorf("claimtx: create migration table: %w", err)
 	}
+	applied := map[int]bool{}
 	rows, err := tx.Query(ctx, n.Render("SELECT version FROM {schema}.claimtx_migration"))
+	if err == nil {
+		var v int
+		_, err = pgx.ForEachRow(rows, []any{&v}, func() error {
+			applied[v] = true
+			return nil
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: read migrations: %w", err)
-	}
-	versions, err := pgx.CollectRows(rows, pgx.RowTo[int])
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: read migrations: %w", err)
-	}
-	applied := make(map[int]bool, len(versions))
-	for _, v := range versions {
-		applied[v] = true
 	}
 	return applied, nil
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/claimtx/claimtx/internal/pg"
 )
@@ -67,8 +66,8 @@ func For(schema, outbox string) *Statements {
 	n := pg.NewNames(schema, "", outbox)
 	return &Statements{
 		insert: n.Render(`INSERT INTO {schema}.{outbox} (topic, uuid, idempotency_key, payload, metadata)
-SELECT t, u, k, p, m::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[]) WITH ORDINALITY AS x(t, u, k, p, m, n)
+SELECT $1, u, k, p, m::jsonb
+FROM unnest($2::text[], $3::text[], $4::bytea[], $5::text[]) WITH ORDINALITY AS x(u, k, p, m, n)
 ORDER BY n`),
 		lock: n.Render(`SELECT id, topic, uuid, idempotency_key, payload, metadata, attempts, created_at
 FROM {schema}.{outbox}
@@ -95,12 +94,12 @@ FROM {schema}.{outbox}`),
 	}
 }
 
-// Insert writes rows to the outbox in tx, one element of each slice per
-// row, in order, and notifies the relays (delivered at commit), in one
+// Insert writes rows for topic to the outbox in tx, one element of each
+// slice per row, in order, and notifies the relays (delivered at commit), in one
 // round trip. The caller validated the values.
-func (s *Statements) Insert(ctx context.Context, tx pgx.Tx, topics, uuids, keys []string, payloads [][]byte, metadata []string) error {
+func (s *Statements) Insert(ctx context.Context, tx pgx.Tx, topic string, uuids, keys []string, payloads [][]byte, metadata []string) error {
 	b := &pgx.Batch{}
-	b.Queue(s.insert, topics, uuids, keys, payloads, metadata)
+	b.Queue(s.insert, topic, uuids, keys, payloads, metadata)
 	b.Queue("SELECT pg_notify($1, $2)", pg.OutboxChannel, s.notifyPayload)
 	return tx.SendBatch(ctx, b).Close()
 }
@@ -123,11 +122,7 @@ func (s *Statements) LockPending(ctx context.Context, tx pgx.Tx, limit int) ([]R
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: lock pending outbox rows: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Row, error) {
-		var r Row
-		err := row.Scan(&r.ID, &r.Topic, &r.UUID, &r.IdempotencyKey, &r.Payload, &r.Metadata, &r.Attempts, &r.CreatedAt)
-		return r, err
-	})
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Row]) // the columns in field order
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: lock pending outbox rows: %w", err)
 	}
@@ -162,38 +157,24 @@ func (s *Statements) MarkFailed(ctx context.Context, tx pgx.Tx, ids []int64, cau
 	return nil
 }
 
-// Execer runs one statement: a pool, a connection or a transaction.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // DeleteSent deletes up to limit rows sent more than olderThan ago (by the
 // database's clock) and returns how many it deleted. Rows locked by a
 // concurrent cleanup are skipped, so cleanups running in several relays do
 // not wait on each other. Call it repeatedly until it returns less than
 // limit; small batches keep locks and WAL bursts short.
-func (s *Statements) DeleteSent(ctx context.Context, db Execer, olderThan time.Duration, limit int) (int64, error) {
+func (s *Statements) DeleteSent(ctx context.Context, db pg.Execer, olderThan time.Duration, limit int) (int64, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("claimtx: outbox cleanup limit %d must be positive", limit)
 	}
-	if olderThan < 0 {
-		olderThan = 0
-	}
-	tag, err := db.Exec(ctx, s.deleteSent, olderThan.Milliseconds(), limit)
+	tag, err := db.Exec(ctx, s.deleteSent, max(olderThan, 0).Milliseconds(), limit)
 	if err != nil {
 		return 0, fmt.Errorf("claimtx: delete sent outbox rows: %w", err)
 	}
 	return tag.RowsAffected(), nil
 }
 
-// Querier runs a query returning one row: a pool, a connection or a
-// transaction.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // ReadStats counts the outbox's rows; see store.Store.OutboxStats.
-func (s *Statements) ReadStats(ctx context.Context, db Querier) (Stats, error) {
+func (s *Statements) ReadStats(ctx context.Context, db pg.Querier) (Stats, error) {
 	var st Stats
 	var oldest float64
 	if err := db.QueryRow(ctx, s.stats).Scan(&st.Pending, &st.Sent, &oldest, &st.Failing); err != nil {
