@@ -319,6 +319,16 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if cfg.Broker.Kafka.ConsumerGroup == "" {
 		cfg.Broker.Kafka.ConsumerGroup = cfg.Name // one group per consumer: services on one topic each see all of it
 	}
+	if cfg.Broker.NATS.Durable == "" {
+		// Likewise one JetStream durable per consumer, when the name is
+		// one (cfg.Broker was valid, so only the durable can fail); else
+		// the subscriber asks for NATS_DURABLE.
+		named := cfg.Broker
+		named.NATS.Durable = cfg.Name
+		if named.Validate() == nil {
+			cfg.Broker = named
+		}
+	}
 	// One start-up bound for every dependency (see StartupTimeout).
 	if cfg.StartupTimeout != 0 {
 		cfg.Broker.AMQP.DialTimeout = cfg.StartupTimeout

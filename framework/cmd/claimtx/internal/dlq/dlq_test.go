@@ -80,7 +80,7 @@ func TestBrowseTakesNothing(t *testing.T) {
 // The dry run classifies each dead letter against the claims; the replay
 // republishes exactly the ones that would apply, with their identity and
 // without the poison bookkeeping, and removes them from the destination
-// (RabbitMQ) or records its progress past them (Kafka); a second replay
+// (RabbitMQ, NATS) or records its progress past them (Kafka); a second replay
 // finds nothing more to do.
 func TestClassifyAndReplay(t *testing.T) {
 	dlqtest.EachBroker(t, 1, func(t *testing.T, w *dlqtest.World) {
@@ -168,7 +168,7 @@ func TestClassifyAndReplay(t *testing.T) {
 		}
 
 		switch w.Kind {
-		case brokers.KindAMQP:
+		case brokers.KindAMQP, brokers.KindNATS:
 			// The replayed ones are gone; the rest is still there, in order.
 			require.Equal(t, []string{"order-1", "order-2", "order-3", "order-4", "order-10", "order-11"}, uuids(w.Read(w.Poison)))
 		case brokers.KindKafka:
@@ -237,7 +237,7 @@ func TestReplaySelection(t *testing.T) {
 		require.NoError(t, r.Source.Close())
 		require.EqualValues(t, 3, tot.Replayed)
 		require.ElementsMatch(t, []string{"order-2", "order-4", "order-6"}, uuids(w.Read(w.Topic)))
-		if w.Kind == brokers.KindAMQP {
+		if w.Kind != brokers.KindKafka {
 			require.Equal(t, []string{"order-1", "order-3", "order-5"}, uuids(w.Read(w.Poison)))
 		} else {
 			// order-1 (offset 0) was filtered out: no progress at all,
