@@ -271,3 +271,19 @@ func TestMissingDestination(t *testing.T) {
 		}
 	})
 }
+
+// A kind without dead-letter browsing is named as the user set it: BROKER
+// when it came from the environment.
+func TestOpenUnsupportedKind(t *testing.T) {
+	cfg := brokers.Config{Kind: brokers.KindGoChannel}
+	_, err := dlq.Open(context.Background(), cfg, dlq.Options{Destination: "x.poison"})
+	require.EqualError(t, err, `claimtx: config field "kind": "gochannel": dead letters can be browsed on amqp, kafka and nats only`)
+
+	t.Setenv("BROKER", brokers.KindGoChannel)
+	cfg, err = brokers.LoadConfig("")
+	require.NoError(t, err)
+	_, err = dlq.Open(context.Background(), cfg, dlq.Options{Destination: "x.poison"})
+	var ce *framework.ConfigError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "BROKER", ce.Field)
+}
