@@ -12,8 +12,8 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
-	"github.com/claimtx/claimtx/internal/natsmsg"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/natsmsg"
 )
 
 // Reconnect timing of an established connection. nats.go resubscribes

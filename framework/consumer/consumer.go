@@ -111,7 +111,8 @@ type Config struct {
 	// hourly, with the broker's replay horizon: how old a message of Topic
 	// or PoisonTopic can be when the broker still delivers it (Kafka:
 	// retention.ms, unbounded when -1 or compacted; RabbitMQ: the queue's
-	// x-message-ttl, else unbounded). A horizon beyond the retention is
+	// x-message-ttl, else unbounded; NATS: the stream's max_age, else
+	// unbounded). A horizon beyond the retention is
 	// logged at WARN with both numbers, shown as a warning in the
 	// readiness report (still ready) and exported as
 	// claimtx_claim_retention_seconds and claimtx_replay_horizon_seconds.
