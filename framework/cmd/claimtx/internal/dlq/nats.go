@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 
@@ -109,10 +108,7 @@ func (s *natsSource) Next(ctx context.Context, limit int) ([]*Letter, error) {
 		msg := natsmsg.Message(m.Subject, m.Header, m.Data, &natsmsg.Stored{Stream: s.stream.CachedInfo().Config.Name, Sequence: m.Sequence, Time: m.Time})
 		out = append(out, &Letter{Msg: msg, Position: "#" + strconv.FormatUint(m.Sequence, 10), Stamps: stampsOf(msg.Metadata), raw: m})
 	}
-	if len(out) == 0 {
-		return nil, io.EOF
-	}
-	return out, nil
+	return page(out)
 }
 
 func (s *natsSource) Settle(ctx context.Context, batch []*Letter, target func(*Letter) string) error {
@@ -122,24 +118,23 @@ func (s *natsSource) Settle(ctx context.Context, batch []*Letter, target func(*L
 	}
 	var pending []sent
 	var errs []error
-	for _, l := range batch {
-		if l.Action != ActionReplay {
-			continue
-		}
-		subject := s.prefix + target(l)
+	err := eachReplay(batch, target, func(l *Letter, topic string) error {
+		subject := s.prefix + topic
 		if _, ok := s.targets[subject]; !ok {
 			_, s.targets[subject] = s.streamOf(ctx, "original topic's", subject)
 		}
 		if err := s.targets[subject]; err != nil {
-			errs = append(errs, err)
-			break
+			return err
 		}
 		f, err := s.js.PublishMsgAsync(republished(l.raw.(*jetstream.RawStreamMsg), subject))
 		if err != nil {
-			errs = append(errs, fmt.Errorf("republish %s to %q: %w", l.Position, subject, err))
-			break
+			return fmt.Errorf("republish %s to %q: %w", l.Position, subject, err)
 		}
 		pending = append(pending, sent{l, f})
+		return nil
+	})
+	if err != nil {
+		errs = append(errs, err)
 	}
 	// Delete from the poison stream only what JetStream stored.
 	for _, p := range pending {

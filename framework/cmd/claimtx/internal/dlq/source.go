@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
@@ -46,6 +47,30 @@ type Options struct {
 	// its dry run do). Ignored on RabbitMQ and NATS, where a replayed
 	// message is gone.
 	Resume bool
+}
+
+// page is what Next returns for the letters out it read: io.EOF when
+// there were none.
+func page(out []*Letter) ([]*Letter, error) {
+	if len(out) == 0 {
+		return nil, io.EOF
+	}
+	return out, nil
+}
+
+// eachReplay calls send with every letter of batch to replay and its
+// target, in order, and stops at the first error, which it returns: the
+// letters after it stay for a later run.
+func eachReplay(batch []*Letter, target func(*Letter) string, send func(l *Letter, target string) error) error {
+	for _, l := range batch {
+		if l.Action != ActionReplay {
+			continue
+		}
+		if err := send(l, target(l)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ProgressGroup is the Kafka consumer group under which the replays of
