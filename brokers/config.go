@@ -288,6 +288,8 @@ func init() {
 		}
 		return c.withEnv()
 	})
+	// The dead-letter tooling names its "kind" errors as Validate does.
+	config.RegisterNamer(Config.named)
 }
 
 // withEnv is c with the environment over it, validated.

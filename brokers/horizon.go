@@ -13,7 +13,7 @@ import (
 // broker still delivers it, by having the method
 // ReplayHorizon(ctx context.Context, topic string) (time.Duration, error),
 // returning UnboundedHorizon for a broker that keeps messages until they
-// are consumed. brokers/amqp and brokers/kafka do, and so may an adapter
+// are consumed. brokers/amqp, brokers/kafka and brokers/nats do, and so may an adapter
 // of yours: framework/consumer compares it with Config.Retention, and
 // `claimtx stats` and the console show it.
 const UnboundedHorizon = time.Duration(math.MaxInt64)

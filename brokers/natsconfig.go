@@ -53,9 +53,10 @@ type NATSConfig struct {
 
 	// Durable is the JetStream durable consumer name every Subscribe
 	// uses, one per service; the replicas of a service share it. Required
-	// by NewSubscriber (publishers ignore it); there is no default, for the
-	// reason Kafka has no default consumer group: two services sharing one
-	// would split the messages between them.
+	// by NewSubscriber (publishers ignore it); there is no default here,
+	// for the reason Kafka has no default consumer group: two services
+	// sharing one would split the messages between them. framework/consumer
+	// defaults it to the consumer's Name when that is a durable name.
 	Durable string `yaml:"durable" env:"NATS_DURABLE"`
 
 	// SubjectPrefix is put before every topic: subject = prefix + topic.

@@ -10,8 +10,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	natsgo "github.com/nats-io/nats.go"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/natsmsg"
 )
 
 // Reconnect timing of an established connection. nats.go resubscribes
@@ -63,15 +65,7 @@ func dial(s settings, logger watermill.LoggerAdapter, role string, denied *denie
 			logger.Error("NATS asynchronous error", err, fields)
 		}),
 	}
-	switch {
-	case s.User != "":
-		opts = append(opts, natsgo.UserInfo(s.User, s.Password))
-	case s.Token != "":
-		opts = append(opts, natsgo.Token(s.Token))
-	}
-	if s.CredsFile != "" {
-		opts = append(opts, natsgo.UserCredentials(s.CredsFile))
-	}
+	opts = append(opts, natsmsg.Auth(brokers.NATSConfig(s))...)
 	deadline := time.Now().Add(s.DialTimeout)
 	wait := dialBackoffLo
 	for attempt := 1; ; attempt++ {

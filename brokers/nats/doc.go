@@ -54,9 +54,10 @@
 //
 // There is no default durable, for the reason Kafka has no default
 // consumer group: two services sharing one would split the messages
-// between them. framework/consumer does not set it: set NATS_DURABLE,
-// one per service; the replicas of a service share it. Publishers need
-// none.
+// between them. framework/consumer sets it to the consumer's Name (as it
+// does the Kafka consumer group) when that is a durable name; otherwise
+// set NATS_DURABLE, one per service; the replicas of a service share it.
+// Publishers need none.
 //
 // # Subjects and streams
 //
@@ -71,7 +72,10 @@
 //     The poison topic, TOPIC.poison, gets a stream of its own the first
 //     time something is poisoned, so poisoned messages never mix with the
 //     topic's. Without limits nothing is removed: set max age or size on
-//     the streams (nats stream edit) as you would a Kafka retention.
+//     the streams (nats stream edit) as you would a Kafka retention. The
+//     subscriber's ReplayHorizon reports the max age, which
+//     framework/consumer and `claimtx stats` compare with the claim
+//     retention (count and size limits only remove messages sooner).
 //     Limits, not interest or work-queue retention, because interest
 //     retention drops a message published while no consumer exists yet,
 //     and a work queue allows one consumer per subject, not one per

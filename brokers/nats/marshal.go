@@ -3,27 +3,20 @@ package nats
 import (
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
-	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
 	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/claimtx/claimtx/internal/natsmsg"
 )
 
-// Metadata keys the subscriber sets from the JetStream delivery. They
-// describe one delivery, so the publisher never sends them as headers
-// (a poison copy does not carry the original's sequence), and none makes
-// a claim key: they change when a message is published again.
+// Metadata keys the subscriber sets from the JetStream delivery (see
+// natsmsg: the dead-letter tooling sets them too).
 const (
-	metaPrefix    = "nats_"
-	metaSubject   = "nats_subject"   // the subject the message was published to
-	metaStream    = "nats_stream"    // the stream that stored it
-	metaSequence  = "nats_sequence"  // its sequence number in that stream
-	metaDelivered = "nats_delivered" // 1 on the first delivery, then 2, 3, ...
-	metaTimestamp = "nats_timestamp" // when the stream stored it, RFC 3339 (UTC)
+	metaPrefix    = natsmsg.MetaPrefix
+	metaDelivered = natsmsg.MetaDelivered
 )
 
 // errHeaderKey is wrapped when a metadata key cannot be a NATS header.
@@ -41,8 +34,7 @@ var errHeaderKey = errors.New("cannot be a NATS header (letters, digits and !#$%
 // Consuming, it never fails: watermill-nats drops a message its
 // Unmarshaler refuses without acking or nacking it, so JetStream would
 // redeliver it after every AckWait, forever, and it would never reach the
-// poison topic. A header with several values (NATS allows it, Watermill
-// metadata does not) becomes one value, joined with ", " as HTTP does.
+// poison topic. natsmsg.Message says how headers become metadata.
 type marshaler struct {
 	subjectPrefix string
 }
@@ -53,7 +45,7 @@ var _ wmnats.MarshalerUnmarshaler = marshaler{}
 func (m marshaler) Marshal(topic string, msg *message.Message) (*natsgo.Msg, error) {
 	hdr := make(natsgo.Header, len(msg.Metadata)+1)
 	for k, v := range msg.Metadata {
-		if strings.HasPrefix(k, metaPrefix) || strings.HasPrefix(k, "Nats-Expected-") || k == wmnats.WatermillUUIDHdr {
+		if strings.HasPrefix(k, metaPrefix) || strings.HasPrefix(k, natsmsg.ExpectedPrefix) || k == wmnats.WatermillUUIDHdr {
 			continue
 		}
 		if !validHeaderKey(k) {
@@ -70,30 +62,11 @@ func (m marshaler) Marshal(topic string, msg *message.Message) (*natsgo.Msg, err
 // Unmarshal implements watermill-nats's Unmarshaler; it never fails (see
 // marshaler).
 func (m marshaler) Unmarshal(nm *natsgo.Msg) (*message.Message, error) {
-	md := make(message.Metadata, len(nm.Header)+5)
-	for k, vs := range nm.Header {
-		if k == wmnats.WatermillUUIDHdr || strings.HasPrefix(k, "Nats-Expected-") {
-			continue
-		}
-		md.Set(k, strings.Join(vs, ", "))
-	}
-	id := nm.Header.Get(wmnats.WatermillUUIDHdr)
-	if id == "" {
-		id = nm.Header.Get(natsgo.MsgIdHdr) // a plain producer's deduplication id
-	}
-	if id == "" {
-		id = watermill.NewUUID() // the UUID is for logs; claims never use it
-	}
-	md.Set(metaSubject, nm.Subject)
+	var at *natsmsg.Stored
 	if meta, err := nm.Metadata(); err == nil {
-		md.Set(metaStream, meta.Stream)
-		md.Set(metaSequence, strconv.FormatUint(meta.Sequence.Stream, 10))
-		md.Set(metaDelivered, strconv.FormatUint(meta.NumDelivered, 10))
-		md.Set(metaTimestamp, meta.Timestamp.UTC().Format(time.RFC3339Nano))
+		at = &natsmsg.Stored{Stream: meta.Stream, Sequence: meta.Sequence.Stream, Delivered: meta.NumDelivered, Time: meta.Timestamp}
 	}
-	msg := message.NewMessage(id, nm.Data)
-	msg.Metadata = md
-	return msg, nil
+	return natsmsg.Message(nm.Subject, nm.Header, nm.Data, at), nil
 }
 
 // validHeaderKey reports whether k is an HTTP token, which is what

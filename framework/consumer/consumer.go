@@ -111,7 +111,8 @@ type Config struct {
 	// hourly, with the broker's replay horizon: how old a message of Topic
 	// or PoisonTopic can be when the broker still delivers it (Kafka:
 	// retention.ms, unbounded when -1 or compacted; RabbitMQ: the queue's
-	// x-message-ttl, else unbounded). A horizon beyond the retention is
+	// x-message-ttl, else unbounded; NATS: the stream's max_age, else
+	// unbounded). A horizon beyond the retention is
 	// logged at WARN with both numbers, shown as a warning in the
 	// readiness report (still ready) and exported as
 	// claimtx_claim_retention_seconds and claimtx_replay_horizon_seconds.
@@ -308,6 +309,16 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	cfg.DrainTimeout = cmp.Or(cfg.DrainTimeout, defaultDrainTimeout)
 	// One group per consumer: services on one topic each see all of it.
 	cfg.Broker.Kafka.ConsumerGroup = cmp.Or(cfg.Broker.Kafka.ConsumerGroup, cfg.Name)
+	if cfg.Broker.NATS.Durable == "" {
+		// Likewise one JetStream durable per consumer, when the name is
+		// one (cfg.Broker was valid, so only the durable can fail); else
+		// the subscriber asks for NATS_DURABLE.
+		named := cfg.Broker
+		named.NATS.Durable = cfg.Name
+		if named.Validate() == nil {
+			cfg.Broker = named
+		}
+	}
 	// One start-up bound for every dependency (see StartupTimeout).
 	if cfg.StartupTimeout != 0 {
 		cfg.Broker.AMQP.DialTimeout = cfg.StartupTimeout

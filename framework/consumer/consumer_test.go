@@ -13,10 +13,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers"
+	_ "github.com/claimtx/claimtx/brokers/nats" // registers the kind
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/testenv"
@@ -359,7 +362,16 @@ func TestKafkaDefaultGroupPerConsumer(t *testing.T) {
 
 	// No ConsumerGroup: the defaults, as brokers.LoadConfig("") gives them
 	// without KAFKA_CONSUMER_GROUP.
-	bcfg := fastKafka(br.Addrs(), "")
+	requireEachSeesAll(t, ctx, pool, schema, topic, fastKafka(br.Addrs(), ""), n)
+}
+
+// requireEachSeesAll runs the consumers loyalty and analytics on topic over
+// bcfg and requires each to see all n messages (event_id evt-0 to evt-n-1)
+// already there.
+func requireEachSeesAll(t *testing.T, ctx context.Context, pool *pgxpool.Pool, schema, topic string, bcfg brokers.Config, n int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	type seen struct {
 		sync.Mutex
 		ids map[string]bool
@@ -395,5 +407,46 @@ func TestKafkaDefaultGroupPerConsumer(t *testing.T) {
 	cancel()
 	for range names {
 		require.NoError(t, <-done)
+	}
+}
+
+// The NATS durable defaults to the consumer's name too, for the same
+// reason; a name JetStream cannot take as a durable leaves it to
+// NATS_DURABLE, which the error names.
+func TestNATSDefaultDurablePerConsumer(t *testing.T) {
+	pool, schema := testenv.Setup(t, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	t.Setenv("BROKER", brokers.KindNATS)
+	bcfg, err := brokers.LoadConfig("") // no NATS_DURABLE
+	require.NoError(t, err)
+	bcfg.NATS.AckWait = 2 * time.Second
+	topic := "fanout-" + randHex()
+	t.Cleanup(func() { deleteNATSStreams(t, topic) })
+	const n = 20
+	pub := newPublisher(t, bcfg)
+	for i := range n {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set("event_id", fmt.Sprintf("evt-%d", i))
+		require.NoError(t, pub.Publish(topic, m))
+	}
+	requireEachSeesAll(t, ctx, pool, schema, topic, bcfg, n)
+
+	_, err = consumer.New(ctx, baseConfig("billing v2", topic, pool, schema, bcfg), noop)
+	var ce *framework.ConfigError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "NATS_DURABLE", ce.Field, "%v", err)
+}
+
+// deleteNATSStreams deletes the streams of subject topic and its poison
+// subject, as the adapter named them.
+func deleteNATSStreams(t *testing.T, topic string) {
+	nc, err := natsgo.Connect(natsgo.DefaultURL)
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := nc.JetStream()
+	require.NoError(t, err)
+	for _, name := range []string{topic, topic + "_poison"} {
+		_ = js.DeleteStream(name)
 	}
 }

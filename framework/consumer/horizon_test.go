@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	natsgo "github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -77,7 +78,6 @@ func TestRetentionShorterThanKafkaHorizon(t *testing.T) {
 // the queue has a message TTL.
 func TestRetentionAgainstRabbitMQTTL(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
 	pool, schema := testenv.Setup(t, 4)
 	for _, tc := range []struct {
 		name string
@@ -87,21 +87,59 @@ func TestRetentionAgainstRabbitMQTTL(t *testing.T) {
 		{"no TTL", nil, "is shorter than the broker's replay horizon unbounded"},
 		{"TTL within retention", map[string]any{"x-message-ttl": 3600000}, ""},
 	} {
-		var logs bytes.Buffer
-		reg := prometheus.NewRegistry()
 		cfg := baseConfig("horizon", "horizon-"+randHex(), pool, schema,
 			brokers.Config{Kind: brokers.KindAMQP, AMQP: brokers.AMQPConfig{URL: "amqp://guest:guest@127.0.0.1:5672/", QueueArguments: tc.args}})
-		cfg.Claim.EventTime, cfg.Retention, cfg.Registerer = eventTime(t), 2*time.Hour, reg
-		cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
-		c, err := consumer.New(ctx, cfg, noop)
-		require.NoError(t, err, tc.name)
-		if tc.warn != "" {
-			require.Contains(t, logs.String(), tc.warn, tc.name)
-			require.Equal(t, math.Inf(1), testenv.RequireMetric(t, reg, "claimtx_replay_horizon_seconds"), tc.name)
-		} else {
-			require.NotContains(t, logs.String(), "replay horizon", tc.name)
-			require.Equal(t, time.Hour.Seconds(), testenv.RequireMetric(t, reg, "claimtx_replay_horizon_seconds"), tc.name)
+		requireHorizonAgainst2h(t, cfg, tc.name, tc.warn)
+	}
+}
+
+// requireHorizonAgainst2h starts the consumer of cfg with a 2h retention
+// and requires the warning warn in its log and an unbounded horizon
+// metric, or (warn empty) no warning and a horizon of an hour.
+func requireHorizonAgainst2h(t *testing.T, cfg consumer.Config, name, warn string) {
+	t.Helper()
+	var logs bytes.Buffer
+	reg := prometheus.NewRegistry()
+	cfg.Claim.EventTime, cfg.Retention, cfg.Registerer = eventTime(t), 2*time.Hour, reg
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	c, err := consumer.New(t.Context(), cfg, noop)
+	require.NoError(t, err, name)
+	if warn != "" {
+		require.Contains(t, logs.String(), warn, name)
+		require.Equal(t, math.Inf(1), testenv.RequireMetric(t, reg, "claimtx_replay_horizon_seconds"), name)
+	} else {
+		require.NotContains(t, logs.String(), "replay horizon", name)
+		require.Equal(t, time.Hour.Seconds(), testenv.RequireMetric(t, reg, "claimtx_replay_horizon_seconds"), name)
+	}
+	require.NoError(t, c.Close())
+}
+
+// A JetStream stream keeps a message for its max_age, unbounded without
+// one (a count limit only removes messages sooner).
+func TestRetentionAgainstNATSMaxAge(t *testing.T) {
+	t.Parallel()
+	pool, schema := testenv.Setup(t, 4)
+	nc, err := natsgo.Connect(natsgo.DefaultURL)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := nc.JetStream()
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name   string
+		stream natsgo.StreamConfig
+		warn   string
+	}{
+		{"count limit only", natsgo.StreamConfig{MaxMsgs: 1000}, "is shorter than the broker's replay horizon unbounded"},
+		{"max age within retention", natsgo.StreamConfig{MaxAge: time.Hour}, ""},
+	} {
+		topic := "horizon-" + randHex()
+		t.Cleanup(func() { deleteNATSStreams(t, topic) })
+		for _, subj := range []string{topic, topic + poisonSuffix} {
+			sc := tc.stream
+			sc.Name, sc.Subjects = strings.ReplaceAll(subj, ".", "_"), []string{subj}
+			_, err := js.AddStream(&sc)
+			require.NoError(t, err, tc.name)
 		}
-		require.NoError(t, c.Close())
+		requireHorizonAgainst2h(t, baseConfig("horizon", topic, pool, schema, brokers.Config{Kind: brokers.KindNATS}), tc.name, tc.warn)
 	}
 }

@@ -134,6 +134,24 @@ func Cause(err error) error {
 	return nil
 }
 
+var namers sync.Map // reflect.Type of T -> func(T, error) error
+
+// RegisterNamer records how a package names the field of an error about
+// its Config T as it names its own (package brokers: the variable that set
+// it, BROKER for "kind"), without exporting it.
+func RegisterNamer[T any](named func(c T, err error) error) {
+	namers.Store(reflect.TypeFor[T](), named)
+}
+
+// Named is err named as the package of T names its own errors about c;
+// err unchanged when it registered no namer.
+func Named[T any](c T, err error) error {
+	if f, ok := namers.Load(reflect.TypeFor[T]()); ok {
+		return f.(func(T, error) error)(c, err)
+	}
+	return err
+}
+
 var sections sync.Map // reflect.Type of T -> func([]byte) (T, error)
 
 // RegisterSection records how a package loads its Config from a section

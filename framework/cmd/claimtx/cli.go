@@ -367,7 +367,7 @@ type brokerFlags struct {
 }
 
 func (b *brokerFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&b.broker, "broker", "", "broker kind: amqp or kafka (env BROKER; default amqp)")
+	fs.StringVar(&b.broker, "broker", "", "broker kind: amqp, kafka or nats (env BROKER; default amqp; NATS_URL and the other NATS_ variables set nats)")
 	fs.StringVar(&b.brokerFile, "broker-config", "", "broker configuration file (YAML, see brokers.LoadConfig); the environment overrides it")
 	fs.StringVar(&b.amqpURL, "amqp-url", "", "RabbitMQ URL (env AMQP_URL)")
 	fs.StringVar(&b.kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap addresses, comma separated (env KAFKA_BROKERS)")

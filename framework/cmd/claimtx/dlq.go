@@ -32,7 +32,7 @@ const dlqUsage = `Usage: claimtx dlq SUBCOMMAND [flags]
   inspect   show dead letters in full: every metadata entry, the payload, the classification
   replay    republish dead letters to their topic (--dry-run: classify only)
 
-The broker comes from BROKER, AMQP_URL, KAFKA_BROKERS and the other variables
+The broker comes from BROKER, AMQP_URL, KAFKA_BROKERS, NATS_URL and the other variables
 of brokers.LoadConfig("") (or --broker-config FILE, which they override), and
 --broker, --amqp-url, --kafka-brokers override both. Nothing is consumed
 by list, inspect or a dry run.

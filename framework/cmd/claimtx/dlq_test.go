@@ -20,13 +20,15 @@ import (
 const dlqKeySpec = "template:order:{payload.order_id}"
 
 // dlqCLI is the CLI against w's database, schema and broker (as flags:
-// the broker variables are the process's, read by brokers.LoadConfig("")).
+// the broker variables are the process's, read by brokers.LoadConfig("");
+// NATS is the local server, NATS_URL's default).
 func dlqCLI(t *testing.T, w *dlqtest.World) (*cli, []string) {
 	c := &cli{t: t, schema: w.Schema, env: map[string]string{"DATABASE_URL": testenv.URL()}}
 	flags := []string{"--broker", w.Kind, "--topic", w.Topic}
-	if w.Kind == brokers.KindKafka {
+	switch w.Kind {
+	case brokers.KindKafka:
 		flags = append(flags, "--kafka-brokers", w.KafkaAddr)
-	} else {
+	case brokers.KindAMQP:
 		flags = append(flags, "--amqp-url", dlqtest.AMQPURL)
 	}
 	return c, flags
@@ -155,14 +157,16 @@ func TestCLIDLQBadInput(t *testing.T) {
 		{[]string{"dlq", "list", "--topic", "x", "--key-spec", "json:id"}, "pass it too"},
 		{[]string{"dlq", "list", "--topic", "x", "--progress", "sparkles"}, "--progress"},
 		{[]string{"dlq", "list", "--topic", "x", "--older-than", "a while"}, "not a duration"},
-		{[]string{"dlq", "list", "--topic", "x", "--broker", "gochannel"}, "amqp and kafka only"},
-		{[]string{"dlq", "list", "--topic", "x", "--broker", "nats"}, "nats"},
+		{[]string{"dlq", "list", "--topic", "x", "--broker", "gochannel"}, "amqp, kafka and nats only"},
 		{[]string{"dlq", "replay", "--topic", "x", "--consumer", "c", "--key-spec", "json:id", "--rate", "-1"}, "must not be negative"},
 	})
 	// A poison queue that does not exist is named; nothing is created.
 	code, _, errOut := c.run("dlq", "list", "--topic", "no-such-topic-"+c.schema, "--amqp-url", dlqtest.AMQPURL, "--broker", "amqp")
 	require.Equal(t, exitFail, code)
 	require.Contains(t, errOut, `"no-such-topic-`+c.schema+`.poison" does not exist`)
+	code, _, errOut = c.run("dlq", "list", "--topic", "no-such-topic-"+c.schema, "--broker", "nats")
+	require.Equal(t, exitFail, code)
+	require.Contains(t, errOut, `"no-such-topic-`+c.schema+`.poison" does not exist on NATS`)
 	// The AMQP password never shows.
 	code, _, errOut = c.run("dlq", "list", "--topic", "x", "--broker", "amqp", "--amqp-url", "amqp://guest:s3cr3t-pw@127.0.0.1:1/")
 	require.Equal(t, exitFail, code)

@@ -173,7 +173,7 @@ func testDLQReplaySurvivesSIGKILL(t *testing.T, kind string) {
 	require.NoError(t, json.Unmarshal(lines[len(lines)-1], &last), "%s", out)
 	require.True(t, last.Complete)
 	switch kind {
-	case brokers.KindAMQP:
+	case brokers.KindAMQP, brokers.KindNATS:
 		// Left: exactly the already applied ones.
 		left := w.Read(w.Poison)
 		require.Len(t, left, applied)

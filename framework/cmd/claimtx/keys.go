@@ -170,9 +170,9 @@ func (k *keysFlags) readBroker(ctx context.Context, c *keycheck.Checker) (string
 			return "", k.redactErr(fmt.Errorf("keys check: %w", err), k.redact)
 		}
 	}
-	kind := "RabbitMQ queue"
-	if cfg.Kind == "kafka" {
-		kind = "Kafka topic"
+	kind := map[string]string{"kafka": "Kafka topic", "nats": "NATS subject"}[cfg.Kind]
+	if kind == "" {
+		kind = "RabbitMQ queue"
 	}
 	return fmt.Sprintf("%s %s (read without consuming)", kind, k.topic), nil
 }

@@ -122,6 +122,7 @@ type horizonReport struct {
 // it never subscribes, so its consumer group is never joined.
 func probe(cfg brokers.Config) (message.Subscriber, error) {
 	cfg.Kafka.ConsumerGroup = cmp.Or(cfg.Kafka.ConsumerGroup, "claimtx-stats") // a subscriber needs one
+	cfg.NATS.Durable = cmp.Or(cfg.NATS.Durable, "claimtx-stats")               // likewise; it never subscribes
 	return brokers.NewSubscriber(cfg, nil)
 }
 

@@ -3,15 +3,21 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq/dlqtest"
 )
 
 // startKafka starts a Kafka-protocol broker of the test's own with
@@ -68,6 +74,22 @@ func TestCLIStatsRetentionHorizon(t *testing.T) {
 	out = c.ok("stats", "--topic", "orders-"+c.schema, "--retention", "30d", "--broker", "amqp")
 	require.Contains(t, out, "replay horizon unbounded")
 	require.Contains(t, out, "WARNING")
+
+	// NATS: the max_age of the streams that keep the subjects.
+	topic := "orders-" + c.schema
+	nc, err := natsgo.Connect(dlqtest.NATSURL)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	jsc, err := jetstream.New(nc)
+	require.NoError(t, err)
+	for _, subj := range []string{topic, topic + ".poison"} {
+		name := strings.ReplaceAll(subj, ".", "_")
+		_, err = jsc.CreateStream(t.Context(), jetstream.StreamConfig{Name: name, Subjects: []string{subj}, MaxAge: 24 * time.Hour})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = jsc.DeleteStream(context.Background(), name) })
+	}
+	out = c.ok("stats", "--topic", topic, "--retention", "12h", "--broker", "nats")
+	require.Contains(t, out, fmt.Sprintf("retention 12h, replay horizon 1d (%s, %s.poison): WARNING", topic, topic))
 }
 
 // TestCLIStatsKafkaPositions: `claimtx stats` lists the stored Kafka

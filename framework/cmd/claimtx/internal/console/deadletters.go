@@ -130,7 +130,7 @@ type deadLettersData struct {
 
 // deadLetters is GET /dead-letters: one page of a consumer's dead letters,
 // read without consuming (RabbitMQ requeues them in place when the browse
-// closes), classified against the claims.
+// closes; NATS reads them by sequence), classified against the claims.
 func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 	f := readFilters(r)
 	d := deadLettersData{Consumers: c.configured(), Filters: f, Page: 1}
@@ -211,11 +211,6 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 // openDestination opens a consumer's poison destination; resume starts a
 // Kafka browse after what earlier replays of the consumer went past.
 func (c *Console) openDestination(ctx context.Context, cs *Consumer, resume bool) (dlq.Source, error) {
-	switch cs.Broker.Kind {
-	case brokers.KindAMQP, "", brokers.KindKafka:
-	default:
-		return nil, fmt.Errorf("consumer %s uses broker kind %q: the console browses dead letters on RabbitMQ (amqp) and Kafka only", cs.Name, cs.Broker.Kind)
-	}
 	src, err := dlq.Open(ctx, cs.Broker, dlq.Options{Destination: cs.PoisonTopic, Consumer: cs.Name, Resume: resume})
 	if err != nil {
 		return nil, errors.New(c.errText(fmt.Errorf("opening %s: %w", cs.PoisonTopic, err)))

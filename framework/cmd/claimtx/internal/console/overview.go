@@ -432,9 +432,10 @@ func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
 	defer cancel()
 	bcfg := cs.Broker
 	bcfg.Kafka.ConsumerGroup = cmp.Or(bcfg.Kafka.ConsumerGroup, "claimtx-console") // a subscriber needs one; it never joins
+	bcfg.NATS.Durable = cmp.Or(bcfg.NATS.Durable, "claimtx-console")               // likewise; it never subscribes
 	// A broker that is down must not hold the page for the adapters'
 	// start-up retries (30 s by default).
-	bcfg.AMQP.DialTimeout, bcfg.Kafka.DialTimeout = c.cfg.QueryTimeout, c.cfg.QueryTimeout
+	bcfg.AMQP.DialTimeout, bcfg.Kafka.DialTimeout, bcfg.NATS.DialTimeout = c.cfg.QueryTimeout, c.cfg.QueryTimeout, c.cfg.QueryTimeout
 	sub, err := brokers.NewSubscriber(bcfg, nil)
 	if err == nil {
 		h.horizon, h.known, err = replay.Horizon(ctx, sub, cs.Topic, cs.PoisonTopic)

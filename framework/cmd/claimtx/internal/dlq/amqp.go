@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"time"
 
@@ -102,10 +101,7 @@ func (s *amqpSource) Next(ctx context.Context, max int) ([]*Letter, error) {
 		msg := amqpheader.ToMessage(d)
 		out = append(out, &Letter{Msg: msg, Position: "#" + strconv.FormatInt(s.read, 10), Stamps: stampsOf(msg.Metadata), raw: &d})
 	}
-	if len(out) == 0 {
-		return nil, io.EOF
-	}
-	return out, nil
+	return page(out)
 }
 
 func (s *amqpSource) Settle(ctx context.Context, batch []*Letter, target func(*Letter) string) error {
@@ -115,21 +111,19 @@ func (s *amqpSource) Settle(ctx context.Context, batch []*Letter, target func(*L
 	}
 	var pending []sent
 	var errs []error
-	for _, l := range batch {
-		if l.Action != ActionReplay {
-			continue
-		}
-		t := target(l)
+	err := eachReplay(batch, target, func(l *Letter, t string) error {
 		if err := s.checkTarget(t); err != nil {
-			errs = append(errs, err)
-			break
+			return err
 		}
 		dc, err := s.pub.PublishWithDeferredConfirmWithContext(ctx, "", t, false, false, republishing(l.raw.(*amqp091.Delivery)))
 		if err != nil {
-			errs = append(errs, fmt.Errorf("republish to %q: %w", t, err))
-			break
+			return fmt.Errorf("republish to %q: %w", t, err)
 		}
 		pending = append(pending, sent{l, dc})
+		return nil
+	})
+	if err != nil {
+		errs = append(errs, err)
 	}
 	// Remove from the poison queue only what RabbitMQ confirmed.
 	for _, p := range pending {

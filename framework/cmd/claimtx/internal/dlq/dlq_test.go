@@ -80,7 +80,7 @@ func TestBrowseTakesNothing(t *testing.T) {
 // The dry run classifies each dead letter against the claims; the replay
 // republishes exactly the ones that would apply, with their identity and
 // without the poison bookkeeping, and removes them from the destination
-// (RabbitMQ) or records its progress past them (Kafka); a second replay
+// (RabbitMQ, NATS) or records its progress past them (Kafka); a second replay
 // finds nothing more to do.
 func TestClassifyAndReplay(t *testing.T) {
 	dlqtest.EachBroker(t, 1, func(t *testing.T, w *dlqtest.World) {
@@ -168,7 +168,7 @@ func TestClassifyAndReplay(t *testing.T) {
 		}
 
 		switch w.Kind {
-		case brokers.KindAMQP:
+		case brokers.KindAMQP, brokers.KindNATS:
 			// The replayed ones are gone; the rest is still there, in order.
 			require.Equal(t, []string{"order-1", "order-2", "order-3", "order-4", "order-10", "order-11"}, uuids(w.Read(w.Poison)))
 		case brokers.KindKafka:
@@ -237,7 +237,7 @@ func TestReplaySelection(t *testing.T) {
 		require.NoError(t, r.Source.Close())
 		require.EqualValues(t, 3, tot.Replayed)
 		require.ElementsMatch(t, []string{"order-2", "order-4", "order-6"}, uuids(w.Read(w.Topic)))
-		if w.Kind == brokers.KindAMQP {
+		if w.Kind != brokers.KindKafka {
 			require.Equal(t, []string{"order-1", "order-3", "order-5"}, uuids(w.Read(w.Poison)))
 		} else {
 			// order-1 (offset 0) was filtered out: no progress at all,
@@ -270,4 +270,20 @@ func TestMissingDestination(t *testing.T) {
 			require.Empty(t, w.Committed(dlq.ProgressGroup(consumer), w.Poison))
 		}
 	})
+}
+
+// A kind without dead-letter browsing is named as the user set it: BROKER
+// when it came from the environment.
+func TestOpenUnsupportedKind(t *testing.T) {
+	cfg := brokers.Config{Kind: brokers.KindGoChannel}
+	_, err := dlq.Open(context.Background(), cfg, dlq.Options{Destination: "x.poison"})
+	require.EqualError(t, err, `claimtx: config field "kind": "gochannel": dead letters can be browsed on amqp, kafka and nats only`)
+
+	t.Setenv("BROKER", brokers.KindGoChannel)
+	cfg, err = brokers.LoadConfig("")
+	require.NoError(t, err)
+	_, err = dlq.Open(context.Background(), cfg, dlq.Options{Destination: "x.poison"})
+	var ce *framework.ConfigError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, "BROKER", ce.Field)
 }

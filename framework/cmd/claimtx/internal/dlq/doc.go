@@ -23,6 +23,15 @@
 //     every partition from its start offset (the earliest retained, or for a
 //     replay the progress recorded by the previous one, below) to the end
 //     offset seen when it opened. Nothing is committed by browsing.
+//   - NATS (a subject in a JetStream stream): JetStream's get-message API,
+//     by sequence, filtered by the poison subject, from the stream's first
+//     sequence to the last one seen when it opened. Unlike a consumer, even
+//     an ephemeral one that acks nothing, it delivers nothing and leaves no
+//     state on the server, so a killed browse needs no clean-up and cannot
+//     count as a delivery anywhere. Another browse may read the same
+//     messages meanwhile (JetStream has no unacked hold as RabbitMQ does):
+//     two replays at once may republish a message twice, a duplicate for
+//     its claim.
 //
 // # Classification
 //
@@ -55,6 +64,11 @@
 //     progress of its partition, so a later run with other filters or a
 //     fixed key spec sees it again. The next replay starts at the committed
 //     offsets; FromStart ignores them.
+//   - NATS: the copy is published with JetStream's acknowledgement
+//     awaited, and the letter's sequence is deleted from the poison stream
+//     only once the stream stored the copy. A copy the stream drops as a
+//     duplicate (a Nats-Msg-Id seen within its duplicate window) is
+//     reported and its letter kept.
 //
 // Killed at any point, nothing is lost: every message is still in the
 // destination, republished, or both; a message that is both is a

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"maps"
 	"os"
 	"slices"
@@ -272,10 +271,7 @@ func (s *kafkaSource) Next(ctx context.Context, limit int) ([]*Letter, error) {
 			}
 		}
 	}
-	if len(out) == 0 {
-		return nil, io.EOF
-	}
-	return out, nil
+	return page(out)
 }
 
 // letter is r as claimtx's Kafka adapter hands a record to a consumer
@@ -294,17 +290,12 @@ func (s *kafkaSource) Settle(ctx context.Context, batch []*Letter, target func(*
 	var recs []*kgo.Record
 	var sent []*Letter
 	var errs []error
-	for _, l := range batch {
-		if l.Action != ActionReplay {
-			continue
-		}
-		t := target(l)
+	err := eachReplay(batch, target, func(l *Letter, t string) error {
 		if _, ok := s.targets[t]; !ok {
 			s.targets[t] = s.topicExists(ctx, "original topic", t)
 		}
 		if err := s.targets[t]; err != nil {
-			errs = append(errs, err)
-			break
+			return err
 		}
 		r := l.raw.(*kgo.Record)
 		nr := &kgo.Record{Topic: t, Key: r.Key, Value: r.Value, Timestamp: r.Timestamp}
@@ -315,6 +306,10 @@ func (s *kafkaSource) Settle(ctx context.Context, batch []*Letter, target func(*
 		}
 		recs = append(recs, nr)
 		sent = append(sent, l)
+		return nil
+	})
+	if err != nil {
+		errs = append(errs, err)
 	}
 	if len(recs) > 0 {
 		for i, res := range s.cl.ProduceSync(ctx, recs...) {

@@ -91,10 +91,11 @@ func stampsOf(md message.Metadata) Stamps {
 // Letter is one message of a poison destination.
 type Letter struct {
 	// Msg is the message as a consumer of the destination sees it: UUID,
-	// payload, and metadata including the broker's (amqp_*, kafka_*).
+	// payload, and metadata including the broker's (amqp_*, kafka_*, nats_*).
 	Msg *message.Message
 	// Position locates it: "#12" (the 12th message of this RabbitMQ
-	// browse) or "2@1041" (Kafka partition 2, offset 1041).
+	// browse; on NATS the stream sequence 12) or "2@1041" (Kafka
+	// partition 2, offset 1041).
 	Position  string
 	Partition int32 // Kafka
 	Offset    int64 // Kafka

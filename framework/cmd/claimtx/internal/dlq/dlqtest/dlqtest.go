@@ -1,6 +1,7 @@
 // Package dlqtest builds the worlds the dead-letter tests run in: a
-// consumer's topic and poison destination on a real broker (RabbitMQ, or
-// an in-process Kafka-protocol broker of the test's own), a claims schema,
+// consumer's topic and poison destination on a real broker (RabbitMQ,
+// NATS JetStream, or an in-process Kafka-protocol broker of the test's
+// own), a claims schema,
 // and poisoned copies made by the real Poison middleware. The tests of
 // framework/cmd/claimtx/internal/dlq, of `claimtx dlq` and the replay benchmark share it.
 package dlqtest
@@ -21,6 +22,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -31,6 +34,7 @@ import (
 	_ "github.com/claimtx/claimtx/brokers/kafka" // registers the kind
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/natsmsg"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -39,8 +43,11 @@ import (
 // AMQPURL is the suite's RabbitMQ.
 const AMQPURL = "amqp://guest:guest@127.0.0.1:5672/" //nolint:gosec // the local test server's stock account
 
+// NATSURL is the suite's NATS server (JetStream enabled).
+const NATSURL = "nats://127.0.0.1:4222"
+
 // Brokers are the kinds the dead-letter tooling supports.
-var Brokers = []string{brokers.KindAMQP, brokers.KindKafka}
+var Brokers = []string{brokers.KindAMQP, brokers.KindKafka, brokers.KindNATS}
 
 // World is one isolated consumer world.
 type World struct {
@@ -56,6 +63,7 @@ type World struct {
 
 	kcl  *kgo.Client
 	conn *amqp091.Connection
+	js   jetstream.JetStream
 }
 
 func randHex() string {
@@ -112,6 +120,26 @@ func New(t testing.TB, kind string, poisonPartitions int) *World {
 			require.NoError(t, err)
 		}
 		require.NoError(t, ch.Close())
+	case brokers.KindNATS:
+		w.Broker.NATS.URL = NATSURL
+		nc, err := natsgo.Connect(NATSURL)
+		require.NoError(t, err)
+		w.js, err = jetstream.New(nc)
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			// The streams of the world's subjects, the adapter's included.
+			for name := range w.js.StreamNames(ctx).Name() {
+				if strings.HasPrefix(name, w.Topic) {
+					_ = w.js.DeleteStream(ctx, name)
+				}
+			}
+			nc.Close()
+		})
+		// As the adapter creates them (brokers/nats ensureStream).
+		for _, subj := range []string{w.Topic, w.Poison} {
+			_, err = w.js.CreateStream(ctx, jetstream.StreamConfig{Name: strings.ReplaceAll(subj, ".", "_"), Subjects: []string{subj}, Storage: jetstream.FileStorage})
+			require.NoError(t, err)
+		}
 	default:
 		t.Fatalf("dlqtest: broker %q", kind)
 	}
@@ -136,7 +164,7 @@ func EachBroker(t *testing.T, poisonPartitions int, test func(t *testing.T, w *W
 func (w *World) Env() []string {
 	u, err := testenv.URLWithSearchPath(w.Schema)
 	require.NoError(w.T, err)
-	return []string{"BROKER=" + w.Kind, "AMQP_URL=" + AMQPURL, "KAFKA_BROKERS=" + w.KafkaAddr,
+	return []string{"BROKER=" + w.Kind, "AMQP_URL=" + AMQPURL, "KAFKA_BROKERS=" + w.KafkaAddr, "NATS_URL=" + NATSURL,
 		"DATABASE_URL=" + u, "CLAIMTX_SCHEMA=" + w.Schema}
 }
 
@@ -249,6 +277,26 @@ func (w *World) Publish(topic string, msgs ...*message.Message) {
 			}
 		}
 		awaitConfirms(w.T, dcs)
+	case brokers.KindNATS:
+		var acks []jetstream.PubAckFuture
+		for _, m := range msgs {
+			nm := &natsgo.Msg{Subject: topic, Data: m.Payload, Header: natsgo.Header{"_watermill_message_uuid": {m.UUID}}}
+			for k, v := range m.Metadata {
+				if !strings.HasPrefix(k, natsmsg.MetaPrefix) {
+					nm.Header.Set(k, v)
+				}
+			}
+			f, err := w.js.PublishMsgAsync(nm)
+			require.NoError(w.T, err)
+			acks = append(acks, f)
+		}
+		for _, f := range acks {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				require.NoError(w.T, err)
+			}
+		}
 	}
 }
 
@@ -273,12 +321,16 @@ func (w *World) Claim(consumer, key string, fp []byte) {
 // Read returns every message in topic now, in order (per partition on
 // Kafka, partitions one after the other), without consuming any:
 // RabbitMQ: basic.get on a channel that is then closed, so all are
-// requeued; Kafka: a reader outside any group.
+// requeued; Kafka: a reader outside any group; NATS: get by sequence.
 func (w *World) Read(topic string) []*message.Message {
 	w.T.Helper()
 	switch w.Kind {
 	case brokers.KindKafka:
 		return w.readKafka(topic)
+	case brokers.KindNATS:
+		var out []*message.Message
+		w.eachNATS(topic, func(m *jetstream.RawStreamMsg) { out = append(out, natsmsg.Message(m.Subject, m.Header, m.Data, nil)) })
+		return out
 	default:
 		return w.readAMQP(topic)
 	}
@@ -361,11 +413,38 @@ func (w *World) offsets(ctx context.Context, topic string) (starts, ends kadm.Li
 	return starts, ends
 }
 
+// eachNATS calls f with every message of subject topic, in order; none
+// when no stream captures it.
+func (w *World) eachNATS(topic string, f func(*jetstream.RawStreamMsg)) {
+	ctx := context.Background()
+	name, err := w.js.StreamNameBySubject(ctx, topic)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return
+	}
+	require.NoError(w.T, err)
+	st, err := w.js.Stream(ctx, name)
+	require.NoError(w.T, err)
+	for seq := uint64(1); ; {
+		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(topic))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return
+		}
+		require.NoError(w.T, err)
+		f(m)
+		seq = m.Sequence + 1
+	}
+}
+
 // Depth is the number of messages in topic (RabbitMQ: ready; Kafka: end
-// minus start offsets).
+// minus start offsets; NATS: stored).
 func (w *World) Depth(topic string) int {
 	w.T.Helper()
-	if w.Kind != brokers.KindKafka {
+	switch w.Kind {
+	case brokers.KindNATS:
+		n := 0
+		w.eachNATS(topic, func(*jetstream.RawStreamMsg) { n++ })
+		return n
+	case brokers.KindAMQP:
 		return testenv.QueueDepth(w.T, w.conn, topic)
 	}
 	starts, ends := w.offsets(context.Background(), topic)

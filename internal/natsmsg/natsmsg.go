@@ -1,0 +1,96 @@
+// Package natsmsg is what claimtx's NATS adapter (brokers/nats) and the
+// dead-letter tooling share about a JetStream message: how it becomes a
+// Watermill message, and how a client authenticates. The tooling reads
+// the poison stream with nats.go's jetstream API, not the adapter's
+// subscriber, and must hand the same message to the key spec.
+package natsmsg
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
+	"github.com/ThreeDotsLabs/watermill/message"
+	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/claimtx/claimtx/brokers"
+)
+
+// Metadata keys set from where JetStream stored a message. They describe
+// one copy, so the publisher never sends them as headers (a poison copy
+// does not carry the original's sequence), and none makes a claim key:
+// they change when a message is published again.
+const (
+	MetaPrefix    = "nats_"
+	MetaSubject   = "nats_subject"   // the subject the message was published to
+	MetaStream    = "nats_stream"    // the stream that stored it
+	MetaSequence  = "nats_sequence"  // its sequence number in that stream
+	MetaDelivered = "nats_delivered" // 1 on the first delivery, then 2, 3, ...
+	MetaTimestamp = "nats_timestamp" // when the stream stored it, RFC 3339 (UTC)
+)
+
+// ExpectedPrefix starts JetStream's publish preconditions
+// (Nats-Expected-Stream, ...), which would make a republished copy fail.
+const ExpectedPrefix = "Nats-Expected-"
+
+// Stored is where JetStream keeps a message. Delivered is 0 for a message
+// read by sequence (a browse), which delivers nothing.
+type Stored struct {
+	Stream    string
+	Sequence  uint64
+	Delivered uint64
+	Time      time.Time
+}
+
+// Message is a NATS message as claimtx's adapter hands it to a consumer:
+// headers as metadata (a header with several values, which Watermill
+// metadata cannot hold, joined with ", " as HTTP does), the UUID from
+// watermill-nats's header, else the Nats-Msg-Id, else a new one (the UUID
+// is for logs; claims never use it), and the nats_ keys from subject and
+// at (nil: only the subject).
+func Message(subject string, hdr natsgo.Header, data []byte, at *Stored) *message.Message {
+	md := make(message.Metadata, len(hdr)+5)
+	for k, vs := range hdr {
+		if k == wmnats.WatermillUUIDHdr || strings.HasPrefix(k, ExpectedPrefix) {
+			continue
+		}
+		md.Set(k, strings.Join(vs, ", "))
+	}
+	id := hdr.Get(wmnats.WatermillUUIDHdr)
+	if id == "" {
+		id = hdr.Get(natsgo.MsgIdHdr) // a plain producer's deduplication id
+	}
+	if id == "" {
+		id = watermill.NewUUID()
+	}
+	md.Set(MetaSubject, subject)
+	if at != nil {
+		md.Set(MetaStream, at.Stream)
+		md.Set(MetaSequence, strconv.FormatUint(at.Sequence, 10))
+		if at.Delivered > 0 {
+			md.Set(MetaDelivered, strconv.FormatUint(at.Delivered, 10))
+		}
+		md.Set(MetaTimestamp, at.Time.UTC().Format(time.RFC3339Nano))
+	}
+	msg := message.NewMessage(id, data)
+	msg.Metadata = md
+	return msg
+}
+
+// Auth is how a client of c authenticates: user and password, or token,
+// and a .creds file.
+func Auth(c brokers.NATSConfig) []natsgo.Option {
+	var opts []natsgo.Option
+	switch {
+	case c.User != "":
+		opts = append(opts, natsgo.UserInfo(c.User, c.Password))
+	case c.Token != "":
+		opts = append(opts, natsgo.Token(c.Token))
+	}
+	if c.CredsFile != "" {
+		opts = append(opts, natsgo.UserCredentials(c.CredsFile))
+	}
+	return opts
+}
