@@ -158,8 +158,8 @@ type Config struct {
 
 	// StartupTimeout bounds how long New and NewBatch wait for each
 	// dependency at start-up: PostgreSQL (connecting and migrating) and,
-	// when set, the broker (it then replaces Broker.AMQP.DialTimeout and
-	// Broker.Kafka.DialTimeout). A dependency not reachable yet, or
+	// when set, the broker (it then replaces Broker.AMQP.DialTimeout,
+	// Broker.Kafka.DialTimeout and Broker.NATS.DialTimeout). A dependency not reachable yet, or
 	// starting or shutting down (a failover), is retried with backoff and
 	// each wait is logged at WARN with the dependency and its last error;
 	// when the time is up, start-up fails with that error. Authentication
@@ -323,6 +323,7 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if cfg.StartupTimeout != 0 {
 		cfg.Broker.AMQP.DialTimeout = cfg.StartupTimeout
 		cfg.Broker.Kafka.DialTimeout = cfg.StartupTimeout
+		cfg.Broker.NATS.DialTimeout = cfg.StartupTimeout
 	}
 	reg := cmp.Or(cfg.Extractors, framework.NewRegistry())
 	keyFunc := cfg.Claim.Key

@@ -450,3 +450,18 @@ func deleteNATSStreams(t *testing.T, topic string) {
 		_ = js.DeleteStream(name)
 	}
 }
+
+// StartupTimeout bounds every broker's start-up, NATS's too: a NATS server
+// that is not there fails New after about StartupTimeout, not after the
+// adapter's own 30 s DialTimeout.
+func TestStartupTimeoutBoundsNATSDial(t *testing.T) {
+	t.Parallel()
+	pool, schema := testenv.Setup(t, 2)
+	cfg := baseConfig("natsdial", "orders", pool, schema, brokers.Config{Kind: brokers.KindNATS,
+		NATS: brokers.NATSConfig{URL: "nats://127.0.0.1:1"}})
+	cfg.StartupTimeout = time.Second
+	start := time.Now()
+	_, err := consumer.New(t.Context(), cfg, noop)
+	require.Error(t, err)
+	require.Less(t, time.Since(start), 15*time.Second, "start-up waited past StartupTimeout: %v", err)
+}
