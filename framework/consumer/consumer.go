@@ -159,8 +159,9 @@ type Config struct {
 	// StartupTimeout bounds how long New and NewBatch wait for each
 	// dependency at start-up: PostgreSQL (connecting and migrating) and,
 	// when set, the broker (it then replaces Broker.AMQP.DialTimeout,
-	// Broker.Kafka.DialTimeout and Broker.NATS.DialTimeout). A dependency not reachable yet, or
-	// starting or shutting down (a failover), is retried with backoff and
+	// Broker.Kafka.DialTimeout and Broker.NATS.DialTimeout). A dependency
+	// not reachable yet, or starting or shutting down (a failover), is
+	// retried with backoff and
 	// each wait is logged at WARN with the dependency and its last error;
 	// when the time is up, start-up fails with that error. Authentication
 	// failures are never retried: they fail at once with a
