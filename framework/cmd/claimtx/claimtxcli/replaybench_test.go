@@ -11,7 +11,7 @@
 // confirmation, remove or record progress). None is claimed, so every
 // letter is replayed. It prints letters/s for each and checks the topic
 // received all N.
-package main
+package claimtxcli
 
 import (
 	"context"
