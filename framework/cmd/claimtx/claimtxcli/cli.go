@@ -64,8 +64,8 @@ func (e *usageError) Error() string { return e.msg }
 // env is the process environment, injected so tests can run in parallel.
 type env func(string) string
 
-// runEnv is run with an explicit context and environment.
-func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) int {
+// runEnv is Run with an explicit environment.
+func runEnv(ctx context.Context, cfg Config, args []string, stdout, stderr io.Writer, getenv env) int {
 	if len(args) == 0 {
 		printTo(stderr, usage)
 		return exitUsage
@@ -81,12 +81,16 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		printf(stderr, "claimtx: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
 	}
-	return report(c(ctx, rest, stdout, stderr, getenv), stderr)
+	if cfg.Extractors == nil {
+		cfg.Extractors = framework.NewRegistry()
+	}
+	return report(c(ctx, rest, stdout, stderr, getenv, cfg.Extractors), stderr)
 }
 
 // command is one subcommand: it writes its output to stdout (dlq also its
-// progress to stderr) and returns its error for report to print.
-type command func(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error
+// progress to stderr), resolves key and event-time specs with reg and
+// returns its error for report to print.
+type command func(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env, reg *framework.Registry) error
 
 var commands = map[string]command{
 	"migrate":    quiet(cmdMigrate),
@@ -94,16 +98,23 @@ var commands = map[string]command{
 	"partitions": quiet(cmdPartitions),
 	"stats":      quiet(cmdStats),
 	"dlq":        cmdDLQ,
-	"keys":       quiet(cmdKeys),
+	"keys":       quietSpecs(cmdKeys),
 	"unpoison":   quiet(cmdUnpoison),
-	"explain":    quiet(cmdExplain),
-	"console":    quiet(cmdConsole),
+	"explain":    quietSpecs(cmdExplain),
+	"console":    quietSpecs(cmdConsole),
 }
 
-// quiet is a command that writes nothing to stderr.
+// quiet is a command that writes nothing to stderr and reads no spec.
 func quiet(f func(ctx context.Context, args []string, stdout io.Writer, getenv env) error) command {
-	return func(ctx context.Context, args []string, stdout, _ io.Writer, getenv env) error {
+	return quietSpecs(func(ctx context.Context, args []string, stdout io.Writer, getenv env, _ *framework.Registry) error {
 		return f(ctx, args, stdout, getenv)
+	})
+}
+
+// quietSpecs is a command that writes nothing to stderr.
+func quietSpecs(f func(ctx context.Context, args []string, stdout io.Writer, getenv env, reg *framework.Registry) error) command {
+	return func(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, reg *framework.Registry) error {
+		return f(ctx, args, stdout, getenv, reg)
 	}
 }
 

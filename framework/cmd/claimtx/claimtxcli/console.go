@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/console"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/pg"
@@ -46,7 +47,7 @@ Examples:
       --consumer-config loyalty.yaml --metrics loyalty=http://loyalty:9090/metrics`
 }
 
-func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env, reg *framework.Registry) error {
 	fs, c := newFlags("console", stdout, getenv)
 	listen := fs.String("listen", "", "`address` to serve on (env CLAIMTX_CONSOLE_LISTEN; default "+defaultConsoleListen+")")
 	tokenFile := fs.String("token-file", "", "`file` holding the access token (or env CLAIMTX_CONSOLE_TOKEN); required to listen on a non-loopback address")
@@ -81,10 +82,15 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 	if *rate < 0 {
 		return &usageError{msg: "console: --replay-rate must not be negative"}
 	}
-	cfg := console.Config{Token: token, Listen: *listen, ReadOnly: *readOnly, Metrics: metricURLs, ReplayRate: *rate}
+	cfg := console.Config{Token: token, Listen: *listen, ReadOnly: *readOnly, Metrics: metricURLs, ReplayRate: *rate, Extractors: reg}
 	var secrets []string
 	for i, path := range configs {
 		cc, err := consumer.LoadConfig(path)
+		if err == nil && cc.Key != "" {
+			// Checked here, with the extractors this CLI was given, so
+			// the error names the file before anything is connected.
+			_, err = reg.ParseKey(cc.Key)
+		}
 		if err != nil {
 			return fmt.Errorf("console: --consumer-config %s: %w", path, err)
 		}

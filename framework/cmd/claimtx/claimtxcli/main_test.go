@@ -21,6 +21,7 @@ type cli struct {
 	t      *testing.T
 	schema string
 	env    map[string]string
+	cfg    Config // what an embedding program passes to Run
 }
 
 func newCLI(t *testing.T) *cli {
@@ -44,7 +45,7 @@ func (c *cli) run(args ...string) (code int, stdout, stderr string) {
 		env[k] = v
 	}
 	var out, errOut bytes.Buffer
-	code = runEnv(context.Background(), args, &out, &errOut, func(k string) string { return env[k] })
+	code = runEnv(context.Background(), c.cfg, args, &out, &errOut, func(k string) string { return env[k] })
 	return code, out.String(), errOut.String()
 }
 

@@ -62,7 +62,7 @@ func TestReplayThroughput(t *testing.T) {
 		env := map[string]string{"DATABASE_URL": testenv.URL(), "CLAIMTX_SCHEMA": w.Schema}
 		runCLI := func(args ...string) time.Duration {
 			start := time.Now()
-			code := runEnv(context.Background(), append([]string{"dlq", "replay"}, append(args, flags...)...), io.Discard, os.Stderr, func(k string) string { return env[k] })
+			code := runEnv(context.Background(), Config{}, append([]string{"dlq", "replay"}, append(args, flags...)...), io.Discard, os.Stderr, func(k string) string { return env[k] })
 			require.Equal(t, exitOK, code)
 			return time.Since(start)
 		}
