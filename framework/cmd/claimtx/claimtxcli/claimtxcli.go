@@ -20,11 +20,13 @@
 // adapter's package, whose init calls brokers.Register, makes its kind
 // known to every command (BROKER=mybus, kind: mybus). Dead letters are
 // browsed (dlq, keys check --topic, the console's dead-letters page) on
-// the built-in kinds.
+// the built-in kinds; Config.BrowseAs says which of them serves a kind
+// of yours.
 package claimtxcli
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -36,6 +38,7 @@ import (
 	_ "github.com/claimtx/claimtx/brokers/kafka"
 	_ "github.com/claimtx/claimtx/brokers/nats"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 )
 
@@ -46,6 +49,29 @@ type Config struct {
 	// (consumer.Config.Extractors). Defaults to the built-in extractors
 	// only.
 	Extractors *framework.Registry
+
+	// BrowseAs maps a broker kind registered with brokers.Register to the
+	// built-in configuration (amqp or kafka) its queues and topics are
+	// read with where the commands browse without consuming: dlq list,
+	// inspect and replay, keys check --topic, the console's dead letters.
+	// An adapter that wraps a built-in one under a kind of its own
+	// returns the wrapped configuration; a replay then republishes with
+	// the built-in client, identity kept as always. Another registered
+	// kind cannot be browsed. Defaults to none.
+	BrowseAs map[string]func(brokers.Config) (brokers.Config, error)
+}
+
+// browsed is b as the commands browse it: what BrowseAs says for its kind.
+func (c Config) browsed(b brokers.Config) (brokers.Config, error) {
+	as := c.BrowseAs[b.Kind]
+	if as == nil {
+		return b, nil
+	}
+	nb, err := as(b)
+	if err != nil {
+		return b, fmt.Errorf("broker kind %q: BrowseAs: %w", b.Kind, err)
+	}
+	return nb, nil
 }
 
 // Main runs the command line of the process (os.Args) and exits with its

@@ -84,13 +84,13 @@ func runEnv(ctx context.Context, cfg Config, args []string, stdout, stderr io.Wr
 	if cfg.Extractors == nil {
 		cfg.Extractors = framework.NewRegistry()
 	}
-	return report(c(ctx, rest, stdout, stderr, getenv, cfg.Extractors), stderr)
+	return report(c(ctx, rest, stdout, stderr, getenv, cfg), stderr)
 }
 
 // command is one subcommand: it writes its output to stdout (dlq also its
-// progress to stderr), resolves key and event-time specs with reg and
-// returns its error for report to print.
-type command func(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env, reg *framework.Registry) error
+// progress to stderr), resolves key and event-time specs and browses
+// brokers as cfg says, and returns its error for report to print.
+type command func(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env, cfg Config) error
 
 var commands = map[string]command{
 	"migrate":    quiet(cmdMigrate),
@@ -98,23 +98,24 @@ var commands = map[string]command{
 	"partitions": quiet(cmdPartitions),
 	"stats":      quiet(cmdStats),
 	"dlq":        cmdDLQ,
-	"keys":       quietSpecs(cmdKeys),
+	"keys":       quietCfg(cmdKeys),
 	"unpoison":   quiet(cmdUnpoison),
-	"explain":    quietSpecs(cmdExplain),
-	"console":    quietSpecs(cmdConsole),
+	"explain":    quietCfg(cmdExplain),
+	"console":    quietCfg(cmdConsole),
 }
 
-// quiet is a command that writes nothing to stderr and reads no spec.
+// quiet is a command that writes nothing to stderr and needs nothing of
+// Config.
 func quiet(f func(ctx context.Context, args []string, stdout io.Writer, getenv env) error) command {
-	return quietSpecs(func(ctx context.Context, args []string, stdout io.Writer, getenv env, _ *framework.Registry) error {
+	return quietCfg(func(ctx context.Context, args []string, stdout io.Writer, getenv env, _ Config) error {
 		return f(ctx, args, stdout, getenv)
 	})
 }
 
-// quietSpecs is a command that writes nothing to stderr.
-func quietSpecs(f func(ctx context.Context, args []string, stdout io.Writer, getenv env, reg *framework.Registry) error) command {
-	return func(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, reg *framework.Registry) error {
-		return f(ctx, args, stdout, getenv, reg)
+// quietCfg is a command that writes nothing to stderr.
+func quietCfg(f func(ctx context.Context, args []string, stdout io.Writer, getenv env, cfg Config) error) command {
+	return func(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, cfg Config) error {
+		return f(ctx, args, stdout, getenv, cfg)
 	}
 }
 
@@ -410,6 +411,19 @@ func (b *brokerFlags) brokerConfig() (brokers.Config, error) {
 	if err := cfg.Validate(); err != nil {
 		return cfg, err
 	}
+	return cfg, nil
+}
+
+// browseConfig is brokerConfig as cli browses it (Config.BrowseAs).
+func (b *brokerFlags) browseConfig(cli Config) (brokers.Config, error) {
+	cfg, err := b.brokerConfig()
+	if err != nil {
+		return cfg, err
+	}
+	if cfg, err = cli.browsed(cfg); err != nil {
+		return cfg, b.redactErr(err, func(s string) string { return s })
+	}
+	b.brokerSecrets = append(b.brokerSecrets, brokerSecrets(cfg)...)
 	return cfg, nil
 }
 

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/console"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/internal/pg"
@@ -47,7 +46,7 @@ Examples:
       --consumer-config loyalty.yaml --metrics loyalty=http://loyalty:9090/metrics`
 }
 
-func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env, reg *framework.Registry) error {
+func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env, cli Config) error {
 	fs, c := newFlags("console", stdout, getenv)
 	listen := fs.String("listen", "", "`address` to serve on (env CLAIMTX_CONSOLE_LISTEN; default "+defaultConsoleListen+")")
 	tokenFile := fs.String("token-file", "", "`file` holding the access token (or env CLAIMTX_CONSOLE_TOKEN); required to listen on a non-loopback address")
@@ -82,14 +81,14 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 	if *rate < 0 {
 		return &usageError{msg: "console: --replay-rate must not be negative"}
 	}
-	cfg := console.Config{Token: token, Listen: *listen, ReadOnly: *readOnly, Metrics: metricURLs, ReplayRate: *rate, Extractors: reg}
+	cfg := console.Config{Token: token, Listen: *listen, ReadOnly: *readOnly, Metrics: metricURLs, ReplayRate: *rate, Extractors: cli.Extractors}
 	var secrets []string
 	for i, path := range configs {
 		cc, err := consumer.LoadConfig(path)
 		if err == nil && cc.Key != "" {
 			// Checked here, with the extractors this CLI was given, so
 			// the error names the file before anything is connected.
-			_, err = reg.ParseKey(cc.Key)
+			_, err = cli.Extractors.ParseKey(cc.Key)
 		}
 		if err != nil {
 			return fmt.Errorf("console: --consumer-config %s: %w", path, err)
@@ -105,6 +104,10 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 		}
 		if err := sameClaimTable(path, cc, c.databaseURL, c.schemaName(), c.tableName()); err != nil {
 			return err
+		}
+		secrets = append(secrets, brokerSecrets(cc.Broker)...)
+		if cc.Broker, err = cli.browsed(cc.Broker); err != nil {
+			return fmt.Errorf("console: --consumer-config %s: %w", path, err)
 		}
 		// The broker's URL, too: a page shows no connection string.
 		if u := cc.Broker.AMQP.URL; u != "" {

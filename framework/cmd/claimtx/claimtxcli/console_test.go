@@ -1,6 +1,7 @@
 package claimtxcli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,7 +72,7 @@ func TestCLIConsoleShutdownDuringReplay(t *testing.T) {
 	w := dlqtest.New(t, brokers.KindAMQP, 1)
 	orders := dlqtest.Orders(1, 300)
 	w.Publish(w.Poison, w.Poisoned("loyalty", dlqKeySpec, errors.New("boom"), orders...)...)
-	file := consumerConfig(t, w, "loyalty", dlqKeySpec)
+	file := consumerConfig(t, w, "loyalty", dlqKeySpec, "")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -169,18 +170,18 @@ func (con *runningConsole) read(resp *http.Response) (int, string) {
 }
 
 // consumerConfig writes the configuration file of consumer, keyed with
-// keySpec, on w's topic, schema and RabbitMQ, and returns its path.
-func consumerConfig(t *testing.T, w *dlqtest.World, consumer, keySpec string) string {
+// keySpec, on w's topic and schema, and returns its path. Its broker
+// section is broker, or w's RabbitMQ when that is empty.
+func consumerConfig(t *testing.T, w *dlqtest.World, consumer, keySpec, broker string) string {
 	t.Helper()
+	broker = cmp.Or(broker, fmt.Sprintf("{kind: amqp, amqp: {url: %q}}", dlqtest.AMQPURL))
 	file := filepath.Join(t.TempDir(), consumer+".yaml")
 	require.NoError(t, os.WriteFile(file, fmt.Appendf(nil, `name: %s
 topic: %s
 key: %q
 database_url: %q
 store: {schema: %s}
-broker:
-  kind: amqp
-  amqp: {url: %q}
-`, consumer, w.Topic, keySpec, testenv.URL(), w.Schema, dlqtest.AMQPURL), 0o600))
+broker: %s
+`, consumer, w.Topic, keySpec, testenv.URL(), w.Schema, broker), 0o600))
 	return file
 }

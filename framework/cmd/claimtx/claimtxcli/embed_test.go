@@ -3,15 +3,18 @@ package claimtxcli
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
@@ -133,7 +136,7 @@ func TestEmbeddedCLIConsoleOwnExtractors(t *testing.T) {
 	w := tenantWorld(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	con := startConsole(ctx, t, Config{Extractors: inventoryExtractors(t)}, "--consumer-config", consumerConfig(t, w, "inventory", tenantSpec))
+	con := startConsole(ctx, t, Config{Extractors: inventoryExtractors(t)}, "--consumer-config", consumerConfig(t, w, "inventory", tenantSpec, ""))
 
 	body := con.get("/dead-letters?consumer=inventory")
 	require.Contains(t, body, `<table id="letters">`)
@@ -171,8 +174,67 @@ func TestStockCLIRefusesOwnExtractor(t *testing.T) {
 		{[]string{"keys", "check", "--key-spec", "json:order_id", "--time-spec", "epoch:order_id", "--file", msg}, `unknown event time extractor "epoch"`},
 		{[]string{"explain", "--consumer", "inventory", "--message", msg, "--key-spec", tenantSpec}, unknown},
 	})
-	file := consumerConfig(t, w, "inventory", tenantSpec)
+	file := consumerConfig(t, w, "inventory", tenantSpec, "")
 	code, out, errOut := c.run("console", "--listen", "127.0.0.1:0", "--consumer-config", file)
 	require.Equal(t, exitUsage, code, out)
 	require.Equal(t, "claimtx: console: --consumer-config "+file+`: config field "key": `+unknown+"\n", errOut)
+}
+
+// inhouseKind is an adapter of the tests' own: RabbitMQ under another
+// kind name, its URL in options (as a company's wrapper of a built-in
+// adapter would carry its own settings).
+const inhouseKind = "inhouse-amqp"
+
+var registerInhouse = sync.OnceFunc(func() {
+	amqpOf := func(c brokers.Config) brokers.Config {
+		return brokers.Config{Kind: brokers.KindAMQP, AMQP: brokers.AMQPConfig{URL: c.Options["url"]}}
+	}
+	brokers.Register(inhouseKind, brokers.Factory{
+		NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
+			return brokers.NewSubscriber(amqpOf(c), l)
+		},
+		NewPublisher: func(c brokers.Config, l watermill.LoggerAdapter) (message.Publisher, error) {
+			return brokers.NewPublisher(amqpOf(c), l)
+		},
+	})
+	inhouseBrowse = func(c brokers.Config) (brokers.Config, error) { return amqpOf(c), nil }
+})
+
+// inhouseBrowse is the BrowseAs of inhouseKind, set by registerInhouse.
+var inhouseBrowse func(brokers.Config) (brokers.Config, error)
+
+// A registered kind is browsed as the built-in configuration BrowseAs
+// gives for it, in dlq, keys check and the console; without it, dlq
+// refuses the kind.
+func TestEmbeddedCLIBrowseAs(t *testing.T) {
+	t.Parallel()
+	registerInhouse()
+	w := tenantWorld(t)
+	inhouse := fmt.Sprintf("{kind: %s, options: {url: %q}}", inhouseKind, dlqtest.AMQPURL)
+	brokerFile := filepath.Join(t.TempDir(), "broker.yaml")
+	require.NoError(t, os.WriteFile(brokerFile, []byte(inhouse), 0o600))
+	c, _ := dlqCLI(t, w)
+	c.cfg.Extractors = inventoryExtractors(t)
+	list := []string{"dlq", "list", "--topic", w.Topic, "--broker-config", brokerFile, "--consumer", "inventory", "--key-spec", tenantSpec, "--json"}
+
+	code, out, errOut := c.run(list...)
+	require.Equal(t, exitUsage, code, out)
+	require.Contains(t, errOut, `"inhouse-amqp": dead letters can be browsed on`)
+
+	c.cfg.BrowseAs = map[string]func(brokers.Config) (brokers.Config, error){inhouseKind: inhouseBrowse}
+	rows := jsonLines(t, c.ok(list...))
+	require.Len(t, rows, 7)
+	require.Equal(t, "acme/2", rows[1]["key"])
+	out = c.ok("dlq", "replay", "--topic", w.Topic, "--broker-config", brokerFile, "--consumer", "inventory", "--key-spec", tenantSpec)
+	require.Contains(t, out, "5 replayed to "+w.Topic)
+	require.Len(t, w.Read(w.Topic), 5)
+	out = c.ok("keys", "check", "--key-spec", tenantSpec, "--topic", w.Poison, "--broker-config", brokerFile)
+	require.Contains(t, out, "over 2 messages of RabbitMQ queue "+w.Poison)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	con := startConsole(ctx, t, c.cfg, "--consumer-config", consumerConfig(t, w, "inventory", tenantSpec, inhouse))
+	body := con.get("/dead-letters?consumer=inventory")
+	require.Contains(t, body, `<tr data-id="order-7">`)
+	require.Contains(t, body, "acme/1")
 }

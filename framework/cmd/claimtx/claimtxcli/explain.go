@@ -35,7 +35,7 @@ Examples:
 // errNotFound is explain's "nothing known": exit status 1.
 var errNotFound = errors.New("nothing found")
 
-func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env, reg *framework.Registry) error {
+func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env, cli Config) error {
 	fs, c := newFlags("explain", stdout, getenv)
 	consumer := fs.String("consumer", "", "the `consumer` name (required)")
 	key := fs.String("key", "", "the message `key`")
@@ -60,7 +60,7 @@ func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env
 		return &usageError{msg: "explain: --key-spec is for --message"}
 	}
 	if *msgFile != "" {
-		k, err := keyFromFile(reg, *msgFile, *keySpec)
+		k, err := keyFromFile(cli.Extractors, *msgFile, *keySpec)
 		if err != nil {
 			return err
 		}
