@@ -2,7 +2,7 @@
 
 // Replay throughput of `claimtx dlq replay`, on both brokers:
 //
-//	BENCH_REPLAY_N=100000 go test -tags benchreplay -run '^TestReplayThroughput$' -count=1 -timeout 60m -v ./framework/cmd/claimtx/
+//	BENCH_REPLAY_N=100000 go test -tags benchreplay -run '^TestReplayThroughput$' -count=1 -timeout 60m -v ./framework/cmd/claimtx/claimtxcli/
 //
 // (`make bench-replay`). For each broker it poisons N orders (copies made
 // by the Poison middleware, written in bulk), then runs the command
