@@ -56,8 +56,9 @@ type Config struct {
 	// inspect and replay, keys check --topic, the console's dead letters.
 	// An adapter that wraps a built-in one under a kind of its own
 	// returns the wrapped configuration; a replay then republishes with
-	// the built-in client, identity kept as always. Another registered
-	// kind cannot be browsed. Defaults to none.
+	// the built-in client, identity kept as always, and the console reads
+	// the kind's replay horizon through it too. Another registered kind
+	// cannot be browsed. Defaults to none.
 	BrowseAs map[string]func(brokers.Config) (brokers.Config, error)
 }
 

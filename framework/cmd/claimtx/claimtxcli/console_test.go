@@ -147,22 +147,27 @@ func startConsole(ctx context.Context, t *testing.T, cfg Config, args ...string)
 // get returns the body of the page at path.
 func (con *runningConsole) get(path string) string {
 	con.t.Helper()
-	resp, err := con.client.Get(con.base + path)
-	require.NoError(con.t, err)
-	_, body := con.read(resp)
+	_, body := con.do(http.MethodGet, path, nil)
 	return body
 }
 
 // post posts form to path and returns the status and body of the answer.
 func (con *runningConsole) post(path string, form url.Values) (int, string) {
 	con.t.Helper()
-	resp, err := con.client.PostForm(con.base+path, form)
-	require.NoError(con.t, err)
-	return con.read(resp)
+	return con.do(http.MethodPost, path, form)
 }
 
-func (con *runningConsole) read(resp *http.Response) (int, string) {
+// do sends a request with form (if any) to path and returns the status
+// and body of the answer.
+func (con *runningConsole) do(method, path string, form url.Values) (int, string) {
 	con.t.Helper()
+	req, err := http.NewRequest(method, con.base+path, strings.NewReader(form.Encode()))
+	require.NoError(con.t, err)
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	resp, err := con.client.Do(req)
+	require.NoError(con.t, err)
 	defer func() { _ = resp.Body.Close() }()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(con.t, err)
