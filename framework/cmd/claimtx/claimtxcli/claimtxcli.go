@@ -5,7 +5,9 @@
 //
 //	func main() {
 //		reg := framework.NewRegistry()
-//		_ = reg.RegisterKey("tenant_idem", tenantIdem) // as your consumer does
+//		if err := reg.RegisterKey("tenant_idem", tenantIdem); err != nil { // as your consumer does
+//			log.Fatal(err)
+//		}
 //		claimtxcli.Main(claimtxcli.Config{Extractors: reg})
 //	}
 //
