@@ -136,7 +136,7 @@ bench-retention: ## Retention at scale (several minutes, own schemas, dropped af
 BENCH_REPLAY_N ?= 100000
 .PHONY: bench-replay
 bench-replay: ## `claimtx dlq replay` throughput (messages/s) of BENCH_REPLAY_N dead letters on RabbitMQ and Kafka, dry run and replay (own queues, topics and schemas).
-	BENCH_REPLAY_N=$(BENCH_REPLAY_N) $(GO) test -tags benchreplay -run '^TestReplayThroughput$$' -count=1 -timeout 60m -v ./framework/cmd/claimtx/
+	BENCH_REPLAY_N=$(BENCH_REPLAY_N) $(GO) test -tags benchreplay -run '^TestReplayThroughput$$' -count=1 -timeout 60m -v ./framework/cmd/claimtx/claimtxcli/
 
 BENCH_CLAIMS ?= 10000000
 BENCH_LETTERS ?= 100000

@@ -49,7 +49,9 @@ type listed struct {
 }
 
 // Load lists the library packages of the module rooted at dir: every non-main
-// package of the module outside internal/, examples/ and cmd/ directories.
+// package of the module outside internal/ and examples/ directories. A
+// package under cmd/ is one too: framework/cmd/claimtx/claimtxcli is
+// imported by programs that serve the CLI themselves.
 func Load(dir string) ([]Package, error) {
 	cmd := exec.Command("go", "list", "-export", "-deps", "-json=ImportPath,Name,Export,DepOnly,Module,Error", "./...")
 	cmd.Dir = dir
@@ -104,7 +106,7 @@ func isLibrary(module, path, name string) bool {
 		return false
 	}
 	for _, elem := range strings.Split(strings.TrimPrefix(path, module), "/") {
-		if elem == "internal" || elem == "examples" || elem == "cmd" {
+		if elem == "internal" || elem == "examples" {
 			return false
 		}
 	}

@@ -26,30 +26,11 @@
 // failed (and when explain finds neither claim nor poison memo), 2 on bad input (unknown command, bad flag, a retention window
 // below the minimum). Interrupting a cleanup (Ctrl-C, SIGTERM) stops after
 // the current batch; run it again to resume.
+//
+// This binary is claimtxcli with the built-in extractors; a program of
+// your own serves the same CLI with its extractors (see claimtxcli).
 package main
 
-import (
-	"context"
-	"io"
-	"os"
-	"os/signal"
-	"syscall"
+import "github.com/claimtx/claimtx/framework/cmd/claimtx/claimtxcli"
 
-	// Every command that builds a broker from a configuration takes any
-	// built-in kind: each adapter registers its own when linked.
-	_ "github.com/claimtx/claimtx/brokers/amqp"
-	_ "github.com/claimtx/claimtx/brokers/kafka"
-	_ "github.com/claimtx/claimtx/brokers/nats"
-)
-
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-}
-
-// run executes one command line and returns the exit status. Signals
-// interrupt the command through its context.
-func run(args []string, stdout, stderr io.Writer) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return runEnv(ctx, args, stdout, stderr, os.Getenv)
-}
+func main() { claimtxcli.Main(claimtxcli.Config{}) }

@@ -113,6 +113,9 @@ type Config struct {
 	ReplayRate float64
 	// Logger receives errors and replay jobs. Defaults to slog.Default().
 	Logger *slog.Logger
+	// Extractors resolves the consumers' key specs. Defaults to the
+	// built-in extractors only.
+	Extractors *framework.Registry
 }
 
 // Console serves the console's pages. Close it to cancel running replay
@@ -151,6 +154,9 @@ func New(cfg Config) (*Console, error) {
 	cfg.QueryTimeout = cmp.Or(cfg.QueryTimeout, DefaultQueryTimeout)
 	cfg.PageSize = cmp.Or(cfg.PageSize, DefaultPageSize)
 	cfg.ScanCap = cmp.Or(cfg.ScanCap, DefaultScanCap)
+	if cfg.Extractors == nil {
+		cfg.Extractors = framework.NewRegistry()
+	}
 	st, err := store.New(cfg.Pool, store.Config{Schema: cfg.Schema, ClaimsTable: cfg.ClaimsTable, OutboxTable: cfg.OutboxTable})
 	if err != nil {
 		return nil, err
@@ -177,9 +183,10 @@ func New(cfg Config) (*Console, error) {
 		}
 		cs.PoisonTopic = cmp.Or(cs.PoisonTopic, cs.Topic+".poison")
 		if cs.Key != "" {
-			kf, err := framework.ParseKeySpec(cs.Key)
+			kf, err := cfg.Extractors.ParseKey(cs.Key)
 			if err != nil {
-				return nil, &framework.ConfigError{Field: field + ".Key", Reason: err.Error()}
+				// The spec's own error, its field named once: "Consumers[0].Key".
+				return nil, config.Rename(err, func(string) (string, bool) { return field + ".Key", true })
 			}
 			cs.key = kf
 		}

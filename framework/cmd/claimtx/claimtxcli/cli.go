@@ -1,4 +1,4 @@
-package main
+package claimtxcli
 
 import (
 	"cmp"
@@ -64,8 +64,8 @@ func (e *usageError) Error() string { return e.msg }
 // env is the process environment, injected so tests can run in parallel.
 type env func(string) string
 
-// runEnv is run with an explicit context and environment.
-func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) int {
+// runEnv is Run with an explicit environment.
+func runEnv(ctx context.Context, cfg Config, args []string, stdout, stderr io.Writer, getenv env) int {
 	if len(args) == 0 {
 		printTo(stderr, usage)
 		return exitUsage
@@ -81,12 +81,16 @@ func runEnv(ctx context.Context, args []string, stdout, stderr io.Writer, getenv
 		printf(stderr, "claimtx: unknown command %q\n\n%s", cmd, usage)
 		return exitUsage
 	}
-	return report(c(ctx, rest, stdout, stderr, getenv), stderr)
+	if cfg.Extractors == nil {
+		cfg.Extractors = framework.NewRegistry()
+	}
+	return report(c(ctx, rest, stdout, stderr, getenv, cfg), stderr)
 }
 
 // command is one subcommand: it writes its output to stdout (dlq also its
-// progress to stderr) and returns its error for report to print.
-type command func(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error
+// progress to stderr), resolves key and event-time specs and browses
+// brokers as cfg says, and returns its error for report to print.
+type command func(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env, cfg Config) error
 
 var commands = map[string]command{
 	"migrate":    quiet(cmdMigrate),
@@ -94,16 +98,24 @@ var commands = map[string]command{
 	"partitions": quiet(cmdPartitions),
 	"stats":      quiet(cmdStats),
 	"dlq":        cmdDLQ,
-	"keys":       quiet(cmdKeys),
+	"keys":       quietCfg(cmdKeys),
 	"unpoison":   quiet(cmdUnpoison),
-	"explain":    quiet(cmdExplain),
-	"console":    quiet(cmdConsole),
+	"explain":    quietCfg(cmdExplain),
+	"console":    quietCfg(cmdConsole),
 }
 
-// quiet is a command that writes nothing to stderr.
+// quiet is a command that writes nothing to stderr and needs nothing of
+// Config.
 func quiet(f func(ctx context.Context, args []string, stdout io.Writer, getenv env) error) command {
-	return func(ctx context.Context, args []string, stdout, _ io.Writer, getenv env) error {
+	return quietCfg(func(ctx context.Context, args []string, stdout io.Writer, getenv env, _ Config) error {
 		return f(ctx, args, stdout, getenv)
+	})
+}
+
+// quietCfg is a command that writes nothing to stderr.
+func quietCfg(f func(ctx context.Context, args []string, stdout io.Writer, getenv env, cfg Config) error) command {
+	return func(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, cfg Config) error {
+		return f(ctx, args, stdout, getenv, cfg)
 	}
 }
 
@@ -399,6 +411,19 @@ func (b *brokerFlags) brokerConfig() (brokers.Config, error) {
 	if err := cfg.Validate(); err != nil {
 		return cfg, err
 	}
+	return cfg, nil
+}
+
+// browseConfig is brokerConfig as cli browses it (Config.BrowseAs).
+func (b *brokerFlags) browseConfig(cli Config) (brokers.Config, error) {
+	cfg, err := b.brokerConfig()
+	if err != nil {
+		return cfg, err
+	}
+	if cfg, err = cli.browsed(cfg); err != nil {
+		return cfg, b.redactErr(err, func(s string) string { return s })
+	}
+	b.brokerSecrets = append(b.brokerSecrets, brokerSecrets(cfg)...)
 	return cfg, nil
 }
 

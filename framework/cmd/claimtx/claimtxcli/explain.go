@@ -1,4 +1,4 @@
-package main
+package claimtxcli
 
 import (
 	"bytes"
@@ -35,7 +35,7 @@ Examples:
 // errNotFound is explain's "nothing known": exit status 1.
 var errNotFound = errors.New("nothing found")
 
-func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env, cli Config) error {
 	fs, c := newFlags("explain", stdout, getenv)
 	consumer := fs.String("consumer", "", "the `consumer` name (required)")
 	key := fs.String("key", "", "the message `key`")
@@ -60,7 +60,7 @@ func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env
 		return &usageError{msg: "explain: --key-spec is for --message"}
 	}
 	if *msgFile != "" {
-		k, err := keyFromFile(*msgFile, *keySpec)
+		k, err := keyFromFile(cli.Extractors, *msgFile, *keySpec)
 		if err != nil {
 			return err
 		}
@@ -93,10 +93,11 @@ func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env
 	return nil
 }
 
-// keyFromFile derives the key of the message in file with spec, as the
-// consumer does (the default KeyPolicy: a key over 512 bytes is refused).
-func keyFromFile(file, spec string) (string, error) {
-	kf, err := framework.ParseKeySpec(spec)
+// keyFromFile derives the key of the message in file with spec resolved by
+// reg, as the consumer does (the default KeyPolicy: a key over 512 bytes
+// is refused).
+func keyFromFile(reg *framework.Registry, file, spec string) (string, error) {
+	kf, err := reg.ParseKey(spec)
 	if err != nil {
 		return "", &usageError{msg: "explain: --key-spec: " + err.Error()}
 	}

@@ -1,4 +1,4 @@
-package main
+package claimtxcli
 
 import (
 	"bytes"
@@ -42,7 +42,8 @@ func TestDLQChild(t *testing.T) {
 	}
 	var args []string
 	require.NoError(t, json.Unmarshal([]byte(spec), &args))
-	os.Exit(run(args, os.Stdout, os.Stderr))
+	os.Args = append([]string{"claimtx"}, args...)
+	Main(Config{})
 }
 
 // dlqProcess starts `claimtx args…` in w's environment.

@@ -1,4 +1,4 @@
-package main
+package claimtxcli
 
 import (
 	"bytes"
@@ -56,7 +56,7 @@ func TestMigrateProcessChild(t *testing.T) {
 		t.Skip("only run as a child process of TestMigrateColdStartProcesses")
 	}
 	var out, errOut bytes.Buffer
-	code := runEnv(context.Background(), []string{"migrate"}, &out, &errOut, os.Getenv)
+	code := runEnv(context.Background(), Config{}, []string{"migrate"}, &out, &errOut, os.Getenv)
 	require.Equal(t, exitOK, code, "stdout: %s\nstderr: %s", out.String(), errOut.String())
 }
 

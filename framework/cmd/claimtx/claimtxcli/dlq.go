@@ -1,4 +1,4 @@
-package main
+package claimtxcli
 
 import (
 	"cmp"
@@ -82,6 +82,7 @@ type dlqFlags struct {
 	keyFlags
 	dlq.Run
 	stderr               io.Writer
+	cli                  Config
 	sub                  string
 	poison               string
 	olderThan, newerThan durationValue
@@ -93,13 +94,13 @@ type dlqFlags struct {
 	now                  time.Time
 }
 
-func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env) error {
+func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env, cfg Config) error {
 	sub, rest, err := subcommand("dlq", dlqUsage, args, stdout, "list", "inspect", "replay")
 	if err != nil {
 		return err
 	}
 	fs, c := newFlags("dlq "+sub, stdout, getenv)
-	d := &dlqFlags{common: c, stderr: stderr, sub: sub}
+	d := &dlqFlags{common: c, stderr: stderr, sub: sub, cli: cfg}
 	d.brokerFlags.register(fs)
 	fs.StringVar(&d.Filter.Consumer, "consumer", "", "consumer name whose dead letters and claims these are (required by replay)")
 	fs.StringVar(&d.Topic, "topic", "", "the consumer's topic: where replayed letters go back to (env TOPIC)")
@@ -161,7 +162,7 @@ func (d *dlqFlags) run(ctx context.Context) error {
 	}
 	d.poison = cmp.Or(d.poison, d.Topic+".poison")
 	if d.spec != "" {
-		key, err := framework.ParseKeySpec(d.spec)
+		key, err := d.cli.Extractors.ParseKey(d.spec)
 		if err != nil {
 			return d.usage("--key-spec %q: %v", d.spec, err)
 		}
@@ -186,7 +187,7 @@ func (d *dlqFlags) run(ctx context.Context) error {
 		}
 		d.Classifier = &dlq.Classifier{Pool: d.pool, Schema: names.Schema, Table: names.Claims, Consumer: consumer, Key: key, Policy: d.policy, Memo: memo}
 	}
-	bcfg, err := d.brokerConfig()
+	bcfg, err := d.browseConfig(d.cli)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
-package main
+package claimtxcli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,47 +72,15 @@ func TestCLIConsoleShutdownDuringReplay(t *testing.T) {
 	w := dlqtest.New(t, brokers.KindAMQP, 1)
 	orders := dlqtest.Orders(1, 300)
 	w.Publish(w.Poison, w.Poisoned("loyalty", dlqKeySpec, errors.New("boom"), orders...)...)
-	file := filepath.Join(t.TempDir(), "loyalty.yaml")
-	require.NoError(t, os.WriteFile(file, fmt.Appendf(nil, `name: loyalty
-topic: %s
-key: %q
-database_url: %q
-store: {schema: %s}
-broker:
-  kind: amqp
-  amqp: {url: %q}
-`, w.Topic, dlqKeySpec, testenv.URL(), w.Schema, dlqtest.AMQPURL), 0o600))
+	file := consumerConfig(t, w, "loyalty", dlqKeySpec, "")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out := &testenv.Output{}
-	done := make(chan int, 1)
-	go func() {
-		done <- runEnv(ctx, []string{"console", "--listen", "127.0.0.1:0", "--consumer-config", file, "--replay-rate", "50"},
-			out, out, func(string) string { return "" })
-	}()
-	addr := regexp.MustCompile(`console listening on (http://[0-9.:]+) `)
-	var base string
-	require.Eventually(t, func() bool {
-		m := addr.FindStringSubmatch(out.String())
-		if m != nil {
-			base = m[1]
-		}
-		return m != nil
-	}, 30*time.Second, 20*time.Millisecond, "output: %s", out)
-
-	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	get := func(path string) string {
-		resp, err := client.Get(base + path)
-		require.NoError(t, err)
-		defer func() { _ = resp.Body.Close() }()
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		return string(b)
-	}
+	con := startConsole(ctx, t, Config{}, "--consumer-config", file, "--replay-rate", "50")
+	get := con.get
 	csrf := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(get("/dead-letters"))
 	require.NotNil(t, csrf)
-	resp, err := client.PostForm(base+"/dead-letters/replay", url.Values{"csrf": {csrf[1]}, "consumer": {"loyalty"}, "scope": {"all"}})
+	resp, err := con.client.PostForm(con.base+"/dead-letters/replay", url.Values{"csrf": {csrf[1]}, "consumer": {"loyalty"}, "scope": {"all"}})
 	require.NoError(t, err)
 	_ = resp.Body.Close()
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
@@ -126,12 +95,12 @@ broker:
 	}, 30*time.Second, 20*time.Millisecond)
 	cancel()
 	select {
-	case code := <-done:
-		require.Equal(t, exitOK, code, out.String())
+	case code := <-con.done:
+		require.Equal(t, exitOK, code, con.out.String())
 	case <-time.After(60 * time.Second):
 		t.Fatal("the console did not stop")
 	}
-	require.Contains(t, out.String(), "console stopped")
+	require.Contains(t, con.out.String(), "console stopped")
 
 	onTopic := w.Read(w.Topic)
 	require.NotEmpty(t, onTopic)
@@ -143,4 +112,81 @@ broker:
 	for _, o := range orders {
 		require.True(t, seen[o.UUID], "%s lost", o.UUID)
 	}
+}
+
+// runningConsole is `claimtx console` serving on a free loopback port.
+type runningConsole struct {
+	t      *testing.T
+	base   string // http://127.0.0.1:PORT
+	client *http.Client
+	out    *testenv.Output
+	done   chan int // the exit status, once ctx ends
+}
+
+// startConsole runs `claimtx console --listen 127.0.0.1:0 args…` with cfg
+// and an empty environment until ctx ends, and waits until it listens.
+func startConsole(ctx context.Context, t *testing.T, cfg Config, args ...string) *runningConsole {
+	t.Helper()
+	con := &runningConsole{t: t, out: &testenv.Output{}, done: make(chan int, 1),
+		client: &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+	go func() {
+		con.done <- runEnv(ctx, cfg, append([]string{"console", "--listen", "127.0.0.1:0"}, args...),
+			con.out, con.out, func(string) string { return "" })
+	}()
+	addr := regexp.MustCompile(`console listening on (http://[0-9.:]+) `)
+	require.Eventually(t, func() bool {
+		m := addr.FindStringSubmatch(con.out.String())
+		if m != nil {
+			con.base = m[1]
+		}
+		return m != nil
+	}, 30*time.Second, 20*time.Millisecond, "output: %s", con.out)
+	return con
+}
+
+// get returns the body of the page at path.
+func (con *runningConsole) get(path string) string {
+	con.t.Helper()
+	_, body := con.do(http.MethodGet, path, nil)
+	return body
+}
+
+// post posts form to path and returns the status and body of the answer.
+func (con *runningConsole) post(path string, form url.Values) (int, string) {
+	con.t.Helper()
+	return con.do(http.MethodPost, path, form)
+}
+
+// do sends a request with form (if any) to path and returns the status
+// and body of the answer.
+func (con *runningConsole) do(method, path string, form url.Values) (int, string) {
+	con.t.Helper()
+	req, err := http.NewRequest(method, con.base+path, strings.NewReader(form.Encode()))
+	require.NoError(con.t, err)
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	resp, err := con.client.Do(req)
+	require.NoError(con.t, err)
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(con.t, err)
+	return resp.StatusCode, string(b)
+}
+
+// consumerConfig writes the configuration file of consumer, keyed with
+// keySpec, on w's topic and schema, and returns its path. Its broker
+// section is broker, or w's RabbitMQ when that is empty.
+func consumerConfig(t *testing.T, w *dlqtest.World, consumer, keySpec, broker string) string {
+	t.Helper()
+	broker = cmp.Or(broker, fmt.Sprintf("{kind: amqp, amqp: {url: %q}}", dlqtest.AMQPURL))
+	file := filepath.Join(t.TempDir(), consumer+".yaml")
+	require.NoError(t, os.WriteFile(file, fmt.Appendf(nil, `name: %s
+topic: %s
+key: %q
+database_url: %q
+store: {schema: %s}
+broker: %s
+`, consumer, w.Topic, keySpec, testenv.URL(), w.Schema, broker), 0o600))
+	return file
 }

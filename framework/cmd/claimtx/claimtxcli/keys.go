@@ -1,4 +1,4 @@
-package main
+package claimtxcli
 
 import (
 	"bufio"
@@ -63,18 +63,19 @@ type keysFlags struct {
 	topic, file string
 	keyFlags
 	timeSpec string
+	cli      Config
 	limit    int
 	asJSON   bool
 }
 
-func cmdKeys(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+func cmdKeys(ctx context.Context, args []string, stdout io.Writer, getenv env, cfg Config) error {
 	_, rest, err := subcommand("keys", keysUsage, args, stdout, "check")
 	if err != nil {
 		return err
 	}
 	// No database flags: the check reads messages only.
 	fs := quietFlagSet("keys check")
-	k := &keysFlags{common: &common{getenv: getenv, stdout: stdout}}
+	k := &keysFlags{common: &common{getenv: getenv, stdout: stdout}, cli: cfg}
 	k.brokerFlags.register(fs)
 	fs.StringVar(&k.topic, "topic", "", "the queue or topic to sample (env TOPIC)")
 	fs.StringVar(&k.file, "file", "", `a JSON-lines file to read instead ("-": stdin)`)
@@ -108,13 +109,13 @@ func (k *keysFlags) run(ctx context.Context) error {
 	case k.limit < 0 || k.policy.MaxBytes < 0:
 		return k.usage("--limit and --key-max-bytes must not be negative")
 	}
-	key, err := framework.ParseKeySpec(k.spec)
+	key, err := k.cli.Extractors.ParseKey(k.spec)
 	if err != nil {
 		return k.usage("--key-spec %q: %v", k.spec, err)
 	}
 	c := &keycheck.Checker{Key: key, Policy: k.policy}
 	if k.timeSpec != "" {
-		if c.EventTime, err = framework.ParseTimeSpec(k.timeSpec); err != nil {
+		if c.EventTime, err = k.cli.Extractors.ParseTime(k.timeSpec); err != nil {
 			return k.usage("--time-spec %q: %v", k.timeSpec, err)
 		}
 	}
@@ -143,7 +144,7 @@ func (k *keysFlags) run(ctx context.Context) error {
 
 // readBroker samples the queue or topic without consuming it.
 func (k *keysFlags) readBroker(ctx context.Context, c *keycheck.Checker) (string, error) {
-	cfg, err := k.brokerConfig()
+	cfg, err := k.browseConfig(k.cli)
 	if err != nil {
 		return "", err
 	}

@@ -1,4 +1,4 @@
-package main
+package claimtxcli
 
 import (
 	"cmp"
@@ -46,7 +46,7 @@ Examples:
       --consumer-config loyalty.yaml --metrics loyalty=http://loyalty:9090/metrics`
 }
 
-func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env, cli Config) error {
 	fs, c := newFlags("console", stdout, getenv)
 	listen := fs.String("listen", "", "`address` to serve on (env CLAIMTX_CONSOLE_LISTEN; default "+defaultConsoleListen+")")
 	tokenFile := fs.String("token-file", "", "`file` holding the access token (or env CLAIMTX_CONSOLE_TOKEN); required to listen on a non-loopback address")
@@ -81,10 +81,15 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 	if *rate < 0 {
 		return &usageError{msg: "console: --replay-rate must not be negative"}
 	}
-	cfg := console.Config{Token: token, Listen: *listen, ReadOnly: *readOnly, Metrics: metricURLs, ReplayRate: *rate}
+	cfg := console.Config{Token: token, Listen: *listen, ReadOnly: *readOnly, Metrics: metricURLs, ReplayRate: *rate, Extractors: cli.Extractors}
 	var secrets []string
 	for i, path := range configs {
 		cc, err := consumer.LoadConfig(path)
+		if err == nil && cc.Key != "" {
+			// Checked here, with the extractors this CLI was given, so
+			// the error names the file before anything is connected.
+			_, err = cli.Extractors.ParseKey(cc.Key)
+		}
 		if err != nil {
 			return fmt.Errorf("console: --consumer-config %s: %w", path, err)
 		}
@@ -99,6 +104,10 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 		}
 		if err := sameClaimTable(path, cc, c.databaseURL, c.schemaName(), c.tableName()); err != nil {
 			return err
+		}
+		secrets = append(secrets, brokerSecrets(cc.Broker)...)
+		if cc.Broker, err = cli.browsed(cc.Broker); err != nil {
+			return fmt.Errorf("console: --consumer-config %s: %w", path, err)
 		}
 		// The broker's URL, too: a page shows no connection string.
 		if u := cc.Broker.AMQP.URL; u != "" {

@@ -1,4 +1,4 @@
-package main
+package claimtxcli
 
 // The CLI's redaction of passwords from what it prints, through the one
 // redactor of connection-string passwords (internal/config).

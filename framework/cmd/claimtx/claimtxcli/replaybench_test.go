@@ -2,7 +2,7 @@
 
 // Replay throughput of `claimtx dlq replay`, on both brokers:
 //
-//	BENCH_REPLAY_N=100000 go test -tags benchreplay -run '^TestReplayThroughput$' -count=1 -timeout 60m -v ./framework/cmd/claimtx/
+//	BENCH_REPLAY_N=100000 go test -tags benchreplay -run '^TestReplayThroughput$' -count=1 -timeout 60m -v ./framework/cmd/claimtx/claimtxcli/
 //
 // (`make bench-replay`). For each broker it poisons N orders (copies made
 // by the Poison middleware, written in bulk), then runs the command
@@ -11,7 +11,7 @@
 // confirmation, remove or record progress). None is claimed, so every
 // letter is replayed. It prints letters/s for each and checks the topic
 // received all N.
-package main
+package claimtxcli
 
 import (
 	"context"
@@ -62,7 +62,7 @@ func TestReplayThroughput(t *testing.T) {
 		env := map[string]string{"DATABASE_URL": testenv.URL(), "CLAIMTX_SCHEMA": w.Schema}
 		runCLI := func(args ...string) time.Duration {
 			start := time.Now()
-			code := runEnv(context.Background(), append([]string{"dlq", "replay"}, append(args, flags...)...), io.Discard, os.Stderr, func(k string) string { return env[k] })
+			code := runEnv(context.Background(), Config{}, append([]string{"dlq", "replay"}, append(args, flags...)...), io.Discard, os.Stderr, func(k string) string { return env[k] })
 			require.Equal(t, exitOK, code)
 			return time.Since(start)
 		}
