@@ -24,19 +24,11 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// Defaults for Claim fields left zero, documented on the fields.
-const (
-	defaultMaxClaimWait     = 5 * time.Second
-	defaultMaxAttempts      = 5
-	defaultInitialBackoff   = 10 * time.Millisecond
-	defaultMaxBackoff       = time.Second
-	defaultCommittedKeys    = committedkeys.DefaultSize
-	defaultCommittedKeysTTL = committedkeys.DefaultTTL
-	// maxCommittedKeysTTL is half the shortest retention the store accepts
-	// without Force: an entry must expire long before cleanup may delete
-	// its claim.
-	maxCommittedKeysTTL = pg.DefaultMinRetention / 2
-)
+// maxCommittedKeysTTL is half the shortest retention the store accepts
+// without Force: an entry must expire long before cleanup may delete its
+// claim. The defaults of Claim fields left zero, documented on the fields,
+// are pg's and committedkeys' (consumer.Config.String prints them too).
+const maxCommittedKeysTTL = pg.DefaultMinRetention / 2
 
 // fingerprintBytes is how much of the SHA-256 is stored: 128 bits make an
 // accidental collision between two payloads of one key negligible.
@@ -382,16 +374,16 @@ func (c Claim) withDefaults() Claim {
 		c.Mode = ModeClaimTable
 	}
 	if c.MaxClaimWait == 0 {
-		c.MaxClaimWait = defaultMaxClaimWait
+		c.MaxClaimWait = pg.DefaultMaxClaimWait
 	}
 	if c.MaxAttempts == 0 {
-		c.MaxAttempts = defaultMaxAttempts
+		c.MaxAttempts = pg.DefaultMaxAttempts
 	}
 	if c.InitialBackoff == 0 {
-		c.InitialBackoff = defaultInitialBackoff
+		c.InitialBackoff = pg.DefaultInitialBackoff
 	}
 	if c.MaxBackoff == 0 {
-		c.MaxBackoff = defaultMaxBackoff
+		c.MaxBackoff = pg.DefaultMaxBackoff
 	}
 	c.claims = pg.ClaimsOf(c.Store)
 	if !c.NoPositions {
@@ -401,10 +393,10 @@ func (c Claim) withDefaults() Claim {
 		c.Logger = watermill.NopLogger{}
 	}
 	if c.CommittedKeys == 0 {
-		c.CommittedKeys = defaultCommittedKeys
+		c.CommittedKeys = committedkeys.DefaultSize
 	}
 	if c.CommittedKeysTTL == 0 {
-		c.CommittedKeysTTL = defaultCommittedKeysTTL
+		c.CommittedKeysTTL = committedkeys.DefaultTTL
 	}
 	// Only what provably stays committed is cached: claim-table rows,
 	// which only retention removes. The outcome of a natural-key claim is

@@ -294,6 +294,38 @@ type parts struct {
 	runMu         sync.Mutex
 }
 
+// withDefaults returns c with the defaults of the fields open fills in
+// (see each field), which String prints too.
+func (c Config) withDefaults() Config {
+	if c.PoisonTopic == "" {
+		c.PoisonTopic = c.Topic + defaultPoisonSuffix
+	}
+	if c.HandlerRetries == 0 {
+		c.HandlerRetries = defaultHandlerRetries
+	}
+	if c.RetryInitialInterval == 0 {
+		c.RetryInitialInterval = defaultRetryInitialInterval
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = defaultDrainTimeout
+	}
+	if c.Broker.Kafka.ConsumerGroup == "" {
+		c.Broker.Kafka.ConsumerGroup = c.Name // one group per consumer: services on one topic each see all of it
+	}
+	// One start-up bound for every dependency (see StartupTimeout).
+	if c.StartupTimeout != 0 {
+		c.Broker.AMQP.DialTimeout = c.StartupTimeout
+		c.Broker.Kafka.DialTimeout = c.StartupTimeout
+	}
+	if half := c.Retention / 2; c.Retention > 0 && c.Claim.CommittedKeysTTL == 0 && half < committedkeys.DefaultTTL {
+		c.Claim.CommittedKeysTTL = half
+		if half <= 0 {
+			c.Claim.CommittedKeys = -1 // no TTL short enough: no cache
+		}
+	}
+	return c
+}
+
 // open validates cfg, applies its defaults, connects, migrates, and builds
 // the claim (without EventTime, which New adds when the table claims by
 // event day). On error everything opened is closed again.
@@ -304,26 +336,7 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.PoisonTopic == "" {
-		cfg.PoisonTopic = cfg.Topic + defaultPoisonSuffix
-	}
-	if cfg.HandlerRetries == 0 {
-		cfg.HandlerRetries = defaultHandlerRetries
-	}
-	if cfg.RetryInitialInterval == 0 {
-		cfg.RetryInitialInterval = defaultRetryInitialInterval
-	}
-	if cfg.DrainTimeout == 0 {
-		cfg.DrainTimeout = defaultDrainTimeout
-	}
-	if cfg.Broker.Kafka.ConsumerGroup == "" {
-		cfg.Broker.Kafka.ConsumerGroup = cfg.Name // one group per consumer: services on one topic each see all of it
-	}
-	// One start-up bound for every dependency (see StartupTimeout).
-	if cfg.StartupTimeout != 0 {
-		cfg.Broker.AMQP.DialTimeout = cfg.StartupTimeout
-		cfg.Broker.Kafka.DialTimeout = cfg.StartupTimeout
-	}
+	cfg = cfg.withDefaults()
 	keyFunc := cfg.Claim.Key
 	if cfg.Key != "" {
 		reg := cfg.Extractors
@@ -405,12 +418,6 @@ func open(ctx context.Context, cfg Config) (*parts, error) {
 		}
 	}
 	p.claim = cfg.Claim
-	if half := cfg.Retention / 2; cfg.Retention > 0 && p.claim.CommittedKeysTTL == 0 && half < committedkeys.DefaultTTL {
-		p.claim.CommittedKeysTTL = half
-		if half <= 0 {
-			p.claim.CommittedKeys = -1 // no TTL short enough: no cache
-		}
-	}
 	p.claim.Store, p.claim.Consumer, p.claim.Key, p.claim.Logger = p.store, cfg.Name, keyFunc, p.wlog
 	// OnOutcome: a ledger's, set by New or NewBatch. EventTime: set by
 	// New when the table claims by event day.
