@@ -565,7 +565,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 	}()
 	out = framework.Duplicate
 	if claimed {
-		produced, err := runHandler(msg, h, tx)
+		produced, err := runHandler(msg, h, tx, req.Key)
 		if errors.Is(err, framework.ErrAlreadyApplied) {
 			// The effect is already there. Roll back whatever else this
 			// delivery wrote, and ack; the record is settled, so its
@@ -726,12 +726,12 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 	return nil
 }
 
-// runHandler calls h with the claim transaction in the message context and
-// converts a panic into *framework.PanicError, so the deferred rollback
-// runs and the router sees an ordinary failure.
-func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx) (produced []*message.Message, err error) {
+// runHandler calls h with the claim transaction and the claimed key in
+// the message context and converts a panic into *framework.PanicError, so
+// the deferred rollback runs and the router sees an ordinary failure.
+func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx, key string) (produced []*message.Message, err error) {
 	orig := msg.Context()
-	msg.SetContext(pg.WithTx(orig, tx))
+	msg.SetContext(pg.WithKey(pg.WithTx(orig, tx), key))
 	defer func() {
 		msg.SetContext(orig)
 		if r := recover(); r != nil {
