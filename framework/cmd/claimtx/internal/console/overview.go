@@ -34,9 +34,9 @@ type overviewRow struct {
 	ActivityErr       string
 	// Newest is the consumer's last claim; NewestNote replaces it when
 	// it is not known exactly (older than the bounded search).
-	Newest        time.Time
-	NewestNote    string
-	ClaimsErr     string
+	Newest     time.Time
+	NewestNote string
+	ClaimsErr  string
 	// DeadLetters are the letters in the poison destination; Memos the
 	// keys with a poison memo, a different figure: a memo outlives its
 	// letter's replay until cleared, and most letters have none.
@@ -44,8 +44,8 @@ type overviewRow struct {
 	Memos, MemosTitle      string
 	Duplicates             string
 	DupTitle               string
-	Horizon       badge
-	Partitions    string
+	Horizon                badge
+	Partitions             string
 }
 
 type badge struct {
