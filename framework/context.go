@@ -15,3 +15,13 @@ import (
 func TxFromContext(ctx context.Context) (pgx.Tx, bool) {
 	return pg.TxFrom(ctx)
 }
+
+// ClaimKey returns the key the claim middleware claimed the message being
+// handled under, as its claim stores it (after the KeyPolicy: an over-long
+// key it hashed is "sha256:<hex>"), the key `claimtx explain --key` and the
+// console look up; false outside the middleware and in ModeNaturalKey
+// without a Key. Pass the message's context: the ctx of a TxHandlerFunc,
+// or, in a batch's set handler, each message's msg.Context().
+func ClaimKey(ctx context.Context) (string, bool) {
+	return pg.KeyFrom(ctx)
+}

@@ -138,5 +138,7 @@
 // Under the claim middleware a handler finds the transaction that holds its
 // claim with TxFromContext (or is written as a middleware.TxHandlerFunc that
 // receives it, and fails with ErrNoClaimTx when run without one). Every
-// write of the effect must go through that transaction.
+// write of the effect must go through that transaction. ClaimKey gives it
+// the key the message was claimed under, to log or to store beside the
+// effect.
 package framework

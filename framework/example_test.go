@@ -1,13 +1,17 @@
 package framework_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/testenv/pgtest"
+	"github.com/claimtx/claimtx/middleware"
 )
 
 // A key comes from a spec, the same string KEY or a YAML key: field holds:
@@ -113,4 +117,35 @@ func ExampleParseTimeSpec() {
 	// 2024-05-01T10:00:00Z <nil>
 	// 2024-05-01T10:00:00Z <nil>
 	// 2024-05-01T10:00:00.25Z <nil>
+}
+
+// A handler reads the key its message was claimed under, the key `claimtx
+// explain --key` and the console look the message up by: here to log it
+// with the effect. The redelivery is a duplicate: the handler does not run.
+func ExampleClaimKey() {
+	ctx := context.Background()
+	st := pgtest.ExampleStore(ctx) // a migrated store.Store on the test database
+	defer pgtest.DropExample(st)
+
+	key, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
+	if err != nil {
+		panic(err)
+	}
+	claim, err := middleware.NewClaim(middleware.Claim{Store: st, Consumer: "loyalty", Key: key})
+	if err != nil {
+		panic(err)
+	}
+	credit := middleware.TxHandler(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+		k, _ := framework.ClaimKey(ctx)
+		fmt.Println("crediting", k)
+		return nil
+	})
+	h := claim(func(msg *message.Message) ([]*message.Message, error) { return nil, credit(msg) })
+	for _, uuid := range []string{"delivery-1", "delivery-2"} {
+		if _, err := h(message.NewMessage(uuid, []byte(`{"order_id":9912}`))); err != nil {
+			panic(err)
+		}
+	}
+	// Output:
+	// crediting order-completed:9912
 }

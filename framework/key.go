@@ -12,6 +12,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // KeyFunc derives the deduplication key of a message. It must be a pure
@@ -121,7 +123,7 @@ func sourceKey(i int, k string) string {
 }
 
 // maxKeyBytes is KeyPolicy.MaxBytes when left zero.
-const maxKeyBytes = 512
+const maxKeyBytes = pg.DefaultMaxKeyBytes
 
 // hashedKeyPrefix marks a key that KeyPolicy replaced by its digest.
 const hashedKeyPrefix = "sha256:"

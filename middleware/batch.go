@@ -125,6 +125,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 			continue
 		}
 		keys[i], results[i].Key = k, k
+		m.SetContext(pg.WithKey(m.Context(), k)) // for framework.ClaimKey in the set handler
 		if c.cached(ctx, c.cache.Key(c.Consumer, 0, k)) {
 			cached[i] = true
 			continue

@@ -23,19 +23,11 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// Defaults for Claim fields left zero, documented on the fields.
-const (
-	defaultMaxClaimWait     = 5 * time.Second
-	defaultMaxAttempts      = 5
-	defaultInitialBackoff   = 10 * time.Millisecond
-	defaultMaxBackoff       = time.Second
-	defaultCommittedKeys    = committedkeys.DefaultSize
-	defaultCommittedKeysTTL = committedkeys.DefaultTTL
-	// maxCommittedKeysTTL is half the shortest retention the store accepts
-	// without Force: an entry must expire long before cleanup may delete
-	// its claim.
-	maxCommittedKeysTTL = pg.DefaultMinRetention / 2
-)
+// maxCommittedKeysTTL is half the shortest retention the store accepts
+// without Force: an entry must expire long before cleanup may delete its
+// claim. The defaults of Claim fields left zero, documented on the fields,
+// are pg's and committedkeys' (consumer.Config.String prints them too).
+const maxCommittedKeysTTL = pg.DefaultMinRetention / 2
 
 // fingerprintBytes is how much of the SHA-256 is stored: 128 bits make an
 // accidental collision between two payloads of one key negligible.
@@ -376,12 +368,12 @@ func (c Claim) validate() error {
 func (c Claim) withDefaults() Claim {
 	c.Isolation = cmp.Or(c.Isolation, pgx.ReadCommitted)
 	c.Mode = cmp.Or(c.Mode, ModeClaimTable)
-	c.MaxClaimWait = cmp.Or(c.MaxClaimWait, defaultMaxClaimWait)
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, defaultMaxAttempts)
-	c.InitialBackoff = cmp.Or(c.InitialBackoff, defaultInitialBackoff)
-	c.MaxBackoff = cmp.Or(c.MaxBackoff, defaultMaxBackoff)
-	c.CommittedKeys = cmp.Or(c.CommittedKeys, defaultCommittedKeys)
-	c.CommittedKeysTTL = cmp.Or(c.CommittedKeysTTL, defaultCommittedKeysTTL)
+	c.MaxClaimWait = cmp.Or(c.MaxClaimWait, pg.DefaultMaxClaimWait)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, pg.DefaultMaxAttempts)
+	c.InitialBackoff = cmp.Or(c.InitialBackoff, pg.DefaultInitialBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, pg.DefaultMaxBackoff)
+	c.CommittedKeys = cmp.Or(c.CommittedKeys, committedkeys.DefaultSize)
+	c.CommittedKeysTTL = cmp.Or(c.CommittedKeysTTL, committedkeys.DefaultTTL)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.claims = pg.ClaimsOf(c.Store)
 	if !c.NoPositions {
@@ -545,7 +537,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 	defer pg.Rollback(ctx, tx)
 	out = framework.Duplicate
 	if claimed {
-		produced, err := runHandler(msg, h, tx)
+		produced, err := runHandler(msg, h, tx, req.Key)
 		if errors.Is(err, framework.ErrAlreadyApplied) {
 			// The effect is already there. Roll back whatever else this
 			// delivery wrote, and ack; the record is settled, so its
@@ -692,12 +684,12 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 	return nil
 }
 
-// runHandler calls h with the claim transaction in the message context and
-// converts a panic into *framework.PanicError, so the deferred rollback
-// runs and the router sees an ordinary failure.
-func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx) (produced []*message.Message, err error) {
+// runHandler calls h with the claim transaction and the claimed key in
+// the message context and converts a panic into *framework.PanicError, so
+// the deferred rollback runs and the router sees an ordinary failure.
+func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx, key string) (produced []*message.Message, err error) {
 	orig := msg.Context()
-	msg.SetContext(pg.WithTx(orig, tx))
+	msg.SetContext(pg.WithKey(pg.WithTx(orig, tx), key))
 	defer func() {
 		msg.SetContext(orig)
 		if r := recover(); r != nil {

@@ -315,4 +315,13 @@ func printTable(rs []report) {
 			r.broker, r.orders, r.deliveries, r.bad, r.applied, fmt.Sprintf(">=%d", dups), r.poisoned,
 			r.expectedPts, r.actualPts, r.lost, r.doubled, r.kills, r.elapsed.Round(100*time.Millisecond), res)
 	}
+	for _, r := range rs {
+		if r.poisoned > r.bad {
+			fmt.Println()
+			fmt.Println("poisoned counts the copies in the poison destination, which can exceed bad: a consumer killed between")
+			fmt.Println("poisoning a message and its ack poisons it again when the broker redelivers it (at-least-once poisoning);")
+			fmt.Println("`claimtx dlq list` marks the repeated copies and `claimtx dlq replay` sends each message once.")
+			break
+		}
+	}
 }

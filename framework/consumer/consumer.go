@@ -296,6 +296,40 @@ type parts struct {
 	runMu         sync.Mutex
 }
 
+// withDefaults returns c with the defaults of the fields open fills in
+// (see each field), which String prints too.
+func (c Config) withDefaults() Config {
+	c.PoisonTopic = cmp.Or(c.PoisonTopic, c.Topic+defaultPoisonSuffix)
+	c.HandlerRetries = cmp.Or(c.HandlerRetries, defaultHandlerRetries)
+	c.RetryInitialInterval = cmp.Or(c.RetryInitialInterval, defaultRetryInitialInterval)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, defaultDrainTimeout)
+	// One group per consumer: services on one topic each see all of it.
+	c.Broker.Kafka.ConsumerGroup = cmp.Or(c.Broker.Kafka.ConsumerGroup, c.Name)
+	if c.Broker.NATS.Durable == "" {
+		// Likewise one JetStream durable per consumer, when the name is
+		// one (c.Broker was valid, so only the durable can fail); else
+		// the subscriber asks for NATS_DURABLE.
+		named := c.Broker
+		named.NATS.Durable = c.Name
+		if named.Validate() == nil {
+			c.Broker = named
+		}
+	}
+	// One start-up bound for every dependency (see StartupTimeout).
+	if c.StartupTimeout != 0 {
+		c.Broker.AMQP.DialTimeout = c.StartupTimeout
+		c.Broker.Kafka.DialTimeout = c.StartupTimeout
+		c.Broker.NATS.DialTimeout = c.StartupTimeout
+	}
+	if half := c.Retention / 2; c.Retention > 0 && c.Claim.CommittedKeysTTL == 0 && half < committedkeys.DefaultTTL {
+		c.Claim.CommittedKeysTTL = half
+		if half <= 0 {
+			c.Claim.CommittedKeys = -1 // no TTL short enough: no cache
+		}
+	}
+	return c
+}
+
 // open validates cfg, applies its defaults, connects, migrates, and builds
 // the claim (without EventTime, which New adds when the table claims by
 // event day). On error everything opened is closed again.
@@ -304,28 +338,7 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 		return nil, err
 	}
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
-	cfg.PoisonTopic = cmp.Or(cfg.PoisonTopic, cfg.Topic+defaultPoisonSuffix)
-	cfg.HandlerRetries = cmp.Or(cfg.HandlerRetries, defaultHandlerRetries)
-	cfg.RetryInitialInterval = cmp.Or(cfg.RetryInitialInterval, defaultRetryInitialInterval)
-	cfg.DrainTimeout = cmp.Or(cfg.DrainTimeout, defaultDrainTimeout)
-	// One group per consumer: services on one topic each see all of it.
-	cfg.Broker.Kafka.ConsumerGroup = cmp.Or(cfg.Broker.Kafka.ConsumerGroup, cfg.Name)
-	if cfg.Broker.NATS.Durable == "" {
-		// Likewise one JetStream durable per consumer, when the name is
-		// one (cfg.Broker was valid, so only the durable can fail); else
-		// the subscriber asks for NATS_DURABLE.
-		named := cfg.Broker
-		named.NATS.Durable = cfg.Name
-		if named.Validate() == nil {
-			cfg.Broker = named
-		}
-	}
-	// One start-up bound for every dependency (see StartupTimeout).
-	if cfg.StartupTimeout != 0 {
-		cfg.Broker.AMQP.DialTimeout = cfg.StartupTimeout
-		cfg.Broker.Kafka.DialTimeout = cfg.StartupTimeout
-		cfg.Broker.NATS.DialTimeout = cfg.StartupTimeout
-	}
+	cfg = cfg.withDefaults()
 	reg := cmp.Or(cfg.Extractors, framework.NewRegistry())
 	keyFunc := cfg.Claim.Key
 	if cfg.Key != "" {
@@ -394,12 +407,6 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 		}
 	}
 	p.claim = cfg.Claim
-	if half := cfg.Retention / 2; cfg.Retention > 0 && p.claim.CommittedKeysTTL == 0 && half < committedkeys.DefaultTTL {
-		p.claim.CommittedKeysTTL = half
-		if half <= 0 {
-			p.claim.CommittedKeys = -1 // no TTL short enough: no cache
-		}
-	}
 	p.claim.Store, p.claim.Consumer, p.claim.Key, p.claim.Logger = p.store, cfg.Name, keyFunc, p.wlog
 	// OnOutcome: a ledger's, set by New or NewBatch. EventTime: set by
 	// New when the table claims by event day.

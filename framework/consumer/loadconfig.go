@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -14,8 +15,11 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/config"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
+	"github.com/claimtx/claimtx/store"
 )
 
 // LoadConfig reads a consumer's configuration: the YAML file at path
@@ -336,10 +340,12 @@ func pgxReason(err error, dsn string) string {
 	return reason
 }
 
-// String prints the settings LoadConfig reads, with the passwords of
-// DatabaseURL and of the broker (see brokers.Config.String) redacted, so
-// logging the effective configuration at start-up is safe. Pool, the
-// registries, the hooks, Tracer and Logger are only said to be set.
+// String prints the settings LoadConfig reads as New will use them, a
+// field left zero showing its default (MaxClaimWait:5s), with the
+// passwords of DatabaseURL and of the broker (see brokers.Config.String)
+// redacted, so logging the effective configuration at start-up is safe.
+// Pool, the registries, the hooks, Tracer and Logger are only said to be
+// set.
 func (c Config) String() string {
 	set := func(b bool) string {
 		if b {
@@ -347,7 +353,25 @@ func (c Config) String() string {
 		}
 		return "unset"
 	}
+	c = c.withDefaults()
+	c.StartupTimeout = cmp.Or(c.StartupTimeout, defaultStartupTimeout)
+	c.Store = store.Config{
+		Schema:      cmp.Or(c.Store.Schema, pg.DefaultSchema),
+		ClaimsTable: cmp.Or(c.Store.ClaimsTable, pg.DefaultClaimsTable),
+		OutboxTable: cmp.Or(c.Store.OutboxTable, pg.DefaultOutboxTable),
+	}
+	c.Broker = config.Defaults(c.Broker)
+	// The claim's defaults, as middleware.NewClaim applies them.
 	cl := c.Claim
+	cl.Mode = cmp.Or(cl.Mode, middleware.ModeClaimTable)
+	cl.Isolation = cmp.Or(cl.Isolation, pgx.ReadCommitted)
+	cl.MaxClaimWait = cmp.Or(cl.MaxClaimWait, pg.DefaultMaxClaimWait)
+	cl.MaxAttempts = cmp.Or(cl.MaxAttempts, pg.DefaultMaxAttempts)
+	cl.InitialBackoff = cmp.Or(cl.InitialBackoff, pg.DefaultInitialBackoff)
+	cl.MaxBackoff = cmp.Or(cl.MaxBackoff, pg.DefaultMaxBackoff)
+	cl.CommittedKeys = cmp.Or(cl.CommittedKeys, committedkeys.DefaultSize)
+	cl.CommittedKeysTTL = cmp.Or(cl.CommittedKeysTTL, committedkeys.DefaultTTL)
+	cl.KeyPolicy.MaxBytes = cmp.Or(cl.KeyPolicy.MaxBytes, pg.DefaultMaxKeyBytes)
 	return fmt.Sprintf("{Name:%q Topic:%q PoisonTopic:%q Key:%q EventTime:%q Retention:%s DatabaseURL:%q Pool:%s Store:%+v "+
 		"Claim:{Key:%s Mode:%q Isolation:%q MaxClaimWait:%s MaxAttempts:%d InitialBackoff:%s MaxBackoff:%s EventTime:%s "+
 		"AllowBrokerEventTime:%t Fingerprint:%t PoisonMemo:%t CommittedKeys:%d CommittedKeysTTL:%s NoPositions:%t ReplayBelowPositions:%t OutboxTopic:%q KeyPolicy:%+v} "+

@@ -420,3 +420,36 @@ func requireNoSecret(t *testing.T, c Config) {
 		require.NotContains(t, s, secretMarker)
 	}
 }
+
+// TestStringPrintsEffectiveValues: String prints what New will use, so a
+// field left zero shows its default, not a zero (it once printed
+// MaxClaimWait:0s MaxAttempts:0 DrainTimeout:0s), and a field set keeps
+// its value.
+func TestStringPrintsEffectiveValues(t *testing.T) {
+	clearEnv(t)
+	s := Config{Name: "loyalty", Topic: "orders"}.String()
+	for _, want := range []string{
+		`PoisonTopic:"orders.poison"`, "Store:{Schema:claimtx ClaimsTable:processed_messages OutboxTable:outbox}",
+		`Mode:"claim_table"`, `Isolation:"read committed"`, "MaxClaimWait:5s", "MaxAttempts:5",
+		"InitialBackoff:10ms", "MaxBackoff:1s", "CommittedKeys:100000", "CommittedKeysTTL:10m0s",
+		"KeyPolicy:{MaxBytes:512 ", "HandlerRetries:3", "RetryInitialInterval:100ms", "DrainTimeout:15s",
+		"StartupTimeout:30s", `Broker:{Kind:"amqp"`, `ConsumerGroup:"loyalty"`,
+	} {
+		require.Contains(t, s, want)
+	}
+
+	set := Config{Name: "loyalty", Topic: "orders", Retention: 10 * time.Minute, DrainTimeout: 2 * time.Second, StartupTimeout: -1,
+		Claim: middleware.Claim{MaxClaimWait: 2 * time.Second, MaxAttempts: 9}}.String()
+	for _, want := range []string{
+		"MaxClaimWait:2s", "MaxAttempts:9", "DrainTimeout:2s", "StartupTimeout:-1ns",
+		"CommittedKeysTTL:5m0s", // capped at half the retention, as New does
+	} {
+		require.Contains(t, set, want)
+	}
+
+	// LoadConfig fills the broker's defaults itself; the rest it leaves
+	// zero for New. Printed, both are the same configuration.
+	loaded, err := LoadConfig("")
+	require.NoError(t, err)
+	require.Equal(t, Config{}.String(), loaded.String())
+}

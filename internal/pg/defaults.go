@@ -1,10 +1,12 @@
 package pg
 
-// The Default constants are the defaults of store.Config and
-// store.RetentionConfig, for the store itself and for the code that must
-// state or share them without a Store: the claimtx CLI prints them as flag
-// defaults, and middleware.ExpiryGuard expires messages at the same
-// retention as the store deletes their claims.
+// The Default constants are the defaults of store.Config,
+// store.RetentionConfig and the claim transaction, for the store and the
+// claim themselves and for the code that must state or share them without
+// a Store: the claimtx CLI prints them as flag defaults,
+// middleware.ExpiryGuard expires messages at the same retention as the
+// store deletes their claims, and consumer.Config.String prints the
+// effective configuration.
 
 import "time"
 
@@ -34,4 +36,18 @@ const (
 	DefaultPartitionsAhead     = 7
 	DefaultPartitionLockWait   = 2 * time.Second
 	DefaultPartitionLockTries  = 5
+)
+
+// Defaults of the claim transaction (middleware.Claim) and of the keys it
+// claims (framework.KeyPolicy).
+const (
+	// DefaultMaxClaimWait is the claim's lock_timeout behind a twin's
+	// uncommitted claim.
+	DefaultMaxClaimWait   = 5 * time.Second
+	DefaultMaxAttempts    = 5
+	DefaultInitialBackoff = 10 * time.Millisecond
+	DefaultMaxBackoff     = time.Second
+	// DefaultMaxKeyBytes keeps keys far below Postgres' btree entry limit
+	// (~2.7 kB).
+	DefaultMaxKeyBytes = 512
 )

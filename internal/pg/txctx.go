@@ -1,8 +1,9 @@
 package pg
 
-// WithTx and TxFrom carry the claim transaction in a context. The claim
-// middleware puts it there; framework.TxFromContext, the only way users read
-// it, takes it out. Both sides share this one key.
+// WithTx and TxFrom carry the claim transaction in a context, WithKey and
+// KeyFrom the key it claims. The claim middleware puts them there;
+// framework.TxFromContext and framework.ClaimKey, the only ways users read
+// them, take them out. Both sides share these keys.
 
 import (
 	"context"
@@ -21,4 +22,17 @@ func WithTx(ctx context.Context, tx pgx.Tx) context.Context {
 func TxFrom(ctx context.Context) (pgx.Tx, bool) {
 	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
 	return tx, ok && tx != nil
+}
+
+type keyKey struct{}
+
+// WithKey returns a context carrying the claimed key.
+func WithKey(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, keyKey{}, key)
+}
+
+// KeyFrom returns the key WithKey stored in ctx, and whether there is one.
+func KeyFrom(ctx context.Context) (string, bool) {
+	key, _ := ctx.Value(keyKey{}).(string)
+	return key, key != ""
 }

@@ -286,6 +286,9 @@ func (d *dlqFlags) letterJSON(l *dlq.Letter) map[string]any {
 	if l.Handled {
 		m["handled"] = true // a previous replay of --consumer went past it (Kafka)
 	}
+	if l.CopyOf != "" {
+		m["copy_of"] = l.CopyOf // the same message poisoned again: replayed once
+	}
 	if d.classify && l.Class != "" {
 		m["key"] = l.Key
 		m["class"] = l.Class
@@ -351,6 +354,9 @@ func (d *dlqFlags) printRow(tw io.Writer, l *dlq.Letter) {
 	pos := l.Position
 	if l.Handled {
 		pos += "*"
+	}
+	if l.CopyOf != "" {
+		pos += " copy of " + l.CopyOf
 	}
 	key := dlq.EffectiveKey(l)
 	if d.classify && l.KeyErr != nil {
@@ -448,6 +454,9 @@ func (d *dlqFlags) printTotals(t dlq.Totals, err error) {
 	if d.classify {
 		printf(w, "  already applied   %d\n  would apply       %d\n  still bad         %d\n  poison memo       %d\n",
 			t.Applied, t.WouldApply, t.StillBad, t.Memo)
+		if t.Repeated > 0 {
+			printf(w, "  repeated copies   %d (the same message poisoned again: a consumer died between poisoning it and its ack; a replay sends it once)\n", t.Repeated)
+		}
 		if t.AppliedDifferent > 0 {
 			printf(w, "WARNING: %d already applied with a DIFFERENT payload fingerprint: the same key was claimed for another payload, a producer or key-derivation bug; replaying them would be acked as duplicates and change nothing\n", t.AppliedDifferent)
 		}

@@ -173,3 +173,35 @@ func TestCLIDLQBadInput(t *testing.T) {
 	require.NotContains(t, errOut, "s3cr3t-pw")
 	require.Contains(t, errOut, "connect to RabbitMQ")
 }
+
+// `claimtx dlq list` marks a repeated copy of one message (poisoned again
+// after a crash before its ack) with the position of the first, and a
+// replay sends the message once.
+func TestCLIDLQRepeatedCopies(t *testing.T) {
+	dlqtest.EachBroker(t, 1, func(t *testing.T, w *dlqtest.World) {
+		c, broker := dlqCLI(t, w)
+		reason := errors.New("cannot decode")
+		copies := w.Poisoned("loyalty", dlqKeySpec, reason, dlqtest.Orders(1, 2)...)
+		w.Publish(w.Poison, append(copies, w.Poisoned("loyalty", dlqKeySpec, reason, dlqtest.Order(1))...)...)
+		args := func(a ...string) []string {
+			return append(append([]string{"dlq"}, a...), append(broker, "--consumer", "loyalty", "--key-spec", dlqKeySpec)...)
+		}
+
+		rows := jsonLines(t, c.ok(args("list", "--json")...))
+		require.Len(t, rows, 3)
+		require.Nil(t, rows[0]["copy_of"])
+		require.Equal(t, rows[0]["position"], rows[2]["copy_of"], "the second copy of order 1")
+		out := c.ok(args("list")...)
+		require.Contains(t, out, fmt.Sprintf("copy of %s", rows[0]["position"]))
+		require.Contains(t, out, "would apply       2")
+		require.Contains(t, out, "repeated copies   1")
+
+		require.Contains(t, c.ok(args("replay", "--dry-run")...), "dry run: 2 would be replayed to "+w.Topic)
+		require.Contains(t, c.ok(args("replay")...), "2 replayed to "+w.Topic)
+		var ids []string
+		for _, m := range w.Read(w.Topic) {
+			ids = append(ids, m.UUID)
+		}
+		require.ElementsMatch(t, []string{"order-1", "order-2"}, ids)
+	})
+}

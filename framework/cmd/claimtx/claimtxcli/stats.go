@@ -154,7 +154,9 @@ func (r horizonReport) String() string {
 	}
 	verdict := "OK: claims outlive every delivery the broker can still make"
 	if r.Exceeded {
-		verdict = "WARNING: a message older than the retention may have lost its claim; the expiry guard poisons it as expired instead of applying it (docs/operations.md, Checking the window against the broker)"
+		// stats cannot tell whether the consumer runs an expiry guard, so
+		// it says what happens either way.
+		verdict = "WARNING: the broker can deliver a message older than the retention, whose claim cleanup may have deleted: a consumer without an expiry guard applies it again, one with a guard (consumer.Config.Retention with an event time) poisons it as expired (docs/operations.md, Checking the window against the broker)"
 	}
 	return fmt.Sprintf("retention %s, replay horizon %s (%s, %s): %s", opfmt.FormatDuration(r.Retention), h, r.Topic, r.PoisonTopic, verdict)
 }

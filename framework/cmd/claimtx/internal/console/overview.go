@@ -34,15 +34,18 @@ type overviewRow struct {
 	ActivityErr       string
 	// Newest is the consumer's last claim; NewestNote replaces it when
 	// it is not known exactly (older than the bounded search).
-	Newest        time.Time
-	NewestNote    string
-	ClaimsErr     string
-	Poisoned      string
-	PoisonedTitle string
-	Duplicates    string
-	DupTitle      string
-	Horizon       badge
-	Partitions    string
+	Newest     time.Time
+	NewestNote string
+	ClaimsErr  string
+	// DeadLetters are the letters in the poison destination; Memos the
+	// keys with a poison memo, a different figure: a memo outlives its
+	// letter's replay until cleared, and most letters have none.
+	DeadLetters, DeadTitle string
+	Memos, MemosTitle      string
+	Duplicates             string
+	DupTitle               string
+	Horizon                badge
+	Partitions             string
 }
 
 type badge struct {
@@ -133,12 +136,12 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		for i := range rows {
 			switch {
 			case err != nil:
-				rows[i].Poisoned = c.errText(err)
+				rows[i].Memos = c.errText(err)
 			case !exists:
-				rows[i].Poisoned, rows[i].PoisonedTitle = "—", "no poison memo table (schema before migration 4)"
+				rows[i].Memos, rows[i].MemosTitle = "—", "no poison memo table (schema before migration 4)"
 			default:
-				rows[i].Poisoned = strconv.FormatInt(counts[rows[i].Name], 10)
-				rows[i].PoisonedTitle = "keys with a poison memo (dead-lettered, not cleared)"
+				rows[i].Memos = strconv.FormatInt(counts[rows[i].Name], 10)
+				rows[i].MemosTitle = "keys with a poison memo: their later copies go straight to the poison destination until claimtx unpoison clears it"
 			}
 		}
 	})
@@ -157,6 +160,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	})
 	for i := range rows {
 		wg.Go(func() { rows[i].Horizon = c.horizonBadge(ctx, rows[i].Name) })
+		wg.Go(func() { rows[i].DeadLetters, rows[i].DeadTitle = c.deadLetterCount(ctx, rows[i].Name) })
 		if u := c.cfg.Metrics[rows[i].Name]; u != "" {
 			wg.Go(func() { rows[i].Duplicates, rows[i].DupTitle = c.duplicates(ctx, rows[i].Name, u) })
 		} else {
@@ -430,12 +434,9 @@ func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
 	h = horizonResult{at: time.Now()}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
 	defer cancel()
-	bcfg := cs.Broker
+	bcfg := c.bounded(cs.Broker)
 	bcfg.Kafka.ConsumerGroup = cmp.Or(bcfg.Kafka.ConsumerGroup, "claimtx-console") // a subscriber needs one; it never joins
-	bcfg.NATS.Durable = cmp.Or(bcfg.NATS.Durable, "claimtx-console")               // likewise; it never subscribes
-	// A broker that is down must not hold the page for the adapters'
-	// start-up retries (30 s by default).
-	bcfg.AMQP.DialTimeout, bcfg.Kafka.DialTimeout, bcfg.NATS.DialTimeout = c.cfg.QueryTimeout, c.cfg.QueryTimeout, c.cfg.QueryTimeout
+	bcfg.NATS.Durable = cmp.Or(bcfg.NATS.Durable, "claimtx-console") // likewise; it never subscribes
 	sub, err := brokers.NewSubscriber(bcfg, nil)
 	if err == nil {
 		h.horizon, h.known, err = replay.Horizon(ctx, sub, cs.Topic, cs.PoisonTopic)
@@ -451,6 +452,38 @@ func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
 	c.horizons.m[cs.Name] = h
 	c.horizons.mu.Unlock()
 	return h
+}
+
+// bounded is b with its start-up retries cut to a page's query timeout:
+// a broker that is down must not hold the page for the adapters' 30 s.
+func (c *Console) bounded(b brokers.Config) brokers.Config {
+	b.AMQP.DialTimeout, b.Kafka.DialTimeout, b.NATS.DialTimeout = c.cfg.QueryTimeout, c.cfg.QueryTimeout, c.cfg.QueryTimeout
+	return b
+}
+
+// deadLetterCount is how many letters a configured consumer's poison
+// destination holds, as the dead-letters page counts them (on Kafka, those
+// after the last replay's progress), with a title naming it.
+func (c *Console) deadLetterCount(ctx context.Context, name string) (count, title string) {
+	cs := c.consumer(name)
+	if cs == nil {
+		return "—", "start the console with this consumer's --consumer-config to count the letters in its poison destination"
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
+	defer cancel()
+	b := *cs
+	b.Broker = c.bounded(cs.Broker)
+	kafka := cs.Broker.Kind == brokers.KindKafka
+	src, err := c.openDestination(ctx, &b, kafka)
+	if err != nil {
+		return "unknown", err.Error()
+	}
+	defer func() { _ = src.Close() }()
+	title = "messages in the poison queue " + cs.PoisonTopic
+	if kafka {
+		title = "messages in the poison topic " + cs.PoisonTopic + " after the last replay's progress"
+	}
+	return strconv.FormatInt(src.Total(), 10), title + " (Dead letters lists them)"
 }
 
 // metricsTimeout bounds reading a consumer's metrics endpoint.

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/console"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq/dlqtest"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -86,11 +88,11 @@ FROM generate_series(1, 14) g`)
 	require.Contains(t, c[4], "<svg")
 	require.Contains(t, c[4], "last hour: 5 applied")
 	require.Contains(t, c[4], "3–4 h ago: 4 applied")
-	require.Equal(t, "2", c[5], "poison memos")
-	require.Equal(t, "7", c[6], "duplicates from the metrics")
+	require.Equal(t, "2", c[6], "poison memos")
+	require.Equal(t, "7", c[7], "duplicates from the metrics")
 	require.Contains(t, lo, "applied 42, duplicate 7, poisoned 3")
-	require.Regexp(t, `^\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$`, c[7], "last claim")
-	require.Greater(t, c[7], time.Now().UTC().Add(-time.Minute).Format("2006-01-02 15:04:05Z"), "the last claim is the one 10 s ago")
+	require.Regexp(t, `^\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ$`, c[8], "last claim")
+	require.Greater(t, c[8], time.Now().UTC().Add(-time.Minute).Format("2006-01-02 15:04:05Z"), "the last claim is the one 10 s ago")
 	// The table's ends: the oldest is loyalty's of two days ago.
 	ends := regexp.MustCompile(`Claims in the table from <span class="ts">([^<]+)</span>.*to <span class="ts">([^<]+)</span>`).FindStringSubmatch(body)
 	require.NotNil(t, ends, "the table's oldest and newest claim")
@@ -98,27 +100,47 @@ FROM generate_series(1, 14) g`)
 	require.Less(t, ends[1], ends[2])
 	// A consumer without a claim in 24 hours: its last claim is searched
 	// for (a small table: found).
-	require.Equal(t, time.Now().UTC().Add(-72*time.Hour).Format("2006-01-02"), cells(row(t, body, "archived"))[7][:10])
+	require.Equal(t, time.Now().UTC().Add(-72*time.Hour).Format("2006-01-02"), cells(row(t, body, "archived"))[8][:10])
 	require.Contains(t, lo, `badge green`)
 	require.Contains(t, lo, "retention 30d, horizon 1d")
 
 	bi := cells(row(t, body, "billing"))
 	require.Equal(t, []string{"0", "0", "1"}, bi[1:4])
-	require.Equal(t, "unreachable", bi[6])
+	require.Equal(t, "unreachable", bi[7])
 	require.Contains(t, row(t, body, "billing"), "badge red")
 	require.Contains(t, row(t, body, "billing"), "retention 12h, horizon 1d")
 
 	idle := row(t, body, "idle")
 	require.Contains(t, idle, "badge amber", "no retention configured")
 	require.Contains(t, idle, "—")
-	require.Contains(t, cells(idle)[6], "—")
-	require.Equal(t, "none", cells(idle)[7], "a configured consumer without claims")
+	require.Contains(t, cells(idle)[7], "—")
+	require.Equal(t, "none", cells(idle)[8], "a configured consumer without claims")
 	require.Contains(t, idle, "--metrics idle=")
 
 	// Not configured: no dead letters link, horizon unknown.
 	xss := row(t, body, "&lt;script&gt;alert(1)&lt;/script&gt;")
 	require.NotContains(t, xss, "DLQ")
 	require.Contains(t, xss, "badge amber")
+	require.Equal(t, "—", cells(xss)[5], "no poison destination to count")
+}
+
+// The overview shows the letters in a consumer's poison destination and
+// its poison memos as two figures: 10 letters sit in the destination, and
+// only the 2 keys a memo blocks are memos (a "Poisoned 0" beside 10
+// letters once counted the memos alone).
+func TestOverviewDeadLetters(t *testing.T) {
+	dlqtest.EachBroker(t, 1, func(t *testing.T, w *dlqtest.World) {
+		w.Publish(w.Poison, w.Poisoned("loyalty", dlqKeySpec, errors.New("cannot decode"), dlqtest.Orders(1, 10)...)...)
+		e := dlqEnv(t, w, nil)
+		e.exec(`INSERT INTO ` + pgx.Identifier{e.schema, "processed_messages_poison_memo"}.Sanitize() + ` (consumer, message_key, reason) VALUES ('loyalty', 'order:1', 'bad'), ('loyalty', 'order:2', 'bad')`)
+		body := e.ok("/")
+		require.Contains(t, body, `<th class="num">Dead letters</th><th class="num">Poison memos</th>`)
+		lo := row(t, body, "loyalty")
+		c := cells(lo)
+		require.Equal(t, []string{"10", "2"}, c[5:7], "dead letters, poison memos")
+		require.Contains(t, lo, "messages in the poison "+map[string]string{brokers.KindAMQP: "queue ", brokers.KindKafka: "topic "}[w.Kind]+w.Poison)
+		require.Contains(t, lo, "keys with a poison memo")
+	})
 }
 
 // A slow claim table makes cells say so; the page still renders.

@@ -287,3 +287,47 @@ func TestOpenUnsupportedKind(t *testing.T) {
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "BROKER", ce.Field)
 }
+
+// A consumer killed after poisoning a message and before its ack poisons
+// it again when the broker redelivers it (the documented at-least-once
+// poisoning): the destination holds two copies of one message. Browse
+// marks the later copy, the classes count each message once, and a
+// replay sends each message once. A message with the same key and
+// another payload is not a copy.
+func TestRepeatedCopiesReplayedOnce(t *testing.T) {
+	dlqtest.EachBroker(t, 1, func(t *testing.T, w *dlqtest.World) {
+		ctx := context.Background()
+		reason := errors.New("cannot decode")
+		copies := w.Poisoned(consumer, keySpec, reason, dlqtest.Orders(1, 3)...)
+		copies = append(copies, w.Poisoned(consumer, keySpec, reason, dlqtest.Order(1), dlqtest.Order(2))...)
+		other := dlqtest.Order(3)
+		other.UUID, other.Payload = "order-3-other", []byte(`{"order_id": 3, "note": "another payload"}`)
+		copies = append(copies, w.Poisoned(consumer, keySpec, reason, other)...)
+		w.Publish(w.Poison, copies...)
+
+		copyOf := map[string]string{} // position -> CopyOf
+		var positions []string
+		r := dlq.Run{Source: open(t, w, false), Classifier: classifier(t, w.Pool, w.Schema),
+			OnLetter: func(l *dlq.Letter) error {
+				positions = append(positions, l.Position)
+				copyOf[l.Position] = l.CopyOf
+				return nil
+			}}
+		tot, err := r.Browse(ctx)
+		require.NoError(t, err)
+		require.NoError(t, r.Source.Close())
+		require.Len(t, positions, 6)
+		require.EqualValues(t, 6, tot.Selected)
+		require.EqualValues(t, 2, tot.Repeated)
+		require.EqualValues(t, 4, tot.WouldApply, "each message once")
+		require.Equal(t, []string{"", "", "", positions[0], positions[1], ""}, []string{
+			copyOf[positions[0]], copyOf[positions[1]], copyOf[positions[2]], copyOf[positions[3]], copyOf[positions[4]], copyOf[positions[5]]})
+
+		r = dlq.Run{Source: open(t, w, true), Classifier: classifier(t, w.Pool, w.Schema), Topic: w.Topic}
+		tot, err = r.Replay(ctx)
+		require.NoError(t, err)
+		require.NoError(t, r.Source.Close())
+		require.EqualValues(t, 4, tot.Replayed)
+		require.ElementsMatch(t, []string{"order-1", "order-2", "order-3", "order-3-other"}, uuids(w.Read(w.Topic)))
+	})
+}

@@ -117,6 +117,13 @@ type Letter struct {
 	Why      string // why it is passed or kept
 	// Replayed is set once the broker confirmed the republished copy.
 	Replayed bool
+	// CopyOf is the Position of an earlier selected letter of this run
+	// that is the same message (same key, or UUID when it has none, and
+	// same payload): the at-least-once poisoning makes a second copy when
+	// a consumer dies after poisoning a message and before its ack. A
+	// replay sends the message once, from its first copy. Set by Browse
+	// and Replay; "" for a first copy.
+	CopyOf string
 
 	raw any // *amqp091.Delivery or *kgo.Record
 }

@@ -101,7 +101,10 @@ type Totals struct {
 	WouldApply       int64
 	StillBad         int64
 	Memo             int64
-	Replayed         int64 // republished and confirmed
+	// Repeated counts the selected letters that are copies of an earlier
+	// one (Letter.CopyOf); the classes above count each message once.
+	Repeated int64
+	Replayed int64 // republished and confirmed
 }
 
 func (t *Totals) count(l *Letter) {
@@ -185,6 +188,7 @@ func (r *Run) run(ctx context.Context, replay bool) (Totals, error) {
 		now = time.Now()
 	}
 	start := time.Now()
+	firsts := map[string]string{} // a message's identity -> the Position of its first copy
 	for r.Limit <= 0 || t.Selected < r.Limit {
 		if err := ctx.Err(); err != nil {
 			return t, err
@@ -226,9 +230,9 @@ func (r *Run) run(ctx context.Context, replay bool) (Totals, error) {
 				continue
 			}
 			t.Selected++
-			t.count(l)
 			l.Selected = true
 			l.Action, l.Why = r.decide(l)
+			r.markCopy(l, firsts, &t)
 		}
 		var settleErr error
 		if replay && !r.DryRun {
@@ -293,6 +297,28 @@ func (r *Run) decide(l *Letter) (Action, string) {
 	}
 	// Not classified (Browse without a Classifier).
 	return ActionKeep, ""
+}
+
+// markCopy counts l, a selected letter, unless it is a copy of a letter
+// firsts holds: then it is marked as one and, where the first copy is
+// replayed, passed over, so the message is sent once.
+func (r *Run) markCopy(l *Letter, firsts map[string]string, t *Totals) {
+	id := EffectiveKey(l)
+	if id == "" {
+		id = "id:" + l.Msg.UUID
+	}
+	id = strings.Join([]string{r.target(l), l.Stamps.Consumer, id, l.FingerprintHex()}, "\x00")
+	first, seen := firsts[id]
+	if !seen {
+		firsts[id] = l.Position
+		t.count(l)
+		return
+	}
+	l.CopyOf = first
+	t.Repeated++
+	if l.Action == ActionReplay {
+		l.Action, l.Why = ActionPass, "another copy of "+first+", which the replay sends"
+	}
 }
 
 // target is the topic a letter goes back to: the one it was consumed from.
