@@ -436,7 +436,7 @@ func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
 	defer cancel()
 	bcfg := c.bounded(cs.Broker)
 	bcfg.Kafka.ConsumerGroup = cmp.Or(bcfg.Kafka.ConsumerGroup, "claimtx-console") // a subscriber needs one; it never joins
-	bcfg.NATS.Durable = cmp.Or(bcfg.NATS.Durable, "claimtx-console") // likewise; it never subscribes
+	bcfg.NATS.Durable = cmp.Or(bcfg.NATS.Durable, "claimtx-console")               // likewise; it never subscribes
 	sub, err := brokers.NewSubscriber(bcfg, nil)
 	if err == nil {
 		h.horizon, h.known, err = replay.Horizon(ctx, sub, cs.Topic, cs.PoisonTopic)
