@@ -480,8 +480,11 @@ func (c *Console) deadLetterCount(ctx context.Context, name string) (count, titl
 	}
 	defer func() { _ = src.Close() }()
 	title = "messages in the poison queue " + cs.PoisonTopic
-	if kafka {
+	switch cs.Broker.Kind {
+	case brokers.KindKafka:
 		title = "messages in the poison topic " + cs.PoisonTopic + " after the last replay's progress"
+	case brokers.KindNATS:
+		title = "messages in the poison subject " + cs.PoisonTopic
 	}
 	return strconv.FormatInt(src.Total(), 10), title + " (Dead letters lists them)"
 }

@@ -138,7 +138,7 @@ func TestOverviewDeadLetters(t *testing.T) {
 		lo := row(t, body, "loyalty")
 		c := cells(lo)
 		require.Equal(t, []string{"10", "2"}, c[5:7], "dead letters, poison memos")
-		require.Contains(t, lo, "messages in the poison "+map[string]string{brokers.KindAMQP: "queue ", brokers.KindKafka: "topic "}[w.Kind]+w.Poison)
+		require.Contains(t, lo, "messages in the poison "+map[string]string{brokers.KindAMQP: "queue ", brokers.KindKafka: "topic ", brokers.KindNATS: "subject "}[w.Kind]+w.Poison)
 		require.Contains(t, lo, "keys with a poison memo")
 	})
 }
