@@ -77,11 +77,11 @@ cover: ## Statement coverage of the core packages.
 
 .PHONY: api
 api: ## Rewrite the golden files of the exported surface (docs/api/*.txt) after an intended API change.
-	$(GO) test -count=1 -run '^TestGolden$$' ./internal/apisurface -args -write
+	$(GO) test -count=1 -run '^TestGolden$$' ./docs/api -args -write
 
 .PHONY: api-count
 api-count: ## Count the exported identifiers per library package (names, methods, fields).
-	$(GO) test -count=1 -run '^TestCount$$' -v ./internal/apisurface | sed -n '/^ *package/,/^ *total/p'
+	$(GO) test -count=1 -run '^TestCount$$' -v ./docs/api | sed -n '/^ *package/,/^ *total/p'
 
 .PHONY: lint
 lint: ## gofmt, go vet, staticcheck, golangci-lint (installed on first use from the Go module proxy) and the exported surface against docs/api.
@@ -92,7 +92,7 @@ lint: ## gofmt, go vet, staticcheck, golangci-lint (installed on first use from 
 	staticcheck $(PKGS)
 	@command -v golangci-lint >/dev/null || $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@latest
 	golangci-lint run $(PKGS)
-	$(GO) test -count=1 -run '^TestGolden$$' ./internal/apisurface
+	$(GO) test -count=1 -run '^TestGolden$$' ./docs/api
 
 FUZZTIME ?= 30s
 .PHONY: fuzz

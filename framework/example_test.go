@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/testenv/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -124,8 +124,8 @@ func ExampleParseTimeSpec() {
 // with the effect. The redelivery is a duplicate: the handler does not run.
 func ExampleClaimKey() {
 	ctx := context.Background()
-	st := pgtest.ExampleStore(ctx) // a migrated store.Store on the test database
-	defer pgtest.DropExample(st)
+	st := testenv.ExampleStore(ctx) // a migrated store.Store on the test database
+	defer testenv.DropExampleStore(st)
 
 	key, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
 	if err != nil {

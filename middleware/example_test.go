@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/internal/testenv/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -22,7 +22,7 @@ import (
 func ExampleNewClaim() {
 	ctx := context.Background()
 	st := exampleStore(ctx)
-	defer pgtest.DropExample(st)
+	defer testenv.DropExampleStore(st)
 
 	key, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
 	if err != nil {
@@ -100,7 +100,7 @@ func ExampleNewPoison() {
 func ExampleNewBatch() {
 	ctx := context.Background()
 	st := exampleStore(ctx)
-	defer pgtest.DropExample(st)
+	defer testenv.DropExampleStore(st)
 
 	key, _ := framework.ParseKeySpec("json:order_id")
 	batch, err := middleware.NewBatch(middleware.Claim{Store: st, Consumer: "loyalty", Key: key})
@@ -142,7 +142,7 @@ func ExampleNewBatch() {
 // server (TEST_DATABASE_URL, as the tests use), with a ledger table; its
 // pool's search_path is that schema.
 func exampleStore(ctx context.Context) *store.Store {
-	st := pgtest.ExampleStore(ctx)
+	st := testenv.ExampleStore(ctx)
 	if _, err := st.Pool().Exec(ctx, "CREATE TABLE ledger (order_id bigint NOT NULL, points bigint NOT NULL)"); err != nil {
 		panic(err)
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/testenv"
-	"github.com/claimtx/claimtx/internal/testenv/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -33,7 +32,7 @@ type bundle struct {
 
 func setup(t testing.TB, maxConns int32) bundle {
 	t.Helper()
-	st := pgtest.Migrated(t, maxConns)
+	st := testenv.Migrated(t, maxConns)
 	b := bundle{pool: st.Pool(), store: st, schema: st.Config().Schema}
 	b.exec(t, `
 CREATE TABLE balances (customer_id bigint PRIMARY KEY, points bigint NOT NULL);

@@ -61,3 +61,10 @@ func (s *Store) PartitionedForTest(ctx context.Context) (bool, error) {
 
 // SQLForTest returns the upsert's statement.
 func (u *VersionedUpsert) SQLForTest() string { return u.sql }
+
+// LockRetentionForTest takes the table's retention leader lock, as another
+// instance mid-run holds it; the returned func releases it.
+func (s *Store) LockRetentionForTest(ctx context.Context) (func(), error) {
+	_, unlock, err := s.lockRetention(ctx)
+	return unlock, err
+}

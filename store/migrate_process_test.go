@@ -17,7 +17,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/internal/testenv"
-	"github.com/claimtx/claimtx/internal/testenv/pgtest"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/internal/migrate"
 )
@@ -181,7 +180,7 @@ func versionOf(t *testing.T, dbURL string) (int, error) {
 // no lock behind in the pool, and the next Migrate succeeds.
 func TestMigrateLockWaitCancelled(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Store(t, 2)
+	st := testenv.Store(t, 2)
 	ctx := context.Background()
 	holder, err := st.Pool().Acquire(ctx)
 	require.NoError(t, err)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/testenv/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -55,7 +55,7 @@ func requireClaimAt(t *testing.T, st *store.Store, consumer, key string, at time
 
 func partitionedStore(t *testing.T, maxConns int32, cfg store.RetentionConfig) (*store.Store, store.PartitioningResult) {
 	t.Helper()
-	st := pgtest.Migrated(t, maxConns)
+	st := testenv.Migrated(t, maxConns)
 	ctx := context.Background()
 	_, err := st.Pool().Exec(ctx, "CREATE TABLE ledger (consumer text, message_key text)")
 	require.NoError(t, err)
@@ -256,7 +256,7 @@ func TestPartitionConfigAndStates(t *testing.T) {
 	}
 	require.NoError(t, store.RetentionConfig{Retention: 2 * 24 * time.Hour, Force: true}.Validate())
 
-	st := pgtest.Store(t, 2)
+	st := testenv.Store(t, 2)
 	ctx := context.Background()
 	_, err := st.PartitionedForTest(ctx)
 	require.ErrorIs(t, err, store.ErrNoClaimTable)
@@ -288,7 +288,7 @@ func TestPartitionConfigAndStates(t *testing.T) {
 // before the switch.
 func TestMigratePlainTableToPartitioned(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 	ctx := context.Background()
 	_, err := st.Pool().Exec(ctx, "CREATE TABLE ledger (consumer text, message_key text)")
 	require.NoError(t, err)
@@ -394,7 +394,7 @@ func TestMigratePlainTableToPartitioned(t *testing.T) {
 // moved instead: the legacy partition is re-attached with an old one.
 func TestLegacyPartitionExpires(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 5, "-50 days")
 	res, err := st.EnablePartitioning(ctx, store.RetentionConfig{Ahead: 3})

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/testenv/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/internal/claimsql"
 )
@@ -36,7 +36,7 @@ func loadPositions(t *testing.T, st *store.Store, consumer, topic string, parts 
 // positions are kept per consumer, topic and partition.
 func TestKafkaPositionsOnlyRise(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 	storePositions(t, st, "loyalty", claimsql.Position{Topic: "orders", Partition: 0, SettledBelow: 10})
 	storePositions(t, st, "loyalty", claimsql.Position{Topic: "orders", Partition: 0, SettledBelow: 7})
 	require.Equal(t, map[int32]int64{0: 10}, loadPositions(t, st, "loyalty", "orders", 0, 1, 2))
@@ -74,7 +74,7 @@ func TestKafkaPositionsOnlyRise(t *testing.T) {
 // greater position wins whichever commits last.
 func TestKafkaPositionsWaitForCommit(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 	ctx := context.Background()
 	stmts := claimsql.PositionsFor(st.Config().Schema)
 	storePositions(t, st, "c", claimsql.Position{Topic: "t", Partition: 0, SettledBelow: 1}, claimsql.Position{Topic: "t", Partition: 1, SettledBelow: 1})
@@ -104,7 +104,7 @@ func TestRetentionLeavesKafkaPositions(t *testing.T) {
 	ctx := context.Background()
 	t.Run("cleanup", func(t *testing.T) {
 		t.Parallel()
-		st := pgtest.Migrated(t, 4)
+		st := testenv.Migrated(t, 4)
 		insertAged(t, st, "loyalty", "old-", 20, "-400 days")
 		storePositions(t, st, "loyalty", claimsql.Position{Topic: "orders", Partition: 0, SettledBelow: 20})
 		_, err := st.Pool().Exec(ctx, "UPDATE "+pgx.Identifier{st.Config().Schema, "kafka_positions"}.Sanitize()+" SET updated_at = now() - interval '400 days'")

@@ -9,7 +9,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/testenv/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -23,7 +23,7 @@ func cleanup(t *testing.T, st *store.Store, cfg store.RetentionConfig) store.Cle
 
 func TestCleanupBoundaries(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 
 	// Outside the 30-day window: just outside, far outside, and 23 rows
 	// sharing one timestamp so that ties straddle batch boundaries.
@@ -61,7 +61,7 @@ func TestCleanupBoundaries(t *testing.T) {
 
 func TestCleanupAdaptiveBatchesAndVacuum(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	insertAged(t, st, "c", "old-", 3000, "-60 days")
 	insertAged(t, st, "c", "new-", 10, "-1 day")
 	var sizes []int
@@ -80,7 +80,7 @@ func TestCleanupAdaptiveBatchesAndVacuum(t *testing.T) {
 
 func TestCleanupSettingsDoNotLeak(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 1) // one connection: the cleaner's is the one we inspect
+	st := testenv.Migrated(t, 1) // one connection: the cleaner's is the one we inspect
 	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 20, "-60 days")
 	cleanup(t, st, fixedBatches(5))
@@ -95,7 +95,7 @@ func TestCleanupSettingsDoNotLeak(t *testing.T) {
 
 func TestCleanupMinimumRetention(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
 	insertAged(t, st, "c", "two-days-", 3, "-2 days")
 
@@ -134,7 +134,7 @@ func TestCleanupMinimumRetention(t *testing.T) {
 
 func TestCleanupDryRun(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	insertAged(t, st, "c", "old-", 12, "-31 days")
 	insertAged(t, st, "c", "older-", 3, "-90 days")
 	insertAged(t, st, "c", "new-", 4, "-29 days")
@@ -151,7 +151,7 @@ func TestCleanupDryRun(t *testing.T) {
 // done the lock is free again.
 func TestCleanupLeaderExclusive(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 40, "-60 days")
 
@@ -186,7 +186,7 @@ func TestCleanupLeaderExclusive(t *testing.T) {
 
 func TestCleanupInterruptAndResume(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 100, "-60 days")
 	insertAged(t, st, "c", "new-", 5, "-1 hour")
@@ -213,7 +213,7 @@ func TestCleanupInterruptAndResume(t *testing.T) {
 
 func TestCleanupTableStates(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Store(t, 2)
+	st := testenv.Store(t, 2)
 	ctx := context.Background()
 	_, err := st.Cleanup(ctx, store.RetentionConfig{})
 	require.ErrorIs(t, err, store.ErrNoClaimTable)
@@ -229,7 +229,7 @@ func TestCleanupTableStates(t *testing.T) {
 
 func TestStats(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
 	insertAged(t, st, "loyalty", "a-", 30, "-3 days")
 	insertAged(t, st, "loyalty", "b-", 20, "-1 hour")
@@ -261,7 +261,7 @@ func TestStats(t *testing.T) {
 // before its horizon, in batches, after the claims; a dry run counts them.
 func TestCleanupRemovesExpiredPoisonMemos(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 	ctx := context.Background()
 	insertMemos(t, st, "loyalty", "old-", 7, "-31 days")
 	insertMemos(t, st, "loyalty", "young-", 3, "-29 days")

@@ -18,14 +18,13 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/testenv"
-	"github.com/claimtx/claimtx/internal/testenv/pgtest"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/internal/migrate"
 )
 
 func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Store(t, 8)
+	st := testenv.Store(t, 8)
 	schema := st.Config().Schema
 	ctx := context.Background()
 	requireVersion(t, st, 0)
@@ -82,7 +81,7 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 
 func TestMigrateTxRollsBackWithCaller(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Store(t, 2)
+	st := testenv.Store(t, 2)
 	ctx := context.Background()
 	tx := begin(t, st)
 	require.NoError(t, st.MigrateTx(ctx, tx))
@@ -92,7 +91,7 @@ func TestMigrateTxRollsBackWithCaller(t *testing.T) {
 
 func TestClaim(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 	ctx := context.Background()
 
 	claimIn := func(key string, commit bool) bool {
@@ -117,7 +116,7 @@ func TestClaim(t *testing.T) {
 
 func TestClaimWaitRestoresLockTimeout(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 	ctx := context.Background()
 	tx := begin(t, st)
 	var before, after string
@@ -131,7 +130,7 @@ func TestClaimWaitRestoresLockTimeout(t *testing.T) {
 
 func TestClaimWaitTimesOutBehindTwin(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 	ctx := context.Background()
 	holder := begin(t, st)
 	ok, err := claimKey(ctx, st, holder, "c", "k", 0)
@@ -178,7 +177,7 @@ func TestHostileNamesRejected(t *testing.T) {
 // A consumer name that looks like SQL is stored as data, never executed.
 func TestHostileConsumerIsData(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
 	hostile := `x'); DROP TABLE processed_messages; --`
 	err := pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
@@ -212,7 +211,7 @@ func TestIsTransient(t *testing.T) {
 // classifies as a connection failure.
 func TestClassifyRealConnectionLoss(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Store(t, 3)
+	st := testenv.Store(t, 3)
 	ctx := context.Background()
 	conn, err := st.Pool().Acquire(ctx)
 	require.NoError(t, err)
@@ -228,7 +227,7 @@ func TestClassifyRealConnectionLoss(t *testing.T) {
 
 func TestClaimFingerprint(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
 	claim := func(r store.ClaimRequest) store.ClaimResult { return claimWith(t, st, r) }
 	h1, h2 := []byte{1, 2, 3}, []byte{9, 9, 9}
@@ -248,7 +247,7 @@ func TestClaimFingerprint(t *testing.T) {
 // gone for the effects, and every failure giving the connection back.
 func TestBeginClaim(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
 	h1, h2 := []byte{1, 2, 3}, []byte{9, 9, 9}
 	claim := func(r store.ClaimRequest, commit bool) store.ClaimResult {
@@ -304,7 +303,7 @@ func TestBeginClaim(t *testing.T) {
 // wait <= 0, and a failed BEGIN giving the connection back.
 func TestBeginNaturalKey(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
 	for wait, want := range map[time.Duration]string{time.Second: "1s", 1500 * time.Millisecond: "1500ms", time.Microsecond: "1ms", 0: "0"} {
 		tx, err := st.BeginNaturalKeyForTest(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, wait)
@@ -338,7 +337,7 @@ func TestMigrationTransactionIDsOnline(t *testing.T) {
 	for _, partitioned := range []bool{false, true} {
 		t.Run(fmt.Sprintf("partitioned=%v", partitioned), func(t *testing.T) {
 			t.Parallel()
-			st := pgtest.Migrated(t, 4)
+			st := testenv.Migrated(t, 4)
 			ctx := context.Background()
 			outbox := pgx.Identifier{st.Config().Schema, st.Config().OutboxTable}.Sanitize()
 			claim := func(key string) {
@@ -414,7 +413,7 @@ WHERE i.inhparent = $1::regclass AND NOT EXISTS (
 
 func TestClaimBatch(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
 	batch := func(keys ...string) []string {
 		tx, got, err := st.BeginClaimBatchForTest(ctx, pgx.TxOptions{}, "c", keys, 0)
@@ -433,7 +432,7 @@ func TestClaimBatch(t *testing.T) {
 // and gives the connection back.
 func TestBeginClaimBatch(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
 	tx, got, err := st.BeginClaimBatchForTest(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, "c", []string{"b", "a", "b"}, time.Second)
 	require.NoError(t, err)
@@ -457,7 +456,7 @@ func TestBeginClaimBatch(t *testing.T) {
 
 func TestClaimsByEventDay(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
 	byDay, err := st.ClaimsByEventDay(ctx)
 	require.NoError(t, err)
@@ -487,7 +486,7 @@ func msg(uuid, payload string, metadata ...string) *message.Message {
 
 func TestEnqueueCommitsWithTheTransaction(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 	ctx := context.Background()
 
 	// Rolled back: nothing.
@@ -541,7 +540,7 @@ func TestEnqueueCommitsWithTheTransaction(t *testing.T) {
 
 func TestEnqueueRefusesWhatNoBrokerTakes(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name  string
@@ -570,7 +569,7 @@ func TestEnqueueRefusesWhatNoBrokerTakes(t *testing.T) {
 // the first locked instead of waiting for it.
 func TestLockPendingSkipsLockedRows(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 4)
+	st := testenv.Migrated(t, 4)
 	ctx := context.Background()
 	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 		for i := 0; i < 5; i++ {
@@ -610,7 +609,7 @@ func TestLockPendingSkipsLockedRows(t *testing.T) {
 
 func TestDeleteSentOutboxInBatches(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
 	require.NoError(t, pgx.BeginFunc(ctx, st.Pool(), func(tx pgx.Tx) error {
 		ms := make([]*message.Message, 25)
@@ -658,7 +657,7 @@ func TestDeleteSentOutboxInBatches(t *testing.T) {
 // commits.
 func TestEnqueueNotifiesAtCommit(t *testing.T) {
 	t.Parallel()
-	st := pgtest.Migrated(t, 2)
+	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, testenv.URL())
 	require.NoError(t, err)

@@ -24,14 +24,13 @@ import (
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/testenv"
-	"github.com/claimtx/claimtx/internal/testenv/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
 
 func newStore(t *testing.T, maxConns int32) *store.Store {
 	t.Helper()
-	st := pgtest.Migrated(t, maxConns)
+	st := testenv.Migrated(t, maxConns)
 	_, err := st.Pool().Exec(context.Background(), "CREATE TABLE effects (k text NOT NULL)")
 	require.NoError(t, err)
 	return st
@@ -183,7 +182,7 @@ func TestHealth(t *testing.T) {
 	require.Contains(t, rr.Body.String(), "broker connection is down")
 
 	// Migrations behind: a schema no migration ran in.
-	behind := pgtest.Store(t, 1)
+	behind := testenv.Store(t, 1)
 	rep = observe.Health{Store: behind}.Check(context.Background())
 	require.False(t, rep.Ready)
 	require.Contains(t, rep.Checks["migrations"], "needs")

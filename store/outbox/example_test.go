@@ -8,7 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/claimtx/claimtx/internal/testenv/pgtest"
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 	"github.com/claimtx/claimtx/store/outbox"
 )
@@ -19,8 +19,8 @@ import (
 func ExampleNew() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st := pgtest.ExampleStore(ctx)
-	defer pgtest.DropExample(st)
+	st := testenv.ExampleStore(ctx)
+	defer testenv.DropExampleStore(st)
 	pub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, nil) // brokers.NewPublisher(cfg, logger)
 	defer func() { _ = pub.Close() }()
 

@@ -16,7 +16,6 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/testenv"
-	"github.com/claimtx/claimtx/internal/testenv/pgtest"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
 )
@@ -45,7 +44,7 @@ type env struct {
 
 func setup(t *testing.T, maxConns int32) env {
 	t.Helper()
-	st := pgtest.Migrated(t, maxConns)
+	st := testenv.Migrated(t, maxConns)
 	pool, schema := st.Pool(), st.Config().Schema
 	_, err := pool.Exec(context.Background(), "CREATE TABLE IF NOT EXISTS effects (k text NOT NULL, payload text NOT NULL)")
 	require.NoError(t, err)

@@ -1,4 +1,4 @@
-package apisurface
+package api
 
 import (
 	"bytes"
@@ -106,7 +106,7 @@ func isLibrary(module, path, name string) bool {
 		return false
 	}
 	for _, elem := range strings.Split(strings.TrimPrefix(path, module), "/") {
-		if elem == "internal" || elem == "examples" {
+		if elem == "internal" || elem == "examples" || elem == "docs" {
 			return false
 		}
 	}

@@ -1,4 +1,4 @@
-package apisurface
+package api
 
 import (
 	"flag"

@@ -1,7 +1,8 @@
-// Package pgtest opens the claimtx stores that tests and runnable examples
-// start from, each in a schema of its own. It stands apart from testenv
-// because it imports store, whose internal tests use testenv.
-package pgtest
+package testenv
+
+// The claimtx stores that tests and runnable examples start from, each in
+// a schema of its own. store's own tests are black-box (package store_test)
+// wherever they need these, so testenv may import store without a cycle.
 
 import (
 	"context"
@@ -9,15 +10,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
 // Store is a store of claimtx's default tables in a fresh schema
-// (testenv.Setup) on a pool of at most maxConns connections, not migrated.
+// (Setup) on a pool of at most maxConns connections, not migrated.
 func Store(t testing.TB, maxConns int32) *store.Store {
 	t.Helper()
-	pool, schema := testenv.Setup(t, maxConns)
+	pool, schema := Setup(t, maxConns)
 	st, err := store.New(pool, store.Config{Schema: schema})
 	require.NoError(t, err)
 	return st
@@ -32,9 +32,9 @@ func Migrated(t testing.TB, maxConns int32) *store.Store {
 }
 
 // ExampleStore is Migrated for runnable examples, which have no testing.T:
-// on testenv.ExamplePool, panicking on error. DropExample drops it.
+// on ExamplePool, panicking on error. DropExampleStore drops it.
 func ExampleStore(ctx context.Context) *store.Store {
-	pool, schema := testenv.ExamplePool(ctx)
+	pool, schema := ExamplePool(ctx)
 	st, err := store.New(pool, store.Config{Schema: schema})
 	if err != nil {
 		panic(err)
@@ -45,5 +45,5 @@ func ExampleStore(ctx context.Context) *store.Store {
 	return st
 }
 
-// DropExample drops an ExampleStore's schema and closes its pool.
-func DropExample(st *store.Store) { testenv.DropExample(st.Pool(), st.Config().Schema) }
+// DropExampleStore drops an ExampleStore's schema and closes its pool.
+func DropExampleStore(st *store.Store) { DropExample(st.Pool(), st.Config().Schema) }
