@@ -10,7 +10,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	natsgo "github.com/nats-io/nats.go"
 
-	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/natsmsg"
@@ -65,7 +64,7 @@ func dial(s settings, logger watermill.LoggerAdapter, role string, denied *denie
 			logger.Error("NATS asynchronous error", err, fields)
 		}),
 	}
-	opts = append(opts, natsmsg.Auth(brokers.NATSConfig(s))...)
+	opts = append(opts, natsmsg.Auth(s.User, s.Password, s.Token, s.CredsFile)...)
 	deadline := time.Now().Add(s.DialTimeout)
 	wait := dialBackoffLo
 	for attempt := 1; ; attempt++ {

@@ -14,8 +14,6 @@ import (
 	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
 	natsgo "github.com/nats-io/nats.go"
-
-	"github.com/claimtx/claimtx/brokers"
 )
 
 // Metadata keys set from where JetStream stored a message. They describe
@@ -79,18 +77,19 @@ func Message(subject string, hdr natsgo.Header, data []byte, at *Stored) *messag
 	return msg
 }
 
-// Auth is how a client of c authenticates: user and password, or token,
-// and a .creds file.
-func Auth(c brokers.NATSConfig) []natsgo.Option {
+// Auth is how a client authenticates (brokers.NATSConfig's fields, passed
+// one by one so that this package stays below brokers): user and password,
+// or token, and a .creds file.
+func Auth(user, password, token, credsFile string) []natsgo.Option {
 	var opts []natsgo.Option
 	switch {
-	case c.User != "":
-		opts = append(opts, natsgo.UserInfo(c.User, c.Password))
-	case c.Token != "":
-		opts = append(opts, natsgo.Token(c.Token))
+	case user != "":
+		opts = append(opts, natsgo.UserInfo(user, password))
+	case token != "":
+		opts = append(opts, natsgo.Token(token))
 	}
-	if c.CredsFile != "" {
-		opts = append(opts, natsgo.UserCredentials(c.CredsFile))
+	if credsFile != "" {
+		opts = append(opts, natsgo.UserCredentials(credsFile))
 	}
 	return opts
 }

@@ -37,7 +37,7 @@ type natsSource struct {
 }
 
 func openNATS(ctx context.Context, cfg brokers.NATSConfig, o Options) (_ *natsSource, err error) {
-	opts := append([]natsgo.Option{natsgo.Name("claimtx-dlq")}, natsmsg.Auth(cfg)...)
+	opts := append([]natsgo.Option{natsgo.Name("claimtx-dlq")}, natsmsg.Auth(cfg.User, cfg.Password, cfg.Token, cfg.CredsFile)...)
 	nc, err := natsgo.Connect(cmp.Or(cfg.URL, natsgo.DefaultURL), opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS: %w", err)
