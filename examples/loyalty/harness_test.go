@@ -151,9 +151,7 @@ func newHarnessWith(t *testing.T, kind string, opts harnessOptions) *harness {
 		adm := kadm.NewClient(cl)
 		require.NoError(t, feed.CreateKafkaTopics(ctx, adm, h.topic, opts.partitions))
 	case "amqp":
-		conn, err := amqp.Dial(h.amqpURL)
-		require.NoError(t, err)
-		h.amqpConn = conn
+		conn := h.amqp()
 		h.deleteQueuesAtCleanup(h.topic, h.topic+".poison")
 		t.Cleanup(func() { _ = h.amqpConn.Close() })
 		ch, err := conn.Channel()
