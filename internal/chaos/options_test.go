@@ -127,8 +127,6 @@ func run(ctx context.Context, o options) ([]report, error) {
 		return nil, fmt.Errorf(`-kafka-broker must be "devkafka" or "kfake", got %q`, o.kafkaBroker)
 	case o.kafkaSession < 0 || o.kafkaRebalance < 0:
 		return nil, fmt.Errorf("-kafka-session-timeout and -kafka-rebalance-timeout must not be negative")
-	case o.pgRestart == privatePostgres && o.pgCluster == nil:
-		return nil, errors.New("-pg-restart private: the private Postgres cluster was not started (usePrivatePostgres)")
 	case o.amqpDisrupt != "all" && o.amqpDisrupt != "own":
 		return nil, fmt.Errorf(`-amqp-disrupt must be "all" or "own", got %q`, o.amqpDisrupt)
 	case o.amqpQueueType != "classic" && o.amqpQueueType != "quorum":
@@ -153,6 +151,9 @@ func run(ctx context.Context, o options) ([]report, error) {
 		if _, err := os.Stat(bin); err != nil {
 			return nil, fmt.Errorf("loyalty binary %s: %w (run `make chaos`, which builds it)", bin, err)
 		}
+	}
+	if o.pgRestart == privatePostgres && o.pgCluster == nil {
+		return nil, errors.New("-pg-restart private: the private Postgres cluster was not started (usePrivatePostgres)")
 	}
 	if err := os.MkdirAll(o.logDir, 0o750); err != nil {
 		return nil, err
