@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"testing"
 	"time"
 
 	"github.com/claimtx/claimtx/internal/testenv"
@@ -171,16 +170,6 @@ func run(ctx context.Context, o options) ([]report, error) {
 		}
 	}
 	return reports, nil
-}
-
-// usePrivatePostgres starts the private cluster when -pg-restart asks for
-// it and points the run at it.
-func usePrivatePostgres(t testing.TB, o *options) {
-	if o.pgRestart != privatePostgres {
-		return
-	}
-	o.pgCluster = testenv.StartPGCluster(t)
-	o.databaseURL = o.pgCluster.URL("postgres")
 }
 
 // drainTimeout is the consumers' drain timeout: DRAIN_TIMEOUT, which they

@@ -116,7 +116,7 @@ func (c *PGCluster) run(ctx context.Context, tool string, args ...string) error 
 		args = append([]string{"-u", "postgres", "--", name}, args...)
 		name = "runuser"
 	}
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput() //nolint:gosec // the machine's initdb/pg_ctl, or runuser running them
 	if err != nil {
 		return fmt.Errorf("%s %v: %w: %s", tool, args, err, out)
 	}
