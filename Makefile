@@ -25,27 +25,29 @@ build: ## Compile every package and example.
 	$(GO) build $(PKGS)
 
 .PHONY: test
-test: test-parallel test-disruptive test-browser ## Run every test against the local Postgres, RabbitMQ and in-process Kafka, and the console in Chromium (the CI command).
+test: test-parallel test-disruptive test-browser ## Run every test against the local Postgres, RabbitMQ and in-process Kafka, and the console in Chromium (the CI command); safe beside other work on those servers.
 
 .PHONY: test-parallel
 test-parallel: ## The main suite, with -race; packages run in parallel, each test isolated by schema, queue and topic.
 	$(GO) test $(TEST_FLAGS) $(PKGS)
 
-# Tests that close every broker connection or restart a server would break
-# tests running beside them: they are behind the "disruptive" build tag and
-# run one package at a time, after the parallel suite. TestReconnect,
-# TestWindowReconnect and TestHealthReconnectAMQP (framework/observe) close
-# only their own connections but cannot run under -race (a data race inside
-# watermill-amqp's reconnect, see brokers/amqp/doc.go), so they run here,
-# without it.
-# TestChaosDisruptive (internal/chaos) is `make chaos-ci` as a test: it
-# restarts Postgres and closes every RabbitMQ connection, so it runs here.
+# Tests that drop connections or restart a server: each acts only on a
+# server or connections of its own (a private Postgres cluster started with
+# the machine's initdb/pg_ctl, RabbitMQ connections closed by their
+# connection name, NATS cut at a TCP proxy of the test's), so they leave
+# the shared servers and whatever else runs on them alone. They are behind
+# the "disruptive" build tag and run one package at a time, after the
+# parallel suite, without -race: TestReconnect, TestWindowReconnect and
+# TestHealthReconnectAMQP (framework/observe) hit a data race inside
+# watermill-amqp's reconnect (see brokers/amqp/doc.go).
+# TestChaosDisruptive (internal/chaos) is `make chaos-ci` as a test, on its
+# private Postgres cluster and its own RabbitMQ connections.
 # It takes a few minutes (Kafka runs at the default session and rebalance
 # timeouts), hence -timeout above go test's default 10m.
 # Only the packages that have such tests, so every line of the run reports tests that ran.
 DISRUPTIVE_PKGS ?= ./brokers/amqp/ ./internal/chaos/ ./examples/loyalty/ ./framework/observe/
 .PHONY: test-disruptive
-test-disruptive: ## Tests that disconnect or restart shared servers, run serially (includes the CI chaos run).
+test-disruptive: ## Tests that drop their own connections or restart their own private Postgres cluster, run serially without -race (includes the CI chaos run).
 	$(GO) test -count=1 -p 1 -timeout 20m -tags disruptive -run 'Disruptive|Reconnect' $(DISRUPTIVE_PKGS)
 
 # The console's end-to-end test: real loyalty consumers and `claimtx
@@ -144,25 +146,27 @@ BENCH_LETTERS ?= 100000
 bench-console: ## Console page times at scale: BENCH_CLAIMS claims over 30 days, BENCH_LETTERS dead letters on RabbitMQ and Kafka, each page requested 5 times (own schema, queues and topics).
 	BENCH_CLAIMS=$(BENCH_CLAIMS) BENCH_LETTERS=$(BENCH_LETTERS) $(GO) test -tags benchconsole -run '^TestPageTimes$$' -count=1 -timeout 60m -v ./framework/cmd/claimtx/internal/console/
 
-# The chaos run restarts the shared Postgres and closes every RabbitMQ
-# connection on the host: run it alone (not beside `make test`).
+# The chaos run restarts a private Postgres cluster of its own and closes
+# only its own RabbitMQ connections (CHAOS_FLAGS='-pg-restart "CMD"
+# -amqp-disrupt all' restart the DATABASE_URL server and close everyone's:
+# opt-in, run alone). Its load wants a quiet machine.
 # The harness is test code (internal/chaos, build tag chaos); its knobs are
 # test flags after -args, paths relative to the module root. -v streams its
 # output as it runs; each broker bounds itself (-timeout), so go test does not.
 CHAOS_FLAGS ?=
 CHAOS_TEST = $(GO) test -tags chaos -v -count=1 -timeout 0 -run '^TestChaos$$' ./internal/chaos/
 .PHONY: chaos
-chaos: ## Chaos run per broker: 20,000 orders, 3 consumers cold-started at once on a fresh database, >= 15 SIGKILLs and >= 15 SIGTERM rolling restarts, on Kafka (default timeouts) >= 10 SIGTERMs of consumers still joining and >= 10 right after a SIGKILL, a Postgres restart, a broker disruption; fails unless lost, doubled, wrongly_poisoned, crashes and hung_shutdowns (no exit within drain timeout + 5s of SIGTERM) are 0 (restarts Postgres: run alone).
+chaos: ## Chaos run per broker: 20,000 orders, 3 consumers cold-started at once on a fresh database, >= 15 SIGKILLs and >= 15 SIGTERM rolling restarts, on Kafka (default timeouts) >= 10 SIGTERMs of consumers still joining and >= 10 right after a SIGKILL, a Postgres restart, a broker disruption; fails unless lost, doubled, wrongly_poisoned, crashes and hung_shutdowns (no exit within drain timeout + 5s of SIGTERM) are 0 (on a private Postgres cluster and its own RabbitMQ connections).
 	$(GO) build -o bin/loyalty ./examples/loyalty
 	$(GO) build -o bin/devkafka ./framework/cmd/devkafka
 	$(CHAOS_TEST) -args -loyalty bin/loyalty -devkafka bin/devkafka $(CHAOS_FLAGS)
 
 .PHONY: chaos-batch
-chaos-batch: ## make chaos with the consumers in batch mode (BATCH_SIZE=64, 2 workers; restarts Postgres: run alone).
+chaos-batch: ## make chaos with the consumers in batch mode (BATCH_SIZE=64, 2 workers).
 	BATCH_SIZE=64 BATCH_WORKERS=2 $(MAKE) chaos
 
 .PHONY: chaos-quorum
-chaos-quorum: ## make chaos on RabbitMQ only, on quorum queues (AMQP_QUEUE_TYPE=quorum for the consumers; restarts Postgres: run alone).
+chaos-quorum: ## make chaos on RabbitMQ only, on quorum queues (AMQP_QUEUE_TYPE=quorum for the consumers).
 	$(MAKE) chaos CHAOS_FLAGS="-brokers amqp -amqp-queue-type quorum $(CHAOS_FLAGS)"
 
 .PHONY: chaos-ci

@@ -3,8 +3,6 @@ package amqp_test
 import (
 	"context"
 	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -33,18 +31,8 @@ func skipUnlessReconnectable(t *testing.T) {
 // the other tests sharing the broker.
 func closeConnectionsNamed(t *testing.T, name string) int {
 	t.Helper()
-	out, err := exec.Command("rabbitmqctl", "list_connections", "--quiet", "--no-table-headers", "pid", "client_properties").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	closed := 0
-	for _, line := range strings.Split(string(out), "\n") {
-		pid, props, ok := strings.Cut(line, "\t")
-		if !ok || !strings.Contains(props, `{"connection_name","`+name+`"}`) {
-			continue
-		}
-		out, err := exec.Command("rabbitmqctl", "close_connection", pid, "claimtx reconnect test").CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		closed++
-	}
+	closed, err := testenv.CloseAMQPConnections(t.Context(), "claimtx reconnect test", name)
+	require.NoError(t, err)
 	return closed
 }
 

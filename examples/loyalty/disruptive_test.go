@@ -3,8 +3,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
-	"os/exec"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,12 +17,16 @@ import (
 	"github.com/claimtx/claimtx/internal/testenv"
 )
 
-// Tests in this file disturb every client of the shared RabbitMQ: they run
-// only with -tags disruptive, one package at a time, after the parallel
-// suite (make test-disruptive). They are not parallel.
+// Tests in this file drop RabbitMQ connections, their own only (by
+// connection name), so the shared server's other clients are not
+// disturbed. They run with -tags disruptive, one package at a time, after
+// the parallel suite (make test-disruptive), without -race: the reconnect
+// is racy inside watermill-amqp (see brokers/amqp/doc.go). They are not
+// parallel.
 
-// TestDisruptiveRabbitMQClosesAllConnections: RabbitMQ closes every client
-// connection (rabbitmqctl close_all_connections) while the consumer is in the
+// TestDisruptiveRabbitMQClosesAllConnections: RabbitMQ closes all of the
+// consumer's connections and the test's own (rabbitmqctl close_connection,
+// CONNECTION_FORCED, as on a broker restart) while the consumer is in the
 // middle of a stream of orders. The consumer must reconnect by itself and
 // consume the rest, including orders published after the disconnection;
 // deliveries in flight when the connection dropped come back and are either
@@ -45,13 +51,18 @@ func TestDisruptiveRabbitMQClosesAllConnections(t *testing.T) {
 	// keeps a small backlog make a stream that outlasts rabbitmqctl's slow
 	// start, so the connections drop mid-stream with deliveries in flight
 	// (some committed but not yet acked).
-	p := h.start("LOG_LEVEL=debug", "LOYALTY_HANDLER_DELAY=20ms")
+	// The consumer's connections carry a name of this test's, set as an
+	// operator would (CONFIG_FILE, broker.amqp.connection_name).
+	consumerConn := h.topic + " consumer"
+	cfgFile := filepath.Join(t.TempDir(), "config.yaml")
+	require.NoError(t, os.WriteFile(cfgFile, []byte("broker:\n  amqp:\n    connection_name: "+consumerConn+"\n"), 0o600))
+	p := h.start("LOG_LEVEL=debug", "LOYALTY_HANDLER_DELAY=20ms", "CONFIG_FILE="+cfgFile)
 	// The metrics address is logged at start-up; read it now.
 	p.metricsURL(t)
 
 	type result struct {
-		out []byte
-		err error
+		closed int
+		err    error
 	}
 	closed := make(chan result, 1)
 	var all []order
@@ -60,11 +71,11 @@ func TestDisruptiveRabbitMQClosesAllConnections(t *testing.T) {
 	const batch = 20
 	for extraBatches < 10 {
 		if !closeDone && len(all) == 4*batch {
-			// A stream is flowing: RabbitMQ closes every connection
-			// while the producer and the consumer carry on.
+			// A stream is flowing: RabbitMQ closes the consumer's and
+			// the producer's connections while both carry on.
 			go func() {
-				out, err := exec.Command("rabbitmqctl", "close_all_connections", "claimtx disruptive test").CombinedOutput()
-				closed <- result{out, err}
+				n, err := testenv.CloseAMQPConnections(context.Background(), "claimtx disruptive test", consumerConn, h.topic)
+				closed <- result{n, err}
 			}()
 		}
 		next := orders(len(all)+1, batch)
@@ -82,14 +93,15 @@ func TestDisruptiveRabbitMQClosesAllConnections(t *testing.T) {
 			select {
 			case closeOut = <-closed:
 				closeDone = true
-				require.NoError(t, closeOut.err, "%s", closeOut.out)
-				t.Logf("connections closed at about order %d:\n%s", len(all), strings.TrimSpace(string(closeOut.out)))
+				require.NoError(t, closeOut.err)
+				require.Equal(t, 3, closeOut.closed, "the consumer's two connections and the test's")
+				t.Logf("%d connections closed at about order %d", closeOut.closed, len(all))
 			default:
 			}
 		} else {
 			extraBatches++
 		}
-		require.Less(t, len(all), 5000, "rabbitmqctl close_all_connections never returned")
+		require.Less(t, len(all), 5000, "rabbitmqctl close_connection never returned")
 	}
 
 	// The consumer lost its connections (subscriber and poison publisher):

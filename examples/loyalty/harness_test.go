@@ -151,9 +151,7 @@ func newHarnessWith(t *testing.T, kind string, opts harnessOptions) *harness {
 		adm := kadm.NewClient(cl)
 		require.NoError(t, feed.CreateKafkaTopics(ctx, adm, h.topic, opts.partitions))
 	case "amqp":
-		conn, err := amqp.Dial(h.amqpURL)
-		require.NoError(t, err)
-		h.amqpConn = conn
+		conn := h.amqp()
 		h.deleteQueuesAtCleanup(h.topic, h.topic+".poison")
 		t.Cleanup(func() { _ = h.amqpConn.Close() })
 		ch, err := conn.Channel()
@@ -345,7 +343,7 @@ func (h *harness) tryPublishAMQP(queue string, eventIDs []string, payloads [][]b
 }
 
 // amqp returns the test's own RabbitMQ connection, dialled again if the
-// server closed it (the disruptive tests close every connection).
+// server closed it (the disruptive test closes it).
 func (h *harness) amqp() *amqp.Connection {
 	h.t.Helper()
 	if h.amqpConn != nil && !h.amqpConn.IsClosed() {
@@ -354,7 +352,9 @@ func (h *harness) amqp() *amqp.Connection {
 	var conn *amqp.Connection
 	require.Eventually(h.t, func() bool {
 		var err error
-		conn, err = amqp.Dial(h.amqpURL)
+		// Named after the topic, so a test can have RabbitMQ close it
+		// (testenv.CloseAMQPConnections) and no one else's.
+		conn, err = amqp.DialConfig(h.amqpURL, amqp.Config{Locale: "en_US", Properties: amqp.Table{"connection_name": h.topic}})
 		return err == nil
 	}, 30*time.Second, 100*time.Millisecond, "dial RabbitMQ again")
 	h.amqpConn = conn

@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"strings"
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // amqpOps publishes like a plain amqp091 producer (default exchange,
@@ -18,10 +19,13 @@ type amqpOps struct {
 	url, topic string
 	queueType  string // "classic" or "quorum", as the consumers' AMQP_QUEUE_TYPE
 	keep       bool   // keep the queues at the end
-	// closeOwn limits the disruption to the connections of pids (this
-	// run's consumers) instead of every connection on the server.
+	// connName is the connection_name of this run's connections: the
+	// consumers' (their CONFIG_FILE sets it) and, with " runner", this
+	// runner's.
+	connName string
+	// closeOwn limits the disruption to this run's connections (by name)
+	// instead of every connection on the server.
 	closeOwn bool
-	pids     func() []int
 
 	mu   sync.Mutex
 	conn *amqp.Connection
@@ -35,7 +39,7 @@ func (a *amqpOps) connection() (*amqp.Connection, error) {
 	if a.conn != nil && !a.conn.IsClosed() {
 		return a.conn, nil
 	}
-	conn, err := amqp.DialConfig(a.url, amqp.Config{Properties: amqp.Table{"connection_name": "claimtx-chaos-runner"}})
+	conn, err := amqp.DialConfig(a.url, amqp.Config{Properties: amqp.Table{"connection_name": a.connName + " runner"}})
 	if err != nil {
 		return nil, fmt.Errorf("dial RabbitMQ: %w", err)
 	}
@@ -178,10 +182,10 @@ func (a *amqpOps) poisoned(context.Context) ([]poisonedMsg, error) {
 	}
 }
 
-// disrupt closes every connection RabbitMQ has: the consumers' (and this
-// runner's) clients must reconnect by themselves. With closeOwn it closes
-// only the connections of this run's consumer processes, for machines
-// where other people's tests talk to the same RabbitMQ.
+// disrupt closes this run's connections, the consumers' and this
+// runner's, by name: every client must reconnect by itself. Anyone else's
+// connections to the same RabbitMQ stay. Without closeOwn (-amqp-disrupt
+// all) it closes every connection on the server.
 func (a *amqpOps) disrupt(ctx context.Context) (string, error) {
 	if !a.closeOwn {
 		out, err := exec.CommandContext(ctx, "rabbitmqctl", "close_all_connections", "chaos").CombinedOutput()
@@ -190,55 +194,14 @@ func (a *amqpOps) disrupt(ctx context.Context) (string, error) {
 		}
 		return "rabbitmqctl close_all_connections chaos", nil
 	}
-	ports, err := localPorts(ctx, a.pids())
+	closed, err := testenv.CloseAMQPConnections(ctx, "chaos", a.connName, a.connName+" runner")
 	if err != nil {
 		return "", err
 	}
-	out, err := exec.CommandContext(ctx, "rabbitmqctl", "list_connections", "-q", "--no-table-headers", "pid", "peer_port").Output()
-	if err != nil {
-		return "", fmt.Errorf("rabbitmqctl list_connections: %w", err)
-	}
-	closed := 0
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) != 2 || !ports[f[1]] {
-			continue
-		}
-		// f[0] is a connection pid as rabbitmqctl itself printed it.
-		if out, err := exec.CommandContext(ctx, "rabbitmqctl", "close_connection", f[0], "chaos").CombinedOutput(); err != nil { //nolint:gosec // see above
-			return "", fmt.Errorf("rabbitmqctl close_connection: %w: %s", err, out)
-		}
-		closed++
-	}
 	if closed == 0 {
-		return "", errors.New("found none of the consumers' RabbitMQ connections to close")
+		return "", errors.New("found none of the run's RabbitMQ connections to close")
 	}
-	return fmt.Sprintf("rabbitmqctl close_connection on the consumers' %d connections", closed), nil
-}
-
-// localPorts returns the local ports of the established connections to
-// port 5672 owned by pids, read from ss(8).
-func localPorts(ctx context.Context, pids []int) (map[string]bool, error) {
-	out, err := exec.CommandContext(ctx, "ss", "-tnpH", "state", "established", "( dport = :5672 )").Output()
-	if err != nil {
-		return nil, fmt.Errorf("ss: %w", err)
-	}
-	ports := map[string]bool{}
-	for _, line := range strings.Split(string(out), "\n") {
-		for _, pid := range pids {
-			if !strings.Contains(line, fmt.Sprintf("pid=%d,", pid)) {
-				continue
-			}
-			f := strings.Fields(line)
-			if len(f) < 3 {
-				continue
-			}
-			if i := strings.LastIndex(f[2], ":"); i >= 0 {
-				ports[f[2][i+1:]] = true
-			}
-		}
-	}
-	return ports, nil
+	return fmt.Sprintf("rabbitmqctl close_connection on the run's %d connections (%q)", closed, a.connName), nil
 }
 
 func (a *amqpOps) close() {

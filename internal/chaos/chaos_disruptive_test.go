@@ -25,8 +25,10 @@ import (
 // example's default session and rebalance timeouts; a SIGTERMed consumer
 // must exit within the drain timeout plus 5 s. BATCH_SIZE in the
 // environment runs the consumers in batch mode, as make chaos-batch does.
-// It restarts the shared Postgres, so it only runs under the disruptive
-// tag, serially, after the parallel suite (make test-disruptive).
+// It disturbs only servers and connections of its own: Postgres is a
+// private cluster (testenv.StartPGCluster) and RabbitMQ closes only the
+// run's connections, by name. It runs under the disruptive tag, serially,
+// after the parallel suite (make test-disruptive), for its load and length.
 func TestChaosDisruptive(t *testing.T) {
 	testenv.RequireTool(t, "rabbitmqctl")
 	bin := t.TempDir()
@@ -44,12 +46,10 @@ func TestChaosDisruptive(t *testing.T) {
 	o.orders, o.bad, o.minKills, o.minTerms = 2000, 5, 3, 3
 	o.minStartTerms, o.minKillTerms = 3, 3
 	o.timeout = 5 * time.Minute
-	o.databaseURL = testenv.URL()
+	usePrivatePostgres(t, &o)
 	o.logDir = t.TempDir()
 	var out syncBuffer
 	o.out = &out
-	// Whatever happens, leave Postgres running for whoever comes next.
-	t.Cleanup(func() { ensurePostgres(t) })
 
 	start := time.Now()
 	reports, err := run(context.Background(), o)
@@ -83,17 +83,6 @@ func TestChaosDisruptive(t *testing.T) {
 	// few: every SIGKILL holds the group's rebalance until the dead
 	// member's 10 s session expires.
 	require.Less(t, time.Since(start), 8*time.Minute, "the CI chaos run must stay under 8 minutes")
-}
-
-// ensurePostgres starts the cluster if a failed run left it down.
-func ensurePostgres(t *testing.T) {
-	if exec.Command("pg_ctlcluster", "15", "main", "status").Run() == nil {
-		return
-	}
-	out, err := exec.Command("pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "start").CombinedOutput()
-	if err != nil {
-		t.Errorf("Postgres is down and could not be started: %v: %s", err, out)
-	}
 }
 
 func dumpLogs(t *testing.T, dir string) {

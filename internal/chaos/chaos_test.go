@@ -38,8 +38,8 @@ func init() {
 	flag.DurationVar(&flagOpts.kafkaRebalance, "kafka-rebalance-timeout", 0, "KAFKA_REBALANCE_TIMEOUT of the Kafka consumers (default: the example's default; e.g. 3s for a quicker run)")
 	flag.DurationVar(&flagOpts.publishOver, "publish-over", 0, "spread publishing over this long (default: 2s per minimum SIGKILL or SIGTERM of the broker's run)")
 	flag.StringVar(&flagBrokers, "brokers", strings.Join(flagOpts.brokers, ","), "brokers to run, comma separated: amqp, kafka, nats")
-	flag.StringVar(&flagOpts.pgRestart, "pg-restart", flagOpts.pgRestart, `command restarting Postgres once mid-run ("" to skip)`)
-	flag.StringVar(&flagOpts.amqpDisrupt, "amqp-disrupt", flagOpts.amqpDisrupt, `RabbitMQ disruption: "all" (rabbitmqctl close_all_connections) or "own" (only this run's consumers' connections)`)
+	flag.StringVar(&flagOpts.pgRestart, "pg-restart", flagOpts.pgRestart, `Postgres restart once mid-run: "private" (a cluster of the run's own, initdb and pg_ctl from the machine's packages), a command restarting the DATABASE_URL server instead (e.g. "pg_ctlcluster --skip-systemctl-redirect 15 main restart": disturbs everything else on it), or "" to skip`)
+	flag.StringVar(&flagOpts.amqpDisrupt, "amqp-disrupt", flagOpts.amqpDisrupt, `RabbitMQ disruption: "own" (this run's connections, the consumers' and the runner's, by connection name) or "all" (rabbitmqctl close_all_connections: disturbs everyone on the server)`)
 	flag.StringVar(&flagOpts.amqpQueueType, "amqp-queue-type", flagOpts.amqpQueueType, `RabbitMQ queue type of the run's queues, "classic" or "quorum" (default: $AMQP_QUEUE_TYPE, else classic); the consumers get it as AMQP_QUEUE_TYPE`)
 	flag.DurationVar(&flagOpts.timeout, "timeout", flagOpts.timeout, "give up on a broker after this long")
 	flag.StringVar(&flagOpts.logDir, "logs", flagOpts.logDir, "directory for the consumers' and the broker's logs")
@@ -48,11 +48,12 @@ func init() {
 }
 
 // TestChaos is the chaos run make chaos, chaos-batch, chaos-quorum and
-// chaos-ci start (see the package documentation). It restarts the shared
-// Postgres and disconnects every RabbitMQ client on the host, hence its
-// own build tag: never run it beside other tests.
+// chaos-ci start (see the package documentation). By default it restarts
+// only a Postgres cluster of its own and closes only its own RabbitMQ
+// connections; its load and length give it its own build tag.
 func TestChaos(t *testing.T) {
 	o := flagOpts
+	usePrivatePostgres(t, &o)
 	o.brokers = strings.Split(flagBrokers, ",")
 	o.joinBrokers = nil
 	if flagJoin != "" {

@@ -27,12 +27,14 @@
 //   - counts a hung shutdown whenever a SIGTERMed consumer is still
 //     running -term-timeout later (default: the consumers' drain timeout,
 //     DRAIN_TIMEOUT or 15s, plus -term-grace, 5s), and SIGKILLs it;
-//   - restarts Postgres once (-pg-restart) after a third of these steps;
-//   - after two thirds, closes every RabbitMQ connection
-//     (rabbitmqctl close_all_connections), stops and restarts the Kafka
-//     broker on the same address and data directory, or cuts every
-//     consumer's NATS connection at the proxy (the shared server is left
-//     alone);
+//   - restarts Postgres once (-pg-restart) after a third of these steps:
+//     a private cluster the run started (testenv.StartPGCluster), which
+//     the consumers' DATABASE_URL names;
+//   - after two thirds, closes the run's RabbitMQ connections (by
+//     connection name, rabbitmqctl close_connection), stops and restarts
+//     the Kafka broker on the same address and data directory, or cuts
+//     every consumer's NATS connection at the proxy (the shared servers
+//     and their other clients are left alone);
 //   - restarts, like a supervisor, any consumer that exits by itself, and
 //     counts it as a crash, as it does an exit other than 0 after SIGTERM;
 //   - waits for the drain, stops the consumers gracefully and checks: one
@@ -65,7 +67,8 @@
 // run by make test-disruptive. Everything is in _test.go files: the
 // harness ships in no binary and no importable package.
 //
-// It restarts the shared Postgres and disconnects every RabbitMQ client on
-// the host: never run it beside other tests (see DESIGN.md, "Testing on
-// shared servers").
+// Acting on the shared servers is opt-in: -pg-restart "CMD" runs on the
+// DATABASE_URL server and restarts it with CMD, -amqp-disrupt all closes
+// every RabbitMQ connection on the host; never run those beside other
+// work.
 package chaos

@@ -3,16 +3,21 @@ package chaos
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
 	"os"
 	"strings"
 	"time"
+
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
-// DefaultPGRestart is the command that restarts the local Postgres.
-const DefaultPGRestart = "pg_ctlcluster --skip-systemctl-redirect 15 main restart"
+// privatePostgres, the default -pg-restart, runs the consumers on a
+// Postgres cluster of the run's own (testenv.StartPGCluster) and restarts
+// that: restarting the machine's server would break whatever else uses it.
+const privatePostgres = "private"
 
 type options struct {
 	loyalty, devkafka string
@@ -31,12 +36,16 @@ type options struct {
 	killMin, killMax time.Duration
 	publishOver      time.Duration
 	brokers          []string
-	pgRestart        string
-	amqpDisrupt      string
-	amqpQueueType    string
-	databaseURL      string
-	amqpURL          string
-	natsURL          string
+	// pgRestart is privatePostgres, a command restarting databaseURL's
+	// server, or "" for no restart.
+	pgRestart string
+	// pgCluster is the private cluster (usePrivatePostgres), nil if none.
+	pgCluster     *testenv.PGCluster
+	amqpDisrupt   string
+	amqpQueueType string
+	databaseURL   string
+	amqpURL       string
+	natsURL       string
 	// kafkaBroker is "devkafka" (the dev broker, with its evictor) or
 	// "kfake" (a plain kfake cluster in this process).
 	kafkaBroker string
@@ -73,8 +82,8 @@ func defaults() options {
 		killMin:       time.Second,
 		killMax:       3 * time.Second,
 		brokers:       []string{"amqp", "kafka"},
-		pgRestart:     DefaultPGRestart,
-		amqpDisrupt:   "all",
+		pgRestart:     privatePostgres,
+		amqpDisrupt:   "own",
 		databaseURL:   envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
 		amqpURL:       envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		natsURL:       envOr("NATS_URL", "nats://127.0.0.1:4222"),
@@ -141,6 +150,9 @@ func run(ctx context.Context, o options) ([]report, error) {
 		if _, err := os.Stat(bin); err != nil {
 			return nil, fmt.Errorf("loyalty binary %s: %w (run `make chaos`, which builds it)", bin, err)
 		}
+	}
+	if o.pgRestart == privatePostgres && o.pgCluster == nil {
+		return nil, errors.New("-pg-restart private: the private Postgres cluster was not started (usePrivatePostgres)")
 	}
 	if err := os.MkdirAll(o.logDir, 0o750); err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"io"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -83,6 +84,9 @@ func TestRunOptions(t *testing.T) {
 		"-join-brokers":          func(o *options) { o.joinBrokers = []string{"mqtt"} },
 		"-term-grace":            func(o *options) { o.termGrace = -time.Second },
 		`unknown broker "mqtt"`:  func(o *options) { o.brokers = []string{"mqtt"} },
+		// The default runs on a private cluster, which only
+		// usePrivatePostgres starts (the binaries exist: any file does).
+		"-pg-restart private": func(o *options) { o.loyalty, o.devkafka = os.Args[0], os.Args[0] },
 	} {
 		t.Run(want, func(t *testing.T) {
 			o := defaults()

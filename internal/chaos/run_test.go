@@ -294,13 +294,20 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	}
 
 	var ops brokerOps
-	var sup *supervisor // set below; the AMQP disruption asks it for the consumers' pids
+	// The consumers' RabbitMQ connections carry the run's name (the only
+	// setting of their CONFIG_FILE), so the disruption closes only them.
+	amqpName, settings := "claimtx-chaos-"+id, []string(nil)
 	var kops *kafkaOps
 	kafkaAddr, natsURL := "", ""
 	switch kind {
 	case "amqp":
+		cfgFile := filepath.Join(o.logDir, fmt.Sprintf("amqp-%s-config.yaml", id))
+		if err := os.WriteFile(cfgFile, []byte("broker:\n  amqp:\n    connection_name: "+amqpName+"\n"), 0o600); err != nil {
+			return err
+		}
+		settings = append(settings, "CONFIG_FILE="+cfgFile)
 		ops = &amqpOps{url: o.amqpURL, topic: topic, queueType: o.amqpQueueType, keep: o.keep, closeOwn: o.amqpDisrupt == "own",
-			pids: func() []int { return sup.pids() }}
+			connName: amqpName}
 	case "kafka":
 		if kafkaAddr, err = freeAddr(); err != nil {
 			return err
@@ -337,7 +344,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		return err
 	}
 
-	env := consumerEnv(o,
+	env := consumerEnv(o, append(settings,
 		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+pg.DefaultSchema, "TOPIC="+topic,
 		"AMQP_URL="+o.amqpURL, "AMQP_QUEUE_TYPE="+o.amqpQueueType, "KAFKA_BROKERS="+kafkaAddr, "KAFKA_CONSUMER_GROUP="+group,
 		// Kafka: the example's default session and rebalance timeouts,
@@ -346,8 +353,8 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		// NATS: through the runner's proxy (natsOps.disrupt); a killed
 		// consumer's unacked messages come back after 5s, not 30s.
 		"NATS_URL="+natsURL, "NATS_ACK_WAIT=5s",
-		"CONCURRENCY=4", "METRICS_ADDR=127.0.0.1:0")
-	sup = newSupervisor(o.loyalty, env, o.logDir, fmt.Sprintf("%s-%s", kind, id), o.consumers, o.logf)
+		"CONCURRENCY=4", "METRICS_ADDR=127.0.0.1:0")...)
+	sup := newSupervisor(o.loyalty, env, o.logDir, fmt.Sprintf("%s-%s", kind, id), o.consumers, o.logf)
 	defer sup.stop(o.termTimeout)
 	// Cold start: every consumer at once on the empty database, before
 	// anything migrated it. A consumer that fails here is a crash.
@@ -597,7 +604,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 				stepsDone++
 			}
 			if o.pgRestart != "" && rep.pgRestarts == 0 && stepsDone >= pgAt {
-				took, err := restartPostgres(runCtx, o.pgRestart, pool)
+				took, err := restartPostgres(runCtx, o, pool)
 				if err != nil {
 					return err
 				}
@@ -698,14 +705,20 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	return drainErr
 }
 
-// restartPostgres runs the restart command and waits until the server
-// answers again.
-func restartPostgres(ctx context.Context, command string, pool *pgxpool.Pool) (time.Duration, error) {
+// restartPostgres restarts the private cluster, or runs the restart
+// command, and waits until the server answers again.
+func restartPostgres(ctx context.Context, o options, pool *pgxpool.Pool) (time.Duration, error) {
 	start := time.Now()
-	args := strings.Fields(command)
-	out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput() //nolint:gosec // the operator's command
-	if err != nil {
-		return 0, fmt.Errorf("restart Postgres (%s): %w: %s", command, err, out)
+	if o.pgCluster != nil {
+		if err := o.pgCluster.Restart(ctx); err != nil {
+			return 0, fmt.Errorf("restart Postgres: %w", err)
+		}
+	} else {
+		args := strings.Fields(o.pgRestart)
+		out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput() //nolint:gosec // the operator's command
+		if err != nil {
+			return 0, fmt.Errorf("restart Postgres (%s): %w: %s", o.pgRestart, err, out)
+		}
 	}
 	if err := waitPostgres(ctx, pool); err != nil {
 		return 0, err

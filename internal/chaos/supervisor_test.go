@@ -432,19 +432,6 @@ func (s *supervisor) stop(grace time.Duration) {
 	s.mu.Unlock()
 }
 
-// pids returns the process ids of the running consumers.
-func (s *supervisor) pids() []int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []int
-	for _, p := range s.slots {
-		if p != nil {
-			out = append(out, p.cmd.Process.Pid)
-		}
-	}
-	return out
-}
-
 type supervisorStats struct {
 	kills, crashes, hung, started int
 	// terms counts the SIGTERMs per kind; terms[termReady] are the

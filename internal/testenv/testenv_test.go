@@ -1,7 +1,10 @@
 package testenv_test
 
 import (
+	"context"
 	"testing"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/internal/testenv"
 )
@@ -41,4 +44,28 @@ func TestRequireToolPresent(t *testing.T) {
 	if testenv.RequireTool(t, "go") == "" {
 		t.Fatal("no path for go")
 	}
+}
+
+// TestPGCluster: the private cluster takes connections, a restart ends
+// their sessions and it takes new ones after, as a restarted server does.
+func TestPGCluster(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartPGCluster(t)
+	ctx := t.Context()
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close(context.Background()) }()
+	if err := c.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT 1"); err == nil {
+		t.Error("a session survived the restart")
+	}
+	again, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatalf("after the restart: %v", err)
+	}
+	_ = again.Close(ctx)
 }

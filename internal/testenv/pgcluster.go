@@ -1,0 +1,145 @@
+package testenv
+
+// A Postgres cluster of the test's own, for tests that restart Postgres:
+// restarting the machine's server would break whatever else runs on it.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// PGCluster is a Postgres server the test started (StartPGCluster) in a
+// temporary directory, on a free loopback port, trust authentication,
+// superuser postgres. It is stopped and removed when the test ends.
+type PGCluster struct {
+	bin, dir, log string
+	port          int
+	// asPostgres runs the server tools as the postgres OS user: initdb
+	// refuses to run as root.
+	asPostgres bool
+}
+
+// StartPGCluster initdbs and starts a cluster with the machine's
+// initdb and pg_ctl (on PATH, else the newest /usr/lib/postgresql/*/bin).
+// Without them the test skips (fails under CI).
+func StartPGCluster(t testing.TB) *PGCluster {
+	t.Helper()
+	bin := pgBinDir()
+	if bin == "" {
+		SkipOrFail(t, "initdb and pg_ctl not found (on PATH or in /usr/lib/postgresql/*/bin)")
+		return nil
+	}
+	c := &PGCluster{bin: bin, asPostgres: os.Geteuid() == 0}
+	dir, err := os.MkdirTemp("", "claimtx-pg-")
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	c.dir, c.log = filepath.Join(dir, "data"), filepath.Join(dir, "log")
+	if c.asPostgres {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			SkipOrFail(t, "running as root, initdb needs the postgres OS user: %v", err)
+			return nil
+		}
+		uid, err1 := strconv.Atoi(u.Uid)
+		gid, err2 := strconv.Atoi(u.Gid)
+		if err := errors.Join(err1, err2); err != nil {
+			t.Fatalf("testenv: postgres user ids: %v", err)
+		}
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatalf("testenv: %v", err)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testenv: free port: %v", err)
+	}
+	c.port = ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := c.run(ctx, "initdb", "-D", c.dir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	// The socket goes in the cluster's directory, not the system one.
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1", c.port, dir)
+	if err := c.run(ctx, "pg_ctl", "-D", c.dir, "-l", c.log, "-o", opts, "-w", "-t", "60", "start"); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := c.Stop(ctx); err != nil {
+			t.Errorf("testenv: %v", err)
+		}
+	})
+	return c
+}
+
+// URL is the cluster's address for database, as user postgres.
+func (c *PGCluster) URL(database string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.port, database)
+}
+
+// Restart stops the server (fast: sessions are ended, as a restart of a
+// real server ends them) and starts it again, returning once it accepts
+// connections. The server keeps its options; -l again, or it would write
+// its log to (and hold open) pg_ctl's output.
+func (c *PGCluster) Restart(ctx context.Context) error {
+	return c.run(ctx, "pg_ctl", "-D", c.dir, "-l", c.log, "-m", "fast", "-w", "-t", "60", "restart")
+}
+
+// Stop stops the server if it runs; StartPGCluster's cleanup calls it.
+func (c *PGCluster) Stop(ctx context.Context) error {
+	if c.run(ctx, "pg_ctl", "-D", c.dir, "status") != nil {
+		return nil
+	}
+	return c.run(ctx, "pg_ctl", "-D", c.dir, "-m", "fast", "-w", "-t", "60", "stop")
+}
+
+func (c *PGCluster) run(ctx context.Context, tool string, args ...string) error {
+	name := filepath.Join(c.bin, tool)
+	if c.asPostgres {
+		args = append([]string{"-u", "postgres", "--", name}, args...)
+		name = "runuser"
+	}
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput() //nolint:gosec // the machine's initdb/pg_ctl, or runuser running them
+	if err != nil {
+		return fmt.Errorf("%s %v: %w: %s", tool, args, err, out)
+	}
+	return nil
+}
+
+// pgBinDir is the directory holding initdb and pg_ctl, "" if none does.
+func pgBinDir() string {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(p)
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	// The newest version last (numeric order: 9.6 < 15 < 16).
+	slices.SortFunc(dirs, func(a, b string) int {
+		var va, vb float64
+		_, _ = fmt.Sscan(filepath.Base(filepath.Dir(a)), &va)
+		_, _ = fmt.Sscan(filepath.Base(filepath.Dir(b)), &vb)
+		return cmp.Compare(va, vb)
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if _, err := os.Stat(filepath.Join(dirs[i], "initdb")); err == nil {
+			return dirs[i]
+		}
+	}
+	return ""
+}
