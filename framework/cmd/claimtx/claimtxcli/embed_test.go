@@ -67,12 +67,12 @@ func inventoryExtractors(t *testing.T) *framework.Registry {
 	return reg
 }
 
-// tenantWorld is a RabbitMQ world whose consumer "inventory" poisoned the
-// orders 1 to 6 of tenant acme and an order 7 without a tenant; acme/1
-// is already applied.
-func tenantWorld(t *testing.T) *dlqtest.World {
+// tenantWorld is a RabbitMQ world (or one of kind) whose consumer
+// "inventory" poisoned the orders 1 to 6 of tenant acme and an order 7
+// without a tenant; acme/1 is already applied.
+func tenantWorld(t *testing.T, kind ...string) *dlqtest.World {
 	t.Helper()
-	w := dlqtest.New(t, brokers.KindAMQP, 1)
+	w := dlqtest.New(t, append(kind, brokers.KindAMQP)[0], 1)
 	orders := dlqtest.Orders(1, 7)
 	for _, o := range orders[:6] {
 		o.Metadata.Set("tenant", "acme")
@@ -237,4 +237,39 @@ func TestEmbeddedCLIBrowseAs(t *testing.T) {
 	body := con.get("/dead-letters?consumer=inventory")
 	require.Contains(t, body, `<tr data-id="order-7">`)
 	require.Contains(t, body, "acme/1")
+}
+
+// The issue's user: a custom extractor on NATS lists, classifies and
+// replays a dead letter, and looks a key up in the console.
+func TestEmbeddedCLIOwnExtractorsNATS(t *testing.T) {
+	t.Parallel()
+	w := tenantWorld(t, brokers.KindNATS)
+	c, broker := dlqCLI(t, w)
+	c.cfg = Config{Extractors: inventoryExtractors(t)}
+	args := func(a ...string) []string { return append(append([]string{"dlq"}, a...), broker...) }
+
+	rows := jsonLines(t, c.ok(args("list", "--json", "--consumer", "inventory", "--key-spec", tenantSpec)...))
+	require.Len(t, rows, 7)
+	require.Equal(t, "acme/1", rows[0]["key"])
+	require.Equal(t, "already-applied", rows[0]["class"])
+	require.Equal(t, "would-apply", rows[1]["class"])
+	require.Equal(t, "still-bad", rows[6]["class"])
+	out := c.ok(args("replay", "--consumer", "inventory", "--key-spec", tenantSpec)...)
+	require.Contains(t, out, "5 replayed to "+w.Topic)
+	require.Len(t, w.Read(w.Topic), 5)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	con := startConsole(ctx, t, Config{Extractors: inventoryExtractors(t)}, "--consumer-config",
+		consumerConfig(t, w, "inventory", tenantSpec, "{kind: nats}"))
+	body := con.get("/dead-letters?consumer=inventory")
+	require.Contains(t, body, `<table id="letters">`)
+	require.Contains(t, body, "acme/1", "the applied letter the replay left, keyed by the custom extractor")
+	csrf := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(con.get("/lookup"))
+	require.NotNil(t, csrf)
+	status, page := con.post("/lookup", url.Values{"csrf": {csrf[1]}, "consumer": {"inventory"},
+		"payload": {`{"order_id": 1}`}, "metadata": {"tenant: acme"}})
+	require.Equal(t, http.StatusOK, status, page)
+	require.Contains(t, page, `<code id="derived-key">acme/1</code>`)
+	require.Contains(t, page, `id="claim"`)
 }
