@@ -91,6 +91,15 @@ func newSubscriber(t *testing.T, cfg brokers.Config) message.Subscriber {
 	return sub
 }
 
+// subscribe subscribes a subscriber of its own, built from cfg, to topic
+// for the rest of the test.
+func subscribe(t *testing.T, cfg brokers.Config, topic string) <-chan *message.Message {
+	t.Helper()
+	msgs, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
+	require.NoError(t, err)
+	return msgs
+}
+
 // rawJS is a plain nats.go JetStream client, as an operator or a
 // non-Watermill producer has. It deletes, when the test ends, every stream
 // whose name starts with one of prefixes.

@@ -83,8 +83,7 @@ func TestMaxDeliverGivesUpSilently(t *testing.T) {
 	topic, js := isolated(t)
 	cfg := config("durable=svc", "concurrency=1", "max_deliver=2")
 	require.NoError(t, newPublisher(t, cfg).Publish(topic, message.NewMessage("m", []byte("x"))))
-	msgs, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	msgs := subscribe(t, cfg, topic)
 	receive(t, msgs, 10*time.Second).Nack()
 	again := receive(t, msgs, 10*time.Second)
 	require.Equal(t, "2", again.Metadata.Get("nats_delivered"))
@@ -110,8 +109,7 @@ func TestNackDelay(t *testing.T) {
 	pub := newPublisher(t, cfg)
 	require.NoError(t, pub.Publish(topic, message.NewMessage("m-1", []byte("1")), message.NewMessage("m-2", []byte("2"))))
 
-	msgs, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	msgs := subscribe(t, cfg, topic)
 	first := receive(t, msgs, 10*time.Second)
 	require.Equal(t, "m-1", first.UUID)
 	require.Equal(t, "1", first.Metadata.Get("nats_delivered"))
@@ -147,8 +145,7 @@ func TestCloseHandsBack(t *testing.T) {
 	_, open := <-msgs1
 	require.False(t, open, "Close closes the channel")
 
-	msgs2, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	msgs2 := subscribe(t, cfg, topic)
 	got := map[string]bool{}
 	for range 2 {
 		m := receive(t, msgs2, 10*time.Second) // well within ack_wait
@@ -166,8 +163,7 @@ func TestLongHandlerNotRedelivered(t *testing.T) {
 	topic, _ := isolated(t)
 	cfg := config("durable=svc", "concurrency=2", "ack_wait=1s")
 	require.NoError(t, newPublisher(t, cfg).Publish(topic, message.NewMessage("slow", []byte("x"))))
-	msgs, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	msgs := subscribe(t, cfg, topic)
 	m := receive(t, msgs, 10*time.Second)
 	requireNothing(t, msgs, 3500*time.Millisecond, "the message is in progress for 3.5 ack waits")
 	m.Ack()
@@ -184,8 +180,7 @@ func TestBacklogBehindSlowHandlersNotRedelivered(t *testing.T) {
 	const n = 6
 	cfg := config("durable=svc", "concurrency=2", "ack_wait=1s")
 	publishN(t, newPublisher(t, cfg), topic, n)
-	msgs, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	msgs := subscribe(t, cfg, topic)
 	var seen tally
 	var wg sync.WaitGroup
 	for range 2 {
@@ -220,12 +215,9 @@ func TestReplicasShareTheDurable(t *testing.T) {
 	topic, _ := isolated(t)
 	const n = 40
 	cfg := config("durable=svc", "concurrency=2")
-	a, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	b, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	other, err := newSubscriber(t, config("durable=other")).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	a := subscribe(t, cfg, topic)
+	b := subscribe(t, cfg, topic)
+	other := subscribe(t, config("durable=other"), topic)
 	publishN(t, newPublisher(t, cfg), topic, n)
 	var seen tally
 	var wg sync.WaitGroup
