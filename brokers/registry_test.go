@@ -16,6 +16,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 func uniqueKind(t *testing.T) string {
@@ -77,13 +78,9 @@ func TestRegisterCustomKind(t *testing.T) {
 	require.NoError(t, pub.Publish("t", message.NewMessage("1", []byte("x"))))
 	msgs, err := sub.Subscribe(t.Context(), "t")
 	require.NoError(t, err)
-	select {
-	case m := <-msgs:
-		require.Equal(t, "1", m.UUID)
-		m.Ack()
-	case <-time.After(5 * time.Second):
-		t.Fatal("no message")
-	}
+	m := testenv.Receive(t, msgs, 5*time.Second)
+	require.Equal(t, "1", m.UUID)
+	m.Ack()
 }
 
 // TestRegisterPanics: Register panics on a malformed name, an incomplete
@@ -180,13 +177,9 @@ func TestGoChannelShared(t *testing.T) {
 	m.Metadata.Set("event_id", "e1")
 	require.NoError(t, pub.Publish("orders", m))
 
-	select {
-	case got := <-msgs:
-		require.Equal(t, "e1", got.Metadata.Get("event_id"))
-		got.Ack()
-	case <-time.After(5 * time.Second):
-		t.Fatal("no message")
-	}
+	got := testenv.Receive(t, msgs, 5*time.Second)
+	require.Equal(t, "e1", got.Metadata.Get("event_id"))
+	got.Ack()
 	select {
 	case got := <-otherMsgs:
 		t.Fatalf("other GoChannel got %s", got.UUID)
@@ -199,13 +192,9 @@ func TestGoChannelShared(t *testing.T) {
 	pub2, err := brokers.NewPublisher(cfg, nil)
 	require.NoError(t, err)
 	require.NoError(t, pub2.Publish("orders", message.NewMessage("m2", nil)))
-	select {
-	case got := <-msgs:
-		require.Equal(t, "m2", got.UUID)
-		got.Ack()
-	case <-time.After(5 * time.Second):
-		t.Fatal("no message after the first publisher closed")
-	}
+	got = testenv.Receive(t, msgs, 5*time.Second)
+	require.Equal(t, "m2", got.UUID, "after the first publisher closed")
+	got.Ack()
 
 	// Closing the subscriber ends its subscriptions.
 	require.NoError(t, sub.Close())

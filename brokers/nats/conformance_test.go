@@ -1,8 +1,6 @@
 package nats_test
 
 import (
-	"io"
-	"sync"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -10,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // TestPubSubConformance runs Watermill's Pub/Sub suite against the adapter
@@ -53,17 +52,7 @@ func runSuite(t *testing.T, opts []string, features tests.Features) {
 	rawJS(t, prefix) // deletes the suite's streams at the end
 	durable := prefix + "-durable"
 
-	// The suite closes some subscribers before use and leaks the ones its
-	// multiplier builds afterwards: close everything when it is done.
-	var mu sync.Mutex
-	var closers []io.Closer
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range closers {
-			_ = c.Close()
-		}
-	})
+	closeAtEnd := testenv.CloseAtEnd(t)
 	features.GenerateTopicFunc = func(tctx tests.TestContext) string {
 		return prefix + "-" + string(tctx.TestID)
 	}
@@ -72,9 +61,7 @@ func runSuite(t *testing.T, opts []string, features tests.Features) {
 		require.NoError(t, err)
 		sub, err := brokers.NewSubscriber(cfg, nil)
 		require.NoError(t, err)
-		mu.Lock()
-		closers = append(closers, pub, sub)
-		mu.Unlock()
+		closeAtEnd(pub, sub)
 		return pub, sub
 	}
 	tests.TestPubSub(t, features,

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -90,6 +91,15 @@ func newSubscriber(t *testing.T, cfg brokers.Config) message.Subscriber {
 	return sub
 }
 
+// subscribe subscribes a subscriber of its own, built from cfg, to topic
+// for the rest of the test.
+func subscribe(t *testing.T, cfg brokers.Config, topic string) <-chan *message.Message {
+	t.Helper()
+	msgs, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
+	require.NoError(t, err)
+	return msgs
+}
+
 // rawJS is a plain nats.go JetStream client, as an operator or a
 // non-Watermill producer has. It deletes, when the test ends, every stream
 // whose name starts with one of prefixes.
@@ -106,6 +116,16 @@ func rawJS(t *testing.T, prefixes ...string) natsgo.JetStreamContext {
 	return js
 }
 
+// isolated is what most tests start with: it requires NATS, and returns
+// a name of the test's own and a raw JetStream client that deletes the
+// streams named after it when the test ends.
+func isolated(t *testing.T) (string, natsgo.JetStreamContext) {
+	t.Helper()
+	requireNATS(t)
+	name := uniqueName(t)
+	return name, rawJS(t, name)
+}
+
 func deleteStreams(js natsgo.JetStreamContext, prefixes ...string) {
 	for name := range js.StreamNames() {
 		for _, p := range prefixes {
@@ -114,6 +134,60 @@ func deleteStreams(js natsgo.JetStreamContext, prefixes ...string) {
 			}
 		}
 	}
+}
+
+// publishN publishes n messages, UUIDs "0" to n-1, to topic.
+func publishN(t *testing.T, pub message.Publisher, topic string, n int) {
+	t.Helper()
+	for i := range n {
+		require.NoError(t, pub.Publish(topic, message.NewMessage(fmt.Sprint(i), nil)))
+	}
+}
+
+// tally counts the deliveries of each message (by UUID) that handlers on
+// several goroutines see.
+type tally struct {
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func (c *tally) add(m *message.Message) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen == nil {
+		c.seen = map[string]int{}
+	}
+	c.seen[m.UUID]++
+}
+
+func (c *tally) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.seen)
+}
+
+// requireEachOnce requires n messages, each delivered exactly once.
+func (c *tally) requireEachOnce(t *testing.T, n int) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	require.Len(t, c.seen, n)
+	for id, k := range c.seen {
+		require.Equal(t, 1, k, "message %s", id)
+	}
+}
+
+// deliverRaw publishes nm with the raw client js, as a producer that
+// knows nothing of Watermill, once sub has provisioned its subject, and
+// returns JetStream's acknowledgement and the message sub receives.
+func deliverRaw(t *testing.T, js natsgo.JetStreamContext, sub message.Subscriber, nm *natsgo.Msg) (*natsgo.PubAck, *message.Message) {
+	t.Helper()
+	require.NoError(t, sub.(message.SubscribeInitializer).SubscribeInitialize(nm.Subject))
+	ack, err := js.PublishMsg(nm)
+	require.NoError(t, err)
+	msgs, err := sub.Subscribe(t.Context(), nm.Subject)
+	require.NoError(t, err)
+	return ack, receive(t, msgs, 10*time.Second)
 }
 
 // receive waits for one message or fails the test.

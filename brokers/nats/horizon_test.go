@@ -15,11 +15,9 @@ import (
 // max_age, unbounded without one (count limits never lengthen it) and for
 // a subject the adapter would give a stream of its own.
 func TestReplayHorizon(t *testing.T) {
-	requireNATS(t)
 	t.Parallel()
 	ctx := t.Context()
-	name := uniqueName(t)
-	js := rawJS(t, name)
+	name, js := isolated(t)
 	_, err := js.AddStream(&natsgo.StreamConfig{Name: name + "-day", Subjects: []string{name + ".day"}, MaxAge: 24 * time.Hour})
 	require.NoError(t, err)
 	_, err = js.AddStream(&natsgo.StreamConfig{Name: name + "-count", Subjects: []string{name + ".count"}, MaxMsgs: 10})

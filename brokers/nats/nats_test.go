@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +22,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/observe"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // TestProvisioning: Subscribe creates a stream per subject (named after
@@ -29,9 +33,7 @@ import (
 // its own. Subscribing again with other limits updates the consumer.
 func TestProvisioning(t *testing.T) {
 	t.Parallel()
-	requireNATS(t)
-	topic := uniqueName(t)
-	js := rawJS(t, topic)
+	topic, js := isolated(t)
 	cfg := config("durable=svc", "ack_wait=7s")
 
 	sub := newSubscriber(t, cfg)
@@ -78,13 +80,10 @@ func TestProvisioning(t *testing.T) {
 // shutdowns) say nothing about the message, so that would lose it.
 func TestMaxDeliverGivesUpSilently(t *testing.T) {
 	t.Parallel()
-	requireNATS(t)
-	topic := uniqueName(t)
-	js := rawJS(t, topic)
+	topic, js := isolated(t)
 	cfg := config("durable=svc", "concurrency=1", "max_deliver=2")
 	require.NoError(t, newPublisher(t, cfg).Publish(topic, message.NewMessage("m", []byte("x"))))
-	msgs, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	msgs := subscribe(t, cfg, topic)
 	receive(t, msgs, 10*time.Second).Nack()
 	again := receive(t, msgs, 10*time.Second)
 	require.Equal(t, "2", again.Metadata.Get("nats_delivered"))
@@ -104,16 +103,13 @@ func TestMaxDeliverGivesUpSilently(t *testing.T) {
 // meanwhile.
 func TestNackDelay(t *testing.T) {
 	t.Parallel()
-	requireNATS(t)
 	const delay = 700 * time.Millisecond
-	topic := uniqueName(t)
-	rawJS(t, topic)
+	topic, _ := isolated(t)
 	cfg := config("durable=svc", "concurrency=1", "nack_delay="+delay.String())
 	pub := newPublisher(t, cfg)
 	require.NoError(t, pub.Publish(topic, message.NewMessage("m-1", []byte("1")), message.NewMessage("m-2", []byte("2"))))
 
-	msgs, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	msgs := subscribe(t, cfg, topic)
 	first := receive(t, msgs, 10*time.Second)
 	require.Equal(t, "m-1", first.UUID)
 	require.Equal(t, "1", first.Metadata.Get("nats_delivered"))
@@ -135,9 +131,7 @@ func TestNackDelay(t *testing.T) {
 // did not ack.
 func TestCloseHandsBack(t *testing.T) {
 	t.Parallel()
-	requireNATS(t)
-	topic := uniqueName(t)
-	rawJS(t, topic)
+	topic, _ := isolated(t)
 	cfg := config("durable=svc", "concurrency=2", "ack_wait=60s")
 	pub := newPublisher(t, cfg)
 	require.NoError(t, pub.Publish(topic, message.NewMessage("a", []byte("a")), message.NewMessage("b", []byte("b"))))
@@ -151,8 +145,7 @@ func TestCloseHandsBack(t *testing.T) {
 	_, open := <-msgs1
 	require.False(t, open, "Close closes the channel")
 
-	msgs2, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	msgs2 := subscribe(t, cfg, topic)
 	got := map[string]bool{}
 	for range 2 {
 		m := receive(t, msgs2, 10*time.Second) // well within ack_wait
@@ -167,13 +160,10 @@ func TestCloseHandsBack(t *testing.T) {
 // the ack wait does not get a twin delivered beside it.
 func TestLongHandlerNotRedelivered(t *testing.T) {
 	t.Parallel()
-	requireNATS(t)
-	topic := uniqueName(t)
-	rawJS(t, topic)
+	topic, _ := isolated(t)
 	cfg := config("durable=svc", "concurrency=2", "ack_wait=1s")
 	require.NoError(t, newPublisher(t, cfg).Publish(topic, message.NewMessage("slow", []byte("x"))))
-	msgs, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
+	msgs := subscribe(t, cfg, topic)
 	m := receive(t, msgs, 10*time.Second)
 	requireNothing(t, msgs, 3500*time.Millisecond, "the message is in progress for 3.5 ack waits")
 	m.Ack()
@@ -186,19 +176,12 @@ func TestLongHandlerNotRedelivered(t *testing.T) {
 // client buffer while its ack wait runs out.
 func TestBacklogBehindSlowHandlersNotRedelivered(t *testing.T) {
 	t.Parallel()
-	requireNATS(t)
-	topic := uniqueName(t)
-	rawJS(t, topic)
+	topic, _ := isolated(t)
 	const n = 6
 	cfg := config("durable=svc", "concurrency=2", "ack_wait=1s")
-	pub := newPublisher(t, cfg)
-	for i := range n {
-		require.NoError(t, pub.Publish(topic, message.NewMessage(fmt.Sprint(i), nil)))
-	}
-	msgs, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	var mu sync.Mutex
-	seen := map[string]int{}
+	publishN(t, newPublisher(t, cfg), topic, n)
+	msgs := subscribe(t, cfg, topic)
+	var seen tally
 	var wg sync.WaitGroup
 	for range 2 {
 		wg.Add(1)
@@ -212,9 +195,7 @@ func TestBacklogBehindSlowHandlersNotRedelivered(t *testing.T) {
 					assert.Fail(t, "no message within 10s")
 					return
 				}
-				mu.Lock()
-				seen[m.UUID]++
-				mu.Unlock()
+				seen.add(m)
 				assert.Equal(t, "1", m.Metadata.Get("nats_delivered"), "message %s", m.UUID)
 				time.Sleep(1200 * time.Millisecond) // the handler's work, longer than the ack wait
 				m.Ack()
@@ -223,10 +204,7 @@ func TestBacklogBehindSlowHandlersNotRedelivered(t *testing.T) {
 	}
 	wg.Wait()
 	requireNothing(t, msgs, 1500*time.Millisecond, "every message was acked once")
-	require.Len(t, seen, n)
-	for id, c := range seen {
-		require.Equal(t, 1, c, "message %s", id)
-	}
+	seen.requireEachOnce(t, n)
 }
 
 // TestReplicasShareTheDurable: two subscribers (two replicas of a
@@ -234,46 +212,31 @@ func TestBacklogBehindSlowHandlersNotRedelivered(t *testing.T) {
 // A third with another durable (another service) sees them all.
 func TestReplicasShareTheDurable(t *testing.T) {
 	t.Parallel()
-	requireNATS(t)
-	topic := uniqueName(t)
-	rawJS(t, topic)
+	topic, _ := isolated(t)
 	const n = 40
 	cfg := config("durable=svc", "concurrency=2")
-	a, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	b, err := newSubscriber(t, cfg).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	other, err := newSubscriber(t, config("durable=other")).Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	pub := newPublisher(t, cfg)
-	for i := range n {
-		require.NoError(t, pub.Publish(topic, message.NewMessage(fmt.Sprint(i), nil)))
-	}
-	var mu sync.Mutex
-	seen := map[string]int{}
+	a := subscribe(t, cfg, topic)
+	b := subscribe(t, cfg, topic)
+	other := subscribe(t, config("durable=other"), topic)
+	publishN(t, newPublisher(t, cfg), topic, n)
+	var seen tally
 	var wg sync.WaitGroup
 	for _, ch := range []<-chan *message.Message{a, b} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for m := range ch {
-				mu.Lock()
-				seen[m.UUID]++
-				mu.Unlock()
+				seen.add(m)
 				m.Ack()
 			}
 		}()
 	}
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 20*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return seen.len() == n }, 20*time.Second, 10*time.Millisecond)
 	for range n {
 		receive(t, other, 10*time.Second).Ack()
 	}
 	requireNothing(t, a, 500*time.Millisecond, "every message was acked once")
-	mu.Lock()
-	defer mu.Unlock()
-	for id, c := range seen {
-		require.Equal(t, 1, c, "message %s", id)
-	}
+	seen.requireEachOnce(t, n)
 }
 
 // TestPlainProducer: a producer that knows nothing of Watermill publishes
@@ -283,25 +246,14 @@ func TestReplicasShareTheDurable(t *testing.T) {
 // Nats-Msg-Id as its UUID.
 func TestPlainProducer(t *testing.T) {
 	t.Parallel()
-	requireNATS(t)
-	topic := uniqueName(t)
-	js := rawJS(t, topic)
-	cfg := config("durable=svc")
-	sub := newSubscriber(t, cfg)
-	require.NoError(t, sub.(message.SubscribeInitializer).SubscribeInitialize(topic))
-
+	topic, js := isolated(t)
 	nm := natsgo.NewMsg(topic)
 	nm.Data = []byte(`{"order_id": 1}`)
 	nm.Header.Set("event_id", "evt-1")
 	nm.Header.Add("X-Multi", "a")
 	nm.Header.Add("X-Multi", "b")
 	nm.Header.Set(natsgo.MsgIdHdr, "producer-id-1")
-	ack, err := js.PublishMsg(nm)
-	require.NoError(t, err)
-
-	msgs, err := sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	m := receive(t, msgs, 10*time.Second)
+	ack, m := deliverRaw(t, js, newSubscriber(t, config("durable=svc")), nm)
 	m.Ack()
 	require.Equal(t, `{"order_id": 1}`, string(m.Payload))
 	require.Equal(t, "producer-id-1", m.UUID)
@@ -324,22 +276,13 @@ func TestPlainProducer(t *testing.T) {
 // A metadata key NATS cannot carry is an error, not a silent drop.
 func TestRepublishedCopy(t *testing.T) {
 	t.Parallel()
-	requireNATS(t)
-	topic := uniqueName(t)
-	js := rawJS(t, topic)
+	topic, js := isolated(t)
 	cfg := config("durable=svc")
-	sub := newSubscriber(t, cfg)
-	require.NoError(t, sub.(message.SubscribeInitializer).SubscribeInitialize(topic))
 	nm := natsgo.NewMsg(topic)
 	nm.Data = []byte("payload")
 	nm.Header.Set("event_id", "evt-9")
 	nm.Header.Set(natsgo.ExpectedStreamHdr, topic)
-	_, err := js.PublishMsg(nm)
-	require.NoError(t, err)
-
-	msgs, err := sub.Subscribe(t.Context(), topic)
-	require.NoError(t, err)
-	m := receive(t, msgs, 10*time.Second)
+	_, m := deliverRaw(t, js, newSubscriber(t, cfg), nm)
 	cp := m.Copy()
 	cp.Metadata.Set("claimtx_poison_reason", "line one\nline two")
 	pub := newPublisher(t, cfg)
@@ -368,9 +311,7 @@ func TestRepublishedCopy(t *testing.T) {
 // as it is.
 func TestStreamsRequire(t *testing.T) {
 	t.Parallel()
-	requireNATS(t)
-	topic := uniqueName(t)
-	js := rawJS(t, topic)
+	topic, js := isolated(t)
 	cfg := config("durable=svc", "streams=require", "subject_prefix="+topic+".")
 	pub := newPublisher(t, cfg)
 	err := pub.Publish("orders", message.NewMessage("1", nil))
@@ -446,4 +387,90 @@ func requireField(t *testing.T, err error, field string) {
 	var ce *framework.ConfigError
 	require.True(t, errors.As(err, &ce), "not a ConfigError: %v", err)
 	require.Equal(t, field, ce.Field, "error: %v", err)
+}
+
+// TestPublishRefusalsArePermanent: what JetStream or the server will never
+// take, however often it is sent, fails with a framework.Permanent error,
+// which the Poison middleware acts on (a smaller copy, then the
+// dead-letter table) instead of nacking the original forever: headers
+// over JetStream's 64 KiB, a message over the server's max_payload or the
+// stream's max_msg_size, a metadata key no header can carry, no stream
+// with streams: require. A message that fits goes through afterwards.
+func TestPublishRefusalsArePermanent(t *testing.T) {
+	t.Parallel()
+	topic, js := isolated(t)
+	cfg := config("durable=svc", "subject_prefix="+topic+".")
+	pub := newPublisher(t, cfg)
+
+	headers := message.NewMessage("h", []byte("{}"))
+	headers.Metadata.Set("reason", strings.Repeat("r", 70_000))
+	payload := message.NewMessage("p", make([]byte, 1<<20))
+	badKey := message.NewMessage("k", []byte("{}"))
+	badKey.Metadata.Set("has space", "x")
+	for name, m := range map[string]*message.Message{"headers over 64 KiB": headers, "over max_payload": payload, "bad key": badKey} {
+		err := pub.Publish("orders", m)
+		require.Error(t, err, name)
+		require.True(t, framework.IsPermanent(err), "%s: %v", name, err)
+	}
+
+	// The stream's own limit.
+	_, err := js.AddStream(&natsgo.StreamConfig{Name: topic + "-small", Subjects: []string{topic + ".small"}, MaxMsgSize: 1024})
+	require.NoError(t, err)
+	err = pub.Publish("small", message.NewMessage("s", make([]byte, 2048)))
+	require.Error(t, err)
+	require.True(t, framework.IsPermanent(err), "over max_msg_size: %v", err)
+	require.NoError(t, pub.Publish("small", message.NewMessage("s", make([]byte, 100))))
+
+	err = newPublisher(t, config("durable=svc", "streams=require", "subject_prefix="+topic+".none.")).Publish("orders", message.NewMessage("n", nil))
+	require.ErrorContains(t, err, "no JetStream stream captures the subject")
+	require.True(t, framework.IsPermanent(err), "no stream: %v", err)
+
+	require.NoError(t, pub.Publish("orders", message.NewMessage("ok", []byte("{}"))), "what fits goes through")
+}
+
+// TestPublishDeniedIsPermanent: a subject the user may not publish to (a
+// poison subject left out of its permissions) can never be published to.
+// The server says so asynchronously and the JetStream publish only times
+// out waiting for its acknowledgement; the publisher recognises the
+// refusal and reports it as framework.Permanent, so the Poison middleware
+// dead-letters the message instead of nacking it forever. The test runs a
+// NATS server of its own, with users and permissions.
+func TestPublishDeniedIsPermanent(t *testing.T) {
+	t.Parallel()
+	server := testenv.RequireTool(t, "nats-server")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "nats.conf")
+	require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf(`
+listen: %q
+jetstream { store_dir: %q }
+accounts {
+  app {
+    jetstream: enabled
+    users: [ { user: svc, password: secret, permissions: { publish: { deny: ["denied.>"] } } } ]
+  }
+}
+`, addr, filepath.Join(dir, "js"))), 0o600))
+	cmd := exec.Command(server, "-c", conf)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	require.Eventually(t, func() bool {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	}, 15*time.Second, 20*time.Millisecond, "nats-server listens")
+
+	cfg := config("durable=svc", "user=svc", "password=secret")
+	cfg.NATS.URL = "nats://" + addr
+	pub := newPublisher(t, cfg)
+	err = pub.Publish("denied.poison", message.NewMessage("d", []byte("{}")))
+	require.Error(t, err)
+	require.True(t, framework.IsPermanent(err), "got %v", err)
+	require.ErrorContains(t, err, "permissions violation")
+	require.NoError(t, pub.Publish("allowed", message.NewMessage("a", []byte("{}"))), "other subjects go through")
 }

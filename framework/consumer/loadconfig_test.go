@@ -60,6 +60,32 @@ func writeFile(t *testing.T, content string) string {
 	return p
 }
 
+// loadCase runs LoadConfig on yaml (no file when empty) with only the
+// environment env ("NAME=value" each) set of what LoadConfig reads.
+func loadCase(t *testing.T, yaml string, env []string) (Config, error) {
+	t.Helper()
+	clearEnv(t)
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		t.Setenv(name, value)
+	}
+	path := ""
+	if yaml != "" {
+		path = writeFile(t, yaml)
+	}
+	return LoadConfig(path)
+}
+
+// requireField requires err to be a *framework.ConfigError naming field
+// and returns it; msgAndArgs say which case failed.
+func requireField(t *testing.T, err error, field string, msgAndArgs ...any) *framework.ConfigError {
+	t.Helper()
+	var ce *framework.ConfigError
+	require.ErrorAs(t, err, &ce, msgAndArgs...)
+	require.Equal(t, field, ce.Field, msgAndArgs...)
+	return ce
+}
+
 // nested turns "claim.key_policy.max_bytes: 7" into nested YAML.
 func nested(path, value string) string {
 	parts := strings.Split(path, ".")
@@ -272,19 +298,8 @@ func TestLoadConfigErrorsNameWhatWasWritten(t *testing.T) {
 		{env: []string{"AMQP_QUEUE_TYPE=lazy"}, field: "AMQP_QUEUE_TYPE"},
 	} {
 		t.Run(tc.field, func(t *testing.T) {
-			clearEnv(t)
-			for _, kv := range tc.env {
-				name, value, _ := strings.Cut(kv, "=")
-				t.Setenv(name, value)
-			}
-			path := ""
-			if tc.yaml != "" {
-				path = writeFile(t, tc.yaml)
-			}
-			_, err := LoadConfig(path)
-			var ce *framework.ConfigError
-			require.ErrorAs(t, err, &ce, "%q %v", tc.yaml, tc.env)
-			require.Equal(t, tc.field, ce.Field, "%v", err)
+			_, err := loadCase(t, tc.yaml, tc.env)
+			requireField(t, err, tc.field, "%q %v: %v", tc.yaml, tc.env, err)
 			require.Contains(t, err.Error(), tc.want)
 			require.True(t, strings.HasPrefix(err.Error(), fmt.Sprintf("claimtx: config field %q: ", tc.field)), err.Error())
 		})
@@ -318,28 +333,15 @@ func TestNewNamesLoadedFields(t *testing.T) {
 		{env: []string{"DATABASE_URL=postgres://postgres@127.0.0.1:1/none", "CONSUMER_NAME=loyalty", "TOPIC=t"}, field: "KEY"},
 	} {
 		t.Run(tc.field, func(t *testing.T) {
-			clearEnv(t)
-			for _, kv := range tc.env {
-				name, value, _ := strings.Cut(kv, "=")
-				t.Setenv(name, value)
-			}
-			path := ""
-			if tc.yaml != "" {
-				path = writeFile(t, tc.yaml)
-			}
-			c, err := LoadConfig(path)
+			c, err := loadCase(t, tc.yaml, tc.env)
 			require.NoError(t, err)
 			c.StartupTimeout = -1
 			_, err = New(t.Context(), c, noop)
-			var ce *framework.ConfigError
-			require.ErrorAs(t, err, &ce)
-			require.Equal(t, tc.field, ce.Field, "%v", err)
+			requireField(t, err, tc.field, "%v", err)
 		})
 	}
 	_, err := New(t.Context(), Config{Name: "loyalty", Topic: "t", Key: "jsn:x", DatabaseURL: "postgres://x/y"}, noop)
-	var ce *framework.ConfigError
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "key", ce.Field, "a Config from code keeps the registry's name")
+	requireField(t, err, "key", "a Config from code keeps the registry's name")
 }
 
 // secretMarker stands for a password.
@@ -381,9 +383,7 @@ func TestLoadConfigSecrets(t *testing.T) {
 		_, err := LoadConfig("")
 		if err != nil {
 			require.NotContains(t, err.Error(), secretMarker)
-			var ce *framework.ConfigError
-			require.ErrorAs(t, err, &ce)
-			require.Equal(t, "DATABASE_URL", ce.Field)
+			requireField(t, err, "DATABASE_URL")
 		}
 		_, err = LoadConfig(writeFile(t, fmt.Sprintf("database_url: %q\n", dsn)))
 		if err != nil {
@@ -399,9 +399,7 @@ func TestLoadConfigSecrets(t *testing.T) {
 	t.Setenv("DATABASE_URL", "postgres://a/b")
 	t.Setenv("DATABASE_URL_FILE", write("db2", "postgres://c/d"))
 	_, err = LoadConfig("")
-	var ce *framework.ConfigError
-	require.ErrorAs(t, err, &ce)
-	require.Equal(t, "DATABASE_URL_FILE", ce.Field)
+	ce := requireField(t, err, "DATABASE_URL_FILE")
 	require.Contains(t, ce.Reason, "not both")
 	clearEnv(t)
 	t.Setenv("DATABASE_URL_FILE", write("empty", "\n"))
