@@ -92,25 +92,11 @@ func TestEmbeddedCLIOwnExtractors(t *testing.T) {
 	c.cfg = Config{Extractors: inventoryExtractors(t)}
 	args := func(a ...string) []string { return append(append([]string{"dlq"}, a...), broker...) }
 
-	rows := jsonLines(t, c.ok(args("list", "--json", "--consumer", "inventory", "--key-spec", tenantSpec)...))
-	require.Len(t, rows, 7)
-	require.Equal(t, "acme/1", rows[0]["key"])
-	require.Equal(t, "already-applied", rows[0]["class"])
-	require.Equal(t, "acme/2", rows[1]["key"])
-	require.Equal(t, "would-apply", rows[1]["class"])
-	require.Equal(t, "still-bad", rows[6]["class"])
-	require.Contains(t, rows[6]["key_error"], "metadata tenant")
-
-	out := c.ok(args("inspect", "--id", "order-3", "--consumer", "inventory", "--key-spec", tenantSpec)...)
-	require.Contains(t, out, "acme/3")
-
-	out = c.ok(args("replay", "--consumer", "inventory", "--key-spec", tenantSpec)...)
-	require.Contains(t, out, "5 replayed to "+w.Topic)
-	require.Len(t, w.Read(w.Topic), 5)
+	listInspectReplay(t, c, args, w)
 
 	// The RabbitMQ sample is what the replay left in the poison queue: the
 	// applied order 1 and the order 7 without a tenant.
-	out = c.ok("keys", "check", "--key-spec", tenantSpec, "--time-spec", "epoch:order_id", "--topic", w.Poison, "--broker", "amqp", "--amqp-url", dlqtest.AMQPURL)
+	out := c.ok("keys", "check", "--key-spec", tenantSpec, "--time-spec", "epoch:order_id", "--topic", w.Poison, "--broker", "amqp", "--amqp-url", dlqtest.AMQPURL)
 	require.Contains(t, out, "key spec "+tenantSpec+" over 2 messages of RabbitMQ queue "+w.Poison)
 	require.Contains(t, out, "keyed 1, distinct keys 1")
 	require.Contains(t, out, "unkeyable: 1 messages")
@@ -150,13 +136,7 @@ func TestEmbeddedCLIConsoleOwnExtractors(t *testing.T) {
 	}, classes)
 	require.Contains(t, body, "acme/4")
 
-	csrf := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(con.get("/lookup"))
-	require.NotNil(t, csrf)
-	status, page := con.post("/lookup", url.Values{"csrf": {csrf[1]}, "consumer": {"inventory"},
-		"payload": {`{"order_id": 1}`}, "metadata": {"tenant: acme"}})
-	require.Equal(t, http.StatusOK, status, page)
-	require.Contains(t, page, `<code id="derived-key">acme/1</code>`)
-	require.Contains(t, page, `id="claim"`)
+	lookupAcme1(t, con)
 }
 
 // The claimtx binary knows the built-in extractors only, and says so in
@@ -248,15 +228,7 @@ func TestEmbeddedCLIOwnExtractorsNATS(t *testing.T) {
 	c.cfg = Config{Extractors: inventoryExtractors(t)}
 	args := func(a ...string) []string { return append(append([]string{"dlq"}, a...), broker...) }
 
-	rows := jsonLines(t, c.ok(args("list", "--json", "--consumer", "inventory", "--key-spec", tenantSpec)...))
-	require.Len(t, rows, 7)
-	require.Equal(t, "acme/1", rows[0]["key"])
-	require.Equal(t, "already-applied", rows[0]["class"])
-	require.Equal(t, "would-apply", rows[1]["class"])
-	require.Equal(t, "still-bad", rows[6]["class"])
-	out := c.ok(args("replay", "--consumer", "inventory", "--key-spec", tenantSpec)...)
-	require.Contains(t, out, "5 replayed to "+w.Topic)
-	require.Len(t, w.Read(w.Topic), 5)
+	listInspectReplay(t, c, args, w)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -265,6 +237,34 @@ func TestEmbeddedCLIOwnExtractorsNATS(t *testing.T) {
 	body := con.get("/dead-letters?consumer=inventory")
 	require.Contains(t, body, `<table id="letters">`)
 	require.Contains(t, body, "acme/1", "the applied letter the replay left, keyed by the custom extractor")
+	lookupAcme1(t, con)
+}
+
+// listInspectReplay lists a tenantWorld's letters with the custom key,
+// inspects one and replays the five that would apply.
+func listInspectReplay(t *testing.T, c *cli, args func(...string) []string, w *dlqtest.World) {
+	t.Helper()
+	rows := jsonLines(t, c.ok(args("list", "--json", "--consumer", "inventory", "--key-spec", tenantSpec)...))
+	require.Len(t, rows, 7)
+	require.Equal(t, "acme/1", rows[0]["key"])
+	require.Equal(t, "already-applied", rows[0]["class"])
+	require.Equal(t, "acme/2", rows[1]["key"])
+	require.Equal(t, "would-apply", rows[1]["class"])
+	require.Equal(t, "still-bad", rows[6]["class"])
+	require.Contains(t, rows[6]["key_error"], "metadata tenant")
+
+	out := c.ok(args("inspect", "--id", "order-3", "--consumer", "inventory", "--key-spec", tenantSpec)...)
+	require.Contains(t, out, "acme/3")
+
+	out = c.ok(args("replay", "--consumer", "inventory", "--key-spec", tenantSpec)...)
+	require.Contains(t, out, "5 replayed to "+w.Topic)
+	require.Len(t, w.Read(w.Topic), 5)
+}
+
+// lookupAcme1 pastes order 1 of tenant acme into the console's look-up:
+// the custom extractor derives acme/1, whose claim the page shows.
+func lookupAcme1(t *testing.T, con *runningConsole) {
+	t.Helper()
 	csrf := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(con.get("/lookup"))
 	require.NotNil(t, csrf)
 	status, page := con.post("/lookup", url.Values{"csrf": {csrf[1]}, "consumer": {"inventory"},
