@@ -163,3 +163,35 @@ func TestPublishAccessRefusedIsPermanent(t *testing.T) {
 	require.Contains(t, err.Error(), "ACCESS_REFUSED")
 	require.NoError(t, pub.Publish(allowed, message.NewMessage("2", []byte("y"))))
 }
+
+// TestPublishWriteRefusedIsPermanent: a user who may declare the queue
+// but not publish (RabbitMQ's write permission on the default exchange)
+// can never send a message, so the refusal says so (framework.Permanent)
+// and a poison copy goes to its fallback instead of being redelivered
+// forever.
+func TestPublishWriteRefusedIsPermanent(t *testing.T) {
+	t.Parallel()
+	ctl := testenv.RequireTool(t, "rabbitmqctl")
+	suffix := strings.TrimPrefix(uniqueName(t), "claimtx-test-")
+	user, pass := "claimtx-write-"+suffix, "pw-"+suffix
+	run := func(args ...string) {
+		out, err := exec.Command(ctl, args...).CombinedOutput()
+		require.NoError(t, err, "rabbitmqctl %v: %s", args, out)
+	}
+	run("add_user", user, pass)
+	t.Cleanup(func() { _ = exec.Command(ctl, "delete_user", user).Run() })
+	queue := "nowrite-" + suffix
+	run("set_permissions", "-p", "/", user, ".*", "^$", ".*")
+	deleteQueuesAtCleanup(t, queue)
+
+	cfg := testConfig()
+	cfg.URL = "amqp://" + user + ":" + pass + "@127.0.0.1:5672/"
+	pub, err := amqp.NewPublisher(context.Background(), cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+
+	err = pub.Publish(queue, message.NewMessage("1", []byte("x")))
+	require.Error(t, err)
+	require.True(t, framework.IsPermanent(err), "got %v", err)
+	require.Contains(t, err.Error(), "ACCESS_REFUSED")
+}

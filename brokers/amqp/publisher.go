@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
@@ -55,8 +56,9 @@ func NewPublisher(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.
 // being re-established. A message whose properties and headers do not fit
 // in one frame (frame_max, 128 KiB by default) is refused before anything
 // is sent, with a framework.Permanent error: RabbitMQ would close the
-// connection over it. So is a topic whose queue the user may not declare
-// (ACCESS_REFUSED).
+// connection over it. So is a topic whose queue the user may not declare,
+// and a publish the user may not make (no write permission on the
+// default exchange): both ACCESS_REFUSED.
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	if err := p.declare(topic); err != nil {
 		return err
@@ -65,7 +67,55 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 		return fmt.Errorf("brokers/amqp: publish to %q: %w", topic, err)
 	}
 	if err := p.pub.Publish(topic, messages...); err != nil {
+		if refused := p.writeRefused(); refused != nil {
+			err = framework.Permanent(errors.Join(err, refused))
+		}
 		return fmt.Errorf("brokers/amqp: publish to %q: %w", topic, err)
+	}
+	return nil
+}
+
+// writeRefused tells a publish the user may never make from one that
+// failed for a passing reason. RabbitMQ refuses a publish without write
+// permission on the exchange by closing the channel (ACCESS_REFUSED), and
+// watermill-amqp reports only "delivery not confirmed". So, after a failed
+// publish, one empty message goes to the default exchange with a routing
+// key no queue has: dropped when the user may write there, a channel
+// closed with ACCESS_REFUSED when not. nil unless that is the answer.
+func (p *Publisher) writeRefused() error {
+	ac := p.conn.Connection()
+	if ac == nil || ac.IsClosed() {
+		return nil
+	}
+	ch, err := ac.Channel()
+	if err != nil {
+		return nil
+	}
+	defer func() { _ = ch.Close() }()
+	closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
+	if err := ch.Confirm(false); err != nil {
+		return nil
+	}
+	dc, err := ch.PublishWithDeferredConfirm("", "claimtx-write-probe.no-such-queue", false, false, amqp091.Publishing{})
+	if err != nil {
+		return nil
+	}
+	select {
+	case <-dc.Done():
+		if dc.Acked() {
+			return nil // the user may write: the failure was a passing one
+		}
+	case <-time.After(p.cfg.DialTimeout):
+		return nil
+	}
+	// Not confirmed: a closed channel says why. It closes with the nack
+	// (amqp091 nacks what is pending when a channel shuts down).
+	select {
+	case cerr := <-closed:
+		if cerr != nil && cerr.Code == amqp091.AccessRefused {
+			return cerr
+		}
+	case <-time.After(time.Second):
 	}
 	return nil
 }
