@@ -67,7 +67,7 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 		return fmt.Errorf("brokers/amqp: publish to %q: %w", topic, err)
 	}
 	if err := p.pub.Publish(topic, messages...); err != nil {
-		if refused := p.writeRefused(); refused != nil {
+		if refused := p.probeWrite(); refused != nil {
 			err = framework.Permanent(errors.Join(err, refused))
 		}
 		return fmt.Errorf("brokers/amqp: publish to %q: %w", topic, err)
@@ -82,6 +82,27 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 // publish, one empty message goes to the default exchange with a routing
 // key no queue has: dropped when the user may write there, a channel
 // closed with ACCESS_REFUSED when not. nil unless that is the answer.
+//
+// The probe is bounded by writeProbeWait whatever the connection does (a
+// half-open one can hold a channel.open for a heartbeat timeout): a
+// failed publish, a poison copy's during a drain above all, must not wait
+// longer for its verdict than the publish itself took to fail.
+func (p *Publisher) probeWrite() error {
+	verdict := make(chan error, 1) // buffered: a late probe exits on its own
+	go func() { verdict <- p.writeRefused() }()
+	select {
+	case err := <-verdict:
+		return err
+	case <-time.After(writeProbeWait):
+		return nil
+	}
+}
+
+// writeProbeWait bounds probeWrite: a probe on a healthy connection is
+// confirmed in milliseconds.
+const writeProbeWait = 5 * time.Second
+
+// writeRefused is the probe itself, unbounded.
 func (p *Publisher) writeRefused() error {
 	ac := p.conn.Connection()
 	if ac == nil || ac.IsClosed() {
@@ -105,7 +126,7 @@ func (p *Publisher) writeRefused() error {
 		if dc.Acked() {
 			return nil // the user may write: the failure was a passing one
 		}
-	case <-time.After(p.cfg.DialTimeout):
+	case <-time.After(writeProbeWait):
 		return nil
 	}
 	// Not confirmed: a closed channel says why. It closes with the nack
