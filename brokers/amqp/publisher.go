@@ -57,8 +57,9 @@ func NewPublisher(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.
 // in one frame (frame_max, 128 KiB by default) is refused before anything
 // is sent, with a framework.Permanent error: RabbitMQ would close the
 // connection over it. So is a topic whose queue the user may not declare,
-// and a publish the user may not make (no write permission on the
-// default exchange): both ACCESS_REFUSED.
+// a publish the user may not make (no write permission on the default
+// exchange): both ACCESS_REFUSED, and a message longer than the broker's
+// max_message_size (PRECONDITION_FAILED).
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	if err := p.declare(topic); err != nil {
 		return err
@@ -67,7 +68,7 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 		return fmt.Errorf("brokers/amqp: publish to %q: %w", topic, err)
 	}
 	if err := p.pub.Publish(topic, messages...); err != nil {
-		if refused := p.probeWrite(); refused != nil {
+		if refused := p.probeWrite(largestBody(messages)); refused != nil {
 			err = framework.Permanent(errors.Join(err, refused))
 		}
 		return fmt.Errorf("brokers/amqp: publish to %q: %w", topic, err)
@@ -75,21 +76,24 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	return nil
 }
 
-// writeRefused tells a publish the user may never make from one that
-// failed for a passing reason. RabbitMQ refuses a publish without write
-// permission on the exchange by closing the channel (ACCESS_REFUSED), and
-// watermill-amqp reports only "delivery not confirmed". So, after a failed
-// publish, one empty message goes to the default exchange with a routing
-// key no queue has: dropped when the user may write there, a channel
-// closed with ACCESS_REFUSED when not. nil unless that is the answer.
+// probeWrite tells a publish RabbitMQ will never take from one that failed
+// for a passing reason. RabbitMQ refuses a publish without write
+// permission on the exchange (ACCESS_REFUSED) and a body longer than its
+// max_message_size (PRECONDITION_FAILED) by closing the channel, and
+// watermill-amqp reports only "delivery not confirmed"; the client cannot
+// ask for the limit. So, after a failed publish, one message with a body
+// as long as the longest that failed goes to the default exchange with a
+// routing key no queue has: dropped when it may be written there, a
+// channel closed with one of those two codes when not. nil unless that is
+// the answer.
 //
 // The probe is bounded by writeProbeWait whatever the connection does (a
 // half-open one can hold a channel.open for a heartbeat timeout): a
 // failed publish, a poison copy's during a drain above all, must not wait
 // longer for its verdict than the publish itself took to fail.
-func (p *Publisher) probeWrite() error {
+func (p *Publisher) probeWrite(size int) error {
 	verdict := make(chan error, 1) // buffered: a late probe exits on its own
-	go func() { verdict <- p.writeRefused() }()
+	go func() { verdict <- p.writeRefused(size) }()
 	select {
 	case err := <-verdict:
 		return err
@@ -102,8 +106,17 @@ func (p *Publisher) probeWrite() error {
 // confirmed in milliseconds.
 const writeProbeWait = 5 * time.Second
 
+// largestBody is the length of the longest payload among messages.
+func largestBody(messages []*message.Message) int {
+	n := 0
+	for _, m := range messages {
+		n = max(n, len(m.Payload))
+	}
+	return n
+}
+
 // writeRefused is the probe itself, unbounded.
-func (p *Publisher) writeRefused() error {
+func (p *Publisher) writeRefused(size int) error {
 	ac := p.conn.Connection()
 	if ac == nil || ac.IsClosed() {
 		return nil
@@ -117,7 +130,7 @@ func (p *Publisher) writeRefused() error {
 	if err := ch.Confirm(false); err != nil {
 		return nil
 	}
-	dc, err := ch.PublishWithDeferredConfirm("", "claimtx-write-probe.no-such-queue", false, false, amqp091.Publishing{})
+	dc, err := ch.PublishWithDeferredConfirm("", "claimtx-write-probe.no-such-queue", false, false, amqp091.Publishing{Body: make([]byte, size)})
 	if err != nil {
 		return nil
 	}
@@ -133,7 +146,7 @@ func (p *Publisher) writeRefused() error {
 	// (amqp091 nacks what is pending when a channel shuts down).
 	select {
 	case cerr := <-closed:
-		if cerr != nil && cerr.Code == amqp091.AccessRefused {
+		if cerr != nil && (cerr.Code == amqp091.AccessRefused || cerr.Code == amqp091.PreconditionFailed) {
 			return cerr
 		}
 	case <-time.After(time.Second):
