@@ -25,7 +25,7 @@ type claims struct {
 	s                    *Store
 }
 
-func (c claims) BeginNaturalKey(ctx context.Context, opts pgx.TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error) {
+func (c claims) BeginNaturalKey(ctx context.Context, opts pg.TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error) {
 	return claimsql.BeginNaturalKey(ctx, c.s.pool, opts, maxClaimWait, more)
 }
 
