@@ -66,6 +66,12 @@ type Claims interface {
 	// into the dead-letter table.
 	CanRecordDeadLetter(ctx context.Context) (bool, error)
 
+	// SyncStandby checks that the server can keep the promise of a claim
+	// committed with synchronous_commit (remote_write, remote_apply: a
+	// synchronous standby). shortfall says what is missing, "" when
+	// nothing is; verified is false when only synchronous_standby_names
+	// could be read, not which standbys are synchronous.
+	SyncStandby(ctx context.Context, synchronousCommit string) (shortfall string, verified bool, err error)
 }
 
 // DeadLetter is one row of the dead-letter table.
