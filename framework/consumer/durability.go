@@ -27,9 +27,10 @@ const durabilityCheck = "synchronous_standby"
 // INFO when it clears) and shown as a warning in the readiness report.
 // It never fails start-up: the standby may come back.
 type durability struct {
-	p       *parts
-	setting string
-	warning atomic.Pointer[string] // the current finding; nil when none
+	p        *parts
+	setting  string
+	interval time.Duration          // durabilityInterval when the consumer was built
+	warning  atomic.Pointer[string] // the current finding; nil when none
 }
 
 // newDurability runs the first check; nil when the setting needs no
@@ -39,7 +40,7 @@ func newDurability(ctx context.Context, p *parts) *durability {
 	if !pg.NeedsSyncStandby(setting) {
 		return nil
 	}
-	d := &durability{p: p, setting: setting}
+	d := &durability{p: p, setting: setting, interval: durabilityInterval}
 	d.check(ctx, true)
 	return d
 }
@@ -85,9 +86,9 @@ func (d *durability) warnings() map[string]string {
 	return nil
 }
 
-// watch repeats the check every durabilityInterval until ctx ends.
+// watch repeats the check every d.interval until ctx ends.
 func (d *durability) watch(ctx context.Context) {
-	t := time.NewTicker(durabilityInterval)
+	t := time.NewTicker(d.interval)
 	defer t.Stop()
 	for {
 		select {
