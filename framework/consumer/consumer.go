@@ -274,24 +274,24 @@ type Consumer struct {
 // parts is what New and NewBatch build alike from a Config: the pool, the
 // migrated store, the broker clients, the outcome reporting and the claim.
 type parts struct {
-	cfg        Config
-	pool       *pgxpool.Pool
-	ownsPool   bool
-	store      *store.Store
-	sub        message.Subscriber
-	pub        message.Publisher
-	wlog       watermill.LoggerAdapter
-	metrics    *metrics.Metrics
-	report     func(middleware.Result)
-	claim      middleware.Claim
-	health     observe.Health
-	horizon    *horizon          // nil without Retention or a subscriber that knows its horizon
-	durability *durability       // nil unless Claim.SynchronousCommit needs a synchronous standby
-	positions  bool              // the subscriber starts partitions at the stored Kafka positions
-	settled    *settledPositions // positions settled by acks, stored by watchPositions
-	closeOnce  sync.Once
-	closeErr   error
-	closeMore  func() error // the router, for New
+	cfg       Config
+	pool      *pgxpool.Pool
+	ownsPool  bool
+	store     *store.Store
+	sub       message.Subscriber
+	pub       message.Publisher
+	wlog      watermill.LoggerAdapter
+	metrics   *metrics.Metrics
+	report    func(middleware.Result)
+	claim     middleware.Claim
+	health    observe.Health
+	horizon   *horizon          // nil without Retention or a subscriber that knows its horizon
+	standby   *durability       // nil unless Claim.SynchronousCommit needs a synchronous standby
+	positions bool              // the subscriber starts partitions at the stored Kafka positions
+	settled   *settledPositions // positions settled by acks, stored by watchPositions
+	closeOnce sync.Once
+	closeErr  error
+	closeMore func() error // the router, for New
 
 	// stop asks a running Run to shut down gracefully (Close does);
 	// stopped is closed when Run has returned.
@@ -428,7 +428,7 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if p.horizon, err = newHorizon(ctx, p); err != nil {
 		return nil, err
 	}
-	p.durability = newDurability(ctx, p)
+	p.standby = newDurability(ctx, p)
 	p.health.Warnings = p.warnings
 	return p, nil
 }
@@ -440,8 +440,8 @@ func (p *parts) warnings() map[string]string {
 	if p.horizon != nil {
 		maps.Copy(w, p.horizon.warnings())
 	}
-	if p.durability != nil {
-		maps.Copy(w, p.durability.warnings())
+	if p.standby != nil {
+		maps.Copy(w, p.standby.warnings())
 	}
 	return w
 }
@@ -791,8 +791,8 @@ func (p *parts) run(ctx context.Context, body func(context.Context) error) error
 	if p.horizon != nil {
 		go p.horizon.watch(ctx)
 	}
-	if p.durability != nil {
-		go p.durability.watch(ctx)
+	if p.standby != nil {
+		go p.standby.watch(ctx)
 	}
 	go p.watchPositions(ctx)
 	return body(ctx)
