@@ -41,7 +41,7 @@ type Batch struct {
 
 // NewBatch validates c for batches and returns the Batch. It reuses
 // Claim's fields for the store, consumer, key, key policy, isolation,
-// claim wait, attempts, backoff, PoisonMemo and hooks (OnOutcome once per
+// synchronous commit, claim wait, attempts, backoff, PoisonMemo and hooks (OnOutcome once per
 // message and pass, OnRetry once per retried batch). The claim-table mode
 // is the only one: Mode (natural key), OutboxTopic, Fingerprint and
 // EventTime are refused with a *framework.ConfigError rather than ignored
@@ -222,8 +222,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	}
 	began := c.ahead.Started()
 	// BEGIN and the claim (and the memo lookup) in one round trip.
-	opts := pgx.TxOptions{IsoLevel: c.Isolation}
-	tx, newKeys, memos, err := c.claims.BeginBatch(ctx, opts, c.Consumer, want, c.MaxClaimWait, c.PoisonMemo)
+	tx, newKeys, memos, err := c.claims.BeginBatch(ctx, c.txOptions(), c.Consumer, want, c.MaxClaimWait, c.PoisonMemo)
 	if err != nil {
 		return nil, err
 	}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/testenv"
@@ -44,7 +43,7 @@ func BenchmarkClaimPerMessage(b *testing.B) {
 		b.ReportAllocs()
 		b.ResetTimer()
 		for _, msg := range msgs {
-			tx, _, _, err := claims.Begin(ctx, pgx.TxOptions{}, pg.ClaimRequest{
+			tx, _, _, err := claims.Begin(ctx, pg.TxOptions{}, pg.ClaimRequest{
 				Consumer: "pgx", Key: "order-completed:" + msg.Metadata.Get("event_id"), MaxClaimWait: 5 * time.Second, // the claim's default MaxClaimWait
 			}, false, nil)
 			if err == nil {

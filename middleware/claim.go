@@ -135,6 +135,32 @@ type Claim struct {
 	// transaction (SET LOCAL): it bounds every lock wait of the handler.
 	// Defaults to 5s.
 	MaxClaimWait time.Duration
+	// SynchronousCommit is the synchronous_commit of the claim
+	// transaction: what its COMMIT waits for, and so what an ack promises.
+	// "on": the WAL is flushed on the primary and, when the server has
+	// synchronous standbys, on them; "remote_write": also written to a
+	// synchronous standby's operating system; "remote_apply": also
+	// applied there (visible to reads on it); "local": flushed on the
+	// primary only, even with synchronous standbys.
+	//
+	// With asynchronous replication, a commit the primary acknowledged
+	// can be missing on the standby a failover promotes; its message was
+	// acked, so the effect is lost for good. remote_write or remote_apply
+	// with a synchronous standby (synchronous_standby_names) closes that
+	// gap; framework/consumer checks at start-up and every 30s that the
+	// server has one, and warns (log and /healthz) while it has not. HA
+	// that replicates below Postgres (storage-level, as RDS Multi-AZ
+	// instances do) has no standby to see: use "on" there.
+	//
+	// It is set in the claim's first round trip, by the statement that
+	// sets the lock_timeout: no extra statement, in every mode and in
+	// batches. "off" is refused with a *framework.ConfigError: COMMIT, and
+	// then the ack, would return before the WAL is flushed, so a crash of
+	// the database alone could lose an effect whose message the broker has
+	// already forgotten. Defaults to "": nothing is sent, and the
+	// session's setting applies (the server's, a role's or the connection
+	// string's; normally "on").
+	SynchronousCommit string
 	// MaxAttempts bounds transaction attempts for transient failures
 	// (1 disables retrying). Defaults to 5.
 	MaxAttempts int
@@ -362,6 +388,9 @@ func (c Claim) validate() error {
 	default:
 		return &framework.ConfigError{Field: "Isolation", Reason: fmt.Sprintf("%q is not supported (READ COMMITTED, REPEATABLE READ or SERIALIZABLE)", c.Isolation)}
 	}
+	if err := pg.CheckSynchronousCommit(c.SynchronousCommit); err != nil {
+		return &framework.ConfigError{Field: "SynchronousCommit", Reason: err.Error()}
+	}
 	return config.ValidateConsumer("Consumer", c.Consumer)
 }
 
@@ -407,8 +436,13 @@ func NewClaim(c Claim) (message.HandlerMiddleware, error) {
 	return c.withDefaults().middleware, nil
 }
 
+// txOptions are the options of every claim transaction c begins.
+func (c Claim) txOptions() pg.TxOptions {
+	return pg.TxOptions{TxOptions: pgx.TxOptions{IsoLevel: c.Isolation}, SynchronousCommit: c.SynchronousCommit}
+}
+
 func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
-	txOpts := pgx.TxOptions{IsoLevel: c.Isolation}
+	txOpts := c.txOptions()
 	return func(msg *message.Message) ([]*message.Message, error) {
 		start := time.Now()
 		res := Result{Consumer: c.Consumer, Message: msg}
@@ -489,7 +523,7 @@ func (c Claim) key(msg *message.Message) (string, error) {
 // isolation level, and under REPEATABLE READ and SERIALIZABLE a committed
 // claim outside the snapshot fails with 40001 instead of conflicting), and
 // never on a path that rolls back, ErrAlreadyApplied included.
-func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.ClaimRequest, hash committedkeys.Hash, began uint64, txOpts pgx.TxOptions, res *Result) (out framework.Outcome, err error) {
+func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.ClaimRequest, hash committedkeys.Hash, began uint64, txOpts pg.TxOptions, res *Result) (out framework.Outcome, err error) {
 	ctx := msg.Context()
 	res.ClaimWait, res.Enqueued = 0, 0
 	claimed := true

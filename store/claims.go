@@ -10,6 +10,7 @@ import (
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/store/internal/claimsql"
 	"github.com/claimtx/claimtx/store/internal/deadletter"
+	"github.com/claimtx/claimtx/store/internal/standby"
 )
 
 // The claim middleware and framework/consumer claim and store Kafka
@@ -25,7 +26,7 @@ type claims struct {
 	s                    *Store
 }
 
-func (c claims) BeginNaturalKey(ctx context.Context, opts pgx.TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error) {
+func (c claims) BeginNaturalKey(ctx context.Context, opts pg.TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error) {
 	return claimsql.BeginNaturalKey(ctx, c.s.pool, opts, maxClaimWait, more)
 }
 
@@ -41,4 +42,16 @@ func (c claims) RecordDeadLetter(ctx context.Context, l pg.DeadLetter) error {
 
 func (c claims) CanRecordDeadLetter(ctx context.Context) (bool, error) {
 	return deadletter.CanRecord(ctx, c.s.pool, c.s.names)
+}
+
+func (c claims) SyncStandby(ctx context.Context, synchronousCommit string) (string, bool, error) {
+	if !pg.NeedsSyncStandby(synchronousCommit) {
+		return "", true, nil
+	}
+	st, err := standby.Read(ctx, c.s.pool)
+	if err != nil {
+		return "", false, err
+	}
+	shortfall, verified := st.Shortfall(synchronousCommit)
+	return shortfall, verified, nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store/internal/claimsql"
 	"github.com/claimtx/claimtx/store/internal/migrate"
 	"github.com/claimtx/claimtx/store/internal/outboxsql"
@@ -26,28 +27,28 @@ func (s *Store) MigrateDownForTest(ctx context.Context, target int) error {
 // BeginClaimForTest begins a transaction with the claim r in it, as the
 // claim middleware does.
 func (s *Store) BeginClaimForTest(ctx context.Context, opts pgx.TxOptions, r ClaimRequest) (pgx.Tx, ClaimResult, error) {
-	tx, res, _, err := s.claims.Begin(ctx, opts, claimsql.Request(r), false, nil)
+	tx, res, _, err := s.claims.Begin(ctx, pg.TxOptions{TxOptions: opts}, claimsql.Request(r), false, nil)
 	return tx, ClaimResult(res), err
 }
 
 // BeginClaimMemoForTest is BeginClaimForTest with the poison memo lookup
 // pipelined, as the claim middleware does with Claim.PoisonMemo.
 func (s *Store) BeginClaimMemoForTest(ctx context.Context, opts pgx.TxOptions, r ClaimRequest) (pgx.Tx, ClaimResult, *string, error) {
-	tx, res, memo, err := s.claims.Begin(ctx, opts, claimsql.Request(r), true, nil)
+	tx, res, memo, err := s.claims.Begin(ctx, pg.TxOptions{TxOptions: opts}, claimsql.Request(r), true, nil)
 	return tx, ClaimResult(res), memo, err
 }
 
 // BeginClaimBatchForTest begins a transaction claiming keys, as the batch
 // middleware does.
 func (s *Store) BeginClaimBatchForTest(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration) (pgx.Tx, []string, error) {
-	tx, claimed, _, err := s.claims.BeginBatch(ctx, opts, consumer, keys, maxClaimWait, false)
+	tx, claimed, _, err := s.claims.BeginBatch(ctx, pg.TxOptions{TxOptions: opts}, consumer, keys, maxClaimWait, false)
 	return tx, claimed, err
 }
 
 // BeginNaturalKeyForTest begins a natural-key transaction, as the claim
 // middleware does in ModeNaturalKey.
 func (s *Store) BeginNaturalKeyForTest(ctx context.Context, opts pgx.TxOptions, maxClaimWait time.Duration) (pgx.Tx, error) {
-	return claimsql.BeginNaturalKey(ctx, s.pool, opts, maxClaimWait, nil)
+	return claimsql.BeginNaturalKey(ctx, s.pool, pg.TxOptions{TxOptions: opts}, maxClaimWait, nil)
 }
 
 // OutboxForTest returns the relay's statements for the Store's outbox.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -76,7 +77,10 @@ type Config struct {
 
 	// Claim configures the claim middleware, with middleware.Claim's
 	// fields and defaults: Key (the code alternative to the Key spec
-	// above), KeyPolicy, Mode, OutboxTopic, Isolation, MaxClaimWait,
+	// above), KeyPolicy, Mode, OutboxTopic, Isolation, SynchronousCommit
+	// (with remote_write or remote_apply, the consumer checks at start-up
+	// and every 30s that the server has a synchronous standby, and warns in
+	// its log and its readiness report while it has none), MaxClaimWait,
 	// MaxAttempts, InitialBackoff, MaxBackoff, EventTime,
 	// AllowBrokerEventTime, Fingerprint, PoisonMemo (the consumer records
 	// the memos, in both modes), CommittedKeys, CommittedKeysTTL (capped
@@ -282,6 +286,7 @@ type parts struct {
 	claim     middleware.Claim
 	health    observe.Health
 	horizon   *horizon          // nil without Retention or a subscriber that knows its horizon
+	standby   *durability       // nil unless Claim.SynchronousCommit needs a synchronous standby
 	positions bool              // the subscriber starts partitions at the stored Kafka positions
 	settled   *settledPositions // positions settled by acks, stored by watchPositions
 	closeOnce sync.Once
@@ -423,10 +428,22 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if p.horizon, err = newHorizon(ctx, p); err != nil {
 		return nil, err
 	}
-	if p.horizon != nil {
-		p.health.Warnings = p.horizon.warnings
-	}
+	p.standby = newDurability(ctx, p)
+	p.health.Warnings = p.warnings
 	return p, nil
+}
+
+// warnings are the readiness report's warnings: the retention horizon's
+// and the synchronous standby's findings.
+func (p *parts) warnings() map[string]string {
+	w := map[string]string{}
+	if p.horizon != nil {
+		maps.Copy(w, p.horizon.warnings())
+	}
+	if p.standby != nil {
+		maps.Copy(w, p.standby.warnings())
+	}
+	return w
 }
 
 // declareQueues declares, on RabbitMQ, the topic's queue and the poison
@@ -773,6 +790,9 @@ func (p *parts) run(ctx context.Context, body func(context.Context) error) error
 	}()
 	if p.horizon != nil {
 		go p.horizon.watch(ctx)
+	}
+	if p.standby != nil {
+		go p.standby.watch(ctx)
 	}
 	go p.watchPositions(ctx)
 	return body(ctx)

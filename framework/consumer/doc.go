@@ -59,7 +59,8 @@
 // Config.Claim holds the claim middleware's options (middleware.Claim):
 // the key in code (Claim.Key, instead of the Key spec), the key policy, the
 // mode (middleware.ModeNaturalKey), the outbox topic, the isolation level,
-// MaxClaimWait, the attempts and backoff of transient failures, the event
+// the commit's durability (SynchronousCommit, with a warning while the
+// server lacks the synchronous standby it needs), MaxClaimWait, the attempts and backoff of transient failures, the event
 // time, fingerprints and an OnRetry hook. The consumer sets the claim's
 // Store, Consumer, Logger and OnOutcome itself, from Pool or DatabaseURL
 // and Store, Name, Logger and OnOutcome: New refuses a Claim with any of

@@ -49,6 +49,7 @@ import (
 //	  mode: claim_table           # CLAIM_MODE: claim_table | natural_key
 //	  isolation: read_committed   # CLAIM_ISOLATION: read_committed | repeatable_read | serializable
 //	  max_claim_wait: 5s          # CLAIM_MAX_CLAIM_WAIT
+//	  synchronous_commit: ""      # CLAIM_SYNCHRONOUS_COMMIT: on | remote_write | remote_apply | local ("": the server's)
 //	  max_attempts: 5             # CLAIM_MAX_ATTEMPTS
 //	  initial_backoff: 10ms       # CLAIM_INITIAL_BACKOFF
 //	  max_backoff: 1s             # CLAIM_MAX_BACKOFF
@@ -155,6 +156,13 @@ var settings = config.Bind([]setting{
 		return nil
 	}},
 	{Path: "claim.max_claim_wait", Env: "CLAIM_MAX_CLAIM_WAIT", Field: "Claim.MaxClaimWait", Rule: "min=1"},
+	{Path: "claim.synchronous_commit", Env: "CLAIM_SYNCHRONOUS_COMMIT", Field: "Claim.SynchronousCommit", Set: func(c *Config, v string) error {
+		if err := pg.CheckSynchronousCommit(v); err != nil {
+			return err
+		}
+		c.Claim.SynchronousCommit = v
+		return nil
+	}},
 	{Path: "claim.max_attempts", Env: "CLAIM_MAX_ATTEMPTS", Field: "Claim.MaxAttempts", Rule: "min=1"},
 	{Path: "claim.initial_backoff", Env: "CLAIM_INITIAL_BACKOFF", Field: "Claim.InitialBackoff", Rule: "min=1"},
 	{Path: "claim.max_backoff", Env: "CLAIM_MAX_BACKOFF", Field: "Claim.MaxBackoff", Rule: "min=1"},
@@ -366,6 +374,8 @@ func (c Config) String() string {
 	cl.Mode = cmp.Or(cl.Mode, middleware.ModeClaimTable)
 	cl.Isolation = cmp.Or(cl.Isolation, pgx.ReadCommitted)
 	cl.MaxClaimWait = cmp.Or(cl.MaxClaimWait, pg.DefaultMaxClaimWait)
+	// Nothing is sent unset: the session's setting, which only the server knows.
+	cl.SynchronousCommit = cmp.Or(cl.SynchronousCommit, "(server default)")
 	cl.MaxAttempts = cmp.Or(cl.MaxAttempts, pg.DefaultMaxAttempts)
 	cl.InitialBackoff = cmp.Or(cl.InitialBackoff, pg.DefaultInitialBackoff)
 	cl.MaxBackoff = cmp.Or(cl.MaxBackoff, pg.DefaultMaxBackoff)
@@ -373,12 +383,12 @@ func (c Config) String() string {
 	cl.CommittedKeysTTL = cmp.Or(cl.CommittedKeysTTL, committedkeys.DefaultTTL)
 	cl.KeyPolicy.MaxBytes = cmp.Or(cl.KeyPolicy.MaxBytes, pg.DefaultMaxKeyBytes)
 	return fmt.Sprintf("{Name:%q Topic:%q PoisonTopic:%q Key:%q EventTime:%q Retention:%s DatabaseURL:%q Pool:%s Store:%+v "+
-		"Claim:{Key:%s Mode:%q Isolation:%q MaxClaimWait:%s MaxAttempts:%d InitialBackoff:%s MaxBackoff:%s EventTime:%s "+
+		"Claim:{Key:%s Mode:%q Isolation:%q MaxClaimWait:%s SynchronousCommit:%q MaxAttempts:%d InitialBackoff:%s MaxBackoff:%s EventTime:%s "+
 		"AllowBrokerEventTime:%t Fingerprint:%t PoisonMemo:%t CommittedKeys:%d CommittedKeysTTL:%s NoPositions:%t ReplayBelowPositions:%t OutboxTopic:%q KeyPolicy:%+v} "+
 		"HandlerRetries:%d RetryInitialInterval:%s HandlerTimeout:%s DrainTimeout:%s StartupTimeout:%s Broker:%s "+
 		"Extractors:%s OnOutcome:%s Registerer:%s Tracer:%s Logger:%s}",
 		c.Name, c.Topic, c.PoisonTopic, c.Key, c.EventTime, c.Retention, config.RedactDSN(c.DatabaseURL), set(c.Pool != nil), c.Store,
-		set(cl.Key != nil), cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set(cl.EventTime != nil),
+		set(cl.Key != nil), cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.SynchronousCommit, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set(cl.EventTime != nil),
 		cl.AllowBrokerEventTime, cl.Fingerprint, cl.PoisonMemo, cl.CommittedKeys, cl.CommittedKeysTTL, cl.NoPositions, cl.ReplayBelowPositions, cl.OutboxTopic, cl.KeyPolicy,
 		c.HandlerRetries, c.RetryInitialInterval, c.HandlerTimeout, c.DrainTimeout, c.StartupTimeout, c.Broker,
 		set(c.Extractors != nil), set(c.OnOutcome != nil), set(c.Registerer != nil), set(c.Tracer != nil), set(c.Logger != nil))

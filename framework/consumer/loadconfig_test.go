@@ -194,7 +194,7 @@ var settingValues = map[string]string{
 	"name": "billing", "topic": "orders", "poison_topic": "orders.dead", "key": "metadata:event_id",
 	"event_time": "json:occurred_at", "retention": "720h", "database_url": "postgres://app@db:5433/app",
 	"store.schema": "claims", "store.claims_table": "claims", "store.outbox_table": "out",
-	"claim.mode": "natural_key", "claim.isolation": "serializable", "claim.max_claim_wait": "2s",
+	"claim.mode": "natural_key", "claim.isolation": "serializable", "claim.max_claim_wait": "2s", "claim.synchronous_commit": "remote_apply",
 	"claim.max_attempts": "9", "claim.initial_backoff": "20ms", "claim.max_backoff": "3s",
 	"claim.allow_broker_event_time": "true", "claim.fingerprint": "true", "claim.poison_memo": "true", "claim.no_positions": "true", "claim.replay_below_positions": "true", "claim.outbox_topic": "events",
 	"claim.committed_keys": "-1", "claim.committed_keys_ttl": "5m",
@@ -274,6 +274,10 @@ func TestLoadConfigErrorsNameWhatWasWritten(t *testing.T) {
 		{yaml: "claim:\n  max_claim_wait: soon\n", field: "claim.max_claim_wait", want: `got "soon" (line 2)`},
 		{yaml: "claim:\n  isolation: chaos\n", field: "claim.isolation", want: "serializable"},
 		{yaml: "claim:\n  mode: table\n", field: "claim.mode", want: "natural_key"},
+		{yaml: "claim:\n  synchronous_commit: \"off\"\n", field: "claim.synchronous_commit", want: "refused"},
+		{yaml: "claim:\n  synchronous_commit: off\n", field: "claim.synchronous_commit", want: "refused"},
+		{yaml: "claim:\n  synchronous_commit: remote\n", field: "claim.synchronous_commit", want: "remote_apply"},
+		{env: []string{"CLAIM_SYNCHRONOUS_COMMIT=off"}, field: "CLAIM_SYNCHRONOUS_COMMIT", want: "a database crash could lose an effect"},
 		{yaml: "claim:\n  max_attempts: 0\n", field: "claim.max_attempts", want: "at least 1"},
 		{yaml: "claim: 5\n", field: "claim", want: "mapping"},
 		{yaml: "topic: [a, b]\n", field: "topic", want: "single value"},
@@ -428,7 +432,7 @@ func TestStringPrintsEffectiveValues(t *testing.T) {
 	s := Config{Name: "loyalty", Topic: "orders"}.String()
 	for _, want := range []string{
 		`PoisonTopic:"orders.poison"`, "Store:{Schema:claimtx ClaimsTable:processed_messages OutboxTable:outbox}",
-		`Mode:"claim_table"`, `Isolation:"read committed"`, "MaxClaimWait:5s", "MaxAttempts:5",
+		`Mode:"claim_table"`, `Isolation:"read committed"`, "MaxClaimWait:5s", `SynchronousCommit:"(server default)"`, "MaxAttempts:5",
 		"InitialBackoff:10ms", "MaxBackoff:1s", "CommittedKeys:100000", "CommittedKeysTTL:10m0s",
 		"KeyPolicy:{MaxBytes:512 ", "HandlerRetries:3", "RetryInitialInterval:100ms", "DrainTimeout:15s",
 		"StartupTimeout:30s", `Broker:{Kind:"amqp"`, `ConsumerGroup:"loyalty"`,
@@ -437,9 +441,9 @@ func TestStringPrintsEffectiveValues(t *testing.T) {
 	}
 
 	set := Config{Name: "loyalty", Topic: "orders", Retention: 10 * time.Minute, DrainTimeout: 2 * time.Second, StartupTimeout: -1,
-		Claim: middleware.Claim{MaxClaimWait: 2 * time.Second, MaxAttempts: 9}}.String()
+		Claim: middleware.Claim{MaxClaimWait: 2 * time.Second, MaxAttempts: 9, SynchronousCommit: "remote_apply"}}.String()
 	for _, want := range []string{
-		"MaxClaimWait:2s", "MaxAttempts:9", "DrainTimeout:2s", "StartupTimeout:-1ns",
+		"MaxClaimWait:2s", `SynchronousCommit:"remote_apply"`, "MaxAttempts:9", "DrainTimeout:2s", "StartupTimeout:-1ns",
 		"CommittedKeysTTL:5m0s", // capped at half the retention, as New does
 	} {
 		require.Contains(t, set, want)

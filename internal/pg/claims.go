@@ -43,14 +43,14 @@ type Claims interface {
 	// Begin begins a transaction and makes the claim r in it, in one
 	// round trip, with the poison memo lookup when withMemo (memo is its
 	// reason, nil without one) and more queued after the claim.
-	Begin(ctx context.Context, opts pgx.TxOptions, r ClaimRequest, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res ClaimResult, memo *string, err error)
+	Begin(ctx context.Context, opts TxOptions, r ClaimRequest, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res ClaimResult, memo *string, err error)
 	// BeginBatch begins a transaction and claims many keys of consumer in
 	// it, in one round trip; claimed are the new keys, sorted, memos the
 	// new keys with a poison memo (unclaimed again) when withMemo.
-	BeginBatch(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (tx pgx.Tx, claimed []string, memos map[string]string, err error)
+	BeginBatch(ctx context.Context, opts TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (tx pgx.Tx, claimed []string, memos map[string]string, err error)
 	// BeginNaturalKey begins the transaction of a natural-key claim, with
 	// a lock_timeout of maxClaimWait and more queued in the same round trip.
-	BeginNaturalKey(ctx context.Context, opts pgx.TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error)
+	BeginNaturalKey(ctx context.Context, opts TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error)
 	// Following reads ahead of a replay: the keys of consumer's committed
 	// claims after the earliest claim among anchors, at most n.
 	Following(ctx context.Context, consumer string, anchors []string, n int, add func(key string)) error
@@ -65,6 +65,13 @@ type Claims interface {
 	// CanRecordDeadLetter reports whether the database role may insert
 	// into the dead-letter table.
 	CanRecordDeadLetter(ctx context.Context) (bool, error)
+
+	// SyncStandby checks that the server can keep the promise of a claim
+	// committed with synchronous_commit (remote_write, remote_apply: a
+	// synchronous standby). shortfall says what is missing, "" when
+	// nothing is; verified is false when only synchronous_standby_names
+	// could be read, not which standbys are synchronous.
+	SyncStandby(ctx context.Context, synchronousCommit string) (shortfall string, verified bool, err error)
 }
 
 // DeadLetter is one row of the dead-letter table.

@@ -116,7 +116,8 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 	var res Result
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
-	q.queue(b, nil)
+	// The caller's transaction keeps its own synchronous_commit.
+	q.queue(b, "", nil)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return res, q.wrap(err)
 	}
@@ -124,8 +125,9 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 }
 
 // Begin begins a transaction on a connection from s.Pool and makes the claim
-// r in it, in one round trip: BEGIN, the lock_timeout, the claim and the
-// reset go out as one pipelined batch (pgx's Batch.BeginTx), where BeginTx
+// r in it, in one round trip: BEGIN, the lock_timeout (with the
+// transaction's synchronous_commit when opts sets one, in the same
+// statement), the claim and the reset go out as one pipelined batch (pgx's Batch.BeginTx), where BeginTx
 // followed by Claim takes two. For a transaction per message that is one
 // round trip of four or five. more, when not nil, queues statements right
 // after the claim, under the same claim wait and in the same round trip:
@@ -149,10 +151,10 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 //
 // On success the caller owns tx, with the claim in it, and must Commit or
 // Rollback it whatever res says. On error there is no transaction to end.
-func (s *Statements) Begin(ctx context.Context, opts pgx.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
+func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
-	b.BeginTx(opts)
+	b.BeginTx(opts.TxOptions)
 	// found is captured by the callback only on this path: a named result
 	// captured instead would be moved to the heap on every claim. Valid
 	// says a memo was found (reason is NOT NULL).
@@ -167,7 +169,7 @@ func (s *Statements) Begin(ctx context.Context, opts pgx.TxOptions, r Request, w
 		})
 		found = m
 	}
-	q.queue(b, more)
+	q.queue(b, opts.SynchronousCommit, more)
 	br := s.Pool.SendBatch(ctx, b)
 	tx = br.Tx()
 	if err := br.Close(); err != nil {
@@ -199,7 +201,8 @@ func (s *Statements) Begin(ctx context.Context, opts pgx.TxOptions, r Request, w
 // statement wait for that transaction, at most maxClaimWait when it is
 // positive (lock_timeout, SQLSTATE 55P03 when it expires: pg.ClaimWait,
 // transient, retry). As with Claim, the timeout is set, used and reset in
-// the same round trip, so it does not bound the effects that follow.
+// the same round trip, so it does not bound the effects that follow; the
+// synchronous_commit of opts is set with it and stays until the commit.
 //
 // withMemo looks the memos of keys up in the same round trip (see Begin):
 // the keys this transaction claimed that have a memo are unclaimed again
@@ -209,9 +212,9 @@ func (s *Statements) Begin(ctx context.Context, opts pgx.TxOptions, r Request, w
 //
 // On success the caller owns tx and must Commit or Rollback it; on error
 // there is no transaction to end.
-func (s *Statements) BeginBatch(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
+func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
 	b := &pgx.Batch{}
-	b.BeginTx(opts)
+	b.BeginTx(opts.TxOptions)
 	// found: the memos of keys, key -> reason; filled by the callback on
 	// the memo path only (see Begin).
 	var found map[string]string
@@ -227,7 +230,7 @@ func (s *Statements) BeginBatch(ctx context.Context, opts pgx.TxOptions, consume
 		})
 		found = m
 	}
-	claimed := s.queueBatch(b, consumer, keys, maxClaimWait)
+	claimed := s.queueBatch(b, consumer, keys, maxClaimWait, opts.SynchronousCommit)
 	br := s.Pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
@@ -259,14 +262,15 @@ func (s *Statements) BeginBatch(ctx context.Context, opts pgx.TxOptions, consume
 }
 
 // queueBatch queues the claim of keys (sorted and deduplicated, so
-// overlapping batches lock in the same order) bounded by maxClaimWait; the
-// claimed keys are collected in the returned slice when the batch is read.
-func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, maxClaimWait time.Duration) *[]string {
+// overlapping batches lock in the same order) bounded by maxClaimWait,
+// with the transaction's synchronousCommit when not ""; the claimed keys
+// are collected in the returned slice when the batch is read.
+func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, maxClaimWait time.Duration, synchronousCommit string) *[]string {
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
 	claimed := make([]string, 0, len(sorted))
-	queueBounded(b, maxClaimWait, func() {
+	queueBounded(b, maxClaimWait, synchronousCommit, func() {
 		b.Queue(s.batch, consumer, sorted).Query(func(rows pgx.Rows) (err error) {
 			claimed, err = pgx.AppendRows(claimed, rows, pgx.RowTo[string])
 			return err
@@ -303,22 +307,21 @@ func (s *Statements) Following(ctx context.Context, consumer string, anchors []s
 
 // BeginNaturalKey begins a transaction on a connection from pool for a
 // natural-key claim, where the claim is the effect's own guarded INSERT:
-// BEGIN and a lock_timeout of maxClaimWait for the whole transaction go out
-// in one round trip, so the guarded INSERT waits at most maxClaimWait
-// behind a twin's uncommitted row (the error then classifies as
-// pg.ClaimWait). maxClaimWait <= 0 sets no timeout. On success the
+// BEGIN and a lock_timeout of maxClaimWait for the whole transaction (and
+// the synchronous_commit of opts, in the same statement) go out in one
+// round trip, so the guarded INSERT waits at most maxClaimWait behind a
+// twin's uncommitted row (the error then classifies as pg.ClaimWait).
+// maxClaimWait <= 0 sets no timeout. On success the
 // caller owns tx and must Commit or Rollback it; on error there is no
 // transaction to end.
 //
 // more, when not nil, queues statements of the caller's after them in the
 // same round trip (the Kafka position of a partition with one record in
 // flight).
-func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error) {
+func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pg.TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error) {
 	b := &pgx.Batch{}
-	b.BeginTx(opts)
-	if maxClaimWait > 0 {
-		b.Queue("SELECT set_config('lock_timeout', $1, true)", pg.Millis(maxClaimWait))
-	}
+	b.BeginTx(opts.TxOptions)
+	queueSettings(b, maxClaimWait, opts.SynchronousCommit)
 	if more != nil {
 		more(b)
 	}
@@ -358,9 +361,10 @@ func (s *Statements) prepare(r Request, res *Result) query {
 // queue adds the claim to b, and more statements after it when more is
 // not nil, between setting and resetting lock_timeout when the request
 // bounds its wait: the timeout then covers them only, not the effects that
-// follow in the transaction.
-func (q query) queue(b *pgx.Batch, more func(*pgx.Batch)) {
-	queueBounded(b, q.r.MaxClaimWait, func() {
+// follow in the transaction. synchronousCommit, when not "", is set for
+// the rest of the transaction.
+func (q query) queue(b *pgx.Batch, synchronousCommit string, more func(*pgx.Batch)) {
+	queueBounded(b, q.r.MaxClaimWait, synchronousCommit, func() {
 		b.Queue(q.sql, q.args...).Exec(func(tag pgconn.CommandTag) error {
 			q.res.New = tag.RowsAffected() == 1
 			return nil
@@ -373,15 +377,38 @@ func (q query) queue(b *pgx.Batch, more func(*pgx.Batch)) {
 
 // queueBounded queues what queue adds to b between setting lock_timeout
 // to wait and resetting it (nothing around it when wait <= 0), so the
-// timeout bounds those statements only.
-func queueBounded(b *pgx.Batch, wait time.Duration, queue func()) {
-	if wait <= 0 {
-		queue()
-		return
-	}
-	b.Queue("SELECT set_config('lock_timeout', $1, true)", pg.Millis(wait))
+// timeout bounds those statements only. synchronousCommit, when not "", is
+// set with the timeout and not reset: COMMIT is what it is for.
+func queueBounded(b *pgx.Batch, wait time.Duration, synchronousCommit string, queue func()) {
+	bounded := queueSettings(b, wait, synchronousCommit)
 	queue()
-	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
+	if bounded {
+		b.Queue("SET LOCAL lock_timeout TO DEFAULT")
+	}
+}
+
+// The statements of queueSettings: one, whatever it sets, so the
+// synchronous_commit costs no statement of its own beside the lock_timeout,
+// and nothing at all when unset.
+const (
+	setLockTimeout     = "SELECT set_config('lock_timeout', $1, true)"
+	setLockTimeoutSync = "SELECT set_config('lock_timeout', $1, true), set_config('synchronous_commit', $2, true)"
+	setSync            = "SELECT set_config('synchronous_commit', $1, true)"
+)
+
+// queueSettings queues, for the rest of the transaction, a lock_timeout of
+// wait when positive and synchronousCommit when not "", in one statement
+// (none when neither). It reports whether it set the lock_timeout.
+func queueSettings(b *pgx.Batch, wait time.Duration, synchronousCommit string) (bounded bool) {
+	switch {
+	case wait > 0 && synchronousCommit != "":
+		b.Queue(setLockTimeoutSync, pg.Millis(wait), synchronousCommit)
+	case wait > 0:
+		b.Queue(setLockTimeout, pg.Millis(wait))
+	case synchronousCommit != "":
+		b.Queue(setSync, synchronousCommit)
+	}
+	return wait > 0
 }
 
 func (q query) wrap(err error) error {
