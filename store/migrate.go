@@ -25,7 +25,17 @@ const SchemaVersion = 7
 // other sessions' catalog changes when a transaction starts, so a
 // transaction begun before the lock could miss a schema another instance
 // just created and collide with it.
+//
+// Before anything else it asks BehindTransactionPooler, and refuses a pool
+// whose query mode cannot work behind a transaction pooler (pgx's default,
+// QueryExecModeCacheStatement, and QueryExecModeDescribeExec) with a
+// *framework.ConfigError for Field "Pool" wrapping ErrTransactionPooler: a
+// URL for such a pooler needs default_query_exec_mode=exec (or
+// cache_describe, or simple_protocol).
 func (s *Store) Migrate(ctx context.Context) error {
+	if err := s.checkPooler(ctx); err != nil {
+		return err
+	}
 	return migrate.Up(ctx, s.pool, s.names)
 }
 

@@ -10,7 +10,8 @@ import (
 )
 
 // Store is claimtx's Postgres layer. It is safe for concurrent use; it holds
-// no state besides its configuration and the pool.
+// no state besides its configuration, the pool and what it learnt about
+// the pool (BehindTransactionPooler).
 type Store struct {
 	pool  *pgxpool.Pool
 	cfg   Config
@@ -19,6 +20,8 @@ type Store struct {
 	claims    *claimsql.Statements
 	positions *claimsql.PositionStatements
 	outbox    *outboxsql.Statements
+
+	pooler pooler
 }
 
 // New validates cfg and returns a Store using pool. It does not touch the
