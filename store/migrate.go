@@ -10,7 +10,7 @@ import (
 
 // SchemaVersion is the schema version this build migrates to: Version
 // reports it once Migrate has run. A readiness check compares the two.
-const SchemaVersion = 7
+const SchemaVersion = 8
 
 // Migrate brings the schema to the latest version this build of claimtx
 // knows. It is idempotent and safe to call from several processes starting

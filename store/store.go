@@ -1,6 +1,8 @@
 package store
 
 import (
+	"time"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
@@ -22,6 +24,8 @@ type Store struct {
 	outbox    *outboxsql.Statements
 
 	pooler pooler
+	// leaseTTL is leaseTTL; tests shorten it.
+	leaseTTL time.Duration
 }
 
 // New validates cfg and returns a Store using pool. It does not touch the
@@ -41,6 +45,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		claims:    claimsql.For(cfg.Schema, cfg.ClaimsTable),
 		positions: claimsql.PositionsFor(cfg.Schema),
 		outbox:    outboxsql.For(cfg.Schema, cfg.OutboxTable),
+		leaseTTL:  leaseTTL,
 	}
 	s.claims.Pool, s.positions.Pool = pool, pool
 	return s, nil
