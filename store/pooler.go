@@ -18,7 +18,7 @@ import (
 // statement) pooler, such as PgBouncer with pool_mode=transaction: a pool
 // using pgx's statement cache (Migrate refuses it) and the outbox relay's
 // LISTEN (its Run refuses it). Match it with errors.Is.
-var ErrTransactionPooler = errors.New("claimtx: the pool reaches PostgreSQL through a transaction pooler")
+var ErrTransactionPooler = errors.New("claimtx: the pool reaches PostgreSQL through a transaction pooler (PgBouncer pool_mode=transaction?)")
 
 // pooler remembers the answer of the probe, which takes three connections'
 // worth of round trips: a Store asks once.
@@ -68,10 +68,17 @@ func (s *Store) checkPooler(ctx context.Context) error {
 		return err
 	}
 	if pooled && pg.UnsafeBehindPooler(s.pool.Config().ConnConfig.DefaultQueryExecMode) {
-		return &framework.ConfigError{Field: "Pool", Reason: pg.PoolerReason, Err: ErrTransactionPooler}
+		return &framework.ConfigError{Field: "Pool", Reason: pg.PoolerReason, Err: probeFound{}}
 	}
 	return nil
 }
+
+// probeFound is ErrTransactionPooler as the probe reports it, saying how
+// it was found rather than repeating the reason.
+type probeFound struct{}
+
+func (probeFound) Error() string        { return "found by claimtx's start-up probe (Store.BehindTransactionPooler)" }
+func (probeFound) Is(target error) bool { return target == ErrTransactionPooler }
 
 // probePooler is BehindTransactionPooler's probe. Every statement runs in
 // the simple protocol, so the probe cannot itself trip over the pooler it

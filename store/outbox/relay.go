@@ -186,8 +186,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		if pooled {
 			return &framework.ConfigError{Field: "DisableListen", Err: store.ErrTransactionPooler,
-				Reason: "is false, but the Store's pool reaches PostgreSQL through a transaction pooler (PgBouncer pool_mode=transaction?), " +
-					"where LISTEN's notifications are lost: set DisableListen (the relay polls every PollInterval), or give the relay a Store whose pool connects to PostgreSQL directly"}
+				Reason: "is false, but LISTEN's notifications are lost behind a transaction pooler: " +
+					"set DisableListen (the relay polls every PollInterval), or give the relay a Store whose pool connects to PostgreSQL directly"}
 		}
 	}
 	wake := make(chan struct{}, 1)
