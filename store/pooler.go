@@ -77,7 +77,9 @@ func (s *Store) checkPooler(ctx context.Context) error {
 // it was found rather than repeating the reason.
 type probeFound struct{}
 
-func (probeFound) Error() string        { return "found by claimtx's start-up probe (Store.BehindTransactionPooler)" }
+func (probeFound) Error() string {
+	return "found by claimtx's start-up probe (Store.BehindTransactionPooler)"
+}
 func (probeFound) Is(target error) bool { return target == ErrTransactionPooler }
 
 // probePooler is BehindTransactionPooler's probe. Every statement runs in
