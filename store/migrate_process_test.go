@@ -211,9 +211,13 @@ func TestMigrateLockWaitCancelled(t *testing.T) {
 	t.Parallel()
 	st := testenv.Store(t, 2)
 	ctx := context.Background()
-	holder, err := st.Pool().Acquire(ctx)
+	// A transaction lock, held by an open transaction: behind a
+	// transaction pooler a session lock's unlock could run on another
+	// server connection and leave the lock behind for good.
+	holder, err := st.Pool().Begin(ctx)
 	require.NoError(t, err)
-	_, err = holder.Exec(ctx, "SELECT pg_advisory_lock($1)", st.MigrationLockKeyForTest())
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", st.MigrationLockKeyForTest())
 	require.NoError(t, err)
 
 	wctx, cancel := context.WithCancel(ctx)
@@ -235,9 +239,7 @@ func TestMigrateLockWaitCancelled(t *testing.T) {
 		t.Fatal("Migrate did not return after its context was cancelled")
 	}
 
-	_, err = holder.Exec(ctx, "SELECT pg_advisory_unlock($1)", st.MigrationLockKeyForTest())
-	require.NoError(t, err)
-	holder.Release()
+	require.NoError(t, holder.Commit(ctx))
 	require.NoError(t, st.Migrate(ctx))
 	requireVersion(t, st, migrate.Latest())
 	var held int
