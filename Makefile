@@ -62,11 +62,12 @@ PGBOUNCER_DIR  ?= .run/pgbouncer
 PGBOUNCER_PORT ?= 6432
 PGBOUNCER_PKGS ?= ./store/... ./middleware/... ./framework/consumer/...
 PGBOUNCER_URL   = postgres://postgres@127.0.0.1:$(PGBOUNCER_PORT)/test?sslmode=disable&default_query_exec_mode=exec
+PGBOUNCER_DIRECT_URL = postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 .PHONY: test-pgbouncer
 test-pgbouncer: ## The store, middleware and consumer suites through PgBouncer in transaction mode (installed when missing; PGBOUNCER_PORT, default 6432, must be free).
 	bash .ci/pgbouncer stop $(PGBOUNCER_DIR)
 	bash .ci/pgbouncer start $(PGBOUNCER_DIR) $(PGBOUNCER_PORT) 127.0.0.1 5432
-	TEST_DATABASE_URL='$(PGBOUNCER_URL)' TEST_BEHIND_POOLER=1 $(GO) test $(TEST_FLAGS) $(PGBOUNCER_PKGS); \
+	TEST_DATABASE_URL='$(PGBOUNCER_URL)' TEST_BEHIND_POOLER=1 TEST_DIRECT_DATABASE_URL='$(PGBOUNCER_DIRECT_URL)' $(GO) test $(TEST_FLAGS) $(PGBOUNCER_PKGS); \
 	  rc=$$?; bash .ci/pgbouncer stop $(PGBOUNCER_DIR); exit $$rc
 
 # The console's end-to-end test: real loyalty consumers and `claimtx
