@@ -41,13 +41,14 @@ func (s *Store) Migrate(ctx context.Context) error {
 
 // MigrateTx is Migrate inside the caller's transaction, for applications
 // that run their own migrations in one transaction with claimtx's. It takes
-// the advisory lock (a transaction lock) as its first statement; make it
-// the first statement of a fresh transaction too. Postgres applies catalog
-// changes committed by others only at transaction start, so if several
-// processes may migrate an empty database at once, a transaction that
-// began before another one's migration committed can fail with a unique
-// violation on a catalog index and must be retried in a new transaction;
-// Migrate has no such window.
+// the advisory lock (a transaction lock, so it works behind a transaction
+// pooler as Migrate does) as its first statement; make it the first
+// statement of a fresh transaction too. If several processes may migrate
+// an empty database at once, a transaction that looked the schema up
+// before another one's migration committed can fail with a unique
+// violation on a catalog index (SQLSTATE 23505) or a duplicate schema or
+// table (42P06, 42P07) and must be retried in a new transaction, which
+// Migrate does itself.
 func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 	return migrate.UpTx(ctx, tx, s.names)
 }

@@ -35,6 +35,21 @@ func BehindPooler() bool {
 	return v != "" && v != "0" && v != "false"
 }
 
+// DirectEnv names the variable holding the Postgres that the pooler of
+// PoolerEnv fronts (make test-pgbouncer sets it).
+const DirectEnv = "TEST_DIRECT_DATABASE_URL"
+
+// DirectURL is a URL that reaches Postgres itself, past any pooler: for a
+// test's own observer that needs a session (a LISTEN), while what it
+// observes goes through URL. It is TEST_DIRECT_DATABASE_URL, or URL when
+// that is not set.
+func DirectURL() string {
+	if u := os.Getenv(DirectEnv); u != "" {
+		return u
+	}
+	return URL()
+}
+
 // SkipBehindPooler skips the test when BehindPooler, saying why.
 func SkipBehindPooler(t testing.TB, why string) {
 	t.Helper()
