@@ -16,7 +16,6 @@ import (
 // store.ErrNotLeader at once instead of waiting or running alongside.
 func TestRetentionOperationsShareTheLeaderLock(t *testing.T) {
 	t.Parallel()
-	testenv.SkipBehindPooler(t, "the retention leader holds a session advisory lock, which a transaction pooler does not keep; helper session replaces it with a lease")
 	pool, schema := testenv.Setup(t, 4)
 	st, err := store.New(pool, store.Config{Schema: schema})
 	require.NoError(t, err)

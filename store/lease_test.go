@@ -22,7 +22,7 @@ import (
 // transaction mode of the test's own.
 func leaseStores(t *testing.T, pooled bool) (a, b *store.Store) {
 	t.Helper()
-	raw := testenv.DefaultURL
+	raw := testenv.DirectURL()
 	if pooled {
 		direct := directConfig(t)
 		raw = testenv.StartPgBouncer(t, direct.Host, int(direct.Port))
@@ -166,7 +166,7 @@ func TestRetentionLeaseOfKilledHolderExpires(t *testing.T) {
 	insertAged(t, a, "loyalty", "old-", 4, "-31 days")
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestRetentionLeaseChild$", "-test.count=1") //nolint:gosec // the test binary itself
-	cmd.Env = append(os.Environ(), envLeaseChildURL+"="+testenv.DefaultURL, envLeaseChildSchema+"="+a.Config().Schema)
+	cmd.Env = append(os.Environ(), envLeaseChildURL+"="+testenv.DirectURL(), envLeaseChildSchema+"="+a.Config().Schema)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = cmd.Stdout

@@ -39,7 +39,7 @@ func TestBehindTransactionPooler(t *testing.T) {
 		url    string
 		pooled bool
 	}{
-		{"direct", testenv.DefaultURL, false},
+		{"direct", testenv.DirectURL(), false},
 		{"transaction", transaction, true},
 		{"transaction, one connection", withParam(transaction, "pool_max_conns", "1"), true},
 		{"transaction, round robin", withParam(roundRobin, "default_query_exec_mode", "exec"), true},
@@ -114,7 +114,7 @@ func TestMigrateRefusesStatementCacheBehindPooler(t *testing.T) {
 // the direct server even when the suite itself runs through a pooler.
 func directConfig(t *testing.T) *pgx.ConnConfig {
 	t.Helper()
-	cfg, err := pgx.ParseConfig(testenv.DefaultURL)
+	cfg, err := pgx.ParseConfig(testenv.DirectURL())
 	require.NoError(t, err)
 	return cfg
 }

@@ -151,7 +151,6 @@ func TestCleanupDryRun(t *testing.T) {
 // done the lock is free again.
 func TestCleanupLeaderExclusive(t *testing.T) {
 	t.Parallel()
-	testenv.SkipBehindPooler(t, "the retention leader holds a session advisory lock, which a transaction pooler does not keep; helper session replaces it with a lease")
 	st := testenv.Migrated(t, 4)
 	ctx := context.Background()
 	insertAged(t, st, "c", "old-", 40, "-60 days")

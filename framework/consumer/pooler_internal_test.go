@@ -54,7 +54,7 @@ func TestPreparedStatementErrorIsPermanent(t *testing.T) {
 // mode, New refuses the URL at once, naming it as the user wrote it; the
 // fix the message gives works.
 func TestNewBehindTransactionPooler(t *testing.T) {
-	direct, err := pgx.ParseConfig(testenv.DefaultURL)
+	direct, err := pgx.ParseConfig(testenv.DirectURL())
 	require.NoError(t, err)
 	bouncer := testenv.StartPgBouncer(t, direct.Host, int(direct.Port))
 	u, err := url.Parse(bouncer)
@@ -99,7 +99,7 @@ func TestNewBehindTransactionPooler(t *testing.T) {
 // policy reports it as the same configuration error, at the first attempt.
 func TestAwaitDatabaseBehindTransactionPooler(t *testing.T) {
 	t.Parallel()
-	direct, err := pgx.ParseConfig(testenv.DefaultURL)
+	direct, err := pgx.ParseConfig(testenv.DirectURL())
 	require.NoError(t, err)
 	bouncer := testenv.StartPgBouncer(t, direct.Host, int(direct.Port))
 	u, err := url.Parse(bouncer)

@@ -45,7 +45,7 @@ func (r *recorder) count() int {
 // first; one that polls relays through the pooler.
 func TestRelayBehindTransactionPooler(t *testing.T) {
 	t.Parallel()
-	direct, err := pgx.ParseConfig(testenv.DefaultURL)
+	direct, err := pgx.ParseConfig(testenv.DirectURL())
 	require.NoError(t, err)
 	bouncer := testenv.StartPgBouncer(t, direct.Host, int(direct.Port))
 	ctx := context.Background()

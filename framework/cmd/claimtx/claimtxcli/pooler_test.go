@@ -20,7 +20,7 @@ import (
 // retention lease through the pooler.
 func TestCLIBehindTransactionPooler(t *testing.T) {
 	t.Parallel()
-	direct, err := pgx.ParseConfig(testenv.DefaultURL)
+	direct, err := pgx.ParseConfig(testenv.DirectURL())
 	require.NoError(t, err)
 	u, err := url.Parse(testenv.StartPgBouncer(t, direct.Host, int(direct.Port)))
 	require.NoError(t, err)
