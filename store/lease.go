@@ -27,7 +27,7 @@ const leaseTTL = 30 * time.Second
 // row of <schema>.claimtx_lease naming this run as holder until expires_at.
 // Every transaction of the run renews it (renewTx) and fails with
 // ErrNotLeader when another holder has it: a run whose lease expired
-// (paused past LeaseTTL) and was taken over changes nothing more. Between
+// (paused past leaseTTL) and was taken over changes nothing more. Between
 // transactions a heartbeat renews it, and cancels the run's context when
 // it finds it taken.
 type lease struct {
@@ -59,7 +59,9 @@ func newHolder() string {
 }
 
 // acquireLease takes the Store's retention lease if it is free, expired
-// or already this holder's, and starts its heartbeat; ErrNotLeader when
+// or already this holder's (a retry whose first reply was lost), and
+// starts its heartbeat; expiry is read on the database's clock, the one
+// every instance shares; ErrNotLeader when
 // another holder has it. The returned context is ctx, cancelled with
 // cause ErrNotLeader when the heartbeat finds the lease taken: run the
 // work with it, and end with l.release.

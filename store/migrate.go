@@ -20,11 +20,8 @@ const SchemaVersion = 8
 //
 // An up-to-date schema is recognised with reads only, before any lock or
 // DDL, so a least-privilege role without CREATE can call Migrate at every
-// start-up. Otherwise the lock is a session lock taken on a dedicated
-// connection before the migrating transaction begins: Postgres applies
-// other sessions' catalog changes when a transaction starts, so a
-// transaction begun before the lock could miss a schema another instance
-// just created and collide with it.
+// start-up. Otherwise one transaction takes the lock (a transaction lock)
+// and migrates: no session state, so it works behind a transaction pooler.
 //
 // Before anything else it asks BehindTransactionPooler, and refuses a pool
 // whose query mode cannot work behind a transaction pooler (pgx's default,
