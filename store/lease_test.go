@@ -125,6 +125,29 @@ func TestRetentionLeaseFencing(t *testing.T) {
 	})
 }
 
+// The poison memos' batches, transactions of their own after the claims',
+// are fenced the same way: taken over after the last claim batch, the run
+// deletes no memo.
+func TestRetentionLeaseFencesMemoBatches(t *testing.T) {
+	t.Parallel()
+	forBothConnections(t, func(t *testing.T, pooled bool) {
+		a, _ := leaseStores(t, pooled)
+		ctx := context.Background()
+		insertAged(t, a, "loyalty", "old-", 2, "-31 days")
+		insertMemos(t, a, "loyalty", "memo-", 3, "-31 days")
+		table := pgx.Identifier{a.Config().Schema, "claimtx_lease"}.Sanitize()
+		res, err := a.Cleanup(ctx, store.RetentionConfig{Pause: -1, OnProgress: func(p store.CleanupProgress) {
+			if p.Batch > 0 && p.BatchRows == 0 { // the claims are done
+				_, err := a.Pool().Exec(ctx, "UPDATE "+table+" SET holder = 'another instance' WHERE name = $1", a.RetentionLeaseNameForTest())
+				require.NoError(t, err)
+			}
+		}})
+		require.ErrorIs(t, err, store.ErrNotLeader)
+		require.EqualValues(t, 2, res.Deleted)
+		require.EqualValues(t, 3, memoCount(t, a), "no memo deleted after the take-over")
+	})
+}
+
 // The heartbeat keeps a lease alive across a step longer than its time to
 // live (a long CREATE INDEX CONCURRENTLY, here a long pause between
 // batches): another instance still finds it taken.
