@@ -50,6 +50,26 @@ DISRUPTIVE_PKGS ?= ./brokers/amqp/ ./internal/chaos/ ./examples/loyalty/ ./frame
 test-disruptive: ## Tests that drop their own connections or restart their own private Postgres cluster, run serially without -race (includes the CI chaos run).
 	$(GO) test -count=1 -p 1 -timeout 20m -tags disruptive -run 'Disruptive|Reconnect' $(DISRUPTIVE_PKGS)
 
+# The suites that exercise a consumer's paths (claims per message and in
+# batches, the poison memo, the committed-key read-ahead, retention,
+# partition maintenance, the horizon check) once more, through a PgBouncer
+# of our own in transaction mode (.ci/pgbouncer, Debian's 1.18, installed
+# when missing; state under .run/pgbouncer) in front of 127.0.0.1:5432.
+# TEST_BEHIND_POOLER makes testenv isolate schemas by a role per schema
+# (PgBouncer refuses search_path at start-up) and skips the tests that need
+# a real session (a known backend to terminate, LISTEN).
+PGBOUNCER_DIR  ?= .run/pgbouncer
+PGBOUNCER_PORT ?= 6432
+PGBOUNCER_PKGS ?= ./store/... ./middleware/... ./framework/consumer/...
+PGBOUNCER_URL   = postgres://postgres@127.0.0.1:$(PGBOUNCER_PORT)/test?sslmode=disable&default_query_exec_mode=exec
+PGBOUNCER_DIRECT_URL = postgres://postgres@127.0.0.1:5432/test?sslmode=disable
+.PHONY: test-pgbouncer
+test-pgbouncer: ## The store, middleware and consumer suites through PgBouncer in transaction mode (installed when missing; PGBOUNCER_PORT, default 6432, must be free).
+	bash .ci/pgbouncer stop $(PGBOUNCER_DIR)
+	bash .ci/pgbouncer start $(PGBOUNCER_DIR) $(PGBOUNCER_PORT) 127.0.0.1 5432
+	TEST_DATABASE_URL='$(PGBOUNCER_URL)' TEST_BEHIND_POOLER=1 TEST_DIRECT_DATABASE_URL='$(PGBOUNCER_DIRECT_URL)' $(GO) test $(TEST_FLAGS) $(PGBOUNCER_PKGS); \
+	  rc=$$?; bash .ci/pgbouncer stop $(PGBOUNCER_DIR); exit $$rc
+
 # The console's end-to-end test: real loyalty consumers and `claimtx
 # console` processes, clicked through in Debian's Chromium by Playwright
 # (framework/cmd/claimtx/internal/console/e2e). install.sh installs Chromium and playwright-core

@@ -557,7 +557,8 @@ func TestReadAheadFailureFallsBackToTheDatabase(t *testing.T) {
 	b.exec(t, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN;
 GRANT USAGE ON SCHEMA %[2]s TO %[1]s;
 GRANT INSERT ON %[2]s.processed_messages TO %[1]s;
-GRANT SELECT, INSERT, UPDATE ON %[2]s.balances, %[2]s.point_ledger TO %[1]s`, role, b.schema))
+GRANT SELECT, INSERT, UPDATE ON %[2]s.balances, %[2]s.point_ledger TO %[1]s;
+ALTER ROLE %[1]s SET search_path = %[2]s`, role, b.schema)) // the pool's startup search_path, or the role's behind a pooler
 	t.Cleanup(func() {
 		_, _ = b.pool.Exec(context.Background(), fmt.Sprintf("DROP OWNED BY %[1]s; DROP ROLE %[1]s", role))
 	})

@@ -63,9 +63,29 @@ func (s *Store) PartitionedForTest(ctx context.Context) (bool, error) {
 // SQLForTest returns the upsert's statement.
 func (u *VersionedUpsert) SQLForTest() string { return u.sql }
 
-// LockRetentionForTest takes the table's retention leader lock, as another
+// LockRetentionForTest takes the table's retention lease, as another
 // instance mid-run holds it; the returned func releases it.
 func (s *Store) LockRetentionForTest(ctx context.Context) (func(), error) {
-	_, unlock, err := s.lockRetention(ctx)
-	return unlock, err
+	_, l, err := s.acquireLease(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		var err error
+		l.release(&err)
+	}, nil
 }
+
+// AbandonRetentionLeaseForTest takes the table's retention lease and
+// never renews nor releases it, as a process killed mid-run leaves it.
+func (s *Store) AbandonRetentionLeaseForTest(ctx context.Context) error {
+	_, _, err := s.acquireLease(ctx, false)
+	return err
+}
+
+// SetLeaseTTLForTest shortens the retention lease's time to live.
+func (s *Store) SetLeaseTTLForTest(ttl time.Duration) { s.leaseTTL = ttl }
+
+// RetentionLeaseNameForTest is the row name of the table's retention
+// lease in <schema>.claimtx_lease.
+func (s *Store) RetentionLeaseNameForTest() string { return s.leaseName() }

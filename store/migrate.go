@@ -10,7 +10,7 @@ import (
 
 // SchemaVersion is the schema version this build migrates to: Version
 // reports it once Migrate has run. A readiness check compares the two.
-const SchemaVersion = 7
+const SchemaVersion = 8
 
 // Migrate brings the schema to the latest version this build of claimtx
 // knows. It is idempotent and safe to call from several processes starting
@@ -20,24 +20,32 @@ const SchemaVersion = 7
 //
 // An up-to-date schema is recognised with reads only, before any lock or
 // DDL, so a least-privilege role without CREATE can call Migrate at every
-// start-up. Otherwise the lock is a session lock taken on a dedicated
-// connection before the migrating transaction begins: Postgres applies
-// other sessions' catalog changes when a transaction starts, so a
-// transaction begun before the lock could miss a schema another instance
-// just created and collide with it.
+// start-up. Otherwise one transaction takes the lock (a transaction lock)
+// and migrates: no session state, so it works behind a transaction pooler.
+//
+// Before anything else it asks BehindTransactionPooler, and refuses a pool
+// whose query mode cannot work behind a transaction pooler (pgx's default,
+// QueryExecModeCacheStatement, and QueryExecModeDescribeExec) with a
+// *framework.ConfigError for Field "Pool" wrapping ErrTransactionPooler: a
+// URL for such a pooler needs default_query_exec_mode=exec (or
+// cache_describe, or simple_protocol).
 func (s *Store) Migrate(ctx context.Context) error {
+	if err := s.checkPooler(ctx); err != nil {
+		return err
+	}
 	return migrate.Up(ctx, s.pool, s.names)
 }
 
 // MigrateTx is Migrate inside the caller's transaction, for applications
 // that run their own migrations in one transaction with claimtx's. It takes
-// the advisory lock (a transaction lock) as its first statement; make it
-// the first statement of a fresh transaction too. Postgres applies catalog
-// changes committed by others only at transaction start, so if several
-// processes may migrate an empty database at once, a transaction that
-// began before another one's migration committed can fail with a unique
-// violation on a catalog index and must be retried in a new transaction;
-// Migrate has no such window.
+// the advisory lock (a transaction lock, so it works behind a transaction
+// pooler as Migrate does) as its first statement; make it the first
+// statement of a fresh transaction too. If several processes may migrate
+// an empty database at once, a transaction that looked the schema up
+// before another one's migration committed can fail with a unique
+// violation on a catalog index (SQLSTATE 23505) or a duplicate schema or
+// table (42P06, 42P07) and must be retried in a new transaction, which
+// Migrate does itself.
 func (s *Store) MigrateTx(ctx context.Context, tx pgx.Tx) error {
 	return migrate.UpTx(ctx, tx, s.names)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -34,13 +35,41 @@ const (
 // version the way `claimtx migrate` and health checks do (a catalog lookup
 // on a pooled connection), then all are released together.
 func TestMigrateColdStartProcesses(t *testing.T) {
-	const rounds, procs = 20, 4
+	coldStartRounds(t, 20, 4, func(dbURL string) string { return dbURL })
+}
+
+// TestMigrateColdStartProcessesPgBouncer is the same race through a
+// PgBouncer in transaction mode, where consecutive transactions of one
+// client, and so a session lock and the transaction after it, run on
+// different server connections: nothing of the migration may rely on a
+// session.
+func TestMigrateColdStartProcessesPgBouncer(t *testing.T) {
+	if testenv.BehindPooler() {
+		t.Skip("TEST_DATABASE_URL is a pooler already: TestMigrateColdStartProcesses runs through it")
+	}
+	direct, err := url.Parse(testenv.URL())
+	require.NoError(t, err)
+	port, err := strconv.Atoi(direct.Port())
+	require.NoError(t, err)
+	bouncer, err := url.Parse(testenv.StartPgBouncer(t, direct.Hostname(), port))
+	require.NoError(t, err)
+	coldStartRounds(t, 20, 4, func(dbURL string) string {
+		u, err := url.Parse(dbURL)
+		require.NoError(t, err)
+		u.Host = bouncer.Host
+		return testenv.PoolerURL(u.String())
+	})
+}
+
+// coldStartRounds races procs child processes' Migrate on a new database,
+// rounds times; each child connects to childURL(the database's URL).
+func coldStartRounds(t *testing.T, rounds, procs int, childURL func(string) string) {
 	failures := 0
 	for round := range rounds {
 		dbURL := testenv.NewDatabase(t)
 		children := make([]*migrateChild, procs)
 		for i := range children {
-			children[i] = startMigrateChild(t, dbURL)
+			children[i] = startMigrateChild(t, childURL(dbURL))
 		}
 		for _, c := range children {
 			c.awaitReady(t)
@@ -182,9 +211,13 @@ func TestMigrateLockWaitCancelled(t *testing.T) {
 	t.Parallel()
 	st := testenv.Store(t, 2)
 	ctx := context.Background()
-	holder, err := st.Pool().Acquire(ctx)
+	// A transaction lock, held by an open transaction: behind a
+	// transaction pooler a session lock's unlock could run on another
+	// server connection and leave the lock behind for good.
+	holder, err := st.Pool().Begin(ctx)
 	require.NoError(t, err)
-	_, err = holder.Exec(ctx, "SELECT pg_advisory_lock($1)", st.MigrationLockKeyForTest())
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", st.MigrationLockKeyForTest())
 	require.NoError(t, err)
 
 	wctx, cancel := context.WithCancel(ctx)
@@ -206,9 +239,7 @@ func TestMigrateLockWaitCancelled(t *testing.T) {
 		t.Fatal("Migrate did not return after its context was cancelled")
 	}
 
-	_, err = holder.Exec(ctx, "SELECT pg_advisory_unlock($1)", st.MigrationLockKeyForTest())
-	require.NoError(t, err)
-	holder.Release()
+	require.NoError(t, holder.Commit(ctx))
 	require.NoError(t, st.Migrate(ctx))
 	requireVersion(t, st, migrate.Latest())
 	var held int

@@ -174,22 +174,24 @@ func (s *Store) PreparePartitioning(ctx context.Context, cfg RetentionConfig) er
 }
 
 // underRetentionLock is the prologue every partition method shares: it
-// validates cfg, applies its defaults and runs fn on a connection holding
-// the retention leader lock, so that no two maintenance runs interleave
-// their DDL; with partitioned, only on a partitioned claim table.
+// validates cfg, applies its defaults and runs fn under the retention
+// lease, so that no two maintenance runs interleave their DDL; with
+// partitioned, only on a partitioned claim table. fn renews the lease in
+// each of its transactions (ddlTx) and before each statement that runs
+// outside one.
 func underRetentionLock[T any](ctx context.Context, s *Store, cfg RetentionConfig, partitioned bool,
 	fn func(context.Context, *pgxpool.Conn, RetentionConfig) (T, error),
-) (T, error) {
+) (_ T, err error) {
 	var zero T
 	if err := cfg.validatePartitioned(); err != nil {
 		return zero, err
 	}
 	cfg = cfg.withDefaults()
-	conn, release, err := s.lockRetention(ctx)
+	ctx, conn, l, err := s.lockRetention(ctx)
 	if err != nil {
 		return zero, err
 	}
-	defer release()
+	defer l.release(&err)
 	if partitioned {
 		if err := s.requirePartitioned(ctx, conn); err != nil {
 			return zero, err
@@ -227,12 +229,18 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname
 		}
 		if valid != nil {
 			// Left invalid by an interrupted concurrent build.
+			if err := leaseOf(ctx).renew(ctx); err != nil {
+				return err
+			}
 			if _, err := conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+s.names.Qualified(idx.name)); err != nil {
 				return fmt.Errorf("claimtx: prepare partitioning: drop invalid index %s: %w", idx.name, err)
 			}
 		}
 		// CONCURRENTLY: no lock that blocks claims; it waits for running
 		// transactions instead, so no lock_timeout here.
+		if err := leaseOf(ctx).renew(ctx); err != nil {
+			return err
+		}
 		if _, err := conn.Exec(ctx, "CREATE UNIQUE INDEX CONCURRENTLY "+pg.Ident(idx.name)+" ON "+s.names.Render("{schema}.{claims}")+" ("+idx.cols+")"); err != nil {
 			return fmt.Errorf("claimtx: prepare partitioning: build index %s: %w", idx.name, err)
 		}
@@ -300,6 +308,9 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 	})
 	if err != nil {
 		return res, fmt.Errorf("claimtx: enable partitioning: add boundary constraint: %w", err)
+	}
+	if err := leaseOf(ctx).renew(ctx); err != nil {
+		return res, err
 	}
 	if _, err := conn.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} VALIDATE CONSTRAINT "+boundName)); err != nil {
 		return res, fmt.Errorf("claimtx: enable partitioning: claims with an event day on or after %s exist (event times written ahead of the clock); retry tomorrow: %w",
@@ -480,8 +491,14 @@ func (s *Store) dropExpired(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 			if p.DetachPending {
 				mode = " FINALIZE"
 			}
+			if err := leaseOf(ctx).renew(ctx); err != nil {
+				return dropped, err
+			}
 			if _, err := conn.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} DETACH PARTITION "+s.names.Qualified(p.Name)+mode)); err != nil {
 				return dropped, fmt.Errorf("claimtx: detach partition %s: %w", p.Name, err)
+			}
+			if err := leaseOf(ctx).renew(ctx); err != nil {
+				return dropped, err
 			}
 			if _, err := conn.Exec(ctx, "DROP TABLE "+s.names.Qualified(p.Name)); err != nil {
 				return dropped, fmt.Errorf("claimtx: drop partition %s: %w", p.Name, err)
@@ -514,6 +531,9 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 			}
 		}
 		if !cfg.DryRun {
+			if err := leaseOf(ctx).renew(ctx); err != nil {
+				return dropped, err
+			}
 			if _, err := conn.Exec(ctx, "DROP TABLE "+s.names.Qualified(name)); err != nil {
 				return dropped, fmt.Errorf("claimtx: drop detached partition %s: %w", name, err)
 			}
@@ -541,6 +561,9 @@ func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConf
 	var err error
 	for attempt := 1; ; attempt++ {
 		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if err := leaseOf(ctx).renewTx(ctx, tx); err != nil {
+				return err
+			}
 			if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", wait); err != nil {
 				return err
 			}

@@ -45,6 +45,9 @@ func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon ti
 	for {
 		var n int64
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+			if err := leaseOf(ctx).renewTx(ctx, tx); err != nil {
+				return err
+			}
 			if _, err := tx.Exec(ctx, batchSettings, pg.Millis(cfg.BatchTimeout)); err != nil {
 				return err
 			}

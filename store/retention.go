@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,8 +19,13 @@ import (
 var (
 	// ErrNotLeader is returned when another process (any instance, any
 	// host) already runs retention work on the same claim table. It is not
-	// a failure: exactly one cleaner at a time is the point.
-	ErrNotLeader = errors.New("claimtx: not leader: another process holds the retention lock for this claim table")
+	// a failure: exactly one cleaner at a time is the point. The leader
+	// holds a lease (a row of <schema>.claimtx_lease) that it renews in
+	// every transaction; a leader that dies leaves it to expire 30 s after
+	// its last renewal. A run whose lease another process took over (it
+	// stalled past those 30 s) stops with ErrNotLeader too, without
+	// committing anything more.
+	ErrNotLeader = errors.New("claimtx: not leader: another process holds the retention lease for this claim table")
 	// ErrPartitioned is returned by Cleanup on a partitioned claim table,
 	// whose retention drops whole days (DropExpiredPartitions) instead of
 	// deleting rows.
@@ -216,10 +220,12 @@ func (c RetentionConfig) validatePartitioned() error {
 // Cleanup deletes claims processed before now minus cfg.Retention, in small
 // batches, until none are left. Why it is shaped like this:
 //
-//   - One leader: a session-level advisory lock, taken with a try-lock on a
-//     dedicated connection, makes every other concurrent Cleanup (on any
-//     instance) return ErrNotLeader at once instead of competing for the
-//     same rows and deadlocking.
+//   - One leader: a lease row in the schema, taken only when free or
+//     expired, makes every other concurrent Cleanup (on any instance)
+//     return ErrNotLeader at once instead of competing for the same rows
+//     and deadlocking. Each batch renews it in its own statement and
+//     deletes nothing if another leader took it over. Unlike a session
+//     lock it works behind a transaction pooler.
 //   - Small batches, each its own transaction: a batch selects the oldest
 //     ctids below the horizon through the processed_at index (resuming
 //     where the previous batch stopped, so dead index entries are not
@@ -276,11 +282,11 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupRe
 		return res, nil
 	}
 
-	conn, release, err := s.lockRetention(ctx)
+	ctx, conn, l, err := s.lockRetention(ctx)
 	if err != nil {
 		return res, err
 	}
-	defer release()
+	defer l.release(&err)
 	// Interrupted or not, the result says how long the run took.
 	defer func() { res.Duration = time.Since(start) }()
 
@@ -293,9 +299,15 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupRe
 	}
 	report()
 
-	deleteSQL := s.names.Render(`WITH batch AS (
+	// The lease is renewed by the batch's own statement, and the batch
+	// deletes nothing unless it still is this run's (see renewSQL): a run
+	// whose lease another leader took stops without touching a row.
+	deleteSQL := s.names.Render(`WITH lease AS (
+    UPDATE {schema}.claimtx_lease SET expires_at = now() + $6 * interval '1 microsecond'
+    WHERE name = $4 AND holder = $5 RETURNING true
+), batch AS (
     SELECT ctid FROM {schema}.{claims}
-    WHERE processed_at >= $1 AND processed_at < $2
+    WHERE processed_at >= $1 AND processed_at < $2 AND EXISTS (SELECT FROM lease)
     ORDER BY processed_at
     LIMIT $3
 ), deleted AS (
@@ -303,7 +315,7 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupRe
     WHERE ctid = ANY (ARRAY(SELECT ctid FROM batch)) AND processed_at < $2
     RETURNING processed_at
 )
-SELECT count(*), max(processed_at) FROM deleted`)
+SELECT EXISTS (SELECT FROM lease), count(*), max(processed_at) FROM deleted`)
 	timeout := pg.Millis(cfg.BatchTimeout)
 	// The first batch starts below every real timestamp; each later batch
 	// starts at the newest processed_at the previous one deleted, so the
@@ -316,13 +328,14 @@ SELECT count(*), max(processed_at) FROM deleted`)
 		if err := ctx.Err(); err != nil {
 			return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
 		}
+		var leased bool
 		var n int64
 		var last pgtype.Timestamptz
 		b := &pgx.Batch{}
 		// One implicit transaction per batch (a pipeline with one Sync), so
 		// these settings are local to it and never leak into the pool.
 		b.Queue(batchSettings, timeout)
-		b.Queue(deleteSQL, from, res.Horizon, size).QueryRow(func(row pgx.Row) error { return row.Scan(&n, &last) })
+		b.Queue(deleteSQL, from, res.Horizon, size, l.name, l.holder, l.ttl.Microseconds()).QueryRow(func(row pgx.Row) error { return row.Scan(&leased, &n, &last) })
 		batchStart := time.Now()
 		err := conn.SendBatch(ctx, b).Close()
 		took := time.Since(batchStart)
@@ -331,6 +344,10 @@ SELECT count(*), max(processed_at) FROM deleted`)
 				return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, ctx.Err())
 			}
 			return res, fmt.Errorf("claimtx: cleanup batch %d: %w", res.Batches+1, err)
+		}
+		if !leased {
+			l.lost()
+			return res, fmt.Errorf("claimtx: cleanup stopped after %d claims: %w", res.Deleted, ErrNotLeader)
 		}
 		res.Batches++
 		res.Deleted += n
@@ -356,6 +373,9 @@ SELECT count(*), max(processed_at) FROM deleted`)
 		return res, err
 	}
 	if cfg.Vacuum && res.Deleted > 0 {
+		if err := l.renew(ctx); err != nil {
+			return res, err
+		}
 		if _, err := conn.Exec(ctx, s.names.Render("VACUUM (ANALYZE) {schema}.{claims}")); err != nil {
 			return res, fmt.Errorf("claimtx: vacuum after cleanup: %w", err)
 		}
@@ -389,43 +409,24 @@ func nextBatchSize(size int, took time.Duration, cfg RetentionConfig) int {
 	return min(max(int(ideal), cfg.MinBatchSize), cfg.MaxBatchSize)
 }
 
-// retentionLockKey identifies the retention leader of one claim table.
-// Cleanup, partition maintenance and the partitioning conversion share it,
-// so at most one of them runs against a table at any time.
-func (s *Store) retentionLockKey() int64 {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte("claimtx:retention:" + s.cfg.Schema + "." + s.cfg.ClaimsTable)) // hash writes never fail
-	return int64(h.Sum64())
-}
-
-// lockRetention takes the retention leader lock on a dedicated connection
-// with a try-lock (never queueing behind another leader) and returns the
-// connection and a release function that unlocks and returns it. The lock
-// is session-level, so it spans the many short transactions of a run; if
-// the process dies, the server drops it with the session.
-func (s *Store) lockRetention(ctx context.Context) (*pgxpool.Conn, func(), error) {
+// lockRetention takes the retention lease of the Store's claim table (see
+// lease) and a connection for the run. The returned context is the run's:
+// it carries the lease (leaseOf) and is cancelled with cause ErrNotLeader
+// when the lease is lost. End the run with l.release(&err), which also
+// returns the connection.
+func (s *Store) lockRetention(ctx context.Context) (context.Context, *pgxpool.Conn, *lease, error) {
+	ctx, l, err := s.acquireLease(ctx, true)
+	if err != nil {
+		return ctx, nil, nil, err
+	}
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("claimtx: retention: acquire connection: %w", err)
+		err = fmt.Errorf("claimtx: retention: acquire connection: %w", err)
+		l.release(&err)
+		return ctx, nil, nil, err
 	}
-	var locked bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", s.retentionLockKey()).Scan(&locked); err != nil {
-		conn.Release()
-		return nil, nil, fmt.Errorf("claimtx: retention lock: %w", err)
-	}
-	if !locked {
-		conn.Release()
-		return nil, nil, ErrNotLeader
-	}
-	release := func() {
-		if !conn.Conn().IsClosed() {
-			// The run's ctx may be cancelled (that is how it was
-			// interrupted); unlocking must still happen.
-			pg.Unlock(ctx, conn, s.retentionLockKey())
-		}
-		conn.Release()
-	}
-	return conn, release, nil
+	l.conn = conn
+	return context.WithValue(ctx, leaseKey{}, l), conn, l, nil
 }
 
 // claimTableKind returns the claim table's pg_class.relkind: "r" for a

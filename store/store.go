@@ -1,6 +1,8 @@
 package store
 
 import (
+	"time"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
@@ -10,7 +12,8 @@ import (
 )
 
 // Store is claimtx's Postgres layer. It is safe for concurrent use; it holds
-// no state besides its configuration and the pool.
+// no state besides its configuration, the pool and what it learnt about
+// the pool (BehindTransactionPooler).
 type Store struct {
 	pool  *pgxpool.Pool
 	cfg   Config
@@ -19,6 +22,10 @@ type Store struct {
 	claims    *claimsql.Statements
 	positions *claimsql.PositionStatements
 	outbox    *outboxsql.Statements
+
+	pooler pooler
+	// leaseTTL is leaseTTL; tests shorten it.
+	leaseTTL time.Duration
 }
 
 // New validates cfg and returns a Store using pool. It does not touch the
@@ -38,6 +45,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		claims:    claimsql.For(cfg.Schema, cfg.ClaimsTable),
 		positions: claimsql.PositionsFor(cfg.Schema),
 		outbox:    outboxsql.For(cfg.Schema, cfg.OutboxTable),
+		leaseTTL:  leaseTTL,
 	}
 	s.claims.Pool, s.positions.Pool = pool, pool
 	return s, nil

@@ -211,6 +211,7 @@ func TestIsTransient(t *testing.T) {
 // classifies as a connection failure.
 func TestClassifyRealConnectionLoss(t *testing.T) {
 	t.Parallel()
+	testenv.SkipBehindPooler(t, "terminates the backend of a connection it holds; through a pooler the kill itself may run on that backend, and the next statement on another")
 	st := testenv.Store(t, 3)
 	ctx := context.Background()
 	conn, err := st.Pool().Acquire(ctx)
@@ -659,7 +660,8 @@ func TestEnqueueNotifiesAtCommit(t *testing.T) {
 	t.Parallel()
 	st := testenv.Migrated(t, 2)
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, testenv.URL())
+	// LISTEN needs a session: past any pooler (NOTIFY passes through one).
+	conn, err := pgx.Connect(ctx, testenv.DirectURL())
 	require.NoError(t, err)
 	defer conn.Close(ctx)
 	_, err = conn.Exec(ctx, "LISTEN "+pg.OutboxChannel)

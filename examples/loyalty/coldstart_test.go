@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,17 +29,52 @@ func TestColdStartProcesses(t *testing.T) {
 		if round%2 == 1 {
 			batchSize = "8"
 		}
-		failures += coldStartRound(t, round, procs, batchSize)
+		failures += coldStartRound(t, round, procs, batchSize, func(u string) string { return u })
 	}
 	t.Logf("%d of %d loyalty processes failed", failures, rounds*procs)
 	require.Zero(t, failures, "processes that failed to start or stop cleanly")
 }
 
-// coldStartRound runs one round on a new database and a new queue and
-// returns how many processes failed.
-func coldStartRound(t *testing.T, round, procs int, batchSize string) int {
+// TestColdStartProcessesPgBouncer is the same through a PgBouncer in
+// transaction mode with DATABASE_URL as a pgx user behind it writes it
+// (default_query_exec_mode=exec): the example's table creation and
+// claimtx's migrations keep no session state, so replicas of a first
+// deploy start there too (issue 29: one of two crashed with the session
+// advisory lock).
+func TestColdStartProcessesPgBouncer(t *testing.T) {
+	if testenv.BehindPooler() {
+		t.Skip("TEST_DATABASE_URL is a pooler already: TestColdStartProcesses runs through it")
+	}
+	direct, err := url.Parse(testenv.URL())
+	require.NoError(t, err)
+	port, err := strconv.Atoi(direct.Port())
+	require.NoError(t, err)
+	bouncer, err := url.Parse(testenv.StartPgBouncer(t, direct.Hostname(), port))
+	require.NoError(t, err)
+	const rounds, procs = 8, 3
+	failures := 0
+	for round := range rounds {
+		batchSize := "0"
+		if round%2 == 1 {
+			batchSize = "8"
+		}
+		failures += coldStartRound(t, round, procs, batchSize, func(dbURL string) string {
+			u, err := url.Parse(dbURL)
+			require.NoError(t, err)
+			u.Host = bouncer.Host
+			return testenv.PoolerURL(u.String())
+		})
+	}
+	t.Logf("%d of %d loyalty processes failed", failures, rounds*procs)
+	require.Zero(t, failures, "processes that failed to start or stop cleanly")
+}
+
+// coldStartRound runs one round on a new database and a new queue, the
+// processes connecting to consumerURL(its URL), and returns how many
+// processes failed.
+func coldStartRound(t *testing.T, round, procs int, batchSize string, consumerURL func(string) string) int {
 	t.Helper()
-	dbURL := testenv.NewDatabase(t)
+	dbURL := consumerURL(testenv.NewDatabase(t))
 	topic := "loyalty-coldstart-" + randID()
 	(&harness{t: t, amqpURL: amqpURL}).deleteQueuesAtCleanup(topic, topic+".poison")
 	env := append(os.Environ(),

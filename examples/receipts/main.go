@@ -29,9 +29,9 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/brokers"
@@ -240,49 +240,42 @@ func main() {
 // must start against tables an operator created, and Postgres checks
 // CREATE before IF NOT EXISTS. Otherwise CREATE … IF NOT EXISTS is not
 // safe against a concurrent create, so the processes queue on an advisory
-// lock named lock. The lock is a session lock taken before the transaction
-// that runs ddl begins: Postgres applies other sessions' catalog changes to
-// a backend's caches at transaction start, so a transaction begun (or a
-// lookup made on the connection) before a predecessor committed could
-// still take the tables for missing after the lock. Inside that
-// transaction present is asked again, so a process that waited for
-// another's create runs no DDL.
+// lock named lock, a transaction lock: it keeps no session state, so
+// DATABASE_URL may name a transaction pooler (PgBouncer), where a session
+// lock and the next transaction can run on different server connections.
+// Inside the transaction present is asked again, so a process that waited
+// for another's create runs no DDL. Should a backend's catalog caches
+// still miss the predecessor's tables after the lock (Postgres applies
+// others' catalog changes at transaction start, not at an advisory lock's
+// grant), the create collides, and a new transaction, which sees them,
+// settles it.
 func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
 	var ok bool
 	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {
 		return nil
 	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("acquire connection: %w", err)
-	}
-	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lock); err != nil {
-		// A lock wait interrupted by ctx may still have been granted: a
-		// connection in that doubt must not go back to the pool.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = conn.Conn().Close(cctx)
-		cancel()
-		return fmt.Errorf("advisory lock %q: %w", lock, err)
-	}
-	defer func() {
-		// ctx may be cancelled by now; the lock must still be released.
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if _, err := conn.Exec(uctx, "SELECT pg_advisory_unlock(hashtext($1))", lock); err != nil {
-			_ = conn.Conn().Close(uctx) // ending the session releases the lock
-		}
-	}()
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, present).Scan(&ok); err != nil {
-			return fmt.Errorf("check tables: %w", err)
-		}
-		if ok {
+	create := func() error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", lock); err != nil {
+				return fmt.Errorf("advisory lock %q: %w", lock, err)
+			}
+			if err := tx.QueryRow(ctx, present).Scan(&ok); err != nil {
+				return fmt.Errorf("check tables: %w", err)
+			}
+			if ok {
+				return nil
+			}
+			if _, err := tx.Exec(ctx, ddl); err != nil {
+				return fmt.Errorf("create tables: %w", err)
+			}
 			return nil
-		}
-		if _, err := tx.Exec(ctx, ddl); err != nil {
-			return fmt.Errorf("create tables: %w", err)
-		}
-		return nil
-	})
+		})
+	}
+	err := create()
+	// 23505: a catalog index's unique violation; 42P07: duplicate table.
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
+		err = create()
+	}
+	return err
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/store"
 )
 
 // AwaitDatabase runs try, typically the DDL of the effect tables a
@@ -30,8 +31,51 @@ func AwaitDatabase(ctx context.Context, cfg Config, step string, try func(contex
 	if cfg.Pool == nil {
 		return &framework.ConfigError{Field: "Pool", Reason: "AwaitDatabase needs the pool to wait for"}
 	}
-	return awaitDatabase(ctx, cfg.Logger, cfg.StartupTimeout, cfg.Pool, step, try)
+	err := awaitDatabase(ctx, cfg.Logger, cfg.StartupTimeout, cfg.Pool, cfg.poolerField(), step, try)
+	var se *StartupError
+	if errors.As(err, &se) && errors.Is(se.Err, store.ErrTransactionPooler) {
+		se.Err = cfg.named(se.Err)
+	}
+	return err
 }
+
+// poolerField is the setting a start-up failure behind a transaction
+// pooler names: the URL, where the fix (default_query_exec_mode=exec) is
+// written, when the Config has one.
+func (c Config) poolerField() string {
+	if c.DatabaseURL != "" {
+		return "DatabaseURL"
+	}
+	return "Pool"
+}
+
+// poolerError returns err as the configuration error naming field when it
+// is a start-up failure behind a transaction pooler (see
+// store.ErrTransactionPooler): Migrate's refusal, or pgx's statement cache
+// failing on a pooled server before anything probed (the loyalty example
+// creates its tables before New migrates); nil otherwise. Neither is
+// retried: the next attempt meets the same pooler.
+func poolerError(field string, err error) error {
+	var ce *framework.ConfigError
+	switch {
+	case errors.Is(err, store.ErrTransactionPooler) && errors.As(err, &ce):
+		out := *ce
+		out.Field = field
+		return &out
+	case pg.IsPreparedStatementError(err):
+		return &framework.ConfigError{Field: field, Reason: pg.PoolerReason, Err: poolerCause{err}}
+	}
+	return nil
+}
+
+// poolerCause is pgx's prepared statement error, matching
+// store.ErrTransactionPooler too, so callers branch on one error whichever
+// way start-up met the pooler.
+type poolerCause struct{ err error }
+
+func (e poolerCause) Error() string        { return e.err.Error() }
+func (e poolerCause) Unwrap() error        { return e.err }
+func (e poolerCause) Is(target error) bool { return target == store.ErrTransactionPooler }
 
 // defaultStartupTimeout is how long start-up waits for each dependency
 // when Config.StartupTimeout is zero.
@@ -73,12 +117,20 @@ func (e *StartupError) Unwrap() error { return e.Err }
 // starting or shutting down (a failover, 57P03) is retried with backoff
 // until timeout has passed (0: defaultStartupTimeout; negative: one attempt),
 // each wait logged at WARN with the last error; an authentication failure
-// (28P01, 28000) returns at once as a *framework.AuthError; any other error returns at once. Failures
+// (28P01, 28000) returns at once as a *framework.AuthError; a failure
+// behind a transaction pooler (poolerError) at once as a
+// *framework.ConfigError naming field; any other error returns at once. Failures
 // are *StartupError naming step and the real cause. try must be safe to run again
 // after a failure (DDL in a transaction, IF NOT EXISTS). A nil logger is
 // slog.Default().
-func awaitDatabase(ctx context.Context, logger *slog.Logger, timeout time.Duration, pool *pgxpool.Pool, step string, try func(context.Context) error) error {
-	return await(ctx, cmp.Or(logger, slog.Default()), cmp.Or(timeout, defaultStartupTimeout), "PostgreSQL", step, classifyPostgres, func(actx context.Context) error {
+func awaitDatabase(ctx context.Context, logger *slog.Logger, timeout time.Duration, pool *pgxpool.Pool, field, step string, try func(context.Context) error) error {
+	classify := func(err error) (bool, error) {
+		if perr := poolerError(field, err); perr != nil {
+			return false, perr
+		}
+		return classifyPostgres(err)
+	}
+	return await(ctx, cmp.Or(logger, slog.Default()), cmp.Or(timeout, defaultStartupTimeout), "PostgreSQL", step, classify, func(actx context.Context) error {
 		if err := pool.Ping(actx); err != nil {
 			return err
 		}

@@ -375,7 +375,13 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	}
 	// Start-up policy (startup.go): wait for PostgreSQL up to
 	// StartupTimeout, never retry an authentication failure.
-	if err := awaitDatabase(ctx, cfg.Logger, cfg.StartupTimeout, p.pool, "migrate claimtx's schema", p.store.Migrate); err != nil {
+	if err := awaitDatabase(ctx, cfg.Logger, cfg.StartupTimeout, p.pool, cfg.poolerField(), "migrate claimtx's schema", p.store.Migrate); err != nil {
+		// Behind a transaction pooler it is the URL that is wrong,
+		// reported like its other errors (databaseURLError).
+		var ce *framework.ConfigError
+		if errors.Is(err, store.ErrTransactionPooler) && errors.As(err, &ce) {
+			return nil, cfg.named(ce)
+		}
 		return nil, err
 	}
 	if err := p.checkMemoPrivileges(ctx); err != nil {

@@ -38,6 +38,17 @@ func NewSchema(t testing.TB) string {
 	schema := "t_" + hex.EncodeToString(b[:])
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if BehindPooler() {
+		if err := ensureSchemaRole(ctx, schema); err != nil {
+			t.Fatalf("testenv: %v", err)
+		}
+		// Registered first, so it runs after the schema's drop.
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			dropSchemaRole(ctx, t, schema)
+		})
+	}
 	execSQL(ctx, t, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -68,7 +79,9 @@ func Pool(t testing.TB, schema string, maxConns int32) *pgxpool.Pool {
 	if err != nil {
 		t.Fatalf("testenv: parse %s: %v", redacted(), err)
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	if err := setSearchPath(context.Background(), cfg.ConnConfig, schema); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
@@ -87,6 +100,22 @@ func Setup(t testing.TB, maxConns int32) (*pgxpool.Pool, string) {
 	return Pool(t, schema, maxConns), schema
 }
 
+// setSearchPath makes cfg's connections use schema as their search_path:
+// a startup parameter directly, the schema's own role behind a pooler.
+func setSearchPath(ctx context.Context, cfg *pgx.ConnConfig, schema string) error {
+	if !BehindPooler() {
+		cfg.RuntimeParams["search_path"] = schema
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := ensureSchemaRole(ctx, schema); err != nil {
+		return err
+	}
+	cfg.User = schemaRole(schema)
+	return nil
+}
+
 func redacted() string {
 	cfg, err := pgx.ParseConfig(URL())
 	if err != nil {
@@ -98,6 +127,14 @@ func redacted() string {
 // URLWithSearchPath returns URL() with search_path set to schema, for
 // processes (a consumer under test) that should create their tables there.
 func URLWithSearchPath(schema string) (string, error) {
+	if BehindPooler() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := ensureSchemaRole(ctx, schema); err != nil {
+			return "", err
+		}
+		return withUser(URL(), schemaRole(schema))
+	}
 	u, err := url.Parse(URL())
 	if err != nil {
 		return "", err
@@ -152,7 +189,9 @@ func ExamplePool(ctx context.Context) (*pgxpool.Pool, string) {
 	if err != nil {
 		panic(err)
 	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	if err := setSearchPath(ctx, cfg.ConnConfig, schema); err != nil {
+		panic(err)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		panic(err)
@@ -164,4 +203,14 @@ func ExamplePool(ctx context.Context) (*pgxpool.Pool, string) {
 func DropExample(pool *pgxpool.Pool, schema string) {
 	_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 	pool.Close()
+	if BehindPooler() {
+		// The role outlives the pool's connections; a leftover one is an
+		// empty login, harmless beside an example run.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if conn, err := pgx.Connect(ctx, URL()); err == nil {
+			_, _ = conn.Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{schemaRole(schema)}.Sanitize())
+			_ = conn.Close(ctx)
+		}
+	}
 }

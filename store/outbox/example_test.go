@@ -32,7 +32,9 @@ func ExampleNew() {
 		panic(err)
 	}
 
-	relay, err := outbox.New(st, pub, outbox.Config{})
+	// Behind a transaction pooler (PgBouncer pool_mode=transaction) a
+	// relay polls: LISTEN needs a session of its own.
+	relay, err := outbox.New(st, pub, outbox.Config{DisableListen: testenv.BehindPooler()})
 	if err != nil {
 		panic(err)
 	}

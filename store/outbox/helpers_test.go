@@ -18,6 +18,7 @@ import (
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
+	"github.com/claimtx/claimtx/store/outbox"
 )
 
 func TestMain(m *testing.M) {
@@ -250,6 +251,13 @@ func runRelay(t *testing.T, run func(context.Context) error) (stop func()) {
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// relayConfig is cfg for a relay of these tests: behind a transaction
+// pooler (make test-pgbouncer) it polls, since Run refuses LISTEN there.
+func relayConfig(cfg outbox.Config) outbox.Config {
+	cfg.DisableListen = cfg.DisableListen || testenv.BehindPooler()
+	return cfg
 }
 
 // eventually is require.Eventually with the timings these tests use.

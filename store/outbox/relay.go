@@ -170,7 +170,26 @@ func New(st *store.Store, pub message.Publisher, cfg Config) (*Relay, error) {
 // flight ended. Failures (broker or database down) are retried with
 // backoff, never returned: a relay outlives outages. Rows stay pending
 // until published.
+//
+// With LISTEN on (DisableListen false) it first asks the Store whether its
+// pool reaches PostgreSQL through a transaction pooler
+// (store.Store.BehindTransactionPooler, answered by Migrate already when
+// it ran), waiting for the database like a batch does; there it returns a
+// *framework.ConfigError for DisableListen, wrapping
+// store.ErrTransactionPooler, at once: a pooler lends the listening
+// session's server to other clients, and notifications are lost.
 func (r *Relay) Run(ctx context.Context) error {
+	if !r.cfg.DisableListen {
+		pooled := r.behindPooler(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if pooled {
+			return &framework.ConfigError{Field: "DisableListen", Err: store.ErrTransactionPooler,
+				Reason: "is false, but LISTEN's notifications are lost behind a transaction pooler: " +
+					"set DisableListen (the relay polls every PollInterval), or give the relay a Store whose pool connects to PostgreSQL directly"}
+		}
+	}
 	wake := make(chan struct{}, 1)
 	var wg sync.WaitGroup
 	if !r.cfg.DisableListen {
@@ -346,6 +365,22 @@ func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 		}
 		if err := pg.Sleep(ctx, cleanupPause); err != nil {
 			return total, err
+		}
+	}
+}
+
+// behindPooler asks the Store whether its pool is behind a transaction
+// pooler, retrying with the batches' backoff while the database does not
+// answer (false when ctx ends first).
+func (r *Relay) behindPooler(ctx context.Context) bool {
+	for failures := 1; ; failures++ {
+		pooled, err := r.st.BehindTransactionPooler(ctx)
+		if err == nil || ctx.Err() != nil {
+			return pooled
+		}
+		r.cfg.Logger.Error("claimtx relay: cannot tell whether the database is behind a transaction pooler (needed for LISTEN); retrying", err, nil)
+		if pg.Sleep(ctx, r.backoff(failures)) != nil {
+			return false
 		}
 	}
 }

@@ -58,6 +58,7 @@ func all(outbox.Batch) bool { return true }
 // polling is set to an hour, so nothing else could wake it.
 func TestRelayPublishesThroughBrokerOnNotify(t *testing.T) {
 	t.Parallel()
+	testenv.SkipBehindPooler(t, "it tests LISTEN, which a relay refuses behind a transaction pooler (TestRelayBehindTransactionPooler)")
 	for _, kind := range []string{brokers.KindGoChannel, brokers.KindAMQP, brokers.KindKafka} {
 		t.Run(kind, func(t *testing.T) {
 			t.Parallel()
@@ -129,7 +130,7 @@ func TestRelayStopsAtFirstFailedPublish(t *testing.T) {
 		}
 		return nil
 	}
-	relay, err := outbox.New(e.st, pub, outbox.Config{})
+	relay, err := outbox.New(e.st, pub, relayConfig(outbox.Config{}))
 	require.NoError(t, err)
 
 	b := relay.RelayBatchForTest(context.Background())
@@ -169,7 +170,7 @@ func TestRelayPublishTimeout(t *testing.T) {
 		}
 		return nil
 	}
-	relay, err := outbox.New(e.st, pub, outbox.Config{PublishTimeout: 50 * time.Millisecond})
+	relay, err := outbox.New(e.st, pub, relayConfig(outbox.Config{PublishTimeout: 50 * time.Millisecond}))
 	require.NoError(t, err)
 
 	start := time.Now()
@@ -203,7 +204,7 @@ func TestRelayPublishTimeout(t *testing.T) {
 		<-release2
 		return nil
 	}
-	unbounded, err := outbox.New(e.st, pub, outbox.Config{PublishTimeout: -1})
+	unbounded, err := outbox.New(e.st, pub, relayConfig(outbox.Config{PublishTimeout: -1}))
 	require.NoError(t, err, "a negative timeout disables the bound")
 	done := make(chan outbox.Batch, 1)
 	go func() { done <- unbounded.RelayBatchForTest(context.Background()) }()
@@ -235,9 +236,9 @@ func TestRelayResumesAfterBrokerOutage(t *testing.T) {
 		return nil
 	}
 	rec := &batches{}
-	relay, err := outbox.New(e.st, pub, outbox.Config{
+	relay, err := outbox.New(e.st, pub, relayConfig(outbox.Config{
 		BatchSize: 10, InitialBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, OnBatch: rec.add,
-	})
+	}))
 	require.NoError(t, err)
 	e.enqueue(t, "t", "m", 35)
 	runRelay(t, relay.Run)
@@ -273,7 +274,7 @@ func TestRelayCrashAfterPublishResendIsDuplicate(t *testing.T) {
 			killRelaySession(t, e)
 		}
 	}
-	relay, err := outbox.New(e.st, pub, outbox.Config{BatchSize: 10})
+	relay, err := outbox.New(e.st, pub, relayConfig(outbox.Config{BatchSize: 10}))
 	require.NoError(t, err)
 
 	b := relay.RelayBatchForTest(context.Background())
@@ -327,7 +328,7 @@ func TestRelayGracefulStopMarksWhatWasPublished(t *testing.T) {
 			cancel()
 		}
 	}
-	relay, err := outbox.New(e.st, pub, outbox.Config{})
+	relay, err := outbox.New(e.st, pub, relayConfig(outbox.Config{}))
 	require.NoError(t, err)
 	require.NoError(t, relay.Run(ctx))
 
@@ -357,7 +358,7 @@ func TestThreeRelaysTenThousandRows(t *testing.T) {
 
 	start := time.Now()
 	for i := 0; i < relays; i++ {
-		relay, err := outbox.New(e.st, pub, outbox.Config{PollInterval: 50 * time.Millisecond})
+		relay, err := outbox.New(e.st, pub, relayConfig(outbox.Config{PollInterval: 50 * time.Millisecond}))
 		require.NoError(t, err)
 		runRelay(t, relay.Run)
 	}
@@ -383,7 +384,7 @@ func TestRelayCleanupDeletesOldSentRows(t *testing.T) {
 	e := setup(t, 4)
 	e.enqueue(t, "t", "m", 25)
 	pub := newApplyingPublisher(e.downstream)
-	relay, err := outbox.New(e.st, pub, outbox.Config{BatchSize: 20, Retention: time.Millisecond})
+	relay, err := outbox.New(e.st, pub, relayConfig(outbox.Config{BatchSize: 20, Retention: time.Millisecond}))
 	require.NoError(t, err)
 	relay.SetCleanupBatchForTest(7)
 	require.NoError(t, relay.RelayBatchForTest(context.Background()).Err)
@@ -400,7 +401,7 @@ func TestRelayCleanupDeletesOldSentRows(t *testing.T) {
 	require.Zero(t, s.Sent)
 	require.Equal(t, int64(5), s.Pending)
 
-	kept, err := outbox.New(e.st, pub, outbox.Config{}) // 24h retention
+	kept, err := outbox.New(e.st, pub, relayConfig(outbox.Config{})) // 24h retention
 	require.NoError(t, err)
 	require.NoError(t, kept.RelayBatchForTest(context.Background()).Err)
 	n, err := kept.Cleanup(context.Background())
@@ -479,7 +480,7 @@ func TestRelayProcess(t *testing.T) {
 	require.NoError(t, err)
 	pub, err := brokers.NewPublisher(amqpBrokers(), nil)
 	require.NoError(t, err)
-	relay, err := outbox.New(st, killingPublisher{pub}, outbox.Config{})
+	relay, err := outbox.New(st, killingPublisher{pub}, relayConfig(outbox.Config{}))
 	require.NoError(t, err)
 	require.NoError(t, relay.Run(context.Background()))
 	t.Fatal("the relay returned instead of being killed")
@@ -513,7 +514,7 @@ func TestRelayKilledBetweenPublishAndMark(t *testing.T) {
 	// Downstream consumer on the RabbitMQ queue, and a healthy relay.
 	pub, stopDownstream := e.runDownstream(t, amqpBrokers(), topic, nil)
 	defer stopDownstream()
-	relay, err := outbox.New(e.st, pub, outbox.Config{})
+	relay, err := outbox.New(e.st, pub, relayConfig(outbox.Config{}))
 	require.NoError(t, err)
 	stop := runRelay(t, relay.Run)
 

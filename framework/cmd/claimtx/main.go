@@ -16,7 +16,7 @@
 // The database comes from --database-url or DATABASE_URL, the schema from
 // --schema or CLAIMTX_SCHEMA (default "claimtx"), the table from --table or
 // CLAIMTX_TABLE (default "processed_messages"). Every command that deletes
-// or drops takes the table's retention leader lock: run it from cron on
+// or drops takes the table's retention lease: run it from cron on
 // every instance, and all but one report "not leader" and exit 0.
 //
 // "claimtx COMMAND -h" prints a command's own flags on stdout; a command

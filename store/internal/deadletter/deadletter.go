@@ -65,7 +65,10 @@ func Record(ctx context.Context, db DB, n *pg.Names, l Letter) error {
 	if _, err := db.Exec(ctx, n.Render(`INSERT INTO {schema}.{dead_letter}
 (consumer, message_key, topic, poison_topic, uuid, reason, permanent, publish_error, payload, metadata)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`),
-		pg.Text(l.Consumer), key, pg.Text(l.Topic), pg.Text(l.PoisonTopic), pg.Text(l.UUID), reason, l.Permanent, publishErr, payload, md); err != nil {
+		// md as a string: in pgx's exec and simple_protocol modes (what users
+		// behind a transaction pooler set) a []byte goes as bytea, which the
+		// jsonb column refuses; a string is untyped text Postgres parses.
+		pg.Text(l.Consumer), key, pg.Text(l.Topic), pg.Text(l.PoisonTopic), pg.Text(l.UUID), reason, l.Permanent, publishErr, payload, string(md)); err != nil {
 		return fmt.Errorf("claimtx: record dead letter in %s.%s: %w", n.Schema, n.DeadLetter, err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/internal/pg"
@@ -18,10 +19,35 @@ import (
 // text that Postgres cannot hold (NUL, invalid UTF-8) repaired, headers
 // that jsonb cannot hold as strings base64-encoded under a marker, and
 // CanRecord says whether the role may insert (not before migration 6).
+//
+// In every query exec mode of pgx: behind a transaction pooler users set
+// exec (or simple_protocol), where a []byte argument is sent as bytea and
+// the jsonb column refused it.
 func TestRecord(t *testing.T) {
 	t.Parallel()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeDescribeExec} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			if testenv.BehindPooler() && (mode == pgx.QueryExecModeCacheStatement || mode == pgx.QueryExecModeDescribeExec) {
+				// Both keep a prepared statement between round trips that a
+				// transaction pooler may send to different server connections.
+				t.Skipf("%s does not work behind a transaction pooler", mode)
+			}
+			testRecord(t, mode)
+		})
+	}
+}
+
+func testRecord(t *testing.T, mode pgx.QueryExecMode) {
 	ctx := context.Background()
-	pool, schema := testenv.Setup(t, 2)
+	schema := testenv.NewSchema(t)
+	cfg, err := pgxpool.ParseConfig(testenv.URL())
+	require.NoError(t, err)
+	cfg.ConnConfig.DefaultQueryExecMode = mode
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
 	n := pg.NewNames(schema, "processed_messages", "outbox")
 	ok, err := deadletter.CanRecord(ctx, pool, n)
 	require.NoError(t, err)

@@ -9,6 +9,7 @@ package migrate
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
@@ -16,9 +17,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/pg"
@@ -114,15 +115,11 @@ func LockKey(schema string) int64 {
 
 // Up brings the schema to Latest; see Store.Migrate, which it implements.
 //
-// The lock is a session lock taken on a dedicated connection before the
-// migrating transaction begins, not a transaction lock inside it. Postgres
-// applies other sessions' catalog changes to a backend's caches when a
-// transaction starts, not when an advisory lock is granted: a transaction
-// that began (or a connection that looked the schema up) before another
-// instance committed the schema would still "know" the schema is missing
-// after the lock, and its CREATE SCHEMA IF NOT EXISTS would collide
-// (duplicate key in pg_namespace_nspname_index). Beginning the transaction
-// after the lock makes it see everything its predecessors committed.
+// It keeps no session state, so it works through a transaction pooler
+// (PgBouncer in transaction mode), where a session lock and the next
+// transaction may run on different server connections: one transaction
+// takes the migration lock (a transaction lock) and migrates. See
+// underLock for the catalog caches that makes harder.
 func Up(ctx context.Context, pool *pgxpool.Pool, n *pg.Names) error {
 	// The common case at start-up is "nothing to do". Check it with reads
 	// only, in statements of their own before any lock: Postgres checks
@@ -138,9 +135,12 @@ func Up(ctx context.Context, pool *pgxpool.Pool, n *pg.Names) error {
 
 // UpTx is Up inside the caller's transaction; see Store.MigrateTx. It
 // takes the advisory lock (a transaction lock) as its first statement.
+// The caller's transaction may have looked the schema up before: a
+// failure of stale caches (see underLock) is the caller's to retry, which
+// Store.MigrateTx documents.
 func UpTx(ctx context.Context, tx pgx.Tx, n *pg.Names) error {
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(n.Schema)); err != nil {
-		return fmt.Errorf("claimtx: migration lock: %w", err)
+	if err := lockXact(ctx, tx, n); err != nil {
+		return err
 	}
 	return upLocked(ctx, tx, n)
 }
@@ -221,28 +221,63 @@ func Version(ctx context.Context, db pg.Querier, n *pg.Names) (int, error) {
 	return v, nil
 }
 
-// underLock runs fn in a transaction that begins after this session holds
-// the migration lock (see Up for why the order matters), on a connection
-// of its own, and releases the lock after the transaction ended.
+// underLock runs fn in a transaction that first takes the migration lock
+// (a transaction lock: it ends with the transaction, on whichever server
+// connection a pooler gave it).
+//
+// Postgres applies other sessions' catalog changes to a backend's caches
+// when a transaction starts or a relation lock is newly taken, not when an
+// advisory lock is granted, so a backend that cached "no such schema"
+// before its predecessor committed could in principle still believe it
+// after the grant, and its CREATE SCHEMA IF NOT EXISTS would collide
+// (duplicate key in pg_namespace_nspname_index). On Postgres 15 neither
+// the cold-start race of many processes nor a deterministic replay of it
+// (TestUpAfterPredecessorCreatedSchema) shows that; should it happen, the
+// whole transaction is tried again: a new transaction starts with the
+// predecessor's commit applied, since that commit came before this one
+// was granted the lock, and sees the schema as it is.
 func underLock(ctx context.Context, pool *pgxpool.Pool, n *pg.Names, fn func(pgx.Tx) error) error {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("claimtx: migration: acquire connection: %w", err)
+	run := func() error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if err := lockXact(ctx, tx, n); err != nil {
+				return err
+			}
+			return fn(tx)
+		})
 	}
-	defer conn.Release()
-	key := LockKey(n.Schema)
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
-		// A lock wait interrupted by ctx may still have been granted:
-		// a connection in that doubt must not go back to the pool.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = conn.Conn().Close(cctx)
-		cancel()
+	err := run()
+	for attempt := 1; attempt < staleCacheAttempts && staleCatalog(err); attempt++ {
+		err = run()
+	}
+	return err
+}
+
+// staleCacheAttempts bounds underLock's tries: the second one sees its
+// predecessor's schema; a third covers a predecessor of a newer claimtx
+// (a rolling deploy migrating further meanwhile).
+const staleCacheAttempts = 3
+
+// lockXact takes the migration lock for the rest of tx.
+func lockXact(ctx context.Context, tx pgx.Tx, n *pg.Names) error {
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(n.Schema)); err != nil {
 		return fmt.Errorf("claimtx: migration lock: %w", err)
 	}
-	// ctx may be cancelled (that may be why fn failed); unlocking must
-	// still happen.
-	defer pg.Unlock(ctx, conn, key)
-	return pgx.BeginFunc(ctx, conn, fn)
+	return nil
+}
+
+// staleCatalog reports whether err is what a stale catalog cache makes a
+// CREATE … IF NOT EXISTS do: a unique violation in a catalog index
+// (23505), or duplicate schema / table (42P06 / 42P07).
+func staleCatalog(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "23505", "42P06", "42P07":
+		return true
+	}
+	return false
 }
 
 // ensureAndReadVersions creates the schema and the bookkeeping table if

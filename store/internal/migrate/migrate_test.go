@@ -1,9 +1,12 @@
 package migrate
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 	"testing/fstest"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 )
 
@@ -26,4 +29,16 @@ func TestEmbeddedMigrations(t *testing.T) {
 	for _, m := range migrations {
 		require.NotEmpty(t, m.down, "migration %d has no down file", m.Version)
 	}
+}
+
+// What a stale catalog cache makes CREATE … IF NOT EXISTS return is tried
+// again; anything else (a missing privilege, a cancelled context) is not.
+func TestStaleCatalog(t *testing.T) {
+	t.Parallel()
+	for code, want := range map[string]bool{"23505": true, "42P06": true, "42P07": true, "42501": false, "57014": false} {
+		err := fmt.Errorf("claimtx: create migration table: %w", &pgconn.PgError{Code: code})
+		require.Equal(t, want, staleCatalog(err), code)
+	}
+	require.False(t, staleCatalog(errors.New("connection reset")))
+	require.False(t, staleCatalog(nil))
 }

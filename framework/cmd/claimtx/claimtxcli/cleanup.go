@@ -82,7 +82,7 @@ func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env
 	res, err := st.Cleanup(ctx, cfg)
 	pp.finish()
 	if errors.Is(err, store.ErrNotLeader) {
-		printf(stdout, "not leader: another cleaner holds the retention lock on %s; nothing done\n", tableName(st))
+		printf(stdout, "not leader: another cleaner holds the retention lease on %s; nothing done\n", tableName(st))
 		return nil
 	}
 	summary := fmt.Sprintf("%d claims processed before %s deleted from %s in %d batches, %s (%s claims/s)",
@@ -114,7 +114,7 @@ const countBudget = 2 * time.Second
 // exact count is cheap on the processed_at index for the tables a progress
 // total matters least on, and where it is not, no total is better than a
 // false one. New claims cannot fall below a horizon in the past, and the
-// retention lock keeps other cleaners out, so the count stays right.
+// retention lease keeps other cleaners out, so the count stays right.
 func (c *common) countExpired(ctx context.Context, st *store.Store, horizon time.Time) (n int64, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, countBudget+time.Second)
 	defer cancel()

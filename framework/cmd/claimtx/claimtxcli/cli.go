@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/brokers"
@@ -304,6 +305,14 @@ func (c *common) open(ctx context.Context, maxConns int32, app, prefix string) (
 	}
 	pcfg.MaxConns = maxConns
 	pcfg.ConnConfig.RuntimeParams["application_name"] = app
+	if !strings.Contains(c.databaseURL, "default_query_exec_mode") {
+		// pgx's default caches prepared statements per connection, which
+		// a transaction pooler (PgBouncer pool_mode=transaction) cannot
+		// keep. An operator's tool pays nothing it would notice for one
+		// Parse per statement, and then works through any pooler without
+		// the operator editing the URL; a URL that chooses a mode keeps it.
+		pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, errors.New(c.redact(fmt.Sprintf("%sconnect: %v", prefix, err)))

@@ -72,7 +72,7 @@ func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv 
 	// the leader is no failure, only nothing done.
 	failed := func(what string, err error) error {
 		if errors.Is(err, store.ErrNotLeader) {
-			printf(stdout, "not leader: another process holds the retention lock on %s; nothing done\n", tableName(st))
+			printf(stdout, "not leader: another process holds the retention lease on %s; nothing done\n", tableName(st))
 			return nil
 		}
 		return c.fail(ctx, what, err)

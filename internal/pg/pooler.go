@@ -1,0 +1,31 @@
+package pg
+
+import "github.com/jackc/pgx/v5"
+
+// PoolerReason is what a configuration error says when pgx's statement
+// cache meets a transaction pooler: the store's start-up probe and the
+// consumer's start-up policy give the same advice, whichever sees it first.
+const PoolerReason = "reaches PostgreSQL through a transaction pooler (PgBouncer pool_mode=transaction?): " +
+	"pgx's statement cache cannot work there: add default_query_exec_mode=exec to the URL"
+
+// UnsafeBehindPooler reports whether pgx's query mode needs a statement to
+// outlive its transaction on one server connection, which a transaction
+// pooler does not give. QueryExecModeCacheStatement keeps named prepared
+// statements on the server (PgBouncer 1.18 cannot route them);
+// QueryExecModeDescribeExec describes the unnamed statement in one round
+// trip and binds it in the next, which may reach another server outside a
+// transaction. QueryExecModeCacheDescribe is safe: it re-sends Parse with
+// every execution and caches only the types.
+func UnsafeBehindPooler(mode pgx.QueryExecMode) bool {
+	return mode == pgx.QueryExecModeCacheStatement || mode == pgx.QueryExecModeDescribeExec
+}
+
+// IsPreparedStatementError reports whether err is the server refusing a
+// named prepared statement it does not have (26000) or already has
+// (42P05): what pgx's statement cache meets behind a transaction pooler
+// before anything has probed for one. Both codes are the server's for
+// prepared statements alone, so the text need not be read.
+func IsPreparedStatementError(err error) bool {
+	code := SQLState(err)
+	return code == "26000" || code == "42P05"
+}

@@ -1,0 +1,202 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/claimtx/claimtx/internal/pg"
+)
+
+// leaseTTL is how long a retention lease outlives its holder's last
+// renewal (ErrNotLeader's doc states it). The holder renews it in every
+// transaction of its run and every leaseTTL/3 in between (a long CREATE
+// INDEX CONCURRENTLY); a process that dies holding it keeps every other
+// retention run of its claim table out for at most this long.
+const leaseTTL = 30 * time.Second
+
+// lease is one run's hold on the retention leadership of a claim table: a
+// row of <schema>.claimtx_lease naming this run as holder until expires_at.
+// Every transaction of the run renews it (renewTx) and fails with
+// ErrNotLeader when another holder has it: a run whose lease expired
+// (paused past leaseTTL) and was taken over changes nothing more. Between
+// transactions a heartbeat renews it, and cancels the run's context when
+// it finds it taken.
+type lease struct {
+	s      *Store
+	name   string
+	holder string
+	ttl    time.Duration
+
+	conn   *pgxpool.Conn   // the run's, returned by release
+	ctx    context.Context // the run's, cancelled when the lease is lost
+	cancel context.CancelCauseFunc
+	stop   context.CancelFunc // ends the heartbeat
+	done   chan struct{}      // closed when the heartbeat has ended
+	once   sync.Once
+}
+
+// leaseName identifies the retention leadership of the Store's claim
+// table: Cleanup, partition maintenance and the partitioning conversion
+// share it, so at most one of them runs against a table at any time.
+func (s *Store) leaseName() string { return "retention:" + s.cfg.ClaimsTable }
+
+// newHolder names a run: host and pid, for an operator reading the table,
+// and random bytes, so two runs of one process never pass for each other.
+func newHolder() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// acquireLease takes the Store's retention lease if it is free, expired
+// or already this holder's (a retry whose first reply was lost), and
+// starts its heartbeat; expiry is read on the database's clock, the one
+// every instance shares; ErrNotLeader when
+// another holder has it. The returned context is ctx, cancelled with
+// cause ErrNotLeader when the heartbeat finds the lease taken: run the
+// work with it, and end with l.release.
+func (s *Store) acquireLease(ctx context.Context, heartbeat bool) (context.Context, *lease, error) {
+	l := &lease{s: s, name: s.leaseName(), holder: newHolder(), ttl: s.leaseTTL}
+	var got string
+	err := s.pool.QueryRow(ctx, s.names.Render(`INSERT INTO {schema}.claimtx_lease AS l (name, holder, expires_at)
+VALUES ($1, $2, now() + $3 * interval '1 microsecond')
+ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+WHERE l.expires_at < now() OR l.holder = excluded.holder
+RETURNING holder`), l.name, l.holder, l.ttl.Microseconds()).Scan(&got)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ctx, nil, ErrNotLeader
+	}
+	if pg.SQLState(err) == "42P01" { // undefined_table
+		// A schema not migrated at all has no claim table either: say
+		// that, as before there were leases; one older than migration 8
+		// needs Migrate.
+		if _, kerr := s.claimTableKind(ctx, s.pool); kerr != nil {
+			return ctx, nil, kerr
+		}
+		return ctx, nil, fmt.Errorf("claimtx: retention lease: the schema predates the lease table (version %d): run Migrate first: %w", leaseVersion-1, err)
+	}
+	if err != nil {
+		return ctx, nil, fmt.Errorf("claimtx: retention lease: %w", err)
+	}
+	l.ctx, l.cancel = context.WithCancelCause(ctx)
+	var hctx context.Context
+	hctx, l.stop = context.WithCancel(l.ctx)
+	l.done = make(chan struct{})
+	if heartbeat {
+		go l.heartbeat(hctx)
+	} else {
+		close(l.done)
+	}
+	return l.ctx, l, nil
+}
+
+// renewSQL extends the lease if this holder still has it, returning a row
+// only then. In a transaction it also locks the lease row until commit, so
+// a competitor's take-over waits for the transaction and then finds the
+// lease renewed: the transaction's work and the lease's validity commit
+// together.
+const renewSQL = `UPDATE {schema}.claimtx_lease SET expires_at = now() + $3 * interval '1 microsecond'
+WHERE name = $1 AND holder = $2 RETURNING true`
+
+// renewTx renews the lease as a statement of tx (put it first), returning
+// ErrNotLeader when another holder took it: roll tx back then. A nil lease
+// (a dry run, which holds none) renews nothing.
+func (l *lease) renewTx(ctx context.Context, q pg.Querier) error {
+	if l == nil {
+		return nil
+	}
+	var ok bool
+	err := q.QueryRow(ctx, l.s.names.Render(renewSQL), l.name, l.holder, l.ttl.Microseconds()).Scan(&ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		l.lost()
+		return ErrNotLeader
+	}
+	if err != nil {
+		return fmt.Errorf("claimtx: renew the retention lease: %w", err)
+	}
+	return nil
+}
+
+// renew renews the lease in a transaction of its own, before a statement
+// that cannot run in a transaction (CREATE INDEX CONCURRENTLY, DETACH
+// PARTITION CONCURRENTLY, VACUUM).
+func (l *lease) renew(ctx context.Context) error {
+	if l == nil {
+		return nil
+	}
+	return l.renewTx(ctx, l.s.pool)
+}
+
+// lost ends the run: its context is cancelled with cause ErrNotLeader.
+func (l *lease) lost() { l.cancel(ErrNotLeader) }
+
+// heartbeat renews the lease every ttl/3 until release, so that a long
+// statement outside the run's transactions does not let it expire. A
+// failed renewal (the database away) is tried again at the next tick; the
+// run's own statements meet the same failure.
+func (l *lease) heartbeat(ctx context.Context) {
+	defer close(l.done)
+	t := time.NewTicker(l.ttl / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if errors.Is(l.renew(ctx), ErrNotLeader) {
+				return
+			}
+		}
+	}
+}
+
+// release stops the heartbeat and deletes the lease if it is still this
+// holder's, even when ctx is done (an interrupted run must still let the
+// next one in), bounded like a rollback; a lease it cannot delete expires.
+// When the run failed after losing the lease, *errp is made to match
+// ErrNotLeader too: it stopped because another leader took over.
+func (l *lease) release(errp *error) {
+	l.once.Do(func() {
+		// The connection first: on a pool of one connection the
+		// heartbeat may be waiting for it.
+		if l.conn != nil {
+			l.conn.Release()
+		}
+		l.stop()
+		<-l.done
+		if *errp != nil && errors.Is(context.Cause(l.ctx), ErrNotLeader) && !errors.Is(*errp, ErrNotLeader) {
+			*errp = errors.Join(ErrNotLeader, *errp)
+		}
+		l.cancel(nil)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), releaseTimeout)
+		defer cancel()
+		_, _ = l.s.pool.Exec(rctx, l.s.names.Render("DELETE FROM {schema}.claimtx_lease WHERE name = $1 AND holder = $2"), l.name, l.holder)
+	})
+}
+
+// leaseVersion is the migration that creates <schema>.claimtx_lease.
+const leaseVersion = 8
+
+// releaseTimeout bounds deleting a lease at the end of a run.
+const releaseTimeout = 5 * time.Second
+
+// leaseKey is the context key of a retention run's lease.
+type leaseKey struct{}
+
+// leaseOf returns the lease of the retention run ctx belongs to, nil
+// outside one (a dry run): the partition and memo code renews it in each
+// of its transactions without every signature carrying it.
+func leaseOf(ctx context.Context) *lease {
+	l, _ := ctx.Value(leaseKey{}).(*lease)
+	return l
+}
