@@ -85,6 +85,11 @@ RETURNING holder`), l.name, l.holder, l.ttl.Microseconds()).Scan(&got)
 		}
 		return ctx, nil, fmt.Errorf("claimtx: retention lease: the schema predates the lease table (version %d): run Migrate first: %w", leaseVersion-1, err)
 	}
+	if pg.SQLState(err) == "42501" { // insufficient_privilege
+		// A cleanup role granted rights before migration 8 made the
+		// lease: name the grant rather than only Postgres's refusal.
+		return ctx, nil, fmt.Errorf("claimtx: retention lease: the role needs SELECT, INSERT, UPDATE, DELETE on %s.claimtx_lease (docs/security.md): %w", s.cfg.Schema, err)
+	}
 	if err != nil {
 		return ctx, nil, fmt.Errorf("claimtx: retention lease: %w", err)
 	}

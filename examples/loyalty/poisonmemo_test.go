@@ -85,7 +85,8 @@ GRANT USAGE ON SCHEMA %[1]s TO %[2]s, %[3]s;
 GRANT SELECT, INSERT ON %[1]s.processed_messages TO %[2]s;
 GRANT SELECT ON %[1]s.claimtx_migration TO %[2]s;
 GRANT SELECT, INSERT, UPDATE ON %[1]s.balances, %[1]s.point_ledger TO %[2]s;
-GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRole, cleanupRole))
+GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;
+GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s.claimtx_lease TO %[3]s;`, schema, consumerRole, cleanupRole))
 	require.NoError(t, err)
 
 	p := h.start("DATABASE_URL="+consumerURL, "POISON_MEMO=true", "STARTUP_TIMEOUT=-1s")

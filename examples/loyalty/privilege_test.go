@@ -110,7 +110,8 @@ GRANT SELECT, INSERT ON %[1]s.processed_messages TO %[2]s;
 GRANT SELECT ON %[1]s.claimtx_migration TO %[2]s;
 GRANT INSERT ON %[1]s.processed_messages_dead_letter TO %[2]s;
 GRANT SELECT, INSERT, UPDATE ON %[1]s.balances, %[1]s.point_ledger TO %[2]s;
-GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;`, schema, consumerRole, cleanupRole)
+GRANT SELECT, DELETE ON %[1]s.processed_messages TO %[3]s;
+GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s.claimtx_lease TO %[3]s;`, schema, consumerRole, cleanupRole)
 	_, err := h.pool.Exec(ctx, grants)
 	require.NoError(t, err)
 	consumerPool, cleanupPool := rolePool(t, consumerURL), rolePool(t, cleanupURL)
