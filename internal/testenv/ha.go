@@ -151,10 +151,11 @@ func (c *HACluster) WaitReplicated(t testing.TB) {
 	}
 }
 
-// WaitHealthy waits for a leader with its replica streaming.
+// WaitHealthy starts a node that is down (after KillLeaderNode) and
+// waits for a leader with its replica streaming.
 func (c *HACluster) WaitHealthy(t testing.TB) {
 	t.Helper()
-	c.must(t, "wait", "120")
+	c.must(t, "up")
 }
 
 // KillLeader SIGKILLs the leader's postmaster and its children: Patroni
