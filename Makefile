@@ -50,6 +50,27 @@ DISRUPTIVE_PKGS ?= ./brokers/amqp/ ./internal/chaos/ ./examples/loyalty/ ./frame
 test-disruptive: ## Tests that drop their own connections or restart their own private Postgres cluster, run serially without -race (includes the CI chaos run).
 	$(GO) test -count=1 -p 1 -timeout 20m -tags disruptive -run 'Disruptive|Reconnect' $(DISRUPTIVE_PKGS)
 
+# The failover tests (build tag ha) run on a replicated cluster of their
+# own: .ci/ha starts Debian's Patroni with two Postgres nodes
+# (127.0.0.1:5433 and :5434) and one etcd, installing patroni and
+# etcd-server when missing (quiet when present). The tests kill, lose and
+# switch over its leader, so they run serially, and each leaves the cluster
+# healthy and asynchronous; the cluster stays up for the next run
+# (make ha-down stops it). No -race: they drive separate processes.
+HA_PKGS ?= ./store/ ./examples/loyalty/
+.PHONY: ha-up
+ha-up: ## Start the HA Postgres cluster (Patroni + etcd, nodes on 127.0.0.1:5433 and :5434; installs patroni and etcd-server when missing) and print its multi-host URL; a no-op when it is up.
+	bash .ci/ha up
+
+.PHONY: ha-down
+ha-down: ## Stop the HA Postgres cluster and remove its state directory (.run/ha, or HA_DIR).
+	bash .ci/ha down
+
+.PHONY: test-ha
+test-ha: ## Failover tests on the HA cluster (started when not up): consumers on the multi-host URL follow a killed leader, a lost leader machine and a switchover; an acked commit lost with async replication, none with synchronous_mode + remote_apply.
+	bash .ci/ha up
+	$(GO) test -count=1 -p 1 -timeout 30m -tags ha -run '^TestHA' $(HA_PKGS)
+
 # The console's end-to-end test: real loyalty consumers and `claimtx
 # console` processes, clicked through in Debian's Chromium by Playwright
 # (framework/cmd/claimtx/internal/console/e2e). install.sh installs Chromium and playwright-core

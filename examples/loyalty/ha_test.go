@@ -60,6 +60,7 @@ func TestHAConsumerFollowsFailover(t *testing.T) {
 		{"amqp", haSwitchover},
 		{"amqp", haKillNode},
 		{"kafka", haKillLeader},
+		{"kafka", haSwitchover},
 	}
 	for _, c := range cases {
 		t.Run(c.kind+"/"+c.d.name, func(t *testing.T) {
