@@ -52,24 +52,31 @@ var (
 // once. The time from the disruption to the first commit on the new
 // leader is logged.
 func TestHAConsumerFollowsFailover(t *testing.T) {
+	batch := []string{"BATCH_SIZE=16", "BATCH_WORKERS=2"}
 	cases := []struct {
 		kind string
 		d    haDisruption
+		env  []string
 	}{
-		{"amqp", haKillLeader},
-		{"amqp", haSwitchover},
-		{"amqp", haKillNode},
-		{"kafka", haKillLeader},
-		{"kafka", haSwitchover},
+		{"amqp", haKillLeader, nil},
+		{"amqp", haSwitchover, nil},
+		{"amqp", haKillNode, nil},
+		{"amqp", haKillLeader, batch},
+		{"kafka", haKillLeader, nil},
+		{"kafka", haSwitchover, nil},
 	}
 	for _, c := range cases {
-		t.Run(c.kind+"/"+c.d.name, func(t *testing.T) {
-			haFollow(t, c.kind, c.d)
+		mode := "per-message"
+		if c.env != nil {
+			mode = "batch"
+		}
+		t.Run(c.kind+"/"+mode+"/"+c.d.name, func(t *testing.T) {
+			haFollow(t, c.kind, c.d, c.env...)
 		})
 	}
 }
 
-func haFollow(t *testing.T, kind string, d haDisruption) {
+func haFollow(t *testing.T, kind string, d haDisruption, env ...string) {
 	ha := testenv.HA(t)
 	ha.Use(t)
 	if d.synchronous {
@@ -78,9 +85,13 @@ func haFollow(t *testing.T, kind string, d haDisruption) {
 	// The defaults a user runs: Kafka's session and rebalance timeouts
 	// included.
 	h := newHarnessWith(t, kind, harnessOptions{defaultKafkaTimeouts: true})
-	// 5 ms in each claim transaction, 4 at a time, so transactions are in
-	// flight when the leader goes.
-	p := h.start("LOYALTY_HANDLER_DELAY=5ms")
+	if len(env) == 0 {
+		// 5 ms in each claim transaction, 4 at a time, so transactions
+		// are in flight when the leader goes (batch mode has no such
+		// delay: its batches are in flight anyway).
+		env = []string{"LOYALTY_HANDLER_DELAY=5ms"}
+	}
+	p := h.start(env...)
 	p.metricsURL(t) // started: the address is logged once start-up is done
 
 	const batch = 20
