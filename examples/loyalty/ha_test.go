@@ -183,7 +183,9 @@ func TestHAStartupWaitsForLeader(t *testing.T) {
 	old := ha.KillLeaderNode(t)
 	killed := time.Now()
 	p := h.start()
-	p.waitLog(t, "waiting for dependency")
+	// It waited for PostgreSQL (the replica refuses: read only; the old
+	// leader's address: refused), then started.
+	p.waitLog(t, `msg="claimtx: start-up: waiting for dependency" dependency=PostgreSQL`)
 	p.metricsURL(t)
 	started := time.Since(killed)
 	require.NotEqual(t, old, ha.Leader(context.Background()), "the old leader is dead")

@@ -48,24 +48,33 @@ func HA(t testing.TB) *HACluster {
 	c := &HACluster{script: filepath.Join(root, ".ci", "ha")}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	out, err := c.run(ctx, "up")
-	if err != nil {
+	// The same restoration before the test as after it: a run interrupted
+	// mid-test (no cleanup) must not hand the next one a synchronous
+	// cluster or a frozen walsender.
+	if err := c.restore(ctx); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	c.url = strings.TrimSpace(out)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		// up starts what is not running (a node the test killed) and
-		// waits for a streaming replica; sync off undoes SetSynchronous.
-		for _, args := range [][]string{{"up"}, {"sync", "off"}} {
-			if _, err := c.run(ctx, args...); err != nil {
-				t.Errorf("testenv: restoring the HA cluster: %v", err)
-				return
-			}
+		if err := c.restore(ctx); err != nil {
+			t.Errorf("testenv: restoring the HA cluster: %v", err)
 		}
 	})
 	return c
+}
+
+// restore starts what is not running (a node the test killed), thaws a
+// frozen walsender, waits for a streaming replica (up) and turns
+// synchronous_mode off.
+func (c *HACluster) restore(ctx context.Context) error {
+	out, err := c.run(ctx, "up")
+	if err != nil {
+		return err
+	}
+	c.url = strings.TrimSpace(out)
+	_, err = c.run(ctx, "sync", "off")
+	return err
 }
 
 // URL is the multi-host URL a client follows the leader with
