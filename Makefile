@@ -71,6 +71,24 @@ test-ha: ## Failover tests on the HA cluster (started when not up): consumers on
 	bash .ci/ha up
 	$(GO) test -count=1 -p 1 -timeout 30m -tags ha -run '^TestHA' $(HA_PKGS)
 
+# make chaos-ci on the HA cluster: the consumers' DATABASE_URL is its
+# multi-host URL, Patroni's synchronous_mode is on and every session commits
+# with synchronous_commit=remote_apply (a startup parameter in the URL), and
+# the run's one Postgres disruption per broker is HA_DISRUPT: failover (the
+# leader's postmaster SIGKILLed), switchover or lose-node (the leader's
+# Patroni and postgres SIGKILLed, restarted once the replica leads). remote_apply covers
+# the runner's own CREATE DATABASE too: pgx does not try the next host after
+# "database does not exist", so a replica listed first must have applied it.
+HA_DISRUPT ?= failover
+.PHONY: chaos-ha
+chaos-ha: ## make chaos-ci on the HA cluster (synchronous_mode, remote_apply), the Postgres restart replaced by HA_DISRUPT (failover, switchover or lose-node) once per broker; lost, doubled, wrongly_poisoned, crashes must be 0.
+	bash .ci/ha up
+	bash .ci/ha sync on
+	$(GO) build -o bin/loyalty ./examples/loyalty
+	$(GO) build -o bin/devkafka ./framework/cmd/devkafka
+	DATABASE_URL="$$(bash .ci/ha url)&synchronous_commit=remote_apply" $(CHAOS_TEST) -args -loyalty bin/loyalty -devkafka bin/devkafka -orders 2000 -bad 5 -kills 3 -terms 3 -start-terms 3 -kill-terms 3 -timeout 5m -pg-restart "$(CURDIR)/.ci/ha $(HA_DISRUPT)" $(CHAOS_FLAGS); \
+	  rc=$$?; bash .ci/ha up >/dev/null && bash .ci/ha sync off; exit $$rc
+
 # The console's end-to-end test: real loyalty consumers and `claimtx
 # console` processes, clicked through in Debian's Chromium by Playwright
 # (framework/cmd/claimtx/internal/console/e2e). install.sh installs Chromium and playwright-core
