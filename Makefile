@@ -70,6 +70,46 @@ test-pgbouncer: ## The store, middleware and consumer suites through PgBouncer i
 	TEST_DATABASE_URL='$(PGBOUNCER_URL)' TEST_BEHIND_POOLER=1 TEST_DIRECT_DATABASE_URL='$(PGBOUNCER_DIRECT_URL)' $(GO) test $(TEST_FLAGS) $(PGBOUNCER_PKGS); \
 	  rc=$$?; bash .ci/pgbouncer stop $(PGBOUNCER_DIR); exit $$rc
 
+# The failover tests (build tag ha) run on a replicated cluster of their
+# own: .ci/ha starts Debian's Patroni with two Postgres nodes
+# (127.0.0.1:5433 and :5434) and one etcd, installing patroni and
+# etcd-server when missing (quiet when present). The tests kill, lose and
+# switch over its leader, so they run serially, and each leaves the cluster
+# healthy and asynchronous; the cluster stays up for the next run
+# (make ha-down stops it). No -race: they drive separate processes.
+HA_PKGS ?= ./store/ ./examples/loyalty/
+.PHONY: ha-up
+ha-up: ## Start the HA Postgres cluster (Patroni + etcd, nodes on 127.0.0.1:5433 and :5434; installs patroni and etcd-server when missing) and print its multi-host URL; a no-op when it is up.
+	bash .ci/ha up
+
+.PHONY: ha-down
+ha-down: ## Stop the HA Postgres cluster and remove its state directory (.run/ha, or HA_DIR).
+	bash .ci/ha down
+
+.PHONY: test-ha
+test-ha: ## Failover tests on the HA cluster (started when not up): consumers on the multi-host URL follow a killed leader, a lost leader machine and a switchover; an acked commit lost with async replication, none with synchronous_mode + remote_apply.
+	bash .ci/ha up
+	$(GO) test -count=1 -p 1 -timeout 30m -tags ha -run '^TestHA' $(HA_PKGS)
+
+# make chaos-ci on the HA cluster: the consumers' DATABASE_URL is its
+# multi-host URL, Patroni's synchronous_mode is on, the consumers' claims
+# commit with CLAIM_SYNCHRONOUS_COMMIT=remote_apply (and every other
+# session too: a startup parameter in the URL), and
+# the run's one Postgres disruption per broker is HA_DISRUPT: failover (the
+# leader's postmaster SIGKILLed), switchover or lose-node (the leader's
+# Patroni and postgres SIGKILLed, restarted once the replica leads). remote_apply covers
+# the runner's own CREATE DATABASE too: pgx does not try the next host after
+# "database does not exist", so a replica listed first must have applied it.
+HA_DISRUPT ?= failover
+.PHONY: chaos-ha
+chaos-ha: ## make chaos-ci on the HA cluster (synchronous_mode, remote_apply), the Postgres restart replaced by HA_DISRUPT (failover, switchover or lose-node) once per broker; lost, doubled, wrongly_poisoned, crashes must be 0.
+	bash .ci/ha up
+	bash .ci/ha sync on
+	$(GO) build -o bin/loyalty ./examples/loyalty
+	$(GO) build -o bin/devkafka ./framework/cmd/devkafka
+	CLAIM_SYNCHRONOUS_COMMIT=remote_apply DATABASE_URL="$$(bash .ci/ha url)&synchronous_commit=remote_apply" $(CHAOS_TEST) -args -loyalty bin/loyalty -devkafka bin/devkafka -orders 2000 -bad 5 -kills 3 -terms 3 -start-terms 3 -kill-terms 3 -timeout 5m -pg-restart "$(CURDIR)/.ci/ha $(HA_DISRUPT)" $(CHAOS_FLAGS); \
+	  rc=$$?; bash .ci/ha up >/dev/null && bash .ci/ha sync off; exit $$rc
+
 # The console's end-to-end test: real loyalty consumers and `claimtx
 # console` processes, clicked through in Debian's Chromium by Playwright
 # (framework/cmd/claimtx/internal/console/e2e). install.sh installs Chromium and playwright-core
