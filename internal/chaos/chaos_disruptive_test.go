@@ -4,7 +4,6 @@ package chaos
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -135,13 +134,13 @@ func pgbouncerTransactions(t *testing.T, host, prefix string) int64 {
 	require.True(t, dbCol >= 0 && xactCol >= 0, "SHOW STATS columns: %v", rows.FieldDescriptions())
 	var total int64
 	for rows.Next() {
-		vals, err := rows.Values()
-		require.NoError(t, err)
-		name, _ := vals[dbCol].(string)
+		// The simple protocol's text, whatever type PgBouncer declares.
+		raw := rows.RawValues()
+		name := string(raw[dbCol])
 		if !strings.HasPrefix(name, prefix) {
 			continue
 		}
-		n, err := strconv.ParseInt(fmt.Sprint(vals[xactCol]), 10, 64)
+		n, err := strconv.ParseInt(string(raw[xactCol]), 10, 64)
 		require.NoError(t, err)
 		t.Logf("PgBouncer served %d transactions to %s", n, name)
 		total += n
