@@ -20,11 +20,11 @@ const SchemaVersion = 7
 //
 // An up-to-date schema is recognised with reads only, before any lock or
 // DDL, so a least-privilege role without CREATE can call Migrate at every
-// start-up. Otherwise the lock is a session lock taken on a dedicated
-// connection before the migrating transaction begins: Postgres applies
-// other sessions' catalog changes when a transaction starts, so a
-// transaction begun before the lock could miss a schema another instance
-// just created and collide with it.
+// start-up. Otherwise one transaction takes the lock (a transaction lock:
+// no session state, so it works behind a transaction pooler such as
+// PgBouncer) and migrates; should it still collide with a schema another
+// instance just created (a catalog cache not yet refreshed), it is tried
+// again in a new transaction, which sees that schema.
 func (s *Store) Migrate(ctx context.Context) error {
 	return migrate.Up(ctx, s.pool, s.names)
 }
