@@ -229,6 +229,10 @@ chaos-batch: ## make chaos with the consumers in batch mode (BATCH_SIZE=64, 2 wo
 chaos-quorum: ## make chaos on RabbitMQ only, on quorum queues (AMQP_QUEUE_TYPE=quorum for the consumers).
 	$(MAKE) chaos CHAOS_FLAGS="-brokers amqp -amqp-queue-type quorum $(CHAOS_FLAGS)"
 
+.PHONY: chaos-pgbouncer
+chaos-pgbouncer: ## make chaos with the consumers behind a PgBouncer of the run's own in transaction mode (DATABASE_URL with default_query_exec_mode=exec), in front of the private cluster.
+	$(MAKE) chaos CHAOS_FLAGS="-pgbouncer $(CHAOS_FLAGS)"
+
 .PHONY: chaos-ci
 chaos-ci: ## The short chaos run (2,000 orders, >= 3 SIGKILLs and >= 3 SIGTERMs per broker, on Kafka >= 3 of each joining SIGTERM, default timeouts; a few minutes); `make test` runs it as TestChaosDisruptive.
 	$(GO) build -o bin/loyalty ./examples/loyalty

@@ -20,8 +20,11 @@ const SchemaVersion = 8
 //
 // An up-to-date schema is recognised with reads only, before any lock or
 // DDL, so a least-privilege role without CREATE can call Migrate at every
-// start-up. Otherwise one transaction takes the lock (a transaction lock)
-// and migrates: no session state, so it works behind a transaction pooler.
+// start-up. Otherwise one transaction takes the lock (a transaction lock:
+// no session state, so it works behind a transaction pooler such as
+// PgBouncer) and migrates; should it still collide with a schema another
+// instance just created (a catalog cache not yet refreshed), it is tried
+// again in a new transaction, which sees that schema.
 //
 // Before anything else it asks BehindTransactionPooler, and refuses a pool
 // whose query mode cannot work behind a transaction pooler (pgx's default,

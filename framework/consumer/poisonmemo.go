@@ -19,9 +19,16 @@ import (
 // one start-up error naming the grant.
 func (p *parts) requireClaimPrivileges(ctx context.Context, field, table, uses, feature string) error {
 	schema := p.store.Config().Schema
-	_, lacking, err := pg.Lacking(ctx, p.pool, pg.Ident(schema, table), "SELECT", "INSERT", "UPDATE")
+	var lacking []string
+	// Under the start-up policy, as the migration before it: Postgres
+	// restarting in between is waited for, not a failed start.
+	err := awaitDatabase(ctx, p.cfg.Logger, p.cfg.StartupTimeout, p.pool, p.cfg.poolerField(), "check privileges on "+table, func(ctx context.Context) error {
+		var err error
+		_, lacking, err = pg.Lacking(ctx, p.pool, pg.Ident(schema, table), "SELECT", "INSERT", "UPDATE")
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("claimtx: check privileges on %s: %w", table, err)
+		return err // a *StartupError naming the step
 	}
 	if len(lacking) > 0 {
 		return &framework.ConfigError{Field: field, Reason: fmt.Sprintf(

@@ -43,6 +43,7 @@ func init() {
 	flag.StringVar(&flagOpts.amqpQueueType, "amqp-queue-type", flagOpts.amqpQueueType, `RabbitMQ queue type of the run's queues, "classic" or "quorum" (default: $AMQP_QUEUE_TYPE, else classic); the consumers get it as AMQP_QUEUE_TYPE`)
 	flag.DurationVar(&flagOpts.timeout, "timeout", flagOpts.timeout, "give up on a broker after this long")
 	flag.StringVar(&flagOpts.logDir, "logs", flagOpts.logDir, "directory for the consumers' and the broker's logs")
+	flag.BoolVar(&flagOpts.pgbouncer, "pgbouncer", false, "run the consumers through a PgBouncer of the run's own in transaction mode (.ci/pgbouncer, installed when missing) in front of the run's Postgres, DATABASE_URL with default_query_exec_mode=exec")
 	flag.BoolVar(&flagOpts.keep, "keep", false, "keep the databases and queues for inspection")
 	flag.Uint64Var(&flagOpts.seed, "seed", 0, "seed of the plan and the victims (0: random)")
 }
@@ -54,6 +55,7 @@ func init() {
 func TestChaos(t *testing.T) {
 	o := flagOpts
 	usePrivatePostgres(t, &o)
+	usePgBouncer(t, &o)
 	o.brokers = strings.Split(flagBrokers, ",")
 	o.joinBrokers = nil
 	if flagJoin != "" {

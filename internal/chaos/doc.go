@@ -63,6 +63,11 @@
 //	go test -tags chaos -v -count=1 -timeout 0 -run '^TestChaos$' ./internal/chaos/ \
 //	    -args -loyalty bin/loyalty -devkafka bin/devkafka -orders 20000 -kills 15 -terms 15
 //
+// -pgbouncer (make chaos-pgbouncer) runs the consumers through a
+// PgBouncer of the run's own in transaction mode in front of the run's
+// Postgres, DATABASE_URL with default_query_exec_mode=exec;
+// TestChaosPgBouncerDisruptive is chaos-ci that way.
+//
 // TestChaosDisruptive (build tag disruptive) is make chaos-ci as a test,
 // run by make test-disruptive. Everything is in _test.go files: the
 // harness ships in no binary and no importable package.

@@ -44,6 +44,12 @@ type options struct {
 	amqpDisrupt   string
 	amqpQueueType string
 	databaseURL   string
+	// pgbouncer puts a PgBouncer of the run's own, in transaction mode,
+	// in front of databaseURL's server (usePgBouncer), and the consumers'
+	// DATABASE_URL through it; pgbouncerHost is its host:port then. The
+	// runner's own checks go to Postgres directly.
+	pgbouncer     bool
+	pgbouncerHost string
 	amqpURL       string
 	natsURL       string
 	// kafkaBroker is "devkafka" (the dev broker, with its evictor) or
@@ -151,15 +157,18 @@ func run(ctx context.Context, o options) ([]report, error) {
 			return nil, fmt.Errorf("loyalty binary %s: %w (run `make chaos`, which builds it)", bin, err)
 		}
 	}
+	if o.pgbouncer && o.pgbouncerHost == "" {
+		return nil, errors.New("-pgbouncer: the PgBouncer was not started (usePgBouncer)")
+	}
 	if o.pgRestart == privatePostgres && o.pgCluster == nil {
 		return nil, errors.New("-pg-restart private: the private Postgres cluster was not started (usePrivatePostgres)")
 	}
 	if err := os.MkdirAll(o.logDir, 0o750); err != nil {
 		return nil, err
 	}
-	o.logf("chaos: seed %d, %d orders (+%d bad) per broker, %d consumers (%s), >= %d SIGKILLs and >= %d SIGTERM rolling restarts every %s-%s, on %s also >= %d SIGTERMs while starting and >= %d 1-2s after a SIGKILL; hung shutdown: still running %s after SIGTERM (drain timeout %s + %s); Postgres restart: %q",
+	o.logf("chaos: seed %d, %d orders (+%d bad) per broker, %d consumers (%s), >= %d SIGKILLs and >= %d SIGTERM rolling restarts every %s-%s, on %s also >= %d SIGTERMs while starting and >= %d 1-2s after a SIGKILL; hung shutdown: still running %s after SIGTERM (drain timeout %s + %s); Postgres restart: %q; consumers' Postgres: %s",
 		o.seed, o.orders, o.bad, o.consumers, consumerMode(), o.minKills, o.minTerms, o.killMin, o.killMax,
-		orNone(strings.Join(o.joinBrokers, ",")), o.minStartTerms, o.minKillTerms, o.termTimeout, drain, o.termTimeout-drain, o.pgRestart)
+		orNone(strings.Join(o.joinBrokers, ",")), o.minStartTerms, o.minKillTerms, o.termTimeout, drain, o.termTimeout-drain, o.pgRestart, consumerPostgres(o))
 	var reports []report
 	for _, b := range o.brokers {
 		r := runBroker(ctx, o, b)
@@ -189,6 +198,29 @@ func drainTimeout() (time.Duration, error) {
 // defaultDrainTimeout is consumer.Config.DrainTimeout's default
 // (framework/consumer/drain.go).
 const defaultDrainTimeout = 15 * time.Second
+
+// consumerPostgres says how the consumers reach Postgres, for the log.
+func consumerPostgres(o options) string {
+	if o.pgbouncerHost != "" {
+		return "through PgBouncer (transaction mode) at " + o.pgbouncerHost + ", default_query_exec_mode=exec"
+	}
+	return "direct"
+}
+
+// consumerDatabaseURL is dbURL as the consumers get it: through the run's
+// PgBouncer when there is one, with default_query_exec_mode=exec, as a pgx
+// user behind a transaction pooler writes it.
+func consumerDatabaseURL(o options, dbURL string) (string, error) {
+	if o.pgbouncerHost == "" {
+		return dbURL, nil
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return "", errors.New("DATABASE_URL does not parse")
+	}
+	u.Host = o.pgbouncerHost
+	return testenv.PoolerURL(u.String()), nil
+}
 
 func orNone(s string) string {
 	if s == "" {

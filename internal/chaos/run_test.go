@@ -178,6 +178,9 @@ func runBroker(ctx context.Context, o options, kind string) (rep report) {
 	if kind == "kafka" {
 		mode += " broker=" + o.kafkaBroker + " timeouts=" + kafkaTimeouts(o)
 	}
+	if o.pgbouncerHost != "" {
+		mode += " postgres=pgbouncer"
+	}
 	rep = report{broker: kind, mode: mode, orders: o.orders, bad: o.bad,
 		minKills: o.minKills, minTerms: o.minTerms, evictions: -1, midRebalance: -1, wantPGRestart: o.pgRestart != ""}
 	if kind == "kafka" {
@@ -344,8 +347,12 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		return err
 	}
 
+	consumerDB, err := consumerDatabaseURL(o, dbURL)
+	if err != nil {
+		return err
+	}
 	env := consumerEnv(o, append(settings,
-		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+pg.DefaultSchema, "TOPIC="+topic,
+		"BROKER="+kind, "DATABASE_URL="+consumerDB, "CLAIMTX_SCHEMA="+pg.DefaultSchema, "TOPIC="+topic,
 		"AMQP_URL="+o.amqpURL, "AMQP_QUEUE_TYPE="+o.amqpQueueType, "KAFKA_BROKERS="+kafkaAddr, "KAFKA_CONSUMER_GROUP="+group,
 		// Kafka: the example's default session and rebalance timeouts,
 		// the ones a user runs, unless -kafka-session-timeout or

@@ -39,7 +39,9 @@ func TestPgBouncerSchemaIsolation(t *testing.T) {
 	// from both pools at once, so server connections are reused.
 	for i := 0; i < 40; i++ {
 		for _, c := range []struct {
-			pool         interface{ QueryRow(context.Context, string, ...any) pgx.Row }
+			pool interface {
+				QueryRow(context.Context, string, ...any) pgx.Row
+			}
 			schema, mine string
 			other        string
 		}{{poolA, schemaA, "only_a", "only_b"}, {poolB, schemaB, "only_b", "only_a"}} {
