@@ -60,7 +60,7 @@ test-disruptive: ## Tests that drop their own connections or restart their own p
 # a real session (a known backend to terminate, LISTEN).
 PGBOUNCER_DIR  ?= .run/pgbouncer
 PGBOUNCER_PORT ?= 6432
-PGBOUNCER_PKGS ?= ./store/... ./middleware/... ./framework/consumer/...
+PGBOUNCER_PKGS ?= ./store/... ./middleware/... ./framework/consumer/... ./framework/cmd/claimtx/claimtxcli/
 PGBOUNCER_URL   = postgres://postgres@127.0.0.1:$(PGBOUNCER_PORT)/test?sslmode=disable&default_query_exec_mode=exec
 PGBOUNCER_DIRECT_URL = postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 .PHONY: test-pgbouncer

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,8 +23,37 @@ import (
 // process must get to running and stop cleanly on SIGTERM.
 func TestColdStartProcesses(t *testing.T) {
 	t.Parallel()
-	const rounds, procs = 6, 3
-	running := []string{"receipts: orders consumer running", "receipts: relay running", "receipts: sender consumer running"}
+	coldStart(t, 6, func(u string) string { return u })
+}
+
+// TestColdStartProcessesPgBouncer is the same race through a PgBouncer in
+// transaction mode: the tables and the schema are created without a
+// session, and the relay, which cannot LISTEN there, polls.
+func TestColdStartProcessesPgBouncer(t *testing.T) {
+	t.Parallel()
+	if testenv.BehindPooler() {
+		t.Skip("TEST_DATABASE_URL is a pooler already: TestColdStartProcesses runs through it")
+	}
+	direct, err := url.Parse(testenv.URL())
+	require.NoError(t, err)
+	port, err := strconv.Atoi(direct.Port())
+	require.NoError(t, err)
+	bouncer, err := url.Parse(testenv.StartPgBouncer(t, direct.Hostname(), port))
+	require.NoError(t, err)
+	coldStart(t, 3, func(dbURL string) string {
+		u, err := url.Parse(dbURL)
+		require.NoError(t, err)
+		u.Host = bouncer.Host
+		return testenv.PoolerURL(u.String())
+	}, "receipts: behind a transaction pooler, the relay polls")
+}
+
+// coldStart runs rounds of three `receipts all` processes on a new
+// database each, reached at dbURL(its URL); each process must log every
+// running line and want, and stop cleanly on SIGTERM.
+func coldStart(t *testing.T, rounds int, dbURL func(string) string, want ...string) {
+	const procs = 3
+	running := append([]string{"receipts: orders consumer running", "receipts: relay running", "receipts: sender consumer running"}, want...)
 	brokerConfig := filepath.Join(t.TempDir(), "broker.yaml")
 	// Queues unique to each round, deleted by RabbitMQ a minute after last use.
 	require.NoError(t, os.WriteFile(brokerConfig, []byte("kind: amqp\namqp:\n  queue_arguments:\n    x-expires: 60000\n"), 0o600))
@@ -30,7 +61,7 @@ func TestColdStartProcesses(t *testing.T) {
 	for round := range rounds {
 		run := watermill.NewShortUUID()
 		w := world{t: t, env: []string{
-			"DATABASE_URL=" + testenv.NewDatabase(t),
+			"DATABASE_URL=" + dbURL(testenv.NewDatabase(t)),
 			"CLAIMTX_SCHEMA=", // the default schema, absent on a new database
 			"BROKER_CONFIG=" + brokerConfig,
 			"ORDERS_TOPIC=claimtx-test-coldstart-orders-" + run,

@@ -217,8 +217,19 @@ func runRelay(ctx context.Context, logger *slog.Logger, s settings) error {
 	if s.crash == crashAfterPublish {
 		pub = crashingPublisher{Publisher: pub, logger: logger}
 	}
+	// LISTEN needs a session of its own, which a transaction pooler
+	// (PgBouncer in transaction mode) does not keep: there the relay polls
+	// (Run would refuse to LISTEN).
+	pooled, err := st.BehindTransactionPooler(ctx)
+	if err != nil {
+		return err
+	}
+	if pooled {
+		logger.Info("receipts: behind a transaction pooler, the relay polls")
+	}
 	relay, err := outbox.New(st, pub, outbox.Config{
-		Logger: wlog,
+		DisableListen: pooled,
+		Logger:        wlog,
 		OnBatch: func(b outbox.Batch) {
 			if b.Published > 0 {
 				logger.Info("receipts: relayed", "published", b.Published)
