@@ -25,7 +25,7 @@ build: ## Compile every package and example.
 	$(GO) build $(PKGS)
 
 .PHONY: test
-test: test-parallel test-disruptive test-browser ## Run every test against the local Postgres, RabbitMQ and in-process Kafka, and the console in Chromium (the CI command); safe beside other work on those servers.
+test: test-parallel test-disruptive test-pgbouncer test-ha chaos-ha test-browser ## Run every test against the local Postgres, RabbitMQ and in-process Kafka, through PgBouncer, on a Patroni cluster, and the console in Chromium (the CI command); safe beside other work on those servers.
 
 .PHONY: test-parallel
 test-parallel: ## The main suite, with -race; packages run in parallel, each test isolated by schema, queue and topic.
