@@ -95,16 +95,18 @@ test-ha: ## Failover tests on the HA cluster (started when not up): consumers on
 # multi-host URL, Patroni's synchronous_mode is on, the consumers' claims
 # commit with CLAIM_SYNCHRONOUS_COMMIT=remote_apply (and every other
 # session too: a startup parameter in the URL), and
-# the run's one Postgres disruption per broker is HA_DISRUPT: failover (the
+# the run's one Postgres disruption per broker is HA_DISRUPT: alternate (a
+# failover for the first broker, a switchover for the second), failover (the
 # leader's postmaster SIGKILLed), switchover or lose-node (the leader's
 # Patroni and postgres SIGKILLed, restarted once the replica leads). remote_apply covers
 # the runner's own CREATE DATABASE too: pgx does not try the next host after
 # "database does not exist", so a replica listed first must have applied it.
-HA_DISRUPT ?= failover
+HA_DISRUPT ?= alternate
 .PHONY: chaos-ha
-chaos-ha: ## make chaos-ci on the HA cluster (synchronous_mode, remote_apply), the Postgres restart replaced by HA_DISRUPT (failover, switchover or lose-node) once per broker; lost, doubled, wrongly_poisoned, crashes must be 0.
+chaos-ha: ## make chaos-ci on the HA cluster (synchronous_mode, remote_apply), the Postgres restart replaced by HA_DISRUPT (alternate: a failover on RabbitMQ, a switchover on Kafka; or failover, switchover, lose-node) once per broker; lost, doubled, wrongly_poisoned, crashes must be 0.
 	bash .ci/ha up
 	bash .ci/ha sync on
+	rm -f "$${HA_DIR:-.run/ha}/alternate"
 	$(GO) build -o bin/loyalty ./examples/loyalty
 	$(GO) build -o bin/devkafka ./framework/cmd/devkafka
 	CLAIM_SYNCHRONOUS_COMMIT=remote_apply DATABASE_URL="$$(bash .ci/ha url)&synchronous_commit=remote_apply" $(CHAOS_TEST) -args -loyalty bin/loyalty -devkafka bin/devkafka -orders 2000 -bad 5 -kills 3 -terms 3 -start-terms 3 -kill-terms 3 -timeout 5m -pg-restart "$(CURDIR)/.ci/ha $(HA_DISRUPT)" $(CHAOS_FLAGS); \
