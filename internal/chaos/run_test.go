@@ -611,12 +611,13 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 				stepsDone++
 			}
 			if o.pgRestart != "" && rep.pgRestarts == 0 && stepsDone >= pgAt {
+				pgAtStart := time.Now()
 				took, err := restartPostgres(runCtx, o, pool)
 				if err != nil {
 					return err
 				}
 				rep.pgRestarts++
-				o.logf("   [%s] restarted Postgres (%s, back after %s)", elapsed(), o.pgRestart, took.Round(time.Millisecond))
+				o.logf("   [%s] restarted Postgres (%s, back after %s; %s)", elapsed(), o.pgRestart, took.Round(time.Millisecond), firstCommit(runCtx, ledgerRows, pgAtStart))
 			}
 			if rep.brokerDisruptions == 0 && stepsDone >= brokerAt {
 				what, err := ops.disrupt(runCtx)
@@ -731,6 +732,26 @@ func restartPostgres(ctx context.Context, o options, pool *pgxpool.Pool) (time.D
 		return 0, err
 	}
 	return time.Since(start), nil
+}
+
+// firstCommit says when, counted from since (the disruption), the
+// consumers committed again: the first ledger row after Postgres answers,
+// on a cluster the new primary's first commit. It waits 30 s at most, as
+// a run near its end may have nothing left to commit.
+func firstCommit(ctx context.Context, ledgerRows func(context.Context) (int, error), since time.Time) string {
+	n0, err := ledgerRows(ctx)
+	if err != nil {
+		return "first commit unknown: " + err.Error()
+	}
+	for by := time.Now().Add(30 * time.Second); time.Now().Before(by); {
+		if n, err := ledgerRows(ctx); err == nil && n > n0 {
+			return fmt.Sprintf("first consumer commit %s after the disruption began", time.Since(since).Round(10*time.Millisecond))
+		}
+		if pg.Sleep(ctx, 20*time.Millisecond) != nil {
+			break
+		}
+	}
+	return "no consumer commit within 30 s of Postgres answering"
 }
 
 func waitPostgres(ctx context.Context, pool *pgxpool.Pool) error {
