@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -44,21 +43,7 @@ func TestMigrateColdStartProcesses(t *testing.T) {
 // different server connections: nothing of the migration may rely on a
 // session.
 func TestMigrateColdStartProcessesPgBouncer(t *testing.T) {
-	if testenv.BehindPooler() {
-		t.Skip("TEST_DATABASE_URL is a pooler already: TestMigrateColdStartProcesses runs through it")
-	}
-	direct, err := url.Parse(testenv.URL())
-	require.NoError(t, err)
-	port, err := strconv.Atoi(direct.Port())
-	require.NoError(t, err)
-	bouncer, err := url.Parse(testenv.StartPgBouncer(t, direct.Hostname(), port))
-	require.NoError(t, err)
-	coldStartRounds(t, 20, 4, func(dbURL string) string {
-		u, err := url.Parse(dbURL)
-		require.NoError(t, err)
-		u.Host = bouncer.Host
-		return testenv.PoolerURL(u.String())
-	})
+	coldStartRounds(t, 20, 4, testenv.ThroughPgBouncer(t))
 }
 
 // coldStartRounds races procs child processes' Migrate on a new database,

@@ -2,9 +2,7 @@ package main
 
 import (
 	"fmt"
-	"net/url"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -42,15 +40,7 @@ func TestColdStartProcesses(t *testing.T) {
 // deploy start there too (issue 29: one of two crashed with the session
 // advisory lock).
 func TestColdStartProcessesPgBouncer(t *testing.T) {
-	if testenv.BehindPooler() {
-		t.Skip("TEST_DATABASE_URL is a pooler already: TestColdStartProcesses runs through it")
-	}
-	direct, err := url.Parse(testenv.URL())
-	require.NoError(t, err)
-	port, err := strconv.Atoi(direct.Port())
-	require.NoError(t, err)
-	bouncer, err := url.Parse(testenv.StartPgBouncer(t, direct.Hostname(), port))
-	require.NoError(t, err)
+	throughBouncer := testenv.ThroughPgBouncer(t)
 	const rounds, procs = 8, 3
 	failures := 0
 	for round := range rounds {
@@ -58,12 +48,7 @@ func TestColdStartProcessesPgBouncer(t *testing.T) {
 		if round%2 == 1 {
 			batchSize = "8"
 		}
-		failures += coldStartRound(t, round, procs, batchSize, func(dbURL string) string {
-			u, err := url.Parse(dbURL)
-			require.NoError(t, err)
-			u.Host = bouncer.Host
-			return testenv.PoolerURL(u.String())
-		})
+		failures += coldStartRound(t, round, procs, batchSize, throughBouncer)
 	}
 	t.Logf("%d of %d loyalty processes failed", failures, rounds*procs)
 	require.Zero(t, failures, "processes that failed to start or stop cleanly")

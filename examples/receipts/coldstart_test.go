@@ -1,10 +1,8 @@
 package main
 
 import (
-	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,21 +29,7 @@ func TestColdStartProcesses(t *testing.T) {
 // session, and the relay, which cannot LISTEN there, polls.
 func TestColdStartProcessesPgBouncer(t *testing.T) {
 	t.Parallel()
-	if testenv.BehindPooler() {
-		t.Skip("TEST_DATABASE_URL is a pooler already: TestColdStartProcesses runs through it")
-	}
-	direct, err := url.Parse(testenv.URL())
-	require.NoError(t, err)
-	port, err := strconv.Atoi(direct.Port())
-	require.NoError(t, err)
-	bouncer, err := url.Parse(testenv.StartPgBouncer(t, direct.Hostname(), port))
-	require.NoError(t, err)
-	coldStart(t, 3, func(dbURL string) string {
-		u, err := url.Parse(dbURL)
-		require.NoError(t, err)
-		u.Host = bouncer.Host
-		return testenv.PoolerURL(u.String())
-	}, "receipts: behind a transaction pooler, the relay polls")
+	coldStart(t, 3, testenv.ThroughPgBouncer(t), "receipts: behind a transaction pooler, the relay polls")
 }
 
 // coldStart runs rounds of three `receipts all` processes on a new

@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -104,6 +105,37 @@ func StartPgBouncer(t testing.TB, upstreamHost string, upstreamPort int) string 
 		}
 	})
 	return PoolerURL(fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?sslmode=disable", port))
+}
+
+// ThroughPgBouncer starts a PgBouncer in front of the server URL names
+// and returns what turns a URL of that server (a database NewDatabase
+// made, say) into the same database through it. A suite already run
+// through a pooler (BehindPooler) skips: its plain tests go through one.
+func ThroughPgBouncer(t testing.TB) func(dbURL string) string {
+	t.Helper()
+	if BehindPooler() {
+		t.Skip("TEST_DATABASE_URL is a pooler already: the test's direct twin runs through it")
+	}
+	direct, err := url.Parse(URL())
+	if err != nil {
+		t.Fatalf("testenv: parse %s: %v", redacted(), err)
+	}
+	port, err := strconv.Atoi(direct.Port())
+	if err != nil {
+		t.Fatalf("testenv: port of %s: %v", redacted(), err)
+	}
+	bouncer, err := url.Parse(StartPgBouncer(t, direct.Hostname(), port))
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return func(dbURL string) string {
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			t.Fatalf("testenv: parse a database URL: %v", err)
+		}
+		u.Host = bouncer.Host
+		return PoolerURL(u.String())
+	}
 }
 
 // PoolerURL adds default_query_exec_mode=exec to a Postgres URL: pgx's
