@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,17 +37,18 @@ type pooler struct {
 // not survive from one transaction to the next. Migrate asks it first;
 // the answer is remembered for the Store.
 //
-// It compares server process ids: on one pooled connection, twice, then
-// on a second, dedicated connection (opened with the pool's
-// configuration, outside it) holding a transaction, then on the first one
-// again. A direct connection or a pooler in session mode keeps the first
+// It compares server process ids: on one pooled connection, then on a
+// second, dedicated connection (opened with the pool's configuration,
+// outside it) holding a transaction, then on the first one again, five
+// times. A direct connection or a pooler in session mode keeps the first
 // connection on one server process that the second never shares; a
 // transaction pooler moves the first one, or lends its server to the
-// second. With PgBouncer's default LIFO reuse of idle servers the answer
-// is certain; with server_round_robin=1 too, as long as the pooler's idle
-// servers are not being taken by other clients between the probe's
-// statements. Under such load a transaction pooler can pass for a session
-// one, and what needs a session then fails later instead of at start-up.
+// second. With PgBouncer's default LIFO reuse of idle servers one round
+// is certain; with server_round_robin=1, or other clients taking the
+// pooler's idle servers between the probe's statements, a round can miss
+// it, five rarely do; a miss means what needs a session fails later
+// instead of at start-up. Replicas whose probes starve each other of
+// servers (more probes than servers) let go and try again.
 func (s *Store) BehindTransactionPooler(ctx context.Context) (bool, error) {
 	s.pooler.mu.Lock()
 	defer s.pooler.mu.Unlock()
@@ -82,50 +85,111 @@ func (probeFound) Error() string {
 }
 func (probeFound) Is(target error) bool { return target == ErrTransactionPooler }
 
-// probePooler is BehindTransactionPooler's probe. Every statement runs in
-// the simple protocol, so the probe cannot itself trip over the pooler it
-// looks for (pgx's default mode prepares statements).
+// probePooler is BehindTransactionPooler's probe, tried again while it is
+// starved (probeOnce).
 func probePooler(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	for attempt := 1; ; attempt++ {
+		pooled, err := probeOnce(ctx, pool)
+		if !errors.Is(err, errProbeStarved) {
+			return pooled, err
+		}
+		if attempt == probeAttempts {
+			// Each time, the first connection could not run a statement
+			// while the second held a transaction: a connection of its
+			// own never waits for another's transaction, a pooler out of
+			// servers makes it.
+			return true, nil
+		}
+		// Replicas starting together, each holding a server in its second
+		// connection while its first waits for one, starve each other:
+		// apart, at random, they do not.
+		if err := pg.Sleep(ctx, time.Duration(50+rand.IntN(450))*time.Millisecond); err != nil {
+			return false, fmt.Errorf("claimtx: probe for a transaction pooler: %w", err)
+		}
+	}
+}
+
+// probeAttempts and probeHoldWait bound a starved probe: the first
+// connection's statement waits probeHoldWait while the second connection
+// holds its transaction, probeAttempts times.
+const (
+	probeAttempts = 4
+	probeHoldWait = time.Second
+	probeRounds   = 5
+)
+
+// errProbeStarved: the probe's first connection got no server while its
+// second held a transaction.
+var errProbeStarved = errors.New("claimtx: probe for a transaction pooler: starved")
+
+// probeOnce is one probe: probeRounds rounds on the same two connections,
+// since a pooler busy with other clients may hand the first connection
+// its last server back by chance in one round, never in all (a direct
+// connection's server never changes, so a change is certain). Every
+// statement runs in the simple protocol, so the probe cannot itself trip
+// over the pooler it looks for (pgx's default mode prepares statements).
+func probeOnce(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	simple := pgx.QueryExecModeSimpleProtocol
-	pid := func(q interface {
+	pid := func(ctx context.Context, q interface {
 		QueryRow(context.Context, string, ...any) pgx.Row
 	}) (int32, error) {
 		var p int32
 		err := q.QueryRow(ctx, "SELECT pg_backend_pid()", simple).Scan(&p)
 		return p, err
 	}
+	fail := func(what string, err error) (bool, error) {
+		return false, fmt.Errorf("claimtx: probe for a transaction pooler: %s%w", what, err)
+	}
 	a, err := pool.Acquire(ctx)
 	if err != nil {
-		return false, fmt.Errorf("claimtx: probe for a transaction pooler: %w", err)
+		return fail("", err)
 	}
 	defer a.Release()
-	var seen [3]int32
-	for i := range 2 {
-		if seen[i], err = pid(a); err != nil {
-			return false, fmt.Errorf("claimtx: probe for a transaction pooler: %w", err)
-		}
+	base, err := pid(ctx, a)
+	if err != nil {
+		return fail("", err)
 	}
 	// Outside the pool, so a pool of MaxConns 1 cannot wait for itself.
 	b, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	if err != nil {
-		return false, fmt.Errorf("claimtx: probe for a transaction pooler: second connection: %w", err)
+		return fail("second connection: ", err)
 	}
-	defer func() {
-		// Rolled back first, so the pooler can lend that server again
-		// rather than close it.
-		cctx := context.WithoutCancel(ctx)
-		_, _ = b.Exec(cctx, "ROLLBACK", simple)
-		_ = b.Close(cctx)
-	}()
-	if _, err := b.Exec(ctx, "BEGIN", simple); err != nil {
-		return false, fmt.Errorf("claimtx: probe for a transaction pooler: second connection: %w", err)
+	defer func() { _ = b.Close(context.WithoutCancel(ctx)) }()
+	for range probeRounds {
+		if p, err := pid(ctx, a); err != nil || p != base {
+			if err != nil {
+				return fail("", err)
+			}
+			return true, nil
+		}
+		if _, err := b.Exec(ctx, "BEGIN", simple); err != nil {
+			return fail("second connection: ", err)
+		}
+		held, err := pid(ctx, b)
+		if err != nil {
+			return fail("second connection: ", err)
+		}
+		if held == base {
+			return true, nil // the second connection was lent the first one's server
+		}
+		wctx, cancel := context.WithTimeout(ctx, probeHoldWait)
+		p, err := pid(wctx, a)
+		starved := err != nil && ctx.Err() == nil && wctx.Err() != nil
+		cancel()
+		if starved {
+			a.Conn().PgConn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // a cancelled wait leaves it unusable: the pool drops it
+			return false, errProbeStarved
+		}
+		if err != nil {
+			return fail("", err)
+		}
+		if p != base {
+			return true, nil
+		}
+		// Rolled back, so the pooler can lend that server again.
+		if _, err := b.Exec(ctx, "ROLLBACK", simple); err != nil {
+			return fail("second connection: ", err)
+		}
 	}
-	held, err := pid(b)
-	if err != nil {
-		return false, fmt.Errorf("claimtx: probe for a transaction pooler: second connection: %w", err)
-	}
-	if seen[2], err = pid(a); err != nil {
-		return false, fmt.Errorf("claimtx: probe for a transaction pooler: %w", err)
-	}
-	return seen[0] != seen[1] || seen[1] != seen[2] || held == seen[1], nil
+	return false, nil
 }

@@ -214,3 +214,45 @@ ignore_startup_parameters = extra_float_digits
 	}, 10*time.Second, 50*time.Millisecond, "pgbouncer %s on port %d", poolMode, port)
 	return raw
 }
+
+// Replicas starting together behind a pooler with fewer servers than
+// probes, beside other clients' transactions: each probe's second
+// connection holds a server in a transaction while its first one waits for
+// one, and the other clients take idle servers between the probe's
+// statements. The probes must not starve each other until the pooler's
+// query_wait_timeout (120 s), and none may take the pooler for a direct
+// connection because a server came back to it by chance.
+func TestPoolerProbesStartingTogether(t *testing.T) {
+	t.Parallel()
+	direct := directConfig(t)
+	bouncer := testenv.StartPgBouncer(t, direct.Host, int(direct.Port)) // 8 servers at most
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	load := poolerStore(t, bouncer).Pool()
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	for range 4 {
+		go func() {
+			for loadCtx.Err() == nil {
+				_, _ = load.Exec(loadCtx, "SELECT 1")
+			}
+		}()
+	}
+	const replicas, rounds = 12, 4
+	for range rounds {
+		errs := make(chan error, replicas)
+		for range replicas {
+			st := poolerStore(t, bouncer)
+			go func() {
+				pooled, err := st.BehindTransactionPooler(ctx)
+				if err == nil && !pooled {
+					err = errors.New("a replica took the pooler for a direct connection")
+				}
+				errs <- err
+			}()
+		}
+		for range replicas {
+			require.NoError(t, <-errs)
+		}
+	}
+}

@@ -89,7 +89,16 @@ func StartPgBouncer(t testing.TB, upstreamHost string, upstreamPort int) string 
 	// try a few.
 	for attempt := 0; ; attempt++ {
 		port = freePort(t)
-		out, err := exec.CommandContext(ctx, script, "start", dir, fmt.Sprint(port), upstreamHost, fmt.Sprint(upstreamPort)).CombinedOutput() //nolint:gosec // the repository's own script
+		cmd := exec.CommandContext(ctx, script, "start", dir, fmt.Sprint(port), upstreamHost, fmt.Sprint(upstreamPort)) //nolint:gosec // the repository's own script
+		// Many tests of the parallel suite start one of these at once in
+		// front of the shared server (max_connections 100), and the
+		// cold-start races make a database a round: each instance holds
+		// at most 8 server connections whatever the database (PgBouncer
+		// closes an idle one of another pool to open one), and its
+		// clients queue for them, which is what a transaction pooler is
+		// for.
+		cmd.Env = append(os.Environ(), "PGBOUNCER_POOL_SIZE=8", "PGBOUNCER_MAX_DB_CONNECTIONS=8", "PGBOUNCER_MAX_USER_CONNECTIONS=8")
+		out, err := cmd.CombinedOutput()
 		if err == nil {
 			break
 		}
