@@ -34,7 +34,9 @@ func TestMaxMessageSizeDisruptive(t *testing.T) {
 	require.True(t, strings.HasPrefix(old, "{ok,"), "max_message_size: %s", old)
 	limit := 64 << 10
 	eval("application:set_env(rabbit, max_message_size, 65536).")
-	t.Cleanup(func() { eval("application:set_env(rabbit, max_message_size, " + strings.TrimSuffix(strings.TrimPrefix(old, "{ok,"), "}") + ").") })
+	t.Cleanup(func() {
+		eval("application:set_env(rabbit, max_message_size, " + strings.TrimSuffix(strings.TrimPrefix(old, "{ok,"), "}") + ").")
+	})
 
 	queue := uniqueName(t)
 	deleteQueuesAtCleanup(t, queue)
