@@ -3,6 +3,7 @@ package store_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
@@ -58,7 +59,7 @@ func leaseHolder(t *testing.T, st *store.Store) string {
 	var holder string
 	err := st.Pool().QueryRow(context.Background(), "SELECT holder FROM "+pgx.Identifier{st.Config().Schema, "claimtx_lease"}.Sanitize()+" WHERE name = $1",
 		st.RetentionLeaseNameForTest()).Scan(&holder)
-	if err == pgx.ErrNoRows {
+	if errors.Is(err, pgx.ErrNoRows) {
 		return ""
 	}
 	require.NoError(t, err)

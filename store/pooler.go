@@ -177,7 +177,7 @@ func probeOnce(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 		starved := err != nil && ctx.Err() == nil && wctx.Err() != nil
 		cancel()
 		if starved {
-			a.Conn().PgConn().Close(context.WithoutCancel(ctx)) //nolint:errcheck // a cancelled wait leaves it unusable: the pool drops it
+			_ = a.Conn().PgConn().Close(context.WithoutCancel(ctx)) // a cancelled wait leaves it unusable: the pool drops it
 			return false, errProbeStarved
 		}
 		if err != nil {
