@@ -198,6 +198,7 @@ func (ex example) ledgerRows(ctx context.Context) int {
 // queues.
 func (ex example) cleanup() {
 	ex.exec(context.Background(), "DROP SCHEMA "+ex.schema+" CASCADE")
+	testenv.DropSchemaRole(ex.schema)
 	conn, err := amqp091.Dial(ex.amqpURL)
 	if err != nil {
 		return

@@ -240,10 +240,25 @@ func dropSchemaRole(ctx context.Context, t testing.TB, schema string) {
 		return
 	}
 	defer func() { _ = conn.Close(ctx) }()
-	role := pgx.Identifier{schemaRole(schema)}.Sanitize()
-	if _, err := conn.Exec(ctx, "DROP OWNED BY "+role+" CASCADE; DROP ROLE "+role); err != nil && !strings.Contains(err.Error(), "42704") {
+	if err := dropRole(ctx, conn, schemaRole(schema)); err != nil {
 		t.Logf("testenv: drop role %s: %v", schema, err)
 	}
+}
+
+// dropRole drops role with what it owns, one statement at a time: the
+// URL behind a pooler sends each in the extended protocol, which takes
+// one command per statement. A role already gone is no error.
+func dropRole(ctx context.Context, conn *pgx.Conn, role string) error {
+	r := pgx.Identifier{role}.Sanitize()
+	for _, sql := range []string{"DROP OWNED BY " + r + " CASCADE", "DROP ROLE " + r} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			if strings.Contains(err.Error(), "42704") { // undefined_object
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // withUser returns raw with its user name replaced.

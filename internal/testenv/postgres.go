@@ -203,14 +203,21 @@ func ExamplePool(ctx context.Context) (*pgxpool.Pool, string) {
 func DropExample(pool *pgxpool.Pool, schema string) {
 	_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 	pool.Close()
-	if BehindPooler() {
-		// The role outlives the pool's connections; a leftover one is an
-		// empty login, harmless beside an example run.
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if conn, err := pgx.Connect(ctx, URL()); err == nil {
-			_, _ = conn.Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{schemaRole(schema)}.Sanitize())
-			_ = conn.Close(ctx)
-		}
+	DropSchemaRole(schema)
+}
+
+// DropSchemaRole drops the login role behind a pooler stands for schema's
+// search_path (ExamplePool, URLWithSearchPath), once the schema is gone;
+// elsewhere there is none and it does nothing. Errors are dropped: a
+// leftover role is an empty login, harmless beside an example run.
+func DropSchemaRole(schema string) {
+	if !BehindPooler() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if conn, err := pgx.Connect(ctx, URL()); err == nil {
+		_ = dropRole(ctx, conn, schemaRole(schema))
+		_ = conn.Close(ctx)
 	}
 }
