@@ -24,8 +24,13 @@ const (
 )
 
 // amqpSource browses a RabbitMQ queue with basic.get on a channel of its
-// own and publishes replays on a confirm-mode channel. See the package
-// documentation.
+// own and publishes replays on a confirm-mode channel. The browsed
+// messages stay unacked on that channel, hidden from other consumers;
+// closing it (or a killed process's connection dying) requeues them in
+// place, flagged redelivered. A quorum queue's x-delivery-limit may count
+// such a requeue as a delivery: poison queues must have none. The browse
+// stops at the count of ready messages at the opening, leaving later
+// poison for the next run.
 type amqpSource struct {
 	conn    *amqp091.Connection
 	get     *amqp091.Channel // basic.get; holds the unacked messages

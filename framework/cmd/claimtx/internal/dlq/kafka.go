@@ -38,8 +38,8 @@ const (
 )
 
 // kafkaSource browses a topic with a client outside any consumer group and
-// records replay progress as the committed offsets of ProgressGroup. See
-// the package documentation.
+// records replay progress as the committed offsets of ProgressGroup
+// (docs/operations.md, "Dead letters: claimtx dlq").
 type kafkaSource struct {
 	cl    *kgo.Client // metadata, offsets, produce
 	adm   *kadm.Client

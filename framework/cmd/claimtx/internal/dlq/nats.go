@@ -21,7 +21,7 @@ import (
 // get-message API: nothing is delivered, no consumer is created, so a
 // killed browse leaves nothing behind on the server) and removes a letter
 // by deleting its sequence once the replayed copy's publish was
-// acknowledged. See the package documentation.
+// acknowledged.
 type natsSource struct {
 	nc      *natsgo.Conn
 	js      jetstream.JetStream

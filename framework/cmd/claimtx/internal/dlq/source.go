@@ -25,8 +25,8 @@ type Source interface {
 	// Settle republishes every letter of batch (letters Next returned, in
 	// order) whose Action is ActionReplay to target(letter), waits until
 	// the broker confirmed them, marks them Replayed and removes them from
-	// the destination (RabbitMQ, NATS) or records the progress (Kafka, see the
-	// package documentation). It returns the first error; letters whose
+	// the destination (RabbitMQ, NATS) or records the progress (Kafka,
+	// kafkaSource). It returns the first error; letters whose
 	// copy was not confirmed stay in the destination.
 	Settle(ctx context.Context, batch []*Letter, target func(*Letter) string) error
 	// Close ends the browse: on RabbitMQ every message not removed goes
