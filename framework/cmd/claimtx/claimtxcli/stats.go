@@ -148,10 +148,7 @@ func replayHorizon(ctx context.Context, cfg brokers.Config, topic, poison string
 }
 
 func (r horizonReport) String() string {
-	h := replay.Format(r.ReplayHorizon)
-	if !r.Unbounded {
-		h = opfmt.FormatDuration(r.ReplayHorizon) // "1d", as the flags take it
-	}
+	h := opfmt.FormatHorizon(r.ReplayHorizon)
 	verdict := "OK: claims outlive every delivery the broker can still make"
 	if r.Exceeded {
 		// stats cannot tell whether the consumer runs an expiry guard, so

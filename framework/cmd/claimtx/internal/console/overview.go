@@ -405,10 +405,7 @@ func (c *Console) horizonBadge(ctx context.Context, name string) badge {
 	}
 	hz := "unknown"
 	if h.known {
-		hz = replay.Format(h.horizon)
-		if h.horizon != brokers.UnboundedHorizon {
-			hz = opfmt.FormatDuration(h.horizon)
-		}
+		hz = opfmt.FormatHorizon(h.horizon)
 	}
 	text := "retention " + ret + ", horizon " + hz
 	switch {

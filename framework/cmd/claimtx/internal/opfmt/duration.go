@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/claimtx/claimtx/brokers"
 )
 
 const day = 24 * time.Hour
@@ -63,4 +65,13 @@ func Age(a time.Duration) string {
 		return fmt.Sprintf("%dh%dm", int(a.Hours()), int(a.Minutes())%60)
 	}
 	return fmt.Sprintf("%dd%dh", int(a.Hours())/24, int(a.Hours())%24)
+}
+
+// FormatHorizon is a replay horizon as FormatDuration writes it ("1d", as
+// the flags take it), or "unbounded".
+func FormatHorizon(d time.Duration) string {
+	if d == brokers.UnboundedHorizon {
+		return "unbounded"
+	}
+	return FormatDuration(d)
 }
