@@ -1,11 +1,11 @@
 // Package keycheck verifies a key spec against a sample of messages: the
-// machinery of `claimtx keys check`, kept here so the web console can
-// reuse it. It reports what makes a key spec unsafe: keys that different
-// payloads share (collisions: the second event would be acked as a
-// duplicate of the first and lost), identical payloads under different
-// keys (a volatile input such as a trace id in the key: every redelivery
-// would be applied again), messages that cannot be keyed and why, the key
-// length distribution and the event-time spread.
+// machinery of `claimtx keys check`. It reports what makes a key spec
+// unsafe: keys that different payloads share (collisions: the second
+// event would be acked as a duplicate of the first and lost), identical
+// payloads under different keys (a volatile input such as a trace id in
+// the key: every redelivery would be applied again), messages that cannot
+// be keyed and why, the key length distribution and the event-time
+// spread.
 package keycheck
 
 import (
