@@ -188,30 +188,12 @@
 //
 // # Adapters of your own
 //
-// Any Watermill publisher and subscriber can be selected by configuration,
-// the way the built-in adapters are. Describe how to build them in a
-// Factory and register it under a name from your adapter package's init
-// function; BROKER=name or kind: name then selects it wherever the package
-// is imported, and the adapter reads its settings from Config.Options
-// (options: in YAML):
-//
-//	func init() {
-//		brokers.Register("mybus", brokers.Factory{
-//			NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
-//				return mybusSubscriber(c.Options["url"], l)
-//			},
-//			NewPublisher: func(c brokers.Config, l watermill.LoggerAdapter) (message.Publisher, error) {
-//				return mybusPublisher(c.Options["url"], l)
-//			},
-//			Validate: func(c brokers.Config) error { ... }, // optional
-//		})
-//	}
-//
-// Names are lower case ([a-z0-9_.-], up to 63 characters). Register panics
-// on a malformed name, an incomplete Factory or a name that is taken, like
-// database/sql.Register. The Register example shows a complete adapter;
-// brokers/nats is a real one written only against this API
-// (docs/adapters.md walks through it).
+// Register a Factory under a name from your adapter package's init
+// function (like database/sql.Register; names are [a-z0-9_.-], up to 63
+// characters; Register panics on a malformed name, an incomplete Factory
+// or a name that is taken); BROKER=name or kind: name then selects it, and
+// it reads its settings from Config.Options. The Register example shows a
+// complete adapter; docs/adapters.md walks through brokers/nats, a real one.
 //
 // # The gochannel kind
 //
@@ -234,12 +216,8 @@
 //
 // # Metadata
 //
-// Headers arrive as metadata of the same name. The real adapters add what
-// describes the delivery, under names that key and event-time specs use as
-// strings: amqp_message_id, amqp_correlation_id, amqp_content_type,
-// amqp_timestamp, amqp_exchange, amqp_routing_key and
-// _watermill_amqp_redelivered on RabbitMQ; kafka_topic, kafka_partition,
-// kafka_offset, kafka_key and kafka_timestamp on Kafka. Each adapter's
-// documentation says what they hold. None is published again and none
-// makes a good claim key: they change when a message is republished.
+// Headers arrive as metadata of the same name; the delivery metadata each
+// adapter adds (amqp_*, kafka_*, nats_*) is listed in docs/configuration.md
+// ("Delivery metadata"). None is published again and none makes a good
+// claim key: they change when a message is republished.
 package brokers

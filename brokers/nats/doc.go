@@ -30,21 +30,8 @@
 // *framework.ConfigError naming NATS_<SETTING> when the value came from
 // the environment, nats.<key> when it came from a file.
 //
-//	key              variable              default
-//	url              NATS_URL              nats://127.0.0.1:4222 (comma separated for a cluster; nats://, tls://, ws://, wss://)
-//	user             NATS_USER             none
-//	password         NATS_PASSWORD         none (needs user)
-//	token            NATS_TOKEN            none
-//	creds_file       NATS_CREDS_FILE       none (a .creds file: JWT and NKey seed)
-//	durable          NATS_DURABLE          none: required to subscribe
-//	subject_prefix   NATS_SUBJECT_PREFIX   "" (subject = prefix + topic)
-//	ack_wait         NATS_ACK_WAIT         30s (at least 1s)
-//	max_deliver      NATS_MAX_DELIVER      -1 (unlimited)
-//	max_ack_pending  NATS_MAX_ACK_PENDING  256
-//	nack_delay       NATS_NACK_DELAY       1s (negative: no delay)
-//	concurrency      NATS_CONCURRENCY      4
-//	streams          NATS_STREAMS          create (or require)
-//	dial_timeout     NATS_DIAL_TIMEOUT     30s (negative: one attempt)
+// Every setting, its default and its trade-off: brokers.NATSConfig and
+// docs/configuration.md.
 //
 // A password or token printed with the Config (Config.String) is redacted,
 // as is the password of a URL; a token written as the URL's user
@@ -184,21 +171,14 @@
 //
 // # Why not watermill-nats's subscriber
 //
-// watermill-nats v2.1.3's JetStream subscriber (pkg/nats), read for this
-// adapter, closes its output channel while a delivery callback may still
-// send on it: a data race, and a "send on closed channel" panic that would
-// crash a consumer at shutdown. Three more of its behaviours lose or stall
-// messages and had to be worked around: without nats.ManualAck, nats.go
-// acks each message when the callback returns, and the callback returns
-// without an ack when the subscriber closes or its ack timer runs out; a
-// durable consumer its subscription created is deleted when that
-// subscription ends; a message its Unmarshaler refuses is neither acked
-// nor nacked, so it comes back every AckWait forever instead of reaching
-// the poison topic. And it is push-based: JetStream fills a client buffer
-// whose messages' ack waits run while they queue, so under load a message
-// is redelivered beside its first copy (found by the loyalty SIGTERM test
-// in batch mode: a bad message poisoned twice). Its pkg/jetstream
-// subscriber (marked beta) has the same close race, and its publisher
-// publishes to the stream's name, which cannot hold the '.' of
-// TOPIC.poison.
+// watermill-nats v2.1.3's JetStream subscriber closes its output channel
+// while a callback may still send (a "send on closed channel" panic at
+// shutdown), lets nats.go ack when the callback returns unless ManualAck,
+// deletes the durable its subscription created when it ends, never acks
+// or nacks a message it cannot unmarshal (so it comes back every AckWait
+// instead of reaching the poison topic), and is push-based, so a queued
+// message is redelivered beside its first copy (found by the loyalty
+// SIGTERM test in batch mode). Its pkg/jetstream subscriber (beta) has the
+// same close race, and its publisher publishes to the stream's name, which
+// cannot hold the '.' of TOPIC.poison. docs/adapters.md has the details.
 package nats
