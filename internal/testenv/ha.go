@@ -205,11 +205,11 @@ func (c *HACluster) Switchover(t testing.TB) string {
 // replica's sync_state says so.
 func (c *HACluster) SetSynchronous(t testing.TB, on bool) {
 	t.Helper()
+	mode := "off"
 	if on {
-		c.must(t, "sync", "on")
-	} else {
-		c.must(t, "sync", "off")
+		mode = "on"
 	}
+	c.must(t, "sync", mode)
 }
 
 // FreezeReplication SIGSTOPs the leader's walsender: from then on the

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -41,7 +40,26 @@ func StartPGCluster(t testing.TB) *PGCluster {
 		return nil
 	}
 	c := &PGCluster{bin: bin, asPostgres: os.Geteuid() == 0}
-	dir, err := os.MkdirTemp("", "claimtx-pg-")
+	sock, ok := c.prepare(t, "claimtx-pg-")
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := c.run(ctx, "initdb", "-D", c.dir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	c.start(ctx, t, sock)
+	return c
+}
+
+// prepare makes the cluster's temporary directory (removed when the test
+// ends; owned by the postgres OS user when the tools run as it) and picks
+// a free port. It returns the directory, which also holds the socket; ok
+// false means the test was skipped.
+func (c *PGCluster) prepare(t testing.TB, prefix string) (dir string, ok bool) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
@@ -51,7 +69,7 @@ func StartPGCluster(t testing.TB) *PGCluster {
 		u, err := user.Lookup("postgres")
 		if err != nil {
 			SkipOrFail(t, "running as root, initdb needs the postgres OS user: %v", err)
-			return nil
+			return "", false
 		}
 		uid, err1 := strconv.Atoi(u.Uid)
 		gid, err2 := strconv.Atoi(u.Gid)
@@ -62,20 +80,15 @@ func StartPGCluster(t testing.TB) *PGCluster {
 			t.Fatalf("testenv: %v", err)
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testenv: free port: %v", err)
-	}
-	c.port = ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
+	c.port = freePort(t)
+	return dir, true
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := c.run(ctx, "initdb", "-D", c.dir, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
-		t.Fatalf("testenv: %v", err)
-	}
-	// The socket goes in the cluster's directory, not the system one.
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1", c.port, dir)
+// start starts the server with its socket in sock, not the system
+// directory, and stops it when the test ends.
+func (c *PGCluster) start(ctx context.Context, t testing.TB, sock string) {
+	t.Helper()
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1", c.port, sock)
 	if err := c.run(ctx, "pg_ctl", "-D", c.dir, "-l", c.log, "-o", opts, "-w", "-t", "60", "start"); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
@@ -86,7 +99,6 @@ func StartPGCluster(t testing.TB) *PGCluster {
 			t.Errorf("testenv: %v", err)
 		}
 	})
-	return c
 }
 
 // URL is the cluster's address for database, as user postgres.

@@ -2,10 +2,7 @@ package testenv
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"os"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -29,30 +26,10 @@ func (c *PGCluster) StartStandby(t testing.TB) *PGCluster {
 		}
 		s.bin = filepath.Dir(real)
 	}
-	dir, err := os.MkdirTemp("", "claimtx-pg-standby-")
-	if err != nil {
-		t.Fatalf("testenv: %v", err)
+	sock, ok := s.prepare(t, "claimtx-pg-standby-")
+	if !ok {
+		return nil
 	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	if s.asPostgres {
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatalf("testenv: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatalf("testenv: %v", err)
-		}
-	}
-	s.dir, s.log = filepath.Join(dir, "data"), filepath.Join(dir, "log")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testenv: free port: %v", err)
-	}
-	s.port = ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
-
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// initdb's trust lines include replication from 127.0.0.1.
@@ -60,16 +37,6 @@ func (c *PGCluster) StartStandby(t testing.TB) *PGCluster {
 		"-D", s.dir, "-R", "-X", "stream", "--no-sync"); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1", s.port, dir)
-	if err := s.run(ctx, "pg_ctl", "-D", s.dir, "-l", s.log, "-o", opts, "-w", "-t", "60", "start"); err != nil {
-		t.Fatalf("testenv: %v", err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := s.Stop(ctx); err != nil {
-			t.Errorf("testenv: %v", err)
-		}
-	})
+	s.start(ctx, t, sock)
 	return s
 }

@@ -31,11 +31,7 @@ func URL() string {
 // everything in it) when the test ends.
 func NewSchema(t testing.TB) string {
 	t.Helper()
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	schema := "t_" + hex.EncodeToString(b[:])
+	schema := randomName("t_")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if BehindPooler() {
@@ -56,6 +52,13 @@ func NewSchema(t testing.TB) string {
 		execSQL(ctx, t, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 	})
 	return schema
+}
+
+// randomName is prefix and 12 random hex digits (crypto/rand never fails).
+func randomName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
 }
 
 func execSQL(ctx context.Context, t testing.TB, sql string) {
@@ -152,11 +155,7 @@ func URLWithSearchPath(schema string) (string, error) {
 // public's tables and the catalog caches of other sessions differ).
 func NewDatabase(t testing.TB) string {
 	t.Helper()
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	name := "t_db_" + hex.EncodeToString(b[:])
+	name := randomName("t_db_")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	execSQL(ctx, t, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
@@ -180,11 +179,7 @@ func NewDatabase(t testing.TB) string {
 // example's own, and that schema's name (Migrate creates it). It panics
 // on error; DropExample drops the schema and closes the pool.
 func ExamplePool(ctx context.Context) (*pgxpool.Pool, string) {
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic(err)
-	}
-	schema := "example_" + hex.EncodeToString(b[:])
+	schema := randomName("example_")
 	cfg, err := pgxpool.ParseConfig(URL())
 	if err != nil {
 		panic(err)
