@@ -32,47 +32,8 @@ import (
 // NewBatch return later about a field LoadConfig set are named the same
 // way.
 //
-// The file (examples/loyalty/config.example.yaml documents every key):
-//
-//	name: loyalty                 # CONSUMER_NAME
-//	topic: order-completed        # TOPIC
-//	poison_topic: ""              # POISON_TOPIC (default: topic + ".poison")
-//	key: template:order-completed:{payload.order_id}   # KEY
-//	event_time: json:occurred_at  # EVENT_TIME
-//	retention: 720h               # RETENTION (needs event_time)
-//	database_url: postgres://app@db/app   # DATABASE_URL or DATABASE_URL_FILE
-//	store:
-//	  schema: claimtx             # CLAIMTX_SCHEMA
-//	  claims_table: processed_messages    # CLAIMTX_CLAIMS_TABLE
-//	  outbox_table: outbox        # CLAIMTX_OUTBOX_TABLE
-//	claim:
-//	  mode: claim_table           # CLAIM_MODE: claim_table | natural_key
-//	  isolation: read_committed   # CLAIM_ISOLATION: read_committed | repeatable_read | serializable
-//	  max_claim_wait: 5s          # CLAIM_MAX_CLAIM_WAIT
-//	  synchronous_commit: ""      # CLAIM_SYNCHRONOUS_COMMIT: on | remote_write | remote_apply | local ("": the server's)
-//	  max_attempts: 5             # CLAIM_MAX_ATTEMPTS
-//	  initial_backoff: 10ms       # CLAIM_INITIAL_BACKOFF
-//	  max_backoff: 1s             # CLAIM_MAX_BACKOFF
-//	  allow_broker_event_time: false      # CLAIM_ALLOW_BROKER_EVENT_TIME
-//	  fingerprint: false          # CLAIM_FINGERPRINT
-//	  poison_memo: false          # POISON_MEMO
-//	  committed_keys: 100000      # CLAIM_COMMITTED_KEYS (-1: no committed-key cache)
-//	  committed_keys_ttl: 10m     # CLAIM_COMMITTED_KEYS_TTL
-//	  no_positions: false         # CLAIM_NO_POSITIONS (Kafka positions stored with the claims)
-//	  replay_below_positions: false       # CLAIM_REPLAY_BELOW_POSITIONS
-//	  outbox_topic: ""            # CLAIM_OUTBOX_TOPIC
-//	  key_policy:
-//	    max_bytes: 512            # CLAIM_KEY_MAX_BYTES
-//	    hash_overlong: false      # CLAIM_KEY_HASH_OVERLONG
-//	handler:
-//	  retries: 3                  # HANDLER_RETRIES
-//	  retry_initial_interval: 100ms       # HANDLER_RETRY_INITIAL_INTERVAL
-//	  timeout: 0s                 # HANDLER_TIMEOUT
-//	drain_timeout: 15s            # DRAIN_TIMEOUT
-//	startup_timeout: 30s          # STARTUP_TIMEOUT
-//	broker:                       # brokers.LoadConfig's format, and its variables
-//	  kind: amqp
-//	  amqp: {url: amqp://app@rabbit:5672/, queue_type: quorum}
+// examples/loyalty/config.example.yaml documents every key of the file
+// with its variable.
 //
 // A key left out, or a variable unset or empty, keeps the Config field's
 // default (see each field). Durations are Go durations ("250ms", "720h").
