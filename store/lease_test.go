@@ -77,8 +77,8 @@ func TestRetentionLeaseTwoStoresCompete(t *testing.T) {
 		ctx := context.Background()
 		insertAged(t, a, "loyalty", "old-", 5, "-31 days")
 		var during []error
-		res, err := a.Cleanup(ctx, store.RetentionConfig{BatchSize: 2, MinBatchSize: 2, MaxBatchSize: 2, Pause: -1, OnProgress: func(p store.CleanupProgress) {
-			if p.Batch != 1 {
+		res, err := a.Cleanup(ctx, store.RetentionConfig{BatchSize: 2, MinBatchSize: 2, MaxBatchSize: 2, Pause: -1, OnProgress: func(p store.CleanupResult) {
+			if p.Batches != 1 {
 				return
 			}
 			_, err := b.Cleanup(ctx, store.RetentionConfig{})
@@ -113,8 +113,8 @@ func TestRetentionLeaseFencing(t *testing.T) {
 		ctx := context.Background()
 		insertAged(t, a, "loyalty", "old-", 6, "-31 days")
 		table := pgx.Identifier{a.Config().Schema, "claimtx_lease"}.Sanitize()
-		res, err := a.Cleanup(ctx, store.RetentionConfig{BatchSize: 2, MinBatchSize: 2, MaxBatchSize: 2, Pause: -1, OnProgress: func(p store.CleanupProgress) {
-			if p.Batch == 1 {
+		res, err := a.Cleanup(ctx, store.RetentionConfig{BatchSize: 2, MinBatchSize: 2, MaxBatchSize: 2, Pause: -1, OnProgress: func(p store.CleanupResult) {
+			if p.Batches == 1 {
 				_, err := a.Pool().Exec(ctx, "UPDATE "+table+" SET holder = 'another instance' WHERE name = $1", a.RetentionLeaseNameForTest())
 				require.NoError(t, err)
 			}
@@ -137,8 +137,8 @@ func TestRetentionLeaseFencesMemoBatches(t *testing.T) {
 		insertAged(t, a, "loyalty", "old-", 2, "-31 days")
 		insertMemos(t, a, "loyalty", "memo-", 3, "-31 days")
 		table := pgx.Identifier{a.Config().Schema, "claimtx_lease"}.Sanitize()
-		res, err := a.Cleanup(ctx, store.RetentionConfig{Pause: -1, OnProgress: func(p store.CleanupProgress) {
-			if p.Batch > 0 && p.BatchRows == 0 { // the claims are done
+		res, err := a.Cleanup(ctx, store.RetentionConfig{Pause: -1, OnProgress: func(p store.CleanupResult) {
+			if p.Batches > 0 && p.BatchRows == 0 { // the claims are done
 				_, err := a.Pool().Exec(ctx, "UPDATE "+table+" SET holder = 'another instance' WHERE name = $1", a.RetentionLeaseNameForTest())
 				require.NoError(t, err)
 			}
@@ -160,8 +160,8 @@ func TestRetentionLeaseHeartbeat(t *testing.T) {
 	ctx := context.Background()
 	insertAged(t, a, "loyalty", "old-", 4, "-31 days")
 	var during error
-	res, err := a.Cleanup(ctx, store.RetentionConfig{BatchSize: 2, MinBatchSize: 2, MaxBatchSize: 2, Pause: -1, OnProgress: func(p store.CleanupProgress) {
-		if p.Batch == 1 {
+	res, err := a.Cleanup(ctx, store.RetentionConfig{BatchSize: 2, MinBatchSize: 2, MaxBatchSize: 2, Pause: -1, OnProgress: func(p store.CleanupResult) {
+		if p.Batches == 1 {
 			// Not synchronisation: the long step whose length is the point.
 			time.Sleep(3 * ttl)
 			_, during = b.Cleanup(ctx, store.RetentionConfig{})
@@ -234,8 +234,8 @@ func TestRetentionLeaseChild(t *testing.T) {
 	st, err := store.New(pool, store.Config{Schema: os.Getenv(envLeaseChildSchema)})
 	require.NoError(t, err)
 	st.SetLeaseTTLForTest(2 * time.Second)
-	_, err = st.Cleanup(ctx, store.RetentionConfig{BatchSize: 2, MinBatchSize: 2, MaxBatchSize: 2, Pause: -1, OnProgress: func(p store.CleanupProgress) {
-		if p.Batch == 1 {
+	_, err = st.Cleanup(ctx, store.RetentionConfig{BatchSize: 2, MinBatchSize: 2, MaxBatchSize: 2, Pause: -1, OnProgress: func(p store.CleanupResult) {
+		if p.Batches == 1 {
 			_, _ = os.Stdout.WriteString(leaseChildHolding + "\n")
 			select {} // until killed
 		}

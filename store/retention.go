@@ -95,9 +95,10 @@ type RetentionConfig struct {
 	// deleted rows, for servers where autovacuum is off or too slow to
 	// keep up. Defaults to false (leave it to autovacuum).
 	Vacuum bool
-	// OnProgress, when set, is called on the cleaning goroutine once
-	// before Cleanup's first batch (Batch 0) and after every batch.
-	OnProgress func(CleanupProgress)
+	// OnProgress, when set, is called on the cleaning goroutine with the
+	// result so far, once before Cleanup's first batch (Batches 0) and
+	// after every batch.
+	OnProgress func(CleanupResult)
 
 	// Ahead is how many days after today (UTC) get a partition, so that
 	// maintenance can skip runs and producers' clocks can run a little
@@ -113,24 +114,8 @@ type RetentionConfig struct {
 	LockTries int
 }
 
-// CleanupProgress reports a running Cleanup.
-type CleanupProgress struct {
-	// Batch counts finished batches (0 before the first).
-	Batch int
-	// Deleted is the number of rows deleted so far in this run.
-	Deleted int64
-	// BatchRows and BatchDuration describe the last batch.
-	BatchRows     int64
-	BatchDuration time.Duration
-	// NextBatchSize is the size the next batch will ask for.
-	NextBatchSize int
-	// Elapsed is the time since Cleanup started.
-	Elapsed time.Duration
-	// Horizon is the cut-off: claims processed before it are deleted.
-	Horizon time.Time
-}
-
-// CleanupResult summarises a Cleanup run, complete or interrupted.
+// CleanupResult summarises a Cleanup run, complete or interrupted, or
+// (RetentionConfig.OnProgress) a running one so far.
 type CleanupResult struct {
 	// Horizon is the cut-off used (database clock): processed_at < Horizon
 	// was deleted, everything else was not touched.
@@ -144,8 +129,13 @@ type CleanupResult struct {
 	// them (zero when none).
 	WouldDelete int64
 	Oldest      time.Time
-	// Duration is the wall time of the run.
+	// Duration is the wall time of the run (so far).
 	Duration time.Duration
+	// BatchRows and BatchDuration describe the last batch, NextBatchSize
+	// the size the next batch will ask for.
+	BatchRows     int64
+	BatchDuration time.Duration
+	NextBatchSize int
 	// Vacuumed is true when VACUUM (ANALYZE) ran after the deletes.
 	Vacuumed bool
 	// Memos is the number of poison memos (middleware.Claim.PoisonMemo)
@@ -290,11 +280,11 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupRe
 	// Interrupted or not, the result says how long the run took.
 	defer func() { res.Duration = time.Since(start) }()
 
-	progress := CleanupProgress{NextBatchSize: cfg.BatchSize, Horizon: res.Horizon}
+	res.NextBatchSize = cfg.BatchSize
 	report := func() {
 		if cfg.OnProgress != nil {
-			progress.Elapsed = time.Since(start)
-			cfg.OnProgress(progress)
+			res.Duration = time.Since(start)
+			cfg.OnProgress(res)
 		}
 	}
 	report()
@@ -358,7 +348,7 @@ SELECT EXISTS (SELECT FROM lease), count(*), max(processed_at) FROM deleted`)
 		if n == int64(asked) {
 			size = nextBatchSize(size, took, cfg)
 		}
-		progress.Batch, progress.Deleted, progress.BatchRows, progress.BatchDuration, progress.NextBatchSize = res.Batches, res.Deleted, n, took, size
+		res.BatchRows, res.BatchDuration, res.NextBatchSize = n, took, size
 		report()
 		if n == 0 {
 			break

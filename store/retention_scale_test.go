@@ -399,7 +399,7 @@ func TestRetentionAtScale(t *testing.T) {
 	var batches, maxSize, minSize int
 	minSize = 1 << 30
 	var total store.CleanupResult
-	ccfg := store.RetentionConfig{OnProgress: func(p store.CleanupProgress) {
+	ccfg := store.RetentionConfig{OnProgress: func(p store.CleanupResult) {
 		maxSize, minSize = max(maxSize, p.NextBatchSize), min(minSize, p.NextBatchSize)
 	}}
 	if d, err := time.ParseDuration(os.Getenv("BENCH_TARGET")); err == nil {

@@ -34,9 +34,9 @@ func TestCleanupBoundaries(t *testing.T) {
 	insertAged(t, st, "loyalty", "just-in-", 6, "-30 days +1 minute")
 	insertAged(t, st, "loyalty", "recent-", 4, "-1 second")
 
-	var seen []store.CleanupProgress
+	var seen []store.CleanupResult
 	cfg := fixedBatches(7)
-	cfg.OnProgress = func(p store.CleanupProgress) { seen = append(seen, p) }
+	cfg.OnProgress = func(p store.CleanupResult) { seen = append(seen, p) }
 	res := cleanup(t, st, cfg)
 	require.EqualValues(t, 37, res.Deleted)
 	require.GreaterOrEqual(t, res.Batches, 6, "37 rows in batches of 7, then an empty batch")
@@ -46,11 +46,11 @@ func TestCleanupBoundaries(t *testing.T) {
 	require.WithinDuration(t, time.Now().Add(-pg.DefaultRetention), res.Horizon, time.Minute)
 
 	require.NotEmpty(t, seen)
-	require.Equal(t, 0, seen[0].Batch)
+	require.Equal(t, 0, seen[0].Batches)
 	require.Equal(t, res.Horizon, seen[0].Horizon)
 	last := seen[len(seen)-1]
 	require.EqualValues(t, 37, last.Deleted)
-	require.Equal(t, res.Batches, last.Batch)
+	require.Equal(t, res.Batches, last.Batches)
 	require.EqualValues(t, 0, last.BatchRows)
 
 	// Nothing left: a second run deletes nothing.
@@ -70,7 +70,7 @@ func TestCleanupAdaptiveBatchesAndVacuum(t *testing.T) {
 		TargetBatchDuration: time.Hour, // every batch is "too fast": sizes double up to the cap
 		Pause:               -1,
 		Vacuum:              true,
-		OnProgress:          func(p store.CleanupProgress) { sizes = append(sizes, p.NextBatchSize) },
+		OnProgress:          func(p store.CleanupResult) { sizes = append(sizes, p.NextBatchSize) },
 	})
 	require.EqualValues(t, 3000, res.Deleted)
 	require.True(t, res.Vacuumed)
@@ -158,8 +158,8 @@ func TestCleanupLeaderExclusive(t *testing.T) {
 	var secondErr error
 	var secondRes store.CleanupResult
 	cfg := fixedBatches(10)
-	cfg.OnProgress = func(p store.CleanupProgress) {
-		if p.Batch == 1 { // the first cleaner is mid-run and holds the lock
+	cfg.OnProgress = func(p store.CleanupResult) {
+		if p.Batches == 1 { // the first cleaner is mid-run and holds the lock
 			secondRes, secondErr = st.Cleanup(ctx, fixedBatches(10))
 		}
 	}
@@ -172,8 +172,8 @@ func TestCleanupLeaderExclusive(t *testing.T) {
 	// excluded the same way: the lock lives in Postgres.
 	other, err := store.New(st.Pool(), st.Config())
 	require.NoError(t, err)
-	cfg.OnProgress = func(p store.CleanupProgress) {
-		if p.Batch == 0 {
+	cfg.OnProgress = func(p store.CleanupResult) {
+		if p.Batches == 0 {
 			_, secondErr = other.Cleanup(ctx, fixedBatches(10))
 		}
 	}
@@ -194,8 +194,8 @@ func TestCleanupInterruptAndResume(t *testing.T) {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	cfg := fixedBatches(10)
-	cfg.OnProgress = func(p store.CleanupProgress) {
-		if p.Batch == 3 {
+	cfg.OnProgress = func(p store.CleanupResult) {
+		if p.Batches == 3 {
 			cancel() // an operator's Ctrl-C, a deploy, a deadline
 		}
 	}
@@ -253,7 +253,7 @@ func TestStats(t *testing.T) {
 
 	// Stats takes no leader lock: operators read it while a cleanup runs.
 	var during error
-	cleanup(t, st, store.RetentionConfig{Pause: -1, OnProgress: func(store.CleanupProgress) { _, during = st.Stats(ctx) }})
+	cleanup(t, st, store.RetentionConfig{Pause: -1, OnProgress: func(store.CleanupResult) { _, during = st.Stats(ctx) }})
 	require.NoError(t, during, "Stats must not need the lock a cleanup holds (ErrNotLeader)")
 }
 

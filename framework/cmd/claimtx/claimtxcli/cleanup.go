@@ -73,8 +73,8 @@ func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env
 		return nil
 	}
 	pp := &progressPrinter{progress: progress{w: stdout, mode: *mode, now: time.Now}}
-	cfg.OnProgress = func(pr store.CleanupProgress) {
-		if pr.Batch == 0 && pp.mode != "none" {
+	cfg.OnProgress = func(pr store.CleanupResult) {
+		if pr.Batches == 0 && pp.mode != "none" {
 			pp.total, pp.counted = c.countExpired(ctx, st, pr.Horizon)
 		}
 		pp.update(pr)

@@ -254,8 +254,8 @@ SELECT 'c', 'k' || g, now() - interval '40 days' FROM generate_series(1, 20) g`)
 	var code int
 	var out string
 	_, err := st.Cleanup(context.Background(), store.RetentionConfig{BatchSize: 5, MinBatchSize: 5, MaxBatchSize: 5, Pause: -1,
-		OnProgress: func(p store.CleanupProgress) {
-			if p.Batch == 1 {
+		OnProgress: func(p store.CleanupResult) {
+			if p.Batches == 1 {
 				code, out, _ = c.run("cleanup")
 			}
 		}})
@@ -275,11 +275,11 @@ func TestProgressPrinter(t *testing.T) {
 	now := time.Unix(0, 0)
 	var buf bytes.Buffer
 	p := &progressPrinter{progress: progress{w: &buf, mode: "bar", now: func() time.Time { return now }}, total: 1000, counted: true}
-	p.update(store.CleanupProgress{})
-	p.update(store.CleanupProgress{Batch: 1, Deleted: 250, BatchRows: 250, Elapsed: time.Second})
+	p.update(store.CleanupResult{})
+	p.update(store.CleanupResult{Batches: 1, Deleted: 250, BatchRows: 250, Duration: time.Second})
 	now = now.Add(time.Second)
-	p.update(store.CleanupProgress{Batch: 2, Deleted: 500, BatchRows: 250, Elapsed: 2 * time.Second})
-	p.update(store.CleanupProgress{Batch: 3, Deleted: 500, BatchRows: 0, Elapsed: 2 * time.Second})
+	p.update(store.CleanupResult{Batches: 2, Deleted: 500, BatchRows: 250, Duration: 2 * time.Second})
+	p.update(store.CleanupResult{Batches: 3, Deleted: 500, BatchRows: 0, Duration: 2 * time.Second})
 	p.finish()
 	out := buf.String()
 	require.Contains(t, out, "[###############...............]  50%  500/1000 claims  250/s  ETA 2s")
@@ -290,7 +290,7 @@ func TestProgressPrinter(t *testing.T) {
 	buf.Reset()
 	p = &progressPrinter{progress: progress{w: &buf, mode: "log", now: func() time.Time { return now }}, total: 100, counted: true}
 	for i := 1; i <= 10; i++ {
-		p.update(store.CleanupProgress{Batch: i, Deleted: int64(i * 10), BatchRows: 10, Elapsed: time.Duration(i) * time.Second})
+		p.update(store.CleanupResult{Batches: i, Deleted: int64(i * 10), BatchRows: 10, Duration: time.Duration(i) * time.Second})
 	}
 	require.Equal(t, 1, strings.Count(buf.String(), "\n"), "log lines are throttled: %s", buf.String())
 
@@ -299,9 +299,9 @@ func TestProgressPrinter(t *testing.T) {
 	for _, mode := range []string{"bar", "log"} {
 		buf.Reset()
 		p = &progressPrinter{progress: progress{w: &buf, mode: mode, now: func() time.Time { return now }}}
-		p.update(store.CleanupProgress{})
+		p.update(store.CleanupResult{})
 		now = now.Add(time.Minute)
-		p.update(store.CleanupProgress{Batch: 1, Deleted: 250, BatchRows: 250, Elapsed: time.Second})
+		p.update(store.CleanupResult{Batches: 1, Deleted: 250, BatchRows: 250, Duration: time.Second})
 		p.finish()
 		out = buf.String()
 		require.NotContains(t, out, "%", mode)

@@ -110,7 +110,7 @@ func fraction(n, total int64) float64 {
 	return 1
 }
 
-// progressPrinter renders store.CleanupProgress as a redrawn bar with rate
+// progressPrinter renders store.CleanupResult as a redrawn bar with rate
 // and ETA (mode "bar"), as throttled log lines ("log"), or not at all.
 // With no counted total it shows a spinner, the count and the rate, and no
 // percentage or ETA: the planner's estimate was 2-3x off on a table cleaned
@@ -118,22 +118,22 @@ func fraction(n, total int64) float64 {
 type progressPrinter struct {
 	progress
 	frames int
-	latest store.CleanupProgress
+	latest store.CleanupResult
 	// total is the exact number of claims to delete, when counted.
 	total   int64
 	counted bool
 }
 
-func (p *progressPrinter) update(pr store.CleanupProgress) {
+func (p *progressPrinter) update(pr store.CleanupResult) {
 	p.latest = pr
-	if p.due(pr.Batch == 0 || pr.BatchRows == 0) {
+	if p.due(pr.Batches == 0 || pr.BatchRows == 0) {
 		p.draw(pr)
 	}
 }
 
-func (p *progressPrinter) draw(pr store.CleanupProgress) {
-	done := pr.Batch > 0 && pr.BatchRows == 0
-	rate, eta := rateETA(pr.Deleted, p.total, pr.Elapsed, done)
+func (p *progressPrinter) draw(pr store.CleanupResult) {
+	done := pr.Batches > 0 && pr.BatchRows == 0
+	rate, eta := rateETA(pr.Deleted, p.total, pr.Duration, done)
 	if !p.counted {
 		p.drawUncounted(pr, rate, done)
 		return
@@ -146,19 +146,19 @@ func (p *progressPrinter) draw(pr store.CleanupProgress) {
 		}
 		p.bar(frac, "%d/%d claims  %.0f/s  ETA %s", pr.Deleted, p.total, rate, eta)
 	case "log":
-		if pr.Batch == 0 {
+		if pr.Batches == 0 {
 			printf(p.w, "cleanup: %d claims processed before %s to delete, first batch %d rows\n",
 				p.total, pr.Horizon.UTC().Format(time.RFC3339), pr.NextBatchSize)
 			return
 		}
 		printf(p.w, "cleanup: %d of %d claims deleted in %d batches, %.0f claims/s, last batch %d rows in %s, next %d, ETA %s\n",
-			pr.Deleted, p.total, pr.Batch, rate, pr.BatchRows, pr.BatchDuration.Round(time.Millisecond), pr.NextBatchSize, eta)
+			pr.Deleted, p.total, pr.Batches, rate, pr.BatchRows, pr.BatchDuration.Round(time.Millisecond), pr.NextBatchSize, eta)
 	}
 }
 
 // drawUncounted shows what is known when the total is not: a spinner (so a
 // slow batch does not look like a hang), the count and the rate.
-func (p *progressPrinter) drawUncounted(pr store.CleanupProgress, rate float64, done bool) {
+func (p *progressPrinter) drawUncounted(pr store.CleanupResult, rate float64, done bool) {
 	switch p.mode {
 	case "bar":
 		spin := "|/-\\"[p.frames%4]
@@ -167,16 +167,16 @@ func (p *progressPrinter) drawUncounted(pr store.CleanupProgress, rate float64, 
 		}
 		p.frames++
 		printf(p.w, "\r\033[K%c %d claims deleted in %d batches  %.0f/s  %s elapsed",
-			spin, pr.Deleted, pr.Batch, rate, pr.Elapsed.Round(time.Second))
+			spin, pr.Deleted, pr.Batches, rate, pr.Duration.Round(time.Second))
 		p.drawn = true
 	case "log":
-		if pr.Batch == 0 {
+		if pr.Batches == 0 {
 			printf(p.w, "cleanup: deleting the claims processed before %s (too many to count in %s: no total), first batch %d rows\n",
 				pr.Horizon.UTC().Format(time.RFC3339), countBudget, pr.NextBatchSize)
 			return
 		}
 		printf(p.w, "cleanup: %d claims deleted in %d batches, %.0f claims/s, last batch %d rows in %s, next %d\n",
-			pr.Deleted, pr.Batch, rate, pr.BatchRows, pr.BatchDuration.Round(time.Millisecond), pr.NextBatchSize)
+			pr.Deleted, pr.Batches, rate, pr.BatchRows, pr.BatchDuration.Round(time.Millisecond), pr.NextBatchSize)
 	}
 }
 
