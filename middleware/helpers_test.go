@@ -376,7 +376,10 @@ func deliverTwins(t *testing.T, b bundle, wrap func(message.HandlerFunc) message
 	gate.mu.Unlock()
 	require.True(t, entered, "no twin's effect ran")
 	require.NoError(t, gateErr, "the twins did not overlap: %d of %d were seen waiting behind the winner", waiting, n-1)
-	require.Equal(t, n-1, waiting, "twins waiting behind the winner")
+	// At least: the count is of backends queued behind the winner, and on a
+	// shared server (through a pooler, seen once in make test-pgbouncer) a
+	// backend that is not a twin can queue behind a twin for a moment.
+	require.GreaterOrEqual(t, waiting, n-1, "twins waiting behind the winner")
 	for err := range errs {
 		require.NoError(t, err, "no error may surface to the router")
 	}
