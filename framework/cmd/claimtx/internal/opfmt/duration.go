@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/framework/internal/replay"
 )
 
 const day = 24 * time.Hour
@@ -68,10 +69,10 @@ func Age(a time.Duration) string {
 }
 
 // FormatHorizon is a replay horizon as FormatDuration writes it ("1d", as
-// the flags take it), or "unbounded".
+// the flags take it), or replay.Format's word for an unbounded one.
 func FormatHorizon(d time.Duration) string {
 	if d == brokers.UnboundedHorizon {
-		return "unbounded"
+		return replay.Format(d)
 	}
 	return FormatDuration(d)
 }
