@@ -73,28 +73,21 @@ const (
 //
 //   - claim inserted: runs the handler with the transaction in the message
 //     context (framework.TxFromContext), commits, returns nil (the router
-//     acks) — outcome Applied;
-//   - claim existed: commits without calling the handler, returns nil —
-//     outcome Duplicate;
-//   - handler error or panic: rolls back (claim and effect together) and
-//     returns the error (the router nacks or, in the composed router,
-//     retries then poisons) — outcome Failed;
-//   - handler returned framework.ErrAlreadyApplied: rolls back, returns nil
-//     — outcome Duplicate (see ModeNaturalKey).
-//
-// Messages the handler returns are written to the outbox in the claim
-// transaction when OutboxTopic is set, and published by a relay (package
-// store/outbox) after the commit; without OutboxTopic they fail the message
-// with ErrProducedMessages. The middleware never returns messages to the
-// router.
+//     acks): Applied;
+//   - claim existed: commits without calling the handler, returns nil:
+//     Duplicate;
+//   - handler error or panic: rolls back claim and effect together and
+//     returns the error: Failed;
+//   - handler returned framework.ErrAlreadyApplied: rolls back, returns nil:
+//     Duplicate (see ModeNaturalKey).
 //
 // Transient database failures (serialization, deadlock, claim-wait
 // timeout, lost connection) retry the whole transaction with a fresh one,
-// up to MaxAttempts with exponential backoff and jitter.
+// up to MaxAttempts with exponential backoff and full jitter.
 //
-// Build it as a struct literal and pass it to NewClaim, which validates it
-// and returns the middleware for router.AddMiddleware or
-// handler.AddMiddleware.
+// Build it as a struct literal and pass it to NewClaim, which validates
+// it. docs/configuration.md tables every field with its YAML key and
+// environment variable.
 type Claim struct {
 	// Store is the claim store; its pool runs the claim transactions.
 	// Required.
@@ -102,22 +95,19 @@ type Claim struct {
 	// Consumer names the effect being made idempotent ("loyalty"). Consumers
 	// sharing a table keep separate claims. Required.
 	Consumer string
-	// Key derives the message key. Required in ModeClaimTable; see
-	// framework.ParseKeySpec. In ModeNaturalKey it is optional: when set,
-	// the key is validated (invalid keys are permanent failures) and
-	// reported in Result.Key, nothing more.
+	// Key derives the message key (framework.ParseKeySpec). Required in
+	// ModeClaimTable; in ModeNaturalKey it is optional and only validated
+	// and reported in Result.Key.
 	Key framework.KeyFunc
 	// Mode selects the claim: a claim-table row, or the effect's own unique
 	// constraint. Defaults to ModeClaimTable.
 	Mode ClaimMode
 	// OutboxTopic enables the outbox for messages the handler returns:
 	// each is written to Store's outbox table in the claim transaction,
-	// addressed to the topic in its OutboxTopicMetadata metadata or else to
-	// OutboxTopic, and a relay publishes it after the commit with a stable
-	// store.IdempotencyKeyMetadata. A rolled-back or duplicate delivery
-	// enqueues nothing. Handlers can also call Store.Enqueue with the claim
-	// transaction directly. Defaults to "": returned messages fail the
-	// message with ErrProducedMessages.
+	// addressed to its OutboxTopicMetadata or else to OutboxTopic, and
+	// store/outbox's relay publishes it after the commit. A rolled-back or
+	// duplicate delivery enqueues nothing. Defaults to "": returned
+	// messages fail the message with ErrProducedMessages.
 	OutboxTopic string
 	// KeyPolicy validates derived keys. Defaults to a 512-byte limit,
 	// over-long keys refused.
@@ -126,40 +116,21 @@ type Claim struct {
 	// fail with 40001 instead of waiting, and the retry sees the claim.
 	// Defaults to READ COMMITTED.
 	Isolation pgx.TxIsoLevel
-	// MaxClaimWait bounds the claim wait, the time a claim spends blocked
-	// behind a concurrent twin's uncommitted claim (Result.ClaimWait
-	// measures it), before the attempt fails transiently and is retried.
-	// Keep it above your handler's normal duration, or twins of slow
-	// messages burn attempts. In ModeNaturalKey the claim is the handler's
-	// own statement, so MaxClaimWait is the lock_timeout of the whole
-	// transaction (SET LOCAL): it bounds every lock wait of the handler.
-	// Defaults to 5s.
+	// MaxClaimWait bounds the wait behind a concurrent twin's uncommitted
+	// claim (Result.ClaimWait) before the attempt fails transiently. Keep
+	// it above your handler's normal duration, or twins of slow messages
+	// burn attempts. In ModeNaturalKey it is the lock_timeout of the whole
+	// transaction. Defaults to 5s.
 	MaxClaimWait time.Duration
-	// SynchronousCommit is the synchronous_commit of the claim
-	// transaction: what its COMMIT waits for, and so what an ack promises.
-	// "on": the WAL is flushed on the primary and, when the server has
-	// synchronous standbys, on them; "remote_write": also written to a
-	// synchronous standby's operating system; "remote_apply": also
-	// applied there (visible to reads on it); "local": flushed on the
-	// primary only, even with synchronous standbys.
-	//
-	// With asynchronous replication, a commit the primary acknowledged
-	// can be missing on the standby a failover promotes; its message was
-	// acked, so the effect is lost for good. remote_write or remote_apply
-	// with a synchronous standby (synchronous_standby_names) closes that
-	// gap; framework/consumer checks at start-up and every 30s that the
-	// server has one, and warns (log and /healthz) while it has not. HA
-	// that replicates below Postgres (storage-level, as RDS Multi-AZ
-	// instances do) has no standby to see: use "on" there.
-	//
-	// It is set in the claim's first round trip, by the statement that
-	// sets the lock_timeout: no extra statement, in every mode and in
-	// batches. "off" is refused with a *framework.ConfigError: COMMIT, and
-	// then the ack, would return before the WAL is flushed, so a crash of
-	// the database alone could lose an effect whose message the broker has
-	// already forgotten. Defaults to "": nothing is sent, and the
-	// session's setting applies (the server's, a role's or the connection
-	// string's; normally "on").
+	// SynchronousCommit is the claim transaction's synchronous_commit
+	// ("on", "remote_write", "remote_apply", "local"): what its COMMIT,
+	// and so an ack, waits for. With asynchronous replication an acked
+	// commit can be missing on the standby a failover promotes;
+	// remote_write or remote_apply with a synchronous standby closes that
+	// gap (docs/reliability.md, "Acked means durable"). It rides the
+	// claim's first round trip. "off" is refused: a crash of the database
+	// alone could lose an acked effect. Defaults to "": the session's
+	// setting applies.
 	SynchronousCommit string
 	// MaxAttempts bounds transaction attempts for transient failures
 	// (1 disables retrying). Defaults to 5.
@@ -169,129 +140,67 @@ type Claim struct {
 	InitialBackoff time.Duration
 	// MaxBackoff caps the wait between attempts. Defaults to 1s.
 	MaxBackoff time.Duration
-	// EventTime derives the producer's event time of a message. Set it when
-	// the claim table is partitioned by event day (store.EnablePartitioning):
-	// the claim then goes into the partition of that day, which is the same
-	// on every redelivery, so twins always meet in one partition. A message
-	// without a usable event time fails permanently (poisoned). Defaults to
-	// nil: the plain, unpartitioned claim table.
+	// EventTime derives the producer's event time of a message, for a
+	// claim table partitioned by event day (store.EnablePartitioning): the
+	// claim goes into that day's partition, the same on every redelivery,
+	// so twins meet. A message without a usable event time is poisoned.
+	// Defaults to nil: the plain claim table.
 	EventTime framework.TimeFunc
-	// AllowBrokerEventTime lets EventTime read a time assigned to each
-	// copy of a message rather than fixed by its producer, such as the
-	// Kafka record timestamp ("kafka:timestamp"); NewClaim refuses such an
-	// EventTime otherwise (it tells by calling EventTime once on a probe
-	// message carrying only a record timestamp). Sharp edge: claimtx's
-	// Kafka publisher keeps the
-	// record timestamp when it republishes (poison copies, relays), but a
-	// topic with LogAppendTime, a mirror or replay tool, or any other
-	// producer stamps a new one: the copy's claim then goes to another
-	// day's partition, finds no twin there, and the effect is applied
-	// twice. Set it only when every path a message can take keeps the
-	// timestamp. Defaults to false.
+	// AllowBrokerEventTime lets EventTime read a time stamped on each copy
+	// rather than by the producer, such as "kafka:timestamp"; NewClaim
+	// refuses such an EventTime otherwise (it probes EventTime with a
+	// message carrying only a record timestamp). Sharp edge: a copy
+	// restamped by LogAppendTime, a mirror or another producer claims in
+	// another day's partition and is applied twice. Defaults to false.
 	AllowBrokerEventTime bool
-	// Fingerprint stores a hash of the payload with each claim and, for a
-	// duplicate, compares it with the stored one: a mismatch (same key,
-	// different content) is a producer or key-derivation bug, reported in
-	// Result.FingerprintMismatch and logged at error. It costs 16 bytes per
-	// claim and one extra query per duplicate. The duplicate is still acked:
-	// the claim, not the payload, decides. Defaults to false.
+	// Fingerprint stores a 16-byte payload hash with each claim and
+	// compares it on a duplicate (one more query each): a mismatch, same
+	// key for different content, is reported in Result.FingerprintMismatch
+	// and logged; the duplicate is still acked. Defaults to false.
 	Fingerprint bool
-	// PoisonMemo remembers dead-lettered messages: once a message has
-	// gone to the poison destination, a later delivery of its (consumer,
-	// key) (a redelivery, a republished copy, a replay) goes there too,
-	// with the reason "poison memo: <the first reason>", without running
-	// the handler, so a poison pill cannot burn HandlerRetries and
-	// attempts on every redelivery. The memo is looked up in the claim's
-	// round trip (one more statement in its pipeline, no extra round
-	// trip); a duplicate (claim already committed) stays a duplicate. A
-	// memo lives until `claimtx unpoison` or the dead-letter replay clears
-	// it, or retention removes it (store.Store.Cleanup).
-	//
-	// Memos are recorded after the copy was published: framework/consumer
-	// does it in both modes; with this middleware alone, pass RecordPoison
-	// as the Poison middleware's OnPoison. Messages that could not be
-	// keyed or were poisoned as expired get no memo. Not supported in
-	// ModeNaturalKey (NewClaim refuses it): there the handler's own
-	// statement is the claim, so a memo could not yield to an effect
-	// already applied, and a message applied once would be dead-lettered
-	// on every redelivery.
-	//
-	// Defaults to false: a memo turns a failure into a standing verdict
-	// that outlives the deploy that fixes its cause (until unpoison or the
-	// replay clears it), which an operator must know to expect; and a
-	// handler failure that is not the message's fault (a downstream bug)
-	// would poison every later copy of those keys too.
+	// PoisonMemo remembers dead-lettered messages: a later delivery of the
+	// same (consumer, key) goes to the poison destination too, with the
+	// reason "poison memo: <the first reason>", without running the
+	// handler; the lookup rides the claim's round trip. A memo lives until
+	// `claimtx unpoison` or the dead-letter replay clears it, or retention
+	// removes it. framework/consumer records memos; with this middleware
+	// alone, pass RecordPoison as Poison.OnPoison. Not supported in
+	// ModeNaturalKey, where a memo could not yield to an effect already
+	// applied. Defaults to false: a memo is a standing verdict that
+	// outlives the deploy that fixes its cause.
 	PoisonMemo bool
-	// CommittedKeys bounds the committed-key cache: the keys this
-	// middleware (one per NewClaim, shared by the handlers it wraps) saw
-	// committed (its own claims once their transaction
-	// committed, and claims its claim statement found committed), so a
-	// later copy of such a message, in a replay, a group reset, a
-	// producer's re-send or a redelivery, is acked as a duplicate without
-	// a database round trip (Result.Attempts is then 0). A key absent from
-	// the cache goes to the database as before, so twins, failures and
-	// rollbacks are decided there; nothing uncommitted is ever cached.
-	// Each entry is a 128-bit keyed hash (about 62 bytes with its
-	// bookkeeping); the oldest entries go first when the cache is full.
-	// In a replay that starts cold (a fresh process, a group reset), the
-	// cache is also filled ahead of the stream: after a run of duplicates
-	// answered by the database it reads the keys of the claims this
-	// consumer wrote after them, in the order they were written, which is
-	// about the order a replay delivers them (docs/operations.md,
-	// "Committed-key cache"). Not for claims by event day (EventTime).
-	//
-	// Negative disables the cache. It is not used in ModeNaturalKey (the
-	// effect's own row may be deleted by the application) or with
-	// Fingerprint (whose point is to compare every duplicate's payload with
-	// the stored one).
-	//
-	// Sharp edge: the cache trusts that a claim it saw committed still
-	// exists for CommittedKeysTTL. Deleting claims by hand (to have
-	// messages processed again), or store cleanup with Force below the
-	// TTL, while consumers run, makes each consumer that cached one of
-	// those keys (or read it ahead in a replay) ack its next copies as
-	// duplicates, without the effect, until the entry expires or the
-	// process restarts. Stop the consumers (or disable the cache) before
-	// deleting claims.
-	//
-	// Defaults to 100,000.
+	// CommittedKeys bounds the committed-key cache (one per NewClaim):
+	// keys seen committed, so a later copy is acked as a duplicate without
+	// a round trip (Result.Attempts 0). Nothing uncommitted is cached; a
+	// cold replay fills it ahead of the stream (docs/operations.md,
+	// "Committed-key cache"). Not used in ModeNaturalKey, with Fingerprint
+	// or for claims by event day. Sharp edge: deleting claims by hand, or
+	// cleanup with Force below CommittedKeysTTL, while consumers run makes
+	// them ack later copies of cached keys without the effect until the
+	// entry expires. Negative disables it. Defaults to 100,000.
 	CommittedKeys int
-	// CommittedKeysTTL is how long a committed-key cache entry is trusted
-	// after the database said the key was committed. It must stay far
-	// below the claim retention (at most half of store's smallest
-	// retention without Force, 7 days; framework/consumer also caps it at
-	// half of Config.Retention). Defaults to 10 minutes.
+	// CommittedKeysTTL is how long a cache entry is trusted. It must stay
+	// far below the claim retention (at most half of store's smallest
+	// retention without Force; framework/consumer also caps it at half of
+	// Config.Retention). Defaults to 10 minutes.
 	CommittedKeysTTL time.Duration
-	// NoPositions turns off the Kafka positions stored with the claims.
-	// By default, a message that carries its Kafka record's place (the
-	// claimtx Kafka subscriber puts it in every message's context) has
-	// its partition's settled position (the offset below which every
-	// record of the partition is settled: applied, duplicate or poisoned)
-	// raised in the claim transaction, one small upsert before COMMIT,
-	// whatever the outcome, so that it commits with the claims and
-	// effects it covers. framework/consumer has the Kafka subscriber start
-	// each assigned partition at that position when the group's committed
-	// offset is below it (a crash before the offset commit, a group reset
-	// or deletion, a rewind), skipping records already settled without a
-	// claim lookup, even those whose claims retention has removed
-	// (docs/design.md, "Kafka positions"). Messages of other brokers carry
-	// no place and store nothing. Defaults to false: positions on.
+	// NoPositions turns off the Kafka positions stored with the claims: by
+	// default each claim transaction of a Kafka record raises its
+	// partition's settled position, so framework/consumer can start a
+	// partition past records already settled when the group's offset is
+	// behind (docs/design.md, "Kafka positions"). Defaults to false.
 	NoPositions bool
 	// ReplayBelowPositions makes framework/consumer's Kafka subscriber
-	// start where the group's offset says even when the stored position
-	// is past it: an operator replaying on purpose, with the claims
-	// deciding what is a duplicate (records whose claims retention has
-	// removed are applied again). Positions are still stored. The
-	// middleware itself does not read it. Defaults to false: records
-	// below the stored position are skipped, with a WARN line and
+	// start at the group's offset even below the stored position, for an
+	// operator's deliberate replay in which the claims decide. Defaults to
+	// false: such records are skipped, with a WARN line and
 	// claimtx_kafka_positions_skipped_total.
 	ReplayBelowPositions bool
-	// OnOutcome, when set, is called once per pass through the middleware
-	// with what happened. Watermill's Retry above it runs it again for the
-	// same message, and a Poison route above it may dead-letter a Failed pass:
-	// to count messages, report at settlement as framework/consumer does
-	// (docs/observability.md). It runs on the handler goroutine: keep it
-	// fast.
+	// OnOutcome, when set, is called once per pass through the middleware.
+	// Retry and Poison above it may run a message again or dead-letter a
+	// Failed pass: to count messages, report at settlement as
+	// framework/consumer does (docs/observability.md). It runs on the
+	// handler goroutine: keep it fast.
 	OnOutcome func(Result)
 	// OnRetry, when set, is called before each retry of a transient failure.
 	OnRetry func(TxRetry)
