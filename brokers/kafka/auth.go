@@ -14,14 +14,12 @@ import (
 // saslProbeTimeout bounds each connection authError opens.
 const saslProbeTimeout = 5 * time.Second
 
-// authError returns err as a *framework.AuthError when it is the broker
-// refusing the SASL credentials, nil otherwise. A real Kafka answers
-// SASL_AUTHENTICATION_FAILED; some brokers (kfake among them) just close
-// the connection, which Sarama reports as EOF, like a network fault. So,
-// when SASL is configured and an attempt failed otherwise, each broker is
-// asked for its API versions twice, once without and once with SASL: a
-// broker that answers the first and not the second is reachable and
-// refuses the credentials.
+// authError returns err as a *framework.AuthError when the broker refused
+// the SASL credentials, nil otherwise. Some brokers (kfake) just close the
+// connection instead of answering SASL_AUTHENTICATION_FAILED, which looks
+// like a network fault, so each broker is asked for its API versions
+// without and with SASL: answering only the first means refused
+// credentials.
 func authError(cfg brokers.KafkaConfig, err error) error {
 	wrap := func(cause error) error {
 		return &framework.AuthError{Dependency: "Kafka",
@@ -48,9 +46,8 @@ func authError(cfg brokers.KafkaConfig, err error) error {
 	return nil
 }
 
-// probeBroker opens one connection to addr, with or without sc's SASL
-// settings, each step bounded by timeout, and asks for the broker's API
-// versions. Readiness (IsConnected) and the authentication check share it.
+// probeBroker asks addr for its API versions on a connection of its own,
+// with or without sc's SASL, each step bounded by timeout.
 func probeBroker(addr string, sc *sarama.Config, withSASL bool, timeout time.Duration) error {
 	c := *sc // shallow copy: only the settings below differ
 	c.Net.SASL.Enable = withSASL

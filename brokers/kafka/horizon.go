@@ -15,13 +15,10 @@ import (
 )
 
 // ReplayHorizon reports how old a message of topic can be when Kafka still
-// delivers it: the topic's retention.ms, or brokers.UnboundedHorizon when
-// the topic keeps records forever (retention.ms -1) or is compacted
-// (cleanup.policy contains compact: the latest record of each key stays).
-// A consumer compares it with its claim retention: a record older than the
-// retention whose claim cleanup removed would be applied again (see
-// framework/consumer's Config.Retention). A topic that does not exist yet
-// reports the broker's default for new topics, log.retention.ms.
+// delivers it: the topic's retention.ms, or brokers.UnboundedHorizon when it
+// keeps records forever (-1) or is compacted. A topic that does not exist
+// yet reports the broker's log.retention.ms. A consumer compares it with
+// its claim retention (framework/consumer's Config.Retention).
 func (s *Subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -35,8 +32,7 @@ func (s *Subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Dura
 	if err == nil {
 		return horizonOf(topic, rc.Configs, "")
 	}
-	// An unknown topic: what the broker gives a new one, the controller's
-	// log.retention.ms, which a topic created without its own inherits.
+	// An unknown topic gets the controller's default.
 	if md, merr := adm.BrokerMetadata(ctx); merr == nil {
 		if rc, berr := describe(adm.DescribeBrokerConfigs(ctx, md.Controller)); berr == nil {
 			return horizonOf(topic, rc.Configs, "log.")
@@ -49,8 +45,7 @@ func (s *Subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Dura
 }
 
 // horizonOf reads retention.ms and cleanup.policy off configs, whose keys
-// carry prefix (the broker's defaults are log.retention.ms and
-// log.cleanup.policy).
+// carry prefix ("log." for the broker's defaults).
 func horizonOf(topic string, configs []kadm.Config, prefix string) (time.Duration, error) {
 	retention := brokers.UnboundedHorizon // Kafka's default is 7 days, but only a value read counts
 	found := false
@@ -77,8 +72,7 @@ func horizonOf(topic string, configs []kadm.Config, prefix string) (time.Duratio
 	return retention, nil
 }
 
-// describe returns the one resource a describe call asked for, or its
-// error.
+// describe returns the one resource a describe call asked for.
 func describe(rcs kadm.ResourceConfigs, err error) (kadm.ResourceConfig, error) {
 	switch {
 	case err != nil:

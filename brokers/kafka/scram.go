@@ -9,9 +9,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 )
 
-// scramClient adapts franz-go's SCRAM implementation to Sarama, which ships
-// the SCRAM protocol but not the client side of the exchange (its examples
-// pull in xdg-go/scram). franz-go is already a dependency.
+// scramClient adapts franz-go's SCRAM client to Sarama, which ships only the
+// server side of the exchange (its examples pull in xdg-go/scram).
 type scramClient struct {
 	sha512  bool
 	session sasl.Session
