@@ -10,11 +10,9 @@ import (
 )
 
 // ReplayHorizon reports how old a message of topic can be when RabbitMQ
-// still delivers it: the x-message-ttl of brokers.AMQPConfig.QueueArguments when set,
-// otherwise brokers.UnboundedHorizon: a RabbitMQ queue keeps a message
-// until it is acked, however old. A TTL set by a server-side policy is not
-// visible over AMQP and is not seen here. A consumer compares the horizon
-// with its claim retention (framework/consumer's Config.Retention).
+// still delivers it: QueueArguments' x-message-ttl, else
+// brokers.UnboundedHorizon (a TTL set by a server policy is not visible
+// over AMQP). A consumer compares it with its claim retention.
 func (s *Subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err

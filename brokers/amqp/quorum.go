@@ -11,17 +11,11 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// declareError explains a queue declaration that RabbitMQ refused because
-// the queue exists with other arguments (406 PRECONDITION_FAILED,
-// "inequivalent arg 'x-queue-type' ... received none but current is
-// 'quorum'"): a *framework.ConfigError naming the setting that differs and
-// what to do, wrapping RabbitMQ's error, which says which argument differs
-// and both values. Every other error is returned as it is.
-//
-// Waiting cannot fix it, and RabbitMQ cannot change a queue's type or
-// arguments in place, so the message says the two ways out: configure
-// what the queue has, or drain and delete the queue so that it is declared
-// anew.
+// declareError turns a declaration refused because the queue exists with
+// other arguments (406 PRECONDITION_FAILED, "inequivalent arg") into a
+// *framework.ConfigError naming the setting and the two ways out, wrapping
+// RabbitMQ's error (which names both values). Other errors pass as they
+// are.
 func declareError(c brokers.AMQPConfig, queue string, err error) error {
 	var aerr *amqp091.Error
 	if !errors.As(err, &aerr) || aerr.Code != amqp091.PreconditionFailed || !strings.Contains(aerr.Reason, "inequivalent arg") {

@@ -12,15 +12,10 @@ import (
 )
 
 // ReplayHorizon reports how old a message of topic can be when JetStream
-// still delivers it: the max_age of the stream that captures its subject,
-// or brokers.UnboundedHorizon when it has none (JetStream's default, and
-// the streams the adapter creates). Limits by count or size (max_msgs,
-// max_bytes, max_msgs_per_subject) and the interest and work-queue
-// retention policies only remove messages sooner, so they never lengthen
-// the horizon and are not part of it. A subject no stream captures yet
-// reports what streams: create will give it, unbounded. A consumer
-// compares the horizon with its claim retention (framework/consumer's
-// Config.Retention).
+// still delivers it: its stream's max_age, else brokers.UnboundedHorizon
+// (also for a subject streams: create has no stream for yet). Count and
+// size limits only remove messages sooner. A consumer compares it with its
+// claim retention.
 func (s *subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err

@@ -7,9 +7,8 @@ import "context"
 type EndOffsetsFunc func(ctx context.Context, topic string) (map[int32]int64, error)
 
 // EndOffsets returns how to ask the broker of sub for its end offsets, or
-// false when sub (or no linked adapter) can tell them. It is plumbing for
-// `claimtx stats` and the console, so it is not a method in the adapter's
-// API.
+// false; plumbing for `claimtx stats` and the console, kept out of the
+// adapter's API.
 func EndOffsets(sub any) (EndOffsetsFunc, bool) {
 	if adapter.EndOffsets == nil {
 		return nil, false
