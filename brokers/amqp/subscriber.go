@@ -88,28 +88,22 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		}
 		gens = append(gens, gen)
 	}
-	// Close waits for the n consumers and for the goroutine closing out.
 	s.mu.Lock()
 	if s.life.Err() != nil {
 		s.mu.Unlock()
 		return abort(errSubscriberClosed)
 	}
-	s.forwarders.Add(n + 1)
+	s.forwarders.Add(1)
 	s.mu.Unlock()
 	cctx, cancel := context.WithCancel(ctx)
 	stopOnClose := context.AfterFunc(s.life, cancel)
-	var wg sync.WaitGroup
-	wg.Add(n)
-	for i, c := range cs {
-		c.ctx = cctx
-		go func() {
-			defer s.forwarders.Done()
-			defer wg.Done()
-			c.run(gens[i])
-		}()
-	}
 	go func() {
 		defer s.forwarders.Done()
+		var wg sync.WaitGroup
+		for i, c := range cs {
+			c.ctx = cctx
+			wg.Go(func() { c.run(gens[i]) })
+		}
 		wg.Wait()
 		stopOnClose()
 		cancel()
@@ -289,12 +283,10 @@ func (w *consumer) consume(gen *generation) (stop bool) {
 			cancel()
 			continue
 		}
-		gen.settling.Add(1)
-		go func() {
-			defer gen.settling.Done()
+		gen.settling.Go(func() {
 			defer cancel()
 			w.settle(gen, d, msg, gen.ending)
-		}()
+		})
 	}
 }
 

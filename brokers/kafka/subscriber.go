@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -120,9 +122,8 @@ type subscription struct {
 	workers  sync.WaitGroup // partition forwarders
 	watchers sync.WaitGroup // one per forwarded message until it settles
 
-	// clientSet is closed once cl is set. franz-go starts joining the
-	// group inside kgo.NewClient, so a group callback can run before
-	// NewClient has returned the client the callbacks use.
+	// clientSet is closed once cl is set: franz-go may run a group
+	// callback before kgo.NewClient returns.
 	clientSet chan struct{}
 }
 
@@ -256,8 +257,7 @@ func (g *subscription) poll() {
 	}
 }
 
-// assigned starts a forwarder for each new partition (franz-go calls it
-// before it fetches them).
+// assigned starts a forwarder for each new partition, before its fetches.
 func (g *subscription) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
 	<-g.clientSet
 	g.mu.Lock()
@@ -277,14 +277,13 @@ func (g *subscription) assigned(_ context.Context, _ *kgo.Client, assigned map[s
 			wake:  make(chan struct{}, 1),
 		}
 		g.parts[id] = p
-		g.workers.Add(1)
-		go p.run()
+		g.workers.Go(p.run)
 	}
 	g.s.logger.Debug("Partitions assigned", g.fields.Add(watermill.LogFields{"partitions": fmt.Sprint(assigned[g.topic])}))
 }
 
-// revoked stops the partitions that moved and commits what was marked on
-// them, so their next owner starts after every acked message.
+// revoked stops the partitions that moved and commits their marks, so
+// their next owner starts after every acked message.
 func (g *subscription) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
 	<-g.clientSet
 	g.stop(revoked[g.topic])
@@ -301,15 +300,13 @@ func (g *subscription) revoked(ctx context.Context, cl *kgo.Client, revoked map[
 	}
 }
 
-// lost stops the partitions without committing: the group already gave
-// them to another member.
+// lost stops the partitions without committing: they are another's already.
 func (g *subscription) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	<-g.clientSet
 	g.stop(lost[g.topic])
 	g.s.logger.Info("Kafka partitions lost (session ended without a revoke)", g.fields.Add(watermill.LogFields{"partitions": fmt.Sprint(lost[g.topic])}))
 }
 
-// stop ends the given partitions.
 func (g *subscription) stop(ids []int32) {
 	g.mu.Lock()
 	var stopped []*partition
@@ -331,10 +328,7 @@ func (g *subscription) stop(ids []int32) {
 func (g *subscription) end() {
 	g.mu.Lock()
 	g.ended = true
-	ids := make([]int32, 0, len(g.parts))
-	for id := range g.parts {
-		ids = append(ids, id)
-	}
+	ids := slices.Collect(maps.Keys(g.parts))
 	g.mu.Unlock()
 	// Stopped first, no later ack marks anything: the commit below is this
 	// member's last word.
@@ -390,8 +384,7 @@ func (g *subscription) leave(deadline time.Time) {
 		req.MemberID = memberID
 		m := kmsg.NewLeaveGroupRequestMember()
 		m.MemberID = memberID
-		reason := "claimtx subscriber closing while the group rebalances"
-		m.Reason = &reason
+		m.Reason = kmsg.StringPtr("claimtx subscriber closing while the group rebalances")
 		req.Members = append(req.Members, m)
 		if _, err := req.RequestWith(ctx, g.cl); err != nil {
 			g.s.logger.Info("Sending LeaveGroup failed; the group evicts this member after its session timeout", g.fields.Add(watermill.LogFields{"err": err.Error()}))
@@ -480,7 +473,6 @@ func (p *partition) next() (*kgo.Record, bool) {
 
 // run forwards the partition's records, one window slot each, until stop.
 func (p *partition) run() {
-	defer p.g.workers.Done()
 	for {
 		select {
 		case p.slots <- struct{}{}:
@@ -502,8 +494,7 @@ func (p *partition) run() {
 			cancel()
 			return
 		}
-		p.g.watchers.Add(1)
-		go p.watch(msg, e, ctx, cancel)
+		p.g.watchers.Go(func() { p.watch(msg, e, ctx, cancel) })
 	}
 }
 
@@ -514,7 +505,7 @@ func unmarshalRecord(r *kgo.Record) *message.Message {
 		func(h kgo.RecordHeader) (string, []byte, bool) { return h.Key, h.Value, true })
 }
 
-// track records a forwarded record. Records arrive in offset order.
+// track records a forwarded record, in offset order.
 func (p *partition) track(r *kgo.Record) *list.Element {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -552,7 +543,6 @@ func (p *partition) ack(e *list.Element) {
 // stopped it only waits for the consumer to settle the message (or the
 // subscription to end) before it cancels the context.
 func (p *partition) watch(msg *message.Message, e *list.Element, ctx context.Context, cancel context.CancelFunc) {
-	defer p.g.watchers.Done()
 	defer cancel()
 	for {
 		select {

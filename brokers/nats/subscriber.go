@@ -108,8 +108,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		pulls = append(pulls, ps)
 	}
 	for _, ps := range pulls {
-		sub.workers.Add(1)
-		go sub.work(ps)
+		sub.workers.Go(func() { sub.work(ps) })
 	}
 	go func() {
 		select {
@@ -137,7 +136,6 @@ func (sub *subscription) end(pulls []*natsgo.Subscription) {
 }
 
 func (sub *subscription) work(ps *natsgo.Subscription) {
-	defer sub.workers.Done()
 	backoff := dialBackoffLo
 	for {
 		select {

@@ -103,7 +103,7 @@ type Broker struct {
 	ev      *evictor
 
 	stop      context.CancelFunc
-	done      chan struct{} // closed when the eviction loop and ctx watcher exit
+	done      chan struct{} // closed when the eviction loop has exited
 	closeOnce sync.Once
 }
 
@@ -147,7 +147,6 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 		done:    make(chan struct{}),
 	}
 
-	var loops sync.WaitGroup
 	if !opts.DisableEviction {
 		client, err := kgo.NewClient(
 			kgo.SeedBrokers(cluster.ListenAddrs()...),
@@ -160,20 +159,14 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 		}
 		b.ev = newEvictor(cluster, client, opts)
 		b.ev.observe()
-		loops.Add(1)
-		go func() {
-			defer loops.Done()
-			b.ev.run(runCtx)
-		}()
 	}
 	go func() {
-		loops.Wait()
+		if b.ev != nil {
+			b.ev.run(runCtx)
+		}
 		<-runCtx.Done()
 		close(b.done)
-	}()
-	go func() {
-		<-runCtx.Done()
-		_ = b.Close()
+		_ = b.Close() // when ctx ended
 	}()
 
 	opts.Logger.Info("kafkatest: broker started", "addrs", cluster.ListenAddrs(), "data_dir", opts.DataDir)
