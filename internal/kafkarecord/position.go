@@ -6,7 +6,9 @@
 // lowest one still in flight.
 package kafkarecord
 
-import "context"
+import (
+	"context"
+)
 
 // Partition is the subscriber's view of one assigned partition.
 type Partition interface {
@@ -80,4 +82,18 @@ func Register(a Adapter) { adapter = a }
 // positions (only a Kafka subscriber does).
 func Attach(sub any, o Options) bool {
 	return adapter.Attach != nil && adapter.Attach(sub, o)
+}
+
+// EndOffsetsFunc returns the end offset (one past the latest record) of
+// each partition of topic.
+type EndOffsetsFunc func(ctx context.Context, topic string) (map[int32]int64, error)
+
+// EndOffsets returns how to ask the broker of sub for its end offsets, or
+// false; plumbing for `claimtx stats` and the console, kept out of the
+// adapter's API.
+func EndOffsets(sub any) (EndOffsetsFunc, bool) {
+	if adapter.EndOffsets == nil {
+		return nil, false
+	}
+	return adapter.EndOffsets(sub)
 }
