@@ -53,19 +53,20 @@ func dial(ctx context.Context, cfg brokers.AMQPConfig, wc wamqp.Config, logger w
 		if err == nil {
 			return &conn{ConnectionWrapper: wrapper, w: w}, nil
 		}
+		fail := func(err error) error {
+			return &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start), Err: err}
+		}
 		if permanentDialError(err) {
-			return nil, &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start),
-				Err: &framework.AuthError{Dependency: "RabbitMQ", Err: err}}
+			return nil, fail(&framework.AuthError{Dependency: "RabbitMQ", Err: err})
 		}
 		if cfg.DialTimeout < 0 {
-			return nil, &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start), Err: err}
+			return nil, fail(err)
 		}
 		warnlog.Log(logger, "RabbitMQ not reachable yet, retrying", watermill.LogFields{
 			"dependency": "RabbitMQ", "url": redacted, "attempt": attempt, "retry_in": backoff.String(), "err": err.Error(),
 		})
 		if !wait.For(backoff, ctx.Done()) {
-			return nil, &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start),
-				Err: fmt.Errorf("%w (last error: %w)", ctx.Err(), err)}
+			return nil, fail(fmt.Errorf("%w (last error: %w)", ctx.Err(), err))
 		}
 		backoff = min(2*backoff, cfg.ReconnectMaxInterval)
 	}

@@ -31,7 +31,7 @@
 //
 // With Window > 0 (batch consumers need workers × batch size), Subscribe
 // starts one consumer with prefetch = Window that forwards each delivery
-// without waiting for earlier acks. Both modes declare and convert alike.
+// without waiting for earlier acks (Concurrency and Prefetch are unused).
 // Every message is acked on its delivery's channel (tags are per channel).
 // Acks are coalesced into AMQP "multiple" acks over the acked front of the
 // window; an ack behind a delivery still in progress goes out alone after
