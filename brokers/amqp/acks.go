@@ -5,12 +5,10 @@ import (
 	"time"
 )
 
-// ackHold bounds how long an ack that is not at the front of the window
-// (a delivery before it is still in progress) may wait for the deliveries
-// before it, so that they all go out as one frame.
+// ackHold bounds how long an ack behind a delivery in progress waits to go
+// out in one frame with it.
 const ackHold = 500 * time.Microsecond
 
-// acknowledger is the subset of *amqp091.Channel the acker uses.
 type acknowledger interface {
 	Ack(tag uint64, multiple bool) error
 }
@@ -22,21 +20,16 @@ const (
 	done                   // settled with the broker (acked alone, nacked, or never handed out)
 )
 
-// acker coalesces the acks of one channel. Delivery tags on a channel are
-// consecutive, so it keeps the state of every tag from the lowest one not
-// settled with the broker on. An ack that leaves the front of that window
-// acked goes out at once, as one AMQP "multiple" ack covering every acked
-// tag up to the first one still in progress; acks that arrive while that
-// frame is being written go out together in the next one, so a batch
-// consumer acking a whole batch costs a few frames instead of one per
-// message. A multiple ack covers every outstanding delivery up to its tag,
-// so it never reaches past a delivery in progress. An ack behind one in
-// progress waits up to ackHold for the front to catch up, then is sent
-// alone, so no ack waits behind a slow or nacked message for long.
+// acker coalesces the acks of one channel. Tags are consecutive, so it keeps
+// the state of every tag from the lowest one not settled on. An ack that
+// leaves the front acked goes out at once as one "multiple" ack up to the
+// first tag in progress (never past it: a multiple ack covers every tag
+// below); acks arriving while it is written join the next frame. An ack
+// behind one in progress waits up to ackHold, then goes alone.
 //
-// One writer at a time sends the frames, in the order the window was
-// popped: a multiple ack overtaken by a later one would name a tag the
-// broker no longer has, which RabbitMQ answers by closing the channel.
+// One writer at a time sends the frames, in order: a multiple ack overtaken
+// by a later one would name a tag the broker no longer has, and RabbitMQ
+// closes the channel over it.
 type acker struct {
 	ch acknowledger
 
@@ -56,9 +49,8 @@ func newAcker(ch acknowledger) *acker {
 	return a
 }
 
-// delivered registers tag before its message is handed out. Tags must come
-// in increasing order; tags skipped (deliveries settled without being
-// handed out) count as done.
+// delivered registers tag before its message is handed out. Tags come in
+// increasing order; skipped tags count as done.
 func (a *acker) delivered(tag uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -79,7 +71,6 @@ func (a *acker) set(tag uint64, s byte) bool {
 	return true
 }
 
-// ack records the application's ack of tag and sends what it can.
 func (a *acker) ack(tag uint64) {
 	a.mu.Lock()
 	if a.closed || !a.set(tag, acked) {
@@ -93,7 +84,7 @@ func (a *acker) ack(tag uint64) {
 	a.write()
 }
 
-// settled records that the caller nacked tag on the broker.
+// settled records that the caller nacked tag itself.
 func (a *acker) settled(tag uint64) {
 	a.mu.Lock()
 	a.set(tag, done)
@@ -106,10 +97,8 @@ func (a *acker) holdOver() {
 	a.write()
 }
 
-// write sends frames until there is nothing to send, with a.mu released
-// while sending so that acks arriving meanwhile join the next frame. If
-// another caller is writing, it leaves the work to that one. Called with
-// a.mu held, it returns with a.mu released.
+// write sends frames until there is nothing to send, or leaves the work to
+// the caller already writing. Called with a.mu held, it releases it.
 func (a *acker) write() {
 	defer a.mu.Unlock()
 	if a.writing {
@@ -123,9 +112,7 @@ func (a *acker) write() {
 		}
 		a.mu.Unlock()
 		for _, f := range frames {
-			// An error means the channel is gone: RabbitMQ redelivers
-			// what it was not told, and claims dedupe.
-			_ = a.ch.Ack(f.tag, f.multiple)
+			_ = a.ch.Ack(f.tag, f.multiple) // an error: the channel is gone, RabbitMQ redelivers
 		}
 		a.mu.Lock()
 	}
@@ -138,9 +125,8 @@ type ackFrame struct {
 	multiple bool
 }
 
-// takeLocked pops the settled front of the window (one multiple ack for
-// its acked tags) and, once the hold is over, marks the acked tags behind
-// the front as sent alone.
+// takeLocked pops the settled front (one multiple ack) and, once the hold
+// is over, the acked tags behind it (one ack each).
 func (a *acker) takeLocked() []ackFrame {
 	var frames []ackFrame
 	var upTo uint64
@@ -171,9 +157,7 @@ func (a *acker) takeLocked() []ackFrame {
 	return frames
 }
 
-// close sends every ack recorded, waiting for a writer in progress, and
-// stops: the channel is about to close, which requeues everything still
-// outstanding.
+// close sends every ack recorded and stops: the channel is about to close.
 func (a *acker) close() {
 	a.mu.Lock()
 	for a.writing {

@@ -11,10 +11,6 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// The adapter is configured with brokers.AMQPConfig, which package brokers
-// holds so that a brokers.Config can carry it without linking this
-// adapter's client: it is the one name of the adapter's settings.
-
 // The values of brokers.AMQPConfig.QueueType and the queue arguments they set.
 const (
 	queueTypeQuorum  = "quorum"
@@ -22,11 +18,8 @@ const (
 	argDeliveryLimit = "x-delivery-limit"
 )
 
-// withDefaults is c with every zero field at its documented default.
 func withDefaults(c brokers.AMQPConfig) brokers.AMQPConfig { return defaults.Apply(c) }
 
-// validate is brokers.AMQPConfig.Validate plus the check that needs the client: that
-// the queue arguments encode as an AMQP table.
 func validate(c brokers.AMQPConfig) error {
 	if err := c.Validate(); err != nil {
 		return err
@@ -35,7 +28,7 @@ func validate(c brokers.AMQPConfig) error {
 }
 
 // checkQueueArguments is the check only the client can make: that the
-// queue arguments encode as an AMQP table. field names them in the error.
+// queue arguments encode as an AMQP table.
 func checkQueueArguments(field string, args map[string]any) error {
 	if _, err := queueArguments(args); err != nil {
 		return &framework.ConfigError{Field: field, Reason: "cannot be encoded as an AMQP table", Err: err}
@@ -44,7 +37,7 @@ func checkQueueArguments(field string, args map[string]any) error {
 }
 
 // watermillConfig maps c (defaults applied) onto watermill-amqp's durable
-// queue topology: default exchange, queue = topic, routing key = topic.
+// queue topology.
 func watermillConfig(c brokers.AMQPConfig) (wamqp.Config, error) {
 	args, err := declareArguments(c)
 	if err != nil {
@@ -65,14 +58,11 @@ func watermillConfig(c brokers.AMQPConfig) (wamqp.Config, error) {
 	props.SetClientConnectionName(c.ConnectionName)
 	wc.Connection.AmqpConfig = &amqp091.Config{
 		Properties: props,
-		// amqp091.Dial's default. With a brokers.AMQPConfig, zero means the server's
-		// value (RabbitMQ: 60s), and a connection lost without a close
-		// (network partition, host gone) is noticed after three missed
-		// heartbeats: 30s here instead of 3 minutes, during which
-		// Subscriber.IsConnected, and readiness, would still say "up".
+		// amqp091.Dial's default; zero here would take RabbitMQ's 60s, and
+		// a silently lost connection would look up (readiness) for 3
+		// minutes instead of 30s.
 		Heartbeat: 10 * time.Second,
-		// One attempt must not outlive the start-up budget: amqp091's own
-		// default is 30s per dial against a black-holed address.
+		// amqp091's default is 30s per dial to a black-holed address.
 		Dial: amqp091.DefaultDial(attemptTimeout(c)),
 	}
 	return wc, nil
@@ -86,12 +76,9 @@ func attemptTimeout(c brokers.AMQPConfig) time.Duration {
 	return max
 }
 
-// declareArguments is the argument table of every queue declaration:
-// QueueArguments plus x-queue-type and x-delivery-limit from QueueType and
-// DeliveryLimit. A classic queue gets no x-queue-type, as before the
-// setting existed: RabbitMQ compares the arguments of a redeclaration with
-// the queue's, and older releases do not take an explicit "classic" as
-// equal to none.
+// declareArguments is the argument table of every queue declaration. A
+// classic queue gets no x-queue-type: older RabbitMQ releases do not take
+// an explicit "classic" as equal to none when a queue is redeclared.
 func declareArguments(c brokers.AMQPConfig) (amqp091.Table, error) {
 	args, err := queueArguments(c.QueueArguments)
 	if err != nil {
@@ -109,8 +96,8 @@ func declareArguments(c brokers.AMQPConfig) (amqp091.Table, error) {
 	return args, nil
 }
 
-// queueArguments converts YAML-decoded arguments (nested map[string]any,
-// []any, int) into an amqp091.Table and checks that RabbitMQ can encode it.
+// queueArguments converts YAML-decoded arguments into an amqp091.Table
+// RabbitMQ can encode.
 func queueArguments(in map[string]any) (amqp091.Table, error) {
 	if len(in) == 0 {
 		return nil, nil

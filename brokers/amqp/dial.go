@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,10 +35,9 @@ func (e *DialError) Error() string {
 
 func (e *DialError) Unwrap() error { return e.Err }
 
-// dial opens a watermill-amqp connection, retrying with backoff.
-// wamqp.NewConnection tries exactly once (connection.go: connect() in
-// NewConnection returns the dial error), so a service that starts before
-// RabbitMQ would exit; here it waits up to cfg.DialTimeout instead.
+// dial opens a watermill-amqp connection, retrying with backoff up to
+// DialTimeout: wamqp.NewConnection tries once, and a service started before
+// RabbitMQ would exit.
 func dial(ctx context.Context, cfg brokers.AMQPConfig, wc wamqp.Config, logger watermill.LoggerAdapter) (*conn, error) {
 	start := time.Now()
 	if cfg.DialTimeout > 0 {
@@ -53,60 +53,50 @@ func dial(ctx context.Context, cfg brokers.AMQPConfig, wc wamqp.Config, logger w
 		if err == nil {
 			return &conn{ConnectionWrapper: wrapper, w: w}, nil
 		}
+		fail := func(err error) error {
+			return &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start), Err: err}
+		}
 		if permanentDialError(err) {
-			// Waiting cannot fix refused credentials: name it, at once.
-			return nil, &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start),
-				Err: &framework.AuthError{Dependency: "RabbitMQ", Err: err}}
+			return nil, fail(&framework.AuthError{Dependency: "RabbitMQ", Err: err})
 		}
 		if cfg.DialTimeout < 0 {
-			return nil, &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start), Err: err}
+			return nil, fail(err)
 		}
 		warnlog.Log(logger, "RabbitMQ not reachable yet, retrying", watermill.LogFields{
 			"dependency": "RabbitMQ", "url": redacted, "attempt": attempt, "retry_in": backoff.String(), "err": err.Error(),
 		})
 		if !wait.For(backoff, ctx.Done()) {
-			return nil, &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start),
-				Err: fmt.Errorf("%w (last error: %w)", ctx.Err(), err)}
+			return nil, fail(fmt.Errorf("%w (last error: %w)", ctx.Err(), err))
 		}
 		backoff = min(2*backoff, cfg.ReconnectMaxInterval)
 	}
 }
 
 // conn is watermill-amqp's connection wrapper with a Close that leaves no
-// connection to RabbitMQ behind.
-//
-// The wrapper's watcher goroutine (handleConnectionClose in v3.0.2's
-// connection.go) waits for the wrapper's stop signal or the connection's
-// close notification, and reconnects on the notification. The wrapper's
-// Close sends the stop signal, then closes the connection; when the watcher
-// had not registered for the notification yet (a wrapper closed right after
-// it was made), it finds both ready, picks one at random, and half the time
-// dials a new connection that nobody closes. A wrapper closed while its
-// watcher waits to retry a lost connection does the same if the retry
-// succeeds. The watcher's log lines are the only view of its state, so the
-// watcher type reads them, and Close closes whatever connection the watcher
-// leaves when it ends.
+// connection behind. v3.0.2's watcher goroutine reconnects when it sees the
+// close notification before its stop signal (a wrapper closed right after
+// it was made, or while it waits to retry a lost connection), and nobody
+// closes that connection. Its log lines are the only view of its state, so
+// watcher reads them, and Close closes what the watcher left.
 type conn struct {
 	*wamqp.ConnectionWrapper
 	w *watcher
 }
 
 // watcherStopWait bounds Close's wait for the watcher, which stops at once
-// or after one reconnect to a RabbitMQ that was up a moment ago.
+// or after one reconnect.
 const watcherStopWait = 5 * time.Second
 
 // Close closes the wrapper and, once its watcher has ended, the connection
-// the watcher left open, if any. It waits for the watcher unless the
-// connection was lost already: then the watcher ends on its next retry,
-// after a backoff of up to brokers.AMQPConfig.ReconnectMaxInterval, too long to hold a
-// shutdown, and the connection it may leave is closed in the background.
+// it left. With the connection lost already, the watcher ends only on its
+// next retry (up to ReconnectMaxInterval away): that connection is closed
+// in the background.
 func (c *conn) Close() error {
 	lost := !c.w.connected.Load()
 	err := c.ConnectionWrapper.Close()
 	left := make(chan error, 1)
 	go func() {
 		<-c.w.stopped
-		// Ended, the watcher replaces the connection no more.
 		var err error
 		if ac := c.Connection(); ac != nil && !ac.IsClosed() {
 			err = ac.Close()
@@ -127,10 +117,9 @@ func (c *conn) Close() error {
 }
 
 // watcher is the logger a ConnectionWrapper is made with: it forwards every
-// line and follows the wrapper's watcher goroutine through the lines of
-// watermill-amqp v3.0.2's connection.go. TestCloseSeesTheWatcherStop fails
-// if the lines Close relies on change, TestCloseWhileReconnecting if the
-// drop's does.
+// line and follows the watcher goroutine through them.
+// TestCloseSeesTheWatcherStop and TestCloseWhileReconnecting fail if the
+// lines change.
 type watcher struct {
 	watermill.LoggerAdapter
 	connected atomic.Bool // connected, no drop seen since
@@ -164,16 +153,14 @@ func (w *watcher) Debug(msg string, fields watermill.LogFields) {
 
 func (w *watcher) stop() { w.stopOnce.Do(func() { close(w.stopped) }) }
 
-// permanentDialError tells errors that waiting cannot fix: RabbitMQ refused
-// the credentials or the vhost (AMQP reply code 403).
+// permanentDialError: RabbitMQ refused the credentials or vhost (403).
 func permanentDialError(err error) bool {
 	var aerr *amqp091.Error
 	return errors.As(err, &aerr) && aerr.Code == amqp091.AccessRefused
 }
 
 // waitConnected waits until conn is connected again after a drop, bounded
-// like the initial dial. watermill-amqp's Subscribe and Publish fail at once
-// with "not connected" during its reconnect loop.
+// like the initial dial.
 func waitConnected(ctx context.Context, cfg brokers.AMQPConfig, conn *conn) error {
 	if conn.IsConnected() {
 		return nil
@@ -198,9 +185,7 @@ func waitConnected(ctx context.Context, cfg brokers.AMQPConfig, conn *conn) erro
 	return nil
 }
 
-// link is what NewSubscriber and NewPublisher both start from: the brokers.AMQPConfig
-// with its defaults, watermill-amqp's config derived from it, the logger
-// and the connection.
+// link is what NewSubscriber and NewPublisher both start from.
 type link struct {
 	cfg    brokers.AMQPConfig
 	wc     wamqp.Config
@@ -208,9 +193,7 @@ type link struct {
 	conn   *conn
 }
 
-// connect is the start-up both NewSubscriber and NewPublisher share:
-// validate, apply defaults, derive watermill-amqp's config and dial with
-// retries.
+// connect validates cfg, applies its defaults and dials.
 func connect(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (link, error) {
 	if err := validate(cfg); err != nil {
 		return link{}, err
@@ -228,9 +211,7 @@ func connect(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.Logge
 }
 
 // declareQueue declares the durable queue named topic as every declaration
-// of this adapter does (wc.Queue: the name, durable flag and argument
-// table), on a channel of its own: a refused declaration closes the
-// channel it was made on. A refusal over arguments is a declareError.
+// here does, on a channel of its own: a refusal closes its channel.
 func (l *link) declareQueue(topic string) error {
 	ac := l.conn.Connection()
 	if ac == nil {
@@ -246,4 +227,33 @@ func (l *link) declareQueue(topic string) error {
 		return declareError(l.cfg, topic, err)
 	}
 	return nil
+}
+
+// declareError turns a declaration refused because the queue exists with
+// other arguments (406 PRECONDITION_FAILED, "inequivalent arg") into a
+// *framework.ConfigError naming the setting and the two ways out, wrapping
+// RabbitMQ's error (which names both values). Other errors pass as they
+// are.
+func declareError(c brokers.AMQPConfig, queue string, err error) error {
+	var aerr *amqp091.Error
+	if !errors.As(err, &aerr) || aerr.Code != amqp091.PreconditionFailed || !strings.Contains(aerr.Reason, "inequivalent arg") {
+		return err
+	}
+	field, setting := "queue_arguments", "queue_arguments"
+	switch {
+	case strings.Contains(aerr.Reason, "'"+argQueueType+"'"):
+		field, setting = "queue_type", "queue_type (AMQP_QUEUE_TYPE)"
+	case strings.Contains(aerr.Reason, "'"+argDeliveryLimit+"'"):
+		field, setting = "delivery_limit", "delivery_limit (AMQP_DELIVERY_LIMIT)"
+	}
+	return &framework.ConfigError{
+		Field: field,
+		Reason: fmt.Sprintf("queue %q already exists with other arguments than this configuration declares "+
+			"(queue_type %q, delivery_limit %d, queue_arguments %v), and RabbitMQ cannot change them in place: "+
+			"either set %s to what the queue has, or migrate the queue: stop its consumers, let it drain "+
+			"(or move its messages elsewhere), delete it (rabbitmqctl delete_queue %s) and start the consumers "+
+			"with the new configuration, which declares it anew; RabbitMQ says",
+			queue, c.QueueType, c.DeliveryLimit, c.QueueArguments, setting, queue),
+		Err: err,
+	}
 }

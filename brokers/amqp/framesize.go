@@ -10,20 +10,14 @@ import (
 )
 
 // frameOverhead is what a frame adds to its payload: type, channel, size
-// and the frame-end octet. RabbitMQ refuses a frame longer than the
-// negotiated frame_max (131072 by default) with FRAME_ERROR
-// frame_too_large and closes the connection.
+// and the frame-end octet.
 const frameOverhead = 8
 
 // checkFrameSize refuses, as a framework.Permanent error, a message whose
-// properties do not fit in one frame of frameMax bytes (0: no limit).
-// A body is split over as many frames as it needs, but every property,
-// headers included, travels in the one content header frame, and a frame
-// over the limit makes RabbitMQ close the whole connection: every publish
-// in flight on it fails, the publisher reconnects, and the same message
-// does it again on its next attempt. Refused here it fails alone, and the
-// error says why (a poisoned copy is then published smaller, or kept in
-// the dead-letter table; see middleware.Poison).
+// properties do not fit in one frame of frameMax bytes (0: no limit). The
+// body may span frames, but all properties travel in one header frame, and
+// one over frame_max makes RabbitMQ close the whole connection, failing
+// every publish on it, again on each retry. Refused here it fails alone.
 func checkFrameSize(p amqp091.Publishing, frameMax int, uuid string) error {
 	if frameMax <= 0 {
 		return nil
@@ -36,9 +30,9 @@ func checkFrameSize(p amqp091.Publishing, frameMax int, uuid string) error {
 	return nil
 }
 
-// headerFrameSize is the length of the payload of the content header frame
-// amqp091 writes for p (headerFrame.write in its write.go): class, weight,
-// body size, property flags, then each property that is set.
+// headerFrameSize is the payload length of the content header frame amqp091
+// writes for p: class, weight, body size, property flags, then each
+// property set.
 func headerFrameSize(p amqp091.Publishing) int {
 	n := 2 + 2 + 8 + 2
 	for _, s := range []string{p.ContentType, p.ContentEncoding, p.CorrelationId, p.ReplyTo, p.Expiration, p.MessageId, p.Type, p.UserId, p.AppId} {
@@ -61,12 +55,10 @@ func headerFrameSize(p amqp091.Publishing) int {
 	return n
 }
 
-// shortstrSize is what amqp091's writeShortstr writes: a length octet and
-// at most 255 bytes (it writes len mod 256).
+// shortstrSize is what amqp091's writeShortstr writes (len mod 256 bytes).
 func shortstrSize(s string) int { return 1 + int(uint8(len(s))) }
 
-// tableSize is the length of a table's entries, as writeTable writes them
-// after their 4-byte length.
+// tableSize is the length of a table's entries, without their 4-byte length.
 func tableSize(t amqp091.Table) int {
 	n := 0
 	for k, v := range t {
@@ -75,8 +67,8 @@ func tableSize(t amqp091.Table) int {
 	return n
 }
 
-// fieldSize mirrors amqp091's writeField: a type octet and the value. A type
-// it cannot write counts as nothing here: the publish fails on it anyway.
+// fieldSize mirrors amqp091's writeField; a type it cannot write counts 0,
+// as the publish fails on it anyway.
 func fieldSize(v any) int {
 	switch v := v.(type) {
 	case bool, byte, int8:

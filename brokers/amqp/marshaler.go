@@ -11,44 +11,25 @@ import (
 	"github.com/claimtx/claimtx/internal/amqpheader"
 )
 
-// Keys Marshal never publishes as headers. The amqp_* metadata entries
-// (amqpheader's MessageID, Exchange, ...) are set from AMQP message
-// properties on consume: they describe one delivery, and claimtx never
-// derives a claim key from them by default: they change on republish and
-// on dead-letter replay.
+// Keys Marshal never publishes: they describe one delivery. The quorum
+// queue's counts are the delivering queue's state, not the message's: a
+// copy elsewhere starts from its own count (and a classic queue, which
+// keeps headers as they are, would report returns that never happened).
 const (
-	// metadataRedelivered is set to "true" by watermill-amqp when RabbitMQ
-	// flags the delivery as redelivered.
 	metadataRedelivered = wamqp.MetadataRedeliveredKey
-
-	// reservedPrefix marks keys that Marshal drops.
-	reservedPrefix = "amqp_"
-
-	// headerDeliveryCount and headerAcquiredCount are the headers a quorum
-	// queue sets on its deliveries: how often the message came back to
-	// that queue so far (x-acquired-count, from RabbitMQ 4.3: how often a
-	// consumer took it). They are the delivering queue's state, not the
-	// message's, so Marshal drops them like the amqp_ entries: a copy
-	// published elsewhere (the poison queue) starts from its own count,
-	// and a classic queue, which keeps headers as they are, does not
-	// report returns that never happened there.
+	reservedPrefix      = "amqp_" // amqpheader's property keys
 	headerDeliveryCount = "x-delivery-count"
 	headerAcquiredCount = "x-acquired-count"
 )
 
-// errClosedDelivery is what Unmarshal returns for the zero amqp091.Delivery.
 var errClosedDelivery = errors.New("brokers/amqp: zero delivery (consumer channel closed)")
 
-// marshaler converts between Watermill messages and AMQP messages, as the
-// package documentation ("Headers and dead-letter replay", "Metadata")
-// describes. Unlike watermill-amqp's DefaultMarshaler it accepts any AMQP
-// header type, so messages from plain producers and from dead-letter
-// queues are consumed instead of being nacked and requeued forever.
+// marshaler converts between Watermill and AMQP messages (package
+// documentation, "Headers and metadata").
 type marshaler struct{}
 
 var _ wamqp.Marshaler = marshaler{}
 
-// Marshal implements watermill-amqp's Marshaler.
 func (marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 	headers := make(amqp091.Table, len(msg.Metadata)+1)
 	for k, v := range msg.Metadata {
@@ -66,10 +47,8 @@ func (marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 	}, nil
 }
 
-// Unmarshal implements watermill-amqp's Marshaler. It fails only for the zero
-// Delivery: watermill-amqp reads from the delivery channel after amqp091 has
-// closed it (its select does not check for a closed channel), and without this
-// check an empty message would reach the handler.
+// Unmarshal fails only for the zero Delivery, which watermill-amqp reads
+// from a closed delivery channel: it would reach the handler empty.
 func (marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 	if d.Acknowledger == nil {
 		return nil, errClosedDelivery

@@ -16,11 +16,9 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Publisher publishes to the default exchange with routing key = topic, with
-// publisher confirms: Publish returns nil only after RabbitMQ confirmed every
-// message. Before the first publish to a topic it declares the durable queue
-// named topic, because RabbitMQ silently drops a message routed to a queue
-// that does not exist yet. It is safe for concurrent use.
+// Publisher publishes to the default exchange with routing key = topic,
+// declaring the queue first, and returns once RabbitMQ confirmed every
+// message. It is safe for concurrent use.
 type Publisher struct {
 	link
 	pub *wamqp.Publisher
@@ -34,10 +32,8 @@ type Publisher struct {
 
 var _ message.Publisher = (*Publisher)(nil)
 
-// NewPublisher validates cfg, connects (retrying like NewSubscriber, until
-// cfg.DialTimeout passes or ctx ends) and opens the confirm-mode channel
-// pool. A nil logger logs nothing. An invalid cfg is a
-// *framework.ConfigError; giving up on the connection is a *DialError.
+// NewPublisher validates cfg and connects as NewSubscriber does (with the
+// same errors), then opens the confirm-mode channel pool.
 func NewPublisher(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	l, err := connect(ctx, cfg, logger)
 	if err != nil {
@@ -52,13 +48,10 @@ func NewPublisher(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.
 }
 
 // Publish sends messages to the queue named topic and waits for RabbitMQ's
-// confirms. It fails (and the caller should retry) while the connection is
-// being re-established. A message whose properties and headers do not fit
-// in one frame (frame_max, 128 KiB by default) is refused before anything
-// is sent, with a framework.Permanent error: RabbitMQ would close the
-// connection over it. So is a topic whose queue the user may not declare,
-// a publish the user may not make (no write permission on the default
-// exchange): both ACCESS_REFUSED, and a message longer than the broker's
+// confirms; it fails while the connection is re-established (retry). A
+// framework.Permanent error refuses what can never pass: properties and
+// headers over one frame (checkFrameSize), a queue the user may not
+// declare or an exchange it may not write (ACCESS_REFUSED), a body over
 // max_message_size (PRECONDITION_FAILED).
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	if err := p.declare(topic); err != nil {
@@ -77,20 +70,13 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 }
 
 // probeWrite tells a publish RabbitMQ will never take from one that failed
-// for a passing reason. RabbitMQ refuses a publish without write
-// permission on the exchange (ACCESS_REFUSED) and a body longer than its
-// max_message_size (PRECONDITION_FAILED) by closing the channel, and
-// watermill-amqp reports only "delivery not confirmed"; the client cannot
-// ask for the limit. So, after a failed publish, one message with a body
+// for a passing reason: watermill-amqp reports only "delivery not
+// confirmed", and the limit cannot be asked for. So a message with a body
 // as long as the longest that failed goes to the default exchange with a
-// routing key no queue has: dropped when it may be written there, a
-// channel closed with one of those two codes when not. nil unless that is
-// the answer.
-//
-// The probe is bounded by writeProbeWait whatever the connection does (a
-// half-open one can hold a channel.open for a heartbeat timeout): a
-// failed publish, a poison copy's during a drain above all, must not wait
-// longer for its verdict than the publish itself took to fail.
+// routing key no queue has: dropped when it may be written, a channel
+// closed with ACCESS_REFUSED or PRECONDITION_FAILED when not (then
+// returned). It is bounded by writeProbeWait whatever the connection does
+// (a half-open one can hold a channel.open for a heartbeat timeout).
 func (p *Publisher) probeWrite(size int) error {
 	verdict := make(chan error, 1) // buffered: a late probe exits on its own
 	go func() { verdict <- p.writeRefused(size) }()
@@ -102,11 +88,9 @@ func (p *Publisher) probeWrite(size int) error {
 	}
 }
 
-// writeProbeWait bounds probeWrite: a probe on a healthy connection is
-// confirmed in milliseconds.
+// writeProbeWait bounds probeWrite; a healthy probe takes milliseconds.
 const writeProbeWait = 5 * time.Second
 
-// largestBody is the length of the longest payload among messages.
 func largestBody(messages []*message.Message) int {
 	n := 0
 	for _, m := range messages {
@@ -142,8 +126,7 @@ func (p *Publisher) writeRefused(size int) error {
 	case <-time.After(writeProbeWait):
 		return nil
 	}
-	// Not confirmed: a closed channel says why. It closes with the nack
-	// (amqp091 nacks what is pending when a channel shuts down).
+	// Not confirmed: the closed channel says why.
 	select {
 	case cerr := <-closed:
 		if cerr != nil && (cerr.Code == amqp091.AccessRefused || cerr.Code == amqp091.PreconditionFailed) {
@@ -154,8 +137,6 @@ func (p *Publisher) writeRefused(size int) error {
 	return nil
 }
 
-// checkFrames refuses the messages when one's content header frame is
-// longer than the connection's negotiated frame size (checkFrameSize).
 func (p *Publisher) checkFrames(messages []*message.Message) error {
 	ac := p.conn.Connection()
 	if ac == nil {
@@ -188,10 +169,7 @@ func (p *Publisher) declare(topic string) error {
 	}
 	if err := p.declareQueue(topic); err != nil {
 		if aerr := (*amqp091.Error)(nil); errors.As(err, &aerr) && aerr.Code == amqp091.AccessRefused {
-			// The user may not declare (configure) this queue: waiting
-			// does not change that, so no message published here can
-			// ever be sent (a poison copy then goes to its fallback
-			// instead of being redelivered forever).
+			// Never publishable: a poison copy goes to its fallback.
 			err = framework.Permanent(err)
 		}
 		return fmt.Errorf("brokers/amqp: declare queue %q: %w", topic, err)

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -15,17 +17,15 @@ import (
 	"github.com/claimtx/claimtx/internal/amqpheader"
 )
 
-// Subscriber consumes from RabbitMQ: brokers.AMQPConfig.Concurrency consumers per
-// Subscribe call, each settling one message before it takes the next,
-// merged into one channel, with a delayed nack; or, with brokers.AMQPConfig.Window > 0,
-// one consumer per Subscribe call with up to Window messages in flight. It
-// is safe for concurrent use.
+// Subscriber consumes from RabbitMQ: Concurrency consumers per Subscribe,
+// one message each, or with Window > 0 one consumer with up to Window
+// messages in flight (package documentation). It is safe for concurrent
+// use.
 type Subscriber struct {
 	link
 
-	// life ends when Close starts; every subscription's context is cut
-	// short by it. mu orders Subscribe's forwarders.Add before Close's
-	// Wait.
+	// life ends when Close starts, and with it every subscription; mu
+	// orders Subscribe's forwarders.Add before Close's Wait.
 	mu         sync.Mutex
 	life       context.Context
 	end        context.CancelFunc
@@ -39,11 +39,10 @@ var (
 	_ message.SubscribeInitializer = (*Subscriber)(nil)
 )
 
-// NewSubscriber validates cfg, connects to RabbitMQ (retrying until
-// cfg.DialTimeout passes or ctx ends, see brokers.AMQPConfig.DialTimeout) and returns a
-// Subscriber owning that connection. ctx bounds the start-up only, not the
-// Subscriber's life. A nil logger logs nothing. An invalid cfg is a
-// *framework.ConfigError; giving up on the connection is a *DialError.
+// NewSubscriber validates cfg and connects to RabbitMQ, retrying until
+// DialTimeout passes or ctx ends (ctx bounds the start-up only). A nil
+// logger logs nothing. An invalid cfg is a *framework.ConfigError; giving
+// up on the connection is a *DialError.
 func NewSubscriber(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
 	l, err := connect(ctx, cfg, logger)
 	if err != nil {
@@ -53,19 +52,10 @@ func NewSubscriber(ctx context.Context, cfg brokers.AMQPConfig, logger watermill
 	return &Subscriber{link: l, life: life, end: end}, nil
 }
 
-// Subscribe declares the durable queue named topic (if missing) and starts
-// brokers.AMQPConfig.Concurrency consumers on it. The returned channel is closed when ctx
-// ends or the Subscriber is closed. Each message must be acked or nacked; a
-// nacked message is returned to the queue after brokers.AMQPConfig.NackDelay.
-//
-// Messages of one Subscribe call are processed up to Concurrency at a time,
-// so their order is not kept when Concurrency > 1.
-//
-// With brokers.AMQPConfig.Window > 0 it starts one consumer instead, which keeps up to
-// Window messages in flight (see brokers.AMQPConfig.Window).
-//
-// Each consumer's channel is opened here, so a queue that cannot be
-// declared or consumed (PRECONDITION_FAILED, access refused) fails
+// Subscribe declares the durable queue named topic and starts its
+// consumers; the channel is closed when ctx ends or the Subscriber closes.
+// A nacked message returns to the queue after NackDelay. Channels are
+// opened here, so a queue that cannot be declared or consumed fails
 // Subscribe; a channel lost later is reopened with backoff.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if s.life.Err() != nil {
@@ -100,31 +90,22 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		}
 		gens = append(gens, gen)
 	}
-	// Close waits for the n consumers and for the goroutine that closes out
-	// once they are done, so it returns after the channel is closed.
 	s.mu.Lock()
 	if s.life.Err() != nil {
 		s.mu.Unlock()
 		return abort(errSubscriberClosed)
 	}
-	s.forwarders.Add(n + 1)
+	s.forwarders.Add(1)
 	s.mu.Unlock()
-	// The consumers' context ends with ctx or when the Subscriber closes, so
-	// everything they do watches one Done channel (waitConnected included).
 	cctx, cancel := context.WithCancel(ctx)
 	stopOnClose := context.AfterFunc(s.life, cancel)
-	var wg sync.WaitGroup
-	wg.Add(n)
-	for i, c := range cs {
-		c.ctx = cctx
-		go func() {
-			defer s.forwarders.Done()
-			defer wg.Done()
-			c.run(gens[i])
-		}()
-	}
 	go func() {
 		defer s.forwarders.Done()
+		var wg sync.WaitGroup
+		for i, c := range cs {
+			c.ctx = cctx
+			wg.Go(func() { c.run(gens[i]) })
+		}
 		wg.Wait()
 		stopOnClose()
 		cancel()
@@ -135,9 +116,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 var errSubscriberClosed = errors.New("brokers/amqp: subscriber closed")
 
-// SubscribeInitialize declares the durable queue named topic without
-// consuming from it, so messages published before the first Subscribe are
-// kept.
+// SubscribeInitialize declares the durable queue named topic, so messages
+// published before the first Subscribe are kept.
 func (s *Subscriber) SubscribeInitialize(topic string) error {
 	if err := waitConnected(context.Background(), s.cfg, s.conn); err != nil {
 		return err
@@ -161,26 +141,16 @@ func (s *Subscriber) Close() error {
 	return s.closeErr
 }
 
-// IsConnected reports whether the subscriber's RabbitMQ connection is up:
-// false from the moment RabbitMQ or the network drops it until
-// watermill-amqp's reconnect succeeds, and after Close.
-// observe.SubscriberConnected uses it for readiness.
-//
-// It reads watermill-amqp's connection state, which that library's
-// reconnect writes without synchronisation (see the package doc), so a
-// readiness probe during a reconnect is reported by -race as is
-// waitConnected.
+// IsConnected reports whether the RabbitMQ connection is up (false while
+// watermill-amqp reconnects, and after Close), for readiness. During a
+// reconnect -race reports it: see the package documentation.
 func (s *Subscriber) IsConnected() bool {
 	return s.life.Err() == nil && s.conn.IsConnected() && !s.conn.Closed()
 }
 
-// consumer is one amqp091 consumer of a Subscribe call, on a channel of
-// its own with QoS prefetch = prefetch. In the window mode (sequential
-// false) it forwards the next delivery without waiting for the previous
-// one's ack, and each forwarded message is settled by a small goroutine of
-// its own, on the channel its delivery came from. In the per-subscription
-// mode (sequential) it settles each message before it takes the next, as a
-// watermill-amqp subscription does: one delivery at a time.
+// consumer is one amqp091 consumer of a Subscribe call, on a channel of its
+// own. Sequential, it settles each message before it takes the next; in the
+// window mode a goroutine per message settles it.
 type consumer struct {
 	s          *Subscriber
 	ctx        context.Context
@@ -191,25 +161,20 @@ type consumer struct {
 	logFields  watermill.LogFields
 }
 
-// generation is one AMQP channel and its consumer. Delivery tags are per
-// channel, and a delivery is only ever acked or nacked through its own
-// Acknowledger, which is ch: a message from an older generation can never
-// settle a delivery of a newer one.
+// generation is one AMQP channel and its consumer. A delivery is settled
+// only on its own channel, so a message of an older generation never
+// settles one of a newer.
 type generation struct {
 	ch         *amqp091.Channel
 	acks       *acker
 	deliveries <-chan amqp091.Delivery
-	// ending is closed when the generation stops: each settle goroutine
-	// then passes on an ack that already happened and returns.
-	ending   chan struct{}
-	settling sync.WaitGroup
+	ending     chan struct{} // closed when the generation stops
+	settling   sync.WaitGroup
 }
 
-// close ends the generation: acks given before it are sent, then the channel
-// is closed, which makes RabbitMQ requeue every delivery still unacked
-// (those not acked yet, and those whose nack delay is running). A later Ack
-// or Nack of their messages has no effect; the redelivery is deduplicated
-// by the claim.
+// close sends the acks given, then closes the channel, which requeues every
+// delivery still unacked (nack delays running included); later acks of
+// them do nothing.
 func (g *generation) close() {
 	close(g.ending)
 	g.settling.Wait()
@@ -217,11 +182,9 @@ func (g *generation) close() {
 	_ = g.ch.Close() // fails when the channel or connection is already gone
 }
 
-// open declares the queue, opens a channel with the consumer's prefetch and
-// starts consuming.
+// open declares the queue as the publisher does, opens a channel with the
+// consumer's prefetch and starts consuming.
 func (w *consumer) open() (*generation, error) {
-	// Declare the queue exactly as the publisher does (same name, durable
-	// flag and arguments), so that both find the queue they expect.
 	if err := w.s.declareQueue(w.topic); err != nil {
 		return nil, fmt.Errorf("declare queue %q: %w", w.topic, err)
 	}
@@ -264,9 +227,8 @@ func (w *consumer) run(gen *generation) {
 	}
 }
 
-// reopen waits for the connection and opens a new generation, retrying with
-// backoff (ReconnectInitialInterval doubling to ReconnectMaxInterval). It
-// returns nil when w.ctx ends first.
+// reopen waits for the connection and opens a new generation, with the
+// Reconnect* backoff; nil when w.ctx ends first.
 func (w *consumer) reopen() *generation {
 	backoff := w.s.cfg.ReconnectInitialInterval
 	for {
@@ -289,10 +251,8 @@ func (w *consumer) reopen() *generation {
 	}
 }
 
-// consume forwards gen's deliveries to out until the deliveries channel
-// closes (channel or connection lost, consumer cancelled by RabbitMQ:
-// returns false) or w.ctx ends (returns true). A delivery not handed over
-// yet stays unacked and goes back with the channel.
+// consume forwards gen's deliveries until their channel closes (channel or
+// connection lost, consumer cancelled: false) or w.ctx ends (true).
 func (w *consumer) consume(gen *generation) (stop bool) {
 	for {
 		var d amqp091.Delivery
@@ -306,13 +266,10 @@ func (w *consumer) consume(gen *generation) (stop bool) {
 			d = dd
 		}
 		msg := amqpheader.ToMessage(d)
-		// The redelivered flag under watermill-amqp's key, as its
-		// subscriptions set it.
 		if d.Redelivered {
 			msg.Metadata.Set(metadataRedelivered, "true")
 		}
-		// Like watermill-amqp: the message's context ends once it is
-		// settled or the subscription ends.
+		// As in watermill-amqp, it ends once settled or with the subscription.
 		mctx, cancel := context.WithCancel(w.ctx)
 		msg.SetContext(mctx)
 
@@ -328,40 +285,64 @@ func (w *consumer) consume(gen *generation) (stop bool) {
 			cancel()
 			continue
 		}
-		gen.settling.Add(1)
-		go func() {
-			defer gen.settling.Done()
+		gen.settling.Go(func() {
 			defer cancel()
 			w.settle(gen, d, msg, gen.ending)
-		}()
+		})
 	}
 }
 
-// settle waits for msg's Ack or Nack and passes it on to d's channel: an
-// ack through the generation's acker, which coalesces acks; a nack is held
-// for NackDelay first (only this message's slot stays taken meanwhile).
-// When stop is closed first (the generation ends; in the per-subscription
-// mode, the subscription) it passes on an ack that already happened and
-// returns: closing the channel requeues the rest. Errors are ignored: they
-// mean the channel is gone, and RabbitMQ redelivers whatever it had not
-// been told (claims dedupe).
+// settle passes msg's Ack (through the coalescing acker) or Nack (after
+// NackDelay) on to d's channel. When stop closes first it passes on an ack
+// already given and returns: closing the channel requeues the rest. Errors
+// mean the channel is gone: RabbitMQ redelivers, claims dedupe.
 func (w *consumer) settle(gen *generation, d amqp091.Delivery, msg *message.Message, stop <-chan struct{}) {
 	select {
 	case <-msg.Acked():
 		gen.acks.ack(d.DeliveryTag)
 	case <-msg.Nacked():
 		if !wait.For(w.s.cfg.NackDelay, stop) {
-			return // closing the channel requeues it now
+			return
 		}
 		_ = d.Nack(false, true)
 		gen.acks.settled(d.DeliveryTag)
 	case <-stop:
-		// An ack given before the stop still counts, even when this
-		// goroutine had not seen it yet (select picks at random).
+		// An ack given before the stop counts (select picks at random).
 		select {
 		case <-msg.Acked():
 			gen.acks.ack(d.DeliveryTag)
 		default:
 		}
 	}
+}
+
+// ReplayHorizon reports how old a message of topic can be when RabbitMQ
+// still delivers it: QueueArguments' x-message-ttl, else
+// brokers.UnboundedHorizon (a TTL set by a server policy is not visible
+// over AMQP). A consumer compares it with its claim retention.
+func (s *Subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	v, ok := s.cfg.QueueArguments["x-message-ttl"]
+	if !ok {
+		return brokers.UnboundedHorizon, nil
+	}
+	var ms int64
+	switch n := v.(type) {
+	case int:
+		ms = int64(n)
+	case int32:
+		ms = int64(n)
+	case int64:
+		ms = n
+	case float64:
+		ms = int64(n)
+	default:
+		return 0, fmt.Errorf("brokers/amqp: replay horizon of %q: x-message-ttl %v (%T) is not a number", topic, v, v)
+	}
+	if ms < 0 || ms >= math.MaxInt64/int64(time.Millisecond) {
+		return brokers.UnboundedHorizon, nil
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }

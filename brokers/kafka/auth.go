@@ -1,11 +1,14 @@
 package kafka
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
@@ -14,14 +17,12 @@ import (
 // saslProbeTimeout bounds each connection authError opens.
 const saslProbeTimeout = 5 * time.Second
 
-// authError returns err as a *framework.AuthError when it is the broker
-// refusing the SASL credentials, nil otherwise. A real Kafka answers
-// SASL_AUTHENTICATION_FAILED; some brokers (kfake among them) just close
-// the connection, which Sarama reports as EOF, like a network fault. So,
-// when SASL is configured and an attempt failed otherwise, each broker is
-// asked for its API versions twice, once without and once with SASL: a
-// broker that answers the first and not the second is reachable and
-// refuses the credentials.
+// authError returns err as a *framework.AuthError when the broker refused
+// the SASL credentials, nil otherwise. Some brokers (kfake) just close the
+// connection instead of answering SASL_AUTHENTICATION_FAILED, which looks
+// like a network fault, so each broker is asked for its API versions
+// without and with SASL: answering only the first means refused
+// credentials.
 func authError(cfg brokers.KafkaConfig, err error) error {
 	wrap := func(cause error) error {
 		return &framework.AuthError{Dependency: "Kafka",
@@ -48,9 +49,8 @@ func authError(cfg brokers.KafkaConfig, err error) error {
 	return nil
 }
 
-// probeBroker opens one connection to addr, with or without sc's SASL
-// settings, each step bounded by timeout, and asks for the broker's API
-// versions. Readiness (IsConnected) and the authentication check share it.
+// probeBroker asks addr for its API versions on a connection of its own,
+// with or without sc's SASL, each step bounded by timeout.
 func probeBroker(addr string, sc *sarama.Config, withSASL bool, timeout time.Duration) error {
 	c := *sc // shallow copy: only the settings below differ
 	c.Net.SASL.Enable = withSASL
@@ -64,3 +64,49 @@ func probeBroker(addr string, sc *sarama.Config, withSASL bool, timeout time.Dur
 	_, err := b.ApiVersions(&sarama.ApiVersionsRequest{})
 	return err
 }
+
+// scramClient adapts franz-go's SCRAM client to Sarama, which ships only the
+// server side of the exchange (its examples pull in xdg-go/scram).
+type scramClient struct {
+	sha512  bool
+	session sasl.Session
+	first   []byte
+	done    bool
+}
+
+var _ sarama.SCRAMClient = (*scramClient)(nil)
+
+func (s *scramClient) Begin(user, password, authzID string) error {
+	auth := scram.Auth{Zid: authzID, User: user, Pass: password}
+	mech := auth.AsSha256Mechanism()
+	if s.sha512 {
+		mech = auth.AsSha512Mechanism()
+	}
+	session, first, err := mech.Authenticate(context.Background(), "")
+	if err != nil {
+		return err
+	}
+	s.session, s.first = session, first
+	return nil
+}
+
+// Step returns the client-first message for the empty challenge Sarama
+// starts with, then answers each server message.
+func (s *scramClient) Step(challenge string) (string, error) {
+	if s.session == nil {
+		return "", errors.New("brokers/kafka: SCRAM step before begin")
+	}
+	if s.first != nil {
+		first := s.first
+		s.first = nil
+		return string(first), nil
+	}
+	done, next, err := s.session.Challenge([]byte(challenge))
+	if err != nil {
+		return "", err
+	}
+	s.done = done
+	return string(next), nil
+}
+
+func (s *scramClient) Done() bool { return s.done }

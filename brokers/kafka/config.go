@@ -3,7 +3,6 @@ package kafka
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"fmt"
 	"os"
 
 	"github.com/IBM/sarama"
@@ -13,48 +12,31 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// The adapter is configured with brokers.KafkaConfig, which package brokers
-// holds so that a brokers.Config can carry it without linking this
-// adapter's client: it is the one name of the adapter's settings.
-
-// brokers.KafkaConfig.InitialOffset values.
+// brokers.KafkaConfig.InitialOffset and SASL.Mechanism values.
 const (
-	offsetOldest = "oldest"
 	offsetNewest = "newest"
-)
 
-// brokers.KafkaConfig.SASL.Mechanism values.
-const (
 	saslPlain       = "PLAIN"
 	saslScramSHA256 = "SCRAM-SHA-256"
 	saslScramSHA512 = "SCRAM-SHA-512"
 )
 
-// withDefaults is c with every zero field at its documented default.
-func withDefaults(c brokers.KafkaConfig) brokers.KafkaConfig { return defaults.Apply(c) }
-
-// configErr is a *framework.ConfigError for field (its YAML key) with a
-// formatted reason.
-func configErr(field, format string, args ...any) *framework.ConfigError {
-	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
-}
-
-// validateSubscriber checks what only a subscriber needs, so a publisher
-// can still be built from a brokers.KafkaConfig without a group.
+// validateSubscriber checks what only a subscriber needs: a publisher needs
+// no group.
 func validateSubscriber(c brokers.KafkaConfig) error {
 	if c.ConsumerGroup == "" {
-		return configErr("consumer_group", "must not be empty for a subscriber: set KAFKA_CONSUMER_GROUP or kafka.consumer_group to a group of this service's own (framework/consumer defaults it to the consumer's Name)")
+		return &framework.ConfigError{Field: "consumer_group", Reason: "must not be empty for a subscriber: set KAFKA_CONSUMER_GROUP or kafka.consumer_group to a group of this service's own (framework/consumer defaults it to the consumer's Name)"}
 	}
 	return nil
 }
 
-// saramaConfig validates c and returns the Sarama configuration it maps to
-// (defaults applied). The package documentation lists the mapping.
+// saramaConfig validates c and returns its Sarama configuration, for the
+// publisher and the probes (defaults applied).
 func saramaConfig(c brokers.KafkaConfig) (*sarama.Config, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	c = withDefaults(c)
+	c = defaults.Apply(c)
 	version, _ := sarama.ParseKafkaVersion(c.Version)
 
 	sc := sarama.NewConfig()
@@ -73,8 +55,7 @@ func saramaConfig(c brokers.KafkaConfig) (*sarama.Config, error) {
 	sc.Consumer.Group.Heartbeat.Interval = c.HeartbeatInterval
 	sc.Consumer.Group.Rebalance.Timeout = c.RebalanceTimeout
 
-	// A sync producer that waits for all in-sync replicas; idempotence
-	// keeps Sarama's own retries from writing a message twice.
+	// Idempotence keeps Sarama's retries from writing a message twice.
 	sc.Producer.Return.Successes = true
 	sc.Producer.Return.Errors = true
 	sc.Producer.RequiredAcks = sarama.WaitForAll
@@ -127,7 +108,7 @@ func tlsConfig(t brokers.KafkaTLSConfig) (*tls.Config, error) {
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, configErr("tls.ca_file", "no PEM certificate found in %s", t.CAFile)
+			return nil, &framework.ConfigError{Field: "tls.ca_file", Reason: "no PEM certificate found in " + t.CAFile}
 		}
 		tc.RootCAs = pool
 	}

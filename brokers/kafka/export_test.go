@@ -1,4 +1,7 @@
 package kafka
 
-// Marshaler is the adapter's record converter.
+// Marshaler is the publisher's record converter.
 type Marshaler = marshaler
+
+// UnmarshalRecord is the subscriber's record converter.
+var UnmarshalRecord = unmarshalRecord

@@ -7,9 +7,8 @@ import (
 	"github.com/IBM/sarama"
 )
 
-// Readiness probe timings. The probe must answer inside observe.Health's
-// default 2s budget, and a /healthz scraped every second must not open a
-// Kafka connection per request.
+// The probe answers inside observe.Health's 2s budget, and a /healthz
+// scraped every second does not open a connection per request.
 const (
 	probeTimeout = time.Second
 	probeTTL     = 2 * time.Second
@@ -22,17 +21,11 @@ type connState struct {
 	ok bool
 }
 
-// IsConnected reports whether Kafka is reachable for this subscriber: one of
-// brokers.KafkaConfig.Brokers accepted a connection, with the subscriber's own TLS and
-// SASL settings, and answered an ApiVersions request within a second. It is
-// false after Close. observe.SubscriberConnected uses it for readiness.
-//
-// Why a probe: watermill-kafka keeps its Sarama client and consumer group to
-// itself, so their connection state cannot be read; and a plain TCP dial
-// would call a broker that rejects our credentials healthy. The answer is
-// cached for two seconds, so readiness costs one short-lived connection per
-// seed broker every two seconds whatever the scrape rate, and a change is
-// seen within about three seconds.
+// IsConnected reports whether one of the Brokers answered an ApiVersions
+// request within a second, with the subscriber's TLS and SASL (a TCP dial
+// would call a broker that refuses our credentials healthy); false after
+// Close. The answer is cached for two seconds. observe.SubscriberConnected
+// uses it for readiness.
 func (s *Subscriber) IsConnected() bool {
 	if s.closed() {
 		return false
@@ -56,9 +49,7 @@ func probeAny(sc *sarama.Config, addrs []string) bool {
 			answers <- probeBroker(addr, sc, sc.Net.SASL.Enable, probeTimeout) == nil
 		}()
 	}
-	// Each step above has its own timeout, but dial, TLS, SASL and the
-	// request add up: bound the whole answer, so /healthz answers inside
-	// its budget. Attempts still running finish on their own timeouts.
+	// The steps' timeouts add up: bound the whole answer.
 	deadline := time.NewTimer(probeTimeout)
 	defer deadline.Stop()
 	for range addrs {

@@ -13,18 +13,14 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 )
 
-// groupRequestMargin is what every group request waits beyond the longest
-// time the coordinator may legitimately hold its answer. franz-go waits
-// RebalanceTimeout plus this overhead for a JoinGroup or SyncGroup answer
-// (the Java client does the same), so a member never gives up on a join
-// the coordinator is still holding for a slow peer and rejoins in a loop
-// (IBM/sarama#2820, segmentio/kafka-go#510: the stall Sarama's 30 s read
-// timeout caused under rolling restarts).
+// groupRequestMargin is what a JoinGroup or SyncGroup waits beyond
+// RebalanceTimeout, as the Java client does, so a member never gives up on
+// a join the coordinator still holds for a slow peer and rejoins in a loop
+// (IBM/sarama#2820: the stall under rolling restarts).
 const groupRequestMargin = 10 * time.Second
 
 // groupOpts returns the franz-go options of a consumer-group client for
-// topic. cfg has its defaults applied and is valid. The group callbacks are
-// the caller's.
+// topic, without the group callbacks; c has its defaults and is valid.
 func groupOpts(c brokers.KafkaConfig, topic string) ([]kgo.Opt, error) {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(c.Brokers...),
@@ -36,16 +32,10 @@ func groupOpts(c brokers.KafkaConfig, topic string) ([]kgo.Opt, error) {
 		kgo.HeartbeatInterval(c.HeartbeatInterval),
 		kgo.RebalanceTimeout(c.RebalanceTimeout),
 		kgo.RequestTimeoutOverhead(groupRequestMargin),
-		// The eager range protocol is what Sarama's consumer group (the
-		// subscriber before this one) speaks by default: a group can be
-		// rolled from one to the other without splitting in two.
+		// Sarama's default: a group rolls over from the old subscriber.
 		kgo.Balancers(kgo.RangeBalancer()),
-		// Only offsets the subscriber marks are committed: the
-		// partition's low-water mark of acked messages.
-		kgo.AutoCommitMarks(),
+		kgo.AutoCommitMarks(), // the acked low-water mark only
 		kgo.AutoCommitInterval(c.CommitInterval),
-		// Rebalance callbacks never run between a poll and the hand-off
-		// of its records to the partition queues (see subscriber.go).
 		kgo.BlockRebalanceOnPoll(),
 	}
 	reset := kgo.NewOffset().AtStart()
@@ -56,7 +46,6 @@ func groupOpts(c brokers.KafkaConfig, topic string) ([]kgo.Opt, error) {
 	return securityOpts(c, opts)
 }
 
-// securityOpts appends the TLS and SASL options of c to opts.
 func securityOpts(c brokers.KafkaConfig, opts []kgo.Opt) ([]kgo.Opt, error) {
 	if c.TLS.Enabled {
 		tc, err := tlsConfig(c.TLS)
@@ -76,9 +65,8 @@ func securityOpts(c brokers.KafkaConfig, opts []kgo.Opt) ([]kgo.Opt, error) {
 	return opts, nil
 }
 
-// kgoLogger passes franz-go's log lines to the Watermill logger: its errors
-// as errors, its warnings as INFO (a rejoin, a retried request: worth
-// seeing, not an alert), and the rest at DEBUG.
+// kgoLogger passes franz-go's log lines on: warnings (a rejoin, a retried
+// request) at INFO, as they are no alert, and INFO at DEBUG.
 type kgoLogger struct {
 	logger watermill.LoggerAdapter
 	fields watermill.LogFields

@@ -4,9 +4,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
@@ -20,8 +20,7 @@ import (
 func TestMarshalKeepsRecordTimestamp(t *testing.T) {
 	t.Parallel()
 	ts := time.Date(2024, 2, 3, 4, 5, 6, 7_000_000, time.UTC)
-	consumed, err := kafka.Marshaler{}.Unmarshal(&sarama.ConsumerMessage{Topic: "a", Value: []byte("x"), Timestamp: ts})
-	require.NoError(t, err)
+	consumed := kafka.UnmarshalRecord(&kgo.Record{Topic: "a", Value: []byte("x"), Timestamp: ts})
 	require.Equal(t, "2024-02-03T04:05:06.007Z", consumed.Metadata.Get(kafkarecord.KafkaTimestamp))
 
 	pm, err := kafka.Marshaler{}.Marshal("b", consumed.Copy())

@@ -2,25 +2,24 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
-// Positions stored with the claims (internal/kafkarecord): framework/consumer
-// attaches the claim store to the subscriber, every delivered message's
-// context carries its record's place, the claim transaction stores the
-// partition's settled position, and on assignment a partition starts at
-// that position when the group's offset is below it.
-
-// attach is kafkarecord.Adapter.Attach.
+// attach is kafkarecord.Adapter.Attach (docs/design.md, "Kafka positions").
 func attach(sub any, o kafkarecord.Options) bool {
 	s, ok := sub.(*Subscriber)
 	if ok {
@@ -31,19 +30,15 @@ func attach(sub any, o kafkarecord.Options) bool {
 	return ok
 }
 
-// adjustTimeout bounds what adjustOffsets waits for (the stored
-// positions, the partitions' end and start offsets): past it, partitions
-// start where the group says.
+// adjustTimeout bounds adjustOffsets, which the rebalance waits for: past
+// it, partitions start where the group says.
 const adjustTimeout = 10 * time.Second
 
-// adjustOffsets is franz-go's AdjustFetchOffsetsFn: where the stored
-// position of an assigned partition is past the offset the group starts it
-// at (its committed offset, or the reset offset when it has none), the
-// partition starts at the stored position instead. Every record below it
-// was settled in a committed claim transaction, so skipping them is
-// skipping duplicates without a claim lookup, even when retention has
-// removed their claims. A failed read starts where the group says: the
-// claims still decide.
+// adjustOffsets is franz-go's AdjustFetchOffsetsFn: a partition whose stored
+// position is past the group's offset (committed, or the reset offset)
+// starts there, since every record below it was settled, even if retention
+// removed its claim. A failed read starts where the group says: the claims
+// still decide.
 func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
 	<-g.clientSet
 	o := g.s.positionOptions()
@@ -51,8 +46,6 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 	if o.Loader == nil || len(parts) == 0 {
 		return offsets, nil
 	}
-	// The group waits for this: a database or broker that does not
-	// answer must not hold the rebalance.
 	ctx, cancel := context.WithTimeout(ctx, adjustTimeout)
 	defer cancel()
 	ids := make([]int32, 0, len(parts))
@@ -65,7 +58,6 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 		g.s.logger.Error("Reading the positions stored with the claims failed; starting where the group's offsets say (the claims still turn redeliveries into duplicates)", err, g.fields)
 		return offsets, nil
 	}
-	// The partitions that would start at their stored position.
 	var moves []int32
 	for _, id := range ids {
 		pos, ok := stored[id]
@@ -86,11 +78,8 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 	if len(moves) == 0 {
 		return offsets, nil
 	}
-	// A stored position past the partition's end offset was stored for
-	// another life of the topic (deleted and created again under the same
-	// name, its offsets starting at 0 again): starting there would skip
-	// new records. A partition whose end cannot be read starts where the
-	// group says: the claims still decide.
+	// A position past the end offset belongs to an earlier topic of that
+	// name (deleted and created again): starting there would skip records.
 	adm := kadm.NewClient(g.cl)
 	ends, err := adm.ListEndOffsets(ctx, g.topic)
 	if err != nil {
@@ -137,11 +126,8 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 	return offsets, nil
 }
 
-// endOffsets returns the end offset (the high watermark, one past the
-// latest record) of each partition of topic, with a short-lived client of
-// its own that joins no group: `claimtx stats` and the console subtract
-// the stored positions from them (the records not settled yet), through
-// kafkarecord.EndOffsets.
+// endOffsets is kafkarecord.EndOffsets: each partition's high watermark,
+// for `claimtx stats` and the console.
 func (s *Subscriber) endOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
 	adm, err := s.adminClient()
 	if err != nil {
@@ -178,8 +164,7 @@ func (s *Subscriber) adminClient() (*kadm.Client, error) {
 	return kadm.NewClient(cl), nil
 }
 
-// settled tells the attached Options.Settled that acks advanced a
-// partition's settled position (called from partition.ack).
+// settled passes an advanced settled position to Options.Settled.
 func (s *Subscriber) settled(topic string, partition int32, below int64) {
 	if f := s.positionOptions().Settled; f != nil {
 		f(topic, partition, below)
@@ -206,4 +191,73 @@ func (p *partition) SettledBelow(settling []int64) (int64, bool) {
 		}
 	}
 	return p.last.Offset + 1, true
+}
+
+// ReplayHorizon reports how old a message of topic can be when Kafka still
+// delivers it: the topic's retention.ms, or brokers.UnboundedHorizon when it
+// keeps records forever (-1) or is compacted. A topic that does not exist
+// yet reports the broker's log.retention.ms. A consumer compares it with
+// its claim retention (framework/consumer's Config.Retention).
+func (s *Subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	adm, err := s.adminClient()
+	if err != nil {
+		return 0, err
+	}
+	defer adm.Close()
+	rc, err := describe(adm.DescribeTopicConfigs(ctx, topic))
+	if err == nil {
+		return horizonOf(topic, rc.Configs, "")
+	}
+	// An unknown topic gets the controller's default.
+	if md, merr := adm.BrokerMetadata(ctx); merr == nil {
+		if rc, berr := describe(adm.DescribeBrokerConfigs(ctx, md.Controller)); berr == nil {
+			return horizonOf(topic, rc.Configs, "log.")
+		}
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return 0, ctxErr
+	}
+	return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: %w", topic, err)
+}
+
+// horizonOf reads retention.ms and cleanup.policy off configs, whose keys
+// carry prefix ("log." for the broker's defaults).
+func horizonOf(topic string, configs []kadm.Config, prefix string) (time.Duration, error) {
+	retention := brokers.UnboundedHorizon // Kafka's default is 7 days, but only a value read counts
+	found := false
+	for _, c := range configs {
+		switch strings.TrimPrefix(c.Key, prefix) {
+		case "cleanup.policy":
+			if strings.Contains(c.MaybeValue(), "compact") {
+				return brokers.UnboundedHorizon, nil
+			}
+		case "retention.ms":
+			ms, err := strconv.ParseInt(c.MaybeValue(), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: retention.ms %q: %w", topic, c.MaybeValue(), err)
+			}
+			found = true
+			if ms >= 0 && ms < math.MaxInt64/int64(time.Millisecond) {
+				retention = time.Duration(ms) * time.Millisecond
+			}
+		}
+	}
+	if !found {
+		return 0, fmt.Errorf("brokers/kafka: replay horizon of %q: the broker reported no retention.ms", topic)
+	}
+	return retention, nil
+}
+
+// describe returns the one resource a describe call asked for.
+func describe(rcs kadm.ResourceConfigs, err error) (kadm.ResourceConfig, error) {
+	switch {
+	case err != nil:
+		return kadm.ResourceConfig{}, err
+	case len(rcs) != 1:
+		return kadm.ResourceConfig{}, errors.New("no configuration returned")
+	}
+	return rcs[0], rcs[0].Err
 }

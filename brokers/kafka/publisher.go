@@ -13,32 +13,30 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/brokers/internal/defaults"
 	"github.com/claimtx/claimtx/framework"
 )
 
 // Publisher produces with a Sarama sync producer (acks=all, idempotent):
 // Publish returns once every message is written.
 type Publisher struct {
-	// mu makes Close safe against concurrent Publish calls:
-	// watermill-kafka's Publisher keeps its closed flag in a plain bool.
-	mu     sync.RWMutex
+	mu     sync.RWMutex // watermill-kafka's closed flag is a plain bool
 	closed bool
 	pub    *wkafka.Publisher
 }
 
 var _ message.Publisher = (*Publisher)(nil)
 
-// NewPublisher validates cfg and connects the producer, retrying while no
-// broker is reachable until brokers.KafkaConfig.DialTimeout passes or ctx ends. ctx
-// bounds the start-up only, not the Publisher's life. A nil logger logs
-// nothing. An invalid cfg (including an unreadable TLS file) is a
+// NewPublisher validates cfg and connects the producer, retrying until
+// DialTimeout passes or ctx ends (ctx bounds the start-up only). A nil
+// logger logs nothing. An invalid cfg (an unreadable TLS file too) is a
 // *framework.ConfigError.
 func NewPublisher(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
 	sc, err := saramaConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	cfg = withDefaults(cfg)
+	cfg = defaults.Apply(cfg)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
@@ -58,12 +56,9 @@ func NewPublisher(ctx context.Context, cfg brokers.KafkaConfig, logger watermill
 	return &Publisher{pub: pub}, nil
 }
 
-// Publish writes messages to topic in order and waits for each to be
-// acknowledged by all in-sync replicas. Topics are created on first use
-// when the cluster allows auto-creation. A message Kafka will never take
-// as it is (see refused: over the producer's or the topic's size limit,
-// not authorized, refused by policy) fails with a framework.Permanent
-// error.
+// Publish writes messages to topic in order and waits for all in-sync
+// replicas. A message Kafka will never take as it is (see refused) fails
+// with a framework.Permanent error.
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
@@ -81,12 +76,8 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 }
 
 // refused reports whether a publish failed because of the message or a
-// standing rule, so that publishing it again cannot succeed: larger than
-// Producer.MaxMessageBytes (1 MiB; Sarama checks before sending) or the
-// topic's max.message.bytes, not a valid record, a topic or cluster the
-// principal may not write to, a policy violation, an invalid topic name.
-// Anything else (a leader election, a broker down, a timeout) may pass on
-// a later attempt, which Sarama's own retries have not made yet.
+// standing rule (size, validity, authorization, policy, topic name), so
+// that publishing it again cannot succeed.
 func refused(err error) bool {
 	var ke sarama.KError
 	if errors.As(err, &ke) {

@@ -12,19 +12,15 @@ import (
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
-// Importing the package makes the "kafka" kind available to
-// brokers.Config.Validate, NewSubscriber and NewPublisher, the way a user's adapter registers its own kind: a
-// program that never imports it links neither Sarama nor franz-go.
-// brokers.Config.Validate checks the kafka section, so there is no
-// Validate here.
+// Importing the package registers the "kafka" kind: a program that never
+// imports it links neither Sarama nor franz-go. brokers.Config.Validate
+// checks the kafka section, so there is no Validate here.
 func init() {
 	brokers.Register(brokers.KindKafka, brokers.Factory{
 		NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
 			sub, err := NewSubscriber(context.Background(), c.Kafka, l)
 			if err != nil {
-				// A missing consumer group is only found here: publishers
-				// do not need one.
-				return nil, inSection(err)
+				return nil, inSection(err) // a missing consumer group is only found here
 			}
 			return sub, nil
 		},

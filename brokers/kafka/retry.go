@@ -19,9 +19,8 @@ type errPermanent struct{ error }
 func (e errPermanent) Unwrap() error { return e.error }
 
 // retryStart calls try until it succeeds, ctx ends or cfg.DialTimeout has
-// passed since the first attempt, waiting cfg.ReconnectBackoff in between.
-// An errPermanent from try is returned at once. what names the operation
-// in the error.
+// passed, waiting cfg.ReconnectBackoff in between; an errPermanent or
+// refused credentials end it at once. what names the operation.
 func retryStart(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.LoggerAdapter, what string, try func() error) error {
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
@@ -38,11 +37,9 @@ func retryStart(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.L
 				what, cfg.Brokers, attempt, time.Since(start).Round(time.Millisecond), cause)
 		}
 		if authErr := authError(cfg, err); authErr != nil {
-			// Waiting cannot fix refused credentials: name it, at once.
 			return fmt.Errorf("brokers/kafka: %s at %v: %w", what, cfg.Brokers, authErr)
 		}
-		// The context is checked before the deadline: a caller that
-		// cancelled wants to see its own error.
+		// Before the deadline: a caller that cancelled wants its own error.
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return fail(errors.Join(ctxErr, err))
 		}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,15 +17,13 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/brokers/internal/defaults"
 	"github.com/claimtx/claimtx/brokers/internal/wait"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
-// Subscriber consumes with a franz-go consumer group (brokers.KafkaConfig.ConsumerGroup).
-// Each partition has at most brokers.KafkaConfig.Window messages in flight (one by
-// default); an ack marks its offset once every earlier message of the
-// partition is acked, and marks are committed every brokers.KafkaConfig.CommitInterval
-// (see "Consuming" below).
+// Subscriber consumes with a franz-go consumer group, up to Window messages
+// in flight per partition (see the package documentation, "Delivery").
 type Subscriber struct {
 	cfg    brokers.KafkaConfig
 	sc     *sarama.Config // readiness probe and credential check (health.go, auth.go)
@@ -33,7 +33,7 @@ type Subscriber struct {
 	positions kafkarecord.Options // stored positions, attached before Subscribe (positions.go)
 
 	// life ends when Close starts, and with it every subscription; mu
-	// orders subs.Add in Subscribe against Close's Wait.
+	// orders Subscribe's subs.Add before Close's Wait.
 	mu   sync.Mutex
 	life context.Context
 	end  context.CancelFunc
@@ -44,11 +44,9 @@ var errSubscriberClosed = errors.New("subscriber closed")
 
 var _ message.Subscriber = (*Subscriber)(nil)
 
-// NewSubscriber validates cfg and returns a Subscriber. It does not
-// connect, so ctx is not used yet; it is there so that both constructors
-// of both adapters read alike and a later version may dial here. Each
-// Subscribe call opens its own client (and retries, see
-// brokers.KafkaConfig.DialTimeout). A nil logger logs nothing. An invalid cfg,
+// NewSubscriber validates cfg and returns a Subscriber. It does not connect
+// (ctx is there so that the adapters' constructors read alike): each
+// Subscribe opens its own client. A nil logger logs nothing. An invalid cfg,
 // including an empty ConsumerGroup, is a *framework.ConfigError.
 func NewSubscriber(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
 	sc, err := saramaConfig(cfg)
@@ -58,10 +56,7 @@ func NewSubscriber(ctx context.Context, cfg brokers.KafkaConfig, logger watermil
 	if err := validateSubscriber(cfg); err != nil {
 		return nil, err
 	}
-	cfg = withDefaults(cfg)
-	if _, err := groupOpts(cfg, "validate"); err != nil {
-		return nil, err
-	}
+	cfg = defaults.Apply(cfg)
 	if logger == nil {
 		logger = watermill.NopLogger{}
 	}
@@ -72,15 +67,12 @@ func NewSubscriber(ctx context.Context, cfg brokers.KafkaConfig, logger watermil
 // closed reports whether Close has begun.
 func (s *Subscriber) closed() bool { return s.life.Err() != nil }
 
-// closeWait bounds Close's wait for the subscriptions: each ends within
-// closeTimeout once its consumer let go of the messages it holds.
+// closeWait bounds Close's wait: each subscription ends within closeTimeout.
 const closeWait = closeTimeout + time.Second
 
-// Close ends every subscription: it stops forwarding, commits the offsets
-// of acked messages, leaves the group and waits for the subscriptions to
-// close their channels, at most 6 s (a cluster that does not answer
-// cannot hold it longer; what was not committed is delivered again). It is
-// idempotent.
+// Close ends every subscription (stop forwarding, commit the acked offsets,
+// leave the group, close the channel) and waits for them, at most 6 s: what
+// was not committed is delivered again. It is idempotent.
 func (s *Subscriber) Close() error {
 	s.mu.Lock()
 	s.end()
@@ -96,53 +88,21 @@ func (s *Subscriber) Close() error {
 	return nil
 }
 
-// Consuming (one subscription per Subscribe call).
-//
-// Each subscription is a franz-go consumer-group client of its own. Under
-// rolling restarts that mix crashes with graceful stops, Sarama's consumer
-// group (which watermill-kafka and the earlier window mode used) stopped
-// consuming for good: its JoinGroup waits Net.ReadTimeout (30 s) whatever
-// the rebalance timeout is, takes no context, and a member stuck in it
-// could neither join nor leave, so neither the group nor a SIGTERM made
-// progress. franz-go waits RebalanceTimeout + groupRequestMargin for group
-// answers, and leaving the group cancels a join in flight.
-//
-//   - One poll loop hands fetched records to a queue per assigned
-//     partition. A queue past queueHigh pauses that partition's fetches
-//     (one slow partition never stops the others) and resumes them when it
-//     drained to half. With BlockRebalanceOnPoll, rebalance callbacks never
-//     run between a poll and that hand-off.
-//   - Each partition forwards its records in order through a semaphore of
-//     window slots (brokers.KafkaConfig.Window, or 1: the one message in flight per
-//     partition watermill-kafka has). A slot is taken before a record is
-//     forwarded and given back when its message (the last copy, after
-//     nacks) is acked.
-//   - Forwarded offsets not acked yet are kept in order. An ack of the lowest
-//     marks the next lowest (or the one after the latest forwarded record),
-//     so the committed offset never passes an unacked message; marks are
-//     committed every brokers.KafkaConfig.CommitInterval, when partitions are revoked and
-//     when the subscription ends.
-//   - A nack re-sends a fresh copy (Watermill messages can be acked only
-//     once) after brokers.KafkaConfig.NackDelay; its slot stays taken, later messages of
-//     the partition go on (with one slot, they wait: Kafka order).
-//   - On revoke (or loss) a partition stops at once: nothing more is
-//     forwarded, re-sent or marked. The rebalance does not wait for
-//     outstanding acks: their messages are delivered again from the
-//     committed offset to whoever owns the partition next, where the claim
-//     table turns them into duplicates. Work in progress may still finish:
-//     a message's context is cancelled once it is acked or the subscription
-//     ends, not when its partition moves.
+// Each Subscribe is a franz-go group client of its own. One poll loop hands
+// fetched records to a queue per assigned partition; each partition
+// forwards them in order, taking a window slot per record and giving it
+// back when the message (its last copy, after nacks) is acked. On revoke or
+// loss a partition stops at once: nothing more is forwarded, re-sent or
+// marked.
 
 // queueHigh is how many fetched records a partition may hold before its
-// fetches pause; window-sized queues would make each slot wait for a
-// fetch round trip.
+// fetches pause (one slow partition never stops the others); window-sized
+// queues would make each slot wait for a fetch round trip.
 const queueHigh = 512
 
 // closeTimeout bounds what ending a subscription waits on the cluster for
-// (the final commit, leaving the group). A broker that does not
-// answer must not hold a shutdown: what was not committed is delivered
-// again, and a member that could not leave is evicted after its session
-// timeout.
+// (the final commit, leaving the group): a member that could not leave is
+// evicted after its session timeout.
 const closeTimeout = 5 * time.Second
 
 // subscription is one Subscribe call's group client and partitions.
@@ -162,16 +122,15 @@ type subscription struct {
 	workers  sync.WaitGroup // partition forwarders
 	watchers sync.WaitGroup // one per forwarded message until it settles
 
-	// clientSet is closed once cl is set. franz-go starts joining the
-	// group inside kgo.NewClient, so a group callback can run before
-	// NewClient has returned the client the callbacks use.
+	// clientSet is closed once cl is set: franz-go may run a group
+	// callback before kgo.NewClient returns.
 	clientSet chan struct{}
 }
 
 // Subscribe joins the consumer group for topic. The first contact with the
-// cluster is retried until brokers.KafkaConfig.DialTimeout or ctx ends; after that, the
-// client reconnects and rejoins on its own. The channel is closed when ctx
-// ends or the Subscriber is closed.
+// cluster is retried until DialTimeout or ctx ends; after that the client
+// reconnects and rejoins on its own. The channel is closed when ctx ends or
+// the Subscriber is closed.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	what := fmt.Sprintf("subscribe to %q", topic)
 	g := &subscription{
@@ -199,8 +158,6 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		kgo.OnPartitionsLost(g.lost),
 		kgo.AdjustFetchOffsetsFn(g.adjustOffsets),
 	)
-	// Close ends s.life under mu before it waits: no subscription starts
-	// once Close is waiting.
 	s.mu.Lock()
 	if s.closed() {
 		s.mu.Unlock()
@@ -208,8 +165,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	}
 	s.subs.Add(1)
 	s.mu.Unlock()
-	// runCtx ends with ctx or when the Subscriber closes; it is set before
-	// the client starts the group callbacks that read it.
+	// runCtx ends with ctx or Close; set before the client starts the
+	// group callbacks that read it.
 	var cancelRun context.CancelFunc
 	g.runCtx, cancelRun = context.WithCancel(ctx)
 	stopOnClose := context.AfterFunc(s.life, cancelRun)
@@ -254,8 +211,8 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return g.out, nil
 }
 
-// configError is a franz-go option the client refused: brokers.KafkaConfig.Validate
-// should have caught it first.
+// configError is a franz-go option the client refused (Validate should
+// have caught it first).
 type configError struct{ error }
 
 func (e *configError) Error() string {
@@ -263,8 +220,8 @@ func (e *configError) Error() string {
 }
 func (e *configError) Unwrap() error { return e.error }
 
-// poll hands fetched records to their partitions until the subscription's
-// context ends.
+// poll hands fetched records to their partitions until runCtx ends. With
+// BlockRebalanceOnPoll no rebalance callback runs before AllowRebalance.
 func (g *subscription) poll() {
 	for {
 		fetches := g.cl.PollRecords(g.runCtx, 0)
@@ -300,8 +257,7 @@ func (g *subscription) poll() {
 	}
 }
 
-// assigned starts a forwarder for each new partition (franz-go calls it
-// before it fetches them).
+// assigned starts a forwarder for each new partition, before its fetches.
 func (g *subscription) assigned(_ context.Context, _ *kgo.Client, assigned map[string][]int32) {
 	<-g.clientSet
 	g.mu.Lock()
@@ -321,14 +277,13 @@ func (g *subscription) assigned(_ context.Context, _ *kgo.Client, assigned map[s
 			wake:  make(chan struct{}, 1),
 		}
 		g.parts[id] = p
-		g.workers.Add(1)
-		go p.run()
+		g.workers.Go(p.run)
 	}
 	g.s.logger.Debug("Partitions assigned", g.fields.Add(watermill.LogFields{"partitions": fmt.Sprint(assigned[g.topic])}))
 }
 
-// revoked stops the partitions that moved and commits what was marked on
-// them, so their next owner starts after every acked message.
+// revoked stops the partitions that moved and commits their marks, so
+// their next owner starts after every acked message.
 func (g *subscription) revoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
 	<-g.clientSet
 	g.stop(revoked[g.topic])
@@ -345,15 +300,13 @@ func (g *subscription) revoked(ctx context.Context, cl *kgo.Client, revoked map[
 	}
 }
 
-// lost stops the partitions without committing: the group already gave
-// them to another member.
+// lost stops the partitions without committing: they are another's already.
 func (g *subscription) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	<-g.clientSet
 	g.stop(lost[g.topic])
 	g.s.logger.Info("Kafka partitions lost (session ended without a revoke)", g.fields.Add(watermill.LogFields{"partitions": fmt.Sprint(lost[g.topic])}))
 }
 
-// stop ends the given partitions.
 func (g *subscription) stop(ids []int32) {
 	g.mu.Lock()
 	var stopped []*partition
@@ -369,26 +322,22 @@ func (g *subscription) stop(ids []int32) {
 	}
 }
 
-// end is the subscription's last step: stop every partition, commit what
-// was marked, leave the group, and close the channel once nothing can send
-// on it any more. The waits on the cluster share one closeTimeout.
+// end stops every partition, commits what was marked, leaves the group and
+// closes the channel once nothing can send on it; the waits on the cluster
+// share one closeTimeout.
 func (g *subscription) end() {
 	g.mu.Lock()
 	g.ended = true
-	ids := make([]int32, 0, len(g.parts))
-	for id := range g.parts {
-		ids = append(ids, id)
-	}
+	ids := slices.Collect(maps.Keys(g.parts))
 	g.mu.Unlock()
-	// Stop before the commit: an ack that comes later marks nothing, so
-	// the commit below is the last word on this member's offsets.
+	// Stopped first, no later ack marks anything: the commit below is this
+	// member's last word.
 	g.stop(ids)
 	deadline := time.Now().Add(closeTimeout)
 	if len(ids) > 0 {
-		// With no partition assigned the member is joining (the eager
-		// revoke before a join committed its marks already), and
-		// franz-go holds commits until the join ends: nothing to wait
-		// for.
+		// With no partition the member is joining: the eager revoke
+		// committed already, and franz-go holds commits until the join
+		// ends.
 		ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(closeTimeout/2))
 		if err := g.cl.CommitMarkedOffsets(ctx); err != nil {
 			g.s.logger.Info("Kafka final commit failed; those messages are delivered again", g.fields.Add(watermill.LogFields{"err": err.Error()}))
@@ -396,30 +345,24 @@ func (g *subscription) end() {
 		cancel()
 	}
 	g.leave(deadline)
-	// No forwarder runs any more, so no watcher starts; the watchers left
-	// see runCtx ended and return.
+	// No forwarder runs, so no watcher starts; those left see runCtx end.
 	g.workers.Wait()
 	g.watchers.Wait()
 	close(g.out)
 }
 
-// leaveNudge is how long leave lets franz-go leave the group by itself
-// before it sends the LeaveGroup itself.
+// leaveNudge is how long leave lets franz-go leave by itself.
 const leaveNudge = 250 * time.Millisecond
 
-// leave leaves the group and closes the client, waiting until deadline at
-// most.
+// leave leaves the group and closes the client, until deadline at most.
 //
 // franz-go does not interrupt a JoinGroup or SyncGroup in flight when it
-// leaves (so that a final commit in the revoke callback can still succeed),
-// and the coordinator may hold a join until the rebalance ends, up to
-// RebalanceTimeout. A member stopped while it joins would then stay in the
-// group, counted as joined, and get partitions it will never consume. So
-// when franz-go has not left within leaveNudge, leave sends the LeaveGroup
-// for the member itself: the coordinator removes it at once, and the
-// rebalance goes on without it. (A real broker also answers the pending
-// join then, with UNKNOWN_MEMBER_ID, and franz-go finishes closing; kfake
-// does not, and the client goes on closing in the background.)
+// leaves, and the coordinator may hold a join up to RebalanceTimeout: a
+// member stopped while joining would stay in the group and get partitions
+// it never consumes. So after leaveNudge leave sends the LeaveGroup itself;
+// the coordinator removes the member at once (a real broker also answers
+// the join with UNKNOWN_MEMBER_ID; kfake does not, and the client goes on
+// closing in the background).
 func (g *subscription) leave(deadline time.Time) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
@@ -441,15 +384,13 @@ func (g *subscription) leave(deadline time.Time) {
 		req.MemberID = memberID
 		m := kmsg.NewLeaveGroupRequestMember()
 		m.MemberID = memberID
-		reason := "claimtx subscriber closing while the group rebalances"
-		m.Reason = &reason
+		m.Reason = kmsg.StringPtr("claimtx subscriber closing while the group rebalances")
 		req.Members = append(req.Members, m)
 		if _, err := req.RequestWith(ctx, g.cl); err != nil {
 			g.s.logger.Info("Sending LeaveGroup failed; the group evicts this member after its session timeout", g.fields.Add(watermill.LogFields{"err": err.Error()}))
 		} else {
-			// Out of the group: nothing is left to wait for but the
-			// client's goroutines, which a broker that never answers
-			// the join (kfake) holds until the request times out.
+			// Out of the group: only the client's goroutines are left,
+			// which kfake holds until the join times out.
 			g.s.logger.Debug("Left the Kafka group while a join was in flight", g.fields.Add(watermill.LogFields{"member_id": memberID}))
 			if wait.For(leaveNudge, done) {
 				g.s.logger.Debug("Kafka client still closing; going on without it", g.fields)
@@ -532,7 +473,6 @@ func (p *partition) next() (*kgo.Record, bool) {
 
 // run forwards the partition's records, one window slot each, until stop.
 func (p *partition) run() {
-	defer p.g.workers.Done()
 	for {
 		select {
 		case p.slots <- struct{}{}:
@@ -554,20 +494,18 @@ func (p *partition) run() {
 			cancel()
 			return
 		}
-		p.g.watchers.Add(1)
-		go p.watch(msg, e, ctx, cancel)
+		p.g.watchers.Go(func() { p.watch(msg, e, ctx, cancel) })
 	}
 }
 
-// unmarshalRecord converts a record as the package documentation
-// ("Plain producers and metadata") describes. It never fails: a record
-// that cannot be read as a message would stop its partition for good.
+// unmarshalRecord never fails: a record that cannot be read as a message
+// would stop its partition for good.
 func unmarshalRecord(r *kgo.Record) *message.Message {
 	return kafkarecord.KafkaMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value, r.Timestamp, r.Headers,
 		func(h kgo.RecordHeader) (string, []byte, bool) { return h.Key, h.Value, true })
 }
 
-// track records a forwarded record. Records arrive in offset order.
+// track records a forwarded record, in offset order.
 func (p *partition) track(r *kgo.Record) *list.Element {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -576,15 +514,10 @@ func (p *partition) track(r *kgo.Record) *list.Element {
 }
 
 // ack drops e from the unacked records, marks the next offset to consume
-// and frees e's window slot. After stop it marks nothing: the partition may
-// belong to another member by then.
-//
-// The next offset to consume is the lowest unacked one, or the one after
-// the latest forwarded record when every forwarded record is acked:
-// everything below it is acked (the gaps in between hold no records this
-// consumer was given, such as transaction markers). Only unacked records
-// are kept, so the state stays within the window even while one message is
-// retried for a long time.
+// (the lowest unacked one, or one past the latest forwarded: gaps hold no
+// records we were given, such as transaction markers) and frees e's window
+// slot. After stop it marks nothing: the partition may be another
+// member's.
 func (p *partition) ack(e *list.Element) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -606,12 +539,10 @@ func (p *partition) ack(e *list.Element) {
 }
 
 // watch follows one forwarded message until it is acked, re-sending a fresh
-// copy after each nack, and then cancels the message's context. Once the
-// partition stopped it re-sends nothing and marks nothing, and only waits
-// for the consumer to finish with the message (or for the subscription to
-// end) before it cancels the context.
+// copy after each nack, then cancels its context. Once the partition
+// stopped it only waits for the consumer to settle the message (or the
+// subscription to end) before it cancels the context.
 func (p *partition) watch(msg *message.Message, e *list.Element, ctx context.Context, cancel context.CancelFunc) {
-	defer p.g.watchers.Done()
 	defer cancel()
 	for {
 		select {
@@ -630,9 +561,7 @@ func (p *partition) watch(msg *message.Message, e *list.Element, ctx context.Con
 		if !wait.For(p.g.s.cfg.NackDelay, p.done) {
 			return
 		}
-		// A Watermill message is acked or nacked once: send a new one
-		// with the same UUID, payload and metadata.
-		msg = msg.Copy()
+		msg = msg.Copy() // a Watermill message settles once
 		msg.SetContext(ctx)
 		select {
 		case p.g.out <- msg:
@@ -642,8 +571,8 @@ func (p *partition) watch(msg *message.Message, e *list.Element, ctx context.Con
 	}
 }
 
-// stop ends the partition: no more forwarding, marks or re-sends. A paused
-// partition is resumed, so that it is fetched again if it comes back.
+// stop ends the partition. A paused partition is resumed, so that it is
+// fetched again if it comes back.
 func (p *partition) stop() {
 	p.mu.Lock()
 	if p.stopped {

@@ -15,33 +15,24 @@ import (
 	"github.com/claimtx/claimtx/internal/natsmsg"
 )
 
-// Reconnect timing of an established connection. nats.go resubscribes
-// (the pull subscriptions' inboxes included) and flushes what it buffered
-// once it is back.
+// Reconnect timing; nats.go resubscribes and flushes once it is back.
 const (
 	reconnectWait = 500 * time.Millisecond
 	dialBackoffLo = 100 * time.Millisecond
 	dialBackoffHi = 2 * time.Second
 )
 
-// isAuthError reports whether the server refused the credentials, which
-// waiting cannot fix.
 func isAuthError(err error) bool {
 	return errors.Is(err, natsgo.ErrAuthorization) || errors.Is(err, natsgo.ErrAuthExpired) ||
 		errors.Is(err, natsgo.ErrAuthRevoked) || errors.Is(err, natsgo.ErrAccountAuthExpired)
 }
 
-// dial connects to NATS, retrying with backoff until s.DialTimeout has
-// passed (a single attempt when it is negative), because nats.Connect
-// fails at once while the server is still starting. A refused credential
-// is a *framework.AuthError at once. Once connected, the connection
-// reconnects forever (MaxReconnects -1): a consumer whose connection gave
-// up would stay up and consume nothing; /healthz reports the outage
-// instead (the subscriber's IsConnected).
-//
-// denied, when not nil, records the subjects the server refused a publish
-// to for lack of permission. It returns the JetStream context on the
-// connection too, which is what both the publisher and the subscriber use.
+// dial connects to NATS, retrying with backoff until s.DialTimeout (once
+// when negative): nats.Connect fails at once while the server starts. A
+// refused credential is a *framework.AuthError at once. Once connected it
+// reconnects forever: a consumer whose connection gave up would stay up
+// and consume nothing, where /healthz reports the outage. denied, when not
+// nil, records the subjects a publish was refused to.
 func dial(s settings, logger watermill.LoggerAdapter, role string, denied *deniedSubjects) (*natsgo.Conn, natsgo.JetStreamContext, error) {
 	opts := []natsgo.Option{
 		natsgo.Name("claimtx-" + role),
@@ -81,7 +72,6 @@ func dial(s settings, logger watermill.LoggerAdapter, role string, denied *denie
 			return nil, nil, &framework.AuthError{Dependency: "NATS", Err: err}
 		}
 		if s.DialTimeout < 0 || time.Now().Add(wait).After(deadline) {
-			// nats.go's connect errors do not quote the URL.
 			return nil, nil, fmt.Errorf("connect to NATS (%d attempts): %w", attempt, err)
 		}
 		warnlog.Log(logger, "NATS not reachable yet, retrying", watermill.LogFields{
@@ -93,25 +83,20 @@ func dial(s settings, logger watermill.LoggerAdapter, role string, denied *denie
 }
 
 // deniedSubjects remembers when the server last refused a publish to each
-// subject for lack of permission. The server says so asynchronously (an
-// -ERR after the PUB), and a JetStream publish then only times out waiting
-// for its acknowledgement: the record is how Publish tells that timeout
-// from one a later attempt may get past.
+// subject (permissions). It says so asynchronously, and the JetStream
+// publish only times out: this is how Publish tells that timeout apart.
 type deniedSubjects struct {
 	mu sync.Mutex
 	at map[string]time.Time
 }
 
-// publishDenied finds the subject in the server's "Permissions Violation
-// for Publish to "SUBJECT"" error.
+// publishDenied matches the server's -ERR text: nats.go has no sentinel.
 var publishDenied = regexp.MustCompile(`Permissions Violation for Publish to "([^"]+)"`)
 
 func (d *deniedSubjects) record(err error) {
 	if d == nil || err == nil {
 		return
 	}
-	// nats.go has no sentinel for it (nats.go v1.37: "nats: " + the
-	// server's -ERR text), so the server's wording is matched.
 	m := publishDenied.FindStringSubmatch(err.Error())
 	if m == nil {
 		return
@@ -124,7 +109,6 @@ func (d *deniedSubjects) record(err error) {
 	d.at[m[1]] = time.Now()
 }
 
-// since reports whether a publish to subject was refused at or after t.
 func (d *deniedSubjects) since(subject string, t time.Time) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -12,45 +12,26 @@ import (
 	"github.com/claimtx/claimtx/internal/natsmsg"
 )
 
-// Metadata keys the subscriber sets from the JetStream delivery (see
-// natsmsg: the dead-letter tooling sets them too).
-const (
-	metaPrefix    = natsmsg.MetaPrefix
-	metaDelivered = natsmsg.MetaDelivered
-)
-
-// errHeaderKey is wrapped when a metadata key cannot be a NATS header.
 var errHeaderKey = errors.New("cannot be a NATS header (letters, digits and !#$%&'*+-.^_`|~ only)")
 
-// marshaler converts Watermill messages to NATS messages and back.
-//
-// Publishing, the subject is the subject prefix plus the topic (watermill-nats
-// uses the bare topic); metadata becomes headers, except the nats_ keys and
-// JetStream's Nats-Expected-* publish preconditions, which would make a
-// republished copy fail (or be refused by the poison stream). The
-// Watermill UUID travels in watermill-nats's _watermill_message_uuid
-// header, so watermill-nats subscribers read these messages too.
-//
-// Consuming, it never fails: watermill-nats drops a message its
-// Unmarshaler refuses without acking or nacking it, so JetStream would
-// redeliver it after every AckWait, forever, and it would never reach the
-// poison topic. natsmsg.Message says how headers become metadata.
+// marshaler converts Watermill messages to NATS messages and back, in
+// watermill-nats's format but with the subject prefix (package
+// documentation, "Metadata"). Unmarshal never fails: a message it refused
+// would come back every AckWait and never reach the poison topic.
 type marshaler struct {
 	subjectPrefix string
 }
 
 var _ wmnats.MarshalerUnmarshaler = marshaler{}
 
-// Marshal implements watermill-nats's Marshaler.
 func (m marshaler) Marshal(topic string, msg *message.Message) (*natsgo.Msg, error) {
 	hdr := make(natsgo.Header, len(msg.Metadata)+1)
 	for k, v := range msg.Metadata {
-		if strings.HasPrefix(k, metaPrefix) || strings.HasPrefix(k, natsmsg.ExpectedPrefix) || k == wmnats.WatermillUUIDHdr {
+		if strings.HasPrefix(k, natsmsg.MetaPrefix) || strings.HasPrefix(k, natsmsg.ExpectedPrefix) || k == wmnats.WatermillUUIDHdr {
 			continue
 		}
 		if !validHeaderKey(k) {
-			// nats.go writes headers with net/http, which drops such a
-			// key without a word: refuse instead of losing it.
+			// net/http's header writer would drop it without a word.
 			return nil, fmt.Errorf("brokers/nats: metadata key %q %w", k, errHeaderKey)
 		}
 		hdr.Set(k, v)
@@ -59,8 +40,6 @@ func (m marshaler) Marshal(topic string, msg *message.Message) (*natsgo.Msg, err
 	return &natsgo.Msg{Subject: m.subjectPrefix + topic, Data: msg.Payload, Header: hdr}, nil
 }
 
-// Unmarshal implements watermill-nats's Unmarshaler; it never fails (see
-// marshaler).
 func (m marshaler) Unmarshal(nm *natsgo.Msg) (*message.Message, error) {
 	var at *natsmsg.Stored
 	if meta, err := nm.Metadata(); err == nil {
@@ -69,8 +48,7 @@ func (m marshaler) Unmarshal(nm *natsgo.Msg) (*message.Message, error) {
 	return natsmsg.Message(nm.Subject, nm.Header, nm.Data, at), nil
 }
 
-// validHeaderKey reports whether k is an HTTP token, which is what
-// nats.go's header writer (net/http's) keeps.
+// validHeaderKey reports whether k is an HTTP token.
 func validHeaderKey(k string) bool {
 	if k == "" {
 		return false

@@ -8,15 +8,13 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Importing the package makes the "nats" kind available to
-// brokers.Config.Validate, NewSubscriber and NewPublisher, like brokers/amqp and brokers/kafka: a program that
-// never imports it does not link nats.go.
+// Importing the package registers the "nats" kind: a program that never
+// imports it does not link nats.go.
 func init() { brokers.Register(brokers.KindNATS, factory()) }
 
-// factory is the adapter's Factory. Its settings are Config.NATS
-// (brokers.NATSConfig), which package brokers checks; a problem is a
-// *framework.ConfigError naming "nats.<key>", which package brokers
-// renames to the environment variable when the value came from one.
+// factory is the adapter's Factory. A problem is a *framework.ConfigError
+// naming "nats.<key>", which package brokers renames to the environment
+// variable when the value came from one.
 func factory() brokers.Factory {
 	return brokers.Factory{
 		NewSubscriber: func(cfg brokers.Config, logger watermill.LoggerAdapter) (message.Subscriber, error) {
@@ -24,10 +22,7 @@ func factory() brokers.Factory {
 			if err != nil {
 				return nil, err
 			}
-			if s.Durable == "" {
-				// No default, for the reason Kafka has no default
-				// consumer group: two services sharing a durable would
-				// split the topic's messages between them.
+			if s.Durable == "" { // no default: see the package documentation
 				return nil, &framework.ConfigError{Field: "nats.durable",
 					Reason: "is required to subscribe: the JetStream durable consumer name, one per service"}
 			}

@@ -10,15 +10,13 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// streamsRequire is the NATSConfig.Streams that creates no stream.
 const streamsRequire = "require"
 
 // settings is brokers.Config.NATS with its defaults applied.
 type settings brokers.NATSConfig
 
-// parseSettings returns cfg.NATS, defaults applied, after the check only
-// the adapter makes: that SubjectPrefix starts a NATS subject.
-// brokers.Config.Validate checks the rest before any Factory function runs.
+// parseSettings returns cfg.NATS with its defaults, after the one check
+// brokers.Config.Validate leaves to the adapter: the subject prefix.
 func parseSettings(cfg brokers.Config) (settings, error) {
 	s := settings(defaults.Apply(cfg.NATS))
 	if s.SubjectPrefix != "" {
@@ -29,7 +27,6 @@ func parseSettings(cfg brokers.Config) (settings, error) {
 	return s, nil
 }
 
-// errBadSubject is wrapped by the errors of subjects NATS cannot carry.
 var errBadSubject = errors.New("not a NATS subject")
 
 // checkSubject checks a subject (or, with prefix, the start of one):
@@ -55,7 +52,6 @@ func checkSubject(s string, prefix bool) error {
 	return nil
 }
 
-// subject is the NATS subject of a Watermill topic.
 func (s settings) subject(topic string) (string, error) {
 	subj := s.SubjectPrefix + topic
 	if err := checkSubject(subj, false); err != nil {

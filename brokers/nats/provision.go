@@ -12,23 +12,15 @@ import (
 // whitespace, path separators), widened to anything but a plain name.
 var streamNameUnsafe = regexp.MustCompile(`[^A-Za-z0-9_-]`)
 
-// streamName is the name of the stream the adapter creates for subject:
-// the subject with every character a stream name cannot hold replaced by
-// '_' ("order-completed.poison" -> "order-completed_poison").
+// streamName: "order-completed.poison" -> "order-completed_poison".
 func streamName(subject string) string {
 	return streamNameUnsafe.ReplaceAllString(subject, "_")
 }
 
-// errNoStream is wrapped when streams: require finds no stream for a
-// subject.
 var errNoStream = errors.New("no JetStream stream captures the subject")
 
-// ensureStream returns the stream that captures subject. Any stream whose
-// subjects match it will do (an operator's "orders.>" stream included).
-// With streams: create, a missing one is created: named after the subject
-// (streamName), capturing that one subject, file storage, limits
-// retention with no limits (JetStream's defaults: nothing is removed until
-// an operator sets limits). With streams: require it is an error.
+// ensureStream returns the stream that captures subject, creating one as
+// the package documentation says ("Subjects and streams").
 func ensureStream(js natsgo.JetStreamContext, s settings, subject string) (string, error) {
 	name, err := js.StreamNameBySubject(subject)
 	if err == nil {
@@ -52,18 +44,13 @@ func ensureStream(js natsgo.JetStreamContext, s settings, subject string) (strin
 	if err == nil {
 		return name, nil
 	}
-	// A replica created it first (with another description, say), or a
-	// stream of that name captures other subjects: look again.
+	// A replica created it first, or the name captures other subjects.
 	if again, lerr := js.StreamNameBySubject(subject); lerr == nil {
 		return again, nil
 	}
 	return "", fmt.Errorf("brokers/nats: create stream %q for subject %q: %w", name, subject, err)
 }
 
-// consumerConfig is the durable pull consumer the subscriptions bind to:
-// explicit acks, redelivery after AckWait, MaxDeliver and MaxAckPending as
-// configured, everything from the start of the stream. Every replica's
-// workers pull from it, so they share the work.
 func consumerConfig(s settings, subject string) *natsgo.ConsumerConfig {
 	return &natsgo.ConsumerConfig{
 		Durable:       s.Durable,
@@ -79,11 +66,9 @@ func consumerConfig(s settings, subject string) *natsgo.ConsumerConfig {
 }
 
 // ensureConsumer creates the durable consumer of subject on stream, or
-// checks the existing one and brings its AckWait, MaxDeliver and
-// MaxAckPending to the configured values. It is created here, not by the
-// subscription, because nats.go deletes a consumer its subscription
-// created when that subscription ends: the first replica to stop would
-// delete the consumer under the others.
+// checks the existing one and updates its limits. Not the subscription:
+// nats.go deletes a consumer its subscription created when it ends, under
+// the other replicas.
 func ensureConsumer(js natsgo.JetStreamContext, s settings, stream, subject string) error {
 	want := consumerConfig(s, subject)
 	info, err := js.ConsumerInfo(stream, s.Durable)

@@ -10,35 +10,26 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	natsgo "github.com/nats-io/nats.go"
+
+	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/brokers/internal/wait"
+	"github.com/claimtx/claimtx/internal/natsmsg"
 )
 
-// pullWait is how long one pull waits for a message before it asks again.
-// A pull in progress is never cut short (a message the server sends for it
-// after the worker stopped waiting would sit unseen until its ack wait
-// ran out), so it also bounds how long ending a subscription waits for
-// its workers.
+// pullWait is how long one pull waits for a message. A pull is never cut
+// short (a message sent for it afterwards would sit unseen until its ack
+// wait ran out), so it also bounds how long ending a subscription takes.
 const pullWait = time.Second
 
-// errClosed is returned by Subscribe after Close.
 var errClosed = errors.New("brokers/nats: subscriber closed")
 
-// subscriber consumes a topic through a durable JetStream pull consumer
-// that ensureConsumer creates, with concurrency workers per Subscribe,
-// each holding one message at a time until it is acked or nacked.
-//
-// It is written on nats.go rather than watermill-nats's Subscriber, whose
-// v2.1.3 JetStream mode, read for this adapter, cannot be fixed from
-// outside: it closes its output channel while a delivery callback may
-// still be sending on it (a data race, and a "send on closed channel"
-// panic that would crash a consumer at shutdown). It also lets nats.go ack
-// every message its callback returns from unless ManualAck is set (and
-// the callback returns without an ack when the subscriber closes: the
-// message would be lost), deletes a durable consumer its subscription
-// created when that subscription ends (under the other replicas), and
-// drops a message it cannot unmarshal without acking or nacking it (a
-// redelivery every AckWait, forever), and it has messages pushed into a
-// client buffer (see Subscribe for why that matters). The wire format is
-// watermill-nats's, so both read each other's messages (see marshaler).
+// subscriber consumes a topic through the durable pull consumer
+// ensureConsumer creates, with concurrency workers per Subscribe, each
+// holding one message until it is acked or nacked. It is written on nats.go
+// because watermill-nats v2.1.3's subscriber cannot be fixed from outside
+// (docs/adapters.md, "Read the library you wrap"): above all it closes its
+// output channel while a callback may still send on it, a panic at
+// shutdown.
 type subscriber struct {
 	s      settings
 	nc     *natsgo.Conn
@@ -61,8 +52,7 @@ func newSubscriber(s settings, logger watermill.LoggerAdapter) (*subscriber, err
 		closing: make(chan struct{})}, nil
 }
 
-// SubscribeInitialize ensures the topic's stream and the durable consumer,
-// so messages published from now on are kept for this consumer.
+// SubscribeInitialize ensures the topic's stream and the durable consumer.
 func (s *subscriber) SubscribeInitialize(topic string) error {
 	_, _, err := s.ensure(topic)
 	return err
@@ -78,8 +68,7 @@ func (s *subscriber) ensure(topic string) (subject, stream string, err error) {
 	return subject, stream, ensureConsumer(s.js, s.s, stream, subject)
 }
 
-// subscription is one Subscribe call: concurrency workers, each with a
-// pull subscription bound to the durable consumer.
+// subscription is one Subscribe call.
 type subscription struct {
 	*subscriber
 	ctx     context.Context
@@ -89,18 +78,12 @@ type subscription struct {
 	workers sync.WaitGroup
 }
 
-// Subscribe ensures the stream and the durable consumer, then starts
-// concurrency workers, each pulling one message at a time from the
-// consumer (shared by every replica of the service) and holding it until
-// the router acks or nacks it. The channel is closed when ctx ends or the
-// subscriber closes.
-//
-// One message per pull, not a pushed stream: JetStream starts a message's
-// ack wait when it delivers it, so a message pushed into a client buffer
-// behind busy handlers would be redelivered to another replica while its
-// first copy still waits, and both would be processed (harmless for a
-// claimed effect, but a message that cannot be keyed would be poisoned
-// twice). A pulled message is only ever in a worker's hands.
+// Subscribe ensures the stream and the durable consumer, then starts the
+// workers; the channel is closed when ctx ends or the subscriber closes.
+// One message per pull, not a pushed stream: JetStream starts the ack wait
+// on delivery, so a message pushed into a client buffer behind busy
+// handlers would be redelivered beside itself (a message that cannot be
+// keyed poisoned twice).
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	subject, stream, err := s.ensure(topic)
 	if err != nil {
@@ -117,8 +100,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		fields: watermill.LogFields{"topic": topic, "subject": subject, "stream": stream, "durable": s.s.Durable}}
 	pulls := make([]*natsgo.Subscription, 0, s.s.Concurrency)
 	for range s.s.Concurrency {
-		// Bound, never created here: nats.go deletes a consumer its
-		// subscription created when the subscription ends.
+		// Bound, never created here (see ensureConsumer).
 		ps, err := s.js.PullSubscribe(subject, s.s.Durable, natsgo.Bind(stream, s.s.Durable))
 		if err != nil {
 			close(sub.stop)
@@ -128,8 +110,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		pulls = append(pulls, ps)
 	}
 	for _, ps := range pulls {
-		sub.workers.Add(1)
-		go sub.work(ps)
+		sub.workers.Go(func() { sub.work(ps) })
 	}
 	go func() {
 		select {
@@ -142,10 +123,9 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return sub.output, nil
 }
 
-// end waits for the workers (each finishes its pull, at most pullWait,
-// and hands back the message it holds, see handle), ends the pull
-// subscriptions and closes the output channel, once no worker can send on
-// it any more.
+// end waits for the workers (at most pullWait), ends the pull
+// subscriptions and closes the output channel, which no worker can send on
+// any more.
 func (sub *subscription) end(pulls []*natsgo.Subscription) {
 	defer sub.subs.Done()
 	sub.workers.Wait()
@@ -157,10 +137,7 @@ func (sub *subscription) end(pulls []*natsgo.Subscription) {
 	close(sub.output)
 }
 
-// work pulls one message at a time and handles it, until the
-// subscription ends.
 func (sub *subscription) work(ps *natsgo.Subscription) {
-	defer sub.workers.Done()
 	backoff := dialBackoffLo
 	for {
 		select {
@@ -170,37 +147,32 @@ func (sub *subscription) work(ps *natsgo.Subscription) {
 		}
 		msgs, err := ps.Fetch(1, natsgo.MaxWait(pullWait))
 		for _, m := range msgs {
-			sub.handle(m) // hands it back if the subscription ended meanwhile
+			sub.handle(m)
 		}
 		switch {
 		case err == nil, errors.Is(err, context.DeadlineExceeded), errors.Is(err, natsgo.ErrTimeout):
 			backoff = dialBackoffLo
 		default:
-			// Disconnected (nats.go reconnects by itself), or the
-			// consumer was deleted: try again, slower and slower.
+			// Disconnected (nats.go reconnects) or the consumer deleted.
 			sub.logger.Debug("NATS pull failed, retrying", watermill.LogFields{"err": err.Error(), "retry_in": backoff.String()}.Add(sub.fields))
-			select {
-			case <-sub.stop:
+			if !wait.For(backoff, sub.stop) {
 				return
-			case <-time.After(backoff):
 			}
 			backoff = min(2*backoff, dialBackoffHi)
 		}
 	}
 }
 
-// handle gives one message to the router and settles it. While the router
-// works on it, handle tells JetStream it is in progress every half ack
-// wait, so ack_wait bounds how long a dead consumer's messages wait for
-// redelivery, not how long a handler may take. It returns once the
-// message is acked (AckSync: the server confirmed), nacked
-// (NakWithDelay), or handed back because the subscription ends.
+// handle gives one message to the router and settles it, signalling
+// in-progress every half ack wait meanwhile, so ack_wait bounds how long a
+// dead consumer's messages wait, not a handler. A message still held when
+// the subscription ends is handed back.
 func (sub *subscription) handle(m *natsgo.Msg) {
 	msg, _ := sub.codec.Unmarshal(m) // never fails
 	ctx, cancel := context.WithCancel(sub.ctx)
 	defer cancel()
 	msg.SetContext(ctx)
-	fields := sub.fields.Add(watermill.LogFields{"message_uuid": msg.UUID, "delivered": msg.Metadata.Get(metaDelivered)})
+	fields := sub.fields.Add(watermill.LogFields{"message_uuid": msg.UUID, "delivered": msg.Metadata.Get(natsmsg.MetaDelivered)})
 
 	progress := time.NewTicker(max(sub.s.AckWait/2, 500*time.Millisecond))
 	defer progress.Stop()
@@ -227,8 +199,7 @@ func (sub *subscription) handle(m *natsgo.Msg) {
 			sub.inProgress(m, fields)
 		case <-sub.stop:
 			// An ack or nack that came with the stop wins: a committed
-			// message must not be handed back (it would come again as a
-			// duplicate).
+			// message handed back would come again.
 			select {
 			case <-msg.Acked():
 				sub.ack(m, fields)
@@ -244,8 +215,6 @@ func (sub *subscription) handle(m *natsgo.Msg) {
 
 func (sub *subscription) ack(m *natsgo.Msg, fields watermill.LogFields) {
 	if err := m.AckSync(); err != nil {
-		// JetStream redelivers it after AckWait; the claim makes that
-		// copy a duplicate.
 		sub.logger.Error("NATS ack failed; the message will be redelivered", err, fields)
 	}
 }
@@ -262,8 +231,8 @@ func (sub *subscription) nack(m *natsgo.Msg, fields watermill.LogFields) {
 	}
 }
 
-// handBack naks a message the subscription will not process, without
-// delay: it is not failing, this subscription is ending.
+// handBack naks without delay a message this ending subscription will not
+// process.
 func (sub *subscription) handBack(m *natsgo.Msg, fields watermill.LogFields) {
 	if err := m.Nak(); err != nil && !errors.Is(err, natsgo.ErrConnectionClosed) {
 		sub.logger.Debug("NATS nak at shutdown failed; the message will be redelivered after AckWait", watermill.LogFields{"err": err.Error()}.Add(fields))
@@ -276,8 +245,7 @@ func (sub *subscription) inProgress(m *natsgo.Msg, fields watermill.LogFields) {
 	}
 }
 
-// Close ends every subscription (see subscription.end) and closes the
-// connection.
+// Close ends every subscription and closes the connection.
 func (s *subscriber) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -292,8 +260,37 @@ func (s *subscriber) Close() error {
 	return nil
 }
 
-// IsConnected reports whether the NATS connection is up right now, for
-// the consumer's /healthz (observe.SubscriberConnected).
+// IsConnected reports whether the NATS connection is up, for /healthz.
 func (s *subscriber) IsConnected() bool {
 	return s.nc.IsConnected()
+}
+
+// ReplayHorizon reports how old a message of topic can be when JetStream
+// still delivers it: its stream's max_age, else brokers.UnboundedHorizon
+// (also for a subject streams: create has no stream for yet). Count and
+// size limits only remove messages sooner. A consumer compares it with its
+// claim retention.
+func (s *subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	subject, err := s.s.subject(topic)
+	if err != nil {
+		return 0, err
+	}
+	name, err := s.js.StreamNameBySubject(subject, natsgo.Context(ctx))
+	if errors.Is(err, natsgo.ErrNoMatchingStream) && s.s.Streams != streamsRequire {
+		return brokers.UnboundedHorizon, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("brokers/nats: replay horizon of %q: look up the stream of subject %q: %w", topic, subject, err)
+	}
+	info, err := s.js.StreamInfo(name, natsgo.Context(ctx))
+	if err != nil {
+		return 0, fmt.Errorf("brokers/nats: replay horizon of %q: stream %q: %w", topic, name, err)
+	}
+	if info.Config.MaxAge <= 0 {
+		return brokers.UnboundedHorizon, nil
+	}
+	return info.Config.MaxAge, nil
 }

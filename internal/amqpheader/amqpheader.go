@@ -1,8 +1,7 @@
-// Package amqpheader converts an AMQP delivery to the message claimtx's
-// RabbitMQ adapter (brokers/amqp, "Headers and dead-letter replay") hands a
-// consumer: header values to metadata strings, properties to amqp_* keys. The dead-letter tooling (framework/cmd/claimtx/internal/dlq) reads poison
-// queues with amqp091 directly and must see the same metadata a consumer
-// sees, so that a key spec derives the same key.
+// Package amqpheader converts an AMQP delivery to the message brokers/amqp
+// hands a consumer (its package documentation, "Headers and metadata"), for
+// the adapter and the dead-letter tooling, which reads poison queues with
+// amqp091 directly: a key spec must derive the same key from both.
 package amqpheader
 
 import (
@@ -20,10 +19,8 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
-// ToString converts one AMQP header value to its metadata string: strings
-// as they are, valid UTF-8 byte arrays as strings, everything else as its
-// JSON encoding (see brokers/amqp's package documentation for the mapping).
-// It never fails.
+// ToString converts one AMQP header value to its metadata string. It never
+// fails.
 func ToString(v any) string {
 	switch x := v.(type) {
 	case string:
@@ -35,15 +32,14 @@ func ToString(v any) string {
 	}
 	b, err := json.Marshal(jsonValue(v))
 	if err != nil {
-		// jsonValue only produces JSON-encodable values; this is a guard for
-		// a type amqp091 may add one day, not an expected path.
+		// A guard for a type amqp091 may add one day.
 		b, _ = json.Marshal(fmt.Sprint(v))
 	}
 	return string(b)
 }
 
-// jsonValue rewrites a decoded AMQP value into something encoding/json
-// accepts without error and renders predictably.
+// jsonValue rewrites a decoded AMQP value into one encoding/json renders
+// predictably.
 func jsonValue(v any) any {
 	switch x := v.(type) {
 	case nil, bool, string, int8, uint8, int16, uint16, int32, uint32, int64, int:
@@ -90,9 +86,8 @@ func jsonFloat(f float64, bits int) any {
 	return json.Number(strconv.FormatFloat(f, 'g', -1, bits))
 }
 
-// Metadata keys set from AMQP message properties, and the header that
-// carries the Watermill UUID (watermill-amqp's, so either side reads the
-// other's messages).
+// Metadata keys set from AMQP message properties, and watermill-amqp's
+// UUID header.
 const (
 	UUIDHeader    = wamqp.DefaultMessageUUIDHeaderKey
 	MessageID     = "amqp_message_id"     // the message-id property
@@ -103,10 +98,10 @@ const (
 	RoutingKey    = "amqp_routing_key"    // the routing key it was published with
 )
 
-// ToMessage is d as claimtx's RabbitMQ adapter hands it to a consumer:
-// the UUID from its header, else the message-id, else a new one; every
-// other header through ToString; and the properties under the amqp_* keys
-// unless a header of that name is already there.
+// ToMessage is d as the adapter hands it to a consumer: the UUID from its
+// header, else the message-id, else a new one; other headers through
+// ToString; the properties under the amqp_* keys unless a header has that
+// name.
 func ToMessage(d amqp091.Delivery) *message.Message {
 	var uuid string
 	switch v := d.Headers[UUIDHeader].(type) {

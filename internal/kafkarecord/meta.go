@@ -8,27 +8,21 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// KafkaTimestamp is the metadata key under which claimtx's Kafka adapter
-// (brokers/kafka.MetadataTimestamp) exposes the record timestamp; the
-// "kafka:timestamp" event-time spec reads it.
-const KafkaTimestamp = "kafka_timestamp"
-
-// Metadata keys claimtx's Kafka adapter sets from a record, and the header
-// carrying the Watermill UUID (watermill-kafka's).
+// Metadata keys the Kafka adapter sets from a record, and watermill-kafka's
+// UUID header.
 const (
 	KafkaUUIDHeader = "_watermill_message_uuid"
 	KafkaTopic      = "kafka_topic"     // the topic the record was read from
 	KafkaPartition  = "kafka_partition" // its partition, decimal
 	KafkaOffset     = "kafka_offset"    // its offset, decimal
 	KafkaKey        = "kafka_key"       // its key as a string; absent for a nil key
+	KafkaTimestamp  = "kafka_timestamp" // read by the "kafka:timestamp" event-time spec
 )
 
-// KafkaMessage is a record as claimtx's Kafka adapter hands it to a
-// consumer, whichever client read it (Sarama in brokers/kafka, franz-go in
-// the dead-letter tooling): the UUID from its header, else a new one; the
+// KafkaMessage is a record as the Kafka adapter hands it to a consumer,
+// whichever client read it: the UUID from its header, else a new one; the
 // other headers as metadata; the kafka_* keys from the record, which win
-// over headers of the same name. header returns one header's key and
-// value, and false to skip it.
+// over headers. header returns one header's key and value, or false.
 func KafkaMessage[H any](topic string, partition int32, offset int64, key, value []byte, ts time.Time, headers []H, header func(H) (string, []byte, bool)) *message.Message {
 	var uuid string
 	md := make(message.Metadata, len(headers)+5)

@@ -5,9 +5,7 @@ import (
 	"slices"
 )
 
-// Settled is one partition's settled position: the offset below which
-// every record of the partition is settled (applied, duplicate or
-// poisoned) for the consumer that stores it.
+// Settled is one partition's settled position.
 type Settled struct {
 	Topic        string
 	Partition    int32
@@ -41,9 +39,8 @@ func (s *Settling) Add(r Record) {
 	s.parts = append(s.parts, settlingPart{of: r.Of, topic: r.Topic, id: r.Partition, offsets: []int64{r.Offset}})
 }
 
-// Positions returns the positions to store, in (topic, partition) order:
-// each partition's SettledBelow with the transaction's offsets settling,
-// leaving out partitions this member no longer holds.
+// Positions returns the positions to store, in (topic, partition) order,
+// without the partitions this member no longer holds.
 func (s *Settling) Positions() []Settled {
 	var out []Settled
 	for _, p := range s.parts {
@@ -51,8 +48,7 @@ func (s *Settling) Positions() []Settled {
 		if !ok {
 			continue
 		}
-		// A partition revoked and assigned again while the batch ran
-		// has two states: keep the higher position.
+		// Revoked and assigned again during the batch: keep the higher.
 		if j := slices.IndexFunc(out, func(q Settled) bool { return q.Topic == p.topic && q.Partition == p.id }); j >= 0 {
 			out[j].SettledBelow = max(out[j].SettledBelow, off)
 			continue

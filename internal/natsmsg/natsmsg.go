@@ -1,8 +1,7 @@
-// Package natsmsg is what claimtx's NATS adapter (brokers/nats) and the
-// dead-letter tooling share about a JetStream message: how it becomes a
-// Watermill message, and how a client authenticates. The tooling reads
-// the poison stream with nats.go's jetstream API, not the adapter's
-// subscriber, and must hand the same message to the key spec.
+// Package natsmsg is what brokers/nats and the dead-letter tooling (which
+// reads poison streams with nats.go directly) share: how a JetStream
+// message becomes a Watermill message, so a key spec sees the same one,
+// and how a client authenticates.
 package natsmsg
 
 import (
@@ -16,10 +15,8 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 )
 
-// Metadata keys set from where JetStream stored a message. They describe
-// one copy, so the publisher never sends them as headers (a poison copy
-// does not carry the original's sequence), and none makes a claim key:
-// they change when a message is published again.
+// Metadata keys set from where JetStream stored a message: they describe
+// one copy, so they are never published and make no claim key.
 const (
 	MetaPrefix    = "nats_"
 	MetaSubject   = "nats_subject"   // the subject the message was published to
@@ -42,12 +39,10 @@ type Stored struct {
 	Time      time.Time
 }
 
-// Message is a NATS message as claimtx's adapter hands it to a consumer:
-// headers as metadata (a header with several values, which Watermill
-// metadata cannot hold, joined with ", " as HTTP does), the UUID from
-// watermill-nats's header, else the Nats-Msg-Id, else a new one (the UUID
-// is for logs; claims never use it), and the nats_ keys from subject and
-// at (nil: only the subject).
+// Message is a NATS message as the adapter hands it to a consumer: headers
+// as metadata (several values joined with ", ", as HTTP does), the UUID
+// from watermill-nats's header, else the Nats-Msg-Id, else a new one, and
+// the nats_ keys from subject and at (nil: the subject only).
 func Message(subject string, hdr natsgo.Header, data []byte, at *Stored) *message.Message {
 	md := make(message.Metadata, len(hdr)+5)
 	for k, vs := range hdr {
@@ -78,8 +73,7 @@ func Message(subject string, hdr natsgo.Header, data []byte, at *Stored) *messag
 }
 
 // Auth is how a client authenticates (brokers.NATSConfig's fields, passed
-// one by one so that this package stays below brokers): user and password,
-// or token, and a .creds file.
+// one by one so that this package stays below brokers).
 func Auth(user, password, token, credsFile string) []natsgo.Option {
 	var opts []natsgo.Option
 	switch {

@@ -24,13 +24,11 @@ type eviction struct {
 	SessionTimeout time.Duration // the session timeout it was held to
 }
 
-// fallbackSessionTimeout is used for a member whose join we never saw with
-// its member ID (JoinGroup v0-v3 with an empty ID) in a group whose joins we
-// never saw at all (the broker restarted from its data directory).
+// fallbackSessionTimeout is for a member whose join we never saw with its ID
+// in a group whose joins we never saw (a restart from the data directory).
 const fallbackSessionTimeout = 45 * time.Second
 
-// evictor implements the remedy for kfake's missing session timer: see the
-// package documentation, "Silent members".
+// evictor is the package documentation's "Silent members".
 type evictor struct {
 	cluster *kfake.Cluster
 	client  *kgo.Client
@@ -54,17 +52,16 @@ type groupTrack struct {
 type memberTrack struct {
 	lastSeen time.Time
 	session  time.Duration
-	// listed: kfake has listed it as a member. A join is recorded before
-	// kfake handles it, so a member not listed yet may be about to be.
+	// listed by kfake as a member (a join is recorded before kfake
+	// handles it)
 	listed bool
-	// joining: its latest request is a JoinGroup that the group has not
-	// answered yet (no rebalance completed since), so it may legitimately
-	// be silent until the rebalance ends.
+	// joining: its latest request is a JoinGroup not answered yet, so it
+	// may be silent until the rebalance ends
 	joining bool
 }
 
-// session is the timeout m is held to: its own, else the group's longest
-// (a member whose join we did not see with its ID), else the fallback.
+// session is the timeout m is held to: its own, else the group's longest,
+// else the fallback.
 func (g *groupTrack) session(m *memberTrack) time.Duration {
 	switch {
 	case m.session != 0:
@@ -80,8 +77,7 @@ func newEvictor(c *kfake.Cluster, client *kgo.Client, opts Options) *evictor {
 }
 
 // observe registers control functions that record group requests and never
-// handle them (they return handled=false, so kfake processes the request as
-// usual and keeps the function registered).
+// handle them (handled=false keeps them registered).
 func (e *evictor) observe() {
 	keys := []int16{
 		int16(kmsg.JoinGroup), int16(kmsg.SyncGroup), int16(kmsg.Heartbeat),
@@ -167,29 +163,13 @@ func (e *evictor) run(ctx context.Context) {
 	}
 }
 
-// findSilent polls every classic group we know and returns the members that
-// have been silent past their session timeout plus the margin.
-//
-// Group states:
-//   - PreparingRebalance: members legitimately wait in JoinGroup without
-//     heartbeating, up to the rebalance timeout: a member whose JoinGroup
-//     is waiting is left alone. One that has not rejoined and is silent past
-//     its session timeout + margin is evicted, as a real broker expires it
-//     (its heartbeat deadline keeps running while the group prepares a
-//     rebalance). kfake does not, for a member it never gave a session
-//     timer (below), and its own rebalance timer restarts at every join: a
-//     group that members keep joining (rolling restarts) never finished the
-//     rebalance and collected dead members, 20 for 3 live consumers in a
-//     chaos run.
-//   - After a rebalance (the generation changed, or the group left
-//     PreparingRebalance) every member gets a fresh session timeout from
-//     that moment: its JoinGroup may have been parked for a long time, and
-//     it needs the JoinGroup response before it can send SyncGroup.
-//   - CompletingRebalance and Stable: a live member sends SyncGroup and then
-//     heartbeats; one that stays silent past its session timeout + margin is
-//     evicted. This is where kfake's gap is: a member whose JoinGroup reply
-//     could not be written (it died while waiting) gets no session timer,
-//     stays a member and keeps the partitions the leader assigned to it.
+// findSilent polls every classic group we know and returns the members
+// silent past their session timeout plus the margin. During
+// PreparingRebalance a member waiting in JoinGroup is left alone, but one
+// that has not rejoined is evicted, as a real broker's heartbeat deadline
+// would (a chaos run once collected 20 dead members for 3 live ones). After
+// a rebalance every clock restarts: a parked JoinGroup must be answered
+// before its member can send SyncGroup.
 func (e *evictor) findSilent(now time.Time) []eviction {
 	e.mu.Lock()
 	names := make([]string, 0, len(e.groups))
@@ -203,15 +183,13 @@ func (e *evictor) findSilent(now time.Time) []eviction {
 
 	var out []eviction
 	for _, name := range names {
-		// GroupInfo runs on kfake's loop; call it without holding e.mu, so
-		// control functions (which run while that loop waits) never block.
+		// Without e.mu: the control functions run while kfake's loop waits.
 		info := e.cluster.GroupInfo(name)
 
 		e.mu.Lock()
 		g := e.groups[name]
 		if info == nil {
-			// kfake makes a group when it handles its first join, which
-			// may not have happened yet.
+			// kfake may not have handled its first join yet.
 			if g.seenPoll || now.Sub(g.lastJoin) > fallbackSessionTimeout {
 				delete(e.groups, name)
 			}
@@ -227,8 +205,7 @@ func (e *evictor) findSilent(now time.Time) []eviction {
 			present[m.MemberID] = true
 			t := g.members[m.MemberID]
 			if t == nil {
-				// A member we never saw by ID: it joined with an empty ID
-				// (JoinGroup v0-v3) or before a restart. Start its clock now.
+				// Joined with an empty ID or before a restart: clock starts now.
 				g.members[m.MemberID] = &memberTrack{lastSeen: now, listed: true}
 				continue
 			}
@@ -275,9 +252,7 @@ func (e *evictor) findSilent(now time.Time) []eviction {
 	return out
 }
 
-// evict sends a LeaveGroup on the member's behalf, exactly what the member
-// would have sent on a clean shutdown: kfake removes it and rebalances, and
-// the remaining members take over its partitions.
+// evict sends the LeaveGroup the member would have sent on a clean shutdown.
 func (e *evictor) evict(ctx context.Context, ev eviction) {
 	member := kmsg.NewLeaveGroupRequestMember()
 	member.MemberID = ev.MemberID

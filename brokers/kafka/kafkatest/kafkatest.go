@@ -14,9 +14,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Defaults. Each Options field's documentation states the value, and
-// framework/cmd/devkafka's flags repeat those of Partitions and
-// GroupMinSessionTimeout.
+// Defaults, as the Options fields document them (and framework/cmd/devkafka's
+// flags repeat).
 const (
 	defaultAddr                   = "127.0.0.1:0"
 	defaultPartitions             = 10
@@ -27,46 +26,38 @@ const (
 
 // Options configures Start. The zero value is usable.
 type Options struct {
-	// Addr is the host:port to listen on; the host must be an address
-	// clients can reach, because it is what the broker advertises in its
-	// metadata ("0.0.0.0" would be handed to clients as is). Use
-	// "127.0.0.1:0" for a free port and read it back with Broker.Addrs.
-	// Defaults to "127.0.0.1:0": a test broker must not collide with a
-	// Kafka listening on the standard port.
+	// Addr is the host:port to listen on, and what the broker advertises, so
+	// the host must be one clients can reach (not "0.0.0.0"). Defaults to
+	// "127.0.0.1:0", a free port (Broker.Addrs tells it).
 	Addr string
 
-	// DataDir, when set, makes the broker keep topics, records, committed
-	// offsets and group state in this directory (kfake's own persistence)
-	// and reload them on the next Start with the same directory. Empty keeps
-	// everything in memory. Defaults to "".
+	// DataDir, when set, keeps topics, records, offsets and group state in
+	// this directory across Starts. Defaults to "": in memory.
 	DataDir string
 
-	// GroupMinSessionTimeout is the smallest consumer session timeout the
-	// broker accepts (group.min.session.timeout.ms). Real brokers default to
-	// 6s; the dev broker accepts short ones so tests can fail over fast.
-	// Defaults to 100ms.
+	// GroupMinSessionTimeout is the smallest session timeout the broker
+	// accepts (group.min.session.timeout.ms; Kafka: 6s), so tests can fail
+	// over fast. Defaults to 100ms.
 	GroupMinSessionTimeout time.Duration
 
-	// Partitions is the partition count of auto-created topics.
-	// Defaults to 10.
+	// Partitions is the partition count of auto-created topics. Defaults
+	// to 10.
 	Partitions int
 
 	// DisableAutoCreateTopics makes the broker refuse to create topics on
-	// first use (metadata requests and produce). Defaults to false: topics
-	// are created as they are used, like a development Kafka.
+	// first use.
 	DisableAutoCreateTopics bool
 
-	// DisableEviction turns off the silent-member eviction described in the
-	// package documentation. Defaults to false.
+	// DisableEviction turns off the silent-member eviction (package
+	// documentation).
 	DisableEviction bool
 
-	// Logger receives the broker's logs: kfake's warnings and errors, and
-	// one Info line per eviction. kfake's per-connection chatter goes to
-	// Debug. Defaults to discarding everything.
+	// Logger receives kfake's warnings and errors and one Info line per
+	// eviction; kfake's per-connection chatter goes to Debug. Defaults to
+	// discarding everything.
 	Logger *slog.Logger
 
-	// The eviction's timing and its observer are knobs for this package's
-	// own tests, not for users: the defaults suit every consumer.
+	// Knobs for this package's own tests.
 	evictionMargin       time.Duration // added to a member's session timeout; 1s
 	evictionPollInterval time.Duration // how often groups are checked; 250ms
 	onEvict              func(eviction)
@@ -112,17 +103,14 @@ type Broker struct {
 	ev      *evictor
 
 	stop      context.CancelFunc
-	done      chan struct{} // closed when the eviction loop and ctx watcher exit
+	done      chan struct{} // closed when the eviction loop has exited
 	closeOnce sync.Once
 }
 
-// Start starts a single-node Kafka-protocol broker in this process and
-// returns once it accepts connections. It runs until Close is called or ctx
-// ends.
+// Start starts the broker and returns once it accepts connections. It runs
+// until Close is called or ctx ends.
 func Start(ctx context.Context, opts Options) (*Broker, error) {
-	// Defaults first: they only fill zero fields, so a bad value still
-	// fails, and the zero Options is usable as documented.
-	opts = opts.withDefaults()
+	opts = opts.withDefaults() // fills zero fields only: a bad value still fails
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
@@ -159,7 +147,6 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 		done:    make(chan struct{}),
 	}
 
-	var loops sync.WaitGroup
 	if !opts.DisableEviction {
 		client, err := kgo.NewClient(
 			kgo.SeedBrokers(cluster.ListenAddrs()...),
@@ -172,21 +159,14 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 		}
 		b.ev = newEvictor(cluster, client, opts)
 		b.ev.observe()
-		loops.Add(1)
-		go func() {
-			defer loops.Done()
-			b.ev.run(runCtx)
-		}()
 	}
 	go func() {
-		loops.Wait()
+		if b.ev != nil {
+			b.ev.run(runCtx)
+		}
 		<-runCtx.Done()
 		close(b.done)
-	}()
-	go func() {
-		// ctx ending stops the broker, as documented.
-		<-runCtx.Done()
-		_ = b.Close()
+		_ = b.Close() // when ctx ended
 	}()
 
 	opts.Logger.Info("kafkatest: broker started", "addrs", cluster.ListenAddrs(), "data_dir", opts.DataDir)
@@ -201,10 +181,7 @@ func (b *Broker) Addrs() []string { return b.cluster.ListenAddrs() }
 func (b *Broker) Close() error {
 	b.closeOnce.Do(func() {
 		b.stop()
-		// The eviction loop must be gone before the cluster closes:
-		// kfake's GroupInfo blocks forever on a closed cluster (its admin
-		// channel has no reader once the run loop exits).
-		<-b.done
+		<-b.done // kfake's GroupInfo blocks forever on a closed cluster
 		if b.ev != nil {
 			b.ev.client.Close()
 		}
