@@ -26,7 +26,7 @@ import (
 // kafkaOrders publishes ords to a fresh one-partition topic on a dev
 // broker and returns a subscription to it with a window of window
 // records in flight.
-func kafkaOrders(t *testing.T, window int, ords ...order) (*kafka.Subscriber, <-chan *message.Message, string) {
+func kafkaOrders(t *testing.T, window int, ords ...order) (message.Subscriber, <-chan *message.Message, string) {
 	t.Helper()
 	br, err := kafkatest.Start(t.Context(), kafkatest.Options{Addr: "127.0.0.1:0"})
 	require.NoError(t, err)

@@ -87,7 +87,7 @@ func runSuite(t *testing.T, cfg brokers.AMQPConfig, features tests.Features) {
 			sub, err := amqp.NewSubscriber(context.Background(), cfg, logger)
 			require.NoError(t, err)
 			closeAtEnd(pub, sub)
-			return trackingPublisher{pub, &q}, trackingSubscriber{sub, &q}
+			return trackingPublisher{pub.(*amqp.Publisher), &q}, trackingSubscriber{sub.(*amqp.Subscriber), &q}
 		},
 		nil,
 	)
@@ -392,7 +392,7 @@ func TestDialRetryWaitsForBroker(t *testing.T) {
 
 	var attempts atomic.Int32
 	type result struct {
-		sub *amqp.Subscriber
+		sub message.Subscriber
 		err error
 	}
 	done := make(chan result, 1)

@@ -1,6 +1,10 @@
 package amqp
 
-import "github.com/claimtx/claimtx/internal/amqpheader"
+import (
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/claimtx/claimtx/internal/amqpheader"
+)
 
 // MaxWindow is brokers.AMQPConfig's bound on Window.
 const MaxWindow = 65535
@@ -14,7 +18,8 @@ var HeaderValueToString = amqpheader.ToString
 // WatcherState is what the Subscriber's connection has read off
 // watermill-amqp's connection watcher (see conn in dial.go): whether it is
 // connected, and whether it has ended.
-func WatcherState(s *Subscriber) (connected, stopped bool) {
+func WatcherState(sub message.Subscriber) (connected, stopped bool) {
+	s := sub.(*subscriber)
 	select {
 	case <-s.conn.w.stopped:
 		stopped = true
@@ -26,3 +31,9 @@ func WatcherState(s *Subscriber) (connected, stopped bool) {
 // HeaderFrameSize is the length of the content header frame amqp091
 // writes for a publishing.
 var HeaderFrameSize = headerFrameSize
+
+// Subscriber and Publisher are what NewSubscriber and NewPublisher return.
+type (
+	Subscriber = subscriber
+	Publisher  = publisher
+)

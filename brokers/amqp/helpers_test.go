@@ -147,7 +147,7 @@ func newSubscriber(t *testing.T, cfg brokers.AMQPConfig) *amqp.Subscriber {
 	sub, err := amqp.NewSubscriber(context.Background(), cfg, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, sub.Close()) })
-	return sub
+	return sub.(*amqp.Subscriber)
 }
 
 // receiveAcked receives n messages, acks each, and returns their payloads,

@@ -16,10 +16,7 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Publisher publishes to the default exchange with routing key = topic,
-// declaring the queue first, and returns once RabbitMQ confirmed every
-// message. It is safe for concurrent use.
-type Publisher struct {
+type publisher struct {
 	link
 	pub *wamqp.Publisher
 
@@ -30,11 +27,14 @@ type Publisher struct {
 	closeErr  error
 }
 
-var _ message.Publisher = (*Publisher)(nil)
+var _ message.Publisher = (*publisher)(nil)
 
 // NewPublisher validates cfg and connects as NewSubscriber does (with the
-// same errors), then opens the confirm-mode channel pool.
-func NewPublisher(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
+// same errors), then opens the confirm-mode channel pool. The publisher
+// publishes to the default exchange with routing key = topic, declaring the
+// queue first, and returns once RabbitMQ confirmed every message; it is
+// safe for concurrent use.
+func NewPublisher(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (message.Publisher, error) {
 	l, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return nil, err
@@ -44,7 +44,7 @@ func NewPublisher(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.
 		_ = l.conn.Close()
 		return nil, fmt.Errorf("brokers/amqp: create publisher: %w", err)
 	}
-	return &Publisher{link: l, pub: pub, declared: make(map[string]bool)}, nil
+	return &publisher{link: l, pub: pub, declared: make(map[string]bool)}, nil
 }
 
 // Publish sends messages to the queue named topic and waits for RabbitMQ's
@@ -53,7 +53,7 @@ func NewPublisher(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.
 // headers over one frame (checkFrameSize), a queue the user may not
 // declare or an exchange it may not write (ACCESS_REFUSED), a body over
 // max_message_size (PRECONDITION_FAILED).
-func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
+func (p *publisher) Publish(topic string, messages ...*message.Message) error {
 	if err := p.declare(topic); err != nil {
 		return err
 	}
@@ -77,7 +77,7 @@ func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
 // closed with ACCESS_REFUSED or PRECONDITION_FAILED when not (then
 // returned). It is bounded by writeProbeWait whatever the connection does
 // (a half-open one can hold a channel.open for a heartbeat timeout).
-func (p *Publisher) probeWrite(size int) error {
+func (p *publisher) probeWrite(size int) error {
 	verdict := make(chan error, 1) // buffered: a late probe exits on its own
 	go func() { verdict <- p.writeRefused(size) }()
 	select {
@@ -100,7 +100,7 @@ func largestBody(messages []*message.Message) int {
 }
 
 // writeRefused is the probe itself, unbounded.
-func (p *Publisher) writeRefused(size int) error {
+func (p *publisher) writeRefused(size int) error {
 	ac := p.conn.Connection()
 	if ac == nil || ac.IsClosed() {
 		return nil
@@ -137,7 +137,7 @@ func (p *Publisher) writeRefused(size int) error {
 	return nil
 }
 
-func (p *Publisher) checkFrames(messages []*message.Message) error {
+func (p *publisher) checkFrames(messages []*message.Message) error {
 	ac := p.conn.Connection()
 	if ac == nil {
 		return nil
@@ -155,7 +155,7 @@ func (p *Publisher) checkFrames(messages []*message.Message) error {
 	return nil
 }
 
-func (p *Publisher) declare(topic string) error {
+func (p *publisher) declare(topic string) error {
 	p.declaredMu.Lock()
 	defer p.declaredMu.Unlock()
 	if p.declared[topic] {
@@ -179,7 +179,7 @@ func (p *Publisher) declare(topic string) error {
 }
 
 // Close closes the channel pool and the connection. It is idempotent.
-func (p *Publisher) Close() error {
+func (p *publisher) Close() error {
 	p.closeOnce.Do(func() {
 		p.closeErr = errors.Join(p.pub.Close(), p.conn.Close())
 	})

@@ -17,11 +17,7 @@ import (
 	"github.com/claimtx/claimtx/internal/amqpheader"
 )
 
-// Subscriber consumes from RabbitMQ: Concurrency consumers per Subscribe,
-// one message each, or with Window > 0 one consumer with up to Window
-// messages in flight (package documentation). It is safe for concurrent
-// use.
-type Subscriber struct {
+type subscriber struct {
 	link
 
 	// life ends when Close starts, and with it every subscription; mu
@@ -35,21 +31,25 @@ type Subscriber struct {
 }
 
 var (
-	_ message.Subscriber           = (*Subscriber)(nil)
-	_ message.SubscribeInitializer = (*Subscriber)(nil)
+	_ message.Subscriber           = (*subscriber)(nil)
+	_ message.SubscribeInitializer = (*subscriber)(nil)
 )
 
 // NewSubscriber validates cfg and connects to RabbitMQ, retrying until
 // DialTimeout passes or ctx ends (ctx bounds the start-up only). A nil
 // logger logs nothing. An invalid cfg is a *framework.ConfigError; giving
-// up on the connection is a *DialError.
-func NewSubscriber(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
+// up on the connection is a *DialError. The subscriber consumes with
+// Concurrency consumers per Subscribe, one message each, or with Window > 0
+// one consumer with up to Window messages in flight; it is safe for
+// concurrent use and also has SubscribeInitialize, IsConnected (readiness,
+// observe.SubscriberConnected) and ReplayHorizon (see brokers.UnboundedHorizon).
+func NewSubscriber(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (message.Subscriber, error) {
 	l, err := connect(ctx, cfg, logger)
 	if err != nil {
 		return nil, err
 	}
 	life, end := context.WithCancel(context.Background())
-	return &Subscriber{link: l, life: life, end: end}, nil
+	return &subscriber{link: l, life: life, end: end}, nil
 }
 
 // Subscribe declares the durable queue named topic and starts its
@@ -57,7 +57,7 @@ func NewSubscriber(ctx context.Context, cfg brokers.AMQPConfig, logger watermill
 // A nacked message returns to the queue after NackDelay. Channels are
 // opened here, so a queue that cannot be declared or consumed fails
 // Subscribe; a channel lost later is reopened with backoff.
-func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if s.life.Err() != nil {
 		return nil, errSubscriberClosed
 	}
@@ -118,7 +118,7 @@ var errSubscriberClosed = errors.New("brokers/amqp: subscriber closed")
 
 // SubscribeInitialize declares the durable queue named topic, so messages
 // published before the first Subscribe are kept.
-func (s *Subscriber) SubscribeInitialize(topic string) error {
+func (s *subscriber) SubscribeInitialize(topic string) error {
 	if err := waitConnected(context.Background(), s.cfg, s.conn); err != nil {
 		return err
 	}
@@ -130,7 +130,7 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 
 // Close stops every subscription (unacked messages go back to their queue),
 // waits for them, and closes the connection. It is idempotent.
-func (s *Subscriber) Close() error {
+func (s *subscriber) Close() error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
 		s.end()
@@ -144,7 +144,7 @@ func (s *Subscriber) Close() error {
 // IsConnected reports whether the RabbitMQ connection is up (false while
 // watermill-amqp reconnects, and after Close), for readiness. During a
 // reconnect -race reports it: see the package documentation.
-func (s *Subscriber) IsConnected() bool {
+func (s *subscriber) IsConnected() bool {
 	return s.life.Err() == nil && s.conn.IsConnected() && !s.conn.Closed()
 }
 
@@ -152,7 +152,7 @@ func (s *Subscriber) IsConnected() bool {
 // own. Sequential, it settles each message before it takes the next; in the
 // window mode a goroutine per message settles it.
 type consumer struct {
-	s          *Subscriber
+	s          *subscriber
 	ctx        context.Context
 	topic      string
 	prefetch   int
@@ -320,7 +320,7 @@ func (w *consumer) settle(gen *generation, d amqp091.Delivery, msg *message.Mess
 // still delivers it: QueueArguments' x-message-ttl, else
 // brokers.UnboundedHorizon (a TTL set by a server policy is not visible
 // over AMQP). A consumer compares it with its claim retention.
-func (s *Subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Duration, error) {
+func (s *subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}

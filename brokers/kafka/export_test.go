@@ -5,3 +5,9 @@ type Marshaler = marshaler
 
 // UnmarshalRecord is the subscriber's record converter.
 var UnmarshalRecord = unmarshalRecord
+
+// Subscriber and Publisher are what NewSubscriber and NewPublisher return.
+type (
+	Subscriber = subscriber
+	Publisher  = publisher
+)

@@ -26,7 +26,7 @@ type connState struct {
 // would call a broker that refuses our credentials healthy); false after
 // Close. The answer is cached for two seconds. observe.SubscriberConnected
 // uses it for readiness.
-func (s *Subscriber) IsConnected() bool {
+func (s *subscriber) IsConnected() bool {
 	if s.closed() {
 		return false
 	}

@@ -366,8 +366,9 @@ func TestReplayHorizon(t *testing.T) {
 		_, err := adm.CreateTopic(ctx, 1, 1, cfg, name)
 		require.NoError(t, err)
 	}
-	sub, err := kafka.NewSubscriber(ctx, brokers.KafkaConfig{Brokers: br.Addrs(), ConsumerGroup: "horizon"}, nil)
+	s, err := kafka.NewSubscriber(ctx, brokers.KafkaConfig{Brokers: br.Addrs(), ConsumerGroup: "horizon"}, nil)
 	require.NoError(t, err)
+	sub := s.(*kafka.Subscriber)
 	t.Cleanup(func() { _ = sub.Close() })
 
 	for topic, want := range map[string]time.Duration{

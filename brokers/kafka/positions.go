@@ -21,7 +21,7 @@ import (
 
 // attach is kafkarecord.Adapter.Attach (docs/design.md, "Kafka positions").
 func attach(sub any, o kafkarecord.Options) bool {
-	s, ok := sub.(*Subscriber)
+	s, ok := sub.(*subscriber)
 	if ok {
 		s.mu.Lock()
 		s.positions = o
@@ -128,7 +128,7 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 
 // endOffsets is kafkarecord.EndOffsets: each partition's high watermark,
 // for `claimtx stats` and the console.
-func (s *Subscriber) endOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
+func (s *subscriber) endOffsets(ctx context.Context, topic string) (map[int32]int64, error) {
 	adm, err := s.adminClient()
 	if err != nil {
 		return nil, err
@@ -152,7 +152,7 @@ func (s *Subscriber) endOffsets(ctx context.Context, topic string) (map[int32]in
 
 // adminClient is a short-lived client of its own that joins no group, with
 // the subscriber's TLS and SASL settings.
-func (s *Subscriber) adminClient() (*kadm.Client, error) {
+func (s *subscriber) adminClient() (*kadm.Client, error) {
 	opts, err := securityOpts(s.cfg, []kgo.Opt{kgo.SeedBrokers(s.cfg.Brokers...), kgo.ClientID(s.cfg.ClientID)})
 	if err != nil {
 		return nil, err
@@ -165,13 +165,13 @@ func (s *Subscriber) adminClient() (*kadm.Client, error) {
 }
 
 // settled passes an advanced settled position to Options.Settled.
-func (s *Subscriber) settled(topic string, partition int32, below int64) {
+func (s *subscriber) settled(topic string, partition int32, below int64) {
 	if f := s.positionOptions().Settled; f != nil {
 		f(topic, partition, below)
 	}
 }
 
-func (s *Subscriber) positionOptions() kafkarecord.Options {
+func (s *subscriber) positionOptions() kafkarecord.Options {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.positions
@@ -198,7 +198,7 @@ func (p *partition) SettledBelow(settling []int64) (int64, bool) {
 // keeps records forever (-1) or is compacted. A topic that does not exist
 // yet reports the broker's log.retention.ms. A consumer compares it with
 // its claim retention (framework/consumer's Config.Retention).
-func (s *Subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Duration, error) {
+func (s *subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}

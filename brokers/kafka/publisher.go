@@ -17,21 +17,21 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// Publisher produces with a Sarama sync producer (acks=all, idempotent):
-// Publish returns once every message is written.
-type Publisher struct {
+type publisher struct {
 	mu     sync.RWMutex // watermill-kafka's closed flag is a plain bool
 	closed bool
 	pub    *wkafka.Publisher
 }
 
-var _ message.Publisher = (*Publisher)(nil)
+var _ message.Publisher = (*publisher)(nil)
 
 // NewPublisher validates cfg and connects the producer, retrying until
 // DialTimeout passes or ctx ends (ctx bounds the start-up only). A nil
 // logger logs nothing. An invalid cfg (an unreadable TLS file too) is a
-// *framework.ConfigError.
-func NewPublisher(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.LoggerAdapter) (*Publisher, error) {
+// *framework.ConfigError. The publisher produces with a Sarama sync
+// producer (acks=all, idempotent): Publish returns once every message is
+// written.
+func NewPublisher(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.LoggerAdapter) (message.Publisher, error) {
 	sc, err := saramaConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -53,13 +53,13 @@ func NewPublisher(ctx context.Context, cfg brokers.KafkaConfig, logger watermill
 	if err != nil {
 		return nil, err
 	}
-	return &Publisher{pub: pub}, nil
+	return &publisher{pub: pub}, nil
 }
 
 // Publish writes messages to topic in order and waits for all in-sync
 // replicas. A message Kafka will never take as it is (see refused) fails
 // with a framework.Permanent error.
-func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
+func (p *publisher) Publish(topic string, messages ...*message.Message) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	if p.closed {
@@ -94,7 +94,7 @@ func refused(err error) bool {
 }
 
 // Close flushes and closes the producer. It is idempotent.
-func (p *Publisher) Close() error {
+func (p *publisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

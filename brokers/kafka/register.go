@@ -35,7 +35,7 @@ func init() {
 	kafkarecord.Register(kafkarecord.Adapter{
 		Attach: attach,
 		EndOffsets: func(sub any) (kafkarecord.EndOffsetsFunc, bool) {
-			if s, ok := sub.(*Subscriber); ok {
+			if s, ok := sub.(*subscriber); ok {
 				return s.endOffsets, true
 			}
 			return nil, false

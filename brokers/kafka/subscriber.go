@@ -22,9 +22,7 @@ import (
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
-// Subscriber consumes with a franz-go consumer group, up to Window messages
-// in flight per partition (see the package documentation, "Delivery").
-type Subscriber struct {
+type subscriber struct {
 	cfg    brokers.KafkaConfig
 	sc     *sarama.Config // readiness probe and credential check (health.go, auth.go)
 	logger watermill.LoggerAdapter
@@ -42,13 +40,17 @@ type Subscriber struct {
 
 var errSubscriberClosed = errors.New("subscriber closed")
 
-var _ message.Subscriber = (*Subscriber)(nil)
+var _ message.Subscriber = (*subscriber)(nil)
 
-// NewSubscriber validates cfg and returns a Subscriber. It does not connect
-// (ctx is there so that the adapters' constructors read alike): each
-// Subscribe opens its own client. A nil logger logs nothing. An invalid cfg,
-// including an empty ConsumerGroup, is a *framework.ConfigError.
-func NewSubscriber(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.LoggerAdapter) (*Subscriber, error) {
+// NewSubscriber validates cfg and returns a subscriber that consumes with a
+// franz-go consumer group, up to Window messages in flight per partition
+// (package documentation, "Delivery"). It does not connect (ctx is there so
+// that the adapters' constructors read alike): each Subscribe opens its own
+// client. A nil logger logs nothing. An invalid cfg, including an empty
+// ConsumerGroup, is a *framework.ConfigError. The subscriber also has
+// IsConnected (readiness, observe.SubscriberConnected) and ReplayHorizon
+// (see brokers.UnboundedHorizon).
+func NewSubscriber(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.LoggerAdapter) (message.Subscriber, error) {
 	sc, err := saramaConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -61,11 +63,11 @@ func NewSubscriber(ctx context.Context, cfg brokers.KafkaConfig, logger watermil
 		logger = watermill.NopLogger{}
 	}
 	life, end := context.WithCancel(context.Background())
-	return &Subscriber{cfg: cfg, sc: sc, logger: logger, life: life, end: end}, nil
+	return &subscriber{cfg: cfg, sc: sc, logger: logger, life: life, end: end}, nil
 }
 
 // closed reports whether Close has begun.
-func (s *Subscriber) closed() bool { return s.life.Err() != nil }
+func (s *subscriber) closed() bool { return s.life.Err() != nil }
 
 // closeWait bounds Close's wait: each subscription ends within closeTimeout.
 const closeWait = closeTimeout + time.Second
@@ -73,7 +75,7 @@ const closeWait = closeTimeout + time.Second
 // Close ends every subscription (stop forwarding, commit the acked offsets,
 // leave the group, close the channel) and waits for them, at most 6 s: what
 // was not committed is delivered again. It is idempotent.
-func (s *Subscriber) Close() error {
+func (s *subscriber) Close() error {
 	s.mu.Lock()
 	s.end()
 	s.mu.Unlock()
@@ -107,7 +109,7 @@ const closeTimeout = 5 * time.Second
 
 // subscription is one Subscribe call's group client and partitions.
 type subscription struct {
-	s      *Subscriber
+	s      *subscriber
 	topic  string
 	cl     *kgo.Client
 	out    chan *message.Message
@@ -131,7 +133,7 @@ type subscription struct {
 // cluster is retried until DialTimeout or ctx ends; after that the client
 // reconnects and rejoins on its own. The channel is closed when ctx ends or
 // the Subscriber is closed.
-func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	what := fmt.Sprintf("subscribe to %q", topic)
 	g := &subscription{
 		s:         s,

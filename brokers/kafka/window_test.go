@@ -112,7 +112,7 @@ func requireNone(t *testing.T, ch <-chan *message.Message, wait time.Duration) {
 // closes it with a defer: in a t.Cleanup it would be closed after
 // t.Context() ended, which stops the dev broker (see startBroker), and its
 // last offset commit would retry against a dead broker.
-func subscribe(t *testing.T, cfg brokers.KafkaConfig, topic string) (*kafka.Subscriber, <-chan *message.Message) {
+func subscribe(t *testing.T, cfg brokers.KafkaConfig, topic string) (message.Subscriber, <-chan *message.Message) {
 	t.Helper()
 	sub, err := kafka.NewSubscriber(context.Background(), cfg, nil)
 	require.NoError(t, err)
@@ -124,7 +124,7 @@ func subscribe(t *testing.T, cfg brokers.KafkaConfig, topic string) (*kafka.Subs
 	return sub, msgs
 }
 
-func closeSub(t *testing.T, sub *kafka.Subscriber) {
+func closeSub(t *testing.T, sub message.Subscriber) {
 	t.Helper()
 	require.NoError(t, sub.Close())
 }

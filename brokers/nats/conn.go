@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
@@ -10,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	natsgo "github.com/nats-io/nats.go"
 
+	"github.com/claimtx/claimtx/brokers/internal/wait"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/natsmsg"
@@ -33,7 +35,7 @@ func isAuthError(err error) bool {
 // reconnects forever: a consumer whose connection gave up would stay up
 // and consume nothing, where /healthz reports the outage. denied, when not
 // nil, records the subjects a publish was refused to.
-func dial(s settings, logger watermill.LoggerAdapter, role string, denied *deniedSubjects) (*natsgo.Conn, natsgo.JetStreamContext, error) {
+func dial(ctx context.Context, s settings, logger watermill.LoggerAdapter, role string, denied *deniedSubjects) (*natsgo.Conn, natsgo.JetStreamContext, error) {
 	opts := []natsgo.Option{
 		natsgo.Name("claimtx-" + role),
 		natsgo.MaxReconnects(-1),
@@ -57,7 +59,7 @@ func dial(s settings, logger watermill.LoggerAdapter, role string, denied *denie
 	}
 	opts = append(opts, natsmsg.Auth(s.User, s.Password, s.Token, s.CredsFile)...)
 	deadline := time.Now().Add(s.DialTimeout)
-	wait := dialBackoffLo
+	delay := dialBackoffLo
 	for attempt := 1; ; attempt++ {
 		nc, err := natsgo.Connect(s.URL, opts...)
 		if err == nil {
@@ -71,14 +73,16 @@ func dial(s settings, logger watermill.LoggerAdapter, role string, denied *denie
 		if isAuthError(err) {
 			return nil, nil, &framework.AuthError{Dependency: "NATS", Err: err}
 		}
-		if s.DialTimeout < 0 || time.Now().Add(wait).After(deadline) {
+		if s.DialTimeout < 0 || time.Now().Add(delay).After(deadline) {
 			return nil, nil, fmt.Errorf("connect to NATS (%d attempts): %w", attempt, err)
 		}
 		warnlog.Log(logger, "NATS not reachable yet, retrying", watermill.LogFields{
-			"role": role, "attempt": attempt, "retry_in": wait.String(), "err": err.Error(),
+			"role": role, "attempt": attempt, "retry_in": delay.String(), "err": err.Error(),
 		})
-		time.Sleep(wait)
-		wait = min(2*wait, dialBackoffHi)
+		if !wait.For(delay, ctx.Done()) {
+			return nil, nil, fmt.Errorf("connect to NATS (%d attempts): %w (last error: %w)", attempt, ctx.Err(), err)
+		}
+		delay = min(2*delay, dialBackoffHi)
 	}
 }
 

@@ -1,5 +1,6 @@
-// Package nats is claimtx's NATS JetStream adapter. Importing it registers
-// the "nats" kind, as brokers/amqp and brokers/kafka register theirs:
+// Package nats is claimtx's NATS JetStream adapter. Like brokers/amqp and
+// brokers/kafka it has NewSubscriber and NewPublisher over a typed
+// brokers.NATSConfig, and importing it registers the "nats" kind:
 //
 //	import _ "github.com/claimtx/claimtx/brokers/nats"
 //
@@ -7,14 +8,13 @@
 //	...
 //	sub, err := brokers.NewSubscriber(cfg, logger)
 //
-// It uses only the public brokers.Factory and brokers.Register API, like an
-// adapter of your own, except that its settings are the typed
-// brokers.NATSConfig: it is the worked example of docs/adapters.md, which
-// maps JetStream's ack, nack, redelivery and shutdown onto claimtx. Every
-// setting, its default and its trade-off: brokers.NATSConfig and
-// docs/configuration.md. Publishing is watermill-nats v2's JetStream
-// publisher; consuming is this package's own subscriber on nats.go, with
-// watermill-nats's wire format.
+// Its registration uses only the public brokers.Factory and
+// brokers.Register API, like an adapter of your own: it is the worked
+// example of docs/adapters.md, which maps JetStream's ack, nack, redelivery
+// and shutdown onto claimtx. Every setting, its default and its trade-off:
+// brokers.NATSConfig and docs/configuration.md. Publishing is
+// watermill-nats v2's JetStream publisher; consuming is this package's own
+// subscriber on nats.go, with watermill-nats's wire format.
 //
 // There is no default durable, for the reason Kafka has no default consumer
 // group: two services sharing one would split the messages.

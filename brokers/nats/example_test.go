@@ -13,7 +13,7 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 
 	"github.com/claimtx/claimtx/brokers"
-	_ "github.com/claimtx/claimtx/brokers/nats"
+	"github.com/claimtx/claimtx/brokers/nats"
 )
 
 // Importing the package registers the kind "nats": package brokers then
@@ -70,6 +70,85 @@ func Example_validation() {
 	_, err := brokers.NewSubscriber(brokers.Config{Kind: brokers.KindNATS, NATS: brokers.NATSConfig{URL: exampleURL()}}, nil)
 	fmt.Println(err)
 	// Output:
+	// claimtx: config field "nats.durable": is required to subscribe: the JetStream durable consumer name, one per service
+}
+
+// The publisher creates the topic's stream on first use and returns once
+// JetStream acknowledged the message; a plain NATS client reads it back.
+func ExampleNewPublisher() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	prefix := examplePrefix()
+	defer dropExampleStreams(prefix)
+
+	pub, err := nats.NewPublisher(ctx, brokers.NATSConfig{URL: exampleURL(), SubjectPrefix: prefix}, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer pub.Close()
+	msg := message.NewMessage("m1", []byte(`{"order_id":9912}`))
+	msg.Metadata.Set("event_id", "evt-42")
+	if err := pub.Publish("orders", msg); err != nil {
+		panic(err)
+	}
+
+	nc, err := natsgo.Connect(exampleURL())
+	if err != nil {
+		panic(err)
+	}
+	defer nc.Close()
+	js, err := nc.JetStream()
+	if err != nil {
+		panic(err)
+	}
+	stream, err := js.StreamNameBySubject(prefix + "orders")
+	if err != nil {
+		panic(err)
+	}
+	stored, err := js.GetLastMsg(stream, prefix+"orders")
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(string(stored.Data), stored.Header.Get("event_id"))
+	// Output:
+	// {"order_id":9912} evt-42
+}
+
+// The subscriber pulls from the durable consumer named Durable, one per
+// service, which it creates with the stream on first use.
+func ExampleNewSubscriber() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	prefix := examplePrefix()
+	defer dropExampleStreams(prefix)
+	cfg := brokers.NATSConfig{URL: exampleURL(), Durable: "loyalty", SubjectPrefix: prefix}
+
+	sub, err := nats.NewSubscriber(ctx, cfg, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer sub.Close()
+	msgs, err := sub.Subscribe(ctx, "orders")
+	if err != nil {
+		panic(err)
+	}
+	pub, err := nats.NewPublisher(ctx, cfg, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer pub.Close()
+	if err := pub.Publish("orders", message.NewMessage("m1", []byte(`{"order_id":9912}`))); err != nil {
+		panic(err)
+	}
+	m := <-msgs
+	m.Ack()
+	fmt.Println(m.UUID, string(m.Payload), m.Metadata.Get("nats_delivered"))
+
+	// Without Durable there is nothing to pull from.
+	_, err = nats.NewSubscriber(ctx, brokers.NATSConfig{URL: exampleURL()}, nil)
+	fmt.Println(err)
+	// Output:
+	// m1 {"order_id":9912} 1
 	// claimtx: config field "nats.durable": is required to subscribe: the JetStream durable consumer name, one per service
 }
 

@@ -1,6 +1,8 @@
 package nats
 
 import (
+	"context"
+
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -10,34 +12,65 @@ import (
 
 // Importing the package registers the "nats" kind: a program that never
 // imports it does not link nats.go.
-func init() { brokers.Register(brokers.KindNATS, factory()) }
-
-// factory is the adapter's Factory. A problem is a *framework.ConfigError
-// naming "nats.<key>", which package brokers renames to the environment
-// variable when the value came from one.
-func factory() brokers.Factory {
-	return brokers.Factory{
+func init() {
+	brokers.Register(brokers.KindNATS, brokers.Factory{
 		NewSubscriber: func(cfg brokers.Config, logger watermill.LoggerAdapter) (message.Subscriber, error) {
-			s, err := parseSettings(cfg)
-			if err != nil {
-				return nil, err
-			}
-			if s.Durable == "" { // no default: see the package documentation
-				return nil, &framework.ConfigError{Field: "nats.durable",
-					Reason: "is required to subscribe: the JetStream durable consumer name, one per service"}
-			}
-			return newSubscriber(s, logger)
+			return NewSubscriber(context.Background(), cfg.NATS, logger)
 		},
 		NewPublisher: func(cfg brokers.Config, logger watermill.LoggerAdapter) (message.Publisher, error) {
-			s, err := parseSettings(cfg)
-			if err != nil {
-				return nil, err
-			}
-			return newPublisher(s, logger)
+			return NewPublisher(context.Background(), cfg.NATS, logger)
 		},
 		Validate: func(cfg brokers.Config) error {
 			_, err := parseSettings(cfg)
 			return err
 		},
+	})
+}
+
+// NewSubscriber validates cfg and connects to NATS, retrying until
+// DialTimeout passes or ctx ends (ctx bounds the start-up only). A nil
+// logger logs nothing. A problem with cfg is a *framework.ConfigError
+// naming "nats.<key>"; Durable is required. The subscriber pulls from the
+// durable JetStream consumer of each topic's stream, creating both on
+// first use, and also has SubscribeInitialize, IsConnected (readiness,
+// observe.SubscriberConnected) and ReplayHorizon (see
+// brokers.UnboundedHorizon).
+func NewSubscriber(ctx context.Context, cfg brokers.NATSConfig, logger watermill.LoggerAdapter) (message.Subscriber, error) {
+	s, err := validSettings(cfg)
+	if err != nil {
+		return nil, err
 	}
+	if s.Durable == "" { // no default: see the package documentation
+		return nil, &framework.ConfigError{Field: "nats.durable",
+			Reason: "is required to subscribe: the JetStream durable consumer name, one per service"}
+	}
+	return newSubscriber(ctx, s, orNop(logger))
+}
+
+// NewPublisher validates cfg and connects as NewSubscriber does (with the
+// same errors; Durable is not needed). Publish ensures the topic's stream
+// and returns once JetStream acknowledged every message.
+func NewPublisher(ctx context.Context, cfg brokers.NATSConfig, logger watermill.LoggerAdapter) (message.Publisher, error) {
+	s, err := validSettings(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return newPublisher(ctx, s, orNop(logger))
+}
+
+// validSettings checks cfg as brokers.Config.Validate checks its nats
+// section, then applies the defaults.
+func validSettings(cfg brokers.NATSConfig) (settings, error) {
+	full := brokers.Config{Kind: brokers.KindNATS, NATS: cfg}
+	if err := full.Validate(); err != nil {
+		return settings{}, err
+	}
+	return parseSettings(full)
+}
+
+func orNop(logger watermill.LoggerAdapter) watermill.LoggerAdapter {
+	if logger == nil {
+		return watermill.NopLogger{}
+	}
+	return logger
 }

@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -25,9 +26,9 @@ type publisher struct {
 	denied  *deniedSubjects
 }
 
-func newPublisher(s settings, logger watermill.LoggerAdapter) (*publisher, error) {
+func newPublisher(ctx context.Context, s settings, logger watermill.LoggerAdapter) (*publisher, error) {
 	denied := &deniedSubjects{}
-	nc, js, err := dial(s, logger, "publisher", denied)
+	nc, js, err := dial(ctx, s, logger, "publisher", denied)
 	if err != nil {
 		return nil, err
 	}

@@ -43,8 +43,8 @@ type subscriber struct {
 	subs    sync.WaitGroup // one per Subscribe, until its output is closed
 }
 
-func newSubscriber(s settings, logger watermill.LoggerAdapter) (*subscriber, error) {
-	nc, js, err := dial(s, logger, "subscriber", nil)
+func newSubscriber(ctx context.Context, s settings, logger watermill.LoggerAdapter) (*subscriber, error) {
+	nc, js, err := dial(ctx, s, logger, "subscriber", nil)
 	if err != nil {
 		return nil, err
 	}

@@ -217,10 +217,3 @@ func (p *proxy) stop() {
 		_ = c.Close()
 	}
 }
-
-// The project's subscribers take part in readiness by implementing the
-// optional interface; a compile error here means one stopped doing so.
-var (
-	_ interface{ IsConnected() bool } = (*amqp.Subscriber)(nil)
-	_ interface{ IsConnected() bool } = (*kafka.Subscriber)(nil)
-)

@@ -10,6 +10,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/kafka"
 	"github.com/claimtx/claimtx/brokers/kafka/kafkatest"
+	"github.com/claimtx/claimtx/framework/observe"
 )
 
 // A test starts a broker on a free port and points the subscriber at it;
@@ -29,6 +30,6 @@ func ExampleStart() {
 		return
 	}
 	defer func() { _ = sub.Close() }()
-	fmt.Println("connected:", sub.IsConnected())
+	fmt.Println("connected:", observe.SubscriberConnected(sub)(ctx) == nil)
 	// Output: connected: true
 }
