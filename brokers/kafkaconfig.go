@@ -12,69 +12,42 @@ import (
 	"github.com/claimtx/claimtx/internal/config"
 )
 
-// brokers/kafka takes these types as they are (see AMQPConfig for why
-// they live here).
-
 // kafkaVersionPattern is what sarama.ParseKafkaVersion accepts: X.Y.Z, or
 // 0.X.Y.Z before Kafka 1.0.
 var kafkaVersionPattern = regexp.MustCompile(`^(0\.\d+\.\d+\.\d+|[1-9]\d*\.\d+\.\d+)$`)
 
-// InitialOffset values.
-const (
-	kafkaOffsetOldest = "oldest"
-	kafkaOffsetNewest = "newest"
-)
-
-// SASL mechanisms.
-const (
-	kafkaSASLPlain       = "PLAIN"
-	kafkaSASLScramSHA256 = "SCRAM-SHA-256"
-	kafkaSASLScramSHA512 = "SCRAM-SHA-512"
-)
-
-// KafkaConfig configures the Kafka adapter. The zero value is usable: every zero
-// field takes the default named in its documentation.
+// KafkaConfig configures the Kafka adapter (brokers/kafka, whose package
+// documentation tells what each setting does). The zero value is usable:
+// every zero field takes the default named in its documentation.
 type KafkaConfig struct {
 	// Brokers are the bootstrap addresses (host:port).
 	// Defaults to ["127.0.0.1:9092"].
 	Brokers []string `yaml:"brokers" env:"KAFKA_BROKERS" default:"127.0.0.1:9092"`
 
-	// ConsumerGroup is the consumer group every Subscribe joins. Instances
-	// with the same group share the partitions; each group gets every
-	// message. Required by NewSubscriber (publishers ignore it); there is
-	// no default, because a shared one would make two different services
-	// on the same topic split its partitions, each missing the other's
-	// half. framework/consumer defaults it to the consumer's Name.
+	// ConsumerGroup is the consumer group every Subscribe joins. Required
+	// by NewSubscriber; there is no default, because two services sharing
+	// one would split the topic's partitions. framework/consumer defaults
+	// it to the consumer's Name.
 	ConsumerGroup string `yaml:"consumer_group" env:"KAFKA_CONSUMER_GROUP"`
 
 	// InitialOffset is where a group starts on a partition it has no
-	// committed offset for: "oldest" (everything retained) or "newest"
-	// (only messages produced after the group joined). "oldest" is the only
-	// choice that loses nothing for a new consumer; claims make the replay
-	// of old messages harmless. Defaults to "oldest".
+	// committed offset for: "oldest" (everything retained, the only choice
+	// that loses nothing) or "newest". Defaults to "oldest".
 	InitialOffset string `yaml:"initial_offset" env:"KAFKA_INITIAL_OFFSET" default:"oldest"`
 
 	// Version is the Kafka protocol version the publisher (Sarama) speaks,
-	// as "X.Y.Z". 3.6.0 is verified against kfake and real brokers from 3.6
-	// on; older clusters need their own version here. The subscriber
-	// negotiates versions with the brokers. Defaults to "3.6.0".
+	// as "X.Y.Z"; the subscriber negotiates. Defaults to "3.6.0".
 	Version string `yaml:"version" env:"KAFKA_VERSION" default:"3.6.0"`
 
-	// ClientID is sent with every request (broker logs, quotas).
-	// Defaults to "claimtx".
+	// ClientID is sent with every request. Defaults to "claimtx".
 	ClientID string `yaml:"client_id" env:"KAFKA_CLIENT_ID" default:"claimtx"`
 
-	// MaxWaitTime is how long a fetch waits on the broker for data. It is
-	// also how long the end of a subscription can wait behind an open
-	// fetch, so it is kept short (franz-go's own default is 5s).
-	// Defaults to 100ms.
+	// MaxWaitTime is how long a fetch waits on the broker for data, and so
+	// how long the end of a subscription can wait. Defaults to 100ms.
 	MaxWaitTime time.Duration `yaml:"max_wait_time" default:"100ms"`
 
 	// SessionTimeout is how long the group coordinator waits without a
-	// heartbeat before it evicts a member and gives its partitions to the
-	// others. Shorter means faster failover after a crash, longer tolerates
-	// longer pauses (GC, overloaded hosts). Brokers enforce
-	// group.min/max.session.timeout.ms (kfake: GroupMinSessionTimeout).
+	// heartbeat before it gives a member's partitions to the others.
 	// Defaults to 10s.
 	SessionTimeout time.Duration `yaml:"session_timeout" env:"KAFKA_SESSION_TIMEOUT" default:"10s"`
 
@@ -82,58 +55,45 @@ type KafkaConfig struct {
 	// SessionTimeout. Defaults to SessionTimeout/3.
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
 
-	// RebalanceTimeout is how long the coordinator waits for every member to
-	// rejoin during a rebalance; a member that does not make it is dropped.
-	// Group requests wait for their answer this long plus 10s, since the
-	// coordinator may hold a JoinGroup answer until the rebalance ends.
-	// A rebalance does not wait for messages in flight (see the package
-	// documentation), so a long value costs nothing unless a member dies
-	// mid-rebalance. Must not be below SessionTimeout. Defaults to 60s.
+	// RebalanceTimeout is how long the coordinator waits for every member
+	// to rejoin during a rebalance; group requests wait this plus 10s.
+	// Must not be below SessionTimeout. Defaults to 60s.
 	RebalanceTimeout time.Duration `yaml:"rebalance_timeout" env:"KAFKA_REBALANCE_TIMEOUT" default:"60s"`
 
-	// CommitInterval is how often marked (acked) offsets are committed.
-	// After a crash, up to this much acked work is delivered again; the
-	// claim turns those redeliveries into duplicates. Defaults to 1s.
+	// CommitInterval is how often acked offsets are committed: after a
+	// crash, up to this much acked work is delivered again. Defaults to 1s.
 	CommitInterval time.Duration `yaml:"commit_interval" default:"1s"`
 
-	// NackDelay is how long the subscriber waits before it re-sends a nacked
-	// message. Kafka cannot requeue one message: a nack re-sends a fresh
-	// copy from memory, and the nacked message keeps its window slot (with
-	// the default window of one, its partition waits for it). The router's
-	// Retry and Poison middleware bound that; this only keeps the loop from
-	// spinning. A negative value disables the delay. Defaults to 1s.
+	// NackDelay is how long the subscriber waits before it re-sends a
+	// nacked message (Kafka cannot requeue one). A negative value disables
+	// the delay. Defaults to 1s.
 	NackDelay time.Duration `yaml:"nack_delay" env:"KAFKA_NACK_DELAY" default:"1s"`
 
 	// Window is how many messages per partition the subscriber hands out
-	// without waiting for earlier ones to be acked (for a batch consumer,
-	// consumer.NewBatch: at least the batch size). An ack marks the offset
-	// only once every earlier message of that partition is acked (the
-	// committed offset never passes an unacked message). Messages of one
-	// partition are handed out in order but, with a window above one, may
-	// be acked out of order. 0 (the default) means one: a partition's next
-	// message waits for the ack of the one before.
+	// without waiting for earlier ones to be acked (for a batch consumer:
+	// at least the batch size); they may be acked out of order. 0 (the
+	// default) means one.
 	Window int `yaml:"window" env:"KAFKA_WINDOW,positive"`
 
-	// DialTimeout bounds how long NewPublisher and the first Subscribe retry
-	// while no broker is reachable, instead of failing start-up. A negative
-	// value means a single attempt. Defaults to 30s.
+	// DialTimeout bounds how long NewPublisher and the first Subscribe
+	// retry while no broker is reachable. A negative value means a single
+	// attempt. Defaults to 30s.
 	DialTimeout time.Duration `yaml:"dial_timeout" env:"KAFKA_DIAL_TIMEOUT" default:"30s"`
 
-	// ReconnectBackoff is the wait between those start-up attempts, and
-	// between polls while every fetch fails. Defaults to 1s.
+	// ReconnectBackoff is the wait between those attempts, and between
+	// polls while every fetch fails. Defaults to 1s.
 	ReconnectBackoff time.Duration `yaml:"reconnect_backoff" default:"1s"`
 
 	// TLS enables TLS to the brokers.
 	TLS KafkaTLSConfig `yaml:"tls"`
 
-	// SASL enables SASL authentication. Its password is redacted whenever
-	// the config is printed.
+	// SASL enables SASL authentication.
 	SASL KafkaSASLConfig `yaml:"sasl"`
 }
 
 // KafkaTLSConfig is the TLS both clients use.
 type KafkaTLSConfig struct {
-	// Enabled turns TLS on. The system roots verify the brokers unless
+	// Enabled turns TLS on; the system roots verify the brokers unless
 	// CAFile is set. Defaults to false.
 	Enabled bool `yaml:"enabled" env:"KAFKA_TLS"`
 	// CAFile is a PEM file of CA certificates to trust. Defaults to "".
@@ -145,21 +105,20 @@ type KafkaTLSConfig struct {
 	// ServerName overrides the name verified in the brokers' certificates.
 	// Defaults to the host of each broker address.
 	ServerName string `yaml:"server_name"`
-	// InsecureSkipVerify disables certificate verification: anyone on the
-	// path can read and change the traffic. Only for local experiments.
-	// Defaults to false.
+	// InsecureSkipVerify disables certificate verification: only for local
+	// experiments. Defaults to false.
 	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
 }
 
 // KafkaSASLConfig is the SASL both clients use.
 type KafkaSASLConfig struct {
-	// Mechanism is "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512"; empty
-	// disables SASL. PLAIN sends the password as is: use it with TLS.
-	// Defaults to "".
+	// Mechanism is "PLAIN" (use it with TLS), "SCRAM-SHA-256" or
+	// "SCRAM-SHA-512"; empty disables SASL. Defaults to "".
 	Mechanism string `yaml:"mechanism" env:"KAFKA_SASL_MECHANISM"`
 	// User is the SASL user name. Defaults to "".
 	User string `yaml:"user" env:"KAFKA_SASL_USER"`
-	// Password is the SASL password. Defaults to "".
+	// Password is the SASL password, redacted whenever the config is
+	// printed. Defaults to "".
 	Password string `yaml:"password" env:"KAFKA_SASL_PASSWORD,secret"`
 }
 
@@ -169,12 +128,9 @@ func (s KafkaSASLConfig) String() string { return config.Format(s) }
 // GoString makes %#v redact too.
 func (s KafkaSASLConfig) GoString() string { return "brokers.KafkaSASLConfig" + s.String() }
 
-// The adapter applies the same defaults (defaults.Apply) without an
-// exported method for it.
+// The adapter applies the same defaults (defaults.Apply).
 func init() { defaults.Register(KafkaConfig.withDefaults) }
 
-// withDefaults returns a copy of c with every zero field set to its
-// default, as documented on each field.
 func (c KafkaConfig) withDefaults() KafkaConfig {
 	c = config.Defaults(c)
 	if c.HeartbeatInterval == 0 {
@@ -184,9 +140,8 @@ func (c KafkaConfig) withDefaults() KafkaConfig {
 }
 
 // Validate reports the first field that cannot be used, as a
-// *framework.ConfigError.
-// Zero fields are valid: they take their defaults. Field names are the YAML
-// keys; brokers.Config.Validate prefixes them with "kafka.".
+// *framework.ConfigError named by its YAML key (Config.Validate prefixes
+// "kafka."). Zero fields are valid: they take their defaults.
 func (c KafkaConfig) Validate() error {
 	c = c.withDefaults()
 	for i, b := range c.Brokers {
@@ -195,17 +150,14 @@ func (c KafkaConfig) Validate() error {
 			return fieldErr("brokers", "entry %d (%q) is not host:port", i, b)
 		}
 	}
-	if strings.TrimSpace(c.ConsumerGroup) != c.ConsumerGroup {
+	switch {
+	case strings.TrimSpace(c.ConsumerGroup) != c.ConsumerGroup:
 		return fieldErr("consumer_group", "must not start or end with spaces, got %q", c.ConsumerGroup)
-	}
-	if c.InitialOffset != kafkaOffsetOldest && c.InitialOffset != kafkaOffsetNewest {
-		return fieldErr("initial_offset", "must be %q or %q, got %q", kafkaOffsetOldest, kafkaOffsetNewest, c.InitialOffset)
-	}
-	if !kafkaVersionPattern.MatchString(c.Version) {
+	case c.InitialOffset != "oldest" && c.InitialOffset != "newest":
+		return fieldErr("initial_offset", "must be %q or %q, got %q", "oldest", "newest", c.InitialOffset)
+	case !kafkaVersionPattern.MatchString(c.Version):
 		// Sarama's own check (sarama.ParseKafkaVersion), without linking it.
 		return &framework.ConfigError{Field: "version", Reason: "not a Kafka version (X.Y.Z)", Err: fmt.Errorf("invalid version `%s`", c.Version)}
-	}
-	switch {
 	case c.MaxWaitTime < time.Millisecond:
 		return fieldErr("max_wait_time", "must be at least 1ms, got %s", c.MaxWaitTime)
 	case c.SessionTimeout < time.Millisecond:
@@ -215,11 +167,9 @@ func (c KafkaConfig) Validate() error {
 	case c.RebalanceTimeout < time.Millisecond:
 		return fieldErr("rebalance_timeout", "must be at least 1ms, got %s", c.RebalanceTimeout)
 	case c.RebalanceTimeout < c.SessionTimeout:
-		// A live member learns of a rebalance from its next heartbeat, and
-		// a dead one leaves the group only when its session times out: a
-		// rebalance shorter than the session would end without members
-		// that are alive, which rejoin and start the next one, again and
-		// again.
+		// A dead member leaves only when its session times out: a shorter
+		// rebalance would end without live members, which rejoin and start
+		// the next one, again and again.
 		return fieldErr("rebalance_timeout", "must not be below session_timeout (%s), got %s", c.SessionTimeout, c.RebalanceTimeout)
 	case c.CommitInterval < time.Millisecond:
 		return fieldErr("commit_interval", "must be at least 1ms, got %s", c.CommitInterval)
@@ -228,37 +178,21 @@ func (c KafkaConfig) Validate() error {
 	case c.Window < 0:
 		return fieldErr("window", "must not be negative (0 disables the window mode), got %d", c.Window)
 	}
-	if err := c.TLS.validate(); err != nil {
-		return err
-	}
-	switch c.SASL.Mechanism {
-	case "":
-		if c.SASL.User != "" || c.SASL.Password != "" {
-			return fieldErr("sasl.mechanism", "must be set when sasl.user or sasl.password is")
-		}
-	case kafkaSASLPlain, kafkaSASLScramSHA256, kafkaSASLScramSHA512:
-		if c.SASL.User == "" {
-			return fieldErr("sasl.user", "must not be empty with mechanism %s", c.SASL.Mechanism)
-		}
-	default:
-		return fieldErr("sasl.mechanism", "must be %s, %s or %s, got %q", kafkaSASLPlain, kafkaSASLScramSHA256, kafkaSASLScramSHA512, c.SASL.Mechanism)
-	}
-	return nil
-}
-
-func (t KafkaTLSConfig) validate() error {
-	if !t.Enabled {
-		if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" {
-			return fieldErr("tls.enabled", "must be true when TLS files are set")
-		}
-		return nil
-	}
+	t, s := c.TLS, c.SASL
+	switch {
+	case !t.Enabled && (t.CAFile != "" || t.CertFile != "" || t.KeyFile != ""):
+		return fieldErr("tls.enabled", "must be true when TLS files are set")
 	// Name the one that is missing: that is the one the user has to set.
-	if t.CertFile == "" && t.KeyFile != "" {
+	case t.Enabled && t.CertFile == "" && t.KeyFile != "":
 		return fieldErr("tls.cert_file", "cert_file and key_file must be set together")
-	}
-	if t.CertFile != "" && t.KeyFile == "" {
+	case t.Enabled && t.CertFile != "" && t.KeyFile == "":
 		return fieldErr("tls.key_file", "cert_file and key_file must be set together")
+	case s.Mechanism == "" && (s.User != "" || s.Password != ""):
+		return fieldErr("sasl.mechanism", "must be set when sasl.user or sasl.password is")
+	case s.Mechanism != "" && s.Mechanism != "PLAIN" && s.Mechanism != "SCRAM-SHA-256" && s.Mechanism != "SCRAM-SHA-512":
+		return fieldErr("sasl.mechanism", "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, got %q", s.Mechanism)
+	case s.Mechanism != "" && s.User == "":
+		return fieldErr("sasl.user", "must not be empty with mechanism %s", s.Mechanism)
 	}
 	return nil
 }

@@ -13,18 +13,8 @@ import (
 	"github.com/claimtx/claimtx/internal/config"
 )
 
-// NATS streams settings (NATSConfig.Streams).
-const (
-	natsStreamsCreate  = "create"
-	natsStreamsRequire = "require"
-)
-
-// natsMaxConcurrency bounds the workers (pull subscriptions) of one
-// Subscribe.
-const natsMaxConcurrency = 4096
-
-// natsDurablePattern is what JetStream accepts as a durable name (it is a
-// token of the consumer's API subjects: no '.', '*', '>' or whitespace).
+// natsDurablePattern is what JetStream accepts as a durable name (a token
+// of the consumer's API subjects: no '.', '*', '>' or whitespace).
 var natsDurablePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,200}$`)
 
 // NATSConfig configures the NATS JetStream adapter (brokers/nats, whose
@@ -39,8 +29,7 @@ type NATSConfig struct {
 	URL string `yaml:"url" env:"NATS_URL,secret" default:"nats://127.0.0.1:4222"`
 
 	// User and Password authenticate with a user name; Password needs
-	// User. Password is redacted whenever the config is printed.
-	// Default to "".
+	// User and is redacted whenever the config is printed. Default to "".
 	User     string `yaml:"user" env:"NATS_USER"`
 	Password string `yaml:"password" env:"NATS_PASSWORD,secret"`
 
@@ -51,12 +40,10 @@ type NATSConfig struct {
 	// CredsFile is a .creds file (JWT and NKey seed). Defaults to "".
 	CredsFile string `yaml:"creds_file" env:"NATS_CREDS_FILE"`
 
-	// Durable is the JetStream durable consumer name every Subscribe
-	// uses, one per service; the replicas of a service share it. Required
-	// by NewSubscriber (publishers ignore it); there is no default here,
-	// for the reason Kafka has no default consumer group: two services
-	// sharing one would split the messages between them. framework/consumer
-	// defaults it to the consumer's Name when that is a durable name.
+	// Durable is the JetStream durable consumer name every Subscribe uses,
+	// one per service. Required by NewSubscriber; no default, as for
+	// Kafka's consumer group. framework/consumer defaults it to the
+	// consumer's Name when that is a durable name.
 	Durable string `yaml:"durable" env:"NATS_DURABLE"`
 
 	// SubjectPrefix is put before every topic: subject = prefix + topic.
@@ -94,64 +81,22 @@ type NATSConfig struct {
 	DialTimeout time.Duration `yaml:"dial_timeout" env:"NATS_DIAL_TIMEOUT" default:"30s"`
 }
 
-// The adapter applies the same defaults (defaults.Apply) without an
-// exported method for it.
+// The adapter applies the same defaults (defaults.Apply).
 func init() { defaults.Register(NATSConfig.withDefaults) }
 
-// withDefaults returns a copy of c with every zero field set to its
-// default, as documented on each field.
 func (c NATSConfig) withDefaults() NATSConfig {
 	c = config.Defaults(c)
 	c.Streams = strings.ToLower(c.Streams)
 	return c
 }
 
-// validate reports the first field that cannot be used, as a
-// *framework.ConfigError; Config.Validate runs it. Unlike AMQPConfig and
-// KafkaConfig, which brokers/amqp and brokers/kafka also take on their
-// own, NATSConfig is only used within a Config, so it has no Validate of
-// its own. Zero fields are valid: they take their defaults. Field names
-// are the YAML keys, which Config.Validate prefixes with "nats.". Values
-// that may hold a secret (the URL, password, token) are never quoted.
-// Whether SubjectPrefix makes a NATS subject is the adapter's check.
+// validate is AMQPConfig.Validate for NATS; only Config.Validate runs it,
+// as NATSConfig is not used on its own. Values that may hold a secret (the
+// URL, password, token) are never quoted. Whether SubjectPrefix makes a
+// NATS subject is the adapter's check.
 func (c NATSConfig) validate() error {
 	c = c.withDefaults()
-	if err := natsURLError(c.URL); err != nil {
-		return err
-	}
-	switch {
-	case c.Password != "" && c.User == "":
-		return fieldErr("user", "is required with password")
-	case c.Token != "" && c.User != "":
-		return fieldErr("token", "cannot be combined with user/password")
-	case c.Durable != "" && !natsDurablePattern.MatchString(c.Durable):
-		return fieldErr("durable", "must be 1-200 letters, digits, '_' or '-' (a JetStream durable name), got %q", c.Durable)
-	case c.Streams != natsStreamsCreate && c.Streams != natsStreamsRequire:
-		return fieldErr("streams", "must be %q or %q, got %q", natsStreamsCreate, natsStreamsRequire, c.Streams)
-	case c.AckWait < time.Second:
-		// In-progress signals go every half ack wait; below a second they
-		// would be most of the traffic, and a crashed consumer's messages
-		// come back fast enough at a second.
-		return fieldErr("ack_wait", "must be at least 1s, got %s", c.AckWait)
-	case c.MaxDeliver < -1:
-		return fieldErr("max_deliver", "must be -1 (unlimited) or a positive integer, got %d", c.MaxDeliver)
-	case c.MaxAckPending < 1 || c.MaxAckPending > 1<<20:
-		return fieldErr("max_ack_pending", "must be an integer from 1 to %d, got %d", 1<<20, c.MaxAckPending)
-	case c.Concurrency < 1 || c.Concurrency > natsMaxConcurrency:
-		return fieldErr("concurrency", "must be an integer from 1 to %d, got %d", natsMaxConcurrency, c.Concurrency)
-	}
-	if c.CredsFile != "" {
-		if _, err := os.Stat(c.CredsFile); err != nil {
-			return &framework.ConfigError{Field: "creds_file", Reason: "cannot be read", Err: err}
-		}
-	}
-	return nil
-}
-
-// natsURLError refuses a URL nats.Connect could not use, without quoting it
-// (it may hold a password: url.Parse's error would print it whole).
-func natsURLError(raw string) error {
-	for _, one := range strings.Split(raw, ",") {
+	for _, one := range strings.Split(c.URL, ",") {
 		u, err := url.Parse(strings.TrimSpace(one))
 		switch {
 		case err != nil:
@@ -160,6 +105,31 @@ func natsURLError(raw string) error {
 			return fieldErr("url", "must be nats://host:port (or tls://, ws://, wss://), comma separated for a cluster")
 		case u.Host == "":
 			return fieldErr("url", "has no host")
+		}
+	}
+	switch {
+	case c.Password != "" && c.User == "":
+		return fieldErr("user", "is required with password")
+	case c.Token != "" && c.User != "":
+		return fieldErr("token", "cannot be combined with user/password")
+	case c.Durable != "" && !natsDurablePattern.MatchString(c.Durable):
+		return fieldErr("durable", "must be 1-200 letters, digits, '_' or '-' (a JetStream durable name), got %q", c.Durable)
+	case c.Streams != "create" && c.Streams != "require":
+		return fieldErr("streams", "must be %q or %q, got %q", "create", "require", c.Streams)
+	case c.AckWait < time.Second:
+		// In-progress signals go every half ack wait: below a second they
+		// would be most of the traffic.
+		return fieldErr("ack_wait", "must be at least 1s, got %s", c.AckWait)
+	case c.MaxDeliver < -1:
+		return fieldErr("max_deliver", "must be -1 (unlimited) or a positive integer, got %d", c.MaxDeliver)
+	case c.MaxAckPending < 1 || c.MaxAckPending > 1<<20:
+		return fieldErr("max_ack_pending", "must be an integer from 1 to %d, got %d", 1<<20, c.MaxAckPending)
+	case c.Concurrency < 1 || c.Concurrency > 4096:
+		return fieldErr("concurrency", "must be an integer from 1 to %d, got %d", 4096, c.Concurrency)
+	}
+	if c.CredsFile != "" {
+		if _, err := os.Stat(c.CredsFile); err != nil {
+			return &framework.ConfigError{Field: "creds_file", Reason: "cannot be read", Err: err}
 		}
 	}
 	return nil
@@ -172,29 +142,24 @@ func (c NATSConfig) String() string { return config.Format(c) }
 // GoString makes %#v redact too.
 func (c NATSConfig) GoString() string { return "brokers.NATSConfig" + c.String() }
 
-// natsEnvPrefix starts the name of every NATS variable. A variable with it
-// that is not one of NATSConfig's is refused when the kind is nats, so a
-// typo (NATS_ACKWAIT) does not silently leave a default in place.
-const natsEnvPrefix = "NATS_"
-
-// checkNATSEnv refuses the first variable of environ ("NAME=value", set
-// and not empty) that starts with natsEnvPrefix and sets no field (see
-// envSettings).
+// checkNATSEnv refuses the first variable of environ ("NAME=value", set and
+// not empty) that starts with NATS_ and sets no field, so a typo
+// (NATS_ACKWAIT) does not silently leave a default in place.
 func checkNATSEnv(environ []string) error {
 	known := map[string]bool{}
 	var list []string
 	for _, s := range envSettings {
-		if strings.HasPrefix(s.Env, natsEnvPrefix) {
+		if strings.HasPrefix(s.Env, "NATS_") {
 			known[s.Env] = true
-			list = append(list, s.Env)
 			if s.Secret {
 				known[s.Env+config.FileSuffix] = true
 			}
+			list = append(list, s.Env)
 		}
 	}
 	for _, kv := range environ {
 		name, value, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, natsEnvPrefix) && !known[name] && strings.TrimSpace(value) != "" {
+		if strings.HasPrefix(name, "NATS_") && !known[name] && strings.TrimSpace(value) != "" {
 			return &framework.ConfigError{Field: name, Reason: fmt.Sprintf("unknown variable of broker kind %q (known: %s)", KindNATS, strings.Join(list, ", "))}
 		}
 	}

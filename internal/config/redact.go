@@ -25,13 +25,11 @@ func RedactURL(rawURL string) string {
 			u.User = url.UserPassword(u.User.Username(), Mask)
 		}
 	}
-	// Query parameters may carry credentials too (e.g. auth_mechanism
-	// extensions, TLS key passwords): keep names, drop values we do not know.
+	// Query parameters may carry credentials too (TLS key passwords).
 	q := u.Query()
 	changed := false
 	for k := range q {
-		lk := strings.ToLower(k)
-		if strings.Contains(lk, "pass") || strings.Contains(lk, "secret") || strings.Contains(lk, "token") {
+		if SecretName(k) {
 			q.Set(k, Mask)
 			changed = true
 		}
@@ -39,8 +37,14 @@ func RedactURL(rawURL string) string {
 	if changed {
 		u.RawQuery = q.Encode()
 	}
-	// url.URL.String escapes the mask's characters as needed; Mask is plain.
 	return u.String()
+}
+
+// SecretName tells whether a key names a secret: it contains "pass",
+// "secret" or "token", in any case.
+func SecretName(k string) bool {
+	k = strings.ToLower(k)
+	return strings.Contains(k, "pass") || strings.Contains(k, "secret") || strings.Contains(k, "token")
 }
 
 // Redact returns Mask for a non-empty secret and "" for an empty one, so a
