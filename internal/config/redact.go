@@ -10,8 +10,8 @@ import (
 const Mask = "xxxxx"
 
 // RedactURL returns rawURL with the password of its userinfo replaced by
-// Mask. A URL that does not parse is replaced entirely, because url.Parse
-// failures are exactly the cases where we cannot tell where the password is.
+// Mask. A URL that does not parse is replaced entirely: there we cannot
+// tell where the password is.
 func RedactURL(rawURL string) string {
 	if rawURL == "" {
 		return ""
@@ -62,15 +62,15 @@ var kvPassword = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)`)
 
 // Passwords returns the passwords a connection string (a URL or
 // keyword/value pairs) may hold, as best it can tell: the URL's userinfo
-// and password parameter, or keyword/value passwords (quoted or not, and
-// their unquoted parts), the URL-escaped spellings of a URL's, and the raw userinfo of a URL that does not
-// parse. Whatever prints dsn, or an error about it, removes each.
+// and password parameter with their URL-escaped spellings, keyword/value
+// passwords (quoted or not, and their parts), and the raw userinfo of a
+// URL that does not parse. Whatever prints dsn, or an error about it,
+// removes each.
 func Passwords(dsn string) []string {
 	var out []string
 	if u, err := url.Parse(dsn); err == nil {
 		if u.User != nil {
 			if pw, ok := u.User.Password(); ok {
-				// As written in the URL too, for a text that quotes it.
 				out = append(out, pw, url.QueryEscape(pw), url.PathEscape(pw))
 			}
 		}
@@ -94,9 +94,8 @@ func Passwords(dsn string) []string {
 }
 
 // RedactDSN returns a Postgres connection string with its passwords
-// replaced by Mask: the URL's userinfo password and password parameter,
-// or the password of a keyword/value string. Whatever it cannot take
-// apart has every password Passwords finds replaced wherever it occurs.
+// replaced by Mask. Whatever it cannot take apart has every password
+// Passwords finds replaced wherever it occurs.
 func RedactDSN(dsn string) string {
 	if dsn == "" {
 		return ""
@@ -129,8 +128,7 @@ func RedactDSN(dsn string) string {
 }
 
 // Scrub returns s with every occurrence of each non-empty secret replaced
-// by Mask: the blunt redaction of a text (an error message) that may quote
-// a secret anywhere.
+// by Mask, for a text (an error message) that may quote one anywhere.
 func Scrub(s string, secrets ...string) string {
 	for _, pw := range secrets {
 		if pw != "" {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -56,18 +57,10 @@ func Settings[T any]() []Setting[T] {
 	return out
 }
 
-func hasOpt(opts, name string) bool {
-	for _, o := range strings.Split(opts, ",") {
-		if o == name {
-			return true
-		}
-	}
-	return false
-}
+func hasOpt(opts, name string) bool { return slices.Contains(strings.Split(opts, ","), name) }
 
-// parser returns how a variable's value is parsed into a field of type t,
-// by the env options opts. Its errors are the reasons of the
-// *framework.ConfigError ApplyEnv returns.
+// parser returns how a value is parsed into a field of type t, by the env
+// options opts. Its errors are the reasons of ApplyEnv's errors.
 func parser(t reflect.Type, opts string) func(dst reflect.Value, v string) error {
 	positive, nonzero := hasOpt(opts, "positive"), hasOpt(opts, "nonzero")
 	min, hasMin := int64(0), false
@@ -141,9 +134,8 @@ func parser(t reflect.Type, opts string) func(dst reflect.Value, v string) error
 }
 
 // Bind completes the settings whose Set is nil: their Field is the dotted
-// Go path of a field of T ("Claim.MaxAttempts"), parsed by the type of
-// that field and by Rule, options as an env tag's ("min=1"). It panics on
-// a Field T does not have: a mistake in a table, found by any test.
+// Go path of a field of T ("Claim.MaxAttempts"), parsed by its type and by
+// Rule. It panics on a Field T does not have: a mistake found by any test.
 func Bind[T any](settings []Setting[T]) []Setting[T] {
 	for i := range settings {
 		s := &settings[i]
@@ -163,13 +155,12 @@ func Bind[T any](settings []Setting[T]) []Setting[T] {
 	return settings
 }
 
-// setter is a Setting's Set for the field of T at index.
 func setter[T any](index []int, parse func(reflect.Value, string) error) func(*T, string) error {
 	return func(c *T, v string) error { return parse(reflect.ValueOf(c).Elem().FieldByIndex(index), v) }
 }
 
 // Defaults returns v with every zero field that has a default tag set to
-// that default, looking into struct fields too.
+// it, in nested structs too.
 func Defaults[T any](v T) T {
 	setDefaults(reflect.ValueOf(&v).Elem())
 	return v
@@ -194,8 +185,8 @@ func setDefaults(v reflect.Value) {
 }
 
 // Format prints v, a Config struct, as %+v would, with strings quoted and
-// every secret field (env option secret) redacted: a URL's password, or the
-// whole value. Nested structs with a String method print through it.
+// every secret field redacted: a URL's password, or the whole value.
+// Nested structs with a String method print through it.
 func Format(v any) string {
 	rv := reflect.ValueOf(v)
 	var b strings.Builder
