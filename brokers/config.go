@@ -68,17 +68,8 @@ type envSource struct {
 }
 
 // envSettings are the variables that override a file, as Config's env tags
-// declare them; envVars maps each one's YAML path to it.
-var (
-	envSettings = config.Settings[Config]()
-	envVars     = func() map[string]string {
-		m := make(map[string]string, len(envSettings))
-		for _, s := range envSettings {
-			m[s.Path] = s.Env
-		}
-		return m
-	}()
-)
+// declare them.
+var envSettings = config.Settings[Config]()
 
 // named returns err with its Field replaced by the environment variable the
 // value came from (or, with LoadConfig(""), would come from).
@@ -87,10 +78,15 @@ func (c Config) named(err error) error {
 		if name, ok := c.env.set[field]; ok || !c.env.only {
 			return name, ok
 		}
-		if name, ok := envVars[field]; ok {
-			return name, true
+		for _, s := range envSettings {
+			if s.Path == field {
+				return s.Env, true
+			}
 		}
-		return c.optionEnvName(field)
+		// A registered kind's option left unset: the variable that would set it.
+		option, ok := strings.CutPrefix(field, "options.")
+		prefix := optionEnvPrefix(c.kind())
+		return prefix + strings.ToUpper(option), ok && option != "" && prefix != ""
 	})
 }
 
@@ -342,15 +338,4 @@ func cloned(m map[string]string) map[string]string {
 		return map[string]string{}
 	}
 	return maps.Clone(m)
-}
-
-// optionEnvName returns the variable that sets field "options.<option>"
-// of a registered kind.
-func (c Config) optionEnvName(field string) (string, bool) {
-	option, ok := strings.CutPrefix(field, "options.")
-	prefix := optionEnvPrefix(c.kind())
-	if !ok || option == "" || prefix == "" {
-		return "", false
-	}
-	return prefix + strings.ToUpper(option), true
 }

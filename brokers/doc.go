@@ -91,72 +91,57 @@
 //	NATS_DIAL_TIMEOUT        nats.dial_timeout              (default 30s)
 //
 // With BROKER=nats, any other variable that starts with NATS_ is an error,
-// so a misspelt one (NATS_ACKWAIT) is not ignored.
+// so a misspelt one (NATS_ACKWAIT) is not ignored. AMQP_URL_FILE,
+// NATS_URL_FILE, NATS_PASSWORD_FILE, NATS_TOKEN_FILE and
+// KAFKA_SASL_PASSWORD_FILE name a file holding the secret (surrounding
+// white space dropped); setting both a variable and its _FILE is an error.
+// CONCURRENCY is per RabbitMQ subscription; on Kafka a consumer's
+// concurrency is the partitions it owns (times kafka.window).
 //
-// AMQP_URL_FILE, NATS_URL_FILE, NATS_PASSWORD_FILE, NATS_TOKEN_FILE and
-// KAFKA_SASL_PASSWORD_FILE name a file holding the secret (a mounted
-// Docker or Kubernetes secret; surrounding white space is dropped).
-// Setting both a variable and its _FILE variable is an error.
-//
-// CONCURRENCY is the number of messages one subscription processes at once
-// on RabbitMQ. On Kafka a consumer's concurrency is the number of
-// partitions it owns (times kafka.window).
-//
-// A kind that is not built in is configured through its prefix: the kind
-// in upper case with '.' and '-' as '_', then '_'. Every variable with it
-// sets Options[option], the rest of its name in lower case: with kind
-// my-bus.v2, MY_BUS_V2_REGION sets Options["region"]. Which options exist
-// is up to the kind's Factory.
+// A kind that is not built in is configured through its prefix, the kind
+// in upper case with '.' and '-' as '_', then '_': with kind my-bus.v2,
+// MY_BUS_V2_REGION sets Options["region"]. Which options exist is up to
+// the kind's Factory.
 //
 // # Errors
 //
 // Every configuration problem is a *framework.ConfigError whose Field is
-// what the user set: the variable when the value came from one (with
-// LoadConfig(""), also the variable to set for a required field left
-// empty), otherwise the YAML path; a registered kind's "options.<option>"
-// is renamed so too:
+// what the user set: the variable when the value came from one (a
+// registered kind's "options.<option>" too; with LoadConfig(""), also the
+// one to set for a required field left empty), otherwise the YAML path:
 //
 //	claimtx: config field "KAFKA_BROKERS": entry 0 ("kafka") is not host:port
 //	claimtx: config field "kafka.brokers": entry 0 ("kafka") is not host:port
 //
-// LoadConfig checks the section of a built-in kind; any other kind only for
-// being a well-formed name, because the program may still fill in its
-// options. Config.Validate, NewSubscriber and NewPublisher also refuse a
-// kind that is not linked (matching ErrInvalidKind, naming the package to
-// import for "amqp", "kafka" and "nats") and run the kind's
-// Factory.Validate. Validate never panics. Adapter construction errors are
-// wrapped with %w.
+// LoadConfig checks a built-in kind's section and any other kind's name
+// only, as the program may still fill in its options. Config.Validate,
+// NewSubscriber and NewPublisher also refuse a kind that is not linked
+// (matching ErrInvalidKind; for "amqp", "kafka" and "nats" naming the
+// package to import) and run the kind's Factory.Validate. Validate never
+// panics.
 //
 // # Secrets
 //
-// The String and GoString of Config, AMQPConfig, KafkaConfig,
-// KafkaSASLConfig and NATSConfig redact the URLs' passwords, the Kafka SASL
-// password and the NATS password and token, and in Config.Options the
-// value of every option whose name contains "pass", "secret" or "token"
-// (any case) and the password of every URL. Errors never quote a secret or
-// a URL that does not parse. Marshalling a config yourself (YAML, JSON)
-// does not redact.
+// Printing Config, AMQPConfig, KafkaConfig, KafkaSASLConfig or NATSConfig
+// (String, GoString) redacts URL passwords, the Kafka SASL password, the
+// NATS password and token, the Config.Options values whose key contains
+// "pass", "secret" or "token" (any case) and the password of every URL in
+// them. Errors never quote a secret or a URL that does not parse.
+// Marshalling a config yourself (YAML, JSON) does not redact.
 //
-// # Adapters of your own
+// # Adapters of your own and gochannel
 //
 // Register a Factory under a name from your adapter package's init
-// function; BROKER=name or kind: name then selects it, and it reads its
-// settings from Config.Options. The Register example shows a complete
-// adapter; docs/adapters.md walks through brokers/nats.
+// function; kind: name (or BROKER=name) then selects it, and it reads
+// Config.Options. The Register example is a complete adapter;
+// docs/adapters.md walks through brokers/nats.
 //
-// # The gochannel kind
+// "gochannel" is Watermill's in-process GoChannel, for tests: publishers
+// and subscribers built from equal GoChannelConfig values share one, which
+// lives while one of them is open. A nacked message is re-sent at once.
 //
-// "gochannel" is Watermill's in-process GoChannel, for tests. Publishers
-// and subscribers built from equal GoChannelConfig values share one
-// GoChannel, which lives while one of them is open; a different Name is a
-// separate broker. Closing a subscriber ends only its own subscriptions.
-// A nacked message is re-sent at once.
-//
-// # Delivery and metadata
-//
-// Every adapter delivers at least once; the claim makes the handler's
-// effect happen at most once. What each broker does with an unacked or
-// nacked message is in the adapters' documentation; the delivery metadata
-// they add (amqp_*, kafka_*, nats_*) is in docs/configuration.md ("Delivery
-// metadata"). None is published again or makes a good claim key.
+// Every adapter delivers at least once; the claim makes a handler's effect
+// happen once. Each adapter's documentation tells what its broker does
+// with unacked and nacked messages; docs/configuration.md lists the
+// delivery metadata they add ("Delivery metadata").
 package brokers
