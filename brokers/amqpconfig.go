@@ -26,75 +26,52 @@ const (
 )
 
 // AMQPConfig configures the RabbitMQ adapter. The zero value is usable: every
-// zero field takes the default named in its documentation. The topology
-// (one durable queue per topic, reached through the default exchange) and
-// what each setting does are in the brokers/amqp documentation.
+// zero field takes its default. The URL is redacted whenever the config is
+// printed. The topology (one durable queue per topic, reached through the
+// default exchange) and each setting are in the brokers/amqp documentation.
 type AMQPConfig struct {
 	// URL is the AMQP URI (amqp:// or amqps://, credentials and vhost
-	// included), redacted whenever the config is printed.
-	// Defaults to "amqp://guest:guest@127.0.0.1:5672/".
+	// included). Defaults to "amqp://guest:guest@127.0.0.1:5672/".
 	URL string `yaml:"url" env:"AMQP_URL,secret" default:"amqp://guest:guest@127.0.0.1:5672/"`
-
 	// Concurrency is how many messages one Subscribe call processes at
-	// once: it opens this many subscriptions (one channel each) on the
-	// queue. Not used when Window > 0. Defaults to 4.
+	// once, one subscription (and channel) each. Defaults to 4.
 	Concurrency int `yaml:"concurrency" env:"CONCURRENCY,positive" default:"4"`
-
 	// Prefetch is the QoS prefetch count of every subscription channel;
-	// above 1 it only parks messages where other instances cannot take
-	// them. Not used when Window > 0. Defaults to 1.
+	// above 1 it only parks messages other instances could take. Defaults to 1.
 	Prefetch int `yaml:"prefetch" env:"AMQP_PREFETCH,positive" default:"1"`
-
-	// Window, when > 0, makes each Subscribe call consume with one consumer
-	// holding up to Window unacked messages (for a batch consumer: workers
-	// × batch size), instead of Concurrency subscriptions. At most 65535.
-	// 0 (the default) keeps the per-subscription mode.
+	// Window, when > 0 (at most 65535), replaces Concurrency and Prefetch:
+	// one consumer per Subscribe holds up to Window unacked messages (for a
+	// batch consumer, workers × batch size). Defaults to 0.
 	Window int `yaml:"window" env:"AMQP_WINDOW,positive"`
-
-	// NackDelay is how long a nacked delivery is held before it is handed
-	// back to RabbitMQ, which would otherwise redeliver it at once, in a
-	// tight loop. A negative value disables the delay. Defaults to 1s.
+	// NackDelay holds a nacked delivery before it goes back to RabbitMQ,
+	// which would redeliver it at once, in a tight loop. Negative: no
+	// delay. Defaults to 1s.
 	NackDelay time.Duration `yaml:"nack_delay" env:"AMQP_NACK_DELAY" default:"1s"`
-
-	// DialTimeout bounds the start-up connection attempts (retried with
-	// the Reconnect* backoff; authentication and vhost errors are not). A
-	// negative value means a single attempt. Defaults to 30s.
+	// DialTimeout bounds the start-up connection attempts. Negative: a
+	// single attempt. Defaults to 30s.
 	DialTimeout time.Duration `yaml:"dial_timeout" env:"AMQP_DIAL_TIMEOUT" default:"30s"`
-
 	// ReconnectInitialInterval is the first wait between connection
 	// attempts, at start-up and after a connection drops. Defaults to 500ms.
 	ReconnectInitialInterval time.Duration `yaml:"reconnect_initial_interval" default:"500ms"`
-
-	// ReconnectMaxInterval caps the wait between connection attempts.
-	// Defaults to 10s.
+	// ReconnectMaxInterval caps that wait. Defaults to 10s.
 	ReconnectMaxInterval time.Duration `yaml:"reconnect_max_interval" default:"10s"`
-
 	// PublishChannels is the size of the publisher's pool of confirm-mode
 	// channels. Defaults to 4.
 	PublishChannels int `yaml:"publish_channels" default:"4"`
-
 	// QueueType is the type of every queue the adapter declares: "classic"
-	// or "quorum" (replicated, the one for durable work). A queue that
-	// exists with another type fails with a *framework.ConfigError saying
-	// how to migrate. Defaults to "classic", which declares no
-	// x-queue-type, so queues created before this setting keep working.
+	// or "quorum" (replicated, the one for durable work). Defaults to
+	// "classic", which declares no x-queue-type, so older queues keep working.
 	QueueType string `yaml:"queue_type" env:"AMQP_QUEUE_TYPE" default:"classic"`
-
-	// DeliveryLimit, when > 0, is the quorum queue's x-delivery-limit: a
-	// message returned to the queue more than this many times is dropped
-	// or dead-lettered by RabbitMQ. Keep it well above the restarts a
-	// message may live through. Only with QueueType "quorum". Defaults to
-	// 0: none set (RabbitMQ 4.x then applies its default of 20).
+	// DeliveryLimit, when > 0, is the quorum queue's x-delivery-limit; keep
+	// it well above the restarts a message may live through. Defaults to
+	// 0: none set (RabbitMQ 4 then applies its default of 20).
 	DeliveryLimit int `yaml:"delivery_limit" env:"AMQP_DELIVERY_LIMIT,positive"`
-
 	// QueueArguments are passed to every queue declaration, for example
 	// {"x-dead-letter-exchange": "dlx"}, and must equal those of an
-	// existing queue. x-queue-type and x-delivery-limit are set with
-	// QueueType and DeliveryLimit instead. Defaults to none.
+	// existing queue. Defaults to none.
 	QueueArguments map[string]any `yaml:"queue_arguments"`
-
-	// ConnectionName is shown by RabbitMQ (management UI, rabbitmqctl) to
-	// tell connections apart. Defaults to "claimtx".
+	// ConnectionName tells connections apart in RabbitMQ's management UI.
+	// Defaults to "claimtx".
 	ConnectionName string `yaml:"connection_name" default:"claimtx"`
 }
 

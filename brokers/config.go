@@ -28,24 +28,18 @@ type Config struct {
 	// "gochannel" (in-process, for tests) or a kind registered with
 	// Register. Defaults to "amqp".
 	Kind string `yaml:"kind" env:"BROKER" default:"amqp"`
-
 	// AMQP configures the "amqp" kind (brokers/amqp).
 	AMQP AMQPConfig `yaml:"amqp"`
-
 	// Kafka configures the "kafka" kind (brokers/kafka).
 	Kafka KafkaConfig `yaml:"kafka"`
-
 	// NATS configures the "nats" kind (brokers/nats).
 	NATS NATSConfig `yaml:"nats"`
-
 	// GoChannel configures the "gochannel" kind.
 	GoChannel GoChannelConfig `yaml:"gochannel"`
-
 	// Options carries the settings of user-registered kinds, which read
 	// them in their Factory; LoadConfig sets them from the kind's variables
 	// (see the package documentation). Defaults to none.
 	Options map[string]string `yaml:"options"`
-
 	// env remembers which fields a variable set, so that errors name the
 	// variable the user wrote instead of a YAML path they never saw.
 	env envSource
@@ -96,16 +90,13 @@ func (c Config) named(err error) error {
 type GoChannelConfig struct {
 	// Name separates independent in-process brokers. Defaults to "default".
 	Name string `yaml:"name" default:"default"`
-
 	// Buffer is the output channel buffer of each subscription.
 	// Defaults to 0 (unbuffered).
 	Buffer int64 `yaml:"buffer"`
-
 	// Persistent keeps every published message in memory and replays it to
 	// subscribers that arrive later; memory grows with every message.
 	// Defaults to false: a message nobody subscribes to is dropped.
 	Persistent bool `yaml:"persistent"`
-
 	// BlockPublishUntilSubscriberAck makes Publish wait until every
 	// subscriber acked the message. Defaults to false.
 	BlockPublishUntilSubscriberAck bool `yaml:"block_publish_until_subscriber_ack"`

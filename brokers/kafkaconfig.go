@@ -23,70 +23,50 @@ type KafkaConfig struct {
 	// Brokers are the bootstrap addresses (host:port).
 	// Defaults to ["127.0.0.1:9092"].
 	Brokers []string `yaml:"brokers" env:"KAFKA_BROKERS" default:"127.0.0.1:9092"`
-
-	// ConsumerGroup is the consumer group every Subscribe joins. Required
-	// by NewSubscriber; there is no default, because two services sharing
-	// one would split the topic's partitions. framework/consumer defaults
-	// it to the consumer's Name.
+	// ConsumerGroup is the group every Subscribe joins, required by
+	// NewSubscriber. No default: two services sharing one would split the
+	// topic's partitions. framework/consumer defaults it to the consumer's Name.
 	ConsumerGroup string `yaml:"consumer_group" env:"KAFKA_CONSUMER_GROUP"`
-
-	// InitialOffset is where a group starts on a partition it has no
-	// committed offset for: "oldest" (everything retained, the only choice
-	// that loses nothing) or "newest". Defaults to "oldest".
+	// InitialOffset is where a group without a committed offset starts:
+	// "oldest" (loses nothing) or "newest". Defaults to "oldest".
 	InitialOffset string `yaml:"initial_offset" env:"KAFKA_INITIAL_OFFSET" default:"oldest"`
-
-	// Version is the Kafka protocol version the publisher (Sarama) speaks,
-	// as "X.Y.Z"; the subscriber negotiates. Defaults to "3.6.0".
+	// Version is the protocol version the publisher (Sarama) speaks, as
+	// "X.Y.Z"; the subscriber negotiates. Defaults to "3.6.0".
 	Version string `yaml:"version" env:"KAFKA_VERSION" default:"3.6.0"`
-
 	// ClientID is sent with every request. Defaults to "claimtx".
 	ClientID string `yaml:"client_id" env:"KAFKA_CLIENT_ID" default:"claimtx"`
-
 	// MaxWaitTime is how long a fetch waits on the broker for data, and so
 	// how long the end of a subscription can wait. Defaults to 100ms.
 	MaxWaitTime time.Duration `yaml:"max_wait_time" default:"100ms"`
-
-	// SessionTimeout is how long the group coordinator waits without a
-	// heartbeat before it gives a member's partitions to the others.
-	// Defaults to 10s.
+	// SessionTimeout is how long a member may miss heartbeats before its
+	// partitions go to the others. Defaults to 10s.
 	SessionTimeout time.Duration `yaml:"session_timeout" env:"KAFKA_SESSION_TIMEOUT" default:"10s"`
-
-	// HeartbeatInterval is how often a member heartbeats; it must be below
+	// HeartbeatInterval is how often a member heartbeats, below
 	// SessionTimeout. Defaults to SessionTimeout/3.
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
-
-	// RebalanceTimeout is how long the coordinator waits for every member
-	// to rejoin during a rebalance; group requests wait this plus 10s.
-	// Must not be below SessionTimeout. Defaults to 60s.
+	// RebalanceTimeout is how long the coordinator waits for members to
+	// rejoin; group requests wait this plus 10s. At least SessionTimeout.
+	// Defaults to 60s.
 	RebalanceTimeout time.Duration `yaml:"rebalance_timeout" env:"KAFKA_REBALANCE_TIMEOUT" default:"60s"`
-
-	// CommitInterval is how often acked offsets are committed: after a
-	// crash, up to this much acked work is delivered again. Defaults to 1s.
+	// CommitInterval is how often acked offsets are committed: up to this
+	// much acked work is redelivered after a crash. Defaults to 1s.
 	CommitInterval time.Duration `yaml:"commit_interval" default:"1s"`
-
-	// NackDelay is how long the subscriber waits before it re-sends a
-	// nacked message (Kafka cannot requeue one). A negative value disables
-	// the delay. Defaults to 1s.
+	// NackDelay is the wait before a nacked message is re-sent (Kafka
+	// cannot requeue one). Negative: no delay. Defaults to 1s.
 	NackDelay time.Duration `yaml:"nack_delay" env:"KAFKA_NACK_DELAY" default:"1s"`
-
-	// Window is how many messages per partition the subscriber hands out
-	// without waiting for earlier ones to be acked (for a batch consumer:
-	// at least the batch size); they may be acked out of order. 0 (the
-	// default) means one.
+	// Window is how many messages per partition are handed out before
+	// earlier ones are acked (for a batch consumer: at least the batch
+	// size). Defaults to 0, which means one.
 	Window int `yaml:"window" env:"KAFKA_WINDOW,positive"`
-
 	// DialTimeout bounds how long NewPublisher and the first Subscribe
-	// retry while no broker is reachable. A negative value means a single
-	// attempt. Defaults to 30s.
+	// retry while no broker is reachable. Negative: a single attempt.
+	// Defaults to 30s.
 	DialTimeout time.Duration `yaml:"dial_timeout" env:"KAFKA_DIAL_TIMEOUT" default:"30s"`
-
 	// ReconnectBackoff is the wait between those attempts, and between
 	// polls while every fetch fails. Defaults to 1s.
 	ReconnectBackoff time.Duration `yaml:"reconnect_backoff" default:"1s"`
-
 	// TLS enables TLS to the brokers.
 	TLS KafkaTLSConfig `yaml:"tls"`
-
 	// SASL enables SASL authentication.
 	SASL KafkaSASLConfig `yaml:"sasl"`
 }

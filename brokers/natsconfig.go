@@ -19,65 +19,53 @@ var natsDurablePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,200}$`)
 
 // NATSConfig configures the NATS JetStream adapter (brokers/nats, whose
 // package documentation tells what each setting does to streams and
-// consumers). The zero value is usable: every zero field takes the default
-// named in its documentation.
+// consumers). The zero value is usable: every zero field takes its
+// default. The URL's password, Password and Token are redacted whenever
+// the config is printed.
 type NATSConfig struct {
 	// URL is the server, nats://host:port (or tls://, ws://, wss://), comma
-	// separated for a cluster. Its password is redacted whenever the config
-	// is printed; a token written as the URL's user (nats://token@host) is
-	// not: use Token. Defaults to "nats://127.0.0.1:4222".
+	// separated for a cluster. Its password is redacted when printed; a
+	// token written as its user (nats://token@host) is not: use Token.
+	// Defaults to "nats://127.0.0.1:4222".
 	URL string `yaml:"url" env:"NATS_URL,secret" default:"nats://127.0.0.1:4222"`
-
 	// User and Password authenticate with a user name; Password needs
-	// User and is redacted whenever the config is printed. Default to "".
+	// User. Default to "".
 	User     string `yaml:"user" env:"NATS_USER"`
 	Password string `yaml:"password" env:"NATS_PASSWORD,secret"`
-
-	// Token authenticates with a token, not with User. It is redacted
-	// whenever the config is printed. Defaults to "".
+	// Token authenticates with a token, not with User. Defaults to "".
 	Token string `yaml:"token" env:"NATS_TOKEN,secret"`
-
 	// CredsFile is a .creds file (JWT and NKey seed). Defaults to "".
 	CredsFile string `yaml:"creds_file" env:"NATS_CREDS_FILE"`
-
-	// Durable is the JetStream durable consumer name every Subscribe uses,
-	// one per service. Required by NewSubscriber; no default, as for
-	// Kafka's consumer group. framework/consumer defaults it to the
-	// consumer's Name when that is a durable name.
+	// Durable is the JetStream durable consumer every Subscribe uses, one
+	// per service, required by NewSubscriber. No default, as for Kafka's
+	// consumer group; framework/consumer defaults it to the consumer's
+	// Name when that is a durable name.
 	Durable string `yaml:"durable" env:"NATS_DURABLE"`
-
 	// SubjectPrefix is put before every topic: subject = prefix + topic.
 	// Defaults to "".
 	SubjectPrefix string `yaml:"subject_prefix" env:"NATS_SUBJECT_PREFIX"`
-
 	// AckWait is how long JetStream waits for an ack before it redelivers;
 	// a message in progress is extended every AckWait/2. At least 1s.
 	// Defaults to 30s.
 	AckWait time.Duration `yaml:"ack_wait" env:"NATS_ACK_WAIT" default:"30s"`
-
 	// MaxDeliver is how many times JetStream delivers a message before it
 	// silently stops (see the brokers/nats documentation, "MaxDeliver").
 	// -1 is unlimited. Defaults to -1.
 	MaxDeliver int `yaml:"max_deliver" env:"NATS_MAX_DELIVER,nonzero" default:"-1"`
-
 	// MaxAckPending caps the messages delivered and not yet acked across
 	// every replica of the durable. Defaults to 256.
 	MaxAckPending int `yaml:"max_ack_pending" env:"NATS_MAX_ACK_PENDING,positive" default:"256"`
-
 	// NackDelay is how long JetStream holds a nacked message before it
-	// redelivers it. A negative value disables the delay. Defaults to 1s.
+	// redelivers it. Negative: no delay. Defaults to 1s.
 	NackDelay time.Duration `yaml:"nack_delay" env:"NATS_NACK_DELAY" default:"1s"`
-
 	// Concurrency is how many messages one Subscribe call processes at
 	// once (one pull subscription each). Defaults to 4.
 	Concurrency int `yaml:"concurrency" env:"NATS_CONCURRENCY,positive" default:"4"`
-
 	// Streams is "create" (a subject no stream captures gets a stream of
 	// its own) or "require" (it is an error). Defaults to "create".
 	Streams string `yaml:"streams" env:"NATS_STREAMS" default:"create"`
-
-	// DialTimeout bounds the start-up connection attempts. A negative
-	// value means a single attempt. Defaults to 30s.
+	// DialTimeout bounds the start-up connection attempts. Negative: a
+	// single attempt. Defaults to 30s.
 	DialTimeout time.Duration `yaml:"dial_timeout" env:"NATS_DIAL_TIMEOUT" default:"30s"`
 }
 

@@ -22,10 +22,8 @@ type Factory struct {
 	// NewSubscriber builds a subscriber. Required. The Config has been
 	// validated; the logger is never nil.
 	NewSubscriber func(cfg Config, logger watermill.LoggerAdapter) (message.Subscriber, error)
-
 	// NewPublisher builds a publisher. Required. Same guarantees.
 	NewPublisher func(cfg Config, logger watermill.LoggerAdapter) (message.Publisher, error)
-
 	// Validate checks the parts of Config this kind uses. Optional.
 	// Returning a *framework.ConfigError lets it name the field; any other
 	// error is reported as field "options".
