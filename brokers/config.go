@@ -109,10 +109,9 @@ func (g GoChannelConfig) validate() error {
 	return nil
 }
 
-// defaultConfig is what LoadConfig starts from, every default written out
-// so the Config it returns shows every value. Kafka's HeartbeatInterval
-// stays zero, derived from SessionTimeout later, so that shortening the
-// session does not also need a shorter heartbeat.
+// defaultConfig is what LoadConfig starts from, every default written out.
+// Kafka's HeartbeatInterval stays zero, derived from SessionTimeout later,
+// so that a shorter session does not also need a shorter heartbeat.
 func defaultConfig() Config { return config.Defaults(Config{}) }
 
 // Validate checks c as NewSubscriber and NewPublisher will, without
@@ -153,11 +152,8 @@ func (c Config) validateWith(kind string, f Factory) error {
 		return nil
 	}
 	err := f.Validate(c)
-	if err == nil {
-		return nil
-	}
 	var ce *framework.ConfigError
-	if errors.As(err, &ce) {
+	if err == nil || errors.As(err, &ce) {
 		return c.named(err)
 	}
 	return &framework.ConfigError{Field: "options", Reason: fmt.Sprintf("refused by broker kind %q", kind), Err: err}
@@ -184,18 +180,12 @@ func (c Config) String() string {
 // cannot redact what Config.String prints, so it names its secret options
 // to match this rule (MY_BUS_PASSWORD). Printing a map sorts its keys.
 func redactOptions(opts map[string]string) map[string]string {
-	if opts == nil {
-		return nil
-	}
-	out := make(map[string]string, len(opts))
-	for k, v := range opts {
-		switch {
-		case config.SecretName(k):
+	out := maps.Clone(opts)
+	for k, v := range out {
+		if config.SecretName(k) {
 			out[k] = config.Redact(v)
-		case strings.Contains(v, "://"):
+		} else if strings.Contains(v, "://") {
 			out[k] = config.RedactURL(v)
-		default:
-			out[k] = v
 		}
 	}
 	return out
