@@ -1,9 +1,8 @@
-// Package config is the one configuration loader of claimtx's Configs
-// (brokers.Config, framework/consumer.Config): YAML decoded strictly, the
-// environment over it, secrets from the files their _FILE variables name,
-// and errors that name what the user wrote, the YAML path ("amqp.url") or
-// the variable (AMQP_URL). It also holds the one redaction of
-// connection-string passwords.
+// Package config is the one configuration loader of brokers.Config and
+// framework/consumer.Config: YAML decoded strictly, the environment over
+// it, secrets from _FILE variables, and errors that name what the user
+// wrote (the YAML path or the variable). It also holds the one redaction
+// of connection-string passwords.
 package config
 
 import (
@@ -21,31 +20,28 @@ import (
 type Setting[T any] struct {
 	Path string // YAML path: "claim.max_claim_wait"
 	Env  string // variable: "CLAIM_MAX_CLAIM_WAIT"
-	// Field is the name errors about the setting use elsewhere
-	// ("Claim.MaxClaimWait"), for a loader that renames them; optional.
+	// Field is the Go path ("Claim.MaxClaimWait") errors use elsewhere
+	// and Bind binds; optional.
 	Field string
-	// Set parses v (a YAML scalar or a variable) into c. Its error's text
-	// is the reason of the *framework.ConfigError about the setting.
+	// Set parses v (a YAML scalar or a variable) into c; its error's text
+	// is the reason of the *framework.ConfigError.
 	Set func(c *T, v string) error
 	// Secret: never quoted in errors; may come from Env+"_FILE".
 	Secret bool
-	// Rule is how Bind parses the value when Set is nil: options as an
-	// env tag's ("min=1", see Settings).
+	// Rule is how Bind parses the value: env tag options ("min=1").
 	Rule string
 }
 
 // FileSuffix names the variable that holds the path of a file with a
-// secret's value (AMQP_URL_FILE), as Docker and Kubernetes mount secrets:
-// a file keeps the secret out of the process environment, which other
-// processes of the user can read (/proc/PID/environ) and crash reporters
-// collect.
+// secret (AMQP_URL_FILE), as Docker and Kubernetes mount them: it keeps
+// the secret out of the environment, which other processes of the user
+// can read (/proc/PID/environ) and crash reporters collect.
 const FileSuffix = "_FILE"
 
-// ApplyEnv applies the variable of each setting that is set (an empty one
-// counts as unset) to c, in order, reading them through lookup, and calls
-// seen (when not nil) with the setting and the variable it came from (Env,
-// or its _FILE variable). The first value that cannot be used is a
-// *framework.ConfigError naming the variable.
+// ApplyEnv applies the variable of each setting that lookup finds set (an
+// empty one counts as unset) to c, in order, and calls seen (when not nil)
+// with the setting and the variable it came from (Env or its _FILE). The
+// first value that cannot be used is a *framework.ConfigError naming it.
 func ApplyEnv[T any](c *T, settings []Setting[T], lookup func(string) (string, bool), seen func(s Setting[T], name string)) error {
 	get := func(name string) (string, bool) {
 		v, ok := lookup(name)
@@ -86,9 +82,9 @@ func ApplyEnv[T any](c *T, settings []Setting[T], lookup func(string) (string, b
 	return nil
 }
 
-// parseError is the *framework.ConfigError for a value Set refused: its
-// reason is err's text (and suffix), except for a secret's or a SafeError,
-// whose text may quote the value; a SafeError is kept as the cause.
+// parseError is the *framework.ConfigError for a value Set refused: err's
+// text and suffix, unless a secret's or a SafeError's, whose text may
+// quote the value; a SafeError is kept as the cause.
 func parseError(field string, secret bool, err error, suffix string) *framework.ConfigError {
 	var se SafeError
 	isSafe := errors.As(err, &se)
@@ -110,13 +106,12 @@ func Rename(err error, rename func(field string) (string, bool)) error {
 	if !errors.As(err, &ce) {
 		return err
 	}
-	name, ok := rename(ce.Field)
-	if !ok {
-		return err
+	if name, ok := rename(ce.Field); ok {
+		out := *ce
+		out.Field = name
+		return &out
 	}
-	out := *ce
-	out.Field = name
-	return &out
+	return err
 }
 
 // SafeError is an error whose text is known not to hold a secret; Unwrap

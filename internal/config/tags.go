@@ -15,23 +15,19 @@ import (
 //	URL string `yaml:"url" env:"AMQP_URL,secret" default:"amqp://guest:guest@127.0.0.1:5672/"`
 //
 // yaml is the key in a file (Decode), env the variable that overrides it
-// (Settings), default the value a zero field takes (Defaults). The env
-// options say how the variable is parsed and shown:
+// (Settings), default the value a zero field takes (Defaults). Env options:
 //
-//	secret    may come from NAME_FILE, is never quoted in errors, and
-//	          Format redacts it (the password of a URL, or all of it)
+//	secret    may come from NAME_FILE, never quoted in errors, redacted by Format
 //	positive  an integer above 0 (0 would silently mean the default)
 //	nonzero   an integer other than 0
 //	min=N     an integer, or a duration in nanoseconds, of at least N
 //
-// Every other check is the Config's own Validate, whose errors name the
-// variable when the value came from one.
+// Every other check is the Config's own Validate.
 
 var durationType = reflect.TypeFor[time.Duration]()
 
 // Settings returns a Setting for each env-tagged field of T, in field order,
-// looking into the fields that hold a struct of their own (a section, its
-// YAML key a prefix of the path: "kafka.sasl.password").
+// nested structs included (their YAML key a prefix: "kafka.sasl.password").
 func Settings[T any]() []Setting[T] {
 	var out []Setting[T]
 	var walk func(t reflect.Type, index []int, prefix string)

@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -122,19 +123,16 @@ func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(p
 		if n.Kind == yaml.AliasNode {
 			n = n.Alias
 		}
+		here := strings.TrimSuffix(prefix, ".")
 		if n.Kind != yaml.MappingNode {
-			what := "the file"
-			if prefix != "" {
-				what = strings.TrimSuffix(prefix, ".")
-			}
-			return &framework.ConfigError{Field: orRoot(what), Reason: fmt.Sprintf("must be a mapping of keys (line %d)", n.Line)}
+			return &framework.ConfigError{Field: cmp.Or(here, "the file"), Reason: fmt.Sprintf("must be a mapping of keys (line %d)", n.Line)}
 		}
 		seen := map[string]bool{}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
 			path := prefix + k.Value
 			if k.Value == "<<" {
-				return &framework.ConfigError{Field: orRoot(strings.TrimSuffix(prefix, ".")), Reason: fmt.Sprintf("merge keys (<<) are not supported (line %d)", k.Line)}
+				return &framework.ConfigError{Field: cmp.Or(here, "(root)"), Reason: fmt.Sprintf("merge keys (<<) are not supported (line %d)", k.Line)}
 			}
 			if seen[k.Value] {
 				return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("is set twice (line %d)", k.Line)}
@@ -175,11 +173,4 @@ func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(p
 		return nil, err
 	}
 	return section, nil
-}
-
-func orRoot(path string) string {
-	if path == "" {
-		return "(root)"
-	}
-	return path
 }
