@@ -2,21 +2,17 @@
 // consumes from and publishes to, chosen by configuration: RabbitMQ
 // ("amqp"), Kafka ("kafka"), NATS JetStream ("nats"), an in-process
 // channel for tests ("gochannel"), or an adapter of your own registered by
-// name. Each adapter is a package that registers its kind when imported,
-// so a program links the broker clients of the adapters it imports and no
-// others. The guide is docs/configuration.md ("Brokers").
+// name. Importing an adapter's package registers its kind, so a program
+// links only the broker clients it uses. The guide is docs/configuration.md.
 //
 //	import _ "github.com/claimtx/claimtx/brokers/kafka" // links the "kafka" kind
 //
 //	cfg, err := brokers.LoadConfig("") // or LoadConfig("claimtx.yaml"), the environment over it
-//	if err != nil {
-//		return err // a *framework.ConfigError naming the variable
-//	}
 //	sub, err := brokers.NewSubscriber(cfg, logger)
 //	pub, err := brokers.NewPublisher(cfg, logger)
 //
-// framework/consumer.LoadConfig reads the "broker:" section of a
-// consumer's file the same way.
+// framework/consumer.LoadConfig reads a consumer file's "broker:" section
+// the same way.
 //
 // # Configuration
 //
@@ -36,11 +32,6 @@
 //	  consumer_group: billing
 //	  sasl: {mechanism: SCRAM-SHA-512, user: billing, password: secret}
 //	  tls: {enabled: true, ca_file: /etc/ssl/kafka-ca.pem}
-//	nats:
-//	  url: nats://nats-1:4222,nats://nats-2:4222
-//	  durable: billing
-//	gochannel:
-//	  name: tests
 //	options:               # read by user-registered kinds only
 //	  region: eu
 //

@@ -3,7 +3,6 @@ package brokers
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -39,11 +38,8 @@ var ErrInvalidKind = errors.New("brokers: invalid broker kind")
 // lower case and free of spaces.
 var kindPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
-// linked are the kinds registered with Register.
-var linked = struct {
-	sync.RWMutex
-	kinds map[string]Factory
-}{kinds: map[string]Factory{}}
+// linked are the kinds registered with Register: kind -> Factory.
+var linked sync.Map
 
 // adapterPackages say what to import for a shipped kind that is not linked.
 var adapterPackages = map[string]string{
@@ -65,32 +61,21 @@ func init() {
 // malformed, f is incomplete (with a *framework.ConfigError matching
 // ErrInvalidKind) or kind is taken, as database/sql.Register does.
 func Register(kind string, f Factory) {
-	if err := checkFactory(kind, f); err != nil {
-		panic(err)
+	if !kindPattern.MatchString(kind) {
+		panic(kindError("kind", "%q is not a broker kind name: want lower case letters, digits, '_', '-', '.' (1-63 characters)", kind))
 	}
-	linked.Lock()
-	defer linked.Unlock()
-	if _, ok := linked.kinds[kind]; ok {
+	if f.NewSubscriber == nil || f.NewPublisher == nil {
+		panic(kindError("Factory", "kind %q: NewSubscriber and NewPublisher are required", kind))
+	}
+	if _, taken := linked.LoadOrStore(kind, f); taken {
 		panic("brokers: Register called twice for kind " + kind)
 	}
-	linked.kinds[kind] = f
 }
 
 func linkedFactory(kind string) (Factory, bool) {
-	linked.RLock()
-	defer linked.RUnlock()
-	f, ok := linked.kinds[kind]
-	return f, ok
-}
-
-func checkFactory(kind string, f Factory) error {
-	if !kindPattern.MatchString(kind) {
-		return kindError("kind", "%q is not a broker kind name: want lower case letters, digits, '_', '-', '.' (1-63 characters)", kind)
-	}
-	if f.NewSubscriber == nil || f.NewPublisher == nil {
-		return kindError("Factory", "kind %q: NewSubscriber and NewPublisher are required", kind)
-	}
-	return nil
+	f, ok := linked.Load(kind)
+	factory, _ := f.(Factory) // the zero Factory when !ok
+	return factory, ok
 }
 
 // kindError is a *framework.ConfigError matching ErrInvalidKind.
@@ -158,9 +143,10 @@ func factory(cfg Config) (Factory, string, error) {
 }
 
 func linkedNames() []string {
-	linked.RLock()
-	defer linked.RUnlock()
-	return slices.Sorted(maps.Keys(linked.kinds))
+	var out []string
+	linked.Range(func(k, _ any) bool { out = append(out, k.(string)); return true })
+	slices.Sort(out)
+	return out
 }
 
 // prefixField prefixes the Field of err's *framework.ConfigError with
