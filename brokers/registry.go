@@ -74,8 +74,8 @@ func Register(kind string, f Factory) {
 
 func linkedFactory(kind string) (Factory, bool) {
 	f, ok := linked.Load(kind)
-	factory, _ := f.(Factory) // the zero Factory when !ok
-	return factory, ok
+	fac, _ := f.(Factory) // the zero Factory when !ok
+	return fac, ok
 }
 
 // kindError is a *framework.ConfigError matching ErrInvalidKind.
