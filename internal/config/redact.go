@@ -3,6 +3,7 @@ package config
 import (
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -116,13 +117,9 @@ func RedactDSN(dsn string) string {
 		out = kvPassword.ReplaceAllString(dsn, "password="+Mask)
 	}
 	pws := Passwords(dsn)
-	for _, pw := range pws {
-		if pw != "" && out != "" && strings.Contains(out, pw) {
-			out = "" // a password survived: fall back to the blunt way
-		}
-	}
-	if out == "" {
-		out = Scrub(dsn, pws...)
+	survived := func(pw string) bool { return pw != "" && strings.Contains(out, pw) }
+	if out == "" || slices.ContainsFunc(pws, survived) {
+		out = Scrub(dsn, pws...) // the blunt way
 	}
 	return out
 }

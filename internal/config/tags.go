@@ -24,8 +24,6 @@ import (
 //
 // Every other check is the Config's own Validate.
 
-var durationType = reflect.TypeFor[time.Duration]()
-
 // Settings returns a Setting for each env-tagged field of T, in field order,
 // nested structs included (their YAML key a prefix: "kafka.sasl.password").
 func Settings[T any]() []Setting[T] {
@@ -44,7 +42,7 @@ func Settings[T any]() []Setting[T] {
 			switch {
 			case env != "":
 				out = append(out, Setting[T]{Path: path, Env: env, Secret: hasOpt(opts, "secret"), Set: setter[T](idx, parser(f.Type, opts))})
-			case f.Type.Kind() == reflect.Struct && f.Type != durationType:
+			case f.Type.Kind() == reflect.Struct:
 				walk(f.Type, idx, path+".")
 			}
 		}
@@ -70,7 +68,7 @@ func parser(t reflect.Type, opts string) func(dst reflect.Value, v string) error
 		}
 	}
 	switch {
-	case t == durationType:
+	case t == reflect.TypeFor[time.Duration]():
 		return func(dst reflect.Value, v string) error {
 			d, err := time.ParseDuration(v)
 			switch {
@@ -174,7 +172,7 @@ func setDefaults(v reflect.Value) {
 			}
 			continue
 		}
-		if ft.Type.Kind() == reflect.Struct && ft.Type != durationType {
+		if ft.Type.Kind() == reflect.Struct {
 			setDefaults(f)
 		}
 	}
@@ -185,39 +183,30 @@ func setDefaults(v reflect.Value) {
 // Nested structs with a String method print through it.
 func Format(v any) string {
 	rv := reflect.ValueOf(v)
-	var b strings.Builder
-	b.WriteByte('{')
+	var parts []string
 	for i := range rv.NumField() {
 		f, ft := rv.Field(i), rv.Type().Field(i)
 		if !ft.IsExported() {
 			continue
 		}
-		if b.Len() > 1 {
-			b.WriteByte(' ')
-		}
-		b.WriteString(ft.Name + ":")
 		_, opts, _ := strings.Cut(ft.Tag.Get("env"), ",")
+		var s string
 		switch {
+		case hasOpt(opts, "secret") && strings.Contains(f.String(), "://"):
+			s = strconv.Quote(RedactURL(f.String()))
 		case hasOpt(opts, "secret"):
-			s := f.String()
-			if strings.Contains(s, "://") {
-				s = RedactURL(s)
-			} else {
-				s = Redact(s)
-			}
-			fmt.Fprintf(&b, "%q", s)
+			s = strconv.Quote(Redact(f.String()))
 		case f.Kind() == reflect.String:
-			fmt.Fprintf(&b, "%q", f.String())
-		case f.Kind() == reflect.Struct && ft.Type != durationType:
-			if s, ok := f.Interface().(fmt.Stringer); ok {
-				b.WriteString(s.String())
-			} else {
-				b.WriteString(Format(f.Interface()))
+			s = strconv.Quote(f.String())
+		case f.Kind() == reflect.Struct:
+			s = Format(f.Interface())
+			if str, ok := f.Interface().(fmt.Stringer); ok {
+				s = str.String()
 			}
 		default:
-			fmt.Fprintf(&b, "%v", f.Interface())
+			s = fmt.Sprint(f.Interface())
 		}
+		parts = append(parts, ft.Name+":"+s)
 	}
-	b.WriteByte('}')
-	return b.String()
+	return "{" + strings.Join(parts, " ") + "}"
 }
