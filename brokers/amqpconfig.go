@@ -93,45 +93,30 @@ func (c AMQPConfig) Validate() error {
 		}
 		return &framework.ConfigError{Field: "url", Reason: reason}
 	}
-	if u.Scheme != "amqp" && u.Scheme != "amqps" {
-		return fieldErr("url", "scheme must be amqp or amqps, got %q", u.Scheme)
-	}
-	if err := amqpURIError(c.URL, u); err != nil {
-		return fieldErr("url", "not a valid AMQP URI %s: %v", config.RedactURL(c.URL), err)
-	}
-	switch {
-	case c.Concurrency < 0:
-		return fieldErr("concurrency", "must be positive, got %d", c.Concurrency)
-	case c.Concurrency > 1024: // RabbitMQ's default channel_max is 2047 per connection
-		return fieldErr("concurrency", "must be at most %d (one AMQP channel each), got %d", 1024, c.Concurrency)
-	case c.Prefetch < 0:
-		return fieldErr("prefetch", "must be positive, got %d", c.Prefetch)
-	case c.Window < 0:
-		return fieldErr("window", "must not be negative (0 disables the window mode), got %d", c.Window)
-	case c.Window > 65535: // amqp091's Channel.Qos truncates to uint16 without a word
-		return fieldErr("window", "must be at most %d (the AMQP prefetch count is 16 bits), got %d", 65535, c.Window)
-	case c.ReconnectInitialInterval < 0:
-		return fieldErr("reconnect_initial_interval", "must not be negative, got %s", c.ReconnectInitialInterval)
-	case c.ReconnectMaxInterval < c.ReconnectInitialInterval:
-		return fieldErr("reconnect_max_interval", "must be at least reconnect_initial_interval (%s), got %s", c.ReconnectInitialInterval, c.ReconnectMaxInterval)
-	case c.PublishChannels < 0:
-		return fieldErr("publish_channels", "must be positive, got %d", c.PublishChannels)
-	case c.QueueType != amqpQueueTypeClassic && c.QueueType != amqpQueueTypeQuorum:
-		return fieldErr("queue_type", "must be %q or %q, got %q", amqpQueueTypeClassic, amqpQueueTypeQuorum, c.QueueType)
-	case c.DeliveryLimit < 0:
-		return fieldErr("delivery_limit", "must not be negative (0: no limit set), got %d", c.DeliveryLimit)
-	case c.DeliveryLimit > 0 && c.QueueType != amqpQueueTypeQuorum:
-		return fieldErr("delivery_limit", "is a quorum queue setting: set queue_type (AMQP_QUEUE_TYPE) to %q, or leave delivery_limit unset (classic queues have no delivery limit)", amqpQueueTypeQuorum)
-	}
-	// Each setting has one name: these two are refused in QueueArguments.
-	for _, arg := range []struct{ name, field string }{{"x-queue-type", "queue_type"}, {"x-delivery-limit", "delivery_limit"}} {
-		if _, ok := c.QueueArguments[arg.name]; ok {
-			return fieldErr("queue_arguments", "%q is set with %s, not in queue_arguments", arg.name, arg.field)
-		}
-	}
-	// Whether queue_arguments encode as an AMQP table is brokers/amqp's
-	// check: it needs the client's table encoder.
-	return nil
+	uriErr := amqpURIError(c.URL, u)
+	_, typeArg := c.QueueArguments["x-queue-type"]
+	_, limitArg := c.QueueArguments["x-delivery-limit"]
+	return firstError(
+		when(u.Scheme != "amqp" && u.Scheme != "amqps", "url", "scheme must be amqp or amqps, got %q", u.Scheme),
+		when(uriErr != nil, "url", "not a valid AMQP URI %s: %v", config.RedactURL(c.URL), uriErr),
+		when(c.Concurrency < 0, "concurrency", "must be positive, got %d", c.Concurrency),
+		// RabbitMQ's default channel_max is 2047 per connection.
+		when(c.Concurrency > 1024, "concurrency", "must be at most %d (one AMQP channel each), got %d", 1024, c.Concurrency),
+		when(c.Prefetch < 0, "prefetch", "must be positive, got %d", c.Prefetch),
+		when(c.Window < 0, "window", "must not be negative (0 disables the window mode), got %d", c.Window),
+		// amqp091's Channel.Qos truncates the prefetch count to uint16 without a word.
+		when(c.Window > 65535, "window", "must be at most %d (the AMQP prefetch count is 16 bits), got %d", 65535, c.Window),
+		when(c.ReconnectInitialInterval < 0, "reconnect_initial_interval", "must not be negative, got %s", c.ReconnectInitialInterval),
+		when(c.ReconnectMaxInterval < c.ReconnectInitialInterval, "reconnect_max_interval", "must be at least reconnect_initial_interval (%s), got %s", c.ReconnectInitialInterval, c.ReconnectMaxInterval),
+		when(c.PublishChannels < 0, "publish_channels", "must be positive, got %d", c.PublishChannels),
+		when(c.QueueType != amqpQueueTypeClassic && c.QueueType != amqpQueueTypeQuorum, "queue_type", "must be %q or %q, got %q", amqpQueueTypeClassic, amqpQueueTypeQuorum, c.QueueType),
+		when(c.DeliveryLimit < 0, "delivery_limit", "must not be negative (0: no limit set), got %d", c.DeliveryLimit),
+		when(c.DeliveryLimit > 0 && c.QueueType != amqpQueueTypeQuorum, "delivery_limit", "is a quorum queue setting: set queue_type (AMQP_QUEUE_TYPE) to %q, or leave delivery_limit unset (classic queues have no delivery limit)", amqpQueueTypeQuorum),
+		// Each setting has one name. Whether queue_arguments encode as an
+		// AMQP table is brokers/amqp's check: it needs the client's encoder.
+		when(typeArg, "queue_arguments", "%q is set with %s, not in queue_arguments", "x-queue-type", "queue_type"),
+		when(limitArg, "queue_arguments", "%q is set with %s, not in queue_arguments", "x-delivery-limit", "delivery_limit"),
+	)
 }
 
 // String prints the config with the URL's password redacted.
@@ -171,4 +156,22 @@ func amqpURIError(raw string, u *url.URL) error {
 // section) with a formatted reason.
 func fieldErr(field, format string, args ...any) *framework.ConfigError {
 	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// when is fieldErr if broken, else nil: one rule of a Validate.
+func when(broken bool, field, format string, args ...any) *framework.ConfigError {
+	if !broken {
+		return nil
+	}
+	return fieldErr(field, format, args...)
+}
+
+// firstError is the first of errs that is not nil, or nil.
+func firstError(errs ...*framework.ConfigError) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -103,10 +103,7 @@ type GoChannelConfig struct {
 }
 
 func (g GoChannelConfig) validate() error {
-	if g.Buffer < 0 {
-		return fieldErr("buffer", "must not be negative, got %d", g.Buffer)
-	}
-	return nil
+	return firstError(when(g.Buffer < 0, "buffer", "must not be negative, got %d", g.Buffer))
 }
 
 // defaultConfig is what LoadConfig starts from, every default written out.

@@ -130,51 +130,35 @@ func (c KafkaConfig) Validate() error {
 			return fieldErr("brokers", "entry %d (%q) is not host:port", i, b)
 		}
 	}
-	switch {
-	case strings.TrimSpace(c.ConsumerGroup) != c.ConsumerGroup:
-		return fieldErr("consumer_group", "must not start or end with spaces, got %q", c.ConsumerGroup)
-	case c.InitialOffset != "oldest" && c.InitialOffset != "newest":
-		return fieldErr("initial_offset", "must be %q or %q, got %q", "oldest", "newest", c.InitialOffset)
-	case !kafkaVersionPattern.MatchString(c.Version):
+	var versionErr *framework.ConfigError
+	if !kafkaVersionPattern.MatchString(c.Version) {
 		// Sarama's own check (sarama.ParseKafkaVersion), without linking it.
-		return &framework.ConfigError{Field: "version", Reason: "not a Kafka version (X.Y.Z)", Err: fmt.Errorf("invalid version `%s`", c.Version)}
-	case c.MaxWaitTime < time.Millisecond:
-		return fieldErr("max_wait_time", "must be at least 1ms, got %s", c.MaxWaitTime)
-	case c.SessionTimeout < time.Millisecond:
-		return fieldErr("session_timeout", "must be at least 1ms, got %s", c.SessionTimeout)
-	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout:
-		return fieldErr("heartbeat_interval", "must be positive and below session_timeout (%s), got %s", c.SessionTimeout, c.HeartbeatInterval)
-	case c.RebalanceTimeout < time.Millisecond:
-		return fieldErr("rebalance_timeout", "must be at least 1ms, got %s", c.RebalanceTimeout)
-	case c.RebalanceTimeout < c.SessionTimeout:
+		versionErr = &framework.ConfigError{Field: "version", Reason: "not a Kafka version (X.Y.Z)", Err: fmt.Errorf("invalid version `%s`", c.Version)}
+	}
+	t, s := c.TLS, c.SASL
+	return firstError(
+		when(strings.TrimSpace(c.ConsumerGroup) != c.ConsumerGroup, "consumer_group", "must not start or end with spaces, got %q", c.ConsumerGroup),
+		when(c.InitialOffset != "oldest" && c.InitialOffset != "newest", "initial_offset", "must be %q or %q, got %q", "oldest", "newest", c.InitialOffset),
+		versionErr,
+		when(c.MaxWaitTime < time.Millisecond, "max_wait_time", "must be at least 1ms, got %s", c.MaxWaitTime),
+		when(c.SessionTimeout < time.Millisecond, "session_timeout", "must be at least 1ms, got %s", c.SessionTimeout),
+		when(c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout, "heartbeat_interval", "must be positive and below session_timeout (%s), got %s", c.SessionTimeout, c.HeartbeatInterval),
+		when(c.RebalanceTimeout < time.Millisecond, "rebalance_timeout", "must be at least 1ms, got %s", c.RebalanceTimeout),
 		// A dead member leaves only when its session times out: a shorter
 		// rebalance would end without live members, which rejoin and start
 		// the next one, again and again.
-		return fieldErr("rebalance_timeout", "must not be below session_timeout (%s), got %s", c.SessionTimeout, c.RebalanceTimeout)
-	case c.CommitInterval < time.Millisecond:
-		return fieldErr("commit_interval", "must be at least 1ms, got %s", c.CommitInterval)
-	case c.ReconnectBackoff < 0:
-		return fieldErr("reconnect_backoff", "must not be negative, got %s", c.ReconnectBackoff)
-	case c.Window < 0:
-		return fieldErr("window", "must not be negative (0 disables the window mode), got %d", c.Window)
-	}
-	t, s := c.TLS, c.SASL
-	switch {
-	case !t.Enabled && (t.CAFile != "" || t.CertFile != "" || t.KeyFile != ""):
-		return fieldErr("tls.enabled", "must be true when TLS files are set")
-	// Name the one that is missing: that is the one the user has to set.
-	case t.Enabled && t.CertFile == "" && t.KeyFile != "":
-		return fieldErr("tls.cert_file", "cert_file and key_file must be set together")
-	case t.Enabled && t.CertFile != "" && t.KeyFile == "":
-		return fieldErr("tls.key_file", "cert_file and key_file must be set together")
-	case s.Mechanism == "" && (s.User != "" || s.Password != ""):
-		return fieldErr("sasl.mechanism", "must be set when sasl.user or sasl.password is")
-	case s.Mechanism != "" && s.Mechanism != "PLAIN" && s.Mechanism != "SCRAM-SHA-256" && s.Mechanism != "SCRAM-SHA-512":
-		return fieldErr("sasl.mechanism", "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, got %q", s.Mechanism)
-	case s.Mechanism != "" && s.User == "":
-		return fieldErr("sasl.user", "must not be empty with mechanism %s", s.Mechanism)
-	}
-	return nil
+		when(c.RebalanceTimeout < c.SessionTimeout, "rebalance_timeout", "must not be below session_timeout (%s), got %s", c.SessionTimeout, c.RebalanceTimeout),
+		when(c.CommitInterval < time.Millisecond, "commit_interval", "must be at least 1ms, got %s", c.CommitInterval),
+		when(c.ReconnectBackoff < 0, "reconnect_backoff", "must not be negative, got %s", c.ReconnectBackoff),
+		when(c.Window < 0, "window", "must not be negative (0 disables the window mode), got %d", c.Window),
+		when(!t.Enabled && (t.CAFile != "" || t.CertFile != "" || t.KeyFile != ""), "tls.enabled", "must be true when TLS files are set"),
+		// Name the one that is missing: that is the one the user has to set.
+		when(t.Enabled && t.CertFile == "" && t.KeyFile != "", "tls.cert_file", "cert_file and key_file must be set together"),
+		when(t.Enabled && t.CertFile != "" && t.KeyFile == "", "tls.key_file", "cert_file and key_file must be set together"),
+		when(s.Mechanism == "" && (s.User != "" || s.Password != ""), "sasl.mechanism", "must be set when sasl.user or sasl.password is"),
+		when(s.Mechanism != "" && s.Mechanism != "PLAIN" && s.Mechanism != "SCRAM-SHA-256" && s.Mechanism != "SCRAM-SHA-512", "sasl.mechanism", "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, got %q", s.Mechanism),
+		when(s.Mechanism != "" && s.User == "", "sasl.user", "must not be empty with mechanism %s", s.Mechanism),
+	)
 }
 
 // String prints the config with the SASL password redacted.

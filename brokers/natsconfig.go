@@ -95,25 +95,20 @@ func (c NATSConfig) validate() error {
 			return fieldErr("url", "has no host")
 		}
 	}
-	switch {
-	case c.Password != "" && c.User == "":
-		return fieldErr("user", "is required with password")
-	case c.Token != "" && c.User != "":
-		return fieldErr("token", "cannot be combined with user/password")
-	case c.Durable != "" && !natsDurablePattern.MatchString(c.Durable):
-		return fieldErr("durable", "must be 1-200 letters, digits, '_' or '-' (a JetStream durable name), got %q", c.Durable)
-	case c.Streams != "create" && c.Streams != "require":
-		return fieldErr("streams", "must be %q or %q, got %q", "create", "require", c.Streams)
-	case c.AckWait < time.Second:
+	err := firstError(
+		when(c.Password != "" && c.User == "", "user", "is required with password"),
+		when(c.Token != "" && c.User != "", "token", "cannot be combined with user/password"),
+		when(c.Durable != "" && !natsDurablePattern.MatchString(c.Durable), "durable", "must be 1-200 letters, digits, '_' or '-' (a JetStream durable name), got %q", c.Durable),
+		when(c.Streams != "create" && c.Streams != "require", "streams", "must be %q or %q, got %q", "create", "require", c.Streams),
 		// In-progress signals go every half ack wait: below a second they
 		// would be most of the traffic.
-		return fieldErr("ack_wait", "must be at least 1s, got %s", c.AckWait)
-	case c.MaxDeliver < -1:
-		return fieldErr("max_deliver", "must be -1 (unlimited) or a positive integer, got %d", c.MaxDeliver)
-	case c.MaxAckPending < 1 || c.MaxAckPending > 1<<20:
-		return fieldErr("max_ack_pending", "must be an integer from 1 to %d, got %d", 1<<20, c.MaxAckPending)
-	case c.Concurrency < 1 || c.Concurrency > 4096:
-		return fieldErr("concurrency", "must be an integer from 1 to %d, got %d", 4096, c.Concurrency)
+		when(c.AckWait < time.Second, "ack_wait", "must be at least 1s, got %s", c.AckWait),
+		when(c.MaxDeliver < -1, "max_deliver", "must be -1 (unlimited) or a positive integer, got %d", c.MaxDeliver),
+		when(c.MaxAckPending < 1 || c.MaxAckPending > 1<<20, "max_ack_pending", "must be an integer from 1 to %d, got %d", 1<<20, c.MaxAckPending),
+		when(c.Concurrency < 1 || c.Concurrency > 4096, "concurrency", "must be an integer from 1 to %d, got %d", 4096, c.Concurrency),
+	)
+	if err != nil {
+		return err
 	}
 	if c.CredsFile != "" {
 		if _, err := os.Stat(c.CredsFile); err != nil {
