@@ -20,9 +20,9 @@ const (
 )
 
 // Config selects and configures a broker adapter. The zero value is usable:
-// Kind defaults to "amqp" and every adapter field to its documented default.
-// Each built-in adapter's section is a type of this package, so a Config
-// carries them all while a program links only the adapters it imports.
+// every field takes its documented default. Each built-in adapter's section
+// is a type of this package, so a Config carries them all while a program
+// links only the adapters it imports.
 type Config struct {
 	// Kind names the adapter: "amqp" (RabbitMQ), "kafka", "nats",
 	// "gochannel" (in-process, for tests) or a kind registered with
@@ -112,19 +112,17 @@ func (g GoChannelConfig) validate() error {
 func defaultConfig() Config { return config.Defaults(Config{}) }
 
 // Validate checks c as NewSubscriber and NewPublisher will, without
-// building anything, and returns a *framework.ConfigError naming the
-// field: the section of Config the selected kind reads (an unused
-// adapter's is not looked at), that the kind is linked into the program
-// (see Register), and the kind's own Factory.Validate. Call it before
-// connecting anywhere, so a misspelt BROKER fails at once. It never panics.
+// building anything: the section of Config the selected kind reads, that
+// the kind is linked (see Register), and its Factory.Validate. Call it
+// before connecting anywhere, so a misspelt BROKER fails at once.
 func (c Config) Validate() error {
 	_, _, err := factory(c)
 	return err
 }
 
-// check is what LoadConfig checks: the section of a built-in kind, with its
-// adapter's checks when that is linked. Any other kind only has to be a
-// well-formed name: the program may still fill in its options or link it.
+// check is what LoadConfig checks: a built-in kind's section, with its
+// adapter's checks when linked; any other kind's name only, as the program
+// may still fill in its options or link it.
 func (c Config) check() error {
 	kind := c.kind()
 	if check, ok := sections[kind]; ok {
@@ -165,17 +163,15 @@ var sections = map[string]func(Config) error{
 	KindGoChannel: func(c Config) error { return c.GoChannel.validate() },
 }
 
-// String prints the config with secrets redacted (the AMQP and NATS URLs'
-// passwords, the Kafka SASL password, the NATS password and token, and in
-// Options the value of every key that contains "pass", "secret" or "token"
-// and the password of every URL).
+// String prints the config with its secrets redacted (see the package
+// documentation, "Secrets").
 func (c Config) String() string {
 	return fmt.Sprintf("{Kind:%q AMQP:%s Kafka:%s NATS:%s GoChannel:%+v Options:%v}", c.Kind, c.AMQP, c.Kafka, c.NATS, c.GoChannel, redactOptions(c.Options))
 }
 
 // redactOptions returns a copy of opts fit to print: a registered kind
 // cannot redact what Config.String prints, so it names its secret options
-// to match this rule (MY_BUS_PASSWORD). Printing a map sorts its keys.
+// to match this rule (MY_BUS_PASSWORD).
 func redactOptions(opts map[string]string) map[string]string {
 	out := maps.Clone(opts)
 	for k, v := range out {
@@ -193,12 +189,8 @@ func (c Config) GoString() string { return "brokers.Config" + c.String() }
 
 // LoadConfig returns the defaults, overlaid with the YAML file at path
 // (none when path is ""), overlaid with the environment variables listed
-// in the package documentation, checked (a kind that is not built in only
-// for being a well-formed name: Config.Validate, NewSubscriber and
-// NewPublisher check the rest). Every field of the result holds its
-// effective value. Unknown YAML keys are errors; durations are written
-// like "500ms". Errors name the field by its YAML path ("amqp.url"), or by
-// the variable when the value came from one or, without a file, would.
+// in the package documentation, checked as the package documentation
+// ("Errors") says. Every field of the result holds its effective value.
 func LoadConfig(path string) (Config, error) {
 	if path == "" {
 		c := defaultConfig()

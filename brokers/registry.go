@@ -54,12 +54,10 @@ func init() {
 
 // Register links a broker kind into the program, so Config.Kind (and
 // BROKER=name) can select it. An adapter calls it from an init function,
-// like a database/sql driver, so importing the adapter's package is what
-// links its kind and its client library; brokers/amqp, brokers/kafka and
-// brokers/nats register theirs so. Names are lower case letters, digits,
-// '_', '-' and '.', at most 63 characters. It panics when kind is
-// malformed, f is incomplete (with a *framework.ConfigError matching
-// ErrInvalidKind) or kind is taken, as database/sql.Register does.
+// like a database/sql driver. Names are lower case letters, digits, '_',
+// '-' and '.', at most 63 characters. It panics when kind is malformed, f
+// is incomplete (with a *framework.ConfigError matching ErrInvalidKind) or
+// kind is taken, as database/sql.Register does.
 func Register(kind string, f Factory) {
 	if !kindPattern.MatchString(kind) {
 		panic(kindError("kind", "%q is not a broker kind name: want lower case letters, digits, '_', '-', '.' (1-63 characters)", kind))
