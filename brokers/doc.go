@@ -120,19 +120,12 @@
 // them. Errors never quote a secret or a URL that does not parse.
 // Marshalling a config yourself (YAML, JSON) does not redact.
 //
-// # Adapters of your own and gochannel
+// # Adapters
 //
-// Register a Factory under a name from your adapter package's init
-// function; kind: name (or BROKER=name) then selects it, and it reads
-// Config.Options. The Register example is a complete adapter;
-// docs/adapters.md walks through brokers/nats.
-//
-// "gochannel" is Watermill's in-process GoChannel, for tests: publishers
-// and subscribers built from equal GoChannelConfig values share one, which
-// lives while one of them is open. A nacked message is re-sent at once.
-//
-// Every adapter delivers at least once; the claim makes a handler's effect
-// happen once. Each adapter's documentation tells what its broker does
-// with unacked and nacked messages; docs/configuration.md lists the
-// delivery metadata they add ("Delivery metadata").
+// Register links a kind of your own, which reads Config.Options (the
+// Register example is a complete adapter; docs/adapters.md walks through
+// brokers/nats). "gochannel" is Watermill's in-process GoChannel, for tests
+// (see GoChannelConfig). Every adapter delivers at least once: what each
+// broker does with unacked and nacked messages is in its adapter's
+// documentation, the metadata they add in docs/configuration.md.
 package brokers
