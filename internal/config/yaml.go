@@ -95,28 +95,20 @@ func Decode(data []byte, dst any) error {
 // key, a bad value, a key set twice or a merge key is a
 // *framework.ConfigError naming its path and line.
 func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(path string) bool, passthrough string, c *T) (*yaml.Node, error) {
-	if len(bytes.TrimSpace(data)) == 0 {
-		return nil, nil
-	}
-	var doc yaml.Node
+	var doc, more yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, nil
-		}
+	err := dec.Decode(&doc)
+	switch {
+	case len(bytes.TrimSpace(data)) == 0 || errors.Is(err, io.EOF):
+		return nil, nil
+	case err != nil:
 		return nil, fmt.Errorf("parse YAML: %w", err)
-	}
-	var more yaml.Node
-	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+	case !errors.Is(dec.Decode(&more), io.EOF):
 		return nil, errors.New("parse YAML: more than one document")
-	}
-	if len(doc.Content) == 0 {
+	case len(doc.Content) == 0 || doc.Content[0].Kind == yaml.ScalarNode && doc.Content[0].Tag == "!!null":
 		return nil, nil
 	}
 	root := doc.Content[0]
-	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
-		return nil, nil
-	}
 	var section *yaml.Node
 	var walk func(n *yaml.Node, prefix string) error
 	walk = func(n *yaml.Node, prefix string) error {
