@@ -1,6 +1,7 @@
 package brokers
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -40,26 +41,16 @@ type Config struct {
 	// them in their Factory; LoadConfig sets them from the kind's variables
 	// (see the package documentation). Defaults to none.
 	Options map[string]string `yaml:"options"`
-	// env remembers which fields a variable set, so that errors name the
-	// variable the user wrote instead of a YAML path they never saw.
-	env envSource
+	// envSet maps the YAML path of each field a variable set to the
+	// variable, so that errors name what the user wrote. Copies of a Config
+	// share it: it is replaced, never written to.
+	envSet map[string]string
+	// envOnly is true for LoadConfig(""): without a file, even a field left
+	// at its default (a missing KAFKA_CONSUMER_GROUP) is set by its variable.
+	envOnly bool
 }
 
-func (c Config) kind() string {
-	if c.Kind == "" {
-		return KindAMQP
-	}
-	return c.Kind
-}
-
-type envSource struct {
-	// set maps the YAML path of each field a variable set to the variable.
-	// Copies of a Config share it: it is replaced, never written to.
-	set map[string]string
-	// only is true for LoadConfig(""): without a file, even a field left at
-	// its default (a missing KAFKA_CONSUMER_GROUP) is set through its variable.
-	only bool
-}
+func (c Config) kind() string { return cmp.Or(c.Kind, KindAMQP) }
 
 // envSettings are the variables that override a file, as Config's env tags
 // declare them.
@@ -69,7 +60,7 @@ var envSettings = config.Settings[Config]()
 // value came from (or, with LoadConfig(""), would come from).
 func (c Config) named(err error) error {
 	return config.Rename(err, func(field string) (string, bool) {
-		if name, ok := c.env.set[field]; ok || !c.env.only {
+		if name, ok := c.envSet[field]; ok || !c.envOnly {
 			return name, ok
 		}
 		for _, s := range envSettings {
@@ -194,7 +185,7 @@ func (c Config) GoString() string { return "brokers.Config" + c.String() }
 func LoadConfig(path string) (Config, error) {
 	if path == "" {
 		c := defaultConfig()
-		c.env.only = true
+		c.envOnly = true
 		return c.withEnv()
 	}
 	data, err := os.ReadFile(path) //nolint:gosec // reading the file the caller names is the point
@@ -254,12 +245,12 @@ func parseConfig(data []byte) (Config, error) {
 // empty counts as unset), each recorded as the source of its field. A value
 // that does not parse is a *framework.ConfigError naming the variable.
 func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
-	set := cloned(c.env.set)
+	set := cloned(c.envSet)
 	err := config.ApplyEnv(&c, envSettings, lookup, func(s config.Setting[Config], name string) { set[s.Path] = name })
 	if err != nil {
 		return Config{}, err
 	}
-	c.env.set = set
+	c.envSet = set
 	return c, nil
 }
 
@@ -290,14 +281,14 @@ func (c Config) overlayOptionEnv(environ []string) Config {
 			continue
 		}
 		if opts == nil {
-			opts, set = cloned(c.Options), cloned(c.env.set)
+			opts, set = cloned(c.Options), cloned(c.envSet)
 		}
 		option := strings.ToLower(name[len(prefix):])
 		opts[option] = value
 		set["options."+option] = name
 	}
 	if opts != nil {
-		c.Options, c.env.set = opts, set
+		c.Options, c.envSet = opts, set
 	}
 	return c
 }
