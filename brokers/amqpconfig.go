@@ -138,16 +138,12 @@ func amqpURIError(raw string, u *url.URL) error {
 	}
 	q := u.Query()
 	for _, name := range []string{"heartbeat", "connection_timeout"} {
-		if q.Has(name) {
-			if _, err := strconv.Atoi(q.Get(name)); err != nil {
-				return fmt.Errorf("%s is not an integer: %w", name, err)
-			}
+		if _, err := strconv.Atoi(q.Get(name)); q.Has(name) && err != nil {
+			return fmt.Errorf("%s is not an integer: %w", name, err)
 		}
 	}
-	if q.Has("channel_max") {
-		if _, err := strconv.ParseUint(q.Get("channel_max"), 10, 16); err != nil {
-			return fmt.Errorf("connection_timeout is not an integer: %w", err) // sic: amqp091's message
-		}
+	if _, err := strconv.ParseUint(q.Get("channel_max"), 10, 16); q.Has("channel_max") && err != nil {
+		return fmt.Errorf("connection_timeout is not an integer: %w", err) // sic: amqp091's message
 	}
 	return nil
 }

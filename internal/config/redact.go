@@ -21,10 +21,8 @@ func RedactURL(rawURL string) string {
 	if err != nil {
 		return "<unparsable URL redacted>"
 	}
-	if u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), Mask)
-		}
+	if _, has := u.User.Password(); has { // a nil *url.Userinfo has none
+		u.User = url.UserPassword(u.User.Username(), Mask)
 	}
 	// Query parameters may carry credentials too (TLS key passwords).
 	q := u.Query()
@@ -70,10 +68,8 @@ var kvPassword = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)`)
 func Passwords(dsn string) []string {
 	var out []string
 	if u, err := url.Parse(dsn); err == nil {
-		if u.User != nil {
-			if pw, ok := u.User.Password(); ok {
-				out = append(out, pw, url.QueryEscape(pw), url.PathEscape(pw))
-			}
+		if pw, ok := u.User.Password(); ok {
+			out = append(out, pw, url.QueryEscape(pw), url.PathEscape(pw))
 		}
 		for _, pw := range u.Query()["password"] {
 			out = append(out, pw, url.QueryEscape(pw))
@@ -103,10 +99,8 @@ func RedactDSN(dsn string) string {
 	}
 	out := ""
 	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		if u.User != nil {
-			if _, ok := u.User.Password(); ok {
-				u.User = url.UserPassword(u.User.Username(), Mask)
-			}
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), Mask)
 		}
 		if q := u.Query(); q.Has("password") {
 			q.Set("password", Mask)
