@@ -13,11 +13,9 @@ import (
 	"github.com/claimtx/claimtx/internal/config"
 )
 
-// The settings of the built-in adapters (AMQPConfig, KafkaConfig,
-// NATSConfig) live here, not in their packages, so that a Config can carry
-// them while package brokers links no broker client; the adapters take
-// them as they are. Each field's tags declare its YAML key, its variable
-// and its default once (see internal/config).
+// The built-in adapters' settings live here, not in their packages, so that
+// a Config carries them while package brokers links no broker client. Each
+// field's tags declare its YAML key, variable and default (internal/config).
 
 // Queue types (AMQPConfig.QueueType).
 const (
@@ -25,10 +23,9 @@ const (
 	amqpQueueTypeQuorum  = "quorum"
 )
 
-// AMQPConfig configures the RabbitMQ adapter. The zero value is usable: every
-// zero field takes its default. The URL is redacted whenever the config is
-// printed. The topology (one durable queue per topic, reached through the
-// default exchange) and each setting are in the brokers/amqp documentation.
+// AMQPConfig configures the RabbitMQ adapter (brokers/amqp, whose package
+// documentation tells the topology and what each setting does). Every zero
+// field takes its default; the URL is redacted whenever it is printed.
 type AMQPConfig struct {
 	// URL is the AMQP URI (amqp:// or amqps://, credentials and vhost
 	// included). Defaults to "amqp://guest:guest@127.0.0.1:5672/".
@@ -78,9 +75,8 @@ type AMQPConfig struct {
 // The adapter applies the same defaults (defaults.Apply).
 func init() { defaults.Register(config.Defaults[AMQPConfig]) }
 
-// Validate reports the first field that cannot be used, as a
-// *framework.ConfigError named by its YAML key ("url"; Config.Validate
-// prefixes "amqp."). Zero fields are valid: they take their defaults.
+// Validate reports the first field that cannot be used as a
+// *framework.ConfigError named by its YAML key ("url"). Zero fields are valid.
 func (c AMQPConfig) Validate() error {
 	c = config.Defaults(c)
 	u, err := url.Parse(c.URL)

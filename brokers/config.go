@@ -21,9 +21,7 @@ const (
 )
 
 // Config selects and configures a broker adapter. The zero value is usable:
-// every field takes its documented default. Each built-in adapter's section
-// is a type of this package, so a Config carries them all while a program
-// links only the adapters it imports.
+// every field takes its documented default.
 type Config struct {
 	// Kind names the adapter: "amqp" (RabbitMQ), "kafka", "nats",
 	// "gochannel" (in-process, for tests) or a kind registered with
@@ -37,9 +35,8 @@ type Config struct {
 	NATS NATSConfig `yaml:"nats"`
 	// GoChannel configures the "gochannel" kind.
 	GoChannel GoChannelConfig `yaml:"gochannel"`
-	// Options carries the settings of user-registered kinds, which read
-	// them in their Factory; LoadConfig sets them from the kind's variables
-	// (see the package documentation). Defaults to none.
+	// Options carries the settings of user-registered kinds (see the
+	// package documentation). Defaults to none.
 	Options map[string]string `yaml:"options"`
 	// envSet maps the YAML path of each field a variable set to the
 	// variable, so that errors name what the user wrote. Copies of a Config
@@ -241,9 +238,8 @@ func parseConfig(data []byte) (Config, error) {
 	return c, nil
 }
 
-// overlayEnv returns c with every variable lookup finds applied (set but
-// empty counts as unset), each recorded as the source of its field. A value
-// that does not parse is a *framework.ConfigError naming the variable.
+// overlayEnv returns c with every variable lookup finds applied, each
+// recorded as the source of its field.
 func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 	set := cloned(c.envSet)
 	err := config.ApplyEnv(&c, envSettings, lookup, func(s config.Setting[Config], name string) { set[s.Path] = name })
@@ -265,9 +261,8 @@ func optionEnvPrefix(kind string) string {
 }
 
 // overlayOptionEnv copies every variable of environ ("NAME=value") named
-// <prefix><OPTION> into Options["<option>"], over what a file set, and
-// records it as the source of "options.<option>". Which options exist is
-// up to the kind's Factory.
+// <prefix><OPTION> into Options["<option>"], recorded as the source of
+// "options.<option>".
 func (c Config) overlayOptionEnv(environ []string) Config {
 	prefix := optionEnvPrefix(c.kind())
 	if prefix == "" {

@@ -17,8 +17,7 @@ import (
 var kafkaVersionPattern = regexp.MustCompile(`^(0\.\d+\.\d+\.\d+|[1-9]\d*\.\d+\.\d+)$`)
 
 // KafkaConfig configures the Kafka adapter (brokers/kafka, whose package
-// documentation tells what each setting does). The zero value is usable:
-// every zero field takes the default named in its documentation.
+// documentation tells what each setting does). Every zero field takes its default.
 type KafkaConfig struct {
 	// Brokers are the bootstrap addresses (host:port).
 	// Defaults to ["127.0.0.1:9092"].
@@ -119,9 +118,8 @@ func (c KafkaConfig) withDefaults() KafkaConfig {
 	return c
 }
 
-// Validate reports the first field that cannot be used, as a
-// *framework.ConfigError named by its YAML key (Config.Validate prefixes
-// "kafka."). Zero fields are valid: they take their defaults.
+// Validate reports the first field that cannot be used as a
+// *framework.ConfigError named by its YAML key ("brokers"). Zero fields are valid.
 func (c KafkaConfig) Validate() error {
 	c = c.withDefaults()
 	for i, b := range c.Brokers {

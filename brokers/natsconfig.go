@@ -18,10 +18,9 @@ import (
 var natsDurablePattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,200}$`)
 
 // NATSConfig configures the NATS JetStream adapter (brokers/nats, whose
-// package documentation tells what each setting does to streams and
-// consumers). The zero value is usable: every zero field takes its
-// default. The URL's password, Password and Token are redacted whenever
-// the config is printed.
+// package documentation tells what each setting does). Every zero field
+// takes its default; the URL's password, Password and Token are redacted
+// whenever it is printed.
 type NATSConfig struct {
 	// URL is the server, nats://host:port (or tls://, ws://, wss://), comma
 	// separated for a cluster. Its password is redacted when printed; a
@@ -78,10 +77,9 @@ func (c NATSConfig) withDefaults() NATSConfig {
 	return c
 }
 
-// validate is AMQPConfig.Validate for NATS; only Config.Validate runs it,
-// as NATSConfig is not used on its own. Values that may hold a secret (the
-// URL, password, token) are never quoted. Whether SubjectPrefix makes a
-// NATS subject is the adapter's check.
+// validate is AMQPConfig.Validate for NATS, which is only used within a
+// Config. It never quotes a value that may hold a secret. Whether
+// SubjectPrefix makes a NATS subject is the adapter's check.
 func (c NATSConfig) validate() error {
 	c = c.withDefaults()
 	for _, one := range strings.Split(c.URL, ",") {
@@ -125,9 +123,8 @@ func (c NATSConfig) String() string { return config.Format(c) }
 // GoString makes %#v redact too.
 func (c NATSConfig) GoString() string { return "brokers.NATSConfig" + c.String() }
 
-// checkNATSEnv refuses the first variable of environ ("NAME=value", set and
-// not empty) that starts with NATS_ and sets no field, so a typo
-// (NATS_ACKWAIT) does not silently leave a default in place.
+// checkNATSEnv refuses the first set NATS_ variable of environ that sets no
+// field, so a typo (NATS_ACKWAIT) does not silently leave a default.
 func checkNATSEnv(environ []string) error {
 	known := map[string]bool{}
 	var list []string

@@ -81,11 +81,10 @@ func kindError(field, format string, args ...any) *framework.ConfigError {
 	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...), Err: ErrInvalidKind}
 }
 
-// NewSubscriber validates cfg (Config.Validate, the kind's own
-// Factory.Validate included) and builds the subscriber of cfg.Kind. A nil
-// logger logs nothing. A configuration error is a *framework.ConfigError
-// naming the field; a kind that is not linked also matches ErrInvalidKind.
-// Other construction errors name the kind and wrap the adapter's error.
+// NewSubscriber validates cfg (see Config.Validate) and builds the
+// subscriber of cfg.Kind. A nil logger logs nothing. A configuration error
+// is a *framework.ConfigError naming the field; other construction errors
+// name the kind and wrap the adapter's error.
 func NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (message.Subscriber, error) {
 	return build(cfg, logger, "subscriber", func(f Factory) func(Config, watermill.LoggerAdapter) (message.Subscriber, error) {
 		return f.NewSubscriber

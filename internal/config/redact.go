@@ -59,12 +59,9 @@ func Redact(s string) string {
 // quoted or not, an unterminated quote included.
 var kvPassword = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)`)
 
-// Passwords returns the passwords a connection string (a URL or
-// keyword/value pairs) may hold, as best it can tell: the URL's userinfo
-// and password parameter with their URL-escaped spellings, keyword/value
-// passwords (quoted or not, and their parts), and the raw userinfo of a
-// URL that does not parse. Whatever prints dsn, or an error about it,
-// removes each.
+// Passwords returns, as best it can tell, every spelling of the passwords a
+// connection string (a URL or keyword/value pairs) may hold, even one that
+// does not parse. Whatever prints dsn, or an error about it, removes each.
 func Passwords(dsn string) []string {
 	var out []string
 	if u, err := url.Parse(dsn); err == nil {

@@ -88,12 +88,11 @@ func Decode(data []byte, dst any) error {
 	return nil
 }
 
-// ReadFile applies the settings a YAML file sets to c, each value parsed by
-// its Setting's Set, and returns the node of the key passthrough (nil when
-// the file has none) for another loader (framework/consumer's "broker:").
-// isSection tells the keys that hold settings; an unknown or misplaced
-// key, a bad value, a key set twice or a merge key is a
-// *framework.ConfigError naming its path and line.
+// ReadFile applies the settings a YAML file sets to c and returns the node
+// of the key passthrough (nil when absent) for another loader. isSection
+// tells the keys that hold settings; an unknown or misplaced key, a bad
+// value, a key set twice or a merge key is a *framework.ConfigError naming
+// its path and line.
 func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(path string) bool, passthrough string, c *T) (*yaml.Node, error) {
 	var doc, more yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
