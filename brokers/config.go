@@ -113,8 +113,8 @@ func (c Config) Validate() error {
 // may still fill in its options or link it.
 func (c Config) check() error {
 	kind := c.kind()
-	if check, ok := sections[kind]; ok {
-		if err := check(c); err != nil {
+	if b, ok := builtIn[kind]; ok {
+		if err := b.check(c); err != nil {
 			return c.named(prefixField(kind, err))
 		}
 		if f, ok := linkedFactory(kind); ok {
@@ -142,13 +142,17 @@ func (c Config) validateWith(kind string, f Factory) error {
 	return &framework.ConfigError{Field: "options", Reason: fmt.Sprintf("refused by broker kind %q", kind), Err: err}
 }
 
-// sections check the settings Config holds for each built-in kind, whether
-// or not its adapter is linked; errors name the field within the section.
-var sections = map[string]func(Config) error{
-	KindAMQP:      func(c Config) error { return c.AMQP.Validate() },
-	KindKafka:     func(c Config) error { return c.Kafka.Validate() },
-	KindNATS:      func(c Config) error { return c.NATS.validate() },
-	KindGoChannel: func(c Config) error { return c.GoChannel.validate() },
+// builtIn are the kinds Config has a section for: check validates it,
+// whether or not the adapter is linked (errors name the field within the
+// section), and pkg is what to import when it is not.
+var builtIn = map[string]struct {
+	check func(Config) error
+	pkg   string
+}{
+	KindAMQP:      {func(c Config) error { return c.AMQP.Validate() }, "github.com/claimtx/claimtx/brokers/amqp"},
+	KindKafka:     {func(c Config) error { return c.Kafka.Validate() }, "github.com/claimtx/claimtx/brokers/kafka"},
+	KindNATS:      {func(c Config) error { return c.NATS.validate() }, "github.com/claimtx/claimtx/brokers/nats"},
+	KindGoChannel: {func(c Config) error { return c.GoChannel.validate() }, ""}, // always linked
 }
 
 // String prints the config with its secrets redacted (see the package
@@ -254,7 +258,7 @@ func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
 // registered kind: the kind in upper case with '.' and '-' as '_', then '_'
 // ("my-bus" -> "MY_BUS_"). Built-in kinds have their own variables: "".
 func optionEnvPrefix(kind string) string {
-	if _, ok := sections[kind]; ok || !kindPattern.MatchString(kind) {
+	if _, ok := builtIn[kind]; ok || !kindPattern.MatchString(kind) {
 		return ""
 	}
 	return strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(kind)) + "_"

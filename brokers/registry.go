@@ -41,13 +41,6 @@ var kindPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 // linked are the kinds registered with Register: kind -> Factory.
 var linked sync.Map
 
-// adapterPackages say what to import for a shipped kind that is not linked.
-var adapterPackages = map[string]string{
-	KindAMQP:  "github.com/claimtx/claimtx/brokers/amqp",
-	KindKafka: "github.com/claimtx/claimtx/brokers/kafka",
-	KindNATS:  "github.com/claimtx/claimtx/brokers/nats",
-}
-
 func init() {
 	Register(KindGoChannel, Factory{NewSubscriber: newGoChannelSubscriber, NewPublisher: newGoChannelPublisher})
 }
@@ -128,7 +121,7 @@ func factory(cfg Config) (Factory, string, error) {
 	kind := cfg.kind()
 	f, ok := linkedFactory(kind)
 	if !ok {
-		if pkg := adapterPackages[kind]; pkg != "" {
+		if pkg := builtIn[kind].pkg; pkg != "" {
 			return Factory{}, "", cfg.named(kindError("kind", "broker kind %q is not linked into this program: import _ %q", kind, pkg))
 		}
 		return Factory{}, "", cfg.named(kindError("kind", "unknown broker kind %q (known: %s)", kind, strings.Join(linkedNames(), ", ")))
