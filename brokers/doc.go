@@ -16,10 +16,9 @@
 //
 // # Configuration
 //
-// Config holds the kind and one section per built-in adapter; only the
-// section of the chosen kind is used and validated. Every field has a
-// default (the "Defaults to" of each field), so the zero Config, an empty
-// file and an empty environment all give RabbitMQ at
+// Config holds the kind and one section per built-in adapter, of which only
+// the chosen kind's is used. Every field has a default, so the zero Config,
+// an empty file and an empty environment give RabbitMQ at
 // amqp://guest:guest@127.0.0.1:5672/. Unknown keys are errors; durations
 // are Go durations ("250ms").
 //
