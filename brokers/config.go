@@ -245,12 +245,10 @@ func parseConfig(data []byte) (Config, error) {
 // overlayEnv returns c with every variable lookup finds applied, each
 // recorded as the source of its field.
 func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
-	set := cloned(c.envSet)
-	err := config.ApplyEnv(&c, envSettings, lookup, func(s config.Setting[Config], name string) { set[s.Path] = name })
+	err := config.ApplyEnv(&c, envSettings, lookup, func(s config.Setting[Config], name string) { c.envSet = with(c.envSet, s.Path, name) })
 	if err != nil {
 		return Config{}, err
 	}
-	c.envSet = set
 	return c, nil
 }
 
@@ -269,33 +267,23 @@ func optionEnvPrefix(kind string) string {
 // "options.<option>".
 func (c Config) overlayOptionEnv(environ []string) Config {
 	prefix := optionEnvPrefix(c.kind())
-	if prefix == "" {
-		return c
-	}
-	var opts, set map[string]string
 	for _, kv := range environ {
 		name, value, ok := strings.Cut(kv, "=")
 		value = strings.TrimSpace(value)
-		if !ok || value == "" || len(name) <= len(prefix) || !strings.HasPrefix(name, prefix) {
+		if prefix == "" || !ok || value == "" || len(name) <= len(prefix) || !strings.HasPrefix(name, prefix) {
 			continue
 		}
-		if opts == nil {
-			opts, set = cloned(c.Options), cloned(c.envSet)
-		}
 		option := strings.ToLower(name[len(prefix):])
-		opts[option] = value
-		set["options."+option] = name
-	}
-	if opts != nil {
-		c.Options, c.envSet = opts, set
+		c.Options, c.envSet = with(c.Options, option, value), with(c.envSet, "options."+option, name)
 	}
 	return c
 }
 
-// cloned is a copy of m to write to: Config values share their maps.
-func cloned(m map[string]string) map[string]string {
-	if m == nil {
-		return map[string]string{}
+// with is a copy of m with k set to v: Config values share their maps.
+func with(m map[string]string, k, v string) map[string]string {
+	if m = maps.Clone(m); m == nil {
+		m = map[string]string{}
 	}
-	return maps.Clone(m)
+	m[k] = v
+	return m
 }
