@@ -1,6 +1,7 @@
 package brokers
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -19,155 +20,102 @@ const (
 	KindGoChannel = "gochannel" // in this package
 )
 
-// defaultKind is the kind of a Config whose Kind is empty.
-const defaultKind = KindAMQP
-
 // Config selects and configures a broker adapter. The zero value is usable:
-// Kind defaults to "amqp" and every adapter field to its documented default.
-// Each built-in adapter has its section, of a type of this package
-// (AMQPConfig, KafkaConfig, NATSConfig), so that a Config carries them all
-// while a program links only the adapters it imports.
+// every field takes its documented default.
 type Config struct {
 	// Kind names the adapter: "amqp" (RabbitMQ), "kafka", "nats",
 	// "gochannel" (in-process, for tests) or a kind registered with
 	// Register. Defaults to "amqp".
 	Kind string `yaml:"kind" env:"BROKER" default:"amqp"`
-
-	// AMQP configures the "amqp" kind (brokers/amqp). See AMQPConfig for
-	// each field's default.
+	// AMQP configures the "amqp" kind (brokers/amqp).
 	AMQP AMQPConfig `yaml:"amqp"`
-
-	// Kafka configures the "kafka" kind (brokers/kafka). See KafkaConfig
-	// for each field's default.
+	// Kafka configures the "kafka" kind (brokers/kafka).
 	Kafka KafkaConfig `yaml:"kafka"`
-
-	// NATS configures the "nats" kind (brokers/nats). See NATSConfig for
-	// each field's default.
+	// NATS configures the "nats" kind (brokers/nats).
 	NATS NATSConfig `yaml:"nats"`
-
 	// GoChannel configures the "gochannel" kind.
 	GoChannel GoChannelConfig `yaml:"gochannel"`
-
-	// Options carries settings for user-registered kinds, which read them
-	// in their Factory. The built-in kinds ignore it. LoadConfig("") and
-	// LoadConfig set it from the kind's variables (MY_BUS_REGION sets
-	// "region" when Kind is "my-bus"; see the package documentation).
-	// Defaults to none.
+	// Options carries the settings of user-registered kinds (see the
+	// package documentation). Defaults to none.
 	Options map[string]string `yaml:"options"`
-
-	// env remembers which fields overlayEnv set, so that errors name the
-	// variable the user wrote instead of a YAML path they never saw.
-	env envSource
+	// envSet maps the YAML path of each field a variable set to the
+	// variable, so that errors name what the user wrote. Copies of a Config
+	// share it: it is replaced, never written to.
+	envSet map[string]string
+	// envOnly is true for LoadConfig(""): without a file, even a field left
+	// at its default (a missing KAFKA_CONSUMER_GROUP) is set by its variable.
+	envOnly bool
 }
 
-// kind is c.Kind with its default applied.
-func (c Config) kind() string {
-	if c.Kind == "" {
-		return defaultKind
-	}
-	return c.Kind
-}
+func (c Config) kind() string { return cmp.Or(c.Kind, KindAMQP) }
 
-// envSource is where a Config's values came from.
-type envSource struct {
-	// set maps the YAML path of each field overlayEnv set to its variable.
-	// Shared between copies of a Config: overlayEnv replaces it, never
-	// writes to it.
-	set map[string]string
-	// only is true for LoadConfig(""): there is no file, so even a field
-	// left at its default (a missing KAFKA_CONSUMER_GROUP) is one the user
-	// sets through its variable.
-	only bool
-}
-
-// envSettings are the variables that override a file, in the order they
-// are applied, as the env tags of Config's fields declare them.
+// envSettings are the variables that override a file, as Config's env tags
+// declare them.
 var envSettings = config.Settings[Config]()
 
-// envVars maps the YAML path of each field a variable sets to that
-// variable, to name errors about a field nobody set (see named).
-var envVars = func() map[string]string {
-	m := make(map[string]string, len(envSettings))
-	for _, s := range envSettings {
-		m[s.Path] = s.Env
-	}
-	return m
-}()
-
 // named returns err with its Field replaced by the environment variable the
-// value came from, when it came from one (see envSource). Other errors, and
-// fields set in code or a file, are returned unchanged.
+// value came from (or, with LoadConfig(""), would come from).
 func (c Config) named(err error) error {
 	return config.Rename(err, func(field string) (string, bool) {
-		if name, ok := c.env.set[field]; ok || !c.env.only {
+		if name, ok := c.envSet[field]; ok || !c.envOnly {
 			return name, ok
 		}
-		if name, ok := envVars[field]; ok {
-			return name, true
+		for _, s := range envSettings {
+			if s.Path == field {
+				return s.Env, true
+			}
 		}
-		// A registered kind's option left unset: name the variable that
-		// would set it (see overlayOptionEnv).
-		return c.optionEnvName(field)
+		// A registered kind's option left unset: the variable that would set it.
+		option, ok := strings.CutPrefix(field, "options.")
+		prefix := optionEnvPrefix(c.kind())
+		return prefix + strings.ToUpper(option), ok && option != "" && prefix != ""
 	})
 }
 
 // GoChannelConfig configures the in-process "gochannel" kind. Publishers
 // and subscribers built from equal GoChannelConfig values share one
-// process-wide Watermill GoChannel, so a publisher and a subscriber made
-// from the same Config talk to each other. Nothing leaves the process and
-// nothing survives it.
+// process-wide Watermill GoChannel (see the package documentation).
 type GoChannelConfig struct {
-	// Name separates independent in-process brokers: configs that differ
-	// only by Name do not see each other's messages. Defaults to "default".
+	// Name separates independent in-process brokers. Defaults to "default".
 	Name string `yaml:"name" default:"default"`
-
 	// Buffer is the output channel buffer of each subscription.
 	// Defaults to 0 (unbuffered).
 	Buffer int64 `yaml:"buffer"`
-
 	// Persistent keeps every published message in memory and replays it to
-	// subscribers that arrive later, like a durable queue. Memory grows with
-	// every message. Defaults to false: a message published while no one
-	// subscribes to its topic is dropped.
+	// subscribers that arrive later; memory grows with every message.
+	// Defaults to false: a message nobody subscribes to is dropped.
 	Persistent bool `yaml:"persistent"`
-
 	// BlockPublishUntilSubscriberAck makes Publish wait until every
 	// subscriber acked the message. Defaults to false.
 	BlockPublishUntilSubscriberAck bool `yaml:"block_publish_until_subscriber_ack"`
 }
 
-// defaultConfig returns a Config with every default written out, which is
-// what LoadConfig starts from, so the effective configuration it returns
-// (and prints) shows every value. Kafka's HeartbeatInterval stays zero, to
-// be derived from SessionTimeout: that lets a file or
-// KAFKA_SESSION_TIMEOUT shorten the session without also having to
-// shorten the heartbeat.
+func (g GoChannelConfig) validate() error {
+	return firstError(when(g.Buffer < 0, "buffer", "must not be negative, got %d", g.Buffer))
+}
+
+// defaultConfig is what LoadConfig starts from, every default written out.
+// Kafka's HeartbeatInterval stays zero, derived from SessionTimeout later,
+// so that a shorter session does not also need a shorter heartbeat.
 func defaultConfig() Config { return config.Defaults(Config{}) }
 
 // Validate checks c as NewSubscriber and NewPublisher will, without
-// building anything, and returns a *framework.ConfigError naming the
-// field: the section of Config the selected kind reads (amqp, kafka or
-// gochannel; an unused adapter's settings are not looked at), that the
-// kind is linked into the program (see Register), and the kind's own
-// Factory.Validate. Call it before connecting anywhere, after filling in
-// what the program sets itself (a registered kind's options), so a
-// misspelt BROKER fails at once. It never panics.
+// building anything: the section of Config the selected kind reads, that
+// the kind is linked (see Register), and its Factory.Validate. Call it
+// before connecting anywhere, so a misspelt BROKER fails at once.
 func (c Config) Validate() error {
 	_, _, err := factory(c)
 	return err
 }
 
-// check is what LoadConfig checks: the section of Config the selected kind
-// reads, with the checks of its adapter when that is linked. Any other
-// kind is only checked to be a well-formed name, because the program may
-// still fill in its options (or link it in a binary that only reads the
-// configuration): whether it exists, and its options, are for Validate,
-// NewSubscriber and NewPublisher.
+// check is what LoadConfig checks: a built-in kind's section, with its
+// adapter's checks when linked; any other kind's name only, as the program
+// may still fill in its options or link it.
 func (c Config) check() error {
 	kind := c.kind()
-	if check, ok := sections[kind]; ok {
-		if err := check(c); err != nil {
-			return c.named(err)
+	if b, ok := builtIn[kind]; ok {
+		if err := b.check(c); err != nil {
+			return c.named(prefixField(kind, err))
 		}
 		if f, ok := linkedFactory(kind); ok {
 			return c.validateWith(kind, f) // what only the adapter's client can tell
@@ -175,75 +123,54 @@ func (c Config) check() error {
 		return nil
 	}
 	if !kindPattern.MatchString(kind) {
-		return c.named(&framework.ConfigError{
-			Field:  "kind",
-			Reason: fmt.Sprintf("%q is not a broker kind (built in: %s, %s, %s, %s; a registered kind is lower case letters, digits, '_', '-', '.')", kind, KindAMQP, KindKafka, KindNATS, KindGoChannel),
-			Err:    ErrInvalidKind,
-		})
+		return c.named(kindError("kind", "%q is not a broker kind (built in: %s, %s, %s, %s; a registered kind is lower case letters, digits, '_', '-', '.')", kind, KindAMQP, KindKafka, KindNATS, KindGoChannel))
 	}
 	return nil
 }
 
-// validateWith runs f.Validate, the checks of kind, on c. An error that is
-// not a *framework.ConfigError is reported as field "options", where
-// registered kinds keep their settings.
+// validateWith runs f.Validate on c. An error that is not a
+// *framework.ConfigError is reported as field "options".
 func (c Config) validateWith(kind string, f Factory) error {
 	if f.Validate == nil {
 		return nil
 	}
 	err := f.Validate(c)
-	if err == nil {
-		return nil
-	}
 	var ce *framework.ConfigError
-	if errors.As(err, &ce) {
+	if err == nil || errors.As(err, &ce) {
 		return c.named(err)
 	}
 	return &framework.ConfigError{Field: "options", Reason: fmt.Sprintf("refused by broker kind %q", kind), Err: err}
 }
 
-// sections are the checks of the settings Config holds for a kind, run
-// whether or not the kind's adapter is linked.
-var sections = map[string]func(Config) error{
-	KindAMQP:      func(c Config) error { return prefixField(KindAMQP, c.AMQP.Validate()) },
-	KindKafka:     func(c Config) error { return prefixField(KindKafka, c.Kafka.Validate()) },
-	KindNATS:      func(c Config) error { return prefixField(KindNATS, c.NATS.validate()) },
-	KindGoChannel: validateGoChannel,
+// builtIn are the kinds Config has a section for: check validates it,
+// whether or not the adapter is linked (errors name the field within the
+// section), and pkg is what to import when it is not.
+var builtIn = map[string]struct {
+	check func(Config) error
+	pkg   string
+}{
+	KindAMQP:      {func(c Config) error { return c.AMQP.Validate() }, "github.com/claimtx/claimtx/brokers/amqp"},
+	KindKafka:     {func(c Config) error { return c.Kafka.Validate() }, "github.com/claimtx/claimtx/brokers/kafka"},
+	KindNATS:      {func(c Config) error { return c.NATS.validate() }, "github.com/claimtx/claimtx/brokers/nats"},
+	KindGoChannel: {func(c Config) error { return c.GoChannel.validate() }, ""}, // always linked
 }
 
-func validateGoChannel(c Config) error {
-	if c.GoChannel.Buffer < 0 {
-		return &framework.ConfigError{Field: "gochannel.buffer", Reason: fmt.Sprintf("must not be negative, got %d", c.GoChannel.Buffer)}
-	}
-	return nil
-}
-
-// String prints the config with secrets redacted (the AMQP and NATS URLs'
-// passwords, the Kafka SASL password, the NATS password and token, and in
-// Options the value of every key that contains "pass", "secret" or "token"
-// and the password of every URL).
+// String prints the config with its secrets redacted (see the package
+// documentation, "Secrets").
 func (c Config) String() string {
 	return fmt.Sprintf("{Kind:%q AMQP:%s Kafka:%s NATS:%s GoChannel:%+v Options:%v}", c.Kind, c.AMQP, c.Kafka, c.NATS, c.GoChannel, redactOptions(c.Options))
 }
 
-// redactOptions returns a copy of opts fit to print: a registered kind's
-// Factory cannot redact what Config.String prints, so the rule is here,
-// and adapters name their secret options to match it (MY_BUS_PASSWORD,
-// MY_BUS_TOKEN). Printing a map sorts its keys.
+// redactOptions returns a copy of opts fit to print: a registered kind
+// cannot redact what Config.String prints, so it names its secret options
+// to match this rule (MY_BUS_PASSWORD).
 func redactOptions(opts map[string]string) map[string]string {
-	if opts == nil {
-		return nil
-	}
-	out := make(map[string]string, len(opts))
-	for k, v := range opts {
-		lk := strings.ToLower(k)
-		switch {
-		case strings.Contains(lk, "pass") || strings.Contains(lk, "secret") || strings.Contains(lk, "token"):
+	out := maps.Clone(opts)
+	for k, v := range out {
+		if config.SecretName(k) {
 			out[k] = config.Redact(v)
-		case strings.Contains(v, "://"):
+		} else if strings.Contains(v, "://") {
 			out[k] = config.RedactURL(v)
-		default:
-			out[k] = v
 		}
 	}
 	return out
@@ -254,18 +181,12 @@ func (c Config) GoString() string { return "brokers.Config" + c.String() }
 
 // LoadConfig returns the defaults, overlaid with the YAML file at path
 // (none when path is ""), overlaid with the environment variables listed
-// in the package documentation (so BROKER=kafka switches a file that says
-// amqp), checked (a kind that is not built in only for being a well-formed
-// name: Config.Validate, NewSubscriber and NewPublisher check the rest).
-// Every field of the result holds its
-// effective value. Unknown YAML keys are errors, so a typo does not
-// silently fall back to a default; durations are written like "500ms".
-// Errors name the field by its YAML path ("amqp.url"), or by the variable
-// when the value came from one or, without a file, would.
+// in the package documentation, checked as the package documentation
+// ("Errors") says. Every field of the result holds its effective value.
 func LoadConfig(path string) (Config, error) {
 	if path == "" {
 		c := defaultConfig()
-		c.env.only = true
+		c.envOnly = true
 		return c.withEnv()
 	}
 	data, err := os.ReadFile(path) //nolint:gosec // reading the file the caller names is the point
@@ -279,8 +200,8 @@ func LoadConfig(path string) (Config, error) {
 	return c.withEnv()
 }
 
-// framework/consumer reads the "broker:" section of its file so.
 func init() {
+	// framework/consumer reads the "broker:" section of its file so.
 	config.RegisterSection(func(data []byte) (Config, error) {
 		c, err := parseConfig(data)
 		if err != nil {
@@ -307,8 +228,8 @@ func (c Config) withEnv() (Config, error) {
 	return c, c.check()
 }
 
-// parseConfig decodes YAML over defaultConfig without looking at the
-// environment and without validating.
+// parseConfig decodes YAML over defaultConfig, without the environment and
+// without validating.
 func parseConfig(data []byte) (Config, error) {
 	c := defaultConfig()
 	if err := config.Decode(data, &c); err != nil {
@@ -321,91 +242,48 @@ func parseConfig(data []byte) (Config, error) {
 	return c, nil
 }
 
-// overlayEnv returns c with every set variable applied, reading variables
-// through lookup (os.LookupEnv when nil; a map in tests). A variable that is
-// set but empty counts as unset. A value that does not parse is a
-// *framework.ConfigError whose Field is the variable. The result is not
-// validated; when it is, errors about a field a variable set name the
-// variable too.
+// overlayEnv returns c with every variable lookup finds applied, each
+// recorded as the source of its field.
 func (c Config) overlayEnv(lookup func(string) (string, bool)) (Config, error) {
-	if lookup == nil {
-		lookup = os.LookupEnv
-	}
-	// Each variable found is recorded as the source of its field, so that
-	// Validate names the variable rather than the YAML path.
-	set := cloned(c.env.set)
-	err := config.ApplyEnv(&c, envSettings, lookup, func(s config.Setting[Config], name string) { set[s.Path] = name })
+	err := config.ApplyEnv(&c, envSettings, lookup, func(s config.Setting[Config], name string) { c.envSet = with(c.envSet, s.Path, name) })
 	if err != nil {
 		return Config{}, err
 	}
-	c.env.set = set
 	return c, nil
 }
 
-// optionEnvPrefix is the prefix of the environment variables that set the
-// Options of kind: the kind in upper case with '.' and '-' as '_', then
-// '_' ("my-bus" -> "MY_BUS_", "bus.v2" -> "BUS_V2_"). Built-in kinds have
-// their own variables and no prefix ("").
+// optionEnvPrefix is the prefix of the variables that set the Options of a
+// registered kind: the kind in upper case with '.' and '-' as '_', then '_'
+// ("my-bus" -> "MY_BUS_"). Built-in kinds have their own variables: "".
 func optionEnvPrefix(kind string) string {
-	if _, ok := sections[kind]; ok { // built in: their settings have their own variables
-		return ""
-	}
-	if !kindPattern.MatchString(kind) {
+	if _, ok := builtIn[kind]; ok || !kindPattern.MatchString(kind) {
 		return ""
 	}
 	return strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(kind)) + "_"
 }
 
-// overlayOptionEnv returns c with every variable of environ ("NAME=value")
-// named <prefix><OPTION> (see optionEnvPrefix) copied into
-// Options["<option>"], the option name in lower case, over what a file
-// set: BROKER=my-bus with MY_BUS_REGION=eu sets Options["region"]. This is
-// how a registered kind is configured from the environment like the
-// built-in ones, without claimtx knowing its settings; which options
-// exist, and whether an unknown one is an error, is up to its Factory. A
-// variable set but empty counts as unset. Each one is recorded as the
-// source of "options.<option>", so errors about that field name the
-// variable.
+// overlayOptionEnv copies every variable of environ ("NAME=value") named
+// <prefix><OPTION> into Options["<option>"], recorded as the source of
+// "options.<option>".
 func (c Config) overlayOptionEnv(environ []string) Config {
 	prefix := optionEnvPrefix(c.kind())
-	if prefix == "" {
-		return c
-	}
-	var opts, set map[string]string
 	for _, kv := range environ {
 		name, value, ok := strings.Cut(kv, "=")
 		value = strings.TrimSpace(value)
-		if !ok || value == "" || len(name) <= len(prefix) || !strings.HasPrefix(name, prefix) {
+		if prefix == "" || !ok || value == "" || len(name) <= len(prefix) || !strings.HasPrefix(name, prefix) {
 			continue
 		}
-		if opts == nil {
-			opts, set = cloned(c.Options), cloned(c.env.set)
-		}
 		option := strings.ToLower(name[len(prefix):])
-		opts[option] = value
-		set["options."+option] = name
-	}
-	if opts != nil {
-		c.Options, c.env.set = opts, set
+		c.Options, c.envSet = with(c.Options, option, value), with(c.envSet, "options."+option, name)
 	}
 	return c
 }
 
-// cloned is a copy of m to write to: Config values share their maps.
-func cloned(m map[string]string) map[string]string {
-	if m == nil {
-		return map[string]string{}
+// with is a copy of m with k set to v: Config values share their maps.
+func with(m map[string]string, k, v string) map[string]string {
+	if m = maps.Clone(m); m == nil {
+		m = map[string]string{}
 	}
-	return maps.Clone(m)
-}
-
-// optionEnvName returns the variable that sets field when field is
-// "options.<option>" of a registered kind.
-func (c Config) optionEnvName(field string) (string, bool) {
-	option, ok := strings.CutPrefix(field, "options.")
-	prefix := optionEnvPrefix(c.kind())
-	if !ok || option == "" || prefix == "" {
-		return "", false
-	}
-	return prefix + strings.ToUpper(option), true
+	m[k] = v
+	return m
 }

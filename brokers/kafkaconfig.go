@@ -12,128 +12,67 @@ import (
 	"github.com/claimtx/claimtx/internal/config"
 )
 
-// brokers/kafka takes these types as they are (see AMQPConfig for why
-// they live here).
-
 // kafkaVersionPattern is what sarama.ParseKafkaVersion accepts: X.Y.Z, or
 // 0.X.Y.Z before Kafka 1.0.
 var kafkaVersionPattern = regexp.MustCompile(`^(0\.\d+\.\d+\.\d+|[1-9]\d*\.\d+\.\d+)$`)
 
-// InitialOffset values.
-const (
-	kafkaOffsetOldest = "oldest"
-	kafkaOffsetNewest = "newest"
-)
-
-// SASL mechanisms.
-const (
-	kafkaSASLPlain       = "PLAIN"
-	kafkaSASLScramSHA256 = "SCRAM-SHA-256"
-	kafkaSASLScramSHA512 = "SCRAM-SHA-512"
-)
-
-// KafkaConfig configures the Kafka adapter. The zero value is usable: every zero
-// field takes the default named in its documentation.
+// KafkaConfig configures the Kafka adapter (brokers/kafka, whose package
+// documentation tells what each setting does). Every zero field takes its default.
 type KafkaConfig struct {
 	// Brokers are the bootstrap addresses (host:port).
 	// Defaults to ["127.0.0.1:9092"].
 	Brokers []string `yaml:"brokers" env:"KAFKA_BROKERS" default:"127.0.0.1:9092"`
-
-	// ConsumerGroup is the consumer group every Subscribe joins. Instances
-	// with the same group share the partitions; each group gets every
-	// message. Required by NewSubscriber (publishers ignore it); there is
-	// no default, because a shared one would make two different services
-	// on the same topic split its partitions, each missing the other's
-	// half. framework/consumer defaults it to the consumer's Name.
+	// ConsumerGroup is the group every Subscribe joins, required by
+	// NewSubscriber. No default: two services sharing one would split the
+	// topic's partitions. framework/consumer defaults it to the consumer's Name.
 	ConsumerGroup string `yaml:"consumer_group" env:"KAFKA_CONSUMER_GROUP"`
-
-	// InitialOffset is where a group starts on a partition it has no
-	// committed offset for: "oldest" (everything retained) or "newest"
-	// (only messages produced after the group joined). "oldest" is the only
-	// choice that loses nothing for a new consumer; claims make the replay
-	// of old messages harmless. Defaults to "oldest".
+	// InitialOffset is where a group without a committed offset starts:
+	// "oldest" (loses nothing) or "newest". Defaults to "oldest".
 	InitialOffset string `yaml:"initial_offset" env:"KAFKA_INITIAL_OFFSET" default:"oldest"`
-
-	// Version is the Kafka protocol version the publisher (Sarama) speaks,
-	// as "X.Y.Z". 3.6.0 is verified against kfake and real brokers from 3.6
-	// on; older clusters need their own version here. The subscriber
-	// negotiates versions with the brokers. Defaults to "3.6.0".
+	// Version is the protocol version the publisher (Sarama) speaks, as
+	// "X.Y.Z"; the subscriber negotiates. Defaults to "3.6.0".
 	Version string `yaml:"version" env:"KAFKA_VERSION" default:"3.6.0"`
-
-	// ClientID is sent with every request (broker logs, quotas).
-	// Defaults to "claimtx".
+	// ClientID is sent with every request. Defaults to "claimtx".
 	ClientID string `yaml:"client_id" env:"KAFKA_CLIENT_ID" default:"claimtx"`
-
-	// MaxWaitTime is how long a fetch waits on the broker for data. It is
-	// also how long the end of a subscription can wait behind an open
-	// fetch, so it is kept short (franz-go's own default is 5s).
-	// Defaults to 100ms.
+	// MaxWaitTime is how long a fetch waits on the broker for data, and so
+	// how long the end of a subscription can wait. Defaults to 100ms.
 	MaxWaitTime time.Duration `yaml:"max_wait_time" default:"100ms"`
-
-	// SessionTimeout is how long the group coordinator waits without a
-	// heartbeat before it evicts a member and gives its partitions to the
-	// others. Shorter means faster failover after a crash, longer tolerates
-	// longer pauses (GC, overloaded hosts). Brokers enforce
-	// group.min/max.session.timeout.ms (kfake: GroupMinSessionTimeout).
-	// Defaults to 10s.
+	// SessionTimeout is how long a member may miss heartbeats before its
+	// partitions go to the others. Defaults to 10s.
 	SessionTimeout time.Duration `yaml:"session_timeout" env:"KAFKA_SESSION_TIMEOUT" default:"10s"`
-
-	// HeartbeatInterval is how often a member heartbeats; it must be below
+	// HeartbeatInterval is how often a member heartbeats, below
 	// SessionTimeout. Defaults to SessionTimeout/3.
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
-
-	// RebalanceTimeout is how long the coordinator waits for every member to
-	// rejoin during a rebalance; a member that does not make it is dropped.
-	// Group requests wait for their answer this long plus 10s, since the
-	// coordinator may hold a JoinGroup answer until the rebalance ends.
-	// A rebalance does not wait for messages in flight (see the package
-	// documentation), so a long value costs nothing unless a member dies
-	// mid-rebalance. Must not be below SessionTimeout. Defaults to 60s.
+	// RebalanceTimeout is how long the coordinator waits for members to
+	// rejoin; group requests wait this plus 10s. At least SessionTimeout.
+	// Defaults to 60s.
 	RebalanceTimeout time.Duration `yaml:"rebalance_timeout" env:"KAFKA_REBALANCE_TIMEOUT" default:"60s"`
-
-	// CommitInterval is how often marked (acked) offsets are committed.
-	// After a crash, up to this much acked work is delivered again; the
-	// claim turns those redeliveries into duplicates. Defaults to 1s.
+	// CommitInterval is how often acked offsets are committed: up to this
+	// much acked work is redelivered after a crash. Defaults to 1s.
 	CommitInterval time.Duration `yaml:"commit_interval" default:"1s"`
-
-	// NackDelay is how long the subscriber waits before it re-sends a nacked
-	// message. Kafka cannot requeue one message: a nack re-sends a fresh
-	// copy from memory, and the nacked message keeps its window slot (with
-	// the default window of one, its partition waits for it). The router's
-	// Retry and Poison middleware bound that; this only keeps the loop from
-	// spinning. A negative value disables the delay. Defaults to 1s.
+	// NackDelay is the wait before a nacked message is re-sent (Kafka
+	// cannot requeue one). Negative: no delay. Defaults to 1s.
 	NackDelay time.Duration `yaml:"nack_delay" env:"KAFKA_NACK_DELAY" default:"1s"`
-
-	// Window is how many messages per partition the subscriber hands out
-	// without waiting for earlier ones to be acked (for a batch consumer,
-	// consumer.NewBatch: at least the batch size). An ack marks the offset
-	// only once every earlier message of that partition is acked (the
-	// committed offset never passes an unacked message). Messages of one
-	// partition are handed out in order but, with a window above one, may
-	// be acked out of order. 0 (the default) means one: a partition's next
-	// message waits for the ack of the one before.
+	// Window is how many messages per partition are handed out before
+	// earlier ones are acked (for a batch consumer: at least the batch
+	// size). Defaults to 0, which means one.
 	Window int `yaml:"window" env:"KAFKA_WINDOW,positive"`
-
-	// DialTimeout bounds how long NewPublisher and the first Subscribe retry
-	// while no broker is reachable, instead of failing start-up. A negative
-	// value means a single attempt. Defaults to 30s.
+	// DialTimeout bounds how long NewPublisher and the first Subscribe
+	// retry while no broker is reachable. Negative: a single attempt.
+	// Defaults to 30s.
 	DialTimeout time.Duration `yaml:"dial_timeout" env:"KAFKA_DIAL_TIMEOUT" default:"30s"`
-
-	// ReconnectBackoff is the wait between those start-up attempts, and
-	// between polls while every fetch fails. Defaults to 1s.
+	// ReconnectBackoff is the wait between those attempts, and between
+	// polls while every fetch fails. Defaults to 1s.
 	ReconnectBackoff time.Duration `yaml:"reconnect_backoff" default:"1s"`
-
 	// TLS enables TLS to the brokers.
 	TLS KafkaTLSConfig `yaml:"tls"`
-
-	// SASL enables SASL authentication. Its password is redacted whenever
-	// the config is printed.
+	// SASL enables SASL authentication.
 	SASL KafkaSASLConfig `yaml:"sasl"`
 }
 
 // KafkaTLSConfig is the TLS both clients use.
 type KafkaTLSConfig struct {
-	// Enabled turns TLS on. The system roots verify the brokers unless
+	// Enabled turns TLS on; the system roots verify the brokers unless
 	// CAFile is set. Defaults to false.
 	Enabled bool `yaml:"enabled" env:"KAFKA_TLS"`
 	// CAFile is a PEM file of CA certificates to trust. Defaults to "".
@@ -145,21 +84,20 @@ type KafkaTLSConfig struct {
 	// ServerName overrides the name verified in the brokers' certificates.
 	// Defaults to the host of each broker address.
 	ServerName string `yaml:"server_name"`
-	// InsecureSkipVerify disables certificate verification: anyone on the
-	// path can read and change the traffic. Only for local experiments.
-	// Defaults to false.
+	// InsecureSkipVerify disables certificate verification: only for local
+	// experiments. Defaults to false.
 	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
 }
 
 // KafkaSASLConfig is the SASL both clients use.
 type KafkaSASLConfig struct {
-	// Mechanism is "PLAIN", "SCRAM-SHA-256" or "SCRAM-SHA-512"; empty
-	// disables SASL. PLAIN sends the password as is: use it with TLS.
-	// Defaults to "".
+	// Mechanism is "PLAIN" (use it with TLS), "SCRAM-SHA-256" or
+	// "SCRAM-SHA-512"; empty disables SASL. Defaults to "".
 	Mechanism string `yaml:"mechanism" env:"KAFKA_SASL_MECHANISM"`
 	// User is the SASL user name. Defaults to "".
 	User string `yaml:"user" env:"KAFKA_SASL_USER"`
-	// Password is the SASL password. Defaults to "".
+	// Password is the SASL password, redacted whenever the config is
+	// printed. Defaults to "".
 	Password string `yaml:"password" env:"KAFKA_SASL_PASSWORD,secret"`
 }
 
@@ -169,12 +107,9 @@ func (s KafkaSASLConfig) String() string { return config.Format(s) }
 // GoString makes %#v redact too.
 func (s KafkaSASLConfig) GoString() string { return "brokers.KafkaSASLConfig" + s.String() }
 
-// The adapter applies the same defaults (defaults.Apply) without an
-// exported method for it.
+// The adapter applies the same defaults (defaults.Apply).
 func init() { defaults.Register(KafkaConfig.withDefaults) }
 
-// withDefaults returns a copy of c with every zero field set to its
-// default, as documented on each field.
 func (c KafkaConfig) withDefaults() KafkaConfig {
 	c = config.Defaults(c)
 	if c.HeartbeatInterval == 0 {
@@ -183,10 +118,8 @@ func (c KafkaConfig) withDefaults() KafkaConfig {
 	return c
 }
 
-// Validate reports the first field that cannot be used, as a
-// *framework.ConfigError.
-// Zero fields are valid: they take their defaults. Field names are the YAML
-// keys; brokers.Config.Validate prefixes them with "kafka.".
+// Validate reports the first field that cannot be used as a
+// *framework.ConfigError named by its YAML key ("brokers"). Zero fields are valid.
 func (c KafkaConfig) Validate() error {
 	c = c.withDefaults()
 	for i, b := range c.Brokers {
@@ -195,72 +128,35 @@ func (c KafkaConfig) Validate() error {
 			return fieldErr("brokers", "entry %d (%q) is not host:port", i, b)
 		}
 	}
-	if strings.TrimSpace(c.ConsumerGroup) != c.ConsumerGroup {
-		return fieldErr("consumer_group", "must not start or end with spaces, got %q", c.ConsumerGroup)
-	}
-	if c.InitialOffset != kafkaOffsetOldest && c.InitialOffset != kafkaOffsetNewest {
-		return fieldErr("initial_offset", "must be %q or %q, got %q", kafkaOffsetOldest, kafkaOffsetNewest, c.InitialOffset)
-	}
+	var versionErr *framework.ConfigError
 	if !kafkaVersionPattern.MatchString(c.Version) {
 		// Sarama's own check (sarama.ParseKafkaVersion), without linking it.
-		return &framework.ConfigError{Field: "version", Reason: "not a Kafka version (X.Y.Z)", Err: fmt.Errorf("invalid version `%s`", c.Version)}
+		versionErr = &framework.ConfigError{Field: "version", Reason: "not a Kafka version (X.Y.Z)", Err: fmt.Errorf("invalid version `%s`", c.Version)}
 	}
-	switch {
-	case c.MaxWaitTime < time.Millisecond:
-		return fieldErr("max_wait_time", "must be at least 1ms, got %s", c.MaxWaitTime)
-	case c.SessionTimeout < time.Millisecond:
-		return fieldErr("session_timeout", "must be at least 1ms, got %s", c.SessionTimeout)
-	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout:
-		return fieldErr("heartbeat_interval", "must be positive and below session_timeout (%s), got %s", c.SessionTimeout, c.HeartbeatInterval)
-	case c.RebalanceTimeout < time.Millisecond:
-		return fieldErr("rebalance_timeout", "must be at least 1ms, got %s", c.RebalanceTimeout)
-	case c.RebalanceTimeout < c.SessionTimeout:
-		// A live member learns of a rebalance from its next heartbeat, and
-		// a dead one leaves the group only when its session times out: a
-		// rebalance shorter than the session would end without members
-		// that are alive, which rejoin and start the next one, again and
-		// again.
-		return fieldErr("rebalance_timeout", "must not be below session_timeout (%s), got %s", c.SessionTimeout, c.RebalanceTimeout)
-	case c.CommitInterval < time.Millisecond:
-		return fieldErr("commit_interval", "must be at least 1ms, got %s", c.CommitInterval)
-	case c.ReconnectBackoff < 0:
-		return fieldErr("reconnect_backoff", "must not be negative, got %s", c.ReconnectBackoff)
-	case c.Window < 0:
-		return fieldErr("window", "must not be negative (0 disables the window mode), got %d", c.Window)
-	}
-	if err := c.TLS.validate(); err != nil {
-		return err
-	}
-	switch c.SASL.Mechanism {
-	case "":
-		if c.SASL.User != "" || c.SASL.Password != "" {
-			return fieldErr("sasl.mechanism", "must be set when sasl.user or sasl.password is")
-		}
-	case kafkaSASLPlain, kafkaSASLScramSHA256, kafkaSASLScramSHA512:
-		if c.SASL.User == "" {
-			return fieldErr("sasl.user", "must not be empty with mechanism %s", c.SASL.Mechanism)
-		}
-	default:
-		return fieldErr("sasl.mechanism", "must be %s, %s or %s, got %q", kafkaSASLPlain, kafkaSASLScramSHA256, kafkaSASLScramSHA512, c.SASL.Mechanism)
-	}
-	return nil
-}
-
-func (t KafkaTLSConfig) validate() error {
-	if !t.Enabled {
-		if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" {
-			return fieldErr("tls.enabled", "must be true when TLS files are set")
-		}
-		return nil
-	}
-	// Name the one that is missing: that is the one the user has to set.
-	if t.CertFile == "" && t.KeyFile != "" {
-		return fieldErr("tls.cert_file", "cert_file and key_file must be set together")
-	}
-	if t.CertFile != "" && t.KeyFile == "" {
-		return fieldErr("tls.key_file", "cert_file and key_file must be set together")
-	}
-	return nil
+	t, s := c.TLS, c.SASL
+	return firstError(
+		when(strings.TrimSpace(c.ConsumerGroup) != c.ConsumerGroup, "consumer_group", "must not start or end with spaces, got %q", c.ConsumerGroup),
+		when(c.InitialOffset != "oldest" && c.InitialOffset != "newest", "initial_offset", "must be %q or %q, got %q", "oldest", "newest", c.InitialOffset),
+		versionErr,
+		when(c.MaxWaitTime < time.Millisecond, "max_wait_time", "must be at least 1ms, got %s", c.MaxWaitTime),
+		when(c.SessionTimeout < time.Millisecond, "session_timeout", "must be at least 1ms, got %s", c.SessionTimeout),
+		when(c.HeartbeatInterval <= 0 || c.HeartbeatInterval >= c.SessionTimeout, "heartbeat_interval", "must be positive and below session_timeout (%s), got %s", c.SessionTimeout, c.HeartbeatInterval),
+		when(c.RebalanceTimeout < time.Millisecond, "rebalance_timeout", "must be at least 1ms, got %s", c.RebalanceTimeout),
+		// A dead member leaves only when its session times out: a shorter
+		// rebalance would end without live members, which rejoin and start
+		// the next one, again and again.
+		when(c.RebalanceTimeout < c.SessionTimeout, "rebalance_timeout", "must not be below session_timeout (%s), got %s", c.SessionTimeout, c.RebalanceTimeout),
+		when(c.CommitInterval < time.Millisecond, "commit_interval", "must be at least 1ms, got %s", c.CommitInterval),
+		when(c.ReconnectBackoff < 0, "reconnect_backoff", "must not be negative, got %s", c.ReconnectBackoff),
+		when(c.Window < 0, "window", "must not be negative (0 disables the window mode), got %d", c.Window),
+		when(!t.Enabled && (t.CAFile != "" || t.CertFile != "" || t.KeyFile != ""), "tls.enabled", "must be true when TLS files are set"),
+		// Name the one that is missing: that is the one the user has to set.
+		when(t.Enabled && t.CertFile == "" && t.KeyFile != "", "tls.cert_file", "cert_file and key_file must be set together"),
+		when(t.Enabled && t.CertFile != "" && t.KeyFile == "", "tls.key_file", "cert_file and key_file must be set together"),
+		when(s.Mechanism == "" && (s.User != "" || s.Password != ""), "sasl.mechanism", "must be set when sasl.user or sasl.password is"),
+		when(s.Mechanism != "" && s.Mechanism != "PLAIN" && s.Mechanism != "SCRAM-SHA-256" && s.Mechanism != "SCRAM-SHA-512", "sasl.mechanism", "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512, got %q", s.Mechanism),
+		when(s.Mechanism != "" && s.User == "", "sasl.user", "must not be empty with mechanism %s", s.Mechanism),
+	)
 }
 
 // String prints the config with the SASL password redacted.

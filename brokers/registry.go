@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 
@@ -16,101 +16,68 @@ import (
 )
 
 // Factory builds the publisher and subscriber of one broker kind from the
-// whole Config, so a user-registered kind can read its own settings from
-// Config.Options (or from anywhere else it likes).
+// whole Config; a registered kind reads its settings from Config.Options.
 type Factory struct {
 	// NewSubscriber builds a subscriber. Required. The Config has been
 	// validated; the logger is never nil.
 	NewSubscriber func(cfg Config, logger watermill.LoggerAdapter) (message.Subscriber, error)
-
 	// NewPublisher builds a publisher. Required. Same guarantees.
 	NewPublisher func(cfg Config, logger watermill.LoggerAdapter) (message.Publisher, error)
-
 	// Validate checks the parts of Config this kind uses. Optional.
 	// Returning a *framework.ConfigError lets it name the field; any other
 	// error is reported as field "options".
 	Validate func(cfg Config) error
 }
 
-// ErrInvalidKind is matched by the error for a kind name that is malformed
-// or not linked into the program (see Register), and for an incomplete
-// Factory. Those errors are *framework.ConfigError values naming the field
-// ("kind", or BROKER when the kind came from the environment).
+// ErrInvalidKind is matched by the *framework.ConfigError for a kind name
+// that is malformed or not linked into the program (see Register), and for
+// an incomplete Factory.
 var ErrInvalidKind = errors.New("brokers: invalid broker kind")
 
-// kindPattern is what a kind name looks like: it is written in YAML and in
-// BROKER, so it stays short, lower case and free of spaces.
+// kindPattern: a kind is written in YAML and in BROKER, so it stays short,
+// lower case and free of spaces.
 var kindPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
-// linked are the kinds registered with Register: the adapters linked into
-// the program.
-var linked = struct {
-	sync.RWMutex
-	kinds map[string]Factory
-}{kinds: map[string]Factory{}}
-
-// adapterPackages are the adapters that ship with claimtx, for the error
-// about a kind that is not linked: it says what to import.
-var adapterPackages = map[string]string{
-	KindAMQP:  "github.com/claimtx/claimtx/brokers/amqp",
-	KindKafka: "github.com/claimtx/claimtx/brokers/kafka",
-	KindNATS:  "github.com/claimtx/claimtx/brokers/nats",
-}
+// linked are the kinds registered with Register: kind -> Factory.
+var linked sync.Map
 
 func init() {
-	Register(KindGoChannel, Factory{
-		NewSubscriber: newGoChannelSubscriber,
-		NewPublisher:  newGoChannelPublisher,
-	})
+	Register(KindGoChannel, Factory{NewSubscriber: newGoChannelSubscriber, NewPublisher: newGoChannelPublisher})
 }
 
-// Register links a broker kind into the program: Config.Validate,
-// NewSubscriber and NewPublisher know it from then on, so Config.Kind (and
+// Register links a broker kind into the program, so Config.Kind (and
 // BROKER=name) can select it. An adapter calls it from an init function,
-// like a database/sql driver, so importing the adapter's package (a blank
-// import will do) is what makes its kind, and its client library, part of
-// a program; brokers/amqp, brokers/kafka and brokers/nats register "amqp",
-// "kafka" and "nats" so. Names are lower case letters, digits, '_', '-'
-// and '.', at most 63 characters. It panics when kind is malformed, f is
-// incomplete (the panic value is a *framework.ConfigError matching
-// ErrInvalidKind) or kind is taken: those are programming errors found at
-// start-up, as with database/sql.Register.
+// like a database/sql driver. Names are lower case letters, digits, '_',
+// '-' and '.', at most 63 characters. It panics when kind is malformed, f
+// is incomplete (with a *framework.ConfigError matching ErrInvalidKind) or
+// kind is taken, as database/sql.Register does.
 func Register(kind string, f Factory) {
-	if err := checkFactory(kind, f); err != nil {
-		panic(err)
-	}
-	linked.Lock()
-	defer linked.Unlock()
-	if _, ok := linked.kinds[kind]; ok {
-		panic("brokers: Register called twice for kind " + kind)
-	}
-	linked.kinds[kind] = f
-}
-
-// linkedFactory returns the Factory Register linked for kind.
-func linkedFactory(kind string) (Factory, bool) {
-	linked.RLock()
-	defer linked.RUnlock()
-	f, ok := linked.kinds[kind]
-	return f, ok
-}
-
-// checkFactory refuses a malformed kind name or an incomplete Factory.
-func checkFactory(kind string, f Factory) error {
 	if !kindPattern.MatchString(kind) {
-		return &framework.ConfigError{Field: "kind", Reason: fmt.Sprintf("%q is not a broker kind name: want lower case letters, digits, '_', '-', '.' (1-63 characters)", kind), Err: ErrInvalidKind}
+		panic(kindError("kind", "%q is not a broker kind name: want lower case letters, digits, '_', '-', '.' (1-63 characters)", kind))
 	}
 	if f.NewSubscriber == nil || f.NewPublisher == nil {
-		return &framework.ConfigError{Field: "Factory", Reason: fmt.Sprintf("kind %q: NewSubscriber and NewPublisher are required", kind), Err: ErrInvalidKind}
+		panic(kindError("Factory", "kind %q: NewSubscriber and NewPublisher are required", kind))
 	}
-	return nil
+	if _, taken := linked.LoadOrStore(kind, f); taken {
+		panic("brokers: Register called twice for kind " + kind)
+	}
 }
 
-// NewSubscriber validates cfg (Config.Validate, the kind's own
-// Factory.Validate included) and builds the subscriber of cfg.Kind. A nil
-// logger logs nothing. A configuration error is a *framework.ConfigError
-// naming the field; a kind that is not linked also matches ErrInvalidKind.
-// Other construction errors name the kind and wrap the adapter's error.
+func linkedFactory(kind string) (Factory, bool) {
+	f, ok := linked.Load(kind)
+	fac, _ := f.(Factory) // the zero Factory when !ok
+	return fac, ok
+}
+
+// kindError is a *framework.ConfigError matching ErrInvalidKind.
+func kindError(field, format string, args ...any) *framework.ConfigError {
+	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf(format, args...), Err: ErrInvalidKind}
+}
+
+// NewSubscriber validates cfg (see Config.Validate) and builds the
+// subscriber of cfg.Kind. A nil logger logs nothing. A configuration error
+// is a *framework.ConfigError naming the field; other construction errors
+// name the kind and wrap the adapter's error.
 func NewSubscriber(cfg Config, logger watermill.LoggerAdapter) (message.Subscriber, error) {
 	return build(cfg, logger, "subscriber", func(f Factory) func(Config, watermill.LoggerAdapter) (message.Subscriber, error) {
 		return f.NewSubscriber
@@ -125,8 +92,7 @@ func NewPublisher(cfg Config, logger watermill.LoggerAdapter) (message.Publisher
 	})
 }
 
-// build is NewSubscriber and NewPublisher: what of the kind's Factory
-// builds the role.
+// build is NewSubscriber and NewPublisher: of picks the role's constructor.
 func build[T any](cfg Config, logger watermill.LoggerAdapter, role string, of func(Factory) func(Config, watermill.LoggerAdapter) (T, error)) (T, error) {
 	var zero T
 	f, kind, err := factory(cfg)
@@ -140,10 +106,7 @@ func build[T any](cfg Config, logger watermill.LoggerAdapter, role string, of fu
 	if err != nil {
 		var ce *framework.ConfigError
 		if errors.As(err, &ce) {
-			// Named like Validate's errors: "nats.durable" becomes
-			// NATS_DURABLE when the environment set it (or, with
-			// LoadConfig(""), should have).
-			return zero, cfg.named(err)
+			return zero, cfg.named(err) // "nats.durable" becomes NATS_DURABLE when the environment set it
 		}
 		return zero, fmt.Errorf("brokers: %s %s: %w", kind, role, err)
 	}
@@ -157,19 +120,11 @@ func factory(cfg Config) (Factory, string, error) {
 	}
 	kind := cfg.kind()
 	f, ok := linkedFactory(kind)
-	if !ok && adapterPackages[kind] != "" {
-		return Factory{}, "", cfg.named(&framework.ConfigError{
-			Field:  "kind",
-			Reason: fmt.Sprintf("broker kind %q is not linked into this program: import _ %q", kind, adapterPackages[kind]),
-			Err:    ErrInvalidKind,
-		})
-	}
 	if !ok {
-		return Factory{}, "", cfg.named(&framework.ConfigError{
-			Field:  "kind",
-			Reason: fmt.Sprintf("unknown broker kind %q (known: %s)", kind, strings.Join(linkedNames(), ", ")),
-			Err:    ErrInvalidKind,
-		})
+		if pkg := builtIn[kind].pkg; pkg != "" {
+			return Factory{}, "", cfg.named(kindError("kind", "broker kind %q is not linked into this program: import _ %q", kind, pkg))
+		}
+		return Factory{}, "", cfg.named(kindError("kind", "unknown broker kind %q (known: %s)", kind, strings.Join(linkedNames(), ", ")))
 	}
 	if err := cfg.validateWith(kind, f); err != nil {
 		return Factory{}, "", err
@@ -177,21 +132,15 @@ func factory(cfg Config) (Factory, string, error) {
 	return f, kind, nil
 }
 
-// linkedNames returns the linked kinds, sorted, for error messages.
 func linkedNames() []string {
-	linked.RLock()
-	defer linked.RUnlock()
-	out := make([]string, 0, len(linked.kinds))
-	for k := range linked.kinds {
-		out = append(out, k)
-	}
-	sort.Strings(out)
+	var out []string
+	linked.Range(func(k, _ any) bool { out = append(out, k.(string)); return true })
+	slices.Sort(out)
 	return out
 }
 
-// prefixField returns a copy of err's *framework.ConfigError whose Field is
-// prefixed with prefix and a dot, so an adapter's "brokers" becomes
-// "kafka.brokers", the YAML path. Other errors are returned unchanged.
+// prefixField prefixes the Field of err's *framework.ConfigError with
+// prefix and a dot: an adapter's "brokers" becomes "kafka.brokers".
 func prefixField(prefix string, err error) error {
 	return config.Rename(err, func(field string) (string, bool) { return prefix + "." + field, true })
 }

@@ -1,9 +1,8 @@
-// Package config is the one configuration loader of claimtx's Configs
-// (brokers.Config, framework/consumer.Config): YAML decoded strictly, the
-// environment over it, secrets from the files their _FILE variables name,
-// and errors that name what the user wrote, the YAML path ("amqp.url",
-// "claim.max_claim_wait") or the variable (AMQP_URL). It also holds the
-// one redaction of connection-string passwords.
+// Package config is the one configuration loader of brokers.Config and
+// framework/consumer.Config: YAML decoded strictly, the environment over
+// it, secrets from _FILE variables, and errors that name what the user
+// wrote (the YAML path or the variable). It also holds the one redaction
+// of connection-string passwords.
 package config
 
 import (
@@ -21,31 +20,28 @@ import (
 type Setting[T any] struct {
 	Path string // YAML path: "claim.max_claim_wait"
 	Env  string // variable: "CLAIM_MAX_CLAIM_WAIT"
-	// Field is the name errors about the setting use elsewhere
-	// ("Claim.MaxClaimWait"), for a loader that renames them; optional.
+	// Field is the Go path ("Claim.MaxClaimWait") errors use elsewhere
+	// and Bind binds; optional.
 	Field string
-	// Set parses v (a YAML scalar or a variable) into c. Its error's text
-	// is the reason of the *framework.ConfigError about the setting.
+	// Set parses v (a YAML scalar or a variable) into c; its error's text
+	// is the reason of the *framework.ConfigError.
 	Set func(c *T, v string) error
 	// Secret: never quoted in errors; may come from Env+"_FILE".
 	Secret bool
-	// Rule is how Bind parses the value when Set is nil: options as an
-	// env tag's ("min=1", see Settings).
+	// Rule is how Bind parses the value: env tag options ("min=1").
 	Rule string
 }
 
 // FileSuffix names the variable that holds the path of a file with a
-// secret's value (AMQP_URL_FILE for AMQP_URL), the convention of Docker
-// and Kubernetes secrets mounted as files: a file keeps the secret out of
-// the process environment, which other processes of the same user can
-// read (/proc/PID/environ) and crash reporters collect.
+// secret (AMQP_URL_FILE), as Docker and Kubernetes mount them: it keeps
+// the secret out of the environment, which other processes of the user
+// can read (/proc/PID/environ) and crash reporters collect.
 const FileSuffix = "_FILE"
 
-// ApplyEnv applies the variable of each setting that is set (an empty one
-// counts as unset) to c, in order, reading them through lookup, and calls
-// seen with the setting and the variable it came from (Env, or its _FILE
-// variable for a secret read from a file). The first value that cannot be
-// used is a *framework.ConfigError naming the variable.
+// ApplyEnv applies the variable of each setting that lookup finds set (an
+// empty one counts as unset) to c, in order, and calls seen (when not nil)
+// with the setting and the variable it came from (Env or its _FILE). The
+// first value that cannot be used is a *framework.ConfigError naming it.
 func ApplyEnv[T any](c *T, settings []Setting[T], lookup func(string) (string, bool), seen func(s Setting[T], name string)) error {
 	get := func(name string) (string, bool) {
 		v, ok := lookup(name)
@@ -77,7 +73,7 @@ func ApplyEnv[T any](c *T, settings []Setting[T], lookup func(string) (string, b
 			continue
 		}
 		if err := s.Set(c, v); err != nil {
-			return &framework.ConfigError{Field: name, Reason: Reason(s.Secret, err), Err: Cause(err)}
+			return parseError(name, s.Secret, err, "")
 		}
 		if seen != nil {
 			seen(s, name)
@@ -86,22 +82,36 @@ func ApplyEnv[T any](c *T, settings []Setting[T], lookup func(string) (string, b
 	return nil
 }
 
-// Rename returns err with the Field of its *framework.ConfigError
-// replaced by what rename answers for it (a variable for a YAML path, a
-// section's prefix), when it answers; other errors are returned as they
-// are. It renames a copy: an error may be shared.
+// parseError is the *framework.ConfigError for a value Set refused: err's
+// text and suffix, unless a secret's or a SafeError's, whose text may
+// quote the value; a SafeError is kept as the cause.
+func parseError(field string, secret bool, err error, suffix string) *framework.ConfigError {
+	var se SafeError
+	isSafe := errors.As(err, &se)
+	ce := &framework.ConfigError{Field: field, Reason: err.Error() + suffix}
+	if secret || isSafe {
+		ce.Reason = "cannot be used" + suffix
+	}
+	if isSafe {
+		ce.Err = se
+	}
+	return ce
+}
+
+// Rename returns err with the Field of its *framework.ConfigError replaced
+// by what rename answers for it, when it answers; other errors are
+// returned as they are. It renames a copy: an error may be shared.
 func Rename(err error, rename func(field string) (string, bool)) error {
 	var ce *framework.ConfigError
 	if !errors.As(err, &ce) {
 		return err
 	}
-	name, ok := rename(ce.Field)
-	if !ok {
-		return err
+	if name, ok := rename(ce.Field); ok {
+		out := *ce
+		out.Field = name
+		return &out
 	}
-	out := *ce
-	out.Field = name
-	return &out
+	return err
 }
 
 // SafeError is an error whose text is known not to hold a secret; Unwrap
@@ -114,37 +124,15 @@ type SafeError struct {
 func (e SafeError) Error() string { return e.Msg }
 func (e SafeError) Unwrap() error { return e.Err }
 
-// Reason is the reason a setting's parse error gives: its text, except for
-// a secret's (or a SafeError), whose text may quote it.
-func Reason(secret bool, err error) string {
-	var se SafeError
-	if secret || errors.As(err, &se) {
-		return "cannot be used"
-	}
-	return err.Error()
-}
+var namers, sections sync.Map // reflect.Type of T -> func(T, error) error, func([]byte) (T, error)
 
-// Cause is what the *framework.ConfigError for a parse error wraps: the
-// SafeError of a secret, nothing otherwise (the reason says it all).
-func Cause(err error) error {
-	var se SafeError
-	if errors.As(err, &se) {
-		return se
-	}
-	return nil
-}
-
-var namers sync.Map // reflect.Type of T -> func(T, error) error
-
-// RegisterNamer records how a package names the field of an error about
-// its Config T as it names its own (package brokers: the variable that set
-// it, BROKER for "kind"), without exporting it.
+// RegisterNamer records how a package names the field of an error about its
+// Config T (package brokers: the variable that set it), without exporting it.
 func RegisterNamer[T any](named func(c T, err error) error) {
 	namers.Store(reflect.TypeFor[T](), named)
 }
 
-// Named is err named as the package of T names its own errors about c;
-// err unchanged when it registered no namer.
+// Named is err named as the package of T names its own errors about c.
 func Named[T any](c T, err error) error {
 	if f, ok := namers.Load(reflect.TypeFor[T]()); ok {
 		return f.(func(T, error) error)(c, err)
@@ -152,11 +140,9 @@ func Named[T any](c T, err error) error {
 	return err
 }
 
-var sections sync.Map // reflect.Type of T -> func([]byte) (T, error)
-
-// RegisterSection records how a package loads its Config from a section
-// of a larger file (package brokers registers brokers.Config's, which
-// framework/consumer reads under "broker:"), without exporting it.
+// RegisterSection records how a package loads its Config from a section of
+// a larger file (brokers.Config under framework/consumer's "broker:"),
+// without exporting it.
 func RegisterSection[T any](load func(data []byte) (T, error)) {
 	sections.Store(reflect.TypeFor[T](), load)
 }

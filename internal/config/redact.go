@@ -3,6 +3,7 @@ package config
 import (
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -10,8 +11,8 @@ import (
 const Mask = "xxxxx"
 
 // RedactURL returns rawURL with the password of its userinfo replaced by
-// Mask. A URL that does not parse is replaced entirely, because url.Parse
-// failures are exactly the cases where we cannot tell where the password is.
+// Mask. A URL that does not parse is replaced entirely: there we cannot
+// tell where the password is.
 func RedactURL(rawURL string) string {
 	if rawURL == "" {
 		return ""
@@ -20,18 +21,14 @@ func RedactURL(rawURL string) string {
 	if err != nil {
 		return "<unparsable URL redacted>"
 	}
-	if u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), Mask)
-		}
+	if _, has := u.User.Password(); has { // a nil *url.Userinfo has none
+		u.User = url.UserPassword(u.User.Username(), Mask)
 	}
-	// Query parameters may carry credentials too (e.g. auth_mechanism
-	// extensions, TLS key passwords): keep names, drop values we do not know.
+	// Query parameters may carry credentials too (TLS key passwords).
 	q := u.Query()
 	changed := false
 	for k := range q {
-		lk := strings.ToLower(k)
-		if strings.Contains(lk, "pass") || strings.Contains(lk, "secret") || strings.Contains(lk, "token") {
+		if SecretName(k) {
 			q.Set(k, Mask)
 			changed = true
 		}
@@ -39,8 +36,14 @@ func RedactURL(rawURL string) string {
 	if changed {
 		u.RawQuery = q.Encode()
 	}
-	// url.URL.String escapes the mask's characters as needed; Mask is plain.
 	return u.String()
+}
+
+// SecretName tells whether a key names a secret: it contains "pass",
+// "secret" or "token", in any case.
+func SecretName(k string) bool {
+	k = strings.ToLower(k)
+	return strings.Contains(k, "pass") || strings.Contains(k, "secret") || strings.Contains(k, "token")
 }
 
 // Redact returns Mask for a non-empty secret and "" for an empty one, so a
@@ -56,19 +59,14 @@ func Redact(s string) string {
 // quoted or not, an unterminated quote included.
 var kvPassword = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)`)
 
-// Passwords returns the passwords a connection string (a URL or
-// keyword/value pairs) may hold, as best it can tell: the URL's userinfo
-// and password parameter, or keyword/value passwords (quoted or not, and
-// their unquoted parts), the URL-escaped spellings of a URL's, and the raw userinfo of a URL that does not
-// parse. Whatever prints dsn, or an error about it, removes each.
+// Passwords returns, as best it can tell, every spelling of the passwords a
+// connection string (a URL or keyword/value pairs) may hold, even one that
+// does not parse. Whatever prints dsn, or an error about it, removes each.
 func Passwords(dsn string) []string {
 	var out []string
 	if u, err := url.Parse(dsn); err == nil {
-		if u.User != nil {
-			if pw, ok := u.User.Password(); ok {
-				// As written in the URL too, for a text that quotes it.
-				out = append(out, pw, url.QueryEscape(pw), url.PathEscape(pw))
-			}
+		if pw, ok := u.User.Password(); ok {
+			out = append(out, pw, url.QueryEscape(pw), url.PathEscape(pw))
 		}
 		for _, pw := range u.Query()["password"] {
 			out = append(out, pw, url.QueryEscape(pw))
@@ -90,19 +88,16 @@ func Passwords(dsn string) []string {
 }
 
 // RedactDSN returns a Postgres connection string with its passwords
-// replaced by Mask: the URL's userinfo password and password parameter,
-// or the password of a keyword/value string. Whatever it cannot take
-// apart has every password Passwords finds replaced wherever it occurs.
+// replaced by Mask. Whatever it cannot take apart has every password
+// Passwords finds replaced wherever it occurs.
 func RedactDSN(dsn string) string {
 	if dsn == "" {
 		return ""
 	}
 	out := ""
 	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		if u.User != nil {
-			if _, ok := u.User.Password(); ok {
-				u.User = url.UserPassword(u.User.Username(), Mask)
-			}
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), Mask)
 		}
 		if q := u.Query(); q.Has("password") {
 			q.Set("password", Mask)
@@ -113,20 +108,15 @@ func RedactDSN(dsn string) string {
 		out = kvPassword.ReplaceAllString(dsn, "password="+Mask)
 	}
 	pws := Passwords(dsn)
-	for _, pw := range pws {
-		if pw != "" && out != "" && strings.Contains(out, pw) {
-			out = "" // a password survived: fall back to the blunt way
-		}
-	}
-	if out == "" {
-		out = Scrub(dsn, pws...)
+	survived := func(pw string) bool { return pw != "" && strings.Contains(out, pw) }
+	if out == "" || slices.ContainsFunc(pws, survived) {
+		out = Scrub(dsn, pws...) // the blunt way
 	}
 	return out
 }
 
 // Scrub returns s with every occurrence of each non-empty secret replaced
-// by Mask: the blunt redaction of a text (an error message) that may quote
-// a secret anywhere.
+// by Mask, for a text (an error message) that may quote one anywhere.
 func Scrub(s string, secrets ...string) string {
 	for _, pw := range secrets {
 		if pw != "" {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,23 +15,17 @@ import (
 //	URL string `yaml:"url" env:"AMQP_URL,secret" default:"amqp://guest:guest@127.0.0.1:5672/"`
 //
 // yaml is the key in a file (Decode), env the variable that overrides it
-// (Settings), default the value a zero field takes (Defaults). The env
-// options say how the variable is parsed and shown:
+// (Settings), default the value a zero field takes (Defaults). Env options:
 //
-//	secret    may come from NAME_FILE, is never quoted in errors, and
-//	          Format redacts it (the password of a URL, or all of it)
+//	secret    may come from NAME_FILE, never quoted in errors, redacted by Format
 //	positive  an integer above 0 (0 would silently mean the default)
 //	nonzero   an integer other than 0
 //	min=N     an integer, or a duration in nanoseconds, of at least N
 //
-// Every other check is the Config's own Validate, whose errors name the
-// variable when the value came from one.
-
-var durationType = reflect.TypeFor[time.Duration]()
+// Every other check is the Config's own Validate.
 
 // Settings returns a Setting for each env-tagged field of T, in field order,
-// looking into the fields that hold a struct of their own (a section, its
-// YAML key a prefix of the path: "kafka.sasl.password").
+// nested structs included (their YAML key a prefix: "kafka.sasl.password").
 func Settings[T any]() []Setting[T] {
 	var out []Setting[T]
 	var walk func(t reflect.Type, index []int, prefix string)
@@ -47,7 +42,7 @@ func Settings[T any]() []Setting[T] {
 			switch {
 			case env != "":
 				out = append(out, Setting[T]{Path: path, Env: env, Secret: hasOpt(opts, "secret"), Set: setter[T](idx, parser(f.Type, opts))})
-			case f.Type.Kind() == reflect.Struct && f.Type != durationType:
+			case f.Type.Kind() == reflect.Struct:
 				walk(f.Type, idx, path+".")
 			}
 		}
@@ -56,18 +51,10 @@ func Settings[T any]() []Setting[T] {
 	return out
 }
 
-func hasOpt(opts, name string) bool {
-	for _, o := range strings.Split(opts, ",") {
-		if o == name {
-			return true
-		}
-	}
-	return false
-}
+func hasOpt(opts, name string) bool { return slices.Contains(strings.Split(opts, ","), name) }
 
-// parser returns how a variable's value is parsed into a field of type t,
-// by the env options opts. Its errors are the reasons of the
-// *framework.ConfigError ApplyEnv returns.
+// parser returns how a value is parsed into a field of type t, by the env
+// options opts. Its errors are the reasons of ApplyEnv's errors.
 func parser(t reflect.Type, opts string) func(dst reflect.Value, v string) error {
 	positive, nonzero := hasOpt(opts, "positive"), hasOpt(opts, "nonzero")
 	min, hasMin := int64(0), false
@@ -81,7 +68,7 @@ func parser(t reflect.Type, opts string) func(dst reflect.Value, v string) error
 		}
 	}
 	switch {
-	case t == durationType:
+	case t == reflect.TypeFor[time.Duration]():
 		return func(dst reflect.Value, v string) error {
 			d, err := time.ParseDuration(v)
 			switch {
@@ -141,9 +128,8 @@ func parser(t reflect.Type, opts string) func(dst reflect.Value, v string) error
 }
 
 // Bind completes the settings whose Set is nil: their Field is the dotted
-// Go path of a field of T ("Claim.MaxAttempts"), parsed by the type of
-// that field and by Rule, options as an env tag's ("min=1"). It panics on
-// a Field T does not have: a mistake in a table, found by any test.
+// Go path of a field of T ("Claim.MaxAttempts"), parsed by its type and by
+// Rule. It panics on a Field T does not have: a mistake found by any test.
 func Bind[T any](settings []Setting[T]) []Setting[T] {
 	for i := range settings {
 		s := &settings[i]
@@ -163,13 +149,12 @@ func Bind[T any](settings []Setting[T]) []Setting[T] {
 	return settings
 }
 
-// setter is a Setting's Set for the field of T at index.
 func setter[T any](index []int, parse func(reflect.Value, string) error) func(*T, string) error {
 	return func(c *T, v string) error { return parse(reflect.ValueOf(c).Elem().FieldByIndex(index), v) }
 }
 
 // Defaults returns v with every zero field that has a default tag set to
-// that default, looking into struct fields too.
+// it, in nested structs too.
 func Defaults[T any](v T) T {
 	setDefaults(reflect.ValueOf(&v).Elem())
 	return v
@@ -187,50 +172,41 @@ func setDefaults(v reflect.Value) {
 			}
 			continue
 		}
-		if ft.Type.Kind() == reflect.Struct && ft.Type != durationType {
+		if ft.Type.Kind() == reflect.Struct {
 			setDefaults(f)
 		}
 	}
 }
 
 // Format prints v, a Config struct, as %+v would, with strings quoted and
-// every secret field (env option secret) redacted: a URL's password, or the
-// whole value. Nested structs with a String method print through it.
+// every secret field redacted: a URL's password, or the whole value.
+// Nested structs with a String method print through it.
 func Format(v any) string {
 	rv := reflect.ValueOf(v)
-	var b strings.Builder
-	b.WriteByte('{')
+	var parts []string
 	for i := range rv.NumField() {
 		f, ft := rv.Field(i), rv.Type().Field(i)
 		if !ft.IsExported() {
 			continue
 		}
-		if b.Len() > 1 {
-			b.WriteByte(' ')
-		}
-		b.WriteString(ft.Name + ":")
 		_, opts, _ := strings.Cut(ft.Tag.Get("env"), ",")
+		var s string
 		switch {
+		case hasOpt(opts, "secret") && strings.Contains(f.String(), "://"):
+			s = strconv.Quote(RedactURL(f.String()))
 		case hasOpt(opts, "secret"):
-			s := f.String()
-			if strings.Contains(s, "://") {
-				s = RedactURL(s)
-			} else {
-				s = Redact(s)
-			}
-			fmt.Fprintf(&b, "%q", s)
+			s = strconv.Quote(Redact(f.String()))
 		case f.Kind() == reflect.String:
-			fmt.Fprintf(&b, "%q", f.String())
-		case f.Kind() == reflect.Struct && ft.Type != durationType:
-			if s, ok := f.Interface().(fmt.Stringer); ok {
-				b.WriteString(s.String())
-			} else {
-				b.WriteString(Format(f.Interface()))
+			s = strconv.Quote(f.String())
+		case f.Kind() == reflect.Struct:
+			s = Format(f.Interface())
+			if str, ok := f.Interface().(fmt.Stringer); ok {
+				s = str.String()
 			}
 		default:
-			fmt.Fprintf(&b, "%v", f.Interface())
+			s = fmt.Sprint(f.Interface())
 		}
+		parts = append(parts, ft.Name+":"+s)
 	}
-	b.WriteByte('}')
-	return b.String()
+	return "{" + strings.Join(parts, " ") + "}"
 }

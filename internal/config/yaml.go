@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -14,11 +15,10 @@ import (
 
 // FieldError turns a decode error about one value ("line 3: cannot
 // unmarshal !!str `soon` into time.Duration", or an unknown key) into a
-// *framework.ConfigError whose Field is that value's YAML path, so a file's
-// mistake is named like a Validate one. yaml.v3 reports only a line, so the
-// path is the key found on that line. It returns nil for syntax errors,
-// which have no field to name. The decoder's message is the Reason, not
-// the Err: its Error() repeats every problem of the document.
+// *framework.ConfigError naming its YAML path, the key found on that line
+// (yaml.v3 reports only a line). It returns nil for syntax errors, which
+// have no field to name. The decoder's message is the Reason, not the Err:
+// its Error() repeats every problem of the document.
 func FieldError(data []byte, err error) *framework.ConfigError {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) || len(te.Errors) == 0 {
@@ -33,44 +33,41 @@ func FieldError(data []byte, err error) *framework.ConfigError {
 	if yaml.Unmarshal(data, &root) != nil {
 		return nil
 	}
-	paths := map[int]string{}
+	paths := map[int]string{} // line -> the first path on it
+	record := func(line int, path string) {
+		if _, seen := paths[line]; !seen {
+			paths[line] = path
+		}
+	}
 	var walk func(n *yaml.Node, path string)
 	walk = func(n *yaml.Node, path string) {
 		switch n.Kind {
-		case yaml.DocumentNode:
-			for _, c := range n.Content {
-				walk(c, path)
-			}
 		case yaml.MappingNode:
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				p := n.Content[i].Value
 				if path != "" {
 					p = path + "." + p
 				}
-				if _, seen := paths[n.Content[i].Line]; !seen {
-					paths[n.Content[i].Line] = p
-				}
+				record(n.Content[i].Line, p)
 				walk(n.Content[i+1], p)
 			}
-		case yaml.SequenceNode:
-			for _, c := range n.Content {
-				if _, seen := paths[c.Line]; !seen && path != "" {
-					paths[c.Line] = path
-				}
-				walk(c, path)
-			}
+			return
 		case yaml.ScalarNode, yaml.AliasNode:
-			if _, seen := paths[n.Line]; !seen && path != "" {
-				paths[n.Line] = path
+			if path != "" {
+				record(n.Line, path)
 			}
+		}
+		for _, c := range n.Content { // a document's or a sequence's
+			if n.Kind == yaml.SequenceNode && path != "" {
+				record(c.Line, path)
+			}
+			walk(c, path)
 		}
 	}
 	walk(&root, "")
 	field, ok := paths[line]
 	if !ok || field == "" {
-		// An empty key ("": 1) has no path to name: report the decoder's
-		// message as a parse error.
-		return nil
+		return nil // an empty key ("": 1) has no path: a parse error
 	}
 	reason := strings.TrimSpace(strings.TrimPrefix(msg, fmt.Sprintf("line %d:", line)))
 	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("%s (line %d)", reason, line)}
@@ -91,56 +88,42 @@ func Decode(data []byte, dst any) error {
 	return nil
 }
 
-// ReadFile applies the settings a YAML file sets to c, each value parsed by
-// its Setting's Set as a variable's would be, and returns the node of the
-// key passthrough (nil when the file has none), which another loader reads
-// (framework/consumer's "broker:", read as a brokers.Config). Keys are
-// checked against byPath, and isSection tells the keys that hold settings
-// rather than being one, so an unknown or misplaced key, a bad value, a
-// key set twice or a merge key is a *framework.ConfigError naming its path
-// and line.
+// ReadFile applies the settings a YAML file sets to c and returns the node
+// of the key passthrough (nil when absent) for another loader. isSection
+// tells the keys that hold settings; an unknown or misplaced key, a bad
+// value, a key set twice or a merge key is a *framework.ConfigError naming
+// its path and line.
 func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(path string) bool, passthrough string, c *T) (*yaml.Node, error) {
-	if len(bytes.TrimSpace(data)) == 0 {
-		return nil, nil
-	}
-	var doc yaml.Node
+	var doc, more yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, nil
-		}
+	err := dec.Decode(&doc)
+	switch {
+	case len(bytes.TrimSpace(data)) == 0 || errors.Is(err, io.EOF):
+		return nil, nil
+	case err != nil:
 		return nil, fmt.Errorf("parse YAML: %w", err)
-	}
-	var more yaml.Node
-	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+	case !errors.Is(dec.Decode(&more), io.EOF):
 		return nil, errors.New("parse YAML: more than one document")
-	}
-	if len(doc.Content) == 0 {
+	case len(doc.Content) == 0 || doc.Content[0].Kind == yaml.ScalarNode && doc.Content[0].Tag == "!!null":
 		return nil, nil
 	}
 	root := doc.Content[0]
-	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
-		return nil, nil
-	}
 	var section *yaml.Node
 	var walk func(n *yaml.Node, prefix string) error
 	walk = func(n *yaml.Node, prefix string) error {
 		if n.Kind == yaml.AliasNode {
 			n = n.Alias
 		}
+		here := strings.TrimSuffix(prefix, ".")
 		if n.Kind != yaml.MappingNode {
-			what := "the file"
-			if prefix != "" {
-				what = strings.TrimSuffix(prefix, ".")
-			}
-			return &framework.ConfigError{Field: orRoot(what), Reason: fmt.Sprintf("must be a mapping of keys (line %d)", n.Line)}
+			return &framework.ConfigError{Field: cmp.Or(here, "the file"), Reason: fmt.Sprintf("must be a mapping of keys (line %d)", n.Line)}
 		}
 		seen := map[string]bool{}
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
 			path := prefix + k.Value
 			if k.Value == "<<" {
-				return &framework.ConfigError{Field: orRoot(strings.TrimSuffix(prefix, ".")), Reason: fmt.Sprintf("merge keys (<<) are not supported (line %d)", k.Line)}
+				return &framework.ConfigError{Field: cmp.Or(here, "(root)"), Reason: fmt.Sprintf("merge keys (<<) are not supported (line %d)", k.Line)}
 			}
 			if seen[k.Value] {
 				return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("is set twice (line %d)", k.Line)}
@@ -171,7 +154,7 @@ func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(p
 					continue // "key:" with nothing after it: the default
 				}
 				if err := s.Set(c, v.Value); err != nil {
-					return &framework.ConfigError{Field: path, Reason: fmt.Sprintf("%s (line %d)", Reason(s.Secret, err), v.Line), Err: Cause(err)}
+					return parseError(path, s.Secret, err, fmt.Sprintf(" (line %d)", v.Line))
 				}
 			}
 		}
@@ -181,11 +164,4 @@ func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(p
 		return nil, err
 	}
 	return section, nil
-}
-
-func orRoot(path string) string {
-	if path == "" {
-		return "(root)"
-	}
-	return path
 }
