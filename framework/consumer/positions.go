@@ -11,10 +11,9 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// positionsEvery is how often a running consumer stores the positions
-// acks settled since the last time (settledPositions), and
-// gaugesEvery how often it reads its stored positions for
-// claimtx_kafka_position: one indexed read of a few rows.
+// A running consumer stores the positions acks settled every
+// positionsEvery, and reads its stored ones for claimtx_kafka_position
+// every gaugesEvery of those.
 const (
 	positionsEvery = time.Second
 	gaugesEvery    = 15
@@ -23,11 +22,10 @@ const (
 // flushTimeout bounds the last store of settled positions at Close.
 const flushTimeout = 2 * time.Second
 
-// settledPositions collects the positions acks settled (Options.Settled):
-// the claim transaction of a partition stores the position it knows when
-// it commits, which with several in flight (a window, batch workers) may
-// be below records settled just after; these catch the stored position up
-// with them, outside any claim transaction, once a second. Everything
+// settledPositions collects the positions acks settled (Options.Settled).
+// A claim transaction stores the position it knows when it commits, which
+// with several in flight may be below records settled just after; these
+// catch the stored position up, outside any claim transaction. Everything
 // below such a position is acked, so storing it is safe at any time.
 type settledPositions struct {
 	mu      sync.Mutex
@@ -82,10 +80,8 @@ func (p *parts) flushPositions(ctx context.Context) {
 }
 
 // attachPositions gives a Kafka subscriber the consumer's stored positions
-// (middleware.Claim.NoPositions, ReplayBelowPositions), and reports
-// whether it uses them (other brokers' subscribers do not). A database
-// role that could not write them is a ConfigError: every claim
-// transaction would fail.
+// (middleware.Claim.NoPositions, ReplayBelowPositions) and reports whether
+// it uses them. A role that could not write them is a ConfigError.
 func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	cfg := p.cfg
 	if cfg.Claim.NoPositions {
@@ -113,16 +109,13 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 }
 
 // watchPositions stores the positions acks settled and exports the
-// stored ones as claimtx_kafka_position until ctx ends (Close stores the
-// last ones).
+// stored ones until ctx ends (Close stores the last ones).
 func (p *parts) watchPositions(ctx context.Context) {
 	if !p.positions {
 		return
 	}
-	positions := pg.ClaimsOf(p.store).Positions()
-	t := time.NewTicker(positionsEvery)
-	defer t.Stop()
-	for tick := 0; ; tick++ {
+	positions, tick := pg.ClaimsOf(p.store).Positions(), 0
+	update := func() {
 		p.flushPositions(ctx)
 		if p.metrics != nil && tick%gaugesEvery == 0 {
 			if ps, err := positions.Of(ctx, p.cfg.Name); err == nil {
@@ -131,10 +124,8 @@ func (p *parts) watchPositions(ctx context.Context) {
 				}
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+		tick++
 	}
+	update()
+	every(ctx, positionsEvery, update)
 }
