@@ -288,20 +288,15 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	cfg = cfg.withDefaults()
 	reg := cmp.Or(cfg.Extractors, framework.NewRegistry())
-	keyFunc := cfg.Claim.Key
 	if cfg.Key != "" {
-		kf, err := reg.ParseKey(cfg.Key)
-		if err != nil {
+		if cfg.Claim.Key, err = reg.ParseKey(cfg.Key); err != nil {
 			return nil, err
 		}
-		keyFunc = kf
 	}
 	if cfg.EventTime != "" {
-		tf, err := reg.ParseTime(cfg.EventTime)
-		if err != nil {
+		if cfg.Claim.EventTime, err = reg.ParseTime(cfg.EventTime); err != nil {
 			return nil, err
 		}
-		cfg.Claim.EventTime = tf
 	}
 
 	p := &parts{cfg: cfg, pool: cfg.Pool, stop: make(chan struct{}), stopped: make(chan struct{})}
@@ -356,7 +351,7 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 		}
 	}
 	p.claim = cfg.Claim
-	p.claim.Store, p.claim.Consumer, p.claim.Key, p.claim.Logger = p.store, cfg.Name, keyFunc, p.wlog
+	p.claim.Store, p.claim.Consumer, p.claim.Logger = p.store, cfg.Name, p.wlog
 	// OnOutcome and EventTime are New's or NewBatch's.
 	p.claim.EventTime = nil
 	if userRetry := cfg.Claim.OnRetry; p.metrics != nil {

@@ -15,16 +15,13 @@ import (
 	"github.com/claimtx/claimtx/middleware"
 )
 
-// Span attribute keys, listed in the package documentation and
-// docs/observability.md.
+// Span attribute keys, listed in docs/observability.md. The key hash
+// correlates deliveries of one event without exporting the key.
 const (
 	attrConsumer = attribute.Key("claimtx.consumer")
 	attrOutcome  = attribute.Key("claimtx.outcome")
 	attrAttempts = attribute.Key("claimtx.attempts")
-	// attrKeyHash is a SHA-256 prefix of the key: enough to correlate
-	// deliveries of one event across spans without exporting the key,
-	// which may carry business identifiers.
-	attrKeyHash = attribute.Key("claimtx.key_hash")
+	attrKeyHash  = attribute.Key("claimtx.key_hash")
 )
 
 // Tracing puts an OpenTelemetry span around each message's claim
