@@ -55,18 +55,14 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	if handler == nil {
 		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
-	const why = "not supported by the batch consumer"
-	switch {
-	case cfg.Retention != 0:
-		return nil, &framework.ConfigError{Field: "Retention", Reason: why}
-	case cfg.HandlerTimeout != 0:
-		return nil, &framework.ConfigError{Field: "HandlerTimeout", Reason: why}
-	case cfg.Tracer != nil:
-		return nil, &framework.ConfigError{Field: "Tracer", Reason: why}
-	case cfg.Claim.EventTime != nil:
-		return nil, &framework.ConfigError{Field: "Claim.EventTime", Reason: why}
-	case cfg.EventTime != "":
-		return nil, &framework.ConfigError{Field: "EventTime", Reason: why}
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{{"Retention", cfg.Retention != 0}, {"HandlerTimeout", cfg.HandlerTimeout != 0}, {"Tracer", cfg.Tracer != nil},
+		{"Claim.EventTime", cfg.Claim.EventTime != nil}, {"EventTime", cfg.EventTime != ""}} {
+		if f.set {
+			return nil, &framework.ConfigError{Field: f.name, Reason: "not supported by the batch consumer"}
+		}
 	}
 	// The claim fields batches refuse, before anything connects: validate
 	// made sure Store is nil, which the claim reports only after them.
@@ -117,7 +113,7 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	r.opts.MaxSize = cmp.Or(max(r.opts.MaxSize, 0), 100)
 	r.opts.MaxWait = cmp.Or(max(r.opts.MaxWait, 0), 5*time.Millisecond)
 	r.opts.Workers = cmp.Or(max(r.opts.Workers, 0), 1)
-	return &Consumer{parts: p, batches: &r}, nil
+	return &Consumer{parts: p, body: r.run, running: r.running}, nil
 }
 
 // batchRunner consumes cfg.Topic from sub in batches, each applied by

@@ -46,16 +46,14 @@ type Config struct {
 	// Topic is consumed: a RabbitMQ durable queue of that name, or a Kafka
 	// topic. Required.
 	Topic string
-	// Key is a key spec resolved with Extractors, such as
-	// "template:order-completed:{payload.order_id}". Claim.Key, a
-	// framework.KeyFunc, is the alternative in code; one of the two is
-	// required (neither in middleware.ModeNaturalKey), and setting both is
-	// a ConfigError.
+	// Key is a key spec resolved with Extractors
+	// ("template:order-completed:{payload.order_id}"), the alternative to
+	// Claim.Key; one of the two is required (neither in
+	// middleware.ModeNaturalKey).
 	Key string
-	// EventTime is an event-time spec resolved with Extractors, such as
-	// "json:occurred_at" (see framework.ParseTimeSpec): the spec form of
-	// Claim.EventTime, as Key is of Claim.Key. Setting both is a
-	// ConfigError. Defaults to "": none.
+	// EventTime is an event-time spec resolved with Extractors
+	// ("json:occurred_at"), the alternative to Claim.EventTime. Defaults
+	// to none.
 	EventTime string
 
 	// Pool runs the claim transactions. Defaults to a pool opened from
@@ -66,48 +64,32 @@ type Config struct {
 	// Store names claimtx's schema and tables. Defaults to store.Config{}.
 	Store store.Config
 	// Broker selects and configures the broker: one of the kinds linked
-	// into the program (the adapters it imports, and your own registered
-	// with brokers.Register). Defaults to RabbitMQ on localhost.
+	// into the program. Defaults to RabbitMQ on localhost.
 	Broker brokers.Config
-	// Extractors resolves Key and EventTime: a registry holding your own
-	// extractors. Defaults to the built-in extractors.
+	// Extractors resolves Key and EventTime. Defaults to the built-in
+	// extractors.
 	Extractors *framework.Registry
 
 	// Claim configures the claim middleware, with middleware.Claim's
-	// fields and defaults. The consumer fills Claim.Store (set Pool or
-	// DatabaseURL, and Store), Claim.Consumer (Name), Claim.Logger (Logger)
-	// and Claim.OnOutcome (OnOutcome: the claim's hook runs once per
-	// attempt, OnOutcome once per message), so New and NewBatch refuse
-	// them; it records the PoisonMemo memos and calls OnRetry besides the
-	// metrics' hook. A ConfigError about one of these fields names it
-	// "Claim.<field>".
-	//
-	// Claim.EventTime feeds the expiry guard (see Retention) and, only when
-	// the claim table is partitioned by event day (store.PreparePartitioning;
-	// restart consumers after preparing), the claim. A time the broker
-	// stamps on each copy ("kafka:timestamp") is refused for a partitioned
-	// table without Claim.AllowBrokerEventTime; the expiry guard accepts it
-	// but shares its weakness: a copy stamped anew looks young, so a replay
-	// older than Retention is applied again instead of poisoned as expired.
+	// fields and defaults. The consumer fills Store, Consumer, Logger and
+	// OnOutcome itself and refuses them (docs/configuration.md names the
+	// Config field to set instead). Claim.EventTime feeds the expiry guard
+	// and, on a claim table partitioned by event day, the claim.
 	Claim middleware.Claim
 	// Retention, with an event time, puts a middleware.ExpiryGuard before
 	// the claim: a message older than Retention, whose claim cleanup may
-	// have removed, is poisoned with outcome Expired instead of applied.
-	// Use the window given to cleanup or partition maintenance. The
-	// consumer also compares it, at start-up and hourly, with the broker's
-	// replay horizon (docs/operations.md, "Checking the window against the
-	// broker"), and it caps Claim.CommittedKeysTTL at half of it (the
-	// default TTL is lowered to that). Defaults to 0: no guard, no
-	// comparison.
+	// have removed, is poisoned as Expired instead of applied. The consumer
+	// also compares it with the broker's replay horizon (docs/operations.md,
+	// "Checking the window against the broker"), and caps
+	// Claim.CommittedKeysTTL at half of it. Defaults to 0: neither.
 	Retention time.Duration
 	// StrictRetentionHorizon makes New fail with a ConfigError on
 	// Retention when the broker's replay horizon exceeds it, instead of
 	// warning. Defaults to false.
 	StrictRetentionHorizon bool
 
-	// HandlerRetries bounds how often a message whose handler failed (an
-	// error, a panic, a HandlerTimeout) is retried in process, with
-	// exponential backoff, before it is poisoned (docs/reliability.md,
+	// HandlerRetries bounds how often a message whose handler failed is
+	// retried in process before it is poisoned (docs/reliability.md,
 	// "Failure policy"). Defaults to 3.
 	HandlerRetries int
 	// RetryInitialInterval is the first backoff of HandlerRetries.
@@ -115,34 +97,26 @@ type Config struct {
 	RetryInitialInterval time.Duration
 	// DrainTimeout bounds a graceful shutdown (docs/reliability.md,
 	// "Shutdown"): the messages in flight get this long to commit and be
-	// acked, then the rest is cancelled and nacked, never poisoned.
-	// Closing the broker clients takes at most 5 s more, and cancelled work
-	// up to 5 s if a handler ignores its context: Run returns within
-	// DrainTimeout + 10 s. A shutdown during subscribing lets the
-	// subscription finish first, for up to 5 s; one during New makes New
-	// return at once. Defaults to 15 s.
+	// acked, then the rest is cancelled and nacked. Run returns within
+	// DrainTimeout + 10 s. Defaults to 15 s.
 	DrainTimeout time.Duration
 	// PoisonTopic receives messages that cannot be processed, with the
 	// reason in metadata. Defaults to Topic + ".poison".
 	PoisonTopic string
 
 	// StartupTimeout bounds how long New and NewBatch wait for each
-	// dependency at start-up: PostgreSQL and, when set, the broker (it then
-	// replaces the brokers' DialTimeout). See docs/operations.md, "Start-up:
-	// waiting for dependencies". Negative: one attempt. Defaults to 30 s for
-	// the database; left zero, the broker keeps its own DialTimeout.
+	// dependency (docs/operations.md, "Start-up: waiting for
+	// dependencies"); when set it replaces the brokers' DialTimeout.
+	// Negative: one attempt. Defaults to 30 s.
 	StartupTimeout time.Duration
 
 	// HandlerTimeout bounds one attempt at a message, claim wait and
-	// commit included; it then fails with a *HandlerTimeoutError and is
-	// retried with a fresh deadline (docs/reliability.md, "Handler
-	// timeout"). Keep it above Claim.MaxClaimWait. Defaults to 0: none.
+	// commit included (docs/reliability.md, "Handler timeout"). Defaults
+	// to 0: none.
 	HandlerTimeout time.Duration
 
 	// OnOutcome is called once per message, when it is acked or nacked,
-	// with its final outcome: Applied, Duplicate, Poisoned, Expired or
-	// Failed (nacked). In-process retries are not outcomes. Messages handed
-	// back unprocessed at shutdown are not reported.
+	// with its final outcome.
 	OnOutcome func(middleware.Result)
 	// Registerer, when set, receives claimtx's metrics (observe.NewMetrics)
 	// and Watermill's router metrics. Defaults to no metrics.
@@ -212,9 +186,10 @@ func (c Config) validate() error {
 // message per claim transaction) or NewBatch (batches).
 type Consumer struct {
 	*parts
+	body    func(context.Context) error // consume or batchRunner.run
+	running chan struct{}
 	router  *message.Router // New's
 	drainer *drainer        // New's
-	batches *batchRunner    // NewBatch's
 }
 
 // parts is what New and NewBatch build alike from a Config.
@@ -511,7 +486,8 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: router: %w", err)
 	}
-	c := &Consumer{parts: p, router: router, drainer: newDrainer(cfg.Logger)}
+	c := &Consumer{parts: p, running: router.Running(), router: router, drainer: newDrainer(cfg.Logger)}
+	c.body = c.consume
 	p.closeMore = router.Close
 	if cfg.Registerer != nil {
 		// Under claimtx's prefix: Watermill's bare names would collide with
@@ -573,12 +549,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 
 // Run consumes until ctx is cancelled or Close is called, then shuts down
 // gracefully (see Config.DrainTimeout) and returns.
-func (c *Consumer) Run(ctx context.Context) error {
-	if c.batches != nil {
-		return c.run(ctx, c.batches.run)
-	}
-	return c.run(ctx, c.consume)
-}
+func (c *Consumer) Run(ctx context.Context) error { return c.run(ctx, c.body) }
 
 // consume runs the router until ctx ends, then drains. The router runs on a
 // context of its own: the subscriptions must stay open while the in-flight
@@ -639,12 +610,7 @@ func retryable(err error) bool {
 
 // Running is closed once the subscription exists, so messages published
 // from then on reach this consumer.
-func (c *Consumer) Running() chan struct{} {
-	if c.batches != nil {
-		return c.batches.running
-	}
-	return c.router.Running()
-}
+func (c *Consumer) Running() chan struct{} { return c.running }
 
 // Health returns the readiness check (database, migrations and, where the
 // broker client reports it, the broker connection) as an http.Handler.

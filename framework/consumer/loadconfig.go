@@ -92,12 +92,10 @@ var settings = config.Bind([]setting{
 		return nil
 	}},
 	{Path: "claim.max_claim_wait", Env: "CLAIM_MAX_CLAIM_WAIT", Field: "Claim.MaxClaimWait", Rule: "min=1"},
+	// A failed Set fails the load: storing first is safe.
 	{Path: "claim.synchronous_commit", Env: "CLAIM_SYNCHRONOUS_COMMIT", Field: "Claim.SynchronousCommit", Set: func(c *Config, v string) error {
-		if err := pg.CheckSynchronousCommit(v); err != nil {
-			return err
-		}
 		c.Claim.SynchronousCommit = v
-		return nil
+		return pg.CheckSynchronousCommit(v)
 	}},
 	{Path: "claim.max_attempts", Env: "CLAIM_MAX_ATTEMPTS", Field: "Claim.MaxAttempts", Rule: "min=1"},
 	{Path: "claim.initial_backoff", Env: "CLAIM_INITIAL_BACKOFF", Field: "Claim.InitialBackoff", Rule: "min=1"},
