@@ -162,12 +162,8 @@ func await(ctx context.Context, logger *slog.Logger, timeout time.Duration, depe
 		logger.Warn("claimtx: start-up: waiting for dependency", "dependency", dependency, "step", step,
 			"attempt", attempt, "retry_in", min(wait, remaining).Round(time.Millisecond).String(),
 			"remaining", remaining.Round(time.Millisecond).String(), "err", err.Error())
-		t := time.NewTimer(min(wait, remaining))
-		select {
-		case <-actx.Done():
-			t.Stop()
+		if pg.Sleep(actx, min(wait, remaining)) != nil {
 			return fail(fmt.Errorf("%w (last error: %w)", actx.Err(), err))
-		case <-t.C:
 		}
 		wait = min(2*wait, startupMaxBackoff)
 	}

@@ -279,7 +279,7 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if p.pool == nil {
 		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 		if err != nil {
-			return nil, databaseURLError("DatabaseURL", cfg.DatabaseURL, err)
+			return nil, &framework.ConfigError{Field: "DatabaseURL", Reason: "cannot be used", Err: config.SafeError{Msg: pgxReason(err, cfg.DatabaseURL), Err: err}}
 		}
 		p.pool, p.ownsPool = pool, true
 	}

@@ -230,16 +230,9 @@ func (c Config) named(err error) error {
 	})
 }
 
-// databaseURLError is the error for a DatabaseURL pgx refuses, without
-// pgx's own text, which quotes the connection string and redacts its
-// password only as far as it can parse it.
-func databaseURLError(field, dsn string, err error) error {
-	return &framework.ConfigError{Field: field, Reason: "cannot be used", Err: config.SafeError{Msg: pgxReason(err, dsn), Err: err}}
-}
-
 // pgxReason is what pgx says is wrong with dsn ("invalid port"), without
-// the connection string it quotes; a fixed text when it could still show
-// the password.
+// the connection string it quotes and redacts only as far as it can parse
+// it; a fixed text when it could still show the password.
 func pgxReason(err error, dsn string) string {
 	const fixed = "not a valid connection string"
 	msg := err.Error()
