@@ -21,31 +21,24 @@ type BatchOptions struct {
 	// MaxSize bounds a batch. Defaults to 100.
 	MaxSize int
 	// MaxWait is how long a batch waits for more messages after its first
-	// one before it is handed to a free worker; while every worker is busy
-	// it keeps growing up to MaxSize. Defaults to 5ms.
+	// before it is offered to a free worker. Defaults to 5ms.
 	MaxWait time.Duration
 	// Workers is the number of batch transactions in flight at once.
 	// Defaults to 1.
 	Workers int
 	// Poison, when its Publisher is set, receives the messages that cannot
-	// be processed instead of Config.PoisonTopic on Config.Broker. Its
-	// OnPoison and OnRefused are called besides the consumer's
-	// bookkeeping; its Consumer, Key, SourceTopic and DeadLetters, left
-	// empty, are filled with Config.Name, the claim's key, Config.Topic and
-	// the consumer's store.
+	// be processed instead of Config.PoisonTopic on Config.Broker; its
+	// hooks run besides the consumer's, and its empty stamping fields are
+	// filled as for the default one.
 	Poison middleware.Poison
 }
 
-// NewBatch validates cfg, connects and migrates like New, for a Consumer
-// that applies batches of up to opts.MaxSize messages in one claim
-// transaction each (middleware.Batch): handler is called once per batch
-// with its newly claimed messages, then every message is acked, poisoned
-// or nacked by the per-message failure policy. Size cfg.Broker's window
-// (AMQP.Window / Kafka.Window) to at least Workers × MaxSize, or batches
-// stay small. Config fields of per-message features batches do not have
-// (Claim.Mode natural key, Claim.OutboxTopic, Claim.Fingerprint,
-// Claim.EventTime, Retention, HandlerTimeout, Tracer) are refused with a
-// ConfigError. See docs/batch.md.
+// NewBatch is New for a Consumer that applies batches of up to
+// opts.MaxSize messages in one claim transaction each (middleware.Batch):
+// handler is called once per batch with its newly claimed messages. Size
+// cfg.Broker's window to at least Workers × MaxSize, or batches stay
+// small. Config fields of per-message features batches lack are refused
+// with a ConfigError. See docs/batch.md.
 func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (*Consumer, error) {
 	c, err := newBatch(ctx, cfg, handler, opts)
 	return c, cfg.named(err)
@@ -117,7 +110,7 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 }
 
 // batchRunner consumes cfg.Topic from sub in batches, each applied by
-// process in one claim transaction, and settles every message.
+// process, and settles every message.
 type batchRunner struct {
 	sub     message.Subscriber
 	cfg     Config // with its defaults

@@ -26,16 +26,10 @@ import (
 // (none when path is ""), then the environment variables over it, and
 // returns the Config they describe, checked. A value that cannot be used,
 // or an unknown key, is a *framework.ConfigError whose Field is what the
-// user wrote: the YAML path ("claim.max_claim_wait", "broker.amqp.url") or
-// the variable (CLAIM_MAX_CLAIM_WAIT, AMQP_URL), as are the errors New and
-// NewBatch return later about those fields. The broker section is read by
-// brokers.LoadConfig. Secrets may come from the files their _FILE
-// variables name; Config.String and every error leave passwords out.
-//
-// Key and EventTime stay specs, parsed by New with Config.Extractors; set
-// Extractors, Pool, Logger, OnOutcome and the rest in code on the returned
-// Config. See docs/configuration.md; examples/loyalty/config.example.yaml
-// documents every key with its variable.
+// user wrote, the YAML path or the variable, as are the errors New and
+// NewBatch return later about those fields. Set Extractors, Pool, Logger
+// and the hooks in code on the returned Config. See docs/configuration.md;
+// examples/loyalty/config.example.yaml documents every key.
 func LoadConfig(path string) (Config, error) {
 	var data []byte
 	if path != "" {
@@ -184,9 +178,8 @@ func isSection(path string) bool {
 }
 
 // readBroker is brokers.LoadConfig of the file's broker section, or of ""
-// without a file. The section is checked against brokers.Config's keys
-// first, on the whole file, so that an unknown key or a bad value is named
-// by its full path and its line.
+// without a file. The section is checked on the whole file first, so that
+// a mistake is named by its full path and its line.
 func readBroker(data []byte, section *yaml.Node, fromFile bool) (brokers.Config, error) {
 	if !fromFile {
 		return brokers.LoadConfig("")
@@ -249,17 +242,10 @@ func pgxReason(err error, dsn string) string {
 	return reason
 }
 
-// String prints the settings as New will use them, a field left zero
-// showing its default, with the passwords redacted, so logging it at
-// start-up is safe. Pool, the registries, the hooks, Tracer and Logger are
-// only said to be set.
+// String prints the settings as New will use them, defaults filled and
+// passwords redacted, for a start-up log line.
 func (c Config) String() string {
-	set := func(b bool) string {
-		if b {
-			return "set"
-		}
-		return "unset"
-	}
+	set := map[bool]string{true: "set", false: "unset"}
 	c = c.withDefaults()
 	c.StartupTimeout = cmp.Or(c.StartupTimeout, defaultStartupTimeout)
 	c.Store = store.Config{
@@ -286,11 +272,11 @@ func (c Config) String() string {
 		"AllowBrokerEventTime:%t Fingerprint:%t PoisonMemo:%t CommittedKeys:%d CommittedKeysTTL:%s NoPositions:%t ReplayBelowPositions:%t OutboxTopic:%q KeyPolicy:%+v} "+
 		"HandlerRetries:%d RetryInitialInterval:%s HandlerTimeout:%s DrainTimeout:%s StartupTimeout:%s Broker:%s "+
 		"Extractors:%s OnOutcome:%s Registerer:%s Tracer:%s Logger:%s}",
-		c.Name, c.Topic, c.PoisonTopic, c.Key, c.EventTime, c.Retention, config.RedactDSN(c.DatabaseURL), set(c.Pool != nil), c.Store,
-		set(cl.Key != nil), cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.SynchronousCommit, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set(cl.EventTime != nil),
+		c.Name, c.Topic, c.PoisonTopic, c.Key, c.EventTime, c.Retention, config.RedactDSN(c.DatabaseURL), set[c.Pool != nil], c.Store,
+		set[cl.Key != nil], cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.SynchronousCommit, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set[cl.EventTime != nil],
 		cl.AllowBrokerEventTime, cl.Fingerprint, cl.PoisonMemo, cl.CommittedKeys, cl.CommittedKeysTTL, cl.NoPositions, cl.ReplayBelowPositions, cl.OutboxTopic, cl.KeyPolicy,
 		c.HandlerRetries, c.RetryInitialInterval, c.HandlerTimeout, c.DrainTimeout, c.StartupTimeout, c.Broker,
-		set(c.Extractors != nil), set(c.OnOutcome != nil), set(c.Registerer != nil), set(c.Tracer != nil), set(c.Logger != nil))
+		set[c.Extractors != nil], set[c.OnOutcome != nil], set[c.Registerer != nil], set[c.Tracer != nil], set[c.Logger != nil])
 }
 
 // GoString makes %#v redact too.

@@ -61,8 +61,8 @@ func (s *settledPositions) take() []kafkarecord.Settled {
 	return out
 }
 
-// flushPositions stores the positions acks settled since the last flush;
-// on failure they are kept for the next one.
+// flushPositions stores the positions acks settled since the last flush,
+// keeping them on failure.
 func (p *parts) flushPositions(ctx context.Context) {
 	if !p.positions {
 		return
