@@ -73,8 +73,7 @@ func (e poolerCause) Is(target error) bool { return target == store.ErrTransacti
 // when Config.StartupTimeout is zero.
 const defaultStartupTimeout = 30 * time.Second
 
-// Start-up retry backoff: doubled after each attempt up to the maximum,
-// and never past the deadline.
+// Start-up retry backoff, doubled up to the maximum.
 const (
 	startupInitialBackoff = 100 * time.Millisecond
 	startupMaxBackoff     = 2 * time.Second
@@ -99,13 +98,10 @@ func (e *StartupError) Error() string {
 
 func (e *StartupError) Unwrap() error { return e.Err }
 
-// awaitDatabase runs try under the start-up policy: each attempt first
-// pings pool, bounded by the start-up deadline, then runs try with ctx (a
-// long migration may outlast the deadline). What classifyPostgres calls
-// worth waiting for is retried until timeout (0: defaultStartupTimeout;
-// negative: one attempt); a failure behind a transaction pooler returns
-// at once as a *framework.ConfigError naming field (poolerError). A nil
-// logger is slog.Default().
+// awaitDatabase runs try under the start-up policy (await, classifyPostgres,
+// poolerError naming field), each attempt pinging pool first, bounded by
+// the deadline, then running try with ctx (a long migration may outlast
+// it). timeout 0 is defaultStartupTimeout; a nil logger slog.Default().
 func awaitDatabase(ctx context.Context, logger *slog.Logger, timeout time.Duration, pool *pgxpool.Pool, field, step string, try func(context.Context) error) error {
 	classify := func(err error) (bool, error) {
 		if perr := poolerError(field, err); perr != nil {

@@ -59,11 +59,9 @@ func (h Health) Check(ctx context.Context) Report {
 			err := fn(ctx)
 			mu.Lock()
 			defer mu.Unlock()
+			rep.Checks[name] = "ok"
 			if err != nil {
-				rep.Ready = false
-				rep.Checks[name] = err.Error()
-			} else {
-				rep.Checks[name] = "ok"
+				rep.Ready, rep.Checks[name] = false, err.Error()
 			}
 		}()
 	}

@@ -14,9 +14,8 @@ import (
 //	claim.OnOutcome, claim.OnRetry = m.OnOutcome, m.OnRetry
 type Metrics struct{ m *metrics.Metrics }
 
-// NewMetrics registers claimtx's collectors on reg. Registering twice on
-// one registerer is an error (prometheus.AlreadyRegisteredError), as
-// Prometheus requires.
+// NewMetrics registers claimtx's collectors on reg; registering twice on
+// one registerer is a prometheus.AlreadyRegisteredError.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m, err := metrics.New(reg)
 	if err != nil {
@@ -31,9 +30,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 // yourself.
 func (m *Metrics) InitConsumer(consumer, handler string) { m.m.InitConsumer(consumer, handler) }
 
-// OnOutcome records one Result; call it once per settled message (see
-// docs/observability.md: the claim middleware's own OnOutcome fires once
-// per pass, which in-process retries repeat).
+// OnOutcome records one Result; call it once per settled message
+// (docs/observability.md, "Outcomes").
 func (m *Metrics) OnOutcome(r middleware.Result) { m.m.OnOutcome(r) }
 
 // OnRetry records one retried transient failure; use it as

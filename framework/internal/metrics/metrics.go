@@ -1,8 +1,6 @@
-// Package metrics is the Prometheus side of framework/observe.Metrics:
-// the collectors and every hook that records into them. observe.Metrics
-// exports what a router of your own wires (InitConsumer, OnOutcome,
-// OnRetry); framework/consumer uses the rest, which only its bookkeeping
-// calls.
+// Package metrics is the Prometheus side of framework/observe.Metrics: the
+// collectors and every hook that records into them, the ones only
+// framework/consumer's bookkeeping calls included.
 package metrics
 
 import (
@@ -49,13 +47,9 @@ var (
 		pg.Serialization.String(), pg.Deadlock.String(),
 		pg.ClaimWait.String(), pg.Connection.String(), retryCauseHandler,
 	}
-	// middleware.PoisonRefusal.Fallback's, "" labelled fallbackNone.
-	fallbacks = []string{"smaller_copy", "dead_letter_table", fallbackNone}
+	// middleware.PoisonRefusal.Fallback's; "none": nacked.
+	fallbacks = []string{"smaller_copy", "dead_letter_table", "none"}
 )
-
-// fallbackNone labels a refused poisoned copy that went nowhere: the
-// original was nacked.
-const fallbackNone = "none"
 
 // Metrics records claimtx's outcomes in Prometheus; labels never hold the
 // key, whose cardinality is unbounded.
@@ -127,9 +121,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // InitConsumer creates the series of one consumer (and Watermill handler
-// name; "" in batch mode) at zero: a vector exports a series only once it
-// has a label set, and rate() over one that appears mid-window misses its
-// first increment.
+// name; "" in batch mode) at zero (see observe.Metrics.InitConsumer).
 func (m *Metrics) InitConsumer(consumer, handler string) {
 	for _, o := range outcomes {
 		m.messages.WithLabelValues(consumer, handler, string(o))
@@ -186,7 +178,7 @@ func (m *Metrics) OnPoisonMemoError(consumer string) {
 // OnPoisonRefused records a poisoned copy the broker refused for good, by
 // middleware.PoisonRefusal.Fallback.
 func (m *Metrics) OnPoisonRefused(consumer, fallback string) {
-	m.refused.WithLabelValues(consumer, cmp.Or(fallback, fallbackNone)).Inc()
+	m.refused.WithLabelValues(consumer, cmp.Or(fallback, "none")).Inc()
 }
 
 // OnPositionSkipped records a Kafka partition started at its stored
