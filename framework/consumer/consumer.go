@@ -173,13 +173,7 @@ func (c Config) validate() error {
 	case c.Claim.OnOutcome != nil:
 		return &framework.ConfigError{Field: "Claim.OnOutcome", Reason: "is the consumer's: set OnOutcome, called once per message when it is acked or nacked (the claim's hook runs once per attempt)"}
 	}
-	if err := config.ValidateConsumer("Name", c.Name); err != nil {
-		return err
-	}
-	if err := c.Store.Validate(); err != nil {
-		return err
-	}
-	return c.Broker.Validate()
+	return cmp.Or(config.ValidateConsumer("Name", c.Name), c.Store.Validate(), c.Broker.Validate())
 }
 
 // Consumer is a running (or runnable) claimtx consumer, built by New (one
@@ -239,10 +233,8 @@ func (c Config) withDefaults() Config {
 			c.Broker = named
 		}
 	}
-	if c.StartupTimeout != 0 {
-		c.Broker.AMQP.DialTimeout = c.StartupTimeout
-		c.Broker.Kafka.DialTimeout = c.StartupTimeout
-		c.Broker.NATS.DialTimeout = c.StartupTimeout
+	if d := c.StartupTimeout; d != 0 {
+		c.Broker.AMQP.DialTimeout, c.Broker.Kafka.DialTimeout, c.Broker.NATS.DialTimeout = d, d, d
 	}
 	if half := c.Retention / 2; c.Retention > 0 && c.Claim.CommittedKeysTTL == 0 && half < committedkeys.DefaultTTL {
 		c.Claim.CommittedKeysTTL = half
@@ -364,11 +356,8 @@ func (p *parts) warnings() map[string]string {
 // start-up with a *framework.ConfigError, not the first poisoning with a
 // nack and endless redeliveries. Other kinds create their topics themselves.
 func declareQueues(cfg Config, sub message.Subscriber) error {
-	if cfg.Broker.Kind != "" && cfg.Broker.Kind != brokers.KindAMQP {
-		return nil
-	}
 	si, ok := sub.(message.SubscribeInitializer)
-	if !ok {
+	if !ok || cfg.Broker.Kind != "" && cfg.Broker.Kind != brokers.KindAMQP {
 		return nil
 	}
 	for _, topic := range []string{cfg.Topic, cfg.PoisonTopic} {

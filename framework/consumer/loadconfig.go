@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -170,11 +171,7 @@ func load(data []byte, fromFile bool) (Config, error) {
 
 // isSection tells the keys that hold settings rather than being one.
 func isSection(path string) bool {
-	switch path {
-	case "store", "claim", "claim.key_policy", "handler":
-		return true
-	}
-	return false
+	return slices.Contains([]string{"store", "claim", "claim.key_policy", "handler"}, path)
 }
 
 // readBroker is brokers.LoadConfig of the file's broker section, or of ""
