@@ -30,13 +30,6 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// Defaults for Config fields left zero, documented on the fields.
-const (
-	defaultHandlerRetries       = 3
-	defaultRetryInitialInterval = 100 * time.Millisecond
-	defaultPoisonSuffix         = ".poison"
-)
-
 // Config describes one claimtx consumer. docs/configuration.md lists every
 // field with its YAML key, variable and default.
 type Config struct {
@@ -215,12 +208,12 @@ type parts struct {
 	runMu         sync.Mutex
 }
 
-// withDefaults returns c with the defaults open fills in (String prints
-// them too).
+// withDefaults returns c with the defaults open fills in, as documented on
+// the fields (String prints them too).
 func (c Config) withDefaults() Config {
-	c.PoisonTopic = cmp.Or(c.PoisonTopic, c.Topic+defaultPoisonSuffix)
-	c.HandlerRetries = cmp.Or(c.HandlerRetries, defaultHandlerRetries)
-	c.RetryInitialInterval = cmp.Or(c.RetryInitialInterval, defaultRetryInitialInterval)
+	c.PoisonTopic = cmp.Or(c.PoisonTopic, c.Topic+".poison")
+	c.HandlerRetries = cmp.Or(c.HandlerRetries, 3)
+	c.RetryInitialInterval = cmp.Or(c.RetryInitialInterval, 100*time.Millisecond)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, defaultDrainTimeout)
 	// One group per consumer: services on one topic each see all of it.
 	c.Broker.Kafka.ConsumerGroup = cmp.Or(c.Broker.Kafka.ConsumerGroup, c.Name)

@@ -24,9 +24,8 @@ const horizonInterval = time.Hour
 // (docs/operations.md, "Checking the window against the broker").
 type horizon struct {
 	finding
-	p        *parts
-	retained prometheus.Gauge
-	horizon  prometheus.Gauge
+	p       *parts
+	horizon prometheus.Gauge // nil without a Registerer
 }
 
 // newHorizon runs the first comparison (see check); nil without a
@@ -38,16 +37,16 @@ func newHorizon(ctx context.Context, p *parts) (*horizon, error) {
 	h := &horizon{finding: finding{name: "retention_horizon"}, p: p}
 	if reg := p.cfg.Registerer; reg != nil {
 		labels := prometheus.Labels{"consumer": p.cfg.Name}
-		h.retained = prometheus.NewGauge(prometheus.GaugeOpts{Name: "claimtx_claim_retention_seconds",
+		retained := prometheus.NewGauge(prometheus.GaugeOpts{Name: "claimtx_claim_retention_seconds",
 			Help: "How long this consumer's claims are kept (Config.Retention).", ConstLabels: labels})
 		h.horizon = prometheus.NewGauge(prometheus.GaugeOpts{Name: "claimtx_replay_horizon_seconds",
 			Help: "How old a message of the consumer's topic or poison topic can be when the broker still delivers it (+Inf: unbounded).", ConstLabels: labels})
-		for _, g := range []prometheus.Gauge{h.retained, h.horizon} {
+		for _, g := range []prometheus.Gauge{retained, h.horizon} {
 			if err := reg.Register(g); err != nil {
 				return nil, fmt.Errorf("claimtx: register retention horizon metrics: %w", err)
 			}
 		}
-		h.retained.Set(p.cfg.Retention.Seconds())
+		retained.Set(p.cfg.Retention.Seconds())
 	}
 	return h, h.check(ctx, p.cfg.StrictRetentionHorizon)
 }
