@@ -202,10 +202,11 @@ type parts struct {
 
 	// stop asks a running Run to shut down gracefully (Close does);
 	// stopped is closed when Run has returned.
-	stop, stopped chan struct{}
-	stopOnce      sync.Once
-	ran           bool
-	runMu         sync.Mutex
+	stopCtx context.Context
+	stop    context.CancelFunc
+	stopped chan struct{}
+	ran     bool
+	runMu   sync.Mutex
 }
 
 // withDefaults returns c with the defaults open fills in, as documented on
@@ -259,7 +260,8 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 		}
 	}
 
-	p := &parts{cfg: cfg, pool: cfg.Pool, stop: make(chan struct{}), stopped: make(chan struct{})}
+	p := &parts{cfg: cfg, pool: cfg.Pool, stopped: make(chan struct{})}
+	p.stopCtx, p.stop = context.WithCancel(context.Background())
 	defer p.closeOnError(&err)
 	if p.pool == nil {
 		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
@@ -634,13 +636,7 @@ func (p *parts) run(ctx context.Context, body func(context.Context) error) error
 	defer close(p.stopped)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-p.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	defer context.AfterFunc(p.stopCtx, cancel)()
 	if p.horizon != nil {
 		go p.horizon.watch(ctx)
 	}
@@ -661,7 +657,7 @@ func wrapRunErr(err error) error {
 func (p *parts) close() error {
 	var errs []error
 	// A running consumer shuts down gracefully first.
-	p.stopOnce.Do(func() { close(p.stop) })
+	p.stop()
 	p.runMu.Lock()
 	ran := p.ran
 	p.runMu.Unlock()
