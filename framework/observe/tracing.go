@@ -41,8 +41,6 @@ type Tracing struct {
 	Propagator propagation.TextMapPropagator
 }
 
-func (t Tracing) tracer() trace.Tracer { return cmp.Or(t.Tracer, otel.Tracer("claimtx")) }
-
 func (t Tracing) propagator() propagation.TextMapPropagator {
 	if t.Propagator != nil {
 		return t.Propagator
@@ -56,7 +54,7 @@ func (t Tracing) propagator() propagation.TextMapPropagator {
 // Middleware starts the span, runs h with it in the message context and
 // ends it.
 func (t Tracing) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	tracer, prop := t.tracer(), t.propagator()
+	tracer, prop := cmp.Or(t.Tracer, otel.Tracer("claimtx")), t.propagator()
 	return func(msg *message.Message) ([]*message.Message, error) {
 		orig := msg.Context()
 		parent := prop.Extract(orig, propagation.MapCarrier(msg.Metadata))
