@@ -29,18 +29,13 @@ const flushTimeout = 2 * time.Second
 // below such a position is acked, so storing it is safe at any time.
 type settledPositions struct {
 	mu      sync.Mutex
-	pending map[tp]int64
-}
-
-type tp struct {
-	topic     string
-	partition int32
+	pending map[kafkarecord.Settled]int64 // by topic and partition
 }
 
 func (s *settledPositions) add(topic string, partition int32, below int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k := tp{topic, partition}
+	k := kafkarecord.Settled{Topic: topic, Partition: partition}
 	if below > s.pending[k] {
 		s.pending[k] = below
 	}
@@ -52,7 +47,8 @@ func (s *settledPositions) take() []kafkarecord.Settled {
 	defer s.mu.Unlock()
 	out := make([]kafkarecord.Settled, 0, len(s.pending))
 	for k, off := range s.pending {
-		out = append(out, kafkarecord.Settled{Topic: k.topic, Partition: k.partition, SettledBelow: off})
+		k.SettledBelow = off
+		out = append(out, k)
 	}
 	clear(s.pending)
 	slices.SortFunc(out, func(a, b kafkarecord.Settled) int {
@@ -87,7 +83,7 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	if cfg.Claim.NoPositions {
 		return false, nil
 	}
-	p.settled = &settledPositions{pending: map[tp]int64{}}
+	p.settled = &settledPositions{pending: map[kafkarecord.Settled]int64{}}
 	attached := kafkarecord.Attach(p.sub, kafkarecord.Options{
 		Loader:  pg.ClaimsOf(p.store).Positions().Loader(cfg.Name),
 		Settled: p.settled.add,
