@@ -13,20 +13,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
 // AwaitDatabase runs try, typically the DDL of the effect tables a
 // consumer writes to, under the start-up policy New applies to claimtx's
-// own schema, so a consumer started with (or before) its database waits
-// for it the same way: each attempt pings cfg.Pool first; an error saying
-// PostgreSQL is not reachable yet or is starting or failing over is
-// retried with backoff within cfg.StartupTimeout, each wait logged at WARN
-// to cfg.Logger; an authentication failure or any other error returns at
-// once. A failure is a *StartupError naming step ("create the loyalty
-// tables") and the last attempt's error. try must be safe to run again (DDL
-// in a transaction, IF NOT EXISTS); the deadline bounds each ping, not try.
+// own schema (docs/operations.md, "Start-up: waiting for dependencies"),
+// pinging cfg.Pool before each attempt and logging to cfg.Logger. A failure
+// is a *StartupError naming step ("create the loyalty tables"). try must be
+// safe to run again (DDL in a transaction, IF NOT EXISTS); the deadline
+// bounds each ping, not try.
 func AwaitDatabase(ctx context.Context, cfg Config, step string, try func(context.Context) error) error {
 	if cfg.Pool == nil {
 		return &framework.ConfigError{Field: "Pool", Reason: "AwaitDatabase needs the pool to wait for"}
@@ -40,8 +38,7 @@ func AwaitDatabase(ctx context.Context, cfg Config, step string, try func(contex
 }
 
 // poolerField is the setting a start-up failure behind a transaction
-// pooler names: the URL, where the fix (default_query_exec_mode=exec) is
-// written, when the Config has one.
+// pooler names: the URL, where the fix goes, when the Config has one.
 func (c Config) poolerField() string {
 	if c.DatabaseURL != "" {
 		return "DatabaseURL"
@@ -52,16 +49,12 @@ func (c Config) poolerField() string {
 // poolerError returns err as the configuration error naming field when it
 // is a start-up failure behind a transaction pooler (see
 // store.ErrTransactionPooler): Migrate's refusal, or pgx's statement cache
-// failing on a pooled server before anything probed (the loyalty example
-// creates its tables before New migrates); nil otherwise. Neither is
-// retried: the next attempt meets the same pooler.
+// failing before anything probed (the loyalty example creates its tables
+// before New migrates); nil otherwise. Neither is worth retrying.
 func poolerError(field string, err error) error {
-	var ce *framework.ConfigError
 	switch {
-	case errors.Is(err, store.ErrTransactionPooler) && errors.As(err, &ce):
-		out := *ce
-		out.Field = field
-		return &out
+	case errors.Is(err, store.ErrTransactionPooler) && errors.As(err, new(*framework.ConfigError)):
+		return config.Rename(err, func(string) (string, bool) { return field, true })
 	case pg.IsPreparedStatementError(err):
 		return &framework.ConfigError{Field: field, Reason: pg.PoolerReason, Err: poolerCause{err}}
 	}
@@ -69,8 +62,7 @@ func poolerError(field string, err error) error {
 }
 
 // poolerCause is pgx's prepared statement error, matching
-// store.ErrTransactionPooler too, so callers branch on one error whichever
-// way start-up met the pooler.
+// store.ErrTransactionPooler too.
 type poolerCause struct{ err error }
 
 func (e poolerCause) Error() string        { return e.err.Error() }
@@ -81,20 +73,16 @@ func (e poolerCause) Is(target error) bool { return target == store.ErrTransacti
 // when Config.StartupTimeout is zero.
 const defaultStartupTimeout = 30 * time.Second
 
-// Start-up retry backoff: doubled after each attempt up to the maximum,
-// and never past the deadline.
+// Start-up retry backoff, doubled up to the maximum.
 const (
 	startupInitialBackoff = 100 * time.Millisecond
 	startupMaxBackoff     = 2 * time.Second
 )
 
 // StartupError reports that PostgreSQL was not available within
-// Config.StartupTimeout, or failed with an error waiting cannot fix. Its
-// fields say which Dependency ("PostgreSQL"), the Step start-up was at
-// ("migrate claimtx's schema"), the Attempts made, the time Elapsed, and
-// Err, the last attempt's error: the real cause, which it unwraps to.
-// Branch on it with errors.As. (The brokers report their own start-up
-// failures: see brokers/amqp and brokers/kafka.)
+// Config.StartupTimeout, or failed with an error waiting cannot fix. It
+// unwraps to the last attempt's error. (The brokers report their own
+// start-up failures.)
 type StartupError struct {
 	Dependency string        // "PostgreSQL"
 	Step       string        // what start-up was doing: "migrate claimtx's schema"
@@ -110,19 +98,10 @@ func (e *StartupError) Error() string {
 
 func (e *StartupError) Unwrap() error { return e.Err }
 
-// awaitDatabase runs try under the start-up policy: each attempt first
-// pings pool, bounded by the start-up deadline, then runs try with ctx
-// (the work itself is not cut short by the deadline: a long migration may
-// take longer). An error that says PostgreSQL is not reachable yet or is
-// starting or shutting down (a failover, 57P03) is retried with backoff
-// until timeout has passed (0: defaultStartupTimeout; negative: one attempt),
-// each wait logged at WARN with the last error; an authentication failure
-// (28P01, 28000) returns at once as a *framework.AuthError; a failure
-// behind a transaction pooler (poolerError) at once as a
-// *framework.ConfigError naming field; any other error returns at once. Failures
-// are *StartupError naming step and the real cause. try must be safe to run again
-// after a failure (DDL in a transaction, IF NOT EXISTS). A nil logger is
-// slog.Default().
+// awaitDatabase runs try under the start-up policy (await, classifyPostgres,
+// poolerError naming field), each attempt pinging pool first, bounded by
+// the deadline, then running try with ctx (a long migration may outlast
+// it). timeout 0 is defaultStartupTimeout; a nil logger slog.Default().
 func awaitDatabase(ctx context.Context, logger *slog.Logger, timeout time.Duration, pool *pgxpool.Pool, field, step string, try func(context.Context) error) error {
 	classify := func(err error) (bool, error) {
 		if perr := poolerError(field, err); perr != nil {
@@ -139,9 +118,9 @@ func awaitDatabase(ctx context.Context, logger *slog.Logger, timeout time.Durati
 }
 
 // await calls try until it succeeds, classify says its error is not worth
-// retrying, ctx ends or timeout has passed (a negative timeout: one
-// attempt). Each attempt gets a context bounded by the deadline, so an
-// attempt hanging on a silent address ends with it.
+// retrying, ctx ends or timeout has passed (negative: one attempt). Each
+// attempt's context is bounded by the deadline, so an attempt hanging on a
+// silent address ends with it. Failures are *StartupError.
 func await(ctx context.Context, logger *slog.Logger, timeout time.Duration, dependency, step string,
 	classify func(error) (retry bool, wrapped error), try func(context.Context) error,
 ) error {
@@ -167,8 +146,7 @@ func await(ctx context.Context, logger *slog.Logger, timeout time.Duration, depe
 			return &StartupError{Dependency: dependency, Step: step, Attempts: attempt, Elapsed: time.Since(start), Err: err}
 		}
 		retry, err := classify(err)
-		// An attempt cut short by the start-up deadline says less than
-		// the attempt before it: report the real cause.
+		// An attempt cut short by the deadline says less than the one before.
 		if actx.Err() != nil && ctx.Err() == nil && last != nil && errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("%w (last error: %w)", context.DeadlineExceeded, last)
 		}
@@ -180,22 +158,16 @@ func await(ctx context.Context, logger *slog.Logger, timeout time.Duration, depe
 		logger.Warn("claimtx: start-up: waiting for dependency", "dependency", dependency, "step", step,
 			"attempt", attempt, "retry_in", min(wait, remaining).Round(time.Millisecond).String(),
 			"remaining", remaining.Round(time.Millisecond).String(), "err", err.Error())
-		t := time.NewTimer(min(wait, remaining))
-		select {
-		case <-actx.Done():
-			t.Stop()
+		if pg.Sleep(actx, min(wait, remaining)) != nil {
 			return fail(fmt.Errorf("%w (last error: %w)", actx.Err(), err))
-		case <-t.C:
 		}
 		wait = min(2*wait, startupMaxBackoff)
 	}
 }
 
 // classifyPostgres tells start-up errors worth waiting for: the server is
-// not reachable (refused, reset, timed out, TLS not yet up) or is starting,
-// shutting down or out of connections. Authentication failures come back
-// as *framework.AuthError, not retried; anything else (a missing database,
-// a missing privilege, bad SQL) is not retried either.
+// not reachable or is starting, shutting down or out of connections.
+// Authentication failures come back as *framework.AuthError.
 func classifyPostgres(err error) (bool, error) {
 	switch pg.SQLState(err) {
 	case "28P01", "28000":
@@ -203,14 +175,12 @@ func classifyPostgres(err error) (bool, error) {
 	case "53300": // too_many_connections
 		return true, err
 	case "":
-		// Not the server's answer: besides the connection failures
-		// Classify knows, a refused or reset dial and the pool's own
-		// connect timeout.
+		// Not the server's answer: besides what Classify knows, a refused
+		// or reset dial and the pool's own connect timeout.
 		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || pgconn.Timeout(err) {
 			return true, err
 		}
 	}
-	// Connection: SQLSTATE class 08 and 57P01-57P03 (starting up,
-	// shutting down), or no answer at all.
+	// SQLSTATE class 08, 57P01-57P03 (starting, shutting down), no answer.
 	return pg.Classify(err) == pg.Connection, err
 }

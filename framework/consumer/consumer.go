@@ -30,14 +30,8 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// Defaults for Config fields left zero, documented on the fields.
-const (
-	defaultHandlerRetries       = 3
-	defaultRetryInitialInterval = 100 * time.Millisecond
-	defaultPoisonSuffix         = ".poison"
-)
-
-// Config describes one claimtx consumer.
+// Config describes one claimtx consumer. docs/configuration.md lists every
+// field with its YAML key, variable and default.
 type Config struct {
 	// Name is the consumer name stored with every claim ("loyalty").
 	// Required.
@@ -45,17 +39,14 @@ type Config struct {
 	// Topic is consumed: a RabbitMQ durable queue of that name, or a Kafka
 	// topic. Required.
 	Topic string
-	// Key is a key spec resolved with Extractors, such as
-	// "template:order-completed:{payload.order_id}". Claim.Key, a
-	// framework.KeyFunc, is the alternative in code; one of the two is
-	// required (neither in middleware.ModeNaturalKey), and setting both is
-	// a ConfigError.
+	// Key is a key spec resolved with Extractors
+	// ("template:order-completed:{payload.order_id}"), the alternative to
+	// Claim.Key; one of the two is required (neither in
+	// middleware.ModeNaturalKey).
 	Key string
-	// EventTime is an event-time spec resolved with Extractors, such as
-	// "json:occurred_at" (see framework.ParseTimeSpec): the spec form of
-	// Claim.EventTime, for configuration files and the environment, as
-	// Key is of Claim.Key. Setting both is a ConfigError. What the event
-	// time is used for is documented on Claim below. Defaults to "": none.
+	// EventTime is an event-time spec resolved with Extractors
+	// ("json:occurred_at"), the alternative to Claim.EventTime. Defaults
+	// to none.
 	EventTime string
 
 	// Pool runs the claim transactions. Defaults to a pool opened from
@@ -66,149 +57,73 @@ type Config struct {
 	// Store names claimtx's schema and tables. Defaults to store.Config{}.
 	Store store.Config
 	// Broker selects and configures the broker: one of the kinds linked
-	// into the program (the adapters it imports, and your own registered
-	// with brokers.Register), so BROKER can name them. Defaults to
-	// brokers' defaults (RabbitMQ on localhost).
+	// into the program. Defaults to RabbitMQ on localhost.
 	Broker brokers.Config
-	// Extractors resolves Key: a registry holding your own key extractors
-	// (framework.Registry.RegisterKey), so a spec can name them. Defaults
-	// to the built-in extractors.
+	// Extractors resolves Key and EventTime. Defaults to the built-in
+	// extractors.
 	Extractors *framework.Registry
 
 	// Claim configures the claim middleware, with middleware.Claim's
-	// fields and defaults: Key (the code alternative to the Key spec
-	// above), KeyPolicy, Mode, OutboxTopic, Isolation, SynchronousCommit
-	// (with remote_write or remote_apply, the consumer checks at start-up
-	// and every 30s that the server has a synchronous standby, and warns in
-	// its log and its readiness report while it has none), MaxClaimWait,
-	// MaxAttempts, InitialBackoff, MaxBackoff, EventTime,
-	// AllowBrokerEventTime, Fingerprint, PoisonMemo (the consumer records
-	// the memos, in both modes), CommittedKeys, CommittedKeysTTL (capped
-	// at half of Retention, see there) and OnRetry (called besides the metrics'
-	// hook). The consumer fills the rest, so New and NewBatch
-	// refuse them with a ConfigError: Claim.Store (use Pool or
-	// DatabaseURL, and Store), Claim.Consumer (use Name), Claim.Logger
-	// (use Logger) and Claim.OnOutcome (use OnOutcome: the claim's hook
-	// runs once per attempt, OnOutcome once per message).
-	//
-	// Claim.EventTime feeds the expiry guard (see Retention) and, only
-	// when the claim table is partitioned by event day
-	// (store.PreparePartitioning; restart consumers after preparing), the
-	// claim. An EventTime the broker or publishing client assigns to each
-	// copy, such as "kafka:timestamp", is refused for a partitioned claim
-	// table unless Claim.AllowBrokerEventTime is set (see
-	// middleware.Claim.AllowBrokerEventTime for what it risks). The expiry
-	// guard accepts such a time without it, because the guard is better
-	// than none, but it shares the weakness: a copy stamped anew looks
-	// young, so a replay older than Retention whose claim cleanup already
-	// removed is applied again instead of poisoned as expired.
-	//
-	// A ConfigError about one of these fields names it "Claim.<field>".
+	// fields and defaults. The consumer fills Store, Consumer, Logger and
+	// OnOutcome itself and refuses them (docs/configuration.md names the
+	// Config field to set instead). Claim.EventTime feeds the expiry guard
+	// and, on a claim table partitioned by event day, the claim.
 	Claim middleware.Claim
-	// Retention, with Claim.EventTime, puts a middleware.ExpiryGuard
-	// before the claim: a message whose event time is older than
-	// Retention can no longer be checked against a claim that cleanup may
-	// have removed, so it is poisoned with outcome Expired instead of
-	// applied. Use the window given to cleanup or partition maintenance.
-	//
-	// With Retention set, the consumer also compares it, at start-up and
-	// hourly, with the broker's replay horizon: how old a message of Topic
-	// or PoisonTopic can be when the broker still delivers it (Kafka:
-	// retention.ms, unbounded when -1 or compacted; RabbitMQ: the queue's
-	// x-message-ttl, else unbounded; NATS: the stream's max_age, else
-	// unbounded). A horizon beyond the retention is
-	// logged at WARN with both numbers, shown as a warning in the
-	// readiness report (still ready) and exported as
-	// claimtx_claim_retention_seconds and claimtx_replay_horizon_seconds.
-	//
-	// Retention also caps the committed-key cache: a Claim.CommittedKeysTTL
-	// above half of it is a ConfigError, and the default TTL is lowered to
-	// half of it when that is shorter.
-	//
-	// Defaults to 0: no guard, no comparison.
+	// Retention, with an event time, puts a middleware.ExpiryGuard before
+	// the claim: a message older than Retention, whose claim cleanup may
+	// have removed, is poisoned as Expired instead of applied. The consumer
+	// also compares it with the broker's replay horizon (docs/operations.md,
+	// "Checking the window against the broker"), and caps
+	// Claim.CommittedKeysTTL at half of it. Defaults to 0: neither.
 	Retention time.Duration
 	// StrictRetentionHorizon makes New fail with a ConfigError on
 	// Retention when the broker's replay horizon exceeds it, instead of
 	// warning. Defaults to false.
 	StrictRetentionHorizon bool
 
-	// HandlerRetries bounds how often a message whose handler failed (an
-	// error, a panic, a HandlerTimeout) is retried in process, with
-	// exponential backoff, before it is poisoned; in both modes alike.
-	// Permanent errors are poisoned without a retry. Transient database
-	// failures are not retried here: the claim already retried them
-	// (Claim.MaxAttempts), and the message is nacked. Defaults to 3.
+	// HandlerRetries bounds how often a message whose handler failed is
+	// retried in process before it is poisoned (docs/reliability.md,
+	// "Failure policy"). Defaults to 3.
 	HandlerRetries int
 	// RetryInitialInterval is the first backoff of HandlerRetries.
 	// Defaults to 100ms.
 	RetryInitialInterval time.Duration
-	// DrainTimeout bounds a graceful shutdown (the context given to Run
-	// ends, or Close is called): no new message starts, the messages in
-	// flight get this long to commit and be acked, then whatever has not
-	// finished is cancelled, rolls back and goes back to the broker
-	// (nacked). Work cut short is never poisoned. Closing the broker
-	// clients after that takes at most 5 s more (whatever they are doing:
-	// joining a group, a hung request, an unreachable broker), and the
-	// cancelled work up to 5 s if a handler ignores its context: Run
-	// returns within DrainTimeout + 10 s. A shutdown that comes while the
-	// consumer is still subscribing lets the subscription finish first,
-	// for up to 5 s; one that comes during New makes New return at once.
-	// Keep it below your orchestrator's grace period (Kubernetes: 30 s)
-	// minus those seconds. Defaults to 15 s.
+	// DrainTimeout bounds a graceful shutdown (docs/reliability.md,
+	// "Shutdown"): the messages in flight get this long to commit and be
+	// acked, then the rest is cancelled and nacked. Run returns within
+	// DrainTimeout + 10 s. Defaults to 15 s.
 	DrainTimeout time.Duration
 	// PoisonTopic receives messages that cannot be processed, with the
 	// reason in metadata. Defaults to Topic + ".poison".
 	PoisonTopic string
 
 	// StartupTimeout bounds how long New and NewBatch wait for each
-	// dependency at start-up: PostgreSQL (connecting and migrating) and,
-	// when set, the broker (it then replaces Broker.AMQP.DialTimeout,
-	// Broker.Kafka.DialTimeout and Broker.NATS.DialTimeout). A dependency
-	// not reachable yet, or starting or shutting down (a failover), is
-	// retried with backoff and
-	// each wait is logged at WARN with the dependency and its last error;
-	// when the time is up, start-up fails with that error. Authentication
-	// failures are never retried: they fail at once with a
-	// *framework.AuthError. Negative: one attempt. Defaults to
-	// 30 s for the database; left zero, the broker keeps its own
-	// DialTimeout (default also 30 s). See docs/operations.md.
+	// dependency (docs/operations.md, "Start-up: waiting for
+	// dependencies"); when set it replaces the brokers' DialTimeout.
+	// Negative: one attempt. Defaults to 30 s.
 	StartupTimeout time.Duration
 
-	// HandlerTimeout bounds one attempt at a message: the claim
-	// transaction with its claim wait, handler, commit and transient
-	// retries. When it passes, the attempt's context ends, the transaction
-	// rolls back, and the message fails with a *HandlerTimeoutError
-	// (errors.As); Retry tries it again with a fresh deadline, then Poison
-	// dead-letters it with the reason. The handler must honour its context
-	// (every call on the claim's pgx.Tx does): Go cannot stop code that
-	// ignores it. Keep it above Claim.MaxClaimWait, or twins waiting behind
-	// a slow original time out. See timeout.go. Defaults to 0: no timeout.
+	// HandlerTimeout bounds one attempt at a message, claim wait and
+	// commit included (docs/reliability.md, "Handler timeout"). Defaults
+	// to 0: none.
 	HandlerTimeout time.Duration
 
 	// OnOutcome is called once per message, when it is acked or nacked,
-	// with its final outcome: Applied or Duplicate (acked after the
-	// commit), Poisoned or Expired (acked after a copy went to the poison
-	// topic or, when the broker refused it, to the dead-letter table) or
-	// Failed (nacked; it comes back). In-process retries are not
-	// outcomes: the Result is the last attempt's, and they are counted in
-	// claimtx_retries_total{cause="handler"}. Messages handed back
-	// unprocessed at shutdown are not reported.
+	// with its final outcome.
 	OnOutcome func(middleware.Result)
 	// Registerer, when set, receives claimtx's metrics (observe.NewMetrics)
 	// and Watermill's router metrics. Defaults to no metrics.
 	Registerer prometheus.Registerer
 	// Tracer starts a span per claim transaction, continuing the
-	// producer's trace. Defaults to otel.Tracer("claimtx"), a no-op until
-	// an OpenTelemetry SDK is installed globally.
+	// producer's trace. Defaults to otel.Tracer("claimtx").
 	Tracer trace.Tracer
 	// Logger receives the router's and claimtx's logs. Defaults to
 	// slog.Default().
 	Logger *slog.Logger
 
 	// names maps the fields LoadConfig set (by the names errors use:
-	// "Topic", "Claim.MaxClaimWait", "key") to what the user wrote: the
-	// YAML path or the environment variable. nil for a Config built in
-	// code, whose errors keep the Go names.
+	// "Topic", "Claim.MaxClaimWait", "key") to what the user wrote; nil for
+	// a Config built in code.
 	names map[string]string
 }
 
@@ -233,7 +148,6 @@ func (c Config) validate() error {
 	case c.Retention < 0:
 		return &framework.ConfigError{Field: "Retention", Reason: "must not be negative"}
 	case c.Retention > 0 && c.Claim.EventTime == nil && c.EventTime == "":
-		// Checked before anything connects; New repeats it where it builds the guard.
 		return &framework.ConfigError{Field: "EventTime", Reason: "Retention needs an event time (EventTime or Claim.EventTime) to tell a message's age"}
 	case c.Retention > 0 && c.Claim.CommittedKeysTTL > c.Retention/2:
 		return &framework.ConfigError{Field: "Claim.CommittedKeysTTL", Reason: fmt.Sprintf("%s is more than half of Retention (%s): a cached key could outlive its claim", c.Claim.CommittedKeysTTL, c.Retention)}
@@ -242,8 +156,7 @@ func (c Config) validate() error {
 	case c.Claim.PoisonMemo && c.Claim.Mode == middleware.ModeNaturalKey:
 		// NewClaim refuses it too, but only once connected.
 		return &framework.ConfigError{Field: "Claim.PoisonMemo", Reason: "not supported in ModeNaturalKey (see middleware.Claim.PoisonMemo)"}
-	// What the consumer fills itself: a value set there would be
-	// overwritten or bypass the consumer's bookkeeping.
+	// The consumer fills these itself.
 	case c.Claim.Store != nil:
 		return &framework.ConfigError{Field: "Claim.Store", Reason: "is the consumer's: set Pool or DatabaseURL, and Store"}
 	case c.Claim.Consumer != "":
@@ -253,26 +166,20 @@ func (c Config) validate() error {
 	case c.Claim.OnOutcome != nil:
 		return &framework.ConfigError{Field: "Claim.OnOutcome", Reason: "is the consumer's: set OnOutcome, called once per message when it is acked or nacked (the claim's hook runs once per attempt)"}
 	}
-	if err := config.ValidateConsumer("Name", c.Name); err != nil {
-		return err
-	}
-	if err := c.Store.Validate(); err != nil {
-		return err
-	}
-	return c.Broker.Validate()
+	return cmp.Or(config.ValidateConsumer("Name", c.Name), c.Store.Validate(), c.Broker.Validate())
 }
 
 // Consumer is a running (or runnable) claimtx consumer, built by New (one
 // message per claim transaction) or NewBatch (batches).
 type Consumer struct {
 	*parts
+	body    func(context.Context) error // consume or batchRunner.run
+	running chan struct{}
 	router  *message.Router // New's
 	drainer *drainer        // New's
-	batches *batchRunner    // NewBatch's
 }
 
-// parts is what New and NewBatch build alike from a Config: the pool, the
-// migrated store, the broker clients, the outcome reporting and the claim.
+// parts is what New and NewBatch build alike from a Config.
 type parts struct {
 	cfg       Config
 	pool      *pgxpool.Pool
@@ -295,36 +202,33 @@ type parts struct {
 
 	// stop asks a running Run to shut down gracefully (Close does);
 	// stopped is closed when Run has returned.
-	stop, stopped chan struct{}
-	stopOnce      sync.Once
-	ran           bool
-	runMu         sync.Mutex
+	stopCtx context.Context
+	stop    context.CancelFunc
+	stopped chan struct{}
+	ran     bool
+	runMu   sync.Mutex
 }
 
-// withDefaults returns c with the defaults of the fields open fills in
-// (see each field), which String prints too.
+// withDefaults returns c with the defaults open fills in, as documented on
+// the fields (String prints them too).
 func (c Config) withDefaults() Config {
-	c.PoisonTopic = cmp.Or(c.PoisonTopic, c.Topic+defaultPoisonSuffix)
-	c.HandlerRetries = cmp.Or(c.HandlerRetries, defaultHandlerRetries)
-	c.RetryInitialInterval = cmp.Or(c.RetryInitialInterval, defaultRetryInitialInterval)
+	c.PoisonTopic = cmp.Or(c.PoisonTopic, c.Topic+".poison")
+	c.HandlerRetries = cmp.Or(c.HandlerRetries, 3)
+	c.RetryInitialInterval = cmp.Or(c.RetryInitialInterval, 100*time.Millisecond)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, defaultDrainTimeout)
 	// One group per consumer: services on one topic each see all of it.
 	c.Broker.Kafka.ConsumerGroup = cmp.Or(c.Broker.Kafka.ConsumerGroup, c.Name)
 	if c.Broker.NATS.Durable == "" {
-		// Likewise one JetStream durable per consumer, when the name is
-		// one (c.Broker was valid, so only the durable can fail); else
-		// the subscriber asks for NATS_DURABLE.
+		// Likewise one JetStream durable, when the name is a valid one;
+		// else the subscriber asks for NATS_DURABLE.
 		named := c.Broker
 		named.NATS.Durable = c.Name
 		if named.Validate() == nil {
 			c.Broker = named
 		}
 	}
-	// One start-up bound for every dependency (see StartupTimeout).
-	if c.StartupTimeout != 0 {
-		c.Broker.AMQP.DialTimeout = c.StartupTimeout
-		c.Broker.Kafka.DialTimeout = c.StartupTimeout
-		c.Broker.NATS.DialTimeout = c.StartupTimeout
+	if d := c.StartupTimeout; d != 0 {
+		c.Broker.AMQP.DialTimeout, c.Broker.Kafka.DialTimeout, c.Broker.NATS.DialTimeout = d, d, d
 	}
 	if half := c.Retention / 2; c.Retention > 0 && c.Claim.CommittedKeysTTL == 0 && half < committedkeys.DefaultTTL {
 		c.Claim.CommittedKeysTTL = half
@@ -337,7 +241,7 @@ func (c Config) withDefaults() Config {
 
 // open validates cfg, applies its defaults, connects, migrates, and builds
 // the claim (without EventTime, which New adds when the table claims by
-// event day). On error everything opened is closed again.
+// event day). On error it closes what it opened.
 func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -345,39 +249,32 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	cfg = cfg.withDefaults()
 	reg := cmp.Or(cfg.Extractors, framework.NewRegistry())
-	keyFunc := cfg.Claim.Key
 	if cfg.Key != "" {
-		kf, err := reg.ParseKey(cfg.Key)
-		if err != nil {
+		if cfg.Claim.Key, err = reg.ParseKey(cfg.Key); err != nil {
 			return nil, err
 		}
-		keyFunc = kf
 	}
 	if cfg.EventTime != "" {
-		tf, err := reg.ParseTime(cfg.EventTime)
-		if err != nil {
+		if cfg.Claim.EventTime, err = reg.ParseTime(cfg.EventTime); err != nil {
 			return nil, err
 		}
-		cfg.Claim.EventTime = tf
 	}
 
-	p := &parts{cfg: cfg, pool: cfg.Pool, stop: make(chan struct{}), stopped: make(chan struct{})}
+	p := &parts{cfg: cfg, pool: cfg.Pool, stopped: make(chan struct{})}
+	p.stopCtx, p.stop = context.WithCancel(context.Background())
 	defer p.closeOnError(&err)
 	if p.pool == nil {
 		pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 		if err != nil {
-			return nil, databaseURLError("DatabaseURL", cfg.DatabaseURL, err)
+			return nil, &framework.ConfigError{Field: "DatabaseURL", Reason: "cannot be used", Err: config.SafeError{Msg: pgxReason(err, cfg.DatabaseURL), Err: err}}
 		}
 		p.pool, p.ownsPool = pool, true
 	}
 	if p.store, err = store.New(p.pool, cfg.Store); err != nil {
 		return nil, err
 	}
-	// Start-up policy (startup.go): wait for PostgreSQL up to
-	// StartupTimeout, never retry an authentication failure.
 	if err := awaitDatabase(ctx, cfg.Logger, cfg.StartupTimeout, p.pool, cfg.poolerField(), "migrate claimtx's schema", p.store.Migrate); err != nil {
-		// Behind a transaction pooler it is the URL that is wrong,
-		// reported like its other errors (databaseURLError).
+		// Behind a transaction pooler it is the URL that is wrong.
 		var ce *framework.ConfigError
 		if errors.Is(err, store.ErrTransactionPooler) && errors.As(err, &ce) {
 			return nil, cfg.named(ce)
@@ -388,7 +285,6 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 		return nil, err
 	}
 	p.checkDeadLetterPrivileges(ctx)
-	// Warn lets the brokers' start-up loops log what they wait for at WARN.
 	p.wlog = newSlogAdapter(cfg.Logger)
 	if p.sub, err = connectBroker(ctx, func() (message.Subscriber, error) { return brokers.NewSubscriber(cfg.Broker, p.wlog) }); err != nil {
 		return nil, err
@@ -407,8 +303,7 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if p.positions, err = p.attachPositions(ctx); err != nil {
 		return nil, err
 	}
-	// One Result per message, from the ledger (outcomes.go); spans,
-	// which are per attempt, are annotated by the claim's hook in New.
+	// One Result per message, from the ledger (outcomes.go).
 	p.report = func(r middleware.Result) {
 		if p.metrics != nil {
 			p.metrics.OnOutcome(r)
@@ -418,9 +313,8 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 		}
 	}
 	p.claim = cfg.Claim
-	p.claim.Store, p.claim.Consumer, p.claim.Key, p.claim.Logger = p.store, cfg.Name, keyFunc, p.wlog
-	// OnOutcome: a ledger's, set by New or NewBatch. EventTime: set by
-	// New when the table claims by event day.
+	p.claim.Store, p.claim.Consumer, p.claim.Logger = p.store, cfg.Name, p.wlog
+	// OnOutcome and EventTime are New's or NewBatch's.
 	p.claim.EventTime = nil
 	if userRetry := cfg.Claim.OnRetry; p.metrics != nil {
 		p.claim.OnRetry = func(r middleware.TxRetry) {
@@ -439,8 +333,7 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	return p, nil
 }
 
-// warnings are the readiness report's warnings: the retention horizon's
-// and the synchronous standby's findings.
+// warnings are the readiness report's warnings.
 func (p *parts) warnings() map[string]string {
 	w := map[string]string{}
 	if p.horizon != nil {
@@ -452,20 +345,14 @@ func (p *parts) warnings() map[string]string {
 	return w
 }
 
-// declareQueues declares, on RabbitMQ, the topic's queue and the poison
-// topic's, with the configured queue type and arguments, before anything
-// is consumed. A queue that exists with other arguments (a classic poison
-// queue left from before the move to quorum queues, say) then fails
-// start-up with a *framework.ConfigError that says what to do, instead of
-// failing the first poisoning, which would nack the message and have it
-// redelivered until someone reads the log. Other kinds create their topics
-// their own way and are left alone.
+// declareQueues declares, on RabbitMQ, the topic's and the poison topic's
+// queues before anything is consumed, so a queue that exists with other
+// arguments (a classic poison queue left from before quorum queues) fails
+// start-up with a *framework.ConfigError, not the first poisoning with a
+// nack and endless redeliveries. Other kinds create their topics themselves.
 func declareQueues(cfg Config, sub message.Subscriber) error {
-	if cfg.Broker.Kind != "" && cfg.Broker.Kind != brokers.KindAMQP {
-		return nil
-	}
 	si, ok := sub.(message.SubscribeInitializer)
-	if !ok {
+	if !ok || cfg.Broker.Kind != "" && cfg.Broker.Kind != brokers.KindAMQP {
 		return nil
 	}
 	for _, topic := range []string{cfg.Topic, cfg.PoisonTopic} {
@@ -476,14 +363,12 @@ func declareQueues(cfg Config, sub message.Subscriber) error {
 	return nil
 }
 
-// poison is the consumer's Poison middleware: po (a caller's
-// BatchOptions.Poison, or the zero value for cfg.PoisonTopic on cfg's
-// broker) with the fields that stamp the copies and the dead-letter table
-// filled where left empty, and hooks that tell l of each poisoned message
-// (l reports it once the original is acked), record its memo and log
-// refused copies, besides po's own. A copy the broker refuses goes to the
-// store's dead-letter table.
-func (p *parts) poison(l *ledger, po middleware.Poison) middleware.Poison {
+// newPoison is the consumer's Poison middleware: po (BatchOptions.Poison,
+// or the zero value for cfg.PoisonTopic on cfg's broker) with its empty
+// stamping fields and dead-letter table filled, and hooks, besides po's,
+// that tell l of each poisoned message, record its memo and log refused
+// copies.
+func (p *parts) newPoison(l *ledger, po middleware.Poison) (message.HandlerMiddleware, error) {
 	onPoison, onRefused := po.OnPoison, po.OnRefused
 	if po.Publisher == nil {
 		po.Publisher, po.Topic, onPoison = p.pub, p.cfg.PoisonTopic, p.logPoisoned
@@ -506,14 +391,12 @@ func (p *parts) poison(l *ledger, po middleware.Poison) middleware.Poison {
 		}
 		p.logRefused(msg, r)
 	}
-	return po
+	return middleware.NewPoison(po)
 }
 
-// logPoisoned logs a poisoned message at WARN with its whole reason. This
-// is the one line that has the whole text: the copy's reason is bounded
-// (4 KiB), and a cut one ends with the hash logged here beside it, so the
-// two can be matched. Once per poisoned delivery, never per retry or
-// redelivery: every other log line bounds the error (slogAdapter.Error).
+// logPoisoned logs a poisoned message at WARN with its whole reason, once
+// per poisoned delivery: the copy's reason and every other log line are
+// bounded (slogAdapter.Error), a cut one ending with the hash logged here.
 func (p *parts) logPoisoned(msg *message.Message, err error) {
 	cfg := p.cfg
 	reason := err.Error()
@@ -526,9 +409,8 @@ func (p *parts) logPoisoned(msg *message.Message, err error) {
 
 // logRefused logs and counts a poisoned copy the broker refused for good
 // (middleware.Poison.OnRefused): at WARN when a smaller copy was
-// published, at ERROR with the broker's error when the message went to the
-// dead-letter table (once: the original is then acked) or nowhere (it is
-// nacked and comes back).
+// published, at ERROR when the message went to the dead-letter table or
+// nowhere (nacked).
 func (p *parts) logRefused(msg *message.Message, r middleware.PoisonRefusal) {
 	cfg := p.cfg
 	args := []any{"consumer", cfg.Name, "topic", cfg.Topic, "poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "err", r.Err}
@@ -549,10 +431,8 @@ func (p *parts) logRefused(msg *message.Message, r middleware.PoisonRefusal) {
 	}
 }
 
-// poisonKey is the claim's key function under the claim's key policy:
-// the key a poisoned copy is stamped with is the one its claim would have
-// (or has), so `claimtx dlq` can look the claim up. nil when the claim
-// has no key function (natural-key mode without one).
+// poisonKey is the claim's key function under its key policy, so a
+// poisoned copy carries its claim's key for `claimtx dlq`; nil without one.
 func (p *parts) poisonKey() framework.KeyFunc {
 	keyOf, policy := p.claim.Key, p.claim.KeyPolicy
 	if keyOf == nil {
@@ -590,25 +470,23 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: router: %w", err)
 	}
-	c := &Consumer{parts: p, router: router, drainer: newDrainer(cfg.Logger)}
+	c := &Consumer{parts: p, running: router.Running(), router: router, drainer: newDrainer(cfg.Logger)}
+	c.body = c.consume
 	p.closeMore = router.Close
 	if cfg.Registerer != nil {
-		// Under claimtx's prefix, like claimtx's own metrics, rather than
-		// Watermill's bare handler_execution_time_seconds, which another
-		// router in the process would collide with.
+		// Under claimtx's prefix: Watermill's bare names would collide with
+		// another router's in the process.
 		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, "claimtx", "").AddPrometheusRouterMetrics(router)
 	}
-	// Claims carry the event day only when the table is prepared for (or
-	// converted to) partitions by event day; EventTime alone may just feed
-	// the expiry guard. Restart consumers after PreparePartitioning.
 	claim := p.claim
-	// The handler is registered under cfg.Name (AddConsumerHandler below).
-	l := p.newLedger(cfg.Name)
+	l := p.newLedger(cfg.Name) // the handler's name (AddConsumerHandler below)
 	tracing := observe.Tracing{Tracer: cfg.Tracer}
 	claim.OnOutcome = func(r middleware.Result) {
 		tracing.OnOutcome(r) // the attempt's span
 		l.claimed(r)
 	}
+	// Claims carry the event day only when the table is partitioned by it;
+	// EventTime alone may just feed the expiry guard.
 	if cfg.Claim.EventTime != nil {
 		byDay, err := p.store.ClaimsByEventDay(ctx)
 		if err != nil {
@@ -622,7 +500,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	if err != nil {
 		return nil, claimFieldErr(err)
 	}
-	poisonMW, err := middleware.NewPoison(p.poison(l, middleware.Poison{}))
+	poisonMW, err := p.newPoison(l, middleware.Poison{})
 	if err != nil {
 		return nil, err
 	}
@@ -635,44 +513,31 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 		Logger:          p.wlog,
 	}
 	// The drainer goes first: a message held back at shutdown must not
-	// reach Poison, and cancelling the in-flight ones at the drain timeout
-	// is what Poison recognises as an interruption. The ledger settles
-	// what comes out of Recoverer: exactly what the router acks or nacks.
+	// reach Poison, which takes the drain timeout's cancellation for an
+	// interruption. The ledger sees exactly what the router acks or nacks.
 	router.AddMiddleware(c.drainer.middleware, l.middleware, wmw.Recoverer, poisonMW, retry.Middleware)
 	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, p.sub, middleware.TxHandler(handler))
-	// HandlerTimeout sits inside Retry, so each retry gets a fresh deadline.
+	// validate made sure of an event time. Before the timeout and the claim:
+	// an expired message never opens a transaction.
 	if cfg.Retention > 0 {
-		if cfg.Claim.EventTime == nil {
-			return nil, &framework.ConfigError{Field: "Claim.EventTime", Reason: "Retention needs Claim.EventTime to tell a message's age"}
-		}
 		guard, err := middleware.NewExpiryGuard(middleware.ExpiryGuard{Retention: cfg.Retention, EventTime: cfg.Claim.EventTime})
 		if err != nil {
 			return nil, err
 		}
-		// Before the timeout and the claim: an expired message never
-		// opens a transaction.
 		h.AddMiddleware(guard)
 	}
+	// HandlerTimeout sits inside Retry, so each retry gets a fresh deadline.
 	h.AddMiddleware(handlerTimeout(cfg.HandlerTimeout), tracing.Middleware, claimMW)
 	return c, nil
 }
 
 // Run consumes until ctx is cancelled or Close is called, then shuts down
-// gracefully: no new message (or batch) starts, the ones in flight get
-// Config.DrainTimeout to commit and be acked, the rest is cancelled and
-// nacked, never poisoned (see Config.DrainTimeout). It returns once that
-// is done.
-func (c *Consumer) Run(ctx context.Context) error {
-	if c.batches != nil {
-		return c.run(ctx, c.batches.run)
-	}
-	return c.run(ctx, c.consume)
-}
+// gracefully (see Config.DrainTimeout) and returns.
+func (c *Consumer) Run(ctx context.Context) error { return c.run(ctx, c.body) }
 
-// consume runs the router until ctx ends, then drains. The router, and
-// with it the broker subscriptions, runs on a context of its own: they must
-// stay open while the in-flight messages drain, so that their acks still
-// reach the broker.
+// consume runs the router until ctx ends, then drains. The router runs on a
+// context of its own: the subscriptions must stay open while the in-flight
+// messages drain, so that their acks still reach the broker.
 func (c *Consumer) consume(ctx context.Context) error {
 	runCtx, endSubscriptions := context.WithCancel(context.WithoutCancel(ctx))
 	defer endSubscriptions()
@@ -685,12 +550,11 @@ func (c *Consumer) consume(ctx context.Context) error {
 		return wrapRunErr(err)
 	case <-ctx.Done():
 	}
-	// Stopped while still subscribing (a SIGTERM right after start): let
-	// the router start its handler first. Watermill counts a handler from
-	// the moment it is added, so a router closed before the handler started
-	// waits out its whole CloseTimeout and leaves goroutines behind.
-	// Bounded (startWaitMax): against a broker that is down, Subscribe
-	// waits for its own dial timeout, and nothing is in flight to wait for.
+	// Stopped while still subscribing: let the router start its handler
+	// first, or Watermill, which counts a handler from the moment it is
+	// added, waits out its whole CloseTimeout and leaves goroutines behind.
+	// Bounded: against a broker that is down, Subscribe waits for its dial
+	// timeout, and nothing is in flight.
 	startWait := time.NewTimer(min(c.cfg.DrainTimeout, startWaitMax))
 	defer startWait.Stop()
 	select {
@@ -706,44 +570,31 @@ func (c *Consumer) consume(ctx context.Context) error {
 	endSubscriptions()
 	c.drainer.release()
 	if err := c.router.Close(); err != nil {
-		// Every message has been settled or handed back by now: what is
-		// left is a subscriber slow to close (a Kafka client stuck on a
-		// dead broker connection until its read timeout, say). That is
-		// worth a line in the log, not a failed shutdown: what it has not
-		// acked is redelivered.
+		// Every message is settled or handed back: what is left is a
+		// subscriber slow to close (a Kafka client stuck on a dead
+		// connection), worth a log line, not a failed shutdown.
 		c.cfg.Logger.Warn("claimtx: the broker subscription did not close in time; shutting down anyway", "err", err)
 		return nil
 	}
 	return wrapRunErr(<-done)
 }
 
-// claimFieldErr names a claim field of a *framework.ConfigError the way
-// the user set it: Config.Claim's field.
+// claimFieldErr names the field of a claim's *framework.ConfigError as
+// Config.Claim's.
 func claimFieldErr(err error) error {
-	var ce *framework.ConfigError
-	if !errors.As(err, &ce) {
-		return err
-	}
-	return &framework.ConfigError{Field: "Claim." + ce.Field, Reason: ce.Reason, Err: ce.Err}
+	return config.Rename(err, func(f string) (string, bool) { return "Claim." + f, true })
 }
 
 // retryable says whether a failed message is worth another attempt in
-// process: not when it is permanent (it is poisoned at once), and not when
-// it is a transient database failure, which the claim already retried
-// Claim.MaxAttempts times (retrying here again would multiply them).
+// process: not when it is permanent, nor a transient database failure,
+// which the claim already retried Claim.MaxAttempts times.
 func retryable(err error) bool {
 	return !framework.IsPermanent(err) && !store.IsTransient(err)
 }
 
-// Running is closed once the consumer consumes: the subscription exists,
-// so messages published from then on reach this consumer (a readiness
-// signal).
-func (c *Consumer) Running() chan struct{} {
-	if c.batches != nil {
-		return c.batches.running
-	}
-	return c.router.Running()
-}
+// Running is closed once the subscription exists, so messages published
+// from then on reach this consumer.
+func (c *Consumer) Running() chan struct{} { return c.running }
 
 // Health returns the readiness check (database, migrations and, where the
 // broker client reports it, the broker connection) as an http.Handler.
@@ -755,12 +606,10 @@ func (p *parts) Store() *store.Store { return p.store }
 // Pool returns the pool the claim transactions run on.
 func (p *parts) Pool() *pgxpool.Pool { return p.pool }
 
-// Publisher returns the publisher used for poisoned messages, built from
-// the same broker configuration.
+// Publisher returns the publisher used for poisoned messages.
 func (p *parts) Publisher() message.Publisher { return p.pub }
 
-// closeOnError closes p when *err is set: a constructor that failed
-// after open must not leave its connections behind.
+// closeOnError closes p when *err is set.
 func (p *parts) closeOnError(err *error) {
 	if *err != nil {
 		_ = p.Close()
@@ -775,7 +624,7 @@ func (p *parts) Close() error {
 }
 
 // run is Run for both modes: it runs body once, with a context that also
-// ends when Close is called, and records that it returned.
+// ends when Close is called.
 func (p *parts) run(ctx context.Context, body func(context.Context) error) error {
 	p.runMu.Lock()
 	if p.ran {
@@ -787,13 +636,7 @@ func (p *parts) run(ctx context.Context, body func(context.Context) error) error
 	defer close(p.stopped)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() {
-		select {
-		case <-p.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
+	defer context.AfterFunc(p.stopCtx, cancel)()
 	if p.horizon != nil {
 		go p.horizon.watch(ctx)
 	}
@@ -814,24 +657,22 @@ func wrapRunErr(err error) error {
 func (p *parts) close() error {
 	var errs []error
 	// A running consumer shuts down gracefully first.
-	p.stopOnce.Do(func() { close(p.stop) })
+	p.stop()
 	p.runMu.Lock()
 	ran := p.ran
 	p.runMu.Unlock()
 	if ran {
 		<-p.stopped
 	}
-	// A router that never ran has nothing to stop, and Watermill's Close
-	// would wait out its whole CloseTimeout for handlers that never
-	// started, then fail with "router close timeout".
+	// Watermill's Close of a router that never ran waits out CloseTimeout
+	// and fails with "router close timeout".
 	if p.closeMore != nil && ran {
 		errs = append(errs, p.closeMore())
 	}
 	if p.sub != nil {
 		errs = append(errs, p.sub.Close())
 	}
-	// The last settled positions, once the subscription is closed (no
-	// ack comes after it).
+	// The last settled positions, once no ack can come.
 	fctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 	p.flushPositions(fctx)
 	cancel()

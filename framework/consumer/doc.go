@@ -19,11 +19,6 @@
 //	defer c.Close()
 //	return c.Run(ctx) // until ctx ends, then drains (Config.DrainTimeout)
 //
-// New validates the Config, waits for PostgreSQL (a failure is a
-// *StartupError), migrates, builds the broker clients and the router; Run
-// consumes. NewBatch builds a Consumer that applies many messages in one
-// claim transaction.
-//
 // A message is never acked without its effect committed (or found committed
 // before) or a copy in the poison topic, and never redelivered forever.
 // docs/configuration.md documents every field, docs/reliability.md the

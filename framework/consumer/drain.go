@@ -10,42 +10,32 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// defaultDrainTimeout is how long a shutdown lets in-flight messages finish
-// when Config.DrainTimeout is zero. With abortGrace and routerCloseTimeout
-// it stays inside Kubernetes' default 30 s termination grace period.
-const defaultDrainTimeout = 15 * time.Second
-
-// abortGrace bounds the wait for interrupted work to return once its
-// context was cancelled: rollbacks are bounded (5 s) and every call on the
-// claim's pgx.Tx honours its context, but a handler that ignores its
-// context cannot be stopped, and shutdown must still end.
-const abortGrace = 5 * time.Second
-
-// startWaitMax bounds how long a shutdown that comes during start-up
-// waits for the router to start its handler before it drains and closes.
-// With a live broker that takes milliseconds; with one that is not
-// reachable, Subscribe retries until its dial timeout, and the shutdown
-// goes on without it (the router's close then waits routerCloseTimeout).
-const startWaitMax = 5 * time.Second
-
-// routerCloseTimeout bounds the wait for the subscriptions to end after
-// the drain.
-const routerCloseTimeout = 5 * time.Second
+// Shutdown bounds (Config.DrainTimeout): with the default drain they stay
+// inside Kubernetes' default 30 s termination grace period.
+const (
+	defaultDrainTimeout = 15 * time.Second
+	// abortGrace bounds the wait for cancelled work: a handler that
+	// ignores its context cannot be stopped, and shutdown must still end.
+	abortGrace = 5 * time.Second
+	// startWaitMax bounds how long a shutdown during start-up waits for
+	// the router to start its handler (against an unreachable broker,
+	// Subscribe retries until its dial timeout).
+	startWaitMax = 5 * time.Second
+	// routerCloseTimeout bounds the wait for the subscriptions to end
+	// after the drain.
+	routerCloseTimeout = 5 * time.Second
+)
 
 // errShuttingDown is what a message that arrived after shutdown began
 // returns, unprocessed, so the router nacks it. It wraps context.Canceled,
-// which Watermill's router nacks without logging "Handler returned error"
-// at ERROR: handing messages back is what a graceful shutdown does, so the
-// drainer logs it at DEBUG instead.
+// which Watermill's router nacks without logging at ERROR; the drainer logs
+// it at DEBUG.
 var errShuttingDown = fmt.Errorf("claimtx: consumer shutting down, message handed back to the broker: %w", context.Canceled)
 
-// drainer implements the shutdown semantics shared by both consumer
-// modes. Once shutdown begins, no new message starts; the messages in
-// flight get up to the drain timeout to commit (and be acked, since the
-// broker subscriptions stay open until then); whatever has not finished
-// by then has its context cancelled, rolls back and is nacked. Work cut
-// short is never poisoned: the poison middleware and the batch settler
-// both treat a message whose context ended as interrupted.
+// drainer implements the shutdown of both consumer modes
+// (docs/reliability.md, "Shutdown"): once it begins no new message starts,
+// and work still in flight at the drain timeout has its context cancelled,
+// which Poison and the batch settler take for an interruption.
 type drainer struct {
 	mu       sync.Mutex
 	stopping bool
@@ -92,8 +82,7 @@ func (d *drainer) context(ctx context.Context) (context.Context, context.CancelF
 	return ctx, func() { stop(); cancel() }
 }
 
-// middleware admits each message through the drainer. It goes first in
-// the chain, so a message held back at shutdown never reaches Poison.
+// middleware admits each message through the drainer.
 func (d *drainer) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		if !d.enter() {

@@ -8,29 +8,23 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// durabilityInterval is how often a running consumer checks again that the
-// server has the synchronous standby its Claim.SynchronousCommit relies
-// on: Patroni, outside synchronous_mode_strict, drops a failed standby
-// from synchronous_standby_names and adds it back when it returns, so the
-// finding comes and goes while the consumer runs. Each check is one small
-// query. A variable so that the tests of this package can shorten it.
+// durabilityInterval is how often a running consumer checks again for the
+// synchronous standby its Claim.SynchronousCommit relies on: Patroni,
+// outside synchronous_mode_strict, drops a failed standby from
+// synchronous_standby_names and adds it back when it returns. A variable
+// so that the tests of this package can shorten it.
 var durabilityInterval = 30 * time.Second
 
-// durabilityCheck is the readiness report's name for the finding.
-const durabilityCheck = "synchronous_standby"
-
 // durability watches whether commits with Claim.SynchronousCommit
-// remote_write or remote_apply get the synchronous standby they wait for.
-// Without one the server acknowledges a commit, and the consumer acks its
-// message, once the primary alone has it, and a failover can lose the
-// effect: the finding is logged at WARN when it appears or changes (at
-// INFO when it clears) and shown as a warning in the readiness report.
-// It never fails start-up: the standby may come back.
+// remote_write or remote_apply get the synchronous standby they wait for:
+// without one a failover can lose an acked effect. The finding is logged
+// at WARN when it appears or changes (at INFO when it clears) and shown as
+// a readiness warning; it never fails start-up: the standby may come back.
 type durability struct {
+	finding
 	p        *parts
 	setting  string
-	interval time.Duration          // durabilityInterval when the consumer was built
-	warning  atomic.Pointer[string] // the current finding; nil when none
+	interval time.Duration // durabilityInterval when the consumer was built
 }
 
 // newDurability runs the first check; nil when the setting needs no
@@ -40,7 +34,7 @@ func newDurability(ctx context.Context, p *parts) *durability {
 	if !pg.NeedsSyncStandby(setting) {
 		return nil
 	}
-	d := &durability{p: p, setting: setting, interval: durabilityInterval}
+	d := &durability{finding: finding{name: "synchronous_standby"}, p: p, setting: setting, interval: durabilityInterval}
 	d.check(ctx, true)
 	return d
 }
@@ -58,13 +52,10 @@ func (d *durability) check(ctx context.Context, first bool) {
 		cfg.Logger.Warn("claimtx: cannot check for a synchronous standby", "consumer", cfg.Name, "synchronous_commit", d.setting, "error", err.Error())
 		return
 	}
-	var prev string
-	if w := d.warning.Load(); w != nil {
-		prev = *w
-	}
+	prev := d.get()
 	switch {
 	case shortfall == "":
-		d.warning.Store(nil)
+		d.set("")
 		if prev != "" {
 			cfg.Logger.Info("claimtx: a synchronous standby is back: commits wait for it again", "consumer", cfg.Name, "synchronous_commit", d.setting)
 		}
@@ -73,29 +64,49 @@ func (d *durability) check(ctx context.Context, first bool) {
 				"only synchronous_standby_names was checked, and it names standbys", "consumer", cfg.Name, "synchronous_commit", d.setting)
 		}
 	case shortfall != prev:
-		d.warning.Store(&shortfall)
+		d.set(shortfall)
 		cfg.Logger.Warn("claimtx: "+shortfall, "consumer", cfg.Name, "synchronous_commit", d.setting)
 	}
 }
 
-// warnings is the readiness report's view of the last finding.
-func (d *durability) warnings() map[string]string {
-	if w := d.warning.Load(); w != nil {
-		return map[string]string{durabilityCheck: *w}
+func (d *durability) watch(ctx context.Context) {
+	every(ctx, d.interval, func() { d.check(ctx, false) })
+}
+
+// finding is a readiness warning that comes and goes ("" when none),
+// reported under name.
+type finding struct {
+	name string
+	v    atomic.Pointer[string]
+}
+
+func (f *finding) set(w string) { f.v.Store(&w) }
+
+func (f *finding) get() string {
+	if w := f.v.Load(); w != nil {
+		return *w
+	}
+	return ""
+}
+
+// warnings is the readiness report's view of the finding.
+func (f *finding) warnings() map[string]string {
+	if w := f.get(); w != "" {
+		return map[string]string{f.name: w}
 	}
 	return nil
 }
 
-// watch repeats the check every d.interval until ctx ends.
-func (d *durability) watch(ctx context.Context) {
-	t := time.NewTicker(d.interval)
+// every calls f every interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, f func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			d.check(ctx, false)
+			f()
 		}
 	}
 }

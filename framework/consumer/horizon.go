@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,42 +18,35 @@ import (
 // rarely, and each check is one admin request.
 const horizonInterval = time.Hour
 
-// horizon compares Config.Retention, how long claims are kept, with the
-// longest the broker can still deliver a message of Topic or PoisonTopic
-// (a replay of dead letters included). A message older than the retention
-// may have lost its claim to cleanup, so the expiry guard poisons it as
-// expired instead of applying it: an operator wants to know before that
-// happens, so the finding is logged with both numbers,
-// exported as two gauges and shown as a warning in the readiness report;
-// with Config.StrictRetentionHorizon it fails start-up instead.
+// horizon compares Config.Retention with the longest the broker can still
+// deliver a message of Topic or PoisonTopic: an older one is poisoned as
+// expired, which an operator wants to know before it happens
+// (docs/operations.md, "Checking the window against the broker").
 type horizon struct {
-	p        *parts
-	warning  atomic.Pointer[string] // the current finding; nil when none
-	retained prometheus.Gauge
-	horizon  prometheus.Gauge
+	finding
+	p       *parts
+	horizon prometheus.Gauge // nil without a Registerer
 }
 
-// newHorizon runs the first comparison (see check). It returns nil when
-// there is nothing to compare: no retention configured (claims are kept
-// until someone removes them; the consumer cannot know when) or a
-// subscriber that cannot tell its horizon.
+// newHorizon runs the first comparison (see check); nil without a
+// retention or a subscriber that can tell its horizon.
 func newHorizon(ctx context.Context, p *parts) (*horizon, error) {
 	if _, ok, _ := replay.Horizon(context.Background(), p.sub); p.cfg.Retention <= 0 || !ok {
 		return nil, nil
 	}
-	h := &horizon{p: p}
+	h := &horizon{finding: finding{name: "retention_horizon"}, p: p}
 	if reg := p.cfg.Registerer; reg != nil {
 		labels := prometheus.Labels{"consumer": p.cfg.Name}
-		h.retained = prometheus.NewGauge(prometheus.GaugeOpts{Name: "claimtx_claim_retention_seconds",
+		retained := prometheus.NewGauge(prometheus.GaugeOpts{Name: "claimtx_claim_retention_seconds",
 			Help: "How long this consumer's claims are kept (Config.Retention).", ConstLabels: labels})
 		h.horizon = prometheus.NewGauge(prometheus.GaugeOpts{Name: "claimtx_replay_horizon_seconds",
 			Help: "How old a message of the consumer's topic or poison topic can be when the broker still delivers it (+Inf: unbounded).", ConstLabels: labels})
-		for _, g := range []prometheus.Gauge{h.retained, h.horizon} {
+		for _, g := range []prometheus.Gauge{retained, h.horizon} {
 			if err := reg.Register(g); err != nil {
 				return nil, fmt.Errorf("claimtx: register retention horizon metrics: %w", err)
 			}
 		}
-		h.retained.Set(p.cfg.Retention.Seconds())
+		retained.Set(p.cfg.Retention.Seconds())
 	}
 	return h, h.check(ctx, p.cfg.StrictRetentionHorizon)
 }
@@ -77,16 +69,15 @@ func (h *horizon) check(ctx context.Context, strict bool) error {
 		}
 	}
 	if longest <= cfg.Retention {
-		h.warning.Store(nil)
+		h.set("")
 		return nil
 	}
 	shown := replay.Format(longest)
-	// Retention always comes with the expiry guard (New requires
-	// Claim.EventTime), so such a message is not applied twice: it is
-	// dead-lettered, which is what the operator should hear about now.
+	// Retention always comes with the expiry guard: such a message is
+	// dead-lettered, not applied twice.
 	msg := fmt.Sprintf("claim retention %s is shorter than the broker's replay horizon %s for %s and %s: a message older than the retention is poisoned as expired instead of applied",
 		cfg.Retention, shown, cfg.Topic, cfg.PoisonTopic)
-	h.warning.Store(&msg)
+	h.set(msg)
 	cfg.Logger.Warn("claimtx: "+msg, "consumer", cfg.Name, "retention", cfg.Retention.String(), "replay_horizon", shown)
 	if strict {
 		return &framework.ConfigError{Field: "Retention", Reason: msg + " (StrictRetentionHorizon)"}
@@ -94,24 +85,6 @@ func (h *horizon) check(ctx context.Context, strict bool) error {
 	return nil
 }
 
-// warnings is the readiness report's view of the last finding.
-func (h *horizon) warnings() map[string]string {
-	if w := h.warning.Load(); w != nil {
-		return map[string]string{"retention_horizon": *w}
-	}
-	return nil
-}
-
-// watch repeats the check every horizonInterval until ctx ends.
 func (h *horizon) watch(ctx context.Context) {
-	t := time.NewTicker(horizonInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			_ = h.check(ctx, false)
-		}
-	}
+	every(ctx, horizonInterval, func() { _ = h.check(ctx, false) })
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -24,36 +25,13 @@ import (
 
 // LoadConfig reads a consumer's configuration: the YAML file at path
 // (none when path is ""), then the environment variables over it, and
-// returns the Config they describe, checked: a value that cannot be used
-// is a *framework.ConfigError whose Field is what the user wrote, the YAML
-// path ("claim.max_claim_wait", "broker.amqp.url") or the variable
-// (CLAIM_MAX_CLAIM_WAIT, AMQP_URL). Unknown keys are errors too, so a typo
-// never silently falls back to a default. Errors that consumer.New and
-// NewBatch return later about a field LoadConfig set are named the same
-// way.
-//
-// examples/loyalty/config.example.yaml documents every key of the file
-// with its variable.
-//
-// A key left out, or a variable unset or empty, keeps the Config field's
-// default (see each field). Durations are Go durations ("250ms", "720h").
-// The broker section is read by brokers.LoadConfig, so BROKER, AMQP_URL,
-// KAFKA_BROKERS and every other variable of package brokers apply; without
-// a file it is brokers.LoadConfig("").
-//
-// Secrets: database_url, like the broker's URL and SASL password, may
-// hold a password. Each can come from the file, from its variable, or from
-// a file its _FILE variable names (DATABASE_URL_FILE, AMQP_URL_FILE,
-// KAFKA_SASL_PASSWORD_FILE: a mounted Docker or Kubernetes secret);
-// setting a variable and its _FILE variable is an error. Config.String and
-// every error LoadConfig returns leave the passwords out.
-//
-// Key and EventTime are kept as specs and parsed by New with
-// Config.Extractors, so they may name extractors you register; set
-// Extractors, Pool, Logger, OnOutcome and the rest in code on the
-// returned Config.
+// returns the Config they describe, checked. A value that cannot be used,
+// or an unknown key, is a *framework.ConfigError whose Field is what the
+// user wrote, the YAML path or the variable, as are the errors New and
+// NewBatch return later about those fields. Set Extractors, Pool, Logger
+// and the hooks in code on the returned Config. See docs/configuration.md;
+// examples/loyalty/config.example.yaml documents every key.
 func LoadConfig(path string) (Config, error) {
-	l := loader{lookup: os.LookupEnv, names: map[string]string{}, fromFile: path != ""}
 	var data []byte
 	if path != "" {
 		var err error
@@ -61,27 +39,19 @@ func LoadConfig(path string) (Config, error) {
 			return Config{}, fmt.Errorf("consumer: read config: %w", err)
 		}
 	}
-	c, err := l.load(data)
-	if err != nil {
-		if path != "" {
-			var ce *framework.ConfigError
-			if !errors.As(err, &ce) {
-				return Config{}, fmt.Errorf("consumer: config file %s: %w", path, err)
-			}
-		}
-		return Config{}, err
+	c, err := load(data, path != "")
+	if err != nil && path != "" && !errors.As(err, new(*framework.ConfigError)) {
+		return Config{}, fmt.Errorf("consumer: config file %s: %w", path, err)
 	}
-	return c, nil
+	return c, err
 }
 
 // setting is one key of the file and its variable.
 type setting = config.Setting[Config]
 
 // settings are the keys of the file, in the order of the documentation.
-// A setting without a Set func is parsed by its field's type and Rule
-// (config.Bind); each Set func returns a plain error whose text is the
-// reason, which the loader turns into a *framework.ConfigError naming the
-// path or the variable.
+// One without a Set func is parsed by its field's type and Rule
+// (config.Bind).
 var settings = config.Bind([]setting{
 	{Path: "name", Env: "CONSUMER_NAME", Field: "Name"},
 	{Path: "topic", Env: "TOPIC", Field: "Topic"},
@@ -117,12 +87,10 @@ var settings = config.Bind([]setting{
 		return nil
 	}},
 	{Path: "claim.max_claim_wait", Env: "CLAIM_MAX_CLAIM_WAIT", Field: "Claim.MaxClaimWait", Rule: "min=1"},
+	// A failed Set fails the load: storing first is safe.
 	{Path: "claim.synchronous_commit", Env: "CLAIM_SYNCHRONOUS_COMMIT", Field: "Claim.SynchronousCommit", Set: func(c *Config, v string) error {
-		if err := pg.CheckSynchronousCommit(v); err != nil {
-			return err
-		}
 		c.Claim.SynchronousCommit = v
-		return nil
+		return pg.CheckSynchronousCommit(v)
 	}},
 	{Path: "claim.max_attempts", Env: "CLAIM_MAX_ATTEMPTS", Field: "Claim.MaxAttempts", Rule: "min=1"},
 	{Path: "claim.initial_backoff", Env: "CLAIM_INITIAL_BACKOFF", Field: "Claim.InitialBackoff", Rule: "min=1"},
@@ -154,123 +122,93 @@ var settings = config.Bind([]setting{
 // brokerKey is the section of the file brokers.LoadConfig reads.
 const brokerKey = "broker"
 
-// aliases are the other names errors use for a setting's field: the
-// extractor registry names spec errors "key" and "event_time", and the
-// claim middleware's EventTime errors come out as "Claim.EventTime".
+// aliases are the other names errors use for a setting's field (the
+// extractor registry's, the claim middleware's).
 var aliases = map[string][]string{
 	"Key":       {"key"},
 	"EventTime": {"event_time", "Claim.EventTime"},
 }
 
-// loader is one LoadConfig call.
-type loader struct {
-	lookup   func(string) (string, bool)
-	fromFile bool
-	// names is the Config's names: Go field -> path or variable.
-	names map[string]string
-}
-
 // load builds the Config from data (the file; nil without one) and the
 // environment.
-func (l *loader) load(data []byte) (Config, error) {
-	var c Config
+func load(data []byte, fromFile bool) (Config, error) {
+	c := Config{names: map[string]string{}}
+	// name records that errors about s's field should say name.
+	name := func(s setting, name string) {
+		c.names[s.Field] = name
+		for _, a := range aliases[s.Field] {
+			c.names[a] = name
+		}
+	}
 	byPath := make(map[string]setting, len(settings))
 	for _, s := range settings {
 		byPath[s.Path] = s
 		// What to call a field nobody set: the key of the file in use,
 		// else the variable that would set it.
-		l.name(s, s.Env)
-		if l.fromFile {
-			l.name(s, s.Path)
+		if fromFile {
+			name(s, s.Path)
+		} else {
+			name(s, s.Env)
 		}
 	}
 	brokerSection, err := config.ReadFile(data, byPath, isSection, brokerKey, &c)
 	if err != nil {
 		return Config{}, err
 	}
-	if err := config.ApplyEnv(&c, settings, l.lookup, l.name); err != nil {
+	if err := config.ApplyEnv(&c, settings, os.LookupEnv, name); err != nil {
 		return Config{}, err
 	}
-	if err := l.readBroker(data, brokerSection, &c); err != nil {
+	if c.Broker, err = readBroker(data, brokerSection, fromFile); err != nil {
 		return Config{}, err
 	}
-	if err := l.check(c); err != nil {
+	// The store names, which code cannot complete later, checked before
+	// anything connects.
+	if err := c.named(c.Store.Validate()); err != nil {
 		return Config{}, err
 	}
-	c.names = l.names
 	return c, nil
-}
-
-// name records that errors about s's field should say name.
-func (l *loader) name(s setting, name string) {
-	l.names[s.Field] = name
-	for _, a := range aliases[s.Field] {
-		l.names[a] = name
-	}
 }
 
 // isSection tells the keys that hold settings rather than being one.
 func isSection(path string) bool {
-	switch path {
-	case "store", "claim", "claim.key_policy", "handler":
-		return true
-	}
-	return false
+	return slices.Contains([]string{"store", "claim", "claim.key_policy", "handler"}, path)
 }
 
-// readBroker builds c.Broker: brokers.LoadConfig of the file's broker
-// section, or brokers.LoadConfig("") without a file. The section is checked
-// against brokers.Config's keys first, on the whole file, so that an
-// unknown key or a bad value is named by its full path and its line.
-func (l *loader) readBroker(data []byte, section *yaml.Node, c *Config) error {
-	if !l.fromFile {
-		b, err := brokers.LoadConfig("")
-		if err != nil {
-			return err
-		}
-		c.Broker = b
-		return nil
+// readBroker is brokers.LoadConfig of the file's broker section, or of ""
+// without a file. The section is checked on the whole file first, so that
+// a mistake is named by its full path and its line.
+func readBroker(data []byte, section *yaml.Node, fromFile bool) (brokers.Config, error) {
+	if !fromFile {
+		return brokers.LoadConfig("")
 	}
 	var strict struct {
 		Broker brokers.Config `yaml:"broker"`
 		Rest   map[string]any `yaml:",inline"` // the keys readFile checked
 	}
 	if err := config.Decode(data, &strict); err != nil {
-		return err
+		return brokers.Config{}, err
 	}
 	var sub []byte
 	if section != nil {
 		// Through a plain value, so that aliases to anchors outside the
 		// section are resolved before it stands alone.
 		var v any
-		if err := section.Decode(&v); err != nil {
-			return fmt.Errorf("parse YAML: %w", err)
+		err := section.Decode(&v)
+		if err == nil {
+			sub, err = yaml.Marshal(v)
 		}
-		var err error
-		if sub, err = yaml.Marshal(v); err != nil {
-			return fmt.Errorf("parse YAML: %w", err)
+		if err != nil {
+			return brokers.Config{}, fmt.Errorf("parse YAML: %w", err)
 		}
 	}
 	b, err := config.LoadSection[brokers.Config](sub)
-	if err != nil {
-		return config.Rename(err, func(field string) (string, bool) { return brokerKey + "." + field, isYAMLPath(field) })
-	}
-	c.Broker = b
-	return nil
+	return b, config.Rename(err, func(field string) (string, bool) { return brokerKey + "." + field, isYAMLPath(field) })
 }
 
 // isYAMLPath tells a field named by its YAML path ("amqp.url") from one
 // named by its variable (AMQP_URL).
 func isYAMLPath(field string) bool {
 	return field != "" && strings.IndexFunc(field, unicode.IsUpper) < 0
-}
-
-// check runs what New would refuse about the fields LoadConfig set and
-// that code cannot complete later (the store names), so a file's mistake
-// is reported before anything connects.
-func (l *loader) check(c Config) error {
-	c.names = l.names
-	return c.named(c.Store.Validate())
 }
 
 // named returns err with the Field of its *framework.ConfigError replaced
@@ -282,17 +220,9 @@ func (c Config) named(err error) error {
 	})
 }
 
-// databaseURLError is the error for a DatabaseURL pgx refuses, without
-// pgx's own text, which quotes the connection string and redacts its
-// password only as far as it can parse it.
-func databaseURLError(field, dsn string, err error) error {
-	return &framework.ConfigError{Field: field, Reason: "cannot be used", Err: config.SafeError{Msg: pgxReason(err, dsn), Err: err}}
-}
-
-// pgxReason is what pgx says is wrong with dsn, without the connection
-// string it quotes: "invalid port", "failed to configure TLS (sslmode is
-// invalid)". It gives a fixed text when that could still show the
-// password.
+// pgxReason is what pgx says is wrong with dsn ("invalid port"), without
+// the connection string it quotes and redacts only as far as it can parse
+// it; a fixed text when it could still show the password.
 func pgxReason(err error, dsn string) string {
 	const fixed = "not a valid connection string"
 	msg := err.Error()
@@ -309,19 +239,10 @@ func pgxReason(err error, dsn string) string {
 	return reason
 }
 
-// String prints the settings LoadConfig reads as New will use them, a
-// field left zero showing its default (MaxClaimWait:5s), with the
-// passwords of DatabaseURL and of the broker (see brokers.Config.String)
-// redacted, so logging the effective configuration at start-up is safe.
-// Pool, the registries, the hooks, Tracer and Logger are only said to be
-// set.
+// String prints the settings as New will use them, defaults filled and
+// passwords redacted, for a start-up log line.
 func (c Config) String() string {
-	set := func(b bool) string {
-		if b {
-			return "set"
-		}
-		return "unset"
-	}
+	set := map[bool]string{true: "set", false: "unset"}
 	c = c.withDefaults()
 	c.StartupTimeout = cmp.Or(c.StartupTimeout, defaultStartupTimeout)
 	c.Store = store.Config{
@@ -348,11 +269,11 @@ func (c Config) String() string {
 		"AllowBrokerEventTime:%t Fingerprint:%t PoisonMemo:%t CommittedKeys:%d CommittedKeysTTL:%s NoPositions:%t ReplayBelowPositions:%t OutboxTopic:%q KeyPolicy:%+v} "+
 		"HandlerRetries:%d RetryInitialInterval:%s HandlerTimeout:%s DrainTimeout:%s StartupTimeout:%s Broker:%s "+
 		"Extractors:%s OnOutcome:%s Registerer:%s Tracer:%s Logger:%s}",
-		c.Name, c.Topic, c.PoisonTopic, c.Key, c.EventTime, c.Retention, config.RedactDSN(c.DatabaseURL), set(c.Pool != nil), c.Store,
-		set(cl.Key != nil), cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.SynchronousCommit, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set(cl.EventTime != nil),
+		c.Name, c.Topic, c.PoisonTopic, c.Key, c.EventTime, c.Retention, config.RedactDSN(c.DatabaseURL), set[c.Pool != nil], c.Store,
+		set[cl.Key != nil], cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.SynchronousCommit, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set[cl.EventTime != nil],
 		cl.AllowBrokerEventTime, cl.Fingerprint, cl.PoisonMemo, cl.CommittedKeys, cl.CommittedKeysTTL, cl.NoPositions, cl.ReplayBelowPositions, cl.OutboxTopic, cl.KeyPolicy,
 		c.HandlerRetries, c.RetryInitialInterval, c.HandlerTimeout, c.DrainTimeout, c.StartupTimeout, c.Broker,
-		set(c.Extractors != nil), set(c.OnOutcome != nil), set(c.Registerer != nil), set(c.Tracer != nil), set(c.Logger != nil))
+		set[c.Extractors != nil], set[c.OnOutcome != nil], set[c.Registerer != nil], set[c.Tracer != nil], set[c.Logger != nil])
 }
 
 // GoString makes %#v redact too.

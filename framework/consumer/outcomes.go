@@ -10,39 +10,26 @@ import (
 	"github.com/claimtx/claimtx/middleware"
 )
 
-// ledger reports one outcome per delivery, when it is settled (acked or
-// nacked), in both consumer modes.
-//
-// The claim reports every pass through it, and a delivery can pass several
-// times: in-process retries of a failed handler (Retry, the batch settler)
-// run the claim again, and the last failure is then poisoned. Counting
-// each pass made claimtx_messages_total count attempts plus dead letters
-// (one rejected message was both failed and poisoned), while dashboards
-// divide by it as a count of messages. So the claim's results only go to
-// the ledger, which keeps the last one per delivery, counts each further
-// pass as a handler retry, and reports when the delivery is settled:
-//
-//   - acked after the claim committed: that pass's Applied or Duplicate;
-//   - acked after a copy went to the poison topic (or, refused there, to
-//     the dead-letter table): Poisoned, or Expired
-//     when the reason was the message's age;
-//   - nacked: Failed, with the error the router or settler acted on.
-//
-// Deliveries handed back unprocessed at shutdown never reach it and are
-// not counted: nothing was attempted.
+// ledger reports one outcome per delivery, when it is acked or nacked, in
+// both consumer modes. The claim reports every pass, and in-process retries
+// pass a delivery through it several times; counting each pass would make
+// claimtx_messages_total count attempts plus dead letters, while dashboards
+// divide by it as a count of messages. So the ledger keeps each delivery's
+// last pass, counts further ones as handler retries, and reports Applied
+// or Duplicate (acked after a commit), Poisoned or Expired (acked after a
+// copy was dead-lettered) or Failed (nacked). Deliveries handed back
+// unprocessed at shutdown never reach it.
 type ledger struct {
 	consumer string
-	// report receives the one Result per delivery (metrics, Config.OnOutcome).
-	report func(middleware.Result)
-	// retried is told of every pass after a delivery's first.
-	retried func()
+	report   func(middleware.Result) // metrics, Config.OnOutcome
+	retried  func()                  // told of every pass after a delivery's first
 
 	mu   sync.Mutex
 	open map[*message.Message]*entry
 }
 
-// entry is what is known of one delivery in flight. Retries reuse the
-// *message.Message; a redelivery by the broker is a new one.
+// entry is one delivery in flight. Retries reuse the *message.Message; a
+// redelivery is a new one.
 type entry struct {
 	last    middleware.Result // the claim's latest pass
 	passes  int
@@ -75,10 +62,9 @@ func (l *ledger) claimed(r middleware.Result) {
 	}
 }
 
-// poisoned records that a copy of msg was published to the poison topic
-// because of err; use it in Poison.OnPoison. It returns the key the claim
-// derived on the last pass ("" when it could not, or never ran), for the
-// poison memo.
+// poisoned records that a copy of msg was dead-lettered because of err
+// (Poison.OnPoison). It returns the key the claim derived on the last pass
+// ("" when none), for the poison memo.
 func (l *ledger) poisoned(msg *message.Message, err error) (key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -110,16 +96,15 @@ func (l *ledger) settle(msg *message.Message, err error) {
 	case e != nil && e.passes > 0 && r.Err == nil:
 		// Applied or Duplicate, as the claim reported it.
 	default:
-		// Acked with neither a commit nor a poisoned copy: not a path
-		// of this package's chains. Reporting an outcome would be a guess.
+		// Acked with neither a commit nor a poisoned copy: not a path of
+		// this package's chains, and any outcome would be a guess.
 		return
 	}
 	l.report(r)
 }
 
-// middleware settles each delivery of the per-message router. It sits
-// outside Recoverer and Poison, so it sees what the router acts on: a nil
-// error is acked, any other nacked.
+// middleware settles each delivery of the per-message router. Outside
+// Recoverer and Poison, it sees what the router acks (nil) or nacks.
 func (l *ledger) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		out, err := h(msg)
@@ -128,10 +113,9 @@ func (l *ledger) middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// newLedger returns the ledger of p's consumer: it reports to the metrics
-// and Config.OnOutcome, and counts handler retries. handler is the
-// Watermill handler name the consumer's messages carry ("" in batch mode,
-// which has no router), for the metrics' series to exist from the start.
+// newLedger returns the ledger of p's consumer. handler is the Watermill
+// handler name its messages carry ("" in batch mode), for the metrics'
+// series to exist from the start.
 func (p *parts) newLedger(handler string) *ledger {
 	var retried func()
 	if p.metrics != nil {

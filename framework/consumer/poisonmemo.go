@@ -13,15 +13,13 @@ import (
 )
 
 // requireClaimPrivileges returns a ConfigError on field when the database
-// role lacks any of SELECT, INSERT and UPDATE on table (one of the store's
-// schema), which every claim transaction uses for feature: each would
-// fail (and, the failure being permanent, be dead-lettered), instead of
-// one start-up error naming the grant.
+// role lacks any of SELECT, INSERT and UPDATE on table (in the store's
+// schema), which every claim transaction uses for feature: better one
+// start-up error naming the grant than every message dead-lettered.
 func (p *parts) requireClaimPrivileges(ctx context.Context, field, table, uses, feature string) error {
 	schema := p.store.Config().Schema
 	var lacking []string
-	// Under the start-up policy, as the migration before it: Postgres
-	// restarting in between is waited for, not a failed start.
+	// Under the start-up policy, as the migration before it.
 	err := awaitDatabase(ctx, p.cfg.Logger, p.cfg.StartupTimeout, p.pool, p.cfg.poolerField(), "check privileges on "+table, func(ctx context.Context) error {
 		var err error
 		_, lacking, err = pg.Lacking(ctx, p.pool, pg.Ident(schema, table), "SELECT", "INSERT", "UPDATE")
@@ -44,9 +42,8 @@ func (p *parts) names() *pg.Names {
 	return pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
 }
 
-// checkMemoPrivileges refuses to start a consumer with Claim.PoisonMemo
-// whose database role cannot use the memo table, which every claim looks
-// its memo up in.
+// checkMemoPrivileges refuses Claim.PoisonMemo to a database role that
+// cannot use the memo table.
 func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 	if !p.cfg.Claim.PoisonMemo {
 		return nil
@@ -55,13 +52,10 @@ func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 		"every claim with a poison memo reads and every poisoned message writes", "memo")
 }
 
-// checkDeadLetterPrivileges warns at start-up when the database role may
-// not insert into the dead-letter table: a poisoned copy the broker
-// refuses is then nacked and comes back, instead of being recorded and
-// acked. A warning, not a refusal to start: nothing needs the table until
-// a broker refuses a copy, and a least-privilege role granted its rights
-// before the table existed must not stop consuming over it after an
-// upgrade. docs/security.md says what to grant.
+// checkDeadLetterPrivileges warns when the database role may not insert
+// into the dead-letter table. Not a refusal to start: nothing needs the
+// table until a broker refuses a copy, and a role granted its rights
+// before the table existed must not stop consuming after an upgrade.
 func (p *parts) checkDeadLetterPrivileges(ctx context.Context) {
 	n := p.names()
 	ok, err := pg.ClaimsOf(p.store).CanRecordDeadLetter(ctx)
@@ -76,16 +70,11 @@ func (p *parts) checkDeadLetterPrivileges(ctx context.Context) {
 }
 
 // memoize records the poison memo of msg (Claim.PoisonMemo), poisoned
-// because of err, under key, the key the claim derived ("" when it could
-// not: no memo). Both consumer modes call it from Poison.OnPoison, after
-// the copy was published and before the original is acked.
-//
-// A failure is logged and counted (claimtx_poison_memo_errors_total), and
-// the original is acked all the same: its copy is in the poison
-// destination, so nothing is lost. The same holds for the crash window
-// between the publish and this write (a SIGKILL, a lost connection): the
-// memo is missing, and the next delivery of the message runs the handler
-// again and is poisoned again, as without a memo.
+// because of err, under the key the claim derived ("": no memo), after the
+// copy was published and before the original is acked. A failure (or a
+// crash in between) is logged and counted, and the original acked all the
+// same: its copy is dead-lettered, and the next delivery only runs the
+// handler again, as without a memo.
 func (p *parts) memoize(msg *message.Message, err error, key string) {
 	if !p.claim.PoisonMemo || key == "" || !poison.Memoised(err) {
 		return

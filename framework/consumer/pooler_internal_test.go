@@ -54,22 +54,14 @@ func TestPreparedStatementErrorIsPermanent(t *testing.T) {
 // mode, New refuses the URL at once, naming it as the user wrote it; the
 // fix the message gives works.
 func TestNewBehindTransactionPooler(t *testing.T) {
-	direct, err := pgx.ParseConfig(testenv.DirectURL())
-	require.NoError(t, err)
-	bouncer := testenv.StartPgBouncer(t, direct.Host, int(direct.Port))
-	u, err := url.Parse(bouncer)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Del("default_query_exec_mode")
-	u.RawQuery = q.Encode()
-	cached := u.String()
+	bouncer, cached := startPgBouncer(t)
 	schema := testenv.NewSchema(t)
 	noop := func(context.Context, pgx.Tx, *message.Message) error { return nil }
 	gochannel := brokers.Config{Kind: brokers.KindGoChannel}
 	gochannel.GoChannel.Name = schema
 
 	start := time.Now()
-	_, err = New(t.Context(), Config{
+	_, err := New(t.Context(), Config{
 		Name: "pooled", Topic: "t", Key: "metadata:event_id", DatabaseURL: cached,
 		Store: store.Config{Schema: schema}, Broker: gochannel, Logger: slog.New(slog.DiscardHandler),
 	}, noop)
@@ -99,18 +91,12 @@ func TestNewBehindTransactionPooler(t *testing.T) {
 // policy reports it as the same configuration error, at the first attempt.
 func TestAwaitDatabaseBehindTransactionPooler(t *testing.T) {
 	t.Parallel()
-	direct, err := pgx.ParseConfig(testenv.DirectURL())
-	require.NoError(t, err)
-	bouncer := testenv.StartPgBouncer(t, direct.Host, int(direct.Port))
-	u, err := url.Parse(bouncer)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Del("default_query_exec_mode")
-	u.RawQuery = q.Encode()
+	_, cached := startPgBouncer(t)
+	var err error
 	const stmt = "SELECT 1 + $1::int"
 	pools := make([]*pgxpool.Pool, 2)
 	for i := range pools {
-		pools[i], err = pgxpool.New(t.Context(), u.String())
+		pools[i], err = pgxpool.New(t.Context(), cached)
 		require.NoError(t, err)
 		t.Cleanup(pools[i].Close)
 	}
@@ -120,7 +106,7 @@ func TestAwaitDatabaseBehindTransactionPooler(t *testing.T) {
 	require.NoError(t, err)
 
 	var attempts atomic.Int32
-	err = AwaitDatabase(t.Context(), Config{Pool: pools[1], DatabaseURL: u.String(), StartupTimeout: time.Minute, Logger: slog.New(slog.DiscardHandler)},
+	err = AwaitDatabase(t.Context(), Config{Pool: pools[1], DatabaseURL: cached, StartupTimeout: time.Minute, Logger: slog.New(slog.DiscardHandler)},
 		"create the tables", func(ctx context.Context) error {
 			attempts.Add(1)
 			_, err := pools[1].Exec(ctx, stmt, 1)
@@ -136,4 +122,20 @@ func TestAwaitDatabaseBehindTransactionPooler(t *testing.T) {
 	require.Equal(t, "DatabaseURL", ce.Field)
 	require.Contains(t, err.Error(), poolerHint)
 	require.Contains(t, err.Error(), "prepared statement", "the raw cause is kept")
+}
+
+// startPgBouncer starts a PgBouncer in transaction mode before the test
+// database and returns its URL and the same URL without
+// default_query_exec_mode, so pgx caches statements behind the pooler.
+func startPgBouncer(t *testing.T) (bouncer, cached string) {
+	t.Helper()
+	direct, err := pgx.ParseConfig(testenv.DirectURL())
+	require.NoError(t, err)
+	bouncer = testenv.StartPgBouncer(t, direct.Host, int(direct.Port))
+	u, err := url.Parse(bouncer)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Del("default_query_exec_mode")
+	u.RawQuery = q.Encode()
+	return bouncer, u.String()
 }

@@ -11,10 +11,9 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// positionsEvery is how often a running consumer stores the positions
-// acks settled since the last time (settledPositions), and
-// gaugesEvery how often it reads its stored positions for
-// claimtx_kafka_position: one indexed read of a few rows.
+// A running consumer stores the positions acks settled every
+// positionsEvery, and reads its stored ones for claimtx_kafka_position
+// every gaugesEvery of those.
 const (
 	positionsEvery = time.Second
 	gaugesEvery    = 15
@@ -23,26 +22,20 @@ const (
 // flushTimeout bounds the last store of settled positions at Close.
 const flushTimeout = 2 * time.Second
 
-// settledPositions collects the positions acks settled (Options.Settled):
-// the claim transaction of a partition stores the position it knows when
-// it commits, which with several in flight (a window, batch workers) may
-// be below records settled just after; these catch the stored position up
-// with them, outside any claim transaction, once a second. Everything
+// settledPositions collects the positions acks settled (Options.Settled).
+// A claim transaction stores the position it knows when it commits, which
+// with several in flight may be below records settled just after; these
+// catch the stored position up, outside any claim transaction. Everything
 // below such a position is acked, so storing it is safe at any time.
 type settledPositions struct {
 	mu      sync.Mutex
-	pending map[tp]int64
-}
-
-type tp struct {
-	topic     string
-	partition int32
+	pending map[kafkarecord.Settled]int64 // by topic and partition
 }
 
 func (s *settledPositions) add(topic string, partition int32, below int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	k := tp{topic, partition}
+	k := kafkarecord.Settled{Topic: topic, Partition: partition}
 	if below > s.pending[k] {
 		s.pending[k] = below
 	}
@@ -54,7 +47,8 @@ func (s *settledPositions) take() []kafkarecord.Settled {
 	defer s.mu.Unlock()
 	out := make([]kafkarecord.Settled, 0, len(s.pending))
 	for k, off := range s.pending {
-		out = append(out, kafkarecord.Settled{Topic: k.topic, Partition: k.partition, SettledBelow: off})
+		k.SettledBelow = off
+		out = append(out, k)
 	}
 	clear(s.pending)
 	slices.SortFunc(out, func(a, b kafkarecord.Settled) int {
@@ -63,8 +57,8 @@ func (s *settledPositions) take() []kafkarecord.Settled {
 	return out
 }
 
-// flushPositions stores the positions acks settled since the last flush;
-// on failure they are kept for the next one.
+// flushPositions stores the positions acks settled since the last flush,
+// keeping them on failure.
 func (p *parts) flushPositions(ctx context.Context) {
 	if !p.positions {
 		return
@@ -82,16 +76,14 @@ func (p *parts) flushPositions(ctx context.Context) {
 }
 
 // attachPositions gives a Kafka subscriber the consumer's stored positions
-// (middleware.Claim.NoPositions, ReplayBelowPositions), and reports
-// whether it uses them (other brokers' subscribers do not). A database
-// role that could not write them is a ConfigError: every claim
-// transaction would fail.
+// (middleware.Claim.NoPositions, ReplayBelowPositions) and reports whether
+// it uses them. A role that could not write them is a ConfigError.
 func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	cfg := p.cfg
 	if cfg.Claim.NoPositions {
 		return false, nil
 	}
-	p.settled = &settledPositions{pending: map[tp]int64{}}
+	p.settled = &settledPositions{pending: map[kafkarecord.Settled]int64{}}
 	attached := kafkarecord.Attach(p.sub, kafkarecord.Options{
 		Loader:  pg.ClaimsOf(p.store).Positions().Loader(cfg.Name),
 		Settled: p.settled.add,
@@ -113,16 +105,13 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 }
 
 // watchPositions stores the positions acks settled and exports the
-// stored ones as claimtx_kafka_position until ctx ends (Close stores the
-// last ones).
+// stored ones until ctx ends (Close stores the last ones).
 func (p *parts) watchPositions(ctx context.Context) {
 	if !p.positions {
 		return
 	}
-	positions := pg.ClaimsOf(p.store).Positions()
-	t := time.NewTicker(positionsEvery)
-	defer t.Stop()
-	for tick := 0; ; tick++ {
+	positions, tick := pg.ClaimsOf(p.store).Positions(), 0
+	update := func() {
 		p.flushPositions(ctx)
 		if p.metrics != nil && tick%gaugesEvery == 0 {
 			if ps, err := positions.Of(ctx, p.cfg.Name); err == nil {
@@ -131,10 +120,8 @@ func (p *parts) watchPositions(ctx context.Context) {
 				}
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+		tick++
 	}
+	update()
+	every(ctx, positionsEvery, update)
 }

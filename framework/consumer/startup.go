@@ -14,8 +14,7 @@ import (
 )
 
 // slogAdapter is watermill's slog adapter with a Warn method, which the
-// brokers' start-up loops use (through an optional interface) to log what
-// they wait for at WARN; watermill.LoggerAdapter has no warning level.
+// brokers' start-up loops use (an optional interface) to log at WARN.
 type slogAdapter struct {
 	watermill.LoggerAdapter
 	l *slog.Logger
@@ -25,23 +24,20 @@ func newSlogAdapter(l *slog.Logger) slogAdapter {
 	return slogAdapter{LoggerAdapter: watermill.NewSlogLogger(l), l: l}
 }
 
-// Warn logs msg at WARN with fields in a stable order.
+// Warn logs at WARN with fields in a stable order.
 func (a slogAdapter) Warn(msg string, fields watermill.LogFields) {
 	a.l.Warn(msg, fieldArgs(fields)...)
 }
 
-// Error logs at ERROR with err's text bounded like a poison reason (4 KiB,
-// the cut marked with the whole text's length and hash). Watermill's router
-// and Retry log every handler error they see, once per retry and per
-// nack, and an error's text has no bound of its own (Go's JSON error
-// quotes a number whole): the whole text is logged once, when the message
-// is poisoned (logPoisoned).
+// Error logs at ERROR with err's text bounded like a poison reason:
+// Watermill logs every handler error once per retry and per nack, and an
+// error's text has no bound of its own (Go's JSON error quotes a number
+// whole). The whole text is logged once, by logPoisoned.
 func (a slogAdapter) Error(msg string, err error, fields watermill.LogFields) {
 	a.LoggerAdapter.Error(msg, boundError(err), fields)
 }
 
-// boundError is err with its text bounded (see slogAdapter.Error); it
-// unwraps to err.
+// boundError is err with its text bounded; it unwraps to err.
 func boundError(err error) error {
 	if err == nil {
 		return nil
@@ -75,10 +71,9 @@ func fieldArgs(fields watermill.LogFields) []any {
 }
 
 // connectBroker runs build, a broker client constructor that retries until
-// its own dial timeout and takes no context (brokers.Factory), so that New
-// returns as soon as ctx ends: a SIGTERM during start-up against a broker
-// that is not reachable must not wait out that timeout. A client that
-// build returns after that is closed in the background.
+// its own dial timeout and takes no context, so that New returns as soon as
+// ctx ends (a SIGTERM during start-up must not wait out that timeout). A
+// client built after that is closed in the background.
 func connectBroker[T interface{ Close() error }](ctx context.Context, build func() (T, error)) (T, error) {
 	type result struct {
 		client T
@@ -99,8 +94,7 @@ func connectBroker[T interface{ Close() error }](ctx context.Context, build func
 			}
 		}()
 		var zero T
-		// Both: the cause says why (a signal), ctx.Err is what callers
-		// match.
+		// The cause says why (a signal); ctx.Err is what callers match.
 		err := ctx.Err()
 		if cause := context.Cause(ctx); !errors.Is(cause, err) {
 			err = errors.Join(err, cause)

@@ -11,9 +11,7 @@ import (
 
 // HandlerTimeoutError reports a message attempt cut off by
 // Config.HandlerTimeout; match it with errors.As. It unwraps to what the
-// attempt returned once its context ended (usually an error wrapping
-// context.DeadlineExceeded). It is not permanent: Retry tries the message
-// again with a fresh deadline before Poison dead-letters it.
+// attempt returned once its context ended. It is not permanent.
 type HandlerTimeoutError struct {
 	Timeout time.Duration
 	Err     error
@@ -26,9 +24,8 @@ func (e *HandlerTimeoutError) Error() string {
 func (e *HandlerTimeoutError) Unwrap() error { return e.Err }
 
 // handlerTimeout gives each attempt at a message a deadline of d (none when
-// d is 0). Unlike Watermill's middleware.Timeout it restores the message's
-// own context afterwards, so the next retry does not inherit an expired one,
-// and it names the cause of the failure.
+// 0). Unlike Watermill's middleware.Timeout it restores the message's
+// context afterwards, so a retry does not inherit an expired one.
 func handlerTimeout(d time.Duration) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		if d <= 0 {

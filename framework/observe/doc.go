@@ -12,30 +12,10 @@
 // OnRetry) and plain Watermill middleware, so it can be added to any
 // router; framework/consumer wires it when its Config asks for it. Labels
 // never include message keys (unbounded cardinality, possibly sensitive);
-// spans carry a hash of the key instead.
+// spans carry a hash of the key instead (claimtx.key_hash, the hex of the
+// first 8 bytes of its SHA-256).
 //
-// # Metrics
-//
-// NewMetrics registers, all prefixed "claimtx_" (as are Watermill's router
-// metrics when framework/consumer registers them, e.g.
-// claimtx_handler_execution_time_seconds):
-//
-//	claimtx_messages_total              counter    consumer, handler, outcome
-//	claimtx_fingerprint_mismatch_total  counter    consumer, handler
-//	claimtx_retries_total               counter    consumer, cause
-//	claimtx_claim_wait_seconds          histogram  consumer
-//	claimtx_transaction_seconds         histogram  consumer, outcome
-//	claimtx_poison_memo_errors_total    counter    consumer
-//	claimtx_poison_refused_total        counter    consumer, fallback
-//	claimtx_kafka_positions_skipped_total  counter  consumer, topic, partition
-//	claimtx_kafka_position              gauge      consumer, topic, partition
-//
-// # Span attributes
-//
-// Tracing.OnOutcome sets claimtx.consumer, claimtx.outcome,
-// claimtx.attempts and claimtx.key_hash (the hex of the first 8 bytes of
-// the key's SHA-256, never the key).
-//
-// docs/observability.md describes the metrics, what healthy and unhealthy
-// look like, and the Grafana dashboard in docs/grafana-dashboard.json.
+// docs/observability.md lists the metrics and span attributes, describes
+// what healthy and unhealthy look like, and the Grafana dashboard in
+// docs/grafana-dashboard.json.
 package observe

@@ -1,6 +1,7 @@
 package observe
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,8 +27,7 @@ type Health struct {
 	// Timeout bounds each check. Defaults to 2s.
 	Timeout time.Duration
 	// Warnings, when set, returns findings that need an operator but do
-	// not make the consumer unready (a claim retention shorter than the
-	// broker's replay horizon); each is reported under its name in
+	// not make the consumer unready; each is reported under its name in
 	// Checks, prefixed "warning: ".
 	Warnings func() map[string]string
 }
@@ -40,11 +40,7 @@ type Report struct {
 
 // Check runs every check concurrently.
 func (h Health) Check(ctx context.Context) Report {
-	timeout := h.Timeout
-	if timeout <= 0 {
-		timeout = 2 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, cmp.Or(max(h.Timeout, 0), 2*time.Second))
 	defer cancel()
 	checks := map[string]func(context.Context) error{
 		"database":   h.database,
@@ -63,11 +59,9 @@ func (h Health) Check(ctx context.Context) Report {
 			err := fn(ctx)
 			mu.Lock()
 			defer mu.Unlock()
+			rep.Checks[name] = "ok"
 			if err != nil {
-				rep.Ready = false
-				rep.Checks[name] = err.Error()
-			} else {
-				rep.Checks[name] = "ok"
+				rep.Ready, rep.Checks[name] = false, err.Error()
 			}
 		}()
 	}
@@ -114,13 +108,9 @@ func (h Health) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // SubscriberConnected returns the readiness check of a subscriber that has
-// a method IsConnected() bool, which reports whether its broker connection
-// is up right now; it must be cheap and safe to call concurrently, since
-// /healthz calls it on every request. claimtx's RabbitMQ and Kafka
-// subscribers (brokers/amqp, brokers/kafka) and watermill-amqp's have it;
-// a user-registered adapter adds it to be checked. For any other
-// subscriber it returns nil (no broker check): set Health.Broker to a check
-// of your own instead.
+// a method IsConnected() bool (cheap and safe to call concurrently: /healthz
+// calls it on every request), as claimtx's RabbitMQ and Kafka subscribers
+// do; nil for any other subscriber.
 func SubscriberConnected(sub message.Subscriber) func(context.Context) error {
 	c, ok := sub.(interface{ IsConnected() bool })
 	if !ok {

@@ -15,16 +15,13 @@ import (
 	"github.com/claimtx/claimtx/middleware"
 )
 
-// Span attribute keys, listed in the package documentation and
-// docs/observability.md.
+// Span attribute keys, listed in docs/observability.md. The key hash
+// correlates deliveries of one event without exporting the key.
 const (
 	attrConsumer = attribute.Key("claimtx.consumer")
 	attrOutcome  = attribute.Key("claimtx.outcome")
 	attrAttempts = attribute.Key("claimtx.attempts")
-	// attrKeyHash is a SHA-256 prefix of the key: enough to correlate
-	// deliveries of one event across spans without exporting the key,
-	// which may carry business identifiers.
-	attrKeyHash = attribute.Key("claimtx.key_hash")
+	attrKeyHash  = attribute.Key("claimtx.key_hash")
 )
 
 // Tracing puts an OpenTelemetry span around each message's claim
@@ -44,8 +41,6 @@ type Tracing struct {
 	Propagator propagation.TextMapPropagator
 }
 
-func (t Tracing) tracer() trace.Tracer { return cmp.Or(t.Tracer, otel.Tracer("claimtx")) }
-
 func (t Tracing) propagator() propagation.TextMapPropagator {
 	if t.Propagator != nil {
 		return t.Propagator
@@ -59,7 +54,7 @@ func (t Tracing) propagator() propagation.TextMapPropagator {
 // Middleware starts the span, runs h with it in the message context and
 // ends it.
 func (t Tracing) Middleware(h message.HandlerFunc) message.HandlerFunc {
-	tracer, prop := t.tracer(), t.propagator()
+	tracer, prop := cmp.Or(t.Tracer, otel.Tracer("claimtx")), t.propagator()
 	return func(msg *message.Message) ([]*message.Message, error) {
 		orig := msg.Context()
 		parent := prop.Extract(orig, propagation.MapCarrier(msg.Metadata))

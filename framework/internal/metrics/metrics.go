@@ -1,8 +1,6 @@
-// Package metrics is the Prometheus side of framework/observe.Metrics:
-// the collectors and every hook that records into them. observe.Metrics
-// exports what a router of your own wires (InitConsumer, OnOutcome,
-// OnRetry); framework/consumer uses the rest, which only its bookkeeping
-// calls.
+// Package metrics is the Prometheus side of framework/observe.Metrics: the
+// collectors and every hook that records into them, the ones only
+// framework/consumer's bookkeeping calls included.
 package metrics
 
 import (
@@ -18,8 +16,7 @@ import (
 	"github.com/claimtx/claimtx/middleware"
 )
 
-// Metric names, listed in the package documentation and
-// docs/observability.md; the dashboard test checks
+// Metric names, listed in docs/observability.md; the dashboard test checks
 // docs/grafana-dashboard.json against them.
 const (
 	metricMessages            = namespace + "_messages_total"
@@ -34,14 +31,11 @@ const (
 )
 
 // namespace prefixes every metric claimtx registers, Watermill's router
-// metrics included when framework/consumer registers them
-// (claimtx_handler_execution_time_seconds, …), so that one prefix finds
-// them all and they cannot collide with another router's in the process.
+// metrics included, so one prefix finds them all.
 const namespace = "claimtx"
 
 // retryCauseHandler is the claimtx_retries_total cause of an in-process
-// retry of a message whose handler failed (consumer.Config.HandlerRetries);
-// the other causes label transient database failures (middleware.TxRetry.Cause).
+// retry of a failed handler; the others are middleware.TxRetry.Cause's.
 const retryCauseHandler = "handler"
 
 // outcomes and retryCauses are the label values InitConsumer creates
@@ -53,18 +47,12 @@ var (
 		pg.Serialization.String(), pg.Deadlock.String(),
 		pg.ClaimWait.String(), pg.Connection.String(), retryCauseHandler,
 	}
-	// The fallbacks of a refused poisoned copy (middleware.PoisonRefusal),
-	// "" labelled fallbackNone.
-	fallbacks = []string{"smaller_copy", "dead_letter_table", fallbackNone}
+	// middleware.PoisonRefusal.Fallback's; "none": nacked.
+	fallbacks = []string{"smaller_copy", "dead_letter_table", "none"}
 )
 
-// fallbackNone labels a refused poisoned copy that went nowhere: the
-// original was nacked.
-const fallbackNone = "none"
-
-// Metrics records claimtx's outcomes in Prometheus. Labels are the consumer
-// name, the Watermill handler name, the outcome and the retry cause; never
-// the key, whose cardinality is unbounded.
+// Metrics records claimtx's outcomes in Prometheus; labels never hold the
+// key, whose cardinality is unbounded.
 type Metrics struct {
 	messages    *prometheus.CounterVec
 	mismatch    *prometheus.CounterVec
@@ -77,9 +65,8 @@ type Metrics struct {
 	position    *prometheus.GaugeVec
 }
 
-// New registers claimtx's collectors on reg. Registering twice on one
-// registerer is an error (prometheus.AlreadyRegisteredError), as
-// Prometheus requires.
+// New registers claimtx's collectors on reg; twice on one registerer is an
+// error.
 func New(reg prometheus.Registerer) (*Metrics, error) {
 	if reg == nil {
 		return nil, &framework.ConfigError{Field: "Registerer", Reason: "must not be nil"}
@@ -87,45 +74,43 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	// Claim waits are usually sub-millisecond; a wait behind a twin lasts
 	// as long as the twin's transaction, up to the claim wait (5 s).
 	waitBuckets := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	}
+	gauge := func(name, help string, labels ...string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+	}
+	histogram := func(name, help string, buckets []float64, labels ...string) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+	}
 	m := &Metrics{
-		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricMessages,
-			Help: "Messages settled (acked or nacked), one final outcome each: applied, duplicate, failed (nacked), poisoned or expired (dead-lettered).",
-		}, []string{"consumer", "handler", "outcome"}),
-		mismatch: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricFingerprintMismatch,
-			Help: "Duplicates whose payload fingerprint differs from the original's: a producer or key-derivation bug.",
-		}, []string{"consumer", "handler"}),
-		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricRetries,
-			Help: "Retries by cause: transient failures of the claim transaction (serialization, deadlock, claim_wait, connection) and in-process retries of failed handlers (handler).",
-		}, []string{"consumer", "cause"}),
-		claimWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    metricClaimWait,
-			Help:    "Time BEGIN and the claim statement took (one round trip), including any wait for a pool connection or behind an uncommitted twin.",
-			Buckets: waitBuckets,
-		}, []string{"consumer"}),
-		transaction: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    metricTransaction,
-			Help:    "Time from key derivation to commit or rollback, retries included.",
-			Buckets: prometheus.DefBuckets,
-		}, []string{"consumer", "outcome"}),
-		memoErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricPoisonMemoErrors,
-			Help: "Poisoned messages whose poison memo could not be recorded (the copy is in the poison destination; the next delivery runs the handler again).",
-		}, []string{"consumer"}),
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricPoisonRefused,
-			Help: "Poisoned copies the broker refused for good (too large, not allowed, no such destination), by where the message went instead: smaller_copy (a copy with a shorter reason was published), dead_letter_table (recorded in Postgres, original acked) or none (nacked; it comes back).",
-		}, []string{"consumer", "fallback"}),
-		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricPositionsSkipped,
-			Help: "Kafka partitions started at the position stored with the claims because the group's offset was below it (a crash before the offset commit, a group reset or deletion, a rewind): the records in between were skipped as settled.",
-		}, []string{"consumer", "topic", "partition"}),
-		position: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: metricPosition,
-			Help: "Kafka position stored with the claims: the offset below which every record of the partition is settled (applied, duplicate or poisoned).",
-		}, []string{"consumer", "topic", "partition"}),
+		messages: counter(metricMessages,
+			"Messages settled (acked or nacked), one final outcome each: applied, duplicate, failed (nacked), poisoned or expired (dead-lettered).",
+			"consumer", "handler", "outcome"),
+		mismatch: counter(metricFingerprintMismatch,
+			"Duplicates whose payload fingerprint differs from the original's: a producer or key-derivation bug.",
+			"consumer", "handler"),
+		retries: counter(metricRetries,
+			"Retries by cause: transient failures of the claim transaction (serialization, deadlock, claim_wait, connection) and in-process retries of failed handlers (handler).",
+			"consumer", "cause"),
+		claimWait: histogram(metricClaimWait,
+			"Time BEGIN and the claim statement took (one round trip), including any wait for a pool connection or behind an uncommitted twin.",
+			waitBuckets, "consumer"),
+		transaction: histogram(metricTransaction,
+			"Time from key derivation to commit or rollback, retries included.",
+			prometheus.DefBuckets, "consumer", "outcome"),
+		memoErrors: counter(metricPoisonMemoErrors,
+			"Poisoned messages whose poison memo could not be recorded (the copy is in the poison destination; the next delivery runs the handler again).",
+			"consumer"),
+		refused: counter(metricPoisonRefused,
+			"Poisoned copies the broker refused for good (too large, not allowed, no such destination), by where the message went instead: smaller_copy (a copy with a shorter reason was published), dead_letter_table (recorded in Postgres, original acked) or none (nacked; it comes back).",
+			"consumer", "fallback"),
+		skipped: counter(metricPositionsSkipped,
+			"Kafka partitions started at the position stored with the claims because the group's offset was below it (a crash before the offset commit, a group reset or deletion, a rewind): the records in between were skipped as settled.",
+			"consumer", "topic", "partition"),
+		position: gauge(metricPosition,
+			"Kafka position stored with the claims: the offset below which every record of the partition is settled (applied, duplicate or poisoned).",
+			"consumer", "topic", "partition"),
 	}
 	for _, c := range []prometheus.Collector{m.messages, m.mismatch, m.retries, m.claimWait, m.transaction, m.memoErrors, m.refused, m.skipped, m.position} {
 		if err := reg.Register(c); err != nil {
@@ -136,12 +121,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // InitConsumer creates the series of one consumer (and Watermill handler
-// name; "" in batch mode) at zero: every outcome, every retry cause, the
-// fingerprint mismatches and the histograms. A counter vector exports a
-// series only once it has a label set, so without this a dashboard shows
-// "no data" instead of 0 until the first event, and rate() over a series
-// that appears mid-window misses its first increment. framework/consumer
-// calls it when a consumer is built.
+// name; "" in batch mode) at zero (see observe.Metrics.InitConsumer).
 func (m *Metrics) InitConsumer(consumer, handler string) {
 	for _, o := range outcomes {
 		m.messages.WithLabelValues(consumer, handler, string(o))
@@ -160,9 +140,7 @@ func (m *Metrics) InitConsumer(consumer, handler string) {
 	}
 }
 
-// OnOutcome records one Result; call it once per settled message (see
-// docs/observability.md: the claim middleware's own OnOutcome fires once
-// per pass, which in-process retries repeat).
+// OnOutcome records one Result; call it once per settled message.
 func (m *Metrics) OnOutcome(r middleware.Result) {
 	handler := ""
 	if r.Message != nil {
@@ -182,41 +160,34 @@ func (m *Metrics) OnOutcome(r middleware.Result) {
 	}
 }
 
-// OnRetry records one retried transient failure; use it as
-// middleware.Claim.OnRetry.
+// OnRetry records one retried transient failure (middleware.Claim.OnRetry).
 func (m *Metrics) OnRetry(r middleware.TxRetry) {
 	m.retries.WithLabelValues(r.Consumer, r.Cause).Inc()
 }
 
-// OnHandlerRetry records one in-process retry of a message whose handler
-// failed, as cause retryCauseHandler.
+// OnHandlerRetry records one in-process retry of a failed handler.
 func (m *Metrics) OnHandlerRetry(consumer string) {
 	m.retries.WithLabelValues(consumer, retryCauseHandler).Inc()
 }
 
-// OnPoisonMemoError records a poisoned message whose poison memo could
-// not be written (middleware.Claim.PoisonMemo); framework/consumer calls
-// it.
+// OnPoisonMemoError records a poison memo that could not be written.
 func (m *Metrics) OnPoisonMemoError(consumer string) {
 	m.memoErrors.WithLabelValues(consumer).Inc()
 }
 
-// OnPoisonRefused records a poisoned copy the broker refused for good,
-// with fallback, middleware.PoisonRefusal.Fallback, saying where the
-// message went instead ("" is labelled "none"); framework/consumer calls
-// it.
+// OnPoisonRefused records a poisoned copy the broker refused for good, by
+// middleware.PoisonRefusal.Fallback.
 func (m *Metrics) OnPoisonRefused(consumer, fallback string) {
-	m.refused.WithLabelValues(consumer, cmp.Or(fallback, fallbackNone)).Inc()
+	m.refused.WithLabelValues(consumer, cmp.Or(fallback, "none")).Inc()
 }
 
 // OnPositionSkipped records a Kafka partition started at its stored
-// position, past the group's offset; framework/consumer calls it.
+// position, past the group's offset.
 func (m *Metrics) OnPositionSkipped(consumer, topic string, partition int32) {
 	m.skipped.WithLabelValues(consumer, topic, strconv.Itoa(int(partition))).Inc()
 }
 
-// SetPosition exports a stored Kafka position; framework/consumer calls
-// it as it reads them (every 15 s while it runs).
+// SetPosition exports a stored Kafka position.
 func (m *Metrics) SetPosition(consumer, topic string, partition int32, settledBelow int64) {
 	m.position.WithLabelValues(consumer, topic, strconv.Itoa(int(partition))).Set(float64(settledBelow))
 }

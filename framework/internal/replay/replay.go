@@ -13,17 +13,14 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 )
 
-// reporter is what a subscriber implements to tell its replay horizon;
-// brokers/amqp and brokers/kafka do, and so may a user's adapter.
+// reporter is what a subscriber implements to tell its replay horizon.
 type reporter interface {
 	ReplayHorizon(ctx context.Context, topic string) (time.Duration, error)
 }
 
 // Horizon returns the longest replay horizon of topics on sub: how old a
-// message can be when the broker still delivers it, which a consumer
-// compares with how long it keeps claims (framework/consumer's
-// Config.Retention; `claimtx stats` and the console show it too). ok is
-// false when sub cannot tell: it has no ReplayHorizon method.
+// message can be when the broker still delivers it. ok is false when sub
+// has no ReplayHorizon method.
 func Horizon(ctx context.Context, sub message.Subscriber, topics ...string) (longest time.Duration, ok bool, err error) {
 	r, ok := sub.(reporter)
 	if !ok {
