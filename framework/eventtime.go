@@ -29,9 +29,7 @@ type TimeFunc func(*message.Message) (time.Time, error)
 // EventTimeError explains why a message's event time could not be read
 // (missing, empty, not a time). It is permanent.
 type EventTimeError struct {
-	// Source names where the time was looked for, e.g. `metadata "event_time"`.
-	Source string
-	// Reason is a short, human-readable explanation.
+	Source string // where the time was looked for, e.g. `metadata "event_time"`
 	Reason string
 }
 
