@@ -129,7 +129,6 @@ func parseTemplate(tmpl string) ([]templatePart, error) {
 			lit.Reset()
 		}
 	}
-	placeholders := 0
 	for i := 0; i < len(tmpl); i++ {
 		c := tmpl[i]
 		switch {
@@ -156,23 +155,22 @@ func parseTemplate(tmpl string) ([]templatePart, error) {
 				return nil, bad(err.Error())
 			}
 			parts = append(parts, p)
-			placeholders++
 			i += end + 1
 		default:
 			lit.WriteByte(c)
 		}
 	}
 	flush()
-	if placeholders == 0 {
-		return nil, bad("no placeholder: every message would get the same key")
-	}
-	// Every placeholder followed by another needs a separator (see fromTemplate).
 	last := -1
 	for i, p := range parts {
 		if p.kind != partLiteral {
 			last = i
 		}
 	}
+	if last < 0 {
+		return nil, bad("no placeholder: every message would get the same key")
+	}
+	// Every placeholder followed by another needs a separator (see fromTemplate).
 	for i := 0; i < last; i++ {
 		p := parts[i]
 		if p.kind == partLiteral {
