@@ -15,28 +15,21 @@ import (
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
-// TimeFunc reads the producer's event time of a message: when the event
-// happened, as fixed by the producer, never when this copy was delivered.
-// Like a KeyFunc it must return the same value on every redelivery,
-// republish and dead-letter replay, because two things depend on it:
-//
-//   - the expiry guard compares it with the retention horizon to refuse
-//     messages whose claim may already be gone;
-//   - in partitioned mode it picks the claim's partition (its UTC day), so
-//     twins always meet in the same partition and conflict there.
+// TimeFunc reads a message's event time: when the event happened, as the
+// producer fixed it, never when this copy was delivered. Like a KeyFunc it
+// must give the same value on every redelivery, republish and replay: the
+// expiry guard compares it with the retention horizon, and in partitioned
+// mode its UTC day picks the claim's partition, where twins must meet.
 //
 // Time specs (ParseTimeSpec, Registry.ParseTime) build the usual ones. A
 // TimeFunc that cannot read a time returns an *EventTimeError; such
 // messages are poisoned, not retried.
 type TimeFunc func(*message.Message) (time.Time, error)
 
-// EventTimeError explains why a message's event time could not be read:
-// the field is missing, empty, or not a time. It is permanent: redelivering
-// the same message cannot fix it.
+// EventTimeError explains why a message's event time could not be read
+// (missing, empty, not a time). It is permanent.
 type EventTimeError struct {
-	// Source names where the time was looked for, e.g. `metadata "event_time"`.
-	Source string
-	// Reason is a short, human-readable explanation.
+	Source string // where the time was looked for, e.g. `metadata "event_time"`
 	Reason string
 }
 
@@ -46,17 +39,14 @@ func (e *EventTimeError) Error() string {
 
 func (e *EventTimeError) permanent() {}
 
-// Event times at or before minEventTime (Unix 0 is what an unset field
-// becomes) or after maxEventTime are refused: they are producer bugs, and
-// the bounds keep every accepted time representable as a Postgres date.
+// Event times up to Unix 0 (what an unset field becomes) or after 9999 are
+// producer bugs; the bounds keep every time a Postgres date.
 var (
 	minEventTime = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
 	maxEventTime = time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)
 )
 
-// timeFromMetadata reads the event time from one metadata field (an AMQP
-// header, a Kafka record header): spec "metadata:NAME". See parseEventTime
-// for the accepted forms.
+// timeFromMetadata is spec "metadata:NAME", read by parseEventTime.
 func timeFromMetadata(field string) (TimeFunc, error) {
 	if field == "" {
 		return nil, &ConfigError{Field: "event_time", Reason: "metadata field name is empty"}
@@ -75,10 +65,8 @@ func timeFromMetadata(field string) (TimeFunc, error) {
 	}, nil
 }
 
-// timeFromJSON reads the event time from a field of the JSON payload,
-// addressed by a dotted path as in json: key specs ("occurred_at",
-// "meta.created"): spec "json:PATH". The field is an RFC 3339 string or a
-// Unix time number (see parseEventTime).
+// timeFromJSON is spec "json:PATH", a dotted path as in key specs to an
+// RFC 3339 string or a Unix time number.
 func timeFromJSON(path string) (TimeFunc, error) {
 	segs, err := parsePath(path)
 	if err != nil {
@@ -93,7 +81,6 @@ func timeFromJSON(path string) (TimeFunc, error) {
 	}, nil
 }
 
-// eventTimeValue reads what a payload path led to as an event time.
 func eventTimeValue(f fieldValue, src string) (time.Time, error) {
 	if f.reason != "" {
 		return time.Time{}, &EventTimeError{Source: src, Reason: f.reason}
@@ -114,17 +101,11 @@ func eventTimeValue(f fieldValue, src string) (time.Time, error) {
 	return t, nil
 }
 
-// timeFromKafka reads the Kafka record timestamp that claimtx's Kafka
-// adapter puts in metadata (brokers/kafka.MetadataTimestamp). The only
-// argument accepted is "timestamp" (spec "kafka:timestamp"). The record timestamp is
-// the producer's create time unless the topic uses LogAppendTime, in which
-// case it is the broker's append time: stable across redeliveries of one
-// record either way. It belongs to the record, not the event: claimtx's
-// Kafka publisher copies it onto the records it republishes (poison copies,
-// relays), but a LogAppendTime topic or any other producer stamps a copy
-// anew. That is why middleware.Claim refuses it for routing claims into
-// event-day partitions unless AllowBrokerEventTime is set; prefer a field
-// the producer wrote (metadata:, json:).
+// timeFromKafka is spec "kafka:timestamp", the record timestamp the Kafka
+// adapter puts in metadata (brokers/kafka.MetadataTimestamp). It is stable
+// across redeliveries of one record, but a LogAppendTime topic or another
+// producer stamps a republished copy anew, which is why middleware.Claim
+// refuses it for event-day partitions unless AllowBrokerEventTime is set.
 func timeFromKafka(arg string) (TimeFunc, error) {
 	if arg != "" && arg != "timestamp" {
 		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("kafka event time %q is not supported (use kafka:timestamp)", arg)}
@@ -132,19 +113,8 @@ func timeFromKafka(arg string) (TimeFunc, error) {
 	return timeFromMetadata(kafkarecord.KafkaTimestamp)
 }
 
-// parseEventTime parses the textual forms producers use for event times:
-//
-//   - RFC 3339, with or without fractional seconds and with any offset
-//     ("2024-05-01T10:00:00Z", "2024-05-01T12:00:00.5+02:00");
-//   - a Unix time as a decimal integer, whose unit is inferred from its
-//     magnitude: below 1e11 seconds, below 1e14 milliseconds, below 1e17
-//     microseconds, else nanoseconds (so any time from 1973 to 5138 is
-//     read in the unit it was written in);
-//   - a Unix time in seconds with a fraction ("1714557600.25").
-//
-// The result is in UTC. Times up to Unix 0 (1970-01-01, what an unset
-// field becomes) or after 9999 are refused. The inference is
-// deterministic, so a redelivery always yields the same time.
+// parseEventTime reads RFC 3339 (any offset, optional fraction) or a Unix
+// time (parseUnixNumber), in UTC.
 func parseEventTime(s string) (time.Time, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
@@ -160,13 +130,14 @@ func parseEventTime(s string) (time.Time, error) {
 	return checkEventTime(t.UTC())
 }
 
-// maxUnixNumberBytes bounds the text of a Unix time number. Nanosecond
-// precision needs 20 digits; the bound leaves room for zeros and an
-// exponent, and keeps a hostile number away from big.Rat, whose cost grows
-// with the square of the digits (a million took seconds).
+// maxUnixNumberBytes bounds a Unix time number (nanoseconds need 20
+// digits), keeping hostile ones from big.Rat, quadratic in the digits.
 const maxUnixNumberBytes = 64
 
-// parseUnixNumber reads a JSON number or a digit string as a Unix time.
+// parseUnixNumber reads a Unix time: an integer's unit is inferred from its
+// magnitude (below 1e11 seconds, 1e14 milliseconds, 1e17 microseconds, else
+// nanoseconds: any time from 1973 to 5138 in the unit it was written in); a
+// fraction or exponent means seconds.
 func parseUnixNumber(s string) (time.Time, error) {
 	if len(s) > maxUnixNumberBytes {
 		return time.Time{}, fmt.Errorf("unix time number is %d bytes, longer than the limit of %d", len(s), maxUnixNumberBytes)
@@ -188,10 +159,9 @@ func parseUnixNumber(s string) (time.Time, error) {
 		}
 		return checkEventTime(t.UTC())
 	}
-	// Fractional (or exponent) forms are seconds. big.Rat keeps every digit
-	// so that the same text always gives the same nanosecond.
+	// big.Rat keeps every digit, so one text always gives one nanosecond,
+	// but would expand 1e999999999 into a gigabyte of digits.
 	if i := strings.IndexAny(s, "eE"); i >= 0 {
-		// big.Rat would expand 1e999999999 into a gigabyte of digits.
 		exp, err := strconv.Atoi(strings.TrimPrefix(s[i+1:], "+"))
 		if err != nil || exp > 30 || exp < -30 {
 			return time.Time{}, fmt.Errorf("%q is not a Unix time", s)

@@ -116,6 +116,8 @@ func TestReadFields(t *testing.T) {
 		{`{"a": -}`, []string{"a"}, false},
 		{`{"a": 1e}`, []string{"a"}, false},
 		{`{"a": tru}`, []string{"a"}, false},
+		{`{"a": truefalse}`, []string{"a"}, false},
+		{`{"a": nul}`, []string{"a"}, false},
 		{`{"a": 1,}`, []string{"a"}, false},
 		{`{"a" 1}`, []string{"a"}, false},
 		{`{'a': 1}`, []string{"a"}, false},

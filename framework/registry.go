@@ -7,24 +7,23 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// KeyFactory builds a KeyFunc from the argument part of a key spec
-// ("event_id" in "metadata:event_id"). It returns a *ConfigError for an
-// argument it cannot use.
+// KeyFactory builds a KeyFunc from a key spec's argument ("event_id" in
+// "metadata:event_id"), or returns a *ConfigError.
 type KeyFactory func(arg string) (KeyFunc, error)
 
-// TimeFactory builds a TimeFunc from the argument part of an event-time
-// spec ("event_time" in "metadata:event_time"). It returns a *ConfigError
-// for an argument it cannot use.
+// TimeFactory builds a TimeFunc from an event-time spec's argument, or
+// returns a *ConfigError.
 type TimeFactory func(arg string) (TimeFunc, error)
 
-// Registry resolves key and event-time specs ("NAME" or "NAME:ARG") to
-// extractors: the built-ins (see the package documentation) and the ones
-// registered on it. It exists so that configuration (env, YAML) can name a
-// custom extractor; build one per program, register your extractors, and
-// parse specs with it. The zero value holds the built-ins only, as does
-// NewRegistry. It is safe for concurrent use.
+// Registry resolves key and event-time specs ("NAME" or "NAME:ARG") to the
+// built-in extractors and those registered on it, so that configuration can
+// name a custom one. The zero value, like NewRegistry's, holds the
+// built-ins only. It is safe for concurrent use.
 type Registry struct {
 	mu    sync.RWMutex
 	keys  map[string]KeyFactory
@@ -34,9 +33,7 @@ type Registry struct {
 // NewRegistry returns a registry holding only the built-in extractors.
 func NewRegistry() *Registry { return &Registry{} }
 
-// builtins resolves the package-level ParseKeySpec and ParseTimeSpec.
-// Nothing registers on it, so it never changes.
-var builtins Registry
+var builtins Registry // nothing registers on it
 
 // ParseKeySpec resolves a key spec with the built-in extractors only. Use a
 // Registry to resolve names of your own.
@@ -46,72 +43,62 @@ func ParseKeySpec(spec string) (KeyFunc, error) { return builtins.ParseKey(spec)
 // only. Use a Registry to resolve names of your own.
 func ParseTimeSpec(spec string) (TimeFunc, error) { return builtins.ParseTime(spec) }
 
-// RegisterKey adds a named key extractor, so that a spec "NAME" or
-// "NAME:ARG" resolves to f(ARG). Names are lower-case
-// ([a-z][a-z0-9_.-]*); registering a name twice, or a built-in name, is an
-// error so that two packages cannot silently fight over one spec.
+// RegisterKey adds a named key extractor: spec "NAME" or "NAME:ARG"
+// resolves to f(ARG). Names match [a-z][a-z0-9_.-]*; registering a name
+// twice, or a built-in one, is an error, so two packages cannot silently
+// fight over one spec.
 func (r *Registry) RegisterKey(name string, f KeyFactory) error {
-	if f == nil {
-		return &ConfigError{Field: "factory", Reason: fmt.Sprintf("extractor %q has a nil factory", name)}
-	}
 	return register(r, &r.keys, keyKind(r), name, f)
 }
 
 // RegisterTime adds a named event-time extractor, under the same rules as
 // RegisterKey.
 func (r *Registry) RegisterTime(name string, f TimeFactory) error {
-	if f == nil {
-		return &ConfigError{Field: "factory", Reason: fmt.Sprintf("event time extractor %q has a nil factory", name)}
-	}
 	return register(r, &r.times, timeKind(), name, f)
 }
 
-// ParseKey turns a key spec "NAME" or "NAME:ARG" into a KeyFunc.
-// Everything after the first colon is the argument, so templates may
-// contain colons.
+// ParseKey turns a key spec "NAME" or "NAME:ARG" into a KeyFunc. The
+// argument is everything after the first colon.
 func (r *Registry) ParseKey(spec string) (KeyFunc, error) {
-	return parse(r, &r.keys, keyKind(r), spec, func(f KeyFunc) bool { return f == nil })
+	return parse(r, &r.keys, keyKind(r), spec)
 }
 
 // ParseTime turns an event-time spec "NAME" or "NAME:ARG" into a
 // TimeFunc.
 func (r *Registry) ParseTime(spec string) (TimeFunc, error) {
-	return parse(r, &r.times, timeKind(), spec, func(f TimeFunc) bool { return f == nil })
+	return parse(r, &r.times, timeKind(), spec)
 }
 
 var extractorName = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,62}$`)
 
-// specKind describes one kind of extractor for the shared registry logic.
-type specKind[F ~func(string) (G, error), G any] struct {
-	// builtins are the built-in factories by name.
-	builtins map[string]F
-	// noun names the extractors in errors ("extractor", "event time
-	// extractor"); unknown is the noun of an unknown name, spec names the
-	// spec ("key spec") and field the config field ("key", "event_time");
-	// examples lists sample specs.
+// specKind is one kind of extractor, with the words its errors use.
+type specKind[F ~func(string) (G, error), G ~func(*message.Message) (R, error), R any] struct {
+	builtins                             map[string]F
 	noun, unknown, spec, field, examples string
 }
 
-// keyKind and timeKind are functions, not variables, so that first:, which
-// calls back into ParseKey, does not make an initialization cycle.
-func keyKind(r *Registry) specKind[KeyFactory, KeyFunc] {
-	return specKind[KeyFactory, KeyFunc]{
-		// first: resolves its alternatives with r.
+// keyKind is a function so that first:, which calls back into ParseKey,
+// makes no initialization cycle.
+func keyKind(r *Registry) specKind[KeyFactory, KeyFunc, string] {
+	return specKind[KeyFactory, KeyFunc, string]{
 		builtins: map[string]KeyFactory{"metadata": fromMetadata, "json": fromJSON, "template": fromTemplate, "first": r.parseFirst},
 		noun:     "extractor", unknown: "key extractor", spec: "key spec", field: "key",
 		examples: "metadata:event_id, json:order_id, template:..., first:SPEC|SPEC",
 	}
 }
 
-func timeKind() specKind[TimeFactory, TimeFunc] {
-	return specKind[TimeFactory, TimeFunc]{
+func timeKind() specKind[TimeFactory, TimeFunc, time.Time] {
+	return specKind[TimeFactory, TimeFunc, time.Time]{
 		builtins: map[string]TimeFactory{"metadata": timeFromMetadata, "json": timeFromJSON, "kafka": timeFromKafka},
 		noun:     "event time extractor", unknown: "event time extractor", spec: "event time spec", field: "event_time",
 		examples: "metadata:event_time, json:occurred_at, kafka:timestamp",
 	}
 }
 
-func register[F ~func(string) (G, error), G any](r *Registry, m *map[string]F, k specKind[F, G], name string, f F) error {
+func register[F ~func(string) (G, error), G ~func(*message.Message) (R, error), R any](r *Registry, m *map[string]F, k specKind[F, G, R], name string, f F) error {
+	if f == nil {
+		return &ConfigError{Field: "factory", Reason: fmt.Sprintf("%s %q has a nil factory", k.noun, name)}
+	}
 	if !extractorName.MatchString(name) {
 		return &ConfigError{Field: "name", Reason: fmt.Sprintf("%s name %q must match %s", k.noun, name, extractorName)}
 	}
@@ -130,9 +117,7 @@ func register[F ~func(string) (G, error), G any](r *Registry, m *map[string]F, k
 	return nil
 }
 
-// parse resolves spec; isNil guards against factories returning a nil
-// function, which a generic G cannot compare with nil itself.
-func parse[F ~func(string) (G, error), G any](r *Registry, m *map[string]F, k specKind[F, G], spec string, isNil func(G) bool) (G, error) {
+func parse[F ~func(string) (G, error), G ~func(*message.Message) (R, error), R any](r *Registry, m *map[string]F, k specKind[F, G, R], spec string) (G, error) {
 	var zero G
 	name, arg, _ := strings.Cut(strings.TrimSpace(spec), ":")
 	if name == "" {
@@ -156,20 +141,16 @@ func parse[F ~func(string) (G, error), G any](r *Registry, m *map[string]F, k sp
 	if err != nil {
 		return zero, err
 	}
-	if isNil(v) {
+	if v == nil {
 		return zero, &ConfigError{Field: k.field, Reason: fmt.Sprintf("%s %q returned a nil function for %q", k.noun, name, arg)}
 	}
 	return v, nil
 }
 
-// firstSeparator separates the alternatives of a first: spec. Keys rarely
-// contain it, and templates that do cannot be an alternative.
-const firstSeparator = "|"
-
-// parseFirst builds the first: extractor from "SPEC|SPEC|...", each SPEC
-// resolved by r (built-in or registered), first: excepted.
+// parseFirst builds first: from "SPEC|SPEC|...", each resolved by r. A
+// template holding '|' cannot be an alternative.
 func (r *Registry) parseFirst(arg string) (KeyFunc, error) {
-	alts := strings.Split(arg, firstSeparator)
+	alts := strings.Split(arg, "|")
 	fs := make([]KeyFunc, 0, len(alts))
 	for i, a := range alts {
 		a = strings.TrimSpace(a)

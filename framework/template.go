@@ -2,45 +2,29 @@ package framework
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// fromTemplate builds a KeyFunc from text with placeholders (spec
-// "template:TEXT"), so that one spec can namespace and combine fields:
+// fromTemplate is spec "template:TEXT": literal text with {payload.PATH}
+// (rendered as json: does) and {metadata.NAME} placeholders, "{{" and "}}"
+// for literal braces. Every placeholder must resolve to a non-empty value; a
+// template without one is refused, as every message would get the same key.
 //
-//	order-completed:{payload.order_id}
-//	{metadata.tenant}:{metadata.event_id}
-//
-// {payload.PATH} reads a JSON payload field by dotted path (rendered as
-// json: does), {metadata.NAME} a metadata field. "{{" and "}}" stand for
-// literal braces. Every placeholder must resolve to a non-empty value, or the
-// message cannot be keyed. A template without placeholders is refused: it
-// would give every message the same key.
-//
-// Keys are injective: two different tuples of values never give the same
-// key, for a collision would ack the second event as a duplicate. So:
-//   - placeholders with nothing between them ({payload.a}{payload.b}) are
-//     refused: (1, 23) and (12, 3) would both give "123";
-//   - in the value of every placeholder that another placeholder follows, the
-//     first character of the literal text after it, and the escape
-//     character '\', are preceded by '\': with {metadata.tenant}:{metadata.event_id}
-//     the tenant "a:b" and event "c" give `a\:b:c`, while "a" and "b:c"
-//     give "a:b:c". The literal text between two placeholders must
-//     therefore not start with '\' (refused).
-//
-// Values containing neither character, and the last placeholder's value
-// whatever it contains, are written as they are, so such keys are the same
-// as before escaping was introduced.
+// Keys are injective (docs/design.md, "Keys are injective"): adjacent
+// placeholders are refused, and in the value of each placeholder another
+// follows, '\' and the first character of the literal after it are escaped
+// with '\' (writeEscaped). The last placeholder's value is written as it is.
 func fromTemplate(tmpl string) (KeyFunc, error) {
 	parts, err := parseTemplate(tmpl)
 	if err != nil {
 		return nil, err
 	}
 	var paths [][]string
-	srcs := make([]string, len(parts)) // for errors, rendered once
+	srcs := make([]string, len(parts))
 	for i, p := range parts {
 		switch p.kind {
 		case partMetadata:
@@ -53,16 +37,9 @@ func fromTemplate(tmpl string) (KeyFunc, error) {
 	fp := newFieldPaths(paths...)
 	return func(msg *message.Message) (string, error) {
 		var buf [4]fieldValue
-		var vals []fieldValue
+		vals := slices.Grow(buf[:0], len(paths))[:len(paths)]
 		if len(paths) > 0 {
-			// Read once per message however many payload fields the
-			// template names.
-			if len(paths) > len(buf) {
-				vals = make([]fieldValue, len(paths))
-			} else {
-				vals = buf[:len(paths)]
-			}
-			payloadValues(msg.Payload, fp, vals)
+			payloadValues(msg.Payload, fp, vals) // one pass for every field
 		}
 		var b strings.Builder
 		j := 0
@@ -101,23 +78,16 @@ type templatePart struct {
 	kind partKind
 	text string   // literal text, metadata name or payload path
 	path []string // payload path segments
-	// escape is, for a placeholder that another placeholder follows, the
-	// first character (as bytes) of the literal after it: the character
-	// that ends the value when a key is read left to right. Empty for the
-	// last placeholder, which the end of the key (or a fixed suffix)
-	// delimits.
+	// escape is, for a placeholder another follows, the first character of
+	// the literal after it; empty for the last placeholder.
 	escape string
 }
 
-// templateEscape precedes, in a value, the separator's first character and
-// itself.
 const templateEscape = '\\'
 
-// writeEscaped writes v, with templateEscape before every occurrence of sep
-// and of templateEscape when sep is not empty. Reading the key left to
-// right, an unescaped sep then always ends the value, so the values can be
-// recovered from the key: distinct tuples give distinct keys. Linear in
-// len(v); the common value without either character is copied as is.
+// writeEscaped writes v with templateEscape before every sep and every
+// templateEscape (when sep is not empty): read left to right, an unescaped
+// sep ends the value, so distinct tuples give distinct keys.
 func writeEscaped(b *strings.Builder, v, sep string) {
 	if sep == "" || (!strings.Contains(v, sep) && strings.IndexByte(v, templateEscape) < 0) {
 		b.WriteString(v)
@@ -139,15 +109,7 @@ func writeEscaped(b *strings.Builder, v, sep string) {
 	}
 }
 
-// firstChar is the first UTF-8 character of s as bytes, or its first byte
-// when s does not start with valid UTF-8.
-func firstChar(s string) string {
-	_, n := utf8.DecodeRuneInString(s)
-	return s[:n]
-}
-
-// placeholderText renders a placeholder part back as the user wrote it,
-// for error messages.
+// placeholderText is the placeholder as the user wrote it.
 func (p templatePart) placeholderText() string {
 	if p.kind == partMetadata {
 		return "{metadata." + p.text + "}"
@@ -167,7 +129,6 @@ func parseTemplate(tmpl string) ([]templatePart, error) {
 			lit.Reset()
 		}
 	}
-	placeholders := 0
 	for i := 0; i < len(tmpl); i++ {
 		c := tmpl[i]
 		switch {
@@ -194,24 +155,22 @@ func parseTemplate(tmpl string) ([]templatePart, error) {
 				return nil, bad(err.Error())
 			}
 			parts = append(parts, p)
-			placeholders++
 			i += end + 1
 		default:
 			lit.WriteByte(c)
 		}
 	}
 	flush()
-	if placeholders == 0 {
-		return nil, bad("no placeholder: every message would get the same key")
-	}
-	// Injectivity: every placeholder followed by another needs a separator,
-	// whose first character its values escape (see fromTemplate).
 	last := -1
 	for i, p := range parts {
 		if p.kind != partLiteral {
 			last = i
 		}
 	}
+	if last < 0 {
+		return nil, bad("no placeholder: every message would get the same key")
+	}
+	// Every placeholder followed by another needs a separator (see fromTemplate).
 	for i := 0; i < last; i++ {
 		p := parts[i]
 		if p.kind == partLiteral {
@@ -226,7 +185,8 @@ func parseTemplate(tmpl string) ([]templatePart, error) {
 			return nil, bad(fmt.Sprintf("the text after %s starts with '\\', which values use to escape the separator; start it with another character",
 				p.placeholderText()))
 		}
-		parts[i].escape = firstChar(next.text)
+		_, n := utf8.DecodeRuneInString(next.text)
+		parts[i].escape = next.text[:n]
 	}
 	return parts, nil
 }
