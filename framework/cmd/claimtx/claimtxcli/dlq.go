@@ -22,9 +22,7 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// `claimtx dlq`: browse, classify and replay a consumer's poison
-// destination. The machinery is framework/cmd/claimtx/internal/dlq (the web console reuses it);
-// this file is flags and output.
+// `claimtx dlq`: flags and output over internal/dlq.
 
 const dlqUsage = `Usage: claimtx dlq SUBCOMMAND [flags]
 
@@ -74,8 +72,8 @@ Example:
   claimtx dlq replay --topic order-completed --consumer loyalty --key-spec 'template:order-completed:{payload.order_id}' --newer-than 7d --dry-run`
 }
 
-// dlqFlags are the flags of the dlq subcommands; the embedded dlq.Run
-// takes most of them as they are.
+// dlqFlags are the flags of the dlq subcommands, most straight into the
+// embedded dlq.Run.
 type dlqFlags struct {
 	*common
 	brokerFlags
@@ -178,9 +176,6 @@ func (d *dlqFlags) run(ctx context.Context) error {
 			return err
 		}
 		names := pg.NewNames(st.Config().Schema, st.Config().ClaimsTable, st.Config().OutboxTable)
-		// With the memo, a dry run reports "poison-memo" letters and a
-		// replay clears the memo of every key it republishes, so its copy
-		// reaches the handler.
 		memo, err := dlq.MemoOf(ctx, d.pool, names)
 		if err != nil {
 			return d.fail(ctx, "dlq "+d.sub, err)
@@ -224,8 +219,7 @@ func (d *dlqFlags) run(ctx context.Context) error {
 			d.printRow(tw, l)
 			return nil
 		}
-		// Rows are aligned per batch: a large destination is not held in
-		// memory to align it as a whole.
+		// Rows are aligned per batch, not held in memory as a whole.
 		d.OnBatch = func(t dlq.Totals) {
 			pr.clear()
 			_ = tw.Flush()
@@ -252,8 +246,6 @@ func (d *dlqFlags) run(ctx context.Context) error {
 	return nil
 }
 
-// brokerFail removes the broker's and the database's passwords from err's
-// text, keeping it matchable.
 func (d *dlqFlags) brokerFail(err error) error {
 	var ce *framework.ConfigError
 	if errors.As(err, &ce) {
@@ -262,7 +254,6 @@ func (d *dlqFlags) brokerFail(err error) error {
 	return d.redactErr(err, d.redact)
 }
 
-// letterJSON is the JSON line of a letter.
 func (d *dlqFlags) letterJSON(l *dlq.Letter) map[string]any {
 	m := map[string]any{
 		"position":       l.Position,
@@ -426,8 +417,7 @@ func (d *dlqFlags) printInspect(l *dlq.Letter) {
 	printf(w, "    %s\n\n", strings.ReplaceAll(payload, "\n", "\n    "))
 }
 
-// printTotals prints the summary: stdout for humans, a final JSON object
-// with --json.
+// printTotals prints the summary; with --json a replay's final object.
 func (d *dlqFlags) printTotals(t dlq.Totals, err error) {
 	if d.asJSON {
 		if d.sub == "replay" {
