@@ -88,8 +88,6 @@ type dlqFlags struct {
 	progress             string
 	fromStart            bool
 	maxPayload           int
-	classify             bool
-	now                  time.Time
 }
 
 func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env, cfg Config) error {
@@ -186,14 +184,14 @@ func (d *dlqFlags) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.now = time.Now()
+	d.Filter.Now = time.Now()
 	src, err := dlq.Open(ctx, bcfg, dlq.Options{Destination: d.poison, Consumer: consumer, Resume: d.sub == "replay" && !d.fromStart})
 	if err != nil {
 		return d.brokerFail(err)
 	}
 	defer func() { _ = src.Close() }()
-	d.Source, d.classify = src, d.Classifier != nil
-	d.Filter.Topic, d.Filter.OlderThan, d.Filter.NewerThan, d.Filter.Now = d.Topic, d.olderThan.d, d.newerThan.d, d.now
+	d.Source = src
+	d.Filter.Topic, d.Filter.OlderThan, d.Filter.NewerThan = d.Topic, d.olderThan.d, d.newerThan.d
 	pr := d.newProgress(src.Total())
 	d.OnBatch = pr.update
 	var tw *tabwriter.Writer
@@ -271,7 +269,7 @@ func (d *dlqFlags) letterJSON(l *dlq.Letter) map[string]any {
 	}
 	if !l.Stamps.PoisonedAt.IsZero() {
 		m["poisoned_at"] = l.Stamps.PoisonedAt.Format(time.RFC3339Nano)
-		age, _ := l.Age(d.now)
+		age, _ := l.Age(d.Filter.Now)
 		m["age_seconds"] = age.Seconds()
 	}
 	if l.Handled {
@@ -280,7 +278,7 @@ func (d *dlqFlags) letterJSON(l *dlq.Letter) map[string]any {
 	if l.CopyOf != "" {
 		m["copy_of"] = l.CopyOf // the same message poisoned again: replayed once
 	}
-	if d.classify && l.Class != "" {
+	if d.Classifier != nil && l.Class != "" {
 		m["key"] = l.Key
 		m["class"] = l.Class
 		if l.KeyErr != nil {
@@ -311,7 +309,7 @@ func (d *dlqFlags) letterJSON(l *dlq.Letter) map[string]any {
 }
 
 func (d *dlqFlags) age(l *dlq.Letter) string {
-	age, ok := l.Age(d.now)
+	age, ok := l.Age(d.Filter.Now)
 	if !ok {
 		return "?"
 	}
@@ -320,7 +318,7 @@ func (d *dlqFlags) age(l *dlq.Letter) string {
 
 func (d *dlqFlags) printHeader(tw io.Writer) {
 	cols := "POSITION\tID\tAGE\tCONSUMER\tTOPIC\tHANDLER\tKEY\tFINGERPRINT"
-	if d.classify {
+	if d.Classifier != nil {
 		cols += "\tCLASS"
 	}
 	if d.sub == "replay" {
@@ -349,13 +347,10 @@ func (d *dlqFlags) printRow(tw io.Writer, l *dlq.Letter) {
 	if l.CopyOf != "" {
 		pos += " copy of " + l.CopyOf
 	}
-	key := dlq.EffectiveKey(l)
-	if d.classify && l.KeyErr != nil {
-		key = "(none)"
-	}
+	key, reason := l.Shown()
 	row := []string{pos, l.Msg.UUID, d.age(l), cmp.Or(l.Stamps.Consumer, "-"), cmp.Or(l.Stamps.Topic, "-"),
 		cmp.Or(l.Stamps.Handler, "-"), cmp.Or(opfmt.OneLine(key, 60), "-"), l.FingerprintHex()}
-	if d.classify {
+	if d.Classifier != nil {
 		row = append(row, d.classText(l))
 	}
 	if d.sub == "replay" {
@@ -369,10 +364,6 @@ func (d *dlqFlags) printRow(tw io.Writer, l *dlq.Letter) {
 			act += ": " + l.Why
 		}
 		row = append(row, act)
-	}
-	reason := l.Stamps.Reason
-	if d.classify && l.KeyErr != nil {
-		reason = "today: " + l.KeyErr.Error() + "; poisoned: " + reason
 	}
 	row = append(row, opfmt.OneLine(reason, 100))
 	printlnTo(tw, strings.Join(row, "\t"))
@@ -395,7 +386,7 @@ func (d *dlqFlags) printInspect(l *dlq.Letter) {
 	printf(w, "  reason            %s\n", l.Stamps.Reason)
 	printf(w, "  permanent         %s\n", cmp.Or(l.Stamps.Permanent, "-"))
 	printf(w, "  key when poisoned %s\n", cmp.Or(l.Stamps.Key, "-"))
-	if d.classify {
+	if d.Classifier != nil {
 		if l.KeyErr != nil {
 			printf(w, "  key today         none: %v\n", l.KeyErr)
 		} else {
@@ -441,7 +432,7 @@ func (d *dlqFlags) printTotals(t dlq.Totals, err error) {
 		printf(w, " (not selected: %s)", strings.Join(skipped, ", "))
 	}
 	printlnTo(w)
-	if d.classify {
+	if d.Classifier != nil {
 		printf(w, "  already applied   %d\n  would apply       %d\n  still bad         %d\n  poison memo       %d\n",
 			t.Applied, t.WouldApply, t.StillBad, t.Memo)
 		if t.Repeated > 0 {

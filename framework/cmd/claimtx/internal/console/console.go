@@ -24,7 +24,6 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
@@ -207,14 +206,7 @@ type page struct {
 }
 
 func (c *Console) parseTemplates() error {
-	funcs := template.FuncMap{
-		"dur":      opfmt.Age,
-		"ts":       timestamp,
-		"fmtDur":   opfmt.FormatDuration,
-		"join":     strings.Join,
-		"classTxt": classText,
-	}
-	layout, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
+	layout, err := template.New("layout.html").Funcs(template.FuncMap{"ts": timestamp}).ParseFS(templateFS, "templates/layout.html")
 	if err != nil {
 		return err
 	}

@@ -82,12 +82,7 @@ func rowOf(l *dlq.Letter, now time.Time) letterRow {
 	if a, ok := l.Age(now); ok {
 		age = opfmt.Age(a)
 	}
-	key := dlq.EffectiveKey(l)
-	reason := l.Stamps.Reason
-	if l.KeyErr != nil {
-		key = "(none)"
-		reason = "today: " + l.KeyErr.Error() + "; poisoned: " + reason
-	}
+	key, reason := l.Shown()
 	return letterRow{
 		ID: l.Msg.UUID, Position: l.Position, Age: age, Key: opfmt.OneLine(key, 200),
 		Class: string(l.Class), ClassText: classText(l), Reason: opfmt.OneLine(reason, 300), Handler: l.Stamps.Handler,

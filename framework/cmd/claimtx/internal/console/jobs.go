@@ -73,6 +73,19 @@ func (j *job) view() jobView {
 	return v
 }
 
+func (j *job) locked(f func()) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	f()
+}
+
+func (j *job) kind() string {
+	if j.DryRun {
+		return "dry run"
+	}
+	return "replay"
+}
+
 // jobs holds the running and the last maxJobs finished jobs.
 type jobs struct {
 	mu      sync.Mutex
@@ -160,11 +173,7 @@ func (c *Console) startJob(w http.ResponseWriter, r *http.Request, cs *Consumer,
 	}
 	if !reused {
 		j.kafka = cs.Broker.Kind == brokers.KindKafka
-		kind := "replay"
-		if dryRun {
-			kind = "dry run"
-		}
-		c.log.Info("console: "+kind+" started", "job", j.ID, "consumer", cs.Name, "all_matching", sel.All, "selected", len(sel.IDs), "include_applied", sel.IncludeApplied)
+		c.log.Info("console: "+j.kind()+" started", "job", j.ID, "consumer", cs.Name, "all_matching", sel.All, "selected", len(sel.IDs), "include_applied", sel.IncludeApplied)
 		c.jobs.wg.Go(func() { c.runJob(j, cs, sel) })
 	}
 	http.Redirect(w, r, "/jobs/"+j.ID, http.StatusSeeOther)
@@ -178,9 +187,7 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 			return err
 		}
 		defer func() { _ = src.Close() }()
-		j.mu.Lock()
-		j.total = src.Total()
-		j.mu.Unlock()
+		j.locked(func() { j.total = src.Total() })
 		run, err := c.selectionRun(ctx, sel, cs, src)
 		if err != nil {
 			return err
@@ -198,22 +205,13 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 				return nil
 			}
 			row := rowOf(l, time.Now())
-			// No result page shows the payload: don't keep it.
-			row.Payload = ""
-			j.mu.Lock()
-			j.rows.add(l, row, maxRows)
-			j.mu.Unlock()
+			row.Payload = "" // no result page shows it: don't keep it
+			j.locked(func() { j.rows.add(l, row, maxRows) })
 			return nil
 		}
-		run.OnBatch = func(t dlq.Totals) {
-			j.mu.Lock()
-			j.totals = t
-			j.mu.Unlock()
-		}
+		run.OnBatch = func(t dlq.Totals) { j.locked(func() { j.totals = t }) }
 		t, err := run.Replay(ctx)
-		j.mu.Lock()
-		j.totals = t
-		j.mu.Unlock()
+		j.locked(func() { j.totals = t })
 		if err != nil && ctx.Err() != nil {
 			if j.DryRun {
 				return fmt.Errorf("interrupted by the console's shutdown after %d letters read; a dry run changes nothing: preview again", t.Seen)
@@ -233,9 +231,9 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 	totals, wouldReplay := j.totals, j.rows.replay
 	j.mu.Unlock()
 	c.jobs.finish(j)
-	kind, count, n := "replay", "replayed", totals.Replayed
+	kind, count, n := j.kind(), "replayed", totals.Replayed
 	if j.DryRun {
-		kind, count, n = "dry run", "would_replay", wouldReplay
+		count, n = "would_replay", wouldReplay
 	}
 	if err != nil {
 		c.log.Warn("console: "+kind+" failed", "job", j.ID, "consumer", cs.Name, count, n, "read", totals.Seen, "err", c.errText(err))

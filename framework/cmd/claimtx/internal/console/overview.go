@@ -72,10 +72,8 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	d.Truncated = truncated
 	rows := make([]overviewRow, len(names))
-	idx := map[string]int{}
 	for i, n := range names {
 		rows[i] = overviewRow{Name: n, Configured: c.consumer(n) != nil}
-		idx[n] = i
 	}
 
 	var wg sync.WaitGroup

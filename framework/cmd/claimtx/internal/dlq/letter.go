@@ -123,6 +123,15 @@ func (l *Letter) Fingerprint() []byte { return Fingerprint(l.Msg.Payload) }
 // FingerprintHex is Fingerprint in hex.
 func (l *Letter) FingerprintHex() string { return hex.EncodeToString(l.Fingerprint()) }
 
+// Shown is l's key and reason as the pages and the CLI show them: with
+// why today's spec cannot key it, when it cannot.
+func (l *Letter) Shown() (key, reason string) {
+	if l.KeyErr != nil {
+		return "(none)", "today: " + l.KeyErr.Error() + "; poisoned: " + l.Stamps.Reason
+	}
+	return EffectiveKey(l), l.Stamps.Reason
+}
+
 // Age is how long ago the copy was poisoned, if it says.
 func (l *Letter) Age(now time.Time) (time.Duration, bool) {
 	if l.Stamps.PoisonedAt.IsZero() {
