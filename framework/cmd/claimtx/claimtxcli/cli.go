@@ -352,12 +352,7 @@ func (b *brokerFlags) brokerConfig() (brokers.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
-	if b.broker != "" {
-		cfg.Kind = b.broker
-	}
-	if b.amqpURL != "" {
-		cfg.AMQP.URL = b.amqpURL
-	}
+	cfg.Kind, cfg.AMQP.URL = cmp.Or(b.broker, cfg.Kind), cmp.Or(b.amqpURL, cfg.AMQP.URL)
 	if b.kafkaBrokers != "" {
 		cfg.Kafka.Brokers = nil
 		for _, a := range strings.Split(b.kafkaBrokers, ",") {
@@ -367,10 +362,7 @@ func (b *brokerFlags) brokerConfig() (brokers.Config, error) {
 		}
 	}
 	b.brokerSecrets = append(b.brokerSecrets, brokerSecrets(cfg)...)
-	if err := cfg.Validate(); err != nil {
-		return cfg, err
-	}
-	return cfg, nil
+	return cfg, cfg.Validate()
 }
 
 // browseConfig is brokerConfig as cli browses it (Config.BrowseAs).
@@ -405,11 +397,7 @@ func urlPassword(u string) []string {
 }
 
 func (b *brokerFlags) redactErr(err error, redact func(string) string) error {
-	msg := redact(err.Error())
-	for _, s := range b.brokerSecrets {
-		msg = strings.ReplaceAll(msg, s, "xxxxx")
-	}
-	return &redactedError{msg: msg, err: err}
+	return &redactedError{msg: config.Scrub(redact(err.Error()), b.brokerSecrets...), err: err}
 }
 
 // target names the database without credentials.

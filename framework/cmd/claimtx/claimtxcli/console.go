@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -109,11 +110,7 @@ func cmdConsole(ctx context.Context, args []string, stdout, _ io.Writer, getenv 
 			return fmt.Errorf("console: --consumer-config %s: %w", path, err)
 		}
 		// The broker's URL, too: a page shows no connection string.
-		if u := cc.Broker.AMQP.URL; u != "" {
-			secrets = append(secrets, u)
-		}
-		secrets = append(secrets, brokerSecrets(cc.Broker)...)
-		secrets = append(secrets, dbSecrets(cc.DatabaseURL)...)
+		secrets = slices.Concat(secrets, []string{cc.Broker.AMQP.URL}, brokerSecrets(cc.Broker), dbSecrets(cc.DatabaseURL))
 		cfg.Consumers = append(cfg.Consumers, console.Consumer{
 			Name: cc.Name, Topic: cc.Topic, PoisonTopic: cc.PoisonTopic, Key: cc.Key,
 			KeyPolicy: cc.Claim.KeyPolicy, Retention: cc.Retention, Broker: cc.Broker,
@@ -127,8 +124,7 @@ func cmdConsole(ctx context.Context, args []string, stdout, _ io.Writer, getenv 
 		return err
 	}
 	defer pool.Close()
-	cfg.Pool, cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable = pool, c.schemaName(), c.tableName(), *outbox
-	cfg.Secrets = secrets
+	cfg.Pool, cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable, cfg.Secrets = pool, c.schemaName(), c.tableName(), *outbox, secrets
 	con, err := console.New(cfg)
 	if err != nil {
 		return err

@@ -167,10 +167,7 @@ func (k *keysFlags) readBroker(ctx context.Context, c *keycheck.Checker) (string
 			return "", k.redactErr(fmt.Errorf("keys check: %w", err), k.redact)
 		}
 	}
-	kind := map[string]string{"kafka": "Kafka topic", "nats": "NATS subject"}[cfg.Kind]
-	if kind == "" {
-		kind = "RabbitMQ queue"
-	}
+	kind := cmp.Or(map[string]string{"kafka": "Kafka topic", "nats": "NATS subject"}[cfg.Kind], "RabbitMQ queue")
 	return fmt.Sprintf("%s %s (read without consuming)", kind, k.topic), nil
 }
 

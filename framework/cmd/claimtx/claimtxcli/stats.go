@@ -46,9 +46,7 @@ func cmdStats(ctx context.Context, args []string, stdout, _ io.Writer, getenv en
 	}
 	var horizon *horizonReport
 	if *topic != "" {
-		if *poison == "" {
-			*poison = *topic + ".poison"
-		}
+		*poison = cmp.Or(*poison, *topic+".poison")
 		bcfg, err := bf.brokerConfig()
 		if err != nil {
 			return err

@@ -260,12 +260,7 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 var connString = regexp.MustCompile(`(?i)\b(amqps?|postgres(?:ql)?|kafka|nats)://[^\s"']+`)
 
 func (c *Console) redact(s string) string {
-	for _, p := range c.cfg.Secrets {
-		if p != "" {
-			s = strings.ReplaceAll(s, p, "xxxxx")
-		}
-	}
-	return connString.ReplaceAllString(s, "[$1 URL]")
+	return connString.ReplaceAllString(config.Scrub(s, c.cfg.Secrets...), "[$1 URL]")
 }
 
 func (c *Console) errText(err error) string {

@@ -169,15 +169,15 @@ func openKafka(ctx context.Context, cfg brokers.KafkaConfig, o Options) (_ *kafk
 	consume := map[int32]kgo.Offset{}
 	starts.Each(func(lo kadm.ListedOffset) {
 		start := lo.Offset
-		if c, ok := s.committed[lo.Partition]; ok && o.Resume && c > start {
-			start = c
+		c, ok := s.committed[lo.Partition]
+		if ok {
+			s.progress[lo.Partition] = c
+			if o.Resume {
+				start = max(start, c)
+			}
 		}
 		end, _ := ends.Lookup(s.topic, lo.Partition)
-		s.end[lo.Partition] = end.Offset
-		s.next[lo.Partition] = start
-		if c, ok := s.committed[lo.Partition]; ok {
-			s.progress[lo.Partition] = c
-		}
+		s.end[lo.Partition], s.next[lo.Partition] = end.Offset, start
 		if start < end.Offset {
 			s.total += end.Offset - start
 			consume[lo.Partition] = kgo.NewOffset().At(start)
