@@ -127,7 +127,7 @@ func New(cfg Config) (*Console, error) {
 		cfg: cfg, store: st, names: pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable),
 		consumers: map[string]*Consumer{}, log: cmp.Or(cfg.Logger, slog.Default()),
 		key: make([]byte, 32), limiter: rate.NewLimiter(5, 5),
-		horizons: &horizonCache{ttl: time.Minute, m: map[string]horizonResult{}},
+		horizons: &horizonCache{m: map[string]horizonResult{}},
 		jobs:     &jobs{byID: map[string]*job{}, running: map[string]string{}},
 	}
 	_, _ = rand.Read(c.key) // crypto/rand.Read never fails (Go ≥ 1.24)

@@ -366,12 +366,13 @@ type horizonResult struct {
 }
 
 // horizonCache keeps each consumer's replay horizon (a broker round trip)
-// for ttl: the overview may be reloaded often.
+// for horizonTTL: the overview may be reloaded often.
 type horizonCache struct {
-	mu  sync.Mutex
-	ttl time.Duration
-	m   map[string]horizonResult
+	mu sync.Mutex
+	m  map[string]horizonResult
 }
+
+const horizonTTL = time.Minute
 
 // horizonBadge is green when claims outlive every delivery, red when
 // not, amber when retention or horizon is unknown.
@@ -407,7 +408,7 @@ func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
 	c.horizons.mu.Lock()
 	h, ok := c.horizons.m[cs.Name]
 	c.horizons.mu.Unlock()
-	if ok && time.Since(h.at) < c.horizons.ttl {
+	if ok && time.Since(h.at) < horizonTTL {
 		return h
 	}
 	h = horizonResult{at: time.Now()}
@@ -457,8 +458,7 @@ func (c *Console) deadLetterCount(ctx context.Context, name string) (count, titl
 	defer cancel()
 	b := *cs
 	b.Broker = c.bounded(cs.Broker)
-	kafka := cs.Broker.Kind == brokers.KindKafka
-	src, err := c.openDestination(ctx, &b, kafka)
+	src, err := c.openDestination(ctx, &b, cs.Broker.Kind == brokers.KindKafka)
 	if err != nil {
 		return "unknown", err.Error()
 	}

@@ -19,7 +19,9 @@ import (
 // clears a key's memo before it republishes it (a crash in between leaves
 // the letter with its memo gone: harmless).
 type Memo interface {
+	// Memoised returns which of keys have a memo for consumer.
 	Memoised(ctx context.Context, consumer string, keys []string) (map[string]bool, error)
+	// Clear removes the memos of consumer for keys.
 	Clear(ctx context.Context, consumer string, keys []string) error
 }
 

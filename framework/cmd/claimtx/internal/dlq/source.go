@@ -14,7 +14,7 @@ import (
 // Source is a poison destination opened for browsing and replay; not safe
 // for concurrent use.
 type Source interface {
-	Destination() string
+	Destination() string // the queue or topic
 	// Total is how many messages the browse reads at most: those present
 	// at the opening (on Kafka, from the start offsets on).
 	Total() int64
