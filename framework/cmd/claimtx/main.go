@@ -6,12 +6,10 @@
 // docs/operations.md is the guide.
 //
 // Exit status: 0 on success (and when not leader), 1 when the operation
-// failed (and when explain finds neither claim nor poison memo), 2 on bad
-// input (unknown command, bad flag, a retention window below the
-// minimum).
+// failed (or explain finds nothing), 2 on bad input.
 //
-// This binary is claimtxcli with the built-in extractors; a program of
-// your own serves the same CLI with its extractors (see claimtxcli).
+// A program of your own serves the same CLI with its extractors: see
+// claimtxcli.
 package main
 
 import "github.com/claimtx/claimtx/framework/cmd/claimtx/claimtxcli"

@@ -1,7 +1,6 @@
-// Command devkafka runs an in-process Kafka-protocol broker for development,
-// demos and CI, where no Kafka server is installed. It is
-// brokers/kafka/kafkatest (kfake underneath, plus eviction of group members
-// that died while joining) as a process.
+// Command devkafka is brokers/kafka/kafkatest as a process: a
+// Kafka-protocol broker for development, demos and CI without a Kafka
+// server.
 //
 // Usage:
 //
@@ -43,20 +42,17 @@ func main() {
 	os.Exit(code)
 }
 
-// defaultAddr is the first address of KAFKA_BROKERS, so that the broker
-// listens where the services configured by the same environment look.
+// defaultAddr is the first address of KAFKA_BROKERS, where the services of
+// the same environment look, or Kafka's standard port (kafkatest itself
+// takes a free one, as tests want).
 func defaultAddr(getenv func(string) string) string {
 	for _, a := range strings.Split(getenv("KAFKA_BROKERS"), ",") {
 		if a = strings.TrimSpace(a); a != "" {
 			return a
 		}
 	}
-	return fallbackAddr
+	return "127.0.0.1:9092"
 }
-
-// fallbackAddr is Kafka's standard port, where services expect a broker;
-// kafkatest itself defaults to a free port, as tests want.
-const fallbackAddr = "127.0.0.1:9092"
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("devkafka", flag.ContinueOnError)

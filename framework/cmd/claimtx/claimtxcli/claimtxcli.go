@@ -11,19 +11,15 @@
 //		claimtxcli.Main(claimtxcli.Config{Extractors: reg})
 //	}
 //
-// Every spec a command parses (dlq --key-spec, keys check --key-spec and
-// --time-spec, explain --key-spec, the key of each console
-// --consumer-config and of its paste-a-message page) is then resolved
-// with that registry; the commands, flags, outputs and exit statuses are
-// those of the claimtx binary, which is this package with Config{}.
+// Every key and event-time spec a command parses (dlq, keys check,
+// explain, the console's consumers and paste-a-message) is then resolved
+// with that registry; everything else is the claimtx binary, which is this
+// package with Config{}.
 //
-// Broker adapters need no configuration here: the built-in kinds (amqp,
-// kafka, nats) are linked by this package, and importing your own
-// adapter's package, whose init calls brokers.Register, makes its kind
-// known to every command (BROKER=mybus, kind: mybus). Dead letters are
-// browsed (dlq, keys check --topic, the console's dead-letters page) on
-// the built-in kinds; Config.BrowseAs says which of them serves a kind
-// of yours.
+// The built-in broker kinds are linked by this package; importing your own
+// adapter (its init calls brokers.Register) makes its kind known to every
+// command. Dead letters are browsed on the built-in kinds only:
+// Config.BrowseAs says which of them serves a kind of yours.
 package claimtxcli
 
 import (
@@ -34,8 +30,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	// Every command that builds a broker from a configuration takes any
-	// built-in kind: each adapter registers its own when linked.
+	// Each adapter registers its kind when linked.
 	_ "github.com/claimtx/claimtx/brokers/amqp"
 	_ "github.com/claimtx/claimtx/brokers/kafka"
 	_ "github.com/claimtx/claimtx/brokers/nats"
@@ -47,24 +42,18 @@ import (
 // Config configures the CLI.
 type Config struct {
 	// Extractors resolves every key and event-time spec the commands
-	// parse: pass the registry your consumers resolve theirs with
-	// (consumer.Config.Extractors). Defaults to the built-in extractors
-	// only.
+	// parse: the registry of your consumers (consumer.Config.Extractors).
+	// Defaults to the built-in extractors only.
 	Extractors *framework.Registry
 
-	// BrowseAs maps a broker kind registered with brokers.Register to the
-	// built-in configuration (amqp or kafka) its queues and topics are
-	// read with where the commands browse without consuming: dlq list,
-	// inspect and replay, keys check --topic, the console's dead letters.
-	// An adapter that wraps a built-in one under a kind of its own
-	// returns the wrapped configuration; a replay then republishes with
-	// the built-in client, identity kept as always, and the console reads
-	// the kind's replay horizon through it too. Another registered kind
-	// cannot be browsed. Defaults to none.
+	// BrowseAs maps a kind registered with brokers.Register to the built-in
+	// configuration its queues and topics are browsed with (dlq, keys check
+	// --topic, the console's dead letters and replay horizon): an adapter
+	// wrapping a built-in one returns the wrapped configuration. Other
+	// registered kinds cannot be browsed.
 	BrowseAs map[string]func(brokers.Config) (brokers.Config, error)
 }
 
-// browsed is b as the commands browse it: what BrowseAs says for its kind.
 func (c Config) browsed(b brokers.Config) (brokers.Config, error) {
 	as := c.BrowseAs[b.Kind]
 	if as == nil {

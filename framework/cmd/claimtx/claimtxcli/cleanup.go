@@ -14,21 +14,17 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// `claimtx cleanup`: delete the claims past the retention window, in
-// batches, with progress.go's display.
-
 func init() {
 	synopses["cleanup"] = "Delete claims older than the retention window, in batches. Interrupt it to stop after the current batch; run it again to resume."
 }
 
-func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+func cmdCleanup(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, _ Config) error {
 	fs, c := newFlags("cleanup", stdout, getenv)
 	var cfg store.RetentionConfig
 	window := newRetentionFlags("window", "min-window")
 	window.register(fs, &cfg, "keep claims processed within this window", "refuse windows below this unless --force", "window")
 	fs.IntVar(&cfg.BatchSize, "batch-size", pg.DefaultBatchSize, "rows in the first batch; later batches adapt")
-	// 0 lets the store derive these from --batch-size, so the help states
-	// the default in words, not as a flag default.
+	// 0: the store derives these from --batch-size.
 	fs.IntVar(&cfg.MinBatchSize, "min-batch-size", 0, fmt.Sprintf("smallest adaptive batch (default %d, or --batch-size if smaller)", pg.DefaultMinBatchSize))
 	fs.IntVar(&cfg.MaxBatchSize, "max-batch-size", 0, fmt.Sprintf("largest adaptive batch (default %d, or --batch-size if larger)", pg.DefaultMaxBatchSize))
 	fs.DurationVar(&cfg.TargetBatchDuration, "target-batch-duration", pg.DefaultTargetBatchDuration, "adapt batch sizes toward this duration")
@@ -106,14 +102,10 @@ func cmdCleanup(ctx context.Context, args []string, stdout io.Writer, getenv env
 // countBudget bounds the count that gives the cleanup progress its total.
 const countBudget = 2 * time.Second
 
-// countExpired counts the claims processed before horizon, exactly, if that
-// takes less than countBudget; ok is false otherwise. The planner's
-// estimate, which the progress once used, comes from statistics that still
-// include the rows an earlier cleanup deleted until the next ANALYZE (2.7x
-// too many in the test), and pg_class.reltuples has the same lag; an
-// exact count is cheap on the processed_at index for the tables a progress
-// total matters least on, and where it is not, no total is better than a
-// false one. New claims cannot fall below a horizon in the past, and the
+// countExpired counts the claims processed before horizon exactly, if that
+// takes less than countBudget. Estimates lag behind an earlier cleanup
+// until the next ANALYZE (2.7x too many in the test): no total is better
+// than a false one. New claims cannot fall below a past horizon, and the
 // retention lease keeps other cleaners out, so the count stays right.
 func (c *common) countExpired(ctx context.Context, st *store.Store, horizon time.Time) (n int64, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, countBudget+time.Second)

@@ -65,7 +65,6 @@ func (e *usageError) Error() string { return e.msg }
 // env is the process environment, injected so tests can run in parallel.
 type env func(string) string
 
-// runEnv is Run with an explicit environment.
 func runEnv(ctx context.Context, cfg Config, args []string, stdout, stderr io.Writer, getenv env) int {
 	if len(args) == 0 {
 		printTo(stderr, usage)
@@ -88,45 +87,19 @@ func runEnv(ctx context.Context, cfg Config, args []string, stdout, stderr io.Wr
 	return report(c(ctx, rest, stdout, stderr, getenv, cfg), stderr)
 }
 
-// command is one subcommand: it writes its output to stdout (dlq also its
-// progress to stderr), resolves key and event-time specs and browses
-// brokers as cfg says, and returns its error for report to print.
+// command is one subcommand: it writes its output to stdout (dlq its
+// progress to stderr), resolves specs and browses brokers as cfg says, and
+// returns its error, already redacted, for report.
 type command func(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env, cfg Config) error
 
 var commands = map[string]command{
-	"migrate":    quiet(cmdMigrate),
-	"cleanup":    quiet(cmdCleanup),
-	"partitions": quiet(cmdPartitions),
-	"stats":      quiet(cmdStats),
-	"dlq":        cmdDLQ,
-	"keys":       quietCfg(cmdKeys),
-	"unpoison":   quiet(cmdUnpoison),
-	"explain":    quietCfg(cmdExplain),
-	"console":    quietCfg(cmdConsole),
+	"migrate": cmdMigrate, "cleanup": cmdCleanup, "partitions": cmdPartitions, "stats": cmdStats, "dlq": cmdDLQ,
+	"keys": cmdKeys, "unpoison": cmdUnpoison, "explain": cmdExplain, "console": cmdConsole,
 }
 
-// quiet is a command that writes nothing to stderr and needs nothing of
-// Config.
-func quiet(f func(ctx context.Context, args []string, stdout io.Writer, getenv env) error) command {
-	return quietCfg(func(ctx context.Context, args []string, stdout io.Writer, getenv env, _ Config) error {
-		return f(ctx, args, stdout, getenv)
-	})
-}
-
-// quietCfg is a command that writes nothing to stderr.
-func quietCfg(f func(ctx context.Context, args []string, stdout io.Writer, getenv env, cfg Config) error) command {
-	return func(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, cfg Config) error {
-		return f(ctx, args, stdout, getenv, cfg)
-	}
-}
-
-// report prints err (already redacted by the command) and maps it to an
-// exit status.
+// report prints err and maps it to an exit status.
 func report(err error, stderr io.Writer) int {
-	if err == nil {
-		return exitOK
-	}
-	if errors.Is(err, flag.ErrHelp) {
+	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
 	printlnTo(stderr, oncePrefixed(err.Error()))
@@ -138,10 +111,8 @@ func report(err error, stderr io.Writer) int {
 	return exitFail
 }
 
-// oncePrefixed puts "claimtx: " in front of msg exactly once. The store's
-// errors carry that prefix themselves (they are read in application logs,
-// where it says which library spoke); wrapped by the CLI it would repeat,
-// once per layer.
+// oncePrefixed puts "claimtx: " in front of msg exactly once: the store's
+// errors carry it themselves (for application logs).
 func oncePrefixed(msg string) string {
 	for {
 		trimmed := strings.ReplaceAll(strings.TrimPrefix(msg, "claimtx: "), ": claimtx: ", ": ")
@@ -152,8 +123,7 @@ func oncePrefixed(msg string) string {
 	}
 }
 
-// common holds the connection flags every command takes, and the pool once
-// connected.
+// common holds the connection flags and, once connected, the pool.
 type common struct {
 	databaseURL, schema, table string
 	getenv                     env
@@ -161,8 +131,8 @@ type common struct {
 	pool                       *pgxpool.Pool
 }
 
-// newFlags returns the flag set of one (sub)command, name being what
-// follows "claimtx", with the connection flags.
+// newFlags is the flag set of the (sub)command name with the connection
+// flags.
 func newFlags(name string, stdout io.Writer, getenv env) (*flag.FlagSet, *common) {
 	fs := quietFlagSet(name)
 	c := &common{getenv: getenv, stdout: stdout}
@@ -174,10 +144,8 @@ func newFlags(name string, stdout io.Writer, getenv env) (*flag.FlagSet, *common
 	return fs, c
 }
 
-// quietFlagSet is a flag set that neither prints nor exits: package flag
-// would print the usage around every error, and the error again after it;
-// parse and printHelp do the printing. keys check, which reads no
-// database, takes it without the connection flags of newFlags.
+// quietFlagSet neither prints nor exits (package flag would print the
+// usage around every error): parse and printHelp print.
 func quietFlagSet(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -185,10 +153,8 @@ func quietFlagSet(name string) *flag.FlagSet {
 	return fs
 }
 
-// subcommand splits the subcommand of a command group (partitions, dlq,
-// keys) from args. Help asked for prints the group's usage on stdout and
-// returns flag.ErrHelp; a missing or unknown subcommand is a usage error
-// that lists subs.
+// subcommand splits the subcommand of a group (partitions, dlq, keys) from
+// args; help prints usage on stdout and returns flag.ErrHelp.
 func subcommand(group, usage string, args []string, stdout io.Writer, subs ...string) (string, []string, error) {
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 		printTo(stdout, usage)
@@ -211,16 +177,14 @@ func subcommand(group, usage string, args []string, stdout io.Writer, subs ...st
 	return args[0], args[1:], nil
 }
 
-// fromEnv fills the connection settings not given as flags.
 func (c *common) fromEnv() {
 	c.databaseURL = cmp.Or(c.databaseURL, c.getenv("DATABASE_URL"))
 	c.schema = cmp.Or(c.schema, c.getenv("CLAIMTX_SCHEMA"))
 	c.table = cmp.Or(c.table, c.getenv("CLAIMTX_TABLE"))
 }
 
-// parse parses args and refuses positional leftovers. Help asked for (-h)
-// goes to stdout, so it can be paged; a bad flag is one line and a pointer
-// to the help, not the whole help around the error.
+// parse parses args and refuses positional leftovers. -h goes to stdout,
+// so it can be paged; a bad flag is one line and a pointer to the help.
 func (c *common) parse(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -235,13 +199,10 @@ func (c *common) parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// badFlags is a usage error of the (sub)command name, with the pointer to
-// its flags.
 func badFlags(name, format string, a ...any) error {
 	return &usageError{msg: name + ": " + fmt.Sprintf(format, a...) + "\nrun `claimtx " + name + " -h` for its flags"}
 }
 
-// requireConsumer refuses a missing or malformed --consumer of cmd.
 func requireConsumer(cmd, consumer string) error {
 	if consumer == "" {
 		return badFlags(cmd, "--consumer is required")
@@ -249,12 +210,11 @@ func requireConsumer(cmd, consumer string) error {
 	return config.ValidateConsumer("--consumer", consumer)
 }
 
-// synopses are the descriptions of the commands' help, each set by the
-// file of its command.
+// synopses are the descriptions of the commands' help, set by their files.
 var synopses = map[string]string{}
 
-// printHelp prints a command's usage and its flags. It is the only place
-// defaults are printed: a flag's help text never repeats its default.
+// printHelp is the only place defaults are printed: a flag's help text
+// never repeats its default.
 func printHelp(w io.Writer, fs *flag.FlagSet) {
 	printf(w, "Usage: claimtx %s [flags]\n\n%s\n\nFlags:\n", fs.Name(), synopses[fs.Name()])
 	fs.VisitAll(func(f *flag.Flag) {
@@ -275,8 +235,8 @@ func printHelp(w io.Writer, fs *flag.FlagSet) {
 	})
 }
 
-// connect validates the names, opens a small pool and returns the store
-// and a close function. Errors never contain the password.
+// connect validates the names and opens a small pool (a leader connection
+// and one for everything else). Errors never contain the password.
 func (c *common) connect(ctx context.Context) (*store.Store, func(), error) {
 	c.fromEnv()
 	cfg := store.Config{Schema: c.schema, ClaimsTable: c.table}
@@ -286,7 +246,6 @@ func (c *common) connect(ctx context.Context) (*store.Store, func(), error) {
 	if c.databaseURL == "" {
 		return nil, nil, &usageError{msg: "no database: set DATABASE_URL or pass --database-url"}
 	}
-	// A leader connection and one for everything else.
 	st, err := c.open(ctx, 2, "claimtx-cli", "")
 	if err != nil {
 		return nil, nil, err
@@ -294,10 +253,8 @@ func (c *common) connect(ctx context.Context) (*store.Store, func(), error) {
 	return st, c.pool.Close, nil
 }
 
-// open connects a pool of maxConns connections named app (its
-// application_name) to the database and returns the store over it; c.pool
-// is the pool. Its errors start with prefix and never contain the
-// password.
+// open connects c.pool (maxConns, application_name app) and returns the
+// store over it. Errors start with prefix and never contain the password.
 func (c *common) open(ctx context.Context, maxConns int32, app, prefix string) (*store.Store, error) {
 	pcfg, err := pgxpool.ParseConfig(c.databaseURL)
 	if err != nil {
@@ -306,11 +263,9 @@ func (c *common) open(ctx context.Context, maxConns int32, app, prefix string) (
 	pcfg.MaxConns = maxConns
 	pcfg.ConnConfig.RuntimeParams["application_name"] = app
 	if !strings.Contains(c.databaseURL, "default_query_exec_mode") {
-		// pgx's default caches prepared statements per connection, which
-		// a transaction pooler (PgBouncer pool_mode=transaction) cannot
-		// keep. An operator's tool pays nothing it would notice for one
-		// Parse per statement, and then works through any pooler without
-		// the operator editing the URL; a URL that chooses a mode keeps it.
+		// pgx caches prepared statements per connection, which a
+		// transaction pooler cannot keep; one Parse per statement costs an
+		// operator's tool nothing it would notice.
 		pcfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
@@ -330,8 +285,8 @@ func (c *common) open(ctx context.Context, maxConns int32, app, prefix string) (
 	return st, nil
 }
 
-// migrated refuses a claim table that does not exist yet, named with its
-// remedy, before anything else (a broker) is touched.
+// migrated refuses a missing claim table, with the remedy, before a
+// broker is touched.
 func (c *common) migrated(ctx context.Context, st *store.Store, what string) error {
 	v, err := st.Version(ctx)
 	if err != nil {
@@ -343,29 +298,26 @@ func (c *common) migrated(ctx context.Context, st *store.Store, what string) err
 	return nil
 }
 
-// fail wraps a command's error, removing the password from its text while
-// keeping the sentinel errors matchable. A missing claim table is named,
-// with the schema when that is what is missing, and the CLI's remedy
-// (the store's own text advises the Go API).
+// fail wraps a command's error, redacted and still matchable. The store's
+// texts for a missing or (not) partitioned table advise the Go API and
+// name no table: these name it and the CLI's remedy.
 func (c *common) fail(ctx context.Context, what string, err error) error {
 	var ce *framework.ConfigError
 	if errors.As(err, &ce) {
 		return err
 	}
-	// The store's texts for these name neither the table nor a command.
-	name := c.schemaName() + "." + c.tableName()
+	name, msg := c.schemaName()+"."+c.tableName(), err.Error()
 	switch {
 	case errors.Is(err, store.ErrNoClaimTable):
-		return &redactedError{msg: c.redact(what + ": " + c.missingTable(ctx)), err: err}
+		msg = c.missingTable(ctx)
 	case errors.Is(err, store.ErrNotPartitioned):
-		return &redactedError{msg: c.redact(fmt.Sprintf("%s: claim table %s is not partitioned: run `claimtx partitions enable` first, or keep it plain and use `claimtx cleanup`", what, name)), err: err}
+		msg = "claim table " + name + " is not partitioned: run `claimtx partitions enable` first, or keep it plain and use `claimtx cleanup`"
 	case errors.Is(err, store.ErrPartitioned):
-		return &redactedError{msg: c.redact(fmt.Sprintf("%s: claim table %s is partitioned: retention drops whole day partitions, not rows; use `claimtx partitions drop-expired`", what, name)), err: err}
+		msg = "claim table " + name + " is partitioned: retention drops whole day partitions, not rows; use `claimtx partitions drop-expired`"
 	}
-	return &redactedError{msg: c.redact(what + ": " + err.Error()), err: err}
+	return &redactedError{msg: c.redact(what + ": " + msg), err: err}
 }
 
-// missingTable says which of schema and claim table is missing.
 func (c *common) missingTable(ctx context.Context) string {
 	name := c.schemaName() + "." + c.tableName()
 	var schemaExists bool
@@ -379,8 +331,7 @@ func (c *common) missingTable(ctx context.Context) string {
 func (c *common) schemaName() string { return cmp.Or(c.schema, pg.DefaultSchema) }
 func (c *common) tableName() string  { return cmp.Or(c.table, pg.DefaultClaimsTable) }
 
-// brokerFlags select the broker of the commands that read one (dlq, keys,
-// stats).
+// brokerFlags select the broker of dlq, keys and stats.
 type brokerFlags struct {
 	broker, brokerFile    string
 	amqpURL, kafkaBrokers string
@@ -394,20 +345,14 @@ func (b *brokerFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&b.kafkaBrokers, "kafka-brokers", "", "Kafka bootstrap addresses, comma separated (env KAFKA_BROKERS)")
 }
 
-// brokerConfig is the broker configuration: the file, or the defaults,
-// with the environment over it (brokers.LoadConfig),
-// and the flags over both.
+// brokerConfig is the file (or the defaults), the environment over it
+// (brokers.LoadConfig), and the flags over both.
 func (b *brokerFlags) brokerConfig() (brokers.Config, error) {
 	cfg, err := brokers.LoadConfig(b.brokerFile)
 	if err != nil {
 		return cfg, err
 	}
-	if b.broker != "" {
-		cfg.Kind = b.broker
-	}
-	if b.amqpURL != "" {
-		cfg.AMQP.URL = b.amqpURL
-	}
+	cfg.Kind, cfg.AMQP.URL = cmp.Or(b.broker, cfg.Kind), cmp.Or(b.amqpURL, cfg.AMQP.URL)
 	if b.kafkaBrokers != "" {
 		cfg.Kafka.Brokers = nil
 		for _, a := range strings.Split(b.kafkaBrokers, ",") {
@@ -417,10 +362,7 @@ func (b *brokerFlags) brokerConfig() (brokers.Config, error) {
 		}
 	}
 	b.brokerSecrets = append(b.brokerSecrets, brokerSecrets(cfg)...)
-	if err := cfg.Validate(); err != nil {
-		return cfg, err
-	}
-	return cfg, nil
+	return cfg, cfg.Validate()
 }
 
 // browseConfig is brokerConfig as cli browses it (Config.BrowseAs).
@@ -436,8 +378,6 @@ func (b *brokerFlags) browseConfig(cli Config) (brokers.Config, error) {
 	return cfg, nil
 }
 
-// brokerSecrets are the passwords of a broker configuration, as typed
-// and escaped.
 func brokerSecrets(cfg brokers.Config) []string {
 	out := urlPassword(cfg.AMQP.URL)
 	if p := cfg.Kafka.SASL.Password; p != "" {
@@ -446,8 +386,7 @@ func brokerSecrets(cfg brokers.Config) []string {
 	return out
 }
 
-// urlPassword is the password in the user info of the URL u, as typed
-// and escaped both ways; none when it has none.
+// urlPassword is the password of URL u, as typed and escaped both ways.
 func urlPassword(u string) []string {
 	if pu, err := url.Parse(u); err == nil && pu.User != nil {
 		if p, ok := pu.User.Password(); ok && p != "" {
@@ -457,14 +396,8 @@ func urlPassword(u string) []string {
 	return nil
 }
 
-// redactErr removes the broker's passwords, and what redact removes, from
-// err's text.
 func (b *brokerFlags) redactErr(err error, redact func(string) string) error {
-	msg := redact(err.Error())
-	for _, s := range b.brokerSecrets {
-		msg = strings.ReplaceAll(msg, s, "xxxxx")
-	}
-	return &redactedError{msg: msg, err: err}
+	return &redactedError{msg: config.Scrub(redact(err.Error()), b.brokerSecrets...), err: err}
 }
 
 // target names the database without credentials.
@@ -477,9 +410,9 @@ func tableName(st *store.Store) string {
 	return st.Config().Schema + "." + st.Config().ClaimsTable
 }
 
-// durationValue is a flag accepting Go durations and whole days ("30d",
-// "1d12h"), because retention windows are thought of in days. It prints
-// what the user typed: "3d" read back as "72h0m0s" looks like another value.
+// durationValue is a flag of Go durations and days ("30d", "1d12h"):
+// retention windows are thought of in days. It prints what was typed: "3d"
+// read back as "72h0m0s" looks like another value.
 type durationValue struct {
 	d     time.Duration
 	typed string
@@ -501,9 +434,8 @@ func (v *durationValue) Set(s string) error {
 	return nil
 }
 
-// retentionFlags are a retention, the minimum below which it is refused,
-// and the --force that accepts it anyway: cleanup's --window and
-// --min-window, partitions' --retention and --min-retention.
+// retentionFlags are a retention, its minimum and the --force that
+// accepts one below it (cleanup's --window, partitions' --retention).
 type retentionFlags struct {
 	name, minName string
 	value, min    durationValue
@@ -514,18 +446,15 @@ func newRetentionFlags(name, minName string) *retentionFlags {
 		value: durationValue{d: pg.DefaultRetention}, min: durationValue{d: pg.DefaultMinRetention}}
 }
 
-// register adds the flags to fs, --force into cfg; noun is what the
-// retention is called in the --force help.
 func (r *retentionFlags) register(fs *flag.FlagSet, cfg *store.RetentionConfig, help, minHelp, noun string) {
 	fs.Var(&r.value, r.name, help)
 	fs.Var(&r.min, r.minName, minHelp)
 	fs.BoolVar(&cfg.Force, "force", false, fmt.Sprintf("accept a %s below --%s: duplicates older than it will be applied again", noun, r.minName))
 }
 
-// apply puts the retention into cfg and checks cfg. A retention below its
-// minimum is refused unless forced, in the flags' own terms: the store
-// checks the same (and is the guard for Go callers), but speaks of fields
-// and time.Duration values.
+// apply puts the retention into cfg and checks cfg, refusing one below
+// its minimum in the flags' terms first (the store's error speaks of
+// fields).
 func (r *retentionFlags) apply(cmd string, cfg *store.RetentionConfig) error {
 	cfg.Retention, cfg.MinRetention = r.value.d, r.min.d
 	if r.value.d < r.min.d && !cfg.Force {
@@ -549,21 +478,16 @@ func formatBytes(n int64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
-// printJSON prints v as indented JSON, the --json output of the commands
-// that print one document.
 func printJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
 }
 
-// newTable is the layout of every table the CLI prints: columns two spaces
-// apart. Flush it when done.
 func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
 
-// printf, printlnTo and printTo write the CLI's output. A failed write (a
-// closed pipe) cannot be reported anywhere better than the exit status the
-// command already has, so it is ignored here, once.
+// printf, printlnTo and printTo ignore a failed write (a closed pipe): no
+// better place to report it than the exit status the command has.
 func printf(w io.Writer, format string, a ...any) { _, _ = fmt.Fprintf(w, format, a...) }
 
 func printlnTo(w io.Writer, a ...any) { _, _ = fmt.Fprintln(w, a...) }

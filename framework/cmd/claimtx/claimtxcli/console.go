@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -21,8 +22,8 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// `claimtx console`: the web console (framework/cmd/claimtx/internal/console). This file is the
-// flags, the refusal of unsafe listen settings and the HTTP server.
+// `claimtx console`: flags, the refusal of unsafe listen settings and the
+// HTTP server of internal/console.
 
 const defaultConsoleListen = "127.0.0.1:7070"
 
@@ -46,7 +47,7 @@ Examples:
       --consumer-config loyalty.yaml --metrics loyalty=http://loyalty:9090/metrics`
 }
 
-func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env, cli Config) error {
+func cmdConsole(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, cli Config) error {
 	fs, c := newFlags("console", stdout, getenv)
 	listen := fs.String("listen", "", "`address` to serve on (env CLAIMTX_CONSOLE_LISTEN; default "+defaultConsoleListen+")")
 	tokenFile := fs.String("token-file", "", "`file` holding the access token (or env CLAIMTX_CONSOLE_TOKEN); required to listen on a non-loopback address")
@@ -86,8 +87,7 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 	for i, path := range configs {
 		cc, err := consumer.LoadConfig(path)
 		if err == nil && cc.Key != "" {
-			// Checked here, with the extractors this CLI was given, so
-			// the error names the file before anything is connected.
+			// Checked now, so the error names the file.
 			_, err = cli.Extractors.ParseKey(cc.Key)
 		}
 		if err != nil {
@@ -110,11 +110,7 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 			return fmt.Errorf("console: --consumer-config %s: %w", path, err)
 		}
 		// The broker's URL, too: a page shows no connection string.
-		if u := cc.Broker.AMQP.URL; u != "" {
-			secrets = append(secrets, u)
-		}
-		secrets = append(secrets, brokerSecrets(cc.Broker)...)
-		secrets = append(secrets, dbSecrets(cc.DatabaseURL)...)
+		secrets = slices.Concat(secrets, []string{cc.Broker.AMQP.URL}, brokerSecrets(cc.Broker), dbSecrets(cc.DatabaseURL))
 		cfg.Consumers = append(cfg.Consumers, console.Consumer{
 			Name: cc.Name, Topic: cc.Topic, PoisonTopic: cc.PoisonTopic, Key: cc.Key,
 			KeyPolicy: cc.Claim.KeyPolicy, Retention: cc.Retention, Broker: cc.Broker,
@@ -128,8 +124,7 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 		return err
 	}
 	defer pool.Close()
-	cfg.Pool, cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable = pool, c.schemaName(), c.tableName(), *outbox
-	cfg.Secrets = secrets
+	cfg.Pool, cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable, cfg.Secrets = pool, c.schemaName(), c.tableName(), *outbox, secrets
 	con, err := console.New(cfg)
 	if err != nil {
 		return err
@@ -144,10 +139,8 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 		Handler:           con,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       30 * time.Second,
-		// A page waits for its queries (each bounded by the console's
-		// query timeout) and a dead-letter page for the broker.
-		WriteTimeout: 2 * time.Minute,
-		IdleTimeout:  2 * time.Minute,
+		WriteTimeout:      2 * time.Minute, // a page waits for its queries and the broker
+		IdleTimeout:       2 * time.Minute,
 	}
 	mode := "loopback only, no token"
 	if token != "" {
@@ -164,8 +157,8 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 		return fmt.Errorf("console: %w", err)
 	case <-ctx.Done():
 	}
-	// Pages in flight get a moment; replay jobs are cancelled by Close
-	// (deferred), which waits for them to stop between two batches.
+	// Pages in flight get a moment; Close stops the replay jobs between
+	// two batches.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(sctx)
@@ -174,8 +167,6 @@ func cmdConsole(ctx context.Context, args []string, stdout io.Writer, getenv env
 	return nil
 }
 
-// consoleToken reads the access token: CLAIMTX_CONSOLE_TOKEN or
-// --token-file, never both.
 func consoleToken(file string, getenv env) (string, error) {
 	env := getenv("CLAIMTX_CONSOLE_TOKEN")
 	if file != "" && env != "" {
@@ -198,8 +189,6 @@ func consoleToken(file string, getenv env) (string, error) {
 	return token, nil
 }
 
-// checkListen refuses a listen address other hosts can reach unless a
-// token protects the console.
 func checkListen(listen, token string) error {
 	host, _, err := net.SplitHostPort(listen)
 	if err != nil {
@@ -213,8 +202,8 @@ func checkListen(listen, token string) error {
 		listen, console.MinTokenBytes, defaultConsoleListen)}
 }
 
-// loopback says whether host is only reachable from this machine: an
-// empty host means every interface.
+// loopback: host is reachable from this machine only ("" is every
+// interface).
 func loopback(host string) bool {
 	if strings.EqualFold(host, "localhost") {
 		return true
@@ -223,8 +212,6 @@ func loopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// sameClaimTable refuses a consumer configuration naming another claim
-// table than the console's: this version serves one.
 func sameClaimTable(path string, cc consumer.Config, dbURL, schema, table string) error {
 	if cc.Store.Schema != schema || cc.Store.ClaimsTable != table {
 		return &usageError{msg: fmt.Sprintf("console: --consumer-config %s: its claim table is %s.%s, the console's %s.%s: one console serves one claim table; run one console per table",
@@ -245,7 +232,6 @@ func sameClaimTable(path string, cc consumer.Config, dbURL, schema, table string
 	return nil
 }
 
-// dbSecrets are the database URL and its password.
 func dbSecrets(dsn string) []string {
 	if dsn == "" {
 		return nil
@@ -257,7 +243,6 @@ func dbSecrets(dsn string) []string {
 	return out
 }
 
-// consolePool connects to the claim table's database.
 func (c *common) consolePool(ctx context.Context) (*pgxpool.Pool, error) {
 	cfg := store.Config{Schema: c.schema, ClaimsTable: c.table}
 	if err := cfg.Validate(); err != nil {
@@ -266,8 +251,7 @@ func (c *common) consolePool(ctx context.Context) (*pgxpool.Pool, error) {
 	if c.databaseURL == "" {
 		return nil, &usageError{msg: "console: no database: set DATABASE_URL, pass --database-url, or give a --consumer-config with database_url"}
 	}
-	// A few connections: the overview runs its queries side by side, and
-	// a replay job holds one.
+	// The overview runs its queries side by side; a replay job holds one.
 	st, err := c.open(ctx, 8, "claimtx-console", "console: ")
 	if err != nil {
 		return nil, err

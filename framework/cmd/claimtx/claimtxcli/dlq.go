@@ -22,9 +22,7 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// `claimtx dlq`: browse, classify and replay a consumer's poison
-// destination. The machinery is framework/cmd/claimtx/internal/dlq (the web console reuses it);
-// this file is flags and output.
+// `claimtx dlq`: flags and output over internal/dlq.
 
 const dlqUsage = `Usage: claimtx dlq SUBCOMMAND [flags]
 
@@ -74,8 +72,8 @@ Example:
   claimtx dlq replay --topic order-completed --consumer loyalty --key-spec 'template:order-completed:{payload.order_id}' --newer-than 7d --dry-run`
 }
 
-// dlqFlags are the flags of the dlq subcommands; the embedded dlq.Run
-// takes most of them as they are.
+// dlqFlags are the flags of the dlq subcommands, most straight into the
+// embedded dlq.Run.
 type dlqFlags struct {
 	*common
 	brokerFlags
@@ -90,8 +88,6 @@ type dlqFlags struct {
 	progress             string
 	fromStart            bool
 	maxPayload           int
-	classify             bool
-	now                  time.Time
 }
 
 func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer, getenv env, cfg Config) error {
@@ -178,9 +174,6 @@ func (d *dlqFlags) run(ctx context.Context) error {
 			return err
 		}
 		names := pg.NewNames(st.Config().Schema, st.Config().ClaimsTable, st.Config().OutboxTable)
-		// With the memo, a dry run reports "poison-memo" letters and a
-		// replay clears the memo of every key it republishes, so its copy
-		// reaches the handler.
 		memo, err := dlq.MemoOf(ctx, d.pool, names)
 		if err != nil {
 			return d.fail(ctx, "dlq "+d.sub, err)
@@ -191,14 +184,14 @@ func (d *dlqFlags) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.now = time.Now()
+	d.Filter.Now = time.Now()
 	src, err := dlq.Open(ctx, bcfg, dlq.Options{Destination: d.poison, Consumer: consumer, Resume: d.sub == "replay" && !d.fromStart})
 	if err != nil {
 		return d.brokerFail(err)
 	}
 	defer func() { _ = src.Close() }()
-	d.Source, d.classify = src, d.Classifier != nil
-	d.Filter.Topic, d.Filter.OlderThan, d.Filter.NewerThan, d.Filter.Now = d.Topic, d.olderThan.d, d.newerThan.d, d.now
+	d.Source = src
+	d.Filter.Topic, d.Filter.OlderThan, d.Filter.NewerThan = d.Topic, d.olderThan.d, d.newerThan.d
 	pr := d.newProgress(src.Total())
 	d.OnBatch = pr.update
 	var tw *tabwriter.Writer
@@ -224,8 +217,7 @@ func (d *dlqFlags) run(ctx context.Context) error {
 			d.printRow(tw, l)
 			return nil
 		}
-		// Rows are aligned per batch: a large destination is not held in
-		// memory to align it as a whole.
+		// Rows are aligned per batch, not held in memory as a whole.
 		d.OnBatch = func(t dlq.Totals) {
 			pr.clear()
 			_ = tw.Flush()
@@ -252,8 +244,6 @@ func (d *dlqFlags) run(ctx context.Context) error {
 	return nil
 }
 
-// brokerFail removes the broker's and the database's passwords from err's
-// text, keeping it matchable.
 func (d *dlqFlags) brokerFail(err error) error {
 	var ce *framework.ConfigError
 	if errors.As(err, &ce) {
@@ -262,7 +252,6 @@ func (d *dlqFlags) brokerFail(err error) error {
 	return d.redactErr(err, d.redact)
 }
 
-// letterJSON is the JSON line of a letter.
 func (d *dlqFlags) letterJSON(l *dlq.Letter) map[string]any {
 	m := map[string]any{
 		"position":       l.Position,
@@ -280,7 +269,7 @@ func (d *dlqFlags) letterJSON(l *dlq.Letter) map[string]any {
 	}
 	if !l.Stamps.PoisonedAt.IsZero() {
 		m["poisoned_at"] = l.Stamps.PoisonedAt.Format(time.RFC3339Nano)
-		age, _ := l.Age(d.now)
+		age, _ := l.Age(d.Filter.Now)
 		m["age_seconds"] = age.Seconds()
 	}
 	if l.Handled {
@@ -289,7 +278,7 @@ func (d *dlqFlags) letterJSON(l *dlq.Letter) map[string]any {
 	if l.CopyOf != "" {
 		m["copy_of"] = l.CopyOf // the same message poisoned again: replayed once
 	}
-	if d.classify && l.Class != "" {
+	if d.Classifier != nil && l.Class != "" {
 		m["key"] = l.Key
 		m["class"] = l.Class
 		if l.KeyErr != nil {
@@ -320,7 +309,7 @@ func (d *dlqFlags) letterJSON(l *dlq.Letter) map[string]any {
 }
 
 func (d *dlqFlags) age(l *dlq.Letter) string {
-	age, ok := l.Age(d.now)
+	age, ok := l.Age(d.Filter.Now)
 	if !ok {
 		return "?"
 	}
@@ -329,7 +318,7 @@ func (d *dlqFlags) age(l *dlq.Letter) string {
 
 func (d *dlqFlags) printHeader(tw io.Writer) {
 	cols := "POSITION\tID\tAGE\tCONSUMER\tTOPIC\tHANDLER\tKEY\tFINGERPRINT"
-	if d.classify {
+	if d.Classifier != nil {
 		cols += "\tCLASS"
 	}
 	if d.sub == "replay" {
@@ -358,13 +347,10 @@ func (d *dlqFlags) printRow(tw io.Writer, l *dlq.Letter) {
 	if l.CopyOf != "" {
 		pos += " copy of " + l.CopyOf
 	}
-	key := dlq.EffectiveKey(l)
-	if d.classify && l.KeyErr != nil {
-		key = "(none)"
-	}
+	key, reason := l.Shown()
 	row := []string{pos, l.Msg.UUID, d.age(l), cmp.Or(l.Stamps.Consumer, "-"), cmp.Or(l.Stamps.Topic, "-"),
 		cmp.Or(l.Stamps.Handler, "-"), cmp.Or(opfmt.OneLine(key, 60), "-"), l.FingerprintHex()}
-	if d.classify {
+	if d.Classifier != nil {
 		row = append(row, d.classText(l))
 	}
 	if d.sub == "replay" {
@@ -378,10 +364,6 @@ func (d *dlqFlags) printRow(tw io.Writer, l *dlq.Letter) {
 			act += ": " + l.Why
 		}
 		row = append(row, act)
-	}
-	reason := l.Stamps.Reason
-	if d.classify && l.KeyErr != nil {
-		reason = "today: " + l.KeyErr.Error() + "; poisoned: " + reason
 	}
 	row = append(row, opfmt.OneLine(reason, 100))
 	printlnTo(tw, strings.Join(row, "\t"))
@@ -404,7 +386,7 @@ func (d *dlqFlags) printInspect(l *dlq.Letter) {
 	printf(w, "  reason            %s\n", l.Stamps.Reason)
 	printf(w, "  permanent         %s\n", cmp.Or(l.Stamps.Permanent, "-"))
 	printf(w, "  key when poisoned %s\n", cmp.Or(l.Stamps.Key, "-"))
-	if d.classify {
+	if d.Classifier != nil {
 		if l.KeyErr != nil {
 			printf(w, "  key today         none: %v\n", l.KeyErr)
 		} else {
@@ -426,8 +408,7 @@ func (d *dlqFlags) printInspect(l *dlq.Letter) {
 	printf(w, "    %s\n\n", strings.ReplaceAll(payload, "\n", "\n    "))
 }
 
-// printTotals prints the summary: stdout for humans, a final JSON object
-// with --json.
+// printTotals prints the summary; with --json a replay's final object.
 func (d *dlqFlags) printTotals(t dlq.Totals, err error) {
 	if d.asJSON {
 		if d.sub == "replay" {
@@ -451,7 +432,7 @@ func (d *dlqFlags) printTotals(t dlq.Totals, err error) {
 		printf(w, " (not selected: %s)", strings.Join(skipped, ", "))
 	}
 	printlnTo(w)
-	if d.classify {
+	if d.Classifier != nil {
 		printf(w, "  already applied   %d\n  would apply       %d\n  still bad         %d\n  poison memo       %d\n",
 			t.Applied, t.WouldApply, t.StillBad, t.Memo)
 		if t.Repeated > 0 {

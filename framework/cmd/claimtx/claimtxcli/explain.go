@@ -32,10 +32,9 @@ Examples:
   claimtx explain --consumer loyalty --message order.json --key-spec 'template:order-completed:{payload.order_id}' --json`
 }
 
-// errNotFound is explain's "nothing known": exit status 1.
 var errNotFound = errors.New("nothing found")
 
-func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env, cli Config) error {
+func cmdExplain(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, cli Config) error {
 	fs, c := newFlags("explain", stdout, getenv)
 	consumer := fs.String("consumer", "", "the `consumer` name (required)")
 	key := fs.String("key", "", "the message `key`")
@@ -93,9 +92,8 @@ func cmdExplain(ctx context.Context, args []string, stdout io.Writer, getenv env
 	return nil
 }
 
-// keyFromFile derives the key of the message in file with spec resolved by
-// reg, as the consumer does (the default KeyPolicy: a key over 512 bytes
-// is refused).
+// keyFromFile derives the key of the message in file as the consumer does
+// (with the default KeyPolicy).
 func keyFromFile(reg *framework.Registry, file, spec string) (string, error) {
 	kf, err := reg.ParseKey(spec)
 	if err != nil {
@@ -189,7 +187,6 @@ func printReport(w io.Writer, r explain.Report) {
 	printf(w, "              later copies go straight to the poison destination; clear it with `claimtx unpoison --consumer %s --key %s`\n", shellQuote(r.Consumer), shellQuote(r.Key))
 }
 
-// shellQuote quotes s for a POSIX shell when it needs it.
 func shellQuote(s string) string {
 	safe := s != ""
 	for _, r := range s {

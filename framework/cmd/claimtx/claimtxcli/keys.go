@@ -22,8 +22,7 @@ import (
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 )
 
-// `claimtx keys check`: verify a key spec against a sample of messages.
-// The machinery is framework/cmd/claimtx/internal/keycheck; this file is flags and output.
+// `claimtx keys check`: flags and output over internal/keycheck.
 
 const keysUsage = `Usage: claimtx keys check [flags]
 
@@ -56,7 +55,6 @@ Example:
   claimtx keys check --key-spec 'template:order-completed:{payload.order_id}' --time-spec metadata:event_time --file recorded.jsonl`
 }
 
-// keysFlags are the flags of keys check.
 type keysFlags struct {
 	*common
 	brokerFlags
@@ -68,13 +66,12 @@ type keysFlags struct {
 	asJSON   bool
 }
 
-func cmdKeys(ctx context.Context, args []string, stdout io.Writer, getenv env, cfg Config) error {
+func cmdKeys(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, cfg Config) error {
 	_, rest, err := subcommand("keys", keysUsage, args, stdout, "check")
 	if err != nil {
 		return err
 	}
-	// No database flags: the check reads messages only.
-	fs := quietFlagSet("keys check")
+	fs := quietFlagSet("keys check") // no database flags: it reads messages only
 	k := &keysFlags{common: &common{getenv: getenv, stdout: stdout}, cli: cfg}
 	k.brokerFlags.register(fs)
 	fs.StringVar(&k.topic, "topic", "", "the queue or topic to sample (env TOPIC)")
@@ -142,7 +139,6 @@ func (k *keysFlags) run(ctx context.Context) error {
 	return nil
 }
 
-// readBroker samples the queue or topic without consuming it.
 func (k *keysFlags) readBroker(ctx context.Context, c *keycheck.Checker) (string, error) {
 	cfg, err := k.browseConfig(k.cli)
 	if err != nil {
@@ -171,10 +167,7 @@ func (k *keysFlags) readBroker(ctx context.Context, c *keycheck.Checker) (string
 			return "", k.redactErr(fmt.Errorf("keys check: %w", err), k.redact)
 		}
 	}
-	kind := map[string]string{"kafka": "Kafka topic", "nats": "NATS subject"}[cfg.Kind]
-	if kind == "" {
-		kind = "RabbitMQ queue"
-	}
+	kind := cmp.Or(map[string]string{"kafka": "Kafka topic", "nats": "NATS subject"}[cfg.Kind], "RabbitMQ queue")
 	return fmt.Sprintf("%s %s (read without consuming)", kind, k.topic), nil
 }
 
@@ -184,15 +177,13 @@ type keyFlags struct {
 	policy framework.KeyPolicy
 }
 
-// register adds --key-spec with its help, and the policy's flags, whose
-// help says whose policy they are (whose).
+// register adds --key-spec and the flags of whose key policy.
 func (k *keyFlags) register(fs *flag.FlagSet, specHelp, whose string) {
 	fs.StringVar(&k.spec, "key-spec", "", specHelp)
 	fs.IntVar(&k.policy.MaxBytes, "key-max-bytes", 0, whose+"KeyPolicy.MaxBytes (default 512)")
 	fs.BoolVar(&k.policy.HashOverlong, "key-hash-overlong", false, whose+"KeyPolicy.HashOverlong")
 }
 
-// fileMessage is one line of a JSON-lines sample.
 type fileMessage struct {
 	ID            string            `json:"id"`
 	UUID          string            `json:"uuid"`
@@ -201,7 +192,6 @@ type fileMessage struct {
 	PayloadBase64 *string           `json:"payload_base64"`
 }
 
-// readFile reads the JSON-lines sample.
 func (k *keysFlags) readFile(c *keycheck.Checker) (string, error) {
 	var r io.Reader = os.Stdin
 	if k.file != "-" {

@@ -6,13 +6,11 @@ import (
 	"io"
 )
 
-// `claimtx migrate`: create or upgrade the schema.
-
 func init() {
 	synopses["migrate"] = "Create or upgrade claimtx's schema; safe to run on every host at deploy."
 }
 
-func cmdMigrate(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+func cmdMigrate(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, _ Config) error {
 	fs, c := newFlags("migrate", stdout, getenv)
 	if err := c.parse(fs, args); err != nil {
 		return err

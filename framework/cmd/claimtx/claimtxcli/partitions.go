@@ -10,9 +10,6 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// `claimtx partitions`: list, enable, create-ahead and drop-expired the
-// event-day partitions of the claim table.
-
 func init() {
 	synopses["partitions list"] = "List the partitions of a partitioned claim table."
 	synopses["partitions enable"] = "Convert the claim table to event-day partitions (existing claims are kept as one legacy partition)."
@@ -30,7 +27,7 @@ const partitionsUsage = `Usage: claimtx partitions SUBCOMMAND [flags]
 Run "claimtx partitions SUBCOMMAND -h" for a subcommand's flags.
 `
 
-func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+func cmdPartitions(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, _ Config) error {
 	sub, rest, err := subcommand("partitions", partitionsUsage, args, stdout, "list", "enable", "create-ahead", "drop-expired")
 	if err != nil {
 		return err
@@ -39,8 +36,7 @@ func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv 
 	var cfg store.RetentionConfig
 	retention := newRetentionFlags("retention", "min-retention")
 	var prepareOnly bool
-	// Each subcommand has only the flags it reads: one it ignores would be
-	// accepted silently, and its help would describe another command.
+	// Each subcommand has only the flags it reads.
 	if sub != "list" {
 		retention.register(fs, &cfg, "claim retention by event time", "refuse a retention below this unless --force", "retention")
 		fs.DurationVar(&cfg.LockWait, "lock-wait", pg.DefaultPartitionLockWait, "give up (and retry) a lock wait that would block claims after this")
@@ -68,8 +64,7 @@ func cmdPartitions(ctx context.Context, args []string, stdout io.Writer, getenv 
 	}
 	defer closePool()
 
-	// failed is the end of a subcommand whose operation failed: not being
-	// the leader is no failure, only nothing done.
+	// Not being the leader is no failure, only nothing done.
 	failed := func(what string, err error) error {
 		if errors.Is(err, store.ErrNotLeader) {
 			printf(stdout, "not leader: another process holds the retention lease on %s; nothing done\n", tableName(st))
@@ -147,8 +142,6 @@ func printPartitions(w io.Writer, parts []store.Partition) {
 	_ = tw.Flush()
 }
 
-// dryRunVerb is done, or would under --dry-run, for the partitions
-// report.
 func dryRunVerb(dryRun bool, done, would string) string {
 	if dryRun {
 		return would

@@ -10,17 +10,15 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// Progress redraw intervals: a bar may redraw often, a log should stay
-// readable (and small) over an hour-long cleanup.
+// A bar may redraw often; a log stays readable over an hour-long cleanup.
 const (
 	barInterval = 100 * time.Millisecond
 	logInterval = 5 * time.Second
 	barWidth    = 30
 )
 
-// isTerminal reports whether w is a character device (an interactive
-// terminal). golang.org/x/term is not a dependency of claimtx; the mode
-// bit is all a progress bar needs to know.
+// isTerminal: w is a character device (golang.org/x/term is not a
+// dependency; the mode bit is all a bar needs).
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	if !ok {
@@ -30,8 +28,7 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-// barOrLog is what --progress auto shows on w: a bar on a terminal, log
-// lines otherwise.
+// barOrLog is what --progress auto shows on w.
 func barOrLog(w io.Writer) string {
 	if isTerminal(w) {
 		return "bar"
@@ -39,11 +36,9 @@ func barOrLog(w io.Writer) string {
 	return "log"
 }
 
-// progress is what the displays of cleanup and dlq share: the mode (bar,
-// log or none), the throttling of redraws and the bar itself. A library
-// bar (schollz/progressbar, cheggaaa/pb) would draw its own line, which
-// the tests and the operators' scripts read; this is all either display
-// needs.
+// progress is what the displays of cleanup and dlq share: the mode, the
+// throttling and the bar. A library bar would draw its own line, which
+// tests and scripts read.
 type progress struct {
 	w     io.Writer
 	mode  string
@@ -52,8 +47,7 @@ type progress struct {
 	drawn bool
 }
 
-// due says whether a redraw is due (always when force), and records it:
-// a bar redraws every barInterval at most, a log line every logInterval.
+// due says whether a redraw is due (always when force), and records it.
 func (p *progress) due(force bool) bool {
 	if p.mode == "none" {
 		return false
@@ -70,15 +64,12 @@ func (p *progress) due(force bool) bool {
 	return true
 }
 
-// bar redraws the bar line: frac of barWidth filled, the percentage, then
-// format.
 func (p *progress) bar(frac float64, format string, a ...any) {
 	full := int(frac * barWidth)
 	printf(p.w, "\r\033[K[%s%s] %3.0f%%  "+format, append([]any{strings.Repeat("#", full), strings.Repeat(".", barWidth-full), frac * 100}, a...)...)
 	p.drawn = true
 }
 
-// clear removes the bar before other output.
 func (p *progress) clear() {
 	if p.mode == "bar" && p.drawn {
 		printTo(p.w, "\r\033[K")
@@ -86,8 +77,8 @@ func (p *progress) clear() {
 	}
 }
 
-// rateETA is the rate of n items done in elapsed, and the time left for
-// the rest of total at that rate: "?" when unknown, "0s" when done.
+// rateETA is the rate of n done in elapsed and the time left to total:
+// "?" when unknown, "0s" when done.
 func rateETA(n, total int64, elapsed time.Duration, done bool) (float64, string) {
 	rate := 0.0
 	if s := elapsed.Seconds(); s > 0 {
@@ -102,7 +93,6 @@ func rateETA(n, total int64, elapsed time.Duration, done bool) (float64, string)
 	return rate, eta
 }
 
-// fraction is n of total, at most 1; 1 when there is no total.
 func fraction(n, total int64) float64 {
 	if total > 0 {
 		return min(float64(n)/float64(total), 1)
@@ -110,17 +100,14 @@ func fraction(n, total int64) float64 {
 	return 1
 }
 
-// progressPrinter renders store.CleanupResult as a redrawn bar with rate
-// and ETA (mode "bar"), as throttled log lines ("log"), or not at all.
-// With no counted total it shows a spinner, the count and the rate, and no
-// percentage or ETA: the planner's estimate was 2-3x off on a table cleaned
-// before, so no total is better than that one.
+// progressPrinter shows cleanup's progress. Without a counted total it
+// shows a spinner, the count and the rate: the planner's estimate was 2-3x
+// off on a table cleaned before.
 type progressPrinter struct {
 	progress
-	frames int
-	latest store.CleanupResult
-	// total is the exact number of claims to delete, when counted.
-	total   int64
+	frames  int
+	latest  store.CleanupResult
+	total   int64 // exact, when counted
 	counted bool
 }
 
@@ -156,8 +143,7 @@ func (p *progressPrinter) draw(pr store.CleanupResult) {
 	}
 }
 
-// drawUncounted shows what is known when the total is not: a spinner (so a
-// slow batch does not look like a hang), the count and the rate.
+// drawUncounted spins so that a slow batch does not look like a hang.
 func (p *progressPrinter) drawUncounted(pr store.CleanupResult, rate float64, done bool) {
 	switch p.mode {
 	case "bar":
@@ -180,7 +166,6 @@ func (p *progressPrinter) drawUncounted(pr store.CleanupResult, rate float64, do
 	}
 }
 
-// finish ends the bar's line so the summary starts on its own.
 func (p *progressPrinter) finish() {
 	if p.mode == "bar" && p.drawn {
 		p.draw(p.latest)
@@ -188,12 +173,10 @@ func (p *progressPrinter) finish() {
 	}
 }
 
-// largeDestination is from how many letters on --progress auto shows
-// progress: below it a browse takes a moment and the output says enough.
+// largeDestination: from how many letters --progress auto shows progress.
 const largeDestination = 1000
 
-// dlqProgress shows how far a browse or replay got, on stderr (stdout
-// carries the letters).
+// dlqProgress is on stderr: stdout carries the letters.
 type dlqProgress struct {
 	progress
 	verb  string
@@ -233,7 +216,6 @@ func (p *dlqProgress) draw(t dlq.Totals) {
 	}
 }
 
-// finish draws the final state and ends the bar's line.
 func (p *dlqProgress) finish(t dlq.Totals) {
 	switch {
 	case p.mode == "bar":

@@ -1,16 +1,13 @@
 package claimtxcli
 
-// The CLI's redaction of passwords from what it prints, through the one
-// redactor of connection-string passwords (internal/config).
-
 import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/internal/config"
 )
 
-// redactedError is an error whose text has had the passwords removed; it
-// unwraps to the original, so sentinel errors stay matchable.
+// redactedError is an error without passwords that unwraps to the
+// original, so sentinel errors stay matchable.
 type redactedError struct {
 	msg string
 	err error
@@ -19,11 +16,9 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
-// redact removes the database password from s, for every message the CLI
-// prints: every spelling config.Passwords finds in the connection string,
-// and the password pgx would use, which may come from PGPASSWORD or a
-// password file rather than the string. pgx already redacts its own parse
-// errors; this is the second belt.
+// redact removes the database password from s: every spelling in the
+// URL, and the one pgx would use (maybe from PGPASSWORD or a password
+// file).
 func (c *common) redact(s string) string {
 	secrets := config.Passwords(c.databaseURL)
 	if cfg, err := pgx.ParseConfig(c.databaseURL); err == nil {

@@ -16,14 +16,11 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// `claimtx stats`: claims per consumer, sizes, the Kafka positions with
-// their lags, and the retention against the replay horizon.
-
 func init() {
 	synopses["stats"] = "Claims per consumer, table and index size; with --topic and --retention, the claims' retention against the broker's replay horizon."
 }
 
-func cmdStats(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+func cmdStats(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, _ Config) error {
 	fs, c := newFlags("stats", stdout, getenv)
 	asJSON := fs.Bool("json", false, "print JSON")
 	topic := fs.String("topic", "", "with --retention: compare the claims' retention with the replay horizon of this topic and its poison topic on the broker of BROKER/AMQP_URL/KAFKA_BROKERS")
@@ -49,9 +46,7 @@ func cmdStats(ctx context.Context, args []string, stdout io.Writer, getenv env) 
 	}
 	var horizon *horizonReport
 	if *topic != "" {
-		if *poison == "" {
-			*poison = *topic + ".poison"
-		}
+		*poison = cmp.Or(*poison, *topic+".poison")
 		bcfg, err := bf.brokerConfig()
 		if err != nil {
 			return err
@@ -105,10 +100,8 @@ func cmdStats(ctx context.Context, args []string, stdout io.Writer, getenv env) 
 	return nil
 }
 
-// horizonReport compares a consumer's claim retention with how old a
-// message of its topic or poison topic can be when the broker still
-// delivers it: what a running consumer logs and exports (framework/consumer,
-// Config.Retention), for an operator at the command line.
+// horizonReport compares a retention with the replay horizon of a topic
+// and its poison topic, as a running consumer logs it.
 type horizonReport struct {
 	Topic         string        `json:"topic"`
 	PoisonTopic   string        `json:"poison_topic"`
@@ -118,16 +111,14 @@ type horizonReport struct {
 	Exceeded      bool          `json:"horizon_exceeds_retention"`
 }
 
-// probe is a subscriber of cfg's broker for the questions stats asks it;
-// it never subscribes, so its consumer group is never joined.
+// probe is a subscriber of cfg's broker for questions: it never
+// subscribes, so the group or durable it needs is never joined.
 func probe(cfg brokers.Config) (message.Subscriber, error) {
-	cfg.Kafka.ConsumerGroup = cmp.Or(cfg.Kafka.ConsumerGroup, "claimtx-stats") // a subscriber needs one
-	cfg.NATS.Durable = cmp.Or(cfg.NATS.Durable, "claimtx-stats")               // likewise; it never subscribes
+	cfg.Kafka.ConsumerGroup = cmp.Or(cfg.Kafka.ConsumerGroup, "claimtx-stats")
+	cfg.NATS.Durable = cmp.Or(cfg.NATS.Durable, "claimtx-stats")
 	return brokers.NewSubscriber(cfg, nil)
 }
 
-// replayHorizon asks the broker of cfg for the horizon of topic and its
-// poison topic.
 func replayHorizon(ctx context.Context, cfg brokers.Config, topic, poison string, retention time.Duration) (horizonReport, error) {
 	sub, err := probe(cfg)
 	if err != nil {
@@ -151,23 +142,20 @@ func (r horizonReport) String() string {
 	h := opfmt.FormatHorizon(r.ReplayHorizon)
 	verdict := "OK: claims outlive every delivery the broker can still make"
 	if r.Exceeded {
-		// stats cannot tell whether the consumer runs an expiry guard, so
-		// it says what happens either way.
+		// Whether the consumer runs an expiry guard is not known here.
 		verdict = "WARNING: the broker can deliver a message older than the retention, whose claim cleanup may have deleted: a consumer without an expiry guard applies it again, one with a guard (consumer.Config.Retention with an event time) poisons it as expired (docs/operations.md, Checking the window against the broker)"
 	}
 	return fmt.Sprintf("retention %s, replay horizon %s (%s, %s): %s", opfmt.FormatDuration(r.Retention), h, r.Topic, r.PoisonTopic, verdict)
 }
 
-// positionLag is one stored Kafka position with the partition's end offset
-// and the records past the position (not settled yet), when the broker
-// could be asked.
+// positionLag is a stored Kafka position with the end offset and the
+// records past it, when the broker could be asked.
 type positionLag struct {
 	store.KafkaPosition
 	EndOffset *int64 `json:"end_offset,omitempty"`
 	Lag       *int64 `json:"lag,omitempty"`
 }
 
-// withoutLags is ps with the lags unknown.
 func withoutLags(ps []store.KafkaPosition) []positionLag {
 	out := make([]positionLag, len(ps))
 	for i, p := range ps {
@@ -176,9 +164,8 @@ func withoutLags(ps []store.KafkaPosition) []positionLag {
 	return out
 }
 
-// positionLags adds the end offsets and lags to ps when the broker of cfg
-// is Kafka; a failure is returned as a note, not an error: the positions
-// come from the database and stand on their own.
+// positionLags adds the end offsets and lags when cfg is Kafka; a failure
+// is a note, not an error: the positions stand on their own.
 func positionLags(ctx context.Context, cfg brokers.Config, ps []store.KafkaPosition) ([]positionLag, string) {
 	out := withoutLags(ps)
 	if len(ps) == 0 {
@@ -216,8 +203,6 @@ func positionLags(ctx context.Context, cfg brokers.Config, ps []store.KafkaPosit
 	return out, ""
 }
 
-// printPositions prints the stored Kafka positions, with the lag when
-// known.
 func printPositions(w io.Writer, ps []positionLag, note string) {
 	if len(ps) == 0 {
 		return

@@ -19,7 +19,6 @@ Examples:
   claimtx unpoison --consumer loyalty --older-than 7d`
 }
 
-// stringList is a repeatable string flag.
 type stringList []string
 
 func (l *stringList) String() string { return strings.Join(*l, ",") }
@@ -29,7 +28,7 @@ func (l *stringList) Set(s string) error {
 	return nil
 }
 
-func cmdUnpoison(ctx context.Context, args []string, stdout io.Writer, getenv env) error {
+func cmdUnpoison(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, _ Config) error {
 	fs, c := newFlags("unpoison", stdout, getenv)
 	var f poison.MemoFilter
 	var keys stringList

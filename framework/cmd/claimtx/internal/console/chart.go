@@ -13,11 +13,9 @@ const (
 	chartHeight   = 36
 )
 
-// hourlyChart draws applied claims per hour as inline SVG: no script, no
-// image request, and the CSP allows it. buckets[0] is the hour 23–24 h
-// ago, buckets[23] the last hour. Only numbers and fixed text go into the
-// markup, so building it as text is safe; the consumer's name is not in
-// it.
+// hourlyChart draws applied claims per hour (buckets[23]: the last) as
+// inline SVG, which the CSP allows. Only numbers and fixed text go into the
+// markup, so building it as text is safe.
 func hourlyChart(buckets [24]int64) template.HTML {
 	var peak int64
 	for _, n := range buckets {

@@ -1,12 +1,7 @@
-// Package console is the web console of `claimtx console`: a small
-// server-rendered site over the operator tooling (framework/cmd/claimtx/internal/explain,
-// framework/cmd/claimtx/internal/dlq, internal/poison, framework/internal/replay) for one claim table.
-//
-// Pages are html/template with an embedded stylesheet and no JavaScript:
-// the chart is SVG drawn in Go, a running replay refreshes its page with a
-// meta refresh. security.go holds what keeps the console safe to run:
-// token sessions or a loopback-only Host check, CSRF on every POST,
-// read-only mode and the response headers.
+// Package console is the web console of `claimtx console` over one claim
+// table (docs/console.md): html/template pages without JavaScript (the
+// chart is SVG drawn in Go, a running replay refreshes with a meta
+// refresh); security.go keeps it safe to run.
 package console
 
 import (
@@ -29,7 +24,6 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
-	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
@@ -46,76 +40,46 @@ const (
 	DefaultQueryTimeout = 5 * time.Second
 	DefaultPageSize     = 50
 	DefaultScanCap      = 5000
-	// MinTokenBytes is the shortest access token accepted.
-	MinTokenBytes = 16
-	// maxConsumers bounds the consumers listed from the claim table.
-	maxConsumers = 200
-	// maxJobs is how many finished replay jobs are kept in memory.
-	maxJobs = 20
-	// maxPaste bounds a pasted message (payload and metadata).
-	maxPaste = 1 << 20
+	MinTokenBytes       = 16      // the shortest access token accepted
+	maxConsumers        = 200     // listed from the claim table
+	maxJobs             = 20      // finished replay jobs kept in memory
+	maxPaste            = 1 << 20 // a pasted message, payload and metadata
 )
 
-// Consumer is a consumer the console knows the configuration of
-// (consumer.LoadConfig): what dead letters and paste-a-message need.
+// Consumer is a consumer's configuration (consumer.LoadConfig), which
+// dead letters and paste-a-message need.
 type Consumer struct {
-	Name string
-	// Topic is what the consumer consumes; PoisonTopic its poison
-	// destination. Defaults to Topic + ".poison".
-	Topic, PoisonTopic string
-	// Key is the key spec; KeyPolicy the claim's key policy.
-	Key       string
-	KeyPolicy framework.KeyPolicy
-	// Retention is the claims' retention (0: not configured).
-	Retention time.Duration
-	// Broker reaches Topic and PoisonTopic.
-	Broker brokers.Config
+	Name               string
+	Topic, PoisonTopic string // PoisonTopic defaults to Topic + ".poison"
+	Key                string // the key spec
+	KeyPolicy          framework.KeyPolicy
+	Retention          time.Duration // 0: not configured
+	Broker             brokers.Config
 
 	key framework.KeyFunc
 }
 
 // Config configures New.
 type Config struct {
-	// Pool reaches the claim table. Required.
-	Pool *pgxpool.Pool
-	// Schema, ClaimsTable and OutboxTable name claimtx's tables. Default to
-	// claimtx, processed_messages and outbox.
+	Pool *pgxpool.Pool // required
+	// Schema, ClaimsTable and OutboxTable default to claimtx's defaults.
 	Schema, ClaimsTable, OutboxTable string
-	// Consumers are the consumers with a configuration. Others found in
-	// the claim table get the overview and key look-up only.
+	// Consumers have dead letters and paste-a-message; others found in the
+	// claim table get the overview and key look-up.
 	Consumers []Consumer
-	// Metrics maps a consumer name to its Prometheus endpoint, read for
-	// the duplicate and poisoned totals. Defaults to none.
-	Metrics map[string]string
-	// Token, when set, is required to use the console (a login sets a
-	// session cookie; scripts send "Authorization: Bearer TOKEN"). It must
-	// be at least MinTokenBytes long. Without it the console only answers
-	// requests whose Host is a loopback name or Listen, so a web page
-	// cannot reach it through DNS rebinding.
-	Token string
-	// Listen is the address the server listens on, accepted as a Host
-	// besides the loopback names. Defaults to "".
-	Listen string
-	// ReadOnly removes every state-changing action (replay, clearing a
-	// poison memo). Defaults to false.
-	ReadOnly bool
-	// Secrets are strings never to show in a page (passwords of the
-	// database and brokers): errors are redacted with them.
-	Secrets []string
-	// QueryTimeout bounds each query of a page. Defaults to 5 s.
-	QueryTimeout time.Duration
-	// PageSize is the number of dead letters per page. Defaults to 50.
-	PageSize int
-	// ScanCap bounds the dead letters read for one page. Defaults to 5000.
-	ScanCap int
-	// ReplayRate, when > 0, bounds a replay to this many letters per
-	// second, so a consumer is not flooded. Defaults to 0: no bound.
-	ReplayRate float64
-	// Logger receives errors and replay jobs. Defaults to slog.Default().
-	Logger *slog.Logger
-	// Extractors resolves the consumers' key specs. Defaults to the
-	// built-in extractors only.
-	Extractors *framework.Registry
+	Metrics   map[string]string // consumer name -> Prometheus endpoint
+	// Token (at least MinTokenBytes) is required to use the console when
+	// set; without it only a loopback Host or Listen is answered.
+	Token        string
+	Listen       string
+	ReadOnly     bool          // no replay, no clearing of poison memos
+	Secrets      []string      // redacted from every page
+	QueryTimeout time.Duration // each query of a page; default 5 s
+	PageSize     int           // dead letters per page; default 50
+	ScanCap      int           // dead letters read for one page; default 5000
+	ReplayRate   float64       // > 0: letters replayed per second at most
+	Logger       *slog.Logger  // default slog.Default()
+	Extractors   *framework.Registry
 }
 
 // Console serves the console's pages. Close it to cancel running replay
@@ -129,10 +93,8 @@ type Console struct {
 	pages     map[string]*template.Template
 	log       *slog.Logger
 
-	key []byte // signs sessions and CSRF tokens; random per process
-	// limiter allows 5 failed sign-ins a second per process, so a token
-	// cannot be guessed fast however many connections try.
-	limiter  *rate.Limiter
+	key      []byte        // signs sessions and CSRF tokens; random per process
+	limiter  *rate.Limiter // 5 failed sign-ins a second, however many connections try
 	horizons *horizonCache
 	jobs     *jobs
 
@@ -165,7 +127,7 @@ func New(cfg Config) (*Console, error) {
 		cfg: cfg, store: st, names: pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable),
 		consumers: map[string]*Consumer{}, log: cmp.Or(cfg.Logger, slog.Default()),
 		key: make([]byte, 32), limiter: rate.NewLimiter(5, 5),
-		horizons: &horizonCache{ttl: time.Minute, m: map[string]horizonResult{}},
+		horizons: &horizonCache{m: map[string]horizonResult{}},
 		jobs:     &jobs{byID: map[string]*job{}, running: map[string]string{}},
 	}
 	_, _ = rand.Read(c.key) // crypto/rand.Read never fails (Go ≥ 1.24)
@@ -203,9 +165,8 @@ func New(cfg Config) (*Console, error) {
 // ServeHTTP serves the console.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) { c.handler.ServeHTTP(w, r) }
 
-// Close cancels the running replay jobs and waits for them to stop: a
-// replay interrupted between batches leaves every letter in the
-// destination, republished, or both (framework/cmd/claimtx/internal/dlq).
+// Close cancels the running replay jobs and waits for them to stop
+// (between batches: nothing is lost).
 func (c *Console) Close() {
 	c.cancel()
 	c.jobs.wg.Wait()
@@ -240,19 +201,12 @@ type page struct {
 	ReadOnly bool
 	Auth     bool // a token is configured: show "Sign out"
 	CSRF     string
-	Refresh  bool // meta refresh every second (a running replay)
+	Refresh  bool // meta refresh every second (a running job)
 	Data     any
 }
 
 func (c *Console) parseTemplates() error {
-	funcs := template.FuncMap{
-		"dur":      opfmt.Age,
-		"ts":       timestamp,
-		"fmtDur":   opfmt.FormatDuration,
-		"join":     strings.Join,
-		"classTxt": classText,
-	}
-	layout, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html")
+	layout, err := template.New("layout.html").Funcs(template.FuncMap{"ts": timestamp}).ParseFS(templateFS, "templates/layout.html")
 	if err != nil {
 		return err
 	}
@@ -275,7 +229,6 @@ func (c *Console) parseTemplates() error {
 	return nil
 }
 
-// render writes a page with status.
 func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
 	t, ok := c.pages[name]
 	if !ok {
@@ -302,23 +255,14 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 	c.render(w, r, status, "error", page{Title: http.StatusText(status), Data: c.redact(msg)})
 }
 
-// connString matches connection strings in error texts: the libraries
-// redact their passwords, but the console shows no connection string at
-// all (host names and users are an attacker's map).
+// connString matches connection strings: the console shows none at all,
+// password redacted or not (host names and users are an attacker's map).
 var connString = regexp.MustCompile(`(?i)\b(amqps?|postgres(?:ql)?|kafka|nats)://[^\s"']+`)
 
-// redact removes every configured secret, and every connection string,
-// from s.
 func (c *Console) redact(s string) string {
-	for _, p := range c.cfg.Secrets {
-		if p != "" {
-			s = strings.ReplaceAll(s, p, "xxxxx")
-		}
-	}
-	return connString.ReplaceAllString(s, "[$1 URL]")
+	return connString.ReplaceAllString(config.Scrub(s, c.cfg.Secrets...), "[$1 URL]")
 }
 
-// errText is err's text, redacted, for a page.
 func (c *Console) errText(err error) string {
 	if err == nil {
 		return ""
@@ -326,10 +270,9 @@ func (c *Console) errText(err error) string {
 	return c.redact(err.Error())
 }
 
-// consumer returns the configured consumer name, or nil.
 func (c *Console) consumer(name string) *Consumer { return c.consumers[name] }
 
-// configured lists the configured consumers' names, sorted.
+// configured lists the configured consumers' names.
 func (c *Console) configured() []string {
 	var names []string
 	for _, cs := range c.cfg.Consumers {

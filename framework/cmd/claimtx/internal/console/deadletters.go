@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,13 +16,14 @@ import (
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 )
 
-// jobBatch is how many letters a preview or job reads, classifies and
-// settles at once.
-const jobBatch = 100
-
-// maxPreviewRows bounds the rows a preview page lists; its totals count
-// every letter.
-const maxPreviewRows = 1000
+const (
+	// jobBatch letters are what a preview or job holds in memory at once
+	// (read whole); a replay's progress moves in visible steps, and an
+	// interruption settles at most one small batch.
+	jobBatch = 100
+	// maxPreviewRows bounds the rows a preview lists; its totals count all.
+	maxPreviewRows = 1000
+)
 
 // filterForm is the dead-letter filters as the forms carry them.
 type filterForm struct {
@@ -53,7 +55,6 @@ func (f filterForm) query(page int) string {
 	return v.Encode()
 }
 
-// filter is the dlq.Filter of the form.
 func (f filterForm) filter(cs *Consumer, now time.Time) (dlq.Filter, error) {
 	older, err := parseDuration(f.Older)
 	if err != nil {
@@ -72,9 +73,8 @@ type letterRow struct {
 	Handled                                                   bool
 	Action, Why                                               string
 	Replayed                                                  bool
-	// Payload is a preview (4 KiB, base64 when binary) of Size bytes.
-	Payload string
-	Size    int
+	Payload                                                   string // preview of Size bytes
+	Size                                                      int
 }
 
 func rowOf(l *dlq.Letter, now time.Time) letterRow {
@@ -82,12 +82,7 @@ func rowOf(l *dlq.Letter, now time.Time) letterRow {
 	if a, ok := l.Age(now); ok {
 		age = opfmt.Age(a)
 	}
-	key := dlq.EffectiveKey(l)
-	reason := l.Stamps.Reason
-	if l.KeyErr != nil {
-		key = "(none)"
-		reason = "today: " + l.KeyErr.Error() + "; poisoned: " + reason
-	}
+	key, reason := l.Shown()
 	return letterRow{
 		ID: l.Msg.UUID, Position: l.Position, Age: age, Key: opfmt.OneLine(key, 200),
 		Class: string(l.Class), ClassText: classText(l), Reason: opfmt.OneLine(reason, 300), Handler: l.Stamps.Handler,
@@ -96,8 +91,8 @@ func rowOf(l *dlq.Letter, now time.Time) letterRow {
 	}
 }
 
-// letterRows are the rows of a preview or job, up to a maximum, with the
-// count of the rest and of the letters a replay republishes (or would).
+// letterRows are the rows of a preview or job up to a maximum, with the
+// count of the rest and of the letters replayed (or that would be).
 type letterRows struct {
 	rows         []letterRow
 	more, replay int64
@@ -129,17 +124,16 @@ type deadLettersData struct {
 }
 
 // deadLetters is GET /dead-letters: one page of a consumer's dead letters,
-// read without consuming (RabbitMQ requeues them in place when the browse
-// closes; NATS reads them by sequence), classified against the claims.
+// read without consuming, classified against the claims.
 func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 	f := readFilters(r)
 	d := deadLettersData{Consumers: c.configured(), Filters: f, Page: 1}
-	render := func(status int) {
+	render := func(status int, err string) {
+		d.Error = cmp.Or(err, d.Error)
 		c.render(w, r, status, "deadletters", page{Title: "Dead letters", Nav: "dead-letters", Data: d})
 	}
 	if len(d.Consumers) == 0 {
-		d.Error = "Dead letters need a consumer's configuration: start the console with --consumer-config FILE."
-		render(http.StatusOK)
+		render(http.StatusOK, "Dead letters need a consumer's configuration: start the console with --consumer-config FILE.")
 		return
 	}
 	if f.Consumer == "" {
@@ -151,30 +145,26 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 	}
 	cs := c.consumer(f.Consumer)
 	if cs == nil {
-		d.Error = fmt.Sprintf("No configuration for consumer %q: dead letters are shown for the consumers given with --consumer-config.", f.Consumer)
-		render(http.StatusNotFound)
+		render(http.StatusNotFound, fmt.Sprintf("No configuration for consumer %q: dead letters are shown for the consumers given with --consumer-config.", f.Consumer))
 		return
 	}
 	d.Kafka = cs.Broker.Kind == brokers.KindKafka
 	now := time.Now()
 	filter, err := f.filter(cs, now)
 	if err != nil {
-		d.Error = err.Error()
-		render(http.StatusBadRequest)
+		render(http.StatusBadRequest, err.Error())
 		return
 	}
 	src, err := c.openDestination(r.Context(), cs, d.Kafka && !f.Handled)
 	if err != nil {
-		d.Error = err.Error()
-		render(http.StatusOK)
+		render(http.StatusOK, err.Error())
 		return
 	}
 	defer func() { _ = src.Close() }()
 	capped := &cappedSource{Source: src, left: c.cfg.ScanCap}
 	cls, err := c.classifier(r.Context(), cs)
 	if err != nil {
-		d.Error = c.errText(err)
-		render(http.StatusOK)
+		render(http.StatusOK, c.errText(err))
 		return
 	}
 	from, to := (d.Page-1)*c.cfg.PageSize, d.Page*c.cfg.PageSize
@@ -205,11 +195,11 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 	if n > to {
 		d.NextURL = "/dead-letters?" + f.query(d.Page+1)
 	}
-	render(http.StatusOK)
+	render(http.StatusOK, "")
 }
 
-// openDestination opens a consumer's poison destination; resume starts a
-// Kafka browse after what earlier replays of the consumer went past.
+// openDestination opens cs's poison destination; resume: after the Kafka
+// replay progress.
 func (c *Console) openDestination(ctx context.Context, cs *Consumer, resume bool) (dlq.Source, error) {
 	src, err := dlq.Open(ctx, cs.Broker, dlq.Options{Destination: cs.PoisonTopic, Consumer: cs.Name, Resume: resume})
 	if err != nil {
@@ -218,8 +208,7 @@ func (c *Console) openDestination(ctx context.Context, cs *Consumer, resume bool
 	return src, nil
 }
 
-// classifier classifies against the claims (and memos) with the
-// consumer's key spec; nil when it has none (natural-key mode).
+// classifier classifies with cs's key spec; nil without one.
 func (c *Console) classifier(ctx context.Context, cs *Consumer) (*dlq.Classifier, error) {
 	if cs.key == nil {
 		return nil, nil
@@ -233,8 +222,8 @@ func (c *Console) classifier(ctx context.Context, cs *Consumer) (*dlq.Classifier
 	return &dlq.Classifier{Pool: c.cfg.Pool, Schema: c.cfg.Schema, Table: c.cfg.ClaimsTable, Consumer: cs.Name, Key: cs.key, Policy: cs.KeyPolicy, Memo: memo}, nil
 }
 
-// cappedSource stops a browse after a number of letters: one page never
-// reads a whole large destination.
+// cappedSource stops a browse after left letters: one page never reads a
+// whole large destination.
 type cappedSource struct {
 	dlq.Source
 	left int
@@ -251,8 +240,8 @@ func (s *cappedSource) Next(ctx context.Context, max int) ([]*dlq.Letter, error)
 	return b, err
 }
 
-// selection is what a preview or replay works on: the selected letters,
-// or every letter the filters match.
+// selection is what a preview or replay works on: the selected letters
+// (IDs), or All the filters match.
 type selection struct {
 	Filters        filterForm
 	IDs            []string
@@ -260,8 +249,7 @@ type selection struct {
 	IncludeApplied bool
 }
 
-// sameAll says whether s and o are the same preview of all matching
-// letters.
+// sameAll says whether s and o are the same preview of all matching.
 func (s selection) sameAll(o selection) bool {
 	return s.All && o.All && s.Filters == o.Filters && s.IncludeApplied == o.IncludeApplied
 }
@@ -270,7 +258,6 @@ func readSelection(r *http.Request) selection {
 	return selection{Filters: readFilters(r), IDs: r.PostForm["id"], All: r.PostFormValue("scope") == "all", IncludeApplied: r.PostFormValue("include_applied") == "1"}
 }
 
-// run builds the dlq.Run of a selection.
 func (c *Console) selectionRun(ctx context.Context, sel selection, cs *Consumer, src dlq.Source) (*dlq.Run, error) {
 	now := time.Now()
 	var filter dlq.Filter
@@ -290,13 +277,9 @@ func (c *Console) selectionRun(ctx context.Context, sel selection, cs *Consumer,
 	if cls == nil {
 		return nil, fmt.Errorf("consumer %s has no key spec: dead letters cannot be classified, so none is replayed", cs.Name)
 	}
-	// Batches of 100: letters are read whole, so a batch is what a
-	// preview or job holds in memory at once; a replay's progress moves in
-	// visible steps, and an interruption settles at most one small batch.
 	run := &dlq.Run{Source: src, Classifier: cls, Filter: filter, Topic: cs.Topic, IncludeApplied: sel.IncludeApplied, BatchSize: jobBatch}
 	if !sel.All {
-		// Stop once every selected letter was found.
-		run.Limit = int64(len(sel.IDs))
+		run.Limit = int64(len(sel.IDs)) // stop once all were found
 	}
 	return run, nil
 }
@@ -310,47 +293,38 @@ type previewData struct {
 	Replay    int64 // letters the replay would republish
 	Error     string
 	Kafka     bool
-	// Job is the dry-run job of a preview of all matching letters (the
-	// page then shows its progress until it is done); nil for selected
-	// letters, previewed within the request.
-	Job *jobView
+	Job       *jobView // the dry-run job of a preview of all matching
 }
 
-// preview is POST /dead-letters/preview: a dry run of the replay over the
-// selection. It changes nothing, so read-only mode allows it. The
-// selected letters are previewed within the request (the dry run stops
-// once it found them all); all matching letters means reading the whole
-// destination — 25 s for 100,000 letters of a RabbitMQ queue, one
-// basic.get each — so that dry run is a job, and the request only starts
-// it and redirects to its page.
+// preview is POST /dead-letters/preview: a dry run of the replay, allowed
+// read-only. Selected letters are previewed within the request; all
+// matching means reading the whole destination (25 s for 100,000 letters
+// of a RabbitMQ queue), so that dry run is a job the request starts.
 func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
 	sel := readSelection(r)
 	d := previewData{Consumer: sel.Filters.Consumer, Selection: sel}
-	render := func(status int) {
+	render := func(status int, err string) {
+		d.Error = cmp.Or(err, d.Error)
 		c.render(w, r, status, "preview", page{Title: "Replay preview", Nav: "dead-letters", Data: d})
 	}
 	cs := c.consumer(sel.Filters.Consumer)
 	switch {
 	case cs == nil:
-		d.Error = fmt.Sprintf("No configuration for consumer %q.", sel.Filters.Consumer)
-		render(http.StatusNotFound)
+		render(http.StatusNotFound, fmt.Sprintf("No configuration for consumer %q.", sel.Filters.Consumer))
 		return
 	case !sel.All && len(sel.IDs) == 0:
-		d.Error = "No letter selected: tick some, or preview all matching."
-		render(http.StatusBadRequest)
+		render(http.StatusBadRequest, "No letter selected: tick some, or preview all matching.")
 		return
 	}
 	d.Kafka = cs.Broker.Kind == brokers.KindKafka
 	if sel.All {
-		// What the job would fail on at once is answered here, as before.
+		// What the job would fail on at once is answered here.
 		if _, err := sel.Filters.filter(cs, time.Now()); err != nil {
-			d.Error = err.Error()
-			render(http.StatusBadRequest)
+			render(http.StatusBadRequest, err.Error())
 			return
 		}
 		if cs.key == nil {
-			d.Error = fmt.Sprintf("consumer %s has no key spec: dead letters cannot be classified, so none is replayed", cs.Name)
-			render(http.StatusBadRequest)
+			render(http.StatusBadRequest, fmt.Sprintf("consumer %s has no key spec: dead letters cannot be classified, so none is replayed", cs.Name))
 			return
 		}
 		c.startJob(w, r, cs, sel, true)
@@ -358,15 +332,13 @@ func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
 	}
 	src, err := c.openDestination(r.Context(), cs, true)
 	if err != nil {
-		d.Error = err.Error()
-		render(http.StatusOK)
+		render(http.StatusOK, err.Error())
 		return
 	}
 	defer func() { _ = src.Close() }()
 	run, err := c.selectionRun(r.Context(), sel, cs, src)
 	if err != nil {
-		d.Error = err.Error()
-		render(http.StatusBadRequest)
+		render(http.StatusBadRequest, err.Error())
 		return
 	}
 	run.DryRun = true
@@ -383,5 +355,5 @@ func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
 		d.Error = c.errText(fmt.Errorf("dry run: %w", err))
 	}
 	d.Rows, d.More, d.Replay = rows.rows, rows.more, rows.replay
-	render(http.StatusOK)
+	render(http.StatusOK, "")
 }

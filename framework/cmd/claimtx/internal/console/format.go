@@ -14,8 +14,7 @@ import (
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 )
 
-// timestamp prints a time (or a *time.Time) in UTC, to the second; "—"
-// for none.
+// timestamp prints a time or *time.Time in UTC to the second; "—" for none.
 func timestamp(t any) string {
 	var v time.Time
 	switch x := t.(type) {
@@ -40,7 +39,6 @@ func parseDuration(s string) (time.Duration, error) {
 	return opfmt.ParseDuration(s)
 }
 
-// classText is the class of a letter as the pages show it.
 func classText(l *dlq.Letter) string {
 	switch l.Class {
 	case dlq.ClassApplied:
@@ -58,7 +56,6 @@ func classText(l *dlq.Letter) string {
 	return "—"
 }
 
-// previewBytes bounds a payload shown in a page.
 const previewBytes = 4 << 10
 
 // preview renders a payload for a page, cut at previewBytes.
@@ -71,8 +68,7 @@ func preview(b []byte) string {
 }
 
 // readOnly runs f in a read-only transaction whose statements time out
-// after the console's query timeout: a page never waits on a slow query
-// for long, and a timeout is errTimedOut, shown in the cell.
+// after the query timeout (errTimedOut, shown in the cell).
 func (c *Console) readOnly(ctx context.Context, f func(pgx.Tx) error) error {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout+2*time.Second)
 	defer cancel()

@@ -14,35 +14,27 @@ import (
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 )
 
-// maxJobRows bounds the letters a job remembers for its result page; its
-// totals count them all.
+// maxJobRows bounds the rows a job keeps for its page; totals count all.
 const maxJobRows = 5000
 
-// job is a replay, or the dry run of a preview of all matching letters,
-// running in the background under the console's context (not the
-// request's): it outlives the POST that started it and is cancelled by
-// Console.Close. framework/cmd/claimtx/internal/dlq makes an interruption safe: the batch in
-// flight is settled, and every letter is still in the destination,
-// republished, or both; a dry run changes nothing at all.
+// job is a replay, or the dry run of a preview of all matching, under the
+// console's context: it outlives its POST and ends with Console.Close.
 type job struct {
 	ID       string
 	Consumer string
 	Started  time.Time
-	// DryRun is a preview: it decides, republishes nothing, and its page
-	// is the preview with the confirmation.
-	DryRun bool
-	sel    selection
-	kafka  bool
+	DryRun   bool // a preview: its page is the preview with the confirmation
+	sel      selection
+	kafka    bool
 
 	mu       sync.Mutex
 	total    int64 // letters in the destination when opened
 	totals   dlq.Totals
-	rows     letterRows // rows.replay: the letters a dry run would republish
+	rows     letterRows
 	finished time.Time
 	err      error
 }
 
-// jobView is a consistent copy of a job for its page.
 type jobView struct {
 	ID, Consumer    string
 	Started, Ended  time.Time
@@ -81,6 +73,19 @@ func (j *job) view() jobView {
 	return v
 }
 
+func (j *job) locked(f func()) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	f()
+}
+
+func (j *job) kind() string {
+	if j.DryRun {
+		return "dry run"
+	}
+	return "replay"
+}
+
 // jobs holds the running and the last maxJobs finished jobs.
 type jobs struct {
 	mu      sync.Mutex
@@ -90,17 +95,13 @@ type jobs struct {
 	running map[string]string // consumer -> job id
 }
 
-// errBusy is a second job for a consumer while one runs.
 var errBusy = errors.New("a job of this consumer is running")
 
 // start registers a job for consumer, or returns errBusy with the running
-// one. Replays and dry runs share the one-job-per-consumer rule: on
-// RabbitMQ a browse holds every letter it read unacked on its channel, so
-// a replay beside a dry run would not see the letters the dry run holds
-// (and miss them), and a dry run beside a replay would count letters the
-// replay is removing. A dry run asked for again while the same one runs
-// joins it instead (reused is true): a reload or a second operator
-// does not read the destination twice.
+// one. One job per consumer: on RabbitMQ a browse holds what it read
+// unacked, so a replay beside a dry run would miss the letters the dry run
+// holds, and a dry run beside a replay would count letters being removed.
+// The same dry run asked again joins the running one (reused).
 func (js *jobs) start(consumer string, dryRun bool, sel selection) (j *job, reused bool, err error) {
 	js.mu.Lock()
 	defer js.mu.Unlock()
@@ -117,7 +118,6 @@ func (js *jobs) start(consumer string, dryRun bool, sel selection) (j *job, reus
 	js.byID[j.ID] = j
 	js.order = append(js.order, j.ID)
 	js.running[consumer] = j.ID
-	// Forget the oldest finished jobs beyond maxJobs.
 	for len(js.order) > maxJobs {
 		i := slices.IndexFunc(js.order, func(id string) bool { return js.running[js.byID[id].Consumer] != id })
 		if i < 0 {
@@ -143,8 +143,7 @@ func (js *jobs) get(id string) *job {
 	return js.byID[id]
 }
 
-// replay is POST /dead-letters/replay: it starts the replay of the
-// selection in the background and redirects to its page.
+// replay is POST /dead-letters/replay: it starts a replay job.
 func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 	sel := readSelection(r)
 	cs := c.consumer(sel.Filters.Consumer)
@@ -159,8 +158,8 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 	c.startJob(w, r, cs, sel, false)
 }
 
-// startJob starts a replay or dry-run job of sel and redirects to its
-// page; while another job of the consumer runs it answers 409.
+// startJob starts a job of sel and redirects to its page; 409 while
+// another job of the consumer runs.
 func (c *Console) startJob(w http.ResponseWriter, r *http.Request, cs *Consumer, sel selection, dryRun bool) {
 	j, reused, err := c.jobs.start(cs.Name, dryRun, sel)
 	if err != nil {
@@ -174,11 +173,7 @@ func (c *Console) startJob(w http.ResponseWriter, r *http.Request, cs *Consumer,
 	}
 	if !reused {
 		j.kafka = cs.Broker.Kind == brokers.KindKafka
-		kind := "replay"
-		if dryRun {
-			kind = "dry run"
-		}
-		c.log.Info("console: "+kind+" started", "job", j.ID, "consumer", cs.Name, "all_matching", sel.All, "selected", len(sel.IDs), "include_applied", sel.IncludeApplied)
+		c.log.Info("console: "+j.kind()+" started", "job", j.ID, "consumer", cs.Name, "all_matching", sel.All, "selected", len(sel.IDs), "include_applied", sel.IncludeApplied)
 		c.jobs.wg.Go(func() { c.runJob(j, cs, sel) })
 	}
 	http.Redirect(w, r, "/jobs/"+j.ID, http.StatusSeeOther)
@@ -192,9 +187,7 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 			return err
 		}
 		defer func() { _ = src.Close() }()
-		j.mu.Lock()
-		j.total = src.Total()
-		j.mu.Unlock()
+		j.locked(func() { j.total = src.Total() })
 		run, err := c.selectionRun(ctx, sel, cs, src)
 		if err != nil {
 			return err
@@ -212,23 +205,13 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 				return nil
 			}
 			row := rowOf(l, time.Now())
-			// Neither result page shows the payload: a job keeps up to
-			// maxJobRows rows for as long as the console remembers it.
-			row.Payload = ""
-			j.mu.Lock()
-			j.rows.add(l, row, maxRows)
-			j.mu.Unlock()
+			row.Payload = "" // no result page shows it: don't keep it
+			j.locked(func() { j.rows.add(l, row, maxRows) })
 			return nil
 		}
-		run.OnBatch = func(t dlq.Totals) {
-			j.mu.Lock()
-			j.totals = t
-			j.mu.Unlock()
-		}
+		run.OnBatch = func(t dlq.Totals) { j.locked(func() { j.totals = t }) }
 		t, err := run.Replay(ctx)
-		j.mu.Lock()
-		j.totals = t
-		j.mu.Unlock()
+		j.locked(func() { j.totals = t })
 		if err != nil && ctx.Err() != nil {
 			if j.DryRun {
 				return fmt.Errorf("interrupted by the console's shutdown after %d letters read; a dry run changes nothing: preview again", t.Seen)
@@ -248,9 +231,9 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 	totals, wouldReplay := j.totals, j.rows.replay
 	j.mu.Unlock()
 	c.jobs.finish(j)
-	kind, count, n := "replay", "replayed", totals.Replayed
+	kind, count, n := j.kind(), "replayed", totals.Replayed
 	if j.DryRun {
-		kind, count, n = "dry run", "would_replay", wouldReplay
+		count, n = "would_replay", wouldReplay
 	}
 	if err != nil {
 		c.log.Warn("console: "+kind+" failed", "job", j.ID, "consumer", cs.Name, count, n, "read", totals.Seen, "err", c.errText(err))
@@ -259,9 +242,8 @@ func (c *Console) runJob(j *job, cs *Consumer, sel selection) {
 	c.log.Info("console: "+kind+" done", "job", j.ID, "consumer", cs.Name, count, n, "read", totals.Seen)
 }
 
-// jobPage is GET /jobs/{id}: progress while the job runs (the page
-// refreshes itself every second), the result of every letter afterwards;
-// for a dry run, the preview with its confirmation.
+// jobPage is GET /jobs/{id}: progress while the job runs, then the result
+// of every letter; for a dry run, the preview with its confirmation.
 func (c *Console) jobPage(w http.ResponseWriter, r *http.Request) {
 	j := c.jobs.get(r.PathValue("id"))
 	if j == nil {

@@ -25,7 +25,7 @@ type lookupData struct {
 	Report    *explain.Report
 	Error     string
 	Cleared   bool
-	// Paste-a-message.
+	// Paste-a-message:
 	Pasted      bool
 	Payload     string
 	Metadata    string
@@ -33,7 +33,6 @@ type lookupData struct {
 	DerivedFrom string // "derived with the key spec …"
 }
 
-// lookup is GET /lookup.
 func (c *Console) lookup(w http.ResponseWriter, r *http.Request) {
 	d := c.lookupForm(r.Context(), r.FormValue("consumer"))
 	d.Key = r.FormValue("key")
@@ -63,7 +62,6 @@ func (c *Console) lookupForm(ctx context.Context, consumer string) lookupData {
 	return d
 }
 
-// explain reads what is known of (d.Consumer, d.Key).
 func (c *Console) explain(ctx context.Context, d *lookupData) {
 	err := c.readOnly(ctx, func(tx pgx.Tx) error {
 		rep, err := explain.Explain(ctx, tx, c.names, d.Consumer, d.Key)
@@ -77,8 +75,8 @@ func (c *Console) explain(ctx context.Context, d *lookupData) {
 	}
 }
 
-// paste is POST /lookup: derive the key of a pasted message with the
-// consumer's key spec and policy, as the consumer would, and look it up.
+// paste is POST /lookup: look up the key the consumer derives for a
+// pasted message.
 func (c *Console) paste(w http.ResponseWriter, r *http.Request) {
 	d := c.lookupForm(r.Context(), r.PostFormValue("consumer"))
 	d.Pasted = true
@@ -132,8 +130,8 @@ func parseMetadata(s string) (message.Metadata, error) {
 	return md, sc.Err()
 }
 
-// clearMemo is POST /poison-memo/clear: the next copy of the message
-// runs the handler again.
+// clearMemo is POST /poison-memo/clear: the message's next copy runs the
+// handler again.
 func (c *Console) clearMemo(w http.ResponseWriter, r *http.Request) {
 	consumer, key := r.PostFormValue("consumer"), r.PostFormValue("key")
 	if consumer == "" || key == "" {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -26,20 +27,16 @@ import (
 
 // overviewRow is one consumer of the overview.
 type overviewRow struct {
-	Name       string
-	Configured bool
-	// Activity: applied in the last minute, hour and day, and per hour.
-	Minute, Hour, Day int64
+	Name              string
+	Configured        bool
+	Minute, Hour, Day int64 // applied in the last minute, hour and day
 	Chart             template.HTML
 	ActivityErr       string
-	// Newest is the consumer's last claim; NewestNote replaces it when
-	// it is not known exactly (older than the bounded search).
-	Newest     time.Time
-	NewestNote string
-	ClaimsErr  string
-	// DeadLetters are the letters in the poison destination; Memos the
-	// keys with a poison memo, a different figure: a memo outlives its
-	// letter's replay until cleared, and most letters have none.
+	Newest            time.Time // the last claim, unless NewestNote says why not known
+	NewestNote        string
+	ClaimsErr         string
+	// DeadLetters and Memos differ: a memo outlives its letter's replay
+	// until cleared, and most letters have none.
 	DeadLetters, DeadTitle string
 	Memos, MemosTitle      string
 	Duplicates             string
@@ -54,21 +51,18 @@ type badge struct {
 
 type overviewData struct {
 	Table string
-	// Oldest and Newest claim of the whole table: retention is
-	// table-wide (cleanup deletes by processed_at whatever the
-	// consumer), so the oldest claim says whether it keeps up.
+	// Oldest and Newest claim of the whole table: cleanup deletes by
+	// processed_at whatever the consumer, so the oldest says if it keeps up.
 	Oldest, Newest time.Time
 	EndsErr        string
 	Layout         string // "plain" or "partitioned by event day, N partitions"
 	Rows           []overviewRow
 	Truncated      bool // more consumers than maxConsumers
 	ConsumersE     string
-	// Positions are the stored Kafka positions (positions.go).
-	Positions    []positionRow
-	PositionsErr string
+	Positions      []positionRow
+	PositionsErr   string
 }
 
-// overview is GET /.
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	d := overviewData{Table: c.cfg.Schema + "." + c.cfg.ClaimsTable}
@@ -78,10 +72,8 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	}
 	d.Truncated = truncated
 	rows := make([]overviewRow, len(names))
-	idx := map[string]int{}
 	for i, n := range names {
 		rows[i] = overviewRow{Name: n, Configured: c.consumer(n) != nil}
-		idx[n] = i
 	}
 
 	var wg sync.WaitGroup
@@ -184,10 +176,9 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "overview", page{Title: "Overview", Nav: "overview", Data: d})
 }
 
-// consumerNames is the union of the configured consumers and those with
-// claims, sorted. The claim table's are found with a loose index scan of
-// the primary key (consumer, message_key): one index probe per distinct
-// consumer, however many claims each has.
+// consumerNames is the configured consumers and those with claims,
+// sorted; a loose index scan of the primary key finds the latter with one
+// probe per consumer, however many claims each has.
 func (c *Console) consumerNames(ctx context.Context) (names []string, truncated bool, err error) {
 	q := c.names.Render(`WITH RECURSIVE cs AS (
   (SELECT consumer FROM {schema}.{claims} ORDER BY consumer LIMIT 1)
@@ -222,8 +213,7 @@ type activity struct {
 	newest time.Time
 }
 
-// activity counts the claims of the last 24 hours per consumer and hour,
-// in one query over the processed_at index.
+// activity counts the last 24 hours' claims per consumer and hour.
 func (c *Console) activity(ctx context.Context) (map[string]*activity, error) {
 	q := c.names.Render(`SELECT consumer,
        least(floor(extract(epoch FROM now() - processed_at) / 3600), 23)::int AS hours_ago,
@@ -264,8 +254,7 @@ GROUP BY 1, 2`)
 	return out, err
 }
 
-// tableEnds returns the oldest and newest claim of the whole table: one
-// probe at each end of the processed_at index.
+// tableEnds: one probe at each end of the processed_at index.
 func (c *Console) tableEnds(ctx context.Context) (oldest, newest time.Time, err error) {
 	q := c.names.Render(`SELECT (SELECT min(processed_at) FROM {schema}.{claims}), (SELECT max(processed_at) FROM {schema}.{claims})`)
 	err = c.readOnly(ctx, func(tx pgx.Tx) error {
@@ -281,17 +270,14 @@ func (c *Console) tableEnds(ctx context.Context) (oldest, newest time.Time, err 
 	return oldest, newest, err
 }
 
-// idleSearch bounds the search for the last claims of the consumers with
-// none in the last 24 hours, all of them together: a page with many idle
-// consumers waits no longer than one with a single one.
+// idleSearch bounds lastClaims for all idle consumers together.
 const idleSearch = time.Second
 
-// lastClaims returns the last claim of each of names, consumers without
-// a claim in the last 24 hours. Without an index on (consumer,
-// processed_at), which would make every claim dearer, the newest end of
-// the processed_at index is walked back until the consumer's row; the
-// walks share idleSearch: a consumer not reached within it is in tooOld,
-// one without any claim in neither map.
+// lastClaims returns the last claim of each of names (consumers idle for
+// 24 hours). Without an index on (consumer, processed_at), which would make
+// every claim dearer, the processed_at index is walked back from its newest
+// end; a consumer not reached within idleSearch is in tooOld, one without
+// any claim in neither map.
 func (c *Console) lastClaims(ctx context.Context, names []string) (last map[string]time.Time, tooOld map[string]bool, err error) {
 	q := c.names.Render(`SELECT processed_at FROM {schema}.{claims} WHERE consumer = $1 ORDER BY processed_at DESC LIMIT 1`)
 	last, tooOld = map[string]time.Time{}, map[string]bool{}
@@ -326,7 +312,6 @@ func (c *Console) lastClaims(ctx context.Context, names []string) (last map[stri
 	return last, tooOld, nil
 }
 
-// memoCounts counts the poison memos per consumer.
 func (c *Console) memoCounts(ctx context.Context) (map[string]int64, bool, error) {
 	out := map[string]int64{}
 	exists := false
@@ -347,8 +332,8 @@ func (c *Console) memoCounts(ctx context.Context) (map[string]int64, bool, error
 	return out, exists, err
 }
 
-// partitionState says how many day partitions exist ahead of today and
-// how many are past the consumer's retention but not dropped yet.
+// partitionState: day partitions ahead of today, and those past the
+// consumer's retention not dropped yet.
 func (c *Console) partitionState(parts []store.Partition, name string, now time.Time) string {
 	today := now.UTC().Truncate(24 * time.Hour)
 	ahead := 0
@@ -362,8 +347,7 @@ func (c *Console) partitionState(parts []store.Partition, name string, now time.
 	if cs == nil || cs.Retention <= 0 {
 		return s + "; behind: needs the consumer's retention (--consumer-config)"
 	}
-	// As DropExpiredPartitions decides: a partition ending on or before
-	// the day holding now - retention holds only expired claims.
+	// As DropExpiredPartitions decides.
 	horizonDay := now.Add(-cs.Retention).UTC().Truncate(24 * time.Hour)
 	behind := 0
 	for _, p := range parts {
@@ -374,7 +358,6 @@ func (c *Console) partitionState(parts []store.Partition, name string, now time.
 	return fmt.Sprintf("%s, %d behind", s, behind)
 }
 
-// horizonResult is a cached answer of a broker.
 type horizonResult struct {
 	at      time.Time
 	horizon time.Duration
@@ -382,17 +365,17 @@ type horizonResult struct {
 	err     string
 }
 
-// horizonCache keeps each consumer's replay horizon for a while: it is a
-// round trip to the broker, and the overview may be reloaded often.
+// horizonCache keeps each consumer's replay horizon (a broker round trip)
+// for horizonTTL: the overview may be reloaded often.
 type horizonCache struct {
-	mu  sync.Mutex
-	ttl time.Duration
-	m   map[string]horizonResult
+	mu sync.Mutex
+	m  map[string]horizonResult
 }
 
-// horizonBadge compares the consumer's retention with its broker's replay
-// horizon: green when claims outlive every delivery, red when not, amber
-// when either is unknown.
+const horizonTTL = time.Minute
+
+// horizonBadge is green when claims outlive every delivery, red when
+// not, amber when retention or horizon is unknown.
 func (c *Console) horizonBadge(ctx context.Context, name string) badge {
 	cs := c.consumer(name)
 	if cs == nil {
@@ -425,16 +408,13 @@ func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
 	c.horizons.mu.Lock()
 	h, ok := c.horizons.m[cs.Name]
 	c.horizons.mu.Unlock()
-	if ok && time.Since(h.at) < c.horizons.ttl {
+	if ok && time.Since(h.at) < horizonTTL {
 		return h
 	}
 	h = horizonResult{at: time.Now()}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
 	defer cancel()
-	bcfg := c.bounded(cs.Broker)
-	bcfg.Kafka.ConsumerGroup = cmp.Or(bcfg.Kafka.ConsumerGroup, "claimtx-console") // a subscriber needs one; it never joins
-	bcfg.NATS.Durable = cmp.Or(bcfg.NATS.Durable, "claimtx-console")               // likewise; it never subscribes
-	sub, err := brokers.NewSubscriber(bcfg, nil)
+	sub, err := c.probe(cs.Broker)
 	if err == nil {
 		h.horizon, h.known, err = replay.Horizon(ctx, sub, cs.Topic, cs.PoisonTopic)
 		_ = sub.Close()
@@ -451,16 +431,24 @@ func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
 	return h
 }
 
-// bounded is b with its start-up retries cut to a page's query timeout:
-// a broker that is down must not hold the page for the adapters' 30 s.
+// bounded is b with the dial timeouts cut to the query timeout: a broker
+// that is down must not hold the page for the adapters' 30 s.
 func (c *Console) bounded(b brokers.Config) brokers.Config {
 	b.AMQP.DialTimeout, b.Kafka.DialTimeout, b.NATS.DialTimeout = c.cfg.QueryTimeout, c.cfg.QueryTimeout, c.cfg.QueryTimeout
 	return b
 }
 
-// deadLetterCount is how many letters a configured consumer's poison
-// destination holds, as the dead-letters page counts them (on Kafka, those
-// after the last replay's progress), with a title naming it.
+// probe is a bounded subscriber of b's broker for questions: it never
+// subscribes, so the group or durable it needs is never joined.
+func (c *Console) probe(b brokers.Config) (message.Subscriber, error) {
+	b = c.bounded(b)
+	b.Kafka.ConsumerGroup = cmp.Or(b.Kafka.ConsumerGroup, "claimtx-console")
+	b.NATS.Durable = cmp.Or(b.NATS.Durable, "claimtx-console")
+	return brokers.NewSubscriber(b, nil)
+}
+
+// deadLetterCount is the letters in a consumer's poison destination as
+// the dead-letters page counts them, with a title naming it.
 func (c *Console) deadLetterCount(ctx context.Context, name string) (count, title string) {
 	cs := c.consumer(name)
 	if cs == nil {
@@ -470,8 +458,7 @@ func (c *Console) deadLetterCount(ctx context.Context, name string) (count, titl
 	defer cancel()
 	b := *cs
 	b.Broker = c.bounded(cs.Broker)
-	kafka := cs.Broker.Kind == brokers.KindKafka
-	src, err := c.openDestination(ctx, &b, kafka)
+	src, err := c.openDestination(ctx, &b, cs.Broker.Kind == brokers.KindKafka)
 	if err != nil {
 		return "unknown", err.Error()
 	}
@@ -486,11 +473,10 @@ func (c *Console) deadLetterCount(ctx context.Context, name string) (count, titl
 	return strconv.FormatInt(src.Total(), 10), title + " (Dead letters lists them)"
 }
 
-// metricsTimeout bounds reading a consumer's metrics endpoint.
 const metricsTimeout = 2 * time.Second
 
-// duplicates reads claimtx_messages_total of consumer from its metrics
-// endpoint: the duplicate total, with applied and poisoned in the title.
+// duplicates is the consumer's duplicate total (claimtx_messages_total),
+// with applied and poisoned in the title.
 func (c *Console) duplicates(ctx context.Context, name, u string) (string, string) {
 	tot, err := scrapeOutcomes(ctx, u, name)
 	if err != nil {
@@ -501,9 +487,7 @@ func (c *Console) duplicates(ctx context.Context, name, u string) (string, strin
 			strconv.FormatFloat(tot["applied"], 'f', -1, 64), strconv.FormatFloat(tot["duplicate"], 'f', -1, 64), strconv.FormatFloat(tot["poisoned"], 'f', -1, 64))
 }
 
-// scrapeOutcomes sums claimtx_messages_total of consumer by outcome, from
-// the Prometheus text format (prometheus/common's parser, the one
-// Prometheus reads it with).
+// scrapeOutcomes sums claimtx_messages_total of consumer by outcome.
 func scrapeOutcomes(ctx context.Context, u, consumer string) (map[string]float64, error) {
 	ctx, cancel := context.WithTimeout(ctx, metricsTimeout)
 	defer cancel()

@@ -14,9 +14,8 @@ import (
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
-// positionRow is one stored Kafka position of the overview, with the
-// partition's end offset and lag when the consumer is configured with its
-// Kafka broker.
+// positionRow is a stored Kafka position, with the end offset and lag
+// when the consumer is configured with its Kafka broker.
 type positionRow struct {
 	Consumer, Topic   string
 	Partition         int32
@@ -25,9 +24,9 @@ type positionRow struct {
 	End, Lag, LagNote string
 }
 
-// positions reads the stored Kafka positions (one row per partition: a
-// small table) and, for the consumers configured with a Kafka broker,
-// their topic's end offsets. A schema from before migration 7 has none.
+// positions reads the stored Kafka positions (one row per partition) and
+// the end offsets of the configured consumers'. A schema from before
+// migration 7 has none.
 func (c *Console) positions(ctx context.Context) ([]positionRow, error) {
 	q := c.names.Render(`SELECT consumer, topic, partition, settled_below, updated_at
 FROM {schema}.kafka_positions ORDER BY consumer, topic, partition LIMIT 1000`)
@@ -80,10 +79,7 @@ FROM {schema}.kafka_positions ORDER BY consumer, topic, partition LIMIT 1000`)
 func (c *Console) endOffsets(ctx context.Context, cs *Consumer) (map[int32]int64, string) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
 	defer cancel()
-	bcfg := cs.Broker
-	bcfg.Kafka.ConsumerGroup = cmp.Or(bcfg.Kafka.ConsumerGroup, "claimtx-console") // a subscriber needs one; it never joins
-	bcfg.Kafka.DialTimeout = c.cfg.QueryTimeout
-	sub, err := brokers.NewSubscriber(bcfg, nil)
+	sub, err := c.probe(cs.Broker)
 	if err != nil {
 		return nil, c.errText(err)
 	}

@@ -17,52 +17,35 @@ import (
 	"time"
 )
 
-// The console's security, in the order a request meets it (secure):
-//
-//  1. Headers on every response: a Content-Security-Policy that allows the
-//     console's own stylesheet and nothing else (no script at all), no
-//     framing, no referrer, no MIME sniffing, pages never cached.
-//  2. Without a token, the console is reachable from this machine only
-//     (the command refuses a non-loopback address), and a request whose Host
-//     is not a loopback name or the listen address is refused: a web page
-//     could otherwise rebind its own host name to 127.0.0.1 and read the
-//     console as same-origin.
-//  3. Cross-origin POSTs are refused by Go's CrossOriginProtection
-//     (Sec-Fetch-Site, Origin), before anything else looks at them.
-//  4. With a token, every page but /healthz, /login and /assets needs a
-//     session cookie (HMAC-signed with a random per-process key: a restart
-//     signs everyone out) or "Authorization: Bearer TOKEN".
-//  5. Every POST carries a hidden csrf field, HMAC(key, session), checked
-//     in constant time: the second belt behind (3) for browsers that send
-//     neither header. A bearer request needs none: browsers never attach
-//     that header on their own, so it cannot be forged cross-site.
-//  6. Read-only mode refuses the state-changing POSTs with 403.
+// The security model is docs/console.md's "Security model"; secure applies
+// it in this order: response headers, the Host check of a console without
+// token (a page rebinding its host name to 127.0.0.1 would read it as
+// same-origin), CrossOriginProtection, the session or bearer, the body
+// bound, read-only mode, and the csrf field (the second belt for browsers
+// that send neither Sec-Fetch-Site nor Origin; a bearer needs none, as
+// browsers never attach that header on their own).
 
 const (
-	cookieName = "claimtx_console"
-	// sessionTTL bounds a session: a stolen cookie is not good forever.
-	sessionTTL = 12 * time.Hour
-	// maxFormOverhead is what a form may send besides a pasted message.
-	maxFormOverhead = 256 << 10
+	cookieName      = "claimtx_console"
+	sessionTTL      = 12 * time.Hour // a stolen cookie is not good forever
+	maxFormOverhead = 256 << 10      // what a form may send besides a pasted message
 	csp             = "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 )
 
 // stateChanging are the POSTs read-only mode refuses.
 var stateChanging = map[string]bool{"/dead-letters/replay": true, "/poison-memo/clear": true}
 
-// public paths need no session.
 func public(path string) bool {
 	return path == "/healthz" || path == "/login" || strings.HasPrefix(path, "/assets/")
 }
 
 type ctxKey struct{}
 
-// anonymous is the session of a visitor not signed in: the login form's
-// CSRF token is bound to it.
+// anonymous is the session of a visitor not signed in, which the login
+// form's CSRF token is bound to.
 const anonymous = "anonymous"
 
-// identity is who a request is: its session id ("" without a token, the
-// per-process identity), or a bearer.
+// identity is a request's session id ("" without a token), or a bearer.
 type identity struct {
 	session string
 	bearer  bool
@@ -86,8 +69,7 @@ func (c *Console) secure(next http.Handler) http.Handler {
 		}
 		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, id))
 		if r.Method == http.MethodPost {
-			// The whole body is bounded here, before the csrf field is read:
-			// a pasted message is the largest thing a form sends.
+			// Bounded before the csrf field is read.
 			r.Body = http.MaxBytesReader(w, r.Body, maxPaste+maxFormOverhead)
 			if err := r.ParseForm(); err != nil {
 				var mbe *http.MaxBytesError
@@ -149,14 +131,13 @@ func (c *Console) hostAllowed(hostport string) bool {
 }
 
 // authenticate returns the request's identity; ok is false when a token is
-// configured and the request has neither a valid session nor the bearer.
+// needed and neither a valid session nor the bearer came.
 func (c *Console) authenticate(r *http.Request) (identity, bool) {
 	if c.cfg.Token == "" {
 		return identity{}, true
 	}
 	if a := r.Header.Get("Authorization"); strings.HasPrefix(a, "Bearer ") {
-		// A wrong bearer spends the login budget: scripts guess no faster
-		// than the form.
+		// A wrong bearer spends the login budget, as a wrong form does.
 		if c.limiter.Tokens() < 1 {
 			return identity{bearer: true}, false
 		}
@@ -232,7 +213,6 @@ func (c *Console) csrfOK(r *http.Request) bool {
 	return hmac.Equal(got, c.mac("csrf", id.session))
 }
 
-// loginPage is GET /login.
 func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
 	if c.cfg.Token == "" {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
@@ -246,15 +226,13 @@ type loginData struct {
 	Error string
 }
 
-// login is POST /login.
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	if c.cfg.Token == "" {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
 	next := safeNext(r.PostFormValue("next"))
-	// Only failures spend the budget: signing in is never refused because
-	// of an operator's own successful logins.
+	// Only failures spend the budget.
 	if c.limiter.Tokens() < 1 {
 		c.render(w, r, http.StatusTooManyRequests, "login", page{Title: "Sign in", Data: loginData{Next: next, Error: "Too many sign-in attempts: wait a second and try again."}})
 		return
@@ -274,22 +252,19 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, next, http.StatusSeeOther) //nolint:gosec // G710: next went through safeNext, a path on this site only
 }
 
-// overHTTPS reports whether the browser reached the console over https:
-// directly, or through a proxy that terminated TLS and says so. A forged
-// header can only make the cookie stricter.
+// overHTTPS: the browser speaks https, directly or through a proxy that
+// says so (a forged header only makes the cookie stricter).
 func overHTTPS(r *http.Request) bool {
 	return r.TLS != nil || strings.EqualFold(r.Header.Get("X-Forwarded-Proto"), "https")
 }
 
-// logout is POST /logout.
 func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: overHTTPS(r)}) //nolint:gosec // G124: as in login
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }
 
-// safeNext keeps a redirect target on this site: a path, never a URL
-// with a scheme or host, nor "//host" or "/\host" (which browsers read as
-// one).
+// safeNext keeps a redirect on this site: a path, never a URL with scheme
+// or host, nor "//host" or "/\host" (which browsers read as one).
 func safeNext(next string) string {
 	if next == "" || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") {
 		return "/"

@@ -16,21 +16,18 @@ import (
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// Defaults of the brokers.AMQPConfig fields this package reads, for a Config
-// that did not come through brokers.LoadConfig (which writes them out).
+// Defaults for a brokers.AMQPConfig not made by brokers.LoadConfig.
 const (
 	defaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/" //nolint:gosec // RabbitMQ's stock local account, not a secret
 	defaultDialTimeout = 30 * time.Second
 )
 
-// amqpSource browses a RabbitMQ queue with basic.get on a channel of its
-// own and publishes replays on a confirm-mode channel. The browsed
-// messages stay unacked on that channel, hidden from other consumers;
-// closing it (or a killed process's connection dying) requeues them in
-// place, flagged redelivered. A quorum queue's x-delivery-limit may count
-// such a requeue as a delivery: poison queues must have none. The browse
-// stops at the count of ready messages at the opening, leaving later
-// poison for the next run.
+// amqpSource browses a queue with basic.get and republishes on a
+// confirm-mode channel. Browsed messages stay unacked, hidden from other
+// consumers, until the channel closes (or the process dies) and requeues
+// them in place. A quorum queue's x-delivery-limit may count that requeue
+// as a delivery: poison queues must have none. The browse stops at the
+// count of ready messages at the opening.
 type amqpSource struct {
 	conn    *amqp091.Connection
 	get     *amqp091.Channel // basic.get; holds the unacked messages
@@ -38,7 +35,7 @@ type amqpSource struct {
 	queue   string
 	total   int64
 	read    int64
-	targets map[string]error // queues checked to exist
+	targets map[string]error
 }
 
 func openAMQP(_ context.Context, cfg brokers.AMQPConfig, o Options) (_ *amqpSource, err error) {
@@ -59,8 +56,7 @@ func openAMQP(_ context.Context, cfg brokers.AMQPConfig, o Options) (_ *amqpSour
 	if s.get, err = conn.Channel(); err != nil {
 		return nil, fmt.Errorf("open a channel: %w", err)
 	}
-	// Passive: a missing queue is reported, never created (with arguments
-	// that might differ from the ones it should have).
+	// Passive: never create a queue, with arguments that might be wrong.
 	q, err := s.get.QueueDeclarePassive(o.Destination, true, false, false, false, nil)
 	if err != nil {
 		return nil, queueErr("poison queue", o.Destination, err)
@@ -110,70 +106,49 @@ func (s *amqpSource) Next(ctx context.Context, max int) ([]*Letter, error) {
 }
 
 func (s *amqpSource) Settle(ctx context.Context, batch []*Letter, target func(*Letter) string) error {
-	type sent struct {
-		l  *Letter
-		dc *amqp091.DeferredConfirmation
-	}
-	var pending []sent
-	var errs []error
-	err := eachReplay(batch, target, func(l *Letter, t string) error {
-		if err := s.checkTarget(t); err != nil {
-			return err
+	return republish(batch, target, func(l *Letter, t string) (func() error, error) {
+		if err := checkOnce(s.targets, t, func() error { return s.checkTarget(t) }); err != nil {
+			return nil, err
 		}
 		dc, err := s.pub.PublishWithDeferredConfirmWithContext(ctx, "", t, false, false, republishing(l.raw.(*amqp091.Delivery)))
 		if err != nil {
-			return fmt.Errorf("republish to %q: %w", t, err)
+			return nil, fmt.Errorf("republish to %q: %w", t, err)
 		}
-		pending = append(pending, sent{l, dc})
+		return func() error {
+			switch ok, err := dc.WaitContext(ctx); {
+			case err != nil:
+				return fmt.Errorf("await the confirm of %s: %w", l.Position, err)
+			case !ok:
+				return fmt.Errorf("RabbitMQ refused (nacked) the republished copy of %s", l.Position)
+			}
+			return nil
+		}, nil
+	}, func(l *Letter) error {
+		if err := l.raw.(*amqp091.Delivery).Ack(false); err != nil {
+			return fmt.Errorf("remove %s from the poison queue: %w", l.Position, err)
+		}
 		return nil
 	})
-	if err != nil {
-		errs = append(errs, err)
-	}
-	// Remove from the poison queue only what RabbitMQ confirmed.
-	for _, p := range pending {
-		ok, err := p.dc.WaitContext(ctx)
-		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("await the confirm of %s: %w", p.l.Position, err))
-			continue
-		case !ok:
-			errs = append(errs, fmt.Errorf("RabbitMQ refused (nacked) the republished copy of %s", p.l.Position))
-			continue
-		}
-		p.l.Replayed = true
-		if err := p.l.raw.(*amqp091.Delivery).Ack(false); err != nil {
-			// Republished and still queued: a duplicate later, harmless.
-			errs = append(errs, fmt.Errorf("remove %s from the poison queue: %w", p.l.Position, err))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // checkTarget makes sure the queue a replay publishes to exists: the
 // default exchange silently drops a message routed to no queue, and a
-// publisher confirm does not tell. Checked once per queue, on a channel of
-// its own (a failed passive declaration closes its channel).
+// publisher confirm does not tell. It uses a channel of its own: a failed
+// passive declaration closes its channel.
 func (s *amqpSource) checkTarget(q string) error {
-	if err, ok := s.targets[q]; ok {
+	ch, err := s.conn.Channel()
+	if err != nil {
 		return err
 	}
-	ch, err := s.conn.Channel()
-	if err == nil {
-		_, err = ch.QueueDeclarePassive(q, true, false, false, false, nil)
-		if err != nil {
-			err = queueErr("original topic's queue", q, err)
-		} else {
-			_ = ch.Close()
-		}
+	if _, err := ch.QueueDeclarePassive(q, true, false, false, false, nil); err != nil {
+		return queueErr("original topic's queue", q, err)
 	}
-	s.targets[q] = err
-	return err
+	_ = ch.Close()
+	return nil
 }
 
 func (s *amqpSource) Close() error {
 	var errs []error
-	// Closing the browsing channel hands every unacked message back.
 	for _, ch := range []*amqp091.Channel{s.get, s.pub} {
 		if ch != nil && !ch.IsClosed() {
 			errs = append(errs, ch.Close())
@@ -185,11 +160,10 @@ func (s *amqpSource) Close() error {
 	return errors.Join(errs...)
 }
 
-// republishing is the copy of poison delivery d that goes back to its
-// topic: body, properties and every header as they are (typed, so an
-// x-death array stays an array), without the poison bookkeeping, and
-// persistent. UserId is dropped: RabbitMQ refuses a publish whose user-id
-// is not the publishing connection's user.
+// republishing is the copy of d that goes back to its topic: body,
+// properties and typed headers (x-death stays an array) without the poison
+// bookkeeping, persistent. UserId is dropped: RabbitMQ refuses a user-id
+// other than the connection's.
 func republishing(d *amqp091.Delivery) amqp091.Publishing {
 	headers := make(amqp091.Table, len(d.Headers))
 	for k, v := range d.Headers {

@@ -14,14 +14,10 @@ import (
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// Memo is the poison memo of issue #15 part 2: terminal failures recorded
-// under (consumer, key), which `claimtx unpoison` clears.
-//
-// internal/poison.MemoTable implements it over the memo table. With a
-// Memo, classification reports ClassMemo for a message with a memo and no
-// claim, and Replay clears the memo of every key it republishes, before it
-// republishes it (a crash in between leaves the message in the destination
-// with its memo gone, which is harmless).
+// Memo is the poison memo (internal/poison.MemoTable). With one,
+// classification reports ClassMemo for a memo without a claim, and Replay
+// clears a key's memo before it republishes it (a crash in between leaves
+// the letter with its memo gone: harmless).
 type Memo interface {
 	// Memoised returns which of keys have a memo for consumer.
 	Memoised(ctx context.Context, consumer string, keys []string) (map[string]bool, error)
@@ -29,9 +25,8 @@ type Memo interface {
 	Clear(ctx context.Context, consumer string, keys []string) error
 }
 
-// MemoOf is the poison memo table of the claim table names name, or nil
-// when the schema has none (migrated before the memo existed: then there
-// is nothing to report or clear).
+// MemoOf is the poison memo table of names, or nil when the schema
+// predates it.
 func MemoOf(ctx context.Context, pool *pgxpool.Pool, names *pg.Names) (Memo, error) {
 	ok, err := poison.MemoTableExists(ctx, pool, names)
 	if err != nil || !ok {
@@ -42,23 +37,16 @@ func MemoOf(ctx context.Context, pool *pgxpool.Pool, names *pg.Names) (Memo, err
 
 // Classifier classifies letters against a consumer's claims.
 type Classifier struct {
-	// Pool reaches the claims table Schema.Table (names that
-	// store.Config validated).
 	Pool          *pgxpool.Pool
-	Schema, Table string
-	// Consumer is the consumer name whose claims are looked up.
-	Consumer string
-	// Key is today's key spec, parsed; Policy the consumer's key policy.
-	Key    framework.KeyFunc
-	Policy framework.KeyPolicy
-	// Memo, when set, reports poison memos and lets Replay clear them
-	// (see Memo).
-	Memo Memo
+	Schema, Table string // the claims table, names store.Config validated
+	Consumer      string
+	Key           framework.KeyFunc // today's key spec
+	Policy        framework.KeyPolicy
+	Memo          Memo // optional
 
 	lookup string
 }
 
-// errNoKeyFunc is a programming error: a Classifier needs a key function.
 var errNoKeyFunc = errors.New("dlq: Classifier.Key is nil")
 
 // Classify sets Key, KeyErr, Class and Match of every letter, with one
@@ -128,9 +116,8 @@ func (c *Classifier) Classify(ctx context.Context, letters []*Letter) error {
 }
 
 // DeriveKey is the claim key kf and policy give msg, as the consumer
-// derives it, recovering from a key function that panics on it (a
-// registered extractor's bug is a finding about that message, and must not
-// stop the classification or check of the rest).
+// derives it. A panicking key function (an extractor's bug) is an error
+// about that message, not the end of the check.
 func DeriveKey(kf framework.KeyFunc, policy framework.KeyPolicy, msg *message.Message) (key string, err error) {
 	defer func() {
 		if r := recover(); r != nil {

@@ -27,19 +27,16 @@ import (
 )
 
 const (
-	// kafkaIdle is how long a browse waits for the next record of a
-	// partition that has not reached the end offset seen at the opening
-	// before it takes the rest for a gap (compaction, transaction markers)
-	// and ends.
+	// kafkaIdle: a partition short of its opening end offset that sends
+	// nothing for this long has a gap (compaction, transaction markers).
 	kafkaIdle = 10 * time.Second
-	// openTimeout bounds the metadata requests of the opening: a client
-	// that cannot reach any broker retries forever otherwise.
+	// openTimeout bounds the opening: a client that reaches no broker
+	// retries forever otherwise.
 	openTimeout = 30 * time.Second
 )
 
-// kafkaSource browses a topic with a client outside any consumer group and
-// records replay progress as the committed offsets of ProgressGroup
-// (docs/operations.md, "Dead letters: claimtx dlq").
+// kafkaSource browses a topic outside any consumer group and records the
+// replay progress as the committed offsets of ProgressGroup.
 type kafkaSource struct {
 	cl    *kgo.Client // metadata, offsets, produce
 	adm   *kadm.Client
@@ -48,9 +45,8 @@ type kafkaSource struct {
 	group string
 	end   map[int32]int64 // end offsets at the opening
 	next  map[int32]int64 // next offset to read
-	// progress is the offset every message before which a replay
-	// republished or passed over for good; blocked partitions have a
-	// message left for later, so their progress stops.
+	// progress: every message below it was republished or passed over for
+	// good; a blocked partition has a message kept for later.
 	committed map[int32]int64
 	progress  map[int32]int64
 	blocked   map[int32]bool
@@ -58,8 +54,7 @@ type kafkaSource struct {
 	targets   map[string]error
 }
 
-// kgoOptions maps the Kafka adapter's connection settings (addresses,
-// client id, TLS, SASL) onto franz-go.
+// kgoOptions maps the Kafka adapter's connection settings onto franz-go.
 func kgoOptions(c brokers.KafkaConfig) ([]kgo.Opt, error) {
 	addrs := c.Brokers
 	if len(addrs) == 0 {
@@ -106,8 +101,8 @@ func kgoOptions(c brokers.KafkaConfig) ([]kgo.Opt, error) {
 	return opts, nil
 }
 
-// fnv32a is Sarama's default key hash: republished records land on the
-// partition claimtx's own publisher (Sarama) would choose for their key.
+// fnv32a is Sarama's key hash: a republished record lands on the partition
+// claimtx's publisher (Sarama) would choose.
 func fnv32a(b []byte) uint32 {
 	h := fnv.New32a()
 	_, _ = h.Write(b)
@@ -174,15 +169,15 @@ func openKafka(ctx context.Context, cfg brokers.KafkaConfig, o Options) (_ *kafk
 	consume := map[int32]kgo.Offset{}
 	starts.Each(func(lo kadm.ListedOffset) {
 		start := lo.Offset
-		if c, ok := s.committed[lo.Partition]; ok && o.Resume && c > start {
-			start = c
+		c, ok := s.committed[lo.Partition]
+		if ok {
+			s.progress[lo.Partition] = c
+			if o.Resume {
+				start = max(start, c)
+			}
 		}
 		end, _ := ends.Lookup(s.topic, lo.Partition)
-		s.end[lo.Partition] = end.Offset
-		s.next[lo.Partition] = start
-		if c, ok := s.committed[lo.Partition]; ok {
-			s.progress[lo.Partition] = c
-		}
+		s.end[lo.Partition], s.next[lo.Partition] = end.Offset, start
 		if start < end.Offset {
 			s.total += end.Offset - start
 			consume[lo.Partition] = kgo.NewOffset().At(start)
@@ -274,8 +269,7 @@ func (s *kafkaSource) Next(ctx context.Context, limit int) ([]*Letter, error) {
 	return page(out)
 }
 
-// letter is r as claimtx's Kafka adapter hands a record to a consumer
-// (brokers/kafka marshaler.Unmarshal).
+// letter is r as claimtx's Kafka adapter hands it to a consumer.
 func (s *kafkaSource) letter(r *kgo.Record) *Letter {
 	msg := kafkarecord.KafkaMessage(r.Topic, r.Partition, r.Offset, r.Key, r.Value, r.Timestamp, r.Headers,
 		func(h kgo.RecordHeader) (string, []byte, bool) { return h.Key, h.Value, true })
@@ -291,10 +285,7 @@ func (s *kafkaSource) Settle(ctx context.Context, batch []*Letter, target func(*
 	var sent []*Letter
 	var errs []error
 	err := eachReplay(batch, target, func(l *Letter, t string) error {
-		if _, ok := s.targets[t]; !ok {
-			s.targets[t] = s.topicExists(ctx, "original topic", t)
-		}
-		if err := s.targets[t]; err != nil {
+		if err := checkOnce(s.targets, t, func() error { return s.topicExists(ctx, "original topic", t) }); err != nil {
 			return err
 		}
 		r := l.raw.(*kgo.Record)
@@ -326,9 +317,8 @@ func (s *kafkaSource) Settle(ctx context.Context, batch []*Letter, target func(*
 	return errors.Join(errs...)
 }
 
-// record advances the replay progress over batch: past every message
-// republished or passed over for good, up to the first one left for later
-// in its partition, and commits it for the progress group.
+// record commits the replay progress over batch, per partition up to its
+// first letter kept for later.
 func (s *kafkaSource) record(ctx context.Context, batch []*Letter) error {
 	if s.group == "" {
 		return nil

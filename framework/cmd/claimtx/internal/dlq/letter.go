@@ -10,15 +10,11 @@ import (
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// fingerprintBytes is how much of the payload's SHA-256 the claim's
-// fingerprint keeps (middleware.Claim.Fingerprint, store.ClaimRequest.PayloadHash).
-const fingerprintBytes = 16
-
 // Fingerprint is the claim fingerprint of payload: the first 16 bytes of
 // its SHA-256, as the claim middleware stores it.
 func Fingerprint(payload []byte) []byte {
 	sum := sha256.Sum256(payload)
-	return sum[:fingerprintBytes]
+	return sum[:16]
 }
 
 // Class is what a dead letter is with respect to its claim.
@@ -47,15 +43,14 @@ type Action string
 
 // Actions.
 const (
-	// ActionReplay: republished, then removed from the destination
-	// (RabbitMQ) or passed by the replay progress (Kafka).
+	// ActionReplay: republished, then removed (or passed by the Kafka
+	// progress).
 	ActionReplay Action = "replay"
-	// ActionPass: not republished, and nothing to come back for: already
-	// applied (without IncludeApplied), or another consumer's or topic's
-	// copy. The Kafka progress moves past it; on RabbitMQ it stays queued.
+	// ActionPass: nothing to come back for (already applied, another
+	// consumer's or topic's copy): the Kafka progress moves past it.
 	ActionPass Action = "pass"
-	// ActionKeep: left for a later run: still bad, filtered out, or past
-	// the limit. The Kafka progress of its partition stops before it.
+	// ActionKeep: left for a later run (still bad, filtered out, past the
+	// limit): the Kafka progress of its partition stops before it.
 	ActionKeep Action = "keep"
 )
 
@@ -67,7 +62,7 @@ type Stamps struct {
 	Key        string
 	Topic      string // the topic it was consumed from
 	Handler    string
-	PoisonedAt time.Time // zero when not stamped (copies made before the stamp existed)
+	PoisonedAt time.Time // zero when not stamped
 }
 
 func stampsOf(md message.Metadata) Stamps {
@@ -90,18 +85,15 @@ func stampsOf(md message.Metadata) Stamps {
 
 // Letter is one message of a poison destination.
 type Letter struct {
-	// Msg is the message as a consumer of the destination sees it: UUID,
-	// payload, and metadata including the broker's (amqp_*, kafka_*, nats_*).
+	// Msg is the message as a consumer of the destination sees it, broker
+	// metadata (amqp_*, kafka_*, nats_*) included.
 	Msg *message.Message
-	// Position locates it: "#12" (the 12th message of this RabbitMQ
-	// browse; on NATS the stream sequence 12) or "2@1041" (Kafka
-	// partition 2, offset 1041).
+	// Position: "#12" (the 12th of this RabbitMQ browse, the NATS stream
+	// sequence) or "2@1041" (Kafka partition 2, offset 1041).
 	Position  string
 	Partition int32 // Kafka
 	Offset    int64 // Kafka
-	// Handled is set on Kafka when a previous replay of the consumer
-	// already went past it (its offset is below the progress recorded for
-	// the consumer's claimtx-dlq group).
+	// Handled: a previous replay of the consumer went past it (Kafka).
 	Handled bool
 	Stamps  Stamps
 
@@ -115,17 +107,14 @@ type Letter struct {
 	Selected bool // matched the consumer, topic and filters
 	Action   Action
 	Why      string // why it is passed or kept
-	// Replayed is set once the broker confirmed the republished copy.
-	Replayed bool
-	// CopyOf is the Position of an earlier selected letter of this run
-	// that is the same message (same key, or UUID when it has none, and
-	// same payload): the at-least-once poisoning makes a second copy when
-	// a consumer dies after poisoning a message and before its ack. A
-	// replay sends the message once, from its first copy. Set by Browse
-	// and Replay; "" for a first copy.
+	Replayed bool   // the broker confirmed the republished copy
+	// CopyOf is the Position of an earlier letter of this run that is the
+	// same message (key, or UUID, and payload): a consumer that dies
+	// between poisoning and its ack poisons it twice. A replay sends the
+	// first copy only.
 	CopyOf string
 
-	raw any // *amqp091.Delivery or *kgo.Record
+	raw any // *amqp091.Delivery, *kgo.Record or *jetstream.RawStreamMsg
 }
 
 // Fingerprint is the claim fingerprint of the letter's payload.
@@ -134,8 +123,16 @@ func (l *Letter) Fingerprint() []byte { return Fingerprint(l.Msg.Payload) }
 // FingerprintHex is Fingerprint in hex.
 func (l *Letter) FingerprintHex() string { return hex.EncodeToString(l.Fingerprint()) }
 
-// Age is how long ago the copy was poisoned; ok is false when it does not
-// say.
+// Shown is l's key and reason as the pages and the CLI show them: with
+// why today's spec cannot key it, when it cannot.
+func (l *Letter) Shown() (key, reason string) {
+	if l.KeyErr != nil {
+		return "(none)", "today: " + l.KeyErr.Error() + "; poisoned: " + l.Stamps.Reason
+	}
+	return EffectiveKey(l), l.Stamps.Reason
+}
+
+// Age is how long ago the copy was poisoned, if it says.
 func (l *Letter) Age(now time.Time) (time.Duration, bool) {
 	if l.Stamps.PoisonedAt.IsZero() {
 		return 0, false

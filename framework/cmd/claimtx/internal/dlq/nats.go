@@ -17,11 +17,9 @@ import (
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// natsSource browses the poison subject's stream by sequence (JetStream's
-// get-message API: nothing is delivered, no consumer is created, so a
-// killed browse leaves nothing behind on the server) and removes a letter
-// by deleting its sequence once the replayed copy's publish was
-// acknowledged.
+// natsSource browses the poison subject's stream by sequence (get-message:
+// no consumer is created, so a killed browse leaves nothing behind) and
+// deletes a letter's sequence once its copy was acknowledged.
 type natsSource struct {
 	nc      *natsgo.Conn
 	js      jetstream.JetStream
@@ -33,7 +31,7 @@ type natsSource struct {
 	last    uint64 // the stream's last sequence at the opening
 	total   int64
 	read    int64
-	targets map[string]error // subjects checked to have a stream
+	targets map[string]error
 }
 
 func openNATS(ctx context.Context, cfg brokers.NATSConfig, o Options) (_ *natsSource, err error) {
@@ -65,9 +63,8 @@ func openNATS(ctx context.Context, cfg brokers.NATSConfig, o Options) (_ *natsSo
 	return s, nil
 }
 
-// streamOf is the stream that captures subject, reported as missing
-// without creating it: a publish to a subject no stream captures gets no
-// acknowledgement, only a timeout.
+// streamOf is the stream capturing subject: a publish to a subject no
+// stream captures gets no acknowledgement, only a timeout.
 func (s *natsSource) streamOf(ctx context.Context, what, subject string) (jetstream.Stream, error) {
 	name, err := s.js.StreamNameBySubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -91,8 +88,7 @@ func (s *natsSource) Next(ctx context.Context, limit int) ([]*Letter, error) {
 	for len(out) < limit && s.read < s.total && s.next <= s.last {
 		m, err := s.stream.GetMsg(ctx, s.next, jetstream.WithGetMsgSubject(s.subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			// Fewer than counted: removed meanwhile (another replay, a
-			// limit). Stop here.
+			// Removed meanwhile (another replay, a limit): stop here.
 			s.total = s.read
 			break
 		}
@@ -112,57 +108,40 @@ func (s *natsSource) Next(ctx context.Context, limit int) ([]*Letter, error) {
 }
 
 func (s *natsSource) Settle(ctx context.Context, batch []*Letter, target func(*Letter) string) error {
-	type sent struct {
-		l *Letter
-		f jetstream.PubAckFuture
-	}
-	var pending []sent
-	var errs []error
-	err := eachReplay(batch, target, func(l *Letter, topic string) error {
+	return republish(batch, target, func(l *Letter, topic string) (func() error, error) {
 		subject := s.prefix + topic
-		if _, ok := s.targets[subject]; !ok {
-			_, s.targets[subject] = s.streamOf(ctx, "original topic's", subject)
-		}
-		if err := s.targets[subject]; err != nil {
+		if err := checkOnce(s.targets, subject, func() error {
+			_, err := s.streamOf(ctx, "original topic's", subject)
 			return err
+		}); err != nil {
+			return nil, err
 		}
 		f, err := s.js.PublishMsgAsync(republished(l.raw.(*jetstream.RawStreamMsg), subject))
 		if err != nil {
-			return fmt.Errorf("republish %s to %q: %w", l.Position, subject, err)
+			return nil, fmt.Errorf("republish %s to %q: %w", l.Position, subject, err)
 		}
-		pending = append(pending, sent{l, f})
+		return func() error {
+			select {
+			case ack := <-f.Ok():
+				if ack.Duplicate {
+					// The stream dropped it: a message with its Nats-Msg-Id came
+					// within the stream's duplicate window. Keep the letter.
+					return fmt.Errorf("JetStream dropped the copy of %s as a duplicate of Nats-Msg-Id %q (the stream's duplicate window): it stays in the poison stream, replay it later",
+						l.Position, f.Msg().Header.Get(natsgo.MsgIdHdr))
+				}
+				return nil
+			case err := <-f.Err():
+				return fmt.Errorf("republish %s: %w", l.Position, err)
+			case <-ctx.Done():
+				return fmt.Errorf("await the acknowledgement of %s: %w", l.Position, ctx.Err())
+			}
+		}, nil
+	}, func(l *Letter) error {
+		if err := s.stream.DeleteMsg(ctx, l.raw.(*jetstream.RawStreamMsg).Sequence); err != nil {
+			return fmt.Errorf("remove %s from the poison stream: %w", l.Position, err)
+		}
 		return nil
 	})
-	if err != nil {
-		errs = append(errs, err)
-	}
-	// Delete from the poison stream only what JetStream stored.
-	for _, p := range pending {
-		var ack *jetstream.PubAck
-		select {
-		case ack = <-p.f.Ok():
-		case err := <-p.f.Err():
-			errs = append(errs, fmt.Errorf("republish %s: %w", p.l.Position, err))
-			continue
-		case <-ctx.Done():
-			errs = append(errs, fmt.Errorf("await the acknowledgement of %s: %w", p.l.Position, ctx.Err()))
-			continue
-		}
-		if ack.Duplicate {
-			// The stream dropped it: a message with its Nats-Msg-Id came
-			// within the stream's duplicate window. Keep the letter.
-			errs = append(errs, fmt.Errorf("JetStream dropped the copy of %s as a duplicate of Nats-Msg-Id %q (the stream's duplicate window): it stays in the poison stream, replay it later",
-				p.l.Position, p.f.Msg().Header.Get(natsgo.MsgIdHdr)))
-			continue
-		}
-		p.l.Replayed = true
-		seq := p.l.raw.(*jetstream.RawStreamMsg).Sequence
-		if err := s.stream.DeleteMsg(ctx, seq); err != nil {
-			// Republished and still in the stream: a duplicate later, harmless.
-			errs = append(errs, fmt.Errorf("remove %s from the poison stream: %w", p.l.Position, err))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 func (s *natsSource) Close() error {
@@ -172,10 +151,9 @@ func (s *natsSource) Close() error {
 	return nil
 }
 
-// republished is the copy of poison message m that goes back to subject:
-// data and every header as they are (the Watermill UUID and a Nats-Msg-Id
-// included), without the poison bookkeeping and JetStream's publish
-// preconditions.
+// republished is the copy of m that goes back to subject: data and
+// headers (UUID and Nats-Msg-Id included) without the poison bookkeeping
+// and JetStream's publish preconditions.
 func republished(m *jetstream.RawStreamMsg, subject string) *natsgo.Msg {
 	hdr := make(natsgo.Header, len(m.Header))
 	for k, vs := range m.Header {

@@ -10,38 +10,25 @@ import (
 	"time"
 )
 
-// settleGrace bounds how long an interrupted replay waits for the batch in
-// flight to be confirmed and removed.
+// settleGrace bounds an interrupted replay's wait for its batch in flight.
 const settleGrace = 30 * time.Second
 
 // Filter selects letters. The zero Filter selects every letter.
 type Filter struct {
-	// Consumer, when set, passes over copies stamped by another consumer
-	// (a poison destination several consumers of one topic share). Copies
-	// without the stamp are taken to be this consumer's.
-	Consumer string
-	// Topic, when set, passes over copies consumed from another topic.
-	// Copies that do not say are taken to come from it.
-	Topic string
-	// ID selects the letter with this message UUID.
-	ID string
-	// IDs, when not empty, selects the letters with these message UUIDs
-	// (the web console's "replay the selected letters").
-	IDs []string
-	// Reason selects letters whose poison reason contains it.
-	Reason string
-	// Key selects letters whose key (today's, when classified, else the
-	// stamped one) is exactly it.
-	Key string
+	// Consumer and Topic pass over copies stamped with another consumer or
+	// source topic (a shared poison destination); unstamped copies match.
+	Consumer, Topic string
+	ID              string   // this message UUID only
+	IDs             []string // these UUIDs only (the console's selection)
+	Reason          string   // the poison reason contains it
+	Key             string   // EffectiveKey is exactly it
 	// OlderThan and NewerThan select by the time since the copy was
 	// poisoned; a copy without a poison time matches neither.
 	OlderThan, NewerThan time.Duration
-	// Now is the clock of the age filters. Defaults to time.Now().
-	Now time.Time
+	Now                  time.Time // the age filters' clock; default time.Now()
 }
 
-// pass says why l is not this consumer's or topic's business ("" when it
-// is), and whether because of the consumer.
+// pass says why l is another consumer's or topic's ("" when not).
 func (f Filter) pass(l *Letter) (why string, otherConsumer bool) {
 	switch {
 	case f.Consumer != "" && l.Stamps.Consumer != "" && l.Stamps.Consumer != f.Consumer:
@@ -92,7 +79,7 @@ func EffectiveKey(l *Letter) string {
 // Totals count what a browse or replay saw and did.
 type Totals struct {
 	Seen             int64 // read from the destination
-	Selected         int64 // matched the filters (and the consumer and topic)
+	Selected         int64 // matched the consumer, topic and filters
 	OtherConsumer    int64 // stamped by another consumer
 	OtherTopic       int64 // consumed from another topic
 	FilteredOut      int64 // left out by the operator's filters
@@ -101,10 +88,8 @@ type Totals struct {
 	WouldApply       int64
 	StillBad         int64
 	Memo             int64
-	// Repeated counts the selected letters that are copies of an earlier
-	// one (Letter.CopyOf); the classes above count each message once.
-	Repeated int64
-	Replayed int64 // republished and confirmed
+	Repeated         int64 // copies of an earlier letter (CopyOf), not in the classes
+	Replayed         int64 // republished and confirmed
 }
 
 func (t *Totals) count(l *Letter) {
@@ -125,33 +110,23 @@ func (t *Totals) count(l *Letter) {
 
 // Run configures Browse and Replay.
 type Run struct {
-	Source Source
-	Filter Filter
-	// Classifier, when set, classifies every letter that passes the
-	// consumer and topic check. Required by Replay.
-	Classifier *Classifier
-	// Topic is where a letter is republished when it does not name the
-	// topic it was consumed from. Required by Replay.
+	Source     Source
+	Filter     Filter
+	Classifier *Classifier // classifies the consumer's letters; required by Replay
+	// Topic receives a letter that does not name its source topic;
+	// required by Replay.
 	Topic string
-	// BatchSize is how many letters are read, classified and republished
-	// at once (one claims query, one wait for the broker's confirms).
-	// Defaults to 500.
-	BatchSize int
-	// Limit, when > 0, stops after this many selected letters.
-	Limit int64
-	// DryRun classifies and decides without republishing anything.
-	DryRun bool
-	// IncludeApplied replays already applied letters too (duplicates for
-	// their claims, harmless).
-	IncludeApplied bool
-	// Rate, when > 0, bounds the replay to this many letters per second,
-	// so a consumer is not flooded.
-	Rate float64
-	// OnLetter is called for every letter read, once decided (and, in a
-	// replay, settled), in destination order.
+	// BatchSize letters share one claims query and one wait for the
+	// broker's confirms. Defaults to 500.
+	BatchSize      int
+	Limit          int64   // > 0: stop after this many selected letters
+	DryRun         bool    // decide, republish nothing
+	IncludeApplied bool    // replay already applied letters too (harmless duplicates)
+	Rate           float64 // > 0: at most this many letters per second
+	// OnLetter gets every letter read, once decided (and settled), in
+	// destination order; OnBatch the running totals after each batch.
 	OnLetter func(*Letter) error
-	// OnBatch is called after every batch with the running totals.
-	OnBatch func(Totals)
+	OnBatch  func(Totals)
 }
 
 func (r *Run) batchSize() int {
@@ -161,16 +136,13 @@ func (r *Run) batchSize() int {
 	return 500
 }
 
-// Browse reads the whole destination (up to Limit selected letters),
-// classifying when a Classifier is set, and calls OnLetter for each
-// letter that is the consumer's and topic's and matches the filters. It
-// changes nothing.
+// Browse reads the destination (up to Limit selected letters) and calls
+// OnLetter for each selected one. It changes nothing.
 func (r *Run) Browse(ctx context.Context) (Totals, error) {
 	return r.run(ctx, false)
 }
 
-// Replay republishes the selected letters (see the package
-// documentation); with DryRun it only decides.
+// Replay republishes the selected letters; with DryRun it only decides.
 func (r *Run) Replay(ctx context.Context) (Totals, error) {
 	if r.Classifier == nil {
 		return Totals{}, errors.New("dlq: Replay needs a Classifier")
@@ -236,10 +208,8 @@ func (r *Run) run(ctx context.Context, replay bool) (Totals, error) {
 		}
 		var settleErr error
 		if replay && !r.DryRun {
-			// An interruption (ctx) lets the batch in flight finish, so
-			// what was republished is also removed: the rerun then has
-			// fewer duplicates to make. A broker that does not answer is
-			// not waited for beyond settleGrace.
+			// An interruption lets the batch in flight settle (up to
+			// settleGrace): what was republished is removed too.
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleGrace)
 			if settleErr = r.clearMemos(sctx, batch); settleErr == nil {
 				settleErr = r.Source.Settle(sctx, batch, r.target)
@@ -299,9 +269,8 @@ func (r *Run) decide(l *Letter) (Action, string) {
 	return ActionKeep, ""
 }
 
-// markCopy counts l, a selected letter, unless it is a copy of a letter
-// firsts holds: then it is marked as one and, where the first copy is
-// replayed, passed over, so the message is sent once.
+// markCopy counts l unless it is a copy of a letter in firsts: then it is
+// marked as one and passed over, so the message is sent once.
 func (r *Run) markCopy(l *Letter, firsts map[string]string, t *Totals) {
 	id := EffectiveKey(l)
 	if id == "" {
@@ -321,7 +290,7 @@ func (r *Run) markCopy(l *Letter, firsts map[string]string, t *Totals) {
 	}
 }
 
-// target is the topic a letter goes back to: the one it was consumed from.
+// target is the topic l was consumed from.
 func (r *Run) target(l *Letter) string {
 	if l.Stamps.Topic != "" {
 		return l.Stamps.Topic
@@ -329,10 +298,8 @@ func (r *Run) target(l *Letter) string {
 	return r.Topic
 }
 
-// clearMemos clears the poison memos of the letters about to be
-// republished, before they are: replaying a memoised key would otherwise
-// send it straight back to the poison destination. A no-op without
-// Classifier.Memo.
+// clearMemos clears the memos of the letters about to be republished:
+// a memoised key would go straight back to the poison destination.
 func (r *Run) clearMemos(ctx context.Context, batch []*Letter) error {
 	m := r.Classifier.Memo
 	if m == nil {

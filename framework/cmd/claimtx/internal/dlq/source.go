@@ -11,23 +11,20 @@ import (
 	"github.com/claimtx/claimtx/internal/config"
 )
 
-// Source is a poison destination opened for browsing and replay. It is
-// not safe for concurrent use.
+// Source is a poison destination opened for browsing and replay; not safe
+// for concurrent use.
 type Source interface {
-	// Destination names the queue or topic.
-	Destination() string
-	// Total is how many messages the browse will read at most: those
-	// present when it was opened (on Kafka, from the start offsets on).
+	Destination() string // the queue or topic
+	// Total is how many messages the browse reads at most: those present
+	// at the opening (on Kafka, from the start offsets on).
 	Total() int64
-	// Next returns up to max further letters in destination order, and
-	// io.EOF once every message present at the opening has been read.
+	// Next returns up to max further letters in destination order; io.EOF
+	// once every message present at the opening was read.
 	Next(ctx context.Context, max int) ([]*Letter, error)
-	// Settle republishes every letter of batch (letters Next returned, in
-	// order) whose Action is ActionReplay to target(letter), waits until
-	// the broker confirmed them, marks them Replayed and removes them from
-	// the destination (RabbitMQ, NATS) or records the progress (Kafka,
-	// kafkaSource). It returns the first error; letters whose
-	// copy was not confirmed stay in the destination.
+	// Settle republishes the letters of batch whose Action is ActionReplay
+	// to target(letter) and, once the broker confirmed a copy, marks it
+	// Replayed and removes it (RabbitMQ, NATS) or records the progress
+	// (Kafka). Unconfirmed letters stay in the destination.
 	Settle(ctx context.Context, batch []*Letter, target func(*Letter) string) error
 	// Close ends the browse: on RabbitMQ every message not removed goes
 	// back to the queue.
@@ -36,21 +33,16 @@ type Source interface {
 
 // Options says what to open.
 type Options struct {
-	// Destination is the poison queue or topic. Required.
-	Destination string
-	// Consumer names the consumer whose replay progress (Kafka: the
-	// consumer group "claimtx-dlq-<Consumer>") is read, and written by
-	// Settle. Empty: no progress is read, and Settle records none.
+	Destination string // the poison queue or topic; required
+	// Consumer's replay progress (Kafka: group ProgressGroup(Consumer)) is
+	// read, and written by Settle; empty: none.
 	Consumer string
-	// Resume starts a Kafka browse at the consumer's recorded replay
-	// progress instead of the earliest retained offset (what a replay and
-	// its dry run do). Ignored on RabbitMQ and NATS, where a replayed
-	// message is gone.
+	// Resume starts a Kafka browse at the consumer's replay progress, not
+	// the earliest offset. RabbitMQ and NATS remove what was replayed.
 	Resume bool
 }
 
-// page is what Next returns for the letters out it read: io.EOF when
-// there were none.
+// page is what Next returns for out: io.EOF when empty.
 func page(out []*Letter) ([]*Letter, error) {
 	if len(out) == 0 {
 		return nil, io.EOF
@@ -58,9 +50,8 @@ func page(out []*Letter) ([]*Letter, error) {
 	return out, nil
 }
 
-// eachReplay calls send with every letter of batch to replay and its
-// target, in order, and stops at the first error, which it returns: the
-// letters after it stay for a later run.
+// eachReplay calls send with every letter of batch to replay, in order,
+// and stops at the first error: the letters after it stay for a later run.
 func eachReplay(batch []*Letter, target func(*Letter) string, send func(l *Letter, target string) error) error {
 	for _, l := range batch {
 		if l.Action != ActionReplay {
@@ -73,14 +64,53 @@ func eachReplay(batch []*Letter, target func(*Letter) string, send func(l *Lette
 	return nil
 }
 
+// republish is the Settle of a broker that confirms each copy (RabbitMQ,
+// NATS): send publishes l to target and returns the wait for its
+// confirmation; only a confirmed letter is marked Replayed and removed.
+func republish(batch []*Letter, target func(*Letter) string, send func(l *Letter, target string) (wait func() error, err error), remove func(*Letter) error) error {
+	var sent []*Letter
+	var waits []func() error
+	var errs []error
+	if err := eachReplay(batch, target, func(l *Letter, t string) error {
+		wait, err := send(l, t)
+		if err == nil {
+			sent, waits = append(sent, l), append(waits, wait)
+		}
+		return err
+	}); err != nil {
+		errs = append(errs, err)
+	}
+	for i, l := range sent {
+		if err := waits[i](); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		l.Replayed = true
+		// A failed removal leaves a republished copy queued: a duplicate later, harmless.
+		if err := remove(l); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkOnce returns check's result for key, computed once per key.
+func checkOnce(checked map[string]error, key string, check func() error) error {
+	err, ok := checked[key]
+	if !ok {
+		err = check()
+		checked[key] = err
+	}
+	return err
+}
+
 // ProgressGroup is the Kafka consumer group under which the replays of
 // consumer record their progress.
 func ProgressGroup(consumer string) string { return "claimtx-dlq-" + consumer }
 
-// Open opens the poison destination of cfg's broker for browsing and
-// replay. Only RabbitMQ ("amqp"), Kafka and NATS are supported: a
-// gochannel or registered kind is a *framework.ConfigError naming "kind"
-// (BROKER when the environment set it, as brokers names its errors).
+// Open opens the poison destination of cfg's broker. Only RabbitMQ, Kafka
+// and NATS are supported; another kind is a *framework.ConfigError naming
+// "kind" (BROKER when the environment set it).
 func Open(ctx context.Context, cfg brokers.Config, o Options) (Source, error) {
 	if o.Destination == "" {
 		return nil, errors.New("dlq: no destination")

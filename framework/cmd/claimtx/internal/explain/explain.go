@@ -1,13 +1,8 @@
 // Package explain answers "was this message applied, and what did it
 // emit?" for one (consumer, key): its claim, the transaction that wrote
-// the claim, the outbox rows that transaction wrote with their publish
-// status, and its poison memo. `claimtx explain` prints it; the web
-// console reuses it.
-//
-// The transaction id comes from the xact column (migration 005), which
-// claims and outbox rows get by default (pg_current_xact_id()). Rows
-// written before that migration have none: their transaction is unknown,
-// and so are its outbox rows.
+// it (the xact column of migration 005: unknown for older rows), that
+// transaction's outbox rows, and its poison memo. `claimtx explain` and
+// the web console show it.
 package explain
 
 import (
@@ -28,56 +23,39 @@ import (
 type Report struct {
 	Consumer string `json:"consumer"`
 	Key      string `json:"key"`
-	// Claim is nil when there is no claim: never applied by this
-	// consumer, or removed by retention.
-	Claim *Claim `json:"claim"`
-	// Outbox lists the rows written in the claim's transaction, oldest
-	// first; nil when the transaction is unknown or no outbox table exists.
-	// In batch mode the transaction is the batch's: its rows are those of
-	// every message of the batch.
-	Outbox []OutboxRow `json:"outbox"`
-	// Memo is the poison memo, nil when there is none.
-	Memo *poison.Memo `json:"poison_memo"`
+	Claim    *Claim `json:"claim"` // nil: never applied, or removed by retention
+	// Outbox lists the rows of the claim's transaction, oldest first (in
+	// batch mode those of the whole batch); nil when unknown.
+	Outbox []OutboxRow  `json:"outbox"`
+	Memo   *poison.Memo `json:"poison_memo"`
 }
 
-// Found reports whether anything is known: a claim or a poison memo.
+// Found reports whether a claim or a poison memo is known.
 func (r Report) Found() bool { return r.Claim != nil || r.Memo != nil }
 
 // Claim is a claim row.
 type Claim struct {
-	ProcessedAt time.Time `json:"processed_at"`
-	// EventDay is the claim's event day (UTC) when the claim table carries
-	// one (partitioned by event day, or prepared for it) and the claim was
-	// made with an event time; nil otherwise.
-	EventDay *time.Time `json:"event_day,omitempty"`
-	// Partition is the day partition (or the legacy partition) holding
-	// the claim; "" on a plain claim table.
-	Partition string `json:"partition,omitempty"`
-	// Fingerprint says whether a payload fingerprint was stored with the
-	// claim (middleware.Claim.Fingerprint).
-	Fingerprint bool `json:"fingerprint"`
-	// Transaction is the id (pg_current_xact_id) of the transaction that
-	// wrote the claim; nil when unknown (claimed before migration 005).
-	Transaction *uint64 `json:"transaction"`
+	ProcessedAt time.Time  `json:"processed_at"`
+	EventDay    *time.Time `json:"event_day,omitempty"` // UTC; nil without event time or column
+	Partition   string     `json:"partition,omitempty"` // "" on a plain claim table
+	Fingerprint bool       `json:"fingerprint"`         // a payload fingerprint was stored
+	Transaction *uint64    `json:"transaction"`         // pg_current_xact_id; nil when unknown
 }
 
-// OutboxRow is an outbox row as explain shows it: its payload and
-// metadata are left out (they may be large, or sensitive).
+// OutboxRow is an outbox row without its payload and metadata (large, or
+// sensitive).
 type OutboxRow struct {
 	ID        int64      `json:"id"`
 	Topic     string     `json:"topic"`
 	CreatedAt time.Time  `json:"created_at"`
 	SentAt    *time.Time `json:"sent_at,omitempty"`
-	// Status is "sent", "pending" (not published yet) or "failing"
-	// (pending, with failed publish attempts).
-	Status    string `json:"status"`
-	Attempts  int    `json:"attempts"`
-	LastError string `json:"last_error,omitempty"`
+	Status    string     `json:"status"` // sent, pending, or failing (pending after failed attempts)
+	Attempts  int        `json:"attempts"`
+	LastError string     `json:"last_error,omitempty"`
 }
 
-// Explain reads what is known of (consumer, key) in the tables n names.
-// Tables missing from an older schema (no memo table, no outbox table, no
-// xact column) read as "nothing known", not as an error.
+// Explain reads what is known of (consumer, key) in the tables n names;
+// what an older schema lacks reads as nothing known.
 func Explain(ctx context.Context, db poison.DB, n *pg.Names, consumer, key string) (Report, error) {
 	r := Report{Consumer: consumer, Key: key}
 	var err error
@@ -109,9 +87,7 @@ func readClaim(ctx context.Context, db poison.DB, n *pg.Names, consumer, key str
 		day, xact pgtype.Text
 		partition string
 	)
-	// The optional columns through to_jsonb, so that a claim table
-	// without them (not prepared for partitions, not migrated to 005)
-	// reads them as NULL instead of failing. tableoid names the partition.
+	// Optional columns through to_jsonb: missing ones read as NULL.
 	err := db.QueryRow(ctx, n.Render(`SELECT c.processed_at, to_jsonb(c) ->> 'event_day', to_jsonb(c) ->> 'payload_hash' IS NOT NULL,
        to_jsonb(c) ->> 'xact', p.relname
 FROM {schema}.{claims} c JOIN pg_class p ON p.oid = c.tableoid
@@ -141,14 +117,11 @@ WHERE c.consumer = $1 AND c.message_key = $2`), consumer, key).Scan(&c.Processed
 	return &c, nil
 }
 
-// readOutbox lists the outbox rows written by transaction xact. The outbox
-// has no index on xact (building one would lock it on a busy table, and
-// every enqueue would maintain it for an operator's question), so the
-// scan is bounded by the indexes it has: the pending rows (a small partial
-// index), and the rows sent since the claim, through the partial index on
-// sent_at. A row of the claim's transaction cannot have been sent before
-// that transaction began (processedAt, its start); the cost is the outbox
-// traffic since the claim, within the outbox retention.
+// readOutbox lists the outbox rows of transaction xact. Without an index
+// on xact (every enqueue would maintain it for an operator's question), the
+// scan is bounded by the indexes there are: pending rows, and rows sent
+// since processedAt (the transaction's start, before which none of its
+// rows can have been sent).
 func readOutbox(ctx context.Context, db poison.DB, n *pg.Names, xact uint64, processedAt time.Time) ([]OutboxRow, error) {
 	var exists bool
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'xact' AND NOT attisdropped)`,

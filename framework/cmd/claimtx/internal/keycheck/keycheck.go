@@ -1,11 +1,8 @@
-// Package keycheck verifies a key spec against a sample of messages: the
-// machinery of `claimtx keys check`. It reports what makes a key spec
-// unsafe: keys that different payloads share (collisions: the second
-// event would be acked as a duplicate of the first and lost), identical
-// payloads under different keys (a volatile input such as a trace id in
-// the key: every redelivery would be applied again), messages that cannot
-// be keyed and why, the key length distribution and the event-time
-// spread.
+// Package keycheck verifies a key spec against a sample of messages for
+// `claimtx keys check`: collisions (different payloads, one key: the later
+// are lost as duplicates), volatile keys (one payload, several keys: every
+// redelivery applies again), unkeyable messages, key lengths and the
+// event-time spread.
 package keycheck
 
 import (
@@ -23,14 +20,12 @@ import (
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 )
 
-// Checker accumulates messages. Build it with its Key (and optionally
-// EventTime) and Policy, Add messages, then Report.
+// Checker accumulates messages: Add them, then Report.
 type Checker struct {
 	Key       framework.KeyFunc
 	EventTime framework.TimeFunc // optional
 	Policy    framework.KeyPolicy
-	// Examples bounds the message ids kept per finding. Defaults to 5.
-	Examples int
+	Examples  int // message ids kept per finding; default 5
 
 	seen       int
 	byKey      map[string]*keyStat
@@ -78,6 +73,13 @@ func (c *Checker) eventTime(msg *message.Message) (t time.Time, err error) {
 	return c.EventTime(msg)
 }
 
+// example adds id to the examples of k in m, up to Examples.
+func (c *Checker) example(m map[string][]string, k, id string) {
+	if ids := m[k]; len(ids) < c.examples() {
+		m[k] = append(ids, id)
+	}
+}
+
 // Add takes one message of the sample into account.
 func (c *Checker) Add(msg *message.Message) {
 	c.init()
@@ -86,11 +88,8 @@ func (c *Checker) Add(msg *message.Message) {
 	key, err := dlq.DeriveKey(c.Key, c.Policy, msg)
 	if err != nil {
 		c.unkeyedN++
-		r := err.Error()
-		if len(c.unkeyable[r]) < c.examples() {
-			c.unkeyable[r] = append(c.unkeyable[r], msg.UUID)
-		}
-		c.unkeyableN[r]++
+		c.example(c.unkeyable, err.Error(), msg.UUID)
+		c.unkeyableN[err.Error()]++
 	} else {
 		c.lengths = append(c.lengths, len(key))
 		ks := c.byKey[key]
@@ -99,18 +98,12 @@ func (c *Checker) Add(msg *message.Message) {
 			c.byKey[key] = ks
 		}
 		ks.n++
-		if ids := ks.prints[fp]; len(ids) < c.examples() {
-			ks.prints[fp] = append(ids, msg.UUID)
+		c.example(ks.prints, fp, msg.UUID)
+		if c.byPayload[fp] == nil {
+			c.byPayload[fp] = map[string]bool{}
 		}
-		keys := c.byPayload[fp]
-		if keys == nil {
-			keys = map[string]bool{}
-			c.byPayload[fp] = keys
-		}
-		keys[key] = true
-		if ids := c.payloadIDs[fp]; len(ids) < c.examples() {
-			c.payloadIDs[fp] = append(ids, msg.UUID)
-		}
+		c.byPayload[fp][key] = true
+		c.example(c.payloadIDs, fp, msg.UUID)
 	}
 	if c.EventTime == nil {
 		return
@@ -131,11 +124,9 @@ func (c *Checker) Add(msg *message.Message) {
 
 // Collision is a key that several different payloads share.
 type Collision struct {
-	Key      string `json:"key"`
-	Messages int    `json:"messages"`
-	// Payloads maps each payload fingerprint to (up to Examples) ids of
-	// messages carrying it.
-	Payloads map[string][]string `json:"payloads"`
+	Key      string              `json:"key"`
+	Messages int                 `json:"messages"`
+	Payloads map[string][]string `json:"payloads"` // fingerprint -> example ids
 }
 
 // Volatile is a payload that arrived under several keys.
@@ -179,8 +170,7 @@ type TimeSpread struct {
 	Spread   string         `json:"spread,omitempty"`
 }
 
-// Report returns what the messages added so far show, each list sorted
-// with the most frequent first.
+// Report returns what the messages so far show, most frequent first.
 func (c *Checker) Report() Report {
 	c.init()
 	r := Report{Messages: c.seen, Keyed: c.seen - c.unkeyedN, Keys: len(c.byKey)}

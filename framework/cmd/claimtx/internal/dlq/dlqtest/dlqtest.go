@@ -1,9 +1,7 @@
-// Package dlqtest builds the worlds the dead-letter tests run in: a
-// consumer's topic and poison destination on a real broker (RabbitMQ,
-// NATS JetStream, or an in-process Kafka-protocol broker of the test's
-// own), a claims schema,
-// and poisoned copies made by the real Poison middleware. The tests of
-// framework/cmd/claimtx/internal/dlq, of `claimtx dlq` and the replay benchmark share it.
+// Package dlqtest builds the worlds the dead-letter tests share: a
+// consumer's topic and poison destination on a real broker (RabbitMQ, NATS
+// JetStream, or an in-process Kafka-protocol broker), a claims schema, and
+// poisoned copies made by the real Poison middleware.
 package dlqtest
 
 import (
@@ -40,26 +38,24 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// AMQPURL is the suite's RabbitMQ.
-const AMQPURL = "amqp://guest:guest@127.0.0.1:5672/" //nolint:gosec // the local test server's stock account
-
-// NATSURL is the suite's NATS server (JetStream enabled).
-const NATSURL = "nats://127.0.0.1:4222"
+// The suite's RabbitMQ and NATS (JetStream enabled).
+const (
+	AMQPURL = "amqp://guest:guest@127.0.0.1:5672/" //nolint:gosec // the local test server's stock account
+	NATSURL = "nats://127.0.0.1:4222"
+)
 
 // Brokers are the kinds the dead-letter tooling supports.
 var Brokers = []string{brokers.KindAMQP, brokers.KindKafka, brokers.KindNATS}
 
 // World is one isolated consumer world.
 type World struct {
-	T      testing.TB
-	Kind   string
-	Broker brokers.Config
-	Pool   *pgxpool.Pool
-	Schema string
-	// Topic is the consumer's topic, Poison its poison destination.
-	Topic, Poison string
-	// KafkaAddr is the address of the world's own Kafka-protocol broker.
-	KafkaAddr string
+	T             testing.TB
+	Kind          string
+	Broker        brokers.Config
+	Pool          *pgxpool.Pool
+	Schema        string
+	Topic, Poison string // the consumer's topic and poison destination
+	KafkaAddr     string // the world's own Kafka-protocol broker
 
 	kcl  *kgo.Client
 	conn *amqp091.Connection
@@ -146,9 +142,7 @@ func New(t testing.TB, kind string, poisonPartitions int) *World {
 	return w
 }
 
-// EachBroker runs test, in parallel, once per kind in Brokers, each on
-// its own New world: the dead-letter tooling must behave alike on every
-// broker, and the worlds keep the runs apart.
+// EachBroker runs test in parallel on a New world of each kind in Brokers.
 func EachBroker(t *testing.T, poisonPartitions int, test func(t *testing.T, w *World)) {
 	t.Helper()
 	t.Parallel()
@@ -198,8 +192,7 @@ func OrderID(msg *message.Message) int {
 	return *o.OrderID
 }
 
-// capture is a Publisher that keeps what it is given, so the Poison
-// middleware's copies can be written to the broker in bulk.
+// capture keeps the Poison middleware's copies, to write them in bulk.
 type capture struct{ msgs []*message.Message }
 
 func (c *capture) Publish(_ string, msgs ...*message.Message) error {
@@ -226,9 +219,8 @@ func (w *World) Poisoned(consumer, keySpec string, reason error, msgs ...*messag
 	return c.msgs
 }
 
-// Publish writes msgs to topic as claimtx's adapters would (metadata as
-// headers, the UUID header, on Kafka the partition_key as record key),
-// in bulk, and waits for the broker's confirmation.
+// Publish writes msgs to topic as claimtx's adapters would, in bulk, and
+// waits for the broker's confirmation.
 func (w *World) Publish(topic string, msgs ...*message.Message) {
 	w.T.Helper()
 	ctx := context.Background()
@@ -318,10 +310,8 @@ func (w *World) Claim(consumer, key string, fp []byte) {
 	require.NoError(w.T, err)
 }
 
-// Read returns every message in topic now, in order (per partition on
-// Kafka, partitions one after the other), without consuming any:
-// RabbitMQ: basic.get on a channel that is then closed, so all are
-// requeued; Kafka: a reader outside any group; NATS: get by sequence.
+// Read returns every message in topic now, in order (on Kafka partition
+// after partition), without consuming any.
 func (w *World) Read(topic string) []*message.Message {
 	w.T.Helper()
 	switch w.Kind {
@@ -403,7 +393,6 @@ func (w *World) readKafka(topic string) []*message.Message {
 	return out
 }
 
-// offsets are the start and end offsets of topic's partitions.
 func (w *World) offsets(ctx context.Context, topic string) (starts, ends kadm.ListedOffsets) {
 	adm := kadm.NewClient(w.kcl)
 	starts, err := adm.ListStartOffsets(ctx, topic)
@@ -413,8 +402,7 @@ func (w *World) offsets(ctx context.Context, topic string) (starts, ends kadm.Li
 	return starts, ends
 }
 
-// eachNATS calls f with every message of subject topic, in order; none
-// when no stream captures it.
+// eachNATS calls f with every message of subject topic, in order.
 func (w *World) eachNATS(topic string, f func(*jetstream.RawStreamMsg)) {
 	ctx := context.Background()
 	name, err := w.js.StreamNameBySubject(ctx, topic)
