@@ -29,9 +29,8 @@ type Stats struct {
 	// TableBytes is the size of the rows (heap and TOAST, all partitions);
 	// IndexBytes the size of every index on them.
 	TableBytes, IndexBytes int64
-	// BytesPerClaim is (TableBytes+IndexBytes)/Claims, what a claim costs
-	// on disk including dead space not yet reused: multiply by your
-	// message rate and retention window to size the table.
+	// BytesPerClaim is (TableBytes+IndexBytes)/Claims, dead space
+	// included: times message rate and retention, the table's size.
 	BytesPerClaim float64
 	// KafkaPositions are the stored Kafka positions of every consumer of
 	// the schema, by consumer, topic and partition.
@@ -60,8 +59,7 @@ FROM {schema}.{claims} GROUP BY consumer ORDER BY consumer`))
 	for _, c := range st.Consumers {
 		st.Claims += c.Claims
 	}
-	// pg_partition_tree lists nothing for a plain table: size the table
-	// itself then.
+	// pg_partition_tree lists nothing for a plain table: size the table.
 	err = s.pool.QueryRow(ctx, `WITH leaves AS (
     SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf
     UNION ALL
