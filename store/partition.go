@@ -323,17 +323,14 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 		if err := tx.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+s.names.Qualified(s.legacyName())+")").Scan(&empty); err != nil {
 			return err
 		}
-		lower := horizonDay
-		if empty {
-			if _, err := tx.Exec(ctx, "DROP TABLE "+s.names.Qualified(s.legacyName())); err != nil {
-				return err
-			}
-		} else {
-			if _, err := tx.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} ATTACH PARTITION "+s.names.Qualified(s.legacyName())+
-				" FOR VALUES FROM (MINVALUE) TO ("+dateLiteral(boundary)+")")); err != nil {
-				return err
-			}
+		lower, legacy := horizonDay, "DROP TABLE "+s.names.Qualified(s.legacyName())
+		if !empty {
+			legacy = s.names.Render("ALTER TABLE {schema}.{claims} ATTACH PARTITION " + s.names.Qualified(s.legacyName()) +
+				" FOR VALUES FROM (MINVALUE) TO (" + dateLiteral(boundary) + ")")
 			res.Legacy, res.Boundary, lower = true, boundary, boundary
+		}
+		if _, err := tx.Exec(ctx, legacy); err != nil {
+			return err
 		}
 		for day := lower; !day.After(today.AddDate(0, 0, cfg.Ahead)); day = day.AddDate(0, 0, 1) {
 			p, err := s.createDay(ctx, tx, day)

@@ -111,10 +111,10 @@ func (c Config) withDefaults() Config {
 // Relay publishes the outbox of one Store through a Watermill publisher.
 // Any number of relays, in any processes, share the backlog.
 type Relay struct {
-	st     *store.Store
-	outbox *outboxsql.Statements
-	pub    message.Publisher
-	cfg    Config
+	st           *store.Store
+	outbox       *outboxsql.Statements
+	pub          message.Publisher
+	cfg          Config
 	cleanupBatch int // cleanupBatch; tests make it smaller
 }
 
@@ -156,6 +156,9 @@ func New(st *store.Store, pub message.Publisher, cfg Config) (*Relay, error) {
 // pooler, where notifications are lost, returns a *framework.ConfigError
 // for DisableListen wrapping store.ErrTransactionPooler.
 func (r *Relay) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	if !r.cfg.DisableListen {
 		pooled := r.behindPooler(ctx)
 		if ctx.Err() != nil {
@@ -166,17 +169,8 @@ func (r *Relay) Run(ctx context.Context) error {
 				Reason: "is false, but LISTEN's notifications are lost behind a transaction pooler: " +
 					"set DisableListen (the relay polls every PollInterval), or give the relay a Store whose pool connects to PostgreSQL directly"}
 		}
+		wg.Go(func() { r.listen(ctx, wake) })
 	}
-	wake := make(chan struct{}, 1)
-	var wg sync.WaitGroup
-	if !r.cfg.DisableListen {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.listen(ctx, wake)
-		}()
-	}
-	defer wg.Wait()
 
 	failures := 0
 	var nextCleanup time.Time

@@ -10,9 +10,6 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 )
@@ -20,16 +17,10 @@ import (
 // Letter is one row.
 type Letter = pg.DeadLetter
 
-// DB runs statements: a pool, a connection or a transaction.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // CanRecord reports whether the current role may insert into the
 // dead-letter table: false when it does not exist or the role lacks INSERT
 // (granted rights before the table existed).
-func CanRecord(ctx context.Context, db DB, n *pg.Names) (bool, error) {
+func CanRecord(ctx context.Context, db poison.DB, n *pg.Names) (bool, error) {
 	exists, lacking, err := pg.Lacking(ctx, db, n.Render("{schema}.{dead_letter}"), "INSERT")
 	if err != nil {
 		return false, fmt.Errorf("claimtx: check privileges on the dead-letter table: %w", err)
@@ -39,7 +30,7 @@ func CanRecord(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 
 // Record inserts l, a row for every refused copy (as a copy poisoned twice
 // is in the poison destination twice), and returns once it is committed.
-func Record(ctx context.Context, db DB, n *pg.Names, l Letter) error {
+func Record(ctx context.Context, db poison.DB, n *pg.Names, l Letter) error {
 	md, err := encodeMetadata(l.Metadata)
 	if err != nil {
 		return fmt.Errorf("claimtx: record dead letter: %w", err)
