@@ -47,10 +47,8 @@ type Partition struct {
 	// DetachPending is true when a concurrent detach was interrupted; the
 	// next DropExpiredPartitions finishes it.
 	DetachPending bool
-	// EstimatedRows is the planner's row count (0 until analysed).
-	EstimatedRows int64
-	// Bytes is the partition's total size, indexes included.
-	Bytes int64
+	EstimatedRows int64 // the planner's row count (0 until analysed)
+	Bytes         int64 // total size, indexes included
 }
 
 // PartitioningResult reports what EnablePartitioning did.
@@ -64,8 +62,7 @@ type PartitioningResult struct {
 	// Boundary is the first event day served by day partitions; earlier
 	// days go to the legacy partition. Zero when there is none.
 	Boundary time.Time
-	// Created lists the day partitions created.
-	Created []Partition
+	Created  []Partition // the day partitions created
 }
 
 func (s *Store) legacyName() string { return s.cfg.ClaimsTable + "_legacy" }
@@ -164,12 +161,10 @@ func (s *Store) PreparePartitioning(ctx context.Context, cfg RetentionConfig) er
 	return err
 }
 
-// underRetentionLock is the prologue of every partition method: it
-// validates cfg, applies its defaults and runs fn under the retention
-// lease, so no two maintenance runs interleave their DDL; with
-// partitioned, only on a partitioned claim table. fn renews the lease in
-// each of its transactions (ddlTx) and before each statement outside one
-// (execRenewed).
+// underRetentionLock validates cfg, applies its defaults and runs fn (with
+// partitioned, only on a partitioned table) under the retention lease, so
+// no two maintenance runs interleave their DDL. fn renews the lease in
+// each transaction (ddlTx) and statement outside one (execRenewed).
 func underRetentionLock[T any](ctx context.Context, s *Store, cfg RetentionConfig, partitioned bool,
 	fn func(context.Context, *pgxpool.Conn, RetentionConfig) (T, error),
 ) (_ T, err error) {
@@ -348,13 +343,11 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 }
 
 // CreatePartitionsAhead creates the missing day partitions from the
-// horizon day (or the oldest existing partition, whichever is later)
-// through today + Ahead, and returns them. It never re-creates a day older
-// than the oldest partition: that day may have been dropped as expired,
-// and an empty partition in its place would let its duplicates in. Each
-// day is created standalone and then attached (SHARE UPDATE EXCLUSIVE:
-// claims keep flowing, where CREATE TABLE … PARTITION OF would take ACCESS
-// EXCLUSIVE).
+// horizon day through today + Ahead, and returns them. It never re-creates
+// a day older than the oldest partition: an empty partition where an
+// expired one was dropped would let its duplicates in. Each day is created
+// standalone and then attached (SHARE UPDATE EXCLUSIVE, where CREATE TABLE
+// … PARTITION OF would take ACCESS EXCLUSIVE and block claims).
 func (s *Store) CreatePartitionsAhead(ctx context.Context, cfg RetentionConfig) ([]Partition, error) {
 	return underRetentionLock(ctx, s, cfg, true, s.createAhead)
 }

@@ -63,13 +63,10 @@ type RetentionConfig struct {
 	// [MinBatchSize, MaxBatchSize]; set all three equal for a fixed size.
 	// Defaults to 5000.
 	BatchSize int
-	// MinBatchSize bounds adaptive sizing from below. Defaults to 500, or
-	// BatchSize if smaller.
-	MinBatchSize int
-	// MaxBatchSize bounds adaptive sizing from above: a batch holds its
-	// row locks and WAL until it commits. Defaults to 50000, or BatchSize
-	// if larger.
-	MaxBatchSize int
+	// MinBatchSize and MaxBatchSize bound adaptive sizing (a batch holds
+	// its row locks and WAL until it commits). They default to 500 and
+	// 50000, or BatchSize if that is beyond.
+	MinBatchSize, MaxBatchSize int
 	// TargetBatchDuration is how long one batch should take: short batches
 	// keep locks, WAL bursts and replication lag small. Defaults to 250ms.
 	TargetBatchDuration time.Duration
@@ -83,8 +80,7 @@ type RetentionConfig struct {
 	// deleted rows, where autovacuum does not keep up. Defaults to false.
 	Vacuum bool
 	// OnProgress, when set, is called on the cleaning goroutine with the
-	// result so far, once before Cleanup's first batch (Batches 0) and
-	// after every batch.
+	// result so far, before Cleanup's first batch and after every batch.
 	OnProgress func(CleanupResult)
 
 	// Ahead is how many days after today (UTC) get a partition: run
@@ -104,24 +100,20 @@ type CleanupResult struct {
 	// Horizon is the cut-off used (database clock): processed_at < Horizon
 	// was deleted, everything else was not touched.
 	Horizon time.Time
-	// Deleted is the number of claims deleted.
-	Deleted int64
-	// Batches is the number of delete statements run.
-	Batches int
+	Deleted int64 // claims deleted
+	Batches int   // delete statements run
 	// WouldDelete and Oldest are set by a DryRun only: the number of
 	// claims processed before Horizon, and the oldest processed_at among
 	// them (zero when none).
 	WouldDelete int64
 	Oldest      time.Time
-	// Duration is the wall time of the run (so far).
-	Duration time.Duration
+	Duration    time.Duration // wall time of the run (so far)
 	// BatchRows and BatchDuration describe the last batch, NextBatchSize
 	// the size the next batch will ask for.
 	BatchRows     int64
 	BatchDuration time.Duration
 	NextBatchSize int
-	// Vacuumed is true when VACUUM (ANALYZE) ran after the deletes.
-	Vacuumed bool
+	Vacuumed      bool // VACUUM (ANALYZE) ran after the deletes
 	// Memos is the number of poison memos (middleware.Claim.PoisonMemo)
 	// last poisoned before Horizon deleted after the claims (a DryRun
 	// counts them); 0 when the role may not delete them.
