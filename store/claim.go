@@ -32,8 +32,7 @@ type ClaimRequest struct {
 
 // ClaimResult says what a claim found.
 type ClaimResult struct {
-	// New is true when this transaction inserted the claim.
-	New bool
+	New bool // this transaction inserted the claim
 	// FingerprintMismatch is true for a duplicate whose stored payload
 	// hash differs from the request's: the same key for different content.
 	FingerprintMismatch bool

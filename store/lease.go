@@ -17,8 +17,7 @@ import (
 )
 
 // leaseTTL is how long a retention lease outlives its holder's last
-// renewal (ErrNotLeader's doc states it): a process that dies holding it
-// keeps other retention runs of its claim table out this long at most.
+// renewal (ErrNotLeader's doc states it).
 const leaseTTL = 30 * time.Second
 
 // lease is one run's hold on the retention leadership of a claim table: a
@@ -56,12 +55,11 @@ func newHolder() string {
 }
 
 // acquireLease takes the Store's retention lease if it is free, expired
-// (on the database's clock, the one every instance shares) or already
-// this holder's (a retry whose first reply was lost), and starts its
-// heartbeat; ErrNotLeader when another holder has it. The returned
-// context is ctx, cancelled with cause ErrNotLeader when the lease is
-// lost: run the work with it, and end with l.release.
-func (s *Store) acquireLease(ctx context.Context, heartbeat bool) (context.Context, *lease, error) {
+// (on the database's clock) or already this holder's (a retry whose first
+// reply was lost), and starts its heartbeat; ErrNotLeader when another
+// holder has it. Run the work with the returned context, cancelled with
+// cause ErrNotLeader when the lease is lost, and end with l.release.
+func (s *Store) acquireLease(ctx context.Context) (context.Context, *lease, error) {
 	l := &lease{s: s, name: s.leaseName(), holder: newHolder(), ttl: s.leaseTTL}
 	var got string
 	err := s.pool.QueryRow(ctx, s.names.Render(`INSERT INTO {schema}.claimtx_lease AS l (name, holder, expires_at)
@@ -89,11 +87,7 @@ RETURNING holder`), l.name, l.holder, l.ttl.Microseconds()).Scan(&got)
 	var hctx context.Context
 	hctx, l.stop = context.WithCancel(l.ctx)
 	l.done = make(chan struct{})
-	if heartbeat {
-		go l.heartbeat(hctx)
-	} else {
-		close(l.done)
-	}
+	go l.heartbeat(hctx)
 	return l.ctx, l, nil
 }
 
@@ -105,9 +99,9 @@ RETURNING holder`), l.name, l.holder, l.ttl.Microseconds()).Scan(&got)
 const renewSQL = `UPDATE {schema}.claimtx_lease SET expires_at = now() + $3 * interval '1 microsecond'
 WHERE name = $1 AND holder = $2 RETURNING true`
 
-// renewTx renews the lease as a statement of tx (put it first), returning
-// ErrNotLeader when another holder took it: roll tx back then. A nil lease
-// (a dry run holds none) renews nothing.
+// renewTx renews the lease as the first statement of tx, returning
+// ErrNotLeader when another holder took it. A nil lease (a dry run's)
+// renews nothing.
 func (l *lease) renewTx(ctx context.Context, q pg.Querier) error {
 	if l == nil {
 		return nil
@@ -148,9 +142,8 @@ func execRenewed(ctx context.Context, conn *pgxpool.Conn, sql, what string) erro
 // lost ends the run: its context is cancelled with cause ErrNotLeader.
 func (l *lease) lost() { l.cancel(ErrNotLeader) }
 
-// heartbeat renews the lease every ttl/3 until release. A failed renewal
-// (the database away) is tried again at the next tick; the run's own
-// statements meet the same failure.
+// heartbeat renews the lease every ttl/3 until release; a failed renewal
+// is tried again at the next tick.
 func (l *lease) heartbeat(ctx context.Context) {
 	defer close(l.done)
 	t := time.NewTicker(l.ttl / 3)
@@ -168,10 +161,9 @@ func (l *lease) heartbeat(ctx context.Context) {
 }
 
 // release stops the heartbeat and deletes the lease if it is still this
-// holder's, even when ctx is done (an interrupted run must still let the
-// next one in), bounded like a rollback; a lease it cannot delete expires.
-// When the run failed after losing the lease, *errp is made to match
-// ErrNotLeader too.
+// holder's, even when ctx is done (an interrupted run must let the next
+// one in); a lease it cannot delete expires. When the run failed after
+// losing the lease, *errp is made to match ErrNotLeader too.
 func (l *lease) release(errp *error) {
 	l.once.Do(func() {
 		// The connection first: on a pool of one connection the
@@ -199,8 +191,7 @@ const (
 type leaseKey struct{}
 
 // leaseOf returns the lease of the retention run ctx belongs to, nil
-// outside one (a dry run), so the partition and memo code renews it
-// without every signature carrying it.
+// outside one (a dry run).
 func leaseOf(ctx context.Context) *lease {
 	l, _ := ctx.Value(leaseKey{}).(*lease)
 	return l

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -33,15 +34,12 @@ var ErrInvalidOutboxMessage = errors.New("claimtx: invalid outbox message")
 
 // OutboxStats describes the outbox table.
 type OutboxStats struct {
-	// Pending rows are not published yet.
-	Pending int64
-	// Sent rows are published and kept until cleanup deletes them.
-	Sent int64
+	Pending int64 // not published yet
+	Sent    int64 // published, kept until cleanup deletes them
 	// OldestPending is the age of the oldest pending row (0 when none):
 	// the relay's lag. Alert on it.
 	OldestPending time.Duration
-	// Failing counts pending rows with at least one failed publish.
-	Failing int64
+	Failing       int64 // pending rows with at least one failed publish
 }
 
 // Enqueue writes msgs to the outbox in tx, addressed to topic: a relay
@@ -81,12 +79,8 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, topic string, msgs ...*m
 		if keys[i] == "" {
 			keys[i] = watermill.NewUUID()
 		}
-		md := make(map[string]string, len(m.Metadata))
-		for k, v := range m.Metadata {
-			if k != IdempotencyKeyMetadata {
-				md[k] = v
-			}
-		}
+		md := maps.Collect(maps.All(m.Metadata)) // never nil: "{}", not "null"
+		delete(md, IdempotencyKeyMetadata)
 		js, err := json.Marshal(md)
 		if err != nil {
 			return framework.Permanent(fmt.Errorf("%w %d: metadata: %w", ErrInvalidOutboxMessage, i, err))

@@ -352,7 +352,7 @@ func nextBatchSize(size int, took time.Duration, cfg RetentionConfig) int {
 // cause ErrNotLeader when it is lost. End the run with l.release(&err),
 // which also returns the connection.
 func (s *Store) lockRetention(ctx context.Context) (context.Context, *pgxpool.Conn, *lease, error) {
-	ctx, l, err := s.acquireLease(ctx, true)
+	ctx, l, err := s.acquireLease(ctx)
 	if err != nil {
 		return ctx, nil, nil, err
 	}

@@ -18,14 +18,10 @@ type ConsumerStats struct {
 
 // Stats describes the claim table, for sizing and retention decisions.
 type Stats struct {
-	// Partitioned is true when the table is partitioned by event day.
-	Partitioned bool
-	// Partitions counts the partitions (0 for a plain table).
-	Partitions int
-	// Consumers holds per-consumer counts, ordered by consumer name.
-	Consumers []ConsumerStats
-	// Claims is the total number of claims.
-	Claims int64
+	Partitioned bool            // partitioned by event day
+	Partitions  int             // 0 for a plain table
+	Consumers   []ConsumerStats // ordered by consumer name
+	Claims      int64           // in total
 	// TableBytes is the size of the rows (heap and TOAST, all partitions);
 	// IndexBytes the size of every index on them.
 	TableBytes, IndexBytes int64

@@ -26,10 +26,8 @@ const defaultVersionColumn = "version"
 // Names are validated like claimtx's own (^[a-z_][a-z0-9_]*$, at most 63
 // bytes) and always quoted; exotic table names need a view.
 type VersionedUpsertConfig struct {
-	// Schema qualifies Table. Defaults to "" (the connection's search_path).
-	Schema string
-	// Table is the projection table. Required.
-	Table string
+	Schema string // qualifies Table; defaults to "" (the search_path)
+	Table  string // the projection table; required
 	// Key lists the columns of the table's primary key or of a unique
 	// constraint: the identity of one projected entity. Required.
 	Key []string

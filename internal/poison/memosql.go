@@ -91,16 +91,10 @@ func GetMemo(ctx context.Context, db DB, n *pg.Names, consumer, key string) (m M
 
 // MemoFilter selects memos of one consumer: every condition set must hold.
 type MemoFilter struct {
-	// Consumer is required.
-	Consumer string
-	// Keys, when not empty, matches these keys only.
-	Keys []string
-	// ReasonContains, when set, matches reasons containing it (case
-	// sensitive, no wildcards).
-	ReasonContains string
-	// OlderThan, when positive, matches memos last poisoned longer ago
-	// than this (database clock).
-	OlderThan time.Duration
+	Consumer       string        // required
+	Keys           []string      // when not empty, only these keys
+	ReasonContains string        // when set, reasons containing it (case sensitive)
+	OlderThan      time.Duration // when positive, memos last poisoned longer ago (database clock)
 }
 
 // where renders f as a WHERE clause over $1… and returns its arguments.
@@ -148,7 +142,7 @@ func ClearMemos(ctx context.Context, db DB, n *pg.Names, f MemoFilter) (int64, e
 	return tag.RowsAffected(), nil
 }
 
-// CountMemos returns how many memos f matches (a dry run of ClearMemos).
+// CountMemos is a dry run of ClearMemos.
 func CountMemos(ctx context.Context, db DB, n *pg.Names, f MemoFilter) (int64, error) {
 	where, args, err := f.where()
 	if err != nil {
@@ -182,8 +176,7 @@ func DeleteMemosBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Tim
 	return tag.RowsAffected(), nil
 }
 
-// CountMemosBefore counts the memos last poisoned before horizon (a dry run of
-// DeleteMemosBefore).
+// CountMemosBefore is a dry run of DeleteMemosBefore.
 func CountMemosBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time) (int64, error) {
 	var c int64
 	if err := db.QueryRow(ctx, n.Render("SELECT count(*) FROM {schema}.{memo} WHERE poisoned_at < $1"), horizon).Scan(&c); err != nil {

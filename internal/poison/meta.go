@@ -40,9 +40,8 @@ const (
 	WatermillSubscriber = wmw.PoisonedSubscriberKey // "subscriber_poisoned"
 )
 
-// TimeLayout is RFC 3339 with nanoseconds always written out (nine digits),
-// so the values of one destination sort as text in time order, and
-// time.RFC3339Nano parses them.
+// TimeLayout is RFC 3339 with all nine digits of nanoseconds, so values
+// sort as text in time order; time.RFC3339Nano parses them.
 const TimeLayout = "2006-01-02T15:04:05.000000000Z07:00"
 
 // FormatTime renders t for PoisonedAt.
@@ -75,15 +74,13 @@ const ShortReasonBytes = 256
 const minReasonBytes = 128
 
 // BoundReason returns s as a reason of at most limit bytes (at least
-// minReasonBytes): valid UTF-8 without NUL bytes (invalid sequences and
-// NULs become U+FFFD), and, when it had to be cut, ending in a marker with
-// the length and SHA-256 of the whole text, so the cut reason can be told
-// from a whole one and matched with the logged text:
+// minReasonBytes), made pg.Text, and, when it had to be cut, ending in a
+// marker with the length and SHA-256 of the whole text:
 //
 //	loyalty: bad OrderCompleted event: json: cannot unmarshal number 99999… [truncated: 40104 bytes, sha256:1f0c…]
 //
 // truncated reports whether it was cut. The length and hash are of s as
-// given, before any repair.
+// given.
 func BoundReason(s string, limit int) (reason string, truncated bool) {
 	limit = max(limit, minReasonBytes)
 	clean := pg.Text(s)

@@ -83,8 +83,7 @@ type Config struct {
 
 // Batch describes one relay transaction.
 type Batch struct {
-	// Locked rows were pending and locked by this relay's transaction.
-	Locked int
+	Locked int // pending rows this relay's transaction locked
 	// Published rows were accepted by the publisher. Unless Err is a
 	// marking failure, they are now marked sent.
 	Published int

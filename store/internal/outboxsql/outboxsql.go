@@ -26,9 +26,8 @@ type Row struct {
 	IdempotencyKey string
 	Payload        []byte
 	Metadata       map[string]string
-	// Attempts counts earlier failed publishes of this row.
-	Attempts  int
-	CreatedAt time.Time
+	Attempts       int // earlier failed publishes of this row
+	CreatedAt      time.Time
 }
 
 // Message returns a new Watermill message to publish: the stored UUID,
