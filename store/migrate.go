@@ -5,6 +5,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store/internal/migrate"
 )
 
@@ -26,8 +28,12 @@ const SchemaVersion = 8
 // "Pool" wrapping ErrTransactionPooler: such a URL needs
 // default_query_exec_mode=exec.
 func (s *Store) Migrate(ctx context.Context) error {
-	if err := s.checkPooler(ctx); err != nil {
+	pooled, err := s.BehindTransactionPooler(ctx)
+	if err != nil {
 		return err
+	}
+	if pooled && pg.UnsafeBehindPooler(s.pool.Config().ConnConfig.DefaultQueryExecMode) {
+		return &framework.ConfigError{Field: "Pool", Reason: pg.PoolerReason, Err: probeFound{}}
 	}
 	return migrate.Up(ctx, s.pool, s.names)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"time"
 
@@ -374,14 +375,6 @@ func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 	if err != nil {
 		return nil, err
 	}
-	covered := func(day time.Time) bool {
-		for _, p := range parts {
-			if !day.Before(p.From) && day.Before(p.To) {
-				return true
-			}
-		}
-		return false
-	}
 	lower := horizonDay
 	// Partition ranges never overlap, so the first by To is the oldest.
 	if len(parts) > 0 && parts[0].From.After(lower) {
@@ -389,8 +382,8 @@ func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 	}
 	var created []Partition
 	for day := lower; !day.After(today.AddDate(0, 0, cfg.Ahead)); day = day.AddDate(0, 0, 1) {
-		if covered(day) {
-			continue
+		if slices.ContainsFunc(parts, func(p Partition) bool { return !day.Before(p.From) && day.Before(p.To) }) {
+			continue // covered
 		}
 		p := s.dayPartition(day)
 		if !cfg.DryRun {

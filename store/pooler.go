@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
@@ -56,19 +55,6 @@ func (s *Store) BehindTransactionPooler(ctx context.Context) (bool, error) {
 	return pooled, nil
 }
 
-// checkPooler refuses a pool whose query mode needs a session when the
-// pool has none to give.
-func (s *Store) checkPooler(ctx context.Context) error {
-	pooled, err := s.BehindTransactionPooler(ctx)
-	if err != nil {
-		return err
-	}
-	if pooled && pg.UnsafeBehindPooler(s.pool.Config().ConnConfig.DefaultQueryExecMode) {
-		return &framework.ConfigError{Field: "Pool", Reason: pg.PoolerReason, Err: probeFound{}}
-	}
-	return nil
-}
-
 // probeFound is ErrTransactionPooler as the probe reports it.
 type probeFound struct{}
 
@@ -86,15 +72,12 @@ func probePooler(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 			return pooled, err
 		}
 		if attempt == probeAttempts {
-			// Each time, the first connection could not run a statement
-			// while the second held a transaction: a connection of its
-			// own never waits for another's transaction, a pooler out of
-			// servers makes it.
+			// Each time the first connection waited while the second held
+			// a transaction: only a pooler out of servers makes it wait.
 			return true, nil
 		}
-		// Replicas starting together, each holding a server in its second
-		// connection while its first waits for one, starve each other:
-		// apart, at random, they do not.
+		// Replicas probing together starve each other of servers: apart,
+		// at random, they do not.
 		if err := pg.Sleep(ctx, time.Duration(50+rand.IntN(450))*time.Millisecond); err != nil {
 			return false, fmt.Errorf("claimtx: probe for a transaction pooler: %w", err)
 		}

@@ -71,14 +71,12 @@ type Cache struct {
 	readHits atomic.Int64 // hits on entries added by AddRead
 }
 
-// shard holds its entries in a ring in insertion order (for expiry and
-// eviction, oldest first), indexed by a map from the hash's first half to
-// the ring slot; the slot holds the whole hash, so a lookup compares all
-// 128 bits. Two live hashes of one shard with the same first half (rare)
-// keep only the newer one indexed: the older one misses, which costs a
-// round trip, never a wrong answer. An entry re-added after it expired
-// appears twice in the ring; the older slot is no longer indexed and only
-// drops itself.
+// shard holds its entries in a ring in insertion order (expiry and
+// eviction go oldest first), indexed by the hash's first half; a lookup
+// compares all 128 bits. Of two live hashes sharing a first half (rare)
+// only the newer is indexed: the older misses, costing a round trip, never
+// a wrong answer. An entry re-added after it expired appears twice in the
+// ring; the older, unindexed slot only drops itself.
 type shard struct {
 	mu   sync.Mutex
 	m    map[uint64]uint32
@@ -139,8 +137,7 @@ func (c *Cache) clock() int64 { return int64(c.now().Sub(c.epoch)) }
 func (c *Cache) shard(h Hash) *shard { return &c.shards[h[0]&c.mask] }
 
 // Lookup reports whether h was added less than the ttl ago and not
-// evicted since, and whether the hit was the first on an entry AddRead
-// marked.
+// evicted since, and whether it was the first hit on an AddRead mark.
 func (c *Cache) Lookup(h Hash) (hit, mark bool) {
 	if c == nil {
 		return false, false
@@ -233,9 +230,8 @@ func (s *shard) pop() {
 	s.n--
 }
 
-// push appends at the newest end and returns the slot, growing the ring
-// (doubling, up to max, re-indexing the slots that move) while it is full
-// and below max.
+// push appends at the newest end and returns the slot, growing a full
+// ring below max (doubling, re-indexing the slots that move).
 func (s *shard) push(e entry) int {
 	if s.n == len(s.ring) {
 		grown := make([]entry, min(max(2*len(s.ring), 16), s.max))

@@ -78,13 +78,8 @@ func Classify(err error) Cause {
 	}
 	var connErr *pgconn.ConnectError
 	var netErr net.Error
-	switch {
-	case pgconn.SafeToRetry(err),
-		errors.As(err, &connErr),
-		errors.As(err, &netErr),
-		errors.Is(err, io.EOF),
-		errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, net.ErrClosed):
+	if pgconn.SafeToRetry(err) || errors.As(err, &connErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
 		return Connection
 	}
 	return None

@@ -74,8 +74,8 @@ type Config struct {
 	// call may still complete: one more resend). Negative disables the
 	// bound. Defaults to 30s.
 	PublishTimeout time.Duration
-	// OnBatch, when set, is called after every batch transaction with what
-	// happened. It runs on the relay goroutine: keep it fast.
+	// OnBatch, when set, is called on the relay goroutine after every
+	// batch transaction: keep it fast.
 	OnBatch func(Batch)
 	// Logger receives failures and cleanup results. Defaults to no logging.
 	Logger watermill.LoggerAdapter
@@ -84,11 +84,10 @@ type Config struct {
 // Batch describes one relay transaction.
 type Batch struct {
 	Locked int // pending rows this relay's transaction locked
-	// Published rows were accepted by the publisher. Unless Err is a
-	// marking failure, they are now marked sent.
+	// Published rows were accepted by the publisher and, unless Err is a
+	// marking failure, marked sent.
 	Published int
-	// Err is the publish or database error that ended the batch, if any.
-	// Rows not marked stay pending and are retried.
+	// Err ended the batch, if any; rows not marked stay pending.
 	Err      error
 	Duration time.Duration
 }

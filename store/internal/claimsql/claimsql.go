@@ -116,12 +116,10 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 }
 
 // Begin begins a transaction on s.Pool and makes the claim r in it, in
-// one round trip: BEGIN, the lock_timeout (with opts' synchronous_commit
-// in the same statement), the claim and the reset go out as one pipelined
-// batch. more, when not nil, queues statements right after the claim under
-// the same claim wait (a Kafka position, PositionStatements.Queue).
-// withMemo queues the poison memo lookup before the claim; memo is its
-// reason, nil without one.
+// one round trip: BEGIN, the lock_timeout (and opts' synchronous_commit),
+// the claim, more when not nil (a Kafka position) and the reset go out as
+// one pipelined batch; withMemo adds the poison memo lookup before the
+// claim (memo is its reason, nil without one).
 //
 // The claim is made whatever the memo says, and the caller decides: a
 // duplicate is a duplicate even with a memo (the effect is there), a new

@@ -83,10 +83,10 @@ func (s *PositionStatements) Queue(b *pgx.Batch, consumer string, p Position) {
 // Of returns consumer's stored positions, by topic and partition.
 func (s *PositionStatements) Of(ctx context.Context, consumer string) ([]Position, error) {
 	rows, err := s.Pool.Query(ctx, s.consumer, consumer)
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
+	var ps []Position
+	if err == nil {
+		ps, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Position]) // the columns in field order
 	}
-	ps, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Position]) // the columns in field order
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
 	}
