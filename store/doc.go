@@ -3,14 +3,11 @@
 //
 // What an application calls:
 //
-//   - New(pool, Config) returns a *Store bound to a schema (default
-//     "claimtx") and table names, validated against ^[a-z_][a-z0-9_]*$
-//     and always quoted.
+//   - New(pool, Config) returns a *Store bound to a schema and table names.
 //   - Migrate creates or upgrades the tables; every instance may call it at
 //     start-up. MigrateTx does the same in a transaction of yours.
 //   - Claim(ctx, tx, ClaimRequest) claims a message in your own
-//     transaction. The claim middleware (package middleware) does it for
-//     you around a Watermill handler.
+//     transaction; package middleware does it around a Watermill handler.
 //   - Enqueue(ctx, tx, topic, msgs...) writes messages to the outbox in
 //     your transaction; package store/outbox relays them to a broker.
 //   - NewVersionedUpsert builds the write of versioned state, which needs

@@ -20,11 +20,10 @@ import (
 // refuses it) and the outbox relay's LISTEN (Run refuses it).
 var ErrTransactionPooler = errors.New("claimtx: the pool reaches PostgreSQL through a transaction pooler (PgBouncer pool_mode=transaction?)")
 
-// pooler remembers the probe's answer: a Store asks once.
+// pooler remembers the probe's answer (nil until known): a Store asks once.
 type pooler struct {
 	mu     sync.Mutex
-	known  bool
-	pooled bool
+	pooled *bool
 }
 
 // BehindTransactionPooler reports whether the Store's pool reaches
@@ -44,14 +43,14 @@ type pooler struct {
 func (s *Store) BehindTransactionPooler(ctx context.Context) (bool, error) {
 	s.pooler.mu.Lock()
 	defer s.pooler.mu.Unlock()
-	if s.pooler.known {
-		return s.pooler.pooled, nil
+	if s.pooler.pooled != nil {
+		return *s.pooler.pooled, nil
 	}
 	pooled, err := probePooler(ctx, s.pool)
 	if err != nil {
 		return false, err
 	}
-	s.pooler.known, s.pooler.pooled = true, pooled
+	s.pooler.pooled = &pooled
 	return pooled, nil
 }
 

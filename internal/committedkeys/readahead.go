@@ -98,8 +98,8 @@ func (r *ReadAhead) Marked(ctx context.Context) {
 	r.read(ctx, []string{r.end})
 }
 
-// Started returns what Answered needs to know of the reads when a
-// message's claim transaction begins.
+// Started is what Answered needs to know of the reads when a claim
+// transaction begins.
 func (r *ReadAhead) Started() uint64 {
 	if r == nil {
 		return 0
@@ -142,7 +142,7 @@ func (r *ReadAhead) Answered(ctx context.Context, began uint64, dups []string, c
 	r.read(ctx, anchors)
 }
 
-// read reads a page from the anchors on; it is called with r.mu held and
+// read reads a page from the anchors on; called with r.mu held, it
 // releases it.
 func (r *ReadAhead) read(ctx context.Context, anchors []string) {
 	page := r.page

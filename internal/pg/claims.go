@@ -58,8 +58,7 @@ type Claims interface {
 // DeadLetter is one row of the dead-letter table.
 type DeadLetter struct {
 	Consumer string
-	// Key is the claim key; "" when it could not be derived (NULL).
-	Key string
+	Key      string // "" (NULL) when it could not be derived
 	// Topic is where the message was consumed from, PoisonTopic the
 	// destination that refused its copy.
 	Topic, PoisonTopic string

@@ -167,11 +167,10 @@ func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r Request, wi
 }
 
 // BeginBatch begins a transaction on s.Pool and claims many keys of one
-// consumer in it with one statement, in one round trip, and returns the
-// new keys, sorted; keys claimed by committed transactions are duplicates.
-// Rows are inserted in key order, so overlapping batches wait for each
-// other instead of deadlocking. The claim wait is bounded by maxClaimWait
-// as in Begin.
+// consumer in it with one statement, in one round trip, bounded by
+// maxClaimWait, and returns the new keys, sorted. Rows are inserted in key
+// order, so overlapping batches wait for each other instead of
+// deadlocking.
 //
 // withMemo looks the keys' memos up in the same round trip: new keys with
 // a memo are unclaimed again in tx (one more statement, only when there
@@ -242,11 +241,10 @@ func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, ma
 }
 
 // Following reads ahead of a replay, which delivers its messages in about
-// the order they were first applied: the keys of consumer's claims written
-// after the earliest claim among anchors, in processed_at order, at most
-// n, each passed to add. One statement outside any transaction sees only
-// committed claims. On a table shared by many consumers the index walk
-// also reads the others' claims of the same period.
+// the order they were first applied: the keys of consumer's committed
+// claims written after the earliest claim among anchors, in processed_at
+// order, at most n, each passed to add. On a table shared by many
+// consumers the index walk also reads the others' claims of the period.
 func (s *Statements) Following(ctx context.Context, consumer string, anchors []string, n int, add func(key string)) error {
 	rows, err := s.Pool.Query(ctx, s.following, consumer, anchors, n)
 	if err == nil {
