@@ -45,10 +45,9 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	st.Partitioned = kind == "p"
 	rows, err := s.pool.Query(ctx, s.names.Render(`SELECT consumer, count(*), min(processed_at), max(processed_at)
 FROM {schema}.{claims} GROUP BY consumer ORDER BY consumer`))
-	if err != nil {
-		return st, fmt.Errorf("claimtx: stats: %w", err)
+	if err == nil {
+		st.Consumers, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ConsumerStats]) // the columns in field order
 	}
-	st.Consumers, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ConsumerStats]) // the columns in field order
 	if err != nil {
 		return st, fmt.Errorf("claimtx: stats: %w", err)
 	}

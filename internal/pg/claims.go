@@ -1,9 +1,5 @@
 package pg
 
-// Claims bridges the claim middleware and the store, so every claim
-// statement stays in store/internal/claimsql without this plumbing being
-// store's exported API.
-
 import (
 	"context"
 	"time"
@@ -36,7 +32,9 @@ type Execer interface {
 }
 
 // Claims is what the claim middleware and framework/consumer do through a
-// store; claimsql, poison.RecordMemo and deadletter document the methods.
+// store, so every claim statement stays in store without being its
+// exported API; claimsql, poison.RecordMemo and deadletter document the
+// methods.
 // On success the Begin methods hand the caller a transaction to end; on
 // error there is none.
 type Claims interface {

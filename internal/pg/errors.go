@@ -1,8 +1,5 @@
 package pg
 
-// The one place in claimtx that reads SQLSTATE codes: everything else
-// branches on a Cause (or store.IsTransient), never on error text.
-
 import (
 	"context"
 	"errors"
@@ -14,6 +11,7 @@ import (
 )
 
 // Cause is what made a database operation fail, for the retry decision.
+// This file is the one place in claimtx that reads SQLSTATE codes.
 type Cause int
 
 const (

@@ -105,16 +105,15 @@ type loader struct {
 
 func (l loader) LoadPositions(ctx context.Context, topic string, partitions []int32) (map[int32]int64, error) {
 	rows, err := l.s.Pool.Query(ctx, l.s.load, l.consumer, topic, partitions)
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: load kafka positions: %w", err)
-	}
 	out := map[int32]int64{}
-	var part int32
-	var off int64
-	_, err = pgx.ForEachRow(rows, []any{&part, &off}, func() error {
-		out[part] = off
-		return nil
-	})
+	if err == nil {
+		var part int32
+		var off int64
+		_, err = pgx.ForEachRow(rows, []any{&part, &off}, func() error {
+			out[part] = off
+			return nil
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: load kafka positions: %w", err)
 	}

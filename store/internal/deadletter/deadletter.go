@@ -35,10 +35,9 @@ func Record(ctx context.Context, db poison.DB, n *pg.Names, l Letter) error {
 	if err != nil {
 		return fmt.Errorf("claimtx: record dead letter: %w", err)
 	}
-	var key *string
+	var key *string // NULL when there is none
 	if l.Key != "" {
-		k := pg.Text(l.Key)
-		key = &k
+		key = new(pg.Text(l.Key))
 	}
 	publishErr, _ := poison.BoundReason(l.PublishError, poison.MaxReasonBytes)
 	reason, _ := poison.BoundReason(l.Reason, poison.MaxReasonBytes)

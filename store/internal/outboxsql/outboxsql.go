@@ -82,8 +82,6 @@ FOR UPDATE SKIP LOCKED`),
        coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE sent_at IS NULL)), 0)::float8,
        count(*) FILTER (WHERE sent_at IS NULL AND attempts > 0)
 FROM {schema}.{outbox}`),
-		// Relays of other schemas listening on the same database ignore
-		// notifications whose payload is not theirs.
 		notifyPayload: pg.OutboxPayload(schema, outbox),
 	}
 }
@@ -109,10 +107,10 @@ func (s *Statements) LockPending(ctx context.Context, tx pgx.Tx, limit int) ([]R
 		return nil, fmt.Errorf("claimtx: outbox row limit %d must be positive", limit)
 	}
 	rows, err := tx.Query(ctx, s.lock, limit)
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: lock pending outbox rows: %w", err)
+	var out []Row
+	if err == nil {
+		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Row]) // the columns in field order
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Row]) // the columns in field order
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: lock pending outbox rows: %w", err)
 	}
