@@ -93,8 +93,7 @@ func (r *ReadAhead) Marked(ctx context.Context) {
 		return
 	}
 	// The stream reached the mark: the read paid.
-	r.page = min(2*r.page, r.maxPage)
-	r.after = 1
+	r.after, r.page = 1, min(2*r.page, r.maxPage)
 	r.read(ctx, []string{r.end})
 }
 
