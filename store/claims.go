@@ -13,9 +13,8 @@ import (
 	"github.com/claimtx/claimtx/store/internal/standby"
 )
 
-// The claim middleware and framework/consumer claim and store Kafka
-// positions through pg.Claims, which claims implements on a Store: the
-// statements stay here, and none of this plumbing is exported.
+// The claim middleware and framework/consumer claim through pg.Claims,
+// implemented here so that none of this plumbing is exported.
 func init() {
 	pg.ClaimsOf = func(s any) pg.Claims { return claims{s.(*Store).claims, s.(*Store)} }
 }

@@ -10,10 +10,9 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// identifier is deliberately stricter than Postgres: lower case only, so
-// names never need case-folding rules to be understood, and short enough
-// that derived names (indexes, partitions "<table>_pYYYYMMDD") stay under
-// Postgres's 63-byte limit instead of being silently truncated.
+// Stricter than Postgres: lower case only, so no case folding, and short
+// enough that derived names ("<table>_pYYYYMMDD") stay under Postgres's
+// 63-byte limit instead of being silently truncated.
 var (
 	schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 	tableName  = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
@@ -50,9 +49,6 @@ func (c Config) Validate() error {
 		return &framework.ConfigError{Field: "Schema", Reason: fmt.Sprintf("%q must match %s", c.Schema, schemaName)}
 	}
 	if strings.HasPrefix(c.Schema, "pg_") || c.Schema == "information_schema" {
-		// Postgres reserves these: CREATE SCHEMA pg_x fails at the first
-		// Migrate, and pg_catalog / information_schema must not hold our
-		// tables.
 		return &framework.ConfigError{Field: "Schema", Reason: fmt.Sprintf("%q is reserved by Postgres (pg_* and information_schema)", c.Schema)}
 	}
 	if !tableName.MatchString(c.ClaimsTable) {

@@ -66,7 +66,7 @@ func (u *VersionedUpsert) SQLForTest() string { return u.sql }
 // LockRetentionForTest takes the table's retention lease, as another
 // instance mid-run holds it; the returned func releases it.
 func (s *Store) LockRetentionForTest(ctx context.Context) (func(), error) {
-	_, l, err := s.acquireLease(ctx, true)
+	_, l, err := s.acquireLease(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +79,11 @@ func (s *Store) LockRetentionForTest(ctx context.Context) (func(), error) {
 // AbandonRetentionLeaseForTest takes the table's retention lease and
 // never renews nor releases it, as a process killed mid-run leaves it.
 func (s *Store) AbandonRetentionLeaseForTest(ctx context.Context) error {
-	_, _, err := s.acquireLease(ctx, false)
+	_, l, err := s.acquireLease(ctx)
+	if err == nil {
+		l.stop() // the heartbeat ends; nothing renews or releases the lease
+		<-l.done
+	}
 	return err
 }
 

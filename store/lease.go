@@ -17,19 +17,16 @@ import (
 )
 
 // leaseTTL is how long a retention lease outlives its holder's last
-// renewal (ErrNotLeader's doc states it). The holder renews it in every
-// transaction of its run and every leaseTTL/3 in between (a long CREATE
-// INDEX CONCURRENTLY); a process that dies holding it keeps every other
-// retention run of its claim table out for at most this long.
+// renewal (ErrNotLeader's doc states it).
 const leaseTTL = 30 * time.Second
 
 // lease is one run's hold on the retention leadership of a claim table: a
-// row of <schema>.claimtx_lease naming this run as holder until expires_at.
-// Every transaction of the run renews it (renewTx) and fails with
-// ErrNotLeader when another holder has it: a run whose lease expired
-// (paused past leaseTTL) and was taken over changes nothing more. Between
-// transactions a heartbeat renews it, and cancels the run's context when
-// it finds it taken.
+// row of <schema>.claimtx_lease naming this run as holder until
+// expires_at. Every transaction of the run renews it (renewTx) and fails
+// with ErrNotLeader when another holder has it, so a run paused past
+// leaseTTL and taken over changes nothing more. Between transactions a
+// heartbeat renews it every ttl/3 (a long CREATE INDEX CONCURRENTLY), and
+// cancels the run's context when it finds it taken.
 type lease struct {
 	s      *Store
 	name   string
@@ -44,13 +41,12 @@ type lease struct {
 	once   sync.Once
 }
 
-// leaseName identifies the retention leadership of the Store's claim
-// table: Cleanup, partition maintenance and the partitioning conversion
-// share it, so at most one of them runs against a table at any time.
+// leaseName is shared by Cleanup, partition maintenance and the
+// partitioning conversion: at most one of them runs against a table.
 func (s *Store) leaseName() string { return "retention:" + s.cfg.ClaimsTable }
 
-// newHolder names a run: host and pid, for an operator reading the table,
-// and random bytes, so two runs of one process never pass for each other.
+// newHolder names a run: host and pid for an operator reading the table,
+// random bytes so two runs of one process never pass for each other.
 func newHolder() string {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
@@ -59,13 +55,11 @@ func newHolder() string {
 }
 
 // acquireLease takes the Store's retention lease if it is free, expired
-// or already this holder's (a retry whose first reply was lost), and
-// starts its heartbeat; expiry is read on the database's clock, the one
-// every instance shares; ErrNotLeader when
-// another holder has it. The returned context is ctx, cancelled with
-// cause ErrNotLeader when the heartbeat finds the lease taken: run the
-// work with it, and end with l.release.
-func (s *Store) acquireLease(ctx context.Context, heartbeat bool) (context.Context, *lease, error) {
+// (on the database's clock) or already this holder's (a retry whose first
+// reply was lost), and starts its heartbeat; ErrNotLeader when another
+// holder has it. Run the work with the returned context, cancelled with
+// cause ErrNotLeader when the lease is lost, and end with l.release.
+func (s *Store) acquireLease(ctx context.Context) (context.Context, *lease, error) {
 	l := &lease{s: s, name: s.leaseName(), holder: newHolder(), ttl: s.leaseTTL}
 	var got string
 	err := s.pool.QueryRow(ctx, s.names.Render(`INSERT INTO {schema}.claimtx_lease AS l (name, holder, expires_at)
@@ -73,35 +67,27 @@ VALUES ($1, $2, now() + $3 * interval '1 microsecond')
 ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
 WHERE l.expires_at < now() OR l.holder = excluded.holder
 RETURNING holder`), l.name, l.holder, l.ttl.Microseconds()).Scan(&got)
-	if errors.Is(err, pgx.ErrNoRows) {
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
 		return ctx, nil, ErrNotLeader
-	}
-	if pg.SQLState(err) == "42P01" { // undefined_table
-		// A schema not migrated at all has no claim table either: say
-		// that, as before there were leases; one older than migration 8
-		// needs Migrate.
+	case pg.SQLState(err) == "42P01": // undefined_table
+		// An unmigrated schema has no claim table either: say that; one
+		// older than migration 8 needs Migrate.
 		if _, kerr := s.claimTableKind(ctx, s.pool); kerr != nil {
 			return ctx, nil, kerr
 		}
 		return ctx, nil, fmt.Errorf("claimtx: retention lease: the schema predates the lease table (version %d): run Migrate first: %w", leaseVersion-1, err)
-	}
-	if pg.SQLState(err) == "42501" { // insufficient_privilege
-		// A cleanup role granted rights before migration 8 made the
-		// lease: name the grant rather than only Postgres's refusal.
+	case pg.SQLState(err) == "42501": // insufficient_privilege
+		// A cleanup role granted rights before migration 8: name the grant.
 		return ctx, nil, fmt.Errorf("claimtx: retention lease: the role needs SELECT, INSERT, UPDATE, DELETE on %s.claimtx_lease (docs/security.md): %w", s.cfg.Schema, err)
-	}
-	if err != nil {
+	case err != nil:
 		return ctx, nil, fmt.Errorf("claimtx: retention lease: %w", err)
 	}
 	l.ctx, l.cancel = context.WithCancelCause(ctx)
 	var hctx context.Context
 	hctx, l.stop = context.WithCancel(l.ctx)
 	l.done = make(chan struct{})
-	if heartbeat {
-		go l.heartbeat(hctx)
-	} else {
-		close(l.done)
-	}
+	go l.heartbeat(hctx)
 	return l.ctx, l, nil
 }
 
@@ -113,9 +99,9 @@ RETURNING holder`), l.name, l.holder, l.ttl.Microseconds()).Scan(&got)
 const renewSQL = `UPDATE {schema}.claimtx_lease SET expires_at = now() + $3 * interval '1 microsecond'
 WHERE name = $1 AND holder = $2 RETURNING true`
 
-// renewTx renews the lease as a statement of tx (put it first), returning
-// ErrNotLeader when another holder took it: roll tx back then. A nil lease
-// (a dry run, which holds none) renews nothing.
+// renewTx renews the lease as the first statement of tx, returning
+// ErrNotLeader when another holder took it. A nil lease (a dry run's)
+// renews nothing.
 func (l *lease) renewTx(ctx context.Context, q pg.Querier) error {
 	if l == nil {
 		return nil
@@ -132,9 +118,7 @@ func (l *lease) renewTx(ctx context.Context, q pg.Querier) error {
 	return nil
 }
 
-// renew renews the lease in a transaction of its own, before a statement
-// that cannot run in a transaction (CREATE INDEX CONCURRENTLY, DETACH
-// PARTITION CONCURRENTLY, VACUUM).
+// renew renews the lease in a transaction of its own.
 func (l *lease) renew(ctx context.Context) error {
 	if l == nil {
 		return nil
@@ -142,13 +126,24 @@ func (l *lease) renew(ctx context.Context) error {
 	return l.renewTx(ctx, l.s.pool)
 }
 
+// execRenewed renews the lease of ctx's run, then runs sql on conn outside
+// a transaction (CREATE INDEX CONCURRENTLY, DETACH PARTITION CONCURRENTLY,
+// VACUUM), its error wrapped as "claimtx: what: …".
+func execRenewed(ctx context.Context, conn *pgxpool.Conn, sql, what string) error {
+	if err := leaseOf(ctx).renew(ctx); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		return fmt.Errorf("claimtx: %s: %w", what, err)
+	}
+	return nil
+}
+
 // lost ends the run: its context is cancelled with cause ErrNotLeader.
 func (l *lease) lost() { l.cancel(ErrNotLeader) }
 
-// heartbeat renews the lease every ttl/3 until release, so that a long
-// statement outside the run's transactions does not let it expire. A
-// failed renewal (the database away) is tried again at the next tick; the
-// run's own statements meet the same failure.
+// heartbeat renews the lease every ttl/3 until release; a failed renewal
+// is tried again at the next tick.
 func (l *lease) heartbeat(ctx context.Context) {
 	defer close(l.done)
 	t := time.NewTicker(l.ttl / 3)
@@ -166,10 +161,9 @@ func (l *lease) heartbeat(ctx context.Context) {
 }
 
 // release stops the heartbeat and deletes the lease if it is still this
-// holder's, even when ctx is done (an interrupted run must still let the
-// next one in), bounded like a rollback; a lease it cannot delete expires.
-// When the run failed after losing the lease, *errp is made to match
-// ErrNotLeader too: it stopped because another leader took over.
+// holder's, even when ctx is done (an interrupted run must let the next
+// one in); a lease it cannot delete expires. When the run failed after
+// losing the lease, *errp is made to match ErrNotLeader too.
 func (l *lease) release(errp *error) {
 	l.once.Do(func() {
 		// The connection first: on a pool of one connection the
@@ -189,18 +183,15 @@ func (l *lease) release(errp *error) {
 	})
 }
 
-// leaseVersion is the migration that creates <schema>.claimtx_lease.
-const leaseVersion = 8
+const (
+	leaseVersion   = 8               // the migration that creates claimtx_lease
+	releaseTimeout = 5 * time.Second // bounds deleting a lease at the end of a run
+)
 
-// releaseTimeout bounds deleting a lease at the end of a run.
-const releaseTimeout = 5 * time.Second
-
-// leaseKey is the context key of a retention run's lease.
 type leaseKey struct{}
 
 // leaseOf returns the lease of the retention run ctx belongs to, nil
-// outside one (a dry run): the partition and memo code renews it in each
-// of its transactions without every signature carrying it.
+// outside one (a dry run).
 func leaseOf(ctx context.Context) *lease {
 	l, _ := ctx.Value(leaseKey{}).(*lease)
 	return l

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -18,53 +19,38 @@ import (
 )
 
 // IdempotencyKeyMetadata is the metadata key every relayed message carries:
-// the outbox row's idempotency key, identical on every resend of that row.
-// Downstream claimtx consumers key on it ("metadata:claimtx_idempotency_key")
-// so the relay's own at-least-once resends are recorded as duplicates, and
-// HTTP effects pass it on as the provider's Idempotency-Key.
-//
-// A message enqueued with this key already set keeps it: derive it from the
-// event (say "receipt:order-9912") when the downstream effect must stay
-// deduplicated even if the same event were enqueued twice. Otherwise
-// Enqueue assigns a random UUID, stored with the row.
+// the outbox row's idempotency key, identical on every resend of that row,
+// for downstream consumers to key on ("metadata:claimtx_idempotency_key")
+// and HTTP effects to pass on as the provider's Idempotency-Key. A message
+// enqueued with it set keeps it (derive it from the event, say
+// "receipt:order-9912", to deduplicate an event enqueued twice); otherwise
+// Enqueue assigns a random UUID.
 const IdempotencyKeyMetadata = outboxsql.IdempotencyKeyMetadata
 
-// ErrInvalidOutboxMessage is matched by every error Enqueue returns for a
-// message it refuses (empty topic or one over 255 bytes, nil message,
-// metadata that Postgres jsonb cannot store). Such errors are permanent:
-// the same handler run on the same message produces the same outbox
-// message again.
+// ErrInvalidOutboxMessage is matched by every (permanent) error Enqueue
+// returns for a message it refuses: an empty topic or one over 255 bytes,
+// a nil message, metadata that Postgres jsonb cannot store.
 var ErrInvalidOutboxMessage = errors.New("claimtx: invalid outbox message")
 
 // OutboxStats describes the outbox table.
 type OutboxStats struct {
-	// Pending rows are not published yet.
-	Pending int64
-	// Sent rows are published and kept until cleanup deletes them.
-	Sent int64
+	Pending int64 // not published yet
+	Sent    int64 // published, kept until cleanup deletes them
 	// OldestPending is the age of the oldest pending row (0 when none):
 	// the relay's lag. Alert on it.
 	OldestPending time.Duration
-	// Failing counts pending rows with at least one failed publish.
-	Failing int64
+	Failing       int64 // pending rows with at least one failed publish
 }
 
-// Enqueue writes msgs to the outbox in tx, addressed to topic. They are
-// published by a relay (package store/outbox) only after tx commits, and
-// never if it rolls back: so a message exists if and only if the effect
-// that produced it committed. Call it from a handler under the claim
-// middleware with the claim transaction (framework.TxFromContext), or from
-// any transaction of your own. Messages for several topics take one call
-// per topic; the relay publishes rows in the order they were enqueued.
-//
-// Each message keeps its UUID (a new one is assigned when empty), payload
-// and metadata. Its IdempotencyKeyMetadata value, when set, becomes the
-// row's idempotency key; otherwise a random UUID does.
+// Enqueue writes msgs to the outbox in tx, addressed to topic: a relay
+// (package store/outbox) publishes them once tx commits, never if it rolls
+// back. Call it with the claim transaction (framework.TxFromContext) or
+// any transaction of your own, once per topic. Each message keeps its UUID
+// (assigned when empty), payload and metadata.
 //
 // Enqueue also notifies relays (pg_notify, delivered at commit). Postgres
 // serialises the commits of notifying transactions in a database, which
-// matters only at thousands of enqueuing commits per second; relays also
-// poll.
+// matters only at thousands of enqueuing commits per second.
 func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Message) error {
 	if tx == nil {
 		return errors.New("claimtx: Enqueue needs a transaction")
@@ -93,12 +79,8 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, topic string, msgs ...*m
 		if keys[i] == "" {
 			keys[i] = watermill.NewUUID()
 		}
-		md := make(map[string]string, len(m.Metadata))
-		for k, v := range m.Metadata {
-			if k != IdempotencyKeyMetadata {
-				md[k] = v
-			}
-		}
+		md := maps.Collect(maps.All(m.Metadata)) // never nil: "{}", not "null"
+		delete(md, IdempotencyKeyMetadata)
 		js, err := json.Marshal(md)
 		if err != nil {
 			return framework.Permanent(fmt.Errorf("%w %d: metadata: %w", ErrInvalidOutboxMessage, i, err))
@@ -115,8 +97,8 @@ func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, topic string, msgs ...*m
 	return nil
 }
 
-// validateTopic refuses what no broker accepts and what Postgres would
-// refuse later with a less helpful error.
+// validateTopic refuses what no broker accepts or Postgres would refuse
+// later with a less helpful error.
 func validateTopic(topic string) error {
 	switch {
 	case topic == "":
@@ -129,9 +111,8 @@ func validateTopic(topic string) error {
 	return nil
 }
 
-// validateOutboxMessage refuses what Postgres would refuse later with a
-// less helpful error: jsonb cannot hold NUL or invalid UTF-8, and
-// json.Marshal would silently replace the latter.
+// validateOutboxMessage refuses what jsonb cannot hold (NUL, invalid
+// UTF-8, which json.Marshal would silently replace).
 func validateOutboxMessage(m *message.Message) error {
 	switch {
 	case m == nil:
@@ -147,8 +128,7 @@ func validateOutboxMessage(m *message.Message) error {
 	return nil
 }
 
-// OutboxStats counts the outbox's rows. It scans the table: call it from
-// health checks and tests, not per message.
+// OutboxStats counts the outbox's rows. It scans the table: not per message.
 func (s *Store) OutboxStats(ctx context.Context) (OutboxStats, error) {
 	st, err := s.outbox.ReadStats(ctx, s.pool)
 	return OutboxStats(st), err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"time"
 
@@ -25,10 +26,9 @@ const (
 // Errors of the partition API, matched with errors.Is.
 var (
 	// ErrNoPartition is returned by a claim with ClaimRequest.EventTime
-	// when no partition accepts the message's event day: the day is older than the retention horizon and
-	// was dropped (the message is expired), or lies further in the future
-	// than partitions were created (producer clock, or maintenance not
-	// running). The message must not be applied without its claim.
+	// when no partition accepts the message's event day: it is older than
+	// the retention horizon (the message is expired) or further ahead than
+	// partitions were created. The message must not be applied.
 	ErrNoPartition = claimsql.ErrNoPartition
 	// ErrNotPartitioned is returned by partition maintenance on a plain
 	// claim table (see EnablePartitioning).
@@ -39,8 +39,8 @@ var (
 type Partition struct {
 	Name string
 	// From is the first event day it holds; zero for the legacy partition
-	// (the table's rows before the conversion, see EnablePartitioning),
-	// which holds every day before To.
+	// (the rows from before EnablePartitioning), which holds every day
+	// before To.
 	From time.Time
 	// To is the first event day it no longer holds (zero for a legacy
 	// partition found detached but not dropped).
@@ -48,10 +48,8 @@ type Partition struct {
 	// DetachPending is true when a concurrent detach was interrupted; the
 	// next DropExpiredPartitions finishes it.
 	DetachPending bool
-	// EstimatedRows is the planner's row count (0 until analysed).
-	EstimatedRows int64
-	// Bytes is the partition's total size, indexes included.
-	Bytes int64
+	EstimatedRows int64 // the planner's row count (0 until analysed)
+	Bytes         int64 // total size, indexes included
 }
 
 // PartitioningResult reports what EnablePartitioning did.
@@ -65,14 +63,17 @@ type PartitioningResult struct {
 	// Boundary is the first event day served by day partitions; earlier
 	// days go to the legacy partition. Zero when there is none.
 	Boundary time.Time
-	// Created lists the day partitions created.
-	Created []Partition
+	Created  []Partition // the day partitions created
 }
 
 func (s *Store) legacyName() string { return s.cfg.ClaimsTable + "_legacy" }
 
 func (s *Store) dayName(day time.Time) string {
 	return s.cfg.ClaimsTable + "_p" + day.Format(partitionDayLayout)
+}
+
+func (s *Store) dayPartition(day time.Time) Partition {
+	return Partition{Name: s.dayName(day), From: day, To: day.AddDate(0, 0, 1)}
 }
 
 var partitionBound = regexp.MustCompile(`^FOR VALUES FROM \((MINVALUE|'(\d{4}-\d{2}-\d{2})')\) TO \('(\d{4}-\d{2}-\d{2})'\)$`)
@@ -93,8 +94,7 @@ type beginner interface {
 func (s *Store) partitions(ctx context.Context, db beginner) ([]Partition, error) {
 	var parts []Partition
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		// Bounds are read as text: make the date format independent of
-		// the server's DateStyle.
+		// Bounds are parsed as text: independent of the server's DateStyle.
 		if _, err := tx.Exec(ctx, "SET LOCAL DateStyle = 'ISO, YMD'"); err != nil {
 			return err
 		}
@@ -105,8 +105,7 @@ WHERE i.inhparent = $1::regclass`, s.names.Render("{schema}.{claims}"))
 		if err != nil {
 			return err
 		}
-		parts, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (Partition, error) {
-			var p Partition
+		parts, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (p Partition, err error) {
 			var bound string
 			if err := row.Scan(&p.Name, &bound, &p.DetachPending, &p.EstimatedRows, &p.Bytes); err != nil {
 				return p, err
@@ -115,16 +114,13 @@ WHERE i.inhparent = $1::regclass`, s.names.Render("{schema}.{claims}"))
 			if m == nil {
 				return p, fmt.Errorf("partition %q has bound %q, which claimtx did not create", p.Name, bound)
 			}
-			var err error
 			if m[2] != "" {
 				if p.From, err = time.Parse(time.DateOnly, m[2]); err != nil {
 					return p, err
 				}
 			}
-			if p.To, err = time.Parse(time.DateOnly, m[3]); err != nil {
-				return p, err
-			}
-			return p, nil
+			p.To, err = time.Parse(time.DateOnly, m[3])
+			return p, err
 		})
 		return err
 	})
@@ -135,9 +131,9 @@ WHERE i.inhparent = $1::regclass`, s.names.Render("{schema}.{claims}"))
 	return parts, nil
 }
 
-// days returns today and the horizon day (UTC) on the database clock. The
-// horizon day is the day containing now minus retention: its partition,
-// and every later one, may still hold claims inside the window.
+// days returns today and the horizon day (UTC) on the database clock: the
+// day containing now minus retention, whose partition and every later one
+// may still hold claims inside the window.
 func (s *Store) days(ctx context.Context, q pg.Querier, retention time.Duration) (today, horizonDay time.Time, err error) {
 	err = q.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date, ((now() - $1 * interval '1 microsecond') AT TIME ZONE 'UTC')::date`,
 		retention.Microseconds()).Scan(&today, &horizonDay)
@@ -149,19 +145,12 @@ func (s *Store) days(ctx context.Context, q pg.Querier, retention time.Duration)
 
 // PreparePartitioning runs the online first half of EnablePartitioning on
 // a plain claim table, for a rolling switch of consumers to event-time
-// claims (ClaimRequest.EventTime):
-//
-//  1. it adds event_day date NOT NULL DEFAULT '-infinity' (metadata only,
-//     no rewrite): rows claimed without an event time get -infinity,
-//     rows claimed with one their day, so both kinds of consumer work
-//     from here on and still deduplicate against each other on (consumer, message_key);
-//  2. it builds, CONCURRENTLY (claims keep flowing), the unique indexes
-//     the legacy partition will need: (consumer, message_key) and
-//     (consumer, message_key, event_day).
-//
-// It is idempotent and resumable: an index left invalid by an interrupted
-// build is dropped and rebuilt. Until EnablePartitioning runs, every claim
-// maintains two more indexes: do not linger in between.
+// claims: it adds event_day (metadata only, -infinity for claims without
+// an event time, so both kinds of consumer keep deduplicating against each
+// other) and builds, CONCURRENTLY, the unique indexes the legacy partition
+// will need. It is idempotent and resumable. Until EnablePartitioning
+// runs, every claim maintains two more indexes: do not linger in between.
+// docs/operations.md describes the conversion.
 func (s *Store) PreparePartitioning(ctx context.Context, cfg RetentionConfig) error {
 	_, err := underRetentionLock(ctx, s, cfg, false, func(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) (struct{}, error) {
 		kind, err := s.claimTableKind(ctx, conn)
@@ -173,12 +162,10 @@ func (s *Store) PreparePartitioning(ctx context.Context, cfg RetentionConfig) er
 	return err
 }
 
-// underRetentionLock is the prologue every partition method shares: it
-// validates cfg, applies its defaults and runs fn under the retention
-// lease, so that no two maintenance runs interleave their DDL; with
-// partitioned, only on a partitioned claim table. fn renews the lease in
-// each of its transactions (ddlTx) and before each statement that runs
-// outside one.
+// underRetentionLock validates cfg, applies its defaults and runs fn (with
+// partitioned, only on a partitioned table) under the retention lease, so
+// no two maintenance runs interleave their DDL. fn renews the lease in
+// each transaction (ddlTx) and statement outside one (execRenewed).
 func underRetentionLock[T any](ctx context.Context, s *Store, cfg RetentionConfig, partitioned bool,
 	fn func(context.Context, *pgxpool.Conn, RetentionConfig) (T, error),
 ) (_ T, err error) {
@@ -227,54 +214,39 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname
 		if valid != nil && *valid {
 			continue
 		}
-		if valid != nil {
-			// Left invalid by an interrupted concurrent build.
-			if err := leaseOf(ctx).renew(ctx); err != nil {
+		if valid != nil { // left invalid by an interrupted concurrent build
+			if err := execRenewed(ctx, conn, "DROP INDEX CONCURRENTLY IF EXISTS "+s.names.Qualified(idx.name),
+				"prepare partitioning: drop invalid index "+idx.name); err != nil {
 				return err
 			}
-			if _, err := conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+s.names.Qualified(idx.name)); err != nil {
-				return fmt.Errorf("claimtx: prepare partitioning: drop invalid index %s: %w", idx.name, err)
-			}
 		}
-		// CONCURRENTLY: no lock that blocks claims; it waits for running
-		// transactions instead, so no lock_timeout here.
-		if err := leaseOf(ctx).renew(ctx); err != nil {
+		// CONCURRENTLY takes no lock that blocks claims; it waits for
+		// running transactions instead, so no lock_timeout here.
+		if err := execRenewed(ctx, conn, "CREATE UNIQUE INDEX CONCURRENTLY "+pg.Ident(idx.name)+" ON "+s.names.Render("{schema}.{claims}")+" ("+idx.cols+")",
+			"prepare partitioning: build index "+idx.name); err != nil {
 			return err
-		}
-		if _, err := conn.Exec(ctx, "CREATE UNIQUE INDEX CONCURRENTLY "+pg.Ident(idx.name)+" ON "+s.names.Render("{schema}.{claims}")+" ("+idx.cols+")"); err != nil {
-			return fmt.Errorf("claimtx: prepare partitioning: build index %s: %w", idx.name, err)
 		}
 	}
 	return nil
 }
 
-// EnablePartitioning converts the claim table to partitioned mode, range
-// partitioned by event_day, with primary key (consumer, message_key,
-// event_day); consumers must then claim with ClaimRequest.EventTime (a
-// claim without it fails: it supplies no event day). It is an explicit opt-in rather than a
-// migration because it changes what every consumer must send, and because
-// converting a large table is an operation to schedule.
+// EnablePartitioning converts the claim table to partitioned mode: range
+// partitioned by event_day, primary key (consumer, message_key,
+// event_day). Consumers must then claim with ClaimRequest.EventTime. It is
+// an explicit opt-in rather than a migration because it changes what every
+// consumer must send and converting a large table is an operation to
+// schedule.
 //
 // Existing claims are not copied: the old table becomes the legacy
-// partition, holding every event day before a boundary (today + 2, UTC).
-// It keeps its unique (consumer, message_key) index, so a redelivery of a
-// message claimed before the conversion, whose old row carries no event
-// day, still conflicts there. Later days get one partition each; a message
-// claimed before the conversion cannot have an event day at or after the
-// boundary (unless its producer's clock ran two days fast). The legacy
-// partition is dropped like a day once the boundary falls behind the
-// retention horizon. An empty table gets day partitions from the horizon
-// on instead.
-//
-// Steps: PreparePartitioning (online); a CHECK (event_day < boundary)
-// added NOT VALID and validated online, so attaching needs no scan; then
-// one short transaction, under LockWait-bounded, retried locks: swap the
-// primary key to the prepared index, rename the table to <table>_legacy,
-// create the partitioned table under the old name, attach the legacy
-// partition and create day partitions through today + Ahead. Grants,
-// views and foreign keys that name the old table follow it to
-// <table>_legacy: re-create them. It is idempotent: on a partitioned table
-// it only creates missing days.
+// partition, holding every event day before a boundary (today + 2, UTC)
+// and keeping its unique (consumer, message_key) index, so a redelivery of
+// a message claimed before the conversion still conflicts there; it
+// expires like a day. An empty table gets day partitions from the horizon
+// on instead. After PreparePartitioning, a boundary CHECK validated online
+// and one short transaction under LockWait-bounded, retried locks do the
+// swap. Grants, views and foreign keys that name the old table follow it
+// to <table>_legacy: re-create them. It is idempotent: on a partitioned
+// table it only creates missing days. docs/operations.md has the steps.
 func (s *Store) EnablePartitioning(ctx context.Context, cfg RetentionConfig) (PartitioningResult, error) {
 	return underRetentionLock(ctx, s, cfg, false, s.enablePartitioning)
 }
@@ -309,12 +281,10 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 	if err != nil {
 		return res, fmt.Errorf("claimtx: enable partitioning: add boundary constraint: %w", err)
 	}
-	if err := leaseOf(ctx).renew(ctx); err != nil {
+	if err := execRenewed(ctx, conn, s.names.Render("ALTER TABLE {schema}.{claims} VALIDATE CONSTRAINT "+boundName),
+		fmt.Sprintf("enable partitioning: claims with an event day on or after %s exist (event times written ahead of the clock); retry tomorrow",
+			boundary.Format(time.DateOnly))); err != nil {
 		return res, err
-	}
-	if _, err := conn.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} VALIDATE CONSTRAINT "+boundName)); err != nil {
-		return res, fmt.Errorf("claimtx: enable partitioning: claims with an event day on or after %s exist (event times written ahead of the clock); retry tomorrow: %w",
-			boundary.Format(time.DateOnly), err)
 	}
 
 	err = s.ddlTx(ctx, conn, cfg, func(tx pgx.Tx) error {
@@ -335,8 +305,8 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 			// migrations) and its defaults; not the CHECK constraints.
 			s.names.Render("CREATE TABLE {schema}.{claims} (LIKE "+s.names.Qualified(s.legacyName())+" INCLUDING DEFAULTS, CONSTRAINT "+
 				pg.Ident(s.cfg.ClaimsTable+"_pkey")+" PRIMARY KEY (consumer, message_key, event_day)) PARTITION BY RANGE (event_day)"),
-			// No default: a claim without an event day (no
-			// ClaimRequest.EventTime) must fail, not land in some partition.
+			// No default: a claim without an event day must fail, not
+			// land in some partition.
 			s.names.Render("ALTER TABLE {schema}.{claims} ALTER COLUMN event_day DROP DEFAULT"),
 			s.names.Render("COMMENT ON TABLE {schema}.{claims} IS 'claimtx claims, range partitioned by event_day: the UTC day of the producer''s event time'"),
 		)
@@ -349,17 +319,14 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 		if err := tx.QueryRow(ctx, "SELECT NOT EXISTS (SELECT 1 FROM "+s.names.Qualified(s.legacyName())+")").Scan(&empty); err != nil {
 			return err
 		}
-		lower := horizonDay
-		if empty {
-			if _, err := tx.Exec(ctx, "DROP TABLE "+s.names.Qualified(s.legacyName())); err != nil {
-				return err
-			}
-		} else {
-			if _, err := tx.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} ATTACH PARTITION "+s.names.Qualified(s.legacyName())+
-				" FOR VALUES FROM (MINVALUE) TO ("+dateLiteral(boundary)+")")); err != nil {
-				return err
-			}
+		lower, legacy := horizonDay, "DROP TABLE "+s.names.Qualified(s.legacyName())
+		if !empty {
+			legacy = s.names.Render("ALTER TABLE {schema}.{claims} ATTACH PARTITION " + s.names.Qualified(s.legacyName()) +
+				" FOR VALUES FROM (MINVALUE) TO (" + dateLiteral(boundary) + ")")
 			res.Legacy, res.Boundary, lower = true, boundary, boundary
+		}
+		if _, err := tx.Exec(ctx, legacy); err != nil {
+			return err
 		}
 		for day := lower; !day.After(today.AddDate(0, 0, cfg.Ahead)); day = day.AddDate(0, 0, 1) {
 			p, err := s.createDay(ctx, tx, day)
@@ -377,26 +344,21 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 }
 
 // CreatePartitionsAhead creates the missing day partitions from the
-// horizon day (or the oldest existing partition, whichever is later)
-// through today + Ahead, and returns them. It never re-creates a day older
-// than the oldest partition: that day may have been dropped as expired,
-// and an empty partition in its place would let its duplicates in.
-// Each day is created as a standalone table and then attached, which
-// takes only a SHARE UPDATE EXCLUSIVE lock on the claim table: claims keep
-// flowing (CREATE TABLE … PARTITION OF would take ACCESS EXCLUSIVE).
+// horizon day through today + Ahead, and returns them. It never re-creates
+// a day older than the oldest partition: an empty partition where an
+// expired one was dropped would let its duplicates in. Each day is created
+// standalone and then attached (SHARE UPDATE EXCLUSIVE, where CREATE TABLE
+// … PARTITION OF would take ACCESS EXCLUSIVE and block claims).
 func (s *Store) CreatePartitionsAhead(ctx context.Context, cfg RetentionConfig) ([]Partition, error) {
 	return underRetentionLock(ctx, s, cfg, true, s.createAhead)
 }
 
 func (s *Store) requirePartitioned(ctx context.Context, q pg.Querier) error {
 	kind, err := s.claimTableKind(ctx, q)
-	if err != nil {
-		return err
-	}
-	if kind == "r" {
+	if err == nil && kind == "r" {
 		return ErrNotPartitioned
 	}
-	return nil
+	return err
 }
 
 // partitionsAt returns today, the horizon day (see days) and the
@@ -413,14 +375,6 @@ func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 	if err != nil {
 		return nil, err
 	}
-	covered := func(day time.Time) bool {
-		for _, p := range parts {
-			if !day.Before(p.From) && day.Before(p.To) {
-				return true
-			}
-		}
-		return false
-	}
 	lower := horizonDay
 	// Partition ranges never overlap, so the first by To is the oldest.
 	if len(parts) > 0 && parts[0].From.After(lower) {
@@ -428,21 +382,18 @@ func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 	}
 	var created []Partition
 	for day := lower; !day.After(today.AddDate(0, 0, cfg.Ahead)); day = day.AddDate(0, 0, 1) {
-		if covered(day) {
-			continue
+		if slices.ContainsFunc(parts, func(p Partition) bool { return !day.Before(p.From) && day.Before(p.To) }) {
+			continue // covered
 		}
-		if cfg.DryRun {
-			created = append(created, Partition{Name: s.dayName(day), From: day, To: day.AddDate(0, 0, 1)})
-			continue
-		}
-		var p Partition
-		err := s.ddlTx(ctx, conn, cfg, func(tx pgx.Tx) error {
-			var err error
-			p, err = s.createDay(ctx, tx, day)
-			return err
-		})
-		if err != nil {
-			return created, fmt.Errorf("claimtx: create partition %s: %w", s.dayName(day), err)
+		p := s.dayPartition(day)
+		if !cfg.DryRun {
+			err := s.ddlTx(ctx, conn, cfg, func(tx pgx.Tx) error {
+				_, err := s.createDay(ctx, tx, day)
+				return err
+			})
+			if err != nil {
+				return created, fmt.Errorf("claimtx: create partition %s: %w", p.Name, err)
+			}
 		}
 		created = append(created, p)
 	}
@@ -451,7 +402,7 @@ func (s *Store) createAhead(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 
 // createDay creates the partition for one event day in tx.
 func (s *Store) createDay(ctx context.Context, tx pgx.Tx, day time.Time) (Partition, error) {
-	p := Partition{Name: s.dayName(day), From: day, To: day.AddDate(0, 0, 1)}
+	p := s.dayPartition(day)
 	q := s.names.Qualified(p.Name)
 	for _, stmt := range []string{
 		s.names.Render("CREATE TABLE " + q + " (LIKE {schema}.{claims} INCLUDING ALL)"),
@@ -465,13 +416,12 @@ func (s *Store) createDay(ctx context.Context, tx pgx.Tx, day time.Time) (Partit
 }
 
 // DropExpiredPartitions drops every partition whose event days all lie
-// before the retention horizon (the legacy partition included, once its
-// boundary is behind the horizon) and returns them. Each is detached
-// CONCURRENTLY (claims on other days are never blocked) and then dropped:
-// O(1) whatever its size, no dead rows, no vacuum. An interrupted detach is
-// finished, and a partition detached but not yet dropped is dropped.
-// Poison memos (middleware.Claim.PoisonMemo), which are not partitioned,
-// are then deleted by time: those last poisoned more than Retention ago.
+// before the retention horizon (the legacy partition included) and returns
+// them. Each is detached CONCURRENTLY (claims on other days are never
+// blocked) and dropped: O(1) whatever its size. An interrupted detach is
+// finished, and a partition detached but not yet dropped is dropped. Poison
+// memos (middleware.Claim.PoisonMemo), which are not partitioned, are then
+// deleted by time: those last poisoned more than Retention ago.
 func (s *Store) DropExpiredPartitions(ctx context.Context, cfg RetentionConfig) ([]Partition, error) {
 	return underRetentionLock(ctx, s, cfg, true, s.dropExpired)
 }
@@ -482,29 +432,33 @@ func (s *Store) dropExpired(ctx context.Context, conn *pgxpool.Conn, cfg Retenti
 		return nil, err
 	}
 	var dropped []Partition
+	// drop drops p, detaching it first with mode unless mode is "".
+	drop := func(p Partition, mode, what string) error {
+		if !cfg.DryRun {
+			if mode != "" {
+				if err := execRenewed(ctx, conn, s.names.Render("ALTER TABLE {schema}.{claims} DETACH PARTITION "+s.names.Qualified(p.Name)+mode),
+					"detach partition "+p.Name); err != nil {
+					return err
+				}
+			}
+			if err := execRenewed(ctx, conn, "DROP TABLE "+s.names.Qualified(p.Name), what+p.Name); err != nil {
+				return err
+			}
+		}
+		dropped = append(dropped, p)
+		return nil
+	}
 	for _, p := range parts {
 		if p.To.After(horizonDay) {
 			continue
 		}
-		if !cfg.DryRun {
-			mode := " CONCURRENTLY"
-			if p.DetachPending {
-				mode = " FINALIZE"
-			}
-			if err := leaseOf(ctx).renew(ctx); err != nil {
-				return dropped, err
-			}
-			if _, err := conn.Exec(ctx, s.names.Render("ALTER TABLE {schema}.{claims} DETACH PARTITION "+s.names.Qualified(p.Name)+mode)); err != nil {
-				return dropped, fmt.Errorf("claimtx: detach partition %s: %w", p.Name, err)
-			}
-			if err := leaseOf(ctx).renew(ctx); err != nil {
-				return dropped, err
-			}
-			if _, err := conn.Exec(ctx, "DROP TABLE "+s.names.Qualified(p.Name)); err != nil {
-				return dropped, fmt.Errorf("claimtx: drop partition %s: %w", p.Name, err)
-			}
+		mode := " CONCURRENTLY"
+		if p.DetachPending {
+			mode = " FINALIZE"
 		}
-		dropped = append(dropped, p)
+		if err := drop(p, mode, "drop partition "); err != nil {
+			return dropped, err
+		}
 	}
 
 	// Tables detached by an interrupted run, between detach and drop.
@@ -525,20 +479,13 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 			if err != nil {
 				continue
 			}
-			p.From, p.To = day, day.AddDate(0, 0, 1)
-			if p.To.After(horizonDay) {
+			if p = s.dayPartition(day); p.To.After(horizonDay) {
 				continue
 			}
 		}
-		if !cfg.DryRun {
-			if err := leaseOf(ctx).renew(ctx); err != nil {
-				return dropped, err
-			}
-			if _, err := conn.Exec(ctx, "DROP TABLE "+s.names.Qualified(name)); err != nil {
-				return dropped, fmt.Errorf("claimtx: drop detached partition %s: %w", name, err)
-			}
+		if err := drop(p, "", "drop detached partition "); err != nil {
+			return dropped, err
 		}
-		dropped = append(dropped, p)
 	}
 	if !cfg.DryRun {
 		horizon, err := s.horizon(ctx, conn, cfg.Retention)
@@ -553,14 +500,13 @@ WHERE n.nspname = $1 AND c.relkind = 'r' AND NOT c.relispartition AND (c.relname
 }
 
 // ddlTx runs fn in a transaction whose lock waits are bounded by LockWait,
-// retrying up to LockTries times when a lock wait times out. A DDL
-// statement queued for ACCESS EXCLUSIVE blocks every claim queued behind
-// it, so it must give up quickly rather than wait out a long transaction.
+// retrying up to LockTries times when a lock wait times out: DDL queued
+// for ACCESS EXCLUSIVE blocks every claim queued behind it, so it must
+// give up quickly rather than wait out a long transaction.
 func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig, fn func(pgx.Tx) error) error {
 	wait := pg.Millis(cfg.LockWait)
-	var err error
 	for attempt := 1; ; attempt++ {
-		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			if err := leaseOf(ctx).renewTx(ctx, tx); err != nil {
 				return err
 			}
@@ -578,9 +524,9 @@ func (s *Store) ddlTx(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConf
 	}
 }
 
-// dateLiteral renders a day as a SQL date literal. Only digits and dashes
-// come out of Format, so it is safe to splice into DDL (bounds of
-// partitions cannot be bind parameters).
+// dateLiteral renders a day as a SQL date literal, safe to splice into DDL
+// (Format yields only digits and dashes; partition bounds cannot be bind
+// parameters).
 func dateLiteral(day time.Time) string {
 	return "'" + day.UTC().Format(time.DateOnly) + "'::date"
 }

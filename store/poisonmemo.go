@@ -6,32 +6,31 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// Poison memos (middleware.Claim.PoisonMemo) obey the claims' retention:
-// Cleanup, on a plain claim table, and DropExpiredPartitions, on one
-// partitioned by event day, delete the memos last poisoned before the
-// horizon. Memos are not partitioned (there are few, one per dead-lettered
-// key), so both delete them by time, in batches, after the claims.
+// memoDB is the pool (a dry run) or the retention leader's connection.
+type memoDB interface {
+	poison.DB
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
 
-// cleanupMemos deletes the memos last poisoned before horizon, in batches
-// of cfg.BatchSize on conn (the retention leader's), each its own short
-// transaction with the batch timeout; with cfg.DryRun it counts them. A
-// schema without the memo table (migration 004 not applied) has none. A
-// role that may not delete from it (a least-privilege cleanup role
-// granted rights on the claim table only, before memos existed) leaves
-// the memos alone rather than failing the claims' cleanup after an
-// upgrade: docs/security.md says what to grant.
-func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon time.Time, cfg RetentionConfig) (int64, error) {
+// cleanupMemos deletes the poison memos (middleware.Claim.PoisonMemo) last
+// poisoned before horizon, after the claims: memos are few and not
+// partitioned, so both retention modes delete them by time, in batches of
+// cfg.BatchSize, each its own short transaction with the batch timeout;
+// with cfg.DryRun it counts them. A schema without the memo table has
+// none. A role that may not delete from it (a cleanup role granted rights
+// before memos existed) leaves the memos alone rather than failing the
+// claims' cleanup after an upgrade: docs/security.md says what to grant.
+func (s *Store) cleanupMemos(ctx context.Context, db memoDB, horizon time.Time, cfg RetentionConfig) (int64, error) {
 	need := []string{"SELECT", "DELETE"}
 	if cfg.DryRun {
 		need = need[:1]
 	}
-	exists, missing, err := pg.Lacking(ctx, conn, s.names.Render("{schema}.{memo}"), need...)
+	exists, missing, err := pg.Lacking(ctx, db, s.names.Render("{schema}.{memo}"), need...)
 	if err != nil {
 		return 0, fmt.Errorf("claimtx: check privileges on the poison memo table: %w", err)
 	}
@@ -39,12 +38,12 @@ func (s *Store) cleanupMemos(ctx context.Context, conn *pgxpool.Conn, horizon ti
 		return 0, nil
 	}
 	if cfg.DryRun {
-		return poison.CountMemosBefore(ctx, conn, s.names, horizon)
+		return poison.CountMemosBefore(ctx, db, s.names, horizon)
 	}
 	var total int64
 	for {
 		var n int64
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) (err error) {
+		err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) (err error) {
 			if err := leaseOf(ctx).renewTx(ctx, tx); err != nil {
 				return err
 			}

@@ -11,73 +11,50 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // ErrTransactionPooler is wrapped by the configuration errors of what
-// cannot work when the pool reaches PostgreSQL through a transaction (or
-// statement) pooler, such as PgBouncer with pool_mode=transaction: a pool
-// using pgx's statement cache (Migrate refuses it) and the outbox relay's
-// LISTEN (its Run refuses it). Match it with errors.Is.
+// cannot work through a transaction (or statement) pooler such as
+// PgBouncer with pool_mode=transaction: pgx's statement cache (Migrate
+// refuses it) and the outbox relay's LISTEN (Run refuses it).
 var ErrTransactionPooler = errors.New("claimtx: the pool reaches PostgreSQL through a transaction pooler (PgBouncer pool_mode=transaction?)")
 
-// pooler remembers the answer of the probe, which takes three connections'
-// worth of round trips: a Store asks once.
+// pooler remembers the probe's answer (nil until known): a Store asks once.
 type pooler struct {
 	mu     sync.Mutex
-	known  bool
-	pooled bool
+	pooled *bool
 }
 
 // BehindTransactionPooler reports whether the Store's pool reaches
-// PostgreSQL through a transaction (or statement) pooler, where a server
-// connection serves a client for one transaction only: session state
-// (LISTEN, session advisory locks, named prepared statements, SET) does
-// not survive from one transaction to the next. Migrate asks it first;
-// the answer is remembered for the Store.
+// PostgreSQL through a transaction (or statement) pooler, where session
+// state (LISTEN, session advisory locks, named prepared statements, SET)
+// does not survive from one transaction to the next. Migrate asks it
+// first; the answer is remembered for the Store.
 //
-// It compares server process ids: on one pooled connection, then on a
-// second, dedicated connection (opened with the pool's configuration,
-// outside it) holding a transaction, then on the first one again, five
-// times. A direct connection or a pooler in session mode keeps the first
-// connection on one server process that the second never shares; a
-// transaction pooler moves the first one, or lends its server to the
-// second. With PgBouncer's default LIFO reuse of idle servers one round
-// is certain; with server_round_robin=1, or other clients taking the
-// pooler's idle servers between the probe's statements, a round can miss
-// it, five rarely do; a miss means what needs a session fails later
-// instead of at start-up. Replicas whose probes starve each other of
-// servers (more probes than servers) let go and try again.
+// It compares server process ids of a pooled connection before and after
+// a second, dedicated connection holds a transaction, five rounds: a
+// direct connection or a session-mode pooler keeps the first on one server
+// that the second never shares; a transaction pooler moves it, or lends
+// its server to the second. One round is certain with PgBouncer's LIFO
+// reuse of idle servers; with server_round_robin=1 or busy neighbours a
+// round can miss, five rarely do (a miss means what needs a session fails
+// later instead of at start-up).
 func (s *Store) BehindTransactionPooler(ctx context.Context) (bool, error) {
 	s.pooler.mu.Lock()
 	defer s.pooler.mu.Unlock()
-	if s.pooler.known {
-		return s.pooler.pooled, nil
+	if s.pooler.pooled != nil {
+		return *s.pooler.pooled, nil
 	}
 	pooled, err := probePooler(ctx, s.pool)
 	if err != nil {
 		return false, err
 	}
-	s.pooler.known, s.pooler.pooled = true, pooled
+	s.pooler.pooled = &pooled
 	return pooled, nil
 }
 
-// checkPooler refuses a pool whose query mode needs a session when the
-// pool has none to give.
-func (s *Store) checkPooler(ctx context.Context) error {
-	pooled, err := s.BehindTransactionPooler(ctx)
-	if err != nil {
-		return err
-	}
-	if pooled && pg.UnsafeBehindPooler(s.pool.Config().ConnConfig.DefaultQueryExecMode) {
-		return &framework.ConfigError{Field: "Pool", Reason: pg.PoolerReason, Err: probeFound{}}
-	}
-	return nil
-}
-
-// probeFound is ErrTransactionPooler as the probe reports it, saying how
-// it was found rather than repeating the reason.
+// probeFound is ErrTransactionPooler as the probe reports it.
 type probeFound struct{}
 
 func (probeFound) Error() string {
@@ -86,7 +63,7 @@ func (probeFound) Error() string {
 func (probeFound) Is(target error) bool { return target == ErrTransactionPooler }
 
 // probePooler is BehindTransactionPooler's probe, tried again while it is
-// starved (probeOnce).
+// starved.
 func probePooler(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	for attempt := 1; ; attempt++ {
 		pooled, err := probeOnce(ctx, pool)
@@ -94,45 +71,34 @@ func probePooler(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 			return pooled, err
 		}
 		if attempt == probeAttempts {
-			// Each time, the first connection could not run a statement
-			// while the second held a transaction: a connection of its
-			// own never waits for another's transaction, a pooler out of
-			// servers makes it.
+			// Each time the first connection waited while the second held
+			// a transaction: only a pooler out of servers makes it wait.
 			return true, nil
 		}
-		// Replicas starting together, each holding a server in its second
-		// connection while its first waits for one, starve each other:
-		// apart, at random, they do not.
+		// Replicas probing together starve each other of servers: apart,
+		// at random, they do not.
 		if err := pg.Sleep(ctx, time.Duration(50+rand.IntN(450))*time.Millisecond); err != nil {
 			return false, fmt.Errorf("claimtx: probe for a transaction pooler: %w", err)
 		}
 	}
 }
 
-// probeAttempts and probeHoldWait bound a starved probe: the first
-// connection's statement waits probeHoldWait while the second connection
-// holds its transaction, probeAttempts times.
+// A starved probe's first connection waits probeHoldWait for a server
+// while the second holds its transaction, probeAttempts times.
 const (
 	probeAttempts = 4
 	probeHoldWait = time.Second
 	probeRounds   = 5
 )
 
-// errProbeStarved: the probe's first connection got no server while its
-// second held a transaction.
 var errProbeStarved = errors.New("claimtx: probe for a transaction pooler: starved")
 
-// probeOnce is one probe: probeRounds rounds on the same two connections,
-// since a pooler busy with other clients may hand the first connection
-// its last server back by chance in one round, never in all (a direct
-// connection's server never changes, so a change is certain). Every
-// statement runs in the simple protocol, so the probe cannot itself trip
-// over the pooler it looks for (pgx's default mode prepares statements).
+// probeOnce is one probe of probeRounds rounds on the same two
+// connections. Every statement runs in the simple protocol, so the probe
+// cannot itself trip over the pooler it looks for.
 func probeOnce(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
 	simple := pgx.QueryExecModeSimpleProtocol
-	pid := func(ctx context.Context, q interface {
-		QueryRow(context.Context, string, ...any) pgx.Row
-	}) (int32, error) {
+	pid := func(ctx context.Context, q pg.Querier) (int32, error) {
 		var p int32
 		err := q.QueryRow(ctx, "SELECT pg_backend_pid()", simple).Scan(&p)
 		return p, err

@@ -23,8 +23,7 @@ type KafkaPosition struct {
 }
 
 // kafkaPositions reads every stored position, by consumer, topic and
-// partition: one row per partition, a small table. A schema migrated
-// before the table existed has none.
+// partition; none on a schema migrated before the table existed.
 func (s *Store) kafkaPositions(ctx context.Context) ([]KafkaPosition, error) {
 	rows, err := s.pool.Query(ctx, s.names.Render(`SELECT consumer, topic, partition, settled_below, updated_at
 FROM {schema}.kafka_positions ORDER BY consumer, topic, partition`))

@@ -25,8 +25,9 @@ func storePositions(t *testing.T, st *store.Store, consumer string, ps ...claims
 
 func loadPositions(t *testing.T, st *store.Store, consumer, topic string, parts ...int32) map[int32]int64 {
 	t.Helper()
-	l := claimsql.Loader{Pool: st.Pool(), Stmts: claimsql.PositionsFor(st.Config().Schema), Consumer: consumer}
-	got, err := l.LoadPositions(context.Background(), topic, parts)
+	stmts := claimsql.PositionsFor(st.Config().Schema)
+	stmts.Pool = st.Pool()
+	got, err := stmts.Loader(consumer).LoadPositions(context.Background(), topic, parts)
 	require.NoError(t, err)
 	return got
 }

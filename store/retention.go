@@ -17,14 +17,11 @@ import (
 
 // Errors of the retention API, matched with errors.Is.
 var (
-	// ErrNotLeader is returned when another process (any instance, any
-	// host) already runs retention work on the same claim table. It is not
-	// a failure: exactly one cleaner at a time is the point. The leader
-	// holds a lease (a row of <schema>.claimtx_lease) that it renews in
-	// every transaction; a leader that dies leaves it to expire 30 s after
-	// its last renewal. A run whose lease another process took over (it
-	// stalled past those 30 s) stops with ErrNotLeader too, without
-	// committing anything more.
+	// ErrNotLeader is returned when another process already runs retention
+	// work on the same claim table: not a failure, one cleaner at a time is
+	// the point. The leader's lease (a row of <schema>.claimtx_lease)
+	// expires 30 s after its last renewal; a run whose lease was taken over
+	// meanwhile stops with ErrNotLeader too, committing nothing more.
 	ErrNotLeader = errors.New("claimtx: not leader: another process holds the retention lease for this claim table")
 	// ErrPartitioned is returned by Cleanup on a partitioned claim table,
 	// whose retention drops whole days (DropExpiredPartitions) instead of
@@ -35,32 +32,25 @@ var (
 	ErrNoClaimTable = errors.New("claimtx: the claim table does not exist (run Migrate first)")
 )
 
-// RetentionConfig says how long claims are kept, and how the store gets
-// rid of older ones: Cleanup deletes them, in batches, from a plain claim
-// table; on a table partitioned by event day (EnablePartitioning),
-// CreatePartitionsAhead and DropExpiredPartitions maintain the day
-// partitions and drop expired days whole. Build it as a literal; zero
-// fields take their defaults. Use one value for every call, and the same
-// Retention for middleware.ExpiryGuard.
+// RetentionConfig says how long claims are kept and how Cleanup (plain
+// table) or the partition methods (partitioned table) get rid of older
+// ones. Zero fields take their defaults. Use one value for every call, and
+// the same Retention for middleware.ExpiryGuard.
 type RetentionConfig struct {
 	// Retention is how long a claim is kept. A duplicate arriving later
 	// than this after the original is applied again (plain table) or
 	// refused as expired (partitioned table), so it must exceed every
 	// redelivery and replay delay you tolerate. Cleanup measures it from
-	// the claim's processing time; partitioned mode from the message's
-	// event time, dropping a day partition once all its event times are
-	// older than now minus Retention (which must then be at least a day,
-	// the partition granularity). Defaults to 30 days.
+	// the processing time, partitioned mode from the event time (and needs
+	// at least a day). Defaults to 30 days.
 	Retention time.Duration
 	// MinRetention is the smallest Retention accepted without Force, a
 	// guard against a typo ("30h" for "30d") silently deleting a month of
 	// claims. Defaults to 7 days.
 	MinRetention time.Duration
-	// Force accepts a Retention below MinRetention. Sharp edge: every
-	// claim older than the retention is deleted, and duplicates of those
-	// messages will be applied again (or, partitioned, refused as expired:
-	// any consumer without an ExpiryGuard fails on them). Defaults to
-	// false.
+	// Force accepts a Retention below MinRetention. Sharp edge: duplicates
+	// of the messages whose claims go are applied again (or, partitioned,
+	// refused as expired). Defaults to false.
 	Force bool
 	// DryRun deletes, creates and drops nothing: Cleanup counts the claims
 	// it would delete (and takes no lock), CreatePartitionsAhead and
@@ -73,42 +63,32 @@ type RetentionConfig struct {
 	// [MinBatchSize, MaxBatchSize]; set all three equal for a fixed size.
 	// Defaults to 5000.
 	BatchSize int
-	// MinBatchSize bounds adaptive sizing from below. Defaults to 500, or
-	// BatchSize if smaller.
-	MinBatchSize int
-	// MaxBatchSize bounds adaptive sizing from above: a batch holds its
-	// row locks and WAL until it commits. Defaults to 50000, or BatchSize
-	// if larger.
-	MaxBatchSize int
-	// TargetBatchDuration is how long one batch should take. Short batches
-	// keep locks, WAL bursts and replication lag small; the batch size is
-	// scaled after each batch so its duration approaches this target.
-	// Defaults to 250ms.
+	// MinBatchSize and MaxBatchSize bound adaptive sizing (a batch holds
+	// its row locks and WAL until it commits). They default to 500 and
+	// 50000, or BatchSize if that is beyond.
+	MinBatchSize, MaxBatchSize int
+	// TargetBatchDuration is how long one batch should take: short batches
+	// keep locks, WAL bursts and replication lag small. Defaults to 250ms.
 	TargetBatchDuration time.Duration
 	// Pause is the wait between batches, leaving the disk and WAL to the
 	// hot path. Negative means no pause. Defaults to 100ms.
 	Pause time.Duration
-	// BatchTimeout bounds one batch statement (statement_timeout), so a
-	// pathological plan cannot hold locks for long. Defaults to 1 minute.
+	// BatchTimeout bounds one batch statement (statement_timeout).
+	// Defaults to 1 minute.
 	BatchTimeout time.Duration
 	// Vacuum runs VACUUM (ANALYZE) on the claim table after a Cleanup that
-	// deleted rows, for servers where autovacuum is off or too slow to
-	// keep up. Defaults to false (leave it to autovacuum).
+	// deleted rows, where autovacuum does not keep up. Defaults to false.
 	Vacuum bool
 	// OnProgress, when set, is called on the cleaning goroutine with the
-	// result so far, once before Cleanup's first batch (Batches 0) and
-	// after every batch.
+	// result so far, before Cleanup's first batch and after every batch.
 	OnProgress func(CleanupResult)
 
-	// Ahead is how many days after today (UTC) get a partition, so that
-	// maintenance can skip runs and producers' clocks can run a little
-	// fast. Run maintenance at least every Ahead days. At most 366.
-	// Defaults to 7.
+	// Ahead is how many days after today (UTC) get a partition: run
+	// maintenance at least every Ahead days. At most 366. Defaults to 7.
 	Ahead int
-	// LockWait bounds each wait of partition DDL for a lock that would
-	// block claims while queued (ACCESS EXCLUSIVE during the conversion):
-	// past it the DDL gives up and retries, instead of stalling every
-	// consumer behind a long transaction. Defaults to 2s.
+	// LockWait bounds each wait of partition DDL for a lock that blocks
+	// claims while queued: past it the DDL gives up and retries instead of
+	// stalling every consumer behind a long transaction. Defaults to 2s.
 	LockWait time.Duration
 	// LockTries is how many times such DDL is attempted. Defaults to 5.
 	LockTries int
@@ -120,28 +100,23 @@ type CleanupResult struct {
 	// Horizon is the cut-off used (database clock): processed_at < Horizon
 	// was deleted, everything else was not touched.
 	Horizon time.Time
-	// Deleted is the number of claims deleted.
-	Deleted int64
-	// Batches is the number of delete statements run.
-	Batches int
+	Deleted int64 // claims deleted
+	Batches int   // delete statements run
 	// WouldDelete and Oldest are set by a DryRun only: the number of
 	// claims processed before Horizon, and the oldest processed_at among
 	// them (zero when none).
 	WouldDelete int64
 	Oldest      time.Time
-	// Duration is the wall time of the run (so far).
-	Duration time.Duration
+	Duration    time.Duration // wall time of the run (so far)
 	// BatchRows and BatchDuration describe the last batch, NextBatchSize
 	// the size the next batch will ask for.
 	BatchRows     int64
 	BatchDuration time.Duration
 	NextBatchSize int
-	// Vacuumed is true when VACUUM (ANALYZE) ran after the deletes.
-	Vacuumed bool
+	Vacuumed      bool // VACUUM (ANALYZE) ran after the deletes
 	// Memos is the number of poison memos (middleware.Claim.PoisonMemo)
-	// last poisoned before Horizon that were deleted after the claims; a
-	// DryRun counts them instead. 0 when the role may not delete from
-	// (or read) the memo table: memos are then left alone.
+	// last poisoned before Horizon deleted after the claims (a DryRun
+	// counts them); 0 when the role may not delete them.
 	Memos int64
 }
 
@@ -160,10 +135,9 @@ func (c RetentionConfig) withDefaults() RetentionConfig {
 	return c
 }
 
-// Validate reports the first invalid field as a *framework.ConfigError.
-// Cleanup and the partition methods validate their configuration
-// themselves; Validate is for checking one before there is a Store to
-// call (the claimtx CLI refuses bad flags before connecting).
+// Validate reports the first invalid field as a *framework.ConfigError,
+// for checking a configuration before there is a Store to call (Cleanup
+// and the partition methods validate theirs).
 func (c RetentionConfig) Validate() error {
 	for _, f := range []struct {
 		name     string
@@ -207,34 +181,19 @@ func (c RetentionConfig) validatePartitioned() error {
 	return nil
 }
 
-// Cleanup deletes claims processed before now minus cfg.Retention, in small
-// batches, until none are left. Why it is shaped like this:
-//
-//   - One leader: a lease row in the schema, taken only when free or
-//     expired, makes every other concurrent Cleanup (on any instance)
-//     return ErrNotLeader at once instead of competing for the same rows
-//     and deadlocking. Each batch renews it in its own statement and
-//     deletes nothing if another leader took it over. Unlike a session
-//     lock it works behind a transaction pooler.
-//   - Small batches, each its own transaction: a batch selects the oldest
-//     ctids below the horizon through the processed_at index (resuming
-//     where the previous batch stopped, so dead index entries are not
-//     rescanned), deletes exactly those, and commits. Locks, WAL bursts and
-//     replication lag stay small, and an interruption loses at most one
-//     batch. The batch size adapts toward TargetBatchDuration.
-//   - Never inside the window: both the selection and the delete re-check
-//     processed_at < horizon, with the horizon fixed once per run from the
-//     database clock (not the application's).
-//   - Off the hot path: batches never share a transaction with claims, run
-//     with synchronous_commit off (a lost delete is redone next run) and a
-//     statement timeout, and pause between each other.
-//
-// Interrupt it by cancelling ctx; the result then reports what was done and
-// the error wraps ctx's. Run it again to resume: it simply continues with
-// what is left. Cleanup refuses a partitioned table (ErrPartitioned).
-//
-// After the claims, it deletes the poison memos (middleware.Claim.PoisonMemo)
-// last poisoned before the same horizon, in batches (CleanupResult.Memos).
+// Cleanup deletes claims processed before now minus cfg.Retention (on the
+// database clock), in small batches until none are left, and then the
+// poison memos (middleware.Claim.PoisonMemo) last poisoned before the same
+// horizon. One leader at a time: a lease row, renewed by every batch's own
+// statement, makes every other concurrent Cleanup return ErrNotLeader at
+// once and works behind a transaction pooler. Each batch is its own
+// transaction (synchronous_commit off, a statement timeout), deletes the
+// oldest ctids below the horizon from where the last batch stopped,
+// re-checks the horizon in the delete, and adapts its size toward
+// TargetBatchDuration. Cancel ctx to interrupt it (the result says what
+// was done, the error wraps ctx's) and run it again to resume. It refuses
+// a partitioned table (ErrPartitioned). docs/operations.md has the
+// details.
 func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupResult, err error) {
 	if err := cfg.Validate(); err != nil {
 		return CleanupResult{}, err
@@ -260,16 +219,10 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupRe
 			return res, fmt.Errorf("claimtx: cleanup dry run: %w", err)
 		}
 		res.Oldest = oldest.Time
-		conn, err := s.pool.Acquire(ctx)
-		if err != nil {
-			return res, fmt.Errorf("claimtx: cleanup dry run: %w", err)
+		if res.Memos, err = s.cleanupMemos(ctx, s.pool, res.Horizon, cfg); err == nil {
+			res.Duration = time.Since(start)
 		}
-		defer conn.Release()
-		if res.Memos, err = s.cleanupMemos(ctx, conn, res.Horizon, cfg); err != nil {
-			return res, err
-		}
-		res.Duration = time.Since(start)
-		return res, nil
+		return res, err
 	}
 
 	ctx, conn, l, err := s.lockRetention(ctx)
@@ -288,10 +241,12 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupRe
 		}
 	}
 	report()
+	interrupted := func(err error) error {
+		return fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
+	}
 
-	// The lease is renewed by the batch's own statement, and the batch
-	// deletes nothing unless it still is this run's (see renewSQL): a run
-	// whose lease another leader took stops without touching a row.
+	// The batch renews the lease in its own statement and deletes nothing
+	// unless the lease still is this run's (see renewSQL).
 	deleteSQL := s.names.Render(`WITH lease AS (
     UPDATE {schema}.claimtx_lease SET expires_at = now() + $6 * interval '1 microsecond'
     WHERE name = $4 AND holder = $5 RETURNING true
@@ -307,16 +262,14 @@ func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupRe
 )
 SELECT EXISTS (SELECT FROM lease), count(*), max(processed_at) FROM deleted`)
 	timeout := pg.Millis(cfg.BatchTimeout)
-	// The first batch starts below every real timestamp; each later batch
-	// starts at the newest processed_at the previous one deleted, so the
-	// index scan skips the dead entries of earlier batches instead of
-	// wading through them again. ">=" keeps rows sharing that timestamp;
-	// the ones already deleted are simply not visible any more.
+	// Each batch starts at the newest processed_at the previous one
+	// deleted, so the index scan skips the dead entries of earlier batches.
+	// ">=" keeps rows sharing that timestamp; deleted ones are invisible.
 	from := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	size := cfg.BatchSize
 	for {
 		if err := ctx.Err(); err != nil {
-			return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
+			return res, interrupted(err)
 		}
 		var leased bool
 		var n int64
@@ -331,7 +284,7 @@ SELECT EXISTS (SELECT FROM lease), count(*), max(processed_at) FROM deleted`)
 		took := time.Since(batchStart)
 		if err != nil {
 			if ctx.Err() != nil {
-				return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, ctx.Err())
+				return res, interrupted(ctx.Err())
 			}
 			return res, fmt.Errorf("claimtx: cleanup batch %d: %w", res.Batches+1, err)
 		}
@@ -344,8 +297,8 @@ SELECT EXISTS (SELECT FROM lease), count(*), max(processed_at) FROM deleted`)
 		if last.Valid {
 			from = last
 		}
-		asked := size
-		if n == int64(asked) {
+		full := n == int64(size)
+		if full {
 			size = nextBatchSize(size, took, cfg)
 		}
 		res.BatchRows, res.BatchDuration, res.NextBatchSize = n, took, size
@@ -353,9 +306,9 @@ SELECT EXISTS (SELECT FROM lease), count(*), max(processed_at) FROM deleted`)
 		if n == 0 {
 			break
 		}
-		if n == int64(asked) && cfg.Pause > 0 {
+		if full && cfg.Pause > 0 {
 			if err := pg.Sleep(ctx, cfg.Pause); err != nil {
-				return res, fmt.Errorf("claimtx: cleanup interrupted after %d claims: %w", res.Deleted, err)
+				return res, interrupted(err)
 			}
 		}
 	}
@@ -363,24 +316,19 @@ SELECT EXISTS (SELECT FROM lease), count(*), max(processed_at) FROM deleted`)
 		return res, err
 	}
 	if cfg.Vacuum && res.Deleted > 0 {
-		if err := l.renew(ctx); err != nil {
+		if err := execRenewed(ctx, conn, s.names.Render("VACUUM (ANALYZE) {schema}.{claims}"), "vacuum after cleanup"); err != nil {
 			return res, err
-		}
-		if _, err := conn.Exec(ctx, s.names.Render("VACUUM (ANALYZE) {schema}.{claims}")); err != nil {
-			return res, fmt.Errorf("claimtx: vacuum after cleanup: %w", err)
 		}
 		res.Vacuumed = true
 	}
 	return res, nil
 }
 
-// batchSettings, given a statement timeout, sets it and turns
-// synchronous_commit off for one retention batch's transaction: a lost
-// delete is redone next run.
+// batchSettings sets a retention batch's statement timeout and turns
+// synchronous_commit off: a lost delete is redone next run.
 const batchSettings = "SELECT set_config('statement_timeout', $1, true), set_config('synchronous_commit', 'off', true)"
 
-// horizon is now minus retention on the database clock (not the
-// application's): claims and memos older than that are deleted.
+// horizon is now minus retention on the database clock.
 func (s *Store) horizon(ctx context.Context, q pg.Querier, retention time.Duration) (time.Time, error) {
 	var h time.Time
 	if err := q.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", retention.Microseconds()).Scan(&h); err != nil {
@@ -399,13 +347,12 @@ func nextBatchSize(size int, took time.Duration, cfg RetentionConfig) int {
 	return min(max(int(ideal), cfg.MinBatchSize), cfg.MaxBatchSize)
 }
 
-// lockRetention takes the retention lease of the Store's claim table (see
-// lease) and a connection for the run. The returned context is the run's:
-// it carries the lease (leaseOf) and is cancelled with cause ErrNotLeader
-// when the lease is lost. End the run with l.release(&err), which also
-// returns the connection.
+// lockRetention takes the retention lease and a connection for the run.
+// The returned context carries the lease (leaseOf) and is cancelled with
+// cause ErrNotLeader when it is lost. End the run with l.release(&err),
+// which also returns the connection.
 func (s *Store) lockRetention(ctx context.Context) (context.Context, *pgxpool.Conn, *lease, error) {
-	ctx, l, err := s.acquireLease(ctx, true)
+	ctx, l, err := s.acquireLease(ctx)
 	if err != nil {
 		return ctx, nil, nil, err
 	}
@@ -419,9 +366,8 @@ func (s *Store) lockRetention(ctx context.Context) (context.Context, *pgxpool.Co
 	return context.WithValue(ctx, leaseKey{}, l), conn, l, nil
 }
 
-// claimTableKind returns the claim table's pg_class.relkind: "r" for a
-// plain table, "p" for a partitioned one. A missing table is
-// ErrNoClaimTable: no caller can do anything with it but refuse.
+// claimTableKind returns the claim table's relkind: "r" plain, "p"
+// partitioned; ErrNoClaimTable when it is missing.
 func (s *Store) claimTableKind(ctx context.Context, q pg.Querier) (string, error) {
 	var kind string
 	err := q.QueryRow(ctx, `SELECT c.relkind::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace

@@ -18,20 +18,15 @@ type ConsumerStats struct {
 
 // Stats describes the claim table, for sizing and retention decisions.
 type Stats struct {
-	// Partitioned is true when the table is partitioned by event day.
-	Partitioned bool
-	// Partitions counts the partitions (0 for a plain table).
-	Partitions int
-	// Consumers holds per-consumer counts, ordered by consumer name.
-	Consumers []ConsumerStats
-	// Claims is the total number of claims.
-	Claims int64
+	Partitioned bool            // partitioned by event day
+	Partitions  int             // 0 for a plain table
+	Consumers   []ConsumerStats // ordered by consumer name
+	Claims      int64           // in total
 	// TableBytes is the size of the rows (heap and TOAST, all partitions);
 	// IndexBytes the size of every index on them.
 	TableBytes, IndexBytes int64
-	// BytesPerClaim is (TableBytes+IndexBytes)/Claims, what a claim costs
-	// on disk including dead space not yet reused: multiply by your
-	// message rate and retention window to size the table.
+	// BytesPerClaim is (TableBytes+IndexBytes)/Claims, dead space
+	// included: times message rate and retention, the table's size.
 	BytesPerClaim float64
 	// KafkaPositions are the stored Kafka positions of every consumer of
 	// the schema, by consumer, topic and partition.
@@ -50,18 +45,16 @@ func (s *Store) Stats(ctx context.Context) (Stats, error) {
 	st.Partitioned = kind == "p"
 	rows, err := s.pool.Query(ctx, s.names.Render(`SELECT consumer, count(*), min(processed_at), max(processed_at)
 FROM {schema}.{claims} GROUP BY consumer ORDER BY consumer`))
-	if err != nil {
-		return st, fmt.Errorf("claimtx: stats: %w", err)
+	if err == nil {
+		st.Consumers, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ConsumerStats]) // the columns in field order
 	}
-	st.Consumers, err = pgx.CollectRows(rows, pgx.RowToStructByPos[ConsumerStats]) // the columns in field order
 	if err != nil {
 		return st, fmt.Errorf("claimtx: stats: %w", err)
 	}
 	for _, c := range st.Consumers {
 		st.Claims += c.Claims
 	}
-	// pg_partition_tree lists nothing for a plain table: size the table
-	// itself then.
+	// pg_partition_tree lists nothing for a plain table: size the table.
 	err = s.pool.QueryRow(ctx, `WITH leaves AS (
     SELECT relid FROM pg_partition_tree($1::regclass) WHERE isleaf
     UNION ALL

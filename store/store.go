@@ -11,9 +11,7 @@ import (
 	"github.com/claimtx/claimtx/store/internal/outboxsql"
 )
 
-// Store is claimtx's Postgres layer. It is safe for concurrent use; it holds
-// no state besides its configuration, the pool and what it learnt about
-// the pool (BehindTransactionPooler).
+// Store is claimtx's Postgres layer. It is safe for concurrent use.
 type Store struct {
 	pool  *pgxpool.Pool
 	cfg   Config
@@ -23,9 +21,8 @@ type Store struct {
 	positions *claimsql.PositionStatements
 	outbox    *outboxsql.Statements
 
-	pooler pooler
-	// leaseTTL is leaseTTL; tests shorten it.
-	leaseTTL time.Duration
+	pooler   pooler
+	leaseTTL time.Duration // leaseTTL; tests shorten it
 }
 
 // New validates cfg and returns a Store using pool. It does not touch the

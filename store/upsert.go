@@ -23,20 +23,17 @@ type Execer interface {
 const defaultVersionColumn = "version"
 
 // VersionedUpsertConfig describes a last-writer-wins projection table.
-// Every name is validated like claimtx's own (lower case, ^[a-z_][a-z0-9_]*$,
-// at most 63 bytes) and always quoted, so a configuration can never inject
-// SQL; tables with upper-case or otherwise exotic names need a view.
+// Names are validated like claimtx's own (^[a-z_][a-z0-9_]*$, at most 63
+// bytes) and always quoted; exotic table names need a view.
 type VersionedUpsertConfig struct {
-	// Schema qualifies Table. Defaults to "" (the connection's search_path).
-	Schema string
-	// Table is the projection table. Required.
-	Table string
+	Schema string // qualifies Table; defaults to "" (the search_path)
+	Table  string // the projection table; required
 	// Key lists the columns of the table's primary key or of a unique
 	// constraint: the identity of one projected entity. Required.
 	Key []string
-	// Version is the column holding the producer's version or sequence
-	// number of the entity's state. A write applies only when its version
-	// is strictly greater than the stored one. Defaults to "version".
+	// Version is the column holding the producer's version of the state:
+	// a write applies only when its version is strictly greater than the
+	// stored one. Defaults to "version".
 	Version string
 	// Columns are the other columns written (the projected state). They
 	// are inserted, and replaced on a newer version. Defaults to none.
@@ -45,16 +42,14 @@ type VersionedUpsertConfig struct {
 
 // VersionedUpsert writes state rows that tolerate duplicates and
 // reordering without any claim: an older or equal version never overwrites
-// a newer one, so delivering versions 3, 1, 2, 3, 2 in any order, at any
-// concurrency, leaves version 3. It builds, once,
+// a newer one. It builds, once,
 //
 //	INSERT INTO t AS t (key…, version, columns…) VALUES ($1, …)
 //	ON CONFLICT (key…) DO UPDATE SET version = EXCLUDED.version, columns… = EXCLUDED.columns…
 //	WHERE t.version < EXCLUDED.version
 //
-// Use it for state (a customer's current address, an order's status), never
-// for increments: "add 10 points" applied twice is wrong whatever the
-// version says. It is safe for concurrent use.
+// Use it for state (an address, a status), never for increments. It is
+// safe for concurrent use.
 type VersionedUpsert struct {
 	sql   string
 	nargs int
@@ -110,15 +105,10 @@ func NewVersionedUpsert(cfg VersionedUpsertConfig) (*VersionedUpsert, error) {
 	return &VersionedUpsert{sql: sql, nargs: len(all)}, nil
 }
 
-// Exec writes one entity's state through db (a transaction, the pool, a
-// connection). args are the values in configuration order: Key columns,
-// then Version, then Columns. It reports whether the row was inserted or
-// updated; false means the stored version was already at least as new (a
-// duplicate or a late, older event), which is not an error.
-//
-// Under the claim middleware's natural-key mode a handler can return
-// framework.ErrAlreadyApplied when applied is false to count stale writes as
-// duplicates.
+// Exec writes one entity's state through db, args in configuration order
+// (Key columns, Version, Columns). applied is false when the stored
+// version was already at least as new, which is not an error; under the
+// natural-key mode a handler can then return framework.ErrAlreadyApplied.
 func (u *VersionedUpsert) Exec(ctx context.Context, db Execer, args ...any) (applied bool, err error) {
 	if db == nil {
 		return false, errors.New("claimtx: versioned upsert needs a transaction, pool or connection")

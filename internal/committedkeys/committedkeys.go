@@ -1,19 +1,13 @@
 // Package committedkeys is the committed-key cache of the claim
-// middleware: the keys whose claims this process saw committed, so a
-// duplicate storm (a replay, a group reset, a producer re-sending) is
-// answered in process instead of by a claim transaction each.
+// middleware (docs/operations.md#committed-key-cache): the keys whose
+// claims this process saw committed, so a duplicate storm is answered in
+// process. It only says "committed", never "new": a miss goes to the
+// database. Entries expire well inside the claim retention, so a claim
+// still exists for every live entry unless someone deleted it early.
 //
-// The cache only says "committed", never "new": a miss goes to the
-// database, which stays the judge. Callers add a key only once a claim
-// transaction committed (its own claim, or its claim statement's conflict
-// with a committed one); an entry expires ttl after it was added, well
-// inside the claim retention, so a claim still exists for every live entry
-// unless someone deleted it early (see docs/operations.md).
-//
-// Entries are 128-bit keyed hashes, not the keys: two independent 64-bit
-// maphash values of (consumer, event day, key) under seeds drawn at random
-// for each cache, so memory does not grow with key length and a false hit
-// (two keys with one hash) needs a 128-bit collision an attacker cannot aim
+// Entries are two independent 64-bit maphash values of (consumer, event
+// day, key) under random per-cache seeds: memory does not grow with key
+// length, and a false hit needs a 128-bit collision an attacker cannot aim
 // at without the seeds.
 package committedkeys
 
@@ -28,13 +22,11 @@ import (
 // Defaults of middleware.Claim's CommittedKeys and CommittedKeysTTL,
 // here so that framework/consumer can cap the TTL by its Retention.
 const (
-	// DefaultSize: 100,000 keys hold about 6 MB (BenchmarkMemory: about
-	// 62 bytes per entry) and cover the last minutes of a replay at
-	// thousands of messages per second.
+	// DefaultSize: about 6 MB (BenchmarkMemory), the last minutes of a
+	// replay at thousands of messages per second.
 	DefaultSize = 100_000
-	// DefaultTTL covers redeliveries after a rebalance or a neighbour's
-	// restart and a producer's re-sends, and is a fraction of any claim
-	// retention the store accepts.
+	// DefaultTTL covers redeliveries after a rebalance and a producer's
+	// re-sends, a fraction of any claim retention the store accepts.
 	DefaultTTL = 10 * time.Minute
 )
 
@@ -45,8 +37,8 @@ type Hash [2]uint64
 type entry struct {
 	h Hash
 	// at is when the entry was added, in nanoseconds since the cache's
-	// epoch, its two lowest bits the flags below: they cost 3 ns of
-	// precision rather than 8 bytes more per entry.
+	// epoch, its two lowest bits the flags below (3 ns of precision rather
+	// than 8 bytes more per entry).
 	at int64
 }
 
@@ -60,9 +52,8 @@ const (
 // added is when e was added, without its flags.
 func (e entry) added() int64 { return e.at &^ flagBits }
 
-// maxShards bounds the shards, each with its own lock, so concurrent
-// consumers rarely wait on each other. minPerShard keeps small caches in
-// one shard: their bound is then exact.
+// maxShards bounds the shards, each with its own lock; minPerShard keeps
+// small caches in one shard, whose bound is exact.
 const (
 	maxShards   = 64
 	minPerShard = 1024
@@ -71,24 +62,21 @@ const (
 // Cache is a bounded set of hashes that expire. The zero value is not
 // usable; a nil *Cache is an empty cache that keeps nothing.
 type Cache struct {
-	ttl    int64
-	now    func() time.Time
-	epoch  time.Time
-	s1, s2 maphash.Seed
-	mask   uint64
-	shards []shard
-	// readHits counts the hits on entries added by AddRead.
-	readHits atomic.Int64
+	ttl      int64
+	now      func() time.Time
+	epoch    time.Time
+	s1, s2   maphash.Seed
+	mask     uint64
+	shards   []shard
+	readHits atomic.Int64 // hits on entries added by AddRead
 }
 
-// shard holds its entries in a ring in insertion order (for expiry and
-// eviction, oldest first), indexed by a map from the hash's first half to
-// the ring slot; the slot holds the whole hash, so a lookup compares all
-// 128 bits. Two live hashes of one shard with the same first half (rare)
-// keep only the newer one indexed: the older one misses, which costs a
-// round trip, never a wrong answer. An entry re-added after it expired
-// appears twice in the ring; the older slot is no longer indexed and only
-// drops itself.
+// shard holds its entries in a ring in insertion order (expiry and
+// eviction go oldest first), indexed by the hash's first half; a lookup
+// compares all 128 bits. Of two live hashes sharing a first half (rare)
+// only the newer is indexed: the older misses, costing a round trip, never
+// a wrong answer. An entry re-added after it expired appears twice in the
+// ring; the older, unindexed slot only drops itself.
 type shard struct {
 	mu   sync.Mutex
 	m    map[uint64]uint32
@@ -120,8 +108,8 @@ func New(size int, ttl time.Duration, now func() time.Time) *Cache {
 	return c
 }
 
-// Key hashes (consumer, day, key); day is the claim's event day in Unix
-// days, 0 for a claim without one.
+// Key hashes (consumer, day, key); day is the event day in Unix days, 0
+// for none.
 func (c *Cache) Key(consumer string, day int64, key string) Hash {
 	if c == nil {
 		return Hash{}
@@ -149,8 +137,7 @@ func (c *Cache) clock() int64 { return int64(c.now().Sub(c.epoch)) }
 func (c *Cache) shard(h Hash) *shard { return &c.shards[h[0]&c.mask] }
 
 // Lookup reports whether h was added less than the ttl ago and not
-// evicted since, and whether the hit was the first on an entry AddRead
-// marked.
+// evicted since, and whether it was the first hit on an AddRead mark.
 func (c *Cache) Lookup(h Hash) (hit, mark bool) {
 	if c == nil {
 		return false, false
@@ -182,15 +169,13 @@ func (c *Cache) TakeReadHits() int64 {
 }
 
 // Add records h as committed now, evicting the oldest entry of its shard
-// when the shard is full. An entry still live is left as it is: its time
-// is when the database first said so, and a twin's confirmation adds
-// nothing.
+// when full. A live entry is left as it is: its age counts from the
+// database's first answer.
 func (c *Cache) Add(h Hash) { c.add(h, 0) }
 
-// AddRead is Add for a key read ahead of the stream (a claim the
-// database showed committed before any message asked for it); hits on it
-// are counted for TakeReadHits. With mark, the first hit on it says so
-// (Lookup): the stream reached it, time to read further.
+// AddRead is Add for a key read ahead of the stream; hits on it are
+// counted for TakeReadHits. With mark, the first hit on it says so
+// (Lookup): time to read further.
 func (c *Cache) AddRead(h Hash, mark bool) {
 	if mark {
 		c.add(h, readBit|markBit)
@@ -245,9 +230,8 @@ func (s *shard) pop() {
 	s.n--
 }
 
-// push appends at the newest end and returns the slot, growing the ring
-// (doubling, up to max, re-indexing the slots that move) while it is full
-// and below max.
+// push appends at the newest end and returns the slot, growing a full
+// ring below max (doubling, re-indexing the slots that move).
 func (s *shard) push(e entry) int {
 	if s.n == len(s.ring) {
 		grown := make([]entry, min(max(2*len(s.ring), 16), s.max))

@@ -10,9 +10,8 @@ import (
 // synchronous_commit its COMMIT waits for.
 type TxOptions struct {
 	pgx.TxOptions
-	// SynchronousCommit is set for the transaction (set_config(…, true))
-	// in the claim's first round trip, beside the lock_timeout; "" sends
-	// nothing, so a claim without it costs exactly what it did before.
+	// SynchronousCommit is set for the transaction in the claim's first
+	// round trip, beside the lock_timeout; "" sends nothing.
 	SynchronousCommit string
 }
 
@@ -25,8 +24,7 @@ const (
 
 // CheckSynchronousCommit returns why v cannot be a claim transaction's
 // synchronous_commit, nil when it can. Postgres' synonyms (true, yes, 1)
-// are refused with the rest, so the setting reads the same wherever it is
-// written and compared.
+// are refused, so the setting reads the same wherever it is compared.
 func CheckSynchronousCommit(v string) error {
 	switch v {
 	case "", "on", SyncRemoteWrite, SyncRemoteApply, "local":

@@ -1,9 +1,5 @@
 package pg
 
-// Classify and Cause classify database errors for the retry decision. It is
-// the one place in claimtx that reads SQLSTATE codes; everything else
-// branches on a Cause (or on store.IsTransient), never on error text.
-
 import (
 	"context"
 	"errors"
@@ -14,34 +10,28 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Cause is what made a database operation fail, as far as retrying it is
-// concerned.
+// Cause is what made a database operation fail, for the retry decision.
+// This file is the one place in claimtx that reads SQLSTATE codes.
 type Cause int
 
 const (
 	// None: not a recognised transient condition (including nil).
 	None Cause = iota
-	// Serialization: SQLSTATE 40001, a SERIALIZABLE or REPEATABLE READ
-	// conflict. Retrying the whole transaction sees the committed twin.
+	// Serialization: SQLSTATE 40001. A retry sees the committed twin.
 	Serialization
 	// Deadlock: SQLSTATE 40P01.
 	Deadlock
-	// ClaimWait: SQLSTATE 55P03 lock_not_available, raised when the claim
-	// (or any lock) waited longer than lock_timeout behind a twin.
+	// ClaimWait: SQLSTATE 55P03, a lock wait past lock_timeout.
 	ClaimWait
 	// Connection: the connection was lost or could not be made, or the
 	// server is shutting down (SQLSTATE class 08, 57P01-57P03).
 	Connection
-	// UniqueViolation: SQLSTATE 23505. Not transient: inside the claim
-	// transaction it means the handler's own effect conflicted, which a
-	// retry of the same message will meet again. Natural-key modes use ON
-	// CONFLICT rather than relying on it.
+	// UniqueViolation: SQLSTATE 23505. Not transient: the handler's own
+	// effect conflicted, and a retry will meet it again.
 	UniqueViolation
 )
 
-// String returns the label used in metrics and in middleware's retry
-// reports ("serialization", "deadlock", "claim_wait", "connection",
-// "unique_violation", "none").
+// String returns the label used in metrics and retry reports.
 func (c Cause) String() string {
 	if c < 0 || int(c) >= len(causeLabels) {
 		return causeLabels[None]
@@ -61,8 +51,8 @@ func (c Cause) Transient() bool {
 	return false
 }
 
-// Classify returns the Cause of err. A cancelled or expired context is never
-// transient: the caller gave up, and retrying would ignore that.
+// Classify returns the Cause of err. A cancelled or expired context is
+// None: the caller gave up.
 func Classify(err error) Cause {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return None
@@ -86,26 +76,15 @@ func Classify(err error) Cause {
 	}
 	var connErr *pgconn.ConnectError
 	var netErr net.Error
-	switch {
-	case pgconn.SafeToRetry(err),
-		errors.As(err, &connErr),
-		errors.As(err, &netErr),
-		errors.Is(err, io.EOF),
-		errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, net.ErrClosed):
+	if pgconn.SafeToRetry(err) || errors.As(err, &connErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
 		return Connection
 	}
-	// pgx reports a connection that died mid-query as a plain error whose
-	// only structured trait is that the conn is closed afterwards; the
-	// wrapped error is usually one of the above. Anything else is not ours
-	// to guess about.
 	return None
 }
 
-// SQLState returns the SQLSTATE of err, or "" when err carries none. The
-// store's retention, partition and claim code use it to translate their
-// few specific codes into claimtx errors; reading it here keeps SQLSTATE
-// codes out of everything else.
+// SQLState returns the SQLSTATE of err, or "" when err carries none, for
+// the store's few translations of specific codes into claimtx errors.
 func SQLState(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

@@ -2,9 +2,8 @@ package pg
 
 import "github.com/jackc/pgx/v5"
 
-// PoolerReason is what a configuration error says when pgx's statement
-// cache meets a transaction pooler: the store's start-up probe and the
-// consumer's start-up policy give the same advice, whichever sees it first.
+// PoolerReason is the configuration error's advice when pgx's statement
+// cache meets a transaction pooler, whoever sees it first.
 const PoolerReason = "reaches PostgreSQL through a transaction pooler (PgBouncer pool_mode=transaction?): " +
 	"pgx's statement cache cannot work there: add default_query_exec_mode=exec to the URL"
 
@@ -22,9 +21,7 @@ func UnsafeBehindPooler(mode pgx.QueryExecMode) bool {
 
 // IsPreparedStatementError reports whether err is the server refusing a
 // named prepared statement it does not have (26000) or already has
-// (42P05): what pgx's statement cache meets behind a transaction pooler
-// before anything has probed for one. Both codes are the server's for
-// prepared statements alone, so the text need not be read.
+// (42P05): pgx's statement cache behind a transaction pooler.
 func IsPreparedStatementError(err error) bool {
 	code := SQLState(err)
 	return code == "26000" || code == "42P05"

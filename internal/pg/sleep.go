@@ -13,10 +13,8 @@ func Millis(d time.Duration) string {
 	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
 }
 
-// Sleep waits for d, or until ctx is done, whichever comes first. It
-// returns ctx.Err() when ctx ended the wait and nil when d elapsed. It is
-// the one wait every Postgres loop of claimtx makes between attempts (a
-// retry backoff, a poll interval, a retention pause).
+// Sleep waits for d or until ctx is done, returning ctx.Err() in the
+// latter case.
 func Sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -1,8 +1,5 @@
 package pg
 
-// This file holds what store and middleware both do to a pgx
-// transaction they own, so the two cannot drift apart.
-
 import (
 	"context"
 	"time"
@@ -14,10 +11,10 @@ import (
 // enough that a dead one does not hold the caller.
 const rollbackTimeout = 5 * time.Second
 
-// Rollback ends tx without its changes, even when ctx is already done (a
-// shutdown cancelled the message), so the connection goes back to the pool
-// clean; the wait is bounded by rollbackTimeout. Its error is dropped: a
-// failed rollback closes the connection, which ends the transaction too.
+// Rollback ends tx, even when ctx is already done (a shutdown), so the
+// connection goes back to the pool clean, within rollbackTimeout. Its
+// error is dropped: a failed rollback closes the connection, which ends
+// the transaction too.
 func Rollback(ctx context.Context, tx pgx.Tx) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 	defer cancel()

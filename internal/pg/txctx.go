@@ -1,10 +1,5 @@
 package pg
 
-// WithTx and TxFrom carry the claim transaction in a context, WithKey and
-// KeyFrom the key it claims. The claim middleware puts them there;
-// framework.TxFromContext and framework.ClaimKey, the only ways users read
-// them, take them out. Both sides share these keys.
-
 import (
 	"context"
 
@@ -13,7 +8,8 @@ import (
 
 type txKey struct{}
 
-// WithTx returns a context carrying tx.
+// WithTx returns a context carrying tx, the claim transaction, for
+// framework.TxFromContext.
 func WithTx(ctx context.Context, tx pgx.Tx) context.Context {
 	return context.WithValue(ctx, txKey{}, tx)
 }
@@ -26,7 +22,8 @@ func TxFrom(ctx context.Context) (pgx.Tx, bool) {
 
 type keyKey struct{}
 
-// WithKey returns a context carrying the claimed key.
+// WithKey returns a context carrying the claimed key, for
+// framework.ClaimKey.
 func WithKey(ctx context.Context, key string) context.Context {
 	return context.WithValue(ctx, keyKey{}, key)
 }

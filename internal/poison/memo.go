@@ -28,23 +28,18 @@ func IsHit(err error) bool {
 }
 
 // Memoised reports whether a message poisoned because of err gets a memo:
-// not when it was poisoned as expired (older than the claims' retention:
-// every copy is expired anyway, and the expiry guard is cheaper than a
-// lookup).
+// not when expired (every copy is, and the expiry guard is cheaper).
 func Memoised(err error) bool {
 	return err != nil && !errors.As(err, new(*framework.ExpiredError))
 }
 
-// MemoRecordTimeout bounds recording one memo. It runs after the poisoned
-// copy was published and before the original is acked, on a context
-// detached from the message's (a shutdown must not cancel it half-way):
-// a database that does not answer delays the ack by this much at most,
-// and the memo is then missing, not the message.
+// MemoRecordTimeout bounds recording one memo, between publishing the
+// poisoned copy and acking the original, on a context detached from the
+// message's: a database that does not answer delays the ack this much at
+// most, and the memo is then missing, not the message.
 const MemoRecordTimeout = 2 * time.Second
 
-// DeadLetterRecordTimeout bounds recording one letter. It runs after the broker
-// refused the copy and before the original is acked, on a context detached
-// from the message's (a shutdown must not cancel it half-way): a database
-// that does not answer in time leaves the message nacked, so it comes back
-// and is tried again; it is never acked without its row.
+// DeadLetterRecordTimeout bounds recording one letter, likewise: a
+// database that does not answer in time leaves the message nacked, never
+// acked without its row.
 const DeadLetterRecordTimeout = 5 * time.Second

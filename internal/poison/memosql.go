@@ -1,17 +1,10 @@
 package poison
 
-// The SQL of the poison memo: the (consumer, key) of
-// every message that was dead-lettered, with the reason, the last time a
-// copy was poisoned and how many were. The claim middleware looks memos up
-// in the round trip of its claim (store/internal/claimsql) and sends a
-// memoised key straight to the poison destination without running the
-// handler; framework/consumer and middleware.Claim.RecordPoison record
-// memos through the store (pg.Claims); the claimtx CLI (unpoison,
-// explain), retention and the dead-letter replay read and clear them
-// through the functions below.
-//
-// The memo table is <claims table>_poison_memo in the claim table's schema
-// (pg.Names.Memo), created by migration 004.
+// The SQL of the poison memo (<claims table>_poison_memo, migration 004):
+// the (consumer, key) of every dead-lettered message, with the reason, the
+// last time a copy was poisoned and how many were. The claim middleware
+// looks memos up in its claim's round trip (store/internal/claimsql); the
+// CLI, retention and the dead-letter replay use the functions below.
 
 import (
 	"context"
@@ -27,13 +20,11 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// MaxMemoReasonBytes bounds a stored reason. The poisoned copy carries the
-// whole error text; the memo only has to say which failure it remembers,
-// and a panic's message or a driver error can be long.
+// MaxMemoReasonBytes bounds a stored reason: the memo only has to say
+// which failure it remembers.
 const MaxMemoReasonBytes = 2048
 
-// memoReasonText makes err's text storable: valid UTF-8 without NUL bytes
-// (which a Postgres text column refuses), at most MaxMemoReasonBytes.
+// memoReasonText makes err's text storable, at most MaxMemoReasonBytes.
 func memoReasonText(s string) string {
 	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
 	if len(s) <= MaxMemoReasonBytes {
@@ -62,15 +53,12 @@ type Memo struct {
 	Seen       int64     `json:"seen"`
 }
 
-// RecordMemo upserts the memo of (consumer, key) after a copy of its message
-// went to the poison destination because of err: a new memo holds err's
-// text; an existing one is counted (seen + 1) and stamped with the time.
-// A copy poisoned by its memo (a *HitError) only counts and stamps the
-// memo, keeping its reason (the one that explains the failure) rather than
-// "poison memo: …" nested once per redelivery. If the memo was cleared
-// meanwhile (claimtx unpoison, retention) it stays cleared: the record runs
-// after the copy was published, and writing the memo again would undo an
-// unpoison that landed in between.
+// RecordMemo upserts the memo of (consumer, key) after a copy of its
+// message was poisoned because of err: a new memo holds err's text, an
+// existing one is counted and stamped. A copy poisoned by its memo (a
+// *HitError) only counts and stamps it, keeping the reason that explains
+// the failure, and a memo cleared meanwhile stays cleared: writing it
+// again would undo an unpoison that landed after the copy was published.
 func RecordMemo(ctx context.Context, db DB, n *pg.Names, consumer, key string, err error) error {
 	var qerr error
 	if IsHit(err) {
@@ -101,19 +89,12 @@ func GetMemo(ctx context.Context, db DB, n *pg.Names, consumer, key string) (m M
 	return m, true, nil
 }
 
-// MemoFilter selects memos of one consumer. The conditions that are set must
-// all hold; with none set, every memo of the consumer matches.
+// MemoFilter selects memos of one consumer: every condition set must hold.
 type MemoFilter struct {
-	// Consumer is required.
-	Consumer string
-	// Keys, when not empty, matches these keys only.
-	Keys []string
-	// ReasonContains, when set, matches reasons containing it (case
-	// sensitive, no wildcards).
-	ReasonContains string
-	// OlderThan, when positive, matches memos last poisoned longer ago
-	// than this (database clock).
-	OlderThan time.Duration
+	Consumer       string        // required
+	Keys           []string      // when not empty, only these keys
+	ReasonContains string        // when set, reasons containing it (case sensitive)
+	OlderThan      time.Duration // when positive, memos last poisoned longer ago (database clock)
 }
 
 // where renders f as a WHERE clause over $1… and returns its arguments.
@@ -128,8 +109,7 @@ func (f MemoFilter) where() (string, []any, error) {
 	}
 	if f.ReasonContains != "" {
 		args = append(args, f.ReasonContains)
-		// strpos, not LIKE: the operator's text is matched literally,
-		// % and _ included.
+		// strpos, not LIKE: % and _ match literally.
 		conds = append(conds, fmt.Sprintf("strpos(reason, $%d) > 0", len(args)))
 	}
 	if f.OlderThan > 0 {
@@ -140,8 +120,7 @@ func (f MemoFilter) where() (string, []any, error) {
 }
 
 // ClearMemo removes the memos of consumer's keys and returns how many there
-// were: what the dead-letter replay calls for the messages it republishes,
-// so that their copies reach the handler again.
+// were, so the copies the dead-letter replay republishes reach the handler.
 func ClearMemo(ctx context.Context, db DB, n *pg.Names, consumer string, keys []string) (int64, error) {
 	if len(keys) == 0 {
 		return 0, nil
@@ -163,7 +142,7 @@ func ClearMemos(ctx context.Context, db DB, n *pg.Names, f MemoFilter) (int64, e
 	return tag.RowsAffected(), nil
 }
 
-// CountMemos returns how many memos f matches (a dry run of ClearMemos).
+// CountMemos is a dry run of ClearMemos.
 func CountMemos(ctx context.Context, db DB, n *pg.Names, f MemoFilter) (int64, error) {
 	where, args, err := f.where()
 	if err != nil {
@@ -176,8 +155,8 @@ func CountMemos(ctx context.Context, db DB, n *pg.Names, f MemoFilter) (int64, e
 	return c, nil
 }
 
-// MemoTableExists reports whether the memo table exists (migration 004 applied), so
-// that tools run against an older schema skip memos instead of failing.
+// MemoTableExists reports whether the memo table exists, so tools run
+// against an older schema skip memos instead of failing.
 func MemoTableExists(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 	var ok bool
 	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", n.Render("{schema}.{memo}")).Scan(&ok); err != nil {
@@ -187,8 +166,7 @@ func MemoTableExists(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 }
 
 // DeleteMemosBefore deletes up to limit memos last poisoned before horizon,
-// oldest first, and returns how many it deleted: retention calls it until
-// it deletes fewer than limit.
+// oldest first, and returns how many it deleted.
 func DeleteMemosBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time, limit int) (int64, error) {
 	tag, err := db.Exec(ctx, n.Render(`DELETE FROM {schema}.{memo} WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM {schema}.{memo} WHERE poisoned_at < $1 ORDER BY poisoned_at LIMIT $2)) AND poisoned_at < $1`), horizon, limit)
@@ -198,8 +176,7 @@ func DeleteMemosBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Tim
 	return tag.RowsAffected(), nil
 }
 
-// CountMemosBefore counts the memos last poisoned before horizon (a dry run of
-// DeleteMemosBefore).
+// CountMemosBefore is a dry run of DeleteMemosBefore.
 func CountMemosBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time) (int64, error) {
 	var c int64
 	if err := db.QueryRow(ctx, n.Render("SELECT count(*) FROM {schema}.{memo} WHERE poisoned_at < $1"), horizon).Scan(&c); err != nil {
@@ -208,9 +185,8 @@ func CountMemosBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time
 	return c, nil
 }
 
-// MemoTable is the memo table of one claim table as the dead-letter tooling
-// (framework/cmd/claimtx/internal/dlq.Memo) uses it: which letters have a memo, and clearing the
-// memos of the letters it republishes.
+// MemoTable is the memo table of one claim table as the dead-letter
+// tooling (framework/cmd/claimtx/internal/dlq.Memo) uses it.
 type MemoTable struct {
 	DB    DB
 	Names *pg.Names
@@ -236,7 +212,7 @@ func (t MemoTable) Memoised(ctx context.Context, consumer string, keys []string)
 	return out, nil
 }
 
-// ClearMemo removes the memos of consumer for keys.
+// Clear removes the memos of consumer for keys.
 func (t MemoTable) Clear(ctx context.Context, consumer string, keys []string) error {
 	_, err := ClearMemo(ctx, t.DB, t.Names, consumer, keys)
 	return err

@@ -30,67 +30,52 @@ const (
 	defaultPublishTimeout  = 30 * time.Second
 )
 
-// cleanupBatch is how many sent rows one cleanup statement deletes;
-// cleanup repeats until a statement deletes fewer. Small enough to keep
-// locks and WAL bursts short, large enough to keep up with any relay.
+// cleanupBatch is how many sent rows one cleanup statement deletes: small
+// enough to keep locks and WAL bursts short, large enough to keep up.
 const cleanupBatch = 10_000
 
 // ErrPublishTimeout is the failure recorded on rows whose Publish call did
 // not return within Config.PublishTimeout.
 var ErrPublishTimeout = errors.New("claimtx relay: publish timed out")
 
-// cleanupPause separates cleanup batches, so a large backlog of sent rows
-// is deleted as a trickle of short transactions rather than one burst.
+// cleanupPause separates cleanup batches: a trickle, not a burst.
 const cleanupPause = 10 * time.Millisecond
 
 // markTimeout bounds marking published rows once the relay's context is
-// cancelled (graceful shutdown): long enough for one UPDATE and COMMIT,
-// short enough not to hold up a shutdown when the database is gone.
+// cancelled: enough for one UPDATE and COMMIT, not a hung shutdown.
 const markTimeout = 5 * time.Second
 
 // Config tunes a Relay. The zero value is usable.
 type Config struct {
 	// BatchSize is how many rows one relay transaction locks, publishes
-	// and marks. Larger batches mean fewer round trips, longer-held row
-	// locks, and more resends when a relay dies mid-batch. Defaults to 100.
+	// and marks: larger means fewer round trips, longer-held row locks and
+	// more resends after a crash. Defaults to 100.
 	BatchSize int
-	// PollInterval is how often an idle relay looks for rows anyway. It
-	// normally wakes on the notification Enqueue sends at commit; polling
-	// covers notifications missed while its listening connection was down,
-	// and rows written by other means. Defaults to 1s.
+	// PollInterval is how often an idle relay looks for rows anyway,
+	// besides waking on Enqueue's notifications. Defaults to 1s.
 	PollInterval time.Duration
 	// DisableListen turns LISTEN/NOTIFY off: the relay only polls, and
-	// holds no extra connection. Defaults to false (listen on a dedicated
-	// connection opened with the pool's configuration, outside the pool).
+	// holds no dedicated connection outside the pool. Defaults to false.
 	DisableListen bool
-	// InitialBackoff is the wait after a failed batch (broker or database
-	// down); it doubles on each consecutive failure up to MaxBackoff, with
-	// jitter, and resets after a success. Defaults to 100ms.
+	// InitialBackoff is the wait after a failed batch; it doubles on each
+	// consecutive failure up to MaxBackoff, with jitter. Defaults to 100ms.
 	InitialBackoff time.Duration
 	// MaxBackoff caps the wait between failed batches. Defaults to 10s.
 	MaxBackoff time.Duration
-	// Retention is how long sent rows are kept (for audits, debugging and
-	// manual replays) before cleanup deletes them. Retention does not affect
-	// deduplication: downstream consumers dedup on their own claims.
-	// Defaults to 24h.
+	// Retention is how long sent rows are kept (audits, manual replays);
+	// deduplication does not depend on it. Defaults to 24h.
 	Retention time.Duration
-	// CleanupInterval is how often Run deletes sent rows older than
-	// Retention, in statements of 10,000 rows until none are left. Several
-	// relays may clean at once: they skip each other's rows. A negative
-	// value disables cleanup in this relay (run Cleanup yourself).
-	// Defaults to 1m.
+	// CleanupInterval is how often Run calls Cleanup; negative disables it
+	// in this relay. Defaults to 1m.
 	CleanupInterval time.Duration
-	// PublishTimeout bounds one Publish call. Watermill's Publish takes no
-	// context, so a broker that accepts the connection but never confirms
-	// would otherwise hold the batch, its row locks and the relay forever.
-	// When it expires the rows stay pending with ErrPublishTimeout
-	// recorded and are published again later; the abandoned call may
-	// still complete, which is one more resend for downstream to drop by
-	// the idempotency key. A negative value disables the bound.
-	// Defaults to 30s.
+	// PublishTimeout bounds one Publish call, which takes no context: a
+	// broker that never confirms would hold the batch's row locks forever.
+	// The rows stay pending with ErrPublishTimeout recorded (the abandoned
+	// call may still complete: one more resend). Negative disables the
+	// bound. Defaults to 30s.
 	PublishTimeout time.Duration
-	// OnBatch, when set, is called after every batch transaction with what
-	// happened. It runs on the relay goroutine: keep it fast.
+	// OnBatch, when set, is called on the relay goroutine after every
+	// batch transaction: keep it fast.
 	OnBatch func(Batch)
 	// Logger receives failures and cleanup results. Defaults to no logging.
 	Logger watermill.LoggerAdapter
@@ -98,13 +83,11 @@ type Config struct {
 
 // Batch describes one relay transaction.
 type Batch struct {
-	// Locked rows were pending and locked by this relay's transaction.
-	Locked int
-	// Published rows were accepted by the publisher. Unless Err is a
-	// marking failure, they are now marked sent.
+	Locked int // pending rows this relay's transaction locked
+	// Published rows were accepted by the publisher and, unless Err is a
+	// marking failure, marked sent.
 	Published int
-	// Err is the publish or database error that ended the batch, if any.
-	// Rows not marked stay pending and are retried.
+	// Err ended the batch, if any; rows not marked stay pending.
 	Err      error
 	Duration time.Duration
 }
@@ -124,23 +107,20 @@ func (c Config) withDefaults() Config {
 }
 
 // Relay publishes the outbox of one Store through a Watermill publisher.
-// Run any number of relays, in any processes: they share the backlog and
-// never publish the same row at the same time.
+// Any number of relays, in any processes, share the backlog.
 type Relay struct {
-	st     *store.Store
-	outbox *outboxsql.Statements
-	pub    message.Publisher
-	cfg    Config
-	// cleanupBatch is the constant cleanupBatch; tests make it smaller.
-	cleanupBatch int
+	st           *store.Store
+	outbox       *outboxsql.Statements
+	pub          message.Publisher
+	cfg          Config
+	cleanupBatch int // cleanupBatch; tests make it smaller
 }
 
-// New validates its arguments and returns a Relay. It does not touch the
-// database or the broker until Run. The publisher should
-// return from Publish only once the broker has taken responsibility for
-// the messages (brokers' RabbitMQ publisher waits for confirms, the Kafka
-// one is a synchronous producer); with a fire-and-forget publisher, rows
-// are marked sent for messages the broker may still lose.
+// New validates its arguments and returns a Relay; nothing is touched
+// until Run. The publisher should return from Publish only once the broker
+// has taken responsibility for the messages (brokers' publishers do):
+// with a fire-and-forget one, rows are marked sent for messages the broker
+// may still lose.
 func New(st *store.Store, pub message.Publisher, cfg Config) (*Relay, error) {
 	for _, f := range []struct {
 		name    string
@@ -167,18 +147,16 @@ func New(st *store.Store, pub message.Publisher, cfg Config) (*Relay, error) {
 }
 
 // Run relays until ctx is cancelled, then returns nil after the batch in
-// flight ended. Failures (broker or database down) are retried with
-// backoff, never returned: a relay outlives outages. Rows stay pending
-// until published.
+// flight ended. Failures are retried with backoff, never returned.
 //
-// With LISTEN on (DisableListen false) it first asks the Store whether its
-// pool reaches PostgreSQL through a transaction pooler
-// (store.Store.BehindTransactionPooler, answered by Migrate already when
-// it ran), waiting for the database like a batch does; there it returns a
-// *framework.ConfigError for DisableListen, wrapping
-// store.ErrTransactionPooler, at once: a pooler lends the listening
-// session's server to other clients, and notifications are lost.
+// With LISTEN on it first asks store.Store.BehindTransactionPooler
+// (waiting for the database like a batch does), and behind a transaction
+// pooler, where notifications are lost, returns a *framework.ConfigError
+// for DisableListen wrapping store.ErrTransactionPooler.
 func (r *Relay) Run(ctx context.Context) error {
+	wake := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	if !r.cfg.DisableListen {
 		pooled := r.behindPooler(ctx)
 		if ctx.Err() != nil {
@@ -189,17 +167,8 @@ func (r *Relay) Run(ctx context.Context) error {
 				Reason: "is false, but LISTEN's notifications are lost behind a transaction pooler: " +
 					"set DisableListen (the relay polls every PollInterval), or give the relay a Store whose pool connects to PostgreSQL directly"}
 		}
+		wg.Go(func() { r.listen(ctx, wake) })
 	}
-	wake := make(chan struct{}, 1)
-	var wg sync.WaitGroup
-	if !r.cfg.DisableListen {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.listen(ctx, wake)
-		}()
-	}
-	defer wg.Wait()
 
 	failures := 0
 	var nextCleanup time.Time
@@ -250,17 +219,12 @@ func (r *Relay) idle(ctx context.Context, wake <-chan struct{}) bool {
 	return true
 }
 
-// relayBatch runs one relay transaction: lock up to BatchSize pending rows
-// (FOR UPDATE SKIP LOCKED), publish them in id order, consecutive rows of
-// one topic in one Publish call, mark the published rows sent, commit.
-//
-// On a publish error it marks what was published before, records the
-// failure on the rows of the failed call and commits: the failed rows and
-// everything after them stay pending, in order. If the relay dies between
-// a Publish and the commit, the marks are lost with the transaction and
-// those rows are published again: at least once, never lost. If ctx is
-// cancelled, no further Publish is started and what was published is still
-// marked (graceful shutdown causes no resends).
+// relayBatch runs one relay transaction: lock up to BatchSize pending
+// rows, publish them in id order, consecutive rows of one topic in one
+// Publish call, mark the published rows sent, commit. On a publish error
+// it marks what was published before and records the failure on the rows
+// of the failed call: they and everything after stay pending, in order.
+// Once ctx is cancelled no further Publish is started.
 func (r *Relay) relayBatch(ctx context.Context) Batch {
 	start := time.Now()
 	b := Batch{}
@@ -312,8 +276,7 @@ func (r *Relay) publishBatch(ctx context.Context, b *Batch) (err error) {
 	}
 
 	// What was published is marked even when ctx was cancelled meanwhile:
-	// a graceful stop must not cause resends. A crash loses the marks with
-	// the transaction, which is what at-least-once means.
+	// a graceful stop must not cause resends.
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
 	defer cancel()
 	if err := r.outbox.MarkSent(mctx, tx, ids(rows[:b.Published])); err != nil {
@@ -347,8 +310,8 @@ func (r *Relay) publish(topic string, msgs []*message.Message) error {
 }
 
 // Cleanup deletes sent rows older than Retention, in statements of 10,000
-// rows until none are left, and returns how many it deleted. Run calls it
-// every CleanupInterval.
+// rows until none are left (skipping rows another relay's cleanup holds),
+// and returns how many it deleted.
 func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 	var total int64
 	for {
@@ -369,9 +332,8 @@ func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 	}
 }
 
-// behindPooler asks the Store whether its pool is behind a transaction
-// pooler, retrying with the batches' backoff while the database does not
-// answer (false when ctx ends first).
+// behindPooler asks BehindTransactionPooler, retrying with the batches'
+// backoff while the database does not answer (false when ctx ends first).
 func (r *Relay) behindPooler(ctx context.Context) bool {
 	for failures := 1; ; failures++ {
 		pooled, err := r.st.BehindTransactionPooler(ctx)
@@ -386,8 +348,7 @@ func (r *Relay) behindPooler(ctx context.Context) bool {
 }
 
 // listen keeps a LISTEN connection open and signals wake for every
-// notification about this relay's outbox. Errors (the database restarts)
-// are retried after PollInterval; polling covers the gap.
+// notification about this relay's outbox, reconnecting after PollInterval.
 func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 	for ctx.Err() == nil {
 		err := r.listenOnce(ctx, wake)

@@ -1,7 +1,5 @@
 // Package claimsql holds the claim statements and the transactions that
-// begin with a claim. Store.Claim (a claim in the caller's transaction) and
-// the claim middleware (which begins the transaction and claims in one
-// round trip) share it, so there is one claim SQL whoever claims.
+// begin with a claim, shared by Store.Claim and the claim middleware.
 package claimsql
 
 import (
@@ -26,8 +24,7 @@ import (
 // that no partition accepts.
 var ErrNoPartition = errors.New("claimtx: no claim partition for the message's event day")
 
-// Request and Result are store.ClaimRequest and store.ClaimResult, field
-// for field (see there for the fields).
+// Request and Result are store.ClaimRequest and store.ClaimResult.
 type (
 	Request = pg.ClaimRequest
 	Result  = pg.ClaimResult
@@ -39,12 +36,10 @@ type shape struct {
 	payloadHash bool // Request.PayloadHash is set
 }
 
-// shapes lists every shape, to render their statements once.
 var shapes = []shape{{false, false}, {false, true}, {true, false}, {true, true}}
 
-// insertSQL is the claim INSERT for the shape, with {schema} and {claims}
-// still to render: consumer and message_key, then event_day and
-// payload_hash when the shape has them, as $1, $2, ….
+// insertSQL is the claim INSERT for the shape, still to render: consumer,
+// message_key, then event_day and payload_hash when the shape has them.
 func (sh shape) insertSQL() string {
 	cols := []string{"consumer", "message_key"}
 	if sh.eventDay {
@@ -66,18 +61,15 @@ type Statements struct {
 	hash      string // the stored payload hash of a claim without event day
 	hashByDay string // the same, with the event day
 	batch     string // BeginBatch's multi-row insert
-	// The poison memo lookups (see Begin and BeginBatch), and the undo of
-	// the batch claims of memoised keys.
+	// The poison memo lookups, and the undo of batch claims of memoised keys.
 	memo, memoBatch, unclaim string
 	following                string // Following's read-ahead
-	// Pool runs the transactions Begin and BeginBatch begin, and
-	// Following; the store sets it.
+	// Pool runs Begin, BeginBatch and Following; the store sets it.
 	Pool *pgxpool.Pool
 }
 
-// For renders the statements of the claim table claims in schema, names
-// that store.Config validated. Callers render them once (store.New, a
-// claim middleware's construction) and keep them.
+// For renders, once, the statements of the claim table claims in schema
+// (names store.Config validated).
 func For(schema, claims string) *Statements {
 	n := pg.NewNames(schema, claims, "")
 	s := &Statements{insert: make(map[shape]string, len(shapes))}
@@ -93,10 +85,9 @@ ON CONFLICT DO NOTHING RETURNING message_key`)
 	s.memoBatch = n.Render("SELECT message_key, reason FROM {schema}.{memo} WHERE consumer = $1 AND message_key = ANY($2::text[])")
 	s.unclaim = n.Render("DELETE FROM {schema}.{claims} WHERE consumer = $1 AND message_key = ANY($2::text[])")
 	// The anchor comes in as subqueries (InitPlans) so the planner walks
-	// the processed_at index from it: joined to it, or compared only as a
-	// row, it scans the index from the start. message_key orders the
-	// claims of one transaction, which share their processed_at, so a page
-	// never restarts inside them.
+	// the processed_at index from it (joined, or compared only as a row,
+	// it scans from the start). message_key orders the claims of one
+	// transaction, which share their processed_at.
 	s.following = n.Render(`WITH a AS (
 	SELECT processed_at, message_key FROM {schema}.{claims}
 	WHERE consumer = $1 AND message_key = ANY($2::text[])
@@ -124,40 +115,27 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 	return res, s.checkFingerprint(ctx, tx, q, &res)
 }
 
-// Begin begins a transaction on a connection from s.Pool and makes the claim
-// r in it, in one round trip: BEGIN, the lock_timeout (with the
-// transaction's synchronous_commit when opts sets one, in the same
-// statement), the claim and the reset go out as one pipelined batch (pgx's Batch.BeginTx), where BeginTx
-// followed by Claim takes two. For a transaction per message that is one
-// round trip of four or five. more, when not nil, queues statements right
-// after the claim, under the same claim wait and in the same round trip:
-// the Kafka position of a partition with one record in flight
-// (PositionStatements.Queue).
-//
-// withMemo also looks up the poison memo of the claimed (consumer, key),
-// in the same round trip: a SELECT queued after BEGIN and before the
-// claim, so a fresh message's claim costs one more statement in the
-// pipeline, not one more round trip. memo is the memo's reason, nil when
-// there is none.
+// Begin begins a transaction on s.Pool and makes the claim r in it, in
+// one round trip: BEGIN, the lock_timeout (and opts' synchronous_commit),
+// the claim, more when not nil (a Kafka position) and the reset go out as
+// one pipelined batch; withMemo adds the poison memo lookup before the
+// claim (memo is its reason, nil without one).
 //
 // The claim is made whatever the memo says, and the caller decides: a
-// duplicate (res.New false) is a duplicate even with a memo (the effect
-// is there, so the message is acked, not dead-lettered), and a new claim
-// with a memo must be rolled back without running the handler. Making the
-// INSERT itself skip memoised keys would need both decisions in one
-// snapshot: under READ COMMITTED two statements see different ones, and a
-// memo cleared between them would make a fresh message look like a
-// duplicate, acked without its effect.
+// duplicate is a duplicate even with a memo (the effect is there), a new
+// claim with a memo is rolled back without running the handler. An INSERT
+// that skipped memoised keys would need both decisions in one snapshot:
+// under READ COMMITTED a memo cleared between two statements would make a
+// fresh message look like a duplicate, acked without its effect.
 //
-// On success the caller owns tx, with the claim in it, and must Commit or
-// Rollback it whatever res says. On error there is no transaction to end.
+// On success the caller owns tx and must Commit or Rollback it whatever
+// res says; on error there is no transaction to end.
 func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
 	b.BeginTx(opts.TxOptions)
-	// found is captured by the callback only on this path: a named result
-	// captured instead would be moved to the heap on every claim. Valid
-	// says a memo was found (reason is NOT NULL).
+	// found, not a named result, is captured by the callback: that would
+	// move it to the heap on every claim. Valid says a memo was found.
 	var found *pgtype.Text
 	if withMemo {
 		m := &pgtype.Text{}
@@ -173,9 +151,8 @@ func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r Request, wi
 	br := s.Pool.SendBatch(ctx, b)
 	tx = br.Tx()
 	if err := br.Close(); err != nil {
-		// A claim that failed (lock_timeout, a missing partition) leaves
-		// the transaction open and aborted; a failed BEGIN leaves it
-		// closed, and Rollback then only returns the connection.
+		// A failed claim leaves the transaction open and aborted; after a
+		// failed BEGIN, Rollback only returns the connection.
 		pg.Rollback(ctx, tx)
 		return nil, res, nil, q.wrap(err)
 	}
@@ -189,34 +166,20 @@ func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r Request, wi
 	return tx, res, memo, nil
 }
 
-// BeginBatch begins a transaction on a connection from s.Pool and claims
-// many keys of one consumer in it with one statement, in one round trip.
-// It returns the keys that were new (claimed by this transaction), sorted.
-// Keys already claimed by committed transactions are left out: their
-// messages are duplicates. Duplicate keys in the input are claimed once.
+// BeginBatch begins a transaction on s.Pool and claims many keys of one
+// consumer in it with one statement, in one round trip, bounded by
+// maxClaimWait, and returns the new keys, sorted. Rows are inserted in key
+// order, so overlapping batches wait for each other instead of
+// deadlocking.
 //
-// The rows are inserted in key order, so two batches with overlapping keys
-// lock them in the same order and wait for each other instead of
-// deadlocking. A concurrent uncommitted claim of one of the keys makes the
-// statement wait for that transaction, at most maxClaimWait when it is
-// positive (lock_timeout, SQLSTATE 55P03 when it expires: pg.ClaimWait,
-// transient, retry). As with Claim, the timeout is set, used and reset in
-// the same round trip, so it does not bound the effects that follow; the
-// synchronous_commit of opts is set with it and stays until the commit.
-//
-// withMemo looks the memos of keys up in the same round trip (see Begin):
-// the keys this transaction claimed that have a memo are unclaimed again
-// in tx (one more statement, only when there are such keys) and returned
-// in memos, key -> reason, instead of in claimed. Keys already claimed are
-// duplicates whatever their memo says.
-//
-// On success the caller owns tx and must Commit or Rollback it; on error
-// there is no transaction to end.
+// withMemo looks the keys' memos up in the same round trip: new keys with
+// a memo are unclaimed again in tx (one more statement, only when there
+// are such keys) and returned in memos, key -> reason, instead of in
+// claimed. Ownership of tx is as in Begin.
 func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(opts.TxOptions)
-	// found: the memos of keys, key -> reason; filled by the callback on
-	// the memo path only (see Begin).
+	// found: key -> reason, captured as in Begin.
 	var found map[string]string
 	if withMemo {
 		m := map[string]string{}
@@ -241,8 +204,7 @@ func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer
 	if len(found) == 0 {
 		return tx, *claimed, nil, nil
 	}
-	// New claims of memoised keys must not commit with the others: undo
-	// them in tx. Memos of keys already claimed (duplicates) are ignored.
+	// New claims of memoised keys must not commit: undo them in tx.
 	var keep, undo []string
 	memos := map[string]string{}
 	for _, k := range *claimed {
@@ -261,10 +223,9 @@ func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer
 	return tx, keep, memos, nil
 }
 
-// queueBatch queues the claim of keys (sorted and deduplicated, so
-// overlapping batches lock in the same order) bounded by maxClaimWait,
-// with the transaction's synchronousCommit when not ""; the claimed keys
-// are collected in the returned slice when the batch is read.
+// queueBatch queues the claim of keys, sorted and deduplicated, bounded by
+// maxClaimWait; the claimed keys are collected in the returned slice when
+// the batch is read.
 func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, maxClaimWait time.Duration, synchronousCommit string) *[]string {
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
@@ -279,17 +240,11 @@ func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, ma
 	return &claimed
 }
 
-// Following reads ahead of a replay: the keys of consumer's claims written
-// after the earliest claim among anchors, in processed_at order, at most
-// n, each passed to add. A replay (a group reset, a producer re-sending a
-// range) delivers its messages in about the order they were first
-// applied, so these are the keys its next messages carry.
-//
-// It runs outside any transaction, as one statement, which sees only
-// committed claims: every key it passes on stays claimed until retention
-// removes it. No anchor claimed yet means no keys. On a table shared by
-// many consumers the walk along the processed_at index also reads the
-// others' claims of the same period.
+// Following reads ahead of a replay, which delivers its messages in about
+// the order they were first applied: the keys of consumer's committed
+// claims written after the earliest claim among anchors, in processed_at
+// order, at most n, each passed to add. On a table shared by many
+// consumers the index walk also reads the others' claims of the period.
 func (s *Statements) Following(ctx context.Context, consumer string, anchors []string, n int, add func(key string)) error {
 	rows, err := s.Pool.Query(ctx, s.following, consumer, anchors, n)
 	if err == nil {
@@ -305,19 +260,11 @@ func (s *Statements) Following(ctx context.Context, consumer string, anchors []s
 	return nil
 }
 
-// BeginNaturalKey begins a transaction on a connection from pool for a
-// natural-key claim, where the claim is the effect's own guarded INSERT:
-// BEGIN and a lock_timeout of maxClaimWait for the whole transaction (and
-// the synchronous_commit of opts, in the same statement) go out in one
-// round trip, so the guarded INSERT waits at most maxClaimWait behind a
-// twin's uncommitted row (the error then classifies as pg.ClaimWait).
-// maxClaimWait <= 0 sets no timeout. On success the
-// caller owns tx and must Commit or Rollback it; on error there is no
-// transaction to end.
-//
-// more, when not nil, queues statements of the caller's after them in the
-// same round trip (the Kafka position of a partition with one record in
-// flight).
+// BeginNaturalKey begins a transaction on pool for a natural-key claim,
+// where the claim is the effect's own guarded INSERT: BEGIN, a
+// lock_timeout of maxClaimWait (none when <= 0) for the whole transaction
+// with opts' synchronous_commit, and more when not nil go out in one round
+// trip. Ownership of tx is as in Begin.
 func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pg.TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(opts.TxOptions)
@@ -358,11 +305,8 @@ func (s *Statements) prepare(r Request, res *Result) query {
 	return q
 }
 
-// queue adds the claim to b, and more statements after it when more is
-// not nil, between setting and resetting lock_timeout when the request
-// bounds its wait: the timeout then covers them only, not the effects that
-// follow in the transaction. synchronousCommit, when not "", is set for
-// the rest of the transaction.
+// queue adds the claim to b, and more after it, under the request's
+// lock_timeout (queueBounded).
 func (q query) queue(b *pgx.Batch, synchronousCommit string, more func(*pgx.Batch)) {
 	queueBounded(b, q.r.MaxClaimWait, synchronousCommit, func() {
 		b.Queue(q.sql, q.args...).Exec(func(tag pgconn.CommandTag) error {
@@ -376,9 +320,9 @@ func (q query) queue(b *pgx.Batch, synchronousCommit string, more func(*pgx.Batc
 }
 
 // queueBounded queues what queue adds to b between setting lock_timeout
-// to wait and resetting it (nothing around it when wait <= 0), so the
-// timeout bounds those statements only. synchronousCommit, when not "", is
-// set with the timeout and not reset: COMMIT is what it is for.
+// to wait (when positive) and resetting it, so the timeout bounds those
+// statements only, not the effects after them. synchronousCommit, when not
+// "", is set with it and not reset: COMMIT is what it is for.
 func queueBounded(b *pgx.Batch, wait time.Duration, synchronousCommit string, queue func()) {
 	bounded := queueSettings(b, wait, synchronousCommit)
 	queue()
@@ -387,9 +331,7 @@ func queueBounded(b *pgx.Batch, wait time.Duration, synchronousCommit string, qu
 	}
 }
 
-// The statements of queueSettings: one, whatever it sets, so the
-// synchronous_commit costs no statement of its own beside the lock_timeout,
-// and nothing at all when unset.
+// The statements of queueSettings: one whatever it sets, none when unset.
 const (
 	setLockTimeout     = "SELECT set_config('lock_timeout', $1, true)"
 	setLockTimeoutSync = "SELECT set_config('lock_timeout', $1, true), set_config('synchronous_commit', $2, true)"
@@ -397,8 +339,8 @@ const (
 )
 
 // queueSettings queues, for the rest of the transaction, a lock_timeout of
-// wait when positive and synchronousCommit when not "", in one statement
-// (none when neither). It reports whether it set the lock_timeout.
+// wait when positive and synchronousCommit when not "", and reports
+// whether it set the lock_timeout.
 func queueSettings(b *pgx.Batch, wait time.Duration, synchronousCommit string) (bounded bool) {
 	switch {
 	case wait > 0 && synchronousCommit != "":
@@ -418,8 +360,7 @@ func (q query) wrap(err error) error {
 	return fmt.Errorf("claimtx: claim: %w", err)
 }
 
-// checkFingerprint compares, for a duplicate, the stored payload hash with
-// the request's.
+// checkFingerprint compares a duplicate's stored payload hash with r's.
 func (s *Statements) checkFingerprint(ctx context.Context, tx pgx.Tx, q query, res *Result) error {
 	if res.New || q.r.PayloadHash == nil {
 		return nil
@@ -437,7 +378,7 @@ func (s *Statements) checkFingerprint(ctx context.Context, tx pgx.Tx, q query, r
 }
 
 // eventDayClaimError explains the two ways a claim by event day fails for
-// the table's shape rather than for the database's state.
+// the table's shape.
 func eventDayClaimError(day time.Time, err error) error {
 	switch pg.SQLState(err) {
 	case "23514": // check_violation: no partition for the key, or the legacy boundary

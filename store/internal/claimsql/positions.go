@@ -46,14 +46,12 @@ SELECT $1, t, n, s FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(t, n, s
 	}
 }
 
-// Store raises the stored positions ps of consumer in tx, the claim
-// transaction whose records they cover, with one statement. The caller
-// runs it last before COMMIT: the position rows are then the last locks
-// the transaction takes, held for the commit only, so transactions of one
-// partition in flight together (a window, batch workers) wait for each
-// other's commit, never for a handler, and cannot deadlock on them. Given
-// a pool, it stores positions of records already settled (acked), in a
-// transaction of its own.
+// Store raises the stored positions ps of consumer in tx with one
+// statement. In the claim transaction the caller runs it last before
+// COMMIT: the position rows are then its last locks, held for the commit
+// only, so transactions of one partition wait for each other's commit,
+// never for a handler, and cannot deadlock on them. Given a pool, it
+// stores positions of records already acked.
 func (s *PositionStatements) Store(ctx context.Context, tx pg.Execer, consumer string, ps []Position) error {
 	var err error
 	switch len(ps) {
@@ -74,11 +72,10 @@ func (s *PositionStatements) Store(ctx context.Context, tx pg.Execer, consumer s
 	return nil
 }
 
-// Queue queues the upsert of p for consumer on b: the Kafka position of a
-// partition with one record in flight, stored in the claim's pipelined
-// round trip (Statements.Begin, BeginNaturalKey). Its row lock is then
-// held for the whole transaction, which nothing of this member's waits
-// for: the partition's next record is handed out after this one's ack.
+// Queue queues the upsert of p for consumer on b, in the claim's round
+// trip (Statements.Begin, BeginNaturalKey): for a partition with one
+// record in flight, whose next record is handed out only after this ack,
+// so the row lock held for the whole transaction blocks nobody.
 func (s *PositionStatements) Queue(b *pgx.Batch, consumer string, p Position) {
 	b.Queue(s.upsert, consumer, p.Topic, p.Partition, p.SettledBelow)
 }
@@ -86,10 +83,10 @@ func (s *PositionStatements) Queue(b *pgx.Batch, consumer string, p Position) {
 // Of returns consumer's stored positions, by topic and partition.
 func (s *PositionStatements) Of(ctx context.Context, consumer string) ([]Position, error) {
 	rows, err := s.Pool.Query(ctx, s.consumer, consumer)
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
+	var ps []Position
+	if err == nil {
+		ps, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Position]) // the columns in field order
 	}
-	ps, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Position]) // the columns in field order
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
 	}
@@ -98,31 +95,25 @@ func (s *PositionStatements) Of(ctx context.Context, consumer string) ([]Positio
 
 // Loader returns the kafkarecord.Loader of consumer's stored positions.
 func (s *PositionStatements) Loader(consumer string) kafkarecord.Loader {
-	return Loader{Pool: s.Pool, Stmts: s, Consumer: consumer}
+	return loader{s, consumer}
 }
 
-// Loader is the kafkarecord.Loader of one consumer's stored positions.
-type Loader struct {
-	Pool     *pgxpool.Pool
-	Stmts    *PositionStatements
-	Consumer string
+type loader struct {
+	s        *PositionStatements
+	consumer string
 }
 
-var _ kafkarecord.Loader = Loader{}
-
-// LoadPositions implements kafkarecord.Loader.
-func (l Loader) LoadPositions(ctx context.Context, topic string, partitions []int32) (map[int32]int64, error) {
-	rows, err := l.Pool.Query(ctx, l.Stmts.load, l.Consumer, topic, partitions)
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: load kafka positions: %w", err)
-	}
+func (l loader) LoadPositions(ctx context.Context, topic string, partitions []int32) (map[int32]int64, error) {
+	rows, err := l.s.Pool.Query(ctx, l.s.load, l.consumer, topic, partitions)
 	out := map[int32]int64{}
-	var part int32
-	var off int64
-	_, err = pgx.ForEachRow(rows, []any{&part, &off}, func() error {
-		out[part] = off
-		return nil
-	})
+	if err == nil {
+		var part int32
+		var off int64
+		_, err = pgx.ForEachRow(rows, []any{&part, &off}, func() error {
+			out[part] = off
+			return nil
+		})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: load kafka positions: %w", err)
 	}

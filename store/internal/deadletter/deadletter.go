@@ -1,10 +1,7 @@
-// Package deadletter keeps, in Postgres, the messages whose poisoned copy
-// the broker refused for good (middleware.Poison.DeadLetters): the place a
-// dead letter goes when the poison destination will not take it, so that
-// the original can be acked instead of coming back forever.
-//
-// The table is <claims table>_dead_letter in the claim table's schema
-// (pg.Names.DeadLetter), created by migration 006.
+// Package deadletter keeps, in <claims table>_dead_letter (migration 006),
+// the messages whose poisoned copy the broker refused for good
+// (middleware.Poison.DeadLetters), so the original can be acked instead of
+// coming back forever.
 package deadletter
 
 import (
@@ -13,27 +10,17 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// Letter is one row (see pg.DeadLetter).
+// Letter is one row.
 type Letter = pg.DeadLetter
 
-// DB runs statements: a pool, a connection or a transaction.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // CanRecord reports whether the current role may insert into the
-// dead-letter table: false when the table does not exist (migration 006
-// not applied) or the role lacks INSERT (a least-privilege consumer role
-// granted rights before the table existed).
-func CanRecord(ctx context.Context, db DB, n *pg.Names) (bool, error) {
+// dead-letter table: false when it does not exist or the role lacks INSERT
+// (granted rights before the table existed).
+func CanRecord(ctx context.Context, db poison.DB, n *pg.Names) (bool, error) {
 	exists, lacking, err := pg.Lacking(ctx, db, n.Render("{schema}.{dead_letter}"), "INSERT")
 	if err != nil {
 		return false, fmt.Errorf("claimtx: check privileges on the dead-letter table: %w", err)
@@ -41,20 +28,16 @@ func CanRecord(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 	return exists && len(lacking) == 0, nil
 }
 
-// Record inserts l and returns once the row is committed (an insert
-// outside any transaction commits by itself). A row is written for every
-// refused copy: the redelivery of a message whose ack was lost after its
-// row committed gets a row of its own, as a copy poisoned twice is in the
-// poison destination twice.
-func Record(ctx context.Context, db DB, n *pg.Names, l Letter) error {
+// Record inserts l, a row for every refused copy (as a copy poisoned twice
+// is in the poison destination twice), and returns once it is committed.
+func Record(ctx context.Context, db poison.DB, n *pg.Names, l Letter) error {
 	md, err := encodeMetadata(l.Metadata)
 	if err != nil {
 		return fmt.Errorf("claimtx: record dead letter: %w", err)
 	}
-	var key *string
+	var key *string // NULL when there is none
 	if l.Key != "" {
-		k := pg.Text(l.Key)
-		key = &k
+		key = new(pg.Text(l.Key))
 	}
 	publishErr, _ := poison.BoundReason(l.PublishError, poison.MaxReasonBytes)
 	reason, _ := poison.BoundReason(l.Reason, poison.MaxReasonBytes)
@@ -65,9 +48,8 @@ func Record(ctx context.Context, db DB, n *pg.Names, l Letter) error {
 	if _, err := db.Exec(ctx, n.Render(`INSERT INTO {schema}.{dead_letter}
 (consumer, message_key, topic, poison_topic, uuid, reason, permanent, publish_error, payload, metadata)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`),
-		// md as a string: in pgx's exec and simple_protocol modes (what users
-		// behind a transaction pooler set) a []byte goes as bytea, which the
-		// jsonb column refuses; a string is untyped text Postgres parses.
+		// md as a string: in pgx's exec and simple_protocol modes (behind
+		// a pooler) a []byte goes as bytea, which jsonb refuses.
 		pg.Text(l.Consumer), key, pg.Text(l.Topic), pg.Text(l.PoisonTopic), pg.Text(l.UUID), reason, l.Permanent, publishErr, payload, string(md)); err != nil {
 		return fmt.Errorf("claimtx: record dead letter in %s.%s: %w", n.Schema, n.DeadLetter, err)
 	}
@@ -76,8 +58,7 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`),
 
 // encodeMetadata renders md as a jsonb object of strings. A value that
 // cannot be a jsonb string becomes {"base64": "<its bytes>"}; a key that
-// cannot be one becomes "base64:<its bytes>" with its value in that form
-// too, so nothing is lost or confused with a header of that name.
+// cannot be one "base64:<its bytes>", with its value in that form too.
 func encodeMetadata(md map[string]string) ([]byte, error) {
 	out := make(map[string]any, len(md))
 	for k, v := range md {

@@ -1,7 +1,6 @@
 // Package migrate holds claimtx's schema migrations and runs them: up for
-// Store.Migrate and Store.MigrateTx, down and the list of migrations for
-// the tests and tools of this repository. Migrations are embedded,
-// numbered (migrations/NNN_name.up.sql / .down.sql, like river's),
+// Store.Migrate and Store.MigrateTx, down for this repository's tests and
+// tools. Migrations are embedded (migrations/NNN_name.up.sql / .down.sql),
 // recorded in <schema>.claimtx_migration and run under an advisory lock
 // per schema.
 package migrate
@@ -9,7 +8,6 @@ package migrate
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"io/fs"
@@ -19,7 +17,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/pg"
@@ -36,14 +33,12 @@ type Migration struct {
 	down    string
 }
 
-// migrations parses the embedded files once.
+// migrations are compiled in: a bad name is a bug every test run catches.
 var migrations = mustLoad()
 
 func mustLoad() []Migration {
 	ms, err := Load(migrationFS)
 	if err != nil {
-		// The files are compiled in: a bad name is a build-time bug of
-		// claimtx itself, caught by every test run, never a user input.
 		panic(err)
 	}
 	return ms
@@ -113,31 +108,22 @@ func LockKey(schema string) int64 {
 	return int64(h.Sum64())
 }
 
-// Up brings the schema to Latest; see Store.Migrate, which it implements.
-//
-// It keeps no session state, so it works through a transaction pooler
-// (PgBouncer in transaction mode), where a session lock and the next
-// transaction may run on different server connections: one transaction
-// takes the migration lock (a transaction lock) and migrates. See
-// underLock for the catalog caches that makes harder.
+// Up brings the schema to Latest; see Store.Migrate. It keeps no session
+// state, so it works through a transaction pooler: one transaction takes
+// the migration lock (a transaction lock) and migrates.
 func Up(ctx context.Context, pool *pgxpool.Pool, n *pg.Names) error {
-	// The common case at start-up is "nothing to do". Check it with reads
-	// only, in statements of their own before any lock: Postgres checks
-	// CREATE privileges before IF NOT EXISTS, so the DDL path would make a
-	// least-privilege consumer role (no CREATE) fail to start against an
-	// up-to-date schema, and replicas need not queue on the lock to learn
-	// it. A failed read just means "migrate".
+	// "Nothing to do" is checked with reads only, before any lock:
+	// Postgres checks CREATE privileges before IF NOT EXISTS, so the DDL
+	// path would fail a role without CREATE against an up-to-date schema.
+	// A failed read just means "migrate".
 	if v, err := Version(ctx, pool, n); err == nil && v == Latest() {
 		return nil
 	}
 	return underLock(ctx, pool, n, func(tx pgx.Tx) error { return upLocked(ctx, tx, n) })
 }
 
-// UpTx is Up inside the caller's transaction; see Store.MigrateTx. It
-// takes the advisory lock (a transaction lock) as its first statement.
-// The caller's transaction may have looked the schema up before: a
-// failure of stale caches (see underLock) is the caller's to retry, which
-// Store.MigrateTx documents.
+// UpTx is Up inside the caller's transaction (see Store.MigrateTx): a
+// failure of stale caches (see underLock) is the caller's to retry.
 func UpTx(ctx context.Context, tx pgx.Tx, n *pg.Names) error {
 	if err := lockXact(ctx, tx, n); err != nil {
 		return err
@@ -149,8 +135,7 @@ func UpTx(ctx context.Context, tx pgx.Tx, n *pg.Names) error {
 // migration lock.
 func upLocked(ctx context.Context, tx pgx.Tx, n *pg.Names) error {
 	// Another instance may have migrated while this one waited for the
-	// lock, and UpTx has no read path before it: read again, so an
-	// up-to-date schema still needs no CREATE privilege.
+	// lock (and UpTx has no read path before it): read again.
 	v, err := Version(ctx, tx, n)
 	if err != nil {
 		return err
@@ -221,21 +206,15 @@ func Version(ctx context.Context, db pg.Querier, n *pg.Names) (int, error) {
 	return v, nil
 }
 
-// underLock runs fn in a transaction that first takes the migration lock
-// (a transaction lock: it ends with the transaction, on whichever server
-// connection a pooler gave it).
+// underLock runs fn in a transaction that first takes the migration lock.
 //
-// Postgres applies other sessions' catalog changes to a backend's caches
-// when a transaction starts or a relation lock is newly taken, not when an
-// advisory lock is granted, so a backend that cached "no such schema"
-// before its predecessor committed could in principle still believe it
-// after the grant, and its CREATE SCHEMA IF NOT EXISTS would collide
-// (duplicate key in pg_namespace_nspname_index). On Postgres 15 neither
-// the cold-start race of many processes nor a deterministic replay of it
-// (TestUpAfterPredecessorCreatedSchema) shows that; should it happen, the
-// whole transaction is tried again: a new transaction starts with the
-// predecessor's commit applied, since that commit came before this one
-// was granted the lock, and sees the schema as it is.
+// Postgres refreshes a backend's catalog caches when a transaction starts
+// or a relation lock is newly taken, not when an advisory lock is granted,
+// so a backend that cached "no such schema" before its predecessor
+// committed could still believe it after the grant, and its CREATE SCHEMA
+// IF NOT EXISTS would collide. Postgres 15 has not shown it
+// (TestUpAfterPredecessorCreatedSchema); should it happen, a new
+// transaction, started after the predecessor's commit, is tried.
 func underLock(ctx context.Context, pool *pgxpool.Pool, n *pg.Names, fn func(pgx.Tx) error) error {
 	run := func() error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -252,9 +231,8 @@ func underLock(ctx context.Context, pool *pgxpool.Pool, n *pg.Names, fn func(pgx
 	return err
 }
 
-// staleCacheAttempts bounds underLock's tries: the second one sees its
-// predecessor's schema; a third covers a predecessor of a newer claimtx
-// (a rolling deploy migrating further meanwhile).
+// staleCacheAttempts: the second try sees its predecessor's schema; a
+// third covers a newer claimtx migrating further meanwhile.
 const staleCacheAttempts = 3
 
 // lockXact takes the migration lock for the rest of tx.
@@ -266,14 +244,10 @@ func lockXact(ctx context.Context, tx pgx.Tx, n *pg.Names) error {
 }
 
 // staleCatalog reports whether err is what a stale catalog cache makes a
-// CREATE … IF NOT EXISTS do: a unique violation in a catalog index
-// (23505), or duplicate schema / table (42P06 / 42P07).
+// CREATE … IF NOT EXISTS do: a unique violation in a catalog index, or a
+// duplicate schema or table.
 func staleCatalog(err error) bool {
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return false
-	}
-	switch pgErr.Code {
+	switch pg.SQLState(err) {
 	case "23505", "42P06", "42P07":
 		return true
 	}
@@ -281,8 +255,8 @@ func staleCatalog(err error) bool {
 }
 
 // ensureAndReadVersions creates the schema and the bookkeeping table if
-// missing and returns the applied versions. The caller holds the migration
-// lock: CREATE … IF NOT EXISTS is not safe against a concurrent create.
+// missing and returns the applied versions, under the migration lock
+// (CREATE … IF NOT EXISTS is not safe against a concurrent create).
 func ensureAndReadVersions(ctx context.Context, tx pgx.Tx, n *pg.Names) (map[int]bool, error) {
 	if _, err := tx.Exec(ctx, n.Render(`CREATE SCHEMA IF NOT EXISTS {schema};
 CREATE TABLE IF NOT EXISTS {schema}.claimtx_migration (

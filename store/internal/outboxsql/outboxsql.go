@@ -1,8 +1,5 @@
 // Package outboxsql holds the outbox statements: the insert behind
-// Store.Enqueue and what the relay (store/outbox) runs on the outbox
-// table: lock pending rows, mark them sent or failed, delete sent ones.
-// None of it is API: users enqueue with Store.Enqueue and relay with
-// package store/outbox.
+// Store.Enqueue and what the relay (store/outbox) runs.
 package outboxsql
 
 import (
@@ -29,14 +26,12 @@ type Row struct {
 	IdempotencyKey string
 	Payload        []byte
 	Metadata       map[string]string
-	// Attempts counts earlier failed publishes of this row.
-	Attempts  int
-	CreatedAt time.Time
+	Attempts       int // earlier failed publishes of this row
+	CreatedAt      time.Time
 }
 
-// Message returns the Watermill message to publish: the stored UUID,
-// payload and metadata, plus IdempotencyKeyMetadata. Each call returns a
-// new message, as Watermill wants one per Publish.
+// Message returns a new Watermill message to publish: the stored UUID,
+// payload and metadata, plus IdempotencyKeyMetadata.
 func (r Row) Message() *message.Message {
 	msg := message.NewMessage(r.UUID, r.Payload)
 	for k, v := range r.Metadata {
@@ -46,7 +41,7 @@ func (r Row) Message() *message.Message {
 	return msg
 }
 
-// Stats is store.OutboxStats, field for field.
+// Stats is store.OutboxStats.
 type Stats struct {
 	Pending       int64
 	Sent          int64
@@ -60,8 +55,7 @@ type Statements struct {
 	notifyPayload                                         string
 }
 
-// For returns the statements of the outbox table outbox in schema, names
-// that store.Config validated.
+// For returns the statements of the outbox table outbox in schema.
 func For(schema, outbox string) *Statements {
 	n := pg.NewNames(schema, "", outbox)
 	return &Statements{
@@ -88,15 +82,12 @@ FOR UPDATE SKIP LOCKED`),
        coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE sent_at IS NULL)), 0)::float8,
        count(*) FILTER (WHERE sent_at IS NULL AND attempts > 0)
 FROM {schema}.{outbox}`),
-		// Relays of other schemas listening on the same database ignore
-		// notifications whose payload is not theirs.
 		notifyPayload: pg.OutboxPayload(schema, outbox),
 	}
 }
 
 // Insert writes rows for topic to the outbox in tx, one element of each
-// slice per row, in order, and notifies the relays (delivered at commit), in one
-// round trip. The caller validated the values.
+// slice per row, and notifies the relays at commit, in one round trip.
 func (s *Statements) Insert(ctx context.Context, tx pgx.Tx, topic string, uuids, keys []string, payloads [][]byte, metadata []string) error {
 	b := &pgx.Batch{}
 	b.Queue(s.insert, topic, uuids, keys, payloads, metadata)
@@ -105,12 +96,9 @@ func (s *Statements) Insert(ctx context.Context, tx pgx.Tx, topic string, uuids,
 }
 
 // LockPending locks up to limit pending rows, oldest first, in tx and
-// returns them. Rows locked by another transaction (another relay) are
-// skipped, not waited for (FOR UPDATE SKIP LOCKED), so several relays share
-// the backlog and never hold the same row at once. The locks last until tx
-// ends: publish the rows, MarkSent them, commit. If the relay dies first,
-// the locks vanish with its connection and the rows are locked again by
-// the next relay: published at least once.
+// returns them, skipping rows another relay holds (FOR UPDATE SKIP
+// LOCKED). Publish them, MarkSent them, commit; a relay that dies first
+// loses its locks with its connection: published at least once.
 func (s *Statements) LockPending(ctx context.Context, tx pgx.Tx, limit int) ([]Row, error) {
 	if tx == nil {
 		return nil, errors.New("claimtx: locking outbox rows needs a transaction")
@@ -119,18 +107,17 @@ func (s *Statements) LockPending(ctx context.Context, tx pgx.Tx, limit int) ([]R
 		return nil, fmt.Errorf("claimtx: outbox row limit %d must be positive", limit)
 	}
 	rows, err := tx.Query(ctx, s.lock, limit)
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: lock pending outbox rows: %w", err)
+	var out []Row
+	if err == nil {
+		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Row]) // the columns in field order
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Row]) // the columns in field order
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: lock pending outbox rows: %w", err)
 	}
 	return out, nil
 }
 
-// MarkSent records in tx that the rows were published. Call it only after
-// Publish returned nil for every one of them.
+// MarkSent records in tx that the rows were published.
 func (s *Statements) MarkSent(ctx context.Context, tx pgx.Tx, ids []int64) error {
 	if len(ids) == 0 {
 		return nil
@@ -157,11 +144,9 @@ func (s *Statements) MarkFailed(ctx context.Context, tx pgx.Tx, ids []int64, cau
 	return nil
 }
 
-// DeleteSent deletes up to limit rows sent more than olderThan ago (by the
-// database's clock) and returns how many it deleted. Rows locked by a
-// concurrent cleanup are skipped, so cleanups running in several relays do
-// not wait on each other. Call it repeatedly until it returns less than
-// limit; small batches keep locks and WAL bursts short.
+// DeleteSent deletes up to limit rows sent more than olderThan ago
+// (database clock), skipping rows a concurrent cleanup holds, and returns
+// how many it deleted: call it until it returns less than limit.
 func (s *Statements) DeleteSent(ctx context.Context, db pg.Execer, olderThan time.Duration, limit int) (int64, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("claimtx: outbox cleanup limit %d must be positive", limit)

@@ -1,8 +1,6 @@
 // Package standby reads whether a Postgres server has the synchronous
 // standby that a claim committed with synchronous_commit remote_write or
-// remote_apply relies on: without one, such a commit is acknowledged (and
-// its message acked) once the primary alone has it, and a failover to a
-// standby that had not received it loses the effect for good.
+// remote_apply relies on: without one, a failover can lose an acked effect.
 package standby
 
 import (
@@ -15,18 +13,15 @@ import (
 
 // State is what the server says about its synchronous replication.
 type State struct {
-	// Names is synchronous_standby_names: empty, no commit waits for a
-	// standby, whatever synchronous_commit says.
+	// Names is synchronous_standby_names.
 	Names string
 	// Standbys counts the WAL senders of pg_stat_replication, Sync those
 	// whose sync_state is sync or quorum, and Hidden those whose
-	// sync_state the role cannot read (NULL: it lacks pg_read_all_stats,
-	// which pg_monitor includes).
+	// sync_state the role cannot read (without pg_read_all_stats).
 	Standbys, Sync, Hidden int
 }
 
-// readSQL reads State in one statement. Every role sees a row per WAL
-// sender; only the columns are hidden from roles without pg_read_all_stats.
+// readSQL reads State; every role sees a row per WAL sender.
 const readSQL = `SELECT current_setting('synchronous_standby_names'), count(*),
 	count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')),
 	count(*) FILTER (WHERE sync_state IS NULL)
@@ -42,9 +37,8 @@ func Read(ctx context.Context, db pg.Querier) (State, error) {
 }
 
 // Shortfall says what s lacks for commits with synchronousCommit to keep
-// their promise: "" when nothing (or when synchronousCommit needs no
-// standby). verified is false when the role could not read which standbys
-// are synchronous, so the verdict rests on Names alone.
+// their promise, "" when nothing. verified is false when the role could
+// not read which standbys are synchronous.
 func (s State) Shortfall(synchronousCommit string) (shortfall string, verified bool) {
 	if !pg.NeedsSyncStandby(synchronousCommit) {
 		return "", true
