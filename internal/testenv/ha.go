@@ -9,11 +9,8 @@ package testenv
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -41,11 +38,11 @@ type HACluster struct {
 // to them: the next test starts from a healthy cluster.
 func HA(t testing.TB) *HACluster {
 	t.Helper()
-	root, err := repoRoot()
+	script, err := ciScript("ha")
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	c := &HACluster{script: filepath.Join(root, ".ci", "ha")}
+	c := &HACluster{script: script}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	// The same restoration before the test as after it: a run interrupted
@@ -272,23 +269,4 @@ func (c *HACluster) run(ctx context.Context, args ...string) (string, error) {
 		return "", fmt.Errorf(".ci/ha %s: %w\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
 	}
 	return stdout.String(), nil
-}
-
-// repoRoot is the nearest directory above the working directory (a
-// package's, under go test) that holds .ci/ha.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, ".ci", "ha")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no .ci/ha in the working directory or above it")
-		}
-		dir = parent
-	}
 }

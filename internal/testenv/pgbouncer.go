@@ -68,7 +68,7 @@ func SkipBehindPooler(t testing.TB, why string) {
 // (1.18 keeps no prepared statements across transactions).
 func StartPgBouncer(t testing.TB, upstreamHost string, upstreamPort int) string {
 	t.Helper()
-	script, err := pgbouncerScript()
+	script, err := ciScript("pgbouncer")
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
@@ -85,18 +85,14 @@ func StartPgBouncer(t testing.TB, upstreamHost string, upstreamPort int) string 
 	// The script chowns dir to postgres; the cleanup removes it as us.
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	var port int
-	// A free port can be taken between the probe and pgbouncer's bind:
-	// try a few.
+	// The free port can be taken before pgbouncer binds it: try three.
 	for attempt := 0; ; attempt++ {
 		port = freePort(t)
 		cmd := exec.CommandContext(ctx, script, "start", dir, fmt.Sprint(port), upstreamHost, fmt.Sprint(upstreamPort)) //nolint:gosec // the repository's own script
-		// Many tests of the parallel suite start one of these at once in
-		// front of the shared server (max_connections 100), and the
-		// cold-start races make a database a round: each instance holds
-		// at most 8 server connections whatever the database (PgBouncer
-		// closes an idle one of another pool to open one), and its
-		// clients queue for them, which is what a transaction pooler is
-		// for.
+		// The parallel suite starts many at once in front of the shared
+		// server (max_connections 100), the cold-start races a database a
+		// round: each holds at most 8 server connections whatever the
+		// database, and its clients queue for them.
 		cmd.Env = append(os.Environ(), "PGBOUNCER_POOL_SIZE=8", "PGBOUNCER_MAX_DB_CONNECTIONS=8", "PGBOUNCER_MAX_USER_CONNECTIONS=8")
 		out, err := cmd.CombinedOutput()
 		if err == nil {
@@ -171,16 +167,16 @@ func freePort(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// pgbouncerScript finds .ci/pgbouncer from this file's source location:
-// tests run in their package's directory, anywhere in the tree.
-func pgbouncerScript() (string, error) {
+// ciScript is the repository's .ci/<name>, found from this file's source
+// location: tests run in their package's directory, anywhere in the tree.
+func ciScript(name string) (string, error) {
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
-		return "", errors.New("cannot locate the testenv source (for .ci/pgbouncer)")
+		return "", errors.New("cannot locate the testenv source (for .ci/" + name + ")")
 	}
-	script := filepath.Join(filepath.Dir(file), "..", "..", ".ci", "pgbouncer")
+	script := filepath.Join(filepath.Dir(file), "..", "..", ".ci", name)
 	if _, err := os.Stat(script); err != nil {
-		return "", fmt.Errorf("pgbouncer script: %w", err)
+		return "", fmt.Errorf("%s script: %w", name, err)
 	}
 	return script, nil
 }
@@ -197,11 +193,8 @@ func schemaRole(schema string) string { return schema }
 
 // ensureSchemaRole creates schema's role if it does not exist yet.
 func ensureSchemaRole(ctx context.Context, schema string) error {
-	conn, err := pgx.Connect(ctx, URL())
-	if err != nil {
-		return fmt.Errorf("connect %s: %w", redacted(), err)
-	}
-	defer func() { _ = conn.Close(ctx) }()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	role := pgx.Identifier{schemaRole(schema)}.Sanitize()
 	// A DO block, not CREATE ROLE alone: ExamplePool and URLWithSearchPath
 	// may be asked for a schema whose role NewSchema already made. The
@@ -214,13 +207,14 @@ func ensureSchemaRole(ctx context.Context, schema string) error {
   END IF;
 END $$;
 ALTER ROLE %s SET search_path = %s`, lit, role, role, role)
-	// 42710 duplicate_object: two callers raced on the IF NOT EXISTS.
-	for attempt := 0; ; attempt++ {
-		_, err = conn.Exec(ctx, sql)
-		if err == nil || attempt == 1 || !strings.Contains(err.Error(), "42710") {
-			break
+	err := onServer(ctx, func(conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, sql)
+		if err != nil && strings.Contains(err.Error(), "42710") {
+			// duplicate_object: two callers raced on the IF NOT EXISTS.
+			_, err = conn.Exec(ctx, sql)
 		}
-	}
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("role for schema %s: %w", schema, err)
 	}
@@ -228,49 +222,24 @@ ALTER ROLE %s SET search_path = %s`, lit, role, role, role)
 }
 
 // dropSchemaRole drops schema's role once the schema is gone, with what
-// the role still owns elsewhere in the database (a test's own extra
-// schema). Idle server connections PgBouncer keeps for the role do not
-// hold the drop up. A role left behind (it owns something in a database
-// of its test's own) is logged, not failed: it is an empty login.
-func dropSchemaRole(ctx context.Context, t testing.TB, schema string) {
-	t.Helper()
-	conn, err := pgx.Connect(ctx, URL())
-	if err != nil {
-		t.Logf("testenv: drop role %s: connect: %v", schema, err)
-		return
-	}
-	defer func() { _ = conn.Close(ctx) }()
-	if err := dropRole(ctx, conn, schemaRole(schema)); err != nil {
-		t.Logf("testenv: drop role %s: %v", schema, err)
-	}
-}
-
-// dropRole drops role with what it owns, one statement at a time: the
-// URL behind a pooler sends each in the extended protocol, which takes
-// one command per statement. A role already gone is no error.
-func dropRole(ctx context.Context, conn *pgx.Conn, role string) error {
-	r := pgx.Identifier{role}.Sanitize()
-	for _, sql := range []string{"DROP OWNED BY " + r + " CASCADE", "DROP ROLE " + r} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			if strings.Contains(err.Error(), "42704") { // undefined_object
-				return nil
+// it still owns elsewhere in the database (a test's own extra schema), one
+// statement at a time: the URL behind a pooler sends each in the extended
+// protocol, which takes one command per statement. Idle server connections
+// PgBouncer keeps for the role do not hold the drop up; a role already
+// gone is no error.
+func dropSchemaRole(schema string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := pgx.Identifier{schemaRole(schema)}.Sanitize()
+	return onServer(ctx, func(conn *pgx.Conn) error {
+		for _, sql := range []string{"DROP OWNED BY " + r + " CASCADE", "DROP ROLE " + r} {
+			if _, err := conn.Exec(ctx, sql); err != nil {
+				if strings.Contains(err.Error(), "42704") { // undefined_object
+					return nil
+				}
+				return err
 			}
-			return err
 		}
-	}
-	return nil
-}
-
-// withUser returns raw with its user name replaced.
-func withUser(raw, user string) (string, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "", err
-	}
-	if p, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(user, p)
-	} else {
-		u.User = url.User(user)
-	}
-	return u.String(), nil
+		return nil
+	})
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"os"
 	"testing"
@@ -32,26 +33,35 @@ func URL() string {
 func NewSchema(t testing.TB) string {
 	t.Helper()
 	schema := randomName("t_")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	if BehindPooler() {
-		if err := ensureSchemaRole(ctx, schema); err != nil {
+		if err := ensureSchemaRole(context.Background(), schema); err != nil {
 			t.Fatalf("testenv: %v", err)
 		}
-		// Registered first, so it runs after the schema's drop.
+		// Registered first, so it runs after the schema's drop; a role left
+		// behind (owning something in a database of the test's own) is an
+		// empty login: logged, not failed.
 		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			dropSchemaRole(ctx, t, schema)
+			if err := dropSchemaRole(schema); err != nil {
+				t.Logf("testenv: drop role %s: %v", schema, err)
+			}
 		})
 	}
-	execSQL(ctx, t, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		execSQL(ctx, t, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	})
+	ident := pgx.Identifier{schema}.Sanitize()
+	createDropped(t, "CREATE SCHEMA "+ident, "DROP SCHEMA IF EXISTS "+ident+" CASCADE", 30*time.Second)
 	return schema
+}
+
+// createDropped runs create, and drop (given dropTimeout) when the test ends.
+func createDropped(t testing.TB, create, drop string, dropTimeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	execSQL(ctx, t, create)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), dropTimeout)
+		defer cancel()
+		execSQL(ctx, t, drop)
+	})
 }
 
 // randomName is prefix and 12 random hex digits (crypto/rand never fails).
@@ -63,14 +73,19 @@ func randomName(prefix string) string {
 
 func execSQL(ctx context.Context, t testing.TB, sql string) {
 	t.Helper()
-	conn, err := pgx.Connect(ctx, URL())
-	if err != nil {
-		t.Fatalf("testenv: connect %s: %v", redacted(), err)
-	}
-	defer func() { _ = conn.Close(ctx) }()
-	if _, err := conn.Exec(ctx, sql); err != nil {
+	if err := onServer(ctx, func(conn *pgx.Conn) error { _, err := conn.Exec(ctx, sql); return err }); err != nil {
 		t.Fatalf("testenv: %s: %v", sql, err)
 	}
+}
+
+// onServer runs f on a connection of its own to URL().
+func onServer(ctx context.Context, f func(*pgx.Conn) error) error {
+	conn, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", redacted(), err)
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	return f(conn)
 }
 
 // Pool returns a pool whose connections use schema as their search_path, so
@@ -78,22 +93,34 @@ func execSQL(ctx context.Context, t testing.TB, sql string) {
 // It is closed when the test ends.
 func Pool(t testing.TB, schema string, maxConns int32) *pgxpool.Pool {
 	t.Helper()
+	pool, err := newPool(context.Background(), schema, maxConns)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// newPool is Pool without a test (maxConns 0: pgxpool's default): its
+// connections use schema as their search_path, a startup parameter
+// directly, the schema's own role behind a pooler.
+func newPool(ctx context.Context, schema string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(URL())
 	if err != nil {
-		t.Fatalf("testenv: parse %s: %v", redacted(), err)
+		return nil, fmt.Errorf("parse %s: %w", redacted(), err)
 	}
-	if err := setSearchPath(context.Background(), cfg.ConnConfig, schema); err != nil {
-		t.Fatalf("testenv: %v", err)
+	if BehindPooler() {
+		if err := ensureSchemaRole(ctx, schema); err != nil {
+			return nil, err
+		}
+		cfg.ConnConfig.User = schemaRole(schema)
+	} else {
+		cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("testenv: pool: %v", err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 // Setup is NewSchema followed by Pool.
@@ -101,22 +128,6 @@ func Setup(t testing.TB, maxConns int32) (*pgxpool.Pool, string) {
 	t.Helper()
 	schema := NewSchema(t)
 	return Pool(t, schema, maxConns), schema
-}
-
-// setSearchPath makes cfg's connections use schema as their search_path:
-// a startup parameter directly, the schema's own role behind a pooler.
-func setSearchPath(ctx context.Context, cfg *pgx.ConnConfig, schema string) error {
-	if !BehindPooler() {
-		cfg.RuntimeParams["search_path"] = schema
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := ensureSchemaRole(ctx, schema); err != nil {
-		return err
-	}
-	cfg.User = schemaRole(schema)
-	return nil
 }
 
 func redacted() string {
@@ -130,17 +141,20 @@ func redacted() string {
 // URLWithSearchPath returns URL() with search_path set to schema, for
 // processes (a consumer under test) that should create their tables there.
 func URLWithSearchPath(schema string) (string, error) {
-	if BehindPooler() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := ensureSchemaRole(ctx, schema); err != nil {
-			return "", err
-		}
-		return withUser(URL(), schemaRole(schema))
-	}
 	u, err := url.Parse(URL())
 	if err != nil {
 		return "", err
+	}
+	if BehindPooler() {
+		if err := ensureSchemaRole(context.Background(), schema); err != nil {
+			return "", err
+		}
+		if p, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(schemaRole(schema), p)
+		} else {
+			u.User = url.User(schemaRole(schema))
+		}
+		return u.String(), nil
 	}
 	q := u.Query()
 	q.Set("search_path", schema)
@@ -156,16 +170,10 @@ func URLWithSearchPath(schema string) (string, error) {
 func NewDatabase(t testing.TB) string {
 	t.Helper()
 	name := randomName("t_db_")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	execSQL(ctx, t, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	t.Cleanup(func() {
-		// Generous: a drop cancelled half-way leaves an invalid database
-		// behind, and a loaded shared server can take a while to drop one.
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		execSQL(ctx, t, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-	})
+	ident := pgx.Identifier{name}.Sanitize()
+	// A generous drop: one cancelled half-way leaves an invalid database
+	// behind, and a loaded shared server can take a while to drop one.
+	createDropped(t, "CREATE DATABASE "+ident, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)", 2*time.Minute)
 	u, err := url.Parse(URL())
 	if err != nil {
 		t.Fatalf("testenv: parse %s: %v", redacted(), err)
@@ -180,14 +188,7 @@ func NewDatabase(t testing.TB) string {
 // on error; DropExample drops the schema and closes the pool.
 func ExamplePool(ctx context.Context) (*pgxpool.Pool, string) {
 	schema := randomName("example_")
-	cfg, err := pgxpool.ParseConfig(URL())
-	if err != nil {
-		panic(err)
-	}
-	if err := setSearchPath(ctx, cfg.ConnConfig, schema); err != nil {
-		panic(err)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := newPool(ctx, schema, 0)
 	if err != nil {
 		panic(err)
 	}
@@ -206,13 +207,7 @@ func DropExample(pool *pgxpool.Pool, schema string) {
 // elsewhere there is none and it does nothing. Errors are dropped: a
 // leftover role is an empty login, harmless beside an example run.
 func DropSchemaRole(schema string) {
-	if !BehindPooler() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if conn, err := pgx.Connect(ctx, URL()); err == nil {
-		_ = dropRole(ctx, conn, schemaRole(schema))
-		_ = conn.Close(ctx)
+	if BehindPooler() {
+		_ = dropSchemaRole(schema)
 	}
 }
