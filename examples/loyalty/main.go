@@ -5,6 +5,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,7 +34,6 @@ import (
 	_ "github.com/claimtx/claimtx/brokers/nats"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -128,11 +128,8 @@ func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 	return nil
 }
 
-// createTables creates the effect tables in the connection's default
-// schema. Several instances may start at once, on an empty database too:
-// createTablesOnce serialises them and runs no DDL when the tables are
-// there (a consumer role without CREATE must start against tables an
-// operator created).
+// createTables creates the effect tables, if missing, in the connection's
+// default schema.
 func createTables(ctx context.Context, pool *pgxpool.Pool) error {
 	return createTablesOnce(ctx, pool, "claimtx-example-loyalty-tables",
 		"SELECT to_regclass('balances') IS NOT NULL AND to_regclass('point_ledger') IS NOT NULL", `
@@ -149,21 +146,16 @@ CREATE TABLE IF NOT EXISTS point_ledger (
 }
 
 // createTablesOnce runs ddl (CREATE TABLE IF NOT EXISTS statements) unless
-// present, a query returning one boolean, says the tables exist.
-//
-// present is first asked in a statement of its own: a role without CREATE
-// must start against tables an operator created, and Postgres checks
-// CREATE before IF NOT EXISTS. Otherwise CREATE … IF NOT EXISTS is not
-// safe against a concurrent create, so the processes queue on an advisory
-// lock named lock, a transaction lock: it keeps no session state, so
-// DATABASE_URL may name a transaction pooler (PgBouncer), where a session
-// lock and the next transaction can run on different server connections.
-// Inside the transaction present is asked again, so a process that waited
-// for another's create runs no DDL. Should a backend's catalog caches
-// still miss the predecessor's tables after the lock (Postgres applies
-// others' catalog changes at transaction start, not at an advisory lock's
-// grant), the create collides, and a new transaction, which sees them,
-// settles it.
+// present, a query of one boolean, says the tables exist; several
+// instances may start at once, on an empty database too. present is asked
+// first on its own: a role without CREATE must start against tables an
+// operator created, and Postgres checks CREATE before IF NOT EXISTS. IF
+// NOT EXISTS is not safe against a concurrent create, so creators queue on
+// the advisory lock named lock, a transaction lock (a session lock would
+// not hold behind a transaction pooler), and ask present again inside it.
+// A backend whose catalog caches still miss the winner's tables (they are
+// applied at transaction start, not at the lock's grant) collides, and a
+// new transaction settles it.
 func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
 	var ok bool
 	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {
@@ -195,13 +187,6 @@ func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, dd
 	return err
 }
 
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 func run(ctx context.Context, logger *slog.Logger) error {
 	// One configuration: the YAML file CONFIG_FILE names, if any
 	// (config.example.yaml documents every key), with the environment
@@ -212,27 +197,14 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if cfg.Name == "" {
-		cfg.Name = consumerName
-	}
-	if cfg.Topic == "" {
-		cfg.Topic = defaultTopic
-	}
-	if cfg.Key == "" {
-		cfg.Key = defaultKey
-	}
-	// The adapters imported above register their kinds, so BROKER=nats
-	// selects NATS JetStream.
+	cfg.Name, cfg.Topic, cfg.Key = cmp.Or(cfg.Name, consumerName), cmp.Or(cfg.Topic, defaultTopic), cmp.Or(cfg.Key, defaultKey)
 	cfg.Broker = natsDefaults(cfg.Broker, cfg.Name)
 	// A registered kind's settings (NATS_*) are checked by Validate, not
-	// by the configuration loader: check them before connecting anywhere
-	// too.
+	// by the loader: before connecting anywhere.
 	if err := cfg.Broker.Validate(); err != nil {
 		return err
 	}
-	if cfg.DatabaseURL == "" {
-		cfg.DatabaseURL = defaultDatabaseURL
-	}
+	cfg.DatabaseURL = cmp.Or(cfg.DatabaseURL, defaultDatabaseURL)
 	// The specs are checked before connecting, so a typo fails at once
 	// (consumer.New would find it only after the tables are created),
 	// named as the operator wrote it.
@@ -272,8 +244,20 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	// Every outcome is logged at debug level (LOG_LEVEL=debug) with its
 	// order id, so tests can tell which order was applied and which
 	// delivery was recognised as a duplicate.
-	onOutcome := []func(middleware.Result){func(r middleware.Result) {
-		if !logger.Enabled(ctx, slog.LevelDebug) {
+	//
+	// LOYALTY_CRASH_AFTER_COMMIT is fault injection for the kill tests:
+	// die by SIGKILL after the claim transaction of this order committed
+	// and before the router acks, the window a crash-after-commit test
+	// must hit exactly.
+	var crashOrder int64
+	crash := os.Getenv("LOYALTY_CRASH_AFTER_COMMIT") != ""
+	if crash {
+		if crashOrder, err = strconv.ParseInt(os.Getenv("LOYALTY_CRASH_AFTER_COMMIT"), 10, 64); err != nil {
+			return &framework.ConfigError{Field: "LOYALTY_CRASH_AFTER_COMMIT", Reason: "not an order id"}
+		}
+	}
+	cfg.OnOutcome = func(r middleware.Result) {
+		if !crash && !logger.Enabled(ctx, slog.LevelDebug) {
 			return
 		}
 		id, _, _, err := decode(r.Message.Payload)
@@ -281,29 +265,10 @@ func run(ctx context.Context, logger *slog.Logger) error {
 			id = -1
 		}
 		logger.Debug("loyalty: outcome", "order_id", id, "outcome", string(r.Outcome), "attempts", r.Attempts, "claim_wait", r.ClaimWait)
-	}}
-	if v := os.Getenv("LOYALTY_CRASH_AFTER_COMMIT"); v != "" {
-		// Fault injection for the kill tests: die by SIGKILL after the
-		// claim transaction of this order committed and before the router
-		// acks, the window a crash-after-commit test must hit exactly.
-		crashOrder, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return &framework.ConfigError{Field: "LOYALTY_CRASH_AFTER_COMMIT", Reason: "not an order id"}
-		}
-		onOutcome = append(onOutcome, func(r middleware.Result) {
-			if r.Outcome != framework.Applied {
-				return
-			}
-			if id, _, _, err := decode(r.Message.Payload); err == nil && id == crashOrder {
-				logger.Warn("loyalty: fault injection: SIGKILL after commit, before ack", "order_id", id)
-				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-				select {} // never ack
-			}
-		})
-	}
-	cfg.OnOutcome = func(r middleware.Result) {
-		for _, f := range onOutcome {
-			f(r)
+		if crash && err == nil && r.Outcome == framework.Applied && id == crashOrder {
+			logger.Warn("loyalty: fault injection: SIGKILL after commit, before ack", "order_id", id)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // never ack
 		}
 	}
 	reg := prometheus.NewRegistry()
@@ -313,21 +278,15 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var c interface {
-		Run(context.Context) error
-		Health() observe.Health
-		Close() error
-	}
+	var c *consumer.Consumer
 	if batch.MaxSize > 0 {
 		if os.Getenv("LOYALTY_HANDLER_DELAY") != "" {
 			// The delay wraps the per-message handler; batches would ignore it.
 			return &framework.ConfigError{Field: "LOYALTY_HANDLER_DELAY", Reason: "not supported with BATCH_SIZE"}
 		}
-		bc, err := newBatch(ctx, cfg, batch)
-		if err != nil {
+		if c, err = newBatch(ctx, cfg, batch); err != nil {
 			return err
 		}
-		c = bc
 		logger.Info("loyalty: consuming in batches", "broker", cfg.Broker.Kind, "topic", cfg.Topic,
 			"batch_size", batch.MaxSize, "workers", batch.Workers, "poison_topic", cfg.Topic+poisonSuffix)
 	} else {
@@ -335,21 +294,19 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		mc, err := consumer.New(ctx, cfg, handler)
-		if err != nil {
+		if c, err = consumer.New(ctx, cfg, handler); err != nil {
 			return err
 		}
-		c = mc
 		go func() {
 			select {
-			case <-mc.Running():
+			case <-c.Running():
 				logger.Info("loyalty: consuming", "broker", cfg.Broker.Kind, "topic", cfg.Topic, "poison_topic", cfg.Topic+poisonSuffix)
 			case <-ctx.Done():
 			}
 		}()
 	}
 	defer func() { _ = c.Close() }()
-	if addr := env("METRICS_ADDR", defaultMetricsAddr); addr != "off" {
+	if addr := cmp.Or(os.Getenv("METRICS_ADDR"), defaultMetricsAddr); addr != "off" {
 		stopHTTP := serveMetrics(logger, addr, reg, c.Health())
 		defer stopHTTP()
 	}
