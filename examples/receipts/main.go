@@ -22,6 +22,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -74,23 +75,16 @@ type settings struct {
 	broker brokers.Config
 }
 
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 func loadSettings() (settings, error) {
 	s := settings{
-		databaseURL:   env("DATABASE_URL", defaultDatabaseURL),
+		databaseURL:   cmp.Or(os.Getenv("DATABASE_URL"), defaultDatabaseURL),
 		schema:        os.Getenv("CLAIMTX_SCHEMA"),
-		ordersTopic:   env("ORDERS_TOPIC", defaultOrdersTopic),
-		receiptsTopic: env("RECEIPTS_TOPIC", defaultReceiptsTopic),
-		providerAddr:  env("PROVIDER_ADDR", defaultProviderAddr),
+		ordersTopic:   cmp.Or(os.Getenv("ORDERS_TOPIC"), defaultOrdersTopic),
+		receiptsTopic: cmp.Or(os.Getenv("RECEIPTS_TOPIC"), defaultReceiptsTopic),
+		providerAddr:  cmp.Or(os.Getenv("PROVIDER_ADDR"), defaultProviderAddr),
 		crash:         os.Getenv("RECEIPTS_CRASH"),
 	}
-	s.providerURL = env("PROVIDER_URL", "http://"+s.providerAddr)
+	s.providerURL = cmp.Or(os.Getenv("PROVIDER_URL"), "http://"+s.providerAddr)
 	switch s.crash {
 	case "", crashAfterPublish, crashAfterCall:
 	default:
@@ -234,21 +228,9 @@ func main() {
 }
 
 // createTablesOnce runs ddl (CREATE TABLE IF NOT EXISTS statements) unless
-// present, a query returning one boolean, says the tables exist.
-//
-// present is first asked in a statement of its own: a role without CREATE
-// must start against tables an operator created, and Postgres checks
-// CREATE before IF NOT EXISTS. Otherwise CREATE … IF NOT EXISTS is not
-// safe against a concurrent create, so the processes queue on an advisory
-// lock named lock, a transaction lock: it keeps no session state, so
-// DATABASE_URL may name a transaction pooler (PgBouncer), where a session
-// lock and the next transaction can run on different server connections.
-// Inside the transaction present is asked again, so a process that waited
-// for another's create runs no DDL. Should a backend's catalog caches
-// still miss the predecessor's tables after the lock (Postgres applies
-// others' catalog changes at transaction start, not at an advisory lock's
-// grant), the create collides, and a new transaction, which sees them,
-// settles it.
+// present, a query of one boolean, says the tables exist, safely when
+// several processes start at once: it is examples/loyalty's, whose comment
+// says why each step is there.
 func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
 	var ok bool
 	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {

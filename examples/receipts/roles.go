@@ -139,51 +139,44 @@ func callProvider(ctx context.Context, client *http.Client, providerURL, key str
 }
 
 func runOrders(ctx context.Context, logger *slog.Logger, s settings) error {
+	return consume(ctx, logger, s, ordersConsumer, s.ordersTopic, "template:order-completed:{payload.order_id}",
+		func(st *store.Store) middleware.TxHandlerFunc { return requestReceipt(st, s.receiptsTopic) },
+		"receipts: orders consumer running", "topic", s.ordersTopic, "enqueues_to", s.receiptsTopic)
+}
+
+func runSender(ctx context.Context, logger *slog.Logger, s settings) error {
+	client := &http.Client{Timeout: 10 * time.Second}
+	return consume(ctx, logger, s, senderConsumer, s.receiptsTopic, "metadata:"+store.IdempotencyKeyMetadata,
+		func(*store.Store) middleware.TxHandlerFunc {
+			return sendReceipt(client, s.providerURL, s.crash == crashAfterCall, logger)
+		},
+		"receipts: sender consumer running", "topic", s.receiptsTopic, "provider", s.providerURL)
+}
+
+// consume runs the consumer name on topic, keyed by key, with the handler
+// handler builds on the role's store, and logs msg with attrs before it runs.
+func consume(ctx context.Context, logger *slog.Logger, s settings, name, topic, key string,
+	handler func(*store.Store) middleware.TxHandlerFunc, msg string, attrs ...any) error {
 	pool, st, err := connectStore(ctx, s, false)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	c, err := consumer.New(ctx, consumer.Config{
-		Name:      ordersConsumer,
-		Topic:     s.ordersTopic,
-		Key:       "template:order-completed:{payload.order_id}",
+		Name:      name,
+		Topic:     topic,
+		Key:       key,
 		Pool:      pool,
 		Store:     s.storeConfig(),
-		Broker:    s.brokerFor(ordersConsumer),
+		Broker:    s.brokerFor(name),
 		OnOutcome: logOutcome(logger),
 		Logger:    logger,
-	}, requestReceipt(st, s.receiptsTopic))
+	}, handler(st))
 	if err != nil {
 		return err
 	}
 	defer func() { _ = c.Close() }()
-	logger.Info("receipts: orders consumer running", "topic", s.ordersTopic, "enqueues_to", s.receiptsTopic)
-	return c.Run(ctx)
-}
-
-func runSender(ctx context.Context, logger *slog.Logger, s settings) error {
-	pool, err := connect(ctx, s)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	client := &http.Client{Timeout: 10 * time.Second}
-	c, err := consumer.New(ctx, consumer.Config{
-		Name:      senderConsumer,
-		Topic:     s.receiptsTopic,
-		Key:       "metadata:" + store.IdempotencyKeyMetadata,
-		Pool:      pool,
-		Store:     s.storeConfig(),
-		Broker:    s.brokerFor(senderConsumer),
-		OnOutcome: logOutcome(logger),
-		Logger:    logger,
-	}, sendReceipt(client, s.providerURL, s.crash == crashAfterCall, logger))
-	if err != nil {
-		return err
-	}
-	defer func() { _ = c.Close() }()
-	logger.Info("receipts: sender consumer running", "topic", s.receiptsTopic, "provider", s.providerURL)
+	logger.Info(msg, attrs...)
 	return c.Run(ctx)
 }
 
