@@ -14,12 +14,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -46,21 +48,20 @@ type options struct {
 
 func main() {
 	var o options
-	var brokerList string
 	flag.StringVar(&o.loyalty, "loyalty", "bin/loyalty", "path of the built examples/loyalty binary")
 	flag.IntVar(&o.orders, "orders", 3000, "distinct orders to publish per broker")
-	flag.StringVar(&brokerList, "brokers", "amqp,kafka,nats", "brokers to run, comma separated")
+	brokerList := flag.String("brokers", "amqp,kafka,nats", "brokers to run, comma separated")
 	flag.BoolVar(&o.keep, "keep", false, "keep the demo schemas for inspection")
 	flag.DurationVar(&o.timeout, "timeout", 90*time.Second, "give up on a broker after this long")
 	flag.StringVar(&o.logDir, "logs", ".run/demo", "directory for the consumers' logs")
 	modeList := flag.String("modes", "message,batch", "consumer modes to run per broker: message (a transaction per message) and/or batch (BATCH_SIZE=64)")
 	flag.Parse()
-	o.brokers = strings.Split(brokerList, ",")
+	o.brokers = strings.Split(*brokerList, ",")
 	o.modes = strings.Split(*modeList, ",")
-	o.databaseURL = envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-	o.amqpURL = envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
-	o.kafkaAddr = strings.Split(envOr("KAFKA_BROKERS", "127.0.0.1:9092"), ",")[0]
-	o.natsURL = envOr("NATS_URL", "nats://127.0.0.1:4222")
+	o.databaseURL = cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	o.amqpURL = cmp.Or(os.Getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
+	o.kafkaAddr = strings.Split(cmp.Or(os.Getenv("KAFKA_BROKERS"), "127.0.0.1:9092"), ",")[0]
+	o.natsURL = cmp.Or(os.Getenv("NATS_URL"), "nats://127.0.0.1:4222")
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -125,3 +126,17 @@ func listening(addr string) bool {
 }
 
 var errTimeout = errors.New("timed out waiting for the consumers to drain")
+
+// withSearchPath returns dbURL with search_path set to schema, so the
+// consumer's effect tables land in the run's own schema.
+func withSearchPath(dbURL, schema string) (string, error) {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		// The error would quote the URL, password included.
+		return "", errors.New("DATABASE_URL does not parse")
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}

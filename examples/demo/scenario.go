@@ -162,22 +162,22 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	if batch {
 		env = append(env, "BATCH_SIZE=64", "BATCH_WORKERS=2")
 	}
-	procs := []*proc{}
-	startProc := func(n int) error {
-		p, err := startLoyalty(o.loyalty, env, filepath.Join(o.logDir, fmt.Sprintf("%s-%s-%d.log", kind, id, n)))
-		if err != nil {
-			return err
-		}
-		procs = append(procs, p)
-		return nil
-	}
-	defer func() {
+	var procs []*proc
+	stopAll := func() {
 		for _, p := range procs {
 			p.stop()
 		}
-	}()
-	for i := 0; i < 2; i++ {
-		if err := startProc(i); err != nil {
+	}
+	defer stopAll()
+	startProc := func() error {
+		p, err := startLoyalty(o.loyalty, env, filepath.Join(o.logDir, fmt.Sprintf("%s-%s-%d.log", kind, id, len(procs))))
+		if err == nil {
+			procs = append(procs, p)
+		}
+		return err
+	}
+	for range 2 {
+		if err := startProc(); err != nil {
 			return rep, err
 		}
 	}
@@ -207,7 +207,7 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	procs[0].kill()
 	rep.kills++
 	fmt.Println("   SIGKILLed consumer 0 mid-run; restarting it")
-	if err := startProc(2); err != nil {
+	if err := startProc(); err != nil {
 		return rep, err
 	}
 
@@ -223,9 +223,7 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	}
 	// Graceful stop lets in-flight duplicates finish, so what we count
 	// below is final.
-	for _, p := range procs {
-		p.stop()
-	}
+	stopAll()
 
 	tally, err := feed.Count(ctx, pool, schema)
 	if err != nil {

@@ -188,10 +188,8 @@ func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, dd
 }
 
 func run(ctx context.Context, logger *slog.Logger) error {
-	// One configuration: the YAML file CONFIG_FILE names, if any
-	// (config.example.yaml documents every key), with the environment
-	// over it (consumer.LoadConfig). The Kafka consumer group defaults to
-	// the consumer's Name, "loyalty", unless KAFKA_CONSUMER_GROUP is set.
+	// The YAML file CONFIG_FILE names, if any, with the environment over
+	// it (README.md); the Kafka group defaults to the consumer's Name.
 	configFile := os.Getenv("CONFIG_FILE")
 	cfg, err := consumer.LoadConfig(configFile)
 	if err != nil {
@@ -206,8 +204,8 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	}
 	cfg.DatabaseURL = cmp.Or(cfg.DatabaseURL, defaultDatabaseURL)
 	// The specs are checked before connecting, so a typo fails at once
-	// (consumer.New would find it only after the tables are created),
-	// named as the operator wrote it.
+	// (consumer.New would find it after creating the tables), named as the
+	// operator wrote it.
 	if _, err := framework.ParseKeySpec(cfg.Key); err != nil {
 		return specNamed(err, configFile, "KEY", "key")
 	}
@@ -224,8 +222,6 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	}
 	// Passwords are redacted (consumer.Config.String).
 	logger.Debug("loyalty: configuration", "config", cfg.String())
-	// The database is opened once the variables read so far are known to
-	// be good: a typo is reported at once, not after a connection attempt.
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
 		// LoadConfig has parsed it; pgx's error would quote it.
@@ -241,14 +237,11 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	}); err != nil {
 		return err
 	}
-	// Every outcome is logged at debug level (LOG_LEVEL=debug) with its
-	// order id, so tests can tell which order was applied and which
-	// delivery was recognised as a duplicate.
-	//
-	// LOYALTY_CRASH_AFTER_COMMIT is fault injection for the kill tests:
-	// die by SIGKILL after the claim transaction of this order committed
-	// and before the router acks, the window a crash-after-commit test
-	// must hit exactly.
+	// Every outcome is logged at debug level with its order id, so tests
+	// can tell which order was applied and which was a duplicate.
+	// LOYALTY_CRASH_AFTER_COMMIT (fault injection) dies by SIGKILL after
+	// this order's claim transaction committed and before the router acks,
+	// the window a crash-after-commit test must hit exactly.
 	var crashOrder int64
 	crash := os.Getenv("LOYALTY_CRASH_AFTER_COMMIT") != ""
 	if crash {
@@ -307,8 +300,7 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	}
 	defer func() { _ = c.Close() }()
 	if addr := cmp.Or(os.Getenv("METRICS_ADDR"), defaultMetricsAddr); addr != "off" {
-		stopHTTP := serveMetrics(logger, addr, reg, c.Health())
-		defer stopHTTP()
+		defer serveMetrics(logger, addr, reg, c.Health())()
 	}
 	return c.Run(ctx)
 }
@@ -349,9 +341,8 @@ func batchOptions() (consumer.BatchOptions, error) {
 	return o, nil
 }
 
-// newBatch builds the batch consumer (consumer.NewBatch). Without a window
-// set in the environment (AMQP_WINDOW / KAFKA_WINDOW), it sets the window to
-// workers × batch size, what the batches need to fill up.
+// newBatch builds the batch consumer. The broker window, unless set,
+// is workers × batch size, what the batches need to fill up.
 func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptions) (*consumer.Consumer, error) {
 	window := opts.Workers * opts.MaxSize
 	if cfg.Broker.AMQP.Window == 0 {
@@ -368,10 +359,9 @@ func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptio
 }
 
 // natsDefaults gives BROKER=nats what framework/consumer gives AMQP and
-// Kafka: the durable consumer name defaults to the consumer's name (as the
-// Kafka consumer group does), CONCURRENCY applies, and so does
-// STARTUP_TIMEOUT (as the connection's dial_timeout). NATS_DURABLE,
-// NATS_CONCURRENCY and NATS_DIAL_TIMEOUT override them.
+// Kafka: the consumer's name as durable, CONCURRENCY, and STARTUP_TIMEOUT
+// as dial timeout, unless NATS_DURABLE, NATS_CONCURRENCY or
+// NATS_DIAL_TIMEOUT say otherwise.
 func natsDefaults(b brokers.Config, name string) brokers.Config {
 	if b.Kind != brokers.KindNATS {
 		return b
@@ -411,11 +401,9 @@ func serveMetrics(logger *slog.Logger, addr string, reg *prometheus.Registry, he
 	}
 }
 
-// withHandlerDelay is fault injection for the rebalance and overlap tests:
-// LOYALTY_HANDLER_DELAY=<duration> makes the handler sleep after its writes,
-// inside the claim transaction (claim row inserted, nothing committed), for
-// the order LOYALTY_HANDLER_DELAY_ORDER or, when that is unset, for every
-// order. The sleep ends early if the message's context ends.
+// withHandlerDelay is the fault injection LOYALTY_HANDLER_DELAY(_ORDER) of
+// README.md, for the rebalance and overlap tests: a sleep after the
+// handler's writes, inside the claim transaction.
 func withHandlerDelay(logger *slog.Logger, h middleware.TxHandlerFunc) (middleware.TxHandlerFunc, error) {
 	v := os.Getenv("LOYALTY_HANDLER_DELAY")
 	if v == "" {
