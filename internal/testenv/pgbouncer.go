@@ -1,9 +1,8 @@
 package testenv
 
-// PgBouncer in transaction pooling mode in front of a Postgres, for the
-// tests that prove claimtx keeps no session state (issue 29). The
-// instance is the repository's .ci/pgbouncer script's, so tests, make
-// targets and CI run the same configuration.
+// PgBouncer in transaction pooling mode, the repository's .ci/pgbouncer as
+// make and CI run it, for the tests that prove claimtx keeps no session
+// state (issue 29).
 
 import (
 	"context"
@@ -40,10 +39,8 @@ func BehindPooler() bool {
 // PoolerEnv fronts (make test-pgbouncer sets it).
 const DirectEnv = "TEST_DIRECT_DATABASE_URL"
 
-// DirectURL is a URL that reaches Postgres itself, past any pooler: for a
-// test's own observer that needs a session (a LISTEN), while what it
-// observes goes through URL. It is TEST_DIRECT_DATABASE_URL, or URL when
-// that is not set.
+// DirectURL is DirectEnv's Postgres, past any pooler, or URL when it is
+// not set: for a test's own observer that needs a session (a LISTEN).
 func DirectURL() string {
 	if u := os.Getenv(DirectEnv); u != "" {
 		return u
@@ -59,13 +56,10 @@ func SkipBehindPooler(t testing.TB, why string) {
 	}
 }
 
-// StartPgBouncer starts a PgBouncer of the test's own (transaction
-// pooling, .ci/pgbouncer) on a free loopback port in front of
-// upstreamHost:upstreamPort, and stops it when the test ends. Where
-// pgbouncer is missing it is installed (as root); where it cannot be, the
-// test skips (fails under CI). The URL is what a pgx user behind PgBouncer
-// writes: database test, user postgres, default_query_exec_mode=exec
-// (1.18 keeps no prepared statements across transactions).
+// StartPgBouncer starts a PgBouncer of the test's own on a free loopback
+// port in front of upstreamHost:upstreamPort until the test ends,
+// installing it where it is missing (as root; else the test skips, fails
+// under CI), and returns its URL: database test, user postgres, PoolerURL.
 func StartPgBouncer(t testing.TB, upstreamHost string, upstreamPort int) string {
 	t.Helper()
 	script, err := ciScript("pgbouncer")
@@ -147,14 +141,22 @@ func ThroughPgBouncer(t testing.TB) func(dbURL string) string {
 // default caches prepared statements per connection, which a transaction
 // pooler hands to other clients between transactions.
 func PoolerURL(raw string) string {
+	if u, err := withParam(raw, "default_query_exec_mode", "exec"); err == nil {
+		return u
+	}
+	return raw
+}
+
+// withParam returns raw with the query parameter key set to value.
+func withParam(raw, key, value string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return raw
+		return "", err
 	}
 	q := u.Query()
-	q.Set("default_query_exec_mode", "exec")
+	q.Set(key, value)
 	u.RawQuery = q.Encode()
-	return u.String()
+	return u.String(), nil
 }
 
 func freePort(t testing.TB) int {
@@ -183,12 +185,10 @@ func ciScript(name string) (string, error) {
 
 // schemaRole is the login role a schema's connections use behind a
 // pooler. PgBouncer pools server connections per (database, user), so a
-// role whose search_path is the schema (ALTER ROLE … SET) gives every
-// server connection it gets exactly that search_path, which a startup
-// parameter cannot (PgBouncer 1.18 refuses search_path there, and would
-// not keep it per client anyway). The role is a superuser, as postgres is
-// in the direct runs: a test keeps the same rights, and another test's
-// tables stay off its search_path as they do directly.
+// role whose search_path is the schema (ALTER ROLE … SET) gives each of
+// its server connections that search_path, which a startup parameter
+// cannot (PgBouncer 1.18 refuses it). A superuser, as postgres is in the
+// direct runs, so a test keeps the same rights.
 func schemaRole(schema string) string { return schema }
 
 // ensureSchemaRole creates schema's role if it does not exist yet.
@@ -196,9 +196,8 @@ func ensureSchemaRole(ctx context.Context, schema string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	role := pgx.Identifier{schemaRole(schema)}.Sanitize()
-	// A DO block, not CREATE ROLE alone: ExamplePool and URLWithSearchPath
-	// may be asked for a schema whose role NewSchema already made. The
-	// literal is quoted by hand: a DO body takes no parameters, and the
+	// A DO block, not CREATE ROLE alone: NewSchema may have made the role.
+	// The literal is quoted by hand: a DO body takes no parameters, and the
 	// names are ours (t_/example_ and hex).
 	lit := "'" + strings.ReplaceAll(schema, "'", "''") + "'"
 	sql := fmt.Sprintf(`DO $$ BEGIN
@@ -221,12 +220,11 @@ ALTER ROLE %s SET search_path = %s`, lit, role, role, role)
 	return nil
 }
 
-// dropSchemaRole drops schema's role once the schema is gone, with what
-// it still owns elsewhere in the database (a test's own extra schema), one
-// statement at a time: the URL behind a pooler sends each in the extended
-// protocol, which takes one command per statement. Idle server connections
-// PgBouncer keeps for the role do not hold the drop up; a role already
-// gone is no error.
+// dropSchemaRole drops schema's role once the schema is gone, with what it
+// still owns (a test's own extra schema), one statement at a time: the URL
+// behind a pooler sends each in the extended protocol, one command per
+// statement. PgBouncer's idle server connections of the role do not hold
+// the drop up; a role already gone is no error.
 func dropSchemaRole(schema string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

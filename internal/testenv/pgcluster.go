@@ -54,9 +54,8 @@ func StartPGCluster(t testing.TB) *PGCluster {
 }
 
 // prepare makes the cluster's temporary directory (removed when the test
-// ends; owned by the postgres OS user when the tools run as it) and picks
-// a free port. It returns the directory, which also holds the socket; ok
-// false means the test was skipped.
+// ends, owned by the postgres OS user when the tools run as it), which
+// holds the socket too, and picks a free port; !ok: the test was skipped.
 func (c *PGCluster) prepare(t testing.TB, prefix string) (dir string, ok bool) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", prefix)
@@ -140,18 +139,14 @@ func pgBinDir() string {
 	if p, err := exec.LookPath("initdb"); err == nil {
 		return filepath.Dir(p)
 	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	// The newest version last (numeric order: 9.6 < 15 < 16).
-	slices.SortFunc(dirs, func(a, b string) int {
-		var va, vb float64
-		_, _ = fmt.Sscan(filepath.Base(filepath.Dir(a)), &va)
-		_, _ = fmt.Sscan(filepath.Base(filepath.Dir(b)), &vb)
-		return cmp.Compare(va, vb)
-	})
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if _, err := os.Stat(filepath.Join(dirs[i], "initdb")); err == nil {
-			return dirs[i]
-		}
+	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(found) == 0 {
+		return ""
 	}
-	return ""
+	// The newest version, in numeric order (9.6 < 15 < 16).
+	version := func(initdb string) (v float64) {
+		_, _ = fmt.Sscan(filepath.Base(filepath.Dir(filepath.Dir(initdb))), &v)
+		return v
+	}
+	return filepath.Dir(slices.MaxFunc(found, func(a, b string) int { return cmp.Compare(version(a), version(b)) }))
 }

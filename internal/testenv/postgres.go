@@ -141,24 +141,21 @@ func redacted() string {
 // URLWithSearchPath returns URL() with search_path set to schema, for
 // processes (a consumer under test) that should create their tables there.
 func URLWithSearchPath(schema string) (string, error) {
+	if !BehindPooler() {
+		return withParam(URL(), "search_path", schema)
+	}
 	u, err := url.Parse(URL())
 	if err != nil {
 		return "", err
 	}
-	if BehindPooler() {
-		if err := ensureSchemaRole(context.Background(), schema); err != nil {
-			return "", err
-		}
-		if p, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(schemaRole(schema), p)
-		} else {
-			u.User = url.User(schemaRole(schema))
-		}
-		return u.String(), nil
+	if err := ensureSchemaRole(context.Background(), schema); err != nil {
+		return "", err
 	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
+	if p, ok := u.User.Password(); ok {
+		u.User = url.UserPassword(schemaRole(schema), p)
+	} else {
+		u.User = url.User(schemaRole(schema))
+	}
 	return u.String(), nil
 }
 
