@@ -1,7 +1,11 @@
 package testenv
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"io"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,4 +43,34 @@ func SubscribeReceive(t testing.TB, sub message.Subscriber, topic string, timeou
 	msgs, err := sub.Subscribe(t.Context(), topic)
 	require.NoError(t, err)
 	return Receive(t, msgs, timeout), msgs
+}
+
+// Receive waits for one message from a subscription or fails the test; a
+// closed channel fails it too, since the tests that wait expect a message.
+func Receive(t testing.TB, ch <-chan *message.Message, timeout time.Duration) *message.Message {
+	t.Helper()
+	select {
+	case m, ok := <-ch:
+		require.True(t, ok, "messages channel closed")
+		return m
+	case <-time.After(timeout):
+		t.Fatalf("no message within %s", timeout)
+		return nil
+	}
+}
+
+var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9_-]+`)
+
+// UniqueName is a queue, topic, group or durable name unique to this test
+// and run, so tests run in parallel and rerun on a dirty broker. The test's
+// own name is cut to its last maxName characters, as brokers bound names
+// (NATS durables the tightest).
+func UniqueName(t testing.TB, maxName int) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := unsafeChars.ReplaceAllString(t.Name(), "_")
+	if len(name) > maxName {
+		name = name[len(name)-maxName:]
+	}
+	return "claimtx-test-" + strings.ToLower(name) + "-" + hex.EncodeToString(b)
 }

@@ -1,4 +1,5 @@
 // Package testenv holds what the suite's tests share about their
+
 // environment. Mostly it decides what a test does when the machine lacks
 // something it needs (a command-line tool, a server setting). On a developer's machine
 // the test skips, saying what is missing; under CI it fails, because the CI
@@ -15,6 +16,8 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
 // Output collects a subprocess's stdout and stderr while it runs (two
@@ -64,4 +67,17 @@ func RequireTool(t testing.TB, name string) string {
 		SkipOrFail(t, "%s not installed (%v)", name, err)
 	}
 	return path
+}
+
+// VerifyTestMain runs a package's tests and then fails the run if any
+// goroutine is left, other than the two that end on their own schedule
+// and opts.
+func VerifyTestMain(m *testing.M, opts ...goleak.Option) {
+	goleak.VerifyTestMain(m, append([]goleak.Option{
+		// pgx's pool health checker ends asynchronously after Close.
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+		// Sarama's metrics (go-metrics) start one process-wide meter
+		// goroutine on first use (meter.go:46) and never stop it.
+		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
+	}, opts...)...)
 }
