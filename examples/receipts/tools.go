@@ -10,10 +10,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/store"
 )
 
 // runPublish plays the order service: it publishes OrderCompleted events,
@@ -54,41 +52,23 @@ func runPublish(ctx context.Context, logger *slog.Logger, s settings, args []str
 	return nil
 }
 
-// Report is what runReport prints, one line per field.
-type Report struct {
-	ReceiptRequests  int64 // orders consumer effects
-	OutboxPending    int64
-	OutboxSent       int64
-	ReceiptsSent     int64 // sender consumer effects
-	ProviderReceipts int64 // e-mails the provider actually sent
-	ProviderRequests int64 // calls it received, repeats included
-}
-
-func readReport(ctx context.Context, pool *pgxpool.Pool, st *store.Store) (Report, error) {
-	var r Report
-	err := pool.QueryRow(ctx, `SELECT
-	(SELECT count(*) FROM receipt_requests),
-	(SELECT count(*) FROM receipts_sent),
-	(SELECT count(*) FROM provider_receipts),
-	(SELECT coalesce(sum(requests), 0) FROM provider_receipts)`).Scan(&r.ReceiptRequests, &r.ReceiptsSent, &r.ProviderReceipts, &r.ProviderRequests)
-	if err != nil {
-		return r, fmt.Errorf("report: %w", err)
-	}
-	stats, err := st.OutboxStats(ctx)
-	if err != nil {
-		return r, err
-	}
-	r.OutboxPending, r.OutboxSent = stats.Pending, stats.Sent
-	return r, nil
-}
-
+// runReport prints what every table holds.
 func runReport(ctx context.Context, s settings, w io.Writer) error {
 	pool, st, err := connectStore(ctx, s, true)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	r, err := readReport(ctx, pool, st)
+	var requests, sent, providerReceipts, providerRequests int64
+	err = pool.QueryRow(ctx, `SELECT
+	(SELECT count(*) FROM receipt_requests),
+	(SELECT count(*) FROM receipts_sent),
+	(SELECT count(*) FROM provider_receipts),
+	(SELECT coalesce(sum(requests), 0) FROM provider_receipts)`).Scan(&requests, &sent, &providerReceipts, &providerRequests)
+	if err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	outbox, err := st.OutboxStats(ctx)
 	if err != nil {
 		return err
 	}
@@ -97,6 +77,6 @@ outbox rows pending / sent:          %d / %d
 receipts recorded (sender consumer): %d
 e-mails sent by the provider:        %d
 requests the provider received:      %d
-`, r.ReceiptRequests, r.OutboxPending, r.OutboxSent, r.ReceiptsSent, r.ProviderReceipts, r.ProviderRequests)
+`, requests, outbox.Pending, outbox.Sent, sent, providerReceipts, providerRequests)
 	return err
 }
