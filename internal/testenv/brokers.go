@@ -2,8 +2,6 @@ package testenv
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -72,13 +70,11 @@ var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9_-]+`)
 // own name is cut to its last maxName characters, as brokers bound names
 // (NATS durables the tightest).
 func UniqueName(t testing.TB, maxName int) string {
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
 	name := unsafeChars.ReplaceAllString(t.Name(), "_")
 	if len(name) > maxName {
 		name = name[len(name)-maxName:]
 	}
-	return "claimtx-test-" + strings.ToLower(name) + "-" + hex.EncodeToString(b)
+	return "claimtx-test-" + strings.ToLower(name) + randomName("-")[:9] // 8 hex digits
 }
 
 // QueueDepth returns the ready messages of an AMQP queue, 0 if it does not
