@@ -2,9 +2,8 @@ package testenv
 
 // What tests and runnable examples build claims from and check them by:
 // stores, each in a schema of its own, middlewares, messages, transactions,
-// metrics. store's own tests
-// are black-box (package store_test) wherever they need these, so testenv
-// may import store without a cycle.
+// metrics. store's own tests are black-box (package store_test) wherever
+// they need these, so testenv may import store without a cycle.
 
 import (
 	"context"
