@@ -71,7 +71,6 @@ func main() {
 	o.amqpURL = cmp.Or(os.Getenv("AMQP_URL"), "amqp://guest:guest@127.0.0.1:5672/")
 	o.kafkaAddr = strings.Split(cmp.Or(os.Getenv("KAFKA_BROKERS"), "127.0.0.1:9092"), ",")[0]
 	o.natsURL = cmp.Or(os.Getenv("NATS_URL"), "nats://127.0.0.1:4222")
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ok, err := run(ctx, o)
@@ -247,7 +246,6 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	}
 	rep := report{broker: label, orders: o.orders}
 	fmt.Printf("== %s: topic %s, schema %s\n", label, topic, schema)
-
 	pool, err := pgxpool.New(ctx, o.databaseURL)
 	if err != nil {
 		return rep, err
@@ -267,7 +265,6 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	if err != nil {
 		return rep, err
 	}
-
 	var ops brokerOps
 	switch kind {
 	case "amqp":
@@ -283,7 +280,6 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	if err := ops.prepare(ctx); err != nil {
 		return rep, err
 	}
-
 	env := append(os.Environ(),
 		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+schema, "TOPIC="+topic,
 		"AMQP_URL="+o.amqpURL, "KAFKA_BROKERS="+o.kafkaAddr, "CONCURRENCY=4", "METRICS_ADDR=127.0.0.1:0",
@@ -313,7 +309,6 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 			return rep, err
 		}
 	}
-
 	pl := makePlan(o.orders)
 	rep.deliveries, rep.bad = len(pl.deliveries), pl.bad
 	rep.expectedPts = pl.expectedPoints
@@ -322,7 +317,6 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	}
 	fmt.Printf("   published %d deliveries: %d orders, %d republished copies, %d twins, %d bad\n",
 		len(pl.deliveries), pl.orders, pl.copies, pl.twins, pl.bad)
-
 	deadline := time.Now().Add(o.timeout)
 	ledger := func() (int, error) {
 		var n int
@@ -342,7 +336,6 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	if err := startProc(); err != nil {
 		return rep, err
 	}
-
 	// Drain: every order applied, the bad ones poisoned, nothing left in
 	// the broker for this consumer group/queue.
 	if !waitUntil(deadline, 100*time.Millisecond, func() bool {
@@ -356,7 +349,6 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	// Graceful stop lets in-flight duplicates finish, so what we count
 	// below is final.
 	stopAll()
-
 	tally, err := feed.Count(ctx, pool, schema)
 	if err != nil {
 		return rep, err

@@ -317,7 +317,6 @@ func (p *provider) send(w http.ResponseWriter, r *http.Request) {
 	}
 	sum := sha256.Sum256(body)
 	hash := hex.EncodeToString(sum[:])
-
 	// One statement: a concurrent request with the same key waits for this
 	// one's row, then counts as a repeat.
 	var receiptID, storedHash string
