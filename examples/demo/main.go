@@ -1,5 +1,4 @@
 // Command demo runs the loyalty example against RabbitMQ, Kafka and NATS
-
 // JetStream (a registered kind, brokers/nats), one transaction per message
 // and in batches (BATCH_SIZE), with
 // injected trouble — republished copies with new broker ids, concurrent
