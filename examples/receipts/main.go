@@ -1,14 +1,7 @@
 // Command receipts is the seed's step 6: an effect that leaves the
 // database (sending a receipt e-mail through an external provider) made
 // exactly-once with a transactional outbox and the provider's idempotency
-// key. See README.md beside this file.
-//
-//	OrderCompleted ──> orders consumer ──(claim tx: request row + outbox row)
-//	                                                       │
-//	               relay ──(publish, then mark sent)<──────┘
-//	                 │
-//	                 └──> send-receipt ──> sender consumer ──(HTTP, Idempotency-Key)──> provider
-//
+// key; README.md beside this file draws the flow and walks through it.
 // Each role is a subcommand so that each can be killed and restarted on its
 // own:
 //

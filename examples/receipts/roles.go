@@ -53,10 +53,8 @@ func logOutcome(logger *slog.Logger) func(middleware.Result) {
 
 // requestReceipt is the orders consumer's effect, in its claim
 // transaction: a receipt_requests row and a send_receipt message in the
-// outbox. Both commit with the claim or not at all, so each order produces
-// exactly one send_receipt row however often OrderCompleted is delivered.
-// No e-mail is sent here: the external call happens later, once, in the
-// sender.
+// outbox, one per order however often OrderCompleted is delivered. No
+// e-mail is sent here: a rolled-back transaction cannot un-send one.
 func requestReceipt(st *store.Store, receiptsTopic string) middleware.TxHandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		var o OrderCompleted
@@ -79,12 +77,11 @@ func requestReceipt(st *store.Store, receiptsTopic string) middleware.TxHandlerF
 	}
 }
 
-// sendReceipt is the sender consumer's effect. It is keyed by the relay's
-// claimtx_idempotency_key, so the relay's resends are duplicates that never
-// reach the provider. The call itself cannot be rolled back: if the sender
-// dies after the provider accepted the e-mail and before this transaction
-// commits, the redelivery calls again with the same Idempotency-Key, and
-// the provider answers with the stored receipt instead of sending twice.
+// sendReceipt is the sender consumer's effect, keyed by the relay's
+// claimtx_idempotency_key: the relay's resends never reach the provider,
+// and a redelivery after a crash between the call and the commit calls
+// again with the same Idempotency-Key, which the provider answers with the
+// stored receipt (README.md).
 func sendReceipt(client *http.Client, providerURL string, crash bool, logger *slog.Logger) middleware.TxHandlerFunc {
 	var crashed atomic.Bool
 	return func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
@@ -281,12 +278,10 @@ const (
 	idempotentReplayHeader  = "Idempotent-Replayed"
 )
 
-// provider stands in for an e-mail provider with Stripe-style idempotency:
-// the first request with an Idempotency-Key sends the e-mail and stores the
-// response; a later request with the same key gets the stored response and
-// sends nothing; the same key with a different body is refused (422),
-// because it means the caller reused a key for another e-mail. It keeps
-// its state in Postgres so that it survives restarts, like a real one.
+// provider stands in for an e-mail provider with Stripe-style idempotency
+// (README.md): the first request with a key sends, a repeat gets the
+// stored answer, the same key with another body is refused (422). Its state
+// is in Postgres, so it survives restarts like a real one.
 type provider struct {
 	pool   *pgxpool.Pool
 	logger *slog.Logger
