@@ -2,13 +2,10 @@ package main
 
 import (
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 var kinds = []string{"amqp", "kafka", "nats"}
@@ -239,14 +236,7 @@ func TestBadMessagesArePoisonedWithReason(t *testing.T) {
 // checks no log line carries it, including on the poison path.
 func TestNoCredentialsInLogs(t *testing.T) {
 	t.Parallel()
-	testenv.RequireTool(t, "rabbitmqctl")
-	h := newHarness(t, "amqp")
-	user, amqpPass, pgPass := "claimtx_redact_"+randID(), "AmqpPw-"+randID(), "PgPw-"+randID()
-	rabbitUser(t, user, amqpPass)
-	h.amqpURL = fmt.Sprintf("amqp://%s:%s@127.0.0.1:5672/", user, amqpPass)
-	// Trust authentication ignores the password, so any will do.
-	h.dbURL = strings.Replace(h.dbURL, "postgres://postgres@", "postgres://postgres:"+pgPass+"@", 1)
-	require.Contains(t, h.dbURL, pgPass)
+	h, amqpPass, pgPass := secretHarness(t, "claimtx_redact_")
 
 	p := h.start("KAFKA_SASL_PASSWORD=KafkaPw-unused")
 	good := orders(1, 10)

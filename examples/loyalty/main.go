@@ -441,22 +441,13 @@ func withHandlerDelay(logger *slog.Logger, h middleware.TxHandlerFunc) (middlewa
 	}, nil
 }
 
-// logLevel reads LOG_LEVEL (debug, info, warn, error; default info).
-func logLevel() (slog.Level, error) {
-	var l slog.Level
-	if v := os.Getenv("LOG_LEVEL"); v != "" {
-		if err := l.UnmarshalText([]byte(v)); err != nil {
-			return l, &framework.ConfigError{Field: "LOG_LEVEL", Reason: "not a level (debug, info, warn, error)"}
-		}
-	}
-	return l, nil
-}
-
 func main() {
-	level, levelErr := logLevel()
+	// LOG_LEVEL: debug, info (the default), warn or error.
+	var level slog.Level
+	badLevel := os.Getenv("LOG_LEVEL") != "" && level.UnmarshalText([]byte(os.Getenv("LOG_LEVEL"))) != nil
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if levelErr != nil {
-		logger.Error("loyalty: stopped", "err", levelErr)
+	if badLevel {
+		logger.Error("loyalty: stopped", "err", &framework.ConfigError{Field: "LOG_LEVEL", Reason: "not a level (debug, info, warn, error)"})
 		os.Exit(1)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -135,12 +135,7 @@ func TestNoCredentialsInErrors(t *testing.T) {
 // without them.
 func TestNoCredentialsInMetrics(t *testing.T) {
 	t.Parallel()
-	testenv.RequireTool(t, "rabbitmqctl")
-	h := newHarness(t, "amqp")
-	user, amqpPass, pgPass := "claimtx_metrics_"+randID(), "AmqpPw-"+randID(), "PgPw-"+randID()
-	rabbitUser(t, user, amqpPass)
-	h.amqpURL = fmt.Sprintf("amqp://%s:%s@127.0.0.1:5672/", user, amqpPass)
-	h.dbURL = strings.Replace(h.dbURL, "postgres://postgres@", "postgres://postgres:"+pgPass+"@", 1)
+	h, amqpPass, pgPass := secretHarness(t, "claimtx_metrics_")
 
 	p := h.start()
 	good := orders(1, 10)
@@ -151,6 +146,22 @@ func TestNoCredentialsInMetrics(t *testing.T) {
 	requireEndpointsClean(t, p, amqpPass, pgPass)
 	p.stop()
 	requireNoSecrets(t, "the logs", p.out.String(), amqpPass, pgPass)
+}
+
+// secretHarness is an amqp harness whose RabbitMQ user (a fresh one,
+// prefix and an id) and Postgres URL carry passwords; trust authentication
+// ignores the Postgres one, so any will do.
+func secretHarness(t *testing.T, prefix string) (h *harness, amqpPass, pgPass string) {
+	t.Helper()
+	testenv.RequireTool(t, "rabbitmqctl")
+	h = newHarness(t, "amqp")
+	user := prefix + randID()
+	amqpPass, pgPass = "AmqpPw-"+randID(), "PgPw-"+randID()
+	rabbitUser(t, user, amqpPass)
+	h.amqpURL = fmt.Sprintf("amqp://%s:%s@127.0.0.1:5672/", user, amqpPass)
+	h.dbURL = strings.Replace(h.dbURL, "postgres://postgres@", "postgres://postgres:"+pgPass+"@", 1)
+	require.Contains(t, h.dbURL, pgPass)
+	return h, amqpPass, pgPass
 }
 
 func rabbitUser(t *testing.T, user, pass string) {
