@@ -20,17 +20,7 @@ import (
 // backends and catalog caches, and the start-up DDL (the example's tables,
 // claimtx's migrations) races across them.
 func TestColdStartProcesses(t *testing.T) {
-	const rounds, procs = 16, 3
-	failures := 0
-	for round := range rounds {
-		batchSize := "0"
-		if round%2 == 1 {
-			batchSize = "8"
-		}
-		failures += coldStartRound(t, round, procs, batchSize, func(u string) string { return u })
-	}
-	t.Logf("%d of %d loyalty processes failed", failures, rounds*procs)
-	require.Zero(t, failures, "processes that failed to start or stop cleanly")
+	coldStartRounds(t, 16, func(u string) string { return u })
 }
 
 // TestColdStartProcessesPgBouncer is the same through a PgBouncer in
@@ -40,15 +30,20 @@ func TestColdStartProcesses(t *testing.T) {
 // deploy start there too (issue 29: one of two crashed with the session
 // advisory lock).
 func TestColdStartProcessesPgBouncer(t *testing.T) {
-	throughBouncer := testenv.ThroughPgBouncer(t)
-	const rounds, procs = 8, 3
+	coldStartRounds(t, 8, testenv.ThroughPgBouncer(t))
+}
+
+// coldStartRounds runs rounds rounds of 3 processes, every other one in
+// batch mode, and fails the test if any process failed.
+func coldStartRounds(t *testing.T, rounds int, consumerURL func(string) string) {
+	const procs = 3
 	failures := 0
 	for round := range rounds {
 		batchSize := "0"
 		if round%2 == 1 {
 			batchSize = "8"
 		}
-		failures += coldStartRound(t, round, procs, batchSize, throughBouncer)
+		failures += coldStartRound(t, round, procs, batchSize, consumerURL)
 	}
 	t.Logf("%d of %d loyalty processes failed", failures, rounds*procs)
 	require.Zero(t, failures, "processes that failed to start or stop cleanly")

@@ -5,6 +5,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,7 +34,6 @@ import (
 	_ "github.com/claimtx/claimtx/brokers/nats"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
-	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/middleware"
 )
 
@@ -128,11 +128,8 @@ func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 	return nil
 }
 
-// createTables creates the effect tables in the connection's default
-// schema. Several instances may start at once, on an empty database too:
-// createTablesOnce serialises them and runs no DDL when the tables are
-// there (a consumer role without CREATE must start against tables an
-// operator created).
+// createTables creates the effect tables, if missing, in the connection's
+// default schema.
 func createTables(ctx context.Context, pool *pgxpool.Pool) error {
 	return createTablesOnce(ctx, pool, "claimtx-example-loyalty-tables",
 		"SELECT to_regclass('balances') IS NOT NULL AND to_regclass('point_ledger') IS NOT NULL", `
@@ -149,21 +146,16 @@ CREATE TABLE IF NOT EXISTS point_ledger (
 }
 
 // createTablesOnce runs ddl (CREATE TABLE IF NOT EXISTS statements) unless
-// present, a query returning one boolean, says the tables exist.
-//
-// present is first asked in a statement of its own: a role without CREATE
-// must start against tables an operator created, and Postgres checks
-// CREATE before IF NOT EXISTS. Otherwise CREATE … IF NOT EXISTS is not
-// safe against a concurrent create, so the processes queue on an advisory
-// lock named lock, a transaction lock: it keeps no session state, so
-// DATABASE_URL may name a transaction pooler (PgBouncer), where a session
-// lock and the next transaction can run on different server connections.
-// Inside the transaction present is asked again, so a process that waited
-// for another's create runs no DDL. Should a backend's catalog caches
-// still miss the predecessor's tables after the lock (Postgres applies
-// others' catalog changes at transaction start, not at an advisory lock's
-// grant), the create collides, and a new transaction, which sees them,
-// settles it.
+// present, a query of one boolean, says the tables exist; several
+// instances may start at once, on an empty database too. present is asked
+// first on its own: a role without CREATE must start against tables an
+// operator created, and Postgres checks CREATE before IF NOT EXISTS. IF
+// NOT EXISTS is not safe against a concurrent create, so creators queue on
+// the advisory lock named lock, a transaction lock (a session lock would
+// not hold behind a transaction pooler), and ask present again inside it.
+// A backend whose catalog caches still miss the winner's tables (they are
+// applied at transaction start, not at the lock's grant) collides, and a
+// new transaction settles it.
 func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
 	var ok bool
 	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {
@@ -195,47 +187,25 @@ func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, dd
 	return err
 }
 
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 func run(ctx context.Context, logger *slog.Logger) error {
-	// One configuration: the YAML file CONFIG_FILE names, if any
-	// (config.example.yaml documents every key), with the environment
-	// over it (consumer.LoadConfig). The Kafka consumer group defaults to
-	// the consumer's Name, "loyalty", unless KAFKA_CONSUMER_GROUP is set.
+	// The YAML file CONFIG_FILE names, if any, with the environment over
+	// it (README.md); the Kafka group defaults to the consumer's Name.
 	configFile := os.Getenv("CONFIG_FILE")
 	cfg, err := consumer.LoadConfig(configFile)
 	if err != nil {
 		return err
 	}
-	if cfg.Name == "" {
-		cfg.Name = consumerName
-	}
-	if cfg.Topic == "" {
-		cfg.Topic = defaultTopic
-	}
-	if cfg.Key == "" {
-		cfg.Key = defaultKey
-	}
-	// The adapters imported above register their kinds, so BROKER=nats
-	// selects NATS JetStream.
+	cfg.Name, cfg.Topic, cfg.Key = cmp.Or(cfg.Name, consumerName), cmp.Or(cfg.Topic, defaultTopic), cmp.Or(cfg.Key, defaultKey)
 	cfg.Broker = natsDefaults(cfg.Broker, cfg.Name)
 	// A registered kind's settings (NATS_*) are checked by Validate, not
-	// by the configuration loader: check them before connecting anywhere
-	// too.
+	// by the loader: before connecting anywhere.
 	if err := cfg.Broker.Validate(); err != nil {
 		return err
 	}
-	if cfg.DatabaseURL == "" {
-		cfg.DatabaseURL = defaultDatabaseURL
-	}
+	cfg.DatabaseURL = cmp.Or(cfg.DatabaseURL, defaultDatabaseURL)
 	// The specs are checked before connecting, so a typo fails at once
-	// (consumer.New would find it only after the tables are created),
-	// named as the operator wrote it.
+	// (consumer.New would find it after creating the tables), named as the
+	// operator wrote it.
 	if _, err := framework.ParseKeySpec(cfg.Key); err != nil {
 		return specNamed(err, configFile, "KEY", "key")
 	}
@@ -252,8 +222,6 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	}
 	// Passwords are redacted (consumer.Config.String).
 	logger.Debug("loyalty: configuration", "config", cfg.String())
-	// The database is opened once the variables read so far are known to
-	// be good: a typo is reported at once, not after a connection attempt.
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
 		// LoadConfig has parsed it; pgx's error would quote it.
@@ -269,11 +237,20 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	}); err != nil {
 		return err
 	}
-	// Every outcome is logged at debug level (LOG_LEVEL=debug) with its
-	// order id, so tests can tell which order was applied and which
-	// delivery was recognised as a duplicate.
-	onOutcome := []func(middleware.Result){func(r middleware.Result) {
-		if !logger.Enabled(ctx, slog.LevelDebug) {
+	// Every outcome is logged at debug level with its order id, so tests
+	// can tell which order was applied and which was a duplicate.
+	// LOYALTY_CRASH_AFTER_COMMIT (fault injection) dies by SIGKILL after
+	// this order's claim transaction committed and before the router acks,
+	// the window a crash-after-commit test must hit exactly.
+	var crashOrder int64
+	crash := os.Getenv("LOYALTY_CRASH_AFTER_COMMIT") != ""
+	if crash {
+		if crashOrder, err = strconv.ParseInt(os.Getenv("LOYALTY_CRASH_AFTER_COMMIT"), 10, 64); err != nil {
+			return &framework.ConfigError{Field: "LOYALTY_CRASH_AFTER_COMMIT", Reason: "not an order id"}
+		}
+	}
+	cfg.OnOutcome = func(r middleware.Result) {
+		if !crash && !logger.Enabled(ctx, slog.LevelDebug) {
 			return
 		}
 		id, _, _, err := decode(r.Message.Payload)
@@ -281,29 +258,10 @@ func run(ctx context.Context, logger *slog.Logger) error {
 			id = -1
 		}
 		logger.Debug("loyalty: outcome", "order_id", id, "outcome", string(r.Outcome), "attempts", r.Attempts, "claim_wait", r.ClaimWait)
-	}}
-	if v := os.Getenv("LOYALTY_CRASH_AFTER_COMMIT"); v != "" {
-		// Fault injection for the kill tests: die by SIGKILL after the
-		// claim transaction of this order committed and before the router
-		// acks, the window a crash-after-commit test must hit exactly.
-		crashOrder, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return &framework.ConfigError{Field: "LOYALTY_CRASH_AFTER_COMMIT", Reason: "not an order id"}
-		}
-		onOutcome = append(onOutcome, func(r middleware.Result) {
-			if r.Outcome != framework.Applied {
-				return
-			}
-			if id, _, _, err := decode(r.Message.Payload); err == nil && id == crashOrder {
-				logger.Warn("loyalty: fault injection: SIGKILL after commit, before ack", "order_id", id)
-				_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-				select {} // never ack
-			}
-		})
-	}
-	cfg.OnOutcome = func(r middleware.Result) {
-		for _, f := range onOutcome {
-			f(r)
+		if crash && err == nil && r.Outcome == framework.Applied && id == crashOrder {
+			logger.Warn("loyalty: fault injection: SIGKILL after commit, before ack", "order_id", id)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // never ack
 		}
 	}
 	reg := prometheus.NewRegistry()
@@ -313,21 +271,15 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	var c interface {
-		Run(context.Context) error
-		Health() observe.Health
-		Close() error
-	}
+	var c *consumer.Consumer
 	if batch.MaxSize > 0 {
 		if os.Getenv("LOYALTY_HANDLER_DELAY") != "" {
 			// The delay wraps the per-message handler; batches would ignore it.
 			return &framework.ConfigError{Field: "LOYALTY_HANDLER_DELAY", Reason: "not supported with BATCH_SIZE"}
 		}
-		bc, err := newBatch(ctx, cfg, batch)
-		if err != nil {
+		if c, err = newBatch(ctx, cfg, batch); err != nil {
 			return err
 		}
-		c = bc
 		logger.Info("loyalty: consuming in batches", "broker", cfg.Broker.Kind, "topic", cfg.Topic,
 			"batch_size", batch.MaxSize, "workers", batch.Workers, "poison_topic", cfg.Topic+poisonSuffix)
 	} else {
@@ -335,23 +287,20 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		if err != nil {
 			return err
 		}
-		mc, err := consumer.New(ctx, cfg, handler)
-		if err != nil {
+		if c, err = consumer.New(ctx, cfg, handler); err != nil {
 			return err
 		}
-		c = mc
 		go func() {
 			select {
-			case <-mc.Running():
+			case <-c.Running():
 				logger.Info("loyalty: consuming", "broker", cfg.Broker.Kind, "topic", cfg.Topic, "poison_topic", cfg.Topic+poisonSuffix)
 			case <-ctx.Done():
 			}
 		}()
 	}
 	defer func() { _ = c.Close() }()
-	if addr := env("METRICS_ADDR", defaultMetricsAddr); addr != "off" {
-		stopHTTP := serveMetrics(logger, addr, reg, c.Health())
-		defer stopHTTP()
+	if addr := cmp.Or(os.Getenv("METRICS_ADDR"), defaultMetricsAddr); addr != "off" {
+		defer serveMetrics(logger, addr, reg, c.Health())()
 	}
 	return c.Run(ctx)
 }
@@ -392,9 +341,8 @@ func batchOptions() (consumer.BatchOptions, error) {
 	return o, nil
 }
 
-// newBatch builds the batch consumer (consumer.NewBatch). Without a window
-// set in the environment (AMQP_WINDOW / KAFKA_WINDOW), it sets the window to
-// workers × batch size, what the batches need to fill up.
+// newBatch builds the batch consumer. The broker window, unless set,
+// is workers × batch size, what the batches need to fill up.
 func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptions) (*consumer.Consumer, error) {
 	window := opts.Workers * opts.MaxSize
 	if cfg.Broker.AMQP.Window == 0 {
@@ -411,10 +359,9 @@ func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptio
 }
 
 // natsDefaults gives BROKER=nats what framework/consumer gives AMQP and
-// Kafka: the durable consumer name defaults to the consumer's name (as the
-// Kafka consumer group does), CONCURRENCY applies, and so does
-// STARTUP_TIMEOUT (as the connection's dial_timeout). NATS_DURABLE,
-// NATS_CONCURRENCY and NATS_DIAL_TIMEOUT override them.
+// Kafka: the consumer's name as durable, CONCURRENCY, and STARTUP_TIMEOUT
+// as dial timeout, unless NATS_DURABLE, NATS_CONCURRENCY or
+// NATS_DIAL_TIMEOUT say otherwise.
 func natsDefaults(b brokers.Config, name string) brokers.Config {
 	if b.Kind != brokers.KindNATS {
 		return b
@@ -454,11 +401,9 @@ func serveMetrics(logger *slog.Logger, addr string, reg *prometheus.Registry, he
 	}
 }
 
-// withHandlerDelay is fault injection for the rebalance and overlap tests:
-// LOYALTY_HANDLER_DELAY=<duration> makes the handler sleep after its writes,
-// inside the claim transaction (claim row inserted, nothing committed), for
-// the order LOYALTY_HANDLER_DELAY_ORDER or, when that is unset, for every
-// order. The sleep ends early if the message's context ends.
+// withHandlerDelay is the fault injection LOYALTY_HANDLER_DELAY(_ORDER) of
+// README.md, for the rebalance and overlap tests: a sleep after the
+// handler's writes, inside the claim transaction.
 func withHandlerDelay(logger *slog.Logger, h middleware.TxHandlerFunc) (middleware.TxHandlerFunc, error) {
 	v := os.Getenv("LOYALTY_HANDLER_DELAY")
 	if v == "" {
@@ -496,22 +441,13 @@ func withHandlerDelay(logger *slog.Logger, h middleware.TxHandlerFunc) (middlewa
 	}, nil
 }
 
-// logLevel reads LOG_LEVEL (debug, info, warn, error; default info).
-func logLevel() (slog.Level, error) {
-	var l slog.Level
-	if v := os.Getenv("LOG_LEVEL"); v != "" {
-		if err := l.UnmarshalText([]byte(v)); err != nil {
-			return l, &framework.ConfigError{Field: "LOG_LEVEL", Reason: "not a level (debug, info, warn, error)"}
-		}
-	}
-	return l, nil
-}
-
 func main() {
-	level, levelErr := logLevel()
+	// LOG_LEVEL: debug, info (the default), warn or error.
+	var level slog.Level
+	badLevel := os.Getenv("LOG_LEVEL") != "" && level.UnmarshalText([]byte(os.Getenv("LOG_LEVEL"))) != nil
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	if levelErr != nil {
-		logger.Error("loyalty: stopped", "err", levelErr)
+	if badLevel {
+		logger.Error("loyalty: stopped", "err", &framework.ConfigError{Field: "LOG_LEVEL", Reason: "not a level (debug, info, warn, error)"})
 		os.Exit(1)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -135,12 +135,7 @@ func TestNoCredentialsInErrors(t *testing.T) {
 // without them.
 func TestNoCredentialsInMetrics(t *testing.T) {
 	t.Parallel()
-	testenv.RequireTool(t, "rabbitmqctl")
-	h := newHarness(t, "amqp")
-	user, amqpPass, pgPass := "claimtx_metrics_"+randID(), "AmqpPw-"+randID(), "PgPw-"+randID()
-	rabbitUser(t, user, amqpPass)
-	h.amqpURL = fmt.Sprintf("amqp://%s:%s@127.0.0.1:5672/", user, amqpPass)
-	h.dbURL = strings.Replace(h.dbURL, "postgres://postgres@", "postgres://postgres:"+pgPass+"@", 1)
+	h, amqpPass, pgPass := secretHarness(t, "claimtx_metrics_")
 
 	p := h.start()
 	good := orders(1, 10)
@@ -151,6 +146,22 @@ func TestNoCredentialsInMetrics(t *testing.T) {
 	requireEndpointsClean(t, p, amqpPass, pgPass)
 	p.stop()
 	requireNoSecrets(t, "the logs", p.out.String(), amqpPass, pgPass)
+}
+
+// secretHarness is an amqp harness whose RabbitMQ user (a fresh one,
+// prefix and an id) and Postgres URL carry passwords; trust authentication
+// ignores the Postgres one, so any will do.
+func secretHarness(t *testing.T, prefix string) (h *harness, amqpPass, pgPass string) {
+	t.Helper()
+	testenv.RequireTool(t, "rabbitmqctl")
+	h = newHarness(t, "amqp")
+	user := prefix + randID()
+	amqpPass, pgPass = "AmqpPw-"+randID(), "PgPw-"+randID()
+	rabbitUser(t, user, amqpPass)
+	h.amqpURL = fmt.Sprintf("amqp://%s:%s@127.0.0.1:5672/", user, amqpPass)
+	h.dbURL = strings.Replace(h.dbURL, "postgres://postgres@", "postgres://postgres:"+pgPass+"@", 1)
+	require.Contains(t, h.dbURL, pgPass)
+	return h, amqpPass, pgPass
 }
 
 func rabbitUser(t *testing.T, user, pass string) {
@@ -354,4 +365,33 @@ func tlsProxy(t *testing.T, cfg *tls.Config, target string) (string, *atomic.Int
 		}
 	}()
 	return ln.Addr().String(), &handshakes
+}
+
+// TestNATSNoCredentialsInLogs: a consumer on NATS with a password in
+// NATS_URL (the local server has no authentication and ignores it) logs
+// at debug level, consumes, poisons, reports ready on /healthz (the
+// broker check included) and stops: no log line, metric or health answer
+// shows the password. An unparsable NATS_URL fails naming the variable,
+// without quoting it.
+func TestNATSNoCredentialsInLogs(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, "nats")
+	secret := "NatsPw-" + randID()
+	p := h.start("NATS_URL=nats://app:"+secret+"@127.0.0.1:4222", "LOG_LEVEL=debug")
+	good := orders(1, 10)
+	h.publish(good...)
+	h.publishRaw([]string{"bad"}, [][]byte{[]byte("not json")})
+	h.waitApplied(len(good))
+	h.poisoned(1)
+	requireEndpointsClean(t, p, secret)
+	p.stop()
+	require.NoError(t, p.err)
+	logs := p.out.String()
+	require.Contains(t, logs, "loyalty: consuming")
+	requireNoSecrets(t, "the logs", logs, secret)
+
+	bad := h.start("NATS_URL=nats://app:"+secret+"@127.0.0.1:4222:x/", "METRICS_ADDR=off")
+	require.True(t, bad.exited(30*time.Second), "a bad NATS_URL must stop the consumer")
+	require.Contains(t, bad.out.String(), `field \"NATS_URL\"`)
+	requireNoSecrets(t, "the error", bad.out.String(), secret)
 }

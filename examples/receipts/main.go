@@ -1,14 +1,7 @@
 // Command receipts is the seed's step 6: an effect that leaves the
 // database (sending a receipt e-mail through an external provider) made
 // exactly-once with a transactional outbox and the provider's idempotency
-// key. See README.md beside this file.
-//
-//	OrderCompleted ──> orders consumer ──(claim tx: request row + outbox row)
-//	                                                       │
-//	               relay ──(publish, then mark sent)<──────┘
-//	                 │
-//	                 └──> send-receipt ──> sender consumer ──(HTTP, Idempotency-Key)──> provider
-//
+// key; README.md beside this file draws the flow and walks through it.
 // Each role is a subcommand so that each can be killed and restarted on its
 // own:
 //
@@ -22,14 +15,20 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -74,23 +73,16 @@ type settings struct {
 	broker brokers.Config
 }
 
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 func loadSettings() (settings, error) {
 	s := settings{
-		databaseURL:   env("DATABASE_URL", defaultDatabaseURL),
+		databaseURL:   cmp.Or(os.Getenv("DATABASE_URL"), defaultDatabaseURL),
 		schema:        os.Getenv("CLAIMTX_SCHEMA"),
-		ordersTopic:   env("ORDERS_TOPIC", defaultOrdersTopic),
-		receiptsTopic: env("RECEIPTS_TOPIC", defaultReceiptsTopic),
-		providerAddr:  env("PROVIDER_ADDR", defaultProviderAddr),
+		ordersTopic:   cmp.Or(os.Getenv("ORDERS_TOPIC"), defaultOrdersTopic),
+		receiptsTopic: cmp.Or(os.Getenv("RECEIPTS_TOPIC"), defaultReceiptsTopic),
+		providerAddr:  cmp.Or(os.Getenv("PROVIDER_ADDR"), defaultProviderAddr),
 		crash:         os.Getenv("RECEIPTS_CRASH"),
 	}
-	s.providerURL = env("PROVIDER_URL", "http://"+s.providerAddr)
+	s.providerURL = cmp.Or(os.Getenv("PROVIDER_URL"), "http://"+s.providerAddr)
 	switch s.crash {
 	case "", crashAfterPublish, crashAfterCall:
 	default:
@@ -234,21 +226,9 @@ func main() {
 }
 
 // createTablesOnce runs ddl (CREATE TABLE IF NOT EXISTS statements) unless
-// present, a query returning one boolean, says the tables exist.
-//
-// present is first asked in a statement of its own: a role without CREATE
-// must start against tables an operator created, and Postgres checks
-// CREATE before IF NOT EXISTS. Otherwise CREATE … IF NOT EXISTS is not
-// safe against a concurrent create, so the processes queue on an advisory
-// lock named lock, a transaction lock: it keeps no session state, so
-// DATABASE_URL may name a transaction pooler (PgBouncer), where a session
-// lock and the next transaction can run on different server connections.
-// Inside the transaction present is asked again, so a process that waited
-// for another's create runs no DDL. Should a backend's catalog caches
-// still miss the predecessor's tables after the lock (Postgres applies
-// others' catalog changes at transaction start, not at an advisory lock's
-// grant), the create collides, and a new transaction, which sees them,
-// settles it.
+// present, a query of one boolean, says the tables exist, safely when
+// several processes start at once: it is examples/loyalty's, whose comment
+// says why each step is there.
 func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
 	var ok bool
 	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {
@@ -277,5 +257,72 @@ func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, dd
 	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
 		err = create()
 	}
+	return err
+}
+
+// runPublish plays the order service: it publishes OrderCompleted events,
+// each -times times (a redelivering broker, a producer retrying), with a
+// fresh Watermill UUID per copy and the producer's event_id header.
+func runPublish(ctx context.Context, logger *slog.Logger, s settings, args []string) error {
+	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
+	n := fs.Int("n", 10, "number of distinct orders")
+	from := fs.Int64("from", 1, "first order id")
+	times := fs.Int("times", 1, "copies of each event")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	pub, err := brokers.NewPublisher(s.broker, watermill.NewSlogLogger(logger))
+	if err != nil {
+		return err
+	}
+	defer func() { _ = pub.Close() }()
+	for c := 0; c < *times; c++ {
+		for id := *from; id < *from+int64(*n); id++ {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			body, err := json.Marshal(OrderCompleted{
+				OrderID: id, CustomerID: id%7 + 1, Email: fmt.Sprintf("customer-%d@example.com", id%7+1), TotalCents: 1000 + id,
+			})
+			if err != nil {
+				return err
+			}
+			msg := message.NewMessage(watermill.NewUUID(), body)
+			msg.Metadata.Set("event_id", fmt.Sprintf("order-completed-%d", id))
+			if err := pub.Publish(s.ordersTopic, msg); err != nil {
+				return fmt.Errorf("publish order %d: %w", id, err)
+			}
+		}
+	}
+	logger.Info("receipts: published", "orders", *n, "copies_each", *times, "topic", s.ordersTopic)
+	return nil
+}
+
+// runReport prints what every table holds.
+func runReport(ctx context.Context, s settings, w io.Writer) error {
+	pool, st, err := connectStore(ctx, s, true)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var requests, sent, providerReceipts, providerRequests int64
+	err = pool.QueryRow(ctx, `SELECT
+	(SELECT count(*) FROM receipt_requests),
+	(SELECT count(*) FROM receipts_sent),
+	(SELECT count(*) FROM provider_receipts),
+	(SELECT coalesce(sum(requests), 0) FROM provider_receipts)`).Scan(&requests, &sent, &providerReceipts, &providerRequests)
+	if err != nil {
+		return fmt.Errorf("report: %w", err)
+	}
+	outbox, err := st.OutboxStats(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(w, `receipt requests (orders consumer):  %d
+outbox rows pending / sent:          %d / %d
+receipts recorded (sender consumer): %d
+e-mails sent by the provider:        %d
+requests the provider received:      %d
+`, requests, outbox.Pending, outbox.Sent, sent, providerReceipts, providerRequests)
 	return err
 }

@@ -3,11 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -16,6 +19,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
@@ -49,10 +53,8 @@ func logOutcome(logger *slog.Logger) func(middleware.Result) {
 
 // requestReceipt is the orders consumer's effect, in its claim
 // transaction: a receipt_requests row and a send_receipt message in the
-// outbox. Both commit with the claim or not at all, so each order produces
-// exactly one send_receipt row however often OrderCompleted is delivered.
-// No e-mail is sent here: the external call happens later, once, in the
-// sender.
+// outbox, one per order however often OrderCompleted is delivered. No
+// e-mail is sent here: a rolled-back transaction cannot un-send one.
 func requestReceipt(st *store.Store, receiptsTopic string) middleware.TxHandlerFunc {
 	return func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 		var o OrderCompleted
@@ -75,12 +77,11 @@ func requestReceipt(st *store.Store, receiptsTopic string) middleware.TxHandlerF
 	}
 }
 
-// sendReceipt is the sender consumer's effect. It is keyed by the relay's
-// claimtx_idempotency_key, so the relay's resends are duplicates that never
-// reach the provider. The call itself cannot be rolled back: if the sender
-// dies after the provider accepted the e-mail and before this transaction
-// commits, the redelivery calls again with the same Idempotency-Key, and
-// the provider answers with the stored receipt instead of sending twice.
+// sendReceipt is the sender consumer's effect, keyed by the relay's
+// claimtx_idempotency_key: the relay's resends never reach the provider,
+// and a redelivery after a crash between the call and the commit calls
+// again with the same Idempotency-Key, which the provider answers with the
+// stored receipt (README.md).
 func sendReceipt(client *http.Client, providerURL string, crash bool, logger *slog.Logger) middleware.TxHandlerFunc {
 	var crashed atomic.Bool
 	return func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
@@ -139,51 +140,44 @@ func callProvider(ctx context.Context, client *http.Client, providerURL, key str
 }
 
 func runOrders(ctx context.Context, logger *slog.Logger, s settings) error {
+	return consume(ctx, logger, s, ordersConsumer, s.ordersTopic, "template:order-completed:{payload.order_id}",
+		func(st *store.Store) middleware.TxHandlerFunc { return requestReceipt(st, s.receiptsTopic) },
+		"receipts: orders consumer running", "topic", s.ordersTopic, "enqueues_to", s.receiptsTopic)
+}
+
+func runSender(ctx context.Context, logger *slog.Logger, s settings) error {
+	client := &http.Client{Timeout: 10 * time.Second}
+	return consume(ctx, logger, s, senderConsumer, s.receiptsTopic, "metadata:"+store.IdempotencyKeyMetadata,
+		func(*store.Store) middleware.TxHandlerFunc {
+			return sendReceipt(client, s.providerURL, s.crash == crashAfterCall, logger)
+		},
+		"receipts: sender consumer running", "topic", s.receiptsTopic, "provider", s.providerURL)
+}
+
+// consume runs the consumer name on topic, keyed by key, with the handler
+// handler builds on the role's store, and logs msg with attrs before it runs.
+func consume(ctx context.Context, logger *slog.Logger, s settings, name, topic, key string,
+	handler func(*store.Store) middleware.TxHandlerFunc, msg string, attrs ...any) error {
 	pool, st, err := connectStore(ctx, s, false)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	c, err := consumer.New(ctx, consumer.Config{
-		Name:      ordersConsumer,
-		Topic:     s.ordersTopic,
-		Key:       "template:order-completed:{payload.order_id}",
+		Name:      name,
+		Topic:     topic,
+		Key:       key,
 		Pool:      pool,
 		Store:     s.storeConfig(),
-		Broker:    s.brokerFor(ordersConsumer),
+		Broker:    s.brokerFor(name),
 		OnOutcome: logOutcome(logger),
 		Logger:    logger,
-	}, requestReceipt(st, s.receiptsTopic))
+	}, handler(st))
 	if err != nil {
 		return err
 	}
 	defer func() { _ = c.Close() }()
-	logger.Info("receipts: orders consumer running", "topic", s.ordersTopic, "enqueues_to", s.receiptsTopic)
-	return c.Run(ctx)
-}
-
-func runSender(ctx context.Context, logger *slog.Logger, s settings) error {
-	pool, err := connect(ctx, s)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	client := &http.Client{Timeout: 10 * time.Second}
-	c, err := consumer.New(ctx, consumer.Config{
-		Name:      senderConsumer,
-		Topic:     s.receiptsTopic,
-		Key:       "metadata:" + store.IdempotencyKeyMetadata,
-		Pool:      pool,
-		Store:     s.storeConfig(),
-		Broker:    s.brokerFor(senderConsumer),
-		OnOutcome: logOutcome(logger),
-		Logger:    logger,
-	}, sendReceipt(client, s.providerURL, s.crash == crashAfterCall, logger))
-	if err != nil {
-		return err
-	}
-	defer func() { _ = c.Close() }()
-	logger.Info("receipts: sender consumer running", "topic", s.receiptsTopic, "provider", s.providerURL)
+	logger.Info(msg, attrs...)
 	return c.Run(ctx)
 }
 
@@ -262,4 +256,119 @@ func runAll(ctx context.Context, logger *slog.Logger, s settings) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// Receipt is the provider API's request body.
+type Receipt struct {
+	OrderID    int64  `json:"order_id"`
+	Email      string `json:"email"`
+	TotalCents int64  `json:"total_cents"`
+}
+
+// receiptResponse is the provider's answer.
+type receiptResponse struct {
+	ReceiptID string `json:"receipt_id"`
+}
+
+// Provider API details, as the sender uses them.
+const (
+	receiptsPath            = "/v1/receipts"
+	idempotencyKeyHeader    = "Idempotency-Key"
+	idempotentReplayedValue = "true"
+	idempotentReplayHeader  = "Idempotent-Replayed"
+)
+
+// provider stands in for an e-mail provider with Stripe-style idempotency
+// (README.md): the first request with a key sends, a repeat gets the
+// stored answer, the same key with another body is refused (422). Its state
+// is in Postgres, so it survives restarts like a real one.
+type provider struct {
+	pool   *pgxpool.Pool
+	logger *slog.Logger
+}
+
+func (p *provider) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	mux.HandleFunc("POST "+receiptsPath, p.send)
+	return mux
+}
+
+func (p *provider) send(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get(idempotencyKeyHeader)
+	if key == "" || len(key) > 255 {
+		http.Error(w, "an Idempotency-Key header of at most 255 bytes is required", http.StatusBadRequest)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<16))
+	if err != nil {
+		http.Error(w, "cannot read body", http.StatusBadRequest)
+		return
+	}
+	var rc Receipt
+	if err := json.Unmarshal(body, &rc); err != nil || rc.OrderID == 0 || rc.Email == "" {
+		http.Error(w, "body must be {order_id, email, total_cents}", http.StatusBadRequest)
+		return
+	}
+	sum := sha256.Sum256(body)
+	hash := hex.EncodeToString(sum[:])
+	// One statement: a concurrent request with the same key waits for this
+	// one's row, then counts as a repeat.
+	var receiptID, storedHash string
+	var requests int
+	err = p.pool.QueryRow(r.Context(), `
+INSERT INTO provider_receipts (idempotency_key, receipt_id, body_sha256, order_id, email)
+VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (idempotency_key) DO UPDATE SET requests = provider_receipts.requests + 1
+RETURNING receipt_id, body_sha256, requests`,
+		key, "rcpt_"+watermill.NewShortUUID(), hash, rc.OrderID, rc.Email).Scan(&receiptID, &storedHash, &requests)
+	if err != nil {
+		p.logger.Error("provider: store", "err", err)
+		http.Error(w, "temporarily unavailable", http.StatusServiceUnavailable)
+		return
+	}
+	switch {
+	case storedHash != hash:
+		http.Error(w, "Idempotency-Key reused with a different body", http.StatusUnprocessableEntity)
+		return
+	case requests == 1:
+		p.logger.Info("provider: receipt e-mail sent", "order_id", rc.OrderID, "email", rc.Email, "receipt_id", receiptID)
+		writeJSON(w, http.StatusCreated, receiptResponse{ReceiptID: receiptID})
+	default:
+		p.logger.Info("provider: repeated request, e-mail not sent again", "order_id", rc.OrderID, "receipt_id", receiptID, "requests", requests)
+		w.Header().Set(idempotentReplayHeader, idempotentReplayedValue)
+		writeJSON(w, http.StatusOK, receiptResponse{ReceiptID: receiptID})
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v) // the client went away: nothing to do
+}
+
+func runProvider(ctx context.Context, logger *slog.Logger, s settings) error {
+	pool, err := connect(ctx, s)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	p := &provider{pool: pool, logger: logger}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", s.providerAddr)
+	if err != nil {
+		return fmt.Errorf("provider: listen on PROVIDER_ADDR %s: %w", s.providerAddr, err)
+	}
+	srv := &http.Server{Handler: p.routes(), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	logger.Info("provider: listening", "addr", ln.Addr().String())
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("provider: %w", err)
+	}
+	return nil
 }

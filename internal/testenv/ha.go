@@ -1,19 +1,14 @@
 package testenv
 
 // The replicated cluster of the failover tests (build tag ha, make
-// test-ha): two Patroni-managed Postgres nodes started by the repository's
-// .ci/ha script. Unlike StartPGCluster's, it outlives a test: starting it
-// costs seconds, so every test reuses it and leaves it as it found it (a
-// leader, a streaming replica, asynchronous replication).
+// test-ha): two Patroni-managed Postgres nodes of the repository's .ci/ha.
+// Starting it costs seconds, so unlike StartPGCluster's it outlives a test.
 
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -35,22 +30,20 @@ type HACluster struct {
 	url    string
 }
 
-// HA starts the .ci/ha cluster unless it is up (a no-op then) and returns
-// it. When the test ends, both nodes run again, replication is
-// asynchronous and a leader streams to its replica, whatever the test did
-// to them: the next test starts from a healthy cluster.
+// HA starts the .ci/ha cluster unless it is up and returns it. When the
+// test ends, whatever it did, both nodes run again, replication is
+// asynchronous and a leader streams to its replica.
 func HA(t testing.TB) *HACluster {
 	t.Helper()
-	root, err := repoRoot()
+	script, err := ciScript("ha")
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	c := &HACluster{script: filepath.Join(root, ".ci", "ha")}
+	c := &HACluster{script: script}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	// The same restoration before the test as after it: a run interrupted
-	// mid-test (no cleanup) must not hand the next one a synchronous
-	// cluster or a frozen walsender.
+	// Restored before the test too: a run interrupted mid-test must not
+	// hand the next one a synchronous cluster or a frozen walsender.
 	if err := c.restore(ctx); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
@@ -91,9 +84,8 @@ func (c *HACluster) NodeURL(node string) string {
 	return ""
 }
 
-// Use points this test's TEST_DATABASE_URL at the cluster, so Setup,
-// NewSchema, URLWithSearchPath and everything built on them work on it.
-// Not for parallel tests (t.Setenv).
+// Use points this test's TEST_DATABASE_URL at the cluster, so that Setup
+// and the rest work on it. Not for parallel tests (t.Setenv).
 func (c *HACluster) Use(t testing.TB) {
 	t.Helper()
 	t.Setenv("TEST_DATABASE_URL", c.url)
@@ -235,8 +227,7 @@ func (c *HACluster) FreezeReplication(t testing.TB) (thaw func()) {
 	return thaw
 }
 
-// query runs sql on one node (not through the multi-host URL) and scans
-// its one value into dst.
+// query scans sql's one value on node into dst.
 func (c *HACluster) query(ctx context.Context, node, sql string, dst any, args ...any) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -259,8 +250,8 @@ func (c *HACluster) must(t testing.TB, args ...string) string {
 	return strings.TrimSpace(out)
 }
 
-// run runs .ci/ha with args and returns its stdout (its log lines go to
-// stderr, returned in the error).
+// run runs .ci/ha with args and returns its stdout (its log, stderr, is in
+// the error).
 func (c *HACluster) run(ctx context.Context, args ...string) (string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, "bash", append([]string{c.script}, args...)...) //nolint:gosec // the repository's own script
@@ -272,23 +263,4 @@ func (c *HACluster) run(ctx context.Context, args ...string) (string, error) {
 		return "", fmt.Errorf(".ci/ha %s: %w\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
 	}
 	return stdout.String(), nil
-}
-
-// repoRoot is the nearest directory above the working directory (a
-// package's, under go test) that holds .ci/ha.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, ".ci", "ha")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no .ci/ha in the working directory or above it")
-		}
-		dir = parent
-	}
 }

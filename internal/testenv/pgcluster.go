@@ -54,9 +54,8 @@ func StartPGCluster(t testing.TB) *PGCluster {
 }
 
 // prepare makes the cluster's temporary directory (removed when the test
-// ends; owned by the postgres OS user when the tools run as it) and picks
-// a free port. It returns the directory, which also holds the socket; ok
-// false means the test was skipped.
+// ends, owned by the postgres OS user when the tools run as it), which
+// holds the socket too, and picks a free port; !ok: the test was skipped.
 func (c *PGCluster) prepare(t testing.TB, prefix string) (dir string, ok bool) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", prefix)
@@ -140,18 +139,46 @@ func pgBinDir() string {
 	if p, err := exec.LookPath("initdb"); err == nil {
 		return filepath.Dir(p)
 	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	// The newest version last (numeric order: 9.6 < 15 < 16).
-	slices.SortFunc(dirs, func(a, b string) int {
-		var va, vb float64
-		_, _ = fmt.Sscan(filepath.Base(filepath.Dir(a)), &va)
-		_, _ = fmt.Sscan(filepath.Base(filepath.Dir(b)), &vb)
-		return cmp.Compare(va, vb)
-	})
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if _, err := os.Stat(filepath.Join(dirs[i], "initdb")); err == nil {
-			return dirs[i]
-		}
+	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(found) == 0 {
+		return ""
 	}
-	return ""
+	// The newest version, in numeric order (9.6 < 15 < 16).
+	version := func(initdb string) (v float64) {
+		_, _ = fmt.Sscan(filepath.Base(filepath.Dir(filepath.Dir(initdb))), &v)
+		return v
+	}
+	return filepath.Dir(slices.MaxFunc(found, func(a, b string) int { return cmp.Compare(version(a), version(b)) }))
+}
+
+// StartStandby starts a streaming standby of c, for tests of what a
+// consumer sees of replication: a base backup of c (pg_basebackup -R, so
+// it follows c) in a temporary directory, started on a free loopback port.
+// It is stopped and removed when the test ends, or by Stop. Whether it is
+// synchronous is c's synchronous_standby_names ('*' matches it).
+func (c *PGCluster) StartStandby(t testing.TB) *PGCluster {
+	t.Helper()
+	s := &PGCluster{bin: c.bin, asPostgres: c.asPostgres}
+	// initdb and pg_ctl may be links on PATH to a directory that also
+	// holds pg_basebackup.
+	if _, err := os.Stat(filepath.Join(s.bin, "pg_basebackup")); err != nil {
+		real, err := filepath.EvalSymlinks(filepath.Join(s.bin, "initdb"))
+		if err != nil {
+			t.Fatalf("testenv: pg_basebackup not beside initdb: %v", err)
+		}
+		s.bin = filepath.Dir(real)
+	}
+	sock, ok := s.prepare(t, "claimtx-pg-standby-")
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// initdb's trust lines include replication from 127.0.0.1.
+	if err := s.run(ctx, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(c.port), "-U", "postgres",
+		"-D", s.dir, "-R", "-X", "stream", "--no-sync"); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	s.start(ctx, t, sock)
+	return s
 }

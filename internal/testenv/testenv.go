@@ -10,11 +10,24 @@ package testenv
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 // Output collects a subprocess's stdout and stderr while it runs (two
@@ -64,4 +77,127 @@ func RequireTool(t testing.TB, name string) string {
 		SkipOrFail(t, "%s not installed (%v)", name, err)
 	}
 	return path
+}
+
+// VerifyTestMain runs a package's tests and then fails the run if any
+// goroutine is left, other than the two that end on their own schedule
+// and opts.
+func VerifyTestMain(m *testing.M, opts ...goleak.Option) {
+	goleak.VerifyTestMain(m, append([]goleak.Option{
+		// pgx's pool health checker ends asynchronously after Close.
+		goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck"),
+		// Sarama's metrics (go-metrics) start one process-wide meter
+		// goroutine on first use (meter.go:46) and never stop it.
+		goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick"),
+	}, opts...)...)
+}
+
+// CloseAtEnd returns a function that registers closers to close when t
+// ends, from any goroutine. Watermill's Pub/Sub suite (pubsub/tests)
+// closes some subscribers before using them and leaks the ones its
+// multiplier builds afterwards, so the adapters' conformance runs close
+// everything they built once the suite is done.
+func CloseAtEnd(t testing.TB) func(...io.Closer) {
+	var mu sync.Mutex
+	var closers []io.Closer
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range closers {
+			_ = c.Close()
+		}
+	})
+	return func(cs ...io.Closer) {
+		mu.Lock()
+		defer mu.Unlock()
+		closers = append(closers, cs...)
+	}
+}
+
+// SubscribeReceive subscribes sub to topic for the rest of t and waits for
+// the first message (see Receive); the channel gives the ones after it.
+func SubscribeReceive(t testing.TB, sub message.Subscriber, topic string, timeout time.Duration) (*message.Message, <-chan *message.Message) {
+	t.Helper()
+	msgs, err := sub.Subscribe(t.Context(), topic)
+	require.NoError(t, err)
+	return Receive(t, msgs, timeout), msgs
+}
+
+// Receive waits for one message from a subscription or fails the test; a
+// closed channel fails it too, since the tests that wait expect a message.
+func Receive(t testing.TB, ch <-chan *message.Message, timeout time.Duration) *message.Message {
+	t.Helper()
+	select {
+	case m, ok := <-ch:
+		require.True(t, ok, "messages channel closed")
+		return m
+	case <-time.After(timeout):
+		t.Fatalf("no message within %s", timeout)
+		return nil
+	}
+}
+
+var unsafeChars = regexp.MustCompile(`[^a-zA-Z0-9_-]+`)
+
+// UniqueName is a queue, topic, group or durable name unique to this test
+// and run, so tests run in parallel and rerun on a dirty broker. The test's
+// own name is cut to its last maxName characters, as brokers bound names
+// (NATS durables the tightest).
+func UniqueName(t testing.TB, maxName int) string {
+	name := unsafeChars.ReplaceAllString(t.Name(), "_")
+	if len(name) > maxName {
+		name = name[len(name)-maxName:]
+	}
+	return "claimtx-test-" + strings.ToLower(name) + randomName("-")[:9] // 8 hex digits
+}
+
+// QueueDepth returns the ready messages of an AMQP queue, 0 if it does not
+// exist, read on a channel of its own so a missing queue closes nothing
+// the caller uses.
+func QueueDepth(t testing.TB, conn *amqp.Connection, queue string) int {
+	t.Helper()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	defer func() { _ = ch.Close() }()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	var aerr *amqp.Error
+	if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+		return 0
+	}
+	require.NoError(t, err)
+	return q.Messages
+}
+
+// CloseAMQPConnections makes RabbitMQ close the connections whose
+// connection_name (brokers.AMQPConfig.ConnectionName, the amqp091
+// "connection_name" property) is one of names, and only those, with
+// rabbitmqctl: the server sends them CONNECTION_FORCED, as on a broker
+// restart, and everyone else's connections stay. It returns how many it
+// closed.
+func CloseAMQPConnections(ctx context.Context, reason string, names ...string) (int, error) {
+	out, err := exec.CommandContext(ctx, "rabbitmqctl", "list_connections", "--quiet", "--no-table-headers", "pid", "client_properties").CombinedOutput()
+	if err != nil {
+		return 0, fmt.Errorf("rabbitmqctl list_connections: %w: %s", err, out)
+	}
+	var pids []string
+	for _, line := range strings.Split(string(out), "\n") {
+		pid, props, ok := strings.Cut(line, "\t")
+		if ok && slices.ContainsFunc(names, func(n string) bool { return strings.Contains(props, `{"connection_name","`+n+`"}`) }) {
+			pids = append(pids, pid)
+		}
+	}
+	// At once: each rabbitmqctl takes seconds to start, and the
+	// connections should drop together, as on a broker restart.
+	errs := make([]error, len(pids))
+	var wg sync.WaitGroup
+	for i, pid := range pids {
+		wg.Go(func() {
+			// pid is a connection pid as rabbitmqctl itself printed it.
+			if out, err := exec.CommandContext(ctx, "rabbitmqctl", "close_connection", pid, reason).CombinedOutput(); err != nil { //nolint:gosec // see above
+				errs[i] = fmt.Errorf("rabbitmqctl close_connection: %w: %s", err, out)
+			}
+		})
+	}
+	wg.Wait()
+	return len(pids), errors.Join(errs...)
 }
