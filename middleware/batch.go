@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -22,30 +23,20 @@ import (
 // deadlock on each other's effects), and one commit makes them all
 // durable. Each message then gets its own result to ack or nack it.
 //
-// The guarantees are those of Claim, per message: a redelivered or
-// concurrent twin is a duplicate, a failed message leaves neither claim nor
-// effect, a crash between commit and ack turns the redelivery into a
-// duplicate. A failing message does not sink its neighbours. The first
-// pass runs without savepoints (they cost a round trip each); when the
-// handler fails, the transaction is rolled back and redone with each half
-// of the set, recursively, under a savepoint, which finds every failing
-// message in one more pass; a last pass then commits the others without
-// them (a failed message's claim must not commit).
+// The guarantees are those of Claim, per message, and a failing message
+// does not sink its neighbours: the set is bisected under savepoints to
+// find it, then committed without it (docs/batch.md).
 //
-// Build it with NewBatch. framework/consumer's NewBatch runs one over a
-// broker subscription, with the failure policy of the per-message
-// consumer.
+// Build it with NewBatch; framework/consumer's NewBatch runs one over a
+// broker subscription.
 type Batch struct {
 	claim Claim // validated, with defaults
 }
 
-// NewBatch validates c for batches and returns the Batch. It reuses
-// Claim's fields for the store, consumer, key, key policy, isolation,
-// synchronous commit, claim wait, attempts, backoff, PoisonMemo and hooks (OnOutcome once per
-// message and pass, OnRetry once per retried batch). The claim-table mode
-// is the only one: Mode (natural key), OutboxTopic, Fingerprint and
-// EventTime are refused with a *framework.ConfigError rather than ignored
-// (enqueue with Store.Enqueue in the handler instead of OutboxTopic).
+// NewBatch validates c for batches and returns the Batch. OnOutcome is
+// called once per message and pass, OnRetry once per retried batch. Mode
+// (natural key), OutboxTopic, Fingerprint and EventTime are refused with a
+// *framework.ConfigError rather than ignored.
 func NewBatch(c Claim) (*Batch, error) {
 	const why = "not supported in batch mode"
 	switch {
@@ -82,19 +73,11 @@ type SetHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message
 func (b *Batch) Process(ctx context.Context, msgs []*message.Message, h SetHandlerFunc) []error {
 	switch {
 	case b == nil || b.claim.Store == nil:
-		return allErr(len(msgs), &framework.ConfigError{Field: "Batch", Reason: "build it with NewBatch"})
+		return slices.Repeat([]error{&framework.ConfigError{Field: "Batch", Reason: "build it with NewBatch"}}, len(msgs))
 	case h == nil:
-		return allErr(len(msgs), &framework.ConfigError{Field: "handler", Reason: "must not be nil"})
+		return slices.Repeat([]error{&framework.ConfigError{Field: "handler", Reason: "must not be nil"}}, len(msgs))
 	}
 	return b.claim.processBatch(ctx, msgs, setWise(h))
-}
-
-func allErr(n int, err error) []error {
-	errs := make([]error, n)
-	for i := range errs {
-		errs[i] = err
-	}
-	return errs
 }
 
 var (
@@ -105,17 +88,14 @@ var (
 	errIsolate = errors.New("claimtx: batch failed, isolating the failing messages")
 )
 
-// processBatch is Process with c validated and defaulted.
 func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setWise) []error {
 	errs := make([]error, len(msgs))
 	start := time.Now()
 	results := make([]Result, len(msgs))
 	keys := make([]string, len(msgs))
-	// cached[i]: message i's key is in the committed-key cache, a
-	// duplicate settled without the database.
-	cached := make([]bool, len(msgs))
-	// leader[key] is the first message with that key; later ones in the
-	// same batch share its fate as duplicates (or failures).
+	cached := make([]bool, len(msgs)) // a duplicate settled by the committed-key cache
+	// leader[key] is the first message with that key; later ones share its
+	// fate as duplicates (or failures).
 	leader := make(map[string]int, len(msgs))
 	for i, m := range msgs {
 		results[i] = Result{Consumer: c.Consumer, Message: m}
@@ -136,8 +116,8 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	}
 
 	failed := map[int]error{} // handler failures, excluded from the next pass
-	// settling is what a commit settles, for the Kafka positions: every
-	// message but those that fail (nacked, or poisoned and acked later).
+	// settling is the Kafka positions a commit settles: every message's
+	// but those that fail (nacked, or poisoned and acked later).
 	settling := func() []kafkarecord.Settled {
 		if c.positions == nil {
 			return nil
@@ -221,14 +201,12 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 		}
 	}
 	began := c.ahead.Started()
-	// BEGIN and the claim (and the memo lookup) in one round trip.
 	tx, newKeys, memos, err := c.claims.BeginBatch(ctx, c.txOptions(), c.Consumer, want, c.MaxClaimWait, c.PoisonMemo)
 	if err != nil {
 		return nil, err
 	}
-	// Memoised keys were dead-lettered before: they fail (permanently, to
-	// the poison destination) without reaching the handler, and later
-	// passes leave them out like any failed message.
+	// Memoised keys were dead-lettered before: they are poisoned without
+	// reaching the handler, and later passes leave them out.
 	for k, reason := range memos {
 		failed[leader[k]] = framework.Permanent(&poison.HitError{Reason: reason})
 	}
@@ -253,8 +231,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 			return nil, errRetryWithout
 		}
 	}
-	// Last before COMMIT, one statement for every partition of the
-	// batch, their rows locked in partition order.
+	// Last before COMMIT: one statement, rows locked in partition order.
 	if c.positions != nil {
 		if err := c.positions.Store(ctx, tx, c.Consumer, settling()); err != nil {
 			return nil, err
@@ -263,9 +240,8 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("claimtx: commit: %w", err)
 	}
-	// Every key claimed is committed now, and every other key of want but
-	// the memoised ones (whose new claims were undone) conflicted with a
-	// committed claim (see Claim.attempt): all are known committed.
+	// Every key of want but the memoised ones (whose claims were undone)
+	// is now known committed (see Claim.attempt).
 	var dups []string
 	for _, k := range want {
 		if _, memoised := memos[k]; !memoised {
@@ -329,10 +305,9 @@ func (h setWise) isolate(ctx context.Context, tx pgx.Tx, msgs []*message.Message
 	return h.isolate(ctx, tx, msgs, idx[mid:], failed)
 }
 
-// underSavepoint runs f under a savepoint: released when f succeeds,
-// rolled back to (and released) when it fails, so the transaction goes on
-// without f's writes. A savepoint error itself is returned as transient
-// for the whole batch only if Classify says so; otherwise it is f's.
+// underSavepoint runs f under a savepoint, rolled back to when f fails so
+// the transaction goes on without f's writes. A transient failure is
+// returned as is, for the whole batch to retry.
 func underSavepoint(ctx context.Context, tx pgx.Tx, f func() error) error {
 	if _, err := tx.Exec(ctx, "SAVEPOINT claimtx_batch"); err != nil {
 		return err
@@ -350,8 +325,8 @@ func underSavepoint(ctx context.Context, tx pgx.Tx, f func() error) error {
 	return err
 }
 
-// guard turns a handler panic into a PanicError, a permanent failure of
-// that message.
+// guard turns a handler panic into a *framework.PanicError, so deferred
+// rollbacks run and the caller sees an ordinary failure.
 func guard(f func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime/debug"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -25,8 +24,7 @@ import (
 
 // maxCommittedKeysTTL is half the shortest retention the store accepts
 // without Force: an entry must expire long before cleanup may delete its
-// claim. The defaults of Claim fields left zero, documented on the fields,
-// are pg's and committedkeys' (consumer.Config.String prints them too).
+// claim.
 const maxCommittedKeysTTL = pg.DefaultMinRetention / 2
 
 // fingerprintBytes is how much of the SHA-256 is stored: 128 bits make an
@@ -317,35 +315,30 @@ func (c Claim) withDefaults() Claim {
 	if !c.NoPositions {
 		c.positions = c.claims.Positions()
 	}
-	// Only what provably stays committed is cached: claim-table rows,
-	// which only retention removes. The outcome of a natural-key claim is
-	// the application's own row, which the application may delete, and a
+	// Only claim-table rows provably stay committed (only retention removes
+	// them; the application may delete a natural key's row), and a
 	// Fingerprint check needs the stored claim of every duplicate.
 	if c.Mode == ModeClaimTable && !c.Fingerprint {
 		c.cache = committedkeys.New(c.CommittedKeys, c.CommittedKeysTTL, c.now)
 	}
-	// Claims by event day are cached per day, which the read-ahead's
-	// statement does not read: it serves the claims without one.
+	// The read-ahead's statement does not read event days.
 	if c.EventTime == nil {
 		c.ahead = committedkeys.NewReadAhead(c.cache, c.CommittedKeys, c.Consumer, c.Logger, c.claims.Following)
 	}
 	return c
 }
 
-// NewClaim validates c and returns its middleware. A configuration error
-// is returned here, so a claim that would fail every message (a hot
-// redelivery loop) cannot be installed.
+// NewClaim validates c and returns its middleware, so a claim that would
+// fail every message (a hot redelivery loop) cannot be installed.
 func NewClaim(c Claim) (message.HandlerMiddleware, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	// Defaults here, not per handler: every handler the middleware wraps
-	// shares one committed-key cache, so CommittedKeys bounds its memory
-	// whatever the number of handlers.
+	// Defaults here, not per handler: every handler shares one cache, so
+	// CommittedKeys bounds its memory.
 	return c.withDefaults().middleware, nil
 }
 
-// txOptions are the options of every claim transaction c begins.
 func (c Claim) txOptions() pg.TxOptions {
 	return pg.TxOptions{TxOptions: pgx.TxOptions{IsoLevel: c.Isolation}, SynchronousCommit: c.SynchronousCommit}
 }
@@ -370,26 +363,24 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 
 		key, err := c.key(msg)
 		if err != nil {
-			// Whatever the extractor returned, the same message will fail
-			// the same way: make sure it is poisoned, not retried.
+			// The same message fails the same way: poison, never retry.
 			return finish(framework.Failed, framework.Permanent(err))
 		}
 		res.Key = key
-		var at time.Time
+		req := pg.ClaimRequest{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait}
 		if c.EventTime != nil && c.Mode != ModeNaturalKey {
-			if at, err = c.EventTime(msg); err != nil {
+			if req.EventTime, err = c.EventTime(msg); err != nil {
 				return finish(framework.Failed, framework.Permanent(err))
 			}
 		}
-		hash := c.cache.Key(c.Consumer, unixDay(at), key)
+		hash := c.cache.Key(c.Consumer, unixDay(req.EventTime), key)
 		if c.cached(msg.Context(), hash) {
 			return finish(framework.Duplicate, nil)
 		}
 		began := c.ahead.Started()
-
 		for attempt := 1; ; attempt++ {
 			res.Attempts = attempt
-			out, err := c.attempt(msg, h, pg.ClaimRequest{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait, EventTime: at}, hash, began, txOpts, &res)
+			out, err := c.attempt(msg, h, req, hash, began, txOpts, &res)
 			if err == nil {
 				if out == framework.Duplicate {
 					c.Logger.Debug("claimtx: duplicate delivery acked without running the handler", watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
@@ -410,8 +401,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// key derives and validates the message key; "" in ModeNaturalKey without
-// a Key.
+// key derives and normalizes the message key; "" without a Key.
 func (c Claim) key(msg *message.Message) (string, error) {
 	if c.Key == nil {
 		return "", nil
@@ -423,27 +413,20 @@ func (c Claim) key(msg *message.Message) (string, error) {
 	return c.KeyPolicy.Normalize(key)
 }
 
-// attempt runs one claim transaction. Every path that does not commit rolls
-// back, so the claim and the effect always share one fate.
-//
-// The key's hash goes into the committed-key cache once the transaction
-// committed, whether its claim was new or found committed (a claim
-// statement that meets an uncommitted twin waits for its end, under every
-// isolation level, and under REPEATABLE READ and SERIALIZABLE a committed
-// claim outside the snapshot fails with 40001 instead of conflicting), and
-// never on a path that rolls back, ErrAlreadyApplied included.
+// attempt runs one claim transaction; every path that does not commit
+// rolls back, so claim and effect share one fate. Only a commit caches the
+// key, new or duplicate alike: a claim that met an uncommitted twin waited
+// for its end, and under REPEATABLE READ and SERIALIZABLE a committed claim
+// outside the snapshot fails with 40001 instead of conflicting.
 func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.ClaimRequest, hash committedkeys.Hash, began uint64, txOpts pg.TxOptions, res *Result) (out framework.Outcome, err error) {
 	ctx := msg.Context()
 	res.ClaimWait, res.Enqueued = 0, 0
 	claimed := true
-	// With one record of its partition in flight, the Kafka position
-	// goes out in the first round trip; otherwise last before COMMIT.
 	early := c.earlyPosition(msg)
 	var tx pgx.Tx
 	if c.Mode == ModeNaturalKey {
-		// The claim is the handler's guarded INSERT: bound its wait behind
-		// a twin's uncommitted entry like the claim table's, set in the
-		// same round trip as BEGIN.
+		// The claim is the handler's guarded INSERT: MaxClaimWait bounds
+		// its wait behind a twin, set with BEGIN.
 		if tx, err = c.claims.BeginNaturalKey(ctx, txOpts, c.MaxClaimWait, early); err != nil {
 			return "", err
 		}
@@ -462,8 +445,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 			return "", err
 		}
 		if cr.New && memo != nil {
-			// Dead-lettered before: roll the claim back (nothing else is
-			// in the transaction) and send this copy after the first.
+			// Dead-lettered before: undo the claim, poison this copy too.
 			pg.Rollback(ctx, tx)
 			return "", framework.Permanent(&poison.HitError{Reason: *memo})
 		}
@@ -474,18 +456,16 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 				watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
 		}
 	}
-	// Unless committed (a rollback after the commit is a no-op). The
-	// message context may be cancelled (shutdown): roll back regardless so
-	// the connection returns to the pool clean.
+	// A no-op once committed; it runs even on a cancelled context, so the
+	// connection returns to the pool clean.
 	defer pg.Rollback(ctx, tx)
 	out = framework.Duplicate
 	if claimed {
 		produced, err := runHandler(msg, h, tx, req.Key)
 		if errors.Is(err, framework.ErrAlreadyApplied) {
-			// The effect is already there. Roll back whatever else this
-			// delivery wrote, and ack; the record is settled, so its
-			// position is stored on its own.
-			pg.Rollback(ctx, tx) // the deferred one is then a no-op
+			// Undo whatever else this delivery wrote and ack; the record
+			// is settled, so its position is stored on its own.
+			pg.Rollback(ctx, tx)
 			c.storePositionNow(ctx, msg)
 			return framework.Duplicate, nil
 		}
@@ -510,9 +490,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		// Ambiguous: the commit may have happened. Retrying (or the
-		// broker's redelivery) resolves it, because the claim tells the
-		// truth either way.
+		// Ambiguous, but a retry or redelivery meets the claim if it did.
 		return "", fmt.Errorf("claimtx: commit: %w", err)
 	}
 	c.cache.Add(hash)
@@ -524,10 +502,9 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 	return out, nil
 }
 
-// settled is the Kafka position msg settles once its transaction
-// commits (see Claim.NoPositions): false when positions are off, msg
-// carries no Kafka record, or its partition is no longer this member's.
-// window is the number of records of its partition in flight.
+// settled is the Kafka position msg settles once its transaction commits,
+// and how many records of its partition are in flight; false when there is
+// none to store (positions off, no record, partition no longer ours).
 func (c Claim) settled(msg *message.Message) (p kafkarecord.Settled, window int, ok bool) {
 	if c.positions == nil {
 		return p, 0, false
@@ -540,11 +517,10 @@ func (c Claim) settled(msg *message.Message) (p kafkarecord.Settled, window int,
 	return kafkarecord.Settled{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}, r.Window, ok
 }
 
-// earlyPosition returns what queues msg's Kafka position in the claim's
-// first round trip, or nil: when msg settles no position, or its
-// partition has more than one record in flight (a window), whose
-// transactions would then wait for each other's whole length on the
-// position row instead of for a commit (storePosition runs instead).
+// earlyPosition queues msg's Kafka position in the claim's first round
+// trip, or is nil (storePosition runs last instead): with a window in
+// flight, transactions holding the position row from the start would wait
+// for each other's whole length instead of for a commit.
 func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
 	p, window, ok := c.settled(msg)
 	if !ok || window != 1 {
@@ -553,8 +529,7 @@ func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
 	return func(b *pgx.Batch) { c.positions.Queue(b, c.Consumer, p) }
 }
 
-// storePosition raises, in db (the claim transaction), the stored Kafka
-// position of msg's partition as settled once db commits with msg.
+// storePosition raises, in db, the stored Kafka position of msg's partition.
 func (c Claim) storePosition(ctx context.Context, db pg.Execer, msg *message.Message) error {
 	if p, _, ok := c.settled(msg); ok {
 		return c.positions.Store(ctx, db, c.Consumer, []kafkarecord.Settled{p})
@@ -562,10 +537,9 @@ func (c Claim) storePosition(ctx context.Context, db pg.Execer, msg *message.Mes
 	return nil
 }
 
-// storePositionNow is storePosition outside the claim transaction, for a
-// duplicate whose transaction rolled back (ErrAlreadyApplied). A failure
-// only leaves the stored position lower than it could be: the claims
-// still turn the redeliveries into duplicates.
+// storePositionNow is storePosition outside the claim transaction (rolled
+// back by ErrAlreadyApplied). A failure only leaves the position low: the
+// claims still turn redeliveries into duplicates.
 func (c Claim) storePositionNow(ctx context.Context, msg *message.Message) {
 	if err := c.storePosition(ctx, c.Store.Pool(), msg); err != nil {
 		c.Logger.Debug("claimtx: storing the Kafka position of a duplicate failed", watermill.LogFields{"consumer": c.Consumer, "err": err.Error()})
@@ -582,9 +556,7 @@ func (c Claim) cached(ctx context.Context, h committedkeys.Hash) bool {
 	return hit
 }
 
-// unixDay is the claim's event day in days since 1970 for the
-// committed-key cache, 0 without an event time: claims by event day are
-// distinct per day (see Claim.EventTime).
+// unixDay is the event day of the claim's cache key, 0 without one.
 func unixDay(at time.Time) int64 {
 	if at.IsZero() {
 		return 0
@@ -592,10 +564,8 @@ func unixDay(at time.Time) int64 {
 	return pg.EventDay(at).Unix() / 86400
 }
 
-// enqueue writes the handler's returned messages to the outbox in tx: one
-// Enqueue (one statement) per distinct topic, in the order the topics first
-// appear, each topic's messages in the order the handler returned them. The
-// relay publishes per topic, so only the order within a topic is kept.
+// enqueue writes produced to the outbox in tx, one statement per topic.
+// The relay publishes per topic, so only the order within one is kept.
 func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Message) error {
 	var topics []string
 	byTopic := make(map[string][]*message.Message)
@@ -603,17 +573,9 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 		if m == nil {
 			return framework.Permanent(fmt.Errorf("%w: handler returned a nil message at index %d", store.ErrInvalidOutboxMessage, i))
 		}
-		topic := c.OutboxTopic
-		cp := message.NewMessage(m.UUID, m.Payload)
-		for k, v := range m.Metadata {
-			if k == OutboxTopicMetadata {
-				if v != "" {
-					topic = v
-				}
-				continue
-			}
-			cp.Metadata.Set(k, v)
-		}
+		cp := m.Copy()
+		topic := cmp.Or(cp.Metadata.Get(OutboxTopicMetadata), c.OutboxTopic)
+		delete(cp.Metadata, OutboxTopicMetadata)
 		if _, seen := byTopic[topic]; !seen {
 			topics = append(topics, topic)
 		}
@@ -627,24 +589,21 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 	return nil
 }
 
-// runHandler calls h with the claim transaction and the claimed key in
-// the message context and converts a panic into *framework.PanicError, so
-// the deferred rollback runs and the router sees an ordinary failure.
+// runHandler calls h with tx and key in the message context, a panic
+// turned into an error (see guard).
 func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx, key string) (produced []*message.Message, err error) {
 	orig := msg.Context()
 	msg.SetContext(pg.WithKey(pg.WithTx(orig, tx), key))
-	defer func() {
-		msg.SetContext(orig)
-		if r := recover(); r != nil {
-			produced, err = nil, &framework.PanicError{Value: r, Stack: debug.Stack()}
-		}
-	}()
-	return h(msg)
+	defer msg.SetContext(orig)
+	err = guard(func() (err error) {
+		produced, err = h(msg)
+		return err
+	})
+	return produced, err
 }
 
-// pause waits out the backoff after attempt failed transiently with err
-// (of cause), telling OnRetry and the logger first; it returns ctx's
-// error when ctx ended the wait.
+// pause tells OnRetry and the logger, then waits out the backoff after a
+// transient failure; it returns ctx's error when ctx ended the wait.
 func (c Claim) pause(ctx context.Context, attempt int, cause pg.Cause, err error) error {
 	delay := c.backoff(attempt)
 	if c.OnRetry != nil {
