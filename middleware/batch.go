@@ -55,21 +55,16 @@ func NewBatch(c Claim) (*Batch, error) {
 	return &Batch{claim: c.withDefaults()}, nil
 }
 
-// SetHandlerFunc applies the effects of several messages at once through
-// tx, set-wise (one UPDATE … FROM unnest(…) for all of them, say), which is
-// what makes batches fast: a handler that loops over msgs pays a round
-// trip per statement per message. msgs are the newly claimed messages in
-// key order. It must lock shared rows in a deterministic order (ORDER BY …
-// FOR UPDATE first, or statements whose plan visits rows in key order) or
-// concurrent batches deadlock; deadlocks are retried, but they cost the
-// whole batch. An error fails the whole set: Process then bisects it
-// under savepoints to find the messages that fail alone.
+// SetHandlerFunc applies the effects of msgs, the newly claimed messages
+// in key order, set-wise through tx (one UPDATE … FROM unnest(…), say: a
+// loop pays a round trip per statement per message). It must lock shared
+// rows in a deterministic order, or concurrent batches deadlock and retry
+// whole. An error fails the set, which Process then bisects.
 type SetHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
 
-// Process runs msgs through one claim transaction (retried whole on
-// transient failures) with h called for the newly claimed messages, and
-// returns one error per message, in order: nil means applied or duplicate
-// (ack), an error means nack, or poison when framework.IsPermanent.
+// Process runs msgs through one claim transaction and returns one error
+// per message, in order: nil to ack, else nack, or poison when
+// framework.IsPermanent.
 func (b *Batch) Process(ctx context.Context, msgs []*message.Message, h SetHandlerFunc) []error {
 	switch {
 	case b == nil || b.claim.Store == nil:

@@ -32,16 +32,13 @@ const maxCommittedKeysTTL = pg.DefaultMinRetention / 2
 const fingerprintBytes = 16
 
 // ErrProducedMessages is returned (as a permanent error) when a handler
-// under the claim middleware returns messages while no outbox is configured
-// (Claim.OutboxTopic is empty): the router would publish them outside the
-// claim transaction, so a crash between its publish and the commit would
-// emit them for an effect that never happened, and a redelivery would emit
-// them again.
+// returns messages without Claim.OutboxTopic: the router would publish them
+// outside the claim transaction, so a crash before the commit would emit
+// them for no effect, and a redelivery again.
 var ErrProducedMessages = errors.New("claimtx: handler returned messages, but the claim middleware has no outbox to write them to in the claim transaction (set Claim.OutboxTopic)")
 
-// OutboxTopicMetadata, set on a message the handler returns, names the
-// topic it is enqueued for instead of Claim.OutboxTopic. It is removed from
-// the stored message.
+// OutboxTopicMetadata, set on a message the handler returns, names its
+// outbox topic instead of Claim.OutboxTopic; it is not stored.
 const OutboxTopicMetadata = "claimtx_outbox_topic"
 
 // ClaimMode selects what records that a message's effect was applied.
@@ -49,19 +46,14 @@ type ClaimMode string
 
 const (
 	// ModeClaimTable records each applied (consumer, key) in claimtx's
-	// claim table, in the same transaction as the effect. It works for any
-	// effect, at the cost of one small row per message, which retention
-	// eventually deletes: a duplicate arriving after its claim was deleted
-	// cannot be recognised.
+	// claim table with the effect. It works for any effect; retention
+	// deletes the rows, after which a duplicate cannot be recognised.
 	ModeClaimTable ClaimMode = "claim_table"
-	// ModeNaturalKey uses the effect's own unique constraint as the claim;
-	// no claim-table row is written. The handler writes its effect with a
-	// guarded statement (INSERT … ON CONFLICT (order_id) DO NOTHING
-	// RETURNING …) and returns framework.ErrAlreadyApplied when the
-	// statement found the effect present. Outcomes, hooks, retries and the
-	// wait behind a concurrent twin (on the constraint's uncommitted entry)
-	// are those of ModeClaimTable. The constraint lives as long as the
-	// business row, so such claims never expire: the choice for money.
+	// ModeNaturalKey uses the effect's own unique constraint as the claim:
+	// the handler writes with a guarded statement (INSERT … ON CONFLICT
+	// DO NOTHING RETURNING …) and returns framework.ErrAlreadyApplied when
+	// it found the effect present (docs/effects.md). Such claims never
+	// expire: the choice for money.
 	ModeNaturalKey ClaimMode = "natural_key"
 )
 
@@ -232,26 +224,22 @@ type Result struct {
 	Attempts int
 	// Err is the error returned to the router (nil for Applied/Duplicate).
 	Err error
-	// ClaimWait is how long BEGIN and the claim took on the last attempt
-	// (one round trip), including the wait for a pool connection and any
-	// wait behind a twin. Zero in ModeNaturalKey, where the claim is part
-	// of the handler.
+	// ClaimWait is how long BEGIN and the claim took on the last attempt,
+	// pool and twin waits included. Zero in ModeNaturalKey.
 	ClaimWait time.Duration
-	// Enqueued counts the messages the handler returned that the attempt
-	// that committed wrote to the outbox (0 unless Applied, even when a
-	// failed attempt had written some before its commit failed).
+	// Enqueued counts the messages the committed attempt wrote to the
+	// outbox (0 unless Applied).
 	Enqueued int
 	// Duration is the whole time spent in the middleware.
 	Duration time.Duration
-	// FingerprintMismatch is set on a Duplicate whose payload fingerprint
-	// differs from the one stored with the original claim: the same key
-	// for different content is a producer or key-derivation bug.
+	// FingerprintMismatch is set on a Duplicate whose payload differs from
+	// the original's: a producer or key-derivation bug.
 	FingerprintMismatch bool
 	Message             *message.Message
 }
 
-// TxRetry describes one transient failure of a claim transaction that is
-// about to be retried with a fresh transaction.
+// TxRetry describes a transient failure of a claim transaction about to
+// be retried.
 type TxRetry struct {
 	Consumer string
 	Attempt  int    // the attempt that failed, from 1
@@ -350,11 +338,6 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		res := Result{Consumer: c.Consumer, Message: msg}
 		finish := func(out framework.Outcome, err error) ([]*message.Message, error) {
 			res.Outcome, res.Err, res.Duration = out, err, time.Since(start)
-			if out != framework.Applied {
-				// The last attempt may have enqueued before its commit
-				// failed: Enqueued reports a committed attempt only.
-				res.Enqueued = 0
-			}
 			if c.OnOutcome != nil {
 				c.OnOutcome(res)
 			}
@@ -420,10 +403,11 @@ func (c Claim) key(msg *message.Message) (string, error) {
 // outside the snapshot fails with 40001 instead of conflicting.
 func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.ClaimRequest, hash committedkeys.Hash, began uint64, txOpts pg.TxOptions, res *Result) (out framework.Outcome, err error) {
 	ctx := msg.Context()
-	res.ClaimWait, res.Enqueued = 0, 0
+	res.ClaimWait = 0
 	claimed := true
 	early := c.earlyPosition(msg)
 	var tx pgx.Tx
+	var produced []*message.Message
 	if c.Mode == ModeNaturalKey {
 		// The claim is the handler's guarded INSERT: MaxClaimWait bounds
 		// its wait behind a twin, set with BEGIN.
@@ -461,7 +445,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 	defer pg.Rollback(ctx, tx)
 	out = framework.Duplicate
 	if claimed {
-		produced, err := runHandler(msg, h, tx, req.Key)
+		produced, err = runHandler(msg, h, tx, req.Key)
 		if errors.Is(err, framework.ErrAlreadyApplied) {
 			// Undo whatever else this delivery wrote and ack; the record
 			// is settled, so its position is stored on its own.
@@ -479,7 +463,6 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 			if err := c.enqueue(ctx, tx, produced); err != nil {
 				return "", err
 			}
-			res.Enqueued = len(produced)
 		}
 		out = framework.Applied
 	}
@@ -493,6 +476,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 		// Ambiguous, but a retry or redelivery meets the claim if it did.
 		return "", fmt.Errorf("claimtx: commit: %w", err)
 	}
+	res.Enqueued = len(produced) // only a committed attempt's count
 	c.cache.Add(hash)
 	if claimed {
 		c.ahead.Answered(ctx, began, nil, true)

@@ -74,14 +74,12 @@ type Poison struct {
 // PoisonRefusal tells Poison.OnRefused what became of a message whose
 // poisoned copy the broker refused for good.
 type PoisonRefusal struct {
-	// Err is the broker's refusal: of the copy, and of the smaller copy
-	// when one was tried; of the dead-letter row too when Fallback is "".
+	// Err is the broker's refusal of each copy tried, and the dead-letter
+	// row's failure when Fallback is "".
 	Err error
-	// Fallback is where the message went instead, the label value of
-	// claimtx_poison_refused_total: "smaller_copy" (a copy with a reason
-	// cut to 256 bytes was published to the poison topic), or
-	// "dead_letter_table" (recorded in DeadLetters), or "" when neither
-	// worked and the original is nacked (it comes back).
+	// Fallback is where the message went instead: "smaller_copy",
+	// "dead_letter_table" (DeadLetters), or "" when neither worked and the
+	// original is nacked.
 	Fallback string
 }
 
