@@ -86,20 +86,18 @@ var (
 func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setWise) []error {
 	errs := make([]error, len(msgs))
 	start := time.Now()
-	results := make([]Result, len(msgs))
 	keys := make([]string, len(msgs))
 	cached := make([]bool, len(msgs)) // a duplicate settled by the committed-key cache
 	// leader[key] is the first message with that key; later ones share its
 	// fate as duplicates (or failures).
 	leader := make(map[string]int, len(msgs))
 	for i, m := range msgs {
-		results[i] = Result{Consumer: c.Consumer, Message: m}
 		k, err := c.key(m)
 		if err != nil {
 			errs[i] = framework.Permanent(err)
 			continue
 		}
-		keys[i], results[i].Key = k, k
+		keys[i] = k
 		m.SetContext(pg.WithKey(m.Context(), k)) // for framework.ClaimKey in the set handler
 		if c.cached(ctx, c.cache.Key(c.Consumer, 0, k)) {
 			cached[i] = true
@@ -165,9 +163,8 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 		break
 	}
 
-	for i := range msgs {
-		r := &results[i]
-		r.Attempts, r.Duration = attempt, time.Since(start)
+	for i, m := range msgs {
+		r := Result{Consumer: c.Consumer, Message: m, Key: keys[i], Attempts: attempt, Duration: time.Since(start)}
 		switch {
 		case cached[i]:
 			r.Outcome, r.Attempts = framework.Duplicate, 0
@@ -182,7 +179,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 			r.Outcome = framework.Duplicate
 		}
 		if c.OnOutcome != nil {
-			c.OnOutcome(*r)
+			c.OnOutcome(r)
 		}
 	}
 	return errs

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -62,22 +63,20 @@ const (
 // transaction, inserts the claim (consumer, key) and:
 //
 //   - claim inserted: runs the handler with the transaction in the message
-//     context (framework.TxFromContext), commits, returns nil (the router
-//     acks): Applied;
-//   - claim existed: commits without calling the handler, returns nil:
-//     Duplicate;
+//     context (framework.TxFromContext) and commits: Applied;
+//   - claim existed: commits without calling the handler: Duplicate;
 //   - handler error or panic: rolls back claim and effect together and
 //     returns the error: Failed;
-//   - handler returned framework.ErrAlreadyApplied: rolls back, returns nil:
-//     Duplicate (see ModeNaturalKey).
+//   - handler returned framework.ErrAlreadyApplied: rolls back: Duplicate
+//     (see ModeNaturalKey).
 //
-// Transient database failures (serialization, deadlock, claim-wait
-// timeout, lost connection) retry the whole transaction with a fresh one,
-// up to MaxAttempts with exponential backoff and full jitter.
+// Applied and Duplicate return nil: the router acks. Transient database
+// failures (serialization, deadlock, claim-wait timeout, lost connection)
+// retry the whole transaction, up to MaxAttempts with exponential backoff
+// and full jitter.
 //
 // Build it as a struct literal and pass it to NewClaim, which validates
-// it. docs/configuration.md tables every field with its YAML key and
-// environment variable.
+// it; docs/configuration.md tables every field.
 type Claim struct {
 	// Store is the claim store; its pool runs the claim transactions.
 	// Required.
@@ -277,10 +276,7 @@ func (c Claim) validate() error {
 		return &framework.ConfigError{Field: "PoisonMemo", Reason: "not supported in ModeNaturalKey: the claim is the handler's own statement, so a memo could not tell an applied message from a dead-lettered one before the handler runs"}
 	case c.EventTime != nil && c.Mode != ModeNaturalKey && !c.AllowBrokerEventTime && readsBrokerTime(c.EventTime):
 		return &framework.ConfigError{Field: "EventTime", Reason: brokerEventTimeRisk}
-	}
-	switch c.Isolation {
-	case "", pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:
-	default:
+	case !slices.Contains([]pgx.TxIsoLevel{"", pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable}, c.Isolation):
 		return &framework.ConfigError{Field: "Isolation", Reason: fmt.Sprintf("%q is not supported (READ COMMITTED, REPEATABLE READ or SERIALIZABLE)", c.Isolation)}
 	}
 	if err := pg.CheckSynchronousCommit(c.SynchronousCommit); err != nil {
