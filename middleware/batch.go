@@ -135,14 +135,11 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 		if err == nil {
 			break
 		}
-		if errors.Is(err, errRetryWithout) {
-			// After a fast pass, isolate the rest in one more pass; after
-			// an isolating pass, the survivors are known to succeed.
+		if errors.Is(err, errRetryWithout) || errors.Is(err, errIsolate) {
+			// After a fast pass (the only one to return errIsolate),
+			// isolate the rest; after an isolating pass, the survivors are
+			// known to succeed.
 			isolating = !isolating
-			continue
-		}
-		if errors.Is(err, errIsolate) {
-			isolating = true
 			continue
 		}
 		cause := pg.Classify(err)

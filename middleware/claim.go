@@ -197,17 +197,12 @@ type Claim struct {
 	// no logging.
 	Logger watermill.LoggerAdapter
 
-	// claims are the store's claim statements, looked up once by
-	// withDefaults rather than per message.
-	claims pg.Claims
-	// positions are the store's Kafka positions, nil with NoPositions.
+	// Set by withDefaults; positions, cache and ahead are nil when off.
+	claims    pg.Claims
 	positions pg.Positions
-	// cache is the committed-key cache, nil when disabled; now is its
-	// clock (time.Now when nil; tests stop it).
-	cache *committedkeys.Cache
-	now   func() time.Time
-	// ahead reads the cache full ahead of a cold replay, nil when off.
-	ahead *committedkeys.ReadAhead
+	cache     *committedkeys.Cache
+	now       func() time.Time // the cache's clock (time.Now when nil)
+	ahead     *committedkeys.ReadAhead
 }
 
 // Result describes one message's passage through the middleware.
@@ -217,9 +212,8 @@ type Result struct {
 	// could not be keyed. It may be sensitive: avoid logging it verbatim.
 	Key     string
 	Outcome framework.Outcome
-	// Attempts counts the claim transactions run. 0 on a Duplicate means
-	// the committed-key cache answered (see Claim.CommittedKeys); 0 on a
-	// Failed means the message could not be keyed.
+	// Attempts counts the claim transactions run: 0 when the committed-key
+	// cache answered (Duplicate) or the message could not be keyed (Failed).
 	Attempts int
 	// Err is the error returned to the router (nil for Applied/Duplicate).
 	Err error

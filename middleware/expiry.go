@@ -37,11 +37,9 @@ type ExpiryGuard struct {
 	// restamped on the way (a LogAppendTime topic, another producer) looks
 	// young, so an expired replay whose claim is gone is applied again.
 	EventTime framework.TimeFunc
-	// AllowExpired applies expired messages anyway, after calling
-	// OnExpired. Sharp edge: an expired message whose claim was already
-	// deleted is applied a second time; use it only to replay a dead-letter
-	// queue on purpose, after checking the effects did not happen.
-	// Defaults to false.
+	// AllowExpired applies expired messages anyway, after OnExpired. Sharp
+	// edge: one whose claim was deleted is applied again; use it only for a
+	// deliberate replay, after checking the effects did not happen.
 	AllowExpired bool
 	// OnExpired, when set, is called for every expired message, whether
 	// refused or (AllowExpired) applied, on the handler goroutine: count
