@@ -341,12 +341,16 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		res.Key = key
 		req := pg.ClaimRequest{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait}
+		var day int64 // of the cache key: claims by event day are distinct per day
 		if c.EventTime != nil && c.Mode != ModeNaturalKey {
 			if req.EventTime, err = c.EventTime(msg); err != nil {
 				return finish(framework.Failed, framework.Permanent(err))
 			}
+			if !req.EventTime.IsZero() {
+				day = pg.EventDay(req.EventTime).Unix() / 86400
+			}
 		}
-		hash := c.cache.Key(c.Consumer, unixDay(req.EventTime), key)
+		hash := c.cache.Key(c.Consumer, day, key)
 		if c.cached(msg.Context(), hash) {
 			return finish(framework.Duplicate, nil)
 		}
@@ -438,9 +442,12 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 		produced, err = runHandler(msg, h, tx, req.Key)
 		if errors.Is(err, framework.ErrAlreadyApplied) {
 			// Undo whatever else this delivery wrote and ack; the record
-			// is settled, so its position is stored on its own.
+			// is settled, so its position is stored on its own. A failure
+			// only leaves it low: claims still catch redeliveries.
 			pg.Rollback(ctx, tx)
-			c.storePositionNow(ctx, msg)
+			if err := c.storePosition(ctx, c.Store.Pool(), msg); err != nil {
+				c.Logger.Debug("claimtx: storing the Kafka position of a duplicate failed", watermill.LogFields{"consumer": c.Consumer, "err": err.Error()})
+			}
 			return framework.Duplicate, nil
 		}
 		if err != nil {
@@ -511,15 +518,6 @@ func (c Claim) storePosition(ctx context.Context, db pg.Execer, msg *message.Mes
 	return nil
 }
 
-// storePositionNow is storePosition outside the claim transaction (rolled
-// back by ErrAlreadyApplied). A failure only leaves the position low: the
-// claims still turn redeliveries into duplicates.
-func (c Claim) storePositionNow(ctx context.Context, msg *message.Message) {
-	if err := c.storePosition(ctx, c.Store.Pool(), msg); err != nil {
-		c.Logger.Debug("claimtx: storing the Kafka position of a duplicate failed", watermill.LogFields{"consumer": c.Consumer, "err": err.Error()})
-	}
-}
-
 // cached reports whether the committed-key cache holds h. A hit on the
 // mark of a page read ahead reads the next page first.
 func (c Claim) cached(ctx context.Context, h committedkeys.Hash) bool {
@@ -528,14 +526,6 @@ func (c Claim) cached(ctx context.Context, h committedkeys.Hash) bool {
 		c.ahead.Marked(ctx)
 	}
 	return hit
-}
-
-// unixDay is the event day of the claim's cache key, 0 without one.
-func unixDay(at time.Time) int64 {
-	if at.IsZero() {
-		return 0
-	}
-	return pg.EventDay(at).Unix() / 86400
 }
 
 // enqueue writes produced to the outbox in tx, one statement per topic.
@@ -579,19 +569,15 @@ func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx, key stri
 // pause tells OnRetry and the logger, then waits out the backoff after a
 // transient failure; it returns ctx's error when ctx ended the wait.
 func (c Claim) pause(ctx context.Context, attempt int, cause pg.Cause, err error) error {
-	delay := c.backoff(attempt)
-	if c.OnRetry != nil {
-		c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: attempt, Cause: cause.String(), Err: err, Delay: delay})
-	}
-	c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
-	return pg.Sleep(ctx, delay)
-}
-
-func (c Claim) backoff(attempt int) time.Duration {
 	d := c.InitialBackoff << (attempt - 1)
 	if d > c.MaxBackoff || d <= 0 {
 		d = c.MaxBackoff
 	}
 	// Full jitter: twins that failed together must not retry together.
-	return time.Duration(rand.Int64N(int64(d)) + 1)
+	delay := time.Duration(rand.Int64N(int64(d)) + 1)
+	if c.OnRetry != nil {
+		c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: attempt, Cause: cause.String(), Err: err, Delay: delay})
+	}
+	c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
+	return pg.Sleep(ctx, delay)
 }
