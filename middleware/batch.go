@@ -208,12 +208,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	}
 	if len(idx) > 0 {
 		before := len(failed)
-		if isolating {
-			err = a.isolate(ctx, tx, msgs, idx, failed)
-		} else {
-			err = a.fast(ctx, tx, msgs, idx, failed)
-		}
-		if err != nil {
+		if err := a.apply(ctx, tx, msgs, idx, failed, isolating); err != nil {
 			return nil, err
 		}
 		if len(failed) > before {
@@ -244,54 +239,42 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	return claimed, nil
 }
 
-// setWise applies the effects of the messages at idx (in key order). fast
-// runs without savepoints and records the failure it can attribute to a
-// single message, or returns errIsolate when it cannot. isolate finds every
-// failing message with savepoints and leaves the others applied.
 type setWise SetHandlerFunc
 
-func (h setWise) call(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int) error {
+// apply applies the effects of the messages at idx (in key order) and
+// records in failed each that fails alone. Not isolating, it runs without
+// savepoints and returns errIsolate when a failure is not a single
+// message's; isolating, it bisects under savepoints down to single
+// messages, leaving the others applied. A transient failure is returned,
+// for the whole batch to retry.
+func (h setWise) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error, isolating bool) error {
 	set := make([]*message.Message, len(idx))
 	for j, i := range idx {
 		set[j] = msgs[i]
 	}
-	return guard(func() error { return h(pg.WithTx(ctx, tx), tx, set) })
-}
-
-func (h setWise) fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
-	if done, err := settled(h.call(ctx, tx, msgs, idx), idx, failed); done {
-		return err
+	call := func() error { return guard(func() error { return h(pg.WithTx(ctx, tx), tx, set) }) }
+	var err error
+	if isolating {
+		err = underSavepoint(ctx, tx, call)
+	} else {
+		err = call()
 	}
-	return errIsolate
-}
-
-// settled says whether the outcome err of a set handler call over idx
-// needs no bisection: success, a transient failure (returned, for the
-// whole batch to retry) or the failure of a single message (recorded).
-func settled(err error, idx []int, failed map[int]error) (bool, error) {
 	switch {
 	case err == nil:
-		return true, nil
+		return nil
 	case pg.Classify(err).Transient():
-		return true, err
+		return err
 	case len(idx) == 1:
 		failed[idx[0]] = err
-		return true, nil
-	}
-	return false, nil
-}
-
-// isolate bisects: a set that fails is rolled back to its savepoint and
-// each half tried on its own, down to single messages.
-func (h setWise) isolate(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
-	if done, err := settled(underSavepoint(ctx, tx, func() error { return h.call(ctx, tx, msgs, idx) }), idx, failed); done {
-		return err
+		return nil
+	case !isolating:
+		return errIsolate
 	}
 	mid := len(idx) / 2
-	if err := h.isolate(ctx, tx, msgs, idx[:mid], failed); err != nil {
+	if err := h.apply(ctx, tx, msgs, idx[:mid], failed, true); err != nil {
 		return err
 	}
-	return h.isolate(ctx, tx, msgs, idx[mid:], failed)
+	return h.apply(ctx, tx, msgs, idx[mid:], failed, true)
 }
 
 // underSavepoint runs f under a savepoint, rolled back to when f fails so
@@ -301,7 +284,7 @@ func underSavepoint(ctx context.Context, tx pgx.Tx, f func() error) error {
 	if _, err := tx.Exec(ctx, "SAVEPOINT claimtx_batch"); err != nil {
 		return err
 	}
-	if err := guard(f); err != nil {
+	if err := f(); err != nil {
 		if pg.Classify(err).Transient() {
 			return err
 		}
