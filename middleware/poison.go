@@ -131,28 +131,32 @@ func (p Poison) deadLetter(msg *message.Message, err error) error {
 	}
 	// Refused for good: the bookkeeping may have tipped the copy over the
 	// broker's limit.
+	fallback := ""
 	if small := p.copyWithReason(msg, err, poison.ShortReasonBytes); small.Metadata.Get(poison.Reason) != cp.Metadata.Get(poison.Reason) {
-		serr := p.Publisher.Publish(p.Topic, small)
-		if serr == nil {
-			p.refused(msg, PoisonRefusal{Err: perr, Fallback: fallbackSmallerCopy})
-			return nil
+		if serr := p.Publisher.Publish(p.Topic, small); serr == nil {
+			fallback = fallbackSmallerCopy
+		} else {
+			perr = errors.Join(perr, fmt.Errorf("claimtx: publish a smaller copy to poison topic %q: %w", p.Topic, serr))
+			if interrupted(msg, serr) {
+				return perr
+			}
+			// However else it failed (the broker may have dropped the
+			// connection over the first), the first was refused for good.
 		}
-		perr = errors.Join(perr, fmt.Errorf("claimtx: publish a smaller copy to poison topic %q: %w", p.Topic, serr))
-		if interrupted(msg, serr) {
-			return perr
-		}
-		// However the smaller copy failed (the broker may have dropped the
-		// connection over the first), the first was refused for good.
 	}
-	if p.DeadLetters != nil {
-		rerr := p.record(msg, cp, err, perr)
-		if rerr == nil {
-			p.refused(msg, PoisonRefusal{Err: perr, Fallback: fallbackDeadLetterTable})
-			return nil
+	if fallback == "" && p.DeadLetters != nil {
+		if rerr := p.record(msg, cp, err, perr); rerr == nil {
+			fallback = fallbackDeadLetterTable
+		} else {
+			perr = errors.Join(perr, rerr)
 		}
-		perr = errors.Join(perr, rerr)
 	}
-	p.refused(msg, PoisonRefusal{Err: perr})
+	if p.OnRefused != nil {
+		p.OnRefused(msg, PoisonRefusal{Err: perr, Fallback: fallback})
+	}
+	if fallback != "" {
+		return nil
+	}
 	return perr
 }
 
@@ -160,12 +164,6 @@ func (p Poison) deadLetter(msg *message.Message, err error) error {
 // was interrupted, which must never dead-letter it.
 func interrupted(msg *message.Message, err error) bool {
 	return msg.Context().Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
-}
-
-func (p Poison) refused(msg *message.Message, r PoisonRefusal) {
-	if p.OnRefused != nil {
-		p.OnRefused(msg, r)
-	}
 }
 
 // record writes cp, the copy of msg the broker refused with perr, to
