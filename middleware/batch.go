@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -22,30 +23,20 @@ import (
 // deadlock on each other's effects), and one commit makes them all
 // durable. Each message then gets its own result to ack or nack it.
 //
-// The guarantees are those of Claim, per message: a redelivered or
-// concurrent twin is a duplicate, a failed message leaves neither claim nor
-// effect, a crash between commit and ack turns the redelivery into a
-// duplicate. A failing message does not sink its neighbours. The first
-// pass runs without savepoints (they cost a round trip each); when the
-// handler fails, the transaction is rolled back and redone with each half
-// of the set, recursively, under a savepoint, which finds every failing
-// message in one more pass; a last pass then commits the others without
-// them (a failed message's claim must not commit).
+// The guarantees are those of Claim, per message, and a failing message
+// does not sink its neighbours: the set is bisected under savepoints to
+// find it, then committed without it (docs/batch.md).
 //
-// Build it with NewBatch. framework/consumer's NewBatch runs one over a
-// broker subscription, with the failure policy of the per-message
-// consumer.
+// Build it with NewBatch; framework/consumer's NewBatch runs one over a
+// broker subscription.
 type Batch struct {
 	claim Claim // validated, with defaults
 }
 
-// NewBatch validates c for batches and returns the Batch. It reuses
-// Claim's fields for the store, consumer, key, key policy, isolation,
-// synchronous commit, claim wait, attempts, backoff, PoisonMemo and hooks (OnOutcome once per
-// message and pass, OnRetry once per retried batch). The claim-table mode
-// is the only one: Mode (natural key), OutboxTopic, Fingerprint and
-// EventTime are refused with a *framework.ConfigError rather than ignored
-// (enqueue with Store.Enqueue in the handler instead of OutboxTopic).
+// NewBatch validates c for batches and returns the Batch. OnOutcome is
+// called once per message and pass, OnRetry once per retried batch. Mode
+// (natural key), OutboxTopic, Fingerprint and EventTime are refused with a
+// *framework.ConfigError rather than ignored.
 func NewBatch(c Claim) (*Batch, error) {
 	const why = "not supported in batch mode"
 	switch {
@@ -64,37 +55,24 @@ func NewBatch(c Claim) (*Batch, error) {
 	return &Batch{claim: c.withDefaults()}, nil
 }
 
-// SetHandlerFunc applies the effects of several messages at once through
-// tx, set-wise (one UPDATE … FROM unnest(…) for all of them, say), which is
-// what makes batches fast: a handler that loops over msgs pays a round
-// trip per statement per message. msgs are the newly claimed messages in
-// key order. It must lock shared rows in a deterministic order (ORDER BY …
-// FOR UPDATE first, or statements whose plan visits rows in key order) or
-// concurrent batches deadlock; deadlocks are retried, but they cost the
-// whole batch. An error fails the whole set: Process then bisects it
-// under savepoints to find the messages that fail alone.
+// SetHandlerFunc applies the effects of msgs, the newly claimed messages
+// in key order, set-wise through tx (one UPDATE … FROM unnest(…), say: a
+// loop pays a round trip per statement per message). It must lock shared
+// rows in a deterministic order, or concurrent batches deadlock and retry
+// whole. An error fails the set, which Process then bisects.
 type SetHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
 
-// Process runs msgs through one claim transaction (retried whole on
-// transient failures) with h called for the newly claimed messages, and
-// returns one error per message, in order: nil means applied or duplicate
-// (ack), an error means nack, or poison when framework.IsPermanent.
+// Process runs msgs through one claim transaction and returns one error
+// per message, in order: nil to ack, else nack, or poison when
+// framework.IsPermanent.
 func (b *Batch) Process(ctx context.Context, msgs []*message.Message, h SetHandlerFunc) []error {
 	switch {
 	case b == nil || b.claim.Store == nil:
-		return allErr(len(msgs), &framework.ConfigError{Field: "Batch", Reason: "build it with NewBatch"})
+		return slices.Repeat([]error{&framework.ConfigError{Field: "Batch", Reason: "build it with NewBatch"}}, len(msgs))
 	case h == nil:
-		return allErr(len(msgs), &framework.ConfigError{Field: "handler", Reason: "must not be nil"})
+		return slices.Repeat([]error{&framework.ConfigError{Field: "handler", Reason: "must not be nil"}}, len(msgs))
 	}
 	return b.claim.processBatch(ctx, msgs, setWise(h))
-}
-
-func allErr(n int, err error) []error {
-	errs := make([]error, n)
-	for i := range errs {
-		errs[i] = err
-	}
-	return errs
 }
 
 var (
@@ -105,26 +83,21 @@ var (
 	errIsolate = errors.New("claimtx: batch failed, isolating the failing messages")
 )
 
-// processBatch is Process with c validated and defaulted.
 func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setWise) []error {
 	errs := make([]error, len(msgs))
 	start := time.Now()
-	results := make([]Result, len(msgs))
 	keys := make([]string, len(msgs))
-	// cached[i]: message i's key is in the committed-key cache, a
-	// duplicate settled without the database.
-	cached := make([]bool, len(msgs))
-	// leader[key] is the first message with that key; later ones in the
-	// same batch share its fate as duplicates (or failures).
+	cached := make([]bool, len(msgs)) // a duplicate settled by the committed-key cache
+	// leader[key] is the first message with that key; later ones share its
+	// fate as duplicates (or failures).
 	leader := make(map[string]int, len(msgs))
 	for i, m := range msgs {
-		results[i] = Result{Consumer: c.Consumer, Message: m}
 		k, err := c.key(m)
 		if err != nil {
 			errs[i] = framework.Permanent(err)
 			continue
 		}
-		keys[i], results[i].Key = k, k
+		keys[i] = k
 		m.SetContext(pg.WithKey(m.Context(), k)) // for framework.ClaimKey in the set handler
 		if c.cached(ctx, c.cache.Key(c.Consumer, 0, k)) {
 			cached[i] = true
@@ -136,8 +109,8 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	}
 
 	failed := map[int]error{} // handler failures, excluded from the next pass
-	// settling is what a commit settles, for the Kafka positions: every
-	// message but those that fail (nacked, or poisoned and acked later).
+	// settling is the Kafka positions a commit settles: every message's
+	// but those that fail (nacked, or poisoned and acked later).
 	settling := func() []kafkarecord.Settled {
 		if c.positions == nil {
 			return nil
@@ -162,14 +135,11 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 		if err == nil {
 			break
 		}
-		if errors.Is(err, errRetryWithout) {
-			// After a fast pass, isolate the rest in one more pass; after
-			// an isolating pass, the survivors are known to succeed.
+		if errors.Is(err, errRetryWithout) || errors.Is(err, errIsolate) {
+			// After a fast pass (the only one to return errIsolate),
+			// isolate the rest; after an isolating pass, the survivors are
+			// known to succeed.
 			isolating = !isolating
-			continue
-		}
-		if errors.Is(err, errIsolate) {
-			isolating = true
 			continue
 		}
 		cause := pg.Classify(err)
@@ -190,9 +160,8 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 		break
 	}
 
-	for i := range msgs {
-		r := &results[i]
-		r.Attempts, r.Duration = attempt, time.Since(start)
+	for i, m := range msgs {
+		r := Result{Consumer: c.Consumer, Message: m, Key: keys[i], Attempts: attempt, Duration: time.Since(start)}
 		switch {
 		case cached[i]:
 			r.Outcome, r.Attempts = framework.Duplicate, 0
@@ -207,7 +176,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 			r.Outcome = framework.Duplicate
 		}
 		if c.OnOutcome != nil {
-			c.OnOutcome(*r)
+			c.OnOutcome(r)
 		}
 	}
 	return errs
@@ -221,14 +190,12 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 		}
 	}
 	began := c.ahead.Started()
-	// BEGIN and the claim (and the memo lookup) in one round trip.
 	tx, newKeys, memos, err := c.claims.BeginBatch(ctx, c.txOptions(), c.Consumer, want, c.MaxClaimWait, c.PoisonMemo)
 	if err != nil {
 		return nil, err
 	}
-	// Memoised keys were dead-lettered before: they fail (permanently, to
-	// the poison destination) without reaching the handler, and later
-	// passes leave them out like any failed message.
+	// Memoised keys were dead-lettered before: they are poisoned without
+	// reaching the handler, and later passes leave them out.
 	for k, reason := range memos {
 		failed[leader[k]] = framework.Permanent(&poison.HitError{Reason: reason})
 	}
@@ -241,20 +208,14 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	}
 	if len(idx) > 0 {
 		before := len(failed)
-		if isolating {
-			err = a.isolate(ctx, tx, msgs, idx, failed)
-		} else {
-			err = a.fast(ctx, tx, msgs, idx, failed)
-		}
-		if err != nil {
+		if err := a.apply(ctx, tx, msgs, idx, failed, isolating); err != nil {
 			return nil, err
 		}
 		if len(failed) > before {
 			return nil, errRetryWithout
 		}
 	}
-	// Last before COMMIT, one statement for every partition of the
-	// batch, their rows locked in partition order.
+	// Last before COMMIT: one statement, rows locked in partition order.
 	if c.positions != nil {
 		if err := c.positions.Store(ctx, tx, c.Consumer, settling()); err != nil {
 			return nil, err
@@ -263,9 +224,8 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("claimtx: commit: %w", err)
 	}
-	// Every key claimed is committed now, and every other key of want but
-	// the memoised ones (whose new claims were undone) conflicted with a
-	// committed claim (see Claim.attempt): all are known committed.
+	// Every key of want but the memoised ones (whose claims were undone)
+	// is now known committed (see Claim.attempt).
 	var dups []string
 	for _, k := range want {
 		if _, memoised := memos[k]; !memoised {
@@ -279,65 +239,52 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 	return claimed, nil
 }
 
-// setWise applies the effects of the messages at idx (in key order). fast
-// runs without savepoints and records the failure it can attribute to a
-// single message, or returns errIsolate when it cannot. isolate finds every
-// failing message with savepoints and leaves the others applied.
 type setWise SetHandlerFunc
 
-func (h setWise) call(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int) error {
+// apply applies the effects of the messages at idx (in key order) and
+// records in failed each that fails alone. Not isolating, it runs without
+// savepoints and returns errIsolate when a failure is not a single
+// message's; isolating, it bisects under savepoints down to single
+// messages, leaving the others applied. A transient failure is returned,
+// for the whole batch to retry.
+func (h setWise) apply(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error, isolating bool) error {
 	set := make([]*message.Message, len(idx))
 	for j, i := range idx {
 		set[j] = msgs[i]
 	}
-	return guard(func() error { return h(pg.WithTx(ctx, tx), tx, set) })
-}
-
-func (h setWise) fast(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
-	if done, err := settled(h.call(ctx, tx, msgs, idx), idx, failed); done {
-		return err
+	call := func() error { return guard(func() error { return h(pg.WithTx(ctx, tx), tx, set) }) }
+	var err error
+	if isolating {
+		err = underSavepoint(ctx, tx, call)
+	} else {
+		err = call()
 	}
-	return errIsolate
-}
-
-// settled says whether the outcome err of a set handler call over idx
-// needs no bisection: success, a transient failure (returned, for the
-// whole batch to retry) or the failure of a single message (recorded).
-func settled(err error, idx []int, failed map[int]error) (bool, error) {
 	switch {
 	case err == nil:
-		return true, nil
+		return nil
 	case pg.Classify(err).Transient():
-		return true, err
+		return err
 	case len(idx) == 1:
 		failed[idx[0]] = err
-		return true, nil
-	}
-	return false, nil
-}
-
-// isolate bisects: a set that fails is rolled back to its savepoint and
-// each half tried on its own, down to single messages.
-func (h setWise) isolate(ctx context.Context, tx pgx.Tx, msgs []*message.Message, idx []int, failed map[int]error) error {
-	if done, err := settled(underSavepoint(ctx, tx, func() error { return h.call(ctx, tx, msgs, idx) }), idx, failed); done {
-		return err
+		return nil
+	case !isolating:
+		return errIsolate
 	}
 	mid := len(idx) / 2
-	if err := h.isolate(ctx, tx, msgs, idx[:mid], failed); err != nil {
+	if err := h.apply(ctx, tx, msgs, idx[:mid], failed, true); err != nil {
 		return err
 	}
-	return h.isolate(ctx, tx, msgs, idx[mid:], failed)
+	return h.apply(ctx, tx, msgs, idx[mid:], failed, true)
 }
 
-// underSavepoint runs f under a savepoint: released when f succeeds,
-// rolled back to (and released) when it fails, so the transaction goes on
-// without f's writes. A savepoint error itself is returned as transient
-// for the whole batch only if Classify says so; otherwise it is f's.
+// underSavepoint runs f under a savepoint, rolled back to when f fails so
+// the transaction goes on without f's writes. A transient failure is
+// returned as is, for the whole batch to retry.
 func underSavepoint(ctx context.Context, tx pgx.Tx, f func() error) error {
 	if _, err := tx.Exec(ctx, "SAVEPOINT claimtx_batch"); err != nil {
 		return err
 	}
-	if err := guard(f); err != nil {
+	if err := f(); err != nil {
 		if pg.Classify(err).Transient() {
 			return err
 		}
@@ -350,8 +297,8 @@ func underSavepoint(ctx context.Context, tx pgx.Tx, f func() error) error {
 	return err
 }
 
-// guard turns a handler panic into a PanicError, a permanent failure of
-// that message.
+// guard turns a handler panic into a *framework.PanicError, so deferred
+// rollbacks run and the caller sees an ordinary failure.
 func guard(f func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {

@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -25,8 +25,7 @@ import (
 
 // maxCommittedKeysTTL is half the shortest retention the store accepts
 // without Force: an entry must expire long before cleanup may delete its
-// claim. The defaults of Claim fields left zero, documented on the fields,
-// are pg's and committedkeys' (consumer.Config.String prints them too).
+// claim.
 const maxCommittedKeysTTL = pg.DefaultMinRetention / 2
 
 // fingerprintBytes is how much of the SHA-256 is stored: 128 bits make an
@@ -34,16 +33,13 @@ const maxCommittedKeysTTL = pg.DefaultMinRetention / 2
 const fingerprintBytes = 16
 
 // ErrProducedMessages is returned (as a permanent error) when a handler
-// under the claim middleware returns messages while no outbox is configured
-// (Claim.OutboxTopic is empty): the router would publish them outside the
-// claim transaction, so a crash between its publish and the commit would
-// emit them for an effect that never happened, and a redelivery would emit
-// them again.
+// returns messages without Claim.OutboxTopic: the router would publish them
+// outside the claim transaction, so a crash before the commit would emit
+// them for no effect, and a redelivery again.
 var ErrProducedMessages = errors.New("claimtx: handler returned messages, but the claim middleware has no outbox to write them to in the claim transaction (set Claim.OutboxTopic)")
 
-// OutboxTopicMetadata, set on a message the handler returns, names the
-// topic it is enqueued for instead of Claim.OutboxTopic. It is removed from
-// the stored message.
+// OutboxTopicMetadata, set on a message the handler returns, names its
+// outbox topic instead of Claim.OutboxTopic; it is not stored.
 const OutboxTopicMetadata = "claimtx_outbox_topic"
 
 // ClaimMode selects what records that a message's effect was applied.
@@ -51,19 +47,14 @@ type ClaimMode string
 
 const (
 	// ModeClaimTable records each applied (consumer, key) in claimtx's
-	// claim table, in the same transaction as the effect. It works for any
-	// effect, at the cost of one small row per message, which retention
-	// eventually deletes: a duplicate arriving after its claim was deleted
-	// cannot be recognised.
+	// claim table with the effect. It works for any effect; retention
+	// deletes the rows, after which a duplicate cannot be recognised.
 	ModeClaimTable ClaimMode = "claim_table"
-	// ModeNaturalKey uses the effect's own unique constraint as the claim;
-	// no claim-table row is written. The handler writes its effect with a
-	// guarded statement (INSERT … ON CONFLICT (order_id) DO NOTHING
-	// RETURNING …) and returns framework.ErrAlreadyApplied when the
-	// statement found the effect present. Outcomes, hooks, retries and the
-	// wait behind a concurrent twin (on the constraint's uncommitted entry)
-	// are those of ModeClaimTable. The constraint lives as long as the
-	// business row, so such claims never expire: the choice for money.
+	// ModeNaturalKey uses the effect's own unique constraint as the claim:
+	// the handler writes with a guarded statement (INSERT … ON CONFLICT
+	// DO NOTHING RETURNING …) and returns framework.ErrAlreadyApplied when
+	// it found the effect present (docs/effects.md). Such claims never
+	// expire: the choice for money.
 	ModeNaturalKey ClaimMode = "natural_key"
 )
 
@@ -72,22 +63,20 @@ const (
 // transaction, inserts the claim (consumer, key) and:
 //
 //   - claim inserted: runs the handler with the transaction in the message
-//     context (framework.TxFromContext), commits, returns nil (the router
-//     acks): Applied;
-//   - claim existed: commits without calling the handler, returns nil:
-//     Duplicate;
+//     context (framework.TxFromContext) and commits: Applied;
+//   - claim existed: commits without calling the handler: Duplicate;
 //   - handler error or panic: rolls back claim and effect together and
 //     returns the error: Failed;
-//   - handler returned framework.ErrAlreadyApplied: rolls back, returns nil:
-//     Duplicate (see ModeNaturalKey).
+//   - handler returned framework.ErrAlreadyApplied: rolls back: Duplicate
+//     (see ModeNaturalKey).
 //
-// Transient database failures (serialization, deadlock, claim-wait
-// timeout, lost connection) retry the whole transaction with a fresh one,
-// up to MaxAttempts with exponential backoff and full jitter.
+// Applied and Duplicate return nil: the router acks. Transient database
+// failures (serialization, deadlock, claim-wait timeout, lost connection)
+// retry the whole transaction, up to MaxAttempts with exponential backoff
+// and full jitter.
 //
 // Build it as a struct literal and pass it to NewClaim, which validates
-// it. docs/configuration.md tables every field with its YAML key and
-// environment variable.
+// it; docs/configuration.md tables every field.
 type Claim struct {
 	// Store is the claim store; its pool runs the claim transactions.
 	// Required.
@@ -208,17 +197,12 @@ type Claim struct {
 	// no logging.
 	Logger watermill.LoggerAdapter
 
-	// claims are the store's claim statements, looked up once by
-	// withDefaults rather than per message.
-	claims pg.Claims
-	// positions are the store's Kafka positions, nil with NoPositions.
+	// Set by withDefaults; positions, cache and ahead are nil when off.
+	claims    pg.Claims
 	positions pg.Positions
-	// cache is the committed-key cache, nil when disabled; now is its
-	// clock (time.Now when nil; tests stop it).
-	cache *committedkeys.Cache
-	now   func() time.Time
-	// ahead reads the cache full ahead of a cold replay, nil when off.
-	ahead *committedkeys.ReadAhead
+	cache     *committedkeys.Cache
+	now       func() time.Time // the cache's clock (time.Now when nil)
+	ahead     *committedkeys.ReadAhead
 }
 
 // Result describes one message's passage through the middleware.
@@ -228,32 +212,27 @@ type Result struct {
 	// could not be keyed. It may be sensitive: avoid logging it verbatim.
 	Key     string
 	Outcome framework.Outcome
-	// Attempts counts the claim transactions run. 0 on a Duplicate means
-	// the committed-key cache answered (see Claim.CommittedKeys); 0 on a
-	// Failed means the message could not be keyed.
+	// Attempts counts the claim transactions run: 0 when the committed-key
+	// cache answered (Duplicate) or the message could not be keyed (Failed).
 	Attempts int
 	// Err is the error returned to the router (nil for Applied/Duplicate).
 	Err error
-	// ClaimWait is how long BEGIN and the claim took on the last attempt
-	// (one round trip), including the wait for a pool connection and any
-	// wait behind a twin. Zero in ModeNaturalKey, where the claim is part
-	// of the handler.
+	// ClaimWait is how long BEGIN and the claim took on the last attempt,
+	// pool and twin waits included. Zero in ModeNaturalKey.
 	ClaimWait time.Duration
-	// Enqueued counts the messages the handler returned that the attempt
-	// that committed wrote to the outbox (0 unless Applied, even when a
-	// failed attempt had written some before its commit failed).
+	// Enqueued counts the messages the committed attempt wrote to the
+	// outbox (0 unless Applied).
 	Enqueued int
 	// Duration is the whole time spent in the middleware.
 	Duration time.Duration
-	// FingerprintMismatch is set on a Duplicate whose payload fingerprint
-	// differs from the one stored with the original claim: the same key
-	// for different content is a producer or key-derivation bug.
+	// FingerprintMismatch is set on a Duplicate whose payload differs from
+	// the original's: a producer or key-derivation bug.
 	FingerprintMismatch bool
 	Message             *message.Message
 }
 
-// TxRetry describes one transient failure of a claim transaction that is
-// about to be retried with a fresh transaction.
+// TxRetry describes a transient failure of a claim transaction about to
+// be retried.
 type TxRetry struct {
 	Consumer string
 	Attempt  int    // the attempt that failed, from 1
@@ -291,10 +270,7 @@ func (c Claim) validate() error {
 		return &framework.ConfigError{Field: "PoisonMemo", Reason: "not supported in ModeNaturalKey: the claim is the handler's own statement, so a memo could not tell an applied message from a dead-lettered one before the handler runs"}
 	case c.EventTime != nil && c.Mode != ModeNaturalKey && !c.AllowBrokerEventTime && readsBrokerTime(c.EventTime):
 		return &framework.ConfigError{Field: "EventTime", Reason: brokerEventTimeRisk}
-	}
-	switch c.Isolation {
-	case "", pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable:
-	default:
+	case !slices.Contains([]pgx.TxIsoLevel{"", pgx.ReadCommitted, pgx.RepeatableRead, pgx.Serializable}, c.Isolation):
 		return &framework.ConfigError{Field: "Isolation", Reason: fmt.Sprintf("%q is not supported (READ COMMITTED, REPEATABLE READ or SERIALIZABLE)", c.Isolation)}
 	}
 	if err := pg.CheckSynchronousCommit(c.SynchronousCommit); err != nil {
@@ -317,35 +293,30 @@ func (c Claim) withDefaults() Claim {
 	if !c.NoPositions {
 		c.positions = c.claims.Positions()
 	}
-	// Only what provably stays committed is cached: claim-table rows,
-	// which only retention removes. The outcome of a natural-key claim is
-	// the application's own row, which the application may delete, and a
+	// Only claim-table rows provably stay committed (only retention removes
+	// them; the application may delete a natural key's row), and a
 	// Fingerprint check needs the stored claim of every duplicate.
 	if c.Mode == ModeClaimTable && !c.Fingerprint {
 		c.cache = committedkeys.New(c.CommittedKeys, c.CommittedKeysTTL, c.now)
 	}
-	// Claims by event day are cached per day, which the read-ahead's
-	// statement does not read: it serves the claims without one.
+	// The read-ahead's statement does not read event days.
 	if c.EventTime == nil {
 		c.ahead = committedkeys.NewReadAhead(c.cache, c.CommittedKeys, c.Consumer, c.Logger, c.claims.Following)
 	}
 	return c
 }
 
-// NewClaim validates c and returns its middleware. A configuration error
-// is returned here, so a claim that would fail every message (a hot
-// redelivery loop) cannot be installed.
+// NewClaim validates c and returns its middleware, so a claim that would
+// fail every message (a hot redelivery loop) cannot be installed.
 func NewClaim(c Claim) (message.HandlerMiddleware, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	// Defaults here, not per handler: every handler the middleware wraps
-	// shares one committed-key cache, so CommittedKeys bounds its memory
-	// whatever the number of handlers.
+	// Defaults here, not per handler: every handler shares one cache, so
+	// CommittedKeys bounds its memory.
 	return c.withDefaults().middleware, nil
 }
 
-// txOptions are the options of every claim transaction c begins.
 func (c Claim) txOptions() pg.TxOptions {
 	return pg.TxOptions{TxOptions: pgx.TxOptions{IsoLevel: c.Isolation}, SynchronousCommit: c.SynchronousCommit}
 }
@@ -357,11 +328,6 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		res := Result{Consumer: c.Consumer, Message: msg}
 		finish := func(out framework.Outcome, err error) ([]*message.Message, error) {
 			res.Outcome, res.Err, res.Duration = out, err, time.Since(start)
-			if out != framework.Applied {
-				// The last attempt may have enqueued before its commit
-				// failed: Enqueued reports a committed attempt only.
-				res.Enqueued = 0
-			}
 			if c.OnOutcome != nil {
 				c.OnOutcome(res)
 			}
@@ -370,26 +336,28 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 
 		key, err := c.key(msg)
 		if err != nil {
-			// Whatever the extractor returned, the same message will fail
-			// the same way: make sure it is poisoned, not retried.
+			// The same message fails the same way: poison, never retry.
 			return finish(framework.Failed, framework.Permanent(err))
 		}
 		res.Key = key
-		var at time.Time
+		req := pg.ClaimRequest{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait}
+		var day int64 // of the cache key: claims by event day are distinct per day
 		if c.EventTime != nil && c.Mode != ModeNaturalKey {
-			if at, err = c.EventTime(msg); err != nil {
+			if req.EventTime, err = c.EventTime(msg); err != nil {
 				return finish(framework.Failed, framework.Permanent(err))
 			}
+			if !req.EventTime.IsZero() {
+				day = pg.EventDay(req.EventTime).Unix() / 86400
+			}
 		}
-		hash := c.cache.Key(c.Consumer, unixDay(at), key)
+		hash := c.cache.Key(c.Consumer, day, key)
 		if c.cached(msg.Context(), hash) {
 			return finish(framework.Duplicate, nil)
 		}
 		began := c.ahead.Started()
-
 		for attempt := 1; ; attempt++ {
 			res.Attempts = attempt
-			out, err := c.attempt(msg, h, pg.ClaimRequest{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait, EventTime: at}, hash, began, txOpts, &res)
+			out, err := c.attempt(msg, h, req, hash, began, txOpts, &res)
 			if err == nil {
 				if out == framework.Duplicate {
 					c.Logger.Debug("claimtx: duplicate delivery acked without running the handler", watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
@@ -410,8 +378,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// key derives and validates the message key; "" in ModeNaturalKey without
-// a Key.
+// key derives and normalizes the message key; "" without a Key.
 func (c Claim) key(msg *message.Message) (string, error) {
 	if c.Key == nil {
 		return "", nil
@@ -423,27 +390,21 @@ func (c Claim) key(msg *message.Message) (string, error) {
 	return c.KeyPolicy.Normalize(key)
 }
 
-// attempt runs one claim transaction. Every path that does not commit rolls
-// back, so the claim and the effect always share one fate.
-//
-// The key's hash goes into the committed-key cache once the transaction
-// committed, whether its claim was new or found committed (a claim
-// statement that meets an uncommitted twin waits for its end, under every
-// isolation level, and under REPEATABLE READ and SERIALIZABLE a committed
-// claim outside the snapshot fails with 40001 instead of conflicting), and
-// never on a path that rolls back, ErrAlreadyApplied included.
+// attempt runs one claim transaction; every path that does not commit
+// rolls back, so claim and effect share one fate. Only a commit caches the
+// key, new or duplicate alike: a claim that met an uncommitted twin waited
+// for its end, and under REPEATABLE READ and SERIALIZABLE a committed claim
+// outside the snapshot fails with 40001 instead of conflicting.
 func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.ClaimRequest, hash committedkeys.Hash, began uint64, txOpts pg.TxOptions, res *Result) (out framework.Outcome, err error) {
 	ctx := msg.Context()
-	res.ClaimWait, res.Enqueued = 0, 0
+	res.ClaimWait = 0
 	claimed := true
-	// With one record of its partition in flight, the Kafka position
-	// goes out in the first round trip; otherwise last before COMMIT.
 	early := c.earlyPosition(msg)
 	var tx pgx.Tx
+	var produced []*message.Message
 	if c.Mode == ModeNaturalKey {
-		// The claim is the handler's guarded INSERT: bound its wait behind
-		// a twin's uncommitted entry like the claim table's, set in the
-		// same round trip as BEGIN.
+		// The claim is the handler's guarded INSERT: MaxClaimWait bounds
+		// its wait behind a twin, set with BEGIN.
 		if tx, err = c.claims.BeginNaturalKey(ctx, txOpts, c.MaxClaimWait, early); err != nil {
 			return "", err
 		}
@@ -462,8 +423,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 			return "", err
 		}
 		if cr.New && memo != nil {
-			// Dead-lettered before: roll the claim back (nothing else is
-			// in the transaction) and send this copy after the first.
+			// Dead-lettered before: undo the claim, poison this copy too.
 			pg.Rollback(ctx, tx)
 			return "", framework.Permanent(&poison.HitError{Reason: *memo})
 		}
@@ -474,19 +434,20 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 				watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})
 		}
 	}
-	// Unless committed (a rollback after the commit is a no-op). The
-	// message context may be cancelled (shutdown): roll back regardless so
-	// the connection returns to the pool clean.
+	// A no-op once committed; it runs even on a cancelled context, so the
+	// connection returns to the pool clean.
 	defer pg.Rollback(ctx, tx)
 	out = framework.Duplicate
 	if claimed {
-		produced, err := runHandler(msg, h, tx, req.Key)
+		produced, err = runHandler(msg, h, tx, req.Key)
 		if errors.Is(err, framework.ErrAlreadyApplied) {
-			// The effect is already there. Roll back whatever else this
-			// delivery wrote, and ack; the record is settled, so its
-			// position is stored on its own.
-			pg.Rollback(ctx, tx) // the deferred one is then a no-op
-			c.storePositionNow(ctx, msg)
+			// Undo whatever else this delivery wrote and ack; the record
+			// is settled, so its position is stored on its own. A failure
+			// only leaves it low: claims still catch redeliveries.
+			pg.Rollback(ctx, tx)
+			if err := c.storePosition(ctx, c.Store.Pool(), msg); err != nil {
+				c.Logger.Debug("claimtx: storing the Kafka position of a duplicate failed", watermill.LogFields{"consumer": c.Consumer, "err": err.Error()})
+			}
 			return framework.Duplicate, nil
 		}
 		if err != nil {
@@ -499,7 +460,6 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 			if err := c.enqueue(ctx, tx, produced); err != nil {
 				return "", err
 			}
-			res.Enqueued = len(produced)
 		}
 		out = framework.Applied
 	}
@@ -510,11 +470,10 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		// Ambiguous: the commit may have happened. Retrying (or the
-		// broker's redelivery) resolves it, because the claim tells the
-		// truth either way.
+		// Ambiguous, but a retry or redelivery meets the claim if it did.
 		return "", fmt.Errorf("claimtx: commit: %w", err)
 	}
+	res.Enqueued = len(produced) // only a committed attempt's count
 	c.cache.Add(hash)
 	if claimed {
 		c.ahead.Answered(ctx, began, nil, true)
@@ -524,10 +483,9 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 	return out, nil
 }
 
-// settled is the Kafka position msg settles once its transaction
-// commits (see Claim.NoPositions): false when positions are off, msg
-// carries no Kafka record, or its partition is no longer this member's.
-// window is the number of records of its partition in flight.
+// settled is the Kafka position msg settles once its transaction commits,
+// and how many records of its partition are in flight; false when there is
+// none to store (positions off, no record, partition no longer ours).
 func (c Claim) settled(msg *message.Message) (p kafkarecord.Settled, window int, ok bool) {
 	if c.positions == nil {
 		return p, 0, false
@@ -540,11 +498,10 @@ func (c Claim) settled(msg *message.Message) (p kafkarecord.Settled, window int,
 	return kafkarecord.Settled{Topic: r.Topic, Partition: r.Partition, SettledBelow: off}, r.Window, ok
 }
 
-// earlyPosition returns what queues msg's Kafka position in the claim's
-// first round trip, or nil: when msg settles no position, or its
-// partition has more than one record in flight (a window), whose
-// transactions would then wait for each other's whole length on the
-// position row instead of for a commit (storePosition runs instead).
+// earlyPosition queues msg's Kafka position in the claim's first round
+// trip, or is nil (storePosition runs last instead): with a window in
+// flight, transactions holding the position row from the start would wait
+// for each other's whole length instead of for a commit.
 func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
 	p, window, ok := c.settled(msg)
 	if !ok || window != 1 {
@@ -553,23 +510,12 @@ func (c Claim) earlyPosition(msg *message.Message) func(*pgx.Batch) {
 	return func(b *pgx.Batch) { c.positions.Queue(b, c.Consumer, p) }
 }
 
-// storePosition raises, in db (the claim transaction), the stored Kafka
-// position of msg's partition as settled once db commits with msg.
+// storePosition raises, in db, the stored Kafka position of msg's partition.
 func (c Claim) storePosition(ctx context.Context, db pg.Execer, msg *message.Message) error {
 	if p, _, ok := c.settled(msg); ok {
 		return c.positions.Store(ctx, db, c.Consumer, []kafkarecord.Settled{p})
 	}
 	return nil
-}
-
-// storePositionNow is storePosition outside the claim transaction, for a
-// duplicate whose transaction rolled back (ErrAlreadyApplied). A failure
-// only leaves the stored position lower than it could be: the claims
-// still turn the redeliveries into duplicates.
-func (c Claim) storePositionNow(ctx context.Context, msg *message.Message) {
-	if err := c.storePosition(ctx, c.Store.Pool(), msg); err != nil {
-		c.Logger.Debug("claimtx: storing the Kafka position of a duplicate failed", watermill.LogFields{"consumer": c.Consumer, "err": err.Error()})
-	}
 }
 
 // cached reports whether the committed-key cache holds h. A hit on the
@@ -582,20 +528,8 @@ func (c Claim) cached(ctx context.Context, h committedkeys.Hash) bool {
 	return hit
 }
 
-// unixDay is the claim's event day in days since 1970 for the
-// committed-key cache, 0 without an event time: claims by event day are
-// distinct per day (see Claim.EventTime).
-func unixDay(at time.Time) int64 {
-	if at.IsZero() {
-		return 0
-	}
-	return pg.EventDay(at).Unix() / 86400
-}
-
-// enqueue writes the handler's returned messages to the outbox in tx: one
-// Enqueue (one statement) per distinct topic, in the order the topics first
-// appear, each topic's messages in the order the handler returned them. The
-// relay publishes per topic, so only the order within a topic is kept.
+// enqueue writes produced to the outbox in tx, one statement per topic.
+// The relay publishes per topic, so only the order within one is kept.
 func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Message) error {
 	var topics []string
 	byTopic := make(map[string][]*message.Message)
@@ -603,17 +537,9 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 		if m == nil {
 			return framework.Permanent(fmt.Errorf("%w: handler returned a nil message at index %d", store.ErrInvalidOutboxMessage, i))
 		}
-		topic := c.OutboxTopic
-		cp := message.NewMessage(m.UUID, m.Payload)
-		for k, v := range m.Metadata {
-			if k == OutboxTopicMetadata {
-				if v != "" {
-					topic = v
-				}
-				continue
-			}
-			cp.Metadata.Set(k, v)
-		}
+		cp := m.Copy()
+		topic := cmp.Or(cp.Metadata.Get(OutboxTopicMetadata), c.OutboxTopic)
+		delete(cp.Metadata, OutboxTopicMetadata)
 		if _, seen := byTopic[topic]; !seen {
 			topics = append(topics, topic)
 		}
@@ -627,38 +553,31 @@ func (c Claim) enqueue(ctx context.Context, tx pgx.Tx, produced []*message.Messa
 	return nil
 }
 
-// runHandler calls h with the claim transaction and the claimed key in
-// the message context and converts a panic into *framework.PanicError, so
-// the deferred rollback runs and the router sees an ordinary failure.
+// runHandler calls h with tx and key in the message context, a panic
+// turned into an error (see guard).
 func runHandler(msg *message.Message, h message.HandlerFunc, tx pgx.Tx, key string) (produced []*message.Message, err error) {
 	orig := msg.Context()
 	msg.SetContext(pg.WithKey(pg.WithTx(orig, tx), key))
-	defer func() {
-		msg.SetContext(orig)
-		if r := recover(); r != nil {
-			produced, err = nil, &framework.PanicError{Value: r, Stack: debug.Stack()}
-		}
-	}()
-	return h(msg)
+	defer msg.SetContext(orig)
+	err = guard(func() (err error) {
+		produced, err = h(msg)
+		return err
+	})
+	return produced, err
 }
 
-// pause waits out the backoff after attempt failed transiently with err
-// (of cause), telling OnRetry and the logger first; it returns ctx's
-// error when ctx ended the wait.
+// pause tells OnRetry and the logger, then waits out the backoff after a
+// transient failure; it returns ctx's error when ctx ended the wait.
 func (c Claim) pause(ctx context.Context, attempt int, cause pg.Cause, err error) error {
-	delay := c.backoff(attempt)
-	if c.OnRetry != nil {
-		c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: attempt, Cause: cause.String(), Err: err, Delay: delay})
-	}
-	c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
-	return pg.Sleep(ctx, delay)
-}
-
-func (c Claim) backoff(attempt int) time.Duration {
 	d := c.InitialBackoff << (attempt - 1)
 	if d > c.MaxBackoff || d <= 0 {
 		d = c.MaxBackoff
 	}
 	// Full jitter: twins that failed together must not retry together.
-	return time.Duration(rand.Int64N(int64(d)) + 1)
+	delay := time.Duration(rand.Int64N(int64(d)) + 1)
+	if c.OnRetry != nil {
+		c.OnRetry(TxRetry{Consumer: c.Consumer, Attempt: attempt, Cause: cause.String(), Err: err, Delay: delay})
+	}
+	c.Logger.Debug("claimtx: transient failure, retrying the claim transaction", watermill.LogFields{"consumer": c.Consumer, "attempt": attempt, "cause": cause.String(), "delay": delay})
+	return pg.Sleep(ctx, delay)
 }

@@ -15,15 +15,10 @@ const brokerEventTimeRisk = "reads a time the broker or the publishing client as
 	"can carry another day, miss its claim in that day's partition and be applied twice; " +
 	"use a producer field (metadata:event_time, json:occurred_at) or set AllowBrokerEventTime to accept that risk"
 
-// readsBrokerTime reports whether f finds an event time in a message that
-// carries nothing a producer fixed: no payload, no metadata but the record
-// timestamp the Kafka adapter sets on consume. Asking the function itself
-// covers every way of reading that timestamp ("kafka:timestamp",
-// "metadata:kafka_timestamp", a user's TimeFunc falling back to it), and
-// also a TimeFunc that reads the clock, which is no more stable. A
-// producer-fixed extractor fails on the probe because its field is
-// missing. A TimeFunc that panics on it cannot be judged and is accepted:
-// the router's Recoverer deals with it on real messages.
+// readsBrokerTime reports whether f finds an event time in a message with
+// nothing a producer fixed, only the Kafka record timestamp: that catches
+// every way of reading it, and a TimeFunc reading the clock. A TimeFunc
+// that panics cannot be judged and is accepted (Recoverer deals with it).
 func readsBrokerTime(f framework.TimeFunc) (broker bool) {
 	defer func() {
 		if recover() != nil {

@@ -11,49 +11,35 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// ExpiryGuard refuses messages too old to be deduplicated. Claims are kept
-// for a retention window (store.Cleanup, store.DropExpiredPartitions);
-// a message whose event time is older than now minus that window may have
-// had its claim deleted, so the claim can no longer say whether its effect
-// was applied. Applying it could apply it twice; acking it could lose it.
-// The guard does neither: it returns a permanent *framework.ExpiredError
-// (with the times), so the Poison middleware routes the message to the
-// dead-letter destination with the reason, for a person to decide
-// (outcome framework.Expired).
+// ExpiryGuard refuses messages too old to be deduplicated: one whose event
+// time is older than the claim retention window may have lost its claim,
+// so applying it could apply it twice and acking it could lose it. The
+// guard returns a permanent *framework.ExpiredError instead, which Poison
+// dead-letters for a person to decide (outcome framework.Expired).
 //
 // Put it before Claim, after Poison:
 //
 //	Recoverer -> Poison -> Retry -> ExpiryGuard -> Claim -> handler
 //
-// (Retry never retries a permanent error.) The guard is consistent with
-// cleanup because a message is always processed after it was produced:
-// its claim's processed_at is no older than its event time, so a message
-// inside the window by event time still has its claim. Keep Retention no
-// longer than the cleanup window, minus the largest producer clock skew
-// you expect (an event time from a clock running fast looks younger than
-// the message is).
+// A claim's processed_at is no older than its message's event time, so a
+// message inside the window by event time still has its claim. Keep
+// Retention no longer than the cleanup window minus the producer clock
+// skew you expect (a fast clock makes a message look younger).
 type ExpiryGuard struct {
 	// Retention is the claim retention window, the same value given to
 	// cleanup or partition maintenance (store.RetentionConfig.Retention).
 	// Defaults to 30 days, the same default.
 	Retention time.Duration
 	// EventTime reads the producer's event time of a message
-	// (framework.ParseTimeSpec("metadata:event_time"), "json:occurred_at",
-	// "kafka:timestamp"). Required. A message without a readable event
-	// time fails with a permanent *framework.EventTimeError and is
-	// poisoned too: it cannot be checked either. Prefer a time the
-	// producer wrote: "kafka:timestamp"
-	// is accepted, but a copy restamped on the way (a LogAppendTime topic,
-	// a producer other than claimtx's Kafka publisher) looks young, so an
-	// expired replay whose claim is gone is applied again instead of
-	// refused. Claim, which routes partitions by the same time, refuses it
-	// without Claim.AllowBrokerEventTime.
+	// (framework.ParseTimeSpec("metadata:event_time")). Required. A message
+	// without one fails with a permanent *framework.EventTimeError. Prefer
+	// a time the producer wrote: "kafka:timestamp" is accepted, but a copy
+	// restamped on the way (a LogAppendTime topic, another producer) looks
+	// young, so an expired replay whose claim is gone is applied again.
 	EventTime framework.TimeFunc
-	// AllowExpired applies expired messages anyway, after calling
-	// OnExpired. Sharp edge: an expired message whose claim was already
-	// deleted is applied a second time; use it only to replay a dead-letter
-	// queue on purpose, after checking the effects did not happen.
-	// Defaults to false.
+	// AllowExpired applies expired messages anyway, after OnExpired. Sharp
+	// edge: one whose claim was deleted is applied again; use it only for a
+	// deliberate replay, after checking the effects did not happen.
 	AllowExpired bool
 	// OnExpired, when set, is called for every expired message, whether
 	// refused or (AllowExpired) applied, on the handler goroutine: count
@@ -63,9 +49,8 @@ type ExpiryGuard struct {
 	now func() time.Time // the clock, time.Now; tests set another
 }
 
-// NewExpiryGuard validates g and returns its middleware. A configuration
-// error is returned here, so a guard that would fail every message (a hot
-// redelivery loop) cannot be installed.
+// NewExpiryGuard validates g and returns its middleware, so a guard that
+// would fail every message (a hot redelivery loop) cannot be installed.
 func NewExpiryGuard(g ExpiryGuard) (message.HandlerMiddleware, error) {
 	switch {
 	case g.EventTime == nil:
@@ -84,8 +69,7 @@ func (g ExpiryGuard) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		at, err := g.EventTime(msg)
 		if err != nil {
-			// Whatever the extractor returned, the same message fails the
-			// same way: poison it, never retry it.
+			// The same message fails the same way: poison, never retry.
 			return nil, framework.Permanent(fmt.Errorf("claimtx: expiry guard: %w", err))
 		}
 		horizon := g.now().Add(-g.Retention)

@@ -13,10 +13,9 @@ import (
 // effect it makes through tx commits or rolls back with the claim.
 type TxHandlerFunc func(ctx context.Context, tx pgx.Tx, msg *message.Message) error
 
-// TxHandler adapts fn to a Watermill consumer handler, for
-// router.AddConsumerHandler with the claim middleware (NewClaim) added to the router or
-// the handler. Run outside the middleware it fails with
-// framework.ErrNoClaimTx (permanent) instead of writing without a claim.
+// TxHandler adapts fn to a Watermill consumer handler under the claim
+// middleware. Outside it, it fails with framework.ErrNoClaimTx (permanent)
+// instead of writing without a claim.
 func TxHandler(fn TxHandlerFunc) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		tx, ok := framework.TxFromContext(msg.Context())

@@ -19,63 +19,27 @@ import (
 // error text that poisoned the message.
 const PoisonReasonKey = poison.Reason
 
-// Poison routes messages that cannot be processed to a poison/dead-letter
-// topic with the reason, then lets the router ack the original. Nothing is
-// acked without either an effect, a recorded duplicate, a copy in the
-// poison topic or, when the broker refuses the copy, a row in DeadLetters:
-// if neither can be written, the original is nacked.
+// Poison routes messages that cannot be processed to a poison topic with
+// the reason, then lets the router ack the original: nothing is acked
+// without an effect, a recorded duplicate, a copy in the poison topic or a
+// row in DeadLetters; else the original is nacked.
 //
-// Put it before Retry: Retry bounds the attempts of failing handlers, Poison
-// catches what is left. What is poisoned is fixed, so that no message is
-// silently acked or redelivered forever: permanent errors
+// Put it before Retry. What is poisoned is fixed: permanent errors
 // (framework.Permanent, a bad key) and every error that is not a transient
-// database failure. Transient database failures (the database is down) are
-// nacked instead, so a database outage does not dead-letter every message
-// in flight.
+// database failure, which is nacked so that an outage does not dead-letter
+// every message in flight. Interrupted work (the message's context ended:
+// a shutdown, a deploy's SIGTERM) is nacked too: it says nothing about the
+// message.
 //
-// Interrupted work is never poisoned: when the message's context has
-// ended (the router or the subscription is shutting down, a rolling
-// deploy's SIGTERM), the failure says nothing about the message, so the
-// error is returned and the router nacks it; the broker redelivers it to
-// a consumer that is not stopping.
-//
-// A poisoned copy carries the original payload and metadata, and:
-//
-//	claimtx_poison_reason     the error text (PoisonReasonKey), bounded:
-//	                          at most 4096 bytes of valid UTF-8; a longer
-//	                          text is cut and ends in
-//	                          "… [truncated: N bytes, sha256:HEX]", the
-//	                          length and hash of the whole text
-//	claimtx_poison_permanent  "true" when the error was permanent (bad key,
-//	                          undecodable payload), "false" when retries
-//	                          were exhausted
-//	claimtx_poison_consumer   Consumer, when set
-//	claimtx_poison_key        the claim key from Key, when set and the key
-//	                          could be derived
-//	claimtx_poisoned_at       when the copy was made: RFC 3339, UTC, with
-//	                          nine fraction digits
-//
-// besides Watermill's own reason_poisoned (the same bounded reason) /
-// topic_poisoned / handler_poisoned / subscriber_poisoned keys, so
-// Watermill tooling reads them. `claimtx dlq` reads them to list, classify
-// and replay the destination, and a replay removes exactly these keys
-// again. The reason is bounded because an error's text is not (Go's JSON
-// error quotes a number whole): copied into two headers, a long one made a
-// copy no broker takes (JetStream's 64 KiB of headers, RabbitMQ's frame
-// size, Kafka's 1 MiB record), and the message was redelivered forever.
-//
-// A copy the broker refuses for good, which a built-in adapter reports as
-// a framework.Permanent error (too large for it, not allowed, no such
-// destination), is published again once as a smaller copy, whose reason
-// is cut to 256 bytes: that is enough when the bookkeeping tipped a
-// message near the broker's limit over it. When the broker refuses that
-// too, the message is recorded in DeadLetters (the table
-// <schema>.<claims table>_dead_letter, with the payload, the headers of the
-// refused copy, the reason and the broker's error) and the original is
-// acked once the row is committed. Either way OnRefused is told. Any other
-// publish failure (the broker is unreachable, the publisher is
-// reconnecting) nacks the original as before: it says nothing about the
-// message, and the redelivery is poisoned again.
+// A copy carries the original payload and metadata plus the
+// claimtx_poison_* keys (PoisonReasonKey, permanent, consumer, key,
+// poisoned_at) and Watermill's *_poisoned keys, which `claimtx dlq` reads
+// and a replay removes. The reason is bounded to 4096 bytes: an error's
+// text is not, and a copy no broker takes would be redelivered forever. A
+// copy the broker refuses for good (a framework.Permanent publish error)
+// is published once more with a 256-byte reason, else recorded in
+// DeadLetters and the original acked; any other publish failure nacks.
+// docs/operations.md, "Dead letters", has the details.
 type Poison struct {
 	// Publisher publishes the poisoned copies. Required.
 	Publisher message.Publisher
@@ -86,49 +50,36 @@ type Poison struct {
 	// the broker refused it, recorded in DeadLetters; err is the error
 	// that poisoned msg, whole.
 	OnPoison func(msg *message.Message, err error)
-	// Consumer is the consumer name stamped on each copy
-	// ("claimtx_poison_consumer"), so a poison destination that several
-	// consumers of one topic share tells whose copy each is.
-	// framework/consumer sets it to Config.Name. Defaults to "": not
-	// stamped.
+	// Consumer is stamped on each copy ("claimtx_poison_consumer"), so a
+	// shared poison destination tells whose copy each is. Defaults to "":
+	// not stamped.
 	Consumer string
-	// Key derives the claim key stamped on each copy
-	// ("claimtx_poison_key"); nothing is stamped when it fails, which is
-	// often why the message was poisoned. framework/consumer sets it to
-	// the claim's key function under the claim's KeyPolicy. Defaults to
-	// nil: not stamped.
+	// Key derives the claim key stamped on each copy ("claimtx_poison_key");
+	// nothing is stamped when it fails, often why the message was poisoned.
+	// Defaults to nil: not stamped.
 	Key framework.KeyFunc
-	// SourceTopic is stamped as Watermill's "topic_poisoned" when the
-	// message's context does not name the topic it was consumed from,
-	// which is the case outside a Watermill router (the batch consumer
-	// sets it). A replay sends the copy back to that topic. Defaults to
-	// "".
+	// SourceTopic is stamped as Watermill's "topic_poisoned", where a replay
+	// sends the copy, when the message's context names no topic (outside a
+	// Watermill router). Defaults to "".
 	SourceTopic string
-	// DeadLetters, when set, keeps in its dead-letter table
-	// (<schema>.<claims table>_dead_letter, migration 6) the messages
-	// whose poisoned copy the broker refused for good, smaller copy
-	// included, so that their originals are acked instead of redelivered
-	// forever. framework/consumer sets it to its store. Defaults to nil:
-	// such a message is nacked.
+	// DeadLetters, when set, records in its dead-letter table the messages
+	// whose copies the broker refused for good, so that their originals are
+	// acked instead of redelivered forever. Defaults to nil: nacked.
 	DeadLetters *store.Store
-	// OnRefused, when set, is called when the broker refused a poisoned
-	// copy for good, once the message went elsewhere or nowhere (see
-	// PoisonRefusal). framework/consumer logs it and counts it in
-	// claimtx_poison_refused_total. Defaults to nil.
+	// OnRefused, when set, is called when the broker refused a copy for
+	// good, once the message went elsewhere or nowhere. Defaults to nil.
 	OnRefused func(msg *message.Message, r PoisonRefusal)
 }
 
 // PoisonRefusal tells Poison.OnRefused what became of a message whose
 // poisoned copy the broker refused for good.
 type PoisonRefusal struct {
-	// Err is the broker's refusal: of the copy, and of the smaller copy
-	// when one was tried; of the dead-letter row too when Fallback is "".
+	// Err is the broker's refusal of each copy tried, and the dead-letter
+	// row's failure when Fallback is "".
 	Err error
-	// Fallback is where the message went instead, the label value of
-	// claimtx_poison_refused_total: "smaller_copy" (a copy with a reason
-	// cut to 256 bytes was published to the poison topic), or
-	// "dead_letter_table" (recorded in DeadLetters), or "" when neither
-	// worked and the original is nacked (it comes back).
+	// Fallback is where the message went instead: "smaller_copy",
+	// "dead_letter_table" (DeadLetters), or "" when neither worked and the
+	// original is nacked.
 	Fallback string
 }
 
@@ -138,15 +89,8 @@ const (
 	fallbackDeadLetterTable = "dead_letter_table"
 )
 
-// shouldPoison is the fixed policy of Poison: permanent errors and every
-// error that is not a transient database failure.
-func shouldPoison(err error) bool {
-	return framework.IsPermanent(err) || !store.IsTransient(err)
-}
-
-// NewPoison validates p and returns its middleware. A configuration error
-// is returned here, so a poison route that cannot publish (every failing
-// message nacked forever) cannot be installed.
+// NewPoison validates p and returns its middleware, so a poison route that
+// cannot publish (every failing message nacked forever) cannot be installed.
 func NewPoison(p Poison) (message.HandlerMiddleware, error) {
 	switch {
 	case p.Publisher == nil:
@@ -160,7 +104,7 @@ func NewPoison(p Poison) (message.HandlerMiddleware, error) {
 func (p Poison) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		out, err := h(msg)
-		if err == nil || msg.Context().Err() != nil || !shouldPoison(err) {
+		if err == nil || msg.Context().Err() != nil || !framework.IsPermanent(err) && store.IsTransient(err) {
 			return out, err
 		}
 		if perr := p.deadLetter(msg, err); perr != nil {
@@ -173,10 +117,8 @@ func (p Poison) middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// deadLetter puts msg, poisoned because of err, in the poison topic or,
-// when the broker refuses it there for good, in DeadLetters, as the type
-// documentation describes. A non-nil error means it is nowhere: the
-// original must be nacked.
+// deadLetter puts msg, poisoned by err, in the poison topic or DeadLetters;
+// an error means it is nowhere and the original must be nacked.
 func (p Poison) deadLetter(msg *message.Message, err error) error {
 	cp := p.copyWithReason(msg, err, poison.MaxReasonBytes)
 	perr := p.Publisher.Publish(p.Topic, cp)
@@ -185,56 +127,48 @@ func (p Poison) deadLetter(msg *message.Message, err error) error {
 	}
 	perr = fmt.Errorf("claimtx: publish to poison topic %q: %w", p.Topic, perr)
 	if interrupted(msg, perr) || !framework.IsPermanent(perr) {
-		// A shutdown, or a failure that says nothing about this copy:
-		// the redelivery is poisoned again.
-		return perr
+		return perr // the redelivery is poisoned again
 	}
-	// Refused for good. The bookkeeping may be what tipped the copy over
-	// the broker's limit: a copy with a shorter reason may pass.
+	// Refused for good: the bookkeeping may have tipped the copy over the
+	// broker's limit.
+	fallback := ""
 	if small := p.copyWithReason(msg, err, poison.ShortReasonBytes); small.Metadata.Get(poison.Reason) != cp.Metadata.Get(poison.Reason) {
-		serr := p.Publisher.Publish(p.Topic, small)
-		if serr == nil {
-			p.refused(msg, PoisonRefusal{Err: perr, Fallback: fallbackSmallerCopy})
-			return nil
+		if serr := p.Publisher.Publish(p.Topic, small); serr == nil {
+			fallback = fallbackSmallerCopy
+		} else {
+			perr = errors.Join(perr, fmt.Errorf("claimtx: publish a smaller copy to poison topic %q: %w", p.Topic, serr))
+			if interrupted(msg, serr) {
+				return perr
+			}
+			// However else it failed (the broker may have dropped the
+			// connection over the first), the first was refused for good.
 		}
-		perr = errors.Join(perr, fmt.Errorf("claimtx: publish a smaller copy to poison topic %q: %w", p.Topic, serr))
-		if interrupted(msg, serr) {
-			return perr
-		}
-		// Whatever failed the smaller copy (the broker may also have
-		// dropped the connection over the first one), the first copy
-		// was refused for good: it cannot go to the poison topic.
 	}
-	if p.DeadLetters != nil {
-		rerr := p.record(msg, cp, err, perr)
-		if rerr == nil {
-			p.refused(msg, PoisonRefusal{Err: perr, Fallback: fallbackDeadLetterTable})
-			return nil
+	if fallback == "" && p.DeadLetters != nil {
+		if rerr := p.record(msg, cp, err, perr); rerr == nil {
+			fallback = fallbackDeadLetterTable
+		} else {
+			perr = errors.Join(perr, rerr)
 		}
-		perr = errors.Join(perr, rerr)
 	}
-	p.refused(msg, PoisonRefusal{Err: perr})
+	if p.OnRefused != nil {
+		p.OnRefused(msg, PoisonRefusal{Err: perr, Fallback: fallback})
+	}
+	if fallback != "" {
+		return nil
+	}
 	return perr
 }
 
 // interrupted reports whether a publish failed because the message's work
-// was interrupted (its context ended: a shutdown, the drain timeout),
-// which must never dead-letter it.
+// was interrupted, which must never dead-letter it.
 func interrupted(msg *message.Message, err error) bool {
 	return msg.Context().Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
-func (p Poison) refused(msg *message.Message, r PoisonRefusal) {
-	if p.OnRefused != nil {
-		p.OnRefused(msg, r)
-	}
-}
-
 // record writes cp, the copy of msg the broker refused with perr, to
-// DeadLetters, and returns once the row is committed. It runs detached
-// from the message's context (bounded by poison.DeadLetterRecordTimeout): begun,
-// a shutdown must not cut it half-way, and a row that did not commit
-// leaves the original nacked.
+// DeadLetters. It runs detached from the message's context (bounded by
+// poison.DeadLetterRecordTimeout): a shutdown must not cut it half-way.
 func (p Poison) record(msg, cp *message.Message, err, perr error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(msg.Context()), poison.DeadLetterRecordTimeout)
 	defer cancel()
@@ -247,12 +181,11 @@ func (p Poison) record(msg, cp *message.Message, err, perr error) error {
 	})
 }
 
-// copyWithReason is the poisoned copy of msg, stamped as the type
-// documentation describes, with the reason bounded to limit bytes.
+// copyWithReason is the poisoned copy of msg, its reason bounded to limit
+// bytes.
 func (p Poison) copyWithReason(msg *message.Message, err error, limit int) *message.Message {
 	cp := msg.Copy()
-	// A copy of a copy (poisoned, replayed by hand without cleaning,
-	// poisoned again) must not keep the earlier stamps.
+	// A copy of a copy (replayed by hand without cleaning) drops old stamps.
 	for k := range cp.Metadata {
 		if poison.IsPoisonKey(k) {
 			delete(cp.Metadata, k)
@@ -275,10 +208,8 @@ func (p Poison) copyWithReason(msg *message.Message, err error, limit int) *mess
 	return cp
 }
 
-// key derives msg's claim key with p.Key. A key function that panics on
-// this message (the panic may be why it is being poisoned) stamps no key:
-// the copy must still be published, or the message would be nacked and
-// come back forever.
+// key derives msg's claim key with p.Key. A key function that panics (maybe
+// why msg is poisoned) stamps no key: the copy must still be published.
 func (p Poison) key(msg *message.Message) (key string, ok bool) {
 	if p.Key == nil {
 		return "", false

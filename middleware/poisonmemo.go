@@ -10,19 +10,16 @@ import (
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// RecordPoison records the poison memo of msg, which was just published
-// to the poison destination because of err (see PoisonMemo): pass it as
-// the Poison middleware's OnPoison when you compose the middleware
-// yourself (framework/consumer records memos on its own).
+// RecordPoison records the poison memo of msg, just poisoned by err (see
+// PoisonMemo): pass it as Poison.OnPoison when you compose the middleware
+// yourself.
 //
 //	claim := middleware.Claim{Store: st, Consumer: "loyalty", Key: key, PoisonMemo: true}
 //	poison, err := middleware.NewPoison(middleware.Poison{Publisher: pub, Topic: "order-completed.poison", OnPoison: claim.RecordPoison})
 //
-// It does nothing unless PoisonMemo is set, and nothing for a message
-// that cannot be keyed or was poisoned as expired. A failure to record is
-// logged at error on Logger and otherwise ignored: the copy is already in
-// the poison destination, so nothing is lost; the next delivery of the
-// message runs the handler again and is poisoned again.
+// It does nothing unless PoisonMemo is set, nor for a message that cannot
+// be keyed or expired. A failure is logged and otherwise harmless: the
+// next delivery runs the handler and is poisoned again.
 func (c Claim) RecordPoison(msg *message.Message, err error) {
 	if !c.PoisonMemo || c.Store == nil || c.Key == nil || msg == nil || !poison.Memoised(err) {
 		return
