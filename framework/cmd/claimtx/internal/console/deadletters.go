@@ -110,17 +110,15 @@ func (r *letterRows) add(l *dlq.Letter, row letterRow, max int) {
 }
 
 type deadLettersData struct {
-	Consumers []string
-	Filters   filterForm
-	Kafka     bool
-	Error     string
-	Rows      []letterRow
-	Page      int
-	PrevURL   string
-	NextURL   string
-	Scanned   int64
-	Total     int64
-	Capped    bool
+	Consumers        []string
+	Filters          filterForm
+	Kafka            bool
+	Error            string
+	Rows             []letterRow
+	Page             int
+	PrevURL, NextURL string
+	Scanned, Total   int64
+	Capped           bool
 }
 
 // deadLetters is GET /dead-letters: one page of a consumer's dead letters,
@@ -137,8 +135,7 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if f.Consumer == "" {
-		d.Filters.Consumer = d.Consumers[0]
-		f.Consumer = d.Consumers[0]
+		f.Consumer, d.Filters.Consumer = d.Consumers[0], d.Consumers[0]
 	}
 	if p, err := strconv.Atoi(r.FormValue("page")); err == nil && p > 1 {
 		d.Page = p
@@ -259,16 +256,12 @@ func readSelection(r *http.Request) selection {
 }
 
 func (c *Console) selectionRun(ctx context.Context, sel selection, cs *Consumer, src dlq.Source) (*dlq.Run, error) {
-	now := time.Now()
-	var filter dlq.Filter
+	filter := dlq.Filter{Consumer: cs.Name, Topic: cs.Topic, IDs: sel.IDs, Now: time.Now()}
+	var err error
 	if sel.All {
-		f, err := sel.Filters.filter(cs, now)
-		if err != nil {
+		if filter, err = sel.Filters.filter(cs, filter.Now); err != nil {
 			return nil, err
 		}
-		filter = f
-	} else {
-		filter = dlq.Filter{Consumer: cs.Name, Topic: cs.Topic, IDs: sel.IDs, Now: now}
 	}
 	cls, err := c.classifier(ctx, cs)
 	if err != nil {

@@ -336,26 +336,23 @@ func (c *Console) memoCounts(ctx context.Context) (map[string]int64, bool, error
 // consumer's retention not dropped yet.
 func (c *Console) partitionState(parts []store.Partition, name string, now time.Time) string {
 	today := now.UTC().Truncate(24 * time.Hour)
-	ahead := 0
+	var horizonDay time.Time // as DropExpiredPartitions decides
+	if cs := c.consumer(name); cs != nil && cs.Retention > 0 {
+		horizonDay = now.Add(-cs.Retention).UTC().Truncate(24 * time.Hour)
+	}
+	ahead, behind := 0, 0
 	for _, p := range parts {
 		if !p.From.IsZero() && p.From.After(today) {
 			ahead++
 		}
-	}
-	s := fmt.Sprintf("%d ahead", ahead)
-	cs := c.consumer(name)
-	if cs == nil || cs.Retention <= 0 {
-		return s + "; behind: needs the consumer's retention (--consumer-config)"
-	}
-	// As DropExpiredPartitions decides.
-	horizonDay := now.Add(-cs.Retention).UTC().Truncate(24 * time.Hour)
-	behind := 0
-	for _, p := range parts {
 		if !p.To.IsZero() && !p.To.After(horizonDay) {
 			behind++
 		}
 	}
-	return fmt.Sprintf("%s, %d behind", s, behind)
+	if horizonDay.IsZero() {
+		return fmt.Sprintf("%d ahead; behind: needs the consumer's retention (--consumer-config)", ahead)
+	}
+	return fmt.Sprintf("%d ahead, %d behind", ahead, behind)
 }
 
 type horizonResult struct {
@@ -482,9 +479,8 @@ func (c *Console) duplicates(ctx context.Context, name, u string) (string, strin
 	if err != nil {
 		return "unreachable", "metrics endpoint: " + c.errText(err)
 	}
-	return strconv.FormatFloat(tot["duplicate"], 'f', -1, 64),
-		fmt.Sprintf("since the consumer started: applied %s, duplicate %s, poisoned %s (claimtx_messages_total)",
-			strconv.FormatFloat(tot["applied"], 'f', -1, 64), strconv.FormatFloat(tot["duplicate"], 'f', -1, 64), strconv.FormatFloat(tot["poisoned"], 'f', -1, 64))
+	f := func(o string) string { return strconv.FormatFloat(tot[o], 'f', -1, 64) }
+	return f("duplicate"), "since the consumer started: applied " + f("applied") + ", duplicate " + f("duplicate") + ", poisoned " + f("poisoned") + " (claimtx_messages_total)"
 }
 
 // scrapeOutcomes sums claimtx_messages_total of consumer by outcome.

@@ -36,11 +36,7 @@ FROM {schema}.kafka_positions ORDER BY consumer, topic, partition LIMIT 1000`)
 		if err != nil {
 			return err
 		}
-		rows, err = pgx.CollectRows(rs, func(r pgx.CollectableRow) (positionRow, error) {
-			var p positionRow
-			err := r.Scan(&p.Consumer, &p.Topic, &p.Partition, &p.SettledBelow, &p.UpdatedAt)
-			return p, err
-		})
+		rows, err = pgx.CollectRows(rs, pgx.RowToStructByNameLax[positionRow])
 		return err
 	})
 	var pe *pgconn.PgError

@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/framework"
@@ -80,16 +81,9 @@ func (c *Classifier) Classify(ctx context.Context, letters []*Letter) error {
 	if err != nil {
 		return fmt.Errorf("look up claims: %w", err)
 	}
-	for rows.Next() {
-		var k string
-		var hash []byte
-		if err := rows.Scan(&k, &hash); err != nil {
-			rows.Close()
-			return fmt.Errorf("look up claims: %w", err)
-		}
-		claims[k] = append(claims[k], hash)
-	}
-	if err := rows.Err(); err != nil {
+	var k string
+	var hash []byte // Scan copies a bytea: each append keeps its own
+	if _, err := pgx.ForEachRow(rows, []any{&k, &hash}, func() error { claims[k] = append(claims[k], hash); return nil }); err != nil {
 		return fmt.Errorf("look up claims: %w", err)
 	}
 	var memos map[string]bool

@@ -138,17 +138,11 @@ func openKafka(ctx context.Context, cfg brokers.KafkaConfig, o Options) (_ *kafk
 		return nil, err
 	}
 	starts, err := s.adm.ListStartOffsets(octx, s.topic)
-	if err == nil {
-		err = starts.Error()
-	}
-	if err != nil {
+	if err = cmp.Or(err, starts.Error()); err != nil {
 		return nil, fmt.Errorf("list the start offsets of %q: %w", s.topic, err)
 	}
 	ends, err := s.adm.ListEndOffsets(octx, s.topic)
-	if err == nil {
-		err = ends.Error()
-	}
-	if err != nil {
+	if err = cmp.Or(err, ends.Error()); err != nil {
 		return nil, fmt.Errorf("list the end offsets of %q: %w", s.topic, err)
 	}
 	if s.group != "" {
@@ -346,10 +340,7 @@ func (s *kafkaSource) record(ctx context.Context, batch []*Letter) error {
 		offs.AddOffset(s.topic, p, s.progress[p], -1)
 	}
 	resps, err := s.adm.CommitOffsets(ctx, s.group, offs)
-	if err == nil {
-		err = resps.Error()
-	}
-	if err != nil {
+	if err = cmp.Or(err, resps.Error()); err != nil {
 		return fmt.Errorf("record the replay progress (consumer group %q): %w", s.group, err)
 	}
 	return nil

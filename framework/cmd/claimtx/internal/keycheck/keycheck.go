@@ -33,7 +33,6 @@ type Checker struct {
 	payloadIDs map[string][]string        // fingerprint -> message ids
 	unkeyable  map[string][]string        // reason -> ids (capped)
 	unkeyableN map[string]int             // reason -> messages
-	unkeyedN   int
 	lengths    []int
 	timed      int
 	untimed    map[string]int // reason -> count
@@ -87,7 +86,6 @@ func (c *Checker) Add(msg *message.Message) {
 	fp := hex.EncodeToString(dlq.Fingerprint(msg.Payload))
 	key, err := dlq.DeriveKey(c.Key, c.Policy, msg)
 	if err != nil {
-		c.unkeyedN++
 		c.example(c.unkeyable, err.Error(), msg.UUID)
 		c.unkeyableN[err.Error()]++
 	} else {
@@ -173,7 +171,7 @@ type TimeSpread struct {
 // Report returns what the messages so far show, most frequent first.
 func (c *Checker) Report() Report {
 	c.init()
-	r := Report{Messages: c.seen, Keyed: c.seen - c.unkeyedN, Keys: len(c.byKey)}
+	r := Report{Messages: c.seen, Keyed: len(c.lengths), Keys: len(c.byKey)}
 	for key, ks := range c.byKey {
 		r.Duplicates += ks.n - len(ks.prints)
 		if len(ks.prints) > 1 {
