@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/url"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -378,22 +377,9 @@ func (b *brokerFlags) browseConfig(cli Config) (brokers.Config, error) {
 	return cfg, nil
 }
 
+// brokerSecrets are cfg's passwords (Scrub skips an empty one).
 func brokerSecrets(cfg brokers.Config) []string {
-	out := urlPassword(cfg.AMQP.URL)
-	if p := cfg.Kafka.SASL.Password; p != "" {
-		out = append(out, p)
-	}
-	return out
-}
-
-// urlPassword is the password of URL u, as typed and escaped both ways.
-func urlPassword(u string) []string {
-	if pu, err := url.Parse(u); err == nil && pu.User != nil {
-		if p, ok := pu.User.Password(); ok && p != "" {
-			return []string{p, url.QueryEscape(p), url.PathEscape(p)}
-		}
-	}
-	return nil
+	return append(config.Passwords(cfg.AMQP.URL), cfg.Kafka.SASL.Password)
 }
 
 func (b *brokerFlags) redactErr(err error, redact func(string) string) error {

@@ -236,11 +236,7 @@ func dbSecrets(dsn string) []string {
 	if dsn == "" {
 		return nil
 	}
-	out := append([]string{dsn}, urlPassword(dsn)...)
-	if cfg, err := pgx.ParseConfig(dsn); err == nil && cfg.Password != "" {
-		out = append(out, cfg.Password)
-	}
-	return out
+	return append([]string{dsn}, dbPasswords(dsn)...)
 }
 
 func (c *common) consolePool(ctx context.Context) (*pgxpool.Pool, error) {

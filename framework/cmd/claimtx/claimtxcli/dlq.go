@@ -308,14 +308,6 @@ func (d *dlqFlags) letterJSON(l *dlq.Letter) map[string]any {
 	return m
 }
 
-func (d *dlqFlags) age(l *dlq.Letter) string {
-	age, ok := l.Age(d.Filter.Now)
-	if !ok {
-		return "?"
-	}
-	return opfmt.Age(age)
-}
-
 func (d *dlqFlags) printHeader(tw io.Writer) {
 	cols := "POSITION\tID\tAGE\tCONSUMER\tTOPIC\tHANDLER\tKEY\tFINGERPRINT"
 	if d.Classifier != nil {
@@ -348,7 +340,7 @@ func (d *dlqFlags) printRow(tw io.Writer, l *dlq.Letter) {
 		pos += " copy of " + l.CopyOf
 	}
 	key, reason := l.Shown()
-	row := []string{pos, l.Msg.UUID, d.age(l), cmp.Or(l.Stamps.Consumer, "-"), cmp.Or(l.Stamps.Topic, "-"),
+	row := []string{pos, l.Msg.UUID, l.ShownAge(d.Filter.Now), cmp.Or(l.Stamps.Consumer, "-"), cmp.Or(l.Stamps.Topic, "-"),
 		cmp.Or(l.Stamps.Handler, "-"), cmp.Or(opfmt.OneLine(key, 60), "-"), l.FingerprintHex()}
 	if d.Classifier != nil {
 		row = append(row, d.classText(l))
@@ -377,7 +369,7 @@ func (d *dlqFlags) printInspect(l *dlq.Letter) {
 	}
 	poisoned := "unknown (copy made before claimtx stamped the time)"
 	if !l.Stamps.PoisonedAt.IsZero() {
-		poisoned = l.Stamps.PoisonedAt.Format(time.RFC3339Nano) + " (" + d.age(l) + " ago)"
+		poisoned = l.Stamps.PoisonedAt.Format(time.RFC3339Nano) + " (" + l.ShownAge(d.Filter.Now) + " ago)"
 	}
 	printf(w, "  poisoned          %s\n", poisoned)
 	printf(w, "  consumer          %s\n", cmp.Or(l.Stamps.Consumer, "-"))

@@ -16,13 +16,15 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
-// redact removes the database password from s: every spelling in the
-// URL, and the one pgx would use (maybe from PGPASSWORD or a password
-// file).
-func (c *common) redact(s string) string {
-	secrets := config.Passwords(c.databaseURL)
-	if cfg, err := pgx.ParseConfig(c.databaseURL); err == nil {
-		secrets = append(secrets, cfg.Password)
+// redact removes the database password from s.
+func (c *common) redact(s string) string { return config.Scrub(s, dbPasswords(c.databaseURL)...) }
+
+// dbPasswords are every spelling of the password in dsn, and the one pgx
+// would use (maybe from PGPASSWORD or a password file).
+func dbPasswords(dsn string) []string {
+	out := config.Passwords(dsn)
+	if cfg, err := pgx.ParseConfig(dsn); err == nil {
+		out = append(out, cfg.Password)
 	}
-	return config.Scrub(s, secrets...)
+	return out
 }

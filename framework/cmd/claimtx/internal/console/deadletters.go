@@ -78,13 +78,9 @@ type letterRow struct {
 }
 
 func rowOf(l *dlq.Letter, now time.Time) letterRow {
-	age := "?"
-	if a, ok := l.Age(now); ok {
-		age = opfmt.Age(a)
-	}
 	key, reason := l.Shown()
 	return letterRow{
-		ID: l.Msg.UUID, Position: l.Position, Age: age, Key: opfmt.OneLine(key, 200),
+		ID: l.Msg.UUID, Position: l.Position, Age: l.ShownAge(now), Key: opfmt.OneLine(key, 200),
 		Class: string(l.Class), ClassText: classText(l), Reason: opfmt.OneLine(reason, 300), Handler: l.Stamps.Handler,
 		Handled: l.Handled, Action: string(l.Action), Why: l.Why, Replayed: l.Replayed,
 		Payload: preview(l.Msg.Payload), Size: len(l.Msg.Payload),

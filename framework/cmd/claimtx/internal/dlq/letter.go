@@ -1,12 +1,14 @@
 package dlq
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
@@ -67,15 +69,12 @@ type Stamps struct {
 
 func stampsOf(md message.Metadata) Stamps {
 	s := Stamps{
-		Reason:    md.Get(poison.Reason),
+		Reason:    cmp.Or(md.Get(poison.Reason), md.Get(poison.WatermillReason)),
 		Permanent: md.Get(poison.Permanent),
 		Consumer:  md.Get(poison.Consumer),
 		Key:       md.Get(poison.Key),
 		Topic:     md.Get(poison.WatermillTopic),
 		Handler:   md.Get(poison.WatermillHandler),
-	}
-	if s.Reason == "" {
-		s.Reason = md.Get(poison.WatermillReason)
 	}
 	if t, err := time.Parse(time.RFC3339Nano, md.Get(poison.PoisonedAt)); err == nil {
 		s.PoisonedAt = t.UTC()
@@ -138,4 +137,12 @@ func (l *Letter) Age(now time.Time) (time.Duration, bool) {
 		return 0, false
 	}
 	return now.Sub(l.Stamps.PoisonedAt), true
+}
+
+// ShownAge is Age as the pages and the CLI show it: "?" when unknown.
+func (l *Letter) ShownAge(now time.Time) string {
+	if a, ok := l.Age(now); ok {
+		return opfmt.Age(a)
+	}
+	return "?"
 }

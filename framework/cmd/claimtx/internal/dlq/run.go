@@ -1,6 +1,7 @@
 package dlq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -155,10 +156,7 @@ func (r *Run) Replay(ctx context.Context) (Totals, error) {
 
 func (r *Run) run(ctx context.Context, replay bool) (Totals, error) {
 	var t Totals
-	now := r.Filter.Now
-	if now.IsZero() {
-		now = time.Now()
-	}
+	now := cmp.Or(r.Filter.Now, time.Now())
 	start := time.Now()
 	firsts := map[string]string{} // a message's identity -> the Position of its first copy
 	for r.Limit <= 0 || t.Selected < r.Limit {
@@ -272,11 +270,7 @@ func (r *Run) decide(l *Letter) (Action, string) {
 // markCopy counts l unless it is a copy of a letter in firsts: then it is
 // marked as one and passed over, so the message is sent once.
 func (r *Run) markCopy(l *Letter, firsts map[string]string, t *Totals) {
-	id := EffectiveKey(l)
-	if id == "" {
-		id = "id:" + l.Msg.UUID
-	}
-	id = strings.Join([]string{r.target(l), l.Stamps.Consumer, id, l.FingerprintHex()}, "\x00")
+	id := strings.Join([]string{r.target(l), l.Stamps.Consumer, cmp.Or(EffectiveKey(l), "id:"+l.Msg.UUID), l.FingerprintHex()}, "\x00")
 	first, seen := firsts[id]
 	if !seen {
 		firsts[id] = l.Position
@@ -291,12 +285,7 @@ func (r *Run) markCopy(l *Letter, firsts map[string]string, t *Totals) {
 }
 
 // target is the topic l was consumed from.
-func (r *Run) target(l *Letter) string {
-	if l.Stamps.Topic != "" {
-		return l.Stamps.Topic
-	}
-	return r.Topic
-}
+func (r *Run) target(l *Letter) string { return cmp.Or(l.Stamps.Topic, r.Topic) }
 
 // clearMemos clears the memos of the letters about to be republished:
 // a memoised key would go straight back to the poison destination.
