@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -95,7 +96,7 @@ type Console struct {
 
 	key      []byte        // signs sessions and CSRF tokens; random per process
 	limiter  *rate.Limiter // 5 failed sign-ins a second, however many connections try
-	horizons *horizonCache
+	horizons sync.Map      // consumer -> horizonResult
 	jobs     *jobs
 
 	ctx    context.Context // ends on Close: replay jobs run under it
@@ -127,8 +128,7 @@ func New(cfg Config) (*Console, error) {
 		cfg: cfg, store: st, names: pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable),
 		consumers: map[string]*Consumer{}, log: cmp.Or(cfg.Logger, slog.Default()),
 		key: make([]byte, 32), limiter: rate.NewLimiter(5, 5),
-		horizons: &horizonCache{m: map[string]horizonResult{}},
-		jobs:     &jobs{byID: map[string]*job{}, running: map[string]string{}},
+		jobs: &jobs{byID: map[string]*job{}, running: map[string]string{}},
 	}
 	_, _ = rand.Read(c.key) // crypto/rand.Read never fails (Go ≥ 1.24)
 	for i := range cfg.Consumers {

@@ -362,13 +362,8 @@ type horizonResult struct {
 	err     string
 }
 
-// horizonCache keeps each consumer's replay horizon (a broker round trip)
-// for horizonTTL: the overview may be reloaded often.
-type horizonCache struct {
-	mu sync.Mutex
-	m  map[string]horizonResult
-}
-
+// horizonTTL: Console.horizons keeps each consumer's replay horizon (a
+// broker round trip) this long, as the overview may be reloaded often.
 const horizonTTL = time.Minute
 
 // horizonBadge is green when claims outlive every delivery, red when
@@ -402,13 +397,10 @@ func (c *Console) horizonBadge(ctx context.Context, name string) badge {
 }
 
 func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
-	c.horizons.mu.Lock()
-	h, ok := c.horizons.m[cs.Name]
-	c.horizons.mu.Unlock()
-	if ok && time.Since(h.at) < horizonTTL {
-		return h
+	if v, ok := c.horizons.Load(cs.Name); ok && time.Since(v.(horizonResult).at) < horizonTTL {
+		return v.(horizonResult)
 	}
-	h = horizonResult{at: time.Now()}
+	h := horizonResult{at: time.Now()}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
 	defer cancel()
 	sub, err := c.probe(cs.Broker)
@@ -422,9 +414,7 @@ func (c *Console) horizonOf(ctx context.Context, cs *Consumer) horizonResult {
 	if ctx.Err() != nil && h.err == "" {
 		h.err = "timed out"
 	}
-	c.horizons.mu.Lock()
-	c.horizons.m[cs.Name] = h
-	c.horizons.mu.Unlock()
+	c.horizons.Store(cs.Name, h)
 	return h
 }
 
