@@ -146,12 +146,9 @@ func openKafka(ctx context.Context, cfg brokers.KafkaConfig, o Options) (_ *kafk
 		return nil, fmt.Errorf("list the end offsets of %q: %w", s.topic, err)
 	}
 	if s.group != "" {
+		// GroupIDNotFound: no replay yet (kfake says so; Kafka returns no offsets).
 		resps, err := s.adm.FetchOffsetsForTopics(octx, s.group, s.topic)
-		if errors.Is(err, kerr.GroupIDNotFound) {
-			// No replay yet (kfake says so; Kafka returns no offsets).
-			err = nil
-		}
-		if err != nil {
+		if err != nil && !errors.Is(err, kerr.GroupIDNotFound) {
 			return nil, fmt.Errorf("read the replay progress (consumer group %q): %w", s.group, err)
 		}
 		resps.Each(func(r kadm.OffsetResponse) {
