@@ -54,9 +54,9 @@ func cmdConsole(ctx context.Context, args []string, stdout, _ io.Writer, getenv 
 	readOnly := fs.Bool("read-only", false, "no state-changing action: no replay, no clearing of poison memos")
 	outbox := fs.String("outbox-table", "", "outbox `table` (env CLAIMTX_OUTBOX_TABLE; default outbox, or the consumer configuration's)")
 	rate := fs.Float64("replay-rate", 0, "replay at most this many dead letters per second (0: no limit)")
-	var configs, metrics stringList
-	fs.Var(&configs, "consumer-config", "a consumer's configuration `file` (consumer.LoadConfig's YAML; repeatable): enables its dead letters and paste-a-message")
-	fs.Var(&metrics, "metrics", "`NAME=URL` of a consumer's Prometheus endpoint, for its duplicate and poisoned totals (repeatable)")
+	var configs, metrics []string
+	fs.Func("consumer-config", "a consumer's configuration `file` (consumer.LoadConfig's YAML; repeatable): enables its dead letters and paste-a-message", appendTo(&configs))
+	fs.Func("metrics", "`NAME=URL` of a consumer's Prometheus endpoint, for its duplicate and poisoned totals (repeatable)", appendTo(&metrics))
 	if err := c.parse(fs, args); err != nil {
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
@@ -19,22 +18,18 @@ Examples:
   claimtx unpoison --consumer loyalty --older-than 7d`
 }
 
-type stringList []string
-
-func (l *stringList) String() string { return strings.Join(*l, ",") }
-
-func (l *stringList) Set(s string) error {
-	*l = append(*l, s)
-	return nil
+// appendTo is the Set of a repeatable string flag (flag.FlagSet.Func).
+func appendTo(l *[]string) func(string) error {
+	return func(s string) error { *l = append(*l, s); return nil }
 }
 
 func cmdUnpoison(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, _ Config) error {
 	fs, c := newFlags("unpoison", stdout, getenv)
 	var f poison.MemoFilter
-	var keys stringList
+	var keys []string
 	var olderThan durationValue
 	fs.StringVar(&f.Consumer, "consumer", "", "the `consumer` name whose memos to clear (required)")
-	fs.Var(&keys, "key", "clear the memo of this `key` (repeatable)")
+	fs.Func("key", "clear the memo of this `key` (repeatable)", appendTo(&keys))
 	fs.StringVar(&f.ReasonContains, "reason-contains", "", "clear memos whose reason contains this `text` (literally)")
 	fs.Var(&olderThan, "older-than", "clear memos last poisoned longer ago than this")
 	dryRun := fs.Bool("dry-run", false, "count the memos that would be cleared, clear none")

@@ -67,10 +67,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	d := overviewData{Table: c.cfg.Schema + "." + c.cfg.ClaimsTable}
 	names, truncated, err := c.consumerNames(ctx)
-	if err != nil {
-		d.ConsumersE = c.errText(err)
-	}
-	d.Truncated = truncated
+	d.Truncated, d.ConsumersE = truncated, c.errText(err)
 	rows := make([]overviewRow, len(names))
 	for i, n := range names {
 		rows[i] = overviewRow{Name: n, Configured: c.consumer(n) != nil}
@@ -118,10 +115,8 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		}
 	})
 	wg.Go(func() {
-		var err error
-		if d.Oldest, d.Newest, err = c.tableEnds(ctx); err != nil {
-			d.EndsErr = c.errText(err)
-		}
+		oldest, newest, err := c.tableEnds(ctx)
+		d.Oldest, d.Newest, d.EndsErr = oldest, newest, c.errText(err)
 	})
 	wg.Go(func() {
 		counts, exists, err := c.memoCounts(ctx)
@@ -138,10 +133,8 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		}
 	})
 	wg.Go(func() {
-		var err error
-		if d.Positions, err = c.positions(ctx); err != nil {
-			d.PositionsErr = c.errText(err)
-		}
+		positions, err := c.positions(ctx)
+		d.Positions, d.PositionsErr = positions, c.errText(err)
 	})
 	var parts []store.Partition
 	var partsErr error
