@@ -132,10 +132,8 @@ func replayHorizon(ctx context.Context, cfg brokers.Config, topic, poison string
 	if !ok {
 		return horizonReport{}, fmt.Errorf("broker %q cannot tell its replay horizon", cfg.Kind)
 	}
-	rep := horizonReport{Topic: topic, PoisonTopic: poison, Retention: retention, ReplayHorizon: longest}
-	rep.Unbounded = longest == brokers.UnboundedHorizon
-	rep.Exceeded = rep.ReplayHorizon > retention
-	return rep, nil
+	return horizonReport{Topic: topic, PoisonTopic: poison, Retention: retention, ReplayHorizon: longest,
+		Unbounded: longest == brokers.UnboundedHorizon, Exceeded: longest > retention}, nil
 }
 
 func (r horizonReport) String() string {
@@ -168,9 +166,6 @@ func withoutLags(ps []store.KafkaPosition) []positionLag {
 // is a note, not an error: the positions stand on their own.
 func positionLags(ctx context.Context, cfg brokers.Config, ps []store.KafkaPosition) ([]positionLag, string) {
 	out := withoutLags(ps)
-	if len(ps) == 0 {
-		return out, ""
-	}
 	if cfg.Kind != brokers.KindKafka {
 		return out, "lag unknown"
 	}

@@ -128,13 +128,10 @@ func DeriveKey(kf framework.KeyFunc, policy framework.KeyPolicy, msg *message.Me
 func match(fp []byte, hashes [][]byte) Match {
 	recorded := false
 	for _, h := range hashes {
-		if h == nil {
-			continue
-		}
-		recorded = true
-		if bytes.Equal(h, fp) {
+		if bytes.Equal(h, fp) { // fp is 16 bytes: never a nil h
 			return MatchSame
 		}
+		recorded = recorded || h != nil
 	}
 	if !recorded {
 		return MatchUnrecorded

@@ -72,13 +72,10 @@ func Explain(ctx context.Context, db poison.DB, n *pg.Names, consumer, key strin
 		return r, err
 	}
 	m, ok, err := poison.GetMemo(ctx, db, n, consumer, key)
-	if err != nil {
-		return r, err
-	}
-	if ok {
+	if ok { // never with an error
 		r.Memo = &m
 	}
-	return r, nil
+	return r, err
 }
 
 func readClaim(ctx context.Context, db poison.DB, n *pg.Names, consumer, key string) (*Claim, error) {
