@@ -206,10 +206,7 @@ func (c *Checker) Report() Report {
 		r.KeyLength = &Quantiles{Min: l[0], P50: q(0.5), P90: q(0.9), P99: q(0.99), Max: l[n-1]}
 	}
 	if c.EventTime != nil {
-		ts := &TimeSpread{With: c.timed}
-		if len(c.untimed) > 0 {
-			ts.Without = c.untimed
-		}
+		ts := &TimeSpread{With: c.timed, Without: c.untimed} // omitempty drops an empty map
 		if c.timed > 0 {
 			ts.Earliest, ts.Latest = c.earliest.UTC(), c.latest.UTC()
 			ts.Spread = c.latest.Sub(c.earliest).String()
