@@ -181,7 +181,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err != nil {
 		s.subs.Done()
 		cancel()
-		return nil, &configError{err}
+		return nil, clientOptionsError(err)
 	}
 	g.cl = cl
 	close(g.clientSet)
@@ -213,14 +213,11 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return g.out, nil
 }
 
-// configError is a franz-go option the client refused (Validate should
-// have caught it first).
-type configError struct{ error }
-
-func (e *configError) Error() string {
-	return "brokers/kafka: kafka client options: " + e.error.Error()
+// clientOptionsError is a franz-go option the client refused (Validate
+// should have caught it first).
+func clientOptionsError(err error) error {
+	return fmt.Errorf("brokers/kafka: kafka client options: %w", err)
 }
-func (e *configError) Unwrap() error { return e.error }
 
 // poll hands fetched records to their partitions until runCtx ends. With
 // BlockRebalanceOnPoll no rebalance callback runs before AllowRebalance.

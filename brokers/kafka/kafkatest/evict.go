@@ -72,10 +72,6 @@ func (g *groupTrack) session(m *memberTrack) time.Duration {
 	return fallbackSessionTimeout
 }
 
-func newEvictor(c *kfake.Cluster, client *kgo.Client, opts Options) *evictor {
-	return &evictor{cluster: c, client: client, opts: opts, groups: make(map[string]*groupTrack)}
-}
-
 // observe registers control functions that record group requests and never
 // handle them (handled=false keeps them registered).
 func (e *evictor) observe() {

@@ -14,16 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Defaults, as the Options fields document them (and framework/cmd/devkafka's
-// flags repeat).
-const (
-	defaultAddr                   = "127.0.0.1:0"
-	defaultPartitions             = 10
-	defaultGroupMinSessionTimeout = 100 * time.Millisecond
-	defaultEvictionMargin         = time.Second
-	defaultEvictionPollInterval   = 250 * time.Millisecond
-)
-
 // Options configures Start. The zero value is usable.
 type Options struct {
 	// Addr is the host:port to listen on, and what the broker advertises, so
@@ -64,11 +54,12 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	o.Addr = cmp.Or(o.Addr, defaultAddr)
-	o.GroupMinSessionTimeout = cmp.Or(o.GroupMinSessionTimeout, defaultGroupMinSessionTimeout)
-	o.Partitions = cmp.Or(o.Partitions, defaultPartitions)
-	o.evictionMargin = cmp.Or(o.evictionMargin, defaultEvictionMargin)
-	o.evictionPollInterval = cmp.Or(o.evictionPollInterval, defaultEvictionPollInterval)
+	// As the fields document them (and framework/cmd/devkafka's flags repeat).
+	o.Addr = cmp.Or(o.Addr, "127.0.0.1:0")
+	o.GroupMinSessionTimeout = cmp.Or(o.GroupMinSessionTimeout, 100*time.Millisecond)
+	o.Partitions = cmp.Or(o.Partitions, 10)
+	o.evictionMargin = cmp.Or(o.evictionMargin, time.Second)
+	o.evictionPollInterval = cmp.Or(o.evictionPollInterval, 250*time.Millisecond)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -118,12 +109,11 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 		return nil, err
 	}
 
-	addr := opts.Addr
 	kopts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.ClusterID("claimtx-kafkatest"),
 		// kfake always asks for 127.0.0.1:<port>; we listen where we were told.
-		kfake.ListenFn(func(network, _ string) (net.Listener, error) { return net.Listen(network, addr) }),
+		kfake.ListenFn(func(network, _ string) (net.Listener, error) { return net.Listen(network, opts.Addr) }),
 		kfake.GroupMinSessionTimeout(opts.GroupMinSessionTimeout),
 		kfake.DefaultNumPartitions(opts.Partitions),
 		kfake.WithLogger(slogAdapter{opts.Logger}),
@@ -140,24 +130,16 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
-	b := &Broker{
-		cluster: cluster,
-		logger:  opts.Logger,
-		stop:    stop,
-		done:    make(chan struct{}),
-	}
+	b := &Broker{cluster: cluster, logger: opts.Logger, stop: stop, done: make(chan struct{})}
 
 	if !opts.DisableEviction {
-		client, err := kgo.NewClient(
-			kgo.SeedBrokers(cluster.ListenAddrs()...),
-			kgo.ClientID("claimtx-kafkatest-evictor"),
-		)
+		client, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ClientID("claimtx-kafkatest-evictor"))
 		if err != nil {
 			stop()
 			cluster.Close()
 			return nil, fmt.Errorf("kafkatest: eviction client: %w", err)
 		}
-		b.ev = newEvictor(cluster, client, opts)
+		b.ev = &evictor{cluster: cluster, client: client, opts: opts, groups: make(map[string]*groupTrack)}
 		b.ev.observe()
 	}
 	go func() {
