@@ -50,15 +50,14 @@ func probeAny(sc *sarama.Config, addrs []string) bool {
 		}()
 	}
 	// The steps' timeouts add up: bound the whole answer.
-	deadline := time.NewTimer(probeTimeout)
-	defer deadline.Stop()
+	deadline := time.After(probeTimeout)
 	for range addrs {
 		select {
 		case ok := <-answers:
 			if ok {
 				return true
 			}
-		case <-deadline.C:
+		case <-deadline:
 			return false
 		}
 	}

@@ -135,19 +135,10 @@ type subscription struct {
 // the Subscriber is closed.
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	what := fmt.Sprintf("subscribe to %q", topic)
-	g := &subscription{
-		s:         s,
-		topic:     topic,
-		out:       make(chan *message.Message), // unbuffered: nothing read ahead beyond the window
-		clientSet: make(chan struct{}),
-		window:    max(s.cfg.Window, 1),
-		parts:     map[int32]*partition{},
-		fields: watermill.LogFields{
-			"provider":       "kafka",
-			"topic":          topic,
-			"consumer_group": s.cfg.ConsumerGroup,
-			"window":         max(s.cfg.Window, 1),
-		},
+	window := max(s.cfg.Window, 1)
+	g := &subscription{s: s, topic: topic, window: window, parts: map[int32]*partition{}, clientSet: make(chan struct{}),
+		out:    make(chan *message.Message), // unbuffered: nothing read ahead beyond the window
+		fields: watermill.LogFields{"provider": "kafka", "topic": topic, "consumer_group": s.cfg.ConsumerGroup, "window": window},
 	}
 	opts, err := groupOpts(s.cfg, topic)
 	if err != nil {
@@ -187,7 +178,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	close(g.clientSet)
 	err = retryStart(ctx, s.cfg, s.logger, what, func() error {
 		if s.closed() {
-			return errPermanent{errSubscriberClosed}
+			return errSubscriberClosed
 		}
 		pctx, pcancel := context.WithTimeout(ctx, probeTimeout*5)
 		defer pcancel()
@@ -268,13 +259,7 @@ func (g *subscription) assigned(_ context.Context, _ *kgo.Client, assigned map[s
 		if g.parts[id] != nil {
 			continue // cannot happen: revoke comes first
 		}
-		p := &partition{
-			g:     g,
-			id:    id,
-			slots: make(chan struct{}, g.window),
-			done:  make(chan struct{}),
-			wake:  make(chan struct{}, 1),
-		}
+		p := &partition{g: g, id: id, slots: make(chan struct{}, g.window), done: make(chan struct{}), wake: make(chan struct{}, 1)}
 		g.parts[id] = p
 		g.workers.Go(p.run)
 	}
@@ -378,13 +363,9 @@ func (g *subscription) leave(deadline time.Time) {
 		return
 	}
 	if memberID != "" {
-		req := kmsg.NewPtrLeaveGroupRequest()
-		req.Group = g.s.cfg.ConsumerGroup
-		req.MemberID = memberID
-		m := kmsg.NewLeaveGroupRequestMember()
-		m.MemberID = memberID
-		m.Reason = kmsg.StringPtr("claimtx subscriber closing while the group rebalances")
-		req.Members = append(req.Members, m)
+		req := &kmsg.LeaveGroupRequest{Group: g.s.cfg.ConsumerGroup, MemberID: memberID, Members: []kmsg.LeaveGroupRequestMember{
+			{MemberID: memberID, Reason: kmsg.StringPtr("claimtx subscriber closing while the group rebalances")},
+		}}
 		if _, err := req.RequestWith(ctx, g.cl); err != nil {
 			g.s.logger.Info("Sending LeaveGroup failed; the group evicts this member after its session timeout", g.fields.Add(watermill.LogFields{"err": err.Error()}))
 		} else {

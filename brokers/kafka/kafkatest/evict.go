@@ -16,7 +16,7 @@ import (
 type eviction struct {
 	Group          string
 	MemberID       string
-	InstanceID     string // empty for dynamic members
+	InstanceID     *string // nil for dynamic members
 	ClientID       string
 	ClientHost     string
 	State          string        // the group's state when the member was evicted
@@ -232,14 +232,10 @@ func (e *evictor) findSilent(now time.Time) []eviction {
 			if silent <= session+e.opts.evictionMargin {
 				continue
 			}
-			ev := eviction{
-				Group: name, MemberID: m.MemberID, ClientID: m.ClientID, ClientHost: m.ClientHost,
+			out = append(out, eviction{
+				Group: name, MemberID: m.MemberID, InstanceID: m.InstanceID, ClientID: m.ClientID, ClientHost: m.ClientHost,
 				State: info.State, Silent: silent, SessionTimeout: session,
-			}
-			if m.InstanceID != nil {
-				ev.InstanceID = *m.InstanceID
-			}
-			out = append(out, ev)
+			})
 			// Do not count it again while the LeaveGroup is in flight.
 			t.lastSeen = now
 		}
@@ -250,15 +246,9 @@ func (e *evictor) findSilent(now time.Time) []eviction {
 
 // evict sends the LeaveGroup the member would have sent on a clean shutdown.
 func (e *evictor) evict(ctx context.Context, ev eviction) {
-	member := kmsg.NewLeaveGroupRequestMember()
-	member.MemberID = ev.MemberID
-	if ev.InstanceID != "" {
-		member.InstanceID = kmsg.StringPtr(ev.InstanceID)
-	}
-	req := kmsg.NewPtrLeaveGroupRequest()
-	req.Group = ev.Group
-	req.MemberID = ev.MemberID // LeaveGroup v0-v2
-	req.Members = []kmsg.LeaveGroupRequestMember{member}
+	req := &kmsg.LeaveGroupRequest{Group: ev.Group, MemberID: ev.MemberID /* v0-v2 */, Members: []kmsg.LeaveGroupRequestMember{
+		{MemberID: ev.MemberID, InstanceID: ev.InstanceID},
+	}}
 
 	reqCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

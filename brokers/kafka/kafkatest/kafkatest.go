@@ -79,10 +79,6 @@ func (o Options) validate() error {
 		return fmt.Errorf("kafkatest: GroupMinSessionTimeout must not be negative, got %s", o.GroupMinSessionTimeout)
 	case o.Partitions < 0:
 		return fmt.Errorf("kafkatest: Partitions must be positive, got %d", o.Partitions)
-	case o.evictionMargin < 0:
-		return fmt.Errorf("kafkatest: eviction margin must not be negative, got %s", o.evictionMargin)
-	case o.evictionPollInterval < 0:
-		return fmt.Errorf("kafkatest: eviction poll interval must not be negative, got %s", o.evictionPollInterval)
 	}
 	return nil
 }
