@@ -21,15 +21,6 @@ const (
 	saslScramSHA512 = "SCRAM-SHA-512"
 )
 
-// validateSubscriber checks what only a subscriber needs: a publisher needs
-// no group.
-func validateSubscriber(c brokers.KafkaConfig) error {
-	if c.ConsumerGroup == "" {
-		return &framework.ConfigError{Field: "consumer_group", Reason: "must not be empty for a subscriber: set KAFKA_CONSUMER_GROUP or kafka.consumer_group to a group of this service's own (framework/consumer defaults it to the consumer's Name)"}
-	}
-	return nil
-}
-
 // saramaConfig validates c and returns its Sarama configuration, for the
 // publisher and the probes (defaults applied).
 func saramaConfig(c brokers.KafkaConfig) (*sarama.Config, error) {

@@ -61,11 +61,8 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 	var moves []int32
 	for _, id := range ids {
 		pos, ok := stored[id]
-		if !ok {
-			continue
-		}
 		at := parts[id].EpochOffset().Offset // < 0: no commit, a reset offset
-		if at >= pos {
+		if !ok || at >= pos {
 			continue
 		}
 		fields := g.fields.Add(watermill.LogFields{"kafka_partition": id, "group_offset": at, "stored_position": pos})

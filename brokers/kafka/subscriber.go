@@ -19,6 +19,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/internal/defaults"
 	"github.com/claimtx/claimtx/brokers/internal/wait"
+	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
@@ -55,8 +56,8 @@ func NewSubscriber(ctx context.Context, cfg brokers.KafkaConfig, logger watermil
 	if err != nil {
 		return nil, err
 	}
-	if err := validateSubscriber(cfg); err != nil {
-		return nil, err
+	if cfg.ConsumerGroup == "" { // only a subscriber needs one
+		return nil, &framework.ConfigError{Field: "consumer_group", Reason: "must not be empty for a subscriber: set KAFKA_CONSUMER_GROUP or kafka.consumer_group to a group of this service's own (framework/consumer defaults it to the consumer's Name)"}
 	}
 	cfg = defaults.Apply(cfg)
 	if logger == nil {

@@ -52,12 +52,8 @@ type groupTrack struct {
 type memberTrack struct {
 	lastSeen time.Time
 	session  time.Duration
-	// listed by kfake as a member (a join is recorded before kfake
-	// handles it)
-	listed bool
-	// joining: its latest request is a JoinGroup not answered yet, so it
-	// may be silent until the rebalance ends
-	joining bool
+	listed   bool // listed by kfake (a join is recorded before kfake handles it)
+	joining  bool // its latest request is an unanswered JoinGroup: it may be silent until the rebalance ends
 }
 
 // session is the timeout m is held to: its own, else the group's longest,
@@ -99,10 +95,11 @@ func (e *evictor) group(name string) *groupTrack {
 func (e *evictor) record(req kmsg.Request, now time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	seen := func(g *groupTrack, member string) *memberTrack {
+	seen := func(group, member string) *memberTrack {
 		if member == "" {
 			return nil
 		}
+		g := e.group(group)
 		m := g.members[member]
 		if m == nil {
 			m = &memberTrack{}
@@ -117,22 +114,19 @@ func (e *evictor) record(req kmsg.Request, now time.Time) {
 		g.classic, g.lastJoin = true, now
 		session := time.Duration(r.SessionTimeoutMillis) * time.Millisecond
 		g.maxSession = max(g.maxSession, session)
-		if m := seen(g, r.MemberID); m != nil {
-			m.session = session
-			m.joining = true
+		if m := seen(r.Group, r.MemberID); m != nil {
+			m.session, m.joining = session, true
 		}
 	case *kmsg.SyncGroupRequest:
-		if m := seen(e.group(r.Group), r.MemberID); m != nil {
+		if m := seen(r.Group, r.MemberID); m != nil {
 			m.joining = false
 		}
 	case *kmsg.HeartbeatRequest:
-		if m := seen(e.group(r.Group), r.MemberID); m != nil {
+		if m := seen(r.Group, r.MemberID); m != nil {
 			m.joining = false
 		}
 	case *kmsg.OffsetCommitRequest:
-		if r.MemberID != "" {
-			seen(e.group(r.Group), r.MemberID)
-		}
+		seen(r.Group, r.MemberID)
 	case *kmsg.LeaveGroupRequest:
 		g := e.group(r.Group)
 		delete(g.members, r.MemberID)

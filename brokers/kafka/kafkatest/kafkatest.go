@@ -66,23 +66,6 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-func (o Options) validate() error {
-	host, _, err := net.SplitHostPort(o.Addr)
-	if err != nil {
-		return fmt.Errorf("kafkatest: Addr %q is not host:port: %w", o.Addr, err)
-	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		return fmt.Errorf("kafkatest: Addr %q: the host is advertised to clients, so it must be a reachable address, not a wildcard", o.Addr)
-	}
-	switch {
-	case o.GroupMinSessionTimeout < 0:
-		return fmt.Errorf("kafkatest: GroupMinSessionTimeout must not be negative, got %s", o.GroupMinSessionTimeout)
-	case o.Partitions < 0:
-		return fmt.Errorf("kafkatest: Partitions must be positive, got %d", o.Partitions)
-	}
-	return nil
-}
-
 // Broker is a running in-process broker.
 type Broker struct {
 	cluster *kfake.Cluster
@@ -98,8 +81,17 @@ type Broker struct {
 // until Close is called or ctx ends.
 func Start(ctx context.Context, opts Options) (*Broker, error) {
 	opts = opts.withDefaults() // fills zero fields only: a bad value still fails
-	if err := opts.validate(); err != nil {
-		return nil, err
+	host, _, err := net.SplitHostPort(opts.Addr)
+	ip := net.ParseIP(host)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("kafkatest: Addr %q is not host:port: %w", opts.Addr, err)
+	case host == "" || (ip != nil && ip.IsUnspecified()):
+		return nil, fmt.Errorf("kafkatest: Addr %q: the host is advertised to clients, so it must be a reachable address, not a wildcard", opts.Addr)
+	case opts.GroupMinSessionTimeout < 0:
+		return nil, fmt.Errorf("kafkatest: GroupMinSessionTimeout must not be negative, got %s", opts.GroupMinSessionTimeout)
+	case opts.Partitions < 0:
+		return nil, fmt.Errorf("kafkatest: Partitions must be positive, got %d", opts.Partitions)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
