@@ -74,8 +74,6 @@ type scramClient struct {
 	done    bool
 }
 
-var _ sarama.SCRAMClient = (*scramClient)(nil)
-
 func (s *scramClient) Begin(user, password, authzID string) error {
 	auth := scram.Auth{Zid: authzID, User: user, Pass: password}
 	mech := auth.AsSha256Mechanism()

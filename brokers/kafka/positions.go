@@ -65,9 +65,9 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 		if !ok || at >= pos {
 			continue
 		}
-		fields := g.fields.Add(watermill.LogFields{"kafka_partition": id, "group_offset": at, "stored_position": pos})
 		if o.Replay {
-			g.s.logger.Info("Group offset is below the position stored with the claims; replaying from the group offset as configured", fields)
+			g.s.logger.Info("Group offset is below the position stored with the claims; replaying from the group offset as configured",
+				g.fields.Add(watermill.LogFields{"kafka_partition": id, "group_offset": at, "stored_position": pos}))
 			continue
 		}
 		moves = append(moves, id)

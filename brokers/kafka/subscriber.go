@@ -41,8 +41,6 @@ type subscriber struct {
 
 var errSubscriberClosed = errors.New("subscriber closed")
 
-var _ message.Subscriber = (*subscriber)(nil)
-
 // NewSubscriber validates cfg and returns a subscriber that consumes with a
 // franz-go consumer group, up to Window messages in flight per partition
 // (package documentation, "Delivery"). It does not connect (ctx is there so

@@ -201,8 +201,7 @@ func (e *evictor) findSilent(now time.Time) []eviction {
 			}
 			t.listed = true
 			if rebalanced {
-				t.lastSeen = now
-				t.joining = false // its join, if any, was answered
+				t.lastSeen, t.joining = now, false // its join, if any, was answered
 			}
 		}
 		for id, t := range g.members {

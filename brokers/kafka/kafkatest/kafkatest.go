@@ -30,8 +30,7 @@ type Options struct {
 	// over fast. Defaults to 100ms.
 	GroupMinSessionTimeout time.Duration
 
-	// Partitions is the partition count of auto-created topics. Defaults
-	// to 10.
+	// Partitions is the partition count of auto-created topics (default 10).
 	Partitions int
 
 	// DisableAutoCreateTopics makes the broker refuse to create topics on
