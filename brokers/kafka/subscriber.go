@@ -27,7 +27,11 @@ type subscriber struct {
 	cfg    brokers.KafkaConfig
 	sc     *sarama.Config // readiness probe and credential check (health.go, auth.go)
 	logger watermill.LoggerAdapter
-	conn   connState // IsConnected's cached probe (health.go)
+	// IsConnected's cached probe (health.go); connMu is held during a
+	// probe, so concurrent callers share it.
+	connMu sync.Mutex
+	connAt time.Time
+	connOK bool
 
 	positions kafkarecord.Options // stored positions, attached before Subscribe (positions.go)
 
