@@ -1,6 +1,7 @@
 package kafkatest
 
 import (
+	"cmp"
 	"context"
 	"sort"
 	"sync"
@@ -249,9 +250,7 @@ func (e *evictor) evict(ctx context.Context, ev eviction) {
 	if err == nil {
 		err = kerr.ErrorForCode(resp.ErrorCode)
 		for _, m := range resp.Members {
-			if err == nil {
-				err = kerr.ErrorForCode(m.ErrorCode)
-			}
+			err = cmp.Or(err, kerr.ErrorForCode(m.ErrorCode))
 		}
 	}
 	attrs := []any{
