@@ -74,20 +74,15 @@ type scramClient struct {
 	done    bool
 }
 
-var _ sarama.SCRAMClient = (*scramClient)(nil)
-
 func (s *scramClient) Begin(user, password, authzID string) error {
 	auth := scram.Auth{Zid: authzID, User: user, Pass: password}
 	mech := auth.AsSha256Mechanism()
 	if s.sha512 {
 		mech = auth.AsSha512Mechanism()
 	}
-	session, first, err := mech.Authenticate(context.Background(), "")
-	if err != nil {
-		return err
-	}
-	s.session, s.first = session, first
-	return nil
+	var err error
+	s.session, s.first, err = mech.Authenticate(context.Background(), "")
+	return err
 }
 
 // Step returns the client-first message for the empty challenge Sarama
@@ -96,8 +91,7 @@ func (s *scramClient) Step(challenge string) (string, error) {
 	if s.session == nil {
 		return "", errors.New("brokers/kafka: SCRAM step before begin")
 	}
-	if s.first != nil {
-		first := s.first
+	if first := s.first; first != nil {
 		s.first = nil
 		return string(first), nil
 	}

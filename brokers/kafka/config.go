@@ -21,15 +21,6 @@ const (
 	saslScramSHA512 = "SCRAM-SHA-512"
 )
 
-// validateSubscriber checks what only a subscriber needs: a publisher needs
-// no group.
-func validateSubscriber(c brokers.KafkaConfig) error {
-	if c.ConsumerGroup == "" {
-		return &framework.ConfigError{Field: "consumer_group", Reason: "must not be empty for a subscriber: set KAFKA_CONSUMER_GROUP or kafka.consumer_group to a group of this service's own (framework/consumer defaults it to the consumer's Name)"}
-	}
-	return nil
-}
-
 // saramaConfig validates c and returns its Sarama configuration, for the
 // publisher and the probes (defaults applied).
 func saramaConfig(c brokers.KafkaConfig) (*sarama.Config, error) {
@@ -43,21 +34,14 @@ func saramaConfig(c brokers.KafkaConfig) (*sarama.Config, error) {
 	sc.ClientID = c.ClientID
 	sc.Version = version
 
-	sc.Consumer.Return.Errors = true
-	sc.Consumer.MaxWaitTime = c.MaxWaitTime
-	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
-	if c.InitialOffset == offsetNewest {
-		sc.Consumer.Offsets.Initial = sarama.OffsetNewest
-	}
-	sc.Consumer.Offsets.AutoCommit.Enable = true
-	sc.Consumer.Offsets.AutoCommit.Interval = c.CommitInterval
+	// Only for Sarama's validation (the consumer is franz-go's): it
+	// refuses a few absurd values Validate lets through.
 	sc.Consumer.Group.Session.Timeout = c.SessionTimeout
 	sc.Consumer.Group.Heartbeat.Interval = c.HeartbeatInterval
 	sc.Consumer.Group.Rebalance.Timeout = c.RebalanceTimeout
 
 	// Idempotence keeps Sarama's retries from writing a message twice.
 	sc.Producer.Return.Successes = true
-	sc.Producer.Return.Errors = true
 	sc.Producer.RequiredAcks = sarama.WaitForAll
 	sc.Producer.Retry.Max = 10
 	if version.IsAtLeast(sarama.V0_11_0_0) {
@@ -75,18 +59,12 @@ func saramaConfig(c brokers.KafkaConfig) (*sarama.Config, error) {
 	}
 	if c.SASL.Mechanism != "" {
 		sc.Net.SASL.Enable = true
-		sc.Net.SASL.Handshake = true
 		sc.Net.SASL.User = c.SASL.User
 		sc.Net.SASL.Password = c.SASL.Password
-		switch c.SASL.Mechanism {
-		case saslPlain:
-			sc.Net.SASL.Mechanism = sarama.SASLTypePlaintext
-		case saslScramSHA256:
-			sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA256
-			sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{sha512: false} }
-		case saslScramSHA512:
-			sc.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA512
-			sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{sha512: true} }
+		sc.Net.SASL.Mechanism = sarama.SASLMechanism(c.SASL.Mechanism) // the same names
+		if c.SASL.Mechanism != saslPlain {
+			sha512 := c.SASL.Mechanism == saslScramSHA512
+			sc.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &scramClient{sha512: sha512} }
 		}
 	}
 	if err := sc.Validate(); err != nil {

@@ -36,15 +36,11 @@
 //
 // # Rebalances and shutdown
 //
-// The eager range protocol is kept, so a group rolls over from an older,
-// Sarama-based claimtx. Revoked partitions stop at once, their acked
-// offsets are committed, and their unacked messages go to the next owner,
-// where the claim's row lock serialises the two deliveries; work in
-// progress is not cancelled. Group requests wait RebalanceTimeout + 10 s, as
-// the Java client does (Sarama's 30 s read timeout stalled groups under
-// rolling restarts: why the subscriber is franz-go's). Ending a subscription
-// stops forwarding, commits, leaves the group and closes the channel within
-// 5 s; Close returns within 6 s. See docs/design.md, "Kafka consumer group".
+// Revoked partitions stop at once (work in progress is not cancelled),
+// their acked offsets are committed and their unacked messages go to the
+// next owner. Ending a subscription commits, leaves the group and closes
+// the channel within 5 s; Close returns within 6 s. Details (eager range
+// protocol, group request timeouts) in docs/design.md, "Kafka consumer group".
 //
 // # Plain producers and metadata
 //

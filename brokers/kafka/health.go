@@ -1,7 +1,6 @@
 package kafka
 
 import (
-	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -14,13 +13,6 @@ const (
 	probeTTL     = 2 * time.Second
 )
 
-// connState caches the last probe's answer.
-type connState struct {
-	mu sync.Mutex // held during a probe, so concurrent callers share it
-	at time.Time
-	ok bool
-}
-
 // IsConnected reports whether one of the Brokers answered an ApiVersions
 // request within a second, with the subscriber's TLS and SASL (a TCP dial
 // would call a broker that refuses our credentials healthy); false after
@@ -30,14 +22,13 @@ func (s *subscriber) IsConnected() bool {
 	if s.closed() {
 		return false
 	}
-	s.conn.mu.Lock()
-	defer s.conn.mu.Unlock()
-	if !s.conn.at.IsZero() && time.Since(s.conn.at) < probeTTL {
-		return s.conn.ok
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if !s.connAt.IsZero() && time.Since(s.connAt) < probeTTL {
+		return s.connOK
 	}
-	s.conn.ok = probeAny(s.sc, s.cfg.Brokers)
-	s.conn.at = time.Now()
-	return s.conn.ok
+	s.connOK, s.connAt = probeAny(s.sc, s.cfg.Brokers), time.Now()
+	return s.connOK
 }
 
 // probeAny asks every broker of addrs at once and reports whether one
@@ -50,15 +41,14 @@ func probeAny(sc *sarama.Config, addrs []string) bool {
 		}()
 	}
 	// The steps' timeouts add up: bound the whole answer.
-	deadline := time.NewTimer(probeTimeout)
-	defer deadline.Stop()
+	deadline := time.After(probeTimeout)
 	for range addrs {
 		select {
 		case ok := <-answers:
 			if ok {
 				return true
 			}
-		case <-deadline.C:
+		case <-deadline:
 			return false
 		}
 	}

@@ -27,8 +27,6 @@ const PartitionKeyMetadata = "partition_key"
 // documentation, "Plain producers and metadata").
 type marshaler struct{}
 
-var _ wkafka.Marshaler = marshaler{}
-
 func (marshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
 	headers := make([]sarama.RecordHeader, 0, len(msg.Metadata)+1)
 	headers = append(headers, sarama.RecordHeader{Key: []byte(wkafka.UUIDHeaderKey), Value: []byte(msg.UUID)})

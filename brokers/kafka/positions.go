@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -48,29 +49,25 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 	}
 	ctx, cancel := context.WithTimeout(ctx, adjustTimeout)
 	defer cancel()
-	ids := make([]int32, 0, len(parts))
-	for id := range parts {
-		ids = append(ids, id)
+	failed := func(what string, err error) (map[string]map[int32]kgo.Offset, error) {
+		g.s.logger.Error("Reading the "+what+" failed; starting where the group's offsets say (the claims still turn redeliveries into duplicates)", err, g.fields)
+		return offsets, nil
 	}
-	slices.Sort(ids)
+	ids := slices.Sorted(maps.Keys(parts))
 	stored, err := o.Loader.LoadPositions(ctx, g.topic, ids)
 	if err != nil {
-		g.s.logger.Error("Reading the positions stored with the claims failed; starting where the group's offsets say (the claims still turn redeliveries into duplicates)", err, g.fields)
-		return offsets, nil
+		return failed("positions stored with the claims", err)
 	}
 	var moves []int32
 	for _, id := range ids {
 		pos, ok := stored[id]
-		if !ok {
-			continue
-		}
 		at := parts[id].EpochOffset().Offset // < 0: no commit, a reset offset
-		if at >= pos {
+		if !ok || at >= pos {
 			continue
 		}
-		fields := g.fields.Add(watermill.LogFields{"kafka_partition": id, "group_offset": at, "stored_position": pos})
 		if o.Replay {
-			g.s.logger.Info("Group offset is below the position stored with the claims; replaying from the group offset as configured", fields)
+			g.s.logger.Info("Group offset is below the position stored with the claims; replaying from the group offset as configured",
+				g.fields.Add(watermill.LogFields{"kafka_partition": id, "group_offset": at, "stored_position": pos}))
 			continue
 		}
 		moves = append(moves, id)
@@ -83,16 +80,14 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 	adm := kadm.NewClient(g.cl)
 	ends, err := adm.ListEndOffsets(ctx, g.topic)
 	if err != nil {
-		g.s.logger.Error("Reading the partitions' end offsets failed; starting where the group's offsets say (the claims still turn redeliveries into duplicates)", err, g.fields)
-		return offsets, nil
+		return failed("partitions' end offsets", err)
 	}
 	// Without a commit, the reset offset at the start (-2) is the log
 	// start: a stored position at or below it skips nothing.
 	var starts kadm.ListedOffsets
 	if slices.ContainsFunc(moves, func(id int32) bool { return parts[id].EpochOffset().Offset == -2 }) {
 		if starts, err = adm.ListStartOffsets(ctx, g.topic); err != nil {
-			g.s.logger.Error("Reading the partitions' start offsets failed; starting where the group's offsets say (the claims still turn redeliveries into duplicates)", err, g.fields)
-			return offsets, nil
+			return failed("partitions' start offsets", err)
 		}
 	}
 	for _, id := range moves {
@@ -140,13 +135,13 @@ func (s *subscriber) endOffsets(ctx context.Context, topic string) (map[int32]in
 	}
 	out := map[int32]int64{}
 	var perr error
-	ends.Each(func(o kadm.ListedOffset) {
+	for p, o := range ends[topic] {
 		if o.Err != nil {
-			perr = fmt.Errorf("brokers/kafka: end offset of %q partition %d: %w", topic, o.Partition, o.Err)
-			return
+			perr = fmt.Errorf("brokers/kafka: end offset of %q partition %d: %w", topic, p, o.Err)
+		} else {
+			out[p] = o.Offset
 		}
-		out[o.Partition] = o.Offset
-	})
+	}
 	return out, perr
 }
 
@@ -159,7 +154,7 @@ func (s *subscriber) adminClient() (*kadm.Client, error) {
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
-		return nil, &configError{err}
+		return nil, clientOptionsError(err)
 	}
 	return kadm.NewClient(cl), nil
 }

@@ -23,8 +23,6 @@ type publisher struct {
 	pub    *wkafka.Publisher
 }
 
-var _ message.Publisher = (*publisher)(nil)
-
 // NewPublisher validates cfg and connects the producer, retrying until
 // DialTimeout passes or ctx ends (ctx bounds the start-up only). A nil
 // logger logs nothing. An invalid cfg (an unreadable TLS file too) is a

@@ -19,17 +19,11 @@ func init() {
 	brokers.Register(brokers.KindKafka, brokers.Factory{
 		NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
 			sub, err := NewSubscriber(context.Background(), c.Kafka, l)
-			if err != nil {
-				return nil, inSection(err) // a missing consumer group is only found here
-			}
-			return sub, nil
+			return sub, inSection(err) // a missing consumer group is only found here
 		},
 		NewPublisher: func(c brokers.Config, l watermill.LoggerAdapter) (message.Publisher, error) {
 			pub, err := NewPublisher(context.Background(), c.Kafka, l)
-			if err != nil {
-				return nil, inSection(err) // e.g. an unreadable KAFKA_TLS_CA_FILE
-			}
-			return pub, nil
+			return pub, inSection(err) // e.g. an unreadable KAFKA_TLS_CA_FILE
 		},
 	})
 	kafkarecord.Register(kafkarecord.Adapter{
@@ -43,7 +37,7 @@ func init() {
 	})
 }
 
-// inSection names a field of err by its path in a brokers.Config
+// inSection (nil for nil) names a field of err by its path in a brokers.Config
 // ("kafka.consumer_group"), as brokers.Config.Validate names the others.
 func inSection(err error) error {
 	var ce *framework.ConfigError

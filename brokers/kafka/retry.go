@@ -13,13 +13,8 @@ import (
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 )
 
-// errPermanent marks an error retryStart must not retry.
-type errPermanent struct{ error }
-
-func (e errPermanent) Unwrap() error { return e.error }
-
 // retryStart calls try until it succeeds, ctx ends or cfg.DialTimeout has
-// passed, waiting cfg.ReconnectBackoff in between; an errPermanent or
+// passed, waiting cfg.ReconnectBackoff in between; a closed subscriber or
 // refused credentials end it at once. what names the operation.
 func retryStart(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.LoggerAdapter, what string, try func() error) error {
 	start := time.Now()
@@ -28,9 +23,8 @@ func retryStart(ctx context.Context, cfg brokers.KafkaConfig, logger watermill.L
 		if err == nil {
 			return nil
 		}
-		var perm errPermanent
-		if errors.As(err, &perm) {
-			return fmt.Errorf("brokers/kafka: %s: %w", what, perm.error)
+		if errors.Is(err, errSubscriberClosed) {
+			return fmt.Errorf("brokers/kafka: %s: %w", what, err)
 		}
 		fail := func(cause error) error {
 			return fmt.Errorf("brokers/kafka: %s at %v: gave up after %d attempt(s) in %s: %w",

@@ -19,6 +19,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/internal/defaults"
 	"github.com/claimtx/claimtx/brokers/internal/wait"
+	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
 )
 
@@ -26,7 +27,11 @@ type subscriber struct {
 	cfg    brokers.KafkaConfig
 	sc     *sarama.Config // readiness probe and credential check (health.go, auth.go)
 	logger watermill.LoggerAdapter
-	conn   connState // IsConnected's cached probe (health.go)
+	// IsConnected's cached probe (health.go); connMu is held during a
+	// probe, so concurrent callers share it.
+	connMu sync.Mutex
+	connAt time.Time
+	connOK bool
 
 	positions kafkarecord.Options // stored positions, attached before Subscribe (positions.go)
 
@@ -39,8 +44,6 @@ type subscriber struct {
 }
 
 var errSubscriberClosed = errors.New("subscriber closed")
-
-var _ message.Subscriber = (*subscriber)(nil)
 
 // NewSubscriber validates cfg and returns a subscriber that consumes with a
 // franz-go consumer group, up to Window messages in flight per partition
@@ -55,8 +58,8 @@ func NewSubscriber(ctx context.Context, cfg brokers.KafkaConfig, logger watermil
 	if err != nil {
 		return nil, err
 	}
-	if err := validateSubscriber(cfg); err != nil {
-		return nil, err
+	if cfg.ConsumerGroup == "" { // only a subscriber needs one
+		return nil, &framework.ConfigError{Field: "consumer_group", Reason: "must not be empty for a subscriber: set KAFKA_CONSUMER_GROUP or kafka.consumer_group to a group of this service's own (framework/consumer defaults it to the consumer's Name)"}
 	}
 	cfg = defaults.Apply(cfg)
 	if logger == nil {
@@ -135,19 +138,10 @@ type subscription struct {
 // the Subscriber is closed.
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	what := fmt.Sprintf("subscribe to %q", topic)
-	g := &subscription{
-		s:         s,
-		topic:     topic,
-		out:       make(chan *message.Message), // unbuffered: nothing read ahead beyond the window
-		clientSet: make(chan struct{}),
-		window:    max(s.cfg.Window, 1),
-		parts:     map[int32]*partition{},
-		fields: watermill.LogFields{
-			"provider":       "kafka",
-			"topic":          topic,
-			"consumer_group": s.cfg.ConsumerGroup,
-			"window":         max(s.cfg.Window, 1),
-		},
+	window := max(s.cfg.Window, 1)
+	g := &subscription{s: s, topic: topic, window: window, parts: map[int32]*partition{}, clientSet: make(chan struct{}),
+		out:    make(chan *message.Message), // unbuffered: nothing read ahead beyond the window
+		fields: watermill.LogFields{"provider": "kafka", "topic": topic, "consumer_group": s.cfg.ConsumerGroup, "window": window},
 	}
 	opts, err := groupOpts(s.cfg, topic)
 	if err != nil {
@@ -181,13 +175,13 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err != nil {
 		s.subs.Done()
 		cancel()
-		return nil, &configError{err}
+		return nil, clientOptionsError(err)
 	}
 	g.cl = cl
 	close(g.clientSet)
 	err = retryStart(ctx, s.cfg, s.logger, what, func() error {
 		if s.closed() {
-			return errPermanent{errSubscriberClosed}
+			return errSubscriberClosed
 		}
 		pctx, pcancel := context.WithTimeout(ctx, probeTimeout*5)
 		defer pcancel()
@@ -213,14 +207,11 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	return g.out, nil
 }
 
-// configError is a franz-go option the client refused (Validate should
-// have caught it first).
-type configError struct{ error }
-
-func (e *configError) Error() string {
-	return "brokers/kafka: kafka client options: " + e.error.Error()
+// clientOptionsError is a franz-go option the client refused (Validate
+// should have caught it first).
+func clientOptionsError(err error) error {
+	return fmt.Errorf("brokers/kafka: kafka client options: %w", err)
 }
-func (e *configError) Unwrap() error { return e.error }
 
 // poll hands fetched records to their partitions until runCtx ends. With
 // BlockRebalanceOnPoll no rebalance callback runs before AllowRebalance.
@@ -271,13 +262,7 @@ func (g *subscription) assigned(_ context.Context, _ *kgo.Client, assigned map[s
 		if g.parts[id] != nil {
 			continue // cannot happen: revoke comes first
 		}
-		p := &partition{
-			g:     g,
-			id:    id,
-			slots: make(chan struct{}, g.window),
-			done:  make(chan struct{}),
-			wake:  make(chan struct{}, 1),
-		}
+		p := &partition{g: g, id: id, slots: make(chan struct{}, g.window), done: make(chan struct{}), wake: make(chan struct{}, 1)}
 		g.parts[id] = p
 		g.workers.Go(p.run)
 	}
@@ -381,13 +366,9 @@ func (g *subscription) leave(deadline time.Time) {
 		return
 	}
 	if memberID != "" {
-		req := kmsg.NewPtrLeaveGroupRequest()
-		req.Group = g.s.cfg.ConsumerGroup
-		req.MemberID = memberID
-		m := kmsg.NewLeaveGroupRequestMember()
-		m.MemberID = memberID
-		m.Reason = kmsg.StringPtr("claimtx subscriber closing while the group rebalances")
-		req.Members = append(req.Members, m)
+		req := &kmsg.LeaveGroupRequest{Group: g.s.cfg.ConsumerGroup, MemberID: memberID, Members: []kmsg.LeaveGroupRequestMember{
+			{MemberID: memberID, Reason: kmsg.StringPtr("claimtx subscriber closing while the group rebalances")},
+		}}
 		if _, err := req.RequestWith(ctx, g.cl); err != nil {
 			g.s.logger.Info("Sending LeaveGroup failed; the group evicts this member after its session timeout", g.fields.Add(watermill.LogFields{"err": err.Error()}))
 		} else {

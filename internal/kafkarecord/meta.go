@@ -43,17 +43,15 @@ func KafkaMessage[H any](topic string, partition int32, offset int64, key, value
 	md[KafkaTopic] = topic
 	md[KafkaPartition] = strconv.FormatInt(int64(partition), 10)
 	md[KafkaOffset] = strconv.FormatInt(offset, 10)
+	delete(md, KafkaKey)
 	if key != nil {
 		md[KafkaKey] = string(key)
-	} else {
-		delete(md, KafkaKey)
 	}
 	// Sarama turns Kafka's "no timestamp" (-1) into the zero time (plus the
 	// record's delta within its batch); that is not an event time.
+	delete(md, KafkaTimestamp)
 	if !ts.IsZero() && ts.UnixMilli() >= 0 {
 		md[KafkaTimestamp] = ts.UTC().Format(time.RFC3339Nano)
-	} else {
-		delete(md, KafkaTimestamp)
 	}
 	msg := message.NewMessage(uuid, value)
 	msg.Metadata = md

@@ -6,9 +6,7 @@
 // lowest one still in flight.
 package kafkarecord
 
-import (
-	"context"
-)
+import "context"
 
 // Partition is the subscriber's view of one assigned partition.
 type Partition interface {

@@ -30,11 +30,9 @@ func (s *Settling) Add(r Record) {
 	if r.Of == nil {
 		return
 	}
-	for i := range s.parts {
-		if s.parts[i].of == r.Of {
-			s.parts[i].offsets = append(s.parts[i].offsets, r.Offset)
-			return
-		}
+	if i := slices.IndexFunc(s.parts, func(p settlingPart) bool { return p.of == r.Of }); i >= 0 {
+		s.parts[i].offsets = append(s.parts[i].offsets, r.Offset)
+		return
 	}
 	s.parts = append(s.parts, settlingPart{of: r.Of, topic: r.Topic, id: r.Partition, offsets: []int64{r.Offset}})
 }

@@ -1,6 +1,7 @@
 package kafkatest
 
 import (
+	"cmp"
 	"context"
 	"sort"
 	"sync"
@@ -16,7 +17,7 @@ import (
 type eviction struct {
 	Group          string
 	MemberID       string
-	InstanceID     string // empty for dynamic members
+	InstanceID     *string // nil for dynamic members
 	ClientID       string
 	ClientHost     string
 	State          string        // the group's state when the member was evicted
@@ -52,12 +53,8 @@ type groupTrack struct {
 type memberTrack struct {
 	lastSeen time.Time
 	session  time.Duration
-	// listed by kfake as a member (a join is recorded before kfake
-	// handles it)
-	listed bool
-	// joining: its latest request is a JoinGroup not answered yet, so it
-	// may be silent until the rebalance ends
-	joining bool
+	listed   bool // listed by kfake (a join is recorded before kfake handles it)
+	joining  bool // its latest request is an unanswered JoinGroup: it may be silent until the rebalance ends
 }
 
 // session is the timeout m is held to: its own, else the group's longest,
@@ -70,10 +67,6 @@ func (g *groupTrack) session(m *memberTrack) time.Duration {
 		return g.maxSession
 	}
 	return fallbackSessionTimeout
-}
-
-func newEvictor(c *kfake.Cluster, client *kgo.Client, opts Options) *evictor {
-	return &evictor{cluster: c, client: client, opts: opts, groups: make(map[string]*groupTrack)}
 }
 
 // observe registers control functions that record group requests and never
@@ -103,10 +96,11 @@ func (e *evictor) group(name string) *groupTrack {
 func (e *evictor) record(req kmsg.Request, now time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	seen := func(g *groupTrack, member string) *memberTrack {
+	seen := func(group, member string) *memberTrack {
 		if member == "" {
 			return nil
 		}
+		g := e.group(group)
 		m := g.members[member]
 		if m == nil {
 			m = &memberTrack{}
@@ -121,22 +115,19 @@ func (e *evictor) record(req kmsg.Request, now time.Time) {
 		g.classic, g.lastJoin = true, now
 		session := time.Duration(r.SessionTimeoutMillis) * time.Millisecond
 		g.maxSession = max(g.maxSession, session)
-		if m := seen(g, r.MemberID); m != nil {
-			m.session = session
-			m.joining = true
+		if m := seen(r.Group, r.MemberID); m != nil {
+			m.session, m.joining = session, true
 		}
 	case *kmsg.SyncGroupRequest:
-		if m := seen(e.group(r.Group), r.MemberID); m != nil {
+		if m := seen(r.Group, r.MemberID); m != nil {
 			m.joining = false
 		}
 	case *kmsg.HeartbeatRequest:
-		if m := seen(e.group(r.Group), r.MemberID); m != nil {
+		if m := seen(r.Group, r.MemberID); m != nil {
 			m.joining = false
 		}
 	case *kmsg.OffsetCommitRequest:
-		if r.MemberID != "" {
-			seen(e.group(r.Group), r.MemberID)
-		}
+		seen(r.Group, r.MemberID)
 	case *kmsg.LeaveGroupRequest:
 		g := e.group(r.Group)
 		delete(g.members, r.MemberID)
@@ -211,8 +202,7 @@ func (e *evictor) findSilent(now time.Time) []eviction {
 			}
 			t.listed = true
 			if rebalanced {
-				t.lastSeen = now
-				t.joining = false // its join, if any, was answered
+				t.lastSeen, t.joining = now, false // its join, if any, was answered
 			}
 		}
 		for id, t := range g.members {
@@ -236,14 +226,10 @@ func (e *evictor) findSilent(now time.Time) []eviction {
 			if silent <= session+e.opts.evictionMargin {
 				continue
 			}
-			ev := eviction{
-				Group: name, MemberID: m.MemberID, ClientID: m.ClientID, ClientHost: m.ClientHost,
+			out = append(out, eviction{
+				Group: name, MemberID: m.MemberID, InstanceID: m.InstanceID, ClientID: m.ClientID, ClientHost: m.ClientHost,
 				State: info.State, Silent: silent, SessionTimeout: session,
-			}
-			if m.InstanceID != nil {
-				ev.InstanceID = *m.InstanceID
-			}
-			out = append(out, ev)
+			})
 			// Do not count it again while the LeaveGroup is in flight.
 			t.lastSeen = now
 		}
@@ -254,15 +240,9 @@ func (e *evictor) findSilent(now time.Time) []eviction {
 
 // evict sends the LeaveGroup the member would have sent on a clean shutdown.
 func (e *evictor) evict(ctx context.Context, ev eviction) {
-	member := kmsg.NewLeaveGroupRequestMember()
-	member.MemberID = ev.MemberID
-	if ev.InstanceID != "" {
-		member.InstanceID = kmsg.StringPtr(ev.InstanceID)
-	}
-	req := kmsg.NewPtrLeaveGroupRequest()
-	req.Group = ev.Group
-	req.MemberID = ev.MemberID // LeaveGroup v0-v2
-	req.Members = []kmsg.LeaveGroupRequestMember{member}
+	req := &kmsg.LeaveGroupRequest{Group: ev.Group, MemberID: ev.MemberID /* v0-v2 */, Members: []kmsg.LeaveGroupRequestMember{
+		{MemberID: ev.MemberID, InstanceID: ev.InstanceID},
+	}}
 
 	reqCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -270,9 +250,7 @@ func (e *evictor) evict(ctx context.Context, ev eviction) {
 	if err == nil {
 		err = kerr.ErrorForCode(resp.ErrorCode)
 		for _, m := range resp.Members {
-			if err == nil {
-				err = kerr.ErrorForCode(m.ErrorCode)
-			}
+			err = cmp.Or(err, kerr.ErrorForCode(m.ErrorCode))
 		}
 	}
 	attrs := []any{

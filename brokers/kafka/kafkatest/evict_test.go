@@ -22,7 +22,7 @@ func TestJoinRecordedBeforeKfakeListsIt(t *testing.T) {
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "t"), kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
-	e := newEvictor(c, nil, Options{evictionMargin: 100 * time.Millisecond})
+	e := &evictor{cluster: c, opts: Options{evictionMargin: 100 * time.Millisecond}, groups: map[string]*groupTrack{}}
 	join := func(group, member string, session time.Duration, now time.Time) {
 		r := kmsg.NewPtrJoinGroupRequest()
 		r.Group, r.MemberID, r.SessionTimeoutMillis = group, member, int32(session/time.Millisecond)

@@ -14,16 +14,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Defaults, as the Options fields document them (and framework/cmd/devkafka's
-// flags repeat).
-const (
-	defaultAddr                   = "127.0.0.1:0"
-	defaultPartitions             = 10
-	defaultGroupMinSessionTimeout = 100 * time.Millisecond
-	defaultEvictionMargin         = time.Second
-	defaultEvictionPollInterval   = 250 * time.Millisecond
-)
-
 // Options configures Start. The zero value is usable.
 type Options struct {
 	// Addr is the host:port to listen on, and what the broker advertises, so
@@ -40,8 +30,7 @@ type Options struct {
 	// over fast. Defaults to 100ms.
 	GroupMinSessionTimeout time.Duration
 
-	// Partitions is the partition count of auto-created topics. Defaults
-	// to 10.
+	// Partitions is the partition count of auto-created topics (default 10).
 	Partitions int
 
 	// DisableAutoCreateTopics makes the broker refuse to create topics on
@@ -64,36 +53,16 @@ type Options struct {
 }
 
 func (o Options) withDefaults() Options {
-	o.Addr = cmp.Or(o.Addr, defaultAddr)
-	o.GroupMinSessionTimeout = cmp.Or(o.GroupMinSessionTimeout, defaultGroupMinSessionTimeout)
-	o.Partitions = cmp.Or(o.Partitions, defaultPartitions)
-	o.evictionMargin = cmp.Or(o.evictionMargin, defaultEvictionMargin)
-	o.evictionPollInterval = cmp.Or(o.evictionPollInterval, defaultEvictionPollInterval)
+	// As the fields document them (and framework/cmd/devkafka's flags repeat).
+	o.Addr = cmp.Or(o.Addr, "127.0.0.1:0")
+	o.GroupMinSessionTimeout = cmp.Or(o.GroupMinSessionTimeout, 100*time.Millisecond)
+	o.Partitions = cmp.Or(o.Partitions, 10)
+	o.evictionMargin = cmp.Or(o.evictionMargin, time.Second)
+	o.evictionPollInterval = cmp.Or(o.evictionPollInterval, 250*time.Millisecond)
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return o
-}
-
-func (o Options) validate() error {
-	host, _, err := net.SplitHostPort(o.Addr)
-	if err != nil {
-		return fmt.Errorf("kafkatest: Addr %q is not host:port: %w", o.Addr, err)
-	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		return fmt.Errorf("kafkatest: Addr %q: the host is advertised to clients, so it must be a reachable address, not a wildcard", o.Addr)
-	}
-	switch {
-	case o.GroupMinSessionTimeout < 0:
-		return fmt.Errorf("kafkatest: GroupMinSessionTimeout must not be negative, got %s", o.GroupMinSessionTimeout)
-	case o.Partitions < 0:
-		return fmt.Errorf("kafkatest: Partitions must be positive, got %d", o.Partitions)
-	case o.evictionMargin < 0:
-		return fmt.Errorf("kafkatest: eviction margin must not be negative, got %s", o.evictionMargin)
-	case o.evictionPollInterval < 0:
-		return fmt.Errorf("kafkatest: eviction poll interval must not be negative, got %s", o.evictionPollInterval)
-	}
-	return nil
 }
 
 // Broker is a running in-process broker.
@@ -111,19 +80,27 @@ type Broker struct {
 // until Close is called or ctx ends.
 func Start(ctx context.Context, opts Options) (*Broker, error) {
 	opts = opts.withDefaults() // fills zero fields only: a bad value still fails
-	if err := opts.validate(); err != nil {
-		return nil, err
+	host, _, err := net.SplitHostPort(opts.Addr)
+	ip := net.ParseIP(host)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("kafkatest: Addr %q is not host:port: %w", opts.Addr, err)
+	case host == "" || (ip != nil && ip.IsUnspecified()):
+		return nil, fmt.Errorf("kafkatest: Addr %q: the host is advertised to clients, so it must be a reachable address, not a wildcard", opts.Addr)
+	case opts.GroupMinSessionTimeout < 0:
+		return nil, fmt.Errorf("kafkatest: GroupMinSessionTimeout must not be negative, got %s", opts.GroupMinSessionTimeout)
+	case opts.Partitions < 0:
+		return nil, fmt.Errorf("kafkatest: Partitions must be positive, got %d", opts.Partitions)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 
-	addr := opts.Addr
 	kopts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.ClusterID("claimtx-kafkatest"),
 		// kfake always asks for 127.0.0.1:<port>; we listen where we were told.
-		kfake.ListenFn(func(network, _ string) (net.Listener, error) { return net.Listen(network, addr) }),
+		kfake.ListenFn(func(network, _ string) (net.Listener, error) { return net.Listen(network, opts.Addr) }),
 		kfake.GroupMinSessionTimeout(opts.GroupMinSessionTimeout),
 		kfake.DefaultNumPartitions(opts.Partitions),
 		kfake.WithLogger(slogAdapter{opts.Logger}),
@@ -140,24 +117,16 @@ func Start(ctx context.Context, opts Options) (*Broker, error) {
 	}
 
 	runCtx, stop := context.WithCancel(ctx)
-	b := &Broker{
-		cluster: cluster,
-		logger:  opts.Logger,
-		stop:    stop,
-		done:    make(chan struct{}),
-	}
+	b := &Broker{cluster: cluster, logger: opts.Logger, stop: stop, done: make(chan struct{})}
 
 	if !opts.DisableEviction {
-		client, err := kgo.NewClient(
-			kgo.SeedBrokers(cluster.ListenAddrs()...),
-			kgo.ClientID("claimtx-kafkatest-evictor"),
-		)
+		client, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...), kgo.ClientID("claimtx-kafkatest-evictor"))
 		if err != nil {
 			stop()
 			cluster.Close()
 			return nil, fmt.Errorf("kafkatest: eviction client: %w", err)
 		}
-		b.ev = newEvictor(cluster, client, opts)
+		b.ev = &evictor{cluster: cluster, client: client, opts: opts, groups: make(map[string]*groupTrack)}
 		b.ev.observe()
 	}
 	go func() {
