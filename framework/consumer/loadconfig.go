@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"gopkg.in/yaml.v3"
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
@@ -177,31 +176,18 @@ func isSection(path string) bool {
 // readBroker is brokers.LoadConfig of the file's broker section, or of ""
 // without a file. The section is checked on the whole file first, so that
 // a mistake is named by its full path and its line.
-func readBroker(data []byte, section *yaml.Node, fromFile bool) (brokers.Config, error) {
+func readBroker(data, section []byte, fromFile bool) (brokers.Config, error) {
 	if !fromFile {
 		return brokers.LoadConfig("")
 	}
 	var strict struct {
 		Broker brokers.Config `yaml:"broker"`
-		Rest   map[string]any `yaml:",inline"` // the keys readFile checked
+		Rest   map[string]any `yaml:",inline"` // the keys ReadFile checked
 	}
 	if err := config.Decode(data, &strict); err != nil {
 		return brokers.Config{}, err
 	}
-	var sub []byte
-	if section != nil {
-		// Through a plain value, so that aliases to anchors outside the
-		// section are resolved before it stands alone.
-		var v any
-		err := section.Decode(&v)
-		if err == nil {
-			sub, err = yaml.Marshal(v)
-		}
-		if err != nil {
-			return brokers.Config{}, fmt.Errorf("parse YAML: %w", err)
-		}
-	}
-	b, err := config.LoadSection[brokers.Config](sub)
+	b, err := config.LoadSection[brokers.Config](section)
 	return b, config.Rename(err, func(field string) (string, bool) { return brokerKey + "." + field, isYAMLPath(field) })
 }
 

@@ -88,12 +88,13 @@ func Decode(data []byte, dst any) error {
 	return nil
 }
 
-// ReadFile applies the settings a YAML file sets to c and returns the node
-// of the key passthrough (nil when absent) for another loader. isSection
+// ReadFile applies the settings a YAML file sets to c and returns the value
+// of the key passthrough as a YAML document of its own (nil when absent)
+// for another loader. isSection
 // tells the keys that hold settings; an unknown or misplaced key, a bad
 // value, a key set twice or a merge key is a *framework.ConfigError naming
 // its path and line.
-func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(path string) bool, passthrough string, c *T) (*yaml.Node, error) {
+func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(path string) bool, passthrough string, c *T) ([]byte, error) {
 	var doc, more yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	err := dec.Decode(&doc)
@@ -160,8 +161,18 @@ func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(p
 		}
 		return nil
 	}
-	if err := walk(root, ""); err != nil {
+	if err := walk(root, ""); err != nil || section == nil {
 		return nil, err
 	}
-	return section, nil
+	// Through a plain value, so that aliases to anchors outside the
+	// section are resolved before it stands alone.
+	var v any
+	out, err := []byte(nil), section.Decode(&v)
+	if err == nil {
+		out, err = yaml.Marshal(v)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("parse YAML: %w", err)
+	}
+	return out, nil
 }
