@@ -197,12 +197,7 @@ func gather(ctx context.Context, ch <-chan *message.Message, max int, wait time.
 	ripe := false // wait has passed since the batch's first message
 	timer := time.NewTimer(wait)
 	timer.Stop()
-	defer func() {
-		timer.Stop()
-		for _, m := range batch {
-			m.Nack()
-		}
-	}()
+	defer func() { timer.Stop(); nackAll(batch) }()
 	for {
 		in := ch
 		var offer chan<- []*message.Message
