@@ -10,32 +10,24 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// Shutdown bounds (Config.DrainTimeout): with the default drain they stay
-// inside Kubernetes' default 30 s termination grace period.
+// Shutdown bounds: with the default drain within Kubernetes' 30 s grace.
 const (
 	defaultDrainTimeout = 15 * time.Second
 	// abortGrace bounds the wait for cancelled work: a handler that
 	// ignores its context cannot be stopped, and shutdown must still end.
-	abortGrace = 5 * time.Second
-	// startWaitMax bounds how long a shutdown during start-up waits for
-	// the router to start its handler (against an unreachable broker,
-	// Subscribe retries until its dial timeout).
-	startWaitMax = 5 * time.Second
-	// routerCloseTimeout bounds the wait for the subscriptions to end
-	// after the drain.
-	routerCloseTimeout = 5 * time.Second
+	abortGrace         = 5 * time.Second
+	startWaitMax       = 5 * time.Second // a shutdown's wait for the router to start (see consume)
+	routerCloseTimeout = 5 * time.Second // the wait for the subscriptions to end after the drain
 )
 
-// errShuttingDown is what a message that arrived after shutdown began
-// returns, unprocessed, so the router nacks it. It wraps context.Canceled,
-// which Watermill's router nacks without logging at ERROR; the drainer logs
-// it at DEBUG.
+// errShuttingDown is returned for a message that arrived during shutdown,
+// to nack it; it wraps context.Canceled, which Watermill does not log at
+// ERROR.
 var errShuttingDown = fmt.Errorf("claimtx: consumer shutting down, message handed back to the broker: %w", context.Canceled)
 
-// drainer implements the shutdown of both consumer modes
-// (docs/reliability.md, "Shutdown"): once it begins no new message starts,
-// and work still in flight at the drain timeout has its context cancelled,
-// which Poison and the batch settler take for an interruption.
+// drainer is the shutdown of both modes (docs/reliability.md): no new
+// work starts, and work in flight at the drain timeout is cancelled, which
+// Poison and the batch settler take for an interruption.
 type drainer struct {
 	mu       sync.Mutex
 	stopping bool
