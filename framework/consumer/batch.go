@@ -136,10 +136,8 @@ func (r batchRunner) run(ctx context.Context) error {
 	}()
 	d := newDrainer(r.cfg.Logger)
 	var wg sync.WaitGroup
-	for w := 0; w < opts.Workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for range opts.Workers {
+		wg.Go(func() {
 			for batch := range batches {
 				if !d.enter() {
 					r.cfg.Logger.Debug("claimtx: batch arrived during shutdown, handed back to the broker unprocessed", "messages", len(batch))
@@ -152,13 +150,10 @@ func (r batchRunner) run(ctx context.Context) error {
 				cancel()
 				d.leave()
 			}
-		}()
+		})
 	}
 	stopped := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(stopped)
-	}()
+	go func() { wg.Wait(); close(stopped) }()
 	select {
 	case <-stopped: // the subscription ended by itself
 	case <-ctx.Done():

@@ -19,7 +19,6 @@ import (
 	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
 // LoadConfig reads the YAML file at path (none when ""), then the
@@ -218,11 +217,9 @@ func (c Config) String() string {
 	set := map[bool]string{true: "set", false: "unset"}
 	c = c.withDefaults()
 	c.StartupTimeout = cmp.Or(c.StartupTimeout, defaultStartupTimeout)
-	c.Store = store.Config{
-		Schema:      cmp.Or(c.Store.Schema, pg.DefaultSchema),
-		ClaimsTable: cmp.Or(c.Store.ClaimsTable, pg.DefaultClaimsTable),
-		OutboxTable: cmp.Or(c.Store.OutboxTable, pg.DefaultOutboxTable),
-	}
+	c.Store.Schema = cmp.Or(c.Store.Schema, pg.DefaultSchema)
+	c.Store.ClaimsTable = cmp.Or(c.Store.ClaimsTable, pg.DefaultClaimsTable)
+	c.Store.OutboxTable = cmp.Or(c.Store.OutboxTable, pg.DefaultOutboxTable)
 	c.Broker = config.Defaults(c.Broker)
 	// The claim's defaults, as middleware.NewClaim applies them.
 	cl := c.Claim

@@ -51,9 +51,7 @@ func (h Health) Check(ctx context.Context) Report {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for name, fn := range checks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			err := fn(ctx)
 			mu.Lock()
 			defer mu.Unlock()
@@ -61,7 +59,7 @@ func (h Health) Check(ctx context.Context) Report {
 			if err != nil {
 				rep.Ready, rep.Checks[name] = false, err.Error()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if h.Warnings != nil {
