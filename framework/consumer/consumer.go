@@ -158,7 +158,7 @@ type Consumer struct {
 	drainer *drainer        // New's
 }
 
-// parts is what New and NewBatch build alike from a Config.
+// parts is what New and NewBatch build alike.
 type parts struct {
 	cfg       Config
 	pool      *pgxpool.Pool
@@ -278,7 +278,6 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if p.positions, err = p.attachPositions(ctx); err != nil {
 		return nil, err
 	}
-	// One Result per message, from the ledger (outcomes.go).
 	p.report = func(r middleware.Result) {
 		if p.metrics != nil {
 			p.metrics.OnOutcome(r)
@@ -289,8 +288,7 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	}
 	p.claim = cfg.Claim
 	p.claim.Store, p.claim.Consumer, p.claim.Logger = p.store, cfg.Name, p.wlog
-	// OnOutcome and EventTime are New's or NewBatch's.
-	p.claim.EventTime = nil
+	p.claim.EventTime = nil // New's to set
 	if userRetry := cfg.Claim.OnRetry; p.metrics != nil {
 		p.claim.OnRetry = func(r middleware.TxRetry) {
 			if userRetry != nil {
@@ -345,7 +343,6 @@ func (p *parts) newPoison(l *ledger, po middleware.Poison) (message.HandlerMiddl
 	if po.Publisher == nil {
 		po.Publisher, po.Topic, onPoison = p.pub, p.cfg.PoisonTopic, p.logPoisoned
 	}
-	// Stamped on each copy, for `claimtx dlq`.
 	po.Consumer, po.SourceTopic = cmp.Or(po.Consumer, p.cfg.Name), cmp.Or(po.SourceTopic, p.cfg.Topic)
 	if po.Key == nil {
 		po.Key = p.poisonKey()
@@ -432,8 +429,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	}
 	defer p.closeOnError(&err)
 	cfg = p.cfg
-	// The router's close comes after the drain (see consume): by then no
-	// handler runs, and it only waits for the subscriptions to end.
+	// Closed after the drain (see consume): it only waits for subscriptions.
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: routerCloseTimeout}, p.wlog)
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: router: %w", err)
@@ -442,8 +438,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	c.body = c.consume
 	p.closeMore = router.Close
 	if cfg.Registerer != nil {
-		// Under claimtx's prefix: Watermill's bare names would collide with
-		// another router's in the process.
+		// Prefixed: Watermill's bare names collide with another router's.
 		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, "claimtx", "").AddPrometheusRouterMetrics(router)
 	}
 	claim := p.claim
@@ -479,9 +474,8 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 		ShouldRetry:     func(p wmw.RetryParams) bool { return retryable(p.Err) },
 		Logger:          p.wlog,
 	}
-	// The drainer goes first: a message held back at shutdown must not
-	// reach Poison, which takes the drain timeout's cancellation for an
-	// interruption. The ledger sees exactly what the router acks or nacks.
+	// The drainer goes first: a message held back at shutdown must not reach
+	// Poison, which takes the drain's cancellation for an interruption.
 	router.AddMiddleware(c.drainer.middleware, l.middleware, wmw.Recoverer, poisonMW, retry.Middleware)
 	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, p.sub, middleware.TxHandler(handler))
 	// Before the claim: an expired message never opens a transaction.
@@ -528,8 +522,7 @@ func (c *Consumer) consume(ctx context.Context) error {
 	case <-startWait.C:
 	}
 	c.drainer.drain(c.cfg.DrainTimeout, c.cfg.Logger)
-	// The subscriptions end first, so what was held back goes back to the
-	// broker without coming round to this consumer again.
+	// The subscriptions end first, so what was held back is not redelivered here.
 	endSubscriptions()
 	c.drainer.release()
 	if err := c.router.Close(); err != nil {
@@ -622,8 +615,7 @@ func (p *parts) close() error {
 	if ran {
 		<-p.stopped
 	}
-	// Watermill's Close of a router that never ran waits out CloseTimeout
-	// and fails with "router close timeout".
+	// Closing a router that never ran waits out CloseTimeout and fails.
 	if p.closeMore != nil && ran {
 		errs = append(errs, p.closeMore())
 	}

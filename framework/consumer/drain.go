@@ -32,7 +32,7 @@ type drainer struct {
 	mu       sync.Mutex
 	stopping bool
 	inflight int
-	idle     chan struct{} // closed when stopping and inflight reaches 0
+	idle     chan struct{} // closed when stopping with nothing in flight
 
 	abortCtx context.Context // cancelled when the drain timeout passes
 	abort    context.CancelFunc
@@ -47,7 +47,7 @@ func newDrainer(logger *slog.Logger) *drainer {
 	return d
 }
 
-// enter admits one unit of work, or reports false once shutdown began.
+// enter admits work, or reports false once shutdown began.
 func (d *drainer) enter() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -67,20 +67,18 @@ func (d *drainer) leave() {
 	}
 }
 
-// context returns ctx, also cancelled when the drain times out.
+// context returns ctx, cancelled at the drain timeout too.
 func (d *drainer) context(ctx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(d.abortCtx, cancel)
 	return ctx, func() { stop(); cancel() }
 }
 
-// middleware admits each message through the drainer.
 func (d *drainer) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		if !d.enter() {
-			// Hold it, unprocessed, until the subscriptions have ended:
-			// returning at once would nack it into a requeue loop with
-			// this still-subscribed consumer.
+			// Held until the subscriptions end: a nack now would requeue
+			// it to this still-subscribed consumer, in a loop.
 			<-d.released
 			d.logger.Debug("claimtx: message arrived during shutdown, handed back to the broker unprocessed", "message_uuid", msg.UUID)
 			return nil, errShuttingDown
@@ -97,8 +95,8 @@ func (d *drainer) middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// drain stops admitting work and waits for the work in flight, at most
-// timeout before cancelling it and abortGrace after that.
+// drain stops admitting work and waits for the work in flight: timeout,
+// then abortGrace after cancelling it.
 func (d *drainer) drain(timeout time.Duration, logger *slog.Logger) {
 	d.mu.Lock()
 	if !d.stopping {
@@ -132,7 +130,7 @@ func (d *drainer) drain(timeout time.Duration, logger *slog.Logger) {
 	}
 }
 
-// release lets held-back arrivals return (to be nacked).
+// release lets held-back arrivals return, to be nacked.
 func (d *drainer) release() {
 	d.relOnce.Do(func() { close(d.released) })
 }
