@@ -62,12 +62,11 @@ func (l *ledger) poisoned(msg *message.Message, err error) (key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.entry(msg)
-	key = e.last.Key
 	e.verdict, e.reason = framework.Poisoned, err
 	if errors.As(err, new(*framework.ExpiredError)) {
 		e.verdict = framework.Expired
 	}
-	return key
+	return e.last.Key
 }
 
 // settle reports msg's one outcome: err is nil when it is acked.
