@@ -1,7 +1,5 @@
-// Package observe makes claimtx visible: Prometheus metrics of outcomes,
-// retries, claim wait and transaction time; OpenTelemetry spans around each
-// claim transaction that continue the producer's trace; and a readiness
-// check usable as an HTTP handler.
+// Package observe makes claimtx visible: Prometheus metrics, OpenTelemetry
+// spans around each claim transaction, and a readiness check.
 //
 // The duplicate counter is the one to watch: its rate over all messages is
 // the real redelivery rate of your broker and consumer setup, the number to

@@ -7,8 +7,7 @@ import (
 	"github.com/claimtx/claimtx/middleware"
 )
 
-// Metrics records claimtx's outcomes in Prometheus; wire it with the
-// claim's hooks (docs/observability.md):
+// Metrics records claimtx's outcomes in Prometheus:
 //
 //	m, err := observe.NewMetrics(prometheus.DefaultRegisterer)
 //	claim.OnOutcome, claim.OnRetry = m.OnOutcome, m.OnRetry
