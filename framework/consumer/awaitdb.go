@@ -18,13 +18,10 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// AwaitDatabase runs try, typically the DDL of the effect tables a
-// consumer writes to, under the start-up policy New applies to claimtx's
-// own schema (docs/operations.md, "Start-up: waiting for dependencies"),
-// pinging cfg.Pool before each attempt and logging to cfg.Logger. A failure
-// is a *StartupError naming step ("create the loyalty tables"). try must be
-// safe to run again (DDL in a transaction, IF NOT EXISTS); the deadline
-// bounds each ping, not try.
+// AwaitDatabase runs try, typically the DDL of the effect tables, under
+// New's start-up policy (docs/operations.md), pinging cfg.Pool before each
+// attempt. A failure is a *StartupError naming step. try must be safe to
+// run again; the deadline bounds each ping, not try.
 func AwaitDatabase(ctx context.Context, cfg Config, step string, try func(context.Context) error) error {
 	if cfg.Pool == nil {
 		return &framework.ConfigError{Field: "Pool", Reason: "AwaitDatabase needs the pool to wait for"}
@@ -46,11 +43,9 @@ func (c Config) poolerField() string {
 	return "Pool"
 }
 
-// poolerError returns err as the configuration error naming field when it
-// is a start-up failure behind a transaction pooler (see
-// store.ErrTransactionPooler): Migrate's refusal, or pgx's statement cache
-// failing before anything probed (the loyalty example creates its tables
-// before New migrates); nil otherwise. Neither is worth retrying.
+// poolerError returns err as a ConfigError naming field when it is a
+// start-up failure behind a transaction pooler (Migrate's refusal, or pgx's
+// statement cache failing before that); nil otherwise.
 func poolerError(field string, err error) error {
 	switch {
 	case errors.Is(err, store.ErrTransactionPooler) && errors.As(err, new(*framework.ConfigError)):
@@ -69,20 +64,15 @@ func (e poolerCause) Error() string        { return e.err.Error() }
 func (e poolerCause) Unwrap() error        { return e.err }
 func (e poolerCause) Is(target error) bool { return target == store.ErrTransactionPooler }
 
-// defaultStartupTimeout is how long start-up waits for each dependency
-// when Config.StartupTimeout is zero.
-const defaultStartupTimeout = 30 * time.Second
-
-// Start-up retry backoff, doubled up to the maximum.
 const (
+	defaultStartupTimeout = 30 * time.Second
+	// Start-up retry backoff, doubled up to the maximum.
 	startupInitialBackoff = 100 * time.Millisecond
 	startupMaxBackoff     = 2 * time.Second
 )
 
 // StartupError reports that PostgreSQL was not available within
-// Config.StartupTimeout, or failed with an error waiting cannot fix. It
-// unwraps to the last attempt's error. (The brokers report their own
-// start-up failures.)
+// Config.StartupTimeout, or failed with an error waiting cannot fix.
 type StartupError struct {
 	Dependency string        // "PostgreSQL"
 	Step       string        // what start-up was doing: "migrate claimtx's schema"
@@ -98,10 +88,8 @@ func (e *StartupError) Error() string {
 
 func (e *StartupError) Unwrap() error { return e.Err }
 
-// awaitDatabase runs try under the start-up policy (await, classifyPostgres,
-// poolerError naming field), each attempt pinging pool first, bounded by
-// the deadline, then running try with ctx (a long migration may outlast
-// it). timeout 0 is defaultStartupTimeout; a nil logger slog.Default().
+// awaitDatabase is AwaitDatabase's policy: each attempt pings pool within
+// the deadline, then runs try with ctx (a migration may outlast it).
 func awaitDatabase(ctx context.Context, logger *slog.Logger, timeout time.Duration, pool *pgxpool.Pool, field, step string, try func(context.Context) error) error {
 	classify := func(err error) (bool, error) {
 		if perr := poolerError(field, err); perr != nil {
@@ -117,10 +105,9 @@ func awaitDatabase(ctx context.Context, logger *slog.Logger, timeout time.Durati
 	})
 }
 
-// await calls try until it succeeds, classify says its error is not worth
-// retrying, ctx ends or timeout has passed (negative: one attempt). Each
-// attempt's context is bounded by the deadline, so an attempt hanging on a
-// silent address ends with it. Failures are *StartupError.
+// await calls try until it succeeds, classify refuses a retry, ctx ends or
+// timeout passed (negative: one attempt); each attempt's context ends at
+// the deadline. Failures are *StartupError.
 func await(ctx context.Context, logger *slog.Logger, timeout time.Duration, dependency, step string,
 	classify func(error) (retry bool, wrapped error), try func(context.Context) error,
 ) error {
@@ -165,9 +152,9 @@ func await(ctx context.Context, logger *slog.Logger, timeout time.Duration, depe
 	}
 }
 
-// classifyPostgres tells start-up errors worth waiting for: the server is
-// not reachable or is starting, shutting down or out of connections.
-// Authentication failures come back as *framework.AuthError.
+// classifyPostgres tells start-up errors worth waiting for (unreachable,
+// starting, shutting down, out of connections); bad credentials are an
+// *framework.AuthError.
 func classifyPostgres(err error) (bool, error) {
 	switch pg.SQLState(err) {
 	case "28P01", "28000":
@@ -175,8 +162,7 @@ func classifyPostgres(err error) (bool, error) {
 	case "53300": // too_many_connections
 		return true, err
 	case "":
-		// Not the server's answer: besides what Classify knows, a refused
-		// or reset dial and the pool's own connect timeout.
+		// Not the server's: a refused or reset dial, the pool's timeout.
 		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || pgconn.Timeout(err) {
 			return true, err
 		}

@@ -20,25 +20,19 @@ import (
 type BatchOptions struct {
 	// MaxSize bounds a batch. Defaults to 100.
 	MaxSize int
-	// MaxWait is how long a batch waits for more messages after its first
-	// before it is offered to a free worker. Defaults to 5ms.
+	// MaxWait is how long a batch waits for more after its first message
+	// before a free worker takes it. Defaults to 5ms.
 	MaxWait time.Duration
-	// Workers is the number of batch transactions in flight at once.
-	// Defaults to 1.
+	// Workers bounds the batch transactions in flight. Defaults to 1.
 	Workers int
-	// Poison, when its Publisher is set, receives the messages that cannot
-	// be processed instead of Config.PoisonTopic on Config.Broker; its
-	// hooks run besides the consumer's, and its empty stamping fields are
-	// filled as for the default one.
+	// Poison, when its Publisher is set, replaces Config.PoisonTopic; its
+	// hooks run besides the consumer's.
 	Poison middleware.Poison
 }
 
-// NewBatch is New for a Consumer that applies batches of up to
-// opts.MaxSize messages in one claim transaction each (middleware.Batch):
-// handler is called once per batch with its newly claimed messages. Size
-// cfg.Broker's window to at least Workers × MaxSize, or batches stay
-// small. Config fields of per-message features batches lack are refused
-// with a ConfigError. See docs/batch.md.
+// NewBatch is New for a Consumer that applies batches of messages in one
+// claim transaction each (middleware.Batch), calling handler with each
+// batch's newly claimed messages. See docs/batch.md.
 func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (*Consumer, error) {
 	c, err := newBatch(ctx, cfg, handler, opts)
 	return c, cfg.named(err)
@@ -57,8 +51,8 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 			return nil, &framework.ConfigError{Field: f.name, Reason: "not supported by the batch consumer"}
 		}
 	}
-	// The claim fields batches refuse, before anything connects: validate
-	// made sure Store is nil, which the claim reports only after them.
+	// The claim fields batches refuse, before anything connects (validate
+	// refused a Store, the claim's last complaint).
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -109,15 +103,13 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	return &Consumer{parts: p, body: r.run, running: r.running}, nil
 }
 
-// batchRunner consumes cfg.Topic from sub in batches, each applied by
-// process, and settles every message.
+// batchRunner consumes cfg.Topic in batches applied by process.
 type batchRunner struct {
 	sub     message.Subscriber
 	cfg     Config // with its defaults
 	process func(context.Context, []*message.Message) []error
 	opts    BatchOptions // with its defaults
-	// settled is told that a message is about to be acked (nil) or nacked.
-	// Before, not after, as the per-message router does: a crash in
+	// settled is told before a message is acked (nil) or nacked: a crash in
 	// between is a redelivery, never an ack without its report.
 	settled func(*message.Message, error)
 	poison  func(*message.Message, error) error // publishes a copy with the reason
@@ -127,8 +119,7 @@ type batchRunner struct {
 // run consumes until ctx ends or the subscription does, then drains.
 func (r batchRunner) run(ctx context.Context) error {
 	opts := r.opts
-	// The subscription outlives ctx: while the batches in flight drain,
-	// their acks must still reach the broker.
+	// The subscription outlives ctx for the drained batches' acks.
 	subCtx, endSubscription := context.WithCancel(context.WithoutCancel(ctx))
 	defer endSubscription()
 	ch, err := r.sub.Subscribe(subCtx, r.cfg.Topic)
@@ -136,9 +127,8 @@ func (r batchRunner) run(ctx context.Context) error {
 		return err
 	}
 	close(r.running) // Run runs once (parts.run)
-	// One collector hands each batch to whichever worker is free, so
-	// batches grow exactly while every worker is busy; workers collecting
-	// on their own would split the stream into small batches.
+	// One collector for all workers: batches grow exactly while every
+	// worker is busy.
 	batches := make(chan []*message.Message)
 	go func() {
 		defer close(batches)
@@ -146,10 +136,8 @@ func (r batchRunner) run(ctx context.Context) error {
 	}()
 	d := newDrainer(r.cfg.Logger)
 	var wg sync.WaitGroup
-	for w := 0; w < opts.Workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	for range opts.Workers {
+		wg.Go(func() {
 			for batch := range batches {
 				if !d.enter() {
 					r.cfg.Logger.Debug("claimtx: batch arrived during shutdown, handed back to the broker unprocessed", "messages", len(batch))
@@ -162,13 +150,10 @@ func (r batchRunner) run(ctx context.Context) error {
 				cancel()
 				d.leave()
 			}
-		}()
+		})
 	}
 	stopped := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(stopped)
-	}()
+	go func() { wg.Wait(); close(stopped) }()
 	select {
 	case <-stopped: // the subscription ended by itself
 	case <-ctx.Done():
@@ -189,20 +174,14 @@ func nackAll(msgs []*message.Message) {
 }
 
 // gather reads ch into batches for out until ch closes or ctx ends. A
-// batch is offered once it is full or wait has passed since its first
-// message, and grows up to max until taken. Messages in hand when ctx ends
-// are nacked.
+// batch is offered once full or wait after its first message, and grows up
+// to max until taken; what is in hand when ctx ends is nacked.
 func gather(ctx context.Context, ch <-chan *message.Message, max int, wait time.Duration, out chan<- []*message.Message) {
 	var batch []*message.Message
 	ripe := false // wait has passed since the batch's first message
 	timer := time.NewTimer(wait)
 	timer.Stop()
-	defer func() {
-		timer.Stop()
-		for _, m := range batch {
-			m.Nack()
-		}
-	}()
+	defer func() { timer.Stop(); nackAll(batch) }()
 	for {
 		in := ch
 		var offer chan<- []*message.Message
@@ -242,9 +221,8 @@ func gather(ctx context.Context, ch <-chan *message.Message, max int, wait time.
 	}
 }
 
-// settle applies the failure policy (docs/reliability.md) to the results
-// of a batch, retrying handler failures in process as Watermill's Retry
-// does per message.
+// settle applies the failure policy (docs/reliability.md) to a batch's
+// results, retrying handler failures as Watermill's Retry does.
 func (s batchRunner) settle(ctx context.Context, batch []*message.Message, errs []error) {
 	delay := s.cfg.RetryInitialInterval
 	for retry := 0; ; retry++ {
@@ -279,9 +257,7 @@ func (s batchRunner) settle(ctx context.Context, batch []*message.Message, errs 
 	}
 }
 
-// deadLetter poisons m and acks it, or nacks it (logged at ERROR, as the
-// per-message router logs it) when neither the poison topic nor the
-// dead-letter table took it.
+// deadLetter poisons m and acks it, or nacks it when nothing took the copy.
 func (s batchRunner) deadLetter(m *message.Message, err error) {
 	if err = s.poison(m, err); err == nil {
 		s.settled(m, nil)

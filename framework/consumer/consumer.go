@@ -33,97 +33,77 @@ import (
 // Config describes one claimtx consumer. docs/configuration.md lists every
 // field with its YAML key, variable and default.
 type Config struct {
-	// Name is the consumer name stored with every claim ("loyalty").
-	// Required.
+	// Name is stored with every claim ("loyalty"). Required.
 	Name string
-	// Topic is consumed: a RabbitMQ durable queue of that name, or a Kafka
-	// topic. Required.
+	// Topic is consumed (a RabbitMQ durable queue, a Kafka topic). Required.
 	Topic string
-	// Key is a key spec resolved with Extractors
-	// ("template:order-completed:{payload.order_id}"), the alternative to
-	// Claim.Key; one of the two is required (neither in
-	// middleware.ModeNaturalKey).
+	// Key is a key spec resolved with Extractors ("metadata:event_id"), the
+	// alternative to Claim.Key; one is required outside ModeNaturalKey.
 	Key string
 	// EventTime is an event-time spec resolved with Extractors
-	// ("json:occurred_at"), the alternative to Claim.EventTime. Defaults
-	// to none.
+	// ("json:occurred_at"), the alternative to Claim.EventTime.
 	EventTime string
 
-	// Pool runs the claim transactions. Defaults to a pool opened from
-	// DatabaseURL (and closed by Close).
+	// Pool runs the claim transactions. Defaults to one opened (and closed
+	// by Close) from DatabaseURL.
 	Pool *pgxpool.Pool
 	// DatabaseURL is used when Pool is nil.
 	DatabaseURL string
 	// Store names claimtx's schema and tables. Defaults to store.Config{}.
 	Store store.Config
-	// Broker selects and configures the broker: one of the kinds linked
-	// into the program. Defaults to RabbitMQ on localhost.
+	// Broker selects and configures the broker. Defaults to local RabbitMQ.
 	Broker brokers.Config
-	// Extractors resolves Key and EventTime. Defaults to the built-in
-	// extractors.
+	// Extractors resolves Key and EventTime. Defaults to the built-in ones.
 	Extractors *framework.Registry
 
-	// Claim configures the claim middleware, with middleware.Claim's
-	// fields and defaults. The consumer fills Store, Consumer, Logger and
-	// OnOutcome itself and refuses them (docs/configuration.md names the
-	// Config field to set instead). Claim.EventTime feeds the expiry guard
-	// and, on a claim table partitioned by event day, the claim.
+	// Claim configures the claim middleware. The consumer fills Store,
+	// Consumer, Logger and OnOutcome itself and refuses them
+	// (docs/configuration.md names the Config field to set instead).
 	Claim middleware.Claim
-	// Retention, with an event time, puts a middleware.ExpiryGuard before
-	// the claim: a message older than Retention, whose claim cleanup may
-	// have removed, is poisoned as Expired instead of applied. The consumer
-	// also compares it with the broker's replay horizon (docs/operations.md,
-	// "Checking the window against the broker"), and caps
-	// Claim.CommittedKeysTTL at half of it. Defaults to 0: neither.
+	// Retention, with an event time, poisons as Expired a message older
+	// than it (middleware.ExpiryGuard), whose claim cleanup may have
+	// removed; it is checked against the broker's replay horizon
+	// (docs/operations.md) and caps Claim.CommittedKeysTTL at half of it.
 	Retention time.Duration
-	// StrictRetentionHorizon makes New fail with a ConfigError on
-	// Retention when the broker's replay horizon exceeds it, instead of
-	// warning. Defaults to false.
+	// StrictRetentionHorizon makes a replay horizon beyond Retention a
+	// ConfigError of New instead of a warning.
 	StrictRetentionHorizon bool
 
-	// HandlerRetries bounds how often a message whose handler failed is
-	// retried in process before it is poisoned (docs/reliability.md,
-	// "Failure policy"). Defaults to 3.
+	// HandlerRetries bounds the in-process retries of a failed handler
+	// before the message is poisoned (docs/reliability.md). Defaults to 3.
 	HandlerRetries int
-	// RetryInitialInterval is the first backoff of HandlerRetries.
-	// Defaults to 100ms.
+	// RetryInitialInterval is HandlerRetries' first backoff. Defaults to 100ms.
 	RetryInitialInterval time.Duration
-	// DrainTimeout bounds a graceful shutdown (docs/reliability.md,
-	// "Shutdown"): the messages in flight get this long to commit and be
-	// acked, then the rest is cancelled and nacked. Run returns within
-	// DrainTimeout + 10 s. Defaults to 15 s.
+	// DrainTimeout is how long messages in flight at shutdown get to commit
+	// before they are cancelled and nacked; Run returns within DrainTimeout
+	// + 10 s (docs/reliability.md). Defaults to 15 s.
 	DrainTimeout time.Duration
-	// PoisonTopic receives messages that cannot be processed, with the
-	// reason in metadata. Defaults to Topic + ".poison".
+	// PoisonTopic receives unprocessable messages, the reason in metadata.
+	// Defaults to Topic + ".poison".
 	PoisonTopic string
 
-	// StartupTimeout bounds how long New and NewBatch wait for each
-	// dependency (docs/operations.md, "Start-up: waiting for
-	// dependencies"); when set it replaces the brokers' DialTimeout.
-	// Negative: one attempt. Defaults to 30 s.
+	// StartupTimeout bounds the wait of New for each dependency
+	// (docs/operations.md) and, when set, replaces the brokers'
+	// DialTimeout. Negative: one attempt. Defaults to 30 s.
 	StartupTimeout time.Duration
 
-	// HandlerTimeout bounds one attempt at a message, claim wait and
-	// commit included (docs/reliability.md, "Handler timeout"). Defaults
-	// to 0: none.
+	// HandlerTimeout bounds one attempt at a message, claim wait and commit
+	// included (docs/reliability.md). Defaults to 0: none.
 	HandlerTimeout time.Duration
 
-	// OnOutcome is called once per message, when it is acked or nacked,
-	// with its final outcome.
+	// OnOutcome is called with each message's final outcome when it is
+	// acked or nacked.
 	OnOutcome func(middleware.Result)
-	// Registerer, when set, receives claimtx's metrics (observe.NewMetrics)
-	// and Watermill's router metrics. Defaults to no metrics.
+	// Registerer, when set, receives claimtx's and Watermill's metrics.
 	Registerer prometheus.Registerer
-	// Tracer starts a span per claim transaction, continuing the
-	// producer's trace. Defaults to otel.Tracer("claimtx").
+	// Tracer starts a span per claim transaction. Defaults to
+	// otel.Tracer("claimtx").
 	Tracer trace.Tracer
-	// Logger receives the router's and claimtx's logs. Defaults to
-	// slog.Default().
+	// Logger receives the logs. Defaults to slog.Default().
 	Logger *slog.Logger
 
-	// names maps the fields LoadConfig set (by the names errors use:
-	// "Topic", "Claim.MaxClaimWait", "key") to what the user wrote; nil for
-	// a Config built in code.
+	// names maps the fields LoadConfig set, as errors name them, to what
+	// the user wrote; nil for a Config built in code.
 	names map[string]string
 }
 
@@ -169,8 +149,7 @@ func (c Config) validate() error {
 	return cmp.Or(config.ValidateConsumer("Name", c.Name), c.Store.Validate(), c.Broker.Validate())
 }
 
-// Consumer is a running (or runnable) claimtx consumer, built by New (one
-// message per claim transaction) or NewBatch (batches).
+// Consumer is a claimtx consumer, built by New or NewBatch.
 type Consumer struct {
 	*parts
 	body    func(context.Context) error // consume or batchRunner.run
@@ -179,7 +158,7 @@ type Consumer struct {
 	drainer *drainer        // New's
 }
 
-// parts is what New and NewBatch build alike from a Config.
+// parts is what New and NewBatch build alike.
 type parts struct {
 	cfg       Config
 	pool      *pgxpool.Pool
@@ -200,17 +179,14 @@ type parts struct {
 	closeErr  error
 	closeMore func() error // the router, for New
 
-	// stop asks a running Run to shut down gracefully (Close does);
-	// stopped is closed when Run has returned.
-	stopCtx context.Context
+	stopCtx context.Context // cancelled by Close: Run shuts down gracefully
 	stop    context.CancelFunc
-	stopped chan struct{}
+	stopped chan struct{} // closed when Run has returned
 	ran     bool
 	runMu   sync.Mutex
 }
 
-// withDefaults returns c with the defaults open fills in, as documented on
-// the fields (String prints them too).
+// withDefaults returns c with the defaults documented on its fields.
 func (c Config) withDefaults() Config {
 	c.PoisonTopic = cmp.Or(c.PoisonTopic, c.Topic+".poison")
 	c.HandlerRetries = cmp.Or(c.HandlerRetries, 3)
@@ -219,8 +195,7 @@ func (c Config) withDefaults() Config {
 	// One group per consumer: services on one topic each see all of it.
 	c.Broker.Kafka.ConsumerGroup = cmp.Or(c.Broker.Kafka.ConsumerGroup, c.Name)
 	if c.Broker.NATS.Durable == "" {
-		// Likewise one JetStream durable, when the name is a valid one;
-		// else the subscriber asks for NATS_DURABLE.
+		// Likewise one JetStream durable, when the name is valid for one.
 		named := c.Broker
 		named.NATS.Durable = c.Name
 		if named.Validate() == nil {
@@ -240,8 +215,8 @@ func (c Config) withDefaults() Config {
 }
 
 // open validates cfg, applies its defaults, connects, migrates, and builds
-// the claim (without EventTime, which New adds when the table claims by
-// event day). On error it closes what it opened.
+// the claim without EventTime (New's to add). On error it closes what it
+// opened.
 func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -303,7 +278,6 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if p.positions, err = p.attachPositions(ctx); err != nil {
 		return nil, err
 	}
-	// One Result per message, from the ledger (outcomes.go).
 	p.report = func(r middleware.Result) {
 		if p.metrics != nil {
 			p.metrics.OnOutcome(r)
@@ -314,8 +288,7 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	}
 	p.claim = cfg.Claim
 	p.claim.Store, p.claim.Consumer, p.claim.Logger = p.store, cfg.Name, p.wlog
-	// OnOutcome and EventTime are New's or NewBatch's.
-	p.claim.EventTime = nil
+	p.claim.EventTime = nil // New's to set
 	if userRetry := cfg.Claim.OnRetry; p.metrics != nil {
 		p.claim.OnRetry = func(r middleware.TxRetry) {
 			if userRetry != nil {
@@ -345,11 +318,10 @@ func (p *parts) warnings() map[string]string {
 	return w
 }
 
-// declareQueues declares, on RabbitMQ, the topic's and the poison topic's
-// queues before anything is consumed, so a queue that exists with other
-// arguments (a classic poison queue left from before quorum queues) fails
-// start-up with a *framework.ConfigError, not the first poisoning with a
-// nack and endless redeliveries. Other kinds create their topics themselves.
+// declareQueues declares the RabbitMQ queues of both topics up front: one
+// that exists with other arguments (a classic poison queue) then fails
+// start-up with a ConfigError, not the first poisoning with endless
+// redeliveries.
 func declareQueues(cfg Config, sub message.Subscriber) error {
 	si, ok := sub.(message.SubscribeInitializer)
 	if !ok || cfg.Broker.Kind != "" && cfg.Broker.Kind != brokers.KindAMQP {
@@ -363,17 +335,14 @@ func declareQueues(cfg Config, sub message.Subscriber) error {
 	return nil
 }
 
-// newPoison is the consumer's Poison middleware: po (BatchOptions.Poison,
-// or the zero value for cfg.PoisonTopic on cfg's broker) with its empty
-// stamping fields and dead-letter table filled, and hooks, besides po's,
-// that tell l of each poisoned message, record its memo and log refused
-// copies.
+// newPoison is the Poison middleware po (BatchOptions.Poison; zero: the
+// PoisonTopic) with its empty fields filled and hooks, besides po's, that
+// tell l, record the memo and log refused copies.
 func (p *parts) newPoison(l *ledger, po middleware.Poison) (message.HandlerMiddleware, error) {
 	onPoison, onRefused := po.OnPoison, po.OnRefused
 	if po.Publisher == nil {
 		po.Publisher, po.Topic, onPoison = p.pub, p.cfg.PoisonTopic, p.logPoisoned
 	}
-	// Stamped on each copy, for `claimtx dlq`.
 	po.Consumer, po.SourceTopic = cmp.Or(po.Consumer, p.cfg.Name), cmp.Or(po.SourceTopic, p.cfg.Topic)
 	if po.Key == nil {
 		po.Key = p.poisonKey()
@@ -394,9 +363,8 @@ func (p *parts) newPoison(l *ledger, po middleware.Poison) (message.HandlerMiddl
 	return middleware.NewPoison(po)
 }
 
-// logPoisoned logs a poisoned message at WARN with its whole reason, once
-// per poisoned delivery: the copy's reason and every other log line are
-// bounded (slogAdapter.Error), a cut one ending with the hash logged here.
+// logPoisoned logs a poisoned message with its whole reason, the one log
+// line that is not bounded (slogAdapter.Error): a cut one ends with the hash.
 func (p *parts) logPoisoned(msg *message.Message, err error) {
 	cfg := p.cfg
 	reason := err.Error()
@@ -407,10 +375,7 @@ func (p *parts) logPoisoned(msg *message.Message, err error) {
 	cfg.Logger.Warn("claimtx: message poisoned", args...)
 }
 
-// logRefused logs and counts a poisoned copy the broker refused for good
-// (middleware.Poison.OnRefused): at WARN when a smaller copy was
-// published, at ERROR when the message went to the dead-letter table or
-// nowhere (nacked).
+// logRefused logs and counts a poisoned copy the broker refused for good.
 func (p *parts) logRefused(msg *message.Message, r middleware.PoisonRefusal) {
 	cfg := p.cfg
 	args := []any{"consumer", cfg.Name, "topic", cfg.Topic, "poison_topic", cfg.PoisonTopic, "message_uuid", msg.UUID, "err", r.Err}
@@ -431,8 +396,8 @@ func (p *parts) logRefused(msg *message.Message, r middleware.PoisonRefusal) {
 	}
 }
 
-// poisonKey is the claim's key function under its key policy, so a
-// poisoned copy carries its claim's key for `claimtx dlq`; nil without one.
+// poisonKey is the claim's key function under its key policy, for
+// `claimtx dlq`; nil without one.
 func (p *parts) poisonKey() framework.KeyFunc {
 	keyOf, policy := p.claim.Key, p.claim.KeyPolicy
 	if keyOf == nil {
@@ -464,8 +429,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	}
 	defer p.closeOnError(&err)
 	cfg = p.cfg
-	// The router's close comes after the drain (see consume): by then no
-	// handler runs, and it only waits for the subscriptions to end.
+	// Closed after the drain (see consume): it only waits for subscriptions.
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: routerCloseTimeout}, p.wlog)
 	if err != nil {
 		return nil, fmt.Errorf("claimtx: router: %w", err)
@@ -474,8 +438,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	c.body = c.consume
 	p.closeMore = router.Close
 	if cfg.Registerer != nil {
-		// Under claimtx's prefix: Watermill's bare names would collide with
-		// another router's in the process.
+		// Prefixed: Watermill's bare names collide with another router's.
 		wmetrics.NewPrometheusMetricsBuilder(cfg.Registerer, "claimtx", "").AddPrometheusRouterMetrics(router)
 	}
 	claim := p.claim
@@ -485,8 +448,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 		tracing.OnOutcome(r) // the attempt's span
 		l.claimed(r)
 	}
-	// Claims carry the event day only when the table is partitioned by it;
-	// EventTime alone may just feed the expiry guard.
+	// Claims carry the event day only on a table partitioned by it.
 	if cfg.Claim.EventTime != nil {
 		byDay, err := p.store.ClaimsByEventDay(ctx)
 		if err != nil {
@@ -512,13 +474,11 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 		ShouldRetry:     func(p wmw.RetryParams) bool { return retryable(p.Err) },
 		Logger:          p.wlog,
 	}
-	// The drainer goes first: a message held back at shutdown must not
-	// reach Poison, which takes the drain timeout's cancellation for an
-	// interruption. The ledger sees exactly what the router acks or nacks.
+	// The drainer goes first: a message held back at shutdown must not reach
+	// Poison, which takes the drain's cancellation for an interruption.
 	router.AddMiddleware(c.drainer.middleware, l.middleware, wmw.Recoverer, poisonMW, retry.Middleware)
 	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, p.sub, middleware.TxHandler(handler))
-	// validate made sure of an event time. Before the timeout and the claim:
-	// an expired message never opens a transaction.
+	// Before the claim: an expired message never opens a transaction.
 	if cfg.Retention > 0 {
 		guard, err := middleware.NewExpiryGuard(middleware.ExpiryGuard{Retention: cfg.Retention, EventTime: cfg.Claim.EventTime})
 		if err != nil {
@@ -535,9 +495,8 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 // gracefully (see Config.DrainTimeout) and returns.
 func (c *Consumer) Run(ctx context.Context) error { return c.run(ctx, c.body) }
 
-// consume runs the router until ctx ends, then drains. The router runs on a
-// context of its own: the subscriptions must stay open while the in-flight
-// messages drain, so that their acks still reach the broker.
+// consume runs the router until ctx ends, then drains. The router's context
+// is its own: the subscriptions stay open for the drained messages' acks.
 func (c *Consumer) consume(ctx context.Context) error {
 	runCtx, endSubscriptions := context.WithCancel(context.WithoutCancel(ctx))
 	defer endSubscriptions()
@@ -550,11 +509,9 @@ func (c *Consumer) consume(ctx context.Context) error {
 		return wrapRunErr(err)
 	case <-ctx.Done():
 	}
-	// Stopped while still subscribing: let the router start its handler
-	// first, or Watermill, which counts a handler from the moment it is
-	// added, waits out its whole CloseTimeout and leaves goroutines behind.
-	// Bounded: against a broker that is down, Subscribe waits for its dial
-	// timeout, and nothing is in flight.
+	// Stopped while still subscribing: let the router start its handler, or
+	// Watermill waits out its CloseTimeout and leaks goroutines. Bounded, as
+	// Subscribe to a broker that is down waits for its dial timeout.
 	startWait := time.NewTimer(min(c.cfg.DrainTimeout, startWaitMax))
 	defer startWait.Stop()
 	select {
@@ -565,14 +522,12 @@ func (c *Consumer) consume(ctx context.Context) error {
 	case <-startWait.C:
 	}
 	c.drainer.drain(c.cfg.DrainTimeout, c.cfg.Logger)
-	// The subscriptions end first, so what was held back goes back to the
-	// broker without coming round to this consumer again.
+	// The subscriptions end first, so what was held back is not redelivered here.
 	endSubscriptions()
 	c.drainer.release()
 	if err := c.router.Close(); err != nil {
-		// Every message is settled or handed back: what is left is a
-		// subscriber slow to close (a Kafka client stuck on a dead
-		// connection), worth a log line, not a failed shutdown.
+		// Every message is settled or handed back: a subscriber slow to
+		// close is worth a log line, not a failed shutdown.
 		c.cfg.Logger.Warn("claimtx: the broker subscription did not close in time; shutting down anyway", "err", err)
 		return nil
 	}
@@ -586,18 +541,15 @@ func claimFieldErr(err error) error {
 }
 
 // retryable says whether a failed message is worth another attempt in
-// process: not when it is permanent, nor a transient database failure,
-// which the claim already retried Claim.MaxAttempts times.
+// process: not a permanent error, nor a transient one the claim retried.
 func retryable(err error) bool {
 	return !framework.IsPermanent(err) && !store.IsTransient(err)
 }
 
-// Running is closed once the subscription exists, so messages published
-// from then on reach this consumer.
+// Running is closed once the subscription exists.
 func (c *Consumer) Running() chan struct{} { return c.running }
 
-// Health returns the readiness check (database, migrations and, where the
-// broker client reports it, the broker connection) as an http.Handler.
+// Health returns the readiness check, an http.Handler.
 func (p *parts) Health() observe.Health { return p.health }
 
 // Store returns the consumer's store.
@@ -616,15 +568,14 @@ func (p *parts) closeOnError(err *error) {
 	}
 }
 
-// Close stops consuming and releases the broker clients and, if it opened
-// it, the pool.
+// Close stops consuming and releases the broker clients and the pool it
+// opened.
 func (p *parts) Close() error {
 	p.closeOnce.Do(func() { p.closeErr = p.close() })
 	return p.closeErr
 }
 
-// run is Run for both modes: it runs body once, with a context that also
-// ends when Close is called.
+// run runs body once, with a context that Close ends too.
 func (p *parts) run(ctx context.Context, body func(context.Context) error) error {
 	p.runMu.Lock()
 	if p.ran {
@@ -664,8 +615,7 @@ func (p *parts) close() error {
 	if ran {
 		<-p.stopped
 	}
-	// Watermill's Close of a router that never ran waits out CloseTimeout
-	// and fails with "router close timeout".
+	// Closing a router that never ran waits out CloseTimeout and fails.
 	if p.closeMore != nil && ran {
 		errs = append(errs, p.closeMore())
 	}

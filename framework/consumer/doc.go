@@ -4,10 +4,9 @@
 //
 //	Recoverer -> Poison -> Retry -> [ExpiryGuard] -> Claim -> your handler
 //
-// so that an application is a handler and a configuration. Switching
-// RabbitMQ and Kafka is a change of Config.Broker, never of code. Use the
-// parts directly (brokers, store, middleware) when you need a different
-// router layout; this package only wires them.
+// so that an application is a handler and a configuration (the broker is
+// Config.Broker, never code). For another layout, use brokers, store and
+// middleware directly: this package only wires them.
 //
 //	cfg, err := consumer.LoadConfig(os.Getenv("CONFIG_FILE")) // "" reads the environment only
 //	if err != nil { return err }
@@ -20,8 +19,7 @@
 //	return c.Run(ctx) // until ctx ends, then drains (Config.DrainTimeout)
 //
 // A message is never acked without its effect committed (or found committed
-// before) or a copy in the poison topic, and never redelivered forever.
-// docs/configuration.md documents every field, docs/reliability.md the
-// failure and shutdown policy, docs/batch.md batches; examples/loyalty is a
-// complete service built this way.
+// before) or a copy in the poison topic, and never redelivered forever. See
+// docs/configuration.md, docs/reliability.md, docs/batch.md and
+// examples/loyalty.
 package consumer

@@ -10,37 +10,29 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// Shutdown bounds (Config.DrainTimeout): with the default drain they stay
-// inside Kubernetes' default 30 s termination grace period.
+// Shutdown bounds: with the default drain within Kubernetes' 30 s grace.
 const (
 	defaultDrainTimeout = 15 * time.Second
 	// abortGrace bounds the wait for cancelled work: a handler that
 	// ignores its context cannot be stopped, and shutdown must still end.
-	abortGrace = 5 * time.Second
-	// startWaitMax bounds how long a shutdown during start-up waits for
-	// the router to start its handler (against an unreachable broker,
-	// Subscribe retries until its dial timeout).
-	startWaitMax = 5 * time.Second
-	// routerCloseTimeout bounds the wait for the subscriptions to end
-	// after the drain.
-	routerCloseTimeout = 5 * time.Second
+	abortGrace         = 5 * time.Second
+	startWaitMax       = 5 * time.Second // a shutdown's wait for the router to start (see consume)
+	routerCloseTimeout = 5 * time.Second // the wait for the subscriptions to end after the drain
 )
 
-// errShuttingDown is what a message that arrived after shutdown began
-// returns, unprocessed, so the router nacks it. It wraps context.Canceled,
-// which Watermill's router nacks without logging at ERROR; the drainer logs
-// it at DEBUG.
+// errShuttingDown is returned for a message that arrived during shutdown,
+// to nack it; it wraps context.Canceled, which Watermill does not log at
+// ERROR.
 var errShuttingDown = fmt.Errorf("claimtx: consumer shutting down, message handed back to the broker: %w", context.Canceled)
 
-// drainer implements the shutdown of both consumer modes
-// (docs/reliability.md, "Shutdown"): once it begins no new message starts,
-// and work still in flight at the drain timeout has its context cancelled,
-// which Poison and the batch settler take for an interruption.
+// drainer is the shutdown of both modes (docs/reliability.md): no new
+// work starts, and work in flight at the drain timeout is cancelled, which
+// Poison and the batch settler take for an interruption.
 type drainer struct {
 	mu       sync.Mutex
 	stopping bool
 	inflight int
-	idle     chan struct{} // closed when stopping and inflight reaches 0
+	idle     chan struct{} // closed when stopping with nothing in flight
 
 	abortCtx context.Context // cancelled when the drain timeout passes
 	abort    context.CancelFunc
@@ -55,7 +47,7 @@ func newDrainer(logger *slog.Logger) *drainer {
 	return d
 }
 
-// enter admits one unit of work, or reports false once shutdown began.
+// enter admits work, or reports false once shutdown began.
 func (d *drainer) enter() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -75,20 +67,18 @@ func (d *drainer) leave() {
 	}
 }
 
-// context returns ctx, also cancelled when the drain times out.
+// context returns ctx, cancelled at the drain timeout too.
 func (d *drainer) context(ctx context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(d.abortCtx, cancel)
 	return ctx, func() { stop(); cancel() }
 }
 
-// middleware admits each message through the drainer.
 func (d *drainer) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		if !d.enter() {
-			// Hold it, unprocessed, until the subscriptions have ended:
-			// returning at once would nack it into a requeue loop with
-			// this still-subscribed consumer.
+			// Held until the subscriptions end: a nack now would requeue
+			// it to this still-subscribed consumer, in a loop.
 			<-d.released
 			d.logger.Debug("claimtx: message arrived during shutdown, handed back to the broker unprocessed", "message_uuid", msg.UUID)
 			return nil, errShuttingDown
@@ -105,8 +95,8 @@ func (d *drainer) middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// drain stops admitting work and waits for the work in flight, at most
-// timeout before cancelling it and abortGrace after that.
+// drain stops admitting work and waits for the work in flight: timeout,
+// then abortGrace after cancelling it.
 func (d *drainer) drain(timeout time.Duration, logger *slog.Logger) {
 	d.mu.Lock()
 	if !d.stopping {
@@ -140,7 +130,7 @@ func (d *drainer) drain(timeout time.Duration, logger *slog.Logger) {
 	}
 }
 
-// release lets held-back arrivals return (to be nacked).
+// release lets held-back arrivals return, to be nacked.
 func (d *drainer) release() {
 	d.relOnce.Do(func() { close(d.released) })
 }

@@ -8,18 +8,15 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// durabilityInterval is how often a running consumer checks again for the
-// synchronous standby its Claim.SynchronousCommit relies on: Patroni,
-// outside synchronous_mode_strict, drops a failed standby from
-// synchronous_standby_names and adds it back when it returns. A variable
-// so that the tests of this package can shorten it.
+// durabilityInterval is how often the synchronous standby is checked again:
+// Patroni, outside synchronous_mode_strict, drops a failed standby and adds
+// it back. A variable for the tests.
 var durabilityInterval = 30 * time.Second
 
 // durability watches whether commits with Claim.SynchronousCommit
-// remote_write or remote_apply get the synchronous standby they wait for:
-// without one a failover can lose an acked effect. The finding is logged
-// at WARN when it appears or changes (at INFO when it clears) and shown as
-// a readiness warning; it never fails start-up: the standby may come back.
+// remote_write or remote_apply have the synchronous standby they wait for
+// (without one a failover can lose an acked effect): a readiness warning,
+// never a failed start-up, as the standby may come back.
 type durability struct {
 	finding
 	p        *parts
@@ -27,8 +24,7 @@ type durability struct {
 	interval time.Duration // durabilityInterval when the consumer was built
 }
 
-// newDurability runs the first check; nil when the setting needs no
-// standby (unset, on, local).
+// newDurability runs the first check; nil when the setting needs no standby.
 func newDurability(ctx context.Context, p *parts) *durability {
 	setting := p.cfg.Claim.SynchronousCommit
 	if !pg.NeedsSyncStandby(setting) {
@@ -39,8 +35,7 @@ func newDurability(ctx context.Context, p *parts) *durability {
 	return d
 }
 
-// check runs one check; first says it is the start-up one, which also
-// says when the standby could not be verified.
+// check runs one check; the first also says when it could not verify.
 func (d *durability) check(ctx context.Context, first bool) {
 	cfg := d.p.cfg
 	shortfall, verified, err := pg.ClaimsOf(d.p.store).SyncStandby(ctx, d.setting)
@@ -73,8 +68,7 @@ func (d *durability) watch(ctx context.Context) {
 	every(ctx, d.interval, func() { d.check(ctx, false) })
 }
 
-// finding is a readiness warning that comes and goes ("" when none),
-// reported under name.
+// finding is a readiness warning under name that comes and goes.
 type finding struct {
 	name string
 	v    atomic.Pointer[string]
@@ -89,7 +83,6 @@ func (f *finding) get() string {
 	return ""
 }
 
-// warnings is the readiness report's view of the finding.
 func (f *finding) warnings() map[string]string {
 	if w := f.get(); w != "" {
 		return map[string]string{f.name: w}

@@ -13,23 +13,20 @@ import (
 	"github.com/claimtx/claimtx/framework/internal/replay"
 )
 
-// horizonInterval is how often a running consumer compares its claim
-// retention with the broker's replay horizon again: topic settings change
-// rarely, and each check is one admin request.
+// horizonInterval: topic settings change rarely, and a check is an admin
+// request.
 const horizonInterval = time.Hour
 
-// horizon compares Config.Retention with the longest the broker can still
-// deliver a message of Topic or PoisonTopic: an older one is poisoned as
-// expired, which an operator wants to know before it happens
-// (docs/operations.md, "Checking the window against the broker").
+// horizon compares Config.Retention with the age up to which the broker
+// still delivers a message of Topic or PoisonTopic (docs/operations.md).
 type horizon struct {
 	finding
 	p       *parts
 	horizon prometheus.Gauge // nil without a Registerer
 }
 
-// newHorizon runs the first comparison (see check); nil without a
-// retention or a subscriber that can tell its horizon.
+// newHorizon runs the first check; nil without a retention or a
+// subscriber that tells its horizon.
 func newHorizon(ctx context.Context, p *parts) (*horizon, error) {
 	if _, ok, _ := replay.Horizon(context.Background(), p.sub); p.cfg.Retention <= 0 || !ok {
 		return nil, nil
@@ -51,8 +48,8 @@ func newHorizon(ctx context.Context, p *parts) (*horizon, error) {
 	return h, h.check(ctx, p.cfg.StrictRetentionHorizon)
 }
 
-// check runs one comparison. It returns a *framework.ConfigError when the
-// horizon exceeds the retention and strict is set.
+// check runs one comparison; with strict a horizon beyond the retention is
+// a ConfigError.
 func (h *horizon) check(ctx context.Context, strict bool) error {
 	cfg := h.p.cfg
 	longest, _, err := replay.Horizon(ctx, h.p.sub, cfg.Topic, cfg.PoisonTopic)
@@ -73,8 +70,7 @@ func (h *horizon) check(ctx context.Context, strict bool) error {
 		return nil
 	}
 	shown := replay.Format(longest)
-	// Retention always comes with the expiry guard: such a message is
-	// dead-lettered, not applied twice.
+	// Retention comes with the expiry guard: dead-lettered, not applied twice.
 	msg := fmt.Sprintf("claim retention %s is shorter than the broker's replay horizon %s for %s and %s: a message older than the retention is poisoned as expired instead of applied",
 		cfg.Retention, shown, cfg.Topic, cfg.PoisonTopic)
 	h.set(msg)

@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"gopkg.in/yaml.v3"
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
@@ -20,17 +19,13 @@ import (
 	"github.com/claimtx/claimtx/internal/config"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
-	"github.com/claimtx/claimtx/store"
 )
 
-// LoadConfig reads a consumer's configuration: the YAML file at path
-// (none when path is ""), then the environment variables over it, and
-// returns the Config they describe, checked. A value that cannot be used,
-// or an unknown key, is a *framework.ConfigError whose Field is what the
-// user wrote, the YAML path or the variable, as are the errors New and
-// NewBatch return later about those fields. Set Extractors, Pool, Logger
-// and the hooks in code on the returned Config. See docs/configuration.md;
-// examples/loyalty/config.example.yaml documents every key.
+// LoadConfig reads the YAML file at path (none when ""), then the
+// environment over it, and returns the Config they describe, checked. Its
+// errors, and those of New about the fields it set, are
+// *framework.ConfigError naming what the user wrote: the YAML path or the
+// variable. See docs/configuration.md.
 func LoadConfig(path string) (Config, error) {
 	var data []byte
 	if path != "" {
@@ -46,12 +41,10 @@ func LoadConfig(path string) (Config, error) {
 	return c, err
 }
 
-// setting is one key of the file and its variable.
 type setting = config.Setting[Config]
 
-// settings are the keys of the file, in the order of the documentation.
-// One without a Set func is parsed by its field's type and Rule
-// (config.Bind).
+// settings are the keys of the file; one without a Set func is parsed by
+// its field's type and Rule (config.Bind).
 var settings = config.Bind([]setting{
 	{Path: "name", Env: "CONSUMER_NAME", Field: "Name"},
 	{Path: "topic", Env: "TOPIC", Field: "Topic"},
@@ -119,8 +112,7 @@ var settings = config.Bind([]setting{
 	}},
 })
 
-// brokerKey is the section of the file brokers.LoadConfig reads.
-const brokerKey = "broker"
+const brokerKey = "broker" // the section brokers.LoadConfig reads
 
 // aliases are the other names errors use for a setting's field (the
 // extractor registry's, the claim middleware's).
@@ -129,11 +121,10 @@ var aliases = map[string][]string{
 	"EventTime": {"event_time", "Claim.EventTime"},
 }
 
-// load builds the Config from data (the file; nil without one) and the
-// environment.
+// load builds the Config from data (the file) and the environment.
 func load(data []byte, fromFile bool) (Config, error) {
 	c := Config{names: map[string]string{}}
-	// name records that errors about s's field should say name.
+	// name: errors about s's field say name.
 	name := func(s setting, name string) {
 		c.names[s.Field] = name
 		for _, a := range aliases[s.Field] {
@@ -143,8 +134,7 @@ func load(data []byte, fromFile bool) (Config, error) {
 	byPath := make(map[string]setting, len(settings))
 	for _, s := range settings {
 		byPath[s.Path] = s
-		// What to call a field nobody set: the key of the file in use,
-		// else the variable that would set it.
+		// A field nobody set: the file's key, else the variable.
 		if fromFile {
 			name(s, s.Path)
 		} else {
@@ -161,15 +151,14 @@ func load(data []byte, fromFile bool) (Config, error) {
 	if c.Broker, err = readBroker(data, brokerSection, fromFile); err != nil {
 		return Config{}, err
 	}
-	// The store names, which code cannot complete later, checked before
-	// anything connects.
+	// The store names, which code cannot complete later.
 	if err := c.named(c.Store.Validate()); err != nil {
 		return Config{}, err
 	}
 	return c, nil
 }
 
-// isSection tells the keys that hold settings rather than being one.
+// isSection tells the keys that hold settings.
 func isSection(path string) bool {
 	return slices.Contains([]string{"store", "claim", "claim.key_policy", "handler"}, path)
 }
@@ -177,42 +166,27 @@ func isSection(path string) bool {
 // readBroker is brokers.LoadConfig of the file's broker section, or of ""
 // without a file. The section is checked on the whole file first, so that
 // a mistake is named by its full path and its line.
-func readBroker(data []byte, section *yaml.Node, fromFile bool) (brokers.Config, error) {
+func readBroker(data, section []byte, fromFile bool) (brokers.Config, error) {
 	if !fromFile {
 		return brokers.LoadConfig("")
 	}
 	var strict struct {
 		Broker brokers.Config `yaml:"broker"`
-		Rest   map[string]any `yaml:",inline"` // the keys readFile checked
+		Rest   map[string]any `yaml:",inline"` // the keys ReadFile checked
 	}
 	if err := config.Decode(data, &strict); err != nil {
 		return brokers.Config{}, err
 	}
-	var sub []byte
-	if section != nil {
-		// Through a plain value, so that aliases to anchors outside the
-		// section are resolved before it stands alone.
-		var v any
-		err := section.Decode(&v)
-		if err == nil {
-			sub, err = yaml.Marshal(v)
-		}
-		if err != nil {
-			return brokers.Config{}, fmt.Errorf("parse YAML: %w", err)
-		}
-	}
-	b, err := config.LoadSection[brokers.Config](sub)
+	b, err := config.LoadSection[brokers.Config](section)
 	return b, config.Rename(err, func(field string) (string, bool) { return brokerKey + "." + field, isYAMLPath(field) })
 }
 
-// isYAMLPath tells a field named by its YAML path ("amqp.url") from one
-// named by its variable (AMQP_URL).
+// isYAMLPath tells "amqp.url" from AMQP_URL.
 func isYAMLPath(field string) bool {
 	return field != "" && strings.IndexFunc(field, unicode.IsUpper) < 0
 }
 
-// named returns err with the Field of its *framework.ConfigError replaced
-// by what the user wrote, when LoadConfig set that field (see names).
+// named names err's field as the user wrote it, when LoadConfig set it.
 func (c Config) named(err error) error {
 	return config.Rename(err, func(field string) (string, bool) {
 		name, ok := c.names[field]
@@ -221,8 +195,7 @@ func (c Config) named(err error) error {
 }
 
 // pgxReason is what pgx says is wrong with dsn ("invalid port"), without
-// the connection string it quotes and redacts only as far as it can parse
-// it; a fixed text when it could still show the password.
+// the dsn it quotes; a fixed text when it could still show the password.
 func pgxReason(err error, dsn string) string {
 	const fixed = "not a valid connection string"
 	msg := err.Error()
@@ -239,17 +212,14 @@ func pgxReason(err error, dsn string) string {
 	return reason
 }
 
-// String prints the settings as New will use them, defaults filled and
-// passwords redacted, for a start-up log line.
+// String prints the settings as New will use them, passwords redacted.
 func (c Config) String() string {
 	set := map[bool]string{true: "set", false: "unset"}
 	c = c.withDefaults()
 	c.StartupTimeout = cmp.Or(c.StartupTimeout, defaultStartupTimeout)
-	c.Store = store.Config{
-		Schema:      cmp.Or(c.Store.Schema, pg.DefaultSchema),
-		ClaimsTable: cmp.Or(c.Store.ClaimsTable, pg.DefaultClaimsTable),
-		OutboxTable: cmp.Or(c.Store.OutboxTable, pg.DefaultOutboxTable),
-	}
+	c.Store.Schema = cmp.Or(c.Store.Schema, pg.DefaultSchema)
+	c.Store.ClaimsTable = cmp.Or(c.Store.ClaimsTable, pg.DefaultClaimsTable)
+	c.Store.OutboxTable = cmp.Or(c.Store.OutboxTable, pg.DefaultOutboxTable)
 	c.Broker = config.Defaults(c.Broker)
 	// The claim's defaults, as middleware.NewClaim applies them.
 	cl := c.Claim

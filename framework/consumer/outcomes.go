@@ -10,15 +10,10 @@ import (
 	"github.com/claimtx/claimtx/middleware"
 )
 
-// ledger reports one outcome per delivery, when it is acked or nacked, in
-// both consumer modes. The claim reports every pass, and in-process retries
-// pass a delivery through it several times; counting each pass would make
-// claimtx_messages_total count attempts plus dead letters, while dashboards
-// divide by it as a count of messages. So the ledger keeps each delivery's
-// last pass, counts further ones as handler retries, and reports Applied
-// or Duplicate (acked after a commit), Poisoned or Expired (acked after a
-// copy was dead-lettered) or Failed (nacked). Deliveries handed back
-// unprocessed at shutdown never reach it.
+// ledger reports one outcome per delivery, when it is acked or nacked. The
+// claim reports every pass, and retries pass a delivery through it again:
+// dashboards divide by claimtx_messages_total as a count of messages, so
+// the ledger keeps the last pass and counts the others as handler retries.
 type ledger struct {
 	consumer string
 	report   func(middleware.Result) // metrics, Config.OnOutcome
@@ -28,8 +23,7 @@ type ledger struct {
 	open map[*message.Message]*entry
 }
 
-// entry is one delivery in flight. Retries reuse the *message.Message; a
-// redelivery is a new one.
+// entry is one delivery in flight (retries reuse the *message.Message).
 type entry struct {
 	last    middleware.Result // the claim's latest pass
 	passes  int
@@ -62,23 +56,20 @@ func (l *ledger) claimed(r middleware.Result) {
 	}
 }
 
-// poisoned records that a copy of msg was dead-lettered because of err
-// (Poison.OnPoison). It returns the key the claim derived on the last pass
-// ("" when none), for the poison memo.
+// poisoned records msg's dead-lettered copy and returns the key of its
+// last pass, for the poison memo.
 func (l *ledger) poisoned(msg *message.Message, err error) (key string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.entry(msg)
-	key = e.last.Key
 	e.verdict, e.reason = framework.Poisoned, err
 	if errors.As(err, new(*framework.ExpiredError)) {
 		e.verdict = framework.Expired
 	}
-	return key
+	return e.last.Key
 }
 
-// settle reports msg's one outcome: err is nil when it is acked, the
-// error it is nacked with otherwise.
+// settle reports msg's one outcome: err is nil when it is acked.
 func (l *ledger) settle(msg *message.Message, err error) {
 	l.mu.Lock()
 	e := l.open[msg]
@@ -96,15 +87,14 @@ func (l *ledger) settle(msg *message.Message, err error) {
 	case e != nil && e.passes > 0 && r.Err == nil:
 		// Applied or Duplicate, as the claim reported it.
 	default:
-		// Acked with neither a commit nor a poisoned copy: not a path of
-		// this package's chains, and any outcome would be a guess.
+		// Neither a commit nor a poisoned copy: any outcome would be a guess.
 		return
 	}
 	l.report(r)
 }
 
-// middleware settles each delivery of the per-message router. Outside
-// Recoverer and Poison, it sees what the router acks (nil) or nacks.
+// middleware settles each delivery; outside Poison, it sees what the
+// router acks or nacks.
 func (l *ledger) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		out, err := h(msg)
@@ -113,9 +103,8 @@ func (l *ledger) middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// newLedger returns the ledger of p's consumer. handler is the Watermill
-// handler name its messages carry ("" in batch mode), for the metrics'
-// series to exist from the start.
+// newLedger returns p's ledger; handler is the Watermill handler name ("" in
+// batch mode), for the metrics' series to exist from the start.
 func (p *parts) newLedger(handler string) *ledger {
 	var retried func()
 	if p.metrics != nil {

@@ -12,14 +12,12 @@ import (
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// requireClaimPrivileges returns a ConfigError on field when the database
-// role lacks any of SELECT, INSERT and UPDATE on table (in the store's
-// schema), which every claim transaction uses for feature: better one
-// start-up error naming the grant than every message dead-lettered.
+// requireClaimPrivileges refuses (a ConfigError on field) a role that lacks
+// SELECT, INSERT or UPDATE on table, which every claim uses for feature:
+// better one start-up error than every message dead-lettered.
 func (p *parts) requireClaimPrivileges(ctx context.Context, field, table, uses, feature string) error {
 	schema := p.store.Config().Schema
 	var lacking []string
-	// Under the start-up policy, as the migration before it.
 	err := awaitDatabase(ctx, p.cfg.Logger, p.cfg.StartupTimeout, p.pool, p.cfg.poolerField(), "check privileges on "+table, func(ctx context.Context) error {
 		var err error
 		_, lacking, err = pg.Lacking(ctx, p.pool, pg.Ident(schema, table), "SELECT", "INSERT", "UPDATE")
@@ -42,8 +40,7 @@ func (p *parts) names() *pg.Names {
 	return pg.NewNames(sc.Schema, sc.ClaimsTable, sc.OutboxTable)
 }
 
-// checkMemoPrivileges refuses Claim.PoisonMemo to a database role that
-// cannot use the memo table.
+// checkMemoPrivileges refuses Claim.PoisonMemo to a role without the memo table.
 func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 	if !p.cfg.Claim.PoisonMemo {
 		return nil
@@ -52,10 +49,9 @@ func (p *parts) checkMemoPrivileges(ctx context.Context) error {
 		"every claim with a poison memo reads and every poisoned message writes", "memo")
 }
 
-// checkDeadLetterPrivileges warns when the database role may not insert
-// into the dead-letter table. Not a refusal to start: nothing needs the
-// table until a broker refuses a copy, and a role granted its rights
-// before the table existed must not stop consuming after an upgrade.
+// checkDeadLetterPrivileges warns, and only warns, when the role may not
+// insert into the dead-letter table: a role granted its rights before the
+// table existed must not stop consuming after an upgrade.
 func (p *parts) checkDeadLetterPrivileges(ctx context.Context) {
 	n := p.names()
 	ok, err := pg.ClaimsOf(p.store).CanRecordDeadLetter(ctx)
@@ -69,12 +65,9 @@ func (p *parts) checkDeadLetterPrivileges(ctx context.Context) {
 	p.cfg.Logger.Warn("claimtx: the database role cannot insert into the dead-letter table; a poisoned copy the broker refuses will be nacked and come back instead of being recorded (grant INSERT, see docs/security.md)", args...)
 }
 
-// memoize records the poison memo of msg (Claim.PoisonMemo), poisoned
-// because of err, under the key the claim derived ("": no memo), after the
-// copy was published and before the original is acked. A failure (or a
-// crash in between) is logged and counted, and the original acked all the
-// same: its copy is dead-lettered, and the next delivery only runs the
-// handler again, as without a memo.
+// memoize records msg's poison memo under key ("": none), after the copy
+// was published and before the ack. A failure is logged and the original
+// acked all the same: the next delivery only runs the handler again.
 func (p *parts) memoize(msg *message.Message, err error, key string) {
 	if !p.claim.PoisonMemo || key == "" || !poison.Memoised(err) {
 		return

@@ -11,22 +11,15 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// A running consumer stores the positions acks settled every
-// positionsEvery, and reads its stored ones for claimtx_kafka_position
-// every gaugesEvery of those.
 const (
-	positionsEvery = time.Second
-	gaugesEvery    = 15
+	positionsEvery = time.Second     // how often settled positions are stored
+	gaugesEvery    = 15              // of those, how often claimtx_kafka_position is read
+	flushTimeout   = 2 * time.Second // the last store, at Close
 )
 
-// flushTimeout bounds the last store of settled positions at Close.
-const flushTimeout = 2 * time.Second
-
-// settledPositions collects the positions acks settled (Options.Settled).
-// A claim transaction stores the position it knows when it commits, which
-// with several in flight may be below records settled just after; these
-// catch the stored position up, outside any claim transaction. Everything
-// below such a position is acked, so storing it is safe at any time.
+// settledPositions collects the positions acks settled: a claim
+// transaction stores the one it knew, which with several in flight lags;
+// everything below these is acked, so storing them is safe at any time.
 type settledPositions struct {
 	mu      sync.Mutex
 	pending map[kafkarecord.Settled]int64 // by topic and partition
@@ -57,8 +50,7 @@ func (s *settledPositions) take() []kafkarecord.Settled {
 	return out
 }
 
-// flushPositions stores the positions acks settled since the last flush,
-// keeping them on failure.
+// flushPositions stores the settled positions, keeping them on failure.
 func (p *parts) flushPositions(ctx context.Context) {
 	if !p.positions {
 		return
@@ -75,9 +67,8 @@ func (p *parts) flushPositions(ctx context.Context) {
 	}
 }
 
-// attachPositions gives a Kafka subscriber the consumer's stored positions
-// (middleware.Claim.NoPositions, ReplayBelowPositions) and reports whether
-// it uses them. A role that could not write them is a ConfigError.
+// attachPositions gives a Kafka subscriber the stored positions and
+// reports whether it uses them; a role that cannot write them is refused.
 func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	cfg := p.cfg
 	if cfg.Claim.NoPositions {
@@ -104,8 +95,7 @@ func (p *parts) attachPositions(ctx context.Context) (bool, error) {
 	return err == nil, err
 }
 
-// watchPositions stores the positions acks settled and exports the
-// stored ones until ctx ends (Close stores the last ones).
+// watchPositions stores and exports positions until ctx ends.
 func (p *parts) watchPositions(ctx context.Context) {
 	if !p.positions {
 		return

@@ -13,8 +13,8 @@ import (
 	"github.com/claimtx/claimtx/internal/poison"
 )
 
-// slogAdapter is watermill's slog adapter with a Warn method, which the
-// brokers' start-up loops use (an optional interface) to log at WARN.
+// slogAdapter is watermill's slog adapter with the Warn method the
+// brokers' start-up loops look for.
 type slogAdapter struct {
 	watermill.LoggerAdapter
 	l *slog.Logger
@@ -29,10 +29,8 @@ func (a slogAdapter) Warn(msg string, fields watermill.LogFields) {
 	a.l.Warn(msg, fieldArgs(fields)...)
 }
 
-// Error logs at ERROR with err's text bounded like a poison reason:
-// Watermill logs every handler error once per retry and per nack, and an
-// error's text has no bound of its own (Go's JSON error quotes a number
-// whole). The whole text is logged once, by logPoisoned.
+// Error bounds err's text like a poison reason: Watermill logs a handler
+// error per retry and nack, and logPoisoned logs it whole once.
 func (a slogAdapter) Error(msg string, err error, fields watermill.LogFields) {
 	a.LoggerAdapter.Error(msg, boundError(err), fields)
 }
@@ -57,7 +55,6 @@ type boundedError struct {
 func (e *boundedError) Error() string { return e.text }
 func (e *boundedError) Unwrap() error { return e.err }
 
-// With keeps the Warn and Error methods on the derived logger.
 func (a slogAdapter) With(fields watermill.LogFields) watermill.LoggerAdapter {
 	return slogAdapter{LoggerAdapter: a.LoggerAdapter.With(fields), l: a.l.With(fieldArgs(fields)...)}
 }
@@ -70,10 +67,9 @@ func fieldArgs(fields watermill.LogFields) []any {
 	return args
 }
 
-// connectBroker runs build, a broker client constructor that retries until
-// its own dial timeout and takes no context, so that New returns as soon as
-// ctx ends (a SIGTERM during start-up must not wait out that timeout). A
-// client built after that is closed in the background.
+// connectBroker runs build, which takes no context, so that New returns as
+// soon as ctx ends (a SIGTERM must not wait out the dial timeout); a client
+// built later is closed.
 func connectBroker[T interface{ Close() error }](ctx context.Context, build func() (T, error)) (T, error) {
 	type result struct {
 		client T

@@ -9,9 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// HandlerTimeoutError reports a message attempt cut off by
-// Config.HandlerTimeout; match it with errors.As. It unwraps to what the
-// attempt returned once its context ended. It is not permanent.
+// HandlerTimeoutError reports an attempt cut off by Config.HandlerTimeout;
+// it unwraps to what the attempt returned, and is not permanent.
 type HandlerTimeoutError struct {
 	Timeout time.Duration
 	Err     error
@@ -23,9 +22,8 @@ func (e *HandlerTimeoutError) Error() string {
 
 func (e *HandlerTimeoutError) Unwrap() error { return e.Err }
 
-// handlerTimeout gives each attempt at a message a deadline of d (none when
-// 0). Unlike Watermill's middleware.Timeout it restores the message's
-// context afterwards, so a retry does not inherit an expired one.
+// handlerTimeout gives each attempt a deadline of d. Unlike Watermill's
+// Timeout it restores the context, so a retry does not inherit it expired.
 func handlerTimeout(d time.Duration) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		if d <= 0 {

@@ -15,20 +15,18 @@ import (
 	"github.com/claimtx/claimtx/store"
 )
 
-// Health is a readiness check: the database answers, claimtx's migrations
-// are current, and the broker is connected. It is an http.Handler that
-// answers 200 with a JSON report when ready and 503 otherwise.
+// Health is a readiness check of the database, claimtx's migrations and the
+// broker connection; as an http.Handler it answers 200 or 503 with a Report.
 type Health struct {
 	// Store is checked for reachability and migration version. Required.
 	Store *store.Store
-	// Broker reports whether the broker connection is up; nil skips the
-	// check. See SubscriberConnected.
+	// Broker reports whether the broker connection is up (see
+	// SubscriberConnected); nil skips the check.
 	Broker func(context.Context) error
 	// Timeout bounds each check. Defaults to 2s.
 	Timeout time.Duration
 	// Warnings, when set, returns findings that need an operator but do
-	// not make the consumer unready; each is reported under its name in
-	// Checks, prefixed "warning: ".
+	// not make the consumer unready, reported in Checks as "warning: ...".
 	Warnings func() map[string]string
 }
 
@@ -53,9 +51,7 @@ func (h Health) Check(ctx context.Context) Report {
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for name, fn := range checks {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			err := fn(ctx)
 			mu.Lock()
 			defer mu.Unlock()
@@ -63,7 +59,7 @@ func (h Health) Check(ctx context.Context) Report {
 			if err != nil {
 				rep.Ready, rep.Checks[name] = false, err.Error()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if h.Warnings != nil {
@@ -95,9 +91,8 @@ func (h Health) migrations(ctx context.Context) error {
 	return nil
 }
 
-// ServeHTTP answers 200 when ready, 503 otherwise, with the Report as
-// JSON. Error texts come from pgx and the broker clients, which redact
-// credentials.
+// ServeHTTP answers 200 when ready, 503 otherwise, with the Report as JSON
+// (error texts are pgx's and the brokers', which redact credentials).
 func (h Health) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rep := h.Check(r.Context())
 	w.Header().Set("Content-Type", "application/json")
@@ -107,10 +102,8 @@ func (h Health) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(rep)
 }
 
-// SubscriberConnected returns the readiness check of a subscriber that has
-// a method IsConnected() bool (cheap and safe to call concurrently: /healthz
-// calls it on every request), as claimtx's RabbitMQ and Kafka subscribers
-// do; nil for any other subscriber.
+// SubscriberConnected returns the readiness check of a subscriber with an
+// IsConnected() bool method (called on every request); nil for others.
 func SubscriberConnected(sub message.Subscriber) func(context.Context) error {
 	c, ok := sub.(interface{ IsConnected() bool })
 	if !ok {

@@ -7,15 +7,13 @@ import (
 	"github.com/claimtx/claimtx/middleware"
 )
 
-// Metrics records claimtx's outcomes in Prometheus; wire it with the
-// claim's hooks (docs/observability.md):
+// Metrics records claimtx's outcomes in Prometheus:
 //
 //	m, err := observe.NewMetrics(prometheus.DefaultRegisterer)
 //	claim.OnOutcome, claim.OnRetry = m.OnOutcome, m.OnRetry
 type Metrics struct{ m *metrics.Metrics }
 
-// NewMetrics registers claimtx's collectors on reg; registering twice on
-// one registerer is a prometheus.AlreadyRegisteredError.
+// NewMetrics registers claimtx's collectors on reg (once per registerer).
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m, err := metrics.New(reg)
 	if err != nil {
@@ -24,14 +22,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return &Metrics{m}, nil
 }
 
-// InitConsumer creates the series of one consumer (and Watermill handler
-// name) at zero, so a dashboard shows 0, not "no data", until the first
-// event, and rate() does not miss it. Call it when you wire the hooks
-// yourself.
+// InitConsumer creates the series of one consumer and Watermill handler at
+// zero, so dashboards and rate() see them before the first event.
 func (m *Metrics) InitConsumer(consumer, handler string) { m.m.InitConsumer(consumer, handler) }
 
-// OnOutcome records one Result; call it once per settled message
-// (docs/observability.md, "Outcomes").
+// OnOutcome records one Result; call it once per settled message.
 func (m *Metrics) OnOutcome(r middleware.Result) { m.m.OnOutcome(r) }
 
 // OnRetry records one retried transient failure; use it as

@@ -15,8 +15,7 @@ import (
 	"github.com/claimtx/claimtx/middleware"
 )
 
-// Span attribute keys, listed in docs/observability.md. The key hash
-// correlates deliveries of one event without exporting the key.
+// Span attribute keys, listed in docs/observability.md.
 const (
 	attrConsumer = attribute.Key("claimtx.consumer")
 	attrOutcome  = attribute.Key("claimtx.outcome")
@@ -24,20 +23,15 @@ const (
 	attrKeyHash  = attribute.Key("claimtx.key_hash")
 )
 
-// Tracing puts an OpenTelemetry span around each message's claim
-// transaction. Place Tracing.Middleware directly before the claim
-// middleware and chain Tracing.OnOutcome into the claim's OnOutcome: the
-// span then carries the consumer, outcome, attempts and key hash, and every
-// query the handler makes with the message context is its child.
-//
-// When the message metadata carries a W3C trace context (a producer that
-// published through InjectTraceContext, or any OTel-instrumented producer
-// that writes "traceparent"), the span continues that trace.
+// Tracing puts an OpenTelemetry span, continuing the trace context in the
+// metadata, around each message's claim transaction. Place Middleware
+// directly before the claim middleware and chain OnOutcome into the
+// claim's OnOutcome (docs/observability.md).
 type Tracing struct {
 	// Tracer starts the spans. Defaults to otel.Tracer("claimtx").
 	Tracer trace.Tracer
-	// Propagator extracts the producer's context from metadata. Defaults to
-	// otel.GetTextMapPropagator() when that is set, else W3C TraceContext.
+	// Propagator defaults to otel.GetTextMapPropagator() when that is set,
+	// else W3C TraceContext.
 	Propagator propagation.TextMapPropagator
 }
 
@@ -51,8 +45,7 @@ func (t Tracing) propagator() propagation.TextMapPropagator {
 	return propagation.TraceContext{}
 }
 
-// Middleware starts the span, runs h with it in the message context and
-// ends it.
+// Middleware runs h within the span.
 func (t Tracing) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	tracer, prop := cmp.Or(t.Tracer, otel.Tracer("claimtx")), t.propagator()
 	return func(msg *message.Message) ([]*message.Message, error) {
@@ -72,8 +65,7 @@ func (t Tracing) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-// OnOutcome annotates the message's span with the Result. Chain it into
-// the claim's OnOutcome.
+// OnOutcome annotates the message's span with the Result.
 func (t Tracing) OnOutcome(r middleware.Result) {
 	if r.Message == nil {
 		return
@@ -89,16 +81,14 @@ func (t Tracing) OnOutcome(r middleware.Result) {
 	span.SetAttributes(attrs...)
 }
 
-// keyHash is the hash of a key as it appears in spans: the hex of the
-// first 8 bytes of its SHA-256.
+// keyHash is the hex of the first 8 bytes of key's SHA-256.
 func keyHash(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:8])
 }
 
-// InjectTraceContext decorates a publisher so that every message it
-// publishes carries the trace context of its own context (msg.Context()),
-// for consumers to continue.
+// InjectTraceContext decorates a publisher so that every message carries
+// the trace context of msg.Context(), for consumers to continue.
 func InjectTraceContext(pub message.Publisher, prop propagation.TextMapPropagator) message.Publisher {
 	return injectingPublisher{Publisher: pub, prop: cmp.Or[propagation.TextMapPropagator](prop, propagation.TraceContext{})}
 }

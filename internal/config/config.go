@@ -1,8 +1,6 @@
-// Package config is the one configuration loader of brokers.Config and
-// framework/consumer.Config: YAML decoded strictly, the environment over
-// it, secrets from _FILE variables, and errors that name what the user
-// wrote (the YAML path or the variable). It also holds the one redaction
-// of connection-string passwords.
+// Package config loads brokers.Config and framework/consumer.Config (strict
+// YAML, the environment over it, secrets from _FILE variables, errors that
+// name what the user wrote) and redacts connection-string passwords.
 package config
 
 import (
@@ -18,30 +16,23 @@ import (
 
 // Setting is one key of a file and the variable that overrides it.
 type Setting[T any] struct {
-	Path string // YAML path: "claim.max_claim_wait"
-	Env  string // variable: "CLAIM_MAX_CLAIM_WAIT"
-	// Field is the Go path ("Claim.MaxClaimWait") errors use elsewhere
-	// and Bind binds; optional.
-	Field string
-	// Set parses v (a YAML scalar or a variable) into c; its error's text
-	// is the reason of the *framework.ConfigError.
-	Set func(c *T, v string) error
-	// Secret: never quoted in errors; may come from Env+"_FILE".
-	Secret bool
-	// Rule is how Bind parses the value: env tag options ("min=1").
-	Rule string
+	Path  string // YAML path: "claim.max_claim_wait"
+	Env   string // variable: "CLAIM_MAX_CLAIM_WAIT"
+	Field string // Go path ("Claim.MaxClaimWait") errors use and Bind binds
+	// Set parses v into c; its error's text is the ConfigError's reason.
+	Set    func(c *T, v string) error
+	Secret bool   // never quoted in errors; may come from Env+"_FILE"
+	Rule   string // how Bind parses the value: env tag options ("min=1")
 }
 
-// FileSuffix names the variable that holds the path of a file with a
-// secret (AMQP_URL_FILE), as Docker and Kubernetes mount them: it keeps
-// the secret out of the environment, which other processes of the user
-// can read (/proc/PID/environ) and crash reporters collect.
+// FileSuffix names the variable with the path of a secret's file
+// (AMQP_URL_FILE), which keeps it out of the environment that other
+// processes can read (/proc/PID/environ) and crash reporters collect.
 const FileSuffix = "_FILE"
 
-// ApplyEnv applies the variable of each setting that lookup finds set (an
-// empty one counts as unset) to c, in order, and calls seen (when not nil)
-// with the setting and the variable it came from (Env or its _FILE). The
-// first value that cannot be used is a *framework.ConfigError naming it.
+// ApplyEnv applies to c each setting's variable that lookup finds set and
+// not empty, and calls seen (when not nil) with the variable it came from.
+// A value that cannot be used is a *framework.ConfigError naming it.
 func ApplyEnv[T any](c *T, settings []Setting[T], lookup func(string) (string, bool), seen func(s Setting[T], name string)) error {
 	get := func(name string) (string, bool) {
 		v, ok := lookup(name)
@@ -82,9 +73,8 @@ func ApplyEnv[T any](c *T, settings []Setting[T], lookup func(string) (string, b
 	return nil
 }
 
-// parseError is the *framework.ConfigError for a value Set refused: err's
-// text and suffix, unless a secret's or a SafeError's, whose text may
-// quote the value; a SafeError is kept as the cause.
+// parseError is the ConfigError for a value Set refused: err's text, not
+// for a secret or a SafeError, whose text may quote the value.
 func parseError(field string, secret bool, err error, suffix string) *framework.ConfigError {
 	var se SafeError
 	isSafe := errors.As(err, &se)
@@ -98,9 +88,8 @@ func parseError(field string, secret bool, err error, suffix string) *framework.
 	return ce
 }
 
-// Rename returns err with the Field of its *framework.ConfigError replaced
-// by what rename answers for it, when it answers; other errors are
-// returned as they are. It renames a copy: an error may be shared.
+// Rename returns a copy of err's *framework.ConfigError with the Field
+// rename answers for it, when it answers; err otherwise.
 func Rename(err error, rename func(field string) (string, bool)) error {
 	var ce *framework.ConfigError
 	if !errors.As(err, &ce) {
@@ -114,8 +103,8 @@ func Rename(err error, rename func(field string) (string, bool)) error {
 	return err
 }
 
-// SafeError is an error whose text is known not to hold a secret; Unwrap
-// still reaches the original (for errors.As), whose text may.
+// SafeError is an error whose text holds no secret; the one it unwraps to
+// may.
 type SafeError struct {
 	Msg string
 	Err error
@@ -126,8 +115,8 @@ func (e SafeError) Unwrap() error { return e.Err }
 
 var namers, sections sync.Map // reflect.Type of T -> func(T, error) error, func([]byte) (T, error)
 
-// RegisterNamer records how a package names the field of an error about its
-// Config T (package brokers: the variable that set it), without exporting it.
+// RegisterNamer records how a package names the field of an error about
+// its Config T, without exporting it.
 func RegisterNamer[T any](named func(c T, err error) error) {
 	namers.Store(reflect.TypeFor[T](), named)
 }
@@ -141,14 +130,12 @@ func Named[T any](c T, err error) error {
 }
 
 // RegisterSection records how a package loads its Config from a section of
-// a larger file (brokers.Config under framework/consumer's "broker:"),
-// without exporting it.
+// a larger file, without exporting it.
 func RegisterSection[T any](load func(data []byte) (T, error)) {
 	sections.Store(reflect.TypeFor[T](), load)
 }
 
-// LoadSection loads a T from data, a YAML section, with the environment
-// over it, as the package of T registered.
+// LoadSection loads a T from a YAML section, as its package registered.
 func LoadSection[T any](data []byte) (T, error) {
 	f, ok := sections.Load(reflect.TypeFor[T]())
 	if !ok {

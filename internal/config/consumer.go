@@ -11,9 +11,8 @@ import (
 // MaxConsumerBytes bounds consumer names; they are stored in every claim.
 const MaxConsumerBytes = 200
 
-// ValidateConsumer checks a consumer name; field is the name of the configuration
-// field it came from. Names are bound as parameters, never spliced into SQL,
-// so this is about sane data, not injection.
+// ValidateConsumer checks a consumer name from field; names are bound as
+// SQL parameters, so this is about sane data, not injection.
 func ValidateConsumer(field, consumer string) error {
 	switch {
 	case consumer == "":

@@ -10,9 +10,8 @@ import (
 // Mask is what a redacted secret prints as.
 const Mask = "xxxxx"
 
-// RedactURL returns rawURL with the password of its userinfo replaced by
-// Mask. A URL that does not parse is replaced entirely: there we cannot
-// tell where the password is.
+// RedactURL returns rawURL with its password (and secret query values)
+// masked; one that does not parse is replaced entirely.
 func RedactURL(rawURL string) string {
 	if rawURL == "" {
 		return ""
@@ -24,7 +23,6 @@ func RedactURL(rawURL string) string {
 	if _, has := u.User.Password(); has { // a nil *url.Userinfo has none
 		u.User = url.UserPassword(u.User.Username(), Mask)
 	}
-	// Query parameters may carry credentials too (TLS key passwords).
 	q := u.Query()
 	changed := false
 	for k := range q {
@@ -39,15 +37,13 @@ func RedactURL(rawURL string) string {
 	return u.String()
 }
 
-// SecretName tells whether a key names a secret: it contains "pass",
-// "secret" or "token", in any case.
+// SecretName tells whether a key names a secret.
 func SecretName(k string) bool {
 	k = strings.ToLower(k)
 	return strings.Contains(k, "pass") || strings.Contains(k, "secret") || strings.Contains(k, "token")
 }
 
-// Redact returns Mask for a non-empty secret and "" for an empty one, so a
-// printed config still tells whether a secret was set.
+// Redact returns Mask for a non-empty secret, "" for an empty one.
 func Redact(s string) string {
 	if s == "" {
 		return ""
@@ -59,9 +55,8 @@ func Redact(s string) string {
 // quoted or not, an unterminated quote included.
 var kvPassword = regexp.MustCompile(`password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)`)
 
-// Passwords returns, as best it can tell, every spelling of the passwords a
-// connection string (a URL or keyword/value pairs) may hold, even one that
-// does not parse. Whatever prints dsn, or an error about it, removes each.
+// Passwords returns every spelling of the passwords a connection string may
+// hold, even one that does not parse, for whatever prints it to remove.
 func Passwords(dsn string) []string {
 	var out []string
 	if u, err := url.Parse(dsn); err == nil {
@@ -87,9 +82,8 @@ func Passwords(dsn string) []string {
 	return out
 }
 
-// RedactDSN returns a Postgres connection string with its passwords
-// replaced by Mask. Whatever it cannot take apart has every password
-// Passwords finds replaced wherever it occurs.
+// RedactDSN returns a Postgres connection string with its passwords masked,
+// by Scrub where it cannot take it apart.
 func RedactDSN(dsn string) string {
 	if dsn == "" {
 		return ""
@@ -115,8 +109,7 @@ func RedactDSN(dsn string) string {
 	return out
 }
 
-// Scrub returns s with every occurrence of each non-empty secret replaced
-// by Mask, for a text (an error message) that may quote one anywhere.
+// Scrub returns s with every non-empty secret in it masked.
 func Scrub(s string, secrets ...string) string {
 	for _, pw := range secrets {
 		if pw != "" {

@@ -24,8 +24,8 @@ import (
 //
 // Every other check is the Config's own Validate.
 
-// Settings returns a Setting for each env-tagged field of T, in field order,
-// nested structs included (their YAML key a prefix: "kafka.sasl.password").
+// Settings returns a Setting for each env-tagged field of T, nested structs
+// included ("kafka.sasl.password").
 func Settings[T any]() []Setting[T] {
 	var out []Setting[T]
 	var walk func(t reflect.Type, index []int, prefix string)
@@ -53,8 +53,8 @@ func Settings[T any]() []Setting[T] {
 
 func hasOpt(opts, name string) bool { return slices.Contains(strings.Split(opts, ","), name) }
 
-// parser returns how a value is parsed into a field of type t, by the env
-// options opts. Its errors are the reasons of ApplyEnv's errors.
+// parser returns how a value is parsed into a field of type t by the env
+// options opts; its errors are ApplyEnv's reasons.
 func parser(t reflect.Type, opts string) func(dst reflect.Value, v string) error {
 	positive, nonzero := hasOpt(opts, "positive"), hasOpt(opts, "nonzero")
 	min, hasMin := int64(0), false
@@ -127,9 +127,8 @@ func parser(t reflect.Type, opts string) func(dst reflect.Value, v string) error
 	panic("config: no parser for a field of type " + t.String()) // a mistake in a tag, found by any test
 }
 
-// Bind completes the settings whose Set is nil: their Field is the dotted
-// Go path of a field of T ("Claim.MaxAttempts"), parsed by its type and by
-// Rule. It panics on a Field T does not have: a mistake found by any test.
+// Bind completes the settings whose Set is nil, parsing into their Field by
+// its type and Rule; it panics on a Field T lacks (found by any test).
 func Bind[T any](settings []Setting[T]) []Setting[T] {
 	for i := range settings {
 		s := &settings[i]
@@ -153,8 +152,7 @@ func setter[T any](index []int, parse func(reflect.Value, string) error) func(*T
 	return func(c *T, v string) error { return parse(reflect.ValueOf(c).Elem().FieldByIndex(index), v) }
 }
 
-// Defaults returns v with every zero field that has a default tag set to
-// it, in nested structs too.
+// Defaults returns v with each zero field set to its default tag, nested too.
 func Defaults[T any](v T) T {
 	setDefaults(reflect.ValueOf(&v).Elem())
 	return v
@@ -179,8 +177,7 @@ func setDefaults(v reflect.Value) {
 }
 
 // Format prints v, a Config struct, as %+v would, with strings quoted and
-// every secret field redacted: a URL's password, or the whole value.
-// Nested structs with a String method print through it.
+// secrets redacted; nested structs print through their String method.
 func Format(v any) string {
 	rv := reflect.ValueOf(v)
 	var parts []string

@@ -13,12 +13,10 @@ import (
 	"github.com/claimtx/claimtx/framework"
 )
 
-// FieldError turns a decode error about one value ("line 3: cannot
-// unmarshal !!str `soon` into time.Duration", or an unknown key) into a
-// *framework.ConfigError naming its YAML path, the key found on that line
-// (yaml.v3 reports only a line). It returns nil for syntax errors, which
-// have no field to name. The decoder's message is the Reason, not the Err:
-// its Error() repeats every problem of the document.
+// FieldError turns a decode error about one value into a ConfigError naming
+// the YAML path on its line (yaml.v3 reports only a line); nil for syntax
+// errors. The message is the Reason, not the Err, whose Error() repeats
+// every problem of the document.
 func FieldError(data []byte, err error) *framework.ConfigError {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) || len(te.Errors) == 0 {
@@ -73,9 +71,8 @@ func FieldError(data []byte, err error) *framework.ConfigError {
 	return &framework.ConfigError{Field: field, Reason: fmt.Sprintf("%s (line %d)", reason, line)}
 }
 
-// Decode decodes data over dst strictly: an unknown key, or a value of the
-// wrong type, is a *framework.ConfigError naming its YAML path (see
-// FieldError). Empty data leaves dst as it is.
+// Decode decodes data over dst strictly, naming a wrong key or value as
+// FieldError does.
 func Decode(data []byte, dst any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -88,12 +85,11 @@ func Decode(data []byte, dst any) error {
 	return nil
 }
 
-// ReadFile applies the settings a YAML file sets to c and returns the node
-// of the key passthrough (nil when absent) for another loader. isSection
-// tells the keys that hold settings; an unknown or misplaced key, a bad
-// value, a key set twice or a merge key is a *framework.ConfigError naming
-// its path and line.
-func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(path string) bool, passthrough string, c *T) (*yaml.Node, error) {
+// ReadFile applies the settings a YAML file sets to c and returns the value
+// of the key passthrough as a document of its own for another loader.
+// isSection tells the keys that hold settings; a wrong key or value is a
+// ConfigError naming its path and line.
+func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(path string) bool, passthrough string, c *T) ([]byte, error) {
 	var doc, more yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	err := dec.Decode(&doc)
@@ -160,8 +156,18 @@ func ReadFile[T any](data []byte, byPath map[string]Setting[T], isSection func(p
 		}
 		return nil
 	}
-	if err := walk(root, ""); err != nil {
+	if err := walk(root, ""); err != nil || section == nil {
 		return nil, err
 	}
-	return section, nil
+	// Through a plain value, so that aliases to anchors outside the
+	// section are resolved before it stands alone.
+	var v any
+	out, err := []byte(nil), section.Decode(&v)
+	if err == nil {
+		out, err = yaml.Marshal(v)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("parse YAML: %w", err)
+	}
+	return out, nil
 }

@@ -1,6 +1,5 @@
-// Package metrics is the Prometheus side of framework/observe.Metrics: the
-// collectors and every hook that records into them, the ones only
-// framework/consumer's bookkeeping calls included.
+// Package metrics is the Prometheus side of framework/observe.Metrics,
+// with the hooks only framework/consumer calls.
 package metrics
 
 import (
@@ -30,16 +29,12 @@ const (
 	metricPosition            = namespace + "_kafka_position"
 )
 
-// namespace prefixes every metric claimtx registers, Watermill's router
-// metrics included, so one prefix finds them all.
-const namespace = "claimtx"
+const (
+	namespace         = "claimtx" // Watermill's router metrics have it too
+	retryCauseHandler = "handler" // the others are middleware.TxRetry.Cause's
+)
 
-// retryCauseHandler is the claimtx_retries_total cause of an in-process
-// retry of a failed handler; the others are middleware.TxRetry.Cause's.
-const retryCauseHandler = "handler"
-
-// outcomes and retryCauses are the label values InitConsumer creates
-// ahead of their first event.
+// The label values InitConsumer creates ahead of their first event.
 var (
 	outcomes = []framework.Outcome{framework.Applied, framework.Duplicate, framework.Failed, framework.Poisoned, framework.Expired}
 	// Only transient causes are retried (store.IsTransient).
@@ -65,8 +60,7 @@ type Metrics struct {
 	position    *prometheus.GaugeVec
 }
 
-// New registers claimtx's collectors on reg; twice on one registerer is an
-// error.
+// New registers claimtx's collectors on reg.
 func New(reg prometheus.Registerer) (*Metrics, error) {
 	if reg == nil {
 		return nil, &framework.ConfigError{Field: "Registerer", Reason: "must not be nil"}
@@ -120,8 +114,8 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// InitConsumer creates the series of one consumer (and Watermill handler
-// name; "" in batch mode) at zero (see observe.Metrics.InitConsumer).
+// InitConsumer creates one consumer's series at zero; handler "" in batch
+// mode.
 func (m *Metrics) InitConsumer(consumer, handler string) {
 	for _, o := range outcomes {
 		m.messages.WithLabelValues(consumer, handler, string(o))
@@ -148,8 +142,7 @@ func (m *Metrics) OnOutcome(r middleware.Result) {
 	}
 	m.messages.WithLabelValues(r.Consumer, handler, string(r.Outcome)).Inc()
 	if r.Outcome == framework.Applied || r.Outcome == framework.Duplicate || r.Outcome == framework.Failed {
-		// Poisoned/expired results are reported outside the claim and
-		// carry no timings of their own.
+		// Poisoned/expired results carry no timings of their own.
 		if r.Attempts > 0 {
 			m.claimWait.WithLabelValues(r.Consumer).Observe(r.ClaimWait.Seconds())
 		}
@@ -181,8 +174,7 @@ func (m *Metrics) OnPoisonRefused(consumer, fallback string) {
 	m.refused.WithLabelValues(consumer, cmp.Or(fallback, "none")).Inc()
 }
 
-// OnPositionSkipped records a Kafka partition started at its stored
-// position, past the group's offset.
+// OnPositionSkipped records a Kafka partition started past its offset.
 func (m *Metrics) OnPositionSkipped(consumer, topic string, partition int32) {
 	m.skipped.WithLabelValues(consumer, topic, strconv.Itoa(int(partition))).Inc()
 }

@@ -1,7 +1,5 @@
-// Package replay asks a subscriber for its replay horizon, for
-// framework/consumer's retention check and the claimtx command's reports.
-// The contract an adapter implements, the method ReplayHorizon and
-// brokers.UnboundedHorizon, is package brokers'; only the asking is here.
+// Package replay asks a subscriber for its replay horizon (the contract is
+// package brokers'), for framework/consumer and the claimtx command.
 package replay
 
 import (
@@ -13,7 +11,6 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 )
 
-// reporter is what a subscriber implements to tell its replay horizon.
 type reporter interface {
 	ReplayHorizon(ctx context.Context, topic string) (time.Duration, error)
 }
