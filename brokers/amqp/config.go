@@ -7,7 +7,6 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/internal/defaults"
 	"github.com/claimtx/claimtx/framework"
 )
 
@@ -17,8 +16,6 @@ const (
 	argQueueType     = "x-queue-type"
 	argDeliveryLimit = "x-delivery-limit"
 )
-
-func withDefaults(c brokers.AMQPConfig) brokers.AMQPConfig { return defaults.Apply(c) }
 
 func validate(c brokers.AMQPConfig) error {
 	if err := c.Validate(); err != nil {
@@ -43,6 +40,11 @@ func watermillConfig(c brokers.AMQPConfig) (wamqp.Config, error) {
 	if err != nil {
 		return wamqp.Config{}, err
 	}
+	// amqp091's default is 30s per dial to a black-holed address.
+	attemptTimeout := 10 * time.Second
+	if c.DialTimeout > 0 {
+		attemptTimeout = min(c.DialTimeout, attemptTimeout)
+	}
 	wc := wamqp.NewDurableQueueConfig(c.URL)
 	wc.Marshaler = marshaler{}
 	wc.Queue.Arguments = args
@@ -62,18 +64,9 @@ func watermillConfig(c brokers.AMQPConfig) (wamqp.Config, error) {
 		// a silently lost connection would look up (readiness) for 3
 		// minutes instead of 30s.
 		Heartbeat: 10 * time.Second,
-		// amqp091's default is 30s per dial to a black-holed address.
-		Dial: amqp091.DefaultDial(attemptTimeout(c)),
+		Dial:      amqp091.DefaultDial(attemptTimeout),
 	}
 	return wc, nil
-}
-
-func attemptTimeout(c brokers.AMQPConfig) time.Duration {
-	const max = 10 * time.Second
-	if c.DialTimeout > 0 && c.DialTimeout < max {
-		return c.DialTimeout
-	}
-	return max
 }
 
 // declareArguments is the argument table of every queue declaration. A
@@ -102,10 +95,7 @@ func queueArguments(in map[string]any) (amqp091.Table, error) {
 	if len(in) == 0 {
 		return nil, nil
 	}
-	t := make(amqp091.Table, len(in))
-	for k, v := range in {
-		t[k] = toAMQPValue(v)
-	}
+	t := toAMQPValue(in).(amqp091.Table)
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}

@@ -22,9 +22,7 @@ type publisher struct {
 
 	declaredMu sync.Mutex
 	declared   map[string]bool
-
-	closeOnce sync.Once
-	closeErr  error
+	close      func() error // sync.OnceValue
 }
 
 var _ message.Publisher = (*publisher)(nil)
@@ -44,7 +42,8 @@ func NewPublisher(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.
 		_ = l.conn.Close()
 		return nil, fmt.Errorf("brokers/amqp: create publisher: %w", err)
 	}
-	return &publisher{link: l, pub: pub, declared: make(map[string]bool)}, nil
+	return &publisher{link: l, pub: pub, declared: make(map[string]bool),
+		close: sync.OnceValue(func() error { return errors.Join(pub.Close(), l.conn.Close()) })}, nil
 }
 
 // Publish sends messages to the queue named topic and waits for RabbitMQ's
@@ -101,11 +100,7 @@ func largestBody(messages []*message.Message) int {
 
 // writeRefused is the probe itself, unbounded.
 func (p *publisher) writeRefused(size int) error {
-	ac := p.conn.Connection()
-	if ac == nil || ac.IsClosed() {
-		return nil
-	}
-	ch, err := ac.Channel()
+	ch, err := p.channel()
 	if err != nil {
 		return nil
 	}
@@ -168,7 +163,7 @@ func (p *publisher) declare(topic string) error {
 		return errors.New("brokers/amqp: not connected to RabbitMQ")
 	}
 	if err := p.declareQueue(topic); err != nil {
-		if aerr := (*amqp091.Error)(nil); errors.As(err, &aerr) && aerr.Code == amqp091.AccessRefused {
+		if accessRefused(err) {
 			// Never publishable: a poison copy goes to its fallback.
 			err = framework.Permanent(err)
 		}
@@ -179,9 +174,4 @@ func (p *publisher) declare(topic string) error {
 }
 
 // Close closes the channel pool and the connection. It is idempotent.
-func (p *publisher) Close() error {
-	p.closeOnce.Do(func() {
-		p.closeErr = errors.Join(p.pub.Close(), p.conn.Close())
-	})
-	return p.closeErr
-}
+func (p *publisher) Close() error { return p.close() }

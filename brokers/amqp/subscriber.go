@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"sync"
 	"time"
 
@@ -25,8 +26,7 @@ type subscriber struct {
 	mu         sync.Mutex
 	life       context.Context
 	end        context.CancelFunc
-	closeOnce  sync.Once
-	closeErr   error
+	close      func() error // sync.OnceValue
 	forwarders sync.WaitGroup
 }
 
@@ -49,7 +49,15 @@ func NewSubscriber(ctx context.Context, cfg brokers.AMQPConfig, logger watermill
 		return nil, err
 	}
 	life, end := context.WithCancel(context.Background())
-	return &subscriber{link: l, life: life, end: end}, nil
+	s := &subscriber{link: l, life: life, end: end}
+	s.close = sync.OnceValue(func() error {
+		s.mu.Lock()
+		s.end()
+		s.mu.Unlock()
+		s.forwarders.Wait()
+		return s.conn.Close()
+	})
+	return s, nil
 }
 
 // Subscribe declares the durable queue named topic and starts its
@@ -130,16 +138,7 @@ func (s *subscriber) SubscribeInitialize(topic string) error {
 
 // Close stops every subscription (unacked messages go back to their queue),
 // waits for them, and closes the connection. It is idempotent.
-func (s *subscriber) Close() error {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.end()
-		s.mu.Unlock()
-		s.forwarders.Wait()
-		s.closeErr = s.conn.Close()
-	})
-	return s.closeErr
-}
+func (s *subscriber) Close() error { return s.close() }
 
 // IsConnected reports whether the RabbitMQ connection is up (false while
 // watermill-amqp reconnects, and after Close), for readiness. During a
@@ -188,13 +187,9 @@ func (w *consumer) open() (*generation, error) {
 	if err := w.s.declareQueue(w.topic); err != nil {
 		return nil, fmt.Errorf("declare queue %q: %w", w.topic, err)
 	}
-	conn := w.s.conn.Connection()
-	if conn == nil {
-		return nil, errors.New("not connected to AMQP")
-	}
-	ch, err := conn.Channel()
+	ch, err := w.s.channel()
 	if err != nil {
-		return nil, fmt.Errorf("open channel: %w", err)
+		return nil, err
 	}
 	if err := ch.Qos(w.prefetch, 0, false); err != nil {
 		_ = ch.Close()
@@ -330,12 +325,8 @@ func (s *subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Dura
 	}
 	var ms int64
 	switch n := v.(type) {
-	case int:
-		ms = int64(n)
-	case int32:
-		ms = int64(n)
-	case int64:
-		ms = n
+	case int, int32, int64:
+		ms = reflect.ValueOf(n).Int()
 	case float64:
 		ms = int64(n)
 	default:
