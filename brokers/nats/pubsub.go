@@ -95,17 +95,9 @@ const (
 // over max_payload or the stream's limits, headers over 64 KiB, a metadata
 // key that cannot be a header.
 func refused(err error) bool {
-	if errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, errHeaderKey) {
-		return true
-	}
 	var api *natsgo.APIError
-	if errors.As(err, &api) {
-		switch api.ErrorCode {
-		case jsErrMessageTooLarge, jsErrHeaderTooLarge:
-			return true
-		}
-	}
-	return false
+	return errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, errHeaderKey) ||
+		errors.As(err, &api) && (api.ErrorCode == jsErrMessageTooLarge || api.ErrorCode == jsErrHeaderTooLarge)
 }
 
 func (p *publisher) Close() error {

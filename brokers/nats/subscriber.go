@@ -210,13 +210,7 @@ func (sub *subscription) ack(m *natsgo.Msg, fields watermill.LogFields) {
 }
 
 func (sub *subscription) nack(m *natsgo.Msg, fields watermill.LogFields) {
-	var err error
-	if sub.s.NackDelay > 0 {
-		err = m.NakWithDelay(sub.s.NackDelay)
-	} else {
-		err = m.Nak()
-	}
-	if err != nil {
+	if err := m.NakWithDelay(sub.s.NackDelay); err != nil { // a plain Nak when the delay is 0
 		sub.logger.Error("NATS nak failed; the message will be redelivered after AckWait", err, fields)
 	}
 }
