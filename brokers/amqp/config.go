@@ -1,14 +1,34 @@
 package amqp
 
 import (
+	"context"
+	"reflect"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 )
+
+// Importing the package registers the "amqp" kind: a program that never
+// imports it does not link the AMQP client.
+func init() {
+	brokers.Register(brokers.KindAMQP, brokers.Factory{
+		NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
+			return NewSubscriber(context.Background(), c.AMQP, l)
+		},
+		NewPublisher: func(c brokers.Config, l watermill.LoggerAdapter) (message.Publisher, error) {
+			return NewPublisher(context.Background(), c.AMQP, l)
+		},
+		Validate: func(c brokers.Config) error {
+			return checkQueueArguments("amqp.queue_arguments", c.AMQP.QueueArguments)
+		},
+	})
+}
 
 // The values of brokers.AMQPConfig.QueueType and the queue arguments they set.
 const (
@@ -78,9 +98,6 @@ func declareArguments(c brokers.AMQPConfig) (amqp091.Table, error) {
 		return nil, err
 	}
 	if c.QueueType == queueTypeQuorum {
-		if args == nil {
-			args = amqp091.Table{}
-		}
 		args[argQueueType] = queueTypeQuorum
 		if c.DeliveryLimit > 0 {
 			args[argDeliveryLimit] = int64(c.DeliveryLimit)
@@ -92,10 +109,7 @@ func declareArguments(c brokers.AMQPConfig) (amqp091.Table, error) {
 // queueArguments converts YAML-decoded arguments into an amqp091.Table
 // RabbitMQ can encode.
 func queueArguments(in map[string]any) (amqp091.Table, error) {
-	if len(in) == 0 {
-		return nil, nil
-	}
-	t := toAMQPValue(in).(amqp091.Table)
+	t := toAMQPValue(in).(amqp091.Table) // a Table even for no arguments
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
@@ -116,12 +130,8 @@ func toAMQPValue(v any) any {
 			out[i] = toAMQPValue(e)
 		}
 		return out
-	case uint:
-		return int64(x)
-	case uint32:
-		return int64(x)
-	case uint64:
-		return int64(x)
+	case uint, uint32, uint64:
+		return int64(reflect.ValueOf(x).Uint())
 	default:
 		return v
 	}

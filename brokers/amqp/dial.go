@@ -84,10 +84,6 @@ type conn struct {
 	w *watcher
 }
 
-// watcherStopWait bounds Close's wait for the watcher, which stops at once
-// or after one reconnect.
-const watcherStopWait = 5 * time.Second
-
 // Close closes the wrapper and, once its watcher has ended, the connection
 // it left. With the connection lost already, the watcher ends only on its
 // next retry (up to ReconnectMaxInterval away): that connection is closed
@@ -110,7 +106,7 @@ func (c *conn) Close() error {
 	select {
 	case e := <-left:
 		return errors.Join(err, e)
-	case <-time.After(watcherStopWait):
+	case <-time.After(5 * time.Second): // the watcher stops at once or after one reconnect
 		return err
 	}
 }
@@ -162,9 +158,6 @@ func accessRefused(err error) bool {
 // waitConnected waits until conn is connected again after a drop, bounded
 // like the initial dial.
 func waitConnected(ctx context.Context, cfg brokers.AMQPConfig, conn *conn) error {
-	if conn.IsConnected() {
-		return nil
-	}
 	if cfg.DialTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.DialTimeout)

@@ -1,6 +1,7 @@
 package amqp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,9 +39,7 @@ var (
 // NewSubscriber validates cfg and connects to RabbitMQ, retrying until
 // DialTimeout passes or ctx ends (ctx bounds the start-up only). A nil
 // logger logs nothing. An invalid cfg is a *framework.ConfigError; giving
-// up on the connection is a *DialError. The subscriber consumes with
-// Concurrency consumers per Subscribe, one message each, or with Window > 0
-// one consumer with up to Window messages in flight; it is safe for
+// up on the connection is a *DialError. The subscriber is safe for
 // concurrent use and also has SubscribeInitialize, IsConnected (readiness,
 // observe.SubscriberConnected) and ReplayHorizon (see brokers.UnboundedHorizon).
 func NewSubscriber(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (message.Subscriber, error) {
@@ -72,9 +71,9 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := waitConnected(ctx, s.cfg, s.conn); err != nil {
 		return nil, err
 	}
-	n, prefetch := s.cfg.Concurrency, s.cfg.Prefetch
+	n := s.cfg.Concurrency
 	if s.cfg.Window > 0 {
-		n, prefetch = 1, s.cfg.Window
+		n = 1
 	}
 	out := make(chan *message.Message)
 	cs := make([]*consumer, n)
@@ -86,7 +85,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, err
 	}
 	for i := range cs {
-		cs[i] = &consumer{s: s, topic: topic, prefetch: prefetch, sequential: s.cfg.Window == 0, out: out,
+		cs[i] = &consumer{s: s, topic: topic, out: out,
 			logFields: watermill.LogFields{"topic": topic, "consumer": i + 1, "window": s.cfg.Window}}
 		gen, err := cs[i].open()
 		if err != nil {
@@ -151,13 +150,11 @@ func (s *subscriber) IsConnected() bool {
 // own. Sequential, it settles each message before it takes the next; in the
 // window mode a goroutine per message settles it.
 type consumer struct {
-	s          *subscriber
-	ctx        context.Context
-	topic      string
-	prefetch   int
-	sequential bool
-	out        chan<- *message.Message
-	logFields  watermill.LogFields
+	s         *subscriber
+	ctx       context.Context
+	topic     string
+	out       chan<- *message.Message
+	logFields watermill.LogFields
 }
 
 // generation is one AMQP channel and its consumer. A delivery is settled
@@ -191,9 +188,10 @@ func (w *consumer) open() (*generation, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ch.Qos(w.prefetch, 0, false); err != nil {
+	prefetch := cmp.Or(w.s.cfg.Window, w.s.cfg.Prefetch) // the window replaces Prefetch
+	if err := ch.Qos(prefetch, 0, false); err != nil {
 		_ = ch.Close()
-		return nil, fmt.Errorf("set prefetch %d: %w", w.prefetch, err)
+		return nil, fmt.Errorf("set prefetch %d: %w", prefetch, err)
 	}
 	c := w.s.wc.Consume
 	tag := w.s.cfg.ConnectionName + "-" + watermill.NewShortUUID()
@@ -275,7 +273,7 @@ func (w *consumer) consume(gen *generation) (stop bool) {
 			cancel()
 			return true
 		}
-		if w.sequential {
+		if w.s.cfg.Window == 0 {
 			w.settle(gen, d, msg, w.ctx.Done())
 			cancel()
 			continue

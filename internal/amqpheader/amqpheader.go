@@ -31,11 +31,7 @@ func ToString(v any) string {
 			return string(x)
 		}
 	}
-	b, err := json.Marshal(jsonValue(v))
-	if err != nil {
-		// A guard for a type amqp091 may add one day.
-		b, _ = json.Marshal(fmt.Sprint(v))
-	}
+	b, _ := json.Marshal(jsonValue(v)) // cannot fail: jsonValue leaves only what JSON encodes
 	return string(b)
 }
 
