@@ -1,15 +1,34 @@
 package amqp
 
 import (
+	"context"
+	"reflect"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/claimtx/claimtx/brokers"
-	"github.com/claimtx/claimtx/brokers/internal/defaults"
 	"github.com/claimtx/claimtx/framework"
 )
+
+// Importing the package registers the "amqp" kind: a program that never
+// imports it does not link the AMQP client.
+func init() {
+	brokers.Register(brokers.KindAMQP, brokers.Factory{
+		NewSubscriber: func(c brokers.Config, l watermill.LoggerAdapter) (message.Subscriber, error) {
+			return NewSubscriber(context.Background(), c.AMQP, l)
+		},
+		NewPublisher: func(c brokers.Config, l watermill.LoggerAdapter) (message.Publisher, error) {
+			return NewPublisher(context.Background(), c.AMQP, l)
+		},
+		Validate: func(c brokers.Config) error {
+			return checkQueueArguments("amqp.queue_arguments", c.AMQP.QueueArguments)
+		},
+	})
+}
 
 // The values of brokers.AMQPConfig.QueueType and the queue arguments they set.
 const (
@@ -17,8 +36,6 @@ const (
 	argQueueType     = "x-queue-type"
 	argDeliveryLimit = "x-delivery-limit"
 )
-
-func withDefaults(c brokers.AMQPConfig) brokers.AMQPConfig { return defaults.Apply(c) }
 
 func validate(c brokers.AMQPConfig) error {
 	if err := c.Validate(); err != nil {
@@ -43,6 +60,11 @@ func watermillConfig(c brokers.AMQPConfig) (wamqp.Config, error) {
 	if err != nil {
 		return wamqp.Config{}, err
 	}
+	// amqp091's default is 30s per dial to a black-holed address.
+	attemptTimeout := 10 * time.Second
+	if c.DialTimeout > 0 {
+		attemptTimeout = min(c.DialTimeout, attemptTimeout)
+	}
 	wc := wamqp.NewDurableQueueConfig(c.URL)
 	wc.Marshaler = marshaler{}
 	wc.Queue.Arguments = args
@@ -62,18 +84,9 @@ func watermillConfig(c brokers.AMQPConfig) (wamqp.Config, error) {
 		// a silently lost connection would look up (readiness) for 3
 		// minutes instead of 30s.
 		Heartbeat: 10 * time.Second,
-		// amqp091's default is 30s per dial to a black-holed address.
-		Dial: amqp091.DefaultDial(attemptTimeout(c)),
+		Dial:      amqp091.DefaultDial(attemptTimeout),
 	}
 	return wc, nil
-}
-
-func attemptTimeout(c brokers.AMQPConfig) time.Duration {
-	const max = 10 * time.Second
-	if c.DialTimeout > 0 && c.DialTimeout < max {
-		return c.DialTimeout
-	}
-	return max
 }
 
 // declareArguments is the argument table of every queue declaration. A
@@ -85,9 +98,6 @@ func declareArguments(c brokers.AMQPConfig) (amqp091.Table, error) {
 		return nil, err
 	}
 	if c.QueueType == queueTypeQuorum {
-		if args == nil {
-			args = amqp091.Table{}
-		}
 		args[argQueueType] = queueTypeQuorum
 		if c.DeliveryLimit > 0 {
 			args[argDeliveryLimit] = int64(c.DeliveryLimit)
@@ -99,13 +109,7 @@ func declareArguments(c brokers.AMQPConfig) (amqp091.Table, error) {
 // queueArguments converts YAML-decoded arguments into an amqp091.Table
 // RabbitMQ can encode.
 func queueArguments(in map[string]any) (amqp091.Table, error) {
-	if len(in) == 0 {
-		return nil, nil
-	}
-	t := make(amqp091.Table, len(in))
-	for k, v := range in {
-		t[k] = toAMQPValue(v)
-	}
+	t := toAMQPValue(in).(amqp091.Table) // a Table even for no arguments
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
@@ -126,12 +130,8 @@ func toAMQPValue(v any) any {
 			out[i] = toAMQPValue(e)
 		}
 		return out
-	case uint:
-		return int64(x)
-	case uint32:
-		return int64(x)
-	case uint64:
-		return int64(x)
+	case uint, uint32, uint64:
+		return int64(reflect.ValueOf(x).Uint())
 	default:
 		return v
 	}

@@ -14,6 +14,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/brokers/internal/defaults"
 	"github.com/claimtx/claimtx/brokers/internal/wait"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
 	"github.com/claimtx/claimtx/framework"
@@ -56,7 +57,7 @@ func dial(ctx context.Context, cfg brokers.AMQPConfig, wc wamqp.Config, logger w
 		fail := func(err error) error {
 			return &DialError{URL: redacted, Attempts: attempt, Elapsed: time.Since(start), Err: err}
 		}
-		if permanentDialError(err) {
+		if accessRefused(err) {
 			return nil, fail(&framework.AuthError{Dependency: "RabbitMQ", Err: err})
 		}
 		if cfg.DialTimeout < 0 {
@@ -83,10 +84,6 @@ type conn struct {
 	w *watcher
 }
 
-// watcherStopWait bounds Close's wait for the watcher, which stops at once
-// or after one reconnect.
-const watcherStopWait = 5 * time.Second
-
 // Close closes the wrapper and, once its watcher has ended, the connection
 // it left. With the connection lost already, the watcher ends only on its
 // next retry (up to ReconnectMaxInterval away): that connection is closed
@@ -106,12 +103,10 @@ func (c *conn) Close() error {
 	if lost {
 		return err
 	}
-	t := time.NewTimer(watcherStopWait)
-	defer t.Stop()
 	select {
 	case e := <-left:
 		return errors.Join(err, e)
-	case <-t.C:
+	case <-time.After(5 * time.Second): // the watcher stops at once or after one reconnect
 		return err
 	}
 }
@@ -153,8 +148,9 @@ func (w *watcher) Debug(msg string, fields watermill.LogFields) {
 
 func (w *watcher) stop() { w.stopOnce.Do(func() { close(w.stopped) }) }
 
-// permanentDialError: RabbitMQ refused the credentials or vhost (403).
-func permanentDialError(err error) bool {
+// accessRefused: RabbitMQ refused the credentials, the vhost or a
+// permission (403).
+func accessRefused(err error) bool {
 	var aerr *amqp091.Error
 	return errors.As(err, &aerr) && aerr.Code == amqp091.AccessRefused
 }
@@ -162,9 +158,6 @@ func permanentDialError(err error) bool {
 // waitConnected waits until conn is connected again after a drop, bounded
 // like the initial dial.
 func waitConnected(ctx context.Context, cfg brokers.AMQPConfig, conn *conn) error {
-	if conn.IsConnected() {
-		return nil
-	}
 	if cfg.DialTimeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, cfg.DialTimeout)
@@ -198,7 +191,7 @@ func connect(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.Logge
 	if err := validate(cfg); err != nil {
 		return link{}, err
 	}
-	l := link{cfg: withDefaults(cfg), logger: logger}
+	l := link{cfg: defaults.Apply(cfg), logger: logger}
 	if l.logger == nil {
 		l.logger = watermill.NopLogger{}
 	}
@@ -213,13 +206,9 @@ func connect(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.Logge
 // declareQueue declares the durable queue named topic as every declaration
 // here does, on a channel of its own: a refusal closes its channel.
 func (l *link) declareQueue(topic string) error {
-	ac := l.conn.Connection()
-	if ac == nil {
-		return errors.New("not connected to AMQP")
-	}
-	ch, err := ac.Channel()
+	ch, err := l.channel()
 	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
+		return err
 	}
 	defer func() { _ = ch.Close() }()
 	q := l.wc.Queue
@@ -227,6 +216,18 @@ func (l *link) declareQueue(topic string) error {
 		return declareError(l.cfg, topic, err)
 	}
 	return nil
+}
+
+func (l *link) channel() (*amqp091.Channel, error) {
+	ac := l.conn.Connection()
+	if ac == nil {
+		return nil, errors.New("not connected to AMQP")
+	}
+	ch, err := ac.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	return ch, nil
 }
 
 // declareError turns a declaration refused because the queue exists with

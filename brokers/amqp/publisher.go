@@ -22,9 +22,7 @@ type publisher struct {
 
 	declaredMu sync.Mutex
 	declared   map[string]bool
-
-	closeOnce sync.Once
-	closeErr  error
+	close      func() error // sync.OnceValue
 }
 
 var _ message.Publisher = (*publisher)(nil)
@@ -44,7 +42,8 @@ func NewPublisher(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.
 		_ = l.conn.Close()
 		return nil, fmt.Errorf("brokers/amqp: create publisher: %w", err)
 	}
-	return &publisher{link: l, pub: pub, declared: make(map[string]bool)}, nil
+	return &publisher{link: l, pub: pub, declared: make(map[string]bool),
+		close: sync.OnceValue(func() error { return errors.Join(pub.Close(), l.conn.Close()) })}, nil
 }
 
 // Publish sends messages to the queue named topic and waits for RabbitMQ's
@@ -61,7 +60,7 @@ func (p *publisher) Publish(topic string, messages ...*message.Message) error {
 		return fmt.Errorf("brokers/amqp: publish to %q: %w", topic, err)
 	}
 	if err := p.pub.Publish(topic, messages...); err != nil {
-		if refused := p.probeWrite(largestBody(messages)); refused != nil {
+		if refused := p.probeWrite(messages); refused != nil {
 			err = framework.Permanent(errors.Join(err, refused))
 		}
 		return fmt.Errorf("brokers/amqp: publish to %q: %w", topic, err)
@@ -77,7 +76,11 @@ func (p *publisher) Publish(topic string, messages ...*message.Message) error {
 // closed with ACCESS_REFUSED or PRECONDITION_FAILED when not (then
 // returned). It is bounded by writeProbeWait whatever the connection does
 // (a half-open one can hold a channel.open for a heartbeat timeout).
-func (p *publisher) probeWrite(size int) error {
+func (p *publisher) probeWrite(messages []*message.Message) error {
+	size := 0
+	for _, m := range messages {
+		size = max(size, len(m.Payload))
+	}
 	verdict := make(chan error, 1) // buffered: a late probe exits on its own
 	go func() { verdict <- p.writeRefused(size) }()
 	select {
@@ -91,21 +94,9 @@ func (p *publisher) probeWrite(size int) error {
 // writeProbeWait bounds probeWrite; a healthy probe takes milliseconds.
 const writeProbeWait = 5 * time.Second
 
-func largestBody(messages []*message.Message) int {
-	n := 0
-	for _, m := range messages {
-		n = max(n, len(m.Payload))
-	}
-	return n
-}
-
 // writeRefused is the probe itself, unbounded.
 func (p *publisher) writeRefused(size int) error {
-	ac := p.conn.Connection()
-	if ac == nil || ac.IsClosed() {
-		return nil
-	}
-	ch, err := ac.Channel()
+	ch, err := p.channel()
 	if err != nil {
 		return nil
 	}
@@ -155,6 +146,96 @@ func (p *publisher) checkFrames(messages []*message.Message) error {
 	return nil
 }
 
+// frameOverhead is what a frame adds to its payload: type, channel, size
+// and the frame-end octet.
+const frameOverhead = 8
+
+// checkFrameSize refuses, as a framework.Permanent error, a message whose
+// properties do not fit in one frame of frameMax bytes (0: no limit). The
+// body may span frames, but all properties travel in one header frame, and
+// one over frame_max makes RabbitMQ close the whole connection, failing
+// every publish on it, again on each retry. Refused here it fails alone.
+func checkFrameSize(p amqp091.Publishing, frameMax int, uuid string) error {
+	if frameMax <= 0 {
+		return nil
+	}
+	if n := headerFrameSize(p); n > frameMax-frameOverhead {
+		return framework.Permanent(fmt.Errorf(
+			"brokers/amqp: the properties and headers of message %s take %d bytes, more than a frame holds (frame_max %d): RabbitMQ would close the connection (FRAME_ERROR frame_too_large)",
+			uuid, n, frameMax))
+	}
+	return nil
+}
+
+// headerFrameSize is the payload length of the content header frame amqp091
+// writes for p: class, weight, body size, property flags, then each
+// property set.
+func headerFrameSize(p amqp091.Publishing) int {
+	n := 2 + 2 + 8 + 2
+	for _, s := range []string{p.ContentType, p.ContentEncoding, p.CorrelationId, p.ReplyTo, p.Expiration, p.MessageId, p.Type, p.UserId, p.AppId} {
+		if s != "" {
+			n += shortstrSize(s)
+		}
+	}
+	if len(p.Headers) > 0 {
+		n += 4 + tableSize(p.Headers)
+	}
+	if p.DeliveryMode > 0 {
+		n++
+	}
+	if p.Priority > 0 {
+		n++
+	}
+	if !p.Timestamp.IsZero() {
+		n += 8
+	}
+	return n
+}
+
+// shortstrSize is what amqp091's writeShortstr writes (len mod 256 bytes).
+func shortstrSize(s string) int { return 1 + int(uint8(len(s))) }
+
+// tableSize is the length of a table's entries, without their 4-byte length.
+func tableSize(t amqp091.Table) int {
+	n := 0
+	for k, v := range t {
+		n += shortstrSize(k) + fieldSize(v)
+	}
+	return n
+}
+
+// fieldSize mirrors amqp091's writeField; a type it cannot write counts 0,
+// as the publish fails on it anyway.
+func fieldSize(v any) int {
+	switch v := v.(type) {
+	case bool, byte, int8:
+		return 2
+	case int16:
+		return 3
+	case int, int32, float32:
+		return 5
+	case int64, float64, time.Time:
+		return 9
+	case amqp091.Decimal:
+		return 6
+	case string:
+		return 5 + len(v)
+	case []byte:
+		return 5 + len(v)
+	case []any:
+		n := 5
+		for _, e := range v {
+			n += fieldSize(e)
+		}
+		return n
+	case amqp091.Table:
+		return 1 + 4 + tableSize(v)
+	case nil:
+		return 1
+	}
+	return 0
+}
+
 func (p *publisher) declare(topic string) error {
 	p.declaredMu.Lock()
 	defer p.declaredMu.Unlock()
@@ -168,7 +249,7 @@ func (p *publisher) declare(topic string) error {
 		return errors.New("brokers/amqp: not connected to RabbitMQ")
 	}
 	if err := p.declareQueue(topic); err != nil {
-		if aerr := (*amqp091.Error)(nil); errors.As(err, &aerr) && aerr.Code == amqp091.AccessRefused {
+		if accessRefused(err) {
 			// Never publishable: a poison copy goes to its fallback.
 			err = framework.Permanent(err)
 		}
@@ -179,9 +260,4 @@ func (p *publisher) declare(topic string) error {
 }
 
 // Close closes the channel pool and the connection. It is idempotent.
-func (p *publisher) Close() error {
-	p.closeOnce.Do(func() {
-		p.closeErr = errors.Join(p.pub.Close(), p.conn.Close())
-	})
-	return p.closeErr
-}
+func (p *publisher) Close() error { return p.close() }

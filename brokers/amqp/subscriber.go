@@ -1,10 +1,12 @@
 package amqp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"sync"
 	"time"
 
@@ -25,8 +27,7 @@ type subscriber struct {
 	mu         sync.Mutex
 	life       context.Context
 	end        context.CancelFunc
-	closeOnce  sync.Once
-	closeErr   error
+	close      func() error // sync.OnceValue
 	forwarders sync.WaitGroup
 }
 
@@ -38,9 +39,7 @@ var (
 // NewSubscriber validates cfg and connects to RabbitMQ, retrying until
 // DialTimeout passes or ctx ends (ctx bounds the start-up only). A nil
 // logger logs nothing. An invalid cfg is a *framework.ConfigError; giving
-// up on the connection is a *DialError. The subscriber consumes with
-// Concurrency consumers per Subscribe, one message each, or with Window > 0
-// one consumer with up to Window messages in flight; it is safe for
+// up on the connection is a *DialError. The subscriber is safe for
 // concurrent use and also has SubscribeInitialize, IsConnected (readiness,
 // observe.SubscriberConnected) and ReplayHorizon (see brokers.UnboundedHorizon).
 func NewSubscriber(ctx context.Context, cfg brokers.AMQPConfig, logger watermill.LoggerAdapter) (message.Subscriber, error) {
@@ -49,7 +48,15 @@ func NewSubscriber(ctx context.Context, cfg brokers.AMQPConfig, logger watermill
 		return nil, err
 	}
 	life, end := context.WithCancel(context.Background())
-	return &subscriber{link: l, life: life, end: end}, nil
+	s := &subscriber{link: l, life: life, end: end}
+	s.close = sync.OnceValue(func() error {
+		s.mu.Lock()
+		s.end()
+		s.mu.Unlock()
+		s.forwarders.Wait()
+		return s.conn.Close()
+	})
+	return s, nil
 }
 
 // Subscribe declares the durable queue named topic and starts its
@@ -64,9 +71,9 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err := waitConnected(ctx, s.cfg, s.conn); err != nil {
 		return nil, err
 	}
-	n, prefetch := s.cfg.Concurrency, s.cfg.Prefetch
+	n := s.cfg.Concurrency
 	if s.cfg.Window > 0 {
-		n, prefetch = 1, s.cfg.Window
+		n = 1
 	}
 	out := make(chan *message.Message)
 	cs := make([]*consumer, n)
@@ -78,7 +85,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, err
 	}
 	for i := range cs {
-		cs[i] = &consumer{s: s, topic: topic, prefetch: prefetch, sequential: s.cfg.Window == 0, out: out,
+		cs[i] = &consumer{s: s, topic: topic, out: out,
 			logFields: watermill.LogFields{"topic": topic, "consumer": i + 1, "window": s.cfg.Window}}
 		gen, err := cs[i].open()
 		if err != nil {
@@ -130,16 +137,7 @@ func (s *subscriber) SubscribeInitialize(topic string) error {
 
 // Close stops every subscription (unacked messages go back to their queue),
 // waits for them, and closes the connection. It is idempotent.
-func (s *subscriber) Close() error {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.end()
-		s.mu.Unlock()
-		s.forwarders.Wait()
-		s.closeErr = s.conn.Close()
-	})
-	return s.closeErr
-}
+func (s *subscriber) Close() error { return s.close() }
 
 // IsConnected reports whether the RabbitMQ connection is up (false while
 // watermill-amqp reconnects, and after Close), for readiness. During a
@@ -152,13 +150,11 @@ func (s *subscriber) IsConnected() bool {
 // own. Sequential, it settles each message before it takes the next; in the
 // window mode a goroutine per message settles it.
 type consumer struct {
-	s          *subscriber
-	ctx        context.Context
-	topic      string
-	prefetch   int
-	sequential bool
-	out        chan<- *message.Message
-	logFields  watermill.LogFields
+	s         *subscriber
+	ctx       context.Context
+	topic     string
+	out       chan<- *message.Message
+	logFields watermill.LogFields
 }
 
 // generation is one AMQP channel and its consumer. A delivery is settled
@@ -188,17 +184,14 @@ func (w *consumer) open() (*generation, error) {
 	if err := w.s.declareQueue(w.topic); err != nil {
 		return nil, fmt.Errorf("declare queue %q: %w", w.topic, err)
 	}
-	conn := w.s.conn.Connection()
-	if conn == nil {
-		return nil, errors.New("not connected to AMQP")
-	}
-	ch, err := conn.Channel()
+	ch, err := w.s.channel()
 	if err != nil {
-		return nil, fmt.Errorf("open channel: %w", err)
+		return nil, err
 	}
-	if err := ch.Qos(w.prefetch, 0, false); err != nil {
+	prefetch := cmp.Or(w.s.cfg.Window, w.s.cfg.Prefetch) // the window replaces Prefetch
+	if err := ch.Qos(prefetch, 0, false); err != nil {
 		_ = ch.Close()
-		return nil, fmt.Errorf("set prefetch %d: %w", w.prefetch, err)
+		return nil, fmt.Errorf("set prefetch %d: %w", prefetch, err)
 	}
 	c := w.s.wc.Consume
 	tag := w.s.cfg.ConnectionName + "-" + watermill.NewShortUUID()
@@ -280,7 +273,7 @@ func (w *consumer) consume(gen *generation) (stop bool) {
 			cancel()
 			return true
 		}
-		if w.sequential {
+		if w.s.cfg.Window == 0 {
 			w.settle(gen, d, msg, w.ctx.Done())
 			cancel()
 			continue
@@ -330,12 +323,8 @@ func (s *subscriber) ReplayHorizon(ctx context.Context, topic string) (time.Dura
 	}
 	var ms int64
 	switch n := v.(type) {
-	case int:
-		ms = int64(n)
-	case int32:
-		ms = int64(n)
-	case int64:
-		ms = n
+	case int, int32, int64:
+		ms = reflect.ValueOf(n).Int()
 	case float64:
 		ms = int64(n)
 	default:

@@ -24,11 +24,6 @@ const (
 	dialBackoffHi = 2 * time.Second
 )
 
-func isAuthError(err error) bool {
-	return errors.Is(err, natsgo.ErrAuthorization) || errors.Is(err, natsgo.ErrAuthExpired) ||
-		errors.Is(err, natsgo.ErrAuthRevoked) || errors.Is(err, natsgo.ErrAccountAuthExpired)
-}
-
 // dial connects to NATS, retrying with backoff until s.DialTimeout (once
 // when negative): nats.Connect fails at once while the server starts. A
 // refused credential is a *framework.AuthError at once. Once connected it
@@ -70,7 +65,8 @@ func dial(ctx context.Context, s settings, logger watermill.LoggerAdapter, role 
 			}
 			return nc, js, nil
 		}
-		if isAuthError(err) {
+		if errors.Is(err, natsgo.ErrAuthorization) || errors.Is(err, natsgo.ErrAuthExpired) ||
+			errors.Is(err, natsgo.ErrAuthRevoked) || errors.Is(err, natsgo.ErrAccountAuthExpired) {
 			return nil, nil, &framework.AuthError{Dependency: "NATS", Err: err}
 		}
 		if s.DialTimeout < 0 || time.Now().Add(delay).After(deadline) {
@@ -87,12 +83,10 @@ func dial(ctx context.Context, s settings, logger watermill.LoggerAdapter, role 
 }
 
 // deniedSubjects remembers when the server last refused a publish to each
-// subject (permissions). It says so asynchronously, and the JetStream
-// publish only times out: this is how Publish tells that timeout apart.
-type deniedSubjects struct {
-	mu sync.Mutex
-	at map[string]time.Time
-}
+// subject (permissions), subject -> time.Time. It says so asynchronously,
+// and the JetStream publish only times out: this is how Publish tells that
+// timeout apart.
+type deniedSubjects struct{ sync.Map }
 
 // publishDenied matches the server's -ERR text: nats.go has no sentinel.
 var publishDenied = regexp.MustCompile(`Permissions Violation for Publish to "([^"]+)"`)
@@ -101,21 +95,12 @@ func (d *deniedSubjects) record(err error) {
 	if d == nil || err == nil {
 		return
 	}
-	m := publishDenied.FindStringSubmatch(err.Error())
-	if m == nil {
-		return
+	if m := publishDenied.FindStringSubmatch(err.Error()); m != nil {
+		d.Store(m[1], time.Now())
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.at == nil {
-		d.at = map[string]time.Time{}
-	}
-	d.at[m[1]] = time.Now()
 }
 
 func (d *deniedSubjects) since(subject string, t time.Time) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	at, ok := d.at[subject]
-	return ok && !at.Before(t)
+	at, ok := d.Load(subject)
+	return ok && !at.(time.Time).Before(t)
 }

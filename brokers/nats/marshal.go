@@ -3,6 +3,7 @@ package nats
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 
 	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
@@ -11,6 +12,9 @@ import (
 
 	"github.com/claimtx/claimtx/internal/natsmsg"
 )
+
+// headerKey matches an HTTP token.
+var headerKey = regexp.MustCompile("^[-A-Za-z0-9!#$%&'*+.^_`|~]+$")
 
 var errHeaderKey = errors.New("cannot be a NATS header (letters, digits and !#$%&'*+-.^_`|~ only)")
 
@@ -30,7 +34,7 @@ func (m marshaler) Marshal(topic string, msg *message.Message) (*natsgo.Msg, err
 		if strings.HasPrefix(k, natsmsg.MetaPrefix) || strings.HasPrefix(k, natsmsg.ExpectedPrefix) || k == wmnats.WatermillUUIDHdr {
 			continue
 		}
-		if !validHeaderKey(k) {
+		if !headerKey.MatchString(k) {
 			// net/http's header writer would drop it without a word.
 			return nil, fmt.Errorf("brokers/nats: metadata key %q %w", k, errHeaderKey)
 		}
@@ -46,21 +50,4 @@ func (m marshaler) Unmarshal(nm *natsgo.Msg) (*message.Message, error) {
 		at = &natsmsg.Stored{Stream: meta.Stream, Sequence: meta.Sequence.Stream, Delivered: meta.NumDelivered, Time: meta.Timestamp}
 	}
 	return natsmsg.Message(nm.Subject, nm.Header, nm.Data, at), nil
-}
-
-// validHeaderKey reports whether k is an HTTP token.
-func validHeaderKey(k string) bool {
-	if k == "" {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		c := k[i]
-		switch {
-		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
-		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
-		default:
-			return false
-		}
-	}
-	return true
 }

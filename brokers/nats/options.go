@@ -3,6 +3,7 @@ package nats
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/claimtx/claimtx/brokers"
@@ -35,19 +36,15 @@ func checkSubject(s string, prefix bool) error {
 	if s == "" {
 		return fmt.Errorf("%w: empty", errBadSubject)
 	}
-	for _, r := range s {
-		if r <= ' ' || r == 0x7f || r == '*' || r == '>' {
-			return fmt.Errorf("%w: %q holds whitespace, a control character or a wildcard (* >)", errBadSubject, s)
-		}
+	if strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '*' || r == '>' }) {
+		return fmt.Errorf("%w: %q holds whitespace, a control character or a wildcard (* >)", errBadSubject, s)
 	}
 	body := s
 	if prefix {
 		body = strings.TrimSuffix(s, ".") // "prod." is a prefix: the topic ends the token
 	}
-	for _, tok := range strings.Split(body, ".") {
-		if tok == "" {
-			return fmt.Errorf("%w: %q has an empty token (a leading, trailing or double '.')", errBadSubject, s)
-		}
+	if slices.Contains(strings.Split(body, "."), "") {
+		return fmt.Errorf("%w: %q has an empty token (a leading, trailing or double '.')", errBadSubject, s)
 	}
 	return nil
 }

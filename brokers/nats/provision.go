@@ -9,13 +9,9 @@ import (
 )
 
 // streamNameUnsafe is what a stream name cannot hold ('.', '*', '>',
-// whitespace, path separators), widened to anything but a plain name.
+// whitespace, path separators), widened to anything but a plain name:
+// "order-completed.poison" -> stream "order-completed_poison".
 var streamNameUnsafe = regexp.MustCompile(`[^A-Za-z0-9_-]`)
-
-// streamName: "order-completed.poison" -> "order-completed_poison".
-func streamName(subject string) string {
-	return streamNameUnsafe.ReplaceAllString(subject, "_")
-}
 
 var errNoStream = errors.New("no JetStream stream captures the subject")
 
@@ -33,7 +29,7 @@ func ensureStream(js natsgo.JetStreamContext, s settings, subject string) (strin
 		return "", fmt.Errorf("brokers/nats: %w %q (nats.streams is %q: create the stream, or set it to %q)",
 			errNoStream, subject, streamsRequire, "create")
 	}
-	name = streamName(subject)
+	name = streamNameUnsafe.ReplaceAllString(subject, "_")
 	_, err = js.AddStream(&natsgo.StreamConfig{
 		Name:        name,
 		Description: "created by claimtx for subject " + subject,
@@ -51,8 +47,12 @@ func ensureStream(js natsgo.JetStreamContext, s settings, subject string) (strin
 	return "", fmt.Errorf("brokers/nats: create stream %q for subject %q: %w", name, subject, err)
 }
 
-func consumerConfig(s settings, subject string) *natsgo.ConsumerConfig {
-	return &natsgo.ConsumerConfig{
+// ensureConsumer creates the durable consumer of subject on stream, or
+// checks the existing one and updates its limits. Not the subscription:
+// nats.go deletes a consumer its subscription created when it ends, under
+// the other replicas.
+func ensureConsumer(js natsgo.JetStreamContext, s settings, stream, subject string) error {
+	want := &natsgo.ConsumerConfig{
 		Durable:       s.Durable,
 		Description:   "claimtx consumer of " + subject,
 		FilterSubject: subject,
@@ -63,14 +63,6 @@ func consumerConfig(s settings, subject string) *natsgo.ConsumerConfig {
 		MaxAckPending: s.MaxAckPending,
 		ReplayPolicy:  natsgo.ReplayInstantPolicy,
 	}
-}
-
-// ensureConsumer creates the durable consumer of subject on stream, or
-// checks the existing one and updates its limits. Not the subscription:
-// nats.go deletes a consumer its subscription created when it ends, under
-// the other replicas.
-func ensureConsumer(js natsgo.JetStreamContext, s settings, stream, subject string) error {
-	want := consumerConfig(s, subject)
 	info, err := js.ConsumerInfo(stream, s.Durable)
 	if errors.Is(err, natsgo.ErrConsumerNotFound) {
 		if _, err = js.AddConsumer(stream, want); err == nil {

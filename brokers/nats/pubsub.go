@@ -19,7 +19,6 @@ import (
 // with each topic's stream ensured before its first publish.
 type publisher struct {
 	s       settings
-	nc      *natsgo.Conn
 	js      natsgo.JetStreamContext
 	pub     *wmnats.Publisher
 	streams sync.Map // subject -> struct{}: its stream exists
@@ -34,7 +33,7 @@ func newPublisher(ctx context.Context, s settings, logger watermill.LoggerAdapte
 	}
 	pub, err := wmnats.NewPublisherWithNatsConn(nc, wmnats.PublisherPublishConfig{
 		Marshaler:         marshaler{subjectPrefix: s.SubjectPrefix},
-		SubjectCalculator: subjectCalculator(s),
+		SubjectCalculator: wmnats.DefaultSubjectCalculator, // required, unused: provisioning is off
 		JetStream: wmnats.JetStreamConfig{
 			// watermill-nats would name a stream after the topic, and
 			// TOPIC.poison is no stream name: ensureStream does it.
@@ -47,7 +46,7 @@ func newPublisher(ctx context.Context, s settings, logger watermill.LoggerAdapte
 		nc.Close()
 		return nil, fmt.Errorf("brokers/nats: publisher: %w", err)
 	}
-	return &publisher{s: s, nc: nc, js: js, pub: pub, denied: denied}, nil
+	return &publisher{s: s, js: js, pub: pub, denied: denied}, nil
 }
 
 // Publish ensures the topic's stream, then publishes each message and waits
@@ -96,27 +95,11 @@ const (
 // over max_payload or the stream's limits, headers over 64 KiB, a metadata
 // key that cannot be a header.
 func refused(err error) bool {
-	if errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, errHeaderKey) {
-		return true
-	}
 	var api *natsgo.APIError
-	if errors.As(err, &api) {
-		switch api.ErrorCode {
-		case jsErrMessageTooLarge, jsErrHeaderTooLarge:
-			return true
-		}
-	}
-	return false
+	return errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, errHeaderKey) ||
+		errors.As(err, &api) && (api.ErrorCode == jsErrMessageTooLarge || api.ErrorCode == jsErrHeaderTooLarge)
 }
 
 func (p *publisher) Close() error {
 	return p.pub.Close()
-}
-
-// subjectCalculator is for watermill-nats's stream provisioning, which is
-// off.
-func subjectCalculator(s settings) wmnats.SubjectCalculator {
-	return func(string, topic string) *wmnats.SubjectDetail {
-		return &wmnats.SubjectDetail{Primary: s.SubjectPrefix + topic}
-	}
 }

@@ -35,7 +35,6 @@ type subscriber struct {
 	nc     *natsgo.Conn
 	js     natsgo.JetStreamContext
 	logger watermill.LoggerAdapter
-	codec  marshaler
 
 	mu      sync.Mutex
 	closed  bool
@@ -48,8 +47,7 @@ func newSubscriber(ctx context.Context, s settings, logger watermill.LoggerAdapt
 	if err != nil {
 		return nil, err
 	}
-	return &subscriber{s: s, nc: nc, js: js, logger: logger, codec: marshaler{subjectPrefix: s.SubjectPrefix},
-		closing: make(chan struct{})}, nil
+	return &subscriber{s: s, nc: nc, js: js, logger: logger, closing: make(chan struct{})}, nil
 }
 
 // SubscribeInitialize ensures the topic's stream and the durable consumer.
@@ -168,7 +166,7 @@ func (sub *subscription) work(ps *natsgo.Subscription) {
 // dead consumer's messages wait, not a handler. A message still held when
 // the subscription ends is handed back.
 func (sub *subscription) handle(m *natsgo.Msg) {
-	msg, _ := sub.codec.Unmarshal(m) // never fails
+	msg, _ := marshaler{}.Unmarshal(m) // never fails
 	ctx, cancel := context.WithCancel(sub.ctx)
 	defer cancel()
 	msg.SetContext(ctx)
@@ -176,19 +174,11 @@ func (sub *subscription) handle(m *natsgo.Msg) {
 
 	progress := time.NewTicker(max(sub.s.AckWait/2, 500*time.Millisecond))
 	defer progress.Stop()
-	for sent := false; !sent; {
-		select {
-		case sub.output <- msg:
-			sent = true
-		case <-progress.C:
-			sub.inProgress(m, fields)
-		case <-sub.stop:
-			sub.handBack(m, fields)
-			return
-		}
-	}
+	out := sub.output // nil once sent
 	for {
 		select {
+		case out <- msg:
+			out = nil
 		case <-msg.Acked():
 			sub.ack(m, fields)
 			return
@@ -220,13 +210,7 @@ func (sub *subscription) ack(m *natsgo.Msg, fields watermill.LogFields) {
 }
 
 func (sub *subscription) nack(m *natsgo.Msg, fields watermill.LogFields) {
-	var err error
-	if sub.s.NackDelay > 0 {
-		err = m.NakWithDelay(sub.s.NackDelay)
-	} else {
-		err = m.Nak()
-	}
-	if err != nil {
+	if err := m.NakWithDelay(sub.s.NackDelay); err != nil { // a plain Nak when the delay is 0
 		sub.logger.Error("NATS nak failed; the message will be redelivered after AckWait", err, fields)
 	}
 }

@@ -5,6 +5,7 @@
 package amqpheader
 
 import (
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -30,11 +31,7 @@ func ToString(v any) string {
 			return string(x)
 		}
 	}
-	b, err := json.Marshal(jsonValue(v))
-	if err != nil {
-		// A guard for a type amqp091 may add one day.
-		b, _ = json.Marshal(fmt.Sprint(v))
-	}
+	b, _ := json.Marshal(jsonValue(v)) // cannot fail: jsonValue leaves only what JSON encodes
 	return string(b)
 }
 
@@ -103,44 +100,31 @@ const (
 // ToString; the properties under the amqp_* keys unless a header has that
 // name.
 func ToMessage(d amqp091.Delivery) *message.Message {
-	var uuid string
-	switch v := d.Headers[UUIDHeader].(type) {
-	case string:
-		uuid = v
-	case []byte:
-		uuid = string(v)
+	uuid, _ := d.Headers[UUIDHeader].(string)
+	if b, ok := d.Headers[UUIDHeader].([]byte); ok {
+		uuid = string(b)
 	}
-	if uuid == "" {
-		uuid = d.MessageId
-	}
-	if uuid == "" {
-		uuid = watermill.NewUUID()
-	}
-	msg := message.NewMessage(uuid, d.Body)
+	msg := message.NewMessage(cmp.Or(uuid, d.MessageId, watermill.NewUUID()), d.Body)
 	msg.Metadata = make(message.Metadata, len(d.Headers)+6)
 	for k, v := range d.Headers {
 		if k != UUIDHeader {
 			msg.Metadata[k] = ToString(v)
 		}
 	}
-	setIfAbsent := func(k, v string) {
-		if _, ok := msg.Metadata[k]; !ok {
-			msg.Metadata[k] = v
+	var ts string
+	if !d.Timestamp.IsZero() {
+		ts = d.Timestamp.UTC().Format(time.RFC3339Nano)
+	}
+	for _, p := range []struct {
+		key, value string
+		always     bool // set even when empty
+	}{
+		{MessageID, d.MessageId, false}, {CorrelationID, d.CorrelationId, false}, {ContentType, d.ContentType, false},
+		{Timestamp, ts, false}, {Exchange, d.Exchange, true}, {RoutingKey, d.RoutingKey, true},
+	} {
+		if _, taken := msg.Metadata[p.key]; !taken && (p.value != "" || p.always) {
+			msg.Metadata[p.key] = p.value
 		}
 	}
-	if d.MessageId != "" {
-		setIfAbsent(MessageID, d.MessageId)
-	}
-	if d.CorrelationId != "" {
-		setIfAbsent(CorrelationID, d.CorrelationId)
-	}
-	if d.ContentType != "" {
-		setIfAbsent(ContentType, d.ContentType)
-	}
-	if !d.Timestamp.IsZero() {
-		setIfAbsent(Timestamp, d.Timestamp.UTC().Format(time.RFC3339Nano))
-	}
-	setIfAbsent(Exchange, d.Exchange)
-	setIfAbsent(RoutingKey, d.RoutingKey)
 	return msg
 }

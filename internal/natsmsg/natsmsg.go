@@ -5,6 +5,7 @@
 package natsmsg
 
 import (
+	"cmp"
 	"strconv"
 	"strings"
 	"time"
@@ -51,13 +52,8 @@ func Message(subject string, hdr natsgo.Header, data []byte, at *Stored) *messag
 		}
 		md.Set(k, strings.Join(vs, ", "))
 	}
-	id := hdr.Get(wmnats.WatermillUUIDHdr)
-	if id == "" {
-		id = hdr.Get(natsgo.MsgIdHdr) // a plain producer's deduplication id
-	}
-	if id == "" {
-		id = watermill.NewUUID()
-	}
+	// Nats-Msg-Id: a plain producer's deduplication id.
+	id := cmp.Or(hdr.Get(wmnats.WatermillUUIDHdr), hdr.Get(natsgo.MsgIdHdr), watermill.NewUUID())
 	md.Set(MetaSubject, subject)
 	if at != nil {
 		md.Set(MetaStream, at.Stream)

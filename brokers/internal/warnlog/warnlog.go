@@ -5,14 +5,11 @@ package warnlog
 
 import "github.com/ThreeDotsLabs/watermill"
 
-// Warner is the optional method Log looks for.
-type Warner interface {
-	Warn(msg string, fields watermill.LogFields)
-}
-
 // Log logs msg at WARN when logger can, at INFO otherwise.
 func Log(logger watermill.LoggerAdapter, msg string, fields watermill.LogFields) {
-	if w, ok := logger.(Warner); ok {
+	if w, ok := logger.(interface {
+		Warn(msg string, fields watermill.LogFields)
+	}); ok {
 		w.Warn(msg, fields)
 		return
 	}
