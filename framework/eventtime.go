@@ -68,17 +68,11 @@ func timeFromMetadata(field string) (TimeFunc, error) {
 // timeFromJSON is spec "json:PATH", a dotted path as in key specs to an
 // RFC 3339 string or a Unix time number.
 func timeFromJSON(path string) (TimeFunc, error) {
-	segs, err := parsePath(path)
+	f, err := payloadFunc(path, eventTimeValue)
 	if err != nil {
 		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("JSON path %q is invalid", path), Err: err}
 	}
-	src := fmt.Sprintf("payload %q", path)
-	fp := newFieldPaths(segs)
-	return func(msg *message.Message) (time.Time, error) {
-		var out [1]fieldValue
-		payloadValues(msg.Payload, fp, out[:])
-		return eventTimeValue(out[0], src)
-	}, nil
+	return f, nil
 }
 
 func eventTimeValue(f fieldValue, src string) (time.Time, error) {

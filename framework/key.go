@@ -51,17 +51,21 @@ func metadataKey(msg *message.Message, field, src string) (string, error) {
 // ("order.id", "items.0.sku"), rendered by keyValue. Its cost is linear in
 // the payload and bounded (docs/design.md, "Keys cost time linear in the
 // payload").
-func fromJSON(path string) (KeyFunc, error) {
+func fromJSON(path string) (KeyFunc, error) { return payloadFunc(path, keyValue) }
+
+// payloadFunc reads the value at path in the payload and converts it; the
+// time spec json: shares it.
+func payloadFunc[R any](path string, conv func(fieldValue, string) (R, error)) (func(*message.Message) (R, error), error) {
 	segs, err := parsePath(path)
 	if err != nil {
 		return nil, err
 	}
 	src := fmt.Sprintf("payload %q", path)
 	fp := newFieldPaths(segs)
-	return func(msg *message.Message) (string, error) {
+	return func(msg *message.Message) (R, error) {
 		var out [1]fieldValue
 		payloadValues(msg.Payload, fp, out[:])
-		return keyValue(out[0], src)
+		return conv(out[0], src)
 	}, nil
 }
 
@@ -400,24 +404,18 @@ func canonicalNumber(s string) (string, error) {
 	if digits == "" {
 		return "0", nil // -0, 0.0, 0e5: one value, one key
 	}
-	var b strings.Builder
-	if neg {
-		b.WriteByte('-')
-	}
 	switch point := len(digits) + exp; {
 	case exp >= 0:
-		b.WriteString(digits)
-		b.WriteString(strings.Repeat("0", exp))
+		digits += strings.Repeat("0", exp)
 	case point > 0:
-		b.WriteString(digits[:point])
-		b.WriteByte('.')
-		b.WriteString(digits[point:])
+		digits = digits[:point] + "." + digits[point:]
 	default:
-		b.WriteString("0.")
-		b.WriteString(strings.Repeat("0", -point))
-		b.WriteString(digits)
+		digits = "0." + strings.Repeat("0", -point) + digits
 	}
-	return b.String(), nil
+	if neg {
+		return "-" + digits, nil
+	}
+	return digits, nil
 }
 
 func allDigits(s string) bool { return strings.TrimLeft(s, "0123456789") == "" }

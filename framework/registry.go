@@ -127,10 +127,7 @@ func parse[F ~func(string) (G, error), G ~func(*message.Message) (R, error), R a
 	if f == nil {
 		r.mu.RLock()
 		f = (*m)[name]
-		names := slices.Collect(maps.Keys(k.builtins))
-		for n := range *m {
-			names = append(names, n)
-		}
+		names := slices.AppendSeq(slices.Collect(maps.Keys(k.builtins)), maps.Keys(*m))
 		r.mu.RUnlock()
 		if f == nil {
 			slices.Sort(names)
