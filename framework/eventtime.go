@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"math/big"
 	"strconv"
 	"strings"
@@ -65,8 +64,8 @@ func timeFromMetadata(field string) (TimeFunc, error) {
 	}, nil
 }
 
-// timeFromJSON is spec "json:PATH", a dotted path as in key specs to an
-// RFC 3339 string or a Unix time number.
+// timeFromJSON is spec "json:PATH", as in key specs, to an RFC 3339 string
+// or a Unix time number.
 func timeFromJSON(path string) (TimeFunc, error) {
 	f, err := payloadFunc(path, eventTimeValue)
 	if err != nil {
@@ -124,9 +123,7 @@ func parseEventTime(s string) (time.Time, error) {
 	return checkEventTime(t.UTC())
 }
 
-// maxUnixNumberBytes bounds a Unix time number (nanoseconds need 20
-// digits), keeping hostile ones from big.Rat, quadratic in the digits.
-const maxUnixNumberBytes = 64
+const maxUnixNumberBytes = 64 // nanoseconds need 20 digits; big.Rat is quadratic in them
 
 // parseUnixNumber reads a Unix time: an integer's unit is inferred from its
 // magnitude (below 1e11 seconds, 1e14 milliseconds, 1e17 microseconds, else
@@ -168,8 +165,7 @@ func parseUnixNumber(s string) (time.Time, error) {
 	if r.Sign() < 0 {
 		return time.Time{}, fmt.Errorf("unix time %s is negative", s)
 	}
-	f, _ := r.Float64()
-	if f >= 1e11 || math.IsInf(f, 0) {
+	if f, _ := r.Float64(); f >= 1e11 { // +Inf too
 		return time.Time{}, fmt.Errorf("fractional unix time %s must be in seconds", s)
 	}
 	ns := new(big.Rat).Mul(&r, big.NewRat(1e9, 1))

@@ -48,9 +48,7 @@ func metadataKey(msg *message.Message, field, src string) (string, error) {
 }
 
 // fromJSON is spec "json:PATH", a dotted path into the JSON payload
-// ("order.id", "items.0.sku"), rendered by keyValue. Its cost is linear in
-// the payload and bounded (docs/design.md, "Keys cost time linear in the
-// payload").
+// ("order.id", "items.0.sku"), rendered by keyValue.
 func fromJSON(path string) (KeyFunc, error) { return payloadFunc(path, keyValue) }
 
 // payloadFunc reads the value at path in the payload and converts it; the
@@ -70,13 +68,9 @@ func payloadFunc[R any](path string, conv func(fieldValue, string) (R, error)) (
 }
 
 // firstNonEmpty is spec "first:SPEC|SPEC...": the first key produced
-// without error, else a *KeyError listing every reason.
-//
-// Each source keys in its own namespace (event_id "3" and order_id 3 are
-// different events): a key k from source i ≥ 1, or a first-source key that
-// starts with '\', is returned as `\i:k`, so no two sources can give one key
-// while the preferred source's keys stay unchanged (docs/design.md, "Keys are
-// injective").
+// without error, else a *KeyError listing every reason. Each source keys in
+// its own namespace: a key k from source i ≥ 1, or a first-source key that
+// starts with '\', becomes `\i:k` (docs/design.md, "Keys are injective").
 func firstNonEmpty(fs ...KeyFunc) KeyFunc {
 	return func(msg *message.Message) (string, error) {
 		reasons := make([]string, 0, len(fs))
@@ -158,14 +152,10 @@ func parsePath(path string) ([]string, error) {
 }
 
 // Limits of JSON lookups, so that one hostile message cannot hold a
-// consumer (docs/design.md, "Keys cost time linear in the payload"); a
-// payload over one is poisoned with the reason.
+// consumer; why these values: docs/design.md, "Keys cost time linear in the
+// payload".
 const (
-	// maxPayloadBytes is 4× Kafka's default maximum record; key larger
-	// payloads by metadata.
 	maxPayloadBytes = 4 << 20
-	// maxPayloadDepth bounds nesting; encoding/json alone accepts 10,000
-	// levels, each a recursive call and an allocation.
 	maxPayloadDepth = 64
 )
 
@@ -360,17 +350,13 @@ func plainInteger(s string) bool {
 	return d != "" && allDigits(d) && (d[0] != '0' || s == "0")
 }
 
-// maxExponent bounds the exponent of a number in a key: 1e999999999 would
-// expand into a gigabyte of digits.
-const maxExponent = 400
+const maxExponent = 400 // 1e999999999 would expand into a gigabyte of digits
 
 // canonicalNumber renders a JSON number so that every spelling of one value
 // gives one key: integers without fraction or exponent (9912), other values
-// as the shortest exact decimal (0.5). It works on the digits as text,
-// linear in len(s) plus the exponent; big.Rat, which it replaced, was
-// super-linear. A number longer than the default key limit is refused from
-// its length alone: its canonical form keeps every significant digit, so it
-// could never be a valid key (a KeyFunc does not see the consumer's policy).
+// as the shortest exact decimal (0.5), on the digits as text (linear, unlike
+// big.Rat). A number longer than the default key limit could never be a
+// valid key (a KeyFunc does not see the consumer's policy).
 func canonicalNumber(s string) (string, error) {
 	if len(s) > maxKeyBytes {
 		return "", fmt.Errorf("number is %d bytes, longer than the limit of %d", len(s), maxKeyBytes)

@@ -118,10 +118,9 @@ func register[F ~func(string) (G, error), G ~func(*message.Message) (R, error), 
 }
 
 func parse[F ~func(string) (G, error), G ~func(*message.Message) (R, error), R any](r *Registry, m *map[string]F, k specKind[F, G, R], spec string) (G, error) {
-	var zero G
 	name, arg, _ := strings.Cut(strings.TrimSpace(spec), ":")
 	if name == "" {
-		return zero, &ConfigError{Field: k.field, Reason: fmt.Sprintf("%s is empty (e.g. %s)", k.spec, k.examples)}
+		return nil, &ConfigError{Field: k.field, Reason: fmt.Sprintf("%s is empty (e.g. %s)", k.spec, k.examples)}
 	}
 	f := k.builtins[name]
 	if f == nil {
@@ -131,15 +130,15 @@ func parse[F ~func(string) (G, error), G ~func(*message.Message) (R, error), R a
 		r.mu.RUnlock()
 		if f == nil {
 			slices.Sort(names)
-			return zero, &ConfigError{Field: k.field, Reason: fmt.Sprintf("unknown %s %q in spec %q (known: %s)", k.unknown, name, spec, strings.Join(names, ", "))}
+			return nil, &ConfigError{Field: k.field, Reason: fmt.Sprintf("unknown %s %q in spec %q (known: %s)", k.unknown, name, spec, strings.Join(names, ", "))}
 		}
 	}
 	v, err := f(arg)
 	if err != nil {
-		return zero, err
+		return nil, err
 	}
 	if v == nil {
-		return zero, &ConfigError{Field: k.field, Reason: fmt.Sprintf("%s %q returned a nil function for %q", k.noun, name, arg)}
+		return nil, &ConfigError{Field: k.field, Reason: fmt.Sprintf("%s %q returned a nil function for %q", k.noun, name, arg)}
 	}
 	return v, nil
 }
