@@ -265,14 +265,11 @@ func escapeLen(p []byte, i int) (n int, lone bool) {
 
 // hex4 reads four hex digits at p[i:].
 func hex4(p []byte, i int) (rune, bool) {
-	var b [2]byte
 	if i+4 > len(p) {
 		return 0, false
 	}
-	if _, err := hex.Decode(b[:], p[i:i+4]); err != nil {
-		return 0, false
-	}
-	return rune(b[0])<<8 | rune(b[1]), true
+	r, err := strconv.ParseUint(string(p[i:i+4]), 16, 16)
+	return rune(r), err == nil
 }
 
 // descendJSON follows segs into doc: the value found, or why there is none.
