@@ -76,8 +76,7 @@ func readFields(payload []byte, paths *fieldPaths, out []fieldValue) (found uint
 		return 0, false
 	}
 	r := fieldReader{p: payload, paths: paths, raw: make([][]byte, len(out))}
-	r.space()
-	if !r.value(0, 1<<len(paths.segs)-1) {
+	if r.space(); !r.value(0, 1<<len(paths.segs)-1) {
 		return 0, false
 	}
 	if r.space(); r.i != len(r.p) {

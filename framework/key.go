@@ -82,8 +82,7 @@ func firstNonEmpty(fs ...KeyFunc) KeyFunc {
 			if err != nil {
 				// A non-key error (a bug in a user extractor) must not be
 				// masked as "no key".
-				var ke *KeyError
-				if !errors.As(err, &ke) {
+				if !errors.As(err, new(*KeyError)) {
 					return "", err
 				}
 				reasons = append(reasons, err.Error())

@@ -39,12 +39,8 @@ func fromTemplate(tmpl string) (KeyFunc, error) {
 		var b strings.Builder
 		j := 0
 		for _, p := range parts {
-			var v string
-			var err error
+			v, err := p.text, error(nil)
 			switch p.kind {
-			case partLiteral:
-				b.WriteString(p.text)
-				continue
 			case partMetadata:
 				v, err = metadataKey(msg, p.text, p.src)
 			case partPayload:
