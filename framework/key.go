@@ -197,28 +197,12 @@ func decodePayload(payload []byte) (any, error) {
 // It validates nothing else: on malformed input it may stop early, and the
 // decoder refuses the payload.
 func scanPayload(p []byte) error {
-	inString := false
-	depth := 0
+	inString, depth := false, 0
 	for i := 0; i < len(p); i++ {
-		c := p[i]
-		if !inString {
-			switch c {
-			case '"':
-				inString = true
-			case '[', '{':
-				depth++
-				if depth > maxPayloadDepth {
-					return fmt.Errorf("payload nests deeper than %d levels (at byte %d)", maxPayloadDepth, i)
-				}
-			case ']', '}':
-				depth--
-			}
-			continue
-		}
-		switch c {
-		case '"':
-			inString = false
-		case '\\':
+		switch c := p[i]; {
+		case c == '"':
+			inString = !inString
+		case inString && c == '\\':
 			n, lone := escapeLen(p, i)
 			switch {
 			case lone:
@@ -230,6 +214,13 @@ func scanPayload(p []byte) error {
 			default:
 				return nil
 			}
+		case inString:
+		case c == '[' || c == '{':
+			if depth++; depth > maxPayloadDepth {
+				return fmt.Errorf("payload nests deeper than %d levels (at byte %d)", maxPayloadDepth, i)
+			}
+		case c == ']' || c == '}':
+			depth--
 		}
 	}
 	return nil
