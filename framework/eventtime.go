@@ -74,19 +74,17 @@ func timeFromJSON(path string) (TimeFunc, error) {
 	return f, nil
 }
 
-func eventTimeValue(f fieldValue, src string) (time.Time, error) {
-	if f.reason != "" {
-		return time.Time{}, &EventTimeError{Source: src, Reason: f.reason}
-	}
-	var t time.Time
-	var err error
+func eventTimeValue(f fieldValue, src string) (t time.Time, err error) {
 	switch v := f.v.(type) {
 	case string:
 		t, err = parseEventTime(v)
 	case json.Number:
 		t, err = parseUnixNumber(string(v))
-	default:
-		return time.Time{}, &EventTimeError{Source: src, Reason: fmt.Sprintf("field is %s, want an RFC 3339 string or a Unix time number", jsonType(v))}
+	default: // nil too when f.reason tells why there is no value
+		if f.reason == "" {
+			f.reason = fmt.Sprintf("field is %s, want an RFC 3339 string or a Unix time number", jsonType(v))
+		}
+		err = errors.New(f.reason)
 	}
 	if err != nil {
 		return time.Time{}, &EventTimeError{Source: src, Reason: err.Error()}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -240,15 +241,13 @@ func escapeLen(p []byte, i int) (n int, lone bool) {
 		switch {
 		case !ok:
 			return 0, false
-		case r >= 0xD800 && r <= 0xDBFF:
-			if lo, ok := hex4(p, i+8); ok && p[i+6] == '\\' && p[i+7] == 'u' && lo >= 0xDC00 && lo <= 0xDFFF {
-				return 12, false
-			}
-			return 0, true
-		case r >= 0xDC00 && r <= 0xDFFF:
-			return 0, true
+		case !utf16.IsSurrogate(r):
+			return 6, false
 		}
-		return 6, false
+		if lo, ok := hex4(p, i+8); ok && p[i+6] == '\\' && p[i+7] == 'u' && utf16.DecodeRune(r, lo) != utf8.RuneError {
+			return 12, false
+		}
+		return 0, true
 	}
 	return 0, false
 }
