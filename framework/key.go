@@ -289,26 +289,26 @@ func descendJSON(doc any, segs []string) (any, string) {
 // they are, numbers canonically (9912, 9912.0 and 9.912e+03 give "9912"),
 // booleans as "true"/"false"; objects, arrays and null are refused.
 func keyValue(f fieldValue, src string) (string, error) {
-	if f.reason != "" {
-		return "", &KeyError{Source: src, Reason: f.reason}
-	}
 	switch v := f.v.(type) {
 	case string:
-		if v == "" {
-			return "", &KeyError{Source: src, Reason: "field is empty"}
+		if v != "" {
+			return v, nil
 		}
-		return v, nil
+		f.reason = "field is empty"
 	case json.Number:
 		s, err := canonicalNumber(string(v))
-		if err != nil {
-			return "", &KeyError{Source: src, Reason: err.Error()}
+		if err == nil {
+			return s, nil
 		}
-		return s, nil
+		f.reason = err.Error()
 	case bool:
 		return strconv.FormatBool(v), nil
-	default:
-		return "", &KeyError{Source: src, Reason: fmt.Sprintf("field is %s, want a string, number or boolean", jsonType(f.v))}
+	default: // nil too when f.reason tells why there is no value
+		if f.reason == "" {
+			f.reason = fmt.Sprintf("field is %s, want a string, number or boolean", jsonType(v))
+		}
 	}
+	return "", &KeyError{Source: src, Reason: f.reason}
 }
 
 func jsonType(v any) string {
