@@ -45,7 +45,7 @@ var (
 	maxEventTime = time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)
 )
 
-// timeFromMetadata is spec "metadata:NAME", read by parseEventTime.
+// timeFromMetadata is spec "metadata:NAME".
 func timeFromMetadata(field string) (TimeFunc, error) {
 	if field == "" {
 		return nil, &ConfigError{Field: "event_time", Reason: "metadata field name is empty"}
@@ -93,10 +93,8 @@ func eventTimeValue(f fieldValue, src string) (t time.Time, err error) {
 }
 
 // timeFromKafka is spec "kafka:timestamp", the record timestamp the Kafka
-// adapter puts in metadata (brokers/kafka.MetadataTimestamp). It is stable
-// across redeliveries of one record, but a LogAppendTime topic or another
-// producer stamps a republished copy anew, which is why middleware.Claim
-// refuses it for event-day partitions unless AllowBrokerEventTime is set.
+// adapter puts in metadata; why middleware.Claim refuses it for event-day
+// partitions: docs/design.md, "Event time" (a copy may be restamped).
 func timeFromKafka(arg string) (TimeFunc, error) {
 	if arg != "" && arg != "timestamp" {
 		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("kafka event time %q is not supported (use kafka:timestamp)", arg)}
