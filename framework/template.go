@@ -50,11 +50,10 @@ func fromTemplate(tmpl string) (KeyFunc, error) {
 			if err != nil {
 				return "", err
 			}
-			if p.escape == nil {
-				b.WriteString(v)
-			} else {
-				p.escape.WriteString(&b, v)
+			if p.escape != nil {
+				v = p.escape.Replace(v) // not WriteString(&b): b would escape
 			}
+			b.WriteString(v)
 		}
 		return b.String(), nil
 	}, nil
