@@ -257,8 +257,11 @@ func hex4(p []byte, i int) (rune, bool) {
 	if i+4 > len(p) {
 		return 0, false
 	}
-	r, err := strconv.ParseUint(string(p[i:i+4]), 16, 16)
-	return rune(r), err == nil
+	var b [2]byte
+	if _, err := hex.Decode(b[:], p[i:i+4]); err != nil {
+		return 0, false
+	}
+	return rune(b[0])<<8 | rune(b[1]), true
 }
 
 // descendJSON follows segs into doc: the value found, or why there is none.
