@@ -7,14 +7,10 @@
 //
 // Keys and event times are built from the spec strings configuration uses
 // (metadata:NAME, json:PATH, template:TEXT, first:SPEC|SPEC...,
-// kafka:timestamp); a Registry adds named extractors for what a spec cannot
-// say, and KeyPolicy validates derived keys:
-//
-//	key, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
-//	eventTime, err := framework.ParseTimeSpec("json:occurred_at")
-//
-// Errors are typed (branch with errors.As); Permanent marks one retrying
-// cannot fix. docs/configuration.md lists the specs, docs/design.md says why
-// keys are injective and linear in the payload, docs/operations.md covers
-// event times and the expiry guard.
+// kafka:timestamp; see ExampleParseKeySpec); a Registry adds named
+// extractors for what a spec cannot say, and KeyPolicy validates derived
+// keys. Errors are typed (branch with errors.As); Permanent marks one
+// retrying cannot fix. docs/configuration.md lists the specs, docs/design.md
+// says why keys are injective and linear in the payload, docs/operations.md
+// covers event times and the expiry guard.
 package framework

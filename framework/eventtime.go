@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"math/big"
 	"strconv"
 	"strings"
@@ -46,7 +45,7 @@ var (
 	maxEventTime = time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC)
 )
 
-// timeFromMetadata is spec "metadata:NAME", read by parseEventTime.
+// timeFromMetadata is spec "metadata:NAME".
 func timeFromMetadata(field string) (TimeFunc, error) {
 	if field == "" {
 		return nil, &ConfigError{Field: "event_time", Reason: "metadata field name is empty"}
@@ -65,35 +64,27 @@ func timeFromMetadata(field string) (TimeFunc, error) {
 	}, nil
 }
 
-// timeFromJSON is spec "json:PATH", a dotted path as in key specs to an
-// RFC 3339 string or a Unix time number.
+// timeFromJSON is spec "json:PATH", as in key specs, to an RFC 3339 string
+// or a Unix time number.
 func timeFromJSON(path string) (TimeFunc, error) {
-	segs, err := parsePath(path)
+	f, err := payloadFunc(path, eventTimeValue)
 	if err != nil {
 		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("JSON path %q is invalid", path), Err: err}
 	}
-	src := fmt.Sprintf("payload %q", path)
-	fp := newFieldPaths(segs)
-	return func(msg *message.Message) (time.Time, error) {
-		var out [1]fieldValue
-		payloadValues(msg.Payload, fp, out[:])
-		return eventTimeValue(out[0], src)
-	}, nil
+	return f, nil
 }
 
-func eventTimeValue(f fieldValue, src string) (time.Time, error) {
-	if f.reason != "" {
-		return time.Time{}, &EventTimeError{Source: src, Reason: f.reason}
-	}
-	var t time.Time
-	var err error
+func eventTimeValue(f fieldValue, src string) (t time.Time, err error) {
 	switch v := f.v.(type) {
 	case string:
 		t, err = parseEventTime(v)
 	case json.Number:
 		t, err = parseUnixNumber(string(v))
-	default:
-		return time.Time{}, &EventTimeError{Source: src, Reason: fmt.Sprintf("field is %s, want an RFC 3339 string or a Unix time number", jsonType(v))}
+	default: // nil too when f.reason tells why there is no value
+		if f.reason == "" {
+			f.reason = fmt.Sprintf("field is %s, want an RFC 3339 string or a Unix time number", jsonType(v))
+		}
+		err = errors.New(f.reason)
 	}
 	if err != nil {
 		return time.Time{}, &EventTimeError{Source: src, Reason: err.Error()}
@@ -102,10 +93,8 @@ func eventTimeValue(f fieldValue, src string) (time.Time, error) {
 }
 
 // timeFromKafka is spec "kafka:timestamp", the record timestamp the Kafka
-// adapter puts in metadata (brokers/kafka.MetadataTimestamp). It is stable
-// across redeliveries of one record, but a LogAppendTime topic or another
-// producer stamps a republished copy anew, which is why middleware.Claim
-// refuses it for event-day partitions unless AllowBrokerEventTime is set.
+// adapter puts in metadata; why middleware.Claim refuses it for event-day
+// partitions: docs/design.md, "Event time" (a copy may be restamped).
 func timeFromKafka(arg string) (TimeFunc, error) {
 	if arg != "" && arg != "timestamp" {
 		return nil, &ConfigError{Field: "event_time", Reason: fmt.Sprintf("kafka event time %q is not supported (use kafka:timestamp)", arg)}
@@ -130,9 +119,7 @@ func parseEventTime(s string) (time.Time, error) {
 	return checkEventTime(t.UTC())
 }
 
-// maxUnixNumberBytes bounds a Unix time number (nanoseconds need 20
-// digits), keeping hostile ones from big.Rat, quadratic in the digits.
-const maxUnixNumberBytes = 64
+const maxUnixNumberBytes = 64 // nanoseconds need 20 digits; big.Rat is quadratic in them
 
 // parseUnixNumber reads a Unix time: an integer's unit is inferred from its
 // magnitude (below 1e11 seconds, 1e14 milliseconds, 1e17 microseconds, else
@@ -174,8 +161,7 @@ func parseUnixNumber(s string) (time.Time, error) {
 	if r.Sign() < 0 {
 		return time.Time{}, fmt.Errorf("unix time %s is negative", s)
 	}
-	f, _ := r.Float64()
-	if f >= 1e11 || math.IsInf(f, 0) {
+	if f, _ := r.Float64(); f >= 1e11 { // +Inf too
 		return time.Time{}, fmt.Errorf("fractional unix time %s must be in seconds", s)
 	}
 	ns := new(big.Rat).Mul(&r, big.NewRat(1e9, 1))

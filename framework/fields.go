@@ -76,8 +76,7 @@ func readFields(payload []byte, paths *fieldPaths, out []fieldValue) (found uint
 		return 0, false
 	}
 	r := fieldReader{p: payload, paths: paths, raw: make([][]byte, len(out))}
-	r.space()
-	if !r.value(0, 1<<len(paths.segs)-1) {
+	if r.space(); !r.value(0, 1<<len(paths.segs)-1) {
 		return 0, false
 	}
 	if r.space(); r.i != len(r.p) {
@@ -269,26 +268,21 @@ func (r *fieldReader) number() bool {
 	if p[i] == '-' {
 		i++
 	}
-	switch {
-	case i < len(p) && p[i] == '0':
-		i++
-	case i < len(p) && p[i] >= '1' && p[i] <= '9':
-		i = digits(p, i)
-	default:
+	j := digits(p, i)
+	if j == i || (p[i] == '0' && j > i+1) {
 		return false
 	}
-	if i < len(p) && p[i] == '.' {
-		if i = digits(p, i+1); p[i-1] == '.' {
+	if i = j; i < len(p) && p[i] == '.' {
+		if j = digits(p, i+1); j == i+1 {
 			return false
 		}
+		i = j
 	}
 	if i < len(p) && (p[i] == 'e' || p[i] == 'E') {
-		i++
-		if i < len(p) && (p[i] == '+' || p[i] == '-') {
+		if i++; i < len(p) && (p[i] == '+' || p[i] == '-') {
 			i++
 		}
-		j := digits(p, i)
-		if j == i {
+		if j = digits(p, i); j == i {
 			return false
 		}
 		i = j

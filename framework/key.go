@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -48,31 +49,29 @@ func metadataKey(msg *message.Message, field, src string) (string, error) {
 }
 
 // fromJSON is spec "json:PATH", a dotted path into the JSON payload
-// ("order.id", "items.0.sku"), rendered by keyValue. Its cost is linear in
-// the payload and bounded (docs/design.md, "Keys cost time linear in the
-// payload").
-func fromJSON(path string) (KeyFunc, error) {
+// ("order.id", "items.0.sku"), rendered by keyValue.
+func fromJSON(path string) (KeyFunc, error) { return payloadFunc(path, keyValue) }
+
+// payloadFunc reads the value at path in the payload and converts it; the
+// time spec json: shares it.
+func payloadFunc[R any](path string, conv func(fieldValue, string) (R, error)) (func(*message.Message) (R, error), error) {
 	segs, err := parsePath(path)
 	if err != nil {
 		return nil, err
 	}
 	src := fmt.Sprintf("payload %q", path)
 	fp := newFieldPaths(segs)
-	return func(msg *message.Message) (string, error) {
+	return func(msg *message.Message) (R, error) {
 		var out [1]fieldValue
 		payloadValues(msg.Payload, fp, out[:])
-		return keyValue(out[0], src)
+		return conv(out[0], src)
 	}, nil
 }
 
 // firstNonEmpty is spec "first:SPEC|SPEC...": the first key produced
-// without error, else a *KeyError listing every reason.
-//
-// Each source keys in its own namespace (event_id "3" and order_id 3 are
-// different events): a key k from source i ≥ 1, or a first-source key that
-// starts with '\', is returned as `\i:k`, so no two sources can give one key
-// while the preferred source's keys stay unchanged (docs/design.md, "Keys are
-// injective").
+// without error, else a *KeyError listing every reason. Each source keys in
+// its own namespace: a key k from source i ≥ 1, or a first-source key that
+// starts with '\', becomes `\i:k` (docs/design.md, "Keys are injective").
 func firstNonEmpty(fs ...KeyFunc) KeyFunc {
 	return func(msg *message.Message) (string, error) {
 		reasons := make([]string, 0, len(fs))
@@ -84,8 +83,7 @@ func firstNonEmpty(fs ...KeyFunc) KeyFunc {
 			if err != nil {
 				// A non-key error (a bug in a user extractor) must not be
 				// masked as "no key".
-				var ke *KeyError
-				if !errors.As(err, &ke) {
+				if !errors.As(err, new(*KeyError)) {
 					return "", err
 				}
 				reasons = append(reasons, err.Error())
@@ -154,14 +152,10 @@ func parsePath(path string) ([]string, error) {
 }
 
 // Limits of JSON lookups, so that one hostile message cannot hold a
-// consumer (docs/design.md, "Keys cost time linear in the payload"); a
-// payload over one is poisoned with the reason.
+// consumer; why these values: docs/design.md, "Keys cost time linear in the
+// payload".
 const (
-	// maxPayloadBytes is 4× Kafka's default maximum record; key larger
-	// payloads by metadata.
 	maxPayloadBytes = 4 << 20
-	// maxPayloadDepth bounds nesting; encoding/json alone accepts 10,000
-	// levels, each a recursive call and an allocation.
 	maxPayloadDepth = 64
 )
 
@@ -204,28 +198,12 @@ func decodePayload(payload []byte) (any, error) {
 // It validates nothing else: on malformed input it may stop early, and the
 // decoder refuses the payload.
 func scanPayload(p []byte) error {
-	inString := false
-	depth := 0
+	inString, depth := false, 0
 	for i := 0; i < len(p); i++ {
-		c := p[i]
-		if !inString {
-			switch c {
-			case '"':
-				inString = true
-			case '[', '{':
-				depth++
-				if depth > maxPayloadDepth {
-					return fmt.Errorf("payload nests deeper than %d levels (at byte %d)", maxPayloadDepth, i)
-				}
-			case ']', '}':
-				depth--
-			}
-			continue
-		}
-		switch c {
-		case '"':
-			inString = false
-		case '\\':
+		switch c := p[i]; {
+		case c == '"':
+			inString = !inString
+		case inString && c == '\\':
 			n, lone := escapeLen(p, i)
 			switch {
 			case lone:
@@ -237,6 +215,13 @@ func scanPayload(p []byte) error {
 			default:
 				return nil
 			}
+		case inString:
+		case c == '[' || c == '{':
+			if depth++; depth > maxPayloadDepth {
+				return fmt.Errorf("payload nests deeper than %d levels (at byte %d)", maxPayloadDepth, i)
+			}
+		case c == ']' || c == '}':
+			depth--
 		}
 	}
 	return nil
@@ -256,25 +241,23 @@ func escapeLen(p []byte, i int) (n int, lone bool) {
 		switch {
 		case !ok:
 			return 0, false
-		case r >= 0xD800 && r <= 0xDBFF:
-			if lo, ok := hex4(p, i+8); ok && p[i+6] == '\\' && p[i+7] == 'u' && lo >= 0xDC00 && lo <= 0xDFFF {
-				return 12, false
-			}
-			return 0, true
-		case r >= 0xDC00 && r <= 0xDFFF:
-			return 0, true
+		case !utf16.IsSurrogate(r):
+			return 6, false
 		}
-		return 6, false
+		if lo, ok := hex4(p, i+8); ok && p[i+6] == '\\' && p[i+7] == 'u' && utf16.DecodeRune(r, lo) != utf8.RuneError {
+			return 12, false
+		}
+		return 0, true
 	}
 	return 0, false
 }
 
 // hex4 reads four hex digits at p[i:].
 func hex4(p []byte, i int) (rune, bool) {
-	var b [2]byte
 	if i+4 > len(p) {
 		return 0, false
 	}
+	var b [2]byte
 	if _, err := hex.Decode(b[:], p[i:i+4]); err != nil {
 		return 0, false
 	}
@@ -309,26 +292,26 @@ func descendJSON(doc any, segs []string) (any, string) {
 // they are, numbers canonically (9912, 9912.0 and 9.912e+03 give "9912"),
 // booleans as "true"/"false"; objects, arrays and null are refused.
 func keyValue(f fieldValue, src string) (string, error) {
-	if f.reason != "" {
-		return "", &KeyError{Source: src, Reason: f.reason}
-	}
 	switch v := f.v.(type) {
 	case string:
-		if v == "" {
-			return "", &KeyError{Source: src, Reason: "field is empty"}
+		if v != "" {
+			return v, nil
 		}
-		return v, nil
+		f.reason = "field is empty"
 	case json.Number:
 		s, err := canonicalNumber(string(v))
-		if err != nil {
-			return "", &KeyError{Source: src, Reason: err.Error()}
+		if err == nil {
+			return s, nil
 		}
-		return s, nil
+		f.reason = err.Error()
 	case bool:
 		return strconv.FormatBool(v), nil
-	default:
-		return "", &KeyError{Source: src, Reason: fmt.Sprintf("field is %s, want a string, number or boolean", jsonType(f.v))}
+	default: // nil too when f.reason tells why there is no value
+		if f.reason == "" {
+			f.reason = fmt.Sprintf("field is %s, want a string, number or boolean", jsonType(v))
+		}
 	}
+	return "", &KeyError{Source: src, Reason: f.reason}
 }
 
 func jsonType(v any) string {
@@ -356,17 +339,13 @@ func plainInteger(s string) bool {
 	return d != "" && allDigits(d) && (d[0] != '0' || s == "0")
 }
 
-// maxExponent bounds the exponent of a number in a key: 1e999999999 would
-// expand into a gigabyte of digits.
-const maxExponent = 400
+const maxExponent = 400 // 1e999999999 would expand into a gigabyte of digits
 
 // canonicalNumber renders a JSON number so that every spelling of one value
 // gives one key: integers without fraction or exponent (9912), other values
-// as the shortest exact decimal (0.5). It works on the digits as text,
-// linear in len(s) plus the exponent; big.Rat, which it replaced, was
-// super-linear. A number longer than the default key limit is refused from
-// its length alone: its canonical form keeps every significant digit, so it
-// could never be a valid key (a KeyFunc does not see the consumer's policy).
+// as the shortest exact decimal (0.5), on the digits as text (linear, unlike
+// big.Rat). A number longer than the default key limit could never be a
+// valid key (a KeyFunc does not see the consumer's policy).
 func canonicalNumber(s string) (string, error) {
 	if len(s) > maxKeyBytes {
 		return "", fmt.Errorf("number is %d bytes, longer than the limit of %d", len(s), maxKeyBytes)
@@ -400,24 +379,18 @@ func canonicalNumber(s string) (string, error) {
 	if digits == "" {
 		return "0", nil // -0, 0.0, 0e5: one value, one key
 	}
-	var b strings.Builder
-	if neg {
-		b.WriteByte('-')
-	}
 	switch point := len(digits) + exp; {
 	case exp >= 0:
-		b.WriteString(digits)
-		b.WriteString(strings.Repeat("0", exp))
+		digits += strings.Repeat("0", exp)
 	case point > 0:
-		b.WriteString(digits[:point])
-		b.WriteByte('.')
-		b.WriteString(digits[point:])
+		digits = digits[:point] + "." + digits[point:]
 	default:
-		b.WriteString("0.")
-		b.WriteString(strings.Repeat("0", -point))
-		b.WriteString(digits)
+		digits = "0." + strings.Repeat("0", -point) + digits
 	}
-	return b.String(), nil
+	if neg {
+		return "-" + digits, nil
+	}
+	return digits, nil
 }
 
 func allDigits(s string) bool { return strings.TrimLeft(s, "0123456789") == "" }

@@ -54,7 +54,7 @@ func (r *Registry) RegisterKey(name string, f KeyFactory) error {
 // RegisterTime adds a named event-time extractor, under the same rules as
 // RegisterKey.
 func (r *Registry) RegisterTime(name string, f TimeFactory) error {
-	return register(r, &r.times, timeKind(), name, f)
+	return register(r, &r.times, timeKind, name, f)
 }
 
 // ParseKey turns a key spec "NAME" or "NAME:ARG" into a KeyFunc. The
@@ -66,7 +66,7 @@ func (r *Registry) ParseKey(spec string) (KeyFunc, error) {
 // ParseTime turns an event-time spec "NAME" or "NAME:ARG" into a
 // TimeFunc.
 func (r *Registry) ParseTime(spec string) (TimeFunc, error) {
-	return parse(r, &r.times, timeKind(), spec)
+	return parse(r, &r.times, timeKind, spec)
 }
 
 var extractorName = regexp.MustCompile(`^[a-z][a-z0-9_.-]{0,62}$`)
@@ -87,12 +87,10 @@ func keyKind(r *Registry) specKind[KeyFactory, KeyFunc, string] {
 	}
 }
 
-func timeKind() specKind[TimeFactory, TimeFunc, time.Time] {
-	return specKind[TimeFactory, TimeFunc, time.Time]{
-		builtins: map[string]TimeFactory{"metadata": timeFromMetadata, "json": timeFromJSON, "kafka": timeFromKafka},
-		noun:     "event time extractor", unknown: "event time extractor", spec: "event time spec", field: "event_time",
-		examples: "metadata:event_time, json:occurred_at, kafka:timestamp",
-	}
+var timeKind = specKind[TimeFactory, TimeFunc, time.Time]{
+	builtins: map[string]TimeFactory{"metadata": timeFromMetadata, "json": timeFromJSON, "kafka": timeFromKafka},
+	noun:     "event time extractor", unknown: "event time extractor", spec: "event time spec", field: "event_time",
+	examples: "metadata:event_time, json:occurred_at, kafka:timestamp",
 }
 
 func register[F ~func(string) (G, error), G ~func(*message.Message) (R, error), R any](r *Registry, m *map[string]F, k specKind[F, G, R], name string, f F) error {
@@ -118,31 +116,27 @@ func register[F ~func(string) (G, error), G ~func(*message.Message) (R, error), 
 }
 
 func parse[F ~func(string) (G, error), G ~func(*message.Message) (R, error), R any](r *Registry, m *map[string]F, k specKind[F, G, R], spec string) (G, error) {
-	var zero G
 	name, arg, _ := strings.Cut(strings.TrimSpace(spec), ":")
 	if name == "" {
-		return zero, &ConfigError{Field: k.field, Reason: fmt.Sprintf("%s is empty (e.g. %s)", k.spec, k.examples)}
+		return nil, &ConfigError{Field: k.field, Reason: fmt.Sprintf("%s is empty (e.g. %s)", k.spec, k.examples)}
 	}
 	f := k.builtins[name]
 	if f == nil {
 		r.mu.RLock()
 		f = (*m)[name]
-		names := slices.Collect(maps.Keys(k.builtins))
-		for n := range *m {
-			names = append(names, n)
-		}
+		names := slices.AppendSeq(slices.Collect(maps.Keys(k.builtins)), maps.Keys(*m))
 		r.mu.RUnlock()
 		if f == nil {
 			slices.Sort(names)
-			return zero, &ConfigError{Field: k.field, Reason: fmt.Sprintf("unknown %s %q in spec %q (known: %s)", k.unknown, name, spec, strings.Join(names, ", "))}
+			return nil, &ConfigError{Field: k.field, Reason: fmt.Sprintf("unknown %s %q in spec %q (known: %s)", k.unknown, name, spec, strings.Join(names, ", "))}
 		}
 	}
 	v, err := f(arg)
 	if err != nil {
-		return zero, err
+		return nil, err
 	}
 	if v == nil {
-		return zero, &ConfigError{Field: k.field, Reason: fmt.Sprintf("%s %q returned a nil function for %q", k.noun, name, arg)}
+		return nil, &ConfigError{Field: k.field, Reason: fmt.Sprintf("%s %q returned a nil function for %q", k.noun, name, arg)}
 	}
 	return v, nil
 }

@@ -17,20 +17,15 @@ import (
 // Keys are injective (docs/design.md, "Keys are injective"): adjacent
 // placeholders are refused, and in the value of each placeholder another
 // follows, '\' and the first character of the literal after it are escaped
-// with '\' (writeEscaped). The last placeholder's value is written as it is.
+// with '\'. The last placeholder's value is written as it is.
 func fromTemplate(tmpl string) (KeyFunc, error) {
 	parts, err := parseTemplate(tmpl)
 	if err != nil {
 		return nil, err
 	}
 	var paths [][]string
-	srcs := make([]string, len(parts))
-	for i, p := range parts {
-		switch p.kind {
-		case partMetadata:
-			srcs[i] = fmt.Sprintf("metadata %q", p.text)
-		case partPayload:
-			srcs[i] = fmt.Sprintf("payload %q", p.text)
+	for _, p := range parts {
+		if p.kind == partPayload {
 			paths = append(paths, p.path)
 		}
 	}
@@ -43,24 +38,22 @@ func fromTemplate(tmpl string) (KeyFunc, error) {
 		}
 		var b strings.Builder
 		j := 0
-		for i, p := range parts {
+		for _, p := range parts {
+			v, err := p.text, error(nil)
 			switch p.kind {
-			case partLiteral:
-				b.WriteString(p.text)
 			case partMetadata:
-				v, err := metadataKey(msg, p.text, srcs[i])
-				if err != nil {
-					return "", err
-				}
-				writeEscaped(&b, v, p.escape)
+				v, err = metadataKey(msg, p.text, p.src)
 			case partPayload:
-				v, err := keyValue(vals[j], srcs[i])
+				v, err = keyValue(vals[j], p.src)
 				j++
-				if err != nil {
-					return "", err
-				}
-				writeEscaped(&b, v, p.escape)
 			}
+			if err != nil {
+				return "", err
+			}
+			if p.escape != nil {
+				v = p.escape.Replace(v) // not WriteString(&b): b would escape
+			}
+			b.WriteString(v)
 		}
 		return b.String(), nil
 	}, nil
@@ -78,44 +71,14 @@ type templatePart struct {
 	kind partKind
 	text string   // literal text, metadata name or payload path
 	path []string // payload path segments
-	// escape is, for a placeholder another follows, the first character of
-	// the literal after it; empty for the last placeholder.
-	escape string
+	ref  string   // the placeholder as the user wrote it
+	src  string   // KeyError.Source
+	// escape is, for a placeholder another follows, the escaper of the
+	// first character of the literal after it; nil for the last placeholder.
+	escape *strings.Replacer
 }
 
 const templateEscape = '\\'
-
-// writeEscaped writes v with templateEscape before every sep and every
-// templateEscape (when sep is not empty): read left to right, an unescaped
-// sep ends the value, so distinct tuples give distinct keys.
-func writeEscaped(b *strings.Builder, v, sep string) {
-	if sep == "" || (!strings.Contains(v, sep) && strings.IndexByte(v, templateEscape) < 0) {
-		b.WriteString(v)
-		return
-	}
-	for i := 0; i < len(v); {
-		switch {
-		case strings.HasPrefix(v[i:], sep):
-			b.WriteByte(templateEscape)
-			b.WriteString(sep)
-			i += len(sep)
-		case v[i] == templateEscape:
-			b.WriteString(`\\`)
-			i++
-		default:
-			b.WriteByte(v[i])
-			i++
-		}
-	}
-}
-
-// placeholderText is the placeholder as the user wrote it.
-func (p templatePart) placeholderText() string {
-	if p.kind == partMetadata {
-		return "{metadata." + p.text + "}"
-	}
-	return "{payload." + p.text + "}"
-}
 
 func parseTemplate(tmpl string) ([]templatePart, error) {
 	bad := func(reason string) error {
@@ -129,14 +92,12 @@ func parseTemplate(tmpl string) ([]templatePart, error) {
 			lit.Reset()
 		}
 	}
+	last := -1
 	for i := 0; i < len(tmpl); i++ {
 		c := tmpl[i]
 		switch {
-		case c == '{' && i+1 < len(tmpl) && tmpl[i+1] == '{':
-			lit.WriteByte('{')
-			i++
-		case c == '}' && i+1 < len(tmpl) && tmpl[i+1] == '}':
-			lit.WriteByte('}')
+		case (c == '{' || c == '}') && i+1 < len(tmpl) && tmpl[i+1] == c:
+			lit.WriteByte(c)
 			i++
 		case c == '}':
 			return nil, bad(fmt.Sprintf("unmatched '}' at byte %d (write '}}' for a literal brace)", i))
@@ -154,6 +115,7 @@ func parseTemplate(tmpl string) ([]templatePart, error) {
 			if err != nil {
 				return nil, bad(err.Error())
 			}
+			last = len(parts)
 			parts = append(parts, p)
 			i += end + 1
 		default:
@@ -161,32 +123,22 @@ func parseTemplate(tmpl string) ([]templatePart, error) {
 		}
 	}
 	flush()
-	last := -1
-	for i, p := range parts {
-		if p.kind != partLiteral {
-			last = i
-		}
-	}
 	if last < 0 {
 		return nil, bad("no placeholder: every message would get the same key")
 	}
 	// Every placeholder followed by another needs a separator (see fromTemplate).
 	for i := 0; i < last; i++ {
-		p := parts[i]
-		if p.kind == partLiteral {
-			continue
+		p, next := parts[i], parts[i+1]
+		switch {
+		case p.kind == partLiteral:
+		case next.kind != partLiteral:
+			return nil, bad(fmt.Sprintf("placeholders %s and %s are adjacent: values (1, 23) and (12, 3) would give one key; put a separator between them", p.ref, next.ref))
+		case next.text[0] == templateEscape:
+			return nil, bad(fmt.Sprintf("the text after %s starts with '\\', which values use to escape the separator; start it with another character", p.ref))
+		default:
+			_, n := utf8.DecodeRuneInString(next.text)
+			parts[i].escape = strings.NewReplacer(`\`, `\\`, next.text[:n], `\`+next.text[:n])
 		}
-		next := parts[i+1]
-		if next.kind != partLiteral {
-			return nil, bad(fmt.Sprintf("placeholders %s and %s are adjacent: values (1, 23) and (12, 3) would give one key; put a separator between them",
-				p.placeholderText(), next.placeholderText()))
-		}
-		if next.text[0] == templateEscape {
-			return nil, bad(fmt.Sprintf("the text after %s starts with '\\', which values use to escape the separator; start it with another character",
-				p.placeholderText()))
-		}
-		_, n := utf8.DecodeRuneInString(next.text)
-		parts[i].escape = next.text[:n]
 	}
 	return parts, nil
 }
@@ -196,16 +148,18 @@ func parsePlaceholder(ref string) (templatePart, error) {
 	if !ok || name == "" {
 		return templatePart{}, fmt.Errorf("placeholder {%s} must be {payload.PATH} or {metadata.NAME}", ref)
 	}
+	p := templatePart{text: name, ref: "{" + ref + "}", src: fmt.Sprintf("%s %q", source, name)}
 	switch source {
 	case "metadata":
-		return templatePart{kind: partMetadata, text: name}, nil
+		p.kind = partMetadata
 	case "payload":
 		segs, err := parsePath(name)
 		if err != nil {
 			return templatePart{}, fmt.Errorf("placeholder {%s}: empty path segment", ref)
 		}
-		return templatePart{kind: partPayload, text: name, path: segs}, nil
+		p.kind, p.path = partPayload, segs
 	default:
 		return templatePart{}, fmt.Errorf("placeholder {%s}: unknown source %q (want payload or metadata)", ref, source)
 	}
+	return p, nil
 }
