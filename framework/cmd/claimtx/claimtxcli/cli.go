@@ -379,7 +379,8 @@ func (b *brokerFlags) browseConfig(cli Config) (brokers.Config, error) {
 
 // brokerSecrets are cfg's passwords (Scrub skips an empty one).
 func brokerSecrets(cfg brokers.Config) []string {
-	return append(config.Passwords(cfg.AMQP.URL), cfg.Kafka.SASL.Password)
+	return slices.Concat(config.Passwords(cfg.AMQP.URL), config.Passwords(cfg.NATS.URL),
+		[]string{cfg.Kafka.SASL.Password, cfg.NATS.Password, cfg.NATS.Token})
 }
 
 func (b *brokerFlags) redactErr(err error, redact func(string) string) error {
