@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/store/internal/claimsql"
 )
 
 // ClaimRequest is one claim: the consumer, the message key, and the
@@ -50,7 +49,7 @@ type ClaimResult struct {
 // restored). Comparing fingerprints costs one more query, for duplicates
 // only.
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, r ClaimRequest) (ClaimResult, error) {
-	res, err := s.claims.Claim(ctx, tx, claimsql.Request(r))
+	res, err := s.claims.Claim(ctx, tx, pg.ClaimRequest(r))
 	return ClaimResult(res), err
 }
 

@@ -130,6 +130,11 @@ func validateOutboxMessage(m *message.Message) error {
 
 // OutboxStats counts the outbox's rows. It scans the table: not per message.
 func (s *Store) OutboxStats(ctx context.Context) (OutboxStats, error) {
-	st, err := s.outbox.ReadStats(ctx, s.pool)
-	return OutboxStats(st), err
+	var st OutboxStats
+	var oldest float64
+	if err := s.outbox.Stats(ctx, s.pool).Scan(&st.Pending, &st.Sent, &oldest, &st.Failing); err != nil {
+		return OutboxStats{}, fmt.Errorf("claimtx: outbox stats: %w", err)
+	}
+	st.OldestPending = time.Duration(oldest * float64(time.Second))
+	return st, nil
 }

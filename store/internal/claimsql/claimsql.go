@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,35 +22,10 @@ import (
 // that no partition accepts.
 var ErrNoPartition = errors.New("claimtx: no claim partition for the message's event day")
 
-// Request and Result are store.ClaimRequest and store.ClaimResult.
-type (
-	Request = pg.ClaimRequest
-	Result  = pg.ClaimResult
-)
-
 // shape says which optional columns a claim carries.
 type shape struct {
-	eventDay    bool // Request.EventTime is set
-	payloadHash bool // Request.PayloadHash is set
-}
-
-var shapes = []shape{{false, false}, {false, true}, {true, false}, {true, true}}
-
-// insertSQL is the claim INSERT for the shape, still to render: consumer,
-// message_key, then event_day and payload_hash when the shape has them.
-func (sh shape) insertSQL() string {
-	cols := []string{"consumer", "message_key"}
-	if sh.eventDay {
-		cols = append(cols, "event_day")
-	}
-	if sh.payloadHash {
-		cols = append(cols, "payload_hash")
-	}
-	params := make([]string, len(cols))
-	for i := range params {
-		params[i] = "$" + strconv.Itoa(i+1)
-	}
-	return "INSERT INTO {schema}.{claims} (" + strings.Join(cols, ", ") + ") VALUES (" + strings.Join(params, ", ") + ") ON CONFLICT DO NOTHING"
+	eventDay    bool // ClaimRequest.EventTime is set
+	payloadHash bool // ClaimRequest.PayloadHash is set
 }
 
 // Statements are the claim statements of one claim table, rendered once.
@@ -72,10 +45,12 @@ type Statements struct {
 // (names store.Config validated).
 func For(schema, claims string) *Statements {
 	n := pg.NewNames(schema, claims, "")
-	s := &Statements{insert: make(map[shape]string, len(shapes))}
-	for _, sh := range shapes {
-		s.insert[sh] = n.Render(sh.insertSQL())
-	}
+	s := &Statements{insert: map[shape]string{
+		{false, false}: n.Render("INSERT INTO {schema}.{claims} (consumer, message_key) VALUES ($1, $2) ON CONFLICT DO NOTHING"),
+		{false, true}:  n.Render("INSERT INTO {schema}.{claims} (consumer, message_key, payload_hash) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING"),
+		{true, false}:  n.Render("INSERT INTO {schema}.{claims} (consumer, message_key, event_day) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING"),
+		{true, true}:   n.Render("INSERT INTO {schema}.{claims} (consumer, message_key, event_day, payload_hash) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING"),
+	}}
 	s.hash = n.Render("SELECT payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2")
 	s.hashByDay = n.Render("SELECT payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2 AND event_day = $3")
 	s.batch = n.Render(`INSERT INTO {schema}.{claims} (consumer, message_key)
@@ -100,11 +75,11 @@ ORDER BY c.processed_at, c.message_key LIMIT $3`)
 }
 
 // Claim inserts the claim r in tx; see store.Store.Claim.
-func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, error) {
+func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r pg.ClaimRequest) (pg.ClaimResult, error) {
 	if tx == nil {
-		return Result{}, errors.New("claimtx: Claim needs a transaction")
+		return pg.ClaimResult{}, errors.New("claimtx: Claim needs a transaction")
 	}
-	var res Result
+	var res pg.ClaimResult
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
 	// The caller's transaction keeps its own synchronous_commit.
@@ -130,7 +105,7 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 //
 // On success the caller owns tx and must Commit or Rollback it whatever
 // res says; on error there is no transaction to end.
-func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
+func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r pg.ClaimRequest, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res pg.ClaimResult, memo *string, err error) {
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
 	b.BeginTx(opts.TxOptions)
@@ -285,13 +260,13 @@ func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pg.TxOptions,
 type query struct {
 	sql   string
 	args  []any
-	r     Request
+	r     pg.ClaimRequest
 	shape shape
 	day   pgtype.Date // when shape.eventDay
-	res   *Result
+	res   *pg.ClaimResult
 }
 
-func (s *Statements) prepare(r Request, res *Result) query {
+func (s *Statements) prepare(r pg.ClaimRequest, res *pg.ClaimResult) query {
 	q := query{args: []any{r.Consumer, r.Key}, r: r, res: res}
 	q.shape = shape{eventDay: !r.EventTime.IsZero(), payloadHash: r.PayloadHash != nil}
 	if q.shape.eventDay {
@@ -361,7 +336,7 @@ func (q query) wrap(err error) error {
 }
 
 // checkFingerprint compares a duplicate's stored payload hash with r's.
-func (s *Statements) checkFingerprint(ctx context.Context, tx pgx.Tx, q query, res *Result) error {
+func (s *Statements) checkFingerprint(ctx context.Context, tx pgx.Tx, q query, res *pg.ClaimResult) error {
 	if res.New || q.r.PayloadHash == nil {
 		return nil
 	}

@@ -41,14 +41,6 @@ func (r Row) Message() *message.Message {
 	return msg
 }
 
-// Stats is store.OutboxStats.
-type Stats struct {
-	Pending       int64
-	Sent          int64
-	OldestPending time.Duration
-	Failing       int64
-}
-
 // Statements are the statements of one outbox table, rendered once.
 type Statements struct {
 	insert, lock, markSent, markFailed, deleteSent, stats string
@@ -158,13 +150,8 @@ func (s *Statements) DeleteSent(ctx context.Context, db pg.Execer, olderThan tim
 	return tag.RowsAffected(), nil
 }
 
-// ReadStats counts the outbox's rows; see store.Store.OutboxStats.
-func (s *Statements) ReadStats(ctx context.Context, db pg.Querier) (Stats, error) {
-	var st Stats
-	var oldest float64
-	if err := db.QueryRow(ctx, s.stats).Scan(&st.Pending, &st.Sent, &oldest, &st.Failing); err != nil {
-		return Stats{}, fmt.Errorf("claimtx: outbox stats: %w", err)
-	}
-	st.OldestPending = time.Duration(oldest * float64(time.Second))
-	return st, nil
+// Stats queries the outbox's counts for store.Store.OutboxStats: pending,
+// sent, the oldest pending row's age in seconds, failing.
+func (s *Statements) Stats(ctx context.Context, db pg.Querier) pgx.Row {
+	return db.QueryRow(ctx, s.stats)
 }
