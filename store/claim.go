@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -63,8 +62,5 @@ func (s *Store) hasEventDay(ctx context.Context, q pg.Querier) (bool, error) {
 	var ok bool
 	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
 		WHERE table_schema = $1 AND table_name = $2 AND column_name = 'event_day')`, s.cfg.Schema, s.cfg.ClaimsTable).Scan(&ok)
-	if err != nil {
-		return false, fmt.Errorf("claimtx: inspect claim table: %w", err)
-	}
-	return ok, nil
+	return ok, pg.Wrap(err, "claimtx: inspect claim table")
 }

@@ -112,10 +112,7 @@ func (l *lease) renewTx(ctx context.Context, q pg.Querier) error {
 		l.lost()
 		return ErrNotLeader
 	}
-	if err != nil {
-		return fmt.Errorf("claimtx: renew the retention lease: %w", err)
-	}
-	return nil
+	return pg.Wrap(err, "claimtx: renew the retention lease")
 }
 
 // renew renews the lease in a transaction of its own.
@@ -133,10 +130,8 @@ func execRenewed(ctx context.Context, conn *pgxpool.Conn, sql, what string) erro
 	if err := leaseOf(ctx).renew(ctx); err != nil {
 		return err
 	}
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		return fmt.Errorf("claimtx: %s: %w", what, err)
-	}
-	return nil
+	_, err := conn.Exec(ctx, sql)
+	return pg.Wrap(err, "claimtx: "+what)
 }
 
 // lost ends the run: its context is cancelled with cause ErrNotLeader.

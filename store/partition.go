@@ -137,10 +137,7 @@ WHERE i.inhparent = $1::regclass`, s.names.Render("{schema}.{claims}"))
 func (s *Store) days(ctx context.Context, q pg.Querier, retention time.Duration) (today, horizonDay time.Time, err error) {
 	err = q.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date, ((now() - $1 * interval '1 microsecond') AT TIME ZONE 'UTC')::date`,
 		retention.Microseconds()).Scan(&today, &horizonDay)
-	if err != nil {
-		return time.Time{}, time.Time{}, fmt.Errorf("claimtx: read database clock: %w", err)
-	}
-	return today.UTC(), horizonDay.UTC(), nil
+	return today.UTC(), horizonDay.UTC(), pg.Wrap(err, "claimtx: read database clock")
 }
 
 // PreparePartitioning runs the online first half of EnablePartitioning on

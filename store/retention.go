@@ -331,10 +331,8 @@ const batchSettings = "SELECT set_config('statement_timeout', $1, true), set_con
 // horizon is now minus retention on the database clock.
 func (s *Store) horizon(ctx context.Context, q pg.Querier, retention time.Duration) (time.Time, error) {
 	var h time.Time
-	if err := q.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", retention.Microseconds()).Scan(&h); err != nil {
-		return h, fmt.Errorf("claimtx: retention horizon: %w", err)
-	}
-	return h, nil
+	err := q.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", retention.Microseconds()).Scan(&h)
+	return h, pg.Wrap(err, "claimtx: retention horizon")
 }
 
 // nextBatchSize scales size so the next batch takes about the target,
@@ -375,8 +373,5 @@ WHERE n.nspname = $1 AND c.relname = $2`, s.cfg.Schema, s.cfg.ClaimsTable).Scan(
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrNoClaimTable
 	}
-	if err != nil {
-		return "", fmt.Errorf("claimtx: inspect claim table: %w", err)
-	}
-	return kind, nil
+	return kind, pg.Wrap(err, "claimtx: inspect claim table")
 }

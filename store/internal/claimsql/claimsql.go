@@ -229,10 +229,7 @@ func (s *Statements) Following(ctx context.Context, consumer string, anchors []s
 			return nil
 		})
 	}
-	if err != nil {
-		return fmt.Errorf("claimtx: read ahead: %w", err)
-	}
-	return nil
+	return pg.Wrap(err, "claimtx: read ahead")
 }
 
 // BeginNaturalKey begins a transaction on pool for a natural-key claim,

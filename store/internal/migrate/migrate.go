@@ -200,10 +200,8 @@ func Version(ctx context.Context, db pg.Querier, n *pg.Names) (int, error) {
 		return 0, nil
 	}
 	var v int
-	if err := db.QueryRow(ctx, n.Render("SELECT coalesce(max(version), 0) FROM {schema}.claimtx_migration")).Scan(&v); err != nil {
-		return 0, fmt.Errorf("claimtx: read migration version: %w", err)
-	}
-	return v, nil
+	err := db.QueryRow(ctx, n.Render("SELECT coalesce(max(version), 0) FROM {schema}.claimtx_migration")).Scan(&v)
+	return v, pg.Wrap(err, "claimtx: read migration version")
 }
 
 // underLock runs fn in a transaction that first takes the migration lock.
@@ -237,10 +235,8 @@ const staleCacheAttempts = 3
 
 // lockXact takes the migration lock for the rest of tx.
 func lockXact(ctx context.Context, tx pgx.Tx, n *pg.Names) error {
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(n.Schema)); err != nil {
-		return fmt.Errorf("claimtx: migration lock: %w", err)
-	}
-	return nil
+	_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(n.Schema))
+	return pg.Wrap(err, "claimtx: migration lock")
 }
 
 // staleCatalog reports whether err is what a stale catalog cache makes a
