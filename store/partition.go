@@ -141,13 +141,11 @@ func (s *Store) days(ctx context.Context, q pg.Querier, retention time.Duration)
 }
 
 // PreparePartitioning runs the online first half of EnablePartitioning on
-// a plain claim table, for a rolling switch of consumers to event-time
-// claims: it adds event_day (metadata only, -infinity for claims without
-// an event time, so both kinds of consumer keep deduplicating against each
-// other) and builds, CONCURRENTLY, the unique indexes the legacy partition
-// will need. It is idempotent and resumable. Until EnablePartitioning
-// runs, every claim maintains two more indexes: do not linger in between.
-// docs/operations.md describes the conversion.
+// a plain claim table: it adds event_day (-infinity for claims without an
+// event time, so both kinds of consumer keep deduplicating against each
+// other) and builds CONCURRENTLY the legacy partition's unique indexes.
+// Idempotent and resumable. Until EnablePartitioning, every claim
+// maintains two more indexes: do not linger in between.
 func (s *Store) PreparePartitioning(ctx context.Context, cfg RetentionConfig) error {
 	_, err := underRetentionLock(ctx, s, cfg, false, func(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) (struct{}, error) {
 		kind, err := s.claimTableKind(ctx, conn)
@@ -227,23 +225,17 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname
 	return nil
 }
 
-// EnablePartitioning converts the claim table to partitioned mode: range
+// EnablePartitioning converts the claim table to partitioned mode (range
 // partitioned by event_day, primary key (consumer, message_key,
-// event_day). Consumers must then claim with ClaimRequest.EventTime. It is
-// an explicit opt-in rather than a migration because it changes what every
-// consumer must send and converting a large table is an operation to
-// schedule.
-//
+// event_day)); consumers must then claim with ClaimRequest.EventTime. An
+// opt-in, not a migration: it changes what every consumer must send.
 // Existing claims are not copied: the old table becomes the legacy
-// partition, holding every event day before a boundary (today + 2, UTC)
-// and keeping its unique (consumer, message_key) index, so a redelivery of
-// a message claimed before the conversion still conflicts there; it
-// expires like a day. An empty table gets day partitions from the horizon
-// on instead. After PreparePartitioning, a boundary CHECK validated online
-// and one short transaction under LockWait-bounded, retried locks do the
-// swap. Grants, views and foreign keys that name the old table follow it
-// to <table>_legacy: re-create them. It is idempotent: on a partitioned
-// table it only creates missing days. docs/operations.md has the steps.
+// partition (every event day before today + 2, UTC), whose unique
+// (consumer, message_key) index still catches redeliveries; an empty table
+// gets day partitions from the horizon on. Grants, views and foreign keys
+// naming the old table follow it to <table>_legacy: re-create them.
+// Idempotent: on a partitioned table it only creates missing days.
+// docs/operations.md ("Migrating an existing table") has the steps.
 func (s *Store) EnablePartitioning(ctx context.Context, cfg RetentionConfig) (PartitioningResult, error) {
 	return underRetentionLock(ctx, s, cfg, false, s.enablePartitioning)
 }

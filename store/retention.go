@@ -181,18 +181,13 @@ func (c RetentionConfig) validatePartitioned() error {
 	return nil
 }
 
-// Cleanup deletes claims processed before now minus cfg.Retention (on the
-// database clock), in small batches until none are left, and then the
-// poison memos (middleware.Claim.PoisonMemo) last poisoned before the same
-// horizon. One leader at a time: a lease row, renewed by every batch's own
-// statement, makes every other concurrent Cleanup return ErrNotLeader at
-// once and works behind a transaction pooler. Each batch is its own
-// transaction (synchronous_commit off, a statement timeout), deletes the
-// oldest ctids below the horizon from where the last batch stopped,
-// re-checks the horizon in the delete, and adapts its size toward
-// TargetBatchDuration. Cancel ctx to interrupt it (the result says what
-// was done, the error wraps ctx's) and run it again to resume. It refuses
-// a partitioned table (ErrPartitioned). docs/operations.md has the
+// Cleanup deletes claims processed before now minus cfg.Retention
+// (database clock) in small batches, then the poison memos last poisoned
+// before that horizon. One leader at a time: a lease row renewed by every
+// batch makes other runs return ErrNotLeader, also behind a transaction
+// pooler. Cancel ctx to interrupt it (the result says what was done, the
+// error wraps ctx's) and run it again to resume. A partitioned table is
+// refused (ErrPartitioned). docs/operations.md ("Batched cleanup") has the
 // details.
 func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupResult, err error) {
 	if err := cfg.Validate(); err != nil {

@@ -226,8 +226,7 @@ func (r *Relay) idle(ctx context.Context, wake <-chan struct{}) bool {
 // of the failed call: they and everything after stay pending, in order.
 // Once ctx is cancelled no further Publish is started.
 func (r *Relay) relayBatch(ctx context.Context) Batch {
-	start := time.Now()
-	b := Batch{}
+	start, b := time.Now(), Batch{}
 	b.Err = r.publishBatch(ctx, &b)
 	b.Duration = time.Since(start)
 	if r.cfg.OnBatch != nil {
