@@ -41,12 +41,8 @@ type ClaimResult struct {
 // transaction committed it: do not apply the effect. Behind a concurrent
 // uncommitted twin it waits, at most r.MaxClaimWait when positive, and
 // past that fails transiently (IsTransient); every claim error aborts tx.
-//
-// The lock_timeout is set and reset around the claim in the same round
-// trip, so the caller's statements keep the session's default (from the
-// server or the startup parameters: a SET in AfterConnect is not
-// restored). Comparing fingerprints costs one more query, for duplicates
-// only.
+// The lock_timeout is set and reset around the claim in its round trip,
+// back to the session's default (a SET in AfterConnect is not restored).
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, r ClaimRequest) (ClaimResult, error) {
 	res, err := s.claims.Claim(ctx, tx, pg.ClaimRequest(r))
 	return ClaimResult(res), err

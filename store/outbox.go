@@ -44,13 +44,9 @@ type OutboxStats struct {
 
 // Enqueue writes msgs to the outbox in tx, addressed to topic: a relay
 // (package store/outbox) publishes them once tx commits, never if it rolls
-// back. Call it with the claim transaction (framework.TxFromContext) or
-// any transaction of your own, once per topic. Each message keeps its UUID
-// (assigned when empty), payload and metadata.
-//
-// Enqueue also notifies relays (pg_notify, delivered at commit). Postgres
-// serialises the commits of notifying transactions in a database, which
-// matters only at thousands of enqueuing commits per second.
+// back. Each message keeps its UUID (assigned when empty), payload and
+// metadata. It also notifies relays (pg_notify at commit, which Postgres
+// serialises per database: it matters at thousands of commits a second).
 func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Message) error {
 	if tx == nil {
 		return errors.New("claimtx: Enqueue needs a transaction")

@@ -91,20 +91,16 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r pg.ClaimRequest) (p
 }
 
 // Begin begins a transaction on s.Pool and makes the claim r in it, in
-// one round trip: BEGIN, the lock_timeout (and opts' synchronous_commit),
-// the claim, more when not nil (a Kafka position) and the reset go out as
-// one pipelined batch; withMemo adds the poison memo lookup before the
-// claim (memo is its reason, nil without one).
+// one pipelined round trip: BEGIN, the memo lookup when withMemo (memo is
+// its reason, nil without one), the settings, the claim, more when not nil
+// (a Kafka position) and the lock_timeout reset.
 //
-// The claim is made whatever the memo says, and the caller decides: a
-// duplicate is a duplicate even with a memo (the effect is there), a new
-// claim with a memo is rolled back without running the handler. An INSERT
-// that skipped memoised keys would need both decisions in one snapshot:
-// under READ COMMITTED a memo cleared between two statements would make a
-// fresh message look like a duplicate, acked without its effect.
-//
-// On success the caller owns tx and must Commit or Rollback it whatever
-// res says; on error there is no transaction to end.
+// The claim is made whatever the memo says, and the caller decides (a new
+// claim with a memo is rolled back): an INSERT skipping memoised keys
+// would need both decisions in one snapshot, and under READ COMMITTED a
+// memo cleared in between would make a fresh message look like a
+// duplicate. On success the caller owns tx whatever res says; on error
+// there is no transaction to end.
 func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r pg.ClaimRequest, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res pg.ClaimResult, memo *string, err error) {
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
@@ -168,21 +164,28 @@ func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer
 		})
 		found = m
 	}
-	claimed := s.queueBatch(b, consumer, keys, maxClaimWait, opts.SynchronousCommit)
+	sorted := slices.Compact(slices.Sorted(slices.Values(keys)))
+	claimed := make([]string, 0, len(sorted))
+	queueBounded(b, maxClaimWait, opts.SynchronousCommit, func() {
+		b.Queue(s.batch, consumer, sorted).Query(func(rows pgx.Rows) (err error) {
+			claimed, err = pgx.AppendRows(claimed, rows, pgx.RowTo[string])
+			return err
+		})
+	})
 	br := s.Pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
 		pg.Rollback(ctx, tx)
 		return nil, nil, nil, fmt.Errorf("claimtx: claim batch: %w", err)
 	}
-	slices.Sort(*claimed)
+	slices.Sort(claimed)
 	if len(found) == 0 {
-		return tx, *claimed, nil, nil
+		return tx, claimed, nil, nil
 	}
 	// New claims of memoised keys must not commit: undo them in tx.
 	var keep, undo []string
 	memos := map[string]string{}
-	for _, k := range *claimed {
+	for _, k := range claimed {
 		if reason, ok := found[k]; ok {
 			undo, memos[k] = append(undo, k), reason
 		} else {
@@ -196,23 +199,6 @@ func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer
 		}
 	}
 	return tx, keep, memos, nil
-}
-
-// queueBatch queues the claim of keys, sorted and deduplicated, bounded by
-// maxClaimWait; the claimed keys are collected in the returned slice when
-// the batch is read.
-func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, maxClaimWait time.Duration, synchronousCommit string) *[]string {
-	sorted := slices.Clone(keys)
-	slices.Sort(sorted)
-	sorted = slices.Compact(sorted)
-	claimed := make([]string, 0, len(sorted))
-	queueBounded(b, maxClaimWait, synchronousCommit, func() {
-		b.Queue(s.batch, consumer, sorted).Query(func(rows pgx.Rows) (err error) {
-			claimed, err = pgx.AppendRows(claimed, rows, pgx.RowTo[string])
-			return err
-		})
-	})
-	return &claimed
 }
 
 // Following reads ahead of a replay, which delivers its messages in about
