@@ -20,13 +20,11 @@ import (
 // renewal (ErrNotLeader's doc states it).
 const leaseTTL = 30 * time.Second
 
-// lease is one run's hold on the retention leadership of a claim table: a
-// row of <schema>.claimtx_lease naming this run as holder until
-// expires_at. Every transaction of the run renews it (renewTx) and fails
-// with ErrNotLeader when another holder has it, so a run paused past
-// leaseTTL and taken over changes nothing more. Between transactions a
-// heartbeat renews it every ttl/3 (a long CREATE INDEX CONCURRENTLY), and
-// cancels the run's context when it finds it taken.
+// lease is one run's hold on the retention leadership of a claim table (a
+// row of <schema>.claimtx_lease). Every transaction of the run renews it
+// (renewTx), failing with ErrNotLeader once another holder has it, so a run
+// paused past leaseTTL and taken over changes nothing more; a heartbeat
+// renews it between transactions and cancels the run when it is taken.
 type lease struct {
 	s      *Store
 	name   string

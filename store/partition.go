@@ -86,12 +86,10 @@ func (s *Store) Partitions(ctx context.Context) ([]Partition, error) {
 	return s.partitions(ctx, s.pool)
 }
 
-// beginner is what pgxpool.Pool and pgxpool.Conn have in common.
-type beginner interface {
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-}
-
-func (s *Store) partitions(ctx context.Context, db beginner) ([]Partition, error) {
+// partitions reads them on db, the pool or a connection.
+func (s *Store) partitions(ctx context.Context, db interface {
+	BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+}) ([]Partition, error) {
 	var parts []Partition
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		// Bounds are parsed as text: independent of the server's DateStyle.
@@ -333,11 +331,10 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 }
 
 // CreatePartitionsAhead creates the missing day partitions from the
-// horizon day through today + Ahead, and returns them. It never re-creates
-// a day older than the oldest partition: an empty partition where an
-// expired one was dropped would let its duplicates in. Each day is created
-// standalone and then attached (SHARE UPDATE EXCLUSIVE, where CREATE TABLE
-// … PARTITION OF would take ACCESS EXCLUSIVE and block claims).
+// horizon day through today + Ahead, and returns them; never a day older
+// than the oldest partition (an empty one where an expired one was dropped
+// would let its duplicates in). Each is created standalone and attached:
+// CREATE TABLE … PARTITION OF would take ACCESS EXCLUSIVE and block claims.
 func (s *Store) CreatePartitionsAhead(ctx context.Context, cfg RetentionConfig) ([]Partition, error) {
 	return underRetentionLock(ctx, s, cfg, true, s.createAhead)
 }
@@ -405,12 +402,10 @@ func (s *Store) createDay(ctx context.Context, tx pgx.Tx, day time.Time) (Partit
 }
 
 // DropExpiredPartitions drops every partition whose event days all lie
-// before the retention horizon (the legacy partition included) and returns
-// them. Each is detached CONCURRENTLY (claims on other days are never
-// blocked) and dropped: O(1) whatever its size. An interrupted detach is
-// finished, and a partition detached but not yet dropped is dropped. Poison
-// memos (middleware.Claim.PoisonMemo), which are not partitioned, are then
-// deleted by time: those last poisoned more than Retention ago.
+// before the retention horizon (the legacy partition included), detached
+// CONCURRENTLY so claims are never blocked, and returns them; an
+// interrupted run is finished. Poison memos last poisoned more than
+// Retention ago are then deleted.
 func (s *Store) DropExpiredPartitions(ctx context.Context, cfg RetentionConfig) ([]Partition, error) {
 	return underRetentionLock(ctx, s, cfg, true, s.dropExpired)
 }

@@ -52,16 +52,12 @@ type RetentionConfig struct {
 	// of the messages whose claims go are applied again (or, partitioned,
 	// refused as expired). Defaults to false.
 	Force bool
-	// DryRun deletes, creates and drops nothing: Cleanup counts the claims
-	// it would delete (and takes no lock), CreatePartitionsAhead and
-	// DropExpiredPartitions list the partitions they would create or drop.
-	// Defaults to false.
+	// DryRun deletes, creates and drops nothing, only counts or lists
+	// (Cleanup then takes no lock). Defaults to false.
 	DryRun bool
 
-	// BatchSize is the number of rows Cleanup's first batch deletes. Later
-	// batches adapt toward TargetBatchDuration within
-	// [MinBatchSize, MaxBatchSize]; set all three equal for a fixed size.
-	// Defaults to 5000.
+	// BatchSize is the size of Cleanup's first batch; later ones adapt
+	// toward TargetBatchDuration (all three equal: fixed). Defaults to 5000.
 	BatchSize int
 	// MinBatchSize and MaxBatchSize bound adaptive sizing (a batch holds
 	// its row locks and WAL until it commits). They default to 500 and

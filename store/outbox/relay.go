@@ -147,12 +147,10 @@ func New(st *store.Store, pub message.Publisher, cfg Config) (*Relay, error) {
 }
 
 // Run relays until ctx is cancelled, then returns nil after the batch in
-// flight ended. Failures are retried with backoff, never returned.
-//
-// With LISTEN on it first asks store.Store.BehindTransactionPooler
-// (waiting for the database like a batch does), and behind a transaction
-// pooler, where notifications are lost, returns a *framework.ConfigError
-// for DisableListen wrapping store.ErrTransactionPooler.
+// flight ended. Failures are retried with backoff, never returned. With
+// LISTEN on, behind a transaction pooler (where notifications are lost) it
+// returns a *framework.ConfigError for DisableListen wrapping
+// store.ErrTransactionPooler.
 func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	var wg sync.WaitGroup

@@ -138,15 +138,12 @@ func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r pg.ClaimReq
 }
 
 // BeginBatch begins a transaction on s.Pool and claims many keys of one
-// consumer in it with one statement, in one round trip, bounded by
+// consumer in it with one statement in one round trip, bounded by
 // maxClaimWait, and returns the new keys, sorted. Rows are inserted in key
 // order, so overlapping batches wait for each other instead of
-// deadlocking.
-//
-// withMemo looks the keys' memos up in the same round trip: new keys with
-// a memo are unclaimed again in tx (one more statement, only when there
-// are such keys) and returned in memos, key -> reason, instead of in
-// claimed. Ownership of tx is as in Begin.
+// deadlocking. withMemo looks the keys' memos up in the same round trip:
+// new keys with a memo are unclaimed again in tx and returned in memos
+// (key -> reason) instead. Ownership of tx is as in Begin.
 func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(opts.TxOptions)

@@ -205,14 +205,10 @@ func Version(ctx context.Context, db pg.Querier, n *pg.Names) (int, error) {
 }
 
 // underLock runs fn in a transaction that first takes the migration lock.
-//
-// Postgres refreshes a backend's catalog caches when a transaction starts
-// or a relation lock is newly taken, not when an advisory lock is granted,
-// so a backend that cached "no such schema" before its predecessor
-// committed could still believe it after the grant, and its CREATE SCHEMA
-// IF NOT EXISTS would collide. Postgres 15 has not shown it
-// (TestUpAfterPredecessorCreatedSchema); should it happen, a new
-// transaction, started after the predecessor's commit, is tried.
+// Catalog caches are not refreshed when an advisory lock is granted, so a
+// backend that cached "no such schema" before its predecessor committed
+// could collide on CREATE SCHEMA IF NOT EXISTS (not seen on Postgres 15,
+// TestUpAfterPredecessorCreatedSchema): then a new transaction is tried.
 func underLock(ctx context.Context, pool *pgxpool.Pool, n *pg.Names, fn func(pgx.Tx) error) error {
 	run := func() error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
