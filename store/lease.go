@@ -16,10 +16,6 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// leaseTTL is how long a retention lease outlives its holder's last
-// renewal (ErrNotLeader's doc states it).
-const leaseTTL = 30 * time.Second
-
 // lease is one run's hold on the retention leadership of a claim table (a
 // row of <schema>.claimtx_lease). Every transaction of the run renews it
 // (renewTx), failing with ErrNotLeader once another holder has it, so a run
@@ -177,8 +173,9 @@ func (l *lease) release(errp *error) {
 }
 
 const (
-	leaseVersion   = 8               // the migration that creates claimtx_lease
-	releaseTimeout = 5 * time.Second // bounds deleting a lease at the end of a run
+	leaseTTL       = 30 * time.Second // a lease outlives its last renewal by this (ErrNotLeader's doc says it)
+	leaseVersion   = 8                // the migration that creates claimtx_lease
+	releaseTimeout = 5 * time.Second  // bounds deleting a lease at the end of a run
 )
 
 type leaseKey struct{}

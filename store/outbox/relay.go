@@ -28,22 +28,19 @@ const (
 	defaultRetention       = 24 * time.Hour
 	defaultCleanupInterval = time.Minute
 	defaultPublishTimeout  = 30 * time.Second
-)
 
-// cleanupBatch is how many sent rows one cleanup statement deletes: small
-// enough to keep locks and WAL bursts short, large enough to keep up.
-const cleanupBatch = 10_000
+	// cleanupBatch sent rows per cleanup statement, cleanupPause apart: a
+	// trickle of short locks and WAL bursts that still keeps up.
+	cleanupBatch = 10_000
+	cleanupPause = 10 * time.Millisecond
+	// markTimeout bounds marking published rows once the relay's context
+	// is cancelled: one UPDATE and COMMIT, not a hung shutdown.
+	markTimeout = 5 * time.Second
+)
 
 // ErrPublishTimeout is the failure recorded on rows whose Publish call did
 // not return within Config.PublishTimeout.
 var ErrPublishTimeout = errors.New("claimtx relay: publish timed out")
-
-// cleanupPause separates cleanup batches: a trickle, not a burst.
-const cleanupPause = 10 * time.Millisecond
-
-// markTimeout bounds marking published rows once the relay's context is
-// cancelled: enough for one UPDATE and COMMIT, not a hung shutdown.
-const markTimeout = 5 * time.Second
 
 // Config tunes a Relay. The zero value is usable.
 type Config struct {
