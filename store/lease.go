@@ -48,11 +48,10 @@ func newHolder() string {
 	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-// acquireLease takes the Store's retention lease if it is free, expired
-// (on the database's clock) or already this holder's (a retry whose first
-// reply was lost), and starts its heartbeat; ErrNotLeader when another
-// holder has it. Run the work with the returned context, cancelled with
-// cause ErrNotLeader when the lease is lost, and end with l.release.
+// acquireLease takes the retention lease if it is free, expired (database
+// clock) or already this holder's (a retry whose reply was lost), and
+// starts its heartbeat; ErrNotLeader when another holder has it. The
+// returned context is cancelled with cause ErrNotLeader when it is lost.
 func (s *Store) acquireLease(ctx context.Context) (context.Context, *lease, error) {
 	l := &lease{s: s, name: s.leaseName(), holder: newHolder(), ttl: s.leaseTTL}
 	var got string

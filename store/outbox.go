@@ -19,12 +19,11 @@ import (
 )
 
 // IdempotencyKeyMetadata is the metadata key every relayed message carries:
-// the outbox row's idempotency key, identical on every resend of that row,
-// for downstream consumers to key on ("metadata:claimtx_idempotency_key")
-// and HTTP effects to pass on as the provider's Idempotency-Key. A message
-// enqueued with it set keeps it (derive it from the event, say
-// "receipt:order-9912", to deduplicate an event enqueued twice); otherwise
-// Enqueue assigns a random UUID.
+// the outbox row's idempotency key, identical on every resend, for
+// consumers to key on ("metadata:claimtx_idempotency_key") and HTTP
+// effects to pass as Idempotency-Key. A message enqueued with it set keeps
+// it (say "receipt:order-9912", to deduplicate an event enqueued twice);
+// otherwise Enqueue assigns a random UUID.
 const IdempotencyKeyMetadata = outboxsql.IdempotencyKeyMetadata
 
 // ErrInvalidOutboxMessage is matched by every (permanent) error Enqueue
