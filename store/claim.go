@@ -2,13 +2,11 @@ package store
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/store/internal/claimsql"
 )
 
 // ClaimRequest is one claim: the consumer, the message key, and the
@@ -43,14 +41,10 @@ type ClaimResult struct {
 // transaction committed it: do not apply the effect. Behind a concurrent
 // uncommitted twin it waits, at most r.MaxClaimWait when positive, and
 // past that fails transiently (IsTransient); every claim error aborts tx.
-//
-// The lock_timeout is set and reset around the claim in the same round
-// trip, so the caller's statements keep the session's default (from the
-// server or the startup parameters: a SET in AfterConnect is not
-// restored). Comparing fingerprints costs one more query, for duplicates
-// only.
+// The lock_timeout is set and reset around the claim in its round trip,
+// back to the session's default (a SET in AfterConnect is not restored).
 func (s *Store) Claim(ctx context.Context, tx pgx.Tx, r ClaimRequest) (ClaimResult, error) {
-	res, err := s.claims.Claim(ctx, tx, claimsql.Request(r))
+	res, err := s.claims.Claim(ctx, tx, pg.ClaimRequest(r))
 	return ClaimResult(res), err
 }
 
@@ -64,8 +58,5 @@ func (s *Store) hasEventDay(ctx context.Context, q pg.Querier) (bool, error) {
 	var ok bool
 	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM information_schema.columns
 		WHERE table_schema = $1 AND table_name = $2 AND column_name = 'event_day')`, s.cfg.Schema, s.cfg.ClaimsTable).Scan(&ok)
-	if err != nil {
-		return false, fmt.Errorf("claimtx: inspect claim table: %w", err)
-	}
-	return ok, nil
+	return ok, pg.Wrap(err, "claimtx: inspect claim table")
 }

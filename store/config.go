@@ -45,26 +45,22 @@ func (c Config) withDefaults() Config {
 // Empty fields are valid: they take their defaults.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	if !schemaName.MatchString(c.Schema) {
-		return &framework.ConfigError{Field: "Schema", Reason: fmt.Sprintf("%q must match %s", c.Schema, schemaName)}
-	}
-	if strings.HasPrefix(c.Schema, "pg_") || c.Schema == "information_schema" {
-		return &framework.ConfigError{Field: "Schema", Reason: fmt.Sprintf("%q is reserved by Postgres (pg_* and information_schema)", c.Schema)}
-	}
-	if !tableName.MatchString(c.ClaimsTable) {
-		return &framework.ConfigError{Field: "ClaimsTable", Reason: fmt.Sprintf("%q must match %s", c.ClaimsTable, tableName)}
-	}
-	if !tableName.MatchString(c.OutboxTable) {
-		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q must match %s", c.OutboxTable, tableName)}
-	}
-	if c.OutboxTable == c.ClaimsTable {
-		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q is also the ClaimsTable", c.OutboxTable)}
-	}
-	if c.OutboxTable == c.ClaimsTable+pg.MemoSuffix {
-		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q is the poison memo table of ClaimsTable %q", c.OutboxTable, c.ClaimsTable)}
-	}
-	if c.OutboxTable == c.ClaimsTable+pg.DeadLetterSuffix {
-		return &framework.ConfigError{Field: "OutboxTable", Reason: fmt.Sprintf("%q is the dead-letter table of ClaimsTable %q", c.OutboxTable, c.ClaimsTable)}
+	for _, f := range []struct {
+		field  string
+		bad    bool
+		reason string
+	}{
+		{"Schema", !schemaName.MatchString(c.Schema), fmt.Sprintf("%q must match %s", c.Schema, schemaName)},
+		{"Schema", strings.HasPrefix(c.Schema, "pg_") || c.Schema == "information_schema", fmt.Sprintf("%q is reserved by Postgres (pg_* and information_schema)", c.Schema)},
+		{"ClaimsTable", !tableName.MatchString(c.ClaimsTable), fmt.Sprintf("%q must match %s", c.ClaimsTable, tableName)},
+		{"OutboxTable", !tableName.MatchString(c.OutboxTable), fmt.Sprintf("%q must match %s", c.OutboxTable, tableName)},
+		{"OutboxTable", c.OutboxTable == c.ClaimsTable, fmt.Sprintf("%q is also the ClaimsTable", c.OutboxTable)},
+		{"OutboxTable", c.OutboxTable == c.ClaimsTable+pg.MemoSuffix, fmt.Sprintf("%q is the poison memo table of ClaimsTable %q", c.OutboxTable, c.ClaimsTable)},
+		{"OutboxTable", c.OutboxTable == c.ClaimsTable+pg.DeadLetterSuffix, fmt.Sprintf("%q is the dead-letter table of ClaimsTable %q", c.OutboxTable, c.ClaimsTable)},
+	} {
+		if f.bad {
+			return &framework.ConfigError{Field: f.field, Reason: f.reason}
+		}
 	}
 	return nil
 }

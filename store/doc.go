@@ -50,9 +50,6 @@
 // Claims are kept for RetentionConfig.Retention: a duplicate arriving
 // after its claim was deleted is applied again, so pair it with
 // middleware.ExpiryGuard at the same value. Cleanup deletes expired claims
-// of a plain table in small batches, one leader at a time. A table
-// converted with EnablePartitioning is range partitioned by event_day, the
-// UTC day of the producer's event time (which every redelivery carries, so
-// twins meet in one partition), and retention drops whole days instead.
-// docs/operations.md explains both modes, the conversion and the numbers.
+// in batches; a table converted with EnablePartitioning (by the event's
+// UTC day) drops whole days instead. docs/operations.md explains both.
 package store

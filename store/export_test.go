@@ -27,14 +27,14 @@ func (s *Store) MigrateDownForTest(ctx context.Context, target int) error {
 // BeginClaimForTest begins a transaction with the claim r in it, as the
 // claim middleware does.
 func (s *Store) BeginClaimForTest(ctx context.Context, opts pgx.TxOptions, r ClaimRequest) (pgx.Tx, ClaimResult, error) {
-	tx, res, _, err := s.claims.Begin(ctx, pg.TxOptions{TxOptions: opts}, claimsql.Request(r), false, nil)
+	tx, res, _, err := s.claims.Begin(ctx, pg.TxOptions{TxOptions: opts}, pg.ClaimRequest(r), false, nil)
 	return tx, ClaimResult(res), err
 }
 
 // BeginClaimMemoForTest is BeginClaimForTest with the poison memo lookup
 // pipelined, as the claim middleware does with Claim.PoisonMemo.
 func (s *Store) BeginClaimMemoForTest(ctx context.Context, opts pgx.TxOptions, r ClaimRequest) (pgx.Tx, ClaimResult, *string, error) {
-	tx, res, memo, err := s.claims.Begin(ctx, pg.TxOptions{TxOptions: opts}, claimsql.Request(r), true, nil)
+	tx, res, memo, err := s.claims.Begin(ctx, pg.TxOptions{TxOptions: opts}, pg.ClaimRequest(r), true, nil)
 	return tx, ClaimResult(res), memo, err
 }
 

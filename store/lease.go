@@ -16,17 +16,11 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
-// leaseTTL is how long a retention lease outlives its holder's last
-// renewal (ErrNotLeader's doc states it).
-const leaseTTL = 30 * time.Second
-
-// lease is one run's hold on the retention leadership of a claim table: a
-// row of <schema>.claimtx_lease naming this run as holder until
-// expires_at. Every transaction of the run renews it (renewTx) and fails
-// with ErrNotLeader when another holder has it, so a run paused past
-// leaseTTL and taken over changes nothing more. Between transactions a
-// heartbeat renews it every ttl/3 (a long CREATE INDEX CONCURRENTLY), and
-// cancels the run's context when it finds it taken.
+// lease is one run's hold on the retention leadership of a claim table (a
+// row of <schema>.claimtx_lease). Every transaction of the run renews it
+// (renewTx), failing with ErrNotLeader once another holder has it, so a run
+// paused past leaseTTL and taken over changes nothing more; a heartbeat
+// renews it between transactions and cancels the run when it is taken.
 type lease struct {
 	s      *Store
 	name   string
@@ -54,11 +48,10 @@ func newHolder() string {
 	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b[:]))
 }
 
-// acquireLease takes the Store's retention lease if it is free, expired
-// (on the database's clock) or already this holder's (a retry whose first
-// reply was lost), and starts its heartbeat; ErrNotLeader when another
-// holder has it. Run the work with the returned context, cancelled with
-// cause ErrNotLeader when the lease is lost, and end with l.release.
+// acquireLease takes the retention lease if it is free, expired (database
+// clock) or already this holder's (a retry whose reply was lost), and
+// starts its heartbeat; ErrNotLeader when another holder has it. The
+// returned context is cancelled with cause ErrNotLeader when it is lost.
 func (s *Store) acquireLease(ctx context.Context) (context.Context, *lease, error) {
 	l := &lease{s: s, name: s.leaseName(), holder: newHolder(), ttl: s.leaseTTL}
 	var got string
@@ -112,10 +105,7 @@ func (l *lease) renewTx(ctx context.Context, q pg.Querier) error {
 		l.lost()
 		return ErrNotLeader
 	}
-	if err != nil {
-		return fmt.Errorf("claimtx: renew the retention lease: %w", err)
-	}
-	return nil
+	return pg.Wrap(err, "claimtx: renew the retention lease")
 }
 
 // renew renews the lease in a transaction of its own.
@@ -133,10 +123,8 @@ func execRenewed(ctx context.Context, conn *pgxpool.Conn, sql, what string) erro
 	if err := leaseOf(ctx).renew(ctx); err != nil {
 		return err
 	}
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		return fmt.Errorf("claimtx: %s: %w", what, err)
-	}
-	return nil
+	_, err := conn.Exec(ctx, sql)
+	return pg.Wrap(err, "claimtx: "+what)
 }
 
 // lost ends the run: its context is cancelled with cause ErrNotLeader.
@@ -184,8 +172,9 @@ func (l *lease) release(errp *error) {
 }
 
 const (
-	leaseVersion   = 8               // the migration that creates claimtx_lease
-	releaseTimeout = 5 * time.Second // bounds deleting a lease at the end of a run
+	leaseTTL       = 30 * time.Second // a lease outlives its last renewal by this (ErrNotLeader's doc says it)
+	leaseVersion   = 8                // the migration that creates claimtx_lease
+	releaseTimeout = 5 * time.Second  // bounds deleting a lease at the end of a run
 )
 
 type leaseKey struct{}

@@ -15,18 +15,13 @@ import (
 const SchemaVersion = 8
 
 // Migrate brings the schema to the latest version this build knows. It is
-// idempotent and safe from several processes starting at once on an empty
-// database: a transaction advisory lock per schema serialises them (no
-// session state, so it works behind a transaction pooler), and each
-// migration commits with its bookkeeping. An up-to-date schema is
-// recognised with reads only, so a role without CREATE can call it at
-// every start-up.
-//
-// It first asks BehindTransactionPooler, and refuses a pool whose query
-// mode cannot work behind one (pgx's default QueryExecModeCacheStatement,
-// and QueryExecModeDescribeExec) with a *framework.ConfigError for Field
-// "Pool" wrapping ErrTransactionPooler: such a URL needs
-// default_query_exec_mode=exec.
+// idempotent and safe from several processes starting at once (a
+// transaction advisory lock per schema, so it works behind a transaction
+// pooler too); an up-to-date schema is recognised with reads only, so a
+// role without CREATE can call it at every start-up. Behind a transaction
+// pooler (BehindTransactionPooler) it refuses pgx's statement-caching
+// query modes with a *framework.ConfigError for Field "Pool" wrapping
+// ErrTransactionPooler (docs/operations.md, "Behind PgBouncer").
 func (s *Store) Migrate(ctx context.Context) error {
 	pooled, err := s.BehindTransactionPooler(ctx)
 	if err != nil {

@@ -19,12 +19,11 @@ import (
 )
 
 // IdempotencyKeyMetadata is the metadata key every relayed message carries:
-// the outbox row's idempotency key, identical on every resend of that row,
-// for downstream consumers to key on ("metadata:claimtx_idempotency_key")
-// and HTTP effects to pass on as the provider's Idempotency-Key. A message
-// enqueued with it set keeps it (derive it from the event, say
-// "receipt:order-9912", to deduplicate an event enqueued twice); otherwise
-// Enqueue assigns a random UUID.
+// the outbox row's idempotency key, identical on every resend, for
+// consumers to key on ("metadata:claimtx_idempotency_key") and HTTP
+// effects to pass as Idempotency-Key. A message enqueued with it set keeps
+// it (say "receipt:order-9912", to deduplicate an event enqueued twice);
+// otherwise Enqueue assigns a random UUID.
 const IdempotencyKeyMetadata = outboxsql.IdempotencyKeyMetadata
 
 // ErrInvalidOutboxMessage is matched by every (permanent) error Enqueue
@@ -44,13 +43,9 @@ type OutboxStats struct {
 
 // Enqueue writes msgs to the outbox in tx, addressed to topic: a relay
 // (package store/outbox) publishes them once tx commits, never if it rolls
-// back. Call it with the claim transaction (framework.TxFromContext) or
-// any transaction of your own, once per topic. Each message keeps its UUID
-// (assigned when empty), payload and metadata.
-//
-// Enqueue also notifies relays (pg_notify, delivered at commit). Postgres
-// serialises the commits of notifying transactions in a database, which
-// matters only at thousands of enqueuing commits per second.
+// back. Each message keeps its UUID (assigned when empty), payload and
+// metadata. It also notifies relays (pg_notify at commit, which Postgres
+// serialises per database: it matters at thousands of commits a second).
 func (s *Store) Enqueue(ctx context.Context, tx pgx.Tx, topic string, msgs ...*message.Message) error {
 	if tx == nil {
 		return errors.New("claimtx: Enqueue needs a transaction")
@@ -130,6 +125,11 @@ func validateOutboxMessage(m *message.Message) error {
 
 // OutboxStats counts the outbox's rows. It scans the table: not per message.
 func (s *Store) OutboxStats(ctx context.Context) (OutboxStats, error) {
-	st, err := s.outbox.ReadStats(ctx, s.pool)
-	return OutboxStats(st), err
+	var st OutboxStats
+	var oldest float64
+	if err := s.outbox.Stats(ctx, s.pool).Scan(&st.Pending, &st.Sent, &oldest, &st.Failing); err != nil {
+		return OutboxStats{}, fmt.Errorf("claimtx: outbox stats: %w", err)
+	}
+	st.OldestPending = time.Duration(oldest * float64(time.Second))
+	return st, nil
 }

@@ -86,12 +86,10 @@ func (s *Store) Partitions(ctx context.Context) ([]Partition, error) {
 	return s.partitions(ctx, s.pool)
 }
 
-// beginner is what pgxpool.Pool and pgxpool.Conn have in common.
-type beginner interface {
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-}
-
-func (s *Store) partitions(ctx context.Context, db beginner) ([]Partition, error) {
+// partitions reads them on db, the pool or a connection.
+func (s *Store) partitions(ctx context.Context, db interface {
+	BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
+}) ([]Partition, error) {
 	var parts []Partition
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		// Bounds are parsed as text: independent of the server's DateStyle.
@@ -137,20 +135,15 @@ WHERE i.inhparent = $1::regclass`, s.names.Render("{schema}.{claims}"))
 func (s *Store) days(ctx context.Context, q pg.Querier, retention time.Duration) (today, horizonDay time.Time, err error) {
 	err = q.QueryRow(ctx, `SELECT (now() AT TIME ZONE 'UTC')::date, ((now() - $1 * interval '1 microsecond') AT TIME ZONE 'UTC')::date`,
 		retention.Microseconds()).Scan(&today, &horizonDay)
-	if err != nil {
-		return time.Time{}, time.Time{}, fmt.Errorf("claimtx: read database clock: %w", err)
-	}
-	return today.UTC(), horizonDay.UTC(), nil
+	return today.UTC(), horizonDay.UTC(), pg.Wrap(err, "claimtx: read database clock")
 }
 
 // PreparePartitioning runs the online first half of EnablePartitioning on
-// a plain claim table, for a rolling switch of consumers to event-time
-// claims: it adds event_day (metadata only, -infinity for claims without
-// an event time, so both kinds of consumer keep deduplicating against each
-// other) and builds, CONCURRENTLY, the unique indexes the legacy partition
-// will need. It is idempotent and resumable. Until EnablePartitioning
-// runs, every claim maintains two more indexes: do not linger in between.
-// docs/operations.md describes the conversion.
+// a plain claim table: it adds event_day (-infinity for claims without an
+// event time, so both kinds of consumer keep deduplicating against each
+// other) and builds CONCURRENTLY the legacy partition's unique indexes.
+// Idempotent and resumable. Until EnablePartitioning, every claim
+// maintains two more indexes: do not linger in between.
 func (s *Store) PreparePartitioning(ctx context.Context, cfg RetentionConfig) error {
 	_, err := underRetentionLock(ctx, s, cfg, false, func(ctx context.Context, conn *pgxpool.Conn, cfg RetentionConfig) (struct{}, error) {
 		kind, err := s.claimTableKind(ctx, conn)
@@ -230,23 +223,17 @@ JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname
 	return nil
 }
 
-// EnablePartitioning converts the claim table to partitioned mode: range
+// EnablePartitioning converts the claim table to partitioned mode (range
 // partitioned by event_day, primary key (consumer, message_key,
-// event_day). Consumers must then claim with ClaimRequest.EventTime. It is
-// an explicit opt-in rather than a migration because it changes what every
-// consumer must send and converting a large table is an operation to
-// schedule.
-//
+// event_day)); consumers must then claim with ClaimRequest.EventTime. An
+// opt-in, not a migration: it changes what every consumer must send.
 // Existing claims are not copied: the old table becomes the legacy
-// partition, holding every event day before a boundary (today + 2, UTC)
-// and keeping its unique (consumer, message_key) index, so a redelivery of
-// a message claimed before the conversion still conflicts there; it
-// expires like a day. An empty table gets day partitions from the horizon
-// on instead. After PreparePartitioning, a boundary CHECK validated online
-// and one short transaction under LockWait-bounded, retried locks do the
-// swap. Grants, views and foreign keys that name the old table follow it
-// to <table>_legacy: re-create them. It is idempotent: on a partitioned
-// table it only creates missing days. docs/operations.md has the steps.
+// partition (every event day before today + 2, UTC), whose unique
+// (consumer, message_key) index still catches redeliveries; an empty table
+// gets day partitions from the horizon on. Grants, views and foreign keys
+// naming the old table follow it to <table>_legacy: re-create them.
+// Idempotent: on a partitioned table it only creates missing days.
+// docs/operations.md ("Migrating an existing table") has the steps.
 func (s *Store) EnablePartitioning(ctx context.Context, cfg RetentionConfig) (PartitioningResult, error) {
 	return underRetentionLock(ctx, s, cfg, false, s.enablePartitioning)
 }
@@ -344,11 +331,10 @@ func (s *Store) enablePartitioning(ctx context.Context, conn *pgxpool.Conn, cfg 
 }
 
 // CreatePartitionsAhead creates the missing day partitions from the
-// horizon day through today + Ahead, and returns them. It never re-creates
-// a day older than the oldest partition: an empty partition where an
-// expired one was dropped would let its duplicates in. Each day is created
-// standalone and then attached (SHARE UPDATE EXCLUSIVE, where CREATE TABLE
-// … PARTITION OF would take ACCESS EXCLUSIVE and block claims).
+// horizon day through today + Ahead, and returns them; never a day older
+// than the oldest partition (an empty one where an expired one was dropped
+// would let its duplicates in). Each is created standalone and attached:
+// CREATE TABLE … PARTITION OF would take ACCESS EXCLUSIVE and block claims.
 func (s *Store) CreatePartitionsAhead(ctx context.Context, cfg RetentionConfig) ([]Partition, error) {
 	return underRetentionLock(ctx, s, cfg, true, s.createAhead)
 }
@@ -416,12 +402,10 @@ func (s *Store) createDay(ctx context.Context, tx pgx.Tx, day time.Time) (Partit
 }
 
 // DropExpiredPartitions drops every partition whose event days all lie
-// before the retention horizon (the legacy partition included) and returns
-// them. Each is detached CONCURRENTLY (claims on other days are never
-// blocked) and dropped: O(1) whatever its size. An interrupted detach is
-// finished, and a partition detached but not yet dropped is dropped. Poison
-// memos (middleware.Claim.PoisonMemo), which are not partitioned, are then
-// deleted by time: those last poisoned more than Retention ago.
+// before the retention horizon (the legacy partition included), detached
+// CONCURRENTLY so claims are never blocked, and returns them; an
+// interrupted run is finished. Poison memos last poisoned more than
+// Retention ago are then deleted.
 func (s *Store) DropExpiredPartitions(ctx context.Context, cfg RetentionConfig) ([]Partition, error) {
 	return underRetentionLock(ctx, s, cfg, true, s.dropExpired)
 }

@@ -17,14 +17,11 @@ type memoDB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// cleanupMemos deletes the poison memos (middleware.Claim.PoisonMemo) last
-// poisoned before horizon, after the claims: memos are few and not
-// partitioned, so both retention modes delete them by time, in batches of
-// cfg.BatchSize, each its own short transaction with the batch timeout;
-// with cfg.DryRun it counts them. A schema without the memo table has
-// none. A role that may not delete from it (a cleanup role granted rights
-// before memos existed) leaves the memos alone rather than failing the
-// claims' cleanup after an upgrade: docs/security.md says what to grant.
+// cleanupMemos deletes (cfg.DryRun: counts) the poison memos last
+// poisoned before horizon, in batches of cfg.BatchSize: memos are few and
+// not partitioned, so both retention modes delete them by time. A role
+// that may not delete them (granted rights before memos existed) leaves
+// them alone rather than fail the claims' cleanup (docs/security.md).
 func (s *Store) cleanupMemos(ctx context.Context, db memoDB, horizon time.Time, cfg RetentionConfig) (int64, error) {
 	need := []string{"SELECT", "DELETE"}
 	if cfg.DryRun {

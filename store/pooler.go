@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,37 +19,28 @@ import (
 // refuses it) and the outbox relay's LISTEN (Run refuses it).
 var ErrTransactionPooler = errors.New("claimtx: the pool reaches PostgreSQL through a transaction pooler (PgBouncer pool_mode=transaction?)")
 
-// pooler remembers the probe's answer (nil until known): a Store asks once.
-type pooler struct {
-	mu     sync.Mutex
-	pooled *bool
-}
-
 // BehindTransactionPooler reports whether the Store's pool reaches
 // PostgreSQL through a transaction (or statement) pooler, where session
-// state (LISTEN, session advisory locks, named prepared statements, SET)
-// does not survive from one transaction to the next. Migrate asks it
-// first; the answer is remembered for the Store.
+// state (LISTEN, advisory locks, prepared statements, SET) does not
+// survive between transactions. Migrate asks it first; the answer is
+// remembered.
 //
 // It compares server process ids of a pooled connection before and after
-// a second, dedicated connection holds a transaction, five rounds: a
-// direct connection or a session-mode pooler keeps the first on one server
-// that the second never shares; a transaction pooler moves it, or lends
-// its server to the second. One round is certain with PgBouncer's LIFO
-// reuse of idle servers; with server_round_robin=1 or busy neighbours a
-// round can miss, five rarely do (a miss means what needs a session fails
-// later instead of at start-up).
+// a second, dedicated connection holds a transaction: a transaction pooler
+// moves the first, or lends its server to the second. One round is certain
+// with PgBouncer's LIFO reuse of idle servers; with server_round_robin=1
+// or busy neighbours one can miss, five rarely do.
 func (s *Store) BehindTransactionPooler(ctx context.Context) (bool, error) {
-	s.pooler.mu.Lock()
-	defer s.pooler.mu.Unlock()
-	if s.pooler.pooled != nil {
-		return *s.pooler.pooled, nil
+	s.poolerMu.Lock()
+	defer s.poolerMu.Unlock()
+	if s.pooled != nil {
+		return *s.pooled, nil
 	}
 	pooled, err := probePooler(ctx, s.pool)
 	if err != nil {
 		return false, err
 	}
-	s.pooler.pooled = &pooled
+	s.pooled = &pooled
 	return pooled, nil
 }
 

@@ -52,16 +52,12 @@ type RetentionConfig struct {
 	// of the messages whose claims go are applied again (or, partitioned,
 	// refused as expired). Defaults to false.
 	Force bool
-	// DryRun deletes, creates and drops nothing: Cleanup counts the claims
-	// it would delete (and takes no lock), CreatePartitionsAhead and
-	// DropExpiredPartitions list the partitions they would create or drop.
-	// Defaults to false.
+	// DryRun deletes, creates and drops nothing, only counts or lists
+	// (Cleanup then takes no lock). Defaults to false.
 	DryRun bool
 
-	// BatchSize is the number of rows Cleanup's first batch deletes. Later
-	// batches adapt toward TargetBatchDuration within
-	// [MinBatchSize, MaxBatchSize]; set all three equal for a fixed size.
-	// Defaults to 5000.
+	// BatchSize is the size of Cleanup's first batch; later ones adapt
+	// toward TargetBatchDuration (all three equal: fixed). Defaults to 5000.
 	BatchSize int
 	// MinBatchSize and MaxBatchSize bound adaptive sizing (a batch holds
 	// its row locks and WAL until it commits). They default to 500 and
@@ -181,18 +177,13 @@ func (c RetentionConfig) validatePartitioned() error {
 	return nil
 }
 
-// Cleanup deletes claims processed before now minus cfg.Retention (on the
-// database clock), in small batches until none are left, and then the
-// poison memos (middleware.Claim.PoisonMemo) last poisoned before the same
-// horizon. One leader at a time: a lease row, renewed by every batch's own
-// statement, makes every other concurrent Cleanup return ErrNotLeader at
-// once and works behind a transaction pooler. Each batch is its own
-// transaction (synchronous_commit off, a statement timeout), deletes the
-// oldest ctids below the horizon from where the last batch stopped,
-// re-checks the horizon in the delete, and adapts its size toward
-// TargetBatchDuration. Cancel ctx to interrupt it (the result says what
-// was done, the error wraps ctx's) and run it again to resume. It refuses
-// a partitioned table (ErrPartitioned). docs/operations.md has the
+// Cleanup deletes claims processed before now minus cfg.Retention
+// (database clock) in small batches, then the poison memos last poisoned
+// before that horizon. One leader at a time: a lease row renewed by every
+// batch makes other runs return ErrNotLeader, also behind a transaction
+// pooler. Cancel ctx to interrupt it (the result says what was done, the
+// error wraps ctx's) and run it again to resume. A partitioned table is
+// refused (ErrPartitioned). docs/operations.md ("Batched cleanup") has the
 // details.
 func (s *Store) Cleanup(ctx context.Context, cfg RetentionConfig) (res CleanupResult, err error) {
 	if err := cfg.Validate(); err != nil {
@@ -331,10 +322,8 @@ const batchSettings = "SELECT set_config('statement_timeout', $1, true), set_con
 // horizon is now minus retention on the database clock.
 func (s *Store) horizon(ctx context.Context, q pg.Querier, retention time.Duration) (time.Time, error) {
 	var h time.Time
-	if err := q.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", retention.Microseconds()).Scan(&h); err != nil {
-		return h, fmt.Errorf("claimtx: retention horizon: %w", err)
-	}
-	return h, nil
+	err := q.QueryRow(ctx, "SELECT now() - $1 * interval '1 microsecond'", retention.Microseconds()).Scan(&h)
+	return h, pg.Wrap(err, "claimtx: retention horizon")
 }
 
 // nextBatchSize scales size so the next batch takes about the target,
@@ -375,8 +364,5 @@ WHERE n.nspname = $1 AND c.relname = $2`, s.cfg.Schema, s.cfg.ClaimsTable).Scan(
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrNoClaimTable
 	}
-	if err != nil {
-		return "", fmt.Errorf("claimtx: inspect claim table: %w", err)
-	}
-	return kind, nil
+	return kind, pg.Wrap(err, "claimtx: inspect claim table")
 }

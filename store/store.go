@@ -1,6 +1,7 @@
 package store
 
 import (
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,7 +22,8 @@ type Store struct {
 	positions *claimsql.PositionStatements
 	outbox    *outboxsql.Statements
 
-	pooler   pooler
+	poolerMu sync.Mutex
+	pooled   *bool         // BehindTransactionPooler's answer, nil until known
 	leaseTTL time.Duration // leaseTTL; tests shorten it
 }
 

@@ -117,8 +117,5 @@ func (u *VersionedUpsert) Exec(ctx context.Context, db Execer, args ...any) (app
 		return false, framework.Permanent(fmt.Errorf("claimtx: versioned upsert takes %d values (key columns, version, columns), got %d", u.nargs, len(args)))
 	}
 	tag, err := db.Exec(ctx, u.sql, args...)
-	if err != nil {
-		return false, fmt.Errorf("claimtx: versioned upsert: %w", err)
-	}
-	return tag.RowsAffected() == 1, nil
+	return tag.RowsAffected() == 1, pg.Wrap(err, "claimtx: versioned upsert")
 }

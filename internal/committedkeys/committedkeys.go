@@ -73,10 +73,9 @@ type Cache struct {
 
 // shard holds its entries in a ring in insertion order (expiry and
 // eviction go oldest first), indexed by the hash's first half; a lookup
-// compares all 128 bits. Of two live hashes sharing a first half (rare)
-// only the newer is indexed: the older misses, costing a round trip, never
-// a wrong answer. An entry re-added after it expired appears twice in the
-// ring; the older, unindexed slot only drops itself.
+// compares all 128 bits. Of two live hashes sharing a first half only the
+// newer is indexed: the older misses (a round trip, never a wrong answer),
+// and its slot, like an expired entry's re-added twin, only drops itself.
 type shard struct {
 	mu   sync.Mutex
 	m    map[uint64]uint32

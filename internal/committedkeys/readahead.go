@@ -34,16 +34,14 @@ const (
 )
 
 // ReadAhead fills the committed-key cache ahead of a replay that started
-// cold (a group reset, a producer re-sending a range, a restart in a
-// storm). Once the database answers "duplicate" readAheadAfter times in a
-// row, it reads the keys of the claims written after the earliest of those
-// duplicates (Following), which sees only committed claims. A marked key
-// in each full page starts the next read, as a file system reads ahead of
-// a sequential reader. A read that paid doubles the next page; one that
-// did not resets it and doubles the duplicates needed first.
-//
-// A read runs on the goroutine of the message that started it, after its
-// transaction ended; one at a time, the other messages go on meanwhile.
+// cold (a group reset, a producer re-sending a range). Once the database
+// answers "duplicate" readAheadAfter times in a row, it reads the keys of
+// the committed claims written after the earliest of those duplicates
+// (Following); a marked key in each full page starts the next read, as a
+// file system reads ahead. A read that paid doubles the next page; one
+// that did not resets it and doubles the duplicates needed first. One read
+// at a time runs on the goroutine of the message that started it, after
+// its transaction ended.
 type ReadAhead struct {
 	cache     *Cache
 	following Following

@@ -32,11 +32,8 @@ type Execer interface {
 }
 
 // Claims is what the claim middleware and framework/consumer do through a
-// store, so every claim statement stays in store without being its
-// exported API; claimsql, poison.RecordMemo and deadletter document the
-// methods.
-// On success the Begin methods hand the caller a transaction to end; on
-// error there is none.
+// store, unexported there; claimsql, poison.RecordMemo and deadletter
+// document the methods (a Begin method's error leaves no transaction).
 type Claims interface {
 	Begin(ctx context.Context, opts TxOptions, r ClaimRequest, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res ClaimResult, memo *string, err error)
 	BeginBatch(ctx context.Context, opts TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (tx pgx.Tx, claimed []string, memos map[string]string, err error)

@@ -3,6 +3,7 @@ package pg
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -91,4 +92,12 @@ func SQLState(err error) string {
 		return pgErr.Code
 	}
 	return ""
+}
+
+// Wrap returns nil for a nil err, else err prefixed with what ("what: err").
+func Wrap(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }

@@ -9,12 +9,9 @@ const PoolerReason = "reaches PostgreSQL through a transaction pooler (PgBouncer
 
 // UnsafeBehindPooler reports whether pgx's query mode needs a statement to
 // outlive its transaction on one server connection, which a transaction
-// pooler does not give. QueryExecModeCacheStatement keeps named prepared
-// statements on the server (PgBouncer 1.18 cannot route them);
-// QueryExecModeDescribeExec describes the unnamed statement in one round
-// trip and binds it in the next, which may reach another server outside a
-// transaction. QueryExecModeCacheDescribe is safe: it re-sends Parse with
-// every execution and caches only the types.
+// pooler does not give: CacheStatement keeps named prepared statements,
+// DescribeExec binds in a second round trip that may reach another server.
+// CacheDescribe is safe: it re-sends Parse and caches only the types.
 func UnsafeBehindPooler(mode pgx.QueryExecMode) bool {
 	return mode == pgx.QueryExecModeCacheStatement || mode == pgx.QueryExecModeDescribeExec
 }

@@ -69,10 +69,7 @@ WHERE consumer = $1 AND message_key = $2`), consumer, key)
 ON CONFLICT (consumer, message_key) DO UPDATE
 SET reason = EXCLUDED.reason, poisoned_at = now(), seen = m.seen + 1`), consumer, key, memoReasonText(err.Error()))
 	}
-	if qerr != nil {
-		return fmt.Errorf("claimtx: record poison memo: %w", qerr)
-	}
-	return nil
+	return pg.Wrap(qerr, "claimtx: record poison memo")
 }
 
 // GetMemo returns the memo of (consumer, key); ok is false when there is none.
@@ -136,10 +133,7 @@ func ClearMemos(ctx context.Context, db DB, n *pg.Names, f MemoFilter) (int64, e
 		return 0, err
 	}
 	tag, err := db.Exec(ctx, n.Render("DELETE FROM {schema}.{memo} WHERE ")+where, args...)
-	if err != nil {
-		return 0, fmt.Errorf("claimtx: clear poison memos: %w", err)
-	}
-	return tag.RowsAffected(), nil
+	return tag.RowsAffected(), pg.Wrap(err, "claimtx: clear poison memos")
 }
 
 // CountMemos is a dry run of ClearMemos.
@@ -149,20 +143,16 @@ func CountMemos(ctx context.Context, db DB, n *pg.Names, f MemoFilter) (int64, e
 		return 0, err
 	}
 	var c int64
-	if err := db.QueryRow(ctx, n.Render("SELECT count(*) FROM {schema}.{memo} WHERE ")+where, args...).Scan(&c); err != nil {
-		return 0, fmt.Errorf("claimtx: count poison memos: %w", err)
-	}
-	return c, nil
+	err = db.QueryRow(ctx, n.Render("SELECT count(*) FROM {schema}.{memo} WHERE ")+where, args...).Scan(&c)
+	return c, pg.Wrap(err, "claimtx: count poison memos")
 }
 
 // MemoTableExists reports whether the memo table exists, so tools run
 // against an older schema skip memos instead of failing.
 func MemoTableExists(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 	var ok bool
-	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", n.Render("{schema}.{memo}")).Scan(&ok); err != nil {
-		return false, fmt.Errorf("claimtx: look for the poison memo table: %w", err)
-	}
-	return ok, nil
+	err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", n.Render("{schema}.{memo}")).Scan(&ok)
+	return ok, pg.Wrap(err, "claimtx: look for the poison memo table")
 }
 
 // DeleteMemosBefore deletes up to limit memos last poisoned before horizon,
@@ -170,19 +160,14 @@ func MemoTableExists(ctx context.Context, db DB, n *pg.Names) (bool, error) {
 func DeleteMemosBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time, limit int) (int64, error) {
 	tag, err := db.Exec(ctx, n.Render(`DELETE FROM {schema}.{memo} WHERE ctid = ANY (ARRAY(
     SELECT ctid FROM {schema}.{memo} WHERE poisoned_at < $1 ORDER BY poisoned_at LIMIT $2)) AND poisoned_at < $1`), horizon, limit)
-	if err != nil {
-		return 0, fmt.Errorf("claimtx: delete expired poison memos: %w", err)
-	}
-	return tag.RowsAffected(), nil
+	return tag.RowsAffected(), pg.Wrap(err, "claimtx: delete expired poison memos")
 }
 
 // CountMemosBefore is a dry run of DeleteMemosBefore.
 func CountMemosBefore(ctx context.Context, db DB, n *pg.Names, horizon time.Time) (int64, error) {
 	var c int64
-	if err := db.QueryRow(ctx, n.Render("SELECT count(*) FROM {schema}.{memo} WHERE poisoned_at < $1"), horizon).Scan(&c); err != nil {
-		return 0, fmt.Errorf("claimtx: count expired poison memos: %w", err)
-	}
-	return c, nil
+	err := db.QueryRow(ctx, n.Render("SELECT count(*) FROM {schema}.{memo} WHERE poisoned_at < $1"), horizon).Scan(&c)
+	return c, pg.Wrap(err, "claimtx: count expired poison memos")
 }
 
 // MemoTable is the memo table of one claim table as the dead-letter

@@ -28,22 +28,19 @@ const (
 	defaultRetention       = 24 * time.Hour
 	defaultCleanupInterval = time.Minute
 	defaultPublishTimeout  = 30 * time.Second
-)
 
-// cleanupBatch is how many sent rows one cleanup statement deletes: small
-// enough to keep locks and WAL bursts short, large enough to keep up.
-const cleanupBatch = 10_000
+	// cleanupBatch sent rows per cleanup statement, cleanupPause apart: a
+	// trickle of short locks and WAL bursts that still keeps up.
+	cleanupBatch = 10_000
+	cleanupPause = 10 * time.Millisecond
+	// markTimeout bounds marking published rows once the relay's context
+	// is cancelled: one UPDATE and COMMIT, not a hung shutdown.
+	markTimeout = 5 * time.Second
+)
 
 // ErrPublishTimeout is the failure recorded on rows whose Publish call did
 // not return within Config.PublishTimeout.
 var ErrPublishTimeout = errors.New("claimtx relay: publish timed out")
-
-// cleanupPause separates cleanup batches: a trickle, not a burst.
-const cleanupPause = 10 * time.Millisecond
-
-// markTimeout bounds marking published rows once the relay's context is
-// cancelled: enough for one UPDATE and COMMIT, not a hung shutdown.
-const markTimeout = 5 * time.Second
 
 // Config tunes a Relay. The zero value is usable.
 type Config struct {
@@ -147,12 +144,10 @@ func New(st *store.Store, pub message.Publisher, cfg Config) (*Relay, error) {
 }
 
 // Run relays until ctx is cancelled, then returns nil after the batch in
-// flight ended. Failures are retried with backoff, never returned.
-//
-// With LISTEN on it first asks store.Store.BehindTransactionPooler
-// (waiting for the database like a batch does), and behind a transaction
-// pooler, where notifications are lost, returns a *framework.ConfigError
-// for DisableListen wrapping store.ErrTransactionPooler.
+// flight ended. Failures are retried with backoff, never returned. With
+// LISTEN on, behind a transaction pooler (where notifications are lost) it
+// returns a *framework.ConfigError for DisableListen wrapping
+// store.ErrTransactionPooler.
 func (r *Relay) Run(ctx context.Context) error {
 	wake := make(chan struct{}, 1)
 	var wg sync.WaitGroup
@@ -226,8 +221,7 @@ func (r *Relay) idle(ctx context.Context, wake <-chan struct{}) bool {
 // of the failed call: they and everything after stay pending, in order.
 // Once ctx is cancelled no further Publish is started.
 func (r *Relay) relayBatch(ctx context.Context) Batch {
-	start := time.Now()
-	b := Batch{}
+	start, b := time.Now(), Batch{}
 	b.Err = r.publishBatch(ctx, &b)
 	b.Duration = time.Since(start)
 	if r.cfg.OnBatch != nil {

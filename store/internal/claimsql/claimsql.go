@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,35 +22,10 @@ import (
 // that no partition accepts.
 var ErrNoPartition = errors.New("claimtx: no claim partition for the message's event day")
 
-// Request and Result are store.ClaimRequest and store.ClaimResult.
-type (
-	Request = pg.ClaimRequest
-	Result  = pg.ClaimResult
-)
-
 // shape says which optional columns a claim carries.
 type shape struct {
-	eventDay    bool // Request.EventTime is set
-	payloadHash bool // Request.PayloadHash is set
-}
-
-var shapes = []shape{{false, false}, {false, true}, {true, false}, {true, true}}
-
-// insertSQL is the claim INSERT for the shape, still to render: consumer,
-// message_key, then event_day and payload_hash when the shape has them.
-func (sh shape) insertSQL() string {
-	cols := []string{"consumer", "message_key"}
-	if sh.eventDay {
-		cols = append(cols, "event_day")
-	}
-	if sh.payloadHash {
-		cols = append(cols, "payload_hash")
-	}
-	params := make([]string, len(cols))
-	for i := range params {
-		params[i] = "$" + strconv.Itoa(i+1)
-	}
-	return "INSERT INTO {schema}.{claims} (" + strings.Join(cols, ", ") + ") VALUES (" + strings.Join(params, ", ") + ") ON CONFLICT DO NOTHING"
+	eventDay    bool // ClaimRequest.EventTime is set
+	payloadHash bool // ClaimRequest.PayloadHash is set
 }
 
 // Statements are the claim statements of one claim table, rendered once.
@@ -72,10 +45,12 @@ type Statements struct {
 // (names store.Config validated).
 func For(schema, claims string) *Statements {
 	n := pg.NewNames(schema, claims, "")
-	s := &Statements{insert: make(map[shape]string, len(shapes))}
-	for _, sh := range shapes {
-		s.insert[sh] = n.Render(sh.insertSQL())
-	}
+	s := &Statements{insert: map[shape]string{
+		{false, false}: n.Render("INSERT INTO {schema}.{claims} (consumer, message_key) VALUES ($1, $2) ON CONFLICT DO NOTHING"),
+		{false, true}:  n.Render("INSERT INTO {schema}.{claims} (consumer, message_key, payload_hash) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING"),
+		{true, false}:  n.Render("INSERT INTO {schema}.{claims} (consumer, message_key, event_day) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING"),
+		{true, true}:   n.Render("INSERT INTO {schema}.{claims} (consumer, message_key, event_day, payload_hash) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING"),
+	}}
 	s.hash = n.Render("SELECT payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2")
 	s.hashByDay = n.Render("SELECT payload_hash FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2 AND event_day = $3")
 	s.batch = n.Render(`INSERT INTO {schema}.{claims} (consumer, message_key)
@@ -100,11 +75,11 @@ ORDER BY c.processed_at, c.message_key LIMIT $3`)
 }
 
 // Claim inserts the claim r in tx; see store.Store.Claim.
-func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, error) {
+func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r pg.ClaimRequest) (pg.ClaimResult, error) {
 	if tx == nil {
-		return Result{}, errors.New("claimtx: Claim needs a transaction")
+		return pg.ClaimResult{}, errors.New("claimtx: Claim needs a transaction")
 	}
-	var res Result
+	var res pg.ClaimResult
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
 	// The caller's transaction keeps its own synchronous_commit.
@@ -116,21 +91,17 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r Request) (Result, e
 }
 
 // Begin begins a transaction on s.Pool and makes the claim r in it, in
-// one round trip: BEGIN, the lock_timeout (and opts' synchronous_commit),
-// the claim, more when not nil (a Kafka position) and the reset go out as
-// one pipelined batch; withMemo adds the poison memo lookup before the
-// claim (memo is its reason, nil without one).
+// one pipelined round trip: BEGIN, the memo lookup when withMemo (memo is
+// its reason, nil without one), the settings, the claim, more when not nil
+// (a Kafka position) and the lock_timeout reset.
 //
-// The claim is made whatever the memo says, and the caller decides: a
-// duplicate is a duplicate even with a memo (the effect is there), a new
-// claim with a memo is rolled back without running the handler. An INSERT
-// that skipped memoised keys would need both decisions in one snapshot:
-// under READ COMMITTED a memo cleared between two statements would make a
-// fresh message look like a duplicate, acked without its effect.
-//
-// On success the caller owns tx and must Commit or Rollback it whatever
-// res says; on error there is no transaction to end.
-func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r Request, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res Result, memo *string, err error) {
+// The claim is made whatever the memo says, and the caller decides (a new
+// claim with a memo is rolled back): an INSERT skipping memoised keys
+// would need both decisions in one snapshot, and under READ COMMITTED a
+// memo cleared in between would make a fresh message look like a
+// duplicate. On success the caller owns tx whatever res says; on error
+// there is no transaction to end.
+func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r pg.ClaimRequest, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res pg.ClaimResult, memo *string, err error) {
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
 	b.BeginTx(opts.TxOptions)
@@ -167,15 +138,12 @@ func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r Request, wi
 }
 
 // BeginBatch begins a transaction on s.Pool and claims many keys of one
-// consumer in it with one statement, in one round trip, bounded by
+// consumer in it with one statement in one round trip, bounded by
 // maxClaimWait, and returns the new keys, sorted. Rows are inserted in key
 // order, so overlapping batches wait for each other instead of
-// deadlocking.
-//
-// withMemo looks the keys' memos up in the same round trip: new keys with
-// a memo are unclaimed again in tx (one more statement, only when there
-// are such keys) and returned in memos, key -> reason, instead of in
-// claimed. Ownership of tx is as in Begin.
+// deadlocking. withMemo looks the keys' memos up in the same round trip:
+// new keys with a memo are unclaimed again in tx and returned in memos
+// (key -> reason) instead. Ownership of tx is as in Begin.
 func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(opts.TxOptions)
@@ -193,21 +161,28 @@ func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer
 		})
 		found = m
 	}
-	claimed := s.queueBatch(b, consumer, keys, maxClaimWait, opts.SynchronousCommit)
+	sorted := slices.Compact(slices.Sorted(slices.Values(keys)))
+	claimed := make([]string, 0, len(sorted))
+	queueBounded(b, maxClaimWait, opts.SynchronousCommit, func() {
+		b.Queue(s.batch, consumer, sorted).Query(func(rows pgx.Rows) (err error) {
+			claimed, err = pgx.AppendRows(claimed, rows, pgx.RowTo[string])
+			return err
+		})
+	})
 	br := s.Pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
 		pg.Rollback(ctx, tx)
 		return nil, nil, nil, fmt.Errorf("claimtx: claim batch: %w", err)
 	}
-	slices.Sort(*claimed)
+	slices.Sort(claimed)
 	if len(found) == 0 {
-		return tx, *claimed, nil, nil
+		return tx, claimed, nil, nil
 	}
 	// New claims of memoised keys must not commit: undo them in tx.
 	var keep, undo []string
 	memos := map[string]string{}
-	for _, k := range *claimed {
+	for _, k := range claimed {
 		if reason, ok := found[k]; ok {
 			undo, memos[k] = append(undo, k), reason
 		} else {
@@ -221,23 +196,6 @@ func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer
 		}
 	}
 	return tx, keep, memos, nil
-}
-
-// queueBatch queues the claim of keys, sorted and deduplicated, bounded by
-// maxClaimWait; the claimed keys are collected in the returned slice when
-// the batch is read.
-func (s *Statements) queueBatch(b *pgx.Batch, consumer string, keys []string, maxClaimWait time.Duration, synchronousCommit string) *[]string {
-	sorted := slices.Clone(keys)
-	slices.Sort(sorted)
-	sorted = slices.Compact(sorted)
-	claimed := make([]string, 0, len(sorted))
-	queueBounded(b, maxClaimWait, synchronousCommit, func() {
-		b.Queue(s.batch, consumer, sorted).Query(func(rows pgx.Rows) (err error) {
-			claimed, err = pgx.AppendRows(claimed, rows, pgx.RowTo[string])
-			return err
-		})
-	})
-	return &claimed
 }
 
 // Following reads ahead of a replay, which delivers its messages in about
@@ -254,10 +212,7 @@ func (s *Statements) Following(ctx context.Context, consumer string, anchors []s
 			return nil
 		})
 	}
-	if err != nil {
-		return fmt.Errorf("claimtx: read ahead: %w", err)
-	}
-	return nil
+	return pg.Wrap(err, "claimtx: read ahead")
 }
 
 // BeginNaturalKey begins a transaction on pool for a natural-key claim,
@@ -285,13 +240,13 @@ func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pg.TxOptions,
 type query struct {
 	sql   string
 	args  []any
-	r     Request
+	r     pg.ClaimRequest
 	shape shape
 	day   pgtype.Date // when shape.eventDay
-	res   *Result
+	res   *pg.ClaimResult
 }
 
-func (s *Statements) prepare(r Request, res *Result) query {
+func (s *Statements) prepare(r pg.ClaimRequest, res *pg.ClaimResult) query {
 	q := query{args: []any{r.Consumer, r.Key}, r: r, res: res}
 	q.shape = shape{eventDay: !r.EventTime.IsZero(), payloadHash: r.PayloadHash != nil}
 	if q.shape.eventDay {
@@ -361,7 +316,7 @@ func (q query) wrap(err error) error {
 }
 
 // checkFingerprint compares a duplicate's stored payload hash with r's.
-func (s *Statements) checkFingerprint(ctx context.Context, tx pgx.Tx, q query, res *Result) error {
+func (s *Statements) checkFingerprint(ctx context.Context, tx pgx.Tx, q query, res *pg.ClaimResult) error {
 	if res.New || q.r.PayloadHash == nil {
 		return nil
 	}

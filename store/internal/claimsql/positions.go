@@ -66,10 +66,7 @@ func (s *PositionStatements) Store(ctx context.Context, tx pg.Execer, consumer s
 		}
 		_, err = tx.Exec(ctx, s.upsertMany, consumer, topics, parts, offs)
 	}
-	if err != nil {
-		return fmt.Errorf("claimtx: store kafka position: %w", err)
-	}
-	return nil
+	return pg.Wrap(err, "claimtx: store kafka position")
 }
 
 // Queue queues the upsert of p for consumer on b, in the claim's round
@@ -87,10 +84,7 @@ func (s *PositionStatements) Of(ctx context.Context, consumer string) ([]Positio
 	if err == nil {
 		ps, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Position]) // the columns in field order
 	}
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: read kafka positions: %w", err)
-	}
-	return ps, nil
+	return ps, pg.Wrap(err, "claimtx: read kafka positions")
 }
 
 // Loader returns the kafkarecord.Loader of consumer's stored positions.

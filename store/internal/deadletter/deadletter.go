@@ -22,10 +22,7 @@ type Letter = pg.DeadLetter
 // (granted rights before the table existed).
 func CanRecord(ctx context.Context, db poison.DB, n *pg.Names) (bool, error) {
 	exists, lacking, err := pg.Lacking(ctx, db, n.Render("{schema}.{dead_letter}"), "INSERT")
-	if err != nil {
-		return false, fmt.Errorf("claimtx: check privileges on the dead-letter table: %w", err)
-	}
-	return exists && len(lacking) == 0, nil
+	return err == nil && exists && len(lacking) == 0, pg.Wrap(err, "claimtx: check privileges on the dead-letter table")
 }
 
 // Record inserts l, a row for every refused copy (as a copy poisoned twice

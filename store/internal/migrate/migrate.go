@@ -200,21 +200,15 @@ func Version(ctx context.Context, db pg.Querier, n *pg.Names) (int, error) {
 		return 0, nil
 	}
 	var v int
-	if err := db.QueryRow(ctx, n.Render("SELECT coalesce(max(version), 0) FROM {schema}.claimtx_migration")).Scan(&v); err != nil {
-		return 0, fmt.Errorf("claimtx: read migration version: %w", err)
-	}
-	return v, nil
+	err := db.QueryRow(ctx, n.Render("SELECT coalesce(max(version), 0) FROM {schema}.claimtx_migration")).Scan(&v)
+	return v, pg.Wrap(err, "claimtx: read migration version")
 }
 
 // underLock runs fn in a transaction that first takes the migration lock.
-//
-// Postgres refreshes a backend's catalog caches when a transaction starts
-// or a relation lock is newly taken, not when an advisory lock is granted,
-// so a backend that cached "no such schema" before its predecessor
-// committed could still believe it after the grant, and its CREATE SCHEMA
-// IF NOT EXISTS would collide. Postgres 15 has not shown it
-// (TestUpAfterPredecessorCreatedSchema); should it happen, a new
-// transaction, started after the predecessor's commit, is tried.
+// Catalog caches are not refreshed when an advisory lock is granted, so a
+// backend that cached "no such schema" before its predecessor committed
+// could collide on CREATE SCHEMA IF NOT EXISTS (not seen on Postgres 15,
+// TestUpAfterPredecessorCreatedSchema): then a new transaction is tried.
 func underLock(ctx context.Context, pool *pgxpool.Pool, n *pg.Names, fn func(pgx.Tx) error) error {
 	run := func() error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -237,10 +231,8 @@ const staleCacheAttempts = 3
 
 // lockXact takes the migration lock for the rest of tx.
 func lockXact(ctx context.Context, tx pgx.Tx, n *pg.Names) error {
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(n.Schema)); err != nil {
-		return fmt.Errorf("claimtx: migration lock: %w", err)
-	}
-	return nil
+	_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", LockKey(n.Schema))
+	return pg.Wrap(err, "claimtx: migration lock")
 }
 
 // staleCatalog reports whether err is what a stale catalog cache makes a

@@ -41,14 +41,6 @@ func (r Row) Message() *message.Message {
 	return msg
 }
 
-// Stats is store.OutboxStats.
-type Stats struct {
-	Pending       int64
-	Sent          int64
-	OldestPending time.Duration
-	Failing       int64
-}
-
 // Statements are the statements of one outbox table, rendered once.
 type Statements struct {
 	insert, lock, markSent, markFailed, deleteSent, stats string
@@ -111,10 +103,7 @@ func (s *Statements) LockPending(ctx context.Context, tx pgx.Tx, limit int) ([]R
 	if err == nil {
 		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Row]) // the columns in field order
 	}
-	if err != nil {
-		return nil, fmt.Errorf("claimtx: lock pending outbox rows: %w", err)
-	}
-	return out, nil
+	return out, pg.Wrap(err, "claimtx: lock pending outbox rows")
 }
 
 // MarkSent records in tx that the rows were published.
@@ -138,10 +127,8 @@ func (s *Statements) MarkFailed(ctx context.Context, tx pgx.Tx, ids []int64, cau
 	if cause != nil {
 		text = strings.ToValidUTF8(strings.ReplaceAll(cause.Error(), "\x00", ""), "?")
 	}
-	if _, err := tx.Exec(ctx, s.markFailed, ids, text); err != nil {
-		return fmt.Errorf("claimtx: record outbox failure: %w", err)
-	}
-	return nil
+	_, err := tx.Exec(ctx, s.markFailed, ids, text)
+	return pg.Wrap(err, "claimtx: record outbox failure")
 }
 
 // DeleteSent deletes up to limit rows sent more than olderThan ago
@@ -152,19 +139,11 @@ func (s *Statements) DeleteSent(ctx context.Context, db pg.Execer, olderThan tim
 		return 0, fmt.Errorf("claimtx: outbox cleanup limit %d must be positive", limit)
 	}
 	tag, err := db.Exec(ctx, s.deleteSent, max(olderThan, 0).Milliseconds(), limit)
-	if err != nil {
-		return 0, fmt.Errorf("claimtx: delete sent outbox rows: %w", err)
-	}
-	return tag.RowsAffected(), nil
+	return tag.RowsAffected(), pg.Wrap(err, "claimtx: delete sent outbox rows")
 }
 
-// ReadStats counts the outbox's rows; see store.Store.OutboxStats.
-func (s *Statements) ReadStats(ctx context.Context, db pg.Querier) (Stats, error) {
-	var st Stats
-	var oldest float64
-	if err := db.QueryRow(ctx, s.stats).Scan(&st.Pending, &st.Sent, &oldest, &st.Failing); err != nil {
-		return Stats{}, fmt.Errorf("claimtx: outbox stats: %w", err)
-	}
-	st.OldestPending = time.Duration(oldest * float64(time.Second))
-	return st, nil
+// Stats queries the outbox's counts for store.Store.OutboxStats: pending,
+// sent, the oldest pending row's age in seconds, failing.
+func (s *Statements) Stats(ctx context.Context, db pg.Querier) pgx.Row {
+	return db.QueryRow(ctx, s.stats)
 }

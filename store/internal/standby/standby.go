@@ -30,10 +30,8 @@ FROM pg_stat_replication`
 // Read reads the server's State.
 func Read(ctx context.Context, db pg.Querier) (State, error) {
 	var s State
-	if err := db.QueryRow(ctx, readSQL).Scan(&s.Names, &s.Standbys, &s.Sync, &s.Hidden); err != nil {
-		return State{}, fmt.Errorf("claimtx: read synchronous replication state: %w", err)
-	}
-	return s, nil
+	err := db.QueryRow(ctx, readSQL).Scan(&s.Names, &s.Standbys, &s.Sync, &s.Hidden)
+	return s, pg.Wrap(err, "claimtx: read synchronous replication state")
 }
 
 // Shortfall says what s lacks for commits with synchronousCommit to keep
