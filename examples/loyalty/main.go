@@ -21,7 +21,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -32,6 +31,7 @@ import (
 	_ "github.com/claimtx/claimtx/brokers/amqp"
 	_ "github.com/claimtx/claimtx/brokers/kafka"
 	_ "github.com/claimtx/claimtx/brokers/nats"
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/middleware"
@@ -131,7 +131,7 @@ func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 // createTables creates the effect tables, if missing, in the connection's
 // default schema.
 func createTables(ctx context.Context, pool *pgxpool.Pool) error {
-	return createTablesOnce(ctx, pool, "claimtx-example-loyalty-tables",
+	return feed.CreateTablesOnce(ctx, pool, "claimtx-example-loyalty-tables",
 		"SELECT to_regclass('balances') IS NOT NULL AND to_regclass('point_ledger') IS NOT NULL", `
 CREATE TABLE IF NOT EXISTS balances (
     customer_id bigint PRIMARY KEY,
@@ -143,48 +143,6 @@ CREATE TABLE IF NOT EXISTS point_ledger (
     points      bigint      NOT NULL,
     created_at  timestamptz DEFAULT now()
 )`)
-}
-
-// createTablesOnce runs ddl (CREATE TABLE IF NOT EXISTS statements) unless
-// present, a query of one boolean, says the tables exist; several
-// instances may start at once, on an empty database too. present is asked
-// first on its own: a role without CREATE must start against tables an
-// operator created, and Postgres checks CREATE before IF NOT EXISTS. IF
-// NOT EXISTS is not safe against a concurrent create, so creators queue on
-// the advisory lock named lock, a transaction lock (a session lock would
-// not hold behind a transaction pooler), and ask present again inside it.
-// A backend whose catalog caches still miss the winner's tables (they are
-// applied at transaction start, not at the lock's grant) collides, and a
-// new transaction settles it.
-func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
-	var ok bool
-	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {
-		return nil
-	}
-	create := func() error {
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", lock); err != nil {
-				return fmt.Errorf("advisory lock %q: %w", lock, err)
-			}
-			if err := tx.QueryRow(ctx, present).Scan(&ok); err != nil {
-				return fmt.Errorf("check tables: %w", err)
-			}
-			if ok {
-				return nil
-			}
-			if _, err := tx.Exec(ctx, ddl); err != nil {
-				return fmt.Errorf("create tables: %w", err)
-			}
-			return nil
-		})
-	}
-	err := create()
-	// 23505: a catalog index's unique violation; 42P07: duplicate table.
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
-		err = create()
-	}
-	return err
 }
 
 func run(ctx context.Context, logger *slog.Logger) error {

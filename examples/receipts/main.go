@@ -29,8 +29,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/brokers"
@@ -38,6 +36,7 @@ import (
 	_ "github.com/claimtx/claimtx/brokers/amqp"
 	_ "github.com/claimtx/claimtx/brokers/kafka"
 	_ "github.com/claimtx/claimtx/brokers/nats"
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
 )
@@ -116,15 +115,14 @@ func (s settings) brokerFor(consumer string) brokers.Config {
 	return b
 }
 
-// connect opens the pool and creates the example's tables. Several
-// processes may start at once, on an empty database too: see
-// createTablesOnce.
+// connect opens the pool and creates the example's tables (several
+// processes may start at once: feed.CreateTablesOnce).
 func connect(ctx context.Context, s settings) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.New(ctx, s.databaseURL)
 	if err != nil {
 		return nil, &framework.ConfigError{Field: "DATABASE_URL", Reason: "cannot be used", Err: err}
 	}
-	err = createTablesOnce(ctx, pool, "claimtx-example-receipts-tables",
+	err = feed.CreateTablesOnce(ctx, pool, "claimtx-example-receipts-tables",
 		"SELECT to_regclass('receipt_requests') IS NOT NULL AND to_regclass('receipts_sent') IS NOT NULL AND to_regclass('provider_receipts') IS NOT NULL", `
 -- The orders consumer's effect: one receipt request per order.
 CREATE TABLE IF NOT EXISTS receipt_requests (
@@ -223,41 +221,6 @@ func main() {
 		logger.Error("receipts: stopped", "err", err)
 		os.Exit(1)
 	}
-}
-
-// createTablesOnce runs ddl (CREATE TABLE IF NOT EXISTS statements) unless
-// present, a query of one boolean, says the tables exist, safely when
-// several processes start at once: it is examples/loyalty's, whose comment
-// says why each step is there.
-func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
-	var ok bool
-	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {
-		return nil
-	}
-	create := func() error {
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", lock); err != nil {
-				return fmt.Errorf("advisory lock %q: %w", lock, err)
-			}
-			if err := tx.QueryRow(ctx, present).Scan(&ok); err != nil {
-				return fmt.Errorf("check tables: %w", err)
-			}
-			if ok {
-				return nil
-			}
-			if _, err := tx.Exec(ctx, ddl); err != nil {
-				return fmt.Errorf("create tables: %w", err)
-			}
-			return nil
-		})
-	}
-	err := create()
-	// 23505: a catalog index's unique violation; 42P07: duplicate table.
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
-		err = create()
-	}
-	return err
 }
 
 // runPublish plays the order service: it publishes OrderCompleted events,
