@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,11 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// haNodes are .ci/ha's nodes and their Postgres ports.
-var haNodes = []struct {
-	name string
-	port int
-}{{"pg1", 5433}, {"pg2", 5434}}
+// haNodes are .ci/ha's nodes, on Postgres ports 5433 and up.
+var haNodes = []string{"pg1", "pg2"}
 
 // HACluster is the .ci/ha cluster: nodes pg1 (127.0.0.1:5433) and pg2
 // (127.0.0.1:5434), trust authentication, superuser postgres.
@@ -76,10 +74,8 @@ func (c *HACluster) URL() string { return c.url }
 
 // NodeURL is one node's own address (pg1 or pg2), whatever its role.
 func (c *HACluster) NodeURL(node string) string {
-	for _, n := range haNodes {
-		if n.name == node {
-			return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", n.port)
-		}
+	if i := slices.Index(haNodes, node); i >= 0 {
+		return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", 5433+i)
 	}
 	return ""
 }
@@ -96,8 +92,8 @@ func (c *HACluster) Use(t testing.TB) {
 func (c *HACluster) Leader(ctx context.Context) string {
 	for _, n := range haNodes {
 		var primary bool
-		if c.query(ctx, n.name, "SELECT NOT pg_is_in_recovery()", &primary) == nil && primary {
-			return n.name
+		if c.query(ctx, n, "SELECT NOT pg_is_in_recovery()", &primary) == nil && primary {
+			return n
 		}
 	}
 	return ""
@@ -106,22 +102,33 @@ func (c *HACluster) Leader(ctx context.Context) string {
 // WaitLeader waits for a leader other than not ("" for any) that takes
 // writes (assigns a transaction id), and returns its name.
 func (c *HACluster) WaitLeader(ctx context.Context, not string) (string, error) {
-	for {
+	var leader string
+	err := poll(ctx, 50*time.Millisecond, func() bool {
 		for _, n := range haNodes {
-			if n.name == not {
-				continue
-			}
 			var xid string
-			if c.query(ctx, n.name, "SELECT pg_current_xact_id()::text", &xid) == nil {
-				return n.name, nil
+			if n != not && c.query(ctx, n, "SELECT pg_current_xact_id()::text", &xid) == nil {
+				leader = n
+				return true
 			}
 		}
+		return false
+	})
+	if err != nil {
+		return "", fmt.Errorf("testenv: no writable leader (other than %q): %w", not, err)
+	}
+	return leader, nil
+}
+
+// poll calls done every interval until it reports true (nil) or ctx ends.
+func poll(ctx context.Context, interval time.Duration, done func() bool) error {
+	for !done() {
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("testenv: no writable leader (other than %q): %w", not, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
+			return ctx.Err()
+		case <-time.After(interval):
 		}
 	}
+	return nil
 }
 
 // WaitReplicated waits until the replica has replayed everything the
@@ -138,17 +145,13 @@ func (c *HACluster) WaitReplicated(t testing.TB) {
 	if err := c.query(ctx, leader, "SELECT pg_current_wal_lsn()::text", &target); err != nil {
 		t.Fatalf("testenv: WAL position of %s: %v", leader, err)
 	}
-	for {
+	var qerr error
+	if poll(ctx, 20*time.Millisecond, func() bool {
 		var done bool
-		err := c.query(ctx, leader, "SELECT coalesce(bool_and(replay_lsn >= $1::pg_lsn), false) FROM pg_stat_replication", &done, target)
-		if err == nil && done {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("testenv: the replica never replayed %s: %v", target, err)
-		case <-time.After(20 * time.Millisecond):
-		}
+		qerr = c.query(ctx, leader, "SELECT coalesce(bool_and(replay_lsn >= $1::pg_lsn), false) FROM pg_stat_replication", &done, target)
+		return qerr == nil && done
+	}) != nil {
+		t.Fatalf("testenv: the replica never replayed %s: %v", target, qerr)
 	}
 }
 
@@ -197,11 +200,7 @@ func (c *HACluster) Switchover(t testing.TB) string {
 // replica's sync_state says so.
 func (c *HACluster) SetSynchronous(t testing.TB, on bool) {
 	t.Helper()
-	mode := "off"
-	if on {
-		mode = "on"
-	}
-	c.must(t, "sync", mode)
+	c.must(t, "sync", map[bool]string{true: "on", false: "off"}[on])
 }
 
 // FreezeReplication SIGSTOPs the leader's walsender: from then on the

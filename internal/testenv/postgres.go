@@ -120,7 +120,7 @@ func newPool(ctx context.Context, schema string, maxConns int32) (*pgxpool.Pool,
 		if err := ensureSchemaRole(ctx, schema); err != nil {
 			return nil, err
 		}
-		cfg.ConnConfig.User = schemaRole(schema)
+		cfg.ConnConfig.User = schema
 	} else {
 		cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	}
@@ -159,9 +159,9 @@ func URLWithSearchPath(schema string) (string, error) {
 		return "", err
 	}
 	if p, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(schemaRole(schema), p)
+		u.User = url.UserPassword(schema, p)
 	} else {
-		u.User = url.User(schemaRole(schema))
+		u.User = url.User(schema)
 	}
 	return u.String(), nil
 }
@@ -381,38 +381,30 @@ func ciScript(name string) (string, error) {
 	return script, nil
 }
 
-// schemaRole is the login role a schema's connections use behind a
-// pooler. PgBouncer pools server connections per (database, user), so a
-// role whose search_path is the schema (ALTER ROLE … SET) gives each of
-// its server connections that search_path, which a startup parameter
-// cannot (PgBouncer 1.18 refuses it). A superuser, as postgres is in the
-// direct runs, so a test keeps the same rights.
-func schemaRole(schema string) string { return schema }
-
-// ensureSchemaRole creates schema's role if it does not exist yet.
+// ensureSchemaRole makes schema's login role (named as the schema) unless
+// it exists, with the schema as its search_path. PgBouncer pools server
+// connections per (database, user), so such a role gives each of its
+// server connections that search_path, which a startup parameter cannot
+// (PgBouncer 1.18 refuses it). A superuser, as postgres is in the direct
+// runs, so a test keeps the same rights.
 func ensureSchemaRole(ctx context.Context, schema string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	role := pgx.Identifier{schemaRole(schema)}.Sanitize()
-	// A DO block, not CREATE ROLE alone: NewSchema may have made the role.
-	// The literal is quoted by hand: a DO body takes no parameters, and the
-	// names are ours (t_/example_ and hex).
-	lit := "'" + strings.ReplaceAll(schema, "'", "''") + "'"
-	sql := fmt.Sprintf(`DO $$ BEGIN
-  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = %s) THEN
-    CREATE ROLE %s LOGIN SUPERUSER;
-  END IF;
-END $$;
-ALTER ROLE %s SET search_path = %s`, lit, role, role, role)
+	role := pgx.Identifier{schema}.Sanitize()
+	// One transaction, so a racing caller that finds the role finds its
+	// search_path too.
 	err := onServer(ctx, func(conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, sql)
-		if err != nil && strings.Contains(err.Error(), "42710") {
-			// duplicate_object: two callers raced on the IF NOT EXISTS.
-			_, err = conn.Exec(ctx, sql)
-		}
-		return err
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "CREATE ROLE "+role+" LOGIN SUPERUSER"); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "ALTER ROLE "+role+" SET search_path = "+role)
+			return err
+		})
 	})
-	if err != nil {
+	// 42710 duplicate_object, 23505 unique_violation: NewSchema or a racing
+	// caller made it.
+	if err != nil && !strings.Contains(err.Error(), "42710") && !strings.Contains(err.Error(), "23505") {
 		return fmt.Errorf("role for schema %s: %w", schema, err)
 	}
 	return nil
@@ -426,7 +418,7 @@ ALTER ROLE %s SET search_path = %s`, lit, role, role, role)
 func dropSchemaRole(schema string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r := pgx.Identifier{schemaRole(schema)}.Sanitize()
+	r := pgx.Identifier{schema}.Sanitize()
 	return onServer(ctx, func(conn *pgx.Conn) error {
 		for _, sql := range []string{"DROP OWNED BY " + r + " CASCADE", "DROP ROLE " + r} {
 			if _, err := conn.Exec(ctx, sql); err != nil {
