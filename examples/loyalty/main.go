@@ -1,7 +1,6 @@
 // Command loyalty is the seed's consumer: it reads OrderCompleted events
 // from RabbitMQ, Kafka or NATS JetStream and credits loyalty points exactly
-// once per order, however often the broker delivers them. See README.md
-// beside this file.
+// once per order, however often the broker delivers them (README.md).
 package main
 
 import (
@@ -43,8 +42,7 @@ const (
 	defaultKey         = "template:order-completed:{payload.order_id}"
 	consumerName       = "loyalty"
 	defaultMetricsAddr = "127.0.0.1:9464"
-	// poisonSuffix names the poison topic after TOPIC, as
-	// consumer.Config.PoisonTopic's default does; it is only logged.
+	// poisonSuffix is consumer.Config.PoisonTopic's default, only logged.
 	poisonSuffix = ".poison"
 )
 
@@ -95,10 +93,9 @@ func credit(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 	return nil
 }
 
-// applyOrdersSQL credits many orders in one statement, for batch mode: the
-// ledger rows, and the balance increments summed per customer and applied
-// in customer order, so concurrent batches queue on a shared customer
-// instead of deadlocking.
+// applyOrdersSQL credits a batch in one statement: the ledger rows, and the
+// balance increments summed per customer and applied in customer order, so
+// concurrent batches queue on a shared customer instead of deadlocking.
 const applyOrdersSQL = `WITH o AS (
 	SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS o(customer_id, order_id, points)
 ), ledger AS (
@@ -128,8 +125,7 @@ func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 	return nil
 }
 
-// createTables creates the effect tables, if missing, in the connection's
-// default schema.
+// createTables creates the effect tables, if missing, in the default schema.
 func createTables(ctx context.Context, pool *pgxpool.Pool) error {
 	return feed.CreateTablesOnce(ctx, pool, "claimtx-example-loyalty-tables",
 		"SELECT to_regclass('balances') IS NOT NULL AND to_regclass('point_ledger') IS NOT NULL", `
@@ -161,9 +157,8 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		return err
 	}
 	cfg.DatabaseURL = cmp.Or(cfg.DatabaseURL, defaultDatabaseURL)
-	// The specs are checked before connecting, so a typo fails at once
-	// (consumer.New would find it after creating the tables), named as the
-	// operator wrote it.
+	// The specs are checked before connecting, so a typo fails at once (not
+	// after consumer.New created the tables), named as the operator wrote it.
 	if _, err := framework.ParseKeySpec(cfg.Key); err != nil {
 		return specNamed(err, configFile, "KEY", "key")
 	}
@@ -187,19 +182,17 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	}
 	defer pool.Close()
 	cfg.Pool = pool
-	// The effect tables wait for the database under the consumer's own
-	// start-up policy (consumer.Config.StartupTimeout); a failure names
-	// PostgreSQL, the step and the real cause.
+	// The effect tables wait for the database as the consumer would
+	// (StartupTimeout); a failure names PostgreSQL, the step and the cause.
 	if err := consumer.AwaitDatabase(ctx, cfg, "create the loyalty tables", func(ctx context.Context) error {
 		return createTables(ctx, pool)
 	}); err != nil {
 		return err
 	}
-	// Every outcome is logged at debug level with its order id, so tests
-	// can tell which order was applied and which was a duplicate.
-	// LOYALTY_CRASH_AFTER_COMMIT (fault injection) dies by SIGKILL after
-	// this order's claim transaction committed and before the router acks,
-	// the window a crash-after-commit test must hit exactly.
+	// Every outcome is logged at debug level with its order id, for the tests.
+	// LOYALTY_CRASH_AFTER_COMMIT (fault injection) dies by SIGKILL after this
+	// order's claim transaction committed and before the router acks, the
+	// window a crash-after-commit test must hit exactly.
 	var crashOrder int64
 	crash := os.Getenv("LOYALTY_CRASH_AFTER_COMMIT") != ""
 	if crash {
@@ -317,9 +310,8 @@ func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptio
 }
 
 // natsDefaults gives BROKER=nats what framework/consumer gives AMQP and
-// Kafka: the consumer's name as durable, CONCURRENCY, and STARTUP_TIMEOUT
-// as dial timeout, unless NATS_DURABLE, NATS_CONCURRENCY or
-// NATS_DIAL_TIMEOUT say otherwise.
+// Kafka: the consumer's name as durable, CONCURRENCY, and STARTUP_TIMEOUT as
+// dial timeout, unless NATS_DURABLE, _CONCURRENCY or _DIAL_TIMEOUT are set.
 func natsDefaults(b brokers.Config, name string) brokers.Config {
 	if b.Kind != brokers.KindNATS {
 		return b
@@ -337,9 +329,8 @@ func natsDefaults(b brokers.Config, name string) brokers.Config {
 	return b
 }
 
-// serveMetrics serves /metrics and /healthz. A busy address (a sibling
-// instance on the same host) is logged and skipped: metrics must not stop
-// the consumer from crediting points.
+// serveMetrics serves /metrics and /healthz. A busy address (a sibling on
+// the same host) is logged and skipped: metrics must not stop the credits.
 func serveMetrics(logger *slog.Logger, addr string, reg *prometheus.Registry, health http.Handler) (stop func()) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -359,9 +350,8 @@ func serveMetrics(logger *slog.Logger, addr string, reg *prometheus.Registry, he
 	}
 }
 
-// withHandlerDelay is the fault injection LOYALTY_HANDLER_DELAY(_ORDER) of
-// README.md, for the rebalance and overlap tests: a sleep after the
-// handler's writes, inside the claim transaction.
+// withHandlerDelay is README.md's LOYALTY_HANDLER_DELAY(_ORDER), for the
+// rebalance and overlap tests: a sleep after the writes, in the claim tx.
 func withHandlerDelay(logger *slog.Logger, h middleware.TxHandlerFunc) (middleware.TxHandlerFunc, error) {
 	v := os.Getenv("LOYALTY_HANDLER_DELAY")
 	if v == "" {

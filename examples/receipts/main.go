@@ -2,8 +2,7 @@
 // database (sending a receipt e-mail through an external provider) made
 // exactly-once with a transactional outbox and the provider's idempotency
 // key; README.md beside this file draws the flow and walks through it.
-// Each role is a subcommand so that each can be killed and restarted on its
-// own:
+// Each role is a subcommand, so each can be killed and restarted alone:
 //
 //	receipts provider   the e-mail provider (a stand-in honouring Idempotency-Key)
 //	receipts orders     consumes OrderCompleted, enqueues send_receipt
@@ -100,10 +99,9 @@ func loadSettings() (settings, error) {
 // connection's search_path.
 func (s settings) storeConfig() store.Config { return store.Config{Schema: s.schema} }
 
-// brokerFor returns the broker configuration of one consumer: with Kafka,
-// each consumer is its own group unless KAFKA_CONSUMER_GROUP says
-// otherwise; with NATS, its own durable unless NATS_DURABLE (or the
-// file's nats.durable) does.
+// brokerFor returns one consumer's broker configuration: with Kafka its own
+// group unless KAFKA_CONSUMER_GROUP is set; with NATS its own durable
+// unless NATS_DURABLE (or the file's nats.durable) is.
 func (s settings) brokerFor(consumer string) brokers.Config {
 	b := s.broker
 	if os.Getenv("KAFKA_CONSUMER_GROUP") == "" {
@@ -156,9 +154,8 @@ CREATE TABLE IF NOT EXISTS provider_receipts (
 	return pool, nil
 }
 
-// connectStore is connect with the claimtx store opened on the pool; with
-// migrate it also creates the store's tables, for the roles that write or
-// read them without a consumer.New (which migrates) before them.
+// connectStore is connect with the store opened on the pool; migrate
+// migrates it, for roles with no consumer.New (which migrates) before them.
 func connectStore(ctx context.Context, s settings, migrate bool) (*pgxpool.Pool, *store.Store, error) {
 	pool, err := connect(ctx, s)
 	if err != nil {
@@ -223,9 +220,8 @@ func main() {
 	}
 }
 
-// runPublish plays the order service: it publishes OrderCompleted events,
-// each -times times (a redelivering broker, a producer retrying), with a
-// fresh Watermill UUID per copy and the producer's event_id header.
+// runPublish plays the order service: each OrderCompleted -times times (a
+// producer retrying), a fresh Watermill UUID per copy, the event_id header.
 func runPublish(ctx context.Context, logger *slog.Logger, s settings, args []string) error {
 	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
 	n := fs.Int("n", 10, "number of distinct orders")

@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -313,15 +312,11 @@ func ThroughPgBouncer(t testing.TB) func(dbURL string) string {
 	if BehindPooler() {
 		t.Skip("TEST_DATABASE_URL is a pooler already: the test's direct twin runs through it")
 	}
-	direct, err := url.Parse(URL())
+	direct, err := pgx.ParseConfig(URL())
 	if err != nil {
 		t.Fatalf("testenv: parse %s: %v", redacted(), err)
 	}
-	port, err := strconv.Atoi(direct.Port())
-	if err != nil {
-		t.Fatalf("testenv: port of %s: %v", redacted(), err)
-	}
-	bouncer, err := url.Parse(StartPgBouncer(t, direct.Hostname(), port))
+	bouncer, err := url.Parse(StartPgBouncer(t, direct.Host, int(direct.Port)))
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
