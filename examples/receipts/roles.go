@@ -244,13 +244,11 @@ func runAll(ctx context.Context, logger *slog.Logger, s settings) error {
 	errs := make([]error, len(roles))
 	var wg sync.WaitGroup
 	for i, role := range roles {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if errs[i] = role(ctx, logger, s); errs[i] != nil {
 				cancel()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)

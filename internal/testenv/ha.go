@@ -29,8 +29,7 @@ type HACluster struct {
 }
 
 // HA starts the .ci/ha cluster unless it is up and returns it. When the
-// test ends, whatever it did, both nodes run again, replication is
-// asynchronous and a leader streams to its replica.
+// test ends both nodes run again, asynchronous, a leader streaming to its replica.
 func HA(t testing.TB) *HACluster {
 	t.Helper()
 	script, err := ciScript("ha")
@@ -55,9 +54,8 @@ func HA(t testing.TB) *HACluster {
 	return c
 }
 
-// restore starts what is not running (a node the test killed), thaws a
-// frozen walsender, waits for a streaming replica (up) and turns
-// synchronous_mode off.
+// restore starts what is not running (a killed node), thaws a frozen
+// walsender, waits for a streaming replica (up) and turns synchronous_mode off.
 func (c *HACluster) restore(ctx context.Context) error {
 	out, err := c.run(ctx, "up")
 	if err != nil {
@@ -171,9 +169,8 @@ func (c *HACluster) KillLeader(t testing.TB) string {
 }
 
 // KillLeaderNode SIGKILLs the leader's Patroni and postgres, as when its
-// machine is lost: the replica takes over once the leader key expires
-// (ttl, 10 s). It returns the killed node; StartNode (or the test's end)
-// brings it back.
+// machine is lost: the replica takes over once the leader key expires (ttl,
+// 10 s). It returns the killed node; StartNode (or the test's end) restarts it.
 func (c *HACluster) KillLeaderNode(t testing.TB) string {
 	t.Helper()
 	return c.must(t, "kill-node")
@@ -186,8 +183,8 @@ func (c *HACluster) StartNode(t testing.TB, node string) {
 }
 
 // Switchover moves the leadership to the replica (Patroni's planned
-// switchover: the leader shuts down cleanly after its replica has all of
-// its WAL) and returns the old leader.
+// switchover: the leader stops once the replica has all its WAL) and
+// returns the old leader.
 func (c *HACluster) Switchover(t testing.TB) string {
 	t.Helper()
 	old := c.Leader(context.Background())
@@ -196,8 +193,7 @@ func (c *HACluster) Switchover(t testing.TB) string {
 }
 
 // SetSynchronous turns Patroni's synchronous_mode on (not strict: with no
-// standby left the leader commits alone) or off, and waits until the
-// replica's sync_state says so.
+// standby the leader commits alone) or off, and waits for the replica's sync_state.
 func (c *HACluster) SetSynchronous(t testing.TB, on bool) {
 	t.Helper()
 	c.must(t, "sync", map[bool]string{true: "on", false: "off"}[on])
@@ -249,8 +245,7 @@ func (c *HACluster) must(t testing.TB, args ...string) string {
 	return strings.TrimSpace(out)
 }
 
-// run runs .ci/ha with args and returns its stdout (its log, stderr, is in
-// the error).
+// run runs .ci/ha with args and returns its stdout (its log, stderr, is in the error).
 func (c *HACluster) run(ctx context.Context, args ...string) (string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, "bash", append([]string{c.script}, args...)...) //nolint:gosec // the repository's own script

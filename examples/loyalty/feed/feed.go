@@ -86,16 +86,16 @@ func Count(ctx context.Context, pool *pgxpool.Pool, schema string) (Tally, error
 }
 
 // CreateTablesOnce runs ddl (CREATE TABLE IF NOT EXISTS statements) unless
-// present, a query of one boolean, says the tables exist; several
-// instances (of examples/loyalty, examples/receipts) may start at once, on an empty database too. present is asked
-// first on its own: a role without CREATE must start against tables an
-// operator created, and Postgres checks CREATE before IF NOT EXISTS. IF
-// NOT EXISTS is not safe against a concurrent create, so creators queue on
-// the advisory lock named lock, a transaction lock (a session lock would
-// not hold behind a transaction pooler), and ask present again inside it.
-// A backend whose catalog caches still miss the winner's tables (they are
-// applied at transaction start, not at the lock's grant) collides, and a
-// new transaction settles it.
+// present, a query of one boolean, says the tables exist; several instances
+// (of examples/loyalty or receipts) may start at once, on an empty database
+// too. present is asked first on its own: a role without CREATE must start
+// against tables an operator created, and Postgres checks CREATE before IF
+// NOT EXISTS. IF NOT EXISTS is not safe against a concurrent create, so
+// creators queue on the advisory lock named lock, a transaction lock (a
+// session lock would not hold behind a transaction pooler), and ask present
+// again inside it. A backend whose catalog caches still miss the winner's
+// tables (applied at transaction start, not at the lock's grant) collides,
+// and a new transaction settles it.
 func CreateTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
 	var ok bool
 	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {
