@@ -141,7 +141,6 @@ var errTimeout = errors.New("timed out waiting for the consumers to drain")
 type delivery struct {
 	eventID string
 	payload []byte
-	bad     bool
 }
 
 // plan is what gets published and what the database must hold afterwards.
@@ -175,27 +174,17 @@ func makePlan(n int) plan {
 			p.copies++
 		}
 	}
-	rand.Shuffle(len(late), func(i, j int) { late[i], late[j] = late[j], late[i] })
 	// Spread the republished copies through the second half of the stream.
 	half := len(p.deliveries) / 2
-	out := append([]delivery(nil), p.deliveries[:half]...)
-	rest := p.deliveries[half:]
-	for i, d := range rest {
-		out = append(out, d)
-		if i < len(late) {
-			out = append(out, late[i])
-		}
-	}
-	if len(late) > len(rest) {
-		out = append(out, late[len(rest):]...)
+	for _, d := range late {
+		p.deliveries = slices.Insert(p.deliveries, half+rand.IntN(len(p.deliveries)-half+1), d)
 	}
 	badPayloads := []string{`{"order_id": `, `not json`, `{"customer_id": 5, "total_cents": 100}`, `{"order_id": [1], "customer_id": 1, "total_cents": 1}`, `{"order_id": 1e999999, "customer_id": 1, "total_cents": 1}`}
 	for i := 0; i < 20; i++ {
-		bd := delivery{eventID: fmt.Sprintf("bad-%d", i), payload: []byte(badPayloads[i%len(badPayloads)]), bad: true}
-		out = slices.Insert(out, rand.IntN(len(out)), bd)
+		bd := delivery{eventID: fmt.Sprintf("bad-%d", i), payload: []byte(badPayloads[i%len(badPayloads)])}
+		p.deliveries = slices.Insert(p.deliveries, rand.IntN(len(p.deliveries)), bd)
 		p.bad++
 	}
-	p.deliveries = out
 	return p
 }
 
@@ -394,12 +383,8 @@ func (p *proc) kill() {
 	<-p.done
 }
 
+// stop asks for a graceful stop (a process already gone ignores the signal).
 func (p *proc) stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
@@ -427,14 +412,11 @@ func printTable(rs []report) {
 			r.broker, r.orders, r.deliveries, r.bad, r.applied, fmt.Sprintf(">=%d", dups), r.poisoned,
 			r.expectedPts, r.actualPts, r.lost, r.doubled, r.kills, r.elapsed.Round(100*time.Millisecond), res)
 	}
-	for _, r := range rs {
-		if r.poisoned > r.bad {
-			fmt.Println()
-			fmt.Println("poisoned counts the copies in the poison destination, which can exceed bad: a consumer killed between")
-			fmt.Println("poisoning a message and its ack poisons it again when the broker redelivers it (at-least-once poisoning);")
-			fmt.Println("`claimtx dlq list` marks the repeated copies and `claimtx dlq replay` sends each message once.")
-			break
-		}
+	if slices.ContainsFunc(rs, func(r report) bool { return r.poisoned > r.bad }) {
+		fmt.Println()
+		fmt.Println("poisoned counts the copies in the poison destination, which can exceed bad: a consumer killed between")
+		fmt.Println("poisoning a message and its ack poisons it again when the broker redelivers it (at-least-once poisoning);")
+		fmt.Println("`claimtx dlq list` marks the repeated copies and `claimtx dlq replay` sends each message once.")
 	}
 }
 
