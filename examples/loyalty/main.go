@@ -286,9 +286,7 @@ func batchOptions() (consumer.BatchOptions, error) {
 			*f.dst = n
 		}
 	}
-	if o.Workers == 0 {
-		o.Workers = 2
-	}
+	o.Workers = cmp.Or(o.Workers, 2)
 	return o, nil
 }
 
@@ -296,12 +294,8 @@ func batchOptions() (consumer.BatchOptions, error) {
 // is workers × batch size, what the batches need to fill up.
 func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptions) (*consumer.Consumer, error) {
 	window := opts.Workers * opts.MaxSize
-	if cfg.Broker.AMQP.Window == 0 {
-		cfg.Broker.AMQP.Window = window
-	}
-	if cfg.Broker.Kafka.Window == 0 {
-		cfg.Broker.Kafka.Window = window
-	}
+	cfg.Broker.AMQP.Window = cmp.Or(cfg.Broker.AMQP.Window, window)
+	cfg.Broker.Kafka.Window = cmp.Or(cfg.Broker.Kafka.Window, window)
 	if os.Getenv("NATS_CONCURRENCY") == "" {
 		// One message per NATS subscription: as many as the batches hold.
 		cfg.Broker.NATS.Concurrency = window
@@ -316,9 +310,7 @@ func natsDefaults(b brokers.Config, name string) brokers.Config {
 	if b.Kind != brokers.KindNATS {
 		return b
 	}
-	if b.NATS.Durable == "" {
-		b.NATS.Durable = name
-	}
+	b.NATS.Durable = cmp.Or(b.NATS.Durable, name)
 	// Both were checked by the loaders (consumer.LoadConfig, brokers).
 	if n, err := strconv.Atoi(os.Getenv("CONCURRENCY")); err == nil && os.Getenv("NATS_CONCURRENCY") == "" {
 		b.NATS.Concurrency = n

@@ -191,17 +191,13 @@ func run(ctx context.Context, logger *slog.Logger, args []string) error {
 	if err != nil {
 		return err
 	}
+	roles := map[string]func(context.Context, *slog.Logger, settings) error{
+		"provider": runProvider, "orders": runOrders, "relay": runRelay, "sender": runSender, "all": runAll,
+	}
+	if role, ok := roles[args[0]]; ok {
+		return role(ctx, logger, s)
+	}
 	switch args[0] {
-	case "provider":
-		return runProvider(ctx, logger, s)
-	case "orders":
-		return runOrders(ctx, logger, s)
-	case "relay":
-		return runRelay(ctx, logger, s)
-	case "sender":
-		return runSender(ctx, logger, s)
-	case "all":
-		return runAll(ctx, logger, s)
 	case "publish":
 		return runPublish(ctx, logger, s, args[1:])
 	case "report":

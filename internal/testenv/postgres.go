@@ -4,6 +4,7 @@ package testenv
 // server TEST_DATABASE_URL names.
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -27,12 +28,7 @@ import (
 const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
 // URL returns TEST_DATABASE_URL, or DefaultURL.
-func URL() string {
-	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		return u
-	}
-	return DefaultURL
-}
+func URL() string { return cmp.Or(os.Getenv("TEST_DATABASE_URL"), DefaultURL) }
 
 // NewSchema creates an empty schema with a random name and drops it (with
 // everything in it) when the test ends.
@@ -231,12 +227,7 @@ const DirectEnv = "TEST_DIRECT_DATABASE_URL"
 
 // DirectURL is DirectEnv's Postgres, past any pooler, or URL when it is
 // not set: for a test's own observer that needs a session (a LISTEN).
-func DirectURL() string {
-	if u := os.Getenv(DirectEnv); u != "" {
-		return u
-	}
-	return URL()
-}
+func DirectURL() string { return cmp.Or(os.Getenv(DirectEnv), URL()) }
 
 // SkipBehindPooler skips the test when BehindPooler, saying why.
 func SkipBehindPooler(t testing.TB, why string) {
