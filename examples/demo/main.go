@@ -1,10 +1,10 @@
 // Command demo runs the loyalty example against RabbitMQ, Kafka and NATS
 // JetStream (a registered kind, brokers/nats), one transaction per message
-// and in batches (BATCH_SIZE), with
-// injected trouble — republished copies with new broker ids, concurrent
-// twins, undecodable messages, a consumer killed with SIGKILL mid-run and
-// restarted — waits for the broker to drain, and prints per broker what was
-// expected and what the database holds. It exits non-zero on any mismatch.
+// and in batches (BATCH_SIZE), with injected trouble — republished copies
+// with new broker ids, concurrent twins, undecodable messages, a consumer
+// killed with SIGKILL mid-run and restarted — waits for the broker to drain,
+// and prints per broker what was expected and what the database holds. It
+// exits non-zero on any mismatch.
 //
 //	make demo            # builds examples/loyalty, then runs this
 //	go run ./examples/demo -loyalty bin/loyalty -orders 3000
@@ -96,8 +96,7 @@ func run(ctx context.Context, o options) (bool, error) {
 		return false, err
 	}
 	if slices.Contains(o.brokers, "kafka") && !listening(o.kafkaAddr) {
-		// No Kafka at KAFKA_BROKERS: host the dev broker in this
-		// process, where the consumers (subprocesses) reach it.
+		// No Kafka at KAFKA_BROKERS: host the dev broker in this process.
 		logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 		br, err := kafkatest.Start(ctx, kafkatest.Options{Addr: o.kafkaAddr, Logger: logger})
 		if err != nil {
@@ -138,25 +137,10 @@ func listening(addr string) bool {
 
 var errTimeout = errors.New("timed out waiting for the consumers to drain")
 
-// withSearchPath returns dbURL with search_path set to schema, so the
-// consumer's effect tables land in the run's own schema.
-func withSearchPath(dbURL, schema string) (string, error) {
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		// The error would quote the URL, password included.
-		return "", errors.New("DATABASE_URL does not parse")
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String(), nil
-}
-
 // delivery is one message as a plain (non-Watermill) producer sends it.
 type delivery struct {
 	eventID string
 	payload []byte
-	bad     bool
 }
 
 // plan is what gets published and what the database must hold afterwards.
@@ -190,27 +174,17 @@ func makePlan(n int) plan {
 			p.copies++
 		}
 	}
-	rand.Shuffle(len(late), func(i, j int) { late[i], late[j] = late[j], late[i] })
 	// Spread the republished copies through the second half of the stream.
 	half := len(p.deliveries) / 2
-	out := append([]delivery(nil), p.deliveries[:half]...)
-	rest := p.deliveries[half:]
-	for i, d := range rest {
-		out = append(out, d)
-		if i < len(late) {
-			out = append(out, late[i])
-		}
-	}
-	if len(late) > len(rest) {
-		out = append(out, late[len(rest):]...)
+	for _, d := range late {
+		p.deliveries = slices.Insert(p.deliveries, half+rand.IntN(len(p.deliveries)-half+1), d)
 	}
 	badPayloads := []string{`{"order_id": `, `not json`, `{"customer_id": 5, "total_cents": 100}`, `{"order_id": [1], "customer_id": 1, "total_cents": 1}`, `{"order_id": 1e999999, "customer_id": 1, "total_cents": 1}`}
 	for i := 0; i < 20; i++ {
-		bd := delivery{eventID: fmt.Sprintf("bad-%d", i), payload: []byte(badPayloads[i%len(badPayloads)]), bad: true}
-		out = slices.Insert(out, rand.IntN(len(out)), bd)
+		bd := delivery{eventID: fmt.Sprintf("bad-%d", i), payload: []byte(badPayloads[i%len(badPayloads)])}
+		p.deliveries = slices.Insert(p.deliveries, rand.IntN(len(p.deliveries)), bd)
 		p.bad++
 	}
-	p.deliveries = out
 	return p
 }
 
@@ -264,10 +238,15 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 			}
 		}()
 	}
-	dbURL, err := withSearchPath(o.databaseURL, schema)
+	// search_path: the consumers' effect tables land in the run's schema.
+	dbURL, err := url.Parse(o.databaseURL)
 	if err != nil {
-		return rep, err
+		// The error would quote the URL, password included.
+		return rep, errors.New("DATABASE_URL does not parse")
 	}
+	q := dbURL.Query()
+	q.Set("search_path", schema)
+	dbURL.RawQuery = q.Encode()
 	var ops brokerOps
 	switch kind {
 	case "amqp":
@@ -284,7 +263,7 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 		return rep, err
 	}
 	env := append(os.Environ(),
-		"BROKER="+kind, "DATABASE_URL="+dbURL, "CLAIMTX_SCHEMA="+schema, "TOPIC="+topic,
+		"BROKER="+kind, "DATABASE_URL="+dbURL.String(), "CLAIMTX_SCHEMA="+schema, "TOPIC="+topic,
 		"AMQP_URL="+o.amqpURL, "KAFKA_BROKERS="+o.kafkaAddr, "CONCURRENCY=4", "METRICS_ADDR=127.0.0.1:0",
 		"KAFKA_CONSUMER_GROUP=loyalty-"+id,
 		// The SIGKILLed consumer's unacked messages come back after the
@@ -339,8 +318,7 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	if err := startProc(); err != nil {
 		return rep, err
 	}
-	// Drain: every order applied, the bad ones poisoned, nothing left in
-	// the broker for this consumer group/queue.
+	// Drain: every order applied, the bad ones poisoned, the broker empty.
 	if !waitUntil(deadline, 100*time.Millisecond, func() bool {
 		n, err1 := ledger()
 		poisoned, err2 := ops.poisoned(ctx)
@@ -349,8 +327,7 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	}) {
 		rep.err = errTimeout
 	}
-	// Graceful stop lets in-flight duplicates finish, so what we count
-	// below is final.
+	// A graceful stop lets in-flight duplicates finish: the count is final.
 	stopAll()
 	tally, err := feed.Count(ctx, pool, schema)
 	if err != nil {
@@ -364,8 +341,7 @@ func runBroker(ctx context.Context, o options, kind string, batch bool) (report,
 	return rep, nil
 }
 
-// waitUntil polls done every interval until it reports true, or until the
-// deadline has passed (false).
+// waitUntil polls done every interval until true, or false past deadline.
 func waitUntil(deadline time.Time, interval time.Duration, done func() bool) bool {
 	for !done() {
 		if time.Now().After(deadline) {
@@ -407,12 +383,8 @@ func (p *proc) kill() {
 	<-p.done
 }
 
+// stop asks for a graceful stop (a process already gone ignores the signal).
 func (p *proc) stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
@@ -440,14 +412,11 @@ func printTable(rs []report) {
 			r.broker, r.orders, r.deliveries, r.bad, r.applied, fmt.Sprintf(">=%d", dups), r.poisoned,
 			r.expectedPts, r.actualPts, r.lost, r.doubled, r.kills, r.elapsed.Round(100*time.Millisecond), res)
 	}
-	for _, r := range rs {
-		if r.poisoned > r.bad {
-			fmt.Println()
-			fmt.Println("poisoned counts the copies in the poison destination, which can exceed bad: a consumer killed between")
-			fmt.Println("poisoning a message and its ack poisons it again when the broker redelivers it (at-least-once poisoning);")
-			fmt.Println("`claimtx dlq list` marks the repeated copies and `claimtx dlq replay` sends each message once.")
-			break
-		}
+	if slices.ContainsFunc(rs, func(r report) bool { return r.poisoned > r.bad }) {
+		fmt.Println()
+		fmt.Println("poisoned counts the copies in the poison destination, which can exceed bad: a consumer killed between")
+		fmt.Println("poisoning a message and its ack poisons it again when the broker redelivers it (at-least-once poisoning);")
+		fmt.Println("`claimtx dlq list` marks the repeated copies and `claimtx dlq replay` sends each message once.")
 	}
 }
 
@@ -469,8 +438,7 @@ func (a *amqpOps) prepare(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = ch.Close() }()
-	// Declared up front so nothing published before the consumers start is
-	// dropped; same arguments as the consumer's declaration.
+	// Declared up front, as the consumer does, so nothing early is dropped.
 	_, err = ch.QueueDeclare(a.topic, true, false, false, false, nil)
 	return err
 }
@@ -519,9 +487,8 @@ func (a *amqpOps) queueDepth(name string) (int, error) {
 	return q.Messages, nil
 }
 
-// drained reports that no message is ready. Unacked ones are invisible
-// here; runBroker also waits for every order to be applied and stops the
-// consumers gracefully before counting.
+// drained reports that no message is ready (unacked ones are invisible;
+// runBroker also waits for every order and stops the consumers first).
 func (a *amqpOps) drained(context.Context) (bool, error) {
 	n, err := a.queueDepth(a.topic)
 	return err == nil && n == 0, err
@@ -564,8 +531,7 @@ func (k *kafkaOps) publish(ctx context.Context, ds []delivery) error {
 	return k.cl.ProduceSync(ctx, recs...).FirstErr()
 }
 
-// drained reports that the consumer group's committed offsets reached the
-// end of every partition.
+// drained: the group's committed offsets reached every partition's end.
 func (k *kafkaOps) drained(ctx context.Context) (bool, error) {
 	lags, err := k.adm.Lag(ctx, k.group)
 	if err != nil {
@@ -597,9 +563,8 @@ func (k *kafkaOps) close() {
 }
 
 // natsOps publishes like a plain nats.go JetStream producer: subject =
-// topic, an event_id header, nothing Watermill-specific, a fresh stream
-// message per copy. The consumers run with BROKER=nats, the kind
-// examples/loyalty registers from brokers/nats.
+// topic, an event_id header, a fresh stream message per copy. The
+// consumers run with BROKER=nats (brokers/nats, registered by loyalty).
 type natsOps struct {
 	url, topic string
 	keep       bool // keep the streams at the end
@@ -607,8 +572,7 @@ type natsOps struct {
 	js         natsgo.JetStreamContext
 }
 
-// natsDurable is the durable consumer the loyalty processes share (their
-// consumer name).
+// natsDurable is the durable (consumer name) the loyalty processes share.
 const natsDurable = "loyalty"
 
 func (n *natsOps) prepare(context.Context) error {
@@ -620,8 +584,7 @@ func (n *natsOps) prepare(context.Context) error {
 	if n.js, err = nc.JetStream(); err != nil {
 		return err
 	}
-	// Created up front, as the consumer would (named after the subject),
-	// so nothing published before the consumers subscribe is dropped.
+	// Created up front, as the consumer would, so nothing early is dropped.
 	_, err = n.js.AddStream(&natsgo.StreamConfig{Name: n.topic, Subjects: []string{n.topic}})
 	if err != nil {
 		return fmt.Errorf("create stream %s (is JetStream enabled? nats-server -js): %w", n.topic, err)
@@ -658,8 +621,7 @@ func (n *natsOps) drained(context.Context) (bool, error) {
 	return ci.AckFloor.Stream >= si.State.LastSeq && ci.NumPending == 0 && ci.NumAckPending == 0, nil
 }
 
-// poisoned counts the messages of the poison stream the consumers create
-// for TOPIC.poison.
+// poisoned counts the messages of the consumers' TOPIC.poison stream.
 func (n *natsOps) poisoned(context.Context) (int, error) {
 	si, err := n.js.StreamInfo(n.topic + "_poison")
 	if errors.Is(err, natsgo.ErrStreamNotFound) {

@@ -1,7 +1,6 @@
 // Command loyalty is the seed's consumer: it reads OrderCompleted events
 // from RabbitMQ, Kafka or NATS JetStream and credits loyalty points exactly
-// once per order, however often the broker delivers them. See README.md
-// beside this file.
+// once per order, however often the broker delivers them (README.md).
 package main
 
 import (
@@ -21,7 +20,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -32,6 +30,7 @@ import (
 	_ "github.com/claimtx/claimtx/brokers/amqp"
 	_ "github.com/claimtx/claimtx/brokers/kafka"
 	_ "github.com/claimtx/claimtx/brokers/nats"
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/framework/consumer"
 	"github.com/claimtx/claimtx/middleware"
@@ -43,8 +42,7 @@ const (
 	defaultKey         = "template:order-completed:{payload.order_id}"
 	consumerName       = "loyalty"
 	defaultMetricsAddr = "127.0.0.1:9464"
-	// poisonSuffix names the poison topic after TOPIC, as
-	// consumer.Config.PoisonTopic's default does; it is only logged.
+	// poisonSuffix is consumer.Config.PoisonTopic's default, only logged.
 	poisonSuffix = ".poison"
 )
 
@@ -95,10 +93,9 @@ func credit(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
 	return nil
 }
 
-// applyOrdersSQL credits many orders in one statement, for batch mode: the
-// ledger rows, and the balance increments summed per customer and applied
-// in customer order, so concurrent batches queue on a shared customer
-// instead of deadlocking.
+// applyOrdersSQL credits a batch in one statement: the ledger rows, and the
+// balance increments summed per customer and applied in customer order, so
+// concurrent batches queue on a shared customer instead of deadlocking.
 const applyOrdersSQL = `WITH o AS (
 	SELECT * FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS o(customer_id, order_id, points)
 ), ledger AS (
@@ -128,10 +125,9 @@ func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 	return nil
 }
 
-// createTables creates the effect tables, if missing, in the connection's
-// default schema.
+// createTables creates the effect tables, if missing, in the default schema.
 func createTables(ctx context.Context, pool *pgxpool.Pool) error {
-	return createTablesOnce(ctx, pool, "claimtx-example-loyalty-tables",
+	return feed.CreateTablesOnce(ctx, pool, "claimtx-example-loyalty-tables",
 		"SELECT to_regclass('balances') IS NOT NULL AND to_regclass('point_ledger') IS NOT NULL", `
 CREATE TABLE IF NOT EXISTS balances (
     customer_id bigint PRIMARY KEY,
@@ -143,48 +139,6 @@ CREATE TABLE IF NOT EXISTS point_ledger (
     points      bigint      NOT NULL,
     created_at  timestamptz DEFAULT now()
 )`)
-}
-
-// createTablesOnce runs ddl (CREATE TABLE IF NOT EXISTS statements) unless
-// present, a query of one boolean, says the tables exist; several
-// instances may start at once, on an empty database too. present is asked
-// first on its own: a role without CREATE must start against tables an
-// operator created, and Postgres checks CREATE before IF NOT EXISTS. IF
-// NOT EXISTS is not safe against a concurrent create, so creators queue on
-// the advisory lock named lock, a transaction lock (a session lock would
-// not hold behind a transaction pooler), and ask present again inside it.
-// A backend whose catalog caches still miss the winner's tables (they are
-// applied at transaction start, not at the lock's grant) collides, and a
-// new transaction settles it.
-func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
-	var ok bool
-	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {
-		return nil
-	}
-	create := func() error {
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", lock); err != nil {
-				return fmt.Errorf("advisory lock %q: %w", lock, err)
-			}
-			if err := tx.QueryRow(ctx, present).Scan(&ok); err != nil {
-				return fmt.Errorf("check tables: %w", err)
-			}
-			if ok {
-				return nil
-			}
-			if _, err := tx.Exec(ctx, ddl); err != nil {
-				return fmt.Errorf("create tables: %w", err)
-			}
-			return nil
-		})
-	}
-	err := create()
-	// 23505: a catalog index's unique violation; 42P07: duplicate table.
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
-		err = create()
-	}
-	return err
 }
 
 func run(ctx context.Context, logger *slog.Logger) error {
@@ -203,9 +157,8 @@ func run(ctx context.Context, logger *slog.Logger) error {
 		return err
 	}
 	cfg.DatabaseURL = cmp.Or(cfg.DatabaseURL, defaultDatabaseURL)
-	// The specs are checked before connecting, so a typo fails at once
-	// (consumer.New would find it after creating the tables), named as the
-	// operator wrote it.
+	// The specs are checked before connecting, so a typo fails at once (not
+	// after consumer.New created the tables), named as the operator wrote it.
 	if _, err := framework.ParseKeySpec(cfg.Key); err != nil {
 		return specNamed(err, configFile, "KEY", "key")
 	}
@@ -229,19 +182,17 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	}
 	defer pool.Close()
 	cfg.Pool = pool
-	// The effect tables wait for the database under the consumer's own
-	// start-up policy (consumer.Config.StartupTimeout); a failure names
-	// PostgreSQL, the step and the real cause.
+	// The effect tables wait for the database as the consumer would
+	// (StartupTimeout); a failure names PostgreSQL, the step and the cause.
 	if err := consumer.AwaitDatabase(ctx, cfg, "create the loyalty tables", func(ctx context.Context) error {
 		return createTables(ctx, pool)
 	}); err != nil {
 		return err
 	}
-	// Every outcome is logged at debug level with its order id, so tests
-	// can tell which order was applied and which was a duplicate.
-	// LOYALTY_CRASH_AFTER_COMMIT (fault injection) dies by SIGKILL after
-	// this order's claim transaction committed and before the router acks,
-	// the window a crash-after-commit test must hit exactly.
+	// Every outcome is logged at debug level with its order id, for the tests.
+	// LOYALTY_CRASH_AFTER_COMMIT (fault injection) dies by SIGKILL after this
+	// order's claim transaction committed and before the router acks, the
+	// window a crash-after-commit test must hit exactly.
 	var crashOrder int64
 	crash := os.Getenv("LOYALTY_CRASH_AFTER_COMMIT") != ""
 	if crash {
@@ -335,9 +286,7 @@ func batchOptions() (consumer.BatchOptions, error) {
 			*f.dst = n
 		}
 	}
-	if o.Workers == 0 {
-		o.Workers = 2
-	}
+	o.Workers = cmp.Or(o.Workers, 2)
 	return o, nil
 }
 
@@ -345,12 +294,8 @@ func batchOptions() (consumer.BatchOptions, error) {
 // is workers × batch size, what the batches need to fill up.
 func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptions) (*consumer.Consumer, error) {
 	window := opts.Workers * opts.MaxSize
-	if cfg.Broker.AMQP.Window == 0 {
-		cfg.Broker.AMQP.Window = window
-	}
-	if cfg.Broker.Kafka.Window == 0 {
-		cfg.Broker.Kafka.Window = window
-	}
+	cfg.Broker.AMQP.Window = cmp.Or(cfg.Broker.AMQP.Window, window)
+	cfg.Broker.Kafka.Window = cmp.Or(cfg.Broker.Kafka.Window, window)
 	if os.Getenv("NATS_CONCURRENCY") == "" {
 		// One message per NATS subscription: as many as the batches hold.
 		cfg.Broker.NATS.Concurrency = window
@@ -359,16 +304,13 @@ func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptio
 }
 
 // natsDefaults gives BROKER=nats what framework/consumer gives AMQP and
-// Kafka: the consumer's name as durable, CONCURRENCY, and STARTUP_TIMEOUT
-// as dial timeout, unless NATS_DURABLE, NATS_CONCURRENCY or
-// NATS_DIAL_TIMEOUT say otherwise.
+// Kafka: the consumer's name as durable, CONCURRENCY, and STARTUP_TIMEOUT as
+// dial timeout, unless NATS_DURABLE, _CONCURRENCY or _DIAL_TIMEOUT are set.
 func natsDefaults(b brokers.Config, name string) brokers.Config {
 	if b.Kind != brokers.KindNATS {
 		return b
 	}
-	if b.NATS.Durable == "" {
-		b.NATS.Durable = name
-	}
+	b.NATS.Durable = cmp.Or(b.NATS.Durable, name)
 	// Both were checked by the loaders (consumer.LoadConfig, brokers).
 	if n, err := strconv.Atoi(os.Getenv("CONCURRENCY")); err == nil && os.Getenv("NATS_CONCURRENCY") == "" {
 		b.NATS.Concurrency = n
@@ -379,9 +321,8 @@ func natsDefaults(b brokers.Config, name string) brokers.Config {
 	return b
 }
 
-// serveMetrics serves /metrics and /healthz. A busy address (a sibling
-// instance on the same host) is logged and skipped: metrics must not stop
-// the consumer from crediting points.
+// serveMetrics serves /metrics and /healthz. A busy address (a sibling on
+// the same host) is logged and skipped: metrics must not stop the credits.
 func serveMetrics(logger *slog.Logger, addr string, reg *prometheus.Registry, health http.Handler) (stop func()) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -401,9 +342,8 @@ func serveMetrics(logger *slog.Logger, addr string, reg *prometheus.Registry, he
 	}
 }
 
-// withHandlerDelay is the fault injection LOYALTY_HANDLER_DELAY(_ORDER) of
-// README.md, for the rebalance and overlap tests: a sleep after the
-// handler's writes, inside the claim transaction.
+// withHandlerDelay is README.md's LOYALTY_HANDLER_DELAY(_ORDER), for the
+// rebalance and overlap tests: a sleep after the writes, in the claim tx.
 func withHandlerDelay(logger *slog.Logger, h middleware.TxHandlerFunc) (middleware.TxHandlerFunc, error) {
 	v := os.Getenv("LOYALTY_HANDLER_DELAY")
 	if v == "" {

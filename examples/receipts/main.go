@@ -2,8 +2,7 @@
 // database (sending a receipt e-mail through an external provider) made
 // exactly-once with a transactional outbox and the provider's idempotency
 // key; README.md beside this file draws the flow and walks through it.
-// Each role is a subcommand so that each can be killed and restarted on its
-// own:
+// Each role is a subcommand, so each can be killed and restarted alone:
 //
 //	receipts provider   the e-mail provider (a stand-in honouring Idempotency-Key)
 //	receipts orders     consumes OrderCompleted, enqueues send_receipt
@@ -29,8 +28,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/brokers"
@@ -38,6 +35,7 @@ import (
 	_ "github.com/claimtx/claimtx/brokers/amqp"
 	_ "github.com/claimtx/claimtx/brokers/kafka"
 	_ "github.com/claimtx/claimtx/brokers/nats"
+	"github.com/claimtx/claimtx/examples/loyalty/feed"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/store"
 )
@@ -101,10 +99,9 @@ func loadSettings() (settings, error) {
 // connection's search_path.
 func (s settings) storeConfig() store.Config { return store.Config{Schema: s.schema} }
 
-// brokerFor returns the broker configuration of one consumer: with Kafka,
-// each consumer is its own group unless KAFKA_CONSUMER_GROUP says
-// otherwise; with NATS, its own durable unless NATS_DURABLE (or the
-// file's nats.durable) does.
+// brokerFor returns one consumer's broker configuration: with Kafka its own
+// group unless KAFKA_CONSUMER_GROUP is set; with NATS its own durable
+// unless NATS_DURABLE (or the file's nats.durable) is.
 func (s settings) brokerFor(consumer string) brokers.Config {
 	b := s.broker
 	if os.Getenv("KAFKA_CONSUMER_GROUP") == "" {
@@ -116,15 +113,14 @@ func (s settings) brokerFor(consumer string) brokers.Config {
 	return b
 }
 
-// connect opens the pool and creates the example's tables. Several
-// processes may start at once, on an empty database too: see
-// createTablesOnce.
+// connect opens the pool and creates the example's tables (several
+// processes may start at once: feed.CreateTablesOnce).
 func connect(ctx context.Context, s settings) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.New(ctx, s.databaseURL)
 	if err != nil {
 		return nil, &framework.ConfigError{Field: "DATABASE_URL", Reason: "cannot be used", Err: err}
 	}
-	err = createTablesOnce(ctx, pool, "claimtx-example-receipts-tables",
+	err = feed.CreateTablesOnce(ctx, pool, "claimtx-example-receipts-tables",
 		"SELECT to_regclass('receipt_requests') IS NOT NULL AND to_regclass('receipts_sent') IS NOT NULL AND to_regclass('provider_receipts') IS NOT NULL", `
 -- The orders consumer's effect: one receipt request per order.
 CREATE TABLE IF NOT EXISTS receipt_requests (
@@ -158,9 +154,8 @@ CREATE TABLE IF NOT EXISTS provider_receipts (
 	return pool, nil
 }
 
-// connectStore is connect with the claimtx store opened on the pool; with
-// migrate it also creates the store's tables, for the roles that write or
-// read them without a consumer.New (which migrates) before them.
+// connectStore is connect with the store opened on the pool; migrate
+// migrates it, for roles with no consumer.New (which migrates) before them.
 func connectStore(ctx context.Context, s settings, migrate bool) (*pgxpool.Pool, *store.Store, error) {
 	pool, err := connect(ctx, s)
 	if err != nil {
@@ -196,17 +191,13 @@ func run(ctx context.Context, logger *slog.Logger, args []string) error {
 	if err != nil {
 		return err
 	}
+	roles := map[string]func(context.Context, *slog.Logger, settings) error{
+		"provider": runProvider, "orders": runOrders, "relay": runRelay, "sender": runSender, "all": runAll,
+	}
+	if role, ok := roles[args[0]]; ok {
+		return role(ctx, logger, s)
+	}
 	switch args[0] {
-	case "provider":
-		return runProvider(ctx, logger, s)
-	case "orders":
-		return runOrders(ctx, logger, s)
-	case "relay":
-		return runRelay(ctx, logger, s)
-	case "sender":
-		return runSender(ctx, logger, s)
-	case "all":
-		return runAll(ctx, logger, s)
 	case "publish":
 		return runPublish(ctx, logger, s, args[1:])
 	case "report":
@@ -225,44 +216,8 @@ func main() {
 	}
 }
 
-// createTablesOnce runs ddl (CREATE TABLE IF NOT EXISTS statements) unless
-// present, a query of one boolean, says the tables exist, safely when
-// several processes start at once: it is examples/loyalty's, whose comment
-// says why each step is there.
-func createTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
-	var ok bool
-	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {
-		return nil
-	}
-	create := func() error {
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", lock); err != nil {
-				return fmt.Errorf("advisory lock %q: %w", lock, err)
-			}
-			if err := tx.QueryRow(ctx, present).Scan(&ok); err != nil {
-				return fmt.Errorf("check tables: %w", err)
-			}
-			if ok {
-				return nil
-			}
-			if _, err := tx.Exec(ctx, ddl); err != nil {
-				return fmt.Errorf("create tables: %w", err)
-			}
-			return nil
-		})
-	}
-	err := create()
-	// 23505: a catalog index's unique violation; 42P07: duplicate table.
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
-		err = create()
-	}
-	return err
-}
-
-// runPublish plays the order service: it publishes OrderCompleted events,
-// each -times times (a redelivering broker, a producer retrying), with a
-// fresh Watermill UUID per copy and the producer's event_id header.
+// runPublish plays the order service: each OrderCompleted -times times (a
+// producer retrying), a fresh Watermill UUID per copy, the event_id header.
 func runPublish(ctx context.Context, logger *slog.Logger, s settings, args []string) error {
 	fs := flag.NewFlagSet("publish", flag.ContinueOnError)
 	n := fs.Int("n", 10, "number of distinct orders")

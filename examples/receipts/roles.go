@@ -78,10 +78,9 @@ func requestReceipt(st *store.Store, receiptsTopic string) middleware.TxHandlerF
 }
 
 // sendReceipt is the sender consumer's effect, keyed by the relay's
-// claimtx_idempotency_key: the relay's resends never reach the provider,
-// and a redelivery after a crash between the call and the commit calls
-// again with the same Idempotency-Key, which the provider answers with the
-// stored receipt (README.md).
+// claimtx_idempotency_key: the relay's resends never reach the provider, and
+// a redelivery after a crash between the call and the commit calls again
+// with the same Idempotency-Key, answered with the stored receipt (README.md).
 func sendReceipt(client *http.Client, providerURL string, crash bool, logger *slog.Logger) middleware.TxHandlerFunc {
 	var crashed atomic.Bool
 	return func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
@@ -211,9 +210,8 @@ func runRelay(ctx context.Context, logger *slog.Logger, s settings) error {
 	if s.crash == crashAfterPublish {
 		pub = crashingPublisher{Publisher: pub, logger: logger}
 	}
-	// LISTEN needs a session of its own, which a transaction pooler
-	// (PgBouncer in transaction mode) does not keep: there the relay polls
-	// (Run would refuse to LISTEN).
+	// LISTEN needs a session of its own, which a transaction pooler does not
+	// keep: there the relay polls (Run would refuse to LISTEN).
 	pooled, err := st.BehindTransactionPooler(ctx)
 	if err != nil {
 		return err
@@ -246,13 +244,11 @@ func runAll(ctx context.Context, logger *slog.Logger, s settings) error {
 	errs := make([]error, len(roles))
 	var wg sync.WaitGroup
 	for i, role := range roles {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if errs[i] = role(ctx, logger, s); errs[i] != nil {
 				cancel()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
@@ -272,16 +268,13 @@ type receiptResponse struct {
 
 // Provider API details, as the sender uses them.
 const (
-	receiptsPath            = "/v1/receipts"
-	idempotencyKeyHeader    = "Idempotency-Key"
-	idempotentReplayedValue = "true"
-	idempotentReplayHeader  = "Idempotent-Replayed"
+	receiptsPath         = "/v1/receipts"
+	idempotencyKeyHeader = "Idempotency-Key"
 )
 
 // provider stands in for an e-mail provider with Stripe-style idempotency
-// (README.md): the first request with a key sends, a repeat gets the
-// stored answer, the same key with another body is refused (422). Its state
-// is in Postgres, so it survives restarts like a real one.
+// (README.md): a key's first request sends, a repeat gets the stored answer,
+// another body is refused (422). Its state in Postgres survives restarts.
 type provider struct {
 	pool   *pgxpool.Pool
 	logger *slog.Logger
@@ -336,7 +329,7 @@ RETURNING receipt_id, body_sha256, requests`,
 		writeJSON(w, http.StatusCreated, receiptResponse{ReceiptID: receiptID})
 	default:
 		p.logger.Info("provider: repeated request, e-mail not sent again", "order_id", rc.OrderID, "receipt_id", receiptID, "requests", requests)
-		w.Header().Set(idempotentReplayHeader, idempotentReplayedValue)
+		w.Header().Set("Idempotent-Replayed", "true")
 		writeJSON(w, http.StatusOK, receiptResponse{ReceiptID: receiptID})
 	}
 }

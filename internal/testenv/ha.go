@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,11 +18,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// haNodes are .ci/ha's nodes and their Postgres ports.
-var haNodes = []struct {
-	name string
-	port int
-}{{"pg1", 5433}, {"pg2", 5434}}
+// haNodes are .ci/ha's nodes, on Postgres ports 5433 and up.
+var haNodes = []string{"pg1", "pg2"}
 
 // HACluster is the .ci/ha cluster: nodes pg1 (127.0.0.1:5433) and pg2
 // (127.0.0.1:5434), trust authentication, superuser postgres.
@@ -31,8 +29,7 @@ type HACluster struct {
 }
 
 // HA starts the .ci/ha cluster unless it is up and returns it. When the
-// test ends, whatever it did, both nodes run again, replication is
-// asynchronous and a leader streams to its replica.
+// test ends both nodes run again, asynchronous, a leader streaming to its replica.
 func HA(t testing.TB) *HACluster {
 	t.Helper()
 	script, err := ciScript("ha")
@@ -57,9 +54,8 @@ func HA(t testing.TB) *HACluster {
 	return c
 }
 
-// restore starts what is not running (a node the test killed), thaws a
-// frozen walsender, waits for a streaming replica (up) and turns
-// synchronous_mode off.
+// restore starts what is not running (a killed node), thaws a frozen
+// walsender, waits for a streaming replica (up) and turns synchronous_mode off.
 func (c *HACluster) restore(ctx context.Context) error {
 	out, err := c.run(ctx, "up")
 	if err != nil {
@@ -76,10 +72,8 @@ func (c *HACluster) URL() string { return c.url }
 
 // NodeURL is one node's own address (pg1 or pg2), whatever its role.
 func (c *HACluster) NodeURL(node string) string {
-	for _, n := range haNodes {
-		if n.name == node {
-			return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", n.port)
-		}
+	if i := slices.Index(haNodes, node); i >= 0 {
+		return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", 5433+i)
 	}
 	return ""
 }
@@ -96,8 +90,8 @@ func (c *HACluster) Use(t testing.TB) {
 func (c *HACluster) Leader(ctx context.Context) string {
 	for _, n := range haNodes {
 		var primary bool
-		if c.query(ctx, n.name, "SELECT NOT pg_is_in_recovery()", &primary) == nil && primary {
-			return n.name
+		if c.query(ctx, n, "SELECT NOT pg_is_in_recovery()", &primary) == nil && primary {
+			return n
 		}
 	}
 	return ""
@@ -106,22 +100,33 @@ func (c *HACluster) Leader(ctx context.Context) string {
 // WaitLeader waits for a leader other than not ("" for any) that takes
 // writes (assigns a transaction id), and returns its name.
 func (c *HACluster) WaitLeader(ctx context.Context, not string) (string, error) {
-	for {
+	var leader string
+	err := poll(ctx, 50*time.Millisecond, func() bool {
 		for _, n := range haNodes {
-			if n.name == not {
-				continue
-			}
 			var xid string
-			if c.query(ctx, n.name, "SELECT pg_current_xact_id()::text", &xid) == nil {
-				return n.name, nil
+			if n != not && c.query(ctx, n, "SELECT pg_current_xact_id()::text", &xid) == nil {
+				leader = n
+				return true
 			}
 		}
+		return false
+	})
+	if err != nil {
+		return "", fmt.Errorf("testenv: no writable leader (other than %q): %w", not, err)
+	}
+	return leader, nil
+}
+
+// poll calls done every interval until it reports true (nil) or ctx ends.
+func poll(ctx context.Context, interval time.Duration, done func() bool) error {
+	for !done() {
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("testenv: no writable leader (other than %q): %w", not, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
+			return ctx.Err()
+		case <-time.After(interval):
 		}
 	}
+	return nil
 }
 
 // WaitReplicated waits until the replica has replayed everything the
@@ -138,17 +143,13 @@ func (c *HACluster) WaitReplicated(t testing.TB) {
 	if err := c.query(ctx, leader, "SELECT pg_current_wal_lsn()::text", &target); err != nil {
 		t.Fatalf("testenv: WAL position of %s: %v", leader, err)
 	}
-	for {
+	var qerr error
+	if poll(ctx, 20*time.Millisecond, func() bool {
 		var done bool
-		err := c.query(ctx, leader, "SELECT coalesce(bool_and(replay_lsn >= $1::pg_lsn), false) FROM pg_stat_replication", &done, target)
-		if err == nil && done {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("testenv: the replica never replayed %s: %v", target, err)
-		case <-time.After(20 * time.Millisecond):
-		}
+		qerr = c.query(ctx, leader, "SELECT coalesce(bool_and(replay_lsn >= $1::pg_lsn), false) FROM pg_stat_replication", &done, target)
+		return qerr == nil && done
+	}) != nil {
+		t.Fatalf("testenv: the replica never replayed %s: %v", target, qerr)
 	}
 }
 
@@ -168,9 +169,8 @@ func (c *HACluster) KillLeader(t testing.TB) string {
 }
 
 // KillLeaderNode SIGKILLs the leader's Patroni and postgres, as when its
-// machine is lost: the replica takes over once the leader key expires
-// (ttl, 10 s). It returns the killed node; StartNode (or the test's end)
-// brings it back.
+// machine is lost: the replica takes over once the leader key expires (ttl,
+// 10 s). It returns the killed node; StartNode (or the test's end) restarts it.
 func (c *HACluster) KillLeaderNode(t testing.TB) string {
 	t.Helper()
 	return c.must(t, "kill-node")
@@ -183,8 +183,8 @@ func (c *HACluster) StartNode(t testing.TB, node string) {
 }
 
 // Switchover moves the leadership to the replica (Patroni's planned
-// switchover: the leader shuts down cleanly after its replica has all of
-// its WAL) and returns the old leader.
+// switchover: the leader stops once the replica has all its WAL) and
+// returns the old leader.
 func (c *HACluster) Switchover(t testing.TB) string {
 	t.Helper()
 	old := c.Leader(context.Background())
@@ -193,15 +193,10 @@ func (c *HACluster) Switchover(t testing.TB) string {
 }
 
 // SetSynchronous turns Patroni's synchronous_mode on (not strict: with no
-// standby left the leader commits alone) or off, and waits until the
-// replica's sync_state says so.
+// standby the leader commits alone) or off, and waits for the replica's sync_state.
 func (c *HACluster) SetSynchronous(t testing.TB, on bool) {
 	t.Helper()
-	mode := "off"
-	if on {
-		mode = "on"
-	}
-	c.must(t, "sync", mode)
+	c.must(t, "sync", map[bool]string{true: "on", false: "off"}[on])
 }
 
 // FreezeReplication SIGSTOPs the leader's walsender: from then on the
@@ -250,8 +245,7 @@ func (c *HACluster) must(t testing.TB, args ...string) string {
 	return strings.TrimSpace(out)
 }
 
-// run runs .ci/ha with args and returns its stdout (its log, stderr, is in
-// the error).
+// run runs .ci/ha with args and returns its stdout (its log, stderr, is in the error).
 func (c *HACluster) run(ctx context.Context, args ...string) (string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, "bash", append([]string{c.script}, args...)...) //nolint:gosec // the repository's own script

@@ -24,14 +24,12 @@ import (
 type PGCluster struct {
 	bin, dir, log string
 	port          int
-	// asPostgres runs the server tools as the postgres OS user: initdb
-	// refuses to run as root.
+	// asPostgres runs the server tools as the postgres OS user: initdb refuses root.
 	asPostgres bool
 }
 
-// StartPGCluster initdbs and starts a cluster with the machine's
-// initdb and pg_ctl (on PATH, else the newest /usr/lib/postgresql/*/bin).
-// Without them the test skips (fails under CI).
+// StartPGCluster initdbs and starts a cluster with the machine's initdb and
+// pg_ctl (on PATH, else the newest /usr/lib/postgresql/*/bin), else SkipOrFail.
 func StartPGCluster(t testing.TB) *PGCluster {
 	t.Helper()
 	bin := pgBinDir()
@@ -83,8 +81,7 @@ func (c *PGCluster) prepare(t testing.TB, prefix string) (dir string, ok bool) {
 	return dir, true
 }
 
-// start starts the server with its socket in sock, not the system
-// directory, and stops it when the test ends.
+// start starts the server with its socket in sock, stopped when the test ends.
 func (c *PGCluster) start(ctx context.Context, t testing.TB, sock string) {
 	t.Helper()
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1", c.port, sock)
@@ -151,16 +148,14 @@ func pgBinDir() string {
 	return filepath.Dir(slices.MaxFunc(found, func(a, b string) int { return cmp.Compare(version(a), version(b)) }))
 }
 
-// StartStandby starts a streaming standby of c, for tests of what a
-// consumer sees of replication: a base backup of c (pg_basebackup -R, so
-// it follows c) in a temporary directory, started on a free loopback port.
-// It is stopped and removed when the test ends, or by Stop. Whether it is
-// synchronous is c's synchronous_standby_names ('*' matches it).
+// StartStandby starts a streaming standby of c, for tests of what a consumer
+// sees of replication: a base backup of c (pg_basebackup -R, following c) on
+// a free loopback port, stopped and removed when the test ends (or by Stop).
+// It is synchronous when c's synchronous_standby_names matches it ('*').
 func (c *PGCluster) StartStandby(t testing.TB) *PGCluster {
 	t.Helper()
 	s := &PGCluster{bin: c.bin, asPostgres: c.asPostgres}
-	// initdb and pg_ctl may be links on PATH to a directory that also
-	// holds pg_basebackup.
+	// initdb and pg_ctl may be links on PATH into the directory of pg_basebackup.
 	if _, err := os.Stat(filepath.Join(s.bin, "pg_basebackup")); err != nil {
 		real, err := filepath.EvalSymlinks(filepath.Join(s.bin, "initdb"))
 		if err != nil {

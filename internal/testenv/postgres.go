@@ -4,6 +4,7 @@ package testenv
 // server TEST_DATABASE_URL names.
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -15,7 +16,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,12 +28,7 @@ import (
 const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 
 // URL returns TEST_DATABASE_URL, or DefaultURL.
-func URL() string {
-	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		return u
-	}
-	return DefaultURL
-}
+func URL() string { return cmp.Or(os.Getenv("TEST_DATABASE_URL"), DefaultURL) }
 
 // NewSchema creates an empty schema with a random name and drops it (with
 // everything in it) when the test ends.
@@ -45,8 +40,7 @@ func NewSchema(t testing.TB) string {
 			t.Fatalf("testenv: %v", err)
 		}
 		// Registered first, so it runs after the schema's drop; a role left
-		// behind (owning something in a database of the test's own) is an
-		// empty login: logged, not failed.
+		// behind is an empty login: logged, not failed.
 		t.Cleanup(func() {
 			if err := dropSchemaRole(schema); err != nil {
 				t.Logf("testenv: drop role %s: %v", schema, err)
@@ -108,9 +102,8 @@ func Pool(t testing.TB, schema string, maxConns int32) *pgxpool.Pool {
 	return pool
 }
 
-// newPool is Pool without a test (maxConns 0: pgxpool's default): its
-// connections use schema as their search_path, a startup parameter
-// directly, the schema's own role behind a pooler.
+// newPool is Pool without a test (maxConns 0: pgxpool's default), setting
+// search_path by startup parameter, or by the schema's role behind a pooler.
 func newPool(ctx context.Context, schema string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(URL())
 	if err != nil {
@@ -120,7 +113,7 @@ func newPool(ctx context.Context, schema string, maxConns int32) (*pgxpool.Pool,
 		if err := ensureSchemaRole(ctx, schema); err != nil {
 			return nil, err
 		}
-		cfg.ConnConfig.User = schemaRole(schema)
+		cfg.ConnConfig.User = schema
 	} else {
 		cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	}
@@ -159,18 +152,17 @@ func URLWithSearchPath(schema string) (string, error) {
 		return "", err
 	}
 	if p, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(schemaRole(schema), p)
+		u.User = url.UserPassword(schema, p)
 	} else {
-		u.User = url.User(schemaRole(schema))
+		u.User = url.User(schema)
 	}
 	return u.String(), nil
 }
 
 // NewDatabase creates an empty database with a random name and returns its
-// URL; the database is dropped (its sessions terminated) when the test
-// ends. Start-up tests need it: a fresh schema inside a shared database is
-// not the empty database a first deploy meets (claimtx's default schema,
-// public's tables and the catalog caches of other sessions differ).
+// URL; it is dropped (sessions terminated) when the test ends. Start-up tests
+// need it: a fresh schema in a shared database is not the empty database a
+// first deploy meets (default schema, public's tables, catalog caches).
 func NewDatabase(t testing.TB) string {
 	t.Helper()
 	name := randomName("t_db_")
@@ -186,10 +178,9 @@ func NewDatabase(t testing.TB) string {
 	return u.String()
 }
 
-// ExamplePool is for runnable examples, which have no testing.T to fail:
-// a pool on the test server whose search_path is a fresh schema of the
-// example's own, and that schema's name (Migrate creates it). It panics
-// on error; DropExample drops the schema and closes the pool.
+// ExamplePool is for runnable examples, which have no testing.T: a pool on
+// the test server with a fresh schema's name (Migrate creates it) as its
+// search_path, and that name. It panics on error; see DropExample.
 func ExamplePool(ctx context.Context) (*pgxpool.Pool, string) {
 	schema := randomName("example_")
 	pool, err := newPool(ctx, schema, 0)
@@ -206,28 +197,25 @@ func DropExample(pool *pgxpool.Pool, schema string) {
 	DropSchemaRole(schema)
 }
 
-// DropSchemaRole drops the login role behind a pooler stands for schema's
-// search_path (ExamplePool, URLWithSearchPath), once the schema is gone;
-// elsewhere there is none and it does nothing. Errors are dropped: a
-// leftover role is an empty login, harmless beside an example run.
+// DropSchemaRole drops the login role standing for schema's search_path
+// behind a pooler (ExamplePool, URLWithSearchPath) once the schema is gone;
+// elsewhere it does nothing. Errors are dropped: a leftover is an empty login.
 func DropSchemaRole(schema string) {
 	if BehindPooler() {
 		_ = dropSchemaRole(schema)
 	}
 }
 
-// PgBouncer in transaction pooling mode, the repository's .ci/pgbouncer as
-// make and CI run it, for the tests that prove claimtx keeps no session
-// state (issue 29).
+// PgBouncer in transaction pooling mode (.ci/pgbouncer), for the tests that
+// prove claimtx keeps no session state (issue 29).
 
 // PoolerEnv names the variable that says TEST_DATABASE_URL is a
 // transaction pooler (make test-pgbouncer sets it to 1).
 const PoolerEnv = "TEST_BEHIND_POOLER"
 
-// BehindPooler reports whether TEST_DATABASE_URL points at a transaction
-// pooler: tests that need a real session (a known backend to terminate,
-// LISTEN) skip then, and Pool isolates schemas by role instead of by a
-// search_path startup parameter, which PgBouncer 1.18 refuses.
+// BehindPooler reports whether TEST_DATABASE_URL is a transaction pooler:
+// tests that need a real session (a backend to terminate, LISTEN) skip, and
+// Pool isolates schemas by role, not by a search_path startup parameter.
 func BehindPooler() bool {
 	v := os.Getenv(PoolerEnv)
 	return v != "" && v != "0" && v != "false"
@@ -239,12 +227,7 @@ const DirectEnv = "TEST_DIRECT_DATABASE_URL"
 
 // DirectURL is DirectEnv's Postgres, past any pooler, or URL when it is
 // not set: for a test's own observer that needs a session (a LISTEN).
-func DirectURL() string {
-	if u := os.Getenv(DirectEnv); u != "" {
-		return u
-	}
-	return URL()
-}
+func DirectURL() string { return cmp.Or(os.Getenv(DirectEnv), URL()) }
 
 // SkipBehindPooler skips the test when BehindPooler, saying why.
 func SkipBehindPooler(t testing.TB, why string) {
@@ -255,9 +238,9 @@ func SkipBehindPooler(t testing.TB, why string) {
 }
 
 // StartPgBouncer starts a PgBouncer of the test's own on a free loopback
-// port in front of upstreamHost:upstreamPort until the test ends,
-// installing it where it is missing (as root; else the test skips, fails
-// under CI), and returns its URL: database test, user postgres, PoolerURL.
+// port in front of upstreamHost:upstreamPort until the test ends, installed
+// if missing (as root; else SkipOrFail), and returns its PoolerURL
+// (database test, user postgres).
 func StartPgBouncer(t testing.TB, upstreamHost string, upstreamPort int) string {
 	t.Helper()
 	script, err := ciScript("pgbouncer")
@@ -281,10 +264,9 @@ func StartPgBouncer(t testing.TB, upstreamHost string, upstreamPort int) string 
 	for attempt := 0; ; attempt++ {
 		port = freePort(t)
 		cmd := exec.CommandContext(ctx, script, "start", dir, fmt.Sprint(port), upstreamHost, fmt.Sprint(upstreamPort)) //nolint:gosec // the repository's own script
-		// The parallel suite starts many at once in front of the shared
-		// server (max_connections 100), the cold-start races a database a
-		// round: each holds at most 8 server connections whatever the
-		// database, and its clients queue for them.
+		// The parallel suite starts many in front of the shared server
+		// (max_connections 100): each holds at most 8 server connections
+		// whatever the database, and its clients queue for them.
 		cmd.Env = append(os.Environ(), "PGBOUNCER_POOL_SIZE=8", "PGBOUNCER_MAX_DB_CONNECTIONS=8", "PGBOUNCER_MAX_USER_CONNECTIONS=8")
 		out, err := cmd.CombinedOutput()
 		if err == nil {
@@ -304,24 +286,19 @@ func StartPgBouncer(t testing.TB, upstreamHost string, upstreamPort int) string 
 	return PoolerURL(fmt.Sprintf("postgres://postgres@127.0.0.1:%d/test?sslmode=disable", port))
 }
 
-// ThroughPgBouncer starts a PgBouncer in front of the server URL names
-// and returns what turns a URL of that server (a database NewDatabase
-// made, say) into the same database through it. A suite already run
-// through a pooler (BehindPooler) skips: its plain tests go through one.
+// ThroughPgBouncer starts a PgBouncer in front of URL's server and returns
+// what turns a URL of that server (a NewDatabase) into one through it. A
+// suite already behind a pooler skips: its plain tests go through one.
 func ThroughPgBouncer(t testing.TB) func(dbURL string) string {
 	t.Helper()
 	if BehindPooler() {
 		t.Skip("TEST_DATABASE_URL is a pooler already: the test's direct twin runs through it")
 	}
-	direct, err := url.Parse(URL())
+	direct, err := pgx.ParseConfig(URL())
 	if err != nil {
 		t.Fatalf("testenv: parse %s: %v", redacted(), err)
 	}
-	port, err := strconv.Atoi(direct.Port())
-	if err != nil {
-		t.Fatalf("testenv: port of %s: %v", redacted(), err)
-	}
-	bouncer, err := url.Parse(StartPgBouncer(t, direct.Hostname(), port))
+	bouncer, err := url.Parse(StartPgBouncer(t, direct.Host, int(direct.Port)))
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
@@ -381,52 +358,43 @@ func ciScript(name string) (string, error) {
 	return script, nil
 }
 
-// schemaRole is the login role a schema's connections use behind a
-// pooler. PgBouncer pools server connections per (database, user), so a
-// role whose search_path is the schema (ALTER ROLE … SET) gives each of
-// its server connections that search_path, which a startup parameter
-// cannot (PgBouncer 1.18 refuses it). A superuser, as postgres is in the
-// direct runs, so a test keeps the same rights.
-func schemaRole(schema string) string { return schema }
-
-// ensureSchemaRole creates schema's role if it does not exist yet.
+// ensureSchemaRole makes schema's login role (named as the schema) unless
+// it exists, with the schema as its search_path. PgBouncer pools server
+// connections per (database, user), so such a role gives each of its
+// server connections that search_path, which a startup parameter cannot
+// (PgBouncer 1.18 refuses it). A superuser, as postgres is in the direct
+// runs, so a test keeps the same rights.
 func ensureSchemaRole(ctx context.Context, schema string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	role := pgx.Identifier{schemaRole(schema)}.Sanitize()
-	// A DO block, not CREATE ROLE alone: NewSchema may have made the role.
-	// The literal is quoted by hand: a DO body takes no parameters, and the
-	// names are ours (t_/example_ and hex).
-	lit := "'" + strings.ReplaceAll(schema, "'", "''") + "'"
-	sql := fmt.Sprintf(`DO $$ BEGIN
-  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = %s) THEN
-    CREATE ROLE %s LOGIN SUPERUSER;
-  END IF;
-END $$;
-ALTER ROLE %s SET search_path = %s`, lit, role, role, role)
+	role := pgx.Identifier{schema}.Sanitize()
+	// One transaction, so a racing caller that finds the role finds its
+	// search_path too.
 	err := onServer(ctx, func(conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, sql)
-		if err != nil && strings.Contains(err.Error(), "42710") {
-			// duplicate_object: two callers raced on the IF NOT EXISTS.
-			_, err = conn.Exec(ctx, sql)
-		}
-		return err
+		return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "CREATE ROLE "+role+" LOGIN SUPERUSER"); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "ALTER ROLE "+role+" SET search_path = "+role)
+			return err
+		})
 	})
-	if err != nil {
+	// 42710 duplicate_object, 23505 unique_violation: NewSchema or a racing
+	// caller made it.
+	if err != nil && !strings.Contains(err.Error(), "42710") && !strings.Contains(err.Error(), "23505") {
 		return fmt.Errorf("role for schema %s: %w", schema, err)
 	}
 	return nil
 }
 
-// dropSchemaRole drops schema's role once the schema is gone, with what it
-// still owns (a test's own extra schema), one statement at a time: the URL
-// behind a pooler sends each in the extended protocol, one command per
-// statement. PgBouncer's idle server connections of the role do not hold
-// the drop up; a role already gone is no error.
+// dropSchemaRole drops schema's role and what it still owns, one statement
+// at a time (behind a pooler each goes in the extended protocol, one command
+// per statement); PgBouncer's idle connections do not hold it up, and a
+// role already gone is no error.
 func dropSchemaRole(schema string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	r := pgx.Identifier{schemaRole(schema)}.Sanitize()
+	r := pgx.Identifier{schema}.Sanitize()
 	return onServer(ctx, func(conn *pgx.Conn) error {
 		for _, sql := range []string{"DROP OWNED BY " + r + " CASCADE", "DROP ROLE " + r} {
 			if _, err := conn.Exec(ctx, sql); err != nil {

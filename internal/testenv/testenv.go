@@ -1,11 +1,10 @@
 // Package testenv holds what the suite's tests share about their
 // environment. Mostly it decides what a test does when the machine lacks
-// something it needs (a command-line tool, a server setting). On a developer's machine
-// the test skips, saying what is missing; under CI it fails, because the CI
-// machine is set up to provide everything the suite uses (rabbitmqctl ships
-// with the rabbitmq-server package it runs, its Postgres has ssl = on), so a
-// missing piece there is a broken machine, and a skip would let the suite
-// pass with the tests it exists for never run.
+// something it needs (a tool, a server setting): on a developer's machine the
+// test skips, saying what is missing; under CI it fails, because the CI
+// machine provides everything the suite uses (rabbitmqctl, Postgres with ssl
+// = on), so a missing piece is a broken machine, and a skip would let the
+// suite pass with the tests it exists for never run.
 package testenv
 
 import (
@@ -49,9 +48,8 @@ func (o *Output) String() string {
 	return o.buf.String()
 }
 
-// CI reports whether the tests run under continuous integration: the CI
-// environment variable is set to a true value (CI=true on every common CI
-// service; .ci/run runs under it).
+// CI reports whether the tests run under continuous integration: CI is set
+// to a true value (as on every common CI service, and under .ci/run).
 func CI() bool {
 	ci, err := strconv.ParseBool(os.Getenv("CI"))
 	return err == nil && ci
@@ -63,7 +61,7 @@ func SkipOrFail(t testing.TB, format string, args ...any) {
 	t.Helper()
 	if CI() {
 		t.Fatalf("testenv: CI must not skip this test: "+format, args...)
-		return
+		return // a fake testing.TB's Fatalf returns
 	}
 	t.Skipf(format, args...)
 }
@@ -80,8 +78,7 @@ func RequireTool(t testing.TB, name string) string {
 }
 
 // VerifyTestMain runs a package's tests and then fails the run if any
-// goroutine is left, other than the two that end on their own schedule
-// and opts.
+// goroutine is left, other than the two that end on their own and opts.
 func VerifyTestMain(m *testing.M, opts ...goleak.Option) {
 	goleak.VerifyTestMain(m, append([]goleak.Option{
 		// pgx's pool health checker ends asynchronously after Close.
@@ -93,10 +90,9 @@ func VerifyTestMain(m *testing.M, opts ...goleak.Option) {
 }
 
 // CloseAtEnd returns a function that registers closers to close when t
-// ends, from any goroutine. Watermill's Pub/Sub suite (pubsub/tests)
-// closes some subscribers before using them and leaks the ones its
-// multiplier builds afterwards, so the adapters' conformance runs close
-// everything they built once the suite is done.
+// ends, from any goroutine: Watermill's Pub/Sub suite (pubsub/tests) leaks
+// the subscribers its multiplier builds, so the adapters' conformance runs
+// close everything they built once the suite is done.
 func CloseAtEnd(t testing.TB) func(...io.Closer) {
 	var mu sync.Mutex
 	var closers []io.Closer
@@ -152,8 +148,7 @@ func UniqueName(t testing.TB, maxName int) string {
 }
 
 // QueueDepth returns the ready messages of an AMQP queue, 0 if it does not
-// exist, read on a channel of its own so a missing queue closes nothing
-// the caller uses.
+// exist, on a channel of its own (a missing queue closes it).
 func QueueDepth(t testing.TB, conn *amqp.Connection, queue string) int {
 	t.Helper()
 	ch, err := conn.Channel()
@@ -168,12 +163,10 @@ func QueueDepth(t testing.TB, conn *amqp.Connection, queue string) int {
 	return q.Messages
 }
 
-// CloseAMQPConnections makes RabbitMQ close the connections whose
-// connection_name (brokers.AMQPConfig.ConnectionName, the amqp091
-// "connection_name" property) is one of names, and only those, with
-// rabbitmqctl: the server sends them CONNECTION_FORCED, as on a broker
-// restart, and everyone else's connections stay. It returns how many it
-// closed.
+// CloseAMQPConnections makes RabbitMQ close (with rabbitmqctl) the
+// connections whose connection_name (brokers.AMQPConfig.ConnectionName) is
+// one of names, and only those: they get CONNECTION_FORCED, as on a broker
+// restart. It returns how many it closed.
 func CloseAMQPConnections(ctx context.Context, reason string, names ...string) (int, error) {
 	out, err := exec.CommandContext(ctx, "rabbitmqctl", "list_connections", "--quiet", "--no-table-headers", "pid", "client_properties").CombinedOutput()
 	if err != nil {

@@ -1,6 +1,7 @@
 // Package feed is what a driver of the loyalty example from outside knows
 // about it: its message as a plain (non-Watermill) producer sends it, the
-// topics it reads and writes, and the check of its tables afterwards.
+// topics it reads and writes, the check of its tables afterwards, and how
+// it creates them (examples/receipts does the same).
 // examples/demo, the chaos harness (internal/chaos) and the example's own
 // tests share it, so the three cannot drift apart from the consumer.
 package feed
@@ -9,9 +10,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -80,6 +83,48 @@ func Count(ctx context.Context, pool *pgxpool.Pool, schema string) (Tally, error
 		(SELECT coalesce(sum(points), 0) FROM %[1]s.balances)`, pgx.Identifier{schema}.Sanitize())
 	err := pool.QueryRow(ctx, q).Scan(&t.Applied, &t.LedgerRows, &t.Doubled, &t.Points)
 	return t, err
+}
+
+// CreateTablesOnce runs ddl (CREATE TABLE IF NOT EXISTS statements) unless
+// present, a query of one boolean, says the tables exist; several instances
+// (of examples/loyalty or receipts) may start at once, on an empty database
+// too. present is asked first on its own: a role without CREATE must start
+// against tables an operator created, and Postgres checks CREATE before IF
+// NOT EXISTS. IF NOT EXISTS is not safe against a concurrent create, so
+// creators queue on the advisory lock named lock, a transaction lock (a
+// session lock would not hold behind a transaction pooler), and ask present
+// again inside it. A backend whose catalog caches still miss the winner's
+// tables (applied at transaction start, not at the lock's grant) collides,
+// and a new transaction settles it.
+func CreateTablesOnce(ctx context.Context, pool *pgxpool.Pool, lock, present, ddl string) error {
+	var ok bool
+	if err := pool.QueryRow(ctx, present).Scan(&ok); err == nil && ok {
+		return nil
+	}
+	create := func() error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", lock); err != nil {
+				return fmt.Errorf("advisory lock %q: %w", lock, err)
+			}
+			if err := tx.QueryRow(ctx, present).Scan(&ok); err != nil {
+				return fmt.Errorf("check tables: %w", err)
+			}
+			if ok {
+				return nil
+			}
+			if _, err := tx.Exec(ctx, ddl); err != nil {
+				return fmt.Errorf("create tables: %w", err)
+			}
+			return nil
+		})
+	}
+	err := create()
+	// 23505: a catalog index's unique violation; 42P07: duplicate table.
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
+		err = create()
+	}
+	return err
 }
 
 // RunID returns a short random id that keeps one run's topics, queues and
