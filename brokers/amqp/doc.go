@@ -6,9 +6,8 @@
 //	msgs, err := sub.Subscribe(ctx, "orders")
 //
 // Most users import it for its side effect, which registers the kind
-// "amqp", and build it through brokers.NewSubscriber. Every
-// brokers.AMQPConfig field documents its default; an invalid one is a
-// *framework.ConfigError naming the field by its YAML key.
+// "amqp", and build it through brokers.NewSubscriber. An invalid
+// brokers.AMQPConfig is a *framework.ConfigError naming the field.
 //
 // # Topology
 //
@@ -54,16 +53,11 @@
 // # Quorum queues
 //
 // QueueType "quorum" declares every queue, poison queues included, as a
-// quorum queue; acks, nacks, the window and the metadata work the same.
-// RabbitMQ adds x-delivery-count (and from 4.3 x-acquired-count), which
-// arrive as metadata and are not republished: a poison copy starts from its
-// own count. DeliveryLimit sets x-delivery-limit, past which RabbitMQ drops
-// or dead-letters (reason "delivery_limit") a message; claimtx's poison
-// path acts long before it (docs/reliability.md, "Quorum queues and their
-// delivery limit"). RabbitMQ refuses to redeclare a queue with other
-// arguments (406 PRECONDITION_FAILED); Subscribe, SubscribeInitialize and
-// Publish then return a *framework.ConfigError naming the setting and how
-// to migrate.
+// quorum queue; x-delivery-count arrives as metadata and is not
+// republished. DeliveryLimit and how the poison path acts before it:
+// docs/reliability.md, "Quorum queues and their delivery limit". A queue
+// redeclared with other arguments (406 PRECONDITION_FAILED) is a
+// *framework.ConfigError naming the setting and how to migrate.
 //
 // # Headers and metadata
 //
@@ -77,12 +71,8 @@
 // value goes out as that string.
 //
 // The UUID comes from the "_watermill_message_uuid" header, else the
-// message-id property, else a new one. The amqp_* properties and
-// _watermill_amqp_redelivered are added without overwriting a header of
-// the same name (docs/configuration.md, "Delivery metadata"); they describe
-// one delivery, so they are never republished and are no claim key.
-// Publishing sends every other entry as a string header, and the UUID as
-// that header and the message-id.
+// message-id property, else a new one. The amqp_* delivery metadata
+// (docs/configuration.md, "Delivery metadata") is never republished.
 //
 // # Start-up and reconnection
 //
