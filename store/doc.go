@@ -1,21 +1,12 @@
 // Package store is claimtx's Postgres layer (pgx/v5): the claim table and
 // the transactional outbox, their migrations, and the retention of claims.
 //
-// What an application calls:
-//
-//   - New(pool, Config) returns a *Store bound to a schema and table names.
-//   - Migrate creates or upgrades the tables; every instance may call it at
-//     start-up. MigrateTx does the same in a transaction of yours.
-//   - Claim(ctx, tx, ClaimRequest) claims a message in your own
-//     transaction; package middleware does it around a Watermill handler.
-//   - Enqueue(ctx, tx, topic, msgs...) writes messages to the outbox in
-//     your transaction; package store/outbox relays them to a broker.
-//   - NewVersionedUpsert builds the write of versioned state, which needs
-//     no claim at all.
-//   - Cleanup, or on a partitioned claim table CreatePartitionsAhead and
-//     DropExpiredPartitions, keeps claims for RetentionConfig.Retention
-//     and no longer. The claimtx CLI runs them for operators.
-//   - IsTransient says whether a failed transaction is worth retrying.
+// New binds a *Store to a schema and table names; Migrate (or MigrateTx,
+// in a transaction of yours) creates or upgrades the tables from every
+// instance at start-up. Claim and Enqueue work in your own transaction
+// (package middleware claims around a Watermill handler; store/outbox
+// relays what Enqueue wrote); Cleanup, or the partition calls, keep claims
+// for RetentionConfig.Retention and no longer (the claimtx CLI runs them).
 //
 // # Claims
 //

@@ -48,20 +48,13 @@
 // (of repeated keys the last wins), the UUID is the "_watermill_message_uuid"
 // header or a new one, and converting never fails (watermill-kafka treats an
 // unmarshal error as fatal for the session and would read the record again
-// forever). The adapter sets kafka_topic, kafka_partition, kafka_offset,
-// kafka_key and kafka_timestamp (docs/configuration.md, "Delivery
-// metadata"), overwriting headers of those names so that retention rules
-// can trust them; none is a good claim key. kafka_timestamp is the record's
-// create (or LogAppendTime) time, the same on every redelivery, which the
-// "kafka:timestamp" event-time spec reads.
-//
-// Publishing sends every metadata entry as a header except the kafka_* ones,
-// adds the UUID header and uses "partition_key" as the record key. A
-// kafka_timestamp entry becomes the record timestamp (to the millisecond),
-// so a poison, relayed or replayed copy keeps its event time; mind that the
-// destination's time-based retention then counts from that time, and that
-// message.timestamp.before.max.ms (difference.max.ms before Kafka 3.6)
-// rejects copies older than it.
+// forever). The kafka_* delivery metadata (docs/configuration.md, "Delivery
+// metadata") overwrites headers of those names, so retention rules can
+// trust them. Publishing sends every other entry as a header, uses
+// "partition_key" as the record key, and makes a kafka_timestamp entry the
+// record timestamp, so a poison, relayed or replayed copy keeps its event
+// time; the destination's time-based retention then counts from that time,
+// and message.timestamp.before.max.ms rejects copies older than it.
 //
 // # Client settings and start-up
 //

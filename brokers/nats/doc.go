@@ -60,15 +60,13 @@
 //
 // # Metadata
 //
-// Headers arrive as metadata (several values joined with ", "). The adapter
-// adds nats_subject, nats_stream, nats_sequence, nats_delivered (1 on the
-// first delivery) and nats_timestamp (stored, RFC 3339, UTC); these and a
-// producer's Nats-Expected-* headers are never republished, and none makes a
-// claim key. Publishing, a metadata key that is not an HTTP token is an
-// error and values follow HTTP header rules (a line break becomes a space).
-// The UUID travels in _watermill_message_uuid; a plain producer's message
-// gets its Nats-Msg-Id, or a new UUID. Publishing sets no Nats-Msg-Id:
-// JetStream would drop a message whose UUID a producer reused.
+// Headers arrive as metadata (several values joined with ", "); the nats_*
+// delivery metadata (docs/configuration.md, "Delivery metadata") and a
+// producer's Nats-Expected-* headers are never republished. Publishing, a
+// metadata key that is not an HTTP token is an error. The UUID travels in
+// _watermill_message_uuid (else Nats-Msg-Id, else a new one); publishing
+// sets no Nats-Msg-Id, as JetStream would drop a message whose UUID a
+// producer reused.
 //
 // # Connections
 //

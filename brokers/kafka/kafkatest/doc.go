@@ -15,20 +15,14 @@
 //
 // # Silent members
 //
-// kfake starts a member's session timer only when it has written the
-// JoinGroup reply, and whether a dead connection counts as written is a coin
-// flip: a member that dies while its JoinGroup waits may stay in the group
-// for good, owning partitions nobody consumes. kfake's rebalance timer
-// restarts at every join, so a group that members keep joining (rolling
-// restarts, a crash loop) also collects dead members.
-//
-// The broker therefore observes classic group traffic (control functions
-// that never handle a request) and, every 250ms, sends a LeaveGroup on
-// behalf of a member silent past its session timeout plus a second, logged
-// at Info; kfake then rebalances. A member whose JoinGroup is waiting during
-// PreparingRebalance is never evicted, and every clock restarts when a
-// rebalance completes. KIP-848 groups are left alone. Options.DisableEviction
-// turns this off.
+// kfake gives a member that dies while its JoinGroup waits no session
+// timer, and restarts its rebalance timer at every join, so a group under
+// rolling restarts collects dead members that own partitions nobody
+// consumes (docs/design.md, "Kafka consumer group"). The broker therefore
+// watches classic group traffic and, every 250ms, sends a LeaveGroup for a
+// member silent past its session timeout plus a second, logged at Info; a
+// member whose JoinGroup waits during PreparingRebalance is never evicted,
+// and KIP-848 groups are left alone. Options.DisableEviction turns it off.
 //
 // # Limits
 //

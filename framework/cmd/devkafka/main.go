@@ -1,22 +1,14 @@
 // Command devkafka is brokers/kafka/kafkatest as a process: a
 // Kafka-protocol broker for development, demos and CI without a Kafka
-// server.
-//
-// Usage:
-//
-//	devkafka [-addr 127.0.0.1:9092] [-data-dir DIR] [-partitions 10]
-//	         [-min-session-timeout 100ms] [-log-level info]
-//
-// -addr defaults to the first address of KAFKA_BROKERS, or 127.0.0.1:9092.
-// -data-dir defaults to DEVKAFKA_DATA_DIR; empty keeps everything in memory.
-// Once the broker accepts connections, devkafka prints exactly one line on
-// standard output,
+// server (flags: devkafka -h; -addr defaults to the first address of
+// KAFKA_BROKERS, -data-dir to DEVKAFKA_DATA_DIR). Once the broker accepts
+// connections it prints exactly one line on standard output, which scripts
+// wait for (logs go to standard error),
 //
 //	devkafka listening on 127.0.0.1:9092
 //
-// which scripts can wait for; logs go to standard error. It runs until
-// SIGINT or SIGTERM, then saves its state (with a data directory) and exits
-// with status 0.
+// and runs until SIGINT or SIGTERM, then saves its state (with a data
+// directory) and exits with status 0.
 package main
 
 import (
