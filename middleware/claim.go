@@ -112,14 +112,10 @@ type Claim struct {
 	// transaction. Defaults to 5s.
 	MaxClaimWait time.Duration
 	// SynchronousCommit is the claim transaction's synchronous_commit
-	// ("on", "remote_write", "remote_apply", "local"): what its COMMIT,
-	// and so an ack, waits for. With asynchronous replication an acked
-	// commit can be missing on the standby a failover promotes;
-	// remote_write or remote_apply with a synchronous standby closes that
-	// gap (docs/reliability.md, "Acked means durable"). It rides the
-	// claim's first round trip. "off" is refused: a crash of the database
-	// alone could lose an acked effect. Defaults to "": the session's
-	// setting applies.
+	// ("on", "remote_write", "remote_apply", "local"): what its COMMIT, and
+	// so an ack, waits for (docs/reliability.md, "Acked means durable").
+	// "off" is refused: a crash of the database alone could lose an acked
+	// effect. Defaults to "": the session's setting applies.
 	SynchronousCommit string
 	// MaxAttempts bounds transaction attempts for transient failures
 	// (1 disables retrying). Defaults to 5.
@@ -147,26 +143,20 @@ type Claim struct {
 	// key for different content, is reported in Result.FingerprintMismatch
 	// and logged; the duplicate is still acked. Defaults to false.
 	Fingerprint bool
-	// PoisonMemo remembers dead-lettered messages: a later delivery of the
-	// same (consumer, key) goes to the poison destination too, with the
-	// reason "poison memo: <the first reason>", without running the
-	// handler; the lookup rides the claim's round trip. A memo lives until
-	// `claimtx unpoison` or the dead-letter replay clears it, or retention
-	// removes it. framework/consumer records memos; with this middleware
-	// alone, pass RecordPoison as Poison.OnPoison. Not supported in
-	// ModeNaturalKey, where a memo could not yield to an effect already
-	// applied. Defaults to false: a memo is a standing verdict that
-	// outlives the deploy that fixes its cause.
+	// PoisonMemo sends a later delivery of a dead-lettered (consumer, key)
+	// to the poison destination too, without running the handler, until
+	// `claimtx unpoison`, the dead-letter replay or retention clears the
+	// memo (docs/operations.md). With this middleware alone, pass
+	// RecordPoison as Poison.OnPoison. Not in ModeNaturalKey. Defaults to
+	// false: a memo is a standing verdict that outlives the deploy that
+	// fixes its cause.
 	PoisonMemo bool
-	// CommittedKeys bounds the committed-key cache (one per NewClaim):
-	// keys seen committed, so a later copy is acked as a duplicate without
-	// a round trip (Result.Attempts 0). Nothing uncommitted is cached; a
-	// cold replay fills it ahead of the stream (docs/operations.md,
-	// "Committed-key cache"). Not used in ModeNaturalKey, with Fingerprint
-	// or for claims by event day. Sharp edge: deleting claims by hand, or
-	// cleanup with Force below CommittedKeysTTL, while consumers run makes
-	// them ack later copies of cached keys without the effect until the
-	// entry expires. Negative disables it. Defaults to 100,000.
+	// CommittedKeys bounds the committed-key cache (one per NewClaim), which
+	// acks a copy of a key seen committed without a round trip
+	// (docs/operations.md, "Committed-key cache"). Sharp edge: deleting
+	// claims by hand, or cleanup with Force below CommittedKeysTTL, while
+	// consumers run makes them ack cached keys' copies without the effect
+	// until the entry expires. Negative disables it. Defaults to 100,000.
 	CommittedKeys int
 	// CommittedKeysTTL is how long a cache entry is trusted. It must stay
 	// far below the claim retention (at most half of store's smallest

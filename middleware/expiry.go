@@ -17,14 +17,10 @@ import (
 // guard returns a permanent *framework.ExpiredError instead, which Poison
 // dead-letters for a person to decide (outcome framework.Expired).
 //
-// Put it before Claim, after Poison:
-//
-//	Recoverer -> Poison -> Retry -> ExpiryGuard -> Claim -> handler
-//
-// A claim's processed_at is no older than its message's event time, so a
-// message inside the window by event time still has its claim. Keep
-// Retention no longer than the cleanup window minus the producer clock
-// skew you expect (a fast clock makes a message look younger).
+// Put it just before Claim (the chain is in the package doc). A message
+// inside the window by event time still has its claim; keep Retention no
+// longer than the cleanup window minus the producer clock skew you expect
+// (docs/operations.md, "The expiry guard").
 type ExpiryGuard struct {
 	// Retention is the claim retention window, the same value given to
 	// cleanup or partition maintenance (store.RetentionConfig.Retention).

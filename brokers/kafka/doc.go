@@ -61,11 +61,8 @@
 // The subscriber negotiates protocol versions, so Version (default 3.6.0)
 // applies to the publisher only: a Sarama sync producer with acks=all, up to
 // 10 retries and idempotence (Kafka 0.11+). TLS and SASL (PLAIN,
-// SCRAM-SHA-256/512) apply to both; the password is redacted when printed.
-// NewPublisher, and the first contact of each Subscribe, retry until
-// DialTimeout or their context ends; refused credentials fail at once.
-// NewSubscriber does not connect.
-//
-// brokers/kafka/kafkatest runs a Kafka-protocol broker in process for tests,
-// demos and CI (framework/cmd/devkafka as a program).
+// SCRAM-SHA-256/512) apply to both. NewPublisher, and the first contact of
+// each Subscribe, retry until DialTimeout or their context ends; refused
+// credentials fail at once. brokers/kafka/kafkatest runs a Kafka-protocol
+// broker in process for tests, demos and CI.
 package kafka
