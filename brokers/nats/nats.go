@@ -1,6 +1,7 @@
 package nats
 
 import (
+	"cmp"
 	"context"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -44,7 +45,7 @@ func NewSubscriber(ctx context.Context, cfg brokers.NATSConfig, logger watermill
 		return nil, &framework.ConfigError{Field: "nats.durable",
 			Reason: "is required to subscribe: the JetStream durable consumer name, one per service"}
 	}
-	return newSubscriber(ctx, s, orNop(logger))
+	return newSubscriber(ctx, s, cmp.Or[watermill.LoggerAdapter](logger, watermill.NopLogger{}))
 }
 
 // NewPublisher validates cfg and connects as NewSubscriber does (with the
@@ -55,7 +56,7 @@ func NewPublisher(ctx context.Context, cfg brokers.NATSConfig, logger watermill.
 	if err != nil {
 		return nil, err
 	}
-	return newPublisher(ctx, s, orNop(logger))
+	return newPublisher(ctx, s, cmp.Or[watermill.LoggerAdapter](logger, watermill.NopLogger{}))
 }
 
 // validSettings checks cfg as brokers.Config.Validate checks its nats
@@ -66,11 +67,4 @@ func validSettings(cfg brokers.NATSConfig) (settings, error) {
 		return settings{}, err
 	}
 	return parseSettings(full)
-}
-
-func orNop(logger watermill.LoggerAdapter) watermill.LoggerAdapter {
-	if logger == nil {
-		return watermill.NopLogger{}
-	}
-	return logger
 }
