@@ -117,6 +117,19 @@ type Claim struct {
 	// "off" is refused: a crash of the database alone could lose an acked
 	// effect. Defaults to "": the session's setting applies.
 	SynchronousCommit string
+	// MaxGroup bounds group commit: messages delivered and waiting for the
+	// claim are applied in one transaction, each under its own claim and
+	// savepoint, and acked after its one COMMIT; a failing message is
+	// rolled back to its savepoint and handled alone, and one that meets a
+	// lock held elsewhere leaves the group for a transaction of its own. A
+	// group never waits for messages to arrive (docs/design.md, "Group
+	// commit"). It needs Isolation READ COMMITTED; at other levels every
+	// message has its own transaction. 1 turns it off. Defaults to 16.
+	MaxGroup int
+	// MaxGroupTime bounds the time a group spends in claims and handlers
+	// before it commits, and so how long a twin waits behind it. Defaults
+	// to 50ms.
+	MaxGroupTime time.Duration
 	// MaxAttempts bounds transaction attempts for transient failures
 	// (1 disables retrying). Defaults to 5.
 	MaxAttempts int
@@ -248,6 +261,10 @@ func (c Claim) validate() error {
 		return &framework.ConfigError{Field: "MaxAttempts", Reason: "must not be negative"}
 	case c.MaxClaimWait < 0:
 		return &framework.ConfigError{Field: "MaxClaimWait", Reason: "must not be negative"}
+	case c.MaxGroup < 0 || c.MaxGroup > maxMaxGroup:
+		return &framework.ConfigError{Field: "MaxGroup", Reason: fmt.Sprintf("must be from 0 (the default) to %d, got %d", maxMaxGroup, c.MaxGroup)}
+	case c.MaxGroupTime < 0:
+		return &framework.ConfigError{Field: "MaxGroupTime", Reason: "must not be negative"}
 	case c.InitialBackoff < 0 || c.MaxBackoff < 0:
 		return &framework.ConfigError{Field: "InitialBackoff", Reason: "backoffs must not be negative"}
 	case c.CommittedKeysTTL < 0:
@@ -274,6 +291,8 @@ func (c Claim) withDefaults() Claim {
 	c.Mode = cmp.Or(c.Mode, ModeClaimTable)
 	c.MaxClaimWait = cmp.Or(c.MaxClaimWait, pg.DefaultMaxClaimWait)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, pg.DefaultMaxAttempts)
+	c.MaxGroup = cmp.Or(c.MaxGroup, defaultMaxGroup)
+	c.MaxGroupTime = cmp.Or(c.MaxGroupTime, defaultMaxGroupTime)
 	c.InitialBackoff = cmp.Or(c.InitialBackoff, pg.DefaultInitialBackoff)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, pg.DefaultMaxBackoff)
 	c.CommittedKeys = cmp.Or(c.CommittedKeys, committedkeys.DefaultSize)
@@ -313,6 +332,10 @@ func (c Claim) txOptions() pg.TxOptions {
 
 func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 	txOpts := c.txOptions()
+	var g *grouper
+	if c.grouping() {
+		g = newGrouper(c, h)
+	}
 	return func(msg *message.Message) ([]*message.Message, error) {
 		start := time.Now()
 		res := Result{Consumer: c.Consumer, Message: msg}
@@ -343,6 +366,17 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		hash := c.cache.Key(c.Consumer, day, key)
 		if c.cached(msg.Context(), hash) {
 			return finish(framework.Duplicate, nil)
+		}
+		if g != nil {
+			m := &member{msg: msg, req: req, hash: hash, res: &res}
+			if g.do(m); m.state != alone {
+				res.Attempts = 1
+				if m.state == failed {
+					return finish(framework.Failed, m.err)
+				}
+				return finish(m.out, nil)
+			}
+			res.ClaimWait, res.Enqueued, res.FingerprintMismatch = 0, 0, false
 		}
 		began := c.ahead.Started()
 		for attempt := 1; ; attempt++ {
@@ -399,10 +433,7 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 			return "", err
 		}
 	} else {
-		if c.Fingerprint {
-			sum := sha256.Sum256(msg.Payload)
-			req.PayloadHash = sum[:fingerprintBytes]
-		}
+		req.PayloadHash = c.payloadHash(msg)
 		claimStart := time.Now()
 		var cr pg.ClaimResult
 		var memo *string
@@ -471,6 +502,15 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 		c.ahead.Answered(ctx, began, []string{req.Key}, false)
 	}
 	return out, nil
+}
+
+// payloadHash is msg's fingerprint, nil without Fingerprint.
+func (c Claim) payloadHash(msg *message.Message) []byte {
+	if !c.Fingerprint {
+		return nil
+	}
+	sum := sha256.Sum256(msg.Payload)
+	return sum[:fingerprintBytes]
 }
 
 // settled is the Kafka position msg settles once its transaction commits,

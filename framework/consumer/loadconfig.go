@@ -85,6 +85,8 @@ var settings = config.Bind([]setting{
 		c.Claim.SynchronousCommit = v
 		return pg.CheckSynchronousCommit(v)
 	}},
+	{Path: "claim.max_group", Env: "CLAIM_MAX_GROUP", Field: "Claim.MaxGroup", Rule: "min=1"},
+	{Path: "claim.max_group_time", Env: "CLAIM_MAX_GROUP_TIME", Field: "Claim.MaxGroupTime", Rule: "min=1"},
 	{Path: "claim.max_attempts", Env: "CLAIM_MAX_ATTEMPTS", Field: "Claim.MaxAttempts", Rule: "min=1"},
 	{Path: "claim.initial_backoff", Env: "CLAIM_INITIAL_BACKOFF", Field: "Claim.InitialBackoff", Rule: "min=1"},
 	{Path: "claim.max_backoff", Env: "CLAIM_MAX_BACKOFF", Field: "Claim.MaxBackoff", Rule: "min=1"},

@@ -51,8 +51,11 @@ var (
 	flagCPUProfile  = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	// noPositions: the claim modes run with middleware.Claim.NoPositions
 	// (Kafka stores no positions).
-	noPositions = flag.Bool("no-positions", false, "run claimtx without the Kafka positions stored with the claims (middleware.Claim.NoPositions), to measure what they cost")
-	flagModes   = flag.String("modes", "", "modes to measure, a subset for quick looks (-write needs all): "+strings.Join(allModes, ",")+"; with -storm: "+strings.Join(stormModes, ","))
+	noPositions          = flag.Bool("no-positions", false, "run claimtx without the Kafka positions stored with the claims (middleware.Claim.NoPositions), to measure what they cost")
+	flagMaxGroup         = flag.Int("max-group", 0, "middleware.Claim.MaxGroup of the group mode (0: its default)")
+	flagGroupWindow      = flag.Int("group-window", 16, "group mode: RabbitMQ messages in flight per unit of concurrency (AMQP_WINDOW = concurrency x this)")
+	flagKafkaGroupWindow = flag.Int("kafka-group-window", 0, "group mode: Kafka messages in flight per partition (KAFKA_WINDOW; 0: one)")
+	flagModes            = flag.String("modes", "", "modes to measure, a subset for quick looks (-write needs all): "+strings.Join(allModes, ",")+"; with -storm: "+strings.Join(stormModes, ","))
 )
 
 // TestBench is the whole tool: the table, or -storm, or -memory.
@@ -122,7 +125,7 @@ func parseOptions() (options, error) {
 }
 
 // allModes are the -modes, in the order one row's runs interleave.
-var allModes = []string{"raw", "router", "claim", "natural", "batch", "hand"}
+var allModes = []string{"raw", "router", "claim", "group", "natural", "batch", "hand"}
 
 // session is what the measurements of one run share: the admin pool that
 // drops each measurement's schema, and the in-process Kafka broker.
@@ -311,6 +314,7 @@ func run(ctx context.Context, o options) error {
 			modes := []mode{
 				{"router", func(e *env) (result, error) { return runRouter(ctx, e, base) }},
 				{"claim", func(e *env) (result, error) { r := base; r.claim = true; return runRouter(ctx, e, r) }},
+				{"group", func(e *env) (result, error) { r := base; r.claim, r.group = true, true; return runRouter(ctx, e, r) }},
 				{"natural", func(e *env) (result, error) { r := base; r.claim, r.natural = true, true; return runRouter(ctx, e, r) }},
 				{"batch", func(e *env) (result, error) {
 					r := base

@@ -54,6 +54,10 @@ type routerRun struct {
 	// topic and the rate is measured from the moment n messages had
 	// settled.
 	warm bool
+	// group: the claim commits in groups (middleware.Claim.MaxGroup's
+	// default) over a window of groupWindow messages per unit of
+	// concurrency; otherwise one transaction per message (MaxGroup 1).
+	group bool
 }
 
 // phases counts a run's settled messages and signals the end of its
@@ -89,6 +93,10 @@ func (r routerRun) brokerConfig(topic string) brokers.Config {
 	cfg.Kafka.Brokers = []string{r.kafkaAddr}
 	cfg.Kafka.ConsumerGroup = "bench-" + topic
 	cfg.Kafka.Window = r.window
+	if r.group {
+		cfg.AMQP.Window = r.concurrency * *flagGroupWindow
+		cfg.Kafka.Window = *flagKafkaGroupWindow
+	}
 	return cfg
 }
 
@@ -207,7 +215,10 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 		if err != nil {
 			return result{}, err
 		}
-		claim := middleware.Claim{Store: e.store, Consumer: "bench", Key: key, NoPositions: *noPositions}
+		claim := middleware.Claim{Store: e.store, Consumer: "bench", Key: key, NoPositions: *noPositions, MaxGroup: 1}
+		if r.group {
+			claim.MaxGroup = *flagMaxGroup
+		}
 		if r.natural {
 			claim.Mode = middleware.ModeNaturalKey
 		}

@@ -38,6 +38,7 @@ type Claims interface {
 	Begin(ctx context.Context, opts TxOptions, r ClaimRequest, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res ClaimResult, memo *string, err error)
 	BeginBatch(ctx context.Context, opts TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (tx pgx.Tx, claimed []string, memos map[string]string, err error)
 	BeginNaturalKey(ctx context.Context, opts TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error)
+	Step(ctx context.Context, tx pgx.Tx, r *ClaimRequest, withMemo bool, lockWait time.Duration) (ClaimResult, *string, error)
 	Following(ctx context.Context, consumer string, anchors []string, n int, add func(key string)) error
 	Positions() Positions
 
@@ -49,6 +50,9 @@ type Claims interface {
 	// commit with synchronousCommit needs (standby.State.Shortfall).
 	SyncStandby(ctx context.Context, synchronousCommit string) (shortfall string, verified bool, err error)
 }
+
+// SavepointRollback undoes the current step of a group transaction.
+const SavepointRollback = "ROLLBACK TO SAVEPOINT claimtx_group"
 
 // DeadLetter is one row of the dead-letter table.
 type DeadLetter struct {

@@ -109,14 +109,7 @@ func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r pg.ClaimReq
 	// move it to the heap on every claim. Valid says a memo was found.
 	var found *pgtype.Text
 	if withMemo {
-		m := &pgtype.Text{}
-		b.Queue(s.memo, r.Consumer, r.Key).QueryRow(func(row pgx.Row) error {
-			if err := row.Scan(m); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-				return fmt.Errorf("claimtx: read poison memo: %w", err)
-			}
-			return nil
-		})
-		found = m
+		found = s.queueMemo(b, r.Consumer, r.Key)
 	}
 	q.queue(b, opts.SynchronousCommit, more)
 	br := s.Pool.SendBatch(ctx, b)
@@ -234,6 +227,57 @@ func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pg.TxOptions,
 		return nil, fmt.Errorf("claimtx: begin: %w", err)
 	}
 	return tx, nil
+}
+
+// Step runs, in one round trip in the group transaction tx, a later
+// message's step: lockWait as the lock_timeout of the rest of tx when
+// positive; a savepoint, nested in the one before (a rolled-back step
+// keeps its own, so each ROLLBACK TO reaches the current step's); the memo
+// lookup when withMemo and the claim r as in Begin, unless r is nil (a
+// natural key). On error the caller rolls back to the savepoint
+// (pg.SavepointRollback) or, when that fails, ends tx.
+func (s *Statements) Step(ctx context.Context, tx pgx.Tx, r *pg.ClaimRequest, withMemo bool, lockWait time.Duration) (pg.ClaimResult, *string, error) {
+	var res pg.ClaimResult
+	b := &pgx.Batch{}
+	if lockWait > 0 {
+		b.Queue(setLockTimeout, pg.Millis(lockWait))
+	}
+	b.Queue("SAVEPOINT claimtx_group")
+	if r == nil {
+		return res, nil, tx.SendBatch(ctx, b).Close()
+	}
+	q := s.prepare(*r, &res)
+	var found *pgtype.Text
+	if withMemo {
+		found = s.queueMemo(b, r.Consumer, r.Key)
+	}
+	b.Queue(q.sql, q.args...).Exec(func(tag pgconn.CommandTag) error {
+		res.New = tag.RowsAffected() == 1
+		return nil
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return res, nil, q.wrap(err)
+	}
+	if err := s.checkFingerprint(ctx, tx, q, &res); err != nil {
+		return res, nil, err
+	}
+	if found != nil && found.Valid {
+		return res, &found.String, nil
+	}
+	return res, nil, nil
+}
+
+// queueMemo queues the memo lookup of (consumer, key); Valid on the result
+// says a memo was found.
+func (s *Statements) queueMemo(b *pgx.Batch, consumer, key string) *pgtype.Text {
+	m := &pgtype.Text{}
+	b.Queue(s.memo, consumer, key).QueryRow(func(row pgx.Row) error {
+		if err := row.Scan(m); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("claimtx: read poison memo: %w", err)
+		}
+		return nil
+	})
+	return m
 }
 
 // query is one claim statement with its arguments, ready to queue.

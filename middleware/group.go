@@ -1,0 +1,358 @@
+package middleware
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/committedkeys"
+	"github.com/claimtx/claimtx/internal/kafkarecord"
+	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
+)
+
+// Group commit (docs/design.md, "Group commit"): the messages waiting for
+// the claim go through one transaction, each in a step of its own under a
+// savepoint. A step that fails is rolled back to its savepoint alone; one
+// that cannot tell its fate (a lock wait, a deadlock, a lost connection)
+// leaves the group and runs in a transaction of its own, the per-message
+// path with its retries and backoff.
+const (
+	defaultMaxGroup     = 16
+	defaultMaxGroupTime = 50 * time.Millisecond
+	// maxMaxGroup keeps a group's subtransactions within the 64 a server
+	// process tracks before each snapshot has to look them up on disk.
+	maxMaxGroup = 64
+	// groupLockWait bounds the lock waits of every step but a group's
+	// first: a later step already holds the earlier ones' locks, so a long
+	// wait there is how two groups deadlock (found only after the server's
+	// deadlock_timeout, 1 s by default) and how a twin's group stalls ours.
+	groupLockWait = 10 * time.Millisecond
+	// groupKick is how long a message waits for a running group before it
+	// starts one of its own (while the pool has connections): a slow
+	// handler must not hold the messages queued behind its group.
+	groupKick = 5 * time.Millisecond
+)
+
+// grouping reports whether c commits in groups: group commit needs READ
+// COMMITTED, where a step rolled back to its savepoint leaves no trace in
+// the commit's fate.
+func (c Claim) grouping() bool {
+	return c.MaxGroup > 1 && c.Isolation == pgx.ReadCommitted
+}
+
+// grouper runs the group transactions of one wrapped handler.
+type grouper struct {
+	c     Claim
+	h     message.HandlerFunc
+	conns int // the pool's size: at most that many groups run at once
+
+	mu     sync.Mutex
+	queue  []*member
+	active int // groups running
+	busy   int // members taken by them
+	armed  bool // a kick is due
+}
+
+// member is one message waiting for, or in, a group.
+type member struct {
+	msg  *message.Message
+	ctx  context.Context // msg's, read once: the group sets msg's for the handler
+	req  pg.ClaimRequest
+	hash committedkeys.Hash
+	res  *Result // written by the group until done closes
+
+	taken bool // by a group (under grouper.mu)
+	done  chan struct{}
+	state memberState
+	out   framework.Outcome // when state is settling or committed
+	err   error             // when state is failed
+}
+
+type memberState int
+
+const (
+	pending  memberState = iota
+	settling             // Applied or Duplicate once the group commits
+	committed            // out is its result
+	failed               // rolled back to its savepoint; err is its result
+	alone                // left to a transaction of its own
+)
+
+func newGrouper(c Claim, h message.HandlerFunc) *grouper {
+	return &grouper{c: c, h: h, conns: max(1, int(c.Store.Pool().Config().MaxConns))}
+}
+
+// do puts m in a group and returns once its state is known. A message
+// whose context ends while it waits is left alone, to fail as the
+// per-message path does.
+func (g *grouper) do(m *member) {
+	m.done, m.ctx = make(chan struct{}), m.msg.Context()
+	g.mu.Lock()
+	g.queue = append(g.queue, m)
+	// A new group when none runs, or when the waiting messages fill more
+	// groups than run: an idle consumer's message starts at once.
+	if g.active < g.conns {
+		g.active++
+		go g.run()
+	} else {
+		g.arm()
+	}
+	g.mu.Unlock()
+	select {
+	case <-m.done:
+		return
+	case <-m.ctx.Done():
+	}
+	g.mu.Lock()
+	if !m.taken {
+		if i := slices.Index(g.queue, m); i >= 0 {
+			g.queue = slices.Delete(g.queue, i, i+1)
+		}
+		m.state = alone
+		g.mu.Unlock()
+		return
+	}
+	g.mu.Unlock()
+	<-m.done
+}
+
+// arm schedules a kick, under g.mu.
+func (g *grouper) arm() {
+	if !g.armed && g.active < g.conns {
+		g.armed = true
+		time.AfterFunc(groupKick, g.kick)
+	}
+}
+
+// kick starts a group for messages still waiting.
+func (g *grouper) kick() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.armed = false
+	if len(g.queue) > 0 && g.active < g.conns {
+		g.active++
+		go g.run()
+		g.arm()
+	}
+}
+
+// run commits groups while messages wait.
+func (g *grouper) run() {
+	for {
+		g.mu.Lock()
+		if len(g.queue) == 0 {
+			g.active--
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
+		g.group()
+	}
+}
+
+// take is the next waiting message, or nil.
+func (g *grouper) take() *member {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.queue) == 0 {
+		return nil
+	}
+	m := g.queue[0]
+	g.queue = g.queue[1:]
+	m.taken = true
+	g.busy++
+	return m
+}
+
+// group runs one group transaction: steps while messages wait, up to
+// MaxGroup and MaxGroupTime, then one COMMIT.
+func (g *grouper) group() {
+	c := g.c
+	// The group's statements end when any member's context does: its
+	// handler's would break the connection anyway.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var members []*member
+	defer func() {
+		g.mu.Lock()
+		g.busy -= len(members)
+		g.mu.Unlock()
+		for _, m := range members {
+			if m.state == pending || m.state == settling {
+				m.state = alone
+			}
+			close(m.done)
+		}
+	}()
+	var tx pgx.Tx
+	defer func() {
+		if tx != nil {
+			pg.Rollback(ctx, tx) // a no-op once committed
+		}
+	}()
+	began := c.ahead.Started()
+	start := time.Now()
+	lockSet := false
+	for len(members) < c.MaxGroup && (len(members) == 0 || time.Since(start) < c.MaxGroupTime) {
+		m := g.take()
+		if m == nil {
+			break
+		}
+		members = append(members, m)
+		defer context.AfterFunc(m.ctx, cancel)()
+		if !g.step(ctx, &tx, m, &lockSet) {
+			return // the transaction is lost: the others go alone too
+		}
+	}
+	if tx == nil {
+		return // nothing to commit: every step failed
+	}
+	if c.positions != nil {
+		var s kafkarecord.Settling
+		for _, m := range members {
+			if r, ok := kafkarecord.FromContext(m.ctx); ok && m.state == settling {
+				s.Add(r)
+			}
+		}
+		if ps := s.Positions(); len(ps) > 0 {
+			// Other groups hold these rows to their commits: wait for them.
+			if lockSet {
+				if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT"); err != nil {
+					return
+				}
+			}
+			if err := c.positions.Store(ctx, tx, c.Consumer, ps); err != nil {
+				return
+			}
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// Ambiguous: alone, each retry meets its claim if it committed.
+		return
+	}
+	var dups []string
+	claimed := false
+	for _, m := range members {
+		if m.state != settling {
+			continue
+		}
+		m.state = committed
+		c.cache.Add(m.hash)
+		if m.out == framework.Applied {
+			claimed = true
+		} else if m.req.Key != "" {
+			dups = append(dups, m.req.Key)
+			c.Logger.Debug("claimtx: duplicate delivery acked without running the handler", watermill.LogFields{"consumer": c.Consumer, "message_uuid": m.msg.UUID})
+		}
+	}
+	c.ahead.Answered(ctx, began, dups, claimed)
+}
+
+// step runs m's claim and handler in tx and reports whether the
+// transaction can go on. The group's first step begins tx as the
+// per-message path does, without a savepoint: a group of one is that
+// path's transaction, and when it fails the whole transaction goes and the
+// next step begins another. Later steps each run under a savepoint; the
+// first of them sets groupLockWait, before its savepoint so that it stays.
+func (g *grouper) step(ctx context.Context, tx *pgx.Tx, m *member, lockSet *bool) bool {
+	c := g.c
+	first := *tx == nil
+	req := m.req
+	req.PayloadHash = c.payloadHash(m.msg)
+	var cr pg.ClaimResult
+	var memo *string
+	var err error
+	claimStart := time.Now()
+	switch {
+	case first && c.Mode == ModeNaturalKey:
+		*tx, err = c.claims.BeginNaturalKey(ctx, c.txOptions(), c.MaxClaimWait, nil)
+		*lockSet = false
+	case first:
+		*tx, cr, memo, err = c.claims.Begin(ctx, c.txOptions(), req, c.PoisonMemo, nil)
+		*lockSet = false
+	default:
+		wait := groupLockWait
+		if *lockSet {
+			wait = 0
+		}
+		var r *pg.ClaimRequest
+		if c.Mode != ModeNaturalKey {
+			req.MaxClaimWait = 0 // groupLockWait holds for the rest of tx
+			r = &req
+		}
+		cr, memo, err = c.claims.Step(ctx, *tx, r, c.PoisonMemo, wait)
+		*lockSet = *lockSet || err == nil
+	}
+	m.res.ClaimWait = time.Since(claimStart)
+	if err != nil {
+		return g.undo(ctx, tx, first, m, err)
+	}
+	if cr.New && memo != nil {
+		// Dead-lettered before: undo the claim, poison this copy too.
+		return g.undo(ctx, tx, first, m, framework.Permanent(&poison.HitError{Reason: *memo}))
+	}
+	m.res.FingerprintMismatch = cr.FingerprintMismatch
+	if cr.FingerprintMismatch {
+		c.Logger.Error("claimtx: duplicate key with a different payload: a producer or key-derivation bug; the message is acked as a duplicate", nil,
+			watermill.LogFields{"consumer": c.Consumer, "message_uuid": m.msg.UUID})
+	}
+	if c.Mode != ModeNaturalKey && !cr.New {
+		m.state, m.out = settling, framework.Duplicate
+		return true
+	}
+	produced, err := runHandler(m.msg, g.h, *tx, m.req.Key)
+	if errors.Is(err, framework.ErrAlreadyApplied) {
+		// Settled whatever the group's fate: nothing of it stays in tx.
+		m.state, m.out = committed, framework.Duplicate
+		return g.rollbackStep(ctx, tx, first)
+	}
+	if err == nil && len(produced) > 0 {
+		if c.OutboxTopic == "" {
+			err = framework.Permanent(ErrProducedMessages)
+		} else {
+			err = c.enqueue(ctx, *tx, produced)
+		}
+	}
+	if err != nil {
+		return g.undo(ctx, tx, first, m, err)
+	}
+	m.state, m.out = settling, framework.Applied
+	m.res.Enqueued = len(produced)
+	return true
+}
+
+// undo rolls m's step back after err: a failure of m's own is its result,
+// one that says nothing about m (a lock wait, a deadlock, a lost
+// connection, an ended context) leaves m alone.
+func (g *grouper) undo(ctx context.Context, tx *pgx.Tx, first bool, m *member, err error) bool {
+	if pg.Classify(err).Transient() || ctx.Err() != nil || m.ctx.Err() != nil {
+		m.state = alone
+	} else {
+		m.state, m.err = failed, err
+	}
+	m.res.Enqueued = 0
+	return g.rollbackStep(ctx, tx, first)
+}
+
+// rollbackStep undoes the current step: the whole transaction for the
+// first (the next step begins another), else back to its savepoint.
+func (g *grouper) rollbackStep(ctx context.Context, tx *pgx.Tx, first bool) bool {
+	if *tx == nil {
+		return true // a first step that failed left no transaction
+	}
+	if first {
+		pg.Rollback(ctx, *tx)
+		*tx = nil
+		return true
+	}
+	_, err := (*tx).Exec(ctx, pg.SavepointRollback)
+	return err == nil
+}
