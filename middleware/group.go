@@ -56,8 +56,8 @@ type grouper struct {
 
 	mu     sync.Mutex
 	queue  []*member
-	active int // groups running
-	busy   int // members taken by them
+	active int  // groups running
+	busy   int  // members taken by them
 	armed  bool // a kick is due
 }
 
@@ -79,11 +79,11 @@ type member struct {
 type memberState int
 
 const (
-	pending  memberState = iota
-	settling             // Applied or Duplicate once the group commits
-	committed            // out is its result
-	failed               // rolled back to its savepoint; err is its result
-	alone                // left to a transaction of its own
+	pending   memberState = iota
+	settling              // Applied or Duplicate once the group commits
+	committed             // out is its result
+	failed                // rolled back to its savepoint; err is its result
+	alone                 // left to a transaction of its own
 )
 
 func newGrouper(c Claim, h message.HandlerFunc) *grouper {
