@@ -291,8 +291,8 @@ func (c Claim) withDefaults() Claim {
 	c.Mode = cmp.Or(c.Mode, ModeClaimTable)
 	c.MaxClaimWait = cmp.Or(c.MaxClaimWait, pg.DefaultMaxClaimWait)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, pg.DefaultMaxAttempts)
-	c.MaxGroup = cmp.Or(c.MaxGroup, defaultMaxGroup)
-	c.MaxGroupTime = cmp.Or(c.MaxGroupTime, defaultMaxGroupTime)
+	c.MaxGroup = cmp.Or(c.MaxGroup, pg.DefaultMaxGroup)
+	c.MaxGroupTime = cmp.Or(c.MaxGroupTime, pg.DefaultMaxGroupTime)
 	c.InitialBackoff = cmp.Or(c.InitialBackoff, pg.DefaultInitialBackoff)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, pg.DefaultMaxBackoff)
 	c.CommittedKeys = cmp.Or(c.CommittedKeys, committedkeys.DefaultSize)
@@ -367,6 +367,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if c.cached(msg.Context(), hash) {
 			return finish(framework.Duplicate, nil)
 		}
+		var groupErr error // the transient failure of msg's step in a group: its first attempt
 		if g != nil {
 			m := &member{msg: msg, req: req, hash: hash, res: &res}
 			if g.do(m); m.state != alone {
@@ -376,12 +377,19 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 				}
 				return finish(m.out, nil)
 			}
-			res.ClaimWait, res.Enqueued, res.FingerprintMismatch = 0, 0, false
+			groupErr = m.err
+			res.Enqueued, res.FingerprintMismatch = 0, false
 		}
 		began := c.ahead.Started()
 		for attempt := 1; ; attempt++ {
 			res.Attempts = attempt
-			out, err := c.attempt(msg, h, req, hash, began, txOpts, &res)
+			var out framework.Outcome
+			var err error
+			if attempt == 1 && groupErr != nil {
+				err = groupErr
+			} else {
+				out, err = c.attempt(msg, h, req, hash, began, txOpts, &res)
+			}
 			if err == nil {
 				if out == framework.Duplicate {
 					c.Logger.Debug("claimtx: duplicate delivery acked without running the handler", watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID})

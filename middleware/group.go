@@ -25,8 +25,6 @@ import (
 // leaves the group and runs in a transaction of its own, the per-message
 // path with its retries and backoff.
 const (
-	defaultMaxGroup     = 16
-	defaultMaxGroupTime = 50 * time.Millisecond
 	// maxMaxGroup keeps a group's subtransactions within the 64 a server
 	// process tracks before each snapshot has to look them up on disk.
 	maxMaxGroup = 64
@@ -73,7 +71,9 @@ type member struct {
 	done  chan struct{}
 	state memberState
 	out   framework.Outcome // when state is settling or committed
-	err   error             // when state is failed
+	// err is the result when state is failed; when alone, the transient
+	// failure (or end of context) of m's own step, if that is why.
+	err error
 }
 
 type memberState int
@@ -333,9 +333,12 @@ func (g *grouper) step(ctx context.Context, tx *pgx.Tx, m *member, lockSet *bool
 // one that says nothing about m (a lock wait, a deadlock, a lost
 // connection, an ended context) leaves m alone.
 func (g *grouper) undo(ctx context.Context, tx *pgx.Tx, first bool, m *member, err error) bool {
-	if pg.Classify(err).Transient() || ctx.Err() != nil || m.ctx.Err() != nil {
-		m.state = alone
-	} else {
+	switch {
+	case ctx.Err() != nil && m.ctx.Err() == nil:
+		m.state = alone // another member's end cut the step short
+	case pg.Classify(err).Transient() || m.ctx.Err() != nil:
+		m.state, m.err = alone, err // the first attempt of the per-message path
+	default:
 		m.state, m.err = failed, err
 	}
 	m.res.Enqueued = 0

@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -25,6 +26,7 @@ import (
 	"github.com/claimtx/claimtx/framework/observe"
 	"github.com/claimtx/claimtx/internal/committedkeys"
 	"github.com/claimtx/claimtx/internal/config"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/middleware"
 	"github.com/claimtx/claimtx/store"
@@ -423,6 +425,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	if handler == nil {
 		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
+	cfg.Broker = groupWindow(cfg)
 	p, err := open(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -490,6 +493,27 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	h.AddMiddleware(handlerTimeout(cfg.HandlerTimeout), tracing.Middleware, claimMW)
 	return c, nil
 }
+
+// groupWindow returns cfg's broker configuration with the RabbitMQ window
+// group commit needs: each watermill-amqp subscription hands out one
+// message at a time, so without a window no group would ever hold more
+// than one. Concurrency x MaxGroup messages in flight keep Concurrency
+// groups full. An AMQP_WINDOW of the user's stays; Kafka keeps its window
+// of one per partition, which keeps a partition's order.
+func groupWindow(cfg Config) brokers.Config {
+	b := cfg.Broker
+	group := cmp.Or(cfg.Claim.MaxGroup, pg.DefaultMaxGroup)
+	iso := cfg.Claim.Isolation
+	if b.Kind != "" && b.Kind != brokers.KindAMQP || b.AMQP.Window != 0 || group <= 1 || iso != "" && iso != pgx.ReadCommitted {
+		return b
+	}
+	conc := config.Defaults(b.AMQP).Concurrency
+	b.AMQP.Window = min(conc*group, maxAMQPWindow)
+	return b
+}
+
+// maxAMQPWindow is the largest prefetch count AMQP 0-9-1 carries.
+const maxAMQPWindow = 65535
 
 // Run consumes until ctx is cancelled or Close is called, then shuts down
 // gracefully (see Config.DrainTimeout) and returns.

@@ -230,6 +230,8 @@ func (c Config) String() string {
 	cl.MaxClaimWait = cmp.Or(cl.MaxClaimWait, pg.DefaultMaxClaimWait)
 	// Nothing is sent unset: the session's setting, which only the server knows.
 	cl.SynchronousCommit = cmp.Or(cl.SynchronousCommit, "(server default)")
+	cl.MaxGroup = cmp.Or(cl.MaxGroup, pg.DefaultMaxGroup)
+	cl.MaxGroupTime = cmp.Or(cl.MaxGroupTime, pg.DefaultMaxGroupTime)
 	cl.MaxAttempts = cmp.Or(cl.MaxAttempts, pg.DefaultMaxAttempts)
 	cl.InitialBackoff = cmp.Or(cl.InitialBackoff, pg.DefaultInitialBackoff)
 	cl.MaxBackoff = cmp.Or(cl.MaxBackoff, pg.DefaultMaxBackoff)
@@ -237,12 +239,12 @@ func (c Config) String() string {
 	cl.CommittedKeysTTL = cmp.Or(cl.CommittedKeysTTL, committedkeys.DefaultTTL)
 	cl.KeyPolicy.MaxBytes = cmp.Or(cl.KeyPolicy.MaxBytes, pg.DefaultMaxKeyBytes)
 	return fmt.Sprintf("{Name:%q Topic:%q PoisonTopic:%q Key:%q EventTime:%q Retention:%s DatabaseURL:%q Pool:%s Store:%+v "+
-		"Claim:{Key:%s Mode:%q Isolation:%q MaxClaimWait:%s SynchronousCommit:%q MaxAttempts:%d InitialBackoff:%s MaxBackoff:%s EventTime:%s "+
+		"Claim:{Key:%s Mode:%q Isolation:%q MaxClaimWait:%s SynchronousCommit:%q MaxGroup:%d MaxGroupTime:%s MaxAttempts:%d InitialBackoff:%s MaxBackoff:%s EventTime:%s "+
 		"AllowBrokerEventTime:%t Fingerprint:%t PoisonMemo:%t CommittedKeys:%d CommittedKeysTTL:%s NoPositions:%t ReplayBelowPositions:%t OutboxTopic:%q KeyPolicy:%+v} "+
 		"HandlerRetries:%d RetryInitialInterval:%s HandlerTimeout:%s DrainTimeout:%s StartupTimeout:%s Broker:%s "+
 		"Extractors:%s OnOutcome:%s Registerer:%s Tracer:%s Logger:%s}",
 		c.Name, c.Topic, c.PoisonTopic, c.Key, c.EventTime, c.Retention, config.RedactDSN(c.DatabaseURL), set[c.Pool != nil], c.Store,
-		set[cl.Key != nil], cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.SynchronousCommit, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set[cl.EventTime != nil],
+		set[cl.Key != nil], cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.SynchronousCommit, cl.MaxGroup, cl.MaxGroupTime, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set[cl.EventTime != nil],
 		cl.AllowBrokerEventTime, cl.Fingerprint, cl.PoisonMemo, cl.CommittedKeys, cl.CommittedKeysTTL, cl.NoPositions, cl.ReplayBelowPositions, cl.OutboxTopic, cl.KeyPolicy,
 		c.HandlerRetries, c.RetryInitialInterval, c.HandlerTimeout, c.DrainTimeout, c.StartupTimeout, c.Broker,
 		set[c.Extractors != nil], set[c.OnOutcome != nil], set[c.Registerer != nil], set[c.Tracer != nil], set[c.Logger != nil])

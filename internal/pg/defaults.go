@@ -38,6 +38,9 @@ const (
 	DefaultMaxAttempts    = 5
 	DefaultInitialBackoff = 10 * time.Millisecond
 	DefaultMaxBackoff     = time.Second
+	// DefaultMaxGroup: group commit's bound (middleware.Claim.MaxGroup).
+	DefaultMaxGroup     = 16
+	DefaultMaxGroupTime = 50 * time.Millisecond
 	// DefaultMaxKeyBytes keeps keys far below Postgres' btree entry limit
 	// (~2.7 kB).
 	DefaultMaxKeyBytes = 512
