@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -56,7 +57,13 @@ func BenchmarkClaimPerMessage(b *testing.B) {
 			}
 		}
 	})
+	// An idle consumer (one message at a time) under group commit, the
+	// default, and with one transaction per message: p99-µs compares their
+	// latency, which must not grow with groups.
 	benchFresh(b, "middleware", testenv.Install(b, middleware.NewClaim, bu.claim(b, "middleware", nil))(consume(credit)))
+	single := bu.claim(b, "middleware-single", nil)
+	single.MaxGroup = 1
+	benchFresh(b, "middleware-single", testenv.Install(b, middleware.NewClaim, single)(consume(credit)))
 	// The same with Claim.PoisonMemo: the memo lookup rides in the claim's
 	// pipeline, so a fresh message pays a statement, not a round trip.
 	memo := bu.claim(b, "middleware-memo", nil)
@@ -68,13 +75,19 @@ func BenchmarkClaimPerMessage(b *testing.B) {
 func benchFresh(b *testing.B, name string, h message.HandlerFunc) {
 	b.Run(name, func(b *testing.B) {
 		msgs := benchOrders(b, b.N)
+		lat := make([]time.Duration, len(msgs))
 		b.ReportAllocs()
 		b.ResetTimer()
-		for _, msg := range msgs {
+		for i, msg := range msgs {
+			t0 := time.Now()
 			if _, err := h(msg); err != nil {
 				b.Fatal(err)
 			}
+			lat[i] = time.Since(t0)
 		}
+		b.StopTimer()
+		slices.Sort(lat)
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 	})
 }
 

@@ -125,7 +125,7 @@ func parseOptions() (options, error) {
 }
 
 // allModes are the -modes, in the order one row's runs interleave.
-var allModes = []string{"raw", "router", "claim", "group", "natural", "batch", "hand"}
+var allModes = []string{"raw", "router", "claim", "group", "hot", "natural", "batch", "hand"}
 
 // session is what the measurements of one run share: the admin pool that
 // drops each measurement's schema, and the in-process Kafka broker.
@@ -225,6 +225,8 @@ type row struct {
 	raw         result
 	router      result
 	claim       result
+	group       result
+	hot         result
 	natural     result
 	batch       result
 	hand        result
@@ -315,6 +317,11 @@ func run(ctx context.Context, o options) error {
 				{"router", func(e *env) (result, error) { return runRouter(ctx, e, base) }},
 				{"claim", func(e *env) (result, error) { r := base; r.claim = true; return runRouter(ctx, e, r) }},
 				{"group", func(e *env) (result, error) { r := base; r.claim, r.group = true, true; return runRouter(ctx, e, r) }},
+				{"hot", func(e *env) (result, error) {
+					r := base
+					r.claim, r.group, r.customers = true, true, hotCustomers
+					return runRouter(ctx, e, r)
+				}},
 				{"natural", func(e *env) (result, error) { r := base; r.claim, r.natural = true, true; return runRouter(ctx, e, r) }},
 				{"batch", func(e *env) (result, error) {
 					r := base
@@ -337,6 +344,7 @@ func run(ctx context.Context, o options) error {
 				}
 			}
 			rows = append(rows, row{broker: b, concurrency: c, raw: median(raws[c]), router: median(runs["router"]), claim: median(runs["claim"]),
+				group: median(runs["group"]), hot: median(runs["hot"]),
 				natural: median(runs["natural"]), batch: median(runs["batch"]), hand: median(runs["hand"])})
 		}
 	}
@@ -360,6 +368,15 @@ func render(rows []row) string {
 			r.batch.rate(), r.batch.avgBatch(), r.batch.rate()/r.claim.rate(),
 			r.hand.rate(), r.hand.pct(0.99).Round(10*time.Microsecond), r.claim.rate()/r.hand.rate(), r.batch.rate()/r.hand.rate(),
 			r.natural.rate(), r.natural.pct(0.99).Round(10*time.Microsecond), r.natural.rate()/r.router.rate())
+	}
+	b.WriteString("\n")
+	tableHead(&b, "broker", "conc", "(c) msg/s", "(c) p99", "(g) group msg/s", "(g) p50", "(g) p99", "g/c", "g/b", "g/h", "(k) hot-key msg/s", "(k) p99", "k/g")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %.0f | %s | %s | %.2f | %.2f | %.2f | %.0f | %s | %.2f |\n",
+			r.broker, r.concurrency, r.claim.rate(), r.claim.pct(0.99).Round(10*time.Microsecond),
+			r.group.rate(), r.group.pct(0.5).Round(10*time.Microsecond), r.group.pct(0.99).Round(10*time.Microsecond),
+			r.group.rate()/r.claim.rate(), r.group.rate()/r.router.rate(), r.group.rate()/r.hand.rate(),
+			r.hot.rate(), r.hot.pct(0.99).Round(10*time.Microsecond), r.hot.rate()/r.group.rate())
 	}
 	return b.String()
 }

@@ -81,7 +81,13 @@ type order struct {
 // rarely queue on one balance row, as in a real loyalty workload.
 const customers = 1000
 
-func orderN(i int) order {
+func orderN(i int) order { return orderOf(i, customers) }
+
+// hotCustomers is the hot-key scenario's: every group of concurrent
+// transactions shares balance rows, in no order.
+const hotCustomers = 10
+
+func orderOf(i, customers int) order {
 	return order{OrderID: int64(i), CustomerID: int64(i%customers + 1), TotalCents: int64(100 + i%10_000)}
 }
 

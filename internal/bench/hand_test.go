@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -456,21 +457,28 @@ func (h *handRun) verify(ctx context.Context) error {
 	if a := h.applied.Load(); a != int64(h.n) {
 		return fmt.Errorf("%d of %d messages applied (%d duplicates)", a, h.n, h.ph.done.Load()-a)
 	}
+	return exactlyOnce(ctx, h.e.pool, h.n)
+}
+
+// exactlyOnce checks the database after a run of n messages: each claimed
+// and applied once (n claims, n ledger rows, n distinct orders, the
+// balances adding up to the orders' points).
+func exactlyOnce(ctx context.Context, pool *pgxpool.Pool, n int) error {
 	var wantPoints int64
-	for i := 0; i < h.n; i++ {
+	for i := 0; i < n; i++ {
 		wantPoints += orderN(i).TotalCents / 100
 	}
 	var claims, ledger, orders, points int64
-	if err := h.e.pool.QueryRow(ctx, `SELECT
+	if err := pool.QueryRow(ctx, `SELECT
 	(SELECT count(*) FROM processed_messages),
 	(SELECT count(*) FROM point_ledger),
 	(SELECT count(DISTINCT order_id) FROM point_ledger),
 	(SELECT coalesce(sum(points), 0)::bigint FROM balances)`).Scan(&claims, &ledger, &orders, &points); err != nil {
 		return err
 	}
-	if claims != int64(h.n) || ledger != int64(h.n) || orders != int64(h.n) || points != wantPoints {
+	if claims != int64(n) || ledger != int64(n) || orders != int64(n) || points != wantPoints {
 		return fmt.Errorf("want %d claims, ledger rows and orders and %d points; got %d claims, %d ledger rows, %d orders, %d points",
-			h.n, wantPoints, claims, ledger, orders, points)
+			n, wantPoints, claims, ledger, orders, points)
 	}
 	return nil
 }

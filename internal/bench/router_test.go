@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,6 +59,9 @@ type routerRun struct {
 	// default) over a window of groupWindow messages per unit of
 	// concurrency; otherwise one transaction per message (MaxGroup 1).
 	group bool
+	// customers spreads the orders over this many balance rows; 0: the
+	// default (customers), hotCustomers for the hot-key scenario.
+	customers int
 }
 
 // phases counts a run's settled messages and signals the end of its
@@ -233,6 +237,11 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 			return result{}, err
 		}
 	}
+	if r.group {
+		if err := exactlyOnce(ctx, e.pool, r.n); err != nil {
+			return result{}, err
+		}
+	}
 	if r.natural {
 		var rows, orders int64
 		if err := e.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT order_id) FROM point_ledger`).Scan(&rows, &orders); err != nil {
@@ -310,7 +319,7 @@ func publish(ctx context.Context, r routerRun, topic string, total int) error {
 		defer func() { _ = conn.Close() }()
 		confirms := ch.NotifyPublish(make(chan amqp.Confirmation, total))
 		for k := 0; k < total; k++ {
-			o := orderN(k % r.n)
+			o := orderOf(k%r.n, cmp.Or(r.customers, customers))
 			if err := ch.PublishWithContext(ctx, "", topic, false, false, amqp.Publishing{
 				DeliveryMode: amqp.Persistent, Body: payload(o),
 				Headers: amqp.Table{"event_id": fmt.Sprintf("evt-%d", o.OrderID)},
@@ -335,7 +344,7 @@ func publish(ctx context.Context, r routerRun, topic string, total int) error {
 		}
 		recs := make([]*kgo.Record, total)
 		for k := range recs {
-			o := orderN(k % r.n)
+			o := orderOf(k%r.n, cmp.Or(r.customers, customers))
 			recs[k] = &kgo.Record{Topic: topic, Key: []byte(fmt.Sprint(o.OrderID)), Value: payload(o),
 				Headers: []kgo.RecordHeader{{Key: "event_id", Value: []byte(fmt.Sprintf("evt-%d", o.OrderID))}}}
 		}
