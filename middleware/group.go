@@ -68,6 +68,7 @@ type member struct {
 	res  *Result // written by the group until done closes
 
 	taken bool // by a group (under grouper.mu)
+	found bool // the handler found its effect present: no claim to cache
 	done  chan struct{}
 	state memberState
 	out   framework.Outcome // when state is settling or committed
@@ -245,6 +246,9 @@ func (g *grouper) group() {
 			continue
 		}
 		m.state = committed
+		if m.found {
+			continue
+		}
 		c.cache.Add(m.hash)
 		if m.out == framework.Applied {
 			claimed = true
@@ -310,8 +314,13 @@ func (g *grouper) step(ctx context.Context, tx *pgx.Tx, m *member, lockSet *bool
 	}
 	produced, err := runHandler(m.msg, g.h, *tx, m.req.Key)
 	if errors.Is(err, framework.ErrAlreadyApplied) {
-		// Settled whatever the group's fate: nothing of it stays in tx.
-		m.state, m.out = committed, framework.Duplicate
+		// Nothing of it stays in tx, but a later step may have found the
+		// effect an earlier step of this group made: a duplicate only once
+		// the group commits. A first step found it committed.
+		m.state, m.out, m.found = settling, framework.Duplicate, true
+		if first {
+			m.state = committed
+		}
 		return g.rollbackStep(ctx, tx, first)
 	}
 	if err == nil && len(produced) > 0 {
