@@ -33,10 +33,6 @@ const (
 	// wait there is how two groups deadlock (found only after the server's
 	// deadlock_timeout, 1 s by default) and how a twin's group stalls ours.
 	groupLockWait = 10 * time.Millisecond
-	// groupKick is how long a message waits for a running group before it
-	// starts one of its own (while the pool has connections): a slow
-	// handler must not hold the messages queued behind its group.
-	groupKick = 5 * time.Millisecond
 )
 
 // grouping reports whether c commits in groups: group commit needs READ
@@ -54,9 +50,8 @@ type grouper struct {
 
 	mu     sync.Mutex
 	queue  []*member
-	active int  // groups running
-	busy   int  // members taken by them
-	armed  bool // a kick is due
+	active int // groups running
+	busy   int // members taken by them
 }
 
 // member is one message waiting for, or in, a group.
@@ -98,13 +93,12 @@ func (g *grouper) do(m *member) {
 	m.done, m.ctx = make(chan struct{}), m.msg.Context()
 	g.mu.Lock()
 	g.queue = append(g.queue, m)
-	// A new group when none runs, or when the waiting messages fill more
-	// groups than run: an idle consumer's message starts at once.
+	// As many groups as the pool has connections: an idle consumer's
+	// message starts at once, and messages wait only while every
+	// connection carries a group.
 	if g.active < g.conns {
 		g.active++
 		go g.run()
-	} else {
-		g.arm()
 	}
 	g.mu.Unlock()
 	select {
@@ -123,26 +117,6 @@ func (g *grouper) do(m *member) {
 	}
 	g.mu.Unlock()
 	<-m.done
-}
-
-// arm schedules a kick, under g.mu.
-func (g *grouper) arm() {
-	if !g.armed && g.active < g.conns {
-		g.armed = true
-		time.AfterFunc(groupKick, g.kick)
-	}
-}
-
-// kick starts a group for messages still waiting.
-func (g *grouper) kick() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.armed = false
-	if len(g.queue) > 0 && g.active < g.conns {
-		g.active++
-		go g.run()
-		g.arm()
-	}
 }
 
 // run commits groups while messages wait.
@@ -318,10 +292,17 @@ func (g *grouper) step(ctx context.Context, tx *pgx.Tx, m *member, lockSet *bool
 		// effect an earlier step of this group made: a duplicate only once
 		// the group commits. A first step found it committed.
 		m.state, m.out, m.found = settling, framework.Duplicate, true
-		if first {
-			m.state = committed
+		if !first {
+			return g.rollbackStep(ctx, tx, first)
 		}
-		return g.rollbackStep(ctx, tx, first)
+		// Settled: its Kafka position is stored on its own, as the
+		// per-message path does (a failure only leaves it low).
+		m.state = committed
+		ok := g.rollbackStep(ctx, tx, first)
+		if err := c.storePosition(ctx, c.Store.Pool(), m.msg); err != nil {
+			c.Logger.Debug("claimtx: storing the Kafka position of a duplicate failed", watermill.LogFields{"consumer": c.Consumer, "err": err.Error()})
+		}
+		return ok
 	}
 	if err == nil && len(produced) > 0 {
 		if c.OutboxTopic == "" {
