@@ -25,7 +25,11 @@ build: ## Compile every package and example.
 	$(GO) build $(PKGS)
 
 .PHONY: test
-test: test-parallel test-disruptive test-pgbouncer test-ha chaos-ha test-browser ## Run every test against the local Postgres, RabbitMQ and in-process Kafka, through PgBouncer, on a Patroni cluster, and the console in Chromium (the CI command); safe beside other work on those servers.
+test: test-parallel test-per-message test-disruptive test-pgbouncer test-ha chaos-ha test-browser ## Run every test against the local Postgres, RabbitMQ and in-process Kafka, through PgBouncer, on a Patroni cluster, and the console in Chromium (the CI command); safe beside other work on those servers.
+
+.PHONY: test-per-message
+test-per-message: ## The middleware and consumer suites once more with one transaction per message (CLAIM_MAX_GROUP=1), the mode group commit replaced as the default.
+	CLAIM_MAX_GROUP=1 $(GO) test $(TEST_FLAGS) ./middleware/ ./framework/consumer/
 
 .PHONY: test-parallel
 test-parallel: ## The main suite, with -race; packages run in parallel, each test isolated by schema, queue and topic.

@@ -163,7 +163,7 @@ func (o *outcomes) count(out framework.Outcome) int {
 }
 
 func (b bundle) claim(t testing.TB, consumer string, rec *outcomes) middleware.Claim {
-	c := middleware.Claim{Store: b.store, Consumer: consumer, Key: keyFunc(t)}
+	c := middleware.Claim{Store: b.store, Consumer: consumer, Key: keyFunc(t), MaxGroup: testenv.MaxGroup()}
 	if rec != nil {
 		c.OnOutcome = rec.onOutcome
 		c.OnRetry = rec.onRetry

@@ -31,7 +31,7 @@ var notVariables = map[string]string{
 	"ALTER": "SQL", "ATTACH": "SQL", "CLUSTER": "SQL", "COMMIT": "SQL", "CONCURRENTLY": "SQL",
 	"CREATE": "SQL", "DELETE": "SQL", "DROP": "SQL", "FINALIZE": "SQL", "GREATEST": "SQL",
 	"INSERT": "SQL", "RETURNING": "SQL", "SELECT": "SQL", "SERIALIZABLE": "SQL", "TRUNCATE": "SQL",
-	"UPDATE": "SQL", "USAGE": "SQL",
+	"UPDATE": "SQL", "USAGE": "SQL", "SAVEPOINT": "SQL", "RELEASE": "SQL",
 	// Error codes of the brokers' protocols (RabbitMQ, Kafka), quoted from
 	// the errors an operator sees.
 	"ACCESS_REFUSED": "AMQP reply code", "FRAME_ERROR": "AMQP reply code",

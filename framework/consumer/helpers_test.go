@@ -67,6 +67,7 @@ func baseConfig(name, topic string, pool *pgxpool.Pool, schema string, bcfg brok
 	return consumer.Config{
 		Name: name, Topic: topic, Key: "metadata:event_id", Pool: pool,
 		Store: store.Config{Schema: schema}, Broker: bcfg, Logger: discard,
+		Claim: middleware.Claim{MaxGroup: testenv.MaxGroup()},
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -406,4 +407,12 @@ func dropSchemaRole(schema string) error {
 		}
 		return nil
 	})
+}
+
+// MaxGroup is middleware.Claim.MaxGroup for the suites' claims:
+// CLAIM_MAX_GROUP, as a user sets it (make test-per-message runs them with
+// 1), or 0, the default.
+func MaxGroup() int {
+	n, _ := strconv.Atoi(os.Getenv("CLAIM_MAX_GROUP"))
+	return n
 }
