@@ -51,7 +51,12 @@ type grouper struct {
 	mu     sync.Mutex
 	queue  []*member
 	active int // groups running
-	busy   int // members taken by them
+	// limit is how many groups may run, at most conns: halved after a
+	// group met another's locks, raised by one after a round that did not,
+	// so hot rows are written by few groups in turn rather than many that
+	// keep stepping aside for each other.
+	limit int
+	clean int // groups without contention since limit last changed
 }
 
 // member is one message waiting for, or in, a group.
@@ -62,11 +67,12 @@ type member struct {
 	hash committedkeys.Hash
 	res  *Result // written by the group until done closes
 
-	taken bool // by a group (under grouper.mu)
-	found bool // the handler found its effect present: no claim to cache
-	done  chan struct{}
-	state memberState
-	out   framework.Outcome // when state is settling or committed
+	taken    bool // by a group (under grouper.mu)
+	requeued bool // stepped aside once already
+	found    bool // the handler found its effect present: no claim to cache
+	done     chan struct{}
+	state    memberState
+	out      framework.Outcome // when state is settling or committed
 	// err is the result when state is failed; when alone, the transient
 	// failure (or end of context) of m's own step, if that is why.
 	err error
@@ -80,10 +86,12 @@ const (
 	committed             // out is its result
 	failed                // rolled back to its savepoint; err is its result
 	alone                 // left to a transaction of its own
+	aside                 // met another group's lock: goes first in the next group
 )
 
 func newGrouper(c Claim, h message.HandlerFunc) *grouper {
-	return &grouper{c: c, h: h, conns: max(1, int(c.Store.Pool().Config().MaxConns))}
+	conns := max(1, int(c.Store.Pool().Config().MaxConns))
+	return &grouper{c: c, h: h, conns: conns, limit: conns}
 }
 
 // do puts m in a group and returns once its state is known. A message
@@ -93,10 +101,10 @@ func (g *grouper) do(m *member) {
 	m.done, m.ctx = make(chan struct{}), m.msg.Context()
 	g.mu.Lock()
 	g.queue = append(g.queue, m)
-	// As many groups as the pool has connections: an idle consumer's
-	// message starts at once, and messages wait only while every
-	// connection carries a group.
-	if g.active < g.conns {
+	// Up to limit groups, at most one per connection: an idle consumer's
+	// message starts at once, and messages wait only while every group
+	// that may run does.
+	if g.active < g.limit {
 		g.active++
 		go g.run()
 	}
@@ -123,7 +131,7 @@ func (g *grouper) do(m *member) {
 func (g *grouper) run() {
 	for {
 		g.mu.Lock()
-		if len(g.queue) == 0 {
+		if len(g.queue) == 0 || g.active > g.limit {
 			g.active--
 			g.mu.Unlock()
 			return
@@ -131,6 +139,14 @@ func (g *grouper) run() {
 		g.mu.Unlock()
 		g.group()
 	}
+}
+
+// requeue puts m back at the head of the queue.
+func (g *grouper) requeue(m *member) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	m.taken, m.requeued, m.state = false, true, pending
+	g.queue = slices.Insert(g.queue, 0, m)
 }
 
 // take is the next waiting message, or nil.
@@ -143,7 +159,6 @@ func (g *grouper) take() *member {
 	m := g.queue[0]
 	g.queue = g.queue[1:]
 	m.taken = true
-	g.busy++
 	return m
 }
 
@@ -156,9 +171,18 @@ func (g *grouper) group() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var members []*member
+	contended := false
 	defer func() {
 		g.mu.Lock()
-		g.busy -= len(members)
+		switch {
+		case contended:
+			g.limit, g.clean = max(1, g.limit/2), 0
+		case g.limit < g.conns:
+			// One more after a round of clean groups.
+			if g.clean++; g.clean >= 4*g.limit {
+				g.limit, g.clean = g.limit+1, 0
+			}
+		}
 		g.mu.Unlock()
 		for _, m := range members {
 			if m.state == pending || m.state == settling {
@@ -186,6 +210,14 @@ func (g *grouper) group() {
 		if !g.step(ctx, &tx, m, &lockSet) {
 			return // the transaction is lost: the others go alone too
 		}
+		if m.state == aside {
+			// Commit, releasing what m may wait for, and let m lead the
+			// next group, where it waits as long as a message alone.
+			members, contended = members[:len(members)-1], true
+			g.requeue(m)
+			break
+		}
+		contended = contended || m.state == alone && m != members[0]
 	}
 	if tx == nil {
 		return // nothing to commit: every step failed
@@ -323,10 +355,13 @@ func (g *grouper) step(ctx context.Context, tx *pgx.Tx, m *member, lockSet *bool
 // one that says nothing about m (a lock wait, a deadlock, a lost
 // connection, an ended context) leaves m alone.
 func (g *grouper) undo(ctx context.Context, tx *pgx.Tx, first bool, m *member, err error) bool {
+	cause := pg.Classify(err)
 	switch {
 	case ctx.Err() != nil && m.ctx.Err() == nil:
 		m.state = alone // another member's end cut the step short
-	case pg.Classify(err).Transient() || m.ctx.Err() != nil:
+	case !first && !m.requeued && (cause == pg.ClaimWait || cause == pg.Deadlock):
+		m.state = aside
+	case cause.Transient() || m.ctx.Err() != nil:
 		m.state, m.err = alone, err // the first attempt of the per-message path
 	default:
 		m.state, m.err = failed, err
