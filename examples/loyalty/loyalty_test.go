@@ -43,6 +43,11 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 		// claims would skip order 3 instead of delivering it again
 		// (TestKafkaPositionsCrashAfterCommit).
 		h.extraEnv = append(h.extraEnv, "CLAIM_NO_POSITIONS=true")
+		if h.kind == "amqp" {
+			// Group commit widens the window to CONCURRENCY x MaxGroup;
+			// one delivery in flight makes order 3 the only one unacked.
+			h.extraEnv = append(h.extraEnv, "AMQP_WINDOW=1")
+		}
 		os := orders(1, 5)
 		app := "loyalty-crash-" + randID()
 		p := h.start("DATABASE_URL="+h.dbURLNamed(t, app), "LOYALTY_CRASH_AFTER_COMMIT=3", "CONCURRENCY=1")
@@ -73,8 +78,8 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 		}, 30*time.Second, 20*time.Millisecond, "applied after restart")
 		require.GreaterOrEqual(t, got["duplicate"], 1, "outcomes: %v", got)
 		if h.kind == "amqp" {
-			// One delivery in flight (CONCURRENCY=1, prefetch 1): only
-			// order 3 was unacked when the consumer died.
+			// One delivery in flight (AMQP_WINDOW=1): only order 3 was
+			// unacked when the consumer died.
 			require.Equal(t, 1, got["duplicate"], "outcomes: %v", got)
 		}
 		require.Zero(t, got["failed"]+got["poisoned"], "outcomes: %v", got)
