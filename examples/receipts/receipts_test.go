@@ -229,8 +229,10 @@ func receiptsWalkthrough(t *testing.T, brokerYAML string) string {
 	require.Equal(t, int64(orders), w.scalar("SELECT count(*) FROM "+outboxTable+" WHERE sent_at IS NULL"), "no row was marked")
 
 	// The sender gets the provider to send one e-mail and dies before its
-	// claim commits. One delivery at a time, so exactly one call is made.
-	w.start([]string{"RECEIPTS_CRASH=" + crashAfterCall, "CONCURRENCY=1", "NATS_CONCURRENCY=1"}, "sender").requireKilled()
+	// claim commits. One delivery at a time (group commit would otherwise
+	// hand out CONCURRENCY x MaxGroup on RabbitMQ), so exactly one call is
+	// made.
+	w.start([]string{"RECEIPTS_CRASH=" + crashAfterCall, "CONCURRENCY=1", "AMQP_WINDOW=1", "NATS_CONCURRENCY=1"}, "sender").requireKilled()
 	require.Equal(t, int64(1), w.scalar("SELECT count(*) FROM provider_receipts"))
 	require.Zero(t, w.scalar("SELECT count(*) FROM receipts_sent"))
 
