@@ -20,10 +20,11 @@ import (
 
 // Group commit (docs/design.md, "Group commit"): the messages waiting for
 // the claim go through one transaction, each in a step of its own under a
-// savepoint. A step that fails is rolled back to its savepoint alone; one
-// that cannot tell its fate (a lock wait, a deadlock, a lost connection)
-// leaves the group and runs in a transaction of its own, the per-message
-// path with its retries and backoff.
+// savepoint. A step that fails is rolled back to its savepoint alone. One
+// that meets another group's lock ends its group and leads the next; one
+// that cannot tell its fate otherwise (a second such wait, a lost
+// connection) runs in a transaction of its own, the per-message path with
+// its retries and backoff.
 const (
 	// maxMaxGroup keeps a group's subtransactions within the 64 a server
 	// process tracks before each snapshot has to look them up on disk.
@@ -35,12 +36,8 @@ const (
 	groupLockWait = 10 * time.Millisecond
 )
 
-// grouping reports whether c commits in groups: group commit needs READ
-// COMMITTED, where a step rolled back to its savepoint leaves no trace in
-// the commit's fate.
-func (c Claim) grouping() bool {
-	return c.MaxGroup > 1 && c.Isolation == pgx.ReadCommitted
-}
+// grouping reports whether c commits in groups.
+func (c Claim) grouping() bool { return pg.Grouping(c.MaxGroup, c.Isolation) }
 
 // grouper runs the group transactions of one wrapped handler.
 type grouper struct {
@@ -230,13 +227,13 @@ func (g *grouper) group() {
 			}
 		}
 		if ps := s.Positions(); len(ps) > 0 {
+			b := &pgx.Batch{}
 			// Other groups hold these rows to their commits: wait for them.
 			if lockSet {
-				if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout TO DEFAULT"); err != nil {
-					return
-				}
+				b.Queue("SET LOCAL lock_timeout TO DEFAULT")
 			}
-			if err := c.positions.Store(ctx, tx, c.Consumer, ps); err != nil {
+			c.positions.Queue(b, c.Consumer, ps...)
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
 				return
 			}
 		}
@@ -295,7 +292,6 @@ func (g *grouper) step(ctx context.Context, tx *pgx.Tx, m *member, lockSet *bool
 		}
 		var r *pg.ClaimRequest
 		if c.Mode != ModeNaturalKey {
-			req.MaxClaimWait = 0 // groupLockWait holds for the rest of tx
 			r = &req
 		}
 		cr, memo, err = c.claims.Step(ctx, *tx, r, c.PoisonMemo, wait)

@@ -15,7 +15,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmw "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -502,13 +501,11 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 // of one per partition, which keeps a partition's order.
 func groupWindow(cfg Config) brokers.Config {
 	b := cfg.Broker
-	group := cmp.Or(cfg.Claim.MaxGroup, pg.DefaultMaxGroup)
-	iso := cfg.Claim.Isolation
-	if b.Kind != "" && b.Kind != brokers.KindAMQP || b.AMQP.Window != 0 || group <= 1 || iso != "" && iso != pgx.ReadCommitted {
+	if b.Kind != "" && b.Kind != brokers.KindAMQP || b.AMQP.Window != 0 || !pg.Grouping(cfg.Claim.MaxGroup, cfg.Claim.Isolation) {
 		return b
 	}
 	conc := config.Defaults(b.AMQP).Concurrency
-	b.AMQP.Window = min(conc*group, maxAMQPWindow)
+	b.AMQP.Window = min(conc*cmp.Or(cfg.Claim.MaxGroup, pg.DefaultMaxGroup), maxAMQPWindow)
 	return b
 }
 

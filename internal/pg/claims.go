@@ -72,7 +72,7 @@ type DeadLetter struct {
 // Positions are the stored Kafka positions of a store's schema
 // (claimsql.PositionStatements).
 type Positions interface {
-	Queue(b *pgx.Batch, consumer string, p kafkarecord.Settled)
+	Queue(b *pgx.Batch, consumer string, ps ...kafkarecord.Settled)
 	Store(ctx context.Context, db Execer, consumer string, ps []kafkarecord.Settled) error
 	Of(ctx context.Context, consumer string) ([]kafkarecord.Settled, error)
 	Loader(consumer string) kafkarecord.Loader

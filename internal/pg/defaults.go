@@ -4,7 +4,12 @@ package pg
 // transaction, here for the code that states or shares them without a
 // Store (the CLI's flags, middleware.ExpiryGuard, consumer.Config.String).
 
-import "time"
+import (
+	"cmp"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // Defaults of store.Config.
 const (
@@ -45,3 +50,11 @@ const (
 	// (~2.7 kB).
 	DefaultMaxKeyBytes = 512
 )
+
+// Grouping reports whether claims with this MaxGroup and isolation (zero:
+// their defaults) commit in groups (middleware.Claim.MaxGroup): a step
+// rolled back to its savepoint leaves no trace in a commit's fate only
+// under READ COMMITTED.
+func Grouping(maxGroup int, iso pgx.TxIsoLevel) bool {
+	return cmp.Or(maxGroup, DefaultMaxGroup) > 1 && cmp.Or(iso, pgx.ReadCommitted) == pgx.ReadCommitted
+}

@@ -234,7 +234,8 @@ func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pg.TxOptions,
 // positive; a savepoint, nested in the one before (a rolled-back step
 // keeps its own, so each ROLLBACK TO reaches the current step's); the memo
 // lookup when withMemo and the claim r as in Begin, unless r is nil (a
-// natural key). On error the caller rolls back to the savepoint
+// natural key), bounded by the transaction's lock_timeout, not by
+// r.MaxClaimWait. On error the caller rolls back to the savepoint
 // (pg.SavepointRollback) or, when that fails, ends tx.
 func (s *Statements) Step(ctx context.Context, tx pgx.Tx, r *pg.ClaimRequest, withMemo bool, lockWait time.Duration) (pg.ClaimResult, *string, error) {
 	var res pg.ClaimResult
@@ -246,15 +247,14 @@ func (s *Statements) Step(ctx context.Context, tx pgx.Tx, r *pg.ClaimRequest, wi
 	if r == nil {
 		return res, nil, tx.SendBatch(ctx, b).Close()
 	}
-	q := s.prepare(*r, &res)
 	var found *pgtype.Text
 	if withMemo {
 		found = s.queueMemo(b, r.Consumer, r.Key)
 	}
-	b.Queue(q.sql, q.args...).Exec(func(tag pgconn.CommandTag) error {
-		res.New = tag.RowsAffected() == 1
-		return nil
-	})
+	claim := *r
+	claim.MaxClaimWait = 0 // the transaction's lock_timeout holds
+	q := s.prepare(claim, &res)
+	q.queue(b, "", nil)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return res, nil, q.wrap(err)
 	}

@@ -53,28 +53,36 @@ SELECT $1, t, n, s FROM unnest($2::text[], $3::int[], $4::bigint[]) AS u(t, n, s
 // never for a handler, and cannot deadlock on them. Given a pool, it
 // stores positions of records already acked.
 func (s *PositionStatements) Store(ctx context.Context, tx pg.Execer, consumer string, ps []Position) error {
-	var err error
-	switch len(ps) {
-	case 0:
+	if len(ps) == 0 {
 		return nil
-	case 1:
-		_, err = tx.Exec(ctx, s.upsert, consumer, ps[0].Topic, ps[0].Partition, ps[0].SettledBelow)
-	default:
-		topics, parts, offs := make([]string, len(ps)), make([]int32, len(ps)), make([]int64, len(ps))
-		for i, p := range ps {
-			topics[i], parts[i], offs[i] = p.Topic, p.Partition, p.SettledBelow
-		}
-		_, err = tx.Exec(ctx, s.upsertMany, consumer, topics, parts, offs)
 	}
+	sql, args := s.upsertOf(consumer, ps)
+	_, err := tx.Exec(ctx, sql, args...)
 	return pg.Wrap(err, "claimtx: store kafka position")
 }
 
-// Queue queues the upsert of p for consumer on b, in the claim's round
-// trip (Statements.Begin, BeginNaturalKey): for a partition with one
-// record in flight, whose next record is handed out only after this ack,
-// so the row lock held for the whole transaction blocks nobody.
-func (s *PositionStatements) Queue(b *pgx.Batch, consumer string, p Position) {
-	b.Queue(s.upsert, consumer, p.Topic, p.Partition, p.SettledBelow)
+// Queue queues Store's statement for ps on b, in a round trip of the
+// claim transaction: with Statements.Begin for a partition with one record
+// in flight, whose next record is handed out only after this ack, so the
+// row lock held for the whole transaction blocks nobody; last before a
+// group's COMMIT.
+func (s *PositionStatements) Queue(b *pgx.Batch, consumer string, ps ...Position) {
+	if len(ps) > 0 {
+		sql, args := s.upsertOf(consumer, ps)
+		b.Queue(sql, args...)
+	}
+}
+
+// upsertOf is the statement that raises ps, one row or many.
+func (s *PositionStatements) upsertOf(consumer string, ps []Position) (string, []any) {
+	if len(ps) == 1 {
+		return s.upsert, []any{consumer, ps[0].Topic, ps[0].Partition, ps[0].SettledBelow}
+	}
+	topics, parts, offs := make([]string, len(ps)), make([]int32, len(ps)), make([]int64, len(ps))
+	for i, p := range ps {
+		topics[i], parts[i], offs[i] = p.Topic, p.Partition, p.SettledBelow
+	}
+	return s.upsertMany, []any{consumer, topics, parts, offs}
 }
 
 // Of returns consumer's stored positions, by topic and partition.
