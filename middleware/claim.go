@@ -121,7 +121,7 @@ type Claim struct {
 	// claim are applied in one transaction, each under its own claim and
 	// savepoint, and acked after its one COMMIT; a failing message is
 	// rolled back to its savepoint and handled alone, and one that meets a
-	// lock held elsewhere leaves the group for a transaction of its own. A
+	// lock held elsewhere ends its group and leads the next one. A
 	// group never waits for messages to arrive (docs/design.md, "Group
 	// commit"). It needs Isolation READ COMMITTED; at other levels every
 	// message has its own transaction. 1 turns it off. Defaults to 16.
