@@ -732,6 +732,22 @@ func TestGroupConfigRefused(t *testing.T) {
 	}
 }
 
+// heldGroup installs r's claim around a handler that holds order id in a
+// gate until the gate opens, delivers that order, and returns once its
+// handler holds: the group it leads stays busy.
+func heldGroup(t *testing.T, r *groupRig, id int64) (message.HandlerFunc, *delivery, *gate) {
+	g := newGate(t, 1)
+	h := r.handler(t, r.claim, nil, func(ctx context.Context, o order) ([]*message.Message, error) {
+		if o.OrderID == id {
+			return nil, g.hold(ctx)
+		}
+		return nil, nil
+	})
+	first := deliverAsync(t, context.Background(), h, order{OrderID: id, CustomerID: id, TotalCents: 1000})
+	g.awaitEntered(t)
+	return h, first, g
+}
+
 // A message whose context ends while it waits behind a busy group (a pool
 // of 1, its one group held in a handler) returns at once with the
 // context's error, its handler never run and nothing of it applied; the
@@ -739,16 +755,7 @@ func TestGroupConfigRefused(t *testing.T) {
 func TestGroupCancelWhileQueued(t *testing.T) {
 	t.Parallel()
 	r := newGroupRig(t, 1, "group-cancel")
-	g := newGate(t, 1)
-	busy := order{OrderID: 300, CustomerID: 300, TotalCents: 1000}
-	h := r.handler(t, r.claim, nil, func(ctx context.Context, o order) ([]*message.Message, error) {
-		if o.OrderID == busy.OrderID {
-			return nil, g.hold(ctx)
-		}
-		return nil, nil
-	})
-	first := deliverAsync(t, context.Background(), h, busy)
-	g.awaitEntered(t)
+	h, first, g := heldGroup(t, r, 300)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	queued := deliverAsync(t, ctx, h, order{OrderID: 301, CustomerID: 301, TotalCents: 1000})
@@ -775,16 +782,7 @@ func TestGroupCancelWhileQueued(t *testing.T) {
 func TestGroupIdleConnectionStartsGroup(t *testing.T) {
 	t.Parallel()
 	r := newGroupRig(t, 2, "group-idle")
-	g := newGate(t, 1)
-	busy := order{OrderID: 400, CustomerID: 400, TotalCents: 1000}
-	h := r.handler(t, r.claim, nil, func(ctx context.Context, o order) ([]*message.Message, error) {
-		if o.OrderID == busy.OrderID {
-			return nil, g.hold(ctx)
-		}
-		return nil, nil
-	})
-	first := deliverAsync(t, context.Background(), h, busy)
-	g.awaitEntered(t)
+	h, first, g := heldGroup(t, r, 400)
 	next := deliverAsync(t, context.Background(), h, order{OrderID: 401, CustomerID: 401, TotalCents: 1000})
 	require.NoError(t, next.wait(t))
 	require.False(t, first.returned())
