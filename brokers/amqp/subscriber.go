@@ -279,8 +279,18 @@ func (w *consumer) consume(gen *generation) (stop bool) {
 			continue
 		}
 		gen.settling.Go(func() {
-			defer cancel()
 			w.settle(gen, d, msg, gen.ending)
+			// Work in hand outlives a lost channel, as in the sequential
+			// mode: it commits, and the redelivery is a duplicate, instead
+			// of every message of the window failing at once.
+			go func() {
+				defer cancel()
+				select {
+				case <-msg.Acked():
+				case <-msg.Nacked():
+				case <-w.ctx.Done():
+				}
+			}()
 		})
 	}
 }
