@@ -19,4 +19,8 @@ const (
 	Poisoned Outcome = "poisoned"
 	// Expired: older than the claim retention horizon (ExpiredError); poisoned.
 	Expired Outcome = "expired"
+	// Parked: with an order key (middleware.Claim.OrderKey), the message
+	// failed for good or its key was parked before it: it is stored, in
+	// order, until the key is released, and the original acked.
+	Parked Outcome = "parked"
 )

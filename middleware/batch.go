@@ -48,6 +48,8 @@ func NewBatch(c Claim) (*Batch, error) {
 		return nil, &framework.ConfigError{Field: "Fingerprint", Reason: why}
 	case c.EventTime != nil:
 		return nil, &framework.ConfigError{Field: "EventTime", Reason: why + ": batches claim in a table not partitioned by event day"}
+	case c.OrderKey != nil:
+		return nil, &framework.ConfigError{Field: "OrderKey", Reason: why + " yet"}
 	}
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -190,7 +192,7 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 		}
 	}
 	began := c.ahead.Started()
-	tx, newKeys, memos, err := c.claims.BeginBatch(ctx, c.txOptions(), c.Consumer, want, c.MaxClaimWait, c.PoisonMemo)
+	tx, newKeys, memos, _, err := c.claims.BeginBatch(ctx, c.txOptions(), c.Consumer, want, c.MaxClaimWait, c.PoisonMemo, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -46,7 +46,7 @@ func BenchmarkClaimPerMessage(b *testing.B) {
 		for _, msg := range msgs {
 			tx, _, _, err := claims.Begin(ctx, pg.TxOptions{}, pg.ClaimRequest{
 				Consumer: "pgx", Key: "order-completed:" + msg.Metadata.Get("event_id"), MaxClaimWait: 5 * time.Second, // the claim's default MaxClaimWait
-			}, false, nil)
+			}, pg.Lookups{}, nil)
 			if err == nil {
 				if err = credit(ctx, tx, msg); err == nil {
 					err = tx.Commit(ctx)

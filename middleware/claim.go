@@ -91,6 +91,18 @@ type Claim struct {
 	// Mode selects the claim: a claim-table row, or the effect's own unique
 	// constraint. Defaults to ModeClaimTable.
 	Mode ClaimMode
+	// OrderKey derives the order key of a message (a key spec such as
+	// "template:{payload.account_id}"): messages sharing one apply in the
+	// order the broker delivers them, and when one fails for good (Park
+	// parks it instead of Poison poisoning it) the later ones are parked
+	// behind it, without running the handler, until Release releases the
+	// key (docs/effects.md, "Ordered effects"). The lookup rides in the
+	// claim's round trip. A message whose order key cannot be derived is
+	// applied without one. Order needs the broker to hand over one
+	// message of a key at a time: a Kafka partition, a RabbitMQ queue
+	// with one consumer and a window of one. Not in ModeNaturalKey.
+	// Defaults to nil: no order.
+	OrderKey framework.KeyFunc
 	// OutboxTopic enables the outbox for messages the handler returns:
 	// each is written to Store's outbox table in the claim transaction,
 	// addressed to its OutboxTopicMetadata or else to OutboxTopic, and
@@ -200,8 +212,10 @@ type Claim struct {
 	// no logging.
 	Logger watermill.LoggerAdapter
 
-	// Set by withDefaults; positions, cache and ahead are nil when off.
+	// Set by withDefaults; positions, parking, cache and ahead are nil
+	// when off.
 	claims    pg.Claims
+	parking   pg.Parking
 	positions pg.Positions
 	cache     *committedkeys.Cache
 	now       func() time.Time // the cache's clock (time.Now when nil)
@@ -273,6 +287,8 @@ func (c Claim) validate() error {
 		return &framework.ConfigError{Field: "CommittedKeysTTL", Reason: fmt.Sprintf("%s is more than %s, half the shortest claim retention the store accepts without Force: a cached key could outlive its claim", c.CommittedKeysTTL, maxCommittedKeysTTL)}
 	case c.KeyPolicy.MaxBytes < 0:
 		return &framework.ConfigError{Field: "KeyPolicy.MaxBytes", Reason: "must not be negative"}
+	case c.OrderKey != nil && c.Mode == ModeNaturalKey:
+		return &framework.ConfigError{Field: "OrderKey", Reason: "not supported in ModeNaturalKey: parking a message undoes its claim, which there is the handler's own statement"}
 	case c.PoisonMemo && c.Mode == ModeNaturalKey:
 		return &framework.ConfigError{Field: "PoisonMemo", Reason: "not supported in ModeNaturalKey: the claim is the handler's own statement, so a memo could not tell an applied message from a dead-lettered one before the handler runs"}
 	case c.EventTime != nil && c.Mode != ModeNaturalKey && !c.AllowBrokerEventTime && readsBrokerTime(c.EventTime):
@@ -299,6 +315,9 @@ func (c Claim) withDefaults() Claim {
 	c.CommittedKeysTTL = cmp.Or(c.CommittedKeysTTL, committedkeys.DefaultTTL)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.claims = pg.ClaimsOf(c.Store)
+	if c.OrderKey != nil {
+		c.parking = pg.ParkingOf(c.Store)
+	}
 	if !c.NoPositions {
 		c.positions = c.claims.Positions()
 	}
@@ -354,6 +373,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		res.Key = key
 		req := pg.ClaimRequest{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait}
+		look := pg.Lookups{Memo: c.PoisonMemo, OrderKey: c.orderKey(msg)}
 		var day int64 // of the cache key: claims by event day are distinct per day
 		if c.EventTime != nil && c.Mode != ModeNaturalKey {
 			if req.EventTime, err = c.EventTime(msg); err != nil {
@@ -369,7 +389,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		var groupErr error // the transient failure of msg's step in a group: its first attempt
 		if g != nil {
-			m := &member{msg: msg, req: req, hash: hash, res: &res}
+			m := &member{msg: msg, req: req, look: look, hash: hash, res: &res}
 			if g.do(m); m.state != alone {
 				res.Attempts = 1
 				if m.state == failed {
@@ -388,7 +408,7 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 			if attempt == 1 && groupErr != nil {
 				err = groupErr
 			} else {
-				out, err = c.attempt(msg, h, req, hash, began, txOpts, &res)
+				out, err = c.attempt(msg, h, req, look, hash, began, txOpts, &res)
 			}
 			if err == nil {
 				if out == framework.Duplicate {
@@ -422,12 +442,38 @@ func (c Claim) key(msg *message.Message) (string, error) {
 	return c.KeyPolicy.Normalize(key)
 }
 
+// orderKey is msg's order key under KeyPolicy; "" without OrderKey or
+// when it cannot be derived (msg is then applied without order).
+func (c Claim) orderKey(msg *message.Message) string {
+	if c.OrderKey == nil {
+		return ""
+	}
+	k, err := c.OrderKey(msg)
+	if err != nil || k == "" {
+		return ""
+	}
+	if k, err = c.KeyPolicy.Normalize(k); err != nil {
+		return ""
+	}
+	return k
+}
+
+// parkBehind parks msg in tx, whose claim found msg's order key parked.
+func (c Claim) parkBehind(ctx context.Context, tx pgx.Tx, msg *message.Message, key, orderKey string) error {
+	return c.parking.ParkBehind(ctx, tx, parked(c.Consumer, msg, key, orderKey, ""))
+}
+
+// parked is the row that parks msg.
+func parked(consumer string, msg *message.Message, key, orderKey, reason string) pg.ParkedMessage {
+	return pg.ParkedMessage{Consumer: consumer, OrderKey: orderKey, Key: key, UUID: msg.UUID, Payload: msg.Payload, Metadata: msg.Metadata, Reason: reason}
+}
+
 // attempt runs one claim transaction; every path that does not commit
 // rolls back, so claim and effect share one fate. Only a commit caches the
 // key, new or duplicate alike: a claim that met an uncommitted twin waited
 // for its end, and under REPEATABLE READ and SERIALIZABLE a committed claim
 // outside the snapshot fails with 40001 instead of conflicting.
-func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.ClaimRequest, hash committedkeys.Hash, began uint64, txOpts pg.TxOptions, res *Result) (out framework.Outcome, err error) {
+func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.ClaimRequest, look pg.Lookups, hash committedkeys.Hash, began uint64, txOpts pg.TxOptions, res *Result) (out framework.Outcome, err error) {
 	ctx := msg.Context()
 	res.ClaimWait = 0
 	claimed := true
@@ -444,17 +490,20 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 		req.PayloadHash = c.payloadHash(msg)
 		claimStart := time.Now()
 		var cr pg.ClaimResult
-		var memo *string
-		// BEGIN and the claim (and the memo lookup) in one round trip.
-		tx, cr, memo, err = c.claims.Begin(ctx, txOpts, req, c.PoisonMemo, early)
+		var found pg.Found
+		// BEGIN and the claim (and the lookups) in one round trip.
+		tx, cr, found, err = c.claims.Begin(ctx, txOpts, req, look, early)
 		res.ClaimWait = time.Since(claimStart)
 		if err != nil {
 			return "", err
 		}
-		if cr.New && memo != nil {
+		if cr.New && found.Memo != nil {
 			// Dead-lettered before: undo the claim, poison this copy too.
 			pg.Rollback(ctx, tx)
-			return "", framework.Permanent(&poison.HitError{Reason: *memo})
+			return "", framework.Permanent(&poison.HitError{Reason: *found.Memo})
+		}
+		if cr.New && found.Parked {
+			return c.commitParked(ctx, tx, msg, req.Key, look.OrderKey, early == nil)
 		}
 		claimed = cr.New
 		res.FingerprintMismatch = cr.FingerprintMismatch
@@ -510,6 +559,26 @@ func (c Claim) attempt(msg *message.Message, h message.HandlerFunc, req pg.Claim
 		c.ahead.Answered(ctx, began, []string{req.Key}, false)
 	}
 	return out, nil
+}
+
+// commitParked parks msg behind its parked order key in tx, its claim
+// undone, and commits: the record is settled (acked), so its Kafka
+// position is stored too, unless it went with the claim (positioned). The
+// key is not cached: msg is not applied.
+func (c Claim) commitParked(ctx context.Context, tx pgx.Tx, msg *message.Message, key, orderKey string, position bool) (framework.Outcome, error) {
+	defer pg.Rollback(ctx, tx)
+	if err := c.parkBehind(ctx, tx, msg, key, orderKey); err != nil {
+		return "", err
+	}
+	if position {
+		if err := c.storePosition(ctx, tx, msg); err != nil {
+			return "", err
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", fmt.Errorf("claimtx: commit: %w", err)
+	}
+	return framework.Parked, nil
 }
 
 // payloadHash is msg's fingerprint, nil without Fingerprint.

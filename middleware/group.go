@@ -61,6 +61,7 @@ type member struct {
 	msg  *message.Message
 	ctx  context.Context // msg's, read once: the group sets msg's for the handler
 	req  pg.ClaimRequest
+	look pg.Lookups
 	hash committedkeys.Hash
 	res  *Result // written by the group until done closes
 
@@ -275,7 +276,7 @@ func (g *grouper) step(ctx context.Context, tx *pgx.Tx, m *member, lockSet *bool
 	req := m.req
 	req.PayloadHash = c.payloadHash(m.msg)
 	var cr pg.ClaimResult
-	var memo *string
+	var found pg.Found
 	var err error
 	claimStart := time.Now()
 	switch {
@@ -283,7 +284,7 @@ func (g *grouper) step(ctx context.Context, tx *pgx.Tx, m *member, lockSet *bool
 		*tx, err = c.claims.BeginNaturalKey(ctx, c.txOptions(), c.MaxClaimWait, nil)
 		*lockSet = false
 	case first:
-		*tx, cr, memo, err = c.claims.Begin(ctx, c.txOptions(), req, c.PoisonMemo, nil)
+		*tx, cr, found, err = c.claims.Begin(ctx, c.txOptions(), req, m.look, nil)
 		*lockSet = false
 	default:
 		wait := groupLockWait
@@ -294,16 +295,25 @@ func (g *grouper) step(ctx context.Context, tx *pgx.Tx, m *member, lockSet *bool
 		if c.Mode != ModeNaturalKey {
 			r = &req
 		}
-		cr, memo, err = c.claims.Step(ctx, *tx, r, c.PoisonMemo, wait)
+		cr, found, err = c.claims.Step(ctx, *tx, r, m.look, wait)
 		*lockSet = *lockSet || err == nil
 	}
 	m.res.ClaimWait = time.Since(claimStart)
 	if err != nil {
 		return g.undo(ctx, tx, first, m, err)
 	}
-	if cr.New && memo != nil {
+	if cr.New && found.Memo != nil {
 		// Dead-lettered before: undo the claim, poison this copy too.
-		return g.undo(ctx, tx, first, m, framework.Permanent(&poison.HitError{Reason: *memo}))
+		return g.undo(ctx, tx, first, m, framework.Permanent(&poison.HitError{Reason: *found.Memo}))
+	}
+	if cr.New && found.Parked {
+		// Parked behind its key, settled (acked, its position stored) with
+		// the group's commit.
+		if err := c.parkBehind(ctx, *tx, m.msg, m.req.Key, m.look.OrderKey); err != nil {
+			return g.undo(ctx, tx, first, m, err)
+		}
+		m.state, m.out, m.found = settling, framework.Parked, true
+		return true
 	}
 	m.res.FingerprintMismatch = cr.FingerprintMismatch
 	if cr.FingerprintMismatch {

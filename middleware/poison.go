@@ -104,7 +104,7 @@ func NewPoison(p Poison) (message.HandlerMiddleware, error) {
 func (p Poison) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		out, err := h(msg)
-		if err == nil || msg.Context().Err() != nil || !framework.IsPermanent(err) && store.IsTransient(err) {
+		if err == nil || msg.Context().Err() != nil || !framework.IsPermanent(err) && store.IsTransient(err) || errors.As(err, new(*parkError)) {
 			return out, err
 		}
 		if perr := p.deadLetter(msg, err); perr != nil {

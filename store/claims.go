@@ -17,6 +17,7 @@ import (
 // implemented here so that none of this plumbing is exported.
 func init() {
 	pg.ClaimsOf = func(s any) pg.Claims { return claims{s.(*Store).claims, s.(*Store)} }
+	pg.ParkingOf = func(s any) pg.Parking { return s.(*Store).parking }
 }
 
 // claims adds the memo and dead-letter records to the claim statements.

@@ -57,6 +57,7 @@ func (c Config) Validate() error {
 		{"OutboxTable", c.OutboxTable == c.ClaimsTable, fmt.Sprintf("%q is also the ClaimsTable", c.OutboxTable)},
 		{"OutboxTable", c.OutboxTable == c.ClaimsTable+pg.MemoSuffix, fmt.Sprintf("%q is the poison memo table of ClaimsTable %q", c.OutboxTable, c.ClaimsTable)},
 		{"OutboxTable", c.OutboxTable == c.ClaimsTable+pg.DeadLetterSuffix, fmt.Sprintf("%q is the dead-letter table of ClaimsTable %q", c.OutboxTable, c.ClaimsTable)},
+		{"OutboxTable", c.OutboxTable == c.ClaimsTable+pg.ParkedSuffix || c.OutboxTable == c.ClaimsTable+pg.ParkedKeysSuffix, fmt.Sprintf("%q is a parking table of ClaimsTable %q", c.OutboxTable, c.ClaimsTable)},
 	} {
 		if f.bad {
 			return &framework.ConfigError{Field: f.field, Reason: f.reason}

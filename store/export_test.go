@@ -27,21 +27,21 @@ func (s *Store) MigrateDownForTest(ctx context.Context, target int) error {
 // BeginClaimForTest begins a transaction with the claim r in it, as the
 // claim middleware does.
 func (s *Store) BeginClaimForTest(ctx context.Context, opts pgx.TxOptions, r ClaimRequest) (pgx.Tx, ClaimResult, error) {
-	tx, res, _, err := s.claims.Begin(ctx, pg.TxOptions{TxOptions: opts}, pg.ClaimRequest(r), false, nil)
+	tx, res, _, err := s.claims.Begin(ctx, pg.TxOptions{TxOptions: opts}, pg.ClaimRequest(r), pg.Lookups{}, nil)
 	return tx, ClaimResult(res), err
 }
 
 // BeginClaimMemoForTest is BeginClaimForTest with the poison memo lookup
 // pipelined, as the claim middleware does with Claim.PoisonMemo.
 func (s *Store) BeginClaimMemoForTest(ctx context.Context, opts pgx.TxOptions, r ClaimRequest) (pgx.Tx, ClaimResult, *string, error) {
-	tx, res, memo, err := s.claims.Begin(ctx, pg.TxOptions{TxOptions: opts}, pg.ClaimRequest(r), true, nil)
-	return tx, ClaimResult(res), memo, err
+	tx, res, found, err := s.claims.Begin(ctx, pg.TxOptions{TxOptions: opts}, pg.ClaimRequest(r), pg.Lookups{Memo: true}, nil)
+	return tx, ClaimResult(res), found.Memo, err
 }
 
 // BeginClaimBatchForTest begins a transaction claiming keys, as the batch
 // middleware does.
 func (s *Store) BeginClaimBatchForTest(ctx context.Context, opts pgx.TxOptions, consumer string, keys []string, maxClaimWait time.Duration) (pgx.Tx, []string, error) {
-	tx, claimed, _, err := s.claims.BeginBatch(ctx, pg.TxOptions{TxOptions: opts}, consumer, keys, maxClaimWait, false)
+	tx, claimed, _, _, err := s.claims.BeginBatch(ctx, pg.TxOptions{TxOptions: opts}, consumer, keys, maxClaimWait, false, nil)
 	return tx, claimed, err
 }
 

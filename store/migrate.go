@@ -12,7 +12,7 @@ import (
 
 // SchemaVersion is the schema version this build migrates to: Version
 // reports it once Migrate has run. A readiness check compares the two.
-const SchemaVersion = 8
+const SchemaVersion = 9
 
 // Migrate brings the schema to the latest version this build knows. It is
 // idempotent and safe from several processes starting at once (a

@@ -10,6 +10,7 @@ import (
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store/internal/claimsql"
 	"github.com/claimtx/claimtx/store/internal/outboxsql"
+	"github.com/claimtx/claimtx/store/internal/parksql"
 )
 
 // Store is claimtx's Postgres layer. It is safe for concurrent use.
@@ -21,6 +22,7 @@ type Store struct {
 	claims    *claimsql.Statements
 	positions *claimsql.PositionStatements
 	outbox    *outboxsql.Statements
+	parking   *parksql.Statements
 
 	poolerMu sync.Mutex
 	pooled   *bool         // BehindTransactionPooler's answer, nil until known
@@ -47,6 +49,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		leaseTTL:  leaseTTL,
 	}
 	s.claims.Pool, s.positions.Pool = pool, pool
+	s.parking = parksql.For(pool, s.names)
 	return s, nil
 }
 

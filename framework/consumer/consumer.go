@@ -44,6 +44,19 @@ type Config struct {
 	// EventTime is an event-time spec resolved with Extractors
 	// ("json:occurred_at"), the alternative to Claim.EventTime.
 	EventTime string
+	// OrderKey is a key spec resolved with Extractors
+	// ("template:{payload.account_id}"), the alternative to
+	// Claim.OrderKey: ordered effects (docs/effects.md, "Ordered
+	// effects"). It needs one message in flight: the broker's concurrency
+	// defaults to 1 with it, and a larger one is refused.
+	OrderKey string
+	// ParkRetry is middleware.Park.Retry: the delay before a parked key's
+	// first automatic release. Defaults to 0: released when an operator
+	// asks.
+	ParkRetry time.Duration
+	// ParkedWarnAge makes the readiness report warn when a key has been
+	// parked for longer. Defaults to 1h.
+	ParkedWarnAge time.Duration
 
 	// Pool runs the claim transactions. Defaults to one opened (and closed
 	// by Close) from DatabaseURL.
@@ -116,6 +129,12 @@ func (c Config) validate() error {
 		return &framework.ConfigError{Field: "Key", Reason: "set Key (a spec) or Claim.Key (a KeyFunc), not both"}
 	case c.Claim.Key == nil && c.Key == "" && c.Claim.Mode != middleware.ModeNaturalKey:
 		return &framework.ConfigError{Field: "Key", Reason: "set Key (a spec such as metadata:event_id) or Claim.Key"}
+	case c.Claim.OrderKey != nil && c.OrderKey != "":
+		return &framework.ConfigError{Field: "OrderKey", Reason: "set OrderKey (a spec) or Claim.OrderKey (a KeyFunc), not both"}
+	case c.ParkRetry < 0:
+		return &framework.ConfigError{Field: "ParkRetry", Reason: "must not be negative"}
+	case c.ParkedWarnAge < 0:
+		return &framework.ConfigError{Field: "ParkedWarnAge", Reason: "must not be negative"}
 	case c.Claim.EventTime != nil && c.EventTime != "":
 		return &framework.ConfigError{Field: "EventTime", Reason: "set EventTime (a spec) or Claim.EventTime (a TimeFunc), not both"}
 	case c.Pool == nil && c.DatabaseURL == "":
@@ -147,7 +166,7 @@ func (c Config) validate() error {
 	case c.Claim.OnOutcome != nil:
 		return &framework.ConfigError{Field: "Claim.OnOutcome", Reason: "is the consumer's: set OnOutcome, called once per message when it is acked or nacked (the claim's hook runs once per attempt)"}
 	}
-	return cmp.Or(config.ValidateConsumer("Name", c.Name), c.Store.Validate(), c.Broker.Validate())
+	return cmp.Or(config.ValidateConsumer("Name", c.Name), c.Store.Validate(), c.Broker.Validate(), c.checkOrdered())
 }
 
 // Consumer is a claimtx consumer, built by New or NewBatch.
@@ -172,10 +191,12 @@ type parts struct {
 	report    func(middleware.Result)
 	claim     middleware.Claim
 	health    observe.Health
-	horizon   *horizon          // nil without Retention or a subscriber that knows its horizon
-	standby   *durability       // nil unless Claim.SynchronousCommit needs a synchronous standby
-	positions bool              // the subscriber starts partitions at the stored Kafka positions
-	settled   *settledPositions // positions settled by acks, stored by watchPositions
+	horizon   *horizon           // nil without Retention or a subscriber that knows its horizon
+	standby   *durability        // nil unless Claim.SynchronousCommit needs a synchronous standby
+	parker    *middleware.Parker // nil without an order key
+	parked    *parkedWatch       // likewise
+	positions bool               // the subscriber starts partitions at the stored Kafka positions
+	settled   *settledPositions  // positions settled by acks, stored by watchPositions
 	closeOnce sync.Once
 	closeErr  error
 	closeMore func() error // the router, for New
@@ -193,6 +214,14 @@ func (c Config) withDefaults() Config {
 	c.HandlerRetries = cmp.Or(c.HandlerRetries, 3)
 	c.RetryInitialInterval = cmp.Or(c.RetryInitialInterval, 100*time.Millisecond)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, defaultDrainTimeout)
+	c.ParkedWarnAge = cmp.Or(c.ParkedWarnAge, defaultParkedWarnAge)
+	if c.ordered() {
+		// One message in flight, for the broker's order to be the order
+		// the effects apply in (checkOrdered refuses more).
+		c.Broker.AMQP.Concurrency = cmp.Or(c.Broker.AMQP.Concurrency, 1)
+		c.Broker.NATS.Concurrency = cmp.Or(c.Broker.NATS.Concurrency, 1)
+		c.Broker.NATS.MaxAckPending = cmp.Or(c.Broker.NATS.MaxAckPending, 1)
+	}
 	// One group per consumer: services on one topic each see all of it.
 	c.Broker.Kafka.ConsumerGroup = cmp.Or(c.Broker.Kafka.ConsumerGroup, c.Name)
 	if c.Broker.NATS.Durable == "" {
@@ -233,6 +262,11 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if cfg.EventTime != "" {
 		if cfg.Claim.EventTime, err = reg.ParseTime(cfg.EventTime); err != nil {
 			return nil, err
+		}
+	}
+	if cfg.OrderKey != "" {
+		if cfg.Claim.OrderKey, err = reg.ParseKey(cfg.OrderKey); err != nil {
+			return nil, config.Rename(err, func(string) (string, bool) { return "OrderKey", true })
 		}
 	}
 
@@ -303,6 +337,7 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 		return nil, err
 	}
 	p.standby = newDurability(ctx, p)
+	p.parked = newParkedWatch(p)
 	p.health.Warnings = p.warnings
 	return p, nil
 }
@@ -315,6 +350,9 @@ func (p *parts) warnings() map[string]string {
 	}
 	if p.standby != nil {
 		maps.Copy(w, p.standby.warnings())
+	}
+	if p.parked != nil {
+		maps.Copy(w, p.parked.warnings())
 	}
 	return w
 }
@@ -468,6 +506,11 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	if err != nil {
 		return nil, err
 	}
+	txh := middleware.TxHandler(handler)
+	park, err := p.newParker(claim, func(m *message.Message) ([]*message.Message, error) { return nil, txh(m) }, l, poisonMW)
+	if err != nil {
+		return nil, err
+	}
 	retry := wmw.Retry{
 		MaxRetries:      cfg.HandlerRetries,
 		InitialInterval: cfg.RetryInitialInterval,
@@ -478,7 +521,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	}
 	// The drainer goes first: a message held back at shutdown must not reach
 	// Poison, which takes the drain's cancellation for an interruption.
-	router.AddMiddleware(c.drainer.middleware, l.middleware, wmw.Recoverer, poisonMW, retry.Middleware)
+	router.AddMiddleware(c.drainer.middleware, l.middleware, wmw.Recoverer, poisonMW, park, retry.Middleware)
 	h := router.AddConsumerHandler(cfg.Name, cfg.Topic, p.sub, middleware.TxHandler(handler))
 	// Before the claim: an expired message never opens a transaction.
 	if cfg.Retention > 0 {
@@ -501,7 +544,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 // of one per partition, which keeps a partition's order.
 func groupWindow(cfg Config) brokers.Config {
 	b := cfg.Broker
-	if b.Kind != "" && b.Kind != brokers.KindAMQP || b.AMQP.Window != 0 || !pg.Grouping(cfg.Claim.MaxGroup, cfg.Claim.Isolation) {
+	if b.Kind != "" && b.Kind != brokers.KindAMQP || b.AMQP.Window != 0 || !pg.Grouping(cfg.Claim.MaxGroup, cfg.Claim.Isolation) || cfg.ordered() {
 		return b
 	}
 	conc := config.Defaults(b.AMQP).Concurrency
@@ -616,6 +659,15 @@ func (p *parts) run(ctx context.Context, body func(context.Context) error) error
 		go p.standby.watch(ctx)
 	}
 	go p.watchPositions(ctx)
+	if p.parked != nil {
+		go p.parked.watch(ctx)
+	}
+	if p.parker != nil {
+		// Stopped with the consumer: a release in flight rolls back.
+		done := make(chan struct{})
+		go func() { defer close(done); _ = p.parker.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+	}
 	return body(ctx)
 }
 

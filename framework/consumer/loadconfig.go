@@ -98,6 +98,9 @@ var settings = config.Bind([]setting{
 	{Path: "claim.no_positions", Env: "CLAIM_NO_POSITIONS", Field: "Claim.NoPositions"},
 	{Path: "claim.replay_below_positions", Env: "CLAIM_REPLAY_BELOW_POSITIONS", Field: "Claim.ReplayBelowPositions"},
 	{Path: "claim.outbox_topic", Env: "CLAIM_OUTBOX_TOPIC", Field: "Claim.OutboxTopic"},
+	{Path: "claim.order_key", Env: "ORDER_KEY", Field: "OrderKey"},
+	{Path: "claim.park_retry", Env: "PARK_RETRY", Field: "ParkRetry", Rule: "min=0"},
+	{Path: "claim.parked_warn_age", Env: "PARKED_WARN_AGE", Field: "ParkedWarnAge", Rule: "min=1"},
 	{Path: "claim.key_policy.max_bytes", Env: "CLAIM_KEY_MAX_BYTES", Field: "Claim.KeyPolicy.MaxBytes", Rule: "min=1"},
 	{Path: "claim.key_policy.hash_overlong", Env: "CLAIM_KEY_HASH_OVERLONG", Field: "Claim.KeyPolicy.HashOverlong"},
 	{Path: "handler.retries", Env: "HANDLER_RETRIES", Field: "HandlerRetries", Rule: "min=0"},
@@ -238,13 +241,13 @@ func (c Config) String() string {
 	cl.CommittedKeys = cmp.Or(cl.CommittedKeys, committedkeys.DefaultSize)
 	cl.CommittedKeysTTL = cmp.Or(cl.CommittedKeysTTL, committedkeys.DefaultTTL)
 	cl.KeyPolicy.MaxBytes = cmp.Or(cl.KeyPolicy.MaxBytes, pg.DefaultMaxKeyBytes)
-	return fmt.Sprintf("{Name:%q Topic:%q PoisonTopic:%q Key:%q EventTime:%q Retention:%s DatabaseURL:%q Pool:%s Store:%+v "+
-		"Claim:{Key:%s Mode:%q Isolation:%q MaxClaimWait:%s SynchronousCommit:%q MaxGroup:%d MaxGroupTime:%s MaxAttempts:%d InitialBackoff:%s MaxBackoff:%s EventTime:%s "+
+	return fmt.Sprintf("{Name:%q Topic:%q PoisonTopic:%q Key:%q EventTime:%q OrderKey:%q ParkRetry:%s ParkedWarnAge:%s Retention:%s DatabaseURL:%q Pool:%s Store:%+v "+
+		"Claim:{Key:%s OrderKey:%s Mode:%q Isolation:%q MaxClaimWait:%s SynchronousCommit:%q MaxGroup:%d MaxGroupTime:%s MaxAttempts:%d InitialBackoff:%s MaxBackoff:%s EventTime:%s "+
 		"AllowBrokerEventTime:%t Fingerprint:%t PoisonMemo:%t CommittedKeys:%d CommittedKeysTTL:%s NoPositions:%t ReplayBelowPositions:%t OutboxTopic:%q KeyPolicy:%+v} "+
 		"HandlerRetries:%d RetryInitialInterval:%s HandlerTimeout:%s DrainTimeout:%s StartupTimeout:%s Broker:%s "+
 		"Extractors:%s OnOutcome:%s Registerer:%s Tracer:%s Logger:%s}",
-		c.Name, c.Topic, c.PoisonTopic, c.Key, c.EventTime, c.Retention, config.RedactDSN(c.DatabaseURL), set[c.Pool != nil], c.Store,
-		set[cl.Key != nil], cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.SynchronousCommit, cl.MaxGroup, cl.MaxGroupTime, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set[cl.EventTime != nil],
+		c.Name, c.Topic, c.PoisonTopic, c.Key, c.EventTime, c.OrderKey, c.ParkRetry, c.ParkedWarnAge, c.Retention, config.RedactDSN(c.DatabaseURL), set[c.Pool != nil], c.Store,
+		set[cl.Key != nil], set[cl.OrderKey != nil], cl.Mode, cl.Isolation, cl.MaxClaimWait, cl.SynchronousCommit, cl.MaxGroup, cl.MaxGroupTime, cl.MaxAttempts, cl.InitialBackoff, cl.MaxBackoff, set[cl.EventTime != nil],
 		cl.AllowBrokerEventTime, cl.Fingerprint, cl.PoisonMemo, cl.CommittedKeys, cl.CommittedKeysTTL, cl.NoPositions, cl.ReplayBelowPositions, cl.OutboxTopic, cl.KeyPolicy,
 		c.HandlerRetries, c.RetryInitialInterval, c.HandlerTimeout, c.DrainTimeout, c.StartupTimeout, c.Broker,
 		set[c.Extractors != nil], set[c.OnOutcome != nil], set[c.Registerer != nil], set[c.Tracer != nil], set[c.Logger != nil])

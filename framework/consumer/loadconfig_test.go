@@ -197,6 +197,7 @@ var settingValues = map[string]string{
 	"claim.mode": "natural_key", "claim.isolation": "serializable", "claim.max_claim_wait": "2s", "claim.synchronous_commit": "remote_apply",
 	"claim.max_group": "4", "claim.max_group_time": "20ms", "claim.max_attempts": "9", "claim.initial_backoff": "20ms", "claim.max_backoff": "3s",
 	"claim.allow_broker_event_time": "true", "claim.fingerprint": "true", "claim.poison_memo": "true", "claim.no_positions": "true", "claim.replay_below_positions": "true", "claim.outbox_topic": "events",
+	"claim.order_key": "template:{payload.account_id}", "claim.park_retry": "30s", "claim.parked_warn_age": "2h",
 	"claim.committed_keys": "-1", "claim.committed_keys_ttl": "5m",
 	"claim.key_policy.max_bytes": "64", "claim.key_policy.hash_overlong": "true",
 	"handler.retries": "7", "handler.retry_initial_interval": "1s", "handler.timeout": "30s",

@@ -27,7 +27,7 @@ type ledger struct {
 type entry struct {
 	last    middleware.Result // the claim's latest pass
 	passes  int
-	verdict framework.Outcome // Poisoned or Expired once a copy was published
+	verdict framework.Outcome // Poisoned or Expired once a copy was published, Parked once parked
 	reason  error
 }
 
@@ -67,6 +67,14 @@ func (l *ledger) poisoned(msg *message.Message, err error) (key string) {
 		e.verdict = framework.Expired
 	}
 	return e.last.Key
+}
+
+// parked records that msg was parked as its order key's head.
+func (l *ledger) parked(msg *message.Message, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e := l.entry(msg)
+	e.verdict, e.reason = framework.Parked, err
 }
 
 // settle reports msg's one outcome: err is nil when it is acked.

@@ -35,10 +35,10 @@ type Execer interface {
 // store, unexported there; claimsql, poison.RecordMemo and deadletter
 // document the methods (a Begin method's error leaves no transaction).
 type Claims interface {
-	Begin(ctx context.Context, opts TxOptions, r ClaimRequest, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res ClaimResult, memo *string, err error)
-	BeginBatch(ctx context.Context, opts TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (tx pgx.Tx, claimed []string, memos map[string]string, err error)
+	Begin(ctx context.Context, opts TxOptions, r ClaimRequest, look Lookups, more func(*pgx.Batch)) (tx pgx.Tx, res ClaimResult, found Found, err error)
+	BeginBatch(ctx context.Context, opts TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool, orderKeys []string) (tx pgx.Tx, claimed []string, memos map[string]string, parked map[string]bool, err error)
 	BeginNaturalKey(ctx context.Context, opts TxOptions, maxClaimWait time.Duration, more func(*pgx.Batch)) (pgx.Tx, error)
-	Step(ctx context.Context, tx pgx.Tx, r *ClaimRequest, withMemo bool, lockWait time.Duration) (ClaimResult, *string, error)
+	Step(ctx context.Context, tx pgx.Tx, r *ClaimRequest, look Lookups, lockWait time.Duration) (ClaimResult, Found, error)
 	Following(ctx context.Context, consumer string, anchors []string, n int, add func(key string)) error
 	Positions() Positions
 

@@ -11,10 +11,10 @@ import (
 // are quoted anyway.
 type Names struct {
 	Schema, Claims, Outbox string
-	// Memo and DeadLetter are the claim table's name plus MemoSuffix and
-	// DeadLetterSuffix (at most 48 + 12 bytes, under Postgres's 63).
-	Memo, DeadLetter string
-	r                *strings.Replacer
+	// Memo, DeadLetter, Parked and ParkedKeys are the claim table's name
+	// plus their suffix (at most 48 + 12 bytes, under Postgres's 63).
+	Memo, DeadLetter, Parked, ParkedKeys string
+	r                                    *strings.Replacer
 }
 
 // The poison memo and dead-letter tables are named after their claim
@@ -22,6 +22,8 @@ type Names struct {
 const (
 	MemoSuffix       = "_poison_memo"
 	DeadLetterSuffix = "_dead_letter"
+	ParkedSuffix     = "_parked"
+	ParkedKeysSuffix = "_parked_keys"
 )
 
 // NewNames returns the names of the claim table claims (and its memo and
@@ -30,8 +32,10 @@ const (
 // statements naming it.
 func NewNames(schema, claims, outbox string) *Names {
 	memo, deadLetter := claims+MemoSuffix, claims+DeadLetterSuffix
+	parked, parkedKeys := claims+ParkedSuffix, claims+ParkedKeysSuffix
 	return &Names{
 		Schema: schema, Claims: claims, Outbox: outbox, Memo: memo, DeadLetter: deadLetter,
+		Parked: parked, ParkedKeys: parkedKeys,
 		r: strings.NewReplacer(
 			"{schema}", Ident(schema),
 			"{claims}", Ident(claims),
@@ -42,6 +46,10 @@ func NewNames(schema, claims, outbox string) *Names {
 			"{dead_letter}", Ident(deadLetter),
 			// claims + "_dl_at_idx" fits in 63 bytes, as above.
 			"{dead_letter_recorded_at_idx}", Ident(claims+"_dl_at_idx"),
+			"{parked}", Ident(parked),
+			"{parked_keys}", Ident(parkedKeys),
+			"{parked_order_idx}", Ident(claims+"_parked_idx"),
+			"{parked_keys_retry_idx}", Ident(claims+"_pk_retry_idx"),
 			"{outbox}", Ident(outbox),
 			"{outbox_pending_idx}", Ident(outbox+"_pending_idx"),
 			"{outbox_sent_idx}", Ident(outbox+"_sent_idx"),

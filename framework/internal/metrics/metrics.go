@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,9 @@ const (
 	metricPoisonRefused       = namespace + "_poison_refused_total"
 	metricPositionsSkipped    = namespace + "_kafka_positions_skipped_total"
 	metricPosition            = namespace + "_kafka_position"
+	metricParkedKeys          = namespace + "_parked_keys"
+	metricParkedMessages      = namespace + "_parked_messages"
+	metricParkedOldest        = namespace + "_parked_oldest_seconds"
 )
 
 const (
@@ -36,7 +40,7 @@ const (
 
 // The label values InitConsumer creates ahead of their first event.
 var (
-	outcomes = []framework.Outcome{framework.Applied, framework.Duplicate, framework.Failed, framework.Poisoned, framework.Expired}
+	outcomes = []framework.Outcome{framework.Applied, framework.Duplicate, framework.Failed, framework.Poisoned, framework.Expired, framework.Parked}
 	// Only transient causes are retried (store.IsTransient).
 	retryCauses = []string{
 		pg.Serialization.String(), pg.Deadlock.String(),
@@ -58,6 +62,9 @@ type Metrics struct {
 	refused     *prometheus.CounterVec
 	skipped     *prometheus.CounterVec
 	position    *prometheus.GaugeVec
+	parked      *prometheus.GaugeVec // keys, messages, oldest: by metric
+	parkedMsgs  *prometheus.GaugeVec
+	parkedAge   *prometheus.GaugeVec
 }
 
 // New registers claimtx's collectors on reg.
@@ -105,8 +112,17 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		position: gauge(metricPosition,
 			"Kafka position stored with the claims: the offset below which every record of the partition is settled (applied, duplicate or poisoned).",
 			"consumer", "topic", "partition"),
+		parked: gauge(metricParkedKeys,
+			"Order keys parked (middleware.Claim.OrderKey): a message of each failed for good, and it and its later messages wait for a release.",
+			"consumer"),
+		parkedMsgs: gauge(metricParkedMessages,
+			"Messages parked, in all parked order keys.",
+			"consumer"),
+		parkedAge: gauge(metricParkedOldest,
+			"Age of the oldest parked order key (0 when none is parked).",
+			"consumer"),
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.mismatch, m.retries, m.claimWait, m.transaction, m.memoErrors, m.refused, m.skipped, m.position} {
+	for _, c := range []prometheus.Collector{m.messages, m.mismatch, m.retries, m.claimWait, m.transaction, m.memoErrors, m.refused, m.skipped, m.position, m.parked, m.parkedMsgs, m.parkedAge} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("claimtx: register metrics: %w", err)
 		}
@@ -184,7 +200,16 @@ func (m *Metrics) SetPosition(consumer, topic string, partition int32, settledBe
 	m.position.WithLabelValues(consumer, topic, strconv.Itoa(int(partition))).Set(float64(settledBelow))
 }
 
+// SetParked exports one consumer's parked keys and messages, and the age
+// of its oldest parked key.
+func (m *Metrics) SetParked(consumer string, keys, messages int64, oldest time.Duration) {
+	m.parked.WithLabelValues(consumer).Set(float64(keys))
+	m.parkedMsgs.WithLabelValues(consumer).Set(float64(messages))
+	m.parkedAge.WithLabelValues(consumer).Set(oldest.Seconds())
+}
+
 // Names lists every metric name New registers.
 func Names() []string {
-	return []string{metricMessages, metricFingerprintMismatch, metricRetries, metricClaimWait, metricTransaction, metricPoisonMemoErrors, metricPoisonRefused, metricPositionsSkipped, metricPosition}
+	return []string{metricMessages, metricFingerprintMismatch, metricRetries, metricClaimWait, metricTransaction, metricPoisonMemoErrors, metricPoisonRefused, metricPositionsSkipped, metricPosition,
+		metricParkedKeys, metricParkedMessages, metricParkedOldest}
 }

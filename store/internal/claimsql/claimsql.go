@@ -36,7 +36,9 @@ type Statements struct {
 	batch     string // BeginBatch's multi-row insert
 	// The poison memo lookups, and the undo of batch claims of memoised keys.
 	memo, memoBatch, unclaim string
-	following                string // Following's read-ahead
+	// The parked order-key lookups (migration 009), FOR SHARE.
+	parked, parkedBatch string
+	following           string // Following's read-ahead
 	// Pool runs Begin, BeginBatch and Following; the store sets it.
 	Pool *pgxpool.Pool
 }
@@ -59,6 +61,8 @@ ON CONFLICT DO NOTHING RETURNING message_key`)
 	s.memo = n.Render("SELECT reason FROM {schema}.{memo} WHERE consumer = $1 AND message_key = $2")
 	s.memoBatch = n.Render("SELECT message_key, reason FROM {schema}.{memo} WHERE consumer = $1 AND message_key = ANY($2::text[])")
 	s.unclaim = n.Render("DELETE FROM {schema}.{claims} WHERE consumer = $1 AND message_key = ANY($2::text[])")
+	s.parked = n.Render("SELECT true FROM {schema}.{parked_keys} WHERE consumer = $1 AND order_key = $2 FOR SHARE")
+	s.parkedBatch = n.Render("SELECT order_key FROM {schema}.{parked_keys} WHERE consumer = $1 AND order_key = ANY($2::text[]) ORDER BY order_key FOR SHARE")
 	// The anchor comes in as subqueries (InitPlans) so the planner walks
 	// the processed_at index from it (joined, or compared only as a row,
 	// it scans from the start). message_key orders the claims of one
@@ -91,9 +95,10 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r pg.ClaimRequest) (p
 }
 
 // Begin begins a transaction on s.Pool and makes the claim r in it, in
-// one pipelined round trip: BEGIN, the memo lookup when withMemo (memo is
-// its reason, nil without one), the settings, the claim, more when not nil
-// (a Kafka position) and the lock_timeout reset.
+// one pipelined round trip: BEGIN, the memo lookup when look.Memo, the
+// settings, the parked lookup of look.OrderKey (before the claim, so that
+// a claim takes the key row's lock first, as a release does), the claim,
+// more when not nil (a Kafka position) and the lock_timeout reset.
 //
 // The claim is made whatever the memo says, and the caller decides (a new
 // claim with a memo is rolled back): an INSERT skipping memoised keys
@@ -101,16 +106,17 @@ func (s *Statements) Claim(ctx context.Context, tx pgx.Tx, r pg.ClaimRequest) (p
 // memo cleared in between would make a fresh message look like a
 // duplicate. On success the caller owns tx whatever res says; on error
 // there is no transaction to end.
-func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r pg.ClaimRequest, withMemo bool, more func(*pgx.Batch)) (tx pgx.Tx, res pg.ClaimResult, memo *string, err error) {
+func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r pg.ClaimRequest, look pg.Lookups, more func(*pgx.Batch)) (tx pgx.Tx, res pg.ClaimResult, found pg.Found, err error) {
 	q := s.prepare(r, &res)
 	b := &pgx.Batch{}
 	b.BeginTx(opts.TxOptions)
-	// found, not a named result, is captured by the callback: that would
-	// move it to the heap on every claim. Valid says a memo was found.
-	var found *pgtype.Text
-	if withMemo {
-		found = s.queueMemo(b, r.Consumer, r.Key)
+	// memo and parked, not named results, are captured by the callbacks:
+	// that would move them to the heap on every claim.
+	var memo *pgtype.Text
+	if look.Memo {
+		memo = s.queueMemo(b, r.Consumer, r.Key)
 	}
+	parked := s.queueParked(&q, r.Consumer, look.OrderKey)
 	q.queue(b, opts.SynchronousCommit, more)
 	br := s.Pool.SendBatch(ctx, b)
 	tx = br.Tx()
@@ -118,16 +124,41 @@ func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r pg.ClaimReq
 		// A failed claim leaves the transaction open and aborted; after a
 		// failed BEGIN, Rollback only returns the connection.
 		pg.Rollback(ctx, tx)
-		return nil, res, nil, q.wrap(err)
+		return nil, res, found, q.wrap(err)
 	}
 	if err := s.checkFingerprint(ctx, tx, q, &res); err != nil {
 		pg.Rollback(ctx, tx)
-		return nil, res, nil, err
+		return nil, res, found, err
 	}
-	if found != nil && found.Valid {
-		memo = &found.String
+	return tx, res, foundOf(memo, parked), nil
+}
+
+// foundOf is what the lookups queued with queueMemo and queueParked found.
+func foundOf(memo *pgtype.Text, parked *bool) pg.Found {
+	var f pg.Found
+	if memo != nil && memo.Valid {
+		f.Memo = &memo.String
 	}
-	return tx, res, memo, nil
+	f.Parked = parked != nil && *parked
+	return f
+}
+
+// queueParked makes q look orderKey up among the parked keys before its
+// claim; the result says whether it is parked. Nil when orderKey is "".
+func (s *Statements) queueParked(q *query, consumer, orderKey string) *bool {
+	if orderKey == "" {
+		return nil
+	}
+	parked := new(bool)
+	q.before = func(b *pgx.Batch) {
+		b.Queue(s.parked, consumer, orderKey).QueryRow(func(row pgx.Row) error {
+			if err := row.Scan(parked); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("claimtx: read parked order key: %w", err)
+			}
+			return nil
+		})
+	}
+	return parked
 }
 
 // BeginBatch begins a transaction on s.Pool and claims many keys of one
@@ -137,7 +168,7 @@ func (s *Statements) Begin(ctx context.Context, opts pg.TxOptions, r pg.ClaimReq
 // deadlocking. withMemo looks the keys' memos up in the same round trip:
 // new keys with a memo are unclaimed again in tx and returned in memos
 // (key -> reason) instead. Ownership of tx is as in Begin.
-func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool) (pgx.Tx, []string, map[string]string, error) {
+func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool, orderKeys []string) (pgx.Tx, []string, map[string]string, map[string]bool, error) {
 	b := &pgx.Batch{}
 	b.BeginTx(opts.TxOptions)
 	// found: key -> reason, captured as in Begin.
@@ -156,7 +187,20 @@ func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer
 	}
 	sorted := slices.Compact(slices.Sorted(slices.Values(keys)))
 	claimed := make([]string, 0, len(sorted))
+	var parked map[string]bool
 	queueBounded(b, maxClaimWait, opts.SynchronousCommit, func() {
+		if len(orderKeys) > 0 {
+			parked = map[string]bool{}
+			ok := slices.Compact(slices.Sorted(slices.Values(orderKeys)))
+			b.Queue(s.parkedBatch, consumer, ok).Query(func(rows pgx.Rows) error {
+				var k string
+				_, err := pgx.ForEachRow(rows, []any{&k}, func() error {
+					parked[k] = true
+					return nil
+				})
+				return err
+			})
+		}
 		b.Queue(s.batch, consumer, sorted).Query(func(rows pgx.Rows) (err error) {
 			claimed, err = pgx.AppendRows(claimed, rows, pgx.RowTo[string])
 			return err
@@ -166,11 +210,11 @@ func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
 		pg.Rollback(ctx, tx)
-		return nil, nil, nil, fmt.Errorf("claimtx: claim batch: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("claimtx: claim batch: %w", err)
 	}
 	slices.Sort(claimed)
 	if len(found) == 0 {
-		return tx, claimed, nil, nil
+		return tx, claimed, nil, parked, nil
 	}
 	// New claims of memoised keys must not commit: undo them in tx.
 	var keep, undo []string
@@ -185,10 +229,10 @@ func (s *Statements) BeginBatch(ctx context.Context, opts pg.TxOptions, consumer
 	if len(undo) > 0 {
 		if _, err := tx.Exec(ctx, s.unclaim, consumer, undo); err != nil {
 			pg.Rollback(ctx, tx)
-			return nil, nil, nil, fmt.Errorf("claimtx: claim batch: unclaim memoised keys: %w", err)
+			return nil, nil, nil, nil, fmt.Errorf("claimtx: claim batch: unclaim memoised keys: %w", err)
 		}
 	}
-	return tx, keep, memos, nil
+	return tx, keep, memos, parked, nil
 }
 
 // Following reads ahead of a replay, which delivers its messages in about
@@ -237,7 +281,7 @@ func BeginNaturalKey(ctx context.Context, pool *pgxpool.Pool, opts pg.TxOptions,
 // natural key), bounded by the transaction's lock_timeout, not by
 // r.MaxClaimWait. On error the caller rolls back to the savepoint
 // (pg.SavepointRollback) or, when that fails, ends tx.
-func (s *Statements) Step(ctx context.Context, tx pgx.Tx, r *pg.ClaimRequest, withMemo bool, lockWait time.Duration) (pg.ClaimResult, *string, error) {
+func (s *Statements) Step(ctx context.Context, tx pgx.Tx, r *pg.ClaimRequest, look pg.Lookups, lockWait time.Duration) (pg.ClaimResult, pg.Found, error) {
 	var res pg.ClaimResult
 	b := &pgx.Batch{}
 	if lockWait > 0 {
@@ -245,26 +289,24 @@ func (s *Statements) Step(ctx context.Context, tx pgx.Tx, r *pg.ClaimRequest, wi
 	}
 	b.Queue("SAVEPOINT claimtx_group")
 	if r == nil {
-		return res, nil, tx.SendBatch(ctx, b).Close()
+		return res, pg.Found{}, tx.SendBatch(ctx, b).Close()
 	}
-	var found *pgtype.Text
-	if withMemo {
-		found = s.queueMemo(b, r.Consumer, r.Key)
+	var memo *pgtype.Text
+	if look.Memo {
+		memo = s.queueMemo(b, r.Consumer, r.Key)
 	}
 	claim := *r
 	claim.MaxClaimWait = 0 // the transaction's lock_timeout holds
 	q := s.prepare(claim, &res)
+	parked := s.queueParked(&q, r.Consumer, look.OrderKey)
 	q.queue(b, "", nil)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return res, nil, q.wrap(err)
+		return res, pg.Found{}, q.wrap(err)
 	}
 	if err := s.checkFingerprint(ctx, tx, q, &res); err != nil {
-		return res, nil, err
+		return res, pg.Found{}, err
 	}
-	if found != nil && found.Valid {
-		return res, &found.String, nil
-	}
-	return res, nil, nil
+	return res, foundOf(memo, parked), nil
 }
 
 // queueMemo queues the memo lookup of (consumer, key); Valid on the result
@@ -288,6 +330,9 @@ type query struct {
 	shape shape
 	day   pgtype.Date // when shape.eventDay
 	res   *pg.ClaimResult
+	// before, when set, is queued just before the claim, under its
+	// lock_timeout.
+	before func(*pgx.Batch)
 }
 
 func (s *Statements) prepare(r pg.ClaimRequest, res *pg.ClaimResult) query {
@@ -308,6 +353,9 @@ func (s *Statements) prepare(r pg.ClaimRequest, res *pg.ClaimResult) query {
 // lock_timeout (queueBounded).
 func (q query) queue(b *pgx.Batch, synchronousCommit string, more func(*pgx.Batch)) {
 	queueBounded(b, q.r.MaxClaimWait, synchronousCommit, func() {
+		if q.before != nil {
+			q.before(b)
+		}
 		b.Queue(q.sql, q.args...).Exec(func(tag pgconn.CommandTag) error {
 			q.res.New = tag.RowsAffected() == 1
 			return nil

@@ -9,6 +9,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
@@ -28,7 +29,7 @@ func CanRecord(ctx context.Context, db poison.DB, n *pg.Names) (bool, error) {
 // Record inserts l, a row for every refused copy (as a copy poisoned twice
 // is in the poison destination twice), and returns once it is committed.
 func Record(ctx context.Context, db poison.DB, n *pg.Names, l Letter) error {
-	md, err := encodeMetadata(l.Metadata)
+	md, err := EncodeMetadata(l.Metadata)
 	if err != nil {
 		return fmt.Errorf("claimtx: record dead letter: %w", err)
 	}
@@ -53,10 +54,12 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`),
 	return nil
 }
 
-// encodeMetadata renders md as a jsonb object of strings. A value that
+// EncodeMetadata renders md as a jsonb object of strings. A value that
 // cannot be a jsonb string becomes {"base64": "<its bytes>"}; a key that
 // cannot be one "base64:<its bytes>", with its value in that form too.
-func encodeMetadata(md map[string]string) ([]byte, error) {
+// DecodeMetadata reverses it exactly: a value is an object only when
+// encoded.
+func EncodeMetadata(md map[string]string) ([]byte, error) {
 	out := make(map[string]any, len(md))
 	for k, v := range md {
 		switch {
@@ -69,4 +72,37 @@ func encodeMetadata(md map[string]string) ([]byte, error) {
 		}
 	}
 	return json.Marshal(out)
+}
+
+// DecodeMetadata returns the metadata EncodeMetadata rendered as data.
+func DecodeMetadata(data []byte) (map[string]string, error) {
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, fmt.Errorf("claimtx: decode metadata: %w", err)
+	}
+	md := make(map[string]string, len(raw))
+	for k, v := range raw {
+		var s string
+		if err := json.Unmarshal(v, &s); err == nil {
+			md[k] = s
+			continue
+		}
+		var enc struct{ Base64 string }
+		if err := json.Unmarshal(v, &enc); err != nil {
+			return nil, fmt.Errorf("claimtx: decode metadata %q: %w", k, err)
+		}
+		b, err := base64.StdEncoding.DecodeString(enc.Base64)
+		if err != nil {
+			return nil, fmt.Errorf("claimtx: decode metadata %q: %w", k, err)
+		}
+		if rest, ok := strings.CutPrefix(k, "base64:"); ok {
+			kb, err := base64.StdEncoding.DecodeString(rest)
+			if err != nil {
+				return nil, fmt.Errorf("claimtx: decode metadata key %q: %w", k, err)
+			}
+			k = string(kb)
+		}
+		md[k] = string(b)
+	}
+	return md, nil
 }

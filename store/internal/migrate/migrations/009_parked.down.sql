@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS {schema}.{parked};
+DROP TABLE IF EXISTS {schema}.{parked_keys};
