@@ -156,11 +156,43 @@ func load(data []byte, fromFile bool) (Config, error) {
 	if c.Broker, err = readBroker(data, brokerSection, fromFile); err != nil {
 		return Config{}, err
 	}
+	if c.ordered() {
+		if c.Broker, err = unsetInFlight(c.Broker, brokerSection); err != nil {
+			return Config{}, err
+		}
+	}
 	// The store names, which code cannot complete later.
 	if err := c.named(c.Store.Validate()); err != nil {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// unsetInFlight clears the broker settings that put more than one message
+// in flight and that the user did not set, so that an order key's default
+// (one, Config.withDefaults) applies rather than the loader's: only an
+// explicit larger value is refused (checkOrdered).
+func unsetInFlight(b brokers.Config, section []byte) (brokers.Config, error) {
+	var given map[string]any
+	if err := config.Decode(section, &given); err != nil {
+		return b, err
+	}
+	for _, s := range []struct {
+		env, kind, key string
+		field          *int
+	}{
+		{"CONCURRENCY", "amqp", "concurrency", &b.AMQP.Concurrency},
+		{"NATS_CONCURRENCY", "nats", "concurrency", &b.NATS.Concurrency},
+		{"NATS_MAX_ACK_PENDING", "nats", "max_ack_pending", &b.NATS.MaxAckPending},
+	} {
+		_, inEnv := os.LookupEnv(s.env)
+		kind, _ := given[s.kind].(map[string]any)
+		_, inFile := kind[s.key]
+		if !inEnv && !inFile {
+			*s.field = 0
+		}
+	}
+	return b, nil
 }
 
 // isSection tells the keys that hold settings.
