@@ -22,10 +22,10 @@ func TestInitConsumerExportsZeroSeries(t *testing.T) {
 
 	n, err := testutil.GatherAndCount(reg)
 	require.NoError(t, err)
-	// 5 outcomes + 5 retry causes + 1 mismatch + 1 claim wait + 3
+	// 6 outcomes + 5 retry causes + 1 mismatch + 1 claim wait + 3
 	// transaction outcomes + 1 poison memo errors + 3 poison refusal
 	// fallbacks.
-	require.Equal(t, 19, n)
+	require.Equal(t, 20, n)
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	var names, causes []string
@@ -43,10 +43,11 @@ func TestInitConsumerExportsZeroSeries(t *testing.T) {
 		}
 	}
 	// The Kafka position series are per topic and partition, which only
-	// the subscriber knows: they appear with the first position.
+	// the subscriber knows: they appear with the first position; the parked
+	// gauges only for a consumer with an order key, with its first count.
 	var want []string
 	for _, n := range metrics.Names() {
-		if !strings.HasPrefix(n, "claimtx_kafka_position") {
+		if !strings.HasPrefix(n, "claimtx_kafka_position") && !strings.HasPrefix(n, "claimtx_parked") {
 			want = append(want, n)
 		}
 	}
