@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
@@ -108,6 +111,9 @@ func TestOrderedEffectsOverBrokers(t *testing.T) {
 			cfg.Key, cfg.OrderKey = "template:{payload.id}", "template:{payload.account}"
 			rec := newRecorder()
 			cfg.OnOutcome = rec.on
+			reg := prometheus.NewRegistry()
+			cfg.Registerer = reg
+			cfg.ParkedWarnAge = time.Millisecond // any parked key is too old
 			c, err := consumer.New(ctx, cfg, o.apply)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = c.Close() })
@@ -127,6 +133,21 @@ func TestOrderedEffectsOverBrokers(t *testing.T) {
 			require.Equal(t, []int{1, 2, 3, 4, 5}, o.applied(t, "B"))
 			require.Eventually(t, func() bool { return rec.n(framework.Parked) == 4 }, 10*time.Second, 20*time.Millisecond,
 				"the head and the three behind it are reported parked: %v", rec.snapshot())
+
+			// Counted within the watch's 10 s: the gauges and the warning.
+			require.Eventually(t, func() bool {
+				return strings.HasPrefix(c.Health().Check(ctx).Checks["parked"], "warning: 1 order keys parked (4 messages)")
+			}, 20*time.Second, 100*time.Millisecond, "the readiness report warns of the parked key")
+			keys, err := testutil.GatherAndCount(reg, "claimtx_parked_keys")
+			require.NoError(t, err)
+			require.Equal(t, 1, keys)
+			mfs, err := reg.Gather()
+			require.NoError(t, err)
+			for _, mf := range mfs {
+				if mf.GetName() == "claimtx_parked_messages" {
+					require.Equal(t, 4.0, mf.GetMetric()[0].GetGauge().GetValue())
+				}
+			}
 
 			o.mu.Lock()
 			o.broken["K-2"] = false
