@@ -86,14 +86,14 @@ func (o *orderedRun) parked(t *testing.T, account string) []int {
 	return o.seqs(t, "SELECT (convert_from(payload, 'UTF8')::jsonb->>'seq')::int FROM "+pgx.Identifier{o.schema, "processed_messages_parked"}.Sanitize()+" WHERE order_key = $1 ORDER BY id", account)
 }
 
-// TestOrderedEffectsOverBrokers: on RabbitMQ and Kafka, per message, at the
+// TestOrderedEffectsOverBrokers: on RabbitMQ, Kafka and NATS, per message, at the
 // defaults: for account K events 1..5 with event 2 refused for good and
 // other accounts interleaved, 1 applies, 2..5 park in order and the other
 // accounts apply; once the handler is fixed, a retry applies 2..5 in order,
 // exactly once.
 func TestOrderedEffectsOverBrokers(t *testing.T) {
 	t.Parallel()
-	for _, broker := range []string{brokers.KindAMQP, brokers.KindKafka} {
+	for _, broker := range []string{brokers.KindAMQP, brokers.KindKafka, brokers.KindNATS} {
 		t.Run(broker, func(t *testing.T) {
 			t.Parallel()
 			pool, schema, ctx, cancel := effectsDB(t, 8, "n bigserial PRIMARY KEY, account text NOT NULL, seq int NOT NULL, id text NOT NULL UNIQUE")
