@@ -38,7 +38,6 @@ type orderedRun struct {
 	schema string
 	topic  string
 	pub    message.Publisher
-	c      *consumer.Consumer
 
 	mu     sync.Mutex
 	broken map[string]bool
@@ -191,7 +190,6 @@ func TestOrderedRefusesConcurrency(t *testing.T) {
 	_, err := consumer.New(t.Context(), cfg, noop)
 	requireConfigError(t, err, "OrderKey")
 }
-
 
 // TestOrderedLoadConfigInFlight: with ORDER_KEY the loader leaves the
 // broker's in-flight settings to the order's default of one unless they
