@@ -41,6 +41,12 @@ type ordered struct {
 
 func newOrdered(t *testing.T, maxGroup int) *ordered {
 	t.Helper()
+	return newOrderedRetry(t, maxGroup, 0)
+}
+
+// newOrderedRetry is newOrdered with automatic releases after retry.
+func newOrderedRetry(t *testing.T, maxGroup int, retry time.Duration) *ordered {
+	t.Helper()
 	b := setup(t, 8)
 	b.exec(t, `CREATE TABLE applied_events (n bigserial PRIMARY KEY, account text NOT NULL, seq int NOT NULL, id text NOT NULL UNIQUE)`)
 	o := &ordered{b: b, dl: newDeadLetters(t), rec: &outcomes{}, broken: map[string]bool{}}
@@ -54,7 +60,7 @@ func newOrdered(t *testing.T, maxGroup int) *ordered {
 	poisonMW, err := middleware.NewPoison(middleware.Poison{Publisher: o.dl, Topic: "orders.poison", Consumer: "ledger", Key: key})
 	require.NoError(t, err)
 	handler := consume(o.apply)
-	o.parker, err = middleware.NewPark(middleware.Park{Claim: claim, Handler: handler, Poison: poisonMW})
+	o.parker, err = middleware.NewPark(middleware.Park{Claim: claim, Handler: handler, Poison: poisonMW, Retry: retry})
 	require.NoError(t, err)
 	o.h = poisonMW(o.parker.Middleware(claimMW(handler)))
 	return o
@@ -249,4 +255,41 @@ func TestOrderedDuplicatesOfParkedAndApplied(t *testing.T) {
 		require.NoError(t, errors.Join(errs...))
 		require.Equal(t, []int{2, 3, 4, 5, 6}, o.parked(t, "K"))
 	})
+}
+
+// TestOrderedAutomaticRetry: with Park.Retry a parked key is released on
+// its own, a failed release doubling the delay.
+func TestOrderedAutomaticRetry(t *testing.T) {
+	t.Parallel()
+	const retry = 300 * time.Millisecond
+	o := newOrderedRetry(t, 1, retry)
+	o.setBroken("K-2", true)
+	for seq := 1; seq <= 3; seq++ {
+		o.deliver(t, "K", seq)
+	}
+	parking := pg.ParkingOf(o.b.store)
+	ctx := context.Background()
+	k, ok, err := parking.Key(ctx, "ledger", "K")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.NotNil(t, k.RetryAt, "the first automatic release is due")
+	require.WithinDuration(t, k.ParkedAt.Add(retry), *k.RetryAt, 250*time.Millisecond)
+
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- o.parker.Run(rctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	// The first release fails: the next is due twice as late.
+	require.Eventually(t, func() bool {
+		k, _, err = parking.Key(ctx, "ledger", "K")
+		require.NoError(t, err)
+		return k.Failures == 2
+	}, 10*time.Second, 20*time.Millisecond)
+	require.NotNil(t, k.RetryAt)
+	// The first release ran no earlier than retry after parking, and set
+	// the next 2 x retry after itself.
+	require.GreaterOrEqual(t, k.RetryAt.Sub(k.ParkedAt), 3*retry, "backed off")
+	o.setBroken("K-2", false)
+	require.Eventually(t, func() bool { return len(o.parked(t, "K")) == 0 }, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, []int{1, 2, 3}, o.applied(t, "K"))
 }
