@@ -182,7 +182,7 @@ bench: ## Side-by-side throughput (raw pgx / router / router+claimtx / natural-k
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./framework/ ./middleware/ ./store/
 
 .PHONY: bench-claim
-bench-claim: ## The claim's cost per message (BenchmarkClaimCost, BenchmarkClaimPerMessage), with and without the poison memo lookup, 5 runs each: compare two commits with benchstat.
+bench-claim: ## The claim's cost per message (BenchmarkClaimCost, BenchmarkClaimPerMessage), with and without the poison memo and order-key lookups, 5 runs each: compare two commits with benchstat.
 	$(GO) test -run '^$$' -bench Claim -benchmem -count 5 ./middleware/ ./store/
 
 MEMORY_N ?= 1000000
