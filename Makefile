@@ -177,12 +177,12 @@ BENCH_N ?= 3000
 BENCH = $(GO) test -tags bench -run '^TestBench$$' -count=1 -timeout 0 -v ./internal/bench/ -args
 
 .PHONY: bench
-bench: ## Side-by-side throughput (raw pgx / router / router+claimtx / natural-key claim / batch / hand-written consumer) on RabbitMQ and Kafka, written to docs/benchmarks.md; then Go micro-benchmarks of the middleware's own cost.
+bench: ## Side-by-side throughput (raw pgx / router / router+claimtx / ordered claim / natural-key claim / batch / hand-written consumer) on RabbitMQ and Kafka, written to docs/benchmarks.md; then Go micro-benchmarks of the middleware's own cost.
 	$(BENCH) -n $(BENCH_N) -reps 3 -concurrency 1,4,16 -brokers amqp,kafka -write docs/benchmarks.md
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 ./framework/ ./middleware/ ./store/
 
 .PHONY: bench-claim
-bench-claim: ## The claim's cost per message (BenchmarkClaimCost, BenchmarkClaimPerMessage), with and without the poison memo lookup, 5 runs each: compare two commits with benchstat.
+bench-claim: ## The claim's cost per message (BenchmarkClaimCost, BenchmarkClaimPerMessage), with and without the poison memo and order-key lookups, 5 runs each: compare two commits with benchstat.
 	$(GO) test -run '^$$' -bench Claim -benchmem -count 5 ./middleware/ ./store/
 
 MEMORY_N ?= 1000000

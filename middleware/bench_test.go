@@ -64,6 +64,15 @@ func BenchmarkClaimPerMessage(b *testing.B) {
 	single := bu.claim(b, "middleware-single", nil)
 	single.MaxGroup = 1
 	benchFresh(b, "middleware-single", testenv.Install(b, middleware.NewClaim, single)(consume(credit)))
+	// The same with Claim.OrderKey (one key per customer, nothing parked):
+	// the parked-key lookup rides in the claim's pipeline as the memo's
+	// does, per message and under group commit.
+	orderedSingle := single
+	orderedSingle.Consumer, orderedSingle.OrderKey = "middleware-single-ordered", customerOrderKey(b)
+	benchFresh(b, "middleware-single-ordered", testenv.Install(b, middleware.NewClaim, orderedSingle)(consume(credit)))
+	ordered := bu.claim(b, "middleware-ordered", nil)
+	ordered.OrderKey = customerOrderKey(b)
+	benchFresh(b, "middleware-ordered", testenv.Install(b, middleware.NewClaim, ordered)(consume(credit)))
 	// The same with Claim.PoisonMemo: the memo lookup rides in the claim's
 	// pipeline, so a fresh message pays a statement, not a round trip.
 	memo := bu.claim(b, "middleware-memo", nil)

@@ -62,7 +62,14 @@ type routerRun struct {
 	// customers spreads the orders over this many balance rows; 0: the
 	// default (customers), hotCustomers for the hot-key scenario.
 	customers int
+	// ordered: the claim with an order key (middleware.Claim.OrderKey, the
+	// customer), nothing parked, at the broker settings of the run
+	// otherwise: what the parked-key lookup costs.
+	ordered bool
 }
+
+// orderKeySpec is the ordered mode's order key: one per customer.
+const orderKeySpec = "template:customer-{payload.customer_id}"
 
 // phases counts a run's settled messages and signals the end of its
 // passes (two in a warm batch run: only the second is measured).
@@ -226,6 +233,11 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 		if r.natural {
 			claim.Mode = middleware.ModeNaturalKey
 		}
+		if r.ordered {
+			if claim.OrderKey, err = framework.ParseKeySpec(orderKeySpec); err != nil {
+				return result{}, err
+			}
+		}
 		if mw, err = middleware.NewClaim(claim); err != nil {
 			return result{}, err
 		}
@@ -237,9 +249,20 @@ func runRouter(ctx context.Context, e *env, r routerRun) (result, error) {
 			return result{}, err
 		}
 	}
-	if r.group {
+	if r.group || r.ordered {
 		if err := exactlyOnce(ctx, e.pool, r.n); err != nil {
 			return result{}, err
+		}
+	}
+	if r.ordered {
+		// Nothing failed, so nothing was parked: the run measured the
+		// lookup finding no parked key, as the issue's target asks.
+		var parked int64
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM processed_messages_parked_keys`).Scan(&parked); err != nil {
+			return result{}, err
+		}
+		if parked != 0 {
+			return result{}, fmt.Errorf("ordered: %d order keys parked, want none", parked)
 		}
 	}
 	if r.natural {
