@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"runtime/debug"
 	"slices"
 	"time"
@@ -27,6 +28,15 @@ import (
 // does not sink its neighbours: the set is bisected under savepoints to
 // find it, then committed without it (docs/batch.md).
 //
+// With Claim.OrderKey the handler gets the messages in delivery order
+// instead, and the claim's round trip looks their order keys up: a new
+// message of a parked key is parked behind it in the batch transaction
+// (Outcome Parked, acked). A message that fails alone holds back every
+// later message of its order key in the batch: they are left out of the
+// commit and their result is a held error that shares its fate once it is
+// settled (framework/consumer's NewBatch parks them behind it when it is
+// parked, nacks them when it is nacked).
+//
 // Build it with NewBatch; framework/consumer's NewBatch runs one over a
 // broker subscription.
 type Batch struct {
@@ -48,8 +58,6 @@ func NewBatch(c Claim) (*Batch, error) {
 		return nil, &framework.ConfigError{Field: "Fingerprint", Reason: why}
 	case c.EventTime != nil:
 		return nil, &framework.ConfigError{Field: "EventTime", Reason: why + ": batches claim in a table not partitioned by event day"}
-	case c.OrderKey != nil:
-		return nil, &framework.ConfigError{Field: "OrderKey", Reason: why + " yet"}
 	}
 	if err := c.validate(); err != nil {
 		return nil, err
@@ -62,11 +70,18 @@ func NewBatch(c Claim) (*Batch, error) {
 // loop pays a round trip per statement per message). It must lock shared
 // rows in a deterministic order, or concurrent batches deadlock and retry
 // whole. An error fails the set, which Process then bisects.
+//
+// With Claim.OrderKey, msgs come in delivery order, not key order: the
+// handler must apply them in the order given (one aggregate's events in
+// turn, say by a WITH ORDINALITY column), and still lock shared rows in a
+// deterministic order of its own (ORDER BY the row's key).
 type SetHandlerFunc func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error
 
 // Process runs msgs through one claim transaction and returns one error
 // per message, in order: nil to ack, else nack, or poison when
-// framework.IsPermanent.
+// framework.IsPermanent. With Claim.OrderKey, a message held back behind
+// an earlier failed one (see Batch) has a non-permanent error: nacked, it
+// comes back after that one's fate.
 func (b *Batch) Process(ctx context.Context, msgs []*message.Message, h SetHandlerFunc) []error {
 	switch {
 	case b == nil || b.claim.Store == nil:
@@ -89,7 +104,8 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	errs := make([]error, len(msgs))
 	start := time.Now()
 	keys := make([]string, len(msgs))
-	cached := make([]bool, len(msgs)) // a duplicate settled by the committed-key cache
+	orderKeys := make([]string, len(msgs)) // "" without one
+	cached := make([]bool, len(msgs))      // a duplicate settled by the committed-key cache
 	// leader[key] is the first message with that key; later ones share its
 	// fate as duplicates (or failures).
 	leader := make(map[string]int, len(msgs))
@@ -107,6 +123,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 		}
 		if _, ok := leader[k]; !ok {
 			leader[k] = i
+			orderKeys[i] = c.orderKey(m)
 		}
 	}
 
@@ -128,12 +145,12 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 		}
 		return s.Positions()
 	}
-	var claimed map[string]bool
+	var claimed, parked map[string]bool
 	attempt, transient, isolating := 0, 0, false
 	for len(leader) > 0 {
 		attempt++
 		var err error
-		claimed, err = c.batchAttempt(ctx, msgs, leader, failed, a, isolating, settling)
+		claimed, parked, err = c.batchAttempt(ctx, msgs, leader, orderKeys, failed, a, isolating, settling)
 		if err == nil {
 			break
 		}
@@ -172,6 +189,8 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 		case failed[leader[keys[i]]] != nil:
 			errs[i] = failed[leader[keys[i]]]
 			r.Outcome, r.Err = framework.Failed, errs[i]
+		case parked[keys[i]]:
+			r.Outcome = framework.Parked
 		case leader[keys[i]] == i && claimed[keys[i]]:
 			r.Outcome = framework.Applied
 		default:
@@ -184,17 +203,24 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	return errs
 }
 
-func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, failed map[int]error, a setWise, isolating bool, settling func() []kafkarecord.Settled) (map[string]bool, error) {
+// batchAttempt runs one pass: the claim transaction of the leaders not
+// failed yet. It returns the keys it applied and those it parked behind
+// their order keys.
+func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader map[string]int, orderKeys []string, failed map[int]error, a setWise, isolating bool, settling func() []kafkarecord.Settled) (claimed, parkedKeys map[string]bool, err error) {
 	want := make([]string, 0, len(leader))
+	var ordered []string // the order keys to look up
 	for k, i := range leader {
 		if failed[i] == nil {
 			want = append(want, k)
+			if orderKeys[i] != "" {
+				ordered = append(ordered, orderKeys[i])
+			}
 		}
 	}
 	began := c.ahead.Started()
-	tx, newKeys, memos, _, err := c.claims.BeginBatch(ctx, c.txOptions(), c.Consumer, want, c.MaxClaimWait, c.PoisonMemo, nil)
+	tx, newKeys, memos, parkedOrder, err := c.claims.BeginBatch(ctx, c.txOptions(), c.Consumer, want, c.MaxClaimWait, c.PoisonMemo, ordered)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// Memoised keys were dead-lettered before: they are poisoned without
 	// reaching the handler, and later passes leave them out.
@@ -202,35 +228,60 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 		failed[leader[k]] = framework.Permanent(&poison.HitError{Reason: reason})
 	}
 	defer pg.Rollback(ctx, tx) // a no-op once committed
-	claimed := make(map[string]bool, len(newKeys))
-	idx := make([]int, len(newKeys)) // newKeys is sorted: effects run in key order
-	for j, k := range newKeys {
+	claimed = make(map[string]bool, len(newKeys))
+	parkedKeys = map[string]bool{}
+	idx := make([]int, 0, len(newKeys)) // newKeys is sorted: effects run in key order
+	behind := map[int]string{}          // new claims of parked order keys: message -> key
+	for _, k := range newKeys {
+		i := leader[k]
+		if orderKeys[i] != "" && parkedOrder[orderKeys[i]] {
+			parkedKeys[k], behind[i] = true, k
+			continue
+		}
 		claimed[k] = true
-		idx[j] = leader[k]
+		idx = append(idx, i)
+	}
+	if c.OrderKey != nil {
+		// Effects in delivery order: one order key's messages apply in turn.
+		slices.Sort(idx)
 	}
 	if len(idx) > 0 {
 		before := len(failed)
 		if err := a.apply(ctx, tx, msgs, idx, failed, isolating); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if len(failed) > before {
-			return nil, errRetryWithout
+			if c.OrderKey != nil {
+				holdBehind(idx, orderKeys, failed)
+			}
+			return nil, nil, errRetryWithout
+		}
+	}
+	if len(behind) > 0 {
+		// Parked in delivery order, their claims undone: one more round
+		// trip, only when something is parked.
+		ms := make([]pg.ParkedMessage, 0, len(behind))
+		for _, i := range slices.Sorted(maps.Keys(behind)) {
+			ms = append(ms, parked(c.Consumer, msgs[i], behind[i], orderKeys[i], ""))
+		}
+		if err := c.parking.ParkBehind(ctx, tx, ms...); err != nil {
+			return nil, nil, err
 		}
 	}
 	// Last before COMMIT: one statement, rows locked in partition order.
 	if c.positions != nil {
 		if err := c.positions.Store(ctx, tx, c.Consumer, settling()); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("claimtx: commit: %w", err)
+		return nil, nil, fmt.Errorf("claimtx: commit: %w", err)
 	}
-	// Every key of want but the memoised ones (whose claims were undone)
-	// is now known committed (see Claim.attempt).
+	// Every key of want but the memoised and the parked ones (whose claims
+	// were undone) is now known committed (see Claim.attempt).
 	var dups []string
 	for _, k := range want {
-		if _, memoised := memos[k]; !memoised {
+		if _, memoised := memos[k]; !memoised && !parkedKeys[k] {
 			c.cache.Add(c.cache.Key(c.Consumer, 0, k))
 			if c.ahead != nil && !claimed[k] {
 				dups = append(dups, k)
@@ -238,7 +289,25 @@ func (c Claim) batchAttempt(ctx context.Context, msgs []*message.Message, leader
 		}
 	}
 	c.ahead.Answered(ctx, began, dups, len(claimed) > 0)
-	return claimed, nil
+	return claimed, parkedKeys, nil
+}
+
+// holdBehind records as held, in failed, every message of idx (in
+// delivery order) after the first that failed of its order key: they
+// depend on it, and must not commit without it.
+func holdBehind(idx []int, orderKeys []string, failed map[int]error) {
+	head := map[string]int{} // order key -> its first failed message
+	for _, i := range idx {
+		k := orderKeys[i]
+		if k == "" {
+			continue
+		}
+		if h, ok := head[k]; ok {
+			failed[i] = &pg.HeldError{Head: h, Err: failed[h]}
+		} else if failed[i] != nil {
+			head[k] = i
+		}
+	}
 }
 
 type setWise SetHandlerFunc

@@ -27,10 +27,14 @@ type event struct {
 }
 
 // ordered is a consumer with an order key, wired as framework/consumer
-// does (Poison -> Park -> Claim -> handler), called directly.
+// does (Poison -> Park -> Claim -> handler, or a Batch whose failures go
+// to Poison -> Park), called directly.
 type ordered struct {
 	b      bundle
-	h      message.HandlerFunc
+	h      message.HandlerFunc // per message
+	bt     *middleware.Batch   // in batch mode
+	mode   orderedMode
+	poison message.HandlerMiddleware
 	parker *middleware.Parker
 	dl     deadLetters
 	rec    *outcomes
@@ -39,31 +43,124 @@ type ordered struct {
 	broken map[string]bool // event ids that fail for good
 }
 
-func newOrdered(t *testing.T, maxGroup int) *ordered {
+// orderedMode is how an ordered consumer runs: per message (maxGroup 1),
+// in groups, or in batches of batch messages through a set handler that
+// loops over them or applies them in one statement (setWise).
+type orderedMode struct {
+	name     string
+	maxGroup int
+	batch    int
+	setWise  bool
+}
+
+func newOrdered(t *testing.T, mode orderedMode) *ordered {
 	t.Helper()
-	return newOrderedRetry(t, maxGroup, 0)
+	return newOrderedRetry(t, mode, 0)
 }
 
 // newOrderedRetry is newOrdered with automatic releases after retry.
-func newOrderedRetry(t *testing.T, maxGroup int, retry time.Duration) *ordered {
+func newOrderedRetry(t *testing.T, mode orderedMode, retry time.Duration) *ordered {
 	t.Helper()
 	b := setup(t, 8)
 	b.exec(t, `CREATE TABLE applied_events (n bigserial PRIMARY KEY, account text NOT NULL, seq int NOT NULL, id text NOT NULL UNIQUE)`)
-	o := &ordered{b: b, dl: newDeadLetters(t), rec: &outcomes{}, broken: map[string]bool{}}
+	o := &ordered{b: b, mode: mode, dl: newDeadLetters(t), rec: &outcomes{}, broken: map[string]bool{}}
 	key, err := framework.ParseKeySpec("template:{payload.id}")
 	require.NoError(t, err)
 	orderKey, err := framework.ParseKeySpec("template:{payload.account}")
 	require.NoError(t, err)
-	claim := middleware.Claim{Store: b.store, Consumer: "ledger", Key: key, OrderKey: orderKey, MaxGroup: maxGroup, OnOutcome: o.rec.onOutcome}
-	claimMW, err := middleware.NewClaim(claim)
-	require.NoError(t, err)
-	poisonMW, err := middleware.NewPoison(middleware.Poison{Publisher: o.dl, Topic: "orders.poison", Consumer: "ledger", Key: key})
+	claim := middleware.Claim{Store: b.store, Consumer: "ledger", Key: key, OrderKey: orderKey, MaxGroup: mode.maxGroup, OnOutcome: o.rec.onOutcome}
+	o.poison, err = middleware.NewPoison(middleware.Poison{Publisher: o.dl, Topic: "orders.poison", Consumer: "ledger", Key: key})
 	require.NoError(t, err)
 	handler := consume(o.apply)
-	o.parker, err = middleware.NewPark(middleware.Park{Claim: claim, Handler: handler, Poison: poisonMW, Retry: retry})
+	if mode.batch > 0 {
+		o.bt = newBatch(t, claim)
+		// The release's handler: the set handler with one message.
+		handler = func(msg *message.Message) ([]*message.Message, error) {
+			tx, ok := framework.TxFromContext(msg.Context())
+			require.True(t, ok)
+			return nil, o.applySet(msg.Context(), tx, []*message.Message{msg})
+		}
+	}
+	o.parker, err = middleware.NewPark(middleware.Park{Claim: claim, Handler: handler, Poison: o.poison, Retry: retry})
 	require.NoError(t, err)
-	o.h = poisonMW(o.parker.Middleware(claimMW(handler)))
+	if mode.batch == 0 {
+		claimMW, err := middleware.NewClaim(claim)
+		require.NoError(t, err)
+		o.h = o.poison(o.parker.Middleware(claimMW(handler)))
+	}
 	return o
+}
+
+// applySet is the set handler: o.apply in a loop, or one statement
+// applying msgs in their order.
+func (o *ordered) applySet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+	if !o.mode.setWise {
+		for _, msg := range msgs {
+			if err := o.apply(ctx, tx, msg); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var accounts, ids []string
+	var seqs []int
+	for _, msg := range msgs {
+		var e event
+		if err := json.Unmarshal(msg.Payload, &e); err != nil {
+			return framework.Permanent(err)
+		}
+		o.mu.Lock()
+		broken := o.broken[e.ID]
+		o.mu.Unlock()
+		if broken {
+			return framework.Permanent(fmt.Errorf("event %s cannot be applied", e.ID))
+		}
+		accounts, seqs, ids = append(accounts, e.Account), append(seqs, e.Seq), append(ids, e.ID)
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO applied_events (account, seq, id)
+SELECT a, s, id FROM unnest($1::text[], $2::int[], $3::text[]) WITH ORDINALITY AS u(a, s, id, i) ORDER BY i`, accounts, seqs, ids)
+	return err
+}
+
+// process runs msgs through the batch in batches of o.mode.batch and
+// settles the results as framework/consumer's batch runner does: a
+// permanent failure goes to Poison through Park, a held message runs again
+// after its head unless that is nacked. It returns what would be nacked.
+func (o *ordered) process(t testing.TB, msgs []*message.Message) (nacked []*message.Message) {
+	t.Helper()
+	for len(msgs) > 0 {
+		n := min(o.mode.batch, len(msgs))
+		batch := msgs[:n]
+		msgs = msgs[n:]
+		for len(batch) > 0 {
+			errs := o.bt.Process(context.Background(), batch, o.applySet)
+			require.Len(t, errs, len(batch))
+			var again []*message.Message
+			nack := make([]bool, len(batch))
+			for i, err := range errs {
+				var held *pg.HeldError
+				switch {
+				case err == nil:
+				case errors.As(err, &held):
+					require.Less(t, held.Head, i, "held behind an earlier message")
+					if nack[held.Head] {
+						nack[i], nacked = true, append(nacked, batch[i])
+					} else {
+						again = append(again, batch[i])
+					}
+				case framework.IsPermanent(err):
+					_, perr := o.poison(o.parker.Middleware(func(*message.Message) ([]*message.Message, error) { return nil, err }))(batch[i])
+					if perr != nil {
+						nack[i], nacked = true, append(nacked, batch[i])
+					}
+				default:
+					nack[i], nacked = true, append(nacked, batch[i])
+				}
+			}
+			batch = again
+		}
+	}
+	return nacked
 }
 
 func (o *ordered) apply(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
@@ -99,8 +196,21 @@ func eventMsg(t testing.TB, account string, seq int) *message.Message {
 // deliver hands msg to the chain and requires that the router would ack it.
 func (o *ordered) deliver(t testing.TB, account string, seq int) {
 	t.Helper()
-	_, err := o.h(eventMsg(t, account, seq))
-	require.NoError(t, err, "%s-%d", account, seq)
+	o.deliverAll(t, eventMsg(t, account, seq))
+}
+
+// deliverAll hands msgs to the chain, one by one or in batches, and
+// requires that each would be acked.
+func (o *ordered) deliverAll(t testing.TB, msgs ...*message.Message) {
+	t.Helper()
+	if o.bt != nil {
+		require.Empty(t, o.process(t, msgs), "nacked")
+		return
+	}
+	for _, msg := range msgs {
+		_, err := o.h(msg)
+		require.NoError(t, err, string(msg.Payload))
+	}
 }
 
 // applied is the seqs of account's applied events, in the order applied.
@@ -151,37 +261,47 @@ func (o *ordered) release(t *testing.T, account string, skip bool) {
 func (o *ordered) deliverTable(t *testing.T) {
 	t.Helper()
 	o.setBroken("K-2", true)
+	var msgs []*message.Message
 	for seq := 1; seq <= 5; seq++ {
-		o.deliver(t, "K", seq)
-		o.deliver(t, "A", seq)
-		o.deliver(t, "B", seq)
+		msgs = append(msgs, eventMsg(t, "K", seq), eventMsg(t, "A", seq), eventMsg(t, "B", seq))
 	}
+	o.deliverAll(t, msgs...)
 	require.Equal(t, []int{1}, o.applied(t, "K"))
 	require.Equal(t, []int{2, 3, 4, 5}, o.parked(t, "K"))
 	for _, other := range []string{"A", "B"} {
 		require.Equal(t, []int{1, 2, 3, 4, 5}, o.applied(t, other), "other keys flow on")
 		require.Empty(t, o.parked(t, other))
 	}
-	require.Equal(t, 1, o.rec.count(framework.Failed), "only event 2's own pass failed")
+	if o.bt == nil {
+		// In a batch, the messages held behind it fail their pass too.
+		require.Equal(t, 1, o.rec.count(framework.Failed), "only event 2's own pass failed")
+	}
 	require.Equal(t, 3, o.rec.count(framework.Parked), "3..5 parked behind it by the claim")
 }
 
-func groupModes(t *testing.T, run func(t *testing.T, maxGroup int)) {
-	for _, mode := range []struct {
-		name     string
-		maxGroup int
-	}{{"per-message", 1}, {"group", testenv.MaxGroup()}} {
+// orderedModes runs test in parallel subtests, one per orderedMode: per
+// message, grouped, and batches that hold the whole table, that cut it
+// (event 2 in the batch of event 1, 3 in the next), and of one message.
+func orderedModes(t *testing.T, run func(t *testing.T, mode orderedMode)) {
+	for _, mode := range []orderedMode{
+		{name: "per-message", maxGroup: 1},
+		{name: "group", maxGroup: testenv.MaxGroup()},
+		{name: "batch-set-15", batch: 15, setWise: true},
+		{name: "batch-loop-15", batch: 15},
+		{name: "batch-set-4", batch: 4, setWise: true},
+		{name: "batch-loop-1", batch: 1},
+	} {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
-			run(t, mode.maxGroup)
+			run(t, mode)
 		})
 	}
 }
 
 func TestOrderedRetryAppliesParkedInOrder(t *testing.T) {
 	t.Parallel()
-	groupModes(t, func(t *testing.T, maxGroup int) {
-		o := newOrdered(t, maxGroup)
+	orderedModes(t, func(t *testing.T, mode orderedMode) {
+		o := newOrdered(t, mode)
 		o.deliverTable(t)
 
 		// A release while it still fails keeps everything parked.
@@ -212,8 +332,8 @@ func TestOrderedRetryAppliesParkedInOrder(t *testing.T) {
 
 func TestOrderedSkipPoisonsHeadAndAppliesTheRest(t *testing.T) {
 	t.Parallel()
-	groupModes(t, func(t *testing.T, maxGroup int) {
-		o := newOrdered(t, maxGroup)
+	orderedModes(t, func(t *testing.T, mode orderedMode) {
+		o := newOrdered(t, mode)
 		o.deliverTable(t)
 		o.release(t, "K", true)
 		cp := o.dl.next(t, "the skipped head is in the poison destination")
@@ -230,14 +350,12 @@ func TestOrderedSkipPoisonsHeadAndAppliesTheRest(t *testing.T) {
 
 func TestOrderedDuplicatesOfParkedAndApplied(t *testing.T) {
 	t.Parallel()
-	groupModes(t, func(t *testing.T, maxGroup int) {
-		o := newOrdered(t, maxGroup)
+	orderedModes(t, func(t *testing.T, mode orderedMode) {
+		o := newOrdered(t, mode)
 		o.deliverTable(t)
 		// Fresh transport ids: the failed head, one parked behind it, one
 		// applied before it.
-		o.deliver(t, "K", 2)
-		o.deliver(t, "K", 4)
-		o.deliver(t, "K", 1)
+		o.deliverAll(t, eventMsg(t, "K", 2), eventMsg(t, "K", 4), eventMsg(t, "K", 1))
 		require.Equal(t, []int{2, 3, 4, 5}, o.parked(t, "K"), "no message parked twice")
 		require.Equal(t, []int{1}, o.applied(t, "K"))
 
@@ -248,6 +366,13 @@ func TestOrderedDuplicatesOfParkedAndApplied(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				if o.bt != nil {
+					// A batch of two copies, beside the other batches.
+					if nacked := o.process(t, []*message.Message{eventMsg(t, "K", 6), eventMsg(t, "K", 6)}); len(nacked) > 0 {
+						errs[i] = fmt.Errorf("%d nacked", len(nacked))
+					}
+					return
+				}
 				_, errs[i] = o.h(eventMsg(t, "K", 6))
 			}()
 		}
@@ -262,7 +387,7 @@ func TestOrderedDuplicatesOfParkedAndApplied(t *testing.T) {
 func TestOrderedAutomaticRetry(t *testing.T) {
 	t.Parallel()
 	const retry = 300 * time.Millisecond
-	o := newOrderedRetry(t, 1, retry)
+	o := newOrderedRetry(t, orderedMode{name: "per-message", maxGroup: 1}, retry)
 	o.setBroken("K-2", true)
 	for seq := 1; seq <= 3; seq++ {
 		o.deliver(t, "K", seq)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -23,7 +24,9 @@ type BatchOptions struct {
 	// MaxWait is how long a batch waits for more after its first message
 	// before a free worker takes it. Defaults to 5ms.
 	MaxWait time.Duration
-	// Workers bounds the batch transactions in flight. Defaults to 1.
+	// Workers bounds the batch transactions in flight. With an order key
+	// it must stay 1: two batches in flight would apply one key's messages
+	// side by side. Defaults to 1.
 	Workers int
 	// Poison, when its Publisher is set, replaces Config.PoisonTopic; its
 	// hooks run besides the consumer's.
@@ -33,6 +36,13 @@ type BatchOptions struct {
 // NewBatch is New for a Consumer that applies batches of messages in one
 // claim transaction each (middleware.Batch), calling handler with each
 // batch's newly claimed messages. See docs/batch.md.
+//
+// With an order key (Config.OrderKey or Claim.OrderKey) handler gets them
+// in delivery order and must apply them in that order, still locking
+// shared rows in a deterministic order; a message that fails for good is
+// parked instead of poisoned, with the later messages of its key in the
+// batch behind it, and the consumer releases parked keys as New's does
+// (the release calls handler with one message at a time).
 func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (*Consumer, error) {
 	c, err := newBatch(ctx, cfg, handler, opts)
 	return c, cfg.named(err)
@@ -41,6 +51,9 @@ func NewBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc, opts BatchOptions) (_ *Consumer, err error) {
 	if handler == nil {
 		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	if opts.Workers > 1 && cfg.ordered() {
+		return nil, &framework.ConfigError{Field: "BatchOptions.Workers", Reason: fmt.Sprintf("is %d, but ordered effects (OrderKey) need one batch in flight: leave it unset or set it to 1", opts.Workers)}
 	}
 	for _, f := range []struct {
 		name string
@@ -85,14 +98,19 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	if err != nil {
 		return nil, err
 	}
+	park, err := p.newParker(claim, releaseHandler(handler), l, poisonMW)
+	if err != nil {
+		return nil, err
+	}
 	r := batchRunner{
 		sub: p.sub, cfg: p.cfg, opts: opts, settled: l.settle, running: make(chan struct{}),
 		process: func(ctx context.Context, msgs []*message.Message) []error {
 			return bt.Process(ctx, msgs, handler)
 		},
-		// The poison middleware around a handler returning the error.
+		// The poison and park middleware around a handler returning the
+		// error: a failed message of an order key is parked instead.
 		poison: func(m *message.Message, err error) error {
-			_, perr := poisonMW(func(*message.Message) ([]*message.Message, error) { return nil, err })(m)
+			_, perr := poisonMW(park(func(*message.Message) ([]*message.Message, error) { return nil, err }))(m)
 			return perr
 		},
 	}
@@ -101,6 +119,18 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	r.opts.MaxWait = cmp.Or(max(r.opts.MaxWait, 0), 5*time.Millisecond)
 	r.opts.Workers = cmp.Or(max(r.opts.Workers, 0), 1)
 	return &Consumer{parts: p, body: r.run, running: r.running}, nil
+}
+
+// releaseHandler is handler for a release of a parked key, which applies
+// one message at a time in the claim transaction the message carries.
+func releaseHandler(handler middleware.SetHandlerFunc) message.HandlerFunc {
+	return func(m *message.Message) ([]*message.Message, error) {
+		tx, ok := pg.TxFrom(m.Context())
+		if !ok {
+			return nil, errors.New("claimtx: release without a claim transaction")
+		}
+		return nil, handler(m.Context(), tx, []*message.Message{m})
+	}
 }
 
 // batchRunner consumes cfg.Topic in batches applied by process.
@@ -222,49 +252,62 @@ func gather(ctx context.Context, ch <-chan *message.Message, max int, wait time.
 }
 
 // settle applies the failure policy (docs/reliability.md) to a batch's
-// results, retrying handler failures as Watermill's Retry does.
+// results, retrying handler failures as Watermill's Retry does. A message
+// held behind an earlier failed one of its order key (pg.HeldError) shares
+// that one's fate: nacked with it, else run again after it, when it parks
+// behind it (or applies, when it is gone).
 func (s batchRunner) settle(ctx context.Context, batch []*message.Message, errs []error) {
 	delay := s.cfg.RetryInitialInterval
 	for retry := 0; ; retry++ {
 		var again []*message.Message
+		retried := false                   // again holds a failure to wait for
+		nacked := make([]bool, len(batch)) // a held message's head's fate
 		for i, m := range batch {
 			err := errs[i]
+			var held *pg.HeldError
 			switch {
 			case err == nil:
 				s.settled(m, nil)
 				m.Ack()
-			case ctx.Err() != nil || !framework.IsPermanent(err) && store.IsTransient(err):
+			case errors.As(err, &held) && held.Head >= 0 && held.Head < i && !nacked[held.Head]:
+				again = append(again, m)
+			case ctx.Err() != nil || held != nil || !framework.IsPermanent(err) && store.IsTransient(err):
 				s.settled(m, err)
 				m.Nack()
+				nacked[i] = true
 			case retryable(err) && retry < s.cfg.HandlerRetries:
-				again = append(again, m)
+				again, retried = append(again, m), true
 			default:
-				s.deadLetter(m, err)
+				nacked[i] = !s.deadLetter(m, err)
 			}
 		}
 		if len(again) == 0 {
 			return
 		}
-		if err := pg.Sleep(ctx, delay); err != nil {
-			for _, m := range again {
-				s.settled(m, err)
-				m.Nack()
+		if retried {
+			if err := pg.Sleep(ctx, delay); err != nil {
+				for _, m := range again {
+					s.settled(m, err)
+					m.Nack()
+				}
+				return
 			}
-			return
+			delay = min(2*delay, 10*s.cfg.RetryInitialInterval)
 		}
-		delay = min(2*delay, 10*s.cfg.RetryInitialInterval)
 		batch, errs = again, s.process(ctx, again)
 	}
 }
 
-// deadLetter poisons m and acks it, or nacks it when nothing took the copy.
-func (s batchRunner) deadLetter(m *message.Message, err error) {
+// deadLetter poisons (or parks) m and acks it, or nacks it when nothing
+// took the copy; it reports whether m was acked.
+func (s batchRunner) deadLetter(m *message.Message, err error) bool {
 	if err = s.poison(m, err); err == nil {
 		s.settled(m, nil)
 		m.Ack()
-		return
+		return true
 	}
 	s.cfg.Logger.Error("claimtx: message not dead-lettered; nacked, it comes back", "message_uuid", m.UUID, "err", boundError(err))
 	s.settled(m, err)
 	m.Nack()
+	return false
 }

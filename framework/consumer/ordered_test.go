@@ -85,15 +85,24 @@ func (o *orderedRun) parked(t *testing.T, account string) []int {
 	return o.seqs(t, "SELECT (convert_from(payload, 'UTF8')::jsonb->>'seq')::int FROM "+pgx.Identifier{o.schema, "processed_messages_parked"}.Sanitize()+" WHERE order_key = $1 ORDER BY id", account)
 }
 
-// TestOrderedEffectsOverBrokers: on RabbitMQ, Kafka and NATS, per message, at the
+// TestOrderedEffectsOverBrokers: on RabbitMQ, Kafka and NATS, per message
+// (and in batches on RabbitMQ and Kafka), at the
 // defaults: for account K events 1..5 with event 2 refused for good and
 // other accounts interleaved, 1 applies, 2..5 park in order and the other
 // accounts apply; once the handler is fixed, a retry applies 2..5 in order,
 // exactly once.
 func TestOrderedEffectsOverBrokers(t *testing.T) {
 	t.Parallel()
-	for _, broker := range []string{brokers.KindAMQP, brokers.KindKafka, brokers.KindNATS} {
-		t.Run(broker, func(t *testing.T) {
+	for _, tc := range []struct {
+		broker string
+		batch  bool
+	}{{brokers.KindAMQP, false}, {brokers.KindKafka, false}, {brokers.KindNATS, false}, {brokers.KindAMQP, true}, {brokers.KindKafka, true}} {
+		broker := tc.broker
+		name := broker
+		if tc.batch {
+			name += "/batch"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			pool, schema, ctx, cancel := effectsDB(t, 8, "n bigserial PRIMARY KEY, account text NOT NULL, seq int NOT NULL, id text NOT NULL UNIQUE")
 			o := &orderedRun{pool: pool, schema: schema, topic: "ordered-" + randHex(), broken: map[string]bool{"K-2": true}}
@@ -113,7 +122,22 @@ func TestOrderedEffectsOverBrokers(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			cfg.Registerer = reg
 			cfg.ParkedWarnAge = time.Millisecond // any parked key is too old
-			c, err := consumer.New(ctx, cfg, o.apply)
+			var c *consumer.Consumer
+			var err error
+			if tc.batch {
+				// Applied in the order given, one aggregate's events in turn.
+				set := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+					for _, m := range msgs {
+						if err := o.apply(ctx, tx, m); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				c, err = consumer.NewBatch(ctx, cfg, set, consumer.BatchOptions{MaxSize: 16})
+			} else {
+				c, err = consumer.New(ctx, cfg, o.apply)
+			}
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = c.Close() })
 			done := runUntilCancel(ctx, c)

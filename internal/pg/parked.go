@@ -2,6 +2,7 @@ package pg
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -70,7 +71,7 @@ type Release struct {
 // Parking is the parked messages of a store (store/internal/parksql
 // documents the methods).
 type Parking interface {
-	ParkBehind(ctx context.Context, tx pgx.Tx, m ParkedMessage) error
+	ParkBehind(ctx context.Context, tx pgx.Tx, ms ...ParkedMessage) error
 	ParkHead(ctx context.Context, m ParkedMessage, retryAt *time.Time) (parked bool, err error)
 
 	Due(ctx context.Context, consumer string, limit int) ([]string, error)
@@ -87,3 +88,18 @@ type Parking interface {
 
 // ParkingOf returns the Parking of a *store.Store; store's init sets it.
 var ParkingOf func(store any) Parking
+
+// HeldError is a batch's result for a message held back behind Head, the
+// index in the batch of an earlier message of its order key that failed
+// alone (Err): it was not applied, for it depends on Head, and it shares
+// Head's fate once that is settled (framework/consumer's batch runner):
+// parked behind it, nacked with it, or retried after it. It does not
+// unwrap to Err: a held message is not itself permanent.
+type HeldError struct {
+	Head int
+	Err  error
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("claimtx: held back behind message %d of the batch, an earlier message of its order key, which failed: %v", e.Head, e.Err)
+}

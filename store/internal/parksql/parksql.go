@@ -92,14 +92,17 @@ func (s *Statements) queueInsert(b *pgx.Batch, m pg.ParkedMessage) error {
 	return nil
 }
 
-// ParkBehind parks m, whose order key the claim transaction tx found
-// parked (holding its row FOR SHARE), and undoes m's new claim in tx: m is
-// not applied until its key is released. The caller commits tx.
-func (s *Statements) ParkBehind(ctx context.Context, tx pgx.Tx, m pg.ParkedMessage) error {
+// ParkBehind parks ms, in order, whose order keys the claim transaction
+// tx found parked (holding their rows FOR SHARE), and undoes their new
+// claims in tx, all in one round trip: none is applied until its key is
+// released. The caller commits tx.
+func (s *Statements) ParkBehind(ctx context.Context, tx pgx.Tx, ms ...pg.ParkedMessage) error {
 	b := &pgx.Batch{}
-	b.Queue(s.unclaim, m.Consumer, m.Key)
-	if err := s.queueInsert(b, m); err != nil {
-		return err
+	for _, m := range ms {
+		b.Queue(s.unclaim, m.Consumer, m.Key)
+		if err := s.queueInsert(b, m); err != nil {
+			return err
+		}
 	}
 	return pg.Wrap(tx.SendBatch(ctx, b).Close(), "claimtx: park behind the parked order key")
 }
