@@ -294,6 +294,9 @@ func open(ctx context.Context, cfg Config) (_ *parts, err error) {
 	if err := p.checkMemoPrivileges(ctx); err != nil {
 		return nil, err
 	}
+	if err := p.checkParkedPrivileges(ctx); err != nil {
+		return nil, err
+	}
 	p.checkDeadLetterPrivileges(ctx)
 	p.wlog = newSlogAdapter(cfg.Logger)
 	if p.sub, err = connectBroker(ctx, func() (message.Subscriber, error) { return brokers.NewSubscriber(cfg.Broker, p.wlog) }); err != nil {

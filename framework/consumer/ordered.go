@@ -126,3 +126,23 @@ func (w *parkedWatch) check(ctx context.Context) {
 	}
 	w.set("")
 }
+
+// checkParkedPrivileges refuses an order key to a role that could not park
+// or release: every parked message deletes its new claim and writes the
+// parked tables, every release deletes from them.
+func (p *parts) checkParkedPrivileges(ctx context.Context) error {
+	if !p.cfg.ordered() {
+		return nil
+	}
+	n := p.names()
+	all := []string{"SELECT", "INSERT", "UPDATE", "DELETE"}
+	for _, t := range []struct {
+		table string
+		privs []string
+	}{{n.ParkedKeys, all}, {n.Parked, all}, {n.Claims, []string{"DELETE"}}} {
+		if err := p.requireClaimPrivileges(ctx, "OrderKey", t.table, "ordered effects use to park and release messages", "order key", t.privs...); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -13,14 +13,17 @@ import (
 )
 
 // requireClaimPrivileges refuses (a ConfigError on field) a role that lacks
-// SELECT, INSERT or UPDATE on table, which every claim uses for feature:
+// privileges (default SELECT, INSERT, UPDATE) on table, which every claim uses for feature:
 // better one start-up error than every message dead-lettered.
-func (p *parts) requireClaimPrivileges(ctx context.Context, field, table, uses, feature string) error {
+func (p *parts) requireClaimPrivileges(ctx context.Context, field, table, uses, feature string, privileges ...string) error {
 	schema := p.store.Config().Schema
+	if len(privileges) == 0 {
+		privileges = []string{"SELECT", "INSERT", "UPDATE"}
+	}
 	var lacking []string
 	err := awaitDatabase(ctx, p.cfg.Logger, p.cfg.StartupTimeout, p.pool, p.cfg.poolerField(), "check privileges on "+table, func(ctx context.Context) error {
 		var err error
-		_, lacking, err = pg.Lacking(ctx, p.pool, pg.Ident(schema, table), "SELECT", "INSERT", "UPDATE")
+		_, lacking, err = pg.Lacking(ctx, p.pool, pg.Ident(schema, table), privileges...)
 		return err
 	})
 	if err != nil {

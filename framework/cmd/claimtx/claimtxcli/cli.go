@@ -93,7 +93,7 @@ type command func(ctx context.Context, args []string, stdout, stderr io.Writer, 
 
 var commands = map[string]command{
 	"migrate": cmdMigrate, "cleanup": cmdCleanup, "partitions": cmdPartitions, "stats": cmdStats, "dlq": cmdDLQ,
-	"keys": cmdKeys, "unpoison": cmdUnpoison, "explain": cmdExplain, "console": cmdConsole,
+	"keys": cmdKeys, "unpoison": cmdUnpoison, "parked": cmdParked, "explain": cmdExplain, "console": cmdConsole,
 }
 
 // report prints err and maps it to an exit status.

@@ -13,6 +13,7 @@ import (
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/framework/internal/replay"
 	"github.com/claimtx/claimtx/internal/kafkarecord"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -44,6 +45,10 @@ func cmdStats(ctx context.Context, args []string, stdout, _ io.Writer, getenv en
 	if err != nil {
 		return c.fail(ctx, "stats", err)
 	}
+	parked, err := pg.ParkingOf(st).Stats(ctx)
+	if err != nil {
+		return c.fail(ctx, "stats", err)
+	}
 	var horizon *horizonReport
 	if *topic != "" {
 		*poison = cmp.Or(*poison, *topic+".poison")
@@ -72,9 +77,10 @@ func cmdStats(ctx context.Context, args []string, stdout, _ io.Writer, getenv en
 	if *asJSON {
 		return printJSON(stdout, struct {
 			store.Stats
-			Horizon *horizonReport `json:"retention_horizon,omitempty"`
-			Lags    []positionLag  `json:"kafka_position_lags,omitempty"`
-		}{s, horizon, lags})
+			Horizon *horizonReport   `json:"retention_horizon,omitempty"`
+			Lags    []positionLag    `json:"kafka_position_lags,omitempty"`
+			Parked  []pg.ParkedStats `json:"parked"`
+		}{s, horizon, lags, nonNil(parked)})
 	}
 	layout := "plain"
 	if s.Partitioned {
@@ -94,6 +100,14 @@ func cmdStats(ctx context.Context, args []string, stdout, _ io.Writer, getenv en
 	printf(stdout, "total %d claims; table %s, indexes %s; ~%s per claim (indexes and free space included)\n",
 		s.Claims, formatBytes(s.TableBytes), formatBytes(s.IndexBytes), perClaim)
 	printPositions(stdout, lags, lagNote)
+	if len(parked) > 0 {
+		tw := newTable(stdout)
+		printlnTo(tw, "CONSUMER\tPARKED KEYS\tPARKED MESSAGES\tOLDEST PARKED")
+		for _, p := range parked {
+			printf(tw, "%s\t%d\t%d\t%s ago\n", p.Consumer, p.Keys, p.Messages, time.Since(p.Oldest).Round(time.Second))
+		}
+		_ = tw.Flush()
+	}
 	if horizon != nil {
 		printf(stdout, "%s\n", horizon)
 	}

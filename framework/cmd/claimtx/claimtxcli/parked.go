@@ -1,0 +1,203 @@
+package claimtxcli
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/claimtx/claimtx/internal/pg"
+)
+
+// `claimtx parked`: the order keys parked by ordered effects
+// (middleware.Claim.OrderKey). The commands only touch Postgres: retry and
+// skip request a release, which the running consumer performs.
+
+const parkedUsage = `Usage: claimtx parked <list|show|retry|skip> [flags]
+
+  list    parked order keys, oldest first
+  show    one key's parked messages, in order
+  retry   ask the consumer to run a key's parked messages through the handler again, in order
+  skip    ask the consumer to poison a key's head (with who and why), then retry the rest
+
+Run "claimtx parked <subcommand> -h" for its flags.
+`
+
+func init() {
+	synopses["parked"] = `Order keys parked by ordered effects (ORDER_KEY, docs/effects.md "Ordered effects"): a message of the key failed for good, and it and every later message of the key wait in Postgres. list and show read them; retry and skip ask the running consumer for a release, which it performs within about a second: the parked messages run through the handler in their order, each under its claim, and the first that still fails keeps the key parked. skip first sends the head to the poison destination with who asked (--by, default $USER) and why (--note).
+
+Examples:
+  claimtx parked list --consumer loyalty
+  claimtx parked show --consumer loyalty --key customer-42 --json
+  claimtx parked retry --consumer loyalty --all
+  claimtx parked skip --consumer loyalty --key customer-42 --note "order 9912 was cancelled upstream"`
+}
+
+// previewBytes bounds a payload shown in text.
+const previewBytes = 120
+
+func cmdParked(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, _ Config) error {
+	sub, rest, err := subcommand("parked", parkedUsage, args, stdout, "list", "show", "retry", "skip")
+	if err != nil {
+		return err
+	}
+	name := "parked " + sub
+	fs, c := newFlags(name, stdout, getenv)
+	consumer := fs.String("consumer", "", "the `consumer` name")
+	key := fs.String("key", "", "the order `key`")
+	limit := fs.Int("limit", 100, "at most this many rows")
+	asJSON := fs.Bool("json", false, "print JSON")
+	var all *bool
+	var by, note *string
+	if sub == "retry" || sub == "skip" {
+		all = fs.Bool("all", false, "every parked key of the consumer")
+		by = fs.String("by", cmp.Or(getenv("USER"), "claimtx"), "who asks (recorded with the request)")
+		note = fs.String("note", "", "why (recorded; required by skip, stamped on the poisoned head)")
+	}
+	if err := c.parse(fs, rest); err != nil {
+		return err
+	}
+	switch {
+	case *limit < 1:
+		return &usageError{msg: name + ": --limit must be positive"}
+	case sub != "list":
+		if err := requireConsumer(name, *consumer); err != nil {
+			return err
+		}
+	}
+	switch {
+	case sub == "show" && *key == "":
+		return &usageError{msg: name + ": --key is required"}
+	case all != nil && (*key == "") == !*all:
+		return &usageError{msg: name + ": give --key or --all"}
+	case sub == "skip" && strings.TrimSpace(*note) == "":
+		return &usageError{msg: name + ": --note is required: the poisoned head carries why it was skipped"}
+	}
+	st, closePool, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer closePool()
+	parking := pg.ParkingOf(st)
+	switch sub {
+	case "list":
+		keys, err := parking.Keys(ctx, *consumer, *limit)
+		if err != nil {
+			return c.fail(ctx, name, err)
+		}
+		if *asJSON {
+			return printJSON(stdout, nonNil(keys))
+		}
+		printKeys(stdout, keys)
+		return nil
+	case "show":
+		k, ok, err := parking.Key(ctx, *consumer, *key)
+		if err != nil {
+			return c.fail(ctx, name, err)
+		}
+		if !ok {
+			return notParked(*consumer, *key)
+		}
+		ms, err := parking.Messages(ctx, *consumer, *key, *limit)
+		if err != nil {
+			return c.fail(ctx, name, err)
+		}
+		if *asJSON {
+			return printJSON(stdout, struct {
+				Key      pg.ParkedKey       `json:"key"`
+				Messages []pg.ParkedMessage `json:"messages"`
+			}{k, nonNil(ms)})
+		}
+		printKeys(stdout, []pg.ParkedKey{k})
+		tw := newTable(stdout)
+		printlnTo(tw, "ID\tDEDUP KEY\tUUID\tPARKED\tREASON\tPAYLOAD")
+		for _, m := range ms {
+			printf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", m.ID, oneLine(m.Key, 60), oneLine(m.UUID, 40), m.ParkedAt.UTC().Format(time.RFC3339), oneLine(cmp.Or(m.Reason, "(behind the head)"), 80), oneLine(string(m.Payload), previewBytes))
+		}
+		return tw.Flush()
+	}
+	keys := []string{*key}
+	if *all {
+		ks, err := parking.Keys(ctx, *consumer, *limit)
+		if err != nil {
+			return c.fail(ctx, name, err)
+		}
+		keys = keys[:0]
+		for _, k := range ks {
+			keys = append(keys, k.OrderKey)
+		}
+	}
+	var requested []string
+	for _, k := range keys {
+		ok, err := parking.Request(ctx, *consumer, k, sub == "skip", *by, *note)
+		if err != nil {
+			return c.fail(ctx, name, err)
+		}
+		if !ok && !*all {
+			return notParked(*consumer, k)
+		}
+		if ok {
+			requested = append(requested, k)
+		}
+	}
+	if *asJSON {
+		return printJSON(stdout, struct {
+			Consumer  string   `json:"consumer"`
+			Skip      bool     `json:"skip"`
+			Requested []string `json:"requested"`
+		}{*consumer, sub == "skip", nonNil(requested)})
+	}
+	printf(stdout, "requested a %s of %d parked order keys of consumer %s; the running consumer releases them within about a second (claimtx parked list shows what is left)\n",
+		map[bool]string{true: "skip", false: "retry"}[sub == "skip"], len(requested), *consumer)
+	return nil
+}
+
+// notParked is the error of a key that is not parked.
+func notParked(consumer, key string) error {
+	return fmt.Errorf("order key %q of consumer %q is not parked", key, consumer)
+}
+
+func printKeys(w io.Writer, keys []pg.ParkedKey) {
+	tw := newTable(w)
+	printlnTo(tw, "CONSUMER\tORDER KEY\tMESSAGES\tPARKED\tAGE\tFAILURES\tRELEASE\tREASON")
+	for _, k := range keys {
+		release := "-"
+		switch {
+		case k.SkipHead:
+			release = "skip requested by " + cmp.Or(k.RequestedBy, "?")
+		case k.RetryAt != nil && !k.RetryAt.After(time.Now()):
+			release = "due"
+		case k.RetryAt != nil:
+			release = "auto at " + k.RetryAt.UTC().Format(time.RFC3339)
+		}
+		printf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", k.Consumer, oneLine(k.OrderKey, 60), k.Messages, k.ParkedAt.UTC().Format(time.RFC3339),
+			time.Since(k.ParkedAt).Round(time.Second), k.Failures, release, oneLine(k.Reason, 100))
+	}
+	_ = tw.Flush()
+	if len(keys) == 0 {
+		printlnTo(w, "no parked order keys")
+	}
+}
+
+// oneLine is s on one line, at most n bytes (cut on a rune boundary).
+func oneLine(s string, n int) string {
+	s = strings.Join(strings.Fields(strings.ToValidUTF8(s, "\uFFFD")), " ")
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+// nonNil makes an empty list print as [] in JSON.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
