@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -74,10 +75,47 @@ func decode(payload []byte) (orderID, customerID, totalCents int64, err error) {
 	return *o.OrderID, *o.CustomerID, *o.TotalCents, nil
 }
 
+// rejects is README.md's LOYALTY_REJECT_ORDERS (fault injection): the
+// order ids the handler refuses for good, as a broken handler would, so a
+// test can park them (ORDER_KEY), restart without it and release them.
+type rejects map[int64]bool
+
+// parseRejects reads LOYALTY_REJECT_ORDERS, comma-separated order ids.
+func parseRejects(v string) (rejects, error) {
+	r := rejects{}
+	for f := range strings.SplitSeq(v, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		id, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return nil, &framework.ConfigError{Field: "LOYALTY_REJECT_ORDERS", Reason: "not a comma-separated list of order ids"}
+		}
+		r[id] = true
+	}
+	return r, nil
+}
+
+// check refuses a rejected order permanently.
+func (r rejects) check(orderID int64) error {
+	if r[orderID] {
+		return framework.Permanent(fmt.Errorf("%w: order %d is rejected (LOYALTY_REJECT_ORDERS)", ErrBadOrder, orderID))
+	}
+	return nil
+}
+
+// decode is decode with the rejected orders refused.
+func (r rejects) decode(payload []byte) (orderID, customerID, totalCents int64, err error) {
+	if orderID, customerID, totalCents, err = decode(payload); err == nil {
+		err = r.check(orderID)
+	}
+	return orderID, customerID, totalCents, err
+}
+
 // credit is the effect, run inside the claim transaction: both writes
 // commit with the claim or not at all.
-func credit(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
-	orderID, customerID, totalCents, err := decode(msg.Payload)
+func (r rejects) credit(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	orderID, customerID, totalCents, err := r.decode(msg.Payload)
 	if err != nil {
 		return err
 	}
@@ -108,12 +146,12 @@ ON CONFLICT (customer_id) DO UPDATE SET points = balances.points + EXCLUDED.poin
 // creditSet is credit for a batch (BATCH_SIZE > 0): the newly claimed
 // messages of one claim transaction at once. A bad event fails the set;
 // the batch isolates it by bisection and it is poisoned alone.
-func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+func (r rejects) creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 	customers := make([]int64, len(msgs))
 	orders := make([]int64, len(msgs))
 	points := make([]int64, len(msgs))
 	for i, msg := range msgs {
-		orderID, customerID, totalCents, err := decode(msg.Payload)
+		orderID, customerID, totalCents, err := r.decode(msg.Payload)
 		if err != nil {
 			return err
 		}
@@ -126,9 +164,13 @@ func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 }
 
 // createTables creates the effect tables, if missing, in the default schema.
+// point_ledger's applied_seq is the order the credits committed in (ordered
+// effects are checked by it from outside); a ledger made before it gets
+// the column once, numbering its rows in their physical order.
 func createTables(ctx context.Context, pool *pgxpool.Pool) error {
 	return feed.CreateTablesOnce(ctx, pool, "claimtx-example-loyalty-tables",
-		"SELECT to_regclass('balances') IS NOT NULL AND to_regclass('point_ledger') IS NOT NULL", `
+		`SELECT to_regclass('balances') IS NOT NULL AND EXISTS (SELECT 1 FROM pg_attribute
+			WHERE attrelid = to_regclass('point_ledger') AND attname = 'applied_seq' AND NOT attisdropped)`, `
 CREATE TABLE IF NOT EXISTS balances (
     customer_id bigint PRIMARY KEY,
     points      bigint NOT NULL
@@ -137,8 +179,10 @@ CREATE TABLE IF NOT EXISTS point_ledger (
     customer_id bigint      NOT NULL,
     order_id    bigint      NOT NULL,
     points      bigint      NOT NULL,
-    created_at  timestamptz DEFAULT now()
-)`)
+    created_at  timestamptz DEFAULT now(),
+    applied_seq bigint      GENERATED ALWAYS AS IDENTITY
+);
+ALTER TABLE point_ledger ADD COLUMN IF NOT EXISTS applied_seq bigint GENERATED ALWAYS AS IDENTITY`)
 }
 
 func run(ctx context.Context, logger *slog.Logger) error {
@@ -222,19 +266,23 @@ func run(ctx context.Context, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	rej, err := parseRejects(os.Getenv("LOYALTY_REJECT_ORDERS"))
+	if err != nil {
+		return err
+	}
 	var c *consumer.Consumer
 	if batch.MaxSize > 0 {
 		if os.Getenv("LOYALTY_HANDLER_DELAY") != "" {
 			// The delay wraps the per-message handler; batches would ignore it.
 			return &framework.ConfigError{Field: "LOYALTY_HANDLER_DELAY", Reason: "not supported with BATCH_SIZE"}
 		}
-		if c, err = newBatch(ctx, cfg, batch); err != nil {
+		if c, err = newBatch(ctx, cfg, batch, rej.creditSet); err != nil {
 			return err
 		}
 		logger.Info("loyalty: consuming in batches", "broker", cfg.Broker.Kind, "topic", cfg.Topic,
 			"batch_size", batch.MaxSize, "workers", batch.Workers, "poison_topic", cfg.Topic+poisonSuffix)
 	} else {
-		handler, err := withHandlerDelay(logger, credit)
+		handler, err := withHandlerDelay(logger, rej.credit)
 		if err != nil {
 			return err
 		}
@@ -287,20 +335,23 @@ func batchOptions() (consumer.BatchOptions, error) {
 		}
 	}
 	o.Workers = cmp.Or(o.Workers, 2)
+	if os.Getenv("ORDER_KEY") != "" && os.Getenv("BATCH_WORKERS") == "" {
+		o.Workers = 1 // an order key's batches apply one at a time
+	}
 	return o, nil
 }
 
 // newBatch builds the batch consumer. The broker window, unless set,
 // is workers × batch size, what the batches need to fill up.
-func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptions) (*consumer.Consumer, error) {
+func newBatch(ctx context.Context, cfg consumer.Config, opts consumer.BatchOptions, credit middleware.SetHandlerFunc) (*consumer.Consumer, error) {
 	window := opts.Workers * opts.MaxSize
 	cfg.Broker.AMQP.Window = cmp.Or(cfg.Broker.AMQP.Window, window)
 	cfg.Broker.Kafka.Window = cmp.Or(cfg.Broker.Kafka.Window, window)
-	if os.Getenv("NATS_CONCURRENCY") == "" {
+	if os.Getenv("NATS_CONCURRENCY") == "" && cfg.OrderKey == "" {
 		// One message per NATS subscription: as many as the batches hold.
 		cfg.Broker.NATS.Concurrency = window
 	}
-	return consumer.NewBatch(ctx, cfg, creditSet, opts)
+	return consumer.NewBatch(ctx, cfg, credit, opts)
 }
 
 // natsDefaults gives BROKER=nats what framework/consumer gives AMQP and

@@ -52,6 +52,9 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	if handler == nil {
 		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
 	}
+	if err := cfg.checkOrdered(true); err != nil {
+		return nil, err
+	}
 	if opts.Workers > 1 && cfg.ordered() {
 		return nil, &framework.ConfigError{Field: "BatchOptions.Workers", Reason: fmt.Sprintf("is %d, but ordered effects (OrderKey) need one batch in flight: leave it unset or set it to 1", opts.Workers)}
 	}

@@ -166,7 +166,7 @@ func (c Config) validate() error {
 	case c.Claim.OnOutcome != nil:
 		return &framework.ConfigError{Field: "Claim.OnOutcome", Reason: "is the consumer's: set OnOutcome, called once per message when it is acked or nacked (the claim's hook runs once per attempt)"}
 	}
-	return cmp.Or(config.ValidateConsumer("Name", c.Name), c.Store.Validate(), c.Broker.Validate(), c.checkOrdered())
+	return cmp.Or(config.ValidateConsumer("Name", c.Name), c.Store.Validate(), c.Broker.Validate())
 }
 
 // Consumer is a claimtx consumer, built by New or NewBatch.
@@ -464,6 +464,9 @@ func New(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (*Co
 func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFunc) (_ *Consumer, err error) {
 	if handler == nil {
 		return nil, &framework.ConfigError{Field: "handler", Reason: "must not be nil"}
+	}
+	if err := cfg.checkOrdered(false); err != nil {
+		return nil, err
 	}
 	cfg.Broker = groupWindow(cfg)
 	p, err := open(ctx, cfg)

@@ -25,10 +25,15 @@ func (c Config) ordered() bool { return c.OrderKey != "" || c.Claim.OrderKey != 
 
 // checkOrdered refuses an order key the broker would not keep in order:
 // more than one message in flight lets a later message of a key apply
-// before an earlier one, or beside it while it fails.
-func (c Config) checkOrdered() error {
+// before an earlier one, or beside it while it fails. In batch mode a
+// window is what fills the batches, which one worker applies in turn: only
+// parallel subscriptions are refused there (and more workers, by NewBatch).
+func (c Config) checkOrdered(batch bool) error {
 	if !c.ordered() {
 		return nil
+	}
+	if c.Claim.Mode == middleware.ModeNaturalKey {
+		return &framework.ConfigError{Field: "OrderKey", Reason: "not supported in ModeNaturalKey (see middleware.Claim.OrderKey)"}
 	}
 	one := func(field string, n int) error {
 		if n > 1 {
@@ -38,14 +43,17 @@ func (c Config) checkOrdered() error {
 	}
 	switch c.Broker.Kind {
 	case "", brokers.KindAMQP:
+		if batch && c.Broker.AMQP.Window > 0 {
+			return nil // one consumer, in order
+		}
 		return cmp0(one("Broker.AMQP.Concurrency", c.Broker.AMQP.Concurrency), one("Broker.AMQP.Window", c.Broker.AMQP.Window))
 	case brokers.KindKafka:
+		if batch {
+			return nil // a partition's records in order
+		}
 		return one("Broker.Kafka.Window", c.Broker.Kafka.Window)
 	case brokers.KindNATS:
 		return cmp0(one("Broker.NATS.Concurrency", c.Broker.NATS.Concurrency), one("Broker.NATS.MaxAckPending", c.Broker.NATS.MaxAckPending))
-	}
-	if c.Claim.Mode == middleware.ModeNaturalKey {
-		return &framework.ConfigError{Field: "OrderKey", Reason: "not supported in ModeNaturalKey (see middleware.Claim.OrderKey)"}
 	}
 	return nil
 }
