@@ -122,7 +122,7 @@ chaos-ha: ## make chaos-ci on the HA cluster (synchronous_mode, remote_apply), t
 # when they are missing and says nothing when they are there.
 BROWSER_TEST = $(GO) test -tags browser -run '^TestBrowser' -count=1 -timeout 10m ./framework/cmd/claimtx/internal/console/
 .PHONY: test-browser
-test-browser: ## The console in headless Chromium (Playwright): overview, lookup, dead letters, a replay applied exactly once; installs chromium and node_modules when missing.
+test-browser: ## The console in headless Chromium (Playwright): overview, lookup, dead letters, a replay applied exactly once, a parked key retried; installs chromium and node_modules when missing.
 	bash framework/cmd/claimtx/internal/console/e2e/install.sh
 	$(BROWSER_TEST)
 

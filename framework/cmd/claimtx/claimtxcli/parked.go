@@ -7,8 +7,8 @@ import (
 	"io"
 	"strings"
 	"time"
-	"unicode/utf8"
 
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/internal/pg"
 )
 
@@ -115,7 +115,7 @@ func cmdParked(ctx context.Context, args []string, stdout, _ io.Writer, getenv e
 		tw := newTable(stdout)
 		printlnTo(tw, "ID\tDEDUP KEY\tUUID\tPARKED\tREASON\tPAYLOAD")
 		for _, m := range ms {
-			printf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", m.ID, oneLine(m.Key, 60), oneLine(m.UUID, 40), m.ParkedAt.UTC().Format(time.RFC3339), oneLine(cmp.Or(m.Reason, "(behind the head)"), 80), oneLine(string(m.Payload), previewBytes))
+			printf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", m.ID, opfmt.OneLine(m.Key, 60), opfmt.OneLine(m.UUID, 40), m.ParkedAt.UTC().Format(time.RFC3339), opfmt.OneLine(cmp.Or(m.Reason, "(behind the head)"), 80), opfmt.OneLine(string(m.Payload), previewBytes))
 		}
 		return tw.Flush()
 	}
@@ -173,25 +173,13 @@ func printKeys(w io.Writer, keys []pg.ParkedKey) {
 		case k.RetryAt != nil:
 			release = "auto at " + k.RetryAt.UTC().Format(time.RFC3339)
 		}
-		printf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", k.Consumer, oneLine(k.OrderKey, 60), k.Messages, k.ParkedAt.UTC().Format(time.RFC3339),
-			time.Since(k.ParkedAt).Round(time.Second), k.Failures, release, oneLine(k.Reason, 100))
+		printf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", k.Consumer, opfmt.OneLine(k.OrderKey, 60), k.Messages, k.ParkedAt.UTC().Format(time.RFC3339),
+			time.Since(k.ParkedAt).Round(time.Second), k.Failures, release, opfmt.OneLine(k.Reason, 100))
 	}
 	_ = tw.Flush()
 	if len(keys) == 0 {
 		printlnTo(w, "no parked order keys")
 	}
-}
-
-// oneLine is s on one line, at most n bytes (cut on a rune boundary).
-func oneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(strings.ToValidUTF8(s, "\uFFFD")), " ")
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
 }
 
 // nonNil makes an empty list print as [] in JSON.

@@ -115,6 +115,7 @@ func TestBrowser(t *testing.T) {
 	w := newWorld(t)
 	run(t, claimtxBin, nil, "migrate", "--database-url", w.dbURL, "--schema", w.schema)
 	w.seedOtherConsumer(t)
+	w.seedParked(t)
 
 	// Phase 1: every order this consumer receives is dead-lettered with the
 	// consumer's own stamps: its handler holds the claim transaction open
@@ -173,6 +174,9 @@ func TestBrowser(t *testing.T) {
 		})
 		c.stop(t)
 		w.assertReplayed(t, replayOpen, len(poisoned)-1)
+		var due bool
+		require.NoError(t, w.pool.QueryRow(context.Background(), fmt.Sprintf(`SELECT retry_at IS NOT NULL FROM %q.processed_messages_parked_keys`, w.schema)).Scan(&due))
+		require.True(t, due, "the browser's Retry requested a release")
 	})
 	if !ok {
 		return
@@ -218,6 +222,7 @@ func browse(t *testing.T, node, dir string, c *proc, s scenario) {
 		"LOOKUP_KEY=" + key(lookupOrder),
 		"MISSING_KEY=" + key(missingOrder),
 		"REPLAY_KEY=" + key(s.replay),
+		"PARKED_KEY=" + parkedKey,
 		"EXPECT_LETTERS=" + string(expect),
 		"SCREENSHOT_DIR=" + s.shots,
 		"FAILURE_DIR=" + failures,
@@ -312,6 +317,23 @@ func (w *world) seedOtherConsumer(t *testing.T) {
 		SELECT 'billing', 'invoice:' || g, now() - g * interval '1 minute' * (1 + (g %% 7))
 		FROM generate_series(1, 240) AS g`, w.schema))
 	require.NoError(t, err)
+}
+
+// parkedKey is the order key seedParked parks for the consumer.
+const parkedKey = "customer-77"
+
+// seedParked parks parkedKey: a head that failed and one message behind it.
+func (w *world) seedParked(t *testing.T) {
+	t.Helper()
+	for _, sql := range []string{
+		`INSERT INTO %q.processed_messages_parked_keys (consumer, order_key, reason) VALUES ($1, $2, 'total_cents is not a number')`,
+		`INSERT INTO %q.processed_messages_parked (consumer, order_key, message_key, uuid, payload, reason) VALUES
+	($1, $2, 'order-completed:7701', 'p-1', '{"order_id": 7701}', 'total_cents is not a number'),
+	($1, $2, 'order-completed:7702', 'p-2', '{"order_id": 7702}', NULL)`,
+	} {
+		_, err := w.pool.Exec(context.Background(), fmt.Sprintf(sql, w.schema), consumerName, parkedKey)
+		require.NoError(t, err)
+	}
 }
 
 func (w *world) startLoyalty(t *testing.T, bin string, extra ...string) *proc {

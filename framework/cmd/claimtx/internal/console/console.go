@@ -73,7 +73,7 @@ type Config struct {
 	// set; without it only a loopback Host or Listen is answered.
 	Token        string
 	Listen       string
-	ReadOnly     bool          // no replay, no clearing of poison memos
+	ReadOnly     bool          // no replay, no clearing of poison memos, no release of parked keys
 	Secrets      []string      // redacted from every page
 	QueryTimeout time.Duration // each query of a page; default 5 s
 	PageSize     int           // dead letters per page; default 50
@@ -191,6 +191,10 @@ func (c *Console) routes() *http.ServeMux {
 	mux.HandleFunc("POST /dead-letters/preview", c.preview)
 	mux.HandleFunc("POST /dead-letters/replay", c.replay)
 	mux.HandleFunc("GET /jobs/{id}", c.jobPage)
+	mux.HandleFunc("GET /parked", c.parked)
+	mux.HandleFunc("GET /parked/key", c.parkedKey)
+	mux.HandleFunc("POST /parked/retry", c.releaseParked)
+	mux.HandleFunc("POST /parked/skip", c.releaseParked)
 	return mux
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/framework/internal/replay"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/store"
 )
@@ -61,6 +62,15 @@ type overviewData struct {
 	ConsumersE     string
 	Positions      []positionRow
 	PositionsErr   string
+	Parked         []parkedStatRow // consumers with parked order keys
+	ParkedErr      string
+}
+
+// parkedStatRow is one consumer's parked order keys.
+type parkedStatRow struct {
+	Consumer       string
+	Keys, Messages int64
+	Oldest         string // age
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
@@ -112,6 +122,15 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 			default:
 				rows[i].NewestNote = "none"
 			}
+		}
+	})
+	wg.Go(func() {
+		qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
+		defer cancel()
+		stats, err := pg.ParkingOf(c.store).Stats(qctx)
+		d.ParkedErr = c.errText(err)
+		for _, s := range stats {
+			d.Parked = append(d.Parked, parkedStatRow{Consumer: s.Consumer, Keys: s.Keys, Messages: s.Messages, Oldest: opfmt.Age(time.Since(s.Oldest))})
 		}
 	})
 	wg.Go(func() {

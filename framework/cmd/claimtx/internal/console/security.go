@@ -33,7 +33,7 @@ const (
 )
 
 // stateChanging are the POSTs read-only mode refuses.
-var stateChanging = map[string]bool{"/dead-letters/replay": true, "/poison-memo/clear": true}
+var stateChanging = map[string]bool{"/dead-letters/replay": true, "/poison-memo/clear": true, "/parked/retry": true, "/parked/skip": true}
 
 func public(path string) bool {
 	return path == "/healthz" || path == "/login" || strings.HasPrefix(path, "/assets/")

@@ -10,6 +10,7 @@
 //   LOOKUP_KEY        a key the consumer applied
 //   MISSING_KEY       a key it never saw
 //   REPLAY_KEY        the key of the would-apply dead letter to replay
+//   PARKED_KEY        an order key of the consumer parked with two messages
 //   EXPECT_LETTERS    JSON [{key, class, text}]: the letters the page must show
 //   SCREENSHOT_DIR    where the screenshots go (full page, 1280 wide)
 //   FAILURE_DIR       where the page is saved when a step fails
@@ -34,6 +35,7 @@ const token = process.env.CONSOLE_TOKEN || '';
 const lookupKey = required('LOOKUP_KEY');
 const missingKey = required('MISSING_KEY');
 const replayKey = required('REPLAY_KEY');
+const parkedKey = required('PARKED_KEY');
 const letters = JSON.parse(required('EXPECT_LETTERS'));
 const shots = required('SCREENSHOT_DIR');
 const failures = required('FAILURE_DIR');
@@ -257,6 +259,25 @@ describe('claimtx console', { concurrency: 1 }, () => {
     assert.equal(await page.locator('#preview td[data-action="replay"]').count(), wouldApply, 'the would-apply letters left');
     // A dry run changes nothing; its confirmation replays what it showed.
     await page.getByRole('button', { name: new RegExp(`^Replay ${wouldApply} letter`) }).waitFor();
+    assert.deepEqual(scripts, [], 'no page ran a script');
+  });
+  step('parked keys: the sequence, then a retry request', async () => {
+    await page.goto(`${base}/`);
+    await page.locator('.parked-summary').first().waitFor();
+    await page.getByRole('link', { name: 'Parked', exact: true }).click();
+    await page.getByRole('heading', { level: 1, name: 'Parked order keys', exact: true }).waitFor();
+    await page.getByRole('link', { name: parkedKey, exact: true }).click();
+    const rows = page.locator('#parked-messages tr[data-id]');
+    await rows.first().waitFor();
+    assert.equal(await rows.count(), 2, 'the head and the message behind it');
+    await waitText(rows.first().locator('.badge'), 'head');
+    await waitText(rows.nth(1).locator('span.muted'), 'behind the head');
+    await shot('console-parked.png');
+    await page.getByRole('button', { name: 'Retry', exact: true }).click();
+    await page.locator('#done', { hasText: 'Requested a retry' }).waitFor({ timeout: STEP_TIMEOUT });
+    // A skip needs its note: the browser refuses the empty form.
+    await page.getByRole('button', { name: 'Skip the head', exact: true }).click();
+    assert.equal(await page.locator('#done').count(), 1, 'still the retry notice: the skip was not sent');
     assert.deepEqual(scripts, [], 'no page ran a script');
   });
 });
