@@ -172,7 +172,7 @@ func TestColdReplayAfterRestart(t *testing.T) {
 					got = p2.outcomes(t)
 					return got["applied"]+got["duplicate"] >= len(replay)
 				}, 60*time.Second, 20*time.Millisecond, "replay settled")
-				require.Equal(t, map[string]int{"applied": len(fresh), "duplicate": len(old), "expired": 0, "failed": 0, "poisoned": 0}, got)
+				require.Equal(t, map[string]int{"applied": len(fresh), "duplicate": len(old), "expired": 0, "failed": 0, "parked": 0, "poisoned": 0}, got)
 				h.assertExact(append(old, fresh...))
 			})
 		})

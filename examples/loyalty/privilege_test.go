@@ -143,7 +143,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s.claimtx_lease TO %[3]s;`, schema, 
 		got = p.outcomes(t)
 		return got["applied"]+got["duplicate"] >= len(ords)+20
 	})
-	require.Equal(t, map[string]int{"applied": len(ords), "duplicate": 20, "expired": 0, "failed": 0, "poisoned": 0}, got)
+	require.Equal(t, map[string]int{"applied": len(ords), "duplicate": 20, "expired": 0, "failed": 0, "parked": 0, "poisoned": 0}, got)
 
 	// What the consumer role must not do to claims (or to effects).
 	requireDenied(t, consumerPool, schema,
