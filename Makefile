@@ -231,6 +231,10 @@ chaos: ## Chaos run per broker: 20,000 orders, 3 consumers cold-started at once 
 chaos-batch: ## make chaos with the consumers in batch mode (BATCH_SIZE=64, 2 workers).
 	BATCH_SIZE=64 BATCH_WORKERS=2 $(MAKE) chaos
 
+.PHONY: chaos-order
+chaos-order: ## make chaos in order mode (CHAOS_ORDER=1): ORDER_KEY by customer, CONCURRENCY=1, ~1 in 200 orders refused for good (LOYALTY_REJECT_ORDERS) and parked, one RabbitMQ consumer (Kafka keyed by customer), `claimtx parked skip --all` at the end; also fails unless out_of_order is 0 and every rejected order is poisoned, none credited.
+	CHAOS_ORDER=1 $(MAKE) chaos
+
 .PHONY: chaos-quorum
 chaos-quorum: ## make chaos on RabbitMQ only, on quorum queues (AMQP_QUEUE_TYPE=quorum for the consumers).
 	$(MAKE) chaos CHAOS_FLAGS="-brokers amqp -amqp-queue-type quorum $(CHAOS_FLAGS)"

@@ -33,9 +33,12 @@ const partitions = 6
 type kafkaOps struct {
 	topic, group string
 	addr         string
-	broker       kafkaServer
-	cl           *kgo.Client
-	adm          *kadm.Client
+	// byCustomer keys each order's record by its customer (order mode),
+	// as a producer of ordered events does, instead of by event id.
+	byCustomer bool
+	broker     kafkaServer
+	cl         *kgo.Client
+	adm        *kadm.Client
 }
 
 // kafkaServer is a broker on one address and data directory; start and
@@ -70,6 +73,9 @@ func (k *kafkaOps) publish(ctx context.Context, ds []delivery) (int, error) {
 	recs := make([]*kgo.Record, len(ds))
 	for i, d := range ds {
 		recs[i] = feed.KafkaRecord(k.topic, d.eventID, d.payload)
+		if k.byCustomer && d.customer != "" {
+			recs[i].Key = []byte(d.customer)
+		}
 	}
 	if err := k.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return 0, fmt.Errorf("produce: %w", err)

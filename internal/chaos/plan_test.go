@@ -19,6 +19,10 @@ type delivery struct {
 	// offset regardless.
 	brokerID string
 	bad      bool
+	// customer is the order's customer id ("" for a bad message): in
+	// order mode the Kafka record key, so a customer's orders share a
+	// partition.
+	customer string
 }
 
 // plan is what gets published and what the database must hold afterwards.
@@ -26,11 +30,31 @@ type plan struct {
 	deliveries     []delivery
 	orders         int
 	bad            int
-	redelivered    int // orders sent more than once
-	extraCopies    int // copies beyond the first, in total
-	freshIDs       int // copies with a new broker message id
-	twins          int // copies right behind their original (processed concurrently)
-	expectedPoints int64
+	redelivered    int   // orders sent more than once
+	extraCopies    int   // copies beyond the first, in total
+	freshIDs       int   // copies with a new broker message id
+	twins          int   // copies right behind their original (processed concurrently)
+	expectedPoints int64 // of the orders not rejected
+	// rejected are the order ids the consumers refuse for good
+	// (LOYALTY_REJECT_ORDERS), in order mode only: never credited, each
+	// parked then skipped into the poison destination.
+	rejected []int64
+}
+
+// rejectOrders picks about 1 in 200 of n orders, spread over customers
+// (order i is customer i%211+1), plus a second one of the first rejected
+// order's customer two of its orders later, so one customer has a parked
+// head with a later rejected order behind it.
+func rejectOrders(n int) []int64 {
+	var ids []int64
+	for i := 100; i <= n; i += 200 {
+		ids = append(ids, int64(i))
+	}
+	if second := 100 + 2*211; second <= n {
+		ids = append(ids, int64(second))
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
 }
 
 // badPayloads cannot be keyed or decoded: the consumer must poison them and
@@ -49,8 +73,14 @@ var badPayloads = []string{
 // copies follow their original at once (twins, processed concurrently by
 // competing consumers), the rest come at a random later point of the
 // stream, as a republish would. bad undecodable messages are mixed in.
-func makePlan(n, bad int, rng *rand.Rand) plan {
-	p := plan{orders: n, bad: bad}
+// rejected orders (order mode) earn no points. Every copy comes after its
+// original, so each customer's orders are published in increasing order id.
+func makePlan(n, bad int, rejected []int64, rng *rand.Rand) plan {
+	p := plan{orders: n, bad: bad, rejected: rejected}
+	refused := map[int64]bool{}
+	for _, id := range rejected {
+		refused[id] = true
+	}
 	type placed struct {
 		at float64
 		d  delivery
@@ -59,8 +89,11 @@ func makePlan(n, bad int, rng *rand.Rand) plan {
 	for i := 1; i <= n; i++ {
 		o := feed.Order{OrderID: int64(i), CustomerID: int64(i%211 + 1), TotalCents: int64(100 + rng.IntN(100_000))}
 		body, _ := json.Marshal(o) // a struct of int64s always marshals
-		d := delivery{eventID: fmt.Sprintf("evt-%d", i), payload: body, brokerID: fmt.Sprintf("msg-%d-0", i)}
-		p.expectedPoints += o.TotalCents / 100
+		d := delivery{eventID: fmt.Sprintf("evt-%d", i), payload: body, brokerID: fmt.Sprintf("msg-%d-0", i),
+			customer: fmt.Sprint(o.CustomerID)}
+		if !refused[o.OrderID] {
+			p.expectedPoints += o.TotalCents / 100
+		}
 		at := float64(i)
 		all = append(all, placed{at, d})
 		if rng.IntN(100) >= 30 {

@@ -132,3 +132,40 @@ func TestRunChecksOptions(t *testing.T) {
 	_, err = run(context.Background(), o)
 	require.ErrorContains(t, err, `-kafka-broker must be "devkafka" or "kfake"`)
 }
+
+// TestReportVerdictOrdered: in order mode the rejected orders are
+// expected poison, never credited, and any inversion fails the run.
+func TestReportVerdictOrdered(t *testing.T) {
+	good := report{broker: "amqp", orders: 10, bad: 1, applied: 8, ledgerRows: 8, badPoisoned: 1,
+		kills: 3, terms: 3, minKills: 3, minTerms: 3, brokerDisruptions: 1, evictions: -1, midRebalance: -1,
+		ordered: true, rejected: 2, rejectedPoisoned: 2, skips: 2}
+	require.True(t, good.ok())
+	require.True(t, strings.HasPrefix(good.summary(), "chaos amqp  OK: lost=0 doubled=0 wrongly_poisoned=0 crashes=0 hung_shutdowns=0 out_of_order=0 rejected=2 rejected_poisoned=2/2 rejected_credited=0 parked_left=0 skips=2 "), good.summary())
+	for name, edit := range map[string]func(*report){
+		"out of order":      func(r *report) { r.outOfOrder = 1 },
+		"rejected credited": func(r *report) { r.rejectedCredited, r.applied, r.ledgerRows = 1, 9, 9 },
+		"rejected missing":  func(r *report) { r.rejectedPoisoned = 1 },
+		"parked left":       func(r *report) { r.parkedLeft = 1 },
+		"lost":              func(r *report) { r.applied, r.ledgerRows, r.lost = 7, 7, 1 },
+	} {
+		bad := good
+		edit(&bad)
+		require.False(t, bad.ok(), name)
+	}
+	unordered := good
+	unordered.ordered, unordered.rejected = false, 0
+	require.False(t, unordered.ok(), "outside order mode every order must be credited")
+}
+
+func TestRejectOrders(t *testing.T) {
+	require.Equal(t, []int64{100, 300, 500, 522, 700, 900}, rejectOrders(1000))
+	require.Empty(t, rejectOrders(50))
+	ids := rejectOrders(2000)
+	require.Len(t, ids, 11)
+	customers := map[int64]int{}
+	for _, id := range ids {
+		customers[id%211+1]++
+	}
+	require.Equal(t, 2, customers[101], "one customer has a second rejected order behind its first")
+	require.Len(t, customers, 10)
+}

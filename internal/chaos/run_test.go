@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/examples/loyalty/feed"
+	"github.com/claimtx/claimtx/framework/cmd/claimtx/claimtxcli"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
 )
@@ -73,13 +74,27 @@ type report struct {
 	minStartTerms         int
 	minKillTerms          int
 	evictions             int // members the dev Kafka broker evicted; -1 when not counted
-	wantPGRestart         bool
-	elapsed, drain        time.Duration
-	err                   error
+	// Order mode (CHAOS_ORDER=1): the consumers key orders by customer
+	// and refuse the rejected orders for good; those are parked, then
+	// skipped into the poison destination at the end (skips requests).
+	ordered          bool
+	rejected         int // orders refused for good (LOYALTY_REJECT_ORDERS)
+	rejectedPoisoned int // distinct rejected orders found in the poison destination
+	rejectedCredited int // distinct rejected orders in the ledger (must be 0)
+	outOfOrder       int // per customer, pairs of ledger rows whose order ids are inverted against applied_seq
+	parkedLeft       int // parked keys left at the end
+	skips            int // `claimtx parked skip --all` requests
+	wantPGRestart    bool
+	elapsed, drain   time.Duration
+	err              error
 }
 
 func (r report) ok() bool {
-	return r.err == nil && r.applied == r.orders && r.ledgerRows == r.orders && r.lost == 0 &&
+	want := r.orders - r.rejected
+	if r.ordered && (r.outOfOrder != 0 || r.rejectedCredited != 0 || r.rejectedPoisoned != r.rejected || r.parkedLeft != 0) {
+		return false
+	}
+	return r.err == nil && r.applied == want && r.ledgerRows == want && r.lost == 0 &&
 		r.doubled == 0 && r.stuck == 0 && r.expectedPts == r.gotPts && r.badPoisoned == r.bad &&
 		r.misPoisoned == 0 && r.crashes == 0 && r.hung == 0 &&
 		r.kills >= r.minKills && r.terms >= r.minTerms &&
@@ -109,12 +124,17 @@ func (r report) summary() string {
 	if r.midRebalance >= 0 {
 		midRebalance = fmt.Sprintf("; mid_rebalance=%d", r.midRebalance)
 	}
-	return fmt.Sprintf("chaos %-5s %s: lost=%d doubled=%d wrongly_poisoned=%d crashes=%d hung_shutdowns=%d stuck=%d mode=%s "+
+	ordered := ""
+	if r.ordered {
+		ordered = fmt.Sprintf("out_of_order=%d rejected=%d rejected_poisoned=%d/%d rejected_credited=%d parked_left=%d skips=%d ",
+			r.outOfOrder, r.rejected, r.rejectedPoisoned, r.rejected, r.rejectedCredited, r.parkedLeft, r.skips)
+	}
+	return fmt.Sprintf("chaos %-5s %s: lost=%d doubled=%d wrongly_poisoned=%d crashes=%d hung_shutdowns=%d %sstuck=%d mode=%s "+
 		"orders=%d deliveries=%d (redelivered=%d extra_copies=%d fresh_ids=%d twins=%d bad=%d) "+
 		"applied=%d ledger_rows=%d poisoned=%d bad_poisoned=%d/%d points=%d/%d "+
 		"sigkills=%d sigterms=%d (ready=%d starting=%d after_kill=%d final=%d%s) sigterm_exit_p50=%s sigterm_exit_max=%s "+
 		"consumer_starts=%d pg_restarts=%d broker_disruptions=%d%s elapsed=%s drain=%s",
-		r.broker, res, r.lost, r.doubled, r.misPoisoned, r.crashes, r.hung, r.stuck, r.mode,
+		r.broker, res, r.lost, r.doubled, r.misPoisoned, r.crashes, r.hung, ordered, r.stuck, r.mode,
 		r.orders, r.published, r.redelivered, r.copies, r.freshIDs, r.twins, r.bad,
 		r.applied, r.ledgerRows, r.poisoned, r.badPoisoned, r.bad, r.gotPts, r.expectedPts,
 		r.kills, r.terms+r.startTerms+r.killTerms+r.finalTerms, r.terms, r.startTerms, r.killTerms, r.finalTerms, midRebalance,
@@ -160,13 +180,34 @@ func roundDur(d time.Duration) time.Duration {
 }
 
 // consumerMode names the loyalty mode the environment selects: batch
-// when BATCH_SIZE > 0 (make chaos-batch), per message otherwise.
+// when BATCH_SIZE > 0 (make chaos-batch), per message otherwise; order
+// mode (CHAOS_ORDER=1, make chaos-order) adds " ordered".
 func consumerMode() string {
+	m := "per-message"
 	if n, err := strconv.Atoi(os.Getenv("BATCH_SIZE")); err == nil && n > 0 {
-		return fmt.Sprintf("batch(size=%d,workers=%s)", n, envOr("BATCH_WORKERS", "2"))
+		workers := envOr("BATCH_WORKERS", "2")
+		if orderMode() {
+			workers = "1"
+		}
+		m = fmt.Sprintf("batch(size=%d,workers=%s)", n, workers)
 	}
-	return "per-message"
+	if orderMode() {
+		m += " ordered(key=customer)"
+	}
+	return m
 }
+
+// orderMode is CHAOS_ORDER=1 (make chaos-order): the consumers credit a
+// customer's orders in delivery order (ORDER_KEY by customer, CONCURRENCY=1)
+// and refuse a few orders for good (LOYALTY_REJECT_ORDERS), which park
+// their customer's later orders until the run skips them at the end.
+func orderMode() bool {
+	v := os.Getenv("CHAOS_ORDER")
+	return v != "" && v != "0" && v != "false"
+}
+
+// orderKeyTemplate keys the loyalty consumer's orders by customer.
+const orderKeyTemplate = "template:customer-{payload.customer_id}"
 
 // runBroker runs the whole scenario against one broker.
 func runBroker(ctx context.Context, o options, kind string) (rep report) {
@@ -182,7 +223,8 @@ func runBroker(ctx context.Context, o options, kind string) (rep report) {
 		mode += " postgres=pgbouncer"
 	}
 	rep = report{broker: kind, mode: mode, orders: o.orders, bad: o.bad,
-		minKills: o.minKills, minTerms: o.minTerms, evictions: -1, midRebalance: -1, wantPGRestart: o.pgRestart != ""}
+		minKills: o.minKills, minTerms: o.minTerms, evictions: -1, midRebalance: -1, wantPGRestart: o.pgRestart != "",
+		ordered: orderMode()}
 	if kind == "kafka" {
 		rep.midRebalance = 0
 	}
@@ -275,6 +317,15 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	topic := fmt.Sprintf("chaos-orders-%s-%s", kind, id)
 	group := "loyalty-chaos-" + id
 	rng := rand.New(rand.NewPCG(o.seed, uint64(len(kind)))) //nolint:gosec // reproducible chaos, not secrets
+	ordered := orderMode()
+	if ordered && kind == "amqp" && o.consumers > 1 {
+		// Competing consumers on one queue interleave a customer's
+		// orders: order mode runs one RabbitMQ consumer (still killed,
+		// SIGTERMed and restarted). Kafka keeps several: a customer's
+		// orders share a partition.
+		o.logf("   order mode: 1 RabbitMQ consumer instead of %d (competing consumers on one queue would reorder a customer's orders)", o.consumers)
+		o.consumers = 1
+	}
 	o.logf("== %s (%s): topic %s, fresh database %s, logs %s", kind, rep.mode, topic, dbName, o.logDir)
 	start := time.Now()
 	elapsed := func() string { return time.Since(start).Round(100 * time.Millisecond).String() }
@@ -328,7 +379,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 			server = &devKafka{bin: o.devkafka, addr: kafkaAddr, dataDir: dataDir,
 				logPath: filepath.Join(o.logDir, fmt.Sprintf("kafka-%s-devkafka.log", id))}
 		}
-		kops = &kafkaOps{topic: topic, group: group, addr: kafkaAddr, broker: server}
+		kops = &kafkaOps{topic: topic, group: group, addr: kafkaAddr, broker: server, byCustomer: ordered}
 		ops = kops
 		defer func() { rep.evictions = server.evictions() }()
 	case "nats":
@@ -351,6 +402,22 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	if err != nil {
 		return err
 	}
+	var rejected []int64
+	concurrency := "CONCURRENCY=4"
+	if ordered {
+		rejected = rejectOrders(o.orders)
+		ids := make([]string, len(rejected))
+		for i, id := range rejected {
+			ids[i] = strconv.FormatInt(id, 10)
+		}
+		concurrency = "CONCURRENCY=1"
+		settings = append(settings, "ORDER_KEY="+orderKeyTemplate, "LOYALTY_REJECT_ORDERS="+strings.Join(ids, ","))
+		if os.Getenv("BATCH_SIZE") != "" {
+			settings = append(settings, "BATCH_WORKERS=1") // an order key's batches apply one at a time
+		}
+		o.logf("   order mode: ORDER_KEY=%s, CONCURRENCY=1, LOYALTY_REJECT_ORDERS=%s", orderKeyTemplate, strings.Join(ids, ","))
+	}
+	rep.rejected = len(rejected)
 	env := consumerEnv(o, append(settings,
 		"BROKER="+kind, "DATABASE_URL="+consumerDB, "CLAIMTX_SCHEMA="+pg.DefaultSchema, "TOPIC="+topic,
 		"AMQP_URL="+o.amqpURL, "AMQP_QUEUE_TYPE="+o.amqpQueueType, "KAFKA_BROKERS="+kafkaAddr, "KAFKA_CONSUMER_GROUP="+group,
@@ -360,7 +427,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		// NATS: through the runner's proxy (natsOps.disrupt); a killed
 		// consumer's unacked messages come back after 5s, not 30s.
 		"NATS_URL="+natsURL, "NATS_ACK_WAIT=5s",
-		"CONCURRENCY=4", "METRICS_ADDR=127.0.0.1:0")...)
+		concurrency, "METRICS_ADDR=127.0.0.1:0")...)
 	sup := newSupervisor(o.loyalty, env, o.logDir, fmt.Sprintf("%s-%s", kind, id), o.consumers, o.logf)
 	defer sup.stop(o.termTimeout)
 	// Cold start: every consumer at once on the empty database, before
@@ -370,7 +437,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	}
 	o.logf("   [%s] cold start: %d consumers started at once on the empty database", elapsed(), o.consumers)
 
-	pl := makePlan(o.orders, o.bad, rng)
+	pl := makePlan(o.orders, o.bad, rejected, rng)
 	rep.planned, rep.redelivered, rep.copies, rep.freshIDs, rep.twins = len(pl.deliveries), pl.redelivered, pl.extraCopies, pl.freshIDs, pl.twins
 	rep.expectedPts = pl.expectedPoints
 	o.logf("   plan: %d deliveries: %d orders, %d redelivered with %d extra copies (%d with fresh broker ids, %d twins), %d bad",
@@ -651,7 +718,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		return n, err
 	}
 	var drainErr error
-	for {
+	for !ordered {
 		n, err1 := ledger(runCtx)
 		poisoned, err2 := ops.poisonedCount(runCtx)
 		drained, err3 := ops.drained(runCtx)
@@ -666,6 +733,9 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 			}
 			break
 		}
+	}
+	if ordered {
+		rep.skips, drainErr = settleOrdered(runCtx, o, ops, pool, schema, dbURL, o.orders-len(rejected), o.bad+len(rejected), elapsed)
 	}
 	rep.drain = time.Since(drainStart)
 	// Graceful stop lets in-flight duplicates finish (and Kafka commit),
@@ -688,6 +758,18 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	}
 	rep.applied, rep.ledgerRows, rep.doubled, rep.gotPts = tally.Applied, tally.LedgerRows, tally.Doubled, tally.Points
 	rep.lost = o.orders - rep.applied
+	refused := map[string]bool{}
+	if ordered {
+		if err := checkOrdered(vctx, pool, schema, rejected, rep); err != nil {
+			return err
+		}
+		// The rejected orders credited (must be none) are not counted
+		// against the others.
+		rep.lost = o.orders - len(rejected) - (rep.applied - rep.rejectedCredited)
+		for _, id := range rejected {
+			refused[fmt.Sprintf("evt-%d", id)] = true
+		}
+	}
 	if rep.stuck, err = ops.remaining(vctx); err != nil {
 		return fmt.Errorf("count remaining messages: %w", err)
 	}
@@ -696,17 +778,22 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 		return fmt.Errorf("read poisoned messages: %w", err)
 	}
 	rep.poisoned = len(msgs)
-	bad := map[string]bool{}
+	bad, rejectedPoisoned := map[string]bool{}, map[string]bool{}
 	wrongReasons := map[string]int{}
 	for _, m := range msgs {
 		if strings.HasPrefix(m.eventID, "bad-") {
 			bad[m.eventID] = true
 			continue
 		}
+		if refused[m.eventID] {
+			// Refused for good, parked, then skipped: expected poison.
+			rejectedPoisoned[m.eventID] = true
+			continue
+		}
 		rep.misPoisoned++
 		wrongReasons[m.reason]++
 	}
-	rep.badPoisoned = len(bad)
+	rep.badPoisoned, rep.rejectedPoisoned = len(bad), len(rejectedPoisoned)
 	for reason, n := range wrongReasons {
 		o.logf("   WRONGLY POISONED: %d valid orders, reason %q", n, reason)
 	}
@@ -802,3 +889,65 @@ func retryDelay(attempt int) time.Duration {
 }
 
 var errTimeout = errors.New("timed out")
+
+// settleOrdered is order mode's drain. The rejected orders park their
+// customers' later orders, so the ledger stops short until they are
+// released: once the broker is drained and the ledger, the parked
+// messages and the poison destination have not moved for 2 s, it asks the
+// running consumers to skip every parked key's head (`claimtx parked skip
+// --all`, as an operator would) and waits again. A skip can release a
+// key into a later rejected order of the same customer, which parks it
+// anew: it repeats until no key is parked, want orders are credited and
+// wantPoison messages poisoned. It returns the skip requests.
+func settleOrdered(ctx context.Context, o options, ops brokerOps, pool *pgxpool.Pool, schema, dbURL string,
+	want, wantPoison int, elapsed func() string) (int, error) {
+	skips := 0
+	var last [4]int
+	stableSince := time.Now()
+	for {
+		var n, keys, rows int
+		err1 := pool.QueryRow(ctx, fmt.Sprintf(`SELECT (SELECT count(DISTINCT order_id) FROM %[1]s.point_ledger),
+			(SELECT count(*) FROM %[2]s.processed_messages_parked_keys), (SELECT count(*) FROM %[2]s.processed_messages_parked)`,
+			pgx.Identifier{schema}.Sanitize(), pgx.Identifier{pg.DefaultSchema}.Sanitize())).Scan(&n, &keys, &rows)
+		poisoned, err2 := ops.poisonedCount(ctx)
+		drained, err3 := ops.drained(ctx)
+		if err := errors.Join(err1, err2, err3); err == nil {
+			if n >= want && poisoned >= wantPoison && drained && keys == 0 {
+				return skips, nil
+			}
+			if cur := [4]int{n, keys, rows, poisoned}; cur != last {
+				last, stableSince = cur, time.Now()
+			}
+			if drained && keys > 0 && time.Since(stableSince) >= 2*time.Second {
+				var out, errOut bytes.Buffer
+				code := claimtxcli.Run(ctx, claimtxcli.Config{}, []string{"parked", "skip", "--consumer", "loyalty", "--all",
+					"--note", "chaos", "--database-url", dbURL, "--schema", pg.DefaultSchema}, &out, &errOut)
+				skips++
+				o.logf("   [%s] %d keys parked (%d messages), credited %d of %d: claimtx parked skip --all (%d): exit %d: %s",
+					elapsed(), keys, rows, n, want, skips, code, strings.TrimSpace(out.String()+" "+errOut.String()))
+				stableSince = time.Now()
+			}
+		}
+		if err := pg.Sleep(ctx, 200*time.Millisecond); err != nil {
+			return skips, fmt.Errorf("drain: %w (credited %d of %d, poisoned %d of %d, drained %v, %d keys parked, %d skips)",
+				errTimeout, n, want, poisoned, wantPoison, drained, keys, skips)
+		}
+	}
+}
+
+// checkOrdered counts, in order mode, the rejected orders credited, the
+// parked keys left, and out_of_order: per customer, the pairs of ledger
+// rows credited (applied_seq) against their order ids.
+func checkOrdered(ctx context.Context, pool *pgxpool.Pool, schema string, rejected []int64, rep *report) error {
+	s := pgx.Identifier{schema}.Sanitize()
+	err := pool.QueryRow(ctx, fmt.Sprintf(`SELECT
+		(SELECT count(DISTINCT order_id) FROM %[1]s.point_ledger WHERE order_id = ANY($1)),
+		(SELECT count(*) FROM %[2]s.processed_messages_parked_keys),
+		(SELECT count(*) FROM %[1]s.point_ledger a JOIN %[1]s.point_ledger b
+			ON a.customer_id = b.customer_id AND a.applied_seq < b.applied_seq AND a.order_id > b.order_id)`,
+		s, pgx.Identifier{pg.DefaultSchema}.Sanitize()), rejected).Scan(&rep.rejectedCredited, &rep.parkedLeft, &rep.outOfOrder)
+	if err != nil {
+		return fmt.Errorf("check order: %w", err)
+	}
+	return nil
+}
