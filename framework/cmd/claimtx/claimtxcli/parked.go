@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
 
@@ -47,12 +48,19 @@ func cmdParked(ctx context.Context, args []string, stdout, _ io.Writer, getenv e
 	name := "parked " + sub
 	fs, c := newFlags(name, stdout, getenv)
 	consumer := fs.String("consumer", "", "the `consumer` name")
-	key := fs.String("key", "", "the order `key`")
-	limit := fs.Int("limit", 100, "at most this many rows")
 	asJSON := fs.Bool("json", false, "print JSON")
+	var key *string
+	if sub != "list" {
+		key = fs.String("key", "", "the order `key`")
+	}
+	var limit *int
 	var all *bool
 	var by, note *string
-	if sub == "retry" || sub == "skip" {
+	if sub == "list" || sub == "show" {
+		limit = fs.Int("limit", 100, "at most this many rows")
+	} else {
+		// --all is every key, so no --limit: a bound would leave keys parked
+		// while the count printed looked complete.
 		all = fs.Bool("all", false, "every parked key of the consumer")
 		by = fs.String("by", cmp.Or(getenv("USER"), "claimtx"), "who asks (recorded with the request)")
 		note = fs.String("note", "", "why (recorded; required by skip, stamped on the poisoned head)")
@@ -61,7 +69,7 @@ func cmdParked(ctx context.Context, args []string, stdout, _ io.Writer, getenv e
 		return err
 	}
 	switch {
-	case *limit < 1:
+	case limit != nil && *limit < 1:
 		return &usageError{msg: name + ": --limit must be positive"}
 	case sub != "list":
 		if err := requireConsumer(name, *consumer); err != nil {
@@ -121,7 +129,7 @@ func cmdParked(ctx context.Context, args []string, stdout, _ io.Writer, getenv e
 	}
 	keys := []string{*key}
 	if *all {
-		ks, err := parking.Keys(ctx, *consumer, *limit)
+		ks, err := parking.Keys(ctx, *consumer, math.MaxInt32)
 		if err != nil {
 			return c.fail(ctx, name, err)
 		}

@@ -73,6 +73,11 @@ func TestCLIParked(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(c.ok("stats", "--json")), &stats))
 	require.Equal(t, []pg.ParkedStats{{Consumer: "loyalty", Keys: 1, Messages: 2, Oldest: stats.Parked[0].Oldest}}, stats.Parked)
 
+	// --all is every key, not the first --limit of them.
+	c.exec(`INSERT INTO processed_messages_parked_keys (consumer, order_key, reason) SELECT 'bulk', 'k-' || i, 'r' FROM generate_series(1, 150) i`)
+	require.NoError(t, json.Unmarshal([]byte(c.ok("parked", "retry", "--consumer", "bulk", "--all", "--json")), &req))
+	require.Len(t, req.Requested, 150)
+
 	code, _, errOut := c.run("parked", "retry", "--consumer", "loyalty", "--key", "customer-8")
 	require.Equal(t, exitFail, code)
 	require.Contains(t, errOut, `order key "customer-8" of consumer "loyalty" is not parked`)
@@ -90,5 +95,7 @@ func TestCLIParked(t *testing.T) {
 		{[]string{"parked", "skip", "--consumer", "loyalty", "--key", "customer-7"}, "--note is required"},
 		{[]string{"parked", "list", "--all"}, "not defined"},
 		{[]string{"parked", "list", "--limit", "0"}, "--limit must be positive"},
+		{[]string{"parked", "list", "--key", "k"}, "not defined"},
+		{[]string{"parked", "retry", "--consumer", "loyalty", "--all", "--limit", "5"}, "not defined"},
 	})
 }
