@@ -40,6 +40,17 @@ Examples:
 // previewBytes bounds a payload shown in text.
 const previewBytes = 120
 
+// payloadPreview is a payload on one table line: text, or base64 when it is
+// not UTF-8, of at most previewBytes of it.
+func payloadPreview(b []byte) string {
+	s, cut := opfmt.Payload(b, previewBytes)
+	s = opfmt.OneLine(s, 2*previewBytes) // base64 of previewBytes stays within it: only whitespace is squeezed
+	if cut {
+		s += fmt.Sprintf(" … (%d bytes)", len(b))
+	}
+	return s
+}
+
 func cmdParked(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, _ Config) error {
 	sub, rest, err := subcommand("parked", parkedUsage, args, stdout, "list", "show", "retry", "skip")
 	if err != nil {
@@ -123,7 +134,7 @@ func cmdParked(ctx context.Context, args []string, stdout, _ io.Writer, getenv e
 		tw := newTable(stdout)
 		printlnTo(tw, "ID\tDEDUP KEY\tUUID\tPARKED\tREASON\tPAYLOAD")
 		for _, m := range ms {
-			printf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", m.ID, opfmt.OneLine(m.Key, 60), opfmt.OneLine(m.UUID, 40), m.ParkedAt.UTC().Format(time.RFC3339), opfmt.OneLine(cmp.Or(m.Reason, "(behind the head)"), 80), opfmt.OneLine(string(m.Payload), previewBytes))
+			printf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", m.ID, opfmt.OneLine(m.Key, 60), opfmt.OneLine(m.UUID, 40), m.ParkedAt.UTC().Format(time.RFC3339), opfmt.OneLine(cmp.Or(m.Reason, "(behind the head)"), 80), payloadPreview(m.Payload))
 		}
 		return tw.Flush()
 	}
@@ -171,18 +182,10 @@ func notParked(consumer, key string) error {
 func printKeys(w io.Writer, keys []pg.ParkedKey) {
 	tw := newTable(w)
 	printlnTo(tw, "CONSUMER\tORDER KEY\tMESSAGES\tPARKED\tAGE\tFAILURES\tRELEASE\tREASON")
+	now := time.Now()
 	for _, k := range keys {
-		release := "-"
-		switch {
-		case k.SkipHead:
-			release = "skip requested by " + cmp.Or(k.RequestedBy, "?")
-		case k.RetryAt != nil && !k.RetryAt.After(time.Now()):
-			release = "due"
-		case k.RetryAt != nil:
-			release = "auto at " + k.RetryAt.UTC().Format(time.RFC3339)
-		}
 		printf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", k.Consumer, opfmt.OneLine(k.OrderKey, 60), k.Messages, k.ParkedAt.UTC().Format(time.RFC3339),
-			time.Since(k.ParkedAt).Round(time.Second), k.Failures, release, opfmt.OneLine(k.Reason, 100))
+			opfmt.Age(now.Sub(k.ParkedAt)), k.Failures, opfmt.Release(k, now), opfmt.OneLine(k.Reason, 100))
 	}
 	_ = tw.Flush()
 	if len(keys) == 0 {

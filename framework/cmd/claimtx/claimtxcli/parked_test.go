@@ -28,6 +28,7 @@ func TestCLIParked(t *testing.T) {
 	out := c.ok("parked", "list")
 	require.Contains(t, out, "customer-7")
 	require.Contains(t, out, "total_cents: not a number")
+	require.Contains(t, out, "on request")
 	var keys []pg.ParkedKey
 	require.NoError(t, json.Unmarshal([]byte(c.ok("parked", "list", "--consumer", "loyalty", "--json")), &keys))
 	require.Len(t, keys, 1)
@@ -53,6 +54,7 @@ func TestCLIParked(t *testing.T) {
 	require.NotNil(t, keys[0].RetryAt, "due now")
 	require.Equal(t, "ops", keys[0].RequestedBy)
 	require.False(t, keys[0].SkipHead)
+	require.Contains(t, c.ok("parked", "list"), "retry requested by ops")
 
 	var req struct {
 		Requested []string `json:"requested"`
@@ -64,6 +66,7 @@ func TestCLIParked(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(c.ok("parked", "list", "--json")), &keys))
 	require.True(t, keys[0].SkipHead)
 	require.Equal(t, "cancelled upstream", keys[0].RequestNote)
+	require.Contains(t, c.ok("parked", "list"), "skip requested by")
 
 	// stats counts them.
 	require.Contains(t, c.ok("stats"), "PARKED KEYS")

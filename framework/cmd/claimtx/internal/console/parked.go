@@ -1,7 +1,6 @@
 package console
 
 import (
-	"cmp"
 	"context"
 	"net/http"
 	"net/url"
@@ -25,12 +24,12 @@ type parkedKeyRow struct {
 
 // parkedMsgRow is one parked message.
 type parkedMsgRow struct {
-	ID            int64
-	Key, UUID     string
-	Age, Reason   string
-	Payload       string
-	Size          int
-	Head, Pending bool
+	ID          int64
+	Key, UUID   string
+	Age, Reason string
+	Payload     string
+	Size        int
+	Head        bool
 }
 
 type parkedData struct {
@@ -42,18 +41,9 @@ type parkedData struct {
 }
 
 func keyRow(k pg.ParkedKey, now time.Time) parkedKeyRow {
-	release := "on request"
-	switch {
-	case k.SkipHead:
-		release = "skip requested by " + cmp.Or(k.RequestedBy, "?")
-	case k.RetryAt != nil && !k.RetryAt.After(now):
-		release = "due now"
-	case k.RetryAt != nil:
-		release = "automatic in " + opfmt.FormatDuration(k.RetryAt.Sub(now).Round(time.Second))
-	}
 	return parkedKeyRow{
 		Consumer: k.Consumer, OrderKey: opfmt.OneLine(k.OrderKey, 200), Age: opfmt.Age(now.Sub(k.ParkedAt)),
-		Reason: opfmt.OneLine(k.Reason, 300), Release: release, Messages: k.Messages, Failures: k.Failures,
+		Reason: opfmt.OneLine(k.Reason, 300), Release: opfmt.Release(k, now), Messages: k.Messages, Failures: k.Failures,
 		URL: "/parked/key?" + url.Values{"consumer": {k.Consumer}, "key": {k.OrderKey}}.Encode(),
 	}
 }

@@ -57,7 +57,9 @@ func TestParkedPages(t *testing.T) {
 	due, skip, _ := e.release(t)
 	require.True(t, due)
 	require.False(t, skip)
-	require.Contains(t, e.ok(r.header.Get("Location")), "Requested a retry")
+	page = e.ok(r.header.Get("Location"))
+	require.Contains(t, page, "Requested a retry")
+	require.Contains(t, page, "retry requested by console")
 
 	form.Set("note", "cancelled upstream")
 	r = e.post("/parked/skip", form)
