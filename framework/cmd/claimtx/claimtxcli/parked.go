@@ -17,23 +17,45 @@ import (
 // (middleware.Claim.OrderKey). The commands only touch Postgres: retry and
 // skip request a release, which the running consumer performs.
 
-const parkedUsage = `Usage: claimtx parked <list|show|retry|skip> [flags]
+const parkedUsage = `Usage: claimtx parked SUBCOMMAND [flags]
 
   list    parked order keys, oldest first
   show    one key's parked messages, in order
   retry   ask the consumer to run a key's parked messages through the handler again, in order
   skip    ask the consumer to poison a key's head (with who and why), then retry the rest
 
-Run "claimtx parked <subcommand> -h" for its flags.
+Order keys parked by ordered effects (ORDER_KEY, docs/effects.md "Ordered effects"): a
+message of the key failed for good, and it and every later message of the key wait in
+Postgres. list and show read them; retry and skip only record a request, which the running
+consumer performs within about a second.
+
+Run "claimtx parked SUBCOMMAND -h" for a subcommand's flags and an example.
 `
 
 func init() {
-	synopses["parked"] = `Order keys parked by ordered effects (ORDER_KEY, docs/effects.md "Ordered effects"): a message of the key failed for good, and it and every later message of the key wait in Postgres. list and show read them; retry and skip ask the running consumer for a release, which it performs within about a second: the parked messages run through the handler in their order, each under its claim, and the first that still fails keeps the key parked. skip first sends the head to the poison destination with who asked (--by, default $USER) and why (--note).
+	synopses["parked list"] = `List parked order keys, oldest first: consumer, key, parked messages, when and how long
+ago the key parked, failed releases, the next release (a pending request and who made it,
+an automatic one, or none until asked) and why the head last failed.
 
-Examples:
-  claimtx parked list --consumer loyalty
-  claimtx parked show --consumer loyalty --key customer-42 --json
-  claimtx parked retry --consumer loyalty --all
+Example:
+  claimtx parked list --consumer loyalty`
+	synopses["parked show"] = `Show one parked order key and its parked messages in the order they will be applied:
+id, dedup key, UUID, when parked, the head's reason, and the start of the payload.
+--json prints the whole payload (base64) and the metadata.
+
+Example:
+  claimtx parked show --consumer loyalty --key customer-42 --json`
+	synopses["parked retry"] = `Ask the running consumer to release an order key (--key) or every parked key of the
+consumer (--all): the parked messages run through the handler in their order, each under
+its claim, and the first that still fails keeps the key parked. Fails when --key is not
+parked.
+
+Example:
+  claimtx parked retry --consumer loyalty --all --note "total_cents parser fixed in 1.4.2"`
+	synopses["parked skip"] = `As retry, but the head is first sent to the poison destination with who asked (--by,
+default $USER) and why (--note, required); the rest of the key are retried after it.
+
+Example:
   claimtx parked skip --consumer loyalty --key customer-42 --note "order 9912 was cancelled upstream"`
 }
 

@@ -119,6 +119,12 @@ func TestCLIParked(t *testing.T) {
 	c.exec(`INSERT INTO processed_messages_parked_keys (consumer, order_key, reason) SELECT 'bulk', 'k-' || i, 'r' FROM generate_series(1, 150) i`)
 	require.Len(t, decode[parkedRequested](t, c.ok("parked", "retry", "--consumer", "bulk", "--all", "--json")).Requested, 150)
 
+	for _, sub := range []string{"list", "show", "retry", "skip"} {
+		out := c.ok("parked", sub, "-h")
+		require.Contains(t, out, "Example:\n  claimtx parked "+sub)
+	}
+	require.Contains(t, c.ok("parked", "-h"), "ORDER_KEY")
+
 	c.refuses([]usageCase{
 		{[]string{"parked"}, "want a subcommand"},
 		{[]string{"parked", "drop"}, "unknown subcommand"},
