@@ -192,7 +192,7 @@ func cmdParked(ctx context.Context, args []string, stdout, _ io.Writer, getenv e
 		}{*consumer, sub == "skip", nonNil(requested)})
 	}
 	printf(stdout, "requested a %s of %d parked order keys of consumer %s; the running consumer releases them within about a second (claimtx parked list shows what is left)\n",
-		map[bool]string{true: "skip", false: "retry"}[sub == "skip"], len(requested), *consumer)
+		sub, len(requested), *consumer)
 	return nil
 }
 
