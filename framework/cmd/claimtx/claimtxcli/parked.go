@@ -202,6 +202,10 @@ func notParked(consumer, key string) error {
 }
 
 func printKeys(w io.Writer, keys []pg.ParkedKey) {
+	if len(keys) == 0 {
+		printlnTo(w, "no parked order keys")
+		return
+	}
 	tw := newTable(w)
 	printlnTo(tw, "CONSUMER\tORDER KEY\tMESSAGES\tPARKED\tAGE\tFAILURES\tRELEASE\tREASON")
 	now := time.Now()
@@ -210,9 +214,6 @@ func printKeys(w io.Writer, keys []pg.ParkedKey) {
 			opfmt.Age(now.Sub(k.ParkedAt)), k.Failures, opfmt.Release(k, now), opfmt.OneLine(k.Reason, 100))
 	}
 	_ = tw.Flush()
-	if len(keys) == 0 {
-		printlnTo(w, "no parked order keys")
-	}
 }
 
 // nonNil makes an empty list print as [] in JSON.
