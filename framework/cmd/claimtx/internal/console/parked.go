@@ -33,11 +33,12 @@ type parkedMsgRow struct {
 }
 
 type parkedData struct {
-	Error string
-	Keys  []parkedKeyRow
-	Key   *parkedKeyRow  // the key page's
-	Msgs  []parkedMsgRow // its messages, in order
-	Done  string         // the request just recorded
+	Consumer string // the list's filter, "" for all
+	Error    string
+	Keys     []parkedKeyRow
+	Key      *parkedKeyRow  // the key page's
+	Msgs     []parkedMsgRow // its messages, in order
+	Done     string         // the request just recorded
 }
 
 func keyRow(k pg.ParkedKey, now time.Time) parkedKeyRow {
@@ -48,12 +49,13 @@ func keyRow(k pg.ParkedKey, now time.Time) parkedKeyRow {
 	}
 }
 
-// parked is GET /parked: every parked order key, oldest first.
+// parked is GET /parked: the parked order keys, oldest first, of every
+// consumer or of ?consumer= (the overview's links).
 func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
-	d := parkedData{}
+	d := parkedData{Consumer: r.FormValue("consumer")}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
 	defer cancel()
-	keys, err := pg.ParkingOf(c.store).Keys(ctx, "", maxParkedRows)
+	keys, err := pg.ParkingOf(c.store).Keys(ctx, d.Consumer, maxParkedRows)
 	if err != nil {
 		d.Error = "reading the parked keys: " + c.errText(err)
 	}

@@ -36,6 +36,11 @@ func TestParkedPages(t *testing.T) {
 	require.Contains(t, list, "customer-7")
 	require.Contains(t, list, "total_cents: &lt;not a number&gt;", "escaped")
 	require.Contains(t, list, `href="/parked/key?consumer=loyalty&amp;key=customer-7"`)
+	require.Contains(t, e.ok("/"), `href="/parked?consumer=loyalty"`)
+	require.Contains(t, e.ok("/parked?consumer=loyalty"), "customer-7")
+	other := e.ok("/parked?consumer=billing")
+	require.NotContains(t, other, "customer-7")
+	require.Contains(t, other, "No parked order keys.")
 
 	page := e.ok("/parked/key?consumer=loyalty&key=customer-7")
 	require.Contains(t, page, "order-completed:2")
