@@ -104,7 +104,7 @@ func cmdStats(ctx context.Context, args []string, stdout, _ io.Writer, getenv en
 		tw := newTable(stdout)
 		printlnTo(tw, "CONSUMER\tPARKED KEYS\tPARKED MESSAGES\tOLDEST PARKED")
 		for _, p := range parked {
-			printf(tw, "%s\t%d\t%d\t%s ago\n", p.Consumer, p.Keys, p.Messages, time.Since(p.Oldest).Round(time.Second))
+			printf(tw, "%s\t%d\t%d\t%s ago\n", p.Consumer, p.Keys, p.Messages, opfmt.Age(time.Since(p.Oldest)))
 		}
 		_ = tw.Flush()
 	}

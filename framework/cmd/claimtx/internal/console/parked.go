@@ -1,7 +1,6 @@
 package console
 
 import (
-	"cmp"
 	"context"
 	"net/http"
 	"net/url"
@@ -25,45 +24,38 @@ type parkedKeyRow struct {
 
 // parkedMsgRow is one parked message.
 type parkedMsgRow struct {
-	ID            int64
-	Key, UUID     string
-	Age, Reason   string
-	Payload       string
-	Size          int
-	Head, Pending bool
+	ID          int64
+	Key, UUID   string
+	Age, Reason string
+	Payload     string
+	Size        int
+	Head        bool
 }
 
 type parkedData struct {
-	Error string
-	Keys  []parkedKeyRow
-	Key   *parkedKeyRow  // the key page's
-	Msgs  []parkedMsgRow // its messages, in order
-	Done  string         // the request just recorded
+	Consumer string // the list's filter, "" for all
+	Error    string
+	Keys     []parkedKeyRow
+	Key      *parkedKeyRow  // the key page's
+	Msgs     []parkedMsgRow // its messages, in order
+	Done     string         // the request just recorded
 }
 
 func keyRow(k pg.ParkedKey, now time.Time) parkedKeyRow {
-	release := "on request"
-	switch {
-	case k.SkipHead:
-		release = "skip requested by " + cmp.Or(k.RequestedBy, "?")
-	case k.RetryAt != nil && !k.RetryAt.After(now):
-		release = "due now"
-	case k.RetryAt != nil:
-		release = "automatic in " + opfmt.FormatDuration(k.RetryAt.Sub(now).Round(time.Second))
-	}
 	return parkedKeyRow{
 		Consumer: k.Consumer, OrderKey: opfmt.OneLine(k.OrderKey, 200), Age: opfmt.Age(now.Sub(k.ParkedAt)),
-		Reason: opfmt.OneLine(k.Reason, 300), Release: release, Messages: k.Messages, Failures: k.Failures,
+		Reason: opfmt.OneLine(k.Reason, 300), Release: opfmt.Release(k, now), Messages: k.Messages, Failures: k.Failures,
 		URL: "/parked/key?" + url.Values{"consumer": {k.Consumer}, "key": {k.OrderKey}}.Encode(),
 	}
 }
 
-// parked is GET /parked: every parked order key, oldest first.
+// parked is GET /parked: the parked order keys, oldest first, of every
+// consumer or of ?consumer= (the overview's links).
 func (c *Console) parked(w http.ResponseWriter, r *http.Request) {
-	d := parkedData{}
+	d := parkedData{Consumer: r.FormValue("consumer")}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
 	defer cancel()
-	keys, err := pg.ParkingOf(c.store).Keys(ctx, "", maxParkedRows)
+	keys, err := pg.ParkingOf(c.store).Keys(ctx, d.Consumer, maxParkedRows)
 	if err != nil {
 		d.Error = "reading the parked keys: " + c.errText(err)
 	}

@@ -36,6 +36,11 @@ func TestParkedPages(t *testing.T) {
 	require.Contains(t, list, "customer-7")
 	require.Contains(t, list, "total_cents: &lt;not a number&gt;", "escaped")
 	require.Contains(t, list, `href="/parked/key?consumer=loyalty&amp;key=customer-7"`)
+	require.Contains(t, e.ok("/"), `href="/parked?consumer=loyalty"`)
+	require.Contains(t, e.ok("/parked?consumer=loyalty"), "customer-7")
+	other := e.ok("/parked?consumer=billing")
+	require.NotContains(t, other, "customer-7")
+	require.Contains(t, other, "No parked order keys.")
 
 	page := e.ok("/parked/key?consumer=loyalty&key=customer-7")
 	require.Contains(t, page, "order-completed:2")
@@ -43,21 +48,28 @@ func TestParkedPages(t *testing.T) {
 	require.Contains(t, page, `{&#34;order_id&#34;: 3}`)
 	csrf := csrfField.FindStringSubmatch(page)[1]
 
-	form := url.Values{"consumer": {"loyalty"}, "key": {"customer-7"}}
-	r := e.post("/parked/retry", form)
-	require.Equal(t, http.StatusForbidden, r.status, "no CSRF token")
+	form := url.Values{"consumer": {"loyalty"}, "key": {"customer-7"}, "note": {"n"}}
+	for _, path := range []string{"/parked/retry", "/parked/skip"} {
+		require.Equal(t, http.StatusForbidden, e.post(path, form).status, "%s without a CSRF token", path)
+		form.Set("csrf", "not-the-token")
+		require.Equal(t, http.StatusForbidden, e.post(path, form).status, "%s with a wrong CSRF token", path)
+		form.Del("csrf")
+	}
+	form.Del("note")
 	due, _, _ := e.release(t)
 	require.False(t, due)
 
 	form.Set("csrf", csrf)
-	r = e.post("/parked/skip", form)
+	r := e.post("/parked/skip", form)
 	require.Equal(t, http.StatusBadRequest, r.status, "a skip needs a note")
 	r = e.post("/parked/retry", form)
 	require.Equal(t, http.StatusSeeOther, r.status, r.body)
 	due, skip, _ := e.release(t)
 	require.True(t, due)
 	require.False(t, skip)
-	require.Contains(t, e.ok(r.header.Get("Location")), "Requested a retry")
+	page = e.ok(r.header.Get("Location"))
+	require.Contains(t, page, "Requested a retry")
+	require.Contains(t, page, "retry requested by console")
 
 	form.Set("note", "cancelled upstream")
 	r = e.post("/parked/skip", form)
@@ -78,9 +90,11 @@ func TestParkedReadOnly(t *testing.T) {
 	require.NotContains(t, page, "retry-form")
 	require.NotContains(t, page, "skip-form")
 	// Refused for being read-only, before the CSRF check.
-	r := e.post("/parked/retry", url.Values{"consumer": {"loyalty"}, "key": {"customer-7"}})
-	require.Equal(t, http.StatusForbidden, r.status)
-	require.Contains(t, r.body, "read-only")
+	for _, path := range []string{"/parked/retry", "/parked/skip"} {
+		r := e.post(path, url.Values{"consumer": {"loyalty"}, "key": {"customer-7"}, "note": {"n"}})
+		require.Equal(t, http.StatusForbidden, r.status, path)
+		require.Contains(t, r.body, "read-only", path)
+	}
 	due, _, _ := e.release(t)
 	require.False(t, due)
 }

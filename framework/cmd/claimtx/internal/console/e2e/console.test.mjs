@@ -275,6 +275,7 @@ describe('claimtx console', { concurrency: 1 }, () => {
     await shot('console-parked.png');
     await page.getByRole('button', { name: 'Retry', exact: true }).click();
     await page.locator('#done', { hasText: 'Requested a retry' }).waitFor({ timeout: STEP_TIMEOUT });
+    await waitText(page.locator('#release'), 'retry requested by console');
     // A skip needs its note: the browser refuses the empty form.
     await page.getByRole('button', { name: 'Skip the head', exact: true }).click();
     assert.equal(await page.locator('#done').count(), 1, 'still the retry notice: the skip was not sent');
