@@ -41,17 +41,35 @@ type plan struct {
 	rejected []int64
 }
 
-// rejectOrders picks about 1 in 200 of n orders, spread over customers
-// (order i is customer i%211+1), plus a second one of the first rejected
-// order's customer two of its orders later, so one customer has a parked
-// head with a later rejected order behind it.
-func rejectOrders(n int) []int64 {
+// customers is how many customers the plan's orders go to.
+const customers = 211
+
+// customerOf is order i's customer: orders come in runs of burst orders of
+// one customer (burst 1: order i is customer i%211+1). Order mode uses
+// runs of orderBurst, so a customer's orders follow each other closely
+// in the stream and competing consumers or a redelivery that overtook
+// them would show as out_of_order.
+func customerOf(i, burst int) int64 { return int64((i/burst)%customers + 1) }
+
+// orderBurst is order mode's run of consecutive orders per customer.
+const orderBurst = 5
+
+// rejectOrders picks about 1 in 200 of n orders, spread over customers,
+// plus the second order after the first rejected one of the same
+// customer, so one customer has a parked head with a later rejected order
+// parked behind it (the run then has to skip twice).
+func rejectOrders(n, burst int) []int64 {
 	var ids []int64
 	for i := 100; i <= n; i += 200 {
 		ids = append(ids, int64(i))
 	}
-	if second := 100 + 2*211; second <= n {
-		ids = append(ids, int64(second))
+	for i, seen := 101, 0; i <= n && len(ids) > 0; i++ {
+		if customerOf(i, burst) == customerOf(100, burst) {
+			if seen++; seen == 2 {
+				ids = append(ids, int64(i))
+				break
+			}
+		}
 	}
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	return ids
@@ -73,9 +91,10 @@ var badPayloads = []string{
 // copies follow their original at once (twins, processed concurrently by
 // competing consumers), the rest come at a random later point of the
 // stream, as a republish would. bad undecodable messages are mixed in.
-// rejected orders (order mode) earn no points. Every copy comes after its
+// Orders come in runs of burst per customer; rejected orders (order
+// mode) earn no points. Every copy comes after its
 // original, so each customer's orders are published in increasing order id.
-func makePlan(n, bad int, rejected []int64, rng *rand.Rand) plan {
+func makePlan(n, bad, burst int, rejected []int64, rng *rand.Rand) plan {
 	p := plan{orders: n, bad: bad, rejected: rejected}
 	refused := map[int64]bool{}
 	for _, id := range rejected {
@@ -87,7 +106,7 @@ func makePlan(n, bad int, rejected []int64, rng *rand.Rand) plan {
 	}
 	all := make([]placed, 0, n+n/2+bad)
 	for i := 1; i <= n; i++ {
-		o := feed.Order{OrderID: int64(i), CustomerID: int64(i%211 + 1), TotalCents: int64(100 + rng.IntN(100_000))}
+		o := feed.Order{OrderID: int64(i), CustomerID: customerOf(i, burst), TotalCents: int64(100 + rng.IntN(100_000))}
 		body, _ := json.Marshal(o) // a struct of int64s always marshals
 		d := delivery{eventID: fmt.Sprintf("evt-%d", i), payload: body, brokerID: fmt.Sprintf("msg-%d-0", i),
 			customer: fmt.Sprint(o.CustomerID)}
