@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strings"
 
 	"github.com/claimtx/claimtx/examples/loyalty/feed"
 )
@@ -83,7 +84,20 @@ var badPayloads = []string{
 	`not json`,
 	`{"customer_id": 5, "total_cents": 100}`,
 	`{"order_id": [1], "customer_id": 1, "total_cents": 1}`,
-	`{"order_id": -7, "customer_id": 1, "total_cents": -1}`,
+	// A valid key (negative: no real order's), refused by the handler:
+	// %d makes each one a message of its own (badPayload). With one key,
+	// order mode would rightly ack the copies behind a skipped head as its
+	// duplicates, and they would not reach the poison destination.
+	`{"order_id": -%d, "customer_id": 1, "total_cents": -1}`,
+}
+
+// badPayload is the i-th bad message's payload.
+func badPayload(i int) []byte {
+	p := badPayloads[i%len(badPayloads)]
+	if strings.Contains(p, "%d") {
+		p = fmt.Sprintf(p, 7+i)
+	}
+	return []byte(p)
 }
 
 // makePlan builds n orders; about 30% of them are delivered 1-3 extra
@@ -137,7 +151,7 @@ func makePlan(n, bad, burst int, rejected []int64, rng *rand.Rand) plan {
 		}
 	}
 	for i := 0; i < bad; i++ {
-		d := delivery{eventID: fmt.Sprintf("bad-%d", i), payload: []byte(badPayloads[i%len(badPayloads)]),
+		d := delivery{eventID: fmt.Sprintf("bad-%d", i), payload: badPayload(i),
 			brokerID: fmt.Sprintf("bad-%d", i), bad: true}
 		all = append(all, placed{rng.Float64() * float64(n), d})
 	}

@@ -170,3 +170,17 @@ func TestRejectOrders(t *testing.T) {
 	require.Equal(t, 2, perCustomer[customerOf(100, orderBurst)], "one customer has a second rejected order behind its first")
 	require.Len(t, perCustomer, 10)
 }
+
+// TestBadPayloadsDistinct: no two bad messages share a claim key, so each
+// must reach the poison destination on its own, in order mode too.
+func TestBadPayloadsDistinct(t *testing.T) {
+	seen := map[string]bool{}
+	for i := 0; i < 20; i++ {
+		p := string(badPayload(i))
+		if i%len(badPayloads) == 4 {
+			require.False(t, seen[p], p)
+			require.NotContains(t, p, "%")
+		}
+		seen[p] = true
+	}
+}
