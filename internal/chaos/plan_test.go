@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sort"
+	"strings"
 
 	"github.com/claimtx/claimtx/examples/loyalty/feed"
 )
@@ -41,17 +42,35 @@ type plan struct {
 	rejected []int64
 }
 
-// rejectOrders picks about 1 in 200 of n orders, spread over customers
-// (order i is customer i%211+1), plus a second one of the first rejected
-// order's customer two of its orders later, so one customer has a parked
-// head with a later rejected order behind it.
-func rejectOrders(n int) []int64 {
+// customers is how many customers the plan's orders go to.
+const customers = 211
+
+// customerOf is order i's customer: orders come in runs of burst orders of
+// one customer (burst 1: order i is customer i%211+1). Order mode uses
+// runs of orderBurst, so a customer's orders follow each other closely
+// in the stream and competing consumers or a redelivery that overtook
+// them would show as out_of_order.
+func customerOf(i, burst int) int64 { return int64((i/burst)%customers + 1) }
+
+// orderBurst is order mode's run of consecutive orders per customer.
+const orderBurst = 5
+
+// rejectOrders picks about 1 in 200 of n orders, spread over customers,
+// plus the second order after the first rejected one of the same
+// customer, so one customer has a parked head with a later rejected order
+// parked behind it (the run then has to skip twice).
+func rejectOrders(n, burst int) []int64 {
 	var ids []int64
 	for i := 100; i <= n; i += 200 {
 		ids = append(ids, int64(i))
 	}
-	if second := 100 + 2*211; second <= n {
-		ids = append(ids, int64(second))
+	for i, seen := 101, 0; i <= n && len(ids) > 0; i++ {
+		if customerOf(i, burst) == customerOf(100, burst) {
+			if seen++; seen == 2 {
+				ids = append(ids, int64(i))
+				break
+			}
+		}
 	}
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	return ids
@@ -65,7 +84,20 @@ var badPayloads = []string{
 	`not json`,
 	`{"customer_id": 5, "total_cents": 100}`,
 	`{"order_id": [1], "customer_id": 1, "total_cents": 1}`,
-	`{"order_id": -7, "customer_id": 1, "total_cents": -1}`,
+	// A valid key (negative: no real order's), refused by the handler:
+	// %d makes each one a message of its own (badPayload). With one key,
+	// order mode would rightly ack the copies behind a skipped head as its
+	// duplicates, and they would not reach the poison destination.
+	`{"order_id": -%d, "customer_id": 1, "total_cents": -1}`,
+}
+
+// badPayload is the i-th bad message's payload.
+func badPayload(i int) []byte {
+	p := badPayloads[i%len(badPayloads)]
+	if strings.Contains(p, "%d") {
+		p = fmt.Sprintf(p, 7+i)
+	}
+	return []byte(p)
 }
 
 // makePlan builds n orders; about 30% of them are delivered 1-3 extra
@@ -73,9 +105,10 @@ var badPayloads = []string{
 // copies follow their original at once (twins, processed concurrently by
 // competing consumers), the rest come at a random later point of the
 // stream, as a republish would. bad undecodable messages are mixed in.
-// rejected orders (order mode) earn no points. Every copy comes after its
+// Orders come in runs of burst per customer; rejected orders (order
+// mode) earn no points. Every copy comes after its
 // original, so each customer's orders are published in increasing order id.
-func makePlan(n, bad int, rejected []int64, rng *rand.Rand) plan {
+func makePlan(n, bad, burst int, rejected []int64, rng *rand.Rand) plan {
 	p := plan{orders: n, bad: bad, rejected: rejected}
 	refused := map[int64]bool{}
 	for _, id := range rejected {
@@ -87,7 +120,7 @@ func makePlan(n, bad int, rejected []int64, rng *rand.Rand) plan {
 	}
 	all := make([]placed, 0, n+n/2+bad)
 	for i := 1; i <= n; i++ {
-		o := feed.Order{OrderID: int64(i), CustomerID: int64(i%211 + 1), TotalCents: int64(100 + rng.IntN(100_000))}
+		o := feed.Order{OrderID: int64(i), CustomerID: customerOf(i, burst), TotalCents: int64(100 + rng.IntN(100_000))}
 		body, _ := json.Marshal(o) // a struct of int64s always marshals
 		d := delivery{eventID: fmt.Sprintf("evt-%d", i), payload: body, brokerID: fmt.Sprintf("msg-%d-0", i),
 			customer: fmt.Sprint(o.CustomerID)}
@@ -118,7 +151,7 @@ func makePlan(n, bad int, rejected []int64, rng *rand.Rand) plan {
 		}
 	}
 	for i := 0; i < bad; i++ {
-		d := delivery{eventID: fmt.Sprintf("bad-%d", i), payload: []byte(badPayloads[i%len(badPayloads)]),
+		d := delivery{eventID: fmt.Sprintf("bad-%d", i), payload: badPayload(i),
 			brokerID: fmt.Sprintf("bad-%d", i), bad: true}
 		all = append(all, placed{rng.Float64() * float64(n), d})
 	}

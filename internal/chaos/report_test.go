@@ -158,14 +158,29 @@ func TestReportVerdictOrdered(t *testing.T) {
 }
 
 func TestRejectOrders(t *testing.T) {
-	require.Equal(t, []int64{100, 300, 500, 522, 700, 900}, rejectOrders(1000))
-	require.Empty(t, rejectOrders(50))
-	ids := rejectOrders(2000)
-	require.Len(t, ids, 11)
-	customers := map[int64]int{}
+	require.Equal(t, int64(101), customerOf(100, 1), "burst 1 is the plan's usual i%211+1")
+	require.Equal(t, []int64{100, 300, 500, 522, 700, 900}, rejectOrders(1000, 1))
+	require.Empty(t, rejectOrders(50, orderBurst))
+	ids := rejectOrders(2000, orderBurst)
+	require.Equal(t, []int64{100, 102, 300, 500, 700, 900, 1100, 1300, 1500, 1700, 1900}, ids)
+	perCustomer := map[int64]int{}
 	for _, id := range ids {
-		customers[id%211+1]++
+		perCustomer[customerOf(int(id), orderBurst)]++
 	}
-	require.Equal(t, 2, customers[101], "one customer has a second rejected order behind its first")
-	require.Len(t, customers, 10)
+	require.Equal(t, 2, perCustomer[customerOf(100, orderBurst)], "one customer has a second rejected order behind its first")
+	require.Len(t, perCustomer, 10)
+}
+
+// TestBadPayloadsDistinct: no two bad messages share a claim key, so each
+// must reach the poison destination on its own, in order mode too.
+func TestBadPayloadsDistinct(t *testing.T) {
+	seen := map[string]bool{}
+	for i := 0; i < 20; i++ {
+		p := string(badPayload(i))
+		if i%len(badPayloads) == 4 {
+			require.False(t, seen[p], p)
+			require.NotContains(t, p, "%")
+		}
+		seen[p] = true
+	}
 }

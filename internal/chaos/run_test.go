@@ -405,7 +405,7 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	var rejected []int64
 	concurrency := "CONCURRENCY=4"
 	if ordered {
-		rejected = rejectOrders(o.orders)
+		rejected = rejectOrders(o.orders, orderBurst)
 		ids := make([]string, len(rejected))
 		for i, id := range rejected {
 			ids[i] = strconv.FormatInt(id, 10)
@@ -437,7 +437,11 @@ func runScenario(ctx context.Context, o options, kind string, rep *report) error
 	}
 	o.logf("   [%s] cold start: %d consumers started at once on the empty database", elapsed(), o.consumers)
 
-	pl := makePlan(o.orders, o.bad, rejected, rng)
+	burst := 1
+	if ordered {
+		burst = orderBurst
+	}
+	pl := makePlan(o.orders, o.bad, burst, rejected, rng)
 	rep.planned, rep.redelivered, rep.copies, rep.freshIDs, rep.twins = len(pl.deliveries), pl.redelivered, pl.extraCopies, pl.freshIDs, pl.twins
 	rep.expectedPts = pl.expectedPoints
 	o.logf("   plan: %d deliveries: %d orders, %d redelivered with %d extra copies (%d with fresh broker ids, %d twins), %d bad",
