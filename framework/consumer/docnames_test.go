@@ -39,7 +39,7 @@ var notVariables = map[string]string{
 	// A SASL mechanism, the value of KAFKA_SASL_MECHANISM.
 	"PLAIN": "SASL mechanism",
 	// Words claimtx prints: column headers of the console and a stats line.
-	"ATTEMPTS": "output", "WARNING": "output",
+	"ATTEMPTS": "output", "WARNING": "output", "FAILURES": "output",
 	// A placeholder: an extractor's name in a key spec, a consumer's in
 	// --metrics NAME=URL.
 	"NAME": "placeholder",
