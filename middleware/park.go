@@ -251,9 +251,6 @@ func (pk *Parker) step(ctx context.Context, r *pg.Release) bool {
 			err = c.enqueue(ctx, r.Tx, produced)
 		}
 	}
-	if errors.Is(err, framework.ErrAlreadyApplied) {
-		return pk.failed(ctx, r, err)
-	}
 	if err != nil {
 		return pk.failed(ctx, r, err)
 	}

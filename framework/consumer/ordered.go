@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -46,24 +47,14 @@ func (c Config) checkOrdered(batch bool) error {
 		if batch && c.Broker.AMQP.Window > 0 {
 			return nil // one consumer, in order
 		}
-		return cmp0(one("Broker.AMQP.Concurrency", c.Broker.AMQP.Concurrency), one("Broker.AMQP.Window", c.Broker.AMQP.Window))
+		return cmp.Or(one("Broker.AMQP.Concurrency", c.Broker.AMQP.Concurrency), one("Broker.AMQP.Window", c.Broker.AMQP.Window))
 	case brokers.KindKafka:
 		if batch {
 			return nil // a partition's records in order
 		}
 		return one("Broker.Kafka.Window", c.Broker.Kafka.Window)
 	case brokers.KindNATS:
-		return cmp0(one("Broker.NATS.Concurrency", c.Broker.NATS.Concurrency), one("Broker.NATS.MaxAckPending", c.Broker.NATS.MaxAckPending))
-	}
-	return nil
-}
-
-// cmp0 is the first non-nil error.
-func cmp0(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
+		return cmp.Or(one("Broker.NATS.Concurrency", c.Broker.NATS.Concurrency), one("Broker.NATS.MaxAckPending", c.Broker.NATS.MaxAckPending))
 	}
 	return nil
 }

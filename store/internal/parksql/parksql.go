@@ -22,11 +22,11 @@ const maxReasonBytes = 2048
 // Statements are the parking statements of one claim table, rendered once.
 type Statements struct {
 	pool *pgxpool.Pool
-	n    *pg.Names
 
 	unclaim, insert, lockKey, applied  string
 	due, lockForRelease, head, deleteM string
 	deleteKey, failed, failedHead      string
+	clearSkip                          string
 	keys, key, messages, request       string
 	stats                              string
 }
@@ -39,7 +39,6 @@ func For(pool *pgxpool.Pool, n *pg.Names) *Statements {
 	const msgCols = `id, consumer, order_key, message_key, uuid, payload, metadata::text, coalesce(reason, ''), parked_at`
 	return &Statements{
 		pool:    pool,
-		n:       n,
 		unclaim: n.Render("DELETE FROM {schema}.{claims} WHERE consumer = $1 AND message_key = $2"),
 		insert: n.Render(`INSERT INTO {schema}.{parked} (consumer, order_key, message_key, uuid, payload, metadata, reason)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb, NULLIF($7, '')) ON CONFLICT (consumer, message_key) DO NOTHING`),
@@ -54,6 +53,7 @@ ON CONFLICT (consumer, order_key) DO UPDATE SET reason = k.reason`),
 		deleteKey:      n.Render("DELETE FROM {schema}.{parked_keys} WHERE consumer = $1 AND order_key = $2"),
 		failed: n.Render(`UPDATE {schema}.{parked_keys} SET reason = $3, failures = failures + 1, retry_at = $4,
 	skip_head = false, requested_by = NULL, request_note = NULL WHERE consumer = $1 AND order_key = $2`),
+		clearSkip:  n.Render("UPDATE {schema}.{parked_keys} SET skip_head = false WHERE consumer = $1 AND order_key = $2"),
 		failedHead: n.Render("UPDATE {schema}.{parked} SET reason = $3 WHERE consumer = $1 AND message_key = $2"),
 		keys:       n.Render("SELECT " + keyCols + " FROM {schema}.{parked_keys} k WHERE k.consumer = $1 OR $1 = '' ORDER BY k.parked_at, k.order_key LIMIT $2"),
 		key:        n.Render("SELECT " + keyCols + " FROM {schema}.{parked_keys} k WHERE k.consumer = $1 AND k.order_key = $2"),
@@ -201,7 +201,7 @@ func (s *Statements) Released(ctx context.Context, r *pg.Release) error {
 	b := &pgx.Batch{}
 	b.Queue(s.deleteM, r.Head.ID)
 	if r.Key.SkipHead {
-		b.Queue(s.n.Render("UPDATE {schema}.{parked_keys} SET skip_head = false WHERE consumer = $1 AND order_key = $2"), r.Key.Consumer, r.Key.OrderKey)
+		b.Queue(s.clearSkip, r.Key.Consumer, r.Key.OrderKey)
 	}
 	if err := r.Tx.SendBatch(ctx, b).Close(); err != nil {
 		return pg.Wrap(err, "claimtx: release")
