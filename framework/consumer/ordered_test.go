@@ -166,11 +166,15 @@ func TestOrderedEffectsOverBrokers(t *testing.T) {
 			require.Equal(t, 1, keys)
 			mfs, err := reg.Gather()
 			require.NoError(t, err)
+			gauges := map[string]float64{}
 			for _, mf := range mfs {
-				if mf.GetName() == "claimtx_parked_messages" {
-					require.Equal(t, 4.0, mf.GetMetric()[0].GetGauge().GetValue())
+				if strings.HasPrefix(mf.GetName(), "claimtx_parked_") {
+					gauges[mf.GetName()] = mf.GetMetric()[0].GetGauge().GetValue()
 				}
 			}
+			require.Equal(t, 1.0, gauges["claimtx_parked_keys"])
+			require.Equal(t, 4.0, gauges["claimtx_parked_messages"])
+			require.Greater(t, gauges["claimtx_parked_oldest_seconds"], 0.0)
 
 			o.mu.Lock()
 			o.broken["K-2"] = false
