@@ -24,8 +24,10 @@ import (
 // which failure it remembers.
 const MaxMemoReasonBytes = 2048
 
-// memoReasonText makes err's text storable, at most MaxMemoReasonBytes.
-func memoReasonText(s string) string {
+// StoredReason makes a reason storable in a text column (no NUL, valid
+// UTF-8), at most MaxMemoReasonBytes: the poison memo's and the parked
+// tables' reasons.
+func StoredReason(s string) string {
 	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
 	if len(s) <= MaxMemoReasonBytes {
 		return s
@@ -67,7 +69,7 @@ WHERE consumer = $1 AND message_key = $2`), consumer, key)
 	} else {
 		_, qerr = db.Exec(ctx, n.Render(`INSERT INTO {schema}.{memo} AS m (consumer, message_key, reason) VALUES ($1, $2, $3)
 ON CONFLICT (consumer, message_key) DO UPDATE
-SET reason = EXCLUDED.reason, poisoned_at = now(), seen = m.seen + 1`), consumer, key, memoReasonText(err.Error()))
+SET reason = EXCLUDED.reason, poisoned_at = now(), seen = m.seen + 1`), consumer, key, StoredReason(err.Error()))
 	}
 	return pg.Wrap(qerr, "claimtx: record poison memo")
 }

@@ -13,11 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/claimtx/claimtx/internal/pg"
+	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/store/internal/deadletter"
 )
-
-// maxReasonBytes bounds a stored reason, as the poison memo's.
-const maxReasonBytes = 2048
 
 // Statements are the parking statements of one claim table, rendered once.
 type Statements struct {
@@ -65,19 +63,6 @@ FROM {schema}.{parked_keys} k GROUP BY k.consumer ORDER BY k.consumer`),
 	}
 }
 
-// reasonText makes an error's text storable and bounded.
-func reasonText(s string) string {
-	s = pg.Text(s)
-	if len(s) <= maxReasonBytes {
-		return s
-	}
-	cut := maxReasonBytes
-	for cut > 0 && s[cut]&0xC0 == 0x80 {
-		cut--
-	}
-	return s[:cut]
-}
-
 // queueInsert queues the insert of m, unless a copy of it is parked.
 func (s *Statements) queueInsert(b *pgx.Batch, m pg.ParkedMessage) error {
 	md, err := deadletter.EncodeMetadata(m.Metadata)
@@ -88,7 +73,7 @@ func (s *Statements) queueInsert(b *pgx.Batch, m pg.ParkedMessage) error {
 	if payload == nil {
 		payload = []byte{}
 	}
-	b.Queue(s.insert, m.Consumer, m.OrderKey, m.Key, pg.Text(m.UUID), payload, string(md), reasonText(m.Reason))
+	b.Queue(s.insert, m.Consumer, m.OrderKey, m.Key, pg.Text(m.UUID), payload, string(md), poison.StoredReason(m.Reason))
 	return nil
 }
 
@@ -115,7 +100,7 @@ func (s *Statements) ParkBehind(ctx context.Context, tx pgx.Tx, ms ...pg.ParkedM
 func (s *Statements) ParkHead(ctx context.Context, m pg.ParkedMessage, retryAt *time.Time) (parked bool, err error) {
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		b := &pgx.Batch{}
-		b.Queue(s.lockKey, m.Consumer, m.OrderKey, reasonText(m.Reason), retryAt)
+		b.Queue(s.lockKey, m.Consumer, m.OrderKey, poison.StoredReason(m.Reason), retryAt)
 		var applied bool
 		b.Queue(s.applied, m.Consumer, m.Key).QueryRow(func(row pgx.Row) error { return row.Scan(&applied) })
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -214,8 +199,8 @@ func (s *Statements) Released(ctx context.Context, r *pg.Release) error {
 // automatic release is retryAt (nil: none).
 func (s *Statements) ReleaseFailed(ctx context.Context, consumer, orderKey, headKey, reason string, retryAt *time.Time) error {
 	b := &pgx.Batch{}
-	b.Queue(s.failed, consumer, orderKey, reasonText(reason), retryAt)
-	b.Queue(s.failedHead, consumer, headKey, reasonText(reason))
+	b.Queue(s.failed, consumer, orderKey, poison.StoredReason(reason), retryAt)
+	b.Queue(s.failedHead, consumer, headKey, poison.StoredReason(reason))
 	return pg.Wrap(s.pool.SendBatch(ctx, b).Close(), "claimtx: record the failed release")
 }
 
@@ -256,7 +241,7 @@ func (s *Statements) Messages(ctx context.Context, consumer, orderKey string, li
 // poisoned first when skip, recording by and note; false when the key is
 // not parked.
 func (s *Statements) Request(ctx context.Context, consumer, orderKey string, skip bool, by, note string) (bool, error) {
-	tag, err := s.pool.Exec(ctx, s.request, consumer, orderKey, skip, pg.Text(by), reasonText(note))
+	tag, err := s.pool.Exec(ctx, s.request, consumer, orderKey, skip, pg.Text(by), poison.StoredReason(note))
 	return tag.RowsAffected() == 1, pg.Wrap(err, "claimtx: request a release")
 }
 
