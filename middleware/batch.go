@@ -105,7 +105,8 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	start := time.Now()
 	keys := make([]string, len(msgs))
 	orderKeys := make([]string, len(msgs)) // "" without one
-	cached := make([]bool, len(msgs))      // a duplicate settled by the committed-key cache
+	unordered := make([]bool, len(msgs))
+	cached := make([]bool, len(msgs)) // a duplicate settled by the committed-key cache
 	// leader[key] is the first message with that key; later ones share its
 	// fate as duplicates (or failures).
 	leader := make(map[string]int, len(msgs))
@@ -123,7 +124,9 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 		}
 		if _, ok := leader[k]; !ok {
 			leader[k] = i
-			orderKeys[i] = c.orderKey(m)
+			var look pg.Lookups
+			look, unordered[i] = c.lookups(m)
+			orderKeys[i] = look.OrderKey
 		}
 	}
 
@@ -180,7 +183,7 @@ func (c Claim) processBatch(ctx context.Context, msgs []*message.Message, a setW
 	}
 
 	for i, m := range msgs {
-		r := Result{Consumer: c.Consumer, Message: m, Key: keys[i], Attempts: attempt, Duration: time.Since(start)}
+		r := Result{Consumer: c.Consumer, Message: m, Key: keys[i], Attempts: attempt, Duration: time.Since(start), Unordered: unordered[i]}
 		switch {
 		case cached[i]:
 			r.Outcome, r.Attempts = framework.Duplicate, 0

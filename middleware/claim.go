@@ -245,7 +245,11 @@ type Result struct {
 	// FingerprintMismatch is set on a Duplicate whose payload differs from
 	// the original's: a producer or key-derivation bug.
 	FingerprintMismatch bool
-	Message             *message.Message
+	// Unordered is set when Claim.OrderKey could not derive the message's
+	// order key (a missing field, a key KeyPolicy refuses): it was applied
+	// without order, and logged.
+	Unordered bool
+	Message   *message.Message
 }
 
 // TxRetry describes a transient failure of a claim transaction about to
@@ -373,7 +377,8 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		res.Key = key
 		req := pg.ClaimRequest{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait}
-		look := pg.Lookups{Memo: c.PoisonMemo, OrderKey: c.orderKey(msg)}
+		look, unordered := c.lookups(msg)
+		res.Unordered = unordered
 		var day int64 // of the cache key: claims by event day are distinct per day
 		if c.EventTime != nil && c.Mode != ModeNaturalKey {
 			if req.EventTime, err = c.EventTime(msg); err != nil {
@@ -442,20 +447,35 @@ func (c Claim) key(msg *message.Message) (string, error) {
 	return c.KeyPolicy.Normalize(key)
 }
 
-// orderKey is msg's order key under KeyPolicy; "" without OrderKey or
-// when it cannot be derived (msg is then applied without order).
-func (c Claim) orderKey(msg *message.Message) string {
+// orderKey is msg's order key under KeyPolicy; "" without OrderKey. An
+// error says OrderKey could not derive a usable key: msg is then applied
+// without order.
+func (c Claim) orderKey(msg *message.Message) (string, error) {
 	if c.OrderKey == nil {
-		return ""
+		return "", nil
 	}
 	k, err := c.OrderKey(msg)
-	if err != nil || k == "" {
-		return ""
+	if err == nil && k == "" {
+		err = errors.New("empty order key")
 	}
-	if k, err = c.KeyPolicy.Normalize(k); err != nil {
-		return ""
+	if err == nil {
+		k, err = c.KeyPolicy.Normalize(k)
 	}
-	return k
+	if err != nil {
+		return "", fmt.Errorf("claimtx: order key: %w", err)
+	}
+	return k, nil
+}
+
+// lookups is msg's lookups for its claim, and whether msg goes without
+// the order OrderKey asks for, which it logs: a producer that leaves the
+// field out, or a hostile over-long key, must not lose order unseen.
+func (c Claim) lookups(msg *message.Message) (pg.Lookups, bool) {
+	k, err := c.orderKey(msg)
+	if err != nil {
+		c.Logger.Info("claimtx: no usable order key: the message is applied without order", watermill.LogFields{"consumer": c.Consumer, "message_uuid": msg.UUID, "err": err.Error()})
+	}
+	return pg.Lookups{Memo: c.PoisonMemo, OrderKey: k}, err != nil
 }
 
 // parkBehind parks msg in tx, whose claim found msg's order key parked.

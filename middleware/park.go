@@ -110,9 +110,9 @@ func (pk *Parker) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if !terminal(msg, err) {
 			return out, err
 		}
-		orderKey := c.orderKey(msg)
+		orderKey, oerr := c.orderKey(msg)
 		key, kerr := c.key(msg)
-		if orderKey == "" || kerr != nil || key == "" {
+		if orderKey == "" || oerr != nil || kerr != nil || key == "" {
 			return out, err // the poison policy's
 		}
 		// Detached, as Poison's dead-letter record: the message's work is

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -417,4 +418,45 @@ func TestOrderedAutomaticRetry(t *testing.T) {
 	o.setBroken("K-2", false)
 	require.Eventually(t, func() bool { return len(o.parked(t, "K")) == 0 }, 10*time.Second, 20*time.Millisecond)
 	require.Equal(t, []int{1, 2, 3}, o.applied(t, "K"))
+}
+
+// A message whose order key cannot be derived (no such field, or a key
+// over the key policy's limit) is applied without order, even while
+// other keys are parked, and says so in its Result; failing for good, it
+// is poisoned, not parked.
+func TestOrderedUnusableOrderKey(t *testing.T) {
+	t.Parallel()
+	orderedModes(t, func(t *testing.T, mode orderedMode) {
+		o := newOrdered(t, mode)
+		o.setBroken("K-2", true)
+		o.setBroken("none-2", true)
+		noField := func(id string) *message.Message {
+			msg := message.NewMessage("uuid-"+id, []byte(fmt.Sprintf(`{"id":%q,"seq":1}`, id)))
+			msg.SetContext(context.Background())
+			return msg
+		}
+		long := strings.Repeat("a", 600) // over KeyPolicy's 512 bytes
+		longMsg := message.NewMessage("uuid-long", []byte(fmt.Sprintf(`{"id":"long-1","account":%q,"seq":1}`, long)))
+		longMsg.SetContext(context.Background())
+		o.deliverAll(t, eventMsg(t, "K", 1), eventMsg(t, "K", 2), noField("none-1"), longMsg, noField("none-2"))
+		require.Equal(t, []int{1}, o.applied(t, "K"))
+		require.Equal(t, []int{2}, o.parked(t, "K"))
+		require.Equal(t, []int{1}, o.applied(t, ""), "none-1 applied without order")
+		require.Equal(t, []int{1}, o.applied(t, long), "the long key's event applied without order")
+
+		cp := o.dl.next(t, "none-2 failed for good without an order key: poisoned")
+		var e event
+		require.NoError(t, json.Unmarshal(cp.Payload, &e))
+		require.Equal(t, "none-2", e.ID)
+
+		o.rec.mu.Lock()
+		defer o.rec.mu.Unlock()
+		unordered := map[string]bool{}
+		for _, r := range o.rec.results {
+			var e event
+			require.NoError(t, json.Unmarshal(r.Message.Payload, &e))
+			unordered[e.ID] = unordered[e.ID] || r.Unordered
+		}
+		require.Equal(t, map[string]bool{"K-1": false, "K-2": false, "none-1": true, "long-1": true, "none-2": true}, unordered)
+	})
 }

@@ -31,6 +31,7 @@ const (
 	metricParkedKeys          = namespace + "_parked_keys"
 	metricParkedMessages      = namespace + "_parked_messages"
 	metricParkedOldest        = namespace + "_parked_oldest_seconds"
+	metricUnordered           = namespace + "_unordered_total"
 )
 
 const (
@@ -65,6 +66,7 @@ type Metrics struct {
 	parked      *prometheus.GaugeVec // keys, messages, oldest: by metric
 	parkedMsgs  *prometheus.GaugeVec
 	parkedAge   *prometheus.GaugeVec
+	unordered   *prometheus.CounterVec
 }
 
 // New registers claimtx's collectors on reg.
@@ -121,8 +123,11 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		parkedAge: gauge(metricParkedOldest,
 			"Age of the oldest parked order key (0 when none is parked).",
 			"consumer"),
+		unordered: counter(metricUnordered,
+			"Messages whose order key could not be derived (a missing field, a key the key policy refuses): applied without order, each logged.",
+			"consumer"),
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.mismatch, m.retries, m.claimWait, m.transaction, m.memoErrors, m.refused, m.skipped, m.position, m.parked, m.parkedMsgs, m.parkedAge} {
+	for _, c := range []prometheus.Collector{m.messages, m.mismatch, m.retries, m.claimWait, m.transaction, m.memoErrors, m.refused, m.skipped, m.position, m.parked, m.parkedMsgs, m.parkedAge, m.unordered} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("claimtx: register metrics: %w", err)
 		}
@@ -145,6 +150,7 @@ func (m *Metrics) InitConsumer(consumer, handler string) {
 	m.mismatch.WithLabelValues(consumer, handler)
 	m.claimWait.WithLabelValues(consumer)
 	m.memoErrors.WithLabelValues(consumer)
+	m.unordered.WithLabelValues(consumer)
 	for _, f := range fallbacks {
 		m.refused.WithLabelValues(consumer, f)
 	}
@@ -166,6 +172,9 @@ func (m *Metrics) OnOutcome(r middleware.Result) {
 	}
 	if r.Outcome == framework.Duplicate && r.FingerprintMismatch {
 		m.mismatch.WithLabelValues(r.Consumer, handler).Inc()
+	}
+	if r.Unordered {
+		m.unordered.WithLabelValues(r.Consumer).Inc()
 	}
 }
 
@@ -211,5 +220,5 @@ func (m *Metrics) SetParked(consumer string, keys, messages int64, oldest time.D
 // Names lists every metric name New registers.
 func Names() []string {
 	return []string{metricMessages, metricFingerprintMismatch, metricRetries, metricClaimWait, metricTransaction, metricPoisonMemoErrors, metricPoisonRefused, metricPositionsSkipped, metricPosition,
-		metricParkedKeys, metricParkedMessages, metricParkedOldest}
+		metricParkedKeys, metricParkedMessages, metricParkedOldest, metricUnordered}
 }
