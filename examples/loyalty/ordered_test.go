@@ -132,6 +132,7 @@ func TestOrderedParkThenRetry(t *testing.T) {
 				h.waitApplied(11)
 				require.Equal(t, []int64{1, 2, 3, 4, 5, 6}, h.credited(7))
 				h.assertExact(append(append(k, other...), ordersOf(7, 6, 6)...))
+				require.Zero(t, h.poisonCount(t), "parked, not poisoned")
 			})
 		}
 	}
@@ -189,10 +190,15 @@ func TestOrderedSurvivesSIGKILL(t *testing.T) {
 			h.waitFor("release under way", func() bool { return h.tryCount("SELECT count(*) FROM point_ledger") >= 15 })
 			p.kill()
 			require.Less(t, len(h.credited(7)), 60, "killed mid-release")
-			h.start(env...)
+			p = h.start(env...)
 			h.waitFor("released", func() bool { return h.tryCount("SELECT count(*) FROM processed_messages_parked_keys") == 0 })
 			require.Equal(t, want, h.credited(7))
 			h.assertExact(k)
+			p.stop()
+			// Work a kill interrupted is redone, never poisoned; and the
+			// parked copies' deliveries were all acked.
+			require.Zero(t, h.poisonCount(t), "nothing reached the poison destination")
+			h.requireDrained(t)
 		})
 	}
 }
