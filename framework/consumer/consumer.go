@@ -468,7 +468,7 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	if err := cfg.checkOrdered(false); err != nil {
 		return nil, err
 	}
-	cfg.Broker = groupWindow(cfg)
+	cfg = groupDefaults(cfg)
 	p, err := open(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -542,20 +542,34 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 	return c, nil
 }
 
-// groupWindow returns cfg's broker configuration with the RabbitMQ window
-// group commit needs: each watermill-amqp subscription hands out one
-// message at a time, so without a window no group would ever hold more
-// than one. Concurrency x MaxGroup messages in flight keep Concurrency
-// groups full. An AMQP_WINDOW of the user's stays; Kafka keeps its window
-// of one per partition, which keeps a partition's order.
-func groupWindow(cfg Config) brokers.Config {
-	b := cfg.Broker
-	if b.Kind != "" && b.Kind != brokers.KindAMQP || b.AMQP.Window != 0 || !pg.Grouping(cfg.Claim.MaxGroup, cfg.Claim.Isolation) || cfg.ordered() {
-		return b
+// groupDefaults returns cfg with what group commit needs from the broker,
+// or without group commit where it cannot win. Each watermill-amqp
+// subscription hands out one message at a time, so without a window no
+// group would ever hold more than one: Concurrency x MaxGroup messages in
+// flight keep Concurrency groups full (an AMQP_WINDOW of the user's stays).
+// Kafka without KAFKA_WINDOW keeps one record in flight per partition,
+// which keeps a partition's order: groups could only form across
+// partitions, one transaction then serialises what the pool's connections
+// would run side by side, and make bench measured it at 0.85-0.97 of one
+// transaction per message (docs/benchmarks.md). There an unset MaxGroup is
+// 1; a MaxGroup the user set stays.
+func groupDefaults(cfg Config) Config {
+	b := &cfg.Broker
+	if !pg.Grouping(cfg.Claim.MaxGroup, cfg.Claim.Isolation) {
+		return cfg
 	}
-	conc := config.Defaults(b.AMQP).Concurrency
-	b.AMQP.Window = min(conc*cmp.Or(cfg.Claim.MaxGroup, pg.DefaultMaxGroup), maxAMQPWindow)
-	return b
+	switch b.Kind {
+	case brokers.KindKafka:
+		if b.Kafka.Window <= 1 && cfg.Claim.MaxGroup == 0 {
+			cfg.Claim.MaxGroup = 1
+		}
+	case "", brokers.KindAMQP:
+		if b.AMQP.Window == 0 && !cfg.ordered() {
+			conc := config.Defaults(b.AMQP).Concurrency
+			b.AMQP.Window = min(conc*cmp.Or(cfg.Claim.MaxGroup, pg.DefaultMaxGroup), maxAMQPWindow)
+		}
+	}
+	return cfg
 }
 
 // maxAMQPWindow is the largest prefetch count AMQP 0-9-1 carries.

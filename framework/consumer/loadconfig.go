@@ -252,7 +252,7 @@ func pgxReason(err error, dsn string) string {
 // String prints the settings as New will use them, passwords redacted.
 func (c Config) String() string {
 	set := map[bool]string{true: "set", false: "unset"}
-	c = c.withDefaults()
+	c = groupDefaults(c.withDefaults())
 	c.StartupTimeout = cmp.Or(c.StartupTimeout, defaultStartupTimeout)
 	c.Store.Schema = cmp.Or(c.Store.Schema, pg.DefaultSchema)
 	c.Store.ClaimsTable = cmp.Or(c.Store.ClaimsTable, pg.DefaultClaimsTable)
