@@ -125,7 +125,7 @@ func parseOptions() (options, error) {
 }
 
 // allModes are the -modes, in the order one row's runs interleave.
-var allModes = []string{"raw", "router", "claim", "ordered", "group", "hot", "natural", "batch", "hand"}
+var allModes = []string{"raw", "router", "claim", "ordered", "group", "hot", "hot-single", "natural", "batch", "hand"}
 
 // session is what the measurements of one run share: the admin pool that
 // drops each measurement's schema, and the in-process Kafka broker.
@@ -228,6 +228,7 @@ type row struct {
 	ordered     result
 	group       result
 	hot         result
+	hotSingle   result
 	natural     result
 	batch       result
 	hand        result
@@ -324,6 +325,11 @@ func run(ctx context.Context, o options) error {
 					r.claim, r.group, r.customers = true, true, hotCustomers
 					return runRouter(ctx, e, r)
 				}},
+				{"hot-single", func(e *env) (result, error) {
+					r := base
+					r.claim, r.customers = true, hotCustomers
+					return runRouter(ctx, e, r)
+				}},
 				{"natural", func(e *env) (result, error) { r := base; r.claim, r.natural = true, true; return runRouter(ctx, e, r) }},
 				{"batch", func(e *env) (result, error) {
 					r := base
@@ -347,7 +353,7 @@ func run(ctx context.Context, o options) error {
 			}
 			rows = append(rows, row{broker: b, concurrency: c, raw: median(raws[c]), router: median(runs["router"]), claim: median(runs["claim"]),
 				ordered: median(runs["ordered"]),
-				group:   median(runs["group"]), hot: median(runs["hot"]),
+				group:   median(runs["group"]), hot: median(runs["hot"]), hotSingle: median(runs["hot-single"]),
 				natural: median(runs["natural"]), batch: median(runs["batch"]), hand: median(runs["hand"])})
 		}
 	}
@@ -373,14 +379,15 @@ func render(rows []row) string {
 			r.natural.rate(), r.natural.pct(0.99).Round(10*time.Microsecond), r.natural.rate()/r.router.rate())
 	}
 	b.WriteString("\n")
-	tableHead(&b, "broker", "conc", "(c) msg/s", "(c) p99", "(o) ordered msg/s", "(o) p99", "o/c", "(g) group msg/s", "(g) p50", "(g) p99", "g/c", "g/b", "g/h", "(k) hot-key msg/s", "(k) p99", "k/g")
+	tableHead(&b, "broker", "conc", "(c) msg/s", "(c) p99", "(o) ordered msg/s", "(o) p99", "o/c", "(g) group msg/s", "(g) p50", "(g) p99", "g/c", "g/b", "g/h", "(k) hot-key msg/s", "(k) p99", "k/g", "(k1) hot-key per message msg/s", "k/k1")
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %.0f | %s | %.2f | %.0f | %s | %s | %.2f | %.2f | %.2f | %.0f | %s | %.2f |\n",
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %s | %.0f | %s | %.2f | %.0f | %s | %s | %.2f | %.2f | %.2f | %.0f | %s | %.2f | %.0f | %.2f |\n",
 			r.broker, r.concurrency, r.claim.rate(), r.claim.pct(0.99).Round(10*time.Microsecond),
 			r.ordered.rate(), r.ordered.pct(0.99).Round(10*time.Microsecond), r.ordered.rate()/r.claim.rate(),
 			r.group.rate(), r.group.pct(0.5).Round(10*time.Microsecond), r.group.pct(0.99).Round(10*time.Microsecond),
 			r.group.rate()/r.claim.rate(), r.group.rate()/r.router.rate(), r.group.rate()/r.hand.rate(),
-			r.hot.rate(), r.hot.pct(0.99).Round(10*time.Microsecond), r.hot.rate()/r.group.rate())
+			r.hot.rate(), r.hot.pct(0.99).Round(10*time.Microsecond), r.hot.rate()/r.group.rate(),
+			r.hotSingle.rate(), r.hot.rate()/r.hotSingle.rate())
 	}
 	return b.String()
 }
@@ -433,10 +440,10 @@ func writeDoc(o options, table string, took time.Duration) error {
 - **(h) hand-written**: what a user would write without Watermill and claimtx for (c)'s guarantee, on the broker's own client: per message, decode, then one transaction [BEGIN; claim INSERT ... ON CONFLICT DO NOTHING] (one pipelined batch, as (a), no lock_timeout); upsert balance; INSERT ledger; COMMIT, the effect skipped when the claim row already existed (a duplicate, acked all the same); acked only after the commit. RabbitMQ: amqp091-go, one connection, one channel and consumer per unit of concurrency with QoS prefetch 1 (as the adapter's subscriptions in (b)/(c)), each channel's deliveries handled in order by one goroutine, manual acks. Kafka: a franz-go (kgo) consumer group with one goroutine per assigned partition handling its records in order; each record is marked for commit (MarkCommitRecords) after its transaction committed and the marks are committed every second (AutoCommitMarks, the adapter's commit interval), on revoke and at the end. Pre-published and timed like (b)/(c); p99 is the decode and transaction per message, without the ack. Each run checks it applied every message once (n claims, n ledger rows, the balances' sum) and left nothing unacked (queue empty after its channels closed) or uncommitted (the group's offsets at each partition's end).
 - **(g) group commit**: as (c) with the claim middleware's default, group commit (MaxGroup 16): messages waiting for the claim share one transaction, each later one under its own savepoint, one COMMIT, then the acks. The RabbitMQ subscription holds concurrency x 16 unacked messages (one consumer, AMQP_WINDOW, as consumer.New sets it); Kafka keeps one record in flight per partition (its default, which keeps a partition's order), so groups form only across partitions. Each run checks exactly once (n claims, n ledger rows for n orders, the balances' sum).
 - **(o) ordered**: as (c) with an order key (Claim.OrderKey, the customer) and nothing parked: each claim's round trip also runs the parked-key lookup (SELECT ... FOR SHARE), at (c)'s broker settings, so o/c is the lookup's cost (target >= 0.95); each run checks exactly once and no key parked.
-- **(k) hot key**: as (g) with the orders spread over 10 customers instead of 1,000: every group writes balance rows that the others write too, in no common order, so groups wait for and deadlock with each other. k/g is the same run with distinct keys (target >= 0.5).
+- **(k) hot key**: as (g) with the orders spread over 10 customers instead of 1,000: every group writes balance rows that the others write too, in no common order, so groups wait for and deadlock with each other. k/g is the same run with distinct keys (target >= 0.5). (k1) is the same hot keys with one transaction per message, as (c): k/k1 is what group commit gains or loses where every group contends.
 - **(n) natural key**: as (c) with the claim middleware in ModeNaturalKey: no claim row; the ledger has a unique index on order_id and the handler's guarded INSERT ... ON CONFLICT (order_id) DO NOTHING is the claim (framework.ErrAlreadyApplied when it found the row), then the balance upsert. The same guarantee for an effect that has a natural key; each run checks n ledger rows for n distinct orders.
 - c/b: what claimtx costs over an at-least-once consumer doing the same effect (target >= 0.9); c/a: how close claimtx through a broker gets to the raw database limit (target >= 0.8); b/a: the same for the consumer without claimtx, which bounds c/a (c/a = c/b x b/a); d/c: batch mode over per-message mode at the same concurrency (target >= 5); c/h: claimtx per message over the same guarantee written by hand (target >= 0.9); d/h: batch mode over the hand-written per-message consumer (target >= 3); n/b: the claim in ModeNaturalKey over the at-least-once consumer; g/c, g/b, g/h: group commit over one transaction per message (c), over the at-least-once consumer (b, target >= 1.0) and over the hand-written per-message consumer (h, target >= 2 at c=16, >= 1.2 at c=4).
-- Every figure is the median of %d runs; the modes of one row run interleaved (a, b, c, o, g, k, n, d, h, a, b, …).
+- Every figure is the median of %d runs; the modes of one row run interleaved (a, b, c, o, g, k, k1, n, d, h, a, b, …).
 
 Concurrency is the RabbitMQ subscription count (each watermill-amqp subscription is sequential; (h): the channel count) or the number of Kafka partitions (one message in flight per partition).
 
