@@ -48,13 +48,36 @@ type grouper struct {
 	mu     sync.Mutex
 	queue  []*member
 	active int // groups running
-	// limit is how many groups may run, at most conns: halved after a
-	// group met another's locks, raised by one after a round that did not,
-	// so hot rows are written by few groups in turn rather than many that
-	// keep stepping aside for each other.
+	// Contention (a step that met another group's lock) shrinks what runs
+	// at once, in one of two ways. On rows every group writes, groups of
+	// one side by side are fastest, as one transaction per message would
+	// be: a group of two already halves the rate. But a handler whose
+	// transactions lock rows in message-dependent order deadlocks even as
+	// groups of one, each deadlock waiting for the server's detector
+	// (deadlock_timeout, 1 s); there few full groups in turn are fastest,
+	// as a later step's lock wait is bounded. So the size shrinks first,
+	// and once a group of one met a deadlock, the number of groups does.
+	//
+	// size is how many messages a group may take, at most MaxGroup:
+	// halved on contention, raised by one after wait clean groups.
+	size  int
+	clean int // groups without contention since size or limit last changed
+	// wait doubles on contention (up to maxGrowWait groups per
+	// connection) and halves (down to one per connection) when a size of
+	// two or more stayed clean that long: where every group contends the
+	// probes of a larger size grow rare, and a load that stops contending
+	// grows back within a few thousand groups.
+	wait int
+	// serial is set once a group of one met a deadlock: from then on limit
+	// adapts, and groups keep MaxGroup.
+	serial bool
+	// limit is how many groups may run, at most conns: with serial,
+	// halved on contention, raised by one after a round of clean groups.
 	limit int
-	clean int // groups without contention since limit last changed
 }
+
+// maxGrowWait bounds grouper.wait, in groups per connection.
+const maxGrowWait = 64
 
 // member is one message waiting for, or in, a group.
 type member struct {
@@ -89,7 +112,7 @@ const (
 
 func newGrouper(c Claim, h message.HandlerFunc) *grouper {
 	conns := max(1, int(c.Store.Pool().Config().MaxConns))
-	return &grouper{c: c, h: h, conns: conns, limit: conns}
+	return &grouper{c: c, h: h, conns: conns, size: c.MaxGroup, wait: conns, limit: conns}
 }
 
 // do puts m in a group and returns once its state is known. A message
@@ -139,6 +162,41 @@ func (g *grouper) run() {
 	}
 }
 
+// settle adapts the group size or the number of groups to how the last
+// group went: contended when a step met another group's lock, deadlocked
+// when its only step, alone, did.
+func (g *grouper) settle(contended, deadlocked bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if deadlocked && !g.serial {
+		g.serial, g.size, g.clean = true, g.c.MaxGroup, 0
+	}
+	contended = contended || deadlocked
+	switch {
+	case g.serial && contended:
+		g.limit, g.clean = max(1, g.limit/2), 0
+	case g.serial:
+		if g.limit < g.conns {
+			// One more after a round of clean groups.
+			if g.clean++; g.clean >= 4*g.limit {
+				g.limit, g.clean = g.limit+1, 0
+			}
+		}
+	case contended:
+		g.size, g.clean = max(1, g.size/2), 0
+		g.wait = min(2*g.wait, maxGrowWait*g.conns)
+	case g.size < g.c.MaxGroup:
+		if g.clean++; g.clean >= g.wait {
+			if g.size > 1 {
+				// A group of one cannot meet contention: only a larger
+				// size that stayed clean tells the rows are no longer hot.
+				g.wait = max(g.conns, g.wait/2)
+			}
+			g.size, g.clean = g.size+1, 0
+		}
+	}
+}
+
 // requeue puts m back at the head of the queue.
 func (g *grouper) requeue(m *member) {
 	g.mu.Lock()
@@ -169,19 +227,9 @@ func (g *grouper) group() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var members []*member
-	contended := false
+	contended, deadlocked := false, false
 	defer func() {
-		g.mu.Lock()
-		switch {
-		case contended:
-			g.limit, g.clean = max(1, g.limit/2), 0
-		case g.limit < g.conns:
-			// One more after a round of clean groups.
-			if g.clean++; g.clean >= 4*g.limit {
-				g.limit, g.clean = g.limit+1, 0
-			}
-		}
-		g.mu.Unlock()
+		g.settle(contended, deadlocked)
 		for _, m := range members {
 			if m.state == pending || m.state == settling {
 				m.state = alone
@@ -198,16 +246,22 @@ func (g *grouper) group() {
 	began := c.ahead.Started()
 	start := time.Now()
 	lockSet := false
-	for len(members) < c.MaxGroup && (len(members) == 0 || time.Since(start) < c.MaxGroupTime) {
+	g.mu.Lock()
+	size := g.size
+	g.mu.Unlock()
+	for len(members) < size && (len(members) == 0 || time.Since(start) < c.MaxGroupTime) {
 		m := g.take()
 		if m == nil {
 			break
 		}
 		members = append(members, m)
 		defer context.AfterFunc(m.ctx, cancel)()
+		first := tx == nil
 		if !g.step(ctx, &tx, m, &lockSet) {
 			return // the transaction is lost: the others go alone too
 		}
+		// A transaction of one message's locks deadlocked.
+		deadlocked = deadlocked || first && m.state == alone && pg.Classify(m.err) == pg.Deadlock
 		if m.state == aside {
 			// Commit, releasing what m may wait for, and let m lead the
 			// next group, where it waits as long as a message alone.
