@@ -134,18 +134,7 @@ func (l *lease) lost() { l.cancel(ErrNotLeader) }
 // is tried again at the next tick.
 func (l *lease) heartbeat(ctx context.Context) {
 	defer close(l.done)
-	t := time.NewTicker(l.ttl / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if errors.Is(l.renew(ctx), ErrNotLeader) {
-				return
-			}
-		}
-	}
+	pg.Every(ctx, l.ttl/3, func() bool { return !errors.Is(l.renew(ctx), ErrNotLeader) })
 }
 
 // release stops the heartbeat and deletes the lease if it is still this

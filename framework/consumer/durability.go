@@ -92,14 +92,5 @@ func (f *finding) warnings() map[string]string {
 
 // every calls f every interval until ctx ends.
 func every(ctx context.Context, interval time.Duration, f func()) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			f()
-		}
-	}
+	pg.Every(ctx, interval, func() bool { f(); return true })
 }

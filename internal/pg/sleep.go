@@ -25,3 +25,19 @@ func Sleep(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	}
 }
+
+// Every calls f every d until ctx is done or f returns false.
+func Every(ctx context.Context, d time.Duration, f func() bool) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if !f() {
+				return
+			}
+		}
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 // eviction describes one member the broker removed from its group.
@@ -140,18 +142,12 @@ func (e *evictor) record(req kmsg.Request, now time.Time) {
 }
 
 func (e *evictor) run(ctx context.Context) {
-	t := time.NewTicker(e.opts.evictionPollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	pg.Every(ctx, e.opts.evictionPollInterval, func() bool {
 		for _, ev := range e.findSilent(time.Now()) {
 			e.evict(ctx, ev)
 		}
-	}
+		return true
+	})
 }
 
 // findSilent polls every classic group we know and returns the members
