@@ -3,15 +3,34 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
+
+// childStore is the store of a test that runs only as a child process of
+// the test parent, which names its database in the environment variable
+// urlEnv; run any other way, the test is skipped.
+func childStore(t *testing.T, urlEnv, parent string, cfg store.Config) *store.Store {
+	t.Helper()
+	dbURL := os.Getenv(urlEnv)
+	if dbURL == "" {
+		t.Skip("only run as a child process of " + parent)
+	}
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, err := store.New(pool, cfg)
+	require.NoError(t, err)
+	return st
+}
 
 // begin opens a transaction on st's pool, rolled back when the test ends
 // unless it ended before.
