@@ -104,6 +104,26 @@ func insertAged(t *testing.T, st *store.Store, consumer, prefix string, n int, o
 	insertSeries(t, st, claimsTable(st), "processed_at", "now() + $3::interval", consumer, prefix, n, offset)
 }
 
+// aged is n claims for consumer, keyed prefix0 on, processed at now() +
+// offset.
+type aged struct {
+	consumer, prefix string
+	n                int
+	offset           string
+}
+
+// migratedWith is a migrated store of conns connections holding the claims
+// of sets: the retention tests each start from their own mix of old and
+// new claims.
+func migratedWith(t *testing.T, conns int32, sets ...aged) *store.Store {
+	t.Helper()
+	st := testenv.Migrated(t, conns)
+	for _, a := range sets {
+		insertAged(t, st, a.consumer, a.prefix, a.n, a.offset)
+	}
+	return st
+}
+
 // insertMemos inserts n poison memos for consumer last poisoned at now() +
 // offset.
 func insertMemos(t *testing.T, st *store.Store, consumer, prefix string, n int, offset string) {
