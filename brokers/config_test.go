@@ -100,12 +100,7 @@ func TestOverlayEnvBad(t *testing.T) {
 // TestConfigFromEnv uses the real environment, so it cannot run in
 // parallel (t.Setenv).
 func TestConfigFromEnv(t *testing.T) {
-	t.Setenv("BROKER", "kafka")
-	t.Setenv("KAFKA_BROKERS", "127.0.0.1:19092")
-	t.Setenv("KAFKA_CONSUMER_GROUP", "from-env")
-	t.Setenv("CONCURRENCY", "2")
-	c, err := brokers.LoadConfig("")
-	require.NoError(t, err)
+	c := loadEnv(t, "BROKER=kafka", "KAFKA_BROKERS=127.0.0.1:19092", "KAFKA_CONSUMER_GROUP=from-env", "CONCURRENCY=2")
 	require.Equal(t, "kafka", c.Kind)
 	require.Equal(t, []string{"127.0.0.1:19092"}, c.Kafka.Brokers)
 	require.Equal(t, "from-env", c.Kafka.ConsumerGroup)
@@ -115,14 +110,12 @@ func TestConfigFromEnv(t *testing.T) {
 	// one that is not linked only by Validate and the constructors, naming
 	// the variable.
 	t.Setenv("BROKER", "Carrier Pigeon")
-	_, err = brokers.LoadConfig("")
+	_, err := brokers.LoadConfig("")
 	var ce *framework.ConfigError
 	require.ErrorAs(t, err, &ce)
 	require.Equal(t, "BROKER", ce.Field)
 	require.ErrorIs(t, err, brokers.ErrInvalidKind)
-	t.Setenv("BROKER", "carrier-pigeon")
-	c, err = brokers.LoadConfig("")
-	require.NoError(t, err)
+	c = loadEnv(t, "BROKER=carrier-pigeon")
 	for _, err := range []error{c.Validate(), func() error { _, err := brokers.NewSubscriber(c, nil); return err }()} {
 		require.ErrorAs(t, err, &ce)
 		require.Equal(t, "BROKER", ce.Field)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // allEnv is every variable LoadConfig("") reads.
@@ -33,6 +34,16 @@ func clearEnv(t *testing.T) {
 	for _, name := range allEnv {
 		t.Setenv(name, "")
 	}
+}
+
+// loadEnv sets each NAME=value of env and loads the config from the
+// environment alone (LoadConfig("")), which must succeed.
+func loadEnv(t *testing.T, env ...string) brokers.Config {
+	t.Helper()
+	testenv.SetEnv(t, env...)
+	c, err := brokers.LoadConfig("")
+	require.NoError(t, err)
+	return c
 }
 
 // TestEnvErrorsNameTheVariable sets one bad variable at a time (with what
@@ -87,10 +98,7 @@ func TestEnvErrorsNameTheVariable(t *testing.T) {
 	} {
 		t.Run(strings.Join(tc.env, ","), func(t *testing.T) {
 			clearEnv(t)
-			for _, kv := range tc.env {
-				name, value, _ := strings.Cut(kv, "=")
-				t.Setenv(name, value)
-			}
+			testenv.SetEnv(t, tc.env...)
 			c, err := brokers.LoadConfig("")
 			if tc.subscriber {
 				require.NoError(t, err)

@@ -3,7 +3,6 @@ package brokers_test
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // busFactory is a registered kind "my-bus.v2" that needs option "region"
@@ -47,11 +47,7 @@ func busFactory() brokers.Factory {
 func clearBusEnv(t *testing.T) {
 	t.Helper()
 	clearEnv(t)
-	for _, kv := range os.Environ() {
-		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "MY_BUS_V2_") {
-			t.Setenv(name, "")
-		}
-	}
+	testenv.UnsetEnvPrefix(t, "MY_BUS_V2_")
 }
 
 // TestOptionEnv: for a registered kind, LoadConfig
@@ -63,36 +59,22 @@ func clearBusEnv(t *testing.T) {
 func TestOptionEnv(t *testing.T) {
 	clearBusEnv(t)
 
-	t.Setenv("BROKER", "my-bus.v2")
-	t.Setenv("MY_BUS_V2_REGION", "eu")
-	t.Setenv("MY_BUS_V2_CLIENT_NAME", " billing ")
-	t.Setenv("MY_BUS_V2_EMPTY", "")
-	c, err := brokers.LoadConfig("")
-	require.NoError(t, err)
+	c := loadEnv(t, "BROKER=my-bus.v2", "MY_BUS_V2_REGION=eu", "MY_BUS_V2_CLIENT_NAME= billing ", "MY_BUS_V2_EMPTY=")
 	require.Equal(t, map[string]string{"region": "eu", "client_name": "billing"}, c.Options)
 	require.NoError(t, c.Validate())
 
 	// Named after the variable: set and wrong, unset and required, and
 	// refused by the constructor rather than by Validate.
-	t.Setenv("MY_BUS_V2_REGION", "mars")
-	c, err = brokers.LoadConfig("")
-	require.NoError(t, err)
+	c = loadEnv(t, "MY_BUS_V2_REGION=mars")
 	requireConfigField(t, c.Validate(), "MY_BUS_V2_REGION")
-	t.Setenv("MY_BUS_V2_REGION", "")
-	c, err = brokers.LoadConfig("")
-	require.NoError(t, err)
+	c = loadEnv(t, "MY_BUS_V2_REGION=")
 	requireConfigField(t, c.Validate(), "MY_BUS_V2_REGION")
-	t.Setenv("MY_BUS_V2_REGION", "us")
-	c, err = brokers.LoadConfig("")
-	require.NoError(t, err)
-	_, err = brokers.NewSubscriber(c, nil)
+	c = loadEnv(t, "MY_BUS_V2_REGION=us")
+	_, err := brokers.NewSubscriber(c, nil)
 	requireConfigField(t, err, "MY_BUS_V2_GROUP")
 
 	// A built-in kind reads no prefixed options.
-	t.Setenv("BROKER", "amqp")
-	t.Setenv("AMQP_REGION", "eu")
-	c, err = brokers.LoadConfig("")
-	require.NoError(t, err)
+	c = loadEnv(t, "BROKER=amqp", "AMQP_REGION=eu")
 	require.Empty(t, c.Options)
 
 	// A file's options, overridden by the environment; errors about the

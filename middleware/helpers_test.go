@@ -100,7 +100,13 @@ func creditSet(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
 
 func keyFunc(t testing.TB) framework.KeyFunc {
 	t.Helper()
-	kf, err := framework.ParseKeySpec("template:order-completed:{payload.order_id}")
+	return mustKeySpec(t, "template:order-completed:{payload.order_id}")
+}
+
+// mustKeySpec parses spec, failing the test if it does not parse.
+func mustKeySpec(t testing.TB, spec string) framework.KeyFunc {
+	t.Helper()
+	kf, err := framework.ParseKeySpec(spec)
 	require.NoError(t, err)
 	return kf
 }

@@ -22,9 +22,7 @@ import (
 // BenchmarkClaimPerMessage's ordered variant: one order per customer.
 func customerOrderKey(t testing.TB) framework.KeyFunc {
 	t.Helper()
-	k, err := framework.ParseKeySpec("template:customer-{payload.customer_id}")
-	require.NoError(t, err)
-	return k
+	return mustKeySpec(t, "template:customer-{payload.customer_id}")
 }
 
 // lookupTrips counts round trips as roundTrips does, and the parked

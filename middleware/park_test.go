@@ -65,11 +65,10 @@ func newOrderedRetry(t *testing.T, mode orderedMode, retry time.Duration) *order
 	b := setup(t, 8)
 	b.exec(t, `CREATE TABLE applied_events (n bigserial PRIMARY KEY, account text NOT NULL, seq int NOT NULL, id text NOT NULL UNIQUE)`)
 	o := &ordered{b: b, mode: mode, dl: newDeadLetters(t), rec: &outcomes{}, broken: map[string]bool{}}
-	key, err := framework.ParseKeySpec("template:{payload.id}")
-	require.NoError(t, err)
-	orderKey, err := framework.ParseKeySpec("template:{payload.account}")
-	require.NoError(t, err)
+	key := mustKeySpec(t, "template:{payload.id}")
+	orderKey := mustKeySpec(t, "template:{payload.account}")
 	claim := middleware.Claim{Store: b.store, Consumer: "ledger", Key: key, OrderKey: orderKey, MaxGroup: mode.maxGroup, OnOutcome: o.rec.onOutcome}
+	var err error
 	o.poison, err = middleware.NewPoison(middleware.Poison{Publisher: o.dl, Topic: "orders.poison", Consumer: "ledger", Key: key})
 	require.NoError(t, err)
 	handler := consume(o.apply)
@@ -106,15 +105,9 @@ func (o *ordered) applySet(ctx context.Context, tx pgx.Tx, msgs []*message.Messa
 	var accounts, ids []string
 	var seqs []int
 	for _, msg := range msgs {
-		var e event
-		if err := json.Unmarshal(msg.Payload, &e); err != nil {
-			return framework.Permanent(err)
-		}
-		o.mu.Lock()
-		broken := o.broken[e.ID]
-		o.mu.Unlock()
-		if broken {
-			return framework.Permanent(fmt.Errorf("event %s cannot be applied", e.ID))
+		e, err := o.decode(msg)
+		if err != nil {
+			return err
 		}
 		accounts, seqs, ids = append(accounts, e.Account), append(seqs, e.Seq), append(ids, e.ID)
 	}
@@ -164,18 +157,28 @@ func (o *ordered) process(t testing.TB, msgs []*message.Message) (nacked []*mess
 	return nacked
 }
 
-func (o *ordered) apply(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+// decode reads msg's event and fails it for good if the test broke it, so
+// that the per-message and the set handler refuse the same events alike.
+func (o *ordered) decode(msg *message.Message) (event, error) {
 	var e event
 	if err := json.Unmarshal(msg.Payload, &e); err != nil {
-		return framework.Permanent(err)
+		return e, framework.Permanent(err)
 	}
 	o.mu.Lock()
 	broken := o.broken[e.ID]
 	o.mu.Unlock()
 	if broken {
-		return framework.Permanent(fmt.Errorf("event %s cannot be applied", e.ID))
+		return e, framework.Permanent(fmt.Errorf("event %s cannot be applied", e.ID))
 	}
-	_, err := tx.Exec(ctx, "INSERT INTO applied_events (account, seq, id) VALUES ($1, $2, $3)", e.Account, e.Seq, e.ID)
+	return e, nil
+}
+
+func (o *ordered) apply(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	e, err := o.decode(msg)
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, "INSERT INTO applied_events (account, seq, id) VALUES ($1, $2, $3)", e.Account, e.Seq, e.ID)
 	return err
 }
 

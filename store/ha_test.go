@@ -61,6 +61,23 @@ func haRows(t *testing.T, ha *testenv.HACluster, node, schema, key string) (clai
 	return claims, effects
 }
 
+// requireRows requires key's claim and effect rows on node to number want.
+func requireRows(t *testing.T, ha *testenv.HACluster, node, schema, key string, want [2]int, msgAndArgs ...any) {
+	t.Helper()
+	claims, effects := haRows(t, ha, node, schema, key)
+	require.Equal(t, want, [2]int{claims, effects}, msgAndArgs...)
+}
+
+// awaitNewLeader waits for a node other than old, killed at killed, to
+// take writes, and logs how long the failover took.
+func awaitNewLeader(ctx context.Context, t *testing.T, ha *testenv.HACluster, old string, killed time.Time) string {
+	t.Helper()
+	leader, err := ha.WaitLeader(ctx, old)
+	require.NoError(t, err)
+	t.Logf("%s killed, %s takes writes after %v", old, leader, time.Since(killed).Round(time.Millisecond))
+	return leader
+}
+
 func haStore(t *testing.T) (*testenv.HACluster, *store.Store) {
 	t.Helper()
 	ha := testenv.HA(t)
@@ -94,22 +111,16 @@ func TestHAAsyncFailoverLosesAckedCommit(t *testing.T) {
 
 	old := ha.KillLeader(t)
 	killed := time.Now()
-	leader, err := ha.WaitLeader(ctx, old)
-	require.NoError(t, err)
-	t.Logf("%s killed, %s takes writes after %v", old, leader, time.Since(killed).Round(time.Millisecond))
+	leader := awaitNewLeader(ctx, t, ha, old, killed)
 
-	claims, effects := haRows(t, ha, leader, schema, "before")
-	require.Equal(t, [2]int{1, 1}, [2]int{claims, effects}, "the claim replicated before the freeze survives")
-	claims, effects = haRows(t, ha, leader, schema, "acked")
-	require.Equal(t, [2]int{0, 0}, [2]int{claims, effects},
-		"the acknowledged claim and effect are missing on the new leader")
+	requireRows(t, ha, leader, schema, "before", [2]int{1, 1}, "the claim replicated before the freeze survives")
+	requireRows(t, ha, leader, schema, "acked", [2]int{0, 0}, "the acknowledged claim and effect are missing on the new leader")
 
 	// The old leader rejoins as a replica of the new one (pg_rewind): the
 	// commit is not coming back from there either.
 	ha.WaitHealthy(t)
 	ha.WaitReplicated(t)
-	claims, effects = haRows(t, ha, old, schema, "acked")
-	require.Equal(t, [2]int{0, 0}, [2]int{claims, effects}, "rewound away on the old leader too")
+	requireRows(t, ha, old, schema, "acked", [2]int{0, 0}, "rewound away on the old leader too")
 	// A redelivery would now apply it again; but the broker was acked and
 	// will not redeliver: the effect is lost.
 }
@@ -148,19 +159,14 @@ func TestHASyncRemoteApplyLosesNoAckedCommit(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		require.Fail(t, "the waiting COMMIT did not end when its leader was killed")
 	}
-	leader, err := ha.WaitLeader(ctx, old)
-	require.NoError(t, err)
-	t.Logf("%s killed, %s takes writes after %v", old, leader, time.Since(killed).Round(time.Millisecond))
+	leader := awaitNewLeader(ctx, t, ha, old, killed)
 
-	claims, effects := haRows(t, ha, leader, schema, "acked")
-	require.Equal(t, [2]int{1, 1}, [2]int{claims, effects}, "the acknowledged claim and effect are on the new leader")
-	claims, effects = haRows(t, ha, leader, schema, "in-flight")
-	require.Equal(t, [2]int{0, 0}, [2]int{claims, effects}, "the unacknowledged commit never reached the replica")
+	requireRows(t, ha, leader, schema, "acked", [2]int{1, 1}, "the acknowledged claim and effect are on the new leader")
+	requireRows(t, ha, leader, schema, "in-flight", [2]int{0, 0}, "the unacknowledged commit never reached the replica")
 
 	// Its redelivery applies it once, on the new leader.
 	require.Eventually(t, func() bool { return haClaim(ctx, st, "in-flight", "") == nil },
 		30*time.Second, 100*time.Millisecond, "the redelivered claim commits on the new leader")
-	claims, effects = haRows(t, ha, leader, schema, "in-flight")
-	require.Equal(t, [2]int{1, 1}, [2]int{claims, effects})
+	requireRows(t, ha, leader, schema, "in-flight", [2]int{1, 1})
 	ha.WaitHealthy(t)
 }

@@ -3,15 +3,34 @@ package store_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
+
+// childStore is the store of a test that runs only as a child process of
+// the test parent, which names its database in the environment variable
+// urlEnv; run any other way, the test is skipped.
+func childStore(t *testing.T, urlEnv, parent string, cfg store.Config) *store.Store {
+	t.Helper()
+	dbURL := os.Getenv(urlEnv)
+	if dbURL == "" {
+		t.Skip("only run as a child process of " + parent)
+	}
+	pool, err := pgxpool.New(context.Background(), dbURL)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	st, err := store.New(pool, cfg)
+	require.NoError(t, err)
+	return st
+}
 
 // begin opens a transaction on st's pool, rolled back when the test ends
 // unless it ended before.
@@ -83,6 +102,26 @@ func insertSeries(t *testing.T, st *store.Store, table, cols, vals, consumer, pr
 func insertAged(t *testing.T, st *store.Store, consumer, prefix string, n int, offset string) {
 	t.Helper()
 	insertSeries(t, st, claimsTable(st), "processed_at", "now() + $3::interval", consumer, prefix, n, offset)
+}
+
+// aged is n claims for consumer, keyed prefix0 on, processed at now() +
+// offset.
+type aged struct {
+	consumer, prefix string
+	n                int
+	offset           string
+}
+
+// migratedWith is a migrated store of conns connections holding the claims
+// of sets: the retention tests each start from their own mix of old and
+// new claims.
+func migratedWith(t *testing.T, conns int32, sets ...aged) *store.Store {
+	t.Helper()
+	st := testenv.Migrated(t, conns)
+	for _, a := range sets {
+		insertAged(t, st, a.consumer, a.prefix, a.n, a.offset)
+	}
+	return st
 }
 
 // insertMemos inserts n poison memos for consumer last poisoned at now() +

@@ -41,7 +41,9 @@ func leaseStores(t *testing.T, pooled bool) (a, b *store.Store) {
 	return stores[0], stores[1]
 }
 
-func forBothConnections(t *testing.T, test func(t *testing.T, pooled bool)) {
+// forBothConnections runs test on two stores sharing one schema, connected
+// directly and then behind a transaction pooler: the lease must fence both.
+func forBothConnections(t *testing.T, test func(t *testing.T, a, b *store.Store)) {
 	for _, pooled := range []bool{false, true} {
 		name := "direct"
 		if pooled {
@@ -49,15 +51,28 @@ func forBothConnections(t *testing.T, test func(t *testing.T, pooled bool)) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			test(t, pooled)
+			a, b := leaseStores(t, pooled)
+			test(t, a, b)
 		})
 	}
+}
+
+func leaseTable(st *store.Store) string {
+	return pgx.Identifier{st.Config().Schema, "claimtx_lease"}.Sanitize()
+}
+
+// takeOverLease gives the retention lease to another instance, as when a
+// run stalls past the lease's time to live and another takes it.
+func takeOverLease(t *testing.T, st *store.Store) {
+	t.Helper()
+	_, err := st.Pool().Exec(context.Background(), "UPDATE "+leaseTable(st)+" SET holder = 'another instance' WHERE name = $1", st.RetentionLeaseNameForTest())
+	require.NoError(t, err)
 }
 
 func leaseHolder(t *testing.T, st *store.Store) string {
 	t.Helper()
 	var holder string
-	err := st.Pool().QueryRow(context.Background(), "SELECT holder FROM "+pgx.Identifier{st.Config().Schema, "claimtx_lease"}.Sanitize()+" WHERE name = $1",
+	err := st.Pool().QueryRow(context.Background(), "SELECT holder FROM "+leaseTable(st)+" WHERE name = $1",
 		st.RetentionLeaseNameForTest()).Scan(&holder)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ""
@@ -72,8 +87,7 @@ func leaseHolder(t *testing.T, st *store.Store) string {
 // would have landed on an arbitrary server connection.
 func TestRetentionLeaseTwoStoresCompete(t *testing.T) {
 	t.Parallel()
-	forBothConnections(t, func(t *testing.T, pooled bool) {
-		a, b := leaseStores(t, pooled)
+	forBothConnections(t, func(t *testing.T, a, b *store.Store) {
 		ctx := context.Background()
 		insertAged(t, a, "loyalty", "old-", 5, "-31 days")
 		var during []error
@@ -108,15 +122,12 @@ func TestRetentionLeaseTwoStoresCompete(t *testing.T) {
 // ErrNotLeader.
 func TestRetentionLeaseFencing(t *testing.T) {
 	t.Parallel()
-	forBothConnections(t, func(t *testing.T, pooled bool) {
-		a, _ := leaseStores(t, pooled)
+	forBothConnections(t, func(t *testing.T, a, _ *store.Store) {
 		ctx := context.Background()
 		insertAged(t, a, "loyalty", "old-", 6, "-31 days")
-		table := pgx.Identifier{a.Config().Schema, "claimtx_lease"}.Sanitize()
 		res, err := a.Cleanup(ctx, store.RetentionConfig{BatchSize: 2, MinBatchSize: 2, MaxBatchSize: 2, Pause: -1, OnProgress: func(p store.CleanupResult) {
 			if p.Batches == 1 {
-				_, err := a.Pool().Exec(ctx, "UPDATE "+table+" SET holder = 'another instance' WHERE name = $1", a.RetentionLeaseNameForTest())
-				require.NoError(t, err)
+				takeOverLease(t, a)
 			}
 		}})
 		require.ErrorIs(t, err, store.ErrNotLeader)
@@ -131,16 +142,13 @@ func TestRetentionLeaseFencing(t *testing.T) {
 // deletes no memo.
 func TestRetentionLeaseFencesMemoBatches(t *testing.T) {
 	t.Parallel()
-	forBothConnections(t, func(t *testing.T, pooled bool) {
-		a, _ := leaseStores(t, pooled)
+	forBothConnections(t, func(t *testing.T, a, _ *store.Store) {
 		ctx := context.Background()
 		insertAged(t, a, "loyalty", "old-", 2, "-31 days")
 		insertMemos(t, a, "loyalty", "memo-", 3, "-31 days")
-		table := pgx.Identifier{a.Config().Schema, "claimtx_lease"}.Sanitize()
 		res, err := a.Cleanup(ctx, store.RetentionConfig{Pause: -1, OnProgress: func(p store.CleanupResult) {
 			if p.Batches > 0 && p.BatchRows == 0 { // the claims are done
-				_, err := a.Pool().Exec(ctx, "UPDATE "+table+" SET holder = 'another instance' WHERE name = $1", a.RetentionLeaseNameForTest())
-				require.NoError(t, err)
+				takeOverLease(t, a)
 			}
 		}})
 		require.ErrorIs(t, err, store.ErrNotLeader)
@@ -224,17 +232,9 @@ func TestRetentionLeaseOfKilledHolderExpires(t *testing.T) {
 // TestRetentionLeaseOfKilledHolderExpires: it deletes one batch and holds
 // the lease until killed.
 func TestRetentionLeaseChild(t *testing.T) {
-	dbURL := os.Getenv(envLeaseChildURL)
-	if dbURL == "" {
-		t.Skip("only run as a child process of TestRetentionLeaseOfKilledHolderExpires")
-	}
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dbURL)
-	require.NoError(t, err)
-	st, err := store.New(pool, store.Config{Schema: os.Getenv(envLeaseChildSchema)})
-	require.NoError(t, err)
+	st := childStore(t, envLeaseChildURL, "TestRetentionLeaseOfKilledHolderExpires", store.Config{Schema: os.Getenv(envLeaseChildSchema)})
 	st.SetLeaseTTLForTest(2 * time.Second)
-	_, err = st.Cleanup(ctx, store.RetentionConfig{BatchSize: 2, MinBatchSize: 2, MaxBatchSize: 2, Pause: -1, OnProgress: func(p store.CleanupResult) {
+	_, err := st.Cleanup(context.Background(), store.RetentionConfig{BatchSize: 2, MinBatchSize: 2, MaxBatchSize: 2, Pause: -1, OnProgress: func(p store.CleanupResult) {
 		if p.Batches == 1 {
 			_, _ = os.Stdout.WriteString(leaseChildHolding + "\n")
 			select {} // until killed

@@ -81,22 +81,14 @@ func coldStartRounds(t *testing.T, rounds, procs int, childURL func(string) stri
 // TestMigrateProcessChild is the child's side of
 // TestMigrateColdStartProcesses; without its environment it does nothing.
 func TestMigrateProcessChild(t *testing.T) {
-	dbURL := os.Getenv(envMigrateChildURL)
-	if dbURL == "" {
-		t.Skip("only run as a child process of TestMigrateColdStartProcesses")
-	}
+	st := childStore(t, envMigrateChildURL, "TestMigrateColdStartProcesses", store.Config{}) // the default schema, absent on a new database
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dbURL)
-	require.NoError(t, err)
-	defer pool.Close()
-	st, err := store.New(pool, store.Config{}) // the default schema, absent on a new database
-	require.NoError(t, err)
 	// Start-up as an application does it: its own DDL first (here a no-op
 	// one), which warms this backend's catalog caches, then a version
 	// check. A cold backend misses its caches in CREATE SCHEMA and so
 	// happens to process the other processes' invalidations; a warm one
 	// (a pool's connection, reused) trusts its cached "no such schema".
-	_, err = pool.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS public")
+	_, err := st.Pool().Exec(ctx, "CREATE SCHEMA IF NOT EXISTS public")
 	require.NoError(t, err)
 	requireVersion(t, st, 0)
 	fmt.Println(migrateChildReady)

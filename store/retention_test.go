@@ -23,16 +23,16 @@ func cleanup(t *testing.T, st *store.Store, cfg store.RetentionConfig) store.Cle
 
 func TestCleanupBoundaries(t *testing.T) {
 	t.Parallel()
-	st := testenv.Migrated(t, 4)
-
-	// Outside the 30-day window: just outside, far outside, and 23 rows
-	// sharing one timestamp so that ties straddle batch boundaries.
-	insertAged(t, st, "loyalty", "just-out-", 5, "-30 days -1 second")
-	insertAged(t, st, "loyalty", "tie-", 23, "-45 days")
-	insertAged(t, st, "analytics", "far-out-", 9, "-400 days")
-	// Inside: just inside, and recent.
-	insertAged(t, st, "loyalty", "just-in-", 6, "-30 days +1 minute")
-	insertAged(t, st, "loyalty", "recent-", 4, "-1 second")
+	st := migratedWith(t, 4,
+		// Outside the 30-day window: just outside, far outside, and 23 rows
+		// sharing one timestamp so that ties straddle batch boundaries.
+		aged{"loyalty", "just-out-", 5, "-30 days -1 second"},
+		aged{"loyalty", "tie-", 23, "-45 days"},
+		aged{"analytics", "far-out-", 9, "-400 days"},
+		// Inside: just inside, and recent.
+		aged{"loyalty", "just-in-", 6, "-30 days +1 minute"},
+		aged{"loyalty", "recent-", 4, "-1 second"},
+	)
 
 	var seen []store.CleanupResult
 	cfg := fixedBatches(7)
@@ -61,9 +61,7 @@ func TestCleanupBoundaries(t *testing.T) {
 
 func TestCleanupAdaptiveBatchesAndVacuum(t *testing.T) {
 	t.Parallel()
-	st := testenv.Migrated(t, 2)
-	insertAged(t, st, "c", "old-", 3000, "-60 days")
-	insertAged(t, st, "c", "new-", 10, "-1 day")
+	st := migratedWith(t, 2, aged{"c", "old-", 3000, "-60 days"}, aged{"c", "new-", 10, "-1 day"})
 	var sizes []int
 	res := cleanup(t, st, store.RetentionConfig{
 		BatchSize: 100, MinBatchSize: 50, MaxBatchSize: 800,
@@ -80,9 +78,8 @@ func TestCleanupAdaptiveBatchesAndVacuum(t *testing.T) {
 
 func TestCleanupSettingsDoNotLeak(t *testing.T) {
 	t.Parallel()
-	st := testenv.Migrated(t, 1) // one connection: the cleaner's is the one we inspect
+	st := migratedWith(t, 1, aged{"c", "old-", 20, "-60 days"}) // one connection: the cleaner's is the one we inspect
 	ctx := context.Background()
-	insertAged(t, st, "c", "old-", 20, "-60 days")
 	cleanup(t, st, fixedBatches(5))
 	var timeout, syncCommit string
 	require.NoError(t, st.Pool().QueryRow(ctx, "SELECT current_setting('statement_timeout'), current_setting('synchronous_commit')").Scan(&timeout, &syncCommit))
@@ -95,9 +92,8 @@ func TestCleanupSettingsDoNotLeak(t *testing.T) {
 
 func TestCleanupMinimumRetention(t *testing.T) {
 	t.Parallel()
-	st := testenv.Migrated(t, 2)
+	st := migratedWith(t, 2, aged{"c", "two-days-", 3, "-2 days"})
 	ctx := context.Background()
-	insertAged(t, st, "c", "two-days-", 3, "-2 days")
 
 	var ce *framework.ConfigError
 	_, err := st.Cleanup(ctx, store.RetentionConfig{Retention: 24 * time.Hour})
@@ -134,10 +130,7 @@ func TestCleanupMinimumRetention(t *testing.T) {
 
 func TestCleanupDryRun(t *testing.T) {
 	t.Parallel()
-	st := testenv.Migrated(t, 2)
-	insertAged(t, st, "c", "old-", 12, "-31 days")
-	insertAged(t, st, "c", "older-", 3, "-90 days")
-	insertAged(t, st, "c", "new-", 4, "-29 days")
+	st := migratedWith(t, 2, aged{"c", "old-", 12, "-31 days"}, aged{"c", "older-", 3, "-90 days"}, aged{"c", "new-", 4, "-29 days"})
 
 	res := cleanup(t, st, store.RetentionConfig{DryRun: true})
 	require.EqualValues(t, 15, res.WouldDelete)
@@ -151,9 +144,8 @@ func TestCleanupDryRun(t *testing.T) {
 // done the lock is free again.
 func TestCleanupLeaderExclusive(t *testing.T) {
 	t.Parallel()
-	st := testenv.Migrated(t, 4)
+	st := migratedWith(t, 4, aged{"c", "old-", 40, "-60 days"})
 	ctx := context.Background()
-	insertAged(t, st, "c", "old-", 40, "-60 days")
 
 	var secondErr error
 	var secondRes store.CleanupResult
@@ -186,10 +178,8 @@ func TestCleanupLeaderExclusive(t *testing.T) {
 
 func TestCleanupInterruptAndResume(t *testing.T) {
 	t.Parallel()
-	st := testenv.Migrated(t, 4)
+	st := migratedWith(t, 4, aged{"c", "old-", 100, "-60 days"}, aged{"c", "new-", 5, "-1 hour"})
 	ctx := context.Background()
-	insertAged(t, st, "c", "old-", 100, "-60 days")
-	insertAged(t, st, "c", "new-", 5, "-1 hour")
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -229,11 +219,8 @@ func TestCleanupTableStates(t *testing.T) {
 
 func TestStats(t *testing.T) {
 	t.Parallel()
-	st := testenv.Migrated(t, 2)
+	st := migratedWith(t, 2, aged{"loyalty", "a-", 30, "-3 days"}, aged{"loyalty", "b-", 20, "-1 hour"}, aged{"analytics", "a-", 7, "-10 days"})
 	ctx := context.Background()
-	insertAged(t, st, "loyalty", "a-", 30, "-3 days")
-	insertAged(t, st, "loyalty", "b-", 20, "-1 hour")
-	insertAged(t, st, "analytics", "a-", 7, "-10 days")
 
 	s, err := st.Stats(ctx)
 	require.NoError(t, err)

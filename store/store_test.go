@@ -363,18 +363,8 @@ func TestMigrationTransactionIDsOnline(t *testing.T) {
 			require.NoError(t, st.MigrateDownForTest(ctx, 4))
 			claim("before")
 			files := func() map[string]int64 {
-				rows, err := st.Pool().Query(ctx, `SELECT c.relname, c.relfilenode::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+				return testenv.Pairs[string, int64](t, st.Pool(), `SELECT c.relname, c.relfilenode::int8 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = $1 AND c.relkind IN ('r', 'p')`, st.Config().Schema)
-				require.NoError(t, err)
-				out := map[string]int64{}
-				for rows.Next() {
-					var name string
-					var node int64
-					require.NoError(t, rows.Scan(&name, &node))
-					out[name] = node
-				}
-				require.NoError(t, rows.Err())
-				return out
 			}
 			before := files()
 

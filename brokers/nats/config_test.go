@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/brokers"
+	"github.com/claimtx/claimtx/internal/testenv"
 )
 
 // clearNATSEnv unsets (sets empty, which counts as unset) every NATS_*
@@ -18,11 +19,7 @@ import (
 func clearNATSEnv(t *testing.T) {
 	t.Helper()
 	t.Setenv("BROKER", "")
-	for _, kv := range os.Environ() {
-		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "NATS_") {
-			t.Setenv(name, "")
-		}
-	}
+	testenv.UnsetEnvPrefix(t, "NATS_")
 }
 
 // TestConfigFromEnv: BROKER=nats selects the kind and brokers.LoadConfig("")
@@ -97,10 +94,7 @@ func TestEnvErrorsNameTheVariable(t *testing.T) {
 			t.Setenv("BROKER", "nats")
 			t.Setenv("NATS_URL", "nats://127.0.0.1:1") // nothing connects: refused before
 			t.Setenv("NATS_DIAL_TIMEOUT", "-1s")
-			for _, kv := range tc.env {
-				name, value, _ := strings.Cut(kv, "=")
-				t.Setenv(name, value)
-			}
+			testenv.SetEnv(t, tc.env...)
 			cfg, err := brokers.LoadConfig("")
 			if err != nil { // a value that does not parse, or fails the kind's checks
 				requireField(t, err, tc.field)

@@ -100,6 +100,14 @@ func subscribe(t *testing.T, cfg brokers.Config, topic string) <-chan *message.M
 	return msgs
 }
 
+// subscribeAfter publishes msgs to topic, then subscribes to it with cfg:
+// the messages wait in the stream for a subscriber that is not there yet.
+func subscribeAfter(t *testing.T, cfg brokers.Config, topic string, msgs ...*message.Message) <-chan *message.Message {
+	t.Helper()
+	require.NoError(t, newPublisher(t, cfg).Publish(topic, msgs...))
+	return subscribe(t, cfg, topic)
+}
+
 // rawJS is a plain nats.go JetStream client, as an operator or a
 // non-Watermill producer has. It deletes, when the test ends, every stream
 // whose name starts with one of prefixes.

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 
+	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -52,19 +53,9 @@ func (p *proc) metricSum(t *testing.T, name string) int {
 // partition.
 func (h *harness) storedPositions(t *testing.T) map[int32]int64 {
 	t.Helper()
-	rows, err := h.pool.Query(context.Background(), fmt.Sprintf(
+	return testenv.Pairs[int32, int64](t, h.pool, fmt.Sprintf(
 		"SELECT partition, settled_below FROM %s.kafka_positions WHERE consumer = 'loyalty' AND topic = $1",
 		pgx.Identifier{h.schema}.Sanitize()), h.topic)
-	require.NoError(t, err)
-	out := map[int32]int64{}
-	for rows.Next() {
-		var p int32
-		var off int64
-		require.NoError(t, rows.Scan(&p, &off))
-		out[p] = off
-	}
-	require.NoError(t, rows.Err())
-	return out
 }
 
 // endOffsets returns the topic's end offsets by partition.

@@ -71,6 +71,23 @@ func Scalar(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int64 {
 	return n
 }
 
+// Pairs is what sql returns, rows of a key and a value, as a map, failing
+// the test on an error.
+func Pairs[K comparable, V any](t testing.TB, pool *pgxpool.Pool, sql string, args ...any) map[K]V {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), sql, args...)
+	require.NoError(t, err)
+	out := map[K]V{}
+	for rows.Next() {
+		var k K
+		var v V
+		require.NoError(t, rows.Scan(&k, &v))
+		out[k] = v
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
 // Message is a message as a producer sends it: a fresh UUID, payload, and
 // the metadata given as key, value pairs.
 func Message(payload string, metadata ...string) *message.Message {

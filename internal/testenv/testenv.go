@@ -89,6 +89,28 @@ func VerifyTestMain(m *testing.M, opts ...goleak.Option) {
 	}, opts...)...)
 }
 
+// SetEnv sets each NAME=value of env for the rest of t (t.Setenv): the
+// config tests write their environments as a shell would.
+func SetEnv(t testing.TB, env ...string) {
+	t.Helper()
+	for _, kv := range env {
+		name, value, _ := strings.Cut(kv, "=")
+		t.Setenv(name, value)
+	}
+}
+
+// UnsetEnvPrefix sets every variable whose name starts with prefix empty
+// (which the config loaders count as unset) for the rest of t, so that the
+// runner's own environment cannot leak into a test.
+func UnsetEnvPrefix(t testing.TB, prefix string) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, prefix) {
+			t.Setenv(name, "")
+		}
+	}
+}
+
 // CloseAtEnd returns a function that registers closers to close when t
 // ends, from any goroutine: Watermill's Pub/Sub suite (pubsub/tests) leaks
 // the subscribers its multiplier builds, so the adapters' conformance runs
