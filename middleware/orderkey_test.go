@@ -29,10 +29,11 @@ func customerOrderKey(t testing.TB) framework.KeyFunc {
 // order-key lookups sent inside them (the claim's batch).
 type lookupTrips struct {
 	roundTrips
-	lookups atomic.Int64
+	lookups, statements atomic.Int64
 }
 
 func (l *lookupTrips) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	l.statements.Add(1)
 	if strings.Contains(d.SQL, "parked_keys") {
 		l.lookups.Add(1)
 	}
@@ -51,23 +52,26 @@ func TestOrderKeyAddsNoRoundTrip(t *testing.T) {
 		rt := &lookupTrips{}
 		st := b.storeWith(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.Tracer = rt })
 		require.NoError(t, st.Pool().Ping(context.Background()))
-		count := func(ordered bool, id int64) int64 {
+		count := func(ordered bool, id int64) (trips, statements int64) {
 			c := middleware.Claim{Store: st, Consumer: fmt.Sprintf("rt-order-%v", ordered), Key: keyFunc(t), MaxGroup: 1}
 			if ordered {
 				c.OrderKey = customerOrderKey(t)
 			}
 			h := testenv.Install(t, middleware.NewClaim, c)(consume(credit))
-			before := rt.n.Load()
+			before, beforeStatements := rt.n.Load(), rt.statements.Load()
 			_, err := h(newDelivery(t, order{OrderID: id, CustomerID: 1, TotalCents: 100}))
 			require.NoError(t, err)
-			return rt.n.Load() - before
+			return rt.n.Load() - before, rt.statements.Load() - beforeStatements
 		}
-		plain := count(false, 1)
+		plain, plainStatements := count(false, 1)
 		require.Zero(t, rt.lookups.Load())
-		ordered := count(true, 2)
+		ordered, orderedStatements := count(true, 2)
 		require.EqualValues(t, 1, rt.lookups.Load(), "the ordered claim sent its lookup")
 		require.EqualValues(t, 4, plain, "BEGIN+claim, two effect statements, COMMIT")
 		require.Equal(t, plain, ordered, "per message: the order-key lookup costs no round trip")
+		// The lookup rides in the statement that sets the claim's
+		// lock_timeout: the server runs no statement more either.
+		require.Equal(t, plainStatements, orderedStatements, "per message: the order-key lookup costs no statement")
 	})
 
 	t.Run("group", func(t *testing.T) {
@@ -119,4 +123,39 @@ func TestOrderKeyAddsNoRoundTrip(t *testing.T) {
 		t.Logf("a group of %d: %d round trips without the order key, %d with", later+1, plain, ordered)
 		require.Equal(t, plain, ordered, "in a group: the order-key lookup costs no round trip")
 	})
+}
+
+// The order-key lookup rides in the statement that sets the claim's
+// lock_timeout: its wait for a key row a release holds FOR UPDATE must be
+// bounded by MaxClaimWait all the same, failing the message transiently
+// (for the broker to redeliver) instead of holding it for the release.
+func TestOrderKeyLookupWaitBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	ctx := context.Background()
+	const consumer = "order-wait"
+	b.exec(t, "INSERT INTO "+b.table("processed_messages_parked_keys")+" (consumer, order_key, reason) VALUES ($1, $2, $3)", consumer, "customer-7", "test")
+	release, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, release.Rollback(ctx)) }()
+	_, err = release.Exec(ctx, "SELECT 1 FROM "+b.table("processed_messages_parked_keys")+" WHERE consumer = $1 FOR UPDATE", consumer)
+	require.NoError(t, err)
+
+	var causes []string
+	c := middleware.Claim{Store: b.store, Consumer: consumer, Key: keyFunc(t), OrderKey: customerOrderKey(t), MaxGroup: 1,
+		MaxClaimWait: 100 * time.Millisecond, MaxAttempts: 2, OnRetry: func(r middleware.TxRetry) { causes = append(causes, r.Cause) }}
+	h := testenv.Install(t, middleware.NewClaim, c)(consume(credit))
+	done := make(chan error, 1)
+	go func() {
+		_, err := h(newDelivery(t, order{OrderID: 1, CustomerID: 7, TotalCents: 100}))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.Error(t, err, "the key row stayed locked: the message cannot be applied")
+		require.False(t, framework.IsPermanent(err), "a lock wait is transient: redelivered, never poisoned")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the lookup waited for the release, unbounded by MaxClaimWait")
+	}
+	require.Equal(t, []string{"claim_wait"}, causes)
 }

@@ -109,6 +109,15 @@ func TestSynchronousCommitReachesTheClaimTransaction(t *testing.T) {
 				_, err := h(newDelivery(t, o))
 				return err
 			},
+			// The order-key lookup rides in the statement that sets both.
+			"ordered": func(o order) error {
+				c := middleware.Claim{Store: st, Consumer: "sync-ordered-" + setting, Key: keyFunc(t), OrderKey: customerOrderKey(t), SynchronousCommit: setting, CommittedKeys: -1}
+				h := testenv.Install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+					return errors.Join(see(ctx, tx), credit(ctx, tx, msg))
+				}))
+				_, err := h(newDelivery(t, o))
+				return err
+			},
 			"natural_key": func(o order) error {
 				c := middleware.Claim{Store: st, Consumer: "sync-" + setting, Mode: middleware.ModeNaturalKey, SynchronousCommit: setting}
 				h := testenv.Install(t, middleware.NewClaim, c)(consume(func(ctx context.Context, tx pgx.Tx, msg *message.Message) error {

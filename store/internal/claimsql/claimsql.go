@@ -36,9 +36,12 @@ type Statements struct {
 	batch     string // BeginBatch's multi-row insert
 	// The poison memo lookups, and the undo of batch claims of memoised keys.
 	memo, memoBatch, unclaim string
-	// The parked order-key lookups (migration 009), FOR SHARE.
-	parked, parkedBatch string
-	following           string // Following's read-ahead
+	// The parked order-key lookups (migration 009), FOR SHARE: alone, and
+	// in the statement that sets the claim's lock_timeout (and
+	// synchronous_commit), where Begin sends it.
+	parked, parkedBatch              string
+	parkedTimeout, parkedTimeoutSync string
+	following                        string // Following's read-ahead
 	// Pool runs Begin, BeginBatch and Following; the store sets it.
 	Pool *pgxpool.Pool
 }
@@ -62,6 +65,13 @@ ON CONFLICT DO NOTHING RETURNING message_key`)
 	s.memoBatch = n.Render("SELECT message_key, reason FROM {schema}.{memo} WHERE consumer = $1 AND message_key = ANY($2::text[])")
 	s.unclaim = n.Render("DELETE FROM {schema}.{claims} WHERE consumer = $1 AND message_key = ANY($2::text[])")
 	s.parked = n.Render("SELECT true FROM {schema}.{parked_keys} WHERE consumer = $1 AND order_key = $2 FOR SHARE")
+	// set_config comes first: a SELECT list is evaluated in order, so the
+	// lookup's lock wait is bounded by the timeout it sets.
+	exists := func(consumer, orderKey int) string {
+		return n.Render(fmt.Sprintf("EXISTS (SELECT FROM {schema}.{parked_keys} WHERE consumer = $%d AND order_key = $%d FOR SHARE)", consumer, orderKey))
+	}
+	s.parkedTimeout = setLockTimeout + ", " + exists(2, 3)
+	s.parkedTimeoutSync = setLockTimeoutSync + ", " + exists(3, 4)
 	s.parkedBatch = n.Render("SELECT order_key FROM {schema}.{parked_keys} WHERE consumer = $1 AND order_key = ANY($2::text[]) ORDER BY order_key FOR SHARE")
 	// The anchor comes in as subqueries (InitPlans) so the planner walks
 	// the processed_at index from it (joined, or compared only as a row,
@@ -157,6 +167,25 @@ func (s *Statements) queueParked(q *query, consumer, orderKey string) *bool {
 			}
 			return nil
 		})
+	}
+	// With a lock_timeout to set, the lookup rides in that statement: one
+	// statement less for the server per ordered message.
+	q.settings = func(b *pgx.Batch, wait time.Duration, synchronousCommit string) {
+		read := func(row pgx.Row) error {
+			dest := []any{nil, parked}
+			if synchronousCommit != "" {
+				dest = []any{nil, nil, parked}
+			}
+			if err := row.Scan(dest...); err != nil {
+				return fmt.Errorf("claimtx: read parked order key: %w", err)
+			}
+			return nil
+		}
+		if synchronousCommit != "" {
+			b.Queue(s.parkedTimeoutSync, pg.Millis(wait), synchronousCommit, consumer, orderKey).QueryRow(read)
+			return
+		}
+		b.Queue(s.parkedTimeout, pg.Millis(wait), consumer, orderKey).QueryRow(read)
 	}
 	return parked
 }
@@ -331,8 +360,10 @@ type query struct {
 	day   pgtype.Date // when shape.eventDay
 	res   *pg.ClaimResult
 	// before, when set, is queued just before the claim, under its
-	// lock_timeout.
-	before func(*pgx.Batch)
+	// lock_timeout; settings, when set, replaces both before and the
+	// statement that sets a positive lock_timeout.
+	before   func(*pgx.Batch)
+	settings func(b *pgx.Batch, wait time.Duration, synchronousCommit string)
 }
 
 func (s *Statements) prepare(r pg.ClaimRequest, res *pg.ClaimResult) query {
@@ -352,10 +383,7 @@ func (s *Statements) prepare(r pg.ClaimRequest, res *pg.ClaimResult) query {
 // queue adds the claim to b, and more after it, under the request's
 // lock_timeout (queueBounded).
 func (q query) queue(b *pgx.Batch, synchronousCommit string, more func(*pgx.Batch)) {
-	queueBounded(b, q.r.MaxClaimWait, synchronousCommit, func() {
-		if q.before != nil {
-			q.before(b)
-		}
+	claim := func() {
 		b.Queue(q.sql, q.args...).Exec(func(tag pgconn.CommandTag) error {
 			q.res.New = tag.RowsAffected() == 1
 			return nil
@@ -363,6 +391,18 @@ func (q query) queue(b *pgx.Batch, synchronousCommit string, more func(*pgx.Batc
 		if more != nil {
 			more(b)
 		}
+	}
+	if wait := q.r.MaxClaimWait; q.settings != nil && wait > 0 {
+		q.settings(b, wait, synchronousCommit)
+		claim()
+		b.Queue(resetLockTimeout)
+		return
+	}
+	queueBounded(b, q.r.MaxClaimWait, synchronousCommit, func() {
+		if q.before != nil {
+			q.before(b)
+		}
+		claim()
 	})
 }
 
@@ -374,7 +414,7 @@ func queueBounded(b *pgx.Batch, wait time.Duration, synchronousCommit string, qu
 	bounded := queueSettings(b, wait, synchronousCommit)
 	queue()
 	if bounded {
-		b.Queue("SET LOCAL lock_timeout TO DEFAULT")
+		b.Queue(resetLockTimeout)
 	}
 }
 
@@ -383,6 +423,7 @@ const (
 	setLockTimeout     = "SELECT set_config('lock_timeout', $1, true)"
 	setLockTimeoutSync = "SELECT set_config('lock_timeout', $1, true), set_config('synchronous_commit', $2, true)"
 	setSync            = "SELECT set_config('synchronous_commit', $1, true)"
+	resetLockTimeout   = "SET LOCAL lock_timeout TO DEFAULT"
 )
 
 // queueSettings queues, for the rest of the transaction, a lock_timeout of
