@@ -513,7 +513,10 @@ func newConsumer(ctx context.Context, cfg Config, handler middleware.TxHandlerFu
 		return nil, err
 	}
 	txh := middleware.TxHandler(handler)
-	park, err := p.newParker(claim, func(m *message.Message) ([]*message.Message, error) { return nil, txh(m) }, l, poisonMW)
+	// A release runs the handler as a delivery does: within HandlerTimeout,
+	// so that a handler that hangs cannot hold the releaser, and traced.
+	release := handlerTimeout(cfg.HandlerTimeout)(tracing.Middleware(func(m *message.Message) ([]*message.Message, error) { return nil, txh(m) }))
+	park, err := p.newParker(claim, release, l, poisonMW)
 	if err != nil {
 		return nil, err
 	}

@@ -41,6 +41,7 @@ type orderedRun struct {
 
 	mu     sync.Mutex
 	broken map[string]bool
+	hang   map[string]bool // events whose handler waits for its context to end
 }
 
 func (o *orderedRun) apply(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
@@ -49,10 +50,14 @@ func (o *orderedRun) apply(ctx context.Context, tx pgx.Tx, msg *message.Message)
 		return framework.Permanent(err)
 	}
 	o.mu.Lock()
-	broken := o.broken[e.ID]
+	broken, hang := o.broken[e.ID], o.hang[e.ID]
 	o.mu.Unlock()
 	if broken {
 		return framework.Permanent(fmt.Errorf("event %s refused", e.ID))
+	}
+	if hang {
+		<-ctx.Done()
+		return ctx.Err()
 	}
 	_, err := tx.Exec(ctx, "INSERT INTO effects (account, seq, id) VALUES ($1, $2, $3)", e.Account, e.Seq, e.ID)
 	return err
@@ -191,6 +196,54 @@ func TestOrderedEffectsOverBrokers(t *testing.T) {
 			stopConsumer(t, cancel, done)
 		})
 	}
+}
+
+// A release runs the handler within HandlerTimeout, as a delivery does: a
+// handler that hangs on a parked message fails the release, which leaves
+// the key parked and the releaser free, instead of holding both forever.
+func TestOrderedReleaseHandlerTimeout(t *testing.T) {
+	t.Parallel()
+	pool, schema, ctx, cancel := effectsDB(t, 8, "n bigserial PRIMARY KEY, account text NOT NULL, seq int NOT NULL, id text NOT NULL UNIQUE")
+	o := &orderedRun{pool: pool, schema: schema, topic: "ordered-timeout-" + randHex(), broken: map[string]bool{"K-2": true}, hang: map[string]bool{}}
+	bcfg := brokers.Config{Kind: brokers.KindAMQP}
+	o.pub = newPublisher(t, bcfg)
+	cfg := baseConfig("ledger", o.topic, pool, schema, bcfg)
+	cfg.Key, cfg.OrderKey = "template:{payload.id}", "template:{payload.account}"
+	cfg.HandlerTimeout = time.Second
+	c, err := consumer.New(ctx, cfg, o.apply)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	done := runUntilCancel(ctx, c)
+	for seq := 1; seq <= 3; seq++ {
+		o.publish(t, "K", seq)
+	}
+	require.Eventually(t, func() bool { return len(o.parked(t, "K")) == 2 }, 30*time.Second, 50*time.Millisecond)
+
+	// Fixed, but now it hangs: the release must give up within the timeout.
+	o.mu.Lock()
+	o.broken["K-2"], o.hang["K-2"] = false, true
+	o.mu.Unlock()
+	parking := pg.ParkingOf(c.Store())
+	ok, err := parking.Request(ctx, "ledger", "K", false, "test", "hangs")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Eventually(t, func() bool {
+		k, found, err := parking.Key(ctx, "ledger", "K")
+		require.NoError(t, err)
+		return found && k.Failures == 2
+	}, 30*time.Second, 50*time.Millisecond, "the hung release failed and was counted")
+	require.Equal(t, []int{2, 3}, o.parked(t, "K"), "still parked, in order")
+
+	// The releaser is free: once the handler returns, a release applies.
+	o.mu.Lock()
+	o.hang["K-2"] = false
+	o.mu.Unlock()
+	ok, err = parking.Request(ctx, "ledger", "K", false, "test", "fixed")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Eventually(t, func() bool { return len(o.parked(t, "K")) == 0 }, 30*time.Second, 50*time.Millisecond)
+	require.Equal(t, []int{1, 2, 3}, o.applied(t, "K"))
+	stopConsumer(t, cancel, done)
 }
 
 // TestOrderedRefusesConcurrency: an order key needs one message in flight.
