@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/middleware"
@@ -121,6 +122,9 @@ func newBatch(ctx context.Context, cfg Config, handler middleware.SetHandlerFunc
 	r.opts.MaxSize = cmp.Or(max(r.opts.MaxSize, 0), 100)
 	r.opts.MaxWait = cmp.Or(max(r.opts.MaxWait, 0), 5*time.Millisecond)
 	r.opts.Workers = cmp.Or(max(r.opts.Workers, 0), 1)
+	if kind := p.cfg.Broker.Kind; claim.OrderKey != nil && (kind == "" || kind == brokers.KindAMQP) {
+		r.hold = newKeyHold(claim.Key, claim.OrderKey, p.cfg.Logger)
+	}
 	return &Consumer{parts: p, body: r.run, running: r.running}, nil
 }
 
@@ -147,6 +151,7 @@ type batchRunner struct {
 	settled func(*message.Message, error)
 	poison  func(*message.Message, error) error // publishes a copy with the reason
 	running chan struct{}                       // closed once subscribed
+	hold    *keyHold                            // ordered, on RabbitMQ; else nil
 }
 
 // run consumes until ctx ends or the subscription does, then drains.
@@ -176,6 +181,13 @@ func (r batchRunner) run(ctx context.Context) error {
 					r.cfg.Logger.Debug("claimtx: batch arrived during shutdown, handed back to the broker unprocessed", "messages", len(batch))
 					nackAll(batch)
 					continue
+				}
+				if r.hold != nil {
+					batch = r.hold.admit(batch, func(m *message.Message) { r.nack(m, errHeldBack) })
+					if len(batch) == 0 {
+						d.leave()
+						continue
+					}
 				}
 				// Only the drain timeout cancels work.
 				work, cancel := d.context(context.WithoutCancel(ctx))
@@ -275,8 +287,7 @@ func (s batchRunner) settle(ctx context.Context, batch []*message.Message, errs 
 			case errors.As(err, &held) && held.Head >= 0 && held.Head < i && !nacked[held.Head]:
 				again = append(again, m)
 			case ctx.Err() != nil || held != nil || !framework.IsPermanent(err) && store.IsTransient(err):
-				s.settled(m, err)
-				m.Nack()
+				s.nack(m, err)
 				nacked[i] = true
 			case retryable(err) && retry < s.cfg.HandlerRetries:
 				again, retried = append(again, m), true
@@ -290,8 +301,7 @@ func (s batchRunner) settle(ctx context.Context, batch []*message.Message, errs 
 		if retried {
 			if err := pg.Sleep(ctx, delay); err != nil {
 				for _, m := range again {
-					s.settled(m, err)
-					m.Nack()
+					s.nack(m, err)
 				}
 				return
 			}
@@ -310,7 +320,16 @@ func (s batchRunner) deadLetter(m *message.Message, err error) bool {
 		return true
 	}
 	s.cfg.Logger.Error("claimtx: message not dead-lettered; nacked, it comes back", "message_uuid", m.UUID, "err", boundError(err))
-	s.settled(m, err)
-	m.Nack()
+	s.nack(m, err)
 	return false
+}
+
+// nack reports m's failure and hands it back to the broker; with an order
+// key on RabbitMQ, its key's later messages wait for it (keyHold).
+func (s batchRunner) nack(m *message.Message, err error) {
+	s.settled(m, err)
+	if s.hold != nil {
+		s.hold.nacked(m)
+	}
+	m.Nack()
 }

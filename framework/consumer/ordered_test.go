@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -243,6 +244,60 @@ func TestOrderedReleaseHandlerTimeout(t *testing.T) {
 	require.True(t, ok)
 	require.Eventually(t, func() bool { return len(o.parked(t, "K")) == 0 }, 30*time.Second, 50*time.Millisecond)
 	require.Equal(t, []int{1, 2, 3}, o.applied(t, "K"))
+	stopConsumer(t, cancel, done)
+}
+
+// In batch mode on RabbitMQ the window that fills the batches holds later
+// messages of a key whose message was just nacked for a transient failure
+// (the broker puts it back at its place, behind them in the consumer's
+// hands): they must wait for it, nacked behind it, and not apply first.
+func TestOrderedBatchTransientNackKeepsOrder(t *testing.T) {
+	t.Parallel()
+	pool, schema, ctx, cancel := effectsDB(t, 8, "n bigserial PRIMARY KEY, account text NOT NULL, seq int NOT NULL, id text NOT NULL UNIQUE")
+	o := &orderedRun{pool: pool, schema: schema, topic: "ordered-nack-" + randHex(), broken: map[string]bool{}}
+	bcfg := brokers.Config{Kind: brokers.KindAMQP}
+	bcfg.AMQP.Window = 64 // every message in hand at once
+	o.pub = newPublisher(t, bcfg)
+	cfg := baseConfig("ledger", o.topic, pool, schema, bcfg)
+	cfg.Key, cfg.OrderKey = "template:{payload.id}", "template:{payload.account}"
+	cfg.Claim.MaxAttempts = 1 // the failure reaches the broker at once
+	failUntil := time.Now().Add(2 * time.Second)
+	var mu sync.Mutex
+	failures := 0
+	set := func(ctx context.Context, tx pgx.Tx, msgs []*message.Message) error {
+		for _, m := range msgs {
+			var e accountEvent
+			require.NoError(t, json.Unmarshal(m.Payload, &e))
+			if e.ID == "K-2" && time.Now().Before(failUntil) {
+				mu.Lock()
+				failures++
+				mu.Unlock()
+				return &pgconn.PgError{Code: "40001", Message: "test: a transient failure"}
+			}
+			if err := o.apply(ctx, tx, m); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	// Two per batch: K's later events come in later batches than K-2.
+	c, err := consumer.NewBatch(ctx, cfg, set, consumer.BatchOptions{MaxSize: 2})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	for seq := 1; seq <= 5; seq++ {
+		for _, account := range []string{"K", "A"} {
+			o.publish(t, account, seq)
+		}
+	}
+	done := runUntilCancel(ctx, c)
+	require.Eventually(t, func() bool {
+		return len(o.applied(t, "K")) == 5 && len(o.applied(t, "A")) == 5
+	}, 60*time.Second, 50*time.Millisecond)
+	mu.Lock()
+	require.Positive(t, failures, "K-2 failed transiently")
+	mu.Unlock()
+	require.Equal(t, []int{1, 2, 3, 4, 5}, o.applied(t, "K"), "K's later events waited for K-2")
+	require.Equal(t, []int{1, 2, 3, 4, 5}, o.applied(t, "A"))
 	stopConsumer(t, cancel, done)
 }
 
