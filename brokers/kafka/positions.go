@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,7 +14,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/claimtx/claimtx/brokers"
 	"github.com/claimtx/claimtx/brokers/internal/warnlog"
@@ -90,6 +93,12 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 			return failed("partitions' start offsets", err)
 		}
 	}
+	moved := map[int32]kgo.EpochOffset{}
+	defer func() {
+		if len(moved) > 0 {
+			go g.commitStarts(moved)
+		}
+	}()
 	for _, id := range moves {
 		pos, at := stored[id], parts[id].EpochOffset().Offset
 		fields := g.fields.Add(watermill.LogFields{"kafka_partition": id, "group_offset": at, "stored_position": pos})
@@ -117,8 +126,40 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 			o.Skipped(g.topic, id, max(at, -1), pos)
 		}
 		parts[id] = kgo.NewOffset().At(pos).WithEpoch(-1)
+		moved[id] = kgo.EpochOffset{Epoch: -1, Offset: pos}
 	}
 	return offsets, nil
+}
+
+// commitStarts commits the stored positions adjustOffsets started
+// partitions at: until a record past one is acked nothing else would, and
+// the group's offset would stay below records the claims settled, its lag
+// never zero. Outside the rebalance, which adjustOffsets runs in. Should
+// it land after a later commit, it rewinds the group to a stored position
+// only: what follows is redelivered and meets its claims.
+func (g *subscription) commitStarts(starts map[int32]kgo.EpochOffset) {
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	done := make(chan struct{})
+	g.cl.CommitOffsets(ctx, map[string]map[int32]kgo.EpochOffset{g.topic: starts}, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		defer close(done)
+		for _, t := range respTopics(resp) {
+			for _, p := range t.Partitions {
+				err = cmp.Or(err, kerr.ErrorForCode(p.ErrorCode))
+			}
+		}
+		if err != nil {
+			g.s.logger.Info("Kafka commit of the stored positions failed; the group's offset moves at the next commit", g.fields.Add(watermill.LogFields{"err": err.Error()}))
+		}
+	})
+	<-done
+}
+
+func respTopics(resp *kmsg.OffsetCommitResponse) []kmsg.OffsetCommitResponseTopic {
+	if resp == nil {
+		return nil
+	}
+	return resp.Topics
 }
 
 // endOffsets is kafkarecord.EndOffsets: each partition's high watermark,
