@@ -47,6 +47,7 @@ func newKeyHold(key, orderKey framework.KeyFunc, logger *slog.Logger) *keyHold {
 // the others to back: a message of a held key runs when it is the next
 // its key waits for; another joins the end of the wait.
 func (h *keyHold) admit(batch []*message.Message, back func(*message.Message)) []*message.Message {
+	h.expire()
 	if len(h.held) == 0 {
 		return batch
 	}
@@ -55,12 +56,6 @@ func (h *keyHold) admit(batch []*message.Message, back func(*message.Message)) [
 		k, err := h.orderKey(m)
 		w := h.held[k]
 		if err != nil || w == nil {
-			run = append(run, m)
-			continue
-		}
-		if h.now().Sub(w.since) > maxHold {
-			delete(h.held, k)
-			h.logger.Warn("claimtx: nacked messages of an order key did not come back; its later messages go on without them", "waited", maxHold, "missing", len(w.keys))
 			run = append(run, m)
 			continue
 		}
@@ -81,6 +76,17 @@ func (h *keyHold) admit(batch []*message.Message, back func(*message.Message)) [
 		}
 	}
 	return run
+}
+
+// expire lets go of the keys that waited longer than maxHold, whether or
+// not a later message of theirs came, so that none is held for good.
+func (h *keyHold) expire() {
+	for k, w := range h.held {
+		if h.now().Sub(w.since) > maxHold {
+			delete(h.held, k)
+			h.logger.Warn("claimtx: nacked messages of an order key did not come back; its later messages go on without them", "waited", maxHold, "missing", len(w.keys))
+		}
+	}
 }
 
 // nacked makes m's order key wait for m: first, since a message that ran

@@ -57,4 +57,10 @@ func TestKeyHold(t *testing.T) {
 	now = now.Add(maxHold + time.Second)
 	require.Equal(t, []string{"K-6"}, admit(ev("K", 6)), "K-5 never came back: K goes on")
 	require.Empty(t, h.held)
+
+	// A key let go without a later message of its own: any batch sweeps it.
+	h.nacked(ev("K", 7))
+	now = now.Add(maxHold + time.Second)
+	require.Equal(t, []string{"A-3"}, admit(ev("A", 3)))
+	require.Empty(t, h.held, "K-7 never came back: nothing is held for good")
 }
