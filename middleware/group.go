@@ -51,9 +51,9 @@ type grouper struct {
 	// Contention (a step that met another group's lock) shrinks what runs
 	// at once, in one of two ways. On rows every group writes, groups of
 	// one side by side are fastest, as one transaction per message would
-	// be: a group of two already halves the rate. But a handler whose
-	// transactions lock rows in message-dependent order deadlocks even as
-	// groups of one, each deadlock waiting for the server's detector
+	// be: groups of two measured about half their rate. But a handler
+	// whose transactions lock rows in message-dependent order deadlocks
+	// even as groups of one, each deadlock waiting for the server's detector
 	// (deadlock_timeout, 1 s); there few full groups in turn are fastest,
 	// as a later step's lock wait is bounded. So the size shrinks first,
 	// and once a group of one met a deadlock, the number of groups does.

@@ -140,26 +140,18 @@ func (g *subscription) adjustOffsets(ctx context.Context, offsets map[string]map
 func (g *subscription) commitStarts(starts map[int32]kgo.EpochOffset) {
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
-	done := make(chan struct{})
-	g.cl.CommitOffsets(ctx, map[string]map[int32]kgo.EpochOffset{g.topic: starts}, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
-		defer close(done)
-		for _, t := range respTopics(resp) {
-			for _, p := range t.Partitions {
-				err = cmp.Or(err, kerr.ErrorForCode(p.ErrorCode))
+	g.cl.CommitOffsetsSync(ctx, map[string]map[int32]kgo.EpochOffset{g.topic: starts}, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if resp != nil {
+			for _, t := range resp.Topics {
+				for _, p := range t.Partitions {
+					err = cmp.Or(err, kerr.ErrorForCode(p.ErrorCode))
+				}
 			}
 		}
 		if err != nil {
 			g.s.logger.Info("Kafka commit of the stored positions failed; the group's offset moves at the next commit", g.fields.Add(watermill.LogFields{"err": err.Error()}))
 		}
 	})
-	<-done
-}
-
-func respTopics(resp *kmsg.OffsetCommitResponse) []kmsg.OffsetCommitResponseTopic {
-	if resp == nil {
-		return nil
-	}
-	return resp.Topics
 }
 
 // endOffsets is kafkarecord.EndOffsets: each partition's high watermark,
