@@ -29,6 +29,9 @@ type keyHold struct {
 type heldKey struct {
 	keys  []string
 	since time.Time // when the first was nacked
+	// ran is how many messages of the current batch nacked joined keys at
+	// its front: they ran before every message still waited for, in turn.
+	ran int
 }
 
 // maxHold bounds how long a key waits for its nacked messages: one that
@@ -48,6 +51,9 @@ func newKeyHold(key, orderKey framework.KeyFunc, logger *slog.Logger) *keyHold {
 // its key waits for; another joins the end of the wait.
 func (h *keyHold) admit(batch []*message.Message, back func(*message.Message)) []*message.Message {
 	h.expire()
+	for _, w := range h.held {
+		w.ran = 0
+	}
 	if len(h.held) == 0 {
 		return batch
 	}
@@ -89,8 +95,9 @@ func (h *keyHold) expire() {
 	}
 }
 
-// nacked makes m's order key wait for m: first, since a message that ran
-// and failed comes before every message its key still waits for.
+// nacked makes m's order key wait for m: a message that ran and failed
+// comes before every message its key still waits for, after those of its
+// batch nacked before it.
 func (h *keyHold) nacked(m *message.Message) {
 	k, err := h.orderKey(m)
 	if err != nil {
@@ -103,8 +110,9 @@ func (h *keyHold) nacked(m *message.Message) {
 	w := h.held[k]
 	switch {
 	case w == nil:
-		h.held[k] = &heldKey{keys: []string{key}, since: h.now()}
+		h.held[k] = &heldKey{keys: []string{key}, since: h.now(), ran: 1}
 	case !slices.Contains(w.keys, key):
-		w.keys = slices.Insert(w.keys, 0, key)
+		w.keys = slices.Insert(w.keys, w.ran, key)
+		w.ran++
 	}
 }

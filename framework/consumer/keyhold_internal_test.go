@@ -41,12 +41,24 @@ func TestKeyHold(t *testing.T) {
 		return ids(h.admit(msgs, func(m *message.Message) { back = append(back, m) }))
 	}
 
+	// Two messages of a key that ran in one batch and failed: in their order.
+	require.Equal(t, []string{"B-1", "B-2"}, admit(ev("B", 1), ev("B", 2)))
+	h.nacked(ev("B", 1))
+	h.nacked(ev("B", 2))
+	require.Equal(t, []string{"B-1", "B-2"}, admit(ev("B", 2), ev("B", 1), ev("B", 2)))
+	require.Equal(t, []string{"B-2"}, ids(back), "B-2 came back before B-1")
+	require.Empty(t, h.held)
+
 	require.Equal(t, []string{"K-3", "A-1"}, admit(ev("K", 3), ev("A", 1)), "nothing held: all run")
 	h.nacked(ev("K", 2))
 	require.Equal(t, []string{"A-2"}, admit(ev("K", 4), ev("A", 2), ev("K", 3)), "K waits for K-2")
 	require.Equal(t, []string{"K-4", "K-3"}, ids(back))
 	// K-2, then K-4 and K-3 in the order they were held back.
 	require.Equal(t, []string{"K-2", "K-4"}, admit(ev("K", 2), ev("K", 4)))
+	h.nacked(ev("K", 2)) // both ran and failed again: before K-3, in order
+	h.nacked(ev("K", 4))
+	require.Equal(t, []string{"K-2", "K-4"}, admit(ev("K", 4), ev("K", 2), ev("K", 4)))
+	require.Equal(t, []string{"K-4"}, ids(back))
 	h.nacked(ev("K", 4)) // ran and failed again: before K-3
 	require.Equal(t, []string{"K-4", "K-3"}, admit(ev("K", 3), ev("K", 4), ev("K", 3)))
 	require.Equal(t, []string{"K-3"}, ids(back), "K-3 came before K-4 was back")
