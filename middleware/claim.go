@@ -361,28 +361,20 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 	return func(msg *message.Message) ([]*message.Message, error) {
 		start := time.Now()
-		res := Result{Consumer: c.Consumer, Message: msg}
-		finish := func(out framework.Outcome, err error) ([]*message.Message, error) {
-			res.Outcome, res.Err, res.Duration = out, err, time.Since(start)
-			if c.OnOutcome != nil {
-				c.OnOutcome(res)
-			}
-			return nil, err
-		}
-
+		// Until the cache has answered, outcomes are reported from a
+		// Result on the stack: the slow path's escapes (it is shared by
+		// pointer), and a duplicate storm is mostly cache hits.
 		key, err := c.key(msg)
 		if err != nil {
 			// The same message fails the same way: poison, never retry.
-			return finish(framework.Failed, framework.Permanent(err))
+			return c.report(Result{Message: msg}, start, framework.Failed, framework.Permanent(err))
 		}
-		res.Key = key
 		req := pg.ClaimRequest{Consumer: c.Consumer, Key: key, MaxClaimWait: c.MaxClaimWait}
 		look, unordered := c.lookups(msg)
-		res.Unordered = unordered
 		var day int64 // of the cache key: claims by event day are distinct per day
 		if c.EventTime != nil && c.Mode != ModeNaturalKey {
 			if req.EventTime, err = c.EventTime(msg); err != nil {
-				return finish(framework.Failed, framework.Permanent(err))
+				return c.report(Result{Message: msg, Key: key, Unordered: unordered}, start, framework.Failed, framework.Permanent(err))
 			}
 			if !req.EventTime.IsZero() {
 				day = pg.EventDay(req.EventTime).Unix() / 86400
@@ -390,7 +382,11 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		hash := c.cache.Key(c.Consumer, day, key)
 		if c.cached(msg.Context(), hash) {
-			return finish(framework.Duplicate, nil)
+			return c.report(Result{Message: msg, Key: key, Unordered: unordered}, start, framework.Duplicate, nil)
+		}
+		res := Result{Consumer: c.Consumer, Message: msg, Key: key, Unordered: unordered}
+		finish := func(out framework.Outcome, err error) ([]*message.Message, error) {
+			return c.report(res, start, out, err)
 		}
 		var groupErr error // the transient failure of msg's step in a group: its first attempt
 		if g != nil {
@@ -433,6 +429,15 @@ func (c Claim) middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 		}
 	}
+}
+
+// report completes r with the outcome and hands it to OnOutcome.
+func (c *Claim) report(r Result, start time.Time, out framework.Outcome, err error) ([]*message.Message, error) {
+	r.Consumer, r.Outcome, r.Err, r.Duration = c.Consumer, out, err, time.Since(start)
+	if c.OnOutcome != nil {
+		c.OnOutcome(r)
+	}
+	return nil, err
 }
 
 // key derives and normalizes the message key; "" without a Key.
