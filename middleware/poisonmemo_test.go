@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/framework"
+	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/internal/testenv"
 	"github.com/claimtx/claimtx/middleware"
@@ -28,9 +29,9 @@ func (b bundle) memoClaim(t testing.TB, rec *outcomes) middleware.Claim {
 	return c
 }
 
-func (b bundle) memo(t testing.TB, consumer string, id int64) (poison.Memo, bool) {
+func (b bundle) memo(t testing.TB, consumer string, id int64) (pg.Memo, bool) {
 	t.Helper()
-	m, ok, err := poison.GetMemo(context.Background(), b.pool, b.names(), consumer, fmt.Sprintf("order-completed:%d", id))
+	m, ok, err := pg.MemosOf(b.pool, b.names()).Get(context.Background(), consumer, fmt.Sprintf("order-completed:%d", id))
 	require.NoError(t, err)
 	return m, ok
 }
@@ -83,7 +84,7 @@ func TestPoisonMemoBareMiddleware(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, b.claims(t, "other"))
 
-	n, err := poison.ClearMemo(context.Background(), b.pool, b.names(), "memo", []string{"order-completed:1"})
+	n, err := pg.MemosOf(b.pool, b.names()).Clear(context.Background(), pg.MemoFilter{Consumer: "memo", Keys: []string{"order-completed:1"}})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	fixed.Store(true)
@@ -129,7 +130,7 @@ func TestUnpoisonWinsOverALateMemoHit(t *testing.T) {
 	var unpoisonFirst atomic.Bool
 	onPoison := func(msg *message.Message, err error) {
 		if unpoisonFirst.Load() {
-			_, cerr := poison.ClearMemo(context.Background(), b.pool, names, "memo", []string{"order-completed:3"})
+			_, cerr := pg.MemosOf(b.pool, names).Clear(context.Background(), pg.MemoFilter{Consumer: "memo", Keys: []string{"order-completed:3"}})
 			require.NoError(t, cerr)
 		}
 		claim.RecordPoison(msg, err)

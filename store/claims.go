@@ -7,9 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/store/internal/claimsql"
-	"github.com/claimtx/claimtx/store/internal/deadletter"
+	"github.com/claimtx/claimtx/store/internal/poisonsql"
 	"github.com/claimtx/claimtx/store/internal/standby"
 )
 
@@ -18,6 +17,7 @@ import (
 func init() {
 	pg.ClaimsOf = func(s any) pg.Claims { return claims{s.(*Store).claims, s.(*Store)} }
 	pg.ParkingOf = func(s any) pg.Parking { return s.(*Store).parking }
+	pg.MemosOf = poisonsql.Memos
 }
 
 // claims adds the memo and dead-letter records to the claim statements.
@@ -33,15 +33,19 @@ func (c claims) BeginNaturalKey(ctx context.Context, opts pg.TxOptions, maxClaim
 func (c claims) Positions() pg.Positions { return c.s.positions }
 
 func (c claims) RecordMemo(ctx context.Context, consumer, key string, err error) error {
-	return poison.RecordMemo(ctx, c.s.pool, c.s.names, consumer, key, err)
+	return poisonsql.Memos(c.s.pool, c.s.names).Record(ctx, consumer, key, err)
+}
+
+func (c claims) Lacking(ctx context.Context, table string, privileges ...string) (bool, []string, error) {
+	return poisonsql.Lacking(ctx, c.s.pool, pg.Ident(c.s.cfg.Schema, table), privileges...)
 }
 
 func (c claims) RecordDeadLetter(ctx context.Context, l pg.DeadLetter) error {
-	return deadletter.Record(ctx, c.s.pool, c.s.names, l)
+	return poisonsql.Record(ctx, c.s.pool, c.s.names, l)
 }
 
 func (c claims) CanRecordDeadLetter(ctx context.Context) (bool, error) {
-	return deadletter.CanRecord(ctx, c.s.pool, c.s.names)
+	return poisonsql.CanRecord(ctx, c.s.pool, c.s.names)
 }
 
 func (c claims) SyncStandby(ctx context.Context, synchronousCommit string) (string, bool, error) {

@@ -8,12 +8,12 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poison"
+	"github.com/claimtx/claimtx/store/internal/poisonsql"
 )
 
 // memoDB is the pool (a dry run) or the retention leader's connection.
 type memoDB interface {
-	poison.DB
+	pg.DB
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
@@ -27,7 +27,7 @@ func (s *Store) cleanupMemos(ctx context.Context, db memoDB, horizon time.Time, 
 	if cfg.DryRun {
 		need = need[:1]
 	}
-	exists, missing, err := pg.Lacking(ctx, db, s.names.Render("{schema}.{memo}"), need...)
+	exists, missing, err := poisonsql.Lacking(ctx, db, s.names.Render("{schema}.{memo}"), need...)
 	if err != nil {
 		return 0, fmt.Errorf("claimtx: check privileges on the poison memo table: %w", err)
 	}
@@ -35,7 +35,7 @@ func (s *Store) cleanupMemos(ctx context.Context, db memoDB, horizon time.Time, 
 		return 0, nil
 	}
 	if cfg.DryRun {
-		return poison.CountMemosBefore(ctx, db, s.names, horizon)
+		return poisonsql.CountMemosBefore(ctx, db, s.names, horizon)
 	}
 	var total int64
 	for {
@@ -47,7 +47,7 @@ func (s *Store) cleanupMemos(ctx context.Context, db memoDB, horizon time.Time, 
 			if _, err := tx.Exec(ctx, batchSettings, pg.Millis(cfg.BatchTimeout)); err != nil {
 				return err
 			}
-			n, err = poison.DeleteMemosBefore(ctx, tx, s.names, horizon, cfg.BatchSize)
+			n, err = poisonsql.DeleteMemosBefore(ctx, tx, s.names, horizon, cfg.BatchSize)
 			return err
 		})
 		if err != nil {

@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -37,7 +36,7 @@ func TestPoisonMemoEnv(t *testing.T) {
 				}
 				memoReason := func() string {
 					t.Helper()
-					m, ok, err := poison.GetMemo(context.Background(), h.pool, pg.NewNames(h.schema, "processed_messages", "outbox"), "loyalty", "order-completed:1")
+					m, ok, err := pg.MemosOf(h.pool, pg.NewNames(h.schema, "processed_messages", "outbox")).Get(context.Background(), "loyalty", "order-completed:1")
 					require.NoError(t, err)
 					if !ok {
 						return ""
@@ -54,7 +53,7 @@ func TestPoisonMemoEnv(t *testing.T) {
 				require.Contains(t, got[len(got)-1], "poison memo: loyalty: bad OrderCompleted event: total_cents is negative")
 				h.waitApplied(1)
 
-				n, err := poison.ClearMemos(context.Background(), h.pool, pg.NewNames(h.schema, "processed_messages", "outbox"), poison.MemoFilter{Consumer: "loyalty"})
+				n, err := pg.MemosOf(h.pool, pg.NewNames(h.schema, "processed_messages", "outbox")).Clear(context.Background(), pg.MemoFilter{Consumer: "loyalty"})
 				require.NoError(t, err)
 				require.EqualValues(t, 1, n)
 				h.publish(bad)

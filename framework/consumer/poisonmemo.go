@@ -23,7 +23,7 @@ func (p *parts) requireClaimPrivileges(ctx context.Context, field, table, uses, 
 	var lacking []string
 	err := awaitDatabase(ctx, p.cfg.Logger, p.cfg.StartupTimeout, p.pool, p.cfg.poolerField(), "check privileges on "+table, func(ctx context.Context) error {
 		var err error
-		_, lacking, err = pg.Lacking(ctx, p.pool, pg.Ident(schema, table), privileges...)
+		_, lacking, err = pg.ClaimsOf(p.store).Lacking(ctx, table, privileges...)
 		return err
 	})
 	if err != nil {

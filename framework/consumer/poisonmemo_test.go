@@ -95,9 +95,9 @@ func (p *poisonReader) await(t *testing.T, total int) map[string]poisonCopy {
 	return p.got
 }
 
-func memoOf(t *testing.T, pool *pgxpool.Pool, schema, consumerName string, id int64) (poison.Memo, bool) {
+func memoOf(t *testing.T, pool *pgxpool.Pool, schema, consumerName string, id int64) (pg.Memo, bool) {
 	t.Helper()
-	m, ok, err := poison.GetMemo(t.Context(), pool, pg.NewNames(schema, "processed_messages", "outbox"), consumerName, fmt.Sprintf("order-%d", id))
+	m, ok, err := pg.MemosOf(pool, pg.NewNames(schema, "processed_messages", "outbox")).Get(t.Context(), consumerName, fmt.Sprintf("order-%d", id))
 	require.NoError(t, err)
 	return m, ok
 }
@@ -167,7 +167,7 @@ func testPoisonMemo(t *testing.T, kind, mode string) {
 
 	// Unpoison (what `claimtx unpoison` runs), deploy the fix: the next
 	// copy runs the handler and is applied.
-	n, err := poison.ClearMemos(t.Context(), pool, pg.NewNames(schema, "processed_messages", "outbox"), poison.MemoFilter{Consumer: "memo", Keys: []string{"order-1"}})
+	n, err := pg.MemosOf(pool, pg.NewNames(schema, "processed_messages", "outbox")).Clear(t.Context(), pg.MemoFilter{Consumer: "memo", Keys: []string{"order-1"}})
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 	h.fixed.Store(true)

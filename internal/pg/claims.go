@@ -32,8 +32,8 @@ type Execer interface {
 }
 
 // Claims is what the claim middleware and framework/consumer do through a
-// store, unexported there; claimsql, poison.RecordMemo and deadletter
-// document the methods (a Begin method's error leaves no transaction).
+// store, unexported there; claimsql and poisonsql document
+// the methods (a Begin method's error leaves no transaction).
 type Claims interface {
 	Begin(ctx context.Context, opts TxOptions, r ClaimRequest, look Lookups, more func(*pgx.Batch)) (tx pgx.Tx, res ClaimResult, found Found, err error)
 	BeginBatch(ctx context.Context, opts TxOptions, consumer string, keys []string, maxClaimWait time.Duration, withMemo bool, orderKeys []string) (tx pgx.Tx, claimed []string, memos map[string]string, parked map[string]bool, err error)
@@ -43,6 +43,9 @@ type Claims interface {
 	Positions() Positions
 
 	RecordMemo(ctx context.Context, consumer, key string, err error) error
+	// Lacking reports whether table (schema-qualified by the store) exists
+	// and which of privileges the role lacks on it.
+	Lacking(ctx context.Context, table string, privileges ...string) (exists bool, lacking []string, err error)
 	RecordDeadLetter(ctx context.Context, l DeadLetter) error
 	CanRecordDeadLetter(ctx context.Context) (bool, error)
 
@@ -80,6 +83,50 @@ type Positions interface {
 
 // ClaimsOf returns the Claims of a *store.Store; store's init sets it.
 var ClaimsOf func(store any) Claims
+
+// Querier reads one row: a transaction, a connection or a pool.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// DB runs statements: a pool, a connection or a transaction.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Memo is one poison memo row.
+type Memo struct {
+	Consumer   string    `json:"consumer"`
+	Key        string    `json:"key"`
+	Reason     string    `json:"reason"`
+	PoisonedAt time.Time `json:"poisoned_at"`
+	Seen       int64     `json:"seen"`
+}
+
+// MemoFilter selects memos of one consumer: every condition set must hold.
+type MemoFilter struct {
+	Consumer       string        // required
+	Keys           []string      // when not empty, only these keys
+	ReasonContains string        // when set, reasons containing it (case sensitive)
+	OlderThan      time.Duration // when positive, memos last poisoned longer ago (database clock)
+}
+
+// Memos are the poison memo statements of one schema, for the operator
+// commands outside store (store/internal/poisonsql documents them).
+type Memos interface {
+	Exists(ctx context.Context) (bool, error)
+	Record(ctx context.Context, consumer, key string, err error) error
+	Get(ctx context.Context, consumer, key string) (m Memo, ok bool, err error)
+	Memoised(ctx context.Context, consumer string, keys []string) (map[string]bool, error)
+	Clear(ctx context.Context, f MemoFilter) (int64, error)
+	Count(ctx context.Context, f MemoFilter) (int64, error)
+}
+
+// MemosOf returns the Memos of n's schema, run on db; store's init sets
+// it, so a package that calls it imports store.
+var MemosOf func(db DB, n *Names) Memos
 
 // EventDay returns the UTC day of an event time, the partition key: the
 // same day for every consumer, whatever its time zone.

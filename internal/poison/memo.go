@@ -2,7 +2,9 @@ package poison
 
 import (
 	"errors"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/claimtx/claimtx/framework"
 )
@@ -43,3 +45,22 @@ const MemoRecordTimeout = 2 * time.Second
 // database that does not answer in time leaves the message nacked, never
 // acked without its row.
 const DeadLetterRecordTimeout = 5 * time.Second
+
+// MaxMemoReasonBytes bounds a stored reason: the memo only has to say
+// which failure it remembers.
+const MaxMemoReasonBytes = 2048
+
+// StoredReason makes a reason storable in a text column (no NUL, valid
+// UTF-8), at most MaxMemoReasonBytes: the poison memo's and the parked
+// tables' reasons.
+func StoredReason(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+	if len(s) <= MaxMemoReasonBytes {
+		return s
+	}
+	cut := MaxMemoReasonBytes
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}

@@ -1,6 +1,8 @@
-// Package poison is the poison concept in one place: the metadata a
-// poisoned copy carries, the bounds of its reason, and the poison memo
-// (memo.go, memosql.go). The dead-letter table is store/internal/deadletter's.
+// Package poison is the poison concept's rules: the metadata a poisoned
+// copy carries, the bounds of its reason, and what the poison memo
+// remembers (memo.go). Its tables' statements, the memo's and the dead
+// letters', are store/internal/poisonsql's: every statement lives under
+// store/.
 package poison
 
 import (

@@ -14,7 +14,7 @@ import (
 
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/poison"
-	"github.com/claimtx/claimtx/store/internal/deadletter"
+	"github.com/claimtx/claimtx/store/internal/poisonsql"
 )
 
 // Statements are the parking statements of one claim table, rendered once.
@@ -65,7 +65,7 @@ FROM {schema}.{parked_keys} k GROUP BY k.consumer ORDER BY k.consumer`),
 
 // queueInsert queues the insert of m, unless a copy of it is parked.
 func (s *Statements) queueInsert(b *pgx.Batch, m pg.ParkedMessage) error {
-	md, err := deadletter.EncodeMetadata(m.Metadata)
+	md, err := poisonsql.EncodeMetadata(m.Metadata)
 	if err != nil {
 		return fmt.Errorf("claimtx: park: %w", err)
 	}
@@ -269,6 +269,6 @@ func scanMessage(row pgx.CollectableRow) (pg.ParkedMessage, error) {
 		return m, err
 	}
 	var err error
-	m.Metadata, err = deadletter.DecodeMetadata([]byte(md))
+	m.Metadata, err = poisonsql.DecodeMetadata([]byte(md))
 	return m, err
 }

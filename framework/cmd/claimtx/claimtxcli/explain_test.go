@@ -16,7 +16,6 @@ import (
 
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/explain"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -24,14 +23,12 @@ func (c *cli) names() *pg.Names { return pg.NewNames(c.schema, "processed_messag
 
 func (c *cli) recordMemo(consumer, key, reason string) {
 	c.t.Helper()
-	require.NoError(c.t, poison.RecordMemo(context.Background(), pgtestPool(c), c.names(), consumer, key, errors.New(reason)))
+	require.NoError(c.t, pg.MemosOf(c.store().Pool(), c.names()).Record(context.Background(), consumer, key, errors.New(reason)))
 }
-
-func pgtestPool(c *cli) poison.DB { return c.store().Pool() }
 
 func (c *cli) memos(consumer string) int64 {
 	c.t.Helper()
-	n, err := poison.CountMemos(context.Background(), pgtestPool(c), c.names(), poison.MemoFilter{Consumer: consumer})
+	n, err := pg.MemosOf(c.store().Pool(), c.names()).Count(context.Background(), pg.MemoFilter{Consumer: consumer})
 	require.NoError(c.t, err)
 	return n
 }

@@ -6,7 +6,6 @@ import (
 	"io"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poison"
 )
 
 func init() {
@@ -25,7 +24,7 @@ func appendTo(l *[]string) func(string) error {
 
 func cmdUnpoison(ctx context.Context, args []string, stdout, _ io.Writer, getenv env, _ Config) error {
 	fs, c := newFlags("unpoison", stdout, getenv)
-	var f poison.MemoFilter
+	var f pg.MemoFilter
 	var keys []string
 	var olderThan durationValue
 	fs.StringVar(&f.Consumer, "consumer", "", "the `consumer` name whose memos to clear (required)")
@@ -55,18 +54,19 @@ func cmdUnpoison(ctx context.Context, args []string, stdout, _ io.Writer, getenv
 	defer closePool()
 	cfg := st.Config()
 	n := pg.NewNames(cfg.Schema, cfg.ClaimsTable, cfg.OutboxTable)
-	ok, err := poison.MemoTableExists(ctx, c.pool, n)
+	memos := pg.MemosOf(c.pool, n)
+	ok, err := memos.Exists(ctx)
 	if err != nil {
 		return c.fail(ctx, "unpoison", err)
 	}
 	if !ok {
 		return c.fail(ctx, "unpoison", fmt.Errorf("the poison memo table %s.%s does not exist: run `claimtx migrate`, or pass the --schema and --table it belongs to", cfg.Schema, n.Memo))
 	}
-	memos, done := poison.ClearMemos, "cleared %d poison memos of consumer %s\n"
+	clear, done := memos.Clear, "cleared %d poison memos of consumer %s\n"
 	if *dryRun {
-		memos, done = poison.CountMemos, "dry run: %d poison memos of consumer %s would be cleared\n"
+		clear, done = memos.Count, "dry run: %d poison memos of consumer %s would be cleared\n"
 	}
-	count, err := memos(ctx, c.pool, n, f)
+	count, err := clear(ctx, f)
 	if err != nil {
 		return c.fail(ctx, "unpoison", err)
 	}

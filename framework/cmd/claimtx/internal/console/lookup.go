@@ -14,7 +14,7 @@ import (
 
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/explain"
-	"github.com/claimtx/claimtx/internal/poison"
+	"github.com/claimtx/claimtx/internal/pg"
 )
 
 type lookupData struct {
@@ -140,7 +140,7 @@ func (c *Console) clearMemo(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), c.cfg.QueryTimeout)
 	defer cancel()
-	if _, err := poison.ClearMemos(ctx, c.cfg.Pool, c.names, poison.MemoFilter{Consumer: consumer, Keys: []string{key}}); err != nil {
+	if _, err := pg.MemosOf(c.cfg.Pool, c.names).Clear(ctx, pg.MemoFilter{Consumer: consumer, Keys: []string{key}}); err != nil {
 		c.fail(w, r, http.StatusInternalServerError, "clearing the poison memo: "+c.errText(err))
 		return
 	}

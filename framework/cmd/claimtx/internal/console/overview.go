@@ -22,7 +22,6 @@ import (
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/opfmt"
 	"github.com/claimtx/claimtx/framework/internal/replay"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poison"
 	"github.com/claimtx/claimtx/store"
 )
 
@@ -329,7 +328,7 @@ func (c *Console) memoCounts(ctx context.Context) (map[string]int64, bool, error
 	exists := false
 	err := c.readOnly(ctx, func(tx pgx.Tx) error {
 		var err error
-		if exists, err = poison.MemoTableExists(ctx, tx, c.names); err != nil || !exists {
+		if exists, err = pg.MemosOf(tx, c.names).Exists(ctx); err != nil || !exists {
 			return err
 		}
 		rows, err := tx.Query(ctx, c.names.Render(`SELECT consumer, count(*) FROM {schema}.{memo} GROUP BY consumer`))

@@ -12,10 +12,10 @@ import (
 
 	"github.com/claimtx/claimtx/framework"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poison"
+	_ "github.com/claimtx/claimtx/store" // sets pg.MemosOf
 )
 
-// Memo is the poison memo (internal/poison.MemoTable). With one,
+// Memo is the poison memo (pg.Memos). With one,
 // classification reports ClassMemo for a memo without a claim, and Replay
 // clears a key's memo before it republishes it (a crash in between leaves
 // the letter with its memo gone: harmless).
@@ -29,11 +29,22 @@ type Memo interface {
 // MemoOf is the poison memo table of names, or nil when the schema
 // predates it.
 func MemoOf(ctx context.Context, pool *pgxpool.Pool, names *pg.Names) (Memo, error) {
-	ok, err := poison.MemoTableExists(ctx, pool, names)
+	memos := pg.MemosOf(pool, names)
+	ok, err := memos.Exists(ctx)
 	if err != nil || !ok {
 		return nil, err
 	}
-	return poison.MemoTable{DB: pool, Names: names}, nil
+	return memoTable{memos}, nil
+}
+
+type memoTable struct{ pg.Memos }
+
+func (t memoTable) Clear(ctx context.Context, consumer string, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	_, err := t.Memos.Clear(ctx, pg.MemoFilter{Consumer: consumer, Keys: keys})
+	return err
 }
 
 // Classifier classifies letters against a consumer's claims.

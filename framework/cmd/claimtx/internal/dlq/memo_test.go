@@ -11,7 +11,6 @@ import (
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq"
 	"github.com/claimtx/claimtx/framework/cmd/claimtx/internal/dlq/dlqtest"
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poison"
 )
 
 // A dead letter whose key has a poison memo is reported as such, and a
@@ -23,8 +22,9 @@ func TestReplayClearsPoisonMemo(t *testing.T) {
 		reason := framework.Permanent(errors.New("customer unknown before the fix"))
 		w.Publish(w.Poison, w.Poisoned(consumer, keySpec, reason, dlqtest.Order(1), dlqtest.Order(2))...)
 		names := pg.NewNames(w.Schema, "processed_messages", "outbox")
-		require.NoError(t, poison.RecordMemo(ctx, w.Pool, names, consumer, "order:1", reason))
-		memo := poison.MemoTable{DB: w.Pool, Names: names}
+		require.NoError(t, pg.MemosOf(w.Pool, names).Record(ctx, consumer, "order:1", reason))
+		memo, err := dlq.MemoOf(ctx, w.Pool, names)
+		require.NoError(t, err)
 
 		run := func(dry bool) (dlq.Totals, map[string]dlq.Class) {
 			cls := classifier(t, w.Pool, w.Schema)
@@ -41,14 +41,14 @@ func TestReplayClearsPoisonMemo(t *testing.T) {
 
 		_, got := run(true)
 		require.Equal(t, map[string]dlq.Class{"order-1": dlq.ClassMemo, "order-2": dlq.ClassWouldApply}, got)
-		_, ok, err := poison.GetMemo(ctx, w.Pool, names, consumer, "order:1")
+		_, ok, err := pg.MemosOf(w.Pool, names).Get(ctx, consumer, "order:1")
 		require.NoError(t, err)
 		require.True(t, ok, "a dry run keeps the memo")
 
 		tot, _ := run(false)
 		require.EqualValues(t, 2, tot.Replayed)
 		require.ElementsMatch(t, []string{"order-1", "order-2"}, uuids(w.Read(w.Topic)))
-		_, ok, err = poison.GetMemo(ctx, w.Pool, names, consumer, "order:1")
+		_, ok, err = pg.MemosOf(w.Pool, names).Get(ctx, consumer, "order:1")
 		require.NoError(t, err)
 		require.False(t, ok, "the replay cleared the memo of what it republished")
 	})

@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/claimtx/claimtx/internal/pg"
-	"github.com/claimtx/claimtx/internal/poison"
+	_ "github.com/claimtx/claimtx/store" // sets pg.MemosOf
 )
 
 // Report is what is known of one (consumer, key).
@@ -26,8 +26,8 @@ type Report struct {
 	Claim    *Claim `json:"claim"` // nil: never applied, or removed by retention
 	// Outbox lists the rows of the claim's transaction, oldest first (in
 	// batch mode those of the whole batch); nil when unknown.
-	Outbox []OutboxRow  `json:"outbox"`
-	Memo   *poison.Memo `json:"poison_memo"`
+	Outbox []OutboxRow `json:"outbox"`
+	Memo   *pg.Memo    `json:"poison_memo"`
 }
 
 // Found reports whether a claim or a poison memo is known.
@@ -56,7 +56,7 @@ type OutboxRow struct {
 
 // Explain reads what is known of (consumer, key) in the tables n names;
 // what an older schema lacks reads as nothing known.
-func Explain(ctx context.Context, db poison.DB, n *pg.Names, consumer, key string) (Report, error) {
+func Explain(ctx context.Context, db pg.DB, n *pg.Names, consumer, key string) (Report, error) {
 	r := Report{Consumer: consumer, Key: key}
 	var err error
 	if r.Claim, err = readClaim(ctx, db, n, consumer, key); err != nil {
@@ -67,18 +67,19 @@ func Explain(ctx context.Context, db poison.DB, n *pg.Names, consumer, key strin
 			return r, err
 		}
 	}
-	ok, err := poison.MemoTableExists(ctx, db, n)
+	memos := pg.MemosOf(db, n)
+	ok, err := memos.Exists(ctx)
 	if err != nil || !ok {
 		return r, err
 	}
-	m, ok, err := poison.GetMemo(ctx, db, n, consumer, key)
+	m, ok, err := memos.Get(ctx, consumer, key)
 	if ok { // never with an error
 		r.Memo = &m
 	}
 	return r, err
 }
 
-func readClaim(ctx context.Context, db poison.DB, n *pg.Names, consumer, key string) (*Claim, error) {
+func readClaim(ctx context.Context, db pg.DB, n *pg.Names, consumer, key string) (*Claim, error) {
 	var (
 		c         Claim
 		day, xact pgtype.Text
@@ -119,7 +120,7 @@ WHERE c.consumer = $1 AND c.message_key = $2`), consumer, key).Scan(&c.Processed
 // scan is bounded by the indexes there are: pending rows, and rows sent
 // since processedAt (the transaction's start, before which none of its
 // rows can have been sent).
-func readOutbox(ctx context.Context, db poison.DB, n *pg.Names, xact uint64, processedAt time.Time) ([]OutboxRow, error) {
+func readOutbox(ctx context.Context, db pg.DB, n *pg.Names, xact uint64, processedAt time.Time) ([]OutboxRow, error) {
 	var exists bool
 	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'xact' AND NOT attisdropped)`,
 		n.Render("{schema}.{outbox}")).Scan(&exists); err != nil {

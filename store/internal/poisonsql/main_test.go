@@ -1,4 +1,4 @@
-package deadletter_test
+package poisonsql_test
 
 import (
 	"testing"

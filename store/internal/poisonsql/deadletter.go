@@ -1,8 +1,8 @@
-// Package deadletter keeps, in <claims table>_dead_letter (migration 006),
+// Package poisonsql keeps, in <claims table>_dead_letter (migration 006),
 // the messages whose poisoned copy the broker refused for good
 // (middleware.Poison.DeadLetters), so the original can be acked instead of
 // coming back forever.
-package deadletter
+package poisonsql
 
 import (
 	"context"
@@ -21,14 +21,14 @@ type Letter = pg.DeadLetter
 // CanRecord reports whether the current role may insert into the
 // dead-letter table: false when it does not exist or the role lacks INSERT
 // (granted rights before the table existed).
-func CanRecord(ctx context.Context, db poison.DB, n *pg.Names) (bool, error) {
-	exists, lacking, err := pg.Lacking(ctx, db, n.Render("{schema}.{dead_letter}"), "INSERT")
+func CanRecord(ctx context.Context, db pg.DB, n *pg.Names) (bool, error) {
+	exists, lacking, err := Lacking(ctx, db, n.Render("{schema}.{dead_letter}"), "INSERT")
 	return err == nil && exists && len(lacking) == 0, pg.Wrap(err, "claimtx: check privileges on the dead-letter table")
 }
 
 // Record inserts l, a row for every refused copy (as a copy poisoned twice
 // is in the poison destination twice), and returns once it is committed.
-func Record(ctx context.Context, db poison.DB, n *pg.Names, l Letter) error {
+func Record(ctx context.Context, db pg.DB, n *pg.Names, l Letter) error {
 	md, err := EncodeMetadata(l.Metadata)
 	if err != nil {
 		return fmt.Errorf("claimtx: record dead letter: %w", err)

@@ -1,4 +1,4 @@
-package pg_test
+package poisonsql_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/testenv"
+	"github.com/claimtx/claimtx/store/internal/poisonsql"
 )
 
 // TestLacking: one query says whether the table exists and which
@@ -18,7 +19,7 @@ func TestLacking(t *testing.T) {
 	ctx := context.Background()
 	pool, schema := testenv.Setup(t, 2)
 	table := pg.Ident(schema, "t")
-	exists, lacking, err := pg.Lacking(ctx, pool, table, "SELECT", "INSERT")
+	exists, lacking, err := poisonsql.Lacking(ctx, pool, table, "SELECT", "INSERT")
 	require.NoError(t, err)
 	require.False(t, exists)
 	require.Empty(t, lacking)
@@ -32,7 +33,7 @@ func TestLacking(t *testing.T) {
 		_, _ = pool.Exec(context.Background(), "DROP OWNED BY "+pg.Ident(role)+"; DROP ROLE "+pg.Ident(role))
 	})
 
-	exists, lacking, err = pg.Lacking(ctx, pool, table, "UPDATE", "SELECT", "INSERT")
+	exists, lacking, err = poisonsql.Lacking(ctx, pool, table, "UPDATE", "SELECT", "INSERT")
 	require.NoError(t, err)
 	require.True(t, exists)
 	require.Empty(t, lacking, "the owner lacks nothing")
@@ -40,7 +41,7 @@ func TestLacking(t *testing.T) {
 	tx := testenv.Begin(t, pool)
 	_, err = tx.Exec(ctx, "SET LOCAL ROLE "+pg.Ident(role))
 	require.NoError(t, err)
-	exists, lacking, err = pg.Lacking(ctx, tx, table, "UPDATE", "SELECT", "INSERT")
+	exists, lacking, err = poisonsql.Lacking(ctx, tx, table, "UPDATE", "SELECT", "INSERT")
 	require.NoError(t, err)
 	require.True(t, exists)
 	require.Equal(t, []string{"UPDATE", "INSERT"}, lacking)

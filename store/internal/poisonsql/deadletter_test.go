@@ -1,4 +1,4 @@
-package deadletter_test
+package poisonsql_test
 
 import (
 	"context"
@@ -11,8 +11,8 @@ import (
 
 	"github.com/claimtx/claimtx/internal/pg"
 	"github.com/claimtx/claimtx/internal/testenv"
-	"github.com/claimtx/claimtx/store/internal/deadletter"
 	"github.com/claimtx/claimtx/store/internal/migrate"
+	"github.com/claimtx/claimtx/store/internal/poisonsql"
 )
 
 // TestRecord: a letter is stored as it was given, a missing key as NULL,
@@ -49,15 +49,15 @@ func testRecord(t *testing.T, mode pgx.QueryExecMode) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	n := pg.NewNames(schema, "processed_messages", "outbox")
-	ok, err := deadletter.CanRecord(ctx, pool, n)
+	ok, err := poisonsql.CanRecord(ctx, pool, n)
 	require.NoError(t, err)
 	require.False(t, ok, "no table before the migration")
 	require.NoError(t, migrate.Up(ctx, pool, n))
-	ok, err = deadletter.CanRecord(ctx, pool, n)
+	ok, err = poisonsql.CanRecord(ctx, pool, n)
 	require.NoError(t, err)
 	require.True(t, ok)
 
-	require.NoError(t, deadletter.Record(ctx, pool, n, deadletter.Letter{
+	require.NoError(t, poisonsql.Record(ctx, pool, n, poisonsql.Letter{
 		Consumer: "loyalty", Topic: "orders", PoisonTopic: "orders.poison", UUID: "u\x00\xff",
 		Reason: "bad", Permanent: true, PublishError: "too large",
 		Metadata: map[string]string{"event_id": "e1", "bin": "\x00\x01", "k\x00": "v"},
